@@ -1,0 +1,46 @@
+//! Heap-backed rings for tests: the same code as production, over boxed atomics.
+#![allow(dead_code)]
+
+use colo_ring::queue::{QueueReceiver, QueueSender, QueueWords};
+use colo_ring::ring::{Bytes, Consumer, Producer, RingWords};
+use colo_ring::sync::{AtomicU32, AtomicU64};
+
+pub struct Words {
+    pub head: AtomicU64,
+    pub flags: AtomicU32,
+    pub tail: AtomicU64,
+    pub read_flags: AtomicU32,
+}
+
+impl Words {
+    pub fn new() -> Self {
+        Words { head: AtomicU64::new(0), flags: AtomicU32::new(0), tail: AtomicU64::new(0), read_flags: AtomicU32::new(0) }
+    }
+    pub fn raw(&self) -> RingWords {
+        RingWords { head: &self.head, flags: &self.flags, tail: &self.tail, read_flags: &self.read_flags }
+    }
+}
+
+/// Leaks the words and returns a producer/consumer pair over `data` clones.
+pub fn ring_pair<B: Bytes + Clone>(data: B) -> (Producer<B>, Consumer<B>, &'static Words) {
+    let w: &'static Words = Box::leak(Box::new(Words::new()));
+    // SAFETY: leaked, so the words live forever; fresh and zero.
+    unsafe { (Producer::new(w.raw(), data.clone()), Consumer::new(w.raw(), data), w) }
+}
+
+pub struct Queue {
+    pub head: AtomicU64,
+    pub tail: AtomicU64,
+    pub entries: Vec<AtomicU32>,
+}
+
+pub fn queue_pair<const W: usize>(len: u32) -> (QueueSender<W>, QueueReceiver<W>, &'static Queue) {
+    let q: &'static Queue = Box::leak(Box::new(Queue {
+        head: AtomicU64::new(0),
+        tail: AtomicU64::new(0),
+        entries: (0..len as usize * W).map(|_| AtomicU32::new(0)).collect(),
+    }));
+    let words = QueueWords { head: &q.head, tail: &q.tail, entries: q.entries.as_ptr(), len };
+    // SAFETY: leaked and zeroed; `len * W` entries words.
+    unsafe { (QueueSender::new(words), QueueReceiver::new(words), q) }
+}

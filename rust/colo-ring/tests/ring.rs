@@ -1,0 +1,129 @@
+//! Unit and property tests of the byte ring and the slot queues, and the shared vectors.
+#![cfg(not(loom))]
+mod common;
+
+use colo_ring::layout::{Geometry, FLAG_FIN};
+use colo_ring::ring::{occupancy, RawBytes};
+use colo_ring::sync::Ordering;
+use proptest::prelude::*;
+use std::collections::VecDeque;
+
+fn heap_bytes(len: usize) -> RawBytes {
+    let mem: &'static mut [u8] = Box::leak(vec![0u8; len].into_boxed_slice());
+    // SAFETY: leaked, so valid forever.
+    unsafe { RawBytes::new(mem.as_mut_ptr(), len) }
+}
+
+fn vectors(name: &str) -> serde_json::Value {
+    let path = format!("{}/../../spec/vectors/{name}", env!("CARGO_MANIFEST_DIR"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn layout_matches_vectors() {
+    for v in vectors("layout.json").as_array().unwrap() {
+        let g = Geometry {
+            ring_capacity: v["ring_capacity"].as_u64().unwrap() as u32,
+            slot_size: v["slot_size"].as_u64().unwrap() as u32,
+            slot_count: v["slot_count"].as_u64().unwrap() as u32,
+        };
+        let l = g.layout().unwrap();
+        assert_eq!(l.data_off as u64, v["data_off"].as_u64().unwrap(), "{v}");
+        assert_eq!(l.pool_off as u64, v["pool_off"].as_u64().unwrap(), "{v}");
+        assert_eq!(l.block_size as u64, v["block_size"].as_u64().unwrap(), "{v}");
+        assert_eq!(l.segment_size as u64, v["segment_size"].as_u64().unwrap(), "{v}");
+    }
+}
+
+#[test]
+fn bad_geometry_is_refused() {
+    for (cap, size, count) in [(4095, 0, 0), (2048, 0, 0), (1 << 31, 0, 0), (4096, 64, 0), (4096, 0, 4), (4096, 100, 1), (4096, 64, 65537)] {
+        assert!(Geometry { ring_capacity: cap, slot_size: size, slot_count: count }.layout().is_err());
+    }
+}
+
+#[test]
+fn ring_states_match_vectors() {
+    for v in vectors("ring.json").as_array().unwrap() {
+        let cap = v["capacity"].as_u64().unwrap();
+        let head: u64 = v["head"].as_str().unwrap().parse().unwrap();
+        let tail: u64 = v["tail"].as_str().unwrap().parse().unwrap();
+        match occupancy(head, tail, cap) {
+            Ok(n) => {
+                assert!(v["valid"].as_bool().unwrap(), "{v}");
+                assert_eq!(n, v["readable"].as_u64().unwrap(), "{v}");
+                assert_eq!(cap - n, v["writable"].as_u64().unwrap(), "{v}");
+                assert_eq!(tail % cap, v["read_at"].as_u64().unwrap(), "{v}");
+            }
+            Err(_) => assert!(!v["valid"].as_bool().unwrap(), "{v}"),
+        }
+    }
+}
+
+#[test]
+fn producer_refuses_tail_ahead_of_head() {
+    let (mut p, _c, w) = common::ring_pair(heap_bytes(4096));
+    assert_eq!(p.write(&[1; 4096]).unwrap(), 4096);
+    w.tail.store(5000, Ordering::Relaxed);
+    assert!(p.write(&[1]).is_err());
+}
+
+#[test]
+fn consumer_refuses_unknown_flags() {
+    let (_p, c, w) = common::ring_pair(heap_bytes(4096));
+    w.flags.store(0x40, Ordering::Relaxed);
+    assert!(c.flags().is_err());
+}
+
+#[test]
+fn fin_is_seen_after_data() {
+    let (mut p, mut c, _w) = common::ring_pair(heap_bytes(4096));
+    p.write(b"abc").unwrap();
+    p.set_flags(FLAG_FIN);
+    assert_eq!(c.flags().unwrap(), FLAG_FIN);
+    let mut b = [0u8; 8];
+    assert_eq!(c.read(&mut b).unwrap(), 3);
+    assert_eq!(&b[..3], b"abc");
+}
+
+#[test]
+fn queue_round_trip_and_overflow() {
+    let (mut s, mut r, q) = common::queue_pair::<2>(3);
+    for i in 0..3 { s.push([i, i * 10]).unwrap(); }
+    assert!(s.push([9, 9]).is_err());
+    assert_eq!(r.pop().unwrap(), Some([0, 0]));
+    s.push([3, 30]).unwrap();
+    for i in 1..4 { assert_eq!(r.pop().unwrap(), Some([i, i * 10])); }
+    assert_eq!(r.pop().unwrap(), None);
+    q.head.store(100, Ordering::Relaxed);
+    assert!(r.pop().is_err());
+}
+
+proptest! {
+    /// Any interleaving of writes and reads of any sizes delivers the bytes in order, with wrap.
+    #[test]
+    fn ring_behaves_like_a_fifo(ops in proptest::collection::vec((any::<bool>(), 1usize..9000), 1..200)) {
+        let cap = 8192;
+        let (mut p, mut c, _w) = common::ring_pair(heap_bytes(cap));
+        let mut model = VecDeque::new();
+        let mut next = 0u8;
+        for (write, len) in ops {
+            if write {
+                let src: Vec<u8> = (0..len).map(|_| { next = next.wrapping_add(1); next }).collect();
+                let n = p.write(&src).unwrap();
+                prop_assert_eq!(n, len.min(cap - model.len()));
+                model.extend(&src[..n]);
+                // Undo the bytes that did not fit in the pattern counter.
+                next = next.wrapping_sub((len - n) as u8);
+            } else {
+                let mut dst = vec![0u8; len];
+                let n = c.read(&mut dst).unwrap();
+                prop_assert_eq!(n, len.min(model.len()));
+                let expect: Vec<u8> = model.drain(..n).collect();
+                prop_assert_eq!(&dst[..n], &expect[..]);
+            }
+            let space = p.space().unwrap();
+            prop_assert!(space <= cap - model.len() && (space > 0) == (model.len() < cap));
+        }
+    }
+}
