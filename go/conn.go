@@ -1,0 +1,686 @@
+package colo
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Transport names what carries a connection's bytes.
+type Transport string
+
+const (
+	TransportColo Transport = "colo" // a shared-memory segment
+	TransportTCP  Transport = "tcp"  // a plain TCP connection (fallback)
+)
+
+// Conn is a connection made by Dial or accepted by a Listener. It implements net.Conn. When the
+// peer is on this host and speaks colo, bytes move through a shared-memory segment; otherwise
+// Conn wraps a plain *net.TCPConn. Transport tells which.
+type Conn struct {
+	tcp *net.TCPConn // non-nil: plain TCP (fallback); nothing below is used
+
+	laddr, raddr *net.TCPAddr
+	isServer     bool
+	carrier      net.Conn // CARRIER mode: the loopback TCP connection, kept open
+
+	seg         []byte
+	lay         layout
+	in, out     direction // in: peer -> us; out: us -> peer
+	myWaiting   *uint32
+	peerWaiting *uint32
+	ownBell     int
+	peerBell    int
+	ctl         *os.File
+	ctlFd       int
+	ep          *os.File
+	epRaw       syscall.RawConn
+	epFd        int
+	peerPid     int
+	spin        spinner
+	life        sync.RWMutex // read-held by every operation; write-held by Close to unmap
+	closed      atomic.Bool
+	fatal       atomic.Pointer[error]
+	ctlGone     atomic.Bool
+	rdClosed    atomic.Bool
+	wrClosed    atomic.Bool
+	rdl, wdl    deadline
+	waitMu      sync.Mutex
+	nwait       int
+	polling     bool
+	wakeCh      chan struct{}
+	rmu         sync.Mutex // one reader at a time
+	tail, cHead uint64     // consumer state (rmu)
+	wmu         sync.Mutex // one writer at a time
+	head, cTail uint64     // producer state (wmu)
+	pool        poolState
+}
+
+// direction addresses one direction block of the segment.
+type direction struct {
+	base                                             uint64
+	head, tail, msgHead, msgTail, freeHead, freeTail *uint64
+	flags, rflags                                    *uint32
+	data                                             []byte
+	msgEnt, freeEnt                                  []byte
+	pool                                             []byte
+}
+
+func newDirection(seg []byte, l layout, base uint64) direction {
+	d := direction{base: base}
+	d.head = u64at(seg, base+dRingHead)
+	d.flags = u32at(seg, base+dRingFlags)
+	d.tail = u64at(seg, base+dRingTail)
+	d.rflags = u32at(seg, base+dReadFlags)
+	d.msgHead = u64at(seg, base+dMsgHead)
+	d.msgTail = u64at(seg, base+dMsgTail)
+	d.freeHead = u64at(seg, base+dFreeHead)
+	d.freeTail = u64at(seg, base+dFreeTail)
+	n := uint64(l.SlotCount)
+	d.msgEnt = seg[base+dMsgEnt : base+dMsgEnt+8*n : base+dMsgEnt+8*n]
+	fo := base + l.freeOff()
+	d.freeEnt = seg[fo : fo+4*n : fo+4*n]
+	d.data = seg[base+l.dataOff : base+l.poolOff : base+l.poolOff]
+	pe := base + l.poolOff + n*uint64(l.SlotSize)
+	d.pool = seg[base+l.poolOff : pe : pe]
+	return d
+}
+
+type deadline struct {
+	mu    sync.Mutex
+	t     atomic.Int64 // UnixNano; 0 means none
+	timer *time.Timer
+}
+
+func (d *deadline) set(t time.Time, kick func()) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.timer != nil {
+		d.timer.Stop()
+		d.timer = nil
+	}
+	if t.IsZero() {
+		d.t.Store(0)
+	} else {
+		d.t.Store(t.UnixNano())
+		if dur := time.Until(t); dur > 0 {
+			d.timer = time.AfterFunc(dur, kick)
+		}
+	}
+	kick() // blocked operations re-evaluate their deadline
+}
+
+func (d *deadline) stop() {
+	d.mu.Lock()
+	if d.timer != nil {
+		d.timer.Stop()
+		d.timer = nil
+	}
+	d.mu.Unlock()
+}
+
+func (d *deadline) expired() bool {
+	t := d.t.Load()
+	return t != 0 && time.Now().UnixNano() >= t
+}
+
+// spinner is the local spin policy of spec section 9.
+type spinner struct {
+	ns    int64 // <0: spin only; 0: never spin
+	fails atomic.Int32
+	skips atomic.Uint32
+}
+
+var defaultSpinNs = func() int64 {
+	v := os.Getenv("COLO_SPIN_US")
+	switch v {
+	case "":
+		return 5000
+	case "inf", "-1":
+		return -1
+	}
+	var us int64
+	for _, ch := range v {
+		if ch < '0' || ch > '9' {
+			return 5000
+		}
+		us = us*10 + int64(ch-'0')
+	}
+	return us * 1000
+}()
+
+// try spins until ready() or the spin budget is spent; it reports whether ready() held.
+func (s *spinner) try(ready func() bool) bool {
+	if s.ns == 0 {
+		return false
+	}
+	if s.ns > 0 && s.fails.Load() >= 8 {
+		// Recent spins all ended in sleep: probe only once in a while.
+		if s.skips.Add(1)%16 != 0 {
+			return false
+		}
+	}
+	start := nanotime()
+	for i := 1; ; i++ {
+		if ready() {
+			s.fails.Store(0)
+			return true
+		}
+		if i%32 == 0 {
+			if s.ns > 0 && nanotime()-start > s.ns {
+				if s.fails.Load() < 1000 {
+					s.fails.Add(1)
+				}
+				return false
+			}
+			if i%1024 == 0 {
+				runtime.Gosched()
+			}
+		}
+	}
+}
+
+var monoBase = time.Now()
+
+func nanotime() int64 { return int64(time.Since(monoBase)) }
+
+// Transport reports what carries this connection: TransportColo or TransportTCP.
+func (c *Conn) Transport() Transport {
+	if c.tcp != nil {
+		return TransportTCP
+	}
+	return TransportColo
+}
+
+// TCPConn returns the underlying *net.TCPConn of a fallback connection, or nil.
+func (c *Conn) TCPConn() *net.TCPConn { return c.tcp }
+
+// Geometry returns the segment geometry of a colo connection (zero for TCP).
+func (c *Conn) Geometry() Geometry { return c.lay.Geometry }
+
+// LocalAddr returns the local address as a *net.TCPAddr.
+func (c *Conn) LocalAddr() net.Addr {
+	if c.tcp != nil {
+		return c.tcp.LocalAddr()
+	}
+	return c.laddr
+}
+
+// RemoteAddr returns the remote address as a *net.TCPAddr.
+func (c *Conn) RemoteAddr() net.Addr {
+	if c.tcp != nil {
+		return c.tcp.RemoteAddr()
+	}
+	return c.raddr
+}
+
+func tcpAddr(a netip.AddrPort) *net.TCPAddr {
+	if !a.IsValid() {
+		return &net.TCPAddr{}
+	}
+	return net.TCPAddrFromAddrPort(netip.AddrPortFrom(a.Addr().Unmap(), a.Port()))
+}
+
+func (c *Conn) opErr(op string, err error) error {
+	if err == nil || err == io.EOF {
+		return err
+	}
+	return &net.OpError{Op: op, Net: "tcp", Source: c.laddr, Addr: c.raddr, Err: err}
+}
+
+func errnoErr(op string, e unix.Errno) error { return os.NewSyscallError(op, e) }
+
+// ErrProtocol is wrapped by the error of a connection whose peer corrupted the shared segment.
+var ErrProtocol = unix.EPROTO
+
+// setup finishes a colo connection once the segment is mapped and the handshake done.
+func (c *Conn) setup() error {
+	c.wakeCh = make(chan struct{})
+	c.spin.ns = defaultSpinNs
+	if c.spin.ns > 0 && c.peerPid > 0 && affinityUnionIsOne(c.peerPid) {
+		c.spin.ns = 0
+	}
+	l := c.lay
+	c2s := newDirection(c.seg, l, headerSize)
+	s2c := newDirection(c.seg, l, headerSize+l.blockSize)
+	cw, sw := u32at(c.seg, hClientWaiting), u32at(c.seg, hServerWaiting)
+	if c.isServer {
+		c.in, c.out, c.myWaiting, c.peerWaiting = c2s, s2c, sw, cw
+	} else {
+		c.in, c.out, c.myWaiting, c.peerWaiting = s2c, c2s, cw, sw
+	}
+	c.pool.init(l.SlotCount)
+	ep, epfd, err := newReadiness(c.ownBell, c.ctlFd)
+	if err != nil {
+		return err
+	}
+	c.ep = ep
+	c.epFd = epfd
+	c.epRaw, err = ep.SyscallConn()
+	return err
+}
+
+// enter marks the start of an operation; it fails once Close has begun.
+func (c *Conn) enter() bool {
+	c.life.RLock()
+	if c.closed.Load() {
+		c.life.RUnlock()
+		return false
+	}
+	return true
+}
+
+func (c *Conn) exit() { c.life.RUnlock() }
+
+// kick rings our own doorbell so that blocked operations wake and re-check their state.
+func (c *Conn) kick() {
+	if !c.life.TryRLock() {
+		return // Close is running; it kicks by itself
+	}
+	if !c.closed.Load() {
+		ringBell(c.ownBell)
+	}
+	c.life.RUnlock()
+}
+
+func (c *Conn) fatalErr() error {
+	if p := c.fatal.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// fail records a fatal error; with reset, it sets RESET on our direction and rings the peer.
+func (c *Conn) fail(err error, reset bool) error {
+	c.fatal.CompareAndSwap(nil, &err)
+	if reset {
+		atomic.OrUint32(c.out.flags, flagRESET)
+		ringBell(c.peerBell)
+	}
+	return *c.fatal.Load()
+}
+
+func (c *Conn) corrupt(what string) error {
+	return c.fail(&ProtocolError{What: what}, true)
+}
+
+// ProtocolError reports corruption seen in the shared segment (EPROTO). The connection is reset.
+type ProtocolError struct{ What string }
+
+func (e *ProtocolError) Error() string        { return "colo: protocol error: " + e.What }
+func (e *ProtocolError) Unwrap() error        { return unix.EPROTO }
+func (e *ProtocolError) Is(target error) bool { return target == unix.EPROTO }
+
+// notifyPeer is called after every Release store the peer may wait for. Go's atomic operations
+// are sequentially consistent, so the store before this call and the load of the peer's waiting
+// flag pair with the peer's "store waiting=1; re-check" as in Dekker's algorithm (spec section 6).
+func (c *Conn) notifyPeer() {
+	if atomic.LoadUint32(c.peerWaiting) != 0 && atomic.SwapUint32(c.peerWaiting, 0) != 0 {
+		ringBell(c.peerBell)
+	}
+}
+
+// await blocks until ready() holds. ready must include every reason to wake: data, space,
+// flags, control-socket hang-up, close, deadline.
+func (c *Conn) await(ready func() bool) {
+	if c.spin.try(ready) {
+		return
+	}
+	c.waitMu.Lock()
+	c.nwait++
+	atomic.StoreUint32(c.myWaiting, 1)
+	c.waitMu.Unlock()
+	for !ready() { // the re-check of step 3, after the SeqCst store of waiting = 1
+		c.block()
+		atomic.StoreUint32(c.myWaiting, 1)
+	}
+	c.waitMu.Lock()
+	c.nwait--
+	if c.nwait == 0 {
+		atomic.StoreUint32(c.myWaiting, 0)
+	}
+	c.waitMu.Unlock()
+}
+
+// block waits once on the readiness fd. One waiter polls in the netpoller; others wait for it to
+// wake and then re-check.
+func (c *Conn) block() {
+	c.waitMu.Lock()
+	if c.polling {
+		ch := c.wakeCh
+		c.waitMu.Unlock()
+		<-ch
+		return
+	}
+	c.polling = true
+	c.waitMu.Unlock()
+	c.pollOnce()
+	c.waitMu.Lock()
+	c.polling = false
+	close(c.wakeCh)
+	c.wakeCh = make(chan struct{})
+	c.waitMu.Unlock()
+}
+
+func (c *Conn) pollOnce() {
+	var evs [2]unix.EpollEvent
+	c.epRaw.Read(func(fd uintptr) bool {
+		n, err := unix.EpollWait(int(fd), evs[:], 0)
+		if err != nil {
+			return err != unix.EINTR
+		}
+		for _, ev := range evs[:n] {
+			if int(ev.Fd) == c.ownBell {
+				drainBell(c.ownBell)
+			} else {
+				c.ctlEvent(ev.Events)
+			}
+		}
+		return n > 0
+	})
+}
+
+// ctlEvent handles readiness of the control socket after the handshake: hang-up is the peer's
+// close or death; any byte or descriptor is a protocol violation (reset).
+func (c *Conn) ctlEvent(events uint32) {
+	var buf [16]byte
+	oob := make([]byte, unix.CmsgSpace(4*8))
+	n, oobn, _, _, err := unix.Recvmsg(c.ctlFd, buf[:], oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
+	if oobn > 0 {
+		closeRights(oob[:oobn])
+	}
+	hup := events&(unix.EPOLLHUP|unix.EPOLLRDHUP|unix.EPOLLERR) != 0
+	switch {
+	case err == unix.EAGAIN && !hup:
+		return
+	case n > 0 || oobn > 0 || (err == nil && !hup):
+		c.fail(errnoErr("read", unix.ECONNRESET), true)
+	}
+	unix.EpollCtl(c.epFd, unix.EPOLL_CTL_DEL, c.ctlFd, nil)
+	c.ctlGone.Store(true)
+}
+
+// ---- stream API ----
+
+// Read reads up to len(p) bytes. It implements net.Conn.
+func (c *Conn) Read(p []byte) (int, error) {
+	if c.tcp != nil {
+		return c.tcp.Read(p)
+	}
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	if !c.enter() {
+		return 0, c.opErr("read", net.ErrClosed)
+	}
+	defer c.exit()
+	for {
+		if c.rdl.expired() {
+			return 0, c.opErr("read", os.ErrDeadlineExceeded)
+		}
+		n, err, done := c.readSome(p)
+		if done {
+			return n, c.opErr("read", err)
+		}
+		c.await(c.readReady)
+		if c.closed.Load() {
+			return 0, c.opErr("read", net.ErrClosed)
+		}
+	}
+}
+
+func (c *Conn) readReady() bool {
+	return c.closed.Load() || c.rdl.expired() || c.ctlGone.Load() || c.rdClosed.Load() ||
+		c.fatal.Load() != nil || atomic.LoadUint64(c.in.head) != c.tail || atomic.LoadUint32(c.in.flags) != 0
+}
+
+// readSome copies available bytes; done is false when the caller must wait.
+func (c *Conn) readSome(p []byte) (n int, err error, done bool) {
+	if err := c.fatalErr(); err != nil {
+		return 0, err, true
+	}
+	if c.rdClosed.Load() {
+		return 0, io.EOF, true
+	}
+	capy := uint64(c.lay.RingCapacity)
+	avail := c.cHead - c.tail
+	if avail == 0 {
+		fl := atomic.LoadUint32(c.in.flags)
+		if fl&^(flagFIN|flagRESET) != 0 {
+			return 0, c.corrupt("unknown ring flags"), true
+		}
+		if fl&flagRESET != 0 {
+			return 0, c.fail(errnoErr("read", unix.ECONNRESET), false), true
+		}
+		h := atomic.LoadUint64(c.in.head)
+		if h-c.tail > capy || h-c.cHead > capy {
+			return 0, c.corrupt("ring head out of range"), true
+		}
+		c.cHead = h
+		avail = h - c.tail
+		if avail == 0 {
+			if fl&flagFIN != 0 {
+				return 0, io.EOF, true
+			}
+			if c.ctlGone.Load() {
+				// Re-read after seeing the hang-up: FIN and data precede it.
+				fl = atomic.LoadUint32(c.in.flags)
+				if atomic.LoadUint64(c.in.head) != c.tail {
+					return 0, nil, false
+				}
+				if fl&flagFIN != 0 {
+					return 0, io.EOF, true
+				}
+				return 0, c.fail(errnoErr("read", unix.ECONNRESET), false), true
+			}
+			if len(p) == 0 {
+				return 0, nil, true
+			}
+			return 0, nil, false
+		}
+	}
+	if len(p) == 0 {
+		return 0, nil, true
+	}
+	if avail > uint64(len(p)) {
+		avail = uint64(len(p))
+	}
+	off := c.tail & (capy - 1)
+	first := min(avail, capy-off)
+	copy(p, c.in.data[off:off+first])
+	copy(p[first:avail], c.in.data[:avail-first])
+	c.tail += avail
+	atomic.StoreUint64(c.in.tail, c.tail)
+	c.notifyPeer()
+	return int(avail), nil, true
+}
+
+// Write writes all of p unless an error occurs. It implements net.Conn.
+func (c *Conn) Write(p []byte) (int, error) {
+	if c.tcp != nil {
+		return c.tcp.Write(p)
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if !c.enter() {
+		return 0, c.opErr("write", net.ErrClosed)
+	}
+	defer c.exit()
+	capy := uint64(c.lay.RingCapacity)
+	written := 0
+	for {
+		if err := c.writeCheck(); err != nil {
+			return written, c.opErr("write", err)
+		}
+		if written == len(p) {
+			return written, nil
+		}
+		used := c.head - c.cTail
+		if used == capy {
+			t := atomic.LoadUint64(c.out.tail)
+			if c.head-t > capy || t-c.cTail > capy {
+				return written, c.opErr("write", c.corrupt("ring tail out of range"))
+			}
+			c.cTail = t
+			used = c.head - t
+			if used == capy {
+				c.await(c.writeReady)
+				continue
+			}
+		}
+		n := min(capy-used, uint64(len(p)-written), maxPublishChunk)
+		off := c.head & (capy - 1)
+		first := min(n, capy-off)
+		src := p[written : written+int(n)]
+		copy(c.out.data[off:off+first], src)
+		copy(c.out.data[:n-first], src[first:])
+		c.head += n
+		atomic.StoreUint64(c.out.head, c.head)
+		c.notifyPeer()
+		written += int(n)
+	}
+}
+
+func (c *Conn) writeCheck() error {
+	if c.closed.Load() {
+		return net.ErrClosed
+	}
+	if err := c.fatalErr(); err != nil {
+		return err
+	}
+	if c.wdl.expired() {
+		return os.ErrDeadlineExceeded
+	}
+	if c.wrClosed.Load() {
+		return errnoErr("write", unix.EPIPE)
+	}
+	fl := atomic.LoadUint32(c.in.flags)
+	if fl&^(flagFIN|flagRESET) != 0 {
+		return c.corrupt("unknown ring flags")
+	}
+	if fl&flagRESET != 0 {
+		return c.fail(errnoErr("write", unix.ECONNRESET), false)
+	}
+	rf := atomic.LoadUint32(c.out.rflags)
+	if rf&^flagReadClosed != 0 {
+		return c.corrupt("unknown read flags")
+	}
+	if rf != 0 || c.ctlGone.Load() {
+		return errnoErr("write", unix.EPIPE)
+	}
+	return nil
+}
+
+func (c *Conn) writeReady() bool {
+	return c.closed.Load() || c.wdl.expired() || c.ctlGone.Load() || c.fatal.Load() != nil ||
+		atomic.LoadUint64(c.out.tail) != c.cTail || atomic.LoadUint32(c.in.flags)&flagRESET != 0 ||
+		atomic.LoadUint32(c.out.rflags) != 0
+}
+
+// CloseWrite shuts down the writing side (FIN): the peer reads the remaining bytes, then EOF.
+func (c *Conn) CloseWrite() error {
+	if c.tcp != nil {
+		return c.tcp.CloseWrite()
+	}
+	if !c.enter() {
+		return c.opErr("close", net.ErrClosed)
+	}
+	defer c.exit()
+	c.wrClosed.Store(true)
+	atomic.OrUint32(c.out.flags, flagFIN)
+	ringBell(c.peerBell)
+	return nil
+}
+
+// CloseRead shuts down the reading side: our reads return EOF and the peer's writes fail (EPIPE).
+func (c *Conn) CloseRead() error {
+	if c.tcp != nil {
+		return c.tcp.CloseRead()
+	}
+	if !c.enter() {
+		return c.opErr("close", net.ErrClosed)
+	}
+	defer c.exit()
+	c.rdClosed.Store(true)
+	atomic.OrUint32(c.in.rflags, flagReadClosed)
+	ringBell(c.peerBell)
+	ringBell(c.ownBell)
+	return nil
+}
+
+// Close closes the connection: FIN on our direction, READ_CLOSED on the peer's, a ring of the
+// peer's doorbell, then every descriptor and the mapping are released. Blocked operations return.
+// Message views obtained from Recv and buffers from Loan must not be used after Close.
+func (c *Conn) Close() error {
+	if c.tcp != nil {
+		return c.tcp.Close()
+	}
+	if !c.closed.CompareAndSwap(false, true) {
+		return c.opErr("close", net.ErrClosed)
+	}
+	ringBell(c.ownBell) // wake blocked operations; they see closed and leave
+	c.life.Lock()
+	defer c.life.Unlock()
+	c.rdl.stop()
+	c.wdl.stop()
+	atomic.OrUint32(c.out.flags, flagFIN)
+	atomic.OrUint32(c.in.rflags, flagReadClosed)
+	ringBell(c.peerBell)
+	c.ep.Close()
+	c.ctl.Close()
+	unix.Close(c.ownBell)
+	unix.Close(c.peerBell)
+	if c.carrier != nil {
+		c.carrier.Close()
+	}
+	err := unix.Munmap(c.seg)
+	c.seg = nil
+	return err
+}
+
+// SetDeadline sets the read and write deadlines. Blocked operations see the new deadline.
+func (c *Conn) SetDeadline(t time.Time) error {
+	if c.tcp != nil {
+		return c.tcp.SetDeadline(t)
+	}
+	if c.closed.Load() {
+		return c.opErr("set", net.ErrClosed)
+	}
+	c.rdl.set(t, c.kick)
+	c.wdl.set(t, c.kick)
+	return nil
+}
+
+// SetReadDeadline sets the read deadline (reads and Recv).
+func (c *Conn) SetReadDeadline(t time.Time) error {
+	if c.tcp != nil {
+		return c.tcp.SetReadDeadline(t)
+	}
+	if c.closed.Load() {
+		return c.opErr("set", net.ErrClosed)
+	}
+	c.rdl.set(t, c.kick)
+	return nil
+}
+
+// SetWriteDeadline sets the write deadline (writes and Loan).
+func (c *Conn) SetWriteDeadline(t time.Time) error {
+	if c.tcp != nil {
+		return c.tcp.SetWriteDeadline(t)
+	}
+	if c.closed.Load() {
+		return c.opErr("set", net.ErrClosed)
+	}
+	c.wdl.set(t, c.kick)
+	return nil
+}
+
+var errNoPool = errors.New("colo: connection has no message pool")

@@ -1,0 +1,295 @@
+package colo
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/net/nettest"
+)
+
+// watchdog fails the test binary if a test hangs.
+func watchdog(t *testing.T, d time.Duration) {
+	t.Helper()
+	tm := time.AfterFunc(d, func() {
+		buf := make([]byte, 1<<20)
+		n := runtimeStack(buf)
+		os.Stderr.Write(buf[:n])
+		panic("watchdog: " + t.Name() + " took longer than " + d.String())
+	})
+	t.Cleanup(func() { tm.Stop() })
+}
+
+func listen(t *testing.T) *Listener {
+	t.Helper()
+	l, err := Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	if !l.Colo() {
+		t.Fatal("listener has no rendezvous")
+	}
+	return l
+}
+
+// pair returns a connected (client, server) pair.
+func pair(t testing.TB, l *Listener, d *Dialer) (*Conn, *Conn) {
+	if d == nil {
+		d = &Dialer{}
+	}
+	type res struct {
+		c   *Conn
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		c, err := l.AcceptColo()
+		ch <- res{c, err}
+	}()
+	c, err := d.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	return c, r.c
+}
+
+func TestEchoColo(t *testing.T) {
+	watchdog(t, 30*time.Second)
+	l := listen(t)
+	c, s := pair(t, l, nil)
+	defer c.Close()
+	defer s.Close()
+	if c.Transport() != TransportColo || s.Transport() != TransportColo {
+		t.Fatalf("transport %v/%v", c.Transport(), s.Transport())
+	}
+	if _, ok := c.RemoteAddr().(*net.TCPAddr); !ok {
+		t.Fatalf("remote addr %T", c.RemoteAddr())
+	}
+	if c.RemoteAddr().String() != l.Addr().String() {
+		t.Errorf("client remote %v, listener %v", c.RemoteAddr(), l.Addr())
+	}
+	go func() {
+		io.Copy(s, s)
+		s.CloseWrite()
+	}()
+	// Larger than the ring, in odd sizes, checked byte for byte.
+	const total = 5<<20 + 123
+	src := make([]byte, total)
+	for i := range src {
+		src[i] = byte(i % 251)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		for off := 0; off < total; {
+			n := min(total-off, 1+off%70000)
+			if _, err := c.Write(src[off : off+n]); err != nil {
+				errc <- err
+				return
+			}
+			off += n
+		}
+		errc <- c.CloseWrite()
+	}()
+	got, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, src) {
+		t.Fatalf("echo mismatch: got %d bytes", len(got))
+	}
+}
+
+func TestFallbackTCP(t *testing.T) {
+	watchdog(t, 30*time.Second)
+	l := listen(t)
+	// A plain TCP client reaches the colo listener.
+	go func() {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			return
+		}
+		c.Write([]byte("plain"))
+		c.Close()
+	}()
+	s, err := l.AcceptColo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Transport() != TransportTCP {
+		t.Fatalf("transport %v", s.Transport())
+	}
+	b, _ := io.ReadAll(s)
+	s.Close()
+	if string(b) != "plain" {
+		t.Fatalf("got %q", b)
+	}
+	// A colo client dialing a plain TCP server gets TCP.
+	tl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	go func() {
+		c, err := tl.Accept()
+		if err == nil {
+			c.Write([]byte("tcp"))
+			c.Close()
+		}
+	}()
+	c, err := Dial("tcp", tl.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Transport() != TransportTCP {
+		t.Fatalf("transport %v", c.Transport())
+	}
+	b, _ = io.ReadAll(c)
+	c.Close()
+	if string(b) != "tcp" {
+		t.Fatalf("got %q", b)
+	}
+	// TCPOnly dialer.
+	go func() {
+		s, err := l.AcceptColo()
+		if err == nil {
+			s.Close()
+		}
+	}()
+	c, err = (&Dialer{TCPOnly: true}).Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Transport() != TransportTCP {
+		t.Fatal("TCPOnly gave colo")
+	}
+	c.Close()
+	// Connection refused is reported as such.
+	port := tl.Addr().(*net.TCPAddr).Port
+	tl.Close()
+	if _, err := Dial("tcp", "127.0.0.1:"+strconv.Itoa(port)); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("dial closed port: %v", err)
+	}
+}
+
+func TestNettestColo(t *testing.T) {
+	watchdog(t, 120*time.Second)
+	l := listen(t)
+	nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) {
+		c, s := pair(t, l, nil)
+		return c, s, func() { c.Close(); s.Close() }, nil
+	})
+}
+
+func TestNettestTCPFallback(t *testing.T) {
+	watchdog(t, 120*time.Second)
+	l := listen(t)
+	nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) {
+		c, s := pair(t, l, &Dialer{TCPOnly: true})
+		if c.Transport() != TransportTCP || s.Transport() != TransportTCP {
+			t.Fatal("expected TCP")
+		}
+		return c, s, func() { c.Close(); s.Close() }, nil
+	})
+}
+
+func TestHalfCloseAndErrors(t *testing.T) {
+	watchdog(t, 30*time.Second)
+	l := listen(t)
+	c, s := pair(t, l, nil)
+	defer c.Close()
+	// CloseWrite: the peer reads the bytes, then EOF; the reverse direction still works.
+	c.Write([]byte("hello"))
+	c.CloseWrite()
+	b, err := io.ReadAll(s)
+	if err != nil || string(b) != "hello" {
+		t.Fatalf("got %q %v", b, err)
+	}
+	if _, err := c.Write([]byte("x")); !errors.Is(err, syscall.EPIPE) {
+		t.Fatalf("write after CloseWrite: %v", err)
+	}
+	s.Write([]byte("back"))
+	buf := make([]byte, 10)
+	n, err := c.Read(buf)
+	if err != nil || string(buf[:n]) != "back" {
+		t.Fatalf("got %q %v", buf[:n], err)
+	}
+	// CloseRead on the server: client writes fail with EPIPE.
+	s.CloseRead()
+	c2, s2 := pair(t, l, nil)
+	defer c2.Close()
+	s2.CloseRead()
+	if _, err := c2.Write([]byte("x")); !errors.Is(err, syscall.EPIPE) {
+		t.Fatalf("write to read-closed peer: %v", err)
+	}
+	if n, err := s2.Read(buf); n != 0 || err != io.EOF {
+		t.Fatalf("read after CloseRead: %d %v", n, err)
+	}
+	s2.Close()
+	// Close: the peer reads EOF, its writes fail.
+	s.Close()
+	if _, err := c.Read(buf); err != io.EOF {
+		t.Fatalf("read after peer close: %v", err)
+	}
+	// Read deadline as net.Error with Timeout and os.ErrDeadlineExceeded.
+	c3, s3 := pair(t, l, nil)
+	defer c3.Close()
+	defer s3.Close()
+	c3.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+	_, err = c3.Read(buf)
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("deadline error %v", err)
+	}
+	// A blocked reader wakes when a deadline is set from another goroutine.
+	c3.SetReadDeadline(time.Time{})
+	done := make(chan error)
+	go func() { _, err := c3.Read(buf); done <- err }()
+	time.Sleep(20 * time.Millisecond)
+	c3.SetReadDeadline(time.Now())
+	if err := <-done; !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("blocked reader: %v", err)
+	}
+}
+
+func runtimeStack(buf []byte) int { return stack(buf) }
+
+// threads returns the number of OS threads of this process.
+func threads(t *testing.T) int {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return -1
+}
+
+func fdCount(t *testing.T) int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+var _ = sync.Mutex{}

@@ -1,0 +1,355 @@
+package colo
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// helloTimeout bounds how long a server waits for a HELLO on a new rendezvous connection.
+const helloTimeout = 5 * time.Second
+
+// Listener accepts colo connections on its rendezvous name and plain TCP connections on its
+// TCP address. It implements net.Listener; Accept returns *Conn values (AcceptColo avoids the
+// type assertion).
+type Listener struct {
+	tcp  *net.TCPListener
+	addr netip.AddrPort
+	name string
+	rv   *os.File // rendezvous socket; nil when the name was taken (TCP only)
+	rvFd int
+
+	conns     chan *Conn
+	errs      chan error
+	done      chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+
+	offersMu sync.Mutex
+	offers   map[offerKey]*offer
+}
+
+// Listen listens on the TCP address (network "tcp", "tcp4" or "tcp6") and on the matching colo
+// rendezvous name. Plain TCP clients reach the same Listener.
+func Listen(network, address string) (*Listener, error) {
+	switch network {
+	case "tcp", "tcp4", "tcp6":
+	default:
+		return nil, &net.OpError{Op: "listen", Net: network, Err: net.UnknownNetworkError(network)}
+	}
+	tl, err := net.Listen(network, address)
+	if err != nil {
+		return nil, err
+	}
+	l := &Listener{tcp: tl.(*net.TCPListener), conns: make(chan *Conn), errs: make(chan error, 1),
+		done: make(chan struct{}), offers: map[offerKey]*offer{}}
+	ta := l.tcp.Addr().(*net.TCPAddr).AddrPort()
+	l.addr = netip.AddrPortFrom(ta.Addr().Unmap(), ta.Port())
+	l.name = rendezvousName(l.addr)
+	if err := l.bindRendezvous(); err != nil {
+		logf("listen %v: rendezvous %q unavailable (%v): serving plain TCP only", l.addr, l.name, err)
+	}
+	l.wg.Add(1)
+	go l.tcpLoop()
+	if l.rv != nil {
+		l.wg.Add(1)
+		go l.rvLoop()
+	}
+	return l, nil
+}
+
+func (l *Listener) bindRendezvous() error {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: "@" + l.name}); err != nil {
+		unix.Close(fd)
+		return err
+	}
+	if err := unix.Listen(fd, 4096); err != nil {
+		unix.Close(fd)
+		return err
+	}
+	l.rvFd = fd
+	l.rv = os.NewFile(uintptr(fd), "colo-rendezvous")
+	return nil
+}
+
+// Addr returns the TCP address the listener is bound to (a *net.TCPAddr).
+func (l *Listener) Addr() net.Addr { return l.tcp.Addr() }
+
+// Colo reports whether the listener holds its rendezvous name (false: plain TCP only).
+func (l *Listener) Colo() bool { return l.rv != nil }
+
+// Accept waits for and returns the next connection (a *Conn).
+func (l *Listener) Accept() (net.Conn, error) {
+	c, err := l.AcceptColo()
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// AcceptColo is Accept returning *Conn.
+func (l *Listener) AcceptColo() (*Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case err := <-l.errs:
+		return nil, err
+	case <-l.done:
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Addr: l.tcp.Addr(), Err: net.ErrClosed}
+	}
+}
+
+// Close stops listening on both the TCP address and the rendezvous name. Connections already
+// accepted stay open.
+func (l *Listener) Close() error {
+	var err error
+	l.closeOnce.Do(func() {
+		close(l.done)
+		err = l.tcp.Close()
+		if l.rv != nil {
+			l.rv.Close()
+		}
+		l.wg.Wait()
+		l.offersMu.Lock()
+		for k, o := range l.offers {
+			o.drop()
+			delete(l.offers, k)
+		}
+		l.offersMu.Unlock()
+	})
+	return err
+}
+
+func (l *Listener) deliver(c *Conn) {
+	select {
+	case l.conns <- c:
+	case <-l.done:
+		c.Close()
+	}
+}
+
+func (l *Listener) tcpLoop() {
+	defer l.wg.Done()
+	delay := time.Duration(0)
+	for {
+		tc, err := l.tcp.AcceptTCP()
+		if err != nil {
+			select {
+			case <-l.done:
+				return
+			default:
+			}
+			if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) || errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.ENOMEM) {
+				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				time.Sleep(delay)
+				continue
+			}
+			select {
+			case l.errs <- err:
+			case <-l.done:
+			}
+			return
+		}
+		delay = 0
+		c := l.claimCarrier(tc)
+		if c == nil {
+			c = &Conn{tcp: tc}
+		}
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			l.deliver(c)
+		}()
+	}
+}
+
+// rvLoop accepts rendezvous connections and handles each HELLO on its own goroutine. Nothing a
+// client sends can stop this loop.
+func (l *Listener) rvLoop() {
+	defer l.wg.Done()
+	rc, err := l.rv.SyscallConn()
+	if err != nil {
+		return
+	}
+	delay := time.Duration(0)
+	for {
+		var cfd int
+		var aerr error
+		err := rc.Read(func(fd uintptr) bool {
+			cfd, _, aerr = unix.Accept4(int(fd), unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+			return aerr != unix.EAGAIN
+		})
+		if err != nil {
+			return // closed
+		}
+		if aerr != nil {
+			if aerr == unix.EINTR || aerr == unix.ECONNABORTED {
+				continue
+			}
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			select {
+			case <-time.After(delay):
+			case <-l.done:
+				return
+			}
+			continue
+		}
+		delay = 0
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			l.serveHello(cfd)
+		}()
+	}
+}
+
+func sendMsg(fd int, m hsMsg) error {
+	return unix.Sendmsg(fd, m.encode(), nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+}
+
+func reject(fd int, reason uint8) {
+	sendMsg(fd, hsMsg{Type: MsgReject, Version: Version, Arg: reason})
+}
+
+// serveHello reads and answers one HELLO on an accepted control socket.
+func (l *Listener) serveHello(cfd int) {
+	cf := os.NewFile(uintptr(cfd), "colo-ctl")
+	cf.SetReadDeadline(time.Now().Add(helloTimeout))
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case <-l.done:
+			cf.SetReadDeadline(time.Now())
+		case <-stop:
+		}
+	}()
+	rc, err := cf.SyscallConn()
+	if err != nil {
+		cf.Close()
+		return
+	}
+	buf := make([]byte, 64)
+	oob := make([]byte, unix.CmsgSpace(4*8))
+	var n, oobn, flags int
+	var rerr error
+	err = rc.Read(func(fd uintptr) bool {
+		n, oobn, flags, _, rerr = unix.Recvmsg(int(fd), buf, oob, unix.MSG_CMSG_CLOEXEC)
+		return rerr != unix.EAGAIN
+	})
+	var fds []int
+	if oobn > 0 {
+		fds = parseRights(oob[:oobn])
+	}
+	closeAll := func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		cf.Close()
+	}
+	if err != nil || rerr != nil || (n == 0 && oobn == 0) {
+		closeAll()
+		return
+	}
+	m, derr := decodeMsg(buf[:n])
+	switch {
+	case flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || derr != nil || m.Type != MsgHello:
+		reject(cfd, RejectBadMessage)
+	case m.Version != Version:
+		reject(cfd, RejectBadVersion)
+	case len(fds) != 3:
+		reject(cfd, RejectBadMessage)
+	default:
+		c, reason := l.adopt(cfd, cf, m.Arg, fds)
+		if c != nil {
+			l.deliver(c)
+			return
+		}
+		if reason == 0 {
+			return // adopt has closed everything
+		}
+		reject(cfd, reason)
+	}
+	closeAll()
+}
+
+// adopt validates the segment and, on success, returns the server side of the connection (the
+// descriptors now belong to it; WELCOME was sent). On failure it returns the REJECT reason and
+// leaves the descriptors to the caller.
+func (l *Listener) adopt(cfd int, cf *os.File, mode uint8, fds []int) (*Conn, uint8) {
+	size, err := checkSegmentFd(fds[0])
+	if err != nil {
+		logf("hello: %v", err)
+		return nil, RejectBadSegment
+	}
+	if !isEventfd(fds[1]) || !isEventfd(fds[2]) {
+		return nil, RejectBadMessage
+	}
+	seg, err := mapSegment(fds[0], size)
+	if err != nil {
+		return nil, RejectNoResources
+	}
+	h, lay, err := decodeHeader(seg[:headerSize])
+	if err == nil && lay.segmentSize != size {
+		err = errBadSegment
+	}
+	if err == nil && mode == ModeDirect && h.Claim != ClaimDirect {
+		err = errBadSegment
+	}
+	if err == nil && mode == ModeCarrier && h.Claim != ClaimOffered {
+		err = errBadSegment
+	}
+	if err != nil {
+		logf("hello: %v", err)
+		unix.Munmap(seg)
+		return nil, RejectBadSegment
+	}
+	putLE32(seg, hServerPid, uint32(os.Getpid()))
+	cred, _ := peerCred(cfd)
+	c := &Conn{isServer: true, seg: seg, lay: lay, ownBell: fds[2], peerBell: fds[1], ctl: cf, ctlFd: cfd,
+		laddr: tcpAddr(h.ServerAddr), raddr: tcpAddr(h.ClientAddr)}
+	if !h.ServerAddr.IsValid() {
+		c.laddr = tcpAddr(l.addr)
+	}
+	if cred != nil {
+		c.peerPid = int(cred.Pid)
+	}
+	if mode == ModeCarrier {
+		return l.offerCarrier(c, h, fds)
+	}
+	if !l.finish(c, fds) {
+		return nil, 0
+	}
+	return c, 0
+}
+
+// finish completes an adopted connection: readiness fd, then WELCOME. On failure it closes
+// everything (including the control socket) and reports false.
+func (l *Listener) finish(c *Conn, fds []int) bool {
+	unix.SetNonblock(c.ownBell, true)
+	if err := c.setup(); err != nil {
+		reject(c.ctlFd, RejectNoResources)
+		unix.Munmap(c.seg)
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		c.ctl.Close()
+		return false
+	}
+	unix.Close(fds[0]) // the mapping keeps the segment
+	c.ctl.SetReadDeadline(time.Time{})
+	if err := sendMsg(c.ctlFd, hsMsg{Type: MsgWelcome, Version: Version}); err != nil {
+		c.Close()
+		return false
+	}
+	return true
+}

@@ -1,0 +1,303 @@
+package colo
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// Zero-copy messages (spec/WIRE.md section 7). The producer loans a pool slot, fills it in place
+// and sends it; the consumer receives a view of the slot, reads it in place and releases it.
+// Messages and stream bytes are independent: there is no ordering between them.
+
+const (
+	slotFree = iota
+	slotLoaned
+	slotInFlight
+)
+
+type poolState struct {
+	pmu       sync.Mutex // producer side: Loan, Send, Release of an unsent loan
+	free      []uint32
+	state     []uint8
+	msgHead   uint64
+	freeTail  uint64
+	cmu       sync.Mutex // consumer side: Recv, Release of a received message
+	msgTail   uint64
+	cMsgHead  uint64
+	freeHead  uint64
+	held      []bool
+	slotCount uint64
+}
+
+func (p *poolState) init(n uint32) {
+	p.slotCount = uint64(n)
+	p.free = make([]uint32, 0, n)
+	for i := int(n) - 1; i >= 0; i-- {
+		p.free = append(p.free, uint32(i))
+	}
+	p.state = make([]uint8, n)
+	p.held = make([]bool, n)
+}
+
+// Message is a zero-copy message. For a loaned message, Data is the slot in shared memory that
+// the caller fills; it may be shortened (m.Data = m.Data[:n]) before Send, which sends len(Data)
+// bytes. For a received message, Data is a view of the sender's bytes, read in place; it is valid
+// until Release.
+type Message struct {
+	Data     []byte
+	c        *Conn
+	slot     uint32
+	received bool
+	done     bool
+}
+
+var (
+	// ErrMessageSize is returned by Loan for a size larger than the pool's slot size (EMSGSIZE).
+	ErrMessageSize = unix.EMSGSIZE
+	// ErrNoPool is returned by message operations on a connection without a pool (ENOBUFS),
+	// including a connection that fell back to TCP.
+	ErrNoPool        = unix.ENOBUFS
+	errBadMessageUse = errors.New("colo: message not loaned from or received on this connection, or already used")
+)
+
+// SlotSize returns the largest message this connection can loan (0: no pool).
+func (c *Conn) SlotSize() int {
+	if c.tcp != nil {
+		return 0
+	}
+	return int(c.lay.SlotSize)
+}
+
+// Loan takes a free slot of the outgoing pool, waiting (until the write deadline) if every slot is
+// in flight. The returned message's Data has length size.
+func (c *Conn) Loan(size int) (*Message, error) {
+	if c.tcp != nil || c.lay.SlotCount == 0 {
+		return nil, c.opErr("loan", errnoErr("loan", ErrNoPool))
+	}
+	if size < 0 || size > int(c.lay.SlotSize) {
+		return nil, c.opErr("loan", errnoErr("loan", ErrMessageSize))
+	}
+	p := &c.pool
+	p.pmu.Lock()
+	defer p.pmu.Unlock()
+	if !c.enter() {
+		return nil, c.opErr("loan", net.ErrClosed)
+	}
+	defer c.exit()
+	for {
+		if err := c.writeCheck(); err != nil {
+			return nil, c.opErr("loan", err)
+		}
+		if k := len(p.free); k > 0 {
+			slot := p.free[k-1]
+			p.free = p.free[:k-1]
+			p.state[slot] = slotLoaned
+			off := uint64(slot) * uint64(c.lay.SlotSize)
+			return &Message{Data: c.out.pool[off : off+uint64(size) : off+uint64(c.lay.SlotSize)], c: c, slot: slot}, nil
+		}
+		got, err := c.reclaim()
+		if err != nil {
+			return nil, c.opErr("loan", err)
+		}
+		if !got {
+			c.await(c.loanReady)
+		}
+	}
+}
+
+// reclaim takes released slots back from the free queue (producer side, pmu held).
+func (c *Conn) reclaim() (bool, error) {
+	p := &c.pool
+	n := p.slotCount
+	fh := atomic.LoadUint64(c.out.freeHead)
+	if fh-p.freeTail > n {
+		return false, c.corrupt("free queue head out of range")
+	}
+	got := false
+	for p.freeTail != fh {
+		slot := getLE32(c.out.freeEnt, 4*(p.freeTail%n))
+		if uint64(slot) >= n || p.state[slot] != slotInFlight {
+			return false, c.corrupt("released slot not in flight")
+		}
+		p.state[slot] = slotFree
+		p.free = append(p.free, slot)
+		p.freeTail++
+		got = true
+	}
+	if got {
+		atomic.StoreUint64(c.out.freeTail, p.freeTail)
+	}
+	return got, nil
+}
+
+func (c *Conn) loanReady() bool {
+	return c.writeReadyCommon() || atomic.LoadUint64(c.out.freeHead) != c.pool.freeTail
+}
+
+func (c *Conn) writeReadyCommon() bool {
+	return c.closed.Load() || c.wdl.expired() || c.ctlGone.Load() || c.fatal.Load() != nil ||
+		atomic.LoadUint32(c.in.flags)&flagRESET != 0 || atomic.LoadUint32(c.out.rflags) != 0
+}
+
+// Send sends a loaned message: the peer receives len(m.Data) bytes, in place.
+func (c *Conn) Send(m *Message) error {
+	if c.tcp != nil || c.lay.SlotCount == 0 {
+		return c.opErr("send", errnoErr("send", ErrNoPool))
+	}
+	p := &c.pool
+	p.pmu.Lock()
+	defer p.pmu.Unlock()
+	if !c.enter() {
+		return c.opErr("send", net.ErrClosed)
+	}
+	defer c.exit()
+	if m == nil || m.c != c || m.received || m.done || p.state[m.slot] != slotLoaned {
+		return errBadMessageUse
+	}
+	if len(m.Data) > int(c.lay.SlotSize) {
+		return c.opErr("send", errnoErr("send", ErrMessageSize))
+	}
+	if err := c.writeCheck(); err != nil {
+		return c.opErr("send", err)
+	}
+	n := p.slotCount
+	e := 8 * (p.msgHead % n)
+	putLE32(c.out.msgEnt, e, m.slot)
+	putLE32(c.out.msgEnt, e+4, uint32(len(m.Data)))
+	p.state[m.slot] = slotInFlight
+	m.done = true
+	m.Data = nil
+	p.msgHead++
+	atomic.StoreUint64(c.out.msgHead, p.msgHead)
+	c.notifyPeer()
+	return nil
+}
+
+// Recv receives the next message, waiting until the read deadline. The message's Data is a view
+// of shared memory; call Release when done with it. Recv returns io.EOF once the peer has closed
+// its direction and every message was received.
+func (c *Conn) Recv() (*Message, error) {
+	if c.tcp != nil || c.lay.SlotCount == 0 {
+		return nil, c.opErr("recv", errnoErr("recv", ErrNoPool))
+	}
+	p := &c.pool
+	p.cmu.Lock()
+	defer p.cmu.Unlock()
+	if !c.enter() {
+		return nil, c.opErr("recv", net.ErrClosed)
+	}
+	defer c.exit()
+	n := p.slotCount
+	for {
+		if c.closed.Load() {
+			return nil, c.opErr("recv", net.ErrClosed)
+		}
+		if c.rdl.expired() {
+			return nil, c.opErr("recv", os.ErrDeadlineExceeded)
+		}
+		if err := c.fatalErr(); err != nil {
+			return nil, c.opErr("recv", err)
+		}
+		if c.rdClosed.Load() {
+			return nil, io.EOF
+		}
+		if p.cMsgHead == p.msgTail {
+			fl := atomic.LoadUint32(c.in.flags)
+			if fl&^(flagFIN|flagRESET) != 0 {
+				return nil, c.opErr("recv", c.corrupt("unknown ring flags"))
+			}
+			if fl&flagRESET != 0 {
+				return nil, c.opErr("recv", c.fail(errnoErr("recv", unix.ECONNRESET), false))
+			}
+			h := atomic.LoadUint64(c.in.msgHead)
+			if h-p.msgTail > n || h-p.cMsgHead > n {
+				return nil, c.opErr("recv", c.corrupt("message head out of range"))
+			}
+			p.cMsgHead = h
+			if h == p.msgTail {
+				if fl&flagFIN != 0 {
+					return nil, io.EOF
+				}
+				if c.ctlGone.Load() {
+					fl = atomic.LoadUint32(c.in.flags)
+					if atomic.LoadUint64(c.in.msgHead) != p.msgTail {
+						continue
+					}
+					if fl&flagFIN != 0 {
+						return nil, io.EOF
+					}
+					return nil, c.opErr("recv", c.fail(errnoErr("recv", unix.ECONNRESET), false))
+				}
+				c.await(c.recvReady)
+				continue
+			}
+		}
+		e := 8 * (p.msgTail % n)
+		slot := getLE32(c.in.msgEnt, e)
+		ln := getLE32(c.in.msgEnt, e+4)
+		if uint64(slot) >= n || ln > c.lay.SlotSize || p.held[slot] {
+			return nil, c.opErr("recv", c.corrupt("bad message entry"))
+		}
+		p.held[slot] = true
+		p.msgTail++
+		atomic.StoreUint64(c.in.msgTail, p.msgTail)
+		off := uint64(slot) * uint64(c.lay.SlotSize)
+		return &Message{Data: c.in.pool[off : off+uint64(ln) : off+uint64(ln)], c: c, slot: slot, received: true}, nil
+	}
+}
+
+func (c *Conn) recvReady() bool {
+	return c.closed.Load() || c.rdl.expired() || c.ctlGone.Load() || c.rdClosed.Load() ||
+		c.fatal.Load() != nil || atomic.LoadUint64(c.in.msgHead) != c.pool.msgTail || atomic.LoadUint32(c.in.flags) != 0
+}
+
+// Release gives a message's slot back: a received message's slot returns to the sender; an
+// unsent loan returns to the free slots.
+func (c *Conn) Release(m *Message) error {
+	if m == nil || m.c != c || m.done {
+		return errBadMessageUse
+	}
+	p := &c.pool
+	if !m.received {
+		p.pmu.Lock()
+		defer p.pmu.Unlock()
+		if p.state[m.slot] != slotLoaned {
+			return errBadMessageUse
+		}
+		p.state[m.slot] = slotFree
+		p.free = append(p.free, m.slot)
+		m.done, m.Data = true, nil
+		return nil
+	}
+	p.cmu.Lock()
+	defer p.cmu.Unlock()
+	if !c.enter() {
+		return c.opErr("release", net.ErrClosed)
+	}
+	defer c.exit()
+	if !p.held[m.slot] {
+		return errBadMessageUse
+	}
+	p.held[m.slot] = false
+	m.done, m.Data = true, nil
+	n := p.slotCount
+	putLE32(c.in.freeEnt, 4*(p.freeHead%n), m.slot)
+	p.freeHead++
+	atomic.StoreUint64(c.in.freeHead, p.freeHead)
+	c.notifyPeer()
+	return nil
+}
+
+// Release is shorthand for m's connection's Release.
+func (m *Message) Release() error {
+	if m == nil || m.c == nil {
+		return errBadMessageUse
+	}
+	return m.c.Release(m)
+}

@@ -1,0 +1,5 @@
+package colo
+
+import "runtime"
+
+func stack(buf []byte) int { return runtime.Stack(buf, true) }

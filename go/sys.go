@@ -1,0 +1,212 @@
+package colo
+
+// Every OS call of the colo transport goes through this file: memfd, seals, mmap, eventfd,
+// epoll, SCM_RIGHTS, SO_PEERCRED. Descriptors that goroutines wait on are wrapped with
+// os.NewFile after being made non-blocking, so waits park in the Go netpoller.
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+const requiredSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
+
+// newSegmentFd creates a sealable memfd of the given size. Seals are added by sealSegment once the
+// header is written.
+func newSegmentFd(size uint64) (int, error) {
+	fd, err := unix.MemfdCreate("colo", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return -1, os.NewSyscallError("memfd_create", err)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		unix.Close(fd)
+		return -1, os.NewSyscallError("ftruncate", err)
+	}
+	return fd, nil
+}
+
+func sealSegment(fd int) error {
+	_, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, requiredSeals)
+	return os.NewSyscallError("fcntl(F_ADD_SEALS)", err)
+}
+
+// checkSegmentFd verifies that fd is a memfd carrying the required seals and returns its size.
+func checkSegmentFd(fd int) (uint64, error) {
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return 0, fmt.Errorf("%w: not a memfd (%v)", errBadSegment, err)
+	}
+	if seals&requiredSeals != requiredSeals {
+		return 0, fmt.Errorf("%w: missing seals (have %#x)", errBadSegment, seals)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0, fmt.Errorf("%w: fstat: %v", errBadSegment, err)
+	}
+	if st.Size < headerSize {
+		return 0, fmt.Errorf("%w: size %d", errBadSegment, st.Size)
+	}
+	return uint64(st.Size), nil
+}
+
+func isEventfd(fd int) bool {
+	s, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+	return err == nil && s == "anon_inode:[eventfd]"
+}
+
+func mapSegment(fd int, size uint64) ([]byte, error) {
+	if size > 1<<40 {
+		return nil, errBadSegment
+	}
+	b, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, os.NewSyscallError("mmap", err)
+	}
+	return b, nil
+}
+
+func newEventfd() (int, error) {
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	return fd, os.NewSyscallError("eventfd", err)
+}
+
+var one = [8]byte{1}
+
+// ringBell writes 1 to an eventfd.
+func ringBell(fd int) { unix.Write(fd, one[:]) }
+
+// drainBell resets a (non-blocking) eventfd.
+func drainBell(fd int) {
+	var b [8]byte
+	unix.Read(fd, b[:])
+}
+
+// newReadiness creates the readiness fd: an epoll instance holding the own doorbell and the
+// control socket, non-blocking and wrapped for the netpoller.
+func newReadiness(bell, ctl int) (*os.File, int, error) {
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, -1, os.NewSyscallError("epoll_create1", err)
+	}
+	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, bell, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(bell)}); err != nil {
+		unix.Close(ep)
+		return nil, -1, os.NewSyscallError("epoll_ctl", err)
+	}
+	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, ctl, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(ctl)}); err != nil {
+		unix.Close(ep)
+		return nil, -1, os.NewSyscallError("epoll_ctl", err)
+	}
+	if err := unix.SetNonblock(ep, true); err != nil {
+		unix.Close(ep)
+		return nil, -1, err
+	}
+	return os.NewFile(uintptr(ep), "colo-readiness"), ep, nil
+}
+
+// closeRights closes every descriptor carried in a control-message buffer.
+func closeRights(oob []byte) {
+	for _, fd := range parseRights(oob) {
+		unix.Close(fd)
+	}
+}
+
+func parseRights(oob []byte) []int {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil
+	}
+	var fds []int
+	for i := range msgs {
+		if f, err := unix.ParseUnixRights(&msgs[i]); err == nil {
+			fds = append(fds, f...)
+		}
+	}
+	return fds
+}
+
+func peerCred(fd int) (*unix.Ucred, error) {
+	return unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
+}
+
+// listenerUIDs returns the uids owning TCP sockets in LISTEN state on port (section 2 peer check).
+func listenerUIDs(port uint16) map[uint32]bool {
+	uids := map[uint32]bool{}
+	for _, path := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		f, err := os.Open(path)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		sc.Scan() // header line
+		for sc.Scan() {
+			fs := strings.Fields(sc.Text())
+			if len(fs) < 8 || fs[3] != "0A" {
+				continue
+			}
+			i := strings.LastIndexByte(fs[1], ':')
+			p, err := strconv.ParseUint(fs[1][i+1:], 16, 16)
+			if err != nil || uint16(p) != port {
+				continue
+			}
+			if u, err := strconv.ParseUint(fs[7], 10, 32); err == nil {
+				uids[uint32(u)] = true
+			}
+		}
+		f.Close()
+	}
+	return uids
+}
+
+// affinityUnionIsOne reports whether this process and pid can together run on only one CPU.
+func affinityUnionIsOne(pid int) bool {
+	var a, b unix.CPUSet
+	if unix.SchedGetaffinity(0, &a) != nil || unix.SchedGetaffinity(pid, &b) != nil {
+		return false
+	}
+	n := 0
+	for i := range a {
+		n += popcount(uint64(a[i] | b[i]))
+	}
+	return n == 1
+}
+
+func popcount(x uint64) int {
+	n := 0
+	for ; x != 0; x &= x - 1 {
+		n++
+	}
+	return n
+}
+
+// Shared-memory accessors. Offsets are validated against the private copy of the geometry
+// before use; every access is 4- or 8-byte aligned because the layout is.
+
+func u64at(b []byte, off uint64) *uint64 {
+	_ = b[off+7]
+	return (*uint64)(unsafe.Pointer(&b[off]))
+}
+
+func u32at(b []byte, off uint64) *uint32 {
+	_ = b[off+3]
+	return (*uint32)(unsafe.Pointer(&b[off]))
+}
+
+func loadU32(b []byte, off uint64) uint32 { return atomic.LoadUint32(u32at(b, off)) }
+
+func putLE32(b []byte, off uint64, v uint32) { binary.LittleEndian.PutUint32(b[off:off+4], v) }
+func getLE32(b []byte, off uint64) uint32    { return binary.LittleEndian.Uint32(b[off : off+4]) }
+
+func unmap(c *Conn) {
+	if c.seg != nil {
+		unix.Munmap(c.seg)
+		c.seg = nil
+	}
+}
