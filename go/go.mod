@@ -6,3 +6,5 @@ require (
 	golang.org/x/net v0.62.0
 	golang.org/x/sys v0.49.0
 )
+
+require golang.org/x/text v0.43.0 // indirect
