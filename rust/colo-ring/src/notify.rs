@@ -11,20 +11,13 @@
 use crate::spin::Spinner;
 use crate::sync::{AtomicU32, Ordering};
 
-/// Announces that this side is about to block. Follow with a re-check of the condition.
+/// Announces that this side is about to block. Follow with a re-check of the condition; the flag
+/// is never withdrawn (see `wait`).
 #[inline]
 pub fn announce_sleep(own_waiting: &AtomicU32) {
     // SYNC POINT with the exchange in `peer_needs_wake`: reading the waker's release exchange
     // makes its published progress visible to our re-check.
     own_waiting.swap(1, Ordering::AcqRel);
-}
-
-/// Withdraws the announcement after the re-check found the condition true.
-#[inline]
-pub fn cancel_sleep(own_waiting: &AtomicU32) {
-    // SYNC POINT with `peer_needs_wake`: an exchange, not a store, so the release sequence of the
-    // waker's exchange continues through it to our next `announce_sleep`.
-    own_waiting.swap(0, Ordering::AcqRel);
 }
 
 /// Called after publishing progress the peer may wait for. Returns whether the caller must ring
@@ -70,21 +63,12 @@ pub fn wait<T, E>(
     debug_assert!(!spun);
     loop {
         announce_sleep(own_waiting);
-        match check() {
-            Ok(Some(v)) => {
-                cancel_sleep(own_waiting);
-                return Ok(v);
-            }
-            Err(e) => {
-                cancel_sleep(own_waiting);
-                return Err(e);
-            }
-            Ok(None) => {}
+        // The flag is left at 1 when the re-check succeeds: another half of this side may be
+        // asleep on it, and a stale 1 costs the peer at most one spurious ring.
+        if let Some(v) = check()? {
+            return Ok(v);
         }
-        if let Err(e) = block() {
-            cancel_sleep(own_waiting);
-            return Err(e);
-        }
+        block()?;
     }
 }
 
@@ -101,9 +85,5 @@ pub fn poll_once<T, E>(
     }
     drain();
     announce_sleep(own_waiting);
-    let r = check();
-    if !matches!(r, Ok(None)) {
-        cancel_sleep(own_waiting);
-    }
-    r
+    check()
 }

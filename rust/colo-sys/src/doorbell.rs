@@ -1,0 +1,118 @@
+//! Doorbells (eventfds) and the readiness fd: one epoll instance holding a side's own doorbell and
+//! its control socket, so one fd tells "the peer made progress" and "the peer hung up", and can sit
+//! in any poll loop (spec/WIRE.md section 6).
+
+use rustix::event::{epoll, eventfd, EventfdFlags, Timespec};
+use rustix::fd::{AsFd, OwnedFd};
+use std::io;
+use std::time::Duration;
+
+/// Creates a non-blocking, close-on-exec eventfd.
+pub fn create() -> io::Result<OwnedFd> {
+    Ok(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?)
+}
+
+/// Rings a doorbell (adds 1 to the eventfd counter).
+pub fn ring(fd: impl AsFd) {
+    // An eventfd write only fails if the counter would overflow (it is then readable anyway) or
+    // the descriptor is not an eventfd, which a validated handshake excludes.
+    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+}
+
+/// Empties a doorbell without blocking.
+pub fn drain(fd: impl AsFd) {
+    let mut buf = [0u8; 8];
+    let _ = rustix::io::read(fd, &mut buf);
+}
+
+const DOORBELL: u64 = 0;
+const CONTROL: u64 = 1;
+
+/// What woke a [`Readiness::wait`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Woken {
+    /// The doorbell rang.
+    pub doorbell: bool,
+    /// The control socket is readable or hung up.
+    pub control: bool,
+}
+
+/// The readiness fd of one side of a connection.
+#[derive(Debug)]
+pub struct Readiness {
+    epoll: OwnedFd,
+}
+
+impl Readiness {
+    /// An epoll instance watching `doorbell` for input and `control` for input and hang-up.
+    pub fn new(doorbell: impl AsFd, control: impl AsFd) -> io::Result<Readiness> {
+        let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+        epoll::add(&ep, doorbell, epoll::EventData::new_u64(DOORBELL), epoll::EventFlags::IN)?;
+        epoll::add(
+            &ep,
+            control,
+            epoll::EventData::new_u64(CONTROL),
+            epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
+        )?;
+        Ok(Readiness { epoll: ep })
+    }
+
+    /// Blocks until something is ready or `timeout` passes (`None`: forever). An interrupted wait
+    /// returns `Woken::default()` so callers re-check their condition and deadline.
+    pub fn wait(&self, timeout: Option<Duration>) -> io::Result<Woken> {
+        let ts = timeout.map(|d| Timespec { tv_sec: d.as_secs() as i64, tv_nsec: d.subsec_nanos() as i64 });
+        let mut events = Vec::with_capacity(2);
+        match epoll::wait(&self.epoll, rustix::buffer::spare_capacity(&mut events), ts.as_ref()) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => return Ok(Woken::default()),
+            Err(e) => return Err(e.into()),
+        }
+        let mut w = Woken::default();
+        for ev in &events {
+            match ev.data.u64() {
+                DOORBELL => w.doorbell = true,
+                _ => w.control = true,
+            }
+        }
+        Ok(w)
+    }
+
+    /// The epoll fd, for registration in another poller.
+    pub fn fd(&self) -> &OwnedFd {
+        &self.epoll
+    }
+}
+
+/// A small epoll set for listeners: tokens in, ready tokens out.
+#[derive(Debug)]
+pub struct Poller {
+    epoll: OwnedFd,
+}
+
+impl Poller {
+    /// An empty set.
+    pub fn new() -> io::Result<Poller> {
+        Ok(Poller { epoll: epoll::create(epoll::CreateFlags::CLOEXEC)? })
+    }
+
+    /// Watches `fd` for input under `token` (level-triggered).
+    pub fn add(&self, fd: impl AsFd, token: u64) -> io::Result<()> {
+        Ok(epoll::add(&self.epoll, fd, epoll::EventData::new_u64(token), epoll::EventFlags::IN)?)
+    }
+
+    /// Waits for readiness; returns the ready tokens (empty on timeout or signal).
+    pub fn wait(&self, timeout: Option<Duration>) -> io::Result<Vec<u64>> {
+        let ts = timeout.map(|d| Timespec { tv_sec: d.as_secs() as i64, tv_nsec: d.subsec_nanos() as i64 });
+        let mut events = Vec::with_capacity(16);
+        match epoll::wait(&self.epoll, rustix::buffer::spare_capacity(&mut events), ts.as_ref()) {
+            Ok(_) => Ok(events.iter().map(|e| e.data.u64()).collect()),
+            Err(rustix::io::Errno::INTR) => Ok(Vec::new()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The epoll fd (readable when any watched fd is).
+    pub fn fd(&self) -> &OwnedFd {
+        &self.epoll
+    }
+}

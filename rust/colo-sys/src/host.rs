@@ -1,0 +1,111 @@
+//! Facts about this host that the rendezvous needs (spec/WIRE.md sections 2 and 9).
+
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Addresses of local interfaces, refreshed at most once a second.
+static LOCAL: Mutex<Option<(Instant, Vec<IpAddr>)>> = Mutex::new(None);
+
+fn interface_addresses() -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list` with a linked list we free below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return out;
+    }
+    let mut cur = list;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, valid until freeifaddrs.
+        let ifa = unsafe { &*cur };
+        if !ifa.ifa_addr.is_null() {
+            // SAFETY: ifa_addr points to a sockaddr whose family says which struct it is.
+            let family = unsafe { (*ifa.ifa_addr).sa_family } as i32;
+            if family == libc::AF_INET {
+                // SAFETY: family AF_INET means a sockaddr_in.
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                out.push(IpAddr::from(u32::from_be(sin.sin_addr.s_addr).to_be_bytes()));
+            } else if family == libc::AF_INET6 {
+                // SAFETY: family AF_INET6 means a sockaddr_in6.
+                let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+                out.push(IpAddr::from(sin6.sin6_addr.s6_addr));
+            }
+        }
+        cur = ifa.ifa_next;
+    }
+    // SAFETY: `list` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(list) };
+    out
+}
+
+/// Whether `ip` is an address of this host (loopback, unspecified, or a local interface's).
+pub fn is_local(ip: IpAddr) -> bool {
+    let ip = canonical(ip);
+    if ip.is_loopback() || ip.is_unspecified() {
+        return true;
+    }
+    let mut cache = LOCAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fresh = matches!(&*cache, Some((at, _)) if at.elapsed() < Duration::from_secs(1));
+    if !fresh {
+        *cache = Some((Instant::now(), interface_addresses()));
+    }
+    cache.as_ref().is_some_and(|(_, list)| list.contains(&ip))
+}
+
+/// IPv4-mapped IPv6 addresses as IPv4; everything else unchanged.
+pub fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    }
+}
+
+/// The uid owning a TCP socket listening on `port` in this network namespace, from
+/// `/proc/net/tcp` and `/proc/net/tcp6` (state `0A`).
+pub fn tcp_listener_uid(port: u16) -> Option<u32> {
+    for file in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(file) else { continue };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 8 || f[3] != "0A" {
+                continue;
+            }
+            let local_port = f[1].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok());
+            if local_port == Some(port) {
+                return f[7].parse().ok();
+            }
+        }
+    }
+    None
+}
+
+/// Our own uid.
+pub fn uid() -> u32 {
+    rustix::process::getuid().as_raw()
+}
+
+/// Our own pid.
+pub fn pid() -> u32 {
+    rustix::process::getpid().as_raw_nonzero().get() as u32
+}
+
+/// Whether this process and process `peer` can only run on one CPU between them (their affinity
+/// masks have a union of one CPU): spinning there only steals time from the peer.
+pub fn share_one_cpu(peer: u32) -> bool {
+    use rustix::thread::{sched_getaffinity, CpuSet, Pid};
+    let own = sched_getaffinity(None);
+    let other = Pid::from_raw(peer as i32).map(|p| sched_getaffinity(Some(p)));
+    let (Ok(own), Some(Ok(other))) = (own, other) else { return false };
+    let union = (0..CpuSet::MAX_CPU).filter(|&c| own.is_set(c) || other.is_set(c)).count();
+    union <= 1
+}
+
+/// Raises the soft limit of open files to the hard limit (thousands of connections need it).
+pub fn raise_fd_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut lim = getrlimit(Resource::Nofile);
+    if lim.current < lim.maximum {
+        lim.current = lim.maximum;
+        let _ = setrlimit(Resource::Nofile, lim);
+    }
+}

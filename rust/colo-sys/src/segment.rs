@@ -1,0 +1,100 @@
+//! Shared segments: a sealed memfd mapped `MAP_SHARED` (spec/WIRE.md sections 1 and 3).
+
+use rustix::fd::{AsFd, OwnedFd};
+use rustix::fs::{fcntl_add_seals, fcntl_get_seals, fstat, ftruncate, memfd_create, MemfdFlags, SealFlags};
+use rustix::mm::{mmap, munmap, MapFlags, ProtFlags};
+use std::io;
+use std::ptr::NonNull;
+
+/// The seals a segment must carry: its size can never change under a mapping.
+const REQUIRED_SEALS: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW).union(SealFlags::SEAL);
+
+/// A `MAP_SHARED` mapping, unmapped on drop.
+#[derive(Debug)]
+pub struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a Mapping is an address range owned by this value; sharing it between threads is as safe
+// as sharing the pointer, and all access to the memory goes through atomics or the ring protocol.
+unsafe impl Send for Mapping {}
+// SAFETY: as above; `&Mapping` gives only the address.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// The first byte of the mapping.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    /// The mapping's length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the mapping is empty (never, for a mapped segment).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn map(fd: &OwnedFd, len: usize, prot: ProtFlags) -> io::Result<Mapping> {
+        // SAFETY: a fresh mapping at an address the kernel chooses aliases no Rust object; the file
+        // is sealed against shrinking, so every page stays backed while mapped.
+        let ptr = unsafe { mmap(core::ptr::null_mut(), len, prot, MapFlags::SHARED, fd, 0)? };
+        Ok(Mapping { ptr: NonNull::new(ptr.cast()).ok_or(io::ErrorKind::Other)?, len })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: we own this mapping and nothing refers to it past our life (the connection types
+        // that hand out pointers into it hold the Mapping).
+        let _ = unsafe { munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// Creates a zeroed, sealed memfd of `size` bytes named `colo-seg` and maps it read-write.
+pub fn create(size: usize) -> io::Result<(OwnedFd, Mapping)> {
+    let fd = memfd_create("colo-seg", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+    ftruncate(&fd, size as u64)?;
+    fcntl_add_seals(&fd, REQUIRED_SEALS)?;
+    let map = Mapping::map(&fd, size, ProtFlags::READ | ProtFlags::WRITE)?;
+    Ok((fd, map))
+}
+
+/// Why a received descriptor is not an acceptable segment.
+#[derive(Debug)]
+pub enum AttachError {
+    /// Not a sealable memfd, missing seals, or the wrong size.
+    BadSegment(&'static str),
+    /// The kernel refused (e.g. out of address space).
+    Os(io::Error),
+}
+
+/// Validates a segment received from a peer (a memfd with the required seals and exactly
+/// `expected` bytes) and maps it read-write.
+pub fn attach(fd: &OwnedFd, expected: usize) -> Result<Mapping, AttachError> {
+    let seals = fcntl_get_seals(fd).map_err(|_| AttachError::BadSegment("not a sealable memfd"))?;
+    if !seals.contains(REQUIRED_SEALS) {
+        return Err(AttachError::BadSegment("segment not sealed against resizing"));
+    }
+    let st = fstat(fd).map_err(|e| AttachError::Os(e.into()))?;
+    if st.st_size < 0 || st.st_size as u64 != expected as u64 {
+        return Err(AttachError::BadSegment("segment size differs from its header"));
+    }
+    Mapping::map(fd, expected, ProtFlags::READ | ProtFlags::WRITE).map_err(AttachError::Os)
+}
+
+/// Reads the size of a segment descriptor and maps it read-only (for `colo stat`).
+pub fn map_readonly(fd: impl AsFd) -> io::Result<Mapping> {
+    let fd = rustix::io::fcntl_dupfd_cloexec(fd, 0)?;
+    let size = fstat(&fd)?.st_size as usize;
+    if size == 0 {
+        return Err(io::ErrorKind::InvalidData.into());
+    }
+    Mapping::map(&fd, size, ProtFlags::READ)
+}
+
+/// Reads the first `buf.len()` bytes of a segment descriptor without mapping it.
+pub fn read_prefix(fd: impl AsFd, buf: &mut [u8]) -> io::Result<usize> {
+    Ok(rustix::io::pread(fd, buf, 0)?)
+}

@@ -1,0 +1,95 @@
+//! Abstract-namespace `SOCK_SEQPACKET` sockets: the rendezvous and the control connections
+//! (spec/WIRE.md sections 2 and 3).
+
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::net::{
+    self, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
+};
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::time::Duration;
+
+fn socket(nonblocking: bool) -> io::Result<OwnedFd> {
+    let mut flags = SocketFlags::CLOEXEC;
+    if nonblocking {
+        flags |= SocketFlags::NONBLOCK;
+    }
+    Ok(net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, flags, None)?)
+}
+
+/// Binds and listens on the abstract name `name` (without the leading NUL). Non-blocking.
+pub fn listen(name: &[u8]) -> io::Result<OwnedFd> {
+    let fd = socket(true)?;
+    net::bind(&fd, &SocketAddrUnix::new_abstract_name(name)?)?;
+    net::listen(&fd, 4096)?;
+    Ok(fd)
+}
+
+/// Connects to the abstract name `name`. Blocking; `ECONNREFUSED` when nobody listens.
+pub fn connect(name: &[u8]) -> io::Result<OwnedFd> {
+    let fd = socket(false)?;
+    net::connect(&fd, &SocketAddrUnix::new_abstract_name(name)?)?;
+    Ok(fd)
+}
+
+/// Accepts one connection, non-blocking and close-on-exec; `WouldBlock` when none is pending.
+pub fn accept(listener: impl AsFd) -> io::Result<OwnedFd> {
+    Ok(net::accept_with(listener, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK)?)
+}
+
+/// Sends one datagram with descriptors attached.
+pub fn send(fd: impl AsFd, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(io::ErrorKind::InvalidInput.into());
+    }
+    net::sendmsg(fd, &[IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL)?;
+    Ok(())
+}
+
+/// One received datagram.
+#[derive(Debug)]
+pub struct Received {
+    /// Bytes received (0 with no descriptors: the peer closed).
+    pub len: usize,
+    /// The datagram was longer than the buffer.
+    pub truncated: bool,
+    /// Descriptors that came with it (at most 8 kept; more is a protocol error anyway).
+    pub fds: Vec<OwnedFd>,
+}
+
+/// Receives one datagram into `buf`, with its descriptors (close-on-exec). `dontwait` makes it
+/// non-blocking whatever the socket's mode.
+pub fn recv(fd: impl AsFd, buf: &mut [u8], dontwait: bool) -> io::Result<Received> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(8))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut flags = RecvFlags::CMSG_CLOEXEC;
+    if dontwait {
+        flags |= RecvFlags::DONTWAIT;
+    }
+    let msg = net::recvmsg(fd, &mut [IoSliceMut::new(buf)], &mut control, flags)?;
+    let mut fds = Vec::new();
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = m {
+            fds.extend(rights);
+        }
+    }
+    Ok(Received {
+        len: msg.bytes,
+        truncated: msg.flags.contains(net::ReturnFlags::TRUNC) || msg.flags.contains(net::ReturnFlags::CTRUNC),
+        fds,
+    })
+}
+
+/// Sets a receive timeout on a blocking socket.
+pub fn set_recv_timeout(fd: impl AsFd, timeout: Option<Duration>) -> io::Result<()> {
+    Ok(net::sockopt::set_socket_timeout(fd, net::sockopt::Timeout::Recv, timeout)?)
+}
+
+/// The pid and uid of the process at the other end.
+pub fn peer_cred(fd: impl AsFd) -> io::Result<(u32, u32)> {
+    let c = net::sockopt::socket_peercred(fd)?;
+    Ok((c.pid.as_raw_nonzero().get() as u32, c.uid.as_raw()))
+}

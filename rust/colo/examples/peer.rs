@@ -1,0 +1,160 @@
+//! The cross-language test peer (tests/xlang/PEER.md), Rust edition.
+
+use colo::{Listener, Options, Stream};
+use std::io::{self, Read, Write};
+use std::net::Shutdown;
+use std::process::exit;
+
+fn pattern(i: u64) -> u8 {
+    (i % 251) as u8
+}
+
+fn msg_byte(k: u64, j: u64) -> u8 {
+    ((k + j) % 251) as u8
+}
+
+fn options() -> Options {
+    Options::new().pool(4 << 20, 8)
+}
+
+fn serve(addr: &str, mode: &str) -> io::Result<()> {
+    let listener = Listener::bind_with(addr, options())?;
+    println!("READY {}", listener.local_addr()?);
+    io::stdout().flush()?;
+    loop {
+        let (s, _) = listener.accept()?;
+        let mode = mode.to_string();
+        std::thread::spawn(move || {
+            let r = if mode == "msg" { echo_messages(&s) } else { echo_stream(&s) };
+            if let Err(e) = r {
+                eprintln!("peer server: connection: {e}");
+            }
+        });
+    }
+}
+
+fn echo_stream(s: &Stream) -> io::Result<()> {
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        let n = (&*s).read(&mut buf)?;
+        if n == 0 {
+            return s.shutdown(Shutdown::Write);
+        }
+        (&*s).write_all(&buf[..n])?;
+    }
+}
+
+fn echo_messages(s: &Stream) -> io::Result<()> {
+    while let Some(m) = s.recv_message()? {
+        let mut out = s.loan(m.len())?;
+        out.copy_from_slice(&m);
+        drop(m);
+        out.send()?;
+    }
+    Ok(())
+}
+
+fn client_stream(s: Stream, total: u64) -> io::Result<()> {
+    let reader = s.try_clone()?;
+    let check = std::thread::spawn(move || -> io::Result<()> {
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut got = 0u64;
+        loop {
+            let n = (&reader).read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            for (i, b) in buf[..n].iter().enumerate() {
+                if *b != pattern(got + i as u64) {
+                    return Err(io::Error::other(format!("mismatch at byte {}", got + i as u64)));
+                }
+            }
+            got += n as u64;
+        }
+        if got != total {
+            return Err(io::Error::other(format!("echo ended after {got} of {total} bytes")));
+        }
+        Ok(())
+    });
+    let mut sent = 0u64;
+    let mut chunk = vec![0u8; 64 * 1024];
+    while sent < total {
+        let n = chunk.len().min((total - sent) as usize);
+        for (i, b) in chunk[..n].iter_mut().enumerate() {
+            *b = pattern(sent + i as u64);
+        }
+        (&s).write_all(&chunk[..n])?;
+        sent += n as u64;
+    }
+    s.shutdown(Shutdown::Write)?;
+    check.join().map_err(|_| io::Error::other("reader panicked"))?
+}
+
+fn client_msg(s: &Stream, count: u64, size: usize) -> io::Result<()> {
+    for k in 0..count {
+        let mut loan = s.loan(size)?;
+        for (j, b) in loan.iter_mut().enumerate() {
+            *b = msg_byte(k, j as u64);
+        }
+        loan.send()?;
+        let m = s.recv_message()?.ok_or_else(|| io::Error::other("early end of stream"))?;
+        if m.len() != size || m.iter().enumerate().any(|(j, b)| *b != msg_byte(k, j as u64)) {
+            return Err(io::Error::other(format!("message {k} differs")));
+        }
+    }
+    Ok(())
+}
+
+fn client_halfclose(mut s: Stream) -> io::Result<()> {
+    s.write_all(b"hello")?;
+    s.shutdown(Shutdown::Write)?;
+    let mut got = Vec::new();
+    s.read_to_end(&mut got)?;
+    if got != b"hello" {
+        return Err(io::Error::other(format!("got {got:?}")));
+    }
+    Ok(())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let usage = || -> ! {
+        eprintln!("usage: peer server ADDR stream|msg | peer client ADDR stream BYTES | peer client ADDR msg COUNT SIZE | peer client ADDR halfclose");
+        exit(2)
+    };
+    if args.len() < 4 {
+        usage();
+    }
+    let r = match (args[1].as_str(), args[3].as_str()) {
+        ("server", mode @ ("stream" | "msg")) => serve(&args[2], mode),
+        ("client", kind) => (|| {
+            let s = Stream::connect_with(args[2].as_str(), &options())?;
+            let transport = s.transport();
+            let count = match kind {
+                "stream" => {
+                    let total: u64 = args.get(4).and_then(|v| v.parse().ok()).unwrap_or_else(|| usage());
+                    client_stream(s, total)?;
+                    total
+                }
+                "msg" => {
+                    let count: u64 = args.get(4).and_then(|v| v.parse().ok()).unwrap_or_else(|| usage());
+                    let size: usize = args.get(5).and_then(|v| v.parse().ok()).unwrap_or_else(|| usage());
+                    client_msg(&s, count, size)?;
+                    count
+                }
+                "halfclose" => {
+                    client_halfclose(s)?;
+                    5
+                }
+                _ => usage(),
+            };
+            println!("OK {count} {transport}");
+            Ok(())
+        })(),
+        _ => usage(),
+    };
+    if let Err(e) = r {
+        eprintln!("peer: {e}");
+        exit(1);
+    }
+}

@@ -1,0 +1,205 @@
+//! [`Listener`]: a TCP listener plus its rendezvous (spec/WIRE.md section 2).
+
+use crate::handshake::{self, Answer};
+use crate::log;
+use crate::options::Options;
+use crate::stream::Stream;
+use crate::wire;
+use colo_sys::doorbell::Poller;
+use colo_sys::{seqpacket, AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::io;
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const TCP: u64 = 0;
+const RENDEZVOUS: u64 = 1;
+const PENDING: u64 = 2;
+/// A client that connects to the rendezvous and says nothing is dropped after this long.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// At most this many silent rendezvous connections are kept; the oldest is dropped beyond it.
+const MAX_PENDING: usize = 1024;
+
+/// Accepts colo connections over shared memory and plain TCP clients on the same address.
+///
+/// ```no_run
+/// use std::io::{Read, Write};
+/// let listener = colo::Listener::bind("127.0.0.1:7000")?;
+/// let (mut stream, peer) = listener.accept()?;
+/// let mut buf = [0u8; 4];
+/// stream.read_exact(&mut buf)?;
+/// stream.write_all(&buf)?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct Listener {
+    tcp: TcpListener,
+    rendezvous: Option<OwnedFd>,
+    poller: Poller,
+    pending: Mutex<Vec<(OwnedFd, Instant)>>,
+    addr: SocketAddr,
+    opts: Options,
+    nonblocking: AtomicBool,
+}
+
+impl Listener {
+    /// Listens on `addr` (TCP and, for local clients, shared memory).
+    pub fn bind(addr: impl ToSocketAddrs) -> io::Result<Listener> {
+        Listener::bind_with(addr, Options::new())
+    }
+
+    /// Listens with the given options (spin policy of accepted connections).
+    pub fn bind_with(addr: impl ToSocketAddrs, opts: Options) -> io::Result<Listener> {
+        colo_sys::host::raise_fd_limit();
+        let tcp = TcpListener::bind(addr)?;
+        tcp.set_nonblocking(true)?;
+        let addr = tcp.local_addr()?;
+        let poller = Poller::new()?;
+        poller.add(&tcp, TCP)?;
+        let name = wire::rendezvous_name(addr);
+        let rendezvous = match seqpacket::listen(name.as_bytes()) {
+            Ok(fd) => {
+                poller.add(&fd, RENDEZVOUS)?;
+                Some(fd)
+            }
+            Err(e) => {
+                log::info(format_args!("listen {addr}: rendezvous {name}: {e}; serving TCP only"));
+                None
+            }
+        };
+        Ok(Listener { tcp, rendezvous, poller, pending: Mutex::new(Vec::new()), addr, opts, nonblocking: AtomicBool::new(false) })
+    }
+
+    /// The address listened on (the actual port if 0 was asked).
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.addr)
+    }
+
+    /// Whether local clients can reach this listener over shared memory.
+    pub fn is_colo(&self) -> bool {
+        self.rendezvous.is_some()
+    }
+
+    /// Non-blocking mode: `accept` returns `WouldBlock` instead of waiting.
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        self.nonblocking.store(on, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Waits for the next connection, over shared memory or TCP.
+    pub fn accept(&self) -> io::Result<(Stream, SocketAddr)> {
+        loop {
+            if let Some(s) = self.try_accept()? {
+                return Ok(s);
+            }
+            if self.nonblocking.load(Ordering::Relaxed) {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let wait = self.pending_deadline().map(|d| d.saturating_duration_since(Instant::now()));
+            self.poller.wait(wait)?;
+        }
+    }
+
+    fn pending_deadline(&self) -> Option<Instant> {
+        let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        pending.iter().map(|(_, at)| *at + HELLO_TIMEOUT).min()
+    }
+
+    fn finish(&self, answer: Answer) -> Option<(Stream, SocketAddr)> {
+        match answer {
+            Answer::Accepted(shm) => {
+                let peer = shm.peer_addr();
+                log::info(format_args!("accept {}: shared memory with pid {}", self.addr, shm.peer_pid()));
+                Some((Stream::from_shm(shm), peer))
+            }
+            Answer::Pending(fd) => {
+                let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+                if pending.len() >= MAX_PENDING {
+                    pending.remove(0);
+                }
+                if self.poller.add(&fd, PENDING).is_ok() {
+                    pending.push((fd, Instant::now()));
+                }
+                None
+            }
+            Answer::Refused(why) => {
+                log::info(format_args!("accept {}: refused a rendezvous client: {why}", self.addr));
+                None
+            }
+        }
+    }
+
+    fn try_accept(&self) -> io::Result<Option<(Stream, SocketAddr)>> {
+        // Silent clients first: answer those whose HELLO arrived, drop those that timed out.
+        let waiting: Vec<_> = {
+            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            pending.retain(|(_, at)| now.duration_since(*at) < HELLO_TIMEOUT);
+            std::mem::take(&mut *pending)
+        };
+        let mut found = None;
+        for (fd, at) in waiting {
+            if found.is_some() {
+                self.pending.lock().unwrap_or_else(|e| e.into_inner()).push((fd, at));
+                continue;
+            }
+            match handshake::answer(fd, self.addr, &self.opts) {
+                Answer::Pending(fd) => self.pending.lock().unwrap_or_else(|e| e.into_inner()).push((fd, at)),
+                other => found = self.finish(other),
+            }
+        }
+        if found.is_some() {
+            return Ok(found);
+        }
+        if let Some(rdv) = &self.rendezvous {
+            loop {
+                match seqpacket::accept(rdv) {
+                    Ok(fd) => {
+                        if let Some(s) = self.finish(handshake::answer(fd, self.addr, &self.opts)) {
+                            return Ok(Some(s));
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if is_transient(&e) => {
+                        log::info(format_args!("accept {}: rendezvous: {e}", self.addr));
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        match self.tcp.accept() {
+            Ok((s, peer)) => {
+                s.set_nonblocking(false)?;
+                Ok(Some((Stream::from_tcp(s), peer)))
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) if is_transient(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// An iterator over incoming connections.
+    pub fn incoming(&self) -> impl Iterator<Item = io::Result<Stream>> + '_ {
+        std::iter::repeat_with(move || self.accept().map(|(s, _)| s))
+    }
+}
+
+/// Errors after which a listener keeps serving (a client gave up, or fds ran out for a moment).
+fn is_transient(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(103 | 104 | 24 | 23 | 105 | 12 | 71))
+}
+
+impl AsFd for Listener {
+    /// Readable when a connection may be accepted.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.poller.fd().as_fd()
+    }
+}
+
+impl AsRawFd for Listener {
+    fn as_raw_fd(&self) -> RawFd {
+        self.poller.fd().as_raw_fd()
+    }
+}

@@ -1,0 +1,84 @@
+//! Per-connection settings.
+
+use colo_ring::layout::Geometry;
+use colo_ring::spin::{SpinMode, DEFAULT_SPIN};
+use std::time::Duration;
+
+/// Settings for new connections: ring and pool sizes, spinning, timeouts.
+///
+/// ```
+/// let opts = colo::Options::new().ring_capacity(1 << 20).pool(1 << 20, 8);
+/// assert_eq!(opts.geometry().slot_count, 8);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Options {
+    geometry: Geometry,
+    spin: Option<SpinMode>,
+    connect_timeout: Duration,
+}
+
+/// Default byte-ring capacity per direction.
+pub const DEFAULT_RING: u32 = 256 * 1024;
+/// Default pool: 16 slots of 64 KiB per direction (memory is only used when touched).
+pub const DEFAULT_SLOT_SIZE: u32 = 64 * 1024;
+/// Default number of pool slots.
+pub const DEFAULT_SLOTS: u32 = 16;
+
+impl Default for Options {
+    fn default() -> Self {
+        Options::new()
+    }
+}
+
+impl Options {
+    /// The defaults: 256 KiB rings, 16 x 64 KiB pool, spin from `COLO_SPIN_US` or 5 us adaptive.
+    pub fn new() -> Options {
+        Options {
+            geometry: Geometry { ring_capacity: DEFAULT_RING, slot_size: DEFAULT_SLOT_SIZE, slot_count: DEFAULT_SLOTS },
+            spin: None,
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Byte-ring capacity per direction (a power of two, 4 KiB to 1 GiB).
+    pub fn ring_capacity(mut self, bytes: u32) -> Options {
+        self.geometry.ring_capacity = bytes;
+        self
+    }
+
+    /// Zero-copy pool per direction: `count` slots of `slot_size` bytes (0, 0 for none).
+    pub fn pool(mut self, slot_size: u32, count: u32) -> Options {
+        self.geometry.slot_size = slot_size.div_ceil(64) * 64;
+        self.geometry.slot_count = count;
+        self
+    }
+
+    /// Spin policy; overrides `COLO_SPIN_US`.
+    pub fn spin(mut self, mode: SpinMode) -> Options {
+        self.spin = Some(mode);
+        self
+    }
+
+    /// How long the handshake may take before falling back to TCP.
+    pub fn connect_timeout(mut self, t: Duration) -> Options {
+        self.connect_timeout = t;
+        self
+    }
+
+    /// The geometry new connections get.
+    pub fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    /// The handshake timeout.
+    pub fn handshake_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// The spin policy in effect: this setting, else `COLO_SPIN_US`, else the default.
+    pub fn spin_mode(&self) -> SpinMode {
+        self.spin.unwrap_or_else(|| {
+            std::env::var("COLO_SPIN_US").ok().and_then(|v| SpinMode::parse(&v)).unwrap_or(DEFAULT_SPIN)
+        })
+    }
+}

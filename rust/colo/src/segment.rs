@@ -1,0 +1,166 @@
+//! A mapped segment and the views each side takes of it (spec/WIRE.md section 4). All pointers
+//! handed out here point into the mapping this value owns, at offsets derived from a validated
+//! private copy of the geometry; none is derived from a value the peer can change later.
+
+use colo_ring::layout::{block, Layout, CLIENT_WAITING, SERVER_WAITING};
+use colo_ring::queue::{QueueReceiver, QueueSender, QueueWords};
+use colo_ring::ring::{Consumer, Producer, RawBytes, RingWords};
+use colo_ring::sync::{AtomicU32, AtomicU64};
+use colo_sys::segment::Mapping;
+use colo_sys::OwnedFd;
+
+/// Which end of the connection we are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The side that dialed and created the segment.
+    Client,
+    /// The side that accepted.
+    Server,
+}
+
+/// A segment mapped by this process.
+#[derive(Debug)]
+pub struct Segment {
+    map: Mapping,
+    layout: Layout,
+    /// Kept open so `colo stat` can find and read the segment through /proc.
+    _memfd: OwnedFd,
+}
+
+impl Segment {
+    /// # Safety
+    /// `map` is at least `layout.segment_size` bytes and was validated against `layout`.
+    pub unsafe fn new(map: Mapping, layout: Layout, memfd: OwnedFd) -> Segment {
+        assert!(map.len() >= layout.segment_size);
+        Segment { map, layout, _memfd: memfd }
+    }
+
+    /// The layout (private copy).
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The base address of the mapping.
+    pub fn base(&self) -> *mut u8 {
+        self.map.as_ptr()
+    }
+
+    fn at(&self, offset: usize, len: usize) -> *mut u8 {
+        assert!(offset + len <= self.layout.segment_size);
+        // SAFETY: in bounds of the mapping by the assert above.
+        unsafe { self.map.as_ptr().add(offset) }
+    }
+
+    fn u32_at(&self, offset: usize) -> *const AtomicU32 {
+        debug_assert_eq!(offset % 4, 0);
+        self.at(offset, 4) as *const AtomicU32
+    }
+
+    fn u64_at(&self, offset: usize) -> *const AtomicU64 {
+        debug_assert_eq!(offset % 8, 0);
+        self.at(offset, 8) as *const AtomicU64
+    }
+
+    /// The `waiting` flag of `role`.
+    pub fn waiting(&self, role: Role) -> &AtomicU32 {
+        let off = if role == Role::Client { CLIENT_WAITING } else { SERVER_WAITING };
+        // SAFETY: an aligned u32 inside the mapping, which lives as long as `self`; only ever
+        // accessed atomically.
+        unsafe { &*self.u32_at(off) }
+    }
+
+    fn block(&self, c2s: bool) -> usize {
+        self.layout.block_offset(c2s)
+    }
+
+    /// The words of the byte ring of direction `c2s`.
+    pub fn ring_words(&self, c2s: bool) -> RingWords {
+        let b = self.block(c2s);
+        RingWords {
+            head: self.u64_at(b + block::RING_HEAD),
+            flags: self.u32_at(b + block::RING_FLAGS),
+            tail: self.u64_at(b + block::RING_TAIL),
+            read_flags: self.u32_at(b + block::READ_FLAGS),
+        }
+    }
+
+    fn ring_data(&self, c2s: bool) -> RawBytes {
+        let cap = self.layout.geometry.ring_capacity as usize;
+        let p = self.at(self.block(c2s) + self.layout.data_off, cap);
+        // SAFETY: `cap` bytes inside the mapping (checked by `at`), alive as long as `self`.
+        unsafe { RawBytes::new(p, cap) }
+    }
+
+    /// The producer of the direction `role` sends on.
+    ///
+    /// # Safety
+    /// Called once per segment and role; the result must not outlive `self`.
+    pub unsafe fn producer(&self, role: Role) -> Producer<RawBytes> {
+        let c2s = role == Role::Client;
+        // SAFETY: words and data live in the mapping; fresh ring; the caller keeps `self` alive.
+        unsafe { Producer::new(self.ring_words(c2s), self.ring_data(c2s)) }
+    }
+
+    /// The consumer of the direction `role` receives on.
+    ///
+    /// # Safety
+    /// As for [`Segment::producer`].
+    pub unsafe fn consumer(&self, role: Role) -> Consumer<RawBytes> {
+        let c2s = role == Role::Server;
+        // SAFETY: as in `producer`.
+        unsafe { Consumer::new(self.ring_words(c2s), self.ring_data(c2s)) }
+    }
+
+    fn msg_words(&self, c2s: bool) -> QueueWords {
+        let b = self.block(c2s);
+        QueueWords {
+            head: self.u64_at(b + block::MSG_HEAD),
+            tail: self.u64_at(b + block::MSG_TAIL),
+            entries: self.u32_at(b + block::MSG_ENTRIES),
+            len: self.layout.geometry.slot_count,
+        }
+    }
+
+    fn free_words(&self, c2s: bool) -> QueueWords {
+        let b = self.block(c2s);
+        QueueWords {
+            head: self.u64_at(b + block::FREE_HEAD),
+            tail: self.u64_at(b + block::FREE_TAIL),
+            entries: self.u32_at(b + self.layout.free_entries),
+            len: self.layout.geometry.slot_count,
+        }
+    }
+
+    /// Message queues of a pool, if the geometry has one: (sending msg queue, receiving free
+    /// queue) for our outgoing direction, and (receiving msg queue, sending free queue) for the
+    /// incoming one.
+    ///
+    /// # Safety
+    /// As for [`Segment::producer`].
+    #[allow(clippy::type_complexity)]
+    pub unsafe fn queues(
+        &self,
+        role: Role,
+    ) -> Option<((QueueSender<2>, QueueReceiver<1>), (QueueReceiver<2>, QueueSender<1>))> {
+        if self.layout.geometry.slot_count == 0 {
+            return None;
+        }
+        let out = role == Role::Client;
+        // SAFETY: the queue words lie inside the mapping (offsets from the validated layout),
+        // the queues are fresh, and the caller keeps `self` alive.
+        unsafe {
+            Some((
+                (QueueSender::new(self.msg_words(out)), QueueReceiver::new(self.free_words(out))),
+                (QueueReceiver::new(self.msg_words(!out)), QueueSender::new(self.free_words(!out))),
+            ))
+        }
+    }
+
+    /// Address of slot `slot` of the pool of direction `c2s`.
+    pub fn slot(&self, c2s: bool, slot: u32) -> *mut u8 {
+        let g = self.layout.geometry;
+        assert!(slot < g.slot_count);
+        let off = self.block(c2s) + self.layout.pool_off + slot as usize * g.slot_size as usize;
+        self.at(off, g.slot_size as usize)
+    }
+}

@@ -1,0 +1,703 @@
+//! One side of a shared-memory connection: the byte stream, zero-copy messages, shutdown, and
+//! every way it can fail (spec/WIRE.md sections 5 to 8).
+//!
+//! The reading half (consumer, incoming messages) and the writing half (producer, outgoing
+//! messages) each sit behind their own mutex, so one thread may read while another writes, as with
+//! a TCP socket. Blocking waits go through [`Shm::block`]: one thread at a time sleeps in the
+//! readiness epoll (the *leader*); any other waiting thread sleeps on a condvar and is woken
+//! whenever the leader wakes, because the doorbell and the `waiting` flag are shared by both halves.
+
+use crate::segment::{Role, Segment};
+use colo_ring::layout::{FLAG_FIN, FLAG_READ_CLOSED, FLAG_RESET};
+use colo_ring::notify;
+use colo_ring::queue::{QueueReceiver, QueueSender};
+use colo_ring::ring::{Consumer, Producer, RawBytes};
+use colo_ring::spin::{SpinMode, Spinner};
+use colo_ring::sync::{AtomicU32, Ordering};
+use colo_ring::Corrupt;
+use colo_sys::doorbell::{self, Readiness};
+use colo_sys::{seqpacket, OwnedFd};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Writes are published in pieces of at most this many bytes (spec/WIRE.md section 5).
+const PUBLISH_CHUNK: usize = 16 * 1024;
+
+// Local state bits.
+const WRITE_SHUT: u32 = 1;
+const READ_SHUT: u32 = 2;
+const PEER_GONE: u32 = 4;
+const RESET: u32 = 8;
+const CORRUPT: u32 = 16;
+
+pub(crate) fn eproto(what: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::Other, ProtocolError(what.to_string()))
+}
+
+/// A peer broke the protocol (`EPROTO`): corrupted shared memory or a bad control message.
+#[derive(Debug)]
+pub struct ProtocolError(pub String);
+
+impl std::fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "colo protocol error (EPROTO): {}", self.0)
+    }
+}
+impl std::error::Error for ProtocolError {}
+
+/// The errno of an error produced by colo (for the C ABI and logs).
+pub fn errno_of(e: &io::Error) -> i32 {
+    if let Some(code) = e.raw_os_error() {
+        return code;
+    }
+    if e.get_ref().is_some_and(|inner| inner.is::<ProtocolError>()) {
+        return libc_errno::EPROTO;
+    }
+    match e.kind() {
+        io::ErrorKind::WouldBlock => libc_errno::EAGAIN,
+        io::ErrorKind::TimedOut => libc_errno::ETIMEDOUT,
+        io::ErrorKind::ConnectionReset => libc_errno::ECONNRESET,
+        io::ErrorKind::BrokenPipe => libc_errno::EPIPE,
+        io::ErrorKind::ConnectionRefused => libc_errno::ECONNREFUSED,
+        io::ErrorKind::NotConnected => libc_errno::ENOTCONN,
+        io::ErrorKind::InvalidInput => libc_errno::EINVAL,
+        io::ErrorKind::OutOfMemory => libc_errno::ENOMEM,
+        _ => libc_errno::EIO,
+    }
+}
+
+/// The errno values colo reports (Linux numbering).
+pub mod libc_errno {
+    #![allow(missing_docs)]
+    pub const EIO: i32 = 5;
+    pub const EBADF: i32 = 9;
+    pub const EAGAIN: i32 = 11;
+    pub const ENOMEM: i32 = 12;
+    pub const EINVAL: i32 = 22;
+    pub const EPIPE: i32 = 32;
+    pub const EPROTO: i32 = 71;
+    pub const EMSGSIZE: i32 = 90;
+    pub const ENOBUFS: i32 = 105;
+    pub const ENOTCONN: i32 = 107;
+    pub const ECONNRESET: i32 = 104;
+    pub const ETIMEDOUT: i32 = 110;
+    pub const ECONNREFUSED: i32 = 111;
+}
+
+struct RxHalf {
+    ring: Consumer<RawBytes>,
+    msgs: Option<QueueReceiver<2>>,
+    /// Slots of the incoming pool the application holds (received, not yet released).
+    held: Vec<bool>,
+    spinner: Spinner,
+}
+
+struct TxHalf {
+    ring: Producer<RawBytes>,
+    msgs: Option<QueueSender<2>>,
+    frees: Option<QueueReceiver<1>>,
+    /// Slots of the outgoing pool we may loan.
+    free_slots: Vec<u32>,
+    /// Slots loaned or sent and not yet released by the peer.
+    in_flight: Vec<bool>,
+    spinner: Spinner,
+}
+
+#[derive(Default)]
+struct Waiters {
+    leader: bool,
+    epoch: u64,
+    followers: usize,
+}
+
+/// The fds of one side of a connection.
+pub(crate) struct Fds {
+    pub control: OwnedFd,
+    pub own_bell: OwnedFd,
+    pub peer_bell: OwnedFd,
+}
+
+/// One side of an established shared-memory connection.
+pub struct Shm {
+    rx: Mutex<RxHalf>,
+    tx: Mutex<TxHalf>,
+    releases: Mutex<Option<QueueSender<1>>>,
+    role: Role,
+    state: AtomicU32,
+    nonblocking: AtomicBool,
+    read_timeout: AtomicU64,
+    write_timeout: AtomicU64,
+    waiters: Mutex<Waiters>,
+    woken: Condvar,
+    readiness: Readiness,
+    fds: Fds,
+    local: SocketAddr,
+    peer: SocketAddr,
+    peer_pid: u32,
+    // Declared last: dropped after every view into it.
+    seg: Segment,
+}
+
+impl std::fmt::Debug for Shm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shm").field("role", &self.role).field("local", &self.local).field("peer", &self.peer).finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn nanos(d: Option<Duration>) -> u64 {
+    d.map_or(0, |d| d.as_nanos().clamp(1, u64::MAX as u128) as u64)
+}
+
+fn from_nanos(n: u64) -> Option<Duration> {
+    (n != 0).then(|| Duration::from_nanos(n))
+}
+
+impl Shm {
+    /// Builds one side over a validated, mapped segment.
+    pub(crate) fn new(
+        seg: Segment,
+        role: Role,
+        fds: Fds,
+        local: SocketAddr,
+        peer: SocketAddr,
+        peer_pid: u32,
+        spin: SpinMode,
+    ) -> io::Result<Shm> {
+        let readiness = Readiness::new(&fds.own_bell, &fds.control)?;
+        let g = seg.layout().geometry;
+        // SAFETY: each view is taken once per role and lives inside `Shm`, which also owns `seg`
+        // (declared last, so dropped after the views).
+        let (ring_in, ring_out, queues) = unsafe { (seg.consumer(role), seg.producer(role), seg.queues(role)) };
+        let (out_q, in_q) = match queues {
+            Some((o, i)) => (Some(o), Some(i)),
+            None => (None, None),
+        };
+        let (msgs_out, frees_in) = out_q.map_or((None, None), |(m, f)| (Some(m), Some(f)));
+        let (msgs_in, releases) = in_q.map_or((None, None), |(m, f)| (Some(m), Some(f)));
+        let n = g.slot_count as usize;
+        let spin = if spin != SpinMode::Always && colo_sys::host::share_one_cpu(peer_pid) { SpinMode::Never } else { spin };
+        Ok(Shm {
+            rx: Mutex::new(RxHalf { ring: ring_in, msgs: msgs_in, held: vec![false; n], spinner: Spinner::new(spin) }),
+            tx: Mutex::new(TxHalf {
+                ring: ring_out,
+                msgs: msgs_out,
+                frees: frees_in,
+                free_slots: (0..g.slot_count).rev().collect(),
+                in_flight: vec![false; n],
+                spinner: Spinner::new(spin),
+            }),
+            releases: Mutex::new(releases),
+            role,
+            state: AtomicU32::new(0),
+            nonblocking: AtomicBool::new(false),
+            read_timeout: AtomicU64::new(0),
+            write_timeout: AtomicU64::new(0),
+            waiters: Mutex::new(Waiters::default()),
+            woken: Condvar::new(),
+            readiness,
+            fds,
+            local,
+            peer,
+            peer_pid,
+            seg,
+        })
+    }
+
+    fn has(&self, bits: u32) -> bool {
+        self.state.load(Ordering::Acquire) & bits != 0
+    }
+
+    fn set(&self, bits: u32) {
+        self.state.fetch_or(bits, Ordering::AcqRel);
+    }
+
+    fn own_waiting(&self) -> &AtomicU32 {
+        self.seg.waiting(self.role)
+    }
+
+    fn wake_peer(&self) {
+        if notify::peer_needs_wake(self.seg.waiting(self.other())) {
+            doorbell::ring(&self.fds.peer_bell);
+        }
+    }
+
+    fn other(&self) -> Role {
+        if self.role == Role::Client { Role::Server } else { Role::Client }
+    }
+
+    fn out_words(&self) -> colo_ring::ring::RingWords {
+        self.seg.ring_words(self.role == Role::Client)
+    }
+
+    fn in_words(&self) -> colo_ring::ring::RingWords {
+        self.seg.ring_words(self.role == Role::Server)
+    }
+
+    /// Sets a flag word of the segment without taking a half's lock (a blocked reader or writer
+    /// may hold it), then rings the peer unconditionally.
+    fn signal(&self, word: *const AtomicU32, bits: u32) {
+        // SAFETY: `word` comes from `out_words`/`in_words`: an aligned atomic in our mapping.
+        unsafe { &*word }.fetch_or(bits, Ordering::Release);
+        doorbell::ring(&self.fds.peer_bell);
+    }
+
+    /// Resets the connection after the peer broke the protocol; returns the error to report.
+    fn corrupt(&self, c: Corrupt) -> io::Error {
+        if !self.has(RESET) {
+            self.set(RESET | CORRUPT);
+            self.signal(self.out_words().flags, FLAG_RESET);
+        }
+        eproto(c)
+    }
+
+    fn reset_error(&self) -> io::Error {
+        if self.has(CORRUPT) {
+            eproto("connection was reset after a protocol error")
+        } else {
+            io::ErrorKind::ConnectionReset.into()
+        }
+    }
+
+    /// Reads the control socket without blocking: after the handshake it must stay silent, so a
+    /// hang-up is the peer's end and anything else is a protocol error.
+    fn poll_control(&self) {
+        if self.has(PEER_GONE) {
+            return;
+        }
+        let mut buf = [0u8; 16];
+        match seqpacket::recv(&self.fds.control, &mut buf, true) {
+            Ok(r) if r.len == 0 && r.fds.is_empty() => self.set(PEER_GONE),
+            Ok(_) => {
+                self.set(PEER_GONE);
+                let _ = self.corrupt(Corrupt("unexpected message on the control socket"));
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => self.set(PEER_GONE),
+        }
+    }
+
+    /// Sleeps until the doorbell rings, the control socket wakes, or `deadline` passes.
+    fn block(&self, deadline: Option<Instant>) -> io::Result<()> {
+        let timeout = match deadline {
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                Some(left)
+            }
+            None => None,
+        };
+        let mut w = lock(&self.waiters);
+        if w.leader {
+            let epoch = w.epoch;
+            w.followers += 1;
+            while w.leader && w.epoch == epoch {
+                w = match timeout {
+                    Some(t) => {
+                        let (g, r) = self.woken.wait_timeout(w, t).unwrap_or_else(|e| e.into_inner());
+                        if r.timed_out() {
+                            let mut g = g;
+                            g.followers -= 1;
+                            return Err(io::ErrorKind::WouldBlock.into());
+                        }
+                        g
+                    }
+                    None => self.woken.wait(w).unwrap_or_else(|e| e.into_inner()),
+                };
+            }
+            w.followers -= 1;
+            return Ok(());
+        }
+        w.leader = true;
+        drop(w);
+        let r = self.readiness.wait(timeout);
+        if let Ok(woken) = r {
+            if woken.doorbell {
+                doorbell::drain(&self.fds.own_bell);
+            }
+            if woken.control {
+                self.poll_control();
+            }
+        }
+        let mut w = lock(&self.waiters);
+        w.leader = false;
+        w.epoch = w.epoch.wrapping_add(1);
+        if w.followers > 0 {
+            self.woken.notify_all();
+        }
+        r.map(drop)
+    }
+
+    fn deadline(&self, timeout: &AtomicU64) -> Option<Instant> {
+        from_nanos(timeout.load(Ordering::Relaxed)).map(|t| Instant::now() + t)
+    }
+
+    /// Runs `check` until it yields, by the protocol of spec/WIRE.md section 6.
+    fn wait_for<T>(
+        &self,
+        spinner: &mut Spinner,
+        timeout: &AtomicU64,
+        mut check: impl FnMut() -> io::Result<Option<T>>,
+    ) -> io::Result<T> {
+        if self.nonblocking.load(Ordering::Relaxed) {
+            let r = notify::poll_once(self.own_waiting(), &mut check, || doorbell::drain(&self.fds.own_bell))?;
+            if let Some(v) = r {
+                return Ok(v);
+            }
+            // A hang-up leaves the readiness fd readable: notice it now, not never.
+            self.poll_control();
+            return check()?.ok_or_else(|| io::ErrorKind::WouldBlock.into());
+        }
+        let deadline = self.deadline(timeout);
+        if spinner.mode() == SpinMode::Always {
+            // Busy polling never sleeps, so look at the control socket now and then.
+            let mut polls = 0u32;
+            return notify::wait(
+                self.own_waiting(),
+                spinner,
+                || {
+                    polls = polls.wrapping_add(1);
+                    if polls % 4096 == 0 {
+                        self.poll_control();
+                    }
+                    if deadline.is_some_and(|d| polls % 64 == 0 && Instant::now() >= d) {
+                        return Err(io::ErrorKind::WouldBlock.into());
+                    }
+                    check()
+                },
+                || Ok(()),
+            );
+        }
+        notify::wait(self.own_waiting(), spinner, &mut check, || self.block(deadline))
+    }
+
+    // ---- the byte stream -------------------------------------------------------------------
+
+    fn try_read(&self, rx: &mut RxHalf, buf: &mut [u8], peek: bool) -> io::Result<Option<usize>> {
+        let got = if peek { rx.ring.peek(buf) } else { rx.ring.read(buf) };
+        let n = got.map_err(|c| self.corrupt(c))?;
+        if n > 0 {
+            if !peek {
+                self.wake_peer();
+            }
+            return Ok(Some(n));
+        }
+        if self.has(RESET) {
+            return Err(self.reset_error());
+        }
+        let flags = rx.ring.flags().map_err(|c| self.corrupt(c))?;
+        let gone = self.has(PEER_GONE);
+        if flags & (FLAG_FIN | FLAG_RESET) == 0 && !gone {
+            return Ok(None);
+        }
+        // Everything published before FIN or the hang-up is visible now; deliver it first.
+        let n = if peek { rx.ring.peek(buf) } else { rx.ring.read(buf) }.map_err(|c| self.corrupt(c))?;
+        if flags & FLAG_RESET != 0 {
+            self.set(RESET);
+            return Err(io::ErrorKind::ConnectionReset.into());
+        }
+        if n > 0 {
+            if !peek {
+                self.wake_peer();
+            }
+            return Ok(Some(n));
+        }
+        if flags & FLAG_FIN != 0 {
+            return Ok(Some(0));
+        }
+        // Hung up without FIN: the peer died.
+        Err(io::ErrorKind::ConnectionReset.into())
+    }
+
+    /// Reads into `buf`; 0 is end of stream. Blocks (spin, then sleep) unless non-blocking.
+    pub fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.recv(buf, false)
+    }
+
+    /// Like [`Shm::read`] but leaves the bytes in the ring (`MSG_PEEK`).
+    pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.recv(buf, true)
+    }
+
+    fn recv(&self, buf: &mut [u8], peek: bool) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if self.has(READ_SHUT) {
+            return Ok(0);
+        }
+        let mut guard = lock(&self.rx);
+        let rx = &mut *guard;
+        let mut spinner = rx.spinner.clone();
+        let r = self.wait_for(&mut spinner, &self.read_timeout, || self.try_read(rx, buf, peek));
+        rx.spinner = spinner;
+        r
+    }
+
+    /// Bytes ready to read now (`FIONREAD`).
+    pub fn readable(&self) -> io::Result<usize> {
+        lock(&self.rx).ring.available().map_err(|c| self.corrupt(c))
+    }
+
+    fn write_blocked(&self, tx: &mut TxHalf) -> io::Result<Option<usize>> {
+        if self.has(RESET) {
+            return Err(self.reset_error());
+        }
+        if self.has(WRITE_SHUT) {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        if tx.ring.read_closed().map_err(|c| self.corrupt(c))? || self.has(PEER_GONE) {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        // SAFETY: the incoming ring's flags word is an aligned atomic in our mapping.
+        let in_flags = unsafe { &*self.in_words().flags }.load(Ordering::Acquire);
+        if in_flags & FLAG_RESET != 0 {
+            self.set(RESET);
+            return Err(io::ErrorKind::ConnectionReset.into());
+        }
+        let space = tx.ring.space().map_err(|c| self.corrupt(c))?;
+        Ok((space > 0).then_some(space))
+    }
+
+    /// Writes as much of `buf` as the ring takes, waiting only while nothing could be written;
+    /// publishes in pieces so the reader starts early.
+    pub fn write(&self, buf: &[u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let mut guard = lock(&self.tx);
+        let tx = &mut *guard;
+        let mut spinner = tx.spinner.clone();
+        let r = self.wait_for(&mut spinner, &self.write_timeout, || self.write_blocked(tx));
+        tx.spinner = spinner;
+        r?;
+        let mut done = 0;
+        while done < buf.len() {
+            let end = buf.len().min(done + PUBLISH_CHUNK);
+            let n = tx.ring.write(&buf[done..end]).map_err(|c| self.corrupt(c))?;
+            if n == 0 {
+                break;
+            }
+            done += n;
+            self.wake_peer();
+        }
+        Ok(done)
+    }
+
+    /// Writes all of `buf`, waiting for space as needed.
+    pub fn write_all(&self, mut buf: &[u8]) -> io::Result<()> {
+        while !buf.is_empty() {
+            let n = self.write(buf)?;
+            buf = &buf[n..];
+        }
+        Ok(())
+    }
+
+    /// `shutdown(2)`: `read`, `write` or both.
+    pub fn shutdown(&self, read: bool, write: bool) {
+        if write && !self.has(WRITE_SHUT) {
+            self.set(WRITE_SHUT);
+            self.signal(self.out_words().flags, FLAG_FIN);
+        }
+        if read && !self.has(READ_SHUT) {
+            self.set(READ_SHUT);
+            self.signal(self.in_words().read_flags, FLAG_READ_CLOSED);
+        }
+    }
+
+    // ---- zero-copy messages ------------------------------------------------------------------
+
+    fn take_slot(&self, tx: &mut TxHalf) -> io::Result<Option<u32>> {
+        if self.has(RESET) {
+            return Err(self.reset_error());
+        }
+        if self.has(WRITE_SHUT) || self.has(PEER_GONE) {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        if let Some(frees) = tx.frees.as_mut() {
+            while let Some([slot]) = frees.pop().map_err(|c| self.corrupt(c))? {
+                if slot as usize >= tx.in_flight.len() || !tx.in_flight[slot as usize] {
+                    return Err(self.corrupt(Corrupt("released a slot that was not in flight")));
+                }
+                tx.in_flight[slot as usize] = false;
+                tx.free_slots.push(slot);
+            }
+        }
+        Ok(tx.free_slots.pop().inspect(|&s| tx.in_flight[s as usize] = true))
+    }
+
+    fn geometry(&self) -> colo_ring::layout::Geometry {
+        self.seg.layout().geometry
+    }
+
+    /// Loans a slot of the outgoing pool; waits while all are in flight.
+    pub(crate) fn loan(&self, len: usize) -> io::Result<(u32, *mut u8)> {
+        let g = self.geometry();
+        if g.slot_count == 0 {
+            return Err(io::Error::from_raw_os_error(libc_errno::ENOBUFS));
+        }
+        if len > g.slot_size as usize {
+            return Err(io::Error::from_raw_os_error(libc_errno::EMSGSIZE));
+        }
+        let mut guard = lock(&self.tx);
+        let tx = &mut *guard;
+        let mut spinner = tx.spinner.clone();
+        let r = self.wait_for(&mut spinner, &self.write_timeout, || self.take_slot(tx));
+        tx.spinner = spinner;
+        let slot = r?;
+        Ok((slot, self.seg.slot(self.role == Role::Client, slot)))
+    }
+
+    /// Gives back a loaned slot that was not sent.
+    pub(crate) fn unloan(&self, slot: u32) {
+        let mut tx = lock(&self.tx);
+        tx.in_flight[slot as usize] = false;
+        tx.free_slots.push(slot);
+    }
+
+    /// Sends a loaned slot holding `len` bytes.
+    pub(crate) fn send_slot(&self, slot: u32, len: usize) -> io::Result<()> {
+        let mut tx = lock(&self.tx);
+        if self.has(RESET) {
+            return Err(self.reset_error());
+        }
+        let q = tx.msgs.as_mut().expect("a loan implies a pool");
+        q.push([slot, len as u32]).map_err(|c| self.corrupt(c))?;
+        drop(tx);
+        self.wake_peer();
+        Ok(())
+    }
+
+    fn take_message(&self, rx: &mut RxHalf) -> io::Result<Option<Option<(u32, usize)>>> {
+        let g = self.geometry();
+        let q = rx.msgs.as_mut().expect("checked by recv_message");
+        match q.pop().map_err(|c| self.corrupt(c))? {
+            Some([slot, len]) => {
+                if slot >= g.slot_count || len > g.slot_size {
+                    return Err(self.corrupt(Corrupt("message entry out of range")));
+                }
+                if std::mem::replace(&mut rx.held[slot as usize], true) {
+                    return Err(self.corrupt(Corrupt("message in a slot we still hold")));
+                }
+                Ok(Some(Some((slot, len as usize))))
+            }
+            None => {
+                if self.has(RESET) {
+                    return Err(self.reset_error());
+                }
+                let flags = rx.ring.flags().map_err(|c| self.corrupt(c))?;
+                if flags & FLAG_RESET != 0 {
+                    self.set(RESET);
+                    return Err(io::ErrorKind::ConnectionReset.into());
+                }
+                if q.is_ready().map_err(|c| self.corrupt(c))? {
+                    return self.take_message(rx);
+                }
+                if flags & FLAG_FIN != 0 || self.has(PEER_GONE) {
+                    return Ok(Some(None));
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Receives the next message: `(slot, len)`, or `None` at end of stream.
+    pub(crate) fn recv_message(&self) -> io::Result<Option<(u32, *const u8, usize)>> {
+        if self.geometry().slot_count == 0 {
+            return Err(io::Error::from_raw_os_error(libc_errno::ENOBUFS));
+        }
+        let mut guard = lock(&self.rx);
+        let rx = &mut *guard;
+        let mut spinner = rx.spinner.clone();
+        let r = self.wait_for(&mut spinner, &self.read_timeout, || self.take_message(rx));
+        rx.spinner = spinner;
+        Ok(r?.map(|(slot, len)| (slot, self.seg.slot(self.role == Role::Server, slot) as *const u8, len)))
+    }
+
+    /// Returns a received slot to the peer.
+    pub(crate) fn release(&self, slot: u32) {
+        {
+            let mut rx = lock(&self.rx);
+            rx.held[slot as usize] = false;
+        }
+        let mut releases = lock(&self.releases);
+        if let Some(q) = releases.as_mut() {
+            if let Err(c) = q.push([slot]) {
+                drop(releases);
+                let _ = self.corrupt(c);
+                return;
+            }
+        }
+        drop(releases);
+        self.wake_peer();
+    }
+
+    // ---- settings and facts ------------------------------------------------------------------
+
+    /// Non-blocking mode: operations that would wait return `WouldBlock`.
+    pub fn set_nonblocking(&self, on: bool) {
+        self.nonblocking.store(on, Ordering::Relaxed);
+    }
+    /// Read timeout (`None`: wait forever).
+    pub fn set_read_timeout(&self, t: Option<Duration>) {
+        self.read_timeout.store(nanos(t), Ordering::Relaxed);
+    }
+    /// Write timeout.
+    pub fn set_write_timeout(&self, t: Option<Duration>) {
+        self.write_timeout.store(nanos(t), Ordering::Relaxed);
+    }
+    /// Current read timeout.
+    pub fn read_timeout(&self) -> Option<Duration> {
+        from_nanos(self.read_timeout.load(Ordering::Relaxed))
+    }
+    /// Current write timeout.
+    pub fn write_timeout(&self) -> Option<Duration> {
+        from_nanos(self.write_timeout.load(Ordering::Relaxed))
+    }
+    /// Changes the spin policy of both halves.
+    pub fn set_spin(&self, mode: SpinMode) {
+        lock(&self.rx).spinner = Spinner::new(mode);
+        lock(&self.tx).spinner = Spinner::new(mode);
+    }
+    /// Our address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+    /// The peer's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+    /// The peer's pid.
+    pub fn peer_pid(&self) -> u32 {
+        self.peer_pid
+    }
+    /// The readiness fd: readable when the peer made progress or hung up.
+    pub fn readiness_fd(&self) -> &OwnedFd {
+        self.readiness.fd()
+    }
+    pub(crate) fn control_fd(&self) -> &OwnedFd {
+        &self.fds.control
+    }
+    /// Bytes a zero-copy message may hold (0: no pool).
+    pub fn pool_slot_size(&self) -> usize {
+        self.geometry().slot_size as usize
+    }
+}
+
+impl Drop for Shm {
+    fn drop(&mut self) {
+        // A clean close: FIN on our direction, READ_CLOSED on theirs, then the fds close and the
+        // peer sees the hang-up with FIN set.
+        if !self.has(RESET) {
+            self.shutdown(true, true);
+        }
+    }
+}

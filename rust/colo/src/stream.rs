@@ -1,0 +1,343 @@
+//! [`Stream`]: one connection, over shared memory when the peer is a colo listener on this host,
+//! over TCP otherwise, behind the same `std::io` interface.
+
+use crate::handshake;
+use crate::message::{Loan, Message};
+use crate::options::Options;
+use crate::shm::{libc_errno, Shm};
+use colo_ring::spin::SpinMode;
+use colo_sys::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How a [`Stream`] moves its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Shared-memory rings on this host.
+    SharedMemory,
+    /// A plain TCP connection (remote peer, or a peer that does not speak colo).
+    Tcp,
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Transport::SharedMemory => "colo",
+            Transport::Tcp => "tcp",
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Inner {
+    Shm(Arc<Shm>),
+    Tcp(Arc<TcpStream>),
+}
+
+/// A connection with socket semantics: `Read`/`Write` (also on `&Stream`), half-close, timeouts,
+/// non-blocking mode, a pollable fd, and zero-copy messages.
+///
+/// ```no_run
+/// use std::io::{Read, Write};
+/// let mut s = colo::Stream::connect("127.0.0.1:7000")?;   // shared memory if local, else TCP
+/// s.write_all(b"ping")?;
+/// let mut reply = [0u8; 4];
+/// s.read_exact(&mut reply)?;
+/// println!("over {}", s.transport());
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct Stream {
+    inner: Inner,
+}
+
+impl Stream {
+    /// Connects to `addr`: shared memory if a colo listener serves it on this host, else TCP.
+    pub fn connect(addr: impl ToSocketAddrs) -> io::Result<Stream> {
+        Stream::connect_with(addr, &Options::new())
+    }
+
+    /// Connects with explicit options (ring and pool sizes, spin policy).
+    pub fn connect_with(addr: impl ToSocketAddrs, opts: &Options) -> io::Result<Stream> {
+        let mut last = None;
+        for a in addr.to_socket_addrs()? {
+            match handshake::dial(a, opts) {
+                Ok(Some(shm)) => return Ok(Stream::from_shm(shm)),
+                Ok(None) => {}
+                Err(e) => crate::log::info(format_args!("dial {a}: {e}; using TCP")),
+            }
+            match TcpStream::connect(a) {
+                Ok(s) => return Ok(Stream::from_tcp(s)),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address to connect to")))
+    }
+
+    pub(crate) fn from_shm(shm: Shm) -> Stream {
+        Stream { inner: Inner::Shm(Arc::new(shm)) }
+    }
+
+    pub(crate) fn from_tcp(s: TcpStream) -> Stream {
+        let _ = s.set_nodelay(true);
+        Stream { inner: Inner::Tcp(Arc::new(s)) }
+    }
+
+    pub(crate) fn shm(&self) -> Option<&Shm> {
+        match &self.inner {
+            Inner::Shm(s) => Some(s),
+            Inner::Tcp(_) => None,
+        }
+    }
+
+    /// Whether this connection runs over shared memory or TCP.
+    pub fn transport(&self) -> Transport {
+        match self.inner {
+            Inner::Shm(_) => Transport::SharedMemory,
+            Inner::Tcp(_) => Transport::Tcp,
+        }
+    }
+
+    /// The peer's address. Over shared memory, the client side's port is 0 (no TCP port exists).
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        match &self.inner {
+            Inner::Shm(s) => Ok(s.peer_addr()),
+            Inner::Tcp(t) => t.peer_addr(),
+        }
+    }
+
+    /// Our address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        match &self.inner {
+            Inner::Shm(s) => Ok(s.local_addr()),
+            Inner::Tcp(t) => t.local_addr(),
+        }
+    }
+
+    /// Shuts down reading, writing or both, with TCP's meaning: the peer reads EOF after our last
+    /// byte; its writes to a read-shut side fail with `BrokenPipe`.
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        match &self.inner {
+            Inner::Shm(s) => {
+                s.shutdown(matches!(how, Shutdown::Read | Shutdown::Both), matches!(how, Shutdown::Write | Shutdown::Both));
+                Ok(())
+            }
+            Inner::Tcp(t) => t.shutdown(how),
+        }
+    }
+
+    /// Another handle to the same connection (one thread may read while another writes).
+    pub fn try_clone(&self) -> io::Result<Stream> {
+        Ok(Stream { inner: self.inner.clone() })
+    }
+
+    /// Non-blocking mode: operations that would wait fail with `WouldBlock`.
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        match &self.inner {
+            Inner::Shm(s) => {
+                s.set_nonblocking(on);
+                Ok(())
+            }
+            Inner::Tcp(t) => t.set_nonblocking(on),
+        }
+    }
+
+    /// Read timeout: a read waiting longer fails with `WouldBlock` (as `TcpStream` on Unix).
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        if t == Some(Duration::ZERO) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "zero timeout"));
+        }
+        match &self.inner {
+            Inner::Shm(s) => {
+                s.set_read_timeout(t);
+                Ok(())
+            }
+            Inner::Tcp(tcp) => tcp.set_read_timeout(t),
+        }
+    }
+
+    /// Write timeout.
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        if t == Some(Duration::ZERO) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "zero timeout"));
+        }
+        match &self.inner {
+            Inner::Shm(s) => {
+                s.set_write_timeout(t);
+                Ok(())
+            }
+            Inner::Tcp(tcp) => tcp.set_write_timeout(t),
+        }
+    }
+
+    /// The read timeout.
+    pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
+        match &self.inner {
+            Inner::Shm(s) => Ok(s.read_timeout()),
+            Inner::Tcp(t) => t.read_timeout(),
+        }
+    }
+
+    /// The write timeout.
+    pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
+        match &self.inner {
+            Inner::Shm(s) => Ok(s.write_timeout()),
+            Inner::Tcp(t) => t.write_timeout(),
+        }
+    }
+
+    /// Reads without consuming (`MSG_PEEK`).
+    pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match &self.inner {
+            Inner::Shm(s) => s.peek(buf),
+            Inner::Tcp(t) => t.peek(buf),
+        }
+    }
+
+    /// Changes how long this connection spins before sleeping (shared memory only).
+    pub fn set_spin(&self, mode: SpinMode) {
+        if let Inner::Shm(s) = &self.inner {
+            s.set_spin(mode);
+        }
+    }
+
+    /// Loans a buffer of `len` bytes for one zero-copy message: fill it in place, then send it.
+    /// Waits while every slot of the pool is in flight. `EMSGSIZE` if `len` exceeds the slot
+    /// size, `ENOBUFS` if the connection has no pool. Over TCP, a heap buffer framed on the stream.
+    ///
+    /// ```no_run
+    /// let s = colo::Stream::connect("127.0.0.1:7000")?;
+    /// let mut loan = s.loan(5)?;
+    /// loan.copy_from_slice(b"hello");
+    /// loan.send()?;
+    /// let reply = s.recv_message()?.expect("a reply");
+    /// assert_eq!(&reply[..], b"hello");
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn loan(&self, len: usize) -> io::Result<Loan<'_>> {
+        match &self.inner {
+            Inner::Shm(s) => {
+                let (slot, ptr) = s.loan(len)?;
+                Ok(Loan::slot(self, slot, ptr, s.pool_slot_size(), len))
+            }
+            Inner::Tcp(_) => {
+                if len > u32::MAX as usize {
+                    return Err(io::Error::from_raw_os_error(libc_errno::EMSGSIZE));
+                }
+                Ok(Loan::heap(self, len))
+            }
+        }
+    }
+
+    /// Receives the next zero-copy message (`None` at end of stream); the bytes are read in place
+    /// and the slot is released when the [`Message`] is dropped.
+    pub fn recv_message(&self) -> io::Result<Option<Message<'_>>> {
+        match &self.inner {
+            Inner::Shm(s) => Ok(s.recv_message()?.map(|(slot, ptr, len)| Message::slot(self, slot, ptr, len))),
+            Inner::Tcp(t) => {
+                let mut len = [0u8; 4];
+                match (&**t).read_exact(&mut len) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+                    Err(e) => return Err(e),
+                }
+                let mut v = vec![0u8; u32::from_le_bytes(len) as usize];
+                (&**t).read_exact(&mut v)?;
+                Ok(Some(Message::heap(self, v)))
+            }
+        }
+    }
+
+    pub(crate) fn send_framed(&self, bytes: &[u8]) -> io::Result<()> {
+        let Inner::Tcp(t) = &self.inner else { unreachable!("heap loans only over TCP") };
+        let mut framed = Vec::with_capacity(4 + bytes.len());
+        framed.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        framed.extend_from_slice(bytes);
+        (&**t).write_all(&framed)
+    }
+
+    /// Bytes a zero-copy message may hold on this connection.
+    pub fn max_message_size(&self) -> usize {
+        match &self.inner {
+            Inner::Shm(s) => s.pool_slot_size(),
+            Inner::Tcp(_) => u32::MAX as usize,
+        }
+    }
+
+    /// Bytes ready to read without waiting (`FIONREAD`); 0 over TCP.
+    pub fn readable_now(&self) -> io::Result<usize> {
+        match &self.inner {
+            Inner::Shm(s) => s.readable(),
+            Inner::Tcp(_) => Ok(0),
+        }
+    }
+
+    /// The pid of the process at the other end (shared memory only).
+    pub fn peer_pid(&self) -> Option<u32> {
+        self.shm().map(Shm::peer_pid)
+    }
+}
+
+impl Read for &Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match &self.inner {
+            Inner::Shm(s) => s.read(buf),
+            Inner::Tcp(t) => (&**t).read(buf),
+        }
+    }
+}
+
+impl Write for &Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match &self.inner {
+            Inner::Shm(s) => s.write(buf),
+            Inner::Tcp(t) => (&**t).write(buf),
+        }
+    }
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        match &self.inner {
+            Inner::Shm(s) => s.write_all(buf),
+            Inner::Tcp(t) => (&**t).write_all(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        (&*self).read(buf)
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        (&*self).write(buf)
+    }
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        (&*self).write_all(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl AsFd for Stream {
+    /// The readiness fd: for shared memory an epoll fd that is readable when the peer made
+    /// progress (data, space, a message, a close) or hung up; for TCP the socket.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match &self.inner {
+            Inner::Shm(s) => s.readiness_fd().as_fd(),
+            Inner::Tcp(t) => t.as_fd(),
+        }
+    }
+}
+
+impl AsRawFd for Stream {
+    fn as_raw_fd(&self) -> RawFd {
+        self.as_fd().as_raw_fd()
+    }
+}

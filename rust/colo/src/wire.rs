@@ -1,0 +1,252 @@
+//! Encoding of the wire (spec/WIRE.md sections 2 to 4): rendezvous names, handshake messages and
+//! the segment header. Pure functions over bytes; the golden vectors in `spec/vectors/` test them.
+
+use colo_ring::layout::{Geometry, Layout, HEADER_SIZE, SEGMENT_MAGIC, VERSION as SEGMENT_VERSION};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// The bytes "COLO" read as a little-endian u32.
+pub const MAGIC: u32 = 0x4F4C_4F43;
+/// The protocol version this crate speaks.
+pub const VERSION: u8 = 1;
+/// Every handshake message is exactly this long.
+pub const MESSAGE_LEN: usize = 16;
+
+/// How a client attaches a segment to a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The control socket is the connection (API to API).
+    Direct = 1,
+    /// A loopback TCP connection carries the 4-tuple (an unmodified program's side).
+    Carrier = 2,
+}
+
+/// Why a server refused a HELLO.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// Malformed message or wrong descriptors.
+    BadMessage = 1,
+    /// Version not spoken.
+    BadVersion = 2,
+    /// Segment header, size or seals invalid.
+    BadSegment = 3,
+    /// This server accepts only CARRIER mode.
+    NeedCarrier = 4,
+    /// No TCP connection with that 4-tuple was accepted.
+    NotClaimed = 5,
+    /// Out of descriptors or memory.
+    NoResources = 6,
+}
+
+impl Reason {
+    fn from_u8(v: u8) -> Option<Reason> {
+        Some(match v {
+            1 => Reason::BadMessage,
+            2 => Reason::BadVersion,
+            3 => Reason::BadSegment,
+            4 => Reason::NeedCarrier,
+            5 => Reason::NotClaimed,
+            6 => Reason::NoResources,
+            _ => return None,
+        })
+    }
+}
+
+/// A decoded handshake message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Message {
+    /// Client → server, with the segment and doorbells attached.
+    Hello { version: u8, mode: Mode },
+    /// Server → client: accepted.
+    Welcome { version: u8 },
+    /// Server → client: refused; `version` is the highest the server speaks.
+    Reject { version: u8, reason: Reason },
+}
+
+impl Message {
+    /// The 16 bytes of this message.
+    pub fn encode(self) -> [u8; MESSAGE_LEN] {
+        let (kind, version, arg) = match self {
+            Message::Hello { version, mode } => (1, version, mode as u8),
+            Message::Welcome { version } => (2, version, 0),
+            Message::Reject { version, reason } => (3, version, reason as u8),
+        };
+        let mut b = [0u8; MESSAGE_LEN];
+        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4] = kind;
+        b[5] = version;
+        b[6] = arg;
+        b
+    }
+
+    /// Parses a message; unknown `flags` bits are ignored.
+    pub fn decode(b: &[u8]) -> Result<Message, &'static str> {
+        if b.len() != MESSAGE_LEN {
+            return Err("handshake message is not 16 bytes");
+        }
+        if b[0..4] != MAGIC.to_le_bytes() {
+            return Err("bad magic");
+        }
+        let (version, arg) = (b[5], b[6]);
+        match b[4] {
+            1 => {
+                let mode = match arg {
+                    1 => Mode::Direct,
+                    2 => Mode::Carrier,
+                    _ => return Err("unknown mode"),
+                };
+                Ok(Message::Hello { version, mode })
+            }
+            2 => Ok(Message::Welcome { version }),
+            3 => Ok(Message::Reject { version, reason: Reason::from_u8(arg).ok_or("unknown reason")? }),
+            _ => Err("unknown message type"),
+        }
+    }
+}
+
+/// The rendezvous name (without the leading NUL) of a listener on `addr`.
+///
+/// ```
+/// let a: std::net::SocketAddr = "[::ffff:127.0.0.1]:9000".parse().unwrap();
+/// assert_eq!(colo::wire::rendezvous_name(a), "colo/1/127.0.0.1:9000");
+/// ```
+pub fn rendezvous_name(addr: SocketAddr) -> String {
+    match colo_sys::host::canonical(addr.ip()) {
+        IpAddr::V4(ip) => format!("colo/1/{ip}:{}", addr.port()),
+        IpAddr::V6(ip) => format!("colo/1/[{ip}]:{}", addr.port()),
+    }
+}
+
+/// The names a client dialing `addr` tries, in order (spec/WIRE.md section 2).
+pub fn lookup_names(addr: SocketAddr) -> Vec<String> {
+    let port = addr.port();
+    let ip = colo_sys::host::canonical(addr.ip());
+    let mut names = vec![rendezvous_name(SocketAddr::new(ip, port))];
+    match ip {
+        IpAddr::V4(_) => {
+            names.push(rendezvous_name(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port)));
+            names.push(rendezvous_name(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port)));
+        }
+        IpAddr::V6(_) => names.push(rendezvous_name(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port))),
+    }
+    names.dedup();
+    names
+}
+
+/// `claim` values of the segment header.
+pub mod claim {
+    /// DIRECT mode: no carrier.
+    pub const DIRECT: u32 = 0;
+    /// CARRIER mode, not yet claimed.
+    pub const OFFERED: u32 = 1;
+    /// CARRIER mode, claimed by the server.
+    pub const CLAIMED: u32 = 2;
+    /// CARRIER mode, abandoned by the client.
+    pub const ABANDONED: u32 = 3;
+}
+
+/// The fixed fields of a segment header (offsets 0..96).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Ring and pool sizes.
+    pub geometry: Geometry,
+    /// `claim` word.
+    pub claim: u32,
+    /// Client's pid.
+    pub client_pid: u32,
+    /// Server's pid (0 until accepted).
+    pub server_pid: u32,
+    /// Client address record.
+    pub client_addr: Option<SocketAddr>,
+    /// Server address record.
+    pub server_addr: Option<SocketAddr>,
+}
+
+/// Bytes of the header that `Header` covers (the rest of the 4096 are flags and padding).
+pub const HEADER_FIELDS: usize = 128;
+
+fn put_addr(b: &mut [u8], addr: Option<SocketAddr>) {
+    b[..24].fill(0);
+    let Some(addr) = addr else { return };
+    b[2..4].copy_from_slice(&addr.port().to_le_bytes());
+    match colo_sys::host::canonical(addr.ip()) {
+        IpAddr::V4(ip) => {
+            b[0..2].copy_from_slice(&4u16.to_le_bytes());
+            b[4..8].copy_from_slice(&ip.octets());
+        }
+        IpAddr::V6(ip) => {
+            b[0..2].copy_from_slice(&6u16.to_le_bytes());
+            b[4..20].copy_from_slice(&ip.octets());
+        }
+    }
+}
+
+fn get_addr(b: &[u8]) -> Result<Option<SocketAddr>, &'static str> {
+    let family = u16::from_le_bytes([b[0], b[1]]);
+    let port = u16::from_le_bytes([b[2], b[3]]);
+    let ip: IpAddr = match family {
+        0 => return Ok(None),
+        4 => Ipv4Addr::new(b[4], b[5], b[6], b[7]).into(),
+        6 => Ipv6Addr::from(<[u8; 16]>::try_from(&b[4..20]).expect("16 bytes")).into(),
+        _ => return Err("bad address family"),
+    };
+    Ok(Some(SocketAddr::new(ip, port)))
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+impl Header {
+    /// Writes the header fields into `b` (at least [`HEADER_FIELDS`] bytes).
+    pub fn encode(&self, b: &mut [u8]) -> Result<Layout, &'static str> {
+        let layout = self.geometry.layout()?;
+        b[..HEADER_FIELDS].fill(0);
+        b[0..8].copy_from_slice(&SEGMENT_MAGIC);
+        b[8..12].copy_from_slice(&SEGMENT_VERSION.to_le_bytes());
+        b[12..16].copy_from_slice(&(HEADER_SIZE as u32).to_le_bytes());
+        b[16..24].copy_from_slice(&(layout.segment_size as u64).to_le_bytes());
+        b[24..28].copy_from_slice(&self.geometry.ring_capacity.to_le_bytes());
+        b[28..32].copy_from_slice(&self.geometry.slot_size.to_le_bytes());
+        b[32..36].copy_from_slice(&self.geometry.slot_count.to_le_bytes());
+        b[36..40].copy_from_slice(&self.claim.to_le_bytes());
+        b[40..44].copy_from_slice(&self.client_pid.to_le_bytes());
+        b[44..48].copy_from_slice(&self.server_pid.to_le_bytes());
+        put_addr(&mut b[48..72], self.client_addr);
+        put_addr(&mut b[72..96], self.server_addr);
+        Ok(layout)
+    }
+
+    /// Parses and validates header fields read from a segment (spec/WIRE.md section 3).
+    pub fn decode(b: &[u8]) -> Result<(Header, Layout), &'static str> {
+        if b.len() < HEADER_FIELDS {
+            return Err("header too short");
+        }
+        if b[0..8] != SEGMENT_MAGIC {
+            return Err("bad segment magic");
+        }
+        if u32_at(b, 8) != SEGMENT_VERSION {
+            return Err("unsupported segment version");
+        }
+        if u32_at(b, 12) as usize != HEADER_SIZE {
+            return Err("bad header size");
+        }
+        let geometry = Geometry { ring_capacity: u32_at(b, 24), slot_size: u32_at(b, 28), slot_count: u32_at(b, 32) };
+        let layout = geometry.layout()?;
+        if u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")) != layout.segment_size as u64 {
+            return Err("segment size does not match the geometry");
+        }
+        let claim = u32_at(b, 36);
+        if claim > claim::ABANDONED {
+            return Err("bad claim value");
+        }
+        let header = Header {
+            geometry,
+            claim,
+            client_pid: u32_at(b, 40),
+            server_pid: u32_at(b, 44),
+            client_addr: get_addr(&b[48..72])?,
+            server_addr: get_addr(&b[72..96])?,
+        };
+        Ok((header, layout))
+    }
+}
