@@ -113,10 +113,14 @@ struct Waiters {
     followers: usize,
 }
 
-/// The fds of one side of a connection.
-pub(crate) struct Fds {
+/// The descriptors of one side of a connection.
+#[derive(Debug)]
+pub struct Fds {
+    /// The control socket (liveness; silent after the handshake).
     pub control: OwnedFd,
+    /// Our doorbell eventfd (we wait on it).
     pub own_bell: OwnedFd,
+    /// The peer's doorbell eventfd (we ring it).
     pub peer_bell: OwnedFd,
 }
 
@@ -160,8 +164,9 @@ fn from_nanos(n: u64) -> Option<Duration> {
 }
 
 impl Shm {
-    /// Builds one side over a validated, mapped segment.
-    pub(crate) fn new(
+    /// Builds one side over a validated, mapped segment whose handshake is complete. Low-level:
+    /// for transports that do their own rendezvous (the LD_PRELOAD shim's CARRIER mode).
+    pub fn new(
         seg: Segment,
         role: Role,
         fds: Fds,
@@ -683,7 +688,8 @@ impl Shm {
     pub fn readiness_fd(&self) -> &OwnedFd {
         self.readiness.fd()
     }
-    pub(crate) fn control_fd(&self) -> &OwnedFd {
+    /// The control socket.
+    pub fn control_fd(&self) -> &OwnedFd {
         &self.fds.control
     }
     /// Bytes a zero-copy message may hold (0: no pool).
