@@ -5,6 +5,7 @@
 
 pub mod doorbell;
 pub mod host;
+pub mod preload;
 pub mod segment;
 pub mod seqpacket;
 

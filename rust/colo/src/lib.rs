@@ -29,6 +29,7 @@
 //! too. Zero-copy messages: [`Stream::loan`] and [`Stream::recv_message`]. Spinning before sleeping
 //! is set by [`Options::spin`] or `COLO_SPIN_US`; diagnostics by `COLO_LOG=info`.
 
+pub mod carrier;
 mod handshake;
 mod listener;
 mod log;

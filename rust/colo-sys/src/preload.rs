@@ -1,0 +1,23 @@
+//! OS calls for CARRIER mode and the LD_PRELOAD shim, made with raw syscalls (never through
+//! libc) so that a shim interposing libc's socket functions does not see its own calls.
+
+use rustix::fd::BorrowedFd;
+use std::io;
+
+/// Writes all of `buf` to `fd`, waiting (with poll) whenever the socket is non-blocking and
+/// full. Returns `buf.len()`.
+pub fn write_all_blocking(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match rustix::io::write(fd, &buf[done..]) {
+            Ok(n) => done += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(rustix::io::Errno::AGAIN) => {
+                let mut p = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::OUT)];
+                let _ = rustix::event::poll(&mut p, None);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(done)
+}

@@ -1,0 +1,490 @@
+//! CARRIER mode (spec/WIRE.md section 3): a real loopback TCP connection whose payload moves into
+//! a segment that the client offers, keyed by the connection's 4-tuple, before its TCP handshake,
+//! and that the server claims when it accepts that TCP connection.
+//!
+//! These are the building blocks the LD_PRELOAD shim uses on both sides, and that the API uses
+//! to talk to a shim: an API client retrying after `REJECT(NEED_CARRIER)`, an API listener
+//! claiming CARRIER offers. Nothing here blocks unless its doc says so.
+//!
+//! Client side, in order:
+//! 1. [`connect_rendezvous`]: find a live colo listener for the destination (section 2 lookup and
+//!    peer check); `None` means plain TCP.
+//! 2. bind the TCP socket (port 0 is fine), read its local address, then [`offer`]: creates the
+//!    segment with `claim = OFFERED` and the 4-tuple, and sends `HELLO(CARRIER)`.
+//! 3. `connect(2)` the TCP socket.
+//! 4. [`Offer::wait_answer`] (bounded). On `WELCOME`: [`Offer::established`] then
+//!    [`Established::into_shm`]. On anything else (or timeout): [`Offer::abandon`]; if it returns
+//!    `Abandon::Claimed`, the server won the race: wait for its WELCOME with
+//!    [`Offer::wait_answer`] and use the segment. If it returns `Abandon::Abandoned`, call
+//!    [`Offer::flush_into`] if anything was written into the ring, and use the TCP socket.
+//!
+//! Server side: accept control connections on the rendezvous, [`read_hello`] each (non-blocking),
+//! keep the [`Hello`]s by [`Hello::key`]; when the application accepts a TCP connection, find the
+//! hello with its `(peer, local)` 4-tuple and call [`Hello::claim`] (validates, CAS
+//! `OFFERED → CLAIMED`, WELCOME). A `HELLO(DIRECT)` to a listener that only accepts CARRIER gets
+//! [`reject`] with [`Reason::NeedCarrier`].
+
+use crate::log;
+use crate::segment::{Role, Segment};
+use crate::shm::{Fds, Shm};
+use crate::wire::{self, claim, Header, Message, Mode, Reason, HEADER_FIELDS, MESSAGE_LEN};
+use colo_ring::layout::{block, Geometry, Layout};
+use colo_ring::spin::SpinMode;
+use colo_ring::sync::{AtomicU32, AtomicU64, Ordering};
+use colo_sys::{doorbell, host, segment, seqpacket, AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::io;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// Offset of the `claim` word in the segment header.
+const CLAIM_OFFSET: usize = 36;
+/// Offset of `server_pid` in the segment header.
+const SERVER_PID_OFFSET: usize = 44;
+
+/// The 4-tuple that keys an offer: `(client, server)`, IPv4-mapped addresses made IPv4.
+pub type Key = (SocketAddr, SocketAddr);
+
+/// Canonical form of a 4-tuple, as the segment header records it.
+pub fn key(client: SocketAddr, server: SocketAddr) -> Key {
+    let c = |a: SocketAddr| SocketAddr::new(host::canonical(a.ip()), a.port());
+    (c(client), c(server))
+}
+
+fn claim_word(seg_base: *mut u8) -> &'static AtomicU32 {
+    // SAFETY: offset 36 is an aligned u32 inside the 4096-byte header of a live mapping; callers
+    // only use the reference while they hold the mapping (the 'static is local to this module).
+    unsafe { &*(seg_base.add(CLAIM_OFFSET) as *const AtomicU32) }
+}
+
+/// Connects to the rendezvous of a colo listener serving `addr` on this host, with the peer
+/// check of spec/WIRE.md section 2. `Ok(None)`: not local, nobody there, or not trusted (use
+/// plain TCP). Returns the control socket and the server's pid. Blocking (a Unix connect).
+pub fn connect_rendezvous(addr: SocketAddr) -> io::Result<Option<(OwnedFd, u32)>> {
+    if !host::is_local(addr.ip()) {
+        return Ok(None);
+    }
+    let mut control = None;
+    for name in wire::lookup_names(addr) {
+        match seqpacket::connect(name.as_bytes()) {
+            Ok(fd) => {
+                control = Some(fd);
+                break;
+            }
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
+            Err(e) => {
+                log::info(format_args!("connect {addr}: rendezvous {name}: {e}; using TCP"));
+                return Ok(None);
+            }
+        }
+    }
+    let Some(control) = control else { return Ok(None) };
+    let (server_pid, server_uid) = seqpacket::peer_cred(&control)?;
+    let me = host::uid();
+    if server_uid != me && server_uid != 0 && host::tcp_listener_uid(addr.port()) != Some(server_uid) {
+        log::info(format_args!("connect {addr}: rendezvous owned by uid {server_uid}, port is not; using TCP"));
+        return Ok(None);
+    }
+    Ok(Some((control, server_pid)))
+}
+
+/// A client's outstanding CARRIER offer.
+#[derive(Debug)]
+pub struct Offer {
+    control: OwnedFd,
+    seg: Segment,
+    client_bell: OwnedFd,
+    server_bell: OwnedFd,
+    local: SocketAddr,
+    peer: SocketAddr,
+    server_pid: u32,
+}
+
+/// The server's answer to an offer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// WELCOME: the segment is claimed.
+    Welcome,
+    /// REJECT with this reason.
+    Reject(Reason),
+    /// The control socket closed, or sent something that is not an answer.
+    Closed,
+    /// Nothing within the timeout.
+    Timeout,
+}
+
+/// Who won the `claim` compare-and-swap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Abandon {
+    /// We did: the connection is plain TCP.
+    Abandoned,
+    /// The server claimed first: the connection is on the segment; its WELCOME is on its way.
+    Claimed,
+}
+
+/// Sends `HELLO(CARRIER)` on `control` with a fresh segment of `geometry` whose header carries
+/// the 4-tuple `local` (the client's bound TCP address) → `peer` (the server's TCP address) and
+/// `claim = OFFERED`. Call before `connect(2)` on the TCP socket.
+pub fn offer(
+    control: OwnedFd,
+    server_pid: u32,
+    local: SocketAddr,
+    peer: SocketAddr,
+    geometry: Geometry,
+) -> io::Result<Offer> {
+    let (local, peer) = key(local, peer);
+    let header = Header {
+        geometry,
+        claim: claim::OFFERED,
+        client_pid: host::pid(),
+        server_pid: 0,
+        client_addr: Some(local),
+        server_addr: Some(peer),
+    };
+    let layout = geometry.layout().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let (memfd, map) = segment::create(layout.segment_size)?;
+    // SAFETY: the mapping is private to us until HELLO is sent; nobody else accesses it yet.
+    let head = unsafe { std::slice::from_raw_parts_mut(map.as_ptr(), HEADER_FIELDS) };
+    header.encode(head).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let client_bell = doorbell::create()?;
+    let server_bell = doorbell::create()?;
+    let hello = Message::Hello { version: wire::VERSION, mode: Mode::Carrier }.encode();
+    seqpacket::send(&control, &hello, &[memfd.as_fd(), client_bell.as_fd(), server_bell.as_fd()])?;
+    // SAFETY: the mapping is exactly `layout.segment_size` bytes, laid out by `layout`.
+    let seg = unsafe { Segment::new(map, layout, memfd) };
+    Ok(Offer { control, seg, client_bell, server_bell, local, peer, server_pid })
+}
+
+impl Offer {
+    /// The control socket (readable when the answer arrives or the server goes away).
+    pub fn control_fd(&self) -> &OwnedFd {
+        &self.control
+    }
+
+    /// Waits up to `timeout` for WELCOME or REJECT. Blocking.
+    pub fn wait_answer(&self, timeout: Duration) -> Answer {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Answer::Timeout;
+            }
+            if seqpacket::set_recv_timeout(&self.control, Some(left)).is_err() {
+                return Answer::Closed;
+            }
+            let mut buf = [0u8; 64];
+            match seqpacket::recv(&self.control, &mut buf, false) {
+                Ok(r) if r.len == 0 && r.fds.is_empty() => return Answer::Closed,
+                Ok(r) if r.truncated || !r.fds.is_empty() || r.len != MESSAGE_LEN => return Answer::Closed,
+                Ok(r) => {
+                    return match Message::decode(&buf[..r.len]) {
+                        Ok(Message::Welcome { version: wire::VERSION }) => Answer::Welcome,
+                        Ok(Message::Reject { reason, .. }) => Answer::Reject(reason),
+                        _ => Answer::Closed,
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    return Answer::Timeout
+                }
+                Err(_) => return Answer::Closed,
+            }
+        }
+    }
+
+    /// Tries to abandon the offer: CAS `claim` from OFFERED to ABANDONED. Exactly one of this and
+    /// the server's claim wins.
+    pub fn abandon(&self) -> Abandon {
+        // SYNC POINT with the CAS in `Hello::claim`: one of the two compare-exchanges wins.
+        match claim_word(self.seg.base()).compare_exchange(
+            claim::OFFERED,
+            claim::ABANDONED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) | Err(claim::ABANDONED) => Abandon::Abandoned,
+            Err(_) => Abandon::Claimed,
+        }
+    }
+
+    /// After a won [`Offer::abandon`]: writes the bytes the client put into its (client→server)
+    /// ring and nobody consumed into the TCP socket `tcp`, in order, before any other byte.
+    /// Blocking. Returns how many bytes were copied.
+    pub fn flush_into(&self, tcp: BorrowedFd<'_>) -> io::Result<usize> {
+        let layout = *self.seg.layout();
+        let words = self.seg.ring_words(true);
+        // SAFETY: both are aligned atomics inside our live mapping.
+        let (head, tail) = unsafe { (&*words.head, &*words.tail) };
+        let (head, tail) = (head.load(Ordering::Acquire), tail.load(Ordering::Acquire));
+        let pending = head.wrapping_sub(tail);
+        let cap = layout.geometry.ring_capacity as u64;
+        if pending > cap {
+            return Err(crate::shm::eproto("ring counters out of range"));
+        }
+        let data = self.seg.base().wrapping_add(layout.block_offset(true) + layout.data_off);
+        let mut done = 0u64;
+        while done < pending {
+            let at = (tail.wrapping_add(done) % cap) as usize;
+            let n = ((pending - done) as usize).min(cap as usize - at);
+            // SAFETY: `at + n <= cap`, inside the ring data of our mapping; the server never
+            // claimed the segment, so nobody writes this range any more.
+            let chunk = unsafe { std::slice::from_raw_parts(data.add(at), n) };
+            let w = colo_sys::preload::write_all_blocking(tcp, chunk)?;
+            done += w as u64;
+        }
+        Ok(done as usize)
+    }
+
+    /// After WELCOME: the established client side.
+    pub fn established(self) -> Established {
+        Established {
+            seg: self.seg,
+            fds: Fds { control: self.control, own_bell: self.client_bell, peer_bell: self.server_bell },
+            role: Role::Client,
+            local: self.local,
+            peer: self.peer,
+            peer_pid: self.server_pid,
+        }
+    }
+}
+
+/// A claimed CARRIER connection, not yet wrapped in a [`Shm`] (so that a caller can look at the
+/// segment, e.g. to precompute readiness checks, before handing it over).
+#[derive(Debug)]
+pub struct Established {
+    /// The mapped segment.
+    pub seg: Segment,
+    /// Control socket and doorbells.
+    pub fds: Fds,
+    /// Which end we are.
+    pub role: Role,
+    /// Our TCP address.
+    pub local: SocketAddr,
+    /// The peer's TCP address.
+    pub peer: SocketAddr,
+    /// The peer's pid.
+    pub peer_pid: u32,
+}
+
+impl Established {
+    /// Builds the [`Shm`].
+    pub fn into_shm(self, spin: SpinMode) -> io::Result<Shm> {
+        Shm::new(self.seg, self.role, self.fds, self.local, self.peer, self.peer_pid, spin)
+    }
+
+    /// Raw views of the words a poller needs to compute readiness without locking the
+    /// connection: see [`Words`]. Valid while the segment stays mapped (inside the `Shm`).
+    pub fn words(&self) -> Words {
+        let out_c2s = self.role == Role::Client;
+        let l = *self.seg.layout();
+        let b = self.seg.base();
+        let at = |c2s: bool, off: usize| b.wrapping_add(l.block_offset(c2s) + off);
+        Words {
+            own_waiting: self.seg.waiting(self.role) as *const AtomicU32,
+            in_head: at(!out_c2s, block::RING_HEAD) as *const AtomicU64,
+            in_tail: at(!out_c2s, block::RING_TAIL) as *const AtomicU64,
+            in_flags: at(!out_c2s, block::RING_FLAGS) as *const AtomicU32,
+            out_head: at(out_c2s, block::RING_HEAD) as *const AtomicU64,
+            out_tail: at(out_c2s, block::RING_TAIL) as *const AtomicU64,
+            out_flags: at(out_c2s, block::RING_FLAGS) as *const AtomicU32,
+            out_read_flags: at(out_c2s, block::READ_FLAGS) as *const AtomicU32,
+            capacity: l.geometry.ring_capacity as u64,
+            base: b,
+            len: l.segment_size,
+        }
+    }
+}
+
+/// Pointers into a mapped segment, for readiness checks (all values untrusted: a readiness check
+/// may be wrong for a corrupt peer but never unsafe, as only atomics are loaded).
+#[derive(Debug, Clone, Copy)]
+pub struct Words {
+    /// Our `waiting` flag.
+    pub own_waiting: *const AtomicU32,
+    /// Incoming ring head (peer writes).
+    pub in_head: *const AtomicU64,
+    /// Incoming ring tail (we write).
+    pub in_tail: *const AtomicU64,
+    /// Incoming ring flags (FIN, RESET from the peer).
+    pub in_flags: *const AtomicU32,
+    /// Outgoing ring head (we write).
+    pub out_head: *const AtomicU64,
+    /// Outgoing ring tail (peer writes).
+    pub out_tail: *const AtomicU64,
+    /// Outgoing ring flags (our FIN, RESET).
+    pub out_flags: *const AtomicU32,
+    /// Outgoing READ_CLOSED (peer writes).
+    pub out_read_flags: *const AtomicU32,
+    /// Ring capacity.
+    pub capacity: u64,
+    /// Base of the mapping.
+    pub base: *mut u8,
+    /// Length of the mapping.
+    pub len: usize,
+}
+
+/// A HELLO read from a rendezvous control connection (server side), not yet validated beyond
+/// its header fields.
+#[derive(Debug)]
+pub struct Hello {
+    /// The control connection.
+    pub control: OwnedFd,
+    /// The segment memfd.
+    pub memfd: OwnedFd,
+    /// The client's doorbell.
+    pub client_bell: OwnedFd,
+    /// The server's doorbell.
+    pub server_bell: OwnedFd,
+    /// The mode asked for.
+    pub mode: Mode,
+    header: Header,
+    layout: Layout,
+}
+
+/// Result of [`read_hello`].
+#[derive(Debug)]
+pub enum HelloRead {
+    /// Nothing yet (the control socket is given back).
+    Pending(OwnedFd),
+    /// A well-formed HELLO.
+    Hello(Box<Hello>),
+    /// Refused (REJECT sent if it made sense) or hung up; the reason is for the log.
+    Refused(String),
+}
+
+/// Sends `REJECT(reason)` on `control` (best effort).
+pub fn reject(control: &OwnedFd, reason: Reason) {
+    let msg = Message::Reject { version: wire::VERSION, reason }.encode();
+    let _ = seqpacket::send(control, &msg, &[]);
+}
+
+fn is_eventfd(fd: &OwnedFd) -> bool {
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+    link.is_ok_and(|l| l.as_os_str() == "anon_inode:[eventfd]")
+}
+
+/// Reads the HELLO waiting on an accepted rendezvous connection, without blocking.
+pub fn read_hello(control: OwnedFd) -> HelloRead {
+    let mut buf = [0u8; 64];
+    let r = match seqpacket::recv(&control, &mut buf, true) {
+        Ok(r) => r,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return HelloRead::Pending(control),
+        Err(e) => return HelloRead::Refused(format!("rendezvous read: {e}")),
+    };
+    if r.len == 0 && r.fds.is_empty() {
+        return HelloRead::Refused("client hung up before HELLO".into());
+    }
+    let bad = |why: &str| {
+        reject(&control, Reason::BadMessage);
+        HelloRead::Refused(why.to_string())
+    };
+    if r.truncated || r.len != MESSAGE_LEN {
+        return bad("HELLO of the wrong size");
+    }
+    let mode = match Message::decode(&buf[..r.len]) {
+        Ok(Message::Hello { version: wire::VERSION, mode }) => mode,
+        Ok(Message::Hello { version, .. }) => {
+            reject(&control, Reason::BadVersion);
+            return HelloRead::Refused(format!("HELLO version {version}"));
+        }
+        Ok(_) => return bad("not a HELLO"),
+        Err(e) => return bad(e),
+    };
+    let mut fds = r.fds.into_iter();
+    let (Some(memfd), Some(client_bell), Some(server_bell), None) = (fds.next(), fds.next(), fds.next(), fds.next())
+    else {
+        return bad("HELLO without exactly three descriptors");
+    };
+    match hello_from_fds(control, memfd, client_bell, server_bell, mode) {
+        Ok(h) => HelloRead::Hello(Box::new(h)),
+        Err(e) => HelloRead::Refused(e),
+    }
+}
+
+/// Rebuilds a [`Hello`] from its descriptors (e.g. after passing them to another process of
+/// the same server with `SCM_RIGHTS`). Sends REJECT(BAD_SEGMENT) if the header is invalid.
+pub fn hello_from_fds(
+    control: OwnedFd,
+    memfd: OwnedFd,
+    client_bell: OwnedFd,
+    server_bell: OwnedFd,
+    mode: Mode,
+) -> Result<Hello, String> {
+    let mut head = [0u8; HEADER_FIELDS];
+    match segment::read_prefix(&memfd, &mut head) {
+        Ok(HEADER_FIELDS) => {}
+        _ => {
+            reject(&control, Reason::BadSegment);
+            return Err("segment header unreadable".into());
+        }
+    }
+    let (header, layout) = match Header::decode(&head) {
+        Ok(h) => h,
+        Err(e) => {
+            reject(&control, Reason::BadSegment);
+            return Err(e.into());
+        }
+    };
+    if mode == Mode::Carrier && (header.client_addr.is_none() || header.server_addr.is_none()) {
+        reject(&control, Reason::BadSegment);
+        return Err("CARRIER offer without a 4-tuple".into());
+    }
+    Ok(Hello { control, memfd, client_bell, server_bell, mode, header, layout })
+}
+
+impl Hello {
+    /// The 4-tuple `(client, server)` this offer is for (CARRIER mode).
+    pub fn key(&self) -> Option<Key> {
+        Some(key(self.header.client_addr?, self.header.server_addr?))
+    }
+
+    /// Claims the offer for the TCP connection just accepted: validates the descriptors and the
+    /// segment, maps it, CAS `claim` OFFERED → CLAIMED, writes `server_pid`, sends WELCOME.
+    /// On failure sends the matching REJECT (NOT_CLAIMED when the client abandoned first) and
+    /// the connection stays plain TCP.
+    pub fn claim(self) -> Result<Established, String> {
+        let fail = |control: &OwnedFd, reason: Reason, why: String| {
+            reject(control, reason);
+            Err(why)
+        };
+        if self.mode != Mode::Carrier {
+            return fail(&self.control, Reason::NeedCarrier, "DIRECT HELLO to a CARRIER-only listener".into());
+        }
+        let (client, server) = self.key().ok_or_else(|| "CARRIER offer without a 4-tuple".to_string())?;
+        if !is_eventfd(&self.client_bell) || !is_eventfd(&self.server_bell) {
+            return fail(&self.control, Reason::BadMessage, "doorbells are not eventfds".into());
+        }
+        let map = match segment::attach(&self.memfd, self.layout.segment_size) {
+            Ok(m) => m,
+            Err(segment::AttachError::BadSegment(e)) => return fail(&self.control, Reason::BadSegment, e.into()),
+            Err(segment::AttachError::Os(e)) => return fail(&self.control, Reason::NoResources, e.to_string()),
+        };
+        let client_pid = match seqpacket::peer_cred(&self.control) {
+            Ok((pid, _)) => pid,
+            Err(e) => return Err(format!("peer credentials: {e}")),
+        };
+        // SAFETY: `attach` checked the file is exactly `layout.segment_size` bytes and sealed.
+        let seg = unsafe { Segment::new(map, self.layout, self.memfd) };
+        // SYNC POINT with the CAS in `Offer::abandon`: exactly one of the two wins.
+        if claim_word(seg.base())
+            .compare_exchange(claim::OFFERED, claim::CLAIMED, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return fail(&self.control, Reason::NotClaimed, "offer already abandoned or not an offer".into());
+        }
+        // SAFETY: offset 44 is an aligned u32 inside the header of our mapping.
+        unsafe { &*(seg.base().add(SERVER_PID_OFFSET) as *const AtomicU32) }.store(host::pid(), Ordering::Relaxed);
+        let welcome = Message::Welcome { version: wire::VERSION }.encode();
+        if let Err(e) = seqpacket::send(&self.control, &welcome, &[]) {
+            // The client is gone; the claim stands but nobody will use it.
+            return Err(format!("WELCOME: {e}"));
+        }
+        Ok(Established {
+            seg,
+            fds: Fds { control: self.control, own_bell: self.server_bell, peer_bell: self.client_bell },
+            role: Role::Server,
+            local: server,
+            peer: client,
+            peer_pid: client_pid,
+        })
+    }
+}
