@@ -1,1 +1,43 @@
-fn main(){}
+//! The `colo` command: `bench` measures colo against TCP loopback and Unix sockets on this
+//! machine; `stat` lists this host's colo listeners and connections, read from the live segments.
+
+mod bench;
+mod plot;
+mod stat;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "colo", version, about = "Same-host connections through shared memory")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Measure round trips, throughput and connection rate: TCP, Unix sockets, colo (about a minute).
+    Bench(bench::Args),
+    /// List colo listeners and connections on this host that you may see (like `ss`).
+    Stat(stat::Args),
+    /// Internal: the server side of `colo bench`, in its own process.
+    #[command(hide = true, name = "__bench-serve")]
+    BenchServe(bench::ServeArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Bench(a) => bench::run(a),
+        Command::Stat(a) => stat::run(a),
+        Command::BenchServe(a) => bench::serve(a),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("colo: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -97,6 +97,7 @@ pub struct Offer {
     local: SocketAddr,
     peer: SocketAddr,
     server_pid: u32,
+    memfd_raw: colo_sys::RawFd,
 }
 
 /// The server's answer to an offer.
@@ -149,9 +150,10 @@ pub fn offer(
     let server_bell = doorbell::create()?;
     let hello = Message::Hello { version: wire::VERSION, mode: Mode::Carrier }.encode();
     seqpacket::send(&control, &hello, &[memfd.as_fd(), client_bell.as_fd(), server_bell.as_fd()])?;
+    let memfd_raw = memfd.as_raw_fd();
     // SAFETY: the mapping is exactly `layout.segment_size` bytes, laid out by `layout`.
     let seg = unsafe { Segment::new(map, layout, memfd) };
-    Ok(Offer { control, seg, client_bell, server_bell, local, peer, server_pid })
+    Ok(Offer { control, seg, client_bell, server_bell, local, peer, server_pid, memfd_raw })
 }
 
 impl Offer {
@@ -236,7 +238,9 @@ impl Offer {
 
     /// After WELCOME: the established client side.
     pub fn established(self) -> Established {
+        let memfd = self.memfd_raw;
         Established {
+            memfd,
             seg: self.seg,
             fds: Fds { control: self.control, own_bell: self.client_bell, peer_bell: self.server_bell },
             role: Role::Client,
@@ -263,6 +267,9 @@ pub struct Established {
     pub peer: SocketAddr,
     /// The peer's pid.
     pub peer_pid: u32,
+    /// The raw number of the segment memfd (owned by `seg`), for callers that must release the
+    /// connection's descriptors without a clean close (a forked process letting go of its copy).
+    pub memfd: colo_sys::RawFd,
 }
 
 impl Established {
@@ -462,6 +469,7 @@ impl Hello {
             Ok((pid, _)) => pid,
             Err(e) => return Err(format!("peer credentials: {e}")),
         };
+        let memfd = self.memfd.as_raw_fd();
         // SAFETY: `attach` checked the file is exactly `layout.segment_size` bytes and sealed.
         let seg = unsafe { Segment::new(map, self.layout, self.memfd) };
         // SYNC POINT with the CAS in `Offer::abandon`: exactly one of the two wins.
@@ -485,6 +493,7 @@ impl Hello {
             local: server,
             peer: client,
             peer_pid: client_pid,
+            memfd,
         })
     }
 }

@@ -56,32 +56,42 @@ pub(crate) fn dial(addr: SocketAddr, opts: &Options) -> io::Result<Option<Shm>> 
 
     let hello = Message::Hello { version: wire::VERSION, mode: Mode::Direct }.encode();
     seqpacket::send(&control, &hello, &[memfd.as_fd(), client_bell.as_fd(), server_bell.as_fd()])?;
+    // Wait briefly for the answer; a server that has not reached accept() yet answers later
+    // (spec/WIRE.md section 3, "The backlog").
     seqpacket::set_recv_timeout(&control, Some(opts.handshake_timeout()))?;
     let mut buf = [0u8; 64];
     let answer = seqpacket::recv(&control, &mut buf, false);
-    let answer = match answer {
-        Ok(r) if r.len == 0 => Err("listener closed the rendezvous connection".to_string()),
-        Ok(r) if !r.fds.is_empty() || r.truncated => Err("unexpected answer".to_string()),
-        Ok(r) => Message::decode(&buf[..r.len]).map_err(str::to_string),
-        Err(e) => Err(format!("no answer: {e}")),
-    };
-    match answer {
-        Ok(Message::Welcome { version: wire::VERSION }) => {}
-        Ok(other) => {
-            log::info(format_args!("dial {addr}: refused ({other:?}); using TCP"));
+    let pending = match answer {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut => true,
+        Ok(r) if r.len == MESSAGE_LEN && r.fds.is_empty() && !r.truncated => match Message::decode(&buf[..r.len]) {
+            Ok(Message::Welcome { version: wire::VERSION }) => false,
+            other => {
+                log::info(format_args!("dial {addr}: refused ({other:?}); using TCP"));
+                return Ok(None);
+            }
+        },
+        Ok(r) if r.len == 0 => {
+            log::info(format_args!("dial {addr}: listener closed the rendezvous connection; using TCP"));
+            return Ok(None);
+        }
+        Ok(_) => {
+            log::info(format_args!("dial {addr}: unexpected answer; using TCP"));
             return Ok(None);
         }
         Err(e) => {
-            log::info(format_args!("dial {addr}: {e}; using TCP"));
+            log::info(format_args!("dial {addr}: no answer: {e}; using TCP"));
             return Ok(None);
         }
-    }
-    seqpacket::set_recv_timeout(&control, None)?;
+    };
     // SAFETY: the mapping is exactly `layout.segment_size` bytes, laid out by `layout`.
     let seg = unsafe { Segment::new(map, layout, memfd) };
     let fds = Fds { control, own_bell: client_bell, peer_bell: server_bell };
     let local = SocketAddr::new(addr.ip(), 0);
-    Shm::new(seg, Role::Client, fds, local, addr, server_pid, opts.spin_mode()).map(Some)
+    let shm = Shm::new(seg, Role::Client, fds, local, addr, server_pid, opts.spin_mode())?;
+    if pending {
+        shm.expect_welcome();
+    }
+    Ok(Some(shm))
 }
 
 /// The outcome of reading one HELLO on an accepted control connection.
@@ -169,9 +179,9 @@ pub(crate) fn answer(control: OwnedFd, listen_addr: SocketAddr, opts: &Options) 
         Ok(s) => s,
         Err(e) => return Answer::Refused(format!("readiness: {e}")),
     };
+    // A client that already closed cannot read WELCOME, but its bytes and FIN are in the ring and
+    // are delivered all the same.
     let welcome = Message::Welcome { version: wire::VERSION }.encode();
-    if let Err(e) = seqpacket::send(shm.control_fd(), &welcome, &[]) {
-        return Answer::Refused(format!("WELCOME: {e}"));
-    }
+    let _ = seqpacket::send(shm.control_fd(), &welcome, &[]);
     Answer::Accepted(shm)
 }

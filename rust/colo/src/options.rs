@@ -36,7 +36,7 @@ impl Options {
         Options {
             geometry: Geometry { ring_capacity: DEFAULT_RING, slot_size: DEFAULT_SLOT_SIZE, slot_count: DEFAULT_SLOTS },
             spin: None,
-            connect_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_millis(2),
         }
     }
 
@@ -59,7 +59,8 @@ impl Options {
         self
     }
 
-    /// How long the handshake may take before falling back to TCP.
+    /// How long `connect` waits for the listener's answer before it returns a pending connection
+    /// (bytes written meanwhile wait in the ring, as in a TCP backlog). Default 2 ms.
     pub fn connect_timeout(mut self, t: Duration) -> Options {
         self.connect_timeout = t;
         self

@@ -32,6 +32,8 @@ const READ_SHUT: u32 = 2;
 const PEER_GONE: u32 = 4;
 const RESET: u32 = 8;
 const CORRUPT: u32 = 16;
+const AWAITING_WELCOME: u32 = 32;
+const REFUSED: u32 = 64;
 
 pub(crate) fn eproto(what: impl std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::Other, ProtocolError(what.to_string()))
@@ -262,7 +264,15 @@ impl Shm {
         eproto(c)
     }
 
+    /// The listener has not answered the HELLO yet: its answer will come on the control socket.
+    pub(crate) fn expect_welcome(&self) {
+        self.set(AWAITING_WELCOME);
+    }
+
     fn reset_error(&self) -> io::Error {
+        if self.has(REFUSED) {
+            return io::ErrorKind::ConnectionRefused.into();
+        }
         if self.has(CORRUPT) {
             eproto("connection was reset after a protocol error")
         } else {
@@ -279,6 +289,19 @@ impl Shm {
         let mut buf = [0u8; 16];
         match seqpacket::recv(&self.fds.control, &mut buf, true) {
             Ok(r) if r.len == 0 && r.fds.is_empty() => self.set(PEER_GONE),
+            Ok(r) if self.has(AWAITING_WELCOME) && r.fds.is_empty() && !r.truncated => {
+                self.state.fetch_and(!AWAITING_WELCOME, Ordering::AcqRel);
+                match crate::wire::Message::decode(&buf[..r.len]) {
+                    Ok(crate::wire::Message::Welcome { version: crate::wire::VERSION }) => {}
+                    Ok(crate::wire::Message::Reject { .. }) => {
+                        self.set(RESET | REFUSED | PEER_GONE);
+                        doorbell::ring(&self.fds.own_bell);
+                    }
+                    _ => {
+                        let _ = self.corrupt(Corrupt("bad answer to HELLO"));
+                    }
+                }
+            }
             Ok(_) => {
                 self.set(PEER_GONE);
                 let _ = self.corrupt(Corrupt("unexpected message on the control socket"));

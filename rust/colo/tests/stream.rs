@@ -1,0 +1,273 @@
+//! Socket semantics of colo::Stream and colo::Listener over shared memory and TCP.
+mod common;
+
+use colo::{Listener, Options, SpinMode, Stream, Transport};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::thread;
+use std::time::Duration;
+
+fn pair_with(opts: Options) -> (Stream, Stream) {
+    let l = Listener::bind_with("127.0.0.1:0", opts.clone()).unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = thread::spawn(move || l.accept().unwrap().0);
+    let c = Stream::connect_with(addr, &opts).unwrap();
+    let s = t.join().unwrap();
+    assert_eq!(c.transport(), Transport::SharedMemory);
+    assert_eq!(s.transport(), Transport::SharedMemory);
+    (c, s)
+}
+
+fn pair() -> (Stream, Stream) {
+    pair_with(Options::new())
+}
+
+#[test]
+fn echo_and_eof() {
+    let _w = common::watchdog(30);
+    let (mut c, mut s) = pair();
+    c.write_all(b"ping").unwrap();
+    let mut b = [0u8; 4];
+    s.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"ping");
+    s.write_all(b"pong").unwrap();
+    c.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"pong");
+    drop(c);
+    assert_eq!(s.read(&mut b).unwrap(), 0, "clean close reads as EOF");
+    assert_eq!(s.write(b"x").unwrap_err().kind(), ErrorKind::BrokenPipe);
+}
+
+#[test]
+fn half_close_each_way() {
+    let _w = common::watchdog(30);
+    let (mut c, mut s) = pair();
+    c.write_all(b"request").unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"request");
+    s.write_all(b"response after peer's FIN").unwrap();
+    s.shutdown(Shutdown::Write).unwrap();
+    let mut back = Vec::new();
+    c.read_to_end(&mut back).unwrap();
+    assert_eq!(back, b"response after peer's FIN");
+    assert_eq!(c.write(b"x").unwrap_err().kind(), ErrorKind::BrokenPipe);
+}
+
+#[test]
+fn read_shutdown_breaks_peer_writes() {
+    let _w = common::watchdog(30);
+    let (c, s) = pair();
+    s.shutdown(Shutdown::Read).unwrap();
+    let mut b = [0u8; 1];
+    assert_eq!((&s).read(&mut b).unwrap(), 0);
+    assert_eq!((&c).write(b"x").unwrap_err().kind(), ErrorKind::BrokenPipe);
+}
+
+#[test]
+fn large_transfer_in_order_with_concurrent_halves() {
+    let _w = common::watchdog(60);
+    let (c, s) = pair_with(Options::new().ring_capacity(64 * 1024));
+    const TOTAL: u64 = 64 << 20;
+    let echo = thread::spawn(move || {
+        let mut buf = vec![0u8; 100_000];
+        loop {
+            let n = (&s).read(&mut buf).unwrap();
+            if n == 0 {
+                s.shutdown(Shutdown::Write).unwrap();
+                return;
+            }
+            (&s).write_all(&buf[..n]).unwrap();
+        }
+    });
+    let reader = c.try_clone().unwrap();
+    let check = thread::spawn(move || {
+        let mut buf = vec![0u8; 77_777];
+        let mut at = 0u64;
+        loop {
+            let n = (&reader).read(&mut buf).unwrap();
+            if n == 0 {
+                return at;
+            }
+            for (i, b) in buf[..n].iter().enumerate() {
+                assert_eq!(*b, common::pattern(at + i as u64), "byte {}", at + i as u64);
+            }
+            at += n as u64;
+        }
+    });
+    let mut sent = 0u64;
+    let mut chunk = vec![0u8; 50_000];
+    while sent < TOTAL {
+        let n = chunk.len().min((TOTAL - sent) as usize);
+        for (i, b) in chunk[..n].iter_mut().enumerate() {
+            *b = common::pattern(sent + i as u64);
+        }
+        (&c).write_all(&chunk[..n]).unwrap();
+        sent += n as u64;
+    }
+    c.shutdown(Shutdown::Write).unwrap();
+    assert_eq!(check.join().unwrap(), TOTAL);
+    echo.join().unwrap();
+}
+
+#[test]
+fn timeouts_and_nonblocking() {
+    let _w = common::watchdog(30);
+    for spin in [SpinMode::Never, SpinMode::Always, colo_ring_default()] {
+        let (c, s) = pair_with(Options::new().spin(spin));
+        c.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let mut b = [0u8; 1];
+        assert_eq!((&c).read(&mut b).unwrap_err().kind(), ErrorKind::WouldBlock);
+        c.set_nonblocking(true).unwrap();
+        assert_eq!((&c).read(&mut b).unwrap_err().kind(), ErrorKind::WouldBlock);
+        (&s).write_all(b"z").unwrap();
+        // The readiness fd becomes readable; poll(2) on it, then read.
+        let mut pfd = [libc::pollfd { fd: std::os::fd::AsRawFd::as_raw_fd(&c), events: libc::POLLIN, revents: 0 }];
+        // SAFETY: one valid pollfd.
+        assert_eq!(unsafe { libc::poll(pfd.as_mut_ptr(), 1, 5000) }, 1);
+        assert_eq!((&c).read(&mut b).unwrap(), 1);
+        assert_eq!(&b, b"z");
+        assert!(c.set_read_timeout(Some(Duration::ZERO)).is_err());
+    }
+}
+
+fn colo_ring_default() -> SpinMode {
+    SpinMode::For(Duration::from_micros(5))
+}
+
+#[test]
+fn writer_blocks_when_full_then_times_out() {
+    let _w = common::watchdog(30);
+    let (c, _s) = pair_with(Options::new().ring_capacity(4096));
+    c.set_write_timeout(Some(Duration::from_millis(50))).unwrap();
+    let big = vec![1u8; 10_000];
+    let err = (&c).write_all(&big).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::WouldBlock);
+}
+
+#[test]
+fn zero_copy_messages() {
+    let _w = common::watchdog(30);
+    let (c, s) = pair_with(Options::new().pool(1 << 20, 4));
+    for round in 0..20u8 {
+        let mut loan = c.loan(1 << 20).unwrap();
+        assert!(loan.is_zero_copy());
+        loan.fill(round);
+        let ptr = loan.as_ptr() as usize;
+        loan.send().unwrap();
+        let m = s.recv_message().unwrap().unwrap();
+        assert!(m.is_zero_copy());
+        assert_eq!(m.len(), 1 << 20);
+        assert!(m.iter().all(|b| *b == round));
+        // Same bytes, not a copy: the slot sits at the same offset of the shared segment in both
+        // mappings; the receiver's view differs only by the mapping base.
+        let _ = ptr;
+        drop(m);
+    }
+    // More loans than slots: the fifth waits until a release.
+    let held: Vec<_> = (0..4).map(|_| c.loan(10).unwrap()).collect();
+    c.set_write_timeout(Some(Duration::from_millis(30))).unwrap();
+    assert_eq!(c.loan(10).err().unwrap().kind(), ErrorKind::WouldBlock);
+    drop(held);
+    assert!(c.loan(10).is_ok());
+    assert_eq!(c.loan((1 << 20) + 1).err().unwrap().raw_os_error(), Some(90), "EMSGSIZE");
+    // End of stream ends the message stream too.
+    drop(c);
+    assert!(s.recv_message().unwrap().is_none());
+}
+
+#[test]
+fn no_pool_is_enobufs() {
+    let _w = common::watchdog(30);
+    let (c, _s) = pair_with(Options::new().pool(0, 0));
+    assert_eq!(c.loan(1).err().unwrap().raw_os_error(), Some(105));
+}
+
+#[test]
+fn listener_serves_plain_tcp_clients() {
+    let _w = common::watchdog(30);
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    assert!(l.is_colo());
+    let addr = l.local_addr().unwrap();
+    let t = thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        assert_eq!(s.transport(), Transport::Tcp);
+        let mut b = [0u8; 5];
+        s.read_exact(&mut b).unwrap();
+        s.write_all(&b).unwrap();
+    });
+    let mut tcp = TcpStream::connect(addr).unwrap();
+    tcp.write_all(b"hello").unwrap();
+    let mut b = [0u8; 5];
+    tcp.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"hello");
+    t.join().unwrap();
+}
+
+#[test]
+fn falls_back_to_tcp_for_plain_servers() {
+    let _w = common::watchdog(30);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut b = [0u8; 3];
+        s.read_exact(&mut b).unwrap();
+        s.write_all(&b).unwrap();
+    });
+    let mut c = Stream::connect(addr).unwrap();
+    assert_eq!(c.transport(), Transport::Tcp);
+    c.write_all(b"abc").unwrap();
+    let mut b = [0u8; 3];
+    c.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"abc");
+    // Messages still work over the fallback, framed on the stream.
+    t.join().unwrap();
+}
+
+#[test]
+fn messages_over_tcp_fallback() {
+    let _w = common::watchdog(30);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut b = [0u8; 9];
+        s.read_exact(&mut b).unwrap();
+        s.write_all(&b).unwrap();
+    });
+    let c = Stream::connect(addr).unwrap();
+    let mut loan = c.loan(5).unwrap();
+    assert!(!loan.is_zero_copy());
+    loan.copy_from_slice(b"frame");
+    loan.send().unwrap();
+    let m = c.recv_message().unwrap().unwrap();
+    assert_eq!(&m[..], b"frame");
+    drop(m);
+    t.join().unwrap();
+}
+
+#[test]
+fn connect_to_nothing_is_refused() {
+    let _w = common::watchdog(30);
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let err = Stream::connect(("127.0.0.1", port)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ConnectionRefused);
+    assert!(Stream::connect("not an address").is_err());
+}
+
+#[test]
+fn addresses() {
+    let _w = common::watchdog(30);
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = thread::spawn(move || l.accept().unwrap());
+    let c = Stream::connect(addr).unwrap();
+    let (s, peer) = t.join().unwrap();
+    assert_eq!(c.peer_addr().unwrap(), addr);
+    assert_eq!(s.local_addr().unwrap(), addr);
+    assert_eq!(peer.ip(), addr.ip());
+    assert_eq!(c.peer_pid(), Some(std::process::id()));
+}
+
