@@ -1,0 +1,169 @@
+//! The client side: `connect(2)` to a local address with a live rendezvous binds the socket,
+//! offers a segment keyed by the 4-tuple, then connects. The answer is awaited (bounded) at the
+//! first operation that needs to know; on timeout the offer is abandoned and the connection is
+//! plain TCP (nothing was written to the ring, so nothing is lost).
+
+use crate::conn::Conn;
+use crate::table::{self, Entry, Slot};
+use crate::{log_info, sockaddr_of};
+use colo::carrier::{self, Abandon, Answer, Offer};
+use colo_ring::layout::Geometry;
+use colo_sys::BorrowedFd;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub struct Pending {
+    offer: Offer,
+    deadline: Instant,
+    peer: SocketAddr,
+}
+
+fn timeout() -> Duration {
+    static T: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *T.get_or_init(|| {
+        let ms = std::env::var("COLO_CARRIER_TIMEOUT_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(500u64);
+        Duration::from_millis(ms)
+    })
+}
+
+fn geometry() -> Geometry {
+    let kb = std::env::var("COLO_RING_KB").ok().and_then(|v| v.parse::<u32>().ok()).unwrap_or(256);
+    let cap = (kb.max(4) * 1024).next_power_of_two();
+    Geometry { ring_capacity: cap, slot_size: 0, slot_count: 0 }
+}
+
+/// What `connect` should do after the offer step.
+pub enum Prepared {
+    /// Not a colo destination: do a plain connect.
+    Plain,
+    /// An offer is out: connect, then record it.
+    Offered(Box<Pending>),
+}
+
+/// Before the real connect: find a rendezvous and offer a segment.
+pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
+    if crate::disabled() || fd < 0 || fd as usize >= table::MAX_FD || table::kind(fd) != table::NONE {
+        return Prepared::Plain;
+    }
+    // SAFETY: the application's socket, open during this call.
+    let b = unsafe { BorrowedFd::borrow_raw(fd) };
+    if !crate::is_tcp_stream(b) {
+        return Prepared::Plain;
+    }
+    // connect(2) to the unspecified address reaches loopback.
+    let target = if peer.ip().is_unspecified() {
+        let ip: std::net::IpAddr = match peer {
+            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        };
+        SocketAddr::new(ip, peer.port())
+    } else {
+        peer
+    };
+    let (control, server_pid) = match carrier::connect_rendezvous(target) {
+        Ok(Some(x)) => x,
+        Ok(None) => {
+            crate::log_debug(format_args!("connect {peer}: no colo listener; plain TCP"));
+            return Prepared::Plain;
+        }
+        Err(e) => {
+            log_info(format_args!("connect {peer}: rendezvous: {e}; plain TCP"));
+            return Prepared::Plain;
+        }
+    };
+    // Bind first, so the 4-tuple is known before the SYN.
+    let mut local = rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a));
+    if local.is_none_or(|l| l.port() == 0) {
+        let bind_to = SocketAddr::new(
+            match (local, target) {
+                // An AF_INET6 socket dialing an IPv4-mapped address binds to the mapped form.
+                (Some(SocketAddr::V6(_)), SocketAddr::V4(v4)) => v4.ip().to_ipv6_mapped().into(),
+                _ => target.ip(),
+            },
+            0,
+        );
+        if let Err(e) = rustix::net::bind(b, &bind_to) {
+            log_info(format_args!("connect {peer}: bind {bind_to}: {e}; plain TCP"));
+            return Prepared::Plain;
+        }
+        local = rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a));
+    }
+    let Some(local) = local else { return Prepared::Plain };
+    match carrier::offer(control, server_pid, local, target, geometry()) {
+        Ok(offer) => Prepared::Offered(Box::new(Pending { offer, deadline: Instant::now() + timeout(), peer })),
+        Err(e) => {
+            log_info(format_args!("connect {peer}: offer: {e}; plain TCP"));
+            Prepared::Plain
+        }
+    }
+}
+
+/// After the real connect succeeded or is in progress.
+pub fn record(fd: i32, p: Box<Pending>) {
+    if let Some(mut slot) = table::lock(fd) {
+        slot.set(Entry::Pending(p));
+    }
+}
+
+/// After the real connect failed: withdraw the offer.
+pub fn withdraw(p: Box<Pending>) {
+    let _ = p.offer.abandon();
+}
+
+/// Decides a pending connection (waiting for the server's answer, bounded): afterwards the slot
+/// holds a `Conn` or nothing (plain TCP).
+pub fn resolve(fd: i32, slot: &mut Slot) {
+    let Entry::Pending(_) = slot.entry() else { return };
+    let Entry::Pending(p) = slot.take() else { unreachable!() };
+    let left = p.deadline.saturating_duration_since(Instant::now());
+    let answer = p.offer.wait_answer(left);
+    let welcomed = match answer {
+        Answer::Welcome => true,
+        other => match p.offer.abandon() {
+            Abandon::Abandoned => {
+                log_info(format_args!("connect {}: not accelerated ({other:?}); plain TCP", p.peer));
+                false
+            }
+            // The server claimed just before we gave up: its WELCOME is on the way.
+            Abandon::Claimed => {
+                let _ = p.offer.wait_answer(Duration::from_secs(2));
+                true
+            }
+        },
+    };
+    if !welcomed {
+        return;
+    }
+    // SAFETY: the application's socket, open during this call.
+    let b = unsafe { BorrowedFd::borrow_raw(fd) };
+    let nonblocking = rustix::fs::fcntl_getfl(b).map(|f| f.contains(rustix::fs::OFlags::NONBLOCK)).unwrap_or(false);
+    let peer = p.peer;
+    match Conn::new(p.offer.established(), nonblocking) {
+        Ok(c) => {
+            slot.set(Entry::Conn(Arc::new(c)));
+            log_info(format_args!("connect {peer}: accelerated (shared memory)"));
+        }
+        Err(e) => log_info(format_args!("connect {peer}: {e}; connection lost")),
+    }
+}
+
+/// Resolves `fd` if it is pending.
+pub fn resolve_fd(fd: i32) {
+    if table::kind(fd) != table::PENDING {
+        return;
+    }
+    if let Some(mut slot) = table::lock(fd) {
+        resolve(fd, &mut slot);
+    }
+}
+
+/// A pending connection is closed before it was decided: abandon the offer, or, if the server
+/// already claimed it, close the shared-memory connection cleanly (FIN).
+pub fn close_pending(p: Box<Pending>) {
+    if p.offer.abandon() == Abandon::Claimed {
+        let _ = p.offer.wait_answer(Duration::from_millis(200));
+        let est = p.offer.established();
+        drop(est.into_shm(colo_ring::spin::SpinMode::Never));
+    }
+}

@@ -1,0 +1,224 @@
+//! An accelerated connection: the [`Shm`] plus what the shim needs to answer readiness questions
+//! without locking it, and to let go of a copy inherited over fork without closing the peer.
+
+use colo::carrier::{Established, Words};
+use colo::shm::Shm;
+use colo_ring::layout::{FLAG_FIN, FLAG_READ_CLOSED, FLAG_RESET};
+use colo_ring::sync::Ordering;
+use colo_sys::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicBool, AtomicU32};
+
+/// epoll/poll bits (identical values in both APIs).
+pub const IN: u32 = 0x001;
+pub const OUT: u32 = 0x004;
+pub const ERR: u32 = 0x008;
+pub const HUP: u32 = 0x010;
+pub const RDHUP: u32 = 0x2000;
+
+/// Processes that hold this connection (fork copies), in a `MAP_SHARED` page so every copy sees
+/// the same list; a copy closed while another process still holds it is released quietly.
+const HOLDERS: usize = 64;
+
+pub struct Conn {
+    shm: ManuallyDrop<Shm>,
+    w: Words,
+    own_bell: OwnedFd,
+    gone: AtomicBool,
+    nb: AtomicBool,
+    raw: [RawFd; 5],
+    holders: *const AtomicU32,
+}
+
+// SAFETY: the raw pointers point into mappings owned by `shm` (the segment) and by this value
+// (the holders page); all accesses through them are atomic.
+unsafe impl Send for Conn {}
+// SAFETY: as above.
+unsafe impl Sync for Conn {}
+
+impl Conn {
+    pub fn new(est: Established, nonblocking: bool) -> std::io::Result<Conn> {
+        let w = est.words();
+        let own_bell = rustix::io::fcntl_dupfd_cloexec(&est.fds.own_bell, 0)?;
+        let raw0 = [est.fds.control.as_raw_fd(), est.fds.own_bell.as_raw_fd(), est.fds.peer_bell.as_raw_fd(), est.memfd];
+        // SAFETY: a fresh anonymous shared page aliases nothing.
+        let page = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                4096,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::SHARED,
+            )?
+        };
+        let holders = page as *const AtomicU32;
+        // SAFETY: slot 0 of the zeroed page we just mapped.
+        unsafe { &*holders }.store(std::process::id(), Ordering::Relaxed);
+        let shm = est.into_shm(crate::spin())?;
+        shm.set_nonblocking(nonblocking);
+        let readiness = shm.readiness_fd().as_raw_fd();
+        Ok(Conn {
+            shm: ManuallyDrop::new(shm),
+            w,
+            own_bell,
+            gone: AtomicBool::new(false),
+            nb: AtomicBool::new(nonblocking),
+            raw: [raw0[0], raw0[1], raw0[2], raw0[3], readiness],
+            holders,
+        })
+    }
+
+    pub fn shm(&self) -> &Shm {
+        &self.shm
+    }
+
+    pub fn set_nonblocking(&self, on: bool) {
+        self.nb.store(on, Ordering::Relaxed);
+        self.shm.set_nonblocking(on);
+    }
+
+    pub fn nonblocking(&self) -> bool {
+        self.nb.load(Ordering::Relaxed)
+    }
+
+    pub fn readiness_raw(&self) -> RawFd {
+        self.raw[4]
+    }
+
+    fn holder(&self, i: usize) -> &AtomicU32 {
+        assert!(i < HOLDERS);
+        // SAFETY: `i < HOLDERS`; the page is 4096 bytes and lives as long as `self`.
+        unsafe { &*self.holders.add(i) }
+    }
+
+    /// Records that process `pid` (a fork child) holds a copy.
+    pub fn add_holder(&self, pid: u32) {
+        for i in 0..HOLDERS {
+            if self.holder(i).compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                return;
+            }
+        }
+    }
+
+    /// Removes us from the holders; true if another live process still holds the connection.
+    fn others_hold(&self) -> bool {
+        let me = std::process::id();
+        let mut others = false;
+        for i in 0..HOLDERS {
+            let p = self.holder(i).load(Ordering::Acquire);
+            if p == 0 {
+                continue;
+            }
+            if p == me {
+                self.holder(i).store(0, Ordering::Release);
+                continue;
+            }
+            let alive = rustix::process::Pid::from_raw(p as i32)
+                .map(|pid| match rustix::process::test_kill_process(pid) {
+                    Ok(()) => true,
+                    Err(e) => e == rustix::io::Errno::PERM,
+                })
+                .unwrap_or(false);
+            if alive {
+                others = true;
+            } else {
+                self.holder(i).store(0, Ordering::Release);
+            }
+        }
+        others
+    }
+
+    /// Rings our own doorbell, so that the readiness fd reports and the state is looked at again.
+    pub fn poke(&self) {
+        colo_sys::doorbell::ring(self.own_bell.as_fd());
+    }
+
+    fn peer_gone(&self) -> bool {
+        if self.gone.load(Ordering::Relaxed) {
+            return true;
+        }
+        let mut b = [0u8; 1];
+        let gone = matches!(
+            rustix::net::recv(
+                self.shm.control_fd(),
+                &mut b[..],
+                rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT
+            ),
+            Ok((0, _))
+        );
+        if gone {
+            self.gone.store(true, Ordering::Relaxed);
+        }
+        gone
+    }
+
+    /// The readiness of the connection, in epoll bits. `check_gone`: also ask the control socket
+    /// (a syscall) when nothing else makes the connection readable.
+    pub fn ready(&self, check_gone: bool) -> u32 {
+        // SAFETY (all loads below): aligned atomics inside the mapping `shm` owns.
+        let (in_head, in_tail, in_flags, out_head, out_tail, out_flags, read_closed) = unsafe {
+            (
+                (*self.w.in_head).load(Ordering::Acquire),
+                (*self.w.in_tail).load(Ordering::Relaxed),
+                (*self.w.in_flags).load(Ordering::Acquire),
+                (*self.w.out_head).load(Ordering::Relaxed),
+                (*self.w.out_tail).load(Ordering::Acquire),
+                (*self.w.out_flags).load(Ordering::Relaxed),
+                (*self.w.out_read_flags).load(Ordering::Acquire) & FLAG_READ_CLOSED != 0,
+            )
+        };
+        let avail = in_head.wrapping_sub(in_tail);
+        let used = out_head.wrapping_sub(out_tail);
+        let reset = (in_flags | out_flags) & FLAG_RESET != 0;
+        let fin = in_flags & FLAG_FIN != 0;
+        let mut m = 0;
+        if avail > 0 || fin || reset {
+            m |= IN;
+        }
+        if fin || reset {
+            m |= RDHUP;
+        }
+        if used < self.w.capacity || read_closed || reset {
+            m |= OUT;
+        }
+        if reset || used > self.w.capacity || avail > self.w.capacity {
+            // Reset or corrupt: make every waiter look, so the next call reports the error.
+            m |= ERR | HUP | IN | OUT;
+        }
+        if fin && (read_closed || out_flags & FLAG_FIN != 0) {
+            m |= HUP;
+        }
+        if m & IN == 0 && check_gone && self.peer_gone() {
+            m |= IN | RDHUP | HUP | OUT;
+        }
+        m
+    }
+
+    /// Prepares to sleep on the readiness fd: drain our doorbell, announce that we wait, and
+    /// return the readiness after that (a peer's progress from now on rings the doorbell).
+    pub fn arm(&self) -> u32 {
+        colo_sys::doorbell::drain(self.own_bell.as_fd());
+        // SAFETY: our waiting flag, an aligned atomic in the mapping.
+        colo_ring::notify::announce_sleep(unsafe { &*self.w.own_waiting });
+        self.ready(true)
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if self.others_hold() {
+            // Another process (fork) still uses this connection: release our copy only, so the
+            // peer sees neither FIN nor a hang-up.
+            for fd in self.raw {
+                // SAFETY: these descriptors belong to the Shm we deliberately do not drop.
+                unsafe { libc::syscall(libc::SYS_close, fd) };
+            }
+            // SAFETY: the segment mapping; nothing refers to it once this Conn is gone.
+            unsafe { libc::syscall(libc::SYS_munmap, self.w.base, self.w.len) };
+        } else {
+            // SAFETY: dropped exactly once, here.
+            unsafe { ManuallyDrop::drop(&mut self.shm) };
+        }
+        // SAFETY: our holders page, unmapped once.
+        unsafe { libc::syscall(libc::SYS_munmap, self.holders, 4096) };
+    }
+}

@@ -1,0 +1,496 @@
+//! `libcolo_preload.so`: an LD_PRELOAD shim that moves the payload of an unmodified program's
+//! loopback TCP connections into colo shared memory (spec/WIRE.md section 3, CARRIER mode).
+//!
+//! Three tiers per symbol: `real::*` (libc's function, resolved lazily with `dlsym(RTLD_NEXT)`),
+//! `shim::*` / `poll::*` (the logic; a non-colo fd costs one atomic load), and the exported
+//! one-line wrappers below. A thread-local guard sends the shim's own calls straight to libc;
+//! errno is preserved across the shim's work.
+//!
+//! The application's fd stays the real kernel TCP socket: listening sockets stay pure kernel,
+//! `getsockname`/`getpeername`/`fstat` keep their meaning, and anything the shim does not carry
+//! (a destination without a colo listener, a server not under colo, a timeout) is plain TCP.
+//!
+//! Environment: `COLO_LOG=info|debug`, `COLO_DISABLE=1`, `COLO_CARRIER_TIMEOUT_MS` (default 500:
+//! how long a client's first operation waits for the server to claim its offer),
+//! `COLO_RING_KB` (default 256), `COLO_SPIN_US`.
+
+#![allow(clippy::missing_safety_doc)]
+
+mod client;
+mod conn;
+mod poll;
+mod real;
+mod server;
+mod shim;
+mod table;
+
+use libc::{c_int, c_uint, c_ulong, c_void, iovec, msghdr, nfds_t, off_t, size_t, sockaddr, socklen_t, ssize_t};
+use libc::{epoll_event, fd_set, pollfd, sigset_t, timespec, timeval};
+use std::cell::Cell;
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+// ---- guard, errno, logging ------------------------------------------------------------------
+
+thread_local! {
+    static BUSY: Cell<bool> = const { Cell::new(false) };
+}
+
+fn errno_loc() -> *mut c_int {
+    // SAFETY: glibc's per-thread errno location.
+    unsafe { libc::__errno_location() }
+}
+
+/// Marks the current thread as inside the shim; saves errno.
+pub(crate) struct Guard {
+    saved: c_int,
+    outer: bool,
+}
+
+impl Guard {
+    pub(crate) fn busy() -> bool {
+        BUSY.try_with(|b| b.get()).unwrap_or(true)
+    }
+    pub(crate) fn enter() -> Guard {
+        let outer = BUSY.try_with(|b| b.replace(true)).unwrap_or(true);
+        // SAFETY: reading this thread's errno.
+        Guard { saved: unsafe { *errno_loc() }, outer }
+    }
+    /// Success: restore the application's errno.
+    pub(crate) fn ok(&self, v: ssize_t) -> ssize_t {
+        // SAFETY: writing this thread's errno.
+        unsafe { *errno_loc() = self.saved };
+        v
+    }
+    /// Failure: set errno.
+    pub(crate) fn err(&self, e: c_int) -> ssize_t {
+        // SAFETY: writing this thread's errno.
+        unsafe { *errno_loc() = e };
+        -1
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let outer = self.outer;
+        let _ = BUSY.try_with(|b| b.set(outer));
+    }
+}
+
+fn log_level() -> u8 {
+    static L: OnceLock<u8> = OnceLock::new();
+    *L.get_or_init(|| match std::env::var("COLO_LOG").as_deref() {
+        Ok("debug") => 2,
+        Ok("info") => 1,
+        _ => 0,
+    })
+}
+
+pub(crate) fn log_info(args: std::fmt::Arguments<'_>) {
+    if log_level() >= 1 {
+        let line = format!("colo[{}]: {args}\n", std::process::id());
+        // SAFETY: a raw write of our buffer to stderr (no libc, no recursion).
+        unsafe { libc::syscall(libc::SYS_write, 2, line.as_ptr(), line.len()) };
+    }
+}
+
+pub(crate) fn log_debug(args: std::fmt::Arguments<'_>) {
+    if log_level() >= 2 {
+        log_info(args);
+    }
+}
+
+pub(crate) fn disabled() -> bool {
+    static D: OnceLock<bool> = OnceLock::new();
+    *D.get_or_init(|| std::env::var("COLO_DISABLE").is_ok_and(|v| v == "1"))
+}
+
+pub(crate) fn spin() -> colo::SpinMode {
+    static S: OnceLock<colo::SpinMode> = OnceLock::new();
+    *S.get_or_init(|| colo::Options::new().spin_mode())
+}
+
+// ---- small helpers --------------------------------------------------------------------------
+
+pub(crate) unsafe fn slice<'a, T>(p: *const T, n: usize) -> &'a [T] {
+    if n == 0 || p.is_null() {
+        return &[];
+    }
+    // SAFETY: the caller vouches for `n` elements at `p`.
+    unsafe { std::slice::from_raw_parts(p, n) }
+}
+
+pub(crate) unsafe fn slice_mut<'a, T>(p: *mut T, n: usize) -> &'a mut [T] {
+    if n == 0 || p.is_null() {
+        return &mut [];
+    }
+    // SAFETY: the caller vouches for `n` writable elements at `p`.
+    unsafe { std::slice::from_raw_parts_mut(p.cast(), n) }
+}
+
+pub(crate) fn sockaddr_of(a: &rustix::net::SocketAddrAny) -> Option<SocketAddr> {
+    match a.address_family() {
+        rustix::net::AddressFamily::INET => rustix::net::SocketAddrV4::try_from(a.clone()).ok().map(SocketAddr::V4),
+        rustix::net::AddressFamily::INET6 => rustix::net::SocketAddrV6::try_from(a.clone()).ok().map(SocketAddr::V6),
+        _ => None,
+    }
+}
+
+pub(crate) unsafe fn parse_sockaddr(addr: *const sockaddr, len: socklen_t) -> Option<SocketAddr> {
+    // SAFETY: at least a family field, as connect(2) requires.
+    let family = unsafe { (*addr).sa_family } as c_int;
+    if family == libc::AF_INET && len as usize >= std::mem::size_of::<libc::sockaddr_in>() {
+        // SAFETY: family and length say sockaddr_in.
+        let a = unsafe { &*(addr as *const libc::sockaddr_in) };
+        Some(SocketAddr::new(u32::from_be(a.sin_addr.s_addr).to_be_bytes().into(), u16::from_be(a.sin_port)))
+    } else if family == libc::AF_INET6 && len as usize >= std::mem::size_of::<libc::sockaddr_in6>() {
+        // SAFETY: family and length say sockaddr_in6.
+        let a = unsafe { &*(addr as *const libc::sockaddr_in6) };
+        Some(SocketAddr::new(a.sin6_addr.s6_addr.into(), u16::from_be(a.sin6_port)))
+    } else {
+        None
+    }
+}
+
+pub(crate) fn is_tcp_stream(fd: colo_sys::BorrowedFd<'_>) -> bool {
+    use rustix::net::sockopt;
+    matches!(sockopt::socket_type(fd), Ok(rustix::net::SocketType::STREAM))
+        && matches!(
+            sockopt::socket_domain(fd),
+            Ok(rustix::net::AddressFamily::INET) | Ok(rustix::net::AddressFamily::INET6)
+        )
+}
+
+// ---- fork -----------------------------------------------------------------------------------
+
+extern "C" fn atfork_child() {
+    let me = std::process::id();
+    for fd in table::fds_of_kind(table::CONN) {
+        if let Some(g) = table::try_lock(fd) {
+            if let table::Entry::Conn(c) = &*g {
+                c.add_holder(me);
+            }
+        }
+    }
+}
+
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = init;
+
+extern "C" fn init() {
+    // SAFETY: registering a child handler; it only takes uncontended locks with try_lock.
+    unsafe { libc::pthread_atfork(None, None, Some(atfork_child)) };
+}
+
+fn timeout_of(ts: *const timespec) -> Option<Duration> {
+    if ts.is_null() {
+        return None;
+    }
+    // SAFETY: the application's timespec.
+    let t = unsafe { *ts };
+    Some(Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32))
+}
+
+fn timeout_ms(ms: c_int) -> Option<Duration> {
+    (ms >= 0).then(|| Duration::from_millis(ms as u64))
+}
+
+// ---- tier 3: the exported symbols -----------------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::connect(fd, addr, len) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::listen(fd, backlog) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::accept4(fd, addr, len, 0) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::accept4(fd, addr, len, flags) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::close(fd) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::shutdown(fd, how) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::read(fd, buf, n) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t {
+    if n > buflen || !shim::is_colo_or_pending(fd) {
+        // SAFETY: libc's check (aborts on overflow) and call.
+        return unsafe { real::__read_chk(fd, buf, n, buflen) };
+    }
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::read(fd, buf, n) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::write(fd, buf, n) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::readv(fd, iov, cnt) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::writev(fd, iov, cnt) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::recvfrom(fd, buf, n, flags, std::ptr::null_mut(), std::ptr::null_mut()) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int) -> ssize_t {
+    if n > buflen || !shim::is_colo_or_pending(fd) {
+        // SAFETY: libc's check and call.
+        return unsafe { real::__recv_chk(fd, buf, n, buflen, flags) };
+    }
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::recvfrom(fd, buf, n, flags, std::ptr::null_mut(), std::ptr::null_mut()) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::recvfrom(fd, buf, n, flags, addr, len) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn __recvfrom_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
+    if n > buflen || !shim::is_colo_or_pending(fd) {
+        // SAFETY: libc's check and call.
+        return unsafe { real::__recvfrom_chk(fd, buf, n, buflen, flags, addr, len) };
+    }
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::recvfrom(fd, buf, n, flags, addr, len) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::sendto(fd, buf, n, flags, std::ptr::null(), 0) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    len: socklen_t,
+) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::sendto(fd, buf, n, flags, addr, len) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::recvmsg(fd, msg, flags) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::sendmsg(fd, msg, flags) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn recvmmsg(fd: c_int, v: *mut libc::mmsghdr, n: c_uint, flags: c_int, t: *mut timespec) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::recvmmsg(fd, v, n, flags, t) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: c_uint, flags: c_int) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::sendmmsg(fd, v, n, flags) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn sendfile(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::sendfile32(out, inp, off, n) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn sendfile64(out: c_int, inp: c_int, off: *mut i64, n: size_t) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::sendfile32(out, inp, off.cast(), n) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: forwarding the application's arguments (the variadic argument is one word).
+    unsafe { shim::fcntl(fd, cmd, arg, false) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: forwarding the application's arguments (the variadic argument is one word).
+    unsafe { shim::fcntl(fd, cmd, arg, true) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
+    // SAFETY: forwarding the application's arguments (the variadic argument is one word).
+    unsafe { shim::ioctl(fd, req, arg) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::setsockopt(fd, level, name, val, len) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::dup(fd) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn dup2(fd: c_int, new: c_int) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::dup3(fd, new, 0, true) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::dup3(fd, new, flags, false) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
+    if !poll::has_colo(fds, n) {
+        // SAFETY: forwarding the application's arguments.
+        return unsafe { real::poll(fds, n, timeout) };
+    }
+    // SAFETY: forwarding the application's arguments.
+    unsafe { poll::ppoll_impl(fds, n, timeout_ms(timeout), std::ptr::null()) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: size_t) -> c_int {
+    if !poll::has_colo(fds, n) || (n as usize) > fdslen / std::mem::size_of::<pollfd>() {
+        // SAFETY: libc's check and call.
+        return unsafe { real::__poll_chk(fds, n, timeout, fdslen) };
+    }
+    // SAFETY: forwarding the application's arguments.
+    unsafe { poll::ppoll_impl(fds, n, timeout_ms(timeout), std::ptr::null()) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn ppoll(fds: *mut pollfd, n: nfds_t, t: *const timespec, mask: *const sigset_t) -> c_int {
+    if !poll::has_colo(fds, n) {
+        // SAFETY: forwarding the application's arguments.
+        return unsafe { real::ppoll(fds, n, t, mask) };
+    }
+    // SAFETY: forwarding the application's arguments.
+    unsafe { poll::ppoll_impl(fds, n, timeout_of(t), mask) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn __ppoll_chk(
+    fds: *mut pollfd,
+    n: nfds_t,
+    t: *const timespec,
+    mask: *const sigset_t,
+    fdslen: size_t,
+) -> c_int {
+    if !poll::has_colo(fds, n) || (n as usize) > fdslen / std::mem::size_of::<pollfd>() {
+        // SAFETY: libc's check and call.
+        return unsafe { real::__ppoll_chk(fds, n, t, mask, fdslen) };
+    }
+    // SAFETY: forwarding the application's arguments.
+    unsafe { poll::ppoll_impl(fds, n, timeout_of(t), mask) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn select(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, t: *mut timeval) -> c_int {
+    let to = (!t.is_null()).then(|| {
+        // SAFETY: the application's timeval.
+        let tv = unsafe { *t };
+        Duration::new(tv.tv_sec.max(0) as u64, (tv.tv_usec.clamp(0, 999_999) as u32) * 1000)
+    });
+    // SAFETY: forwarding the application's arguments.
+    match unsafe { poll::select_impl(n, r, w, e, to, std::ptr::null()) } {
+        Some(rc) => rc,
+        // SAFETY: forwarding the application's arguments.
+        None => unsafe { real::select(n, r, w, e, t) },
+    }
+}
+#[no_mangle]
+pub unsafe extern "C" fn pselect(
+    n: c_int,
+    r: *mut fd_set,
+    w: *mut fd_set,
+    e: *mut fd_set,
+    t: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    match unsafe { poll::select_impl(n, r, w, e, timeout_of(t), mask) } {
+        Some(rc) => rc,
+        // SAFETY: forwarding the application's arguments.
+        None => unsafe { real::pselect(n, r, w, e, t, mask) },
+    }
+}
+#[no_mangle]
+pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { poll::epoll_ctl(ep, op, fd, ev) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn epoll_wait(ep: c_int, evs: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { poll::epoll_wait_with(ep, evs, max, timeout, |t| real::epoll_wait(ep, evs, max, t)) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait(
+    ep: c_int,
+    evs: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+    mask: *const sigset_t,
+) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { poll::epoll_wait_with(ep, evs, max, timeout, |t| real::epoll_pwait(ep, evs, max, t, mask)) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait2(
+    ep: c_int,
+    evs: *mut epoll_event,
+    max: c_int,
+    t: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
+    let ms = timeout_of(t).map_or(-1, |d| d.as_millis().min(c_int::MAX as u128) as c_int);
+    // SAFETY: forwarding the application's arguments.
+    unsafe {
+        poll::epoll_wait_with(ep, evs, max, ms, |ms| {
+            let ts = timespec { tv_sec: (ms / 1000) as i64, tv_nsec: ((ms % 1000) as i64) * 1_000_000 };
+            let tp = if ms < 0 { std::ptr::null() } else { &ts as *const timespec };
+            real::epoll_pwait2(ep, evs, max, if ms == c_int::MAX { t } else { tp }, mask)
+        })
+    }
+}

@@ -1,0 +1,441 @@
+//! Readiness: poll/ppoll/select/pselect and the epoll family report accelerated fds from the
+//! rings. The kernel still does the multiplexing: an accelerated fd is represented by its
+//! connection's readiness fd (doorbell + control socket), registered in the application's epoll
+//! set with the application's ET/ONESHOT flags and a tagged `data`; `epoll_wait` maps those
+//! events back to the application's fd and data, with IN/OUT computed from ring state.
+
+use crate::conn::{Conn, ERR, HUP, IN, OUT};
+use crate::table::{self, CONN, PENDING};
+use crate::{client, real, Guard};
+use libc::{c_int, epoll_event, nfds_t, pollfd, sigset_t, timespec};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const TAG: u64 = 0xC01D_0000_0000_0000;
+const TAG_MASK: u64 = 0xFFFF_0000_0000_0000;
+
+struct Reg {
+    epfd: c_int,
+    fd: c_int,
+    events: u32,
+    data: u64,
+    conn: Arc<Conn>,
+}
+
+#[derive(Default)]
+struct Regs {
+    slab: Vec<Option<Reg>>,
+    free: Vec<usize>,
+    index: HashMap<(c_int, c_int), usize>,
+}
+
+static REGS: Mutex<Option<Regs>> = Mutex::new(None);
+
+fn with_regs<T>(f: impl FnOnce(&mut Regs) -> T) -> T {
+    let mut g = REGS.lock().unwrap_or_else(|e| e.into_inner());
+    f(g.get_or_insert_with(Regs::default))
+}
+
+impl Regs {
+    fn remove(&mut self, idx: usize) -> Option<Reg> {
+        let r = self.slab.get_mut(idx)?.take()?;
+        self.index.remove(&(r.epfd, r.fd));
+        self.free.push(idx);
+        Some(r)
+    }
+}
+
+/// `fd` is being closed: its registrations go (the kernel would drop them with the last ref).
+pub fn forget_fd(fd: c_int) {
+    let gone: Vec<Reg> = with_regs(|r| {
+        let idx: Vec<usize> = r.index.iter().filter(|((_, f), _)| *f == fd).map(|(_, &i)| i).collect();
+        idx.into_iter().filter_map(|i| r.remove(i)).collect()
+    });
+    for reg in gone {
+        // SAFETY: removing our registration of the readiness fd from the application's set.
+        unsafe { real::epoll_ctl(reg.epfd, libc::EPOLL_CTL_DEL, reg.conn.readiness_raw(), std::ptr::null_mut()) };
+    }
+}
+
+/// The epoll fd `epfd` is being closed.
+pub fn forget_epoll(epfd: c_int) {
+    let gone: Vec<Reg> = with_regs(|r| {
+        let idx: Vec<usize> = r.index.iter().filter(|((e, _), _)| *e == epfd).map(|(_, &i)| i).collect();
+        idx.into_iter().filter_map(|i| r.remove(i)).collect()
+    });
+    drop(gone);
+}
+
+const PASS_FLAGS: u32 = (libc::EPOLLET | libc::EPOLLONESHOT | libc::EPOLLWAKEUP | libc::EPOLLEXCLUSIVE) as u32;
+
+pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
+    let k = table::kind(fd);
+    if (k != CONN && k != PENDING) || Guard::busy() {
+        // SAFETY: the application's arguments.
+        return unsafe { real::epoll_ctl(epfd, op, fd, ev) };
+    }
+    let g = Guard::enter();
+    client::resolve_fd(fd);
+    let Some(conn) = table::conn(fd) else {
+        drop(g);
+        // SAFETY: the application's arguments.
+        return unsafe { real::epoll_ctl(epfd, op, fd, ev) };
+    };
+    let (events, data) = if ev.is_null() {
+        (0, 0)
+    } else {
+        // SAFETY: the application's event.
+        let e = unsafe { *ev };
+        (e.events, e.u64)
+    };
+    let rfd = conn.readiness_raw();
+    match op {
+        libc::EPOLL_CTL_ADD => {
+            let exists = with_regs(|r| r.index.contains_key(&(epfd, fd)));
+            if exists {
+                return g.err(libc::EEXIST) as c_int;
+            }
+            let idx = with_regs(|r| {
+                let reg = Reg { epfd, fd, events, data, conn: conn.clone() };
+                let idx = match r.free.pop() {
+                    Some(i) => {
+                        r.slab[i] = Some(reg);
+                        i
+                    }
+                    None => {
+                        r.slab.push(Some(reg));
+                        r.slab.len() - 1
+                    }
+                };
+                r.index.insert((epfd, fd), idx);
+                idx
+            });
+            let mut kev = epoll_event { events: libc::EPOLLIN as u32 | (events & PASS_FLAGS), u64: TAG | idx as u64 };
+            // SAFETY: registering the readiness fd in the application's set.
+            if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, rfd, &mut kev) } != 0 {
+                let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+                with_regs(|r| r.remove(idx));
+                return g.err(e) as c_int;
+            }
+            table::set_epoll(epfd, true);
+            conn.poke();
+            g.ok(0) as c_int
+        }
+        libc::EPOLL_CTL_MOD => {
+            let Some(idx) = with_regs(|r| {
+                let idx = *r.index.get(&(epfd, fd))?;
+                if let Some(reg) = r.slab[idx].as_mut() {
+                    reg.events = events;
+                    reg.data = data;
+                }
+                Some(idx)
+            }) else {
+                return g.err(libc::ENOENT) as c_int;
+            };
+            let mut kev = epoll_event { events: libc::EPOLLIN as u32 | (events & PASS_FLAGS), u64: TAG | idx as u64 };
+            // SAFETY: modifying our registration.
+            if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, rfd, &mut kev) } != 0 {
+                let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+                return g.err(e) as c_int;
+            }
+            conn.poke();
+            g.ok(0) as c_int
+        }
+        libc::EPOLL_CTL_DEL => {
+            let Some(reg) = with_regs(|r| {
+                let idx = *r.index.get(&(epfd, fd))?;
+                r.remove(idx)
+            }) else {
+                return g.err(libc::ENOENT) as c_int;
+            };
+            // SAFETY: removing our registration.
+            unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, rfd, std::ptr::null_mut()) };
+            drop(reg);
+            g.ok(0) as c_int
+        }
+        _ => g.err(libc::EINVAL) as c_int,
+    }
+}
+
+/// Rewrites the events of one `epoll_wait` batch in place; returns how many remain.
+fn translate(epfd: c_int, evs: &mut [epoll_event]) -> usize {
+    let mut out = 0;
+    let mut rearm = Vec::new();
+    with_regs(|r| {
+        for i in 0..evs.len() {
+            let ev = evs[i];
+            let d = ev.u64;
+            if d & TAG_MASK != TAG {
+                evs[out] = ev;
+                out += 1;
+                continue;
+            }
+            let Some(Some(reg)) = r.slab.get((d & 0xFFFF_FFFF) as usize) else { continue };
+            let interest = (reg.events & (IN | OUT | libc::EPOLLRDHUP as u32)) | ERR | HUP;
+            let mut m = reg.conn.ready(true) & interest;
+            if m == 0 {
+                m = reg.conn.arm() & interest;
+                if m != 0 {
+                    reg.conn.poke();
+                }
+            }
+            if m == 0 {
+                if reg.events & libc::EPOLLONESHOT as u32 != 0 {
+                    rearm.push((reg.conn.readiness_raw(), reg.events, d));
+                }
+                continue;
+            }
+            evs[out] = epoll_event { events: m, u64: reg.data };
+            out += 1;
+        }
+    });
+    for (rfd, events, d) in rearm {
+        let mut kev = epoll_event { events: libc::EPOLLIN as u32 | (events & PASS_FLAGS), u64: d };
+        // SAFETY: re-enabling our one-shot registration after a spurious wake-up.
+        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, rfd, &mut kev) };
+    }
+    out
+}
+
+fn deadline_of(timeout_ms: c_int) -> Option<Instant> {
+    (timeout_ms >= 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64))
+}
+
+fn remaining_ms(deadline: Option<Instant>) -> c_int {
+    match deadline {
+        None => -1,
+        Some(d) => {
+            let left = d.saturating_duration_since(Instant::now());
+            left.as_millis().min(c_int::MAX as u128) as c_int + if left.subsec_micros() % 1000 > 0 { 1 } else { 0 }
+        }
+    }
+}
+
+/// epoll_wait / epoll_pwait / epoll_pwait2, with the wait itself given as a closure.
+pub unsafe fn epoll_wait_with(
+    epfd: c_int,
+    evs: *mut epoll_event,
+    max: c_int,
+    timeout_ms: c_int,
+    wait: impl Fn(c_int) -> c_int,
+) -> c_int {
+    if !table::is_epoll(epfd) || Guard::busy() || max <= 0 {
+        return wait(timeout_ms);
+    }
+    let deadline = deadline_of(timeout_ms);
+    let mut t = timeout_ms;
+    loop {
+        let n = wait(t);
+        if n <= 0 {
+            return n;
+        }
+        let g = Guard::enter();
+        // SAFETY: the kernel filled `n` events at `evs`.
+        let batch = unsafe { std::slice::from_raw_parts_mut(evs, n as usize) };
+        let out = translate(epfd, batch);
+        if out > 0 {
+            return g.ok(out as libc::ssize_t) as c_int;
+        }
+        drop(g);
+        t = remaining_ms(deadline);
+        if t == 0 {
+            return 0;
+        }
+    }
+}
+
+// ---- poll and select ------------------------------------------------------------------------
+
+/// poll/ppoll over a mix of kernel and accelerated fds. `timeout`: None waits forever.
+pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, mask: *const sigset_t) -> c_int {
+    // SAFETY: `n` pollfds at `fds`, as the application promised.
+    let arr = unsafe { crate::slice_mut(fds, n as usize) };
+    let g = Guard::enter();
+    for p in arr.iter() {
+        client::resolve_fd(p.fd);
+    }
+    let conns: Vec<(usize, Arc<Conn>)> =
+        arr.iter().enumerate().filter_map(|(i, p)| table::conn(p.fd).map(|c| (i, c))).collect();
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let mut copy: Vec<pollfd> = arr.to_vec();
+    let mut armed = false;
+    loop {
+        // Rings first.
+        let mut ready = 0;
+        for (i, c) in &conns {
+            let want = arr[*i].events as u32 | ERR | HUP;
+            let m = c.ready(true) & want;
+            arr[*i].revents = m as i16;
+            if m != 0 {
+                ready += 1;
+            }
+        }
+        let zero = timespec { tv_sec: 0, tv_nsec: 0 };
+        if ready > 0 {
+            // Report the kernel fds' state now too.
+            for (i, p) in copy.iter_mut().enumerate() {
+                *p = arr[i];
+                p.revents = 0;
+            }
+            for (i, _) in &conns {
+                copy[*i].fd = -1;
+            }
+            // SAFETY: our copy of the array.
+            let r = unsafe { real::ppoll(copy.as_mut_ptr(), n, &zero, mask) };
+            let mut total = ready;
+            for (i, p) in arr.iter_mut().enumerate() {
+                if copy[i].fd < 0 {
+                    continue;
+                }
+                p.revents = if r > 0 { copy[i].revents } else { 0 };
+                if p.revents != 0 {
+                    total += 1;
+                }
+            }
+            return g.ok(total as libc::ssize_t) as c_int;
+        }
+        if !armed {
+            let mut any = false;
+            for (_, c) in &conns {
+                if c.arm() != 0 {
+                    any = true;
+                }
+            }
+            armed = true;
+            if any {
+                let again = conns.iter().any(|(i, c)| c.ready(true) & (arr[*i].events as u32 | ERR | HUP) != 0);
+                if again {
+                    continue;
+                }
+            }
+        }
+        for (i, p) in copy.iter_mut().enumerate() {
+            *p = arr[i];
+            p.revents = 0;
+        }
+        for (i, c) in &conns {
+            copy[*i].fd = c.readiness_raw();
+            copy[*i].events = libc::POLLIN;
+        }
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let ts = left.map(|l| timespec { tv_sec: l.as_secs() as i64, tv_nsec: l.subsec_nanos() as i64 });
+        let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const timespec);
+        // SAFETY: our copy of the array.
+        let r = unsafe { real::ppoll(copy.as_mut_ptr(), n, tsp, mask) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINTR);
+            return g.err(e) as c_int;
+        }
+        let mut total = 0;
+        for (i, p) in arr.iter_mut().enumerate() {
+            if conns.iter().any(|(j, _)| *j == i) {
+                continue;
+            }
+            p.revents = copy[i].revents;
+            if p.revents != 0 {
+                total += 1;
+            }
+        }
+        for (i, c) in &conns {
+            let m = c.ready(true) & (arr[*i].events as u32 | ERR | HUP);
+            arr[*i].revents = m as i16;
+            if m != 0 {
+                total += 1;
+            } else if copy[*i].revents != 0 {
+                // A spurious ring: re-arm before sleeping again.
+                c.arm();
+            }
+        }
+        if total > 0 {
+            return g.ok(total as libc::ssize_t) as c_int;
+        }
+        if r == 0 || deadline.is_some_and(|d| Instant::now() >= d) {
+            return g.ok(0) as c_int;
+        }
+    }
+}
+
+pub fn has_colo(fds: *const pollfd, n: nfds_t) -> bool {
+    if Guard::busy() || fds.is_null() {
+        return false;
+    }
+    // SAFETY: `n` pollfds at `fds`.
+    let arr = unsafe { crate::slice(fds, n as usize) };
+    arr.iter().any(|p| crate::shim::is_colo_or_pending(p.fd))
+}
+
+/// select/pselect: through `ppoll_impl` when an accelerated fd is in a set.
+pub unsafe fn select_impl(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    timeout: Option<Duration>,
+    mask: *const sigset_t,
+) -> Option<c_int> {
+    if Guard::busy() || nfds <= 0 {
+        return None;
+    }
+    let n = nfds.min(libc::FD_SETSIZE as c_int);
+    // SAFETY: fd_sets given by the application (FD_ISSET reads within FD_SETSIZE).
+    let isset = |s: *mut libc::fd_set, fd: c_int| !s.is_null() && unsafe { libc::FD_ISSET(fd, s) };
+    if !(0..n).any(|fd| crate::shim::is_colo_or_pending(fd) && (isset(r, fd) || isset(w, fd) || isset(e, fd))) {
+        return None;
+    }
+    let mut pfds = Vec::new();
+    for fd in 0..n {
+        let mut ev = 0;
+        if isset(r, fd) {
+            ev |= libc::POLLIN;
+        }
+        if isset(w, fd) {
+            ev |= libc::POLLOUT;
+        }
+        if isset(e, fd) {
+            ev |= libc::POLLPRI;
+        }
+        if ev != 0 {
+            pfds.push(pollfd { fd, events: ev, revents: 0 });
+        }
+    }
+    // SAFETY: our own array.
+    let rc = unsafe { ppoll_impl(pfds.as_mut_ptr(), pfds.len() as nfds_t, timeout, mask) };
+    if rc < 0 {
+        return Some(rc);
+    }
+    for s in [r, w, e] {
+        if !s.is_null() {
+            // SAFETY: clearing the application's set before we fill it with the result.
+            unsafe { libc::FD_ZERO(s) };
+        }
+    }
+    let mut count = 0;
+    for p in &pfds {
+        let rv = p.revents as i16;
+        if !r.is_null() && p.events & libc::POLLIN != 0 && rv & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+            // SAFETY: fd < FD_SETSIZE.
+            unsafe { libc::FD_SET(p.fd, r) };
+            count += 1;
+        }
+        if !w.is_null() && p.events & libc::POLLOUT != 0 && rv & (libc::POLLOUT | libc::POLLERR) != 0 {
+            // SAFETY: as above.
+            unsafe { libc::FD_SET(p.fd, w) };
+            count += 1;
+        }
+        if !e.is_null() && p.events & libc::POLLPRI != 0 && rv & libc::POLLPRI != 0 {
+            // SAFETY: as above.
+            unsafe { libc::FD_SET(p.fd, e) };
+            count += 1;
+        }
+    }
+    Some(count)
+}
+
+pub fn is_pending_or_conn(fd: c_int) -> bool {
+    matches!(table::kind(fd), CONN | PENDING)
+}
+
+pub const fn _unused() -> u32 {
+    IN | OUT
+}

@@ -1,0 +1,88 @@
+//! Tier 1: the real libc functions, resolved lazily with `dlsym(RTLD_NEXT)` on first use (so calls
+//! made before our constructor work) and cached in one atomic per symbol.
+
+use libc::{c_int, c_uint, c_ulong, c_void, iovec, msghdr, nfds_t, off_t, size_t, sockaddr, socklen_t, ssize_t};
+use libc::{epoll_event, fd_set, pollfd, sigset_t, timespec, timeval};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+fn resolve(name: &'static str) -> usize {
+    // SAFETY: `name` is a NUL-terminated literal; dlsym is thread-safe.
+    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr().cast()) };
+    p as usize
+}
+
+macro_rules! real_fns {
+    ($( fn $name:ident($($arg:ident : $t:ty),*) -> $ret:ty; )*) => {
+        $(
+            /// The next definition of this symbol (libc's).
+            #[allow(non_snake_case, clippy::missing_safety_doc)]
+            #[inline]
+            pub unsafe fn $name($($arg: $t),*) -> $ret {
+                static ADDR: AtomicUsize = AtomicUsize::new(0);
+                let mut a = ADDR.load(Ordering::Relaxed);
+                if a == 0 {
+                    a = resolve(concat!(stringify!($name), "\0"));
+                    if a == 0 {
+                        missing(stringify!($name));
+                    }
+                    ADDR.store(a, Ordering::Relaxed);
+                }
+                // SAFETY: `a` is the address of the libc function of this name and C signature.
+                let f: unsafe extern "C" fn($($t),*) -> $ret = unsafe { std::mem::transmute(a) };
+                // SAFETY: the caller passes the arguments the application gave us.
+                unsafe { f($($arg),*) }
+            }
+        )*
+    }
+}
+
+#[cold]
+fn missing(name: &str) -> ! {
+    let msg = format!("colo: libc has no {name}\n");
+    // SAFETY: writing a byte buffer to stderr.
+    unsafe { libc::syscall(libc::SYS_write, 2, msg.as_ptr(), msg.len()) };
+    std::process::abort()
+}
+
+real_fns! {
+    fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
+    fn listen(fd: c_int, backlog: c_int) -> c_int;
+    fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
+    fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int;
+    fn close(fd: c_int) -> c_int;
+    fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t;
+    fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t;
+    fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
+    fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
+    fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t;
+    fn recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t;
+    fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t;
+    fn sendto(fd: c_int, buf: *const c_void, n: size_t, flags: c_int, addr: *const sockaddr, len: socklen_t) -> ssize_t;
+    fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t;
+    fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t;
+    fn recvmmsg(fd: c_int, v: *mut libc::mmsghdr, n: c_uint, flags: c_int, t: *mut timespec) -> c_int;
+    fn sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: c_uint, flags: c_int) -> c_int;
+    fn shutdown(fd: c_int, how: c_int) -> c_int;
+    fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int;
+    fn ppoll(fds: *mut pollfd, n: nfds_t, t: *const timespec, mask: *const sigset_t) -> c_int;
+    fn select(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, t: *mut timeval) -> c_int;
+    fn pselect(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, t: *const timespec, mask: *const sigset_t) -> c_int;
+    fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int;
+    fn epoll_wait(ep: c_int, evs: *mut epoll_event, max: c_int, timeout: c_int) -> c_int;
+    fn epoll_pwait(ep: c_int, evs: *mut epoll_event, max: c_int, timeout: c_int, mask: *const sigset_t) -> c_int;
+    fn epoll_pwait2(ep: c_int, evs: *mut epoll_event, max: c_int, t: *const timespec, mask: *const sigset_t) -> c_int;
+    fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int;
+    fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int;
+    fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int;
+    fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
+    fn dup(fd: c_int) -> c_int;
+    fn dup2(fd: c_int, new: c_int) -> c_int;
+    fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int;
+    fn sendfile(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t;
+    fn sendfile64(out: c_int, inp: c_int, off: *mut i64, n: size_t) -> ssize_t;
+    fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t;
+    fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int) -> ssize_t;
+    fn __recvfrom_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t;
+    fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: size_t) -> c_int;
+    fn __ppoll_chk(fds: *mut pollfd, n: nfds_t, t: *const timespec, mask: *const sigset_t, fdslen: size_t) -> c_int;
+}

@@ -1,0 +1,308 @@
+//! The server side: at `listen(2)` the shim binds the rendezvous `colo/1/<addr>` next to the
+//! kernel listening socket (which stays pure kernel), and a background thread collects CARRIER
+//! offers keyed by 4-tuple. `accept(2)` looks up the accepted connection's 4-tuple and claims
+//! the offer. A process forked from the one that listens (a multi-worker server accepting after
+//! fork) asks that process's offer service for the offer over `colo/1/shim/<pid>`, and gets the
+//! descriptors with SCM_RIGHTS.
+
+use crate::conn::Conn;
+use crate::table::{self, Entry};
+use crate::{log_info, sockaddr_of};
+use colo::carrier::{self, Hello, HelloRead, Key};
+use colo::wire::{self, Mode, Reason};
+use colo_sys::{seqpacket, AsFd, AsRawFd, OwnedFd};
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A kernel listening socket that also has a rendezvous.
+#[derive(Debug)]
+pub struct Listen {
+    pub rendezvous: OwnedFd,
+    pub addr: SocketAddr,
+}
+
+struct State {
+    listens: Vec<Arc<Listen>>,
+    waiting: Vec<(OwnedFd, Instant)>,
+    offers: HashMap<Key, (Box<Hello>, Instant)>,
+}
+
+struct Service {
+    pid: u32,
+    state: Mutex<State>,
+    wake: OwnedFd,
+    requests: OwnedFd,
+}
+
+/// The offer service of this process (or, in a fork child, of the process it was forked from).
+static SERVICE: AtomicPtr<Service> = AtomicPtr::new(std::ptr::null_mut());
+
+fn service() -> Option<&'static Service> {
+    let p = SERVICE.load(Ordering::Acquire);
+    // SAFETY: services are leaked (never freed), so a non-null pointer stays valid.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+fn request_name(pid: u32) -> String {
+    format!("colo/1/shim/{pid}")
+}
+
+fn own_service() -> io::Result<&'static Service> {
+    let me = std::process::id();
+    if let Some(s) = service() {
+        if s.pid == me {
+            return Ok(s);
+        }
+    }
+    let requests = seqpacket::listen(request_name(me).as_bytes())?;
+    let wake = colo_sys::doorbell::create()?;
+    let svc: &'static Service = Box::leak(Box::new(Service {
+        pid: me,
+        state: Mutex::new(State { listens: Vec::new(), waiting: Vec::new(), offers: HashMap::new() }),
+        wake,
+        requests,
+    }));
+    SERVICE.store(svc as *const Service as *mut Service, Ordering::Release);
+    std::thread::Builder::new().name("colo-offers".into()).spawn(move || serve(svc))?;
+    Ok(svc)
+}
+
+fn lock(s: &Service) -> std::sync::MutexGuard<'_, State> {
+    s.state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn take_hello(st: &mut State, control: OwnedFd) {
+    match carrier::read_hello(control) {
+        HelloRead::Pending(c) => st.waiting.push((c, Instant::now())),
+        HelloRead::Hello(h) => {
+            if h.mode == Mode::Direct {
+                carrier::reject(&h.control, Reason::NeedCarrier);
+                crate::log_debug(format_args!("DIRECT HELLO refused with NEED_CARRIER"));
+            } else if let Some(k) = h.key() {
+                st.offers.insert(k, (h, Instant::now()));
+            }
+        }
+        HelloRead::Refused(why) => crate::log_debug(format_args!("rendezvous: {why}")),
+    }
+}
+
+/// Collects every HELLO that has arrived, without blocking.
+fn drain(st: &mut State) {
+    let listens = st.listens.clone();
+    for l in &listens {
+        loop {
+            match seqpacket::accept(&l.rendezvous) {
+                Ok(c) => take_hello(st, c),
+                Err(_) => break,
+            }
+        }
+    }
+    let waiting = std::mem::take(&mut st.waiting);
+    for (c, at) in waiting {
+        if at.elapsed() > Duration::from_secs(5) {
+            continue;
+        }
+        match carrier::read_hello(c) {
+            HelloRead::Pending(c) => st.waiting.push((c, at)),
+            other => {
+                if let HelloRead::Hello(h) = other {
+                    if h.mode == Mode::Direct {
+                        carrier::reject(&h.control, Reason::NeedCarrier);
+                    } else if let Some(k) = h.key() {
+                        st.offers.insert(k, (h, Instant::now()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Drops offers whose client hung up (abandoned) or that are too old.
+fn sweep(st: &mut State) {
+    st.offers.retain(|_, (h, at)| {
+        if at.elapsed() > Duration::from_secs(30) {
+            return false;
+        }
+        let mut b = [0u8; 1];
+        !matches!(
+            rustix::net::recv(&h.control, &mut b[..], rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT),
+            Ok(_) | Err(rustix::io::Errno::CONNRESET)
+        )
+    });
+}
+
+fn encode_key(k: &Key) -> Vec<u8> {
+    format!("{}|{}", k.0, k.1).into_bytes()
+}
+
+fn decode_key(b: &[u8]) -> Option<Key> {
+    let s = std::str::from_utf8(b).ok()?;
+    let (a, c) = s.split_once('|')?;
+    Some((a.parse().ok()?, c.parse().ok()?))
+}
+
+fn answer_request(svc: &Service, c: OwnedFd) {
+    let _ = seqpacket::set_recv_timeout(&c, Some(Duration::from_millis(200)));
+    let mut buf = [0u8; 256];
+    let Ok(r) = seqpacket::recv(&c, &mut buf, false) else { return };
+    let Some(k) = decode_key(&buf[..r.len]) else { return };
+    let hello = {
+        let mut st = lock(svc);
+        drain(&mut st);
+        st.offers.remove(&k)
+    };
+    match hello {
+        Some((h, _)) => {
+            let fds = [h.control.as_fd(), h.memfd.as_fd(), h.client_bell.as_fd(), h.server_bell.as_fd()];
+            let _ = seqpacket::send(&c, &[1, h.mode as u8], &fds);
+        }
+        None => {
+            let _ = seqpacket::send(&c, &[0, 0], &[]);
+        }
+    }
+}
+
+fn serve(svc: &'static Service) {
+    use rustix::event::{poll, PollFd, PollFlags};
+    loop {
+        let fds: Vec<i32> = {
+            let st = lock(svc);
+            let mut v: Vec<i32> = st.listens.iter().map(|l| l.rendezvous.as_raw_fd()).collect();
+            v.extend(st.waiting.iter().map(|(c, _)| c.as_raw_fd()));
+            v
+        };
+        let mut pfds = Vec::with_capacity(fds.len() + 2);
+        pfds.push(PollFd::new(&svc.wake, PollFlags::IN));
+        pfds.push(PollFd::new(&svc.requests, PollFlags::IN));
+        // SAFETY: these fds stay open while we poll: listens are only removed under the lock by
+        // `unlisten`, which wakes us first, and a closed fd in poll only reports POLLNVAL.
+        let borrowed: Vec<_> = fds.iter().map(|&f| unsafe { colo_sys::BorrowedFd::borrow_raw(f) }).collect();
+        for b in &borrowed {
+            pfds.push(PollFd::new(b, PollFlags::IN));
+        }
+        let t = rustix::event::Timespec { tv_sec: 1, tv_nsec: 0 };
+        let _ = poll(&mut pfds, Some(&t));
+        let woke = pfds[0].revents().contains(PollFlags::IN);
+        let req = pfds[1].revents().contains(PollFlags::IN);
+        drop(pfds);
+        if woke {
+            colo_sys::doorbell::drain(&svc.wake);
+        }
+        {
+            let mut st = lock(svc);
+            drain(&mut st);
+            sweep(&mut st);
+        }
+        if req {
+            while let Ok(c) = seqpacket::accept(&svc.requests) {
+                answer_request(svc, c);
+            }
+        }
+    }
+}
+
+/// After a successful real `listen(2)` on `fd`: bind the rendezvous and serve offers.
+pub fn on_listen(fd: i32) {
+    if crate::disabled() || table::kind(fd) == table::LISTEN {
+        return;
+    }
+    // SAFETY: `fd` is the application's socket, open for the duration of this call.
+    let b = unsafe { colo_sys::BorrowedFd::borrow_raw(fd) };
+    if !crate::is_tcp_stream(b) {
+        return;
+    }
+    let Some(addr) = rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a)) else { return };
+    let name = wire::rendezvous_name(addr);
+    let rendezvous = match seqpacket::listen(name.as_bytes()) {
+        Ok(r) => r,
+        Err(e) => {
+            log_info(format_args!("listen {addr}: rendezvous {name}: {e}; this listener serves plain TCP"));
+            return;
+        }
+    };
+    let svc = match own_service() {
+        Ok(s) => s,
+        Err(e) => {
+            log_info(format_args!("listen {addr}: offer service: {e}; plain TCP"));
+            return;
+        }
+    };
+    let l = Arc::new(Listen { rendezvous, addr });
+    lock(svc).listens.push(l.clone());
+    colo_sys::doorbell::ring(&svc.wake);
+    if let Some(mut slot) = table::lock(fd) {
+        slot.set(Entry::Listen(l));
+    }
+    log_info(format_args!("listen {addr}: serving colo offers on {name}"));
+}
+
+/// When a listening fd is closed in the process that listens: stop serving its rendezvous.
+pub fn on_close_listen(l: &Arc<Listen>) {
+    let Some(svc) = service() else { return };
+    if svc.pid != std::process::id() {
+        return;
+    }
+    lock(svc).listens.retain(|x| !Arc::ptr_eq(x, l));
+    colo_sys::doorbell::ring(&svc.wake);
+}
+
+fn fetch_remote(pid: u32, k: &Key) -> Option<Box<Hello>> {
+    let c = seqpacket::connect(request_name(pid).as_bytes()).ok()?;
+    seqpacket::send(&c, &encode_key(k), &[]).ok()?;
+    seqpacket::set_recv_timeout(&c, Some(Duration::from_millis(500))).ok()?;
+    let mut buf = [0u8; 8];
+    let r = seqpacket::recv(&c, &mut buf, false).ok()?;
+    if r.len != 2 || buf[0] != 1 || r.fds.len() != 4 {
+        return None;
+    }
+    let mode = if buf[1] == Mode::Direct as u8 { Mode::Direct } else { Mode::Carrier };
+    let mut it = r.fds.into_iter();
+    let (control, memfd, cb, sb) = (it.next()?, it.next()?, it.next()?, it.next()?);
+    carrier::hello_from_fds(control, memfd, cb, sb, mode).ok().map(Box::new)
+}
+
+/// After a successful real accept on a colo listener: claim the offer for the new connection.
+pub fn on_accept(fd: i32, nonblocking: bool) {
+    // SAFETY: the fd the kernel just gave us, open for the duration of this call.
+    let b = unsafe { colo_sys::BorrowedFd::borrow_raw(fd) };
+    let (Some(local), Some(peer)) = (
+        rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a)),
+        rustix::net::getpeername(b).ok().flatten().and_then(|a| sockaddr_of(&a)),
+    ) else {
+        return;
+    };
+    let k = carrier::key(peer, local);
+    let Some(svc) = service() else { return };
+    let hello = if svc.pid == std::process::id() {
+        let mut st = lock(svc);
+        drain(&mut st);
+        st.offers.remove(&k).map(|(h, _)| h)
+    } else {
+        fetch_remote(svc.pid, &k)
+    };
+    let Some(hello) = hello else {
+        crate::log_debug(format_args!("accept {peer} -> {local}: no colo offer; plain TCP"));
+        return;
+    };
+    if fd as usize >= table::MAX_FD {
+        carrier::reject(&hello.control, Reason::NoResources);
+        log_info(format_args!("accept {peer} -> {local}: fd {fd} too high; plain TCP"));
+        return;
+    }
+    match hello.claim() {
+        Ok(est) => match Conn::new(est, nonblocking) {
+            Ok(c) => {
+                if let Some(mut slot) = table::lock(fd) {
+                    slot.set(Entry::Conn(Arc::new(c)));
+                }
+                log_info(format_args!("accept {peer} -> {local}: accelerated (shared memory)"));
+            }
+            Err(e) => log_info(format_args!("accept {peer} -> {local}: {e}; connection reset")),
+        },
+        Err(why) => log_info(format_args!("accept {peer} -> {local}: {why}; plain TCP")),
+    }
+}

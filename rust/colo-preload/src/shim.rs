@@ -1,0 +1,728 @@
+//! Tier 2: the shim logic of each interposed call. Every function starts with the one look-up
+//! that sends a non-colo fd (or a call made by the shim itself) straight to libc.
+
+use crate::conn::{Conn, IN, OUT};
+use crate::table::{self, Entry, CONN, LISTEN, NONE, PENDING};
+use crate::{client, poll, real, server, Guard};
+use colo::errno_of;
+use libc::{c_int, c_ulong, c_void, iovec, msghdr, off_t, size_t, sockaddr, socklen_t, ssize_t};
+use std::io;
+use std::sync::Arc;
+
+/// The connection behind `fd` for a data operation (resolving a pending connect first), or
+/// `None` for plain TCP.
+fn conn_for_io(fd: c_int) -> Option<Arc<Conn>> {
+    match table::kind(fd) {
+        CONN => table::conn(fd),
+        PENDING => {
+            client::resolve_fd(fd);
+            table::conn(fd)
+        }
+        _ => None,
+    }
+}
+
+#[inline]
+fn plain(fd: c_int) -> bool {
+    table::kind(fd) == NONE || Guard::busy()
+}
+
+fn result(g: &Guard, r: io::Result<usize>) -> ssize_t {
+    match r {
+        Ok(n) => g.ok(n as ssize_t),
+        Err(e) => g.err(errno_of(&e)),
+    }
+}
+
+fn epipe_signal(r: &io::Result<usize>, flags: c_int) {
+    if let Err(e) = r {
+        if errno_of(e) == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
+            // SAFETY: raising a signal is what the kernel would do for a write on a broken pipe.
+            unsafe { libc::raise(libc::SIGPIPE) };
+        }
+    }
+}
+
+// ---- reading --------------------------------------------------------------------------------
+
+fn would_block() -> io::Error {
+    io::Error::from_raw_os_error(libc::EAGAIN)
+}
+
+/// Reads with recv(2) flags (MSG_PEEK, MSG_DONTWAIT, MSG_WAITALL).
+fn conn_recv(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> {
+    if buf.is_empty() {
+        return Ok(0);
+    }
+    if flags & libc::MSG_DONTWAIT != 0 && !c.nonblocking() && c.ready(true) & IN == 0 && c.arm() & IN == 0 {
+        return Err(would_block());
+    }
+    if flags & libc::MSG_PEEK != 0 {
+        return c.shm().peek(buf);
+    }
+    let mut n = c.shm().read(buf)?;
+    if flags & libc::MSG_WAITALL != 0 && !c.nonblocking() {
+        while n < buf.len() {
+            match c.shm().read(&mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(_) if n > 0 => break,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    after_read(c, n, buf.len());
+    Ok(n)
+}
+
+/// Keeps the readiness fd honest for level-triggered pollers: if the buffer was filled, more
+/// may be waiting, so make sure the doorbell stays rung.
+fn after_read(c: &Conn, n: usize, len: usize) {
+    if n == len && n > 0 && c.shm().readable().unwrap_or(0) > 0 {
+        c.poke();
+    }
+}
+
+fn conn_readv(c: &Conn, iov: &[iovec], flags: c_int) -> io::Result<usize> {
+    let mut total = 0;
+    for (i, v) in iov.iter().enumerate() {
+        if v.iov_len == 0 {
+            continue;
+        }
+        // SAFETY: the application gave us this buffer for writing.
+        let buf = unsafe { std::slice::from_raw_parts_mut(v.iov_base as *mut u8, v.iov_len) };
+        if i > 0 && total > 0 && c.shm().readable().unwrap_or(0) == 0 {
+            break;
+        }
+        let r = if total == 0 { conn_recv(c, buf, flags) } else { c.shm().read(buf) };
+        match r {
+            Ok(0) => break,
+            Ok(n) => {
+                total += n;
+                if n < buf.len() {
+                    break;
+                }
+            }
+            Err(_) if total > 0 => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(total)
+}
+
+// ---- writing --------------------------------------------------------------------------------
+
+fn conn_send(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
+    if buf.is_empty() {
+        return Ok(0);
+    }
+    let nb = c.nonblocking() || flags & libc::MSG_DONTWAIT != 0;
+    if nb {
+        if !c.nonblocking() && c.ready(false) & OUT == 0 && c.arm() & OUT == 0 {
+            return Err(would_block());
+        }
+        return c.shm().write(buf);
+    }
+    // Blocking sockets write everything (or fail).
+    let mut done = 0;
+    while done < buf.len() {
+        match c.shm().write(&buf[done..]) {
+            Ok(n) => done += n,
+            Err(_) if done > 0 => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+thread_local! {
+    static GATHER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+const GATHER_MAX: usize = 256 * 1024;
+
+fn conn_writev(c: &Conn, iov: &[iovec], flags: c_int) -> io::Result<usize> {
+    let nonempty: Vec<&iovec> = iov.iter().filter(|v| v.iov_len > 0).collect();
+    if nonempty.len() == 1 {
+        // SAFETY: the application's buffer, valid for reading.
+        let b = unsafe { std::slice::from_raw_parts(nonempty[0].iov_base as *const u8, nonempty[0].iov_len) };
+        return conn_send(c, b, flags);
+    }
+    GATHER.with(|g| {
+        let mut g = g.borrow_mut();
+        g.clear();
+        for v in nonempty {
+            let room = GATHER_MAX.saturating_sub(g.len());
+            if room == 0 {
+                break;
+            }
+            // SAFETY: the application's buffer, valid for reading.
+            let b = unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len.min(room)) };
+            g.extend_from_slice(b);
+        }
+        conn_send(c, &g, flags)
+    })
+}
+
+// ---- the calls ------------------------------------------------------------------------------
+
+pub unsafe fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    if plain(fd) {
+        // SAFETY: the application's arguments.
+        return unsafe { real::read(fd, buf, n) };
+    }
+    let g = Guard::enter();
+    let Some(c) = conn_for_io(fd) else {
+        drop(g);
+        // SAFETY: the application's arguments.
+        return unsafe { real::read(fd, buf, n) };
+    };
+    // SAFETY: the application gave us `n` writable bytes at `buf`.
+    let b = unsafe { crate::slice_mut(buf as *mut u8, n) };
+    let r = conn_recv(&c, b, 0);
+    result(&g, r)
+}
+
+pub unsafe fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
+    if plain(fd) {
+        // SAFETY: the application's arguments.
+        return unsafe { real::recvfrom(fd, buf, n, flags, addr, len) };
+    }
+    let g = Guard::enter();
+    let Some(c) = conn_for_io(fd) else {
+        drop(g);
+        // SAFETY: the application's arguments.
+        return unsafe { real::recvfrom(fd, buf, n, flags, addr, len) };
+    };
+    if flags & libc::MSG_OOB != 0 {
+        return g.err(libc::EINVAL);
+    }
+    // SAFETY: the application gave us `n` writable bytes at `buf`.
+    let b = unsafe { crate::slice_mut(buf as *mut u8, n) };
+    let r = conn_recv(&c, b, flags);
+    if r.is_ok() && !addr.is_null() && !len.is_null() {
+        // SAFETY: the application's address buffer; the kernel socket knows its peer.
+        unsafe { libc::getpeername(fd, addr, len) };
+    }
+    result(&g, r)
+}
+
+pub unsafe fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    if plain(fd) {
+        // SAFETY: the application's arguments.
+        return unsafe { real::readv(fd, iov, cnt) };
+    }
+    let g = Guard::enter();
+    let Some(c) = conn_for_io(fd) else {
+        drop(g);
+        // SAFETY: the application's arguments.
+        return unsafe { real::readv(fd, iov, cnt) };
+    };
+    if !(0..=1024).contains(&cnt) {
+        return g.err(libc::EINVAL);
+    }
+    // SAFETY: `cnt` iovecs at `iov`.
+    let v = unsafe { crate::slice(iov, cnt as usize) };
+    let r = conn_readv(&c, v, 0);
+    result(&g, r)
+}
+
+pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    if plain(fd) {
+        // SAFETY: the application's arguments.
+        return unsafe { real::recvmsg(fd, msg, flags) };
+    }
+    let g = Guard::enter();
+    let Some(c) = conn_for_io(fd) else {
+        drop(g);
+        // SAFETY: the application's arguments.
+        return unsafe { real::recvmsg(fd, msg, flags) };
+    };
+    // SAFETY: the application's msghdr.
+    let m = unsafe { &mut *msg };
+    // SAFETY: the iovecs it describes.
+    let v = unsafe { crate::slice(m.msg_iov, m.msg_iovlen) };
+    let r = conn_readv(&c, v, flags);
+    if r.is_ok() {
+        if !m.msg_name.is_null() {
+            // SAFETY: the application's address buffer of `msg_namelen` bytes.
+            unsafe { libc::getpeername(fd, m.msg_name.cast(), &mut m.msg_namelen) };
+        }
+        m.msg_controllen = 0;
+        m.msg_flags = 0;
+    }
+    result(&g, r)
+}
+
+pub unsafe fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    if plain(fd) {
+        // SAFETY: the application's arguments.
+        return unsafe { real::write(fd, buf, n) };
+    }
+    let g = Guard::enter();
+    let Some(c) = conn_for_io(fd) else {
+        drop(g);
+        // SAFETY: the application's arguments.
+        return unsafe { real::write(fd, buf, n) };
+    };
+    // SAFETY: `n` readable bytes at `buf`.
+    let b = unsafe { crate::slice(buf as *const u8, n) };
+    let r = conn_send(&c, b, 0);
+    epipe_signal(&r, 0);
+    result(&g, r)
+}
+
+pub unsafe fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    len: socklen_t,
+) -> ssize_t {
+    if plain(fd) {
+        // SAFETY: the application's arguments.
+        return unsafe { real::sendto(fd, buf, n, flags, addr, len) };
+    }
+    let g = Guard::enter();
+    let Some(c) = conn_for_io(fd) else {
+        drop(g);
+        // SAFETY: the application's arguments.
+        return unsafe { real::sendto(fd, buf, n, flags, addr, len) };
+    };
+    if flags & libc::MSG_OOB != 0 {
+        return g.err(libc::EOPNOTSUPP);
+    }
+    // SAFETY: `n` readable bytes at `buf`.
+    let b = unsafe { crate::slice(buf as *const u8, n) };
+    let r = conn_send(&c, b, flags);
+    epipe_signal(&r, flags);
+    result(&g, r)
+}
+
+pub unsafe fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    if plain(fd) {
+        // SAFETY: the application's arguments.
+        return unsafe { real::writev(fd, iov, cnt) };
+    }
+    let g = Guard::enter();
+    let Some(c) = conn_for_io(fd) else {
+        drop(g);
+        // SAFETY: the application's arguments.
+        return unsafe { real::writev(fd, iov, cnt) };
+    };
+    if !(0..=1024).contains(&cnt) {
+        return g.err(libc::EINVAL);
+    }
+    // SAFETY: `cnt` iovecs at `iov`.
+    let v = unsafe { crate::slice(iov, cnt as usize) };
+    let r = conn_writev(&c, v, 0);
+    epipe_signal(&r, 0);
+    result(&g, r)
+}
+
+pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    if plain(fd) {
+        // SAFETY: the application's arguments.
+        return unsafe { real::sendmsg(fd, msg, flags) };
+    }
+    let g = Guard::enter();
+    let Some(c) = conn_for_io(fd) else {
+        drop(g);
+        // SAFETY: the application's arguments.
+        return unsafe { real::sendmsg(fd, msg, flags) };
+    };
+    // SAFETY: the application's msghdr and its iovecs.
+    let v = unsafe { crate::slice((*msg).msg_iov, (*msg).msg_iovlen) };
+    let r = conn_writev(&c, v, flags);
+    epipe_signal(&r, flags);
+    result(&g, r)
+}
+
+pub unsafe fn recvmmsg(fd: c_int, v: *mut libc::mmsghdr, n: libc::c_uint, flags: c_int, t: *mut libc::timespec) -> c_int {
+    if plain(fd) || table::kind(fd) != CONN {
+        // SAFETY: the application's arguments.
+        return unsafe { real::recvmmsg(fd, v, n, flags, t) };
+    }
+    if n == 0 {
+        return 0;
+    }
+    // A stream socket fills the first message.
+    // SAFETY: at least one mmsghdr at `v`.
+    let m = unsafe { &mut *v };
+    // SAFETY: as above.
+    let r = unsafe { recvmsg(fd, &mut m.msg_hdr, flags & !libc::MSG_WAITFORONE) };
+    if r < 0 {
+        return -1;
+    }
+    m.msg_len = r as u32;
+    1
+}
+
+pub unsafe fn sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: libc::c_uint, flags: c_int) -> c_int {
+    if plain(fd) || table::kind(fd) != CONN {
+        // SAFETY: the application's arguments.
+        return unsafe { real::sendmmsg(fd, v, n, flags) };
+    }
+    let mut done = 0;
+    for i in 0..n as usize {
+        // SAFETY: `n` mmsghdrs at `v`.
+        let m = unsafe { &mut *v.add(i) };
+        // SAFETY: as above.
+        let r = unsafe { sendmsg(fd, &m.msg_hdr, flags) };
+        if r < 0 {
+            return if done > 0 { done } else { -1 };
+        }
+        m.msg_len = r as u32;
+        done += 1;
+    }
+    done
+}
+
+pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut i64, count: size_t) -> ssize_t {
+    let g = Guard::enter();
+    let Some(c) = conn_for_io(out) else {
+        drop(g);
+        // SAFETY: the application's arguments.
+        return unsafe { real::sendfile64(out, inp, off, count) };
+    };
+    let mut pos: i64 = if off.is_null() {
+        // SAFETY: lseek on the application's file.
+        unsafe { libc::lseek64(inp, 0, libc::SEEK_CUR) }
+    } else {
+        // SAFETY: the application's offset.
+        unsafe { *off }
+    };
+    if pos < 0 {
+        return g.err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL));
+    }
+    let mut buf = vec![0u8; count.min(64 * 1024)];
+    let mut total = 0usize;
+    let mut err = None;
+    while total < count {
+        let want = (count - total).min(buf.len());
+        // SAFETY: reading into our buffer.
+        let r = unsafe { libc::pread64(inp, buf.as_mut_ptr().cast(), want, pos) };
+        if r <= 0 {
+            if r < 0 {
+                err = Some(io::Error::last_os_error());
+            }
+            break;
+        }
+        let r = r as usize;
+        if total > 0 && c.ready(false) & OUT == 0 {
+            break;
+        }
+        match conn_send(&c, &buf[..r], if total > 0 { libc::MSG_DONTWAIT } else { 0 }) {
+            Ok(w) => {
+                total += w;
+                pos += w as i64;
+                if w < r {
+                    break;
+                }
+            }
+            Err(e) => {
+                if total == 0 {
+                    err = Some(e);
+                }
+                break;
+            }
+        }
+    }
+    if off.is_null() {
+        // SAFETY: moving the application's file position past what was sent.
+        unsafe { libc::lseek64(inp, pos, libc::SEEK_SET) };
+    } else {
+        // SAFETY: the application's offset.
+        unsafe { *off = pos };
+    }
+    match err {
+        Some(e) if total == 0 => {
+            let r = Err(e);
+            epipe_signal(&r, 0);
+            result(&g, r)
+        }
+        _ => g.ok(total as ssize_t),
+    }
+}
+
+pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    if Guard::busy() || addr.is_null() {
+        // SAFETY: the application's arguments.
+        return unsafe { real::connect(fd, addr, len) };
+    }
+    // SAFETY: `len` bytes of address at `addr`.
+    let Some(peer) = (unsafe { crate::parse_sockaddr(addr, len) }) else {
+        // SAFETY: the application's arguments.
+        return unsafe { real::connect(fd, addr, len) };
+    };
+    let g = Guard::enter();
+    match client::prepare(fd, peer) {
+        client::Prepared::Plain => {
+            drop(g);
+            // SAFETY: the application's arguments.
+            unsafe { real::connect(fd, addr, len) }
+        }
+        client::Prepared::Offered(p) => {
+            // SAFETY: the application's arguments.
+            let r = unsafe { real::connect(fd, addr, len) };
+            let e = io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            if r == 0 || e == libc::EINPROGRESS {
+                client::record(fd, p);
+            } else {
+                client::withdraw(p);
+            }
+            if r == 0 {
+                g.ok(0) as c_int
+            } else {
+                g.err(e) as c_int
+            }
+        }
+    }
+}
+
+pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
+    // SAFETY: the application's arguments.
+    let r = unsafe { real::listen(fd, backlog) };
+    if r != 0 || Guard::busy() {
+        return r;
+    }
+    let g = Guard::enter();
+    server::on_listen(fd);
+    g.ok(0) as c_int
+}
+
+pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    // SAFETY: the application's arguments.
+    let nfd = unsafe { real::accept4(fd, addr, len, flags) };
+    if nfd < 0 || table::kind(fd) != LISTEN || Guard::busy() {
+        return nfd;
+    }
+    let g = Guard::enter();
+    server::on_accept(nfd, flags & libc::SOCK_NONBLOCK != 0);
+    g.ok(nfd as ssize_t) as c_int
+}
+
+/// Forgets what the table knows about `fd` (it is being closed or replaced).
+fn forget(fd: c_int) {
+    if table::is_epoll(fd) {
+        poll::forget_epoll(fd);
+        table::set_epoll(fd, false);
+    }
+    if table::kind(fd) == NONE {
+        return;
+    }
+    let old = match table::lock(fd) {
+        Some(mut s) => s.take(),
+        None => return,
+    };
+    poll::forget_fd(fd);
+    match old {
+        Entry::Listen(l) => server::on_close_listen(&l),
+        Entry::Pending(p) => client::close_pending(p),
+        _ => {}
+    }
+}
+
+pub unsafe fn close(fd: c_int) -> c_int {
+    if plain(fd) && !table::is_epoll(fd) {
+        // SAFETY: the application's argument.
+        return unsafe { real::close(fd) };
+    }
+    let g = Guard::enter();
+    forget(fd);
+    drop(g);
+    // SAFETY: the application's argument.
+    unsafe { real::close(fd) }
+}
+
+pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
+    if plain(fd) {
+        // SAFETY: the application's arguments.
+        return unsafe { real::shutdown(fd, how) };
+    }
+    let g = Guard::enter();
+    let Some(c) = conn_for_io(fd) else {
+        drop(g);
+        // SAFETY: the application's arguments.
+        return unsafe { real::shutdown(fd, how) };
+    };
+    let (rd, wr) = match how {
+        libc::SHUT_RD => (true, false),
+        libc::SHUT_WR => (false, true),
+        libc::SHUT_RDWR => (true, true),
+        _ => return g.err(libc::EINVAL) as c_int,
+    };
+    c.shm().shutdown(rd, wr);
+    g.ok(0) as c_int
+}
+
+/// Copies the table entry of `fd` to `nfd` after a successful dup.
+fn copy_entry(fd: c_int, nfd: c_int) {
+    client::resolve_fd(fd);
+    let e = match table::lock(fd) {
+        Some(mut s) => match s.entry() {
+            Entry::Conn(c) => Entry::Conn(c.clone()),
+            Entry::Listen(l) => Entry::Listen(l.clone()),
+            _ => return,
+        },
+        None => return,
+    };
+    if let Some(mut s) = table::lock(nfd) {
+        s.set(e);
+    }
+}
+
+pub unsafe fn dup(fd: c_int) -> c_int {
+    if plain(fd) {
+        // SAFETY: the application's argument.
+        return unsafe { real::dup(fd) };
+    }
+    let g = Guard::enter();
+    client::resolve_fd(fd);
+    // SAFETY: the application's argument.
+    let n = unsafe { real::dup(fd) };
+    if n < 0 {
+        return g.err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EBADF)) as c_int;
+    }
+    copy_entry(fd, n);
+    g.ok(n as ssize_t) as c_int
+}
+
+pub unsafe fn dup3(fd: c_int, nfd: c_int, flags: c_int, two: bool) -> c_int {
+    let call = |fd, nfd, flags| {
+        if two {
+            // SAFETY: the application's arguments.
+            unsafe { real::dup2(fd, nfd) }
+        } else {
+            // SAFETY: the application's arguments.
+            unsafe { real::dup3(fd, nfd, flags) }
+        }
+    };
+    if Guard::busy() || (table::kind(fd) == NONE && table::kind(nfd) == NONE && !table::is_epoll(nfd)) {
+        return call(fd, nfd, flags);
+    }
+    let g = Guard::enter();
+    client::resolve_fd(fd);
+    if fd == nfd {
+        drop(g);
+        return call(fd, nfd, flags);
+    }
+    forget(nfd);
+    let n = call(fd, nfd, flags);
+    if n < 0 {
+        return g.err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EBADF)) as c_int;
+    }
+    copy_entry(fd, n);
+    g.ok(n as ssize_t) as c_int
+}
+
+pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
+    let call = || {
+        if is64 {
+            // SAFETY: the application's arguments.
+            unsafe { real::fcntl64(fd, cmd, arg) }
+        } else {
+            // SAFETY: the application's arguments.
+            unsafe { real::fcntl(fd, cmd, arg) }
+        }
+    };
+    if plain(fd) {
+        return call();
+    }
+    let g = Guard::enter();
+    if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
+        client::resolve_fd(fd);
+    }
+    let r = call();
+    if r < 0 {
+        return g.err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EBADF)) as c_int;
+    }
+    match cmd {
+        libc::F_SETFL => {
+            if let Some(c) = table::conn(fd) {
+                c.set_nonblocking(arg as c_int & libc::O_NONBLOCK != 0);
+            }
+        }
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => copy_entry(fd, r),
+        _ => {}
+    }
+    g.ok(r as ssize_t) as c_int
+}
+
+pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
+    if plain(fd) || (req != libc::FIONBIO && req != libc::FIONREAD) {
+        // SAFETY: the application's arguments.
+        return unsafe { real::ioctl(fd, req, arg) };
+    }
+    let g = Guard::enter();
+    let Some(c) = conn_for_io(fd) else {
+        drop(g);
+        // SAFETY: the application's arguments.
+        return unsafe { real::ioctl(fd, req, arg) };
+    };
+    if arg == 0 {
+        return g.err(libc::EFAULT) as c_int;
+    }
+    if req == libc::FIONBIO {
+        // SAFETY: the application's arguments.
+        let r = unsafe { real::ioctl(fd, req, arg) };
+        if r == 0 {
+            // SAFETY: FIONBIO takes a pointer to an int.
+            c.set_nonblocking(unsafe { *(arg as *const c_int) } != 0);
+        }
+        return r;
+    }
+    match c.shm().readable() {
+        Ok(n) => {
+            // SAFETY: FIONREAD takes a pointer to an int.
+            unsafe { *(arg as *mut c_int) = n.min(c_int::MAX as usize) as c_int };
+            g.ok(0) as c_int
+        }
+        Err(e) => g.err(errno_of(&e)) as c_int,
+    }
+}
+
+pub unsafe fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
+    // SAFETY: the application's arguments.
+    let r = unsafe { libc::syscall(libc::SYS_setsockopt, fd, level, name, val, len) } as c_int;
+    if r != 0 || plain(fd) || level != libc::SOL_SOCKET || (name != libc::SO_RCVTIMEO && name != libc::SO_SNDTIMEO) {
+        return r;
+    }
+    let g = Guard::enter();
+    if let Some(c) = conn_for_io(fd) {
+        if !val.is_null() && len as usize >= std::mem::size_of::<libc::timeval>() {
+            // SAFETY: a timeval, as the kernel just accepted.
+            let tv = unsafe { *(val as *const libc::timeval) };
+            let d = std::time::Duration::new(tv.tv_sec.max(0) as u64, (tv.tv_usec.max(0) as u32) * 1000);
+            let t = (!d.is_zero()).then_some(d);
+            if name == libc::SO_RCVTIMEO {
+                c.shm().set_read_timeout(t);
+            } else {
+                c.shm().set_write_timeout(t);
+            }
+        }
+    }
+    g.ok(0) as c_int
+}
+
+pub fn is_colo_or_pending(fd: c_int) -> bool {
+    matches!(table::kind(fd), CONN | PENDING)
+}
+
+pub unsafe fn sendfile32(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t {
+    if plain(out) {
+        // SAFETY: the application's arguments.
+        return unsafe { real::sendfile(out, inp, off, n) };
+    }
+    // off_t is 64 bits on the 64-bit targets this shim supports.
+    // SAFETY: the application's arguments.
+    unsafe { sendfile(out, inp, off.cast(), n) }
+}

@@ -1,0 +1,109 @@
+//! The per-fd table: one atomic kind byte per fd (the only cost for a non-colo fd) and, for the
+//! few fds that are colo's, an entry behind a per-fd mutex. Fds at or above [`MAX_FD`] are never
+//! accelerated (they stay plain TCP).
+
+use crate::client::Pending;
+use crate::conn::Conn;
+use crate::server::Listen;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub const MAX_FD: usize = 1 << 16;
+
+pub const NONE: u8 = 0;
+pub const CONN: u8 = 1;
+pub const PENDING: u8 = 2;
+pub const LISTEN: u8 = 3;
+
+pub enum Entry {
+    None,
+    Conn(Arc<Conn>),
+    Pending(Box<Pending>),
+    Listen(Arc<Listen>),
+}
+
+impl Entry {
+    fn kind(&self) -> u8 {
+        match self {
+            Entry::None => NONE,
+            Entry::Conn(_) => CONN,
+            Entry::Pending(_) => PENDING,
+            Entry::Listen(_) => LISTEN,
+        }
+    }
+}
+
+static KIND: [AtomicU8; MAX_FD] = [const { AtomicU8::new(0) }; MAX_FD];
+/// epoll fds in which a colo connection was ever registered.
+static EPOLL: [AtomicU8; MAX_FD] = [const { AtomicU8::new(0) }; MAX_FD];
+static SLOTS: [Mutex<Entry>; MAX_FD] = [const { Mutex::new(Entry::None) }; MAX_FD];
+
+#[inline]
+pub fn kind(fd: i32) -> u8 {
+    if fd < 0 || fd as usize >= MAX_FD {
+        return NONE;
+    }
+    KIND[fd as usize].load(Ordering::Acquire)
+}
+
+#[inline]
+pub fn is_epoll(fd: i32) -> bool {
+    fd >= 0 && (fd as usize) < MAX_FD && EPOLL[fd as usize].load(Ordering::Relaxed) != 0
+}
+
+pub fn set_epoll(fd: i32, on: bool) {
+    if fd >= 0 && (fd as usize) < MAX_FD {
+        EPOLL[fd as usize].store(on as u8, Ordering::Relaxed);
+    }
+}
+
+/// A locked slot; writing through it keeps the kind byte in step.
+pub struct Slot {
+    fd: usize,
+    guard: MutexGuard<'static, Entry>,
+}
+
+impl Slot {
+    pub fn entry(&mut self) -> &mut Entry {
+        &mut self.guard
+    }
+    pub fn set(&mut self, e: Entry) -> Entry {
+        KIND[self.fd].store(e.kind(), Ordering::Release);
+        std::mem::replace(&mut *self.guard, e)
+    }
+    pub fn take(&mut self) -> Entry {
+        self.set(Entry::None)
+    }
+}
+
+pub fn lock(fd: i32) -> Option<Slot> {
+    if fd < 0 || fd as usize >= MAX_FD {
+        return None;
+    }
+    let guard = SLOTS[fd as usize].lock().unwrap_or_else(|e| e.into_inner());
+    Some(Slot { fd: fd as usize, guard })
+}
+
+/// Non-blocking lock, for the fork child (a lock held by a thread that no longer exists).
+pub fn try_lock(fd: usize) -> Option<MutexGuard<'static, Entry>> {
+    SLOTS[fd].try_lock().ok()
+}
+
+pub fn conn(fd: i32) -> Option<Arc<Conn>> {
+    match lock(fd)?.entry() {
+        Entry::Conn(c) => Some(c.clone()),
+        _ => None,
+    }
+}
+
+pub fn listen(fd: i32) -> Option<Arc<Listen>> {
+    match lock(fd)?.entry() {
+        Entry::Listen(l) => Some(l.clone()),
+        _ => None,
+    }
+}
+
+/// Every fd whose kind is `k` (a scan of the kind bytes).
+pub fn fds_of_kind(k: u8) -> impl Iterator<Item = usize> {
+    (0..MAX_FD).filter(move |&i| KIND[i].load(Ordering::Relaxed) == k)
+}

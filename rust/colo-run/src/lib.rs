@@ -1,0 +1,1 @@
+pub fn run(_cmd: &[String]) -> i32 { 0 }
