@@ -135,7 +135,7 @@ func (d *deadline) expired() bool {
 
 // spinner is the local spin policy of spec section 9.
 type spinner struct {
-	ns    int64 // <0: spin only; 0: never spin
+	ns    atomic.Int64 // <0: spin only; 0: never spin
 	fails atomic.Int32
 	skips atomic.Uint32
 }
@@ -160,10 +160,11 @@ var defaultSpinNs = func() int64 {
 
 // try spins until ready() or the spin budget is spent; it reports whether ready() held.
 func (s *spinner) try(ready func() bool) bool {
-	if s.ns == 0 {
+	ns := s.ns.Load()
+	if ns == 0 {
 		return false
 	}
-	if s.ns > 0 && s.fails.Load() >= 8 {
+	if ns > 0 && s.fails.Load() >= 8 {
 		// Recent spins all ended in sleep: probe only once in a while.
 		if s.skips.Add(1)%16 != 0 {
 			return false
@@ -175,16 +176,16 @@ func (s *spinner) try(ready func() bool) bool {
 			s.fails.Store(0)
 			return true
 		}
-		if i%32 == 0 {
-			if s.ns > 0 && nanotime()-start > s.ns {
+		if i%16 == 0 {
+			if ns > 0 && nanotime()-start > ns {
 				if s.fails.Load() < 1000 {
 					s.fails.Add(1)
 				}
 				return false
 			}
-			if i%1024 == 0 {
-				runtime.Gosched()
-			}
+			// Let other goroutines of this process run: a spin must not delay the work
+			// that would make our condition true (in-process peers, handlers).
+			runtime.Gosched()
 		}
 	}
 }
@@ -199,6 +200,22 @@ func (c *Conn) Transport() Transport {
 		return TransportTCP
 	}
 	return TransportColo
+}
+
+// SetSpin sets how long this side spins, re-checking the ring, before it sleeps on its doorbell
+// (spec/WIRE.md section 9). 0 never spins; d > 0 spins up to d (adaptively: a side whose spins
+// keep ending in sleep mostly stops spinning); d < 0 spins and never sleeps (busy polling, which
+// costs a CPU while waiting). The default comes from COLO_SPIN_US ("inf" or -1 for busy polling),
+// else 5us, or no spin when the two processes share a single CPU. No effect on TCP connections.
+func (c *Conn) SetSpin(d time.Duration) {
+	if c.tcp != nil {
+		return
+	}
+	if d < 0 {
+		d = -1
+	}
+	c.spin.fails.Store(0)
+	c.spin.ns.Store(int64(d))
 }
 
 // TCPConn returns the underlying *net.TCPConn of a fallback connection, or nil.
@@ -245,9 +262,9 @@ var ErrProtocol = unix.EPROTO
 // setup finishes a colo connection once the segment is mapped and the handshake done.
 func (c *Conn) setup() error {
 	c.wakeCh = make(chan struct{})
-	c.spin.ns = defaultSpinNs
-	if c.spin.ns > 0 && c.peerPid > 0 && affinityUnionIsOne(c.peerPid) {
-		c.spin.ns = 0
+	c.spin.ns.Store(defaultSpinNs)
+	if defaultSpinNs > 0 && c.peerPid > 0 && affinityUnionIsOne(c.peerPid) {
+		c.spin.ns.Store(0)
 	}
 	l := c.lay
 	c2s := newDirection(c.seg, l, headerSize)
@@ -330,18 +347,17 @@ func (c *Conn) notifyPeer() {
 }
 
 // await blocks until ready() holds. ready must include every reason to wake: data, space,
-// flags, control-socket hang-up, close, deadline.
+// flags, control-socket hang-up, close, deadline. Spec section 6: spin; store waiting = 1 (Go's
+// atomics are sequentially consistent, which gives the SeqCst fence); re-check; sleep on the
+// readiness fd.
 func (c *Conn) await(ready func() bool) {
 	if c.spin.try(ready) {
 		return
 	}
 	c.waitMu.Lock()
 	c.nwait++
-	atomic.StoreUint32(c.myWaiting, 1)
 	c.waitMu.Unlock()
-	for !ready() { // the re-check of step 3, after the SeqCst store of waiting = 1
-		c.block()
-		atomic.StoreUint32(c.myWaiting, 1)
+	for !c.block(ready) {
 	}
 	c.waitMu.Lock()
 	c.nwait--
@@ -351,42 +367,61 @@ func (c *Conn) await(ready func() bool) {
 	c.waitMu.Unlock()
 }
 
-// block waits once on the readiness fd. One waiter polls in the netpoller; others wait for it to
-// wake and then re-check.
-func (c *Conn) block() {
+// block stores waiting = 1, re-checks ready() and, if it does not hold, sleeps once. It reports
+// whether ready() was seen to hold. Only one waiter (the poller) sleeps in the netpoller; the
+// others wait for it to wake up and then re-check. A sleeping poller wakes on any event, so that
+// the others get to re-check their own conditions.
+func (c *Conn) block(ready func() bool) bool {
 	c.waitMu.Lock()
 	if c.polling {
 		ch := c.wakeCh
 		c.waitMu.Unlock()
+		atomic.StoreUint32(c.myWaiting, 1)
+		if ready() {
+			return true
+		}
 		<-ch
-		return
+		return false
 	}
 	c.polling = true
 	c.waitMu.Unlock()
-	c.pollOnce()
+	ok := c.pollOnce(ready)
 	c.waitMu.Lock()
 	c.polling = false
 	close(c.wakeCh)
 	c.wakeCh = make(chan struct{})
 	c.waitMu.Unlock()
+	return ok
 }
 
-func (c *Conn) pollOnce() {
+// pollOnce is the poller's sleep. The re-check after storing waiting = 1 runs inside the
+// RawConn.Read callback, after the runtime has reset the descriptor's readiness, so a doorbell
+// rung after the store always wakes the netpoller wait that follows. The doorbell is not drained:
+// it is only ever used edge-triggered here (every write produces a netpoller event), and after
+// any wake-up every waiter re-checks its condition anyway.
+func (c *Conn) pollOnce(ready func() bool) bool {
 	var evs [2]unix.EpollEvent
+	first := true
+	ok := false
 	c.epRaw.Read(func(fd uintptr) bool {
+		if first {
+			first = false
+			atomic.StoreUint32(c.myWaiting, 1)
+			ok = ready()
+			return ok
+		}
 		n, err := unix.EpollWait(int(fd), evs[:], 0)
 		if err != nil {
 			return err != unix.EINTR
 		}
 		for _, ev := range evs[:n] {
-			if int(ev.Fd) == c.ownBell {
-				drainBell(c.ownBell)
-			} else {
+			if int(ev.Fd) != c.ownBell {
 				c.ctlEvent(ev.Events)
 			}
 		}
 		return n > 0
 	})
+	return ok
 }
 
 // ctlEvent handles readiness of the control socket after the handshake: hang-up is the peer's

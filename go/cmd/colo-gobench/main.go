@@ -1,0 +1,409 @@
+// Command colo-gobench measures the Go colo package against TCP loopback and Unix sockets, in
+// one run, with the servers in a separate process (this binary re-executed with -child):
+//
+//   - echo: 64 B request, 64 B reply, one request in flight per connection, 1/8/64/256
+//     connections; p50 and p99 round-trip latency. colo is measured with the default spin
+//     policy and with spinning off (blocking).
+//   - http: net/http on both sides, POST of a 64 B body echoed back, persistent connections;
+//     requests per second.
+//   - stream: 64 KiB writes one way; GB/s.
+//
+// Ratios are printed against the baselines of the same run. Absolute numbers vary with the host.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"colo.dev/colo"
+)
+
+var (
+	child    = flag.Bool("child", false, "run the servers (internal)")
+	dur      = flag.Duration("d", 800*time.Millisecond, "measuring time per point")
+	connsStr = flag.String("conns", "1,8,64,256", "connection counts")
+	only     = flag.String("only", "echo,http,stream", "which benchmarks")
+)
+
+type addrs struct {
+	ColoEcho, ColoEchoNoSpin, TCPEcho, UnixEcho string
+	ColoHTTP, TCPHTTP                           string
+	ColoSink, TCPSink, UnixSink                 string
+}
+
+func main() {
+	flag.Parse()
+	if *child {
+		runChild()
+		return
+	}
+	var conns []int
+	for _, s := range strings.Split(*connsStr, ",") {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			fatal(err)
+		}
+		conns = append(conns, n)
+	}
+	cmd := exec.Command(os.Args[0], "-child")
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		fatal(err)
+	}
+	defer cmd.Process.Kill()
+	var a addrs
+	line, err := bufio.NewReader(out).ReadBytes('\n')
+	if err != nil {
+		fatal(err)
+	}
+	if err := json.Unmarshal(line, &a); err != nil {
+		fatal(err)
+	}
+	fmt.Printf("colo-gobench: %s, GOMAXPROCS=%d, %d CPUs, %v per point, COLO_SPIN_US=%q\n",
+		runtime.Version(), runtime.GOMAXPROCS(0), runtime.NumCPU(), *dur, os.Getenv("COLO_SPIN_US"))
+	if strings.Contains(*only, "echo") {
+		benchEcho(a, conns)
+	}
+	if strings.Contains(*only, "http") {
+		benchHTTP(a, conns)
+	}
+	if strings.Contains(*only, "stream") {
+		benchStream(a)
+	}
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "colo-gobench:", err)
+	os.Exit(1)
+}
+
+// ---- servers (child process) ----
+
+func runChild() {
+	var a addrs
+	echo := func(c net.Conn) {
+		defer c.Close()
+		buf := make([]byte, 4096)
+		for {
+			n, err := c.Read(buf)
+			if err != nil {
+				return
+			}
+			if _, err := c.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+	}
+	sink := func(c net.Conn) {
+		defer c.Close()
+		io.Copy(io.Discard, c)
+		c.Write([]byte{1})
+	}
+	serve := func(l net.Listener, h func(net.Conn), spin *time.Duration) {
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				if cc, ok := c.(*colo.Conn); ok && spin != nil {
+					cc.SetSpin(*spin)
+				}
+				go h(c)
+			}
+		}()
+	}
+	coloL := func() *colo.Listener {
+		l, err := colo.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			fatal(err)
+		}
+		return l
+	}
+	tcpL := func() net.Listener {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			fatal(err)
+		}
+		return l
+	}
+	dir, err := os.MkdirTemp("", "colo-gobench")
+	if err != nil {
+		fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	unixL := func(name string) net.Listener {
+		l, err := net.Listen("unix", filepath.Join(dir, name))
+		if err != nil {
+			fatal(err)
+		}
+		return l
+	}
+	noSpin := time.Duration(0)
+	l := coloL()
+	a.ColoEcho = l.Addr().String()
+	serve(l, echo, nil)
+	l = coloL()
+	a.ColoEchoNoSpin = l.Addr().String()
+	serve(l, echo, &noSpin)
+	t := tcpL()
+	a.TCPEcho = t.Addr().String()
+	serve(t, echo, nil)
+	u := unixL("echo")
+	a.UnixEcho = u.Addr().String()
+	serve(u, echo, nil)
+
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		w.Write(b)
+	})
+	l = coloL()
+	a.ColoHTTP = l.Addr().String()
+	go http.Serve(l, handler)
+	t = tcpL()
+	a.TCPHTTP = t.Addr().String()
+	go http.Serve(t, handler)
+
+	l = coloL()
+	a.ColoSink = l.Addr().String()
+	serve(l, sink, nil)
+	t = tcpL()
+	a.TCPSink = t.Addr().String()
+	serve(t, sink, nil)
+	u = unixL("sink")
+	a.UnixSink = u.Addr().String()
+	serve(u, sink, nil)
+
+	b, _ := json.Marshal(a)
+	os.Stdout.Write(append(b, '\n'))
+	select {} // killed by the parent (Pdeathsig)
+}
+
+// ---- clients ----
+
+type dialFn func() (net.Conn, error)
+
+func coloDial(addr string, spin *time.Duration) dialFn {
+	return func() (net.Conn, error) {
+		c, err := colo.Dial("tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		if c.Transport() != colo.TransportColo {
+			return nil, fmt.Errorf("colo dial of %s fell back to TCP", addr)
+		}
+		if spin != nil {
+			c.SetSpin(*spin)
+		}
+		return c, nil
+	}
+}
+
+func netDial(network, addr string) dialFn {
+	return func() (net.Conn, error) { return net.Dial(network, addr) }
+}
+
+type lat struct{ p50, p99 time.Duration }
+
+func echoRun(dial dialFn, n int) lat {
+	conns := make([]net.Conn, n)
+	for i := range conns {
+		c, err := dial()
+		if err != nil {
+			fatal(err)
+		}
+		conns[i] = c
+	}
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	var wg sync.WaitGroup
+	var stop atomic.Bool
+	var measuring atomic.Bool
+	samples := make([][]time.Duration, n)
+	for i, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req := make([]byte, 64)
+			resp := make([]byte, 64)
+			s := make([]time.Duration, 0, 1<<16)
+			for !stop.Load() {
+				t0 := time.Now()
+				if _, err := c.Write(req); err != nil {
+					fatal(err)
+				}
+				if _, err := io.ReadFull(c, resp); err != nil {
+					fatal(err)
+				}
+				if measuring.Load() {
+					s = append(s, time.Since(t0))
+				}
+			}
+			samples[i] = s
+		}()
+	}
+	time.Sleep(*dur / 4) // warm-up
+	measuring.Store(true)
+	time.Sleep(*dur)
+	stop.Store(true)
+	wg.Wait()
+	var all []time.Duration
+	for _, s := range samples {
+		all = append(all, s...)
+	}
+	slices.Sort(all)
+	if len(all) == 0 {
+		return lat{}
+	}
+	return lat{all[len(all)/2], all[len(all)*99/100]}
+}
+
+func us(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d.Nanoseconds())/1000) }
+
+func ratio(a, b float64) string {
+	if b == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2fx", a/b)
+}
+
+func benchEcho(a addrs, conns []int) {
+	fmt.Println()
+	fmt.Println("## echo, 64 B, one request in flight per connection (round trip, microseconds)")
+	fmt.Println()
+	fmt.Println("| conns | colo p50 | colo p99 | colo no-spin p50 | colo no-spin p99 | TCP p50 | TCP p99 | Unix p50 | Unix p99 | TCP/colo p50 | TCP/colo-no-spin p50 |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|")
+	noSpin := time.Duration(0)
+	for _, n := range conns {
+		c := echoRun(coloDial(a.ColoEcho, nil), n)
+		cn := echoRun(coloDial(a.ColoEchoNoSpin, &noSpin), n)
+		t := echoRun(netDial("tcp", a.TCPEcho), n)
+		u := echoRun(netDial("unix", a.UnixEcho), n)
+		fmt.Printf("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", n,
+			us(c.p50), us(c.p99), us(cn.p50), us(cn.p99), us(t.p50), us(t.p99), us(u.p50), us(u.p99),
+			ratio(float64(t.p50), float64(c.p50)), ratio(float64(t.p50), float64(cn.p50)))
+	}
+}
+
+func httpRun(url string, tr *http.Transport, n int) float64 {
+	tr.MaxIdleConnsPerHost = n
+	tr.MaxConnsPerHost = n
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	body := bytes.Repeat([]byte{'x'}, 64)
+	var count atomic.Int64
+	var measuring, stop atomic.Bool
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				resp, err := client.Post(url, "application/octet-stream", bytes.NewReader(body))
+				if err != nil {
+					fatal(err)
+				}
+				b, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err != nil || len(b) != 64 {
+					fatal(fmt.Errorf("http echo: %d bytes, %v", len(b), err))
+				}
+				if measuring.Load() {
+					count.Add(1)
+				}
+			}
+		}()
+	}
+	time.Sleep(*dur / 4)
+	measuring.Store(true)
+	t0 := time.Now()
+	time.Sleep(*dur)
+	got := count.Load()
+	el := time.Since(t0)
+	stop.Store(true)
+	wg.Wait()
+	return float64(got) / el.Seconds()
+}
+
+func benchHTTP(a addrs, conns []int) {
+	fmt.Println()
+	fmt.Println("## HTTP/1.1 echo, net/http both sides, 64 B body, persistent connections (requests/s)")
+	fmt.Println()
+	fmt.Println("| conns | colo req/s | TCP req/s | colo/TCP |")
+	fmt.Println("|---|---|---|---|")
+	for _, n := range conns {
+		c := httpRun("http://"+a.ColoHTTP+"/", colo.HTTPTransport(), n)
+		tt := http.DefaultTransport.(*http.Transport).Clone()
+		t := httpRun("http://"+a.TCPHTTP+"/", tt, n)
+		fmt.Printf("| %d | %.0f | %.0f | %s |\n", n, c, t, ratio(c, t))
+	}
+}
+
+func streamRun(dial dialFn) float64 {
+	c, err := dial()
+	if err != nil {
+		fatal(err)
+	}
+	defer c.Close()
+	buf := make([]byte, 64<<10)
+	var total int64
+	deadline := time.Now().Add(*dur)
+	t0 := time.Now()
+	for time.Now().Before(deadline) {
+		for i := 0; i < 16; i++ {
+			if _, err := c.Write(buf); err != nil {
+				fatal(err)
+			}
+			total += int64(len(buf))
+		}
+	}
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	}
+	if _, err := io.ReadFull(c, buf[:1]); err != nil { // the sink has read everything
+		fatal(err)
+	}
+	return float64(total) / time.Since(t0).Seconds() / 1e9
+}
+
+func benchStream(a addrs) {
+	fmt.Println()
+	fmt.Println("## streaming, 64 KiB writes, one connection (GB/s)")
+	fmt.Println()
+	fmt.Println("| colo | Unix | TCP | colo/Unix | colo/TCP |")
+	fmt.Println("|---|---|---|---|---|")
+	var cs, us, ts []float64
+	for i := 0; i < 3; i++ {
+		cs = append(cs, streamRun(coloDial(a.ColoSink, nil)))
+		us = append(us, streamRun(netDial("unix", a.UnixSink)))
+		ts = append(ts, streamRun(netDial("tcp", a.TCPSink)))
+	}
+	med := func(v []float64) float64 { slices.Sort(v); return v[len(v)/2] }
+	c, u, t := med(cs), med(us), med(ts)
+	fmt.Printf("| %.2f | %.2f | %.2f | %s | %s |\n", c, u, t, ratio(c, u), ratio(c, t))
+}

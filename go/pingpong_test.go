@@ -1,0 +1,51 @@
+package colo
+
+import (
+	"io"
+	"net"
+	"testing"
+)
+
+func benchPingPong(b *testing.B, c, s net.Conn) {
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			if _, err := io.ReadFull(s, buf); err != nil {
+				return
+			}
+			s.Write(buf)
+		}
+	}()
+	buf := make([]byte, 64)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		c.Write(buf)
+		io.ReadFull(c, buf)
+	}
+	b.StopTimer()
+	c.Close()
+	s.Close()
+}
+
+func BenchmarkPingPongColo(b *testing.B) {
+	l, _ := Listen("tcp", "127.0.0.1:0")
+	defer l.Close()
+	c, s := pair(b, l, nil)
+	benchPingPong(b, c, s)
+}
+
+func BenchmarkPingPongColoNoSpin(b *testing.B) {
+	l, _ := Listen("tcp", "127.0.0.1:0")
+	defer l.Close()
+	c, s := pair(b, l, nil)
+	c.SetSpin(0)
+	s.SetSpin(0)
+	benchPingPong(b, c, s)
+}
+
+func BenchmarkPingPongTCP(b *testing.B) {
+	l, _ := Listen("tcp", "127.0.0.1:0")
+	defer l.Close()
+	c, s := pair(b, l, &Dialer{TCPOnly: true})
+	benchPingPong(b, c, s)
+}
