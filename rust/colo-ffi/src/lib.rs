@@ -19,7 +19,7 @@ use std::net::{Shutdown, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// `ssize_t` in the header (cbindgen emits the name as written).
@@ -134,23 +134,44 @@ enum Obj {
     Loan(Box<LoanBox>),
 }
 
+/// Handle values are unique counters: hashing them is the identity.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        // Handles are multiples of 16: drop the zero bits so buckets spread.
+        self.0 = (n >> 4) as u64;
+    }
+}
+
+type Map = HashMap<usize, Obj, std::hash::BuildHasherDefault<IdHasher>>;
+
 struct Registry {
-    map: RwLock<HashMap<usize, Obj>>,
+    map: Mutex<Map>,
     next: AtomicU64,
 }
 
 static REGISTRY: std::sync::LazyLock<Registry> =
-    std::sync::LazyLock::new(|| Registry { map: RwLock::new(HashMap::new()), next: AtomicU64::new(1) });
+    std::sync::LazyLock::new(|| Registry { map: Mutex::new(Map::default()), next: AtomicU64::new(1) });
 
 fn insert(obj: Obj) -> usize {
     // Handle values are multiples of 16 (they look like aligned pointers) and never reused.
     let id = REGISTRY.next.fetch_add(1, Ordering::Relaxed) as usize * 16;
-    REGISTRY.map.write().unwrap_or_else(|e| e.into_inner()).insert(id, obj);
+    REGISTRY.map.lock().unwrap_or_else(|e| e.into_inner()).insert(id, obj);
     id
 }
 
 fn with<R>(h: usize, f: impl FnOnce(&Obj) -> Option<R>) -> Option<R> {
-    let map = REGISTRY.map.read().unwrap_or_else(|e| e.into_inner());
+    let map = REGISTRY.map.lock().unwrap_or_else(|e| e.into_inner());
     map.get(&h).and_then(f)
 }
 
@@ -172,7 +193,7 @@ fn listener(h: *const colo_listener) -> Result<Arc<Listener>, isize> {
 
 /// Removes handle `h` if it is of the kind `pick` accepts.
 fn take<T>(h: usize, pick: impl FnOnce(Obj) -> Result<T, Obj>) -> Option<T> {
-    let mut map = REGISTRY.map.write().unwrap_or_else(|e| e.into_inner());
+    let mut map = REGISTRY.map.lock().unwrap_or_else(|e| e.into_inner());
     let obj = map.remove(&h)?;
     match pick(obj) {
         Ok(t) => Some(t),
