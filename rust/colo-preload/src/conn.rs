@@ -5,7 +5,7 @@ use colo::carrier::{Established, Words};
 use colo::shm::Shm;
 use colo_ring::layout::{FLAG_FIN, FLAG_READ_CLOSED, FLAG_RESET};
 use colo_ring::sync::Ordering;
-use colo_sys::{AsFd, AsRawFd, OwnedFd, RawFd};
+use colo_sys::{AsRawFd, RawFd};
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU32};
 
@@ -23,7 +23,6 @@ const HOLDERS: usize = 64;
 pub struct Conn {
     shm: ManuallyDrop<Shm>,
     w: Words,
-    own_bell: OwnedFd,
     gone: AtomicBool,
     nb: AtomicBool,
     raw: [RawFd; 5],
@@ -39,7 +38,6 @@ unsafe impl Sync for Conn {}
 impl Conn {
     pub fn new(est: Established, nonblocking: bool) -> std::io::Result<Conn> {
         let w = est.words();
-        let own_bell = rustix::io::fcntl_dupfd_cloexec(&est.fds.own_bell, 0)?;
         let raw0 = [est.fds.control.as_raw_fd(), est.fds.own_bell.as_raw_fd(), est.fds.peer_bell.as_raw_fd(), est.memfd];
         // SAFETY: a fresh anonymous shared page aliases nothing.
         let page = unsafe {
@@ -59,7 +57,6 @@ impl Conn {
         Ok(Conn {
             shm: ManuallyDrop::new(shm),
             w,
-            own_bell,
             gone: AtomicBool::new(false),
             nb: AtomicBool::new(nonblocking),
             raw: [raw0[0], raw0[1], raw0[2], raw0[3], readiness],
@@ -78,6 +75,11 @@ impl Conn {
 
     pub fn nonblocking(&self) -> bool {
         self.nb.load(Ordering::Relaxed)
+    }
+
+    fn own_bell(&self) -> colo_sys::BorrowedFd<'_> {
+        // SAFETY: our doorbell, owned by `shm`, which lives as long as `self`.
+        unsafe { colo_sys::BorrowedFd::borrow_raw(self.raw[1]) }
     }
 
     pub fn readiness_raw(&self) -> RawFd {
@@ -129,7 +131,7 @@ impl Conn {
 
     /// Rings our own doorbell, so that the readiness fd reports and the state is looked at again.
     pub fn poke(&self) {
-        colo_sys::doorbell::ring(self.own_bell.as_fd());
+        colo_sys::doorbell::ring(self.own_bell());
     }
 
     fn peer_gone(&self) -> bool {
@@ -193,10 +195,21 @@ impl Conn {
         m
     }
 
+    /// After a short read or write (the application may now wait for an edge without ever
+    /// seeing EAGAIN, as nginx does): announce that we wait, so the peer's next progress rings
+    /// the doorbell; if `bits` became ready meanwhile, ring it ourselves.
+    pub fn announce(&self, bits: u32) {
+        // SAFETY: our waiting flag, an aligned atomic in the mapping.
+        colo_ring::notify::announce_sleep(unsafe { &*self.w.own_waiting });
+        if self.ready(false) & bits != 0 {
+            self.poke();
+        }
+    }
+
     /// Prepares to sleep on the readiness fd: drain our doorbell, announce that we wait, and
     /// return the readiness after that (a peer's progress from now on rings the doorbell).
     pub fn arm(&self) -> u32 {
-        colo_sys::doorbell::drain(self.own_bell.as_fd());
+        colo_sys::doorbell::drain(self.own_bell());
         // SAFETY: our waiting flag, an aligned atomic in the mapping.
         colo_ring::notify::announce_sleep(unsafe { &*self.w.own_waiting });
         self.ready(true)

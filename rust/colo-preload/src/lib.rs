@@ -180,6 +180,9 @@ extern "C" fn atfork_child() {
 static INIT: extern "C" fn() = init;
 
 extern "C" fn init() {
+    // Keep the shim's own descriptors above the numbers applications size their tables by.
+    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile).current.unwrap_or(1024);
+    colo::carrier::set_fd_floor((soft / 2).clamp(64, 1 << 15) as i32);
     // SAFETY: registering a child handler; it only takes uncontended locks with try_lock.
     unsafe { libc::pthread_atfork(None, None, Some(atfork_child)) };
 }

@@ -146,7 +146,10 @@ fn decode_key(b: &[u8]) -> Option<Key> {
 }
 
 fn answer_request(svc: &Service, c: OwnedFd) {
-    let _ = seqpacket::set_recv_timeout(&c, Some(Duration::from_millis(200)));
+    // The socket is non-blocking (accepted from a non-blocking listener): wait for the request.
+    let mut p = [rustix::event::PollFd::new(&c, rustix::event::PollFlags::IN)];
+    let t = rustix::event::Timespec { tv_sec: 0, tv_nsec: 200_000_000 };
+    let _ = rustix::event::poll(&mut p, Some(&t));
     let mut buf = [0u8; 256];
     let Ok(r) = seqpacket::recv(&c, &mut buf, false) else { return };
     let Some(k) = decode_key(&buf[..r.len]) else { return };

@@ -80,6 +80,8 @@ fn conn_recv(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> {
 fn after_read(c: &Conn, n: usize, len: usize) {
     if n == len && n > 0 && c.shm().readable().unwrap_or(0) > 0 {
         c.poke();
+    } else if n < len {
+        c.announce(IN);
     }
 }
 
@@ -121,7 +123,11 @@ fn conn_send(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
         if !c.nonblocking() && c.ready(false) & OUT == 0 && c.arm() & OUT == 0 {
             return Err(would_block());
         }
-        return c.shm().write(buf);
+        let n = c.shm().write(buf)?;
+        if n < buf.len() {
+            c.announce(OUT);
+        }
+        return Ok(n);
     }
     // Blocking sockets write everything (or fail).
     let mut done = 0;

@@ -1,1 +1,170 @@
-pub fn run(_cmd: &[String]) -> i32 { 0 }
+//! The launcher behind `colo run -- CMD ARGS`: runs CMD with the colo LD_PRELOAD shim
+//! (`libcolo_preload.so`), so its loopback TCP connections to and from other programs under
+//! `colo run` (or colo API programs) move into shared memory.
+//!
+//! It warns when CMD cannot be accelerated because it does not go through the dynamic linker's
+//! preloading: statically linked (no `PT_INTERP`), Go (a `.go.buildinfo` section or a Go build
+//! ID note: Go makes its own system calls), or setuid/setgid (the loader ignores LD_PRELOAD).
+//! CMD still runs, over plain TCP.
+//!
+//! The shim is found, in order, at `$COLO_PRELOAD`, next to the running executable, in `../lib`
+//! and `../lib/colo` relative to it, and in the cargo target directories (`$CARGO_TARGET_DIR`,
+//! `target/{release,debug}` above the executable).
+
+use std::ffi::OsString;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+const SHIM: &str = "libcolo_preload.so";
+
+/// Why a binary cannot be accelerated by the shim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unsupported {
+    /// No program interpreter: the dynamic loader (and so LD_PRELOAD) is not involved.
+    Static,
+    /// A Go binary: makes system calls directly, not through libc.
+    Go,
+    /// setuid or setgid: the loader ignores LD_PRELOAD.
+    Setuid,
+}
+
+impl std::fmt::Display for Unsupported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Unsupported::Static => "it is statically linked",
+            Unsupported::Go => "it is a Go program (Go makes its own system calls, not through libc)",
+            Unsupported::Setuid => "it is setuid/setgid (the loader ignores LD_PRELOAD)",
+        })
+    }
+}
+
+/// Finds the shim library.
+pub fn find_shim() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("COLO_PRELOAD") {
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            return Some(p);
+        }
+    }
+    let mut dirs = Vec::new();
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(d) = exe.parent() {
+            dirs.push(d.to_path_buf());
+            dirs.push(d.join("../lib"));
+            dirs.push(d.join("../lib/colo"));
+            if let Some(up) = d.parent() {
+                dirs.push(up.to_path_buf());
+            }
+            for a in d.ancestors() {
+                if a.file_name().is_some_and(|n| n == "target") {
+                    dirs.push(a.join("release"));
+                    dirs.push(a.join("debug"));
+                }
+            }
+        }
+    }
+    if let Some(t) = std::env::var_os("CARGO_TARGET_DIR") {
+        dirs.push(PathBuf::from(&t).join("release"));
+        dirs.push(PathBuf::from(&t).join("debug"));
+    }
+    dirs.into_iter().map(|d| d.join(SHIM)).find(|p| p.is_file())
+}
+
+/// Finds `cmd` on PATH (or as given when it contains a slash).
+pub fn which(cmd: &str) -> Option<PathBuf> {
+    if cmd.contains('/') {
+        return Some(PathBuf::from(cmd));
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(cmd)).find(|p| {
+        p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    })
+}
+
+fn u16_at(b: &[u8], o: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(b.get(o..o + 2)?.try_into().ok()?))
+}
+fn u32_at(b: &[u8], o: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?))
+}
+fn u64_at(b: &[u8], o: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?))
+}
+
+/// Inspects an ELF file (64-bit little-endian). `None`: fine (or not an ELF file: a script,
+/// whose interpreter is dynamically linked in practice).
+pub fn inspect(path: &Path) -> Option<Unsupported> {
+    let meta = std::fs::metadata(path).ok()?;
+    if meta.permissions().mode() & 0o6000 != 0 {
+        return Some(Unsupported::Setuid);
+    }
+    let b = std::fs::read(path).ok()?;
+    if b.len() < 64 || &b[0..4] != b"\x7fELF" || b[4] != 2 || b[5] != 1 {
+        return None;
+    }
+    // Go: a `.go.buildinfo` section, or the "Go" build-ID note.
+    let shoff = u64_at(&b, 0x28)? as usize;
+    let shentsize = u16_at(&b, 0x3A)? as usize;
+    let shnum = u16_at(&b, 0x3C)? as usize;
+    let shstrndx = u16_at(&b, 0x3E)? as usize;
+    if shoff != 0 && shstrndx < shnum {
+        let strtab = shoff + shstrndx * shentsize;
+        let stroff = u64_at(&b, strtab + 0x18)? as usize;
+        for i in 0..shnum {
+            let sh = shoff + i * shentsize;
+            let name = u32_at(&b, sh)? as usize;
+            let s = b.get(stroff + name..)?;
+            let end = s.iter().position(|&c| c == 0).unwrap_or(0);
+            let n = &s[..end];
+            if n == b".go.buildinfo" || n == b".note.go.buildid" {
+                return Some(Unsupported::Go);
+            }
+        }
+    }
+    // Static: no PT_INTERP (type 3) program header.
+    let phoff = u64_at(&b, 0x20)? as usize;
+    let phentsize = u16_at(&b, 0x36)? as usize;
+    let phnum = u16_at(&b, 0x38)? as usize;
+    let interp = (0..phnum).any(|i| u32_at(&b, phoff + i * phentsize) == Some(3));
+    if !interp {
+        return Some(Unsupported::Static);
+    }
+    None
+}
+
+/// Runs `cmd[0]` with `cmd[1..]` under the shim; returns its exit status (128+signal if killed),
+/// or 127 if it could not be started. With the shim missing, CMD runs without it (with a warning).
+pub fn run(cmd: &[String]) -> i32 {
+    let Some(prog) = cmd.first() else {
+        eprintln!("colo run: usage: colo run -- CMD [ARGS...]");
+        return 2;
+    };
+    if let Some(path) = which(prog) {
+        if let Some(why) = inspect(&path) {
+            eprintln!("colo run: warning: {} cannot be accelerated: {why}; its connections use plain TCP", path.display());
+        }
+    }
+    let mut c = std::process::Command::new(prog);
+    c.args(&cmd[1..]);
+    match find_shim() {
+        Some(shim) => {
+            let mut pre = OsString::from(shim.canonicalize().unwrap_or(shim));
+            if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
+                pre.push(" ");
+                pre.push(old);
+            }
+            c.env("LD_PRELOAD", pre);
+        }
+        None => eprintln!("colo run: warning: {SHIM} not found (set COLO_PRELOAD); running without acceleration"),
+    }
+    match c.status() {
+        Ok(s) => {
+            use std::os::unix::process::ExitStatusExt;
+            s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))
+        }
+        Err(e) => {
+            eprintln!("colo run: {prog}: {e}");
+            127
+        }
+    }
+}

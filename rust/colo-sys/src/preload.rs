@@ -21,3 +21,17 @@ pub fn write_all_blocking(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
     }
     Ok(done)
 }
+
+/// Moves `fd` to the lowest free descriptor number at or above `floor` (close-on-exec), closing
+/// the original; on failure returns `fd` unchanged. Keeps a library's own descriptors out of the
+/// low numbers that applications size their tables by.
+pub fn move_above(fd: rustix::fd::OwnedFd, floor: i32) -> rustix::fd::OwnedFd {
+    use rustix::fd::AsRawFd;
+    if floor <= 0 || fd.as_raw_fd() >= floor {
+        return fd;
+    }
+    match rustix::io::fcntl_dupfd_cloexec(&fd, floor) {
+        Ok(high) => high,
+        Err(_) => fd,
+    }
+}

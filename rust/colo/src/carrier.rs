@@ -36,6 +36,19 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+static FD_FLOOR: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Descriptors this module creates or receives (control socket, memfd, doorbells) are moved to
+/// numbers at or above `floor` (0: anywhere). The LD_PRELOAD shim sets it so that its
+/// descriptors do not crowd the low numbers an application sizes its tables by.
+pub fn set_fd_floor(floor: i32) {
+    FD_FLOOR.store(floor, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn high(fd: OwnedFd) -> OwnedFd {
+    colo_sys::preload::move_above(fd, FD_FLOOR.load(std::sync::atomic::Ordering::Relaxed))
+}
+
 /// Offset of the `claim` word in the segment header.
 const CLAIM_OFFSET: usize = 36;
 /// Offset of `server_pid` in the segment header.
@@ -143,11 +156,13 @@ pub fn offer(
     };
     let layout = geometry.layout().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let (memfd, map) = segment::create(layout.segment_size)?;
+    let memfd = high(memfd);
     // SAFETY: the mapping is private to us until HELLO is sent; nobody else accesses it yet.
     let head = unsafe { std::slice::from_raw_parts_mut(map.as_ptr(), HEADER_FIELDS) };
     header.encode(head).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let client_bell = doorbell::create()?;
-    let server_bell = doorbell::create()?;
+    let client_bell = high(doorbell::create()?);
+    let server_bell = high(doorbell::create()?);
+    let control = high(control);
     let hello = Message::Hello { version: wire::VERSION, mode: Mode::Carrier }.encode();
     seqpacket::send(&control, &hello, &[memfd.as_fd(), client_bell.as_fd(), server_bell.as_fd()])?;
     let memfd_raw = memfd.as_raw_fd();
@@ -416,6 +431,7 @@ pub fn hello_from_fds(
     server_bell: OwnedFd,
     mode: Mode,
 ) -> Result<Hello, String> {
+    let (control, memfd, client_bell, server_bell) = (high(control), high(memfd), high(client_bell), high(server_bell));
     let mut head = [0u8; HEADER_FIELDS];
     match segment::read_prefix(&memfd, &mut head) {
         Ok(HEADER_FIELDS) => {}
