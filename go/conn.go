@@ -396,32 +396,40 @@ func (c *Conn) block(ready func() bool) bool {
 
 // pollOnce is the poller's sleep. The re-check after storing waiting = 1 runs inside the
 // RawConn.Read callback, after the runtime has reset the descriptor's readiness, so a doorbell
-// rung after the store always wakes the netpoller wait that follows. The doorbell is not drained:
-// it is only ever used edge-triggered here (every write produces a netpoller event), and after
+// rung after the store always wakes the netpoller wait that follows. Events that arrived before
+// (a control-socket hang-up while nobody waited) are collected from the readiness fd first.
+// The doorbell is registered edge-triggered and not drained: every write is an event, and after
 // any wake-up every waiter re-checks its condition anyway.
 func (c *Conn) pollOnce(ready func() bool) bool {
-	var evs [2]unix.EpollEvent
 	first := true
 	ok := false
 	c.epRaw.Read(func(fd uintptr) bool {
+		n := c.collect(int(fd))
 		if first {
 			first = false
 			atomic.StoreUint32(c.myWaiting, 1)
 			ok = ready()
 			return ok
 		}
-		n, err := unix.EpollWait(int(fd), evs[:], 0)
-		if err != nil {
-			return err != unix.EINTR
-		}
-		for _, ev := range evs[:n] {
-			if int(ev.Fd) != c.ownBell {
-				c.ctlEvent(ev.Events)
-			}
-		}
-		return n > 0
+		return n != 0
 	})
 	return ok
+}
+
+// collect reads pending events of the readiness fd without blocking and handles control-socket
+// events. It returns the number of events (-1 on error).
+func (c *Conn) collect(ep int) int {
+	var evs [2]unix.EpollEvent
+	n, err := unix.EpollWait(ep, evs[:], 0)
+	if err != nil {
+		return -1
+	}
+	for _, ev := range evs[:n] {
+		if int(ev.Fd) != c.ownBell {
+			c.ctlEvent(ev.Events)
+		}
+	}
+	return n
 }
 
 // ctlEvent handles readiness of the control socket after the handshake: hang-up is the peer's

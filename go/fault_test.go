@@ -35,6 +35,13 @@ func TestMain(m *testing.M) {
 				os.Exit(3)
 			}
 		}
+	case "idle":
+		c, err := Dial("tcp", os.Getenv("COLO_TEST_ADDR"))
+		if err != nil || c.Transport() != TransportColo {
+			os.Exit(2)
+		}
+		c.Write([]byte{1})
+		time.Sleep(time.Hour)
 	case "reader":
 		c, err := Dial("tcp", os.Getenv("COLO_TEST_ADDR"))
 		if err != nil || c.Transport() != TransportColo {
@@ -110,6 +117,30 @@ func TestPeerKilledMidTransfer(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	cmd.Process.Kill()
 	if err := <-errc; !errors.Is(err, syscall.EPIPE) && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("write after peer death: %v", err)
+	}
+}
+
+func TestPeerDiedWhileNobodyWaited(t *testing.T) {
+	watchdog(t, 30*time.Second)
+	l := listen(t)
+	cmd := startHelper(t, "idle", l.Addr().String())
+	s, err := l.AcceptColo()
+	if err != nil || s.Transport() != TransportColo {
+		t.Fatalf("accept: %v", err)
+	}
+	defer s.Close()
+	buf := make([]byte, 10)
+	if _, err := s.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	time.Sleep(100 * time.Millisecond) // the hang-up arrives while no operation waits
+	if _, err := s.Read(buf); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("read after peer death: %v", err)
+	}
+	if _, err := s.Write(buf); !errors.Is(err, syscall.EPIPE) && !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("write after peer death: %v", err)
 	}
 }

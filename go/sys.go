@@ -96,11 +96,15 @@ func newReadiness(bell, ctl int) (*os.File, int, error) {
 	if err != nil {
 		return nil, -1, os.NewSyscallError("epoll_create1", err)
 	}
-	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, bell, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(bell)}); err != nil {
+	// Edge-triggered: every doorbell write is one event, whether or not the counter was drained,
+	// and reporting an event never re-arms the instance (a level-triggered item would, on every
+	// epoll_wait, wake the netpoller's epoll a second time).
+	const et = unix.EPOLLET & 0xffffffff
+	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, bell, &unix.EpollEvent{Events: unix.EPOLLIN | et, Fd: int32(bell)}); err != nil {
 		unix.Close(ep)
 		return nil, -1, os.NewSyscallError("epoll_ctl", err)
 	}
-	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, ctl, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(ctl)}); err != nil {
+	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, ctl, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | et, Fd: int32(ctl)}); err != nil {
 		unix.Close(ep)
 		return nil, -1, os.NewSyscallError("epoll_ctl", err)
 	}
