@@ -1,0 +1,36 @@
+# Shared helpers for tests/apps/run.sh and bench.sh (sourced).
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+TARGET=${CARGO_TARGET_DIR:-$ROOT/rust/target}
+build() {
+  (cd "$ROOT/rust" && cargo build --release -q -p colo-preload -p colo-run --example colo-run) || exit 1
+}
+SHIM=$TARGET/release/libcolo_preload.so
+COLORUN="$TARGET/release/examples/colo-run --"
+WORK=$(mktemp -d /tmp/colo-apps.XXXXXX); chmod 755 "$WORK"
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$WORK"; }
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened"; return 1; }
+start_redis() { # $1 port, $2 "colo" or ""
+  if [ "$2" = colo ]; then COLO_LOG=info $COLORUN redis-server --port "$1" --save '' --appendonly no --dir "$WORK" >"$WORK/redis-$1.log" 2>&1 &
+  else redis-server --port "$1" --save '' --appendonly no --dir "$WORK" >"$WORK/redis-$1.log" 2>&1 & fi
+  PIDS+=($!); wait_port "$1"
+}
+start_nginx() { # $1 port, $2 workers, $3 "colo" or ""
+  mkdir -p "$WORK/ngx$1/www" "$WORK/ngx$1/logs"
+  head -c 1024 /dev/zero | tr '\0' 'x' > "$WORK/ngx$1/www/1k.txt"
+  cat > "$WORK/ngx$1/nginx.conf" <<NGX
+worker_processes $2;
+daemon off;
+pid $WORK/ngx$1/nginx.pid;
+error_log $WORK/ngx$1/logs/error.log warn;
+events { worker_connections 1024; }
+http { access_log off; server { listen 127.0.0.1:$1; root $WORK/ngx$1/www; } }
+NGX
+  if [ "$3" = colo ]; then COLO_LOG=info $COLORUN nginx -c "$WORK/ngx$1/nginx.conf" -p "$WORK/ngx$1" >"$WORK/ngx$1/out.log" 2>&1 &
+  else nginx -c "$WORK/ngx$1/nginx.conf" -p "$WORK/ngx$1" >"$WORK/ngx$1/out.log" 2>&1 & fi
+  PIDS+=($!); wait_port "$1"
+}

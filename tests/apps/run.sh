@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Unmodified programs under `colo run` (the LD_PRELOAD shim): redis, nginx, curl, python.
+# Needs the Debian packages in packages.txt. Every step has a timeout; any failure exits 1.
+source "$(dirname "$0")/common.sh"
+build
+FAIL=0
+ok() { echo "ok   $*"; }
+bad() { echo "FAIL $*"; FAIL=1; }
+check() { local name=$1; shift; if "$@"; then ok "$name"; else bad "$name"; fi; }
+
+# C scenario programs (each with an alarm() watchdog).
+for src in "$HERE"/c/*.c; do
+  [ -e "$src" ] || continue
+  exe=$WORK/$(basename "$src" .c)
+  gcc -O2 -D_FORTIFY_SOURCE=2 -o "$exe" "$src" || { bad "compile $(basename "$src")"; continue; }
+  check "c/$(basename "$src" .c)" timeout 30 env LD_PRELOAD="$SHIM" COLO_LOG=info "$exe"
+done
+
+# redis: both sides, one side, BGSAVE with clients connected.
+P=$(free_port); start_redis "$P" colo
+check "redis-cli set (both under colo)" test "$(timeout 10 $COLORUN redis-cli -p $P set k v)" = OK
+check "redis-cli get (both under colo)" test "$(timeout 10 $COLORUN redis-cli -p $P get k)" = v
+check "redis-cli get (client plain)" test "$(timeout 10 redis-cli -p $P get k)" = v
+check "redis accelerated a connection" grep -q "accelerated" "$WORK/redis-$P.log"
+check "redis-benchmark (both)" timeout 60 $COLORUN redis-benchmark -p $P -t get,set -n 20000 -c 20 -q >/dev/null
+head -c 300000 /dev/zero | tr '\0' 'y' > "$WORK/big"
+timeout 10 $COLORUN redis-cli -p $P -x set big < "$WORK/big" >/dev/null
+check "redis 300 KB value round trip" test "$(timeout 10 $COLORUN redis-cli -p $P strlen big)" = 300000
+( timeout 60 $COLORUN redis-benchmark -p $P -t set,get -n 40000 -c 10 -q >"$WORK/bgsave-bench.log" 2>&1 ) & BP=$!
+sleep 0.3
+check "BGSAVE while clients are connected" sh -c "timeout 10 $COLORUN redis-cli -p $P bgsave | grep -q 'Background saving started'"
+check "benchmark survives BGSAVE" wait $BP
+check "redis still answers after BGSAVE" test "$(timeout 10 $COLORUN redis-cli -p $P get k)" = v
+P2=$(free_port); start_redis "$P2" ""
+check "redis server plain, client colo" test "$(timeout 10 $COLORUN redis-cli -p $P2 ping)" = PONG
+check "redis-benchmark client colo, server plain" timeout 60 $COLORUN redis-benchmark -p $P2 -t get -n 5000 -c 5 -q >/dev/null
+
+# nginx with 2 workers.
+N=$(free_port); start_nginx "$N" 2 colo
+expect=$(head -c 1024 /dev/zero | tr '\0' 'x')
+check "curl nginx (both colo)" test "$(timeout 10 $COLORUN curl -s http://127.0.0.1:$N/1k.txt)" = "$expect"
+check "curl nginx (curl plain)" test "$(timeout 10 curl -s http://127.0.0.1:$N/1k.txt)" = "$expect"
+out=$(timeout 30 $COLORUN wrk -t1 -c20 -d2s http://127.0.0.1:$N/1k.txt 2>&1)
+check "wrk nginx (both colo), no socket errors" sh -c "echo '$out' | grep -q Requests/sec && ! echo '$out' | grep -q 'Socket errors'"
+check "nginx worker accelerated a connection" grep -q "accelerated" "$WORK/ngx$N/logs/error.log"
+
+# curl against python3 -m http.server (server plain: python is not preloaded here on purpose,
+# and under colo run).
+H=$(free_port); mkdir -p "$WORK/py"; echo hello-colo > "$WORK/py/f.txt"
+(cd "$WORK/py" && exec $COLORUN python3 -m http.server "$H" --bind 127.0.0.1 >"$WORK/py.log" 2>&1) & PIDS+=($!)
+wait_port "$H"
+check "curl python http.server (both colo)" test "$(timeout 10 $COLORUN curl -s http://127.0.0.1:$H/f.txt)" = hello-colo
+check "curl python http.server (curl plain)" test "$(timeout 10 curl -s http://127.0.0.1:$H/f.txt)" = hello-colo
+
+[ $FAIL = 0 ] && echo "tests/apps: all passed" || echo "tests/apps: FAILURES"
+exit $FAIL
