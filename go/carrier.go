@@ -3,30 +3,135 @@ package colo
 import (
 	"net"
 	"net/netip"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
-// CARRIER mode, server side (spec/WIRE.md section 3). An offer waits, keyed by its TCP 4-tuple,
-// until the listener accepts that TCP connection and claims it.
+// CARRIER mode, server side (spec/WIRE.md section 3). A client (typically the LD_PRELOAD shim)
+// offers a segment keyed by its TCP 4-tuple before connecting; the offer waits here until the
+// listener accepts that TCP connection and claims it. The TCP connection then carries no payload
+// and stays open until the colo connection closes.
+
+// offerTimeout bounds how long an unclaimed offer is kept.
+const offerTimeout = 10 * time.Second
+
+// claimWait bounds how long a TCP accept from a local address waits for HELLOs that were
+// accepted on the rendezvous but not yet read (the HELLO of a CARRIER client is sent before its
+// TCP SYN, so it is always there already).
+const claimWait = 100 * time.Millisecond
 
 type offerKey struct{ client, server netip.AddrPort }
 
+func canonical(a netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
+}
+
 type offer struct {
-	c   *Conn
-	fds []int
+	c       *Conn
+	fds     []int
+	claimed chan struct{}
 }
 
-func (o *offer) drop() {}
-
-// offerCarrier handles a CARRIER HELLO. Not yet supported: the client is told NOT_CLAIMED and
-// keeps its plain TCP connection.
-func (l *Listener) offerCarrier(c *Conn, h header, fds []int) (*Conn, uint8) {
-	_ = h
-	_ = fds
-	unmap(c)
-	return nil, RejectNotClaimed
+// drop releases an offer that will never be claimed (the caller removed it from the map).
+func (o *offer) drop() {
+	reject(o.c.ctlFd, RejectNotClaimed)
+	unmap(o.c)
+	for _, fd := range o.fds {
+		unix.Close(fd)
+	}
+	o.c.ctl.Close()
 }
 
-// claimCarrier returns the colo connection offered for this TCP connection, or nil.
+// offerCarrier parks a validated CARRIER offer until claimCarrier takes it or it times out.
+func (l *Listener) offerCarrier(c *Conn, h header, fds []int, heard func()) {
+	o := &offer{c: c, fds: fds, claimed: make(chan struct{})}
+	key := offerKey{canonical(h.ClientAddr), canonical(h.ServerAddr)}
+	l.offersMu.Lock()
+	if old := l.offers[key]; old != nil {
+		delete(l.offers, key)
+		old.drop()
+	}
+	l.offers[key] = o
+	l.offersMu.Unlock()
+	heard()
+	t := time.NewTimer(offerTimeout)
+	defer t.Stop()
+	select {
+	case <-o.claimed:
+		return
+	case <-t.C:
+	case <-l.done:
+	}
+	l.offersMu.Lock()
+	mine := l.offers[key] == o
+	if mine {
+		delete(l.offers, key)
+	}
+	l.offersMu.Unlock()
+	if mine {
+		o.drop()
+	}
+}
+
+func (l *Listener) takeOffer(key offerKey) *offer {
+	l.offersMu.Lock()
+	defer l.offersMu.Unlock()
+	o := l.offers[key]
+	if o != nil {
+		delete(l.offers, key)
+	}
+	return o
+}
+
+// drainRendezvous accepts every connection waiting in the rendezvous backlog, without blocking.
+func (l *Listener) drainRendezvous() {
+	if l.rv == nil {
+		return
+	}
+	for {
+		cfd, err := l.acceptControl(l.rvFd)
+		if err != nil {
+			return
+		}
+		l.spawnHello(cfd)
+	}
+}
+
+// claimCarrier returns the colo connection a CARRIER client offered for this TCP connection, or
+// nil: the connection stays plain TCP.
 func (l *Listener) claimCarrier(tc *net.TCPConn) *Conn {
-	return nil
+	ra, la := tc.RemoteAddr().(*net.TCPAddr), tc.LocalAddr().(*net.TCPAddr)
+	if ra == nil || la == nil || l.rv == nil || !isLocal(ra.AddrPort().Addr()) {
+		return nil
+	}
+	key := offerKey{canonical(ra.AddrPort()), canonical(la.AddrPort())}
+	l.drainRendezvous()
+	deadline := time.Now().Add(claimWait)
+	var o *offer
+	for {
+		if o = l.takeOffer(key); o != nil || l.pending.Load() <= 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+	if o == nil {
+		return nil
+	}
+	c := o.c
+	// Exactly one of this CAS and the client's OFFERED -> ABANDONED wins.
+	if !atomic.CompareAndSwapUint32(u32at(c.seg, hClaim), ClaimOffered, ClaimClaimed) {
+		o.drop()
+		close(o.claimed)
+		return nil
+	}
+	putLE32(c.seg, hServerPid, uint32(unixGetpid()))
+	c.laddr, c.raddr = la, ra
+	close(o.claimed)
+	if !l.finish(c, o.fds) {
+		return nil
+	}
+	c.carrier = tc
+	return c
 }

@@ -10,6 +10,8 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -38,6 +40,8 @@ type Dialer struct {
 	Geometry Geometry
 	// TCPOnly disables colo: the Dialer always dials plain TCP.
 	TCPOnly bool
+
+	forceCarrier bool // tests: offer CARRIER mode from the start
 }
 
 // Dial connects to address ("host:port") on network "tcp", "tcp4" or "tcp6". A server on this
@@ -182,7 +186,19 @@ func (d *Dialer) dialColo(ctx context.Context, ap netip.AddrPort) (*Conn, error)
 		if err != nil {
 			return nil, err
 		}
-		return handshakeClient(ctx, fd, ap, g)
+		if d.forceCarrier {
+			return carrierClient(ctx, fd, ap, g)
+		}
+		c, err := handshakeClient(ctx, fd, ap, g)
+		var rej *RejectError
+		if errors.As(err, &rej) && rej.Reason == RejectNeedCarrier {
+			// The server is an unmodified program under the shim: offer a carrier instead.
+			if fd, err = connectRendezvous(ctx, name); err != nil {
+				return nil, err
+			}
+			return carrierClient(ctx, fd, ap, g)
+		}
+		return c, err
 	}
 	return nil, errNoRendezvous
 }
@@ -222,81 +238,221 @@ func (e *RejectError) Error() string {
 	return fmt.Sprintf("colo: server rejected the handshake: %s (reason %d, version %d)", names[e.Reason], e.Reason, e.Version)
 }
 
-// handshakeClient runs the client side of a DIRECT handshake on a connected control socket.
-// It owns fd: on error everything is closed.
-func handshakeClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry) (c *Conn, err error) {
-	ctl := os.NewFile(uintptr(fd), "colo-ctl")
-	var seg []byte
-	cb, sb := -1, -1
+// clientSide is what a client prepares before a HELLO: the segment and both doorbells.
+type clientSide struct {
+	ctl    *os.File
+	fd     int
+	cred   *unix.Ucred
+	seg    []byte
+	lay    layout
+	memfd  int
+	cb, sb int
+}
+
+func (cs *clientSide) close() {
+	cs.ctl.Close()
+	if cs.seg != nil {
+		unix.Munmap(cs.seg)
+	}
+	for _, fd := range []int{cs.memfd, cs.cb, cs.sb} {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+}
+
+// prepareClient checks the server's credentials (spec section 2) and creates the segment and
+// doorbells. It owns fd: on error everything is closed.
+func prepareClient(fd int, ap netip.AddrPort, g Geometry) (*clientSide, error) {
+	cs := &clientSide{ctl: os.NewFile(uintptr(fd), "colo-ctl"), fd: fd, memfd: -1, cb: -1, sb: -1}
+	var err error
 	defer func() {
 		if err != nil {
-			ctl.Close()
-			if seg != nil {
-				unix.Munmap(seg)
-			}
-			if cb >= 0 {
-				unix.Close(cb)
-			}
-			if sb >= 0 {
-				unix.Close(sb)
-			}
+			cs.close()
 		}
 	}()
-	cred, err := peerCred(fd)
+	if cs.cred, err = peerCred(fd); err != nil {
+		return nil, err
+	}
+	if uid := uint32(os.Getuid()); cs.cred.Uid != uid && cs.cred.Uid != 0 && !listenerUIDs(ap.Port())[cs.cred.Uid] {
+		err = fmt.Errorf("colo: rendezvous owner uid %d does not own TCP port %d", cs.cred.Uid, ap.Port())
+		return nil, err
+	}
+	cs.lay = g.layout()
+	if cs.memfd, err = newSegmentFd(cs.lay.segmentSize); err != nil {
+		return nil, err
+	}
+	if cs.seg, err = mapSegment(cs.memfd, cs.lay.segmentSize); err != nil {
+		return nil, err
+	}
+	if cs.cb, err = newEventfd(); err != nil {
+		return nil, err
+	}
+	if cs.sb, err = newEventfd(); err != nil {
+		return nil, err
+	}
+	return cs, nil
+}
+
+// hello writes the header, seals the segment and sends HELLO with the three descriptors.
+func (cs *clientSide) hello(h header, mode uint8) error {
+	h.Geometry, h.SegmentSize, h.ClientPid = cs.lay.Geometry, cs.lay.segmentSize, uint32(os.Getpid())
+	h.encode(cs.seg)
+	if err := sealSegment(cs.memfd); err != nil {
+		return err
+	}
+	msg := hsMsg{Type: MsgHello, Version: Version, Arg: mode}.encode()
+	if err := unix.Sendmsg(cs.fd, msg, unix.UnixRights(cs.memfd, cs.cb, cs.sb), nil, 0); err != nil {
+		return os.NewSyscallError("sendmsg", err)
+	}
+	unix.Close(cs.memfd) // the mapping keeps the segment
+	cs.memfd = -1
+	return nil
+}
+
+// answer waits for WELCOME (nil) or REJECT (*RejectError) until dl.
+func (cs *clientSide) answer(ctx context.Context, dl time.Time) error {
+	reply, err := recvHandshake(ctx, cs.ctl, dl)
 	if err != nil {
-		return nil, err
-	}
-	if uid := uint32(os.Getuid()); cred.Uid != uid && cred.Uid != 0 && !listenerUIDs(ap.Port())[cred.Uid] {
-		return nil, fmt.Errorf("colo: rendezvous owner uid %d does not own TCP port %d", cred.Uid, ap.Port())
-	}
-	l := g.layout()
-	memfd, err := newSegmentFd(l.segmentSize)
-	if err != nil {
-		return nil, err
-	}
-	defer unix.Close(memfd)
-	if seg, err = mapSegment(memfd, l.segmentSize); err != nil {
-		return nil, err
-	}
-	h := header{Geometry: g, SegmentSize: l.segmentSize, Claim: ClaimDirect, ClientPid: uint32(os.Getpid()),
-		ClientAddr: netip.AddrPortFrom(ap.Addr(), 0), ServerAddr: ap}
-	h.encode(seg)
-	if err = sealSegment(memfd); err != nil {
-		return nil, err
-	}
-	if cb, err = newEventfd(); err != nil {
-		return nil, err
-	}
-	if sb, err = newEventfd(); err != nil {
-		return nil, err
-	}
-	hello := hsMsg{Type: MsgHello, Version: Version, Arg: ModeDirect}.encode()
-	if err = unix.Sendmsg(fd, hello, unix.UnixRights(memfd, cb, sb), nil, 0); err != nil {
-		return nil, os.NewSyscallError("sendmsg", err)
-	}
-	dl, ok := ctx.Deadline()
-	if !ok {
-		dl = time.Now().Add(handshakeTimeout)
-	}
-	reply, err := recvHandshake(ctx, ctl, dl)
-	if err != nil {
-		return nil, err
+		return err
 	}
 	m, err := decodeMsg(reply)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	switch {
 	case m.Type == MsgReject:
-		return nil, &RejectError{Reason: m.Arg, Version: m.Version}
+		return &RejectError{Reason: m.Arg, Version: m.Version}
 	case m.Type != MsgWelcome || m.Version != Version:
-		return nil, errBadMessage
+		return errBadMessage
 	}
-	c = &Conn{seg: seg, lay: l, ownBell: cb, peerBell: sb, ctl: ctl, ctlFd: fd, peerPid: int(cred.Pid),
-		laddr: tcpAddr(h.ClientAddr), raddr: tcpAddr(ap)}
-	if err = c.setup(); err != nil {
+	return nil
+}
+
+// conn turns an answered handshake into the client side of the connection.
+func (cs *clientSide) conn(laddr, raddr *net.TCPAddr) (*Conn, error) {
+	c := &Conn{seg: cs.seg, lay: cs.lay, ownBell: cs.cb, peerBell: cs.sb, ctl: cs.ctl, ctlFd: cs.fd,
+		peerPid: int(cs.cred.Pid), laddr: laddr, raddr: raddr}
+	if err := c.setup(); err != nil {
 		return nil, err
 	}
+	return c, nil
+}
+
+func handshakeDeadline(ctx context.Context) time.Time {
+	if dl, ok := ctx.Deadline(); ok {
+		return dl
+	}
+	return time.Now().Add(handshakeTimeout)
+}
+
+// handshakeClient runs the client side of a DIRECT handshake on a connected control socket.
+// It owns fd: on error everything is closed.
+func handshakeClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry) (*Conn, error) {
+	cs, err := prepareClient(fd, ap, g)
+	if err != nil {
+		return nil, err
+	}
+	h := header{Claim: ClaimDirect, ClientAddr: netip.AddrPortFrom(ap.Addr(), 0), ServerAddr: ap}
+	if err := cs.hello(h, ModeDirect); err != nil {
+		cs.close()
+		return nil, err
+	}
+	if err := cs.answer(ctx, handshakeDeadline(ctx)); err != nil {
+		cs.close()
+		return nil, err
+	}
+	c, err := cs.conn(tcpAddr(h.ClientAddr), tcpAddr(ap))
+	if err != nil {
+		cs.close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// carrierAnswerTimeout bounds the wait for the answer to a CARRIER offer once the TCP connection
+// is established (the server answers when its application accepts).
+const carrierAnswerTimeout = 2 * time.Second
+
+// carrierClient offers a CARRIER segment for a loopback TCP connection (spec section 3): bind,
+// HELLO with the 4-tuple, connect, then WELCOME (colo) or abandon (plain TCP).
+func carrierClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry) (*Conn, error) {
+	cs, err := prepareClient(fd, ap, g)
+	if err != nil {
+		return nil, err
+	}
+	network := "tcp4"
+	if !ap.Addr().Is4() {
+		network = "tcp6"
+	}
+	var offered bool
+	nd := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var ierr error
+		cerr := rc.Control(func(s uintptr) {
+			var sa unix.Sockaddr
+			if ap.Addr().Is4() {
+				sa = &unix.SockaddrInet4{Addr: ap.Addr().As4()}
+			} else {
+				sa = &unix.SockaddrInet6{Addr: ap.Addr().As16()}
+			}
+			if ierr = unix.Bind(int(s), sa); ierr != nil {
+				return
+			}
+			got, err := unix.Getsockname(int(s))
+			if err != nil {
+				ierr = err
+				return
+			}
+			var port int
+			switch a := got.(type) {
+			case *unix.SockaddrInet4:
+				port = a.Port
+			case *unix.SockaddrInet6:
+				port = a.Port
+			}
+			h := header{Claim: ClaimOffered, ClientAddr: netip.AddrPortFrom(ap.Addr(), uint16(port)), ServerAddr: ap}
+			ierr = cs.hello(h, ModeCarrier)
+			offered = ierr == nil
+		})
+		if cerr != nil {
+			return cerr
+		}
+		return ierr
+	}}
+	tc, err := nd.DialContext(ctx, network, ap.String())
+	if err != nil {
+		if offered {
+			atomic.CompareAndSwapUint32(u32at(cs.seg, hClaim), ClaimOffered, ClaimAbandoned)
+		}
+		cs.close()
+		return nil, err
+	}
+	dl := time.Now().Add(carrierAnswerTimeout)
+	if cdl, ok := ctx.Deadline(); ok && cdl.Before(dl) {
+		dl = cdl
+	}
+	aerr := cs.answer(ctx, dl)
+	if aerr != nil {
+		// Exactly one of this CAS and the server's OFFERED -> CLAIMED wins.
+		if atomic.CompareAndSwapUint32(u32at(cs.seg, hClaim), ClaimOffered, ClaimAbandoned) {
+			logf("carrier offer to %v not taken (%v): plain TCP", ap, aerr)
+			cs.close() // nothing was written into the ring: nothing to copy into the TCP socket
+			return &Conn{tcp: tc.(*net.TCPConn)}, nil
+		}
+		// The server claimed first: its WELCOME is on the way.
+		if aerr = cs.answer(context.Background(), time.Now().Add(carrierAnswerTimeout)); aerr != nil {
+			cs.close()
+			tc.Close()
+			return nil, aerr
+		}
+	}
+	c, err := cs.conn(tc.LocalAddr().(*net.TCPAddr), tc.RemoteAddr().(*net.TCPAddr))
+	if err != nil {
+		cs.close()
+		tc.Close()
+		return nil, err
+	}
+	c.carrier = tc
 	return c, nil
 }
 

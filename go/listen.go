@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -30,8 +31,11 @@ type Listener struct {
 	closeOnce sync.Once
 	wg        sync.WaitGroup
 
-	offersMu sync.Mutex
-	offers   map[offerKey]*offer
+	offersMu    sync.Mutex
+	offers      map[offerKey]*offer
+	carrierOnly atomic.Bool  // tests: behave like the shim, refusing DIRECT with NEED_CARRIER
+	rvMu        sync.Mutex   // serializes accepts on the rendezvous socket with pending counting
+	pending     atomic.Int32 // accepted control connections whose HELLO is not read yet
 }
 
 // Listen listens on the TCP address (network "tcp", "tcp4" or "tcp6") and on the matching colo
@@ -185,7 +189,7 @@ func (l *Listener) rvLoop() {
 		var cfd int
 		var aerr error
 		err := rc.Read(func(fd uintptr) bool {
-			cfd, _, aerr = unix.Accept4(int(fd), unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+			cfd, aerr = l.acceptControl(int(fd))
 			return aerr != unix.EAGAIN
 		})
 		if err != nil {
@@ -204,12 +208,28 @@ func (l *Listener) rvLoop() {
 			continue
 		}
 		delay = 0
-		l.wg.Add(1)
-		go func() {
-			defer l.wg.Done()
-			l.serveHello(cfd)
-		}()
+		l.spawnHello(cfd)
 	}
+}
+
+// acceptControl accepts one rendezvous connection without blocking and counts it as pending
+// until its HELLO is read (claimCarrier waits for pending HELLOs).
+func (l *Listener) acceptControl(rvfd int) (int, error) {
+	l.rvMu.Lock()
+	defer l.rvMu.Unlock()
+	cfd, _, err := unix.Accept4(rvfd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+	if err == nil {
+		l.pending.Add(1)
+	}
+	return cfd, err
+}
+
+func (l *Listener) spawnHello(cfd int) {
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		l.serveHello(cfd)
+	}()
 }
 
 func sendMsg(fd int, m hsMsg) error {
@@ -250,6 +270,8 @@ func (l *Listener) serveHello(cfd int) {
 	if oobn > 0 {
 		fds = parseRights(oob[:oobn])
 	}
+	heard := sync.OnceFunc(func() { l.pending.Add(-1) })
+	defer heard()
 	closeAll := func() {
 		for _, fd := range fds {
 			unix.Close(fd)
@@ -268,8 +290,13 @@ func (l *Listener) serveHello(cfd int) {
 		reject(cfd, RejectBadVersion)
 	case len(fds) != 3:
 		reject(cfd, RejectBadMessage)
+	case m.Arg == ModeDirect && l.carrierOnly.Load():
+		reject(cfd, RejectNeedCarrier)
 	default:
-		c, reason := l.adopt(cfd, cf, m.Arg, fds)
+		if m.Arg != ModeCarrier {
+			heard()
+		}
+		c, reason := l.adopt(cfd, cf, m.Arg, fds, heard)
 		if c != nil {
 			l.deliver(c)
 			return
@@ -285,7 +312,7 @@ func (l *Listener) serveHello(cfd int) {
 // adopt validates the segment and, on success, returns the server side of the connection (the
 // descriptors now belong to it; WELCOME was sent). On failure it returns the REJECT reason and
 // leaves the descriptors to the caller.
-func (l *Listener) adopt(cfd int, cf *os.File, mode uint8, fds []int) (*Conn, uint8) {
+func (l *Listener) adopt(cfd int, cf *os.File, mode uint8, fds []int, heard func()) (*Conn, uint8) {
 	size, err := checkSegmentFd(fds[0])
 	if err != nil {
 		logf("hello: %v", err)
@@ -324,7 +351,12 @@ func (l *Listener) adopt(cfd int, cf *os.File, mode uint8, fds []int) (*Conn, ui
 		c.peerPid = int(cred.Pid)
 	}
 	if mode == ModeCarrier {
-		return l.offerCarrier(c, h, fds)
+		if !h.ClientAddr.IsValid() || !h.ServerAddr.IsValid() {
+			unix.Munmap(seg)
+			return nil, RejectBadSegment
+		}
+		l.offerCarrier(c, h, fds, heard)
+		return nil, 0
 	}
 	if !l.finish(c, fds) {
 		return nil, 0

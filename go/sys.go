@@ -214,3 +214,5 @@ func unmap(c *Conn) {
 		c.seg = nil
 	}
 }
+
+func unixGetpid() int { return unix.Getpid() }
