@@ -682,6 +682,16 @@ func (c *Conn) Close() error {
 	unix.Close(c.ownBell)
 	unix.Close(c.peerBell)
 	if c.carrier != nil {
+		if debug {
+			if rc, err := c.carrier.(*net.TCPConn).SyscallConn(); err == nil {
+				rc.Control(func(fd uintptr) {
+					n, _ := unix.IoctlGetInt(int(fd), unix.SIOCINQ)
+					if n > 0 { // a CARRIER peer must never send payload on the TCP connection
+						logf("close: %d bytes were sent on the carrier TCP connection", n)
+					}
+				})
+			}
+		}
 		c.carrier.Close()
 	}
 	err := unix.Munmap(c.seg)
