@@ -17,32 +17,59 @@ fd is the socket (writes wait with ``add_writer``).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from ._colo import Conn, Listener, Message
 from ._colo import connect as _connect
 from ._colo import listen as _listen
 
 
-async def _wait_fd(fd: int, write: bool = False) -> None:
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[None] = loop.create_future()
+class _Waiters:
+    """Futures waiting for one fd. asyncio keeps one reader callback per fd, and a connection's
+    readers and writers (over shared memory) all wait on its readiness fd, so they share one
+    registration: readiness wakes every waiter, and each retries its call.
 
-    def ready() -> None:
-        if not fut.done():
-            fut.set_result(None)
+    A call that finds nothing to do drains the doorbell behind the readiness fd, so with two
+    different calls waiting (a reader and a writer), one's retry may swallow the wake-up meant for
+    the other. While two or more wait, they are also retried every millisecond, which bounds that
+    case (see the README: a core API that separates draining from retrying would remove it)."""
 
-    if write:
-        loop.add_writer(fd, ready)
-    else:
-        loop.add_reader(fd, ready)
-    try:
-        await fut
-    finally:
-        if write:
-            loop.remove_writer(fd)
-        else:
-            loop.remove_reader(fd)
+    def __init__(self) -> None:
+        self._futs: List["asyncio.Future[None]"] = []
+        self._fd = -1
+        self._write = False
+        self._timer: Optional[asyncio.TimerHandle] = None
+
+    async def wait(self, fd: int, write: bool = False) -> None:
+        loop = asyncio.get_running_loop()
+        fut: "asyncio.Future[None]" = loop.create_future()
+        if not self._futs:
+            self._fd, self._write = fd, write
+            (loop.add_writer if write else loop.add_reader)(fd, self._wake)
+        self._futs.append(fut)
+        if len(self._futs) > 1 and self._timer is None:
+            self._timer = loop.call_later(0.001, self._wake)
+        try:
+            await fut
+        finally:
+            if fut in self._futs:
+                self._futs.remove(fut)
+                if not self._futs:
+                    self._unregister()
+
+    def _unregister(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        loop = asyncio.get_running_loop()
+        (loop.remove_writer if self._write else loop.remove_reader)(self._fd)
+
+    def _wake(self) -> None:
+        futs, self._futs = self._futs, []
+        self._unregister()
+        for f in futs:
+            if not f.done():
+                f.set_result(None)
 
 
 class AsyncConn:
@@ -52,6 +79,8 @@ class AsyncConn:
         conn.setblocking(False)
         self.conn = conn
         self._tcp = conn.transport == "tcp"
+        self._readers = _Waiters()
+        self._writers = _Waiters() if self._tcp else self._readers
 
     @property
     def transport(self) -> str:
@@ -62,7 +91,10 @@ class AsyncConn:
             try:
                 return op(*args)
             except BlockingIOError:
-                await _wait_fd(self.conn.fileno(), write=write and self._tcp)
+                if write and self._tcp:
+                    await self._writers.wait(self.conn.fileno(), write=True)
+                else:
+                    await self._readers.wait(self.conn.fileno())
 
     async def recv(self, bufsize: int) -> bytes:
         return await self._retry(self.conn.recv, bufsize)
@@ -104,6 +136,7 @@ class AsyncListener:
     def __init__(self, listener: Listener) -> None:
         listener.setblocking(False)
         self.listener = listener
+        self._waiters = _Waiters()
 
     @property
     def address(self) -> str:
@@ -115,7 +148,7 @@ class AsyncListener:
                 conn, addr = self.listener.accept()
                 return AsyncConn(conn), addr
             except BlockingIOError:
-                await _wait_fd(self.listener.fileno())
+                await self._waiters.wait(self.listener.fileno())
 
     def close(self) -> None:
         self.listener.close()
