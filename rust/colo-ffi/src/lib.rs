@@ -10,6 +10,9 @@
 //! `include/colo.h` is generated from this file with cbindgen (see `cbindgen.toml`); the doc
 //! comments below are the header's documentation.
 #![allow(non_camel_case_types)]
+// The entry points are called from C: each pointer argument is checked for NULL and its contract
+// (size, lifetime) is documented in colo.h, which is what an `unsafe fn` would say in Rust.
+#![allow(clippy::not_unsafe_ptr_arg_deref)]
 
 use colo_core::{Listener, Loan, Message, Options, SpinMode, Stream, Transport};
 use std::collections::HashMap;

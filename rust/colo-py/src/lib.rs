@@ -389,7 +389,7 @@ impl Conn {
         let s = self.get()?;
         match value {
             Some(t) if t < 0.0 || t.is_nan() => return Err(PyValueError::new_err("Timeout value out of range")),
-            Some(t) if t == 0.0 => {
+            Some(0.0) => {
                 s.set_nonblocking(true).map_err(|e| self.err(e))?;
             }
             Some(t) => {
