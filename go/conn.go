@@ -42,9 +42,8 @@ type Conn struct {
 	peerBell    int
 	ctl         *os.File
 	ctlFd       int
-	ep          *os.File
-	epRaw       syscall.RawConn
-	epFd        int
+	bell        *os.File // our doorbell (ownBell), in the netpoller
+	bellRaw     syscall.RawConn
 	peerPid     int
 	spin        spinner
 	life        sync.RWMutex // read-held by every operation; write-held by Close to unmap
@@ -108,15 +107,19 @@ func (d *deadline) set(t time.Time, kick func()) {
 		d.timer.Stop()
 		d.timer = nil
 	}
+	old := d.t.Load()
 	if t.IsZero() {
 		d.t.Store(0)
-	} else {
-		d.t.Store(t.UnixNano())
-		if dur := time.Until(t); dur > 0 {
-			d.timer = time.AfterFunc(dur, kick)
-		}
+		return // a removed deadline needs no wake-up
 	}
-	kick() // blocked operations re-evaluate their deadline
+	nt := t.UnixNano()
+	d.t.Store(nt)
+	if dur := time.Until(t); dur > 0 {
+		d.timer = time.AfterFunc(dur, kick)
+	}
+	if old == 0 || nt < old {
+		kick() // blocked operations re-evaluate their deadline
+	}
 }
 
 func (d *deadline) stop() {
@@ -158,6 +161,22 @@ var defaultSpinNs = func() int64 {
 	return us * 1000
 }()
 
+// slept records how long a sleep that followed a failed spin lasted. A short sleep means the peer
+// is active and a spin might have caught it (a ping-pong whose two sides both sleep never gets a
+// successful spin otherwise); a long one means the connection was idle: after 8 of those in a
+// row, this side spins only once in 16 waits until a spin succeeds again.
+func (s *spinner) slept(d int64) {
+	ns := s.ns.Load()
+	if ns <= 0 {
+		return
+	}
+	if d < 8*ns {
+		s.fails.Store(0)
+	} else if s.fails.Load() < 1000 {
+		s.fails.Add(1)
+	}
+}
+
 // try spins until ready() or the spin budget is spent; it reports whether ready() held.
 func (s *spinner) try(ready func() bool) bool {
 	ns := s.ns.Load()
@@ -178,9 +197,6 @@ func (s *spinner) try(ready func() bool) bool {
 		}
 		if i%16 == 0 {
 			if ns > 0 && nanotime()-start > ns {
-				if s.fails.Load() < 1000 {
-					s.fails.Add(1)
-				}
 				return false
 			}
 			// Let other goroutines of this process run: a spin must not delay the work
@@ -276,14 +292,16 @@ func (c *Conn) setup() error {
 		c.in, c.out, c.myWaiting, c.peerWaiting = s2c, c2s, cw, sw
 	}
 	c.pool.init(l.SlotCount)
-	ep, epfd, err := newReadiness(c.ownBell, c.ctlFd)
-	if err != nil {
+	// Our doorbell sits directly in the netpoller (edge-triggered: every write is an event) and
+	// a parked goroutine watches the control socket; together they are the readiness fd of
+	// spec section 6, without a nested epoll instance or any system call in the wait path.
+	if err := unix.SetNonblock(c.ownBell, true); err != nil {
 		return err
 	}
-	c.ep = ep
-	c.epFd = epfd
-	c.epRaw, err = ep.SyscallConn()
-	return err
+	c.bell = os.NewFile(uintptr(c.ownBell), "colo-doorbell")
+	c.bellRaw, _ = c.bell.SyscallConn()
+	go c.watchCtl()
+	return nil
 }
 
 // enter marks the start of an operation; it fails once Close has begun.
@@ -298,16 +316,13 @@ func (c *Conn) enter() bool {
 
 func (c *Conn) exit() { c.life.RUnlock() }
 
-// kick rings our own doorbell so that blocked operations wake and re-check their state.
-func (c *Conn) kick() {
-	if !c.life.TryRLock() {
-		return // Close is running; it kicks by itself
-	}
-	if !c.closed.Load() {
-		ringBell(c.ownBell)
-	}
-	c.life.RUnlock()
-}
+// kick wakes the operation sleeping in the netpoller (if any) so that every blocked operation
+// re-checks its state. It expires the doorbell file's own deadline, which the runtime handles
+// without a system call; the poller clears it before each sleep, after which its re-check sees
+// whatever state change the kick announces.
+func (c *Conn) kick() { c.bell.SetReadDeadline(aLongTimeAgo) }
+
+var aLongTimeAgo = time.Unix(1, 0)
 
 func (c *Conn) fatalErr() error {
 	if p := c.fatal.Load(); p != nil {
@@ -354,11 +369,13 @@ func (c *Conn) await(ready func() bool) {
 	if c.spin.try(ready) {
 		return
 	}
+	start := nanotime()
 	c.waitMu.Lock()
 	c.nwait++
 	c.waitMu.Unlock()
 	for !c.block(ready) {
 	}
+	c.spin.slept(nanotime() - start)
 	c.waitMu.Lock()
 	c.nwait--
 	if c.nwait == 0 {
@@ -394,62 +411,61 @@ func (c *Conn) block(ready func() bool) bool {
 	return ok
 }
 
-// pollOnce is the poller's sleep. The re-check after storing waiting = 1 runs inside the
-// RawConn.Read callback, after the runtime has reset the descriptor's readiness, so a doorbell
-// rung after the store always wakes the netpoller wait that follows. Events that arrived before
-// (a control-socket hang-up while nobody waited) are collected from the readiness fd first.
-// The doorbell is registered edge-triggered and not drained: every write is an event, and after
-// any wake-up every waiter re-checks its condition anyway.
+// pollOnce is the poller's sleep on the doorbell. The re-check after storing waiting = 1 runs
+// inside the RawConn.Read callback, after the runtime has reset the descriptor's readiness, so a
+// doorbell rung after the store always wakes the netpoller wait that follows. The doorbell is
+// never drained: the netpoller is edge-triggered and every eventfd write is an edge, and after any
+// wake-up every waiter re-checks its condition anyway.
 func (c *Conn) pollOnce(ready func() bool) bool {
 	first := true
 	ok := false
-	c.epRaw.Read(func(fd uintptr) bool {
-		n := c.collect(int(fd))
+	c.bell.SetReadDeadline(time.Time{})
+	c.bellRaw.Read(func(uintptr) bool {
 		if first {
 			first = false
 			atomic.StoreUint32(c.myWaiting, 1)
 			ok = ready()
 			return ok
 		}
-		return n != 0
+		return true
 	})
 	return ok
 }
 
-// collect reads pending events of the readiness fd without blocking and handles control-socket
-// events. It returns the number of events (-1 on error).
-func (c *Conn) collect(ep int) int {
-	var evs [2]unix.EpollEvent
-	n, err := unix.EpollWait(ep, evs[:], 0)
+// watchCtl waits, parked in the netpoller, for the control socket to become readable after the
+// handshake: hang-up is the peer's close or death; any byte or descriptor is a protocol
+// violation (reset). Either way blocked operations are woken. It returns when Close closes the
+// socket.
+func (c *Conn) watchCtl() {
+	rc, err := c.ctl.SyscallConn()
 	if err != nil {
-		return -1
-	}
-	for _, ev := range evs[:n] {
-		if int(ev.Fd) != c.ownBell {
-			c.ctlEvent(ev.Events)
-		}
-	}
-	return n
-}
-
-// ctlEvent handles readiness of the control socket after the handshake: hang-up is the peer's
-// close or death; any byte or descriptor is a protocol violation (reset).
-func (c *Conn) ctlEvent(events uint32) {
-	var buf [16]byte
-	oob := make([]byte, unix.CmsgSpace(4*8))
-	n, oobn, _, _, err := unix.Recvmsg(c.ctlFd, buf[:], oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
-	if oobn > 0 {
-		closeRights(oob[:oobn])
-	}
-	hup := events&(unix.EPOLLHUP|unix.EPOLLRDHUP|unix.EPOLLERR) != 0
-	switch {
-	case err == unix.EAGAIN && !hup:
 		return
-	case n > 0 || oobn > 0 || (err == nil && !hup):
-		c.fail(errnoErr("read", unix.ECONNRESET), true)
 	}
-	unix.EpollCtl(c.epFd, unix.EPOLL_CTL_DEL, c.ctlFd, nil)
+	violation := false
+	err = rc.Read(func(fd uintptr) bool {
+		var buf [16]byte
+		oob := make([]byte, unix.CmsgSpace(4*8))
+		n, oobn, _, _, rerr := unix.Recvmsg(int(fd), buf[:], oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
+		if oobn > 0 {
+			closeRights(oob[:oobn])
+		}
+		switch {
+		case rerr == unix.EAGAIN || rerr == unix.EINTR:
+			return false
+		case n > 0 || oobn > 0:
+			violation = true
+		}
+		return true // n == 0: hang-up (or an empty datagram, treated alike); other errors too
+	})
+	if err != nil {
+		return // closed by Close
+	}
+	if violation && c.enter() {
+		c.fail(errnoErr("read", unix.ECONNRESET), true)
+		c.exit()
+	}
 	c.ctlGone.Store(true)
+	c.kick()
 }
 
 // ---- stream API ----
@@ -560,11 +576,14 @@ func (c *Conn) Write(p []byte) (int, error) {
 	capy := uint64(c.lay.RingCapacity)
 	written := 0
 	for {
+		if written == len(p) && written > 0 {
+			return written, nil // done: a peer that closed after reading it all is no error
+		}
 		if err := c.writeCheck(); err != nil {
 			return written, c.opErr("write", err)
 		}
-		if written == len(p) {
-			return written, nil
+		if len(p) == 0 {
+			return 0, nil
 		}
 		used := c.head - c.cTail
 		if used == capy {
@@ -655,7 +674,7 @@ func (c *Conn) CloseRead() error {
 	c.rdClosed.Store(true)
 	atomic.OrUint32(c.in.rflags, flagReadClosed)
 	ringBell(c.peerBell)
-	ringBell(c.ownBell)
+	c.kick()
 	return nil
 }
 
@@ -669,7 +688,7 @@ func (c *Conn) Close() error {
 	if !c.closed.CompareAndSwap(false, true) {
 		return c.opErr("close", net.ErrClosed)
 	}
-	ringBell(c.ownBell) // wake blocked operations; they see closed and leave
+	c.kick() // wake blocked operations; they see closed and leave
 	c.life.Lock()
 	defer c.life.Unlock()
 	c.rdl.stop()
@@ -677,9 +696,8 @@ func (c *Conn) Close() error {
 	atomic.OrUint32(c.out.flags, flagFIN)
 	atomic.OrUint32(c.in.rflags, flagReadClosed)
 	ringBell(c.peerBell)
-	c.ep.Close()
-	c.ctl.Close()
-	unix.Close(c.ownBell)
+	c.bell.Close() // closes ownBell
+	c.ctl.Close()  // the control-socket watcher returns
 	unix.Close(c.peerBell)
 	if c.carrier != nil {
 		if debug {

@@ -367,7 +367,7 @@ func (l *Listener) adopt(cfd int, cf *os.File, mode uint8, fds []int, heard func
 // finish completes an adopted connection: readiness fd, then WELCOME. On failure it closes
 // everything (including the control socket) and reports false.
 func (l *Listener) finish(c *Conn, fds []int) bool {
-	unix.SetNonblock(c.ownBell, true)
+	c.ctl.SetReadDeadline(time.Time{})
 	if err := c.setup(); err != nil {
 		reject(c.ctlFd, RejectNoResources)
 		unix.Munmap(c.seg)
@@ -378,7 +378,6 @@ func (l *Listener) finish(c *Conn, fds []int) bool {
 		return false
 	}
 	unix.Close(fds[0]) // the mapping keeps the segment
-	c.ctl.SetReadDeadline(time.Time{})
 	if err := sendMsg(c.ctlFd, hsMsg{Type: MsgWelcome, Version: Version}); err != nil {
 		c.Close()
 		return false

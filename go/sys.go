@@ -89,32 +89,6 @@ func drainBell(fd int) {
 	unix.Read(fd, b[:])
 }
 
-// newReadiness creates the readiness fd: an epoll instance holding the own doorbell and the
-// control socket, non-blocking and wrapped for the netpoller.
-func newReadiness(bell, ctl int) (*os.File, int, error) {
-	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
-	if err != nil {
-		return nil, -1, os.NewSyscallError("epoll_create1", err)
-	}
-	// Edge-triggered: every doorbell write is one event, whether or not the counter was drained,
-	// and reporting an event never re-arms the instance (a level-triggered item would, on every
-	// epoll_wait, wake the netpoller's epoll a second time).
-	const et = unix.EPOLLET & 0xffffffff
-	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, bell, &unix.EpollEvent{Events: unix.EPOLLIN | et, Fd: int32(bell)}); err != nil {
-		unix.Close(ep)
-		return nil, -1, os.NewSyscallError("epoll_ctl", err)
-	}
-	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, ctl, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | et, Fd: int32(ctl)}); err != nil {
-		unix.Close(ep)
-		return nil, -1, os.NewSyscallError("epoll_ctl", err)
-	}
-	if err := unix.SetNonblock(ep, true); err != nil {
-		unix.Close(ep)
-		return nil, -1, err
-	}
-	return os.NewFile(uintptr(ep), "colo-readiness"), ep, nil
-}
-
 // closeRights closes every descriptor carried in a control-message buffer.
 func closeRights(oob []byte) {
 	for _, fd := range parseRights(oob) {
