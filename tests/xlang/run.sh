@@ -111,6 +111,41 @@ for srv in "${!PEER[@]}"; do
     done
 done
 
+# Peer death, both ways, as separate processes:
+#  - the server is killed during a large transfer: the client must fail (exit 1) promptly, not hang;
+#  - the client is killed during a large transfer: the server must go on serving others.
+record() { # LABEL OK?
+    if [ "$2" = 1 ]; then pass=$((pass + 1)); echo "ok   $1"; else fail=$((fail + 1)); FAILED+=("$1"); echo "FAIL $1"; fi
+}
+for srv in "${!PEER[@]}"; do
+    for cli in "${!PEER[@]}"; do
+        c="${PEER[$cli]}"
+        if start_server "$srv" stream; then
+            timeout 30 "$c" client "$ADDR" stream 100000000000 >/dev/null 2>"$TMP/death.err" &
+            CPID=$!
+            sleep 0.5
+            kill -9 "$SPID"
+            wait "$CPID"
+            rc=$?
+            wait "$SPID" 2>/dev/null
+            ok=0; [ $rc -ne 0 ] && [ $rc -ne 124 ] && ok=1
+            record "$cli client -> $srv server: server killed mid-transfer, client fails (exit $rc)" $ok
+        else
+            record "$srv server stream: no READY" 0
+        fi
+        if start_server "$srv" stream; then
+            "$c" client "$ADDR" stream 100000000000 >/dev/null 2>&1 &
+            CPID=$!
+            sleep 0.5
+            kill -9 "$CPID"
+            wait "$CPID" 2>/dev/null
+            check "$cli client -> $srv server: server serves on after a client was killed" 1000000 "$c" client "$ADDR" stream 1000000
+            kill "$SPID" 2>/dev/null
+            wait "$SPID" 2>/dev/null
+        fi
+    done
+done
+
 echo "xlang: $pass passed, $fail failed"
 for f in "${FAILED[@]}"; do echo "  failed: $f"; done
 [ $fail -eq 0 ]
