@@ -125,7 +125,7 @@ for srv in "${!PEER[@]}"; do
             CPID=$!
             sleep 0.5
             kill -9 "$SPID"
-            wait "$CPID"
+            wait "$CPID" 2>/dev/null
             rc=$?
             wait "$SPID" 2>/dev/null
             ok=0; [ $rc -ne 0 ] && [ $rc -ne 124 ] && ok=1
