@@ -12,6 +12,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// maxUnaccepted bounds the connections taken from the kernel (TCP and rendezvous) that the
+// application has not accepted yet; beyond it the listener stops accepting and the kernel's
+// backlogs apply, as with a plain net.Listener.
+const maxUnaccepted = 1024
+
 // helloTimeout bounds how long a server waits for a HELLO on a new rendezvous connection.
 const helloTimeout = 5 * time.Second
 
@@ -33,9 +38,10 @@ type Listener struct {
 
 	offersMu    sync.Mutex
 	offers      map[offerKey]*offer
-	carrierOnly atomic.Bool  // tests: behave like the shim, refusing DIRECT with NEED_CARRIER
-	rvMu        sync.Mutex   // serializes accepts on the rendezvous socket with pending counting
-	pending     atomic.Int32 // accepted control connections whose HELLO is not read yet
+	sem         chan struct{} // one token per connection accepted but not yet handed to Accept
+	carrierOnly atomic.Bool   // tests: behave like the shim, refusing DIRECT with NEED_CARRIER
+	rvMu        sync.Mutex    // serializes accepts on the rendezvous socket with pending counting
+	pending     atomic.Int32  // accepted control connections whose HELLO is not read yet
 }
 
 // Listen listens on the TCP address (network "tcp", "tcp4" or "tcp6") and on the matching colo
@@ -51,6 +57,7 @@ func Listen(network, address string) (*Listener, error) {
 		return nil, err
 	}
 	l := &Listener{tcp: tl.(*net.TCPListener), conns: make(chan *Conn), errs: make(chan error, 1),
+		sem:  make(chan struct{}, maxUnaccepted),
 		done: make(chan struct{}), offers: map[offerKey]*offer{}}
 	ta := l.tcp.Addr().(*net.TCPAddr).AddrPort()
 	l.addr = netip.AddrPortFrom(ta.Addr().Unmap(), ta.Port())
@@ -145,8 +152,14 @@ func (l *Listener) tcpLoop() {
 	defer l.wg.Done()
 	delay := time.Duration(0)
 	for {
+		select {
+		case l.sem <- struct{}{}:
+		case <-l.done:
+			return
+		}
 		tc, err := l.tcp.AcceptTCP()
 		if err != nil {
+			<-l.sem
 			select {
 			case <-l.done:
 				return
@@ -171,6 +184,7 @@ func (l *Listener) tcpLoop() {
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
+			defer func() { <-l.sem }()
 			l.deliver(c)
 		}()
 	}
@@ -188,14 +202,21 @@ func (l *Listener) rvLoop() {
 	for {
 		var cfd int
 		var aerr error
+		select {
+		case l.sem <- struct{}{}:
+		case <-l.done:
+			return
+		}
 		err := rc.Read(func(fd uintptr) bool {
 			cfd, aerr = l.acceptControl(int(fd))
 			return aerr != unix.EAGAIN
 		})
 		if err != nil {
+			<-l.sem
 			return // closed
 		}
 		if aerr != nil {
+			<-l.sem
 			if aerr == unix.EINTR || aerr == unix.ECONNABORTED {
 				continue
 			}
@@ -224,10 +245,13 @@ func (l *Listener) acceptControl(rvfd int) (int, error) {
 	return cfd, err
 }
 
+// spawnHello serves one accepted control connection; the caller holds a token of l.sem, which
+// is given back when the HELLO has been answered and its connection accepted (or refused).
 func (l *Listener) spawnHello(cfd int) {
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
+		defer func() { <-l.sem }()
 		l.serveHello(cfd)
 	}()
 }

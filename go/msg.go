@@ -84,12 +84,12 @@ func (c *Conn) Loan(size int) (*Message, error) {
 		return nil, c.opErr("loan", errnoErr("loan", ErrMessageSize))
 	}
 	p := &c.pool
-	p.pmu.Lock()
-	defer p.pmu.Unlock()
 	if !c.enter() {
 		return nil, c.opErr("loan", net.ErrClosed)
 	}
 	defer c.exit()
+	p.pmu.Lock()
+	defer p.pmu.Unlock()
 	for {
 		if err := c.writeCheck(); err != nil {
 			return nil, c.opErr("loan", err)
@@ -106,7 +106,10 @@ func (c *Conn) Loan(size int) (*Message, error) {
 			return nil, c.opErr("loan", err)
 		}
 		if !got {
+			// Wait without the lock: another goroutine may Send or Release meanwhile.
+			p.pmu.Unlock()
 			c.await(c.loanReady)
+			p.pmu.Lock()
 		}
 	}
 }
@@ -137,7 +140,7 @@ func (c *Conn) reclaim() (bool, error) {
 }
 
 func (c *Conn) loanReady() bool {
-	return c.writeReadyCommon() || atomic.LoadUint64(c.out.freeHead) != c.pool.freeTail
+	return c.writeReadyCommon() || atomic.LoadUint64(c.out.freeHead) != atomic.LoadUint64(c.out.freeTail)
 }
 
 func (c *Conn) writeReadyCommon() bool {
@@ -151,12 +154,12 @@ func (c *Conn) Send(m *Message) error {
 		return c.opErr("send", errnoErr("send", ErrNoPool))
 	}
 	p := &c.pool
-	p.pmu.Lock()
-	defer p.pmu.Unlock()
 	if !c.enter() {
 		return c.opErr("send", net.ErrClosed)
 	}
 	defer c.exit()
+	p.pmu.Lock()
+	defer p.pmu.Unlock()
 	if m == nil || m.c != c || m.received || m.done || p.state[m.slot] != slotLoaned {
 		return errBadMessageUse
 	}
@@ -187,12 +190,12 @@ func (c *Conn) Recv() (*Message, error) {
 		return nil, c.opErr("recv", errnoErr("recv", ErrNoPool))
 	}
 	p := &c.pool
-	p.cmu.Lock()
-	defer p.cmu.Unlock()
 	if !c.enter() {
 		return nil, c.opErr("recv", net.ErrClosed)
 	}
 	defer c.exit()
+	p.cmu.Lock()
+	defer p.cmu.Unlock()
 	n := p.slotCount
 	for {
 		if c.closed.Load() {
@@ -234,7 +237,10 @@ func (c *Conn) Recv() (*Message, error) {
 					}
 					return nil, c.opErr("recv", c.fail(errnoErr("recv", unix.ECONNRESET), false))
 				}
+				// Wait without the lock: another goroutine may Release meanwhile.
+				p.cmu.Unlock()
 				c.await(c.recvReady)
+				p.cmu.Lock()
 				continue
 			}
 		}
@@ -254,7 +260,7 @@ func (c *Conn) Recv() (*Message, error) {
 
 func (c *Conn) recvReady() bool {
 	return c.closed.Load() || c.rdl.expired() || c.ctlGone.Load() || c.rdClosed.Load() ||
-		c.fatal.Load() != nil || atomic.LoadUint64(c.in.msgHead) != c.pool.msgTail || atomic.LoadUint32(c.in.flags) != 0
+		c.fatal.Load() != nil || atomic.LoadUint64(c.in.msgHead) != atomic.LoadUint64(c.in.msgTail) || atomic.LoadUint32(c.in.flags) != 0
 }
 
 // Release gives a message's slot back: a received message's slot returns to the sender; an
@@ -275,12 +281,12 @@ func (c *Conn) Release(m *Message) error {
 		m.done, m.Data = true, nil
 		return nil
 	}
-	p.cmu.Lock()
-	defer p.cmu.Unlock()
 	if !c.enter() {
 		return c.opErr("release", net.ErrClosed)
 	}
 	defer c.exit()
+	p.cmu.Lock()
+	defer p.cmu.Unlock()
 	if !p.held[m.slot] {
 		return errBadMessageUse
 	}

@@ -107,3 +107,55 @@ func isTimeout(err error) bool {
 	var te interface{ Timeout() bool }
 	return errors.As(err, &te) && te.Timeout()
 }
+
+// Concurrent producers and an asynchronous releaser must not deadlock: a Loan waiting for a slot
+// must not block a Send, and a Recv waiting for a message must not block a Release.
+func TestMessagesConcurrent(t *testing.T) {
+	watchdog(t, 60*time.Second)
+	l := listen(t)
+	c, s := pair(t, l, &Dialer{Geometry: Geometry{RingCapacity: 4096, SlotSize: 64, SlotCount: 4}})
+	defer c.Close()
+	defer s.Close()
+	const producers, each = 4, 500
+	done := make(chan error, producers)
+	for p := 0; p < producers; p++ {
+		go func() {
+			for i := 0; i < each; i++ {
+				m, err := c.Loan(8)
+				if err != nil {
+					done <- err
+					return
+				}
+				if err := c.Send(m); err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	release := make(chan *Message, producers*each)
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		for m := range release {
+			if err := m.Release(); err != nil {
+				t.Error(err)
+			}
+		}
+	}()
+	for i := 0; i < producers*each; i++ {
+		m, err := s.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		release <- m
+	}
+	close(release)
+	for p := 0; p < producers; p++ {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-released
+}
