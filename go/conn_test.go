@@ -30,7 +30,7 @@ func watchdog(t *testing.T, d time.Duration) {
 
 func listen(t *testing.T) *Listener {
 	t.Helper()
-	l, err := Listen("tcp", "127.0.0.1:0")
+	l, err := ListenColo("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -347,7 +347,7 @@ func waitFds(t *testing.T, want int) {
 func TestNoFdLeak(t *testing.T) {
 	watchdog(t, 60*time.Second)
 	before := fdCount(t)
-	l, err := Listen("tcp", "127.0.0.1:0")
+	l, err := ListenColo("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}

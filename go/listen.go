@@ -45,8 +45,21 @@ type Listener struct {
 }
 
 // Listen listens on the TCP address (network "tcp", "tcp4" or "tcp6") and on the matching colo
-// rendezvous name. Plain TCP clients reach the same Listener.
-func Listen(network, address string) (*Listener, error) {
+// rendezvous name. Plain TCP clients reach the same listener. The result is a *Listener; its
+// Accept returns *Conn values.
+//
+//	ln, err := colo.Listen("tcp", "127.0.0.1:8080")
+//	http.Serve(ln, mux)
+func Listen(network, address string) (net.Listener, error) {
+	l, err := ListenColo(network, address)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// ListenColo is Listen returning the *Listener (for AcceptColo and Colo).
+func ListenColo(network, address string) (*Listener, error) {
 	switch network {
 	case "tcp", "tcp4", "tcp6":
 	default:

@@ -28,14 +28,14 @@ func benchPingPong(b *testing.B, c, s net.Conn) {
 }
 
 func BenchmarkPingPongColo(b *testing.B) {
-	l, _ := Listen("tcp", "127.0.0.1:0")
+	l, _ := ListenColo("tcp", "127.0.0.1:0")
 	defer l.Close()
 	c, s := pair(b, l, nil)
 	benchPingPong(b, c, s)
 }
 
 func BenchmarkPingPongColoNoSpin(b *testing.B) {
-	l, _ := Listen("tcp", "127.0.0.1:0")
+	l, _ := ListenColo("tcp", "127.0.0.1:0")
 	defer l.Close()
 	c, s := pair(b, l, nil)
 	c.SetSpin(0)
@@ -44,7 +44,7 @@ func BenchmarkPingPongColoNoSpin(b *testing.B) {
 }
 
 func BenchmarkPingPongTCP(b *testing.B) {
-	l, _ := Listen("tcp", "127.0.0.1:0")
+	l, _ := ListenColo("tcp", "127.0.0.1:0")
 	defer l.Close()
 	c, s := pair(b, l, &Dialer{TCPOnly: true})
 	benchPingPong(b, c, s)

@@ -136,7 +136,7 @@ func runChild() {
 		}()
 	}
 	coloL := func() *colo.Listener {
-		l, err := colo.Listen("tcp", "127.0.0.1:0")
+		l, err := colo.ListenColo("tcp", "127.0.0.1:0")
 		if err != nil {
 			fatal(err)
 		}

@@ -62,7 +62,7 @@ func main() {
 }
 
 func server(addr, mode string) {
-	l, err := colo.Listen("tcp", addr)
+	l, err := colo.ListenColo("tcp", addr)
 	if err != nil {
 		die("listen: %v", err)
 	}
