@@ -40,6 +40,8 @@ var (
 	dur      = flag.Duration("d", 800*time.Millisecond, "measuring time per point")
 	connsStr = flag.String("conns", "1,8,64,256", "connection counts")
 	only     = flag.String("only", "echo,http,stream", "which benchmarks")
+	idle     = flag.Int("idle", 0, "instead: hold this many idle colo connections, each with a blocked reader on both ends, and report OS threads")
+	idleRole = flag.String("idle-role", "", "internal")
 )
 
 type addrs struct {
@@ -52,6 +54,14 @@ func main() {
 	flag.Parse()
 	if *child {
 		runChild()
+		return
+	}
+	if *idleRole != "" {
+		idleChild()
+		return
+	}
+	if *idle > 0 {
+		idleRun(*idle)
 		return
 	}
 	var conns []int
@@ -406,4 +416,114 @@ func benchStream(a addrs) {
 	med := func(v []float64) float64 { slices.Sort(v); return v[len(v)/2] }
 	c, u, t := med(cs), med(us), med(ts)
 	fmt.Printf("| %.2f | %.2f | %.2f | %s | %s |\n", c, u, t, ratio(c, u), ratio(c, t))
+}
+
+// ---- idle connections ----
+
+// Each process holds at most idlePerProc connection ends (3 descriptors each), to stay under a
+// 20000-descriptor limit.
+const idlePerProc = 5000
+
+func threadCount() int {
+	b, _ := os.ReadFile("/proc/self/status")
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return -1
+}
+
+// idleChild is a server ("-idle-role server": listen, accept -idle connections) or a client
+// ("-idle-role client ADDR": dial -idle connections); every connection gets a goroutine blocked in
+// Read. It prints "READY <addr>" when listening (server), "UP <threads> <goroutines>" once all its
+// connections are up, and exits when its standard input closes.
+func idleChild() {
+	n := *idle
+	var conns []net.Conn
+	hold := func(c net.Conn) {
+		conns = append(conns, c)
+		go io.Copy(io.Discard, c)
+	}
+	if *idleRole == "server" {
+		l, err := colo.ListenColo("tcp", "127.0.0.1:0")
+		if err != nil {
+			fatal(err)
+		}
+		fmt.Printf("READY %s\n", l.Addr())
+		for len(conns) < n {
+			c, err := l.AcceptColo()
+			if err != nil {
+				fatal(err)
+			}
+			if c.Transport() != colo.TransportColo {
+				fatal(fmt.Errorf("accepted a TCP connection"))
+			}
+			hold(c)
+		}
+	} else {
+		for len(conns) < n {
+			c, err := colo.Dial("tcp", flag.Arg(0))
+			if err != nil {
+				fatal(err)
+			}
+			if c.Transport() != colo.TransportColo {
+				fatal(fmt.Errorf("dial fell back to TCP"))
+			}
+			hold(c)
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // let every reader park
+	fmt.Printf("UP %d %d\n", threadCount(), runtime.NumGoroutine())
+	io.Copy(io.Discard, os.Stdin)
+}
+
+func idleRun(total int) {
+	type proc struct {
+		cmd *exec.Cmd
+		out *bufio.Reader
+		in  io.Closer
+	}
+	start := func(args ...string) proc {
+		cmd := exec.Command(os.Args[0], args...)
+		cmd.Stderr = os.Stderr
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		in, _ := cmd.StdinPipe()
+		out, _ := cmd.StdoutPipe()
+		if err := cmd.Start(); err != nil {
+			fatal(err)
+		}
+		return proc{cmd, bufio.NewReader(out), in}
+	}
+	line := func(p proc) []string {
+		l, err := p.out.ReadString('\n')
+		if err != nil {
+			fatal(fmt.Errorf("child: %v", err))
+		}
+		return strings.Fields(l)
+	}
+	var procs []proc
+	t0 := time.Now()
+	for left := total; left > 0; left -= idlePerProc {
+		n := min(left, idlePerProc)
+		srv := start("-idle", strconv.Itoa(n), "-idle-role", "server")
+		addr := line(srv)[1]
+		cli := start("-idle", strconv.Itoa(n), "-idle-role", "client", addr)
+		procs = append(procs, srv, cli)
+	}
+	fmt.Printf("colo-gobench: %d idle colo connections over %d processes, a reader blocked on each end\n", total, len(procs))
+	for i, p := range procs {
+		f := line(p)
+		role := "server"
+		if i%2 == 1 {
+			role = "client"
+		}
+		fmt.Printf("  %s process %d: %s OS threads, %s goroutines\n", role, i/2, f[1], f[2])
+	}
+	fmt.Printf("  set up in %v\n", time.Since(t0).Round(time.Millisecond))
+	for _, p := range procs {
+		p.in.Close()
+		p.cmd.Wait()
+	}
 }
