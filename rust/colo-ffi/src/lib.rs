@@ -133,8 +133,8 @@ unsafe impl Sync for LoanBox {}
 enum Obj {
     Listener(Arc<Listener>),
     Conn(Arc<Stream>),
-    Msg(Box<MsgBox>),
-    Loan(Box<LoanBox>),
+    Msg(MsgBox),
+    Loan(LoanBox),
 }
 
 /// Handle values are unique counters: hashing them is the identity.
@@ -729,7 +729,7 @@ pub extern "C" fn colo_loan(c: *const colo_conn, len: usize, out: *mut *mut colo
         let cap = loan.capacity();
         loan.set_len(cap);
         let ptr = loan.as_mut_ptr();
-        let h = insert(Obj::Loan(Box::new(LoanBox { loan, data: ptr, cap, _conn: s })));
+        let h = insert(Obj::Loan(LoanBox { loan, data: ptr, cap, _conn: s }));
         // SAFETY: `out` and `data` are not NULL and point to writable pointers.
         unsafe {
             *out = h as *mut colo_buf;
@@ -781,7 +781,7 @@ pub extern "C" fn colo_send(l: *mut colo_buf, len: usize) -> c_int {
             with(l as usize, |o| matches!(o, Obj::Loan(_)).then_some(EINVAL)).unwrap_or(EBADF)
         })?;
         b.loan.set_len(len);
-        let LoanBox { loan, _conn, .. } = *b;
+        let LoanBox { loan, _conn, .. } = b;
         let r = loan.send();
         drop(_conn);
         r.map(|()| 0).map_err(|e| err(&e))
@@ -833,7 +833,7 @@ pub extern "C" fn colo_recv_message(
         // alive (field `_conn`) and drops only after the message (field order).
         let msg: Message<'static> = unsafe { std::mem::transmute::<Message<'_>, Message<'static>>(msg) };
         let (ptr, n) = (msg.as_ptr(), msg.len());
-        let h = insert(Obj::Msg(Box::new(MsgBox { msg, data: ptr, len: n, _conn: s })));
+        let h = insert(Obj::Msg(MsgBox { msg, data: ptr, len: n, _conn: s }));
         // SAFETY: `out` is not NULL; `data` and `len` are written only when not NULL.
         unsafe {
             *out = h as *mut colo_msg;
@@ -885,7 +885,7 @@ pub extern "C" fn colo_msg_release(m: *mut colo_msg) -> c_int {
             o => Err(o),
         })
         .ok_or(EBADF)?;
-        let MsgBox { msg, _conn, .. } = *b;
+        let MsgBox { msg, _conn, .. } = b;
         drop(msg);
         drop(_conn);
         Ok(0)
