@@ -163,8 +163,7 @@ var defaultSpinNs = func() int64 {
 
 // slept records how long a sleep that followed a failed spin lasted. A short sleep means the peer
 // is active and a spin might have caught it (a ping-pong whose two sides both sleep never gets a
-// successful spin otherwise); a long one means the connection was idle: after 8 of those in a
-// row, this side spins only once in 16 waits until a spin succeeds again.
+// successful spin otherwise); a long one means the connection was idle.
 func (s *spinner) slept(d int64) {
 	ns := s.ns.Load()
 	if ns <= 0 {
@@ -178,13 +177,14 @@ func (s *spinner) slept(d int64) {
 }
 
 // try spins until ready() or the spin budget is spent; it reports whether ready() held.
-func (s *spinner) try(ready func() bool) bool {
+// Adaptive (spec section 9): after 8 waits in a row whose spin failed and whose sleep was long,
+// a side spins only once in 16 waits until a spin succeeds (or a sleep is short) again.
+func (s *spinner) try(ready func() bool, interrupted func() bool) bool {
 	ns := s.ns.Load()
 	if ns == 0 {
 		return false
 	}
 	if ns > 0 && s.fails.Load() >= 8 {
-		// Recent spins all ended in sleep: probe only once in a while.
 		if s.skips.Add(1)%16 != 0 {
 			return false
 		}
@@ -192,7 +192,9 @@ func (s *spinner) try(ready func() bool) bool {
 	start := nanotime()
 	for i := 1; ; i++ {
 		if ready() {
-			s.fails.Store(0)
+			if !interrupted() { // a deadline or Close is no evidence that spinning pays
+				s.fails.Store(0)
+			}
 			return true
 		}
 		if i%16 == 0 {
@@ -365,8 +367,8 @@ func (c *Conn) notifyPeer() {
 // flags, control-socket hang-up, close, deadline. Spec section 6: spin; store waiting = 1 (Go's
 // atomics are sequentially consistent, which gives the SeqCst fence); re-check; sleep on the
 // readiness fd.
-func (c *Conn) await(ready func() bool) {
-	if c.spin.try(ready) {
+func (c *Conn) await(ready func() bool, dl *deadline) {
+	if c.spin.try(ready, func() bool { return c.closed.Load() || dl.expired() }) {
 		return
 	}
 	start := nanotime()
@@ -489,7 +491,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 		if done {
 			return n, c.opErr("read", err)
 		}
-		c.await(c.readReady)
+		c.await(c.readReady, &c.rdl)
 		if c.closed.Load() {
 			return 0, c.opErr("read", net.ErrClosed)
 		}
@@ -594,7 +596,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 			c.cTail = t
 			used = c.head - t
 			if used == capy {
-				c.await(c.writeReady)
+				c.await(c.writeReady, &c.wdl)
 				continue
 			}
 		}
