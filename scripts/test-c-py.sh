@@ -37,6 +37,11 @@ build_rust() {
 }
 
 c_tests() {
+    if command -v cbindgen >/dev/null 2>&1; then
+        # the checked-in header must match the Rust source
+        (cd rust/colo-ffi && cbindgen --quiet --config cbindgen.toml --crate colo-ffi --output "$ROOT/build/colo.h.check") &&
+            diff -u rust/colo-ffi/include/colo.h "$ROOT/build/colo.h.check" || { echo "colo.h is stale: make -C tests/c header"; return 1; }
+    fi
     make -C tests/c all && timeout 300 make -C tests/c test
 }
 
