@@ -2,7 +2,8 @@
 //! handed out here point into the mapping this value owns, at offsets derived from a validated
 //! private copy of the geometry; none is derived from a value the peer can change later.
 
-use colo_ring::layout::{block, Layout, CLIENT_WAITING, SERVER_WAITING};
+pub use colo_ring::layout::{Geometry, Layout};
+use colo_ring::layout::{block, CLIENT_WAITING, SERVER_WAITING};
 use colo_ring::queue::{QueueReceiver, QueueSender, QueueWords};
 use colo_ring::ring::{Consumer, Producer, RawBytes, RingWords};
 use colo_ring::sync::{AtomicU32, AtomicU64};

@@ -1,0 +1,394 @@
+//! Multi-process behaviour and faults: every peer here is a separate process (this test binary
+//! re-run with `COLO_CHILD` set), killed, corrupting or misbehaving for real.
+mod common;
+
+use colo::{Listener, Options, Stream, Transport};
+use colo_sys::{seqpacket, AsFd};
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr};
+use std::process::Child;
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+/// Child processes enter here; in a normal run this test does nothing.
+#[test]
+fn child_entry() {
+    let Some((role, arg)) = common::role() else { return };
+    // Die with the parent test, so a failed test leaves no process behind.
+    // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number and no pointers.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+    let code = match role.as_str() {
+        "writer" => writer(&arg),
+        "exit_after" => exit_after(&arg),
+        "idle_reader" => idle_reader(&arg),
+        "corrupter" => corrupter(&arg),
+        "many" => many(&arg),
+        "sleeping_server" => sleeping_server(),
+        _ => 2,
+    };
+    std::process::exit(code);
+}
+
+fn say(line: &str) {
+    println!("{line}");
+    std::io::stdout().flush().unwrap();
+}
+
+fn writer(addr: &str) -> i32 {
+    let s = Stream::connect(addr).unwrap();
+    assert_eq!(s.transport(), Transport::SharedMemory);
+    let mut at = 0u64;
+    let mut buf = vec![0u8; 8192];
+    loop {
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = common::pattern(at + i as u64);
+        }
+        (&s).write_all(&buf).unwrap();
+        at += buf.len() as u64;
+    }
+}
+
+fn exit_after(addr: &str) -> i32 {
+    let s = Stream::connect(addr).unwrap();
+    let buf: Vec<u8> = (0..1_000_000u64).map(common::pattern).collect();
+    (&s).write_all(&buf).unwrap();
+    0 // exits without shutdown: dropping the stream is a clean close.
+}
+
+fn idle_reader(addr: &str) -> i32 {
+    let mut s = Stream::connect(addr).unwrap();
+    say("CONNECTED");
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b).unwrap();
+    0
+}
+
+fn sleeping_server() -> i32 {
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    say(&format!("READY {}", l.local_addr().unwrap()));
+    let (_s, _) = l.accept().unwrap();
+    thread::sleep(Duration::from_secs(60));
+    0
+}
+
+/// Maps our only colo segment read-write, behind the library's back.
+fn map_own_segment() -> *mut u8 {
+    let fds: Vec<_> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().contains("colo-seg")))
+        .collect();
+    assert_eq!(fds.len(), 1);
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(fds[0].path()).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    // SAFETY: a fresh shared mapping of the whole file; we only write plain integers into it.
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, std::os::fd::AsRawFd::as_raw_fd(&f), 0) };
+    assert_ne!(p, libc::MAP_FAILED);
+    p as *mut u8
+}
+
+fn corrupter(addr: &str) -> i32 {
+    let opts = Options::new().pool(4096, 4);
+    let bad = Stream::connect_with(addr, &opts).unwrap();
+    let base = map_own_segment();
+    // SAFETY: offset 4096 is ring_head of the client→server block: an aligned u64 we scribble on.
+    unsafe { std::ptr::write_volatile(base.add(4096) as *mut u64, 0xdead_beef_0000_0000) };
+    bad.shutdown(Shutdown::Write).unwrap(); // rings the server's doorbell
+    let good = Stream::connect_with(addr, &opts).unwrap();
+    (&good).write_all(b"still served").unwrap();
+    let mut b = [0u8; 12];
+    (&good).read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"still served");
+    // The corrupted connection was reset by the server.
+    let mut x = [0u8; 1];
+    let e = (&bad).read(&mut x).unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::ConnectionReset) || colo::errno_of(&e) == 71, "{e:?}");
+    0
+}
+
+fn many(addr: &str) -> i32 {
+    const CONNS: usize = 1000;
+    const BYTES: usize = 32 * 1024;
+    let addr: SocketAddr = addr.parse().unwrap();
+    let conns: Vec<Stream> = (0..CONNS)
+        .map(|_| {
+            let s = Stream::connect(addr).unwrap();
+            assert_eq!(s.transport(), Transport::SharedMemory);
+            s
+        })
+        .collect();
+    say("CONNECTED");
+    let conns = std::sync::Arc::new(conns);
+    let workers: Vec<_> = (0..8)
+        .map(|w| {
+            let conns = conns.clone();
+            thread::spawn(move || {
+                for id in (w..CONNS).step_by(8) {
+                    let s = &conns[id];
+                    let data: Vec<u8> = (0..BYTES as u64).map(|i| common::pattern(i + id as u64 * 7919)).collect();
+                    (&*s).write_all(&data).unwrap();
+                    let mut back = vec![0u8; BYTES];
+                    (&*s).read_exact(&mut back).unwrap();
+                    assert!(back == data, "connection {id}: echo differs");
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    0
+}
+
+/// The first line the child itself printed (the test harness prints its own lines first).
+fn wait_line(c: &mut Child) -> String {
+    let mut r = BufReader::new(c.stdout.as_mut().unwrap());
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap() == 0 {
+            return String::new();
+        }
+        // The harness's "test child_entry ... " has no newline, so our line may follow it.
+        for key in ["READY", "CONNECTED"] {
+            if let Some(at) = line.find(key) {
+                return line[at..].trim().to_string();
+            }
+        }
+    }
+}
+
+fn listener() -> (Listener, String) {
+    let l = Listener::bind_with("127.0.0.1:0", Options::new().pool(4096, 4)).unwrap();
+    let a = l.local_addr().unwrap().to_string();
+    (l, a)
+}
+
+#[test]
+fn peer_killed_mid_transfer_drains_then_resets() {
+    let _w = common::watchdog(60);
+    let (l, addr) = listener();
+    let mut child = common::child("child_entry", "writer", &addr);
+    let (s, _) = l.accept().unwrap();
+    let mut at = 0u64;
+    let mut buf = vec![0u8; 65536];
+    while at < 4 << 20 {
+        let n = (&s).read(&mut buf).unwrap();
+        for (i, b) in buf[..n].iter().enumerate() {
+            assert_eq!(*b, common::pattern(at + i as u64));
+        }
+        at += n as u64;
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let err = loop {
+        match (&s).read(&mut buf) {
+            Ok(0) => panic!("a killed peer must not look like a clean close"),
+            Ok(n) => {
+                for (i, b) in buf[..n].iter().enumerate() {
+                    assert_eq!(*b, common::pattern(at + i as u64), "data after the kill stays intact");
+                }
+                at += n as u64;
+            }
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.kind(), ErrorKind::ConnectionReset);
+    assert_eq!((&s).write(b"x").unwrap_err().kind(), ErrorKind::BrokenPipe);
+}
+
+#[test]
+fn peer_exit_delivers_everything_then_eof() {
+    let _w = common::watchdog(60);
+    let (l, addr) = listener();
+    let mut child = common::child("child_entry", "exit_after", &addr);
+    let (mut s, _) = l.accept().unwrap();
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    assert_eq!(got.len(), 1_000_000);
+    assert!(got.iter().enumerate().all(|(i, b)| *b == common::pattern(i as u64)));
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn server_killed_client_sees_reset() {
+    let _w = common::watchdog(60);
+    let mut child = common::child("child_entry", "sleeping_server", "");
+    let line = wait_line(&mut child);
+    let addr = line.strip_prefix("READY ").unwrap().to_string();
+    let s = Stream::connect(addr.as_str()).unwrap();
+    assert_eq!(s.transport(), Transport::SharedMemory);
+    (&s).write_all(b"before").unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let mut b = [0u8; 4];
+    assert_eq!((&s).read(&mut b).unwrap_err().kind(), ErrorKind::ConnectionReset);
+}
+
+#[test]
+fn corrupted_segment_resets_only_that_connection() {
+    let _w = common::watchdog(60);
+    let (l, addr) = listener();
+    let mut child = common::child("child_entry", "corrupter", &addr);
+    let (tx, rx) = mpsc::channel();
+    let server = thread::spawn(move || {
+        for _ in 0..2 {
+            let (s, _) = l.accept().unwrap();
+            let tx = tx.clone();
+            thread::spawn(move || {
+                let mut buf = [0u8; 64];
+                let r = loop {
+                    match (&s).read(&mut buf) {
+                        Ok(0) => break Ok(()),
+                        Ok(n) => (&s).write_all(&buf[..n]).unwrap(),
+                        Err(e) => break Err(e),
+                    }
+                };
+                tx.send(r.map_err(|e| colo::errno_of(&e))).unwrap();
+            });
+        }
+    });
+    assert!(child.wait().unwrap().success(), "the healthy connection was served");
+    let results: Vec<_> = (0..2).map(|_| rx.recv_timeout(Duration::from_secs(20)).unwrap()).collect();
+    assert!(results.contains(&Err(71)), "the corrupted connection failed with EPROTO: {results:?}");
+    assert!(results.contains(&Ok(())), "the healthy one ended cleanly: {results:?}");
+    server.join().unwrap();
+}
+
+fn raw_client(addr: &str) -> colo_sys::OwnedFd {
+    seqpacket::connect(colo::wire::rendezvous_name(addr.parse().unwrap()).as_bytes()).unwrap()
+}
+
+fn answer(fd: &colo_sys::OwnedFd) -> Option<colo::wire::Message> {
+    seqpacket::set_recv_timeout(fd, Some(Duration::from_secs(10))).unwrap();
+    let mut buf = [0u8; 64];
+    let r = seqpacket::recv(fd, &mut buf, false).ok()?;
+    colo::wire::Message::decode(&buf[..r.len]).ok()
+}
+
+#[test]
+fn garbage_on_the_rendezvous_is_refused_and_the_listener_keeps_serving() {
+    use colo::wire::{Message, Mode, Reason};
+    let _w = common::watchdog(60);
+    let (l, addr) = listener();
+    let server = thread::spawn(move || {
+        // Garbage never yields a connection; the one good client below does.
+        let (mut s, _) = l.accept().unwrap();
+        let mut b = [0u8; 2];
+        s.read_exact(&mut b).unwrap();
+        s.write_all(&b).unwrap();
+    });
+    let hello = |v: u8| Message::Hello { version: v, mode: Mode::Direct }.encode();
+    let reject = |r: Reason| Some(Message::Reject { version: 1, reason: r });
+    // Bytes that are not a message.
+    let c = raw_client(&addr);
+    seqpacket::send(&c, b"GET / HTTP/1.1\r\n", &[]).unwrap();
+    assert_eq!(answer(&c), reject(Reason::BadMessage));
+    // A HELLO without descriptors.
+    let c = raw_client(&addr);
+    seqpacket::send(&c, &hello(1), &[]).unwrap();
+    assert_eq!(answer(&c), reject(Reason::BadMessage));
+    // A future version.
+    let c = raw_client(&addr);
+    seqpacket::send(&c, &hello(9), &[]).unwrap();
+    assert_eq!(answer(&c), reject(Reason::BadVersion));
+    // Descriptors that are not a segment and doorbells.
+    let (p1, p2) = rustix_pipe();
+    let c = raw_client(&addr);
+    seqpacket::send(&c, &hello(1), &[p1.as_fd(), p2.as_fd(), p1.as_fd()]).unwrap();
+    assert_eq!(answer(&c), reject(Reason::BadMessage));
+    // A real memfd that is not sealed, with real eventfds.
+    let memfd = unsealed_memfd();
+    let (b1, b2) = (colo_sys::doorbell::create().unwrap(), colo_sys::doorbell::create().unwrap());
+    let c = raw_client(&addr);
+    seqpacket::send(&c, &hello(1), &[memfd.as_fd(), b1.as_fd(), b2.as_fd()]).unwrap();
+    assert_eq!(answer(&c), reject(Reason::BadSegment));
+    // A client that says nothing and one that hangs up at once.
+    let silent = raw_client(&addr);
+    drop(raw_client(&addr));
+    // A good client is still served.
+    let mut s = Stream::connect(addr.as_str()).unwrap();
+    assert_eq!(s.transport(), Transport::SharedMemory);
+    s.write_all(b"ok").unwrap();
+    let mut b = [0u8; 2];
+    s.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"ok");
+    server.join().unwrap();
+    drop(silent);
+}
+
+fn rustix_pipe() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
+    let mut fds = [0; 2];
+    // SAFETY: pipe writes two descriptors into the array, which we then own.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both are fresh descriptors owned by nobody else.
+    unsafe { (std::os::fd::FromRawFd::from_raw_fd(fds[0]), std::os::fd::FromRawFd::from_raw_fd(fds[1])) }
+}
+
+fn unsealed_memfd() -> std::os::fd::OwnedFd {
+    // SAFETY: a valid NUL-terminated name; the result is a fresh descriptor.
+    let fd = unsafe { libc::memfd_create(c"colo-seg".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: fresh descriptor, owned by the returned value.
+    let fd: std::os::fd::OwnedFd = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
+    let mut header = vec![0u8; 4096];
+    let geometry = colo::segment::Geometry { ring_capacity: 4096, slot_size: 0, slot_count: 0 };
+    let h = colo::wire::Header { geometry, claim: 0, client_pid: 1, server_pid: 0, client_addr: None, server_addr: None };
+    let layout = h.encode(&mut header).unwrap();
+    let f = std::fs::File::from(fd);
+    f.set_len(layout.segment_size as u64).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &header, 0).unwrap();
+    f.into()
+}
+
+#[test]
+fn a_thousand_concurrent_connections_move_checksummed_data() {
+    let _w = common::watchdog(240);
+    colo_sys::host::raise_fd_limit();
+    let l = Listener::bind_with("127.0.0.1:0", Options::new().ring_capacity(16 * 1024).pool(0, 0)).unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let mut child = common::child("child_entry", "many", &addr);
+    let mut handlers = Vec::new();
+    for _ in 0..1000 {
+        let (s, _) = l.accept().unwrap();
+        assert_eq!(s.transport(), Transport::SharedMemory);
+        handlers.push(thread::Builder::new().stack_size(64 * 1024).spawn(move || {
+            let mut buf = [0u8; 4096];
+            loop {
+                let n = (&s).read(&mut buf).unwrap();
+                if n == 0 {
+                    return;
+                }
+                (&s).write_all(&buf[..n]).unwrap();
+            }
+        }).unwrap());
+    }
+    assert_eq!(wait_line(&mut child), "CONNECTED");
+    assert!(child.wait().unwrap().success(), "every connection echoed intact");
+    for h in handlers {
+        h.join().unwrap();
+    }
+}
+
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+#[test]
+fn an_idle_connection_costs_no_cpu() {
+    let _w = common::watchdog(60);
+    let (l, addr) = listener();
+    let mut child = common::child("child_entry", "idle_reader", &addr);
+    let (mut s, _) = l.accept().unwrap();
+    assert_eq!(wait_line(&mut child), "CONNECTED");
+    thread::sleep(Duration::from_millis(300));
+    let before = cpu_ticks(child.id());
+    thread::sleep(Duration::from_secs(3));
+    let used = cpu_ticks(child.id()) - before;
+    s.write_all(b"!").unwrap();
+    assert!(child.wait().unwrap().success());
+    assert!(used <= 1, "a reader blocked for 3 s used {used} clock ticks of CPU");
+}
