@@ -714,10 +714,35 @@ func (c *Conn) Close() error {
 		}
 		c.carrier.Close()
 	}
-	err := unix.Munmap(c.seg)
+	unmapLater(c.seg)
 	c.seg = nil
-	return err
+	return nil
 }
+
+// unmapLater hands a segment mapping to a background goroutine. munmap of a shared mapping in a
+// multi-threaded process costs TLB shoot-downs on every CPU the process ran on; doing it off the
+// caller's path keeps Close (and so short-lived connections) cheap. Nothing touches the mapping
+// after Close: every operation has left (Close holds the life lock exclusively).
+func unmapLater(seg []byte) {
+	unmapOnce.Do(func() {
+		unmapQueue = make(chan []byte, 1024)
+		go func() {
+			for seg := range unmapQueue {
+				unix.Munmap(seg)
+			}
+		}()
+	})
+	select {
+	case unmapQueue <- seg:
+	default:
+		unix.Munmap(seg) // the reaper is behind: do it here
+	}
+}
+
+var (
+	unmapOnce  sync.Once
+	unmapQueue chan []byte
+)
 
 // SetDeadline sets the read and write deadlines. Blocked operations see the new deadline.
 func (c *Conn) SetDeadline(t time.Time) error {

@@ -49,3 +49,37 @@ func BenchmarkPingPongTCP(b *testing.B) {
 	c, s := pair(b, l, &Dialer{TCPOnly: true})
 	benchPingPong(b, c, s)
 }
+
+// Connection set-up and tear-down: dial, one byte each way, close.
+func benchConnect(b *testing.B, d *Dialer) {
+	l, _ := ListenColo("tcp", "127.0.0.1:0")
+	defer l.Close()
+	go func() {
+		for {
+			s, err := l.AcceptColo()
+			if err != nil {
+				return
+			}
+			go func() {
+				buf := make([]byte, 1)
+				s.Read(buf)
+				s.Write(buf)
+				s.Close()
+			}()
+		}
+	}()
+	buf := make([]byte, 1)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		c, err := d.Dial("tcp", l.Addr().String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.Write(buf)
+		c.Read(buf)
+		c.Close()
+	}
+}
+
+func BenchmarkConnectColo(b *testing.B) { benchConnect(b, &Dialer{}) }
+func BenchmarkConnectTCP(b *testing.B)  { benchConnect(b, &Dialer{TCPOnly: true}) }
