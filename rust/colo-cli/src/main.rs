@@ -21,6 +21,13 @@ enum Command {
     Bench(bench::Args),
     /// List colo listeners and connections on this host that you may see (like `ss`).
     Stat(stat::Args),
+    /// Run an unmodified program with its loopback TCP moved into shared memory (LD_PRELOAD).
+    #[command(trailing_var_arg = true)]
+    Run {
+        /// The command and its arguments (after `--`).
+        #[arg(required = true, allow_hyphen_values = true)]
+        cmd: Vec<String>,
+    },
     /// Internal: the server side of `colo bench`, in its own process.
     #[command(hide = true, name = "__bench-serve")]
     BenchServe(bench::ServeArgs),
@@ -32,6 +39,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::run(a),
         Command::Stat(a) => stat::run(a),
         Command::BenchServe(a) => bench::serve(a),
+        Command::Run { cmd } => return ExitCode::from(colo_run::run(&cmd).clamp(0, 255) as u8),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -85,6 +85,15 @@ impl Stream {
         Stream { inner: Inner::Tcp(Arc::new(s)) }
     }
 
+    /// The TCP socket of a fallback connection (for the tokio wrapper).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn into_tcp(self) -> Option<TcpStream> {
+        match self.inner {
+            Inner::Tcp(t) => Arc::try_unwrap(t).ok(),
+            Inner::Shm(_) => None,
+        }
+    }
+
     pub(crate) fn shm(&self) -> Option<&Shm> {
         match &self.inner {
             Inner::Shm(s) => Some(s),

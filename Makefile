@@ -1,0 +1,42 @@
+# colo: the two commands of the README.
+#   make demo   builds colo and runs `colo bench` on this machine (about a minute)
+#   make test   runs every test: Rust (unit, loom, multi-process), Go, C, Python, cross-language, apps
+.PHONY: demo test build test-rust test-loom test-go test-c-py test-xlang test-apps bench-apps clean
+
+CARGO ?= cargo
+RUST := rust
+
+build:
+	cd $(RUST) && $(CARGO) build --release -p colo-cli -p colo-preload -p colo-ffi && $(CARGO) build --release -p colo --example peer
+
+demo: build
+	$(RUST)/target/release/colo bench --plot build/bench.png
+
+test: test-rust test-loom test-go test-c-py test-xlang test-apps
+	@echo "all tests passed"
+
+test-rust:
+	cd $(RUST) && $(CARGO) test --workspace --exclude colo-py -- --test-threads=2
+	cd $(RUST) && $(CARGO) test -p colo --features tokio --test tokio
+
+test-loom:
+	cd $(RUST) && RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom $(CARGO) test -p colo-ring --test loom --release
+
+test-go:
+	go/test.sh
+
+test-c-py:
+	scripts/test-c-py.sh
+
+test-xlang: build
+	tests/xlang/run.sh
+
+test-apps:
+	tests/apps/run.sh
+
+bench-apps:
+	tests/apps/bench.sh
+
+clean:
+	cd $(RUST) && $(CARGO) clean
+	rm -rf build

@@ -1,0 +1,217 @@
+//! Async colo for tokio (feature `tokio`): [`Listener`] and [`Stream`] with `AsyncRead`/`AsyncWrite`.
+//!
+//! A shared-memory stream waits on its readiness fd (an epoll fd holding the doorbell and the
+//! control socket) registered in tokio's reactor. Both halves of a stream wait on that one fd, so
+//! the waker handed to tokio wakes whichever halves are waiting; each re-checks its own condition.
+//!
+//! ```no_run
+//! # async fn f() -> std::io::Result<()> {
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//! let listener = colo::tokio::Listener::bind("127.0.0.1:7000")?;
+//! let (mut s, _) = listener.accept().await?;
+//! let mut buf = [0u8; 4];
+//! s.read_exact(&mut buf).await?;
+//! s.write_all(&buf).await?;
+//! # Ok(()) }
+//! ```
+
+use crate::{Options, Transport};
+use std::io;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::os::fd::{AsRawFd, RawFd};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+struct Fd(RawFd);
+
+impl AsRawFd for Fd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+/// Wakes every half that waits on the shared readiness fd.
+#[derive(Default)]
+struct FanOut {
+    read: Mutex<Option<Waker>>,
+    write: Mutex<Option<Waker>>,
+}
+
+impl Wake for FanOut {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        for slot in [&self.read, &self.write] {
+            if let Some(w) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                w.wake();
+            }
+        }
+    }
+}
+
+struct Shm {
+    // Declared before `stream`: deregistered before the fd it watches is closed.
+    fd: AsyncFd<Fd>,
+    fan: Arc<FanOut>,
+    stream: crate::Stream,
+}
+
+impl Shm {
+    fn poll_io<T>(&self, cx: &mut Context<'_>, write: bool, mut op: impl FnMut() -> io::Result<T>) -> Poll<io::Result<T>> {
+        loop {
+            match op() {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                r => return Poll::Ready(r),
+            }
+            let slot = if write { &self.fan.write } else { &self.fan.read };
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+            let fan = Waker::from(self.fan.clone());
+            match self.fd.poll_read_ready(&mut Context::from_waker(&fan)) {
+                Poll::Ready(Ok(mut guard)) => guard.clear_ready(),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+enum Inner {
+    Shm(Shm),
+    Tcp(tokio::net::TcpStream),
+}
+
+/// An async colo connection: shared memory to a local colo listener, TCP otherwise.
+pub struct Stream {
+    inner: Inner,
+}
+
+impl Stream {
+    /// Connects like [`crate::Stream::connect`], without blocking the runtime.
+    pub async fn connect(addr: impl ToSocketAddrs + Send + 'static) -> io::Result<Stream> {
+        Stream::connect_with(addr, Options::new()).await
+    }
+
+    /// Connects with options.
+    pub async fn connect_with(addr: impl ToSocketAddrs + Send + 'static, opts: Options) -> io::Result<Stream> {
+        let s = tokio::task::spawn_blocking(move || crate::Stream::connect_with(addr, &opts))
+            .await
+            .map_err(io::Error::other)??;
+        Stream::from_std(s)
+    }
+
+    /// Wraps a blocking [`crate::Stream`] (switching it to non-blocking mode).
+    pub fn from_std(s: crate::Stream) -> io::Result<Stream> {
+        s.set_nonblocking(true)?;
+        let inner = match s.transport() {
+            Transport::SharedMemory => {
+                // SAFETY: the readiness fd belongs to `s`, which the Shm below owns and drops only
+                // after this registration (field order).
+                let fd = unsafe { AsyncFd::register_with_interest(Fd(s.as_raw_fd()), tokio::io::Interest::READABLE) }
+                    .map_err(io::Error::from)?;
+                Inner::Shm(Shm { fd, fan: Arc::default(), stream: s })
+            }
+            Transport::Tcp => Inner::Tcp(tokio::net::TcpStream::from_std(s.into_tcp().expect("tcp transport"))?),
+        };
+        Ok(Stream { inner })
+    }
+
+    /// The transport in use.
+    pub fn transport(&self) -> Transport {
+        match self.inner {
+            Inner::Shm(_) => Transport::SharedMemory,
+            Inner::Tcp(_) => Transport::Tcp,
+        }
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        match &self.inner {
+            Inner::Shm(s) => s.stream.peer_addr(),
+            Inner::Tcp(t) => t.peer_addr(),
+        }
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().inner {
+            Inner::Tcp(t) => Pin::new(t).poll_read(cx, buf),
+            Inner::Shm(s) => {
+                let dst = buf.initialize_unfilled();
+                match s.poll_io(cx, false, || io::Read::read(&mut &s.stream, dst)) {
+                    Poll::Ready(Ok(n)) => {
+                        buf.advance(n);
+                        Poll::Ready(Ok(()))
+                    }
+                    Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match &mut self.get_mut().inner {
+            Inner::Tcp(t) => Pin::new(t).poll_write(cx, buf),
+            Inner::Shm(s) => s.poll_io(cx, true, || io::Write::write(&mut &s.stream, buf)),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().inner {
+            Inner::Tcp(t) => Pin::new(t).poll_flush(cx),
+            Inner::Shm(_) => Poll::Ready(Ok(())),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().inner {
+            Inner::Tcp(t) => Pin::new(t).poll_shutdown(cx),
+            Inner::Shm(s) => Poll::Ready(s.stream.shutdown(std::net::Shutdown::Write)),
+        }
+    }
+}
+
+/// An async colo listener: shared memory for local colo clients, TCP for everyone else.
+pub struct Listener {
+    // Declared before `inner`: deregistered before the fd it watches is closed.
+    fd: AsyncFd<Fd>,
+    inner: crate::Listener,
+}
+
+impl Listener {
+    /// Binds like [`crate::Listener::bind`].
+    pub fn bind(addr: impl ToSocketAddrs) -> io::Result<Listener> {
+        Listener::from_std(crate::Listener::bind(addr)?)
+    }
+
+    /// Wraps a blocking listener.
+    pub fn from_std(l: crate::Listener) -> io::Result<Listener> {
+        l.set_nonblocking(true)?;
+        // SAFETY: the fd belongs to `l`, owned by the Listener and dropped after this registration.
+        let fd = unsafe { AsyncFd::register_with_interest(Fd(l.as_raw_fd()), tokio::io::Interest::READABLE) }
+            .map_err(io::Error::from)?;
+        Ok(Listener { fd, inner: l })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+
+    /// Accepts the next connection.
+    pub async fn accept(&self) -> io::Result<(Stream, SocketAddr)> {
+        loop {
+            match self.inner.accept() {
+                Ok((s, a)) => return Ok((Stream::from_std(s)?, a)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+            self.fd.readable().await?.clear_ready();
+        }
+    }
+}
