@@ -178,6 +178,17 @@ func (d *Dialer) dialColo(ctx context.Context, ap netip.AddrPort) (*Conn, error)
 	if err := g.valid(); err != nil {
 		return nil, err
 	}
+	// Take the segment first, so that HELLO follows the rendezvous connect at once and the
+	// server, woken by the connect, finds it already queued.
+	res, err := takeSeg(g)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if res != nil {
+			putSeg(res) // never offered
+		}
+	}()
 	for _, name := range lookupNames(ap) {
 		fd, err := connectRendezvous(ctx, name)
 		if err == unix.ECONNREFUSED || err == unix.ENOENT {
@@ -189,7 +200,9 @@ func (d *Dialer) dialColo(ctx context.Context, ap netip.AddrPort) (*Conn, error)
 		if d.forceCarrier {
 			return carrierClient(ctx, fd, ap, g)
 		}
-		c, err := handshakeClient(ctx, fd, ap, g)
+		r := res
+		res = nil
+		c, err := handshakeClient(ctx, fd, ap, r)
 		var rej *RejectError
 		if errors.As(err, &rej) && rej.Reason == RejectNeedCarrier {
 			// The server is an unmodified program under the shim: offer a carrier instead.
@@ -240,68 +253,52 @@ func (e *RejectError) Error() string {
 
 // clientSide is what a client prepares before a HELLO: the segment and both doorbells.
 type clientSide struct {
-	ctl    *os.File
-	fd     int
-	cred   *unix.Ucred
-	seg    []byte
-	lay    layout
-	memfd  int
-	cb, sb int
+	ctl  *os.File
+	fd   int
+	cred *unix.Ucred
+	*segRes
+	sent bool // the descriptors went out with a HELLO: never reuse them
 }
 
 func (cs *clientSide) close() {
 	cs.ctl.Close()
-	if cs.seg != nil {
-		unix.Munmap(cs.seg)
-	}
-	for _, fd := range []int{cs.memfd, cs.cb, cs.sb} {
-		if fd >= 0 {
-			unix.Close(fd)
+	if cs.segRes != nil {
+		if cs.sent {
+			cs.segRes.close()
+		} else {
+			putSeg(cs.segRes)
 		}
 	}
 }
 
-// prepareClient checks the server's credentials (spec section 2) and creates the segment and
-// doorbells. It owns fd: on error everything is closed.
-func prepareClient(fd int, ap netip.AddrPort, g Geometry) (*clientSide, error) {
-	cs := &clientSide{ctl: os.NewFile(uintptr(fd), "colo-ctl"), fd: fd, memfd: -1, cb: -1, sb: -1}
+// prepareClient checks the server's credentials (spec section 2) and takes a ready segment with
+// its doorbells. It owns fd: on error everything is closed.
+func prepareClient(fd int, ap netip.AddrPort, g Geometry, res *segRes) (*clientSide, error) {
+	cs := &clientSide{ctl: os.NewFile(uintptr(fd), "colo-ctl"), fd: fd, segRes: res}
 	var err error
-	defer func() {
-		if err != nil {
-			cs.close()
-		}
-	}()
 	if cs.cred, err = peerCred(fd); err != nil {
+		cs.close()
 		return nil, err
 	}
 	if uid := uint32(os.Getuid()); cs.cred.Uid != uid && cs.cred.Uid != 0 && !listenerUIDs(ap.Port())[cs.cred.Uid] {
-		err = fmt.Errorf("colo: rendezvous owner uid %d does not own TCP port %d", cs.cred.Uid, ap.Port())
-		return nil, err
+		cs.close()
+		return nil, fmt.Errorf("colo: rendezvous owner uid %d does not own TCP port %d", cs.cred.Uid, ap.Port())
 	}
-	cs.lay = g.layout()
-	if cs.memfd, err = newSegmentFd(cs.lay.segmentSize); err != nil {
-		return nil, err
-	}
-	if cs.seg, err = mapSegment(cs.memfd, cs.lay.segmentSize); err != nil {
-		return nil, err
-	}
-	if cs.cb, err = newEventfd(); err != nil {
-		return nil, err
-	}
-	if cs.sb, err = newEventfd(); err != nil {
-		return nil, err
+	if cs.segRes == nil {
+		if cs.segRes, err = takeSeg(g); err != nil {
+			cs.close()
+			return nil, err
+		}
 	}
 	return cs, nil
 }
 
-// hello writes the header, seals the segment and sends HELLO with the three descriptors.
+// hello writes the header and sends HELLO with the three descriptors.
 func (cs *clientSide) hello(h header, mode uint8) error {
 	h.Geometry, h.SegmentSize, h.ClientPid = cs.lay.Geometry, cs.lay.segmentSize, uint32(os.Getpid())
 	h.encode(cs.seg)
-	if err := sealSegment(cs.memfd); err != nil {
-		return err
-	}
 	msg := hsMsg{Type: MsgHello, Version: Version, Arg: mode}.encode()
+	cs.sent = true
 	if err := unix.Sendmsg(cs.fd, msg, unix.UnixRights(cs.memfd, cs.cb, cs.sb), nil, 0); err != nil {
 		return os.NewSyscallError("sendmsg", err)
 	}
@@ -336,6 +333,7 @@ func (cs *clientSide) conn(laddr, raddr *net.TCPAddr) (*Conn, error) {
 	if err := c.setup(); err != nil {
 		return nil, err
 	}
+	cs.segRes = nil // the connection owns it now
 	return c, nil
 }
 
@@ -348,8 +346,8 @@ func handshakeDeadline(ctx context.Context) time.Time {
 
 // handshakeClient runs the client side of a DIRECT handshake on a connected control socket.
 // It owns fd: on error everything is closed.
-func handshakeClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry) (*Conn, error) {
-	cs, err := prepareClient(fd, ap, g)
+func handshakeClient(ctx context.Context, fd int, ap netip.AddrPort, res *segRes) (*Conn, error) {
+	cs, err := prepareClient(fd, ap, res.lay.Geometry, res)
 	if err != nil {
 		return nil, err
 	}
@@ -377,7 +375,7 @@ const carrierAnswerTimeout = 2 * time.Second
 // carrierClient offers a CARRIER segment for a loopback TCP connection (spec section 3): bind,
 // HELLO with the 4-tuple, connect, then WELCOME (colo) or abandon (plain TCP).
 func carrierClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry) (*Conn, error) {
-	cs, err := prepareClient(fd, ap, g)
+	cs, err := prepareClient(fd, ap, g, nil)
 	if err != nil {
 		return nil, err
 	}

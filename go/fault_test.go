@@ -243,6 +243,7 @@ func rawHello(t *testing.T, name string, msg []byte, fds []int) []byte {
 
 func TestGarbageOnRendezvous(t *testing.T) {
 	watchdog(t, 60*time.Second)
+	drainSegPool()
 	before := fdCount(t)
 	l := listen(t)
 	name := rendezvousName(netip.MustParseAddrPort(l.Addr().String()))
@@ -332,6 +333,7 @@ func waitFds(t *testing.T, want int) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
+		drainSegPool()
 		runtime.GC()
 		got := fdCount(t)
 		if got <= want {
@@ -346,6 +348,7 @@ func waitFds(t *testing.T, want int) {
 
 func TestNoFdLeak(t *testing.T) {
 	watchdog(t, 60*time.Second)
+	drainSegPool()
 	before := fdCount(t)
 	l, err := ListenColo("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -277,32 +277,37 @@ func reject(fd int, reason uint8) {
 	sendMsg(fd, hsMsg{Type: MsgReject, Version: Version, Arg: reason})
 }
 
-// serveHello reads and answers one HELLO on an accepted control socket.
+// serveHello reads and answers one HELLO on an accepted control socket. The HELLO usually is
+// already there (clients send it right after connecting): it is then read without waiting.
 func (l *Listener) serveHello(cfd int) {
-	cf := os.NewFile(uintptr(cfd), "colo-ctl")
-	cf.SetReadDeadline(time.Now().Add(helloTimeout))
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		select {
-		case <-l.done:
-			cf.SetReadDeadline(time.Now())
-		case <-stop:
-		}
-	}()
-	rc, err := cf.SyscallConn()
-	if err != nil {
-		cf.Close()
-		return
-	}
 	buf := make([]byte, 64)
 	oob := make([]byte, unix.CmsgSpace(4*8))
-	var n, oobn, flags int
-	var rerr error
-	err = rc.Read(func(fd uintptr) bool {
-		n, oobn, flags, _, rerr = unix.Recvmsg(int(fd), buf, oob, unix.MSG_CMSG_CLOEXEC)
-		return rerr != unix.EAGAIN
-	})
+	n, oobn, flags, _, rerr := unix.Recvmsg(cfd, buf, oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
+	cf := os.NewFile(uintptr(cfd), "colo-ctl")
+	if rerr == unix.EAGAIN {
+		cf.SetReadDeadline(time.Now().Add(helloTimeout))
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			select {
+			case <-l.done:
+				cf.SetReadDeadline(time.Now())
+			case <-stop:
+			}
+		}()
+		rc, err := cf.SyscallConn()
+		if err != nil {
+			cf.Close()
+			return
+		}
+		err = rc.Read(func(fd uintptr) bool {
+			n, oobn, flags, _, rerr = unix.Recvmsg(int(fd), buf, oob, unix.MSG_CMSG_CLOEXEC)
+			return rerr != unix.EAGAIN
+		})
+		if err != nil && rerr == nil {
+			rerr = err
+		}
+	}
 	var fds []int
 	if oobn > 0 {
 		fds = parseRights(oob[:oobn])
@@ -315,7 +320,7 @@ func (l *Listener) serveHello(cfd int) {
 		}
 		cf.Close()
 	}
-	if err != nil || rerr != nil || (n == 0 && oobn == 0) {
+	if rerr != nil || (n == 0 && oobn == 0) {
 		closeAll()
 		return
 	}

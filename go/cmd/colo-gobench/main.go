@@ -39,7 +39,7 @@ var (
 	child    = flag.Bool("child", false, "run the servers (internal)")
 	dur      = flag.Duration("d", 800*time.Millisecond, "measuring time per point")
 	connsStr = flag.String("conns", "1,8,64,256", "connection counts")
-	only     = flag.String("only", "echo,http,stream", "which benchmarks")
+	only     = flag.String("only", "echo,http,stream,connect", "which benchmarks")
 	idle     = flag.Int("idle", 0, "instead: hold this many idle colo connections, each with a blocked reader on both ends, and report OS threads")
 	idleRole = flag.String("idle-role", "", "internal")
 )
@@ -101,6 +101,9 @@ func main() {
 	}
 	if strings.Contains(*only, "stream") {
 		benchStream(a)
+	}
+	if strings.Contains(*only, "connect") {
+		benchConnect(a)
 	}
 }
 
@@ -416,6 +419,41 @@ func benchStream(a addrs) {
 	med := func(v []float64) float64 { slices.Sort(v); return v[len(v)/2] }
 	c, u, t := med(cs), med(us), med(ts)
 	fmt.Printf("| %.2f | %.2f | %.2f | %s | %s |\n", c, u, t, ratio(c, u), ratio(c, t))
+}
+
+// connectRun measures short-lived connections: dial, one 64 B echo, close.
+func connectRun(dial dialFn) lat {
+	var all []time.Duration
+	buf := make([]byte, 64)
+	deadline := time.Now().Add(*dur)
+	for time.Now().Before(deadline) {
+		t0 := time.Now()
+		c, err := dial()
+		if err != nil {
+			fatal(err)
+		}
+		c.Write(buf)
+		if _, err := io.ReadFull(c, buf); err != nil {
+			fatal(err)
+		}
+		c.Close()
+		all = append(all, time.Since(t0))
+	}
+	slices.Sort(all)
+	return lat{all[len(all)/2], all[len(all)*99/100]}
+}
+
+func benchConnect(a addrs) {
+	fmt.Println()
+	fmt.Println("## short-lived connections: dial, one 64 B echo, close (microseconds)")
+	fmt.Println()
+	fmt.Println("| colo p50 | colo p99 | TCP p50 | TCP p99 | Unix p50 | Unix p99 | TCP/colo p50 |")
+	fmt.Println("|---|---|---|---|---|---|---|")
+	c := connectRun(coloDial(a.ColoEcho, nil))
+	t := connectRun(netDial("tcp", a.TCPEcho))
+	u := connectRun(netDial("unix", a.UnixEcho))
+	fmt.Printf("| %s | %s | %s | %s | %s | %s | %s |\n", us(c.p50), us(c.p99), us(t.p50), us(t.p99),
+		us(u.p50), us(u.p99), ratio(float64(t.p50), float64(c.p50)))
 }
 
 // ---- idle connections ----
