@@ -23,6 +23,9 @@ pub struct Args {
     /// Only the 64 B round trip (quick check).
     #[arg(long)]
     quick: bool,
+    /// Only the measurements whose group, case or transport contains this text (e.g. `short`).
+    #[arg(long)]
+    only: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -228,6 +231,20 @@ impl Server {
     }
 }
 
+impl Server {
+    /// A connection with the library's default options (what an application gets).
+    fn connect_default(&self, net: Net) -> io::Result<Box<dyn ConnExt>> {
+        if net != Net::Colo {
+            return self.connect(net, "default");
+        }
+        let s = Stream::connect(self.addr.as_str())?;
+        if s.transport() != colo::Transport::SharedMemory {
+            return Err(io::Error::other("colo bench connection fell back to TCP"));
+        }
+        Ok(Box::new(s))
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         drop(self.child.stdin.take());
@@ -361,7 +378,7 @@ fn short_lived(srv: &Server, net: Net, secs: f64) -> io::Result<f64> {
     let req = [3u8; 64];
     let mut resp = [0u8; 64];
     while start.elapsed() < Duration::from_secs_f64(secs) {
-        let mut c = srv.connect(net, "default")?;
+        let mut c = srv.connect_default(net)?;
         c.write_all(&req)?;
         c.read_exact(&mut resp)?;
         drop(c);
@@ -562,7 +579,10 @@ fn find<'a>(rows: &'a [Row], r: &Row, transport: &str) -> Option<&'a Row> {
 
 pub fn run(a: Args) -> io::Result<()> {
     colo_sys::host::raise_fd_limit();
-    let plans = plans(a.quick);
+    let mut plans = plans(a.quick);
+    if let Some(f) = &a.only {
+        plans.retain(|p| p.group.contains(f.as_str()) || p.case.contains(f.as_str()) || p.transport.contains(f.as_str()));
+    }
     let bar = ProgressBar::new(plans.len() as u64);
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").expect("template"));
     if a.json {

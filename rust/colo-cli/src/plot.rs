@@ -39,8 +39,28 @@ fn panel(area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>, title: &
     Ok(())
 }
 
+/// Fonts tried for labels (plotters draws text with ab_glyph and needs a TrueType file).
+const FONT_FILES: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+];
+
+fn load_font() -> Result<(), Box<dyn std::error::Error>> {
+    for f in FONT_FILES {
+        if let Ok(bytes) = std::fs::read(f) {
+            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+            plotters::style::register_font(FONT, FontStyle::Normal, bytes).map_err(|_| "bad font file")?;
+            return Ok(());
+        }
+    }
+    Err("no TrueType font found for the plot labels (install fonts-dejavu-core)".into())
+}
+
 /// Draws the rows of a bench run.
 pub fn draw(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    load_font()?;
     let root = BitMapBackend::new(path, (1400, 900)).into_drawing_area();
     root.fill(&WHITE)?;
     let (top, bottom) = root.split_vertically(450);

@@ -37,6 +37,19 @@ pub struct Woken {
     pub control: bool,
 }
 
+/// Blocks until `doorbell` or `control` is readable (or `control` hangs up) or `timeout` passes:
+/// one `poll(2)` on two fds, no set-up. An interrupted wait returns `Woken::default()`.
+pub fn wait(doorbell: impl AsFd, control: impl AsFd, timeout: Option<Duration>) -> io::Result<Woken> {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let mut fds = [PollFd::new(&doorbell, PollFlags::IN), PollFd::new(&control, PollFlags::IN | PollFlags::RDHUP)];
+    let ts = timeout.map(|d| Timespec { tv_sec: d.as_secs() as i64, tv_nsec: d.subsec_nanos() as i64 });
+    match poll(&mut fds, ts.as_ref()) {
+        Ok(_) => Ok(Woken { doorbell: !fds[0].revents().is_empty(), control: !fds[1].revents().is_empty() }),
+        Err(rustix::io::Errno::INTR) => Ok(Woken::default()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// The readiness fd of one side of a connection.
 #[derive(Debug)]
 pub struct Readiness {

@@ -84,7 +84,7 @@ pub fn uid() -> u32 {
     rustix::process::getuid().as_raw()
 }
 
-/// Our own pid.
+/// Our own pid (not cached: a forked child has its own).
 pub fn pid() -> u32 {
     rustix::process::getpid().as_raw_nonzero().get() as u32
 }
@@ -92,6 +92,20 @@ pub fn pid() -> u32 {
 /// Whether this process and process `peer` can only run on one CPU between them (their affinity
 /// masks have a union of one CPU): spinning there only steals time from the peer.
 pub fn share_one_cpu(peer: u32) -> bool {
+    // Remembered per peer for a second: connections to the same process come in bursts.
+    static SEEN: Mutex<Option<(Instant, u32, bool)>> = Mutex::new(None);
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((at, pid, answer)) = *seen {
+        if pid == peer && at.elapsed() < Duration::from_secs(1) {
+            return answer;
+        }
+    }
+    let answer = affinity_union_is_one(peer);
+    *seen = Some((Instant::now(), peer, answer));
+    answer
+}
+
+fn affinity_union_is_one(peer: u32) -> bool {
     use rustix::thread::{sched_getaffinity, CpuSet, Pid};
     let own = sched_getaffinity(None);
     let other = Pid::from_raw(peer as i32).map(|p| sched_getaffinity(Some(p)));

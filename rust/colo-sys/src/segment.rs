@@ -70,18 +70,22 @@ pub enum AttachError {
     Os(io::Error),
 }
 
-/// Validates a segment received from a peer (a memfd with the required seals and exactly
-/// `expected` bytes) and maps it read-write.
-pub fn attach(fd: &OwnedFd, expected: usize) -> Result<Mapping, AttachError> {
+/// Largest segment a peer may hand us.
+pub const MAX_SEGMENT: u64 = 1 << 34;
+
+/// Validates a segment received from a peer (a memfd with the required seals, at least `min`
+/// bytes, at most [`MAX_SEGMENT`]) and maps all of it read-write. The caller checks the mapped
+/// size against the segment's header.
+pub fn attach(fd: &OwnedFd, min: usize) -> Result<Mapping, AttachError> {
     let seals = fcntl_get_seals(fd).map_err(|_| AttachError::BadSegment("not a sealable memfd"))?;
     if !seals.contains(REQUIRED_SEALS) {
         return Err(AttachError::BadSegment("segment not sealed against resizing"));
     }
     let st = fstat(fd).map_err(|e| AttachError::Os(e.into()))?;
-    if st.st_size < 0 || st.st_size as u64 != expected as u64 {
-        return Err(AttachError::BadSegment("segment size differs from its header"));
+    if st.st_size < min as i64 || st.st_size as u64 > MAX_SEGMENT {
+        return Err(AttachError::BadSegment("segment size out of range"));
     }
-    Mapping::map(fd, expected, ProtFlags::READ | ProtFlags::WRITE).map_err(AttachError::Os)
+    Mapping::map(fd, st.st_size as usize, ProtFlags::READ | ProtFlags::WRITE).map_err(AttachError::Os)
 }
 
 /// Reads the size of a segment descriptor and maps it read-only (for `colo stat`).

@@ -9,35 +9,39 @@ use crate::wire::{self, claim, Header, Message, Mode, Reason, HEADER_FIELDS, MES
 use colo_sys::{doorbell, host, segment, seqpacket, AsFd, OwnedFd};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Mutex;
 
-/// Dials `addr` over shared memory if a colo listener serves it on this host; `Ok(None)` means
-/// "use TCP" (not local, nobody listening on the rendezvous, refused, or not trusted).
-pub(crate) fn dial(addr: SocketAddr, opts: &Options) -> io::Result<Option<Shm>> {
-    if !host::is_local(addr.ip()) {
-        return Ok(None);
-    }
-    let mut control = None;
-    for name in wire::lookup_names(addr) {
-        match seqpacket::connect(name.as_bytes()) {
-            Ok(fd) => {
-                control = Some(fd);
-                break;
-            }
-            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
-            Err(e) => {
-                log::info(format_args!("dial {addr}: rendezvous {name}: {e}; using TCP"));
-                return Ok(None);
-            }
-        }
-    }
-    let Some(control) = control else { return Ok(None) };
-    let (server_pid, server_uid) = seqpacket::peer_cred(&control)?;
-    let me = host::uid();
-    if server_uid != me && server_uid != 0 && host::tcp_listener_uid(addr.port()) != Some(server_uid) {
-        log::info(format_args!("dial {addr}: rendezvous owned by uid {server_uid}, port is not; using TCP"));
-        return Ok(None);
-    }
+/// Listeners (rendezvous name and server pid) that already answered a DIRECT HELLO with WELCOME.
+/// Later dials to them do not wait for the answer: one cross-process wake-up less per connection,
+/// which is what short-lived connections pay for. A late REJECT still resets the connection.
+static KNOWN_DIRECT: Mutex<Vec<(String, u32)>> = Mutex::new(Vec::new());
 
+fn known_name(name: &str) -> bool {
+    KNOWN_DIRECT.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|(n, _)| n == name)
+}
+
+fn known_direct(name: &str, pid: u32) -> bool {
+    KNOWN_DIRECT.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|(n, p)| n == name && *p == pid)
+}
+
+fn remember_direct(name: String, pid: u32) {
+    let mut known = KNOWN_DIRECT.lock().unwrap_or_else(|e| e.into_inner());
+    if known.len() >= 256 {
+        known.remove(0);
+    }
+    known.push((name, pid));
+}
+
+/// A client's half of a connection, made before (or right after) reaching the listener.
+struct Prepared {
+    memfd: OwnedFd,
+    map: colo_sys::segment::Mapping,
+    layout: colo_ring::layout::Layout,
+    client_bell: OwnedFd,
+    server_bell: OwnedFd,
+}
+
+fn prepare(addr: SocketAddr, opts: &Options) -> io::Result<Prepared> {
     let header = Header {
         geometry: opts.geometry(),
         claim: claim::DIRECT,
@@ -51,16 +55,56 @@ pub(crate) fn dial(addr: SocketAddr, opts: &Options) -> io::Result<Option<Shm>> 
     // SAFETY: the mapping is private to us until HELLO is sent; nobody else accesses it yet.
     let head = unsafe { std::slice::from_raw_parts_mut(map.as_ptr(), HEADER_FIELDS) };
     header.encode(head).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let client_bell = doorbell::create()?;
-    let server_bell = doorbell::create()?;
+    Ok(Prepared { memfd, map, layout, client_bell: doorbell::create()?, server_bell: doorbell::create()? })
+}
 
+/// Dials `addr` over shared memory if a colo listener serves it on this host; `Ok(None)` means
+/// "use TCP" (not local, nobody listening on the rendezvous, refused, or not trusted).
+pub(crate) fn dial(addr: SocketAddr, opts: &Options) -> io::Result<Option<Shm>> {
+    if !host::is_local(addr.ip()) {
+        return Ok(None);
+    }
+    let names = wire::lookup_names(addr);
+    // For a listener known to speak DIRECT, build the segment first so the HELLO follows the
+    // connect at once and the listener finds it on its first read.
+    let mut prepared = if names.iter().any(|n| known_name(n)) { Some(prepare(addr, opts)?) } else { None };
+    let mut control = None;
+    for name in names {
+        match seqpacket::connect(name.as_bytes()) {
+            Ok(fd) => {
+                control = Some((fd, name));
+                break;
+            }
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
+            Err(e) => {
+                log::info(format_args!("dial {addr}: rendezvous {name}: {e}; using TCP"));
+                return Ok(None);
+            }
+        }
+    }
+    let Some((control, name)) = control else { return Ok(None) };
+    let (server_pid, server_uid) = seqpacket::peer_cred(&control)?;
+    if server_uid != host::uid() && server_uid != 0 && host::tcp_listener_uid(addr.port()) != Some(server_uid) {
+        log::info(format_args!("dial {addr}: rendezvous owned by uid {server_uid}, port is not; using TCP"));
+        return Ok(None);
+    }
+    let p = match prepared.take() {
+        Some(p) => p,
+        None => prepare(addr, opts)?,
+    };
     let hello = Message::Hello { version: wire::VERSION, mode: Mode::Direct }.encode();
-    seqpacket::send(&control, &hello, &[memfd.as_fd(), client_bell.as_fd(), server_bell.as_fd()])?;
+    seqpacket::send(&control, &hello, &[p.memfd.as_fd(), p.client_bell.as_fd(), p.server_bell.as_fd()])?;
+
     // Wait briefly for the answer; a server that has not reached accept() yet answers later
-    // (spec/WIRE.md section 3, "The backlog").
-    seqpacket::set_recv_timeout(&control, Some(opts.handshake_timeout()))?;
+    // (spec/WIRE.md section 3, "The backlog"). A listener that answered before is not waited for.
+    let known = known_direct(&name, server_pid);
     let mut buf = [0u8; 64];
-    let answer = seqpacket::recv(&control, &mut buf, false);
+    let answer = if known {
+        seqpacket::recv(&control, &mut buf, true)
+    } else {
+        seqpacket::set_recv_timeout(&control, Some(opts.handshake_timeout()))?;
+        seqpacket::recv(&control, &mut buf, false)
+    };
     let pending = match answer {
         Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut => true,
         Ok(r) if r.len == MESSAGE_LEN && r.fds.is_empty() && !r.truncated => match Message::decode(&buf[..r.len]) {
@@ -83,9 +127,12 @@ pub(crate) fn dial(addr: SocketAddr, opts: &Options) -> io::Result<Option<Shm>> 
             return Ok(None);
         }
     };
+    if !pending && !known {
+        remember_direct(name, server_pid);
+    }
     // SAFETY: the mapping is exactly `layout.segment_size` bytes, laid out by `layout`.
-    let seg = unsafe { Segment::new(map, layout, memfd) };
-    let fds = Fds { control, own_bell: client_bell, peer_bell: server_bell };
+    let seg = unsafe { Segment::new(p.map, p.layout, p.memfd) };
+    let fds = Fds { control, own_bell: p.client_bell, peer_bell: p.server_bell };
     let local = SocketAddr::new(addr.ip(), 0);
     let shm = Shm::new(seg, Role::Client, fds, local, addr, server_pid, opts.spin_mode())?;
     if pending {
@@ -148,20 +195,22 @@ pub(crate) fn answer(control: OwnedFd, listen_addr: SocketAddr, opts: &Options) 
     if !is_eventfd(&client_bell) || !is_eventfd(&server_bell) {
         return reject(&control, Reason::BadMessage, "doorbells are not eventfds");
     }
-    let mut head = [0u8; HEADER_FIELDS];
-    match segment::read_prefix(&memfd, &mut head) {
-        Ok(HEADER_FIELDS) => {}
-        _ => return reject(&control, Reason::BadSegment, "segment header unreadable"),
-    }
-    let (header, layout) = match Header::decode(&head) {
-        Ok(h) => h,
-        Err(e) => return reject(&control, Reason::BadSegment, e),
-    };
-    let map = match segment::attach(&memfd, layout.segment_size) {
+    let map = match segment::attach(&memfd, HEADER_FIELDS) {
         Ok(m) => m,
         Err(segment::AttachError::BadSegment(e)) => return reject(&control, Reason::BadSegment, e),
         Err(segment::AttachError::Os(e)) => return reject(&control, Reason::NoResources, e.to_string()),
     };
+    let mut head = [0u8; HEADER_FIELDS];
+    // SAFETY: the mapping is at least HEADER_FIELDS bytes (attach checked the file size) and
+    // sealed; we copy the header once and never read these fields from the segment again.
+    unsafe { std::ptr::copy_nonoverlapping(map.as_ptr(), head.as_mut_ptr(), HEADER_FIELDS) };
+    let (header, layout) = match Header::decode(&head) {
+        Ok(h) => h,
+        Err(e) => return reject(&control, Reason::BadSegment, e),
+    };
+    if map.len() != layout.segment_size {
+        return reject(&control, Reason::BadSegment, "segment size differs from its header");
+    }
     let client_pid = match seqpacket::peer_cred(&control) {
         Ok((pid, _)) => pid,
         Err(e) => return Answer::Refused(format!("peer credentials: {e}")),

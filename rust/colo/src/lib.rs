@@ -22,7 +22,8 @@
 //! stream.read_exact(&mut reply)?;
 //! assert_eq!(&reply, b"ping");
 //! assert_eq!(stream.transport(), colo::Transport::SharedMemory);
-//! # server.join().unwrap()
+//! server.join().unwrap()?;
+//! # Ok::<(), std::io::Error>(())
 //! ```
 //!
 //! The wire is defined in `spec/WIRE.md`; the Go package and the C and Python bindings speak it

@@ -138,7 +138,8 @@ pub struct Shm {
     write_timeout: AtomicU64,
     waiters: Mutex<Waiters>,
     woken: Condvar,
-    readiness: Readiness,
+    /// Created on first use: blocking waits poll the two fds directly.
+    readiness: std::sync::OnceLock<Readiness>,
     fds: Fds,
     local: SocketAddr,
     peer: SocketAddr,
@@ -177,7 +178,6 @@ impl Shm {
         peer_pid: u32,
         spin: SpinMode,
     ) -> io::Result<Shm> {
-        let readiness = Readiness::new(&fds.own_bell, &fds.control)?;
         let g = seg.layout().geometry;
         // SAFETY: each view is taken once per role and lives inside `Shm`, which also owns `seg`
         // (declared last, so dropped after the views).
@@ -208,7 +208,7 @@ impl Shm {
             write_timeout: AtomicU64::new(0),
             waiters: Mutex::new(Waiters::default()),
             woken: Condvar::new(),
-            readiness,
+            readiness: std::sync::OnceLock::new(),
             fds,
             local,
             peer,
@@ -346,7 +346,7 @@ impl Shm {
         }
         w.leader = true;
         drop(w);
-        let r = self.readiness.wait(timeout);
+        let r = doorbell::wait(&self.fds.own_bell, &self.fds.control, timeout);
         if let Ok(woken) = r {
             if woken.doorbell {
                 doorbell::drain(&self.fds.own_bell);
@@ -707,9 +707,23 @@ impl Shm {
     pub fn peer_pid(&self) -> u32 {
         self.peer_pid
     }
-    /// The readiness fd: readable when the peer made progress or hung up.
+    /// The readiness fd: readable when the peer made progress or hung up (an epoll fd holding the
+    /// doorbell and the control socket, created on first use). If it cannot be created (out of
+    /// descriptors), the doorbell itself stands in: progress is still reported, a hang-up only
+    /// when the next operation looks.
     pub fn readiness_fd(&self) -> &OwnedFd {
-        self.readiness.fd()
+        if self.readiness.get().is_none() {
+            match Readiness::new(&self.fds.own_bell, &self.fds.control) {
+                Ok(r) => {
+                    let _ = self.readiness.set(r);
+                }
+                Err(e) => {
+                    crate::log::info(format_args!("readiness fd: {e}; using the doorbell"));
+                    return &self.fds.own_bell;
+                }
+            }
+        }
+        self.readiness.get().map_or(&self.fds.own_bell, |r| r.fd())
     }
     /// The control socket.
     pub fn control_fd(&self) -> &OwnedFd {
