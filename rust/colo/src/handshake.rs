@@ -41,21 +41,83 @@ struct Prepared {
     server_bell: OwnedFd,
 }
 
+/// Builds a fresh segment and doorbells for `geometry` (header addresses filled in later).
+fn build(geometry: colo_ring::layout::Geometry) -> io::Result<(u32, Prepared)> {
+    let layout = geometry.layout().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let (memfd, map) = segment::create(layout.segment_size)?;
+    // Touch the pages every connection uses (header, ring control and first data pages) now,
+    // off the connection's critical path when built by the preparer thread.
+    for off in [0, layout.block_offset(true), layout.block_offset(false)] {
+        // SAFETY: page-aligned offsets inside the fresh, private mapping.
+        unsafe { std::ptr::write_volatile(map.as_ptr().add(off + 1024), 0u8) };
+    }
+    let prepared = Prepared { memfd, map, layout, client_bell: doorbell::create()?, server_bell: doorbell::create()? };
+    Ok((host::pid(), prepared))
+}
+
+/// Segments built ahead by a background thread, so a dial only fills in the header. Each is
+/// tagged with the pid that built it: a forked child never takes its parent's.
+struct Pool {
+    ready: Vec<(u32, Prepared)>,
+    geometry: Option<colo_ring::layout::Geometry>,
+    started: bool,
+}
+
+static POOL: Mutex<Pool> = Mutex::new(Pool { ready: Vec::new(), geometry: None, started: false });
+static POOL_WAKE: std::sync::Condvar = std::sync::Condvar::new();
+const POOL_TARGET: usize = 4;
+
+fn preparer() {
+    let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        while pool.ready.len() >= POOL_TARGET || pool.geometry.is_none() {
+            pool = POOL_WAKE.wait(pool).unwrap_or_else(|e| e.into_inner());
+        }
+        let g = pool.geometry.expect("checked");
+        drop(pool);
+        let built = build(g);
+        pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+        match built {
+            Ok(p) if pool.geometry == Some(g) => pool.ready.push(p),
+            Ok(_) => {}
+            Err(_) => pool.geometry = None,
+        }
+    }
+}
+
 fn prepare(addr: SocketAddr, opts: &Options) -> io::Result<Prepared> {
+    let geometry = opts.geometry();
+    let me = host::pid();
+    let taken = {
+        let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.geometry != Some(geometry) {
+            pool.ready.clear();
+            pool.geometry = Some(geometry);
+        }
+        if !pool.started {
+            pool.started = std::thread::Builder::new().name("colo-prepare".into()).spawn(preparer).is_ok();
+        }
+        let i = pool.ready.iter().position(|(pid, _)| *pid == me);
+        let taken = i.map(|i| pool.ready.swap_remove(i).1);
+        POOL_WAKE.notify_one();
+        taken
+    };
+    let p = match taken {
+        Some(p) => p,
+        None => build(geometry)?.1,
+    };
     let header = Header {
-        geometry: opts.geometry(),
+        geometry,
         claim: claim::DIRECT,
-        client_pid: host::pid(),
+        client_pid: me,
         server_pid: 0,
         client_addr: Some(SocketAddr::new(addr.ip(), 0)),
         server_addr: Some(addr),
     };
-    let layout = header.geometry.layout().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let (memfd, map) = segment::create(layout.segment_size)?;
     // SAFETY: the mapping is private to us until HELLO is sent; nobody else accesses it yet.
-    let head = unsafe { std::slice::from_raw_parts_mut(map.as_ptr(), HEADER_FIELDS) };
+    let head = unsafe { std::slice::from_raw_parts_mut(p.map.as_ptr(), HEADER_FIELDS) };
     header.encode(head).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    Ok(Prepared { memfd, map, layout, client_bell: doorbell::create()?, server_bell: doorbell::create()? })
+    Ok(p)
 }
 
 /// Dials `addr` over shared memory if a colo listener serves it on this host; `Ok(None)` means

@@ -22,10 +22,10 @@ pub enum Role {
 /// A segment mapped by this process.
 #[derive(Debug)]
 pub struct Segment {
-    map: Mapping,
+    map: Option<Mapping>,
     layout: Layout,
     /// Kept open so `colo stat` can find and read the segment through /proc.
-    _memfd: OwnedFd,
+    _memfd: Option<OwnedFd>,
 }
 
 impl Segment {
@@ -33,7 +33,19 @@ impl Segment {
     /// `map` is at least `layout.segment_size` bytes and was validated against `layout`.
     pub unsafe fn new(map: Mapping, layout: Layout, memfd: OwnedFd) -> Segment {
         assert!(map.len() >= layout.segment_size);
-        Segment { map, layout, _memfd: memfd }
+        Segment { map: Some(map), layout, _memfd: Some(memfd) }
+    }
+
+    /// An empty stand-in left behind when a closed connection hands its segment to the reaper.
+    pub(crate) fn placeholder() -> Segment {
+        let layout = Geometry { ring_capacity: colo_ring::layout::MIN_RING, slot_size: 0, slot_count: 0 }
+            .layout()
+            .expect("valid");
+        Segment { map: None, layout, _memfd: None }
+    }
+
+    fn mapping(&self) -> &Mapping {
+        self.map.as_ref().expect("a live connection has its mapping")
     }
 
     /// The layout (private copy).
@@ -43,13 +55,13 @@ impl Segment {
 
     /// The base address of the mapping.
     pub fn base(&self) -> *mut u8 {
-        self.map.as_ptr()
+        self.mapping().as_ptr()
     }
 
     fn at(&self, offset: usize, len: usize) -> *mut u8 {
         assert!(offset + len <= self.layout.segment_size);
         // SAFETY: in bounds of the mapping by the assert above.
-        unsafe { self.map.as_ptr().add(offset) }
+        unsafe { self.mapping().as_ptr().add(offset) }
     }
 
     fn u32_at(&self, offset: usize) -> *const AtomicU32 {

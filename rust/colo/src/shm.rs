@@ -742,5 +742,33 @@ impl Drop for Shm {
         if !self.has(RESET) {
             self.shutdown(true, true);
         }
+        // Unmapping a shared mapping is the slowest step of a close (TLB shoot-downs); hand the
+        // segment to a background thread. Nothing refers to it any more.
+        let seg = std::mem::replace(&mut self.seg, Segment::placeholder());
+        reaper::retire(seg);
+    }
+}
+
+mod reaper {
+    use crate::segment::Segment;
+    use std::sync::mpsc::{channel, Sender};
+    use std::sync::Mutex;
+
+    static REAPER: Mutex<Option<Sender<Segment>>> = Mutex::new(None);
+
+    /// Drops `seg` on the reaper thread (inline if that thread cannot be started).
+    pub fn retire(seg: Segment) {
+        let mut r = REAPER.lock().unwrap_or_else(|e| e.into_inner());
+        if r.is_none() {
+            let (tx, rx) = channel::<Segment>();
+            if std::thread::Builder::new().name("colo-reaper".into()).spawn(move || rx.into_iter().for_each(drop)).is_ok() {
+                *r = Some(tx);
+            }
+        }
+        if let Some(tx) = r.as_ref() {
+            if let Err(e) = tx.send(seg) {
+                drop(e.0);
+            }
+        }
     }
 }

@@ -72,12 +72,19 @@ fn sleeping_server() -> i32 {
     0
 }
 
-/// Maps our only colo segment read-write, behind the library's back.
+/// Maps our only connected colo segment read-write, behind the library's back (segments the
+/// library prepared ahead have no header yet).
 fn map_own_segment() -> *mut u8 {
+    let in_use = |p: &std::path::Path| {
+        let mut magic = [0u8; 8];
+        std::fs::File::open(p).and_then(|f| std::os::unix::fs::FileExt::read_exact_at(&f, &mut magic, 0)).is_ok()
+            && &magic == b"COLOSEG\0"
+    };
     let fds: Vec<_> = std::fs::read_dir("/proc/self/fd")
         .unwrap()
         .flatten()
         .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().contains("colo-seg")))
+        .filter(|e| in_use(&e.path()))
         .collect();
     assert_eq!(fds.len(), 1);
     let f = std::fs::OpenOptions::new().read(true).write(true).open(fds[0].path()).unwrap();
