@@ -16,7 +16,7 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const EBADF: i32 = 9;
 const EAGAIN: i32 = 11;
@@ -233,7 +233,39 @@ impl Conn {
     fn err(&self, e: io::Error) -> PyErr {
         to_py(e, *lock(&self.timeout))
     }
+
+    /// Runs `op` with the GIL released. In blocking mode (with or without a timeout) the wait is
+    /// cut into slices of at most `SLICE`, and between slices pending signals are handled (so
+    /// Ctrl-C interrupts a blocked call, as with `socket`) and the deadline is checked.
+    fn blocking<T: Send>(&self, py: Python<'_>, s: &Arc<Stream>, mut op: impl FnMut(&Stream) -> io::Result<T> + Send) -> PyResult<T> {
+        let timeout = *lock(&self.timeout);
+        if timeout == Some(0.0) {
+            return py.allow_threads(|| op(s)).map_err(|e| self.err(e));
+        }
+        let deadline = timeout.map(|t| Instant::now() + Duration::from_secs_f64(t));
+        loop {
+            let slice = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()).min(SLICE),
+                None => SLICE,
+            }
+            .max(Duration::from_micros(1));
+            let _ = s.set_read_timeout(Some(slice));
+            let _ = s.set_write_timeout(Some(slice));
+            match py.allow_threads(|| op(s)) {
+                Err(e) if colo::errno_of(&e) == EAGAIN => {
+                    py.check_signals()?;
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(PyTimeoutError::new_err("timed out"));
+                    }
+                }
+                r => return r.map_err(|e| self.err(e)),
+            }
+        }
+    }
 }
+
+/// The longest a blocking call waits without looking at signals.
+const SLICE: Duration = Duration::from_millis(100);
 
 /// A writable (or readable) contiguous byte view of a Python object, held for the call.
 fn byte_buffer(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<pyo3::buffer::PyBuffer<u8>> {
@@ -268,8 +300,8 @@ impl Conn {
         }
         // SAFETY: `raw` is a new, non-NULL bytes object; its data holds `bufsize` bytes.
         let data = RawBuf(unsafe { ffi::PyBytes_AsString(raw) }.cast::<u8>(), bufsize as usize);
-        let r = py.allow_threads(move || {
-            let data = data;
+        let r = self.blocking(py, &s, move |s| {
+            let data = &data;
             // SAFETY: `data` is the private storage of `raw`, alive (we hold the reference) and
             // not shared with anyone while the GIL is released.
             let buf = unsafe { std::slice::from_raw_parts_mut(data.0, data.1) };
@@ -295,7 +327,7 @@ impl Conn {
             Err(e) => {
                 // SAFETY: we own the one reference to `raw`.
                 unsafe { ffi::Py_DECREF(raw) };
-                Err(self.err(e))
+                Err(e)
             }
         }
     }
@@ -314,8 +346,8 @@ impl Conn {
         }
         let peek = flags & MSG_PEEK != 0;
         let data = RawBuf(b.buf_ptr().cast::<u8>(), len);
-        let r = py.allow_threads(move || {
-            let data = data;
+        let r = self.blocking(py, &s, move |s| {
+            let data = &data;
             // SAFETY: the buffer export `b` keeps the memory alive and un-resizable until it is
             // dropped after this call; `len` is within it.
             let buf = unsafe { std::slice::from_raw_parts_mut(data.0, data.1) };
@@ -326,7 +358,7 @@ impl Conn {
             }
         });
         drop(b);
-        r.map_err(|e| self.err(e))
+        r
     }
 
     /// Sends some bytes from a bytes-like object; returns how many.
@@ -334,29 +366,33 @@ impl Conn {
         let s = self.get()?;
         let b = byte_buffer(data, false)?;
         let raw = RawBuf(b.buf_ptr().cast::<u8>(), b.len_bytes());
-        let r = py.allow_threads(move || {
-            let raw = raw;
+        let r = self.blocking(py, &s, move |s| {
+            let raw = &raw;
             // SAFETY: the export `b` keeps the bytes alive until after this call.
             let buf = unsafe { std::slice::from_raw_parts(raw.0, raw.1) };
             (&*s).write(buf)
         });
         drop(b);
-        r.map_err(|e| self.err(e))
+        r
     }
 
     /// Sends all bytes of a bytes-like object.
     fn sendall(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
         let s = self.get()?;
         let b = byte_buffer(data, false)?;
-        let raw = RawBuf(b.buf_ptr().cast::<u8>(), b.len_bytes());
-        let r = py.allow_threads(move || {
-            let raw = raw;
-            // SAFETY: the export `b` keeps the bytes alive until after this call.
-            let buf = unsafe { std::slice::from_raw_parts(raw.0, raw.1) };
-            (&*s).write_all(buf)
-        });
+        let mut done = 0;
+        while done < b.len_bytes() {
+            let raw = RawBuf(b.buf_ptr().cast::<u8>().wrapping_add(done), b.len_bytes() - done);
+            done += self.blocking(py, &s, move |s| {
+                let raw = &raw;
+                // SAFETY: the export `b` keeps the bytes alive until after this call; `raw`
+                // covers the unsent rest of it.
+                let buf = unsafe { std::slice::from_raw_parts(raw.0, raw.1) };
+                (&*s).write(buf)
+            })?;
+        }
         drop(b);
-        r.map_err(|e| self.err(e))
+        Ok(())
     }
 
     /// `socket.SHUT_RD` (0), `SHUT_WR` (1) or `SHUT_RDWR` (2).
@@ -393,16 +429,12 @@ impl Conn {
                 s.set_nonblocking(true).map_err(|e| self.err(e))?;
             }
             Some(t) => {
-                let d = Duration::try_from_secs_f64(t).map_err(|_| PyValueError::new_err("Timeout value out of range"))?;
-                let d = d.max(Duration::from_micros(1));
+                Duration::try_from_secs_f64(t).map_err(|_| PyValueError::new_err("Timeout value out of range"))?;
+                // The deadline is kept here; `blocking` waits in slices up to it.
                 s.set_nonblocking(false).map_err(|e| self.err(e))?;
-                s.set_read_timeout(Some(d)).map_err(|e| self.err(e))?;
-                s.set_write_timeout(Some(d)).map_err(|e| self.err(e))?;
             }
             None => {
                 s.set_nonblocking(false).map_err(|e| self.err(e))?;
-                s.set_read_timeout(None).map_err(|e| self.err(e))?;
-                s.set_write_timeout(None).map_err(|e| self.err(e))?;
             }
         }
         *lock(&self.timeout) = value;
@@ -453,15 +485,14 @@ impl Conn {
     /// through `memoryview(loan)`, then `loan.send()`. Waits (GIL released) for a free slot.
     fn loan(&self, py: Python<'_>, size: usize) -> PyResult<Loan> {
         let s = self.get()?;
-        let s2 = s.clone();
-        let r = py.allow_threads(move || {
+        let r = self.blocking(py, &s, move |s2| {
             s2.loan(size).map(|l| {
                 // SAFETY: the loan borrows the `Stream` in the `Arc` that `LoanState` keeps
                 // (field `_conn`, dropped after `loan`), so the borrow outlives its use.
                 SendLoan(unsafe { std::mem::transmute::<CoreLoan<'_>, CoreLoan<'static>>(l) })
             })
         });
-        let SendLoan(mut loan) = r.map_err(|e| self.err(e))?;
+        let SendLoan(mut loan) = r?;
         let cap = loan.capacity();
         loan.set_len(cap);
         let ptr = loan.as_mut_ptr();
@@ -481,8 +512,7 @@ impl Conn {
     /// place; `msg.release()` (or the end of a `with` block) gives the slot back to the sender.
     fn recv_message(&self, py: Python<'_>) -> PyResult<Option<Message>> {
         let s = self.get()?;
-        let s2 = s.clone();
-        let r = py.allow_threads(move || {
+        let r = self.blocking(py, &s, move |s2| {
             s2.recv_message().map(|m| {
                 m.map(|m| {
                     // SAFETY: as in `loan`: `MsgState` keeps the borrowed `Stream` alive.
@@ -490,7 +520,7 @@ impl Conn {
                 })
             })
         });
-        let Some(SendMsg(msg)) = r.map_err(|e| self.err(e))? else {
+        let Some(SendMsg(msg)) = r? else {
             return Ok(None);
         };
         let (ptr, len, zero_copy) = (msg.as_ptr(), msg.len(), msg.is_zero_copy());

@@ -397,3 +397,21 @@ def test_gil_released_while_blocked(stream_server):
         c.sendall(b"wake")
         t.join(10)
         assert got == [b"wake"]
+
+
+def test_ctrl_c_interrupts_a_blocked_recv(stream_server):
+    import _thread
+
+    with colo.connect(stream_server.addr) as c:
+        timer = threading.Timer(0.3, _thread.interrupt_main)  # as if Ctrl-C were pressed
+        timer.start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            c.recv(10)                                  # nothing will ever arrive
+        assert time.monotonic() - t0 < 5
+        timer.join()
+        c.settimeout(0.35)                              # a deadline longer than one wait slice
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            c.recv(10)
+        assert 0.3 <= time.monotonic() - t0 < 2
