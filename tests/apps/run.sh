@@ -52,5 +52,27 @@ wait_port "$H"
 check "curl python http.server (both colo)" test "$(timeout 10 $COLORUN curl -s http://127.0.0.1:$H/f.txt)" = hello-colo
 check "curl python http.server (curl plain)" test "$(timeout 10 curl -s http://127.0.0.1:$H/f.txt)" = hello-colo
 
+# Interoperation with the colo API: an unmodified client under colo run against a Rust API server
+# (the API listener claims the CARRIER offer).
+(cd "$ROOT/rust" && cargo build --release -q -p colo --example peer) || bad "build the Rust peer"
+PEER=$TARGET/release/examples/peer
+COLO_LOG=info "$PEER" server 127.0.0.1:0 stream >"$WORK/peer.out" 2>"$WORK/peer.err" & PIDS+=($!)
+for _ in $(seq 100); do grep -q READY "$WORK/peer.out" && break; sleep 0.05; done
+PP=$(awk '/READY/{print $2}' "$WORK/peer.out"); PP=${PP##*:}
+cat > "$WORK/echo.py" <<PY
+import socket
+s = socket.create_connection(("127.0.0.1", $PP))
+data = bytes(range(256)) * 400
+s.sendall(data); s.shutdown(socket.SHUT_WR)
+got = b""
+while True:
+    b = s.recv(65536)
+    if not b: break
+    got += b
+assert got == data, (len(got), len(data))
+PY
+check "python under colo run -> Rust API server, bytes intact" timeout 20 env COLO_LOG=info $COLORUN python3 "$WORK/echo.py"
+check "the API server claimed the carrier (shared memory)" grep -q "carrier" "$WORK/peer.err"
+
 [ $FAIL = 0 ] && echo "tests/apps: all passed" || echo "tests/apps: FAILURES"
 exit $FAIL

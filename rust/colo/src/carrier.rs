@@ -486,7 +486,10 @@ impl Hello {
             Err(e) => return Err(format!("peer credentials: {e}")),
         };
         let memfd = self.memfd.as_raw_fd();
-        // SAFETY: `attach` checked the file is exactly `layout.segment_size` bytes and sealed.
+        if map.len() != self.layout.segment_size {
+            return fail(&self.control, Reason::BadSegment, "segment size differs from its header".into());
+        }
+        // SAFETY: `attach` checked the file is sealed; its size equals `layout.segment_size`.
         let seg = unsafe { Segment::new(map, self.layout, self.memfd) };
         // SYNC POINT with the CAS in `Offer::abandon`: exactly one of the two wins.
         if claim_word(seg.base())

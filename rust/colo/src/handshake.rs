@@ -209,6 +209,8 @@ pub(crate) enum Answer {
     Pending(OwnedFd),
     /// A connection, WELCOME sent.
     Accepted(Shm),
+    /// A CARRIER offer: claimed when the TCP connection with its 4-tuple is accepted.
+    Offer(Box<crate::carrier::Hello>),
     /// Refused or garbage; REJECT sent if possible; the reason is for the log.
     Refused(String),
 }
@@ -246,14 +248,18 @@ pub(crate) fn answer(control: OwnedFd, listen_addr: SocketAddr, opts: &Options) 
         Ok(_) => return reject(&control, Reason::BadMessage, "not a HELLO"),
         Err(e) => return reject(&control, Reason::BadMessage, e),
     };
-    if mode != Mode::Direct {
-        return reject(&control, Reason::NotClaimed, "CARRIER offer to an API listener");
-    }
     let mut fds = r.fds.into_iter();
     let (Some(memfd), Some(client_bell), Some(server_bell), None) = (fds.next(), fds.next(), fds.next(), fds.next())
     else {
         return reject(&control, Reason::BadMessage, "HELLO without exactly three descriptors");
     };
+    if mode == Mode::Carrier {
+        // An unmodified client under `colo run`: its TCP connection will claim the offer.
+        return match crate::carrier::hello_from_fds(control, memfd, client_bell, server_bell, mode) {
+            Ok(h) => Answer::Offer(Box::new(h)),
+            Err(e) => Answer::Refused(e),
+        };
+    }
     if !is_eventfd(&client_bell) || !is_eventfd(&server_bell) {
         return reject(&control, Reason::BadMessage, "doorbells are not eventfds");
     }

@@ -1,5 +1,6 @@
 //! [`Listener`]: a TCP listener plus its rendezvous (spec/WIRE.md section 2).
 
+use crate::carrier;
 use crate::handshake::{self, Answer};
 use crate::log;
 use crate::options::Options;
@@ -8,7 +9,8 @@ use crate::wire;
 use colo_sys::doorbell::Poller;
 use colo_sys::{seqpacket, AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::io;
-use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -38,6 +40,10 @@ pub struct Listener {
     rendezvous: Option<OwnedFd>,
     poller: Poller,
     pending: Mutex<Vec<(OwnedFd, Instant)>>,
+    /// DIRECT connections completed while looking for a carrier offer, returned by the next accept.
+    early: Mutex<Vec<(Stream, SocketAddr)>>,
+    /// CARRIER offers from clients under `colo run`, by 4-tuple, until their TCP connection arrives.
+    offers: Mutex<HashMap<carrier::Key, (Box<carrier::Hello>, Instant)>>,
     addr: SocketAddr,
     opts: Options,
     nonblocking: AtomicBool,
@@ -68,7 +74,17 @@ impl Listener {
                 None
             }
         };
-        Ok(Listener { tcp, rendezvous, poller, pending: Mutex::new(Vec::new()), addr, opts, nonblocking: AtomicBool::new(false) })
+        Ok(Listener {
+            tcp,
+            rendezvous,
+            poller,
+            pending: Mutex::new(Vec::new()),
+            early: Mutex::new(Vec::new()),
+            offers: Mutex::new(HashMap::new()),
+            addr,
+            opts,
+            nonblocking: AtomicBool::new(false),
+        })
     }
 
     /// The address listened on (the actual port if 0 was asked).
@@ -123,6 +139,17 @@ impl Listener {
                 }
                 None
             }
+            Answer::Offer(hello) => {
+                if let Some(key) = hello.key() {
+                    let mut offers = self.offers.lock().unwrap_or_else(|e| e.into_inner());
+                    let now = Instant::now();
+                    offers.retain(|_, (_, at)| now.duration_since(*at) < HELLO_TIMEOUT);
+                    if offers.len() < MAX_PENDING {
+                        offers.insert(key, (hello, now));
+                    }
+                }
+                None
+            }
             Answer::Refused(why) => {
                 log::info(format_args!("accept {}: refused a rendezvous client: {why}", self.addr));
                 None
@@ -152,6 +179,52 @@ impl Listener {
         if found.is_some() {
             return Ok(found);
         }
+        if let Some(s) = self.drain_rendezvous()? {
+            return Ok(Some(s));
+        }
+        match self.tcp.accept() {
+            Ok((s, peer)) => {
+                s.set_nonblocking(false)?;
+                Ok(Some(self.claim_or_tcp(s, peer)))
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) if is_transient(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A TCP connection whose 4-tuple a CARRIER offer names moves onto that offer's segment (the
+    /// client, under `colo run`, sent its HELLO before connecting, so it is already queued);
+    /// anything else stays plain TCP.
+    fn claim_or_tcp(&self, tcp: TcpStream, peer: SocketAddr) -> (Stream, SocketAddr) {
+        let Ok(local) = tcp.local_addr() else { return (Stream::from_tcp(tcp), peer) };
+        let key = carrier::key(peer, local);
+        let lookup = || self.offers.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        let mut offer = lookup();
+        if offer.is_none() && self.rendezvous.is_some() {
+            // Queue the HELLOs that arrived with this connection, then look again.
+            if let Ok(Some(s)) = self.drain_rendezvous() {
+                self.early.lock().unwrap_or_else(|e| e.into_inner()).push(s);
+            }
+            offer = lookup();
+        }
+        let Some((hello, _)) = offer else { return (Stream::from_tcp(tcp), peer) };
+        match hello.claim().and_then(|e| e.into_shm(self.opts.spin_mode()).map_err(|e| e.to_string())) {
+            Ok(shm) => {
+                log::info(format_args!("accept {}: shared memory (carrier {peer}) with pid {}", self.addr, shm.peer_pid()));
+                (Stream::from_carrier(shm, tcp), peer)
+            }
+            Err(why) => {
+                log::info(format_args!("accept {}: carrier {peer} not claimed: {why}; plain TCP", self.addr));
+                (Stream::from_tcp(tcp), peer)
+            }
+        }
+    }
+
+    fn drain_rendezvous(&self) -> io::Result<Option<(Stream, SocketAddr)>> {
+        if let Some(s) = self.early.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+            return Ok(Some(s));
+        }
         if let Some(rdv) = &self.rendezvous {
             loop {
                 match seqpacket::accept(rdv) {
@@ -169,15 +242,7 @@ impl Listener {
                 }
             }
         }
-        match self.tcp.accept() {
-            Ok((s, peer)) => {
-                s.set_nonblocking(false)?;
-                Ok(Some((Stream::from_tcp(s), peer)))
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-            Err(e) if is_transient(&e) => Ok(None),
-            Err(e) => Err(e),
-        }
+        Ok(None)
     }
 
     /// An iterator over incoming connections.

@@ -33,6 +33,9 @@ impl std::fmt::Display for Transport {
 #[derive(Debug, Clone)]
 enum Inner {
     Shm(Arc<Shm>),
+    /// A CARRIER connection: the payload moves through `Shm`; the TCP connection stays open,
+    /// silent, so the peer's socket keeps its kernel meaning, and closes with the stream.
+    Carrier(Arc<(Shm, TcpStream)>),
     Tcp(Arc<TcpStream>),
 }
 
@@ -51,6 +54,12 @@ enum Inner {
 #[derive(Debug)]
 pub struct Stream {
     inner: Inner,
+}
+
+/// What an operation runs on: the shared-memory side, or the TCP socket.
+enum Io<'a> {
+    Shm(&'a Shm),
+    Tcp(&'a TcpStream),
 }
 
 impl Stream {
@@ -80,6 +89,10 @@ impl Stream {
         Stream { inner: Inner::Shm(Arc::new(shm)) }
     }
 
+    pub(crate) fn from_carrier(shm: Shm, tcp: TcpStream) -> Stream {
+        Stream { inner: Inner::Carrier(Arc::new((shm, tcp))) }
+    }
+
     pub(crate) fn from_tcp(s: TcpStream) -> Stream {
         let _ = s.set_nodelay(true);
         Stream { inner: Inner::Tcp(Arc::new(s)) }
@@ -90,50 +103,59 @@ impl Stream {
     pub(crate) fn into_tcp(self) -> Option<TcpStream> {
         match self.inner {
             Inner::Tcp(t) => Arc::try_unwrap(t).ok(),
-            Inner::Shm(_) => None,
+            Inner::Shm(_) | Inner::Carrier(_) => None,
         }
     }
 
     pub(crate) fn shm(&self) -> Option<&Shm> {
         match &self.inner {
             Inner::Shm(s) => Some(s),
+            Inner::Carrier(c) => Some(&c.0),
             Inner::Tcp(_) => None,
+        }
+    }
+
+    fn io(&self) -> Io<'_> {
+        match &self.inner {
+            Inner::Shm(s) => Io::Shm(s),
+            Inner::Carrier(c) => Io::Shm(&c.0),
+            Inner::Tcp(t) => Io::Tcp(t),
         }
     }
 
     /// Whether this connection runs over shared memory or TCP.
     pub fn transport(&self) -> Transport {
-        match self.inner {
-            Inner::Shm(_) => Transport::SharedMemory,
-            Inner::Tcp(_) => Transport::Tcp,
+        match self.io() {
+            Io::Shm(_) => Transport::SharedMemory,
+            Io::Tcp(_) => Transport::Tcp,
         }
     }
 
     /// The peer's address. Over shared memory, the client side's port is 0 (no TCP port exists).
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
-        match &self.inner {
-            Inner::Shm(s) => Ok(s.peer_addr()),
-            Inner::Tcp(t) => t.peer_addr(),
+        match self.io() {
+            Io::Shm(s) => Ok(s.peer_addr()),
+            Io::Tcp(t) => t.peer_addr(),
         }
     }
 
     /// Our address.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        match &self.inner {
-            Inner::Shm(s) => Ok(s.local_addr()),
-            Inner::Tcp(t) => t.local_addr(),
+        match self.io() {
+            Io::Shm(s) => Ok(s.local_addr()),
+            Io::Tcp(t) => t.local_addr(),
         }
     }
 
     /// Shuts down reading, writing or both, with TCP's meaning: the peer reads EOF after our last
     /// byte; its writes to a read-shut side fail with `BrokenPipe`.
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
-        match &self.inner {
-            Inner::Shm(s) => {
+        match self.io() {
+            Io::Shm(s) => {
                 s.shutdown(matches!(how, Shutdown::Read | Shutdown::Both), matches!(how, Shutdown::Write | Shutdown::Both));
                 Ok(())
             }
-            Inner::Tcp(t) => t.shutdown(how),
+            Io::Tcp(t) => t.shutdown(how),
         }
     }
 
@@ -144,12 +166,12 @@ impl Stream {
 
     /// Non-blocking mode: operations that would wait fail with `WouldBlock`.
     pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
-        match &self.inner {
-            Inner::Shm(s) => {
+        match self.io() {
+            Io::Shm(s) => {
                 s.set_nonblocking(on);
                 Ok(())
             }
-            Inner::Tcp(t) => t.set_nonblocking(on),
+            Io::Tcp(t) => t.set_nonblocking(on),
         }
     }
 
@@ -158,12 +180,12 @@ impl Stream {
         if t == Some(Duration::ZERO) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "zero timeout"));
         }
-        match &self.inner {
-            Inner::Shm(s) => {
+        match self.io() {
+            Io::Shm(s) => {
                 s.set_read_timeout(t);
                 Ok(())
             }
-            Inner::Tcp(tcp) => tcp.set_read_timeout(t),
+            Io::Tcp(tcp) => tcp.set_read_timeout(t),
         }
     }
 
@@ -172,42 +194,42 @@ impl Stream {
         if t == Some(Duration::ZERO) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "zero timeout"));
         }
-        match &self.inner {
-            Inner::Shm(s) => {
+        match self.io() {
+            Io::Shm(s) => {
                 s.set_write_timeout(t);
                 Ok(())
             }
-            Inner::Tcp(tcp) => tcp.set_write_timeout(t),
+            Io::Tcp(tcp) => tcp.set_write_timeout(t),
         }
     }
 
     /// The read timeout.
     pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
-        match &self.inner {
-            Inner::Shm(s) => Ok(s.read_timeout()),
-            Inner::Tcp(t) => t.read_timeout(),
+        match self.io() {
+            Io::Shm(s) => Ok(s.read_timeout()),
+            Io::Tcp(t) => t.read_timeout(),
         }
     }
 
     /// The write timeout.
     pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
-        match &self.inner {
-            Inner::Shm(s) => Ok(s.write_timeout()),
-            Inner::Tcp(t) => t.write_timeout(),
+        match self.io() {
+            Io::Shm(s) => Ok(s.write_timeout()),
+            Io::Tcp(t) => t.write_timeout(),
         }
     }
 
     /// Reads without consuming (`MSG_PEEK`).
     pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        match &self.inner {
-            Inner::Shm(s) => s.peek(buf),
-            Inner::Tcp(t) => t.peek(buf),
+        match self.io() {
+            Io::Shm(s) => s.peek(buf),
+            Io::Tcp(t) => t.peek(buf),
         }
     }
 
     /// Changes how long this connection spins before sleeping (shared memory only).
     pub fn set_spin(&self, mode: SpinMode) {
-        if let Inner::Shm(s) = &self.inner {
+        if let Io::Shm(s) = self.io() {
             s.set_spin(mode);
         }
     }
@@ -226,12 +248,12 @@ impl Stream {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn loan(&self, len: usize) -> io::Result<Loan<'_>> {
-        match &self.inner {
-            Inner::Shm(s) => {
+        match self.io() {
+            Io::Shm(s) => {
                 let (slot, ptr) = s.loan(len)?;
                 Ok(Loan::slot(self, slot, ptr, s.pool_slot_size(), len))
             }
-            Inner::Tcp(_) => {
+            Io::Tcp(_) => {
                 if len > u32::MAX as usize {
                     return Err(io::Error::from_raw_os_error(libc_errno::EMSGSIZE));
                 }
@@ -243,43 +265,43 @@ impl Stream {
     /// Receives the next zero-copy message (`None` at end of stream); the bytes are read in place
     /// and the slot is released when the [`Message`] is dropped.
     pub fn recv_message(&self) -> io::Result<Option<Message<'_>>> {
-        match &self.inner {
-            Inner::Shm(s) => Ok(s.recv_message()?.map(|(slot, ptr, len)| Message::slot(self, slot, ptr, len))),
-            Inner::Tcp(t) => {
+        match self.io() {
+            Io::Shm(s) => Ok(s.recv_message()?.map(|(slot, ptr, len)| Message::slot(self, slot, ptr, len))),
+            Io::Tcp(t) => {
                 let mut len = [0u8; 4];
-                match (&**t).read_exact(&mut len) {
+                match (&*t).read_exact(&mut len) {
                     Ok(()) => {}
                     Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
                     Err(e) => return Err(e),
                 }
                 let mut v = vec![0u8; u32::from_le_bytes(len) as usize];
-                (&**t).read_exact(&mut v)?;
+                (&*t).read_exact(&mut v)?;
                 Ok(Some(Message::heap(self, v)))
             }
         }
     }
 
     pub(crate) fn send_framed(&self, bytes: &[u8]) -> io::Result<()> {
-        let Inner::Tcp(t) = &self.inner else { unreachable!("heap loans only over TCP") };
+        let Io::Tcp(t) = self.io() else { unreachable!("heap loans only over TCP") };
         let mut framed = Vec::with_capacity(4 + bytes.len());
         framed.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
         framed.extend_from_slice(bytes);
-        (&**t).write_all(&framed)
+        (&*t).write_all(&framed)
     }
 
     /// Bytes a zero-copy message may hold on this connection.
     pub fn max_message_size(&self) -> usize {
-        match &self.inner {
-            Inner::Shm(s) => s.pool_slot_size(),
-            Inner::Tcp(_) => u32::MAX as usize,
+        match self.io() {
+            Io::Shm(s) => s.pool_slot_size(),
+            Io::Tcp(_) => u32::MAX as usize,
         }
     }
 
     /// Bytes ready to read without waiting (`FIONREAD`); 0 over TCP.
     pub fn readable_now(&self) -> io::Result<usize> {
-        match &self.inner {
-            Inner::Shm(s) => s.readable(),
-            Inner::Tcp(_) => Ok(0),
+        match self.io() {
+            Io::Shm(s) => s.readable(),
+            Io::Tcp(_) => Ok(0),
         }
     }
 
@@ -291,24 +313,24 @@ impl Stream {
 
 impl Read for &Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match &self.inner {
-            Inner::Shm(s) => s.read(buf),
-            Inner::Tcp(t) => (&**t).read(buf),
+        match self.io() {
+            Io::Shm(s) => s.read(buf),
+            Io::Tcp(t) => (&*t).read(buf),
         }
     }
 }
 
 impl Write for &Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match &self.inner {
-            Inner::Shm(s) => s.write(buf),
-            Inner::Tcp(t) => (&**t).write(buf),
+        match self.io() {
+            Io::Shm(s) => s.write(buf),
+            Io::Tcp(t) => (&*t).write(buf),
         }
     }
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        match &self.inner {
-            Inner::Shm(s) => s.write_all(buf),
-            Inner::Tcp(t) => (&**t).write_all(buf),
+        match self.io() {
+            Io::Shm(s) => s.write_all(buf),
+            Io::Tcp(t) => (&*t).write_all(buf),
         }
     }
     fn flush(&mut self) -> io::Result<()> {
@@ -338,9 +360,9 @@ impl AsFd for Stream {
     /// The readiness fd: for shared memory an epoll fd that is readable when the peer made
     /// progress (data, space, a message, a close) or hung up; for TCP the socket.
     fn as_fd(&self) -> BorrowedFd<'_> {
-        match &self.inner {
-            Inner::Shm(s) => s.readiness_fd().as_fd(),
-            Inner::Tcp(t) => t.as_fd(),
+        match self.io() {
+            Io::Shm(s) => s.readiness_fd().as_fd(),
+            Io::Tcp(t) => t.as_fd(),
         }
     }
 }
