@@ -74,5 +74,25 @@ PY
 check "python under colo run -> Rust API server, bytes intact" timeout 20 env COLO_LOG=info $COLORUN python3 "$WORK/echo.py"
 check "the API server claimed the carrier (shared memory)" grep -q "carrier" "$WORK/peer.err"
 
+# ...and a Rust API client against an unmodified Python server under colo run (DIRECT is refused
+# with NEED_CARRIER; the client retries in CARRIER mode over a real TCP carrier).
+cat > "$WORK/echo_srv.py" <<'PY'
+import socket
+l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen(16)
+print("READY 127.0.0.1:%d" % l.getsockname()[1], flush=True)
+while True:
+    c, _ = l.accept()
+    while True:
+        b = c.recv(65536)
+        if not b: break
+        c.sendall(b)
+    c.shutdown(socket.SHUT_WR); c.close()
+PY
+COLO_LOG=info $COLORUN python3 "$WORK/echo_srv.py" >"$WORK/es.out" 2>"$WORK/es.err" & PIDS+=($!)
+for _ in $(seq 100); do grep -q READY "$WORK/es.out" && break; sleep 0.05; done
+EA=$(awk '/READY/{print $2}' "$WORK/es.out")
+check "Rust API client -> python under colo run, half-close" sh -c "timeout 20 $PEER client $EA halfclose | grep -q 'OK 5 colo'"
+check "Rust API client -> python under colo run, 200 KB echo" sh -c "timeout 20 $PEER client $EA stream 200000 | grep -q 'OK 200000 colo'"
+
 [ $FAIL = 0 ] && echo "tests/apps: all passed" || echo "tests/apps: FAILURES"
 exit $FAIL

@@ -8,5 +8,6 @@ pub mod host;
 pub mod preload;
 pub mod segment;
 pub mod seqpacket;
+pub mod tcp;
 
 pub use rustix::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};

@@ -11,25 +11,33 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Mutex;
 
-/// Listeners (rendezvous name and server pid) that already answered a DIRECT HELLO with WELCOME.
-/// Later dials to them do not wait for the answer: one cross-process wake-up less per connection,
-/// which is what short-lived connections pay for. A late REJECT still resets the connection.
-static KNOWN_DIRECT: Mutex<Vec<(String, u32)>> = Mutex::new(Vec::new());
+/// What a listener (rendezvous name and server pid) answered to a DIRECT HELLO before.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Known {
+    /// WELCOME: later dials do not wait for the answer (one cross-process wake-up less per
+    /// connection, which is what short-lived connections pay for); a late REJECT resets.
+    Direct,
+    /// REJECT(NEED_CARRIER): an unmodified program under `colo run`; dial CARRIER at once.
+    Carrier,
+}
+
+static KNOWN: Mutex<Vec<(String, u32, Known)>> = Mutex::new(Vec::new());
 
 fn known_name(name: &str) -> bool {
-    KNOWN_DIRECT.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|(n, _)| n == name)
+    KNOWN.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|(n, _, k)| n == name && *k == Known::Direct)
 }
 
-fn known_direct(name: &str, pid: u32) -> bool {
-    KNOWN_DIRECT.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|(n, p)| n == name && *p == pid)
+fn known(name: &str, pid: u32) -> Option<Known> {
+    KNOWN.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|(n, p, _)| n == name && *p == pid).map(|e| e.2)
 }
 
-fn remember_direct(name: String, pid: u32) {
-    let mut known = KNOWN_DIRECT.lock().unwrap_or_else(|e| e.into_inner());
+fn remember(name: String, pid: u32, kind: Known) {
+    let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+    known.retain(|(n, _, _)| *n != name);
     if known.len() >= 256 {
         known.remove(0);
     }
-    known.push((name, pid));
+    known.push((name, pid, kind));
 }
 
 /// A client's half of a connection, made before (or right after) reaching the listener.
@@ -120,11 +128,68 @@ fn prepare(addr: SocketAddr, opts: &Options) -> io::Result<Prepared> {
     Ok(p)
 }
 
-/// Dials `addr` over shared memory if a colo listener serves it on this host; `Ok(None)` means
-/// "use TCP" (not local, nobody listening on the rendezvous, refused, or not trusted).
-pub(crate) fn dial(addr: SocketAddr, opts: &Options) -> io::Result<Option<Shm>> {
+/// How a dial ended.
+pub(crate) enum Dialed {
+    /// DIRECT: shared memory, no TCP connection.
+    Direct(Shm),
+    /// CARRIER (the server is an unmodified program under `colo run`): shared memory, with the
+    /// TCP connection that carries the 4-tuple.
+    Carrier(Shm, std::net::TcpStream),
+    /// Plain TCP, already connected (a CARRIER offer that was not claimed).
+    Tcp(std::net::TcpStream),
+    /// Not a colo listener here: dial plain TCP.
+    No,
+}
+
+/// How long a CARRIER client waits for the server program to accept before it abandons the offer
+/// and stays on plain TCP.
+const CARRIER_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Dials `addr` in CARRIER mode (spec/WIRE.md section 3): bind, offer, connect, wait for the claim.
+fn dial_carrier(addr: SocketAddr, opts: &Options) -> io::Result<Dialed> {
+    use crate::carrier::{self, Abandon, Answer as Reply};
+    let Some((control, server_pid)) = carrier::connect_rendezvous(addr)? else { return Ok(Dialed::No) };
+    let (sock, local) = colo_sys::tcp::bind_ephemeral(addr.ip())?;
+    let offer = carrier::offer(control, server_pid, local, addr, opts.geometry())?;
+    colo_sys::tcp::connect(&sock, addr)?;
+    let tcp = std::net::TcpStream::from(sock);
+    let _ = tcp.set_nodelay(true);
+    let claimed = match offer.wait_answer(CARRIER_WAIT) {
+        Reply::Welcome => true,
+        _ => match offer.abandon() {
+            // Nothing was written into the ring yet, so there is nothing to flush.
+            Abandon::Abandoned => false,
+            Abandon::Claimed => offer.wait_answer(std::time::Duration::from_secs(5)) == Reply::Welcome,
+        },
+    };
+    if !claimed {
+        log::info(format_args!("dial {addr}: carrier offer not claimed; plain TCP"));
+        return Ok(Dialed::Tcp(tcp));
+    }
+    let shm = offer.established().into_shm(opts.spin_mode())?;
+    Ok(Dialed::Carrier(shm, tcp))
+}
+
+/// Dials `addr` over shared memory if a colo listener serves it on this host.
+pub(crate) fn dial(addr: SocketAddr, opts: &Options) -> io::Result<Dialed> {
+    match dial_direct(addr, opts)? {
+        Direct::Done(shm) => Ok(Dialed::Direct(shm)),
+        Direct::NeedCarrier => dial_carrier(addr, opts),
+        Direct::No => Ok(Dialed::No),
+    }
+}
+
+enum Direct {
+    Done(Shm),
+    NeedCarrier,
+    No,
+}
+
+/// The DIRECT handshake; `No` means "use TCP" (not local, nobody listening on the rendezvous,
+/// refused, or not trusted).
+fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
     if !host::is_local(addr.ip()) {
-        return Ok(None);
+        return Ok(Direct::No);
     }
     let names = wire::lookup_names(addr);
     // For a listener known to speak DIRECT, build the segment first so the HELLO follows the
@@ -140,15 +205,19 @@ pub(crate) fn dial(addr: SocketAddr, opts: &Options) -> io::Result<Option<Shm>> 
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
             Err(e) => {
                 log::info(format_args!("dial {addr}: rendezvous {name}: {e}; using TCP"));
-                return Ok(None);
+                return Ok(Direct::No);
             }
         }
     }
-    let Some((control, name)) = control else { return Ok(None) };
+    let Some((control, name)) = control else { return Ok(Direct::No) };
     let (server_pid, server_uid) = seqpacket::peer_cred(&control)?;
     if server_uid != host::uid() && server_uid != 0 && host::tcp_listener_uid(addr.port()) != Some(server_uid) {
         log::info(format_args!("dial {addr}: rendezvous owned by uid {server_uid}, port is not; using TCP"));
-        return Ok(None);
+        return Ok(Direct::No);
+    }
+    let seen = known(&name, server_pid);
+    if seen == Some(Known::Carrier) {
+        return Ok(Direct::NeedCarrier);
     }
     let p = match prepared.take() {
         Some(p) => p,
@@ -159,7 +228,7 @@ pub(crate) fn dial(addr: SocketAddr, opts: &Options) -> io::Result<Option<Shm>> 
 
     // Wait briefly for the answer; a server that has not reached accept() yet answers later
     // (spec/WIRE.md section 3, "The backlog"). A listener that answered before is not waited for.
-    let known = known_direct(&name, server_pid);
+    let known = seen == Some(Known::Direct);
     let mut buf = [0u8; 64];
     let answer = if known {
         seqpacket::recv(&control, &mut buf, true)
@@ -171,26 +240,30 @@ pub(crate) fn dial(addr: SocketAddr, opts: &Options) -> io::Result<Option<Shm>> 
         Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut => true,
         Ok(r) if r.len == MESSAGE_LEN && r.fds.is_empty() && !r.truncated => match Message::decode(&buf[..r.len]) {
             Ok(Message::Welcome { version: wire::VERSION }) => false,
+            Ok(Message::Reject { reason: Reason::NeedCarrier, .. }) => {
+                remember(name, server_pid, Known::Carrier);
+                return Ok(Direct::NeedCarrier);
+            }
             other => {
                 log::info(format_args!("dial {addr}: refused ({other:?}); using TCP"));
-                return Ok(None);
+                return Ok(Direct::No);
             }
         },
         Ok(r) if r.len == 0 => {
             log::info(format_args!("dial {addr}: listener closed the rendezvous connection; using TCP"));
-            return Ok(None);
+            return Ok(Direct::No);
         }
         Ok(_) => {
             log::info(format_args!("dial {addr}: unexpected answer; using TCP"));
-            return Ok(None);
+            return Ok(Direct::No);
         }
         Err(e) => {
             log::info(format_args!("dial {addr}: no answer: {e}; using TCP"));
-            return Ok(None);
+            return Ok(Direct::No);
         }
     };
     if !pending && !known {
-        remember_direct(name, server_pid);
+        remember(name, server_pid, Known::Direct);
     }
     // SAFETY: the mapping is exactly `layout.segment_size` bytes, laid out by `layout`.
     let seg = unsafe { Segment::new(p.map, p.layout, p.memfd) };
@@ -200,7 +273,7 @@ pub(crate) fn dial(addr: SocketAddr, opts: &Options) -> io::Result<Option<Shm>> 
     if pending {
         shm.expect_welcome();
     }
-    Ok(Some(shm))
+    Ok(Direct::Done(shm))
 }
 
 /// The outcome of reading one HELLO on an accepted control connection.

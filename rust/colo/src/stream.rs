@@ -73,8 +73,10 @@ impl Stream {
         let mut last = None;
         for a in addr.to_socket_addrs()? {
             match handshake::dial(a, opts) {
-                Ok(Some(shm)) => return Ok(Stream::from_shm(shm)),
-                Ok(None) => {}
+                Ok(handshake::Dialed::Direct(shm)) => return Ok(Stream::from_shm(shm)),
+                Ok(handshake::Dialed::Carrier(shm, tcp)) => return Ok(Stream::from_carrier(shm, tcp)),
+                Ok(handshake::Dialed::Tcp(tcp)) => return Ok(Stream::from_tcp(tcp)),
+                Ok(handshake::Dialed::No) => {}
                 Err(e) => crate::log::info(format_args!("dial {a}: {e}; using TCP")),
             }
             match TcpStream::connect(a) {
