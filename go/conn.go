@@ -161,33 +161,23 @@ var defaultSpinNs = func() int64 {
 	return us * 1000
 }()
 
-// slept records how long a sleep that followed a failed spin lasted. A short sleep means the peer
-// is active and a spin might have caught it (a ping-pong whose two sides both sleep never gets a
-// successful spin otherwise); a long one means the connection was idle.
-func (s *spinner) slept(d int64) {
-	ns := s.ns.Load()
-	if ns <= 0 {
-		return
-	}
-	if d < 8*ns {
-		s.fails.Store(0)
-	} else if s.fails.Load() < 1000 {
-		s.fails.Add(1)
-	}
-}
-
 // try spins until ready() or the spin budget is spent; it reports whether ready() held.
-// Adaptive (spec section 9): after 8 waits in a row whose spin failed and whose sleep was long,
-// a side spins only once in 16 waits until a spin succeeds (or a sleep is short) again.
+// Adaptive (spec section 9): after 8 spins in a row that ended in sleep, a side spins only once
+// in 16 waits, for 4 times the budget, until a spin succeeds again. The longer probe lets two
+// sides that both sleep (a ping-pong in which every answer takes a wake-up, longer than the
+// budget) discover that spinning pays: the prober catches the sleeper's answer, spins again, and
+// the other side's next probe then succeeds at once.
 func (s *spinner) try(ready func() bool, interrupted func() bool) bool {
 	ns := s.ns.Load()
 	if ns == 0 {
 		return false
 	}
+	budget := ns
 	if ns > 0 && s.fails.Load() >= 8 {
 		if s.skips.Add(1)%16 != 0 {
 			return false
 		}
+		budget = 4 * ns
 	}
 	start := nanotime()
 	for i := 1; ; i++ {
@@ -198,7 +188,10 @@ func (s *spinner) try(ready func() bool, interrupted func() bool) bool {
 			return true
 		}
 		if i%16 == 0 {
-			if ns > 0 && nanotime()-start > ns {
+			if budget > 0 && nanotime()-start > budget {
+				if s.fails.Load() < 1000 {
+					s.fails.Add(1)
+				}
 				return false
 			}
 			// Let other goroutines of this process run: a spin must not delay the work
@@ -371,13 +364,11 @@ func (c *Conn) await(ready func() bool, dl *deadline) {
 	if c.spin.try(ready, func() bool { return c.closed.Load() || dl.expired() }) {
 		return
 	}
-	start := nanotime()
 	c.waitMu.Lock()
 	c.nwait++
 	c.waitMu.Unlock()
 	for !c.block(ready) {
 	}
-	c.spin.slept(nanotime() - start)
 	c.waitMu.Lock()
 	c.nwait--
 	if c.nwait == 0 {

@@ -1,0 +1,48 @@
+package colo
+
+import (
+	"testing"
+	"time"
+)
+
+func TestSpinPolicy(t *testing.T) {
+	var s spinner
+	never := func() bool { return false }
+	always := func() bool { return true }
+	s.ns.Store(int64(2 * time.Microsecond))
+	if !s.try(always, never) {
+		t.Fatal("ready condition not seen")
+	}
+	for i := 0; i < 8; i++ {
+		if s.try(never, never) {
+			t.Fatal("spin succeeded on a false condition")
+		}
+	}
+	// Stopped: 15 of 16 waits do not spin at all (they return at once, ready or not).
+	spun := 0
+	for i := 0; i < 32; i++ {
+		if s.try(always, never) {
+			spun++
+			break
+		}
+	}
+	if spun != 1 || s.fails.Load() != 0 {
+		t.Fatalf("a probe should succeed and restart spinning (spun %d, fails %d)", spun, s.fails.Load())
+	}
+	// A spin ended by a deadline or Close is no success.
+	for i := 0; i < 8; i++ {
+		s.try(never, never)
+	}
+	f := s.fails.Load()
+	for i := 0; i < 16; i++ {
+		s.try(always, always)
+	}
+	if s.fails.Load() < f {
+		t.Fatal("an interrupted spin counted as a success")
+	}
+	// 0 never spins.
+	s.ns.Store(0)
+	if s.try(always, never) {
+		t.Fatal("spun with a zero budget")
+	}
+}
