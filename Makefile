@@ -26,10 +26,11 @@ test-go:
 	go/test.sh
 
 test-c-py:
-	scripts/test-c-py.sh
+	SKIP_XLANG=1 scripts/test-c-py.sh
 
-test-xlang: build
-	tests/xlang/run.sh
+# Every client x server pairing of Rust, Go, C and Python peers (needs test-c-py's venv and C peer).
+test-xlang: build test-c-py
+	COLO_PEERS="python=$(CURDIR)/tests/xlang/python-peer.sh" tests/xlang/run.sh
 
 test-apps:
 	tests/apps/run.sh

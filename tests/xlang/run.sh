@@ -49,6 +49,7 @@ FAILED=()
 # start_server NAME MODE -> sets ADDR and SPID
 start_server() {
     local out="$TMP/server-$1-$2.out"
+    rm -f "$out"  # the redirection below truncates it only once the child runs
     "${PEER[$1]}" server 127.0.0.1:0 "$2" >"$out" 2>"$TMP/server-$1-$2.err" &
     SPID=$!
     PIDS+=("$SPID")

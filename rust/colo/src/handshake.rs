@@ -31,6 +31,11 @@ fn known(name: &str, pid: u32) -> Option<Known> {
     KNOWN.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|(n, p, _)| n == name && *p == pid).map(|e| e.2)
 }
 
+/// Records a listener that answered a pending connection's HELLO with WELCOME.
+pub(crate) fn remember_direct(name: String, pid: u32) {
+    remember(name, pid, Known::Direct);
+}
+
 fn remember(name: String, pid: u32, kind: Known) {
     let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
     known.retain(|(n, _, _)| *n != name);
@@ -263,15 +268,15 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
         }
     };
     if !pending && !known {
-        remember(name, server_pid, Known::Direct);
+        remember(name.clone(), server_pid, Known::Direct);
     }
     // SAFETY: the mapping is exactly `layout.segment_size` bytes, laid out by `layout`.
     let seg = unsafe { Segment::new(p.map, p.layout, p.memfd) };
     let fds = Fds { control, own_bell: p.client_bell, peer_bell: p.server_bell };
     let local = SocketAddr::new(addr.ip(), 0);
-    let shm = Shm::new(seg, Role::Client, fds, local, addr, server_pid, opts.spin_mode())?;
+    let mut shm = Shm::new(seg, Role::Client, fds, local, addr, server_pid, opts.spin_mode())?;
     if pending {
-        shm.expect_welcome();
+        shm.expect_welcome(name);
     }
     Ok(Direct::Done(shm))
 }

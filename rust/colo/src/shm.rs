@@ -144,6 +144,8 @@ pub struct Shm {
     local: SocketAddr,
     peer: SocketAddr,
     peer_pid: u32,
+    /// Client side: the rendezvous name dialed (to remember a listener that answers late).
+    rendezvous: Option<String>,
     // Declared last: dropped after every view into it.
     seg: Segment,
 }
@@ -213,6 +215,7 @@ impl Shm {
             local,
             peer,
             peer_pid,
+            rendezvous: None,
             seg,
         })
     }
@@ -264,8 +267,10 @@ impl Shm {
         eproto(c)
     }
 
-    /// The listener has not answered the HELLO yet: its answer will come on the control socket.
-    pub(crate) fn expect_welcome(&self) {
+    /// The listener (rendezvous `name`) has not answered the HELLO yet: its answer will come on
+    /// the control socket.
+    pub(crate) fn expect_welcome(&mut self, name: String) {
+        self.rendezvous = Some(name);
         self.set(AWAITING_WELCOME);
     }
 
@@ -292,7 +297,11 @@ impl Shm {
             Ok(r) if self.has(AWAITING_WELCOME) && r.fds.is_empty() && !r.truncated => {
                 self.state.fetch_and(!AWAITING_WELCOME, Ordering::AcqRel);
                 match crate::wire::Message::decode(&buf[..r.len]) {
-                    Ok(crate::wire::Message::Welcome { version: crate::wire::VERSION }) => {}
+                    Ok(crate::wire::Message::Welcome { version: crate::wire::VERSION }) => {
+                        if let Some(name) = &self.rendezvous {
+                            crate::handshake::remember_direct(name.clone(), self.peer_pid);
+                        }
+                    }
                     Ok(crate::wire::Message::Reject { .. }) => {
                         self.set(RESET | REFUSED | PEER_GONE);
                         doorbell::ring(&self.fds.own_bell);
