@@ -347,19 +347,21 @@ func (e *ProtocolError) Error() string        { return "colo: protocol error: " 
 func (e *ProtocolError) Unwrap() error        { return unix.EPROTO }
 func (e *ProtocolError) Is(target error) bool { return target == unix.EPROTO }
 
-// notifyPeer is called after every Release store the peer may wait for. Go's atomic operations
-// are sequentially consistent, so the store before this call and the load of the peer's waiting
-// flag pair with the peer's "store waiting=1; re-check" as in Dekker's algorithm (spec section 6).
+// notifyPeer is called after every store the peer may wait for (spec section 6): it exchanges
+// the peer's waiting flag to 0 and rings the peer's doorbell if the flag was set. Every write of a
+// waiting word, ours and the peer's, is an atomic exchange, so that either this exchange reads the
+// sleeper's 1, or the sleeper's exchange comes later and its re-check sees our progress (Go's
+// atomics are moreover sequentially consistent).
 func (c *Conn) notifyPeer() {
-	if atomic.LoadUint32(c.peerWaiting) != 0 && atomic.SwapUint32(c.peerWaiting, 0) != 0 {
+	if atomic.SwapUint32(c.peerWaiting, 0) != 0 {
 		ringBell(c.peerBell)
 	}
 }
 
 // await blocks until ready() holds. ready must include every reason to wake: data, space,
-// flags, control-socket hang-up, close, deadline. Spec section 6: spin; store waiting = 1 (Go's
-// atomics are sequentially consistent, which gives the SeqCst fence); re-check; sleep on the
-// readiness fd.
+// flags, control-socket hang-up, close, deadline. Spec section 6: spin; exchange waiting to 1;
+// re-check; sleep on the doorbell. The flag is cleared (by exchange) only when no other
+// goroutine of this side still waits on it.
 func (c *Conn) await(ready func() bool, dl *deadline) {
 	if c.spin.try(ready, func() bool { return c.closed.Load() || dl.expired() }) {
 		return
@@ -372,7 +374,7 @@ func (c *Conn) await(ready func() bool, dl *deadline) {
 	c.waitMu.Lock()
 	c.nwait--
 	if c.nwait == 0 {
-		atomic.StoreUint32(c.myWaiting, 0)
+		atomic.SwapUint32(c.myWaiting, 0)
 	}
 	c.waitMu.Unlock()
 }
@@ -386,7 +388,7 @@ func (c *Conn) block(ready func() bool) bool {
 	if c.polling {
 		ch := c.wakeCh
 		c.waitMu.Unlock()
-		atomic.StoreUint32(c.myWaiting, 1)
+		atomic.SwapUint32(c.myWaiting, 1)
 		if ready() {
 			return true
 		}
@@ -416,7 +418,7 @@ func (c *Conn) pollOnce(ready func() bool) bool {
 	c.bellRaw.Read(func(uintptr) bool {
 		if first {
 			first = false
-			atomic.StoreUint32(c.myWaiting, 1)
+			atomic.SwapUint32(c.myWaiting, 1)
 			ok = ready()
 			return ok
 		}

@@ -1,6 +1,7 @@
 package colo
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -411,4 +412,40 @@ func TestIdleConnsDoNotPinThreads(t *testing.T) {
 		c.Close()
 	}
 	wg.Wait()
+}
+
+// Spec section 3, the backlog: a client whose connection was pending may write, close and go
+// away before the server answers; the server still delivers the bytes, then EOF.
+func TestPendingClientClosedBeforeWelcome(t *testing.T) {
+	watchdog(t, 30*time.Second)
+	l := listen(t)
+	ap := netip.MustParseAddrPort(l.Addr().String())
+	res, err := newSegRes(DefaultGeometry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lay := res.lay
+	msg := []byte("written while pending")
+	base := uint64(headerSize)
+	copy(res.seg[base+lay.dataOff:], msg)
+	*u64at(res.seg, base+dRingHead) = uint64(len(msg))
+	*u32at(res.seg, base+dRingFlags) = flagFIN
+	fd, err := connectRendezvous(context.Background(), rendezvousName(ap))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := &clientSide{ctl: os.NewFile(uintptr(fd), "ctl"), fd: fd, segRes: res}
+	if err := cs.hello(header{Claim: ClaimDirect, ClientAddr: netip.AddrPortFrom(ap.Addr(), 0), ServerAddr: ap}, ModeDirect); err != nil {
+		t.Fatal(err)
+	}
+	cs.close() // gone before any answer
+	s, err := l.AcceptColo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got, err := io.ReadAll(s)
+	if err != nil || string(got) != string(msg) {
+		t.Fatalf("got %q, %v", got, err)
+	}
 }

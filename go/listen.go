@@ -420,9 +420,8 @@ func (l *Listener) finish(c *Conn, fds []int) bool {
 		return false
 	}
 	unix.Close(fds[0]) // the mapping keeps the segment
-	if err := sendMsg(c.ctlFd, hsMsg{Type: MsgWelcome, Version: Version}); err != nil {
-		c.Close()
-		return false
-	}
+	// A client that gave up waiting (its connection was pending, spec section 3) may have closed
+	// already: WELCOME then fails, but the bytes in its ring are still delivered, then EOF.
+	sendMsg(c.ctlFd, hsMsg{Type: MsgWelcome, Version: Version})
 	return true
 }
