@@ -200,7 +200,7 @@ impl Conn {
     /// the doorbell; if `bits` became ready meanwhile, ring it ourselves.
     pub fn announce(&self, bits: u32) {
         // SAFETY: our waiting flag, an aligned atomic in the mapping.
-        colo_ring::notify::announce_sleep(unsafe { &*self.w.own_waiting });
+        colo_ring::notify::announce_sleep(unsafe { &*self.w.own_waiting }, colo_ring::notify::SLEEP_DOORBELL);
         if self.ready(false) & bits != 0 {
             self.poke();
         }
@@ -211,7 +211,7 @@ impl Conn {
     pub fn arm(&self) -> u32 {
         colo_sys::doorbell::drain(self.own_bell());
         // SAFETY: our waiting flag, an aligned atomic in the mapping.
-        colo_ring::notify::announce_sleep(unsafe { &*self.w.own_waiting });
+        colo_ring::notify::announce_sleep(unsafe { &*self.w.own_waiting }, colo_ring::notify::SLEEP_DOORBELL);
         self.ready(true)
     }
 }

@@ -11,32 +11,43 @@
 use crate::spin::Spinner;
 use crate::sync::{AtomicU32, Ordering};
 
-/// Announces that this side is about to block. Follow with a re-check of the condition; the flag
-/// is never withdrawn (see `wait`).
+/// `waiting` bit: the side sleeps on its doorbell eventfd (the waker writes the eventfd).
+pub const SLEEP_DOORBELL: u32 = 1;
+/// `waiting` bit: the side sleeps on a futex at the `waiting` word itself (the waker calls
+/// `FUTEX_WAKE` on it).
+pub const SLEEP_FUTEX: u32 = 2;
+
+/// Announces that this side is about to block the way `bit` says; returns the word's new value
+/// (what a futex sleep must expect). Follow with a re-check of the condition; the announcement is
+/// never withdrawn (see `wait`).
 #[inline]
-pub fn announce_sleep(own_waiting: &AtomicU32) {
+pub fn announce_sleep(own_waiting: &AtomicU32, bit: u32) -> u32 {
     // SYNC POINT with the exchange in `peer_needs_wake`: reading the waker's release exchange
     // makes its published progress visible to our re-check.
-    own_waiting.swap(1, Ordering::AcqRel);
+    own_waiting.fetch_or(bit, Ordering::AcqRel) | bit
 }
 
-/// Called after publishing progress the peer may wait for. Returns whether the caller must ring
-/// the peer's doorbell (exactly one waker wins the flag, so one sleep costs at most one ring).
+/// Called after publishing progress the peer may wait for. Returns the `SLEEP_*` bits the peer had
+/// announced: the caller rings its doorbell for `SLEEP_DOORBELL` and wakes its futex for
+/// `SLEEP_FUTEX` (exactly one waker takes the bits, so one sleep costs at most one wake-up).
 #[inline]
-pub fn peer_needs_wake(peer_waiting: &AtomicU32) -> bool {
-    // SYNC POINT with the exchange in `announce_sleep`: the caller's progress (a Release store made
+pub fn peer_needs_wake(peer_waiting: &AtomicU32) -> u32 {
+    // SYNC POINT with the RMW in `announce_sleep`: the caller's progress (a Release store made
     // before this call) is released by this exchange.
-    peer_waiting.swap(0, Ordering::AcqRel) != 0
+    peer_waiting.swap(0, Ordering::AcqRel)
 }
 
 /// Waits until `check` yields a value: first `check`, then a bounded spin, then the announce /
-/// re-check / `block` loop. `block` waits for the doorbell (or a timeout, or the control socket)
-/// and drains it; its error ends the wait. With a spin-only spinner `block` is never called.
+/// re-check / `block` loop. `how` chooses the `SLEEP_*` bit of each sleep; `block(value, bit)`
+/// sleeps that way (`value` is the announced word, for a futex) until woken, a timeout or the
+/// control socket, draining the doorbell if it rang; its error ends the wait. With a spin-only
+/// spinner `block` is never called.
 pub fn wait<T, E>(
     own_waiting: &AtomicU32,
     spinner: &mut Spinner,
     mut check: impl FnMut() -> Result<Option<T>, E>,
-    mut block: impl FnMut() -> Result<(), E>,
+    mut how: impl FnMut() -> u32,
+    mut block: impl FnMut(u32, u32) -> Result<(), E>,
 ) -> Result<T, E> {
     if let Some(v) = check()? {
         return Ok(v);
@@ -62,13 +73,14 @@ pub fn wait<T, E>(
     }
     debug_assert!(!spun);
     loop {
-        announce_sleep(own_waiting);
+        let bit = how();
+        let value = announce_sleep(own_waiting, bit);
         // The flag is left at 1 when the re-check succeeds: another half of this side may be
         // asleep on it, and a stale 1 costs the peer at most one spurious ring.
         if let Some(v) = check()? {
             return Ok(v);
         }
-        block()?;
+        block(value, bit)?;
     }
 }
 
@@ -84,6 +96,6 @@ pub fn poll_once<T, E>(
         return Ok(Some(v));
     }
     drain();
-    announce_sleep(own_waiting);
+    announce_sleep(own_waiting, SLEEP_DOORBELL);
     check()
 }

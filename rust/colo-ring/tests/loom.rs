@@ -92,7 +92,7 @@ fn no_lost_wakeup() {
         let t = loom::thread::spawn(move || {
             for b in [7u8, 8] {
                 assert_eq!(p.write(&[b]).unwrap(), 1);
-                if notify::peer_needs_wake(&w2) {
+                if notify::peer_needs_wake(&w2) != 0 {
                     b2.ring();
                 }
             }
@@ -107,7 +107,8 @@ fn no_lost_wakeup() {
                     let mut b = [0u8; 1];
                     Ok::<_, ()>((c.read(&mut b).unwrap() == 1).then_some(b[0]))
                 },
-                || {
+                || notify::SLEEP_DOORBELL,
+                |_, _| {
                     bell.wait_and_drain();
                     Ok(())
                 },
@@ -131,7 +132,7 @@ fn poll_once_leaves_doorbell_armed() {
         let (w2, b2) = (waiting.clone(), bell.clone());
         let t = loom::thread::spawn(move || {
             p.write(&[9]).unwrap();
-            if notify::peer_needs_wake(&w2) {
+            if notify::peer_needs_wake(&w2) != 0 {
                 b2.ring();
             }
         });

@@ -4,6 +4,7 @@
 //! over these calls. Linux only. Every function returns `std::io::Result` with the kernel's errno.
 
 pub mod doorbell;
+pub mod futex;
 pub mod host;
 pub mod preload;
 pub mod segment;

@@ -25,6 +25,8 @@ use std::time::{Duration, Instant};
 
 /// Writes are published in pieces of at most this many bytes (spec/WIRE.md section 5).
 const PUBLISH_CHUNK: usize = 16 * 1024;
+/// How long a blocking wait sleeps on the futex before it moves to the doorbell.
+const FUTEX_BUDGET: Duration = Duration::from_millis(2);
 
 // Local state bits.
 const WRITE_SHUT: u32 = 1;
@@ -233,7 +235,12 @@ impl Shm {
     }
 
     fn wake_peer(&self) {
-        if notify::peer_needs_wake(self.seg.waiting(self.other())) {
+        let peer = self.seg.waiting(self.other());
+        let bits = notify::peer_needs_wake(peer);
+        if bits & notify::SLEEP_FUTEX != 0 {
+            colo_sys::futex::wake_all(peer);
+        }
+        if bits & notify::SLEEP_DOORBELL != 0 {
             doorbell::ring(&self.fds.peer_bell);
         }
     }
@@ -256,6 +263,7 @@ impl Shm {
         // SAFETY: `word` comes from `out_words`/`in_words`: an aligned atomic in our mapping.
         unsafe { &*word }.fetch_or(bits, Ordering::Release);
         doorbell::ring(&self.fds.peer_bell);
+        colo_sys::futex::wake_all(self.seg.waiting(self.other()));
     }
 
     /// Resets the connection after the peer broke the protocol; returns the error to report.
@@ -320,8 +328,10 @@ impl Shm {
         }
     }
 
-    /// Sleeps until the doorbell rings, the control socket wakes, or `deadline` passes.
-    fn block(&self, deadline: Option<Instant>) -> io::Result<()> {
+    /// Sleeps until the doorbell rings, the control socket wakes, or `deadline` passes; with
+    /// `futex = Some((value, budget))`, on the futex at our `waiting` word instead, for at most
+    /// `budget` (a hang-up is then noticed when the sleep moves on to the doorbell).
+    fn block(&self, deadline: Option<Instant>, futex: Option<(u32, Duration)>) -> io::Result<()> {
         let timeout = match deadline {
             Some(d) => {
                 let left = d.saturating_duration_since(Instant::now());
@@ -355,7 +365,14 @@ impl Shm {
         }
         w.leader = true;
         drop(w);
-        let r = doorbell::wait(&self.fds.own_bell, &self.fds.control, timeout);
+        let r = match futex {
+            Some((value, budget)) => {
+                let t = timeout.map_or(budget, |t| t.min(budget));
+                colo_sys::futex::wait(self.own_waiting(), value, t);
+                Ok(colo_sys::doorbell::Woken::default())
+            }
+            None => doorbell::wait(&self.fds.own_bell, &self.fds.control, timeout),
+        };
         if let Ok(woken) = r {
             if woken.doorbell {
                 doorbell::drain(&self.fds.own_bell);
@@ -410,10 +427,30 @@ impl Shm {
                     }
                     check()
                 },
-                || Ok(()),
+                || notify::SLEEP_DOORBELL,
+                |_, _| Ok(()),
             );
         }
-        notify::wait(self.own_waiting(), spinner, &mut check, || self.block(deadline))
+        // Sleep on the futex first (one syscall each way) for up to FUTEX_BUDGET, then on the
+        // doorbell and the control socket (no CPU while idle; a hang-up wakes it).
+        let asleep_since = std::cell::Cell::new(None::<Instant>);
+        let futex_left = || {
+            let since = asleep_since.get().unwrap_or_else(Instant::now);
+            FUTEX_BUDGET.checked_sub(since.elapsed()).filter(|d| !d.is_zero())
+        };
+        notify::wait(
+            self.own_waiting(),
+            spinner,
+            &mut check,
+            || if futex_left().is_some() { notify::SLEEP_FUTEX } else { notify::SLEEP_DOORBELL },
+            |value, bit| {
+                if asleep_since.get().is_none() {
+                    asleep_since.set(Some(Instant::now()));
+                }
+                let futex = if bit == notify::SLEEP_FUTEX { futex_left().map(|d| (value, d)) } else { None };
+                self.block(deadline, futex)
+            },
+        )
     }
 
     // ---- the byte stream -------------------------------------------------------------------

@@ -1,0 +1,20 @@
+//! Shared (cross-process) futexes on a word of a segment: the short sleep of spec/WIRE.md
+//! section 6 (one syscall to sleep, one to wake, no descriptor).
+
+use rustix::event::Timespec;
+use rustix::thread::futex;
+use std::sync::atomic::AtomicU32;
+use std::time::Duration;
+
+/// Sleeps while `*word == expected`, at most `timeout`. Returns on a wake, a timeout, a signal,
+/// or at once if the word differs: callers re-check their condition in every case.
+pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = Timespec { tv_sec: timeout.as_secs() as i64, tv_nsec: timeout.subsec_nanos() as i64 };
+    // Not FUTEX_PRIVATE: the word is shared with another process.
+    let _ = futex::wait(word, futex::Flags::empty(), expected, Some(&ts));
+}
+
+/// Wakes every sleeper on `word`.
+pub fn wake_all(word: &AtomicU32) {
+    let _ = futex::wake(word, futex::Flags::empty(), i32::MAX as u32);
+}
