@@ -101,7 +101,7 @@ func (l *Listener) drainRendezvous() {
 			<-l.sem
 			return
 		}
-		l.spawnHello(cfd)
+		l.spawnHello(cfd, nil)
 	}
 }
 

@@ -45,6 +45,8 @@ type Conn struct {
 	bell        *os.File // our doorbell (ownBell), in the netpoller
 	bellRaw     syscall.RawConn
 	peerPid     int
+	pending     atomic.Bool // client: established before the server's answer (spec section 3)
+	welcomeName string      // client: rendezvous name, remembered when the late WELCOME comes
 	spin        spinner
 	life        sync.RWMutex // read-held by every operation; write-held by Close to unmap
 	closed      atomic.Bool
@@ -295,7 +297,6 @@ func (c *Conn) setup() error {
 	}
 	c.bell = os.NewFile(uintptr(c.ownBell), "colo-doorbell")
 	c.bellRaw, _ = c.bell.SyscallConn()
-	go c.watchCtl()
 	return nil
 }
 
@@ -427,37 +428,54 @@ func (c *Conn) pollOnce(ready func() bool) bool {
 	return ok
 }
 
+// startWatch starts the control-socket watcher; call once the connection is fully set up.
+func (c *Conn) startWatch() { go c.watchCtl() }
+
 // watchCtl waits, parked in the netpoller, for the control socket to become readable after the
 // handshake: hang-up is the peer's close or death; any byte or descriptor is a protocol
-// violation (reset). Either way blocked operations are woken. It returns when Close closes the
-// socket.
+// violation (reset), except the server's answer to a pending client (spec section 3): a late
+// WELCOME changes nothing, a late REJECT fails the connection with ECONNREFUSED. Blocked
+// operations are woken. It returns when Close closes the socket.
 func (c *Conn) watchCtl() {
 	rc, err := c.ctl.SyscallConn()
 	if err != nil {
 		return
 	}
-	violation := false
-	err = rc.Read(func(fd uintptr) bool {
-		var buf [16]byte
-		oob := make([]byte, unix.CmsgSpace(4*8))
-		n, oobn, _, _, rerr := unix.Recvmsg(int(fd), buf[:], oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
-		if oobn > 0 {
-			closeRights(oob[:oobn])
+	for {
+		var buf [64]byte
+		var n, oobn int
+		var rerr error
+		err = rc.Read(func(fd uintptr) bool {
+			oob := make([]byte, unix.CmsgSpace(4*8))
+			n, oobn, _, _, rerr = unix.Recvmsg(int(fd), buf[:], oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
+			if oobn > 0 {
+				closeRights(oob[:oobn])
+			}
+			return rerr != unix.EAGAIN && rerr != unix.EINTR
+		})
+		if err != nil {
+			return // closed by Close
 		}
-		switch {
-		case rerr == unix.EAGAIN || rerr == unix.EINTR:
-			return false
-		case n > 0 || oobn > 0:
-			violation = true
+		if rerr == nil && oobn == 0 && n > 0 && c.pending.Load() {
+			c.pending.Store(false)
+			if m, derr := decodeMsg(buf[:n]); derr == nil {
+				if m.Type == MsgWelcome && m.Version == Version {
+					welcomed.Store(c.welcomeName, int32(c.peerPid))
+					continue
+				}
+				if m.Type == MsgReject && c.enter() {
+					logf("late %v", &RejectError{Reason: m.Arg, Version: m.Version})
+					c.fail(errnoErr("read", unix.ECONNREFUSED), true)
+					c.exit()
+					break
+				}
+			}
 		}
-		return true // n == 0: hang-up (or an empty datagram, treated alike); other errors too
-	})
-	if err != nil {
-		return // closed by Close
-	}
-	if violation && c.enter() {
-		c.fail(errnoErr("read", unix.ECONNRESET), true)
-		c.exit()
+		if rerr == nil && (n > 0 || oobn > 0) && c.enter() {
+			c.fail(errnoErr("read", unix.ECONNRESET), true)
+			c.exit()
+		}
+		break // n == 0: hang-up (or an empty datagram, treated alike); other errors too
 	}
 	c.ctlGone.Store(true)
 	c.kick()

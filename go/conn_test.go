@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -293,3 +294,69 @@ func fdCount(t *testing.T) int {
 }
 
 var _ = sync.Mutex{}
+
+// The backlog (spec section 3): a client that gets no answer within its short wait is
+// established pending and may write at once; a late WELCOME changes nothing (and the listener is
+// remembered), a late REJECT fails the connection with ECONNREFUSED.
+func TestPendingDial(t *testing.T) {
+	watchdog(t, 30*time.Second)
+	l, err := ListenColo("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var mu sync.Mutex
+	delay, refuse := 100*time.Millisecond, false
+	answer := func(*Conn) bool {
+		mu.Lock()
+		d, r := delay, refuse
+		mu.Unlock()
+		time.Sleep(d)
+		return !r
+	}
+	l.testAnswer.Store(&answer)
+	go func() {
+		for {
+			s, err := l.AcceptColo()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(s, s); s.Close() }()
+		}
+	}()
+	name := rendezvousName(netip.MustParseAddrPort(l.Addr().String()))
+	welcomed.Delete(name)
+	start := time.Now()
+	c, err := Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Transport() != TransportColo || !c.pending.Load() {
+		t.Fatalf("transport %v pending %v", c.Transport(), c.pending.Load())
+	}
+	if d := time.Since(start); d > 90*time.Millisecond {
+		t.Errorf("dial waited %v for a slow listener", d)
+	}
+	c.Write([]byte("early"))
+	b := make([]byte, 5)
+	if _, err := io.ReadFull(c, b); err != nil || string(b) != "early" {
+		t.Fatalf("echo through a pending connection: %q %v", b, err)
+	}
+	c.Close()
+	if _, ok := welcomed.Load(name); !ok {
+		t.Fatal("late WELCOME not remembered")
+	}
+	// A remembered listener: no wait at all; then a late REJECT.
+	mu.Lock()
+	delay, refuse = 20*time.Millisecond, true
+	mu.Unlock()
+	c, err = Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = io.ReadFull(c, b)
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("after a late REJECT: %v", err)
+	}
+}

@@ -202,7 +202,7 @@ func (d *Dialer) dialColo(ctx context.Context, ap netip.AddrPort) (*Conn, error)
 		}
 		r := res
 		res = nil
-		c, err := handshakeClient(ctx, fd, ap, r)
+		c, err := handshakeClient(ctx, fd, ap, r, name)
 		var rej *RejectError
 		if errors.As(err, &rej) && rej.Reason == RejectNeedCarrier {
 			// The server is an unmodified program under the shim: offer a carrier instead.
@@ -346,7 +346,7 @@ func handshakeDeadline(ctx context.Context) time.Time {
 
 // handshakeClient runs the client side of a DIRECT handshake on a connected control socket.
 // It owns fd: on error everything is closed.
-func handshakeClient(ctx context.Context, fd int, ap netip.AddrPort, res *segRes) (*Conn, error) {
+func handshakeClient(ctx context.Context, fd int, ap netip.AddrPort, res *segRes, name string) (*Conn, error) {
 	cs, err := prepareClient(fd, ap, res.lay.Geometry, res)
 	if err != nil {
 		return nil, err
@@ -356,17 +356,46 @@ func handshakeClient(ctx context.Context, fd int, ap netip.AddrPort, res *segRes
 		cs.close()
 		return nil, err
 	}
-	if err := cs.answer(ctx, handshakeDeadline(ctx)); err != nil {
-		cs.close()
-		return nil, err
+	// The backlog (spec section 3): wait a little for the first answer of a listener, not at all
+	// for one (same name, same pid) that has welcomed us before; without an answer the
+	// connection is established pending, and the answer is read later by the control-socket
+	// watcher.
+	pending := true
+	if pid, ok := welcomed.Load(name); !ok || pid.(int32) != cs.cred.Pid {
+		dl := time.Now().Add(firstAnswerWait)
+		if cdl, ok := ctx.Deadline(); ok && cdl.Before(dl) {
+			dl = cdl
+		}
+		err := cs.answer(ctx, dl)
+		switch {
+		case err == nil:
+			pending = false
+			welcomed.Store(name, cs.cred.Pid)
+		case errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil:
+		default:
+			cs.close()
+			return nil, err
+		}
 	}
 	c, err := cs.conn(tcpAddr(h.ClientAddr), tcpAddr(ap))
 	if err != nil {
 		cs.close()
 		return nil, err
 	}
+	if pending {
+		c.pending.Store(true)
+		c.welcomeName = name
+	}
+	c.startWatch()
 	return c, nil
 }
+
+// firstAnswerWait bounds how long a DIRECT client waits for a new listener's answer before the
+// connection is established pending (spec section 3 uses 20 ms).
+const firstAnswerWait = 20 * time.Millisecond
+
+// welcomed remembers, by rendezvous name, the pid of the listener that last answered WELCOME.
+var welcomed sync.Map
 
 // carrierAnswerTimeout bounds the wait for the answer to a CARRIER offer once the TCP connection
 // is established (the server answers when its application accepts).
@@ -451,6 +480,7 @@ func carrierClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry) (
 		return nil, err
 	}
 	c.carrier = tc
+	c.startWatch()
 	return c, nil
 }
 

@@ -39,9 +39,10 @@ type Listener struct {
 	offersMu    sync.Mutex
 	offers      map[offerKey]*offer
 	sem         chan struct{} // one token per connection accepted but not yet handed to Accept
-	carrierOnly atomic.Bool   // tests: behave like the shim, refusing DIRECT with NEED_CARRIER
-	rvMu        sync.Mutex    // serializes accepts on the rendezvous socket with pending counting
-	pending     atomic.Int32  // accepted control connections whose HELLO is not read yet
+	carrierOnly atomic.Bool
+	testAnswer  atomic.Pointer[func(c *Conn) bool] // tests: called before WELCOME; false: REJECT(NO_RESOURCES)   // tests: behave like the shim, refusing DIRECT with NEED_CARRIER
+	rvMu        sync.Mutex                         // serializes accepts on the rendezvous socket with pending counting
+	pending     atomic.Int32                       // accepted control connections whose HELLO is not read yet
 }
 
 // Listen listens on the TCP address (network "tcp", "tcp4" or "tcp6") and on the matching colo
@@ -242,7 +243,7 @@ func (l *Listener) rvLoop() {
 			continue
 		}
 		delay = 0
-		l.spawnHello(cfd)
+		l.serveNew(cfd)
 	}
 }
 
@@ -260,12 +261,15 @@ func (l *Listener) acceptControl(rvfd int) (int, error) {
 
 // spawnHello serves one accepted control connection; the caller holds a token of l.sem, which
 // is given back when the HELLO has been answered and its connection accepted (or refused).
-func (l *Listener) spawnHello(cfd int) {
+func (l *Listener) spawnHello(cfd int, h *hello) {
+	if h == nil {
+		h = &hello{err: unix.EAGAIN}
+	}
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
 		defer func() { <-l.sem }()
-		l.serveHello(cfd)
+		l.serveHello(cfd, h)
 	}()
 }
 
@@ -277,14 +281,60 @@ func reject(fd int, reason uint8) {
 	sendMsg(fd, hsMsg{Type: MsgReject, Version: Version, Arg: reason})
 }
 
-// serveHello reads and answers one HELLO on an accepted control socket. The HELLO usually is
-// already there (clients send it right after connecting): it is then read without waiting.
-func (l *Listener) serveHello(cfd int) {
-	buf := make([]byte, 64)
-	oob := make([]byte, unix.CmsgSpace(4*8))
-	n, oobn, flags, _, rerr := unix.Recvmsg(cfd, buf, oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
+// hello is one datagram read from a new control connection.
+type hello struct {
+	buf            [64]byte
+	oob            []byte
+	n, oobn, flags int
+	err            error
+}
+
+func readHello(fd int, h *hello, flags int) bool {
+	if h.oob == nil {
+		h.oob = make([]byte, unix.CmsgSpace(4*8))
+	}
+	h.n, h.oobn, h.flags, _, h.err = unix.Recvmsg(fd, h.buf[:], h.oob, flags|unix.MSG_CMSG_CLOEXEC)
+	return h.err != unix.EAGAIN
+}
+
+// isDirectHello tells a well-formed DIRECT HELLO, which is answered without blocking.
+func (h *hello) isDirectHello() bool {
+	m, err := decodeMsg(h.buf[:h.n])
+	return h.err == nil && err == nil && h.flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) == 0 &&
+		m.Type == MsgHello && m.Arg == ModeDirect
+}
+
+// serveNew handles a control connection just accepted by rvLoop (holding a token of l.sem).
+// The HELLO usually is already there (clients send it right after connecting): a DIRECT one is
+// then answered here, without a goroutine hand-off; anything else gets its own goroutine.
+func (l *Listener) serveNew(cfd int) {
+	h := &hello{}
+	if !readHello(cfd, h, unix.MSG_DONTWAIT) || !h.isDirectHello() {
+		l.spawnHello(cfd, h)
+		return
+	}
+	c := l.handleHello(cfd, os.NewFile(uintptr(cfd), "colo-ctl"), h)
+	if c == nil {
+		<-l.sem
+		return
+	}
+	select {
+	case l.conns <- c: // an Accept is waiting
+		<-l.sem
+	default:
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			defer func() { <-l.sem }()
+			l.deliver(c)
+		}()
+	}
+}
+
+// serveHello reads (if h has nothing yet) and answers one HELLO on an accepted control socket.
+func (l *Listener) serveHello(cfd int, h *hello) {
 	cf := os.NewFile(uintptr(cfd), "colo-ctl")
-	if rerr == unix.EAGAIN {
+	if h.err == unix.EAGAIN {
 		cf.SetReadDeadline(time.Now().Add(helloTimeout))
 		stop := make(chan struct{})
 		defer close(stop)
@@ -300,17 +350,22 @@ func (l *Listener) serveHello(cfd int) {
 			cf.Close()
 			return
 		}
-		err = rc.Read(func(fd uintptr) bool {
-			n, oobn, flags, _, rerr = unix.Recvmsg(int(fd), buf, oob, unix.MSG_CMSG_CLOEXEC)
-			return rerr != unix.EAGAIN
-		})
-		if err != nil && rerr == nil {
-			rerr = err
+		err = rc.Read(func(fd uintptr) bool { return readHello(int(fd), h, 0) })
+		if err != nil && h.err == nil {
+			h.err = err
 		}
 	}
+	if c := l.handleHello(cfd, cf, h); c != nil {
+		l.deliver(c)
+	}
+}
+
+// handleHello answers a HELLO. It returns the new connection (WELCOME sent) for DIRECT mode, or
+// nil once everything is answered and released (CARRIER offers wait here for their claim).
+func (l *Listener) handleHello(cfd int, cf *os.File, h *hello) *Conn {
 	var fds []int
-	if oobn > 0 {
-		fds = parseRights(oob[:oobn])
+	if h.oobn > 0 {
+		fds = parseRights(h.oob[:h.oobn])
 	}
 	heard := sync.OnceFunc(func() { l.pending.Add(-1) })
 	defer heard()
@@ -320,13 +375,13 @@ func (l *Listener) serveHello(cfd int) {
 		}
 		cf.Close()
 	}
-	if rerr != nil || (n == 0 && oobn == 0) {
+	if h.err != nil || (h.n == 0 && h.oobn == 0) {
 		closeAll()
-		return
+		return nil
 	}
-	m, derr := decodeMsg(buf[:n])
+	m, derr := decodeMsg(h.buf[:h.n])
 	switch {
-	case flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || derr != nil || m.Type != MsgHello:
+	case h.flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || derr != nil || m.Type != MsgHello:
 		reject(cfd, RejectBadMessage)
 	case m.Version != Version:
 		reject(cfd, RejectBadVersion)
@@ -340,15 +395,15 @@ func (l *Listener) serveHello(cfd int) {
 		}
 		c, reason := l.adopt(cfd, cf, m.Arg, fds, heard)
 		if c != nil {
-			l.deliver(c)
-			return
+			return c
 		}
 		if reason == 0 {
-			return // adopt has closed everything
+			return nil // adopt has closed everything
 		}
 		reject(cfd, reason)
 	}
 	closeAll()
+	return nil
 }
 
 // adopt validates the segment and, on success, returns the server side of the connection (the
@@ -422,6 +477,12 @@ func (l *Listener) finish(c *Conn, fds []int) bool {
 	unix.Close(fds[0]) // the mapping keeps the segment
 	// A client that gave up waiting (its connection was pending, spec section 3) may have closed
 	// already: WELCOME then fails, but the bytes in its ring are still delivered, then EOF.
+	if f := l.testAnswer.Load(); f != nil && !(*f)(c) {
+		reject(c.ctlFd, RejectNoResources)
+		c.Close()
+		return false
+	}
 	sendMsg(c.ctlFd, hsMsg{Type: MsgWelcome, Version: Version})
+	c.startWatch()
 	return true
 }

@@ -11,7 +11,9 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -144,16 +146,44 @@ func listenerUIDs(port uint16) map[uint32]bool {
 }
 
 // affinityUnionIsOne reports whether this process and pid can together run on only one CPU.
+// When this process may run on several CPUs the union has several too, and the peer is not
+// asked (our own mask is re-read at most every second).
 func affinityUnionIsOne(pid int) bool {
-	var a, b unix.CPUSet
-	if unix.SchedGetaffinity(0, &a) != nil || unix.SchedGetaffinity(pid, &b) != nil {
+	own, n := ownAffinity()
+	if n != 1 {
 		return false
 	}
-	n := 0
-	for i := range a {
-		n += popcount(uint64(a[i] | b[i]))
+	var b unix.CPUSet
+	if unix.SchedGetaffinity(pid, &b) != nil {
+		return false
 	}
-	return n == 1
+	c := 0
+	for i := range own {
+		c += popcount(uint64(own[i] | b[i]))
+	}
+	return c == 1
+}
+
+var affinityCache struct {
+	sync.Mutex
+	when time.Time
+	set  unix.CPUSet
+	n    int
+}
+
+func ownAffinity() (unix.CPUSet, int) {
+	affinityCache.Lock()
+	defer affinityCache.Unlock()
+	if time.Since(affinityCache.when) > time.Second {
+		var a unix.CPUSet
+		if unix.SchedGetaffinity(0, &a) == nil {
+			affinityCache.set, affinityCache.n = a, a.Count()
+		} else {
+			affinityCache.n = 0
+		}
+		affinityCache.when = time.Now()
+	}
+	return affinityCache.set, affinityCache.n
 }
 
 func popcount(x uint64) int {
