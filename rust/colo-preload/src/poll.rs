@@ -432,10 +432,3 @@ pub unsafe fn select_impl(
     Some(count)
 }
 
-pub fn is_pending_or_conn(fd: c_int) -> bool {
-    matches!(table::kind(fd), CONN | PENDING)
-}
-
-pub const fn _unused() -> u32 {
-    IN | OUT
-}

@@ -47,16 +47,13 @@ fn missing(name: &str) -> ! {
 real_fns! {
     fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
     fn listen(fd: c_int, backlog: c_int) -> c_int;
-    fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
     fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int;
     fn close(fd: c_int) -> c_int;
     fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t;
     fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t;
     fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
     fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
-    fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t;
     fn recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t;
-    fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t;
     fn sendto(fd: c_int, buf: *const c_void, n: size_t, flags: c_int, addr: *const sockaddr, len: socklen_t) -> ssize_t;
     fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t;
     fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t;
@@ -74,7 +71,6 @@ real_fns! {
     fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int;
     fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int;
     fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int;
-    fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
     fn dup(fd: c_int) -> c_int;
     fn dup2(fd: c_int, new: c_int) -> c_int;
     fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int;

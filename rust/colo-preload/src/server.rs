@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 #[derive(Debug)]
 pub struct Listen {
     pub rendezvous: OwnedFd,
-    pub addr: SocketAddr,
 }
 
 struct State {
@@ -234,7 +233,7 @@ pub fn on_listen(fd: i32) {
             return;
         }
     };
-    let l = Arc::new(Listen { rendezvous, addr });
+    let l = Arc::new(Listen { rendezvous });
     lock(svc).listens.push(l.clone());
     colo_sys::doorbell::ring(&svc.wake);
     if let Some(mut slot) = table::lock(fd) {

@@ -96,12 +96,6 @@ pub fn conn(fd: i32) -> Option<Arc<Conn>> {
     }
 }
 
-pub fn listen(fd: i32) -> Option<Arc<Listen>> {
-    match lock(fd)?.entry() {
-        Entry::Listen(l) => Some(l.clone()),
-        _ => None,
-    }
-}
 
 /// Every fd whose kind is `k` (a scan of the kind bytes).
 pub fn fds_of_kind(k: u8) -> impl Iterator<Item = usize> {
