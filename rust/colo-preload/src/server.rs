@@ -13,7 +13,6 @@ use colo::wire::{self, Mode, Reason};
 use colo_sys::{seqpacket, AsFd, AsRawFd, OwnedFd};
 use std::collections::HashMap;
 use std::io;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
