@@ -34,6 +34,9 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Like other command-line tools: end quietly when the reader of our output goes away.
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     let r = match cli.command {
         Command::Bench(a) => bench::run(a),
