@@ -380,7 +380,7 @@ func (c *Conn) await(ready func() bool, dl *deadline) {
 	c.waitMu.Unlock()
 }
 
-// block stores waiting = 1, re-checks ready() and, if it does not hold, sleeps once. It reports
+// block exchanges waiting to 1, re-checks ready() and, if it does not hold, sleeps once. It reports
 // whether ready() was seen to hold. Only one waiter (the poller) sleeps in the netpoller; the
 // others wait for it to wake up and then re-check. A sleeping poller wakes on any event, so that
 // the others get to re-check their own conditions.
@@ -407,7 +407,7 @@ func (c *Conn) block(ready func() bool) bool {
 	return ok
 }
 
-// pollOnce is the poller's sleep on the doorbell. The re-check after storing waiting = 1 runs
+// pollOnce is the poller's sleep on the doorbell. The re-check after exchanging waiting to 1 runs
 // inside the RawConn.Read callback, after the runtime has reset the descriptor's readiness, so a
 // doorbell rung after the store always wakes the netpoller wait that follows. The doorbell is
 // never drained: the netpoller is edge-triggered and every eventfd write is an edge, and after any
