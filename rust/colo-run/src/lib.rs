@@ -132,8 +132,10 @@ pub fn inspect(path: &Path) -> Option<Unsupported> {
     None
 }
 
-/// Runs `cmd[0]` with `cmd[1..]` under the shim; returns its exit status (128+signal if killed),
-/// or 127 if it could not be started. With the shim missing, CMD runs without it (with a warning).
+/// Replaces this process with `cmd[0]` (arguments `cmd[1..]`) under the shim, so CMD keeps our
+/// pid: signals, job control and supervisors reach it directly, and its exit status is ours.
+/// Returns only on failure: 127 if CMD could not be started. With the shim missing, CMD runs
+/// without it (with a warning).
 pub fn run(cmd: &[String]) -> i32 {
     let Some(prog) = cmd.first() else {
         eprintln!("colo run: usage: colo run -- CMD [ARGS...]");
@@ -157,14 +159,8 @@ pub fn run(cmd: &[String]) -> i32 {
         }
         None => eprintln!("colo run: warning: {SHIM} not found (set COLO_PRELOAD); running without acceleration"),
     }
-    match c.status() {
-        Ok(s) => {
-            use std::os::unix::process::ExitStatusExt;
-            s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))
-        }
-        Err(e) => {
-            eprintln!("colo run: {prog}: {e}");
-            127
-        }
-    }
+    use std::os::unix::process::CommandExt;
+    let e = c.exec();
+    eprintln!("colo run: {prog}: {e}");
+    127
 }
