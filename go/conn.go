@@ -327,12 +327,12 @@ func (c *Conn) fatalErr() error {
 	return nil
 }
 
-// fail records a fatal error; with reset, it sets RESET on our direction and rings the peer.
+// fail records a fatal error; with reset, it sets RESET on our direction and wakes the peer.
 func (c *Conn) fail(err error, reset bool) error {
 	c.fatal.CompareAndSwap(nil, &err)
 	if reset {
 		atomic.OrUint32(c.out.flags, flagRESET)
-		ringBell(c.peerBell)
+		c.alertPeer()
 	}
 	return *c.fatal.Load()
 }
@@ -348,16 +348,36 @@ func (e *ProtocolError) Error() string        { return "colo: protocol error: " 
 func (e *ProtocolError) Unwrap() error        { return unix.EPROTO }
 func (e *ProtocolError) Is(target error) bool { return target == unix.EPROTO }
 
+// Bits of a waiting word (spec section 6): how that side sleeps.
+const (
+	waitDoorbell = 1 // on its doorbell eventfd (the only way this package sleeps)
+	waitFutex    = 2 // on a shared futex at the waiting word itself
+)
+
 // notifyPeer is called after every store the peer may wait for (spec section 6): it exchanges
-// the peer's waiting flag to 0 and rings the peer's doorbell if the flag was set. Every write of a
-// waiting word, ours and the peer's, is an atomic exchange, so that either this exchange reads the
-// sleeper's 1, or the sleeper's exchange comes later and its re-check sees our progress (Go's
-// atomics are moreover sequentially consistent).
+// the peer's waiting word to 0 and wakes the peer the way each returned bit says. Every write of
+// a waiting word, ours and the peer's, is an atomic read-modify-write, so that either this
+// exchange returns the sleeper's bit, or the sleeper's OR comes later and its re-check sees our
+// progress (Go's atomics are moreover sequentially consistent).
 func (c *Conn) notifyPeer() {
-	if atomic.SwapUint32(c.peerWaiting, 0) != 0 {
+	if w := atomic.SwapUint32(c.peerWaiting, 0); w != 0 {
+		c.wakePeer(w)
+	}
+}
+
+// wakePeer wakes the peer for the waiting bits w.
+func (c *Conn) wakePeer(w uint32) {
+	if w&waitFutex != 0 {
+		futexWake(c.peerWaiting)
+	}
+	if w&^waitFutex != 0 {
 		ringBell(c.peerBell)
 	}
 }
+
+// alertPeer wakes the peer however it sleeps, regardless of its waiting word: closing and
+// resetting do.
+func (c *Conn) alertPeer() { c.wakePeer(waitDoorbell | waitFutex) }
 
 // await blocks until ready() holds. ready must include every reason to wake: data, space,
 // flags, control-socket hang-up, close, deadline. Spec section 6: spin; exchange waiting to 1;
@@ -375,7 +395,7 @@ func (c *Conn) await(ready func() bool, dl *deadline) {
 	c.waitMu.Lock()
 	c.nwait--
 	if c.nwait == 0 {
-		atomic.SwapUint32(c.myWaiting, 0)
+		atomic.AndUint32(c.myWaiting, ^uint32(waitDoorbell))
 	}
 	c.waitMu.Unlock()
 }
@@ -389,7 +409,7 @@ func (c *Conn) block(ready func() bool) bool {
 	if c.polling {
 		ch := c.wakeCh
 		c.waitMu.Unlock()
-		atomic.SwapUint32(c.myWaiting, 1)
+		atomic.OrUint32(c.myWaiting, waitDoorbell)
 		if ready() {
 			return true
 		}
@@ -419,7 +439,7 @@ func (c *Conn) pollOnce(ready func() bool) bool {
 	c.bellRaw.Read(func(uintptr) bool {
 		if first {
 			first = false
-			atomic.SwapUint32(c.myWaiting, 1)
+			atomic.OrUint32(c.myWaiting, waitDoorbell)
 			ok = ready()
 			return ok
 		}
@@ -671,7 +691,7 @@ func (c *Conn) CloseWrite() error {
 	defer c.exit()
 	c.wrClosed.Store(true)
 	atomic.OrUint32(c.out.flags, flagFIN)
-	ringBell(c.peerBell)
+	c.alertPeer()
 	return nil
 }
 
@@ -686,7 +706,7 @@ func (c *Conn) CloseRead() error {
 	defer c.exit()
 	c.rdClosed.Store(true)
 	atomic.OrUint32(c.in.rflags, flagReadClosed)
-	ringBell(c.peerBell)
+	c.alertPeer()
 	c.kick()
 	return nil
 }
@@ -708,7 +728,7 @@ func (c *Conn) Close() error {
 	c.wdl.stop()
 	atomic.OrUint32(c.out.flags, flagFIN)
 	atomic.OrUint32(c.in.rflags, flagReadClosed)
-	ringBell(c.peerBell)
+	c.alertPeer()
 	c.bell.Close() // closes ownBell
 	c.ctl.Close()  // the control-socket watcher returns
 	unix.Close(c.peerBell)

@@ -8,6 +8,7 @@ import (
 	"bufio"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -220,3 +221,10 @@ func unmap(c *Conn) {
 }
 
 func unixGetpid() int { return unix.Getpid() }
+
+// futexWake wakes every waiter of the shared (not private) futex at addr, a waiting word of
+// the segment (spec section 6, FUTEX bit).
+func futexWake(addr *uint32) {
+	const futexWakeOp = 1 // FUTEX_WAKE, without FUTEX_PRIVATE_FLAG: the word is shared memory
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWakeOp, uintptr(math.MaxInt32), 0, 0, 0)
+}
