@@ -34,9 +34,13 @@ impl SpinMode {
     }
 }
 
-/// After this many spins in a row that ended in sleep, spin only on every `PROBE_EVERY`-th wait.
+/// After this many spins in a row that ended in a long sleep, spin only on every `PROBE_EVERY`-th
+/// wait. A sleep counts as long when it lasted more than `LONG_SLEEP` times the spin budget: a
+/// longer spin would not have caught it. Short sleeps (the peer answered soon, just not within the
+/// spin) reset the count, so two peers that both stopped spinning start again.
 const GIVE_UP_AFTER: u32 = 8;
 const PROBE_EVERY: u32 = 16;
+const LONG_SLEEP: u32 = 20;
 
 /// Per-connection spin state.
 #[derive(Debug, Clone)]
@@ -89,6 +93,15 @@ impl Spinner {
             if start.elapsed() >= budget {
                 self.failures = self.failures.saturating_add(1);
                 return false;
+            }
+        }
+    }
+
+    /// Reports how long the sleep after a failed spin lasted.
+    pub fn slept(&mut self, d: Duration) {
+        if let SpinMode::For(budget) = self.mode {
+            if d < budget * LONG_SLEEP {
+                self.failures = 0;
             }
         }
     }

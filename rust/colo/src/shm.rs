@@ -438,7 +438,7 @@ impl Shm {
             let since = asleep_since.get().unwrap_or_else(Instant::now);
             FUTEX_BUDGET.checked_sub(since.elapsed()).filter(|d| !d.is_zero())
         };
-        notify::wait(
+        let r = notify::wait(
             self.own_waiting(),
             spinner,
             &mut check,
@@ -450,7 +450,11 @@ impl Shm {
                 let futex = if bit == notify::SLEEP_FUTEX { futex_left().map(|d| (value, d)) } else { None };
                 self.block(deadline, futex)
             },
-        )
+        );
+        if let Some(since) = asleep_since.get() {
+            spinner.slept(since.elapsed());
+        }
+        r
     }
 
     // ---- the byte stream -------------------------------------------------------------------
