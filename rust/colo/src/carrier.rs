@@ -379,7 +379,8 @@ pub fn reject(control: &OwnedFd, reason: Reason) {
     let _ = seqpacket::send(control, &msg, &[]);
 }
 
-fn is_eventfd(fd: &OwnedFd) -> bool {
+/// Whether `fd` is an eventfd (a received doorbell must be: ringing it then never blocks).
+pub(crate) fn is_eventfd(fd: &OwnedFd) -> bool {
     let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()));
     link.is_ok_and(|l| l.as_os_str() == "anon_inode:[eventfd]")
 }

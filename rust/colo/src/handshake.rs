@@ -299,11 +299,6 @@ fn reject(control: &OwnedFd, reason: Reason, why: impl Into<String>) -> Answer {
     Answer::Refused(why.into())
 }
 
-fn is_eventfd(fd: &OwnedFd) -> bool {
-    let link = std::fs::read_link(format!("/proc/self/fd/{}", colo_sys::AsRawFd::as_raw_fd(fd)));
-    link.is_ok_and(|l| l.as_os_str() == "anon_inode:[eventfd]")
-}
-
 /// Reads and answers the HELLO waiting on `control` (non-blocking).
 pub(crate) fn answer(control: OwnedFd, listen_addr: SocketAddr, opts: &Options) -> Answer {
     let mut buf = [0u8; 64];
@@ -338,7 +333,7 @@ pub(crate) fn answer(control: OwnedFd, listen_addr: SocketAddr, opts: &Options) 
             Err(e) => Answer::Refused(e),
         };
     }
-    if !is_eventfd(&client_bell) || !is_eventfd(&server_bell) {
+    if !crate::carrier::is_eventfd(&client_bell) || !crate::carrier::is_eventfd(&server_bell) {
         return reject(&control, Reason::BadMessage, "doorbells are not eventfds");
     }
     let map = match segment::attach(&memfd, HEADER_FIELDS) {
