@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,7 +23,7 @@ func watchdog(t *testing.T, d time.Duration) {
 	t.Helper()
 	tm := time.AfterFunc(d, func() {
 		buf := make([]byte, 1<<20)
-		n := runtimeStack(buf)
+		n := runtime.Stack(buf, true)
 		os.Stderr.Write(buf[:n])
 		panic("watchdog: " + t.Name() + " took longer than " + d.String())
 	})
@@ -268,8 +269,6 @@ func TestHalfCloseAndErrors(t *testing.T) {
 	}
 }
 
-func runtimeStack(buf []byte) int { return stack(buf) }
-
 // threads returns the number of OS threads of this process.
 func threads(t *testing.T) int {
 	b, err := os.ReadFile("/proc/self/status")
@@ -292,8 +291,6 @@ func fdCount(t *testing.T) int {
 	}
 	return len(ents)
 }
-
-var _ = sync.Mutex{}
 
 // The backlog (spec section 3): a client that gets no answer within its short wait is
 // established pending and may write at once; a late WELCOME changes nothing (and the listener is
