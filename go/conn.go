@@ -775,6 +775,17 @@ var (
 	unmapQueue chan []byte
 )
 
+// discard releases a server-side connection that was refused after its segment was mapped:
+// unlike Close it leaves the segment untouched (no FIN), so that the client sees the REJECT.
+func (c *Conn) discard() {
+	c.closed.Store(true)
+	c.bell.Close()
+	c.ctl.Close()
+	unix.Close(c.peerBell)
+	unmapLater(c.seg)
+	c.seg = nil
+}
+
 // SetDeadline sets the read and write deadlines. Blocked operations see the new deadline.
 func (c *Conn) SetDeadline(t time.Time) error {
 	if c.tcp != nil {

@@ -479,7 +479,7 @@ func (l *Listener) finish(c *Conn, fds []int) bool {
 	// already: WELCOME then fails, but the bytes in its ring are still delivered, then EOF.
 	if f := l.testAnswer.Load(); f != nil && !(*f)(c) {
 		reject(c.ctlFd, RejectNoResources)
-		c.Close()
+		c.discard()
 		return false
 	}
 	sendMsg(c.ctlFd, hsMsg{Type: MsgWelcome, Version: Version})
