@@ -73,6 +73,25 @@ assert got == data, (len(got), len(data))
 PY
 check "python under colo run -> Rust API server, bytes intact" timeout 20 env COLO_LOG=info $COLORUN python3 "$WORK/echo.py"
 check "the API server claimed the carrier (shared memory)" grep -q "carrier" "$WORK/peer.err"
+# A reader thread already in recv() while the main thread sends (the first operations on a
+# connection whose offer is still pending): every byte must go through the ring, in order.
+cat > "$WORK/race.py" <<PY
+import socket, threading
+s = socket.create_connection(("127.0.0.1", $PP))
+data = bytes(range(256)) * 4096
+got = bytearray()
+def rd():
+    while True:
+        b = s.recv(65536)
+        if not b: break
+        got.extend(b)
+t = threading.Thread(target=rd); t.start()
+s.sendall(data); s.shutdown(socket.SHUT_WR); t.join(20)
+assert bytes(got) == data, len(got)
+PY
+for i in 1 2 3; do
+  check "python reader thread + sender under colo run, 1 MiB echo ($i)" timeout 30 $COLORUN python3 "$WORK/race.py"
+done
 
 # ...and a Rust API client against an unmodified Python server under colo run (DIRECT is refused
 # with NEED_CARRIER; the client retries in CARRIER mode over a real TCP carrier).

@@ -115,7 +115,9 @@ pub fn withdraw(p: Box<Pending>) {
 /// holds a `Conn` or nothing (plain TCP).
 pub fn resolve(fd: i32, slot: &mut Slot) {
     let Entry::Pending(_) = slot.entry() else { return };
-    let Entry::Pending(p) = slot.take() else { unreachable!() };
+    // Keep the fd marked PENDING while we wait for the answer: a second thread's send must wait
+    // for the outcome here, not go to the kernel socket (its bytes would bypass the ring).
+    let Entry::Pending(p) = slot.take_keeping_kind() else { unreachable!() };
     let left = p.deadline.saturating_duration_since(Instant::now());
     let answer = p.offer.wait_answer(left);
     let welcomed = match answer {
@@ -133,6 +135,7 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
         },
     };
     if !welcomed {
+        slot.set(Entry::None);
         return;
     }
     // SAFETY: the application's socket, open during this call.
@@ -144,7 +147,10 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
             slot.set(Entry::Conn(Arc::new(c)));
             log_info(format_args!("connect {peer}: accelerated (shared memory)"));
         }
-        Err(e) => log_info(format_args!("connect {peer}: {e}; connection lost")),
+        Err(e) => {
+            slot.set(Entry::None);
+            log_info(format_args!("connect {peer}: {e}; connection lost"));
+        }
     }
 }
 

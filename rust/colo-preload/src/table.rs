@@ -74,6 +74,12 @@ impl Slot {
     pub fn take(&mut self) -> Entry {
         self.set(Entry::None)
     }
+    /// Takes the entry out but keeps publishing its kind: other threads still see (say) PENDING,
+    /// so they come to this slot's lock and wait for the outcome instead of treating the fd as
+    /// plain TCP meanwhile. The caller must `set` the final entry.
+    pub fn take_keeping_kind(&mut self) -> Entry {
+        std::mem::replace(&mut *self.guard, Entry::None)
+    }
 }
 
 pub fn lock(fd: i32) -> Option<Slot> {
