@@ -113,6 +113,11 @@ impl Poller {
         Ok(epoll::add(&self.epoll, fd, epoll::EventData::new_u64(token), epoll::EventFlags::IN)?)
     }
 
+    /// Stops watching `fd`.
+    pub fn delete(&self, fd: impl AsFd) -> io::Result<()> {
+        Ok(epoll::delete(&self.epoll, fd)?)
+    }
+
     /// Waits for readiness; returns the ready tokens (empty on timeout or signal).
     pub fn wait(&self, timeout: Option<Duration>) -> io::Result<Vec<u64>> {
         let ts = timeout.map(|d| Timespec { tv_sec: d.as_secs() as i64, tv_nsec: d.subsec_nanos() as i64 });

@@ -132,7 +132,8 @@ impl Listener {
             Answer::Pending(fd) => {
                 let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
                 if pending.len() >= MAX_PENDING {
-                    pending.remove(0);
+                    let (oldest, _) = pending.remove(0);
+                    let _ = self.poller.delete(&oldest);
                 }
                 if self.poller.add(&fd, PENDING).is_ok() {
                     pending.push((fd, Instant::now()));
@@ -157,11 +158,13 @@ impl Listener {
         }
     }
 
-    fn try_accept(&self) -> io::Result<Option<(Stream, SocketAddr)>> {
-        // Silent clients first: answer those whose HELLO arrived, drop those that timed out.
+    /// Answers the silent rendezvous clients whose HELLO has arrived and drops those that timed
+    /// out; returns a DIRECT connection if one completed.
+    fn poll_pending(&self) -> Option<(Stream, SocketAddr)> {
         let waiting: Vec<_> = {
             let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
             let now = Instant::now();
+            // Timed-out clients are dropped (closing the fd also leaves the epoll set).
             pending.retain(|(_, at)| now.duration_since(*at) < HELLO_TIMEOUT);
             std::mem::take(&mut *pending)
         };
@@ -171,13 +174,24 @@ impl Listener {
                 self.pending.lock().unwrap_or_else(|e| e.into_inner()).push((fd, at));
                 continue;
             }
+            // Out of the listener's epoll first: once answered, the socket belongs to a connection
+            // (its later hang-up must not wake accept forever).
+            let _ = self.poller.delete(&fd);
             match handshake::answer(fd, self.addr, &self.opts) {
-                Answer::Pending(fd) => self.pending.lock().unwrap_or_else(|e| e.into_inner()).push((fd, at)),
+                Answer::Pending(fd) => {
+                    if self.poller.add(&fd, PENDING).is_ok() {
+                        self.pending.lock().unwrap_or_else(|e| e.into_inner()).push((fd, at));
+                    }
+                }
                 other => found = self.finish(other),
             }
         }
-        if found.is_some() {
-            return Ok(found);
+        found
+    }
+
+    fn try_accept(&self) -> io::Result<Option<(Stream, SocketAddr)>> {
+        if let Some(s) = self.poll_pending() {
+            return Ok(Some(s));
         }
         if let Some(s) = self.drain_rendezvous()? {
             return Ok(Some(s));
@@ -202,8 +216,9 @@ impl Listener {
         let lookup = || self.offers.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
         let mut offer = lookup();
         if offer.is_none() && self.rendezvous.is_some() {
-            // Queue the HELLOs that arrived with this connection, then look again.
-            if let Ok(Some(s)) = self.drain_rendezvous() {
+            // The client sent its HELLO before connecting: read the HELLOs that have arrived
+            // (on new and on already accepted rendezvous connections), then look again.
+            for s in [self.poll_pending(), self.drain_rendezvous().ok().flatten()].into_iter().flatten() {
                 self.early.lock().unwrap_or_else(|e| e.into_inner()).push(s);
             }
             offer = lookup();
