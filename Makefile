@@ -10,6 +10,7 @@ build:
 	cd $(RUST) && $(CARGO) build --release -p colo-cli -p colo-preload -p colo-ffi && $(CARGO) build --release -p colo --example peer
 
 demo: build
+	mkdir -p build
 	$(RUST)/target/release/colo bench --plot build/bench.png
 
 test: test-rust test-loom test-go test-c-py test-xlang test-apps

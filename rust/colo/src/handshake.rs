@@ -73,10 +73,11 @@ fn build(geometry: colo_ring::layout::Geometry) -> io::Result<(u32, Prepared)> {
 struct Pool {
     ready: Vec<(u32, Prepared)>,
     geometry: Option<colo_ring::layout::Geometry>,
-    started: bool,
+    /// The pid whose preparer thread runs (a forked child has none until it starts its own).
+    preparer: u32,
 }
 
-static POOL: Mutex<Pool> = Mutex::new(Pool { ready: Vec::new(), geometry: None, started: false });
+static POOL: Mutex<Pool> = Mutex::new(Pool { ready: Vec::new(), geometry: None, preparer: 0 });
 static POOL_WAKE: std::sync::Condvar = std::sync::Condvar::new();
 const POOL_TARGET: usize = 4;
 
@@ -107,8 +108,13 @@ fn prepare(addr: SocketAddr, opts: &Options) -> io::Result<Prepared> {
             pool.ready.clear();
             pool.geometry = Some(geometry);
         }
-        if !pool.started {
-            pool.started = std::thread::Builder::new().name("colo-prepare".into()).spawn(preparer).is_ok();
+        if pool.preparer != me {
+            // First dial in this process, or in a forked child: the parent's prepared segments
+            // are the parent's (dropping our copies leaves its own intact).
+            pool.ready.retain(|(pid, _)| *pid == me);
+            if std::thread::Builder::new().name("colo-prepare".into()).spawn(preparer).is_ok() {
+                pool.preparer = me;
+            }
         }
         let i = pool.ready.iter().position(|(pid, _)| *pid == me);
         let taken = i.map(|i| pool.ready.swap_remove(i).1);

@@ -804,21 +804,27 @@ mod reaper {
     use std::sync::mpsc::{channel, Sender};
     use std::sync::Mutex;
 
-    static REAPER: Mutex<Option<Sender<Segment>>> = Mutex::new(None);
+    /// The reaper's queue and the pid that started it (a forked child starts its own).
+    static REAPER: Mutex<Option<(u32, Sender<Segment>)>> = Mutex::new(None);
 
     /// Drops `seg` on the reaper thread (inline if that thread cannot be started).
     pub fn retire(seg: Segment) {
+        let me = std::process::id();
         let mut r = REAPER.lock().unwrap_or_else(|e| e.into_inner());
-        if r.is_none() {
+        if r.as_ref().is_none_or(|(pid, _)| *pid != me) {
+            *r = None;
             let (tx, rx) = channel::<Segment>();
             if std::thread::Builder::new().name("colo-reaper".into()).spawn(move || rx.into_iter().for_each(drop)).is_ok() {
-                *r = Some(tx);
+                *r = Some((me, tx));
             }
         }
-        if let Some(tx) = r.as_ref() {
-            if let Err(e) = tx.send(seg) {
-                drop(e.0);
+        match r.as_ref() {
+            Some((_, tx)) => {
+                if let Err(e) = tx.send(seg) {
+                    drop(e.0);
+                }
             }
+            None => drop(seg),
         }
     }
 }
