@@ -19,10 +19,10 @@ pub fn ring(fd: impl AsFd) {
     let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
 }
 
-/// Empties a doorbell without blocking.
-pub fn drain(fd: impl AsFd) {
+/// Empties a doorbell without blocking; returns whether it had rung.
+pub fn drain(fd: impl AsFd) -> bool {
     let mut buf = [0u8; 8];
-    let _ = rustix::io::read(fd, &mut buf);
+    matches!(rustix::io::read(fd, &mut buf), Ok(8)) && u64::from_ne_bytes(buf) > 0
 }
 
 const DOORBELL: u64 = 0;

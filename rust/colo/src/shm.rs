@@ -136,6 +136,8 @@ pub struct Shm {
     role: Role,
     state: AtomicU32,
     nonblocking: AtomicBool,
+    /// A non-blocking operation drained a ring that may have been meant for the other half.
+    swallowed: AtomicBool,
     read_timeout: AtomicU64,
     write_timeout: AtomicU64,
     waiters: Mutex<Waiters>,
@@ -208,6 +210,7 @@ impl Shm {
             role,
             state: AtomicU32::new(0),
             nonblocking: AtomicBool::new(false),
+            swallowed: AtomicBool::new(false),
             read_timeout: AtomicU64::new(0),
             write_timeout: AtomicU64::new(0),
             waiters: Mutex::new(Waiters::default()),
@@ -402,7 +405,11 @@ impl Shm {
         mut check: impl FnMut() -> io::Result<Option<T>>,
     ) -> io::Result<T> {
         if self.nonblocking.load(Ordering::Relaxed) {
-            let r = notify::poll_once(self.own_waiting(), &mut check, || doorbell::drain(&self.fds.own_bell))?;
+            let r = notify::poll_once(self.own_waiting(), &mut check, || {
+                if doorbell::drain(&self.fds.own_bell) {
+                    self.swallowed.store(true, Ordering::Release);
+                }
+            })?;
             if let Some(v) = r {
                 return Ok(v);
             }
@@ -719,6 +726,13 @@ impl Shm {
     }
 
     // ---- settings and facts ------------------------------------------------------------------
+
+    /// Whether a non-blocking operation has drained a ring since the last call. The doorbell is
+    /// shared by the reading and the writing half: a poller whose read half drained it must wake
+    /// its write half too (and the reverse), or that half may miss its wake-up.
+    pub fn take_swallowed(&self) -> bool {
+        self.swallowed.swap(false, Ordering::AcqRel)
+    }
 
     /// Non-blocking mode: operations that would wait return `WouldBlock`.
     pub fn set_nonblocking(&self, on: bool) {

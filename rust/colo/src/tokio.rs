@@ -67,8 +67,14 @@ impl Shm {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 r => return Poll::Ready(r),
             }
-            let slot = if write { &self.fan.write } else { &self.fan.read };
+            let (slot, other) = if write { (&self.fan.write, &self.fan.read) } else { (&self.fan.read, &self.fan.write) };
             *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+            // We may have drained a ring meant for the other half before the reactor saw it.
+            if self.stream.shm().is_some_and(|s| s.take_swallowed()) {
+                if let Some(w) = other.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                    w.wake();
+                }
+            }
             let fan = Waker::from(self.fan.clone());
             match self.fd.poll_read_ready(&mut Context::from_waker(&fan)) {
                 Poll::Ready(Ok(mut guard)) => guard.clear_ready(),
