@@ -369,7 +369,8 @@ pub(crate) fn answer(control: OwnedFd, listen_addr: SocketAddr, opts: &Options) 
     unsafe { &*(seg.base().add(44) as *const colo_ring::sync::AtomicU32) }
         .store(host::pid(), colo_ring::sync::Ordering::Relaxed);
     let local = header.server_addr.filter(|a| a.port() == listen_addr.port()).unwrap_or(listen_addr);
-    let peer_ip: IpAddr = header.client_addr.map_or(local.ip(), |a| a.ip());
+    // The client writes its own address: believe it only if it names this host.
+    let peer_ip: IpAddr = header.client_addr.map(|a| a.ip()).filter(|ip| host::is_local(*ip)).unwrap_or(local.ip());
     let fds = Fds { control, own_bell: server_bell, peer_bell: client_bell };
     let shm = match Shm::new(seg, Role::Server, fds, local, SocketAddr::new(peer_ip, 0), client_pid, opts.spin_mode()) {
         Ok(s) => s,

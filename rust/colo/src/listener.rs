@@ -190,6 +190,11 @@ impl Listener {
     }
 
     fn try_accept(&self) -> io::Result<Option<(Stream, SocketAddr)>> {
+        {
+            // Offers whose TCP connection never came: release their descriptors.
+            let now = Instant::now();
+            self.offers.lock().unwrap_or_else(|e| e.into_inner()).retain(|_, (_, at)| now.duration_since(*at) < HELLO_TIMEOUT);
+        }
         if let Some(s) = self.poll_pending() {
             return Ok(Some(s));
         }
@@ -218,7 +223,11 @@ impl Listener {
         if offer.is_none() && self.rendezvous.is_some() {
             // The client sent its HELLO before connecting: read the HELLOs that have arrived
             // (on new and on already accepted rendezvous connections), then look again.
-            for s in [self.poll_pending(), self.drain_rendezvous().ok().flatten()].into_iter().flatten() {
+            // Each call stops at a completed DIRECT connection: keep going until both are empty.
+            while let Some(s) = self.poll_pending() {
+                self.early.lock().unwrap_or_else(|e| e.into_inner()).push(s);
+            }
+            while let Ok(Some(s)) = self.drain_rendezvous_new() {
                 self.early.lock().unwrap_or_else(|e| e.into_inner()).push(s);
             }
             offer = lookup();
@@ -240,6 +249,11 @@ impl Listener {
         if let Some(s) = self.early.lock().unwrap_or_else(|e| e.into_inner()).pop() {
             return Ok(Some(s));
         }
+        self.drain_rendezvous_new()
+    }
+
+    /// Accepts new rendezvous connections and answers their HELLOs, up to the first completed one.
+    fn drain_rendezvous_new(&self) -> io::Result<Option<(Stream, SocketAddr)>> {
         if let Some(rdv) = &self.rendezvous {
             loop {
                 match seqpacket::accept(rdv) {

@@ -94,8 +94,6 @@ pub mod libc_errno {
 struct RxHalf {
     ring: Consumer<RawBytes>,
     msgs: Option<QueueReceiver<2>>,
-    /// Slots of the incoming pool the application holds (received, not yet released).
-    held: Vec<bool>,
     spinner: Spinner,
 }
 
@@ -133,6 +131,9 @@ pub struct Shm {
     rx: Mutex<RxHalf>,
     tx: Mutex<TxHalf>,
     releases: Mutex<Option<QueueSender<1>>>,
+    /// Slots of the incoming pool the application holds (received, not yet released); outside the
+    /// reading half's lock, so a release never waits for a blocked reader.
+    held: Vec<std::sync::atomic::AtomicBool>,
     role: Role,
     state: AtomicU32,
     nonblocking: AtomicBool,
@@ -197,7 +198,8 @@ impl Shm {
         let n = g.slot_count as usize;
         let spin = if spin != SpinMode::Always && colo_sys::host::share_one_cpu(peer_pid) { SpinMode::Never } else { spin };
         Ok(Shm {
-            rx: Mutex::new(RxHalf { ring: ring_in, msgs: msgs_in, held: vec![false; n], spinner: Spinner::new(spin) }),
+            rx: Mutex::new(RxHalf { ring: ring_in, msgs: msgs_in, spinner: Spinner::new(spin) }),
+            held: (0..n).map(|_| std::sync::atomic::AtomicBool::new(false)).collect(),
             tx: Mutex::new(TxHalf {
                 ring: ring_out,
                 msgs: msgs_out,
@@ -269,11 +271,18 @@ impl Shm {
         colo_sys::futex::wake_all(self.seg.waiting(self.other()));
     }
 
+    /// Wakes this side's own sleeping threads (a state they must see changed locally).
+    fn wake_self(&self) {
+        doorbell::ring(&self.fds.own_bell);
+        colo_sys::futex::wake_all(self.own_waiting());
+    }
+
     /// Resets the connection after the peer broke the protocol; returns the error to report.
     fn corrupt(&self, c: Corrupt) -> io::Error {
         if !self.has(RESET) {
             self.set(RESET | CORRUPT);
             self.signal(self.out_words().flags, FLAG_RESET);
+            self.wake_self();
         }
         eproto(c)
     }
@@ -334,7 +343,11 @@ impl Shm {
     /// Sleeps until the doorbell rings, the control socket wakes, or `deadline` passes; with
     /// `futex = Some((value, budget))`, on the futex at our `waiting` word instead, for at most
     /// `budget` (a hang-up is then noticed when the sleep moves on to the doorbell).
-    fn block(&self, deadline: Option<Instant>, futex: Option<(u32, Duration)>) -> io::Result<()> {
+    ///
+    /// `epoch` is the waiters' epoch read before this thread announced its sleep: if another
+    /// thread has woken (and perhaps drained a ring meant for us) since, return at once so the
+    /// caller re-checks instead of sleeping on a swallowed wake-up.
+    fn block(&self, deadline: Option<Instant>, futex: Option<(u32, Duration)>, epoch: u64) -> io::Result<()> {
         let timeout = match deadline {
             Some(d) => {
                 let left = d.saturating_duration_since(Instant::now());
@@ -346,8 +359,10 @@ impl Shm {
             None => None,
         };
         let mut w = lock(&self.waiters);
+        if w.epoch != epoch {
+            return Ok(());
+        }
         if w.leader {
-            let epoch = w.epoch;
             w.followers += 1;
             while w.leader && w.epoch == epoch {
                 w = match timeout {
@@ -441,6 +456,7 @@ impl Shm {
         // Sleep on the futex first (one syscall each way) for up to FUTEX_BUDGET, then on the
         // doorbell and the control socket (no CPU while idle; a hang-up wakes it).
         let asleep_since = std::cell::Cell::new(None::<Instant>);
+        let seen_epoch = std::cell::Cell::new(0u64);
         let futex_left = || {
             let since = asleep_since.get().unwrap_or_else(Instant::now);
             FUTEX_BUDGET.checked_sub(since.elapsed()).filter(|d| !d.is_zero())
@@ -449,13 +465,17 @@ impl Shm {
             self.own_waiting(),
             spinner,
             &mut check,
-            || if futex_left().is_some() { notify::SLEEP_FUTEX } else { notify::SLEEP_DOORBELL },
+            || {
+                // Read before the announcement: see `block`.
+                seen_epoch.set(lock(&self.waiters).epoch);
+                if futex_left().is_some() { notify::SLEEP_FUTEX } else { notify::SLEEP_DOORBELL }
+            },
             |value, bit| {
                 if asleep_since.get().is_none() {
                     asleep_since.set(Some(Instant::now()));
                 }
                 let futex = if bit == notify::SLEEP_FUTEX { futex_left().map(|d| (value, d)) } else { None };
-                self.block(deadline, futex)
+                self.block(deadline, futex, seen_epoch.get())
             },
         );
         if let Some(since) = asleep_since.get() {
@@ -467,6 +487,9 @@ impl Shm {
     // ---- the byte stream -------------------------------------------------------------------
 
     fn try_read(&self, rx: &mut RxHalf, buf: &mut [u8], peek: bool) -> io::Result<Option<usize>> {
+        if self.has(READ_SHUT) {
+            return Ok(Some(0));
+        }
         let got = if peek { rx.ring.peek(buf) } else { rx.ring.read(buf) };
         let n = got.map_err(|c| self.corrupt(c))?;
         if n > 0 {
@@ -478,8 +501,9 @@ impl Shm {
         if self.has(RESET) {
             return Err(self.reset_error());
         }
-        let flags = rx.ring.flags().map_err(|c| self.corrupt(c))?;
+        // PEER_GONE first: a peer that set FIN and then hung up is seen with its FIN.
         let gone = self.has(PEER_GONE);
+        let flags = rx.ring.flags().map_err(|c| self.corrupt(c))?;
         if flags & (FLAG_FIN | FLAG_RESET) == 0 && !gone {
             return Ok(None);
         }
@@ -596,6 +620,8 @@ impl Shm {
             self.set(READ_SHUT);
             self.signal(self.in_words().read_flags, FLAG_READ_CLOSED);
         }
+        // A thread of ours blocked in read or write must see the shutdown now.
+        self.wake_self();
     }
 
     // ---- zero-copy messages ------------------------------------------------------------------
@@ -669,7 +695,7 @@ impl Shm {
                 if slot >= g.slot_count || len > g.slot_size {
                     return Err(self.corrupt(Corrupt("message entry out of range")));
                 }
-                if std::mem::replace(&mut rx.held[slot as usize], true) {
+                if self.held[slot as usize].swap(true, Ordering::AcqRel) {
                     return Err(self.corrupt(Corrupt("message in a slot we still hold")));
                 }
                 Ok(Some(Some((slot, len as usize))))
@@ -709,10 +735,7 @@ impl Shm {
 
     /// Returns a received slot to the peer.
     pub(crate) fn release(&self, slot: u32) {
-        {
-            let mut rx = lock(&self.rx);
-            rx.held[slot as usize] = false;
-        }
+        self.held[slot as usize].store(false, Ordering::Release);
         let mut releases = lock(&self.releases);
         if let Some(q) = releases.as_mut() {
             if let Err(c) = q.push([slot]) {

@@ -276,8 +276,13 @@ impl Stream {
                     Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
                     Err(e) => return Err(e),
                 }
-                let mut v = vec![0u8; u32::from_le_bytes(len) as usize];
-                (&*t).read_exact(&mut v)?;
+                // The length comes from a remote peer: grow the buffer as bytes arrive.
+                let len = u32::from_le_bytes(len) as u64;
+                let mut v = Vec::new();
+                (&*t).take(len).read_to_end(&mut v)?;
+                if v.len() as u64 != len {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
                 Ok(Some(Message::heap(self, v)))
             }
         }

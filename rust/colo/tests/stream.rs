@@ -271,3 +271,38 @@ fn addresses() {
     assert_eq!(c.peer_pid(), Some(std::process::id()));
 }
 
+
+#[test]
+fn shutdown_from_another_thread_unblocks_a_reader() {
+    let _w = common::watchdog(30);
+    let (c, _s) = pair();
+    let c = std::sync::Arc::new(c);
+    let c2 = c.clone();
+    let reader = thread::spawn(move || {
+        let mut b = [0u8; 8];
+        (&*c2).read(&mut b)
+    });
+    thread::sleep(Duration::from_millis(100));
+    c.shutdown(Shutdown::Read).unwrap();
+    assert_eq!(reader.join().unwrap().unwrap(), 0, "a read-shut stream reads end of stream");
+}
+
+#[test]
+fn releasing_a_message_while_another_thread_blocks_reading() {
+    let _w = common::watchdog(30);
+    let (c, s) = pair_with(Options::new().pool(4096, 2));
+    let mut l = c.loan(3).unwrap();
+    l.copy_from_slice(b"msg");
+    l.send().unwrap();
+    let s = std::sync::Arc::new(s);
+    let m = s.recv_message().unwrap().unwrap();
+    let s2 = s.clone();
+    let reader = thread::spawn(move || {
+        let mut b = [0u8; 4];
+        (&*s2).read_exact(&mut b).map(|_| b)
+    });
+    thread::sleep(Duration::from_millis(100));
+    drop(m); // must not wait for the blocked reader
+    (&c).write_all(b"done").unwrap();
+    assert_eq!(&reader.join().unwrap().unwrap(), b"done");
+}
