@@ -332,8 +332,13 @@ impl Shm {
                 }
             }
             Ok(_) => {
+                // Spec section 8: a reset (ECONNRESET), not a corruption of the segment.
                 self.set(PEER_GONE);
-                let _ = self.corrupt(Corrupt("unexpected message on the control socket"));
+                if !self.has(RESET) {
+                    self.set(RESET);
+                    self.signal(self.out_words().flags, FLAG_RESET);
+                    self.wake_self();
+                }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(_) => self.set(PEER_GONE),
@@ -563,14 +568,15 @@ impl Shm {
         if self.has(WRITE_SHUT) {
             return Err(io::ErrorKind::BrokenPipe.into());
         }
-        if tx.ring.read_closed().map_err(|c| self.corrupt(c))? || self.has(PEER_GONE) {
-            return Err(io::ErrorKind::BrokenPipe.into());
-        }
+        // The peer's RESET wins over its hang-up or read shutdown (spec/WIRE.md section 8).
         // SAFETY: the incoming ring's flags word is an aligned atomic in our mapping.
         let in_flags = unsafe { &*self.in_words().flags }.load(Ordering::Acquire);
         if in_flags & FLAG_RESET != 0 {
             self.set(RESET);
             return Err(io::ErrorKind::ConnectionReset.into());
+        }
+        if tx.ring.read_closed().map_err(|c| self.corrupt(c))? || self.has(PEER_GONE) {
+            return Err(io::ErrorKind::BrokenPipe.into());
         }
         let space = tx.ring.space().map_err(|c| self.corrupt(c))?;
         Ok((space > 0).then_some(space))
