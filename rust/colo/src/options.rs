@@ -36,7 +36,7 @@ impl Options {
         Options {
             geometry: Geometry { ring_capacity: DEFAULT_RING, slot_size: DEFAULT_SLOT_SIZE, slot_count: DEFAULT_SLOTS },
             spin: None,
-            connect_timeout: Duration::from_millis(20),
+            connect_timeout: Duration::from_millis(200),
         }
     }
 
@@ -61,8 +61,9 @@ impl Options {
 
     /// How long the first `connect` to a listener waits for its answer before it returns a
     /// pending connection (bytes written meanwhile wait in the ring, as in a TCP backlog). Later
-    /// connects to a listener that answered do not wait at all. Default 20 ms (a server under
-    /// `colo run` answers from its own thread well within it).
+    /// connects to a listener that answered do not wait at all. Default 200 ms: a server under
+    /// `colo run` answers from its own thread, which a loaded machine may not run for a while, and
+    /// its REJECT(NEED_CARRIER) must arrive before we write (or the dial cannot fall back).
     pub fn connect_timeout(mut self, t: Duration) -> Options {
         self.connect_timeout = t;
         self

@@ -32,18 +32,26 @@ fn many_connections_no_fd_leak() {
     {
         let l = Listener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
-        let mut conns = Vec::new();
-        for i in 0..200u32 {
-            let c = Stream::connect(addr).unwrap();
-            let (s, _) = l.accept().unwrap();
-            (&c).write_all(&i.to_le_bytes()).unwrap();
-            conns.push((c, s));
-        }
-        for (i, (_, s)) in conns.iter().enumerate() {
-            let mut b = [0u8; 4];
-            (&*s).read_exact(&mut b).unwrap();
-            assert_eq!(u32::from_le_bytes(b), i as u32);
-        }
+        let acceptor = std::thread::spawn(move || (0..200).map(|_| l.accept().unwrap().0).collect::<Vec<_>>());
+        let clients: Vec<Stream> = (0..200u32)
+            .map(|i| {
+                let c = Stream::connect(addr).unwrap();
+                (&c).write_all(&i.to_le_bytes()).unwrap();
+                c
+            })
+            .collect();
+        let conns: Vec<(Stream, Stream)> = clients.into_iter().zip(acceptor.join().unwrap()).collect();
+        // Accept order may differ from connect order; every value arrives exactly once.
+        let mut seen: Vec<u32> = conns
+            .iter()
+            .map(|(_, s)| {
+                let mut b = [0u8; 4];
+                (&*s).read_exact(&mut b).unwrap();
+                u32::from_le_bytes(b)
+            })
+            .collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..200).collect::<Vec<u32>>());
     }
     settle();
     assert_eq!(common::open_fds().len(), before, "every descriptor is closed");
