@@ -512,6 +512,42 @@ fn checked_buf(buf: *const c_void, len: usize) -> Result<(), isize> {
     Ok(())
 }
 
+/// Runs `op` on the connection and the caller's `len` writable bytes at `buf` (a read); a zero
+/// length returns 0 without calling it.
+fn with_out_buf(
+    c: *const colo_conn,
+    buf: *mut c_void,
+    len: usize,
+    op: impl FnOnce(&Stream, &mut [u8]) -> std::io::Result<usize>,
+) -> Result<isize, isize> {
+    let s = conn(c)?;
+    checked_buf(buf, len)?;
+    if len == 0 {
+        return Ok(0);
+    }
+    // SAFETY: `buf` is not NULL and the caller provides `len` writable bytes.
+    let b = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
+    op(&s, b).map(|n| n as isize).map_err(|e| err(&e))
+}
+
+/// Runs `op` on the connection and the caller's `len` readable bytes at `buf` (a write); a zero
+/// length returns 0 without calling it.
+fn with_in_buf(
+    c: *const colo_conn,
+    buf: *const c_void,
+    len: usize,
+    op: impl FnOnce(&Stream, &[u8]) -> std::io::Result<usize>,
+) -> Result<isize, isize> {
+    let s = conn(c)?;
+    checked_buf(buf, len)?;
+    if len == 0 {
+        return Ok(0);
+    }
+    // SAFETY: `buf` is not NULL and the caller provides `len` readable bytes.
+    let b = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
+    op(&s, b).map(|n| n as isize).map_err(|e| err(&e))
+}
+
 /// Reads up to `len` bytes into `buf`, waiting until at least one byte is there (unless
 /// non-blocking or a read timeout expires).
 ///
@@ -522,31 +558,13 @@ fn checked_buf(buf: *const c_void, len: usize) -> Result<(), isize> {
 /// shared memory).
 #[no_mangle]
 pub extern "C" fn colo_read(c: *const colo_conn, buf: *mut c_void, len: usize) -> ssize_t {
-    guard(|| {
-        let s = conn(c)?;
-        checked_buf(buf, len)?;
-        if len == 0 {
-            return Ok(0);
-        }
-        // SAFETY: `buf` is not NULL and the caller provides `len` writable bytes.
-        let b = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
-        (&*s).read(b).map(|n| n as isize).map_err(|e| err(&e))
-    })
+    guard(|| with_out_buf(c, buf, len, |s, b| (&*s).read(b)))
 }
 
 /// Like `colo_read` but leaves the bytes to be read again (`MSG_PEEK`). Same returns.
 #[no_mangle]
 pub extern "C" fn colo_peek(c: *const colo_conn, buf: *mut c_void, len: usize) -> ssize_t {
-    guard(|| {
-        let s = conn(c)?;
-        checked_buf(buf, len)?;
-        if len == 0 {
-            return Ok(0);
-        }
-        // SAFETY: `buf` is not NULL and the caller provides `len` writable bytes.
-        let b = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
-        s.peek(b).map(|n| n as isize).map_err(|e| err(&e))
-    })
+    guard(|| with_out_buf(c, buf, len, |s, b| s.peek(b)))
 }
 
 /// Writes up to `len` bytes from `buf`, waiting only while no byte can be written.
@@ -557,16 +575,7 @@ pub extern "C" fn colo_peek(c: *const colo_conn, buf: *mut c_void, len: usize) -
 /// No signal is raised.
 #[no_mangle]
 pub extern "C" fn colo_write(c: *const colo_conn, buf: *const c_void, len: usize) -> ssize_t {
-    guard(|| {
-        let s = conn(c)?;
-        checked_buf(buf, len)?;
-        if len == 0 {
-            return Ok(0);
-        }
-        // SAFETY: `buf` is not NULL and the caller provides `len` readable bytes.
-        let b = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
-        (&*s).write(b).map(|n| n as isize).map_err(|e| err(&e))
-    })
+    guard(|| with_in_buf(c, buf, len, |s, b| (&*s).write(b)))
 }
 
 /// Writes all `len` bytes, waiting for space as needed.
@@ -574,16 +583,7 @@ pub extern "C" fn colo_write(c: *const colo_conn, buf: *const c_void, len: usize
 /// Returns 0, or the errors of `colo_write` (after an error some bytes may have been written).
 #[no_mangle]
 pub extern "C" fn colo_write_all(c: *const colo_conn, buf: *const c_void, len: usize) -> c_int {
-    guard_int(|| {
-        let s = conn(c)?;
-        checked_buf(buf, len)?;
-        if len == 0 {
-            return Ok(0);
-        }
-        // SAFETY: `buf` is not NULL and the caller provides `len` readable bytes.
-        let b = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
-        (&*s).write_all(b).map(|()| 0).map_err(|e| err(&e))
-    })
+    guard_int(|| with_in_buf(c, buf, len, |s, b| (&*s).write_all(b).map(|()| 0)))
 }
 
 /// Shuts down reading (`COLO_SHUT_RD`), writing (`COLO_SHUT_WR`: the peer reads end of stream
