@@ -23,7 +23,8 @@ pub struct Args {
     /// Only the 64 B round trip (quick check).
     #[arg(long)]
     quick: bool,
-    /// Only the measurements whose group, case or transport contains this text (e.g. `short`).
+    /// Only the measurements whose group, case or transport contains this text (e.g. `short`);
+    /// comma-separated words must all match (e.g. `short,colo`).
     #[arg(long)]
     only: Option<String>,
 }
@@ -95,11 +96,12 @@ fn unpin() {
 trait Conn: Read + Write + Send {}
 impl<T: Read + Write + Send> Conn for T {}
 
-fn handle(op: &str, c: &mut dyn Conn, colo: Option<&Stream>) -> io::Result<()> {
-    let mut buf = vec![0u8; 1 << 20];
+/// Serves one connection; `buf` is the server's one scratch buffer (allocating and zeroing 1 MiB
+/// per connection would dominate the short-lived case for every transport).
+fn handle(op: &str, c: &mut dyn Conn, colo: Option<&Stream>, buf: &mut [u8]) -> io::Result<()> {
     match op {
         "echo" => loop {
-            let n = c.read(&mut buf)?;
+            let n = c.read(buf)?;
             if n == 0 {
                 return Ok(());
             }
@@ -108,7 +110,7 @@ fn handle(op: &str, c: &mut dyn Conn, colo: Option<&Stream>) -> io::Result<()> {
         "sink" => {
             let mut total = 0u64;
             loop {
-                let n = c.read(&mut buf)?;
+                let n = c.read(buf)?;
                 if n == 0 {
                     return c.write_all(&total.to_le_bytes());
                 }
@@ -158,6 +160,7 @@ pub fn serve(a: ServeArgs) -> io::Result<()> {
     });
     let op = a.op.clone();
     let out = io::stdout();
+    let mut buf = vec![0u8; 1 << 20];
     match a.transport.as_str() {
         "tcp" => {
             let l = TcpListener::bind("127.0.0.1:0")?;
@@ -165,7 +168,7 @@ pub fn serve(a: ServeArgs) -> io::Result<()> {
             for s in l.incoming() {
                 let mut s = s?;
                 s.set_nodelay(true)?;
-                let _ = handle(&op, &mut s, None);
+                let _ = handle(&op, &mut s, None, &mut buf);
             }
         }
         "unix" => {
@@ -174,7 +177,7 @@ pub fn serve(a: ServeArgs) -> io::Result<()> {
             let l = UnixListener::bind(&path)?;
             writeln!(out.lock(), "READY {}", path.display())?;
             for s in l.incoming() {
-                let _ = handle(&op, &mut s?, None);
+                let _ = handle(&op, &mut s?, None, &mut buf);
             }
         }
         _ => {
@@ -183,7 +186,7 @@ pub fn serve(a: ServeArgs) -> io::Result<()> {
             loop {
                 let (s, _) = l.accept()?;
                 let mut r = &s;
-                let _ = handle(&op, &mut r, Some(&s));
+                let _ = handle(&op, &mut r, Some(&s), &mut buf);
             }
         }
     }
@@ -581,7 +584,8 @@ pub fn run(a: Args) -> io::Result<()> {
     colo_sys::host::raise_fd_limit();
     let mut plans = plans(a.quick);
     if let Some(f) = &a.only {
-        plans.retain(|p| p.group.contains(f.as_str()) || p.case.contains(f.as_str()) || p.transport.contains(f.as_str()));
+        // Comma-separated words: a measurement runs if every word is in its group, case or transport.
+        plans.retain(|p| f.split(',').all(|w| p.group.contains(w) || p.case.contains(w) || p.transport.contains(w)));
     }
     let bar = ProgressBar::new(plans.len() as u64);
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").expect("template"));
