@@ -6,8 +6,8 @@ import json, struct, ipaddress, os
 HERE = os.path.dirname(os.path.abspath(__file__))
 MAGIC = 0x4F4C4F43
 
-def msg(typ, version, arg, flags=0):
-    return struct.pack('<IBBBBII', MAGIC, typ, version, arg, 0, flags, 0)
+def msg(typ, version, arg, flags=0, ticket=0):
+    return struct.pack('<IBBBBII', MAGIC, typ, version, arg, 0, flags, ticket)
 
 def round_up(x, a):
     return (x + a - 1) // a * a
@@ -34,6 +34,8 @@ handshake = [
     dict(name='welcome', hex=msg(2, 1, 0).hex(), valid=True, type=2, version=1, arg=0),
     dict(name='reject_bad_version', hex=msg(3, 1, 2).hex(), valid=True, type=3, version=1, arg=2),
     dict(name='reject_need_carrier', hex=msg(3, 1, 4).hex(), valid=True, type=3, version=1, arg=4),
+    dict(name='hello_recycle', hex=msg(1, 1, 1, flags=1, ticket=0x01020304).hex(), valid=True,
+         type=1, version=1, arg=1, flags=1, ticket=0x01020304),
     dict(name='hello_unknown_flags_ignored', hex=msg(1, 1, 1, flags=0x80000000).hex(), valid=True,
          type=1, version=1, arg=1),
     dict(name='bad_magic', hex=(b'XOLO' + msg(1, 1, 1)[4:]).hex(), valid=False),

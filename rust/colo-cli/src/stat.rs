@@ -95,6 +95,11 @@ fn inspect(pid: u32, path: &std::path::Path) -> Option<ConnInfo> {
     }
     let role = if header.client_pid == pid { "client" } else { "server" };
     let (out_c2s, base) = (role == "client", map.as_ptr() as *const u8);
+    // A segment this side parked for reuse is not a connection any more.
+    use colo_ring::layout::{CLIENT_PARKED, PARKED, SERVER_PARKED};
+    if read_u32(base, PARKED) & if out_c2s { CLIENT_PARKED } else { SERVER_PARKED } != 0 {
+        return None;
+    }
     let blk = |c2s: bool| layout.block_offset(c2s);
     use colo_ring::layout::block;
     let out = blk(out_c2s);

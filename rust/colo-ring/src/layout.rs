@@ -7,6 +7,14 @@ pub const HEADER_SIZE: usize = 4096;
 pub const SEGMENT_MAGIC: [u8; 8] = *b"COLOSEG\0";
 /// The wire version this crate speaks.
 pub const VERSION: u32 = 1;
+/// Offset of the `parked` word in the header (recycling, spec/WIRE.md section 3).
+pub const PARKED: usize = 96;
+/// Offset of the server's recycling `ticket` in the header.
+pub const TICKET: usize = 100;
+/// `parked` bit: the client closed the connection and keeps the segment for reuse.
+pub const CLIENT_PARKED: u32 = 1;
+/// `parked` bit: the server closed the connection and keeps the segment for reuse.
+pub const SERVER_PARKED: u32 = 2;
 /// Offset of the client's `waiting` flag in the header.
 pub const CLIENT_WAITING: usize = 128;
 /// Offset of the server's `waiting` flag in the header.

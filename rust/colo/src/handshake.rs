@@ -4,12 +4,13 @@
 use crate::log;
 use crate::options::Options;
 use crate::segment::{Role, Segment};
-use crate::shm::{Fds, Shm};
+use crate::shm::{Fds, Recycle, Shm};
 use crate::wire::{self, claim, Header, Message, Mode, Reason, HEADER_FIELDS, MESSAGE_LEN};
 use colo_sys::{doorbell, host, segment, seqpacket, AsFd, OwnedFd};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Mutex;
+use crate::recycle::Table;
+use std::sync::{Arc, Mutex};
 
 /// What a listener (rendezvous name and server pid) answered to a DIRECT HELLO before.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -23,8 +24,9 @@ enum Known {
 
 static KNOWN: Mutex<Vec<(String, u32, Known)>> = Mutex::new(Vec::new());
 
-fn known_name(name: &str) -> bool {
-    KNOWN.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|(n, _, k)| n == name && *k == Known::Direct)
+/// The pid of the listener `name` if it answered a DIRECT HELLO before.
+fn known_direct(name: &str) -> Option<u32> {
+    KNOWN.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|(n, _, k)| n == name && *k == Known::Direct).map(|e| e.1)
 }
 
 fn known(name: &str, pid: u32) -> Option<Known> {
@@ -139,6 +141,14 @@ fn prepare(addr: SocketAddr, opts: &Options) -> io::Result<Prepared> {
     Ok(p)
 }
 
+/// A client's segment, ready before it reaches the listener.
+enum Ready {
+    /// Parked by both sides after an earlier connection to the listener `name` (pid `server_pid`).
+    Recycled { name: String, server_pid: u32, parked: crate::recycle::Parked, ticket: u32 },
+    /// Newly built.
+    Fresh(Prepared),
+}
+
 /// How a dial ended.
 pub(crate) enum Dialed {
     /// DIRECT: shared memory, no TCP connection.
@@ -203,9 +213,17 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
         return Ok(Direct::No);
     }
     let names = wire::lookup_names(addr);
-    // For a listener known to speak DIRECT, build the segment first so the HELLO follows the
-    // connect at once and the listener finds it on its first read.
-    let mut prepared = if names.iter().any(|n| known_name(n)) { Some(prepare(addr, opts)?) } else { None };
+    // For a listener known to speak DIRECT, have the segment ready first so the HELLO follows the
+    // connect at once and the listener finds it on its first read: one that this process and that
+    // listener both parked after an earlier connection (no new segment, no descriptors to pass,
+    // nothing to map: section 3, "Recycling"), or one built ahead.
+    let mut ready = match names.iter().find_map(|n| known_direct(n).map(|pid| (n, pid))) {
+        Some((n, pid)) => Some(match crate::recycle::take_client(n, pid, opts.geometry()) {
+            Some((parked, ticket)) => Ready::Recycled { name: n.clone(), server_pid: pid, parked, ticket },
+            None => Ready::Fresh(prepare(addr, opts)?),
+        }),
+        None => None,
+    };
     let mut control = None;
     for name in names {
         match seqpacket::connect(name.as_bytes()) {
@@ -230,12 +248,26 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
     if seen == Some(Known::Carrier) {
         return Ok(Direct::NeedCarrier);
     }
-    let p = match prepared.take() {
-        Some(p) => p,
-        None => prepare(addr, opts)?,
+    let ready = match ready.take() {
+        Some(r @ Ready::Recycled { .. }) if matches!(&r, Ready::Recycled { name: n, server_pid: p, .. } if *n == name && *p == server_pid) => r,
+        Some(r @ Ready::Fresh(_)) => r,
+        // A segment parked with another listener (it was replaced): the server's side of it is
+        // dropped by its own timer.
+        _ => Ready::Fresh(prepare(addr, opts)?),
     };
-    let hello = Message::Hello { version: wire::VERSION, mode: Mode::Direct }.encode();
-    seqpacket::send(&control, &hello, &[p.memfd.as_fd(), p.client_bell.as_fd(), p.server_bell.as_fd()])?;
+    let (seg, own_bell, peer_bell) = match ready {
+        Ready::Recycled { parked, ticket, .. } => {
+            write_addresses(&parked.seg, addr, server_pid)?;
+            seqpacket::send(&control, &Message::Recycle { version: wire::VERSION, ticket }.encode(), &[])?;
+            (parked.seg, parked.own_bell, parked.peer_bell)
+        }
+        Ready::Fresh(p) => {
+            let hello = Message::Hello { version: wire::VERSION, mode: Mode::Direct }.encode();
+            seqpacket::send(&control, &hello, &[p.memfd.as_fd(), p.client_bell.as_fd(), p.server_bell.as_fd()])?;
+            // SAFETY: the mapping is exactly `layout.segment_size` bytes, laid out by `layout`.
+            (unsafe { Segment::new(p.map, p.layout, p.memfd) }, p.client_bell, p.server_bell)
+        }
+    };
 
     // Wait briefly for the answer; a server that has not reached accept() yet answers later
     // (spec/WIRE.md section 3, "The backlog"). A listener that answered before is not waited for.
@@ -276,15 +308,34 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
     if !pending && !known {
         remember(name.clone(), server_pid, Known::Direct);
     }
-    // SAFETY: the mapping is exactly `layout.segment_size` bytes, laid out by `layout`.
-    let seg = unsafe { Segment::new(p.map, p.layout, p.memfd) };
-    let fds = Fds { control, own_bell: p.client_bell, peer_bell: p.server_bell };
+    let fds = Fds { control, own_bell, peer_bell };
     let local = SocketAddr::new(addr.ip(), 0);
     let mut shm = Shm::new(seg, Role::Client, fds, local, addr, server_pid, opts.spin_mode())?;
+    shm.recycle_into(Recycle::Client(name.clone()));
     if pending {
         shm.expect_welcome(name);
     }
     Ok(Direct::Done(shm))
+}
+
+/// Rewrites the address records of a recycled segment for the dial to `addr` (the rest of the
+/// header is as the first connection left it).
+fn write_addresses(seg: &Segment, addr: SocketAddr, server_pid: u32) -> io::Result<()> {
+    let header = Header {
+        geometry: seg.layout().geometry,
+        claim: claim::DIRECT,
+        client_pid: host::pid(),
+        server_pid,
+        client_addr: Some(SocketAddr::new(addr.ip(), 0)),
+        server_addr: Some(addr),
+    };
+    let mut b = [0u8; HEADER_FIELDS];
+    header.encode(&mut b).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: the header lies in our mapping and neither side uses the segment (we took it back
+    // from both parked sides); the bytes from offset 96 on (`parked`, `ticket`, waiting words)
+    // are not touched.
+    unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), seg.base(), 96) };
+    Ok(())
 }
 
 /// The outcome of reading one HELLO on an accepted control connection.
@@ -305,8 +356,9 @@ fn reject(control: &OwnedFd, reason: Reason, why: impl Into<String>) -> Answer {
     Answer::Refused(why.into())
 }
 
-/// Reads and answers the HELLO waiting on `control` (non-blocking).
-pub(crate) fn answer(control: OwnedFd, listen_addr: SocketAddr, opts: &Options) -> Answer {
+/// Reads and answers the HELLO waiting on `control` (non-blocking); `parked` is the listener's
+/// table of recycled segments.
+pub(crate) fn answer(control: OwnedFd, listen_addr: SocketAddr, opts: &Options, parked: &Arc<Table>) -> Answer {
     let mut buf = [0u8; 64];
     let r = match seqpacket::recv(&control, &mut buf, true) {
         Ok(r) => r,
@@ -321,7 +373,13 @@ pub(crate) fn answer(control: OwnedFd, listen_addr: SocketAddr, opts: &Options) 
     }
     let mode = match Message::decode(&buf[..r.len]) {
         Ok(Message::Hello { version: wire::VERSION, mode }) => mode,
-        Ok(Message::Hello { version, .. }) => {
+        Ok(Message::Recycle { version: wire::VERSION, ticket }) => {
+            if !r.fds.is_empty() {
+                return reject(&control, Reason::BadMessage, "recycling HELLO with descriptors");
+            }
+            return answer_recycled(control, ticket, listen_addr, opts, parked);
+        }
+        Ok(Message::Hello { version, .. } | Message::Recycle { version, .. }) => {
             return reject(&control, Reason::BadVersion, format!("HELLO version {version}"))
         }
         Ok(_) => return reject(&control, Reason::BadMessage, "not a HELLO"),
@@ -347,11 +405,7 @@ pub(crate) fn answer(control: OwnedFd, listen_addr: SocketAddr, opts: &Options) 
         Err(segment::AttachError::BadSegment(e)) => return reject(&control, Reason::BadSegment, e),
         Err(segment::AttachError::Os(e)) => return reject(&control, Reason::NoResources, e.to_string()),
     };
-    let mut head = [0u8; HEADER_FIELDS];
-    // SAFETY: the mapping is at least HEADER_FIELDS bytes (attach checked the file size) and
-    // sealed; we copy the header once and never read these fields from the segment again.
-    unsafe { std::ptr::copy_nonoverlapping(map.as_ptr(), head.as_mut_ptr(), HEADER_FIELDS) };
-    let (header, layout) = match Header::decode(&head) {
+    let (header, layout) = match read_header(map.as_ptr()) {
         Ok(h) => h,
         Err(e) => return reject(&control, Reason::BadSegment, e),
     };
@@ -360,7 +414,7 @@ pub(crate) fn answer(control: OwnedFd, listen_addr: SocketAddr, opts: &Options) 
     }
     let client_pid = match seqpacket::peer_cred(&control) {
         Ok((pid, _)) => pid,
-        Err(e) => return Answer::Refused(format!("peer credentials: {e}")),
+        Err(e) => return reject(&control, Reason::NoResources, format!("peer credentials: {e}")),
     };
     // SAFETY: `attach` checked the file is exactly `layout.segment_size` bytes and sealed.
     let seg = unsafe { Segment::new(map, layout, memfd) };
@@ -368,14 +422,59 @@ pub(crate) fn answer(control: OwnedFd, listen_addr: SocketAddr, opts: &Options) 
     // SAFETY: offset 44 is an aligned u32 inside the header of our mapping.
     unsafe { &*(seg.base().add(44) as *const colo_ring::sync::AtomicU32) }
         .store(host::pid(), colo_ring::sync::Ordering::Relaxed);
+    let fds = Fds { control, own_bell: server_bell, peer_bell: client_bell };
+    welcome(seg, fds, &header, client_pid, listen_addr, opts, parked)
+}
+
+/// Copies the header fields out of a mapping (once: they are never read from the segment again)
+/// and validates them.
+fn read_header(base: *const u8) -> Result<(Header, colo_ring::layout::Layout), &'static str> {
+    let mut head = [0u8; HEADER_FIELDS];
+    // SAFETY: callers pass a mapping of at least HEADER_FIELDS bytes (`attach` checked the file
+    // size and seals, or the segment was validated when first accepted).
+    unsafe { std::ptr::copy_nonoverlapping(base, head.as_mut_ptr(), HEADER_FIELDS) };
+    Header::decode(&head)
+}
+
+/// A RECYCLE HELLO: the client took back the segment this listener parked under `ticket`.
+fn answer_recycled(control: OwnedFd, ticket: u32, listen_addr: SocketAddr, opts: &Options, parked: &Arc<Table>) -> Answer {
+    let client_pid = match seqpacket::peer_cred(&control) {
+        Ok((pid, _)) => pid,
+        Err(e) => return reject(&control, Reason::NoResources, format!("peer credentials: {e}")),
+    };
+    let p = match parked.take(ticket, client_pid) {
+        Ok(p) => p,
+        Err(e) => return reject(&control, Reason::BadSegment, e),
+    };
+    // The geometry stays the one validated when the segment was first accepted; only the
+    // addresses are read again.
+    let header = match read_header(p.seg.base()) {
+        Ok((h, _)) if h.geometry == p.seg.layout().geometry && h.claim == claim::DIRECT => h,
+        Ok(_) => return reject(&control, Reason::BadSegment, "recycled segment changed its geometry or mode"),
+        Err(e) => return reject(&control, Reason::BadSegment, e),
+    };
+    let fds = Fds { control, own_bell: p.own_bell, peer_bell: p.peer_bell };
+    welcome(p.seg, fds, &header, client_pid, listen_addr, opts, parked)
+}
+
+/// Builds the server's side of a DIRECT connection and sends WELCOME.
+fn welcome(
+    seg: Segment,
+    fds: Fds,
+    header: &Header,
+    client_pid: u32,
+    listen_addr: SocketAddr,
+    opts: &Options,
+    parked: &Arc<Table>,
+) -> Answer {
     let local = header.server_addr.filter(|a| a.port() == listen_addr.port()).unwrap_or(listen_addr);
     // The client writes its own address: believe it only if it names this host.
     let peer_ip: IpAddr = header.client_addr.map(|a| a.ip()).filter(|ip| host::is_local(*ip)).unwrap_or(local.ip());
-    let fds = Fds { control, own_bell: server_bell, peer_bell: client_bell };
-    let shm = match Shm::new(seg, Role::Server, fds, local, SocketAddr::new(peer_ip, 0), client_pid, opts.spin_mode()) {
+    let mut shm = match Shm::new(seg, Role::Server, fds, local, SocketAddr::new(peer_ip, 0), client_pid, opts.spin_mode()) {
         Ok(s) => s,
         Err(e) => return Answer::Refused(format!("readiness: {e}")),
     };
+    shm.recycle_into(Recycle::Server(Arc::downgrade(parked)));
     // A client that already closed cannot read WELCOME, but its bytes and FIN are in the ring and
     // are delivered all the same.
     let welcome = Message::Welcome { version: wire::VERSION }.encode();

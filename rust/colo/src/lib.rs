@@ -36,6 +36,7 @@ mod listener;
 mod log;
 mod message;
 mod options;
+mod recycle;
 pub mod segment;
 pub mod shm;
 mod stream;

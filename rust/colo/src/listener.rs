@@ -12,7 +12,8 @@ use std::io;
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use crate::recycle;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const TCP: u64 = 0;
@@ -47,6 +48,8 @@ pub struct Listener {
     addr: SocketAddr,
     opts: Options,
     nonblocking: AtomicBool,
+    /// Segments of closed connections kept for their clients' next dials.
+    parked: Arc<recycle::Table>,
 }
 
 impl Listener {
@@ -84,6 +87,7 @@ impl Listener {
             addr,
             opts,
             nonblocking: AtomicBool::new(false),
+            parked: recycle::Table::new(),
         })
     }
 
@@ -177,7 +181,7 @@ impl Listener {
             // Out of the listener's epoll first: once answered, the socket belongs to a connection
             // (its later hang-up must not wake accept forever).
             let _ = self.poller.delete(&fd);
-            match handshake::answer(fd, self.addr, &self.opts) {
+            match handshake::answer(fd, self.addr, &self.opts, &self.parked) {
                 Answer::Pending(fd) => {
                     if self.poller.add(&fd, PENDING).is_ok() {
                         self.pending.lock().unwrap_or_else(|e| e.into_inner()).push((fd, at));
@@ -258,7 +262,7 @@ impl Listener {
             loop {
                 match seqpacket::accept(rdv) {
                     Ok(fd) => {
-                        if let Some(s) = self.finish(handshake::answer(fd, self.addr, &self.opts)) {
+                        if let Some(s) = self.finish(handshake::answer(fd, self.addr, &self.opts, &self.parked)) {
                             return Ok(Some(s));
                         }
                     }

@@ -3,10 +3,10 @@
 //! private copy of the geometry; none is derived from a value the peer can change later.
 
 pub use colo_ring::layout::{Geometry, Layout};
-use colo_ring::layout::{block, CLIENT_WAITING, SERVER_WAITING};
+use colo_ring::layout::{block, CLIENT_WAITING, PARKED, SERVER_WAITING, TICKET};
 use colo_ring::queue::{QueueReceiver, QueueSender, QueueWords};
 use colo_ring::ring::{Consumer, Producer, RawBytes, RingWords};
-use colo_ring::sync::{AtomicU32, AtomicU64};
+use colo_ring::sync::{AtomicU32, AtomicU64, Ordering};
 use colo_sys::segment::Mapping;
 use colo_sys::OwnedFd;
 
@@ -80,6 +80,42 @@ impl Segment {
         // SAFETY: an aligned u32 inside the mapping, which lives as long as `self`; only ever
         // accessed atomically.
         unsafe { &*self.u32_at(off) }
+    }
+
+    /// The header's `parked` word (spec/WIRE.md section 3, "Recycling").
+    pub fn parked(&self) -> &AtomicU32 {
+        // SAFETY: an aligned u32 inside the mapping, alive as long as `self`; only ever accessed
+        // atomically.
+        unsafe { &*self.u32_at(PARKED) }
+    }
+
+    /// The header's recycling `ticket` (written by the server before it parks).
+    pub fn ticket(&self) -> &AtomicU32 {
+        // SAFETY: as in `parked`.
+        unsafe { &*self.u32_at(TICKET) }
+    }
+
+    /// Makes a segment that both sides parked new again: every counter and flag of both direction
+    /// blocks and both `waiting` words back to 0. Only the client calls it, after its
+    /// compare-and-swap of `parked` from both bits to 0 proved that neither side uses it.
+    pub fn reset_for_reuse(&self) {
+        for c2s in [true, false] {
+            let b = self.block(c2s);
+            let counters = [block::RING_HEAD, block::RING_TAIL, block::MSG_HEAD, block::MSG_TAIL, block::FREE_HEAD, block::FREE_TAIL];
+            for off in counters {
+                // SAFETY: an aligned u64 inside the mapping (offsets of the validated layout).
+                unsafe { &*self.u64_at(b + off) }.store(0, Ordering::Relaxed);
+            }
+            for off in [block::RING_FLAGS, block::READ_FLAGS] {
+                // SAFETY: an aligned u32 inside the mapping.
+                unsafe { &*self.u32_at(b + off) }.store(0, Ordering::Relaxed);
+            }
+        }
+        // `waiting` words are only ever written by read-modify-writes (section 6).
+        self.waiting(Role::Client).swap(0, Ordering::Relaxed);
+        self.waiting(Role::Server).swap(0, Ordering::Relaxed);
+        // The HELLO that follows (a system call on the control socket) publishes these stores to
+        // the server, which reads the segment only after receiving it.
     }
 
     fn block(&self, c2s: bool) -> usize {

@@ -126,6 +126,14 @@ pub struct Fds {
     pub peer_bell: OwnedFd,
 }
 
+/// Where a side parks its segment when the connection closes cleanly (see `recycle`).
+pub(crate) enum Recycle {
+    /// The client, for later dials to the listener with this rendezvous name.
+    Client(String),
+    /// The server, in its listener's table (if the listener still exists).
+    Server(std::sync::Weak<crate::recycle::Table>),
+}
+
 /// One side of an established shared-memory connection.
 pub struct Shm {
     rx: Mutex<RxHalf>,
@@ -145,7 +153,10 @@ pub struct Shm {
     woken: Condvar,
     /// Created on first use: blocking waits poll the two fds directly.
     readiness: std::sync::OnceLock<Readiness>,
-    fds: Fds,
+    /// Dropped by hand in `drop`, where the doorbells may be parked for reuse.
+    fds: std::mem::ManuallyDrop<Fds>,
+    /// Where this side parks the segment after a clean close (DIRECT connections only).
+    recycle: Option<Recycle>,
     local: SocketAddr,
     peer: SocketAddr,
     peer_pid: u32,
@@ -218,7 +229,8 @@ impl Shm {
             waiters: Mutex::new(Waiters::default()),
             woken: Condvar::new(),
             readiness: std::sync::OnceLock::new(),
-            fds,
+            fds: std::mem::ManuallyDrop::new(fds),
+            recycle: None,
             local,
             peer,
             peer_pid,
@@ -285,6 +297,11 @@ impl Shm {
             self.wake_self();
         }
         eproto(c)
+    }
+
+    /// Parks the segment in `r` when the connection closes cleanly.
+    pub(crate) fn recycle_into(&mut self, r: Recycle) {
+        self.recycle = Some(r);
     }
 
     /// The listener (rendezvous `name`) has not answered the HELLO yet: its answer will come on
@@ -830,16 +847,34 @@ impl Shm {
 
 impl Drop for Shm {
     fn drop(&mut self) {
-        // A clean close: FIN on our direction, READ_CLOSED on theirs, then the fds close and the
-        // peer sees the hang-up with FIN set.
-        if !self.has(RESET) {
+        // A clean close: FIN on our direction, READ_CLOSED on theirs, then the control socket
+        // closes and the peer sees the hang-up with FIN set.
+        let clean = !self.has(RESET | CORRUPT | REFUSED);
+        if clean {
             self.shutdown(true, true);
         }
-        // Unmapping a shared mapping is the slowest step of a close (TLB shoot-downs); hand the
-        // segment to a background thread. Nothing refers to it any more.
         let seg = std::mem::replace(&mut self.seg, Segment::placeholder());
-        reaper::retire(seg);
+        // SAFETY: `fds` is not used after this point (this is the last use of `self` that reads
+        // it; the remaining fields never refer to it).
+        let Fds { control, own_bell, peer_bell } = unsafe { std::mem::ManuallyDrop::take(&mut self.fds) };
+        drop(control);
+        let parked = |seg| crate::recycle::Parked::new(seg, own_bell, peer_bell);
+        match self.recycle.take() {
+            Some(Recycle::Client(name)) if clean => crate::recycle::park_client(name, self.peer_pid, parked(seg)),
+            Some(Recycle::Server(table)) if clean => match table.upgrade() {
+                Some(t) => t.park(self.peer_pid, parked(seg)),
+                None => retire(seg),
+            },
+            // Unmapping a shared mapping is the slowest step of a close (TLB shoot-downs): a
+            // background thread does it. Nothing refers to the segment any more.
+            _ => retire(seg),
+        }
     }
+}
+
+/// Drops `seg` on a background thread (unmapping is slow).
+pub(crate) fn retire(seg: Segment) {
+    reaper::retire(seg);
 }
 
 mod reaper {

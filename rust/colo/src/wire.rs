@@ -51,11 +51,17 @@ impl Reason {
     }
 }
 
+/// HELLO `flags` bit: reuse a parked segment (no descriptors; the ticket in bytes 12..16).
+pub const FLAG_RECYCLE: u32 = 1;
+
 /// A decoded handshake message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Message {
     /// Client → server, with the segment and doorbells attached.
     Hello { version: u8, mode: Mode },
+    /// Client → server, without descriptors: a DIRECT HELLO that reuses the segment the server
+    /// parked under `ticket` (flag [`FLAG_RECYCLE`]; spec/WIRE.md section 3, "Recycling").
+    Recycle { version: u8, ticket: u32 },
     /// Server → client: accepted.
     Welcome { version: u8 },
     /// Server → client: refused; `version` is the highest the server speaks.
@@ -65,16 +71,19 @@ pub enum Message {
 impl Message {
     /// The 16 bytes of this message.
     pub fn encode(self) -> [u8; MESSAGE_LEN] {
-        let (kind, version, arg) = match self {
-            Message::Hello { version, mode } => (1, version, mode as u8),
-            Message::Welcome { version } => (2, version, 0),
-            Message::Reject { version, reason } => (3, version, reason as u8),
+        let (kind, version, arg, flags, ticket) = match self {
+            Message::Hello { version, mode } => (1, version, mode as u8, 0, 0),
+            Message::Recycle { version, ticket } => (1, version, Mode::Direct as u8, FLAG_RECYCLE, ticket),
+            Message::Welcome { version } => (2, version, 0, 0, 0),
+            Message::Reject { version, reason } => (3, version, reason as u8, 0, 0),
         };
         let mut b = [0u8; MESSAGE_LEN];
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         b[4] = kind;
         b[5] = version;
         b[6] = arg;
+        b[8..12].copy_from_slice(&flags.to_le_bytes());
+        b[12..16].copy_from_slice(&ticket.to_le_bytes());
         b
     }
 
@@ -94,6 +103,10 @@ impl Message {
                     2 => Mode::Carrier,
                     _ => return Err("unknown mode"),
                 };
+                let flags = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
+                if mode == Mode::Direct && flags & FLAG_RECYCLE != 0 {
+                    return Ok(Message::Recycle { version, ticket: u32::from_le_bytes(b[12..16].try_into().expect("4 bytes")) });
+                }
                 Ok(Message::Hello { version, mode })
             }
             2 => Ok(Message::Welcome { version }),

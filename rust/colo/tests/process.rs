@@ -310,6 +310,13 @@ fn garbage_on_the_rendezvous_is_refused_and_the_listener_keeps_serving() {
     let c = raw_client(&addr);
     seqpacket::send(&c, &hello(1), &[memfd.as_fd(), b1.as_fd(), b2.as_fd()]).unwrap();
     assert_eq!(answer(&c), reject(Reason::BadSegment));
+    // A recycling HELLO naming a segment this listener never parked, and one with descriptors.
+    let c = raw_client(&addr);
+    seqpacket::send(&c, &Message::Recycle { version: 1, ticket: 77 }.encode(), &[]).unwrap();
+    assert_eq!(answer(&c), reject(Reason::BadSegment));
+    let c = raw_client(&addr);
+    seqpacket::send(&c, &Message::Recycle { version: 1, ticket: 1 }.encode(), &[b1.as_fd()]).unwrap();
+    assert_eq!(answer(&c), reject(Reason::BadMessage));
     // A client that says nothing and one that hangs up at once.
     let silent = raw_client(&addr);
     drop(raw_client(&addr));

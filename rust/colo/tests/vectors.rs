@@ -24,6 +24,10 @@ fn handshake_messages() {
         let m = decoded.unwrap_or_else(|e| panic!("{v}: {e}"));
         let (ty, version, arg) = match m {
             Message::Hello { version, mode } => (1, version, mode as u8),
+            Message::Recycle { version, ticket } => {
+                assert_eq!(u64::from(ticket), v["ticket"].as_u64().unwrap(), "{v}");
+                (1, version, 1)
+            }
             Message::Welcome { version } => (2, version, 0),
             Message::Reject { version, reason } => (3, version, reason as u8),
         };

@@ -1,0 +1,278 @@
+//! Recycling segments between the same two processes (spec/WIRE.md section 3, "Recycling").
+//!
+//! Creating, passing, mapping and unmapping a segment is most of what a short-lived connection
+//! costs (memfd and eventfd creation, page faults, TLB shoot-downs on unmap). So a side that closes
+//! a clean DIRECT connection *parks* the segment and its doorbells instead of dropping them, and sets
+//! its bit in the header's `parked` word. The next dial from the same client process to the same
+//! listener takes a segment both sides parked (a compare-and-swap of `parked` from both bits to 0),
+//! resets it and sends a descriptor-less HELLO naming the server's ticket.
+//!
+//! Parked segments are bounded (a few per client process, per listener) and held at most [`IDLE`]:
+//! a background thread, asleep while nothing is parked, drops the rest.
+
+use crate::segment::Segment;
+use colo_ring::layout::{Geometry, CLIENT_PARKED, SERVER_PARKED};
+use colo_ring::sync::Ordering;
+use colo_sys::OwnedFd;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+/// How long a side keeps a parked segment.
+const IDLE: Duration = Duration::from_secs(1);
+/// Parked segments a client process keeps.
+const CLIENT_MAX: usize = 4;
+/// Parked segments a listener keeps.
+const SERVER_MAX: usize = 8;
+/// A server entry its client took back is kept this long for the HELLO that names it.
+const RESERVED_MAX: Duration = Duration::from_secs(10);
+
+/// What one side keeps of a closed connection.
+pub(crate) struct Parked {
+    pub seg: Segment,
+    pub own_bell: OwnedFd,
+    pub peer_bell: OwnedFd,
+    since: Instant,
+}
+
+impl Parked {
+    pub(crate) fn new(seg: Segment, own_bell: OwnedFd, peer_bell: OwnedFd) -> Parked {
+        Parked { seg, own_bell, peer_bell, since: Instant::now() }
+    }
+
+    fn idle(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.since)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Drops a parked segment off the caller's path (unmapping is the slow part).
+fn retire(p: Parked) {
+    crate::shm::retire(p.seg);
+}
+
+// ---- the client's side ----------------------------------------------------------------------
+
+struct ClientEntry {
+    /// The process that parked it (a forked child never uses its parent's).
+    pid: u32,
+    /// The listener: rendezvous name and server pid.
+    name: String,
+    server_pid: u32,
+    parked: Parked,
+}
+
+static CLIENT: Mutex<Vec<ClientEntry>> = Mutex::new(Vec::new());
+
+/// Parks the client's side of a connection that closed cleanly.
+pub(crate) fn park_client(name: String, server_pid: u32, parked: Parked) {
+    // SYNC POINT (Release) with the client's compare-and-swap in `take_client` (a later dial of
+    // ours, possibly on another thread): our last uses of the segment happen before its reset.
+    parked.seg.parked().fetch_or(CLIENT_PARKED, Ordering::AcqRel);
+    let me = std::process::id();
+    let mut cache = lock(&CLIENT);
+    cache.retain(|e| e.pid == me);
+    cache.push(ClientEntry { pid: me, name, server_pid, parked });
+    while cache.len() > CLIENT_MAX {
+        retire(cache.remove(0).parked);
+    }
+    drop(cache);
+    sweeper::kick();
+}
+
+/// Takes a segment that both sides parked for the listener `name` (server `server_pid`) with
+/// this geometry: reset, owned by us, with the server's ticket.
+pub(crate) fn take_client(name: &str, server_pid: u32, geometry: Geometry) -> Option<(Parked, u32)> {
+    let me = std::process::id();
+    let mut cache = lock(&CLIENT);
+    let i = cache.iter().position(|e| {
+        e.pid == me
+            && e.server_pid == server_pid
+            && e.parked.seg.layout().geometry == geometry
+            && e.name == name
+            // SYNC POINT (Acquire) with both sides' parking RMWs (`park_client`, `Table::park`):
+            // every use of the segment by either side happens before our reset. Exactly one of this
+            // CAS and the server's eviction (`fetch_and` in `Table::sweep`) wins.
+            && e.parked.seg.parked().compare_exchange(CLIENT_PARKED | SERVER_PARKED, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+    })?;
+    let entry = cache.swap_remove(i);
+    drop(cache);
+    let ticket = entry.parked.seg.ticket().load(Ordering::Relaxed);
+    entry.parked.seg.reset_for_reuse();
+    Some((entry.parked, ticket))
+}
+
+// ---- the server's side ----------------------------------------------------------------------
+
+struct ServerEntry {
+    ticket: u32,
+    client_pid: u32,
+    parked: Parked,
+}
+
+/// A listener's parked segments.
+pub(crate) struct Table {
+    entries: Mutex<Vec<ServerEntry>>,
+    next_ticket: std::sync::atomic::AtomicU32,
+}
+
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table").field("parked", &lock(&self.entries).len()).finish()
+    }
+}
+
+impl Table {
+    pub(crate) fn new() -> Arc<Table> {
+        let t = Arc::new(Table { entries: Mutex::new(Vec::new()), next_ticket: std::sync::atomic::AtomicU32::new(1) });
+        sweeper::register(Arc::downgrade(&t));
+        t
+    }
+
+    /// Parks the server's side of a connection that closed cleanly.
+    pub(crate) fn park(&self, client_pid: u32, parked: Parked) {
+        let ticket = self.next_ticket.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        parked.seg.ticket().store(ticket, Ordering::Relaxed);
+        // SYNC POINT (Release) with the client's compare-and-swap in `take_client`: the ticket
+        // and our last uses of the segment happen before it resets and reuses the segment.
+        parked.seg.parked().fetch_or(SERVER_PARKED, Ordering::AcqRel);
+        let mut entries = lock(&self.entries);
+        entries.push(ServerEntry { ticket, client_pid, parked });
+        if entries.len() > SERVER_MAX {
+            // Evict the oldest the client has not taken back.
+            if let Some(i) = entries.iter().position(|e| evict(&e.parked)) {
+                retire(entries.remove(i).parked);
+            }
+        }
+        drop(entries);
+        sweeper::kick();
+    }
+
+    /// The segment parked under `ticket`, which the client `client_pid` has taken back.
+    pub(crate) fn take(&self, ticket: u32, client_pid: u32) -> Result<Parked, &'static str> {
+        let mut entries = lock(&self.entries);
+        let i = entries.iter().position(|e| e.ticket == ticket).ok_or("no segment parked under that ticket")?;
+        if entries[i].client_pid != client_pid {
+            return Err("ticket of another client process");
+        }
+        // SYNC POINT (Acquire) with the client's compare-and-swap to 0 (its reset happened before
+        // the HELLO that brought us here; this load orders our reads after its CAS as well).
+        if entries[i].parked.seg.parked().load(Ordering::Acquire) != 0 {
+            return Err("the client did not take the segment back");
+        }
+        Ok(entries.swap_remove(i).parked)
+    }
+
+    /// Drops what was parked longer than [`IDLE`]; true if anything is still parked.
+    fn sweep(&self, now: Instant) -> bool {
+        let mut entries = lock(&self.entries);
+        let mut i = 0;
+        while i < entries.len() {
+            let p = &entries[i].parked;
+            if p.idle(now) >= IDLE && (evict(p) || p.idle(now) >= RESERVED_MAX) {
+                retire(entries.swap_remove(i).parked);
+            } else {
+                i += 1;
+            }
+        }
+        !entries.is_empty()
+    }
+}
+
+impl Drop for Table {
+    fn drop(&mut self) {
+        for e in lock(&self.entries).drain(..) {
+            evict(&e.parked);
+            retire(e.parked);
+        }
+    }
+}
+
+/// Withdraws the server's offer to reuse `p`; false if the client already took it back (its
+/// HELLO is on the way and the entry must stay).
+fn evict(p: &Parked) -> bool {
+    // SYNC POINT (AcqRel) with the client's compare-and-swap in `take_client`: exactly one wins.
+    p.seg.parked().fetch_and(!SERVER_PARKED, Ordering::AcqRel) & SERVER_PARKED != 0
+}
+
+// ---- dropping what stays parked too long ------------------------------------------------------
+
+mod sweeper {
+    use super::*;
+
+    struct State {
+        /// The pid whose sweeper thread runs (a forked child starts its own).
+        running: u32,
+        tables: Vec<Weak<Table>>,
+        /// Something may be parked.
+        busy: bool,
+        /// Parks so far, so a park during a sweep that found nothing is not missed.
+        kicks: u64,
+    }
+
+    static STATE: Mutex<State> = Mutex::new(State { running: 0, tables: Vec::new(), busy: false, kicks: 0 });
+    static WAKE: Condvar = Condvar::new();
+
+    pub(super) fn register(t: Weak<Table>) {
+        let mut s = lock(&STATE);
+        s.tables.retain(|t| t.strong_count() > 0);
+        s.tables.push(t);
+    }
+
+    /// Something was parked: make sure the sweeper runs.
+    pub(super) fn kick() {
+        let me = std::process::id();
+        let mut s = lock(&STATE);
+        if s.running != me && std::thread::Builder::new().name("colo-sweeper".into()).spawn(run).is_ok() {
+            s.running = me;
+        }
+        s.kicks += 1;
+        if !s.busy {
+            s.busy = true;
+            WAKE.notify_one();
+        }
+    }
+
+    fn sweep_all(now: Instant) -> bool {
+        let me = std::process::id();
+        let mut left = false;
+        {
+            let mut cache = lock(&CLIENT);
+            let mut i = 0;
+            while i < cache.len() {
+                if cache[i].pid != me || cache[i].parked.idle(now) >= IDLE {
+                    retire(cache.swap_remove(i).parked);
+                } else {
+                    i += 1;
+                }
+            }
+            left |= !cache.is_empty();
+        }
+        let tables: Vec<Arc<Table>> = lock(&STATE).tables.iter().filter_map(Weak::upgrade).collect();
+        for t in tables {
+            left |= t.sweep(now);
+        }
+        left
+    }
+
+    fn run() {
+        loop {
+            let mut s = lock(&STATE);
+            while !s.busy {
+                s = WAKE.wait(s).unwrap_or_else(|e| e.into_inner());
+            }
+            let kicks = s.kicks;
+            drop(s);
+            std::thread::sleep(IDLE / 4);
+            if !sweep_all(Instant::now()) {
+                // Nothing parked: sleep until the next park, unless one came during the sweep.
+                let mut s = lock(&STATE);
+                if s.kicks == kicks {
+                    s.busy = false;
+                }
+            }
+        }
+    }
+}
