@@ -47,6 +47,8 @@ type Conn struct {
 	peerPid     int
 	pending     atomic.Bool // client: established before the server's answer (spec section 3)
 	welcomeName string      // client: rendezvous name, remembered when the late WELCOME comes
+	parkName    string      // DIRECT client: the listener's rendezvous name, to park under on a clean close
+	parkTable   *parkTable  // DIRECT server: the listener's parked segments, for a clean close
 	spin        spinner
 	life        sync.RWMutex // read-held by every operation; write-held by Close to unmap
 	closed      atomic.Bool
@@ -291,11 +293,14 @@ func (c *Conn) setup() error {
 	c.pool.init(l.SlotCount)
 	// Our doorbell sits directly in the netpoller (edge-triggered: every write is an event) and
 	// a parked goroutine watches the control socket; together they are the readiness fd of
-	// spec section 6, without a nested epoll instance or any system call in the wait path.
-	if err := unix.SetNonblock(c.ownBell, true); err != nil {
-		return err
+	// spec section 6, without a nested epoll instance or any system call in the wait path. A
+	// recycled segment comes with its doorbell already there.
+	if c.bell == nil {
+		if err := unix.SetNonblock(c.ownBell, true); err != nil {
+			return err
+		}
+		c.bell = os.NewFile(uintptr(c.ownBell), "colo-doorbell")
 	}
-	c.bell = os.NewFile(uintptr(c.ownBell), "colo-doorbell")
 	c.bellRaw, _ = c.bell.SyscallConn()
 	return nil
 }
@@ -712,8 +717,10 @@ func (c *Conn) CloseRead() error {
 }
 
 // Close closes the connection: FIN on our direction, READ_CLOSED on the peer's, a ring of the
-// peer's doorbell, then every descriptor and the mapping are released. Blocked operations return.
-// Message views obtained from Recv and buffers from Loan must not be used after Close.
+// peer's doorbell, then every descriptor and the mapping are released (a DIRECT connection that
+// closes cleanly keeps its segment and doorbells for a while, for the next connection between the
+// same two processes: spec section 3, "Recycling"). Blocked operations return. Message views
+// obtained from Recv and buffers from Loan must not be used after Close.
 func (c *Conn) Close() error {
 	if c.tcp != nil {
 		return c.tcp.Close()
@@ -729,8 +736,21 @@ func (c *Conn) Close() error {
 	atomic.OrUint32(c.out.flags, flagFIN)
 	atomic.OrUint32(c.in.rflags, flagReadClosed)
 	c.alertPeer()
+	clean := c.cleanClose() // our last use of the segment
+	c.ctl.Close()           // the control-socket watcher returns
+	if clean && c.carrier == nil {
+		switch {
+		case c.parkName != "":
+			parkClient(c.parkName, c.peerPid, parkOf(c))
+			c.seg = nil
+			return nil
+		case c.parkTable != nil && c.peerPid > 0:
+			c.parkTable.park(int32(c.peerPid), parkOf(c))
+			c.seg = nil
+			return nil
+		}
+	}
 	c.bell.Close() // closes ownBell
-	c.ctl.Close()  // the control-socket watcher returns
 	unix.Close(c.peerBell)
 	if c.carrier != nil {
 		if debug {
@@ -748,6 +768,23 @@ func (c *Conn) Close() error {
 	unmapLater(c.seg)
 	c.seg = nil
 	return nil
+}
+
+// cleanClose reports whether this side may park the segment on Close (spec section 3,
+// "Recycling"): no reset sent or seen, no corruption, no refused HELLO, and a peer that did not
+// die (a hang-up without FIN).
+func (c *Conn) cleanClose() bool {
+	if c.fatal.Load() != nil {
+		return false
+	}
+	// The hang-up first: a peer's FIN precedes its hang-up.
+	gone := c.ctlGone.Load()
+	// Acquire loads; partners: the peer's ORs of its flags (FIN, RESET, READ_CLOSED) and ours
+	// (fail's RESET, made by any of our goroutines).
+	in, out := atomic.LoadUint32(c.in.flags), atomic.LoadUint32(c.out.flags)
+	rin, rout := atomic.LoadUint32(c.in.rflags), atomic.LoadUint32(c.out.rflags)
+	return in&^flagFIN == 0 && out&^flagFIN == 0 && rin&^flagReadClosed == 0 &&
+		rout&^flagReadClosed == 0 && (!gone || in&flagFIN != 0)
 }
 
 // unmapLater hands a segment mapping to a background goroutine. munmap of a shared mapping in a

@@ -179,17 +179,31 @@ func (d *Dialer) dialColo(ctx context.Context, ap netip.AddrPort) (*Conn, error)
 		return nil, err
 	}
 	// Take the segment first, so that HELLO follows the rendezvous connect at once and the
-	// server, woken by the connect, finds it already queued.
-	res, err := takeSeg(g)
-	if err != nil {
-		return nil, err
+	// server, woken by the connect, finds it already queued: one that this process and a
+	// listener known to answer both parked after an earlier connection (nothing to create, pass
+	// or map: section 3, "Recycling"), or a fresh one.
+	names := lookupNames(ap)
+	var rec *clientEntry
+	var ticket uint32
+	var res *segRes
+	if !d.forceCarrier {
+		rec, ticket = takeClient(names, g)
+	}
+	if rec == nil {
+		var err error
+		if res, err = takeSeg(g); err != nil {
+			return nil, err
+		}
 	}
 	defer func() {
 		if res != nil {
 			putSeg(res) // never offered
 		}
+		if rec != nil {
+			rec.p.release() // taken back and not used: its server lets go of its side later
+		}
 	}()
-	for _, name := range lookupNames(ap) {
+	for _, name := range names {
 		fd, err := connectRendezvous(ctx, name)
 		if err == unix.ECONNREFUSED || err == unix.ENOENT {
 			continue
@@ -200,9 +214,9 @@ func (d *Dialer) dialColo(ctx context.Context, ap netip.AddrPort) (*Conn, error)
 		if d.forceCarrier {
 			return carrierClient(ctx, fd, ap, g)
 		}
-		r := res
-		res = nil
-		c, err := handshakeClient(ctx, fd, ap, r, name)
+		r, rc := res, rec
+		res, rec = nil, nil
+		c, err := handshakeClient(ctx, fd, ap, g, r, rc, ticket, name)
 		var rej *RejectError
 		if errors.As(err, &rej) && rej.Reason == RejectNeedCarrier {
 			// The server is an unmodified program under the shim: offer a carrier instead.
@@ -251,13 +265,16 @@ func (e *RejectError) Error() string {
 	return fmt.Sprintf("colo: server rejected the handshake: %s (reason %d, version %d)", names[e.Reason], e.Reason, e.Version)
 }
 
-// clientSide is what a client prepares before a HELLO: the segment and both doorbells.
+// clientSide is what a client prepares before a HELLO: the segment and both doorbells, fresh
+// (segRes) or taken back after an earlier connection (rec, with the server's ticket).
 type clientSide struct {
 	ctl  *os.File
 	fd   int
 	cred *unix.Ucred
 	*segRes
-	sent bool // the descriptors went out with a HELLO: never reuse them
+	sent   bool // the descriptors went out with a HELLO: never reuse them
+	rec    *parked
+	ticket uint32
 }
 
 func (cs *clientSide) close() {
@@ -269,12 +286,20 @@ func (cs *clientSide) close() {
 			putSeg(cs.segRes)
 		}
 	}
+	if cs.rec != nil {
+		cs.rec.release() // never parked again: its server keeps its side for our HELLO a while
+		cs.rec = nil
+	}
 }
 
 // prepareClient checks the server's credentials (spec section 2) and takes a ready segment with
-// its doorbells. It owns fd: on error everything is closed.
-func prepareClient(fd int, ap netip.AddrPort, g Geometry, res *segRes) (*clientSide, error) {
+// its doorbells: rec, a segment taken back from the listener name, if that is whom fd reaches
+// (same pid), else res or a new one. It owns fd, res and rec: on error everything is closed.
+func prepareClient(fd int, ap netip.AddrPort, g Geometry, res *segRes, rec *clientEntry, ticket uint32, name string) (*clientSide, error) {
 	cs := &clientSide{ctl: os.NewFile(uintptr(fd), "colo-ctl"), fd: fd, segRes: res}
+	if rec != nil {
+		cs.rec, cs.ticket = rec.p, ticket
+	}
 	var err error
 	if cs.cred, err = peerCred(fd); err != nil {
 		cs.close()
@@ -284,7 +309,12 @@ func prepareClient(fd int, ap netip.AddrPort, g Geometry, res *segRes) (*clientS
 		cs.close()
 		return nil, fmt.Errorf("colo: rendezvous owner uid %d does not own TCP port %d", cs.cred.Uid, ap.Port())
 	}
-	if cs.segRes == nil {
+	if cs.rec != nil && (rec.name != name || rec.serverPid != int(cs.cred.Pid)) {
+		// Parked with a listener that has been replaced: its server lets go of its side later.
+		cs.rec.release()
+		cs.rec = nil
+	}
+	if cs.segRes == nil && cs.rec == nil {
 		if cs.segRes, err = takeSeg(g); err != nil {
 			cs.close()
 			return nil, err
@@ -293,8 +323,22 @@ func prepareClient(fd int, ap netip.AddrPort, g Geometry, res *segRes) (*clientS
 	return cs, nil
 }
 
-// hello writes the header and sends HELLO with the three descriptors.
+// hello writes the header and sends HELLO with the three descriptors, or for a segment taken
+// back, rewrites the header's bytes 0..96 (pids and address records; the rest is as both sides
+// left it) and sends HELLO with RECYCLE, the server's ticket and no descriptors.
 func (cs *clientSide) hello(h header, mode uint8) error {
+	if cs.rec != nil {
+		h.Geometry, h.SegmentSize = cs.rec.lay.Geometry, cs.rec.lay.segmentSize
+		h.ClientPid, h.ServerPid = uint32(os.Getpid()), uint32(cs.cred.Pid)
+		// Plain writes: nobody else uses the segment (our compare-and-swap proved it); the
+		// sendmsg below publishes them.
+		h.encode(cs.rec.seg[:hParked:hParked])
+		msg := hsMsg{Type: MsgHello, Version: Version, Arg: ModeDirect, Flags: flagRecycle, Ticket: cs.ticket}.encode()
+		if err := unix.Sendmsg(cs.fd, msg, nil, nil, 0); err != nil {
+			return os.NewSyscallError("sendmsg", err)
+		}
+		return nil
+	}
 	h.Geometry, h.SegmentSize, h.ClientPid = cs.lay.Geometry, cs.lay.segmentSize, uint32(os.Getpid())
 	h.encode(cs.seg)
 	msg := hsMsg{Type: MsgHello, Version: Version, Arg: mode}.encode()
@@ -328,12 +372,16 @@ func (cs *clientSide) answer(ctx context.Context, dl time.Time) error {
 
 // conn turns an answered handshake into the client side of the connection.
 func (cs *clientSide) conn(laddr, raddr *net.TCPAddr) (*Conn, error) {
-	c := &Conn{seg: cs.seg, lay: cs.lay, ownBell: cs.cb, peerBell: cs.sb, ctl: cs.ctl, ctlFd: cs.fd,
-		peerPid: int(cs.cred.Pid), laddr: laddr, raddr: raddr}
+	c := &Conn{ctl: cs.ctl, ctlFd: cs.fd, peerPid: int(cs.cred.Pid), laddr: laddr, raddr: raddr}
+	if p := cs.rec; p != nil {
+		c.seg, c.lay, c.bell, c.ownBell, c.peerBell = p.seg, p.lay, p.bell, p.ownBell, p.peerBell
+	} else {
+		c.seg, c.lay, c.ownBell, c.peerBell = cs.seg, cs.lay, cs.cb, cs.sb
+	}
 	if err := c.setup(); err != nil {
 		return nil, err
 	}
-	cs.segRes = nil // the connection owns it now
+	cs.segRes, cs.rec = nil, nil // the connection owns it now
 	return c, nil
 }
 
@@ -346,8 +394,8 @@ func handshakeDeadline(ctx context.Context) time.Time {
 
 // handshakeClient runs the client side of a DIRECT handshake on a connected control socket.
 // It owns fd: on error everything is closed.
-func handshakeClient(ctx context.Context, fd int, ap netip.AddrPort, res *segRes, name string) (*Conn, error) {
-	cs, err := prepareClient(fd, ap, res.lay.Geometry, res)
+func handshakeClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry, res *segRes, rec *clientEntry, ticket uint32, name string) (*Conn, error) {
+	cs, err := prepareClient(fd, ap, g, res, rec, ticket, name)
 	if err != nil {
 		return nil, err
 	}
@@ -386,6 +434,7 @@ func handshakeClient(ctx context.Context, fd int, ap netip.AddrPort, res *segRes
 		c.pending.Store(true)
 		c.welcomeName = name
 	}
+	c.parkName = name
 	c.startWatch()
 	return c, nil
 }
@@ -404,7 +453,7 @@ const carrierAnswerTimeout = 2 * time.Second
 // carrierClient offers a CARRIER segment for a loopback TCP connection (spec section 3): bind,
 // HELLO with the 4-tuple, connect, then WELCOME (colo) or abandon (plain TCP).
 func carrierClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry) (*Conn, error) {
-	cs, err := prepareClient(fd, ap, g, nil)
+	cs, err := prepareClient(fd, ap, g, nil, nil, 0, "")
 	if err != nil {
 		return nil, err
 	}

@@ -43,6 +43,8 @@ func TestMain(m *testing.M) {
 		}
 		c.Write([]byte{1})
 		time.Sleep(time.Hour)
+	case "recycle-hello":
+		recycleHelloHelper()
 	case "reader":
 		c, err := Dial("tcp", os.Getenv("COLO_TEST_ADDR"))
 		if err != nil || c.Transport() != TransportColo {
@@ -335,6 +337,7 @@ func waitFds(t *testing.T, want int) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		drainSegPool()
+		dropParkedClient()
 		runtime.GC()
 		got := fdCount(t)
 		if got <= want {

@@ -43,6 +43,7 @@ type Listener struct {
 	testAnswer  atomic.Pointer[func(c *Conn) bool] // tests: called before WELCOME; false: REJECT(NO_RESOURCES)   // tests: behave like the shim, refusing DIRECT with NEED_CARRIER
 	rvMu        sync.Mutex                         // serializes accepts on the rendezvous socket with pending counting
 	pending     atomic.Int32                       // accepted control connections whose HELLO is not read yet
+	parked      *parkTable                         // segments of closed DIRECT connections, kept for their clients' next dials
 }
 
 // Listen listens on the TCP address (network "tcp", "tcp4" or "tcp6") and on the matching colo
@@ -72,7 +73,7 @@ func ListenColo(network, address string) (*Listener, error) {
 	}
 	l := &Listener{tcp: tl.(*net.TCPListener), conns: make(chan *Conn), errs: make(chan error, 1),
 		sem:  make(chan struct{}, maxUnaccepted),
-		done: make(chan struct{}), offers: map[offerKey]*offer{}}
+		done: make(chan struct{}), offers: map[offerKey]*offer{}, parked: newParkTable()}
 	ta := l.tcp.Addr().(*net.TCPAddr).AddrPort()
 	l.addr = netip.AddrPortFrom(ta.Addr().Unmap(), ta.Port())
 	l.name = rendezvousName(l.addr)
@@ -150,6 +151,7 @@ func (l *Listener) Close() error {
 			delete(l.offers, k)
 		}
 		l.offersMu.Unlock()
+		l.parked.close()
 	})
 	return err
 }
@@ -385,6 +387,15 @@ func (l *Listener) handleHello(cfd int, cf *os.File, h *hello) *Conn {
 		reject(cfd, RejectBadMessage)
 	case m.Version != Version:
 		reject(cfd, RejectBadVersion)
+	case m.recycle() && len(fds) != 0:
+		reject(cfd, RejectBadMessage)
+	case m.recycle():
+		heard()
+		c, reason := l.adoptRecycled(cfd, cf, m.Ticket)
+		if c != nil || reason == 0 {
+			return c
+		}
+		reject(cfd, reason)
 	case len(fds) != 3:
 		reject(cfd, RejectBadMessage)
 	case m.Arg == ModeDirect && l.carrierOnly.Load():
@@ -439,11 +450,8 @@ func (l *Listener) adopt(cfd int, cf *os.File, mode uint8, fds []int, heard func
 	}
 	putLE32(seg, hServerPid, uint32(os.Getpid()))
 	cred, _ := peerCred(cfd)
-	c := &Conn{isServer: true, seg: seg, lay: lay, ownBell: fds[2], peerBell: fds[1], ctl: cf, ctlFd: cfd,
-		laddr: tcpAddr(h.ServerAddr), raddr: tcpAddr(h.ClientAddr)}
-	if !h.ServerAddr.IsValid() {
-		c.laddr = tcpAddr(l.addr)
-	}
+	c := &Conn{isServer: true, seg: seg, lay: lay, ownBell: fds[2], peerBell: fds[1], ctl: cf, ctlFd: cfd}
+	l.setAddrs(c, h)
 	if cred != nil {
 		c.peerPid = int(cred.Pid)
 	}
@@ -455,17 +463,63 @@ func (l *Listener) adopt(cfd int, cf *os.File, mode uint8, fds []int, heard func
 		l.offerCarrier(c, h, fds, heard)
 		return nil, 0
 	}
+	c.parkTable = l.parked
 	if !l.finish(c, fds) {
 		return nil, 0
 	}
 	return c, 0
 }
 
+// setAddrs sets a server connection's addresses from the segment header the client wrote.
+func (l *Listener) setAddrs(c *Conn, h header) {
+	c.laddr, c.raddr = tcpAddr(h.ServerAddr), tcpAddr(h.ClientAddr)
+	if !h.ServerAddr.IsValid() {
+		c.laddr = tcpAddr(l.addr)
+	}
+}
+
+// adoptRecycled answers a RECYCLE HELLO (spec section 3, "Recycling"): the client took back the
+// segment this listener parked under ticket. On success it returns the server side of the
+// connection (WELCOME sent); on failure the REJECT reason, or 0 once everything is released.
+func (l *Listener) adoptRecycled(cfd int, cf *os.File, ticket uint32) (*Conn, uint8) {
+	cred, err := peerCred(cfd)
+	if err != nil {
+		logf("recycling hello: peer credentials: %v", err)
+		return nil, RejectNoResources
+	}
+	p, err := l.parked.take(ticket, cred.Pid)
+	if err != nil {
+		logf("recycling hello from pid %d: %v", cred.Pid, err)
+		return nil, RejectBadSegment
+	}
+	// The geometry stays the one validated when the segment was first accepted; only the
+	// address records are read again (from a private copy of the header's first bytes).
+	var b [lineSize]byte
+	copy(b[:hParked], p.seg[:hParked])
+	h, lay, err := decodeHeader(b[:])
+	if err == nil && (lay.Geometry != p.lay.Geometry || h.Claim != ClaimDirect) {
+		err = errBadSegment
+	}
+	if err != nil {
+		logf("recycling hello: %v", err)
+		p.release()
+		return nil, RejectBadSegment
+	}
+	c := &Conn{isServer: true, seg: p.seg, lay: p.lay, bell: p.bell, ownBell: p.ownBell, peerBell: p.peerBell,
+		ctl: cf, ctlFd: cfd, peerPid: int(cred.Pid), parkTable: l.parked}
+	l.setAddrs(c, h)
+	if !l.finish(c, nil) {
+		return nil, 0
+	}
+	return c, 0
+}
+
 // finish completes an adopted connection: readiness fd, then WELCOME. On failure it closes
-// everything (including the control socket) and reports false.
+// everything (including the control socket) and reports false. fds are a new segment's
+// descriptors (memfd, client's and server's doorbells); none for a recycled one.
 func (l *Listener) finish(c *Conn, fds []int) bool {
 	c.ctl.SetReadDeadline(time.Time{})
-	if err := c.setup(); err != nil {
+	if err := c.setup(); err != nil { // only a new segment's doorbell can fail here
 		reject(c.ctlFd, RejectNoResources)
 		unix.Munmap(c.seg)
 		for _, fd := range fds {
@@ -474,7 +528,9 @@ func (l *Listener) finish(c *Conn, fds []int) bool {
 		c.ctl.Close()
 		return false
 	}
-	unix.Close(fds[0]) // the mapping keeps the segment
+	if len(fds) > 0 {
+		unix.Close(fds[0]) // the mapping keeps the segment
+	}
 	// A client that gave up waiting (its connection was pending, spec section 3) may have closed
 	// already: WELCOME then fails, but the bytes in its ring are still delivered, then EOF.
 	if f := l.testAnswer.Load(); f != nil && !(*f)(c) {

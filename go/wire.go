@@ -39,6 +39,13 @@ const (
 	ClaimClaimed   = 2
 	ClaimAbandoned = 3
 
+	// HELLO flags bit: reuse a parked segment; no descriptors, the ticket in bytes 12..16
+	// (section 3, "Recycling").
+	flagRecycle = 1
+	// Bits of the header's parked word.
+	clientParked = 1
+	serverParked = 2
+
 	flagFIN         = 1
 	flagRESET       = 2
 	flagReadClosed  = 1
@@ -66,6 +73,8 @@ const (
 	hServerPid     = 44
 	hClientAddr    = 48
 	hServerAddr    = 72
+	hParked        = 96 // atomic: clientParked | serverParked (section 3, "Recycling")
+	hTicket        = 100
 	hClientWaiting = 128
 	hServerWaiting = 256
 )
@@ -87,6 +96,7 @@ const (
 type hsMsg struct {
 	Type, Version, Arg uint8
 	Flags              uint32
+	Ticket             uint32 // HELLO with flagRecycle: the server's ticket
 }
 
 func (m hsMsg) encode() []byte {
@@ -94,7 +104,14 @@ func (m hsMsg) encode() []byte {
 	binary.LittleEndian.PutUint32(b[0:], msgMagic)
 	b[4], b[5], b[6] = m.Type, m.Version, m.Arg
 	binary.LittleEndian.PutUint32(b[8:], m.Flags)
+	binary.LittleEndian.PutUint32(b[12:], m.Ticket)
 	return b
+}
+
+// recycle reports whether m is a DIRECT HELLO that reuses a parked segment (the RECYCLE flag
+// means nothing on other messages).
+func (m hsMsg) recycle() bool {
+	return m.Type == MsgHello && m.Arg == ModeDirect && m.Flags&flagRecycle != 0
 }
 
 var errBadMessage = errors.New("colo: malformed handshake message")
@@ -105,7 +122,8 @@ func decodeMsg(b []byte) (hsMsg, error) {
 	if len(b) != msgSize || binary.LittleEndian.Uint32(b) != msgMagic {
 		return hsMsg{}, errBadMessage
 	}
-	m := hsMsg{Type: b[4], Version: b[5], Arg: b[6], Flags: binary.LittleEndian.Uint32(b[8:])}
+	le := binary.LittleEndian
+	m := hsMsg{Type: b[4], Version: b[5], Arg: b[6], Flags: le.Uint32(b[8:]), Ticket: le.Uint32(b[12:])}
 	switch m.Type {
 	case MsgHello:
 		if m.Arg != ModeDirect && m.Arg != ModeCarrier {
@@ -204,7 +222,8 @@ func getAddr(b []byte) (netip.AddrPort, error) {
 	return netip.AddrPort{}, fmt.Errorf("colo: bad address family %d", fam)
 }
 
-// encode writes the header's fixed fields into b (at least 128 bytes; the rest is left as is).
+// encode writes the header's fixed fields, bytes 0..96, into b (at least 96 bytes; the rest is
+// left as is).
 func (h *header) encode(b []byte) {
 	copy(b[hMagic:], segMagic[:])
 	le := binary.LittleEndian

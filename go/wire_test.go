@@ -28,6 +28,7 @@ func TestVectorsHandshake(t *testing.T) {
 		Hex                string
 		Valid              bool
 		Type, Version, Arg uint8
+		Flags, Ticket      uint32
 	}
 	loadVectors(t, "handshake.json", &vs)
 	if len(vs) == 0 {
@@ -43,11 +44,15 @@ func TestVectorsHandshake(t *testing.T) {
 		if !v.Valid {
 			continue
 		}
-		if m.Type != v.Type || m.Version != v.Version || m.Arg != v.Arg {
+		if m.Type != v.Type || m.Version != v.Version || m.Arg != v.Arg || m.Ticket != v.Ticket ||
+			(v.Flags != 0 && m.Flags != v.Flags) {
 			t.Errorf("%s: decoded %+v", v.Name, m)
 		}
-		if m.Flags == 0 {
-			if enc := (hsMsg{Type: v.Type, Version: v.Version, Arg: v.Arg}).encode(); !bytes.Equal(enc, b) {
+		if m.recycle() != (v.Flags&flagRecycle != 0) {
+			t.Errorf("%s: recycle() = %v", v.Name, m.recycle())
+		}
+		if m.Flags == v.Flags { // vectors list the flags they define, not unknown ones
+			if enc := (hsMsg{Type: v.Type, Version: v.Version, Arg: v.Arg, Flags: v.Flags, Ticket: v.Ticket}).encode(); !bytes.Equal(enc, b) {
 				t.Errorf("%s: encoded %x, want %x", v.Name, enc, b)
 			}
 		}
