@@ -144,7 +144,9 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
     let peer = p.peer;
     match Conn::new(p.offer.established(), nonblocking) {
         Ok(c) => {
-            slot.set(Entry::Conn(Arc::new(c)));
+            let c = Arc::new(c);
+            slot.set(Entry::Conn(c.clone()));
+            crate::handover::on_new(fd, &c);
             log_info(format_args!("connect {peer}: accelerated (shared memory)"));
         }
         Err(e) => {

@@ -25,6 +25,9 @@ pub struct Conn {
     w: Words,
     gone: AtomicBool,
     nb: AtomicBool,
+    /// Our descriptors survive `exec` (an application socket of this connection does): see
+    /// `handover`.
+    inheritable: AtomicBool,
     raw: [RawFd; 5],
     holders: *const AtomicU32,
 }
@@ -37,6 +40,15 @@ unsafe impl Sync for Conn {}
 
 impl Conn {
     pub fn new(est: Established, nonblocking: bool) -> std::io::Result<Conn> {
+        Conn::build(est, nonblocking, false)
+    }
+
+    /// A connection an earlier image of this process handed over across `exec`.
+    pub fn resume(est: Established, nonblocking: bool) -> std::io::Result<Conn> {
+        Conn::build(est, nonblocking, true)
+    }
+
+    fn build(est: Established, nonblocking: bool, resumed: bool) -> std::io::Result<Conn> {
         let w = est.words();
         let raw0 = [est.fds.control.as_raw_fd(), est.fds.own_bell.as_raw_fd(), est.fds.peer_bell.as_raw_fd(), est.memfd];
         // SAFETY: a fresh anonymous shared page aliases nothing.
@@ -51,7 +63,7 @@ impl Conn {
         let holders = page as *const AtomicU32;
         // SAFETY: slot 0 of the zeroed page we just mapped.
         unsafe { &*holders }.store(std::process::id(), Ordering::Relaxed);
-        let shm = est.into_shm(crate::spin())?;
+        let shm = if resumed { est.into_resumed_shm(crate::spin())? } else { est.into_shm(crate::spin())? };
         shm.set_nonblocking(nonblocking);
         let readiness = shm.readiness_fd().as_raw_fd();
         Ok(Conn {
@@ -59,6 +71,7 @@ impl Conn {
             w,
             gone: AtomicBool::new(false),
             nb: AtomicBool::new(nonblocking),
+            inheritable: AtomicBool::new(false),
             raw: [raw0[0], raw0[1], raw0[2], raw0[3], readiness],
             holders,
         })
@@ -75,6 +88,25 @@ impl Conn {
 
     pub fn nonblocking(&self) -> bool {
         self.nb.load(Ordering::Relaxed)
+    }
+
+    /// Control socket, doorbells (ours, the peer's) and segment memfd, as raw numbers.
+    pub fn fds(&self) -> [RawFd; 4] {
+        [self.raw[0], self.raw[1], self.raw[2], self.raw[3]]
+    }
+
+    pub fn inheritable(&self) -> bool {
+        self.inheritable.load(Ordering::Relaxed)
+    }
+
+    /// Lets our descriptors survive `exec` (or not).
+    pub fn set_inheritable(&self, on: bool) {
+        self.inheritable.store(on, Ordering::Relaxed);
+        let flags = if on { rustix::io::FdFlags::empty() } else { rustix::io::FdFlags::CLOEXEC };
+        for fd in self.fds() {
+            // SAFETY: descriptors owned by `shm`, open while `self` lives.
+            let _ = rustix::io::fcntl_setfd(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) }, flags);
+        }
     }
 
     fn own_bell(&self) -> colo_sys::BorrowedFd<'_> {
@@ -94,6 +126,9 @@ impl Conn {
 
     /// Records that process `pid` (a fork child) holds a copy.
     pub fn add_holder(&self, pid: u32) {
+        if (0..HOLDERS).any(|i| self.holder(i).load(Ordering::Acquire) == pid) {
+            return;
+        }
         for i in 0..HOLDERS {
             if self.holder(i).compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
                 return;
@@ -156,7 +191,7 @@ impl Conn {
     /// The readiness of the connection, in epoll bits. `check_gone`: also ask the control socket
     /// (a syscall) when nothing else makes the connection readable.
     pub fn ready(&self, check_gone: bool) -> u32 {
-        // SAFETY (all loads below): aligned atomics inside the mapping `shm` owns.
+        // SAFETY: (all loads below) aligned atomics inside the mapping `shm` owns.
         let (in_head, in_tail, in_flags, out_head, out_tail, out_flags, read_closed) = unsafe {
             (
                 (*self.w.in_head).load(Ordering::Acquire),
@@ -218,6 +253,9 @@ impl Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
+        if self.inheritable() {
+            crate::handover::forget(self.raw[3]);
+        }
         if self.others_hold() {
             // Another process (fork) still uses this connection: release our copy only, so the
             // peer sees neither FIN nor a hang-up.

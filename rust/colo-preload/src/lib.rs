@@ -18,6 +18,7 @@
 
 mod client;
 mod conn;
+mod handover;
 mod poll;
 mod real;
 mod server;
@@ -164,7 +165,25 @@ pub(crate) fn is_tcp_stream(fd: colo_sys::BorrowedFd<'_>) -> bool {
 
 // ---- fork -----------------------------------------------------------------------------------
 
+/// `fork(2)`: the parent records the child as a holder of every connection at once, before it
+/// can close its own copy (the child's own record, in `atfork_child`, may come too late for
+/// that, and would let the parent's close end the connection for both).
+#[no_mangle]
+pub unsafe extern "C" fn fork() -> libc::pid_t {
+    // SAFETY: libc's fork.
+    let pid = unsafe { real::fork() };
+    if pid > 0 {
+        for fd in table::fds_of_kind(table::CONN) {
+            if let Some(c) = table::conn(fd as i32) {
+                c.add_holder(pid as u32);
+            }
+        }
+    }
+    pid
+}
+
 extern "C" fn atfork_child() {
+    handover::atfork_child();
     let me = std::process::id();
     for fd in table::fds_of_kind(table::CONN) {
         if let Some(g) = table::try_lock(fd) {
@@ -185,6 +204,8 @@ extern "C" fn init() {
     colo::carrier::set_fd_floor((soft / 2).clamp(64, 1 << 15) as i32);
     // SAFETY: registering a child handler; it only takes uncontended locks with try_lock.
     unsafe { libc::pthread_atfork(None, None, Some(atfork_child)) };
+    // Connections the program image before an `exec` handed over.
+    handover::take_back();
 }
 
 fn timeout_of(ts: *const timespec) -> Option<Duration> {

@@ -71,6 +71,7 @@ real_fns! {
     fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int;
     fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int;
     fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int;
+    fn fork() -> libc::pid_t;
     fn dup(fd: c_int) -> c_int;
     fn dup2(fd: c_int, new: c_int) -> c_int;
     fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int;

@@ -297,9 +297,11 @@ pub fn on_accept(fd: i32, nonblocking: bool) {
     match hello.claim() {
         Ok(est) => match Conn::new(est, nonblocking) {
             Ok(c) => {
+                let c = Arc::new(c);
                 if let Some(mut slot) = table::lock(fd) {
-                    slot.set(Entry::Conn(Arc::new(c)));
+                    slot.set(Entry::Conn(c.clone()));
                 }
+                crate::handover::on_new(fd, &c);
                 log_info(format_args!("accept {peer} -> {local}: accelerated (shared memory)"));
             }
             Err(e) => log_info(format_args!("accept {peer} -> {local}: {e}; connection reset")),

@@ -581,8 +581,16 @@ fn copy_entry(fd: c_int, nfd: c_int) {
         },
         None => return,
     };
+    let conn = match &e {
+        Entry::Conn(c) => Some(c.clone()),
+        _ => None,
+    };
     if let Some(mut s) = table::lock(nfd) {
         s.set(e);
+    }
+    // A duplicate may be inheritable where the original was not (see `handover`).
+    if let Some(c) = conn {
+        crate::handover::update(nfd, &c);
     }
 }
 
@@ -658,6 +666,11 @@ pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
             }
         }
         libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => copy_entry(fd, r),
+        libc::F_SETFD => {
+            if let Some(c) = table::conn(fd) {
+                crate::handover::update(fd, &c);
+            }
+        }
         _ => {}
     }
     g.ok(r as ssize_t) as c_int

@@ -146,6 +146,19 @@ impl<B: Bytes> Producer<B> {
         Producer { words, data, capacity, head: 0, cached_tail: 0 }
     }
 
+    /// Takes over the producing end of a ring already in use (a program that inherited the
+    /// connection across `exec`): continues from the current `ring_head`, which only the producer
+    /// writes. The cached tail says "full", so the first write reads the real one.
+    ///
+    /// # Safety
+    /// As for [`Producer::new`], except that the ring need not be fresh; no other producer of it
+    /// exists any more.
+    pub unsafe fn resume(words: RingWords, data: B) -> Self {
+        let capacity = data.capacity() as u64;
+        let head = words.head().load(Ordering::Relaxed);
+        Producer { words, data, capacity, head, cached_tail: head.wrapping_sub(capacity) }
+    }
+
     fn refresh(&mut self) -> Result<u64, Corrupt> {
         // SYNC POINT with the Release store of `ring_tail` in `Consumer::read`: the consumer's
         // copies out of the bytes it released happen before we overwrite them.
@@ -222,6 +235,17 @@ impl<B: Bytes> Consumer<B> {
     pub unsafe fn new(words: RingWords, data: B) -> Self {
         let capacity = data.capacity() as u64;
         Consumer { words, data, capacity, tail: 0, cached_head: 0 }
+    }
+
+    /// Takes over the consuming end of a ring already in use: continues from the current
+    /// `ring_tail`, which only the consumer writes. The cached head says "empty".
+    ///
+    /// # Safety
+    /// As for [`Producer::resume`].
+    pub unsafe fn resume(words: RingWords, data: B) -> Self {
+        let capacity = data.capacity() as u64;
+        let tail = words.tail().load(Ordering::Relaxed);
+        Consumer { words, data, capacity, tail, cached_head: tail }
     }
 
     fn refresh(&mut self) -> Result<u64, Corrupt> {

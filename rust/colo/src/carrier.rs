@@ -45,6 +45,11 @@ pub fn set_fd_floor(floor: i32) {
     FD_FLOOR.store(floor, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// The floor set by [`set_fd_floor`].
+pub fn fd_floor() -> i32 {
+    FD_FLOOR.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 fn high(fd: OwnedFd) -> OwnedFd {
     colo_sys::preload::move_above(fd, FD_FLOOR.load(std::sync::atomic::Ordering::Relaxed))
 }
@@ -293,6 +298,12 @@ impl Established {
         Shm::new(self.seg, self.role, self.fds, self.local, self.peer, self.peer_pid, spin)
     }
 
+    /// Builds the [`Shm`] of a connection set up by an earlier image of this process (see
+    /// [`reattach`]): the rings continue where they are.
+    pub fn into_resumed_shm(self, spin: SpinMode) -> io::Result<Shm> {
+        Shm::resume(self.seg, self.role, self.fds, self.local, self.peer, self.peer_pid, spin)
+    }
+
     /// Raw views of the words a poller needs to compute readiness without locking the
     /// connection: see [`Words`]. Valid while the segment stays mapped (inside the `Shm`).
     pub fn words(&self) -> Words {
@@ -314,6 +325,42 @@ impl Established {
             len: l.segment_size,
         }
     }
+}
+
+/// Takes back one side of an established CARRIER connection whose descriptors this process
+/// inherited across `exec` (the LD_PRELOAD shim's handover): validates the segment and doorbells
+/// as a claim does, and maps the segment again. `role` is our side; addresses and the peer's pid
+/// come from the header.
+pub fn reattach(memfd: OwnedFd, control: OwnedFd, own_bell: OwnedFd, peer_bell: OwnedFd, role: Role) -> Result<Established, String> {
+    let mut head = [0u8; HEADER_FIELDS];
+    if !matches!(segment::read_prefix(&memfd, &mut head), Ok(HEADER_FIELDS)) {
+        return Err("segment header unreadable".into());
+    }
+    let (header, layout) = Header::decode(&head)?;
+    let (Some(client), Some(server)) = (header.client_addr, header.server_addr) else {
+        return Err("segment without a 4-tuple".into());
+    };
+    if header.claim != claim::CLAIMED {
+        return Err("segment was never claimed".into());
+    }
+    if !is_eventfd(&own_bell) || !is_eventfd(&peer_bell) {
+        return Err("doorbells are not eventfds".into());
+    }
+    let map = segment::attach(&memfd, layout.segment_size).map_err(|e| match e {
+        segment::AttachError::BadSegment(e) => e.to_string(),
+        segment::AttachError::Os(e) => e.to_string(),
+    })?;
+    if map.len() != layout.segment_size {
+        return Err("segment size differs from its header".into());
+    }
+    let raw = memfd.as_raw_fd();
+    // SAFETY: `attach` checked the file is sealed; its size equals `layout.segment_size`.
+    let seg = unsafe { Segment::new(map, layout, memfd) };
+    let (local, peer, peer_pid) = match role {
+        Role::Client => (client, server, header.server_pid),
+        Role::Server => (server, client, header.client_pid),
+    };
+    Ok(Established { seg, fds: Fds { control, own_bell, peer_bell }, role, local, peer, peer_pid, memfd: raw })
 }
 
 /// Pointers into a mapped segment, for readiness checks (all values untrusted: a readiness check

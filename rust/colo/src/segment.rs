@@ -150,6 +150,26 @@ impl Segment {
         unsafe { Producer::new(self.ring_words(c2s), self.ring_data(c2s)) }
     }
 
+    /// The producer of the direction `role` sends on, continuing a ring already in use.
+    ///
+    /// # Safety
+    /// As for [`Segment::producer`]; no other producer of that direction exists any more.
+    pub unsafe fn resumed_producer(&self, role: Role) -> Producer<RawBytes> {
+        let c2s = role == Role::Client;
+        // SAFETY: words and data live in the mapping; the caller keeps `self` alive.
+        unsafe { Producer::resume(self.ring_words(c2s), self.ring_data(c2s)) }
+    }
+
+    /// The consumer of the direction `role` receives on, continuing a ring already in use.
+    ///
+    /// # Safety
+    /// As for [`Segment::resumed_producer`].
+    pub unsafe fn resumed_consumer(&self, role: Role) -> Consumer<RawBytes> {
+        let c2s = role == Role::Server;
+        // SAFETY: as in `resumed_producer`.
+        unsafe { Consumer::resume(self.ring_words(c2s), self.ring_data(c2s)) }
+    }
+
     /// The consumer of the direction `role` receives on.
     ///
     /// # Safety

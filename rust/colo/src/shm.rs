@@ -196,17 +196,70 @@ impl Shm {
         peer_pid: u32,
         spin: SpinMode,
     ) -> io::Result<Shm> {
-        let g = seg.layout().geometry;
         // SAFETY: each view is taken once per role and lives inside `Shm`, which also owns `seg`
         // (declared last, so dropped after the views).
-        let (ring_in, ring_out, queues) = unsafe { (seg.consumer(role), seg.producer(role), seg.queues(role)) };
+        let views = unsafe { (seg.consumer(role), seg.producer(role), seg.queues(role)) };
+        Shm::build(seg, views, role, fds, local, peer, peer_pid, spin)
+    }
+
+    /// Takes over one side of a connection that an earlier program image of this process set up
+    /// (the LD_PRELOAD shim, after `exec`): the rings continue from their current counters, the
+    /// state from the segment's flags. Zero-copy messages are not carried over (`loan` and
+    /// `recv_message` report no pool).
+    pub fn resume(
+        seg: Segment,
+        role: Role,
+        fds: Fds,
+        local: SocketAddr,
+        peer: SocketAddr,
+        peer_pid: u32,
+        spin: SpinMode,
+    ) -> io::Result<Shm> {
+        // SAFETY: as in `new`; the earlier image that used these ends is gone (exec replaced it).
+        let views = unsafe { (seg.resumed_consumer(role), seg.resumed_producer(role), None) };
+        let shm = Shm::build(seg, views, role, fds, local, peer, peer_pid, spin)?;
+        let (out, inn) = (shm.out_words(), shm.in_words());
+        // Acquire: partners of the Release stores that set these flags (`signal`).
+        // SAFETY: aligned atomics inside the mapping `shm` owns.
+        let load = |w: *const AtomicU32| unsafe { (*w).load(Ordering::Acquire) };
+        let (out_flags, in_flags, in_read) = (load(out.flags), load(inn.flags), load(inn.read_flags));
+        if out_flags & FLAG_FIN != 0 {
+            shm.set(WRITE_SHUT);
+        }
+        if in_read & FLAG_READ_CLOSED != 0 {
+            shm.set(READ_SHUT);
+        }
+        if (out_flags | in_flags) & FLAG_RESET != 0 {
+            shm.set(RESET);
+        }
+        Ok(shm)
+    }
+
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn build(
+        seg: Segment,
+        views: (
+            Consumer<RawBytes>,
+            Producer<RawBytes>,
+            Option<((QueueSender<2>, QueueReceiver<1>), (QueueReceiver<2>, QueueSender<1>))>,
+        ),
+        role: Role,
+        fds: Fds,
+        local: SocketAddr,
+        peer: SocketAddr,
+        peer_pid: u32,
+        spin: SpinMode,
+    ) -> io::Result<Shm> {
+        let (ring_in, ring_out, queues) = views;
+        let pool = queues.is_some();
+        let g = seg.layout().geometry;
         let (out_q, in_q) = match queues {
             Some((o, i)) => (Some(o), Some(i)),
             None => (None, None),
         };
         let (msgs_out, frees_in) = out_q.map_or((None, None), |(m, f)| (Some(m), Some(f)));
         let (msgs_in, releases) = in_q.map_or((None, None), |(m, f)| (Some(m), Some(f)));
-        let n = g.slot_count as usize;
+        let n = if pool { g.slot_count as usize } else { 0 };
         let spin = if spin != SpinMode::Always && colo_sys::host::share_one_cpu(peer_pid) { SpinMode::Never } else { spin };
         Ok(Shm {
             rx: Mutex::new(RxHalf { ring: ring_in, msgs: msgs_in, spinner: Spinner::new(spin) }),
@@ -215,7 +268,7 @@ impl Shm {
                 ring: ring_out,
                 msgs: msgs_out,
                 frees: frees_in,
-                free_slots: (0..g.slot_count).rev().collect(),
+                free_slots: (0..n as u32).rev().collect(),
                 in_flight: vec![false; n],
                 spinner: Spinner::new(spin),
             }),
@@ -675,7 +728,8 @@ impl Shm {
     /// Loans a slot of the outgoing pool; waits while all are in flight.
     pub(crate) fn loan(&self, len: usize) -> io::Result<(u32, *mut u8)> {
         let g = self.geometry();
-        if g.slot_count == 0 {
+        if self.held.is_empty() {
+            // No pool (or one not carried over by `resume`).
             return Err(io::Error::from_raw_os_error(libc_errno::ENOBUFS));
         }
         if len > g.slot_size as usize {
@@ -745,7 +799,7 @@ impl Shm {
 
     /// Receives the next message: `(slot, len)`, or `None` at end of stream.
     pub(crate) fn recv_message(&self) -> io::Result<Option<(u32, *const u8, usize)>> {
-        if self.geometry().slot_count == 0 {
+        if self.held.is_empty() {
             return Err(io::Error::from_raw_os_error(libc_errno::ENOBUFS));
         }
         let mut guard = lock(&self.rx);
@@ -805,6 +859,10 @@ impl Shm {
         lock(&self.rx).spinner = Spinner::new(mode);
         lock(&self.tx).spinner = Spinner::new(mode);
     }
+    /// Which end of the connection we are.
+    pub fn role(&self) -> Role {
+        self.role
+    }
     /// Our address.
     pub fn local_addr(&self) -> SocketAddr {
         self.local
@@ -841,7 +899,7 @@ impl Shm {
     }
     /// Bytes a zero-copy message may hold (0: no pool).
     pub fn pool_slot_size(&self) -> usize {
-        self.geometry().slot_size as usize
+        if self.held.is_empty() { 0 } else { self.geometry().slot_size as usize }
     }
 }
 

@@ -1,0 +1,270 @@
+//! Accelerated connections across `exec`.
+//!
+//! A program that execs keeps its inheritable descriptors (those without `FD_CLOEXEC`); an
+//! accelerated socket among them is only half of a connection: its payload moves through the
+//! segment. So a connection whose application socket is inheritable keeps its own descriptors
+//! (segment memfd, control socket, doorbells) inheritable too, and is listed in this process's
+//! *handover file*: an inheritable memfd named `colo-handover` with one record per such
+//! connection. The shim's constructor in the new program image finds the file among its
+//! descriptors, takes each connection back (the record names the socket by inode; the rings
+//! continue where they are) and closes what no socket claims any more.
+//!
+//! A program that cannot be preloaded (static, setuid) inherits the socket without the shim:
+//! nothing reaches it over TCP, as nothing would reach a program that inherited half a pipe.
+//! `colo run` warns about such programs.
+
+use crate::conn::Conn;
+use crate::table::{self, Entry};
+use colo::segment::Role;
+use colo_sys::{BorrowedFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex};
+
+/// One inheritable connection, as stored in the handover file (little-endian, 32 bytes).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Record {
+    /// Inode of the application's socket (the same for all its duplicates).
+    sock_ino: u64,
+    memfd: RawFd,
+    control: RawFd,
+    own_bell: RawFd,
+    peer_bell: RawFd,
+    role: Role,
+}
+
+const RECORD_LEN: usize = 32;
+const FILE_NAME: &str = "colo-handover";
+
+impl Record {
+    fn encode(&self) -> [u8; RECORD_LEN] {
+        let mut b = [0u8; RECORD_LEN];
+        b[0..8].copy_from_slice(&self.sock_ino.to_le_bytes());
+        for (i, fd) in [self.memfd, self.control, self.own_bell, self.peer_bell].into_iter().enumerate() {
+            b[8 + 4 * i..12 + 4 * i].copy_from_slice(&fd.to_le_bytes());
+        }
+        b[24] = if self.role == Role::Client { 1 } else { 2 };
+        b
+    }
+
+    fn decode(b: &[u8]) -> Option<Record> {
+        let fd = |i: usize| i32::from_le_bytes(b[8 + 4 * i..12 + 4 * i].try_into().expect("4 bytes"));
+        let role = match b[24] {
+            1 => Role::Client,
+            2 => Role::Server,
+            _ => return None,
+        };
+        Some(Record {
+            sock_ino: u64::from_le_bytes(b[0..8].try_into().expect("8 bytes")),
+            memfd: fd(0),
+            control: fd(1),
+            own_bell: fd(2),
+            peer_bell: fd(3),
+            role,
+        })
+    }
+}
+
+/// This process's handover file: record `i` at offset `32 * i`; a free slot is all zeros.
+struct File {
+    /// The process that created it (a forked child writes a file of its own).
+    pid: u32,
+    fd: OwnedFd,
+    slots: Vec<Option<Record>>,
+}
+
+static FILE: Mutex<Option<File>> = Mutex::new(None);
+
+fn lock() -> std::sync::MutexGuard<'static, Option<File>> {
+    FILE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write_slot(f: &File, i: usize) {
+    let bytes = f.slots[i].map_or([0u8; RECORD_LEN], |r| r.encode());
+    let _ = rustix::io::pwrite(&f.fd, &bytes, (i * RECORD_LEN) as u64);
+}
+
+/// This process's own file (a forked child copies its parent's records into a new one).
+fn own(file: &mut Option<File>) -> Option<&mut File> {
+    let me = std::process::id();
+    if file.as_ref().is_none_or(|f| f.pid != me) {
+        let slots: Vec<Option<Record>> = file.take().map(|f| f.slots).unwrap_or_default();
+        let fd = rustix::fs::memfd_create(FILE_NAME, rustix::fs::MemfdFlags::empty()).ok()?;
+        let fd = colo_sys::preload::move_above(fd, colo::carrier::fd_floor());
+        // Inheritable: the point of the file is to survive exec.
+        rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::empty()).ok()?;
+        let f = File { pid: me, fd, slots };
+        for i in 0..f.slots.len() {
+            write_slot(&f, i);
+        }
+        *file = Some(f);
+    }
+    file.as_mut()
+}
+
+/// In a fork child: write our own handover file now, so that the parent's later changes to
+/// its file (closing its copies of the connections) do not reach an `exec` of ours.
+pub fn atfork_child() {
+    // A lock held by a thread that no longer exists: leave it (the next change retries).
+    let Ok(mut file) = FILE.try_lock() else { return };
+    if file.as_ref().is_some_and(|f| f.slots.iter().any(Option::is_some)) {
+        own(&mut file);
+    }
+}
+
+fn cloexec(fd: BorrowedFd<'_>) -> bool {
+    rustix::io::fcntl_getfd(fd).map(|f| f.contains(rustix::io::FdFlags::CLOEXEC)).unwrap_or(true)
+}
+
+/// Brings the handover state of `conn` up to date after one of its application descriptors
+/// appeared or changed `FD_CLOEXEC`: inheritable if any of them is. `fd` is that descriptor.
+pub fn update(fd: i32, conn: &Arc<Conn>) {
+    // SAFETY: the application's descriptor, open during this call.
+    let b = unsafe { BorrowedFd::borrow_raw(fd) };
+    let inheritable = !cloexec(b)
+        || table::fds_of_kind(table::CONN).any(|other| {
+            other as i32 != fd
+                && table::conn(other as i32).is_some_and(|c| Arc::ptr_eq(&c, conn))
+                // SAFETY: a descriptor the table says is an open application socket.
+                && !cloexec(unsafe { BorrowedFd::borrow_raw(other as i32) })
+        });
+    set(conn, inheritable, b);
+}
+
+/// After an accept or connect that created `conn` for `fd`: no scan needed (one descriptor).
+pub fn on_new(fd: i32, conn: &Arc<Conn>) {
+    // SAFETY: the application's descriptor, open during this call.
+    let b = unsafe { BorrowedFd::borrow_raw(fd) };
+    if !cloexec(b) {
+        set(conn, true, b);
+    }
+}
+
+fn set(conn: &Conn, inheritable: bool, sock: BorrowedFd<'_>) {
+    if conn.inheritable() == inheritable {
+        return;
+    }
+    conn.set_inheritable(inheritable);
+    let [control, own_bell, peer_bell, memfd] = conn.fds();
+    if !inheritable {
+        forget(memfd);
+        return;
+    }
+    let Ok(st) = rustix::fs::fstat(sock) else { return };
+    let r = Record { sock_ino: st.st_ino, memfd, control, own_bell, peer_bell, role: conn.shm().role() };
+    let mut file = lock();
+    let Some(f) = own(&mut file) else { return };
+    let i = match f.slots.iter().position(Option::is_none) {
+        Some(i) => i,
+        None => {
+            f.slots.push(None);
+            f.slots.len() - 1
+        }
+    };
+    f.slots[i] = Some(r);
+    write_slot(f, i);
+}
+
+/// A connection is going away (or stops being inheritable): drop its record.
+pub fn forget(memfd: RawFd) {
+    let mut file = lock();
+    if !file.as_ref().is_some_and(|f| f.slots.iter().flatten().any(|r| r.memfd == memfd)) {
+        return;
+    }
+    let Some(f) = own(&mut file) else { return };
+    if let Some(i) = f.slots.iter().position(|r| r.is_some_and(|r| r.memfd == memfd)) {
+        f.slots[i] = None;
+        write_slot(f, i);
+    }
+}
+
+/// In the shim's constructor: takes back the connections an earlier image of this process
+/// handed over.
+pub fn take_back() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return };
+    let mut files = Vec::new();
+    let mut sockets: Vec<(u64, i32)> = Vec::new();
+    for e in dir.flatten() {
+        let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        let Ok(link) = std::fs::read_link(e.path()) else { continue };
+        let link = link.to_string_lossy();
+        if link.starts_with(&format!("/memfd:{FILE_NAME}")) {
+            files.push(fd);
+        } else if let Some(ino) = link.strip_prefix("socket:[").and_then(|s| s.strip_suffix(']')) {
+            if let Ok(ino) = ino.parse() {
+                sockets.push((ino, fd));
+            }
+        }
+    }
+    let mut records = Vec::new();
+    for fd in files {
+        // SAFETY: an inherited descriptor nobody else in this image owns (the application does
+        // not know it exists); we close it here.
+        let f = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let mut buf = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut std::fs::File::from(f), &mut buf);
+        records.extend(buf.chunks_exact(RECORD_LEN).filter_map(Record::decode));
+    }
+    for r in records {
+        let socks: Vec<i32> = sockets.iter().filter(|(ino, _)| *ino == r.sock_ino).map(|(_, fd)| *fd).collect();
+        take_back_one(r, &socks);
+    }
+}
+
+fn take_back_one(r: Record, socks: &[i32]) {
+    let fds = [r.memfd, r.control, r.own_bell, r.peer_bell];
+    // Each must be open and distinct; then they are ours.
+    // SAFETY: only asks the kernel about the number; a closed one gives EBADF.
+    let open = |fd: RawFd| fd >= 0 && rustix::io::fcntl_getfd(unsafe { BorrowedFd::borrow_raw(fd) }).is_ok();
+    if !fds.iter().all(|&fd| open(fd)) || (1..4).any(|i| fds[..i].contains(&fds[i])) {
+        crate::log_info(format_args!("exec: a handed-over connection lost its descriptors; dropped"));
+        return;
+    }
+    // SAFETY: inherited descriptors recorded for this connection, open (checked above), owned
+    // by no one else in this image.
+    let [memfd, control, own_bell, peer_bell] = fds.map(|fd| unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+    let Some(&first) = socks.first() else {
+        // The application closed (or made close-on-exec) the socket before exec: the connection
+        // ends here (closing the control socket tells the peer).
+        return;
+    };
+    let est = match colo::carrier::reattach(memfd, control, own_bell, peer_bell, r.role) {
+        Ok(est) => est,
+        Err(why) => {
+            crate::log_info(format_args!("exec: connection on fd {first} not taken back: {why}"));
+            return;
+        }
+    };
+    // SAFETY: the application's socket, open (listed in /proc/self/fd just now).
+    let b = unsafe { BorrowedFd::borrow_raw(first) };
+    let nonblocking = rustix::fs::fcntl_getfl(b).map(|f| f.contains(rustix::fs::OFlags::NONBLOCK)).unwrap_or(false);
+    let peer = est.peer;
+    let conn = match Conn::resume(est, nonblocking) {
+        Ok(c) => Arc::new(c),
+        Err(e) => {
+            crate::log_info(format_args!("exec: connection to {peer} not taken back: {e}"));
+            return;
+        }
+    };
+    for &fd in socks {
+        if let Some(mut slot) = table::lock(fd) {
+            slot.set(Entry::Conn(conn.clone()));
+        }
+    }
+    // The record goes into this image's own handover file (and the flag catches up with the
+    // descriptors, which came inheritable).
+    update(first, &conn);
+    crate::log_info(format_args!("exec: connection to {peer} on fd {first} taken back (shared memory)"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip() {
+        let r = Record { sock_ino: 0x1234_5678_9abc, memfd: 900, control: 901, own_bell: 902, peer_bell: 903, role: Role::Server };
+        assert_eq!(Record::decode(&r.encode()), Some(r));
+        let mut bad = r.encode();
+        bad[24] = 7;
+        assert_eq!(Record::decode(&bad), None);
+    }
+}

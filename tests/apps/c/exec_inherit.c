@@ -1,0 +1,163 @@
+/* An accelerated connection survives exec (run with the shim preloaded, as tests/apps/run.sh
+ * does): in the same process (the server execs itself mid-stream) and in a forked child that
+ * inherits the socket on fd 0 (inetd style). Bytes in flight across the exec arrive intact and
+ * in order, and the new program image holds the segment (the connection was taken back, not
+ * left as a silent TCP socket). alarm() is the watchdog. */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define TOTAL 400000
+#define BEFORE 150000
+
+static void die(const char *what) {
+    perror(what);
+    exit(1);
+}
+
+static unsigned char pattern(long i) { return (unsigned char)((i * 2654435761u) >> 13); }
+
+static int has_segment(void) {
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    char path[64], link[256];
+    int found = 0;
+    while (d && (e = readdir(d))) {
+        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+        ssize_t n = readlink(path, link, sizeof link - 1);
+        if (n > 0) {
+            link[n] = 0;
+            if (strstr(link, "colo-seg")) found = 1;
+        }
+    }
+    if (d) closedir(d);
+    return found;
+}
+
+static void read_pattern(int fd, long from, long to) {
+    static unsigned char buf[65536];
+    long at = from;
+    while (at < to) {
+        long want = to - at < (long)sizeof buf ? to - at : (long)sizeof buf;
+        ssize_t n = read(fd, buf, want);
+        if (n <= 0) die("read");
+        for (ssize_t i = 0; i < n; i++)
+            if (buf[i] != pattern(at + i)) {
+                fprintf(stderr, "byte %ld differs\n", at + i);
+                exit(1);
+            }
+        at += n;
+    }
+}
+
+static void write_all(int fd, const void *p, size_t n) {
+    while (n > 0) {
+        ssize_t k = write(fd, p, n);
+        if (k <= 0) die("write");
+        p = (const char *)p + k;
+        n -= k;
+    }
+}
+
+/* The client: sends the pattern, waits for "OK", half-closes, expects EOF. */
+static void client(int port) {
+    int c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (connect(c, (struct sockaddr *)&a, sizeof a) < 0) die("connect");
+    unsigned char *data = malloc(TOTAL);
+    for (long i = 0; i < TOTAL; i++) data[i] = pattern(i);
+    write_all(c, data, TOTAL);
+    char ok[2];
+    long got = 0;
+    while (got < 2) {
+        ssize_t n = read(c, ok + got, 2 - got);
+        if (n <= 0) die("client read");
+        got += n;
+    }
+    if (memcmp(ok, "OK", 2) != 0) exit(1);
+    shutdown(c, SHUT_WR);
+    if (read(c, ok, 1) != 0) die("client expected EOF");
+    exit(0);
+}
+
+/* The server's image after exec: the rest of the pattern, "OK", then EOF. */
+static int finish(int fd, long from, const char *who) {
+    if (!has_segment()) {
+        fprintf(stderr, "%s: the connection was not taken back after exec\n", who);
+        return 1;
+    }
+    read_pattern(fd, from, TOTAL);
+    write_all(fd, "OK", 2);
+    char b;
+    if (read(fd, &b, 1) != 0) die("server expected EOF");
+    close(fd);
+    return 0;
+}
+
+static int listener(int *port) {
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 8) < 0) die("listen");
+    getsockname(l, (struct sockaddr *)&a, &len);
+    *port = ntohs(a.sin_port);
+    return l;
+}
+
+static int wait_ok(pid_t pid) {
+    int st;
+    return waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+int main(int argc, char **argv) {
+    alarm(20);
+    if (argc == 4 && strcmp(argv[1], "same") == 0) {
+        /* Same process after exec: finish, then reap the client and run the inetd case. */
+        if (finish(atoi(argv[2]), BEFORE, "exec") != 0) return 1;
+        if (!wait_ok(atoi(argv[3]))) return 1;
+        printf("ok: connection kept across exec (same process)\n");
+        fflush(stdout);
+        execl("/proc/self/exe", argv[0], "inetd-parent", (char *)NULL);
+        die("exec inetd-parent");
+    }
+    if (argc == 2 && strcmp(argv[1], "inetd") == 0) return finish(0, 0, "inetd child");
+    if (argc == 2 && strcmp(argv[1], "inetd-parent") == 0) {
+        int port, l = listener(&port);
+        pid_t cl = fork();
+        if (cl == 0) client(port);
+        int s = accept(l, NULL, NULL); /* inheritable, like inetd's */
+        if (s < 0) die("accept");
+        pid_t ch = fork();
+        if (ch == 0) {
+            dup2(s, 0);
+            close(s);
+            execl("/proc/self/exe", argv[0], "inetd", (char *)NULL);
+            die("exec inetd");
+        }
+        close(s);
+        if (!wait_ok(ch) || !wait_ok(cl)) return 1;
+        printf("ok: connection handed to an exec'd child on fd 0 (inetd style)\n");
+        return 0;
+    }
+    int port, l = listener(&port);
+    pid_t cl = fork();
+    if (cl == 0) client(port);
+    int s = accept(l, NULL, NULL);
+    if (s < 0) die("accept");
+    if (!has_segment()) {
+        fprintf(stderr, "the connection was not accelerated (is the shim preloaded?)\n");
+        return 1;
+    }
+    read_pattern(s, 0, BEFORE);
+    char fd[16], pid[16];
+    snprintf(fd, sizeof fd, "%d", s);
+    snprintf(pid, sizeof pid, "%d", (int)cl);
+    execl("/proc/self/exe", argv[0], "same", fd, pid, (char *)NULL);
+    die("exec");
+}
