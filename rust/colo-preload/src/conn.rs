@@ -28,6 +28,8 @@ pub struct Conn {
     /// Our descriptors survive `exec` (an application socket of this connection does): see
     /// `handover`.
     inheritable: AtomicBool,
+    /// The two processes share one CPU: waits on this connection never spin.
+    never_spin: bool,
     raw: [RawFd; 5],
     holders: *const AtomicU32,
 }
@@ -66,15 +68,22 @@ impl Conn {
         let shm = if resumed { est.into_resumed_shm(crate::spin())? } else { est.into_shm(crate::spin())? };
         shm.set_nonblocking(nonblocking);
         let readiness = shm.readiness_fd().as_raw_fd();
+        let never_spin = shm.spin_mode() == colo::SpinMode::Never;
         Ok(Conn {
             shm: ManuallyDrop::new(shm),
             w,
             gone: AtomicBool::new(false),
             nb: AtomicBool::new(nonblocking),
             inheritable: AtomicBool::new(false),
+            never_spin,
             raw: [raw0[0], raw0[1], raw0[2], raw0[3], readiness],
             holders,
         })
+    }
+
+    /// Waits on this connection must not spin (see `never_spin`).
+    pub fn never_spin(&self) -> bool {
+        self.never_spin
     }
 
     pub fn shm(&self) -> &Shm {
@@ -230,15 +239,29 @@ impl Conn {
         m
     }
 
-    /// After a short read or write (the application may now wait for an edge without ever
-    /// seeing EAGAIN, as nginx does): announce that we wait, so the peer's next progress rings
-    /// the doorbell; if `bits` became ready meanwhile, ring it ourselves.
-    pub fn announce(&self, bits: u32) {
+    /// The counters and flags whose change is an edge for an edge-triggered waiter: incoming
+    /// head and flags, outgoing tail and read flags (what the peer moves), and our own outgoing
+    /// flags (a shutdown of ours can make the connection hang up). Readiness only grows when one
+    /// of them changes.
+    pub fn edges(&self) -> (u64, u32, u64, u32, u32) {
+        // SAFETY: aligned atomics inside the mapping `shm` owns. Relaxed: a change is only a hint
+        // to look; `ready` does the Acquire loads that order the data.
+        unsafe {
+            (
+                (*self.w.in_head).load(Ordering::Relaxed),
+                (*self.w.in_flags).load(Ordering::Relaxed),
+                (*self.w.out_tail).load(Ordering::Relaxed),
+                (*self.w.out_read_flags).load(Ordering::Relaxed),
+                (*self.w.out_flags).load(Ordering::Relaxed),
+            )
+        }
+    }
+
+    /// Announces that we are about to sleep (no system call): the peer's next progress rings
+    /// the doorbell. The caller re-checks `ready` afterwards.
+    pub fn will_sleep(&self) {
         // SAFETY: our waiting flag, an aligned atomic in the mapping.
         colo_ring::notify::announce_sleep(unsafe { &*self.w.own_waiting }, colo_ring::notify::SLEEP_DOORBELL);
-        if self.ready(false) & bits != 0 {
-            self.poke();
-        }
     }
 
     /// Prepares to sleep on the readiness fd: drain our doorbell, announce that we wait, and

@@ -487,7 +487,7 @@ pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epo
 #[no_mangle]
 pub unsafe extern "C" fn epoll_wait(ep: c_int, evs: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {
     // SAFETY: forwarding the application's arguments.
-    unsafe { poll::epoll_wait_with(ep, evs, max, timeout, |t| real::epoll_wait(ep, evs, max, t)) }
+    unsafe { poll::epoll_wait_with(ep, evs, max, timeout, |b, m, t| real::epoll_wait(ep, b, m, t)) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn epoll_pwait(
@@ -498,7 +498,7 @@ pub unsafe extern "C" fn epoll_pwait(
     mask: *const sigset_t,
 ) -> c_int {
     // SAFETY: forwarding the application's arguments.
-    unsafe { poll::epoll_wait_with(ep, evs, max, timeout, |t| real::epoll_pwait(ep, evs, max, t, mask)) }
+    unsafe { poll::epoll_wait_with(ep, evs, max, timeout, |b, m, t| real::epoll_pwait(ep, b, m, t, mask)) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn epoll_pwait2(
@@ -511,10 +511,10 @@ pub unsafe extern "C" fn epoll_pwait2(
     let ms = timeout_of(t).map_or(-1, |d| d.as_millis().min(c_int::MAX as u128) as c_int);
     // SAFETY: forwarding the application's arguments.
     unsafe {
-        poll::epoll_wait_with(ep, evs, max, ms, |ms| {
+        poll::epoll_wait_with(ep, evs, max, ms, |b, m, ms| {
             let ts = timespec { tv_sec: (ms / 1000) as i64, tv_nsec: ((ms % 1000) as i64) * 1_000_000 };
             let tp = if ms < 0 { std::ptr::null() } else { &ts as *const timespec };
-            real::epoll_pwait2(ep, evs, max, if ms == c_int::MAX { t } else { tp }, mask)
+            real::epoll_pwait2(ep, b, m, if ms == c_int::MAX { t } else { tp }, mask)
         })
     }
 }

@@ -10,6 +10,8 @@ use crate::{client, real, Guard};
 use libc::{c_int, epoll_event, nfds_t, pollfd, sigset_t, timespec};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use colo::SpinMode;
+use colo_ring::spin::Spinner;
 use std::time::{Duration, Instant};
 
 const TAG: u64 = 0xC01D_0000_0000_0000;
@@ -21,6 +23,45 @@ struct Reg {
     events: u32,
     data: u64,
     conn: Arc<Conn>,
+    /// `Conn::edges` when last reported (edge-triggered registrations report only a change).
+    seen: Option<Edges>,
+    /// `Conn::edges` when last found not ready: while they stay the same, it stays not ready.
+    quiet: Option<Edges>,
+    /// EPOLLONESHOT fired: silent until EPOLL_CTL_MOD re-arms it.
+    fired: bool,
+}
+
+type Edges = (u64, u32, u64, u32, u32);
+
+impl Reg {
+    /// The events to report for this registration now, from the rings (no system call unless
+    /// `check_gone`), honouring level/edge/one-shot; records the report.
+    fn report(&mut self, check_gone: bool) -> u32 {
+        if self.fired {
+            return 0;
+        }
+        let now = self.conn.edges();
+        if !check_gone && self.quiet == Some(now) {
+            return 0;
+        }
+        let interest = (self.events & (IN | OUT | libc::EPOLLRDHUP as u32)) | ERR | HUP;
+        let m = self.conn.ready(check_gone) & interest;
+        if m == 0 {
+            self.quiet = Some(now);
+            return 0;
+        }
+        self.quiet = None;
+        if self.events & libc::EPOLLET as u32 != 0 {
+            if self.seen == Some(now) {
+                return 0;
+            }
+            self.seen = Some(now);
+        }
+        if self.events & libc::EPOLLONESHOT as u32 != 0 {
+            self.fired = true;
+        }
+        m
+    }
 }
 
 #[derive(Default)]
@@ -28,6 +69,8 @@ struct Regs {
     slab: Vec<Option<Reg>>,
     free: Vec<usize>,
     index: HashMap<(c_int, c_int), usize>,
+    /// Registrations by epoll fd, for the checks `epoll_wait` makes before sleeping.
+    by_epfd: HashMap<c_int, Vec<usize>>,
 }
 
 static REGS: Mutex<Option<Regs>> = Mutex::new(None);
@@ -38,9 +81,32 @@ fn with_regs<T>(f: impl FnOnce(&mut Regs) -> T) -> T {
 }
 
 impl Regs {
+    fn insert(&mut self, reg: Reg) -> usize {
+        let key = (reg.epfd, reg.fd);
+        let idx = match self.free.pop() {
+            Some(i) => {
+                self.slab[i] = Some(reg);
+                i
+            }
+            None => {
+                self.slab.push(Some(reg));
+                self.slab.len() - 1
+            }
+        };
+        self.index.insert(key, idx);
+        self.by_epfd.entry(key.0).or_default().push(idx);
+        idx
+    }
+
     fn remove(&mut self, idx: usize) -> Option<Reg> {
         let r = self.slab.get_mut(idx)?.take()?;
         self.index.remove(&(r.epfd, r.fd));
+        if let Some(v) = self.by_epfd.get_mut(&r.epfd) {
+            v.retain(|&i| i != idx);
+            if v.is_empty() {
+                self.by_epfd.remove(&r.epfd);
+            }
+        }
         self.free.push(idx);
         Some(r)
     }
@@ -61,7 +127,7 @@ pub fn forget_fd(fd: c_int) {
 /// The epoll fd `epfd` is being closed.
 pub fn forget_epoll(epfd: c_int) {
     let gone: Vec<Reg> = with_regs(|r| {
-        let idx: Vec<usize> = r.index.iter().filter(|((e, _), _)| *e == epfd).map(|(_, &i)| i).collect();
+        let idx: Vec<usize> = r.by_epfd.get(&epfd).cloned().unwrap_or_default();
         idx.into_iter().filter_map(|i| r.remove(i)).collect()
     });
     drop(gone);
@@ -96,21 +162,7 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
             if exists {
                 return g.err(libc::EEXIST) as c_int;
             }
-            let idx = with_regs(|r| {
-                let reg = Reg { epfd, fd, events, data, conn: conn.clone() };
-                let idx = match r.free.pop() {
-                    Some(i) => {
-                        r.slab[i] = Some(reg);
-                        i
-                    }
-                    None => {
-                        r.slab.push(Some(reg));
-                        r.slab.len() - 1
-                    }
-                };
-                r.index.insert((epfd, fd), idx);
-                idx
-            });
+            let idx = with_regs(|r| r.insert(Reg { epfd, fd, events, data, conn: conn.clone(), seen: None, quiet: None, fired: false }));
             let mut kev = epoll_event { events: libc::EPOLLIN as u32 | (events & PASS_FLAGS), u64: TAG | idx as u64 };
             // SAFETY: registering the readiness fd in the application's set.
             if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, rfd, &mut kev) } != 0 {
@@ -123,23 +175,34 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
             g.ok(0) as c_int
         }
         libc::EPOLL_CTL_MOD => {
-            let Some(idx) = with_regs(|r| {
+            let Some((idx, old)) = with_regs(|r| {
                 let idx = *r.index.get(&(epfd, fd))?;
-                if let Some(reg) = r.slab[idx].as_mut() {
-                    reg.events = events;
-                    reg.data = data;
-                }
-                Some(idx)
+                let reg = r.slab[idx].as_mut()?;
+                let old = reg.events;
+                reg.events = events;
+                reg.data = data;
+                reg.seen = None;
+                reg.quiet = None;
+                reg.fired = false;
+                Some((idx, old))
             }) else {
                 return g.err(libc::ENOENT) as c_int;
             };
-            let mut kev = epoll_event { events: libc::EPOLLIN as u32 | (events & PASS_FLAGS), u64: TAG | idx as u64 };
-            // SAFETY: modifying our registration.
-            if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, rfd, &mut kev) } != 0 {
-                let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
-                return g.err(e) as c_int;
+            // The kernel only watches our readiness fd for IN with the application's flags: an
+            // interest change (event loops flip OUT on and off around every reply) needs no system
+            // call, as `epoll_wait` reads the rings first. A one-shot re-arm or a flag change does.
+            if (old ^ events) & PASS_FLAGS != 0 || events & libc::EPOLLONESHOT as u32 != 0 {
+                let mut kev = epoll_event { events: libc::EPOLLIN as u32 | (events & PASS_FLAGS), u64: TAG | idx as u64 };
+                // SAFETY: modifying our registration.
+                if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, rfd, &mut kev) } != 0 {
+                    let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+                    return g.err(e) as c_int;
+                }
             }
-            conn.poke();
+            // A thread asleep on this set must look at the new interest (the kernel would wake it).
+            if table::has_sleepers(epfd) {
+                conn.poke();
+            }
             g.ok(0) as c_int
         }
         libc::EPOLL_CTL_DEL => {
@@ -158,8 +221,34 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
     }
 }
 
-/// Rewrites the events of one `epoll_wait` batch in place; returns how many remain.
-fn translate(epfd: c_int, evs: &mut [epoll_event]) -> usize {
+/// Fills `out` with events of `epfd`'s accelerated registrations that are ready now, read from
+/// the rings without a system call; returns how many and the indices reported.
+fn from_rings(epfd: c_int, out: &mut [epoll_event]) -> (usize, Vec<usize>) {
+    with_regs(|r| {
+        let Regs { slab, by_epfd, .. } = r;
+        let Some(list) = by_epfd.get(&epfd) else { return (0, Vec::new()) };
+        let mut n = 0;
+        let mut reported = Vec::new();
+        for &idx in list {
+            if n == out.len() {
+                break;
+            }
+            let Some(Some(reg)) = slab.get_mut(idx) else { continue };
+            let m = reg.report(false);
+            if m != 0 {
+                out[n] = epoll_event { events: m, u64: reg.data };
+                n += 1;
+                reported.push(idx);
+            }
+        }
+        (n, reported)
+    })
+}
+
+/// Rewrites the kernel's events of one `epoll_wait` batch in place (our readiness fds become
+/// the application's fds and events; `skip`: registrations already reported from the rings);
+/// returns how many remain.
+fn translate(epfd: c_int, evs: &mut [epoll_event], skip: &[usize]) -> usize {
     let mut out = 0;
     let mut rearm = Vec::new();
     with_regs(|r| {
@@ -171,17 +260,21 @@ fn translate(epfd: c_int, evs: &mut [epoll_event]) -> usize {
                 out += 1;
                 continue;
             }
-            let Some(Some(reg)) = r.slab.get((d & 0xFFFF_FFFF) as usize) else { continue };
-            let interest = (reg.events & (IN | OUT | libc::EPOLLRDHUP as u32)) | ERR | HUP;
-            let mut m = reg.conn.ready(true) & interest;
-            if m == 0 {
-                m = reg.conn.arm() & interest;
-                if m != 0 {
-                    reg.conn.poke();
+            let idx = (d & 0xFFFF_FFFF) as usize;
+            let Some(Some(reg)) = r.slab.get_mut(idx) else { continue };
+            if skip.contains(&idx) {
+                continue;
+            }
+            let mut m = reg.report(true);
+            if m == 0 && !reg.fired {
+                // A ring with nothing new behind it (or one meant for an earlier state): drain
+                // the doorbell, announce, and look once more.
+                if reg.conn.arm() != 0 {
+                    m = reg.report(false);
                 }
             }
             if m == 0 {
-                if reg.events & libc::EPOLLONESHOT as u32 != 0 {
+                if reg.events & libc::EPOLLONESHOT as u32 != 0 && !reg.fired {
                     rearm.push((reg.conn.readiness_raw(), reg.events, d));
                 }
                 continue;
@@ -212,28 +305,108 @@ fn remaining_ms(deadline: Option<Instant>) -> c_int {
     }
 }
 
-/// epoll_wait / epoll_pwait / epoll_pwait2, with the wait itself given as a closure.
+/// The connections of `epfd` and the spin policy for waiting on them (the strictest of theirs:
+/// "never" when any pair shares one CPU).
+fn watched(epfd: c_int) -> (Vec<Arc<Conn>>, SpinMode) {
+    with_regs(|r| {
+        let conns: Vec<Arc<Conn>> = r
+            .by_epfd
+            .get(&epfd)
+            .map(|l| l.iter().filter_map(|&i| r.slab[i].as_ref()).filter(|g| !g.fired).map(|g| g.conn.clone()).collect())
+            .unwrap_or_default();
+        let mut mode = crate::spin();
+        if mode != SpinMode::Always && conns.iter().any(|c| c.never_spin()) {
+            mode = SpinMode::Never;
+        }
+        (conns, mode)
+    })
+}
+
+thread_local! {
+    /// Spin state of this thread's epoll waits (adaptive, like a connection's).
+    static SPINNER: std::cell::RefCell<Option<Spinner>> = const { std::cell::RefCell::new(None) };
+}
+
+/// epoll_wait / epoll_pwait / epoll_pwait2, with the kernel wait given as a closure
+/// `wait(buffer, max, timeout_ms)`.
+///
+/// Accelerated connections are looked at in the rings first: a ready one is reported with no
+/// system call for it (the kernel is asked, without waiting, only about the other fds). Only when
+/// nothing is ready does the wait spin briefly (adaptive, as a connection's reads do), announce
+/// on every connection that it will sleep, look once more and sleep in the kernel. So a busy
+/// event loop is never woken through a doorbell, and its peers never ring one.
 pub unsafe fn epoll_wait_with(
     epfd: c_int,
     evs: *mut epoll_event,
     max: c_int,
     timeout_ms: c_int,
-    wait: impl Fn(c_int) -> c_int,
+    wait: impl Fn(*mut epoll_event, c_int, c_int) -> c_int,
 ) -> c_int {
     if !table::is_epoll(epfd) || Guard::busy() || max <= 0 {
-        return wait(timeout_ms);
+        return wait(evs, max, timeout_ms);
     }
     let deadline = deadline_of(timeout_ms);
     let mut t = timeout_ms;
+    let mut spun = false;
     loop {
-        let n = wait(t);
-        if n <= 0 {
-            return n;
-        }
         let g = Guard::enter();
-        // SAFETY: the kernel filled `n` events at `evs`.
-        let batch = unsafe { std::slice::from_raw_parts_mut(evs, n as usize) };
-        let out = translate(epfd, batch);
+        // SAFETY: the application gave us room for `max` events at `evs`.
+        let all = unsafe { std::slice::from_raw_parts_mut(evs, max as usize) };
+        let (n, reported) = from_rings(epfd, all);
+        if n > 0 {
+            // The other fds' events too, without waiting.
+            let rest = &mut all[n..];
+            let k = if rest.is_empty() { 0 } else { wait(rest.as_mut_ptr(), rest.len() as c_int, 0) };
+            let k = if k > 0 { translate(epfd, &mut rest[..k as usize], &reported) } else { 0 };
+            return g.ok((n + k) as libc::ssize_t) as c_int;
+        }
+        let (conns, mode) = watched(epfd);
+        if !spun && t != 0 && !conns.is_empty() {
+            spun = true;
+            // Spin until anything changes on a ring (then look again), within the budget.
+            let before: Vec<_> = conns.iter().map(|c| c.edges()).collect();
+            let changed = SPINNER.with(|s| {
+                let mut s = s.borrow_mut();
+                let sp = s.get_or_insert_with(|| Spinner::new(mode));
+                if sp.mode() != mode {
+                    *sp = Spinner::new(mode);
+                }
+                sp.spin(|| conns.iter().zip(&before).any(|(c, b)| c.edges() != *b))
+            });
+            if changed {
+                continue;
+            }
+        }
+        if t != 0 && !conns.is_empty() {
+            for c in &conns {
+                c.will_sleep();
+            }
+            // Progress made before the announcements rang nothing: look once more.
+            let (n, reported) = from_rings(epfd, all);
+            if n > 0 {
+                let rest = &mut all[n..];
+                let k = if rest.is_empty() { 0 } else { wait(rest.as_mut_ptr(), rest.len() as c_int, 0) };
+                let k = if k > 0 { translate(epfd, &mut rest[..k as usize], &reported) } else { 0 };
+                return g.ok((n + k) as libc::ssize_t) as c_int;
+            }
+        }
+        drop(g);
+        let slept = Instant::now();
+        table::set_sleeping(epfd, true);
+        let k = wait(evs, max, t);
+        table::set_sleeping(epfd, false);
+        if k <= 0 {
+            return k;
+        }
+        SPINNER.with(|s| {
+            if let Some(sp) = s.borrow_mut().as_mut() {
+                sp.slept(slept.elapsed());
+            }
+        });
+        let g = Guard::enter();
+        // SAFETY: the kernel filled `k` events at `evs`.
+        let batch = unsafe { std::slice::from_raw_parts_mut(evs, k as usize) };
+        let out = translate(epfd, batch, &[]);
         if out > 0 {
             return g.ok(out as libc::ssize_t) as c_int;
         }

@@ -76,12 +76,12 @@ fn conn_recv(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> {
 }
 
 /// Keeps the readiness fd honest for level-triggered pollers: if the buffer was filled, more
-/// may be waiting, so make sure the doorbell stays rung.
+/// may be waiting, so make sure the doorbell stays rung. (A short read needs nothing: every
+/// drain of the doorbell announces a wait, so either the doorbell holds a count or the peer's
+/// next progress rings it; and `epoll_wait`/`poll` read the rings before sleeping.)
 fn after_read(c: &Conn, n: usize, len: usize) {
     if n == len && n > 0 && c.shm().readable().unwrap_or(0) > 0 {
         c.poke();
-    } else if n < len {
-        c.announce(IN);
     }
 }
 
@@ -124,9 +124,6 @@ fn conn_send(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
             return Err(would_block());
         }
         let n = c.shm().write(buf)?;
-        if n < buf.len() {
-            c.announce(OUT);
-        }
         return Ok(n);
     }
     // Blocking sockets write everything (or fail).

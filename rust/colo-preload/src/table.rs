@@ -36,6 +36,8 @@ impl Entry {
 static KIND: [AtomicU8; MAX_FD] = [const { AtomicU8::new(0) }; MAX_FD];
 /// epoll fds in which a colo connection was ever registered.
 static EPOLL: [AtomicU8; MAX_FD] = [const { AtomicU8::new(0) }; MAX_FD];
+/// Threads now asleep in the kernel on each epoll fd (an interest change must wake them).
+static SLEEPERS: [AtomicU8; MAX_FD] = [const { AtomicU8::new(0) }; MAX_FD];
 static SLOTS: [Mutex<Entry>; MAX_FD] = [const { Mutex::new(Entry::None) }; MAX_FD];
 
 #[inline]
@@ -55,6 +57,23 @@ pub fn set_epoll(fd: i32, on: bool) {
     if fd >= 0 && (fd as usize) < MAX_FD {
         EPOLL[fd as usize].store(on as u8, Ordering::Relaxed);
     }
+}
+
+/// Counts a thread going to sleep on epoll fd `fd` (`on`) or waking from it.
+pub fn set_sleeping(fd: i32, on: bool) {
+    if fd >= 0 && (fd as usize) < MAX_FD {
+        let s = &SLEEPERS[fd as usize];
+        if on {
+            s.fetch_add(1, Ordering::Relaxed);
+        } else {
+            s.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Whether a thread may be asleep in the kernel on epoll fd `fd`.
+pub fn has_sleepers(fd: i32) -> bool {
+    fd >= 0 && (fd as usize) < MAX_FD && SLEEPERS[fd as usize].load(Ordering::Relaxed) != 0
 }
 
 /// A locked slot; writing through it keeps the kind byte in step.

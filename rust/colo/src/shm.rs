@@ -854,6 +854,10 @@ impl Shm {
     pub fn write_timeout(&self) -> Option<Duration> {
         from_nanos(self.write_timeout.load(Ordering::Relaxed))
     }
+    /// The spin policy in force (after the one-CPU adaptation made at set-up).
+    pub fn spin_mode(&self) -> SpinMode {
+        lock(&self.rx).spinner.mode()
+    }
     /// Changes the spin policy of both halves.
     pub fn set_spin(&self, mode: SpinMode) {
         lock(&self.rx).spinner = Spinner::new(mode);
