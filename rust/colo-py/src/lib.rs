@@ -456,6 +456,12 @@ impl Conn {
         lock(&self.inner).as_ref().map_or(-1, |s| s.as_raw_fd())
     }
 
+    /// Whether a non-blocking call drained a wake-up meant for another waiter since the last
+    /// time this was asked (the asyncio layer then retries its other waiters). False over TCP.
+    fn take_swallowed(&self) -> PyResult<bool> {
+        Ok(self.get()?.take_swallowed())
+    }
+
     /// "colo" (shared memory) or "tcp".
     #[getter]
     fn transport(&self) -> PyResult<&'static str> {

@@ -125,6 +125,14 @@ impl Stream {
         }
     }
 
+    /// Whether a non-blocking call on this connection drained a wake-up since the last time this
+    /// was asked (always false over TCP). The reading and writing halves share one readiness fd:
+    /// an event loop whose read half swallowed a wake-up must retry its write half too, and the
+    /// reverse (spec/WIRE.md section 6). The `tokio` feature does this itself.
+    pub fn take_swallowed(&self) -> bool {
+        self.shm().is_some_and(Shm::take_swallowed)
+    }
+
     /// Whether this connection runs over shared memory or TCP.
     pub fn transport(&self) -> Transport {
         match self.io() {

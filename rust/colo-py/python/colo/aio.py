@@ -31,14 +31,13 @@ class _Waiters:
 
     A call that finds nothing to do drains the doorbell behind the readiness fd, so with two
     different calls waiting (a reader and a writer), one's retry may swallow the wake-up meant for
-    the other. While two or more wait, they are also retried every millisecond, which bounds that
-    case (see the README: a core API that separates draining from retrying would remove it)."""
+    the other: the connection says so (``take_swallowed``), and the caller then wakes every
+    waiter to retry (``wake_all``)."""
 
     def __init__(self) -> None:
         self._futs: List["asyncio.Future[None]"] = []
         self._fd = -1
         self._write = False
-        self._timer: Optional[asyncio.TimerHandle] = None
 
     async def wait(self, fd: int, write: bool = False) -> None:
         loop = asyncio.get_running_loop()
@@ -47,8 +46,6 @@ class _Waiters:
             self._fd, self._write = fd, write
             (loop.add_writer if write else loop.add_reader)(fd, self._wake)
         self._futs.append(fut)
-        if len(self._futs) > 1 and self._timer is None:
-            self._timer = loop.call_later(0.001, self._wake)
         try:
             await fut
         finally:
@@ -58,11 +55,13 @@ class _Waiters:
                     self._unregister()
 
     def _unregister(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         loop = asyncio.get_running_loop()
         (loop.remove_writer if self._write else loop.remove_reader)(self._fd)
+
+    def wake_all(self) -> None:
+        """Makes every waiter retry its call."""
+        if self._futs:
+            self._wake()
 
     def _wake(self) -> None:
         futs, self._futs = self._futs, []
@@ -86,15 +85,24 @@ class AsyncConn:
     def transport(self) -> str:
         return self.conn.transport
 
+    def _wake_others(self) -> None:
+        if not self._tcp and self.conn.take_swallowed():
+            # Our call drained a wake-up that may have been another waiter's: let them all retry.
+            self._readers.wake_all()
+
     async def _retry(self, op: Any, *args: Any, write: bool = False) -> Any:
         while True:
             try:
-                return op(*args)
+                result = op(*args)
             except BlockingIOError:
+                self._wake_others()
                 if write and self._tcp:
                     await self._writers.wait(self.conn.fileno(), write=True)
                 else:
                     await self._readers.wait(self.conn.fileno())
+                continue
+            self._wake_others()
+            return result
 
     async def recv(self, bufsize: int) -> bytes:
         return await self._retry(self.conn.recv, bufsize)
