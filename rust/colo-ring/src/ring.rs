@@ -82,6 +82,13 @@ pub struct RingWords {
 unsafe impl Send for RingWords {}
 
 impl RingWords {
+    /// The producer's `ring_flags`, validated (for a reader that is not this ring's consumer,
+    /// such as the message half of the same direction).
+    pub fn producer_flags(&self) -> Result<u32, Corrupt> {
+        // SYNC POINT with the Release fetch_or in `Producer::set_flags`.
+        check_flags(self.flags().load(Ordering::Acquire), FLAG_FIN | FLAG_RESET)
+    }
+
     fn head(&self) -> &AtomicU64 {
         // SAFETY: the constructor of the Producer/Consumer holding these words guaranteed they point
         // to live, aligned atomics for its whole life.

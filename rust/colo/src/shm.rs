@@ -93,14 +93,25 @@ pub mod libc_errno {
 
 struct RxHalf {
     ring: Consumer<RawBytes>,
-    msgs: Option<QueueReceiver<2>>,
     spinner: Spinner,
 }
 
 struct TxHalf {
     ring: Producer<RawBytes>,
-    msgs: Option<QueueSender<2>>,
-    frees: Option<QueueReceiver<1>>,
+    spinner: Spinner,
+}
+
+/// Receiving messages: a lock of its own, so a thread waiting for a message never holds up a
+/// thread reading the byte stream (spec section 7: the two are independent).
+struct MsgRx {
+    msgs: QueueReceiver<2>,
+    spinner: Spinner,
+}
+
+/// Loaning and sending messages, independent of the byte stream's writers likewise.
+struct MsgTx {
+    msgs: QueueSender<2>,
+    frees: QueueReceiver<1>,
     /// Slots of the outgoing pool we may loan.
     free_slots: Vec<u32>,
     /// Slots loaned or sent and not yet released by the peer.
@@ -138,6 +149,9 @@ pub(crate) enum Recycle {
 pub struct Shm {
     rx: Mutex<RxHalf>,
     tx: Mutex<TxHalf>,
+    /// Message halves; `None` without a pool.
+    msg_rx: Option<Mutex<MsgRx>>,
+    msg_tx: Option<Mutex<MsgTx>>,
     releases: Mutex<Option<QueueSender<1>>>,
     /// Slots of the incoming pool the application holds (received, not yet released); outside the
     /// reading half's lock, so a release never waits for a blocked reader.
@@ -257,21 +271,27 @@ impl Shm {
             Some((o, i)) => (Some(o), Some(i)),
             None => (None, None),
         };
-        let (msgs_out, frees_in) = out_q.map_or((None, None), |(m, f)| (Some(m), Some(f)));
-        let (msgs_in, releases) = in_q.map_or((None, None), |(m, f)| (Some(m), Some(f)));
         let n = if pool { g.slot_count as usize } else { 0 };
         let spin = if spin != SpinMode::Always && colo_sys::host::share_one_cpu(peer_pid) { SpinMode::Never } else { spin };
-        Ok(Shm {
-            rx: Mutex::new(RxHalf { ring: ring_in, msgs: msgs_in, spinner: Spinner::new(spin) }),
-            held: (0..n).map(|_| std::sync::atomic::AtomicBool::new(false)).collect(),
-            tx: Mutex::new(TxHalf {
-                ring: ring_out,
-                msgs: msgs_out,
-                frees: frees_in,
+        let msg_tx = out_q.map(|(msgs, frees)| {
+            Mutex::new(MsgTx {
+                msgs,
+                frees,
                 free_slots: (0..n as u32).rev().collect(),
                 in_flight: vec![false; n],
                 spinner: Spinner::new(spin),
-            }),
+            })
+        });
+        let (msg_rx, releases) = match in_q {
+            Some((msgs, releases)) => (Some(Mutex::new(MsgRx { msgs, spinner: Spinner::new(spin) })), Some(releases)),
+            None => (None, None),
+        };
+        Ok(Shm {
+            rx: Mutex::new(RxHalf { ring: ring_in, spinner: Spinner::new(spin) }),
+            held: (0..n).map(|_| std::sync::atomic::AtomicBool::new(false)).collect(),
+            tx: Mutex::new(TxHalf { ring: ring_out, spinner: Spinner::new(spin) }),
+            msg_rx,
+            msg_tx,
             releases: Mutex::new(releases),
             role,
             state: AtomicU32::new(0),
@@ -702,21 +722,19 @@ impl Shm {
 
     // ---- zero-copy messages ------------------------------------------------------------------
 
-    fn take_slot(&self, tx: &mut TxHalf) -> io::Result<Option<u32>> {
+    fn take_slot(&self, tx: &mut MsgTx) -> io::Result<Option<u32>> {
         if self.has(RESET) {
             return Err(self.reset_error());
         }
         if self.has(WRITE_SHUT) || self.has(PEER_GONE) {
             return Err(io::ErrorKind::BrokenPipe.into());
         }
-        if let Some(frees) = tx.frees.as_mut() {
-            while let Some([slot]) = frees.pop().map_err(|c| self.corrupt(c))? {
-                if slot as usize >= tx.in_flight.len() || !tx.in_flight[slot as usize] {
-                    return Err(self.corrupt(Corrupt("released a slot that was not in flight")));
-                }
-                tx.in_flight[slot as usize] = false;
-                tx.free_slots.push(slot);
+        while let Some([slot]) = tx.frees.pop().map_err(|c| self.corrupt(c))? {
+            if slot as usize >= tx.in_flight.len() || !tx.in_flight[slot as usize] {
+                return Err(self.corrupt(Corrupt("released a slot that was not in flight")));
             }
+            tx.in_flight[slot as usize] = false;
+            tx.free_slots.push(slot);
         }
         Ok(tx.free_slots.pop().inspect(|&s| tx.in_flight[s as usize] = true))
     }
@@ -728,14 +746,14 @@ impl Shm {
     /// Loans a slot of the outgoing pool; waits while all are in flight.
     pub(crate) fn loan(&self, len: usize) -> io::Result<(u32, *mut u8)> {
         let g = self.geometry();
-        if self.held.is_empty() {
+        let Some(msg_tx) = &self.msg_tx else {
             // No pool (or one not carried over by `resume`).
             return Err(io::Error::from_raw_os_error(libc_errno::ENOBUFS));
-        }
+        };
         if len > g.slot_size as usize {
             return Err(io::Error::from_raw_os_error(libc_errno::EMSGSIZE));
         }
-        let mut guard = lock(&self.tx);
+        let mut guard = lock(msg_tx);
         let tx = &mut *guard;
         let mut spinner = tx.spinner.clone();
         let r = self.wait_for(&mut spinner, &self.write_timeout, || self.take_slot(tx));
@@ -746,27 +764,26 @@ impl Shm {
 
     /// Gives back a loaned slot that was not sent.
     pub(crate) fn unloan(&self, slot: u32) {
-        let mut tx = lock(&self.tx);
+        let mut tx = lock(self.msg_tx.as_ref().expect("a loan implies a pool"));
         tx.in_flight[slot as usize] = false;
         tx.free_slots.push(slot);
     }
 
     /// Sends a loaned slot holding `len` bytes.
     pub(crate) fn send_slot(&self, slot: u32, len: usize) -> io::Result<()> {
-        let mut tx = lock(&self.tx);
+        let mut tx = lock(self.msg_tx.as_ref().expect("a loan implies a pool"));
         if self.has(RESET) {
             return Err(self.reset_error());
         }
-        let q = tx.msgs.as_mut().expect("a loan implies a pool");
-        q.push([slot, len as u32]).map_err(|c| self.corrupt(c))?;
+        tx.msgs.push([slot, len as u32]).map_err(|c| self.corrupt(c))?;
         drop(tx);
         self.wake_peer();
         Ok(())
     }
 
-    fn take_message(&self, rx: &mut RxHalf) -> io::Result<Option<Option<(u32, usize)>>> {
+    fn take_message(&self, rx: &mut MsgRx) -> io::Result<Option<Option<(u32, usize)>>> {
         let g = self.geometry();
-        let q = rx.msgs.as_mut().expect("checked by recv_message");
+        let q = &mut rx.msgs;
         match q.pop().map_err(|c| self.corrupt(c))? {
             Some([slot, len]) => {
                 if slot >= g.slot_count || len > g.slot_size {
@@ -781,7 +798,7 @@ impl Shm {
                 if self.has(RESET) {
                     return Err(self.reset_error());
                 }
-                let flags = rx.ring.flags().map_err(|c| self.corrupt(c))?;
+                let flags = self.in_words().producer_flags().map_err(|c| self.corrupt(c))?;
                 if flags & FLAG_RESET != 0 {
                     self.set(RESET);
                     return Err(io::ErrorKind::ConnectionReset.into());
@@ -799,10 +816,10 @@ impl Shm {
 
     /// Receives the next message: `(slot, len)`, or `None` at end of stream.
     pub(crate) fn recv_message(&self) -> io::Result<Option<(u32, *const u8, usize)>> {
-        if self.held.is_empty() {
+        let Some(msg_rx) = &self.msg_rx else {
             return Err(io::Error::from_raw_os_error(libc_errno::ENOBUFS));
-        }
-        let mut guard = lock(&self.rx);
+        };
+        let mut guard = lock(msg_rx);
         let rx = &mut *guard;
         let mut spinner = rx.spinner.clone();
         let r = self.wait_for(&mut spinner, &self.read_timeout, || self.take_message(rx));
@@ -862,6 +879,12 @@ impl Shm {
     pub fn set_spin(&self, mode: SpinMode) {
         lock(&self.rx).spinner = Spinner::new(mode);
         lock(&self.tx).spinner = Spinner::new(mode);
+        if let Some(m) = &self.msg_rx {
+            lock(m).spinner = Spinner::new(mode);
+        }
+        if let Some(m) = &self.msg_tx {
+            lock(m).spinner = Spinner::new(mode);
+        }
     }
     /// Which end of the connection we are.
     pub fn role(&self) -> Role {
@@ -903,7 +926,7 @@ impl Shm {
     }
     /// Bytes a zero-copy message may hold (0: no pool).
     pub fn pool_slot_size(&self) -> usize {
-        if self.held.is_empty() { 0 } else { self.geometry().slot_size as usize }
+        if self.msg_tx.is_none() { 0 } else { self.geometry().slot_size as usize }
     }
 }
 

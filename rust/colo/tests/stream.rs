@@ -314,3 +314,52 @@ fn releasing_a_message_while_another_thread_blocks_reading() {
     (&c).write_all(b"done").unwrap();
     assert_eq!(&reader.join().unwrap().unwrap(), b"done");
 }
+
+#[test]
+fn messages_and_the_byte_stream_never_wait_for_each_other() {
+    let _w = common::watchdog(30);
+    let (c, s) = pair_with(Options::new().pool(4096, 1));
+    let (c, s) = (std::sync::Arc::new(c), std::sync::Arc::new(s));
+    // Sending side: the only slot is in flight, so a second loan waits for its release; the
+    // server releases it only after the byte stream brought "stream". A loan that held up the
+    // stream's writers would deadlock here.
+    let mut l = c.loan(5).unwrap();
+    l.copy_from_slice(b"first");
+    l.send().unwrap();
+    let c2 = c.clone();
+    let loaner = thread::spawn(move || {
+        let mut l = c2.loan(6)?;
+        l.copy_from_slice(b"second");
+        l.send()
+    });
+    let s2 = s.clone();
+    let server = thread::spawn(move || {
+        let first = s2.recv_message()?.expect("a message");
+        let mut b = [0u8; 6];
+        (&*s2).read_exact(&mut b)?;
+        assert_eq!(&b, b"stream");
+        drop(first);
+        let second = s2.recv_message()?.map(|m| m.to_vec());
+        Ok::<_, std::io::Error>(second)
+    });
+    thread::sleep(Duration::from_millis(100));
+    (&*c).write_all(b"stream").unwrap();
+    loaner.join().unwrap().unwrap();
+    assert_eq!(server.join().unwrap().unwrap().as_deref(), Some(&b"second"[..]));
+
+    // Receiving side: a thread waits for a message that the peer sends only after the byte
+    // stream answered. A message wait that held up the stream's readers would deadlock here.
+    let s2 = s.clone();
+    let waiter = thread::spawn(move || s2.recv_message().map(|m| m.map(|m| m.to_vec())));
+    thread::sleep(Duration::from_millis(100));
+    (&*c).write_all(b"ping").unwrap();
+    let mut b = [0u8; 4];
+    (&*s).read_exact(&mut b).unwrap();
+    (&*s).write_all(b"pong").unwrap();
+    (&*c).read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"pong");
+    let mut l = c.loan(5).unwrap();
+    l.copy_from_slice(b"third");
+    l.send().unwrap();
+    assert_eq!(waiter.join().unwrap().unwrap().as_deref(), Some(&b"third"[..]));
+}
