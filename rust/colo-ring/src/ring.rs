@@ -170,6 +170,11 @@ impl<B: Bytes> Producer<B> {
         // SYNC POINT with the Release store of `ring_tail` in `Consumer::read`: the consumer's
         // copies out of the bytes it released happen before we overwrite them.
         let tail = self.words.tail().load(Ordering::Acquire);
+        // `head - cached_tail <= capacity` always holds, so a genuine tail is at most `capacity`
+        // past the cached one; a tail that went backwards wraps far beyond.
+        if tail.wrapping_sub(self.cached_tail) > self.capacity {
+            return Err(Corrupt("ring_tail moved backwards"));
+        }
         let used = occupancy(self.head, tail, self.capacity)?;
         self.cached_tail = tail;
         Ok(self.capacity - used)
@@ -258,6 +263,10 @@ impl<B: Bytes> Consumer<B> {
     fn refresh(&mut self) -> Result<u64, Corrupt> {
         // SYNC POINT with the Release store of `ring_head` in `Producer::write`.
         let head = self.words.head().load(Ordering::Acquire);
+        // As in `Producer::refresh`: a genuine head is at most `capacity` past the cached one.
+        if head.wrapping_sub(self.cached_head) > self.capacity {
+            return Err(Corrupt("ring_head moved backwards"));
+        }
         let avail = occupancy(head, self.tail, self.capacity)?;
         self.cached_head = head;
         Ok(avail)

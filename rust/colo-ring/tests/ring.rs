@@ -69,6 +69,27 @@ fn producer_refuses_tail_ahead_of_head() {
 }
 
 #[test]
+fn counters_that_move_backwards_are_corruption() {
+    // Backwards by less than the capacity: occupancy alone would not notice.
+    let (mut p, mut c, w) = common::ring_pair(heap_bytes(4096));
+    assert_eq!(p.write(&[1; 100]).unwrap(), 100);
+    let mut b = [0u8; 40];
+    assert_eq!(c.read(&mut b).unwrap(), 40);
+    w.head.store(90, Ordering::Relaxed);
+    // Seen at the consumer's next look at the head (bytes it already saw are read first).
+    let r = (0..3).map(|_| c.read(&mut b)).find(|r| r.is_err());
+    assert!(r.is_some(), "head went back from 100 to 90");
+    let (mut p, mut c, w) = common::ring_pair(heap_bytes(4096));
+    assert_eq!(p.write(&[1; 4096]).unwrap(), 4096);
+    let mut b = [0u8; 100];
+    assert_eq!(c.read(&mut b).unwrap(), 100);
+    assert_eq!(p.write(&[1; 50]).unwrap(), 50);
+    w.tail.store(60, Ordering::Relaxed);
+    let r = (0..3).map(|_| p.write(&[1; 4096])).find(|r| r.is_err());
+    assert!(r.is_some(), "tail went back from 100 to 60");
+}
+
+#[test]
 fn consumer_refuses_unknown_flags() {
     let (_p, c, w) = common::ring_pair(heap_bytes(4096));
     w.flags.store(0x40, Ordering::Relaxed);
