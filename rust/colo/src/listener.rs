@@ -284,9 +284,11 @@ impl Listener {
     }
 }
 
-/// Errors after which a listener keeps serving (a client gave up, or fds ran out for a moment).
+/// Errors a client caused (it gave up or broke off): the listener looks at the next one. Running
+/// out of descriptors or memory is the caller's to see, as `accept(2)` reports it (EMFILE, ENFILE,
+/// ENOBUFS, ENOMEM): the waiting connection stays queued, so retrying at once would spin.
 fn is_transient(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(103 | 104 | 24 | 23 | 105 | 12 | 71))
+    matches!(e.raw_os_error(), Some(103 | 104 | 71))
 }
 
 impl AsFd for Listener {

@@ -25,6 +25,7 @@ fn child_entry() {
         "corrupter" => corrupter(&arg),
         "many" => many(&arg),
         "sleeping_server" => sleeping_server(),
+        "out_of_fds" => out_of_fds(),
         _ => 2,
     };
     std::process::exit(code);
@@ -69,6 +70,32 @@ fn sleeping_server() -> i32 {
     say(&format!("READY {}", l.local_addr().unwrap()));
     let (_s, _) = l.accept().unwrap();
     thread::sleep(Duration::from_secs(60));
+    0
+}
+
+/// With no descriptor left, `accept` reports EMFILE (it must not spin or hang), and serves the
+/// waiting client once descriptors are back.
+fn out_of_fds() -> i32 {
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let c = Stream::connect(addr).unwrap();
+    (&c).write_all(b"hi").unwrap();
+    let open = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64;
+    let mut old = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: plain getrlimit/setrlimit on a local struct.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut old) };
+    let low = libc::rlimit { rlim_cur: open.saturating_sub(2), rlim_max: old.rlim_max };
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &low) }, 0);
+    let e = l.accept().map(|_| ()).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EMFILE), "{e}");
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &old) }, 0);
+    let (mut s, _) = l.accept().unwrap();
+    let mut b = [0u8; 2];
+    s.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"hi");
+    say("OK");
     0
 }
 
@@ -157,7 +184,7 @@ fn wait_line(c: &mut Child) -> String {
             return String::new();
         }
         // The harness's "test child_entry ... " has no newline, so our line may follow it.
-        for key in ["READY", "CONNECTED"] {
+        for key in ["READY", "CONNECTED", "OK"] {
             if let Some(at) = line.find(key) {
                 return line[at..].trim().to_string();
             }
@@ -214,6 +241,14 @@ fn peer_exit_delivers_everything_then_eof() {
     s.read_to_end(&mut got).unwrap();
     assert_eq!(got.len(), 1_000_000);
     assert!(got.iter().enumerate().all(|(i, b)| *b == common::pattern(i as u64)));
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn accept_reports_emfile_and_serves_the_client_afterwards() {
+    let _w = common::watchdog(60);
+    let mut child = common::child("child_entry", "out_of_fds", "");
+    assert_eq!(wait_line(&mut child), "OK");
     assert!(child.wait().unwrap().success());
 }
 
