@@ -123,3 +123,10 @@ pub fn raise_fd_limit() {
         let _ = setrlimit(Resource::Nofile, lim);
     }
 }
+
+/// Registers fork handlers: `prepare` runs in the forking thread before the fork, `after` in
+/// the parent and in the child after it (`pthread_atfork`).
+pub fn at_fork(prepare: extern "C" fn(), after: extern "C" fn()) {
+    // SAFETY: registering plain functions; pthread_atfork copies the pointers.
+    unsafe { libc::pthread_atfork(Some(prepare), Some(after), Some(after)) };
+}

@@ -47,6 +47,13 @@ fn remember(name: String, pid: u32, kind: Known) {
     known.push((name, pid, kind));
 }
 
+/// The process-wide locks of this module, taken around a fork (see `fork`).
+pub(crate) fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
+    let known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+    let pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+    vec![Box::new(known), Box::new(pool)]
+}
+
 /// A client's half of a connection, made before (or right after) reaching the listener.
 struct Prepared {
     memfd: OwnedFd,
@@ -114,6 +121,7 @@ fn prepare(addr: SocketAddr, opts: &Options) -> io::Result<Prepared> {
             // First dial in this process, or in a forked child: the parent's prepared segments
             // are the parent's (dropping our copies leaves its own intact).
             pool.ready.retain(|(pid, _)| *pid == me);
+            crate::fork::protect();
             if std::thread::Builder::new().name("colo-prepare".into()).spawn(preparer).is_ok() {
                 pool.preparer = me;
             }

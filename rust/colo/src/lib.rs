@@ -31,6 +31,7 @@
 //! is set by [`Options::spin`] or `COLO_SPIN_US`; diagnostics by `COLO_LOG=info`.
 
 pub mod carrier;
+mod fork;
 mod handshake;
 mod listener;
 mod log;

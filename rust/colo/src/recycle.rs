@@ -104,6 +104,13 @@ pub(crate) fn take_client(name: &str, server_pid: u32, geometry: Geometry) -> Op
     Some((entry.parked, ticket))
 }
 
+/// The process-wide locks of this module, taken around a fork (see `fork`).
+pub(crate) fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
+    let state = sweeper::lock_state();
+    let client = lock(&CLIENT);
+    vec![Box::new(state), Box::new(client)]
+}
+
 // ---- the server's side ----------------------------------------------------------------------
 
 struct ServerEntry {
@@ -202,7 +209,7 @@ fn evict(p: &Parked) -> bool {
 mod sweeper {
     use super::*;
 
-    struct State {
+    pub(super) struct State {
         /// The pid whose sweeper thread runs (a forked child starts its own).
         running: u32,
         tables: Vec<Weak<Table>>,
@@ -215,6 +222,10 @@ mod sweeper {
     static STATE: Mutex<State> = Mutex::new(State { running: 0, tables: Vec::new(), busy: false, kicks: 0 });
     static WAKE: Condvar = Condvar::new();
 
+    pub(super) fn lock_state() -> std::sync::MutexGuard<'static, State> {
+        lock(&STATE)
+    }
+
     pub(super) fn register(t: Weak<Table>) {
         let mut s = lock(&STATE);
         s.tables.retain(|t| t.strong_count() > 0);
@@ -225,7 +236,10 @@ mod sweeper {
     pub(super) fn kick() {
         let me = std::process::id();
         let mut s = lock(&STATE);
-        if s.running != me && std::thread::Builder::new().name("colo-sweeper".into()).spawn(run).is_ok() {
+        if s.running != me && {
+            crate::fork::protect();
+            std::thread::Builder::new().name("colo-sweeper".into()).spawn(run).is_ok()
+        } {
             s.running = me;
         }
         s.kicks += 1;

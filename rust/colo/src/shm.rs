@@ -962,6 +962,11 @@ pub(crate) fn retire(seg: Segment) {
     reaper::retire(seg);
 }
 
+/// The reaper's lock, taken around a fork (see `fork`).
+pub(crate) fn reaper_fork_guard() -> Box<dyn std::any::Any> {
+    Box::new(reaper::lock())
+}
+
 mod reaper {
     use crate::segment::Segment;
     use std::sync::mpsc::{channel, Sender};
@@ -970,12 +975,17 @@ mod reaper {
     /// The reaper's queue and the pid that started it (a forked child starts its own).
     static REAPER: Mutex<Option<(u32, Sender<Segment>)>> = Mutex::new(None);
 
+    pub fn lock() -> std::sync::MutexGuard<'static, Option<(u32, Sender<Segment>)>> {
+        REAPER.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Drops `seg` on the reaper thread (inline if that thread cannot be started).
     pub fn retire(seg: Segment) {
         let me = std::process::id();
-        let mut r = REAPER.lock().unwrap_or_else(|e| e.into_inner());
+        let mut r = lock();
         if r.as_ref().is_none_or(|(pid, _)| *pid != me) {
             *r = None;
+            crate::fork::protect();
             let (tx, rx) = channel::<Segment>();
             if std::thread::Builder::new().name("colo-reaper".into()).spawn(move || rx.into_iter().for_each(drop)).is_ok() {
                 *r = Some((me, tx));

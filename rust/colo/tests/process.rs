@@ -441,3 +441,61 @@ fn an_idle_connection_costs_no_cpu() {
     assert!(child.wait().unwrap().success());
     assert!(used <= 1, "a reader blocked for 3 s used {used} clock ticks of CPU");
 }
+
+#[test]
+fn fork_while_other_threads_dial_leaves_no_lock_held_in_the_child() {
+    let _w = common::watchdog(120);
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    thread::spawn(move || {
+        for s in l.incoming() {
+            let mut s = s.unwrap();
+            let mut b = [0u8; 1];
+            let _ = s.read_exact(&mut b);
+        }
+    });
+    // Other threads dial and close all the time: the connection caches, the segment preparer and
+    // the reaper take their locks constantly.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let busy: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let mut s = Stream::connect(addr).unwrap();
+                    s.write_all(b"p").unwrap();
+                }
+            })
+        })
+        .collect();
+    for _ in 0..40 {
+        // SAFETY: the child only dials, writes and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let ok = Stream::connect(addr).and_then(|mut s| s.write_all(b"c")).is_ok();
+            // SAFETY: ends the child without running the parent's destructors.
+            unsafe { libc::_exit(if ok { 0 } else { 3 }) };
+        }
+        assert!(pid > 0);
+        let start = std::time::Instant::now();
+        let mut status = 0;
+        loop {
+            // SAFETY: waiting for our own child.
+            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            if r == pid {
+                break;
+            }
+            if start.elapsed() > Duration::from_secs(10) {
+                // SAFETY: killing our own child.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                panic!("a forked child hung (a lock held at fork time)");
+            }
+            thread::sleep(Duration::from_millis(2));
+        }
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for b in busy {
+        b.join().unwrap();
+    }
+}

@@ -1,0 +1,36 @@
+//! `fork(2)` in a threaded process copies only the forking thread: a lock another thread held at
+//! that instant would stay locked forever in the child. So around every fork the forking thread
+//! takes all of colo's process-wide locks (`pthread_atfork`) and releases them on both sides.
+//! Order matters: a thread may hold one of the first while it waits for a later one (the caches
+//! hand segments to the reaper), never the reverse.
+
+use std::any::Any;
+use std::cell::RefCell;
+
+thread_local! {
+    /// The guards the forking thread holds between `prepare` and `parent`/`child`.
+    static HELD: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
+}
+
+extern "C" fn prepare() {
+    let mut guards = crate::handshake::fork_guards();
+    guards.extend(crate::recycle::fork_guards());
+    guards.push(crate::shm::reaper_fork_guard());
+    HELD.with(|h| *h.borrow_mut() = guards);
+}
+
+extern "C" fn release() {
+    // Dropped in reverse order of taking.
+    HELD.with(|h| {
+        let mut h = h.borrow_mut();
+        while let Some(g) = h.pop() {
+            drop(g);
+        }
+    });
+}
+
+/// Registers the handlers (once per process; a child inherits them).
+pub(crate) fn protect() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| colo_sys::host::at_fork(prepare, release));
+}
