@@ -37,6 +37,26 @@ pub fn peer_needs_wake(peer_waiting: &AtomicU32) -> u32 {
     peer_waiting.swap(0, Ordering::AcqRel)
 }
 
+/// Called by a consumer after it moved `ring_tail` (a Release store): the bits to wake the peer
+/// with if it may be blocked waiting for space, else 0. A producer blocks only on a full ring, so
+/// a peer that announced a sleep while the ring was not full before our read waits for something
+/// else (data from us) and is left asleep: waking it would cost it a futile wake-up per read.
+///
+/// `was_full()` loads `ring_head` (Acquire) and compares it with the tail before the read.
+#[inline]
+pub fn peer_needs_space_wake(peer_waiting: &AtomicU32, was_full: impl FnOnce() -> bool) -> u32 {
+    // SYNC POINT with the RMW in `announce_sleep`: this read-modify-write (it writes the value it
+    // read) takes the latest value of the word's release sequence. If the producer announced
+    // before it, we synchronise with that announcement and `was_full` sees the head the producer
+    // stored before announcing. If the producer announces after it, its announcement reads ours
+    // and its re-check sees our new tail, so it does not sleep.
+    if peer_waiting.fetch_or(0, Ordering::AcqRel) == 0 || !was_full() {
+        return 0;
+    }
+    // SYNC POINT with the RMW in `announce_sleep`, as in `peer_needs_wake`.
+    peer_waiting.swap(0, Ordering::AcqRel)
+}
+
 /// Waits until `check` yields a value: first `check`, then a bounded spin, then the announce /
 /// re-check / `block` loop. `how` chooses the `SLEEP_*` bit of each sleep; `block(value, bit)`
 /// sleeps that way (`value` is the announced word, for a futex) until woken, a timeout or the

@@ -324,6 +324,14 @@ impl<B: Bytes> Consumer<B> {
         self.words.read_flags().fetch_or(FLAG_READ_CLOSED, Ordering::Release);
     }
 
+    /// Whether the ring was full when `ring_tail` was `tail_before` (so the producer may be
+    /// waiting for space). Loads `ring_head` afresh.
+    pub fn was_full_before(&self, tail_before: u64) -> bool {
+        // SYNC POINT with the Release store of `ring_head` in `Producer::write` (see
+        // `notify::peer_needs_space_wake` for why this load sees a blocked producer's head).
+        self.words.head().load(Ordering::Acquire).wrapping_sub(tail_before) >= self.capacity
+    }
+
     /// Bytes ever read.
     pub fn consumed(&self) -> u64 {
         self.tail

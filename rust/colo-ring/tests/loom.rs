@@ -150,3 +150,61 @@ fn poll_once_leaves_doorbell_armed() {
         t.join().unwrap();
     });
 }
+
+/// A producer blocked on a full ring is always woken by the consumer's conditional wake
+/// (`peer_needs_space_wake`), while the consumer itself sleeps on the same protocol for data:
+/// loom fails with a deadlock if either wake-up can be lost.
+#[test]
+fn no_lost_wakeup_for_space() {
+    loom::model(|| {
+        let (mut p, mut c, _w) = common::ring_pair(cells(1));
+        // One `waiting` word and doorbell per side, as in a segment.
+        let (prod_waiting, cons_waiting) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+        let (prod_bell, cons_bell) = (Arc::new(Bell::default()), Arc::new(Bell::default()));
+        let (pw, cw, pb, cb) = (prod_waiting.clone(), cons_waiting.clone(), prod_bell.clone(), cons_bell.clone());
+        let t = loom::thread::spawn(move || {
+            let mut spinner = Spinner::new(SpinMode::Never);
+            for b in [1u8, 2] {
+                notify::wait(
+                    &pw,
+                    &mut spinner,
+                    || Ok::<_, ()>((p.write(&[b]).unwrap() == 1).then_some(())),
+                    || notify::SLEEP_DOORBELL,
+                    |_, _| {
+                        pb.wait_and_drain();
+                        Ok(())
+                    },
+                )
+                .unwrap();
+                if notify::peer_needs_wake(&cw) != 0 {
+                    cb.ring();
+                }
+            }
+        });
+        let mut spinner = Spinner::new(SpinMode::Never);
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            let before = c.consumed();
+            let b = notify::wait(
+                &cons_waiting,
+                &mut spinner,
+                || {
+                    let mut b = [0u8; 1];
+                    Ok::<_, ()>((c.read(&mut b).unwrap() == 1).then_some(b[0]))
+                },
+                || notify::SLEEP_DOORBELL,
+                |_, _| {
+                    cons_bell.wait_and_drain();
+                    Ok(())
+                },
+            )
+            .unwrap();
+            if notify::peer_needs_space_wake(&prod_waiting, || c.was_full_before(before)) != 0 {
+                prod_bell.ring();
+            }
+            got.push(b);
+        }
+        assert_eq!(got, [1, 2]);
+        t.join().unwrap();
+    });
+}

@@ -325,8 +325,18 @@ impl Shm {
     }
 
     fn wake_peer(&self) {
+        self.wake_with(notify::peer_needs_wake(self.seg.waiting(self.other())));
+    }
+
+    /// After a read moved our tail from `before`: wakes the peer only if it may be waiting for
+    /// space (a full ring before the read), not when it waits for our data (spec section 6).
+    fn wake_for_space(&self, rx: &RxHalf, before: u64) {
         let peer = self.seg.waiting(self.other());
-        let bits = notify::peer_needs_wake(peer);
+        self.wake_with(notify::peer_needs_space_wake(peer, || rx.ring.was_full_before(before)));
+    }
+
+    fn wake_with(&self, bits: u32) {
+        let peer = self.seg.waiting(self.other());
         if bits & notify::SLEEP_FUTEX != 0 {
             colo_sys::futex::wake_all(peer);
         }
@@ -581,15 +591,40 @@ impl Shm {
 
     // ---- the byte stream -------------------------------------------------------------------
 
+    /// Another process that shares this end of the connection (the LD_PRELOAD shim: a fork or
+    /// an exec'd child holding a copy of the socket, taking turns with us as processes sharing a
+    /// TCP socket do) may have written since we last did: continue from the shared `ring_head`,
+    /// as a resumed end does. One load of a word we own; nothing changes unless it moved.
+    fn adopt_tx(&self, tx: &mut TxHalf) {
+        // SAFETY: the outgoing ring's head, an aligned atomic in our mapping.
+        let head = unsafe { &*self.out_words().head }.load(Ordering::Relaxed);
+        if head != tx.ring.written() {
+            // SAFETY: the view lives in `self` next to `seg`; the stale one it replaces is dropped.
+            tx.ring = unsafe { self.seg.resumed_producer(self.role) };
+        }
+    }
+
+    /// As [`Shm::adopt_tx`], for reading: another holder may have consumed (`ring_tail` moved).
+    fn adopt_rx(&self, rx: &mut RxHalf) {
+        // SAFETY: the incoming ring's tail, an aligned atomic in our mapping.
+        let tail = unsafe { &*self.in_words().tail }.load(Ordering::Relaxed);
+        if tail != rx.ring.consumed() {
+            // SAFETY: as in `adopt_tx`.
+            rx.ring = unsafe { self.seg.resumed_consumer(self.role) };
+        }
+    }
+
     fn try_read(&self, rx: &mut RxHalf, buf: &mut [u8], peek: bool) -> io::Result<Option<usize>> {
         if self.has(READ_SHUT) {
             return Ok(Some(0));
         }
+        self.adopt_rx(rx);
+        let before = rx.ring.consumed();
         let got = if peek { rx.ring.peek(buf) } else { rx.ring.read(buf) };
         let n = got.map_err(|c| self.corrupt(c))?;
         if n > 0 {
             if !peek {
-                self.wake_peer();
+                self.wake_for_space(rx, before);
             }
             return Ok(Some(n));
         }
@@ -610,7 +645,7 @@ impl Shm {
         }
         if n > 0 {
             if !peek {
-                self.wake_peer();
+                self.wake_for_space(rx, before);
             }
             return Ok(Some(n));
         }
@@ -648,7 +683,9 @@ impl Shm {
 
     /// Bytes ready to read now (`FIONREAD`).
     pub fn readable(&self) -> io::Result<usize> {
-        lock(&self.rx).ring.available().map_err(|c| self.corrupt(c))
+        let mut rx = lock(&self.rx);
+        self.adopt_rx(&mut rx);
+        rx.ring.available().map_err(|c| self.corrupt(c))
     }
 
     fn write_blocked(&self, tx: &mut TxHalf) -> io::Result<Option<usize>> {
@@ -668,6 +705,7 @@ impl Shm {
         if tx.ring.read_closed().map_err(|c| self.corrupt(c))? || self.has(PEER_GONE) {
             return Err(io::ErrorKind::BrokenPipe.into());
         }
+        self.adopt_tx(tx);
         let space = tx.ring.space().map_err(|c| self.corrupt(c))?;
         Ok((space > 0).then_some(space))
     }
