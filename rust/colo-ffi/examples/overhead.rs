@@ -11,6 +11,10 @@ fn main() -> std::io::Result<()> {
     let c = Stream::connect(addr)?;
     let s = t.join().expect("accept thread")?;
     let n = 1_000_000;
+    let tl = Instant::now();
+    for _ in 0..n {
+        drop(c.loan(64)?);
+    }
     let t0 = Instant::now();
     for _ in 0..n {
         let mut loan = c.loan(64)?;
@@ -27,7 +31,8 @@ fn main() -> std::io::Result<()> {
     }
     let t2 = Instant::now();
     println!(
-        "msg cycle {:.0} ns, stream cycle {:.0} ns",
+        "loan+cancel {:.0} ns, msg cycle {:.0} ns, stream cycle {:.0} ns",
+        (t0 - tl).as_nanos() as f64 / n as f64,
         (t1 - t0).as_nanos() as f64 / n as f64,
         (t2 - t1).as_nanos() as f64 / n as f64
     );

@@ -2,10 +2,10 @@
 //!
 //! Every exported function is `extern "C"`, named `colo_*`, and reports errors as negative errno
 //! values. Handles (`colo_listener`, `colo_conn`, `colo_msg`, `colo_buf`) are opaque: their
-//! pointer value is a key into a process-wide registry, never an address that the library
-//! dereferences. A NULL, closed, released or made-up handle is therefore simply not found and gives
-//! `-EBADF`; a handle value is never reused, so a stale handle cannot reach a newer object.
-//! Panics never cross the boundary: they become `-EIO`.
+//! pointer value is an index and a generation in a process-wide handle table (`handles.rs`), never
+//! an address that the library dereferences. A NULL, closed, released or made-up handle is
+//! therefore simply not found and gives `-EBADF`; a handle value is never reused, so a stale
+//! handle cannot reach a newer object. Panics never cross the boundary: they become `-EIO`.
 //!
 //! `include/colo.h` is generated from this file with cbindgen (see `cbindgen.toml`); the doc
 //! comments below are the header's documentation.
@@ -15,14 +15,11 @@
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
 use colo_core::{Listener, Loan, Message, Options, SpinMode, Stream, Transport};
-use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// `ssize_t` in the header (cbindgen emits the name as written).
@@ -32,6 +29,7 @@ mod errno {
     pub(crate) const EIO: i32 = 5;
     pub(crate) const EBADF: i32 = 9;
     pub(crate) const EINVAL: i32 = 22;
+    pub(crate) const ENOMEM: i32 = 12;
     pub(crate) const ENOSPC: i32 = 28;
 }
 
@@ -99,112 +97,165 @@ pub const COLO_NONBLOCK: c_int = 1;
 /// A buffer of this many bytes holds any address text from `colo_*_addr`.
 pub const COLO_ADDRSTRLEN: usize = 64;
 
-// ---- the handle registry ------------------------------------------------------------------------
+// ---- the handle table ---------------------------------------------------------------------------
+
+mod handles;
+use handles::{Cx, Guard, Local, Ref, Table, TakeError, Taken};
+
+/// Kinds of objects in the table.
+const LISTENER: u8 = 1;
+const CONN: u8 = 2;
+const MSG: u8 = 3;
+const LOAN: u8 = 4;
 
 /// A received message and the connection it borrows from. Field order matters: `msg` drops (and
-/// releases its slot) before `_conn` may drop the connection.
+/// releases its slot) before `conn` may drop the connection. Both are `Some` while the handle is
+/// live; `colo_msg_release` takes them out of the taken entry (see `handles::Taken`).
 struct MsgBox {
-    msg: Message<'static>,
-    data: *const u8,
-    len: usize,
-    _conn: Arc<Stream>,
+    msg: Option<Message<'static>>,
+    conn: Option<Ref<Obj>>,
 }
 
-/// A loaned buffer and its connection; `loan` drops (giving the slot back) before `_conn`.
+/// A loaned buffer and its connection; `loan` drops (giving the slot back) before `conn`.
 struct LoanBox {
-    loan: Loan<'static>,
-    data: *mut u8,
+    loan: Option<Loan<'static>>,
+    conn: Option<Ref<Obj>>,
+    /// `loan.capacity()`, which `colo_send` checks.
     cap: usize,
-    _conn: Arc<Stream>,
+    /// The buffer as `colo_loan` gave it out (`colo_loan_data`).
+    data: *mut u8,
 }
 
-// SAFETY: the raw pointers point into the segment (or a heap buffer) owned through `_conn` /
-// the loan itself, which stay alive as long as the box. A box is only reached through the registry
-// lock, and a message or loan is used by one caller at a time (it is removed from the registry to
-// be sent or released). `Stream` is `Send + Sync`.
+// SAFETY: a message or loan (and `data`) points into the segment (or a heap buffer the loan owns)
+// of the connection that `conn` keeps alive. A box is shared only through table references, which only read it
+// (`colo_msg_data` and the like); it is mutated only by the one caller that took it out of its
+// handle (`Cx::take`). `Stream` is `Send + Sync`.
 unsafe impl Send for MsgBox {}
-// SAFETY: as above; shared access only reads the cached `data`/`len` fields.
+// SAFETY: as above.
 unsafe impl Sync for MsgBox {}
 // SAFETY: as for `MsgBox`.
 unsafe impl Send for LoanBox {}
 // SAFETY: as for `MsgBox`.
 unsafe impl Sync for LoanBox {}
 
+/// What a handle names; the variant always matches the kind the table stores with it.
 enum Obj {
-    Listener(Arc<Listener>),
-    Conn(Arc<Stream>),
+    Listener(Box<Listener>),
+    Conn(Stream),
     Msg(MsgBox),
     Loan(LoanBox),
 }
 
-/// Handle values are unique counters: hashing them is the identity.
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl std::hash::Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
+impl Obj {
+    fn kind(&self) -> u8 {
+        match self {
+            Obj::Listener(_) => LISTENER,
+            Obj::Conn(_) => CONN,
+            Obj::Msg(_) => MSG,
+            Obj::Loan(_) => LOAN,
         }
     }
-    fn write_usize(&mut self, n: usize) {
-        // Handles are multiples of 16: drop the zero bits so buckets spread.
-        self.0 = (n >> 4) as u64;
-    }
 }
 
-type Map = HashMap<usize, Obj, std::hash::BuildHasherDefault<IdHasher>>;
-
-struct Registry {
-    map: Mutex<Map>,
-    next: AtomicU64,
+thread_local! {
+    static LOCAL: Local<Obj> = const { Local::new() };
+    static GUARD: Guard<Obj> = const { Guard::new() };
 }
 
-static REGISTRY: std::sync::LazyLock<Registry> =
-    std::sync::LazyLock::new(|| Registry { map: Mutex::new(Map::default()), next: AtomicU64::new(1) });
+/// Every live handle of the process. Handle values are multiples of 16, never 0, never reused.
+static TABLE: Table<Obj> = Table::new(&LOCAL, &GUARD);
 
-fn insert(obj: Obj) -> usize {
-    // Handle values are multiples of 16 (they look like aligned pointers) and never reused.
-    let id = REGISTRY.next.fetch_add(1, Ordering::Relaxed) as usize * 16;
-    REGISTRY.map.lock().unwrap_or_else(|e| e.into_inner()).insert(id, obj);
-    id
+/// Stores `obj` under a new handle (the caller's to free). `-ENOMEM` if 2^28 - 1 handles are live.
+#[inline]
+fn insert(cx: &Cx<'_, Obj>, obj: Obj) -> Result<usize, isize> {
+    cx.insert(obj.kind(), obj).map_err(|_| -(errno::ENOMEM as isize))
 }
 
-fn with<R>(h: usize, f: impl FnOnce(&Obj) -> Option<R>) -> Option<R> {
-    let map = REGISTRY.map.lock().unwrap_or_else(|e| e.into_inner());
-    map.get(&h).and_then(f)
+/// Runs `f` with this thread's side of the handle table (one thread-local lookup per call).
+#[inline]
+fn with_cx<R>(f: impl FnOnce(&Cx<'_, Obj>) -> R) -> R {
+    TABLE.cx(f)
 }
 
-fn conn(h: *const colo_conn) -> Result<Arc<Stream>, isize> {
-    with(h as usize, |o| match o {
-        Obj::Conn(c) => Some(c.clone()),
-        _ => None,
-    })
-    .ok_or(-(errno::EBADF as isize))
-}
+/// A connection handle's stream, held by a counted reference (a closing thread cannot free it
+/// under us). `Ref<Obj>` derefs to the `Obj`; `ConnRef` to the `Stream`.
+struct ConnRef(Ref<Obj>);
 
-fn listener(h: *const colo_listener) -> Result<Arc<Listener>, isize> {
-    with(h as usize, |o| match o {
-        Obj::Listener(l) => Some(l.clone()),
-        _ => None,
-    })
-    .ok_or(-(errno::EBADF as isize))
-}
-
-/// Removes handle `h` if it is of the kind `pick` accepts.
-fn take<T>(h: usize, pick: impl FnOnce(Obj) -> Result<T, Obj>) -> Option<T> {
-    let mut map = REGISTRY.map.lock().unwrap_or_else(|e| e.into_inner());
-    let obj = map.remove(&h)?;
-    match pick(obj) {
-        Ok(t) => Some(t),
-        Err(obj) => {
-            map.insert(h, obj);
-            None
+impl std::ops::Deref for ConnRef {
+    type Target = Stream;
+    #[inline]
+    fn deref(&self) -> &Stream {
+        match &*self.0 {
+            Obj::Conn(s) => s,
+            _ => unreachable!("the table checked the kind"),
         }
     }
+}
+
+fn conn(h: *const colo_conn) -> Result<ConnRef, isize> {
+    TABLE.get_cached(h as usize, CONN).map(ConnRef).ok_or(EBADF)
+}
+
+/// `conn` within a call that has the table context.
+#[inline]
+fn conn_in(cx: &Cx<'_, Obj>, h: *const colo_conn) -> Result<ConnRef, isize> {
+    cx.get_cached(h as usize, CONN).map(ConnRef).ok_or(EBADF)
+}
+
+/// A listener handle's listener, held by a counted reference.
+struct ListenerRef(Ref<Obj>);
+
+impl std::ops::Deref for ListenerRef {
+    type Target = Listener;
+    fn deref(&self) -> &Listener {
+        match &*self.0 {
+            Obj::Listener(l) => l,
+            _ => unreachable!("the table checked the kind"),
+        }
+    }
+}
+
+fn listener(h: *const colo_listener) -> Result<ListenerRef, isize> {
+    TABLE.get(h as usize, LISTENER).map(ListenerRef).ok_or(EBADF)
+}
+
+/// Reads something from the message or loan under `h`, if it is of kind `kind`.
+#[inline]
+fn with<R>(h: usize, kind: u8, f: impl FnOnce(&Obj) -> R) -> Option<R> {
+    TABLE.get(h, kind).map(|r| f(&r))
+}
+
+/// The loan and connection reference of a taken loan handle (the entry is freed).
+#[inline]
+fn loan_parts(mut t: Taken<'_, Obj>) -> (Loan<'static>, Ref<Obj>) {
+    let Obj::Loan(LoanBox { loan: loan @ Some(_), conn: conn @ Some(_), .. }) = &mut *t else {
+        unreachable!("the table checked the kind; the box is full while its handle lives")
+    };
+    match (loan.take(), conn.take()) {
+        (Some(loan), Some(conn)) => (loan, conn),
+        _ => unreachable!("matched above"),
+    }
+}
+
+/// The message and connection reference of a taken message handle (the entry is freed).
+#[inline]
+fn msg_parts(mut t: Taken<'_, Obj>) -> (Message<'static>, Ref<Obj>) {
+    let Obj::Msg(MsgBox { msg: msg @ Some(_), conn: conn @ Some(_) }) = &mut *t else {
+        unreachable!("the table checked the kind; the box is full while its handle lives")
+    };
+    match (msg.take(), conn.take()) {
+        (Some(msg), Some(conn)) => (msg, conn),
+        _ => unreachable!("matched above"),
+    }
+}
+
+/// Takes the object of `kind` under `h` out of its handle (the handle dies) if `check` accepts it.
+#[inline]
+fn take<'a>(cx: &'a Cx<'_, Obj>, h: usize, kind: u8, check: impl FnOnce(&Obj) -> Result<(), isize>) -> Result<Taken<'a, Obj>, isize> {
+    cx.take(h, kind, check).map_err(|e| match e {
+        TakeError::BadHandle => EBADF,
+        TakeError::Refused(e) => e,
+    })
 }
 
 fn err(e: &io::Error) -> ssize_t {
@@ -382,7 +433,7 @@ pub extern "C" fn colo_listen(addr: *const c_char, opts: *const colo_options, ou
         let a = parse_addr(addr)?;
         let o = options(opts)?;
         let l = Listener::bind_with(a.as_str(), o).map_err(|e| err(&e))?;
-        let h = insert(Obj::Listener(Arc::new(l)));
+        let h = with_cx(|cx| insert(cx, Obj::Listener(Box::new(l))))?;
         // SAFETY: `out` is not NULL and points to writable storage for one pointer.
         unsafe { *out = h as *mut colo_listener };
         Ok(0)
@@ -457,7 +508,7 @@ pub extern "C" fn colo_accept(
         if !peer.is_null() {
             let _ = write_addr(Ok(addr), peer, peer_len);
         }
-        let h = insert(Obj::Conn(Arc::new(s)));
+        let h = with_cx(|cx| insert(cx, Obj::Conn(s)))?;
         // SAFETY: `out` is not NULL and points to writable storage for one pointer.
         unsafe { *out = h as *mut colo_conn };
         Ok(0)
@@ -471,12 +522,10 @@ pub extern "C" fn colo_accept(
 #[no_mangle]
 pub extern "C" fn colo_listener_close(l: *mut colo_listener) -> c_int {
     guard_int(|| {
-        let l = take(l as usize, |o| match o {
-            Obj::Listener(l) => Ok(l),
-            o => Err(o),
-        })
-        .ok_or(EBADF)?;
-        drop(l);
+        // The listener is dropped with the last reference: here, or when a blocked `colo_accept`
+        // returns.
+        let (owner, _) = TABLE.close(l as usize, LISTENER).ok_or(EBADF)?;
+        drop(owner);
         Ok(0)
     })
 }
@@ -498,7 +547,7 @@ pub extern "C" fn colo_connect(addr: *const c_char, opts: *const colo_options, o
         let a = parse_addr(addr)?;
         let o = options(opts)?;
         let s = Stream::connect_with(a.as_str(), &o).map_err(|e| err(&e))?;
-        let h = insert(Obj::Conn(Arc::new(s)));
+        let h = with_cx(|cx| insert(cx, Obj::Conn(s)))?;
         // SAFETY: `out` is not NULL and points to writable storage for one pointer.
         unsafe { *out = h as *mut colo_conn };
         Ok(0)
@@ -520,14 +569,18 @@ fn with_out_buf(
     len: usize,
     op: impl FnOnce(&Stream, &mut [u8]) -> std::io::Result<usize>,
 ) -> Result<isize, isize> {
-    let s = conn(c)?;
-    checked_buf(buf, len)?;
-    if len == 0 {
-        return Ok(0);
-    }
-    // SAFETY: `buf` is not NULL and the caller provides `len` writable bytes.
-    let b = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
-    op(&s, b).map(|n| n as isize).map_err(|e| err(&e))
+    with_cx(|cx| {
+        let s = conn_in(cx, c)?;
+        checked_buf(buf, len)?;
+        if len == 0 {
+            return Ok(0);
+        }
+        // SAFETY: `buf` is not NULL and the caller provides `len` writable bytes.
+        let b = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
+        let r = op(&s, b);
+        cx.put(s.0);
+        r.map(|n| n as isize).map_err(|e| err(&e))
+    })
 }
 
 /// Runs `op` on the connection and the caller's `len` readable bytes at `buf` (a write); a zero
@@ -538,14 +591,18 @@ fn with_in_buf(
     len: usize,
     op: impl FnOnce(&Stream, &[u8]) -> std::io::Result<usize>,
 ) -> Result<isize, isize> {
-    let s = conn(c)?;
-    checked_buf(buf, len)?;
-    if len == 0 {
-        return Ok(0);
-    }
-    // SAFETY: `buf` is not NULL and the caller provides `len` readable bytes.
-    let b = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
-    op(&s, b).map(|n| n as isize).map_err(|e| err(&e))
+    with_cx(|cx| {
+        let s = conn_in(cx, c)?;
+        checked_buf(buf, len)?;
+        if len == 0 {
+            return Ok(0);
+        }
+        // SAFETY: `buf` is not NULL and the caller provides `len` readable bytes.
+        let b = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
+        let r = op(&s, b);
+        cx.put(s.0);
+        r.map(|n| n as isize).map_err(|e| err(&e))
+    })
 }
 
 /// Reads up to `len` bytes into `buf`, waiting until at least one byte is there (unless
@@ -613,15 +670,14 @@ pub extern "C" fn colo_shutdown(c: *const colo_conn, how: c_int) -> c_int {
 #[no_mangle]
 pub extern "C" fn colo_close(c: *mut colo_conn) -> c_int {
     guard_int(|| {
-        let s = take(c as usize, |o| match o {
-            Obj::Conn(s) => Ok(s),
-            o => Err(o),
-        })
-        .ok_or(EBADF)?;
-        if Arc::strong_count(&s) > 1 {
+        let (owner, shared) = TABLE.close(c as usize, CONN).ok_or(EBADF)?;
+        let s = ConnRef(owner);
+        if shared {
             // Someone still holds it (a message, a loan, a blocked call): make the close visible now.
             let _ = s.shutdown(Shutdown::Both);
         }
+        // The stream is dropped with the last reference: here, or when the last message or loan is
+        // released or a blocked call returns.
         drop(s);
         Ok(0)
     })
@@ -717,35 +773,36 @@ pub extern "C" fn colo_max_message_size(c: *const colo_conn) -> ssize_t {
 /// `colo_max_message_size`), -ENOBUFS (no pool), -EAGAIN, -EPIPE, -ECONNRESET, -EPROTO.
 #[no_mangle]
 pub extern "C" fn colo_loan(c: *const colo_conn, len: usize, out: *mut *mut colo_buf, data: *mut *mut c_void) -> c_int {
-    guard_int(|| {
-        let s = conn(c)?;
+    guard_int(|| with_cx(|cx| {
+        let s = conn_in(cx, c)?;
         if out.is_null() || data.is_null() {
             return Err(EINVAL);
         }
         let loan = s.loan(len).map_err(|e| err(&e))?;
-        // SAFETY: `loan` borrows the `Stream` inside `s`, an `Arc` allocation that the box keeps
-        // alive (field `_conn`) and drops only after the loan (field order).
+        // SAFETY: `loan` borrows the `Stream` in the table entry behind `s`, which does not move
+        // (entries are never freed) and is not dropped while a reference is counted on it: the box
+        // keeps `s`'s reference (field `_conn`) and drops it only after the loan (field order).
         let mut loan: Loan<'static> = unsafe { std::mem::transmute::<Loan<'_>, Loan<'static>>(loan) };
         let cap = loan.capacity();
         loan.set_len(cap);
         let ptr = loan.as_mut_ptr();
-        let h = insert(Obj::Loan(LoanBox { loan, data: ptr, cap, _conn: s }));
+        let h = insert(cx, Obj::Loan(LoanBox { loan: Some(loan), conn: Some(s.0), cap, data: ptr }))?;
         // SAFETY: `out` and `data` are not NULL and point to writable pointers.
         unsafe {
             *out = h as *mut colo_buf;
             *data = ptr.cast();
         }
         Ok(0)
-    })
+    }))
 }
 
 /// The loan's buffer, or NULL for a bad handle.
 #[no_mangle]
 pub extern "C" fn colo_loan_data(l: *const colo_buf) -> *mut c_void {
     catch_unwind(|| {
-        with(l as usize, |o| match o {
-            Obj::Loan(b) => Some(b.data.cast::<c_void>()),
-            _ => None,
+        with(l as usize, LOAN, |o| match o {
+            Obj::Loan(b) => b.data.cast::<c_void>(),
+            _ => std::ptr::null_mut(),
         })
         .unwrap_or(std::ptr::null_mut())
     })
@@ -756,9 +813,9 @@ pub extern "C" fn colo_loan_data(l: *const colo_buf) -> *mut c_void {
 #[no_mangle]
 pub extern "C" fn colo_loan_capacity(l: *const colo_buf) -> ssize_t {
     guard(|| {
-        with(l as usize, |o| match o {
-            Obj::Loan(b) => Some(b.cap as isize),
-            _ => None,
+        with(l as usize, LOAN, |o| match o {
+            Obj::Loan(b) => b.cap as isize,
+            _ => EBADF,
         })
         .ok_or(EBADF)
     })
@@ -772,20 +829,17 @@ pub extern "C" fn colo_loan_capacity(l: *const colo_buf) -> ssize_t {
 /// -ECONNRESET, -EPIPE, -EPROTO.
 #[no_mangle]
 pub extern "C" fn colo_send(l: *mut colo_buf, len: usize) -> c_int {
-    guard_int(|| {
-        let mut b = take(l as usize, |o| match o {
-            Obj::Loan(b) if len <= b.cap => Ok(b),
-            o => Err(o),
-        })
-        .ok_or_else(|| {
-            with(l as usize, |o| matches!(o, Obj::Loan(_)).then_some(EINVAL)).unwrap_or(EBADF)
+    guard_int(|| with_cx(|cx| {
+        let t = take(cx, l as usize, LOAN, |o| match o {
+            Obj::Loan(b) if len <= b.cap => Ok(()),
+            _ => Err(EINVAL),
         })?;
-        b.loan.set_len(len);
-        let LoanBox { loan, _conn, .. } = b;
+        let (mut loan, conn) = loan_parts(t);
+        loan.set_len(len);
         let r = loan.send();
-        drop(_conn);
+        cx.put(conn);
         r.map(|()| 0).map_err(|e| err(&e))
-    })
+    }))
 }
 
 /// Gives an unsent loan back (its slot returns to the pool) and frees the handle.
@@ -793,15 +847,12 @@ pub extern "C" fn colo_send(l: *mut colo_buf, len: usize) -> c_int {
 /// Returns 0, or -EBADF (bad, sent or cancelled loan).
 #[no_mangle]
 pub extern "C" fn colo_loan_cancel(l: *mut colo_buf) -> c_int {
-    guard_int(|| {
-        let b = take(l as usize, |o| match o {
-            Obj::Loan(b) => Ok(b),
-            o => Err(o),
-        })
-        .ok_or(EBADF)?;
-        drop(b);
+    guard_int(|| with_cx(|cx| {
+        let (loan, conn) = loan_parts(take(cx, l as usize, LOAN, |_| Ok(()))?);
+        drop(loan);
+        cx.put(conn);
         Ok(0)
-    })
+    }))
 }
 
 /// Receives the next zero-copy message, waiting for one (unless non-blocking or the read timeout
@@ -819,21 +870,23 @@ pub extern "C" fn colo_recv_message(
     data: *mut *const c_void,
     len: *mut usize,
 ) -> c_int {
-    guard_int(|| {
-        let s = conn(c)?;
+    guard_int(|| with_cx(|cx| {
+        let s = conn_in(cx, c)?;
         if out.is_null() {
             return Err(EINVAL);
         }
         let Some(msg) = s.recv_message().map_err(|e| err(&e))? else {
+            cx.put(s.0);
             // SAFETY: `out` is not NULL and points to a writable pointer.
             unsafe { *out = std::ptr::null_mut() };
             return Ok(0);
         };
-        // SAFETY: `msg` borrows the `Stream` inside `s`, an `Arc` allocation that the box keeps
-        // alive (field `_conn`) and drops only after the message (field order).
+        // SAFETY: `msg` borrows the `Stream` in the table entry behind `s`, which does not move and
+        // is not dropped while a reference is counted on it: the box keeps `s`'s reference (field
+        // `_conn`) and drops it only after the message (field order).
         let msg: Message<'static> = unsafe { std::mem::transmute::<Message<'_>, Message<'static>>(msg) };
         let (ptr, n) = (msg.as_ptr(), msg.len());
-        let h = insert(Obj::Msg(MsgBox { msg, data: ptr, len: n, _conn: s }));
+        let h = insert(cx, Obj::Msg(MsgBox { msg: Some(msg), conn: Some(s.0) }))?;
         // SAFETY: `out` is not NULL; `data` and `len` are written only when not NULL.
         unsafe {
             *out = h as *mut colo_msg;
@@ -845,16 +898,16 @@ pub extern "C" fn colo_recv_message(
             }
         }
         Ok(1)
-    })
+    }))
 }
 
 /// The message's bytes (read-only, valid until released), or NULL for a bad handle.
 #[no_mangle]
 pub extern "C" fn colo_msg_data(m: *const colo_msg) -> *const c_void {
     catch_unwind(|| {
-        with(m as usize, |o| match o {
-            Obj::Msg(b) => Some(b.data.cast::<c_void>()),
-            _ => None,
+        with(m as usize, MSG, |o| match o {
+            Obj::Msg(MsgBox { msg: Some(msg), .. }) => msg.as_ptr().cast::<c_void>(),
+            _ => std::ptr::null(),
         })
         .unwrap_or(std::ptr::null())
     })
@@ -865,9 +918,9 @@ pub extern "C" fn colo_msg_data(m: *const colo_msg) -> *const c_void {
 #[no_mangle]
 pub extern "C" fn colo_msg_len(m: *const colo_msg) -> ssize_t {
     guard(|| {
-        with(m as usize, |o| match o {
-            Obj::Msg(b) => Some(b.len as isize),
-            _ => None,
+        with(m as usize, MSG, |o| match o {
+            Obj::Msg(MsgBox { msg: Some(msg), .. }) => msg.len() as isize,
+            _ => EBADF,
         })
         .ok_or(EBADF)
     })
@@ -879,16 +932,11 @@ pub extern "C" fn colo_msg_len(m: *const colo_msg) -> ssize_t {
 /// Returns 0, or -EBADF (NULL, already released, or not a message).
 #[no_mangle]
 pub extern "C" fn colo_msg_release(m: *mut colo_msg) -> c_int {
-    guard_int(|| {
-        let b = take(m as usize, |o| match o {
-            Obj::Msg(b) => Ok(b),
-            o => Err(o),
-        })
-        .ok_or(EBADF)?;
-        let MsgBox { msg, _conn, .. } = b;
-        drop(msg);
-        drop(_conn);
+    guard_int(|| with_cx(|cx| {
+        let (msg, conn) = msg_parts(take(cx, m as usize, MSG, |_| Ok(()))?);
+        drop(msg); // the slot goes back first: the message borrows the connection
+        cx.put(conn);
         Ok(0)
-    })
+    }))
 }
 
