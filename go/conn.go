@@ -60,12 +60,20 @@ type Conn struct {
 	waitMu      sync.Mutex
 	nwait       int
 	polling     bool
-	wakeCh      chan struct{}
-	rmu         sync.Mutex // one reader at a time
-	tail, cHead uint64     // consumer state (rmu)
-	wmu         sync.Mutex // one writer at a time
-	head, cTail uint64     // producer state (wmu)
-	pool        poolState
+	wakeCh      chan struct{} // closed when the poller wakes (waitMu)
+	wakeChUsed  bool          // a non-polling waiter holds wakeCh (waitMu)
+	kicked      atomic.Bool   // kick expired the doorbell's deadline; the next poll clears it
+	// The poller's state (only the goroutine that set polling uses it) and callbacks made once,
+	// so that waiting allocates nothing.
+	pollFirst, pollOK                         bool
+	pollCheck                                 func() bool
+	pollFn                                    func(uintptr) bool
+	readReadyFn, writeReadyFn, loanFn, recvFn func() bool
+	rmu                                       sync.Mutex // one reader at a time
+	tail, cHead                               uint64     // consumer state (rmu)
+	wmu                                       sync.Mutex // one writer at a time
+	head, cTail                               uint64     // producer state (wmu)
+	pool                                      poolState
 }
 
 // direction addresses one direction block of the segment.
@@ -192,7 +200,8 @@ func (s *spinner) try(ready func() bool, interrupted func() bool) bool {
 			return true
 		}
 		if i%16 == 0 {
-			if budget > 0 && nanotime()-start > budget {
+			now := nanotime()
+			if budget > 0 && now-start > budget {
 				if s.fails.Load() < 1000 {
 					s.fails.Add(1)
 				}
@@ -277,6 +286,10 @@ var ErrProtocol = unix.EPROTO
 // setup finishes a colo connection once the segment is mapped and the handshake done.
 func (c *Conn) setup() error {
 	c.wakeCh = make(chan struct{})
+	c.readReadyFn, c.writeReadyFn, c.loanFn, c.recvFn = c.readReady, c.writeReady, c.loanReady, c.recvReady
+	c.pollFn = c.pollCallback
+	// A recycled doorbell may still carry the deadline of its previous connection's last kick.
+	c.kicked.Store(true)
 	c.spin.ns.Store(defaultSpinNs)
 	if defaultSpinNs > 0 && c.peerPid > 0 && affinityUnionIsOne(c.peerPid) {
 		c.spin.ns.Store(0)
@@ -321,7 +334,10 @@ func (c *Conn) exit() { c.life.RUnlock() }
 // re-checks its state. It expires the doorbell file's own deadline, which the runtime handles
 // without a system call; the poller clears it before each sleep, after which its re-check sees
 // whatever state change the kick announces.
-func (c *Conn) kick() { c.bell.SetReadDeadline(aLongTimeAgo) }
+func (c *Conn) kick() {
+	c.bell.SetReadDeadline(aLongTimeAgo)
+	c.kicked.Store(true) // after the deadline; partner: the Swap in pollOnce
+}
 
 var aLongTimeAgo = time.Unix(1, 0)
 
@@ -370,6 +386,32 @@ func (c *Conn) notifyPeer() {
 	}
 }
 
+// notifySpace is notifyPeer after the consumer moved ring_tail from old (its new value already
+// stored). A producer waits for space only when it found the ring full (every implementation:
+// Go's Write, Rust's write and the shim's EPOLLOUT, which like Linux TCP reports no new
+// writability edge for a ring that was not full), so the peer's waiting word is only worth an
+// exchange, and the doorbell a system call, when the ring may have been full at old. Without
+// this, every read of a request woke the peer's reader, which waits for the answer, not for
+// space: one useless eventfd write and wake-up per message in a request/response exchange.
+//
+// Why no wake-up is lost: a producer that sleeps stored its head H, then ORed its waiting bit,
+// then re-read ring_tail and still found H - tail == capacity. Our store of the new tail comes
+// after that re-read (else the producer would have seen it), so every head store before the
+// re-read, H included, precedes the load below: it returns at least H. Whichever tail the
+// re-read returned is old (our previous store) or older; for an older one, the consumption that
+// stored old already found the ring full and exchanged the word after the producer's OR. So
+// the first consumption after a producer's re-check sees head - old >= capacity and wakes it.
+// The store above and the load below are sequentially consistent (Go's atomics), and the
+// producer's OR is a full barrier between its head store and its tail re-read on every
+// architecture Go and the Rust core support (a locked instruction on x86, an acquire-release
+// read-modify-write followed by an acquire load on arm64).
+func (c *Conn) notifySpace(old uint64) {
+	// Acquire load; partner: the producer's release store of ring_head.
+	if atomic.LoadUint64(c.in.head)-old >= uint64(c.lay.RingCapacity) {
+		c.notifyPeer()
+	}
+}
+
 // wakePeer wakes the peer for the waiting bits w.
 func (c *Conn) wakePeer(w uint32) {
 	if w&waitFutex != 0 {
@@ -413,7 +455,10 @@ func (c *Conn) block(ready func() bool) bool {
 	c.waitMu.Lock()
 	if c.polling {
 		ch := c.wakeCh
+		c.wakeChUsed = true
 		c.waitMu.Unlock()
+		// Read-modify-write of our waiting word (spec section 6); partner: the peer's exchange
+		// in its notify.
 		atomic.OrUint32(c.myWaiting, waitDoorbell)
 		if ready() {
 			return true
@@ -426,8 +471,11 @@ func (c *Conn) block(ready func() bool) bool {
 	ok := c.pollOnce(ready)
 	c.waitMu.Lock()
 	c.polling = false
-	close(c.wakeCh)
-	c.wakeCh = make(chan struct{})
+	if c.wakeChUsed { // else nobody waited on it: it stays good for the next poll
+		close(c.wakeCh)
+		c.wakeCh = make(chan struct{})
+		c.wakeChUsed = false
+	}
 	c.waitMu.Unlock()
 	return ok
 }
@@ -438,19 +486,30 @@ func (c *Conn) block(ready func() bool) bool {
 // never drained: the netpoller is edge-triggered and every eventfd write is an edge, and after any
 // wake-up every waiter re-checks its condition anyway.
 func (c *Conn) pollOnce(ready func() bool) bool {
-	first := true
-	ok := false
-	c.bell.SetReadDeadline(time.Time{})
-	c.bellRaw.Read(func(uintptr) bool {
-		if first {
-			first = false
-			atomic.OrUint32(c.myWaiting, waitDoorbell)
-			ok = ready()
-			return ok
-		}
-		return true
-	})
-	return ok
+	// Clear the deadline a kick set (only then: a system-call-free but locked runtime call).
+	// kick sets the deadline before it sets kicked, so either we see kicked and clear the
+	// deadline after the kick's state change (the re-check below sees that change), or we do
+	// not and the wait below returns at once (the next poll clears it).
+	if c.kicked.Swap(false) { // partner: the Store in kick
+		c.bell.SetReadDeadline(time.Time{})
+	}
+	c.pollCheck, c.pollFirst, c.pollOK = ready, true, false
+	c.bellRaw.Read(c.pollFn)
+	c.pollCheck = nil
+	return c.pollOK
+}
+
+// pollCallback is pollOnce's RawConn.Read callback (c.pollFn).
+func (c *Conn) pollCallback(uintptr) bool {
+	if c.pollFirst {
+		c.pollFirst = false
+		// Read-modify-write of our waiting word (spec section 6); partner: the peer's exchange
+		// in its notify.
+		atomic.OrUint32(c.myWaiting, waitDoorbell)
+		c.pollOK = c.pollCheck()
+		return c.pollOK
+	}
+	return true
 }
 
 // startWatch starts the control-socket watcher; call once the connection is fully set up.
@@ -527,7 +586,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 		if done {
 			return n, c.opErr("read", err)
 		}
-		c.await(c.readReady, &c.rdl)
+		c.await(c.readReadyFn, &c.rdl)
 		if c.closed.Load() {
 			return 0, c.opErr("read", net.ErrClosed)
 		}
@@ -594,9 +653,11 @@ func (c *Conn) readSome(p []byte) (n int, err error, done bool) {
 	first := min(avail, capy-off)
 	copy(p, c.in.data[off:off+first])
 	copy(p[first:avail], c.in.data[:avail-first])
+	old := c.tail
 	c.tail += avail
+	// Release store; partner: the producer's acquire load of ring_tail (its space check).
 	atomic.StoreUint64(c.in.tail, c.tail)
-	c.notifyPeer()
+	c.notifySpace(old)
 	return int(avail), nil, true
 }
 
@@ -632,7 +693,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 			c.cTail = t
 			used = c.head - t
 			if used == capy {
-				c.await(c.writeReady, &c.wdl)
+				c.await(c.writeReadyFn, &c.wdl)
 				continue
 			}
 		}

@@ -108,7 +108,7 @@ func (c *Conn) Loan(size int) (*Message, error) {
 		if !got {
 			// Wait without the lock: another goroutine may Send or Release meanwhile.
 			p.pmu.Unlock()
-			c.await(c.loanReady, &c.wdl)
+			c.await(c.loanFn, &c.wdl)
 			p.pmu.Lock()
 		}
 	}
@@ -239,7 +239,7 @@ func (c *Conn) Recv() (*Message, error) {
 				}
 				// Wait without the lock: another goroutine may Release meanwhile.
 				p.cmu.Unlock()
-				c.await(c.recvReady, &c.rdl)
+				c.await(c.recvFn, &c.rdl)
 				p.cmu.Lock()
 				continue
 			}

@@ -14,6 +14,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -22,8 +23,11 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -42,7 +46,41 @@ var (
 	only     = flag.String("only", "echo,http,stream,connect", "which benchmarks")
 	idle     = flag.Int("idle", 0, "instead: hold this many idle colo connections, each with a blocked reader on both ends, and report OS threads")
 	idleRole = flag.String("idle-role", "", "internal")
+	cpuProf  = flag.String("cpuprofile", "", "write CPU profiles to FILE.client and FILE.server (the server process's covers the whole run)")
+	traceOut = flag.String("trace", "", "write runtime traces to FILE.client and FILE.server")
+	httpOnly = flag.String("http", "colo,tcp", "which HTTP transports to measure (colo, tcp)")
 )
+
+// startProfiles starts the CPU profile and runtime trace of this process (suffix "client" or
+// "server"); the returned function stops them.
+func startProfiles(suffix string) func() {
+	var stops []func()
+	if *cpuProf != "" {
+		f, err := os.Create(*cpuProf + "." + suffix)
+		if err != nil {
+			fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fatal(err)
+		}
+		stops = append(stops, func() { pprof.StopCPUProfile(); f.Close() })
+	}
+	if *traceOut != "" {
+		f, err := os.Create(*traceOut + "." + suffix)
+		if err != nil {
+			fatal(err)
+		}
+		if err := trace.Start(f); err != nil {
+			fatal(err)
+		}
+		stops = append(stops, func() { trace.Stop(); f.Close() })
+	}
+	return func() {
+		for _, s := range stops {
+			s()
+		}
+	}
+}
 
 type addrs struct {
 	ColoEcho, ColoEchoNoSpin, TCPEcho, UnixEcho string
@@ -72,7 +110,7 @@ func main() {
 		}
 		conns = append(conns, n)
 	}
-	cmd := exec.Command(os.Args[0], "-child")
+	cmd := exec.Command(os.Args[0], "-child", "-cpuprofile", *cpuProf, "-trace", *traceOut)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
@@ -82,7 +120,20 @@ func main() {
 	if err := cmd.Start(); err != nil {
 		fatal(err)
 	}
-	defer cmd.Process.Kill()
+	defer func() {
+		// SIGTERM lets the server process write its profiles; it exits on it.
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+		}
+	}()
+	stopProf := startProfiles("client")
+	defer stopProf()
+	childPid = cmd.Process.Pid
 	var a addrs
 	line, err := bufio.NewReader(out).ReadBytes('\n')
 	if err != nil {
@@ -105,6 +156,28 @@ func main() {
 	if strings.Contains(*only, "connect") {
 		benchConnect(a)
 	}
+}
+
+var childPid int
+
+// cpuTime returns the CPU time (user + system) used so far by the process pid (0: this one).
+func cpuTime(pid int) time.Duration {
+	path := "/proc/self/stat"
+	if pid != 0 {
+		path = fmt.Sprintf("/proc/%d/stat", pid)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	i := bytes.LastIndexByte(b, ')')
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / 100 // USER_HZ
 }
 
 func fatal(err error) {
@@ -209,9 +282,15 @@ func runChild() {
 	a.UnixSink = u.Addr().String()
 	serve(u, sink, nil)
 
+	stopProf := startProfiles("server")
 	b, _ := json.Marshal(a)
 	os.Stdout.Write(append(b, '\n'))
-	select {} // killed by the parent (Pdeathsig)
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM)
+	<-sig // or killed by the parent's death (Pdeathsig)
+	stopProf()
+	os.RemoveAll(dir)
+	os.Exit(0)
 }
 
 // ---- clients ----
@@ -323,9 +402,21 @@ func benchEcho(a addrs, conns []int) {
 	}
 }
 
-func httpRun(url string, tr *http.Transport, n int) float64 {
+// httpRun measures requests/s of n clients over transport tr, each with one request in flight on
+// its own persistent connection. It also returns how many connections tr dialed during the run
+// (n when every connection is reused).
+func httpRun(url string, tr *http.Transport, n int) (float64, int64) {
+	// The same pooling for both transports: every connection stays open and is reused
+	// (http.DefaultTransport's MaxIdleConns of 100 would close and re-dial connections beyond it).
+	tr.MaxIdleConns = 0
 	tr.MaxIdleConnsPerHost = n
 	tr.MaxConnsPerHost = n
+	var dials atomic.Int64
+	dial := tr.DialContext
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dials.Add(1)
+		return dial(ctx, network, addr)
+	}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
 	body := bytes.Repeat([]byte{'x'}, 64)
@@ -355,25 +446,45 @@ func httpRun(url string, tr *http.Transport, n int) float64 {
 	time.Sleep(*dur / 4)
 	measuring.Store(true)
 	t0 := time.Now()
+	c0, s0 := cpuTime(0), cpuTime(childPid)
 	time.Sleep(*dur)
 	got := count.Load()
 	el := time.Since(t0)
+	c1, s1 := cpuTime(0), cpuTime(childPid)
 	stop.Store(true)
 	wg.Wait()
-	return float64(got) / el.Seconds()
+	if got > 0 {
+		cpuPerReq = [2]float64{float64((c1 - c0).Microseconds()) / float64(got),
+			float64((s1 - s0).Microseconds()) / float64(got)}
+	}
+	return float64(got) / el.Seconds(), dials.Load()
 }
+
+// cpuPerReq is the client's and the server's CPU time per request (microseconds) of the last
+// httpRun.
+var cpuPerReq [2]float64
 
 func benchHTTP(a addrs, conns []int) {
 	fmt.Println()
 	fmt.Println("## HTTP/1.1 echo, net/http both sides, 64 B body, persistent connections (requests/s)")
 	fmt.Println()
-	fmt.Println("| conns | colo req/s | TCP req/s | colo/TCP |")
-	fmt.Println("|---|---|---|---|")
+	fmt.Println("| conns | colo req/s | TCP req/s | colo/TCP | dials colo/TCP | CPU us/req colo client+server | TCP client+server |")
+	fmt.Println("|---|---|---|---|---|---|---|")
 	for _, n := range conns {
-		c := httpRun("http://"+a.ColoHTTP+"/", colo.HTTPTransport(), n)
-		tt := http.DefaultTransport.(*http.Transport).Clone()
-		t := httpRun("http://"+a.TCPHTTP+"/", tt, n)
-		fmt.Printf("| %d | %.0f | %.0f | %s |\n", n, c, t, ratio(c, t))
+		var c, t float64
+		var cd, td int64
+		var cc, tc [2]float64
+		if strings.Contains(*httpOnly, "colo") {
+			c, cd = httpRun("http://"+a.ColoHTTP+"/", colo.HTTPTransport(), n)
+			cc = cpuPerReq
+		}
+		if strings.Contains(*httpOnly, "tcp") {
+			tt := http.DefaultTransport.(*http.Transport).Clone()
+			t, td = httpRun("http://"+a.TCPHTTP+"/", tt, n)
+			tc = cpuPerReq
+		}
+		fmt.Printf("| %d | %.0f | %.0f | %s | %d/%d | %.0f+%.0f | %.0f+%.0f |\n", n, c, t, ratio(c, t), cd, td,
+			cc[0], cc[1], tc[0], tc[1])
 	}
 }
 
