@@ -339,6 +339,14 @@ pub(crate) struct Taken<'a, T: 'static> {
 }
 
 impl<T> Taken<'_, T> {
+    /// Frees the entry without dropping what is left of the object, for a caller that moved
+    /// everything that needs dropping out of it (anything left is leaked, which is safe).
+    #[inline]
+    pub(crate) fn discard(self) {
+        let this = std::mem::ManuallyDrop::new(self);
+        this.table.vacate_in(this.l, this.entry, this.entry.index, this.gen);
+    }
+
     /// Moves the whole object out (and frees the entry).
     #[cfg(test)]
     pub(crate) fn into_inner(self) -> T {
@@ -411,7 +419,7 @@ impl<T: 'static> Table<T> {
         self.cx(|cx| cx.insert(kind, obj))
     }
 
-    #[inline]
+    #[inline(always)]
     fn insert_in(&'static self, l: &Local<T>, kind: u8, obj: T) -> Result<usize, T> {
         debug_assert!((1..8).contains(&kind));
         let Some(index) = self.alloc_index_in(l) else { return Err(obj) };
@@ -444,7 +452,7 @@ impl<T: 'static> Table<T> {
         self.cx(|cx| cx.get_cached(h, kind))
     }
 
-    #[inline]
+    #[inline(always)]
     fn get_cached_in(&'static self, l: &Local<T>, h: usize, kind: u8) -> Option<Ref<T>> {
         let (index, gen) = decode(h)?;
         let entry = self.entry(index)?;

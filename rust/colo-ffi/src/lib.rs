@@ -166,7 +166,7 @@ thread_local! {
 static TABLE: Table<Obj> = Table::new(&LOCAL, &GUARD);
 
 /// Stores `obj` under a new handle (the caller's to free). `-ENOMEM` if 2^28 - 1 handles are live.
-#[inline]
+#[inline(always)]
 fn insert(cx: &Cx<'_, Obj>, obj: Obj) -> Result<usize, isize> {
     cx.insert(obj.kind(), obj).map_err(|_| -(errno::ENOMEM as isize))
 }
@@ -231,10 +231,12 @@ fn loan_parts(mut t: Taken<'_, Obj>) -> (Loan<'static>, Ref<Obj>) {
     let Obj::Loan(LoanBox { loan: loan @ Some(_), conn: conn @ Some(_), .. }) = &mut *t else {
         unreachable!("the table checked the kind; the box is full while its handle lives")
     };
-    match (loan.take(), conn.take()) {
+    let parts = match (loan.take(), conn.take()) {
         (Some(loan), Some(conn)) => (loan, conn),
         _ => unreachable!("matched above"),
-    }
+    };
+    t.discard(); // nothing left to drop: `cap` and `data` are plain values
+    parts
 }
 
 /// The message and connection reference of a taken message handle (the entry is freed).
@@ -243,10 +245,12 @@ fn msg_parts(mut t: Taken<'_, Obj>) -> (Message<'static>, Ref<Obj>) {
     let Obj::Msg(MsgBox { msg: msg @ Some(_), conn: conn @ Some(_) }) = &mut *t else {
         unreachable!("the table checked the kind; the box is full while its handle lives")
     };
-    match (msg.take(), conn.take()) {
+    let parts = match (msg.take(), conn.take()) {
         (Some(msg), Some(conn)) => (msg, conn),
         _ => unreachable!("matched above"),
-    }
+    };
+    t.discard(); // nothing left to drop
+    parts
 }
 
 /// Takes the object of `kind` under `h` out of its handle (the handle dies) if `check` accepts it.
