@@ -71,6 +71,7 @@ type Conn struct {
 	readReadyFn, writeReadyFn, loanFn, recvFn func() bool
 	rmu                                       sync.Mutex // one reader at a time
 	tail, cHead                               uint64     // consumer state (rmu)
+	rdlErr                                    error      // Read's deadline error, made once (rmu)
 	wmu                                       sync.Mutex // one writer at a time
 	head, cTail                               uint64     // producer state (wmu)
 	pool                                      poolState
@@ -113,6 +114,12 @@ type deadline struct {
 }
 
 func (d *deadline) set(t time.Time, kick func()) {
+	if t.IsZero() && d.t.Load() == 0 {
+		// Nothing to remove (net/http clears deadlines several times per request): without a
+		// deadline there is no timer either, as a timer is made only with a deadline and
+		// removed with it. Partner: the stores below, made under mu.
+		return
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.timer != nil {
@@ -437,7 +444,7 @@ func (c *Conn) await(ready func() bool, dl *deadline) {
 	c.waitMu.Lock()
 	c.nwait++
 	c.waitMu.Unlock()
-	for !c.block(ready) {
+	for !c.block(ready) && !ready() { // woken: re-check before polling again
 	}
 	c.waitMu.Lock()
 	c.nwait--
@@ -580,7 +587,12 @@ func (c *Conn) Read(p []byte) (int, error) {
 	defer c.exit()
 	for {
 		if c.rdl.expired() {
-			return 0, c.opErr("read", os.ErrDeadlineExceeded)
+			// One error value per connection: net/http's server ends a background read
+			// with an expired deadline after every request.
+			if c.rdlErr == nil {
+				c.rdlErr = c.opErr("read", os.ErrDeadlineExceeded)
+			}
+			return 0, c.rdlErr
 		}
 		n, err, done := c.readSome(p)
 		if done {
