@@ -2,7 +2,7 @@
  * messages keep a closed connection usable until released, a thread blocked in
  * colo_recv_message survives a close from another thread, and handles move between threads
  * (messages received on one thread, released on another; connections used by several threads,
- * then closed). Run under AddressSanitizer: a use after free or a leak fails the test. */
+ * then closed, also while such a thread is alive and idle). Run under AddressSanitizer: a use after free or a leak fails the test. */
 #include "t.h"
 
 #include <pthread.h>
@@ -224,12 +224,63 @@ static void handles_move_between_threads(void) {
     CHECK_EQ(colo_listener_close(l), 0);
 }
 
+struct idle {
+    colo_conn *s, *other;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int step;
+};
+
+static void idle_step(struct idle *t, int want, int set) {
+    pthread_mutex_lock(&t->mu);
+    while (t->step != want) pthread_cond_wait(&t->cv, &t->mu);
+    t->step = set;
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+}
+
+static void *use_then_idle(void *arg) {
+    struct idle *t = arg;
+    CHECK_EQ(colo_transport(t->s), COLO_TRANSPORT_SHM); /* looks it up: keeps references cached */
+    idle_step(t, 0, 1);
+    idle_step(t, 2, 3); /* main closed it meanwhile */
+    CHECK_EQ(colo_transport(t->s), -EBADF);
+    CHECK_EQ(colo_transport(t->other), COLO_TRANSPORT_SHM); /* gives the cached ones back */
+    return NULL;
+}
+
+/* A connection closed while another, idle thread has used it: the peer sees the close at once. */
+static void close_after_another_thread_used_it(void) {
+    char addr[COLO_ADDRSTRLEN];
+    colo_listener *l = t_listen(NULL, addr);
+    colo_conn *c = NULL, *s = NULL;
+    t_pair(l, addr, NULL, &c, &s);
+    struct idle t = {.s = s, .other = c, .step = 0};
+    pthread_mutex_init(&t.mu, NULL);
+    pthread_cond_init(&t.cv, NULL);
+    pthread_t th;
+    CHECK_EQ(pthread_create(&th, NULL, use_then_idle, &t), 0);
+    idle_step(&t, 1, 1);
+    CHECK_EQ(colo_write_all(s, "bye", 3), 0);
+    CHECK_EQ(colo_close(s), 0);
+    char buf[8];
+    t_read_exact(c, buf, 3);
+    CHECK(memcmp(buf, "bye", 3) == 0);
+    CHECK_EQ(colo_set_read_timeout(c, 5000000), 0);
+    CHECK_EQ(colo_read(c, buf, sizeof buf), 0); /* end of stream, not a timeout */
+    idle_step(&t, 1, 2);
+    pthread_join(th, NULL);
+    CHECK_EQ(colo_close(c), 0);
+    CHECK_EQ(colo_listener_close(l), 0);
+}
+
 int main(void) {
     watchdog(60);
     RUN(stale_handles_after_reuse);
     RUN(loans_and_messages_outlive_close);
     RUN(close_while_another_thread_waits);
     RUN(handles_move_between_threads);
+    RUN(close_after_another_thread_used_it);
     t_done("test_handles");
     return 0;
 }

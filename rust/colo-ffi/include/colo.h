@@ -188,7 +188,9 @@ int colo_shutdown(const struct colo_conn *c, int how);
 // Closes the connection and frees the handle: the peer reads our remaining bytes, then end of
 // stream. Messages and loans of this connection stay valid (and keep its shared memory mapped)
 // until released, sent or cancelled. Another thread blocked on the connection finishes its call
-// first (over shared memory it may wait for the peer).
+// first (over shared memory it may wait for the peer). Another thread that used the connection
+// may keep its memory and descriptors until that thread's next call on a connection (or its
+// exit); the peer sees the close at once.
 //
 // Returns 0, or -EBADF (NULL, already closed, or not a connection).
 int colo_close(struct colo_conn *c);
