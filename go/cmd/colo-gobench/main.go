@@ -14,6 +14,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -49,6 +50,7 @@ var (
 	cpuProf  = flag.String("cpuprofile", "", "write CPU profiles to FILE.client and FILE.server (the server process's covers the whole run)")
 	traceOut = flag.String("trace", "", "write runtime traces to FILE.client and FILE.server")
 	httpOnly = flag.String("http", "colo,tcp", "which HTTP transports to measure (colo, tcp)")
+	httpReps = flag.Int("http-reps", 3, "HTTP: runs per transport and point (alternating; the median is shown)")
 )
 
 // startProfiles starts the CPU profile and runtime trace of this process (suffix "client" or
@@ -466,25 +468,53 @@ var cpuPerReq [2]float64
 
 func benchHTTP(a addrs, conns []int) {
 	fmt.Println()
-	fmt.Println("## HTTP/1.1 echo, net/http both sides, 64 B body, persistent connections (requests/s)")
+	fmt.Printf("## HTTP/1.1 echo, net/http both sides, 64 B body, persistent connections (requests/s, median of %d alternating runs)\n", *httpReps)
 	fmt.Println()
 	fmt.Println("| conns | colo req/s | TCP req/s | colo/TCP | dials colo/TCP | CPU us/req colo client+server | TCP client+server |")
 	fmt.Println("|---|---|---|---|---|---|---|")
+	type res struct {
+		rps   float64
+		dials int64
+		cpu   [2]float64
+	}
+	med := func(v []res) res {
+		slices.SortFunc(v, func(x, y res) int { return cmp.Compare(x.rps, y.rps) })
+		return v[len(v)/2]
+	}
 	for _, n := range conns {
-		var c, t float64
-		var cd, td int64
-		var cc, tc [2]float64
-		if strings.Contains(*httpOnly, "colo") {
-			c, cd = httpRun("http://"+a.ColoHTTP+"/", colo.HTTPTransport(), n)
-			cc = cpuPerReq
+		var cs, ts []res
+		runColo := func() {
+			r, d := httpRun("http://"+a.ColoHTTP+"/", colo.HTTPTransport(), n)
+			cs = append(cs, res{r, d, cpuPerReq})
 		}
-		if strings.Contains(*httpOnly, "tcp") {
+		runTCP := func() {
 			tt := http.DefaultTransport.(*http.Transport).Clone()
-			t, td = httpRun("http://"+a.TCPHTTP+"/", tt, n)
-			tc = cpuPerReq
+			r, d := httpRun("http://"+a.TCPHTTP+"/", tt, n)
+			ts = append(ts, res{r, d, cpuPerReq})
 		}
-		fmt.Printf("| %d | %.0f | %.0f | %s | %d/%d | %.0f+%.0f | %.0f+%.0f |\n", n, c, t, ratio(c, t), cd, td,
-			cc[0], cc[1], tc[0], tc[1])
+		for i := 0; i < *httpReps; i++ {
+			// Alternate which transport goes first, so that neither always follows the other.
+			first, second := runColo, runTCP
+			if i%2 == 1 {
+				first, second = runTCP, runColo
+			}
+			if !strings.Contains(*httpOnly, "colo") {
+				first, second = runTCP, func() {}
+			} else if !strings.Contains(*httpOnly, "tcp") {
+				first, second = runColo, func() {}
+			}
+			first()
+			second()
+		}
+		var c, t res
+		if len(cs) > 0 {
+			c = med(cs)
+		}
+		if len(ts) > 0 {
+			t = med(ts)
+		}
+		fmt.Printf("| %d | %.0f | %.0f | %s | %d/%d | %.0f+%.0f | %.0f+%.0f |\n", n, c.rps, t.rps, ratio(c.rps, t.rps),
+			c.dials, t.dials, c.cpu[0], c.cpu[1], t.cpu[0], t.cpu[1])
 	}
 }
 
