@@ -260,8 +260,9 @@ func (t *parkTable) take(ticket uint32, clientPid int32) (*parked, error) {
 	case t.list[i].clientPid != clientPid:
 		return nil, errOtherClient
 	// Acquire; partner: the client's compare-and-swap to 0 in takeClient (its reset happened
-	// before the HELLO that brought us here).
-	case atomic.LoadUint32(t.list[i].p.word()) != 0:
+	// before the HELLO that brought us here). The client may have written, closed and parked its
+	// side since (clientParked): its bytes and FIN are delivered as for any connection.
+	case atomic.LoadUint32(t.list[i].p.word())&serverParked != 0:
 		return nil, errNotTakenBack
 	}
 	p := t.list[i].p

@@ -165,8 +165,10 @@ impl Table {
             return Err("ticket of another client process");
         }
         // SYNC POINT (Acquire) with the client's compare-and-swap to 0 (its reset happened before
-        // the HELLO that brought us here; this load orders our reads after its CAS as well).
-        if entries[i].parked.seg.parked().load(Ordering::Acquire) != 0 {
+        // the HELLO that brought us here; this load orders our reads after its CAS as well). The
+        // client may have written, closed and parked its side since (CLIENT_PARKED): its bytes
+        // and FIN are delivered as for any connection.
+        if entries[i].parked.seg.parked().load(Ordering::Acquire) & SERVER_PARKED != 0 {
             return Err("the client did not take the segment back");
         }
         Ok(entries.swap_remove(i).parked)

@@ -190,3 +190,34 @@ fn parked_segments_are_released_after_a_second() {
     closed.recv().unwrap();
     server.join().unwrap();
 }
+
+#[test]
+fn a_recycled_connection_closed_before_accept_still_delivers() {
+    let _one = serial();
+    let _w = common::watchdog(60);
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    // A first connection (the client hears the listener's WELCOME, so it remembers it), closed
+    // on both sides: both park the segment.
+    let first = thread::scope(|scope| {
+        let server = scope.spawn(|| l.accept().unwrap().0);
+        let c = Stream::connect(addr).unwrap();
+        let s = server.join().unwrap();
+        (&s).write_all(b"x").unwrap();
+        let mut b = [0u8; 1];
+        (&c).read_exact(&mut b).unwrap();
+        let segs = connection_segments();
+        drop(c);
+        drop(s);
+        segs
+    });
+    // The next one reuses it: write, close, and only then does the server accept.
+    let c = Stream::connect(addr).unwrap();
+    (&c).write_all(b"fire and forget").unwrap();
+    drop(c);
+    let (mut s, _) = l.accept().unwrap();
+    assert_eq!(connection_segments(), first, "the second connection reused the segment");
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"fire and forget");
+}
