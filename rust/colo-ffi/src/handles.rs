@@ -188,7 +188,8 @@ enum Life {
 pub(crate) struct Local<T: 'static> {
     life: Cell<Life>,
     nfree: Cell<usize>,
-    free: [Cell<u32>; CACHE_CAP],
+    /// Free entries (of this table: chunks are never freed, so the pointers stay valid).
+    free: [Cell<*const Entry<T>>; CACHE_CAP],
     held: [Held<T>; HELD],
     /// The table's close epoch when this thread last gave back the references of closed entries.
     epoch: Cell<u64>,
@@ -199,7 +200,7 @@ impl<T> Local<T> {
         Local {
             life: Cell::new(Life::Fresh),
             nfree: Cell::new(0),
-            free: [const { Cell::new(0) }; CACHE_CAP],
+            free: [const { Cell::new(ptr::null()) }; CACHE_CAP],
             held: [const { Held { entry: Cell::new(ptr::null()), n: Cell::new(0) } }; HELD],
             epoch: Cell::new(0),
         }
@@ -422,8 +423,8 @@ impl<T: 'static> Table<T> {
     #[inline(always)]
     fn insert_in(&'static self, l: &Local<T>, kind: u8, obj: T) -> Result<usize, T> {
         debug_assert!((1..8).contains(&kind));
-        let Some(index) = self.alloc_index_in(l) else { return Err(obj) };
-        let entry = self.entry(index).expect("an allocated index has its chunk");
+        let Some(entry) = self.alloc_entry_in(l) else { return Err(obj) };
+        let index = entry.index;
         // The entry is vacant and ours: no one else writes its state (stale lookups only read it).
         let gen = gen_of(entry.state.load(Ordering::Relaxed));
         // SAFETY: the index came off a free list (or is new), so no object lives in the entry and
@@ -457,6 +458,27 @@ impl<T: 'static> Table<T> {
         let (index, gen) = decode(h)?;
         let entry = self.entry(index)?;
         let want = live(gen, kind);
+        let slot = &l.held[index as usize % HELD];
+        let n = slot.n.get();
+        // The hit: this thread holds references to the entry (so `l` is in use: `Life::Ready`), no
+        // close happened since it last looked (epoch), and the handle names the open object. The
+        // cached references keep the entry live under its current generation and kind, and the
+        // object was published to us when we took them (an Acquire compare-and-swap): the plain
+        // load only tells whether the handle is still open and names this object.
+        if n > 0
+            && ptr::eq(slot.entry.get(), entry)
+            && self.epoch.load(Ordering::Relaxed) == l.epoch.get()
+            && entry.state.load(Ordering::Relaxed) & !REFS_MASK == want
+        {
+            slot.n.set(n - 1);
+            return Some(Ref { entry, cached: true });
+        }
+        self.get_cached_slow(l, entry, index, want)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn get_cached_slow(&'static self, l: &Local<T>, entry: &'static Entry<T>, index: u32, want: u64) -> Option<Ref<T>> {
         let hit = (|| {
             if !self.ready(l) {
                 return None;
@@ -467,10 +489,7 @@ impl<T: 'static> Table<T> {
             let slot = &l.held[index as usize % HELD];
             let n = slot.n.get();
             if n > 0 && ptr::eq(slot.entry.get(), entry) {
-                // Our cached references keep the entry live under its current generation and kind,
-                // and the object was published to us when we took them (an Acquire
-                // compare-and-swap): this load only tells whether the handle is still open and
-                // names this object.
+                // As in `get_cached_in`.
                 let s = entry.state.load(Ordering::Relaxed);
                 if s & !REFS_MASK == want {
                     slot.n.set(n - 1);
@@ -716,18 +735,19 @@ impl<T: 'static> Table<T> {
             }
             let n = l.nfree.replace(0);
             let mut g = self.lock_overflow();
-            g.extend(l.free[..n].iter().map(Cell::get));
+            // SAFETY: the cache holds pointers to entries of this table, which are never freed.
+            g.extend(l.free[..n].iter().map(|e| unsafe { (*e.get()).index }));
         });
     }
 
     /// Marks an entry whose object is gone as vacant under the next generation and frees its
     /// index; retires it instead when the generation would wrap.
-    fn vacate(&'static self, entry: &Entry<T>, index: u32, gen: u32) {
+    fn vacate(&'static self, entry: &'static Entry<T>, index: u32, gen: u32) {
         self.local.with(|l| self.vacate_in(l, entry, index, gen));
     }
 
     #[inline]
-    fn vacate_in(&'static self, l: &Local<T>, entry: &Entry<T>, index: u32, gen: u32) {
+    fn vacate_in(&'static self, l: &Local<T>, entry: &'static Entry<T>, index: u32, gen: u32) {
         let Some(next) = gen.checked_add(1) else {
             // Retired: stays vacant under the last generation, never reused.
             entry.state.store(u64::from(gen) << GEN_SHIFT, Ordering::Relaxed);
@@ -736,7 +756,7 @@ impl<T: 'static> Table<T> {
         // Relaxed: lookups only compare this value (and reject it); the next `insert` into this
         // entry is ordered after this store by the free list (same thread, or its mutex).
         entry.state.store(u64::from(next) << GEN_SHIFT, Ordering::Relaxed);
-        self.free_index_in(l, index);
+        self.free_entry_in(l, entry, index);
     }
 
     #[inline]
@@ -791,17 +811,18 @@ impl<T: 'static> Table<T> {
     }
 
     #[inline]
-    fn alloc_index_in(&'static self, l: &Local<T>) -> Option<u32> {
+    fn alloc_entry_in(&'static self, l: &Local<T>) -> Option<&'static Entry<T>> {
         let n = l.nfree.get();
         if n > 0 && l.life.get() == Life::Ready {
             l.nfree.set(n - 1);
-            return Some(l.free[n - 1].get());
+            // SAFETY: the cache holds pointers to entries of this table, which are never freed.
+            return Some(unsafe { &*l.free[n - 1].get() });
         }
-        self.alloc_index_slow()
+        self.alloc_entry_slow()
     }
 
     #[cold]
-    fn alloc_index_slow(&'static self) -> Option<u32> {
+    fn alloc_entry_slow(&'static self) -> Option<&'static Entry<T>> {
         let refilled = self.local.with(|l| {
             if !self.ready(l) {
                 return None;
@@ -813,29 +834,34 @@ impl<T: 'static> Table<T> {
             }
             let from = g.len() - n;
             for (c, &i) in l.free.iter().zip(&g[from..]) {
-                c.set(i);
+                c.set(self.entry(i).expect("a freed index has its chunk"));
             }
             g.truncate(from);
             l.nfree.set(n - 1);
-            Some(l.free[n - 1].get())
+            // SAFETY: as in `alloc_entry_in`.
+            Some(unsafe { &*l.free[n - 1].get() })
         });
         // Thread exiting, or nothing on the global list: the global list, else a new index.
-        refilled.or_else(|| self.lock_overflow().pop()).or_else(|| self.fresh())
+        let index = match refilled {
+            Some(e) => return Some(e),
+            None => self.lock_overflow().pop().or_else(|| self.fresh())?,
+        };
+        Some(self.entry(index).expect("an allocated index has its chunk"))
     }
 
     #[inline]
-    fn free_index_in(&'static self, l: &Local<T>, index: u32) {
+    fn free_entry_in(&'static self, l: &Local<T>, entry: &'static Entry<T>, index: u32) {
         let n = l.nfree.get();
         if n < CACHE_CAP && l.life.get() == Life::Ready {
-            l.free[n].set(index);
+            l.free[n].set(entry);
             l.nfree.set(n + 1);
             return;
         }
-        self.free_index_slow(index);
+        self.free_entry_slow(entry, index);
     }
 
     #[cold]
-    fn free_index_slow(&'static self, index: u32) {
+    fn free_entry_slow(&'static self, entry: &'static Entry<T>, index: u32) {
         let cached = self.local.with(|l| {
             if !self.ready(l) {
                 return false;
@@ -843,9 +869,10 @@ impl<T: 'static> Table<T> {
             let mut n = l.nfree.get();
             if n == CACHE_CAP {
                 n = CACHE_CAP - FREE_BATCH;
-                self.lock_overflow().extend(l.free[n..].iter().map(Cell::get));
+                // SAFETY: as in `alloc_entry_in`.
+                self.lock_overflow().extend(l.free[n..].iter().map(|e| unsafe { (*e.get()).index }));
             }
-            l.free[n].set(index);
+            l.free[n].set(entry);
             l.nfree.set(n + 1);
             true
         });

@@ -226,7 +226,7 @@ fn with<R>(h: usize, kind: u8, f: impl FnOnce(&Obj) -> R) -> Option<R> {
 }
 
 /// The loan and connection reference of a taken loan handle (the entry is freed).
-#[inline]
+#[inline(always)]
 fn loan_parts(mut t: Taken<'_, Obj>) -> (Loan<'static>, Ref<Obj>) {
     let Obj::Loan(LoanBox { loan: loan @ Some(_), conn: conn @ Some(_), .. }) = &mut *t else {
         unreachable!("the table checked the kind; the box is full while its handle lives")
@@ -240,7 +240,7 @@ fn loan_parts(mut t: Taken<'_, Obj>) -> (Loan<'static>, Ref<Obj>) {
 }
 
 /// The message and connection reference of a taken message handle (the entry is freed).
-#[inline]
+#[inline(always)]
 fn msg_parts(mut t: Taken<'_, Obj>) -> (Message<'static>, Ref<Obj>) {
     let Obj::Msg(MsgBox { msg: msg @ Some(_), conn: conn @ Some(_) }) = &mut *t else {
         unreachable!("the table checked the kind; the box is full while its handle lives")
@@ -836,12 +836,14 @@ pub extern "C" fn colo_loan_capacity(l: *const colo_buf) -> ssize_t {
 #[no_mangle]
 pub extern "C" fn colo_send(l: *mut colo_buf, len: usize) -> c_int {
     guard_int(|| with_cx(|cx| {
-        let t = take(cx, l as usize, LOAN, |o| match o {
+        let mut t = take(cx, l as usize, LOAN, |o| match o {
             Obj::Loan(b) if len <= b.cap => Ok(()),
             _ => Err(EINVAL),
         })?;
-        let (mut loan, conn) = loan_parts(t);
-        loan.set_len(len);
+        if let Obj::Loan(LoanBox { loan: Some(loan), .. }) = &mut *t {
+            loan.set_len(len); // in place: the loan is moved once, into `send`
+        }
+        let (loan, conn) = loan_parts(t);
         let r = loan.send();
         cx.put(conn);
         r.map(|()| 0).map_err(|e| err(&e))
