@@ -319,7 +319,10 @@ func netDial(network, addr string) dialFn {
 	return func() (net.Conn, error) { return net.Dial(network, addr) }
 }
 
-type lat struct{ p50, p99 time.Duration }
+type lat struct {
+	p50, p99 time.Duration
+	rate     float64 // round trips per second, all connections together
+}
 
 func echoRun(dial dialFn, n int) lat {
 	conns := make([]net.Conn, n)
@@ -374,7 +377,7 @@ func echoRun(dial dialFn, n int) lat {
 	if len(all) == 0 {
 		return lat{}
 	}
-	return lat{all[len(all)/2], all[len(all)*99/100]}
+	return lat{all[len(all)/2], all[len(all)*99/100], float64(len(all)) / (*dur).Seconds()}
 }
 
 func us(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d.Nanoseconds())/1000) }
@@ -390,17 +393,18 @@ func benchEcho(a addrs, conns []int) {
 	fmt.Println()
 	fmt.Println("## echo, 64 B, one request in flight per connection (round trip, microseconds)")
 	fmt.Println()
-	fmt.Println("| conns | colo p50 | colo p99 | colo no-spin p50 | colo no-spin p99 | TCP p50 | TCP p99 | Unix p50 | Unix p99 | TCP/colo p50 | TCP/colo-no-spin p50 |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Println("| conns | colo p50 | colo p99 | colo no-spin p50 | colo no-spin p99 | TCP p50 | TCP p99 | Unix p50 | Unix p99 | TCP/colo p50 | TCP/colo-no-spin p50 | colo/TCP round trips/s | colo-no-spin/TCP round trips/s |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	noSpin := time.Duration(0)
 	for _, n := range conns {
 		c := echoRun(coloDial(a.ColoEcho, nil), n)
 		cn := echoRun(coloDial(a.ColoEchoNoSpin, &noSpin), n)
 		t := echoRun(netDial("tcp", a.TCPEcho), n)
 		u := echoRun(netDial("unix", a.UnixEcho), n)
-		fmt.Printf("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", n,
+		fmt.Printf("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", n,
 			us(c.p50), us(c.p99), us(cn.p50), us(cn.p99), us(t.p50), us(t.p99), us(u.p50), us(u.p99),
-			ratio(float64(t.p50), float64(c.p50)), ratio(float64(t.p50), float64(cn.p50)))
+			ratio(float64(t.p50), float64(c.p50)), ratio(float64(t.p50), float64(cn.p50)),
+			ratio(c.rate, t.rate), ratio(cn.rate, t.rate))
 	}
 }
 
@@ -581,7 +585,7 @@ func connectRun(dial dialFn) lat {
 		all = append(all, time.Since(t0))
 	}
 	slices.Sort(all)
-	return lat{all[len(all)/2], all[len(all)*99/100]}
+	return lat{p50: all[len(all)/2], p99: all[len(all)*99/100]}
 }
 
 func benchConnect(a addrs) {
