@@ -68,6 +68,7 @@ type Conn struct {
 	pollFirst, pollOK                         bool
 	pollCheck                                 func() bool
 	pollFn                                    func(uintptr) bool
+	kickFn                                    func() // c.kick, made once (deadlines take it)
 	readReadyFn, writeReadyFn, loanFn, recvFn func() bool
 	rmu                                       sync.Mutex // one reader at a time
 	tail, cHead                               uint64     // consumer state (rmu)
@@ -305,6 +306,7 @@ func (c *Conn) setup() error {
 	c.wakeCh = make(chan struct{})
 	c.readReadyFn, c.writeReadyFn, c.loanFn, c.recvFn = c.readReady, c.writeReady, c.loanReady, c.recvReady
 	c.pollFn = c.pollCallback
+	c.kickFn = c.kick
 	// A recycled doorbell may still carry the deadline of its previous connection's last kick.
 	c.kicked.Store(true)
 	c.spin.ns.Store(defaultSpinNs)
@@ -356,7 +358,19 @@ func (c *Conn) exit() { c.life.RUnlock() }
 // re-checks its state. It expires the doorbell file's own deadline, which the runtime handles
 // without a system call; the poller clears it before each sleep, after which its re-check sees
 // whatever state change the kick announces.
+//
+// Only a goroutine counted in nwait can sleep: one that spins re-checks its condition anyway.
+// The caller changed the state before calling kick, and a waiter counts itself under waitMu
+// before the re-check that precedes its sleep, so a waiter we do not see here sees the change.
+// (net/http's server aborts its background read after every request, mostly before that read
+// has even started waiting.)
 func (c *Conn) kick() {
+	c.waitMu.Lock()
+	n := c.nwait
+	c.waitMu.Unlock()
+	if n == 0 {
+		return
+	}
 	c.bell.SetReadDeadline(aLongTimeAgo)
 	c.kicked.Store(true) // after the deadline; partner: the Swap in pollOnce
 }
@@ -919,8 +933,8 @@ func (c *Conn) SetDeadline(t time.Time) error {
 	if c.closed.Load() {
 		return c.opErr("set", net.ErrClosed)
 	}
-	c.rdl.set(t, c.kick)
-	c.wdl.set(t, c.kick)
+	c.rdl.set(t, c.kickFn)
+	c.wdl.set(t, c.kickFn)
 	return nil
 }
 
@@ -932,7 +946,7 @@ func (c *Conn) SetReadDeadline(t time.Time) error {
 	if c.closed.Load() {
 		return c.opErr("set", net.ErrClosed)
 	}
-	c.rdl.set(t, c.kick)
+	c.rdl.set(t, c.kickFn)
 	return nil
 }
 
@@ -944,7 +958,7 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 	if c.closed.Load() {
 		return c.opErr("set", net.ErrClosed)
 	}
-	c.wdl.set(t, c.kick)
+	c.wdl.set(t, c.kickFn)
 	return nil
 }
 
