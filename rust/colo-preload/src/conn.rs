@@ -145,9 +145,24 @@ impl Conn {
         }
     }
 
-    /// Removes us from the holders; true if another live process still holds the connection.
+    /// Removes us from the holders; true if another process still holds the connection: a
+    /// recorded holder (fork), or, for a connection whose descriptors survive exec, a child
+    /// (posix_spawn, vfork, system, popen: not recorded) or our parent (when we are the exec'd
+    /// child). A process counts only while it has our segment memfd open under the same number:
+    /// a child that exec'd without the connection, or released its copy, holds nothing.
     fn others_hold(&self) -> bool {
         let me = std::process::id();
+        let memfd = self.raw[3];
+        // SAFETY: our segment memfd, open while `self` lives.
+        let own = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(memfd) }).ok();
+        let holds = |pid: u32| match (rustix::fs::stat(format!("/proc/{pid}/fd/{memfd}")), &own) {
+            (Ok(st), Some(own)) => st.st_ino == own.st_ino && st.st_dev == own.st_dev,
+            (Err(rustix::io::Errno::NOENT), _) => false,
+            // Not allowed to look (another user): fall back to whether it lives.
+            _ => rustix::process::Pid::from_raw(pid as i32).is_some_and(|p| {
+                matches!(rustix::process::test_kill_process(p), Ok(()) | Err(rustix::io::Errno::PERM))
+            }),
+        };
         let mut others = false;
         for i in 0..HOLDERS {
             let p = self.holder(i).load(Ordering::Acquire);
@@ -158,19 +173,17 @@ impl Conn {
                 self.holder(i).store(0, Ordering::Release);
                 continue;
             }
-            let alive = rustix::process::Pid::from_raw(p as i32)
-                .map(|pid| match rustix::process::test_kill_process(pid) {
-                    Ok(()) => true,
-                    Err(e) => e == rustix::io::Errno::PERM,
-                })
-                .unwrap_or(false);
-            if alive {
+            if holds(p) {
                 others = true;
             } else {
                 self.holder(i).store(0, Ordering::Release);
             }
         }
-        others
+        if others || !self.inheritable() {
+            return others;
+        }
+        let parent = rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get() as u32);
+        children().into_iter().chain([parent]).any(|p| p != 0 && p != me && holds(p))
     }
 
     /// Rings our own doorbell, so that the readiness fd reports and the state is looked at again.
@@ -239,6 +252,41 @@ impl Conn {
         m
     }
 
+    /// Bytes in the incoming ring now (`FIONREAD`), from the counters alone: no lock, so it does
+    /// not wait for a thread blocked in read. Corrupt counters: asks the ring, which reports it.
+    pub fn available(&self) -> std::io::Result<usize> {
+        // SAFETY: aligned atomics inside the mapping `shm` owns.
+        let (head, tail) = unsafe { ((*self.w.in_head).load(Ordering::Acquire), (*self.w.in_tail).load(Ordering::Relaxed)) };
+        let avail = head.wrapping_sub(tail);
+        if avail > self.w.capacity {
+            return self.shm.readable();
+        }
+        Ok(avail as usize)
+    }
+
+    /// Bytes the outgoing ring takes now without waiting (it only grows until we write).
+    pub fn space(&self) -> usize {
+        // SAFETY: aligned atomics inside the mapping `shm` owns.
+        let (head, tail) = unsafe { ((*self.w.out_head).load(Ordering::Relaxed), (*self.w.out_tail).load(Ordering::Acquire)) };
+        self.w.capacity.saturating_sub(head.wrapping_sub(tail)) as usize
+    }
+
+    /// The peer's processes are all gone (the control socket hung up) without FIN or RESET,
+    /// after reading everything we sent. An exit (or a kill) closes a process's TCP sockets
+    /// gracefully, so the kernel would report end of stream here, not a reset.
+    pub fn peer_exited_cleanly(&self) -> bool {
+        // SAFETY: aligned atomics inside the mapping `shm` owns.
+        let (in_flags, out_flags, out_head, out_tail) = unsafe {
+            (
+                (*self.w.in_flags).load(Ordering::Acquire),
+                (*self.w.out_flags).load(Ordering::Relaxed),
+                (*self.w.out_head).load(Ordering::Relaxed),
+                (*self.w.out_tail).load(Ordering::Acquire),
+            )
+        };
+        (in_flags | out_flags) & FLAG_RESET == 0 && out_head == out_tail && self.peer_gone()
+    }
+
     /// The counters and flags whose change is an edge for an edge-triggered waiter: incoming
     /// head and flags, outgoing tail and read flags (what the peer moves), and our own outgoing
     /// flags (a shutdown of ours can make the connection hang up). Readiness only grows when one
@@ -274,12 +322,34 @@ impl Conn {
     }
 }
 
+/// This process's children (any thread's), from `/proc/self/task/*/children`.
+fn children() -> Vec<u32> {
+    // No child at all (the common case) costs one system call.
+    // SAFETY: a zeroed siginfo_t is valid; WNOWAIT leaves any exited child to the application.
+    let none = unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) != 0
+    };
+    if none {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for t in std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten() {
+        if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
+            out.extend(s.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+        }
+    }
+    out
+}
+
 impl Drop for Conn {
     fn drop(&mut self) {
+        let others = self.others_hold();
         if self.inheritable() {
-            crate::handover::forget(self.raw[3]);
+            // A holder that exec'd may not have read the handover file yet: leave it unchanged.
+            crate::handover::forget(self.raw[3], others);
         }
-        if self.others_hold() {
+        if others {
             // Another process (fork) still uses this connection: release our copy only, so the
             // peer sees neither FIN nor a hang-up.
             for fd in self.raw {

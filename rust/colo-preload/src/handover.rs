@@ -145,7 +145,7 @@ fn set(conn: &Conn, inheritable: bool, sock: BorrowedFd<'_>) {
     conn.set_inheritable(inheritable);
     let [control, own_bell, peer_bell, memfd] = conn.fds();
     if !inheritable {
-        forget(memfd);
+        forget(memfd, false);
         return;
     }
     let Ok(st) = rustix::fs::fstat(sock) else { return };
@@ -163,11 +163,18 @@ fn set(conn: &Conn, inheritable: bool, sock: BorrowedFd<'_>) {
     write_slot(f, i);
 }
 
-/// A connection is going away (or stops being inheritable): drop its record.
-pub fn forget(memfd: RawFd) {
+/// A connection is going away (or stops being inheritable): drop its record. `shared`: another
+/// process (a child that exec'd and may not have read the file yet) still holds it: this process
+/// moves to a fresh copy of its file first, and the inherited one stays as it is.
+pub fn forget(memfd: RawFd, shared: bool) {
     let mut file = lock();
     if !file.as_ref().is_some_and(|f| f.slots.iter().flatten().any(|r| r.memfd == memfd)) {
         return;
+    }
+    if shared {
+        if let Some(f) = file.as_mut() {
+            f.pid = 0; // `own` makes a new file
+        }
     }
     let Some(f) = own(&mut file) else { return };
     if let Some(i) = f.slots.iter().position(|r| r.is_some_and(|r| r.memfd == memfd)) {
@@ -199,8 +206,16 @@ pub fn take_back() {
         // SAFETY: an inherited descriptor nobody else in this image owns (the application does
         // not know it exists); we close it here.
         let f = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        // From offset 0 (pread): the file description, and its offset, is shared with every
+        // other process that inherited it (an earlier spawned child has read it already).
         let mut buf = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut std::fs::File::from(f), &mut buf);
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = rustix::io::pread(&f, &mut chunk, buf.len() as u64) {
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
         records.extend(buf.chunks_exact(RECORD_LEN).filter_map(Record::decode));
     }
     for r in records {

@@ -170,6 +170,10 @@ pub(crate) fn is_tcp_stream(fd: colo_sys::BorrowedFd<'_>) -> bool {
 /// that, and would let the parent's close end the connection for both).
 #[no_mangle]
 pub unsafe extern "C" fn fork() -> libc::pid_t {
+    if !Guard::busy() {
+        let _g = Guard::enter();
+        server::before_fork();
+    }
     // SAFETY: libc's fork.
     let pid = unsafe { real::fork() };
     if pid > 0 {
@@ -184,6 +188,7 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
 
 extern "C" fn atfork_child() {
     handover::atfork_child();
+    server::atfork_child();
     let me = std::process::id();
     for fd in table::fds_of_kind(table::CONN) {
         if let Some(g) = table::try_lock(fd) {
@@ -206,6 +211,42 @@ extern "C" fn init() {
     unsafe { libc::pthread_atfork(None, None, Some(atfork_child)) };
     // Connections the program image before an `exec` handed over.
     handover::take_back();
+    colo::shm::set_interrupt_policy(eintr_wanted);
+}
+
+/// Whether a blocking read or write that a signal handler interrupted fails with `EINTR`, as the
+/// kernel's would when that handler lacks `SA_RESTART`. The wait does not know which signal
+/// arrived (EINTR from poll or a futex only says that some handler ran), so it asks which
+/// signals could have: those this thread does not block whose handler is the program's own (not
+/// the synchronous fault signals, which only a faulting instruction raises; runtimes install
+/// handlers for them without SA_RESTART). If any of them lacks `SA_RESTART`, the call fails with
+/// `EINTR` (a program that installs such a handler expects EINTR); if all restart, the wait goes
+/// on. A few dozen system calls, and only after a signal.
+fn eintr_wanted() -> bool {
+    // SAFETY: plain queries of this thread's mask and of the dispositions, into zeroed structs.
+    unsafe {
+        let mut mask: sigset_t = std::mem::zeroed();
+        if libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut mask) != 0 {
+            return false;
+        }
+        for sig in 1..=libc::SIGRTMAX() {
+            let fault = [libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP, libc::SIGSYS];
+            if sig == libc::SIGKILL || sig == libc::SIGSTOP || fault.contains(&sig) || libc::sigismember(&mask, sig) == 1 {
+                continue;
+            }
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 {
+                continue;
+            }
+            if old.sa_sigaction == libc::SIG_DFL || old.sa_sigaction == libc::SIG_IGN {
+                continue;
+            }
+            if old.sa_flags & libc::SA_RESTART == 0 {
+                return true;
+            }
+        }
+    }
+    false
 }
 
 fn timeout_of(ts: *const timespec) -> Option<Duration> {
@@ -371,6 +412,16 @@ pub unsafe extern "C" fn sendfile(out: c_int, inp: c_int, off: *mut off_t, n: si
 pub unsafe extern "C" fn sendfile64(out: c_int, inp: c_int, off: *mut i64, n: size_t) -> ssize_t {
     // SAFETY: forwarding the application's arguments.
     unsafe { shim::sendfile32(out, inp, off.cast(), n) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn splice(inp: c_int, off_in: *mut i64, out: c_int, off_out: *mut i64, n: size_t, flags: c_uint) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::splice(inp, off_in, out, off_out, n, flags) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::fdopen(fd, mode) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {

@@ -34,6 +34,9 @@ struct Service {
     state: Mutex<State>,
     wake: OwnedFd,
     requests: OwnedFd,
+    /// `colo/1/shim/adopted/<pid>`: this service took over the listeners of process `pid`, which
+    /// is gone; its other orphans ask here.
+    alias: std::sync::OnceLock<OwnedFd>,
 }
 
 /// The offer service of this process (or, in a fork child, of the process it was forked from).
@@ -63,6 +66,7 @@ fn own_service() -> io::Result<&'static Service> {
         state: Mutex::new(State { listens: Vec::new(), waiting: Vec::new(), offers: HashMap::new() }),
         wake,
         requests,
+        alias: std::sync::OnceLock::new(),
     }));
     SERVICE.store(svc as *const Service as *mut Service, Ordering::Release);
     std::thread::Builder::new().name("colo-offers".into()).spawn(move || serve(svc))?;
@@ -179,6 +183,9 @@ fn serve(svc: &'static Service) {
         let mut pfds = Vec::with_capacity(fds.len() + 2);
         pfds.push(PollFd::new(&svc.wake, PollFlags::IN));
         pfds.push(PollFd::new(&svc.requests, PollFlags::IN));
+        if let Some(a) = svc.alias.get() {
+            pfds.push(PollFd::new(a, PollFlags::IN));
+        }
         // SAFETY: these fds stay open while we poll: listens are only removed under the lock by
         // `unlisten`, which wakes us first, and a closed fd in poll only reports POLLNVAL.
         let borrowed: Vec<_> = fds.iter().map(|&f| unsafe { colo_sys::BorrowedFd::borrow_raw(f) }).collect();
@@ -188,7 +195,8 @@ fn serve(svc: &'static Service) {
         let t = rustix::event::Timespec { tv_sec: 1, tv_nsec: 0 };
         let _ = poll(&mut pfds, Some(&t));
         let woke = pfds[0].revents().contains(PollFlags::IN);
-        let req = pfds[1].revents().contains(PollFlags::IN);
+        let req = pfds[1].revents().contains(PollFlags::IN)
+            || (svc.alias.get().is_some() && pfds.get(2).is_some_and(|p| p.revents().contains(PollFlags::IN)));
         drop(pfds);
         if woke {
             colo_sys::doorbell::drain(&svc.wake);
@@ -199,8 +207,10 @@ fn serve(svc: &'static Service) {
             sweep(&mut st);
         }
         if req {
-            while let Ok(c) = seqpacket::accept(&svc.requests) {
-                answer_request(svc, c);
+            for l in [Some(&svc.requests), svc.alias.get()].into_iter().flatten() {
+                while let Ok(c) = seqpacket::accept(l) {
+                    answer_request(svc, c);
+                }
             }
         }
     }
@@ -251,8 +261,98 @@ pub fn on_close_listen(l: &Arc<Listen>) {
     colo_sys::doorbell::ring(&svc.wake);
 }
 
-fn fetch_remote(pid: u32, k: &Key) -> Option<Box<Hello>> {
-    let c = seqpacket::connect(request_name(pid).as_bytes()).ok()?;
+/// Starts this process's own offer service for the listeners it holds (the rendezvous
+/// descriptors were inherited with them).
+fn adopt_listeners() -> Option<&'static Service> {
+    let svc = own_service().ok()?;
+    let mut adopted = 0;
+    for fd in table::fds_of_kind(table::LISTEN) {
+        let Some(mut slot) = table::lock(fd as i32) else { continue };
+        if let Entry::Listen(l) = slot.entry() {
+            let mut st = lock(svc);
+            if !st.listens.iter().any(|x| Arc::ptr_eq(x, l)) {
+                st.listens.push(l.clone());
+                adopted += 1;
+            }
+        }
+    }
+    colo_sys::doorbell::ring(&svc.wake);
+    log_info(format_args!("the process that listened is gone: serving colo offers for {adopted} inherited listener(s)"));
+    Some(svc)
+}
+
+fn adopted_name(gone: u32) -> String {
+    format!("colo/1/shim/adopted/{gone}")
+}
+
+/// Where a process whose offer service (that of process `gone`) has gone away gets offers now.
+enum Orphan {
+    /// It took over: its own service.
+    Own(&'static Service),
+    /// Another process forked from `gone` took over: a request connection to it.
+    Ask(OwnedFd),
+}
+
+/// A server that daemonizes after `listen` (the parent exits, the child serves; nginx does by
+/// default) would otherwise leave every offer unanswered, and every client would wait for its
+/// carrier timeout before falling back to TCP. The first of the orphans to get here (binding
+/// the alias name decides) serves the listeners it holds and answers the others at the alias.
+fn orphaned(gone: u32) -> Option<Orphan> {
+    let name = adopted_name(gone);
+    if let Ok(c) = seqpacket::connect(name.as_bytes()) {
+        return Some(Orphan::Ask(c));
+    }
+    let Ok(alias) = seqpacket::listen(name.as_bytes()) else {
+        // Another orphan bound it just now.
+        return seqpacket::connect(name.as_bytes()).ok().map(Orphan::Ask);
+    };
+    let svc = adopt_listeners()?;
+    let _ = svc.alias.set(alias);
+    colo_sys::doorbell::ring(&svc.wake);
+    Some(Orphan::Own(svc))
+}
+
+/// In a fork child: let go of the parent's offer-request socket (inherited, though only the
+/// parent's service thread accepts on it). Held here, it would keep the parent's name bound
+/// after the parent is gone, and a request sent there would wait for an answer that never comes.
+pub fn atfork_child() {
+    /// The pid whose service descriptors this process image has let go of already (a
+    /// grandchild inherits the value, and must not close the numbers again: they may have been
+    /// reused by the program meanwhile).
+    static LET_GO: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    if let Some(svc) = service() {
+        if svc.pid != std::process::id() && LET_GO.swap(svc.pid, Ordering::Relaxed) != svc.pid {
+            let alias = svc.alias.get().map(|a| a.as_raw_fd());
+            for fd in [Some(svc.requests.as_raw_fd()), Some(svc.wake.as_raw_fd()), alias].into_iter().flatten() {
+                // SAFETY: closing our inherited copy of a descriptor only the parent's service
+                // thread uses; nothing in this process refers to it (`svc.pid` is not ours), and
+                // `LET_GO` says it was not closed before in this line of processes.
+                unsafe { libc::syscall(libc::SYS_close, fd) };
+            }
+        }
+    }
+}
+
+/// Called in the parent before `fork`: a child forked from a process whose offer service is gone
+/// must find a live one (ours) to ask. Costs nothing unless this process holds listeners it did
+/// not open itself.
+pub fn before_fork() {
+    let Some(svc) = service() else { return };
+    if svc.pid != std::process::id()
+        && table::fds_of_kind(table::LISTEN).next().is_some()
+        && seqpacket::connect(request_name(svc.pid).as_bytes()).is_err()
+    {
+        orphaned(svc.pid);
+    }
+}
+
+/// Asks the offer service of process `pid` for the offer of `k`. `Err`: that service is gone.
+fn fetch_remote(pid: u32, k: &Key) -> Result<Option<Box<Hello>>, ()> {
+    let c = seqpacket::connect(request_name(pid).as_bytes()).map_err(drop)?;
+    Ok(fetch_on(c, k))
+}
+
+fn fetch_on(c: OwnedFd, k: &Key) -> Option<Box<Hello>> {
     seqpacket::send(&c, &encode_key(k), &[]).ok()?;
     seqpacket::set_recv_timeout(&c, Some(Duration::from_millis(500))).ok()?;
     let mut buf = [0u8; 8];
@@ -277,14 +377,26 @@ pub fn on_accept(fd: i32, nonblocking: bool) {
         return;
     };
     let k = carrier::key(peer, local);
-    let Some(svc) = service() else { return };
-    let hello = if svc.pid == std::process::id() {
+    let Some(mut svc) = service() else { return };
+    if svc.pid != std::process::id() {
+        match fetch_remote(svc.pid, &k) {
+            Ok(h) => return claim(fd, nonblocking, peer, local, h),
+            Err(()) => match orphaned(svc.pid) {
+                Some(Orphan::Own(s)) => svc = s,
+                Some(Orphan::Ask(c)) => return claim(fd, nonblocking, peer, local, fetch_on(c, &k)),
+                None => return,
+            },
+        }
+    }
+    let hello = {
         let mut st = lock(svc);
         drain(&mut st);
         st.offers.remove(&k).map(|(h, _)| h)
-    } else {
-        fetch_remote(svc.pid, &k)
     };
+    claim(fd, nonblocking, peer, local, hello);
+}
+
+fn claim(fd: i32, nonblocking: bool, peer: std::net::SocketAddr, local: std::net::SocketAddr, hello: Option<Box<Hello>>) {
     let Some(hello) = hello else {
         crate::log_debug(format_args!("accept {peer} -> {local}: no colo offer; plain TCP"));
         return;

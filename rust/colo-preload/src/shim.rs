@@ -51,6 +51,15 @@ fn would_block() -> io::Error {
 
 /// Reads with recv(2) flags (MSG_PEEK, MSG_DONTWAIT, MSG_WAITALL).
 fn conn_recv(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> {
+    match conn_recv_inner(c, buf, flags) {
+        // The peer exited without closing (no FIN in the ring) after reading all we sent: its
+        // kernel would have closed the TCP socket gracefully, so this is end of stream.
+        Err(e) if errno_of(&e) == libc::ECONNRESET && c.peer_exited_cleanly() => Ok(0),
+        r => r,
+    }
+}
+
+fn conn_recv_inner(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> {
     if buf.is_empty() {
         return Ok(0);
     }
@@ -151,19 +160,38 @@ fn conn_writev(c: &Conn, iov: &[iovec], flags: c_int) -> io::Result<usize> {
         let b = unsafe { std::slice::from_raw_parts(nonempty[0].iov_base as *const u8, nonempty[0].iov_len) };
         return conn_send(c, b, flags);
     }
+    // A blocking socket writes every iovec (as the kernel does), in gathers of at most
+    // GATHER_MAX bytes; a non-blocking one writes what one gather takes.
+    let blocking = !c.nonblocking() && flags & libc::MSG_DONTWAIT == 0;
     GATHER.with(|g| {
         let mut g = g.borrow_mut();
-        g.clear();
-        for v in nonempty {
-            let room = GATHER_MAX.saturating_sub(g.len());
-            if room == 0 {
-                break;
+        let (mut i, mut off, mut done) = (0, 0, 0);
+        while i < nonempty.len() {
+            g.clear();
+            while i < nonempty.len() && g.len() < GATHER_MAX {
+                let v = nonempty[i];
+                let take = (v.iov_len - off).min(GATHER_MAX - g.len());
+                // SAFETY: the application's buffer, valid for reading; `off + take <= iov_len`.
+                let b = unsafe { std::slice::from_raw_parts((v.iov_base as *const u8).add(off), take) };
+                g.extend_from_slice(b);
+                off += take;
+                if off == v.iov_len {
+                    i += 1;
+                    off = 0;
+                }
             }
-            // SAFETY: the application's buffer, valid for reading.
-            let b = unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len.min(room)) };
-            g.extend_from_slice(b);
+            match conn_send(c, &g, flags) {
+                Ok(n) => {
+                    done += n;
+                    if n < g.len() || !blocking {
+                        break;
+                    }
+                }
+                Err(_) if done > 0 => break,
+                Err(e) => return Err(e),
+            }
         }
-        conn_send(c, &g, flags)
+        Ok(done)
     })
 }
 
@@ -211,8 +239,9 @@ pub unsafe fn recvfrom(
     let b = unsafe { crate::slice_mut(buf as *mut u8, n) };
     let r = conn_recv(&c, b, flags);
     if r.is_ok() && !addr.is_null() && !len.is_null() {
-        // SAFETY: the application's address buffer; the kernel socket knows its peer.
-        unsafe { libc::getpeername(fd, addr, len) };
+        // A connected stream socket reports no source address (the kernel sets the length to 0).
+        // SAFETY: the application's address length.
+        unsafe { *len = 0 };
     }
     result(&g, r)
 }
@@ -254,10 +283,8 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
     let v = unsafe { crate::slice(m.msg_iov, m.msg_iovlen) };
     let r = conn_readv(&c, v, flags);
     if r.is_ok() {
-        if !m.msg_name.is_null() {
-            // SAFETY: the application's address buffer of `msg_namelen` bytes.
-            unsafe { libc::getpeername(fd, m.msg_name.cast(), &mut m.msg_namelen) };
-        }
+        // A connected stream socket reports no source address (the kernel sets the length to 0).
+        m.msg_namelen = 0;
         m.msg_controllen = 0;
         m.msg_flags = 0;
     }
@@ -415,7 +442,10 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut i64, count: size_t) -> 
         let r = unsafe { libc::pread64(inp, buf.as_mut_ptr().cast(), want, pos) };
         if r <= 0 {
             if r < 0 {
-                err = Some(io::Error::last_os_error());
+                let e = io::Error::last_os_error();
+                // The kernel's sendfile refuses an input it cannot read at an offset (a pipe or
+                // a socket) with EINVAL.
+                err = Some(if e.raw_os_error() == Some(libc::ESPIPE) { io::Error::from_raw_os_error(libc::EINVAL) } else { e });
             }
             break;
         }
@@ -454,6 +484,141 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut i64, count: size_t) -> 
         }
         _ => g.ok(total as ssize_t),
     }
+}
+
+fn is_pipe(fd: c_int) -> bool {
+    // SAFETY: only asks the kernel about the number.
+    let b = unsafe { colo_sys::BorrowedFd::borrow_raw(fd) };
+    rustix::fs::fstat(b).is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Fifo)
+}
+
+fn nonblocking_fd(fd: c_int) -> bool {
+    // SAFETY: only asks the kernel about the number.
+    let b = unsafe { colo_sys::BorrowedFd::borrow_raw(fd) };
+    rustix::fs::fcntl_getfl(b).is_ok_and(|f| f.contains(rustix::fs::OFlags::NONBLOCK))
+}
+
+/// Whether `fd` polls ready for `events` right now.
+fn ready_now(fd: c_int, events: i16) -> bool {
+    let mut p = libc::pollfd { fd, events, revents: 0 };
+    // SAFETY: one pollfd of ours; a zero timeout.
+    unsafe { real::poll(&mut p, 1, 0) == 1 && p.revents != 0 }
+}
+
+const SPLICE_CHUNK: usize = 64 * 1024;
+
+thread_local! {
+    static SPLICE_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `splice(2)` with an accelerated socket on one side: the kernel would move the bytes to or
+/// from the bare TCP socket, past the ring. One side must be a pipe (else EINVAL, as the kernel
+/// says); the bytes go through a buffer of ours. `SPLICE_F_NONBLOCK` applies to the pipe side,
+/// the socket's own O_NONBLOCK to the socket side, as in the kernel. Nothing taken from one side
+/// is lost when the other side cannot take it: from a pipe we read at most what the ring takes
+/// now (non-blocking socket) or wait for room (blocking); from the socket we peek, write to the
+/// pipe, then consume what the pipe took.
+pub unsafe fn splice(inp: c_int, off_in: *mut i64, out: c_int, off_out: *mut i64, len: size_t, flags: libc::c_uint) -> ssize_t {
+    if (plain(inp) && plain(out)) || Guard::busy() {
+        // SAFETY: the application's arguments.
+        return unsafe { real::splice(inp, off_in, out, off_out, len, flags) };
+    }
+    let g = Guard::enter();
+    let (cin, cout) = (conn_for_io(inp), conn_for_io(out));
+    let nonblock_pipe = flags & libc::SPLICE_F_NONBLOCK != 0;
+    let r = match (cin, cout) {
+        (None, None) => {
+            drop(g);
+            // SAFETY: the application's arguments.
+            return unsafe { real::splice(inp, off_in, out, off_out, len, flags) };
+        }
+        (Some(_), Some(_)) => return g.err(libc::EINVAL),
+        (None, Some(c)) => {
+            if !is_pipe(inp) {
+                return g.err(libc::EINVAL);
+            }
+            if !off_in.is_null() {
+                return g.err(libc::ESPIPE);
+            }
+            if !off_out.is_null() {
+                return g.err(libc::EINVAL);
+            }
+            if len == 0 {
+                return g.ok(0);
+            }
+            let mut want = len.min(SPLICE_CHUNK);
+            if c.nonblocking() {
+                want = want.min(c.space());
+                if want == 0 {
+                    return g.err(libc::EAGAIN);
+                }
+            }
+            if nonblock_pipe && !nonblocking_fd(inp) && !ready_now(inp, libc::POLLIN) {
+                return g.err(libc::EAGAIN);
+            }
+            SPLICE_BUF.with(|b| {
+                let mut b = b.borrow_mut();
+                b.resize(SPLICE_CHUNK, 0);
+                // SAFETY: reading the application's pipe into our buffer of `want` bytes.
+                let n = unsafe { real::read(inp, b.as_mut_ptr().cast(), want) };
+                if n <= 0 {
+                    return if n == 0 { Ok(0) } else { Err(io::Error::last_os_error()) };
+                }
+                // Blocking: all of it (waiting for room); non-blocking: it fits (`space`).
+                let r = conn_send(&c, &b[..n as usize], 0);
+                epipe_signal(&r, 0);
+                r
+            })
+        }
+        (Some(c), None) => {
+            if !is_pipe(out) {
+                return g.err(libc::EINVAL);
+            }
+            if !off_out.is_null() {
+                return g.err(libc::ESPIPE);
+            }
+            if !off_in.is_null() {
+                return g.err(libc::EINVAL);
+            }
+            if len == 0 {
+                return g.ok(0);
+            }
+            let mut want = len.min(SPLICE_CHUNK);
+            if nonblock_pipe && !nonblocking_fd(out) {
+                // A blocking pipe with room for one more buffer takes PIPE_BUF bytes at once.
+                if !ready_now(out, libc::POLLOUT) {
+                    return g.err(libc::EAGAIN);
+                }
+                want = want.min(libc::PIPE_BUF);
+            }
+            SPLICE_BUF.with(|b| {
+                let mut b = b.borrow_mut();
+                b.resize(SPLICE_CHUNK, 0);
+                let n = conn_recv(&c, &mut b[..want], libc::MSG_PEEK)?;
+                if n == 0 {
+                    return Ok(0);
+                }
+                // SAFETY: writing `n` bytes of our buffer to the application's pipe.
+                let w = unsafe { real::write(out, b.as_ptr().cast(), n) };
+                if w < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // Consume what the pipe took (peeked above, so it is there).
+                let w = w as usize;
+                let mut done = 0;
+                while done < w {
+                    match c.shm().read(&mut b[done..w]) {
+                        Ok(0) => break,
+                        Ok(k) => done += k,
+                        Err(e) => return Err(e),
+                    }
+                }
+                after_read(&c, done, want);
+                Ok(done)
+            })
+        }
+    };
+    result(&g, r)
 }
 
 pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
@@ -696,7 +861,8 @@ pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
         }
         return r;
     }
-    match c.shm().readable() {
+    // From the ring counters, without the reading half's lock: a thread blocked in read holds it.
+    match c.available() {
         Ok(n) => {
             // SAFETY: FIONREAD takes a pointer to an int.
             unsafe { *(arg as *mut c_int) = n.min(c_int::MAX as usize) as c_int };
@@ -741,4 +907,110 @@ pub unsafe fn sendfile32(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> 
     // off_t is 64 bits on the 64-bit targets this shim supports.
     // SAFETY: the application's arguments.
     unsafe { sendfile(out, inp, off.cast(), n) }
+}
+
+// ---- stdio ----------------------------------------------------------------------------------
+
+/// `cookie_io_functions_t` of `fopencookie(3)`.
+#[repr(C)]
+struct CookieIo {
+    read: Option<unsafe extern "C" fn(*mut c_void, *mut libc::c_char, size_t) -> ssize_t>,
+    write: Option<unsafe extern "C" fn(*mut c_void, *const libc::c_char, size_t) -> ssize_t>,
+    seek: Option<unsafe extern "C" fn(*mut c_void, *mut i64, c_int) -> c_int>,
+    close: Option<unsafe extern "C" fn(*mut c_void) -> c_int>,
+}
+
+extern "C" {
+    fn fopencookie(cookie: *mut c_void, mode: *const libc::c_char, io: CookieIo) -> *mut libc::FILE;
+}
+
+/// The start of glibc's `struct _IO_FILE` (public ABI, `bits/types/struct_FILE.h`), up to
+/// `_fileno`: `_flags`, eleven buffer pointers, `_markers`, `_chain`.
+#[repr(C)]
+struct IoFileHead {
+    flags: c_int,
+    pointers: [*mut c_void; 13],
+    fileno: c_int,
+}
+
+fn cookie_fd(cookie: *mut c_void) -> c_int {
+    cookie as usize as c_int
+}
+
+unsafe extern "C" fn cookie_read(cookie: *mut c_void, buf: *mut libc::c_char, n: size_t) -> ssize_t {
+    // SAFETY: stdio's buffer of `n` bytes.
+    unsafe { read(cookie_fd(cookie), buf.cast(), n) }
+}
+
+unsafe extern "C" fn cookie_write(cookie: *mut c_void, buf: *const libc::c_char, n: size_t) -> ssize_t {
+    // stdio treats a short count as an error: write everything (as its own file ops loop).
+    let mut done = 0;
+    while done < n {
+        // SAFETY: stdio's buffer of `n` bytes; `done < n`.
+        let r = unsafe { write(cookie_fd(cookie), buf.add(done).cast(), n - done) };
+        if r < 0 {
+            // SAFETY: reading this thread's errno.
+            if unsafe { *libc::__errno_location() } == libc::EINTR {
+                continue;
+            }
+            return if done > 0 { done as ssize_t } else { -1 };
+        }
+        done += r as usize;
+    }
+    done as ssize_t
+}
+
+unsafe extern "C" fn cookie_seek(_cookie: *mut c_void, _pos: *mut i64, _whence: c_int) -> c_int {
+    // A socket does not seek (lseek(2) says ESPIPE).
+    // SAFETY: writing this thread's errno.
+    unsafe { *libc::__errno_location() = libc::ESPIPE };
+    -1
+}
+
+unsafe extern "C" fn cookie_close(cookie: *mut c_void) -> c_int {
+    // SAFETY: closing the descriptor the stream owns.
+    unsafe { close(cookie_fd(cookie)) }
+}
+
+/// `fdopen(3)`: stdio reads and writes through glibc-internal calls that no interposer sees, so
+/// a stream over an accelerated socket is a `fopencookie` stream whose functions are the shim's
+/// read/write/close; its `_fileno` is set to `fd` so that `fileno(3)` still answers.
+pub unsafe fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
+    if plain(fd) || mode.is_null() {
+        // SAFETY: the application's arguments.
+        return unsafe { real::fdopen(fd, mode) };
+    }
+    let g = Guard::enter();
+    if conn_for_io(fd).is_none() {
+        drop(g);
+        // SAFETY: the application's arguments.
+        return unsafe { real::fdopen(fd, mode) };
+    }
+    // SAFETY: the application's NUL-terminated mode string.
+    let m = unsafe { std::ffi::CStr::from_ptr(mode) }.to_bytes();
+    if !matches!(m.first(), Some(b'r' | b'w' | b'a')) {
+        g.err(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    if m.contains(&b'e') {
+        // SAFETY: the application's descriptor; through the shim, so the handover follows.
+        unsafe { fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC as c_ulong, false) };
+    }
+    let io = CookieIo { read: Some(cookie_read), write: Some(cookie_write), seek: Some(cookie_seek), close: Some(cookie_close) };
+    // SAFETY: a valid mode and functions; the cookie is the descriptor number.
+    let f = unsafe { fopencookie(fd as usize as *mut c_void, mode, io) };
+    if f.is_null() {
+        g.err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOMEM));
+        return std::ptr::null_mut();
+    }
+    // glibc marks a cookie stream with `_fileno == -2`; only then is the layout the one we know.
+    let head = f as *mut IoFileHead;
+    // SAFETY: `f` is a glibc FILE, which begins with `IoFileHead`'s fields.
+    unsafe {
+        if (*head).fileno == -2 {
+            (*head).fileno = fd;
+        }
+    }
+    g.ok(0);
+    f
 }

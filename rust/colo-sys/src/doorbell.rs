@@ -35,17 +35,19 @@ pub struct Woken {
     pub doorbell: bool,
     /// The control socket is readable or hung up.
     pub control: bool,
+    /// A signal handler interrupted the wait (`EINTR`; poll and epoll_wait are never restarted).
+    pub interrupted: bool,
 }
 
 /// Blocks until `doorbell` or `control` is readable (or `control` hangs up) or `timeout` passes:
-/// one `poll(2)` on two fds, no set-up. An interrupted wait returns `Woken::default()`.
+/// one `poll(2)` on two fds, no set-up. An interrupted wait returns only `interrupted`.
 pub fn wait(doorbell: impl AsFd, control: impl AsFd, timeout: Option<Duration>) -> io::Result<Woken> {
     use rustix::event::{poll, PollFd, PollFlags};
     let mut fds = [PollFd::new(&doorbell, PollFlags::IN), PollFd::new(&control, PollFlags::IN | PollFlags::RDHUP)];
     let ts = timeout.map(|d| Timespec { tv_sec: d.as_secs() as i64, tv_nsec: d.subsec_nanos() as i64 });
     match poll(&mut fds, ts.as_ref()) {
-        Ok(_) => Ok(Woken { doorbell: !fds[0].revents().is_empty(), control: !fds[1].revents().is_empty() }),
-        Err(rustix::io::Errno::INTR) => Ok(Woken::default()),
+        Ok(_) => Ok(Woken { doorbell: !fds[0].revents().is_empty(), control: !fds[1].revents().is_empty(), interrupted: false }),
+        Err(rustix::io::Errno::INTR) => Ok(Woken { interrupted: true, ..Woken::default() }),
         Err(e) => Err(e.into()),
     }
 }
@@ -71,13 +73,13 @@ impl Readiness {
     }
 
     /// Blocks until something is ready or `timeout` passes (`None`: forever). An interrupted wait
-    /// returns `Woken::default()` so callers re-check their condition and deadline.
+    /// returns only `interrupted`, so callers re-check their condition and deadline.
     pub fn wait(&self, timeout: Option<Duration>) -> io::Result<Woken> {
         let ts = timeout.map(|d| Timespec { tv_sec: d.as_secs() as i64, tv_nsec: d.subsec_nanos() as i64 });
         let mut events = Vec::with_capacity(2);
         match epoll::wait(&self.epoll, rustix::buffer::spare_capacity(&mut events), ts.as_ref()) {
             Ok(_) => {}
-            Err(rustix::io::Errno::INTR) => return Ok(Woken::default()),
+            Err(rustix::io::Errno::INTR) => return Ok(Woken { interrupted: true, ..Woken::default() }),
             Err(e) => return Err(e.into()),
         }
         let mut w = Woken::default();

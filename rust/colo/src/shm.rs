@@ -76,6 +76,7 @@ pub fn errno_of(e: &io::Error) -> i32 {
 /// The errno values colo reports (Linux numbering).
 pub mod libc_errno {
     #![allow(missing_docs)]
+    pub const EINTR: i32 = 4;
     pub const EIO: i32 = 5;
     pub const EBADF: i32 = 9;
     pub const EAGAIN: i32 = 11;
@@ -184,6 +185,22 @@ impl std::fmt::Debug for Shm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Shm").field("role", &self.role).field("local", &self.local).field("peer", &self.peer).finish()
     }
+}
+
+/// Whether a blocking wait that a signal handler interrupted ends with `EINTR` (true) or goes
+/// back to sleep (false). The Rust API always goes back to sleep; the LD_PRELOAD shim installs a
+/// policy that follows the handlers' `SA_RESTART`, as the kernel does for a blocking read(2).
+static INTERRUPT_POLICY: std::sync::OnceLock<fn() -> bool> = std::sync::OnceLock::new();
+
+fn interrupted_ends_wait() -> bool {
+    INTERRUPT_POLICY.get().is_some_and(|policy| policy())
+}
+
+/// Sets the policy for blocking waits interrupted by a signal handler, once per process:
+/// `policy()` runs on the interrupted thread right after the handler; true makes the read or
+/// write fail with `EINTR` (`io::ErrorKind::Interrupted`), after any bytes it already moved.
+pub fn set_interrupt_policy(policy: fn() -> bool) {
+    let _ = INTERRUPT_POLICY.set(policy);
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -491,11 +508,12 @@ impl Shm {
         let r = match futex {
             Some((value, budget)) => {
                 let t = timeout.map_or(budget, |t| t.min(budget));
-                colo_sys::futex::wait(self.own_waiting(), value, t);
-                Ok(colo_sys::doorbell::Woken::default())
+                let interrupted = colo_sys::futex::wait(self.own_waiting(), value, t);
+                Ok(colo_sys::doorbell::Woken { interrupted, ..Default::default() })
             }
             None => doorbell::wait(&self.fds.own_bell, &self.fds.control, timeout),
         };
+        let interrupted = r.as_ref().is_ok_and(|w| w.interrupted) && interrupted_ends_wait();
         if let Ok(woken) = r {
             if woken.doorbell {
                 doorbell::drain(&self.fds.own_bell);
@@ -509,6 +527,9 @@ impl Shm {
         w.epoch = w.epoch.wrapping_add(1);
         if w.followers > 0 {
             self.woken.notify_all();
+        }
+        if interrupted {
+            return Err(io::Error::from_raw_os_error(libc_errno::EINTR));
         }
         r.map(drop)
     }

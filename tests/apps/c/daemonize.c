@@ -1,0 +1,153 @@
+/* A server that daemonizes after listen (run with the shim preloaded, as tests/apps/run.sh does;
+ * also passes without it): the process that listened forks the daemon and exits at once; the
+ * daemon forks two workers that accept (nginx's default). Connections must still be quick (no
+ * carrier timeout spent waiting for the gone process to answer) and, under the shim,
+ * accelerated. alarm() is the watchdog. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static int failures;
+#define CHECK(cond, what)                                                   \
+    do {                                                                    \
+        if (!(cond)) {                                                      \
+            fprintf(stderr, "FAIL %s (line %d)\n", what, __LINE__);         \
+            failures++;                                                     \
+        }                                                                   \
+    } while (0)
+
+static void die(const char *what) {
+    perror(what);
+    exit(1);
+}
+
+static int shimmed(void) {
+    const char *p = getenv("LD_PRELOAD");
+    return p && strstr(p, "colo");
+}
+
+static int segments(void) {
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    char path[300], link[256];
+    int found = 0;
+    while (d && (e = readdir(d))) {
+        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+        ssize_t n = readlink(path, link, sizeof link - 1);
+        if (n > 0) {
+            link[n] = 0;
+            if (strstr(link, "colo-seg")) found++;
+        }
+    }
+    if (d) closedir(d);
+    return found;
+}
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static void write_all(int fd, const void *p, size_t n) {
+    while (n > 0) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) die("write");
+        p = (const char *)p + k;
+        n -= k;
+    }
+}
+
+/* A worker: answer each connection's "ping" with "pong" and the worker's pid, then close. */
+static void worker(int l) {
+    for (;;) {
+        int c = accept(l, NULL, NULL);
+        if (c < 0) continue;
+        char b[4];
+        if (read(c, b, 4) == 4) {
+            char out[32];
+            int n = snprintf(out, sizeof out, "pong %d", (int)getpid());
+            write_all(c, out, n);
+        }
+        close(c);
+    }
+}
+
+int main(void) {
+    alarm(30);
+    /* Many short connections in a row: the shim may send such a destination over TCP on
+     * purpose (COLO_SHORT_LIVED); this test counts accelerated connections, so opt out. */
+    setenv("COLO_SHORT_LIVED", "accelerate", 1);
+    int pp[2];
+    if (pipe(pp) < 0) die("pipe");
+    pid_t a = fork();
+    if (a == 0) {
+        /* The process that listens, then daemonizes. */
+        close(pp[0]);
+        int l = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t len = sizeof sa;
+        if (bind(l, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(l, 64) < 0) die("listen");
+        getsockname(l, (struct sockaddr *)&sa, &len);
+        int port = ntohs(sa.sin_port);
+        if (fork() != 0) _exit(0); /* the parent leaves at once */
+        setsid();
+        usleep(100000); /* make sure the parent is gone before the workers start */
+        int pids[4] = {port, (int)getpid(), 0, 0};
+        for (int i = 0; i < 2; i++) {
+            pid_t w = fork();
+            if (w == 0) {
+                close(pp[1]);
+                worker(l);
+            }
+            pids[2 + i] = w;
+        }
+        write_all(pp[1], pids, sizeof pids);
+        close(pp[1]);
+        for (;;) pause();
+    }
+    close(pp[1]);
+    int st;
+    CHECK(waitpid(a, &st, 0) == a && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the listening process exited");
+    int info[4];
+    if (read(pp[0], info, sizeof info) != sizeof info) die("daemon info");
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(info[0]), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    double slowest = 0;
+    int accelerated = 0, seen[2] = {0, 0};
+    for (int i = 0; i < 20; i++) {
+        double t0 = now();
+        int c = socket(AF_INET, SOCK_STREAM, 0);
+        if (connect(c, (struct sockaddr *)&sa, sizeof sa) < 0) die("connect");
+        write_all(c, "ping", 4);
+        char buf[32] = {0};
+        ssize_t n = read(c, buf, sizeof buf - 1);
+        double dt = now() - t0;
+        if (dt > slowest) slowest = dt;
+        CHECK(n > 5 && strncmp(buf, "pong ", 5) == 0, "answer");
+        int who = atoi(buf + 5);
+        for (int k = 0; k < 2; k++)
+            if (who == info[2 + k]) seen[k] = 1;
+        if (segments() > 0) accelerated++;
+        close(c);
+    }
+    for (int k = 1; k < 4; k++) kill(info[k], SIGKILL);
+    CHECK(slowest < 0.3, "every connection answered quickly (no carrier timeout)");
+    if (shimmed()) CHECK(accelerated == 20, "every connection accelerated");
+    if (failures == 0)
+        printf("ok: daemonized server (listener's process gone, 2 workers): 20 connections, slowest %.1f ms%s%s\n",
+               slowest * 1000, shimmed() ? ", accelerated" : "", seen[0] && seen[1] ? ", both workers" : "");
+    else
+        fprintf(stderr, "slowest %.3f s, %d accelerated\n", slowest, accelerated);
+    return failures != 0;
+}
