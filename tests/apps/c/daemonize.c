@@ -103,11 +103,13 @@ int main(void) {
         int port = ntohs(sa.sin_port);
         if (fork() != 0) _exit(0); /* the parent leaves at once */
         setsid();
+        alarm(30); /* watchdog of the daemon and its workers (fork clears it: set again below) */
         usleep(100000); /* make sure the parent is gone before the workers start */
         int pids[4] = {port, (int)getpid(), 0, 0};
         for (int i = 0; i < 2; i++) {
             pid_t w = fork();
             if (w == 0) {
+                alarm(30);
                 close(pp[1]);
                 worker(l);
             }

@@ -226,6 +226,7 @@ int main(void) {
     pid_t pid = fork();
     if (pid == 0) {
         /* The server listens itself (a listener inherited from us would be served by our shim). */
+        alarm(30); /* its own watchdog: it waits in accept if we die */
         close(pipefd[0]);
         int l = listener(0), l2 = listener(0);
         int ports[2] = {port_of(l), port_of(l2)};
