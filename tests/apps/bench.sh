@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Same-run comparison: plain TCP loopback vs both sides under `colo run`.
-# redis-benchmark -t get,set -n 200000 -P 1 with -c 50 and -c 1; nginx (1 KiB file) with wrk -c 50.
+# redis-benchmark -t get,set -n 200000 -P 1 with -c 50 and -c 1, and -c 10 with a connection per
+# request (-k 0); nginx (1 KiB file) with wrk -c 50.
 source "$(dirname "$0")/common.sh"
 build
 N=${N:-200000}
-rb() { # $1 port, $2 clients, $3 prefix ("" or colo run)
-  $3 redis-benchmark -p "$1" -t get,set -n "$N" -c "$2" -P 1 -q 2>/dev/null | tr '\r' '\n' |
+rb() { # $1 port, $2 clients (and more options), $3 prefix ("" or colo run), $4 requests
+  $3 redis-benchmark -p "$1" -t get,set -n "${4:-$N}" -c $2 -P 1 -q 2>/dev/null | tr '\r' '\n' |
     awk '/requests per second/ {sub(":","",$1); printf "%s=%s ", $1, $2}'
 }
 ratio() { python3 -c "print(f'{float($2)/float($1):.2f}x')"; }
@@ -18,6 +19,10 @@ for c in 50 1; do
     printf "redis %-3s -c %-2s  tcp %10s  colo %10s  ratio %s\n" "$op" "$c" "$t" "$k" "$(ratio "$t" "$k")"
   done
 done
+# Connection-heavy: a new connection per request.
+tcp=$(rb "$P" "10 -k 0" "" 20000); colo=$(rb "$Q" "10 -k 0" "$COLORUN" 20000)
+t=$(echo "$tcp" | tr ' ' '\n' | grep "^GET=" | cut -d= -f2); k=$(echo "$colo" | tr ' ' '\n' | grep "^GET=" | cut -d= -f2)
+printf "redis GET -c 10 -k 0 (connection per request)  tcp %10s  colo %10s  ratio %s\n" "$t" "$k" "$(ratio "$t" "$k")"
 A=$(free_port); start_nginx "$A" 1 ""
 B=$(free_port); start_nginx "$B" 1 colo
 w() { $2 wrk -t1 -c50 -d${DUR:-5s} "http://127.0.0.1:$1/1k.txt" 2>/dev/null | awk '/Requests\/sec/ {print $2}'; }

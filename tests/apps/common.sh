@@ -4,7 +4,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/rust/target}
 build() {
-  (cd "$ROOT/rust" && cargo build --release -q -p colo-preload -p colo-run --example colo-run) || exit 1
+  (cd "$ROOT/rust" && cargo build --release -q -p colo-preload && cargo build --release -q -p colo-run --example colo-run) || exit 1
 }
 SHIM=$TARGET/release/libcolo_preload.so
 COLORUN="$TARGET/release/examples/colo-run --"

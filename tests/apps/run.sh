@@ -23,6 +23,7 @@ check "redis-cli get (both under colo)" test "$(timeout 10 $COLORUN redis-cli -p
 check "redis-cli get (client plain)" test "$(timeout 10 redis-cli -p $P get k)" = v
 check "redis accelerated a connection" grep -q "accelerated" "$WORK/redis-$P.log"
 check "redis-benchmark (both)" timeout 60 $COLORUN redis-benchmark -p $P -t get,set -n 20000 -c 20 -q >/dev/null
+check "redis-benchmark, a connection per request (both)" timeout 60 $COLORUN redis-benchmark -p $P -t get -n 3000 -c 5 -k 0 -q >/dev/null
 head -c 300000 /dev/zero | tr '\0' 'y' > "$WORK/big"
 timeout 10 $COLORUN redis-cli -p $P -x set big < "$WORK/big" >/dev/null
 check "redis 300 KB value round trip" test "$(timeout 10 $COLORUN redis-cli -p $P strlen big)" = 300000

@@ -61,6 +61,10 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
     } else {
         peer
     };
+    if !crate::adapt::accelerate(target) {
+        crate::log_debug(format_args!("connect {peer}: short-lived connections to it; plain TCP"));
+        return Prepared::Plain;
+    }
     let (control, server_pid) = match carrier::connect_rendezvous(target) {
         Ok(Some(x)) => x,
         Ok(None) => {

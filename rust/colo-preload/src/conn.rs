@@ -32,6 +32,8 @@ pub struct Conn {
     never_spin: bool,
     raw: [RawFd; 5],
     holders: *const AtomicU32,
+    /// When the connection was set up (the client side reports short-lived ones to `adapt`).
+    born: std::time::Instant,
 }
 
 // SAFETY: the raw pointers point into mappings owned by `shm` (the segment) and by this value
@@ -78,6 +80,7 @@ impl Conn {
             never_spin,
             raw: [raw0[0], raw0[1], raw0[2], raw0[3], readiness],
             holders,
+            born: std::time::Instant::now(),
         })
     }
 
@@ -359,6 +362,11 @@ impl Drop for Conn {
             // SAFETY: the segment mapping; nothing refers to it once this Conn is gone.
             unsafe { libc::syscall(libc::SYS_munmap, self.w.base, self.w.len) };
         } else {
+            if self.shm.role() == colo::segment::Role::Client {
+                // SAFETY: aligned atomics inside the mapping `shm` owns (still mapped here).
+                let moved = unsafe { (*self.w.out_head).load(Ordering::Relaxed) + (*self.w.in_tail).load(Ordering::Relaxed) };
+                crate::adapt::ended(self.shm.peer_addr(), self.born.elapsed(), moved);
+            }
             // SAFETY: dropped exactly once, here.
             unsafe { ManuallyDrop::drop(&mut self.shm) };
         }

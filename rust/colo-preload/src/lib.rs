@@ -16,6 +16,7 @@
 
 #![allow(clippy::missing_safety_doc)]
 
+mod adapt;
 mod client;
 mod conn;
 mod handover;
