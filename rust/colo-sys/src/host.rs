@@ -4,7 +4,9 @@ use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Addresses of local interfaces, refreshed at most once a second.
+/// Addresses of local interfaces, refreshed at most once a second. The caches here are only ever
+/// `try_lock`ed: a fork child inherits a lock another thread held as held forever, and a cache
+/// miss costs only the lookup.
 static LOCAL: Mutex<Option<(Instant, Vec<IpAddr>)>> = Mutex::new(None);
 
 fn interface_addresses() -> Vec<IpAddr> {
@@ -44,7 +46,7 @@ pub fn is_local(ip: IpAddr) -> bool {
     if ip.is_loopback() || ip.is_unspecified() {
         return true;
     }
-    let mut cache = LOCAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Ok(mut cache) = LOCAL.try_lock() else { return interface_addresses().contains(&ip) };
     let fresh = matches!(&*cache, Some((at, _)) if at.elapsed() < Duration::from_secs(1));
     if !fresh {
         *cache = Some((Instant::now(), interface_addresses()));
@@ -94,7 +96,7 @@ pub fn pid() -> u32 {
 pub fn share_one_cpu(peer: u32) -> bool {
     // Remembered per peer for a second: connections to the same process come in bursts.
     static SEEN: Mutex<Option<(Instant, u32, bool)>> = Mutex::new(None);
-    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    let Ok(mut seen) = SEEN.try_lock() else { return affinity_union_is_one(peer) };
     if let Some((at, pid, answer)) = *seen {
         if pid == peer && at.elapsed() < Duration::from_secs(1) {
             return answer;
