@@ -13,19 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int failures;
-#define CHECK(cond, what)                                                   \
-    do {                                                                    \
-        if (!(cond)) {                                                      \
-            fprintf(stderr, "FAIL %s (line %d)\n", what, __LINE__);         \
-            failures++;                                                     \
-        }                                                                   \
-    } while (0)
-
-static void die(const char *what) {
-    perror(what);
-    exit(1);
-}
+#include "scenario.h"
 
 /* The peer: for each command byte N (1..9) sends N bytes 'x'; 'S' shuts down writing; 'Q' quits. */
 static void peer(int port) {

@@ -13,32 +13,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "scenario.h"
+
 #define TOTAL 400000
 #define BEFORE 150000
 
-static void die(const char *what) {
-    perror(what);
-    exit(1);
-}
-
 static unsigned char pattern(long i) { return (unsigned char)((i * 2654435761u) >> 13); }
-
-static int has_segment(void) {
-    DIR *d = opendir("/proc/self/fd");
-    struct dirent *e;
-    char path[64], link[256];
-    int found = 0;
-    while (d && (e = readdir(d))) {
-        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
-        ssize_t n = readlink(path, link, sizeof link - 1);
-        if (n > 0) {
-            link[n] = 0;
-            if (strstr(link, "colo-seg")) found = 1;
-        }
-    }
-    if (d) closedir(d);
-    return found;
-}
 
 static void read_pattern(int fd, long from, long to) {
     static unsigned char buf[65536];
@@ -88,7 +68,7 @@ static void client(int port) {
 
 /* The server's image after exec: the rest of the pattern, "OK", then EOF. */
 static int finish(int fd, long from, const char *who) {
-    if (!has_segment()) {
+    if (segments() == 0) {
         fprintf(stderr, "%s: the connection was not taken back after exec\n", who);
         return 1;
     }
@@ -150,7 +130,7 @@ int main(int argc, char **argv) {
     if (cl == 0) client(port);
     int s = accept(l, NULL, NULL);
     if (s < 0) die("accept");
-    if (!has_segment()) {
+    if (segments() == 0) {
         fprintf(stderr, "the connection was not accelerated (is the shim preloaded?)\n");
         return 1;
     }

@@ -23,41 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static int failures;
-#define CHECK(cond, what)                                                   \
-    do {                                                                    \
-        if (!(cond)) {                                                      \
-            fprintf(stderr, "FAIL %s (line %d)\n", what, __LINE__);         \
-            failures++;                                                     \
-        }                                                                   \
-    } while (0)
-
-static void die(const char *what) {
-    perror(what);
-    exit(1);
-}
-
-static int shimmed(void) {
-    const char *p = getenv("LD_PRELOAD");
-    return p && strstr(p, "colo");
-}
-
-static int segments(void) {
-    DIR *d = opendir("/proc/self/fd");
-    struct dirent *e;
-    char path[300], link[256];
-    int found = 0;
-    while (d && (e = readdir(d))) {
-        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
-        ssize_t n = readlink(path, link, sizeof link - 1);
-        if (n > 0) {
-            link[n] = 0;
-            if (strstr(link, "colo-seg")) found++;
-        }
-    }
-    if (d) closedir(d);
-    return found;
-}
+#include "scenario.h"
 
 /* Two different byte streams: `a` from us to the peer, `b` from the peer to us. */
 static unsigned char pa(long i) { return (unsigned char)((i * 2654435761u) >> 13); }

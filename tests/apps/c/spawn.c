@@ -20,26 +20,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "scenario.h"
+
 extern char **environ;
-
-static int failures;
-#define CHECK(cond, what)                                                   \
-    do {                                                                    \
-        if (!(cond)) {                                                      \
-            fprintf(stderr, "FAIL %s (line %d)\n", what, __LINE__);         \
-            failures++;                                                     \
-        }                                                                   \
-    } while (0)
-
-static void die(const char *what) {
-    perror(what);
-    exit(1);
-}
-
-static int shimmed(void) {
-    const char *p = getenv("LD_PRELOAD");
-    return p && strstr(p, "colo");
-}
 
 static void write_all(int fd, const void *p, size_t n) {
     while (n > 0) {
