@@ -29,6 +29,8 @@ struct Reg {
     quiet: Option<Edges>,
     /// EPOLLONESHOT fired: silent until EPOLL_CTL_MOD re-arms it.
     fired: bool,
+    /// The `from_rings` call that last reported it (its kernel event is then a duplicate).
+    round: u64,
 }
 
 type Edges = (u64, u32, u64, u32, u32);
@@ -162,7 +164,7 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
             if exists {
                 return g.err(libc::EEXIST) as c_int;
             }
-            let idx = with_regs(|r| r.insert(Reg { epfd, fd, events, data, conn: conn.clone(), seen: None, quiet: None, fired: false }));
+            let idx = with_regs(|r| r.insert(Reg { epfd, fd, events, data, conn: conn.clone(), seen: None, quiet: None, fired: false, round: 0 }));
             let mut kev = epoll_event { events: libc::EPOLLIN as u32 | (events & PASS_FLAGS), u64: TAG | idx as u64 };
             // SAFETY: registering the readiness fd in the application's set.
             if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, rfd, &mut kev) } != 0 {
@@ -222,13 +224,14 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
 }
 
 /// Fills `out` with events of `epfd`'s accelerated registrations that are ready now, read from
-/// the rings without a system call; returns how many and the indices reported.
-fn from_rings(epfd: c_int, out: &mut [epoll_event]) -> (usize, Vec<usize>) {
+/// the rings without a system call; returns how many, and the round they were marked with.
+fn from_rings(epfd: c_int, out: &mut [epoll_event]) -> (usize, u64) {
+    static ROUNDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let round = ROUNDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     with_regs(|r| {
         let Regs { slab, by_epfd, .. } = r;
-        let Some(list) = by_epfd.get(&epfd) else { return (0, Vec::new()) };
+        let Some(list) = by_epfd.get(&epfd) else { return (0, round) };
         let mut n = 0;
-        let mut reported = Vec::new();
         for &idx in list {
             if n == out.len() {
                 break;
@@ -238,17 +241,25 @@ fn from_rings(epfd: c_int, out: &mut [epoll_event]) -> (usize, Vec<usize>) {
             if m != 0 {
                 out[n] = epoll_event { events: m, u64: reg.data };
                 n += 1;
-                reported.push(idx);
+                reg.round = round;
             }
         }
-        (n, reported)
+        (n, round)
     })
 }
 
+/// After `n` events found in the rings (marked `round`): adds the other fds' events, asking the
+/// kernel without waiting; returns the total.
+fn with_kernel_events(epfd: c_int, all: &mut [epoll_event], n: usize, round: u64, wait: &impl Fn(*mut epoll_event, c_int, c_int) -> c_int) -> usize {
+    let rest = &mut all[n..];
+    let k = if rest.is_empty() { 0 } else { wait(rest.as_mut_ptr(), rest.len() as c_int, 0) };
+    n + if k > 0 { translate(epfd, &mut rest[..k as usize], Some(round)) } else { 0 }
+}
+
 /// Rewrites the kernel's events of one `epoll_wait` batch in place (our readiness fds become
-/// the application's fds and events; `skip`: registrations already reported from the rings);
-/// returns how many remain.
-fn translate(epfd: c_int, evs: &mut [epoll_event], skip: &[usize]) -> usize {
+/// the application's fds and events; registrations reported from the rings in `round` are
+/// skipped); returns how many remain.
+fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize {
     let mut out = 0;
     let mut rearm = Vec::new();
     with_regs(|r| {
@@ -262,7 +273,7 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], skip: &[usize]) -> usize {
             }
             let idx = (d & 0xFFFF_FFFF) as usize;
             let Some(Some(reg)) = r.slab.get_mut(idx) else { continue };
-            if skip.contains(&idx) {
+            if Some(reg.round) == round {
                 continue;
             }
             let mut m = reg.report(true);
@@ -352,13 +363,9 @@ pub unsafe fn epoll_wait_with(
         let g = Guard::enter();
         // SAFETY: the application gave us room for `max` events at `evs`.
         let all = unsafe { std::slice::from_raw_parts_mut(evs, max as usize) };
-        let (n, reported) = from_rings(epfd, all);
+        let (n, round) = from_rings(epfd, all);
         if n > 0 {
-            // The other fds' events too, without waiting.
-            let rest = &mut all[n..];
-            let k = if rest.is_empty() { 0 } else { wait(rest.as_mut_ptr(), rest.len() as c_int, 0) };
-            let k = if k > 0 { translate(epfd, &mut rest[..k as usize], &reported) } else { 0 };
-            return g.ok((n + k) as libc::ssize_t) as c_int;
+            return g.ok(with_kernel_events(epfd, all, n, round, &wait) as libc::ssize_t) as c_int;
         }
         let (conns, mode) = watched(epfd);
         if !spun && t != 0 && !conns.is_empty() {
@@ -382,12 +389,9 @@ pub unsafe fn epoll_wait_with(
                 c.will_sleep();
             }
             // Progress made before the announcements rang nothing: look once more.
-            let (n, reported) = from_rings(epfd, all);
+            let (n, round) = from_rings(epfd, all);
             if n > 0 {
-                let rest = &mut all[n..];
-                let k = if rest.is_empty() { 0 } else { wait(rest.as_mut_ptr(), rest.len() as c_int, 0) };
-                let k = if k > 0 { translate(epfd, &mut rest[..k as usize], &reported) } else { 0 };
-                return g.ok((n + k) as libc::ssize_t) as c_int;
+                return g.ok(with_kernel_events(epfd, all, n, round, &wait) as libc::ssize_t) as c_int;
             }
         }
         drop(g);
@@ -406,7 +410,7 @@ pub unsafe fn epoll_wait_with(
         let g = Guard::enter();
         // SAFETY: the kernel filled `k` events at `evs`.
         let batch = unsafe { std::slice::from_raw_parts_mut(evs, k as usize) };
-        let out = translate(epfd, batch, &[]);
+        let out = translate(epfd, batch, None);
         if out > 0 {
             return g.ok(out as libc::ssize_t) as c_int;
         }
@@ -585,7 +589,7 @@ pub unsafe fn select_impl(
     }
     let mut count = 0;
     for p in &pfds {
-        let rv = p.revents as i16;
+        let rv = p.revents;
         if !r.is_null() && p.events & libc::POLLIN != 0 && rv & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
             // SAFETY: fd < FD_SETSIZE.
             unsafe { libc::FD_SET(p.fd, r) };

@@ -19,22 +19,6 @@
 
 #include "scenario.h"
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
-
-static void write_all(int fd, const void *p, size_t n) {
-    while (n > 0) {
-        ssize_t k = write(fd, p, n);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) die("write");
-        p = (const char *)p + k;
-        n -= k;
-    }
-}
-
 /* A worker: answer each connection's "ping" with "pong" and the worker's pid, then close. */
 static void worker(int l) {
     for (;;) {

@@ -20,27 +20,6 @@
 
 #include "scenario.h"
 
-static void write_all(int fd, const void *p, size_t n) {
-    while (n > 0) {
-        ssize_t k = write(fd, p, n);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) die("write");
-        p = (const char *)p + k;
-        n -= k;
-    }
-}
-
-static int read_full(int fd, void *p, size_t n) {
-    size_t got = 0;
-    while (got < n) {
-        ssize_t k = read(fd, (char *)p + got, n - got);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return -1;
-        got += k;
-    }
-    return 0;
-}
-
 /* The peer: two connections. Each: echo until EOF, then report 'E' on the pipe and send "bye". */
 static void peer(int port, int report) {
     signal(SIGPIPE, SIG_IGN);

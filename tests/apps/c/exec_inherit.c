@@ -18,8 +18,6 @@
 #define TOTAL 400000
 #define BEFORE 150000
 
-static unsigned char pattern(long i) { return (unsigned char)((i * 2654435761u) >> 13); }
-
 static void read_pattern(int fd, long from, long to) {
     static unsigned char buf[65536];
     long at = from;
@@ -33,15 +31,6 @@ static void read_pattern(int fd, long from, long to) {
                 exit(1);
             }
         at += n;
-    }
-}
-
-static void write_all(int fd, const void *p, size_t n) {
-    while (n > 0) {
-        ssize_t k = write(fd, p, n);
-        if (k <= 0) die("write");
-        p = (const char *)p + k;
-        n -= k;
     }
 }
 

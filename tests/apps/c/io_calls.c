@@ -29,33 +29,6 @@
 static unsigned char pa(long i) { return (unsigned char)((i * 2654435761u) >> 13); }
 static unsigned char pb(long i) { return (unsigned char)((i * 40503u + 17) >> 5); }
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
-
-static void write_all(int fd, const void *p, size_t n) {
-    while (n > 0) {
-        ssize_t k = write(fd, p, n);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) die("write");
-        p = (const char *)p + k;
-        n -= k;
-    }
-}
-
-static int read_full(int fd, void *p, size_t n) {
-    size_t got = 0;
-    while (got < n) {
-        ssize_t k = read(fd, (char *)p + got, n - got);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return -1;
-        got += k;
-    }
-    return 0;
-}
-
 /* ---- the peer ------------------------------------------------------------------------------
  * Commands: 1 byte, then 32-bit arguments.
  *   'S' n      send n bytes of pb(0..n) in one write

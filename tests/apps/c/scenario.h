@@ -3,6 +3,8 @@
 #ifndef COLO_SCENARIO_H
 #define COLO_SCENARIO_H
 #include <dirent.h>
+#include <errno.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,5 +46,38 @@ static inline int segments(void) {
     }
     if (d) closedir(d);
     return found;
+}
+
+/* Byte `i` of the test pattern. */
+static inline unsigned char pattern(long i) { return (unsigned char)((i * 2654435761u) >> 13); }
+
+/* Monotonic seconds. */
+static inline double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* Writes all of `p` (retrying after EINTR); dies on an error. */
+static inline void write_all(int fd, const void *p, size_t n) {
+    while (n > 0) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) die("write");
+        p = (const char *)p + k;
+        n -= k;
+    }
+}
+
+/* Reads exactly `n` bytes (retrying after EINTR); -1 on an error or end of stream first. */
+static inline int read_full(int fd, void *p, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = read(fd, (char *)p + got, n - got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return -1;
+        got += k;
+    }
+    return 0;
 }
 #endif

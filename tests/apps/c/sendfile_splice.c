@@ -24,30 +24,7 @@
 #include "scenario.h"
 
 /* The file's content and the peer's stream: byte i of either is pattern(i). */
-static unsigned char pattern(long i) { return (unsigned char)((i * 2654435761u) >> 13); }
-
 #define FILE_SIZE (3L << 20)
-
-static void write_all(int fd, const void *p, size_t n) {
-    while (n > 0) {
-        ssize_t k = write(fd, p, n);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) die("write");
-        p = (const char *)p + k;
-        n -= k;
-    }
-}
-
-static int read_full(int fd, void *p, size_t n) {
-    size_t got = 0;
-    while (got < n) {
-        ssize_t k = read(fd, (char *)p + got, n - got);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return -1;
-        got += k;
-    }
-    return 0;
-}
 
 /* The peer. Commands (1 byte + two 64-bit numbers):
  *   'R' from n   read n bytes, which must be pattern(from ..), answer 'Y' or 'N'

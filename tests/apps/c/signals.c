@@ -26,22 +26,6 @@
 
 #include "scenario.h"
 
-static void write_all(int fd, const void *p, size_t n) {
-    while (n > 0) {
-        ssize_t k = write(fd, p, n);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) die("write");
-        p = (const char *)p + k;
-        n -= k;
-    }
-}
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
-
 /* The peer: commands over a pipe. 'D': wait 300 ms, send one byte. 'Z' + long n: wait 200 ms,
  * then read and discard n bytes from the connection. 'Q': quit. */
 static void peer(int port, int cmds) {

@@ -20,29 +20,6 @@
 #include "scenario.h"
 
 /* Under the shim (LD_PRELOAD names it) connections must be accelerated: a segment is open. */
-static unsigned char pattern(long i) { return (unsigned char)((i * 2654435761u) >> 13); }
-
-static void write_all(int fd, const void *p, size_t n) {
-    while (n > 0) {
-        ssize_t k = write(fd, p, n);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) die("write");
-        p = (const char *)p + k;
-        n -= k;
-    }
-}
-
-static int read_full(int fd, void *p, size_t n) {
-    size_t got = 0;
-    while (got < n) {
-        ssize_t k = read(fd, (char *)p + got, n - got);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return -1;
-        got += k;
-    }
-    return 0;
-}
-
 static void addr_str(const struct sockaddr_in *a, char *out, size_t n) {
     char ip[32];
     inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);

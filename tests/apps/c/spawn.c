@@ -24,16 +24,6 @@
 
 extern char **environ;
 
-static void write_all(int fd, const void *p, size_t n) {
-    while (n > 0) {
-        ssize_t k = write(fd, p, n);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) die("write");
-        p = (const char *)p + k;
-        n -= k;
-    }
-}
-
 /* A bulky piece, so that pieces are more than a line: "<tag>:" + 50000 pattern bytes + "\n". */
 static void piece(int fd, const char *tag) {
     static char buf[50100];
