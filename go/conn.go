@@ -459,8 +459,13 @@ func (c *Conn) wakePeer(w uint32) {
 }
 
 // alertPeer wakes the peer however it sleeps, regardless of its waiting word: closing and
-// resetting do.
-func (c *Conn) alertPeer() { c.wakePeer(waitDoorbell | waitFutex) }
+// resetting do. The exchange comes first, as for any progress (spec section 6): a peer that
+// announced a futex sleep but has not entered it finds its word changed and does not sleep
+// (the Rust side sleeps on its futex without a timeout).
+func (c *Conn) alertPeer() {
+	atomic.SwapUint32(c.peerWaiting, 0)
+	c.wakePeer(waitDoorbell | waitFutex)
+}
 
 // await blocks until ready() holds. ready must include every reason to wake: data, space,
 // flags, control-socket hang-up, close, deadline. Spec section 6: spin; exchange waiting to 1;

@@ -98,7 +98,10 @@ impl Readiness {
     }
 }
 
-/// A small epoll set for listeners: tokens in, ready tokens out.
+const ONCE: epoll::EventFlags =
+    epoll::EventFlags::IN.union(epoll::EventFlags::RDHUP).union(epoll::EventFlags::ONESHOT);
+
+/// A small epoll set (listeners, hang-up watching): tokens in, ready tokens out.
 #[derive(Debug)]
 pub struct Poller {
     epoll: OwnedFd,
@@ -113,6 +116,17 @@ impl Poller {
     /// Watches `fd` for input under `token` (level-triggered).
     pub fn add(&self, fd: impl AsFd, token: u64) -> io::Result<()> {
         Ok(epoll::add(&self.epoll, fd, epoll::EventData::new_u64(token), epoll::EventFlags::IN)?)
+    }
+
+    /// Watches `fd` for input or hang-up under `token`, once: after it is reported, nothing more
+    /// until [`Poller::rearm_once`] (`EPOLLONESHOT`).
+    pub fn add_once(&self, fd: impl AsFd, token: u64) -> io::Result<()> {
+        Ok(epoll::add(&self.epoll, fd, epoll::EventData::new_u64(token), ONCE)?)
+    }
+
+    /// Watches a reported [`Poller::add_once`] registration again.
+    pub fn rearm_once(&self, fd: impl AsFd, token: u64) -> io::Result<()> {
+        Ok(epoll::modify(&self.epoll, fd, epoll::EventData::new_u64(token), ONCE)?)
     }
 
     /// Stops watching `fd`.

@@ -6,14 +6,14 @@ use rustix::thread::futex;
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
-/// Sleeps while `*word == expected`, at most `timeout`. Returns on a wake, a timeout, a signal,
-/// or at once if the word differs: callers re-check their condition in every case. True if a
-/// signal handler interrupted the sleep (`EINTR`: one installed without `SA_RESTART`; the kernel
-/// restarts the others).
-pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) -> bool {
-    let ts = Timespec { tv_sec: timeout.as_secs() as i64, tv_nsec: timeout.subsec_nanos() as i64 };
+/// Sleeps while `*word == expected`, at most `timeout` (`None`: until woken). Returns on a wake, a
+/// timeout, a signal, or at once if the word differs: callers re-check their condition in every
+/// case. True if a signal handler interrupted the sleep (`EINTR`: one installed without
+/// `SA_RESTART`; the kernel restarts the others).
+pub fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) -> bool {
+    let ts = timeout.map(|t| Timespec { tv_sec: t.as_secs() as i64, tv_nsec: t.subsec_nanos() as i64 });
     // Not FUTEX_PRIVATE: the word is shared with another process.
-    matches!(futex::wait(word, futex::Flags::empty(), expected, Some(&ts)), Err(rustix::io::Errno::INTR))
+    matches!(futex::wait(word, futex::Flags::empty(), expected, ts.as_ref()), Err(rustix::io::Errno::INTR))
 }
 
 /// Wakes every sleeper on `word`.

@@ -126,9 +126,9 @@ pub fn raise_fd_limit() {
     }
 }
 
-/// Registers fork handlers: `prepare` runs in the forking thread before the fork, `after` in
-/// the parent and in the child after it (`pthread_atfork`).
-pub fn at_fork(prepare: extern "C" fn(), after: extern "C" fn()) {
+/// Registers fork handlers: `prepare` runs in the forking thread before the fork, `parent` and
+/// `child` after it on each side (`pthread_atfork`).
+pub fn at_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) {
     // SAFETY: registering plain functions; pthread_atfork copies the pointers.
-    unsafe { libc::pthread_atfork(Some(prepare), Some(after), Some(after)) };
+    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
 }

@@ -16,6 +16,7 @@ extern "C" fn prepare() {
     let mut guards = crate::handshake::fork_guards();
     guards.extend(crate::recycle::fork_guards());
     guards.push(crate::shm::reaper_fork_guard());
+    guards.push(crate::hangup::fork_guard());
     HELD.with(|h| *h.borrow_mut() = guards);
 }
 
@@ -29,8 +30,13 @@ extern "C" fn release() {
     });
 }
 
+extern "C" fn child() {
+    release();
+    crate::hangup::forked();
+}
+
 /// Registers the handlers (once per process; a child inherits them).
 pub(crate) fn protect() {
     static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| colo_sys::host::at_fork(prepare, release));
+    ONCE.call_once(|| colo_sys::host::at_fork(prepare, release, child));
 }

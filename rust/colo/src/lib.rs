@@ -33,6 +33,7 @@
 pub mod carrier;
 mod fork;
 mod handshake;
+mod hangup;
 mod listener;
 mod log;
 mod message;

@@ -166,6 +166,8 @@ pub struct Shm {
     write_timeout: AtomicU64,
     waiters: Mutex<Waiters>,
     woken: Condvar,
+    /// Wakes a futex sleep when the control socket becomes readable (see `hangup`).
+    hangup: crate::hangup::Watch,
     /// Created on first use: blocking waits poll the two fds directly.
     readiness: std::sync::OnceLock<Readiness>,
     /// Dropped by hand in `drop`, where the doorbells may be parked for reuse.
@@ -318,6 +320,7 @@ impl Shm {
             write_timeout: AtomicU64::new(0),
             waiters: Mutex::new(Waiters::default()),
             woken: Condvar::new(),
+            hangup: crate::hangup::Watch::new(),
             readiness: std::sync::OnceLock::new(),
             fds: std::mem::ManuallyDrop::new(fds),
             recycle: None,
@@ -379,6 +382,9 @@ impl Shm {
     fn signal(&self, word: *const AtomicU32, bits: u32) {
         // SAFETY: `word` comes from `out_words`/`in_words`: an aligned atomic in our mapping.
         unsafe { &*word }.fetch_or(bits, Ordering::Release);
+        // The exchange, as for any progress (spec section 6): a futex sleeper that announced
+        // before it finds its word changed; one that announces after it sees the flag.
+        notify::peer_needs_wake(self.seg.waiting(self.other()));
         doorbell::ring(&self.fds.peer_bell);
         colo_sys::futex::wake_all(self.seg.waiting(self.other()));
     }
@@ -386,6 +392,9 @@ impl Shm {
     /// Wakes this side's own sleeping threads (a state they must see changed locally).
     fn wake_self(&self) {
         doorbell::ring(&self.fds.own_bell);
+        // SYNC POINT with `notify::announce_sleep`: changing the word stops a futex sleep that
+        // was announced but not yet entered (the state change is stored before this).
+        self.own_waiting().fetch_and(!notify::SLEEP_FUTEX, Ordering::AcqRel);
         colo_sys::futex::wake_all(self.own_waiting());
     }
 
@@ -464,12 +473,13 @@ impl Shm {
 
     /// Sleeps until the doorbell rings, the control socket wakes, or `deadline` passes; with
     /// `futex = Some((value, budget))`, on the futex at our `waiting` word instead, for at most
-    /// `budget` (a hang-up is then noticed when the sleep moves on to the doorbell).
+    /// `budget` (`None`: the hang-up watcher wakes it; else a hang-up is noticed when the sleep
+    /// moves on to the doorbell).
     ///
     /// `epoch` is the waiters' epoch read before this thread announced its sleep: if another
     /// thread has woken (and perhaps drained a ring meant for us) since, return at once so the
     /// caller re-checks instead of sleeping on a swallowed wake-up.
-    fn block(&self, deadline: Option<Instant>, futex: Option<(u32, Duration)>, epoch: u64) -> io::Result<()> {
+    fn block(&self, deadline: Option<Instant>, futex: Option<(u32, Option<Duration>)>, epoch: u64) -> io::Result<()> {
         let timeout = match deadline {
             Some(d) => {
                 let left = d.saturating_duration_since(Instant::now());
@@ -507,8 +517,19 @@ impl Shm {
         drop(w);
         let r = match futex {
             Some((value, budget)) => {
-                let t = timeout.map_or(budget, |t| t.min(budget));
-                let interrupted = colo_sys::futex::wait(self.own_waiting(), value, t);
+                let t = match (timeout, budget) {
+                    (Some(t), Some(b)) => Some(t.min(b)),
+                    (t, b) => t.or(b),
+                };
+                // The watcher may have marked us before our announcement: no sleep then.
+                let fired = self.hangup.take_fired();
+                let interrupted = !fired && colo_sys::futex::wait(self.own_waiting(), value, t);
+                if fired || self.hangup.take_fired() {
+                    self.poll_control();
+                    if !self.has(PEER_GONE) {
+                        self.hangup.rearm(&self.fds.control);
+                    }
+                }
                 Ok(colo_sys::doorbell::Woken { interrupted, ..Default::default() })
             }
             None => doorbell::wait(&self.fds.own_bell, &self.fds.control, timeout),
@@ -579,8 +600,19 @@ impl Shm {
                 |_, _| Ok(()),
             );
         }
-        // Sleep on the futex first (one syscall each way) for up to FUTEX_BUDGET, then on the
+        // With no deadline and the hang-up watcher running, sleep on the futex until woken (one
+        // syscall each way, no timer). Otherwise on the futex for up to FUTEX_BUDGET, then on the
         // doorbell and the control socket (no CPU while idle; a hang-up wakes it).
+        let untimed = std::cell::Cell::new(None::<bool>);
+        let sleep_untimed = || {
+            let u = untimed.get().unwrap_or_else(|| {
+                deadline.is_none() && self.hangup.armed(&self.fds.control, self.own_waiting())
+            });
+            untimed.set(Some(u));
+            u
+        };
+        // An adaptive spinner learns from how long its sleeps last.
+        let measure = matches!(spinner.mode(), SpinMode::For(_));
         let asleep_since = std::cell::Cell::new(None::<Instant>);
         let seen_epoch = std::cell::Cell::new(0u64);
         let futex_left = || {
@@ -594,17 +626,22 @@ impl Shm {
             || {
                 // Read before the announcement: see `block`.
                 seen_epoch.set(lock(&self.waiters).epoch);
-                if futex_left().is_some() { notify::SLEEP_FUTEX } else { notify::SLEEP_DOORBELL }
+                if sleep_untimed() || futex_left().is_some() { notify::SLEEP_FUTEX } else { notify::SLEEP_DOORBELL }
             },
             |value, bit| {
-                if asleep_since.get().is_none() {
+                let untimed = sleep_untimed();
+                if (measure || !untimed) && asleep_since.get().is_none() {
                     asleep_since.set(Some(Instant::now()));
                 }
-                let futex = if bit == notify::SLEEP_FUTEX { futex_left().map(|d| (value, d)) } else { None };
+                let futex = match bit {
+                    notify::SLEEP_FUTEX if untimed => Some((value, None)),
+                    notify::SLEEP_FUTEX => futex_left().map(|d| (value, Some(d))),
+                    _ => None,
+                };
                 self.block(deadline, futex, seen_epoch.get())
             },
         );
-        if let Some(since) = asleep_since.get() {
+        if let (true, Some(since)) = (measure, asleep_since.get()) {
             spinner.slept(since.elapsed());
         }
         r
@@ -1001,6 +1038,8 @@ impl Drop for Shm {
         // SAFETY: `fds` is not used after this point (this is the last use of `self` that reads
         // it; the remaining fields never refer to it).
         let Fds { control, own_bell, peer_bell } = unsafe { std::mem::ManuallyDrop::take(&mut self.fds) };
+        // Before the segment can be unmapped: the watcher holds the address of our word.
+        self.hangup.release();
         drop(control);
         let parked = |seg| crate::recycle::Parked::new(seg, own_bell, peer_bell);
         match self.recycle.take() {

@@ -267,6 +267,37 @@ fn server_killed_client_sees_reset() {
     assert_eq!((&s).read(&mut b).unwrap_err().kind(), ErrorKind::ConnectionReset);
 }
 
+/// Readers and writers asleep on their futex (no spin, no timeout: the hang-up watcher wakes
+/// them) when the peer is killed: both see the reset, and the connection's other half too.
+#[test]
+fn futex_sleepers_see_a_killed_peer() {
+    let _w = common::watchdog(60);
+    let mut child = common::child("child_entry", "sleeping_server", "");
+    let line = wait_line(&mut child);
+    let addr = line.strip_prefix("READY ").unwrap().to_string();
+    let opts = Options::new().spin(colo::SpinMode::Never).ring_capacity(4096);
+    let s = std::sync::Arc::new(Stream::connect_with(addr.as_str(), &opts).unwrap());
+    assert_eq!(s.transport(), Transport::SharedMemory);
+    let reader = {
+        let s = s.clone();
+        thread::spawn(move || (&*s).read(&mut [0u8; 4]).unwrap_err().kind())
+    };
+    // Fill the ring, so the writer sleeps too (the server never reads).
+    let writer = {
+        let s = s.clone();
+        thread::spawn(move || loop {
+            if let Err(e) = (&*s).write(&[7u8; 1024]) {
+                break e.kind();
+            }
+        })
+    };
+    thread::sleep(Duration::from_millis(200));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(reader.join().unwrap(), ErrorKind::ConnectionReset);
+    assert_eq!(writer.join().unwrap(), ErrorKind::BrokenPipe);
+}
+
 #[test]
 fn corrupted_segment_resets_only_that_connection() {
     let _w = common::watchdog(60);

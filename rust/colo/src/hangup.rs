@@ -1,0 +1,171 @@
+//! Hang-up watching for futex sleepers (spec/WIRE.md section 6).
+//!
+//! A thread asleep on its connection's futex is not woken by the peer's death: that shows on the
+//! control socket. A timed futex sleep would notice it late, but arming a timer on every sleep
+//! costs about a microsecond per sleep on a KVM guest (programming the timer exits to the
+//! hypervisor): on one CPU, a third of a Unix socket round trip. So one thread per process
+//! watches, in an epoll set, the control sockets of the connections whose threads sleep on their
+//! futex (registered at the first such sleep, one-shot). When one becomes readable (the peer hung
+//! up, or a late answer to a HELLO came), the thread marks the connection and wakes its futex as
+//! a peer would; the woken sleeper reads the control socket itself and re-arms the watch.
+//! Idle, the thread sleeps in `epoll_wait` and costs nothing.
+
+use colo_ring::notify::SLEEP_FUTEX;
+use colo_ring::sync::{AtomicU32, Ordering};
+use colo_sys::doorbell::Poller;
+use colo_sys::OwnedFd;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// This process image's generation: bumped in a forked child, whose copy of the watcher has no
+/// thread (a registration made before the fork belongs to the parent's watcher).
+static GENERATION: AtomicU64 = AtomicU64::new(1);
+
+/// A `key` meaning "this process cannot watch": sleep with a timeout instead.
+const UNWATCHABLE: u64 = u64::MAX;
+
+struct Watched {
+    fired: Arc<AtomicBool>,
+    /// The address of the connection's own `waiting` word, inside its mapped segment. The entry
+    /// is removed (under the lock) before the segment can be unmapped.
+    word: usize,
+}
+
+struct Watcher {
+    generation: u64,
+    poller: Arc<Poller>,
+    watched: HashMap<u64, Watched>,
+    next_key: u64,
+}
+
+static WATCHER: Mutex<Option<Watcher>> = Mutex::new(None);
+
+fn lock() -> MutexGuard<'static, Option<Watcher>> {
+    WATCHER.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The watcher's lock, taken around a fork (see `fork`).
+pub(crate) fn fork_guard() -> Box<dyn std::any::Any> {
+    Box::new(lock())
+}
+
+/// Called in a forked child.
+pub(crate) fn forked() {
+    GENERATION.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The watcher of this process image, started on first use; `None` if it cannot run.
+fn watcher(w: &mut Option<Watcher>) -> Option<&mut Watcher> {
+    let generation = GENERATION.load(Ordering::Relaxed);
+    if w.as_ref().is_none_or(|w| w.generation != generation) {
+        *w = None;
+        crate::fork::protect();
+        let poller = Arc::new(Poller::new().ok()?);
+        let p = poller.clone();
+        std::thread::Builder::new().name("colo-hangup".into()).spawn(move || run(&p)).ok()?;
+        *w = Some(Watcher { generation, poller, watched: HashMap::new(), next_key: 0 });
+    }
+    w.as_mut()
+}
+
+fn run(poller: &Arc<Poller>) {
+    loop {
+        let Ok(keys) = poller.wait(None) else { return };
+        let w = lock();
+        let Some(w) = w.as_ref().filter(|w| Arc::ptr_eq(&w.poller, poller)) else { return };
+        for key in keys {
+            let Some(c) = w.watched.get(&key) else { continue };
+            // SYNC POINT with the sleeper's `Watch::take_fired` (Acquire): the mark is released
+            // by the read-modify-write below, which the sleeper's announcement reads or follows.
+            c.fired.store(true, Ordering::Release);
+            // SAFETY: `word` is an aligned atomic in a segment that stays mapped while the entry
+            // exists (`Watch::release` removes it under this lock before the unmapping).
+            let word = unsafe { &*(c.word as *const AtomicU32) };
+            // SYNC POINT with `notify::announce_sleep`: a sleeper that announced FUTEX before this
+            // finds its word changed (no sleep) or is woken below; one that announces after it
+            // synchronises with it and sees the mark before sleeping. Only the FUTEX bit is
+            // taken: a DOORBELL bit stays for the peer to ring.
+            if word.fetch_and(!SLEEP_FUTEX, Ordering::AcqRel) & SLEEP_FUTEX != 0 {
+                colo_sys::futex::wake_all(word);
+            }
+        }
+    }
+}
+
+/// One side of a connection, as the watcher knows it.
+pub(crate) struct Watch {
+    fired: Arc<AtomicBool>,
+    /// The generation it is registered in (0: never).
+    generation: AtomicU64,
+    key: AtomicU64,
+}
+
+impl Watch {
+    pub(crate) fn new() -> Watch {
+        Watch { fired: Arc::new(AtomicBool::new(false)), generation: AtomicU64::new(0), key: AtomicU64::new(0) }
+    }
+
+    /// Whether a hang-up of `control` wakes a futex sleep on `word` (the connection's own
+    /// `waiting` word): registers on first use in this process image. False if the watcher
+    /// cannot run here (out of descriptors or threads): sleep with a timeout then.
+    pub(crate) fn armed(&self, control: &OwnedFd, word: &AtomicU32) -> bool {
+        if self.generation.load(Ordering::Relaxed) == GENERATION.load(Ordering::Relaxed) {
+            return self.key.load(Ordering::Relaxed) != UNWATCHABLE;
+        }
+        let mut guard = lock();
+        if self.generation.load(Ordering::Relaxed) == GENERATION.load(Ordering::Relaxed) {
+            // Another thread of this connection registered it meanwhile.
+            return self.key.load(Ordering::Relaxed) != UNWATCHABLE;
+        }
+        let key = match watcher(&mut guard) {
+            Some(w) => {
+                let key = w.next_key;
+                match w.poller.add_once(control, key) {
+                    Ok(()) => {
+                        w.next_key += 1;
+                        let entry = Watched { fired: self.fired.clone(), word: word as *const AtomicU32 as usize };
+                        w.watched.insert(key, entry);
+                        key
+                    }
+                    Err(_) => UNWATCHABLE,
+                }
+            }
+            None => UNWATCHABLE,
+        };
+        self.key.store(key, Ordering::Relaxed);
+        self.generation.store(GENERATION.load(Ordering::Relaxed), Ordering::Relaxed);
+        key != UNWATCHABLE
+    }
+
+    /// Whether the control socket became readable since the last call (consumes the mark).
+    pub(crate) fn take_fired(&self) -> bool {
+        // Acquire: partner of the watcher's Release store.
+        self.fired.load(Ordering::Acquire) && self.fired.swap(false, Ordering::Acquire)
+    }
+
+    /// Watches `control` again after the sleeper read it and the peer is still there.
+    pub(crate) fn rearm(&self, control: &OwnedFd) {
+        let mut guard = lock();
+        let Some(w) = guard.as_mut() else { return };
+        let key = self.key.load(Ordering::Relaxed);
+        if w.generation == self.generation.load(Ordering::Relaxed) && w.watched.contains_key(&key) {
+            let _ = w.poller.rearm_once(control, key);
+        }
+    }
+
+    /// Stops watching: the connection is closing and its segment may be unmapped after this.
+    pub(crate) fn release(&self) {
+        if self.generation.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut guard = lock();
+        if let Some(w) = guard.as_mut() {
+            if w.generation == self.generation.load(Ordering::Relaxed) {
+                // The registration itself goes when the control socket closes (or, if a forked
+                // process still holds it, reports to a key that no longer exists).
+                w.watched.remove(&self.key.load(Ordering::Relaxed));
+            }
+        }
+    }
+}
