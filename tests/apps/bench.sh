@@ -10,21 +10,24 @@ rb() { # $1 port, $2 clients (and more options), $3 prefix ("" or colo run), $4 
     awk '/requests per second/ {sub(":","",$1); printf "%s=%s ", $1, $2}'
 }
 ratio() { python3 -c "print(f'{float($2)/float($1):.2f}x')"; }
-P=$(free_port); start_redis "$P" ""
+P=$(free_port); start_redis "$P" "" --unixsocket "$WORK/redis.sock" --unixsocketperm 700
 Q=$(free_port); start_redis "$Q" colo
 for c in 50 1; do
-  tcp=$(rb "$P" $c ""); colo=$(rb "$Q" $c "$COLORUN")
+  tcp=$(rb "$P" $c ""); colo=$(rb "$Q" $c "$COLORUN"); unix=$(rb "$P" "$c -s $WORK/redis.sock" "")
   for op in SET GET; do
     t=$(echo "$tcp" | tr ' ' '\n' | grep "^$op=" | cut -d= -f2); k=$(echo "$colo" | tr ' ' '\n' | grep "^$op=" | cut -d= -f2)
-    printf "redis %-3s -c %-2s  tcp %10s  colo %10s  ratio %s\n" "$op" "$c" "$t" "$k" "$(ratio "$t" "$k")"
+    u=$(echo "$unix" | tr ' ' '\n' | grep "^$op=" | cut -d= -f2)
+    printf "redis %-3s -c %-2s  tcp %10s  unix %10s  colo %10s  ratio %s (x unix %s)\n" "$op" "$c" "$t" "$u" "$k" "$(ratio "$t" "$k")" "$(ratio "$u" "$k")"
   done
 done
 # Connection-heavy: a new connection per request.
 tcp=$(rb "$P" "10 -k 0" "" 20000); colo=$(rb "$Q" "10 -k 0" "$COLORUN" 20000)
 t=$(echo "$tcp" | tr ' ' '\n' | grep "^GET=" | cut -d= -f2); k=$(echo "$colo" | tr ' ' '\n' | grep "^GET=" | cut -d= -f2)
 printf "redis GET -c 10 -k 0 (connection per request)  tcp %10s  colo %10s  ratio %s\n" "$t" "$k" "$(ratio "$t" "$k")"
-A=$(free_port); start_nginx "$A" 1 ""
-B=$(free_port); start_nginx "$B" 1 colo
 w() { $2 wrk -t1 -c50 -d${DUR:-5s} "http://127.0.0.1:$1/1k.txt" 2>/dev/null | awk '/Requests\/sec/ {print $2}'; }
-t=$(w "$A" ""); k=$(w "$B" "$COLORUN")
-printf "nginx 1w  wrk -c50  tcp %10s  colo %10s  ratio %s\n" "$t" "$k" "$(ratio "$t" "$k")"
+for workers in 1 2; do
+  A=$(free_port); start_nginx "$A" $workers ""
+  B=$(free_port); start_nginx "$B" $workers colo
+  t=$(w "$A" ""); k=$(w "$B" "$COLORUN")
+  printf "nginx %sw  wrk -c50  tcp %10s  colo %10s  ratio %s\n" "$workers" "$t" "$k" "$(ratio "$t" "$k")"
+done

@@ -14,10 +14,11 @@ cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/n
 trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened"; return 1; }
-start_redis() { # $1 port, $2 "colo" or ""
-  if [ "$2" = colo ]; then COLO_LOG=info $COLORUN redis-server --port "$1" --save '' --appendonly no --dir "$WORK" >"$WORK/redis-$1.log" 2>&1 &
-  else redis-server --port "$1" --save '' --appendonly no --dir "$WORK" >"$WORK/redis-$1.log" 2>&1 & fi
-  PIDS+=($!); wait_port "$1"
+start_redis() { # $1 port, $2 "colo" or "", then more redis-server options
+  local port=$1 how=$2; shift 2
+  if [ "$how" = colo ]; then COLO_LOG=info $COLORUN redis-server --port "$port" --save '' --appendonly no --dir "$WORK" "$@" >"$WORK/redis-$port.log" 2>&1 &
+  else redis-server --port "$port" --save '' --appendonly no --dir "$WORK" "$@" >"$WORK/redis-$port.log" 2>&1 & fi
+  PIDS+=($!); wait_port "$port"
 }
 start_nginx() { # $1 port, $2 workers, $3 "colo" or ""
   mkdir -p "$WORK/ngx$1/www" "$WORK/ngx$1/logs"

@@ -194,7 +194,15 @@ impl Conn {
         colo_sys::doorbell::ring(self.own_bell());
     }
 
-    fn peer_gone(&self) -> bool {
+    /// Empties our doorbell (after the kernel reported our readiness fd): a level-triggered
+    /// registration would otherwise report it again at the next sleep, for nothing.
+    pub fn drain(&self) {
+        colo_sys::doorbell::drain(self.own_bell());
+    }
+
+    /// The peer's processes are all gone (the control socket hung up): one `recv` with
+    /// `MSG_PEEK`, then remembered.
+    pub fn peer_gone(&self) -> bool {
         if self.gone.load(Ordering::Relaxed) {
             return true;
         }
@@ -249,7 +257,7 @@ impl Conn {
         if fin && (read_closed || out_flags & FLAG_FIN != 0) {
             m |= HUP;
         }
-        if m & IN == 0 && check_gone && self.peer_gone() {
+        if m & IN == 0 && (self.gone.load(Ordering::Relaxed) || check_gone && self.peer_gone()) {
             m |= IN | RDHUP | HUP | OUT;
         }
         m

@@ -29,6 +29,15 @@ struct Reg {
     quiet: Option<Edges>,
     /// EPOLLONESHOT fired: silent until EPOLL_CTL_MOD re-arms it.
     fired: bool,
+    /// The application deleted it (`EPOLL_CTL_DEL`). Our kernel registration stays until the fd
+    /// closes or the peer hangs up, so that the next `EPOLL_CTL_ADD` costs no system call: event
+    /// loops such as redis-benchmark's delete and add a connection around every request.
+    deleted: bool,
+    /// The events our kernel registration of the readiness fd has.
+    kernel: u32,
+    /// The kernel reported the readiness fd and its doorbell was left rung (so that a poller
+    /// above the application's set still sees it readable): drained before the next sleep here.
+    rung: bool,
     /// The `from_rings` call that last reported it (its kernel event is then a duplicate).
     round: u64,
 }
@@ -39,7 +48,7 @@ impl Reg {
     /// The events to report for this registration now, from the rings (no system call unless
     /// `check_gone`), honouring level/edge/one-shot; records the report.
     fn report(&mut self, check_gone: bool) -> u32 {
-        if self.fired {
+        if self.fired || self.deleted {
             return 0;
         }
         let now = self.conn.edges();
@@ -160,12 +169,61 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
     let rfd = conn.readiness_raw();
     match op {
         libc::EPOLL_CTL_ADD => {
-            let exists = with_regs(|r| r.index.contains_key(&(epfd, fd)));
-            if exists {
-                return g.err(libc::EEXIST) as c_int;
+            let kernel = libc::EPOLLIN as u32 | (events & PASS_FLAGS);
+            // A registration the application deleted comes back without a system call, unless
+            // its kernel flags change; one left by an earlier connection on this fd number goes.
+            let revived = with_regs(|r| {
+                let idx = *r.index.get(&(epfd, fd))?;
+                let reg = r.slab[idx].as_mut()?;
+                if !reg.deleted {
+                    return Some(Err(libc::EEXIST));
+                }
+                if !Arc::ptr_eq(&reg.conn, &conn) {
+                    let old = r.remove(idx)?;
+                    return Some(Ok(Err(old)));
+                }
+                let old_kernel = reg.kernel;
+                *reg = Reg { epfd, fd, events, data, conn: conn.clone(), seen: None, quiet: None, fired: false, deleted: false, kernel, rung: false, round: 0 };
+                Some(Ok(Ok((idx, old_kernel))))
+            });
+            match revived {
+                Some(Err(e)) => return g.err(e) as c_int,
+                Some(Ok(Ok((idx, old_kernel)))) => {
+                    // New flags: register anew (EPOLLEXCLUSIVE cannot be modified). The same
+                    // one-shot flags: re-arm.
+                    let op = if old_kernel != kernel {
+                        // SAFETY: removing our registration, added again below.
+                        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, rfd, std::ptr::null_mut()) };
+                        Some(libc::EPOLL_CTL_ADD)
+                    } else if kernel & libc::EPOLLONESHOT as u32 != 0 {
+                        Some(libc::EPOLL_CTL_MOD)
+                    } else {
+                        None
+                    };
+                    if let Some(op) = op {
+                        let mut kev = epoll_event { events: kernel, u64: TAG | idx as u64 };
+                        // SAFETY: (re-)registering our readiness fd in the application's set.
+                        if unsafe { real::epoll_ctl(epfd, op, rfd, &mut kev) } != 0 {
+                            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+                            with_regs(|r| r.remove(idx));
+                            // SAFETY: our registration is broken; take it out of the kernel's set.
+                            unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, rfd, std::ptr::null_mut()) };
+                            return g.err(e) as c_int;
+                        }
+                    }
+                    if table::has_sleepers(epfd) {
+                        conn.poke();
+                    }
+                    return g.ok(0) as c_int;
+                }
+                Some(Ok(Err(stale))) => {
+                    // SAFETY: removing a registration of a connection that is gone from this fd.
+                    unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, stale.conn.readiness_raw(), std::ptr::null_mut()) };
+                }
+                None => {}
             }
-            let idx = with_regs(|r| r.insert(Reg { epfd, fd, events, data, conn: conn.clone(), seen: None, quiet: None, fired: false, round: 0 }));
-            let mut kev = epoll_event { events: libc::EPOLLIN as u32 | (events & PASS_FLAGS), u64: TAG | idx as u64 };
+            let idx = with_regs(|r| r.insert(Reg { epfd, fd, events, data, conn: conn.clone(), seen: None, quiet: None, fired: false, deleted: false, kernel, rung: false, round: 0 }));
+            let mut kev = epoll_event { events: kernel, u64: TAG | idx as u64 };
             // SAFETY: registering the readiness fd in the application's set.
             if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, rfd, &mut kev) } != 0 {
                 let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
@@ -173,13 +231,17 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
                 return g.err(e) as c_int;
             }
             table::set_epoll(epfd, true);
-            conn.poke();
+            // A thread asleep on this set must look at it (the kernel would wake it); one about
+            // to sleep marks itself sleeping before its last look at the registrations.
+            if table::has_sleepers(epfd) {
+                conn.poke();
+            }
             g.ok(0) as c_int
         }
         libc::EPOLL_CTL_MOD => {
             let Some((idx, old)) = with_regs(|r| {
                 let idx = *r.index.get(&(epfd, fd))?;
-                let reg = r.slab[idx].as_mut()?;
+                let reg = r.slab[idx].as_mut().filter(|reg| !reg.deleted)?;
                 let old = reg.events;
                 reg.events = events;
                 reg.data = data;
@@ -194,7 +256,9 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
             // interest change (event loops flip OUT on and off around every reply) needs no system
             // call, as `epoll_wait` reads the rings first. A one-shot re-arm or a flag change does.
             if (old ^ events) & PASS_FLAGS != 0 || events & libc::EPOLLONESHOT as u32 != 0 {
-                let mut kev = epoll_event { events: libc::EPOLLIN as u32 | (events & PASS_FLAGS), u64: TAG | idx as u64 };
+                let kernel = libc::EPOLLIN as u32 | (events & PASS_FLAGS);
+                with_regs(|r| r.slab[idx].as_mut().map(|reg| reg.kernel = kernel));
+                let mut kev = epoll_event { events: kernel, u64: TAG | idx as u64 };
                 // SAFETY: modifying our registration.
                 if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, rfd, &mut kev) } != 0 {
                     let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
@@ -208,16 +272,16 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
             g.ok(0) as c_int
         }
         libc::EPOLL_CTL_DEL => {
-            let Some(reg) = with_regs(|r| {
+            let found = with_regs(|r| {
                 let idx = *r.index.get(&(epfd, fd))?;
-                r.remove(idx)
-            }) else {
-                return g.err(libc::ENOENT) as c_int;
-            };
-            // SAFETY: removing our registration.
-            unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, rfd, std::ptr::null_mut()) };
-            drop(reg);
-            g.ok(0) as c_int
+                let reg = r.slab[idx].as_mut().filter(|reg| !reg.deleted)?;
+                reg.deleted = true;
+                Some(())
+            });
+            match found {
+                Some(()) => g.ok(0) as c_int,
+                None => g.err(libc::ENOENT) as c_int,
+            }
         }
         _ => g.err(libc::EINVAL) as c_int,
     }
@@ -262,6 +326,7 @@ fn with_kernel_events(epfd: c_int, all: &mut [epoll_event], n: usize, round: u64
 fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize {
     let mut out = 0;
     let mut rearm = Vec::new();
+    let mut hung_up = Vec::new();
     with_regs(|r| {
         for i in 0..evs.len() {
             let ev = evs[i];
@@ -273,6 +338,17 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
             }
             let idx = (d & 0xFFFF_FFFF) as usize;
             let Some(Some(reg)) = r.slab.get_mut(idx) else { continue };
+            if reg.deleted {
+                // A doorbell or a hang-up left readable would end every sleep: drain it, and if
+                // the peer hung up, the kernel registration must go now.
+                reg.conn.drain();
+                if reg.conn.peer_gone() {
+                    hung_up.push(idx);
+                }
+                continue;
+            }
+            // The kernel reported the readiness fd: the doorbell rang or the peer hung up.
+            reg.rung = true;
             if Some(reg.round) == round {
                 continue;
             }
@@ -280,13 +356,14 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
             if m == 0 && !reg.fired {
                 // A ring with nothing new behind it (or one meant for an earlier state): drain
                 // the doorbell, announce, and look once more.
+                reg.rung = false;
                 if reg.conn.arm() != 0 {
                     m = reg.report(false);
                 }
             }
             if m == 0 {
                 if reg.events & libc::EPOLLONESHOT as u32 != 0 && !reg.fired {
-                    rearm.push((reg.conn.readiness_raw(), reg.events, d));
+                    rearm.push((reg.conn.readiness_raw(), reg.kernel, d));
                 }
                 continue;
             }
@@ -294,10 +371,16 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
             out += 1;
         }
     });
-    for (rfd, events, d) in rearm {
-        let mut kev = epoll_event { events: libc::EPOLLIN as u32 | (events & PASS_FLAGS), u64: d };
+    for (rfd, kernel, d) in rearm {
+        let mut kev = epoll_event { events: kernel, u64: d };
         // SAFETY: re-enabling our one-shot registration after a spurious wake-up.
         unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, rfd, &mut kev) };
+    }
+    for idx in hung_up {
+        if let Some(reg) = with_regs(|r| r.remove(idx)) {
+            // SAFETY: removing our registration of a deleted, hung-up connection.
+            unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, reg.conn.readiness_raw(), std::ptr::null_mut()) };
+        }
     }
     out
 }
@@ -323,13 +406,29 @@ fn watched(epfd: c_int) -> (Vec<Arc<Conn>>, SpinMode) {
         let conns: Vec<Arc<Conn>> = r
             .by_epfd
             .get(&epfd)
-            .map(|l| l.iter().filter_map(|&i| r.slab[i].as_ref()).filter(|g| !g.fired).map(|g| g.conn.clone()).collect())
+            .map(|l| l.iter().filter_map(|&i| r.slab[i].as_ref()).filter(|g| !g.fired && !g.deleted).map(|g| g.conn.clone()).collect())
             .unwrap_or_default();
         let mut mode = crate::spin();
         if mode != SpinMode::Always && conns.iter().any(|c| c.never_spin()) {
             mode = SpinMode::Never;
         }
         (conns, mode)
+    })
+}
+
+/// The connections of `epfd` whose doorbells the kernel reported since they were last drained.
+fn rung(epfd: c_int) -> Vec<Arc<Conn>> {
+    with_regs(|r| {
+        let Regs { slab, by_epfd, .. } = r;
+        let Some(list) = by_epfd.get(&epfd) else { return Vec::new() };
+        let mut out = Vec::new();
+        for &i in list {
+            if let Some(g) = slab[i].as_mut().filter(|g| g.rung) {
+                g.rung = false;
+                out.push(g.conn.clone());
+            }
+        }
+        out
     })
 }
 
@@ -353,7 +452,9 @@ pub unsafe fn epoll_wait_with(
     timeout_ms: c_int,
     wait: impl Fn(*mut epoll_event, c_int, c_int) -> c_int,
 ) -> c_int {
-    if !table::is_epoll(epfd) || Guard::busy() || max <= 0 {
+    // A set without connections yet still goes the long way when it may sleep: it is marked
+    // sleeping, so a connection another thread adds meanwhile rings it (see `epoll_ctl`).
+    if Guard::busy() || max <= 0 || (timeout_ms == 0 && !table::is_epoll(epfd)) {
         return wait(evs, max, timeout_ms);
     }
     let deadline = deadline_of(timeout_ms);
@@ -370,35 +471,58 @@ pub unsafe fn epoll_wait_with(
         let (conns, mode) = watched(epfd);
         if !spun && t != 0 && !conns.is_empty() {
             spun = true;
-            // Spin until anything changes on a ring (then look again), within the budget.
-            let before: Vec<_> = conns.iter().map(|c| c.edges()).collect();
-            let changed = SPINNER.with(|s| {
+            // Spin until a ring has something to report, within the budget. A change that
+            // reports nothing (the peer took our request; the answer is still to come) spins on.
+            let mut before: Vec<_> = conns.iter().map(|c| c.edges()).collect();
+            let mut found = (0, 0);
+            SPINNER.with(|s| {
                 let mut s = s.borrow_mut();
                 let sp = s.get_or_insert_with(|| Spinner::new(mode));
                 if sp.mode() != mode {
                     *sp = Spinner::new(mode);
                 }
-                sp.spin(|| conns.iter().zip(&before).any(|(c, b)| c.edges() != *b))
+                sp.spin(|| {
+                    let mut changed = false;
+                    for (c, b) in conns.iter().zip(before.iter_mut()) {
+                        let now = c.edges();
+                        changed |= now != *b;
+                        *b = now;
+                    }
+                    if changed {
+                        found = from_rings(epfd, all);
+                    }
+                    found.0 > 0
+                });
             });
-            if changed {
-                continue;
+            if found.0 > 0 {
+                return g.ok(with_kernel_events(epfd, all, found.0, found.1, &wait) as libc::ssize_t) as c_int;
             }
         }
-        if t != 0 && !conns.is_empty() {
+        let sleeps = t != 0;
+        if sleeps {
+            table::set_sleeping(epfd, true);
+            // Doorbells the kernel reported are drained now (one read each), not when reported:
+            // this sleep would otherwise end at once, and until now a set nested above the
+            // application's saw them readable.
+            for c in rung(epfd) {
+                c.drain();
+            }
             for c in &conns {
                 c.will_sleep();
             }
             // Progress made before the announcements rang nothing: look once more.
             let (n, round) = from_rings(epfd, all);
             if n > 0 {
+                table::set_sleeping(epfd, false);
                 return g.ok(with_kernel_events(epfd, all, n, round, &wait) as libc::ssize_t) as c_int;
             }
         }
         drop(g);
         let slept = Instant::now();
-        table::set_sleeping(epfd, true);
         let k = wait(evs, max, t);
-        table::set_sleeping(epfd, false);
+        if sleeps {
+            table::set_sleeping(epfd, false);
+        }
         if k <= 0 {
             return k;
         }

@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,13 @@ static void drain(int n) {
         if (k <= 0) die("drain");
         n -= k;
     }
+}
+
+static int sleeper_ep, sleeper_got;
+static void *sleeper(void *arg) {
+    (void)arg;
+    sleeper_got = wait_ev(sleeper_ep, 5000, NULL);
+    return NULL;
 }
 
 int main(void) {
@@ -116,6 +124,30 @@ int main(void) {
     drain(4);
     epoll_ctl(ep2, EPOLL_CTL_DEL, s, NULL);
     close(ep2);
+
+    /* Deleted, then added back: silent while deleted, reported again once added. */
+    CHECK(epoll_ctl(ep, EPOLL_CTL_DEL, s, NULL) == 0, "DEL");
+    CHECK(epoll_ctl(ep, EPOLL_CTL_DEL, s, NULL) == -1 && errno == ENOENT, "DEL twice: ENOENT");
+    CHECK(epoll_ctl(ep, EPOLL_CTL_MOD, s, &e) == -1 && errno == ENOENT, "MOD after DEL: ENOENT");
+    ask(2);
+    CHECK(wait_ev(ep, 100, NULL) == 0, "deleted: silent while data waits");
+    CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, s, &e) == 0, "added back");
+    CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, s, &e) == -1 && errno == EEXIST, "ADD twice: EEXIST");
+    CHECK(wait_ev(ep, 5000, &ev) == 1 && (ev & EPOLLIN), "added back: reports the waiting data");
+    drain(2);
+
+    /* A thread asleep on a set wakes when another thread adds a connection with data. */
+    sleeper_ep = epoll_create1(0);
+    ask(1);
+    usleep(100 * 1000);
+    pthread_t t;
+    pthread_create(&t, NULL, sleeper, NULL);
+    usleep(100 * 1000);
+    CHECK(epoll_ctl(sleeper_ep, EPOLL_CTL_ADD, s, &e) == 0, "add to a set a thread sleeps on");
+    pthread_join(t, NULL);
+    CHECK(sleeper_got == 1, "the sleeping thread is woken by the added connection's data");
+    close(sleeper_ep);
+    drain(1);
 
     /* A set nested in another, and the inner set polled with poll(). */
     int outer = epoll_create1(0);
