@@ -45,6 +45,11 @@ struct Reg {
 type Edges = (u64, u32, u64, u32, u32);
 
 impl Reg {
+    fn new(epfd: c_int, fd: c_int, events: u32, data: u64, conn: Arc<Conn>) -> Reg {
+        let kernel = kernel_events(events);
+        Reg { epfd, fd, events, data, conn, seen: None, quiet: None, fired: false, deleted: false, kernel, rung: false, round: 0 }
+    }
+
     /// The events to report for this registration now, from the rings (no system call unless
     /// `check_gone`), honouring level/edge/one-shot; records the report.
     fn report(&mut self, check_gone: bool) -> u32 {
@@ -146,6 +151,11 @@ pub fn forget_epoll(epfd: c_int) {
 
 const PASS_FLAGS: u32 = (libc::EPOLLET | libc::EPOLLONESHOT | libc::EPOLLWAKEUP | libc::EPOLLEXCLUSIVE) as u32;
 
+/// The events of our kernel registration of a readiness fd for the application's `events`.
+fn kernel_events(events: u32) -> u32 {
+    libc::EPOLLIN as u32 | (events & PASS_FLAGS)
+}
+
 pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
     let k = table::kind(fd);
     if (k != CONN && k != PENDING) || Guard::busy() {
@@ -169,7 +179,7 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
     let rfd = conn.readiness_raw();
     match op {
         libc::EPOLL_CTL_ADD => {
-            let kernel = libc::EPOLLIN as u32 | (events & PASS_FLAGS);
+            let kernel = kernel_events(events);
             // A registration the application deleted comes back without a system call, unless
             // its kernel flags change; one left by an earlier connection on this fd number goes.
             let revived = with_regs(|r| {
@@ -183,7 +193,7 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
                     return Some(Ok(Err(old)));
                 }
                 let old_kernel = reg.kernel;
-                *reg = Reg { epfd, fd, events, data, conn: conn.clone(), seen: None, quiet: None, fired: false, deleted: false, kernel, rung: false, round: 0 };
+                *reg = Reg::new(epfd, fd, events, data, conn.clone());
                 Some(Ok(Ok((idx, old_kernel))))
             });
             match revived {
@@ -222,7 +232,7 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
                 }
                 None => {}
             }
-            let idx = with_regs(|r| r.insert(Reg { epfd, fd, events, data, conn: conn.clone(), seen: None, quiet: None, fired: false, deleted: false, kernel, rung: false, round: 0 }));
+            let idx = with_regs(|r| r.insert(Reg::new(epfd, fd, events, data, conn.clone())));
             let mut kev = epoll_event { events: kernel, u64: TAG | idx as u64 };
             // SAFETY: registering the readiness fd in the application's set.
             if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, rfd, &mut kev) } != 0 {
@@ -256,7 +266,7 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
             // interest change (event loops flip OUT on and off around every reply) needs no system
             // call, as `epoll_wait` reads the rings first. A one-shot re-arm or a flag change does.
             if (old ^ events) & PASS_FLAGS != 0 || events & libc::EPOLLONESHOT as u32 != 0 {
-                let kernel = libc::EPOLLIN as u32 | (events & PASS_FLAGS);
+                let kernel = kernel_events(events);
                 with_regs(|r| r.slab[idx].as_mut().map(|reg| reg.kernel = kernel));
                 let mut kev = epoll_event { events: kernel, u64: TAG | idx as u64 };
                 // SAFETY: modifying our registration.

@@ -252,12 +252,18 @@ fn accept_reports_emfile_and_serves_the_client_afterwards() {
     assert!(child.wait().unwrap().success());
 }
 
-#[test]
-fn server_killed_client_sees_reset() {
-    let _w = common::watchdog(60);
+/// A child process whose listener accepts one connection and then sleeps; and its address.
+fn start_sleeping_server() -> (Child, String) {
     let mut child = common::child("child_entry", "sleeping_server", "");
     let line = wait_line(&mut child);
     let addr = line.strip_prefix("READY ").unwrap().to_string();
+    (child, addr)
+}
+
+#[test]
+fn server_killed_client_sees_reset() {
+    let _w = common::watchdog(60);
+    let (mut child, addr) = start_sleeping_server();
     let s = Stream::connect(addr.as_str()).unwrap();
     assert_eq!(s.transport(), Transport::SharedMemory);
     (&s).write_all(b"before").unwrap();
@@ -267,14 +273,12 @@ fn server_killed_client_sees_reset() {
     assert_eq!((&s).read(&mut b).unwrap_err().kind(), ErrorKind::ConnectionReset);
 }
 
-/// Readers and writers asleep on their futex (no spin, no timeout: the hang-up watcher wakes
-/// them) when the peer is killed: both see the reset, and the connection's other half too.
+/// A reader and a writer asleep on their futex (no spin, no timeout: the hang-up watcher wakes
+/// them) when the peer is killed: the reader sees the reset, the writer a broken pipe.
 #[test]
 fn futex_sleepers_see_a_killed_peer() {
     let _w = common::watchdog(60);
-    let mut child = common::child("child_entry", "sleeping_server", "");
-    let line = wait_line(&mut child);
-    let addr = line.strip_prefix("READY ").unwrap().to_string();
+    let (mut child, addr) = start_sleeping_server();
     let opts = Options::new().spin(colo::SpinMode::Never).ring_capacity(4096);
     let s = std::sync::Arc::new(Stream::connect_with(addr.as_str(), &opts).unwrap());
     assert_eq!(s.transport(), Transport::SharedMemory);
