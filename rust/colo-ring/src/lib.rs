@@ -9,6 +9,7 @@
 //!
 //! [loom]: https://docs.rs/loom
 
+pub mod copy;
 pub mod layout;
 pub mod notify;
 pub mod queue;

@@ -56,12 +56,12 @@ unsafe impl Bytes for RawBytes {
     unsafe fn store(&self, at: usize, src: &[u8]) {
         debug_assert!(at + src.len() <= self.len);
         // SAFETY: in bounds by the caller's contract; `src` is private memory, so no overlap.
-        unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(at), src.len()) }
+        unsafe { crate::copy::copy(src.as_ptr(), self.ptr.add(at), src.len()) }
     }
     unsafe fn load(&self, at: usize, dst: &mut [u8]) {
         debug_assert!(at + dst.len() <= self.len);
         // SAFETY: in bounds by the caller's contract; `dst` is private memory, so no overlap.
-        unsafe { core::ptr::copy_nonoverlapping(self.ptr.add(at), dst.as_mut_ptr(), dst.len()) }
+        unsafe { crate::copy::copy(self.ptr.add(at), dst.as_mut_ptr(), dst.len()) }
     }
 }
 
