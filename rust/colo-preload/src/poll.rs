@@ -487,9 +487,10 @@ pub unsafe fn epoll_wait_with(
             let mut found = (0, 0);
             SPINNER.with(|s| {
                 let mut s = s.borrow_mut();
-                let sp = s.get_or_insert_with(|| Spinner::new(mode));
+                let fresh = || Spinner::new(mode).yielding_when(colo_sys::host::cpus_oversubscribed);
+                let sp = s.get_or_insert_with(fresh);
                 if sp.mode() != mode {
-                    *sp = Spinner::new(mode);
+                    *sp = fresh();
                 }
                 sp.spin(|| {
                     let mut changed = false;

@@ -59,6 +59,11 @@ pub struct Spinner {
     /// The current spin budget in `SpinMode::For` (between the configured one and
     /// `MAX_GROWTH` times it).
     budget: Duration,
+    /// Asked before each adaptive spin: true when other threads wait for a CPU, so that a spin
+    /// would only hold off the thread we wait for (see [`Spinner::yielding_when`]).
+    crowded: fn() -> bool,
+    /// The last wait did not spin because `crowded` said so: its sleep teaches nothing.
+    skipped: bool,
 }
 
 impl Spinner {
@@ -68,7 +73,21 @@ impl Spinner {
             SpinMode::For(d) => d,
             _ => Duration::ZERO,
         };
-        Spinner { mode, failures: 0, waits: 0, budget }
+        Spinner { mode, failures: 0, waits: 0, budget, crowded: || false, skipped: false }
+    }
+
+    /// This spinner, but an adaptive spin ([`SpinMode::For`]) is skipped whenever `crowded()`
+    /// says other threads are waiting for a CPU (busy polling, [`SpinMode::Always`], still
+    /// spins: the user asked for it). `crowded` is called before every spin, so it must be cheap.
+    ///
+    /// ```
+    /// use colo_ring::spin::{SpinMode, Spinner};
+    /// let mut s = Spinner::new(SpinMode::For(std::time::Duration::from_millis(1))).yielding_when(|| true);
+    /// assert!(!s.spin(|| true), "a crowded host sleeps at once");
+    /// ```
+    pub fn yielding_when(mut self, crowded: fn() -> bool) -> Self {
+        self.crowded = crowded;
+        self
     }
 
     /// The configured mode.
@@ -93,7 +112,12 @@ impl Spinner {
             SpinMode::For(_) => self.budget,
         };
         self.waits = self.waits.wrapping_add(1);
+        self.skipped = false;
         if self.failures >= GIVE_UP_AFTER && self.waits % PROBE_EVERY != 0 {
+            return false;
+        }
+        self.skipped = (self.crowded)();
+        if self.skipped {
             return false;
         }
         let start = Instant::now();
@@ -115,6 +139,9 @@ impl Spinner {
     /// Reports how long the sleep after a failed spin lasted.
     pub fn slept(&mut self, d: Duration) {
         if let SpinMode::For(base) = self.mode {
+            if std::mem::take(&mut self.skipped) {
+                return;
+            }
             if d < self.budget * LONG_SLEEP {
                 self.failures = 0;
             }

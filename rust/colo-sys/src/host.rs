@@ -116,6 +116,71 @@ fn affinity_union_is_one(peer: u32) -> bool {
     union <= 1
 }
 
+/// Whether more threads are runnable on this host than it has CPUs online, so that some wait for
+/// one: a thread that spins then only holds off the thread it waits for (nginx with 2 workers and
+/// its load generator on 2 CPUs). Read from the running count of `/proc/loadavg`, an instant
+/// sample, taken at most once per tick of the coarse clock (1 to 4 ms; a read costs about 2 us);
+/// between samples the last answer stands. False when `/proc` cannot be read.
+pub fn cpus_oversubscribed() -> bool {
+    use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+    // Coarse-clock nanoseconds of the last sample, shifted left by one, with the answer in bit 0.
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    // The open /proc/loadavg (-1: not yet; -2: unreadable), CLOEXEC.
+    static FD: AtomicI32 = AtomicI32::new(-1);
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
+    let stamp = (now.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(now.tv_nsec as u64) << 1;
+    let last = LAST.load(Ordering::Relaxed);
+    if last & !1 == stamp {
+        return last & 1 == 1;
+    }
+    let mut fd = FD.load(Ordering::Relaxed);
+    if fd == -1 {
+        fd = match rustix::fs::open("/proc/loadavg", rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty()) {
+            Ok(f) => std::os::fd::IntoRawFd::into_raw_fd(f),
+            Err(_) => -2,
+        };
+        // Two threads may both open it; the loser closes its copy.
+        if let Err(won) = FD.compare_exchange(-1, fd, Ordering::Relaxed, Ordering::Relaxed) {
+            if fd >= 0 {
+                // SAFETY: `fd` was opened just above and was not published.
+                drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+            }
+            fd = won;
+        }
+    }
+    let crowded = fd >= 0 && {
+        // SAFETY: a published descriptor stays open for the life of the process (never closed).
+        let file = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let mut buf = [0u8; 128];
+        let n = rustix::io::pread(file, &mut buf, 0).unwrap_or(0);
+        running_of_loadavg(&buf[..n]).is_some_and(|running| running > online_cpus())
+    };
+    LAST.store(stamp | u64::from(crowded), Ordering::Relaxed);
+    crowded
+}
+
+/// The runnable-thread count of a `/proc/loadavg` line (`0.52 0.58 0.59 3/467 1234`).
+fn running_of_loadavg(line: &[u8]) -> Option<u32> {
+    let text = std::str::from_utf8(line).ok()?;
+    let field = text.split_ascii_whitespace().nth(3)?;
+    field.split('/').next()?.parse().ok()
+}
+
+/// CPUs online (read once; at least 1). An atomic, not a `OnceLock`: a fork child must never
+/// wait for an initialisation another thread had begun.
+fn online_cpus() -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.load(Ordering::Relaxed);
+    if n > 0 {
+        return n;
+    }
+    // SAFETY: sysconf has no preconditions.
+    let n = (unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }).max(1) as u32;
+    N.store(n, Ordering::Relaxed);
+    n
+}
+
 /// Raises the soft limit of open files to the hard limit (thousands of connections need it).
 pub fn raise_fd_limit() {
     use rustix::process::{getrlimit, setrlimit, Resource};
@@ -131,4 +196,15 @@ pub fn raise_fd_limit() {
 pub fn at_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) {
     // SAFETY: registering plain functions; pthread_atfork copies the pointers.
     unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_running_count_is_the_fourth_field() {
+        assert_eq!(super::running_of_loadavg(b"0.52 0.58 0.59 3/467 1234\n"), Some(3));
+        assert_eq!(super::running_of_loadavg(b"garbage"), None);
+        assert!(super::online_cpus() >= 1);
+        let _ = super::cpus_oversubscribed(); // reads this host's file without failing
+    }
 }

@@ -217,6 +217,12 @@ fn from_nanos(n: u64) -> Option<Duration> {
     (n != 0).then(|| Duration::from_nanos(n))
 }
 
+/// A wait's spinner: adaptive spins are skipped while the host's CPUs are oversubscribed
+/// (spinning then holds off the thread we wait for; spec/WIRE.md section 9).
+fn spinner(mode: SpinMode) -> Spinner {
+    Spinner::new(mode).yielding_when(colo_sys::host::cpus_oversubscribed)
+}
+
 impl Shm {
     /// Builds one side over a validated, mapped segment whose handshake is complete. Low-level:
     /// for transports that do their own rendezvous (the LD_PRELOAD shim's CARRIER mode).
@@ -298,17 +304,17 @@ impl Shm {
                 frees,
                 free_slots: (0..n as u32).rev().collect(),
                 in_flight: vec![false; n],
-                spinner: Spinner::new(spin),
+                spinner: spinner(spin),
             })
         });
         let (msg_rx, releases) = match in_q {
-            Some((msgs, releases)) => (Some(Mutex::new(MsgRx { msgs, spinner: Spinner::new(spin) })), Some(releases)),
+            Some((msgs, releases)) => (Some(Mutex::new(MsgRx { msgs, spinner: spinner(spin) })), Some(releases)),
             None => (None, None),
         };
         Ok(Shm {
-            rx: Mutex::new(RxHalf { ring: ring_in, spinner: Spinner::new(spin) }),
+            rx: Mutex::new(RxHalf { ring: ring_in, spinner: spinner(spin) }),
             held: (0..n).map(|_| std::sync::atomic::AtomicBool::new(false)).collect(),
-            tx: Mutex::new(TxHalf { ring: ring_out, spinner: Spinner::new(spin) }),
+            tx: Mutex::new(TxHalf { ring: ring_out, spinner: spinner(spin) }),
             msg_rx,
             msg_tx,
             releases: Mutex::new(releases),
@@ -973,13 +979,13 @@ impl Shm {
     }
     /// Changes the spin policy of both halves.
     pub fn set_spin(&self, mode: SpinMode) {
-        lock(&self.rx).spinner = Spinner::new(mode);
-        lock(&self.tx).spinner = Spinner::new(mode);
+        lock(&self.rx).spinner = spinner(mode);
+        lock(&self.tx).spinner = spinner(mode);
         if let Some(m) = &self.msg_rx {
-            lock(m).spinner = Spinner::new(mode);
+            lock(m).spinner = spinner(mode);
         }
         if let Some(m) = &self.msg_tx {
-            lock(m).spinner = Spinner::new(mode);
+            lock(m).spinner = spinner(mode);
         }
     }
     /// Which end of the connection we are.
