@@ -192,6 +192,9 @@ func (s *spinner) try(ready func() bool, interrupted func() bool) bool {
 	if ns == 0 {
 		return false
 	}
+	if ns > 0 && cpusCrowded() {
+		return false // threads wait for a CPU: spinning would hold off the one we wait for
+	}
 	budget := ns
 	if ns > 0 && s.fails.Load() >= 8 {
 		if s.skips.Add(1)%16 != 0 {
@@ -228,6 +231,9 @@ func (s *spinner) try(ready func() bool, interrupted func() bool) bool {
 		}
 	}
 }
+
+// cpusCrowded is asked before every adaptive spin (a variable so that tests can fix the answer).
+var cpusCrowded = cpusOversubscribed
 
 // spinYieldNs is how long a spin runs between two yields to the goroutines of this process.
 const spinYieldNs = 2000
@@ -656,7 +662,7 @@ func (c *Conn) readSome(p []byte) (n int, err error, done bool) {
 	avail := c.cHead - c.tail
 	if avail == 0 {
 		fl := atomic.LoadUint32(c.in.flags)
-		if fl&^(flagFIN|flagRESET) != 0 {
+		if fl&^ringFlags != 0 {
 			return 0, c.corrupt("unknown ring flags"), true
 		}
 		if fl&flagRESET != 0 {
@@ -770,17 +776,14 @@ func (c *Conn) writeCheck() error {
 		return errnoErr("write", unix.EPIPE)
 	}
 	fl := atomic.LoadUint32(c.in.flags)
-	if fl&^(flagFIN|flagRESET) != 0 {
+	if fl&^ringFlags != 0 {
 		return c.corrupt("unknown ring flags")
 	}
 	if fl&flagRESET != 0 {
 		return c.fail(errnoErr("write", unix.ECONNRESET), false)
 	}
-	rf := atomic.LoadUint32(c.out.rflags)
-	if rf&^flagReadClosed != 0 {
-		return c.corrupt("unknown read flags")
-	}
-	if rf != 0 || c.ctlGone.Load() {
+	// The peer stopped reading: seen in its own ring's flags, not in our ring's read_flags.
+	if fl&flagNotReading != 0 || c.ctlGone.Load() {
 		return errnoErr("write", unix.EPIPE)
 	}
 	return nil
@@ -788,8 +791,7 @@ func (c *Conn) writeCheck() error {
 
 func (c *Conn) writeReady() bool {
 	return c.closed.Load() || c.wdl.expired() || c.ctlGone.Load() || c.fatal.Load() != nil ||
-		atomic.LoadUint64(c.out.tail) != c.cTail || atomic.LoadUint32(c.in.flags)&flagRESET != 0 ||
-		atomic.LoadUint32(c.out.rflags) != 0
+		atomic.LoadUint64(c.out.tail) != c.cTail || atomic.LoadUint32(c.in.flags)&(flagRESET|flagNotReading) != 0
 }
 
 // CloseWrite shuts down the writing side (FIN): the peer reads the remaining bytes, then EOF.
@@ -807,7 +809,8 @@ func (c *Conn) CloseWrite() error {
 	return nil
 }
 
-// CloseRead shuts down the reading side: our reads return EOF and the peer's writes fail (EPIPE).
+// CloseRead shuts down the reading side: our reads return EOF and the peer's writes fail (EPIPE):
+// READ_CLOSED in the peer's ring, NOT_READING in ours (spec section 8).
 func (c *Conn) CloseRead() error {
 	if c.tcp != nil {
 		return c.tcp.CloseRead()
@@ -818,15 +821,16 @@ func (c *Conn) CloseRead() error {
 	defer c.exit()
 	c.rdClosed.Store(true)
 	atomic.OrUint32(c.in.rflags, flagReadClosed)
+	atomic.OrUint32(c.out.flags, flagNotReading)
 	c.alertPeer()
 	c.kick()
 	return nil
 }
 
-// Close closes the connection: FIN on our direction, READ_CLOSED on the peer's, a ring of the
-// peer's doorbell, then every descriptor and the mapping are released (a DIRECT connection that
-// closes cleanly keeps its segment and doorbells for a while, for the next connection between the
-// same two processes: spec section 3, "Recycling"). Blocked operations return. Message views
+// Close closes the connection: FIN and NOT_READING on our direction, READ_CLOSED on the peer's, a
+// ring of the peer's doorbell, then every descriptor and the mapping are released (a DIRECT
+// connection that closes cleanly keeps its segment and doorbells for a while, for the next
+// connection between the same two processes: spec section 3, "Recycling"). Blocked operations return. Message views
 // obtained from Recv and buffers from Loan must not be used after Close.
 func (c *Conn) Close() error {
 	if c.tcp != nil {
@@ -840,8 +844,8 @@ func (c *Conn) Close() error {
 	defer c.life.Unlock()
 	c.rdl.stop()
 	c.wdl.stop()
-	atomic.OrUint32(c.out.flags, flagFIN)
 	atomic.OrUint32(c.in.rflags, flagReadClosed)
+	atomic.OrUint32(c.out.flags, flagFIN|flagNotReading)
 	c.alertPeer()
 	clean := c.cleanClose() // our last use of the segment
 	c.ctl.Close()           // the control-socket watcher returns
@@ -890,7 +894,7 @@ func (c *Conn) cleanClose() bool {
 	// (fail's RESET, made by any of our goroutines).
 	in, out := atomic.LoadUint32(c.in.flags), atomic.LoadUint32(c.out.flags)
 	rin, rout := atomic.LoadUint32(c.in.rflags), atomic.LoadUint32(c.out.rflags)
-	return in&^flagFIN == 0 && out&^flagFIN == 0 && rin&^flagReadClosed == 0 &&
+	return in&^(flagFIN|flagNotReading) == 0 && out&^(flagFIN|flagNotReading) == 0 && rin&^flagReadClosed == 0 &&
 		rout&^flagReadClosed == 0 && (!gone || in&flagFIN != 0)
 }
 

@@ -145,7 +145,7 @@ func (c *Conn) loanReady() bool {
 
 func (c *Conn) writeReadyCommon() bool {
 	return c.closed.Load() || c.wdl.expired() || c.ctlGone.Load() || c.fatal.Load() != nil ||
-		atomic.LoadUint32(c.in.flags)&flagRESET != 0 || atomic.LoadUint32(c.out.rflags) != 0
+		atomic.LoadUint32(c.in.flags)&(flagRESET|flagNotReading) != 0
 }
 
 // Send sends a loaned message: the peer receives len(m.Data) bytes, in place.
@@ -212,7 +212,7 @@ func (c *Conn) Recv() (*Message, error) {
 		}
 		if p.cMsgHead == p.msgTail {
 			fl := atomic.LoadUint32(c.in.flags)
-			if fl&^(flagFIN|flagRESET) != 0 {
+			if fl&^ringFlags != 0 {
 				return nil, c.opErr("recv", c.corrupt("unknown ring flags"))
 			}
 			if fl&flagRESET != 0 {

@@ -6,6 +6,8 @@ import (
 )
 
 func TestSpinPolicy(t *testing.T) {
+	defer func(f func() bool) { cpusCrowded = f }(cpusCrowded)
+	cpusCrowded = func() bool { return false } // whatever else this host runs meanwhile
 	var s spinner
 	never := func() bool { return false }
 	always := func() bool { return true }
@@ -45,4 +47,25 @@ func TestSpinPolicy(t *testing.T) {
 	if s.try(always, never) {
 		t.Fatal("spun with a zero budget")
 	}
+}
+
+func TestNoSpinOnACrowdedHost(t *testing.T) {
+	defer func(f func() bool) { cpusCrowded = f }(cpusCrowded)
+	cpusCrowded = func() bool { return true }
+	var s spinner
+	s.ns.Store(int64(time.Millisecond))
+	if s.try(func() bool { return true }, func() bool { return false }) {
+		t.Fatal("an adaptive spin ran although threads wait for a CPU")
+	}
+	s.ns.Store(-1) // busy polling was asked for: it spins anyway
+	if !s.try(func() bool { return true }, func() bool { return false }) {
+		t.Fatal("busy polling did not spin")
+	}
+	if n, ok := runningOfLoadavg([]byte("0.52 0.58 0.59 3/467 1234\n")); !ok || n != 3 {
+		t.Fatalf("running count %d %v", n, ok)
+	}
+	if _, ok := runningOfLoadavg([]byte("garbage")); ok {
+		t.Fatal("garbage parsed")
+	}
+	cpusOversubscribed() // reads this host's file without failing
 }

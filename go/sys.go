@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -233,4 +234,63 @@ func unixGetpid() int { return unix.Getpid() }
 func futexWake(addr *uint32) {
 	const futexWakeOp = 1 // FUTEX_WAKE, without FUTEX_PRIVATE_FLAG: the word is shared memory
 	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWakeOp, uintptr(math.MaxInt32), 0, 0, 0)
+}
+
+// cpusOversubscribed reports whether more threads are runnable on this host than it has CPUs
+// online, so that some wait for one (spec/WIRE.md section 9): a spin then only holds off the
+// thread it waits for. It reads the running count of /proc/loadavg (an instant sample, about
+// 2 us) at most once per oversubscribedEvery; between samples the last answer stands. False when
+// /proc cannot be read.
+func cpusOversubscribed() bool {
+	now := nanotime()
+	last := loadavgSample.at.Load()
+	if now-last < oversubscribedEvery && last != 0 {
+		return loadavgSample.crowded.Load()
+	}
+	if !loadavgSample.at.CompareAndSwap(last, now) {
+		return loadavgSample.crowded.Load() // another goroutine is sampling
+	}
+	crowded := false
+	if fd := loadavgFd(); fd >= 0 {
+		var buf [128]byte
+		if n, err := unix.Pread(fd, buf[:], 0); err == nil {
+			if running, ok := runningOfLoadavg(buf[:n]); ok {
+				crowded = running > runtime.NumCPU()
+			}
+		}
+	}
+	loadavgSample.crowded.Store(crowded)
+	return crowded
+}
+
+// oversubscribedEvery is how often cpusOversubscribed samples /proc/loadavg.
+const oversubscribedEvery = 2_000_000
+
+var loadavgSample struct {
+	at      atomic.Int64
+	crowded atomic.Bool
+}
+
+// loadavgFd is /proc/loadavg, opened once (-1 if it cannot be).
+var loadavgFd = sync.OnceValue(func() int {
+	fd, err := unix.Open("/proc/loadavg", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1
+	}
+	return fd
+})
+
+// runningOfLoadavg is the runnable-thread count of a /proc/loadavg line
+// ("0.52 0.58 0.59 3/467 1234").
+func runningOfLoadavg(line []byte) (int, bool) {
+	f := strings.Fields(string(line))
+	if len(f) < 4 {
+		return 0, false
+	}
+	running, _, ok := strings.Cut(f[3], "/")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(running)
+	return n, err == nil
 }

@@ -46,8 +46,13 @@ const (
 	clientParked = 1
 	serverParked = 2
 
-	flagFIN         = 1
-	flagRESET       = 2
+	flagFIN   = 1
+	flagRESET = 2
+	// The producer of this ring no longer reads the opposite one (CloseRead or Close): the
+	// opposite producer's writes fail with EPIPE. In ring_flags, which every write reads anyway,
+	// so that a write never pulls the consumer's ring_tail line (spec section 8).
+	flagNotReading  = 4
+	ringFlags       = flagFIN | flagRESET | flagNotReading
 	flagReadClosed  = 1
 	maxPublishChunk = 16 << 10
 

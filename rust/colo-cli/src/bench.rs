@@ -447,7 +447,8 @@ struct Plan {
     group: &'static str,
     case: String,
     transport: String,
-    work: Box<dyn FnOnce(f64) -> io::Result<Row>>,
+    /// Measures once for the given seconds; called once per round.
+    work: Box<dyn Fn(f64) -> io::Result<Row>>,
 }
 
 fn rtt_case(net: Net, spin: &'static str, size: usize, msg: bool, pin: Option<usize>) -> Plan {
@@ -476,7 +477,7 @@ fn rtt_case(net: Net, spin: &'static str, size: usize, msg: bool, pin: Option<us
                 unpin();
             }
             let (p50, p99) = r?;
-            Ok(Row { group: group.into(), case: c2, transport: l2, p50_us: Some(p50), p99_us: Some(p99), rate: None, unit: "us" })
+            Ok(Row { group: group.into(), case: c2.clone(), transport: l2.clone(), p50_us: Some(p50), p99_us: Some(p99), rate: None, unit: "us" })
         }),
     }
 }
@@ -496,7 +497,7 @@ fn tput_case(net: Net, size: usize, msg: bool) -> Plan {
             let srv = Server::start(net, if msg { "msgsink" } else { "sink" }, "default", None)?;
             let mut c = srv.connect(net, "default")?;
             let gbps = throughput(&mut *c, size, msg, secs)?;
-            Ok(Row { group: "throughput".into(), case: c2, transport: l2, p50_us: None, p99_us: None, rate: Some(gbps), unit: "GB/s" })
+            Ok(Row { group: "throughput".into(), case: c2.clone(), transport: l2.clone(), p50_us: None, p99_us: None, rate: Some(gbps), unit: "GB/s" })
         }),
     }
 }
@@ -531,7 +532,7 @@ fn floor_case(size: usize) -> Plan {
         transport: "bare ring (floor)".into(),
         work: Box::new(move |secs| {
             let (p50, p99) = ring_floor(size, secs);
-            Ok(Row { group: "round trip".into(), case: c2, transport: "bare ring (floor)".into(), p50_us: Some(p50), p99_us: Some(p99), rate: None, unit: "us" })
+            Ok(Row { group: "round trip".into(), case: c2.clone(), transport: "bare ring (floor)".into(), p50_us: Some(p50), p99_us: Some(p99), rate: None, unit: "us" })
         }),
     }
 }
@@ -566,6 +567,22 @@ fn plans(quick: bool) -> Vec<Plan> {
     v
 }
 
+/// Slices each measurement is taken in (see `run`).
+const ROUNDS: usize = 3;
+
+/// The median of one measurement's slices, field by field (`None` if every slice failed).
+fn median_row(mut slices: Vec<Row>) -> Option<Row> {
+    let median = |v: &mut Vec<f64>| -> Option<f64> {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
+    };
+    let field = |f: fn(&Row) -> Option<f64>, s: &[Row]| median(&mut s.iter().filter_map(f).collect());
+    let (p50, p99, rate) = (field(|r| r.p50_us, &slices), field(|r| r.p99_us, &slices), field(|r| r.rate, &slices));
+    let mut row = slices.pop()?;
+    (row.p50_us, row.p99_us, row.rate) = (p50, p99, rate);
+    Some(row)
+}
+
 /// The value compared across transports: p50 for latency (lower is better), rate otherwise.
 fn metric(r: &Row) -> Option<f64> {
     r.p50_us.or(r.rate)
@@ -587,23 +604,30 @@ pub fn run(a: Args) -> io::Result<()> {
         // Comma-separated words: a measurement runs if every word is in its group, case or transport.
         plans.retain(|p| f.split(',').all(|w| p.group.contains(w) || p.case.contains(w) || p.transport.contains(w)));
     }
-    let bar = ProgressBar::new(plans.len() as u64);
+    let bar = ProgressBar::new((plans.len() * ROUNDS) as u64);
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").expect("template"));
     if a.json {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
-    let mut rows = Vec::new();
-    for p in plans {
-        bar.set_message(format!("{} {} {}", p.group, p.case, p.transport));
-        match (p.work)(a.seconds) {
-            Ok(r) => rows.push(r),
-            Err(e) => {
-                bar.suspend(|| eprintln!("colo bench: {} {} {}: {e}", p.group, p.case, p.transport));
+    // Every measurement runs in ROUNDS slices, the plans taking turns, and reports the median
+    // of its slices: on a shared 2-core VM the host's placement of the vCPUs changes within
+    // seconds (the bare ring's round trip alone moves between 0.25 and 0.9 us), and a ratio of
+    // two measurements taken a minute apart would compare two different machines.
+    let mut results: Vec<Vec<Row>> = plans.iter().map(|_| Vec::new()).collect();
+    for _ in 0..ROUNDS {
+        for (p, got) in plans.iter().zip(results.iter_mut()) {
+            bar.set_message(format!("{} {} {}", p.group, p.case, p.transport));
+            match (p.work)(a.seconds / ROUNDS as f64) {
+                Ok(r) => got.push(r),
+                Err(e) => {
+                    bar.suspend(|| eprintln!("colo bench: {} {} {}: {e}", p.group, p.case, p.transport));
+                }
             }
+            bar.inc(1);
         }
-        bar.inc(1);
     }
     bar.finish_and_clear();
+    let rows: Vec<Row> = results.into_iter().filter_map(median_row).collect();
     if a.json {
         let v: Vec<_> = rows
             .iter()

@@ -3,7 +3,7 @@
 
 use colo::carrier::{Established, Words};
 use colo::shm::Shm;
-use colo_ring::layout::{FLAG_FIN, FLAG_READ_CLOSED, FLAG_RESET};
+use colo_ring::layout::{FLAG_FIN, FLAG_NOT_READING, FLAG_RESET};
 use colo_ring::sync::Ordering;
 use colo_sys::{AsRawFd, RawFd};
 use std::mem::ManuallyDrop;
@@ -225,7 +225,7 @@ impl Conn {
     /// (a syscall) when nothing else makes the connection readable.
     pub fn ready(&self, check_gone: bool) -> u32 {
         // SAFETY: (all loads below) aligned atomics inside the mapping `shm` owns.
-        let (in_head, in_tail, in_flags, out_head, out_tail, out_flags, read_closed) = unsafe {
+        let (in_head, in_tail, in_flags, out_head, out_tail, out_flags) = unsafe {
             (
                 (*self.w.in_head).load(Ordering::Acquire),
                 (*self.w.in_tail).load(Ordering::Relaxed),
@@ -233,9 +233,10 @@ impl Conn {
                 (*self.w.out_head).load(Ordering::Relaxed),
                 (*self.w.out_tail).load(Ordering::Acquire),
                 (*self.w.out_flags).load(Ordering::Relaxed),
-                (*self.w.out_read_flags).load(Ordering::Acquire) & FLAG_READ_CLOSED != 0,
             )
         };
+        // The peer stopped reading (spec section 8).
+        let read_closed = in_flags & FLAG_NOT_READING != 0;
         let avail = in_head.wrapping_sub(in_tail);
         let used = out_head.wrapping_sub(out_tail);
         let reset = (in_flags | out_flags) & FLAG_RESET != 0;
@@ -299,10 +300,10 @@ impl Conn {
     }
 
     /// The counters and flags whose change is an edge for an edge-triggered waiter: incoming
-    /// head and flags, outgoing tail and read flags (what the peer moves), and our own outgoing
-    /// flags (a shutdown of ours can make the connection hang up). Readiness only grows when one
-    /// of them changes.
-    pub fn edges(&self) -> (u64, u32, u64, u32, u32) {
+    /// head and flags, outgoing tail (what the peer moves), and our own outgoing flags (a
+    /// shutdown of ours can make the connection hang up). Readiness only grows when one of them
+    /// changes.
+    pub fn edges(&self) -> (u64, u32, u64, u32) {
         // SAFETY: aligned atomics inside the mapping `shm` owns. Relaxed: a change is only a hint
         // to look; `ready` does the Acquire loads that order the data.
         unsafe {
@@ -310,7 +311,6 @@ impl Conn {
                 (*self.w.in_head).load(Ordering::Relaxed),
                 (*self.w.in_flags).load(Ordering::Relaxed),
                 (*self.w.out_tail).load(Ordering::Relaxed),
-                (*self.w.out_read_flags).load(Ordering::Relaxed),
                 (*self.w.out_flags).load(Ordering::Relaxed),
             )
         }

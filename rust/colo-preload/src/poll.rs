@@ -42,7 +42,7 @@ struct Reg {
     round: u64,
 }
 
-type Edges = (u64, u32, u64, u32, u32);
+type Edges = (u64, u32, u64, u32);
 
 impl Reg {
     fn new(epfd: c_int, fd: c_int, events: u32, data: u64, conn: Arc<Conn>) -> Reg {

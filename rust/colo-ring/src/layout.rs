@@ -46,6 +46,14 @@ pub mod block {
 pub const FLAG_FIN: u32 = 1;
 /// `ring_flags`: the producer reset the connection.
 pub const FLAG_RESET: u32 = 2;
+/// `ring_flags`: the producer of this ring no longer reads the opposite ring (it shut down its
+/// read side or closed, and set `READ_CLOSED` there): the opposite ring's producer fails its
+/// writes with EPIPE. It stands in this word because every write reads it anyway (for RESET);
+/// reading `read_flags` instead would pull the consumer's `ring_tail` line across CPUs on every
+/// write (spec/WIRE.md section 8).
+pub const FLAG_NOT_READING: u32 = 4;
+/// Every bit a `ring_flags` word may hold.
+pub const RING_FLAGS: u32 = FLAG_FIN | FLAG_RESET | FLAG_NOT_READING;
 /// `read_flags`: the consumer shut down its read side.
 pub const FLAG_READ_CLOSED: u32 = 1;
 

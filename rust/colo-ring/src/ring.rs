@@ -4,7 +4,7 @@
 //! shared counter only when the cache says full (producer) or empty (consumer), as rtrb does. Both
 //! counters count bytes ever moved and wrap at 2^64; byte `i` lives at `data[i % capacity]`.
 
-use crate::layout::{FLAG_FIN, FLAG_READ_CLOSED, FLAG_RESET};
+use crate::layout::RING_FLAGS;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 use crate::Corrupt;
 
@@ -80,13 +80,15 @@ pub struct RingWords {
 
 // SAFETY: the words are atomics; the pointers are valid for the ring's life (see `RingWords::get`).
 unsafe impl Send for RingWords {}
+// SAFETY: as for `Send`: shared access only loads the pointers and uses the atomics behind them.
+unsafe impl Sync for RingWords {}
 
 impl RingWords {
     /// The producer's `ring_flags`, validated (for a reader that is not this ring's consumer,
     /// such as the message half of the same direction).
     pub fn producer_flags(&self) -> Result<u32, Corrupt> {
         // SYNC POINT with the Release fetch_or in `Producer::set_flags`.
-        check_flags(self.flags().load(Ordering::Acquire), FLAG_FIN | FLAG_RESET)
+        check_flags(self.flags().load(Ordering::Acquire), RING_FLAGS)
     }
 
     fn head(&self) -> &AtomicU64 {
@@ -101,10 +103,6 @@ impl RingWords {
     fn tail(&self) -> &AtomicU64 {
         // SAFETY: as in `head`.
         unsafe { &*self.tail }
-    }
-    fn read_flags(&self) -> &AtomicU32 {
-        // SAFETY: as in `head`.
-        unsafe { &*self.read_flags }
     }
 }
 
@@ -196,13 +194,15 @@ impl<B: Bytes> Producer<B> {
         if n == 0 {
             return Ok(0);
         }
-        let at = (self.head % self.capacity) as usize;
+        let at = (self.head & (self.capacity - 1)) as usize; // a power of two: `%` without a division
         let first = n.min(self.capacity as usize - at);
         // SAFETY: `at + first <= capacity` and `n - first <= capacity - first`; the consumer does
         // not read these bytes until the Release store below publishes them.
         unsafe {
             self.data.store(at, &src[..first]);
-            self.data.store(0, &src[first..n]);
+            if first < n {
+                self.data.store(0, &src[first..n]);
+            }
         }
         self.head = self.head.wrapping_add(n as u64);
         // SYNC POINT with the Acquire load of `ring_head` in `Consumer::refresh`: the bytes stored
@@ -216,13 +216,6 @@ impl<B: Bytes> Producer<B> {
         // SYNC POINT with the Acquire load in `Consumer::flags`: every byte published before FIN is
         // visible to a consumer that sees FIN.
         self.words.flags().fetch_or(flags, Ordering::Release);
-    }
-
-    /// Whether the consumer shut down its read side.
-    pub fn read_closed(&self) -> Result<bool, Corrupt> {
-        // SYNC POINT with the Release fetch_or in `Consumer::close_read`.
-        let f = check_flags(self.words.read_flags().load(Ordering::Acquire), FLAG_READ_CLOSED)?;
-        Ok(f & FLAG_READ_CLOSED != 0)
     }
 
     /// Bytes ever written.
@@ -284,14 +277,16 @@ impl<B: Bytes> Consumer<B> {
             avail = self.refresh()?;
         }
         let n = (avail as usize).min(dst.len());
-        let at = (self.tail % self.capacity) as usize;
+        let at = (self.tail & (self.capacity - 1)) as usize;
         let first = n.min(self.capacity as usize - at);
         // SAFETY: `at + first <= capacity` and `n - first <= capacity - first`; the producer
         // published these bytes (Acquire in `refresh`) and will not overwrite them before we
         // release them by storing `ring_tail`.
         unsafe {
             self.data.load(at, &mut dst[..first]);
-            self.data.load(0, &mut dst[first..n]);
+            if first < n {
+                self.data.load(0, &mut dst[first..n]);
+            }
         }
         Ok(n)
     }
@@ -315,13 +310,7 @@ impl<B: Bytes> Consumer<B> {
     /// The producer's `ring_flags`.
     pub fn flags(&self) -> Result<u32, Corrupt> {
         // SYNC POINT with the Release fetch_or in `Producer::set_flags`.
-        check_flags(self.words.flags().load(Ordering::Acquire), FLAG_FIN | FLAG_RESET)
-    }
-
-    /// Sets `READ_CLOSED`.
-    pub fn close_read(&self) {
-        // SYNC POINT with the Acquire load in `Producer::read_closed`.
-        self.words.read_flags().fetch_or(FLAG_READ_CLOSED, Ordering::Release);
+        check_flags(self.words.flags().load(Ordering::Acquire), RING_FLAGS)
     }
 
     /// Whether the ring was full when `ring_tail` was `tail_before` (so the producer may be

@@ -319,7 +319,6 @@ impl Established {
             out_head: at(out_c2s, block::RING_HEAD) as *const AtomicU64,
             out_tail: at(out_c2s, block::RING_TAIL) as *const AtomicU64,
             out_flags: at(out_c2s, block::RING_FLAGS) as *const AtomicU32,
-            out_read_flags: at(out_c2s, block::READ_FLAGS) as *const AtomicU32,
             capacity: l.geometry.ring_capacity as u64,
             base: b,
             len: l.segment_size,
@@ -381,8 +380,6 @@ pub struct Words {
     pub out_tail: *const AtomicU64,
     /// Outgoing ring flags (our FIN, RESET).
     pub out_flags: *const AtomicU32,
-    /// Outgoing READ_CLOSED (peer writes).
-    pub out_read_flags: *const AtomicU32,
     /// Ring capacity.
     pub capacity: u64,
     /// Base of the mapping.

@@ -8,10 +8,10 @@
 //! whenever the leader wakes, because the doorbell and the `waiting` flag are shared by both halves.
 
 use crate::segment::{Role, Segment};
-use colo_ring::layout::{FLAG_FIN, FLAG_READ_CLOSED, FLAG_RESET};
+use colo_ring::layout::{FLAG_FIN, FLAG_NOT_READING, FLAG_READ_CLOSED, FLAG_RESET, RING_FLAGS};
 use colo_ring::notify;
 use colo_ring::queue::{QueueReceiver, QueueSender};
-use colo_ring::ring::{Consumer, Producer, RawBytes};
+use colo_ring::ring::{Consumer, Producer, RawBytes, RingWords};
 use colo_ring::spin::{SpinMode, Spinner};
 use colo_ring::sync::{AtomicU32, Ordering};
 use colo_ring::Corrupt;
@@ -179,6 +179,9 @@ pub struct Shm {
     peer_pid: u32,
     /// Client side: the rendezvous name dialed (to remember a listener that answers late).
     rendezvous: Option<String>,
+    /// The shared words of our outgoing and incoming rings, located once (they point into `seg`).
+    out_words: RingWords,
+    in_words: RingWords,
     // Declared last: dropped after every view into it.
     seg: Segment,
 }
@@ -334,6 +337,8 @@ impl Shm {
             peer,
             peer_pid,
             rendezvous: None,
+            out_words: seg.ring_words(role == Role::Client),
+            in_words: seg.ring_words(role == Role::Server),
             seg,
         })
     }
@@ -375,12 +380,12 @@ impl Shm {
         if self.role == Role::Client { Role::Server } else { Role::Client }
     }
 
-    fn out_words(&self) -> colo_ring::ring::RingWords {
-        self.seg.ring_words(self.role == Role::Client)
+    fn out_words(&self) -> RingWords {
+        self.out_words
     }
 
-    fn in_words(&self) -> colo_ring::ring::RingWords {
-        self.seg.ring_words(self.role == Role::Server)
+    fn in_words(&self) -> RingWords {
+        self.in_words
     }
 
     /// Sets a flag word of the segment without taking a half's lock (a blocked reader or writer
@@ -565,6 +570,25 @@ impl Shm {
         from_nanos(timeout.load(Ordering::Relaxed)).map(|t| Instant::now() + t)
     }
 
+    /// One look (`check`) and, only if that finds nothing, [`Shm::wait_for`] with the spinner
+    /// of `half` (a locked reading or writing half). Under load the look is all a call needs,
+    /// and it then pays for no spinner copy, deadline or wait set-up.
+    fn look_then_wait<H, T>(
+        &self,
+        half: &mut H,
+        spinner_of: fn(&mut H) -> &mut Spinner,
+        timeout: &AtomicU64,
+        mut check: impl FnMut(&mut H) -> io::Result<Option<T>>,
+    ) -> io::Result<T> {
+        if let Some(v) = check(half)? {
+            return Ok(v);
+        }
+        let mut spinner = spinner_of(half).clone();
+        let r = self.wait_for(&mut spinner, timeout, || check(half));
+        *spinner_of(half) = spinner;
+        r
+    }
+
     /// Runs `check` until it yields, by the protocol of spec/WIRE.md section 6.
     fn wait_for<T>(
         &self,
@@ -737,12 +761,8 @@ impl Shm {
         if self.has(READ_SHUT) {
             return Ok(0);
         }
-        let mut guard = lock(&self.rx);
-        let rx = &mut *guard;
-        let mut spinner = rx.spinner.clone();
-        let r = self.wait_for(&mut spinner, &self.read_timeout, || self.try_read(rx, buf, peek));
-        rx.spinner = spinner;
-        r
+        let mut rx = lock(&self.rx);
+        self.look_then_wait(&mut rx, |h| &mut h.spinner, &self.read_timeout, |rx| self.try_read(rx, buf, peek))
     }
 
     /// Bytes ready to read now (`FIONREAD`).
@@ -762,11 +782,17 @@ impl Shm {
         // The peer's RESET wins over its hang-up or read shutdown (spec/WIRE.md section 8).
         // SAFETY: the incoming ring's flags word is an aligned atomic in our mapping.
         let in_flags = unsafe { &*self.in_words().flags }.load(Ordering::Acquire);
+        if in_flags & !RING_FLAGS != 0 {
+            return Err(self.corrupt(Corrupt("unknown ring flags")));
+        }
         if in_flags & FLAG_RESET != 0 {
             self.set(RESET);
             return Err(io::ErrorKind::ConnectionReset.into());
         }
-        if tx.ring.read_closed().map_err(|c| self.corrupt(c))? || self.has(PEER_GONE) {
+        // The peer stopped reading (spec section 8): seen in its own ring's flags, which the
+        // RESET check above has just read, not in our ring's `read_flags` (its line is the
+        // consumer's `ring_tail`, which a write would otherwise pull across CPUs every time).
+        if in_flags & FLAG_NOT_READING != 0 || self.has(PEER_GONE) {
             return Err(io::ErrorKind::BrokenPipe.into());
         }
         self.adopt_tx(tx);
@@ -782,10 +808,7 @@ impl Shm {
         }
         let mut guard = lock(&self.tx);
         let tx = &mut *guard;
-        let mut spinner = tx.spinner.clone();
-        let r = self.wait_for(&mut spinner, &self.write_timeout, || self.write_blocked(tx));
-        tx.spinner = spinner;
-        r?;
+        self.look_then_wait(tx, |h| &mut h.spinner, &self.write_timeout, |tx| self.write_blocked(tx))?;
         let mut done = 0;
         while done < buf.len() {
             let end = buf.len().min(done + PUBLISH_CHUNK);
@@ -808,15 +831,22 @@ impl Shm {
         Ok(())
     }
 
-    /// `shutdown(2)`: `read`, `write` or both.
+    /// `shutdown(2)`: `read`, `write` or both. One signal to the peer for both: FIN and
+    /// NOT_READING in our ring's flags (and READ_CLOSED in the peer's `read_flags`, section 8).
     pub fn shutdown(&self, read: bool, write: bool) {
+        let mut ours = 0;
         if write && !self.has(WRITE_SHUT) {
             self.set(WRITE_SHUT);
-            self.signal(self.out_words().flags, FLAG_FIN);
+            ours |= FLAG_FIN;
         }
         if read && !self.has(READ_SHUT) {
             self.set(READ_SHUT);
-            self.signal(self.in_words().read_flags, FLAG_READ_CLOSED);
+            // SAFETY: an aligned atomic in our mapping (`in_words`).
+            unsafe { &*self.in_words().read_flags }.fetch_or(FLAG_READ_CLOSED, Ordering::Release);
+            ours |= FLAG_NOT_READING;
+        }
+        if ours != 0 {
+            self.signal(self.out_words().flags, ours);
         }
         // A thread of ours blocked in read or write must see the shutdown now.
         self.wake_self();
@@ -855,12 +885,8 @@ impl Shm {
         if len > g.slot_size as usize {
             return Err(io::Error::from_raw_os_error(libc_errno::EMSGSIZE));
         }
-        let mut guard = lock(msg_tx);
-        let tx = &mut *guard;
-        let mut spinner = tx.spinner.clone();
-        let r = self.wait_for(&mut spinner, &self.write_timeout, || self.take_slot(tx));
-        tx.spinner = spinner;
-        let slot = r?;
+        let mut tx = lock(msg_tx);
+        let slot = self.look_then_wait(&mut tx, |h| &mut h.spinner, &self.write_timeout, |tx| self.take_slot(tx))?;
         Ok((slot, self.seg.slot(self.role == Role::Client, slot)))
     }
 
@@ -921,12 +947,9 @@ impl Shm {
         let Some(msg_rx) = &self.msg_rx else {
             return Err(io::Error::from_raw_os_error(libc_errno::ENOBUFS));
         };
-        let mut guard = lock(msg_rx);
-        let rx = &mut *guard;
-        let mut spinner = rx.spinner.clone();
-        let r = self.wait_for(&mut spinner, &self.read_timeout, || self.take_message(rx));
-        rx.spinner = spinner;
-        Ok(r?.map(|(slot, len)| (slot, self.seg.slot(self.role == Role::Server, slot) as *const u8, len)))
+        let mut rx = lock(msg_rx);
+        let r = self.look_then_wait(&mut rx, |h| &mut h.spinner, &self.read_timeout, |rx| self.take_message(rx))?;
+        Ok(r.map(|(slot, len)| (slot, self.seg.slot(self.role == Role::Server, slot) as *const u8, len)))
     }
 
     /// Returns a received slot to the peer.
@@ -1034,8 +1057,8 @@ impl Shm {
 
 impl Drop for Shm {
     fn drop(&mut self) {
-        // A clean close: FIN on our direction, READ_CLOSED on theirs, then the control socket
-        // closes and the peer sees the hang-up with FIN set.
+        // A clean close: FIN and NOT_READING on our direction, READ_CLOSED on theirs, then the
+        // control socket closes and the peer sees the hang-up with FIN set.
         let clean = !self.has(RESET | CORRUPT | REFUSED);
         if clean {
             self.shutdown(true, true);
