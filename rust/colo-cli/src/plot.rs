@@ -2,6 +2,7 @@
 
 use crate::bench::Row;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::path::Path;
 
 const FONT: &str = "sans-serif";
@@ -22,18 +23,19 @@ fn panel(area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>, title: &
     let mut chart = ChartBuilder::on(area)
         .caption(title, (FONT, 20))
         .margin(10)
-        .x_label_area_size(110)
+        .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d((0..rows.len()).into_segmented(), 0.0..max)?;
+        // A segmented `0..n` has a slot for `n` too: `0..n - 1` gives exactly one per row.
+        .build_cartesian_2d((0..rows.len().saturating_sub(1)).into_segmented(), 0.0..max)?;
     chart
         .configure_mesh()
         .disable_x_mesh()
         .x_labels(rows.len())
         .x_label_formatter(&|v| match v {
-            SegmentValue::CenterOf(i) => rows.get(*i).map_or(String::new(), |r| format!("{} {}", r.case, r.transport)),
+            SegmentValue::CenterOf(i) => rows.get(*i).map_or(String::new(), |r| label(r)),
             _ => String::new(),
         })
-        .x_label_style(TextStyle::from((FONT, 11).into_font()).transform(FontTransform::Rotate90))
+        .x_label_style((FONT, 13))
         .y_desc(unit)
         .draw()?;
     chart.draw_series(rows.iter().enumerate().map(|(i, r)| {
@@ -44,7 +46,22 @@ fn panel(area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>, title: &
         bar.set_margin(0, 0, 6, 6);
         bar
     }))?;
+    // The value above each bar: small ones (colo's round trips) are otherwise invisible.
+    chart.draw_series(rows.iter().enumerate().map(|(i, r)| {
+        let v = value(r);
+        let text = if v >= 10.0 { format!("{v:.1}") } else { format!("{v:.2}") };
+        Text::new(text, (SegmentValue::CenterOf(i), v + max * 0.01), TextStyle::from((FONT, 14).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom)))
+    }))?;
     Ok(())
+}
+
+/// A bar's label: the transport, and the write size where a panel has several.
+fn label(r: &Row) -> String {
+    if r.group == "throughput" {
+        format!("{} {}", r.case.trim_end_matches(" writes"), r.transport)
+    } else {
+        r.transport.clone()
+    }
 }
 
 /// Fonts tried for labels (plotters draws text with ab_glyph and needs a TrueType file).
