@@ -647,7 +647,13 @@ func (c *Conn) Read(p []byte) (int, error) {
 
 func (c *Conn) readReady() bool {
 	return c.closed.Load() || c.rdl.expired() || c.ctlGone.Load() || c.rdClosed.Load() ||
-		c.fatal.Load() != nil || atomic.LoadUint64(c.in.head) != c.tail || atomic.LoadUint32(c.in.flags) != 0
+		c.fatal.Load() != nil || atomic.LoadUint64(c.in.head) != c.tail || readFlagsSet(c.in.flags)
+}
+
+// readFlagsSet reports whether the incoming ring's flags end or break a read: every bit but
+// NOT_READING (which concerns our writes; a reader woken by it would spin, as it stays set).
+func readFlagsSet(flags *uint32) bool {
+	return atomic.LoadUint32(flags)&^flagNotReading != 0
 }
 
 // readSome copies available bytes; done is false when the caller must wait.

@@ -423,3 +423,30 @@ func TestFullRingWakeups(t *testing.T) {
 		s.Close()
 	}
 }
+
+// A reader waiting for data must sleep while the peer's CloseRead (NOT_READING in the peer's
+// ring flags, which the reader watches) stays set: the bit concerns our writes, not our reads.
+func TestReaderSleepsAfterPeerCloseRead(t *testing.T) {
+	watchdog(t, 30*time.Second)
+	l := listen(t)
+	c, s := pair(t, l, nil)
+	defer c.Close()
+	defer s.Close()
+	s.CloseRead()
+	cpu := func() time.Duration {
+		var ru syscall.Rusage
+		syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	before := cpu()
+	c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if _, err := c.Read(make([]byte, 8)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read: %v", err)
+	}
+	if used := cpu() - before; used > 150*time.Millisecond {
+		t.Fatalf("a reader waiting 300 ms used %v of CPU: it spun instead of sleeping", used)
+	}
+	if _, err := c.Write([]byte("x")); !errors.Is(err, syscall.EPIPE) {
+		t.Fatalf("write to a peer that stopped reading: %v", err)
+	}
+}

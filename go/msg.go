@@ -260,7 +260,7 @@ func (c *Conn) Recv() (*Message, error) {
 
 func (c *Conn) recvReady() bool {
 	return c.closed.Load() || c.rdl.expired() || c.ctlGone.Load() || c.rdClosed.Load() ||
-		c.fatal.Load() != nil || atomic.LoadUint64(c.in.msgHead) != atomic.LoadUint64(c.in.msgTail) || atomic.LoadUint32(c.in.flags) != 0
+		c.fatal.Load() != nil || atomic.LoadUint64(c.in.msgHead) != atomic.LoadUint64(c.in.msgTail) || readFlagsSet(c.in.flags)
 }
 
 // Release gives a message's slot back: a received message's slot returns to the sender; an

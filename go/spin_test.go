@@ -68,4 +68,7 @@ func TestNoSpinOnACrowdedHost(t *testing.T) {
 		t.Fatal("garbage parsed")
 	}
 	cpusOversubscribed() // reads this host's file without failing
+	if onlineCPUs() < 1 {
+		t.Fatal("no CPU online")
+	}
 }

@@ -238,46 +238,78 @@ func futexWake(addr *uint32) {
 
 // cpusOversubscribed reports whether more threads are runnable on this host than it has CPUs
 // online, so that some wait for one (spec/WIRE.md section 9): a spin then only holds off the
-// thread it waits for. It reads the running count of /proc/loadavg (an instant sample, about
-// 2 us) at most once per oversubscribedEvery; between samples the last answer stands. False when
-// /proc cannot be read.
+// thread it waits for. The running count of /proc/loadavg is an instant sample (about 3 us to
+// open, read and close); one is taken at most every oversubscribedEvery, by the goroutine that
+// asks first, and folded into a moving average over the last few samples: the host counts as
+// oversubscribed while that average exceeds the CPUs by half a thread (a lone sample would
+// misjudge a two-process ping-pong, its two spinners plus whatever runs at that instant). False
+// when /proc cannot be read.
 func cpusOversubscribed() bool {
 	now := nanotime()
 	last := loadavgSample.at.Load()
-	if now-last < oversubscribedEvery && last != 0 {
+	if now-last < oversubscribedEvery || !loadavgSample.at.CompareAndSwap(last, now) {
 		return loadavgSample.crowded.Load()
 	}
-	if !loadavgSample.at.CompareAndSwap(last, now) {
-		return loadavgSample.crowded.Load() // another goroutine is sampling
+	running, ok := sampleRunning()
+	if !ok {
+		return false
 	}
-	crowded := false
-	if fd := loadavgFd(); fd >= 0 {
-		var buf [128]byte
-		if n, err := unix.Pread(fd, buf[:], 0); err == nil {
-			if running, ok := runningOfLoadavg(buf[:n]); ok {
-				crowded = running > runtime.NumCPU()
-			}
-		}
-	}
+	// avg += (sample - avg) / 4, in 1/256ths.
+	old := loadavgSample.average.Load()
+	avg := old + (int64(running)<<8-old)/4
+	loadavgSample.average.Store(avg)
+	crowded := avg > int64(onlineCPUs())<<8+128
 	loadavgSample.crowded.Store(crowded)
 	return crowded
 }
 
-// oversubscribedEvery is how often cpusOversubscribed samples /proc/loadavg.
-const oversubscribedEvery = 2_000_000
+// oversubscribedEvery is how often cpusOversubscribed samples /proc/loadavg (a Linux tick at
+// HZ=250, the period of the Rust implementation's coarse clock).
+const oversubscribedEvery = 4_000_000
 
 var loadavgSample struct {
 	at      atomic.Int64
+	average atomic.Int64
 	crowded atomic.Bool
 }
 
-// loadavgFd is /proc/loadavg, opened once (-1 if it cannot be).
-var loadavgFd = sync.OnceValue(func() int {
+// sampleRunning reads the running count of /proc/loadavg, opening the file each time (a
+// descriptor kept open could be closed under us by a program that closes all its descriptors).
+func sampleRunning() (int, bool) {
 	fd, err := unix.Open("/proc/loadavg", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return -1
+		return 0, false
 	}
-	return fd
+	defer unix.Close(fd)
+	var buf [128]byte
+	n, err := unix.Read(fd, buf[:])
+	if err != nil {
+		return 0, false
+	}
+	return runningOfLoadavg(buf[:n])
+}
+
+// onlineCPUs is the number of CPUs online (/sys/devices/system/cpu/online, "0-1,4"), not those
+// this process may use: the running count is the whole host's.
+var onlineCPUs = sync.OnceValue(func() int {
+	b, err := os.ReadFile("/sys/devices/system/cpu/online")
+	n := 0
+	for _, r := range strings.Split(strings.TrimSpace(string(b)), ",") {
+		lo, hi, isRange := strings.Cut(r, "-")
+		a, errA := strconv.Atoi(lo)
+		z, errZ := strconv.Atoi(hi)
+		switch {
+		case err != nil || errA != nil:
+		case !isRange:
+			n++
+		case errZ == nil && z >= a:
+			n += z - a + 1
+		}
+	}
+	if n == 0 {
+		n = runtime.NumCPU()
+	}
+	return n
 })
 
 // runningOfLoadavg is the runnable-thread count of a /proc/loadavg line

@@ -24,7 +24,7 @@ pub const SERVER_WAITING: usize = 256;
 pub mod block {
     /// `ring_head` (producer).
     pub const RING_HEAD: usize = 0;
-    /// `ring_flags` (producer): FIN, RESET.
+    /// `ring_flags` (producer): FIN, RESET, NOT_READING.
     pub const RING_FLAGS: usize = 8;
     /// `ring_tail` (consumer).
     pub const RING_TAIL: usize = 128;

@@ -148,6 +148,7 @@ impl<B: Bytes> Producer<B> {
     /// stay valid for the life of the producer. `data.capacity()` is a power of two.
     pub unsafe fn new(words: RingWords, data: B) -> Self {
         let capacity = data.capacity() as u64;
+        debug_assert!(capacity.is_power_of_two());
         Producer { words, data, capacity, head: 0, cached_tail: 0 }
     }
 
@@ -211,7 +212,7 @@ impl<B: Bytes> Producer<B> {
         Ok(n)
     }
 
-    /// Sets `FIN` or `RESET` in `ring_flags`.
+    /// Sets bits of `ring_flags` (`FIN`, `RESET`, `NOT_READING`).
     pub fn set_flags(&self, flags: u32) {
         // SYNC POINT with the Acquire load in `Consumer::flags`: every byte published before FIN is
         // visible to a consumer that sees FIN.
@@ -239,6 +240,7 @@ impl<B: Bytes> Consumer<B> {
     /// As for [`Producer::new`].
     pub unsafe fn new(words: RingWords, data: B) -> Self {
         let capacity = data.capacity() as u64;
+        debug_assert!(capacity.is_power_of_two());
         Consumer { words, data, capacity, tail: 0, cached_head: 0 }
     }
 

@@ -118,45 +118,43 @@ fn affinity_union_is_one(peer: u32) -> bool {
 
 /// Whether more threads are runnable on this host than it has CPUs online, so that some wait for
 /// one: a thread that spins then only holds off the thread it waits for (nginx with 2 workers and
-/// its load generator on 2 CPUs). Read from the running count of `/proc/loadavg`, an instant
-/// sample, taken at most once per tick of the coarse clock (1 to 4 ms; a read costs about 2 us);
-/// between samples the last answer stands. False when `/proc` cannot be read.
+/// its load generator on 2 CPUs). The running count of `/proc/loadavg` is an instant sample (about
+/// 3 us to open, read and close); one is taken at most once per tick of the coarse clock (1 to 10
+/// ms) by whichever thread asks first, and folded into a moving average over the last few ticks:
+/// the host counts as oversubscribed while that average exceeds the CPUs by half a thread. A lone
+/// sample would misjudge a two-process ping-pong (its two spinners plus any thread that happens to
+/// run at that instant) and stop its spinning for a tick. False when `/proc` cannot be read.
 pub fn cpus_oversubscribed() -> bool {
-    use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
     // Coarse-clock nanoseconds of the last sample, shifted left by one, with the answer in bit 0.
     static LAST: AtomicU64 = AtomicU64::new(0);
-    // The open /proc/loadavg (-1: not yet; -2: unreadable), CLOEXEC.
-    static FD: AtomicI32 = AtomicI32::new(-1);
+    // The moving average of the running count, in 1/256ths.
+    static AVERAGE: AtomicU32 = AtomicU32::new(0);
     let now = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
     let stamp = (now.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(now.tv_nsec as u64) << 1;
     let last = LAST.load(Ordering::Relaxed);
-    if last & !1 == stamp {
+    // One thread samples per tick: the one whose exchange moves the stamp.
+    if last & !1 == stamp || LAST.compare_exchange(last, stamp | (last & 1), Ordering::Relaxed, Ordering::Relaxed).is_err() {
         return last & 1 == 1;
     }
-    let mut fd = FD.load(Ordering::Relaxed);
-    if fd == -1 {
-        fd = match rustix::fs::open("/proc/loadavg", rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty()) {
-            Ok(f) => std::os::fd::IntoRawFd::into_raw_fd(f),
-            Err(_) => -2,
-        };
-        // Two threads may both open it; the loser closes its copy.
-        if let Err(won) = FD.compare_exchange(-1, fd, Ordering::Relaxed, Ordering::Relaxed) {
-            if fd >= 0 {
-                // SAFETY: `fd` was opened just above and was not published.
-                drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
-            }
-            fd = won;
-        }
-    }
-    let crowded = fd >= 0 && {
-        // SAFETY: a published descriptor stays open for the life of the process (never closed).
-        let file = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-        let mut buf = [0u8; 128];
-        let n = rustix::io::pread(file, &mut buf, 0).unwrap_or(0);
-        running_of_loadavg(&buf[..n]).is_some_and(|running| running > online_cpus())
-    };
+    let Some(running) = sample_running() else { return false };
+    // avg += (sample - avg) / 4, in fixed point.
+    let old = AVERAGE.load(Ordering::Relaxed) as i64;
+    let avg = old + ((i64::from(running) << 8) - old) / 4;
+    AVERAGE.store(avg.max(0) as u32, Ordering::Relaxed);
+    let crowded = avg > (i64::from(online_cpus()) << 8) + 128;
     LAST.store(stamp | u64::from(crowded), Ordering::Relaxed);
     crowded
+}
+
+/// The running count of `/proc/loadavg`, opened afresh each time: a descriptor kept open could be
+/// closed (and its number reused) by a program that closes all its descriptors.
+fn sample_running() -> Option<u32> {
+    use rustix::fs::{open, Mode, OFlags};
+    let file = open("/proc/loadavg", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()?;
+    let mut buf = [0u8; 128];
+    let n = rustix::io::read(&file, &mut buf).ok()?;
+    running_of_loadavg(&buf[..n])
 }
 
 /// The runnable-thread count of a `/proc/loadavg` line (`0.52 0.58 0.59 3/467 1234`).

@@ -372,13 +372,13 @@ pub struct Words {
     pub in_head: *const AtomicU64,
     /// Incoming ring tail (we write).
     pub in_tail: *const AtomicU64,
-    /// Incoming ring flags (FIN, RESET from the peer).
+    /// Incoming ring flags (FIN, RESET, NOT_READING from the peer).
     pub in_flags: *const AtomicU32,
     /// Outgoing ring head (we write).
     pub out_head: *const AtomicU64,
     /// Outgoing ring tail (peer writes).
     pub out_tail: *const AtomicU64,
-    /// Outgoing ring flags (our FIN, RESET).
+    /// Outgoing ring flags (our FIN, RESET, NOT_READING).
     pub out_flags: *const AtomicU32,
     /// Ring capacity.
     pub capacity: u64,

@@ -270,6 +270,10 @@ impl Shm {
         }
         if in_read & FLAG_READ_CLOSED != 0 {
             shm.set(READ_SHUT);
+            // An exec between the two stores of `shutdown` leaves READ_CLOSED without its mirror.
+            if out_flags & FLAG_NOT_READING == 0 {
+                shm.signal(out.flags, FLAG_NOT_READING);
+            }
         }
         if (out_flags | in_flags) & FLAG_RESET != 0 {
             shm.set(RESET);
@@ -772,29 +776,36 @@ impl Shm {
         rx.ring.available().map_err(|c| self.corrupt(c))
     }
 
-    fn write_blocked(&self, tx: &mut TxHalf) -> io::Result<Option<usize>> {
+    /// Whether this side may still send (bytes or messages): not reset, not shut down for writing,
+    /// and the peer neither reset nor stopped reading nor hung up. Loads the incoming ring's flags
+    /// only, a line this side reads anyway (spec section 8).
+    fn may_send(&self) -> io::Result<()> {
         if self.has(RESET) {
             return Err(self.reset_error());
         }
         if self.has(WRITE_SHUT) {
             return Err(io::ErrorKind::BrokenPipe.into());
         }
-        // The peer's RESET wins over its hang-up or read shutdown (spec/WIRE.md section 8).
         // SAFETY: the incoming ring's flags word is an aligned atomic in our mapping.
         let in_flags = unsafe { &*self.in_words().flags }.load(Ordering::Acquire);
         if in_flags & !RING_FLAGS != 0 {
             return Err(self.corrupt(Corrupt("unknown ring flags")));
         }
+        // The peer's RESET wins over its hang-up or read shutdown (spec/WIRE.md section 8).
         if in_flags & FLAG_RESET != 0 {
             self.set(RESET);
             return Err(io::ErrorKind::ConnectionReset.into());
         }
-        // The peer stopped reading (spec section 8): seen in its own ring's flags, which the
-        // RESET check above has just read, not in our ring's `read_flags` (its line is the
-        // consumer's `ring_tail`, which a write would otherwise pull across CPUs every time).
+        // The peer stopped reading: seen in its own ring's flags, not in our ring's `read_flags`
+        // (whose line is the consumer's `ring_tail`: a write would pull it across CPUs each time).
         if in_flags & FLAG_NOT_READING != 0 || self.has(PEER_GONE) {
             return Err(io::ErrorKind::BrokenPipe.into());
         }
+        Ok(())
+    }
+
+    fn write_blocked(&self, tx: &mut TxHalf) -> io::Result<Option<usize>> {
+        self.may_send()?;
         self.adopt_tx(tx);
         let space = tx.ring.space().map_err(|c| self.corrupt(c))?;
         Ok((space > 0).then_some(space))
@@ -855,12 +866,7 @@ impl Shm {
     // ---- zero-copy messages ------------------------------------------------------------------
 
     fn take_slot(&self, tx: &mut MsgTx) -> io::Result<Option<u32>> {
-        if self.has(RESET) {
-            return Err(self.reset_error());
-        }
-        if self.has(WRITE_SHUT) || self.has(PEER_GONE) {
-            return Err(io::ErrorKind::BrokenPipe.into());
-        }
+        self.may_send()?;
         while let Some([slot]) = tx.frees.pop().map_err(|c| self.corrupt(c))? {
             if slot as usize >= tx.in_flight.len() || !tx.in_flight[slot as usize] {
                 return Err(self.corrupt(Corrupt("released a slot that was not in flight")));

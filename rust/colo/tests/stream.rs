@@ -63,6 +63,10 @@ fn read_shutdown_breaks_peer_writes() {
     let mut b = [0u8; 1];
     assert_eq!((&s).read(&mut b).unwrap(), 0);
     assert_eq!((&c).write(b"x").unwrap_err().kind(), ErrorKind::BrokenPipe);
+    // Messages too (spec section 8), as in the Go package.
+    let (c, s) = pair_with(Options::new().pool(4096, 2));
+    s.shutdown(Shutdown::Read).unwrap();
+    assert_eq!(c.loan(8).err().map(|e| e.kind()), Some(ErrorKind::BrokenPipe));
 }
 
 #[test]
