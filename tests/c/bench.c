@@ -30,6 +30,14 @@ static double now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* A ratio column, or "-" where there is nothing to compare with yet. */
+static void print_ratio(double r) {
+    if (r > 0)
+        printf("%7.2fx\n", r);
+    else
+        printf("%8s\n", "-");
+}
+
 static void die(const char *what, long long rc) {
     fprintf(stderr, "bench: %s: %s\n", what, rc < 0 ? colo_strerror((int)rc) : strerror(errno));
     exit(1);
@@ -274,7 +282,8 @@ int main(int argc, char **argv) {
         struct lat l = round_trip(cases[i].k, cases[i].spin);
         if (i == 0) tcp = l.p50;
         if (i == 1) unx = l.p50;
-        printf("  %-22s %10.2f %10.2f %7.2fx %7.2fx\n", cases[i].name, l.p50, l.p99, tcp / l.p50, i == 0 ? 0 : unx / l.p50);
+        printf("  %-22s %10.2f %10.2f %7.2fx ", cases[i].name, l.p50, l.p99, tcp / l.p50);
+        print_ratio(i == 0 ? 0 : unx / l.p50); /* the TCP row comes before Unix is measured */
         fflush(stdout);
     }
     printf("\n64 KiB writes, streaming\n  %-22s %10s %8s %8s\n", "transport", "MB/s", "x TCP", "x Unix");
@@ -283,7 +292,8 @@ int main(int argc, char **argv) {
         double mbs = stream(cases[i].k, cases[i].spin);
         if (i == 0) tcp = mbs;
         if (i == 1) unx = mbs;
-        printf("  %-22s %10.0f %7.2fx %7.2fx\n", cases[i].name, mbs, mbs / tcp, i == 0 ? 0 : mbs / unx);
+        printf("  %-22s %10.0f %7.2fx ", cases[i].name, mbs, mbs / tcp);
+        print_ratio(i == 0 ? 0 : mbs / unx);
         fflush(stdout);
     }
     printf("\nratios: how many times better than TCP loopback / Unix sockets in this run (latency: p50).\n");
