@@ -46,11 +46,6 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
     if crate::disabled() || fd < 0 || fd as usize >= table::MAX_FD || table::kind(fd) != table::NONE {
         return Prepared::Plain;
     }
-    // SAFETY: the application's socket, open during this call.
-    let b = unsafe { BorrowedFd::borrow_raw(fd) };
-    if !crate::is_tcp_stream(b) {
-        return Prepared::Plain;
-    }
     // connect(2) to the unspecified address reaches loopback.
     let target = if peer.ip().is_unspecified() {
         let ip: std::net::IpAddr = match peer {
@@ -61,8 +56,14 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
     } else {
         peer
     };
+    // First, as it needs no system call: a connection per request costs no more than plain TCP.
     if !crate::adapt::accelerate(target) {
         crate::log_debug(format_args!("connect {peer}: short-lived connections to it; plain TCP"));
+        return Prepared::Plain;
+    }
+    // SAFETY: the application's socket, open during this call.
+    let b = unsafe { BorrowedFd::borrow_raw(fd) };
+    if !crate::is_tcp_stream(b) {
         return Prepared::Plain;
     }
     let (control, server_pid) = match carrier::connect_rendezvous(target) {

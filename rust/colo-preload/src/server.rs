@@ -368,6 +368,18 @@ fn fetch_on(c: OwnedFd, k: &Key) -> Option<Box<Hello>> {
 
 /// After a successful real accept on a colo listener: claim the offer for the new connection.
 pub fn on_accept(fd: i32, nonblocking: bool) {
+    let Some(mut svc) = service() else { return };
+    if svc.pid == std::process::id() {
+        // A client offers before its SYN, so the offer of a connection already accepted has
+        // arrived: with none pending the connection is plain, known without asking the kernel
+        // for its addresses (a connection per request must not cost more than plain TCP).
+        let mut st = lock(svc);
+        drain(&mut st);
+        if st.offers.is_empty() && st.waiting.is_empty() {
+            crate::log_debug(format_args!("accept on fd {fd}: no colo offer pending; plain TCP"));
+            return;
+        }
+    }
     // SAFETY: the fd the kernel just gave us, open for the duration of this call.
     let b = unsafe { colo_sys::BorrowedFd::borrow_raw(fd) };
     let (Some(local), Some(peer)) = (
@@ -377,7 +389,6 @@ pub fn on_accept(fd: i32, nonblocking: bool) {
         return;
     };
     let k = carrier::key(peer, local);
-    let Some(mut svc) = service() else { return };
     if svc.pid != std::process::id() {
         match fetch_remote(svc.pid, &k) {
             Ok(h) => return claim(fd, nonblocking, peer, local, h),
