@@ -836,8 +836,8 @@ func (c *Conn) CloseRead() error {
 // Close closes the connection: FIN and NOT_READING on our direction, READ_CLOSED on the peer's, a
 // ring of the peer's doorbell, then every descriptor and the mapping are released (a DIRECT
 // connection that closes cleanly keeps its segment and doorbells for a while, for the next
-// connection between the same two processes: spec section 3, "Recycling"). Blocked operations return. Message views
-// obtained from Recv and buffers from Loan must not be used after Close.
+// connection between the same two processes: spec section 3, "Recycling"). Blocked operations
+// return. Message views obtained from Recv and buffers from Loan must not be used after Close.
 func (c *Conn) Close() error {
 	if c.tcp != nil {
 		return c.tcp.Close()
@@ -900,7 +900,8 @@ func (c *Conn) cleanClose() bool {
 	// (fail's RESET, made by any of our goroutines).
 	in, out := atomic.LoadUint32(c.in.flags), atomic.LoadUint32(c.out.flags)
 	rin, rout := atomic.LoadUint32(c.in.rflags), atomic.LoadUint32(c.out.rflags)
-	return in&^(flagFIN|flagNotReading) == 0 && out&^(flagFIN|flagNotReading) == 0 && rin&^flagReadClosed == 0 &&
+	closing := uint32(flagFIN | flagNotReading)
+	return in&^closing == 0 && out&^closing == 0 && rin&^flagReadClosed == 0 &&
 		rout&^flagReadClosed == 0 && (!gone || in&flagFIN != 0)
 }
 
