@@ -293,23 +293,22 @@ func sampleRunning() (int, bool) {
 // this process may use: the running count is the whole host's.
 var onlineCPUs = sync.OnceValue(func() int {
 	b, err := os.ReadFile("/sys/devices/system/cpu/online")
+	if err != nil {
+		return runtime.NumCPU()
+	}
 	n := 0
 	for _, r := range strings.Split(strings.TrimSpace(string(b)), ",") {
 		lo, hi, isRange := strings.Cut(r, "-")
+		if !isRange {
+			hi = lo
+		}
 		a, errA := strconv.Atoi(lo)
 		z, errZ := strconv.Atoi(hi)
-		switch {
-		case err != nil || errA != nil:
-		case !isRange:
-			n++
-		case errZ == nil && z >= a:
+		if errA == nil && errZ == nil && z >= a {
 			n += z - a + 1
 		}
 	}
-	if n == 0 {
-		n = runtime.NumCPU()
-	}
-	return n
+	return max(n, 1)
 })
 
 // runningOfLoadavg is the runnable-thread count of a /proc/loadavg line

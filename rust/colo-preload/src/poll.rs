@@ -487,10 +487,9 @@ pub unsafe fn epoll_wait_with(
             let mut found = (0, 0);
             SPINNER.with(|s| {
                 let mut s = s.borrow_mut();
-                let fresh = || Spinner::new(mode).yielding_when(colo_sys::host::cpus_oversubscribed);
-                let sp = s.get_or_insert_with(fresh);
+                let sp = s.get_or_insert_with(|| colo::shm::spinner(mode));
                 if sp.mode() != mode {
-                    *sp = fresh();
+                    *sp = colo::shm::spinner(mode);
                 }
                 sp.spin(|| {
                     let mut changed = false;

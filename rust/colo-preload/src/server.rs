@@ -401,7 +401,10 @@ pub fn on_accept(fd: i32, nonblocking: bool) {
     }
     let hello = {
         let mut st = lock(svc);
-        drain(&mut st);
+        // Collected by the look above unless its HELLO was still on the way.
+        if !st.offers.contains_key(&k) {
+            drain(&mut st);
+        }
         st.offers.remove(&k).map(|(h, _)| h)
     };
     claim(fd, nonblocking, peer, local, hello);

@@ -170,6 +170,12 @@ mod tests {
             s.slept(Duration::from_millis(5));
         }
         assert_eq!(s.budget, base, "long sleeps take it back to the configured spin");
+        let mut crowded = Spinner::new(SpinMode::For(base)).yielding_when(|| true);
+        assert!(!crowded.spin(|| true), "no adaptive spin on a crowded host");
+        crowded.slept(Duration::from_micros(12));
+        assert_eq!(crowded.budget, base, "a sleep after a skipped spin teaches nothing");
+        let mut busy = Spinner::new(SpinMode::Always).yielding_when(|| true);
+        assert!(busy.spin(|| true), "busy polling spins whatever the host runs");
         let mut never = Spinner::new(SpinMode::Never);
         never.slept(Duration::from_micros(1));
         assert!(!never.spin(|| true), "never spins, whatever it slept");

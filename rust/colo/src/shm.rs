@@ -221,8 +221,9 @@ fn from_nanos(n: u64) -> Option<Duration> {
 }
 
 /// A wait's spinner: adaptive spins are skipped while the host's CPUs are oversubscribed
-/// (spinning then holds off the thread we wait for; spec/WIRE.md section 9).
-fn spinner(mode: SpinMode) -> Spinner {
+/// (spinning then holds off the thread we wait for; spec/WIRE.md section 9). Also the spinner of
+/// the LD_PRELOAD shim's `epoll_wait`.
+pub fn spinner(mode: SpinMode) -> Spinner {
     Spinner::new(mode).yielding_when(colo_sys::host::cpus_oversubscribed)
 }
 
