@@ -96,13 +96,20 @@ fn take_hello(st: &mut State, control: OwnedFd) {
 fn drain(st: &mut State) {
     let listens = st.listens.clone();
     for l in &listens {
-        loop {
-            match seqpacket::accept(&l.rendezvous) {
-                Ok(c) => take_hello(st, c),
-                Err(_) => break,
-            }
-        }
+        drain_one(st, l);
     }
+    drain_waiting(st);
+}
+
+/// Collects the HELLOs that have arrived at one listener's rendezvous (none of the waiting ones).
+fn drain_one(st: &mut State, l: &Listen) {
+    while let Ok(c) = seqpacket::accept(&l.rendezvous) {
+        take_hello(st, c);
+    }
+}
+
+/// Reads the HELLOs whose connections were accepted before their message arrived.
+fn drain_waiting(st: &mut State) {
     let waiting = std::mem::take(&mut st.waiting);
     for (c, at) in waiting {
         if at.elapsed() > Duration::from_secs(5) {
@@ -366,15 +373,20 @@ fn fetch_on(c: OwnedFd, k: &Key) -> Option<Box<Hello>> {
     carrier::hello_from_fds(control, memfd, cb, sb, mode).ok().map(Box::new)
 }
 
-/// After a successful real accept on a colo listener: claim the offer for the new connection.
-pub fn on_accept(fd: i32, nonblocking: bool) {
+/// After a successful real accept of `fd` on the colo listener `listen`: claim the offer for the
+/// new connection.
+pub fn on_accept(listen: &Listen, fd: i32, nonblocking: bool) {
     let Some(mut svc) = service() else { return };
     if svc.pid == std::process::id() {
         // A client offers before its SYN, so the offer of a connection already accepted has
-        // arrived: with none pending the connection is plain, known without asking the kernel
-        // for its addresses (a connection per request must not cost more than plain TCP).
+        // arrived at its listener's rendezvous: with none pending the connection is plain, known
+        // without asking the kernel for its addresses or looking at the other listeners (a
+        // connection per request must cost no more than plain TCP).
         let mut st = lock(svc);
-        drain(&mut st);
+        drain_one(&mut st, listen);
+        if !st.waiting.is_empty() {
+            drain_waiting(&mut st);
+        }
         if st.offers.is_empty() && st.waiting.is_empty() {
             crate::log_debug(format_args!("accept on fd {fd}: no colo offer pending; plain TCP"));
             return;

@@ -674,7 +674,13 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
         return nfd;
     }
     let g = Guard::enter();
-    server::on_accept(nfd, flags & libc::SOCK_NONBLOCK != 0);
+    let listen = table::lock(fd).and_then(|mut s| match s.entry() {
+        Entry::Listen(l) => Some(l.clone()),
+        _ => None,
+    });
+    if let Some(l) = listen {
+        server::on_accept(&l, nfd, flags & libc::SOCK_NONBLOCK != 0);
+    }
     g.ok(nfd as ssize_t) as c_int
 }
 
