@@ -464,13 +464,12 @@ func (c *Conn) wakePeer(w uint32) {
 	}
 }
 
-// alertPeer wakes the peer however it sleeps, regardless of its waiting word: closing and
-// resetting do. The exchange comes first, as for any progress (spec section 6): a peer that
-// announced a futex sleep but has not entered it finds its word changed and does not sleep
-// (the Rust side sleeps on its futex without a timeout).
+// alertPeer wakes the peer after closing or resetting, which are progress like any other (spec
+// section 6): the exchange wakes a peer that announced a sleep (one that announced a futex sleep
+// but has not entered it finds its word changed), and a peer that announces later sees the flag
+// in its re-check. A close wakes no one who is not asleep.
 func (c *Conn) alertPeer() {
-	atomic.SwapUint32(c.peerWaiting, 0)
-	c.wakePeer(waitDoorbell | waitFutex)
+	c.wakePeer(atomic.SwapUint32(c.peerWaiting, 0))
 }
 
 // await blocks until ready() holds. ready must include every reason to wake: data, space,

@@ -66,7 +66,7 @@ impl Conn {
         };
         let holders = page as *const AtomicU32;
         // SAFETY: slot 0 of the zeroed page we just mapped.
-        unsafe { &*holders }.store(std::process::id(), Ordering::Relaxed);
+        unsafe { &*holders }.store(colo_sys::host::pid(), Ordering::Relaxed);
         let shm = if resumed { est.into_resumed_shm(crate::spin())? } else { est.into_shm(crate::spin())? };
         shm.set_nonblocking(nonblocking);
         let readiness = shm.readiness_fd().as_raw_fd();
@@ -154,7 +154,7 @@ impl Conn {
     /// child). A process counts only while it has our segment memfd open under the same number:
     /// a child that exec'd without the connection, or released its copy, holds nothing.
     fn others_hold(&self) -> bool {
-        let me = std::process::id();
+        let me = colo_sys::host::pid();
         let memfd = self.raw[3];
         // SAFETY: our segment memfd, open while `self` lives.
         let own = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(memfd) }).ok();

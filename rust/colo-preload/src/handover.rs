@@ -84,7 +84,7 @@ fn write_slot(f: &File, i: usize) {
 
 /// This process's own file (a forked child copies its parent's records into a new one).
 fn own(file: &mut Option<File>) -> Option<&mut File> {
-    let me = std::process::id();
+    let me = colo_sys::host::pid();
     if file.as_ref().is_none_or(|f| f.pid != me) {
         let slots: Vec<Option<Record>> = file.take().map(|f| f.slots).unwrap_or_default();
         let fd = rustix::fs::memfd_create(FILE_NAME, rustix::fs::MemfdFlags::empty()).ok()?;

@@ -91,7 +91,7 @@ fn log_level() -> u8 {
 
 pub(crate) fn log_info(args: std::fmt::Arguments<'_>) {
     if log_level() >= 1 {
-        let line = format!("colo[{}]: {args}\n", std::process::id());
+        let line = format!("colo[{}]: {args}\n", colo_sys::host::pid());
         // SAFETY: a raw write of our buffer to stderr (no libc, no recursion).
         unsafe { libc::syscall(libc::SYS_write, 2, line.as_ptr(), line.len()) };
     }
@@ -188,9 +188,11 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
 }
 
 extern "C" fn atfork_child() {
+    // Registered before the pid cache's own handler, so it runs first.
+    colo_sys::host::forget_pid();
     handover::atfork_child();
     server::atfork_child();
-    let me = std::process::id();
+    let me = colo_sys::host::pid();
     for fd in table::fds_of_kind(table::CONN) {
         if let Some(g) = table::try_lock(fd) {
             if let table::Entry::Conn(c) = &*g {

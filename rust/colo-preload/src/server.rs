@@ -53,7 +53,7 @@ fn request_name(pid: u32) -> String {
 }
 
 fn own_service() -> io::Result<&'static Service> {
-    let me = std::process::id();
+    let me = colo_sys::host::pid();
     if let Some(s) = service() {
         if s.pid == me {
             return Ok(s);
@@ -261,7 +261,7 @@ pub fn on_listen(fd: i32) {
 /// When a listening fd is closed in the process that listens: stop serving its rendezvous.
 pub fn on_close_listen(l: &Arc<Listen>) {
     let Some(svc) = service() else { return };
-    if svc.pid != std::process::id() {
+    if svc.pid != colo_sys::host::pid() {
         return;
     }
     lock(svc).listens.retain(|x| !Arc::ptr_eq(x, l));
@@ -328,7 +328,7 @@ pub fn atfork_child() {
     /// reused by the program meanwhile).
     static LET_GO: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     if let Some(svc) = service() {
-        if svc.pid != std::process::id() && LET_GO.swap(svc.pid, Ordering::Relaxed) != svc.pid {
+        if svc.pid != colo_sys::host::pid() && LET_GO.swap(svc.pid, Ordering::Relaxed) != svc.pid {
             let alias = svc.alias.get().map(|a| a.as_raw_fd());
             for fd in [Some(svc.requests.as_raw_fd()), Some(svc.wake.as_raw_fd()), alias].into_iter().flatten() {
                 // SAFETY: closing our inherited copy of a descriptor only the parent's service
@@ -345,7 +345,7 @@ pub fn atfork_child() {
 /// not open itself.
 pub fn before_fork() {
     let Some(svc) = service() else { return };
-    if svc.pid != std::process::id()
+    if svc.pid != colo_sys::host::pid()
         && table::fds_of_kind(table::LISTEN).next().is_some()
         && seqpacket::connect(request_name(svc.pid).as_bytes()).is_err()
     {
@@ -377,7 +377,7 @@ fn fetch_on(c: OwnedFd, k: &Key) -> Option<Box<Hello>> {
 /// new connection.
 pub fn on_accept(listen: &Listen, fd: i32, nonblocking: bool) {
     let Some(mut svc) = service() else { return };
-    if svc.pid == std::process::id() {
+    if svc.pid == colo_sys::host::pid() {
         // A client offers before its SYN, so the offer of a connection already accepted has
         // arrived at its listener's rendezvous: with none pending the connection is plain, known
         // without asking the kernel for its addresses or looking at the other listeners (a
@@ -401,7 +401,7 @@ pub fn on_accept(listen: &Listen, fd: i32, nonblocking: bool) {
         return;
     };
     let k = carrier::key(peer, local);
-    if svc.pid != std::process::id() {
+    if svc.pid != colo_sys::host::pid() {
         match fetch_remote(svc.pid, &k) {
             Ok(h) => return claim(fd, nonblocking, peer, local, h),
             Err(()) => match orphaned(svc.pid) {

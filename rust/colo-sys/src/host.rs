@@ -1,6 +1,7 @@
 //! Facts about this host that the rendezvous needs (spec/WIRE.md sections 2 and 9).
 
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -86,9 +87,30 @@ pub fn uid() -> u32 {
     rustix::process::getuid().as_raw()
 }
 
-/// Our own pid (not cached: a forked child has its own).
+/// This process's pid, once asked (0: not yet, or forgotten by a fork).
+static PID: AtomicU32 = AtomicU32::new(0);
+
+/// Our own pid. Cached, as connection set-up asks for it several times: `fork` makes the child
+/// forget it (a `pthread_atfork` child handler, registered by the first call). A child made
+/// without running those handlers (a raw `clone`, `vfork`) sees its parent's pid until it calls
+/// [`forget_pid`]; colo, like glibc before 2.25, expects such a child to `exec` or `_exit`.
 pub fn pid() -> u32 {
-    rustix::process::getpid().as_raw_nonzero().get() as u32
+    let cached = PID.load(Ordering::Relaxed);
+    if cached != 0 {
+        return cached;
+    }
+    static HANDLER: std::sync::Once = std::sync::Once::new();
+    HANDLER.call_once(|| at_fork(nothing, nothing, forget_pid));
+    let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
+    PID.store(pid, Ordering::Relaxed);
+    pid
+}
+
+extern "C" fn nothing() {}
+
+/// Makes the next [`pid`] ask the kernel: for fork child handlers that run before `pid`'s own.
+pub extern "C" fn forget_pid() {
+    PID.store(0, Ordering::Relaxed);
 }
 
 /// Whether this process and process `peer` can only run on one CPU between them (their affinity
@@ -125,7 +147,7 @@ fn affinity_union_is_one(peer: u32) -> bool {
 /// sample would misjudge a two-process ping-pong (its two spinners plus any thread that happens to
 /// run at that instant) and stop its spinning for a tick. False when `/proc` cannot be read.
 pub fn cpus_oversubscribed() -> bool {
-    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+    use std::sync::atomic::AtomicU64;
     // Coarse-clock nanoseconds of the last sample, shifted left by one, with the answer in bit 0.
     static LAST: AtomicU64 = AtomicU64::new(0);
     // The moving average of the running count, in 1/256ths.
@@ -167,7 +189,6 @@ fn running_of_loadavg(line: &[u8]) -> Option<u32> {
 /// CPUs online (read once; at least 1). An atomic, not a `OnceLock`: a fork child must never
 /// wait for an initialisation another thread had begun.
 fn online_cpus() -> u32 {
-    use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
     let n = N.load(Ordering::Relaxed);
     if n > 0 {

@@ -31,6 +31,8 @@ extern "C" fn release() {
 }
 
 extern "C" fn child() {
+    // This handler may run before the one that makes the pid cache forget.
+    colo_sys::host::forget_pid();
     release();
     crate::hangup::forked();
 }

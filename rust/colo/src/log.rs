@@ -14,6 +14,6 @@ fn level() -> u8 {
 /// Logs a line at `info`: why a connection is or is not on shared memory.
 pub fn info(args: std::fmt::Arguments<'_>) {
     if level() >= 1 {
-        eprintln!("colo[{}]: {args}", std::process::id());
+        eprintln!("colo[{}]: {args}", colo_sys::host::pid());
     }
 }

@@ -71,7 +71,7 @@ pub(crate) fn park_client(name: String, server_pid: u32, parked: Parked) {
     // SYNC POINT (Release) with the client's compare-and-swap in `take_client` (a later dial of
     // ours, possibly on another thread): our last uses of the segment happen before its reset.
     parked.seg.parked().fetch_or(CLIENT_PARKED, Ordering::AcqRel);
-    let me = std::process::id();
+    let me = colo_sys::host::pid();
     let mut cache = lock(&CLIENT);
     cache.retain(|e| e.pid == me);
     cache.push(ClientEntry { pid: me, name, server_pid, parked });
@@ -85,7 +85,7 @@ pub(crate) fn park_client(name: String, server_pid: u32, parked: Parked) {
 /// Takes a segment that both sides parked for the listener `name` (server `server_pid`) with
 /// this geometry: reset, owned by us, with the server's ticket.
 pub(crate) fn take_client(name: &str, server_pid: u32, geometry: Geometry) -> Option<(Parked, u32)> {
-    let me = std::process::id();
+    let me = colo_sys::host::pid();
     let mut cache = lock(&CLIENT);
     let i = cache.iter().position(|e| {
         e.pid == me
@@ -236,7 +236,7 @@ mod sweeper {
 
     /// Something was parked: make sure the sweeper runs.
     pub(super) fn kick() {
-        let me = std::process::id();
+        let me = colo_sys::host::pid();
         let mut s = lock(&STATE);
         if s.running != me && {
             crate::fork::protect();
@@ -252,7 +252,7 @@ mod sweeper {
     }
 
     fn sweep_all(now: Instant) -> bool {
-        let me = std::process::id();
+        let me = colo_sys::host::pid();
         let mut left = false;
         {
             let mut cache = lock(&CLIENT);

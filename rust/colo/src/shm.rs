@@ -394,24 +394,28 @@ impl Shm {
     }
 
     /// Sets a flag word of the segment without taking a half's lock (a blocked reader or writer
-    /// may hold it), then rings the peer unconditionally.
+    /// may hold it), then wakes the peer as any progress does (spec section 6): a sleeper that
+    /// announced before the exchange is woken by the bits it returns; one that announces after it
+    /// sees the flag in its re-check. A close wakes no one who is not asleep (a connection per
+    /// request pays no system call for it).
     fn signal(&self, word: *const AtomicU32, bits: u32) {
         // SAFETY: `word` comes from `out_words`/`in_words`: an aligned atomic in our mapping.
         unsafe { &*word }.fetch_or(bits, Ordering::Release);
-        // The exchange, as for any progress (spec section 6): a futex sleeper that announced
-        // before it finds its word changed; one that announces after it sees the flag.
-        notify::peer_needs_wake(self.seg.waiting(self.other()));
-        doorbell::ring(&self.fds.peer_bell);
-        colo_sys::futex::wake_all(self.seg.waiting(self.other()));
+        self.wake_peer();
     }
 
-    /// Wakes this side's own sleeping threads (a state they must see changed locally).
+    /// Wakes this side's own sleeping threads (a state they must see changed locally), those that
+    /// announced a sleep; one that announces later sees the state in its re-check.
     fn wake_self(&self) {
-        doorbell::ring(&self.fds.own_bell);
         // SYNC POINT with `notify::announce_sleep`: changing the word stops a futex sleep that
         // was announced but not yet entered (the state change is stored before this).
-        self.own_waiting().fetch_and(!notify::SLEEP_FUTEX, Ordering::AcqRel);
-        colo_sys::futex::wake_all(self.own_waiting());
+        let announced = self.own_waiting().fetch_and(!notify::SLEEP_FUTEX, Ordering::AcqRel);
+        if announced & notify::SLEEP_DOORBELL != 0 {
+            doorbell::ring(&self.fds.own_bell);
+        }
+        if announced & notify::SLEEP_FUTEX != 0 {
+            colo_sys::futex::wake_all(self.own_waiting());
+        }
     }
 
     /// Resets the connection after the peer broke the protocol; returns the error to report.
@@ -1115,7 +1119,7 @@ mod reaper {
 
     /// Drops `seg` on the reaper thread (inline if that thread cannot be started).
     pub fn retire(seg: Segment) {
-        let me = std::process::id();
+        let me = colo_sys::host::pid();
         let mut r = lock();
         if r.as_ref().is_none_or(|(pid, _)| *pid != me) {
             *r = None;
