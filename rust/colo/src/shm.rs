@@ -665,10 +665,16 @@ impl Shm {
             || {
                 // Read before the announcement: see `block`.
                 seen_epoch.set(lock(&self.waiters).epoch);
+                if self.has(AWAITING_WELCOME) {
+                    // A pending connection's answer comes on the control socket, before any of
+                    // the peer's bytes: the doorbell sleep watches both, so the answer wakes this
+                    // thread directly, not the hang-up watcher (which would wake it in turn).
+                    return notify::SLEEP_DOORBELL;
+                }
                 if sleep_untimed() || futex_left().is_some() { notify::SLEEP_FUTEX } else { notify::SLEEP_DOORBELL }
             },
             |value, bit| {
-                let untimed = sleep_untimed();
+                let untimed = bit == notify::SLEEP_FUTEX && sleep_untimed();
                 if (measure || !untimed) && asleep_since.get().is_none() {
                     asleep_since.set(Some(Instant::now()));
                 }
