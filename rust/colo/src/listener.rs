@@ -11,7 +11,7 @@ use colo_sys::{seqpacket, AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::io;
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use crate::recycle;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 const TCP: u64 = 0;
 const RENDEZVOUS: u64 = 1;
 const PENDING: u64 = 2;
+/// All of `Listener::maybe_ready` (bit `1 << token`).
+const ALL_SOURCES: u8 = 1 << TCP | 1 << RENDEZVOUS | 1 << PENDING;
 /// A client that connects to the rendezvous and says nothing is dropped after this long.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// At most this many silent rendezvous connections are kept; the oldest is dropped beyond it.
@@ -48,6 +50,12 @@ pub struct Listener {
     addr: SocketAddr,
     opts: Options,
     nonblocking: AtomicBool,
+    /// Which sources (bit `1 << token`) may have something to accept: set when the poller reports
+    /// them, cleared before a source is drained. Only the sources set are tried, so a connection
+    /// costs no `accept` that fails with EAGAIN on the other socket (or on the same one, after
+    /// the connection it reported). A hint cleared while its source is ready costs one poll: the
+    /// poller is level-triggered and reports it again.
+    maybe_ready: AtomicU8,
     /// Segments of closed connections kept for their clients' next dials.
     parked: Arc<recycle::Table>,
 }
@@ -87,6 +95,7 @@ impl Listener {
             addr,
             opts,
             nonblocking: AtomicBool::new(false),
+            maybe_ready: AtomicU8::new(ALL_SOURCES),
             parked: recycle::Table::new(),
         })
     }
@@ -109,16 +118,42 @@ impl Listener {
 
     /// Waits for the next connection, over shared memory or TCP.
     pub fn accept(&self) -> io::Result<(Stream, SocketAddr)> {
+        let nonblocking = self.nonblocking.load(Ordering::Relaxed);
+        let mut refreshed = false;
         loop {
             if let Some(s) = self.try_accept()? {
                 return Ok(s);
             }
-            if self.nonblocking.load(Ordering::Relaxed) {
+            if nonblocking && refreshed {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
-            let wait = self.pending_deadline().map(|d| d.saturating_duration_since(Instant::now()));
-            self.poller.wait(wait)?;
+            let wait = if nonblocking {
+                // The hints may be stale: ask the poller, without waiting, before saying so.
+                Some(Duration::ZERO)
+            } else {
+                self.pending_deadline().map(|d| d.saturating_duration_since(Instant::now()))
+            };
+            let ready = self.poller.wait(wait)?;
+            for token in &ready {
+                self.hint(*token);
+            }
+            if nonblocking {
+                if ready.is_empty() {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                refreshed = true;
+            }
         }
+    }
+
+    /// Clears the hint of `token` and says whether it was set: the caller then tries that source
+    /// (and sets the hint again if it stops before the source is drained).
+    fn take_hint(&self, token: u64) -> bool {
+        self.maybe_ready.fetch_and(!(1 << token), Ordering::Relaxed) & 1 << token != 0
+    }
+
+    fn hint(&self, token: u64) {
+        self.maybe_ready.fetch_or(1 << token, Ordering::Relaxed);
     }
 
     fn pending_deadline(&self) -> Option<Instant> {
@@ -163,18 +198,24 @@ impl Listener {
     }
 
     /// Answers the silent rendezvous clients whose HELLO has arrived and drops those that timed
-    /// out; returns a DIRECT connection if one completed.
-    fn poll_pending(&self) -> Option<(Stream, SocketAddr)> {
+    /// out; returns a DIRECT connection if one completed. Reads them only if the poller reported
+    /// one, or with `force`.
+    fn poll_pending(&self, force: bool) -> Option<(Stream, SocketAddr)> {
         let waiting: Vec<_> = {
             let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
             let now = Instant::now();
             // Timed-out clients are dropped (closing the fd also leaves the epoll set).
             pending.retain(|(_, at)| now.duration_since(*at) < HELLO_TIMEOUT);
+            if pending.is_empty() || !(self.take_hint(PENDING) || force) {
+                return None;
+            }
             std::mem::take(&mut *pending)
         };
         let mut found = None;
         for (fd, at) in waiting {
             if found.is_some() {
+                // Not looked at: look again next time.
+                self.hint(PENDING);
                 self.pending.lock().unwrap_or_else(|e| e.into_inner()).push((fd, at));
                 continue;
             }
@@ -199,11 +240,26 @@ impl Listener {
             let now = Instant::now();
             self.offers.lock().unwrap_or_else(|e| e.into_inner()).retain(|_, (_, at)| now.duration_since(*at) < HELLO_TIMEOUT);
         }
-        if let Some(s) = self.poll_pending() {
+        if let Some(s) = self.poll_pending(false) {
             return Ok(Some(s));
         }
-        if let Some(s) = self.drain_rendezvous()? {
+        if let Some(s) = self.early.lock().unwrap_or_else(|e| e.into_inner()).pop() {
             return Ok(Some(s));
+        }
+        // A source that had something may have more: the poller says so (one `epoll_wait`, which
+        // finds nothing queued as often as not, where an `accept` would fail with EAGAIN).
+        if self.take_hint(RENDEZVOUS) {
+            match self.drain_rendezvous_new(false) {
+                Ok(None) => {}
+                Ok(Some(s)) => return Ok(Some(s)),
+                Err(e) => {
+                    self.hint(RENDEZVOUS);
+                    return Err(e);
+                }
+            }
+        }
+        if !self.take_hint(TCP) {
+            return Ok(None);
         }
         match self.tcp.accept() {
             Ok((s, peer)) => {
@@ -211,8 +267,15 @@ impl Listener {
                 Ok(Some(self.claim_or_tcp(s, peer)))
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-            Err(e) if is_transient(&e) => Ok(None),
-            Err(e) => Err(e),
+            Err(e) if is_transient(&e) => {
+                self.hint(TCP);
+                Ok(None)
+            }
+            Err(e) => {
+                // EMFILE and the like: the connection stays queued; the caller sees the error.
+                self.hint(TCP);
+                Err(e)
+            }
         }
     }
 
@@ -228,10 +291,10 @@ impl Listener {
             // The client sent its HELLO before connecting: read the HELLOs that have arrived
             // (on new and on already accepted rendezvous connections), then look again.
             // Each call stops at a completed DIRECT connection: keep going until both are empty.
-            while let Some(s) = self.poll_pending() {
+            while let Some(s) = self.poll_pending(true) {
                 self.early.lock().unwrap_or_else(|e| e.into_inner()).push(s);
             }
-            while let Ok(Some(s)) = self.drain_rendezvous_new() {
+            while let Ok(Some(s)) = self.drain_rendezvous_new(true) {
                 self.early.lock().unwrap_or_else(|e| e.into_inner()).push(s);
             }
             offer = lookup();
@@ -249,21 +312,19 @@ impl Listener {
         }
     }
 
-    fn drain_rendezvous(&self) -> io::Result<Option<(Stream, SocketAddr)>> {
-        if let Some(s) = self.early.lock().unwrap_or_else(|e| e.into_inner()).pop() {
-            return Ok(Some(s));
-        }
-        self.drain_rendezvous_new()
-    }
-
-    /// Accepts new rendezvous connections and answers their HELLOs, up to the first completed one.
-    fn drain_rendezvous_new(&self) -> io::Result<Option<(Stream, SocketAddr)>> {
+    /// Accepts new rendezvous connections and answers their HELLOs, up to the first completed one:
+    /// until none is queued, or (`all` false) just one, as the poller reports the listener again
+    /// while more are queued (a connection then costs no accept that fails with EAGAIN).
+    fn drain_rendezvous_new(&self, all: bool) -> io::Result<Option<(Stream, SocketAddr)>> {
         if let Some(rdv) = &self.rendezvous {
             loop {
                 match seqpacket::accept(rdv) {
                     Ok(fd) => {
                         if let Some(s) = self.finish(handshake::answer(fd, self.addr, &self.opts, &self.parked)) {
                             return Ok(Some(s));
+                        }
+                        if !all {
+                            break;
                         }
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,

@@ -642,6 +642,8 @@ impl Shm {
         // With no deadline and the hang-up watcher running, sleep on the futex until woken (one
         // syscall each way, no timer). Otherwise on the futex for up to FUTEX_BUDGET, then on the
         // doorbell and the control socket (no CPU while idle; a hang-up wakes it).
+        // Whether futex sleeps are untimed; asked at the first sleep itself (in `block`'s closure,
+        // after the re-check), as the answer registers the connection with the watcher.
         let untimed = std::cell::Cell::new(None::<bool>);
         let sleep_untimed = || {
             let u = untimed.get().unwrap_or_else(|| {
@@ -671,7 +673,8 @@ impl Shm {
                     // thread directly, not the hang-up watcher (which would wake it in turn).
                     return notify::SLEEP_DOORBELL;
                 }
-                if sleep_untimed() || futex_left().is_some() { notify::SLEEP_FUTEX } else { notify::SLEEP_DOORBELL }
+                let may_be_untimed = deadline.is_none() && untimed.get() != Some(false);
+                if may_be_untimed || futex_left().is_some() { notify::SLEEP_FUTEX } else { notify::SLEEP_DOORBELL }
             },
             |value, bit| {
                 let untimed = bit == notify::SLEEP_FUTEX && sleep_untimed();
@@ -680,7 +683,12 @@ impl Shm {
                 }
                 let futex = match bit {
                     notify::SLEEP_FUTEX if untimed => Some((value, None)),
-                    notify::SLEEP_FUTEX => futex_left().map(|d| (value, Some(d))),
+                    notify::SLEEP_FUTEX => match futex_left() {
+                        Some(d) => Some((value, Some(d))),
+                        // Announced a futex sleep that cannot be had (no watcher, budget spent):
+                        // look again; the next announcement is a doorbell one.
+                        None => return Ok(()),
+                    },
                     _ => None,
                 };
                 self.block(deadline, futex, seen_epoch.get())

@@ -217,6 +217,49 @@ fn listener_serves_plain_tcp_clients() {
     t.join().unwrap();
 }
 
+/// A non-blocking listener reports WouldBlock only when nothing is queued, and then finds every
+/// connection that arrives: colo and plain TCP clients, one at a time and several at once (the
+/// listener tries only the sockets its poller reported; a stale hint must never hide one).
+#[test]
+fn nonblocking_accept_finds_every_connection() {
+    let _w = common::watchdog(60);
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
+    let addr = l.local_addr().unwrap();
+    let accept_one = || loop {
+        match l.accept() {
+            Ok((s, _)) => return s,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(1)),
+            Err(e) => panic!("accept: {e}"),
+        }
+    };
+    assert_eq!(l.accept().err().map(|e| e.kind()), Some(ErrorKind::WouldBlock));
+    let mut kept = Vec::new();
+    for round in 0..8 {
+        let n = 1 + round % 4;
+        let clients: Vec<Box<dyn std::any::Any>> = (0..n)
+            .map(|i| -> Box<dyn std::any::Any> {
+                if (round + i) % 2 == 0 {
+                    Box::new(Stream::connect(addr).unwrap())
+                } else {
+                    Box::new(TcpStream::connect(addr).unwrap())
+                }
+            })
+            .collect();
+        let (mut colo, mut tcp) = (0, 0);
+        for _ in 0..n {
+            match accept_one().transport() {
+                Transport::SharedMemory => colo += 1,
+                Transport::Tcp => tcp += 1,
+            }
+        }
+        assert_eq!(colo + tcp, n);
+        assert_eq!(colo, (0..n).filter(|i| (round + i) % 2 == 0).count(), "round {round}");
+        assert_eq!(l.accept().err().map(|e| e.kind()), Some(ErrorKind::WouldBlock), "round {round}: nothing left");
+        kept.push(clients);
+    }
+}
+
 #[test]
 fn falls_back_to_tcp_for_plain_servers() {
     let _w = common::watchdog(30);
