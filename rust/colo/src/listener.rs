@@ -51,10 +51,10 @@ pub struct Listener {
     opts: Options,
     nonblocking: AtomicBool,
     /// Which sources (bit `1 << token`) may have something to accept: set when the poller reports
-    /// them, cleared before a source is drained. Only the sources set are tried, so a connection
-    /// costs no `accept` that fails with EAGAIN on the other socket (or on the same one, after
-    /// the connection it reported). A hint cleared while its source is ready costs one poll: the
-    /// poller is level-triggered and reports it again.
+    /// them, cleared before a source is tried. Only the sources set are tried, once per report,
+    /// so a connection costs no `accept` that fails with EAGAIN on the other socket (or on the
+    /// same one, after the connection it reported). A hint cleared while its source is ready
+    /// costs one poll: the poller is level-triggered and reports it again.
     maybe_ready: AtomicU8,
     /// Segments of closed connections kept for their clients' next dials.
     parked: Arc<recycle::Table>,
@@ -147,7 +147,7 @@ impl Listener {
     }
 
     /// Clears the hint of `token` and says whether it was set: the caller then tries that source
-    /// (and sets the hint again if it stops before the source is drained).
+    /// once (and sets the hint again if that failed in a way worth retrying at once).
     fn take_hint(&self, token: u64) -> bool {
         self.maybe_ready.fetch_and(!(1 << token), Ordering::Relaxed) & 1 << token != 0
     }
