@@ -4,9 +4,9 @@
 //! cross-process round trip for the claim; a connection that moves a few bytes and closes gains
 //! less than that (redis-benchmark `-k 0`, HTTP without keep-alive). So the client side watches
 //! how its accelerated connections to each destination end: after a run of short ones it dials
-//! that destination over plain TCP for a while, then offers shared memory again (the load may
-//! have changed). Long-lived connections are never affected. `COLO_SHORT_LIVED=accelerate`
-//! turns this off.
+//! that destination over plain TCP for a while, then offers shared memory to one connection (the
+//! load may have changed) and decides by how that one ends. Long-lived connections dialed outside
+//! those plain periods are never affected. `COLO_SHORT_LIVED=accelerate` turns this off.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -18,15 +18,68 @@ const SHORT_LIFE: Duration = Duration::from_millis(20);
 const SHORT_BYTES: u64 = 64 * 1024;
 /// This many short connections in a row to one destination...
 const RUN: u32 = 8;
-/// ...send the next ones there over plain TCP for this long.
+/// ...send the next ones there over plain TCP for this long; then one connection (the probe) is
+/// offered shared memory: a short probe starts another such period, a long one (or one still open
+/// after `SHORT_LIFE`) ends them. Without the probe, every connection dialed until the next run of
+/// short ones had ended went through the set-up again: about 18 per period with 10 in flight.
 const PLAIN_FOR: Duration = Duration::from_secs(1);
 /// Destinations remembered (a bound on memory; the table starts over when full).
 const MAX_DESTS: usize = 4096;
 
+/// What this process has seen of one destination's connections.
 #[derive(Default)]
 struct Dest {
     short_run: u32,
     plain_until: Option<Instant>,
+    /// When the probe after a plain period was dialed (no other connection is offered shared
+    /// memory until it ends or outlives `SHORT_LIFE`).
+    probe_since: Option<Instant>,
+}
+
+impl Dest {
+    /// Whether a connection dialed `now` should be offered shared memory.
+    fn accelerate(&mut self, now: Instant) -> bool {
+        if let Some(since) = self.probe_since {
+            if now.duration_since(since) < SHORT_LIFE {
+                return false;
+            }
+            // The probe is not short (whether or not it was accelerated at all).
+            *self = Dest::default();
+            return true;
+        }
+        match self.plain_until {
+            Some(t) if now < t => false,
+            Some(_) => {
+                self.probe_since = Some(now);
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// An accelerated connection ended at `now`; returns whether that started plain TCP (first
+    /// time after a run of short ones: worth a log line).
+    fn ended(&mut self, now: Instant, short: bool) -> bool {
+        if self.probe_since.take().is_some() {
+            // The verdict on the probe (or on an older connection ending meanwhile: as good).
+            if short {
+                self.plain_until = Some(now + PLAIN_FOR);
+            } else {
+                *self = Dest::default();
+            }
+            return false;
+        }
+        if !short {
+            self.short_run = 0;
+            return false;
+        }
+        self.short_run += 1;
+        if self.short_run >= RUN && self.plain_until.is_none() {
+            self.plain_until = Some(now + PLAIN_FOR);
+            return true;
+        }
+        false
+    }
 }
 
 static DESTS: Mutex<Option<HashMap<SocketAddr, Dest>>> = Mutex::new(None);
@@ -43,15 +96,7 @@ pub fn accelerate(dest: SocketAddr) -> bool {
     }
     let mut g = DESTS.lock().unwrap_or_else(|e| e.into_inner());
     let Some(d) = g.get_or_insert_with(HashMap::new).get_mut(&dest) else { return true };
-    match d.plain_until {
-        Some(t) if Instant::now() < t => false,
-        Some(_) => {
-            d.plain_until = None;
-            d.short_run = 0;
-            true
-        }
-        None => true,
-    }
+    d.accelerate(Instant::now())
 }
 
 /// An accelerated connection to `dest` ended after `lived`, having moved `bytes` both ways.
@@ -65,16 +110,47 @@ pub fn ended(dest: SocketAddr, lived: Duration, bytes: u64) {
     if map.len() >= MAX_DESTS && !map.contains_key(&dest) {
         map.clear();
     }
-    let d = map.entry(dest).or_default();
-    if !short {
-        d.short_run = 0;
-        return;
-    }
-    d.short_run += 1;
-    if d.short_run >= RUN && d.plain_until.is_none() {
-        d.plain_until = Some(Instant::now() + PLAIN_FOR);
+    if map.entry(dest).or_default().ended(Instant::now(), short) {
         crate::log_info(format_args!(
-            "connect {dest}: {RUN} short-lived connections in a row; plain TCP there for {PLAIN_FOR:?} (COLO_SHORT_LIVED=accelerate keeps shared memory)"
+            "connect {dest}: {RUN} short-lived connections in a row; plain TCP there for {PLAIN_FOR:?} at a time (COLO_SHORT_LIVED=accelerate keeps shared memory)"
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_of_short_connections_goes_plain_then_probes_one_at_a_time() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let mut d = Dest::default();
+        for i in 0..RUN - 1 {
+            assert!(d.accelerate(ms(0)));
+            assert!(!d.ended(ms(1), true), "connection {i}: not yet a run");
+        }
+        assert!(d.ended(ms(1), true), "the run is complete");
+        assert!(!d.accelerate(ms(500)), "plain for PLAIN_FOR");
+        assert!(d.accelerate(ms(1002)), "then one probe");
+        assert!(!d.accelerate(ms(1003)), "and only one while it may still end short");
+        assert!(!d.ended(ms(1004), true), "a short probe: no new log line");
+        assert!(!d.accelerate(ms(1500)), "another plain period");
+        assert!(d.accelerate(ms(2005)), "the next probe");
+        assert!(!d.ended(ms(2100), false), "a long probe...");
+        assert!(d.accelerate(ms(2101)) && d.accelerate(ms(2101)), "...ends the plain periods");
+    }
+
+    #[test]
+    fn a_probe_still_open_after_the_short_life_ends_the_plain_periods() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let mut d = Dest { short_run: RUN, plain_until: Some(ms(10)), probe_since: None };
+        assert!(d.accelerate(ms(11)), "the probe");
+        assert!(!d.accelerate(ms(20)));
+        assert!(d.accelerate(ms(11) + SHORT_LIFE), "the probe lives on: accelerate again");
+        assert!(d.accelerate(ms(40)));
+        assert!(!d.ended(ms(41), true), "one short connection is not a run");
+        assert!(d.accelerate(ms(42)));
     }
 }
