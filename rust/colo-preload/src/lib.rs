@@ -212,6 +212,8 @@ extern "C" fn init() {
     colo::carrier::set_fd_floor((soft / 2).clamp(64, 1 << 15) as i32);
     // SAFETY: registering a child handler; it only takes uncontended locks with try_lock.
     unsafe { libc::pthread_atfork(None, None, Some(atfork_child)) };
+    // Cache the pid now, in the parent of any `vfork` child the program will make.
+    colo_sys::host::pid();
     // Connections the program image before an `exec` handed over.
     handover::take_back();
     colo::shm::set_interrupt_policy(eintr_wanted);

@@ -134,10 +134,13 @@ impl Poller {
         Ok(epoll::delete(&self.epoll, fd)?)
     }
 
+    /// Most events one [`Poller::wait`] returns (the rest wait for the next call).
+    pub const MAX_EVENTS: usize = 16;
+
     /// Waits for readiness; returns the ready tokens (empty on timeout or signal).
     pub fn wait(&self, timeout: Option<Duration>) -> io::Result<Vec<u64>> {
         let ts = timeout.map(|d| Timespec { tv_sec: d.as_secs() as i64, tv_nsec: d.subsec_nanos() as i64 });
-        let mut events = Vec::with_capacity(16);
+        let mut events = Vec::with_capacity(Self::MAX_EVENTS);
         match epoll::wait(&self.epoll, rustix::buffer::spare_capacity(&mut events), ts.as_ref()) {
             Ok(_) => Ok(events.iter().map(|e| e.data.u64()).collect()),
             Err(rustix::io::Errno::INTR) => Ok(Vec::new()),

@@ -92,17 +92,29 @@ static PID: AtomicU32 = AtomicU32::new(0);
 
 /// Our own pid. Cached, as connection set-up asks for it several times: `fork` makes the child
 /// forget it (a `pthread_atfork` child handler, registered by the first call). A child made
-/// without running those handlers (a raw `clone`, `vfork`) sees its parent's pid until it calls
-/// [`forget_pid`]; colo, like glibc before 2.25, expects such a child to `exec` or `_exit`.
+/// without running those handlers (a raw `clone`, `vfork`, `_Fork`) sees its parent's pid until it
+/// calls [`forget_pid`]; colo, like glibc before 2.25, expects such a child to `exec` or `_exit`.
+/// (A `vfork` child that asks first, before its parent ever did, would leave its own pid in the
+/// shared cache: the LD_PRELOAD shim asks in its constructor.)
 pub fn pid() -> u32 {
     let cached = PID.load(Ordering::Relaxed);
     if cached != 0 {
         return cached;
     }
-    static HANDLER: std::sync::Once = std::sync::Once::new();
-    HANDLER.call_once(|| at_fork(nothing, nothing, forget_pid));
     let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
-    PID.store(pid, Ordering::Relaxed);
+    // Registered by whichever thread gets here first, without a lock or a `Once` (a child forked
+    // while another thread held one would wait for it forever); the others do not cache.
+    // Relaxed: the flag orders nothing but this registration, which `pthread_atfork` serialises.
+    static REGISTERED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    static HANDLER_IN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !REGISTERED.swap(true, Ordering::Relaxed) {
+        at_fork(nothing, nothing, forget_pid);
+        HANDLER_IN.store(true, Ordering::Release);
+    }
+    // SYNC POINT with the Release store above: cache only once the child handler is in place.
+    if HANDLER_IN.load(Ordering::Acquire) {
+        PID.store(pid, Ordering::Relaxed);
+    }
     pid
 }
 

@@ -51,10 +51,12 @@ pub struct Listener {
     opts: Options,
     nonblocking: AtomicBool,
     /// Which sources (bit `1 << token`) may have something to accept: set when the poller reports
-    /// them, cleared before a source is tried. Only the sources set are tried, once per report,
-    /// so a connection costs no `accept` that fails with EAGAIN on the other socket (or on the
-    /// same one, after the connection it reported). A hint cleared while its source is ready
-    /// costs one poll: the poller is level-triggered and reports it again.
+    /// them, cleared before a source is tried. Only the sources set are tried, so a connection
+    /// costs no `accept` that fails with EAGAIN on the other socket. A blocking accept takes one
+    /// rendezvous connection per report (the poller is level-triggered and reports it again
+    /// while more wait); a non-blocking one drains what it tries until EAGAIN before it says
+    /// WouldBlock, as an edge-triggered poller of the listener's fd (tokio) sees no new edge for
+    /// connections already queued.
     maybe_ready: AtomicU8,
     /// Segments of closed connections kept for their clients' next dials.
     parked: Arc<recycle::Table>,
@@ -121,7 +123,7 @@ impl Listener {
         let nonblocking = self.nonblocking.load(Ordering::Relaxed);
         let mut refreshed = false;
         loop {
-            if let Some(s) = self.try_accept()? {
+            if let Some(s) = self.try_accept(nonblocking)? {
                 return Ok(s);
             }
             if nonblocking && refreshed {
@@ -137,6 +139,10 @@ impl Listener {
             for token in &ready {
                 self.hint(*token);
             }
+            if ready.len() >= Poller::MAX_EVENTS {
+                // Silent rendezvous clients may have filled the batch: look at everything.
+                self.maybe_ready.fetch_or(ALL_SOURCES, Ordering::Relaxed);
+            }
             if nonblocking {
                 if ready.is_empty() {
                     return Err(io::ErrorKind::WouldBlock.into());
@@ -147,7 +153,7 @@ impl Listener {
     }
 
     /// Clears the hint of `token` and says whether it was set: the caller then tries that source
-    /// once (and sets the hint again if that failed in a way worth retrying at once).
+    /// (and sets the hint again if that failed in a way worth retrying at once).
     fn take_hint(&self, token: u64) -> bool {
         self.maybe_ready.fetch_and(!(1 << token), Ordering::Relaxed) & 1 << token != 0
     }
@@ -234,7 +240,9 @@ impl Listener {
         found
     }
 
-    fn try_accept(&self) -> io::Result<Option<(Stream, SocketAddr)>> {
+    /// One look at the sources whose hints are set; `drain`: accept rendezvous connections until
+    /// EAGAIN (or a completed one), not just one.
+    fn try_accept(&self, drain: bool) -> io::Result<Option<(Stream, SocketAddr)>> {
         {
             // Offers whose TCP connection never came: release their descriptors.
             let now = Instant::now();
@@ -249,7 +257,7 @@ impl Listener {
         // A source that had something may have more: the poller says so (one `epoll_wait`, which
         // finds nothing queued as often as not, where an `accept` would fail with EAGAIN).
         if self.take_hint(RENDEZVOUS) {
-            match self.drain_rendezvous_new(false) {
+            match self.drain_rendezvous_new(drain) {
                 Ok(None) => {}
                 Ok(Some(s)) => return Ok(Some(s)),
                 Err(e) => {
@@ -261,20 +269,20 @@ impl Listener {
         if !self.take_hint(TCP) {
             return Ok(None);
         }
-        match self.tcp.accept() {
-            Ok((s, peer)) => {
-                s.set_nonblocking(false)?;
-                Ok(Some(self.claim_or_tcp(s, peer)))
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-            Err(e) if is_transient(&e) => {
-                self.hint(TCP);
-                Ok(None)
-            }
-            Err(e) => {
-                // EMFILE and the like: the connection stays queued; the caller sees the error.
-                self.hint(TCP);
-                Err(e)
+        loop {
+            match self.tcp.accept() {
+                Ok((s, peer)) => {
+                    s.set_nonblocking(false)?;
+                    return Ok(Some(self.claim_or_tcp(s, peer)));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                // That client gave up; the next may not have.
+                Err(e) if is_transient(&e) => {}
+                Err(e) => {
+                    // EMFILE and the like: the connection stays queued; the caller sees the error.
+                    self.hint(TCP);
+                    return Err(e);
+                }
             }
         }
     }
@@ -328,9 +336,9 @@ impl Listener {
                         }
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    // That client gave up; the next may not have.
                     Err(e) if is_transient(&e) => {
                         log::info(format_args!("accept {}: rendezvous: {e}", self.addr));
-                        break;
                     }
                     Err(e) => return Err(e),
                 }

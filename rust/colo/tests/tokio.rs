@@ -53,3 +53,27 @@ async fn async_falls_back_to_tcp() {
     c.read_exact(&mut b).await.unwrap();
     assert_eq!(&b, b"hi");
 }
+
+/// Rendezvous clients that give up (connect, then close without a HELLO) queued ahead of a real
+/// one, all behind one readiness edge: the async accept must still find the real one (a
+/// non-blocking accept drains what it tries before it says WouldBlock; tokio sees no new edge
+/// for connections already queued).
+#[tokio::test]
+async fn async_accept_finds_a_client_queued_behind_silent_ones() {
+    let _w = common::watchdog(60);
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let accepted = tokio::spawn(async move { l.accept().await.map(|(s, _)| s.transport()) });
+    // Let the accept consume the listener's readiness and wait for the next edge.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let client = std::thread::spawn(move || {
+        let name = colo::wire::rendezvous_name(addr);
+        for _ in 0..20 {
+            drop(colo_sys::seqpacket::connect(name.as_bytes()).unwrap());
+        }
+        colo::Stream::connect(addr).unwrap()
+    });
+    let got = tokio::time::timeout(std::time::Duration::from_secs(20), accepted).await;
+    assert!(matches!(got, Ok(Ok(Ok(Transport::SharedMemory)))), "the real client was not accepted: {got:?}");
+    drop(client.join().unwrap());
+}
