@@ -22,6 +22,8 @@ const RUN: u32 = 8;
 /// offered shared memory: a short probe starts another such period, a long one (or one still open
 /// after `SHORT_LIFE`) ends them. Without the probe, every connection dialed until the next run of
 /// short ones had ended went through the set-up again: about 18 per period with 10 in flight.
+/// The cost: connections dialed in a plain period, or while the probe may still end short (its
+/// first `SHORT_LIFE`), stay plain TCP for life, even if they turn out long-lived.
 const PLAIN_FOR: Duration = Duration::from_secs(1);
 /// Destinations remembered (a bound on memory; the table starts over when full).
 const MAX_DESTS: usize = 4096;
