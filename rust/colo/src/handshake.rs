@@ -278,11 +278,12 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
     };
 
     // Wait briefly for the answer; a server that has not reached accept() yet answers later
-    // (spec/WIRE.md section 3, "The backlog"). A listener that answered before is not waited for.
+    // (spec/WIRE.md section 3, "The backlog"). A listener that answered before is not waited for,
+    // nor asked now (it has not read the HELLO yet): its answer is read with the first wait.
     let known = seen == Some(Known::Direct);
     let mut buf = [0u8; 64];
     let answer = if known {
-        seqpacket::recv(&control, &mut buf, true)
+        Err(io::ErrorKind::WouldBlock.into())
     } else {
         seqpacket::set_recv_timeout(&control, Some(opts.handshake_timeout()))?;
         seqpacket::recv(&control, &mut buf, false)
