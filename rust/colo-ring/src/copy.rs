@@ -11,8 +11,9 @@
 /// Copies of at least this many bytes may take glibc's `rep movsb` path.
 const REP_MOVSB_MIN: usize = 1024;
 
-/// Distances (destination minus source, modulo 4 KiB) below this take the vector loop. The slow
-/// window measured is 1..=31; 64 keeps a margin and is where glibc's own short-distance check ends.
+/// Distances (destination minus source, modulo 4 KiB) from 1 to below this take the vector loop.
+/// The slow window measured is 1..=31; 64 keeps a margin and is where glibc's own short-distance
+/// check ends. Distance 0 (the same page offset) is `rep movsb`'s fast case.
 const SHORT_DISTANCE: usize = 64;
 
 /// Copies `len` bytes from `src` to `dst`, as `core::ptr::copy_nonoverlapping`.
@@ -30,7 +31,7 @@ const SHORT_DISTANCE: usize = 64;
 /// ```
 #[inline]
 pub unsafe fn copy(src: *const u8, dst: *mut u8, len: usize) {
-    if len >= REP_MOVSB_MIN && (dst as usize).wrapping_sub(src as usize) % 4096 < SHORT_DISTANCE {
+    if len >= REP_MOVSB_MIN && (1..SHORT_DISTANCE).contains(&((dst as usize).wrapping_sub(src as usize) % 4096)) {
         // SAFETY: the caller's contract, passed on.
         unsafe { copy_vectors(src, dst, len) }
     } else {

@@ -66,12 +66,23 @@ pub fn wait<T, E>(
     own_waiting: &AtomicU32,
     spinner: &mut Spinner,
     mut check: impl FnMut() -> Result<Option<T>, E>,
-    mut how: impl FnMut() -> u32,
-    mut block: impl FnMut(u32, u32) -> Result<(), E>,
+    how: impl FnMut() -> u32,
+    block: impl FnMut(u32, u32) -> Result<(), E>,
 ) -> Result<T, E> {
     if let Some(v) = check()? {
         return Ok(v);
     }
+    wait_after_miss(own_waiting, spinner, check, how, block)
+}
+
+/// [`wait`] for a caller whose own `check` just found nothing: starts with the spin.
+pub fn wait_after_miss<T, E>(
+    own_waiting: &AtomicU32,
+    spinner: &mut Spinner,
+    mut check: impl FnMut() -> Result<Option<T>, E>,
+    mut how: impl FnMut() -> u32,
+    mut block: impl FnMut(u32, u32) -> Result<(), E>,
+) -> Result<T, E> {
     let mut found = None;
     let mut failed = None;
     let spun = spinner.spin(|| match check() {
@@ -115,6 +126,15 @@ pub fn poll_once<T, E>(
     if let Some(v) = check()? {
         return Ok(Some(v));
     }
+    poll_after_miss(own_waiting, check, drain)
+}
+
+/// [`poll_once`] for a caller whose own `check` just found nothing: drains, announces, looks.
+pub fn poll_after_miss<T, E>(
+    own_waiting: &AtomicU32,
+    mut check: impl FnMut() -> Result<Option<T>, E>,
+    drain: impl FnOnce(),
+) -> Result<Option<T>, E> {
     drain();
     announce_sleep(own_waiting, SLEEP_DOORBELL);
     check()

@@ -153,8 +153,8 @@ fn affinity_union_is_one(peer: u32) -> bool {
 /// Whether more threads are runnable on this host than it has CPUs online, so that some wait for
 /// one: a thread that spins then only holds off the thread it waits for (nginx with 2 workers and
 /// its load generator on 2 CPUs). The running count of `/proc/loadavg` is an instant sample (about
-/// 3 us to open, read and close); one is taken at most once per tick of the coarse clock (1 to 10
-/// ms) by whichever thread asks first, and folded into a moving average over the last few samples:
+/// 3 us to open, read and close); one is taken at most every [`SAMPLE_EVERY`] (spec section 9, as
+/// the Go implementation) by whichever thread asks first, and folded into a moving average over the last few samples:
 /// the host counts as oversubscribed while that average exceeds the CPUs by half a thread. A lone
 /// sample would misjudge a two-process ping-pong (its two spinners plus any thread that happens to
 /// run at that instant) and stop its spinning for a tick. False when `/proc` cannot be read.
@@ -167,8 +167,9 @@ pub fn cpus_oversubscribed() -> bool {
     let now = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
     let stamp = (now.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(now.tv_nsec as u64) << 1;
     let last = LAST.load(Ordering::Relaxed);
-    // One thread samples per tick: the one whose exchange moves the stamp.
-    if last & !1 == stamp || LAST.compare_exchange(last, stamp | (last & 1), Ordering::Relaxed, Ordering::Relaxed).is_err() {
+    // One thread samples per period: the one whose exchange moves the stamp.
+    let due = stamp.wrapping_sub(last & !1) >= SAMPLE_EVERY.as_nanos() as u64 * 2;
+    if !due || LAST.compare_exchange(last, stamp | (last & 1), Ordering::Relaxed, Ordering::Relaxed).is_err() {
         return last & 1 == 1;
     }
     let Some(running) = sample_running() else { return false };
@@ -180,6 +181,9 @@ pub fn cpus_oversubscribed() -> bool {
     LAST.store(stamp | u64::from(crowded), Ordering::Relaxed);
     crowded
 }
+
+/// How often [`cpus_oversubscribed`] samples `/proc/loadavg` (a Linux tick at HZ=250).
+pub const SAMPLE_EVERY: Duration = Duration::from_millis(4);
 
 /// The running count of `/proc/loadavg`, opened afresh each time: a descriptor kept open could be
 /// closed (and its number reused) by a program that closes all its descriptors.

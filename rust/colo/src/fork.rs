@@ -37,8 +37,14 @@ extern "C" fn child() {
     crate::hangup::forked();
 }
 
-/// Registers the handlers (once per process; a child inherits them).
+/// Registers the handlers (once per process; a child inherits them). A flag, not a `Once`: a
+/// child forked while another thread was inside a `Once` would wait on it forever. A thread that
+/// finds the flag set while the first is still registering goes on without waiting: the handlers
+/// guard against forks from then on, as they would have a moment later.
 pub(crate) fn protect() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| colo_sys::host::at_fork(prepare, release, child));
+    // Relaxed: it orders nothing but this registration, which `pthread_atfork` serialises.
+    static REGISTERED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !REGISTERED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        colo_sys::host::at_fork(prepare, release, child);
+    }
 }

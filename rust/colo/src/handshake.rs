@@ -281,37 +281,34 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
     // (spec/WIRE.md section 3, "The backlog"). A listener that answered before is not waited for,
     // nor asked now (it has not read the HELLO yet): its answer is read with the first wait.
     let known = seen == Some(Known::Direct);
-    let mut buf = [0u8; 64];
-    let answer = if known {
-        Err(io::ErrorKind::WouldBlock.into())
-    } else {
+    let pending = known || {
+        let mut buf = [0u8; 64];
         seqpacket::set_recv_timeout(&control, Some(opts.handshake_timeout()))?;
-        seqpacket::recv(&control, &mut buf, false)
-    };
-    let pending = match answer {
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut => true,
-        Ok(r) if r.len == MESSAGE_LEN && r.fds.is_empty() && !r.truncated => match Message::decode(&buf[..r.len]) {
-            Ok(Message::Welcome { version: wire::VERSION }) => false,
-            Ok(Message::Reject { reason: Reason::NeedCarrier, .. }) => {
-                remember(name, server_pid, Known::Carrier);
-                return Ok(Direct::NeedCarrier);
-            }
-            other => {
-                log::info(format_args!("dial {addr}: refused ({other:?}); using TCP"));
+        match seqpacket::recv(&control, &mut buf, false) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut => true,
+            Ok(r) if r.len == MESSAGE_LEN && r.fds.is_empty() && !r.truncated => match Message::decode(&buf[..r.len]) {
+                Ok(Message::Welcome { version: wire::VERSION }) => false,
+                Ok(Message::Reject { reason: Reason::NeedCarrier, .. }) => {
+                    remember(name, server_pid, Known::Carrier);
+                    return Ok(Direct::NeedCarrier);
+                }
+                other => {
+                    log::info(format_args!("dial {addr}: refused ({other:?}); using TCP"));
+                    return Ok(Direct::No);
+                }
+            },
+            Ok(r) if r.len == 0 => {
+                log::info(format_args!("dial {addr}: listener closed the rendezvous connection; using TCP"));
                 return Ok(Direct::No);
             }
-        },
-        Ok(r) if r.len == 0 => {
-            log::info(format_args!("dial {addr}: listener closed the rendezvous connection; using TCP"));
-            return Ok(Direct::No);
-        }
-        Ok(_) => {
-            log::info(format_args!("dial {addr}: unexpected answer; using TCP"));
-            return Ok(Direct::No);
-        }
-        Err(e) => {
-            log::info(format_args!("dial {addr}: no answer: {e}; using TCP"));
-            return Ok(Direct::No);
+            Ok(_) => {
+                log::info(format_args!("dial {addr}: unexpected answer; using TCP"));
+                return Ok(Direct::No);
+            }
+            Err(e) => {
+                log::info(format_args!("dial {addr}: no answer: {e}; using TCP"));
+                return Ok(Direct::No);
+            }
         }
     };
     if !pending && !known {

@@ -8,7 +8,7 @@
 //! whenever the leader wakes, because the doorbell and the `waiting` flag are shared by both halves.
 
 use crate::segment::{Role, Segment};
-use colo_ring::layout::{FLAG_FIN, FLAG_NOT_READING, FLAG_READ_CLOSED, FLAG_RESET, RING_FLAGS};
+use colo_ring::layout::{FLAG_FIN, FLAG_NOT_READING, FLAG_READ_CLOSED, FLAG_RESET};
 use colo_ring::notify;
 use colo_ring::queue::{QueueReceiver, QueueSender};
 use colo_ring::ring::{Consumer, Producer, RawBytes, RingWords};
@@ -598,7 +598,8 @@ impl Shm {
         r
     }
 
-    /// Runs `check` until it yields, by the protocol of spec/WIRE.md section 6.
+    /// Runs `check` until it yields, by the protocol of spec/WIRE.md section 6; called after the
+    /// caller's own `check` found nothing (so the wait starts with the spin or the announcement).
     fn wait_for<T>(
         &self,
         spinner: &mut Spinner,
@@ -606,7 +607,7 @@ impl Shm {
         mut check: impl FnMut() -> io::Result<Option<T>>,
     ) -> io::Result<T> {
         if self.nonblocking.load(Ordering::Relaxed) {
-            let r = notify::poll_once(self.own_waiting(), &mut check, || {
+            let r = notify::poll_after_miss(self.own_waiting(), &mut check, || {
                 if doorbell::drain(&self.fds.own_bell) {
                     self.swallowed.store(true, Ordering::Release);
                 }
@@ -622,7 +623,7 @@ impl Shm {
         if spinner.mode() == SpinMode::Always {
             // Busy polling never sleeps, so look at the control socket now and then.
             let mut polls = 0u32;
-            return notify::wait(
+            return notify::wait_after_miss(
                 self.own_waiting(),
                 spinner,
                 || {
@@ -660,7 +661,7 @@ impl Shm {
             let since = asleep_since.get().unwrap_or_else(Instant::now);
             FUTEX_BUDGET.checked_sub(since.elapsed()).filter(|d| !d.is_zero())
         };
-        let r = notify::wait(
+        let r = notify::wait_after_miss(
             self.own_waiting(),
             spinner,
             &mut check,
@@ -805,11 +806,7 @@ impl Shm {
         if self.has(WRITE_SHUT) {
             return Err(io::ErrorKind::BrokenPipe.into());
         }
-        // SAFETY: the incoming ring's flags word is an aligned atomic in our mapping.
-        let in_flags = unsafe { &*self.in_words().flags }.load(Ordering::Acquire);
-        if in_flags & !RING_FLAGS != 0 {
-            return Err(self.corrupt(Corrupt("unknown ring flags")));
-        }
+        let in_flags = self.in_words().producer_flags().map_err(|c| self.corrupt(c))?;
         // The peer's RESET wins over its hang-up or read shutdown (spec/WIRE.md section 8).
         if in_flags & FLAG_RESET != 0 {
             self.set(RESET);
