@@ -112,8 +112,30 @@ static void end_of_stream(void) {
     CHECK_EQ(colo_msg_release(m), 0);
     CHECK_EQ(colo_recv_message(s, &m, NULL, NULL), 0);
     CHECK(m == NULL);
+    /* A loan taken before this side's write shutdown is refused at send, like a write. */
+    CHECK_EQ(colo_loan(s, 3, &b, &d), 0);
+    CHECK_EQ(colo_shutdown(s, COLO_SHUT_WR), 0);
+    CHECK_EQ(colo_send(b, 3), -EPIPE);
+    /* This side's read shutdown ends receiving at once. */
+    CHECK_EQ(colo_shutdown(c, COLO_SHUT_RD), 0);
+    CHECK_EQ(colo_recv_message(c, &m, NULL, NULL), 0);
     CHECK_EQ(colo_close(c), 0);
     CHECK_EQ(colo_close(s), 0);
+    CHECK_EQ(colo_listener_close(l), 0);
+}
+
+/* A loan taken before the peer closed cannot be sent into the void. */
+static void send_after_peer_close(void) {
+    char addr[COLO_ADDRSTRLEN];
+    colo_listener *l = t_listen(NULL, addr);
+    colo_conn *c = NULL, *s = NULL;
+    t_pair(l, addr, NULL, &c, &s);
+    colo_buf *b;
+    void *d;
+    CHECK_EQ(colo_loan(c, 3, &b, &d), 0);
+    CHECK_EQ(colo_close(s), 0);
+    CHECK_EQ(colo_send(b, 3), -EPIPE);
+    CHECK_EQ(colo_close(c), 0);
     CHECK_EQ(colo_listener_close(l), 0);
 }
 
@@ -180,6 +202,7 @@ int main(void) {
     watchdog(60);
     RUN(round_trip);
     RUN(end_of_stream);
+    RUN(send_after_peer_close);
     RUN(no_pool);
     RUN(messages_over_tcp);
     t_done("test_msg");

@@ -75,8 +75,10 @@ typedef struct colo_options {
   // Microseconds to spin before sleeping: `COLO_SPIN_DEFAULT` (the `COLO_SPIN_US`
   // environment variable, else 5 us adaptive), 0 never, `COLO_SPIN_ALWAYS` busy-poll.
   int64_t spin_us;
-  // How long `colo_connect` waits for the shared-memory handshake before using TCP, in
-  // milliseconds (default 5000).
+  // How long the first `colo_connect` to a listener waits for its answer, in milliseconds
+  // (0: the default, 200), before it returns a pending shared-memory connection (bytes
+  // written meanwhile wait in the ring, as in a TCP backlog). Later connects to a listener
+  // that answered do not wait.
   uint64_t connect_timeout_ms;
 } colo_options;
 
@@ -258,10 +260,12 @@ ssize_t colo_loan_capacity(const struct colo_buf *l);
 
 // Sends the first `len` bytes of the loan as one message. Only a descriptor moves; the receiver
 // reads the buffer in place. The loan handle is consumed (freed) whether or not sending
-// succeeds, except on -EBADF and -EINVAL, which leave it untouched.
+// succeeds, except on -EBADF and -EINVAL, which leave it untouched. Over TCP the message is
+// framed on the stream: all of it is sent, or (-EAGAIN) none of it.
 //
 // Returns 0, or -EBADF (bad or already sent loan), -EINVAL (`len` above the capacity),
-// -ECONNRESET, -EPIPE, -EPROTO.
+// -EPIPE (this side shut down writing or closed, or the peer stopped reading or closed),
+// -ECONNRESET, -EPROTO; over TCP also -EAGAIN, -ETIMEDOUT.
 int colo_send(struct colo_buf *l, size_t len);
 
 // Gives an unsent loan back (its slot returns to the pool) and frees the handle.
@@ -275,8 +279,9 @@ int colo_loan_cancel(struct colo_buf *l);
 // `colo_msg_release`. The caller owns the message and must release it: the sender gets the slot
 // back only then.
 //
-// Returns 1 (a message), 0 (end of stream: the peer shut down writing or closed; `*out` is set to
-// NULL), or -EBADF, -EINVAL (NULL `out`), -ENOBUFS (no pool), -EAGAIN, -ECONNRESET, -EPROTO.
+// Returns 1 (a message), 0 (end of stream: the peer shut down writing or closed, or this side
+// shut down reading; `*out` is set to NULL), or -EBADF, -EINVAL (NULL `out`), -ENOBUFS (no
+// pool), -EAGAIN, -ECONNRESET (the peer reset or died), -EPROTO.
 int colo_recv_message(const struct colo_conn *c, struct colo_msg **out, const void **data, size_t *len);
 
 // The message's bytes (read-only, valid until released), or NULL for a bad handle.

@@ -69,8 +69,10 @@ pub struct colo_options {
     /// Microseconds to spin before sleeping: `COLO_SPIN_DEFAULT` (the `COLO_SPIN_US`
     /// environment variable, else 5 us adaptive), 0 never, `COLO_SPIN_ALWAYS` busy-poll.
     pub spin_us: i64,
-    /// How long `colo_connect` waits for the shared-memory handshake before using TCP, in
-    /// milliseconds (default 5000).
+    /// How long the first `colo_connect` to a listener waits for its answer, in milliseconds
+    /// (0: the default, 200), before it returns a pending shared-memory connection (bytes
+    /// written meanwhile wait in the ring, as in a TCP backlog). Later connects to a listener
+    /// that answered do not wait.
     pub connect_timeout_ms: u64,
 }
 
@@ -369,7 +371,7 @@ pub extern "C" fn colo_options_init(opts: *mut colo_options) -> c_int {
             slot_size: d.slot_size,
             slot_count: d.slot_count,
             spin_us: COLO_SPIN_DEFAULT,
-            connect_timeout_ms: 5000,
+            connect_timeout_ms: 200,
         };
         // SAFETY: `opts` is not NULL and points to writable memory for a `colo_options`.
         unsafe { opts.write_unaligned(v) };
@@ -382,7 +384,9 @@ pub extern "C" fn colo_options_init(opts: *mut colo_options) -> c_int {
 /// string valid until the next call on this thread). Never NULL.
 #[no_mangle]
 pub extern "C" fn colo_strerror(code: c_int) -> *const c_char {
-    let code = code.checked_abs().unwrap_or(0);
+    let Some(code) = code.checked_abs() else {
+        return c"Unknown error".as_ptr();
+    };
     let known: &'static str = match code {
         0 => "Success\0",
         5 => "Input/output error\0",
@@ -412,7 +416,9 @@ pub extern "C" fn colo_strerror(code: c_int) -> *const c_char {
     BUF.with(|b| {
         let mut b = b.borrow_mut();
         b.clear();
+        // `io::Error`'s text without its " (os error N)" suffix, as strerror(3) has it.
         let text = io::Error::from_raw_os_error(code).to_string();
+        let text = text.strip_suffix(&format!(" (os error {code})")).unwrap_or(&text);
         b.extend(text.bytes().filter(|&c| c != 0));
         b.push(0);
         b.as_ptr().cast()
@@ -829,10 +835,12 @@ pub extern "C" fn colo_loan_capacity(l: *const colo_buf) -> ssize_t {
 
 /// Sends the first `len` bytes of the loan as one message. Only a descriptor moves; the receiver
 /// reads the buffer in place. The loan handle is consumed (freed) whether or not sending
-/// succeeds, except on -EBADF and -EINVAL, which leave it untouched.
+/// succeeds, except on -EBADF and -EINVAL, which leave it untouched. Over TCP the message is
+/// framed on the stream: all of it is sent, or (-EAGAIN) none of it.
 ///
 /// Returns 0, or -EBADF (bad or already sent loan), -EINVAL (`len` above the capacity),
-/// -ECONNRESET, -EPIPE, -EPROTO.
+/// -EPIPE (this side shut down writing or closed, or the peer stopped reading or closed),
+/// -ECONNRESET, -EPROTO; over TCP also -EAGAIN, -ETIMEDOUT.
 #[no_mangle]
 pub extern "C" fn colo_send(l: *mut colo_buf, len: usize) -> c_int {
     guard_int(|| with_cx(|cx| {
@@ -869,8 +877,9 @@ pub extern "C" fn colo_loan_cancel(l: *mut colo_buf) -> c_int {
 /// `colo_msg_release`. The caller owns the message and must release it: the sender gets the slot
 /// back only then.
 ///
-/// Returns 1 (a message), 0 (end of stream: the peer shut down writing or closed; `*out` is set to
-/// NULL), or -EBADF, -EINVAL (NULL `out`), -ENOBUFS (no pool), -EAGAIN, -ECONNRESET, -EPROTO.
+/// Returns 1 (a message), 0 (end of stream: the peer shut down writing or closed, or this side
+/// shut down reading; `*out` is set to NULL), or -EBADF, -EINVAL (NULL `out`), -ENOBUFS (no
+/// pool), -EAGAIN, -ECONNRESET (the peer reset or died), -EPROTO.
 #[no_mangle]
 pub extern "C" fn colo_recv_message(
     c: *const colo_conn,

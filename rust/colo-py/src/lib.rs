@@ -7,7 +7,7 @@
 //! the buffer protocol over the shared segment itself: `memoryview(msg)` reads the bytes in place.
 
 use colo::{Listener as CoreListener, Loan as CoreLoan, Message as CoreMessage, Options, SpinMode, Stream, Transport};
-use pyo3::exceptions::{PyBlockingIOError, PyBufferError, PyOSError, PyTimeoutError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyBlockingIOError, PyBufferError, PyOSError, PyOverflowError, PyTimeoutError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
@@ -213,6 +213,9 @@ pub struct Conn {
     inner: Mutex<Option<Arc<Stream>>>,
     /// `socket` semantics: None blocking, 0.0 non-blocking, > 0 seconds.
     timeout: Mutex<Option<f64>>,
+    /// Open `makefile` objects, and whether `close` was called meanwhile: as with `socket`, the
+    /// connection closes when both the object and its files are closed.
+    files: Mutex<(usize, bool)>,
 }
 
 /// A raw buffer handed to a GIL-free closure; the owner keeps it alive and exported meanwhile.
@@ -223,7 +226,7 @@ unsafe impl Send for RawBuf {}
 
 impl Conn {
     fn new(s: Stream) -> Conn {
-        Conn { inner: Mutex::new(Some(Arc::new(s))), timeout: Mutex::new(None) }
+        Conn { inner: Mutex::new(Some(Arc::new(s))), timeout: Mutex::new(None), files: Mutex::new((0, false)) }
     }
 
     fn get(&self) -> PyResult<Arc<Stream>> {
@@ -242,7 +245,7 @@ impl Conn {
         if timeout == Some(0.0) {
             return py.allow_threads(|| op(s)).map_err(|e| self.err(e));
         }
-        let deadline = timeout.map(|t| Instant::now() + Duration::from_secs_f64(t));
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(Duration::from_secs_f64(t)));
         loop {
             let slice = match deadline {
                 Some(d) => d.saturating_duration_since(Instant::now()).min(SLICE),
@@ -264,19 +267,55 @@ impl Conn {
     }
 }
 
+/// A timeout in seconds as a `Duration`; `OverflowError` above what `socket` accepts (2^63 ns).
+fn timeout_duration(t: f64) -> PyResult<Duration> {
+    const MAX_SECS: f64 = 9_223_372_036.0;
+    if t > MAX_SECS {
+        return Err(PyOverflowError::new_err("timeout doesn't fit into C timeval"));
+    }
+    Ok(Duration::from_secs_f64(t))
+}
+
 /// The longest a blocking call waits without looking at signals.
 const SLICE: Duration = Duration::from_millis(100);
 
-/// A writable (or readable) contiguous byte view of a Python object, held for the call.
-fn byte_buffer(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<pyo3::buffer::PyBuffer<u8>> {
-    let b = pyo3::buffer::PyBuffer::<u8>::get(obj)?;
-    if writable && b.readonly() {
-        return Err(PyTypeError::new_err("a writable bytes-like object is required"));
+/// A contiguous byte view of any object with the buffer protocol (of any item format, as
+/// `socket` takes them: `array`, numpy arrays, cast memoryviews), held for the call.
+struct ByteBuffer(ffi::Py_buffer);
+
+impl ByteBuffer {
+    fn buf_ptr(&self) -> *mut u8 {
+        self.0.buf.cast()
     }
-    if !b.is_c_contiguous() {
-        return Err(PyBufferError::new_err("a contiguous buffer is required"));
+    fn len_bytes(&self) -> usize {
+        self.0.len as usize
     }
-    Ok(b)
+}
+
+impl Drop for ByteBuffer {
+    fn drop(&mut self) {
+        // SAFETY: `self.0` was filled by a successful `PyObject_GetBuffer` and is released once;
+        // every holder of a `ByteBuffer` holds the GIL when it drops it (it is only created and
+        // dropped in `#[pymethods]`, outside `allow_threads`).
+        unsafe { ffi::PyBuffer_Release(&mut self.0) };
+    }
+}
+
+fn byte_buffer(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<ByteBuffer> {
+    let flags = if writable { ffi::PyBUF_SIMPLE | ffi::PyBUF_WRITABLE } else { ffi::PyBUF_SIMPLE };
+    let mut view = std::mem::MaybeUninit::<ffi::Py_buffer>::uninit();
+    // SAFETY: `obj` is a live object (we hold the GIL through `Bound`); on success the view is
+    // initialised and we own one buffer export, released by `ByteBuffer`'s drop. PyBUF_SIMPLE
+    // asks for a C-contiguous run of bytes (exporters that cannot give one fail).
+    if unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), view.as_mut_ptr(), flags) } != 0 {
+        let e = PyErr::fetch(obj.py());
+        if writable && obj.is_instance_of::<PyBytes>() {
+            return Err(PyTypeError::new_err("a writable bytes-like object is required"));
+        }
+        return Err(e);
+    }
+    // SAFETY: initialised by the successful call above.
+    Ok(ByteBuffer(unsafe { view.assume_init() }))
 }
 
 #[pymethods]
@@ -408,10 +447,34 @@ impl Conn {
 
     /// Closes the connection (idempotent). Messages and loans still held stay valid.
     fn close(&self) {
+        {
+            let mut files = lock(&self.files);
+            if files.0 > 0 {
+                files.1 = true;
+                return;
+            }
+        }
         if let Some(s) = lock(&self.inner).take() {
             if Arc::strong_count(&s) > 1 {
                 let _ = s.shutdown(Shutdown::Both);
             }
+        }
+    }
+
+    /// A `makefile` object was opened on this connection (`colo._io`).
+    fn _io_ref(&self) {
+        lock(&self.files).0 += 1;
+    }
+
+    /// A `makefile` object was closed: the last one completes a `close` called before it.
+    fn _io_unref(&self) {
+        let close = {
+            let mut files = lock(&self.files);
+            files.0 = files.0.saturating_sub(1);
+            files.0 == 0 && std::mem::take(&mut files.1)
+        };
+        if close {
+            self.close();
         }
     }
 
@@ -429,7 +492,7 @@ impl Conn {
                 s.set_nonblocking(true).map_err(|e| self.err(e))?;
             }
             Some(t) => {
-                Duration::try_from_secs_f64(t).map_err(|_| PyValueError::new_err("Timeout value out of range"))?;
+                timeout_duration(t)?;
                 // The deadline is kept here; `blocking` waits in slices up to it.
                 s.set_nonblocking(false).map_err(|e| self.err(e))?;
             }
@@ -504,7 +567,7 @@ impl Conn {
         let ptr = loan.as_mut_ptr();
         let zero_copy = loan.is_zero_copy();
         Ok(Loan {
-            state: Mutex::new(Some(LoanState { loan, _conn: s })),
+            state: Mutex::new(Some(LoanState { loan, _conn: s, timeout: *lock(&self.timeout) })),
             ptr: RawPtr(ptr),
             len: size,
             cap,
@@ -589,8 +652,12 @@ fn connect(
     spin_us: Option<i64>,
 ) -> PyResult<Conn> {
     let addrs = parse_addr(addr)?;
-    let o = options(ring_capacity, slot_size, slot_count, spin_us)?;
-    let s = py.allow_threads(|| Stream::connect_with(&addrs[..], &o)).map_err(|e| to_py(e, None))?;
+    let mut o = options(ring_capacity, slot_size, slot_count, spin_us)?;
+    if let Some(t) = timeout.filter(|&t| t > 0.0) {
+        // As `socket.create_connection`: the timeout bounds the connect too.
+        o = o.tcp_connect_timeout(timeout_duration(t)?);
+    }
+    let s = py.allow_threads(|| Stream::connect_with(&addrs[..], &o)).map_err(|e| to_py(e, timeout))?;
     let c = Conn::new(s);
     if timeout.is_some() {
         c.settimeout(timeout)?;
@@ -620,6 +687,8 @@ unsafe impl Send for SendMsg {}
 struct LoanState {
     loan: CoreLoan<'static>,
     _conn: Arc<Stream>,
+    /// The connection's timeout when the loan was taken (it bounds the send over TCP).
+    timeout: Option<f64>,
 }
 // SAFETY: see `SendLoan`; the state lives behind a mutex.
 unsafe impl Send for LoanState {}
@@ -679,7 +748,10 @@ impl Loan {
         }
         let mut st = lock(&self.state).take().ok_or_else(closed)?;
         st.loan.set_len(n);
-        let LoanState { loan, _conn } = st;
+        let LoanState { loan, _conn, timeout } = st;
+        // Over TCP the frame is written in one call, bounded by the connection's timeout, not
+        // by the slice a `blocking` call left on the stream.
+        let _ = _conn.set_write_timeout(timeout.filter(|&t| t > 0.0).map(Duration::from_secs_f64));
         let loan = SendLoan(loan);
         let r = py.allow_threads(move || {
             let whole = loan;

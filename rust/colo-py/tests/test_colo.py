@@ -415,3 +415,102 @@ def test_ctrl_c_interrupts_a_blocked_recv(stream_server):
         with pytest.raises(TimeoutError):
             c.recv(10)
         assert 0.3 <= time.monotonic() - t0 < 2
+
+
+# ---- socket semantics found wanting by a new user -----------------------------------------------
+
+def test_close_waits_for_makefile_objects(stream_server):
+    c = colo.connect(stream_server.addr)
+    f = c.makefile("rwb")
+    c.close()  # as with socket: the connection stays open while a file uses it
+    f.write(b"still here\n")
+    f.flush()
+    assert f.readline() == b"still here\n"
+    f.close()
+    assert c.closed
+    with pytest.raises(OSError) as e:
+        c.send(b"x")
+    assert e.value.errno == errno.EBADF
+
+
+def test_any_contiguous_buffer_is_bytes(stream_server):
+    import array
+    with colo.connect(stream_server.addr) as c:
+        words = array.array("i", [1, 2, 3])  # item format "i", not bytes: socket takes it
+        assert c.send(words) == 12
+        got = array.array("i", [0, 0, 0])
+        n = c.recv_into(got)
+        while n < 12:
+            n += c.recv_into(memoryview(got).cast("B")[n:])
+        assert got == words
+        c.sendall(array.array("d", [2.5]))
+        back = array.array("d", [0.0])
+        n = c.recv_into(back)
+        while n < 8:
+            n += c.recv_into(memoryview(back).cast("B")[n:])
+        assert back[0] == 2.5
+
+
+def test_timeouts_beyond_what_socket_accepts_are_refused(stream_server):
+    with colo.connect(stream_server.addr) as c:
+        with pytest.raises(OverflowError):
+            c.settimeout(1e19)
+        c.settimeout(1e9)  # large but representable: a blocking call still works
+        c.sendall(b"ok")
+        assert recv_all(c, 2) == b"ok"
+
+
+def test_create_connection_timeout_bounds_the_connect():
+    # A plain listener whose backlog is full: the SYN goes unanswered.
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    port = srv.getsockname()[1]
+    fillers = []
+    for _ in range(8):
+        f = socket.socket()
+        f.setblocking(False)
+        f.connect_ex(("127.0.0.1", port))
+        fillers.append(f)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    with pytest.raises((TimeoutError, OSError)):
+        colo.create_connection(("127.0.0.1", port), timeout=0.5)
+    assert time.monotonic() - t0 < 30
+    for f in fillers:
+        f.close()
+    srv.close()
+
+
+def test_recv_message_ends_after_own_shutdown_and_send_after_shutdown_fails(msg_server):
+    with colo.connect(msg_server.addr) as c:
+        loan = c.loan(4)
+        c.shutdown(socket.SHUT_WR)
+        with pytest.raises(BrokenPipeError):
+            loan.send()
+        c.shutdown(socket.SHUT_RD)
+        c.settimeout(5)
+        assert c.recv_message() is None
+
+
+def test_tcp_fallback_message_survives_timeouts():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    c = colo.connect(("127.0.0.1", port))
+    s, _ = srv.accept()
+    assert c.transport == "tcp"
+    payload = b"A" * 1000 + b"B" * 1000
+    s.sendall((2000).to_bytes(4, "little") + payload[:1000])
+    c.settimeout(0.3)
+    with pytest.raises(TimeoutError):
+        c.recv_message()  # half a message: the part read is kept
+    s.sendall(payload[1000:] + (5).to_bytes(4, "little") + b"hello")
+    with c.recv_message() as m:
+        assert bytes(memoryview(m)) == payload
+    with c.recv_message() as m:
+        assert bytes(memoryview(m)) == b"hello"
+    c.close()
+    s.close()
+    srv.close()

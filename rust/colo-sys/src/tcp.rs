@@ -19,3 +19,17 @@ pub fn bind_ephemeral(ip: IpAddr) -> io::Result<(OwnedFd, SocketAddr)> {
 pub fn connect(fd: &OwnedFd, addr: SocketAddr) -> io::Result<()> {
     Ok(net::connect(fd, &addr)?)
 }
+
+/// Waits until `fd` is writable, for at most `timeout` (`None`: no limit); returns whether it is.
+pub fn wait_writable(fd: rustix::fd::BorrowedFd<'_>, timeout: Option<std::time::Duration>) -> io::Result<bool> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let t = timeout.map(|d| Timespec { tv_sec: d.as_secs().min(i64::MAX as u64) as i64, tv_nsec: d.subsec_nanos().into() });
+    let mut p = [PollFd::new(&fd, PollFlags::OUT)];
+    loop {
+        match poll(&mut p, t.as_ref()) {
+            Ok(n) => return Ok(n > 0),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}

@@ -32,6 +32,7 @@
 
 pub mod carrier;
 mod fork;
+mod framed;
 mod handshake;
 mod hangup;
 mod listener;

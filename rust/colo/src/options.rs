@@ -15,6 +15,7 @@ pub struct Options {
     geometry: Geometry,
     spin: Option<SpinMode>,
     connect_timeout: Duration,
+    tcp_connect_timeout: Option<Duration>,
 }
 
 /// Default byte-ring capacity per direction.
@@ -37,6 +38,7 @@ impl Options {
             geometry: Geometry { ring_capacity: DEFAULT_RING, slot_size: DEFAULT_SLOT_SIZE, slot_count: DEFAULT_SLOTS },
             spin: None,
             connect_timeout: Duration::from_millis(200),
+            tcp_connect_timeout: None,
         }
     }
 
@@ -67,6 +69,18 @@ impl Options {
     pub fn connect_timeout(mut self, t: Duration) -> Options {
         self.connect_timeout = t;
         self
+    }
+
+    /// The longest a plain TCP connect (the fallback) may take before it fails with `TimedOut`
+    /// (by default the kernel's own limit, about two minutes for an unanswered SYN).
+    pub fn tcp_connect_timeout(mut self, t: Duration) -> Options {
+        self.tcp_connect_timeout = Some(t);
+        self
+    }
+
+    /// The TCP connect limit, if one was set.
+    pub fn tcp_connect_limit(&self) -> Option<Duration> {
+        self.tcp_connect_timeout
     }
 
     /// The geometry new connections get.

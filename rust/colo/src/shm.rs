@@ -922,9 +922,9 @@ impl Shm {
     /// Sends a loaned slot holding `len` bytes.
     pub(crate) fn send_slot(&self, slot: u32, len: usize) -> io::Result<()> {
         let mut tx = lock(self.msg_tx.as_ref().expect("a loan implies a pool"));
-        if self.has(RESET) {
-            return Err(self.reset_error());
-        }
+        // As a write: not after our shutdown or close, nor to a peer that stopped reading, reset
+        // or died (the loan may be older than any of those).
+        self.may_send()?;
         tx.msgs.push([slot, len as u32]).map_err(|c| self.corrupt(c))?;
         drop(tx);
         self.wake_peer();
@@ -932,6 +932,10 @@ impl Shm {
     }
 
     fn take_message(&self, rx: &mut MsgRx) -> io::Result<Option<Option<(u32, usize)>>> {
+        // As a read: after our own read shutdown (or close, from another thread) end of stream.
+        if self.has(READ_SHUT) {
+            return Ok(Some(None));
+        }
         let g = self.geometry();
         let q = &mut rx.msgs;
         match q.pop().map_err(|c| self.corrupt(c))? {
@@ -948,6 +952,9 @@ impl Shm {
                 if self.has(RESET) {
                     return Err(self.reset_error());
                 }
+                // PEER_GONE first, as in `try_read`: a peer that set FIN and then hung up is seen
+                // with its FIN.
+                let gone = self.has(PEER_GONE);
                 let flags = self.in_words().producer_flags().map_err(|c| self.corrupt(c))?;
                 if flags & FLAG_RESET != 0 {
                     self.set(RESET);
@@ -956,8 +963,12 @@ impl Shm {
                 if q.is_ready().map_err(|c| self.corrupt(c))? {
                     return self.take_message(rx);
                 }
-                if flags & FLAG_FIN != 0 || self.has(PEER_GONE) {
+                if flags & FLAG_FIN != 0 {
                     return Ok(Some(None));
+                }
+                if gone {
+                    // Hung up without FIN: the peer died (as for the byte stream).
+                    return Err(io::ErrorKind::ConnectionReset.into());
                 }
                 Ok(None)
             }

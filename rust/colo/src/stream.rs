@@ -1,6 +1,7 @@
 //! [`Stream`]: one connection, over shared memory when the peer is a colo listener on this host,
 //! over TCP otherwise, behind the same `std::io` interface.
 
+use crate::framed::Tcp;
 use crate::handshake;
 use crate::message::{Loan, Message};
 use crate::options::Options;
@@ -36,7 +37,7 @@ enum Inner {
     /// A CARRIER connection: the payload moves through `Shm`; the TCP connection stays open,
     /// silent, so the peer's socket keeps its kernel meaning, and closes with the stream.
     Carrier(Arc<(Shm, TcpStream)>),
-    Tcp(Arc<TcpStream>),
+    Tcp(Arc<Tcp>),
 }
 
 /// A connection with socket semantics: `Read`/`Write` (also on `&Stream`), half-close, timeouts,
@@ -79,7 +80,11 @@ impl Stream {
                 Ok(handshake::Dialed::No) => {}
                 Err(e) => crate::log::info(format_args!("dial {a}: {e}; using TCP")),
             }
-            match TcpStream::connect(a) {
+            let tcp = match opts.tcp_connect_limit() {
+                Some(t) => TcpStream::connect_timeout(&a, t),
+                None => TcpStream::connect(a),
+            };
+            match tcp {
                 Ok(s) => return Ok(Stream::from_tcp(s)),
                 Err(e) => last = Some(e),
             }
@@ -97,14 +102,14 @@ impl Stream {
 
     pub(crate) fn from_tcp(s: TcpStream) -> Stream {
         let _ = s.set_nodelay(true);
-        Stream { inner: Inner::Tcp(Arc::new(s)) }
+        Stream { inner: Inner::Tcp(Arc::new(Tcp::new(s))) }
     }
 
     /// The TCP socket of a fallback connection (for the tokio wrapper).
     #[cfg(feature = "tokio")]
     pub(crate) fn into_tcp(self) -> Option<TcpStream> {
         match self.inner {
-            Inner::Tcp(t) => Arc::try_unwrap(t).ok(),
+            Inner::Tcp(t) => Arc::try_unwrap(t).ok().map(|t| t.sock),
             Inner::Shm(_) | Inner::Carrier(_) => None,
         }
     }
@@ -121,7 +126,7 @@ impl Stream {
         match &self.inner {
             Inner::Shm(s) => Io::Shm(s),
             Inner::Carrier(c) => Io::Shm(&c.0),
-            Inner::Tcp(t) => Io::Tcp(t),
+            Inner::Tcp(t) => Io::Tcp(&t.sock),
         }
     }
 
@@ -246,7 +251,9 @@ impl Stream {
 
     /// Loans a buffer of `len` bytes for one zero-copy message: fill it in place, then send it.
     /// Waits while every slot of the pool is in flight. `EMSGSIZE` if `len` exceeds the slot
-    /// size, `ENOBUFS` if the connection has no pool. Over TCP, a heap buffer framed on the stream.
+    /// size, `ENOBUFS` if the connection has no pool, `EPIPE` (at send) if either side closed.
+    /// Over a TCP fallback, a heap buffer, sent framed on the byte stream (spec/WIRE.md section 7):
+    /// there, messages and stream bytes are one sequence, so use one or the other.
     ///
     /// ```no_run
     /// let s = colo::Stream::connect("127.0.0.1:7000")?;
@@ -272,36 +279,26 @@ impl Stream {
         }
     }
 
-    /// Receives the next zero-copy message (`None` at end of stream); the bytes are read in place
-    /// and the slot is released when the [`Message`] is dropped.
+    /// Receives the next zero-copy message (`None` at end of stream, `ConnectionReset` if the peer
+    /// died or reset); the bytes are read in place and the slot is released when the [`Message`]
+    /// is dropped. Over a TCP fallback a timeout or `WouldBlock` keeps the part of a message
+    /// already read for the next call.
     pub fn recv_message(&self) -> io::Result<Option<Message<'_>>> {
         match self.io() {
             Io::Shm(s) => Ok(s.recv_message()?.map(|(slot, ptr, len)| Message::slot(self, slot, ptr, len))),
-            Io::Tcp(t) => {
-                let mut len = [0u8; 4];
-                match (&*t).read_exact(&mut len) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-                    Err(e) => return Err(e),
-                }
-                // The length comes from a remote peer: grow the buffer as bytes arrive.
-                let len = u32::from_le_bytes(len) as u64;
-                let mut v = Vec::new();
-                (&*t).take(len).read_to_end(&mut v)?;
-                if v.len() as u64 != len {
-                    return Err(io::ErrorKind::UnexpectedEof.into());
-                }
-                Ok(Some(Message::heap(self, v)))
-            }
+            Io::Tcp(_) => Ok(self.tcp().recv()?.map(|v| Message::heap(self, v))),
         }
     }
 
     pub(crate) fn send_framed(&self, bytes: &[u8]) -> io::Result<()> {
-        let Io::Tcp(t) = self.io() else { unreachable!("heap loans only over TCP") };
-        let mut framed = Vec::with_capacity(4 + bytes.len());
-        framed.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-        framed.extend_from_slice(bytes);
-        (&*t).write_all(&framed)
+        self.tcp().send(bytes)
+    }
+
+    fn tcp(&self) -> &Tcp {
+        match &self.inner {
+            Inner::Tcp(t) => t,
+            Inner::Shm(_) | Inner::Carrier(_) => unreachable!("framed messages only over TCP"),
+        }
     }
 
     /// Bytes a zero-copy message may hold on this connection.

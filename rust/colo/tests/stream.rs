@@ -304,6 +304,107 @@ fn messages_over_tcp_fallback() {
 }
 
 #[test]
+fn a_tcp_message_cut_by_a_timeout_is_finished_by_the_next_receive() {
+    let _w = common::watchdog(30);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let (go_on, wait) = std::sync::mpsc::channel::<()>();
+    let t = thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let body: Vec<u8> = (0..2000u32).map(|i| i as u8).collect();
+        s.write_all(&2000u32.to_le_bytes()[..2]).unwrap();
+        wait.recv().unwrap();
+        s.write_all(&2000u32.to_le_bytes()[2..]).unwrap();
+        s.write_all(&body[..700]).unwrap();
+        wait.recv().unwrap();
+        s.write_all(&body[700..]).unwrap();
+        s.write_all(&5u32.to_le_bytes()).unwrap();
+        s.write_all(b"hello").unwrap();
+        s.write_all(&3u32.to_le_bytes()).unwrap(); // then the stream ends inside this one
+    });
+    let c = Stream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    // A receive that times out inside the header, then inside the body, keeps what it read.
+    assert_eq!(c.recv_message().err().map(|e| e.kind()), Some(ErrorKind::WouldBlock));
+    go_on.send(()).unwrap();
+    thread::sleep(Duration::from_millis(100));
+    assert_eq!(c.recv_message().err().map(|e| e.kind()), Some(ErrorKind::WouldBlock));
+    go_on.send(()).unwrap();
+    c.set_read_timeout(None).unwrap();
+    let m = c.recv_message().unwrap().unwrap();
+    assert_eq!(m.len(), 2000);
+    assert!(m.iter().enumerate().all(|(i, &b)| b == i as u8), "the message arrives intact");
+    drop(m);
+    assert_eq!(&c.recv_message().unwrap().unwrap()[..], b"hello");
+    t.join().unwrap();
+    let e = c.recv_message().err().expect("the stream ended inside a message");
+    assert_eq!(e.kind(), ErrorKind::UnexpectedEof);
+}
+
+#[test]
+fn a_tcp_message_is_sent_whole_or_not_at_all() {
+    let _w = common::watchdog(60);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let c = Stream::connect(addr).unwrap();
+    let (s, _) = l.accept().unwrap();
+    // The peer is plain TCP: it reads the frames (spec/WIRE.md section 7) itself, after a while.
+    let reader = thread::spawn(move || {
+        let mut s = s;
+        thread::sleep(Duration::from_millis(300));
+        let mut got = Vec::new();
+        loop {
+            let mut len = [0u8; 4];
+            s.read_exact(&mut len).unwrap();
+            let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+            s.read_exact(&mut body).unwrap();
+            if body == b"end" {
+                return got;
+            }
+            assert_eq!(body.len(), 1000, "message {} whole", got.len());
+            assert!(body.iter().all(|&b| b == got.len() as u8), "message {} intact", got.len());
+            got.push(body.len());
+        }
+    });
+    // Non-blocking, 3 MB of messages against a reader that starts late: a message the socket
+    // took none of is refused (and sent again here), one it took part of is finished once the
+    // reader makes room. Either way whole messages only reach the wire.
+    c.set_nonblocking(true).unwrap();
+    let mut sent = 0u32;
+    while sent < 3000 {
+        let mut loan = c.loan(1000).unwrap();
+        loan.fill(sent as u8);
+        match loan.send() {
+            Ok(()) => sent += 1,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(1)),
+            Err(e) => panic!("send: {e}"),
+        }
+    }
+    c.set_nonblocking(false).unwrap();
+    let mut loan = c.loan(3).unwrap();
+    loan.copy_from_slice(b"end");
+    loan.send().unwrap();
+    assert_eq!(reader.join().unwrap().len(), 3000, "every message arrived once, nothing of a refused one");
+}
+
+#[test]
+fn messages_end_like_the_byte_stream() {
+    let _w = common::watchdog(30);
+    // Our own read shutdown ends receiving; a send after our write shutdown is refused.
+    let (c, s) = pair();
+    let loan = c.loan(4).unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    assert_eq!(loan.send().unwrap_err().kind(), ErrorKind::BrokenPipe);
+    s.shutdown(Shutdown::Read).unwrap();
+    assert!(s.recv_message().unwrap().is_none(), "end of stream after our read shutdown");
+    // A loan taken before the peer closed cannot be sent into the void.
+    let (c, s) = pair();
+    let loan = c.loan(4).unwrap();
+    drop(s);
+    assert_eq!(loan.send().unwrap_err().kind(), ErrorKind::BrokenPipe);
+}
+
+#[test]
 fn connect_to_nothing_is_refused() {
     let _w = common::watchdog(30);
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();

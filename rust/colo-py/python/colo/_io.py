@@ -22,6 +22,7 @@ class ConnIO(io.RawIOBase):
         self._mode = mode
         self._reading = "r" in mode
         self._writing = "w" in mode
+        conn._io_ref()
 
     def readinto(self, b: Any) -> Optional[int]:
         self._checkClosed()
@@ -65,10 +66,12 @@ class ConnIO(io.RawIOBase):
         return self._mode
 
     def close(self) -> None:
-        # Like socket.makefile: closing the file does not close the connection.
+        # Like socket.makefile: closing the file does not close the connection, but completes a
+        # conn.close() called while the file was open.
         if self.closed:
             return
         io.RawIOBase.close(self)
+        self._conn._io_unref()
         self._conn = None
 
 
