@@ -58,7 +58,7 @@ fn parse_addr(addr: &Bound<'_, PyAny>) -> PyResult<Vec<SocketAddr>> {
             return Err(PyTypeError::new_err("address must be 'host:port' or (host, port)"));
         }
         let host: String = t.get_item(0)?.extract()?;
-        let port: u16 = t.get_item(1)?.extract()?;
+        let port: u16 = t.get_item(1)?.extract().map_err(|_| PyOverflowError::new_err("port must be 0-65535."))?;
         let host = if host.is_empty() { "0.0.0.0".to_string() } else { host };
         if host.contains(':') {
             format!("[{host}]:{port}")
@@ -68,17 +68,27 @@ fn parse_addr(addr: &Bound<'_, PyAny>) -> PyResult<Vec<SocketAddr>> {
     } else {
         return Err(PyTypeError::new_err("address must be 'host:port' or (host, port)"));
     };
+    let py = addr.py();
     let found: Vec<SocketAddr> = text
         .to_socket_addrs()
         .map_err(|e| match e.raw_os_error() {
             Some(_) => to_py(e, None),
-            None => PyOSError::new_err((-2, format!("cannot resolve {text:?}: {e}"))),
+            None => gaierror(py, format!("cannot resolve {text:?}: {e}")),
         })?
         .collect();
     if found.is_empty() {
-        return Err(PyOSError::new_err((-2, format!("no address for {text:?}"))));
+        return Err(gaierror(py, format!("no address for {text:?}")));
     }
     Ok(found)
+}
+
+/// `socket.gaierror(EAI_NONAME, msg)`, as `socket` raises for an address it cannot resolve.
+fn gaierror(py: Python<'_>, msg: String) -> PyErr {
+    const EAI_NONAME: i32 = -2;
+    match py.import("socket").and_then(|m| m.getattr("gaierror")?.call1((EAI_NONAME, msg))) {
+        Ok(exc) => PyErr::from_value(exc),
+        Err(e) => e,
+    }
 }
 
 fn addr_tuple(py: Python<'_>, a: SocketAddr) -> PyResult<Py<PyAny>> {
@@ -240,12 +250,29 @@ impl Conn {
     /// Runs `op` with the GIL released. In blocking mode (with or without a timeout) the wait is
     /// cut into slices of at most `SLICE`, and between slices pending signals are handled (so
     /// Ctrl-C interrupts a blocked call, as with `socket`) and the deadline is checked.
-    fn blocking<T: Send>(&self, py: Python<'_>, s: &Arc<Stream>, mut op: impl FnMut(&Stream) -> io::Result<T> + Send) -> PyResult<T> {
-        let timeout = *lock(&self.timeout);
-        if timeout == Some(0.0) {
-            return py.allow_threads(|| op(s)).map_err(|e| self.err(e));
+    fn blocking<T: Send>(&self, py: Python<'_>, s: &Arc<Stream>, op: impl FnMut(&Stream) -> io::Result<T> + Send) -> PyResult<T> {
+        self.blocking_until(py, s, self.deadline(), op)
+    }
+
+    /// When a call starting now times out: `Some(None)` never, `None` non-blocking.
+    fn deadline(&self) -> Option<Option<Instant>> {
+        match *lock(&self.timeout) {
+            Some(0.0) => None,
+            t => Some(t.and_then(|t| Instant::now().checked_add(Duration::from_secs_f64(t)))),
         }
-        let deadline = timeout.and_then(|t| Instant::now().checked_add(Duration::from_secs_f64(t)));
+    }
+
+    /// [`Conn::blocking`] against a deadline taken earlier (`sendall`: one for the whole call).
+    fn blocking_until<T: Send>(
+        &self,
+        py: Python<'_>,
+        s: &Arc<Stream>,
+        deadline: Option<Option<Instant>>,
+        mut op: impl FnMut(&Stream) -> io::Result<T> + Send,
+    ) -> PyResult<T> {
+        let Some(deadline) = deadline else {
+            return py.allow_threads(|| op(s)).map_err(|e| self.err(e));
+        };
         loop {
             let slice = match deadline {
                 Some(d) => d.saturating_duration_since(Instant::now()).min(SLICE),
@@ -309,7 +336,8 @@ fn byte_buffer(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<ByteBuffer> {
     // asks for a C-contiguous run of bytes (exporters that cannot give one fail).
     if unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), view.as_mut_ptr(), flags) } != 0 {
         let e = PyErr::fetch(obj.py());
-        if writable && obj.is_instance_of::<PyBytes>() {
+        if writable {
+            // As `socket.recv_into` says it (read-only buffers included, which raise BufferError).
             return Err(PyTypeError::new_err("a writable bytes-like object is required"));
         }
         return Err(e);
@@ -420,9 +448,11 @@ impl Conn {
         let s = self.get()?;
         let b = byte_buffer(data, false)?;
         let mut done = 0;
+        // As `socket.sendall`: the timeout bounds the whole call, not each piece.
+        let deadline = self.deadline();
         while done < b.len_bytes() {
             let raw = RawBuf(b.buf_ptr().cast::<u8>().wrapping_add(done), b.len_bytes() - done);
-            done += self.blocking(py, &s, move |s| {
+            done += self.blocking_until(py, &s, deadline, move |s| {
                 let raw = &raw;
                 // SAFETY: the export `b` keeps the bytes alive until after this call; `raw`
                 // covers the unsent rest of it.

@@ -191,8 +191,12 @@ def test_bad_input(stream_server):
         assert e.value.errno == errno.EMSGSIZE
     with pytest.raises(TypeError):
         colo.connect(12345)
-    with pytest.raises(OSError):
+    with pytest.raises(socket.gaierror):
         colo.listen("not an address")
+    with pytest.raises(socket.gaierror):
+        colo.connect("127.0.0.1:99999")
+    with pytest.raises(OverflowError):
+        colo.connect(("127.0.0.1", 99999))
     with pytest.raises(ValueError):
         colo.listen("127.0.0.1:0", ring_capacity=5000)
     with pytest.raises(ValueError):
@@ -514,3 +518,14 @@ def test_tcp_fallback_message_survives_timeouts():
     c.close()
     s.close()
     srv.close()
+
+
+def test_sendall_timeout_bounds_the_whole_call(stream_server):
+    # The echo server stops reading once its replies fill our unread direction: sendall waits.
+    with colo.connect(stream_server.addr) as c:
+        c.settimeout(0.5)
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            c.sendall(b"x" * (256 << 20))
+        # Per piece, a 0.5 s timeout would let it go on for as long as pieces trickle through.
+        assert time.monotonic() - t0 < 10
