@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 const EBADF: i32 = 9;
 const EAGAIN: i32 = 11;
 const MSG_PEEK: i32 = 2;
+/// Never raise SIGPIPE: what colo does anyway, so accepted and ignored.
+const MSG_NOSIGNAL: i32 = 0x4000;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -294,6 +296,13 @@ impl Conn {
     }
 }
 
+fn send_flags(flags: i32) -> PyResult<()> {
+    if flags & !MSG_NOSIGNAL != 0 {
+        return Err(PyValueError::new_err("unsupported flags (0 or MSG_NOSIGNAL)"));
+    }
+    Ok(())
+}
+
 /// A timeout in seconds as a `Duration`; `OverflowError` above what `socket` accepts (2^63 ns).
 fn timeout_duration(t: f64) -> PyResult<Duration> {
     const MAX_SECS: f64 = 9_223_372_036.0;
@@ -428,8 +437,11 @@ impl Conn {
         r
     }
 
-    /// Sends some bytes from a bytes-like object; returns how many.
-    fn send(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<usize> {
+    /// Sends some bytes from a bytes-like object; returns how many. `flags`: 0 or
+    /// `socket.MSG_NOSIGNAL` (colo never raises SIGPIPE).
+    #[pyo3(signature = (data, flags=0))]
+    fn send(&self, py: Python<'_>, data: &Bound<'_, PyAny>, flags: i32) -> PyResult<usize> {
+        send_flags(flags)?;
         let s = self.get()?;
         let b = byte_buffer(data, false)?;
         let raw = RawBuf(b.buf_ptr().cast::<u8>(), b.len_bytes());
@@ -443,8 +455,10 @@ impl Conn {
         r
     }
 
-    /// Sends all bytes of a bytes-like object.
-    fn sendall(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// Sends all bytes of a bytes-like object. `flags` as for `send`.
+    #[pyo3(signature = (data, flags=0))]
+    fn sendall(&self, py: Python<'_>, data: &Bound<'_, PyAny>, flags: i32) -> PyResult<()> {
+        send_flags(flags)?;
         let s = self.get()?;
         let b = byte_buffer(data, false)?;
         let mut done = 0;

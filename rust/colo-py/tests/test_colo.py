@@ -447,6 +447,9 @@ def test_any_contiguous_buffer_is_bytes(stream_server):
         while n < 12:
             n += c.recv_into(memoryview(got).cast("B")[n:])
         assert got == words
+        assert c.send(b"f", socket.MSG_NOSIGNAL) == 1 and recv_all(c, 1) == b"f"
+        with pytest.raises(ValueError):
+            c.sendall(b"f", socket.MSG_OOB)
         c.sendall(array.array("d", [2.5]))
         back = array.array("d", [0.0])
         n = c.recv_into(back)
