@@ -13,8 +13,10 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// A connection that lived less than this and moved less than `SHORT_BYTES` was short.
+/// A connection that moved less than `SHORT_BYTES` and lived less than this, or less than
+/// `SETUP_TIMES` its own set-up, was short: shared memory did not pay for itself.
 const SHORT_LIFE: Duration = Duration::from_millis(20);
+const SETUP_TIMES: u32 = 10;
 const SHORT_BYTES: u64 = 64 * 1024;
 /// This many short connections in a row to one destination...
 const RUN: u32 = 8;
@@ -101,12 +103,13 @@ pub fn accelerate(dest: SocketAddr) -> bool {
     d.accelerate(Instant::now())
 }
 
-/// An accelerated connection to `dest` ended after `lived`, having moved `bytes` both ways.
-pub fn ended(dest: SocketAddr, lived: Duration, bytes: u64) {
+/// An accelerated connection to `dest`, set up in `setup`, ended after `lived`, having moved
+/// `bytes` both ways.
+pub fn ended(dest: SocketAddr, lived: Duration, setup: Duration, bytes: u64) {
     if !enabled() {
         return;
     }
-    let short = lived < SHORT_LIFE && bytes < SHORT_BYTES;
+    let short = (lived < SHORT_LIFE || lived < setup * SETUP_TIMES) && bytes < SHORT_BYTES;
     let mut g = DESTS.lock().unwrap_or_else(|e| e.into_inner());
     let map = g.get_or_insert_with(HashMap::new);
     if map.len() >= MAX_DESTS && !map.contains_key(&dest) {

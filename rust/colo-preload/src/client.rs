@@ -15,8 +15,24 @@ use std::time::{Duration, Instant};
 
 pub struct Pending {
     offer: Offer,
+    offered: Instant,
     deadline: Instant,
     peer: SocketAddr,
+    /// This process listens on the destination: the thread that waits for the answer may be the
+    /// one that has to accept (nginx proxying to itself), so it waits only `SELF_WAIT`, and
+    /// if that runs out this process dials `target` over plain TCP from then on.
+    self_served: Option<SocketAddr>,
+}
+
+/// How long a dial to a destination this process listens on waits for the answer.
+const SELF_WAIT: Duration = Duration::from_millis(50);
+
+/// Destinations this process listens on whose answer did not come while it waited: it accepts
+/// them itself, on the thread that dialed. Plain TCP there from then on.
+static SELF_PLAIN: std::sync::Mutex<Vec<SocketAddr>> = std::sync::Mutex::new(Vec::new());
+
+fn self_plain(target: SocketAddr) -> bool {
+    SELF_PLAIN.lock().unwrap_or_else(|e| e.into_inner()).contains(&target)
 }
 
 fn timeout() -> Duration {
@@ -56,6 +72,11 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
     } else {
         peer
     };
+    let self_served = crate::server::may_accept(target);
+    if self_served && self_plain(target) {
+        crate::log_debug(format_args!("connect {peer}: this process accepts there itself; plain TCP"));
+        return Prepared::Plain;
+    }
     // First, as it needs no system call: a connection per request costs no more than plain TCP.
     if !crate::adapt::accelerate(target) {
         crate::log_debug(format_args!("connect {peer}: short-lived connections to it; plain TCP"));
@@ -80,15 +101,15 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
     // Bind first, so the 4-tuple is known before the SYN.
     let mut local = rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a));
     if local.is_none_or(|l| l.port() == 0) {
-        let bind_to = SocketAddr::new(
-            match (local, target) {
-                // An AF_INET6 socket dialing an IPv4-mapped address binds to the mapped form.
-                (Some(SocketAddr::V6(_)), SocketAddr::V4(v4)) => v4.ip().to_ipv6_mapped().into(),
-                _ => target.ip(),
-            },
-            0,
-        );
-        if let Err(e) = rustix::net::bind(b, &bind_to) {
+        // The source address the kernel would pick (127.0.0.1 for 127.0.0.2): servers' access
+        // rules (redis protected mode, nginx `allow`) look at it.
+        let source = colo_sys::tcp::source_for(target.ip());
+        let bind_to: std::net::IpAddr = match (local, source) {
+            // An AF_INET6 socket dialing an IPv4-mapped address binds to the mapped form.
+            (Some(SocketAddr::V6(_)), std::net::IpAddr::V4(v4)) => v4.to_ipv6_mapped().into(),
+            _ => source,
+        };
+        if let Err(e) = colo_sys::tcp::bind_ephemeral_to(b, bind_to) {
             log_info(format_args!("connect {peer}: bind {bind_to}: {e}; plain TCP"));
             return Prepared::Plain;
         }
@@ -96,7 +117,13 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
     }
     let Some(local) = local else { return Prepared::Plain };
     match carrier::offer(control, server_pid, local, target, geometry()) {
-        Ok(offer) => Prepared::Offered(Box::new(Pending { offer, deadline: Instant::now() + timeout(), peer })),
+        Ok(offer) => Prepared::Offered(Box::new(Pending {
+            offer,
+            offered: Instant::now(),
+            deadline: Instant::now() + timeout(),
+            peer,
+            self_served: self_served.then_some(target),
+        })),
         Err(e) => {
             log_info(format_args!("connect {peer}: offer: {e}; plain TCP"));
             Prepared::Plain
@@ -123,13 +150,23 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
     // Keep the fd marked PENDING while we wait for the answer: a second thread's send must wait
     // for the outcome here, not go to the kernel socket (its bytes would bypass the ring).
     let Entry::Pending(p) = slot.take_keeping_kind() else { unreachable!() };
-    let left = p.deadline.saturating_duration_since(Instant::now());
+    let mut left = p.deadline.saturating_duration_since(Instant::now());
+    if p.self_served.is_some() {
+        left = left.min(SELF_WAIT);
+    }
     let answer = p.offer.wait_answer(left);
     let welcomed = match answer {
         Answer::Welcome => true,
         other => match p.offer.abandon() {
             Abandon::Abandoned => {
                 log_info(format_args!("connect {}: not accelerated ({other:?}); plain TCP", p.peer));
+                if let (Some(target), Answer::Timeout) = (p.self_served, other) {
+                    log_info(format_args!("connect {}: this process accepts there itself; plain TCP there from now on", p.peer));
+                    let mut s = SELF_PLAIN.lock().unwrap_or_else(|e| e.into_inner());
+                    if !s.contains(&target) && s.len() < 256 {
+                        s.push(target);
+                    }
+                }
                 false
             }
             // The server claimed just before we gave up: its WELCOME is on the way.
@@ -147,11 +184,14 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
     let b = unsafe { BorrowedFd::borrow_raw(fd) };
     let nonblocking = rustix::fs::fcntl_getfl(b).map(|f| f.contains(rustix::fs::OFlags::NONBLOCK)).unwrap_or(false);
     let peer = p.peer;
-    match Conn::new(p.offer.established(), nonblocking) {
+    match Conn::dialed(p.offer.established(), nonblocking, p.offered.elapsed()) {
         Ok(c) => {
             let c = Arc::new(c);
             slot.set(Entry::Conn(c.clone()));
             crate::handover::on_new(fd, &c);
+            // Registered in an epoll set before `connect` (as nginx does its upstreams): those
+            // registrations watch the TCP socket, which will carry nothing now.
+            crate::poll::adopt_plain(fd, &c);
             log_info(format_args!("connect {peer}: accelerated (shared memory)"));
         }
         Err(e) => {

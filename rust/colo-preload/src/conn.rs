@@ -15,6 +15,8 @@ pub const OUT: u32 = 0x004;
 pub const ERR: u32 = 0x008;
 pub const HUP: u32 = 0x010;
 pub const RDHUP: u32 = 0x2000;
+/// In the last word of [`Conn::edges`]: the peer is known to be gone (outside `ring_flags` bits).
+pub const GONE_EDGE: u32 = 1 << 31;
 
 /// Processes that hold this connection (fork copies), in a `MAP_SHARED` page so every copy sees
 /// the same list; a copy closed while another process still holds it is released quietly.
@@ -34,6 +36,8 @@ pub struct Conn {
     holders: *const AtomicU32,
     /// When the connection was set up (the client side reports short-lived ones to `adapt`).
     born: std::time::Instant,
+    /// How long the client waited from its offer to the server's answer (zero on the server).
+    setup: std::time::Duration,
 }
 
 // SAFETY: the raw pointers point into mappings owned by `shm` (the segment) and by this value
@@ -44,15 +48,20 @@ unsafe impl Sync for Conn {}
 
 impl Conn {
     pub fn new(est: Established, nonblocking: bool) -> std::io::Result<Conn> {
-        Conn::build(est, nonblocking, false)
+        Conn::build(est, nonblocking, false, std::time::Duration::ZERO)
+    }
+
+    /// The client side of a connection whose set-up (offer to answer) took `setup`.
+    pub fn dialed(est: Established, nonblocking: bool, setup: std::time::Duration) -> std::io::Result<Conn> {
+        Conn::build(est, nonblocking, false, setup)
     }
 
     /// A connection an earlier image of this process handed over across `exec`.
     pub fn resume(est: Established, nonblocking: bool) -> std::io::Result<Conn> {
-        Conn::build(est, nonblocking, true)
+        Conn::build(est, nonblocking, true, std::time::Duration::ZERO)
     }
 
-    fn build(est: Established, nonblocking: bool, resumed: bool) -> std::io::Result<Conn> {
+    fn build(est: Established, nonblocking: bool, resumed: bool, setup: std::time::Duration) -> std::io::Result<Conn> {
         let w = est.words();
         let raw0 = [est.fds.control.as_raw_fd(), est.fds.own_bell.as_raw_fd(), est.fds.peer_bell.as_raw_fd(), est.memfd];
         // SAFETY: a fresh anonymous shared page aliases nothing.
@@ -81,6 +90,7 @@ impl Conn {
             raw: [raw0[0], raw0[1], raw0[2], raw0[3], readiness],
             holders,
             born: std::time::Instant::now(),
+            setup,
         })
     }
 
@@ -185,8 +195,16 @@ impl Conn {
         if others || !self.inheritable() {
             return others;
         }
+        // Processes that never registered as holders (an exec'd child that is not preloaded)
+        // count only if we can see the descriptor in them: a parent of another user (nginx's
+        // root master above its `nobody` workers) is alive but holds nothing of ours, and taking
+        // it for a holder would keep every connection from ever closing.
+        let seen_holding = |pid: u32| match (rustix::fs::stat(format!("/proc/{pid}/fd/{memfd}")), &own) {
+            (Ok(st), Some(own)) => st.st_ino == own.st_ino && st.st_dev == own.st_dev,
+            _ => false,
+        };
         let parent = rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get() as u32);
-        children().into_iter().chain([parent]).any(|p| p != 0 && p != me && holds(p))
+        children().into_iter().chain([parent]).any(|p| p != 0 && p != me && seen_holding(p))
     }
 
     /// Rings our own doorbell, so that the readiness fd reports and the state is looked at again.
@@ -255,11 +273,14 @@ impl Conn {
             // Reset or corrupt: make every waiter look, so the next call reports the error.
             m |= ERR | HUP | IN | OUT;
         }
-        if fin && (read_closed || out_flags & FLAG_FIN != 0) {
+        // As the kernel: hung up once both directions are shut (the peer's FIN and ours); a peer
+        // that closed is readable (end of stream) with RDHUP until then.
+        if fin && out_flags & FLAG_FIN != 0 {
             m |= HUP;
         }
         if m & IN == 0 && (self.gone.load(Ordering::Relaxed) || check_gone && self.peer_gone()) {
-            m |= IN | RDHUP | HUP | OUT;
+            // As a kernel socket whose peer closed: readable (end of stream), writable (EPIPE).
+            m |= IN | RDHUP | OUT;
         }
         m
     }
@@ -299,11 +320,18 @@ impl Conn {
         (in_flags | out_flags) & FLAG_RESET == 0 && out_head == out_tail && self.peer_gone()
     }
 
+    /// Whether the peer is known to be gone (no system call; see [`Conn::peer_gone`]).
+    pub fn known_gone(&self) -> bool {
+        self.gone.load(Ordering::Relaxed)
+    }
+
     /// The counters and flags whose change is an edge for an edge-triggered waiter: incoming
-    /// head and flags, outgoing tail (what the peer moves), and our own outgoing flags (a
-    /// shutdown of ours can make the connection hang up). Readiness only grows when one of them
-    /// changes.
+    /// head and flags, outgoing tail (what the peer moves), our own outgoing flags (a shutdown
+    /// of ours can make the connection hang up), and whether the peer is known to be gone
+    /// ([`GONE_EDGE`] in the last: a peer that dies moves nothing in the rings). Readiness only grows when
+    /// one of them changes.
     pub fn edges(&self) -> (u64, u32, u64, u32) {
+        let gone = if self.known_gone() { GONE_EDGE } else { 0 };
         // SAFETY: aligned atomics inside the mapping `shm` owns. Relaxed: a change is only a hint
         // to look; `ready` does the Acquire loads that order the data.
         unsafe {
@@ -311,7 +339,7 @@ impl Conn {
                 (*self.w.in_head).load(Ordering::Relaxed),
                 (*self.w.in_flags).load(Ordering::Relaxed),
                 (*self.w.out_tail).load(Ordering::Relaxed),
-                (*self.w.out_flags).load(Ordering::Relaxed),
+                (*self.w.out_flags).load(Ordering::Relaxed) | gone,
             )
         }
     }
@@ -373,7 +401,7 @@ impl Drop for Conn {
             if self.shm.role() == colo::segment::Role::Client {
                 // SAFETY: aligned atomics inside the mapping `shm` owns (still mapped here).
                 let moved = unsafe { (*self.w.out_head).load(Ordering::Relaxed) + (*self.w.in_tail).load(Ordering::Relaxed) };
-                crate::adapt::ended(self.shm.peer_addr(), self.born.elapsed(), moved);
+                crate::adapt::ended(self.shm.peer_addr(), self.born.elapsed(), self.setup, moved);
             }
             // SAFETY: dropped exactly once, here.
             unsafe { ManuallyDrop::drop(&mut self.shm) };

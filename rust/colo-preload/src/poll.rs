@@ -4,7 +4,7 @@
 //! set with the application's ET/ONESHOT flags and a tagged `data`; `epoll_wait` maps those
 //! events back to the application's fd and data, with IN/OUT computed from ring state.
 
-use crate::conn::{Conn, ERR, HUP, IN, OUT};
+use crate::conn::{Conn, ERR, GONE_EDGE, HUP, IN, OUT};
 use crate::table::{self, CONN, PENDING};
 use crate::{client, real, Guard};
 use libc::{c_int, epoll_event, nfds_t, pollfd, sigset_t, timespec};
@@ -62,6 +62,9 @@ impl Reg {
         }
         let interest = (self.events & (IN | OUT | libc::EPOLLRDHUP as u32)) | ERR | HUP;
         let m = self.conn.ready(check_gone) & interest;
+        // `ready` may just have learned that the peer is gone: an edge of its own. (Only that
+        // bit: edges loaded after `ready` could include progress it did not see.)
+        let now = if self.conn.known_gone() { (now.0, now.1, now.2, now.3 | GONE_EDGE) } else { now };
         if m == 0 {
             self.quiet = Some(now);
             return 0;
@@ -156,11 +159,81 @@ fn kernel_events(events: u32) -> u32 {
     libc::EPOLLIN as u32 | (events & PASS_FLAGS)
 }
 
+/// The application's kernel registrations of fds that are not colo connections (yet): a socket
+/// registered before its `connect` (nginx's upstreams) becomes one, and its registrations must
+/// then move to the connection's readiness fd ([`adopt_plain`]). Per fd: `(epfd, events, data)`.
+/// Entries of an fd that was closed meanwhile are harmless: adoption first removes the kernel
+/// registration, which fails for them.
+static PLAIN: [Mutex<Vec<(c_int, u32, u64)>>; table::MAX_FD] = [const { Mutex::new(Vec::new()) }; table::MAX_FD];
+
+fn note_plain(epfd: c_int, op: c_int, fd: c_int, ev: *const epoll_event) {
+    if fd < 0 || fd as usize >= table::MAX_FD {
+        return;
+    }
+    let mut regs = PLAIN[fd as usize].lock().unwrap_or_else(|e| e.into_inner());
+    regs.retain(|r| r.0 != epfd);
+    if op != libc::EPOLL_CTL_DEL && !ev.is_null() {
+        // SAFETY: the application's event, which the kernel just accepted.
+        let e = unsafe { *ev };
+        regs.push((epfd, e.events, e.u64));
+    }
+}
+
+/// `fd` just became a colo connection: its kernel registrations (made while it was a plain
+/// socket) move to the connection's readiness fd, with the same events and data.
+pub fn adopt_plain(fd: c_int, conn: &Arc<Conn>) {
+    if fd < 0 || fd as usize >= table::MAX_FD {
+        return;
+    }
+    let regs = std::mem::take(&mut *PLAIN[fd as usize].lock().unwrap_or_else(|e| e.into_inner()));
+    for (epfd, events, data) in regs {
+        // SAFETY: removing the application's registration of its own fd; it fails (and we skip
+        // it) if that registration is gone (the fd number was closed and reused meanwhile).
+        if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) } != 0 {
+            continue;
+        }
+        if let Err(e) = register(epfd, fd, events, data, conn, true) {
+            crate::log_info(format_args!("fd {fd}: moving its epoll registration to shared memory: errno {e}"));
+        }
+    }
+}
+
+/// Registers `conn` (the connection on `fd`) in the application's epoll set `epfd` as the
+/// application asked for `fd`: our readiness fd, tagged, in the kernel's set. `adopted`: the
+/// application has had `fd` registered since before it connected and took the kernel's edges for
+/// the connect; an edge-triggered registration then reports only what comes in from now on.
+fn register(epfd: c_int, fd: c_int, events: u32, data: u64, conn: &Arc<Conn>, adopted: bool) -> Result<(), c_int> {
+    let mut reg = Reg::new(epfd, fd, events, data, conn.clone());
+    if adopted {
+        let now = conn.edges();
+        reg.seen = Some((0, 0, now.2, now.3));
+    }
+    let idx = with_regs(|r| r.insert(reg));
+    let mut kev = epoll_event { events: kernel_events(events), u64: TAG | idx as u64 };
+    // SAFETY: registering the readiness fd in the application's set.
+    if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, conn.readiness_raw(), &mut kev) } != 0 {
+        let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+        with_regs(|r| r.remove(idx));
+        return Err(e);
+    }
+    table::set_epoll(epfd, true);
+    // A thread asleep on this set must look at it (the kernel would wake it); one about to sleep
+    // marks itself sleeping before its last look at the registrations.
+    if table::has_sleepers(epfd) {
+        conn.poke();
+    }
+    Ok(())
+}
+
 pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
     let k = table::kind(fd);
     if (k != CONN && k != PENDING) || Guard::busy() {
         // SAFETY: the application's arguments.
-        return unsafe { real::epoll_ctl(epfd, op, fd, ev) };
+        let r = unsafe { real::epoll_ctl(epfd, op, fd, ev) };
+        if r == 0 && k == table::NONE && !Guard::busy() {
+            note_plain(epfd, op, fd, ev);
+        }
+        return r;
     }
     let g = Guard::enter();
     client::resolve_fd(fd);
@@ -232,21 +305,10 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
                 }
                 None => {}
             }
-            let idx = with_regs(|r| r.insert(Reg::new(epfd, fd, events, data, conn.clone())));
-            let mut kev = epoll_event { events: kernel, u64: TAG | idx as u64 };
-            // SAFETY: registering the readiness fd in the application's set.
-            if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, rfd, &mut kev) } != 0 {
-                let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
-                with_regs(|r| r.remove(idx));
-                return g.err(e) as c_int;
+            match register(epfd, fd, events, data, &conn, false) {
+                Ok(()) => g.ok(0) as c_int,
+                Err(e) => g.err(e) as c_int,
             }
-            table::set_epoll(epfd, true);
-            // A thread asleep on this set must look at it (the kernel would wake it); one about
-            // to sleep marks itself sleeping before its last look at the registrations.
-            if table::has_sleepers(epfd) {
-                conn.poke();
-            }
-            g.ok(0) as c_int
         }
         libc::EPOLL_CTL_MOD => {
             let Some((idx, old)) = with_regs(|r| {

@@ -13,7 +13,7 @@ use colo::wire::{self, Mode, Reason};
 use colo_sys::{seqpacket, AsFd, AsRawFd, OwnedFd};
 use std::collections::HashMap;
 use std::io;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,16 +21,68 @@ use std::time::{Duration, Instant};
 #[derive(Debug)]
 pub struct Listen {
     pub rendezvous: OwnedFd,
+    /// The address it listens on.
+    pub addr: std::net::SocketAddr,
+}
+
+/// Addresses this process holds colo listeners for (a fork child inherits the list with the
+/// sockets): a connection to one of them may have to be accepted by the very thread that dials.
+static LISTENING: Mutex<Vec<std::net::SocketAddr>> = Mutex::new(Vec::new());
+
+/// Whether this process may be the one to accept a connection to `target` (it listens there).
+pub fn may_accept(target: std::net::SocketAddr) -> bool {
+    let l = LISTENING.lock().unwrap_or_else(|e| e.into_inner());
+    l.iter().any(|a| a.port() == target.port() && (a.ip() == target.ip() || a.ip().is_unspecified()))
 }
 
 struct State {
     listens: Vec<Arc<Listen>>,
     waiting: Vec<(OwnedFd, Instant)>,
     offers: HashMap<Key, (Box<Hello>, Instant)>,
+    shared: &'static Shared,
+}
+
+/// What the offer service tells the processes forked from it (multi-worker servers, whose
+/// workers accept), in a page they share: with no offer held or on its way, a worker knows an
+/// accepted connection is plain without asking the service (a connection per request must cost
+/// no more than plain TCP).
+struct Shared {
+    /// Offers held (received, or connections whose HELLO has not arrived yet).
+    offers: AtomicU32,
+    /// Nonzero while the service is between accepting rendezvous connections and counting their
+    /// offers in `offers`.
+    busy: AtomicU32,
+}
+
+fn shared_page() -> io::Result<&'static Shared> {
+    use rustix::mm::{mmap_anonymous, MapFlags, ProtFlags};
+    // SAFETY: a new anonymous shared mapping of one page, never unmapped (fork children inherit
+    // it as shared). The kernel zeroes it: two zero `AtomicU32`s are a valid `Shared`.
+    let p = unsafe { mmap_anonymous(std::ptr::null_mut(), 4096, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED)? };
+    // SAFETY: as above; page-aligned, so aligned for `Shared`.
+    Ok(unsafe { &*p.cast::<Shared>() })
+}
+
+/// Publishes how many offers the state holds (called under the state lock after any change).
+fn publish(st: &State) {
+    // SYNC POINT with the SeqCst loads in `may_have_offer`.
+    st.shared.offers.store((st.offers.len() + st.waiting.len()) as u32, Ordering::SeqCst);
+}
+
+/// In a process forked from the service's: whether the connection just accepted on `l` may have
+/// an offer (then ask the service). The client's HELLO is sent before its SYN, so it is either
+/// still queued at the rendezvous (readable), or being taken by the service (`busy`), or held
+/// (`offers`): checked in that order, as the service moves it the other way.
+fn may_have_offer(svc: &Service, l: &Listen) -> bool {
+    let mut p = [rustix::event::PollFd::new(&l.rendezvous, rustix::event::PollFlags::IN)];
+    let queued = rustix::event::poll(&mut p, Some(&rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 })).map_or(true, |n| n > 0);
+    // SYNC POINT with `drain_one` (busy) and `publish` (offers).
+    queued || svc.shared.busy.load(Ordering::SeqCst) != 0 || svc.shared.offers.load(Ordering::SeqCst) != 0
 }
 
 struct Service {
     pid: u32,
+    shared: &'static Shared,
     state: Mutex<State>,
     wake: OwnedFd,
     requests: OwnedFd,
@@ -61,9 +113,11 @@ fn own_service() -> io::Result<&'static Service> {
     }
     let requests = seqpacket::listen(request_name(me).as_bytes())?;
     let wake = colo_sys::doorbell::create()?;
+    let shared = shared_page()?;
     let svc: &'static Service = Box::leak(Box::new(Service {
         pid: me,
-        state: Mutex::new(State { listens: Vec::new(), waiting: Vec::new(), offers: HashMap::new() }),
+        shared,
+        state: Mutex::new(State { listens: Vec::new(), waiting: Vec::new(), offers: HashMap::new(), shared }),
         wake,
         requests,
         alias: std::sync::OnceLock::new(),
@@ -103,9 +157,14 @@ fn drain(st: &mut State) {
 
 /// Collects the HELLOs that have arrived at one listener's rendezvous (none of the waiting ones).
 fn drain_one(st: &mut State, l: &Listen) {
+    // SYNC POINT with `may_have_offer`: busy from before the first accept until the offers are
+    // counted.
+    st.shared.busy.fetch_add(1, Ordering::SeqCst);
     while let Ok(c) = seqpacket::accept(&l.rendezvous) {
         take_hello(st, c);
     }
+    publish(st);
+    st.shared.busy.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// Reads the HELLOs whose connections were accepted before their message arrived.
@@ -128,6 +187,7 @@ fn drain_waiting(st: &mut State) {
             }
         }
     }
+    publish(st);
 }
 
 /// Drops offers whose client hung up (abandoned) or that are too old.
@@ -142,6 +202,7 @@ fn sweep(st: &mut State) {
             Ok(_) | Err(rustix::io::Errno::CONNRESET)
         )
     });
+    publish(st);
 }
 
 fn encode_key(k: &Key) -> Vec<u8> {
@@ -165,7 +226,9 @@ fn answer_request(svc: &Service, c: OwnedFd) {
     let hello = {
         let mut st = lock(svc);
         drain(&mut st);
-        st.offers.remove(&k)
+        let h = st.offers.remove(&k);
+        publish(&st);
+        h
     };
     match hello {
         Some((h, _)) => {
@@ -249,7 +312,8 @@ pub fn on_listen(fd: i32) {
             return;
         }
     };
-    let l = Arc::new(Listen { rendezvous });
+    let l = Arc::new(Listen { rendezvous, addr });
+    LISTENING.lock().unwrap_or_else(|e| e.into_inner()).push(addr);
     lock(svc).listens.push(l.clone());
     colo_sys::doorbell::ring(&svc.wake);
     if let Some(mut slot) = table::lock(fd) {
@@ -260,6 +324,12 @@ pub fn on_listen(fd: i32) {
 
 /// When a listening fd is closed in the process that listens: stop serving its rendezvous.
 pub fn on_close_listen(l: &Arc<Listen>) {
+    {
+        let mut listening = LISTENING.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = listening.iter().position(|&a| a == l.addr) {
+            listening.swap_remove(i);
+        }
+    }
     let Some(svc) = service() else { return };
     if svc.pid != colo_sys::host::pid() {
         return;
@@ -391,6 +461,9 @@ pub fn on_accept(listen: &Listen, fd: i32, nonblocking: bool) {
             crate::log_debug(format_args!("accept on fd {fd}: no colo offer pending; plain TCP"));
             return;
         }
+    } else if !may_have_offer(svc, listen) {
+        crate::log_debug(format_args!("accept on fd {fd}: no colo offer pending; plain TCP"));
+        return;
     }
     // SAFETY: the fd the kernel just gave us, open for the duration of this call.
     let b = unsafe { colo_sys::BorrowedFd::borrow_raw(fd) };
@@ -417,7 +490,9 @@ pub fn on_accept(listen: &Listen, fd: i32, nonblocking: bool) {
         if !st.offers.contains_key(&k) {
             drain(&mut st);
         }
-        st.offers.remove(&k).map(|(h, _)| h)
+        let h = st.offers.remove(&k).map(|(h, _)| h);
+        publish(&st);
+        h
     };
     claim(fd, nonblocking, peer, local, hello);
 }

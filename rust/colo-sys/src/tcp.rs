@@ -5,11 +5,80 @@ use rustix::net::{self, AddressFamily, SocketFlags, SocketType};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 
-/// A TCP socket bound to `ip` and an ephemeral port; returns it with its local address.
-pub fn bind_ephemeral(ip: IpAddr) -> io::Result<(OwnedFd, SocketAddr)> {
+/// The source address the kernel gives a connection to `dst` (127.0.0.1 for 127.0.0.2, as the
+/// loopback route says), found once per destination with a connected UDP socket and cached.
+pub fn source_for(dst: IpAddr) -> IpAddr {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static CACHE: Mutex<Option<HashMap<IpAddr, IpAddr>>> = Mutex::new(None);
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    let map = cache.get_or_insert_with(HashMap::new);
+    if let Some(&src) = map.get(&dst) {
+        return src;
+    }
+    let family = if dst.is_ipv4() { AddressFamily::INET } else { AddressFamily::INET6 };
+    let asked = net::socket_with(family, SocketType::DGRAM, SocketFlags::CLOEXEC, None)
+        .and_then(|u| net::connect(&u, &SocketAddr::new(dst, 9)).map(|()| u))
+        .and_then(|u| net::getsockname(&u));
+    let src = asked.ok().and_then(|a| SocketAddr::try_from(a).ok()).map_or(dst, |a| a.ip());
+    if map.len() < 1024 {
+        map.insert(dst, src);
+    }
+    src
+}
+
+/// The ephemeral port range (`ip_local_port_range`), read once.
+fn port_range() -> (u16, u16) {
+    static R: std::sync::OnceLock<(u16, u16)> = std::sync::OnceLock::new();
+    *R.get_or_init(|| {
+        let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+        let mut it = text.split_whitespace().filter_map(|w| w.parse::<u16>().ok());
+        match (it.next(), it.next()) {
+            (Some(lo), Some(hi)) if lo <= hi => (lo, hi),
+            _ => (32768, 60999),
+        }
+    })
+}
+
+/// Ports tried by [`bind_ephemeral_to`] before it gives up.
+const BIND_TRIES: u32 = 16;
+
+/// Binds `fd` to `ip` and a free ephemeral port, known before `connect` (a CARRIER client keys
+/// its offer by the 4-tuple). Random ports are tried rather than the kernel's `bind(ip, 0)`: a
+/// port left in TIME_WAIT by a plain connection cannot be bound again (only `connect` may reuse
+/// it), and on a host that churns loopback connections the kernel's search through a range
+/// full of them takes milliseconds before it fails. `AddrInUse` after `BIND_TRIES` ports.
+pub fn bind_ephemeral_to(fd: rustix::fd::BorrowedFd<'_>, ip: IpAddr) -> io::Result<()> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEED: AtomicU64 = AtomicU64::new(0);
+    let (lo, hi) = port_range();
+    let span = u64::from(hi - lo) + 1;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let mut x = SEED.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed) ^ now ^ u64::from(std::process::id()) << 32;
+    for _ in 0..BIND_TRIES {
+        // splitmix64: a different port each try, and across threads and processes.
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        let port = lo + (z % span) as u16;
+        match net::bind(fd, &SocketAddr::new(ip, port)) {
+            Ok(()) => return Ok(()),
+            Err(rustix::io::Errno::ADDRINUSE) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(io::Error::new(io::ErrorKind::AddrInUse, "no free ephemeral port among those tried"))
+}
+
+/// A TCP socket bound to the source address the kernel would choose for `dst` and an ephemeral
+/// port; returns it with its local address.
+pub fn bind_ephemeral(dst: IpAddr) -> io::Result<(OwnedFd, SocketAddr)> {
+    let ip = source_for(dst);
     let family = if ip.is_ipv4() { AddressFamily::INET } else { AddressFamily::INET6 };
     let fd = net::socket_with(family, SocketType::STREAM, SocketFlags::CLOEXEC, None)?;
-    net::bind(&fd, &SocketAddr::new(ip, 0))?;
+    bind_ephemeral_to(rustix::fd::AsFd::as_fd(&fd), ip)?;
     let local = net::getsockname(&fd)?;
     let local = SocketAddr::try_from(local).map_err(|_| io::Error::other("bound address is not IP"))?;
     Ok((fd, local))
