@@ -24,10 +24,18 @@ done
 tcp=$(rb "$P" "10 -k 0" "" 20000); colo=$(rb "$Q" "10 -k 0" "$COLORUN" 20000)
 t=$(echo "$tcp" | tr ' ' '\n' | grep "^GET=" | cut -d= -f2); k=$(echo "$colo" | tr ' ' '\n' | grep "^GET=" | cut -d= -f2)
 printf "redis GET -c 10 -k 0 (connection per request)  tcp %10s  colo %10s  ratio %s\n" "$t" "$k" "$(ratio "$t" "$k")"
-w() { $2 wrk -t1 -c50 -d${DUR:-5s} "http://127.0.0.1:$1/1k.txt" 2>/dev/null | awk '/Requests\/sec/ {print $2}'; }
+w() { $2 wrk -t1 -c50 -d${DUR:-5s} ${3:+-H "$3"} "http://127.0.0.1:$1/1k.txt" 2>/dev/null | awk '/Requests\/sec/ {print $2}'; }
 for workers in 1 2; do
   A=$(free_port); start_nginx "$A" $workers ""
   B=$(free_port); start_nginx "$B" $workers colo
   t=$(w "$A" ""); k=$(w "$B" "$COLORUN")
   printf "nginx %sw  wrk -c50  tcp %10s  colo %10s  ratio %s\n" "$workers" "$t" "$k" "$(ratio "$t" "$k")"
+  # Connection-heavy: a connection per request.
+  t=$(w "$A" "" "Connection: close"); k=$(w "$B" "$COLORUN" "Connection: close")
+  printf "nginx %sw  wrk -c50 Connection: close  tcp %10s  colo %10s  ratio %s\n" "$workers" "$t" "$k" "$(ratio "$t" "$k")"
 done
+# nginx as a reverse proxy (kept-alive upstream connections) in front of nginx with 2 workers.
+A=$(free_port); start_nginx "$A" 2 ""; A2=$(free_port); start_nginx "$A2" 1 "" "$A"
+B=$(free_port); start_nginx "$B" 2 colo; B2=$(free_port); start_nginx "$B2" 1 colo "$B"
+t=$(w "$A2" ""); k=$(w "$B2" "$COLORUN")
+printf "nginx proxy -> nginx 2w  wrk -c50  tcp %10s  colo %10s  ratio %s\n" "$t" "$k" "$(ratio "$t" "$k")"

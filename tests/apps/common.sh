@@ -20,8 +20,12 @@ start_redis() { # $1 port, $2 "colo" or "", then more redis-server options
   else redis-server --port "$port" --save '' --appendonly no --dir "$WORK" "$@" >"$WORK/redis-$port.log" 2>&1 & fi
   PIDS+=($!); wait_port "$port"
 }
-start_nginx() { # $1 port, $2 workers, $3 "colo" or ""
+start_nginx() { # $1 port, $2 workers, $3 "colo" or "", $4 (optional) upstream port to proxy to
   mkdir -p "$WORK/ngx$1/www" "$WORK/ngx$1/logs"
+  local PROXY="server { listen 127.0.0.1:$1; root $WORK/ngx$1/www; }"
+  # A reverse proxy with kept-alive upstream connections, registered in epoll before connect.
+  [ -n "${4:-}" ] && PROXY="upstream up { server 127.0.0.1:$4; keepalive 4; }
+    server { listen 127.0.0.1:$1; location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_read_timeout 10s; } }"
   head -c 1024 /dev/zero | tr '\0' 'x' > "$WORK/ngx$1/www/1k.txt"
   cat > "$WORK/ngx$1/nginx.conf" <<NGX
 worker_processes $2;
@@ -29,7 +33,7 @@ daemon off;
 pid $WORK/ngx$1/nginx.pid;
 error_log $WORK/ngx$1/logs/error.log warn;
 events { worker_connections 1024; }
-http { access_log off; server { listen 127.0.0.1:$1; root $WORK/ngx$1/www; } }
+http { access_log off; $PROXY }
 NGX
   if [ "$3" = colo ]; then COLO_LOG=info $COLORUN nginx -c "$WORK/ngx$1/nginx.conf" -p "$WORK/ngx$1" >"$WORK/ngx$1/out.log" 2>&1 &
   else nginx -c "$WORK/ngx$1/nginx.conf" -p "$WORK/ngx$1" >"$WORK/ngx$1/out.log" 2>&1 & fi

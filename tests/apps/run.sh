@@ -44,6 +44,14 @@ check "curl nginx (curl plain)" test "$(timeout 10 curl -s http://127.0.0.1:$N/1
 out=$(timeout 30 $COLORUN wrk -t1 -c20 -d2s http://127.0.0.1:$N/1k.txt 2>&1)
 check "wrk nginx (both colo), no socket errors" sh -c "echo '$out' | grep -q Requests/sec && ! echo '$out' | grep -q 'Socket errors'"
 check "nginx worker accelerated a connection" grep -q "accelerated" "$WORK/ngx$N/logs/error.log"
+# nginx as a reverse proxy to the one above, both under colo run: upstream sockets are registered
+# in epoll before they connect, and kept alive.
+F=$(free_port); start_nginx "$F" 1 colo "$N"
+check "curl nginx proxy -> nginx (all colo)" test "$(timeout 10 $COLORUN curl -s http://127.0.0.1:$F/1k.txt)" = "$expect"
+out=$(timeout 30 $COLORUN wrk -t1 -c10 -d2s http://127.0.0.1:$F/1k.txt 2>&1)
+check "wrk nginx proxy (all colo), no socket errors or timeouts" sh -c "echo '$out' | grep -q Requests/sec && ! echo '$out' | grep -q 'Socket errors'"
+check "the proxy's upstream connections are accelerated" grep -q "connect 127.0.0.1:$N: accelerated" "$WORK/ngx$F/logs/error.log"
+check "redis-cli to 127.0.0.2: the server sees the source address 127.0.0.1" test "$(timeout 10 $COLORUN redis-cli -h 127.0.0.2 -p $P ping)" = PONG
 
 # curl against python3 -m http.server (server plain: python is not preloaded here on purpose,
 # and under colo run).
