@@ -24,7 +24,7 @@ start_nginx() { # $1 port, $2 workers, $3 "colo" or "", $4 (optional) upstream p
   mkdir -p "$WORK/ngx$1/www" "$WORK/ngx$1/logs"
   local PROXY="server { listen 127.0.0.1:$1; root $WORK/ngx$1/www; }"
   # A reverse proxy with kept-alive upstream connections, registered in epoll before connect.
-  [ -n "${4:-}" ] && PROXY="upstream up { server 127.0.0.1:$4; keepalive 4; }
+  [ -n "${4:-}" ] && PROXY="upstream up { server 127.0.0.1:$4; keepalive 64; }
     server { listen 127.0.0.1:$1; location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_read_timeout 10s; } }"
   head -c 1024 /dev/zero | tr '\0' 'x' > "$WORK/ngx$1/www/1k.txt"
   cat > "$WORK/ngx$1/nginx.conf" <<NGX
