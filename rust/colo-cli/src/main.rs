@@ -23,6 +23,12 @@ enum Command {
     Stat(stat::Args),
     /// Run an unmodified program with its loopback TCP moved into shared memory (LD_PRELOAD).
     #[command(trailing_var_arg = true)]
+    #[command(after_help = "Environment: COLO_LOG=info (accelerated connections and one-time decisions) or debug \
+(also every connection left on plain TCP, and why); COLO_SPIN_US (microseconds to spin before sleeping, 0 never, \
+inf always); COLO_RING_KB (ring size, default 256); COLO_CARRIER_TIMEOUT_MS (how long a client waits for the \
+server to take its connection, default 500); COLO_SHORT_LIVED=accelerate (keep shared memory for short-lived \
+connections); COLO_DISABLE=1; COLO_PRELOAD (the shim library). Values the shim would not understand are named \
+before CMD starts.")]
     Run {
         /// The command and its arguments (after `--`).
         #[arg(required = true, allow_hyphen_values = true)]

@@ -10,7 +10,9 @@
 //! `getsockname`/`getpeername`/`fstat` keep their meaning, and anything the shim does not carry
 //! (a destination without a colo listener, a server not under colo, a timeout) is plain TCP.
 //!
-//! Environment: `COLO_LOG=info|debug`, `COLO_DISABLE=1`, `COLO_CARRIER_TIMEOUT_MS` (default 500:
+//! Environment (`colo run` warns about values it would not understand): `COLO_LOG=info|debug`
+//! (info: accelerated connections and one-time decisions; debug: also every connection left on
+//! plain TCP, and why), `COLO_DISABLE=1`, `COLO_CARRIER_TIMEOUT_MS` (default 500:
 //! how long a client's first operation waits for the server to claim its offer),
 //! `COLO_RING_KB` (default 256), `COLO_SPIN_US`.
 
@@ -82,7 +84,7 @@ impl Drop for Guard {
 
 fn log_level() -> u8 {
     static L: OnceLock<u8> = OnceLock::new();
-    *L.get_or_init(|| match std::env::var("COLO_LOG").as_deref() {
+    *L.get_or_init(|| match std::env::var("COLO_LOG").map(|v| v.to_ascii_lowercase()).as_deref() {
         Ok("debug") => 2,
         Ok("info") => 1,
         _ => 0,
@@ -105,7 +107,7 @@ pub(crate) fn log_debug(args: std::fmt::Arguments<'_>) {
 
 pub(crate) fn disabled() -> bool {
     static D: OnceLock<bool> = OnceLock::new();
-    *D.get_or_init(|| std::env::var("COLO_DISABLE").is_ok_and(|v| v == "1"))
+    *D.get_or_init(|| std::env::var("COLO_DISABLE").is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes")))
 }
 
 pub(crate) fn spin() -> colo::SpinMode {

@@ -94,8 +94,13 @@ fn u64_at(b: &[u8], o: usize) -> Option<u64> {
 /// Inspects an ELF file (64-bit little-endian). `None`: fine (or not an ELF file: a script,
 /// whose interpreter is dynamically linked in practice).
 pub fn inspect(path: &Path) -> Option<Unsupported> {
+    use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(path).ok()?;
-    if meta.permissions().mode() & 0o6000 != 0 {
+    // The loader ignores LD_PRELOAD in secure-execution mode: when the set-id bit changes the
+    // effective user or group (root running a setuid-root program is not).
+    let mode = meta.permissions().mode();
+    let (euid, egid) = (rustix::process::geteuid().as_raw(), rustix::process::getegid().as_raw());
+    if (mode & 0o4000 != 0 && meta.uid() != euid) || (mode & 0o2000 != 0 && meta.gid() != egid) {
         return Some(Unsupported::Setuid);
     }
     let b = std::fs::read(path).ok()?;
@@ -132,6 +137,26 @@ pub fn inspect(path: &Path) -> Option<Unsupported> {
     None
 }
 
+/// The settings the shim reads, each with what it accepts: a value it would not understand is
+/// ignored there (the default applies), so say so before CMD starts.
+pub fn env_warnings(get: impl Fn(&str) -> Option<String>) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut check = |key: &str, ok: &dyn Fn(&str) -> bool, accepts: &str| {
+        if let Some(v) = get(key) {
+            if !ok(&v) {
+                out.push(format!("{key}={v:?} is not valid ({accepts}); the default applies"));
+            }
+        }
+    };
+    check("COLO_LOG", &|v| matches!(v.to_ascii_lowercase().as_str(), "" | "off" | "info" | "debug"), "info or debug");
+    check("COLO_DISABLE", &|v| matches!(v.to_ascii_lowercase().as_str(), "" | "0" | "1" | "true" | "false" | "yes" | "no"), "1 to disable");
+    check("COLO_SPIN_US", &|v| colo_ring::spin::SpinMode::parse(v).is_some(), "microseconds, 0 for never, inf for always");
+    check("COLO_CARRIER_TIMEOUT_MS", &|v| v.parse::<u32>().is_ok_and(|ms| ms <= 60_000), "milliseconds up to 60000");
+    check("COLO_RING_KB", &|v| v.parse::<u32>().is_ok_and(|kb| (4..=1 << 20).contains(&kb)), "KiB from 4 to 1048576");
+    check("COLO_SHORT_LIVED", &|v| v.is_empty() || v == "accelerate", "accelerate");
+    out
+}
+
 /// Replaces this process with `cmd[0]` (arguments `cmd[1..]`) under the shim, so CMD keeps our
 /// pid: signals, job control and supervisors reach it directly, and its exit status is ours.
 /// Returns only on failure: 127 if CMD could not be started. With the shim missing, CMD runs
@@ -141,6 +166,9 @@ pub fn run(cmd: &[String]) -> i32 {
         eprintln!("colo run: usage: colo run -- CMD [ARGS...]");
         return 2;
     };
+    for w in env_warnings(|k| std::env::var(k).ok()) {
+        eprintln!("colo run: warning: {w}");
+    }
     if let Some(path) = which(prog) {
         if let Some(why) = inspect(&path) {
             eprintln!("colo run: warning: {} cannot be accelerated: {why}; its connections use plain TCP", path.display());
@@ -163,4 +191,21 @@ pub fn run(cmd: &[String]) -> i32 {
     let e = c.exec();
     eprintln!("colo run: {prog}: {e}");
     127
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_the_shim_would_ignore_are_named() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(key, _)| *key == k).map(|(_, v)| v.to_string())
+        };
+        let bad = env_warnings(env(&[("COLO_SPIN_US", "abc"), ("COLO_RING_KB", "5000000"), ("COLO_LOG", "verbose"), ("COLO_CARRIER_TIMEOUT_MS", "-5")]));
+        assert_eq!(bad.len(), 4, "{bad:?}");
+        assert!(bad[0].starts_with("COLO_LOG=\"verbose\""), "{bad:?}");
+        let good = env_warnings(env(&[("COLO_SPIN_US", "inf"), ("COLO_RING_KB", "64"), ("COLO_LOG", "INFO"), ("COLO_DISABLE", "1")]));
+        assert!(good.is_empty(), "{good:?}");
+    }
 }
