@@ -81,7 +81,10 @@ fn read_u32(base: *const u8, off: usize) -> u32 {
     unsafe { std::ptr::read_volatile(base.add(off) as *const u32) }
 }
 
-fn inspect(pid: u32, path: &std::path::Path) -> Option<ConnInfo> {
+/// One connection end: the segment at `path` as process `pid` holds it. `seen_before`: how many
+/// descriptors of this same segment `pid` was already listed with (a process connected to its own
+/// listener holds the client's and the server's).
+fn inspect(pid: u32, path: &std::path::Path, seen_before: usize) -> Option<ConnInfo> {
     let file = std::fs::File::open(path).ok()?;
     let map = colo_sys::segment::map_readonly(&file).ok()?;
     if map.len() < 4096 {
@@ -93,7 +96,8 @@ fn inspect(pid: u32, path: &std::path::Path) -> Option<ConnInfo> {
     if map.len() < layout.segment_size {
         return None;
     }
-    let role = if header.client_pid == pid { "client" } else { "server" };
+    let own_peer = header.client_pid == pid && header.server_pid == pid;
+    let role = if header.client_pid == pid && !(own_peer && seen_before > 0) { "client" } else { "server" };
     let (out_c2s, base) = (role == "client", map.as_ptr() as *const u8);
     // A segment this side parked for reuse is not a connection any more.
     use colo_ring::layout::{CLIENT_PARKED, PARKED, SERVER_PARKED};
@@ -131,7 +135,17 @@ fn inspect(pid: u32, path: &std::path::Path) -> Option<ConnInfo> {
 pub fn run(a: Args) -> io::Result<()> {
     let (sockets, segments) = scan();
     let ls = listeners();
-    let conns: Vec<ConnInfo> = segments.iter().filter_map(|(pid, p)| inspect(*pid, p)).collect();
+    let mut seen: HashMap<(u32, u64), usize> = HashMap::new();
+    let conns: Vec<ConnInfo> = segments
+        .iter()
+        .filter_map(|(pid, p)| {
+            use std::os::unix::fs::MetadataExt;
+            let ino = std::fs::metadata(p).map_or(0, |m| m.ino());
+            let n = seen.entry((*pid, ino)).or_insert(0);
+            *n += 1;
+            inspect(*pid, p, *n - 1)
+        })
+        .collect();
     let fmt = |a: Option<std::net::SocketAddr>| a.map_or("-".to_string(), |a| a.to_string());
     if a.json {
         let v = serde_json::json!({
