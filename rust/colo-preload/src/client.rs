@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 pub struct Pending {
     offer: Offer,
-    offered: Instant,
     deadline: Instant,
     peer: SocketAddr,
     /// This process listens on the destination: the thread that waits for the answer may be the
@@ -32,7 +31,7 @@ const SELF_WAIT: Duration = Duration::from_millis(50);
 static SELF_PLAIN: std::sync::Mutex<Vec<SocketAddr>> = std::sync::Mutex::new(Vec::new());
 
 fn self_plain(target: SocketAddr) -> bool {
-    SELF_PLAIN.lock().unwrap_or_else(|e| e.into_inner()).contains(&target)
+    crate::try_lock(&SELF_PLAIN).is_some_and(|s| s.contains(&target))
 }
 
 fn timeout() -> Duration {
@@ -119,7 +118,6 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
     match carrier::offer(control, server_pid, local, target, geometry()) {
         Ok(offer) => Prepared::Offered(Box::new(Pending {
             offer,
-            offered: Instant::now(),
             deadline: Instant::now() + timeout(),
             peer,
             self_served: self_served.then_some(target),
@@ -154,7 +152,11 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
     if p.self_served.is_some() {
         left = left.min(SELF_WAIT);
     }
+    // The set-up cost the short-lived rule weighs: the time spent waiting here (not the time
+    // the application took before its first operation).
+    let waiting = Instant::now();
     let answer = p.offer.wait_answer(left);
+    let setup = waiting.elapsed();
     let welcomed = match answer {
         Answer::Welcome => true,
         other => match p.offer.abandon() {
@@ -162,9 +164,10 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
                 log_info(format_args!("connect {}: not accelerated ({other:?}); plain TCP", p.peer));
                 if let (Some(target), Answer::Timeout) = (p.self_served, other) {
                     log_info(format_args!("connect {}: this process accepts there itself; plain TCP there from now on", p.peer));
-                    let mut s = SELF_PLAIN.lock().unwrap_or_else(|e| e.into_inner());
-                    if !s.contains(&target) && s.len() < 256 {
-                        s.push(target);
+                    if let Some(mut s) = crate::try_lock(&SELF_PLAIN) {
+                        if !s.contains(&target) && s.len() < 256 {
+                            s.push(target);
+                        }
                     }
                 }
                 false
@@ -184,7 +187,7 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
     let b = unsafe { BorrowedFd::borrow_raw(fd) };
     let nonblocking = rustix::fs::fcntl_getfl(b).map(|f| f.contains(rustix::fs::OFlags::NONBLOCK)).unwrap_or(false);
     let peer = p.peer;
-    match Conn::dialed(p.offer.established(), nonblocking, p.offered.elapsed()) {
+    match Conn::dialed(p.offer.established(), nonblocking, setup) {
         Ok(c) => {
             let c = Arc::new(c);
             slot.set(Entry::Conn(c.clone()));

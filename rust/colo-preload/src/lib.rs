@@ -105,6 +105,17 @@ pub(crate) fn log_debug(args: std::fmt::Arguments<'_>) {
     }
 }
 
+/// A lock that is not waited for: a fork child inherits the locks other threads of its parent
+/// held, and must not hang on them. The shim's small tables take it and, when it is busy, carry
+/// on as if they were empty.
+pub(crate) fn try_lock<T>(m: &std::sync::Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 pub(crate) fn disabled() -> bool {
     static D: OnceLock<bool> = OnceLock::new();
     *D.get_or_init(|| std::env::var("COLO_DISABLE").is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes")))

@@ -163,14 +163,17 @@ fn kernel_events(events: u32) -> u32 {
 /// registered before its `connect` (nginx's upstreams) becomes one, and its registrations must
 /// then move to the connection's readiness fd ([`adopt_plain`]). Per fd: `(epfd, events, data)`.
 /// Entries of an fd that was closed meanwhile are harmless: adoption first removes the kernel
-/// registration, which fails for them.
-static PLAIN: [Mutex<Vec<(c_int, u32, u64)>>; table::MAX_FD] = [const { Mutex::new(Vec::new()) }; table::MAX_FD];
+/// registration, which fails for them. (`None` rather than an empty `Vec`: all zeros, so the
+/// array costs no space in the library file.)
+type PlainRegs = Mutex<Option<Vec<(c_int, u32, u64)>>>;
+static PLAIN: [PlainRegs; table::MAX_FD] = [const { Mutex::new(None) }; table::MAX_FD];
 
 fn note_plain(epfd: c_int, op: c_int, fd: c_int, ev: *const epoll_event) {
     if fd < 0 || fd as usize >= table::MAX_FD {
         return;
     }
-    let mut regs = PLAIN[fd as usize].lock().unwrap_or_else(|e| e.into_inner());
+    let Some(mut regs) = crate::try_lock(&PLAIN[fd as usize]) else { return };
+    let regs = regs.get_or_insert_with(Vec::new);
     regs.retain(|r| r.0 != epfd);
     if op != libc::EPOLL_CTL_DEL && !ev.is_null() {
         // SAFETY: the application's event, which the kernel just accepted.
@@ -179,36 +182,42 @@ fn note_plain(epfd: c_int, op: c_int, fd: c_int, ev: *const epoll_event) {
     }
 }
 
+/// Whether `fd` has kernel registrations made while it was a plain socket.
+pub fn has_plain(fd: c_int) -> bool {
+    fd >= 0
+        && (fd as usize) < table::MAX_FD
+        && crate::try_lock(&PLAIN[fd as usize]).is_some_and(|r| r.as_ref().is_some_and(|v| !v.is_empty()))
+}
+
 /// `fd` just became a colo connection: its kernel registrations (made while it was a plain
 /// socket) move to the connection's readiness fd, with the same events and data.
 pub fn adopt_plain(fd: c_int, conn: &Arc<Conn>) {
     if fd < 0 || fd as usize >= table::MAX_FD {
         return;
     }
-    let regs = std::mem::take(&mut *PLAIN[fd as usize].lock().unwrap_or_else(|e| e.into_inner()));
+    let regs = crate::try_lock(&PLAIN[fd as usize]).and_then(|mut r| r.take()).unwrap_or_default();
     for (epfd, events, data) in regs {
         // SAFETY: removing the application's registration of its own fd; it fails (and we skip
         // it) if that registration is gone (the fd number was closed and reused meanwhile).
         if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) } != 0 {
             continue;
         }
-        if let Err(e) = register(epfd, fd, events, data, conn, true) {
+        if let Err(e) = register(epfd, fd, events, data, conn) {
             crate::log_info(format_args!("fd {fd}: moving its epoll registration to shared memory: errno {e}"));
+            // Put the application's registration back: the TCP socket at least reports a close.
+            let mut ev = epoll_event { events, u64: data };
+            // SAFETY: restoring the registration removed above.
+            unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
         }
     }
 }
 
 /// Registers `conn` (the connection on `fd`) in the application's epoll set `epfd` as the
-/// application asked for `fd`: our readiness fd, tagged, in the kernel's set. `adopted`: the
-/// application has had `fd` registered since before it connected and took the kernel's edges for
-/// the connect; an edge-triggered registration then reports only what comes in from now on.
-fn register(epfd: c_int, fd: c_int, events: u32, data: u64, conn: &Arc<Conn>, adopted: bool) -> Result<(), c_int> {
-    let mut reg = Reg::new(epfd, fd, events, data, conn.clone());
-    if adopted {
-        let now = conn.edges();
-        reg.seen = Some((0, 0, now.2, now.3));
-    }
-    let idx = with_regs(|r| r.insert(reg));
+/// application asked for `fd`: our readiness fd, tagged, in the kernel's set. A new registration
+/// reports the current state as an edge (after an adoption possibly a second OUT edge for the
+/// connect: harmless, where a missed one would hang).
+fn register(epfd: c_int, fd: c_int, events: u32, data: u64, conn: &Arc<Conn>) -> Result<(), c_int> {
+    let idx = with_regs(|r| r.insert(Reg::new(epfd, fd, events, data, conn.clone())));
     let mut kev = epoll_event { events: kernel_events(events), u64: TAG | idx as u64 };
     // SAFETY: registering the readiness fd in the application's set.
     if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, conn.readiness_raw(), &mut kev) } != 0 {
@@ -305,7 +314,7 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
                 }
                 None => {}
             }
-            match register(epfd, fd, events, data, &conn, false) {
+            match register(epfd, fd, events, data, &conn) {
                 Ok(()) => g.ok(0) as c_int,
                 Err(e) => g.err(e) as c_int,
             }
@@ -435,6 +444,13 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
             }
             if m == 0 {
                 if reg.events & libc::EPOLLONESHOT as u32 != 0 && !reg.fired {
+                    rearm.push((reg.conn.readiness_raw(), reg.kernel, d));
+                } else if reg.kernel & libc::EPOLLET as u32 == 0 && reg.conn.peer_gone() {
+                    // The peer is gone and nothing the application wants was reported: the
+                    // readiness fd stays readable (the control socket hung up), so a level
+                    // registration would end every sleep at once. Edge-triggered from now on;
+                    // `from_rings` still reports the state whenever the interest asks for it.
+                    reg.kernel |= libc::EPOLLET as u32;
                     rearm.push((reg.conn.readiness_raw(), reg.kernel, d));
                 }
                 continue;
@@ -688,7 +704,11 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             p.revents = 0;
         }
         for (i, c) in &conns {
-            copy[*i].fd = c.readiness_raw();
+            // A connection whose peer is gone and that reported nothing wanted above never will
+            // (its readiness fd stays readable: the control socket hung up): leave it out, or
+            // this sleep would return at once, again and again.
+            let gone = c.known_gone() || (arr[*i].events & (libc::POLLIN | libc::POLLRDHUP)) == 0 && c.peer_gone();
+            copy[*i].fd = if gone { -1 } else { c.readiness_raw() };
             copy[*i].events = libc::POLLIN;
         }
         let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));

@@ -31,7 +31,7 @@ static LISTENING: Mutex<Vec<std::net::SocketAddr>> = Mutex::new(Vec::new());
 
 /// Whether this process may be the one to accept a connection to `target` (it listens there).
 pub fn may_accept(target: std::net::SocketAddr) -> bool {
-    let l = LISTENING.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(l) = crate::try_lock(&LISTENING) else { return false };
     l.iter().any(|a| a.port() == target.port() && (a.ip() == target.ip() || a.ip().is_unspecified()))
 }
 
@@ -50,9 +50,12 @@ struct Shared {
     /// Offers held (received, or connections whose HELLO has not arrived yet).
     offers: AtomicU32,
     /// Nonzero while the service is between accepting rendezvous connections and counting their
-    /// offers in `offers`.
+    /// offers in `offers`; `GONE` once a process found the service gone (its counts are frozen:
+    /// every process asks, and so finds the one that took the listeners over).
     busy: AtomicU32,
 }
+
+const GONE: u32 = 1 << 31;
 
 fn shared_page() -> io::Result<&'static Shared> {
     use rustix::mm::{mmap_anonymous, MapFlags, ProtFlags};
@@ -76,7 +79,9 @@ fn publish(st: &State) {
 fn may_have_offer(svc: &Service, l: &Listen) -> bool {
     let mut p = [rustix::event::PollFd::new(&l.rendezvous, rustix::event::PollFlags::IN)];
     let queued = rustix::event::poll(&mut p, Some(&rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 })).map_or(true, |n| n > 0);
-    // SYNC POINT with `drain_one` (busy) and `publish` (offers).
+    // SYNC POINT with `drain_one` (busy) and `publish` (offers): the loads below come after the
+    // look at the queue (a system call is no fence on every architecture).
+    std::sync::atomic::fence(Ordering::SeqCst);
     queued || svc.shared.busy.load(Ordering::SeqCst) != 0 || svc.shared.offers.load(Ordering::SeqCst) != 0
 }
 
@@ -313,7 +318,9 @@ pub fn on_listen(fd: i32) {
         }
     };
     let l = Arc::new(Listen { rendezvous, addr });
-    LISTENING.lock().unwrap_or_else(|e| e.into_inner()).push(addr);
+    if let Some(mut l) = crate::try_lock(&LISTENING) {
+        l.push(addr);
+    }
     lock(svc).listens.push(l.clone());
     colo_sys::doorbell::ring(&svc.wake);
     if let Some(mut slot) = table::lock(fd) {
@@ -324,8 +331,7 @@ pub fn on_listen(fd: i32) {
 
 /// When a listening fd is closed in the process that listens: stop serving its rendezvous.
 pub fn on_close_listen(l: &Arc<Listen>) {
-    {
-        let mut listening = LISTENING.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(mut listening) = crate::try_lock(&LISTENING) {
         if let Some(i) = listening.iter().position(|&a| a == l.addr) {
             listening.swap_remove(i);
         }
@@ -477,11 +483,15 @@ pub fn on_accept(listen: &Listen, fd: i32, nonblocking: bool) {
     if svc.pid != colo_sys::host::pid() {
         match fetch_remote(svc.pid, &k) {
             Ok(h) => return claim(fd, nonblocking, peer, local, h),
-            Err(()) => match orphaned(svc.pid) {
-                Some(Orphan::Own(s)) => svc = s,
-                Some(Orphan::Ask(c)) => return claim(fd, nonblocking, peer, local, fetch_on(c, &k)),
-                None => return,
-            },
+            Err(()) => {
+                // Its counts are frozen now: every process must ask (and so find the adopter).
+                svc.shared.busy.fetch_or(GONE, Ordering::SeqCst);
+                match orphaned(svc.pid) {
+                    Some(Orphan::Own(s)) => svc = s,
+                    Some(Orphan::Ask(c)) => return claim(fd, nonblocking, peer, local, fetch_on(c, &k)),
+                    None => return,
+                }
+            }
         }
     }
     let hello = {

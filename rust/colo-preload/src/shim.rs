@@ -644,6 +644,12 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
             let e = io::Error::last_os_error().raw_os_error().unwrap_or(0);
             if r == 0 || e == libc::EINPROGRESS {
                 client::record(fd, p);
+                // Registered in epoll before `connect` (nginx's upstreams): decide now, so that
+                // the registrations watch the ring from the start. Otherwise a server that speaks
+                // first (a banner) would never be reported: nothing else resolves the fd.
+                if poll::has_plain(fd) {
+                    client::resolve_fd(fd);
+                }
             } else {
                 client::withdraw(p);
             }

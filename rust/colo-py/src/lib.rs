@@ -320,8 +320,13 @@ const SLICE: Duration = Duration::from_millis(100);
 struct ByteBuffer(ffi::Py_buffer);
 
 impl ByteBuffer {
+    /// Never NULL (an empty export may have no buffer): slices are made from it.
     fn buf_ptr(&self) -> *mut u8 {
-        self.0.buf.cast()
+        if self.0.buf.is_null() {
+            std::ptr::NonNull::dangling().as_ptr()
+        } else {
+            self.0.buf.cast()
+        }
     }
     fn len_bytes(&self) -> usize {
         self.0.len as usize
@@ -697,6 +702,13 @@ fn connect(
 ) -> PyResult<Conn> {
     let addrs = parse_addr(addr)?;
     let mut o = options(ring_capacity, slot_size, slot_count, spin_us)?;
+    if let Some(t) = timeout {
+        // Checked before connecting, as `settimeout` below would check it after.
+        if t < 0.0 || t.is_nan() {
+            return Err(PyValueError::new_err("Timeout value out of range"));
+        }
+        timeout_duration(t)?;
+    }
     if let Some(t) = timeout.filter(|&t| t > 0.0) {
         // As `socket.create_connection`: the timeout bounds the connect too.
         o = o.tcp_connect_timeout(timeout_duration(t)?);

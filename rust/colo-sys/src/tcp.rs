@@ -11,9 +11,7 @@ pub fn source_for(dst: IpAddr) -> IpAddr {
     use std::collections::HashMap;
     use std::sync::Mutex;
     static CACHE: Mutex<Option<HashMap<IpAddr, IpAddr>>> = Mutex::new(None);
-    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    let map = cache.get_or_insert_with(HashMap::new);
-    if let Some(&src) = map.get(&dst) {
+    if let Some(src) = CACHE.try_lock().ok().and_then(|c| c.as_ref().and_then(|m| m.get(&dst).copied())) {
         return src;
     }
     let family = if dst.is_ipv4() { AddressFamily::INET } else { AddressFamily::INET6 };
@@ -21,8 +19,12 @@ pub fn source_for(dst: IpAddr) -> IpAddr {
         .and_then(|u| net::connect(&u, &SocketAddr::new(dst, 9)).map(|()| u))
         .and_then(|u| net::getsockname(&u));
     let src = asked.ok().and_then(|a| SocketAddr::try_from(a).ok()).map_or(dst, |a| a.ip());
-    if map.len() < 1024 {
-        map.insert(dst, src);
+    // Not waited for (a fork child may inherit it held): without it, the answer is not kept.
+    if let Ok(mut cache) = CACHE.try_lock() {
+        let map = cache.get_or_insert_with(HashMap::new);
+        if map.len() < 1024 {
+            map.insert(dst, src);
+        }
     }
     src
 }
@@ -40,6 +42,21 @@ fn port_range() -> (u16, u16) {
     })
 }
 
+/// `ip_local_reserved_ports` (ranges the kernel never hands out on its own), read once.
+fn reserved_ports() -> &'static [(u16, u16)] {
+    static R: std::sync::OnceLock<Vec<(u16, u16)>> = std::sync::OnceLock::new();
+    R.get_or_init(|| {
+        let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_reserved_ports").unwrap_or_default();
+        text.trim()
+            .split(',')
+            .filter_map(|r| {
+                let (a, b) = r.split_once('-').unwrap_or((r, r));
+                Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
+            })
+            .collect()
+    })
+}
+
 /// Ports tried by [`bind_ephemeral_to`] before it gives up.
 const BIND_TRIES: u32 = 16;
 
@@ -48,7 +65,30 @@ const BIND_TRIES: u32 = 16;
 /// port left in TIME_WAIT by a plain connection cannot be bound again (only `connect` may reuse
 /// it), and on a host that churns loopback connections the kernel's search through a range
 /// full of them takes milliseconds before it fails. `AddrInUse` after `BIND_TRIES` ports.
+///
+/// `SO_REUSEADDR`/`SO_REUSEPORT` of the application's socket are off during the bind: with them,
+/// an explicit port may be shared with another connected socket (which `bind(ip, 0)` never does),
+/// and a `connect` to the same destination would then fail.
 pub fn bind_ephemeral_to(fd: rustix::fd::BorrowedFd<'_>, ip: IpAddr) -> io::Result<()> {
+    use net::sockopt::{set_socket_reuseaddr, set_socket_reuseport, socket_reuseaddr, socket_reuseport};
+    let (addr, port) = (socket_reuseaddr(fd).unwrap_or(false), socket_reuseport(fd).unwrap_or(false));
+    if addr {
+        set_socket_reuseaddr(fd, false)?;
+    }
+    if port {
+        set_socket_reuseport(fd, false)?;
+    }
+    let r = bind_random_port(fd, ip);
+    if addr {
+        set_socket_reuseaddr(fd, true)?;
+    }
+    if port {
+        set_socket_reuseport(fd, true)?;
+    }
+    r
+}
+
+fn bind_random_port(fd: rustix::fd::BorrowedFd<'_>, ip: IpAddr) -> io::Result<()> {
     use std::sync::atomic::{AtomicU64, Ordering};
     static SEED: AtomicU64 = AtomicU64::new(0);
     let (lo, hi) = port_range();
@@ -63,6 +103,9 @@ pub fn bind_ephemeral_to(fd: rustix::fd::BorrowedFd<'_>, ip: IpAddr) -> io::Resu
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^= z >> 31;
         let port = lo + (z % span) as u16;
+        if reserved_ports().iter().any(|&(a, b)| (a..=b).contains(&port)) {
+            continue;
+        }
         match net::bind(fd, &SocketAddr::new(ip, port)) {
             Ok(()) => return Ok(()),
             Err(rustix::io::Errno::ADDRINUSE) => continue,

@@ -72,9 +72,9 @@ impl Options {
     }
 
     /// The longest a plain TCP connect (the fallback) may take before it fails with `TimedOut`
-    /// (by default the kernel's own limit, about two minutes for an unanswered SYN).
+    /// (by default, or with zero, the kernel's own limit: about two minutes for an unanswered SYN).
     pub fn tcp_connect_timeout(mut self, t: Duration) -> Options {
-        self.tcp_connect_timeout = Some(t);
+        self.tcp_connect_timeout = Some(t).filter(|t| !t.is_zero());
         self
     }
 

@@ -20,8 +20,8 @@
 #include "scenario.h"
 
 /* The server: answers "PING" with "PONG" on two connections (keeping each open until the
- * client closes it: no TCP FIN may stand in for the reply), then on a third answers one byte
- * and dies without closing. */
+ * client closes it: no TCP FIN may stand in for the reply), greets a third first ("HELO", as
+ * SMTP or MySQL servers do), then on a fourth answers one byte and dies without closing. */
 static void server(int report) {
     int l = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -39,8 +39,15 @@ static void server(int report) {
         close(c);
     }
     int c = accept(l, NULL, NULL);
+    char buf[4];
+    if (c < 0) die("accept 3");
+    write_all(c, "HELO", 4);
+    while (read(c, buf, sizeof buf) > 0) {
+    }
+    close(c);
+    c = accept(l, NULL, NULL);
     char b;
-    if (c < 0 || read_full(c, &b, 1) < 0) die("server read 3");
+    if (c < 0 || read_full(c, &b, 1) < 0) die("server read 4");
     write_all(c, "y", 1);
     usleep(300 * 1000);
     kill(getpid(), SIGKILL);
@@ -57,14 +64,17 @@ static uint32_t wait_for(int ep, uint32_t want) {
     return 0;
 }
 
-/* Connects to the server with a socket registered in a new epoll set before `connect`. */
-static int dial_registered_first(int port, uint32_t events, int *ep_out) {
+/* Connects to the server with a socket registered in a new epoll set before `connect`; waits
+ * for the connect to complete unless `greeted` (a client that waits for the server's greeting). */
+static int dial_registered_first(int port, uint32_t events, int *ep_out, int greeted) {
     int s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
     int ep = epoll_create1(0);
     struct epoll_event ev = {.events = events, .data.u64 = 42};
     if (s < 0 || ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) < 0) die("register");
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = port, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     if (connect(s, (struct sockaddr *)&a, sizeof a) < 0 && errno != EINPROGRESS) die("connect");
+    *ep_out = ep;
+    if (greeted) return s;
     if (events & EPOLLOUT) {
         CHECK(wait_for(ep, EPOLLOUT) & EPOLLOUT, "writable once connected");
     } else {
@@ -74,7 +84,6 @@ static int dial_registered_first(int port, uint32_t events, int *ep_out) {
     int err = -1;
     socklen_t len = sizeof err;
     CHECK(getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0, "SO_ERROR 0");
-    *ep_out = ep;
     return s;
 }
 
@@ -98,22 +107,32 @@ int main(void) {
     int ep;
 
     /* Edge-triggered, registered before connect (nginx's upstream). */
-    int s = dial_registered_first(port, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, &ep);
+    int s = dial_registered_first(port, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, &ep, 0);
     request(s, ep, "edge-triggered, registered before connect: the reply is reported");
     if (shimmed()) CHECK(segments() == 1, "the connection is accelerated");
     close(s);
     close(ep);
 
     /* Level-triggered, registered before connect, then narrowed to EPOLLIN. */
-    s = dial_registered_first(port, EPOLLIN | EPOLLOUT, &ep);
+    s = dial_registered_first(port, EPOLLIN | EPOLLOUT, &ep, 0);
     struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 42};
     CHECK(epoll_ctl(ep, EPOLL_CTL_MOD, s, &ev) == 0, "EPOLL_CTL_MOD of a registration made before connect");
     request(s, ep, "level-triggered, registered before connect: the reply is reported");
     close(s);
     close(ep);
 
+    /* A server that speaks first: nothing is written before the greeting must be reported. */
+    s = dial_registered_first(port, EPOLLIN, &ep, 1);
+    {
+        char buf[8];
+        CHECK(wait_for(ep, EPOLLIN) & EPOLLIN, "registered before connect: the server's greeting is reported");
+        CHECK(read(s, buf, sizeof buf) == 4 && memcmp(buf, "HELO", 4) == 0, "the greeting");
+    }
+    close(s);
+    close(ep);
+
     /* Edge-triggered: a peer that dies without closing is reported. */
-    s = dial_registered_first(port, EPOLLIN | EPOLLRDHUP | EPOLLET, &ep);
+    s = dial_registered_first(port, EPOLLIN | EPOLLRDHUP | EPOLLET, &ep, 0);
     write_all(s, "x", 1);
     char b;
     CHECK(wait_for(ep, EPOLLIN) & EPOLLIN, "edge-triggered: the last byte before the peer dies");
@@ -127,7 +146,7 @@ int main(void) {
     close(s);
     close(ep);
     if (failures) return 1;
-    printf("ok: epoll registered before connect (edge, level, MOD), dead peer under edge-triggered epoll%s\n",
+    printf("ok: epoll registered before connect (edge, level, MOD, server speaks first), dead peer under edge-triggered epoll%s\n",
            shimmed() ? " (accelerated)" : "");
     return 0;
 }
