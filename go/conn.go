@@ -459,7 +459,8 @@ func (c *Conn) wakePeer(w uint32) {
 	if w&waitFutex != 0 {
 		futexWake(c.peerWaiting)
 	}
-	if w&^waitFutex != 0 {
+	// Bits 8 and up are the sleeper's announcement sequence (spec section 6): not a way to sleep.
+	if w&waitDoorbell != 0 {
 		ringBell(c.peerBell)
 	}
 }

@@ -17,14 +17,37 @@ pub const SLEEP_DOORBELL: u32 = 1;
 /// `FUTEX_WAKE` on it).
 pub const SLEEP_FUTEX: u32 = 2;
 
+/// The bits of a `waiting` word that say how a side sleeps; the rest (`ANNOUNCE_SEQ`) make each
+/// announcement's value distinct (spec/WIRE.md section 6).
+pub const SLEEP_BITS: u32 = 0xFF;
+const ANNOUNCE_SEQ: u32 = !SLEEP_BITS;
+
 /// Announces that this side is about to block the way `bit` says; returns the word's new value
 /// (what a futex sleep must expect). Follow with a re-check of the condition; the announcement is
 /// never withdrawn (see `wait`).
+///
+/// Each announcement writes a new sequence number into the upper bits. Two threads of one side
+/// (a reader and a writer) share the word: without the number, the peer's wake-up (the word back
+/// to 0) followed by the other thread's announcement (the same value again) would let a thread
+/// that announced before the wake-up go into `FUTEX_WAIT` expecting an unchanged word, and sleep
+/// through the progress it waited for (a C echo client hung so, about once in 40 64 MiB runs on
+/// a loaded host: its writer slept with the ring empty).
 #[inline]
 pub fn announce_sleep(own_waiting: &AtomicU32, bit: u32) -> u32 {
-    // SYNC POINT with the exchange in `peer_needs_wake`: reading the waker's release exchange
-    // makes its published progress visible to our re-check.
-    own_waiting.fetch_or(bit, Ordering::AcqRel) | bit
+    // Only uniqueness matters here, not ordering: a plain process-wide counter.
+    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let seq = SEQ.fetch_add(SLEEP_BITS + 1, std::sync::atomic::Ordering::Relaxed).wrapping_add(SLEEP_BITS + 1) & ANNOUNCE_SEQ;
+    let mut old = own_waiting.load(Ordering::Relaxed);
+    loop {
+        let new = seq | (old & SLEEP_BITS) | bit;
+        // SYNC POINT with the exchange in `peer_needs_wake`: reading the waker's release exchange
+        // (this read-modify-write continues the word's release sequence, as `fetch_or` did)
+        // makes its published progress visible to our re-check.
+        match own_waiting.compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => return new,
+            Err(now) => old = now,
+        }
+    }
 }
 
 /// Called after publishing progress the peer may wait for. Returns the `SLEEP_*` bits the peer had
