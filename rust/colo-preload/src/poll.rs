@@ -431,6 +431,12 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
             // The kernel reported the readiness fd: the doorbell rang or the peer hung up.
             reg.rung = true;
             if Some(reg.round) == round {
+                // Reported from the rings this round already; but the kernel's event may be the
+                // peer's hang-up, which the rings cannot show (an OUT-only interest never asked):
+                // learn it now, so that the next report carries it as an edge of its own.
+                if !reg.conn.known_gone() {
+                    reg.conn.peer_gone();
+                }
                 continue;
             }
             let mut m = reg.report(true);

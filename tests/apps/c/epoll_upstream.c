@@ -49,7 +49,7 @@ static void server(int report) {
     char b;
     if (c < 0 || read_full(c, &b, 1) < 0) die("server read 4");
     write_all(c, "y", 1);
-    usleep(300 * 1000);
+    if (read_full(c, &b, 1) < 0) die("server read 5");
     kill(getpid(), SIGKILL);
 }
 
@@ -131,14 +131,17 @@ int main(void) {
     close(s);
     close(ep);
 
-    /* Edge-triggered: a peer that dies without closing is reported. */
-    s = dial_registered_first(port, EPOLLIN | EPOLLRDHUP | EPOLLET, &ep, 0);
+    /* Edge-triggered, watching for writes too: a peer that dies without closing is reported. */
+    s = dial_registered_first(port, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, &ep, 0);
     write_all(s, "x", 1);
     char b;
     CHECK(wait_for(ep, EPOLLIN) & EPOLLIN, "edge-triggered: the last byte before the peer dies");
     CHECK(read(s, &b, 1) == 1 && b == 'y', "that byte");
+    /* The peer reads one more byte and dies at once: the ring moves (an OUT edge) and the peer
+     * is gone, both reported in one round of epoll_wait. */
+    write_all(s, "z", 1);
     int st;
-    if (waitpid(pid, &st, 0) != pid) die("waitpid");
+    if (waitpid(pid, &st, 0) != pid) die("waitpid"); /* it dies while we are not in epoll_wait */
     uint32_t got = wait_for(ep, EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR);
     CHECK(got & (EPOLLIN | EPOLLRDHUP), "edge-triggered: the dead peer is reported");
     ssize_t n = read(s, &b, 1);
