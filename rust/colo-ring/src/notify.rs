@@ -34,6 +34,14 @@ const ANNOUNCE_SEQ: u32 = !SLEEP_BITS;
 /// a loaded host: its writer slept with the ring empty).
 #[inline]
 pub fn announce_sleep(own_waiting: &AtomicU32, bit: u32) -> u32 {
+    // The loom models check the ordering of the protocol, which the sequence number does not
+    // change (one acquire-release read-modify-write either way); a compare-and-swap loop would
+    // multiply their state space past what CI can explore.
+    #[cfg(loom)]
+    {
+        // SYNC POINT with the exchange in `peer_needs_wake` (as below).
+        return own_waiting.fetch_or(bit, Ordering::AcqRel) | bit;
+    }
     // Only uniqueness matters here, not ordering: a plain process-wide counter.
     static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let seq = SEQ.fetch_add(SLEEP_BITS + 1, std::sync::atomic::Ordering::Relaxed).wrapping_add(SLEEP_BITS + 1) & ANNOUNCE_SEQ;
