@@ -177,6 +177,25 @@ pub(crate) fn is_tcp_stream(fd: colo_sys::BorrowedFd<'_>) -> bool {
         )
 }
 
+// ---- io_uring -------------------------------------------------------------------------------
+
+/// `syscall(2)`: `io_uring_setup` is refused with ENOSYS, so that a program that would register
+/// its sockets through io_uring (libuv 1.45 and later: uvloop, recent Node) falls back to epoll,
+/// which the shim sees; through io_uring an accelerated socket's readiness is the TCP socket's
+/// and its reader waits forever. Every other call goes to libc unchanged. (`syscall` is
+/// variadic; on x86-64 and arm64 its integer arguments arrive where these parameters are read.)
+#[no_mangle]
+pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_long, c: libc::c_long, d: libc::c_long, e: libc::c_long, f: libc::c_long) -> libc::c_long {
+    if n == libc::SYS_io_uring_setup && !disabled() {
+        log_debug(format_args!("io_uring_setup refused (ENOSYS): the program falls back to epoll"));
+        // SAFETY: this thread's errno.
+        unsafe { *errno_loc() = libc::ENOSYS };
+        return -1;
+    }
+    // SAFETY: the application's arguments, passed on as they came.
+    unsafe { real::syscall(n, a, b, c, d, e, f) }
+}
+
 // ---- fork -----------------------------------------------------------------------------------
 
 /// `fork(2)`: the parent records the child as a holder of every connection at once, before it
@@ -227,6 +246,10 @@ extern "C" fn init() {
     unsafe { libc::pthread_atfork(None, None, Some(atfork_child)) };
     // Cache the pid now, in the parent of any `vfork` child the program will make.
     colo_sys::host::pid();
+    // Resolve libc's `syscall` now: the shim's own raw calls go through our wrapper, and a first
+    // `dlsym` in a fork child or a signal handler could wait on a lock nobody will release.
+    // SAFETY: getpid takes no arguments; the rest are ignored.
+    unsafe { real::syscall(libc::SYS_getpid, 0, 0, 0, 0, 0, 0) };
     // Connections the program image before an `exec` handed over.
     handover::take_back();
     colo::shm::set_interrupt_policy(eintr_wanted);
