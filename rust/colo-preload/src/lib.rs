@@ -2,7 +2,8 @@
 //! loopback TCP connections into colo shared memory (spec/WIRE.md section 3, CARRIER mode).
 //!
 //! Three tiers per symbol: `real::*` (libc's function, resolved lazily with `dlsym(RTLD_NEXT)`),
-//! `shim::*` / `poll::*` (the logic; a non-colo fd costs one atomic load), and the exported
+//! `shim::*` / `poll::*` (the logic; a non-colo fd costs one atomic load, and `epoll_ctl` on one
+//! also a record of the registration in an uncontended per-fd slot), and the exported
 //! one-line wrappers below. A thread-local guard sends the shim's own calls straight to libc;
 //! errno is preserved across the shim's work.
 //!

@@ -182,11 +182,26 @@ fn note_plain(epfd: c_int, op: c_int, fd: c_int, ev: *const epoll_event) {
     }
 }
 
-/// Whether `fd` has kernel registrations made while it was a plain socket.
+/// Whether `fd` has kernel registrations made while it was a plain socket. Records left by an
+/// earlier socket with this number (closed, so the kernel dropped its registrations) are dropped
+/// here: re-asserting a live registration succeeds, a gone one fails. Without that, a stale record
+/// would make `connect` wait for the server's answer for nothing.
 pub fn has_plain(fd: c_int) -> bool {
-    fd >= 0
-        && (fd as usize) < table::MAX_FD
-        && crate::try_lock(&PLAIN[fd as usize]).is_some_and(|r| r.as_ref().is_some_and(|v| !v.is_empty()))
+    if fd < 0 || fd as usize >= table::MAX_FD {
+        return false;
+    }
+    let Some(mut regs) = crate::try_lock(&PLAIN[fd as usize]) else { return false };
+    let Some(v) = regs.as_mut() else { return false };
+    v.retain(|&(epfd, events, data)| {
+        // A one-shot registration is kept as it is (re-asserting it would re-arm it).
+        if events & libc::EPOLLONESHOT as u32 != 0 {
+            return true;
+        }
+        let mut ev = epoll_event { events, u64: data };
+        // SAFETY: modifying the application's registration to what it already is.
+        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, fd, &mut ev) == 0 }
+    });
+    !v.is_empty()
 }
 
 /// `fd` just became a colo connection: its kernel registrations (made while it was a plain
