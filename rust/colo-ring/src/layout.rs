@@ -19,6 +19,11 @@ pub const SERVER_PARKED: u32 = 2;
 pub const CLIENT_WAITING: usize = 128;
 /// Offset of the server's `waiting` flag in the header.
 pub const SERVER_WAITING: usize = 256;
+/// Offset of the client's `c2s_written` word in the header: its own copy of the C2S `ring_head`,
+/// for the processes that hold the client's end (spec/WIRE.md section 5, "Shared ends").
+pub const CLIENT_WRITTEN: usize = 384;
+/// Offset of the server's `s2c_written` word in the header (its copy of the S2C `ring_head`).
+pub const SERVER_WRITTEN: usize = 512;
 
 /// Offsets inside a direction block.
 pub mod block {

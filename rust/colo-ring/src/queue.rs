@@ -42,6 +42,10 @@ impl QueueWords {
 pub struct QueueSender<const W: usize> {
     words: QueueWords,
     head: u64,
+    /// The receiver's `tail` as last read: re-read only when it says full, as the byte ring's
+    /// producer does (the receiver stores `tail` on every pop; loading its line on every push
+    /// cost a cache-line transfer per message).
+    cached_tail: u64,
 }
 
 impl<const W: usize> QueueSender<W> {
@@ -49,16 +53,21 @@ impl<const W: usize> QueueSender<W> {
     /// `words` point to live atomics of a fresh (zeroed) queue for the life of the sender;
     /// `words.len > 0`.
     pub unsafe fn new(words: QueueWords) -> Self {
-        QueueSender { words, head: 0 }
+        QueueSender { words, head: 0, cached_tail: 0 }
     }
 
     /// Pushes an entry; `Err` if the queue is full, which the protocol makes impossible for an
     /// honest peer (at most `len` slots are ever in flight).
     pub fn push(&mut self, entry: [u32; W]) -> Result<(), Corrupt> {
-        // SYNC POINT with the Release store of `tail` in `QueueReceiver::pop`.
-        let tail = self.words.tail().load(Ordering::Acquire);
-        if self.head.wrapping_sub(tail) >= u64::from(self.words.len) {
-            return Err(Corrupt("queue overflow"));
+        let len = u64::from(self.words.len);
+        if self.head.wrapping_sub(self.cached_tail) >= len {
+            // SYNC POINT with the Release store of `tail` in `QueueReceiver::pop`.
+            let tail = self.words.tail().load(Ordering::Acquire);
+            // A tail past our head (scribbled) wraps far beyond `len` as well.
+            if self.head.wrapping_sub(tail) >= len {
+                return Err(Corrupt("queue overflow"));
+            }
+            self.cached_tail = tail;
         }
         for (w, v) in entry.iter().enumerate() {
             self.words.word(self.head, w, W).store(*v, Ordering::Relaxed);

@@ -3,7 +3,7 @@
 //! private copy of the geometry; none is derived from a value the peer can change later.
 
 pub use colo_ring::layout::{Geometry, Layout};
-use colo_ring::layout::{block, CLIENT_WAITING, PARKED, SERVER_WAITING, TICKET};
+use colo_ring::layout::{block, CLIENT_WAITING, CLIENT_WRITTEN, PARKED, SERVER_WAITING, SERVER_WRITTEN, TICKET};
 use colo_ring::queue::{QueueReceiver, QueueSender, QueueWords};
 use colo_ring::ring::{Consumer, Producer, RawBytes, RingWords};
 use colo_ring::sync::{AtomicU32, AtomicU64, Ordering};
@@ -82,6 +82,15 @@ impl Segment {
         unsafe { &*self.u32_at(off) }
     }
 
+    /// The `written` word of `role`: its own copy of the `ring_head` it produces, which no peer
+    /// reads (spec/WIRE.md section 5, "Shared ends").
+    pub fn written(&self, role: Role) -> &AtomicU64 {
+        let off = if role == Role::Client { CLIENT_WRITTEN } else { SERVER_WRITTEN };
+        // SAFETY: an aligned u64 inside the mapping, which lives as long as `self`; only ever
+        // accessed atomically.
+        unsafe { &*self.u64_at(off) }
+    }
+
     /// The header's `parked` word (spec/WIRE.md section 3, "Recycling").
     pub fn parked(&self) -> &AtomicU32 {
         // SAFETY: an aligned u32 inside the mapping, alive as long as `self`; only ever accessed
@@ -96,7 +105,7 @@ impl Segment {
     }
 
     /// Makes a segment that both sides parked new again: every counter and flag of both direction
-    /// blocks and both `waiting` words back to 0. Only the client calls it, after its
+    /// blocks, both `written` copies and both `waiting` words back to 0. Only the client calls it, after its
     /// compare-and-swap of `parked` from both bits to 0 proved that neither side uses it.
     pub fn reset_for_reuse(&self) {
         for c2s in [true, false] {
@@ -110,6 +119,9 @@ impl Segment {
                 // SAFETY: an aligned u32 inside the mapping.
                 unsafe { &*self.u32_at(b + off) }.store(0, Ordering::Relaxed);
             }
+        }
+        for role in [Role::Client, Role::Server] {
+            self.written(role).store(0, Ordering::Relaxed);
         }
         // `waiting` words are only ever written by read-modify-writes (section 6).
         self.waiting(Role::Client).swap(0, Ordering::Relaxed);
