@@ -102,6 +102,20 @@ for i in 1 2 3; do
   check "python reader thread + sender under colo run, 1 MiB echo ($i)" timeout 30 $COLORUN python3 "$WORK/race.py"
 done
 
+# A peer that reads the last reply and dies while the server is busy: EOF under every interest.
+lost_hangup() { # $1 interest, $2 exit or kill
+  local p; p=$(free_port)
+  timeout 15 $COLORUN python3 "$HERE/py/lost_hangup.py" server "$p" "$1" >"$WORK/lh.out" 2>&1 & local sp=$!
+  for _ in $(seq 100); do grep -q ready "$WORK/lh.out" && break; sleep 0.05; done
+  timeout 10 $COLORUN python3 "$HERE/py/lost_hangup.py" client "$p" "$2" 2>/dev/null
+  wait $sp
+}
+for interest in et_inout lt_inout et_in et_inout_nordhup; do
+  for how in exit kill; do
+    check "python epoll server sees a peer that died after its reply ($interest, $how)" lost_hangup $interest $how
+  done
+done
+
 # ...and a Rust API client against an unmodified Python server under colo run (DIRECT is refused
 # with NEED_CARRIER; the client retries in CARRIER mode over a real TCP carrier).
 cat > "$WORK/echo_srv.py" <<'PY'

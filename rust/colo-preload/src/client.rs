@@ -78,7 +78,7 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
     }
     // First, as it needs no system call: a connection per request costs no more than plain TCP.
     if !crate::adapt::accelerate(target) {
-        crate::log_debug(format_args!("connect {peer}: short-lived connections to it; plain TCP"));
+        crate::log_debug(format_args!("connect {peer}: short-lived connections to it, or no colo listener a moment ago; plain TCP"));
         return Prepared::Plain;
     }
     // SAFETY: the application's socket, open during this call.
@@ -90,6 +90,7 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
         Ok(Some(x)) => x,
         Ok(None) => {
             crate::log_debug(format_args!("connect {peer}: no colo listener; plain TCP"));
+            crate::adapt::no_listener(target);
             return Prepared::Plain;
         }
         Err(e) => {

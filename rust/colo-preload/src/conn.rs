@@ -7,7 +7,7 @@ use colo_ring::layout::{FLAG_FIN, FLAG_NOT_READING, FLAG_RESET};
 use colo_ring::sync::Ordering;
 use colo_sys::{AsRawFd, RawFd};
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, AtomicU32};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 
 /// epoll/poll bits (identical values in both APIs).
 pub const IN: u32 = 0x001;
@@ -38,6 +38,9 @@ pub struct Conn {
     born: std::time::Instant,
     /// How long the client waited from its offer to the server's answer (zero on the server).
     setup: std::time::Duration,
+    /// Bytes we had written when the first reply arrived (`u64::MAX` until then): at close, an
+    /// unchanged count means the connection carried a single exchange (see `adapt`).
+    sent_before_reply: AtomicU64,
 }
 
 // SAFETY: the raw pointers point into mappings owned by `shm` (the segment) and by this value
@@ -91,7 +94,17 @@ impl Conn {
             holders,
             born: std::time::Instant::now(),
             setup,
+            sent_before_reply: AtomicU64::new(u64::MAX),
         })
+    }
+
+    /// A read returned bytes: the first time, remember how much we had sent (`sent_before_reply`).
+    pub fn got_reply(&self) {
+        if self.sent_before_reply.load(Ordering::Relaxed) == u64::MAX {
+            // SAFETY: an aligned atomic inside the mapping `shm` owns.
+            let sent = unsafe { (*self.w.out_head).load(Ordering::Relaxed) };
+            self.sent_before_reply.store(sent, Ordering::Relaxed);
+        }
     }
 
     /// Waits on this connection must not spin (see `never_spin`).
@@ -400,8 +413,10 @@ impl Drop for Conn {
         } else {
             if self.shm.role() == colo::segment::Role::Client {
                 // SAFETY: aligned atomics inside the mapping `shm` owns (still mapped here).
-                let moved = unsafe { (*self.w.out_head).load(Ordering::Relaxed) + (*self.w.in_tail).load(Ordering::Relaxed) };
-                crate::adapt::ended(self.shm.peer_addr(), self.born.elapsed(), self.setup, moved);
+                let (sent, got) = unsafe { ((*self.w.out_head).load(Ordering::Relaxed), (*self.w.in_tail).load(Ordering::Relaxed)) };
+                let single = self.sent_before_reply.load(Ordering::Relaxed) == sent;
+                let lived = crate::adapt::Lived { lived: self.born.elapsed(), setup: self.setup, bytes: sent + got, single };
+                crate::adapt::ended(self.shm.peer_addr(), lived);
             }
             // SAFETY: dropped exactly once, here.
             unsafe { ManuallyDrop::drop(&mut self.shm) };

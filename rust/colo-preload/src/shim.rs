@@ -89,6 +89,9 @@ fn conn_recv_inner(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> 
 /// drain of the doorbell announces a wait, so either the doorbell holds a count or the peer's
 /// next progress rings it; and `epoll_wait`/`poll` read the rings before sleeping.)
 fn after_read(c: &Conn, n: usize, len: usize) {
+    if n > 0 {
+        c.got_reply();
+    }
     if n == len && n > 0 && c.shm().readable().unwrap_or(0) > 0 {
         c.poke();
     }

@@ -138,8 +138,8 @@ int main(void) {
     CHECK(wait_for(ep, EPOLLIN) & EPOLLIN, "edge-triggered: the last byte before the peer dies");
     CHECK(read(s, &b, 1) == 1 && b == 'y', "that byte");
     /* The peer reads one more byte and dies at once: the ring moves (an OUT edge) and the peer
-     * is gone. (A Python repro of a hang-up dropped as a duplicate of such an edge failed before
-     * the fix in poll.rs; this program does not hit that timing reliably.) */
+     * is gone. (This program does not hit reliably the timing in which the hang-up arrives as a
+     * duplicate of that edge; tests/apps/py/lost_hangup.py does, under four interests.) */
     write_all(s, "z", 1);
     int st;
     if (waitpid(pid, &st, 0) != pid) die("waitpid"); /* it dies while we are not in epoll_wait */
