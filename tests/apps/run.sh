@@ -103,9 +103,9 @@ for i in 1 2 3; do
 done
 
 # A peer that reads the last reply and dies while the server is busy: EOF under every interest.
-lost_hangup() { # $1 interest, $2 exit or kill
+lost_hangup() { # $1 interest, $2 exit, kill or send_exit, $3 late (optional)
   local p; p=$(free_port)
-  timeout 15 $COLORUN python3 "$HERE/py/lost_hangup.py" server "$p" "$1" >"$WORK/lh.out" 2>&1 & local sp=$!
+  timeout 15 $COLORUN python3 "$HERE/py/lost_hangup.py" server "$p" "$1" ${3:-} >"$WORK/lh.out" 2>&1 & local sp=$!
   for _ in $(seq 100); do grep -q ready "$WORK/lh.out" && break; sleep 0.05; done
   (timeout 10 $COLORUN python3 "$HERE/py/lost_hangup.py" client "$p" "$2"; true) 2>/dev/null  # no "Killed" notice
   wait $sp
@@ -115,6 +115,7 @@ for interest in et_inout lt_inout et_in et_inout_nordhup; do
     check "python epoll server sees a peer that died after its reply ($interest, $how)" lost_hangup $interest $how
   done
 done
+check "python epoll server (edge, one read as nginx) sees a peer that sent and died" lost_hangup et_inout send_exit late
 
 # ...and a Rust API client against an unmodified Python server under colo run (DIRECT is refused
 # with NEED_CARRIER; the client retries in CARRIER mode over a real TCP carrier).

@@ -17,7 +17,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// A connection that moved less than `SHORT_BYTES` and lived less than this, or less than
-/// `SETUP_TIMES` its own set-up, was short: shared memory did not pay for itself.
+/// `SETUP_TIMES` its own set-up, or closed within this after the one reply it asked for, was
+/// short: shared memory did not pay for itself (see [`Lived::short`]).
 const SHORT_LIFE: Duration = Duration::from_millis(50);
 const SETUP_TIMES: u32 = 10;
 const SHORT_BYTES: u64 = 64 * 1024;
@@ -142,19 +143,22 @@ pub struct Lived {
     pub setup: Duration,
     /// Bytes moved both ways.
     pub bytes: u64,
-    /// The client wrote nothing after the first reply: one request, one response.
-    pub single: bool,
+    /// When the client wrote nothing after the first reply (one request, one response): how
+    /// long the connection lived after that reply.
+    pub after_only_reply: Option<Duration>,
 }
 
 impl Lived {
-    /// Whether shared memory did not pay for itself: few bytes, and a short life or a single
-    /// exchange. The exchange counts whatever the life: with hundreds of connection-per-request
-    /// clients every connection waits long for its turn (wrk -c200 `Connection: close`: about
-    /// 90 ms each), so none looked short, shared memory was never given up, and the set-ups
-    /// made the load 7x slower than plain TCP.
+    /// Whether shared memory did not pay for itself: few bytes, and a short life, or a single
+    /// exchange closed soon after its reply, however long the reply took. With hundreds of
+    /// connection-per-request clients every connection waits long for its turn (wrk -c200
+    /// `Connection: close`: about 90 ms each), so none looked short, shared memory was never
+    /// given up, and the set-ups made the load 7x slower than plain TCP. (Soon after the reply:
+    /// a stream the server pushes, or a pooled connection closed when idle, is not short.)
     fn short(&self) -> bool {
         let quick = self.lived < SHORT_LIFE || self.lived < self.setup * SETUP_TIMES;
-        (quick || self.single) && self.bytes < SHORT_BYTES
+        let one_exchange = self.after_only_reply.is_some_and(|d| d < SHORT_LIFE);
+        (quick || one_exchange) && self.bytes < SHORT_BYTES
     }
 }
 
@@ -199,11 +203,12 @@ mod tests {
     #[test]
     fn one_exchange_is_short_however_long_it_waited() {
         let ms = Duration::from_millis;
-        let l = |lived, bytes, single| Lived { lived: ms(lived), setup: ms(1), bytes, single };
-        assert!(l(90, 1100, true).short(), "a request and its response, slow under load");
-        assert!(!l(90, 1100, false).short(), "a second request: the connection is reused");
-        assert!(l(5, 1100, false).short(), "quick, whatever it carried");
-        assert!(!l(5, SHORT_BYTES, true).short(), "a large transfer pays for the set-up");
+        let l = |lived, bytes, after: Option<u64>| Lived { lived: ms(lived), setup: ms(1), bytes, after_only_reply: after.map(ms) };
+        assert!(l(90, 1100, Some(1)).short(), "a request and its response, slow under load");
+        assert!(!l(90, 1100, None).short(), "a second request: the connection is reused");
+        assert!(!l(9000, 1100, Some(8000)).short(), "one reply, then open for long: pushed to, or pooled");
+        assert!(l(5, 1100, None).short(), "quick, whatever it carried");
+        assert!(!l(5, SHORT_BYTES, Some(1)).short(), "a large transfer pays for the set-up");
     }
 
     #[test]

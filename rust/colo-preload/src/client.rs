@@ -52,8 +52,28 @@ fn geometry() -> Geometry {
 pub enum Prepared {
     /// Not a colo destination: do a plain connect.
     Plain,
+    /// A local destination where no colo listener answered: do a plain connect, and if a TCP
+    /// listener took it, let `adapt` remember that there is no colo listener there
+    /// ([`note_no_listener`]).
+    NoListener(SocketAddr),
     /// An offer is out: connect, then record it.
     Offered(Box<Pending>),
+}
+
+/// After the plain connect of [`Prepared::NoListener`] (`r`, `errno` its result): remembers that
+/// `target` has no colo listener only if a TCP listener is there (connected, or a non-blocking
+/// connect already established: one `poll` without waiting, which leaves a pending error for
+/// the application). Nothing is remembered for a refused connect: a client retrying until its
+/// server starts must look again at once, or its first connection would stay plain for life.
+pub fn note_no_listener(fd: i32, target: SocketAddr, r: i32, errno: i32) {
+    let through = r == 0 || errno == libc::EINPROGRESS && {
+        let mut p = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+        // SAFETY: one pollfd of ours, no waiting.
+        unsafe { crate::real::poll(&mut p, 1, 0) == 1 && p.revents & (libc::POLLERR | libc::POLLHUP) == 0 }
+    };
+    if through {
+        crate::adapt::no_listener(target);
+    }
 }
 
 /// Before the real connect: find a rendezvous and offer a segment.
@@ -88,11 +108,11 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
     }
     let (control, server_pid) = match carrier::connect_rendezvous(target) {
         Ok(Some(x)) => x,
-        Ok(None) => {
+        Ok(None) if colo_sys::host::is_local(target.ip()) => {
             crate::log_debug(format_args!("connect {peer}: no colo listener; plain TCP"));
-            crate::adapt::no_listener(target);
-            return Prepared::Plain;
+            return Prepared::NoListener(target);
         }
+        Ok(None) => return Prepared::Plain,
         Err(e) => {
             log_info(format_args!("connect {peer}: rendezvous: {e}; plain TCP"));
             return Prepared::Plain;

@@ -41,6 +41,8 @@ pub struct Conn {
     /// Bytes we had written when the first reply arrived (`u64::MAX` until then): at close, an
     /// unchanged count means the connection carried a single exchange (see `adapt`).
     sent_before_reply: AtomicU64,
+    /// When the first reply arrived, in nanoseconds after `born`.
+    first_reply_ns: AtomicU64,
 }
 
 // SAFETY: the raw pointers point into mappings owned by `shm` (the segment) and by this value
@@ -95,6 +97,7 @@ impl Conn {
             born: std::time::Instant::now(),
             setup,
             sent_before_reply: AtomicU64::new(u64::MAX),
+            first_reply_ns: AtomicU64::new(0),
         })
     }
 
@@ -103,6 +106,7 @@ impl Conn {
         if self.sent_before_reply.load(Ordering::Relaxed) == u64::MAX {
             // SAFETY: an aligned atomic inside the mapping `shm` owns.
             let sent = unsafe { (*self.w.out_head).load(Ordering::Relaxed) };
+            self.first_reply_ns.store(self.born.elapsed().as_nanos() as u64, Ordering::Relaxed);
             self.sent_before_reply.store(sent, Ordering::Relaxed);
         }
     }
@@ -414,8 +418,10 @@ impl Drop for Conn {
             if self.shm.role() == colo::segment::Role::Client {
                 // SAFETY: aligned atomics inside the mapping `shm` owns (still mapped here).
                 let (sent, got) = unsafe { ((*self.w.out_head).load(Ordering::Relaxed), (*self.w.in_tail).load(Ordering::Relaxed)) };
-                let single = self.sent_before_reply.load(Ordering::Relaxed) == sent;
-                let lived = crate::adapt::Lived { lived: self.born.elapsed(), setup: self.setup, bytes: sent + got, single };
+                let age = self.born.elapsed();
+                let reply_at = std::time::Duration::from_nanos(self.first_reply_ns.load(Ordering::Relaxed));
+                let after_only_reply = (self.sent_before_reply.load(Ordering::Relaxed) == sent).then(|| age.saturating_sub(reply_at));
+                let lived = crate::adapt::Lived { lived: age, setup: self.setup, bytes: sent + got, after_only_reply };
                 crate::adapt::ended(self.shm.peer_addr(), lived);
             }
             // SAFETY: dropped exactly once, here.

@@ -641,6 +641,17 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
             // SAFETY: the application's arguments.
             unsafe { real::connect(fd, addr, len) }
         }
+        client::Prepared::NoListener(target) => {
+            // SAFETY: the application's arguments.
+            let r = unsafe { real::connect(fd, addr, len) };
+            let e = io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            client::note_no_listener(fd, target, r, e);
+            if r == 0 {
+                g.ok(0) as c_int
+            } else {
+                g.err(e) as c_int
+            }
+        }
         client::Prepared::Offered(p) => {
             // SAFETY: the application's arguments.
             let r = unsafe { real::connect(fd, addr, len) };

@@ -118,11 +118,14 @@ fn queue_round_trip_and_overflow() {
     assert_eq!(r.pop().unwrap(), None);
     q.head.store(100, Ordering::Relaxed);
     assert!(r.pop().is_err());
-    // The sender caches the tail; when the cache says full it re-reads it, and a tail past its
-    // own head (scribbled) is corruption, not room.
+    // The sender caches the tail; when the cache says full it re-reads it: room the receiver
+    // made is found, and a tail past the sender's head (scribbled) is corruption, not room.
     for i in 4..7 { s.push([i, 0]).unwrap(); }
+    assert_eq!(r.pop().unwrap(), Some([4, 0]));
+    s.push([7, 0]).unwrap();
+    assert_eq!(r.pop().unwrap(), Some([5, 0]));
     q.tail.store(u64::MAX, Ordering::Relaxed);
-    assert!(s.push([7, 0]).is_err());
+    assert!(s.push([8, 0]).is_err(), "a scribbled tail is not room");
 }
 
 proptest! {

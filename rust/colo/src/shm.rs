@@ -717,8 +717,10 @@ impl Shm {
     /// as a resumed end does. It looks at this end's `written` copy, not at `ring_head` itself:
     /// the peer spins on `ring_head`'s line, and loading it just before the write that stores
     /// it cost a cache-line transfer on every write (about 40 ns of a 0.3 us round trip here).
-    /// The copy's line is this end's alone. A copy the peer scribbled over costs a resume, no
-    /// more: the resumed producer starts from `ring_head`, which it validates.
+    /// The copy's line is this end's alone. A write marks the copy stale before it publishes
+    /// (see `write`), so a holder that dies mid-write leaves a copy no head equals. A peer can
+    /// scribble over the copy as over anything in the segment: that can only cost a resume or
+    /// garble the stream it receives itself; the resumed producer validates `ring_head`.
     fn adopt_tx(&self, tx: &mut TxHalf) {
         let written = self.seg.written(self.role).load(Ordering::Relaxed);
         if written != tx.ring.written() {
@@ -847,6 +849,11 @@ impl Shm {
         let mut guard = lock(&self.tx);
         let tx = &mut *guard;
         self.look_then_wait(tx, |h| &mut h.spinner, &self.write_timeout, |tx| self.write_blocked(tx))?;
+        // For the other holders of this end (`adopt_tx`): stale while we publish, so that one
+        // that takes over after we died mid-write resumes from `ring_head`; our head once done.
+        // They take turns with us, so once per call is enough.
+        let written = self.seg.written(self.role);
+        written.store(!tx.ring.written(), Ordering::Relaxed);
         let mut done = 0;
         while done < buf.len() {
             let end = buf.len().min(done + PUBLISH_CHUNK);
@@ -857,9 +864,7 @@ impl Shm {
             done += n;
             self.wake_peer();
         }
-        // For the other holders of this end (`adopt_tx`); they take turns with us, so once per
-        // call is enough.
-        self.seg.written(self.role).store(tx.ring.written(), Ordering::Relaxed);
+        written.store(tx.ring.written(), Ordering::Relaxed);
         Ok(done)
     }
 
