@@ -110,8 +110,15 @@ fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var("COLO_SHORT_LIVED").map_or(true, |v| v != "accelerate"))
 }
 
+/// The table's key for `dest`: an IPv4-mapped IPv6 address as IPv4, as the connection reports its
+/// peer when it ends (otherwise endings and dials of `[::ffff:127.0.0.1]:p` never met).
+fn key(dest: SocketAddr) -> SocketAddr {
+    SocketAddr::new(colo_sys::host::canonical(dest.ip()), dest.port())
+}
+
 /// Whether a new connection to `dest` should look for a colo listener and offer it shared memory.
 pub fn accelerate(dest: SocketAddr) -> bool {
+    let dest = key(dest);
     let mut g = DESTS.lock().unwrap_or_else(|e| e.into_inner());
     let Some(d) = g.get_or_insert_with(HashMap::new).get_mut(&dest) else { return true };
     let now = Instant::now();
@@ -123,6 +130,7 @@ pub fn accelerate(dest: SocketAddr) -> bool {
 
 /// `dest` has no colo listener (its rendezvous names refused): see `NO_LISTENER_FOR`.
 pub fn no_listener(dest: SocketAddr) {
+    let dest = key(dest);
     let mut g = DESTS.lock().unwrap_or_else(|e| e.into_inner());
     dest_entry(g.get_or_insert_with(HashMap::new), dest).no_listener_until = Some(Instant::now() + NO_LISTENER_FOR);
 }
@@ -168,6 +176,7 @@ pub fn ended(dest: SocketAddr, lived: Lived) {
         return;
     }
     let short = lived.short();
+    let dest = key(dest);
     let mut g = DESTS.lock().unwrap_or_else(|e| e.into_inner());
     if dest_entry(g.get_or_insert_with(HashMap::new), dest).ended(Instant::now(), short) {
         crate::log_info(format_args!(
@@ -198,6 +207,12 @@ mod tests {
         assert!(d.accelerate(ms(2005)), "the next probe");
         assert!(!d.ended(ms(2100), false), "a long probe...");
         assert!(d.accelerate(ms(2101)) && d.accelerate(ms(2101)), "...ends the plain periods");
+    }
+
+    #[test]
+    fn a_mapped_address_is_the_same_destination() {
+        let mapped: SocketAddr = "[::ffff:127.0.0.1]:5".parse().unwrap();
+        assert_eq!(key(mapped), "127.0.0.1:5".parse().unwrap());
     }
 
     #[test]
