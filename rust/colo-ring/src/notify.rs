@@ -20,6 +20,7 @@ pub const SLEEP_FUTEX: u32 = 2;
 /// The bits of a `waiting` word that say how a side sleeps; the rest (`ANNOUNCE_SEQ`) make each
 /// announcement's value distinct (spec/WIRE.md section 6).
 pub const SLEEP_BITS: u32 = 0xFF;
+#[cfg(not(loom))]
 const ANNOUNCE_SEQ: u32 = !SLEEP_BITS;
 
 /// Announces that this side is about to block the way `bit` says; returns the word's new value
@@ -40,20 +41,23 @@ pub fn announce_sleep(own_waiting: &AtomicU32, bit: u32) -> u32 {
     #[cfg(loom)]
     {
         // SYNC POINT with the exchange in `peer_needs_wake` (as below).
-        return own_waiting.fetch_or(bit, Ordering::AcqRel) | bit;
+        own_waiting.fetch_or(bit, Ordering::AcqRel) | bit
     }
-    // Only uniqueness matters here, not ordering: a plain process-wide counter.
-    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let seq = SEQ.fetch_add(SLEEP_BITS + 1, std::sync::atomic::Ordering::Relaxed).wrapping_add(SLEEP_BITS + 1) & ANNOUNCE_SEQ;
-    let mut old = own_waiting.load(Ordering::Relaxed);
-    loop {
-        let new = seq | (old & SLEEP_BITS) | bit;
-        // SYNC POINT with the exchange in `peer_needs_wake`: reading the waker's release exchange
-        // (this read-modify-write continues the word's release sequence, as `fetch_or` did)
-        // makes its published progress visible to our re-check.
-        match own_waiting.compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Relaxed) {
-            Ok(_) => return new,
-            Err(now) => old = now,
+    #[cfg(not(loom))]
+    {
+        // Only uniqueness matters here, not ordering: a plain process-wide counter.
+        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let seq = SEQ.fetch_add(SLEEP_BITS + 1, std::sync::atomic::Ordering::Relaxed).wrapping_add(SLEEP_BITS + 1) & ANNOUNCE_SEQ;
+        let mut old = own_waiting.load(Ordering::Relaxed);
+        loop {
+            let new = seq | (old & SLEEP_BITS) | bit;
+            // SYNC POINT with the exchange in `peer_needs_wake`: reading the waker's release
+            // exchange (this read-modify-write continues the word's release sequence, as
+            // `fetch_or` did) makes its published progress visible to our re-check.
+            match own_waiting.compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return new,
+                Err(now) => old = now,
+            }
         }
     }
 }
