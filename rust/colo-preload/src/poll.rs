@@ -393,12 +393,19 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
 fn from_rings(epfd: c_int, out: &mut [epoll_event]) -> (usize, u64) {
     static ROUNDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let round = ROUNDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // A start that moves round by round, and one slot left for the kernel's events: the kernel
+    // rotates its ready list so that a level-triggered fd ready every time cannot starve the
+    // others, and our connections must not either (one always writable filled every batch, and
+    // the set's other fds were never reported). With `maxevents` 1 the rings take the slot when
+    // they have something: a kernel event there would have to displace a reported one.
+    let room = out.len().saturating_sub(1).max(out.len().min(1));
     with_regs(|r| {
         let Regs { slab, by_epfd, .. } = r;
         let Some(list) = by_epfd.get(&epfd) else { return (0, round) };
+        let start = if list.is_empty() { 0 } else { (round % list.len() as u64) as usize };
         let mut n = 0;
-        for &idx in list {
-            if n == out.len() {
+        for &idx in list[start..].iter().chain(&list[..start]) {
+            if n == room {
                 break;
             }
             let Some(Some(reg)) = slab.get_mut(idx) else { continue };
