@@ -43,6 +43,8 @@ pub struct Conn {
     sent_before_reply: AtomicU64,
     /// When the first reply arrived, in nanoseconds after `born`.
     first_reply_ns: AtomicU64,
+    /// A write after the peer closed was taken (`takes_write_after_close`).
+    wrote_after_close: AtomicBool,
 }
 
 // SAFETY: the raw pointers point into mappings owned by `shm` (the segment) and by this value
@@ -98,6 +100,7 @@ impl Conn {
             setup,
             sent_before_reply: AtomicU64::new(u64::MAX),
             first_reply_ns: AtomicU64::new(0),
+            wrote_after_close: AtomicBool::new(false),
         })
     }
 
@@ -335,6 +338,29 @@ impl Conn {
             )
         };
         (in_flags | out_flags) & FLAG_RESET == 0 && out_head == out_tail && self.peer_gone()
+    }
+
+    /// A write failed with EPIPE: whether kernel TCP would have taken it. It takes one write
+    /// after the peer closed having read everything (the peer's kernel answers it with a reset,
+    /// which fails the next write): a keep-alive client that reuses a connection its server
+    /// just closed finds out by reading end of stream, not by a SIGPIPE. Not after our own
+    /// shutdown, a reset, a peer that left bytes unread (its kernel reset at once), or a peer
+    /// that only shut down reading.
+    pub fn takes_write_after_close(&self) -> bool {
+        // SAFETY: aligned atomics inside the mapping `shm` owns.
+        let (in_flags, out_flags, out_head, out_tail) = unsafe {
+            (
+                (*self.w.in_flags).load(Ordering::Acquire),
+                (*self.w.out_flags).load(Ordering::Relaxed),
+                (*self.w.out_head).load(Ordering::Relaxed),
+                (*self.w.out_tail).load(Ordering::Acquire),
+            )
+        };
+        if (in_flags | out_flags) & FLAG_RESET != 0 || out_flags & FLAG_FIN != 0 {
+            return false;
+        }
+        let closed = in_flags & (FLAG_FIN | FLAG_NOT_READING) == FLAG_FIN | FLAG_NOT_READING && out_head == out_tail;
+        (closed || self.peer_exited_cleanly()) && !self.wrote_after_close.swap(true, Ordering::Relaxed)
     }
 
     /// Whether the peer is known to be gone (no system call; see [`Conn::peer_gone`]).

@@ -127,6 +127,14 @@ fn conn_readv(c: &Conn, iov: &[iovec], flags: c_int) -> io::Result<usize> {
 // ---- writing --------------------------------------------------------------------------------
 
 fn conn_send(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
+    match conn_send_inner(c, buf, flags) {
+        // Kernel TCP takes the first write after the peer closed (see `takes_write_after_close`).
+        Err(e) if errno_of(&e) == libc::EPIPE && c.takes_write_after_close() => Ok(buf.len()),
+        r => r,
+    }
+}
+
+fn conn_send_inner(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
     if buf.is_empty() {
         return Ok(0);
     }

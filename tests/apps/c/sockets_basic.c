@@ -311,6 +311,18 @@ int main(void) {
     free(data);
     free(back);
 
+    /* 8. The server closed: as over kernel TCP, the first write after our EOF is taken (the
+     * peer answers it with a reset) and a later one fails with EPIPE. */
+    c = dial(port);
+    write_all(c, "E", 1);
+    wait_done();
+    CHECK(read(c, buf, 1) == 0, "EOF from the closed server");
+    CHECK(send(c, "a", 1, MSG_NOSIGNAL) == 1, "first write after the peer closed: taken");
+    usleep(50000); /* the peer's reset arrives */
+    r = send(c, "b", 1, MSG_NOSIGNAL);
+    CHECK(r < 0 && (errno == EPIPE || errno == ECONNRESET), "a later write: EPIPE");
+    close(c);
+
     /* 7. The server closes with SO_LINGER 0: we see EOF or ECONNRESET, no hang. */
     c = dial(port);
     write_all(c, "L", 1);
