@@ -117,6 +117,17 @@ for interest in et_inout lt_inout et_in et_inout_nordhup; do
 done
 check "python epoll server (edge, one read as nginx) sees a peer that sent and died" lost_hangup et_inout send_exit late
 
+# A client retrying until its server (also under colo run) listens keeps shared memory for its
+# next connection: the TCP port answers a moment before the colo rendezvous exists.
+startup_race() {
+  local p; p=$(free_port)
+  timeout 15 $COLORUN python3 "$HERE/py/startup_race.py" server "$p" & local sp=$!
+  timeout 15 $COLORUN python3 "$HERE/py/startup_race.py" client "$p"; local rc=$?
+  wait $sp
+  return $rc
+}
+for i in 1 2 3; do check "a client that retried until its server listened is accelerated ($i)" startup_race; done
+
 # ...and a Rust API client against an unmodified Python server under colo run (DIRECT is refused
 # with NEED_CARRIER; the client retries in CARRIER mode over a real TCP carrier).
 cat > "$WORK/echo_srv.py" <<'PY'

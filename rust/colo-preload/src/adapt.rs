@@ -56,6 +56,8 @@ struct Dest {
     probe_since: Option<Instant>,
     /// Until when the destination counts as having no colo listener (`NO_LISTENER_FOR`).
     no_listener_until: Option<Instant>,
+    /// When a connection last found no colo listener there (see [`no_listener`]).
+    missed_at: Option<Instant>,
 }
 
 impl Dest {
@@ -128,11 +130,20 @@ pub fn accelerate(dest: SocketAddr) -> bool {
     !enabled() || d.accelerate(now)
 }
 
-/// `dest` has no colo listener (its rendezvous names refused): see `NO_LISTENER_FOR`.
+/// A connection to `dest` found no colo listener there, but a TCP one: the second such
+/// connection within `NO_LISTENER_FOR` starts the period of `NO_LISTENER_FOR` without looking.
+/// (Not the first: a server under `colo run` listens on TCP a moment before its rendezvous
+/// exists, and a client that retried until the port answered would otherwise dial its next,
+/// long-lived connection plain.)
 pub fn no_listener(dest: SocketAddr) {
     let dest = key(dest);
+    let now = Instant::now();
     let mut g = DESTS.lock().unwrap_or_else(|e| e.into_inner());
-    dest_entry(g.get_or_insert_with(HashMap::new), dest).no_listener_until = Some(Instant::now() + NO_LISTENER_FOR);
+    let d = dest_entry(g.get_or_insert_with(HashMap::new), dest);
+    if d.missed_at.is_some_and(|t| now.duration_since(t) < NO_LISTENER_FOR) {
+        d.no_listener_until = Some(now + NO_LISTENER_FOR);
+    }
+    d.missed_at = Some(now);
 }
 
 /// The entry of `dest`, made if needed (the table starts over when full).
@@ -210,6 +221,15 @@ mod tests {
     }
 
     #[test]
+    fn a_destination_without_a_colo_listener_is_remembered_after_the_second_miss() {
+        let d: SocketAddr = "127.0.0.9:4321".parse().unwrap();
+        no_listener(d);
+        assert!(accelerate(d), "one miss: look again (its server may be starting)");
+        no_listener(d);
+        assert!(!accelerate(d), "a second miss soon after: not for a while");
+    }
+
+    #[test]
     fn a_mapped_address_is_the_same_destination() {
         let mapped: SocketAddr = "[::ffff:127.0.0.1]:5".parse().unwrap();
         assert_eq!(key(mapped), "127.0.0.1:5".parse().unwrap());
@@ -246,7 +266,7 @@ mod tests {
     fn a_probe_still_open_after_the_short_life_ends_the_plain_periods() {
         let t0 = Instant::now();
         let ms = |n: u64| t0 + Duration::from_millis(n);
-        let mut d = Dest { recent: u16::MAX, seen: WINDOW, plain_until: Some(ms(10)), probe_since: None, no_listener_until: None };
+        let mut d = Dest { recent: u16::MAX, seen: WINDOW, plain_until: Some(ms(10)), probe_since: None, no_listener_until: None, missed_at: None };
         assert!(d.accelerate(ms(11)), "the probe");
         assert!(!d.accelerate(ms(20)));
         assert!(d.accelerate(ms(11) + SHORT_LIFE), "the probe lives on: accelerate again");

@@ -17,6 +17,9 @@ pub const HUP: u32 = 0x010;
 pub const RDHUP: u32 = 0x2000;
 /// In the last word of [`Conn::edges`]: the peer is known to be gone (outside `ring_flags` bits).
 pub const GONE_EDGE: u32 = 1 << 31;
+/// In the last of `Conn::edges`: a write after the peer closed was taken; the connection now
+/// reports the reset kernel TCP would have received for it.
+pub const RESET_EDGE: u32 = 1 << 30;
 
 /// Processes that hold this connection (fork copies), in a `MAP_SHARED` page so every copy sees
 /// the same list; a copy closed while another process still holds it is released quietly.
@@ -302,6 +305,10 @@ impl Conn {
             // As a kernel socket whose peer closed: readable (end of stream), writable (EPIPE).
             m |= IN | RDHUP | OUT;
         }
+        if self.wrote_after_close.load(Ordering::Relaxed) {
+            // As a kernel socket whose write to a closed peer was answered with a reset.
+            m |= IN | RDHUP | OUT | ERR | HUP;
+        }
         m
     }
 
@@ -324,8 +331,8 @@ impl Conn {
         self.w.capacity.saturating_sub(head.wrapping_sub(tail)) as usize
     }
 
-    /// The peer's processes are all gone (the control socket hung up) without FIN or RESET,
-    /// after reading everything we sent. An exit (or a kill) closes a process's TCP sockets
+    /// The peer's processes are all gone (the control socket hung up), with no RESET either
+    /// way, after reading everything we sent. An exit (or a kill) closes a process's TCP sockets
     /// gracefully, so the kernel would report end of stream here, not a reset.
     pub fn peer_exited_cleanly(&self) -> bool {
         // SAFETY: aligned atomics inside the mapping `shm` owns.
@@ -344,8 +351,9 @@ impl Conn {
     /// after the peer closed having read everything (the peer's kernel answers it with a reset,
     /// which fails the next write): a keep-alive client that reuses a connection its server
     /// just closed finds out by reading end of stream, not by a SIGPIPE. Not after our own
-    /// shutdown, a reset, a peer that left bytes unread (its kernel reset at once), or a peer
-    /// that only shut down reading.
+    /// shutdown, a reset, a peer that left bytes unread (closing so, its kernel resets at once;
+    /// after `shutdown(SHUT_RDWR)` kernel TCP would still take one write, which we refuse), or
+    /// a peer that only shut down reading (kernel TCP takes those writes; we refuse them too).
     pub fn takes_write_after_close(&self) -> bool {
         // SAFETY: aligned atomics inside the mapping `shm` owns.
         let (in_flags, out_flags, out_head, out_tail) = unsafe {
@@ -360,7 +368,12 @@ impl Conn {
             return false;
         }
         let closed = in_flags & (FLAG_FIN | FLAG_NOT_READING) == FLAG_FIN | FLAG_NOT_READING && out_head == out_tail;
-        (closed || self.peer_exited_cleanly()) && !self.wrote_after_close.swap(true, Ordering::Relaxed)
+        let taken = (closed || self.peer_exited_cleanly()) && !self.wrote_after_close.swap(true, Ordering::Relaxed);
+        if taken {
+            // The reset that answers it is news for pollers (`ready`, `RESET_EDGE`): wake them.
+            self.poke();
+        }
+        taken
     }
 
     /// Whether the peer is known to be gone (no system call; see [`Conn::peer_gone`]).
@@ -374,7 +387,10 @@ impl Conn {
     /// ([`GONE_EDGE`] in the last: a peer that dies moves nothing in the rings). Readiness only grows when
     /// one of them changes.
     pub fn edges(&self) -> (u64, u32, u64, u32) {
-        let gone = if self.known_gone() { GONE_EDGE } else { 0 };
+        let mut gone = if self.known_gone() { GONE_EDGE } else { 0 };
+        if self.wrote_after_close.load(Ordering::Relaxed) {
+            gone |= RESET_EDGE;
+        }
         // SAFETY: aligned atomics inside the mapping `shm` owns. Relaxed: a change is only a hint
         // to look; `ready` does the Acquire loads that order the data.
         unsafe {

@@ -95,6 +95,9 @@ struct Regs {
     index: HashMap<(c_int, c_int), usize>,
     /// Registrations by epoll fd, for the checks `epoll_wait` makes before sleeping.
     by_epfd: HashMap<c_int, Vec<usize>>,
+    /// Per epoll fd: where in its list the next look at the rings starts, and how many looks
+    /// there have been (see `from_rings`).
+    turns: HashMap<c_int, (usize, u64)>,
 }
 
 static REGS: Mutex<Option<Regs>> = Mutex::new(None);
@@ -129,6 +132,7 @@ impl Regs {
             v.retain(|&i| i != idx);
             if v.is_empty() {
                 self.by_epfd.remove(&r.epfd);
+                self.turns.remove(&r.epfd);
             }
         }
         self.free.push(idx);
@@ -390,21 +394,24 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
 
 /// Fills `out` with events of `epfd`'s accelerated registrations that are ready now, read from
 /// the rings without a system call; returns how many, and the round they were marked with.
+///
+/// Fairly, as the kernel is (it rotates its ready list, so that a level-triggered fd ready at
+/// every call cannot starve the others): each look starts after the registration the previous
+/// look at this set reported last, and every other look leaves one slot of `out` for the
+/// kernel's events (with a single slot, `kernel_turn` gives the kernel the first try instead).
+/// Without that, connections always ready (level-triggered `EPOLLOUT`) filled every batch: the
+/// set's other fds were never reported, nor, with `maxevents` 1, any connection but the first.
 fn from_rings(epfd: c_int, out: &mut [epoll_event]) -> (usize, u64) {
     static ROUNDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let round = ROUNDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    // A start that moves round by round, and one slot left for the kernel's events: the kernel
-    // rotates its ready list so that a level-triggered fd ready every time cannot starve the
-    // others, and our connections must not either (one always writable filled every batch, and
-    // the set's other fds were never reported). With `maxevents` 1 the rings take the slot when
-    // they have something: a kernel event there would have to displace a reported one.
-    let room = out.len().saturating_sub(1).max(out.len().min(1));
     with_regs(|r| {
-        let Regs { slab, by_epfd, .. } = r;
+        let Regs { slab, by_epfd, turns, .. } = r;
         let Some(list) = by_epfd.get(&epfd) else { return (0, round) };
-        let start = if list.is_empty() { 0 } else { (round % list.len() as u64) as usize };
-        let mut n = 0;
-        for &idx in list[start..].iter().chain(&list[..start]) {
+        let (next, looks) = turns.get(&epfd).copied().unwrap_or_default();
+        let room = if out.len() > 1 && looks % 2 == 1 { out.len() - 1 } else { out.len() };
+        let start = next % list.len().max(1);
+        let (mut n, mut after) = (0, next);
+        for (k, &idx) in list[start..].iter().chain(&list[..start]).enumerate() {
             if n == room {
                 break;
             }
@@ -414,9 +421,23 @@ fn from_rings(epfd: c_int, out: &mut [epoll_event]) -> (usize, u64) {
                 out[n] = epoll_event { events: m, u64: reg.data };
                 n += 1;
                 reg.round = round;
+                after = start + k + 1;
             }
         }
+        turns.insert(epfd, (after, looks + 1));
         (n, round)
+    })
+}
+
+/// Whether a wait with room for one event should ask the kernel before the rings (every other
+/// look at the set: see `from_rings`); taking the turn passes it back to the rings.
+fn kernel_turn(epfd: c_int) -> bool {
+    with_regs(|r| match r.turns.get_mut(&epfd) {
+        Some((_, looks)) if *looks % 2 == 1 => {
+            *looks += 1;
+            true
+        }
+        _ => false,
     })
 }
 
@@ -598,6 +619,14 @@ pub unsafe fn epoll_wait_with(
     let mut spun = false;
     loop {
         let g = Guard::enter();
+        if max == 1 && kernel_turn(epfd) {
+            // The kernel's turn (see `from_rings`): its fds first, without waiting.
+            let k = wait(evs, 1, 0);
+            // SAFETY: the kernel filled `k` (at most 1) events at `evs`.
+            if k > 0 && translate(epfd, unsafe { std::slice::from_raw_parts_mut(evs, k as usize) }, None) > 0 {
+                return g.ok(1) as c_int;
+            }
+        }
         // SAFETY: the application gave us room for `max` events at `evs`.
         let all = unsafe { std::slice::from_raw_parts_mut(evs, max as usize) };
         let (n, round) = from_rings(epfd, all);
