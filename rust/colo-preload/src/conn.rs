@@ -335,16 +335,20 @@ impl Conn {
     /// way, after reading everything we sent. An exit (or a kill) closes a process's TCP sockets
     /// gracefully, so the kernel would report end of stream here, not a reset.
     pub fn peer_exited_cleanly(&self) -> bool {
+        let (in_flags, out_flags, all_read) = self.flags_and_all_read();
+        (in_flags | out_flags) & FLAG_RESET == 0 && all_read && self.peer_gone()
+    }
+
+    /// The peer's and our ring flags, and whether the peer has read everything we sent.
+    fn flags_and_all_read(&self) -> (u32, u32, bool) {
         // SAFETY: aligned atomics inside the mapping `shm` owns.
-        let (in_flags, out_flags, out_head, out_tail) = unsafe {
+        unsafe {
             (
                 (*self.w.in_flags).load(Ordering::Acquire),
                 (*self.w.out_flags).load(Ordering::Relaxed),
-                (*self.w.out_head).load(Ordering::Relaxed),
-                (*self.w.out_tail).load(Ordering::Acquire),
+                (*self.w.out_head).load(Ordering::Relaxed) == (*self.w.out_tail).load(Ordering::Acquire),
             )
-        };
-        (in_flags | out_flags) & FLAG_RESET == 0 && out_head == out_tail && self.peer_gone()
+        }
     }
 
     /// A write failed with EPIPE: whether kernel TCP would have taken it. It takes one write
@@ -355,20 +359,13 @@ impl Conn {
     /// after `shutdown(SHUT_RDWR)` kernel TCP would still take one write, which we refuse), or
     /// a peer that only shut down reading (kernel TCP takes those writes; we refuse them too).
     pub fn takes_write_after_close(&self) -> bool {
-        // SAFETY: aligned atomics inside the mapping `shm` owns.
-        let (in_flags, out_flags, out_head, out_tail) = unsafe {
-            (
-                (*self.w.in_flags).load(Ordering::Acquire),
-                (*self.w.out_flags).load(Ordering::Relaxed),
-                (*self.w.out_head).load(Ordering::Relaxed),
-                (*self.w.out_tail).load(Ordering::Acquire),
-            )
-        };
-        if (in_flags | out_flags) & FLAG_RESET != 0 || out_flags & FLAG_FIN != 0 {
+        let (in_flags, out_flags, all_read) = self.flags_and_all_read();
+        if (in_flags | out_flags) & FLAG_RESET != 0 || out_flags & FLAG_FIN != 0 || !all_read {
             return false;
         }
-        let closed = in_flags & (FLAG_FIN | FLAG_NOT_READING) == FLAG_FIN | FLAG_NOT_READING && out_head == out_tail;
-        let taken = (closed || self.peer_exited_cleanly()) && !self.wrote_after_close.swap(true, Ordering::Relaxed);
+        // Closed: FIN and NOT_READING together, or all its processes gone.
+        let closed = in_flags & (FLAG_FIN | FLAG_NOT_READING) == FLAG_FIN | FLAG_NOT_READING || self.peer_gone();
+        let taken = closed && !self.wrote_after_close.swap(true, Ordering::Relaxed);
         if taken {
             // The reset that answers it is news for pollers (`ready`, `RESET_EDGE`): wake them.
             self.poke();
