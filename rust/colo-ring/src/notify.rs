@@ -23,9 +23,23 @@ pub const SLEEP_BITS: u32 = 0xFF;
 #[cfg(not(loom))]
 const ANNOUNCE_SEQ: u32 = !SLEEP_BITS;
 
-/// Announces that this side is about to block the way `bit` says; returns the word's new value
-/// (what a futex sleep must expect). Follow with a re-check of the condition; the announcement is
-/// never withdrawn (see `wait`).
+/// A sleep announcement, as [`announce_sleep`] made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Announced {
+    /// The word's new value (what a futex sleep must expect).
+    pub value: u32,
+    /// The `SLEEP_*` bit announced.
+    pub bit: u32,
+    /// No earlier announcement was pending: the word had no `SLEEP_*` bit, because a wake-up
+    /// took them (or nobody had announced). Another thread of this side that announced before
+    /// that wake-up and has not looked at its condition since may have lost its wake-up to it
+    /// (it was not asleep yet, and this announcement hides the change of the word): a side with
+    /// several waiting threads must have them look again.
+    pub fresh: bool,
+}
+
+/// Announces that this side is about to block the way `bit` says. Follow with a re-check of the
+/// condition; the announcement is never withdrawn (see `wait`).
 ///
 /// Each announcement writes a new sequence number into the upper bits. Two threads of one side
 /// (a reader and a writer) share the word: without the number, the peer's wake-up (the word back
@@ -34,14 +48,15 @@ const ANNOUNCE_SEQ: u32 = !SLEEP_BITS;
 /// through the progress it waited for (a C echo client hung so, about once in 40 64 MiB runs on
 /// a loaded host: its writer slept with the ring empty).
 #[inline]
-pub fn announce_sleep(own_waiting: &AtomicU32, bit: u32) -> u32 {
+pub fn announce_sleep(own_waiting: &AtomicU32, bit: u32) -> Announced {
     // The loom models check the ordering of the protocol, which the sequence number does not
     // change (one acquire-release read-modify-write either way); a compare-and-swap loop would
     // multiply their state space past what CI can explore.
     #[cfg(loom)]
     {
         // SYNC POINT with the exchange in `peer_needs_wake` (as below).
-        own_waiting.fetch_or(bit, Ordering::AcqRel) | bit
+        let old = own_waiting.fetch_or(bit, Ordering::AcqRel);
+        Announced { value: old | bit, bit, fresh: old & SLEEP_BITS == 0 }
     }
     #[cfg(not(loom))]
     {
@@ -55,7 +70,7 @@ pub fn announce_sleep(own_waiting: &AtomicU32, bit: u32) -> u32 {
             // exchange (this read-modify-write continues the word's release sequence, as
             // `fetch_or` did) makes its published progress visible to our re-check.
             match own_waiting.compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return new,
+                Ok(_) => return Announced { value: new, bit, fresh: old & SLEEP_BITS == 0 },
                 Err(now) => old = now,
             }
         }
@@ -93,16 +108,16 @@ pub fn peer_needs_space_wake(peer_waiting: &AtomicU32, was_full: impl FnOnce() -
 }
 
 /// Waits until `check` yields a value: first `check`, then a bounded spin, then the announce /
-/// re-check / `block` loop. `how` chooses the `SLEEP_*` bit of each sleep; `block(value, bit)`
-/// sleeps that way (`value` is the announced word, for a futex) until woken, a timeout or the
-/// control socket, draining the doorbell if it rang; its error ends the wait. With a spin-only
+/// re-check / `block` loop. `how` chooses the `SLEEP_*` bit of each sleep; `block(announced)`
+/// sleeps that way (`announced.value` is the word a futex sleep expects) until woken, a timeout
+/// or the control socket, draining the doorbell if it rang; its error ends the wait. With a spin-only
 /// spinner `block` is never called.
 pub fn wait<T, E>(
     own_waiting: &AtomicU32,
     spinner: &mut Spinner,
     mut check: impl FnMut() -> Result<Option<T>, E>,
     how: impl FnMut() -> u32,
-    block: impl FnMut(u32, u32) -> Result<(), E>,
+    block: impl FnMut(Announced) -> Result<(), E>,
 ) -> Result<T, E> {
     if let Some(v) = check()? {
         return Ok(v);
@@ -116,7 +131,7 @@ pub fn wait_after_miss<T, E>(
     spinner: &mut Spinner,
     mut check: impl FnMut() -> Result<Option<T>, E>,
     mut how: impl FnMut() -> u32,
-    mut block: impl FnMut(u32, u32) -> Result<(), E>,
+    mut block: impl FnMut(Announced) -> Result<(), E>,
 ) -> Result<T, E> {
     let mut found = None;
     let mut failed = None;
@@ -140,13 +155,13 @@ pub fn wait_after_miss<T, E>(
     debug_assert!(!spun);
     loop {
         let bit = how();
-        let value = announce_sleep(own_waiting, bit);
+        let announced = announce_sleep(own_waiting, bit);
         // The flag is left at 1 when the re-check succeeds: another half of this side may be
         // asleep on it, and a stale 1 costs the peer at most one spurious ring.
         if let Some(v) = check()? {
             return Ok(v);
         }
-        block(value, bit)?;
+        block(announced)?;
     }
 }
 

@@ -108,7 +108,7 @@ fn no_lost_wakeup() {
                     Ok::<_, ()>((c.read(&mut b).unwrap() == 1).then_some(b[0]))
                 },
                 || notify::SLEEP_DOORBELL,
-                |_, _| {
+                |_| {
                     bell.wait_and_drain();
                     Ok(())
                 },
@@ -170,7 +170,7 @@ fn no_lost_wakeup_for_space() {
                     &mut spinner,
                     || Ok::<_, ()>((p.write(&[b]).unwrap() == 1).then_some(())),
                     || notify::SLEEP_DOORBELL,
-                    |_, _| {
+                    |_| {
                         pb.wait_and_drain();
                         Ok(())
                     },
@@ -193,7 +193,7 @@ fn no_lost_wakeup_for_space() {
                     Ok::<_, ()>((c.read(&mut b).unwrap() == 1).then_some(b[0]))
                 },
                 || notify::SLEEP_DOORBELL,
-                |_, _| {
+                |_| {
                     cons_bell.wait_and_drain();
                     Ok(())
                 },

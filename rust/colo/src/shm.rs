@@ -27,9 +27,6 @@ use std::time::{Duration, Instant};
 const PUBLISH_CHUNK: usize = 16 * 1024;
 /// How long a blocking wait sleeps on the futex before it moves to the doorbell.
 const FUTEX_BUDGET: Duration = Duration::from_millis(2);
-/// The longest a thread waiting behind another of its side (see [`Shm::block`]) goes without
-/// looking at its condition itself.
-const FOLLOWER_RECHECK: Duration = Duration::from_millis(20);
 
 // Local state bits.
 const WRITE_SHUT: u32 = 1;
@@ -502,7 +499,16 @@ impl Shm {
     /// `epoch` is the waiters' epoch read before this thread announced its sleep: if another
     /// thread has woken (and perhaps drained a ring meant for us) since, return at once so the
     /// caller re-checks instead of sleeping on a swallowed wake-up.
-    fn block(&self, deadline: Option<Instant>, futex: Option<(u32, Option<Duration>)>, epoch: u64) -> io::Result<()> {
+    ///
+    /// `fresh`: our announcement found no other pending (`notify::Announced::fresh`). The word
+    /// was woken since another thread of this side announced, perhaps while that thread was
+    /// between its re-check and this call: not asleep, so the wake-up went to nobody, and our
+    /// announcement hides it from the futex value that thread expects. Such a thread would wait
+    /// behind us for the next wake-up, which may never come (its peer waits for it: a writer
+    /// waiting for space the peer already made, behind a reader waiting for data that the peer
+    /// sends only after more writes). So a fresh announcement moves the epoch: every thread that
+    /// announced before it looks at its condition again.
+    fn block(&self, deadline: Option<Instant>, futex: Option<(u32, Option<Duration>)>, epoch: u64, fresh: bool) -> io::Result<()> {
         let timeout = match deadline {
             Some(d) => {
                 let left = d.saturating_duration_since(Instant::now());
@@ -514,29 +520,34 @@ impl Shm {
             None => None,
         };
         let mut w = lock(&self.waiters);
-        if w.epoch != epoch {
+        if fresh {
+            let ours = w.epoch == epoch;
+            w.epoch = w.epoch.wrapping_add(1);
+            if w.followers > 0 {
+                self.woken.notify_all();
+            }
+            if !ours {
+                return Ok(());
+            }
+            // Nobody moved the epoch between our reading it and now: this move is our own.
+        } else if w.epoch != epoch {
             return Ok(());
         }
+        let epoch = w.epoch;
         if w.leader {
-            // A follower looks again at least every FOLLOWER_RECHECK: it relies on the leader's
-            // wake-up, and a stress test (a C echo client's reader and writer, 64 MiB, a loaded
-            // host) left a writer asleep behind a leader that waited, rightly, for data, with
-            // the space it needed already there (about once in 70 runs; the race is not
-            // understood yet, so this bounds what it costs instead of ruling it out).
             w.followers += 1;
-            let until = Instant::now() + FOLLOWER_RECHECK;
             while w.leader && w.epoch == epoch {
-                let now = Instant::now();
-                let (expired, t) = match timeout {
-                    Some(t) if t <= until.saturating_duration_since(now) => (true, t),
-                    _ => (false, until.saturating_duration_since(now)),
+                w = match deadline {
+                    Some(d) => {
+                        let left = d.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            w.followers -= 1;
+                            return Err(io::ErrorKind::WouldBlock.into());
+                        }
+                        self.woken.wait_timeout(w, left).unwrap_or_else(|e| e.into_inner()).0
+                    }
+                    None => self.woken.wait(w).unwrap_or_else(|e| e.into_inner()),
                 };
-                let (g, r) = self.woken.wait_timeout(w, t).unwrap_or_else(|e| e.into_inner());
-                w = g;
-                if r.timed_out() {
-                    w.followers -= 1;
-                    return if expired { Err(io::ErrorKind::WouldBlock.into()) } else { Ok(()) };
-                }
             }
             w.followers -= 1;
             return Ok(());
@@ -645,7 +656,7 @@ impl Shm {
                     check()
                 },
                 || notify::SLEEP_DOORBELL,
-                |_, _| Ok(()),
+                |_| Ok(()),
             );
         }
         // With no deadline and the hang-up watcher running, sleep on the futex until woken (one
@@ -685,7 +696,8 @@ impl Shm {
                 let may_be_untimed = deadline.is_none() && untimed.get() != Some(false);
                 if may_be_untimed || futex_left().is_some() { notify::SLEEP_FUTEX } else { notify::SLEEP_DOORBELL }
             },
-            |value, bit| {
+            |announced| {
+                let (value, bit) = (announced.value, announced.bit);
                 let untimed = bit == notify::SLEEP_FUTEX && sleep_untimed();
                 if (measure || !untimed) && asleep_since.get().is_none() {
                     asleep_since.set(Some(Instant::now()));
@@ -700,7 +712,7 @@ impl Shm {
                     },
                     _ => None,
                 };
-                self.block(deadline, futex, seen_epoch.get())
+                self.block(deadline, futex, seen_epoch.get(), announced.fresh)
             },
         );
         if let (true, Some(since)) = (measure, asleep_since.get()) {
@@ -1183,5 +1195,64 @@ mod reaper {
             }
             None => drop(seg),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Listener, Options, SpinMode, Stream};
+    use colo_ring::notify;
+    use std::io::{Read, Write};
+    use std::sync::mpsc::channel;
+    use std::time::{Duration, Instant};
+
+    /// A thread of one side announces a sleep and re-checks; the peer's wake-up comes before it
+    /// sleeps (so nobody is woken); then the other half of the side announces afresh and goes to
+    /// sleep first. The first thread must look at its condition again instead of waiting behind
+    /// the second for a wake-up that is not coming (a C echo client's writer hung so, with space
+    /// in its ring, behind its reader waiting for the echo of bytes it had not written yet).
+    #[test]
+    fn a_wake_up_taken_before_the_sleep_is_not_lost_behind_the_other_half() {
+        let l = Listener::bind("127.0.0.1:0").unwrap();
+        let opts = Options::new().spin(SpinMode::Never);
+        let a = Stream::connect_with(l.local_addr().unwrap(), &opts).unwrap();
+        let (b, _) = l.accept().unwrap();
+        let (sa, sb) = (a.shm().unwrap(), b.shm().unwrap());
+        let read_one = || {
+            let mut byte = [0u8; 1];
+            (&a).read(&mut byte).map(|n| (n, byte[0]))
+        };
+        let until_asleep = || {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !super::lock(&sa.waiters).leader {
+                assert!(Instant::now() < deadline, "the reader never went to sleep");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        std::thread::scope(|s| {
+            // A first sleep sets up how later ones sleep (the hang-up watcher), and may wake once.
+            let warm = s.spawn(read_one);
+            until_asleep();
+            std::thread::sleep(Duration::from_millis(20));
+            (&b).write_all(&[1]).unwrap();
+            assert_eq!(warm.join().unwrap().unwrap(), (1, 1));
+
+            // The first thread: reads the epoch, announces, has re-checked (nothing yet).
+            let epoch = super::lock(&sa.waiters).epoch;
+            let announced = notify::announce_sleep(sa.own_waiting(), notify::SLEEP_FUTEX);
+            // The peer makes progress and takes the announcement: nobody is asleep.
+            sb.wake_peer();
+            // The other half reads (nothing to read) and becomes the sleeping leader.
+            let reader = s.spawn(read_one);
+            until_asleep();
+            // The first thread now sleeps: it must come back to look again, not wait.
+            let (done, returned) = channel();
+            s.spawn(move || done.send(sa.block(None, None, epoch, announced.fresh).is_ok()).unwrap());
+            let looked_again = returned.recv_timeout(Duration::from_secs(5));
+            // Either way, end the reader's sleep (and a stuck first thread's with it).
+            (&b).write_all(&[7]).unwrap();
+            assert_eq!(reader.join().unwrap().unwrap(), (1, 7));
+            assert_eq!(looked_again, Ok(true), "the first thread slept through the wake-up it had lost");
+        });
     }
 }
