@@ -61,11 +61,13 @@ type Conn struct {
 	nwait       int
 	polling     bool
 	wakeCh      chan struct{} // closed when the poller wakes (waitMu)
-	wakeChUsed  bool          // a non-polling waiter holds wakeCh (waitMu)
+	wakeChUsed  atomic.Bool   // a non-polling waiter holds wakeCh (set and cleared under waitMu)
+	lostWakes   atomic.Uint32 // bumped by a follower whose announcement found the word woken
 	kicked      atomic.Bool   // kick expired the doorbell's deadline; the next poll clears it
 	// The poller's state (only the goroutine that set polling uses it) and callbacks made once,
 	// so that waiting allocates nothing.
 	pollFirst, pollOK                         bool
+	pollLostWakes                             uint32 // lostWakes when this poll began
 	pollCheck                                 func() bool
 	pollFn                                    func(uintptr) bool
 	kickFn                                    func() // c.kick, made once (deadlines take it)
@@ -498,34 +500,54 @@ func (c *Conn) await(ready func() bool, dl *deadline) {
 // whether ready() was seen to hold. Only one waiter (the poller) sleeps in the netpoller; the
 // others wait for it to wake up and then re-check. A sleeping poller wakes on any event, so that
 // the others get to re-check their own conditions.
+//
+// A waiter that announced (set its bit) may lose its wake-up before the poller sleeps: the
+// peer's exchange takes the bit and rings the doorbell before the runtime resets the doorbell's
+// readiness for the poller's wait, which then never sees that ring. So an announcement that
+// finds the word without a sleep bit (a wake-up took them) ends the round: the poller's own
+// ends its poll when followers wait, a follower's bumps lostWakes, which the poller checks in
+// its re-check, and kicks a poller already asleep. (An upload whose writer waited for space
+// while a reader goroutine waited for the response hung so, when the window was widened.)
 func (c *Conn) block(ready func() bool) bool {
 	c.waitMu.Lock()
 	if c.polling {
 		ch := c.wakeCh
-		c.wakeChUsed = true
+		c.wakeChUsed.Store(true)
 		c.waitMu.Unlock()
 		// Read-modify-write of our waiting word (spec section 6); partner: the peer's exchange
 		// in its notify.
-		atomic.OrUint32(c.myWaiting, waitDoorbell)
+		old := atomic.OrUint32(c.myWaiting, waitDoorbell)
 		if ready() {
 			return true
+		}
+		if old&(waitDoorbell|waitFutex) == 0 {
+			c.lostWakes.Add(1) // before the kick; partner: the Load in pollCallback
+			c.kick()
 		}
 		<-ch
 		return false
 	}
 	c.polling = true
+	c.pollLostWakes = c.lostWakes.Load() // under waitMu: before any follower of this round
 	c.waitMu.Unlock()
+	if testHookBeforePoll != nil {
+		testHookBeforePoll()
+	}
 	ok := c.pollOnce(ready)
 	c.waitMu.Lock()
 	c.polling = false
-	if c.wakeChUsed { // else nobody waited on it: it stays good for the next poll
+	if c.wakeChUsed.Load() { // else nobody waited on it: it stays good for the next poll
 		close(c.wakeCh)
 		c.wakeCh = make(chan struct{})
-		c.wakeChUsed = false
+		c.wakeChUsed.Store(false)
 	}
 	c.waitMu.Unlock()
 	return ok
 }
+
+// testHookBeforePoll, when set by a test, runs between a poller's taking its turn and its poll:
+// it widens the window in which a follower's wake-up can be lost (see block).
+var testHookBeforePoll func()
 
 // pollOnce is the poller's sleep on the doorbell. The re-check after exchanging waiting to 1 runs
 // inside the RawConn.Read callback, after the runtime has reset the descriptor's readiness, so a
@@ -552,9 +574,11 @@ func (c *Conn) pollCallback(uintptr) bool {
 		c.pollFirst = false
 		// Read-modify-write of our waiting word (spec section 6); partner: the peer's exchange
 		// in its notify.
-		atomic.OrUint32(c.myWaiting, waitDoorbell)
+		old := atomic.OrUint32(c.myWaiting, waitDoorbell)
 		c.pollOK = c.pollCheck()
-		return c.pollOK
+		// A follower's wake-up may have been lost (see block): end this poll so it re-checks.
+		lost := old&(waitDoorbell|waitFutex) == 0 && c.wakeChUsed.Load() || c.lostWakes.Load() != c.pollLostWakes
+		return c.pollOK || lost
 	}
 	return true
 }

@@ -450,3 +450,57 @@ func TestReaderSleepsAfterPeerCloseRead(t *testing.T) {
 		t.Fatalf("write to a peer that stopped reading: %v", err)
 	}
 }
+
+// An upload whose writer waits for space while another goroutine of the same connection waits
+// for the response (net/http's Transport does this: its write loop and read loop) must finish.
+// The writer's announcement could be taken by the peer's wake-up before the reader, the poller,
+// reset the doorbell's readiness for its sleep; the ring was then lost to both, and the writer
+// waited behind the reader for a response that comes only after the upload. The hook widens
+// that window (without the fix in block, the first round hangs).
+func TestUploadWhileTheReaderWaitsForTheResponse(t *testing.T) {
+	watchdog(t, 60*time.Second)
+	testHookBeforePoll = func() { time.Sleep(200 * time.Microsecond) }
+	t.Cleanup(func() { testHookBeforePoll = nil })
+	l := listen(t)
+	for round := 0; round < 10; round++ {
+		c, s := pair(t, l, nil)
+		c.SetSpin(0) // sleep at once: more turns to lose
+		go func() { // the server: reads the whole upload, then answers
+			io.Copy(io.Discard, s)
+			s.Write([]byte{9})
+			s.Close()
+		}()
+		answer := make(chan error, 1)
+		go func() {
+			b := make([]byte, 1)
+			_, err := io.ReadFull(c, b)
+			if err == nil && b[0] != 9 {
+				err = fmt.Errorf("answer %d", b[0])
+			}
+			answer <- err
+		}()
+		uploaded := make(chan error, 1)
+		go func() {
+			buf := make([]byte, 64<<10)
+			for i := 0; i < 256; i++ {
+				if _, err := c.Write(buf); err != nil {
+					uploaded <- err
+					return
+				}
+			}
+			uploaded <- c.CloseWrite()
+		}()
+		select {
+		case err := <-uploaded:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("round %d: the upload hung behind the waiting reader", round)
+		}
+		if err := <-answer; err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+	}
+}
