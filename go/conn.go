@@ -504,9 +504,10 @@ func (c *Conn) await(ready func() bool, dl *deadline) {
 // A waiter that announced (set its bit) may lose its wake-up before the poller sleeps: the
 // peer's exchange takes the bit and rings the doorbell before the runtime resets the doorbell's
 // readiness for the poller's wait, which then never sees that ring. So an announcement that
-// finds the word without a sleep bit (a wake-up took them) ends the round: the poller's own
-// ends its poll when followers wait, a follower's bumps lostWakes, which the poller checks in
-// its re-check, and kicks a poller already asleep. (An upload whose writer waited for space
+// finds the word without a sleep bit (a wake-up took them) ends the round, whatever the
+// announcer's own re-check finds: the poller's own ends its poll when followers wait, a
+// follower's bumps lostWakes, which the poller checks in its re-check, and kicks a poller
+// already asleep. (An upload whose writer waited for space
 // while a reader goroutine waited for the response hung so, when the window was widened.)
 func (c *Conn) block(ready func() bool) bool {
 	c.waitMu.Lock()
@@ -517,12 +518,13 @@ func (c *Conn) block(ready func() bool) bool {
 		// Read-modify-write of our waiting word (spec section 6); partner: the peer's exchange
 		// in its notify.
 		old := atomic.OrUint32(c.myWaiting, waitDoorbell)
-		if ready() {
-			return true
-		}
 		if old&(waitDoorbell|waitFutex) == 0 {
+			// Whatever our re-check finds: another follower may have lost its wake-up.
 			c.lostWakes.Add(1) // before the kick; partner: the Load in pollCallback
 			c.kick()
+		}
+		if ready() {
+			return true
 		}
 		<-ch
 		return false
@@ -530,8 +532,8 @@ func (c *Conn) block(ready func() bool) bool {
 	c.polling = true
 	c.pollLostWakes = c.lostWakes.Load() // under waitMu: before any follower of this round
 	c.waitMu.Unlock()
-	if testHookBeforePoll != nil {
-		testHookBeforePoll()
+	if hook := testHookBeforePoll.Load(); hook != nil {
+		(*hook)()
 	}
 	ok := c.pollOnce(ready)
 	c.waitMu.Lock()
@@ -547,7 +549,7 @@ func (c *Conn) block(ready func() bool) bool {
 
 // testHookBeforePoll, when set by a test, runs between a poller's taking its turn and its poll:
 // it widens the window in which a follower's wake-up can be lost (see block).
-var testHookBeforePoll func()
+var testHookBeforePoll atomic.Pointer[func()]
 
 // pollOnce is the poller's sleep on the doorbell. The re-check after exchanging waiting to 1 runs
 // inside the RawConn.Read callback, after the runtime has reset the descriptor's readiness, so a

@@ -459,8 +459,9 @@ func TestReaderSleepsAfterPeerCloseRead(t *testing.T) {
 // that window (without the fix in block, the first round hangs).
 func TestUploadWhileTheReaderWaitsForTheResponse(t *testing.T) {
 	watchdog(t, 60*time.Second)
-	testHookBeforePoll = func() { time.Sleep(200 * time.Microsecond) }
-	t.Cleanup(func() { testHookBeforePoll = nil })
+	widen := func() { time.Sleep(200 * time.Microsecond) }
+	testHookBeforePoll.Store(&widen)
+	t.Cleanup(func() { testHookBeforePoll.Store(nil) })
 	l := listen(t)
 	for round := 0; round < 10; round++ {
 		c, s := pair(t, l, nil)

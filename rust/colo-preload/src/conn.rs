@@ -403,16 +403,14 @@ impl Conn {
     /// Announces that we are about to sleep (no system call): the peer's next progress rings
     /// the doorbell. The caller re-checks `ready` afterwards.
     pub fn will_sleep(&self) {
-        // SAFETY: our waiting flag, an aligned atomic in the mapping.
-        colo_ring::notify::announce_sleep(unsafe { &*self.w.own_waiting }, colo_ring::notify::SLEEP_DOORBELL);
+        self.shm.announce_doorbell_sleep();
     }
 
     /// Prepares to sleep on the readiness fd: drain our doorbell, announce that we wait, and
     /// return the readiness after that (a peer's progress from now on rings the doorbell).
     pub fn arm(&self) -> u32 {
         colo_sys::doorbell::drain(self.own_bell());
-        // SAFETY: our waiting flag, an aligned atomic in the mapping.
-        colo_ring::notify::announce_sleep(unsafe { &*self.w.own_waiting }, colo_ring::notify::SLEEP_DOORBELL);
+        self.shm.announce_doorbell_sleep();
         self.ready(true)
     }
 }

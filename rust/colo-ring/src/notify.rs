@@ -108,29 +108,29 @@ pub fn peer_needs_space_wake(peer_waiting: &AtomicU32, was_full: impl FnOnce() -
 }
 
 /// Waits until `check` yields a value: first `check`, then a bounded spin, then the announce /
-/// re-check / `block` loop. `how` chooses the `SLEEP_*` bit of each sleep; `block(announced)`
-/// sleeps that way (`announced.value` is the word a futex sleep expects) until woken, a timeout
-/// or the control socket, draining the doorbell if it rang; its error ends the wait. With a spin-only
+/// re-check / `block` loop. `announce` makes each announcement ([`announce_sleep`], with the
+/// `SLEEP_*` bit the caller chooses; a caller whose threads take turns sleeping also acts on
+/// [`Announced::fresh`] there, whatever the re-check then finds). `block(announced)` sleeps that
+/// way (`announced.value` is the word a futex sleep expects) until woken, a timeout or the
+/// control socket, draining the doorbell if it rang; its error ends the wait. With a spin-only
 /// spinner `block` is never called.
 pub fn wait<T, E>(
-    own_waiting: &AtomicU32,
     spinner: &mut Spinner,
     mut check: impl FnMut() -> Result<Option<T>, E>,
-    how: impl FnMut() -> u32,
+    announce: impl FnMut() -> Announced,
     block: impl FnMut(Announced) -> Result<(), E>,
 ) -> Result<T, E> {
     if let Some(v) = check()? {
         return Ok(v);
     }
-    wait_after_miss(own_waiting, spinner, check, how, block)
+    wait_after_miss(spinner, check, announce, block)
 }
 
 /// [`wait`] for a caller whose own `check` just found nothing: starts with the spin.
 pub fn wait_after_miss<T, E>(
-    own_waiting: &AtomicU32,
     spinner: &mut Spinner,
     mut check: impl FnMut() -> Result<Option<T>, E>,
-    mut how: impl FnMut() -> u32,
+    mut announce: impl FnMut() -> Announced,
     mut block: impl FnMut(Announced) -> Result<(), E>,
 ) -> Result<T, E> {
     let mut found = None;
@@ -154,8 +154,7 @@ pub fn wait_after_miss<T, E>(
     }
     debug_assert!(!spun);
     loop {
-        let bit = how();
-        let announced = announce_sleep(own_waiting, bit);
+        let announced = announce();
         // The flag is left at 1 when the re-check succeeds: another half of this side may be
         // asleep on it, and a stale 1 costs the peer at most one spurious ring.
         if let Some(v) = check()? {
@@ -167,25 +166,26 @@ pub fn wait_after_miss<T, E>(
 
 /// The non-blocking form of [`wait`]: `drain` empties the doorbell *before* the announcement (a
 /// ring that lands after it stays pending, so a readiness poller wakes), then one re-check.
-/// `Ok(None)` means "would block" with `waiting` left at 1.
+/// `announce` announces a `SLEEP_DOORBELL` sleep (as in [`wait`]). `Ok(None)` means "would
+/// block" with `waiting` left at 1.
 pub fn poll_once<T, E>(
-    own_waiting: &AtomicU32,
     mut check: impl FnMut() -> Result<Option<T>, E>,
     drain: impl FnOnce(),
+    announce: impl FnOnce() -> Announced,
 ) -> Result<Option<T>, E> {
     if let Some(v) = check()? {
         return Ok(Some(v));
     }
-    poll_after_miss(own_waiting, check, drain)
+    poll_after_miss(check, drain, announce)
 }
 
 /// [`poll_once`] for a caller whose own `check` just found nothing: drains, announces, looks.
 pub fn poll_after_miss<T, E>(
-    own_waiting: &AtomicU32,
     mut check: impl FnMut() -> Result<Option<T>, E>,
     drain: impl FnOnce(),
+    announce: impl FnOnce() -> Announced,
 ) -> Result<Option<T>, E> {
     drain();
-    announce_sleep(own_waiting, SLEEP_DOORBELL);
+    announce();
     check()
 }

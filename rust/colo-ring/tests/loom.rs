@@ -101,13 +101,12 @@ fn no_lost_wakeup() {
         let mut got = Vec::new();
         while got.len() < 2 {
             let b = notify::wait(
-                &waiting,
                 &mut spinner,
                 || {
                     let mut b = [0u8; 1];
                     Ok::<_, ()>((c.read(&mut b).unwrap() == 1).then_some(b[0]))
                 },
-                || notify::SLEEP_DOORBELL,
+                || notify::announce_sleep(&waiting, notify::SLEEP_DOORBELL),
                 |_| {
                     bell.wait_and_drain();
                     Ok(())
@@ -137,9 +136,11 @@ fn poll_once_leaves_doorbell_armed() {
             }
         });
         let mut b = [0u8; 1];
-        let first = notify::poll_once(&waiting, || Ok::<_, ()>((c.read(&mut b).unwrap() == 1).then_some(())), || {
-            *bell.count.lock().unwrap() = 0;
-        })
+        let first = notify::poll_once(
+            || Ok::<_, ()>((c.read(&mut b).unwrap() == 1).then_some(())),
+            || *bell.count.lock().unwrap() = 0,
+            || notify::announce_sleep(&waiting, notify::SLEEP_DOORBELL),
+        )
         .unwrap();
         if first.is_none() {
             // Would block: the doorbell must ring (a level-triggered poller waits on it).
@@ -166,10 +167,9 @@ fn no_lost_wakeup_for_space() {
             let mut spinner = Spinner::new(SpinMode::Never);
             for b in [1u8, 2] {
                 notify::wait(
-                    &pw,
                     &mut spinner,
                     || Ok::<_, ()>((p.write(&[b]).unwrap() == 1).then_some(())),
-                    || notify::SLEEP_DOORBELL,
+                    || notify::announce_sleep(&pw, notify::SLEEP_DOORBELL),
                     |_| {
                         pb.wait_and_drain();
                         Ok(())
@@ -186,13 +186,12 @@ fn no_lost_wakeup_for_space() {
         while got.len() < 2 {
             let before = c.consumed();
             let b = notify::wait(
-                &cons_waiting,
                 &mut spinner,
                 || {
                     let mut b = [0u8; 1];
                     Ok::<_, ()>((c.read(&mut b).unwrap() == 1).then_some(b[0]))
                 },
-                || notify::SLEEP_DOORBELL,
+                || notify::announce_sleep(&cons_waiting, notify::SLEEP_DOORBELL),
                 |_| {
                     cons_bell.wait_and_drain();
                     Ok(())

@@ -312,7 +312,6 @@ impl Established {
         let b = self.seg.base();
         let at = |c2s: bool, off: usize| b.wrapping_add(l.block_offset(c2s) + off);
         Words {
-            own_waiting: self.seg.waiting(self.role) as *const AtomicU32,
             in_head: at(!out_c2s, block::RING_HEAD) as *const AtomicU64,
             in_tail: at(!out_c2s, block::RING_TAIL) as *const AtomicU64,
             in_flags: at(!out_c2s, block::RING_FLAGS) as *const AtomicU32,
@@ -366,8 +365,6 @@ pub fn reattach(memfd: OwnedFd, control: OwnedFd, own_bell: OwnedFd, peer_bell: 
 /// may be wrong for a corrupt peer but never unsafe, as only atomics are loaded).
 #[derive(Debug, Clone, Copy)]
 pub struct Words {
-    /// Our `waiting` flag.
-    pub own_waiting: *const AtomicU32,
     /// Incoming ring head (peer writes).
     pub in_head: *const AtomicU64,
     /// Incoming ring tail (we write).

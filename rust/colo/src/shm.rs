@@ -491,6 +491,39 @@ impl Shm {
         }
     }
 
+    /// Announces that a thread of this side is about to sleep the way `bit` says (spec section
+    /// 6). If the announcement finds the word woken (`notify::Announced::fresh`: the peer's
+    /// wake-up took every bit since the last announcement), that wake-up may have been meant for
+    /// another thread of this side that had announced and re-checked but was not asleep yet: it
+    /// woke nobody. That thread would then wait behind whichever thread sleeps next, for a
+    /// wake-up that may never come (a writer waiting for space the peer already made, behind a
+    /// reader waiting for an echo of bytes not yet written). So a fresh announcement moves the
+    /// waiters' epoch, whatever the caller's re-check then finds: every thread that announced
+    /// before it looks at its condition again (`block`). `seen` is the caller's own epoch, read
+    /// before it announced; it moves along when nobody else moved the epoch meanwhile, so the
+    /// caller does not send itself round again.
+    pub(crate) fn announce(&self, bit: u32, seen: Option<&std::cell::Cell<u64>>) -> notify::Announced {
+        let announced = notify::announce_sleep(self.own_waiting(), bit);
+        if announced.fresh {
+            let mut w = lock(&self.waiters);
+            let ours = seen.is_some_and(|s| s.get() == w.epoch);
+            w.epoch = w.epoch.wrapping_add(1);
+            if let (true, Some(s)) = (ours, seen) {
+                s.set(w.epoch);
+            }
+            if w.followers > 0 {
+                self.woken.notify_all();
+            }
+        }
+        announced
+    }
+
+    /// Announces a doorbell sleep for a caller that sleeps on the readiness fd itself (the
+    /// shim's `poll` and `epoll_wait`), as `announce` does for this crate's own waits.
+    pub fn announce_doorbell_sleep(&self) {
+        self.announce(notify::SLEEP_DOORBELL, None);
+    }
+
     /// Sleeps until the doorbell rings, the control socket wakes, or `deadline` passes; with
     /// `futex = Some((value, budget))`, on the futex at our `waiting` word instead, for at most
     /// `budget` (`None`: the hang-up watcher wakes it; else a hang-up is noticed when the sleep
@@ -499,16 +532,7 @@ impl Shm {
     /// `epoch` is the waiters' epoch read before this thread announced its sleep: if another
     /// thread has woken (and perhaps drained a ring meant for us) since, return at once so the
     /// caller re-checks instead of sleeping on a swallowed wake-up.
-    ///
-    /// `fresh`: our announcement found no other pending (`notify::Announced::fresh`). The word
-    /// was woken since another thread of this side announced, perhaps while that thread was
-    /// between its re-check and this call: not asleep, so the wake-up went to nobody, and our
-    /// announcement hides it from the futex value that thread expects. Such a thread would wait
-    /// behind us for the next wake-up, which may never come (its peer waits for it: a writer
-    /// waiting for space the peer already made, behind a reader waiting for data that the peer
-    /// sends only after more writes). So a fresh announcement moves the epoch: every thread that
-    /// announced before it looks at its condition again.
-    fn block(&self, deadline: Option<Instant>, futex: Option<(u32, Option<Duration>)>, epoch: u64, fresh: bool) -> io::Result<()> {
+    fn block(&self, deadline: Option<Instant>, futex: Option<(u32, Option<Duration>)>, epoch: u64) -> io::Result<()> {
         let timeout = match deadline {
             Some(d) => {
                 let left = d.saturating_duration_since(Instant::now());
@@ -520,20 +544,9 @@ impl Shm {
             None => None,
         };
         let mut w = lock(&self.waiters);
-        if fresh {
-            let ours = w.epoch == epoch;
-            w.epoch = w.epoch.wrapping_add(1);
-            if w.followers > 0 {
-                self.woken.notify_all();
-            }
-            if !ours {
-                return Ok(());
-            }
-            // Nobody moved the epoch between our reading it and now: this move is our own.
-        } else if w.epoch != epoch {
+        if w.epoch != epoch {
             return Ok(());
         }
-        let epoch = w.epoch;
         if w.leader {
             w.followers += 1;
             while w.leader && w.epoch == epoch {
@@ -626,11 +639,15 @@ impl Shm {
         mut check: impl FnMut() -> io::Result<Option<T>>,
     ) -> io::Result<T> {
         if self.nonblocking.load(Ordering::Relaxed) {
-            let r = notify::poll_after_miss(self.own_waiting(), &mut check, || {
-                if doorbell::drain(&self.fds.own_bell) {
-                    self.swallowed.store(true, Ordering::Release);
-                }
-            })?;
+            let r = notify::poll_after_miss(
+                &mut check,
+                || {
+                    if doorbell::drain(&self.fds.own_bell) {
+                        self.swallowed.store(true, Ordering::Release);
+                    }
+                },
+                || self.announce(notify::SLEEP_DOORBELL, None),
+            )?;
             if let Some(v) = r {
                 return Ok(v);
             }
@@ -643,7 +660,6 @@ impl Shm {
             // Busy polling never sleeps, so look at the control socket now and then.
             let mut polls = 0u32;
             return notify::wait_after_miss(
-                self.own_waiting(),
                 spinner,
                 || {
                     polls = polls.wrapping_add(1);
@@ -655,7 +671,7 @@ impl Shm {
                     }
                     check()
                 },
-                || notify::SLEEP_DOORBELL,
+                || self.announce(notify::SLEEP_DOORBELL, None),
                 |_| Ok(()),
             );
         }
@@ -681,20 +697,22 @@ impl Shm {
             FUTEX_BUDGET.checked_sub(since.elapsed()).filter(|d| !d.is_zero())
         };
         let r = notify::wait_after_miss(
-            self.own_waiting(),
             spinner,
             &mut check,
             || {
                 // Read before the announcement: see `block`.
                 seen_epoch.set(lock(&self.waiters).epoch);
-                if self.has(AWAITING_WELCOME) {
+                let bit = if self.has(AWAITING_WELCOME) {
                     // A pending connection's answer comes on the control socket, before any of
                     // the peer's bytes: the doorbell sleep watches both, so the answer wakes this
                     // thread directly, not the hang-up watcher (which would wake it in turn).
-                    return notify::SLEEP_DOORBELL;
-                }
-                let may_be_untimed = deadline.is_none() && untimed.get() != Some(false);
-                if may_be_untimed || futex_left().is_some() { notify::SLEEP_FUTEX } else { notify::SLEEP_DOORBELL }
+                    notify::SLEEP_DOORBELL
+                } else if deadline.is_none() && untimed.get() != Some(false) || futex_left().is_some() {
+                    notify::SLEEP_FUTEX
+                } else {
+                    notify::SLEEP_DOORBELL
+                };
+                self.announce(bit, Some(&seen_epoch))
             },
             |announced| {
                 let (value, bit) = (announced.value, announced.bit);
@@ -712,7 +730,7 @@ impl Shm {
                     },
                     _ => None,
                 };
-                self.block(deadline, futex, seen_epoch.get(), announced.fresh)
+                self.block(deadline, futex, seen_epoch.get())
             },
         );
         if let (true, Some(since)) = (measure, asleep_since.get()) {
@@ -1200,19 +1218,21 @@ mod reaper {
 
 #[cfg(test)]
 mod tests {
+    use super::Shm;
     use crate::{Listener, Options, SpinMode, Stream};
     use colo_ring::notify;
+    use std::cell::Cell;
     use std::io::{Read, Write};
     use std::sync::mpsc::channel;
     use std::time::{Duration, Instant};
 
-    /// A thread of one side announces a sleep and re-checks; the peer's wake-up comes before it
-    /// sleeps (so nobody is woken); then the other half of the side announces afresh and goes to
-    /// sleep first. The first thread must look at its condition again instead of waiting behind
-    /// the second for a wake-up that is not coming (a C echo client's writer hung so, with space
-    /// in its ring, behind its reader waiting for the echo of bytes it had not written yet).
-    #[test]
-    fn a_wake_up_taken_before_the_sleep_is_not_lost_behind_the_other_half() {
+    /// A thread of one side announces a sleep and has re-checked (nothing yet); the peer's
+    /// wake-up comes before it sleeps (so nobody is woken); then `meanwhile` runs on this side,
+    /// and the other half of the side (a reader) goes to sleep first. The first thread must look
+    /// at its condition again instead of waiting behind the reader for a wake-up that is not
+    /// coming (a C echo client's writer hung so, with space in its ring, behind its reader
+    /// waiting for the echo of bytes it had not written yet).
+    fn first_thread_looks_again(meanwhile: impl FnOnce(&Shm)) {
         let l = Listener::bind("127.0.0.1:0").unwrap();
         let opts = Options::new().spin(SpinMode::Never);
         let a = Stream::connect_with(l.local_addr().unwrap(), &opts).unwrap();
@@ -1237,22 +1257,39 @@ mod tests {
             (&b).write_all(&[1]).unwrap();
             assert_eq!(warm.join().unwrap().unwrap(), (1, 1));
 
-            // The first thread: reads the epoch, announces, has re-checked (nothing yet).
-            let epoch = super::lock(&sa.waiters).epoch;
-            let announced = notify::announce_sleep(sa.own_waiting(), notify::SLEEP_FUTEX);
+            // The first thread reads the epoch and announces (and has re-checked: nothing yet).
+            let seen = Cell::new(super::lock(&sa.waiters).epoch);
+            sa.announce(notify::SLEEP_FUTEX, Some(&seen));
             // The peer makes progress and takes the announcement: nobody is asleep.
             sb.wake_peer();
+            meanwhile(sa);
             // The other half reads (nothing to read) and becomes the sleeping leader.
             let reader = s.spawn(read_one);
             until_asleep();
             // The first thread now sleeps: it must come back to look again, not wait.
             let (done, returned) = channel();
-            s.spawn(move || done.send(sa.block(None, None, epoch, announced.fresh).is_ok()).unwrap());
+            s.spawn(move || done.send(sa.block(None, None, seen.get()).is_ok()).unwrap());
             let looked_again = returned.recv_timeout(Duration::from_secs(5));
             // Either way, end the reader's sleep (and a stuck first thread's with it).
             (&b).write_all(&[7]).unwrap();
             assert_eq!(reader.join().unwrap().unwrap(), (1, 7));
             assert_eq!(looked_again, Ok(true), "the first thread slept through the wake-up it had lost");
+        });
+    }
+
+    /// The reader's own announcement finds the word woken.
+    #[test]
+    fn a_wake_up_taken_before_the_sleep_is_not_lost_behind_the_other_half() {
+        first_thread_looks_again(|_| {});
+    }
+
+    /// A third announcement finds the word woken and its look then succeeds (or it was a
+    /// non-blocking call's): it does not sleep, and the reader's announcement after it is not
+    /// fresh. The fresh one must still send the first thread round.
+    #[test]
+    fn a_fresh_announcement_whose_look_succeeded_still_sends_the_others_round() {
+        first_thread_looks_again(|sa| {
+            sa.announce(notify::SLEEP_DOORBELL, None);
         });
     }
 }
