@@ -507,8 +507,8 @@ func (c *Conn) await(ready func() bool, dl *deadline) {
 // finds the word without a sleep bit (a wake-up took them) ends the round, whatever the
 // announcer's own re-check finds: the poller's own ends its poll when followers wait, a
 // follower's bumps lostWakes, which the poller checks in its re-check, and kicks a poller
-// already asleep. (An upload whose writer waited for space
-// while a reader goroutine waited for the response hung so, when the window was widened.)
+// already asleep. (An upload whose writer waited for space while a reader goroutine waited for
+// the response hung so, when a test hook widened the window.)
 func (c *Conn) block(ready func() bool) bool {
 	c.waitMu.Lock()
 	if c.polling {

@@ -466,7 +466,7 @@ func TestUploadWhileTheReaderWaitsForTheResponse(t *testing.T) {
 	for round := 0; round < 10; round++ {
 		c, s := pair(t, l, nil)
 		c.SetSpin(0) // sleep at once: more turns to lose
-		go func() { // the server: reads the whole upload, then answers
+		go func() {  // the server: reads the whole upload, then answers
 			io.Copy(io.Discard, s)
 			s.Write([]byte{9})
 			s.Close()

@@ -33,8 +33,8 @@ pub struct Announced {
     /// No earlier announcement was pending: the word had no `SLEEP_*` bit, because a wake-up
     /// took them (or nobody had announced). Another thread of this side that announced before
     /// that wake-up and has not looked at its condition since may have lost its wake-up to it
-    /// (it was not asleep yet, and this announcement hides the change of the word): a side with
-    /// several waiting threads must have them look again.
+    /// (it was not asleep yet, so the wake-up reached nobody): a side whose waiting threads
+    /// take turns sleeping must have them look again.
     pub fresh: bool,
 }
 
