@@ -236,9 +236,10 @@ impl Conn {
     }
 
     /// Empties our doorbell (after the kernel reported our readiness fd): a level-triggered
-    /// registration would otherwise report it again at the next sleep, for nothing.
+    /// registration would otherwise report it again at the next sleep, for nothing. Other
+    /// threads asleep on it are woken through their own eventfds (`Shm::drain_doorbell`).
     pub fn drain(&self) {
-        colo_sys::doorbell::drain(self.own_bell());
+        self.shm.drain_doorbell(None);
     }
 
     /// The peer's processes are all gone (the control socket hung up): one `recv` with
@@ -408,10 +409,92 @@ impl Conn {
 
     /// Prepares to sleep on the readiness fd: drain our doorbell, announce that we wait, and
     /// return the readiness after that (a peer's progress from now on rings the doorbell).
-    pub fn arm(&self) -> u32 {
-        colo_sys::doorbell::drain(self.own_bell());
+    /// `wake`: the caller's own wake-up eventfd, if registered (`Waking`).
+    pub fn arm(&self, wake: Option<RawFd>) -> u32 {
+        self.shm.drain_doorbell(wake);
         self.shm.announce_doorbell_sleep();
         self.ready(true)
+    }
+}
+
+/// Wake-up eventfds of exited threads, `(pid that made it, fd)` (see `own_wake_fd`).
+static WAKE_POOL: std::sync::Mutex<Vec<(u32, RawFd)>> = std::sync::Mutex::new(Vec::new());
+
+/// A thread's wake-up eventfd, given back to `WAKE_POOL` when the thread exits.
+struct OwnWake(std::cell::Cell<Option<(u32, RawFd)>>);
+
+impl Drop for OwnWake {
+    fn drop(&mut self) {
+        if let Some(w) = self.0.get() {
+            WAKE_POOL.lock().unwrap_or_else(|e| e.into_inner()).push(w);
+        }
+    }
+}
+
+thread_local! {
+    static OWN_WAKE: OwnWake = const { OwnWake(std::cell::Cell::new(None)) };
+}
+
+/// This thread's wake-up eventfd for sleeps on connections' readiness fds (`Waking`), taken at
+/// its first such sleep from a pool of this process's (or made), and given back to the pool when
+/// the thread exits: never closed, because another thread's drain may ring it just after it was
+/// removed (`Shm::drain_doorbell`). Each is remembered with the pid that made it: a forked child
+/// makes its own (the copies it inherits are its parent's eventfds, and are left alone). `None`
+/// if none can be made: the sleep then does without, as all did before there were wake-up
+/// eventfds.
+pub fn own_wake_fd() -> Option<RawFd> {
+    let pid = colo_sys::host::pid();
+    OWN_WAKE
+        .try_with(|own| {
+            if let Some((made_by, fd)) = own.0.get() {
+                if made_by == pid {
+                    return Some(fd);
+                }
+            }
+            let spare = {
+                let mut pool = WAKE_POOL.lock().unwrap_or_else(|e| e.into_inner());
+                pool.iter().position(|&(p, _)| p == pid).map(|i| pool.swap_remove(i).1)
+            };
+            let fd = match spare {
+                Some(fd) => fd,
+                None => colo_sys::IntoRawFd::into_raw_fd(colo_sys::doorbell::create().ok()?),
+            };
+            own.0.set(Some((pid, fd)));
+            Some(fd)
+        })
+        .ok()
+        .flatten()
+}
+
+/// Forgets this thread's wake-up eventfd: the application closed it (`poll` reported it
+/// invalid), so the number is no longer ours. The next sleep takes another.
+pub fn forget_wake_fd() {
+    let _ = OWN_WAKE.try_with(|own| own.0.set(None));
+}
+
+/// Registers this thread's wake-up eventfd with some connections for as long as it lives
+/// (`Shm::add_waker`): their doorbells' drains by other threads ring it. Made before the
+/// sleep's drains and announcements.
+pub struct Waking<'a, T> {
+    items: &'a [T],
+    conn: fn(&T) -> &Conn,
+    fd: RawFd,
+}
+
+impl<'a, T> Waking<'a, T> {
+    pub fn new(items: &'a [T], conn: fn(&T) -> &Conn, fd: RawFd) -> Self {
+        for i in items {
+            conn(i).shm.add_waker(fd);
+        }
+        Waking { items, conn, fd }
+    }
+}
+
+impl<T> Drop for Waking<'_, T> {
+    fn drop(&mut self) {
+        for i in self.items {
+            (self.conn)(i).shm.remove_waker(self.fd);
+        }
     }
 }
 

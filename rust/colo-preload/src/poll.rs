@@ -4,7 +4,7 @@
 //! set with the application's ET/ONESHOT flags and a tagged `data`; `epoll_wait` maps those
 //! events back to the application's fd and data, with IN/OUT computed from ring state.
 
-use crate::conn::{Conn, ERR, GONE_EDGE, HUP, IN, OUT};
+use crate::conn::{forget_wake_fd, own_wake_fd, Conn, Waking, ERR, GONE_EDGE, HUP, IN, OUT};
 use crate::table::{self, CONN, PENDING};
 use crate::{client, real, Guard};
 use libc::{c_int, epoll_event, nfds_t, pollfd, sigset_t, timespec};
@@ -507,7 +507,7 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
                 // A ring with nothing new behind it (or one meant for an earlier state): drain
                 // the doorbell, announce, and look once more.
                 reg.rung = false;
-                if reg.conn.arm() != 0 {
+                if reg.conn.arm(None) != 0 {
                     m = reg.report(false);
                 }
             }
@@ -724,8 +724,14 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
     let conns: Vec<(usize, Arc<Conn>)> =
         arr.iter().enumerate().filter_map(|(i, p)| table::conn(p.fd).map(|c| (i, c))).collect();
     let deadline = timeout.map(|t| Instant::now() + t);
-    let mut copy: Vec<pollfd> = arr.to_vec();
+    let mut copy: Vec<pollfd> = Vec::with_capacity(arr.len() + 1);
+    copy.extend_from_slice(arr);
     let mut armed = false;
+    // This thread's own wake-up eventfd, registered with the connections from the first arming
+    // on and polled with them: another thread's drain of a doorbell rings it (see
+    // `Shm::drain_doorbell`).
+    let mut wake = None;
+    let mut _waking = None;
     loop {
         // Rings first.
         let mut ready = 0;
@@ -762,9 +768,13 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             return g.ok(total as libc::ssize_t) as c_int;
         }
         if !armed {
+            wake = if conns.is_empty() { None } else { own_wake_fd() };
+            if let Some(fd) = wake {
+                _waking = Some(Waking::new(&conns, |(_, c)| c, fd));
+            }
             let mut any = false;
             for (_, c) in &conns {
-                if c.arm() != 0 {
+                if c.arm(wake) != 0 {
                     any = true;
                 }
             }
@@ -791,8 +801,27 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
         let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         let ts = left.map(|l| timespec { tv_sec: l.as_secs() as i64, tv_nsec: l.subsec_nanos() as i64 });
         let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const timespec);
-        // SAFETY: our copy of the array.
-        let r = unsafe { real::ppoll(copy.as_mut_ptr(), n, tsp, mask) };
+        if let Some(fd) = wake {
+            copy.push(pollfd { fd, events: libc::POLLIN, revents: 0 });
+        }
+        // SAFETY: our copy of the array (with the wake-up eventfd after the application's fds).
+        let r = unsafe { real::ppoll(copy.as_mut_ptr(), copy.len() as nfds_t, tsp, mask) };
+        // Woken through our own eventfd: another thread emptied a doorbell, taking with it the
+        // announcements made on it, ours too; so re-arm, as after a spurious ring.
+        let mut passed = false;
+        if let Some(fd) = wake {
+            let revents = copy.pop().map_or(0, |p| p.revents);
+            if revents & libc::POLLNVAL != 0 {
+                // The application closed it: stop using it (and sleep without one from now on).
+                forget_wake_fd();
+                wake = None;
+                _waking = None;
+            } else if revents != 0 {
+                passed = true;
+                // SAFETY: this thread's own eventfd, never closed by us.
+                colo_sys::doorbell::drain(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) });
+            }
+        }
         if r < 0 {
             let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINTR);
             return g.err(e) as c_int;
@@ -812,9 +841,9 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             arr[*i].revents = m as i16;
             if m != 0 {
                 total += 1;
-            } else if copy[*i].revents != 0 {
+            } else if copy[*i].revents != 0 || passed {
                 // A spurious ring: re-arm before sleeping again.
-                c.arm();
+                c.arm(wake);
             }
         }
         if total > 0 {

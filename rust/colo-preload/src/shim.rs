@@ -63,7 +63,7 @@ fn conn_recv_inner(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> 
     if buf.is_empty() {
         return Ok(0);
     }
-    if flags & libc::MSG_DONTWAIT != 0 && !c.nonblocking() && c.ready(true) & IN == 0 && c.arm() & IN == 0 {
+    if flags & libc::MSG_DONTWAIT != 0 && !c.nonblocking() && c.ready(true) & IN == 0 && c.arm(None) & IN == 0 {
         return Err(would_block());
     }
     if flags & libc::MSG_PEEK != 0 {
@@ -140,7 +140,7 @@ fn conn_send_inner(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
     }
     let nb = c.nonblocking() || flags & libc::MSG_DONTWAIT != 0;
     if nb {
-        if !c.nonblocking() && c.ready(false) & OUT == 0 && c.arm() & OUT == 0 {
+        if !c.nonblocking() && c.ready(false) & OUT == 0 && c.arm(None) & OUT == 0 {
             return Err(would_block());
         }
         let n = c.shm().write(buf)?;

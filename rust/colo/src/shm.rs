@@ -25,6 +25,15 @@ use std::time::{Duration, Instant};
 
 /// Writes are published in pieces of at most this many bytes (spec/WIRE.md section 5).
 const PUBLISH_CHUNK: usize = 16 * 1024;
+/// A wake-up eventfd of this process as `Shm::wakers` holds it.
+fn waker(fd: colo_sys::RawFd) -> u64 {
+    u64::from(colo_sys::host::pid()) << 32 | u64::from(fd as u32)
+}
+
+/// How many threads at once can register a wake-up eventfd with one side (`Shm::add_waker`);
+/// more sleep without one (as all did before there were wake-up eventfds).
+const WAKERS: usize = 8;
+
 /// How long a blocking wait sleeps on the futex before it moves to the doorbell.
 const FUTEX_BUDGET: Duration = Duration::from_millis(2);
 
@@ -162,6 +171,11 @@ pub struct Shm {
     nonblocking: AtomicBool,
     /// A non-blocking operation drained a ring that may have been meant for the other half.
     swallowed: AtomicBool,
+    /// Wake-up eventfds of threads that sleep on this side's readiness fd outside this crate
+    /// (the shim's `poll` and `select`), each its thread's own, as `pid << 32 | fd` (0: a free
+    /// place): a drain of the doorbell rings them (see `drain_doorbell`). The pid keeps a forked
+    /// child, which inherits this memory, from ringing its parent's threads' eventfds.
+    wakers: [AtomicU64; WAKERS],
     read_timeout: AtomicU64,
     write_timeout: AtomicU64,
     waiters: Mutex<Waiters>,
@@ -330,6 +344,7 @@ impl Shm {
             state: AtomicU32::new(0),
             nonblocking: AtomicBool::new(false),
             swallowed: AtomicBool::new(false),
+            wakers: [const { AtomicU64::new(0) }; WAKERS],
             read_timeout: AtomicU64::new(0),
             write_timeout: AtomicU64::new(0),
             waiters: Mutex::new(Waiters::default()),
@@ -524,6 +539,59 @@ impl Shm {
         self.announce(notify::SLEEP_DOORBELL, None);
     }
 
+    /// Registers the wake-up eventfd of a thread about to sleep on this side's readiness fd
+    /// (with the eventfd in the same `poll`): from now on every drain of the doorbell by
+    /// another thread rings it. Register before draining and announcing; `remove_waker` once
+    /// awake. The eventfd must never be closed (a racing drain may still ring it after its
+    /// removal). Returns false (not registered) if
+    /// `WAKERS` threads already are.
+    pub fn add_waker(&self, fd: colo_sys::RawFd) -> bool {
+        let me = waker(fd);
+        // SYNC POINT with the loads in `drain_doorbell` (SeqCst, though what matters is the
+        // order the kernel gives the two drains of the eventfd: either the caller's own drain,
+        // after this, takes the ring, or it comes after the other thread's, whose load then
+        // follows this store).
+        self.wakers.iter().any(|w| w.compare_exchange(0, me, Ordering::SeqCst, Ordering::Relaxed).is_ok())
+    }
+
+    /// Undoes `add_waker`.
+    pub fn remove_waker(&self, fd: colo_sys::RawFd) {
+        let me = waker(fd);
+        for w in &self.wakers {
+            if w.compare_exchange(me, 0, Ordering::SeqCst, Ordering::Relaxed).is_ok() {
+                return;
+            }
+        }
+    }
+
+    /// Empties this side's doorbell; returns whether it had rung. `own`: the caller's wake-up
+    /// eventfd, if it is a registered sleeper.
+    ///
+    /// Several threads may sleep on one doorbell (two threads polling one socket, one to read
+    /// and one to write): the first to wake empties it, and another whose `poll` looks at the
+    /// eventfd only after that finds nothing and sleeps on, its condition true (a reader and a
+    /// writer thread polling one socket hung so in 2 of 3 runs). A drain that took a ring
+    /// therefore rings every other registered sleeper's own eventfd, which only its owner
+    /// empties: the ring is passed on once, and only a ring of the peer's is passed on.
+    pub fn drain_doorbell(&self, own: Option<colo_sys::RawFd>) -> bool {
+        if !doorbell::drain(&self.fds.own_bell) {
+            return false;
+        }
+        let pid = u64::from(colo_sys::host::pid());
+        for w in &self.wakers {
+            // SYNC POINT with the compare-and-swaps in `add_waker` and `remove_waker`.
+            let v = w.load(Ordering::SeqCst);
+            let fd = v as u32 as colo_sys::RawFd;
+            if v != 0 && v >> 32 == pid && Some(fd) != own {
+                // SAFETY: wake-up eventfds are never closed (a thread's goes back to a pool when
+                // it exits: see the shim's `own_wake_fd`), so a racing removal leaves, at worst,
+                // a spurious ring on an eventfd of this process.
+                doorbell::ring(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) });
+            }
+        }
+        true
+    }
+
     /// Sleeps until the doorbell rings, the control socket wakes, or `deadline` passes; with
     /// `futex = Some((value, budget))`, on the futex at our `waiting` word instead, for at most
     /// `budget` (`None`: the hang-up watcher wakes it; else a hang-up is noticed when the sleep
@@ -589,7 +657,7 @@ impl Shm {
         let interrupted = r.as_ref().is_ok_and(|w| w.interrupted) && interrupted_ends_wait();
         if let Ok(woken) = r {
             if woken.doorbell {
-                doorbell::drain(&self.fds.own_bell);
+                self.drain_doorbell(None);
             }
             if woken.control {
                 self.poll_control();
@@ -642,7 +710,7 @@ impl Shm {
             let r = notify::poll_after_miss(
                 &mut check,
                 || {
-                    if doorbell::drain(&self.fds.own_bell) {
+                    if self.drain_doorbell(None) {
                         self.swallowed.store(true, Ordering::Release);
                     }
                 },
