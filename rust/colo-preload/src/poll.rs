@@ -812,7 +812,8 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
         if let Some(fd) = wake {
             let revents = copy.pop().map_or(0, |p| p.revents);
             if revents & libc::POLLNVAL != 0 {
-                // The application closed it: stop using it (and sleep without one from now on).
+                // The application closed it: this sleep goes on without one (the next takes
+                // another).
                 forget_wake_fd();
                 wake = None;
                 _waking = None;
