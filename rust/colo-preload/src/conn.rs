@@ -2,11 +2,12 @@
 //! without locking it, and to let go of a copy inherited over fork without closing the peer.
 
 use colo::carrier::{Established, Words};
-use colo::shm::Shm;
+use colo::shm::{Drainer, Shm};
 use colo_ring::layout::{FLAG_FIN, FLAG_NOT_READING, FLAG_RESET};
 use colo_ring::sync::Ordering;
 use colo_sys::{AsRawFd, RawFd};
 use std::mem::ManuallyDrop;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 
 /// epoll/poll bits (identical values in both APIs).
@@ -236,10 +237,10 @@ impl Conn {
     }
 
     /// Empties our doorbell (after the kernel reported our readiness fd): a level-triggered
-    /// registration would otherwise report it again at the next sleep, for nothing. Other
-    /// threads asleep on it are woken through their own eventfds (`Shm::drain_doorbell`).
-    pub fn drain(&self) {
-        self.shm.drain_doorbell(None);
+    /// registration would otherwise report it again at the next sleep, for nothing. A ring
+    /// another thread asleep on it may have waited for is passed on (`Shm::drain_doorbell`).
+    pub fn drain(&self, by: Drainer) {
+        self.shm.drain_doorbell(by);
     }
 
     /// The peer's processes are all gone (the control socket hung up): one `recv` with
@@ -409,9 +410,9 @@ impl Conn {
 
     /// Prepares to sleep on the readiness fd: drain our doorbell, announce that we wait, and
     /// return the readiness after that (a peer's progress from now on rings the doorbell).
-    /// `wake`: the caller's own wake-up eventfd, if registered (`Waking`).
-    pub fn arm(&self, wake: Option<RawFd>) -> u32 {
-        self.shm.drain_doorbell(wake);
+    /// `by`: whether the caller sleeps, and how (`Waking`, `Asleep`).
+    pub fn arm(&self, by: Drainer) -> u32 {
+        self.shm.drain_doorbell(by);
         self.shm.announce_doorbell_sleep();
         self.ready(true)
     }
@@ -470,6 +471,30 @@ pub fn own_wake_fd() -> Option<RawFd> {
 /// invalid), so the number is no longer ours. The next sleep takes another.
 pub fn forget_wake_fd() {
     let _ = OWN_WAKE.try_with(|own| own.0.set(None));
+}
+
+/// Counts this thread asleep on the doorbells of some connections for as long as it lives
+/// (`Shm::doorbell_sleep`), so that another thread's drain passes a ring on to it through the
+/// doorbell. Made before the sleep's drains and announcements.
+pub struct Asleep<'a> {
+    conns: &'a [Arc<Conn>],
+}
+
+impl<'a> Asleep<'a> {
+    pub fn on(conns: &'a [Arc<Conn>]) -> Self {
+        for c in conns {
+            c.shm.doorbell_sleep(true);
+        }
+        Asleep { conns }
+    }
+}
+
+impl Drop for Asleep<'_> {
+    fn drop(&mut self) {
+        for c in self.conns {
+            c.shm.doorbell_sleep(false);
+        }
+    }
 }
 
 /// Registers this thread's wake-up eventfd with some connections for as long as it lives

@@ -4,7 +4,8 @@
 //! set with the application's ET/ONESHOT flags and a tagged `data`; `epoll_wait` maps those
 //! events back to the application's fd and data, with IN/OUT computed from ring state.
 
-use crate::conn::{forget_wake_fd, own_wake_fd, Conn, Waking, ERR, GONE_EDGE, HUP, IN, OUT};
+use crate::conn::{forget_wake_fd, own_wake_fd, Asleep, Conn, Waking, ERR, GONE_EDGE, HUP, IN, OUT};
+use colo::shm::Drainer;
 use crate::table::{self, CONN, PENDING};
 use crate::{client, real, Guard};
 use libc::{c_int, epoll_event, nfds_t, pollfd, sigset_t, timespec};
@@ -470,7 +471,7 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
             if reg.deleted {
                 // A doorbell or a hang-up left readable would end every sleep: drain it, and if
                 // the peer hung up, the kernel registration must go now.
-                reg.conn.drain();
+                reg.conn.drain(Drainer::Awake);
                 if reg.conn.peer_gone() {
                     hung_up.push(idx);
                 }
@@ -507,7 +508,7 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
                 // A ring with nothing new behind it (or one meant for an earlier state): drain
                 // the doorbell, announce, and look once more.
                 reg.rung = false;
-                if reg.conn.arm(None) != 0 {
+                if reg.conn.arm(Drainer::Awake) != 0 {
                     m = reg.report(false);
                 }
             }
@@ -573,8 +574,9 @@ fn watched(epfd: c_int) -> (Vec<Arc<Conn>>, SpinMode) {
     })
 }
 
-/// The connections of `epfd` whose doorbells the kernel reported since they were last drained.
-fn rung(epfd: c_int) -> Vec<Arc<Conn>> {
+/// The connections of `epfd` whose doorbells the kernel reported since they were last drained,
+/// each with whether it is among the `watched` ones.
+fn rung(epfd: c_int) -> Vec<(Arc<Conn>, bool)> {
     with_regs(|r| {
         let Regs { slab, by_epfd, .. } = r;
         let Some(list) = by_epfd.get(&epfd) else { return Vec::new() };
@@ -582,7 +584,7 @@ fn rung(epfd: c_int) -> Vec<Arc<Conn>> {
         for &i in list {
             if let Some(g) = slab[i].as_mut().filter(|g| g.rung) {
                 g.rung = false;
-                out.push(g.conn.clone());
+                out.push((g.conn.clone(), !g.fired && !g.deleted));
             }
         }
         out
@@ -664,13 +666,16 @@ pub unsafe fn epoll_wait_with(
             }
         }
         let sleeps = t != 0;
+        // Counted asleep on the watched connections' doorbells from before the drains and
+        // announcements until the kernel wait returns (see `Shm::drain_doorbell`).
+        let asleep = sleeps.then(|| Asleep::on(&conns));
         if sleeps {
             table::set_sleeping(epfd, true);
             // Doorbells the kernel reported are drained now (one read each), not when reported:
             // this sleep would otherwise end at once, and until now a set nested above the
             // application's saw them readable.
-            for c in rung(epfd) {
-                c.drain();
+            for (c, watched) in rung(epfd) {
+                c.drain(if watched { Drainer::Sleeper } else { Drainer::Awake });
             }
             for c in &conns {
                 c.will_sleep();
@@ -685,6 +690,7 @@ pub unsafe fn epoll_wait_with(
         drop(g);
         let slept = Instant::now();
         let k = wait(evs, max, t);
+        drop(asleep);
         if sleeps {
             table::set_sleeping(epfd, false);
         }
@@ -712,6 +718,12 @@ pub unsafe fn epoll_wait_with(
 }
 
 // ---- poll and select ------------------------------------------------------------------------
+
+/// How a `poll` sleeper drains: through its wake-up eventfd if it has one, else as a thread
+/// not asleep (without one it is registered nowhere).
+fn waker(wake: Option<colo_sys::RawFd>) -> Drainer {
+    wake.map_or(Drainer::Awake, Drainer::Waker)
+}
 
 /// poll/ppoll over a mix of kernel and accelerated fds. `timeout`: None waits forever.
 pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, mask: *const sigset_t) -> c_int {
@@ -774,7 +786,7 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             }
             let mut any = false;
             for (_, c) in &conns {
-                if c.arm(wake) != 0 {
+                if c.arm(waker(wake)) != 0 {
                     any = true;
                 }
             }
@@ -844,7 +856,7 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
                 total += 1;
             } else if copy[*i].revents != 0 || passed {
                 // A spurious ring: re-arm before sleeping again.
-                c.arm(wake);
+                c.arm(waker(wake));
             }
         }
         if total > 0 {

@@ -5,6 +5,7 @@ use crate::conn::{Conn, IN, OUT};
 use crate::table::{self, Entry, CONN, LISTEN, NONE, PENDING};
 use crate::{client, poll, real, server, Guard};
 use colo::errno_of;
+use colo::shm::Drainer;
 use libc::{c_int, c_ulong, c_void, iovec, msghdr, off_t, size_t, sockaddr, socklen_t, ssize_t};
 use std::io;
 use std::sync::Arc;
@@ -63,7 +64,7 @@ fn conn_recv_inner(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> 
     if buf.is_empty() {
         return Ok(0);
     }
-    if flags & libc::MSG_DONTWAIT != 0 && !c.nonblocking() && c.ready(true) & IN == 0 && c.arm(None) & IN == 0 {
+    if flags & libc::MSG_DONTWAIT != 0 && !c.nonblocking() && c.ready(true) & IN == 0 && c.arm(Drainer::Awake) & IN == 0 {
         return Err(would_block());
     }
     if flags & libc::MSG_PEEK != 0 {
@@ -140,7 +141,7 @@ fn conn_send_inner(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
     }
     let nb = c.nonblocking() || flags & libc::MSG_DONTWAIT != 0;
     if nb {
-        if !c.nonblocking() && c.ready(false) & OUT == 0 && c.arm(None) & OUT == 0 {
+        if !c.nonblocking() && c.ready(false) & OUT == 0 && c.arm(Drainer::Awake) & OUT == 0 {
             return Err(would_block());
         }
         let n = c.shm().write(buf)?;

@@ -25,6 +25,22 @@ use std::time::{Duration, Instant};
 
 /// Writes are published in pieces of at most this many bytes (spec/WIRE.md section 5).
 const PUBLISH_CHUNK: usize = 16 * 1024;
+/// Who empties a side's doorbell (`Shm::drain_doorbell`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drainer {
+    /// A thread not asleep on it (a non-blocking call; a thread back from its sleep).
+    Awake,
+    /// A sleeper with this wake-up eventfd of its own (`Shm::add_waker`).
+    Waker(colo_sys::RawFd),
+    /// A sleeper on the doorbell itself (`Shm::doorbell_sleep`).
+    Sleeper,
+}
+
+/// What a drain that took a ring of the peer's adds to the doorbell to pass it on to the threads
+/// asleep on the doorbell itself (`Shm::drain_doorbell`): the upper half of the eventfd's counter,
+/// so that a drain tells it from the peer's rings (1 each).
+const PASSED_ON: u64 = 1 << 32;
+
 /// A wake-up eventfd of this process as `Shm::wakers` holds it.
 fn waker(fd: colo_sys::RawFd) -> u64 {
     u64::from(colo_sys::host::pid()) << 32 | u64::from(fd as u32)
@@ -176,6 +192,8 @@ pub struct Shm {
     /// place): a drain of the doorbell rings them (see `drain_doorbell`). The pid keeps a forked
     /// child, which inherits this memory, from ringing its parent's threads' eventfds.
     wakers: [AtomicU64; WAKERS],
+    /// Threads of this process asleep on this side's doorbell itself (`doorbell_sleep`).
+    doorbell_sleepers: AtomicU32,
     read_timeout: AtomicU64,
     write_timeout: AtomicU64,
     waiters: Mutex<Waiters>,
@@ -345,6 +363,7 @@ impl Shm {
             nonblocking: AtomicBool::new(false),
             swallowed: AtomicBool::new(false),
             wakers: [const { AtomicU64::new(0) }; WAKERS],
+            doorbell_sleepers: AtomicU32::new(0),
             read_timeout: AtomicU64::new(0),
             write_timeout: AtomicU64::new(0),
             waiters: Mutex::new(Waiters::default()),
@@ -564,19 +583,43 @@ impl Shm {
         }
     }
 
-    /// Empties this side's doorbell; returns whether it had rung. `own`: the caller's wake-up
-    /// eventfd, if it is a registered sleeper.
+    /// Counts a thread of this process going to sleep on this side's doorbell itself, without a
+    /// wake-up eventfd of its own (`true`), or back from it (`false`): the shim around its
+    /// `epoll_wait`, this crate around a blocking call's doorbell sleep. Count before draining
+    /// and announcing.
+    pub fn doorbell_sleep(&self, asleep: bool) {
+        // SYNC POINT with the load in `drain_doorbell` (as in `add_waker`).
+        if asleep {
+            self.doorbell_sleepers.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.doorbell_sleepers.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Empties this side's doorbell; returns whether it had rung.
     ///
     /// Several threads may sleep on one doorbell (two threads polling one socket, one to read
-    /// and one to write): the first to wake empties it, and another whose `poll` looks at the
-    /// eventfd only after that finds nothing and sleeps on, its condition true (a reader and a
-    /// writer thread polling one socket hung so in 2 of 3 runs). A drain that took a ring
-    /// therefore rings every other registered sleeper's own eventfd, which only its owner
-    /// empties: the ring is passed on once, and only a ring of the peer's is passed on.
-    pub fn drain_doorbell(&self, own: Option<colo_sys::RawFd>) -> bool {
-        if !doorbell::drain(&self.fds.own_bell) {
-            return false;
+    /// and one to write; an event loop, and a thread writing from outside it whose non-blocking
+    /// call drains): the one that empties it takes a ring another may have waited for, and that
+    /// other's `poll` or `epoll_wait`, looking at the eventfd only afterwards, sleeps on with
+    /// its condition true (a reader and a writer thread polling one socket hung so in 2 of 3
+    /// runs; an `epoll_wait` reader with a writer retrying non-blocking writes in half). So a
+    /// drain that took a ring of the peer's passes it on: it rings every other registered
+    /// sleeper's own eventfd (`add_waker`), which only its owner empties; and if threads sleep
+    /// on the doorbell itself (`doorbell_sleep`), it rings the doorbell again with `PASSED_ON`
+    /// (an amount a drain tells from the peer's rings of 1, and never passes on, so a ring is
+    /// passed on once). A pass through the doorbell itself can still be lost when two threads
+    /// sleep on it (the passer may empty it before the other looks), which is why `poll`
+    /// sleepers have eventfds of their own.
+    pub fn drain_doorbell(&self, by: Drainer) -> bool {
+        let n = doorbell::drain_count(&self.fds.own_bell);
+        if n % PASSED_ON == 0 {
+            return n != 0;
         }
+        let own = match by {
+            Drainer::Waker(fd) => Some(fd),
+            _ => None,
+        };
         let pid = u64::from(colo_sys::host::pid());
         for w in &self.wakers {
             // SYNC POINT with the compare-and-swaps in `add_waker` and `remove_waker`.
@@ -588,6 +631,10 @@ impl Shm {
                 // a spurious ring on an eventfd of this process.
                 doorbell::ring(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) });
             }
+        }
+        // SYNC POINT with the counts in `doorbell_sleep`.
+        if self.doorbell_sleepers.load(Ordering::SeqCst) > u32::from(by == Drainer::Sleeper) {
+            doorbell::ring_with(&self.fds.own_bell, PASSED_ON);
         }
         true
     }
@@ -652,12 +699,17 @@ impl Shm {
                 }
                 Ok(colo_sys::doorbell::Woken { interrupted, ..Default::default() })
             }
-            None => doorbell::wait(&self.fds.own_bell, &self.fds.control, timeout),
+            None => {
+                self.doorbell_sleep(true);
+                let r = doorbell::wait(&self.fds.own_bell, &self.fds.control, timeout);
+                self.doorbell_sleep(false);
+                r
+            }
         };
         let interrupted = r.as_ref().is_ok_and(|w| w.interrupted) && interrupted_ends_wait();
         if let Ok(woken) = r {
             if woken.doorbell {
-                self.drain_doorbell(None);
+                self.drain_doorbell(Drainer::Awake);
             }
             if woken.control {
                 self.poll_control();
@@ -710,7 +762,7 @@ impl Shm {
             let r = notify::poll_after_miss(
                 &mut check,
                 || {
-                    if self.drain_doorbell(None) {
+                    if self.drain_doorbell(Drainer::Awake) {
                         self.swallowed.store(true, Ordering::Release);
                     }
                 },
