@@ -59,11 +59,8 @@ static int echo(int fd, const char *msg) {
 int main(void) {
     alarm(30);
     signal(SIGPIPE, SIG_IGN);
-    int l = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    if (bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 2) < 0) die("listen");
-    getsockname(l, (struct sockaddr *)&a, &len);
+    struct sockaddr_in a;
+    int l = loopback_listener(&a, 2);
     int pp[2];
     if (pipe(pp) < 0) die("pipe");
     pid_t pid = fork();

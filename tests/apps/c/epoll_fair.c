@@ -20,11 +20,8 @@
 
 int main(void) {
     alarm(30);
-    int l = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    if (bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, CONNS) < 0) die("listen");
-    getsockname(l, (struct sockaddr *)&a, &len);
+    struct sockaddr_in a;
+    int l = loopback_listener(&a, CONNS);
     pid_t pid = fork();
     if (pid < 0) die("fork");
     if (pid == 0) { /* the peer: connects CONNS times and holds the connections until told */

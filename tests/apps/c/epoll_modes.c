@@ -66,11 +66,8 @@ static void *sleeper(void *arg) {
 
 int main(void) {
     alarm(30);
-    int l = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    if (bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 1) < 0) die("listen");
-    getsockname(l, (struct sockaddr *)&a, &len);
+    struct sockaddr_in a;
+    int l = loopback_listener(&a, 1);
     pid_t pid = fork();
     if (pid == 0) peer(ntohs(a.sin_port));
     s = accept(l, NULL, NULL);

@@ -23,11 +23,8 @@
  * client closes it: no TCP FIN may stand in for the reply), greets a third first ("HELO", as
  * SMTP or MySQL servers do), then on a fourth answers one byte and dies without closing. */
 static void server(int report) {
-    int l = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    if (bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 8) < 0) die("listen");
-    getsockname(l, (struct sockaddr *)&a, &len);
+    struct sockaddr_in a;
+    int l = loopback_listener(&a, 8);
     if (write(report, &a.sin_port, sizeof a.sin_port) != sizeof a.sin_port) die("report");
     for (int i = 0; i < 2; i++) {
         int c = accept(l, NULL, NULL);

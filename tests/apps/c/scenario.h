@@ -2,7 +2,10 @@
  * die(), whether the colo shim is preloaded, and how many colo segments this process holds. */
 #ifndef COLO_SCENARIO_H
 #define COLO_SCENARIO_H
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <errno.h>
 #include <time.h>
 #include <stdio.h>
@@ -22,6 +25,16 @@ static int failures __attribute__((unused));
 static void die(const char *what) {
     perror(what);
     exit(1);
+}
+
+/* A TCP listener on an ephemeral loopback port (dies on failure); its address goes to *a. */
+static inline int loopback_listener(struct sockaddr_in *a, int backlog) {
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    socklen_t len = sizeof *a;
+    *a = (struct sockaddr_in){.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (l < 0 || bind(l, (struct sockaddr *)a, sizeof *a) < 0 || listen(l, backlog) < 0) die("listen");
+    getsockname(l, (struct sockaddr *)a, &len);
+    return l;
 }
 
 /* Whether the colo shim is preloaded (the programs also run without it). */
