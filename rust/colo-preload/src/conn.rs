@@ -7,7 +7,6 @@ use colo_ring::layout::{FLAG_FIN, FLAG_NOT_READING, FLAG_RESET};
 use colo_ring::sync::Ordering;
 use colo_sys::{AsRawFd, RawFd};
 use std::mem::ManuallyDrop;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 
 /// epoll/poll bits (identical values in both APIs).
@@ -418,88 +417,9 @@ impl Conn {
     }
 }
 
-/// Wake-up eventfds of exited threads, `(pid that made it, fd)` (see `own_wake_fd`).
-static WAKE_POOL: std::sync::Mutex<Vec<(u32, RawFd)>> = std::sync::Mutex::new(Vec::new());
-
-/// A thread's wake-up eventfd, given back to `WAKE_POOL` when the thread exits.
-struct OwnWake(std::cell::Cell<Option<(u32, RawFd)>>);
-
-impl Drop for OwnWake {
-    fn drop(&mut self) {
-        if let Some(w) = self.0.get() {
-            WAKE_POOL.lock().unwrap_or_else(|e| e.into_inner()).push(w);
-        }
-    }
-}
-
-thread_local! {
-    static OWN_WAKE: OwnWake = const { OwnWake(std::cell::Cell::new(None)) };
-}
-
-/// This thread's wake-up eventfd for sleeps on connections' readiness fds (`Waking`), taken at
-/// its first such sleep from a pool of this process's (or made), and given back to the pool when
-/// the thread exits: never closed, because another thread's drain may ring it just after it was
-/// removed (`Shm::drain_doorbell`). Each is remembered with the pid that made it: a forked child
-/// makes its own (the copies it inherits are its parent's eventfds, and are left alone). `None`
-/// if none can be made: the sleep then does without, as all did before there were wake-up
-/// eventfds.
-pub fn own_wake_fd() -> Option<RawFd> {
-    let pid = colo_sys::host::pid();
-    OWN_WAKE
-        .try_with(|own| {
-            if let Some((made_by, fd)) = own.0.get() {
-                if made_by == pid {
-                    return Some(fd);
-                }
-            }
-            let spare = {
-                let mut pool = WAKE_POOL.lock().unwrap_or_else(|e| e.into_inner());
-                pool.iter().position(|&(p, _)| p == pid).map(|i| pool.swap_remove(i).1)
-            };
-            let fd = match spare {
-                Some(fd) => fd,
-                None => colo_sys::IntoRawFd::into_raw_fd(colo_sys::doorbell::create().ok()?),
-            };
-            own.0.set(Some((pid, fd)));
-            Some(fd)
-        })
-        .ok()
-        .flatten()
-}
-
-/// Forgets this thread's wake-up eventfd: the application closed it (`poll` reported it
-/// invalid), so the number is no longer ours. The next sleep takes another.
-pub fn forget_wake_fd() {
-    let _ = OWN_WAKE.try_with(|own| own.0.set(None));
-}
-
-/// Counts this thread asleep on the doorbells of some connections for as long as it lives
-/// (`Shm::doorbell_sleep`), so that another thread's drain passes a ring on to it through the
-/// doorbell. Made before the sleep's drains and announcements.
-pub struct Asleep<'a> {
-    conns: &'a [Arc<Conn>],
-}
-
-impl<'a> Asleep<'a> {
-    pub fn on(conns: &'a [Arc<Conn>]) -> Self {
-        for c in conns {
-            c.shm.doorbell_sleep(true);
-        }
-        Asleep { conns }
-    }
-}
-
-impl Drop for Asleep<'_> {
-    fn drop(&mut self) {
-        for c in self.conns {
-            c.shm.doorbell_sleep(false);
-        }
-    }
-}
-
-/// Registers this thread's wake-up eventfd with some connections for as long as it lives
-/// (`Shm::add_waker`): their doorbells' drains by other threads ring it. Made before the
-/// sleep's drains and announcements.
+/// Registers a wake-up eventfd (`colo::wake`: this thread's, or an epoll set's) with some
+/// connections for as long as it lives (`Shm::add_waker`): their doorbells' drains by other
+/// threads ring it. Made before the sleep's drains and announcements.
 pub struct Waking<'a, T> {
     items: &'a [T],
     conn: fn(&T) -> &Conn,

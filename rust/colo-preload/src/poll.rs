@@ -4,7 +4,7 @@
 //! set with the application's ET/ONESHOT flags and a tagged `data`; `epoll_wait` maps those
 //! events back to the application's fd and data, with IN/OUT computed from ring state.
 
-use crate::conn::{forget_wake_fd, own_wake_fd, Asleep, Conn, Waking, ERR, GONE_EDGE, HUP, IN, OUT};
+use crate::conn::{Conn, Waking, ERR, GONE_EDGE, HUP, IN, OUT};
 use colo::shm::Drainer;
 use crate::table::{self, CONN, PENDING};
 use crate::{client, real, Guard};
@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 const TAG: u64 = 0xC01D_0000_0000_0000;
 const TAG_MASK: u64 = 0xFFFF_0000_0000_0000;
+/// The `data` of a set's wake-up eventfd in it (see `set_wake`); no registration has this index.
+const WAKE: u64 = TAG | 0xFFFF_FFFF;
 
 struct Reg {
     epfd: c_int,
@@ -99,6 +101,8 @@ struct Regs {
     /// Per epoll fd: where in its list the next look at the rings starts, and how many looks
     /// there have been (see `from_rings`).
     turns: HashMap<c_int, (usize, u64)>,
+    /// Per epoll fd: the wake-up eventfd in it (`set_wake`), `(pid that made it, fd)`.
+    wakes: HashMap<c_int, (u32, colo_sys::RawFd)>,
 }
 
 static REGS: Mutex<Option<Regs>> = Mutex::new(None);
@@ -155,11 +159,39 @@ pub fn forget_fd(fd: c_int) {
 
 /// The epoll fd `epfd` is being closed.
 pub fn forget_epoll(epfd: c_int) {
-    let gone: Vec<Reg> = with_regs(|r| {
+    let (gone, wake): (Vec<Reg>, _) = with_regs(|r| {
         let idx: Vec<usize> = r.by_epfd.get(&epfd).cloned().unwrap_or_default();
-        idx.into_iter().filter_map(|i| r.remove(i)).collect()
+        (idx.into_iter().filter_map(|i| r.remove(i)).collect(), r.wakes.remove(&epfd))
     });
     drop(gone);
+    if let Some(w) = wake {
+        // SAFETY: removing our eventfd from the set (still open: a copy of it would keep it).
+        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, w.1, std::ptr::null_mut()) };
+        colo::wake::give_back(w);
+    }
+}
+
+/// The wake-up eventfd of the epoll set `epfd` (`colo::wake`), added to the set (edge-triggered,
+/// with `data` `WAKE`) at the set's first sleep on connections: registered with them while a
+/// thread sleeps in `epoll_wait` (`Waking`), it wakes the set when another thread's drain of a
+/// doorbell takes a ring (`Shm::drain_doorbell`), as a `poll` sleeper's own eventfd does. One
+/// per set, not per thread: whichever thread waits on the set reports its connections. `None`
+/// if none can be had (the sleep then does without).
+fn set_wake(epfd: c_int) -> Option<colo_sys::RawFd> {
+    with_regs(|r| {
+        if let Some(&(_, fd)) = r.wakes.get(&epfd) {
+            return Some(fd);
+        }
+        let w = colo::wake::take()?;
+        let mut ev = epoll_event { events: (libc::EPOLLIN | libc::EPOLLET) as u32, u64: WAKE };
+        // SAFETY: adding our own eventfd to the application's set.
+        if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, w.1, &mut ev) } != 0 {
+            colo::wake::give_back(w);
+            return None;
+        }
+        r.wakes.insert(epfd, w);
+        Some(w.1)
+    })
 }
 
 const PASS_FLAGS: u32 = (libc::EPOLLET | libc::EPOLLONESHOT | libc::EPOLLWAKEUP | libc::EPOLLEXCLUSIVE) as u32;
@@ -461,6 +493,15 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
         for i in 0..evs.len() {
             let ev = evs[i];
             let d = ev.u64;
+            if d == WAKE {
+                // Another thread's drain took a ring (see `set_wake`): the caller looks at the
+                // rings again and re-announces before any further sleep.
+                if let Some(&(_, fd)) = r.wakes.get(&epfd) {
+                    // SAFETY: the set's wake-up eventfd, never closed.
+                    colo_sys::doorbell::drain(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) });
+                }
+                continue;
+            }
             if d & TAG_MASK != TAG {
                 evs[out] = ev;
                 out += 1;
@@ -666,16 +707,17 @@ pub unsafe fn epoll_wait_with(
             }
         }
         let sleeps = t != 0;
-        // Counted asleep on the watched connections' doorbells from before the drains and
-        // announcements until the kernel wait returns (see `Shm::drain_doorbell`).
-        let asleep = sleeps.then(|| Asleep::on(&conns));
+        // The set's wake-up eventfd, registered with the watched connections from before the
+        // drains and announcements until the kernel wait returns (see `set_wake`).
+        let wake = if sleeps && !conns.is_empty() { set_wake(epfd) } else { None };
+        let waking = wake.map(|fd| Waking::new(&conns, |c| c, fd));
         if sleeps {
             table::set_sleeping(epfd, true);
             // Doorbells the kernel reported are drained now (one read each), not when reported:
             // this sleep would otherwise end at once, and until now a set nested above the
             // application's saw them readable.
             for (c, watched) in rung(epfd) {
-                c.drain(if watched { Drainer::Sleeper } else { Drainer::Awake });
+                c.drain(if watched { waker(wake) } else { Drainer::Awake });
             }
             for c in &conns {
                 c.will_sleep();
@@ -690,7 +732,7 @@ pub unsafe fn epoll_wait_with(
         drop(g);
         let slept = Instant::now();
         let k = wait(evs, max, t);
-        drop(asleep);
+        drop(waking);
         if sleeps {
             table::set_sleeping(epfd, false);
         }
@@ -719,8 +761,8 @@ pub unsafe fn epoll_wait_with(
 
 // ---- poll and select ------------------------------------------------------------------------
 
-/// How a `poll` sleeper drains: through its wake-up eventfd if it has one, else as a thread
-/// not asleep (without one it is registered nowhere).
+/// How a sleeper drains: through its wake-up eventfd if it has one, else as a thread not
+/// asleep (without one it is registered nowhere).
 fn waker(wake: Option<colo_sys::RawFd>) -> Drainer {
     wake.map_or(Drainer::Awake, Drainer::Waker)
 }
@@ -780,7 +822,7 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             return g.ok(total as libc::ssize_t) as c_int;
         }
         if !armed {
-            wake = if conns.is_empty() { None } else { own_wake_fd() };
+            wake = if conns.is_empty() { None } else { colo::wake::own_fd() };
             if let Some(fd) = wake {
                 _waking = Some(Waking::new(&conns, |(_, c)| c, fd));
             }
@@ -826,7 +868,7 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             if revents & libc::POLLNVAL != 0 {
                 // The application closed it: this sleep goes on without one (the next takes
                 // another).
-                forget_wake_fd();
+                colo::wake::forget_own();
                 wake = None;
                 _waking = None;
             } else if revents != 0 {

@@ -3,7 +3,7 @@
 //! in any poll loop (spec/WIRE.md section 6).
 
 use rustix::event::{epoll, eventfd, EventfdFlags, Timespec};
-use rustix::fd::{AsFd, OwnedFd};
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::io;
 use std::time::Duration;
 
@@ -49,18 +49,36 @@ pub struct Woken {
     pub doorbell: bool,
     /// The control socket is readable or hung up.
     pub control: bool,
+    /// The sleeper's own wake-up eventfd rang: another thread emptied the doorbell (see
+    /// `colo::shm::Shm::drain_doorbell`).
+    pub passed: bool,
     /// A signal handler interrupted the wait (`EINTR`; poll and epoll_wait are never restarted).
     pub interrupted: bool,
 }
 
-/// Blocks until `doorbell` or `control` is readable (or `control` hangs up) or `timeout` passes:
-/// one `poll(2)` on two fds, no set-up. An interrupted wait returns only `interrupted`.
-pub fn wait(doorbell: impl AsFd, control: impl AsFd, timeout: Option<Duration>) -> io::Result<Woken> {
+/// Blocks until `doorbell` or `control` is readable (or `control` hangs up), `wake` (the
+/// sleeping thread's own wake-up eventfd, if it has one) is readable, or `timeout` passes: one
+/// `poll(2)`, no set-up. An interrupted wait returns only `interrupted`.
+pub fn wait(doorbell: impl AsFd, control: impl AsFd, wake: Option<BorrowedFd<'_>>, timeout: Option<Duration>) -> io::Result<Woken> {
     use rustix::event::{poll, PollFd, PollFlags};
     let mut fds = [PollFd::new(&doorbell, PollFlags::IN), PollFd::new(&control, PollFlags::IN | PollFlags::RDHUP)];
+    let mut with_wake;
+    let fds: &mut [PollFd<'_>] = match &wake {
+        Some(w) => {
+            let [d, c] = fds;
+            with_wake = [d, c, PollFd::new(w, PollFlags::IN)];
+            &mut with_wake
+        }
+        None => &mut fds,
+    };
     let ts = timeout.map(|d| Timespec { tv_sec: d.as_secs() as i64, tv_nsec: d.subsec_nanos() as i64 });
-    match poll(&mut fds, ts.as_ref()) {
-        Ok(_) => Ok(Woken { doorbell: !fds[0].revents().is_empty(), control: !fds[1].revents().is_empty(), interrupted: false }),
+    match poll(fds, ts.as_ref()) {
+        Ok(_) => Ok(Woken {
+            doorbell: !fds[0].revents().is_empty(),
+            control: !fds[1].revents().is_empty(),
+            passed: fds.get(2).is_some_and(|w| !w.revents().is_empty()),
+            interrupted: false,
+        }),
         Err(rustix::io::Errno::INTR) => Ok(Woken { interrupted: true, ..Woken::default() }),
         Err(e) => Err(e.into()),
     }

@@ -32,14 +32,7 @@ pub enum Drainer {
     Awake,
     /// A sleeper with this wake-up eventfd of its own (`Shm::add_waker`).
     Waker(colo_sys::RawFd),
-    /// A sleeper on the doorbell itself (`Shm::doorbell_sleep`).
-    Sleeper,
 }
-
-/// What a drain that took a ring of the peer's adds to the doorbell to pass it on to the threads
-/// asleep on the doorbell itself (`Shm::drain_doorbell`): the upper half of the eventfd's counter,
-/// so that a drain tells it from the peer's rings (1 each).
-const PASSED_ON: u64 = 1 << 32;
 
 /// A wake-up eventfd of this process as `Shm::wakers` holds it.
 fn waker(fd: colo_sys::RawFd) -> u64 {
@@ -171,6 +164,32 @@ pub(crate) enum Recycle {
     Server(std::sync::Weak<crate::recycle::Table>),
 }
 
+/// This thread's wake-up eventfd registered with a side for one blocking wait
+/// (`Shm::add_waker`), from its first doorbell announcement until the wait ends.
+struct Registered<'a> {
+    shm: &'a Shm,
+    fd: std::cell::Cell<Option<colo_sys::RawFd>>,
+}
+
+impl Registered<'_> {
+    /// Registers the thread's wake-up eventfd if it is not yet (nor are `WAKERS` others).
+    fn register(&self) {
+        if self.fd.get().is_none() {
+            if let Some(fd) = crate::wake::own_fd().filter(|&fd| self.shm.add_waker(fd)) {
+                self.fd.set(Some(fd));
+            }
+        }
+    }
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        if let Some(fd) = self.fd.get() {
+            self.shm.remove_waker(fd);
+        }
+    }
+}
+
 /// One side of an established shared-memory connection.
 pub struct Shm {
     rx: Mutex<RxHalf>,
@@ -187,13 +206,11 @@ pub struct Shm {
     nonblocking: AtomicBool,
     /// A non-blocking operation drained a ring that may have been meant for the other half.
     swallowed: AtomicBool,
-    /// Wake-up eventfds of threads that sleep on this side's readiness fd outside this crate
-    /// (the shim's `poll` and `select`), each its thread's own, as `pid << 32 | fd` (0: a free
-    /// place): a drain of the doorbell rings them (see `drain_doorbell`). The pid keeps a forked
-    /// child, which inherits this memory, from ringing its parent's threads' eventfds.
+    /// Wake-up eventfds (`crate::wake`) of the threads asleep on this side's doorbell (this
+    /// crate's blocking calls; the shim's `poll`, `select` and `epoll_wait`), as `pid << 32 | fd`
+    /// (0: a free place): a drain of the doorbell rings them (see `drain_doorbell`). The pid
+    /// keeps a forked child, which inherits this memory, from ringing its parent's eventfds.
     wakers: [AtomicU64; WAKERS],
-    /// Threads of this process asleep on this side's doorbell itself (`doorbell_sleep`).
-    doorbell_sleepers: AtomicU32,
     read_timeout: AtomicU64,
     write_timeout: AtomicU64,
     waiters: Mutex<Waiters>,
@@ -363,7 +380,6 @@ impl Shm {
             nonblocking: AtomicBool::new(false),
             swallowed: AtomicBool::new(false),
             wakers: [const { AtomicU64::new(0) }; WAKERS],
-            doorbell_sleepers: AtomicU32::new(0),
             read_timeout: AtomicU64::new(0),
             write_timeout: AtomicU64::new(0),
             waiters: Mutex::new(Waiters::default()),
@@ -558,12 +574,10 @@ impl Shm {
         self.announce(notify::SLEEP_DOORBELL, None);
     }
 
-    /// Registers the wake-up eventfd of a thread about to sleep on this side's readiness fd
-    /// (with the eventfd in the same `poll`): from now on every drain of the doorbell by
-    /// another thread rings it. Register before draining and announcing; `remove_waker` once
-    /// awake. The eventfd must never be closed (a racing drain may still ring it after its
-    /// removal). Returns false (not registered) if
-    /// `WAKERS` threads already are.
+    /// Registers the wake-up eventfd (`crate::wake`) of a thread about to sleep on this side's
+    /// doorbell (with the eventfd in the same `poll`): from now on every drain of the doorbell
+    /// by another thread rings it. Register before announcing; `remove_waker` once awake.
+    /// Returns false (not registered) if `WAKERS` sleepers already are.
     pub fn add_waker(&self, fd: colo_sys::RawFd) -> bool {
         let me = waker(fd);
         // SYNC POINT with the loads in `drain_doorbell` (SeqCst, though what matters is the
@@ -583,19 +597,6 @@ impl Shm {
         }
     }
 
-    /// Counts a thread of this process going to sleep on this side's doorbell itself, without a
-    /// wake-up eventfd of its own (`true`), or back from it (`false`): the shim around its
-    /// `epoll_wait`, this crate around a blocking call's doorbell sleep. Count before draining
-    /// and announcing.
-    pub fn doorbell_sleep(&self, asleep: bool) {
-        // SYNC POINT with the load in `drain_doorbell` (as in `add_waker`).
-        if asleep {
-            self.doorbell_sleepers.fetch_add(1, Ordering::SeqCst);
-        } else {
-            self.doorbell_sleepers.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-
     /// Empties this side's doorbell; returns whether it had rung.
     ///
     /// Several threads may sleep on one doorbell (two threads polling one socket, one to read
@@ -603,22 +604,18 @@ impl Shm {
     /// call drains): the one that empties it takes a ring another may have waited for, and that
     /// other's `poll` or `epoll_wait`, looking at the eventfd only afterwards, sleeps on with
     /// its condition true (a reader and a writer thread polling one socket hung so in 2 of 3
-    /// runs; an `epoll_wait` reader with a writer retrying non-blocking writes in half). So a
-    /// drain that took a ring of the peer's passes it on: it rings every other registered
-    /// sleeper's own eventfd (`add_waker`), which only its owner empties; and if threads sleep
-    /// on the doorbell itself (`doorbell_sleep`), it rings the doorbell again with `PASSED_ON`
-    /// (an amount a drain tells from the peer's rings of 1, and never passes on, so a ring is
-    /// passed on once). A pass through the doorbell itself can still be lost when two threads
-    /// sleep on it (the passer may empty it before the other looks), which is why `poll`
-    /// sleepers have eventfds of their own.
+    /// runs; an `epoll_wait` reader with a writer retrying non-blocking writes in half). So
+    /// every sleeper registers a wake-up eventfd of its own (`add_waker`), which only it
+    /// empties, and a drain that took a ring rings every registered one but the drainer's.
+    /// (Ringing the doorbell again instead was tried: the passer, or another sleeper, empties
+    /// the pass before the one it was meant for looks.)
     pub fn drain_doorbell(&self, by: Drainer) -> bool {
-        let n = doorbell::drain_count(&self.fds.own_bell);
-        if n % PASSED_ON == 0 {
-            return n != 0;
+        if !doorbell::drain(&self.fds.own_bell) {
+            return false;
         }
         let own = match by {
             Drainer::Waker(fd) => Some(fd),
-            _ => None,
+            Drainer::Awake => None,
         };
         let pid = u64::from(colo_sys::host::pid());
         for w in &self.wakers {
@@ -626,15 +623,10 @@ impl Shm {
             let v = w.load(Ordering::SeqCst);
             let fd = v as u32 as colo_sys::RawFd;
             if v != 0 && v >> 32 == pid && Some(fd) != own {
-                // SAFETY: wake-up eventfds are never closed (a thread's goes back to a pool when
-                // it exits: see the shim's `own_wake_fd`), so a racing removal leaves, at worst,
-                // a spurious ring on an eventfd of this process.
+                // SAFETY: wake-up eventfds are never closed (`crate::wake`), so a racing removal
+                // leaves, at worst, a spurious ring on an eventfd of this process.
                 doorbell::ring(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) });
             }
-        }
-        // SYNC POINT with the counts in `doorbell_sleep`.
-        if self.doorbell_sleepers.load(Ordering::SeqCst) > u32::from(by == Drainer::Sleeper) {
-            doorbell::ring_with(&self.fds.own_bell, PASSED_ON);
         }
         true
     }
@@ -647,7 +639,16 @@ impl Shm {
     /// `epoch` is the waiters' epoch read before this thread announced its sleep: if another
     /// thread has woken (and perhaps drained a ring meant for us) since, return at once so the
     /// caller re-checks instead of sleeping on a swallowed wake-up.
-    fn block(&self, deadline: Option<Instant>, futex: Option<(u32, Option<Duration>)>, epoch: u64) -> io::Result<()> {
+    ///
+    /// `wake`: this thread's wake-up eventfd, registered with this side (`Registered`), polled
+    /// with the doorbell.
+    fn block(
+        &self,
+        deadline: Option<Instant>,
+        futex: Option<(u32, Option<Duration>)>,
+        epoch: u64,
+        wake: Option<colo_sys::RawFd>,
+    ) -> io::Result<()> {
         let timeout = match deadline {
             Some(d) => {
                 let left = d.saturating_duration_since(Instant::now());
@@ -700,16 +701,21 @@ impl Shm {
                 Ok(colo_sys::doorbell::Woken { interrupted, ..Default::default() })
             }
             None => {
-                self.doorbell_sleep(true);
-                let r = doorbell::wait(&self.fds.own_bell, &self.fds.control, timeout);
-                self.doorbell_sleep(false);
+                // SAFETY: wake-up eventfds are never closed (`crate::wake`).
+                let wake = wake.map(|fd| unsafe { colo_sys::BorrowedFd::borrow_raw(fd) });
+                let r = doorbell::wait(&self.fds.own_bell, &self.fds.control, wake, timeout);
+                if let (Ok(w), Some(fd)) = (&r, wake) {
+                    if w.passed {
+                        doorbell::drain(fd);
+                    }
+                }
                 r
             }
         };
         let interrupted = r.as_ref().is_ok_and(|w| w.interrupted) && interrupted_ends_wait();
         if let Ok(woken) = r {
             if woken.doorbell {
-                self.drain_doorbell(Drainer::Awake);
+                self.drain_doorbell(wake.map_or(Drainer::Awake, Drainer::Waker));
             }
             if woken.control {
                 self.poll_control();
@@ -812,6 +818,7 @@ impl Shm {
         let measure = matches!(spinner.mode(), SpinMode::For(_));
         let asleep_since = std::cell::Cell::new(None::<Instant>);
         let seen_epoch = std::cell::Cell::new(0u64);
+        let registered = Registered { shm: self, fd: std::cell::Cell::new(None) };
         let futex_left = || {
             let since = asleep_since.get().unwrap_or_else(Instant::now);
             FUTEX_BUDGET.checked_sub(since.elapsed()).filter(|d| !d.is_zero())
@@ -832,6 +839,9 @@ impl Shm {
                 } else {
                     notify::SLEEP_DOORBELL
                 };
+                if bit == notify::SLEEP_DOORBELL {
+                    registered.register();
+                }
                 self.announce(bit, Some(&seen_epoch))
             },
             |announced| {
@@ -850,7 +860,7 @@ impl Shm {
                     },
                     _ => None,
                 };
-                self.block(deadline, futex, seen_epoch.get())
+                self.block(deadline, futex, seen_epoch.get(), registered.fd.get())
             },
         );
         if let (true, Some(since)) = (measure, asleep_since.get()) {
@@ -1388,13 +1398,43 @@ mod tests {
             until_asleep();
             // The first thread now sleeps: it must come back to look again, not wait.
             let (done, returned) = channel();
-            s.spawn(move || done.send(sa.block(None, None, seen.get()).is_ok()).unwrap());
+            s.spawn(move || done.send(sa.block(None, None, seen.get(), None).is_ok()).unwrap());
             let looked_again = returned.recv_timeout(Duration::from_secs(5));
             // Either way, end the reader's sleep (and a stuck first thread's with it).
             (&b).write_all(&[7]).unwrap();
             assert_eq!(reader.join().unwrap().unwrap(), (1, 7));
             assert_eq!(looked_again, Ok(true), "the first thread slept through the wake-up it had lost");
         });
+    }
+
+    /// A thread announces a doorbell sleep (its wake-up eventfd registered), the peer rings,
+    /// and another thread of the side empties the doorbell before the first sleeps (a
+    /// non-blocking call's drain): the first must be woken through its own eventfd, not sleep
+    /// on with its ring taken (the shim's `epoll_wait` reader stalled so behind a writer thread).
+    #[test]
+    fn a_ring_another_thread_empties_reaches_the_sleeper_through_its_own_eventfd() {
+        let l = Listener::bind("127.0.0.1:0").unwrap();
+        let a = Stream::connect_with(l.local_addr().unwrap(), &Options::new().spin(SpinMode::Never)).unwrap();
+        let (b, _) = l.accept().unwrap();
+        let (sa, sb) = (a.shm().unwrap(), b.shm().unwrap());
+        // The server's welcome on the control socket would end the sleep: take it now.
+        sa.poll_control();
+        let wake = crate::wake::own_fd().unwrap();
+        assert!(sa.add_waker(wake));
+        let seen = Cell::new(super::lock(&sa.waiters).epoch);
+        sa.announce(notify::SLEEP_DOORBELL, Some(&seen));
+        sb.wake_peer();
+        std::thread::scope(|s| {
+            assert!(s.spawn(|| sa.drain_doorbell(super::Drainer::Awake)).join().unwrap(), "the peer rang");
+            let (done, returned) = channel();
+            let deadline = Instant::now() + Duration::from_secs(3600);
+            s.spawn(move || done.send(sa.block(Some(deadline), None, seen.get(), Some(wake)).is_ok()).unwrap());
+            let woken = returned.recv_timeout(Duration::from_secs(5));
+            // Either way, end the sleep (a stuck one's too).
+            colo_sys::doorbell::ring(&sa.fds.own_bell);
+            assert_eq!(woken, Ok(true), "the sleeper slept through the ring another thread took");
+        });
+        sa.remove_waker(wake);
     }
 
     /// The reader's own announcement finds the word woken.

@@ -1,0 +1,79 @@
+//! Wake-up eventfds: one per thread that sleeps on a side's doorbell (and one per epoll set the
+//! LD_PRELOAD shim sleeps on), registered with the side while it sleeps (`Shm::add_waker`) so
+//! that another thread's drain of the doorbell, which takes the ring it waited for, rings it
+//! instead (`Shm::drain_doorbell`).
+//!
+//! They are never closed: a drain may ring one just after its sleeper removed it, and a closed
+//! number could by then be another file of the application's. A thread's goes back to a pool of
+//! this process's when the thread exits, for the next thread to take. Each is remembered with
+//! the pid that made it: a forked child makes its own (the copies it inherits are its parent's
+//! eventfds, and are left alone).
+
+use colo_sys::RawFd;
+use std::cell::Cell;
+use std::sync::Mutex;
+
+/// Wake-up eventfds nobody uses now, `(pid that made it, fd)`.
+static POOL: Mutex<Vec<(u32, RawFd)>> = Mutex::new(Vec::new());
+
+/// A thread's wake-up eventfd, given back to `POOL` when the thread exits.
+struct Own(Cell<Option<(u32, RawFd)>>);
+
+impl Drop for Own {
+    fn drop(&mut self) {
+        if let Some(w) = self.0.get() {
+            give_back(w);
+        }
+    }
+}
+
+thread_local! {
+    static OWN: Own = const { Own(Cell::new(None)) };
+}
+
+/// A wake-up eventfd of this process's from the pool, or a new one: `(pid, fd)`. `None` if none
+/// can be made (the sleep then does without one).
+pub fn take() -> Option<(u32, RawFd)> {
+    let pid = colo_sys::host::pid();
+    let spare = {
+        let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+        pool.iter().position(|&(p, _)| p == pid).map(|i| pool.swap_remove(i).1)
+    };
+    let fd = match spare {
+        Some(fd) => fd,
+        None => colo_sys::IntoRawFd::into_raw_fd(colo_sys::doorbell::create().ok()?),
+    };
+    Some((pid, fd))
+}
+
+/// Gives a wake-up eventfd from `take` back to the pool, emptied.
+pub fn give_back(w: (u32, RawFd)) {
+    if w.0 == colo_sys::host::pid() {
+        // SAFETY: one of our wake-up eventfds, never closed.
+        colo_sys::doorbell::drain(unsafe { colo_sys::BorrowedFd::borrow_raw(w.1) });
+    }
+    POOL.lock().unwrap_or_else(|e| e.into_inner()).push(w);
+}
+
+/// This thread's wake-up eventfd, taken at its first sleep and kept until the thread exits.
+pub fn own_fd() -> Option<RawFd> {
+    let pid = colo_sys::host::pid();
+    OWN.try_with(|own| {
+        if let Some((made_by, fd)) = own.0.get() {
+            if made_by == pid {
+                return Some(fd);
+            }
+        }
+        let w = take()?;
+        own.0.set(Some(w));
+        Some(w.1)
+    })
+    .ok()
+    .flatten()
+}
+
+/// Forgets this thread's wake-up eventfd: the application closed it (a `poll` reported it
+/// invalid), so the number is no longer ours. The next sleep takes another.
+pub fn forget_own() {
+    let _ = OWN.try_with(|own| own.0.set(None));
+}
