@@ -424,21 +424,34 @@ pub struct Waking<'a, T> {
     items: &'a [T],
     conn: fn(&T) -> &Conn,
     fd: RawFd,
+    /// The items it could not be registered with (all places taken).
+    missed: Vec<usize>,
 }
 
 impl<'a, T> Waking<'a, T> {
     pub fn new(items: &'a [T], conn: fn(&T) -> &Conn, fd: RawFd) -> Self {
-        for i in items {
-            conn(i).shm.add_waker(fd);
+        let mut missed = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            if !conn(item).shm.add_waker(fd) {
+                missed.push(i);
+            }
         }
-        Waking { items, conn, fd }
+        Waking { items, conn, fd, missed }
+    }
+
+    /// Whether it is registered with every connection: if not, the sleep must be no longer
+    /// than `colo::shm::UNPASSED_SLEEP`.
+    pub fn complete(&self) -> bool {
+        self.missed.is_empty()
     }
 }
 
 impl<T> Drop for Waking<'_, T> {
     fn drop(&mut self) {
-        for i in self.items {
-            (self.conn)(i).shm.remove_waker(self.fd);
+        for (i, item) in self.items.iter().enumerate() {
+            if !self.missed.contains(&i) {
+                (self.conn)(item).shm.remove_waker(self.fd);
+            }
         }
     }
 }

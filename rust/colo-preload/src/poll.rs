@@ -164,7 +164,8 @@ pub fn forget_epoll(epfd: c_int) {
         (idx.into_iter().filter_map(|i| r.remove(i)).collect(), r.wakes.remove(&epfd))
     });
     drop(gone);
-    if let Some(w) = wake {
+    // A forked child's copy of the set is its parent's set: the parent's eventfd stays in it.
+    if let Some(w) = wake.filter(|w| w.0 == colo_sys::host::pid()) {
         // SAFETY: removing our eventfd from the set (still open: a copy of it would keep it).
         unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, w.1, std::ptr::null_mut()) };
         colo::wake::give_back(w);
@@ -175,12 +176,15 @@ pub fn forget_epoll(epfd: c_int) {
 /// with `data` `WAKE`) at the set's first sleep on connections: registered with them while a
 /// thread sleeps in `epoll_wait` (`Waking`), it wakes the set when another thread's drain of a
 /// doorbell takes a ring (`Shm::drain_doorbell`), as a `poll` sleeper's own eventfd does. One
-/// per set, not per thread: whichever thread waits on the set reports its connections. `None`
-/// if none can be had (the sleep then does without).
+/// per set, not per thread: whichever thread waits on the set reports its connections. A forked
+/// child adds one of its own (the set it inherited is its parent's, and so is the eventfd in it).
+/// `None` if none can be had (the sleep then does without).
 fn set_wake(epfd: c_int) -> Option<colo_sys::RawFd> {
     with_regs(|r| {
-        if let Some(&(_, fd)) = r.wakes.get(&epfd) {
-            return Some(fd);
+        if let Some(&(pid, fd)) = r.wakes.get(&epfd) {
+            if pid == colo_sys::host::pid() {
+                return Some(fd);
+            }
         }
         let w = colo::wake::take()?;
         let mut ev = epoll_event { events: (libc::EPOLLIN | libc::EPOLLET) as u32, u64: WAKE };
@@ -489,6 +493,8 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
     let mut out = 0;
     let mut rearm = Vec::new();
     let mut hung_up = Vec::new();
+    // The set's wake-up eventfd, if this batch had its event.
+    let mut passed = None;
     with_regs(|r| {
         for i in 0..evs.len() {
             let ev = evs[i];
@@ -499,6 +505,7 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
                 if let Some(&(_, fd)) = r.wakes.get(&epfd) {
                     // SAFETY: the set's wake-up eventfd, never closed.
                     colo_sys::doorbell::drain(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) });
+                    passed = Some(fd);
                 }
                 continue;
             }
@@ -570,6 +577,12 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
             out += 1;
         }
     });
+    if let (Some(fd), true) = (passed, out > 0) {
+        // This thread returns other events without looking at the rings again: pass the ring on
+        // to another thread asleep on the set, if any (else this thread's next wait sees it).
+        // SAFETY: the set's wake-up eventfd, never closed.
+        colo_sys::doorbell::ring(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) });
+    }
     for (rfd, kernel, d) in rearm {
         let mut kev = epoll_event { events: kernel, u64: d };
         // SAFETY: re-enabling our one-shot registration after a spurious wake-up.
@@ -582,6 +595,12 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
         }
     }
     out
+}
+
+/// A sleep of `t` ms (-1: forever) cut to `UNPASSED_SLEEP`.
+fn unpassed_ms(t: c_int) -> c_int {
+    let cap = colo::shm::UNPASSED_SLEEP.as_millis() as c_int;
+    if t < 0 { cap } else { t.min(cap) }
 }
 
 fn deadline_of(timeout_ms: c_int) -> Option<Instant> {
@@ -711,6 +730,8 @@ pub unsafe fn epoll_wait_with(
         // drains and announcements until the kernel wait returns (see `set_wake`).
         let wake = if sleeps && !conns.is_empty() { set_wake(epfd) } else { None };
         let waking = wake.map(|fd| Waking::new(&conns, |c| c, fd));
+        // Without a pass from other threads' drains, sleep in short steps (see `UNPASSED_SLEEP`).
+        let unpassed = sleeps && !conns.is_empty() && !waking.as_ref().is_some_and(|w| w.complete());
         if sleeps {
             table::set_sleeping(epfd, true);
             // Doorbells the kernel reported are drained now (one read each), not when reported:
@@ -731,10 +752,17 @@ pub unsafe fn epoll_wait_with(
         }
         drop(g);
         let slept = Instant::now();
-        let k = wait(evs, max, t);
+        let k = wait(evs, max, if unpassed { unpassed_ms(t) } else { t });
         drop(waking);
         if sleeps {
             table::set_sleeping(epfd, false);
+        }
+        if k == 0 && unpassed {
+            t = remaining_ms(deadline);
+            if t == 0 {
+                return 0;
+            }
+            continue;
         }
         if k <= 0 {
             return k;
@@ -786,6 +814,8 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
     // `Shm::drain_doorbell`).
     let mut wake = None;
     let mut _waking = None;
+    // Without a pass from other threads' drains, sleep in short steps (see `UNPASSED_SLEEP`).
+    let mut unpassed = false;
     loop {
         // Rings first.
         let mut ready = 0;
@@ -826,6 +856,7 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             if let Some(fd) = wake {
                 _waking = Some(Waking::new(&conns, |(_, c)| c, fd));
             }
+            unpassed = !conns.is_empty() && !_waking.as_ref().is_some_and(|w| w.complete());
             let mut any = false;
             for (_, c) in &conns {
                 if c.arm(waker(wake)) != 0 {
@@ -852,7 +883,10 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             copy[*i].fd = if gone { -1 } else { c.readiness_raw() };
             copy[*i].events = libc::POLLIN;
         }
-        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let mut left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        if unpassed {
+            left = Some(left.map_or(colo::shm::UNPASSED_SLEEP, |l| l.min(colo::shm::UNPASSED_SLEEP)));
+        }
         let ts = left.map(|l| timespec { tv_sec: l.as_secs() as i64, tv_nsec: l.subsec_nanos() as i64 });
         let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const timespec);
         if let Some(fd) = wake {
@@ -871,7 +905,8 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
                 colo::wake::forget_own();
                 wake = None;
                 _waking = None;
-            } else if revents != 0 {
+                unpassed = true;
+            } else if revents & libc::POLLIN != 0 {
                 passed = true;
                 // SAFETY: this thread's own eventfd, never closed by us.
                 colo_sys::doorbell::drain(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) });
@@ -896,15 +931,15 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             arr[*i].revents = m as i16;
             if m != 0 {
                 total += 1;
-            } else if copy[*i].revents != 0 || passed {
-                // A spurious ring: re-arm before sleeping again.
+            } else if copy[*i].revents != 0 || passed || r == 0 && unpassed {
+                // A spurious ring (or a short sleep's end): re-arm before sleeping again.
                 c.arm(waker(wake));
             }
         }
         if total > 0 {
             return g.ok(total as libc::ssize_t) as c_int;
         }
-        if r == 0 || deadline.is_some_and(|d| Instant::now() >= d) {
+        if r == 0 && !unpassed || deadline.is_some_and(|d| Instant::now() >= d) {
             return g.ok(0) as c_int;
         }
     }

@@ -52,6 +52,8 @@ pub struct Woken {
     /// The sleeper's own wake-up eventfd rang: another thread emptied the doorbell (see
     /// `colo::shm::Shm::drain_doorbell`).
     pub passed: bool,
+    /// The sleeper's wake-up eventfd is not open (the application closed it).
+    pub wake_invalid: bool,
     /// A signal handler interrupted the wait (`EINTR`; poll and epoll_wait are never restarted).
     pub interrupted: bool,
 }
@@ -76,7 +78,8 @@ pub fn wait(doorbell: impl AsFd, control: impl AsFd, wake: Option<BorrowedFd<'_>
         Ok(_) => Ok(Woken {
             doorbell: !fds[0].revents().is_empty(),
             control: !fds[1].revents().is_empty(),
-            passed: fds.get(2).is_some_and(|w| !w.revents().is_empty()),
+            passed: fds.get(2).is_some_and(|w| w.revents().contains(PollFlags::IN)),
+            wake_invalid: fds.get(2).is_some_and(|w| w.revents().contains(PollFlags::NVAL)),
             interrupted: false,
         }),
         Err(rustix::io::Errno::INTR) => Ok(Woken { interrupted: true, ..Woken::default() }),

@@ -34,14 +34,23 @@ pub enum Drainer {
     Waker(colo_sys::RawFd),
 }
 
-/// A wake-up eventfd of this process as `Shm::wakers` holds it.
+/// A place of `Shm::wakers`: `pid << 42 | fd << 12 | count` (0: free), where `count` is how
+/// many sleepers registered that eventfd (the threads waiting on one epoll set share the set's).
+/// Linux pids are below 2^22 and descriptors below 2^30.
+const WAKER_COUNT: u64 = (1 << 12) - 1;
+
+/// A wake-up eventfd of this process as `Shm::wakers` holds it, without the count.
 fn waker(fd: colo_sys::RawFd) -> u64 {
-    u64::from(colo_sys::host::pid()) << 32 | u64::from(fd as u32)
+    u64::from(colo_sys::host::pid()) << 42 | u64::from(fd as u32) << 12
 }
 
-/// How many threads at once can register a wake-up eventfd with one side (`Shm::add_waker`);
-/// more sleep without one (as all did before there were wake-up eventfds).
+/// How many wake-up eventfds at once can be registered with one side (`Shm::add_waker`).
 const WAKERS: usize = 8;
+
+/// How long a sleeper that could not register a wake-up eventfd (all `WAKERS` places taken, or
+/// no eventfd to be had) sleeps at most before it looks again: a ring another thread's drain
+/// takes then costs it that much latency instead of a hang.
+pub const UNPASSED_SLEEP: Duration = Duration::from_millis(10);
 
 /// How long a blocking wait sleeps on the futex before it moves to the doorbell.
 const FUTEX_BUDGET: Duration = Duration::from_millis(2);
@@ -171,13 +180,26 @@ struct Registered<'a> {
     fd: std::cell::Cell<Option<colo_sys::RawFd>>,
 }
 
-impl Registered<'_> {
-    /// Registers the thread's wake-up eventfd if it is not yet (nor are `WAKERS` others).
+impl<'a> Registered<'a> {
+    fn new(shm: &'a Shm) -> Self {
+        Registered { shm, fd: std::cell::Cell::new(None) }
+    }
+
+    /// Registers the thread's wake-up eventfd if it is not yet (and a place is free).
     fn register(&self) {
         if self.fd.get().is_none() {
             if let Some(fd) = crate::wake::own_fd().filter(|&fd| self.shm.add_waker(fd)) {
                 self.fd.set(Some(fd));
             }
+        }
+    }
+
+    /// The application closed the eventfd (a `poll` found it invalid): unregister it and let
+    /// the thread take another at its next registration.
+    fn invalid(&self) {
+        if let Some(fd) = self.fd.take() {
+            self.shm.remove_waker(fd);
+            crate::wake::forget_own();
         }
     }
 }
@@ -576,23 +598,40 @@ impl Shm {
 
     /// Registers the wake-up eventfd (`crate::wake`) of a thread about to sleep on this side's
     /// doorbell (with the eventfd in the same `poll`): from now on every drain of the doorbell
-    /// by another thread rings it. Register before announcing; `remove_waker` once awake.
-    /// Returns false (not registered) if `WAKERS` sleepers already are.
+    /// by another thread rings it. Register before announcing; `remove_waker` once awake. An
+    /// eventfd registered already (an epoll set's, by another thread waiting on the set) is
+    /// counted once more. Returns false (not registered) if all `WAKERS` places are taken: the
+    /// caller then sleeps for at most `UNPASSED_SLEEP` at a time.
     pub fn add_waker(&self, fd: colo_sys::RawFd) -> bool {
         let me = waker(fd);
-        // SYNC POINT with the loads in `drain_doorbell` (SeqCst, though what matters is the
-        // order the kernel gives the two drains of the eventfd: either the caller's own drain,
-        // after this, takes the ring, or it comes after the other thread's, whose load then
-        // follows this store).
-        self.wakers.iter().any(|w| w.compare_exchange(0, me, Ordering::SeqCst, Ordering::Relaxed).is_ok())
+        // SYNC POINT (all the compare-and-swaps here and in `remove_waker`) with the loads in
+        // `drain_doorbell`: SeqCst, though what matters is the order the kernel gives the two
+        // drains of the eventfd: either the caller's own drain, after this, takes the ring, or
+        // it comes after the other thread's, whose load then follows this store.
+        for w in &self.wakers {
+            let mut v = w.load(Ordering::SeqCst);
+            while v & !WAKER_COUNT == me && v & WAKER_COUNT < WAKER_COUNT {
+                match w.compare_exchange(v, v + 1, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(_) => return true,
+                    Err(now) => v = now,
+                }
+            }
+        }
+        // (Two threads registering one eventfd at once may each take a place: rung twice.)
+        self.wakers.iter().any(|w| w.compare_exchange(0, me | 1, Ordering::SeqCst, Ordering::Relaxed).is_ok())
     }
 
     /// Undoes `add_waker`.
     pub fn remove_waker(&self, fd: colo_sys::RawFd) {
         let me = waker(fd);
         for w in &self.wakers {
-            if w.compare_exchange(me, 0, Ordering::SeqCst, Ordering::Relaxed).is_ok() {
-                return;
+            let mut v = w.load(Ordering::SeqCst);
+            while v != 0 && v & !WAKER_COUNT == me {
+                let less = if v & WAKER_COUNT == 1 { 0 } else { v - 1 };
+                match w.compare_exchange(v, less, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(_) => return,
+                    Err(now) => v = now,
+                }
             }
         }
     }
@@ -621,8 +660,8 @@ impl Shm {
         for w in &self.wakers {
             // SYNC POINT with the compare-and-swaps in `add_waker` and `remove_waker`.
             let v = w.load(Ordering::SeqCst);
-            let fd = v as u32 as colo_sys::RawFd;
-            if v != 0 && v >> 32 == pid && Some(fd) != own {
+            let fd = (v >> 12) as u32 as colo_sys::RawFd & ((1 << 30) - 1);
+            if v != 0 && v >> 42 == pid && Some(fd) != own {
                 // SAFETY: wake-up eventfds are never closed (`crate::wake`), so a racing removal
                 // leaves, at worst, a spurious ring on an eventfd of this process.
                 doorbell::ring(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) });
@@ -640,14 +679,14 @@ impl Shm {
     /// thread has woken (and perhaps drained a ring meant for us) since, return at once so the
     /// caller re-checks instead of sleeping on a swallowed wake-up.
     ///
-    /// `wake`: this thread's wake-up eventfd, registered with this side (`Registered`), polled
-    /// with the doorbell.
+    /// `wake`: this thread's wake-up eventfd, if registered with this side, polled with the
+    /// doorbell.
     fn block(
         &self,
         deadline: Option<Instant>,
         futex: Option<(u32, Option<Duration>)>,
         epoch: u64,
-        wake: Option<colo_sys::RawFd>,
+        wake: &Registered<'_>,
     ) -> io::Result<()> {
         let timeout = match deadline {
             Some(d) => {
@@ -701,12 +740,20 @@ impl Shm {
                 Ok(colo_sys::doorbell::Woken { interrupted, ..Default::default() })
             }
             None => {
+                let fd = wake.fd.get();
                 // SAFETY: wake-up eventfds are never closed (`crate::wake`).
-                let wake = wake.map(|fd| unsafe { colo_sys::BorrowedFd::borrow_raw(fd) });
-                let r = doorbell::wait(&self.fds.own_bell, &self.fds.control, wake, timeout);
-                if let (Ok(w), Some(fd)) = (&r, wake) {
-                    if w.passed {
-                        doorbell::drain(fd);
+                let wake_fd = fd.map(|fd| unsafe { colo_sys::BorrowedFd::borrow_raw(fd) });
+                // Unregistered, another thread's drain can take our ring without passing it on.
+                let timeout = match fd {
+                    Some(_) => timeout,
+                    None => Some(timeout.map_or(UNPASSED_SLEEP, |t| t.min(UNPASSED_SLEEP))),
+                };
+                let r = doorbell::wait(&self.fds.own_bell, &self.fds.control, wake_fd, timeout);
+                if let (Ok(w), Some(own)) = (&r, wake_fd) {
+                    if w.wake_invalid {
+                        wake.invalid();
+                    } else if w.passed {
+                        doorbell::drain(own);
                     }
                 }
                 r
@@ -715,7 +762,7 @@ impl Shm {
         let interrupted = r.as_ref().is_ok_and(|w| w.interrupted) && interrupted_ends_wait();
         if let Ok(woken) = r {
             if woken.doorbell {
-                self.drain_doorbell(wake.map_or(Drainer::Awake, Drainer::Waker));
+                self.drain_doorbell(wake.fd.get().map_or(Drainer::Awake, Drainer::Waker));
             }
             if woken.control {
                 self.poll_control();
@@ -818,7 +865,7 @@ impl Shm {
         let measure = matches!(spinner.mode(), SpinMode::For(_));
         let asleep_since = std::cell::Cell::new(None::<Instant>);
         let seen_epoch = std::cell::Cell::new(0u64);
-        let registered = Registered { shm: self, fd: std::cell::Cell::new(None) };
+        let registered = Registered::new(self);
         let futex_left = || {
             let since = asleep_since.get().unwrap_or_else(Instant::now);
             FUTEX_BUDGET.checked_sub(since.elapsed()).filter(|d| !d.is_zero())
@@ -860,7 +907,7 @@ impl Shm {
                     },
                     _ => None,
                 };
-                self.block(deadline, futex, seen_epoch.get(), registered.fd.get())
+                self.block(deadline, futex, seen_epoch.get(), &registered)
             },
         );
         if let (true, Some(since)) = (measure, asleep_since.get()) {
@@ -1398,7 +1445,11 @@ mod tests {
             until_asleep();
             // The first thread now sleeps: it must come back to look again, not wait.
             let (done, returned) = channel();
-            s.spawn(move || done.send(sa.block(None, None, seen.get(), None).is_ok()).unwrap());
+            s.spawn(move || {
+                let wake = super::Registered::new(sa);
+                wake.register();
+                done.send(sa.block(None, None, seen.get(), &wake).is_ok()).unwrap()
+            });
             let looked_again = returned.recv_timeout(Duration::from_secs(5));
             // Either way, end the reader's sleep (and a stuck first thread's with it).
             (&b).write_all(&[7]).unwrap();
@@ -1420,7 +1471,9 @@ mod tests {
         // The server's welcome on the control socket would end the sleep: take it now.
         sa.poll_control();
         let wake = crate::wake::own_fd().unwrap();
+        let registered = super::Registered::new(sa);
         assert!(sa.add_waker(wake));
+        registered.fd.set(Some(wake));
         let seen = Cell::new(super::lock(&sa.waiters).epoch);
         sa.announce(notify::SLEEP_DOORBELL, Some(&seen));
         sb.wake_peer();
@@ -1428,13 +1481,40 @@ mod tests {
             assert!(s.spawn(|| sa.drain_doorbell(super::Drainer::Awake)).join().unwrap(), "the peer rang");
             let (done, returned) = channel();
             let deadline = Instant::now() + Duration::from_secs(3600);
-            s.spawn(move || done.send(sa.block(Some(deadline), None, seen.get(), Some(wake)).is_ok()).unwrap());
+            s.spawn(move || done.send(sa.block(Some(deadline), None, seen.get(), &registered).is_ok()).unwrap());
             let woken = returned.recv_timeout(Duration::from_secs(5));
             // Either way, end the sleep (a stuck one's too).
             colo_sys::doorbell::ring(&sa.fds.own_bell);
             assert_eq!(woken, Ok(true), "the sleeper slept through the ring another thread took");
         });
-        sa.remove_waker(wake);
+    }
+
+    /// The threads waiting on one epoll set register the set's eventfd: it takes one place
+    /// however many they are, and stays until the last of them removes it.
+    #[test]
+    fn an_eventfd_many_sleepers_register_takes_one_place() {
+        let l = Listener::bind("127.0.0.1:0").unwrap();
+        let a = Stream::connect(l.local_addr().unwrap()).unwrap();
+        let sa = a.shm().unwrap();
+        // (Numbers only: nothing drains this side's doorbell while they are registered.)
+        let (set, others) = (20_000, 20_001..20_008);
+        for _ in 0..20 {
+            assert!(sa.add_waker(set));
+        }
+        for fd in others.clone() {
+            assert!(sa.add_waker(fd));
+        }
+        assert!(!sa.add_waker(20_008), "all places are taken");
+        for _ in 0..19 {
+            sa.remove_waker(set);
+        }
+        assert!(!sa.add_waker(20_008), "one sleeper on the set is left");
+        sa.remove_waker(set);
+        assert!(sa.add_waker(20_008), "the last one's removal freed the place");
+        for fd in others.chain([20_008]) {
+            sa.remove_waker(fd);
+        }
+        assert!(sa.wakers.iter().all(|w| w.load(std::sync::atomic::Ordering::Relaxed) == 0));
     }
 
     /// The reader's own announcement finds the word woken.
