@@ -41,6 +41,12 @@ int main(void) {
     }
     t1 = now();
     printf("loan+send+recv+release %.1f ns\n", (t1 - t0) / n * 1e9);
+    char buf[64] = {0};
+    t0 = now();
+    for (int i = 0; i < n; i++)
+        if (colo_write_all(c, buf, 64) < 0 || colo_read(s, buf, 64) != 64) return 7;
+    t1 = now();
+    printf("write_all+read %.1f ns\n", (t1 - t0) / n * 1e9);
     colo_close(c);
     colo_close(s);
     colo_listener_close(l);

@@ -176,7 +176,7 @@ fn insert(cx: &Cx<'_, Obj>, obj: Obj) -> Result<usize, isize> {
 /// Runs `f` with this thread's side of the handle table (one thread-local lookup per call).
 #[inline]
 fn with_cx<R>(f: impl FnOnce(&Cx<'_, Obj>) -> R) -> R {
-    TABLE.cx(f)
+    LOCAL.with(|l| TABLE.cx_in(l, f))
 }
 
 /// A connection handle's stream, held by a counted reference (a closing thread cannot free it
