@@ -229,9 +229,9 @@ pub struct Shm {
     /// A non-blocking operation drained a ring that may have been meant for the other half.
     swallowed: AtomicBool,
     /// Wake-up eventfds (`crate::wake`) of the threads asleep on this side's doorbell (this
-    /// crate's blocking calls; the shim's `poll`, `select` and `epoll_wait`), as `pid << 32 | fd`
-    /// (0: a free place): a drain of the doorbell rings them (see `drain_doorbell`). The pid
-    /// keeps a forked child, which inherits this memory, from ringing its parent's eventfds.
+    /// crate's blocking calls; the shim's `poll`, `select` and `epoll_wait`), with their pids
+    /// and counts (`WAKER_COUNT`): a drain of the doorbell rings them (see `drain_doorbell`).
+    /// The pid keeps a forked child, which inherits this memory, from ringing its parent's.
     wakers: [AtomicU64; WAKERS],
     read_timeout: AtomicU64,
     write_timeout: AtomicU64,
