@@ -148,5 +148,68 @@ EA=$(awk '/READY/{print $2}' "$WORK/es.out")
 check "Rust API client -> python under colo run, half-close" sh -c "timeout 20 $PEER client $EA halfclose | grep -q 'OK 5 colo'"
 check "Rust API client -> python under colo run, 200 KB echo" sh -c "timeout 20 $PEER client $EA stream 200000 | grep -q 'OK 200000 colo'"
 
+# Network namespaces: a redis under colo run in each of two namespaces, both on 127.0.0.1:NP.
+# Rendezvous names are abstract Unix sockets, scoped to the namespace as TCP ports are: each
+# namespace's client reaches its own server, over shared memory; the root namespace, where
+# nothing listens on NP, reaches neither.
+if unshare -n true 2>/dev/null; then
+  NP=$(free_port)
+  declare -A NSPID
+  for ns in a b; do
+    unshare -n sh -c "ip link set lo up && exec env COLO_LOG=info $COLORUN redis-server --port $NP --save '' --appendonly no --dir $WORK" >"$WORK/ns-$ns.log" 2>&1 &
+    NSPID[$ns]=$!; PIDS+=($!)
+  done
+  in_ns() { local pid=${NSPID[$1]}; shift; timeout 10 nsenter --net=/proc/$pid/ns/net "$@"; }
+  for ns in a b; do
+    for _ in $(seq 100); do [ "$(in_ns $ns redis-cli -p $NP ping 2>/dev/null)" = PONG ] && break; sleep 0.05; done
+    in_ns $ns redis-cli -p $NP set who "$ns" >/dev/null
+  done
+  for ns in a b; do
+    out=$(in_ns $ns env COLO_LOG=info $COLORUN redis-cli -p $NP get who 2>"$WORK/ns-client-$ns.err")
+    check "namespace $ns: its client reads its own server's value" test "$out" = "$ns"
+    check "namespace $ns: the client's connection was accelerated" grep -q "accelerated" "$WORK/ns-client-$ns.err"
+  done
+  check "the root namespace reaches neither server" sh -c "! timeout 5 $COLORUN redis-cli -p $NP ping >/dev/null 2>&1"
+else
+  echo "skip network namespaces: unshare -n is not permitted here"
+fi
+
+# Users. A rendezvous name squatted by another user (nobody) for a port it does not own is not
+# trusted (spec/WIRE.md section 2): the client under colo run reaches the real server, root's
+# plain redis, over TCP, and sends the squatter nothing. A server run as nobody under colo run,
+# owning its port, is trusted by root's client: shared memory.
+AS_NOBODY="setpriv --reuid=nobody --regid=nogroup --clear-groups"
+if id nobody >/dev/null 2>&1 && [ -x /usr/bin/python3 ] && $AS_NOBODY test -r "$SHIM" 2>/dev/null; then
+  SQ=$(free_port); start_redis "$SQ" ""
+  $AS_NOBODY /usr/bin/python3 -c "
+import socket
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.bind('\0colo/1/127.0.0.1:$SQ'); s.listen(8); s.settimeout(20)
+print('READY', flush=True)
+while True:
+    c, _ = s.accept()
+    print('CONNECTED', flush=True)
+    c.settimeout(2)
+    try:
+        print('GOT', len(c.recv(4096)), flush=True)
+    except OSError as e:
+        print('NOTHING', e, flush=True)
+" >"$WORK/squat.out" 2>&1 & PIDS+=($!)
+  for _ in $(seq 100); do grep -q READY "$WORK/squat.out" && break; sleep 0.05; done
+  out=$(timeout 10 env COLO_LOG=info $COLORUN redis-cli -p $SQ ping 2>"$WORK/squat-client.err")
+  check "a rendezvous squatted by another user: the client reaches the real server" test "$out" = PONG
+  check "... over plain TCP, refusing the squatter" grep -q "rendezvous owned by uid 65534" "$WORK/squat-client.err"
+  sleep 0.3
+  check "... which was sent nothing" sh -c "! grep -q 'GOT [1-9]' '$WORK/squat.out'"
+  NB=$(free_port)
+  (cd "$WORK" && exec $AS_NOBODY env COLO_LOG=info $COLORUN redis-server --port "$NB" --save '' --appendonly no --dir /tmp) >"$WORK/nobody-redis.log" 2>&1 &
+  PIDS+=($!); wait_port "$NB"
+  out=$(timeout 10 env COLO_LOG=info $COLORUN redis-cli -p $NB ping 2>"$WORK/nobody-client.err")
+  check "a server run as another user: root's client gets its answer" test "$out" = PONG
+  check "... over shared memory" grep -q "accelerated" "$WORK/nobody-client.err"
+else
+  echo "skip users: no user nobody, or it cannot read $SHIM"
+fi
+
 [ $FAIL = 0 ] && echo "tests/apps: all passed" || echo "tests/apps: FAILURES"
 exit $FAIL
