@@ -114,6 +114,7 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
         }
         Ok(None) => return Prepared::Plain,
         Err(e) => {
+            crate::adapt::set_up_failed(&e);
             log_info(format_args!("connect {peer}: rendezvous: {e}; plain TCP"));
             return Prepared::Plain;
         }
@@ -144,6 +145,7 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
             self_served: self_served.then_some(target),
         })),
         Err(e) => {
+            crate::adapt::set_up_failed(&e);
             log_info(format_args!("connect {peer}: offer: {e}; plain TCP"));
             Prepared::Plain
         }

@@ -88,7 +88,7 @@ fn own(file: &mut Option<File>) -> Option<&mut File> {
     if file.as_ref().is_none_or(|f| f.pid != me) {
         let slots: Vec<Option<Record>> = file.take().map(|f| f.slots).unwrap_or_default();
         let fd = rustix::fs::memfd_create(FILE_NAME, rustix::fs::MemfdFlags::empty()).ok()?;
-        let fd = colo_sys::preload::move_above(fd, colo::carrier::fd_floor());
+        let fd = colo_sys::preload::move_above(fd, colo::carrier::fd_floor()).ok()?;
         // Inheritable: the point of the file is to survive exec.
         rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::empty()).ok()?;
         let f = File { pid: me, fd, slots };

@@ -240,9 +240,17 @@ extern "C" fn atfork_child() {
 static INIT: extern "C" fn() = init;
 
 extern "C" fn init() {
-    // Keep the shim's own descriptors above the numbers applications size their tables by.
-    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile).current.unwrap_or(1024);
-    colo::carrier::set_fd_floor((soft / 2).clamp(64, 1 << 15) as i32);
+    // Keep the shim's own descriptors out of the application's: above its limit of open files
+    // when the hard limit leaves room (see `colo_sys::preload::move_above`), so they never use up
+    // descriptors it would have had. Else in the top sixteenth of it, or above its first 16384
+    // if that leaves more (never in its lower half); a connection that finds no number free
+    // there stays plain TCP. redis-benchmark -c 900 under a limit of 1024 ran out of
+    // descriptors when the shim's could take the upper half.
+    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let soft = lim.current.unwrap_or(1 << 20);
+    let room_above = lim.maximum.is_none_or(|max| max > soft);
+    let floor = if room_above { soft } else { (soft / 2).max((soft - soft / 16).min(1 << 14)) };
+    colo::carrier::set_fd_floor(floor.clamp(64, 1 << 15) as i32);
     // SAFETY: registering a child handler; it only takes uncontended locks with try_lock.
     unsafe { libc::pthread_atfork(None, None, Some(atfork_child)) };
     // Cache the pid now, in the parent of any `vfork` child the program will make.

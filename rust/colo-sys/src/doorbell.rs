@@ -94,9 +94,10 @@ pub struct Readiness {
 }
 
 impl Readiness {
-    /// An epoll instance watching `doorbell` for input and `control` for input and hang-up.
-    pub fn new(doorbell: impl AsFd, control: impl AsFd) -> io::Result<Readiness> {
-        let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+    /// An epoll instance watching `doorbell` for input and `control` for input and hang-up, at a
+    /// descriptor number at or above `floor` (see `preload::move_above`; 0: anywhere).
+    pub fn new(doorbell: impl AsFd, control: impl AsFd, floor: i32) -> io::Result<Readiness> {
+        let ep = crate::preload::move_above(epoll::create(epoll::CreateFlags::CLOEXEC)?, floor)?;
         epoll::add(&ep, doorbell, epoll::EventData::new_u64(DOORBELL), epoll::EventFlags::IN)?;
         epoll::add(
             &ep,

@@ -50,7 +50,8 @@ pub fn fd_floor() -> i32 {
     FD_FLOOR.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-fn high(fd: OwnedFd) -> OwnedFd {
+/// `fd` moved to the floor (see [`set_fd_floor`]); an error if no number there is free.
+fn high(fd: OwnedFd) -> io::Result<OwnedFd> {
     colo_sys::preload::move_above(fd, FD_FLOOR.load(std::sync::atomic::Ordering::Relaxed))
 }
 
@@ -89,6 +90,8 @@ pub fn connect_rendezvous(addr: SocketAddr) -> io::Result<Option<(OwnedFd, u32)>
                 break;
             }
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
+            // Out of descriptors: the caller's error, not a missing listener.
+            Err(e) if matches!(e.raw_os_error(), Some(crate::shm::libc_errno::EMFILE | crate::shm::libc_errno::ENFILE)) => return Err(e),
             Err(e) => {
                 log::info(format_args!("connect {addr}: rendezvous {name}: {e}; using TCP"));
                 return Ok(None);
@@ -161,13 +164,13 @@ pub fn offer(
     };
     let layout = geometry.layout().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let (memfd, map) = segment::create(layout.segment_size)?;
-    let memfd = high(memfd);
+    let memfd = high(memfd)?;
     // SAFETY: the mapping is private to us until HELLO is sent; nobody else accesses it yet.
     let head = unsafe { std::slice::from_raw_parts_mut(map.as_ptr(), HEADER_FIELDS) };
     header.encode(head).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let client_bell = high(doorbell::create()?);
-    let server_bell = high(doorbell::create()?);
-    let control = high(control);
+    let client_bell = high(doorbell::create()?)?;
+    let server_bell = high(doorbell::create()?)?;
+    let control = high(control)?;
     let hello = Message::Hello { version: wire::VERSION, mode: Mode::Carrier }.encode();
     seqpacket::send(&control, &hello, &[memfd.as_fd(), client_bell.as_fd(), server_bell.as_fd()])?;
     let memfd_raw = memfd.as_raw_fd();
@@ -473,7 +476,15 @@ pub fn hello_from_fds(
     server_bell: OwnedFd,
     mode: Mode,
 ) -> Result<Hello, String> {
-    let (control, memfd, client_bell, server_bell) = (high(control), high(memfd), high(client_bell), high(server_bell));
+    let control = high(control).map_err(|e| format!("control socket: {e}"))?;
+    let moved = (|| Ok::<_, io::Error>((high(memfd)?, high(client_bell)?, high(server_bell)?)))();
+    let (memfd, client_bell, server_bell) = match moved {
+        Ok(fds) => fds,
+        Err(e) => {
+            reject(&control, Reason::NoResources);
+            return Err(format!("descriptors: {e}"));
+        }
+    };
     let mut head = [0u8; HEADER_FIELDS];
     match segment::read_prefix(&memfd, &mut head) {
         Ok(HEADER_FIELDS) => {}

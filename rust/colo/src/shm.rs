@@ -109,6 +109,8 @@ pub mod libc_errno {
     pub const EAGAIN: i32 = 11;
     pub const ENOMEM: i32 = 12;
     pub const EINVAL: i32 = 22;
+    pub const ENFILE: i32 = 23;
+    pub const EMFILE: i32 = 24;
     pub const EPIPE: i32 = 32;
     pub const EPROTO: i32 = 71;
     pub const EMSGSIZE: i32 = 90;
@@ -1297,7 +1299,7 @@ impl Shm {
     /// when the next operation looks.
     pub fn readiness_fd(&self) -> &OwnedFd {
         if self.readiness.get().is_none() {
-            match Readiness::new(&self.fds.own_bell, &self.fds.control) {
+            match Readiness::new(&self.fds.own_bell, &self.fds.control, crate::carrier::fd_floor()) {
                 Ok(r) => {
                     let _ = self.readiness.set(r);
                 }

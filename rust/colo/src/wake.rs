@@ -43,10 +43,9 @@ pub fn take() -> Option<(u32, RawFd)> {
         Some(fd) => fd,
         // Above the floor the shim keeps its descriptors at, as the connections' are: away from
         // the low numbers an application's close sweep or its next `open` would hit.
-        None => colo_sys::IntoRawFd::into_raw_fd(colo_sys::preload::move_above(
-            colo_sys::doorbell::create().ok()?,
-            crate::carrier::fd_floor(),
-        )),
+        None => colo_sys::IntoRawFd::into_raw_fd(
+            colo_sys::preload::move_above(colo_sys::doorbell::create().ok()?, crate::carrier::fd_floor()).ok()?,
+        ),
     };
     Some((pid, fd))
 }
