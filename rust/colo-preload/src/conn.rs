@@ -184,14 +184,18 @@ impl Conn {
     /// Removes us from the holders; true if another process still holds the connection: a
     /// recorded holder (fork), or, for a connection whose descriptors survive exec, a child
     /// (posix_spawn, vfork, system, popen: not recorded) or our parent (when we are the exec'd
-    /// child). A process counts only while it has our segment memfd open under the same number:
-    /// a child that exec'd without the connection, or released its copy, holds nothing.
+    /// child). A process counts only while it has our end's control socket open under the same
+    /// number: a child that exec'd without the connection, or released its copy, holds nothing.
+    /// (Not the segment memfd: the peer holds the same one, often under the same number, as both
+    /// shims move descriptors to the same floor; a client forked by its server took the server
+    /// for a holder and closed without telling it, 2 of 16 connections in half the runs of
+    /// tests/apps/c/close_during_epoll.c.)
     fn others_hold(&self) -> bool {
         let me = colo_sys::host::pid();
-        let memfd = self.raw[3];
-        // SAFETY: our segment memfd, open while `self` lives.
-        let own = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(memfd) }).ok();
-        let holds = |pid: u32| match (rustix::fs::stat(format!("/proc/{pid}/fd/{memfd}")), &own) {
+        let control = self.raw[0];
+        // SAFETY: our control socket, open while `self` lives.
+        let own = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(control) }).ok();
+        let holds = |pid: u32| match (rustix::fs::stat(format!("/proc/{pid}/fd/{control}")), &own) {
             (Ok(st), Some(own)) => st.st_ino == own.st_ino && st.st_dev == own.st_dev,
             (Err(rustix::io::Errno::NOENT), _) => false,
             // Not allowed to look (another user): fall back to whether it lives.
@@ -222,7 +226,7 @@ impl Conn {
         // count only if we can see the descriptor in them: a parent of another user (nginx's
         // root master above its `nobody` workers) is alive but holds nothing of ours, and taking
         // it for a holder would keep every connection from ever closing.
-        let seen_holding = |pid: u32| match (rustix::fs::stat(format!("/proc/{pid}/fd/{memfd}")), &own) {
+        let seen_holding = |pid: u32| match (rustix::fs::stat(format!("/proc/{pid}/fd/{control}")), &own) {
             (Ok(st), Some(own)) => st.st_ino == own.st_ino && st.st_dev == own.st_dev,
             _ => false,
         };

@@ -86,11 +86,12 @@ fn write_slot(f: &File, i: usize) {
 fn own(file: &mut Option<File>) -> Option<&mut File> {
     let me = colo_sys::host::pid();
     if file.as_ref().is_none_or(|f| f.pid != me) {
-        let slots: Vec<Option<Record>> = file.take().map(|f| f.slots).unwrap_or_default();
         let fd = rustix::fs::memfd_create(FILE_NAME, rustix::fs::MemfdFlags::empty()).ok()?;
         let fd = colo_sys::preload::move_above(fd, colo::carrier::fd_floor()).ok()?;
         // Inheritable: the point of the file is to survive exec.
         rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::empty()).ok()?;
+        // Only now, so that a failure above keeps the records.
+        let slots: Vec<Option<Record>> = file.take().map(|f| f.slots).unwrap_or_default();
         let f = File { pid: me, fd, slots };
         for i in 0..f.slots.len() {
             write_slot(&f, i);

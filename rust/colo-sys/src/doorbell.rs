@@ -95,9 +95,13 @@ pub struct Readiness {
 
 impl Readiness {
     /// An epoll instance watching `doorbell` for input and `control` for input and hang-up, at a
-    /// descriptor number at or above `floor` (see `preload::move_above`; 0: anywhere).
+    /// descriptor number at or above `floor` if one is free there (see `preload::move_above`; 0:
+    /// anywhere), else where it was made (a readiness fd that cannot show a hang-up would be
+    /// worse than one descriptor of the application's).
     pub fn new(doorbell: impl AsFd, control: impl AsFd, floor: i32) -> io::Result<Readiness> {
-        let ep = crate::preload::move_above(epoll::create(epoll::CreateFlags::CLOEXEC)?, floor)?;
+        let mut ep = [epoll::create(epoll::CreateFlags::CLOEXEC)?];
+        let _ = crate::preload::move_all_above(&mut ep, floor);
+        let [ep] = ep;
         epoll::add(&ep, doorbell, epoll::EventData::new_u64(DOORBELL), epoll::EventFlags::IN)?;
         epoll::add(
             &ep,

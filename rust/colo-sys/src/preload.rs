@@ -23,57 +23,124 @@ pub fn write_all_blocking(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
 }
 
 /// Moves `fd` to the lowest free descriptor number at or above `floor` (close-on-exec), closing
-/// the original. Keeps a library's own descriptors out of the numbers an application uses: the
-/// LD_PRELOAD shim's live at or above the application's limit of open files when the hard limit
-/// leaves room above it, and never below half of it.
-///
-/// The kernel checks the limit only when it gives out a number, so a floor at or above the soft
-/// limit is reached by raising the soft limit for the one `F_DUPFD` and putting it back: the
-/// descriptor stays valid, and the application's own calls keep failing at its limit as before
-/// (code that relies on the usual 1024 to keep its descriptors within `select`'s reach stays
-/// safe). Fails (the caller falls back, as for any resource failure) when no number at or above
-/// `floor` can be had.
+/// the original: [`move_all_above`] for one descriptor.
 pub fn move_above(fd: rustix::fd::OwnedFd, floor: i32) -> io::Result<rustix::fd::OwnedFd> {
-    use rustix::fd::AsRawFd;
-    if floor <= 0 || fd.as_raw_fd() >= floor {
-        return Ok(fd);
+    let mut fds = [fd];
+    move_all_above(&mut fds, floor)?;
+    let [fd] = fds;
+    Ok(fd)
+}
+
+/// Moves each of `fds` to the lowest free descriptor number at or above `floor` (close-on-exec),
+/// closing the originals. Keeps a library's own descriptors out of the numbers an application
+/// uses: the LD_PRELOAD shim's live at or above the application's limit of open files when the
+/// hard limit leaves room above it, and in its top part otherwise.
+///
+/// A floor at or above the soft limit cannot be reached by `F_DUPFD` in this process, and
+/// raising the process's soft limit around the call let other threads' allocations exceed the
+/// application's limit meanwhile, and a child forked meanwhile keep the raised limit. So the
+/// duplication is done by a helper task that shares this process's memory and descriptor table
+/// but not its resource limits (`clone` without `CLONE_THREAD`): it raises its own soft limit
+/// and duplicates; the application's limit never changes. About 30 us, once per batch.
+///
+/// Fails (the caller falls back, as for any resource failure) when no number at or above
+/// `floor` can be had; `fds` is then unchanged.
+pub fn move_all_above(fds: &mut [rustix::fd::OwnedFd], floor: i32) -> io::Result<()> {
+    use rustix::fd::{AsRawFd, FromRawFd};
+    if floor <= 0 || fds.iter().all(|fd| fd.as_raw_fd() >= floor) {
+        return Ok(());
     }
-    match rustix::io::fcntl_dupfd_cloexec(&fd, floor) {
-        Ok(high) => Ok(high),
-        // `floor` is at or above the soft limit.
-        Err(rustix::io::Errno::INVAL) => dup_above_limit(&fd, floor),
-        Err(e) => Err(e.into()),
+    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let below_limit = lim.current.is_none_or(|soft| (floor as u64) < soft);
+    if fds.len() > JOB_MAX {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let mut job = Job { fds: [-1; JOB_MAX], n: fds.len(), floor, limit: 0, out: [-1; JOB_MAX] };
+    for (i, fd) in fds.iter().enumerate() {
+        job.fds[i] = fd.as_raw_fd();
+    }
+    if below_limit {
+        dup_all(&mut job);
+    } else {
+        // Room above the soft limit: the hard limit, or 64k numbers past the floor.
+        let room = u64::try_from(floor).unwrap_or(0).saturating_add(1 << 16);
+        job.limit = lim.maximum.map_or(room, |max| max.min(room));
+        if job.limit <= floor as u64 {
+            return Err(io::Error::from_raw_os_error(libc::EMFILE));
+        }
+        in_helper(&mut job)?;
+    }
+    if job.out[..job.n].iter().any(|&fd| fd < 0) {
+        for &fd in job.out[..job.n].iter().filter(|&&fd| fd >= 0) {
+            // SAFETY: a duplicate made above, owned by nobody else.
+            drop(unsafe { rustix::fd::OwnedFd::from_raw_fd(fd) });
+        }
+        return Err(io::Error::from_raw_os_error(libc::EMFILE));
+    }
+    for (fd, &high) in fds.iter_mut().zip(&job.out) {
+        // SAFETY: a duplicate made above; the original closes as it is replaced.
+        *fd = unsafe { rustix::fd::OwnedFd::from_raw_fd(high) };
+    }
+    Ok(())
+}
+
+/// Most descriptors one [`move_all_above`] takes.
+const JOB_MAX: usize = 8;
+
+/// What the helper task does: duplicate `fds[..n]` at or above `floor` into `out` (-1: failed),
+/// with its soft limit raised to `limit` first (0: not).
+#[repr(C)]
+struct Job {
+    fds: [i32; JOB_MAX],
+    n: usize,
+    floor: i32,
+    limit: u64,
+    out: [i32; JOB_MAX],
+}
+
+fn dup_all(job: &mut Job) {
+    for i in 0..job.n {
+        // SAFETY: the caller's descriptors, open for the duration of the job.
+        let fd = unsafe { BorrowedFd::borrow_raw(job.fds[i]) };
+        job.out[i] = match rustix::io::fcntl_dupfd_cloexec(fd, job.floor) {
+            Ok(high) => rustix::fd::IntoRawFd::into_raw_fd(high),
+            Err(_) => -1,
+        };
     }
 }
 
-/// `F_DUPFD` to `floor`, at or above the soft limit of open files, with the soft limit raised
-/// for the call (see `move_above`). One thread at a time, so that each puts back what it found.
-fn dup_above_limit(fd: &rustix::fd::OwnedFd, floor: i32) -> io::Result<rustix::fd::OwnedFd> {
-    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
-    use std::sync::Mutex;
-    static RAISING: Mutex<()> = Mutex::new(());
-    // A fork while another thread held it leaves it held in the child: give up there, rather
-    // than wait forever (the caller falls back).
-    let mut tries = 0;
-    let _one = loop {
-        match RAISING.try_lock() {
-            Ok(g) => break g,
-            Err(std::sync::TryLockError::Poisoned(e)) => break e.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) if tries < 1000 => {
-                tries += 1;
-                std::thread::yield_now();
-            }
-            Err(std::sync::TryLockError::WouldBlock) => return Err(io::Error::from_raw_os_error(libc::EMFILE)),
-        }
-    };
-    let lim = getrlimit(Resource::Nofile);
-    let room = u64::try_from(floor).unwrap_or(0).saturating_add(1 << 16);
-    let raised = lim.maximum.map_or(room, |max| max.min(room));
-    if lim.current.is_none_or(|soft| soft >= raised) || raised <= floor as u64 {
-        return Err(io::Error::from_raw_os_error(libc::EMFILE));
+/// The helper's entry (see `move_all_above`): raw system calls only (it runs on its own stack,
+/// with the suspended caller's thread pointer, so nothing that touches thread-local state).
+extern "C" fn helper(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: the caller passed its `Job`, which it does not touch until the helper has exited
+    // (CLONE_VFORK).
+    let job = unsafe { &mut *arg.cast::<Job>() };
+    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let raised = rustix::process::Rlimit { current: Some(job.limit), maximum: lim.maximum };
+    if rustix::process::setrlimit(rustix::process::Resource::Nofile, raised).is_ok() {
+        dup_all(job);
     }
-    setrlimit(Resource::Nofile, Rlimit { current: Some(raised), maximum: lim.maximum })?;
-    let high = rustix::io::fcntl_dupfd_cloexec(fd, floor);
-    let _ = setrlimit(Resource::Nofile, lim);
-    Ok(high?)
+    0
+}
+
+/// Runs `helper` on `job` in a task that shares our memory and descriptor table (not our
+/// limits), and waits for it.
+fn in_helper(job: &mut Job) -> io::Result<()> {
+    const STACK: usize = 64 * 1024;
+    let mut stack = vec![0u8; STACK];
+    // SAFETY: the top of our buffer, 16-byte aligned, for the helper's stack.
+    let top = unsafe { stack.as_mut_ptr().add(STACK) }.map_addr(|a| a & !15);
+    let flags = libc::CLONE_VM | libc::CLONE_FILES | libc::CLONE_VFORK;
+    // SAFETY: `helper` runs on `stack`, which outlives it (CLONE_VFORK: clone returns after the
+    // helper exited); it only reads and writes `job`, which we do not touch meanwhile. No exit
+    // signal: the application's SIGCHLD handling never sees it, and `__WCLONE` reaps it.
+    let pid = unsafe { libc::clone(helper, top.cast(), flags, (job as *mut Job).cast()) };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut status = 0;
+    // SAFETY: reaping our own helper (raw, so that no wrapper of the application's sees it).
+    unsafe { libc::syscall(libc::SYS_wait4, pid, &mut status as *mut i32, libc::__WCLONE, std::ptr::null_mut::<libc::rusage>()) };
+    drop(stack);
+    Ok(())
 }

@@ -50,9 +50,9 @@ pub fn fd_floor() -> i32 {
     FD_FLOOR.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// `fd` moved to the floor (see [`set_fd_floor`]); an error if no number there is free.
-fn high(fd: OwnedFd) -> io::Result<OwnedFd> {
-    colo_sys::preload::move_above(fd, FD_FLOOR.load(std::sync::atomic::Ordering::Relaxed))
+/// `fds` moved to the floor (see [`set_fd_floor`]); an error if no numbers there are free.
+fn high_all(fds: &mut [OwnedFd]) -> io::Result<()> {
+    colo_sys::preload::move_all_above(fds, FD_FLOOR.load(std::sync::atomic::Ordering::Relaxed))
 }
 
 /// Offset of the `claim` word in the segment header.
@@ -164,13 +164,13 @@ pub fn offer(
     };
     let layout = geometry.layout().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let (memfd, map) = segment::create(layout.segment_size)?;
-    let memfd = high(memfd)?;
+    // Moved above the floor together (one helper task when the floor is above the limit).
+    let mut fds = [memfd, doorbell::create()?, doorbell::create()?, control];
+    high_all(&mut fds)?;
+    let [memfd, client_bell, server_bell, control] = fds;
     // SAFETY: the mapping is private to us until HELLO is sent; nobody else accesses it yet.
     let head = unsafe { std::slice::from_raw_parts_mut(map.as_ptr(), HEADER_FIELDS) };
     header.encode(head).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let client_bell = high(doorbell::create()?)?;
-    let server_bell = high(doorbell::create()?)?;
-    let control = high(control)?;
     let hello = Message::Hello { version: wire::VERSION, mode: Mode::Carrier }.encode();
     seqpacket::send(&control, &hello, &[memfd.as_fd(), client_bell.as_fd(), server_bell.as_fd()])?;
     let memfd_raw = memfd.as_raw_fd();
@@ -476,15 +476,12 @@ pub fn hello_from_fds(
     server_bell: OwnedFd,
     mode: Mode,
 ) -> Result<Hello, String> {
-    let control = high(control).map_err(|e| format!("control socket: {e}"))?;
-    let moved = (|| Ok::<_, io::Error>((high(memfd)?, high(client_bell)?, high(server_bell)?)))();
-    let (memfd, client_bell, server_bell) = match moved {
-        Ok(fds) => fds,
-        Err(e) => {
-            reject(&control, Reason::NoResources);
-            return Err(format!("descriptors: {e}"));
-        }
-    };
+    let mut fds = [control, memfd, client_bell, server_bell];
+    if let Err(e) = high_all(&mut fds) {
+        reject(&fds[0], Reason::NoResources);
+        return Err(format!("descriptors: {e}"));
+    }
+    let [control, memfd, client_bell, server_bell] = fds;
     let mut head = [0u8; HEADER_FIELDS];
     match segment::read_prefix(&memfd, &mut head) {
         Ok(HEADER_FIELDS) => {}

@@ -302,6 +302,32 @@ fn futex_sleepers_see_a_killed_peer() {
     assert_eq!(writer.join().unwrap(), ErrorKind::BrokenPipe);
 }
 
+/// A process that only writes, a little at a time, to a peer that is killed: the ring never
+/// fills, so no write waits, and none looked at the control socket (it wrote on for as long as
+/// it ran). Over TCP the second write after the peer's death fails; here the writes must fail
+/// soon too.
+#[test]
+fn a_writer_whose_ring_never_fills_sees_a_killed_peer() {
+    let _w = common::watchdog(60);
+    let (mut child, addr) = start_sleeping_server();
+    let s = Stream::connect(addr.as_str()).unwrap();
+    assert_eq!(s.transport(), Transport::SharedMemory);
+    (&s).write_all(b"alive").unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let mut writes = 0;
+    let err = loop {
+        match (&s).write(b"x") {
+            Ok(_) => writes += 1,
+            Err(e) => break e,
+        }
+        // 30 s of writes, 60 KB: far from filling the ring.
+        assert!(writes < 15_000, "the writer never noticed that its peer was killed");
+        thread::sleep(Duration::from_millis(2));
+    };
+    assert_eq!(err.kind(), ErrorKind::BrokenPipe);
+}
+
 #[test]
 fn corrupted_segment_resets_only_that_connection() {
     let _w = common::watchdog(60);
