@@ -1057,8 +1057,7 @@ impl Shm {
     /// watches for it, and a write that finds its mark reads the control socket, so the next
     /// write fails with `EPIPE`. Two loads per write; the watch itself (a system call) is set up
     /// at the `WATCH_AFTER`th write (`writes`, the half's count), so that a short-lived
-    /// connection does not pay for it (`colo bench`'s connect + 64 B + close: 1.88x TCP -> 1.65x
-    /// when every connection did).
+    /// connection does not pay for it (a system call and the watcher's lock, twice).
     fn notice_hangup(&self, writes: &mut u32) {
         if *writes < WATCH_AFTER {
             *writes += 1;
