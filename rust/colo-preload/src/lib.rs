@@ -235,57 +235,13 @@ extern "C" fn atfork_child() {
     }
 }
 
-/// Keeps the shim's own descriptors out of the application's: above its limit of open files
-/// when the hard limit leaves room (see `colo_sys::preload::move_all_above`), so they never use
-/// up descriptors it would have had. Else in the top sixteenth of it, or above its first 16384
-/// if that leaves more (never in its lower half); a connection that finds no number free there
-/// stays plain TCP. (Above 32768 in any case, for limits beyond that: the kernel's table grows
-/// to the highest number in use.) redis-benchmark -c 900 under a limit of 1024 ran out of
-/// descriptors when the shim's could take the upper half. Set at start and again whenever the
-/// application changes its limit (redis and nginx raise theirs).
-fn set_fd_floor() {
-    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
-    let soft = lim.current.unwrap_or(1 << 20);
-    let room_above = lim.maximum.is_none_or(|max| max > soft);
-    let floor = if room_above { soft } else { (soft / 2).max((soft - soft / 16).min(1 << 14)) };
-    colo::carrier::set_fd_floor(floor.clamp(64, 1 << 15) as i32);
-}
-
-/// The application changed a limit of its own: if of open files, the shim's floor follows.
-fn limit_changed(r: c_int, pid: libc::pid_t, resource: c_int, new: bool) -> c_int {
-    if r == 0 && new && resource == libc::RLIMIT_NOFILE as c_int && (pid == 0 || pid as u32 == colo_sys::host::pid()) {
-        set_fd_floor();
-    }
-    r
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn setrlimit(resource: c_int, rlim: *const libc::rlimit) -> c_int {
-    // SAFETY: forwarding the application's arguments.
-    limit_changed(unsafe { real::setrlimit(resource, rlim) }, 0, resource, true)
-}
-#[no_mangle]
-pub unsafe extern "C" fn setrlimit64(resource: c_int, rlim: *const libc::rlimit64) -> c_int {
-    // SAFETY: forwarding the application's arguments.
-    limit_changed(unsafe { real::setrlimit64(resource, rlim) }, 0, resource, true)
-}
-#[no_mangle]
-pub unsafe extern "C" fn prlimit(pid: libc::pid_t, resource: c_int, new: *const libc::rlimit, old: *mut libc::rlimit) -> c_int {
-    // SAFETY: forwarding the application's arguments.
-    limit_changed(unsafe { real::prlimit(pid, resource, new, old) }, pid, resource, !new.is_null())
-}
-#[no_mangle]
-pub unsafe extern "C" fn prlimit64(pid: libc::pid_t, resource: c_int, new: *const libc::rlimit64, old: *mut libc::rlimit64) -> c_int {
-    // SAFETY: forwarding the application's arguments.
-    limit_changed(unsafe { real::prlimit64(pid, resource, new, old) }, pid, resource, !new.is_null())
-}
-
 #[used]
 #[link_section = ".init_array"]
 static INIT: extern "C" fn() = init;
 
 extern "C" fn init() {
-    set_fd_floor();
+    // The shim's own descriptors stay out of the application's way (see the constant).
+    colo::carrier::set_fd_floor(colo_sys::preload::OUT_OF_THE_WAY);
     // SAFETY: registering a child handler; it only takes uncontended locks with try_lock.
     unsafe { libc::pthread_atfork(None, None, Some(atfork_child)) };
     // Cache the pid now, in the parent of any `vfork` child the program will make.

@@ -72,10 +72,6 @@ real_fns! {
     fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int;
     fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int;
     fn fork() -> libc::pid_t;
-    fn setrlimit(resource: c_int, rlim: *const libc::rlimit) -> c_int;
-    fn setrlimit64(resource: c_int, rlim: *const libc::rlimit64) -> c_int;
-    fn prlimit(pid: libc::pid_t, resource: c_int, new: *const libc::rlimit, old: *mut libc::rlimit) -> c_int;
-    fn prlimit64(pid: libc::pid_t, resource: c_int, new: *const libc::rlimit64, old: *mut libc::rlimit64) -> c_int;
     fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_long, c: libc::c_long, d: libc::c_long, e: libc::c_long, f: libc::c_long) -> libc::c_long;
     fn dup(fd: c_int) -> c_int;
     fn dup2(fd: c_int, new: c_int) -> c_int;

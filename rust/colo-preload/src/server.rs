@@ -248,6 +248,7 @@ fn answer_request(svc: &Service, c: OwnedFd) {
 
 fn serve(svc: &'static Service) {
     use rustix::event::{poll, PollFd, PollFlags};
+    colo_sys::host::block_signals();
     loop {
         let fds: Vec<i32> = {
             let st = lock(svc);

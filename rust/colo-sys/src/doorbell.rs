@@ -150,7 +150,16 @@ pub struct Poller {
 impl Poller {
     /// An empty set.
     pub fn new() -> io::Result<Poller> {
-        Ok(Poller { epoll: epoll::create(epoll::CreateFlags::CLOEXEC)? })
+        Poller::new_above(0)
+    }
+
+    /// An empty set whose descriptor is at or above `floor` if one is free there (see
+    /// `preload::move_all_above`; 0: anywhere).
+    pub fn new_above(floor: i32) -> io::Result<Poller> {
+        let mut ep = [epoll::create(epoll::CreateFlags::CLOEXEC)?];
+        let _ = crate::preload::move_all_above(&mut ep, floor);
+        let [epoll] = ep;
+        Ok(Poller { epoll })
     }
 
     /// Watches `fd` for input under `token` (level-triggered).

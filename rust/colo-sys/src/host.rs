@@ -216,6 +216,17 @@ fn online_cpus() -> u32 {
     n
 }
 
+/// Blocks every signal in the calling thread (a library's background thread: the application's
+/// signals are for its own threads, and its handlers must not run on ours).
+pub fn block_signals() {
+    // SAFETY: plain signal-mask calls on a local set.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+    }
+}
+
 /// Raises the soft limit of open files to the hard limit (thousands of connections need it).
 pub fn raise_fd_limit() {
     use rustix::process::{getrlimit, setrlimit, Resource};

@@ -38,9 +38,10 @@ use std::time::{Duration, Instant};
 
 static FD_FLOOR: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
-/// Descriptors this module creates or receives (control socket, memfd, doorbells) are moved to
-/// numbers at or above `floor` (0: anywhere). The LD_PRELOAD shim sets it so that its
-/// descriptors do not crowd the low numbers an application sizes its tables by.
+/// Descriptors this module creates or receives (control socket, memfd, doorbells), and the other
+/// descriptors a connection holds, are moved to numbers at or above `floor` (0: anywhere). The
+/// LD_PRELOAD shim sets `colo_sys::preload::OUT_OF_THE_WAY`, so that its descriptors stay out
+/// of the application's way.
 pub fn set_fd_floor(floor: i32) {
     FD_FLOOR.store(floor, std::sync::atomic::Ordering::Relaxed);
 }

@@ -91,6 +91,7 @@ static POOL_WAKE: std::sync::Condvar = std::sync::Condvar::new();
 const POOL_TARGET: usize = 4;
 
 fn preparer() {
+    colo_sys::host::block_signals();
     let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
     loop {
         while pool.ready.len() >= POOL_TARGET || pool.geometry.is_none() {

@@ -274,6 +274,7 @@ mod sweeper {
     }
 
     fn run() {
+        colo_sys::host::block_signals();
         loop {
             let mut s = lock(&STATE);
             while !s.busy {

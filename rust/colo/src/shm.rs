@@ -1066,7 +1066,12 @@ impl Shm {
         }
         if self.hangup.armed(&self.fds.control, self.own_waiting()) && self.hangup.take_fired() {
             self.poll_control();
-            if !self.has(PEER_GONE) {
+            if self.has(PEER_GONE) {
+                // The mark was a reader's too: one that the watcher woke but that had not yet
+                // looked would find neither mark nor news, and sleep for good (a reviewer's
+                // reader thread hung so in every run, behind a writer thread).
+                self.wake_self();
+            } else {
                 self.hangup.rearm(&self.fds.control);
             }
         }
@@ -1410,7 +1415,10 @@ mod reaper {
             *r = None;
             crate::fork::protect();
             let (tx, rx) = channel::<Segment>();
-            if std::thread::Builder::new().name("colo-reaper".into()).spawn(move || rx.into_iter().for_each(drop)).is_ok() {
+            if std::thread::Builder::new().name("colo-reaper".into()).spawn(move || {
+                colo_sys::host::block_signals();
+                rx.into_iter().for_each(drop)
+            }).is_ok() {
                 *r = Some((me, tx));
             }
         }
