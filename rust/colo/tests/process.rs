@@ -25,6 +25,7 @@ fn child_entry() {
         "corrupter" => corrupter(&arg),
         "many" => many(&arg),
         "sleeping_server" => sleeping_server(),
+        "draining_server" => draining_server(),
         "out_of_fds" => out_of_fds(),
         _ => 2,
     };
@@ -70,6 +71,16 @@ fn sleeping_server() -> i32 {
     say(&format!("READY {}", l.local_addr().unwrap()));
     let (_s, _) = l.accept().unwrap();
     thread::sleep(Duration::from_secs(60));
+    0
+}
+
+/// Accepts one connection and reads everything from it.
+fn draining_server() -> i32 {
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    say(&format!("READY {}", l.local_addr().unwrap()));
+    let (mut s, _) = l.accept().unwrap();
+    let mut buf = vec![0u8; 65536];
+    while s.read(&mut buf).is_ok_and(|n| n > 0) {}
     0
 }
 
@@ -326,6 +337,40 @@ fn a_writer_whose_ring_never_fills_sees_a_killed_peer() {
         thread::sleep(Duration::from_millis(2));
     };
     assert_eq!(err.kind(), ErrorKind::BrokenPipe);
+}
+
+/// A reader thread asleep on its futex and a writer thread writing to a peer that drains, when
+/// the peer is killed: the writer may take the hang-up watcher's mark first (see
+/// `Shm::notice_hangup`), and the reader must still be woken (it slept for good when the writer
+/// did not wake it, within the first ten rounds of every run of a reviewer's test).
+#[test]
+fn a_writer_taking_the_hang_up_leaves_none_of_its_readers_asleep() {
+    let _w = common::watchdog(120);
+    for _ in 0..20 {
+        let mut child = common::child("child_entry", "draining_server", "");
+        let addr = wait_line(&mut child).strip_prefix("READY ").unwrap().to_string();
+        let opts = Options::new().spin(colo::SpinMode::Never);
+        let s = std::sync::Arc::new(Stream::connect_with(addr.as_str(), &opts).unwrap());
+        assert_eq!(s.transport(), Transport::SharedMemory);
+        let reader = {
+            let s = s.clone();
+            thread::spawn(move || (&*s).read(&mut [0u8; 64]).map_err(|e| e.kind()))
+        };
+        thread::sleep(Duration::from_millis(20));
+        let writer = {
+            let s = s.clone();
+            thread::spawn(move || loop {
+                if let Err(e) = (&*s).write(b"abcdefgh") {
+                    break e.kind();
+                }
+            })
+        };
+        thread::sleep(Duration::from_millis(5));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(reader.join().unwrap(), Err(ErrorKind::ConnectionReset));
+        assert_eq!(writer.join().unwrap(), ErrorKind::BrokenPipe);
+    }
 }
 
 #[test]
