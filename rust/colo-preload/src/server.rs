@@ -128,7 +128,7 @@ fn own_service() -> io::Result<&'static Service> {
         alias: std::sync::OnceLock::new(),
     }));
     SERVICE.store(svc as *const Service as *mut Service, Ordering::Release);
-    std::thread::Builder::new().name("colo-offers".into()).spawn(move || serve(svc))?;
+    colo_sys::host::with_signals_blocked(|| std::thread::Builder::new().name("colo-offers".into()).spawn(move || serve(svc)))?;
     Ok(svc)
 }
 
@@ -248,7 +248,6 @@ fn answer_request(svc: &Service, c: OwnedFd) {
 
 fn serve(svc: &'static Service) {
     use rustix::event::{poll, PollFd, PollFlags};
-    colo_sys::host::block_signals();
     loop {
         let fds: Vec<i32> = {
             let st = lock(svc);

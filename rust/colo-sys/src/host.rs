@@ -216,15 +216,36 @@ fn online_cpus() -> u32 {
     n
 }
 
-/// Blocks every signal in the calling thread (a library's background thread: the application's
-/// signals are for its own threads, and its handlers must not run on ours).
-pub fn block_signals() {
-    // SAFETY: plain signal-mask calls on a local set.
+/// Every signal but the faults a thread raises itself (which, blocked, would kill the process
+/// instead of reaching their handler: SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, and SIGSYS,
+/// which a seccomp filter may send for a refused system call).
+pub fn quiet_signals() -> libc::sigset_t {
+    // SAFETY: plain operations on a local set.
     unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        for sig in [libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP, libc::SIGSYS] {
+            libc::sigdelset(&mut set, sig);
+        }
+        set
     }
+}
+
+/// Runs `f` with `quiet_signals` blocked in the calling thread, then restores its mask. A
+/// thread spawned inside starts with them blocked: a library's background thread must not run
+/// the application's handlers (the application's signals are for its own threads).
+pub fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
+    let quiet = quiet_signals();
+    // SAFETY: plain signal-mask calls on local sets.
+    let old = unsafe {
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, &quiet, &mut old);
+        old
+    };
+    let r = f();
+    // SAFETY: restoring the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    r
 }
 
 /// Raises the soft limit of open files to the hard limit (thousands of connections need it).

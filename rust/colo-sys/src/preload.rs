@@ -80,7 +80,7 @@ pub fn move_all_above(fds: &mut [rustix::fd::OwnedFd], floor: i32) -> io::Result
     if fds.len() > JOB_MAX {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
-    let mut job = Job { fds: [-1; JOB_MAX], n: fds.len(), floor, limit: 0, out: [-1; JOB_MAX] };
+    let mut job = Job { fds: [-1; JOB_MAX], n: fds.len(), floor, limit: 0, raised: false, out: [-1; JOB_MAX] };
     for (i, fd) in fds.iter().enumerate() {
         job.fds[i] = fd.as_raw_fd();
     }
@@ -93,10 +93,12 @@ pub fn move_all_above(fds: &mut [rustix::fd::OwnedFd], floor: i32) -> io::Result
         if job.limit <= floor as u64 {
             return Err(io::Error::from_raw_os_error(libc::EMFILE));
         }
-        if let Err(e) = in_helper(&mut job) {
-            // Refused for good (or for now: a process limit): stay within the limit from now on.
+        let ran = in_helper(&mut job);
+        if ran.is_err() || !job.raised {
+            // Refused (a sandbox that allows only threads or denies `prlimit64`, or a process
+            // limit): stay within the limit from now on.
             HELPER_REFUSED.store(true, std::sync::atomic::Ordering::Relaxed);
-            return Err(e);
+            return Err(ran.err().unwrap_or_else(|| io::Error::from_raw_os_error(libc::EPERM)));
         }
     }
     if job.out[..job.n].iter().any(|&fd| fd < 0) {
@@ -117,13 +119,14 @@ pub fn move_all_above(fds: &mut [rustix::fd::OwnedFd], floor: i32) -> io::Result
 const JOB_MAX: usize = 8;
 
 /// What the helper task does: duplicate `fds[..n]` at or above `floor` into `out` (-1: failed),
-/// with its soft limit raised to `limit` first (0: not).
+/// with its soft limit raised to `limit` first (0: not; `raised` tells whether it could).
 #[repr(C)]
 struct Job {
     fds: [i32; JOB_MAX],
     n: usize,
     floor: i32,
     limit: u64,
+    raised: bool,
     out: [i32; JOB_MAX],
 }
 
@@ -147,6 +150,7 @@ extern "C" fn helper(arg: *mut libc::c_void) -> libc::c_int {
     let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
     let raised = rustix::process::Rlimit { current: Some(job.limit), maximum: lim.maximum };
     if rustix::process::setrlimit(rustix::process::Resource::Nofile, raised).is_ok() {
+        job.raised = true;
         dup_all(job);
     }
     0
@@ -162,14 +166,13 @@ fn in_helper(job: &mut Job) -> io::Result<()> {
     // SAFETY: the top of our buffer, 16-byte aligned, for the helper's stack.
     let top = unsafe { stack.as_mut_ptr().add(STACK) }.map_addr(|a| a & !15);
     let flags = libc::CLONE_VM | libc::CLONE_FILES | libc::CLONE_VFORK;
-    // The task inherits the application's handlers: with every signal blocked, none runs in it
-    // (a process-group signal ran the application's handler there 2178 times in 13406).
+    // The task inherits the application's handlers: with signals blocked, none runs in it (a
+    // process-group signal ran the application's handler there 2178 times in 13406).
+    let quiet = crate::host::quiet_signals();
     // SAFETY: plain signal-mask calls on local sets.
     let old = unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &quiet, &mut old);
         old
     };
     // SAFETY: `helper` runs on `stack`, which outlives it (CLONE_VFORK: clone returns after the

@@ -46,7 +46,8 @@ pub fn set_fd_floor(floor: i32) {
     FD_FLOOR.store(floor, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// The floor set by [`set_fd_floor`].
+/// The floor set by [`set_fd_floor`]: pass it to `colo_sys::preload::move_all_above`, never
+/// compare a descriptor with it (the shim's is a marker, `OUT_OF_THE_WAY`, worked out there).
 pub fn fd_floor() -> i32 {
     FD_FLOOR.load(std::sync::atomic::Ordering::Relaxed)
 }

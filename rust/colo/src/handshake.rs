@@ -91,7 +91,6 @@ static POOL_WAKE: std::sync::Condvar = std::sync::Condvar::new();
 const POOL_TARGET: usize = 4;
 
 fn preparer() {
-    colo_sys::host::block_signals();
     let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
     loop {
         while pool.ready.len() >= POOL_TARGET || pool.geometry.is_none() {
@@ -123,7 +122,7 @@ fn prepare(addr: SocketAddr, opts: &Options) -> io::Result<Prepared> {
             // are the parent's (dropping our copies leaves its own intact).
             pool.ready.retain(|(pid, _)| *pid == me);
             crate::fork::protect();
-            if std::thread::Builder::new().name("colo-prepare".into()).spawn(preparer).is_ok() {
+            if colo_sys::host::with_signals_blocked(|| std::thread::Builder::new().name("colo-prepare".into()).spawn(preparer)).is_ok() {
                 pool.preparer = me;
             }
         }

@@ -63,15 +63,13 @@ fn watcher(w: &mut Option<Watcher>) -> Option<&mut Watcher> {
         crate::fork::protect();
         let poller = Arc::new(Poller::new_above(crate::carrier::fd_floor()).ok()?);
         let p = poller.clone();
-        std::thread::Builder::new().name("colo-hangup".into()).spawn(move || run(&p)).ok()?;
+        colo_sys::host::with_signals_blocked(|| std::thread::Builder::new().name("colo-hangup".into()).spawn(move || run(&p))).ok()?;
         *w = Some(Watcher { generation, poller, watched: HashMap::new(), next_key: 0 });
     }
     w.as_mut()
 }
 
 fn run(poller: &Arc<Poller>) {
-    // The application's signals are for its own threads, not this one.
-    colo_sys::host::block_signals();
     loop {
         let Ok(keys) = poller.wait(None) else { return };
         let w = lock();

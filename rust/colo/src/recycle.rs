@@ -240,7 +240,7 @@ mod sweeper {
         let mut s = lock(&STATE);
         if s.running != me && {
             crate::fork::protect();
-            std::thread::Builder::new().name("colo-sweeper".into()).spawn(run).is_ok()
+            colo_sys::host::with_signals_blocked(|| std::thread::Builder::new().name("colo-sweeper".into()).spawn(run)).is_ok()
         } {
             s.running = me;
         }
@@ -274,7 +274,6 @@ mod sweeper {
     }
 
     fn run() {
-        colo_sys::host::block_signals();
         loop {
             let mut s = lock(&STATE);
             while !s.busy {

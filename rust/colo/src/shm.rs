@@ -1415,10 +1415,8 @@ mod reaper {
             *r = None;
             crate::fork::protect();
             let (tx, rx) = channel::<Segment>();
-            if std::thread::Builder::new().name("colo-reaper".into()).spawn(move || {
-                colo_sys::host::block_signals();
-                rx.into_iter().for_each(drop)
-            }).is_ok() {
+            let spawn = || std::thread::Builder::new().name("colo-reaper".into()).spawn(move || rx.into_iter().for_each(drop));
+            if colo_sys::host::with_signals_blocked(spawn).is_ok() {
                 *r = Some((me, tx));
             }
         }
