@@ -617,9 +617,10 @@ fn remaining_ms(deadline: Option<Instant>) -> c_int {
     }
 }
 
-/// The connections of `epfd` and the spin policy for waiting on them (the strictest of theirs:
-/// "never" when any pair shares one CPU).
-fn watched(epfd: c_int) -> (Vec<Arc<Conn>>, SpinMode) {
+/// The connections of `epfd`, the spin policy for waiting on them (the strictest of theirs:
+/// "never" when any pair shares one CPU), and the set's wake-up eventfd if this process made
+/// one (see `set_wake`).
+fn watched(epfd: c_int) -> (Vec<Arc<Conn>>, SpinMode, Option<colo_sys::RawFd>) {
     with_regs(|r| {
         let conns: Vec<Arc<Conn>> = r
             .by_epfd
@@ -630,7 +631,8 @@ fn watched(epfd: c_int) -> (Vec<Arc<Conn>>, SpinMode) {
         if mode != SpinMode::Always && conns.iter().any(|c| c.never_spin()) {
             mode = SpinMode::Never;
         }
-        (conns, mode)
+        let wake = r.wakes.get(&epfd).filter(|w| w.0 == colo_sys::host::pid()).map(|w| w.1);
+        (conns, mode, wake)
     })
 }
 
@@ -695,7 +697,7 @@ pub unsafe fn epoll_wait_with(
         if n > 0 {
             return g.ok(with_kernel_events(epfd, all, n, round, &wait) as libc::ssize_t) as c_int;
         }
-        let (conns, mode) = watched(epfd);
+        let (conns, mode, wake) = watched(epfd);
         if !spun && t != 0 && !conns.is_empty() {
             spun = true;
             // Spin until a ring has something to report, within the budget. A change that
@@ -728,7 +730,7 @@ pub unsafe fn epoll_wait_with(
         let sleeps = t != 0;
         // The set's wake-up eventfd, registered with the watched connections from before the
         // drains and announcements until the kernel wait returns (see `set_wake`).
-        let wake = if sleeps && !conns.is_empty() { set_wake(epfd) } else { None };
+        let wake = if sleeps && !conns.is_empty() { wake.or_else(|| set_wake(epfd)) } else { None };
         let waking = wake.map(|fd| Waking::new(&conns, |c| c, fd));
         // Without a pass from other threads' drains, sleep in short steps (see `UNPASSED_SLEEP`).
         let unpassed = sleeps && !conns.is_empty() && !waking.as_ref().is_some_and(|w| w.complete());

@@ -19,24 +19,10 @@ pub fn ring(fd: impl AsFd) {
     let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
 }
 
-/// Adds `value` to a doorbell's counter (`ring` adds 1).
-pub fn ring_with(fd: impl AsFd, value: u64) {
-    // As in `ring`.
-    let _ = rustix::io::write(fd, &value.to_ne_bytes());
-}
-
 /// Empties a doorbell without blocking; returns whether it had rung.
 pub fn drain(fd: impl AsFd) -> bool {
-    drain_count(fd) > 0
-}
-
-/// Empties a doorbell without blocking; returns the counter it held (0: it had not rung).
-pub fn drain_count(fd: impl AsFd) -> u64 {
     let mut buf = [0u8; 8];
-    match rustix::io::read(fd, &mut buf) {
-        Ok(8) => u64::from_ne_bytes(buf),
-        _ => 0,
-    }
+    matches!(rustix::io::read(fd, &mut buf), Ok(8)) && u64::from_ne_bytes(buf) > 0
 }
 
 const DOORBELL: u64 = 0;

@@ -264,8 +264,9 @@ fn accept_reports_emfile_and_serves_the_client_afterwards() {
 }
 
 /// A child process whose listener accepts one connection and then sleeps; and its address.
-fn start_sleeping_server() -> (Child, String) {
-    let mut child = common::child("child_entry", "sleeping_server", "");
+/// A server child in `role` (`sleeping_server`, `draining_server`) and its address.
+fn start_server(role: &str) -> (Child, String) {
+    let mut child = common::child("child_entry", role, "");
     let line = wait_line(&mut child);
     let addr = line.strip_prefix("READY ").unwrap().to_string();
     (child, addr)
@@ -274,7 +275,7 @@ fn start_sleeping_server() -> (Child, String) {
 #[test]
 fn server_killed_client_sees_reset() {
     let _w = common::watchdog(60);
-    let (mut child, addr) = start_sleeping_server();
+    let (mut child, addr) = start_server("sleeping_server");
     let s = Stream::connect(addr.as_str()).unwrap();
     assert_eq!(s.transport(), Transport::SharedMemory);
     (&s).write_all(b"before").unwrap();
@@ -289,7 +290,7 @@ fn server_killed_client_sees_reset() {
 #[test]
 fn futex_sleepers_see_a_killed_peer() {
     let _w = common::watchdog(60);
-    let (mut child, addr) = start_sleeping_server();
+    let (mut child, addr) = start_server("sleeping_server");
     let opts = Options::new().spin(colo::SpinMode::Never).ring_capacity(4096);
     let s = std::sync::Arc::new(Stream::connect_with(addr.as_str(), &opts).unwrap());
     assert_eq!(s.transport(), Transport::SharedMemory);
@@ -320,7 +321,7 @@ fn futex_sleepers_see_a_killed_peer() {
 #[test]
 fn a_writer_whose_ring_never_fills_sees_a_killed_peer() {
     let _w = common::watchdog(60);
-    let (mut child, addr) = start_sleeping_server();
+    let (mut child, addr) = start_server("sleeping_server");
     let s = Stream::connect(addr.as_str()).unwrap();
     assert_eq!(s.transport(), Transport::SharedMemory);
     (&s).write_all(b"alive").unwrap();
@@ -347,8 +348,7 @@ fn a_writer_whose_ring_never_fills_sees_a_killed_peer() {
 fn a_writer_taking_the_hang_up_leaves_none_of_its_readers_asleep() {
     let _w = common::watchdog(120);
     for _ in 0..20 {
-        let mut child = common::child("child_entry", "draining_server", "");
-        let addr = wait_line(&mut child).strip_prefix("READY ").unwrap().to_string();
+        let (mut child, addr) = start_server("draining_server");
         let opts = Options::new().spin(colo::SpinMode::Never);
         let s = std::sync::Arc::new(Stream::connect_with(addr.as_str(), &opts).unwrap());
         assert_eq!(s.transport(), Transport::SharedMemory);

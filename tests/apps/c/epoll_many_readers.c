@@ -68,16 +68,7 @@ int main(void) {
     pid_t pid = fork();
     if (pid < 0) die("fork");
     if (pid == 0) {
-        int c = accept(l, NULL, NULL);
-        static char b[65536];
-        ssize_t n;
-        while ((n = read(c, b, sizeof b)) > 0)
-            for (ssize_t o = 0; o < n;) {
-                ssize_t w = write(c, b + o, n - o);
-                if (w <= 0) _exit(1);
-                o += w;
-            }
-        _exit(0);
+        _exit(echo_until_eof(accept(l, NULL, NULL)) != 0);
     }
     fd = socket(AF_INET, SOCK_STREAM, 0);
     if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) die("connect");

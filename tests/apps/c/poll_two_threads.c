@@ -60,14 +60,7 @@ static int echo_server(int l, pid_t pid) {
             if (waitpid(pid, &status, WNOHANG) == pid) return status;
         int c = accept(l, NULL, NULL);
         if (c < 0) die("accept");
-        static char b[65536];
-        ssize_t n;
-        while ((n = read(c, b, sizeof b)) > 0)
-            for (ssize_t o = 0; o < n;) {
-                ssize_t w = write(c, b + o, n - o);
-                if (w <= 0) break; /* the client is gone: checked by the caller */
-                o += w;
-            }
+        echo_until_eof(c); /* a failed write: the client is gone, which the caller checks */
         close(c);
     }
     waitpid(pid, &status, 0);

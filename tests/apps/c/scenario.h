@@ -61,6 +61,20 @@ static inline int segments(void) {
     return found;
 }
 
+/* Echoes what `c` reads back to it until end of stream: 0, or -1 once a write fails (the peer
+ * is gone). */
+static inline int echo_until_eof(int c) {
+    static char b[65536];
+    ssize_t n;
+    while ((n = read(c, b, sizeof b)) > 0)
+        for (ssize_t o = 0; o < n;) {
+            ssize_t w = write(c, b + o, n - o);
+            if (w <= 0) return -1;
+            o += w;
+        }
+    return 0;
+}
+
 /* Byte `i` of the test pattern. */
 static inline unsigned char pattern(long i) { return (unsigned char)((i * 2654435761u) >> 13); }
 
