@@ -257,10 +257,34 @@ unsafe impl<T: Send + Sync> Send for Table<T> {}
 
 /// A counted reference to a live object; dropping it gives the reference back (and drops the
 /// object if it was the last one of a closed handle). Like an `Arc` clone.
+///
+/// One word: the entry's address with bit 0 set for a reference from [`Table::get_cached`], which
+/// goes back to this thread's cache if it has a slot for the entry (entries are 128-byte aligned).
+/// A `{ entry, cached: bool }` pair was copied as one 16-byte load of two separately written
+/// fields, which stalled store forwarding on every message call.
 pub(crate) struct Ref<T: 'static> {
-    entry: &'static Entry<T>,
-    /// From [`Table::get_cached`]: goes back to this thread's cache if it has a slot for the entry.
-    cached: bool,
+    tagged: std::ptr::NonNull<Entry<T>>,
+}
+
+impl<T> Ref<T> {
+    #[inline(always)]
+    fn new(entry: &'static Entry<T>, cached: bool) -> Self {
+        let tagged = ptr::from_ref(entry).cast_mut().map_addr(|a| a | usize::from(cached));
+        // SAFETY: the address of a reference, with at most bit 0 set: not null.
+        Ref { tagged: unsafe { std::ptr::NonNull::new_unchecked(tagged) } }
+    }
+
+    #[inline(always)]
+    fn entry(&self) -> &'static Entry<T> {
+        // SAFETY: `new` stored a `&'static Entry` with bit 0 (zero in its 128-aligned address)
+        // possibly set; clearing it gives that reference back.
+        unsafe { &*self.tagged.as_ptr().map_addr(|a| a & !1) }
+    }
+
+    #[inline(always)]
+    fn cached(&self) -> bool {
+        self.tagged.as_ptr().addr() & 1 != 0
+    }
 }
 
 // SAFETY: a `Ref` gives `&T` on whichever thread holds it and may drop the `T` there: as for
@@ -274,15 +298,16 @@ impl<T> Deref for Ref<T> {
     #[inline]
     fn deref(&self) -> &T {
         // SAFETY: a `Ref` is a counted reference on its entry.
-        unsafe { self.entry.obj() }
+        unsafe { self.entry().obj() }
     }
 }
 
 impl<T> Drop for Ref<T> {
     #[inline]
     fn drop(&mut self) {
-        let (entry, table) = (self.entry, self.entry.table);
-        if self.cached && table.put_back(entry) {
+        let entry = self.entry();
+        let table = entry.table;
+        if self.cached() && table.put_back(entry) {
             return;
         }
         table.release(entry, 1);
@@ -298,10 +323,13 @@ pub(crate) struct Cx<'a, T: 'static> {
 }
 
 impl<T> Cx<'_, T> {
-    /// [`Table::insert`].
+    /// [`Table::insert`], with the object made by `make` once its entry is found: it is written
+    /// straight into the entry (an object passed by value was built on the stack and copied, in
+    /// 16-byte loads of fields just written one by one, which stalled store forwarding). Gives
+    /// `make` back, not called, if the table is full.
     #[inline]
-    pub(crate) fn insert(&self, kind: u8, obj: T) -> Result<usize, T> {
-        self.table.insert_in(self.l, kind, obj)
+    pub(crate) fn insert_with<F: FnOnce() -> T>(&self, kind: u8, make: F) -> Result<usize, F> {
+        self.table.insert_in(self.l, kind, make)
     }
 
     /// [`Table::get_cached`].
@@ -320,7 +348,7 @@ impl<T> Cx<'_, T> {
     /// Drops `r` (as its `Drop` would, without looking up the thread-local state again).
     #[inline]
     pub(crate) fn put(&self, r: Ref<T>) {
-        let (entry, cached) = (r.entry, r.cached);
+        let (entry, cached) = (r.entry(), r.cached());
         std::mem::forget(r);
         if !(cached && self.table.put_back_in(self.l, entry)) {
             self.table.release(entry, 1);
@@ -426,19 +454,19 @@ impl<T: 'static> Table<T> {
     /// the owner reference. Gives `obj` back if the table is full ([`MAX_ENTRIES`]).
     #[cfg(test)]
     pub(crate) fn insert(&'static self, kind: u8, obj: T) -> Result<usize, T> {
-        self.cx(|cx| cx.insert(kind, obj))
+        self.cx(|cx| cx.insert_with(kind, || obj)).map_err(|make| make())
     }
 
     #[inline(always)]
-    fn insert_in(&'static self, l: &Local<T>, kind: u8, obj: T) -> Result<usize, T> {
+    fn insert_in<F: FnOnce() -> T>(&'static self, l: &Local<T>, kind: u8, make: F) -> Result<usize, F> {
         debug_assert!((1..8).contains(&kind));
-        let Some(entry) = self.alloc_entry_in(l) else { return Err(obj) };
+        let Some(entry) = self.alloc_entry_in(l) else { return Err(make) };
         let index = entry.index;
         // The entry is vacant and ours: no one else writes its state (stale lookups only read it).
         let gen = gen_of(entry.state.load(Ordering::Relaxed));
         // SAFETY: the index came off a free list (or is new), so no object lives in the entry and
         // no one else uses it: lookups cannot take a reference on a vacant entry.
-        unsafe { (*entry.obj.get()).write(obj) };
+        unsafe { (*entry.obj.get()).write(make()) };
         // SYNC POINT with the Acquire compare-and-swaps in `acquire`, `take` and `mark_closed`: the
         // object written above is visible to whoever takes a reference through this state.
         entry.state.store(live(gen, kind) | 1, Ordering::Release);
@@ -452,7 +480,7 @@ impl<T: 'static> Table<T> {
         let (index, gen) = decode(h)?;
         let entry = self.entry(index)?;
         self.acquire(entry, live(gen, kind), 1)?;
-        Some(Ref { entry, cached: false })
+        Some(Ref::new(entry, false))
     }
 
     /// As [`Table::get`], through this thread's cached references (see the module doc): usually
@@ -480,7 +508,7 @@ impl<T: 'static> Table<T> {
             && entry.state.load(Ordering::Relaxed) & !REFS_MASK == want
         {
             slot.n.set(n - 1);
-            return Some(Ref { entry, cached: true });
+            return Some(Ref::new(entry, true));
         }
         self.get_cached_slow(l, entry, index, want)
     }
@@ -523,12 +551,12 @@ impl<T: 'static> Table<T> {
             Some(true)
         })();
         match hit {
-            Some(true) => Some(Ref { entry, cached: true }),
+            Some(true) => Some(Ref::new(entry, true)),
             Some(false) => None,
             // No usable thread-local state (thread exiting) or a failed acquire: uncached.
             None => {
                 self.acquire(entry, want, 1)?;
-                Some(Ref { entry, cached: false })
+                Some(Ref::new(entry, false))
             }
         }
     }
@@ -564,7 +592,7 @@ impl<T: 'static> Table<T> {
             // Not the last: the owner reference is still counted.
             self.release(entry, own);
         }
-        Some((Ref { entry, cached: false }, shared))
+        Some((Ref::new(entry, false), shared))
     }
 
     /// Takes the open object of `kind` under `h` out of the table, if `check` accepts it: the

@@ -14,7 +14,7 @@
 // (size, lifetime) is documented in colo.h, which is what an `unsafe fn` would say in Rust.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
-use colo_core::{Listener, Loan, Message, Options, SpinMode, Stream, Transport};
+use colo_core::{Listener, Options, RawLoan, RawMessage, SpinMode, Stream, Transport};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
@@ -110,28 +110,40 @@ const CONN: u8 = 2;
 const MSG: u8 = 3;
 const LOAN: u8 = 4;
 
-/// A received message and the connection it borrows from. Field order matters: `msg` drops (and
-/// releases its slot) before `conn` may drop the connection. Both are `Some` while the handle is
-/// live; `colo_msg_release` takes them out of the taken entry (see `handles::Taken`).
+/// A received message and the reference that keeps its connection alive. Plain data and one
+/// pointer: a box is written into its entry and read out of it without the moves of a borrowing
+/// `Message` (they stalled store forwarding on every call). `colo_msg_release` takes the parts
+/// out of the taken entry (see `handles::Taken`); dropping the box instead releases the message.
 struct MsgBox {
-    msg: Option<Message<'static>>,
-    conn: Option<Ref<Obj>>,
+    msg: RawMessage,
+    conn: Ref<Obj>,
 }
 
-/// A loaned buffer and its connection; `loan` drops (giving the slot back) before `conn`.
+/// A loaned buffer and its connection; dropping the box unsent gives the slot back.
 struct LoanBox {
-    loan: Option<Loan<'static>>,
-    conn: Option<Ref<Obj>>,
-    /// `loan.capacity()`, which `colo_send` checks.
-    cap: usize,
-    /// The buffer as `colo_loan` gave it out (`colo_loan_data`).
-    data: *mut u8,
+    loan: RawLoan,
+    conn: Ref<Obj>,
 }
 
-// SAFETY: a message or loan (and `data`) points into the segment (or a heap buffer the loan owns)
-// of the connection that `conn` keeps alive. A box is shared only through table references, which only read it
-// (`colo_msg_data` and the like); it is mutated only by the one caller that took it out of its
-// handle (`Cx::take`). `Stream` is `Send + Sync`.
+impl Drop for MsgBox {
+    fn drop(&mut self) {
+        // SAFETY: the message came from `recv_raw` on the connection `conn` keeps alive, and a
+        // box whose message was released is discarded, never dropped (`msg_parts`).
+        unsafe { stream_of(&self.conn).release_raw(self.msg) }
+    }
+}
+
+impl Drop for LoanBox {
+    fn drop(&mut self) {
+        // SAFETY: as for `MsgBox`: this stream's loan, neither sent nor cancelled (`loan_parts`).
+        unsafe { stream_of(&self.conn).cancel_raw(self.loan) }
+    }
+}
+
+// SAFETY: a message or loan points into the segment (or a heap buffer the box owns) of the
+// connection that `conn` keeps alive. A box is shared only through table references, which only
+// read it (`colo_msg_data` and the like); it is ended only by the one caller that took it out of
+// its handle (`Cx::take`). `Stream` is `Send + Sync`.
 unsafe impl Send for MsgBox {}
 // SAFETY: as above.
 unsafe impl Sync for MsgBox {}
@@ -167,10 +179,20 @@ thread_local! {
 /// Every live handle of the process. Handle values are multiples of 16, never 0, never reused.
 static TABLE: Table<Obj> = Table::new(&LOCAL, &GUARD);
 
-/// Stores `obj` under a new handle (the caller's to free). `-ENOMEM` if 2^28 - 1 handles are live.
+/// Stores the object `make` makes under a new handle (the caller's to free), or drops it unmade
+/// and returns `-ENOMEM` if 2^28 - 1 handles are live. `make` should only move values into place
+/// (see `Cx::insert_with`).
 #[inline(always)]
-fn insert(cx: &Cx<'_, Obj>, obj: Obj) -> Result<usize, isize> {
-    cx.insert(obj.kind(), obj).map_err(|_| -(errno::ENOMEM as isize))
+fn insert(cx: &Cx<'_, Obj>, kind: u8, make: impl FnOnce() -> Obj) -> Result<usize, isize> {
+    let make = || {
+        let obj = make();
+        debug_assert_eq!(obj.kind(), kind, "the kind stored with an object is its variant's");
+        obj
+    };
+    cx.insert_with(kind, make).map_err(|make| {
+        drop(make());
+        -(errno::ENOMEM as isize)
+    })
 }
 
 /// Runs `f` with this thread's side of the handle table (one thread-local lookup per call).
@@ -187,10 +209,16 @@ impl std::ops::Deref for ConnRef {
     type Target = Stream;
     #[inline]
     fn deref(&self) -> &Stream {
-        match &*self.0 {
-            Obj::Conn(s) => s,
-            _ => unreachable!("the table checked the kind"),
-        }
+        stream_of(&self.0)
+    }
+}
+
+/// The stream of a reference to a connection entry.
+#[inline]
+fn stream_of(r: &Ref<Obj>) -> &Stream {
+    match &**r {
+        Obj::Conn(s) => s,
+        _ => unreachable!("the table checked the kind"),
     }
 }
 
@@ -227,31 +255,25 @@ fn with<R>(h: usize, kind: u8, f: impl FnOnce(&Obj) -> R) -> Option<R> {
     TABLE.get(h, kind).map(|r| f(&r))
 }
 
-/// The loan and connection reference of a taken loan handle (the entry is freed).
+/// The loan and connection reference of a taken loan handle (the entry is freed): the caller
+/// ends the loan.
 #[inline(always)]
-fn loan_parts(mut t: Taken<'_, Obj>) -> (Loan<'static>, Ref<Obj>) {
-    let Obj::Loan(LoanBox { loan: loan @ Some(_), conn: conn @ Some(_), .. }) = &mut *t else {
-        unreachable!("the table checked the kind; the box is full while its handle lives")
-    };
-    let parts = match (loan.take(), conn.take()) {
-        (Some(loan), Some(conn)) => (loan, conn),
-        _ => unreachable!("matched above"),
-    };
-    t.discard(); // nothing left to drop: `cap` and `data` are plain values
+fn loan_parts(t: Taken<'_, Obj>) -> (RawLoan, Ref<Obj>) {
+    let Obj::Loan(b) = &*t else { unreachable!("the table checked the kind") };
+    // SAFETY: the reference is read out once and the box is then discarded, not dropped.
+    let parts = (b.loan, unsafe { std::ptr::read(&b.conn) });
+    t.discard();
     parts
 }
 
-/// The message and connection reference of a taken message handle (the entry is freed).
+/// The message and connection reference of a taken message handle (the entry is freed): the
+/// caller releases the message.
 #[inline(always)]
-fn msg_parts(mut t: Taken<'_, Obj>) -> (Message<'static>, Ref<Obj>) {
-    let Obj::Msg(MsgBox { msg: msg @ Some(_), conn: conn @ Some(_) }) = &mut *t else {
-        unreachable!("the table checked the kind; the box is full while its handle lives")
-    };
-    let parts = match (msg.take(), conn.take()) {
-        (Some(msg), Some(conn)) => (msg, conn),
-        _ => unreachable!("matched above"),
-    };
-    t.discard(); // nothing left to drop
+fn msg_parts(t: Taken<'_, Obj>) -> (RawMessage, Ref<Obj>) {
+    let Obj::Msg(b) = &*t else { unreachable!("the table checked the kind") };
+    // SAFETY: as in `loan_parts`.
+    let parts = (b.msg, unsafe { std::ptr::read(&b.conn) });
+    t.discard();
     parts
 }
 
@@ -443,7 +465,7 @@ pub extern "C" fn colo_listen(addr: *const c_char, opts: *const colo_options, ou
         let a = parse_addr(addr)?;
         let o = options(opts)?;
         let l = Listener::bind_with(a.as_str(), o).map_err(|e| err(&e))?;
-        let h = with_cx(|cx| insert(cx, Obj::Listener(Box::new(l))))?;
+        let h = with_cx(|cx| insert(cx, LISTENER, || Obj::Listener(Box::new(l))))?;
         // SAFETY: `out` is not NULL and points to writable storage for one pointer.
         unsafe { *out = h as *mut colo_listener };
         Ok(0)
@@ -518,7 +540,7 @@ pub extern "C" fn colo_accept(
         if !peer.is_null() {
             let _ = write_addr(Ok(addr), peer, peer_len);
         }
-        let h = with_cx(|cx| insert(cx, Obj::Conn(s)))?;
+        let h = with_cx(|cx| insert(cx, CONN, || Obj::Conn(s)))?;
         // SAFETY: `out` is not NULL and points to writable storage for one pointer.
         unsafe { *out = h as *mut colo_conn };
         Ok(0)
@@ -557,7 +579,7 @@ pub extern "C" fn colo_connect(addr: *const c_char, opts: *const colo_options, o
         let a = parse_addr(addr)?;
         let o = options(opts)?;
         let s = Stream::connect_with(a.as_str(), &o).map_err(|e| err(&e))?;
-        let h = with_cx(|cx| insert(cx, Obj::Conn(s)))?;
+        let h = with_cx(|cx| insert(cx, CONN, || Obj::Conn(s)))?;
         // SAFETY: `out` is not NULL and points to writable storage for one pointer.
         unsafe { *out = h as *mut colo_conn };
         Ok(0)
@@ -790,15 +812,10 @@ pub extern "C" fn colo_loan(c: *const colo_conn, len: usize, out: *mut *mut colo
         if out.is_null() || data.is_null() {
             return Err(EINVAL);
         }
-        let loan = s.loan(len).map_err(|e| err(&e))?;
-        // SAFETY: `loan` borrows the `Stream` in the table entry behind `s`, which does not move
-        // (entries are never freed) and is not dropped while a reference is counted on it: the box
-        // keeps `s`'s reference (field `_conn`) and drops it only after the loan (field order).
-        let mut loan: Loan<'static> = unsafe { std::mem::transmute::<Loan<'_>, Loan<'static>>(loan) };
-        let cap = loan.capacity();
-        loan.set_len(cap);
+        let loan = s.loan_raw(len).map_err(|e| err(&e))?;
         let ptr = loan.as_mut_ptr();
-        let h = insert(cx, Obj::Loan(LoanBox { loan: Some(loan), conn: Some(s.0), cap, data: ptr }))?;
+        // The box keeps `s`'s reference: the stream outlives the loan.
+        let h = insert(cx, LOAN, || Obj::Loan(LoanBox { loan, conn: s.0 }))?;
         // SAFETY: `out` and `data` are not NULL and point to writable pointers.
         unsafe {
             *out = h as *mut colo_buf;
@@ -813,7 +830,7 @@ pub extern "C" fn colo_loan(c: *const colo_conn, len: usize, out: *mut *mut colo
 pub extern "C" fn colo_loan_data(l: *const colo_buf) -> *mut c_void {
     catch_unwind(|| {
         with(l as usize, LOAN, |o| match o {
-            Obj::Loan(b) => b.data.cast::<c_void>(),
+            Obj::Loan(b) => b.loan.as_mut_ptr().cast::<c_void>(),
             _ => std::ptr::null_mut(),
         })
         .unwrap_or(std::ptr::null_mut())
@@ -826,7 +843,7 @@ pub extern "C" fn colo_loan_data(l: *const colo_buf) -> *mut c_void {
 pub extern "C" fn colo_loan_capacity(l: *const colo_buf) -> ssize_t {
     guard(|| {
         with(l as usize, LOAN, |o| match o {
-            Obj::Loan(b) => b.cap as isize,
+            Obj::Loan(b) => b.loan.capacity() as isize,
             _ => EBADF,
         })
         .ok_or(EBADF)
@@ -844,15 +861,14 @@ pub extern "C" fn colo_loan_capacity(l: *const colo_buf) -> ssize_t {
 #[no_mangle]
 pub extern "C" fn colo_send(l: *mut colo_buf, len: usize) -> c_int {
     guard_int(|| with_cx(|cx| {
-        let mut t = take(cx, l as usize, LOAN, |o| match o {
-            Obj::Loan(b) if len <= b.cap => Ok(()),
+        let t = take(cx, l as usize, LOAN, |o| match o {
+            Obj::Loan(b) if len <= b.loan.capacity() => Ok(()),
             _ => Err(EINVAL),
         })?;
-        if let Obj::Loan(LoanBox { loan: Some(loan), .. }) = &mut *t {
-            loan.set_len(len); // in place: the loan is moved once, into `send`
-        }
         let (loan, conn) = loan_parts(t);
-        let r = loan.send();
+        // SAFETY: the loan came from `loan_raw` on this connection, its handle is dead now (it is
+        // sent once), and `len` fits (checked by the take).
+        let r = unsafe { stream_of(&conn).send_raw(loan, len) };
         cx.put(conn);
         r.map(|()| 0).map_err(|e| err(&e))
     }))
@@ -865,7 +881,8 @@ pub extern "C" fn colo_send(l: *mut colo_buf, len: usize) -> c_int {
 pub extern "C" fn colo_loan_cancel(l: *mut colo_buf) -> c_int {
     guard_int(|| with_cx(|cx| {
         let (loan, conn) = loan_parts(take(cx, l as usize, LOAN, |_| Ok(()))?);
-        drop(loan);
+        // SAFETY: as in `colo_send`: this connection's loan, ended once.
+        unsafe { stream_of(&conn).cancel_raw(loan) };
         cx.put(conn);
         Ok(0)
     }))
@@ -892,18 +909,15 @@ pub extern "C" fn colo_recv_message(
         if out.is_null() {
             return Err(EINVAL);
         }
-        let Some(msg) = s.recv_message().map_err(|e| err(&e))? else {
+        let Some(msg) = s.recv_raw().map_err(|e| err(&e))? else {
             cx.put(s.0);
             // SAFETY: `out` is not NULL and points to a writable pointer.
             unsafe { *out = std::ptr::null_mut() };
             return Ok(0);
         };
-        // SAFETY: `msg` borrows the `Stream` in the table entry behind `s`, which does not move and
-        // is not dropped while a reference is counted on it: the box keeps `s`'s reference (field
-        // `_conn`) and drops it only after the message (field order).
-        let msg: Message<'static> = unsafe { std::mem::transmute::<Message<'_>, Message<'static>>(msg) };
         let (ptr, n) = (msg.as_ptr(), msg.len());
-        let h = insert(cx, Obj::Msg(MsgBox { msg: Some(msg), conn: Some(s.0) }))?;
+        // The box keeps `s`'s reference: the stream outlives the message.
+        let h = insert(cx, MSG, || Obj::Msg(MsgBox { msg, conn: s.0 }))?;
         // SAFETY: `out` is not NULL; `data` and `len` are written only when not NULL.
         unsafe {
             *out = h as *mut colo_msg;
@@ -923,7 +937,7 @@ pub extern "C" fn colo_recv_message(
 pub extern "C" fn colo_msg_data(m: *const colo_msg) -> *const c_void {
     catch_unwind(|| {
         with(m as usize, MSG, |o| match o {
-            Obj::Msg(MsgBox { msg: Some(msg), .. }) => msg.as_ptr().cast::<c_void>(),
+            Obj::Msg(b) => b.msg.as_ptr().cast::<c_void>(),
             _ => std::ptr::null(),
         })
         .unwrap_or(std::ptr::null())
@@ -936,7 +950,7 @@ pub extern "C" fn colo_msg_data(m: *const colo_msg) -> *const c_void {
 pub extern "C" fn colo_msg_len(m: *const colo_msg) -> ssize_t {
     guard(|| {
         with(m as usize, MSG, |o| match o {
-            Obj::Msg(MsgBox { msg: Some(msg), .. }) => msg.len() as isize,
+            Obj::Msg(b) => b.msg.len() as isize,
             _ => EBADF,
         })
         .ok_or(EBADF)
@@ -951,7 +965,9 @@ pub extern "C" fn colo_msg_len(m: *const colo_msg) -> ssize_t {
 pub extern "C" fn colo_msg_release(m: *mut colo_msg) -> c_int {
     guard_int(|| with_cx(|cx| {
         let (msg, conn) = msg_parts(take(cx, m as usize, MSG, |_| Ok(()))?);
-        drop(msg); // the slot goes back first: the message borrows the connection
+        // SAFETY: the message came from `recv_raw` on this connection; its handle is dead now, so
+        // it is released once.
+        unsafe { stream_of(&conn).release_raw(msg) };
         cx.put(conn);
         Ok(0)
     }))

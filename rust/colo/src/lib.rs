@@ -50,7 +50,7 @@ pub mod wire;
 
 pub use colo_ring::spin::SpinMode;
 pub use listener::Listener;
-pub use message::{Loan, Message};
+pub use message::{Loan, Message, RawLoan, RawMessage};
 pub use options::Options;
 pub use shm::{errno_of, ProtocolError};
 pub use stream::{Stream, Transport};

@@ -6,136 +6,215 @@ use crate::stream::Stream;
 use std::io;
 use std::ops::{Deref, DerefMut};
 
-enum LoanBuf {
-    Slot { slot: u32, ptr: *mut u8, capacity: usize },
-    Heap(Vec<u8>),
+/// `slot` of a buffer on the heap (a TCP fallback) rather than in the segment.
+const HEAP: u32 = u32::MAX;
+
+/// A loaned buffer without the borrow of its stream, for bindings that keep loans in handle
+/// tables of their own (colo-ffi): [`Stream::loan_raw`], then exactly one of
+/// [`Stream::send_raw`] or [`Stream::cancel_raw`] on the same stream (dropping it unsent leaks
+/// the slot). Plain data, so a binding stores and moves it for the price of three words; [`Loan`]
+/// is this plus the borrow and the length.
+#[derive(Clone, Copy, Debug)]
+pub struct RawLoan {
+    /// The pool slot, or `HEAP`: then `ptr` and `capacity` are a leaked `Box<[u8]>`.
+    slot: u32,
+    ptr: *mut u8,
+    capacity: usize,
+}
+
+impl RawLoan {
+    #[inline]
+    pub(crate) fn slot(slot: u32, ptr: *mut u8, capacity: usize) -> Self {
+        RawLoan { slot, ptr, capacity }
+    }
+
+    pub(crate) fn heap(len: usize) -> Self {
+        let b = Box::into_raw(vec![0u8; len].into_boxed_slice());
+        RawLoan { slot: HEAP, ptr: b.cast(), capacity: len }
+    }
+
+    /// The buffer (`capacity` bytes, writable until the loan is sent or cancelled).
+    #[inline]
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Most bytes this loan can hold.
+    #[inline]
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Whether this loan lives in shared memory (false over a TCP fallback).
+    #[inline]
+    pub fn is_zero_copy(&self) -> bool {
+        self.slot != HEAP
+    }
+
+    /// The pool slot, or the heap buffer (which the caller then owns).
+    #[inline]
+    pub(crate) fn into_parts(self) -> Result<u32, Box<[u8]>> {
+        if self.slot != HEAP {
+            return Ok(self.slot);
+        }
+        // SAFETY: a `HEAP` loan's pointer and capacity are the leaked box of `heap`, given back
+        // once: the contract of `send_raw` / `cancel_raw` lets a loan end only once.
+        Err(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.capacity)) })
+    }
+}
+
+/// A received message without the borrow of its stream ([`Stream::recv_raw`]), released exactly
+/// once with [`Stream::release_raw`] on the same stream. See [`RawLoan`].
+#[derive(Clone, Copy, Debug)]
+pub struct RawMessage {
+    /// The pool slot, or `HEAP`: then `ptr` and `len` are a leaked `Box<[u8]>`.
+    slot: u32,
+    ptr: *const u8,
+    len: usize,
+}
+
+impl RawMessage {
+    #[inline]
+    pub(crate) fn slot(slot: u32, ptr: *const u8, len: usize) -> Self {
+        RawMessage { slot, ptr, len }
+    }
+
+    pub(crate) fn heap(v: Vec<u8>) -> Self {
+        let b = Box::into_raw(v.into_boxed_slice());
+        RawMessage { slot: HEAP, ptr: b.cast::<u8>(), len: b.len() }
+    }
+
+    /// The bytes (`len` of them, readable until released).
+    #[inline]
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+
+    /// The message's length.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the message is empty.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether the bytes are read in place in shared memory.
+    #[inline]
+    pub fn is_zero_copy(&self) -> bool {
+        self.slot != HEAP
+    }
+
+    /// The pool slot to release, or `None` for a heap copy (freed here).
+    #[inline]
+    pub(crate) fn into_slot(self) -> Option<u32> {
+        if self.slot != HEAP {
+            return Some(self.slot);
+        }
+        // SAFETY: as in `RawLoan::into_parts`: the leaked box of `heap`, given back once.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr.cast_mut(), self.len)) });
+        None
+    }
 }
 
 /// A buffer loaned for one outgoing message. Fill it, then [`Loan::send`]. Dropping it unsent gives
 /// the slot back.
 pub struct Loan<'a> {
     stream: &'a Stream,
-    buf: LoanBuf,
+    raw: RawLoan,
     len: usize,
     sent: bool,
 }
 
 impl<'a> Loan<'a> {
-    pub(crate) fn slot(stream: &'a Stream, slot: u32, ptr: *mut u8, capacity: usize, len: usize) -> Self {
-        Loan { stream, buf: LoanBuf::Slot { slot, ptr, capacity }, len, sent: false }
-    }
-
-    pub(crate) fn heap(stream: &'a Stream, len: usize) -> Self {
-        Loan { stream, buf: LoanBuf::Heap(vec![0; len]), len, sent: false }
+    #[inline]
+    pub(crate) fn new(stream: &'a Stream, raw: RawLoan, len: usize) -> Self {
+        Loan { stream, raw, len, sent: false }
     }
 
     /// Most bytes this loan can hold.
     pub fn capacity(&self) -> usize {
-        match &self.buf {
-            LoanBuf::Slot { capacity, .. } => *capacity,
-            LoanBuf::Heap(v) => v.len(),
-        }
+        self.raw.capacity
     }
 
     /// Changes the message length (at most [`Loan::capacity`]).
     pub fn set_len(&mut self, len: usize) {
         assert!(len <= self.capacity(), "message longer than its loan");
-        if let LoanBuf::Heap(v) = &mut self.buf {
-            v.resize(len, 0);
-        }
         self.len = len;
     }
 
     /// Whether this loan lives in shared memory (false over a TCP fallback).
     pub fn is_zero_copy(&self) -> bool {
-        matches!(self.buf, LoanBuf::Slot { .. })
+        self.raw.is_zero_copy()
     }
 
     /// Sends the message: only a descriptor moves; the receiver reads these very bytes.
     pub fn send(mut self) -> io::Result<()> {
         self.sent = true;
-        match &self.buf {
-            LoanBuf::Slot { slot, .. } => self.stream.shm().expect("slot loans come from shm").send_slot(*slot, self.len),
-            LoanBuf::Heap(v) => self.stream.send_framed(&v[..self.len]),
-        }
+        // SAFETY: the loan came from `self.stream` and ends here, once (`sent` keeps drop off it).
+        unsafe { self.stream.send_raw(self.raw, self.len) }
     }
 }
 
 impl Deref for Loan<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        match &self.buf {
-            // SAFETY: the slot is ours (loaned, not yet sent) for the life of the loan, `len <=
-            // capacity`, and the segment outlives the stream we borrow.
-            LoanBuf::Slot { ptr, .. } => unsafe { std::slice::from_raw_parts(*ptr, self.len) },
-            LoanBuf::Heap(v) => &v[..self.len],
-        }
+        // SAFETY: the buffer is ours (loaned, not yet sent) for the life of the loan, holds
+        // `capacity >= len` bytes, and the segment outlives the stream we borrow.
+        unsafe { std::slice::from_raw_parts(self.raw.ptr, self.len) }
     }
 }
 
 impl DerefMut for Loan<'_> {
     fn deref_mut(&mut self) -> &mut [u8] {
-        match &mut self.buf {
-            // SAFETY: as in `deref`; the peer does not read a slot before it is sent.
-            LoanBuf::Slot { ptr, .. } => unsafe { std::slice::from_raw_parts_mut(*ptr, self.len) },
-            LoanBuf::Heap(v) => &mut v[..self.len],
-        }
+        // SAFETY: as in `deref`; the peer does not read a slot before it is sent.
+        unsafe { std::slice::from_raw_parts_mut(self.raw.ptr, self.len) }
     }
 }
 
 impl Drop for Loan<'_> {
     fn drop(&mut self) {
-        if let (false, LoanBuf::Slot { slot, .. }) = (self.sent, &self.buf) {
-            if let Some(shm) = self.stream.shm() {
-                shm.unloan(*slot);
-            }
+        if !self.sent {
+            // SAFETY: the loan came from `self.stream` and was neither sent nor cancelled.
+            unsafe { self.stream.cancel_raw(self.raw) }
         }
     }
-}
-
-enum MsgBuf {
-    Slot { slot: u32, ptr: *const u8, len: usize },
-    Heap(Vec<u8>),
 }
 
 /// A received message, read in place in the shared segment; dropping it releases the slot.
 pub struct Message<'a> {
     stream: &'a Stream,
-    buf: MsgBuf,
+    raw: RawMessage,
 }
 
 impl<'a> Message<'a> {
-    pub(crate) fn slot(stream: &'a Stream, slot: u32, ptr: *const u8, len: usize) -> Self {
-        Message { stream, buf: MsgBuf::Slot { slot, ptr, len } }
-    }
-    pub(crate) fn heap(stream: &'a Stream, v: Vec<u8>) -> Self {
-        Message { stream, buf: MsgBuf::Heap(v) }
+    #[inline]
+    pub(crate) fn new(stream: &'a Stream, raw: RawMessage) -> Self {
+        Message { stream, raw }
     }
     /// Whether the bytes are read in place in shared memory.
     pub fn is_zero_copy(&self) -> bool {
-        matches!(self.buf, MsgBuf::Slot { .. })
+        self.raw.is_zero_copy()
     }
 }
 
 impl Deref for Message<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        match &self.buf {
-            // SAFETY: the slot was validated (`slot < count`, `len <= slot_size`) and stays held
-            // by us until drop; the segment outlives the borrowed stream. The peer must not write
-            // a sent slot; if it does anyway, we see changed bytes, never out-of-bounds memory.
-            MsgBuf::Slot { ptr, len, .. } => unsafe { std::slice::from_raw_parts(*ptr, *len) },
-            MsgBuf::Heap(v) => v,
-        }
+        // SAFETY: the slot was validated (`slot < count`, `len <= slot_size`) and stays held
+        // by us until drop; the segment outlives the borrowed stream. The peer must not write
+        // a sent slot; if it does anyway, we see changed bytes, never out-of-bounds memory. A
+        // heap copy is ours until drop.
+        unsafe { std::slice::from_raw_parts(self.raw.ptr, self.raw.len) }
     }
 }
 
 impl Drop for Message<'_> {
     fn drop(&mut self) {
-        if let MsgBuf::Slot { slot, .. } = self.buf {
-            if let Some(shm) = self.stream.shm() {
-                shm.release(slot);
-            }
-        }
+        // SAFETY: the message came from `self.stream` and is released once, here.
+        unsafe { self.stream.release_raw(self.raw) }
     }
 }

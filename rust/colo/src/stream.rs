@@ -3,7 +3,7 @@
 
 use crate::framed::Tcp;
 use crate::handshake;
-use crate::message::{Loan, Message};
+use crate::message::{Loan, Message, RawLoan, RawMessage};
 use crate::options::Options;
 use crate::shm::{libc_errno, Shm};
 use colo_ring::spin::SpinMode;
@@ -265,17 +265,49 @@ impl Stream {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn loan(&self, len: usize) -> io::Result<Loan<'_>> {
+        Ok(Loan::new(self, self.loan_raw(len)?, len))
+    }
+
+    /// [`Stream::loan`] without the borrow, for bindings that keep loans in handle tables: the
+    /// caller ends it with exactly one [`Stream::send_raw`] or [`Stream::cancel_raw`] on this
+    /// stream, and must keep the stream alive until then. The buffer is writable in full.
+    pub fn loan_raw(&self, len: usize) -> io::Result<RawLoan> {
         match self.io() {
             Io::Shm(s) => {
                 let (slot, ptr) = s.loan(len)?;
-                Ok(Loan::slot(self, slot, ptr, s.pool_slot_size(), len))
+                Ok(RawLoan::slot(slot, ptr, s.pool_slot_size()))
             }
             Io::Tcp(_) => {
                 if len > u32::MAX as usize {
                     return Err(io::Error::from_raw_os_error(libc_errno::EMSGSIZE));
                 }
-                Ok(Loan::heap(self, len))
+                Ok(RawLoan::heap(len))
             }
+        }
+    }
+
+    /// Sends the first `len` bytes of a raw loan ([`Loan::send`]).
+    ///
+    /// # Safety
+    /// `loan` came from [`Stream::loan_raw`] on this stream and was neither sent nor cancelled,
+    /// and `len <= loan.capacity()`. It is spent either way (also when this returns an error).
+    #[inline]
+    pub unsafe fn send_raw(&self, loan: RawLoan, len: usize) -> io::Result<()> {
+        debug_assert!(len <= loan.capacity());
+        match loan.into_parts() {
+            Ok(slot) => self.shm().expect("slot loans come from shm").send_slot(slot, len),
+            Err(heap) => self.send_framed(&heap[..len]),
+        }
+    }
+
+    /// Gives an unsent raw loan back (dropping a [`Loan`] unsent).
+    ///
+    /// # Safety
+    /// As for [`Stream::send_raw`]: `loan` is this stream's, and live.
+    #[inline]
+    pub unsafe fn cancel_raw(&self, loan: RawLoan) {
+        if let (Ok(slot), Some(shm)) = (loan.into_parts(), self.shm()) {
+            shm.unloan(slot);
         }
     }
 
@@ -284,9 +316,27 @@ impl Stream {
     /// is dropped. Over a TCP fallback a timeout or `WouldBlock` keeps the part of a message
     /// already read for the next call.
     pub fn recv_message(&self) -> io::Result<Option<Message<'_>>> {
+        Ok(self.recv_raw()?.map(|m| Message::new(self, m)))
+    }
+
+    /// [`Stream::recv_message`] without the borrow (see [`Stream::loan_raw`]): the caller releases
+    /// the message with exactly one [`Stream::release_raw`] on this stream, which it keeps alive
+    /// until then.
+    pub fn recv_raw(&self) -> io::Result<Option<RawMessage>> {
         match self.io() {
-            Io::Shm(s) => Ok(s.recv_message()?.map(|(slot, ptr, len)| Message::slot(self, slot, ptr, len))),
-            Io::Tcp(_) => Ok(self.tcp().recv()?.map(|v| Message::heap(self, v))),
+            Io::Shm(s) => Ok(s.recv_message()?.map(|(slot, ptr, len)| RawMessage::slot(slot, ptr, len))),
+            Io::Tcp(_) => Ok(self.tcp().recv()?.map(RawMessage::heap)),
+        }
+    }
+
+    /// Releases a raw message (dropping a [`Message`]): the sender gets its slot back.
+    ///
+    /// # Safety
+    /// `msg` came from [`Stream::recv_raw`] on this stream and was not released before.
+    #[inline]
+    pub unsafe fn release_raw(&self, msg: RawMessage) {
+        if let (Some(slot), Some(shm)) = (msg.into_slot(), self.shm()) {
+            shm.release(slot);
         }
     }
 
