@@ -12,25 +12,26 @@ const HEAP: u32 = u32::MAX;
 /// A loaned buffer without the borrow of its stream, for bindings that keep loans in handle
 /// tables of their own (colo-ffi): [`Stream::loan_raw`], then exactly one of
 /// [`Stream::send_raw`] or [`Stream::cancel_raw`] on the same stream (dropping it unsent leaks
-/// the slot). Plain data, so a binding stores and moves it for the price of three words; [`Loan`]
-/// is this plus the borrow and the length.
+/// the slot). Plain data of two words, so a binding stores and moves it for nothing (sizes fit
+/// in 32 bits: pool slots, and messages over TCP, whose frame length is a `u32`); [`Loan`] is this
+/// plus the borrow and the length.
 #[derive(Clone, Copy, Debug)]
 pub struct RawLoan {
+    ptr: *mut u8,
+    capacity: u32,
     /// The pool slot, or `HEAP`: then `ptr` and `capacity` are a leaked `Box<[u8]>`.
     slot: u32,
-    ptr: *mut u8,
-    capacity: usize,
 }
 
 impl RawLoan {
     #[inline]
-    pub(crate) fn slot(slot: u32, ptr: *mut u8, capacity: usize) -> Self {
-        RawLoan { slot, ptr, capacity }
+    pub(crate) fn slot(slot: u32, ptr: *mut u8, capacity: u32) -> Self {
+        RawLoan { ptr, capacity, slot }
     }
 
-    pub(crate) fn heap(len: usize) -> Self {
-        let b = Box::into_raw(vec![0u8; len].into_boxed_slice());
-        RawLoan { slot: HEAP, ptr: b.cast(), capacity: len }
+    pub(crate) fn heap(len: u32) -> Self {
+        let b = Box::into_raw(vec![0u8; len as usize].into_boxed_slice());
+        RawLoan { ptr: b.cast(), capacity: len, slot: HEAP }
     }
 
     /// The buffer (`capacity` bytes, writable until the loan is sent or cancelled).
@@ -42,7 +43,7 @@ impl RawLoan {
     /// Most bytes this loan can hold.
     #[inline]
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.capacity as usize
     }
 
     /// Whether this loan lives in shared memory (false over a TCP fallback).
@@ -59,7 +60,7 @@ impl RawLoan {
         }
         // SAFETY: a `HEAP` loan's pointer and capacity are the leaked box of `heap`, given back
         // once: the contract of `send_raw` / `cancel_raw` lets a loan end only once.
-        Err(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.capacity)) })
+        Err(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.capacity())) })
     }
 }
 
@@ -67,21 +68,23 @@ impl RawLoan {
 /// once with [`Stream::release_raw`] on the same stream. See [`RawLoan`].
 #[derive(Clone, Copy, Debug)]
 pub struct RawMessage {
+    ptr: *const u8,
+    len: u32,
     /// The pool slot, or `HEAP`: then `ptr` and `len` are a leaked `Box<[u8]>`.
     slot: u32,
-    ptr: *const u8,
-    len: usize,
 }
 
 impl RawMessage {
     #[inline]
-    pub(crate) fn slot(slot: u32, ptr: *const u8, len: usize) -> Self {
-        RawMessage { slot, ptr, len }
+    pub(crate) fn slot(slot: u32, ptr: *const u8, len: u32) -> Self {
+        RawMessage { ptr, len, slot }
     }
 
+    /// A message received over TCP (its frame length is a `u32`).
     pub(crate) fn heap(v: Vec<u8>) -> Self {
+        let len = u32::try_from(v.len()).expect("a frame's length fits its u32 header");
         let b = Box::into_raw(v.into_boxed_slice());
-        RawMessage { slot: HEAP, ptr: b.cast::<u8>(), len: b.len() }
+        RawMessage { ptr: b.cast::<u8>(), len, slot: HEAP }
     }
 
     /// The bytes (`len` of them, readable until released).
@@ -93,7 +96,7 @@ impl RawMessage {
     /// The message's length.
     #[inline]
     pub fn len(&self) -> usize {
-        self.len
+        self.len as usize
     }
 
     /// Whether the message is empty.
@@ -115,7 +118,7 @@ impl RawMessage {
             return Some(self.slot);
         }
         // SAFETY: as in `RawLoan::into_parts`: the leaked box of `heap`, given back once.
-        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr.cast_mut(), self.len)) });
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr.cast_mut(), self.len())) });
         None
     }
 }
@@ -137,7 +140,7 @@ impl<'a> Loan<'a> {
 
     /// Most bytes this loan can hold.
     pub fn capacity(&self) -> usize {
-        self.raw.capacity
+        self.raw.capacity()
     }
 
     /// Changes the message length (at most [`Loan::capacity`]).
@@ -208,7 +211,7 @@ impl Deref for Message<'_> {
         // by us until drop; the segment outlives the borrowed stream. The peer must not write
         // a sent slot; if it does anyway, we see changed bytes, never out-of-bounds memory. A
         // heap copy is ours until drop.
-        unsafe { std::slice::from_raw_parts(self.raw.ptr, self.raw.len) }
+        unsafe { std::slice::from_raw_parts(self.raw.ptr, self.raw.len()) }
     }
 }
 

@@ -275,12 +275,12 @@ impl Stream {
         match self.io() {
             Io::Shm(s) => {
                 let (slot, ptr) = s.loan(len)?;
-                Ok(RawLoan::slot(slot, ptr, s.pool_slot_size()))
+                Ok(RawLoan::slot(slot, ptr, s.pool_slot_size() as u32))
             }
             Io::Tcp(_) => {
-                if len > u32::MAX as usize {
+                let Ok(len) = u32::try_from(len) else {
                     return Err(io::Error::from_raw_os_error(libc_errno::EMSGSIZE));
-                }
+                };
                 Ok(RawLoan::heap(len))
             }
         }
@@ -324,7 +324,7 @@ impl Stream {
     /// until then.
     pub fn recv_raw(&self) -> io::Result<Option<RawMessage>> {
         match self.io() {
-            Io::Shm(s) => Ok(s.recv_message()?.map(|(slot, ptr, len)| RawMessage::slot(slot, ptr, len))),
+            Io::Shm(s) => Ok(s.recv_message()?.map(|(slot, ptr, len)| RawMessage::slot(slot, ptr, len as u32))),
             Io::Tcp(_) => Ok(self.tcp().recv()?.map(RawMessage::heap)),
         }
     }
