@@ -179,6 +179,56 @@ fn zero_copy_messages() {
     assert!(s.recv_message().unwrap().is_none());
 }
 
+/// The raw calls bindings build on (`loan_raw` .. `release_raw`): a loan filled in full and sent
+/// short, a cancelled loan whose slot comes back, a message read in place and released. Over
+/// shared memory (pool slots) and over a TCP fallback (heap buffers).
+#[test]
+fn raw_loans_and_messages_over_both_transports() {
+    let _w = common::watchdog(30);
+    let (c, s) = pair_with(Options::new().pool(4096, 1));
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let echo = {
+        let addr = l.local_addr().unwrap();
+        let t = thread::spawn(move || {
+            // Echo the framed messages back, byte for byte, until the client hangs up.
+            let (mut sock, _) = l.accept().unwrap();
+            let mut buf = vec![0u8; 1 << 16];
+            loop {
+                match sock.read(&mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => sock.write_all(&buf[..n]).unwrap(),
+                }
+            }
+        });
+        (Stream::connect(addr).unwrap(), t)
+    };
+    for (tx, rx, zero_copy) in [(&c, &s, true), (&echo.0, &echo.0, false)] {
+        for round in 0..3u8 {
+            // The only slot of the pool comes back after a cancel (a second loan would wait).
+            let cancelled = tx.loan_raw(100).unwrap();
+            // SAFETY: this stream's live loan, ended once.
+            unsafe { tx.cancel_raw(cancelled) };
+            let loan = tx.loan_raw(100).unwrap();
+            assert_eq!(loan.is_zero_copy(), zero_copy);
+            assert!(loan.capacity() >= 100);
+            // SAFETY: the loan's buffer holds `capacity` writable bytes until it is sent.
+            unsafe { std::ptr::write_bytes(loan.as_mut_ptr(), round, loan.capacity()) };
+            // SAFETY: this stream's live loan, sent once, 60 <= capacity.
+            unsafe { tx.send_raw(loan, 60) }.unwrap();
+            let m = rx.recv_raw().unwrap().unwrap();
+            assert_eq!(m.is_zero_copy(), zero_copy);
+            assert_eq!(m.len(), 60, "sent short: only the first 60 bytes");
+            // SAFETY: the message's bytes stay readable until it is released.
+            let bytes = unsafe { std::slice::from_raw_parts(m.as_ptr(), m.len()) };
+            assert!(bytes.iter().all(|b| *b == round));
+            // SAFETY: this stream's message, released once.
+            unsafe { rx.release_raw(m) };
+        }
+    }
+    drop(echo.0);
+    echo.1.join().unwrap();
+}
+
 /// Whether `addr..addr + len` lies inside one mapping of a `colo-seg` memfd (/proc/self/maps).
 fn in_colo_segment(addr: usize, len: usize) -> bool {
     std::fs::read_to_string("/proc/self/maps").unwrap().lines().filter(|l| l.contains("memfd:colo-seg")).any(|l| {
