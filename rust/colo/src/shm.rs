@@ -1211,9 +1211,15 @@ impl Shm {
                 if slot >= g.slot_count || len > g.slot_size {
                     return Err(self.corrupt(Corrupt("message entry out of range")));
                 }
-                if self.held[slot as usize].swap(true, Ordering::AcqRel) {
+                // A load and a store, not a swap (a locked instruction on every message): we hold
+                // the receiving lock, so no other take runs, and `release` only clears slots that
+                // are held. SYNC POINT with the Release store in `release`: a slot it cleared
+                // before handing it back to the peer reads as free here.
+                let held = &self.held[slot as usize];
+                if held.load(Ordering::Acquire) {
                     return Err(self.corrupt(Corrupt("message in a slot we still hold")));
                 }
+                held.store(true, Ordering::Relaxed);
                 Ok(Some(Some((slot, len as usize))))
             }
             None => {
