@@ -257,34 +257,10 @@ unsafe impl<T: Send + Sync> Send for Table<T> {}
 
 /// A counted reference to a live object; dropping it gives the reference back (and drops the
 /// object if it was the last one of a closed handle). Like an `Arc` clone.
-///
-/// One word: the entry's address with bit 0 set for a reference from [`Table::get_cached`], which
-/// goes back to this thread's cache if it has a slot for the entry (entries are 128-byte aligned).
-/// A `{ entry, cached: bool }` pair was copied as one 16-byte load of two separately written
-/// fields, which stalled store forwarding on every message call.
 pub(crate) struct Ref<T: 'static> {
-    tagged: std::ptr::NonNull<Entry<T>>,
-}
-
-impl<T> Ref<T> {
-    #[inline(always)]
-    fn new(entry: &'static Entry<T>, cached: bool) -> Self {
-        let tagged = ptr::from_ref(entry).cast_mut().map_addr(|a| a | usize::from(cached));
-        // SAFETY: the address of a reference, with at most bit 0 set: not null.
-        Ref { tagged: unsafe { std::ptr::NonNull::new_unchecked(tagged) } }
-    }
-
-    #[inline(always)]
-    fn entry(&self) -> &'static Entry<T> {
-        // SAFETY: `new` stored a `&'static Entry` with bit 0 (zero in its 128-aligned address)
-        // possibly set; clearing it gives that reference back.
-        unsafe { &*self.tagged.as_ptr().map_addr(|a| a & !1) }
-    }
-
-    #[inline(always)]
-    fn cached(&self) -> bool {
-        self.tagged.as_ptr().addr() & 1 != 0
-    }
+    entry: &'static Entry<T>,
+    /// From [`Table::get_cached`]: goes back to this thread's cache if it has a slot for the entry.
+    cached: bool,
 }
 
 // SAFETY: a `Ref` gives `&T` on whichever thread holds it and may drop the `T` there: as for
@@ -298,16 +274,15 @@ impl<T> Deref for Ref<T> {
     #[inline]
     fn deref(&self) -> &T {
         // SAFETY: a `Ref` is a counted reference on its entry.
-        unsafe { self.entry().obj() }
+        unsafe { self.entry.obj() }
     }
 }
 
 impl<T> Drop for Ref<T> {
     #[inline]
     fn drop(&mut self) {
-        let entry = self.entry();
-        let table = entry.table;
-        if self.cached() && table.put_back(entry) {
+        let (entry, table) = (self.entry, self.entry.table);
+        if self.cached && table.put_back(entry) {
             return;
         }
         table.release(entry, 1);
@@ -348,7 +323,7 @@ impl<T> Cx<'_, T> {
     /// Drops `r` (as its `Drop` would, without looking up the thread-local state again).
     #[inline]
     pub(crate) fn put(&self, r: Ref<T>) {
-        let (entry, cached) = (r.entry(), r.cached());
+        let (entry, cached) = (r.entry, r.cached);
         std::mem::forget(r);
         if !(cached && self.table.put_back_in(self.l, entry)) {
             self.table.release(entry, 1);
@@ -480,7 +455,7 @@ impl<T: 'static> Table<T> {
         let (index, gen) = decode(h)?;
         let entry = self.entry(index)?;
         self.acquire(entry, live(gen, kind), 1)?;
-        Some(Ref::new(entry, false))
+        Some(Ref { entry, cached: false })
     }
 
     /// As [`Table::get`], through this thread's cached references (see the module doc): usually
@@ -508,7 +483,7 @@ impl<T: 'static> Table<T> {
             && entry.state.load(Ordering::Relaxed) & !REFS_MASK == want
         {
             slot.n.set(n - 1);
-            return Some(Ref::new(entry, true));
+            return Some(Ref { entry, cached: true });
         }
         self.get_cached_slow(l, entry, index, want)
     }
@@ -551,12 +526,12 @@ impl<T: 'static> Table<T> {
             Some(true)
         })();
         match hit {
-            Some(true) => Some(Ref::new(entry, true)),
+            Some(true) => Some(Ref { entry, cached: true }),
             Some(false) => None,
             // No usable thread-local state (thread exiting) or a failed acquire: uncached.
             None => {
                 self.acquire(entry, want, 1)?;
-                Some(Ref::new(entry, false))
+                Some(Ref { entry, cached: false })
             }
         }
     }
@@ -592,7 +567,7 @@ impl<T: 'static> Table<T> {
             // Not the last: the owner reference is still counted.
             self.release(entry, own);
         }
-        Some((Ref::new(entry, false), shared))
+        Some((Ref { entry, cached: false }, shared))
     }
 
     /// Takes the open object of `kind` under `h` out of the table, if `check` accepts it: the
