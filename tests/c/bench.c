@@ -1,7 +1,11 @@
 /* libcolo benchmark: 64 B ping-pong (p50/p99) and 64 KiB streaming throughput, colo against TCP
  * loopback and Unix sockets measured in the same run. Each server is a separate process.
  *
- *   make -C tests/c bench            (or build/c/bench [seconds-per-case])
+ *   make -C tests/c bench            (or build/c/bench [seconds-per-case [round-trip case]])
+ *
+ * With a case name ("colo", "colo msg", ...) only that round trip is measured, as `colo bench`
+ * measures (three slices, the median one), and its p50 printed alone, in us: tests/c/compare.sh
+ * alternates such runs with the same case of `colo bench`.
  */
 #include <colo.h>
 #include <arpa/inet.h>
@@ -262,6 +266,7 @@ static double stream(enum kind k, int64_t spin) {
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     if (argc > 1) secs = atof(argv[1]);
+    const char *only = argc > 2 ? argv[2] : NULL;
     struct {
         const char *name;
         enum kind k;
@@ -275,6 +280,20 @@ int main(int argc, char **argv) {
         {"colo msg", K_COLO_MSG, COLO_SPIN_DEFAULT},
     };
     int nc = sizeof cases / sizeof cases[0];
+    if (only) {
+        for (int i = 0; i < nc; i++)
+            if (strcmp(cases[i].name, only) == 0) {
+                /* As `colo bench` measures: three slices of a third each, the median slice. */
+                double p[3];
+                secs /= 3;
+                for (int j = 0; j < 3; j++) p[j] = round_trip(cases[i].k, cases[i].spin).p50;
+                qsort(p, 3, sizeof p[0], cmp_d);
+                printf("%.3f\n", p[1]);
+                return 0;
+            }
+        fprintf(stderr, "bench: no round-trip case \"%s\"\n", only);
+        return 2;
+    }
     printf("libcolo %s bench, %.1f s per case (C, through libcolo)\n\n", colo_version(), secs);
     printf("64 B round trip\n  %-22s %10s %10s %8s %8s\n", "transport", "p50 us", "p99 us", "x TCP", "x Unix");
     double tcp = 0, unx = 0;
