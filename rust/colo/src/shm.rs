@@ -1561,6 +1561,35 @@ mod tests {
         assert!(sa.wakers.iter().all(|w| w.load(std::sync::atomic::Ordering::Relaxed) == 0));
     }
 
+    /// A peer that sends again a slot this side still holds (received, not yet released) is
+    /// caught as corrupt, and only that; a slot released and then sent again is a new message.
+    #[test]
+    fn a_slot_sent_again_while_held_is_corruption_and_once_released_is_not() {
+        let l = Listener::bind("127.0.0.1:0").unwrap();
+        let a = Stream::connect_with(l.local_addr().unwrap(), &Options::new().pool(64, 2)).unwrap();
+        let (b, _) = l.accept().unwrap();
+        let (sa, sb) = (a.shm().unwrap(), b.shm().unwrap());
+        // Sends `slot` as the peer's queue would carry it, whatever the sender's own books say.
+        let send_raw_entry = |slot: u32| {
+            let mut tx = super::lock(sa.msg_tx.as_ref().unwrap());
+            tx.msgs.push([slot, 8]).unwrap();
+        };
+        let (slot, _) = sa.loan(8).unwrap();
+        sa.send_slot(slot, 8).unwrap();
+        let (got, _, len) = sb.recv_message().unwrap().unwrap();
+        assert_eq!((got, len), (slot, 8));
+        // Released, then sent again (as a peer reusing the slot does): fine.
+        sb.release(got);
+        send_raw_entry(slot);
+        let (again, _, _) = sb.recv_message().unwrap().unwrap();
+        assert_eq!(again, slot);
+        // Sent again while still held: the receiver reports corruption.
+        send_raw_entry(slot);
+        let e = sb.recv_message().unwrap_err();
+        assert_eq!(crate::errno_of(&e), 71, "EPROTO, got {e:?}");
+        assert!(e.to_string().contains("still hold"), "{e}");
+    }
+
     /// The reader's own announcement finds the word woken.
     #[test]
     fn a_wake_up_taken_before_the_sleep_is_not_lost_behind_the_other_half() {
