@@ -164,7 +164,8 @@ impl<'a> Loan<'a> {
         self.raw.capacity()
     }
 
-    /// Changes the message length (at most [`Loan::capacity`]).
+    /// Changes the message length (at most [`Loan::capacity`]); the buffer keeps its capacity and
+    /// its bytes, so a length raised again shows what was written there before.
     pub fn set_len(&mut self, len: usize) {
         assert!(len <= self.capacity(), "message longer than its loan");
         self.len = len;

@@ -286,14 +286,19 @@ impl Stream {
         }
     }
 
-    /// Sends the first `len` bytes of a raw loan ([`Loan::send`]).
+    /// Sends the first `len` bytes of a raw loan ([`Loan::send`]); `len` above the capacity
+    /// gives the loan back and fails with `EMSGSIZE`.
     ///
     /// # Safety
-    /// `loan` came from [`Stream::loan_raw`] on this stream and was neither sent nor cancelled,
-    /// and `len <= loan.capacity()`. It is spent either way (also when this returns an error).
+    /// `loan` came from [`Stream::loan_raw`] on this stream and was neither sent nor cancelled.
+    /// It is spent either way (also when this returns an error).
     #[inline]
     pub unsafe fn send_raw(&self, loan: RawLoan, len: usize) -> io::Result<()> {
-        debug_assert!(len <= loan.capacity());
+        if len > loan.capacity() {
+            // SAFETY: the caller's contract, passed on: this stream's live loan, ended here.
+            unsafe { self.cancel_raw(loan) };
+            return Err(io::Error::from_raw_os_error(libc_errno::EMSGSIZE));
+        }
         match loan.into_parts() {
             Ok(slot) => self.shm().expect("slot loans come from shm").send_slot(slot, len),
             Err(heap) => self.send_framed(&heap[..len]),

@@ -208,6 +208,12 @@ fn raw_loans_and_messages_over_both_transports() {
             let cancelled = tx.loan_raw(100).unwrap();
             // SAFETY: this stream's live loan, ended once.
             unsafe { tx.cancel_raw(cancelled) };
+            // Sending more than the capacity gives the loan back too (else the next would wait).
+            let too_long = tx.loan_raw(100).unwrap();
+            let over = too_long.capacity() + 1;
+            // SAFETY: this stream's live loan, ended once.
+            let e = unsafe { tx.send_raw(too_long, over) }.unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(90), "EMSGSIZE");
             let loan = tx.loan_raw(100).unwrap();
             assert_eq!(loan.is_zero_copy(), zero_copy);
             assert!(loan.capacity() >= 100);
