@@ -112,8 +112,8 @@ const LOAN: u8 = 4;
 
 /// A received message and the reference that keeps its connection alive. Plain data and a
 /// reference: a box is written into its entry and read out of it without the moves of a
-/// borrowing `Message` (they stalled store forwarding on every call). `colo_msg_release` takes the parts
-/// out of the taken entry (see `handles::Taken`); dropping the box instead releases the message.
+/// borrowing `Message` (they stalled store forwarding on every call). `colo_msg_release` takes
+/// the parts out of the taken entry (see `handles::Taken`); dropping the box releases the message.
 struct MsgBox {
     msg: RawMessage,
     conn: Ref<Obj>,
