@@ -213,7 +213,7 @@ fn listener() -> (Listener, String) {
 fn peer_killed_mid_transfer_drains_then_resets() {
     let _w = common::watchdog(60);
     let (l, addr) = listener();
-    let mut child = common::child("child_entry", "writer", &addr);
+    let child = common::child("child_entry", "writer", &addr);
     let (s, _) = l.accept().unwrap();
     let mut at = 0u64;
     let mut buf = vec![0u8; 65536];
@@ -224,8 +224,7 @@ fn peer_killed_mid_transfer_drains_then_resets() {
         }
         at += n as u64;
     }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    kill(child);
     let err = loop {
         match (&s).read(&mut buf) {
             Ok(0) => panic!("a killed peer must not look like a clean close"),
@@ -263,8 +262,8 @@ fn accept_reports_emfile_and_serves_the_client_afterwards() {
     assert!(child.wait().unwrap().success());
 }
 
-/// A child process whose listener accepts one connection and then sleeps; and its address.
-/// A server child in `role` (`sleeping_server`, `draining_server`) and its address.
+/// A server child in `role` (`sleeping_server`: accepts one connection, then sleeps;
+/// `draining_server`: reads and discards) and its address.
 fn start_server(role: &str) -> (Child, String) {
     let mut child = common::child("child_entry", role, "");
     let line = wait_line(&mut child);
@@ -272,15 +271,26 @@ fn start_server(role: &str) -> (Child, String) {
     (child, addr)
 }
 
+/// A connection to `addr` that must be over shared memory.
+fn dial_shm(addr: &str, opts: &Options) -> Stream {
+    let s = Stream::connect_with(addr, opts).unwrap();
+    assert_eq!(s.transport(), Transport::SharedMemory);
+    s
+}
+
+/// Kills a child and reaps it.
+fn kill(mut child: Child) {
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 #[test]
 fn server_killed_client_sees_reset() {
     let _w = common::watchdog(60);
-    let (mut child, addr) = start_server("sleeping_server");
-    let s = Stream::connect(addr.as_str()).unwrap();
-    assert_eq!(s.transport(), Transport::SharedMemory);
+    let (child, addr) = start_server("sleeping_server");
+    let s = dial_shm(&addr, &Options::new());
     (&s).write_all(b"before").unwrap();
-    child.kill().unwrap();
-    child.wait().unwrap();
+    kill(child);
     let mut b = [0u8; 4];
     assert_eq!((&s).read(&mut b).unwrap_err().kind(), ErrorKind::ConnectionReset);
 }
@@ -290,10 +300,8 @@ fn server_killed_client_sees_reset() {
 #[test]
 fn futex_sleepers_see_a_killed_peer() {
     let _w = common::watchdog(60);
-    let (mut child, addr) = start_server("sleeping_server");
-    let opts = Options::new().spin(colo::SpinMode::Never).ring_capacity(4096);
-    let s = std::sync::Arc::new(Stream::connect_with(addr.as_str(), &opts).unwrap());
-    assert_eq!(s.transport(), Transport::SharedMemory);
+    let (child, addr) = start_server("sleeping_server");
+    let s = std::sync::Arc::new(dial_shm(&addr, &Options::new().spin(colo::SpinMode::Never).ring_capacity(4096)));
     let reader = {
         let s = s.clone();
         thread::spawn(move || (&*s).read(&mut [0u8; 4]).unwrap_err().kind())
@@ -308,8 +316,7 @@ fn futex_sleepers_see_a_killed_peer() {
         })
     };
     thread::sleep(Duration::from_millis(200));
-    child.kill().unwrap();
-    child.wait().unwrap();
+    kill(child);
     assert_eq!(reader.join().unwrap(), ErrorKind::ConnectionReset);
     assert_eq!(writer.join().unwrap(), ErrorKind::BrokenPipe);
 }
@@ -321,12 +328,10 @@ fn futex_sleepers_see_a_killed_peer() {
 #[test]
 fn a_writer_whose_ring_never_fills_sees_a_killed_peer() {
     let _w = common::watchdog(60);
-    let (mut child, addr) = start_server("sleeping_server");
-    let s = Stream::connect(addr.as_str()).unwrap();
-    assert_eq!(s.transport(), Transport::SharedMemory);
+    let (child, addr) = start_server("sleeping_server");
+    let s = dial_shm(&addr, &Options::new());
     (&s).write_all(b"alive").unwrap();
-    child.kill().unwrap();
-    child.wait().unwrap();
+    kill(child);
     let mut writes = 0;
     let err = loop {
         match (&s).write(b"x") {
@@ -348,10 +353,8 @@ fn a_writer_whose_ring_never_fills_sees_a_killed_peer() {
 fn a_writer_taking_the_hang_up_leaves_none_of_its_readers_asleep() {
     let _w = common::watchdog(120);
     for _ in 0..20 {
-        let (mut child, addr) = start_server("draining_server");
-        let opts = Options::new().spin(colo::SpinMode::Never);
-        let s = std::sync::Arc::new(Stream::connect_with(addr.as_str(), &opts).unwrap());
-        assert_eq!(s.transport(), Transport::SharedMemory);
+        let (child, addr) = start_server("draining_server");
+        let s = std::sync::Arc::new(dial_shm(&addr, &Options::new().spin(colo::SpinMode::Never)));
         let reader = {
             let s = s.clone();
             thread::spawn(move || (&*s).read(&mut [0u8; 64]).map_err(|e| e.kind()))
@@ -366,8 +369,7 @@ fn a_writer_taking_the_hang_up_leaves_none_of_its_readers_asleep() {
             })
         };
         thread::sleep(Duration::from_millis(5));
-        child.kill().unwrap();
-        child.wait().unwrap();
+        kill(child);
         assert_eq!(reader.join().unwrap(), Err(ErrorKind::ConnectionReset));
         assert_eq!(writer.join().unwrap(), ErrorKind::BrokenPipe);
     }
