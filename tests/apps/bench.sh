@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Same-run comparison: plain TCP loopback vs both sides under `colo run`.
 # redis-benchmark -t get,set -n 200000 -P 1 with -c 50 and -c 1, and -c 10 with a connection per
-# request (-k 0); nginx (1 KiB file) with wrk -c 50.
+# request (-k 0); nginx (1 KiB file) with wrk -c 50, and with `Connection: close`. The
+# connection-heavy rows are alternating rounds (ROUNDS, default 5; CLOSE_DUR for wrk's, 2s).
 source "$(dirname "$0")/common.sh"
 build
 N=${N:-200000}
@@ -20,19 +21,32 @@ for c in 50 1; do
     printf "redis %-3s -c %-2s  tcp %10s  unix %10s  colo %10s  ratio %s (x unix %s)\n" "$op" "$c" "$t" "$u" "$k" "$(ratio "$t" "$k")" "$(ratio "$u" "$k")"
   done
 done
+# Connection-heavy rows differ from TCP by a few percent at most, less than this host's drift
+# between placements over a few seconds: ROUNDS (default 5) alternating rounds, the median of
+# each side and of the rounds' ratios. `alternate LABEL TCP-COMMAND COLO-COMMAND` (each prints
+# one rate).
+alternate() {
+  local t="" k="" i
+  for i in $(seq "${ROUNDS:-5}"); do t="$t $($2)"; k="$k $($3)"; done
+  python3 - "$1" "$t" "$k" <<'PY'
+import statistics as st, sys
+label, t, k = sys.argv[1], [float(x) for x in sys.argv[2].split()], [float(x) for x in sys.argv[3].split()]
+r = sorted(b / a for a, b in zip(t, k))
+print(f"{label}  tcp {st.median(t):10.0f}  colo {st.median(k):10.0f}  ratio {st.median(r):.2f}x (rounds {r[0]:.2f}-{r[-1]:.2f}, {len(r)} alternating)")
+PY
+}
+rb_get() { rb "$1" "10 -k 0" "${*:2}" 20000 | tr ' ' '\n' | grep "^GET=" | cut -d= -f2; }
 # Connection-heavy: a new connection per request.
-tcp=$(rb "$P" "10 -k 0" "" 20000); colo=$(rb "$Q" "10 -k 0" "$COLORUN" 20000)
-t=$(echo "$tcp" | tr ' ' '\n' | grep "^GET=" | cut -d= -f2); k=$(echo "$colo" | tr ' ' '\n' | grep "^GET=" | cut -d= -f2)
-printf "redis GET -c 10 -k 0 (connection per request)  tcp %10s  colo %10s  ratio %s\n" "$t" "$k" "$(ratio "$t" "$k")"
+alternate "redis GET -c 10 -k 0 (connection per request)" "rb_get $P" "rb_get $Q $COLORUN"
 w() { $2 wrk -t1 -c50 -d${DUR:-5s} ${3:+-H "$3"} "http://127.0.0.1:$1/1k.txt" 2>/dev/null | awk '/Requests\/sec/ {print $2}'; }
+wc_close() { DUR=${CLOSE_DUR:-2s} w "$1" "${*:2}" "Connection: close"; }
 for workers in 1 2; do
   A=$(free_port); start_nginx "$A" $workers ""
   B=$(free_port); start_nginx "$B" $workers colo
   t=$(w "$A" ""); k=$(w "$B" "$COLORUN")
   printf "nginx %sw  wrk -c50  tcp %10s  colo %10s  ratio %s\n" "$workers" "$t" "$k" "$(ratio "$t" "$k")"
   # Connection-heavy: a connection per request.
-  t=$(w "$A" "" "Connection: close"); k=$(w "$B" "$COLORUN" "Connection: close")
-  printf "nginx %sw  wrk -c50 Connection: close  tcp %10s  colo %10s  ratio %s\n" "$workers" "$t" "$k" "$(ratio "$t" "$k")"
+  alternate "nginx ${workers}w  wrk -c50 Connection: close" "wc_close $A" "wc_close $B $COLORUN"
 done
 # nginx as a reverse proxy (kept-alive upstream connections) in front of nginx with 2 workers.
 A=$(free_port); start_nginx "$A" 2 ""; A2=$(free_port); start_nginx "$A2" 1 "" "$A"

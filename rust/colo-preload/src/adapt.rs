@@ -11,8 +11,9 @@
 //! It also remembers, for a moment, that a destination has no colo listener at all, so that a
 //! client under `colo run` talking to a plain server does not look for one on every connection.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -120,12 +121,12 @@ fn key(dest: SocketAddr) -> SocketAddr {
 
 /// Whether a new connection to `dest` should look for a colo listener and offer it shared memory.
 pub fn accelerate(dest: SocketAddr) -> bool {
-    if OUT_OF_FDS_UNTIL.lock().unwrap_or_else(|e| e.into_inner()).is_some_and(|t| Instant::now() < t) {
+    if OUT_OF_FDS.load(Ordering::Relaxed) && OUT_OF_FDS_UNTIL.lock().unwrap_or_else(|e| e.into_inner()).is_some_and(|t| Instant::now() < t) {
         return false;
     }
     let dest = key(dest);
     let mut g = DESTS.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(d) = g.get_or_insert_with(HashMap::new).get_mut(&dest) else { return true };
+    let Some(d) = g.get_or_insert_with(HashMap::default).get_mut(&dest) else { return true };
     let now = Instant::now();
     if d.no_listener_until.is_some_and(|t| now < t) {
         return false;
@@ -142,7 +143,7 @@ pub fn no_listener(dest: SocketAddr) {
     let dest = key(dest);
     let now = Instant::now();
     let mut g = DESTS.lock().unwrap_or_else(|e| e.into_inner());
-    let d = dest_entry(g.get_or_insert_with(HashMap::new), dest);
+    let d = dest_entry(g.get_or_insert_with(HashMap::default), dest);
     if d.missed_at.is_some_and(|t| now.duration_since(t) < NO_LISTENER_FOR) {
         d.no_listener_until = Some(now + NO_LISTENER_FOR);
     }
@@ -154,6 +155,8 @@ pub fn no_listener(dest: SocketAddr) {
 /// line (redis-benchmark -c 900 under a fixed limit of 1024 made 1776 of them).
 const OUT_OF_FDS_FOR: Duration = Duration::from_millis(100);
 static OUT_OF_FDS_UNTIL: Mutex<Option<Instant>> = Mutex::new(None);
+/// Whether `OUT_OF_FDS_UNTIL` was ever set (so that a connect need not take its lock).
+static OUT_OF_FDS: AtomicBool = AtomicBool::new(false);
 
 /// A set-up failed with `e`: if for want of descriptors, pause offering shared memory
 /// (`OUT_OF_FDS_FOR`); returns whether it did.
@@ -161,6 +164,7 @@ pub fn set_up_failed(e: &std::io::Error) -> bool {
     let out = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
     if out {
         *OUT_OF_FDS_UNTIL.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now() + OUT_OF_FDS_FOR);
+        OUT_OF_FDS.store(true, Ordering::Relaxed);
     }
     out
 }
@@ -208,7 +212,7 @@ pub fn ended(dest: SocketAddr, lived: Lived) {
     let short = lived.short();
     let dest = key(dest);
     let mut g = DESTS.lock().unwrap_or_else(|e| e.into_inner());
-    if dest_entry(g.get_or_insert_with(HashMap::new), dest).ended(Instant::now(), short) {
+    if dest_entry(g.get_or_insert_with(HashMap::default), dest).ended(Instant::now(), short) {
         crate::log_info(format_args!(
             "connect {dest}: most of its connections are short-lived; plain TCP there for {PLAIN_FOR:?} at a time (COLO_SHORT_LIVED=accelerate keeps shared memory)"
         ));

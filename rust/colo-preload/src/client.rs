@@ -119,9 +119,11 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
             return Prepared::Plain;
         }
     };
-    // Bind first, so the 4-tuple is known before the SYN.
+    // Bind first, so the 4-tuple is known before the SYN. A socket whose connect was refused
+    // still reports the port it had, on the wildcard address, but is bound to nothing: its
+    // next connect would pick another port (the offer waited out its timeout for nothing).
     let mut local = rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a));
-    if local.is_none_or(|l| l.port() == 0) {
+    if local.is_none_or(|l| l.port() == 0 || l.ip().is_unspecified()) {
         // The source address the kernel would pick (127.0.0.1 for 127.0.0.2): servers' access
         // rules (redis protected mode, nginx `allow`) look at it.
         let source = colo_sys::tcp::source_for(target.ip());
@@ -130,11 +132,18 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
             (Some(SocketAddr::V6(_)), std::net::IpAddr::V4(v4)) => v4.to_ipv6_mapped().into(),
             _ => source,
         };
-        if let Err(e) = colo_sys::tcp::bind_ephemeral_to(b, bind_to) {
-            log_info(format_args!("connect {peer}: bind {bind_to}: {e}; plain TCP"));
-            return Prepared::Plain;
+        match colo_sys::tcp::bind_ephemeral_to(b, bind_to) {
+            Ok(()) => local = rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a)),
+            // Bound by the application to a port on the wildcard address: the kernel keeps the
+            // port and picks the source address.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) && local.is_some_and(|l| l.port() != 0) => {
+                local = local.map(|l| SocketAddr::new(bind_to, l.port()));
+            }
+            Err(e) => {
+                log_info(format_args!("connect {peer}: bind {bind_to}: {e}; plain TCP"));
+                return Prepared::Plain;
+            }
         }
-        local = rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a));
     }
     let Some(local) = local else { return Prepared::Plain };
     match carrier::offer(control, server_pid, local, target, geometry()) {

@@ -2,8 +2,8 @@
 //! loopback TCP connections into colo shared memory (spec/WIRE.md section 3, CARRIER mode).
 //!
 //! Three tiers per symbol: `real::*` (libc's function, resolved lazily with `dlsym(RTLD_NEXT)`),
-//! `shim::*` / `poll::*` (the logic; a non-colo fd costs one atomic load, and `epoll_ctl` on one
-//! also a record of the registration in an uncontended per-fd slot), and the exported
+//! `shim::*` / `poll::*` (the logic; a non-colo fd costs one atomic load, and `epoll_ctl` on a TCP
+//! socket not yet connected also a record of the registration in an uncontended per-fd slot), and the exported
 //! one-line wrappers below. A thread-local guard sends the shim's own calls straight to libc;
 //! errno is preserved across the shim's work.
 //!
@@ -51,16 +51,40 @@ fn errno_loc() -> *mut c_int {
 pub(crate) struct Guard {
     saved: c_int,
     outer: bool,
+    /// This thread's `BUSY` (null while thread-locals are being destroyed).
+    flag: *const Cell<bool>,
+}
+
+/// This thread's `BUSY`, or null while thread-locals are being destroyed. (Looked up once per
+/// guard: each lookup is a call into the dynamic loader, in a preloaded library.)
+fn busy_flag() -> *const Cell<bool> {
+    BUSY.try_with(|b| b as *const Cell<bool>).unwrap_or(std::ptr::null())
 }
 
 impl Guard {
+    /// (Not inlined: the compiler would look the thread-local up ahead of the cheap test that
+    /// usually makes it unnecessary, as in `plain(fd)`.)
+    #[inline(never)]
     pub(crate) fn busy() -> bool {
-        BUSY.try_with(|b| b.get()).unwrap_or(true)
+        let f = busy_flag();
+        // SAFETY: this thread's flag, alive while the thread runs this call.
+        f.is_null() || unsafe { (*f).get() }
     }
     pub(crate) fn enter() -> Guard {
-        let outer = BUSY.try_with(|b| b.replace(true)).unwrap_or(true);
+        let flag = busy_flag();
+        // SAFETY: as in `busy`.
+        let outer = flag.is_null() || unsafe { (*flag).replace(true) };
         // SAFETY: reading this thread's errno.
-        Guard { saved: unsafe { *errno_loc() }, outer }
+        Guard { saved: unsafe { *errno_loc() }, outer, flag }
+    }
+    /// `enter`, unless the thread is already inside the shim.
+    pub(crate) fn try_enter() -> Option<Guard> {
+        let g = Guard::enter();
+        if g.outer {
+            std::mem::forget(g);
+            return None;
+        }
+        Some(g)
     }
     /// Success: restore the application's errno.
     pub(crate) fn ok(&self, v: ssize_t) -> ssize_t {
@@ -78,8 +102,11 @@ impl Guard {
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        let outer = self.outer;
-        let _ = BUSY.try_with(|b| b.set(outer));
+        if !self.flag.is_null() {
+            // SAFETY: the flag of this thread, on which the guard was made and is dropped
+            // (a guard never leaves the call that made it).
+            unsafe { (*self.flag).set(self.outer) };
+        }
     }
 }
 
@@ -305,6 +332,11 @@ fn timeout_ms(ms: c_int) -> Option<Duration> {
 
 // ---- tier 3: the exported symbols -----------------------------------------------------------
 
+#[no_mangle]
+pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::socket(domain, ty, protocol) }
+}
 #[no_mangle]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     // SAFETY: forwarding the application's arguments.

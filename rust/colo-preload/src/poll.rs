@@ -9,7 +9,8 @@ use colo::shm::Drainer;
 use crate::table::{self, CONN, PENDING};
 use crate::{client, real, Guard};
 use libc::{c_int, epoll_event, nfds_t, pollfd, sigset_t, timespec};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
+use std::sync::atomic::{fence, Ordering};
 use std::sync::{Arc, Mutex};
 use colo::SpinMode;
 use colo_ring::spin::Spinner;
@@ -205,17 +206,21 @@ fn kernel_events(events: u32) -> u32 {
     libc::EPOLLIN as u32 | (events & PASS_FLAGS)
 }
 
-/// The application's kernel registrations of fds that are not colo connections (yet): a socket
-/// registered before its `connect` (nginx's upstreams) becomes one, and its registrations must
-/// then move to the connection's readiness fd ([`adopt_plain`]). Per fd: `(epfd, events, data)`.
+/// The application's kernel registrations of fresh sockets (`table::is_fresh`: TCP, not yet
+/// connected): a socket registered before its `connect` (nginx's upstreams) may become a colo
+/// connection, and its registrations must then move to the connection's readiness fd
+/// ([`adopt_plain`]). Per fd: `(epfd, events, data)`. Any other fd's registrations are not
+/// recorded: wrk made six `epoll_ctl` calls per connection, and the record was most of the
+/// shim's cost on a plain connection.
 /// Entries of an fd that was closed meanwhile are harmless: adoption first removes the kernel
 /// registration, which fails for them. (`None` rather than an empty `Vec`: all zeros, so the
 /// array costs no space in the library file.)
 type PlainRegs = Mutex<Option<Vec<(c_int, u32, u64)>>>;
 static PLAIN: [PlainRegs; table::MAX_FD] = [const { Mutex::new(None) }; table::MAX_FD];
 
+#[inline(never)]
 fn note_plain(epfd: c_int, op: c_int, fd: c_int, ev: *const epoll_event) {
-    if fd < 0 || fd as usize >= table::MAX_FD {
+    if fd < 0 || fd as usize >= table::MAX_FD || Guard::busy() {
         return;
     }
     let Some(mut regs) = crate::try_lock(&PLAIN[fd as usize]) else { return };
@@ -288,7 +293,9 @@ fn register(epfd: c_int, fd: c_int, events: u32, data: u64, conn: &Arc<Conn>) ->
     }
     table::set_epoll(epfd, true);
     // A thread asleep on this set must look at it (the kernel would wake it); one about to sleep
-    // marks itself sleeping before its last look at the registrations.
+    // marks itself sleeping before its last look at the registrations (or, in a set that had
+    // no connection, at `is_epoll`).
+    fence(Ordering::SeqCst); // Partner: the fence in `epoll_wait_with`.
     if table::has_sleepers(epfd) {
         conn.poke();
     }
@@ -300,7 +307,7 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
     if (k != CONN && k != PENDING) || Guard::busy() {
         // SAFETY: the application's arguments.
         let r = unsafe { real::epoll_ctl(epfd, op, fd, ev) };
-        if r == 0 && k == table::NONE && !Guard::busy() {
+        if r == 0 && k == table::NONE && table::is_fresh(fd) {
             note_plain(epfd, op, fd, ev);
         }
         return r;
@@ -673,13 +680,38 @@ pub unsafe fn epoll_wait_with(
     timeout_ms: c_int,
     wait: impl Fn(*mut epoll_event, c_int, c_int) -> c_int,
 ) -> c_int {
-    // A set without connections yet still goes the long way when it may sleep: it is marked
-    // sleeping, so a connection another thread adds meanwhile rings it (see `epoll_ctl`).
     if Guard::busy() || max <= 0 || (timeout_ms == 0 && !table::is_epoll(epfd)) {
         return wait(evs, max, timeout_ms);
     }
     let deadline = deadline_of(timeout_ms);
     let mut t = timeout_ms;
+    if !table::is_epoll(epfd) {
+        // No connection was ever registered in this set: the kernel's wait, marked sleeping so
+        // that a connection another thread registers meanwhile rings it. `register` marks the
+        // set, then looks for sleepers; with a fence on each side, at least one sees the other.
+        table::set_sleeping(epfd, true);
+        fence(Ordering::SeqCst); // Partner: the fence in `register`.
+        if !table::is_epoll(epfd) {
+            let k = wait(evs, max, t);
+            table::set_sleeping(epfd, false);
+            if k <= 0 || !table::is_epoll(epfd) {
+                return k;
+            }
+            // A connection was registered meanwhile: its events are ours to translate.
+            let g = Guard::enter();
+            // SAFETY: the kernel filled `k` events at `evs`.
+            let out = translate(epfd, unsafe { std::slice::from_raw_parts_mut(evs, k as usize) }, None);
+            if out > 0 {
+                return g.ok(out as libc::ssize_t) as c_int;
+            }
+            t = remaining_ms(deadline);
+            if t == 0 {
+                return 0;
+            }
+        } else {
+            table::set_sleeping(epfd, false);
+        }
+    }
     let mut spun = false;
     loop {
         let g = Guard::enter();

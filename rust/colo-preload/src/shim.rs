@@ -633,17 +633,42 @@ pub unsafe fn splice(inp: c_int, off_in: *mut i64, out: c_int, off_out: *mut i64
     result(&g, r)
 }
 
+/// `socket(2)`: a TCP socket is marked fresh (`table::is_fresh`), as only those may be
+/// accelerated by `connect`.
+pub unsafe fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
+    // SAFETY: the application's arguments.
+    let fd = unsafe { real::socket(domain, ty, protocol) };
+    let tcp = matches!(domain, libc::AF_INET | libc::AF_INET6)
+        && ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) == libc::SOCK_STREAM
+        && matches!(protocol, 0 | libc::IPPROTO_TCP);
+    table::set_fresh(fd, tcp);
+    fd
+}
+
 pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    if Guard::busy() || addr.is_null() {
-        // SAFETY: the application's arguments.
-        return unsafe { real::connect(fd, addr, len) };
-    }
-    // SAFETY: `len` bytes of address at `addr`.
-    let Some(peer) = (unsafe { crate::parse_sockaddr(addr, len) }) else {
+    let g = if table::is_fresh(fd) && !addr.is_null() { Guard::try_enter() } else { None };
+    let Some(g) = g else {
         // SAFETY: the application's arguments.
         return unsafe { real::connect(fd, addr, len) };
     };
-    let g = Guard::enter();
+    // SAFETY: the application's arguments.
+    let r = unsafe { connect_fresh(g, fd, addr, len) };
+    // Connected or on its way: no longer fresh (a refused socket may be connected again).
+    // SAFETY: reading this thread's errno.
+    if r == 0 || matches!(unsafe { *crate::errno_loc() }, libc::EINPROGRESS | libc::EALREADY | libc::EISCONN | libc::EINTR) {
+        table::set_fresh(fd, false);
+    }
+    r
+}
+
+/// `connect` of a fresh TCP socket: offered shared memory if its destination may take it.
+unsafe fn connect_fresh(g: Guard, fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    // SAFETY: `len` bytes of address at `addr`.
+    let Some(peer) = (unsafe { crate::parse_sockaddr(addr, len) }) else {
+        drop(g);
+        // SAFETY: the application's arguments.
+        return unsafe { real::connect(fd, addr, len) };
+    };
     match client::prepare(fd, peer) {
         client::Prepared::Plain => {
             drop(g);
@@ -699,6 +724,7 @@ pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
 pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
     // SAFETY: the application's arguments.
     let nfd = unsafe { real::accept4(fd, addr, len, flags) };
+    table::set_fresh(nfd, false);
     if nfd < 0 || table::kind(fd) != LISTEN || Guard::busy() {
         return nfd;
     }
@@ -909,7 +935,7 @@ pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
 
 pub unsafe fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
     // SAFETY: the application's arguments.
-    let r = unsafe { libc::syscall(libc::SYS_setsockopt, fd, level, name, val, len) } as c_int;
+    let r = unsafe { real::setsockopt(fd, level, name, val, len) };
     if r != 0 || plain(fd) || level != libc::SOL_SOCKET || (name != libc::SO_RCVTIMEO && name != libc::SO_SNDTIMEO) {
         return r;
     }

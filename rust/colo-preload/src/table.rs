@@ -34,6 +34,12 @@ impl Entry {
 }
 
 static KIND: [AtomicU8; MAX_FD] = [const { AtomicU8::new(0) }; MAX_FD];
+/// TCP sockets this process made with `socket(2)` that have not connected yet: the only fds
+/// `connect` may accelerate, so the only ones whose epoll registrations the shim records (see
+/// `poll::note_plain`). A mark left on a number whose socket was closed behind the shim's back
+/// (`fclose`, `close_range`) and reused by a non-socket only costs that fd the recording; a
+/// socket made some other way (a raw system call, inherited across `exec`) stays plain TCP.
+static FRESH: [AtomicU8; MAX_FD] = [const { AtomicU8::new(0) }; MAX_FD];
 /// epoll fds in which a colo connection was ever registered.
 static EPOLL: [AtomicU8; MAX_FD] = [const { AtomicU8::new(0) }; MAX_FD];
 /// Threads now asleep in the kernel on each epoll fd (an interest change must wake them).
@@ -46,6 +52,18 @@ pub fn kind(fd: i32) -> u8 {
         return NONE;
     }
     KIND[fd as usize].load(Ordering::Acquire)
+}
+
+#[inline]
+pub fn is_fresh(fd: i32) -> bool {
+    fd >= 0 && (fd as usize) < MAX_FD && FRESH[fd as usize].load(Ordering::Relaxed) != 0
+}
+
+#[inline]
+pub fn set_fresh(fd: i32, on: bool) {
+    if fd >= 0 && (fd as usize) < MAX_FD {
+        FRESH[fd as usize].store(on as u8, Ordering::Relaxed);
+    }
 }
 
 #[inline]

@@ -2,8 +2,10 @@
  * tests/apps/run.sh does; also passes without it, with plain kernel semantics): non-blocking
  * connect (EINPROGRESS, then POLLOUT/EPOLLOUT and SO_ERROR 0), refused connects (a closed port,
  * and a port whose colo listener has closed), a connect closed before any I/O, half-close with
- * shutdown(SHUT_WR), SO_LINGER 0 on either side, getsockname/getpeername. A forked server
- * handles one connection at a time, its first byte a command. alarm() is the watchdog. */
+ * shutdown(SHUT_WR), SO_LINGER 0 on either side, getsockname/getpeername, a socket made by a
+ * raw system call (plain TCP), one connected again after a refusal, one bound to the wildcard
+ * address. A forked server handles one connection at a time, its first byte a command. alarm()
+ * is the watchdog. */
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
@@ -14,6 +16,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -54,6 +57,7 @@ static struct sockaddr_in loopback(int port) {
  * 'L': close at once with SO_LINGER 0 (an abortive close).
  * 'C': read until EOF or an error (the client closes with SO_LINGER 0); must not hang.
  * 'X': close the second listener (its port is then refused).
+ * 'R': the connection must be plain TCP (its socket was made by a raw system call); echo to EOF.
  * 'Q': exit. */
 static void server(int l, int l2, int report) {
     int sfail = 0;
@@ -64,6 +68,17 @@ static void server(int l, int l2, int report) {
         char cmd;
         if (read(s, &cmd, 1) != 1) {
             /* Closed before any I/O (the offer may have been withdrawn: plain TCP is fine). */
+            close(s);
+            write_all(report, "d", 1);
+            continue;
+        }
+        if (cmd == 'R') {
+            /* From a socket made by a raw system call: plain TCP, echoed. */
+            if (accelerated) {
+                fprintf(stderr, "FAIL server: a raw system call's socket was accelerated\n");
+                sfail++;
+            }
+            if (echo_until_eof(s) < 0) sfail++;
             close(s);
             write_all(report, "d", 1);
             continue;
@@ -339,13 +354,57 @@ int main(void) {
     close(c);
     wait_done();
 
+    /* 9. A socket the shim did not see made (a raw system call) stays plain TCP, bytes intact
+     * both ways. */
+    c = (int)syscall(SYS_socket, AF_INET, SOCK_STREAM, 0);
+    CHECK(c >= 0 && connect(c, (struct sockaddr *)&a, sizeof a) == 0, "raw socket: connect");
+    data = malloc(200001);
+    back = malloc(200000);
+    data[0] = 'R';
+    for (long i = 0; i < 200000; i++) data[i + 1] = pattern(i);
+    write_all(c, data, 200001);
+    CHECK(shutdown(c, SHUT_WR) == 0, "raw socket: shutdown(SHUT_WR)");
+    CHECK(read_full(c, back, 200000) == 0 && memcmp(back, data + 1, 200000) == 0, "raw socket: echo intact");
+    CHECK(read(c, buf, 1) == 0, "raw socket: EOF after the echo");
+    close(c);
+    wait_done();
+    free(data);
+    free(back);
+
+    /* 10. A socket whose connect was refused may connect again (Linux allows it), and is then
+     * accelerated like any other. */
+    c = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(connect(c, (struct sockaddr *)&ca, sizeof ca) < 0 && errno == ECONNREFUSED, "refused, then...");
+    CHECK(connect(c, (struct sockaddr *)&a, sizeof a) == 0, "...the same socket connects");
+    write_all(c, "Pping", 5);
+    n = read(c, buf, sizeof buf);
+    CHECK(n >= 4 && memcmp(buf, "pong", 4) == 0, "answer on the reconnected socket");
+    if (shimmed()) CHECK(segments() == 1, "the reconnected socket is accelerated");
+    close(c);
+    wait_done();
+
+    /* 11. A socket the application bound to a port on the wildcard address is accelerated too
+     * (the kernel picks the source address at connect). */
+    c = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in wild = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+    CHECK(bind(c, (struct sockaddr *)&wild, sizeof wild) == 0, "bind to the wildcard address");
+    int wild_port = port_of(c);
+    CHECK(connect(c, (struct sockaddr *)&a, sizeof a) == 0, "connect from the wildcard address");
+    CHECK(port_of(c) == wild_port, "the bound port kept");
+    write_all(c, "Pping", 5);
+    n = read(c, buf, sizeof buf);
+    CHECK(n >= 4 && memcmp(buf, "pong", 4) == 0, "answer from the wildcard-bound socket");
+    if (shimmed()) CHECK(segments() == 1, "the wildcard-bound socket is accelerated");
+    close(c);
+    wait_done();
+
     c = dial(port);
     write_all(c, "Q", 1);
     close(c);
     int st;
     CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0, "server exit");
     if (failures == 0)
-        printf("ok: non-blocking connect (poll, epoll), refused, half-close, SO_LINGER 0, addresses%s\n",
+        printf("ok: non-blocking connect (poll, epoll), refused, half-close, SO_LINGER 0, addresses, raw, reconnected and wildcard-bound sockets%s\n",
                shimmed() ? " (accelerated)" : "");
     return failures != 0;
 }
