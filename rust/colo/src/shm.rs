@@ -1403,8 +1403,15 @@ pub(crate) fn reaper_fork_guard() -> Box<dyn std::any::Any> {
 
 mod reaper {
     use crate::segment::Segment;
-    use std::sync::mpsc::{channel, Sender};
+    use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
     use std::sync::Mutex;
+    use std::time::Duration;
+
+    /// The reaper ends after this long without work (the next retirement starts another): a
+    /// server whose accelerated connections are gone (its clients' connections turned out
+    /// short-lived, and went plain TCP) is single-threaded again, and the kernel looks up its
+    /// descriptors without the reference counting a second thread costs every system call.
+    const IDLE: Duration = Duration::from_millis(250);
 
     /// The reaper's queue and the pid that started it (a forked child starts its own).
     static REAPER: Mutex<Option<(u32, Sender<Segment>)>> = Mutex::new(None);
@@ -1421,7 +1428,7 @@ mod reaper {
             *r = None;
             crate::fork::protect();
             let (tx, rx) = channel::<Segment>();
-            let spawn = || std::thread::Builder::new().name("colo-reaper".into()).spawn(move || rx.into_iter().for_each(drop));
+            let spawn = || std::thread::Builder::new().name("colo-reaper".into()).spawn(move || run(me, rx));
             if colo_sys::host::with_signals_blocked(spawn).is_ok() {
                 *r = Some((me, tx));
             }
@@ -1433,6 +1440,32 @@ mod reaper {
                 }
             }
             None => drop(seg),
+        }
+    }
+
+    fn run(me: u32, rx: Receiver<Segment>) {
+        loop {
+            match rx.recv_timeout(IDLE) {
+                Ok(seg) => drop(seg),
+                Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Timeout) => {
+                    let mut r = lock();
+                    // Retirements are sent under this lock: with none queued, none is coming
+                    // to this thread once its queue is taken away.
+                    match rx.try_recv() {
+                        Ok(seg) => {
+                            drop(r);
+                            drop(seg);
+                        }
+                        Err(_) => {
+                            if r.as_ref().is_some_and(|(pid, _)| *pid == me) {
+                                *r = None;
+                            }
+                            return;
+                        }
+                    }
+                }
+            }
         }
     }
 }
