@@ -2,10 +2,10 @@
 //! loopback TCP connections into colo shared memory (spec/WIRE.md section 3, CARRIER mode).
 //!
 //! Three tiers per symbol: `real::*` (libc's function, resolved lazily with `dlsym(RTLD_NEXT)`),
-//! `shim::*` / `poll::*` (the logic; a non-colo fd costs one atomic load, and `epoll_ctl` on a TCP
-//! socket not yet connected also a record of the registration in an uncontended per-fd slot), and the exported
-//! one-line wrappers below. A thread-local guard sends the shim's own calls straight to libc;
-//! errno is preserved across the shim's work.
+//! `shim::*` / `poll::*` (the logic; a non-colo fd costs one atomic load, and `epoll_ctl` on a
+//! TCP socket not yet connected also a record of the registration in an uncontended per-fd
+//! slot), and the exported one-line wrappers below. A thread-local guard sends the shim's own
+//! calls straight to libc; errno is preserved across the shim's work.
 //!
 //! The application's fd stays the real kernel TCP socket: listening sockets stay pure kernel,
 //! `getsockname`/`getpeername`/`fstat` keep their meaning, and anything the shim does not carry
