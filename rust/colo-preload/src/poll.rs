@@ -284,6 +284,9 @@ pub fn adopt_plain(fd: c_int, conn: &Arc<Conn>) {
 /// connect: harmless, where a missed one would hang).
 fn register(epfd: c_int, fd: c_int, events: u32, data: u64, conn: &Arc<Conn>) -> Result<(), c_int> {
     let idx = with_regs(|r| r.insert(Reg::new(epfd, fd, events, data, conn.clone())));
+    // Marked before the kernel can report it: a thread asleep in the kernel on a set that had no
+    // connection returns the kernel's events untranslated unless it then sees the mark.
+    table::set_epoll(epfd, true);
     let mut kev = epoll_event { events: kernel_events(events), u64: TAG | idx as u64 };
     // SAFETY: registering the readiness fd in the application's set.
     if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, conn.readiness_raw(), &mut kev) } != 0 {
@@ -291,7 +294,6 @@ fn register(epfd: c_int, fd: c_int, events: u32, data: u64, conn: &Arc<Conn>) ->
         with_regs(|r| r.remove(idx));
         return Err(e);
     }
-    table::set_epoll(epfd, true);
     // A thread asleep on this set must look at it (the kernel would wake it); one about to sleep
     // marks itself sleeping before its last look at the registrations (or, in a set that had
     // no connection, at `is_epoll`).
@@ -305,9 +307,12 @@ fn register(epfd: c_int, fd: c_int, events: u32, data: u64, conn: &Arc<Conn>) ->
 pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
     let k = table::kind(fd);
     if (k != CONN && k != PENDING) || Guard::busy() {
+        // Sampled with the kind: a `connect` on another thread may clear it meanwhile, and its
+        // adoption must then find this registration.
+        let fresh = table::is_fresh(fd);
         // SAFETY: the application's arguments.
         let r = unsafe { real::epoll_ctl(epfd, op, fd, ev) };
-        if r == 0 && k == table::NONE && table::is_fresh(fd) {
+        if r == 0 && k == table::NONE && fresh {
             note_plain(epfd, op, fd, ev);
         }
         return r;

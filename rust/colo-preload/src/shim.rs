@@ -820,7 +820,9 @@ fn copy_entry(fd: c_int, nfd: c_int) {
 pub unsafe fn dup(fd: c_int) -> c_int {
     if plain(fd) {
         // SAFETY: the application's argument.
-        return unsafe { real::dup(fd) };
+        let n = unsafe { real::dup(fd) };
+        table::copy_epoll(fd, n);
+        return n;
     }
     let g = Guard::enter();
     client::resolve_fd(fd);
@@ -844,7 +846,9 @@ pub unsafe fn dup3(fd: c_int, nfd: c_int, flags: c_int, two: bool) -> c_int {
         }
     };
     if Guard::busy() || (table::kind(fd) == NONE && table::kind(nfd) == NONE && !table::is_epoll(nfd)) {
-        return call(fd, nfd, flags);
+        let n = call(fd, nfd, flags);
+        table::copy_epoll(fd, n);
+        return n;
     }
     let g = Guard::enter();
     client::resolve_fd(fd);
@@ -872,7 +876,11 @@ pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
         }
     };
     if plain(fd) {
-        return call();
+        let r = call();
+        if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
+            table::copy_epoll(fd, r);
+        }
+        return r;
     }
     let g = Guard::enter();
     if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {

@@ -77,6 +77,14 @@ pub fn set_epoll(fd: i32, on: bool) {
     }
 }
 
+/// `new` is a duplicate of `fd`: if `fd` is an epoll set that held connections, so is `new` (a
+/// wait on it must translate the kernel's events; the registrations stay under `fd`'s number).
+pub fn copy_epoll(fd: i32, new: i32) {
+    if is_epoll(fd) {
+        set_epoll(new, true);
+    }
+}
+
 /// Counts a thread going to sleep on epoll fd `fd` (`on`) or waking from it.
 pub fn set_sleeping(fd: i32, on: bool) {
     if fd >= 0 && (fd as usize) < MAX_FD {
