@@ -304,7 +304,18 @@ fn register(epfd: c_int, fd: c_int, events: u32, data: u64, conn: &Arc<Conn>) ->
     Ok(())
 }
 
+#[inline(always)]
 pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
+    if table::kind(fd) == table::NONE && !table::is_fresh(fd) {
+        // SAFETY: the application's arguments.
+        return unsafe { real::epoll_ctl(epfd, op, fd, ev) };
+    }
+    // SAFETY: the application's arguments.
+    unsafe { epoll_ctl_slow(epfd, op, fd, ev) }
+}
+
+#[inline(never)]
+unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
     let k = table::kind(fd);
     if (k != CONN && k != PENDING) || Guard::busy() {
         // Sampled with the kind: a `connect` on another thread may clear it meanwhile, and its

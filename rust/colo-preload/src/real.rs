@@ -21,11 +21,7 @@ macro_rules! real_fns {
                 static ADDR: AtomicUsize = AtomicUsize::new(0);
                 let mut a = ADDR.load(Ordering::Relaxed);
                 if a == 0 {
-                    a = resolve(concat!(stringify!($name), "\0"));
-                    if a == 0 {
-                        missing(stringify!($name));
-                    }
-                    ADDR.store(a, Ordering::Relaxed);
+                    a = resolve_into(&ADDR, concat!(stringify!($name), "\0"));
                 }
                 // SAFETY: `a` is the address of the libc function of this name and C signature.
                 let f: unsafe extern "C" fn($($t),*) -> $ret = unsafe { std::mem::transmute(a) };
@@ -34,6 +30,19 @@ macro_rules! real_fns {
             }
         )*
     }
+}
+
+/// The first call of a symbol: resolves it into `addr` (out of line, so that the calls after it
+/// are a load and a jump).
+#[cold]
+#[inline(never)]
+fn resolve_into(addr: &AtomicUsize, name: &'static str) -> usize {
+    let a = resolve(name);
+    if a == 0 {
+        missing(name.trim_end_matches('\0'));
+    }
+    addr.store(a, Ordering::Relaxed);
+    a
 }
 
 #[cold]
