@@ -91,14 +91,14 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
     } else {
         peer
     };
-    let self_served = crate::server::may_accept(target);
-    if self_served && self_plain(target) {
-        crate::log_debug(format_args!("connect {peer}: this process accepts there itself; plain TCP"));
-        return Prepared::Plain;
-    }
     // First, as it needs no system call: a connection per request costs no more than plain TCP.
     if !crate::adapt::accelerate(target) {
         crate::log_debug(format_args!("connect {peer}: short-lived connections to it, or no colo listener a moment ago; plain TCP"));
+        return Prepared::Plain;
+    }
+    let self_served = crate::server::may_accept(target);
+    if self_served && self_plain(target) {
+        crate::log_debug(format_args!("connect {peer}: this process accepts there itself; plain TCP"));
         return Prepared::Plain;
     }
     // SAFETY: the application's socket, open during this call.
