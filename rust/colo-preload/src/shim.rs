@@ -864,9 +864,7 @@ fn copy_entry(fd: c_int, nfd: c_int) {
 pub unsafe fn dup(fd: c_int) -> c_int {
     if plain(fd) {
         // SAFETY: the application's argument.
-        let n = unsafe { real::dup(fd) };
-        table::copy_epoll(fd, n);
-        return n;
+        return unsafe { real::dup(fd) };
     }
     let g = Guard::enter();
     client::resolve_fd(fd);
@@ -890,9 +888,7 @@ pub unsafe fn dup3(fd: c_int, nfd: c_int, flags: c_int, two: bool) -> c_int {
         }
     };
     if Guard::busy() || (table::kind(fd) == NONE && table::kind(nfd) == NONE && !table::is_epoll(nfd)) {
-        let n = call(fd, nfd, flags);
-        table::copy_epoll(fd, n);
-        return n;
+        return call(fd, nfd, flags);
     }
     let g = Guard::enter();
     client::resolve_fd(fd);
@@ -911,7 +907,7 @@ pub unsafe fn dup3(fd: c_int, nfd: c_int, flags: c_int, two: bool) -> c_int {
 
 #[inline(always)]
 pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
-    if table::kind(fd) == NONE && cmd != libc::F_DUPFD && cmd != libc::F_DUPFD_CLOEXEC {
+    if table::kind(fd) == NONE {
         // SAFETY: the application's arguments.
         return unsafe { if is64 { real::fcntl64(fd, cmd, arg) } else { real::fcntl(fd, cmd, arg) } };
     }
@@ -931,11 +927,7 @@ unsafe fn fcntl_slow(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
         }
     };
     if plain(fd) {
-        let r = call();
-        if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
-            table::copy_epoll(fd, r);
-        }
-        return r;
+        return call();
     }
     let g = Guard::enter();
     if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {

@@ -5,7 +5,7 @@
 use crate::client::Pending;
 use crate::conn::Conn;
 use crate::server::Listen;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub const MAX_FD: usize = 1 << 16;
@@ -42,6 +42,8 @@ static KIND: [AtomicU8; MAX_FD] = [const { AtomicU8::new(0) }; MAX_FD];
 static FRESH: [AtomicU8; MAX_FD] = [const { AtomicU8::new(0) }; MAX_FD];
 /// epoll fds in which a colo connection was ever registered.
 static EPOLL: [AtomicU8; MAX_FD] = [const { AtomicU8::new(0) }; MAX_FD];
+/// Registrations of connections in each epoll fd (see `regs_in`).
+static REGS_IN: [AtomicU32; MAX_FD] = [const { AtomicU32::new(0) }; MAX_FD];
 /// Threads now asleep in the kernel on each epoll fd (an interest change must wake them).
 static SLEEPERS: [AtomicU8; MAX_FD] = [const { AtomicU8::new(0) }; MAX_FD];
 static SLOTS: [Mutex<Entry>; MAX_FD] = [const { Mutex::new(Entry::None) }; MAX_FD];
@@ -77,11 +79,26 @@ pub fn set_epoll(fd: i32, on: bool) {
     }
 }
 
-/// `new` is a duplicate of `fd`: if `fd` is an epoll set that held connections, so is `new` (a
-/// wait on it must translate the kernel's events; the registrations stay under `fd`'s number).
-pub fn copy_epoll(fd: i32, new: i32) {
-    if is_epoll(fd) {
-        set_epoll(new, true);
+/// Counts a registration of a connection in epoll set `epfd` made (`add`) or removed.
+pub fn count_regs(epfd: i32, add: bool) {
+    if epfd >= 0 && (epfd as usize) < MAX_FD {
+        let c = &REGS_IN[epfd as usize];
+        if add {
+            c.fetch_add(1, Ordering::Relaxed);
+        } else {
+            c.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// How many registrations of connections epoll set `epfd` has (deleted ones included, until
+/// their fd closes); out of range: as if some, so that its waits go the long way.
+#[inline]
+pub fn regs_in(epfd: i32) -> u32 {
+    if epfd >= 0 && (epfd as usize) < MAX_FD {
+        REGS_IN[epfd as usize].load(Ordering::Relaxed)
+    } else {
+        1
     }
 }
 
