@@ -601,9 +601,11 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
             out += 1;
         }
     });
-    if let (Some(fd), true) = (passed, out > 0) {
+    if let (Some(fd), true) = (passed, out > 0 && table::regs_in(epfd) > 0) {
         // This thread returns other events without looking at the rings again: pass the ring on
         // to another thread asleep on the set, if any (else this thread's next wait sees it).
+        // Not in a set without connections (any more): nothing to look at, and a busy loop's
+        // every wait would read and write the eventfd again.
         // SAFETY: the set's wake-up eventfd, never closed.
         colo_sys::doorbell::ring(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) });
     }
