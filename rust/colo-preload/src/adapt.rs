@@ -13,7 +13,7 @@
 
 use rustc_hash::FxHashMap as HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -121,7 +121,8 @@ fn key(dest: SocketAddr) -> SocketAddr {
 
 /// Whether a new connection to `dest` should look for a colo listener and offer it shared memory.
 pub fn accelerate(dest: SocketAddr) -> bool {
-    if OUT_OF_FDS.load(Ordering::Relaxed) && OUT_OF_FDS_UNTIL.lock().unwrap_or_else(|e| e.into_inner()).is_some_and(|t| Instant::now() < t) {
+    let out_of_fds_until = OUT_OF_FDS_UNTIL.load(Ordering::Relaxed);
+    if out_of_fds_until != 0 && ms_now() < out_of_fds_until {
         return false;
     }
     let dest = key(dest);
@@ -154,17 +155,21 @@ pub fn no_listener(dest: SocketAddr) {
 /// connection is offered shared memory for this long: each attempt costs system calls and a log
 /// line (redis-benchmark -c 900 under a fixed limit of 1024 made 1776 of them).
 const OUT_OF_FDS_FOR: Duration = Duration::from_millis(100);
-static OUT_OF_FDS_UNTIL: Mutex<Option<Instant>> = Mutex::new(None);
-/// Whether `OUT_OF_FDS_UNTIL` was ever set (so that a connect need not take its lock).
-static OUT_OF_FDS: AtomicBool = AtomicBool::new(false);
+/// Until when (`ms_now`; 0: never set): one atomic, so that a connect takes no lock for it.
+static OUT_OF_FDS_UNTIL: AtomicU64 = AtomicU64::new(0);
+
+/// Milliseconds since this process first asked, plus one (never 0).
+fn ms_now() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
+}
 
 /// A set-up failed with `e`: if for want of descriptors, pause offering shared memory
 /// (`OUT_OF_FDS_FOR`); returns whether it did.
 pub fn set_up_failed(e: &std::io::Error) -> bool {
     let out = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
     if out {
-        *OUT_OF_FDS_UNTIL.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now() + OUT_OF_FDS_FOR);
-        OUT_OF_FDS.store(true, Ordering::Relaxed);
+        OUT_OF_FDS_UNTIL.store(ms_now() + OUT_OF_FDS_FOR.as_millis() as u64, Ordering::Relaxed);
     }
     out
 }

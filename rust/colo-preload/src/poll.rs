@@ -726,12 +726,9 @@ pub unsafe fn epoll_wait_with(
             if got.iter().all(|e| e.u64 & TAG_MASK != TAG) {
                 return k;
             }
-            let g = Guard::enter();
-            let out = translate(epfd, got, None);
-            if out > 0 {
-                return g.ok(out as libc::ssize_t) as c_int;
+            if let Some(n) = translated(epfd, got) {
+                return n;
             }
-            drop(g);
             t = remaining_ms(deadline);
             if t == 0 {
                 return 0;
@@ -834,19 +831,23 @@ pub unsafe fn epoll_wait_with(
                 sp.slept(slept.elapsed());
             }
         });
-        let g = Guard::enter();
         // SAFETY: the kernel filled `k` events at `evs`.
-        let batch = unsafe { std::slice::from_raw_parts_mut(evs, k as usize) };
-        let out = translate(epfd, batch, None);
-        if out > 0 {
-            return g.ok(out as libc::ssize_t) as c_int;
+        if let Some(n) = translated(epfd, unsafe { std::slice::from_raw_parts_mut(evs, k as usize) }) {
+            return n;
         }
-        drop(g);
         t = remaining_ms(deadline);
         if t == 0 {
             return 0;
         }
     }
+}
+
+/// The kernel's batch `got` translated for the application: its count, or `None` if nothing in
+/// it was the application's (the caller waits on).
+fn translated(epfd: c_int, got: &mut [epoll_event]) -> Option<c_int> {
+    let g = Guard::enter();
+    let out = translate(epfd, got, None);
+    (out > 0).then(|| g.ok(out as libc::ssize_t) as c_int)
 }
 
 // ---- poll and select ------------------------------------------------------------------------

@@ -234,6 +234,7 @@ plain_first! {
     writev => writev_slow(fd, iov: *const iovec, cnt: c_int) -> ssize_t;
     recvfrom => recvfrom_slow(fd, buf: *mut c_void, n: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t;
     sendto => sendto_slow(fd, buf: *const c_void, n: size_t, flags: c_int, addr: *const sockaddr, len: socklen_t) -> ssize_t;
+    setsockopt => setsockopt_slow(fd, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
 }
 
 #[inline(never)]
@@ -909,23 +910,23 @@ pub unsafe fn dup3(fd: c_int, nfd: c_int, flags: c_int, two: bool) -> c_int {
 pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
     if table::kind(fd) == NONE {
         // SAFETY: the application's arguments.
-        return unsafe { if is64 { real::fcntl64(fd, cmd, arg) } else { real::fcntl(fd, cmd, arg) } };
+        return unsafe { real_fcntl(fd, cmd, arg, is64) };
     }
     // SAFETY: the application's arguments.
     unsafe { fcntl_slow(fd, cmd, arg, is64) }
 }
 
+/// libc's `fcntl64` or `fcntl`, as the application called.
+#[inline(always)]
+unsafe fn real_fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
+    // SAFETY: the caller's arguments.
+    unsafe { if is64 { real::fcntl64(fd, cmd, arg) } else { real::fcntl(fd, cmd, arg) } }
+}
+
 #[inline(never)]
 unsafe fn fcntl_slow(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
-    let call = || {
-        if is64 {
-            // SAFETY: the application's arguments.
-            unsafe { real::fcntl64(fd, cmd, arg) }
-        } else {
-            // SAFETY: the application's arguments.
-            unsafe { real::fcntl(fd, cmd, arg) }
-        }
-    };
+    // SAFETY: the application's arguments.
+    let call = || unsafe { real_fcntl(fd, cmd, arg, is64) };
     if plain(fd) {
         return call();
     }
@@ -986,16 +987,6 @@ pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
         }
         Err(e) => g.err(errno_of(&e)) as c_int,
     }
-}
-
-#[inline(always)]
-pub unsafe fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
-    if table::kind(fd) == NONE {
-        // SAFETY: the application's arguments.
-        return unsafe { real::setsockopt(fd, level, name, val, len) };
-    }
-    // SAFETY: the application's arguments.
-    unsafe { setsockopt_slow(fd, level, name, val, len) }
 }
 
 #[inline(never)]

@@ -45,7 +45,7 @@ static EPOLL: [AtomicU8; MAX_FD] = [const { AtomicU8::new(0) }; MAX_FD];
 /// Registrations of connections in each epoll fd (see `regs_in`).
 static REGS_IN: [AtomicU32; MAX_FD] = [const { AtomicU32::new(0) }; MAX_FD];
 /// Threads now asleep in the kernel on each epoll fd (an interest change must wake them).
-static SLEEPERS: [AtomicU8; MAX_FD] = [const { AtomicU8::new(0) }; MAX_FD];
+static SLEEPERS: [AtomicU32; MAX_FD] = [const { AtomicU32::new(0) }; MAX_FD];
 static SLOTS: [Mutex<Entry>; MAX_FD] = [const { Mutex::new(Entry::None) }; MAX_FD];
 
 #[inline]
@@ -79,16 +79,21 @@ pub fn set_epoll(fd: i32, on: bool) {
     }
 }
 
-/// Counts a registration of a connection in epoll set `epfd` made (`add`) or removed.
-pub fn count_regs(epfd: i32, add: bool) {
-    if epfd >= 0 && (epfd as usize) < MAX_FD {
-        let c = &REGS_IN[epfd as usize];
-        if add {
+/// Adds one to (`up`) or takes one from `counters[fd]`.
+fn bump(counters: &[AtomicU32; MAX_FD], fd: i32, up: bool) {
+    if fd >= 0 && (fd as usize) < MAX_FD {
+        let c = &counters[fd as usize];
+        if up {
             c.fetch_add(1, Ordering::Relaxed);
         } else {
             c.fetch_sub(1, Ordering::Relaxed);
         }
     }
+}
+
+/// Counts a registration of a connection in epoll set `epfd` made (`add`) or removed.
+pub fn count_regs(epfd: i32, add: bool) {
+    bump(&REGS_IN, epfd, add);
 }
 
 /// How many registrations of connections epoll set `epfd` has (deleted ones included, until
@@ -104,14 +109,7 @@ pub fn regs_in(epfd: i32) -> u32 {
 
 /// Counts a thread going to sleep on epoll fd `fd` (`on`) or waking from it.
 pub fn set_sleeping(fd: i32, on: bool) {
-    if fd >= 0 && (fd as usize) < MAX_FD {
-        let s = &SLEEPERS[fd as usize];
-        if on {
-            s.fetch_add(1, Ordering::Relaxed);
-        } else {
-            s.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
+    bump(&SLEEPERS, fd, on);
 }
 
 /// Whether a thread may be asleep in the kernel on epoll fd `fd`.

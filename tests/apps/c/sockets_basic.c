@@ -173,6 +173,25 @@ static int dial(int port) {
     return c;
 }
 
+/* On connected `c`: "ping" answered "pong" and the addresses line, over shared memory when
+ * shimmed; closes `c` (the whole answer read, so the close is a FIN, not a reset). */
+static void ping_accelerated(int c, const char *what) {
+    char buf[128];
+    size_t got = 0;
+    write_all(c, "Pping", 5);
+    while (got < sizeof buf && (got == 0 || buf[got - 1] != '\n') && read(c, buf + got, 1) == 1) got++;
+    if (got < 5 || memcmp(buf, "pong", 4) != 0 || buf[got - 1] != '\n') {
+        fprintf(stderr, "FAIL %s: no pong\n", what);
+        failures++;
+    }
+    if (shimmed() && segments() != 1) {
+        fprintf(stderr, "FAIL %s: not accelerated\n", what);
+        failures++;
+    }
+    close(c);
+    wait_done();
+}
+
 int main(void) {
     alarm(30);
     /* Many short connections in a row: the shim may send such a destination over TCP on
@@ -376,12 +395,7 @@ int main(void) {
     c = socket(AF_INET, SOCK_STREAM, 0);
     CHECK(connect(c, (struct sockaddr *)&ca, sizeof ca) < 0 && errno == ECONNREFUSED, "refused, then...");
     CHECK(connect(c, (struct sockaddr *)&a, sizeof a) == 0, "...the same socket connects");
-    write_all(c, "Pping", 5);
-    n = read(c, buf, sizeof buf);
-    CHECK(n >= 4 && memcmp(buf, "pong", 4) == 0, "answer on the reconnected socket");
-    if (shimmed()) CHECK(segments() == 1, "the reconnected socket is accelerated");
-    close(c);
-    wait_done();
+    ping_accelerated(c, "the reconnected socket");
 
     /* 11. A socket the application bound to a port on the wildcard address is accelerated too
      * (the kernel picks the source address at connect). */
@@ -391,12 +405,7 @@ int main(void) {
     int wild_port = port_of(c);
     CHECK(connect(c, (struct sockaddr *)&a, sizeof a) == 0, "connect from the wildcard address");
     CHECK(port_of(c) == wild_port, "the bound port kept");
-    write_all(c, "Pping", 5);
-    n = read(c, buf, sizeof buf);
-    CHECK(n >= 4 && memcmp(buf, "pong", 4) == 0, "answer from the wildcard-bound socket");
-    if (shimmed()) CHECK(segments() == 1, "the wildcard-bound socket is accelerated");
-    close(c);
-    wait_done();
+    ping_accelerated(c, "the wildcard-bound socket");
 
     c = dial(port);
     write_all(c, "Q", 1);
