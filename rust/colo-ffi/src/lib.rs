@@ -129,14 +129,14 @@ impl Drop for MsgBox {
     fn drop(&mut self) {
         // SAFETY: the message came from `recv_raw` on the connection `conn` keeps alive, and a
         // box whose message was released is discarded, never dropped (`msg_parts`).
-        unsafe { stream_of(&self.conn).release_raw(self.msg) }
+        unsafe { stream_of(&self.conn).release_raw(std::ptr::read(&self.msg)) }
     }
 }
 
 impl Drop for LoanBox {
     fn drop(&mut self) {
         // SAFETY: as for `MsgBox`: this stream's loan, neither sent nor cancelled (`loan_parts`).
-        unsafe { stream_of(&self.conn).cancel_raw(self.loan) }
+        unsafe { stream_of(&self.conn).cancel_raw(std::ptr::read(&self.loan)) }
     }
 }
 
@@ -266,8 +266,9 @@ fn with<R>(h: usize, kind: u8, f: impl FnOnce(&Obj) -> R) -> Option<R> {
 #[inline(always)]
 fn loan_parts(t: Taken<'_, Obj>) -> (RawLoan, Ref<Obj>) {
     let Obj::Loan(b) = &*t else { unreachable!("the table checked the kind") };
-    // SAFETY: the reference is read out once and the box is then discarded, not dropped.
-    let parts = (b.loan, unsafe { std::ptr::read(&b.conn) });
+    // SAFETY: the loan and the reference are read out once and the box is then discarded, not
+    // dropped.
+    let parts = unsafe { (std::ptr::read(&b.loan), std::ptr::read(&b.conn)) };
     t.discard();
     parts
 }
@@ -278,7 +279,7 @@ fn loan_parts(t: Taken<'_, Obj>) -> (RawLoan, Ref<Obj>) {
 fn msg_parts(t: Taken<'_, Obj>) -> (RawMessage, Ref<Obj>) {
     let Obj::Msg(b) = &*t else { unreachable!("the table checked the kind") };
     // SAFETY: as in `loan_parts`.
-    let parts = (b.msg, unsafe { std::ptr::read(&b.conn) });
+    let parts = unsafe { (std::ptr::read(&b.msg), std::ptr::read(&b.conn)) };
     t.discard();
     parts
 }

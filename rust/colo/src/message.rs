@@ -36,7 +36,7 @@ impl SlotSize {
 /// the slot). Plain data of two words, so a binding stores and moves it for nothing (sizes fit
 /// in 32 bits: pool slots, and messages over TCP, whose frame length is a `u32`); [`Loan`] is this
 /// plus the borrow and the length.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub struct RawLoan {
     ptr: *mut u8,
     /// The pool slot (or `HEAP`: then `ptr` and the capacity are a leaked `Box<[u8]>`) and the
@@ -87,7 +87,7 @@ impl RawLoan {
 
 /// A received message without the borrow of its stream ([`Stream::recv_raw`]), released exactly
 /// once with [`Stream::release_raw`] on the same stream. See [`RawLoan`].
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub struct RawMessage {
     ptr: *const u8,
     /// The pool slot (or `HEAP`: then `ptr` and the length are a leaked `Box<[u8]>`) and the
@@ -150,13 +150,12 @@ pub struct Loan<'a> {
     stream: &'a Stream,
     raw: RawLoan,
     len: usize,
-    sent: bool,
 }
 
 impl<'a> Loan<'a> {
     #[inline]
     pub(crate) fn new(stream: &'a Stream, raw: RawLoan, len: usize) -> Self {
-        Loan { stream, raw, len, sent: false }
+        Loan { stream, raw, len }
     }
 
     /// Most bytes this loan can hold.
@@ -177,10 +176,10 @@ impl<'a> Loan<'a> {
     }
 
     /// Sends the message: only a descriptor moves; the receiver reads these very bytes.
-    pub fn send(mut self) -> io::Result<()> {
-        self.sent = true;
-        // SAFETY: the loan came from `self.stream` and ends here, once (`sent` keeps drop off it).
-        unsafe { self.stream.send_raw(self.raw, self.len) }
+    pub fn send(self) -> io::Result<()> {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: the loan came from `this.stream` and ends here, once: `this` is never dropped.
+        unsafe { this.stream.send_raw(std::ptr::read(&this.raw), this.len) }
     }
 }
 
@@ -202,10 +201,9 @@ impl DerefMut for Loan<'_> {
 
 impl Drop for Loan<'_> {
     fn drop(&mut self) {
-        if !self.sent {
-            // SAFETY: the loan came from `self.stream` and was neither sent nor cancelled.
-            unsafe { self.stream.cancel_raw(self.raw) }
-        }
+        // SAFETY: the loan came from `self.stream` and was neither sent (`send` does not drop)
+        // nor cancelled; `raw` is read out once, as the loan ends.
+        unsafe { self.stream.cancel_raw(std::ptr::read(&self.raw)) }
     }
 }
 
@@ -239,7 +237,8 @@ impl Deref for Message<'_> {
 
 impl Drop for Message<'_> {
     fn drop(&mut self) {
-        // SAFETY: the message came from `self.stream` and is released once, here.
-        unsafe { self.stream.release_raw(self.raw) }
+        // SAFETY: the message came from `self.stream` and is released once, here (`raw` read
+        // out as the message ends).
+        unsafe { self.stream.release_raw(std::ptr::read(&self.raw)) }
     }
 }

@@ -1192,7 +1192,12 @@ impl Shm {
         let mut tx = lock(self.msg_tx.as_ref().expect("a loan implies a pool"));
         // As a write: not after our shutdown or close, nor to a peer that stopped reading, reset
         // or died (the loan may be older than any of those).
-        self.may_send(&mut tx.writes)?;
+        if let Err(e) = self.may_send(&mut tx.writes) {
+            // Nothing more is sent on this connection; the slot still goes back to the pool.
+            tx.in_flight[slot as usize] = false;
+            tx.free_slots.push(slot);
+            return Err(e);
+        }
         tx.msgs.push([slot, len as u32]).map_err(|c| self.corrupt(c))?;
         drop(tx);
         self.wake_peer();
