@@ -16,6 +16,7 @@ for case in "colo" "colo msg"; do
     # The Rust row of exactly this case (`--only` matches substrings: "colo" also names others).
     r+=("$(rust/target/release/colo bench --only "64 B,$case" --seconds "$secs" |
       awk -v c="$case" '$1 == "64" && $2 == "B" { n = $0; sub(/^ *64 B +/, "", n); split(n, f, /  +/); if (f[1] == c) { print f[2]; exit } }')")
+    [[ -n ${r[-1]} && -n ${c[-1]} ]] || { echo "compare.sh: no result for \"$case\"" >&2; exit 1; }
   done
   cm=$(printf '%s\n' "${c[@]}" | median) rm=$(printf '%s\n' "${r[@]}" | median)
   printf '%-9s C p50 %s us (%s)   Rust p50 %s us (%s)   C/Rust %sx\n' "$case" "$cm" "${c[*]}" "$rm" "${r[*]}" \
