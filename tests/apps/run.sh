@@ -24,6 +24,12 @@ check "redis-cli get (client plain)" test "$(timeout 10 redis-cli -p $P get k)" 
 check "redis accelerated a connection" grep -q ": accelerated (shared memory)" "$WORK/redis-$P.log"
 check "redis-benchmark (both)" timeout 60 $COLORUN redis-benchmark -p $P -t get,set -n 20000 -c 20 -q >/dev/null
 check "redis-benchmark, a connection per request (both)" timeout 60 $COLORUN redis-benchmark -p $P -t get -n 3000 -c 5 -k 0 -q >/dev/null
+# The same program run the same way again is told by the listener (its short-lived marker) to
+# dial plain TCP from its first connection; other programs, and the keep-alive runs below, are not.
+check "the same connection-per-request run again: plain TCP from the start, all answered" sh -c "
+  timeout 60 env COLO_LOG=info $COLORUN redis-benchmark -p $P -t get -n 3000 -c 5 -k 0 -q 2>'$WORK/k0.err' | grep -q 'per second' &&
+  grep -q \"listener says this program's connections to it are short-lived\" '$WORK/k0.err' &&
+  test \$(grep -c ': accelerated (shared memory)' '$WORK/k0.err') -le 1"
 head -c 300000 /dev/zero | tr '\0' 'y' > "$WORK/big"
 timeout 10 $COLORUN redis-cli -p $P -x set big < "$WORK/big" >/dev/null
 check "redis 300 KB value round trip" test "$(timeout 10 $COLORUN redis-cli -p $P strlen big)" = 300000

@@ -108,7 +108,7 @@ impl Dest {
 
 static DESTS: Mutex<Option<HashMap<SocketAddr, Dest>>> = Mutex::new(None);
 
-fn enabled() -> bool {
+pub fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("COLO_SHORT_LIVED").map_or(true, |v| v != "accelerate"))
 }
@@ -119,20 +119,61 @@ fn key(dest: SocketAddr) -> SocketAddr {
     SocketAddr::new(colo_sys::host::canonical(dest.ip()), dest.port())
 }
 
+/// What a new connection to a destination should do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Plain TCP (short-lived connections there, or no colo listener a moment ago).
+    Plain,
+    /// Look for a colo listener and offer it shared memory.
+    Offer,
+    /// The same, for the first connection to it that this process makes: if a colo listener
+    /// answers, ask it first whether its connections are short-lived ([`first_look`]).
+    FirstOffer,
+}
+
 /// Whether a new connection to `dest` should look for a colo listener and offer it shared memory.
-pub fn accelerate(dest: SocketAddr) -> bool {
+pub fn accelerate(dest: SocketAddr) -> Verdict {
     let out_of_fds_until = OUT_OF_FDS_UNTIL.load(Ordering::Relaxed);
     if out_of_fds_until != 0 && ms_now() < out_of_fds_until {
+        return Verdict::Plain;
+    }
+    let dest = key(dest);
+    let mut g = DESTS.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = g.get_or_insert_with(HashMap::default).get_mut(&dest) else { return Verdict::FirstOffer };
+    let now = Instant::now();
+    if d.no_listener_until.is_some_and(|t| now < t) {
+        return Verdict::Plain;
+    }
+    if !enabled() || d.accelerate(now) {
+        Verdict::Offer
+    } else {
+        Verdict::Plain
+    }
+}
+
+/// The first connection to `dest` (a [`Verdict::FirstOffer`]) found its colo listener, which
+/// `says_short` (its short-lived marker, spec/WIRE.md section 2, asked only here): returns
+/// whether to dial it over plain TCP, starting a plain period there as a run of short
+/// connections of our own would. So a new process that opens a connection per request (wrk,
+/// redis-benchmark `-k 0`, a script running curl in a loop) does not first set up shared memory
+/// for a burst of them: wrk `-c50` set up 57 in 26 ms before its own rule took over.
+pub fn first_look(dest: SocketAddr, says_short: impl FnOnce() -> bool) -> bool {
+    if !enabled() {
         return false;
     }
     let dest = key(dest);
     let mut g = DESTS.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(d) = g.get_or_insert_with(HashMap::default).get_mut(&dest) else { return true };
-    let now = Instant::now();
-    if d.no_listener_until.is_some_and(|t| now < t) {
+    let map = g.get_or_insert_with(HashMap::default);
+    if map.contains_key(&dest) {
+        // Another thread looked first.
         return false;
     }
-    !enabled() || d.accelerate(now)
+    let d = dest_entry(map, dest);
+    let short = says_short();
+    if short {
+        d.plain_until = Some(Instant::now() + PLAIN_FOR);
+    }
+    short
 }
 
 /// A connection to `dest` found no colo listener there, but a TCP one: the second such
@@ -202,7 +243,7 @@ impl Lived {
     /// `Connection: close`: about 90 ms each), so none looked short, shared memory was never
     /// given up, and the set-ups made the load 7x slower than plain TCP. (Soon after the reply:
     /// a stream the server pushes, or a pooled connection closed when idle, is not short.)
-    fn short(&self) -> bool {
+    pub fn short(&self) -> bool {
         let quick = self.lived < SHORT_LIFE || self.lived < self.setup * SETUP_TIMES;
         let one_exchange = self.after_only_reply.is_some_and(|d| d < SHORT_LIFE);
         (quick || one_exchange) && self.bytes < SHORT_BYTES
@@ -252,9 +293,21 @@ mod tests {
     fn a_destination_without_a_colo_listener_is_remembered_after_the_second_miss() {
         let d: SocketAddr = "127.0.0.9:4321".parse().unwrap();
         no_listener(d);
-        assert!(accelerate(d), "one miss: look again (its server may be starting)");
+        assert_eq!(accelerate(d), Verdict::Offer, "one miss: look again (its server may be starting)");
         no_listener(d);
-        assert!(!accelerate(d), "a second miss soon after: not for a while");
+        assert_eq!(accelerate(d), Verdict::Plain, "a second miss soon after: not for a while");
+    }
+
+    #[test]
+    fn only_the_first_connection_asks_the_listener_and_its_answer_starts_a_plain_period() {
+        let d: SocketAddr = "127.0.0.9:4322".parse().unwrap();
+        assert_eq!(accelerate(d), Verdict::FirstOffer);
+        assert!(first_look(d, || true), "the listener says short-lived: plain TCP");
+        assert!(!first_look(d, || panic!("asked twice")), "asked once per destination");
+        assert_eq!(accelerate(d), Verdict::Plain, "a plain period, then the usual probe");
+        let e: SocketAddr = "127.0.0.9:4323".parse().unwrap();
+        assert!(!first_look(e, || false));
+        assert_eq!(accelerate(e), Verdict::Offer);
     }
 
     #[test]

@@ -48,6 +48,12 @@ fn geometry() -> Geometry {
     Geometry { ring_capacity: cap, slot_size: 0, slot_count: 0 }
 }
 
+/// This program's tag (spec/WIRE.md section 2), read once per process image.
+fn own_tag() -> Option<u64> {
+    static TAG: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *TAG.get_or_init(|| colo_sys::host::cmdline(0).ok().map(|c| colo::wire::program_tag(&c)))
+}
+
 /// What `connect` should do after the offer step.
 pub enum Prepared {
     /// Not a colo destination: do a plain connect.
@@ -92,7 +98,8 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
         peer
     };
     // First, as it needs no system call: a connection per request costs no more than plain TCP.
-    if !crate::adapt::accelerate(target) {
+    let verdict = crate::adapt::accelerate(target);
+    if verdict == crate::adapt::Verdict::Plain {
         crate::log_debug(format_args!("connect {peer}: short-lived connections to it, or no colo listener a moment ago; plain TCP"));
         return Prepared::Plain;
     }
@@ -106,8 +113,8 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
     if !crate::is_tcp_stream(b) {
         return Prepared::Plain;
     }
-    let (control, server_pid) = match carrier::connect_rendezvous(target) {
-        Ok(Some(x)) => x,
+    let rendezvous = match carrier::connect_rendezvous(target) {
+        Ok(Some(r)) => r,
         Ok(None) if colo_sys::host::is_local(target.ip()) => {
             crate::log_debug(format_args!("connect {peer}: no colo listener; plain TCP"));
             return Prepared::NoListener(target);
@@ -119,6 +126,14 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
             return Prepared::Plain;
         }
     };
+    if verdict == crate::adapt::Verdict::FirstOffer
+        && crate::adapt::first_look(target, || own_tag().is_some_and(|t| rendezvous.says_short_lived(t)))
+    {
+        log_info(format_args!(
+            "connect {peer}: its listener says this program's connections to it are short-lived; plain TCP there for a while (COLO_SHORT_LIVED=accelerate keeps shared memory)"
+        ));
+        return Prepared::Plain;
+    }
     // Bind first, so the 4-tuple is known before the SYN. A socket whose connect was refused
     // still reports the port it had, on the wildcard address, but is bound to nothing: its
     // next connect would pick another port (the offer waited out its timeout for nothing).
@@ -146,7 +161,7 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
         }
     }
     let Some(local) = local else { return Prepared::Plain };
-    match carrier::offer(control, server_pid, local, target, geometry()) {
+    match carrier::offer(rendezvous.control, rendezvous.server_pid, local, target, geometry()) {
         Ok(offer) => Prepared::Offered(Box::new(Pending {
             offer,
             deadline: Instant::now() + timeout(),

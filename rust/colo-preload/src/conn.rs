@@ -37,7 +37,8 @@ pub struct Conn {
     never_spin: bool,
     raw: [RawFd; 5],
     holders: *const AtomicU32,
-    /// When the connection was set up (the client side reports short-lived ones to `adapt`).
+    /// When the connection was set up (to tell short-lived ones: `adapt` on the client side,
+    /// the listener's marker on the server side).
     born: std::time::Instant,
     /// How long the client waited from its offer to the server's answer (zero on the server).
     setup: std::time::Duration,
@@ -48,6 +49,9 @@ pub struct Conn {
     first_reply_ns: AtomicU64,
     /// A write after the peer closed was taken (`takes_write_after_close`).
     wrote_after_close: AtomicBool,
+    /// On the server side: the client's program tag, under which its ending is recorded for the
+    /// listener's short-lived marker.
+    client_tag: Option<u64>,
 }
 
 // SAFETY: the raw pointers point into mappings owned by `shm` (the segment) and by this value
@@ -57,8 +61,12 @@ unsafe impl Send for Conn {}
 unsafe impl Sync for Conn {}
 
 impl Conn {
-    pub fn new(est: Established, nonblocking: bool) -> std::io::Result<Conn> {
-        Conn::build(est, nonblocking, false, std::time::Duration::ZERO)
+    /// The server side of a connection dialed by a program tagged `client_tag` (see
+    /// `server::client_tag`).
+    pub fn accepted(est: Established, nonblocking: bool, client_tag: Option<u64>) -> std::io::Result<Conn> {
+        let mut c = Conn::build(est, nonblocking, false, std::time::Duration::ZERO)?;
+        c.client_tag = client_tag;
+        Ok(c)
     }
 
     /// The client side of a connection whose set-up (offer to answer) took `setup`.
@@ -104,6 +112,7 @@ impl Conn {
             sent_before_reply: AtomicU64::new(u64::MAX),
             first_reply_ns: AtomicU64::new(0),
             wrote_after_close: AtomicBool::new(false),
+            client_tag: None,
         })
     }
 
@@ -497,14 +506,19 @@ impl Drop for Conn {
             // SAFETY: the segment mapping; nothing refers to it once this Conn is gone.
             unsafe { libc::syscall(libc::SYS_munmap, self.w.base, self.w.len) };
         } else {
+            // SAFETY: aligned atomics inside the mapping `shm` owns (still mapped here).
+            let (sent, got) = unsafe { ((*self.w.out_head).load(Ordering::Relaxed), (*self.w.in_tail).load(Ordering::Relaxed)) };
+            let age = self.born.elapsed();
             if self.shm.role() == colo::segment::Role::Client {
-                // SAFETY: aligned atomics inside the mapping `shm` owns (still mapped here).
-                let (sent, got) = unsafe { ((*self.w.out_head).load(Ordering::Relaxed), (*self.w.in_tail).load(Ordering::Relaxed)) };
-                let age = self.born.elapsed();
                 let reply_at = std::time::Duration::from_nanos(self.first_reply_ns.load(Ordering::Relaxed));
                 let after_only_reply = (self.sent_before_reply.load(Ordering::Relaxed) == sent).then(|| age.saturating_sub(reply_at));
                 let lived = crate::adapt::Lived { lived: age, setup: self.setup, bytes: sent + got, after_only_reply };
                 crate::adapt::ended(self.shm.peer_addr(), lived);
+            } else if let Some(tag) = self.client_tag {
+                // The server's side lives from its accept, after any wait in the backlog: its
+                // age alone tells a connection per request.
+                let lived = crate::adapt::Lived { lived: age, setup: self.setup, bytes: sent + got, after_only_reply: None };
+                crate::server::connection_ended(self.shm.local_addr(), tag, lived.short());
             }
             // SAFETY: dropped exactly once, here.
             unsafe { ManuallyDrop::drop(&mut self.shm) };

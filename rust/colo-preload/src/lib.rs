@@ -23,6 +23,7 @@ mod adapt;
 mod client;
 mod conn;
 mod handover;
+mod marker;
 mod poll;
 mod real;
 mod server;
@@ -252,6 +253,7 @@ extern "C" fn atfork_child() {
     colo_sys::host::forget_pid();
     handover::atfork_child();
     server::atfork_child();
+    server::marker_child();
     let me = colo_sys::host::pid();
     for fd in table::fds_of_kind(table::CONN) {
         if let Some(g) = table::try_lock(fd) {
@@ -269,8 +271,9 @@ static INIT: extern "C" fn() = init;
 extern "C" fn init() {
     // The shim's own descriptors stay out of the application's way (see the constant).
     colo::carrier::set_fd_floor(colo_sys::preload::OUT_OF_THE_WAY);
-    // SAFETY: registering a child handler; it only takes uncontended locks with try_lock.
-    unsafe { libc::pthread_atfork(None, None, Some(atfork_child)) };
+    // SAFETY: registering handlers: the child's only takes uncontended locks with try_lock; the
+    // marker lock is held by the service thread only while it makes or closes one socket.
+    unsafe { libc::pthread_atfork(Some(server::marker_prepare), Some(server::marker_parent), Some(atfork_child)) };
     // Cache the pid now, in the parent of any `vfork` child the program will make.
     colo_sys::host::pid();
     // Resolve libc's `syscall` now: the shim's own raw calls go through our wrapper, and a first

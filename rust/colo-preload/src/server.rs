@@ -13,7 +13,7 @@ use colo::wire::{self, Mode, Reason};
 use colo_sys::{seqpacket, AsFd, AsRawFd, OwnedFd};
 use std::collections::HashMap;
 use std::io;
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -53,14 +53,22 @@ struct Shared {
     /// offers in `offers`; `GONE` once a process found the service gone (its counts are frozen:
     /// every process asks, and so finds the one that took the listeners over).
     busy: AtomicU32,
+    /// How accelerated connections to each listening port from each client program ended,
+    /// recorded by whichever process served them (`connection_ended`), read by the service
+    /// thread (`tend_markers`).
+    ends: [crate::marker::ListenerEnds; MARKED_PORTS],
 }
+
+/// (listening port, client program) pairs whose endings an offer service tracks.
+const MARKED_PORTS: usize = 64;
 
 const GONE: u32 = 1 << 31;
 
 fn shared_page() -> io::Result<&'static Shared> {
     use rustix::mm::{mmap_anonymous, MapFlags, ProtFlags};
+    const _: () = assert!(std::mem::size_of::<Shared>() <= 4096);
     // SAFETY: a new anonymous shared mapping of one page, never unmapped (fork children inherit
-    // it as shared). The kernel zeroes it: two zero `AtomicU32`s are a valid `Shared`.
+    // it as shared). The kernel zeroes it: zero atomics are a valid `Shared` (free slots).
     let p = unsafe { mmap_anonymous(std::ptr::null_mut(), 4096, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED)? };
     // SAFETY: as above; page-aligned, so aligned for `Shared`.
     Ok(unsafe { &*p.cast::<Shared>() })
@@ -267,7 +275,8 @@ fn serve(svc: &'static Service) {
         for b in &borrowed {
             pfds.push(PollFd::new(b, PollFlags::IN));
         }
-        let t = rustix::event::Timespec { tv_sec: 1, tv_nsec: 0 };
+        let wait_ms = tend_markers(svc).min(1000) as i64;
+        let t = rustix::event::Timespec { tv_sec: wait_ms / 1000, tv_nsec: wait_ms % 1000 * 1_000_000 };
         let _ = poll(&mut pfds, Some(&t));
         let woke = pfds[0].revents().contains(PollFlags::IN);
         let req = pfds[1].revents().contains(PollFlags::IN)
@@ -341,7 +350,147 @@ pub fn on_close_listen(l: &Arc<Listen>) {
         return;
     }
     lock(svc).listens.retain(|x| !Arc::ptr_eq(x, l));
+    lower_markers(l);
     colo_sys::doorbell::ring(&svc.wake);
+}
+
+// ---- the short-lived marker (spec/WIRE.md section 2; the rule is in `crate::marker`) -----------
+
+/// Held while a marker socket is made or closed, and across `fork` (the atfork handlers): a
+/// child must know every marker descriptor it inherits, to close it. One it kept open would
+/// hold the name up after the service lowered it, for as long as the child lives.
+static MARKER_LOCK: crate::marker::ForkLock = crate::marker::ForkLock::new();
+
+/// A raised marker: the listener it speaks for (its `Arc` address), the program tag, the socket.
+struct Raised {
+    listen: AtomicUsize,
+    tag: AtomicU64,
+    fd: AtomicI32,
+}
+
+/// The markers this process holds (fd -1: a free entry); a fork child closes them all.
+static RAISED: [Raised; 64] = [const { Raised { listen: AtomicUsize::new(0), tag: AtomicU64::new(0), fd: AtomicI32::new(-1) } }; 64];
+
+fn raised_for(l: &Listen) -> impl Iterator<Item = &'static Raised> {
+    let me = l as *const Listen as usize;
+    RAISED.iter().filter(move |r| r.fd.load(Ordering::Relaxed) >= 0 && r.listen.load(Ordering::Relaxed) == me)
+}
+
+/// The tag of the program that dialed the control connection `control` (spec/WIRE.md section
+/// 2), remembered per client process.
+fn client_tag(control: &OwnedFd) -> Option<u64> {
+    static TAGS: Mutex<Vec<(u32, u64)>> = Mutex::new(Vec::new());
+    let (pid, _) = seqpacket::peer_cred(control).ok()?;
+    if let Some(&(_, t)) = crate::try_lock(&TAGS)?.iter().find(|(p, _)| *p == pid) {
+        return Some(t);
+    }
+    let tag = wire::program_tag(&colo_sys::host::cmdline(pid).ok()?);
+    let mut tags = crate::try_lock(&TAGS)?;
+    if tags.len() >= 64 {
+        tags.remove(0);
+    }
+    tags.push((pid, tag));
+    Some(tag)
+}
+
+/// A connection this process accepted on `local` through shared memory, from a program tagged
+/// `tag`, ended (`short`: it did not pay for its set-up, see `adapt::Lived`).
+pub fn connection_ended(local: std::net::SocketAddr, tag: u64, short: bool) {
+    if !crate::adapt::enabled() {
+        return;
+    }
+    let Some(svc) = service() else { return };
+    let Some(ends) = crate::marker::slot(&svc.shared.ends, local.port(), tag) else { return };
+    if ends.ended(crate::marker::now_ms(), short) && svc.pid == colo_sys::host::pid() {
+        // Raise it now (a fork child's copy of the doorbell is closed: its service thread
+        // raises it at its next wake-up, within a second).
+        colo_sys::doorbell::ring(&svc.wake);
+    }
+}
+
+/// Raises or lowers each listener's markers as its port's endings say; returns how long the
+/// service may sleep before the next change is due (ms).
+fn tend_markers(svc: &Service) -> u64 {
+    let now = crate::marker::now_ms();
+    let listens = lock(svc).listens.clone();
+    let mut next = u64::MAX;
+    for l in &listens {
+        let mut wanted = Vec::new();
+        for e in svc.shared.ends.iter().filter(|e| e.port() == l.addr.port()) {
+            if let Some(t) = e.marked_until(now) {
+                next = next.min(t - now);
+                wanted.push(e.tag());
+            }
+        }
+        for r in raised_for(l) {
+            if !wanted.contains(&r.tag.load(Ordering::Relaxed)) {
+                lower_marker(l, r);
+            }
+        }
+        for tag in wanted {
+            raise_marker(l, tag);
+        }
+    }
+    next
+}
+
+fn raise_marker(l: &Listen, tag: u64) {
+    let _g = MARKER_LOCK.hold();
+    if raised_for(l).any(|r| r.tag.load(Ordering::Relaxed) == tag) {
+        return;
+    }
+    let Some(entry) = RAISED.iter().find(|r| r.fd.load(Ordering::Relaxed) < 0) else { return };
+    let name = wire::short_lived_marker(&wire::rendezvous_name(l.addr), tag);
+    match colo_sys::marker::raise(name.as_bytes()) {
+        Ok(fd) => {
+            entry.listen.store(l as *const Listen as usize, Ordering::Relaxed);
+            entry.tag.store(tag, Ordering::Relaxed);
+            entry.fd.store(colo_sys::IntoRawFd::into_raw_fd(fd), Ordering::Relaxed);
+            log_info(format_args!("listen {}: a program's connections are short-lived; it is told to dial plain TCP when it starts again ({name})", l.addr));
+        }
+        Err(e) => crate::log_debug(format_args!("listen {}: marker {name}: {e}", l.addr)),
+    }
+}
+
+fn lower_marker(l: &Listen, r: &Raised) {
+    let _g = MARKER_LOCK.hold();
+    let fd = r.fd.swap(-1, Ordering::Relaxed);
+    if fd < 0 {
+        return;
+    }
+    // SAFETY: a marker socket this process raised; nothing else refers to the number.
+    unsafe { libc::syscall(libc::SYS_close, fd) };
+    crate::log_debug(format_args!("listen {}: short-lived marker {:012x} lowered", l.addr, r.tag.load(Ordering::Relaxed)));
+}
+
+/// Lowers every marker of `l` (it stops listening).
+fn lower_markers(l: &Listen) {
+    for r in raised_for(l) {
+        lower_marker(l, r);
+    }
+}
+
+/// `pthread_atfork` handlers: no marker socket is made or closed while a process forks.
+pub extern "C" fn marker_prepare() {
+    MARKER_LOCK.acquire();
+}
+
+pub extern "C" fn marker_parent() {
+    MARKER_LOCK.release();
+}
+
+/// In the child (from its atfork handler): close the inherited marker sockets (their listeners'
+/// service is the parent's).
+pub fn marker_child() {
+    for r in &RAISED {
+        let fd = r.fd.swap(-1, Ordering::Relaxed);
+        if fd >= 0 {
+            // SAFETY: a marker socket the parent raised; the child's copy, which nothing in the
+            // child refers to (the lock kept the parent from closing it during the fork).
+            unsafe { libc::syscall(libc::SYS_close, fd) };
+        }
+    }
+    MARKER_LOCK.release();
 }
 
 /// Starts this process's own offer service for the listeners it holds (the rendezvous
@@ -517,8 +666,9 @@ fn claim(fd: i32, nonblocking: bool, peer: std::net::SocketAddr, local: std::net
         log_info(format_args!("accept {peer} -> {local}: fd {fd} too high; plain TCP"));
         return;
     }
+    let tag = client_tag(&hello.control);
     match hello.claim() {
-        Ok(est) => match Conn::new(est, nonblocking) {
+        Ok(est) => match Conn::accepted(est, nonblocking, tag) {
             Ok(c) => {
                 let c = Arc::new(c);
                 if let Some(mut slot) = table::lock(fd) {

@@ -96,6 +96,15 @@ static PID: AtomicU32 = AtomicU32::new(0);
 /// calls [`forget_pid`]; colo, like glibc before 2.25, expects such a child to `exec` or `_exit`.
 /// (A `vfork` child that asks first, before its parent ever did, would leave its own pid in the
 /// shared cache: the LD_PRELOAD shim asks in its constructor.)
+/// The command line of process `pid` (0: this one), as `/proc/<pid>/cmdline` has it.
+pub fn cmdline(pid: u32) -> std::io::Result<Vec<u8>> {
+    if pid == 0 {
+        std::fs::read("/proc/self/cmdline")
+    } else {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+    }
+}
+
 pub fn pid() -> u32 {
     let cached = PID.load(Ordering::Relaxed);
     if cached != 0 {

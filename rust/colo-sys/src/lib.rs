@@ -1,11 +1,12 @@
 //! The only code in colo that makes OS calls: memfd segments, eventfd doorbells, the readiness
-//! epoll, abstract `SOCK_SEQPACKET` sockets with `SCM_RIGHTS`, and facts about the host (local
-//! addresses, CPU affinity, who owns a TCP port). Everything else in colo is platform-free logic
-//! over these calls. Linux only. Every function returns `std::io::Result` with the kernel's errno.
+//! epoll, abstract `SOCK_SEQPACKET` sockets with `SCM_RIGHTS`, abstract names raised as flags,
+//! and facts about the host (local addresses, CPU affinity, who owns a TCP port). Everything else
+//! in colo is platform-free logic over these calls. Linux only. Every function returns `std::io::Result` with the kernel's errno.
 
 pub mod doorbell;
 pub mod futex;
 pub mod host;
+pub mod marker;
 pub mod preload;
 pub mod segment;
 pub mod seqpacket;

@@ -77,10 +77,31 @@ fn claim_word(seg_base: *mut u8) -> &'static AtomicU32 {
     unsafe { &*(seg_base.add(CLAIM_OFFSET) as *const AtomicU32) }
 }
 
+/// A live colo listener, found by [`connect_rendezvous`].
+#[derive(Debug)]
+pub struct Rendezvous {
+    /// The control socket connected to it.
+    pub control: OwnedFd,
+    /// The server's pid (`SO_PEERCRED`).
+    pub server_pid: u32,
+    /// The name that answered.
+    pub name: String,
+}
+
+impl Rendezvous {
+    /// Whether the listener has raised its short-lived marker for programs tagged `tag`
+    /// (spec/WIRE.md section 2): recent connections from this program, run this way, gained
+    /// less from shared memory than their set-up cost.
+    pub fn says_short_lived(&self, tag: u64) -> bool {
+        let marker = wire::short_lived_marker(&self.name, tag);
+        colo_sys::marker::first_raised([marker.as_bytes()]).is_some()
+    }
+}
+
 /// Connects to the rendezvous of a colo listener serving `addr` on this host, with the peer
 /// check of spec/WIRE.md section 2. `Ok(None)`: not local, nobody there, or not trusted (use
-/// plain TCP). Returns the control socket and the server's pid. Blocking (a Unix connect).
-pub fn connect_rendezvous(addr: SocketAddr) -> io::Result<Option<(OwnedFd, u32)>> {
+/// plain TCP). Blocking (a Unix connect).
+pub fn connect_rendezvous(addr: SocketAddr) -> io::Result<Option<Rendezvous>> {
     if !host::is_local(addr.ip()) {
         return Ok(None);
     }
@@ -88,7 +109,7 @@ pub fn connect_rendezvous(addr: SocketAddr) -> io::Result<Option<(OwnedFd, u32)>
     for name in wire::lookup_names(addr) {
         match seqpacket::connect(name.as_bytes()) {
             Ok(fd) => {
-                control = Some(fd);
+                control = Some((fd, name));
                 break;
             }
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
@@ -100,14 +121,14 @@ pub fn connect_rendezvous(addr: SocketAddr) -> io::Result<Option<(OwnedFd, u32)>
             }
         }
     }
-    let Some(control) = control else { return Ok(None) };
+    let Some((control, name)) = control else { return Ok(None) };
     let (server_pid, server_uid) = seqpacket::peer_cred(&control)?;
     let me = host::uid();
     if server_uid != me && server_uid != 0 && host::tcp_listener_uid(addr.port()) != Some(server_uid) {
         log::info(format_args!("connect {addr}: rendezvous owned by uid {server_uid}, port is not; using TCP"));
         return Ok(None);
     }
-    Ok(Some((control, server_pid)))
+    Ok(Some(Rendezvous { control, server_pid, name }))
 }
 
 /// A client's outstanding CARRIER offer.

@@ -177,7 +177,7 @@ const CARRIER_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 /// Dials `addr` in CARRIER mode (spec/WIRE.md section 3): bind, offer, connect, wait for the claim.
 fn dial_carrier(addr: SocketAddr, opts: &Options) -> io::Result<Dialed> {
     use crate::carrier::{self, Abandon, Answer as Reply};
-    let Some((control, server_pid)) = carrier::connect_rendezvous(addr)? else { return Ok(Dialed::No) };
+    let Some(carrier::Rendezvous { control, server_pid, .. }) = carrier::connect_rendezvous(addr)? else { return Ok(Dialed::No) };
     let (sock, local) = colo_sys::tcp::bind_ephemeral(addr.ip())?;
     let offer = carrier::offer(control, server_pid, local, addr, opts.geometry())?;
     colo_sys::tcp::connect(&sock, addr)?;

@@ -129,6 +129,29 @@ pub fn rendezvous_name(addr: SocketAddr) -> String {
     }
 }
 
+/// The tag of a program run a certain way (spec/WIRE.md section 2): the top 48 bits of the
+/// FNV-1a 64-bit hash of its `/proc/<pid>/cmdline` bytes.
+///
+/// ```
+/// assert_eq!(colo::wire::program_tag(b""), 0xcbf2_9ce4_8422_2325 >> 16);
+/// assert_ne!(colo::wire::program_tag(b"wrk\0-c50\0"), colo::wire::program_tag(b"wrk\0-c51\0"));
+/// ```
+pub fn program_tag(cmdline: &[u8]) -> u64 {
+    let h = cmdline.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
+    h >> 16
+}
+
+/// The short-lived marker, for clients with program tag `tag`, of the listener whose
+/// rendezvous is `rendezvous` (spec/WIRE.md section 2): `colo/1/short/<A>/<tag>` for
+/// `colo/1/<A>`, the tag in 12 lowercase hex digits.
+///
+/// ```
+/// assert_eq!(colo::wire::short_lived_marker("colo/1/[::]:80", 0xab), "colo/1/short/[::]:80/0000000000ab");
+/// ```
+pub fn short_lived_marker(rendezvous: &str, tag: u64) -> String {
+    format!("colo/1/short/{}/{tag:012x}", rendezvous.strip_prefix("colo/1/").unwrap_or(rendezvous))
+}
+
 /// The names a client dialing `addr` tries, in order (spec/WIRE.md section 2).
 pub fn lookup_names(addr: SocketAddr) -> Vec<String> {
     let port = addr.port();
