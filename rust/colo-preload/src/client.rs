@@ -51,7 +51,7 @@ fn geometry() -> Geometry {
 /// This program's tag (spec/WIRE.md section 2), read once per process image.
 fn own_tag() -> Option<u64> {
     static TAG: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    *TAG.get_or_init(|| colo_sys::host::cmdline(0).ok().map(|c| colo::wire::program_tag(&c)))
+    *TAG.get_or_init(|| colo_sys::host::cmdline(None).ok().map(|c| colo::wire::program_tag(&c)))
 }
 
 /// What `connect` should do after the offer step.
@@ -113,6 +113,15 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
     if !crate::is_tcp_stream(b) {
         return Prepared::Plain;
     }
+    if verdict == crate::adapt::Verdict::FirstOffer
+        && colo_sys::host::is_local(target.ip())
+        && crate::adapt::first_look(target, || own_tag().is_some_and(|t| carrier::says_short_lived(target, t)))
+    {
+        log_info(format_args!(
+            "connect {peer}: its listener says this program's connections to it are short-lived; plain TCP there for a while (COLO_SHORT_LIVED=accelerate keeps shared memory)"
+        ));
+        return Prepared::Plain;
+    }
     let rendezvous = match carrier::connect_rendezvous(target) {
         Ok(Some(r)) => r,
         Ok(None) if colo_sys::host::is_local(target.ip()) => {
@@ -126,14 +135,6 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
             return Prepared::Plain;
         }
     };
-    if verdict == crate::adapt::Verdict::FirstOffer
-        && crate::adapt::first_look(target, || own_tag().is_some_and(|t| rendezvous.says_short_lived(t)))
-    {
-        log_info(format_args!(
-            "connect {peer}: its listener says this program's connections to it are short-lived; plain TCP there for a while (COLO_SHORT_LIVED=accelerate keeps shared memory)"
-        ));
-        return Prepared::Plain;
-    }
     // Bind first, so the 4-tuple is known before the SYN. A socket whose connect was refused
     // still reports the port it had, on the wildcard address, but is bound to nothing: its
     // next connect would pick another port (the offer waited out its timeout for nothing).

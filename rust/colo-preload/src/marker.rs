@@ -87,7 +87,8 @@ pub fn slot(slots: &[ListenerEnds], port: u16, tag: u64) -> Option<&ListenerEnds
     if let Some(s) = slots.iter().find(|s| s.key.load(Ordering::Relaxed) == k) {
         return Some(s);
     }
-    if let Some(s) = slots.iter().find(|s| s.key.compare_exchange(0, k, Ordering::Relaxed, Ordering::Relaxed).is_ok()) {
+    let free = |s: &&ListenerEnds| s.key.load(Ordering::Relaxed) == 0 && s.key.compare_exchange(0, k, Ordering::Relaxed, Ordering::Relaxed).is_ok();
+    if let Some(s) = slots.iter().find(free) {
         return Some(s);
     }
     let s = slots.iter().min_by_key(|s| History::unpack(s.history.load(Ordering::Relaxed)).last_ms)?;
@@ -106,15 +107,17 @@ impl ListenerEnds {
         self.key.load(Ordering::Relaxed) >> 16
     }
 
-    /// An accelerated connection to this port ended at `now`; returns whether that raised the
-    /// marker (it was down).
+    /// An accelerated connection to this port ended at `now`; returns whether the marker
+    /// should go up or down now.
     pub fn ended(&self, now: u64, short: bool) -> bool {
         let prev = self.history.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| Some(History::unpack(h).after(now, short).pack()));
         let h = History::unpack(prev.unwrap_or_else(|h| h)).after(now, short);
         let up = self.until.load(Ordering::Relaxed) > now;
         if !short {
             self.until.store(0, Ordering::Relaxed);
-        } else if up || h.mostly_short() {
+            return up;
+        }
+        if up || h.mostly_short() {
             self.until.store(now + MARK_MS, Ordering::Relaxed);
             return !up;
         }
@@ -188,8 +191,8 @@ mod tests {
             e.ended(t, true);
         }
         assert!(e.marked_until(9020).is_some());
-        e.ended(9021, false);
-        assert_eq!(e.marked_until(9022), None, "a long-lived connection lowers it at once");
+        assert!(e.ended(9021, false), "a long-lived connection lowers it at once");
+        assert_eq!(e.marked_until(9022), None);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use colo::wire::{self, Mode, Reason};
 use colo_sys::{seqpacket, AsFd, AsRawFd, OwnedFd};
 use std::collections::HashMap;
 use std::io;
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,9 @@ pub struct Listen {
     pub rendezvous: OwnedFd,
     /// The address it listens on.
     pub addr: std::net::SocketAddr,
+    /// Names it among this process's listeners, for as long as the process lives (its markers
+    /// are recorded by it).
+    id: u64,
 }
 
 /// Addresses this process holds colo listeners for (a fork child inherits the list with the
@@ -326,7 +329,8 @@ pub fn on_listen(fd: i32) {
             return;
         }
     };
-    let l = Arc::new(Listen { rendezvous, addr });
+    static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let l = Arc::new(Listen { rendezvous, addr, id: IDS.fetch_add(1, Ordering::Relaxed) });
     if let Some(mut l) = crate::try_lock(&LISTENING) {
         l.push(addr);
     }
@@ -350,7 +354,7 @@ pub fn on_close_listen(l: &Arc<Listen>) {
         return;
     }
     lock(svc).listens.retain(|x| !Arc::ptr_eq(x, l));
-    lower_markers(l);
+    // Its markers are lowered by the service thread (`tend_markers`), which alone raises them.
     colo_sys::doorbell::ring(&svc.wake);
 }
 
@@ -361,30 +365,33 @@ pub fn on_close_listen(l: &Arc<Listen>) {
 /// hold the name up after the service lowered it, for as long as the child lives.
 static MARKER_LOCK: crate::marker::ForkLock = crate::marker::ForkLock::new();
 
-/// A raised marker: the listener it speaks for (its `Arc` address), the program tag, the socket.
+/// A raised marker: the listener it speaks for (`Listen::id`), the program tag, the socket.
 struct Raised {
-    listen: AtomicUsize,
+    listen: AtomicU64,
     tag: AtomicU64,
     fd: AtomicI32,
 }
 
-/// The markers this process holds (fd -1: a free entry); a fork child closes them all.
-static RAISED: [Raised; 64] = [const { Raised { listen: AtomicUsize::new(0), tag: AtomicU64::new(0), fd: AtomicI32::new(-1) } }; 64];
-
-fn raised_for(l: &Listen) -> impl Iterator<Item = &'static Raised> {
-    let me = l as *const Listen as usize;
-    RAISED.iter().filter(move |r| r.fd.load(Ordering::Relaxed) >= 0 && r.listen.load(Ordering::Relaxed) == me)
-}
+/// The markers this process holds (fd -1: a free entry); a fork child closes them all. Only the
+/// service thread raises and lowers them.
+static RAISED: [Raised; 64] = [const { Raised { listen: AtomicU64::new(0), tag: AtomicU64::new(0), fd: AtomicI32::new(-1) } }; 64];
 
 /// The tag of the program that dialed the control connection `control` (spec/WIRE.md section
-/// 2), remembered per client process.
+/// 2), its command line read once per client process.
 fn client_tag(control: &OwnedFd) -> Option<u64> {
     static TAGS: Mutex<Vec<(u32, u64)>> = Mutex::new(Vec::new());
-    let (pid, _) = seqpacket::peer_cred(control).ok()?;
+    if !crate::adapt::enabled() {
+        return None;
+    }
+    // 0: a process in a pid namespace this one cannot see.
+    let pid = seqpacket::peer_cred(control).ok()?.0;
+    if pid == 0 {
+        return None;
+    }
     if let Some(&(_, t)) = crate::try_lock(&TAGS)?.iter().find(|(p, _)| *p == pid) {
         return Some(t);
     }
-    let tag = wire::program_tag(&colo_sys::host::cmdline(pid).ok()?);
+    let tag = wire::program_tag(&colo_sys::host::cmdline(Some(pid)).ok()?);
     let mut tags = crate::try_lock(&TAGS)?;
     if tags.len() >= 64 {
         tags.remove(0);
@@ -396,77 +403,83 @@ fn client_tag(control: &OwnedFd) -> Option<u64> {
 /// A connection this process accepted on `local` through shared memory, from a program tagged
 /// `tag`, ended (`short`: it did not pay for its set-up, see `adapt::Lived`).
 pub fn connection_ended(local: std::net::SocketAddr, tag: u64, short: bool) {
-    if !crate::adapt::enabled() {
-        return;
-    }
     let Some(svc) = service() else { return };
     let Some(ends) = crate::marker::slot(&svc.shared.ends, local.port(), tag) else { return };
     if ends.ended(crate::marker::now_ms(), short) && svc.pid == colo_sys::host::pid() {
-        // Raise it now (a fork child's copy of the doorbell is closed: its service thread
-        // raises it at its next wake-up, within a second).
+        // Raise or lower it now (a fork child's copy of the doorbell is closed: the service
+        // thread gets to it at its next wake-up, within a second).
         colo_sys::doorbell::ring(&svc.wake);
     }
 }
 
-/// Raises or lowers each listener's markers as its port's endings say; returns how long the
-/// service may sleep before the next change is due (ms).
+/// Raises or lowers each listener's markers as its port's endings say, and lowers those of
+/// listeners gone; returns how long the service may sleep before the next change is due (ms).
 fn tend_markers(svc: &Service) -> u64 {
     let now = crate::marker::now_ms();
+    let any_marked = svc.shared.ends.iter().any(|e| e.marked_until(now).is_some());
+    if !any_marked && RAISED.iter().all(|r| r.fd.load(Ordering::Relaxed) < 0) {
+        return u64::MAX;
+    }
     let listens = lock(svc).listens.clone();
     let mut next = u64::MAX;
+    let mut wanted = Vec::new();
     for l in &listens {
-        let mut wanted = Vec::new();
         for e in svc.shared.ends.iter().filter(|e| e.port() == l.addr.port()) {
             if let Some(t) = e.marked_until(now) {
                 next = next.min(t - now);
-                wanted.push(e.tag());
+                wanted.push((l.id, e.tag()));
             }
         }
-        for r in raised_for(l) {
-            if !wanted.contains(&r.tag.load(Ordering::Relaxed)) {
-                lower_marker(l, r);
-            }
+    }
+    for r in &RAISED {
+        let (fd, key) = (r.fd.load(Ordering::Relaxed), (r.listen.load(Ordering::Relaxed), r.tag.load(Ordering::Relaxed)));
+        if fd >= 0 && !wanted.contains(&key) {
+            lower_marker(r);
         }
-        for tag in wanted {
+    }
+    for l in &listens {
+        for &(_, tag) in wanted.iter().filter(|(id, _)| *id == l.id) {
             raise_marker(l, tag);
         }
     }
     next
 }
 
+/// Only system calls and atomics under `MARKER_LOCK`: an allocator's own fork handler may run
+/// before ours and hold its locks while `fork` waits for this one.
 fn raise_marker(l: &Listen, tag: u64) {
-    let _g = MARKER_LOCK.hold();
-    if raised_for(l).any(|r| r.tag.load(Ordering::Relaxed) == tag) {
+    let have = |r: &Raised| r.fd.load(Ordering::Relaxed) >= 0 && r.listen.load(Ordering::Relaxed) == l.id && r.tag.load(Ordering::Relaxed) == tag;
+    if RAISED.iter().any(have) {
         return;
     }
-    let Some(entry) = RAISED.iter().find(|r| r.fd.load(Ordering::Relaxed) < 0) else { return };
     let name = wire::short_lived_marker(&wire::rendezvous_name(l.addr), tag);
-    match colo_sys::marker::raise(name.as_bytes()) {
-        Ok(fd) => {
-            entry.listen.store(l as *const Listen as usize, Ordering::Relaxed);
+    let raised = {
+        let _g = MARKER_LOCK.hold();
+        let Some(entry) = RAISED.iter().find(|r| r.fd.load(Ordering::Relaxed) < 0) else { return };
+        colo_sys::marker::raise(name.as_bytes(), carrier::fd_floor()).map(|fd| {
+            entry.listen.store(l.id, Ordering::Relaxed);
             entry.tag.store(tag, Ordering::Relaxed);
             entry.fd.store(colo_sys::IntoRawFd::into_raw_fd(fd), Ordering::Relaxed);
-            log_info(format_args!("listen {}: a program's connections are short-lived; it is told to dial plain TCP when it starts again ({name})", l.addr));
-        }
+        })
+    };
+    match raised {
+        Ok(()) => log_info(format_args!("listen {}: a program's connections are short-lived; it is told to dial plain TCP when it starts again ({name})", l.addr)),
         Err(e) => crate::log_debug(format_args!("listen {}: marker {name}: {e}", l.addr)),
     }
 }
 
-fn lower_marker(l: &Listen, r: &Raised) {
-    let _g = MARKER_LOCK.hold();
-    let fd = r.fd.swap(-1, Ordering::Relaxed);
-    if fd < 0 {
-        return;
-    }
-    // SAFETY: a marker socket this process raised; nothing else refers to the number.
-    unsafe { libc::syscall(libc::SYS_close, fd) };
-    crate::log_debug(format_args!("listen {}: short-lived marker {:012x} lowered", l.addr, r.tag.load(Ordering::Relaxed)));
-}
-
-/// Lowers every marker of `l` (it stops listening).
-fn lower_markers(l: &Listen) {
-    for r in raised_for(l) {
-        lower_marker(l, r);
+fn lower_marker(r: &Raised) {
+    let fd = {
+        let _g = MARKER_LOCK.hold();
+        let fd = r.fd.swap(-1, Ordering::Relaxed);
+        if fd >= 0 {
+            // SAFETY: a marker socket this process raised; nothing else refers to the number.
+            unsafe { libc::syscall(libc::SYS_close, fd) };
+        }
+        fd
+    };
+    if fd >= 0 {
+        crate::log_debug(format_args!("short-lived marker {:012x} lowered", r.tag.load(Ordering::Relaxed)));
     }
 }
 

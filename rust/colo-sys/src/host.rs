@@ -90,21 +90,20 @@ pub fn uid() -> u32 {
 /// This process's pid, once asked (0: not yet, or forgotten by a fork).
 static PID: AtomicU32 = AtomicU32::new(0);
 
+/// The command line of process `pid` (`None`: this one), as `/proc/<pid>/cmdline` has it.
+pub fn cmdline(pid: Option<u32>) -> std::io::Result<Vec<u8>> {
+    match pid {
+        None => std::fs::read("/proc/self/cmdline"),
+        Some(pid) => std::fs::read(format!("/proc/{pid}/cmdline")),
+    }
+}
+
 /// Our own pid. Cached, as connection set-up asks for it several times: `fork` makes the child
 /// forget it (a `pthread_atfork` child handler, registered by the first call). A child made
 /// without running those handlers (a raw `clone`, `vfork`, `_Fork`) sees its parent's pid until it
 /// calls [`forget_pid`]; colo, like glibc before 2.25, expects such a child to `exec` or `_exit`.
 /// (A `vfork` child that asks first, before its parent ever did, would leave its own pid in the
 /// shared cache: the LD_PRELOAD shim asks in its constructor.)
-/// The command line of process `pid` (0: this one), as `/proc/<pid>/cmdline` has it.
-pub fn cmdline(pid: u32) -> std::io::Result<Vec<u8>> {
-    if pid == 0 {
-        std::fs::read("/proc/self/cmdline")
-    } else {
-        std::fs::read(format!("/proc/{pid}/cmdline"))
-    }
-}
-
 pub fn pid() -> u32 {
     let cached = PID.load(Ordering::Relaxed);
     if cached != 0 {

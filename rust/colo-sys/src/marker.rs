@@ -11,10 +11,12 @@ fn socket() -> io::Result<OwnedFd> {
 }
 
 /// Raises the abstract name `name` (without the leading NUL) until the returned socket is
-/// closed. `AddrInUse` if it is raised already (by this process or another).
-pub fn raise(name: &[u8]) -> io::Result<OwnedFd> {
-    let fd = socket()?;
-    net::bind(&fd, &SocketAddrUnix::new_abstract_name(name)?)?;
+/// closed; the socket's number is moved to `floor` or above (see `preload::move_above`).
+/// `AddrInUse` if it is raised already (by this process or another).
+pub fn raise(name: &[u8], floor: i32) -> io::Result<OwnedFd> {
+    let addr = SocketAddrUnix::new_abstract_name(name)?;
+    let fd = crate::preload::move_above(socket()?, floor)?;
+    net::bind(&fd, &addr)?;
     Ok(fd)
 }
 
@@ -40,8 +42,8 @@ mod tests {
         let name = format!("colo-test/marker/{}", std::process::id());
         let other = format!("{name}/other");
         assert_eq!(first_raised([name.as_bytes()]), None);
-        let held = raise(name.as_bytes()).unwrap();
-        assert_eq!(raise(name.as_bytes()).unwrap_err().kind(), io::ErrorKind::AddrInUse);
+        let held = raise(name.as_bytes(), 0).unwrap();
+        assert_eq!(raise(name.as_bytes(), 0).unwrap_err().kind(), io::ErrorKind::AddrInUse);
         assert_eq!(first_raised([other.as_bytes(), name.as_bytes()]), Some(1));
         drop(held);
         assert_eq!(first_raised([name.as_bytes()]), None);

@@ -84,18 +84,15 @@ pub struct Rendezvous {
     pub control: OwnedFd,
     /// The server's pid (`SO_PEERCRED`).
     pub server_pid: u32,
-    /// The name that answered.
-    pub name: String,
 }
 
-impl Rendezvous {
-    /// Whether the listener has raised its short-lived marker for programs tagged `tag`
-    /// (spec/WIRE.md section 2): recent connections from this program, run this way, gained
-    /// less from shared memory than their set-up cost.
-    pub fn says_short_lived(&self, tag: u64) -> bool {
-        let marker = wire::short_lived_marker(&self.name, tag);
-        colo_sys::marker::first_raised([marker.as_bytes()]).is_some()
-    }
+/// Whether the listener at `addr` (a local address) has raised its short-lived marker for
+/// programs tagged `tag` (spec/WIRE.md section 2): recent connections from this program, run
+/// this way, gained less from shared memory than their set-up cost. Tried in the order of the
+/// rendezvous lookup, before it: no connection to the listener, nobody woken.
+pub fn says_short_lived(addr: SocketAddr, tag: u64) -> bool {
+    let markers: Vec<String> = wire::lookup_names(addr).iter().map(|n| wire::short_lived_marker(n, tag)).collect();
+    colo_sys::marker::first_raised(markers.iter().map(|m| m.as_bytes())).is_some()
 }
 
 /// Connects to the rendezvous of a colo listener serving `addr` on this host, with the peer
@@ -109,7 +106,7 @@ pub fn connect_rendezvous(addr: SocketAddr) -> io::Result<Option<Rendezvous>> {
     for name in wire::lookup_names(addr) {
         match seqpacket::connect(name.as_bytes()) {
             Ok(fd) => {
-                control = Some((fd, name));
+                control = Some(fd);
                 break;
             }
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
@@ -121,14 +118,14 @@ pub fn connect_rendezvous(addr: SocketAddr) -> io::Result<Option<Rendezvous>> {
             }
         }
     }
-    let Some((control, name)) = control else { return Ok(None) };
+    let Some(control) = control else { return Ok(None) };
     let (server_pid, server_uid) = seqpacket::peer_cred(&control)?;
     let me = host::uid();
     if server_uid != me && server_uid != 0 && host::tcp_listener_uid(addr.port()) != Some(server_uid) {
         log::info(format_args!("connect {addr}: rendezvous owned by uid {server_uid}, port is not; using TCP"));
         return Ok(None);
     }
-    Ok(Some(Rendezvous { control, server_pid, name }))
+    Ok(Some(Rendezvous { control, server_pid }))
 }
 
 /// A client's outstanding CARRIER offer.
