@@ -63,7 +63,7 @@ unsafe impl Sync for Conn {}
 impl Conn {
     /// The server side of a connection dialed by a program tagged `client_tag` (see
     /// `server::client_tag`).
-    pub fn accepted(est: Established, nonblocking: bool, client_tag: Option<u64>) -> std::io::Result<Conn> {
+    pub fn accepted(client_tag: Option<u64>, est: Established, nonblocking: bool) -> std::io::Result<Conn> {
         let mut c = Conn::build(est, nonblocking, false, std::time::Duration::ZERO)?;
         c.client_tag = client_tag;
         Ok(c)

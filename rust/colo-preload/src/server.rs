@@ -679,9 +679,10 @@ fn claim(fd: i32, nonblocking: bool, peer: std::net::SocketAddr, local: std::net
         log_info(format_args!("accept {peer} -> {local}: fd {fd} too high; plain TCP"));
         return;
     }
-    let tag = client_tag(&hello.control);
     match hello.claim() {
-        Ok(est) => match Conn::accepted(est, nonblocking, tag) {
+        // The tag after the claim: its look at the client's command line must not delay the
+        // WELCOME the client waits for.
+        Ok(est) => match Conn::accepted(client_tag(&est.fds.control), est, nonblocking) {
             Ok(c) => {
                 let c = Arc::new(c);
                 if let Some(mut slot) = table::lock(fd) {
