@@ -127,8 +127,8 @@ fn own_service() -> io::Result<&'static Service> {
             return Ok(s);
         }
     }
-    let requests = seqpacket::listen(request_name(me).as_bytes())?;
-    let wake = colo_sys::doorbell::create()?;
+    let requests = out_of_the_way(seqpacket::listen(request_name(me).as_bytes())?)?;
+    let wake = out_of_the_way(colo_sys::doorbell::create()?)?;
     let shared = shared_page()?;
     let svc: &'static Service = Box::leak(Box::new(Service {
         pid: me,
@@ -141,6 +141,14 @@ fn own_service() -> io::Result<&'static Service> {
     SERVICE.store(svc as *const Service as *mut Service, Ordering::Release);
     colo_sys::host::with_signals_blocked(|| std::thread::Builder::new().name("colo-offers".into()).spawn(move || serve(svc)))?;
     Ok(svc)
+}
+
+/// A descriptor the service keeps for long, moved out of the numbers the application uses: a
+/// program that `dup2`s onto a low number it believes free (a shell redirection, `dup2(s, 5)`)
+/// would otherwise close the rendezvous under the service, which then took the application's
+/// next connection at that number for its own.
+fn out_of_the_way(fd: OwnedFd) -> io::Result<OwnedFd> {
+    colo_sys::preload::move_above(fd, carrier::fd_floor())
 }
 
 fn lock(s: &Service) -> std::sync::MutexGuard<'_, State> {
@@ -315,7 +323,7 @@ pub fn on_listen(fd: i32) {
     }
     let Some(addr) = rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a)) else { return };
     let name = wire::rendezvous_name(addr);
-    let rendezvous = match seqpacket::listen(name.as_bytes()) {
+    let rendezvous = match seqpacket::listen(name.as_bytes()).and_then(out_of_the_way) {
         Ok(r) => r,
         Err(e) => {
             log_info(format_args!("listen {addr}: rendezvous {name}: {e}; this listener serves plain TCP"));
@@ -547,7 +555,7 @@ fn orphaned(gone: u32) -> Option<Orphan> {
     if let Ok(c) = seqpacket::connect(name.as_bytes()) {
         return Some(Orphan::Ask(c));
     }
-    let Ok(alias) = seqpacket::listen(name.as_bytes()) else {
+    let Ok(alias) = seqpacket::listen(name.as_bytes()).and_then(out_of_the_way) else {
         // Another orphan bound it just now.
         return seqpacket::connect(name.as_bytes()).ok().map(Orphan::Ask);
     };

@@ -206,6 +206,14 @@ int main(void) {
         alarm(30); /* its own watchdog: it waits in accept if we die */
         close(pipefd[0]);
         int l = listener(0), l2 = listener(0);
+        /* The shim's own descriptors (rendezvous, offer service) stay out of the numbers the
+         * program uses: a dup2 onto a number it believes free must not close one of them. */
+        int next = dup(0);
+        if (next != l2 + 1) {
+            fprintf(stderr, "FAIL: after two listeners at %d and %d the next descriptor is %d, not %d\n", l, l2, next, l2 + 1);
+            exit(1);
+        }
+        close(next);
         int ports[2] = {port_of(l), port_of(l2)};
         write_all(pipefd[1], ports, sizeof ports);
         server(l, l2, pipefd[1]);
