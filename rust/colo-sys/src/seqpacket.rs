@@ -88,8 +88,26 @@ pub fn set_recv_timeout(fd: impl AsFd, timeout: Option<Duration>) -> io::Result<
     Ok(net::sockopt::set_socket_timeout(fd, net::sockopt::Timeout::Recv, timeout)?)
 }
 
-/// The pid and uid of the process at the other end.
+/// The pid and uid of the process at the other end; pid 0 for a process in a pid namespace
+/// this one cannot see. (Not rustix's `socket_peercred`, whose pid type cannot be 0.)
 pub fn peer_cred(fd: impl AsFd) -> io::Result<(u32, u32)> {
-    let c = net::sockopt::socket_peercred(fd)?;
-    Ok((c.pid.as_raw_nonzero().get() as u32, c.uid.as_raw()))
+    use rustix::fd::AsRawFd;
+    let mut c = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED writes at most `len` bytes into `c`, a `ucred` we own; a raw system
+    // call, so that an LD_PRELOAD library's own `getsockopt` is not called back.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_getsockopt,
+            fd.as_fd().as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut c as *mut libc::ucred,
+            &mut len as *mut libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((c.pid.max(0) as u32, c.uid))
 }

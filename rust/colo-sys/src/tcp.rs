@@ -102,8 +102,10 @@ fn bind_random_port(fd: rustix::fd::BorrowedFd<'_>, ip: IpAddr) -> io::Result<()
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^= z >> 31;
-        let port = lo + (z % span) as u16;
-        if reserved_ports().iter().any(|&(a, b)| (a..=b).contains(&port)) {
+        // Odd, as the kernel's own `bind(ip, 0)` prefers: its `connect` takes even ports first,
+        // and leaves them in TIME_WAIT by the thousand on a host that churns connections.
+        let port = (lo + (z % span) as u16) | 1;
+        if port > hi || reserved_ports().iter().any(|&(a, b)| (a..=b).contains(&port)) {
             continue;
         }
         match net::bind(fd, &SocketAddr::new(ip, port)) {
