@@ -138,17 +138,62 @@ pub fn accelerate(dest: SocketAddr) -> Verdict {
         return Verdict::Plain;
     }
     let dest = key(dest);
+    let k = compact(dest);
+    let known = &PLAIN_UNTIL[slot_of(k)];
+    if known.key.load(Ordering::Relaxed) == k && coarse_ms() < known.until.load(Ordering::Relaxed) {
+        return Verdict::Plain;
+    }
     let mut g = DESTS.lock().unwrap_or_else(|e| e.into_inner());
     let Some(d) = g.get_or_insert_with(HashMap::default).get_mut(&dest) else { return Verdict::FirstOffer };
     let now = Instant::now();
-    if d.no_listener_until.is_some_and(|t| now < t) {
-        return Verdict::Plain;
-    }
-    if !enabled() || d.accelerate(now) {
-        Verdict::Offer
+    let plain_until = if d.no_listener_until.is_some_and(|t| now < t) {
+        d.no_listener_until
+    } else if !enabled() || d.accelerate(now) {
+        return Verdict::Offer;
     } else {
-        Verdict::Plain
+        d.plain_until.filter(|&t| now < t && d.probe_since.is_none())
+    };
+    if let Some(t) = plain_until {
+        known.until.store(coarse_ms() + t.duration_since(now).as_millis() as u64, Ordering::Relaxed);
+        known.key.store(k, Ordering::Relaxed);
     }
+    Verdict::Plain
+}
+
+/// Destinations that are dialed plain TCP until a deadline (a plain period, or no colo listener
+/// there a moment ago), for [`accelerate`] to answer without its lock or a precise clock: a
+/// client in a plain period dials hundreds of connections a second there. Direct-mapped by a
+/// compact key; a torn or overwritten entry only sends one connection the locked way, or keeps
+/// one plain a clock tick longer.
+struct PlainUntil {
+    key: AtomicU64,
+    /// `coarse_ms` deadline.
+    until: AtomicU64,
+}
+
+static PLAIN_UNTIL: [PlainUntil; 64] = [const { PlainUntil { key: AtomicU64::new(0), until: AtomicU64::new(0) } }; 64];
+
+/// A destination as one nonzero word: an IPv4 one exactly, an IPv6 one hashed.
+fn compact(dest: SocketAddr) -> u64 {
+    match dest {
+        SocketAddr::V4(a) => 1 << 63 | u64::from(u32::from(*a.ip())) << 16 | u64::from(a.port()),
+        SocketAddr::V6(a) => {
+            use std::hash::{BuildHasher, Hash, Hasher};
+            let mut h = rustc_hash::FxBuildHasher.build_hasher();
+            (a.ip(), a.port()).hash(&mut h);
+            h.finish() | 1
+        }
+    }
+}
+
+fn slot_of(k: u64) -> usize {
+    (k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize
+}
+
+/// Milliseconds on the coarse monotonic clock (a tick of a few ms, read without a system call
+/// and cheaper than the precise one).
+fn coarse_ms() -> u64 {
+    crate::marker::clock_ms(libc::CLOCK_MONOTONIC_COARSE)
 }
 
 /// The first connection to `dest` (a [`Verdict::FirstOffer`]) found its colo listener, which

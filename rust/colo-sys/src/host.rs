@@ -172,7 +172,10 @@ pub fn cpus_oversubscribed() -> bool {
     static LAST: AtomicU64 = AtomicU64::new(0);
     // The moving average of the running count, in 1/256ths.
     static AVERAGE: AtomicU32 = AtomicU32::new(0);
-    let now = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
+    // libc's vDSO call, not rustix's (whose own vDSO lookup crashes under valgrind).
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut now) };
     let stamp = (now.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(now.tv_nsec as u64) << 1;
     let last = LAST.load(Ordering::Relaxed);
     // One thread samples per period: the one whose exchange moves the stamp.
