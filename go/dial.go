@@ -486,6 +486,11 @@ func carrierClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry) (
 			case *unix.SockaddrInet6:
 				port = a.Port
 			}
+			if port%2 == 0 {
+				// Only odd ports are offered (spec section 3): a server need not look for an
+				// offer from an even one. The kernel's bind prefers odd ports, so this is rare.
+				return
+			}
 			h := header{Claim: ClaimOffered, ClientAddr: netip.AddrPortFrom(ap.Addr(), uint16(port)), ServerAddr: ap}
 			ierr = cs.hello(h, ModeCarrier)
 			offered = ierr == nil
@@ -502,6 +507,11 @@ func carrierClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry) (
 		}
 		cs.close()
 		return nil, err
+	}
+	if !offered {
+		logf("carrier to %v: bound to an even port: plain TCP", ap)
+		cs.close()
+		return &Conn{tcp: tc.(*net.TCPConn)}, nil
 	}
 	dl := time.Now().Add(carrierAnswerTimeout)
 	if cdl, ok := ctx.Deadline(); ok && cdl.Before(dl) {

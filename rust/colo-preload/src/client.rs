@@ -162,6 +162,12 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
         }
     }
     let Some(local) = local else { return Prepared::Plain };
+    if local.port() % 2 == 0 {
+        // Bound by the application to an even port: a server may not look for its offer
+        // (spec/WIRE.md section 3, CARRIER mode).
+        crate::log_debug(format_args!("connect {peer}: bound to the even port {}; plain TCP", local.port()));
+        return Prepared::Plain;
+    }
     match carrier::offer(rendezvous.control, rendezvous.server_pid, local, target, geometry()) {
         Ok(offer) => Prepared::Offered(Box::new(Pending {
             offer,

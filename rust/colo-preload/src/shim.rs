@@ -756,10 +756,19 @@ pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
 }
 
 pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    // The size of the application's buffer (the kernel writes back the address's full size).
+    // SAFETY: `len`, if not null, points to the application's length.
+    let room = if addr.is_null() || len.is_null() { 0 } else { unsafe { *len } };
     // SAFETY: the application's arguments.
     let nfd = unsafe { real::accept4(fd, addr, len, flags) };
     table::set_fresh(nfd, false);
     if nfd < 0 || table::kind(fd) != LISTEN || Guard::busy() {
+        return nfd;
+    }
+    // A CARRIER client's port is odd (spec/WIRE.md section 3): from an even one, no offer can
+    // come, and the connection is plain without a look at the rendezvous (a system call).
+    // SAFETY: the kernel wrote the peer's address at `addr`, `*len` bytes of it within `room`.
+    if room > 0 && unsafe { crate::parse_sockaddr(addr, room.min(*len)) }.is_some_and(|p| p.port() % 2 == 0) {
         return nfd;
     }
     let g = Guard::enter();
