@@ -373,6 +373,10 @@ pub fn on_close_listen(l: &Arc<Listen>) {
 /// hold the name up after the service lowered it, for as long as the child lives.
 static MARKER_LOCK: crate::marker::ForkLock = crate::marker::ForkLock::new();
 
+/// Forks this process has made (counted by the parent's atfork handler, under `MARKER_LOCK`): a
+/// marker socket made before a fork that the lock did not cover may have a copy in the child.
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
 /// A raised marker: the listener it speaks for (`Listen::id`), the program tag, the socket.
 struct Raised {
     listen: AtomicU64,
@@ -453,18 +457,29 @@ fn tend_markers(svc: &Service) -> u64 {
     next
 }
 
-/// Only system calls and atomics under `MARKER_LOCK`: an allocator's own fork handler may run
-/// before ours and hold its locks while `fork` waits for this one.
+/// Only system calls and atomics under `MARKER_LOCK`: an allocator's own fork handler (redis
+/// links jemalloc) may run before ours and hold its locks while `fork` waits for this one. So
+/// the socket is made (and moved up, which may allocate) before, and given up if a fork came
+/// in between: the child would hold a copy, and with it the name once raised.
 fn raise_marker(l: &Listen, tag: u64) {
     let have = |r: &Raised| r.fd.load(Ordering::Relaxed) >= 0 && r.listen.load(Ordering::Relaxed) == l.id && r.tag.load(Ordering::Relaxed) == tag;
     if RAISED.iter().any(have) {
         return;
     }
     let name = wire::short_lived_marker(&wire::rendezvous_name(l.addr), tag);
+    let forks = FORKS.load(Ordering::Relaxed);
+    let fd = match colo_sys::marker::unraised(carrier::fd_floor()) {
+        Ok(fd) => fd,
+        Err(e) => return crate::log_debug(format_args!("listen {}: marker {name}: {e}", l.addr)),
+    };
     let raised = {
         let _g = MARKER_LOCK.hold();
         let Some(entry) = RAISED.iter().find(|r| r.fd.load(Ordering::Relaxed) < 0) else { return };
-        colo_sys::marker::raise(name.as_bytes(), carrier::fd_floor()).map(|fd| {
+        if FORKS.load(Ordering::Relaxed) != forks {
+            // Dropped unraised (a copy in a child names nothing): the next pass tries again.
+            return;
+        }
+        colo_sys::marker::raise(&fd, name.as_bytes()).map(|()| {
             entry.listen.store(l.id, Ordering::Relaxed);
             entry.tag.store(tag, Ordering::Relaxed);
             entry.fd.store(colo_sys::IntoRawFd::into_raw_fd(fd), Ordering::Relaxed);
@@ -497,6 +512,7 @@ pub extern "C" fn marker_prepare() {
 }
 
 pub extern "C" fn marker_parent() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
     MARKER_LOCK.release();
 }
 

@@ -10,14 +10,18 @@ fn socket() -> io::Result<OwnedFd> {
     Ok(net::socket_with(AddressFamily::UNIX, SocketType::DGRAM, SocketFlags::CLOEXEC, None)?)
 }
 
-/// Raises the abstract name `name` (without the leading NUL) until the returned socket is
-/// closed; the socket's number is moved to `floor` or above (see `preload::move_above`).
-/// `AddrInUse` if it is raised already (by this process or another).
-pub fn raise(name: &[u8], floor: i32) -> io::Result<OwnedFd> {
-    let addr = SocketAddrUnix::new_abstract_name(name)?;
-    let fd = crate::preload::move_above(socket()?, floor)?;
-    net::bind(&fd, &addr)?;
-    Ok(fd)
+/// A socket to raise a name with ([`raise`]), its number moved to `floor` or above (see
+/// `preload::move_above`).
+pub fn unraised(floor: i32) -> io::Result<OwnedFd> {
+    crate::preload::move_above(socket()?, floor)
+}
+
+/// Raises the abstract name `name` (without the leading NUL) with `fd` (from [`unraised`]) until
+/// it is closed. `AddrInUse` if it is raised already (by this process or another). One system
+/// call, no allocation.
+pub fn raise(fd: &OwnedFd, name: &[u8]) -> io::Result<()> {
+    net::bind(fd, &SocketAddrUnix::new_abstract_name(name)?)?;
+    Ok(())
 }
 
 /// The first of `names` that is raised, if any: one socket, and one `connect` per name tried.
@@ -42,8 +46,9 @@ mod tests {
         let name = format!("colo-test/marker/{}", std::process::id());
         let other = format!("{name}/other");
         assert_eq!(first_raised([name.as_bytes()]), None);
-        let held = raise(name.as_bytes(), 0).unwrap();
-        assert_eq!(raise(name.as_bytes(), 0).unwrap_err().kind(), io::ErrorKind::AddrInUse);
+        let held = unraised(0).unwrap();
+        raise(&held, name.as_bytes()).unwrap();
+        assert_eq!(raise(&unraised(0).unwrap(), name.as_bytes()).unwrap_err().kind(), io::ErrorKind::AddrInUse);
         assert_eq!(first_raised([other.as_bytes(), name.as_bytes()]), Some(1));
         drop(held);
         assert_eq!(first_raised([name.as_bytes()]), None);
