@@ -134,7 +134,7 @@ pub enum Verdict {
 /// Whether a new connection to `dest` should look for a colo listener and offer it shared memory.
 pub fn accelerate(dest: SocketAddr) -> Verdict {
     let out_of_fds_until = OUT_OF_FDS_UNTIL.load(Ordering::Relaxed);
-    if out_of_fds_until != 0 && ms_now() < out_of_fds_until {
+    if out_of_fds_until != 0 && coarse_ms() < out_of_fds_until {
         return Verdict::Plain;
     }
     let dest = key(dest);
@@ -193,7 +193,7 @@ fn slot_of(k: u64) -> usize {
 /// Milliseconds on the coarse monotonic clock (a tick of a few ms, read without a system call
 /// and cheaper than the precise one).
 fn coarse_ms() -> u64 {
-    crate::marker::clock_ms(libc::CLOCK_MONOTONIC_COARSE)
+    colo_sys::host::monotonic_ns(true) / 1_000_000
 }
 
 /// The first connection to `dest` (a [`Verdict::FirstOffer`]) found its colo listener, which
@@ -241,21 +241,15 @@ pub fn no_listener(dest: SocketAddr) {
 /// connection is offered shared memory for this long: each attempt costs system calls and a log
 /// line (redis-benchmark -c 900 under a fixed limit of 1024 made 1776 of them).
 const OUT_OF_FDS_FOR: Duration = Duration::from_millis(100);
-/// Until when (`ms_now`; 0: never set): one atomic, so that a connect takes no lock for it.
+/// Until when (`coarse_ms`; 0: never set): one atomic, so that a connect takes no lock for it.
 static OUT_OF_FDS_UNTIL: AtomicU64 = AtomicU64::new(0);
-
-/// Milliseconds since this process first asked, plus one (never 0).
-fn ms_now() -> u64 {
-    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
-}
 
 /// A set-up failed with `e`: if for want of descriptors, pause offering shared memory
 /// (`OUT_OF_FDS_FOR`); returns whether it did.
 pub fn set_up_failed(e: &std::io::Error) -> bool {
     let out = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
     if out {
-        OUT_OF_FDS_UNTIL.store(ms_now() + OUT_OF_FDS_FOR.as_millis() as u64, Ordering::Relaxed);
+        OUT_OF_FDS_UNTIL.store(coarse_ms() + OUT_OF_FDS_FOR.as_millis() as u64, Ordering::Relaxed);
     }
     out
 }

@@ -30,16 +30,7 @@ const MARK_MS: u64 = 5000;
 
 /// Milliseconds on the monotonic clock, the same in every process of the host.
 pub fn now_ms() -> u64 {
-    clock_ms(libc::CLOCK_MONOTONIC)
-}
-
-/// Milliseconds on `clock`, through libc's vDSO call (rustix's own vDSO lookup crashed under
-/// valgrind).
-pub fn clock_ms(clock: libc::clockid_t) -> u64 {
-    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: writes one timespec we own.
-    unsafe { libc::clock_gettime(clock, &mut t) };
-    t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
+    colo_sys::host::monotonic_ns(false) / 1_000_000
 }
 
 /// How the accelerated connections from one program to one listening port ended, in memory

@@ -90,6 +90,17 @@ pub fn uid() -> u32 {
 /// This process's pid, once asked (0: not yet, or forgotten by a fork).
 static PID: AtomicU32 = AtomicU32::new(0);
 
+/// Nanoseconds on the monotonic clock (the same in every process of the host); `coarse`: the
+/// clock of the last tick (a few ms), cheaper to read. Through libc's vDSO call: rustix's own
+/// vDSO lookup crashes under valgrind.
+pub fn monotonic_ns(coarse: bool) -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let clock = if coarse { libc::CLOCK_MONOTONIC_COARSE } else { libc::CLOCK_MONOTONIC };
+    // SAFETY: writes one timespec we own.
+    unsafe { libc::clock_gettime(clock, &mut t) };
+    (t.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(t.tv_nsec as u64)
+}
+
 /// The command line of process `pid` (`None`: this one), as `/proc/<pid>/cmdline` has it.
 pub fn cmdline(pid: Option<u32>) -> std::io::Result<Vec<u8>> {
     match pid {
@@ -172,11 +183,7 @@ pub fn cpus_oversubscribed() -> bool {
     static LAST: AtomicU64 = AtomicU64::new(0);
     // The moving average of the running count, in 1/256ths.
     static AVERAGE: AtomicU32 = AtomicU32::new(0);
-    // libc's vDSO call, not rustix's (whose own vDSO lookup crashes under valgrind).
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: writes one timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut now) };
-    let stamp = (now.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(now.tv_nsec as u64) << 1;
+    let stamp = monotonic_ns(true) << 1;
     let last = LAST.load(Ordering::Relaxed);
     // One thread samples per period: the one whose exchange moves the stamp.
     let due = stamp.wrapping_sub(last & !1) >= SAMPLE_EVERY.as_nanos() as u64 * 2;
