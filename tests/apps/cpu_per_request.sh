@@ -4,11 +4,23 @@
 # `Connection: close` (HDR="" for keep-alive), in ROUNDS (default 8) alternating 2 s rounds of
 # plain TCP and of both sides under `colo run`. Prints the medians of the client's (wrk: user +
 # system) and the server's (nginx, all processes) CPU microseconds per request, and their ratio.
+# `tests/apps/cpu_per_request.sh REV` adds a third server and client under REV's shim, built in a
+# git worktree as ab.sh builds it, to the same rounds.
 source "$(dirname "$0")/common.sh"
 build
+REV=${1:-}
 W=${WORKERS:-1}; HDR=${HDR-Connection: close}
 A=$(free_port); start_nginx "$A" "$W" ""
 B=$(free_port); start_nginx "$B" "$W" colo
+if [ -n "$REV" ]; then
+  OLD=$WORK/old; OLDTARGET=${OLD_TARGET:-$ROOT/rust/target/ab-old}
+  git -C "$ROOT" worktree add -q --detach "$OLD" "$REV" || exit 1
+  trap 'git -C "$ROOT" worktree remove --force "$OLD"; cleanup' EXIT
+  (cd "$OLD/rust" && CARGO_TARGET_DIR=$OLDTARGET cargo build --release -q -p colo-preload &&
+    CARGO_TARGET_DIR=$OLDTARGET cargo build --release -q -p colo-run --example colo-run) || exit 1
+  OLDRUN="$OLDTARGET/release/examples/colo-run --"
+  NEWRUN=$COLORUN; COLORUN=$OLDRUN; C=$(free_port); start_nginx "$C" "$W" colo; COLORUN=$NEWRUN
+fi
 TICK=$(getconf CLK_TCK)
 server_ticks() { # $1 port: utime + stime of its nginx master and workers
   local master t=0 p
@@ -29,14 +41,21 @@ u, s = map(float, re.search(r'CPU ([\d.]+) ([\d.]+)', out).groups())
 print(f'{(u + s) * 1e6 / n:.2f},{($s1 - $s0) / $TICK * 1e6 / n:.2f}')" "$out"
 }
 rows=""
-for _ in $(seq "${ROUNDS:-8}"); do rows="$rows $(round "$A" ""):$(round "$B" "$COLORUN")"; done
-python3 - "$W" $rows <<'PY'
+for _ in $(seq "${ROUNDS:-8}"); do
+  row="$(round "$A" ""):$(round "$B" "$COLORUN")"
+  [ -n "$REV" ] && row="$row:$(round "$C" "$OLDRUN")"
+  rows="$rows $row"
+done
+python3 - "$W" "$REV" $rows <<'PY'
 import statistics as st, sys
-w, rows = sys.argv[1], [[list(map(float, side.split(','))) for side in r.split(':')] for r in sys.argv[2:]]
+w, rev, rows = sys.argv[1], sys.argv[2], [[list(map(float, side.split(','))) for side in r.split(':')] for r in sys.argv[3:]]
 med = lambda xs: st.median(xs)
-for i, name in enumerate(['client (wrk)', f'server (nginx, {w} worker(s))']):
-    t, c = med(r[0][i] for r in rows), med(r[1][i] for r in rows)
-    print(f"{name:26s} tcp {t:7.2f} us/request  colo {c:7.2f}  ratio {c / t:.3f}")
-t, c = med(r[0][0] + r[0][1] for r in rows), med(r[1][0] + r[1][1] for r in rows)
-print(f"{'both':26s} tcp {t:7.2f} us/request  colo {c:7.2f}  ratio {c / t:.3f}  ({len(rows)} alternating rounds)")
+cols = [(1, 'colo')] + ([(2, rev)] if rev else [])
+for i, name in enumerate(['client (wrk)', f'server (nginx, {w} worker(s))', 'both']):
+    part = (lambda side: side[0] + side[1]) if i == 2 else (lambda side, i=i: side[i])
+    line = f"{name:30s} tcp {med(part(r[0]) for r in rows):7.2f} us/request"
+    for j, label in cols:
+        line += f"  {label} {med(part(r[j]) for r in rows):7.2f} ({med(part(r[j]) / part(r[0]) for r in rows):.3f}x)"
+    print(line)
+print(f"({len(rows)} alternating rounds; each ratio is the median of the rounds' ratios)")
 PY
