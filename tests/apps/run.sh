@@ -15,8 +15,9 @@ for src in "$HERE"/c/*.c; do
   gcc -O2 -D_FORTIFY_SOURCE=2 -o "$exe" "$src" || { bad "compile $(basename "$src")"; continue; }
   check "c/$(basename "$src" .c)" timeout 30 env LD_PRELOAD="$SHIM" COLO_LOG=info "$exe"
 done
-# Every number shifted by one inherited descriptor: spawn.c's dup2(s, 5) then lands where the
-# shim's rendezvous used to be before it kept its descriptors out of the application's way.
+# Every number shifted by one inherited descriptor: the layout in which the shim's rendezvous,
+# when it still took a low number, was closed by spawn.c's dup2 onto fd 5 (spawn.c now picks a
+# number that is none of its own; sockets_basic.c checks the shim takes no low number).
 check "c/spawn with descriptor 3 inherited" timeout 30 env LD_PRELOAD="$SHIM" "$WORK/spawn" 3</dev/null
 
 # redis: both sides, one side, BGSAVE with clients connected.

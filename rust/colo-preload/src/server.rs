@@ -395,11 +395,7 @@ fn client_tag(control: &OwnedFd) -> Option<u64> {
     if !crate::adapt::enabled() {
         return None;
     }
-    // 0: a process in a pid namespace this one cannot see.
     let pid = seqpacket::peer_cred(control).ok()?.0;
-    if pid == 0 {
-        return None;
-    }
     if let Some(&(_, t)) = crate::try_lock(&TAGS)?.iter().find(|(p, _)| *p == pid) {
         return Some(t);
     }
@@ -466,7 +462,7 @@ fn raise_marker(l: &Listen, tag: u64) {
     if RAISED.iter().any(have) {
         return;
     }
-    let name = wire::short_lived_marker(&wire::rendezvous_name(l.addr), tag);
+    let name = wire::short_lived_marker(l.addr, tag);
     let forks = FORKS.load(Ordering::Relaxed);
     let fd = match colo_sys::marker::unraised(carrier::fd_floor()) {
         Ok(fd) => fd,

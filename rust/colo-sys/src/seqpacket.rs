@@ -88,14 +88,16 @@ pub fn set_recv_timeout(fd: impl AsFd, timeout: Option<Duration>) -> io::Result<
     Ok(net::sockopt::set_socket_timeout(fd, net::sockopt::Timeout::Recv, timeout)?)
 }
 
-/// The pid and uid of the process at the other end; pid 0 for a process in a pid namespace
-/// this one cannot see. (Not rustix's `socket_peercred`, whose pid type cannot be 0.)
+/// The pid and uid of the process at the other end. An error for a process in a pid namespace
+/// this one cannot see (the kernel reports pid 0): colo's pid-keyed records (parked segments,
+/// listeners that answered, program tags) cannot tell such peers apart, so it is not used.
+/// (Not rustix's `socket_peercred`, whose pid type cannot hold the 0.)
 pub fn peer_cred(fd: impl AsFd) -> io::Result<(u32, u32)> {
     use rustix::fd::AsRawFd;
     let mut c = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: SO_PEERCRED writes at most `len` bytes into `c`, a `ucred` we own; a raw system
-    // call, so that an LD_PRELOAD library's own `getsockopt` is not called back.
+    // call like rustix's.
     let r = unsafe {
         libc::syscall(
             libc::SYS_getsockopt,
@@ -109,5 +111,8 @@ pub fn peer_cred(fd: impl AsFd) -> io::Result<(u32, u32)> {
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok((c.pid.max(0) as u32, c.uid))
+    if c.pid <= 0 {
+        return Err(io::Error::other("peer in a pid namespace this process cannot see"));
+    }
+    Ok((c.pid as u32, c.uid))
 }

@@ -91,8 +91,8 @@ pub struct Rendezvous {
 /// this way, gained less from shared memory than their set-up cost. Tried in the order of the
 /// rendezvous lookup, before it: no connection to the listener, nobody woken.
 pub fn says_short_lived(addr: SocketAddr, tag: u64) -> bool {
-    let markers: Vec<String> = wire::lookup_names(addr).iter().map(|n| wire::short_lived_marker(n, tag)).collect();
-    colo_sys::marker::first_raised(markers.iter().map(|m| m.as_bytes())).is_some()
+    let markers: Vec<String> = wire::lookup_addrs(addr).into_iter().map(|a| wire::short_lived_marker(a, tag)).collect();
+    colo_sys::marker::any_raised(markers.iter().map(|m| m.as_bytes()))
 }
 
 /// Connects to the rendezvous of a colo listener serving `addr` on this host, with the peer

@@ -144,6 +144,14 @@ struct MsgRx {
 }
 
 /// Loaning and sending messages, independent of the byte stream's writers likewise.
+impl MsgTx {
+    /// A loaned slot that was not sent returns to the pool.
+    fn give_back(&mut self, slot: u32) {
+        self.in_flight[slot as usize] = false;
+        self.free_slots.push(slot);
+    }
+}
+
 struct MsgTx {
     msgs: QueueSender<2>,
     frees: QueueReceiver<1>,
@@ -1182,9 +1190,7 @@ impl Shm {
 
     /// Gives back a loaned slot that was not sent.
     pub(crate) fn unloan(&self, slot: u32) {
-        let mut tx = lock(self.msg_tx.as_ref().expect("a loan implies a pool"));
-        tx.in_flight[slot as usize] = false;
-        tx.free_slots.push(slot);
+        lock(self.msg_tx.as_ref().expect("a loan implies a pool")).give_back(slot);
     }
 
     /// Sends a loaned slot holding `len` bytes.
@@ -1194,8 +1200,7 @@ impl Shm {
         // or died (the loan may be older than any of those).
         if let Err(e) = self.may_send(&mut tx.writes) {
             // Nothing more is sent on this connection; the slot still goes back to the pool.
-            tx.in_flight[slot as usize] = false;
-            tx.free_slots.push(slot);
+            tx.give_back(slot);
             return Err(e);
         }
         tx.msgs.push([slot, len as u32]).map_err(|c| self.corrupt(c))?;

@@ -141,31 +141,39 @@ pub fn program_tag(cmdline: &[u8]) -> u64 {
     h >> 16
 }
 
-/// The short-lived marker, for clients with program tag `tag`, of the listener whose
-/// rendezvous is `rendezvous` (spec/WIRE.md section 2): `colo/1/short/<A>/<tag>` for
-/// `colo/1/<A>`, the tag in 12 lowercase hex digits.
+/// The short-lived marker, for clients with program tag `tag`, of the listener on `addr`
+/// (spec/WIRE.md section 2): `colo/1/short/<A>/<tag>` where its rendezvous is `colo/1/<A>`,
+/// the tag in 12 lowercase hex digits.
 ///
 /// ```
-/// assert_eq!(colo::wire::short_lived_marker("colo/1/[::]:80", 0xab), "colo/1/short/[::]:80/0000000000ab");
+/// let a: std::net::SocketAddr = "[::]:80".parse().unwrap();
+/// assert_eq!(colo::wire::short_lived_marker(a, 0xab), "colo/1/short/[::]:80/0000000000ab");
 /// ```
-pub fn short_lived_marker(rendezvous: &str, tag: u64) -> String {
-    format!("colo/1/short/{}/{tag:012x}", rendezvous.strip_prefix("colo/1/").unwrap_or(rendezvous))
+pub fn short_lived_marker(addr: SocketAddr, tag: u64) -> String {
+    let name = rendezvous_name(addr);
+    format!("colo/1/short/{}/{tag:012x}", &name["colo/1/".len()..])
 }
 
 /// The names a client dialing `addr` tries, in order (spec/WIRE.md section 2).
 pub fn lookup_names(addr: SocketAddr) -> Vec<String> {
+    lookup_addrs(addr).into_iter().map(rendezvous_name).collect()
+}
+
+/// The listener addresses whose rendezvous a client dialing `addr` tries, in order: the exact
+/// one, then the wildcards that would take the connection.
+pub fn lookup_addrs(addr: SocketAddr) -> Vec<SocketAddr> {
     let port = addr.port();
     let ip = colo_sys::host::canonical(addr.ip());
-    let mut names = vec![rendezvous_name(SocketAddr::new(ip, port))];
+    let mut addrs = vec![SocketAddr::new(ip, port)];
     match ip {
         IpAddr::V4(_) => {
-            names.push(rendezvous_name(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port)));
-            names.push(rendezvous_name(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port)));
+            addrs.push(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port));
+            addrs.push(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port));
         }
-        IpAddr::V6(_) => names.push(rendezvous_name(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port))),
+        IpAddr::V6(_) => addrs.push(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port)),
     }
-    names.dedup();
-    names
+    addrs.dedup();
+    addrs
 }
 
 /// `claim` values of the segment header.
