@@ -137,12 +137,12 @@ pub fn accelerate(dest: SocketAddr) -> Verdict {
     if out_of_fds_until != 0 && coarse_ms() < out_of_fds_until {
         return Verdict::Plain;
     }
+    if known_plain(dest) {
+        return Verdict::Plain;
+    }
     let dest = key(dest);
     let k = compact(dest);
     let known = &PLAIN_UNTIL[slot_of(k)];
-    if known.key.load(Ordering::Relaxed) == k && coarse_ms() < known.until.load(Ordering::Relaxed) {
-        return Verdict::Plain;
-    }
     let mut g = DESTS.lock().unwrap_or_else(|e| e.into_inner());
     let Some(d) = g.get_or_insert_with(HashMap::default).get_mut(&dest) else { return Verdict::FirstOffer };
     let now = Instant::now();
@@ -158,6 +158,15 @@ pub fn accelerate(dest: SocketAddr) -> Verdict {
         known.key.store(k, Ordering::Relaxed);
     }
     Verdict::Plain
+}
+
+/// Whether connections to `dest` go plain TCP for now, as far as is known without a lock: the
+/// first test of [`accelerate`], which a connection per request in a plain period passes.
+#[inline]
+pub fn known_plain(dest: SocketAddr) -> bool {
+    let k = compact(key(dest));
+    let known = &PLAIN_UNTIL[slot_of(k)];
+    known.key.load(Ordering::Relaxed) == k && coarse_ms() < known.until.load(Ordering::Relaxed)
 }
 
 /// Destinations that are dialed plain TCP until a deadline (a plain period, or no colo listener

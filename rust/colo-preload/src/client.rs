@@ -82,6 +82,13 @@ pub fn note_no_listener(fd: i32, target: SocketAddr, r: i32, errno: i32) {
     }
 }
 
+/// Whether a connection to `peer` goes plain TCP with no more tests: a plain period there, or no
+/// colo listener a moment ago (see `adapt::known_plain`). Not at `COLO_LOG=debug`, whose line
+/// for each connection says why.
+pub fn known_plain(peer: SocketAddr) -> bool {
+    crate::log_level() < 2 && crate::adapt::known_plain(peer)
+}
+
 /// Before the real connect: find a rendezvous and offer a segment.
 pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
     if crate::disabled() || fd < 0 || fd as usize >= table::MAX_FD || table::kind(fd) != table::NONE {

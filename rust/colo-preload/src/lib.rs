@@ -111,7 +111,7 @@ impl Drop for Guard {
     }
 }
 
-fn log_level() -> u8 {
+pub(crate) fn log_level() -> u8 {
     static L: OnceLock<u8> = OnceLock::new();
     *L.get_or_init(|| match std::env::var("COLO_LOG").map(|v| v.to_ascii_lowercase()).as_deref() {
         Ok("debug") => 2,
