@@ -699,11 +699,13 @@ pub unsafe fn epoll_wait_with(
     timeout_ms: c_int,
     wait: impl Fn(*mut epoll_event, c_int, c_int) -> c_int,
 ) -> c_int {
-    if Guard::busy() || max <= 0 {
+    if max <= 0 {
         return wait(evs, max, timeout_ms);
     }
     let deadline = deadline_of(timeout_ms);
     let mut t = timeout_ms;
+    // Before the guard's test, which looks up a thread-local: a wait made from inside the shim
+    // (guard up) gets what the kernel reports, untranslated, on either path.
     if table::regs_in(epfd) == 0 {
         // No connection is registered in this set: the kernel's wait, marked sleeping so that a
         // connection another thread registers meanwhile rings it (`register` counts the
@@ -723,7 +725,7 @@ pub unsafe fn epoll_wait_with(
             }
             // SAFETY: the kernel filled `k` events at `evs`.
             let got = unsafe { std::slice::from_raw_parts_mut(evs, k as usize) };
-            if got.iter().all(|e| e.u64 & TAG_MASK != TAG) {
+            if got.iter().all(|e| e.u64 & TAG_MASK != TAG) || Guard::busy() {
                 return k;
             }
             if let Some(n) = translated(epfd, got) {
@@ -736,6 +738,9 @@ pub unsafe fn epoll_wait_with(
         } else {
             table::set_sleeping(epfd, false);
         }
+    }
+    if Guard::busy() {
+        return wait(evs, max, t);
     }
     let mut spun = false;
     loop {
