@@ -7,12 +7,7 @@
 source "$(dirname "$0")/common.sh"
 REV=${1:?usage: tests/apps/ab.sh REV [ROUNDS] [SECS]}; ROUNDS=${2:-10}; SECS=${3:-2}
 build
-OLD=$WORK/old; OLDTARGET=${OLD_TARGET:-$ROOT/rust/target/ab-old}
-git -C "$ROOT" worktree add -q --detach "$OLD" "$REV" || exit 1
-trap 'git -C "$ROOT" worktree remove --force "$OLD"; cleanup' EXIT
-(cd "$OLD/rust" && CARGO_TARGET_DIR=$OLDTARGET cargo build --release -q -p colo-preload &&
-  CARGO_TARGET_DIR=$OLDTARGET cargo build --release -q -p colo-run --example colo-run) || exit 1
-OLDRUN="$OLDTARGET/release/examples/colo-run --"
+build_rev "$REV"
 W=${WORKERS:-1}; HDR=${HDR-Connection: close}
 A=$(free_port); start_nginx "$A" "$W" ""
 B=$(free_port); start_nginx "$B" "$W" colo

@@ -6,6 +6,16 @@ TARGET=${CARGO_TARGET_DIR:-$ROOT/rust/target}
 build() {
   (cd "$ROOT/rust" && cargo build --release -q -p colo-preload && cargo build --release -q -p colo-run --example colo-run) || exit 1
 }
+# build_rev REV: builds REV's shim in a git worktree (its own target directory, OLD_TARGET to
+# reuse one) and sets OLDRUN to its `colo run --`; the worktree goes when the script ends.
+build_rev() {
+  local old=$WORK/old oldtarget=${OLD_TARGET:-$ROOT/rust/target/ab-old}
+  git -C "$ROOT" worktree add -q --detach "$old" "$1" || exit 1
+  trap 'git -C "$ROOT" worktree remove --force "$WORK/old"; cleanup' EXIT
+  (cd "$old/rust" && CARGO_TARGET_DIR=$oldtarget cargo build --release -q -p colo-preload &&
+    CARGO_TARGET_DIR=$oldtarget cargo build --release -q -p colo-run --example colo-run) || exit 1
+  OLDRUN="$oldtarget/release/examples/colo-run --"
+}
 SHIM=$TARGET/release/libcolo_preload.so
 COLORUN="$TARGET/release/examples/colo-run --"
 WORK=$(mktemp -d /tmp/colo-apps.XXXXXX); chmod 755 "$WORK"

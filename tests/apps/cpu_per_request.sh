@@ -13,12 +13,7 @@ W=${WORKERS:-1}; HDR=${HDR-Connection: close}
 A=$(free_port); start_nginx "$A" "$W" ""
 B=$(free_port); start_nginx "$B" "$W" colo
 if [ -n "$REV" ]; then
-  OLD=$WORK/old; OLDTARGET=${OLD_TARGET:-$ROOT/rust/target/ab-old}
-  git -C "$ROOT" worktree add -q --detach "$OLD" "$REV" || exit 1
-  trap 'git -C "$ROOT" worktree remove --force "$OLD"; cleanup' EXIT
-  (cd "$OLD/rust" && CARGO_TARGET_DIR=$OLDTARGET cargo build --release -q -p colo-preload &&
-    CARGO_TARGET_DIR=$OLDTARGET cargo build --release -q -p colo-run --example colo-run) || exit 1
-  OLDRUN="$OLDTARGET/release/examples/colo-run --"
+  build_rev "$REV"
   NEWRUN=$COLORUN; COLORUN=$OLDRUN; C=$(free_port); start_nginx "$C" "$W" colo; COLORUN=$NEWRUN
 fi
 TICK=$(getconf CLK_TCK)
