@@ -1,4 +1,4 @@
-# Shared helpers for tests/apps/run.sh and bench.sh (sourced).
+# Shared helpers for the scripts in tests/apps (sourced).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -7,11 +7,10 @@ build() {
   (cd "$ROOT/rust" && cargo build --release -q -p colo-preload && cargo build --release -q -p colo-run --example colo-run) || exit 1
 }
 # build_rev REV: builds REV's shim in a git worktree (its own target directory, OLD_TARGET to
-# reuse one) and sets OLDRUN to its `colo run --`; the worktree goes when the script ends.
+# choose one) and sets OLDRUN to its `colo run --`; `cleanup` removes the worktree.
 build_rev() {
-  local old=$WORK/old oldtarget=${OLD_TARGET:-$ROOT/rust/target/ab-old}
+  local old=$WORK/old oldtarget=${OLD_TARGET:-$TARGET/ab-old}
   git -C "$ROOT" worktree add -q --detach "$old" "$1" || exit 1
-  trap 'git -C "$ROOT" worktree remove --force "$WORK/old"; cleanup' EXIT
   (cd "$old/rust" && CARGO_TARGET_DIR=$oldtarget cargo build --release -q -p colo-preload &&
     CARGO_TARGET_DIR=$oldtarget cargo build --release -q -p colo-run --example colo-run) || exit 1
   OLDRUN="$oldtarget/release/examples/colo-run --"
@@ -20,7 +19,11 @@ SHIM=$TARGET/release/libcolo_preload.so
 COLORUN="$TARGET/release/examples/colo-run --"
 WORK=$(mktemp -d /tmp/colo-apps.XXXXXX); chmod 755 "$WORK"
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$WORK"; }
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null
+  [ -d "$WORK/old" ] && git -C "$ROOT" worktree remove --force "$WORK/old"
+  rm -rf "$WORK"
+}
 trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened"; return 1; }

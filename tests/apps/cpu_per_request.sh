@@ -5,7 +5,7 @@
 # plain TCP and of both sides under `colo run`. Prints the medians of the client's (wrk: user +
 # system) and the server's (nginx, all processes) CPU microseconds per request, and their ratio.
 # `tests/apps/cpu_per_request.sh REV` adds a third server and client under REV's shim, built in a
-# git worktree as ab.sh builds it, to the same rounds.
+# git worktree (common.sh's build_rev), to the same rounds.
 source "$(dirname "$0")/common.sh"
 build
 REV=${1:-}

@@ -137,12 +137,10 @@ pub fn accelerate(dest: SocketAddr) -> Verdict {
     if out_of_fds_until != 0 && coarse_ms() < out_of_fds_until {
         return Verdict::Plain;
     }
-    if known_plain(dest) {
+    let (dest, k, known) = cached(dest);
+    if known.key.load(Ordering::Relaxed) == k && coarse_ms() < known.until.load(Ordering::Relaxed) {
         return Verdict::Plain;
     }
-    let dest = key(dest);
-    let k = compact(dest);
-    let known = &PLAIN_UNTIL[slot_of(k)];
     let mut g = DESTS.lock().unwrap_or_else(|e| e.into_inner());
     let Some(d) = g.get_or_insert_with(HashMap::default).get_mut(&dest) else { return Verdict::FirstOffer };
     let now = Instant::now();
@@ -160,18 +158,25 @@ pub fn accelerate(dest: SocketAddr) -> Verdict {
     Verdict::Plain
 }
 
-/// Whether connections to `dest` go plain TCP for now, as far as is known without a lock: the
-/// first test of [`accelerate`], which a connection per request in a plain period passes.
+/// Whether connections to `dest` go plain TCP for now (a plain period, or no colo listener a
+/// moment ago), as far as is known without a lock: the test [`accelerate`] makes after the
+/// out-of-descriptors pause, for the shim's `connect` to make before anything else.
 #[inline]
 pub fn known_plain(dest: SocketAddr) -> bool {
-    let k = compact(key(dest));
-    let known = &PLAIN_UNTIL[slot_of(k)];
+    let (_, k, known) = cached(dest);
     known.key.load(Ordering::Relaxed) == k && coarse_ms() < known.until.load(Ordering::Relaxed)
 }
 
+/// `dest` as the table keys it, its compact key and its entry in `PLAIN_UNTIL`.
+fn cached(dest: SocketAddr) -> (SocketAddr, u64, &'static PlainUntil) {
+    let dest = key(dest);
+    let k = compact(dest);
+    (dest, k, &PLAIN_UNTIL[slot_of(k)])
+}
+
 /// Destinations that are dialed plain TCP until a deadline (a plain period, or no colo listener
-/// there a moment ago), for [`accelerate`] to answer without its lock or a precise clock: a
-/// client in a plain period dials hundreds of connections a second there. Direct-mapped by a
+/// there a moment ago), for [`known_plain`] and [`accelerate`] to answer without the lock or a
+/// precise clock: a client in a plain period dials hundreds of connections a second there. Direct-mapped by a
 /// compact key; a torn or overwritten entry only sends one connection the locked way, or keeps
 /// one plain a clock tick longer.
 struct PlainUntil {

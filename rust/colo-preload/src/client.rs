@@ -86,7 +86,16 @@ pub fn note_no_listener(fd: i32, target: SocketAddr, r: i32, errno: i32) {
 /// colo listener a moment ago (see `adapt::known_plain`). Not at `COLO_LOG=debug`, whose line
 /// for each connection says why.
 pub fn known_plain(peer: SocketAddr) -> bool {
-    crate::log_level() < 2 && crate::adapt::known_plain(peer)
+    crate::log_level() < 2 && crate::adapt::known_plain(target_of(peer))
+}
+
+/// Where a connection to `peer` goes: connect(2) to the unspecified address reaches loopback.
+fn target_of(peer: SocketAddr) -> SocketAddr {
+    match peer {
+        SocketAddr::V4(a) if a.ip().is_unspecified() => SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), a.port()),
+        SocketAddr::V6(a) if a.ip().is_unspecified() => SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), a.port()),
+        _ => peer,
+    }
 }
 
 /// Before the real connect: find a rendezvous and offer a segment.
@@ -94,16 +103,7 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
     if crate::disabled() || fd < 0 || fd as usize >= table::MAX_FD || table::kind(fd) != table::NONE {
         return Prepared::Plain;
     }
-    // connect(2) to the unspecified address reaches loopback.
-    let target = if peer.ip().is_unspecified() {
-        let ip: std::net::IpAddr = match peer {
-            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
-            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
-        };
-        SocketAddr::new(ip, peer.port())
-    } else {
-        peer
-    };
+    let target = target_of(peer);
     // First, as it needs no system call: a connection per request costs no more than plain TCP.
     let verdict = crate::adapt::accelerate(target);
     if verdict == crate::adapt::Verdict::Plain {

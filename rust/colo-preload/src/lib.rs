@@ -276,6 +276,9 @@ extern "C" fn init() {
     unsafe { libc::pthread_atfork(Some(server::marker_prepare), Some(server::marker_parent), Some(atfork_child)) };
     // Cache the pid now, in the parent of any `vfork` child the program will make.
     colo_sys::host::pid();
+    // Read COLO_LOG now (it allocates), not first in a connect made from a signal handler or in
+    // a fork child.
+    log_level();
     // Resolve libc's `syscall` now: the shim's own raw calls go through our wrapper, and a first
     // `dlsym` in a fork child or a signal handler could wait on a lock nobody will release.
     // SAFETY: getpid takes no arguments; the rest are ignored.

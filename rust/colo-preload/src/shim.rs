@@ -688,16 +688,21 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
     // SAFETY: `len` bytes of address at `addr`.
     let peer = unsafe { crate::parse_sockaddr(addr, len) };
     let r = match peer {
-        // A plain period there (a connection per request): nothing to decide, so neither the
-        // guard nor the client's other tests (about a fifth of the shim's cost per request).
-        Some(p) if !client::known_plain(p) => match Guard::try_enter() {
+        // Not an IPv4 or IPv6 address (or too short for one): the kernel's answer.
+        // SAFETY: the application's arguments.
+        None => unsafe { real::connect(fd, addr, len) },
+        // Plain TCP there for now (a plain period of a client that connects per request, or no
+        // colo listener a moment ago): nothing to decide, so neither the guard's thread-local
+        // nor the client's other tests (about a fifth of the shim's cost per request). So also
+        // from inside the shim, which dials no TCP through libc.
+        // SAFETY: the application's arguments.
+        Some(p) if client::known_plain(p) => unsafe { real::connect(fd, addr, len) },
+        Some(p) => match Guard::try_enter() {
             // SAFETY: the application's arguments.
             Some(g) => unsafe { connect_fresh(g, fd, p, addr, len) },
             // SAFETY: the application's arguments.
             None => return unsafe { real::connect(fd, addr, len) },
         },
-        // SAFETY: the application's arguments.
-        _ => unsafe { real::connect(fd, addr, len) },
     };
     // Connected or on its way: no longer fresh (a refused socket may be connected again).
     // SAFETY: reading this thread's errno.

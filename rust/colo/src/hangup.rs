@@ -8,7 +8,9 @@
 //! futex (registered at the first such sleep, one-shot). When one becomes readable (the peer hung
 //! up, or a late answer to a HELLO came), the thread marks the connection and wakes its futex as
 //! a peer would; the woken sleeper reads the control socket itself and re-arms the watch.
-//! Idle, the thread sleeps in `epoll_wait` and costs nothing.
+//! With connections to watch, the thread sleeps in `epoll_wait` and costs nothing; with none for
+//! [`IDLE`], it ends (the next registration starts another), so that a process whose
+//! connections are gone is single-threaded again, as the segment reaper's idle end intends.
 
 use colo_ring::notify::SLEEP_FUTEX;
 use colo_ring::sync::{AtomicU32, Ordering};
@@ -17,6 +19,10 @@ use colo_sys::OwnedFd;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// How long the watcher waits with nothing to watch before it ends.
+const IDLE: Duration = Duration::from_millis(250);
 
 /// This process image's generation: bumped in a forked child, whose copy of the watcher has no
 /// thread (a registration made before the fork belongs to the parent's watcher).
@@ -36,8 +42,17 @@ struct Watcher {
     generation: u64,
     poller: Arc<Poller>,
     watched: HashMap<u64, Watched>,
-    next_key: u64,
+    /// Rung when the last watched connection goes, so that the thread starts its idle wait.
+    wake: OwnedFd,
 }
+
+/// The key of the watcher's own `wake` eventfd in its poller (registrations' keys count up from
+/// 0 and never reach it).
+const WAKE: u64 = UNWATCHABLE - 1;
+
+/// The next registration's key: never reused within a process image, not even by the next
+/// watcher after one ended idle.
+static NEXT_KEY: AtomicU64 = AtomicU64::new(0);
 
 static WATCHER: Mutex<Option<Watcher>> = Mutex::new(None);
 
@@ -62,19 +77,42 @@ fn watcher(w: &mut Option<Watcher>) -> Option<&mut Watcher> {
         *w = None;
         crate::fork::protect();
         let poller = Arc::new(Poller::new_above(crate::carrier::fd_floor()).ok()?);
+        let wake = colo_sys::preload::move_above(colo_sys::doorbell::create().ok()?, crate::carrier::fd_floor()).ok()?;
+        poller.add(&wake, WAKE).ok()?;
         let p = poller.clone();
         colo_sys::host::with_signals_blocked(|| std::thread::Builder::new().name("colo-hangup".into()).spawn(move || run(&p))).ok()?;
-        *w = Some(Watcher { generation, poller, watched: HashMap::new(), next_key: 0 });
+        *w = Some(Watcher { generation, poller, watched: HashMap::new(), wake });
     }
     w.as_mut()
 }
 
 fn run(poller: &Arc<Poller>) {
+    let mine = |w: &Option<Watcher>| w.as_ref().is_some_and(|w| Arc::ptr_eq(&w.poller, poller));
     loop {
-        let Ok(keys) = poller.wait(None) else { return };
-        let w = lock();
-        let Some(w) = w.as_ref().filter(|w| Arc::ptr_eq(&w.poller, poller)) else { return };
+        let idle = {
+            let w = lock();
+            if !mine(&w) {
+                return;
+            }
+            w.as_ref().is_some_and(|w| w.watched.is_empty())
+        };
+        let Ok(keys) = poller.wait(idle.then_some(IDLE)) else { return };
+        let mut guard = lock();
+        if !mine(&guard) {
+            return;
+        }
+        if idle && keys.is_empty() && guard.as_ref().is_some_and(|w| w.watched.is_empty()) {
+            // Registrations are made under this lock: none is lost, and the next one starts
+            // another watcher.
+            *guard = None;
+            return;
+        }
+        let Some(w) = guard.as_ref() else { return };
         for key in keys {
+            if key == WAKE {
+                colo_sys::doorbell::drain(&w.wake);
+                continue;
+            }
             let Some(c) = w.watched.get(&key) else { continue };
             // SYNC POINT with the sleeper's `Watch::take_fired` (Acquire): the mark is released
             // by the read-modify-write below, which the sleeper's announcement reads or follows.
@@ -120,10 +158,9 @@ impl Watch {
         }
         let key = match watcher(&mut guard) {
             Some(w) => {
-                let key = w.next_key;
+                let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
                 match w.poller.add_once(control, key) {
                     Ok(()) => {
-                        w.next_key += 1;
                         let entry = Watched { fired: self.fired.clone(), word: word as *const AtomicU32 as usize };
                         w.watched.insert(key, entry);
                         key
@@ -165,6 +202,9 @@ impl Watch {
                 // The registration itself goes when the control socket closes (or, if a forked
                 // process still holds it, reports to a key that no longer exists).
                 w.watched.remove(&self.key.load(Ordering::Relaxed));
+                if w.watched.is_empty() {
+                    colo_sys::doorbell::ring(&w.wake);
+                }
             }
         }
     }

@@ -14,7 +14,7 @@ use crate::segment::Segment;
 use colo_ring::layout::{Geometry, CLIENT_PARKED, SERVER_PARKED};
 use colo_ring::sync::Ordering;
 use colo_sys::OwnedFd;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 /// How long a side keeps a parked segment.
@@ -212,17 +212,14 @@ mod sweeper {
     use super::*;
 
     pub(super) struct State {
-        /// The pid whose sweeper thread runs (a forked child starts its own).
+        /// The pid whose sweeper thread runs (0: none; a forked child starts its own).
         running: u32,
         tables: Vec<Weak<Table>>,
-        /// Something may be parked.
-        busy: bool,
         /// Parks so far, so a park during a sweep that found nothing is not missed.
         kicks: u64,
     }
 
-    static STATE: Mutex<State> = Mutex::new(State { running: 0, tables: Vec::new(), busy: false, kicks: 0 });
-    static WAKE: Condvar = Condvar::new();
+    static STATE: Mutex<State> = Mutex::new(State { running: 0, tables: Vec::new(), kicks: 0 });
 
     pub(super) fn lock_state() -> std::sync::MutexGuard<'static, State> {
         lock(&STATE)
@@ -245,10 +242,6 @@ mod sweeper {
             s.running = me;
         }
         s.kicks += 1;
-        if !s.busy {
-            s.busy = true;
-            WAKE.notify_one();
-        }
     }
 
     fn sweep_all(now: Instant) -> bool {
@@ -273,20 +266,18 @@ mod sweeper {
         left
     }
 
+    /// Sweeps until nothing is parked, then ends (the next park starts another sweeper), so that
+    /// a process whose connections are gone is single-threaded again.
     fn run() {
         loop {
-            let mut s = lock(&STATE);
-            while !s.busy {
-                s = WAKE.wait(s).unwrap_or_else(|e| e.into_inner());
-            }
-            let kicks = s.kicks;
-            drop(s);
+            let kicks = lock(&STATE).kicks;
             std::thread::sleep(IDLE / 4);
             if !sweep_all(Instant::now()) {
-                // Nothing parked: sleep until the next park, unless one came during the sweep.
                 let mut s = lock(&STATE);
+                // Unless something was parked during the sweep: its `kick` saw this thread run.
                 if s.kicks == kicks {
-                    s.busy = false;
+                    s.running = 0;
+                    return;
                 }
             }
         }

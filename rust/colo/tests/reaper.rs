@@ -1,15 +1,16 @@
-//! The thread that unmaps closed segments ends once it has had nothing to do for a moment, so a
-//! process whose connections are gone is single-threaded again (a server whose clients' short
-//! connections went plain TCP), and the next close starts it again. Its own test binary: it
-//! counts the process's threads by name.
+//! The threads that unmap closed segments, that drop segments parked too long and that watch
+//! futex sleepers for hang-ups end once they have had nothing to do for a moment, so a process whose connections are gone is
+//! single-threaded again (a server whose clients' short connections went plain TCP), and the next
+//! close or sleep starts them again. Its own test binary: it counts the process's threads by name.
 mod common;
 
 use colo::{Listener, Stream, Transport};
+use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-fn reapers() -> usize {
+fn threads(name: &str) -> usize {
     let tasks = std::fs::read_dir("/proc/self/task").unwrap();
-    tasks.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok()).filter(|c| c.trim() == "colo-reaper").count()
+    tasks.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok()).filter(|c| c.trim() == name).count()
 }
 
 /// Whether `cond` holds within 5 s.
@@ -25,20 +26,30 @@ fn becomes(cond: impl Fn() -> bool) -> bool {
 }
 
 #[test]
-fn the_reaper_ends_when_idle_and_comes_back_for_the_next_close() {
+fn background_threads_end_when_idle_and_come_back() {
     let _w = common::watchdog(60);
     let l = Listener::bind("127.0.0.1:0").unwrap();
     for round in 0..2 {
         let mut c = Stream::connect(l.local_addr().unwrap()).unwrap();
         let (mut s, _) = l.accept().unwrap();
         assert_eq!(c.transport(), Transport::SharedMemory, "round {round}");
-        std::io::Write::write_all(&mut c, b"x").unwrap();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            c.write_all(b"x").unwrap();
+            c
+        });
+        // Nothing to read for 100 ms: the reader sleeps on its futex, watched for a hang-up.
         let mut b = [0u8; 1];
-        std::io::Read::read_exact(&mut s, &mut b).unwrap();
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(threads("colo-hangup"), 1, "round {round}: a futex sleeper is watched");
+        let c = writer.join().unwrap();
         drop((c, s));
+        assert!(becomes(|| threads("colo-sweeper") == 1), "round {round}: the closed segments are parked");
         // The closed segments are parked for reuse and given up by the sweeper after a second,
         // onto the reaper, which then idles 250 ms before it ends: polled every 5 ms, seen.
-        assert!(becomes(|| reapers() == 1), "round {round}: a closed segment is unmapped by the reaper");
-        assert!(becomes(|| reapers() == 0), "round {round}: the reaper ended once idle");
+        assert!(becomes(|| threads("colo-reaper") == 1), "round {round}: a closed segment is unmapped by the reaper");
+        assert!(becomes(|| threads("colo-reaper") == 0), "round {round}: the reaper ended once idle");
+        assert!(becomes(|| threads("colo-hangup") == 0), "round {round}: the watcher ended with nothing to watch");
+        assert!(becomes(|| threads("colo-sweeper") == 0), "round {round}: the sweeper ended with nothing parked");
     }
 }
