@@ -70,7 +70,8 @@ pub(crate) fn forked() {
     GENERATION.fetch_add(1, Ordering::Relaxed);
 }
 
-/// The watcher of this process image, started on first use; `None` if it cannot run.
+/// The watcher of this process image, started on first use (and again after one ended idle);
+/// `None` if it cannot run.
 fn watcher(w: &mut Option<Watcher>) -> Option<&mut Watcher> {
     let generation = GENERATION.load(Ordering::Relaxed);
     if w.as_ref().is_none_or(|w| w.generation != generation) {
@@ -96,11 +97,16 @@ fn run(poller: &Arc<Poller>) {
             }
             w.as_ref().is_some_and(|w| w.watched.is_empty())
         };
-        let Ok(keys) = poller.wait(idle.then_some(IDLE)) else { return };
+        let keys = poller.wait(idle.then_some(IDLE));
         let mut guard = lock();
         if !mine(&guard) {
             return;
         }
+        let Ok(keys) = keys else {
+            // No thread watches from now on: the next registration starts another watcher.
+            *guard = None;
+            return;
+        };
         if idle && keys.is_empty() && guard.as_ref().is_some_and(|w| w.watched.is_empty()) {
             // Registrations are made under this lock: none is lost, and the next one starts
             // another watcher.
@@ -141,7 +147,9 @@ pub(crate) struct Watch {
 
 impl Watch {
     pub(crate) fn new() -> Watch {
-        Watch { fired: Arc::new(AtomicBool::new(false)), generation: AtomicU64::new(0), key: AtomicU64::new(0) }
+        // The key starts unwatchable: `armed`'s unlocked fast path, seeing the generation before
+        // the key on a weakly ordered CPU, then takes a timed sleep, never an unwatched one.
+        Watch { fired: Arc::new(AtomicBool::new(false)), generation: AtomicU64::new(0), key: AtomicU64::new(UNWATCHABLE) }
     }
 
     /// Whether a hang-up of `control` wakes a futex sleep on `word` (the connection's own
@@ -202,7 +210,8 @@ impl Watch {
                 // The registration itself goes when the control socket closes (or, if a forked
                 // process still holds it, reports to a key that no longer exists).
                 w.watched.remove(&self.key.load(Ordering::Relaxed));
-                if w.watched.is_empty() {
+                // (Not from a forked child's copy: its eventfd is the parent's watcher's.)
+                if w.watched.is_empty() && w.generation == GENERATION.load(Ordering::Relaxed) {
                     colo_sys::doorbell::ring(&w.wake);
                 }
             }

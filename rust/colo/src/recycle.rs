@@ -8,7 +8,7 @@
 //! resets it and sends a descriptor-less HELLO naming the server's ticket.
 //!
 //! Parked segments are bounded (a few per client process, per listener) and held at most [`IDLE`]:
-//! a background thread, asleep while nothing is parked, drops the rest.
+//! a background thread, which ends when nothing is left parked, drops the rest.
 
 use crate::segment::Segment;
 use colo_ring::layout::{Geometry, CLIENT_PARKED, SERVER_PARKED};
@@ -274,7 +274,8 @@ mod sweeper {
             std::thread::sleep(IDLE / 4);
             if !sweep_all(Instant::now()) {
                 let mut s = lock(&STATE);
-                // Unless something was parked during the sweep: its `kick` saw this thread run.
+                // Unless something was parked since `kicks` was read (during the sleep or the
+                // sweep): its `kick` saw this thread run.
                 if s.kicks == kicks {
                     s.running = 0;
                     return;

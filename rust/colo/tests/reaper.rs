@@ -1,10 +1,11 @@
 //! The threads that unmap closed segments, that drop segments parked too long and that watch
-//! futex sleepers for hang-ups end once they have had nothing to do for a moment, so a process whose connections are gone is
-//! single-threaded again (a server whose clients' short connections went plain TCP), and the next
-//! close or sleep starts them again. Its own test binary: it counts the process's threads by name.
+//! futex sleepers for hang-ups end once they have had nothing to do for a moment, so a process
+//! whose connections are gone is single-threaded again (a server whose clients' short
+//! connections went plain TCP), and the next close or sleep starts them again. Its own test
+//! binary: it counts the process's threads by name.
 mod common;
 
-use colo::{Listener, Stream, Transport};
+use colo::{Listener, Options, SpinMode, Stream, Transport};
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
@@ -28,21 +29,23 @@ fn becomes(cond: impl Fn() -> bool) -> bool {
 #[test]
 fn background_threads_end_when_idle_and_come_back() {
     let _w = common::watchdog(60);
-    let l = Listener::bind("127.0.0.1:0").unwrap();
+    // Never spinning (whatever COLO_SPIN_US says): the reader sleeps on its futex at once.
+    let opts = Options::new().spin(SpinMode::Never);
+    let l = Listener::bind_with("127.0.0.1:0", opts.clone()).unwrap();
     for round in 0..2 {
-        let mut c = Stream::connect(l.local_addr().unwrap()).unwrap();
+        let mut c = Stream::connect_with(l.local_addr().unwrap(), &opts).unwrap();
         let (mut s, _) = l.accept().unwrap();
         assert_eq!(c.transport(), Transport::SharedMemory, "round {round}");
         let writer = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(100));
+            // Nothing to read until the reader sleeps on its futex, watched for a hang-up.
+            let watched = becomes(|| threads("colo-hangup") == 1);
             c.write_all(b"x").unwrap();
-            c
+            (c, watched)
         });
-        // Nothing to read for 100 ms: the reader sleeps on its futex, watched for a hang-up.
         let mut b = [0u8; 1];
         s.read_exact(&mut b).unwrap();
-        assert_eq!(threads("colo-hangup"), 1, "round {round}: a futex sleeper is watched");
-        let c = writer.join().unwrap();
+        let (c, watched) = writer.join().unwrap();
+        assert!(watched, "round {round}: a futex sleeper is watched");
         drop((c, s));
         assert!(becomes(|| threads("colo-sweeper") == 1), "round {round}: the closed segments are parked");
         // The closed segments are parked for reuse and given up by the sweeper after a second,
