@@ -428,6 +428,16 @@ impl Conn {
         self.shm.announce_doorbell_sleep();
         self.ready(true)
     }
+
+    /// `arm` after a level-triggered registration of the readiness fd was reported: the control
+    /// socket is asked only if the doorbell had not rung. A ring explains the report; a hung-up
+    /// control socket keeps the readiness fd readable, so the next wait is reported again, finds
+    /// no ring (a peer that is gone rings nothing) and asks then.
+    pub fn arm_level(&self, by: Drainer) -> u32 {
+        let rang = self.shm.drain_doorbell(by);
+        self.shm.announce_doorbell_sleep();
+        self.ready(!rang)
+    }
 }
 
 /// Registers a wake-up eventfd (`colo::wake`: this thread's, or an epoll set's) with some

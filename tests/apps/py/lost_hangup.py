@@ -28,6 +28,7 @@ INTEREST = {
     "et_inout": E.EPOLLIN | E.EPOLLOUT | E.EPOLLRDHUP | E.EPOLLET,
     "et_in": E.EPOLLIN | E.EPOLLRDHUP | E.EPOLLET,
     "lt_inout": E.EPOLLIN | E.EPOLLOUT | E.EPOLLRDHUP,
+    "lt_in": E.EPOLLIN,
     "et_inout_nordhup": E.EPOLLIN | E.EPOLLOUT | E.EPOLLET,
 }[sys.argv[3]]
 ls = socket.socket()
