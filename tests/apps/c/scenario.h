@@ -61,6 +61,14 @@ static inline int segments(void) {
     return found;
 }
 
+/* Waits (up to 3 s) until this process has no segment open, and returns the count then. Those
+ * of connections closed just before stay open for a moment (parked for reuse up to a second,
+ * then unmapped by a background thread), and a count would include them. */
+static inline int segments_settled(void) {
+    for (int i = 0; i < 300 && segments() > 0; i++) usleep(10000);
+    return segments();
+}
+
 /* Echoes what `c` reads back to it until end of stream: 0, or -1 once a write fails (the peer
  * is gone). */
 static inline int echo_until_eof(int c) {
