@@ -176,9 +176,9 @@ fn cached(dest: SocketAddr) -> (SocketAddr, u64, &'static PlainUntil) {
 
 /// Destinations that are dialed plain TCP until a deadline (a plain period, or no colo listener
 /// there a moment ago), for [`known_plain`] and [`accelerate`] to answer without the lock or a
-/// precise clock: a client in a plain period dials hundreds of connections a second there. Direct-mapped by a
-/// compact key; a torn or overwritten entry only sends one connection the locked way, or keeps
-/// one plain a clock tick longer.
+/// precise clock: a client in a plain period dials hundreds of connections a second there.
+/// Direct-mapped by a compact key; a torn or overwritten entry only sends one connection the
+/// locked way, or keeps one plain a clock tick longer.
 struct PlainUntil {
     key: AtomicU64,
     /// `coarse_ms` deadline.

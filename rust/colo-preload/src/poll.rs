@@ -578,7 +578,7 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
             // A level-triggered registration for input asks the control socket only when its
             // doorbell does not explain the report (see `Conn::arm_level`): a ring left from a
             // reply already read cost clients two `recv`s per request (redis-benchmark -c 50
-            // GET: 1.49x the requests per second without them). The peer's hang-up is then
+            // GET: 1.3-1.5x the requests per second without them). The peer's hang-up is then
             // reported at the next wait, as end of stream. An edge (or one-shot) registration is
             // not reported again for a hang-up, and one for output would be told "writable"
             // meanwhile: those ask now.
