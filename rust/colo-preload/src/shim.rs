@@ -774,13 +774,17 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
     // SAFETY: the application's arguments.
     let nfd = unsafe { real::accept4(fd, addr, len, flags) };
     table::set_fresh(nfd, false);
-    if nfd < 0 || table::kind(fd) != LISTEN || Guard::busy() {
+    if nfd < 0 || table::kind(fd) != LISTEN {
         return nfd;
     }
     // A CARRIER client's port is odd (spec/WIRE.md section 3): from an even one, no offer can
-    // come, and the connection is plain without a look at the rendezvous (a system call).
+    // come, and the connection is plain without a look at the rendezvous (a system call), or at
+    // the guard's thread-local.
     // SAFETY: the kernel wrote the peer's address at `addr`, `*len` bytes of it within `room`.
     if room > 0 && unsafe { crate::parse_sockaddr(addr, room.min(*len)) }.is_some_and(|p| p.port() % 2 == 0) {
+        return nfd;
+    }
+    if Guard::busy() {
         return nfd;
     }
     let g = Guard::enter();
