@@ -144,14 +144,6 @@ struct MsgRx {
 }
 
 /// Loaning and sending messages, independent of the byte stream's writers likewise.
-impl MsgTx {
-    /// A loaned slot that was not sent returns to the pool.
-    fn give_back(&mut self, slot: u32) {
-        self.in_flight[slot as usize] = false;
-        self.free_slots.push(slot);
-    }
-}
-
 struct MsgTx {
     msgs: QueueSender<2>,
     frees: QueueReceiver<1>,
@@ -162,6 +154,14 @@ struct MsgTx {
     spinner: Spinner,
     /// Loans and sends so far, wrapping (see `Shm::notice_hangup`).
     writes: u32,
+}
+
+impl MsgTx {
+    /// A loaned slot that was not sent returns to the pool.
+    fn give_back(&mut self, slot: u32) {
+        self.in_flight[slot as usize] = false;
+        self.free_slots.push(slot);
+    }
 }
 
 #[derive(Default)]
