@@ -119,7 +119,15 @@ pub fn connect_rendezvous(addr: SocketAddr) -> io::Result<Option<Rendezvous>> {
         }
     }
     let Some(control) = control else { return Ok(None) };
-    let (server_pid, server_uid) = seqpacket::peer_cred(&control)?;
+    // A listener in a pid namespace we cannot see is no usable one (the shim then remembers the
+    // miss for a moment, as for no listener at all).
+    let (server_pid, server_uid) = match seqpacket::peer_cred(&control) {
+        Ok(c) => c,
+        Err(e) => {
+            log::info(format_args!("connect {addr}: rendezvous: {e}; using TCP"));
+            return Ok(None);
+        }
+    };
     let me = host::uid();
     if server_uid != me && server_uid != 0 && host::tcp_listener_uid(addr.port()) != Some(server_uid) {
         log::info(format_args!("connect {addr}: rendezvous owned by uid {server_uid}, port is not; using TCP"));
@@ -553,7 +561,7 @@ impl Hello {
         };
         let client_pid = match seqpacket::peer_cred(&self.control) {
             Ok((pid, _)) => pid,
-            Err(e) => return Err(format!("peer credentials: {e}")),
+            Err(e) => return fail(&self.control, Reason::NoResources, format!("peer credentials: {e}")),
         };
         let memfd = self.memfd.as_raw_fd();
         if map.len() != self.layout.segment_size {

@@ -247,7 +247,13 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
         }
     }
     let Some((control, name)) = control else { return Ok(Direct::No) };
-    let (server_pid, server_uid) = seqpacket::peer_cred(&control)?;
+    let (server_pid, server_uid) = match seqpacket::peer_cred(&control) {
+        Ok(c) => c,
+        Err(e) => {
+            log::info(format_args!("dial {addr}: rendezvous {name}: {e}; using TCP"));
+            return Ok(Direct::No);
+        }
+    };
     if server_uid != host::uid() && server_uid != 0 && host::tcp_listener_uid(addr.port()) != Some(server_uid) {
         log::info(format_args!("dial {addr}: rendezvous owned by uid {server_uid}, port is not; using TCP"));
         return Ok(Direct::No);

@@ -25,7 +25,8 @@ use std::time::Duration;
 const IDLE: Duration = Duration::from_millis(250);
 
 /// This process image's generation: bumped in a forked child, whose copy of the watcher has no
-/// thread (a registration made before the fork belongs to the parent's watcher).
+/// thread (a registration made before the fork belongs to the parent's watcher), and when the
+/// watcher's wait fails (its registrations go with it).
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 
 /// A `key` meaning "this process cannot watch": sleep with a timeout instead.
@@ -103,7 +104,10 @@ fn run(poller: &Arc<Poller>) {
             return;
         }
         let Ok(keys) = keys else {
-            // No thread watches from now on: the next registration starts another watcher.
+            // No thread watches from now on: a new generation makes every connection register
+            // again, with another watcher, at its next sleep (its current registration would
+            // otherwise pass for watched).
+            GENERATION.fetch_add(1, Ordering::Relaxed);
             *guard = None;
             return;
         };
@@ -147,8 +151,6 @@ pub(crate) struct Watch {
 
 impl Watch {
     pub(crate) fn new() -> Watch {
-        // The key starts unwatchable: `armed`'s unlocked fast path, seeing the generation before
-        // the key on a weakly ordered CPU, then takes a timed sleep, never an unwatched one.
         Watch { fired: Arc::new(AtomicBool::new(false)), generation: AtomicU64::new(0), key: AtomicU64::new(UNWATCHABLE) }
     }
 
@@ -156,7 +158,9 @@ impl Watch {
     /// `waiting` word): registers on first use in this process image. False if the watcher
     /// cannot run here (out of descriptors or threads): sleep with a timeout then.
     pub(crate) fn armed(&self, control: &OwnedFd, word: &AtomicU32) -> bool {
-        if self.generation.load(Ordering::Relaxed) == GENERATION.load(Ordering::Relaxed) {
+        // SYNC POINT (Acquire) with the Release store of the generation below: a thread that
+        // sees this image's generation sees the key registered with it.
+        if self.generation.load(Ordering::Acquire) == GENERATION.load(Ordering::Relaxed) {
             return self.key.load(Ordering::Relaxed) != UNWATCHABLE;
         }
         let mut guard = lock();
@@ -179,7 +183,8 @@ impl Watch {
             None => UNWATCHABLE,
         };
         self.key.store(key, Ordering::Relaxed);
-        self.generation.store(GENERATION.load(Ordering::Relaxed), Ordering::Relaxed);
+        // Release: partner of the Acquire load at the top.
+        self.generation.store(GENERATION.load(Ordering::Relaxed), Ordering::Release);
         key != UNWATCHABLE
     }
 
