@@ -134,8 +134,8 @@ for interest in et_inout lt_inout et_in lt_in et_inout_nordhup; do
     check "python epoll server sees a peer that died after its reply ($interest, $how)" lost_hangup $interest $how
   done
 done
-# Level-triggered, input only: its doorbell explains the first report, and the hang-up comes at
-# the next wait.
+# Level-triggered, input only (such a registration asks the control socket only when no ring
+# explains the kernel's report): a peer that sent and died is still seen as gone.
 check "python epoll server (level, input only) sees a peer that sent and died" lost_hangup lt_in send_exit
 check "python epoll server (edge, one read as nginx) sees a peer that sent and died" lost_hangup et_inout send_exit late
 

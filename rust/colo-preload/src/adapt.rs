@@ -138,7 +138,7 @@ pub fn accelerate(dest: SocketAddr) -> Verdict {
         return Verdict::Plain;
     }
     let (dest, k, known) = cached(dest);
-    if known.key.load(Ordering::Relaxed) == k && coarse_ms() < known.until.load(Ordering::Relaxed) {
+    if known.holds(k) {
         return Verdict::Plain;
     }
     let mut g = DESTS.lock().unwrap_or_else(|e| e.into_inner());
@@ -164,7 +164,7 @@ pub fn accelerate(dest: SocketAddr) -> Verdict {
 #[inline]
 pub fn known_plain(dest: SocketAddr) -> bool {
     let (_, k, known) = cached(dest);
-    known.key.load(Ordering::Relaxed) == k && coarse_ms() < known.until.load(Ordering::Relaxed)
+    known.holds(k)
 }
 
 /// `dest` as the table keys it, its compact key and its entry in `PLAIN_UNTIL`.
@@ -183,6 +183,13 @@ struct PlainUntil {
     key: AtomicU64,
     /// `coarse_ms` deadline.
     until: AtomicU64,
+}
+
+impl PlainUntil {
+    /// Whether this entry is the destination with key `k`, and its deadline is still ahead.
+    fn holds(&self, k: u64) -> bool {
+        self.key.load(Ordering::Relaxed) == k && coarse_ms() < self.until.load(Ordering::Relaxed)
+    }
 }
 
 static PLAIN_UNTIL: [PlainUntil; 64] = [const { PlainUntil { key: AtomicU64::new(0), until: AtomicU64::new(0) } }; 64];

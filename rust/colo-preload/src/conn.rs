@@ -422,21 +422,15 @@ impl Conn {
 
     /// Prepares to sleep on the readiness fd: drain our doorbell, announce that we wait, and
     /// return the readiness after that (a peer's progress from now on rings the doorbell).
-    /// `by`: whether the caller sleeps, and how (`Waking`, `Asleep`).
-    pub fn arm(&self, by: Drainer) -> u32 {
-        self.shm.drain_doorbell(by);
-        self.shm.announce_doorbell_sleep();
-        self.ready(true)
-    }
-
-    /// `arm` after a level-triggered registration of the readiness fd was reported: the control
-    /// socket is asked only if the doorbell had not rung. A ring explains the report; a hung-up
-    /// control socket keeps the readiness fd readable, so the next wait is reported again, finds
-    /// no ring (a peer that is gone rings nothing) and asks then.
-    pub fn arm_level(&self, by: Drainer) -> u32 {
+    /// `by`: whether the caller sleeps, and how (`Waking`, `Asleep`). `always_ask`: ask the
+    /// control socket whether the peer is gone even if the doorbell had rung. (A level-triggered
+    /// registration of the readiness fd need not: a ring explains the kernel's report, and a
+    /// hung-up control socket keeps the readiness fd readable, so the next wait is reported
+    /// again, finds no ring, as a peer that is gone rings nothing, and asks then.)
+    pub fn arm(&self, by: Drainer, always_ask: bool) -> u32 {
         let rang = self.shm.drain_doorbell(by);
         self.shm.announce_doorbell_sleep();
-        self.ready(!rang)
+        self.ready(always_ask || !rang)
     }
 }
 

@@ -576,7 +576,7 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
                 continue;
             }
             // A level-triggered registration for input asks the control socket only when its
-            // doorbell does not explain the report (see `Conn::arm_level`): a ring left from a
+            // doorbell does not explain the report (see `Conn::arm`): a ring left from a
             // reply already read cost clients two `recv`s per request (redis-benchmark -c 50
             // GET: 1.3-1.5x the requests per second without them). The peer's hang-up is then
             // reported at the next wait, as end of stream. An edge (or one-shot) registration is
@@ -588,8 +588,7 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
                 // A ring with nothing new behind it (or one meant for an earlier state): drain
                 // the doorbell, announce, and look once more.
                 reg.rung = false;
-                let armed = if level { reg.conn.arm_level(Drainer::Awake) } else { reg.conn.arm(Drainer::Awake) };
-                if armed != 0 {
+                if reg.conn.arm(Drainer::Awake, !level) != 0 {
                     m = reg.report(false);
                 }
             }
@@ -597,7 +596,7 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
                 if reg.events & libc::EPOLLONESHOT as u32 != 0 && !reg.fired {
                     rearm.push((reg.conn.readiness_raw(), reg.kernel, d));
                 } else if level && reg.conn.known_gone() {
-                    // The peer is gone (`arm_level` asked, unless a ring explained this report)
+                    // The peer is gone (`arm` asked, unless a ring explained this report)
                     // and nothing the application wants was reported: the readiness fd stays
                     // readable (the control socket hung up), so a level registration would end
                     // every sleep at once. Edge-triggered from now on; `from_rings` still reports
@@ -937,7 +936,7 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             unpassed = !conns.is_empty() && !_waking.as_ref().is_some_and(|w| w.complete());
             let mut any = false;
             for (_, c) in &conns {
-                if c.arm(waker(wake)) != 0 {
+                if c.arm(waker(wake), true) != 0 {
                     any = true;
                 }
             }
@@ -1011,7 +1010,7 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
                 total += 1;
             } else if copy[*i].revents != 0 || passed || r == 0 && unpassed {
                 // A spurious ring (or a short sleep's end): re-arm before sleeping again.
-                c.arm(waker(wake));
+                c.arm(waker(wake), true);
             }
         }
         if total > 0 {

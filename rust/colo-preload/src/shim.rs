@@ -65,7 +65,7 @@ fn conn_recv_inner(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> 
     if buf.is_empty() {
         return Ok(0);
     }
-    if flags & libc::MSG_DONTWAIT != 0 && !c.nonblocking() && c.ready(true) & IN == 0 && c.arm(Drainer::Awake) & IN == 0 {
+    if flags & libc::MSG_DONTWAIT != 0 && !c.nonblocking() && c.ready(true) & IN == 0 && c.arm(Drainer::Awake, true) & IN == 0 {
         return Err(would_block());
     }
     if flags & libc::MSG_PEEK != 0 {
@@ -142,7 +142,7 @@ fn conn_send_inner(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
     }
     let nb = c.nonblocking() || flags & libc::MSG_DONTWAIT != 0;
     if nb {
-        if !c.nonblocking() && c.ready(false) & OUT == 0 && c.arm(Drainer::Awake) & OUT == 0 {
+        if !c.nonblocking() && c.ready(false) & OUT == 0 && c.arm(Drainer::Awake, true) & OUT == 0 {
             return Err(would_block());
         }
         let n = c.shm().write(buf)?;
@@ -784,10 +784,7 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
     if room > 0 && unsafe { crate::parse_sockaddr(addr, room.min(*len)) }.is_some_and(|p| p.port() % 2 == 0) {
         return nfd;
     }
-    if Guard::busy() {
-        return nfd;
-    }
-    let g = Guard::enter();
+    let Some(g) = Guard::try_enter() else { return nfd };
     let listen = table::lock(fd).and_then(|mut s| match s.entry() {
         Entry::Listen(l) => Some(l.clone()),
         _ => None,
