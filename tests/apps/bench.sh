@@ -35,7 +35,8 @@ alternate() {
 import statistics as st, sys
 label, t, k = sys.argv[1], [float(x) for x in sys.argv[2].split()], [float(x) for x in sys.argv[3].split()]
 r = sorted(b / a for a, b in zip(t, k))
-print(f"{label}  tcp {st.median(t):10.0f}  colo {st.median(k):10.0f}  ratio {st.median(r):.2f}x (rounds {r[0]:.2f}-{r[-1]:.2f}, {len(r)} alternating)")
+ahead = sum(x >= 1 for x in r)
+print(f"{label}  tcp {st.median(t):10.0f}  colo {st.median(k):10.0f}  ratio {st.median(r):.2f}x (rounds {r[0]:.2f}-{r[-1]:.2f}, colo ahead in {ahead} of {len(r)} alternating)")
 PY
 }
 rb_get() { rb "$1" "10 -k 0" "${*:2}" 20000 | tr ' ' '\n' | grep "^GET=" | cut -d= -f2; }

@@ -15,7 +15,7 @@
 use colo_ring::notify::SLEEP_FUTEX;
 use colo_ring::sync::{AtomicU32, Ordering};
 use colo_sys::doorbell::Poller;
-use colo_sys::OwnedFd;
+use colo_sys::{AsRawFd, FromRawFd, OwnedFd};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -66,9 +66,20 @@ pub(crate) fn fork_guard() -> Box<dyn std::any::Any> {
     Box::new(lock())
 }
 
-/// Called in a forked child.
+/// Called in a forked child, after the fork's locks are released. The parent's watcher thread
+/// is not in this process: its copies of the watcher's descriptors go now, or a child that
+/// neither watches nor execs would keep them for life.
 pub(crate) fn forked() {
     GENERATION.fetch_add(1, Ordering::Relaxed);
+    let Some(Watcher { poller, wake, .. }) = lock().take() else { return };
+    drop(wake);
+    // The parent's thread held a second reference to the poller, copied here with nobody to drop
+    // it: the set is closed by number and the small allocation is left behind.
+    let epoll = poller.fd().as_raw_fd();
+    std::mem::forget(poller);
+    // SAFETY: this image's copy of the watcher's epoll fd, which nothing in the child refers to
+    // any more (the poller that owned it was forgotten above, so it is not closed twice).
+    drop(unsafe { OwnedFd::from_raw_fd(epoll) });
 }
 
 /// The watcher of this process image, started on first use (and again after one ended idle);
@@ -215,8 +226,7 @@ impl Watch {
                 // The registration itself goes when the control socket closes (or, if a forked
                 // process still holds it, reports to a key that no longer exists).
                 w.watched.remove(&self.key.load(Ordering::Relaxed));
-                // (Not from a forked child's copy: its eventfd is the parent's watcher's.)
-                if w.watched.is_empty() && w.generation == GENERATION.load(Ordering::Relaxed) {
+                if w.watched.is_empty() {
                     colo_sys::doorbell::ring(&w.wake);
                 }
             }

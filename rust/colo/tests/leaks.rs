@@ -60,3 +60,54 @@ fn many_connections_no_fd_leak() {
     assert_eq!(common::open_fds().len(), before, "every descriptor is closed");
     assert_eq!(common::count_memfds(), memfds_before);
 }
+
+/// The hang-up watcher's epoll set and eventfd belong to its thread, which a forked child does
+/// not have: the child lets its copies go at once (a child that neither watches nor execs kept
+/// them for life).
+#[test]
+fn fork_child_keeps_no_copy_of_the_hangup_watcher() {
+    use colo::{Options, SpinMode};
+    let _w = common::watchdog(60);
+    let watcher_running = || {
+        let tasks = std::fs::read_dir("/proc/self/task").unwrap();
+        tasks.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok()).any(|c| c.trim() == "colo-hangup")
+    };
+    // (epoll sets, eventfds) open in this process.
+    let kinds = || {
+        let fds = common::open_fds();
+        let n = |k: &str| fds.iter().filter(|l| l.as_str() == k).count();
+        (n("anon_inode:[eventpoll]"), n("anon_inode:[eventfd]"))
+    };
+    // Never spinning: the reader sleeps on its futex at once, watched for a hang-up.
+    let opts = Options::new().spin(SpinMode::Never);
+    let l = Listener::bind_with("127.0.0.1:0", opts.clone()).unwrap();
+    let mut c = Stream::connect_with(l.local_addr().unwrap(), &opts).unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).unwrap();
+        s
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !watcher_running() {
+        assert!(std::time::Instant::now() < deadline, "the reader's sleep started no watcher");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let (epolls, eventfds) = kinds();
+    // SAFETY: the child only reads /proc and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let (e, f) = kinds();
+        let code = if e + 1 == epolls && f + 1 == eventfds { 0 } else { 1 + (e.min(15) * 16 + f.min(15)) as i32 % 250 };
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    assert!(pid > 0);
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "child status {status}");
+    assert_eq!(libc::WEXITSTATUS(status), 0, "the child kept the watcher's descriptors (parent: {epolls} epoll sets, {eventfds} eventfds)");
+    c.write_all(b"x").unwrap();
+    drop(reader.join().unwrap());
+}
