@@ -26,6 +26,7 @@ mod handover;
 mod marker;
 mod poll;
 mod real;
+mod repeat;
 mod server;
 mod shim;
 mod table;
@@ -248,9 +249,20 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
     pid
 }
 
+extern "C" fn atfork_prepare() {
+    repeat::forking();
+    server::marker_prepare();
+}
+
+extern "C" fn atfork_parent() {
+    repeat::forking();
+    server::marker_parent();
+}
+
 extern "C" fn atfork_child() {
     // Registered before the pid cache's own handler, so it runs first.
     colo_sys::host::forget_pid();
+    repeat::forking();
     handover::atfork_child();
     server::atfork_child();
     server::marker_child();
@@ -273,7 +285,7 @@ extern "C" fn init() {
     colo::carrier::set_fd_floor(colo_sys::preload::OUT_OF_THE_WAY);
     // SAFETY: registering handlers: the child's only takes uncontended locks with try_lock; the
     // marker lock is held by the service thread only while it makes or closes one socket.
-    unsafe { libc::pthread_atfork(Some(server::marker_prepare), Some(server::marker_parent), Some(atfork_child)) };
+    unsafe { libc::pthread_atfork(Some(atfork_prepare), Some(atfork_parent), Some(atfork_child)) };
     // Cache the pid now, in the parent of any `vfork` child the program will make.
     colo_sys::host::pid();
     // Read COLO_LOG now (it allocates), not first in a connect made from a signal handler or in
@@ -613,6 +625,22 @@ pub unsafe extern "C" fn pselect(
 pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
     // SAFETY: forwarding the application's arguments.
     unsafe { poll::epoll_ctl(ep, op, fd, ev) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
+    let forks = repeat::before_create();
+    // SAFETY: forwarding the application's argument.
+    let fd = unsafe { real::epoll_create(size) };
+    repeat::created(fd, forks);
+    fd
+}
+#[no_mangle]
+pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
+    let forks = repeat::before_create();
+    // SAFETY: forwarding the application's argument.
+    let fd = unsafe { real::epoll_create1(flags) };
+    repeat::created(fd, forks);
+    fd
 }
 #[no_mangle]
 pub unsafe extern "C" fn epoll_wait(ep: c_int, evs: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {

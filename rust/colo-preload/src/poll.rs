@@ -309,7 +309,7 @@ fn register(epfd: c_int, fd: c_int, events: u32, data: u64, conn: &Arc<Conn>) ->
 pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
     if table::kind(fd) == table::NONE && !table::is_fresh(fd) {
         // SAFETY: the application's arguments.
-        return unsafe { real::epoll_ctl(epfd, op, fd, ev) };
+        return unsafe { crate::repeat::epoll_ctl(epfd, op, fd, ev) };
     }
     // SAFETY: the application's arguments.
     unsafe { epoll_ctl_slow(epfd, op, fd, ev) }
@@ -317,6 +317,8 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
 
 #[inline(never)]
 unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
+    // Not a plain descriptor's change: nothing of it may be answered from memory.
+    crate::repeat::forget(fd);
     let k = table::kind(fd);
     if (k != CONN && k != PENDING) || Guard::busy() {
         // Sampled with the kind: a `connect` on another thread may clear it meanwhile, and its

@@ -503,11 +503,11 @@ fn lower_marker(r: &Raised) {
 }
 
 /// `pthread_atfork` handlers: no marker socket is made or closed while a process forks.
-pub extern "C" fn marker_prepare() {
+pub fn marker_prepare() {
     MARKER_LOCK.acquire();
 }
 
-pub extern "C" fn marker_parent() {
+pub fn marker_parent() {
     FORKS.fetch_add(1, Ordering::Relaxed);
     MARKER_LOCK.release();
 }

@@ -673,6 +673,7 @@ pub unsafe fn splice(inp: c_int, off_in: *mut i64, out: c_int, off_out: *mut i64
 pub unsafe fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
     // SAFETY: the application's arguments.
     let fd = unsafe { real::socket(domain, ty, protocol) };
+    crate::repeat::forget(fd);
     let tcp = matches!(domain, libc::AF_INET | libc::AF_INET6)
         && ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) == libc::SOCK_STREAM
         && matches!(protocol, 0 | libc::IPPROTO_TCP);
@@ -774,6 +775,7 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
     // SAFETY: the application's arguments.
     let nfd = unsafe { real::accept4(fd, addr, len, flags) };
     table::set_fresh(nfd, false);
+    crate::repeat::forget(nfd);
     if nfd < 0 || table::kind(fd) != LISTEN {
         return nfd;
     }
@@ -818,6 +820,7 @@ fn forget(fd: c_int) {
 
 #[inline(always)]
 pub unsafe fn close(fd: c_int) -> c_int {
+    crate::repeat::forget(fd);
     if table::kind(fd) == NONE && !table::is_epoll(fd) {
         // SAFETY: the application's argument.
         return unsafe { real::close(fd) };
@@ -862,6 +865,7 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
 
 /// Copies the table entry of `fd` to `nfd` after a successful dup.
 fn copy_entry(fd: c_int, nfd: c_int) {
+    crate::repeat::forget(nfd);
     client::resolve_fd(fd);
     let e = match table::lock(fd) {
         Some(mut s) => match s.entry() {
@@ -887,7 +891,9 @@ fn copy_entry(fd: c_int, nfd: c_int) {
 pub unsafe fn dup(fd: c_int) -> c_int {
     if plain(fd) {
         // SAFETY: the application's argument.
-        return unsafe { real::dup(fd) };
+        let n = unsafe { real::dup(fd) };
+        crate::repeat::forget(n);
+        return n;
     }
     let g = Guard::enter();
     client::resolve_fd(fd);
@@ -910,6 +916,9 @@ pub unsafe fn dup3(fd: c_int, nfd: c_int, flags: c_int, two: bool) -> c_int {
             unsafe { real::dup3(fd, nfd, flags) }
         }
     };
+    if fd != nfd {
+        crate::repeat::forget(nfd);
+    }
     if Guard::busy() || (table::kind(fd) == NONE && table::kind(nfd) == NONE && !table::is_epoll(nfd)) {
         return call(fd, nfd, flags);
     }
@@ -932,7 +941,11 @@ pub unsafe fn dup3(fd: c_int, nfd: c_int, flags: c_int, two: bool) -> c_int {
 pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
     if table::kind(fd) == NONE {
         // SAFETY: the application's arguments.
-        return unsafe { real_fcntl(fd, cmd, arg, is64) };
+        let r = unsafe { real_fcntl(fd, cmd, arg, is64) };
+        if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
+            crate::repeat::forget(r);
+        }
+        return r;
     }
     // SAFETY: the application's arguments.
     unsafe { fcntl_slow(fd, cmd, arg, is64) }
