@@ -223,7 +223,33 @@ pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_lo
         return -1;
     }
     // SAFETY: the application's arguments, passed on as they came.
-    unsafe { real::syscall(n, a, b, c, d, e, f) }
+    let r = unsafe { real::syscall(n, a, b, c, d, e, f) };
+    // Descriptors closed or replaced past libc's wrappers (see `repeat`).
+    if r >= 0 {
+        match n {
+            libc::SYS_close => repeat::forget(a as c_int),
+            libc::SYS_close_range if c & libc::CLOSE_RANGE_CLOEXEC as libc::c_long == 0 => repeat::forget_range(a as u32, b as u32),
+            libc::SYS_dup3 => {
+                repeat::duplicated(a as c_int);
+                repeat::forget(b as c_int);
+            }
+            _ => {}
+        }
+    }
+    r
+}
+
+/// `close_range(2)` (glibc 2.34), made as the system call itself: a child between `vfork` and
+/// `exec` (Python's subprocess) calls it, where a first look-up of libc's could wait on the
+/// loader's lock.
+#[no_mangle]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    // SAFETY: the application's arguments, as the system call takes them.
+    let r = unsafe { real::syscall(libc::SYS_close_range, first as libc::c_long, last as libc::c_long, flags as libc::c_long, 0, 0, 0) };
+    if r == 0 && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+        repeat::forget_range(first, last);
+    }
+    r as c_int
 }
 
 // ---- fork -----------------------------------------------------------------------------------

@@ -317,8 +317,10 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
 
 #[inline(never)]
 unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
-    // Not a plain descriptor's change: nothing of it may be answered from memory.
+    // Not a plain descriptor's change: nothing of it may be answered from memory, and the set
+    // counts it as a change.
     crate::repeat::forget(fd);
+    crate::repeat::touch(epfd);
     let k = table::kind(fd);
     if (k != CONN && k != PENDING) || Guard::busy() {
         // Sampled with the kind: a `connect` on another thread may clear it meanwhile, and its

@@ -820,13 +820,16 @@ fn forget(fd: c_int) {
 
 #[inline(always)]
 pub unsafe fn close(fd: c_int) -> c_int {
-    crate::repeat::forget(fd);
-    if table::kind(fd) == NONE && !table::is_epoll(fd) {
+    let r = if table::kind(fd) == NONE && !table::is_epoll(fd) {
         // SAFETY: the application's argument.
-        return unsafe { real::close(fd) };
-    }
-    // SAFETY: the application's argument.
-    unsafe { close_slow(fd) }
+        unsafe { real::close(fd) }
+    } else {
+        // SAFETY: the application's argument.
+        unsafe { close_slow(fd) }
+    };
+    // After the call: a change racing with the close cannot leave a memory of the closed number.
+    crate::repeat::forget(fd);
+    r
 }
 
 #[inline(never)]
@@ -865,6 +868,7 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
 
 /// Copies the table entry of `fd` to `nfd` after a successful dup.
 fn copy_entry(fd: c_int, nfd: c_int) {
+    crate::repeat::duplicated(fd);
     crate::repeat::forget(nfd);
     client::resolve_fd(fd);
     let e = match table::lock(fd) {
@@ -892,6 +896,7 @@ pub unsafe fn dup(fd: c_int) -> c_int {
     if plain(fd) {
         // SAFETY: the application's argument.
         let n = unsafe { real::dup(fd) };
+        crate::repeat::duplicated(fd);
         crate::repeat::forget(n);
         return n;
     }
@@ -916,11 +921,13 @@ pub unsafe fn dup3(fd: c_int, nfd: c_int, flags: c_int, two: bool) -> c_int {
             unsafe { real::dup3(fd, nfd, flags) }
         }
     };
-    if fd != nfd {
-        crate::repeat::forget(nfd);
-    }
     if Guard::busy() || (table::kind(fd) == NONE && table::kind(nfd) == NONE && !table::is_epoll(nfd)) {
-        return call(fd, nfd, flags);
+        let n = call(fd, nfd, flags);
+        if n >= 0 && fd != nfd {
+            crate::repeat::duplicated(fd);
+            crate::repeat::forget(nfd);
+        }
+        return n;
     }
     let g = Guard::enter();
     client::resolve_fd(fd);
@@ -942,7 +949,8 @@ pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
     if table::kind(fd) == NONE {
         // SAFETY: the application's arguments.
         let r = unsafe { real_fcntl(fd, cmd, arg, is64) };
-        if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
+        if r >= 0 && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) {
+            crate::repeat::duplicated(fd);
             crate::repeat::forget(r);
         }
         return r;

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sys/epoll.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 
 #include "scenario.h"
@@ -114,6 +115,31 @@ int main(int argc, char **argv) {
     errno = 0;
     CHECK(ctl(again, EPOLL_CTL_MOD, EPOLLIN) == -1 && errno == ENOENT, "MOD of the replaced descriptor: ENOENT");
     close(keep);
+
+    /* A change through a duplicate of the set; the MOD back through the original must take
+     * effect. */
+    int ep5 = epoll_create1(EPOLL_CLOEXEC);
+    CHECK(ctl(ep5, EPOLL_CTL_ADD, EPOLLIN) == 0, "ADD IN (set to duplicate)");
+    CHECK(ctl(ep5, EPOLL_CTL_MOD, EPOLLIN) == 0, "MOD IN to itself (set to duplicate)");
+    int ep5dup = dup(ep5);
+    CHECK(ctl(ep5dup, EPOLL_CTL_MOD, EPOLLIN | EPOLLOUT) == 0, "MOD to IN|OUT through the duplicate");
+    CHECK(ctl(ep5, EPOLL_CTL_MOD, EPOLLIN) == 0, "MOD back to IN through the original");
+    CHECK(ready_now(ep5, &ev) == 0, "writable no longer reported after the duplicate's change");
+    close(ep5dup);
+    close(ep5);
+
+    /* A descriptor closed past libc's close (syscall(SYS_close)) and its number taken by a new
+     * socket pair: the new one is not registered. */
+    int gone[2], fresh[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, gone) < 0) die("socketpair");
+    struct epoll_event ge = {.events = EPOLLIN, .data.u64 = (unsigned)gone[0]};
+    CHECK(epoll_ctl(again, EPOLL_CTL_ADD, gone[0], &ge) == 0, "ADD (to be closed past libc)");
+    CHECK(epoll_ctl(again, EPOLL_CTL_MOD, gone[0], &ge) == 0, "MOD to itself (to be closed past libc)");
+    syscall(SYS_close, gone[0]);
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, fresh) < 0) die("socketpair");
+    CHECK(fresh[0] == gone[0], "the new socket takes the closed number");
+    errno = 0;
+    CHECK(epoll_ctl(again, EPOLL_CTL_MOD, fresh[0], &ge) == -1 && errno == ENOENT, "MOD of the new socket: ENOENT");
 
     /* A forked child changes the shared set; the parent's MOD to IN must take effect. */
     int ep2 = epoll_create1(EPOLL_CLOEXEC);
