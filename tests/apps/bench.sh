@@ -2,7 +2,7 @@
 # Same-run comparison: plain TCP loopback vs both sides under `colo run`.
 # redis-benchmark -t get,set -n 200000 -P 1 with -c 50 and -c 1, and -c 10 with a connection per
 # request (-k 0); nginx (1 KiB file) with wrk -c 50, and with `Connection: close`. The
-# connection-heavy rows are alternating rounds (ROUNDS, default 8; CLOSE_DUR for wrk's, 2s).
+# connection-heavy rows are alternating rounds (ROUNDS, default 16; CLOSE_DUR for wrk's, 2s).
 source "$(dirname "$0")/common.sh"
 build
 N=${N:-200000}
@@ -22,12 +22,12 @@ for c in 50 1; do
   done
 done
 # Connection-heavy rows differ from TCP by a few percent at most, less than this host's drift
-# between placements over a few seconds: ROUNDS (default 8) alternating rounds, each side first
+# between placements over a few seconds: ROUNDS (default 16) alternating rounds, each side first
 # in every other one, the median of each side and of the rounds' ratios.
 # `alternate LABEL TCP-COMMAND COLO-COMMAND` (each prints one rate).
 alternate() {
   local t="" k="" i a b
-  for i in $(seq "${ROUNDS:-8}"); do
+  for i in $(seq "${ROUNDS:-16}"); do
     if [ $((i % 2)) = 1 ]; then a=$($2); b=$($3); else b=$($3); a=$($2); fi
     t="$t $a"; k="$k $b"
   done

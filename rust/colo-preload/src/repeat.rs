@@ -21,12 +21,12 @@
 //!   holds set, events and fd, and no reader sees half of an update.
 //!
 //! A set is named by its incarnation, not its number: one closed and made again at the same
-//! number has none of the old one's registrations. Closing a descriptor (also `close_range`,
-//! `closefrom`, `syscall(SYS_close)`), `dup2` onto it, or making it (a socket, an accepted
-//! connection, a duplicate) forgets it.
+//! number has none of the old one's registrations. Closing a descriptor (also `close_range` and
+//! `syscall(SYS_close)`), `dup2` onto it, or making it (a socket, an accepted connection, a
+//! duplicate) forgets it.
 //!
 //! Not seen, and so not covered: a descriptor closed inside libc (`fclose`, `pclose`,
-//! `closedir`), whose number a non-socket then takes and the program modifies without adding it
+//! `closedir`, `closefrom`), whose number a non-socket then takes and the program modifies without adding it
 //! (the kernel's ENOENT becomes success); a set shared with another process other than by
 //! `fork` (inherited without `FD_CLOEXEC` by a `posix_spawn`, `vfork` or `clone` child, passed
 //! over a Unix socket, taken with `pidfd_getfd`) whose other holder changes this process's

@@ -502,7 +502,8 @@ fn lower_marker(r: &Raised) {
     }
 }
 
-/// `pthread_atfork` handlers: no marker socket is made or closed while a process forks.
+/// Parts of the `pthread_atfork` handlers: no marker socket is made or closed while a process
+/// forks.
 pub fn marker_prepare() {
     MARKER_LOCK.acquire();
 }

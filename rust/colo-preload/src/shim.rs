@@ -896,8 +896,10 @@ pub unsafe fn dup(fd: c_int) -> c_int {
     if plain(fd) {
         // SAFETY: the application's argument.
         let n = unsafe { real::dup(fd) };
-        crate::repeat::duplicated(fd);
-        crate::repeat::forget(n);
+        if n >= 0 {
+            crate::repeat::duplicated(fd);
+            crate::repeat::forget(n);
+        }
         return n;
     }
     let g = Guard::enter();
