@@ -97,8 +97,10 @@ fn enter(set: usize) -> bool {
         return true;
     }
     // Another thread's, this thread's own change under way (a signal handler interrupted it), or
-    // taken meanwhile.
-    OWNER[set].store(SHARED, Ordering::Relaxed);
+    // taken meanwhile. (A shared set is not written again: threads sharing it keep its line.)
+    if o != SHARED {
+        OWNER[set].store(SHARED, Ordering::Relaxed);
+    }
     false
 }
 
