@@ -1,8 +1,9 @@
 /* A level-triggered EPOLL_CTL_MOD to what a registration already is, as ae-style event loops
  * (redis, wrk) make, is answered by the shim without the kernel. Everything the kernel would do
  * differently must still reach it: a changed registration, a one-shot or edge-triggered re-arm,
- * a set made again at the same number, a descriptor replaced by dup2, a change by another thread
- * or by a forked child in a shared set. Plain descriptors (socket pairs): the shim's business
+ * a change by another thread, through a duplicate of the set or by a forked child sharing it, a
+ * set made again at the same number, a descriptor replaced by dup2 or closed past libc's close.
+ * Plain descriptors (socket pairs): the shim's business
  * here is only the registrations. Runs with and without the shim; alarm() is the watchdog.
  * `epoll_repeat count N`: one registration modified N times to itself (run.sh counts the
  * system calls under strace). */
