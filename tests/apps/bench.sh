@@ -3,6 +3,7 @@
 # redis-benchmark -t get,set -n 200000 -P 1 with -c 50 and -c 1, and -c 10 with a connection per
 # request (-k 0); nginx (1 KiB file) with wrk -c 50, and with `Connection: close`. The
 # connection-heavy rows are alternating rounds (ROUNDS, default 16; CLOSE_DUR for wrk's, 2s).
+# ONLY=connection-heavy runs those rows alone.
 source "$(dirname "$0")/common.sh"
 build
 N=${N:-200000}
@@ -13,7 +14,9 @@ rb() { # $1 port, $2 clients (and more options), $3 prefix ("" or colo run), $4 
 ratio() { python3 -c "print(f'{float($2)/float($1):.2f}x')"; }
 P=$(free_port); start_redis "$P" "" --unixsocket "$WORK/redis.sock" --unixsocketperm 700
 Q=$(free_port); start_redis "$Q" colo
+keepalive() { [ "${ONLY:-}" != connection-heavy ]; }
 for c in 50 1; do
+  keepalive || break
   tcp=$(rb "$P" $c ""); colo=$(rb "$Q" $c "$COLORUN"); unix=$(rb "$P" "$c -s $WORK/redis.sock" "")
   for op in SET GET; do
     t=$(echo "$tcp" | tr ' ' '\n' | grep "^$op=" | cut -d= -f2); k=$(echo "$colo" | tr ' ' '\n' | grep "^$op=" | cut -d= -f2)
@@ -47,12 +50,13 @@ wc_close() { DUR=${CLOSE_DUR:-2s} w "$1" "${*:2}" "Connection: close"; }
 for workers in 1 2; do
   A=$(free_port); start_nginx "$A" $workers ""
   B=$(free_port); start_nginx "$B" $workers colo
-  t=$(w "$A" ""); k=$(w "$B" "$COLORUN")
+  keepalive && t=$(w "$A" "") && k=$(w "$B" "$COLORUN") &&
   printf "nginx %sw  wrk -c50  tcp %10s  colo %10s  ratio %s\n" "$workers" "$t" "$k" "$(ratio "$t" "$k")"
   # Connection-heavy: a connection per request.
   alternate "nginx ${workers}w  wrk -c50 Connection: close" "wc_close $A" "wc_close $B $COLORUN"
 done
 # nginx as a reverse proxy (kept-alive upstream connections) in front of nginx with 2 workers.
+keepalive || exit 0
 A=$(free_port); start_nginx "$A" 2 ""; A2=$(free_port); start_nginx "$A2" 1 "" "$A"
 B=$(free_port); start_nginx "$B" 2 colo; B2=$(free_port); start_nginx "$B2" 1 colo "$B"
 t=$(w "$A2" ""); k=$(w "$B2" "$COLORUN")

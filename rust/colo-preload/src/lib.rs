@@ -229,10 +229,7 @@ pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_lo
         match n {
             libc::SYS_close => repeat::forget(a as c_int),
             libc::SYS_close_range if c & libc::CLOSE_RANGE_CLOEXEC as libc::c_long == 0 => repeat::forget_range(a as u32, b as u32),
-            libc::SYS_dup3 => {
-                repeat::duplicated(a as c_int);
-                repeat::forget(b as c_int);
-            }
+            libc::SYS_dup3 => repeat::duplicated(a as c_int, b as c_int),
             _ => {}
         }
     }

@@ -193,12 +193,14 @@ pub fn forget_range(first: u32, last: u32) {
     }
 }
 
-/// `fd` was duplicated: a change through the other number is not this set's to the shim.
+/// `fd` was duplicated as `new`: `new` is a new descriptor, and a change through it is not `fd`'s
+/// set's to the shim.
 #[inline]
-pub fn duplicated(fd: c_int) {
+pub fn duplicated(fd: c_int, new: c_int) {
     if let Some(i) = index(fd) {
         untrust(i);
     }
+    forget(new);
 }
 
 fn untrust(i: usize) {

@@ -868,8 +868,7 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
 
 /// Copies the table entry of `fd` to `nfd` after a successful dup.
 fn copy_entry(fd: c_int, nfd: c_int) {
-    crate::repeat::duplicated(fd);
-    crate::repeat::forget(nfd);
+    crate::repeat::duplicated(fd, nfd);
     client::resolve_fd(fd);
     let e = match table::lock(fd) {
         Some(mut s) => match s.entry() {
@@ -897,8 +896,7 @@ pub unsafe fn dup(fd: c_int) -> c_int {
         // SAFETY: the application's argument.
         let n = unsafe { real::dup(fd) };
         if n >= 0 {
-            crate::repeat::duplicated(fd);
-            crate::repeat::forget(n);
+            crate::repeat::duplicated(fd, n);
         }
         return n;
     }
@@ -926,8 +924,7 @@ pub unsafe fn dup3(fd: c_int, nfd: c_int, flags: c_int, two: bool) -> c_int {
     if Guard::busy() || (table::kind(fd) == NONE && table::kind(nfd) == NONE && !table::is_epoll(nfd)) {
         let n = call(fd, nfd, flags);
         if n >= 0 && fd != nfd {
-            crate::repeat::duplicated(fd);
-            crate::repeat::forget(nfd);
+            crate::repeat::duplicated(fd, nfd);
         }
         return n;
     }
@@ -952,8 +949,7 @@ pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
         // SAFETY: the application's arguments.
         let r = unsafe { real_fcntl(fd, cmd, arg, is64) };
         if r >= 0 && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) {
-            crate::repeat::duplicated(fd);
-            crate::repeat::forget(r);
+            crate::repeat::duplicated(fd, r);
         }
         return r;
     }
