@@ -1,7 +1,7 @@
 # colo: the two commands of the README.
 #   make demo   builds colo and runs `colo bench` on this machine (about a minute)
 #   make test   runs every test: Rust (unit, loom, multi-process), Go, C, Python, cross-language, apps
-.PHONY: demo test build test-rust test-loom test-go test-c-py test-xlang test-apps bench-apps clean
+.PHONY: demo test build test-rust test-loom test-go test-c-py test-xlang test-apps test-attack bench-apps clean
 
 CARGO ?= cargo
 RUST := rust
@@ -13,7 +13,7 @@ demo: build
 	mkdir -p build
 	$(RUST)/target/release/colo bench --plot build/bench.png
 
-test: test-rust test-loom test-go test-c-py test-xlang test-apps
+test: test-rust test-loom test-go test-c-py test-xlang test-apps test-attack
 	@echo "all tests passed"
 
 test-rust:
@@ -35,6 +35,10 @@ test-xlang: build test-c-py
 
 test-apps:
 	tests/apps/run.sh
+
+# An unprivileged user (nobody) against root's servers, one script per attack class (needs root).
+test-attack:
+	tests/attack/run.sh
 
 bench-apps:
 	tests/apps/bench.sh
