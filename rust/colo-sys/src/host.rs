@@ -1,6 +1,6 @@
 //! Facts about this host that the rendezvous needs (spec/WIRE.md sections 2 and 9).
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -63,23 +63,111 @@ pub fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// The uid owning a TCP socket listening on `port` in this network namespace, from
-/// `/proc/net/tcp` and `/proc/net/tcp6` (state `0A`).
-pub fn tcp_listener_uid(port: u16) -> Option<u32> {
+/// One socket of `/proc/net/tcp` or `/proc/net/tcp6`, its addresses canonical (IPv4-mapped
+/// IPv6 addresses as IPv4, as the kernel delivers IPv4 connections to such sockets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpSocket {
+    /// The bound (local) address; unspecified for a wildcard listener.
+    pub local: SocketAddr,
+    /// The remote address (unspecified, port 0, for a listener).
+    pub remote: SocketAddr,
+    /// State `0A`, LISTEN.
+    pub listening: bool,
+    /// The uid that created the socket (the `uid` column).
+    pub uid: u32,
+}
+
+/// The sockets listed in one of the texts of `/proc/net/tcp` (IPv4) or `/proc/net/tcp6`; lines
+/// that do not parse are skipped.
+pub fn parse_tcp_table(text: &str) -> Vec<TcpSocket> {
+    let mut out = Vec::new();
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split_whitespace().take(8).collect();
+        if f.len() < 8 {
+            continue;
+        }
+        let (Some(local), Some(remote), Ok(uid)) = (proc_addr(f[1]), proc_addr(f[2]), f[7].parse()) else { continue };
+        out.push(TcpSocket { local, remote, listening: f[3] == "0A", uid });
+    }
+    out
+}
+
+/// An address as `/proc/net/tcp{,6}` prints it: the address as native-endian 32-bit words in
+/// hex (one for IPv4, four for IPv6), a colon, the port in hex.
+fn proc_addr(text: &str) -> Option<SocketAddr> {
+    let (ip, port) = text.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let word = |i: usize| ip.get(i * 8..i * 8 + 8).and_then(|w| u32::from_str_radix(w, 16).ok()).map(u32::to_ne_bytes);
+    let ip: IpAddr = match ip.len() {
+        8 => word(0)?.into(),
+        32 => {
+            let mut b = [0u8; 16];
+            for i in 0..4 {
+                b[i * 4..i * 4 + 4].copy_from_slice(&word(i)?);
+            }
+            b.into()
+        }
+        _ => return None,
+    };
+    Some(SocketAddr::new(canonical(ip), port))
+}
+
+/// Every TCP socket of this network namespace (`/proc/net/tcp` and `/proc/net/tcp6`).
+pub fn tcp_sockets() -> Vec<TcpSocket> {
+    let mut out = Vec::new();
     for file in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(file) else { continue };
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() < 8 || f[3] != "0A" {
-                continue;
-            }
-            let local_port = f[1].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok());
-            if local_port == Some(port) {
-                return f[7].parse().ok();
-            }
+        if let Ok(text) = std::fs::read_to_string(file) {
+            out.extend(parse_tcp_table(&text));
         }
     }
-    None
+    out
+}
+
+/// A TCP listening address and who owns it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listening {
+    /// The address the listening socket is bound to (canonical; unspecified for a wildcard).
+    pub addr: SocketAddr,
+    /// Its owner's uid; `None` when sockets of several uids listen there (each bound to a
+    /// device, which the table does not show): nobody's claim to it can be checked.
+    pub uid: Option<u32>,
+}
+
+/// The listening socket the kernel hands a connection to `dialed` to, among `sockets`: one
+/// bound to exactly that address (IPv4-mapped counted as IPv4), else the wildcard of the same
+/// family, else, for an IPv4 address, the IPv6 wildcard (a dual-stack listener, unless it is
+/// `IPV6_V6ONLY`, which the table does not show: that listener refuses the connection itself).
+/// A dial to the unspecified address reaches the loopback address, as `connect(2)` does.
+pub fn kernel_listener(dialed: SocketAddr, sockets: &[TcpSocket]) -> Option<Listening> {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+    let port = dialed.port();
+    let ip = match canonical(dialed.ip()) {
+        IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    let mut candidates = vec![ip];
+    match ip {
+        IpAddr::V4(_) => candidates.extend([IpAddr::V4(Ipv4Addr::UNSPECIFIED), IpAddr::V6(Ipv6Addr::UNSPECIFIED)]),
+        IpAddr::V6(_) => candidates.push(IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
+    }
+    candidates.into_iter().find_map(|want| {
+        let addr = SocketAddr::new(want, port);
+        let mut owners = sockets.iter().filter(|s| s.listening && s.local == addr).map(|s| s.uid);
+        let first = owners.next()?;
+        Some(Listening { addr, uid: owners.all(|u| u == first).then_some(first) })
+    })
+}
+
+/// The uid owning the TCP socket (any state) whose local address is `local` and remote address
+/// `remote`, among `sockets` (addresses compared in canonical form); `None` if there is none,
+/// or several that disagree.
+pub fn tcp_owner(local: SocketAddr, remote: SocketAddr, sockets: &[TcpSocket]) -> Option<u32> {
+    let c = |a: SocketAddr| SocketAddr::new(canonical(a.ip()), a.port());
+    let (local, remote) = (c(local), c(remote));
+    let mut owners = sockets.iter().filter(|s| !s.listening && s.local == local && s.remote == remote).map(|s| s.uid);
+    let first = owners.next()?;
+    owners.all(|u| u == first).then_some(first)
 }
 
 /// Our own uid.
@@ -285,6 +373,106 @@ pub fn at_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern 
 
 #[cfg(test)]
 mod tests {
+    use super::{kernel_listener, parse_tcp_table, tcp_owner, Listening};
+    use std::net::SocketAddr;
+
+    /// A `/proc/net/tcp` text: root (0) on 127.0.0.1:6391 and 0.0.0.0:7000, nobody (65534) on
+    /// 127.0.0.2:6391 and 0.0.0.0:7001 and an established connection 127.0.0.1:40001 ->
+    /// 127.0.0.1:7000; one garbled line.
+    const TCP: &str = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0200007F:18F7 00000000:0000 0A 00000000:00000000 00:00000000 00000000 65534        0 1001 1 0000000000000000 100 0 0 10 0
+   1: 0100007F:18F7 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1002 1 0000000000000000 100 0 0 10 0
+   2: 00000000:1B58 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1003 1 0000000000000000 100 0 0 10 0
+   3: 00000000:1B59 00000000:0000 0A 00000000:00000000 00:00000000 00000000 65534        0 1004 1 0000000000000000 100 0 0 10 0
+   4: 0100007F:9C41 0100007F:1B58 01 00000000:00000000 00:00000000 00000000 65534        0 1005 1 0000000000000000 20 4 0 10 -1
+   5: garbage
+";
+    /// A `/proc/net/tcp6` text: root on [::]:7002 and [::1]:7003, nobody on [::]:6391, and
+    /// an IPv4-mapped listener of uid 1000 on [::ffff:127.0.0.3]:7004.
+    const TCP6: &str = "  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000000000000000000000000000:1B5A 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2001 1 0000000000000000 100 0 0 10 0
+   1: 00000000000000000000000001000000:1B5B 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2002 1 0000000000000000 100 0 0 10 0
+   2: 00000000000000000000000000000000:18F7 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000 65534        0 2003 1 0000000000000000 100 0 0 10 0
+   3: 0000000000000000FFFF00000300007F:1B5C 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 2004 1 0000000000000000 100 0 0 10 0
+";
+
+    fn table() -> Vec<super::TcpSocket> {
+        let mut t = parse_tcp_table(TCP);
+        t.extend(parse_tcp_table(TCP6));
+        t
+    }
+
+    fn at(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    fn owned(addr: &str, uid: u32) -> Option<Listening> {
+        Some(Listening { addr: at(addr), uid: Some(uid) })
+    }
+
+    #[test]
+    fn the_table_parses() {
+        let t = table();
+        assert_eq!(t.len(), 9, "the garbled line is skipped");
+        assert_eq!((t[0].local, t[0].listening, t[0].uid), (at("127.0.0.2:6391"), true, 65534));
+        assert_eq!((t[4].local, t[4].remote, t[4].listening), (at("127.0.0.1:40001"), at("127.0.0.1:7000"), false));
+        assert_eq!(t[6].local, at("[::1]:7003"));
+        assert_eq!(t[8].local, at("127.0.0.3:7004"), "IPv4-mapped is IPv4");
+    }
+
+    #[test]
+    fn the_exact_listener_comes_first_not_the_first_on_the_port() {
+        let t = table();
+        // nobody's 127.0.0.2:6391 comes first in the table and nobody's [::]:6391 is a
+        // wildcard: neither takes a connection to 127.0.0.1:6391.
+        assert_eq!(kernel_listener(at("127.0.0.1:6391"), &t), owned("127.0.0.1:6391", 0));
+        assert_eq!(kernel_listener(at("[::ffff:127.0.0.1]:6391"), &t), owned("127.0.0.1:6391", 0));
+        assert_eq!(kernel_listener(at("127.0.0.2:6391"), &t), owned("127.0.0.2:6391", 65534));
+        assert_eq!(kernel_listener(at("127.0.0.9:6391"), &t), owned("[::]:6391", 65534));
+        assert_eq!(kernel_listener(at("[::1]:6391"), &t), owned("[::]:6391", 65534));
+    }
+
+    #[test]
+    fn then_the_wildcards_in_the_kernels_order() {
+        let t = table();
+        assert_eq!(kernel_listener(at("127.0.0.1:7000"), &t), owned("0.0.0.0:7000", 0));
+        assert_eq!(kernel_listener(at("10.1.2.3:7001"), &t), owned("0.0.0.0:7001", 65534));
+        assert_eq!(kernel_listener(at("127.0.0.1:7002"), &t), owned("[::]:7002", 0), "dual-stack");
+        assert_eq!(kernel_listener(at("[::1]:7000"), &t), None, "an IPv4 wildcard takes no IPv6");
+        assert_eq!(kernel_listener(at("[::1]:7003"), &t), owned("[::1]:7003", 0));
+        assert_eq!(kernel_listener(at("127.0.0.1:7003"), &t), None);
+        assert_eq!(kernel_listener(at("127.0.0.3:7004"), &t), owned("127.0.0.3:7004", 1000));
+        assert_eq!(kernel_listener(at("0.0.0.0:6391"), &t), owned("127.0.0.1:6391", 0), "0.0.0.0 is loopback");
+        assert_eq!(kernel_listener(at("127.0.0.1:9"), &t), None);
+    }
+
+    #[test]
+    fn listeners_of_several_uids_at_one_address_prove_nothing() {
+        let mut t = table();
+        t.push(super::TcpSocket { uid: 7, ..t[1] });
+        assert_eq!(kernel_listener(at("127.0.0.1:6391"), &t), Some(Listening { addr: at("127.0.0.1:6391"), uid: None }));
+    }
+
+    #[test]
+    fn a_connections_owner_is_found_by_its_two_ends() {
+        let t = table();
+        assert_eq!(tcp_owner(at("127.0.0.1:40001"), at("127.0.0.1:7000"), &t), Some(65534));
+        assert_eq!(tcp_owner(at("[::ffff:127.0.0.1]:40001"), at("127.0.0.1:7000"), &t), Some(65534));
+        assert_eq!(tcp_owner(at("127.0.0.1:7000"), at("127.0.0.1:40001"), &t), None, "the other end");
+        assert_eq!(tcp_owner(at("127.0.0.1:40003"), at("127.0.0.1:7000"), &t), None);
+        assert_eq!(tcp_owner(at("0.0.0.0:7000"), at("0.0.0.0:0"), &t), None, "a listener is no connection");
+    }
+
+    #[test]
+    fn this_hosts_table_reads() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let c = std::net::TcpStream::connect(addr).unwrap();
+        let t = super::tcp_sockets();
+        assert_eq!(kernel_listener(addr, &t), Some(Listening { addr, uid: Some(super::uid()) }));
+        assert_eq!(tcp_owner(c.local_addr().unwrap(), addr, &t), Some(super::uid()));
+    }
+
     #[test]
     fn the_running_count_is_the_fourth_field() {
         assert_eq!(super::running_of_loadavg(b"0.52 0.58 0.59 3/467 1234\n"), Some(3));

@@ -147,3 +147,9 @@ pub fn wait_writable(fd: rustix::fd::BorrowedFd<'_>, timeout: Option<std::time::
         }
     }
 }
+
+/// Whether `sock`, a TCP socket bound to an IPv6 address, has `IPV6_V6ONLY` set (it then takes
+/// no IPv4 connections); false for an IPv4 socket or when the option cannot be read.
+pub fn v6only(sock: impl rustix::fd::AsFd) -> bool {
+    net::sockopt::ipv6_v6only(sock).unwrap_or(false)
+}

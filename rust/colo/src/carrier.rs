@@ -106,7 +106,7 @@ pub fn connect_rendezvous(addr: SocketAddr) -> io::Result<Option<Rendezvous>> {
     for name in wire::lookup_names(addr) {
         match seqpacket::connect(name.as_bytes()) {
             Ok(fd) => {
-                control = Some(fd);
+                control = Some((fd, name));
                 break;
             }
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
@@ -118,7 +118,7 @@ pub fn connect_rendezvous(addr: SocketAddr) -> io::Result<Option<Rendezvous>> {
             }
         }
     }
-    let Some(control) = control else { return Ok(None) };
+    let Some((control, name)) = control else { return Ok(None) };
     // A listener in a pid namespace we cannot see is no usable one (the shim then remembers the
     // miss for a moment, as for no listener at all).
     let (server_pid, server_uid) = match seqpacket::peer_cred(&control) {
@@ -128,9 +128,9 @@ pub fn connect_rendezvous(addr: SocketAddr) -> io::Result<Option<Rendezvous>> {
             return Ok(None);
         }
     };
-    let me = host::uid();
-    if server_uid != me && server_uid != 0 && host::tcp_listener_uid(addr.port()) != Some(server_uid) {
-        log::info(format_args!("connect {addr}: rendezvous owned by uid {server_uid}, port is not; using TCP"));
+    // Nothing is sent before this proof (spec/WIRE.md section 2, "Peer check").
+    if let Err(why) = crate::trust::rendezvous_trusted(addr, &name, server_uid) {
+        log::info(format_args!("connect {addr}: {why}; using TCP"));
         return Ok(None);
     }
     Ok(Some(Rendezvous { control, server_pid }))
@@ -538,10 +538,13 @@ impl Hello {
         Some(key(self.header.client_addr?, self.header.server_addr?))
     }
 
-    /// Claims the offer for the TCP connection just accepted: validates the descriptors and the
-    /// segment, maps it, CAS `claim` OFFERED → CLAIMED, writes `server_pid`, sends WELCOME.
-    /// On failure sends the matching REJECT (NOT_CLAIMED when the client abandoned first) and
-    /// the connection stays plain TCP.
+    /// Claims the offer for the TCP connection just accepted: checks that the offer's sender
+    /// owns the client end of that connection (its uid is ours or root's, or the socket with the
+    /// offer's client address and server address as its two ends is its own), validates the
+    /// descriptors and the segment, maps it, CAS `claim` OFFERED → CLAIMED, writes
+    /// `server_pid`, sends WELCOME. On failure sends the matching REJECT (NOT_CLAIMED when the
+    /// client abandoned first or the sender does not own the connection) and the connection
+    /// stays plain TCP.
     pub fn claim(self) -> Result<Established, String> {
         let fail = |control: &OwnedFd, reason: Reason, why: String| {
             reject(control, reason);
@@ -554,14 +557,18 @@ impl Hello {
         if !is_eventfd(&self.client_bell) || !is_eventfd(&self.server_bell) {
             return fail(&self.control, Reason::BadMessage, "doorbells are not eventfds".into());
         }
+        let (client_pid, client_uid) = match seqpacket::peer_cred(&self.control) {
+            Ok(c) => c,
+            Err(e) => return fail(&self.control, Reason::NoResources, format!("peer credentials: {e}")),
+        };
+        // Only the owner of the connection's client end may move it onto a segment.
+        if let Err(why) = crate::trust::offer_sender_trusted(client, server, client_uid) {
+            return fail(&self.control, Reason::NotClaimed, why);
+        }
         let map = match segment::attach(&self.memfd, self.layout.segment_size) {
             Ok(m) => m,
             Err(segment::AttachError::BadSegment(e)) => return fail(&self.control, Reason::BadSegment, e.into()),
             Err(segment::AttachError::Os(e)) => return fail(&self.control, Reason::NoResources, e.to_string()),
-        };
-        let client_pid = match seqpacket::peer_cred(&self.control) {
-            Ok((pid, _)) => pid,
-            Err(e) => return fail(&self.control, Reason::NoResources, format!("peer credentials: {e}")),
         };
         let memfd = self.memfd.as_raw_fd();
         if map.len() != self.layout.segment_size {

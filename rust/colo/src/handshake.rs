@@ -254,8 +254,9 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
             return Ok(Direct::No);
         }
     };
-    if server_uid != host::uid() && server_uid != 0 && host::tcp_listener_uid(addr.port()) != Some(server_uid) {
-        log::info(format_args!("dial {addr}: rendezvous owned by uid {server_uid}, port is not; using TCP"));
+    // Nothing is sent before this proof (spec/WIRE.md section 2, "Peer check").
+    if let Err(why) = crate::trust::rendezvous_trusted(addr, &name, server_uid) {
+        log::info(format_args!("dial {addr}: {why}; using TCP"));
         return Ok(Direct::No);
     }
     let seen = known(&name, server_pid);
@@ -286,11 +287,24 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
     // Wait briefly for the answer; a server that has not reached accept() yet answers later
     // (spec/WIRE.md section 3, "The backlog"). A listener that answered before is not waited for,
     // nor asked now (it has not read the HELLO yet): its answer is read with the first wait.
-    let known = seen == Some(Known::Direct);
+    // Not for an IPv4 dial that reached the IPv6 wildcard: that listener may be IPV6_V6ONLY,
+    // and its REJECT(NOT_SERVED) must come before connect returns, as TCP's refusal would.
+    let cross_family = host::canonical(addr.ip()).is_ipv4() && name.starts_with("colo/1/[");
+    let known = seen == Some(Known::Direct) && !cross_family;
+    // A server of another uid takes DIRECT only if it opted in (spec/WIRE.md section 3): its
+    // answer, likely NEED_CARRIER, must be read now, not after bytes went into the ring.
+    let must_answer = server_uid != host::uid() || cross_family;
     let pending = known || {
         let mut buf = [0u8; 64];
         seqpacket::set_recv_timeout(&control, Some(opts.handshake_timeout()))?;
         match seqpacket::recv(&control, &mut buf, false) {
+            Err(e) if (e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut) && must_answer => {
+                // Abandoned (a listener that reads the HELLO later finds its client gone, as
+                // for a TCP client that closed before accept): CARRIER, whose claim waits for
+                // the server's accept, serves a slow server of any uid.
+                log::info(format_args!("dial {addr}: no answer from {name} yet; offering a carrier"));
+                return Ok(Direct::NeedCarrier);
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut => true,
             Ok(r) if r.len == MESSAGE_LEN && r.fds.is_empty() && !r.truncated => match Message::decode(&buf[..r.len]) {
                 Ok(Message::Welcome { version: wire::VERSION }) => false,
@@ -368,9 +382,17 @@ fn reject(control: &OwnedFd, reason: Reason, why: impl Into<String>) -> Answer {
     Answer::Refused(why.into())
 }
 
+/// The TCP socket a listener serves: its address, and whether it is an IPv6 socket with
+/// `IPV6_V6ONLY` (which refuses IPv4 connections).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Served {
+    pub addr: SocketAddr,
+    pub v6only: bool,
+}
+
 /// Reads and answers the HELLO waiting on `control` (non-blocking); `parked` is the listener's
 /// table of recycled segments.
-pub(crate) fn answer(control: OwnedFd, listen_addr: SocketAddr, opts: &Options, parked: &Arc<Table>) -> Answer {
+pub(crate) fn answer(control: OwnedFd, served: Served, opts: &Options, parked: &Arc<Table>) -> Answer {
     let mut buf = [0u8; 64];
     let r = match seqpacket::recv(&control, &mut buf, true) {
         Ok(r) => r,
@@ -389,7 +411,7 @@ pub(crate) fn answer(control: OwnedFd, listen_addr: SocketAddr, opts: &Options, 
             if !r.fds.is_empty() {
                 return reject(&control, Reason::BadMessage, "recycling HELLO with descriptors");
             }
-            return answer_recycled(control, ticket, listen_addr, opts, parked);
+            return answer_recycled(control, ticket, served, opts, parked);
         }
         Ok(Message::Hello { version, .. } | Message::Recycle { version, .. }) => {
             return reject(&control, Reason::BadVersion, format!("HELLO version {version}"))
@@ -409,6 +431,14 @@ pub(crate) fn answer(control: OwnedFd, listen_addr: SocketAddr, opts: &Options, 
             Err(e) => Answer::Refused(e),
         };
     }
+    let (client_pid, client_uid) = match seqpacket::peer_cred(&control) {
+        Ok(c) => c,
+        Err(e) => return reject(&control, Reason::NoResources, format!("peer credentials: {e}")),
+    };
+    if !crate::trust::direct_admitted(client_uid, opts.direct_any_uid()) {
+        // No TCP handshake, so no firewall rule, would see this connection: a real one must.
+        return reject(&control, Reason::NeedCarrier, format!("DIRECT HELLO from uid {client_uid}: a carrier is required"));
+    }
     if !crate::carrier::is_eventfd(&client_bell) || !crate::carrier::is_eventfd(&server_bell) {
         return reject(&control, Reason::BadMessage, "doorbells are not eventfds");
     }
@@ -424,10 +454,6 @@ pub(crate) fn answer(control: OwnedFd, listen_addr: SocketAddr, opts: &Options, 
     if map.len() != layout.segment_size {
         return reject(&control, Reason::BadSegment, "segment size differs from its header");
     }
-    let client_pid = match seqpacket::peer_cred(&control) {
-        Ok((pid, _)) => pid,
-        Err(e) => return reject(&control, Reason::NoResources, format!("peer credentials: {e}")),
-    };
     // SAFETY: `attach` checked the file is exactly `layout.segment_size` bytes and sealed.
     let seg = unsafe { Segment::new(map, layout, memfd) };
     // server_pid (offset 44) is informational, for `colo stat`.
@@ -435,7 +461,7 @@ pub(crate) fn answer(control: OwnedFd, listen_addr: SocketAddr, opts: &Options, 
     unsafe { &*(seg.base().add(44) as *const colo_ring::sync::AtomicU32) }
         .store(host::pid(), colo_ring::sync::Ordering::Relaxed);
     let fds = Fds { control, own_bell: server_bell, peer_bell: client_bell };
-    welcome(seg, fds, &header, client_pid, listen_addr, opts, parked)
+    welcome(seg, fds, &header, client_pid, served, opts, parked)
 }
 
 /// Copies the header fields out of a mapping (once: they are never read from the segment again)
@@ -449,11 +475,14 @@ fn read_header(base: *const u8) -> Result<(Header, colo_ring::layout::Layout), &
 }
 
 /// A RECYCLE HELLO: the client took back the segment this listener parked under `ticket`.
-fn answer_recycled(control: OwnedFd, ticket: u32, listen_addr: SocketAddr, opts: &Options, parked: &Arc<Table>) -> Answer {
-    let client_pid = match seqpacket::peer_cred(&control) {
-        Ok((pid, _)) => pid,
+fn answer_recycled(control: OwnedFd, ticket: u32, served: Served, opts: &Options, parked: &Arc<Table>) -> Answer {
+    let (client_pid, client_uid) = match seqpacket::peer_cred(&control) {
+        Ok(c) => c,
         Err(e) => return reject(&control, Reason::NoResources, format!("peer credentials: {e}")),
     };
+    if !crate::trust::direct_admitted(client_uid, opts.direct_any_uid()) {
+        return reject(&control, Reason::NeedCarrier, format!("recycling HELLO from uid {client_uid}: a carrier is required"));
+    }
     let p = match parked.take(ticket, client_pid) {
         Ok(p) => p,
         Err(e) => return reject(&control, Reason::BadSegment, e),
@@ -466,7 +495,7 @@ fn answer_recycled(control: OwnedFd, ticket: u32, listen_addr: SocketAddr, opts:
         Err(e) => return reject(&control, Reason::BadSegment, e),
     };
     let fds = Fds { control, own_bell: p.own_bell, peer_bell: p.peer_bell };
-    welcome(p.seg, fds, &header, client_pid, listen_addr, opts, parked)
+    welcome(p.seg, fds, &header, client_pid, served, opts, parked)
 }
 
 /// Builds the server's side of a DIRECT connection and sends WELCOME.
@@ -475,10 +504,16 @@ fn welcome(
     fds: Fds,
     header: &Header,
     client_pid: u32,
-    listen_addr: SocketAddr,
+    served: Served,
     opts: &Options,
     parked: &Arc<Table>,
 ) -> Answer {
+    let listen_addr = served.addr;
+    if !crate::trust::serves(listen_addr, served.v6only, header.server_addr) {
+        // An IPv4 client of an IPV6_V6ONLY listener, which TCP would refuse too.
+        let dialed = header.server_addr.map_or("an unknown address".to_string(), |a| a.to_string());
+        return reject(&fds.control, Reason::NotServed, format!("DIRECT HELLO for {dialed}, which this TCP socket does not serve"));
+    }
     let local = header.server_addr.filter(|a| a.port() == listen_addr.port()).unwrap_or(listen_addr);
     // The client writes its own address: believe it only if it names this host.
     let peer_ip: IpAddr = header.client_addr.map(|a| a.ip()).filter(|ip| host::is_local(*ip)).unwrap_or(local.ip());

@@ -43,6 +43,7 @@ mod recycle;
 pub mod segment;
 pub mod shm;
 mod stream;
+mod trust;
 pub mod wake;
 #[cfg(feature = "tokio")]
 pub mod tokio;

@@ -48,6 +48,9 @@ pub struct Listener {
     /// CARRIER offers from clients under `colo run`, by 4-tuple, until their TCP connection arrives.
     offers: Mutex<HashMap<carrier::Key, (Box<carrier::Hello>, Instant)>>,
     addr: SocketAddr,
+    /// The TCP socket's address and `IPV6_V6ONLY` (DIRECT clients of an address it does not
+    /// serve are refused, as TCP refuses them).
+    served: handshake::Served,
     opts: Options,
     nonblocking: AtomicBool,
     /// Which sources (bit `1 << token`) may have something to accept: set when the poller reports
@@ -74,6 +77,7 @@ impl Listener {
         let tcp = TcpListener::bind(addr)?;
         tcp.set_nonblocking(true)?;
         let addr = tcp.local_addr()?;
+        let served = handshake::Served { addr, v6only: addr.is_ipv6() && colo_sys::tcp::v6only(&tcp) };
         let poller = Poller::new()?;
         poller.add(&tcp, TCP)?;
         let name = wire::rendezvous_name(addr);
@@ -95,6 +99,7 @@ impl Listener {
             early: Mutex::new(Vec::new()),
             offers: Mutex::new(HashMap::new()),
             addr,
+            served,
             opts,
             nonblocking: AtomicBool::new(false),
             maybe_ready: AtomicU8::new(ALL_SOURCES),
@@ -228,7 +233,7 @@ impl Listener {
             // Out of the listener's epoll first: once answered, the socket belongs to a connection
             // (its later hang-up must not wake accept forever).
             let _ = self.poller.delete(&fd);
-            match handshake::answer(fd, self.addr, &self.opts, &self.parked) {
+            match handshake::answer(fd, self.served, &self.opts, &self.parked) {
                 Answer::Pending(fd) => {
                     if self.poller.add(&fd, PENDING).is_ok() {
                         self.pending.lock().unwrap_or_else(|e| e.into_inner()).push((fd, at));
@@ -328,7 +333,7 @@ impl Listener {
             loop {
                 match seqpacket::accept(rdv) {
                     Ok(fd) => {
-                        if let Some(s) = self.finish(handshake::answer(fd, self.addr, &self.opts, &self.parked)) {
+                        if let Some(s) = self.finish(handshake::answer(fd, self.served, &self.opts, &self.parked)) {
                             return Ok(Some(s));
                         }
                         if !all {

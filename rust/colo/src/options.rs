@@ -16,6 +16,7 @@ pub struct Options {
     spin: Option<SpinMode>,
     connect_timeout: Duration,
     tcp_connect_timeout: Option<Duration>,
+    direct_any_uid: Option<bool>,
 }
 
 /// Default byte-ring capacity per direction.
@@ -39,6 +40,7 @@ impl Options {
             spin: None,
             connect_timeout: Duration::from_millis(200),
             tcp_connect_timeout: None,
+            direct_any_uid: None,
         }
     }
 
@@ -76,6 +78,24 @@ impl Options {
     pub fn tcp_connect_timeout(mut self, t: Duration) -> Options {
         self.tcp_connect_timeout = Some(t).filter(|t| !t.is_zero());
         self
+    }
+
+    /// A listener's opt-in: take DIRECT connections (no TCP handshake) from clients of any uid,
+    /// not only of its own. A DIRECT connection passes no firewall (netfilter), cgroup BPF or
+    /// Landlock rule; so by default a client of another uid is told NEED_CARRIER and connects
+    /// with a CARRIER offer over a real TCP connection, which those rules admit or refuse
+    /// (docs/ARCHITECTURE.md, "Trust comes from the admitted connection"). Opt in only where no
+    /// such rule must hold between local users. Default: `COLO_DIRECT_ANY_UID=1` in the
+    /// environment, else off.
+    pub fn direct_from_any_uid(mut self, on: bool) -> Options {
+        self.direct_any_uid = Some(on);
+        self
+    }
+
+    /// Whether a listener takes DIRECT connections from any uid: [`Options::direct_from_any_uid`],
+    /// else `COLO_DIRECT_ANY_UID=1`.
+    pub fn direct_any_uid(&self) -> bool {
+        self.direct_any_uid.unwrap_or_else(|| std::env::var("COLO_DIRECT_ANY_UID").is_ok_and(|v| v == "1"))
     }
 
     /// The TCP connect limit, if one was set.

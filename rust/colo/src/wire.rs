@@ -35,6 +35,9 @@ pub enum Reason {
     NotClaimed = 5,
     /// Out of descriptors or memory.
     NoResources = 6,
+    /// This listener's TCP socket does not take connections to the address the client dialed
+    /// (an IPv4 address, and an IPv6 socket with `IPV6_V6ONLY`).
+    NotServed = 7,
 }
 
 impl Reason {
@@ -46,6 +49,7 @@ impl Reason {
             4 => Reason::NeedCarrier,
             5 => Reason::NotClaimed,
             6 => Reason::NoResources,
+            7 => Reason::NotServed,
             _ => return None,
         })
     }

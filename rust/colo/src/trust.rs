@@ -1,0 +1,152 @@
+//! Who may use a colo connection (spec/WIRE.md sections 2 and 3; docs/ARCHITECTURE.md, "Trust
+//! comes from the admitted connection"). Trust is taken from what the kernel says about the TCP
+//! sockets and about the peer of a Unix socket (`SO_PEERCRED`), never from a name alone:
+//!
+//! - a client trusts a rendezvous only if it belongs to the TCP listener the kernel would hand
+//!   its connection to ([`rendezvous_trusted`]);
+//! - a listener takes a DIRECT connection (no TCP handshake, so no firewall, cgroup BPF or
+//!   Landlock rule sees it) only from a client of its own uid unless it opted in
+//!   ([`direct_admitted`]), and only for an address its TCP socket serves ([`serves`]);
+//! - a listener claims a CARRIER offer only from the owner of the offered TCP connection's
+//!   client end ([`offer_sender_trusted`]).
+
+use crate::wire;
+use colo_sys::host;
+use std::net::{IpAddr, SocketAddr};
+
+/// The client's peer check (spec/WIRE.md section 2): the rendezvous `reached` (a name of the
+/// lookup for `dialed`), whose server has uid `server_uid`, is trusted if that uid is ours or
+/// root's (either could read our memory anyway), or if it is the rendezvous of the TCP listener
+/// the kernel would give a connection to `dialed` and that listener is owned by `server_uid`.
+/// `Err` says why not, for the log. Reads `/proc/net/tcp{,6}` only for a server of another uid.
+pub(crate) fn rendezvous_trusted(dialed: SocketAddr, reached: &str, server_uid: u32) -> Result<(), String> {
+    if server_uid == host::uid() || server_uid == 0 {
+        return Ok(());
+    }
+    check_rendezvous(dialed, reached, server_uid, &host::tcp_sockets())
+}
+
+fn check_rendezvous(dialed: SocketAddr, reached: &str, server_uid: u32, sockets: &[host::TcpSocket]) -> Result<(), String> {
+    let Some(listener) = host::kernel_listener(dialed, sockets) else {
+        return Err(format!("rendezvous {reached} owned by uid {server_uid}, but no TCP socket listens for {dialed}"));
+    };
+    let own = wire::rendezvous_name(listener.addr);
+    if own != reached {
+        return Err(format!("rendezvous {reached} owned by uid {server_uid}, but {dialed} is served by the TCP listener on {} ({own})", listener.addr));
+    }
+    match listener.uid {
+        Some(uid) if uid == server_uid => Ok(()),
+        Some(uid) => Err(format!("rendezvous owned by uid {server_uid}, its TCP listener {} by uid {uid}", listener.addr)),
+        None => Err(format!("rendezvous owned by uid {server_uid}, its TCP listener {} by several uids", listener.addr)),
+    }
+}
+
+/// Whether a listener takes a DIRECT connection from a client of uid `client_uid`: only from
+/// its own uid, unless `any_uid` (the listener's opt-in). Anyone else is told NEED_CARRIER and
+/// comes back with a CARRIER offer, whose real TCP handshake the kernel's policy admits or not.
+pub(crate) fn direct_admitted(client_uid: u32, any_uid: bool) -> bool {
+    any_uid || client_uid == host::uid()
+}
+
+/// Whether a listener whose TCP socket is bound to `listen` (`v6only`: an IPv6 socket with
+/// `IPV6_V6ONLY`) takes TCP connections to `dialed`, the address a DIRECT client says it
+/// dialed (`None`: it did not say; taken as the listener's own address unless `v6only`, whose
+/// refusal of IPv4 can then not be honoured).
+pub(crate) fn serves(listen: SocketAddr, v6only: bool, dialed: Option<SocketAddr>) -> bool {
+    let Some(dialed) = dialed else { return !v6only };
+    let (l, d) = (host::canonical(listen.ip()), host::canonical(dialed.ip()));
+    if dialed.port() != listen.port() {
+        return false;
+    }
+    match l {
+        IpAddr::V6(v6) if v6.is_unspecified() => d.is_ipv6() || !v6only,
+        IpAddr::V4(v4) if v4.is_unspecified() => d.is_ipv4(),
+        _ => l == d,
+    }
+}
+
+/// `claim()`'s check of a CARRIER offer for the TCP connection `client` → `server` (spec/WIRE.md
+/// section 3): its sender, of uid `sender_uid` (`SO_PEERCRED` of the control socket), must own
+/// the client end of that connection, unless it is our uid or root (who could take the
+/// connection anyway). Otherwise a user who read a 4-tuple in `/proc/net/tcp` could offer a
+/// segment for a third party's connection and receive what that client sends. Reads
+/// `/proc/net/tcp{,6}` only for a sender of another uid.
+pub(crate) fn offer_sender_trusted(client: SocketAddr, server: SocketAddr, sender_uid: u32) -> Result<(), String> {
+    if sender_uid == host::uid() || sender_uid == 0 {
+        return Ok(());
+    }
+    match host::tcp_owner(client, server, &host::tcp_sockets()) {
+        Some(uid) if uid == sender_uid => Ok(()),
+        Some(uid) => Err(format!("offer from uid {sender_uid} for {client} -> {server}, a connection of uid {uid}")),
+        None => Err(format!("offer from uid {sender_uid} for {client} -> {server}, which it has no socket for")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{check_rendezvous, serves};
+    use colo_sys::host::parse_tcp_table;
+    use std::net::SocketAddr;
+
+    fn at(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    /// root (0) listens on 127.0.0.1:6391 and 0.0.0.0:7000; nobody (65534) on 127.0.0.2:6391
+    /// (a decoy, listed first) and on [::]:7001.
+    fn table() -> Vec<colo_sys::host::TcpSocket> {
+        let mut t = parse_tcp_table(
+            "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0200007F:18F7 00000000:0000 0A 00000000:00000000 00:00000000 00000000 65534        0 1001
+   1: 0100007F:18F7 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1002
+   2: 00000000:1B58 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1003
+",
+        );
+        t.extend(parse_tcp_table(
+            "  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000000000000000000000000000:1B59 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000 65534        0 2001
+",
+        ));
+        t
+    }
+
+    #[test]
+    fn a_squatter_with_a_decoy_listener_on_the_port_is_refused() {
+        let t = table();
+        // The attack of issue 21, finding 3: the name of 127.0.0.1:6391, a decoy on 127.0.0.2.
+        assert!(check_rendezvous(at("127.0.0.1:6391"), "colo/1/127.0.0.1:6391", 65534, &t).is_err());
+        // The wildcard name for a port whose kernel listener is exact.
+        assert!(check_rendezvous(at("127.0.0.1:6391"), "colo/1/0.0.0.0:6391", 65534, &t).is_err());
+        // The exact name of an address served by root's wildcard.
+        assert!(check_rendezvous(at("127.0.0.1:7000"), "colo/1/127.0.0.1:7000", 65534, &t).is_err());
+        // The right name, the wrong uid.
+        assert!(check_rendezvous(at("127.0.0.1:7000"), "colo/1/0.0.0.0:7000", 65534, &t).is_err());
+        // Nobody listens there at all.
+        assert!(check_rendezvous(at("127.0.0.1:9"), "colo/1/127.0.0.1:9", 65534, &t).is_err());
+    }
+
+    #[test]
+    fn the_owner_of_the_kernels_listener_is_trusted() {
+        let t = table();
+        assert!(check_rendezvous(at("127.0.0.2:6391"), "colo/1/127.0.0.2:6391", 65534, &t).is_ok());
+        assert!(check_rendezvous(at("127.0.0.1:7001"), "colo/1/[::]:7001", 65534, &t).is_ok());
+        assert!(check_rendezvous(at("[::1]:7001"), "colo/1/[::]:7001", 65534, &t).is_ok());
+        assert!(check_rendezvous(at("127.0.0.1:7001"), "colo/1/127.0.0.1:7001", 65534, &t).is_err());
+    }
+
+    #[test]
+    fn a_v6only_listener_serves_no_ipv4() {
+        let any6 = at("[::]:80");
+        assert!(serves(any6, false, Some(at("127.0.0.1:80"))));
+        assert!(!serves(any6, true, Some(at("127.0.0.1:80"))));
+        assert!(!serves(any6, true, Some(at("[::ffff:127.0.0.1]:80"))), "IPv4-mapped is IPv4");
+        assert!(serves(any6, true, Some(at("[::1]:80"))));
+        assert!(!serves(any6, false, Some(at("[::1]:81"))), "another port");
+        assert!(serves(at("0.0.0.0:80"), false, Some(at("10.0.0.1:80"))));
+        assert!(!serves(at("0.0.0.0:80"), false, Some(at("[::1]:80"))));
+        assert!(serves(at("127.0.0.1:80"), false, Some(at("[::ffff:127.0.0.1]:80"))));
+        assert!(!serves(at("127.0.0.1:80"), false, Some(at("127.0.0.2:80"))));
+        assert!(serves(any6, false, None));
+        assert!(!serves(any6, true, None));
+    }
+}
