@@ -126,6 +126,17 @@ func (l *Listener) claimCarrier(tc *net.TCPConn) *Conn {
 		return nil
 	}
 	c := o.c
+	// Only the owner of the connection's client end may move it onto a segment (spec section 3).
+	cred, err := peerCred(c.ctlFd)
+	if err == nil {
+		err = offerSenderTrusted(key.client, key.server, cred.Uid)
+	}
+	if err != nil {
+		logf("carrier %v not claimed: %v; plain TCP", ra, err)
+		o.drop() // REJECT(NOT_CLAIMED)
+		close(o.claimed)
+		return nil
+	}
 	// Exactly one of this CAS and the client's OFFERED -> ABANDONED wins.
 	if !atomic.CompareAndSwapUint32(u32at(c.seg, hClaim), ClaimOffered, ClaimClaimed) {
 		o.drop()

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -211,19 +212,20 @@ func (d *Dialer) dialColo(ctx context.Context, ap netip.AddrPort) (*Conn, error)
 		if err != nil {
 			return nil, err
 		}
-		if d.forceCarrier {
-			return carrierClient(ctx, fd, ap, g)
+		if d.forceCarrier || knownCarrier(fd, name) {
+			return carrierClient(ctx, fd, ap, g, name)
 		}
 		r, rc := res, rec
 		res, rec = nil, nil
 		c, err := handshakeClient(ctx, fd, ap, g, r, rc, ticket, name)
 		var rej *RejectError
 		if errors.As(err, &rej) && rej.Reason == RejectNeedCarrier {
-			// The server is an unmodified program under the shim: offer a carrier instead.
+			// The server is an unmodified program under the shim, or takes DIRECT only from
+			// its own uid (spec section 3): offer a carrier instead.
 			if fd, err = connectRendezvous(ctx, name); err != nil {
 				return nil, err
 			}
-			return carrierClient(ctx, fd, ap, g)
+			return carrierClient(ctx, fd, ap, g, name)
 		}
 		return c, err
 	}
@@ -255,13 +257,28 @@ func connectRendezvous(ctx context.Context, name string) (int, error) {
 	return fd, nil
 }
 
+// needCarrier remembers, by rendezvous name, the pid of a listener that answered a DIRECT HELLO
+// with REJECT(NEED_CARRIER): later dials to it offer CARRIER at once.
+var needCarrier sync.Map
+
+// knownCarrier reports whether the listener reached on fd (rendezvous name) answered
+// NEED_CARRIER before.
+func knownCarrier(fd int, name string) bool {
+	pid, ok := needCarrier.Load(name)
+	if !ok {
+		return false
+	}
+	cred, err := peerCred(fd)
+	return err == nil && cred.Pid == pid.(int32)
+}
+
 // RejectError is a server's REJECT answer to a HELLO.
 type RejectError struct{ Reason, Version uint8 }
 
 func (e *RejectError) Error() string {
 	names := map[uint8]string{RejectBadMessage: "BAD_MESSAGE", RejectBadVersion: "BAD_VERSION",
 		RejectBadSegment: "BAD_SEGMENT", RejectNeedCarrier: "NEED_CARRIER", RejectNotClaimed: "NOT_CLAIMED",
-		RejectNoResources: "NO_RESOURCES"}
+		RejectNoResources: "NO_RESOURCES", RejectNotServed: "NOT_SERVED"}
 	return fmt.Sprintf("colo: server rejected the handshake: %s (reason %d, version %d)", names[e.Reason], e.Reason, e.Version)
 }
 
@@ -305,9 +322,10 @@ func prepareClient(fd int, ap netip.AddrPort, g Geometry, res *segRes, rec *clie
 		cs.close()
 		return nil, err
 	}
-	if uid := uint32(os.Getuid()); cs.cred.Uid != uid && cs.cred.Uid != 0 && !listenerUIDs(ap.Port())[cs.cred.Uid] {
+	// Nothing is sent before this proof (spec section 2, "Peer check").
+	if err := rendezvousTrusted(ap, name, cs.cred.Uid); err != nil {
 		cs.close()
-		return nil, fmt.Errorf("colo: rendezvous owner uid %d does not own TCP port %d", cs.cred.Uid, ap.Port())
+		return nil, err
 	}
 	if cs.rec != nil && (rec.name != name || rec.serverPid != int(cs.cred.Pid)) {
 		// Parked with a listener that has been replaced: its server lets go of its side later.
@@ -408,18 +426,34 @@ func handshakeClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry,
 	// for one (same name, same pid) that has welcomed us before; without an answer the
 	// connection is established pending, and the answer is read later by the control-socket
 	// watcher.
+	//
+	// Not for an IPv4 dial that reached the IPv6 wildcard: that listener may be IPV6_V6ONLY, and
+	// its REJECT(NOT_SERVED) must come before the dial returns, as TCP's refusal would. Nor for a
+	// server of another uid, which takes DIRECT only if it opted in: its answer, most likely
+	// NEED_CARRIER, must be read before bytes go into the ring; without one in time the client
+	// offers a carrier (whose claim waits for the server's accept) and abandons this HELLO.
+	crossFamily := ap.Addr().Unmap().Is4() && strings.HasPrefix(name, "colo/1/[")
+	mustAnswer := crossFamily || cs.cred.Uid != uint32(os.Getuid())
 	pending := true
-	if pid, ok := welcomed.Load(name); !ok || pid.(int32) != cs.cred.Pid {
+	if pid, ok := welcomed.Load(name); !ok || pid.(int32) != cs.cred.Pid || crossFamily {
 		dl := time.Now().Add(firstAnswerWait)
 		if cdl, ok := ctx.Deadline(); ok && cdl.Before(dl) {
 			dl = cdl
 		}
 		err := cs.answer(ctx, dl)
+		var rej *RejectError
 		switch {
 		case err == nil:
 			pending = false
 			welcomed.Store(name, cs.cred.Pid)
+		case errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil && mustAnswer:
+			cs.close()
+			return nil, &RejectError{Reason: RejectNeedCarrier, Version: Version}
 		case errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil:
+		case errors.As(err, &rej) && rej.Reason == RejectNeedCarrier:
+			needCarrier.Store(name, cs.cred.Pid)
+			cs.close()
+			return nil, err
 		default:
 			cs.close()
 			return nil, err
@@ -452,8 +486,8 @@ const carrierAnswerTimeout = 2 * time.Second
 
 // carrierClient offers a CARRIER segment for a loopback TCP connection (spec section 3): bind,
 // HELLO with the 4-tuple, connect, then WELCOME (colo) or abandon (plain TCP).
-func carrierClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry) (*Conn, error) {
-	cs, err := prepareClient(fd, ap, g, nil, nil, 0, "")
+func carrierClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry, name string) (*Conn, error) {
+	cs, err := prepareClient(fd, ap, g, nil, nil, 0, name)
 	if err != nil {
 		return nil, err
 	}

@@ -40,6 +40,8 @@ type Listener struct {
 	offers      map[offerKey]*offer
 	sem         chan struct{} // one token per connection accepted but not yet handed to Accept
 	carrierOnly atomic.Bool
+	v6only      bool                               // the TCP socket is IPv6 with IPV6_V6ONLY: it takes no IPv4 connection
+	directAny   atomic.Bool                        // SetDirectFromAnyUID
 	testAnswer  atomic.Pointer[func(c *Conn) bool] // tests: called before WELCOME; false: REJECT(NO_RESOURCES)   // tests: behave like the shim, refusing DIRECT with NEED_CARRIER
 	rvMu        sync.Mutex                         // serializes accepts on the rendezvous socket with pending counting
 	pending     atomic.Int32                       // accepted control connections whose HELLO is not read yet
@@ -76,6 +78,10 @@ func ListenColo(network, address string) (*Listener, error) {
 		done: make(chan struct{}), offers: map[offerKey]*offer{}, parked: newParkTable()}
 	ta := l.tcp.Addr().(*net.TCPAddr).AddrPort()
 	l.addr = netip.AddrPortFrom(ta.Addr().Unmap(), ta.Port())
+	if l.addr.Addr().Is6() {
+		l.v6only = tcpV6only(l.tcp)
+	}
+	l.directAny.Store(os.Getenv("COLO_DIRECT_ANY_UID") == "1")
 	l.name = rendezvousName(l.addr)
 	if err := l.bindRendezvous(); err != nil {
 		logf("listen %v: rendezvous %q unavailable (%v): serving plain TCP only", l.addr, l.name, err)
@@ -105,6 +111,39 @@ func (l *Listener) bindRendezvous() error {
 	l.rvFd = fd
 	l.rv = os.NewFile(uintptr(fd), "colo-rendezvous")
 	return nil
+}
+
+// tcpV6only reports whether the listening socket has IPV6_V6ONLY (Go sets it for network
+// "tcp6" and clears it for "tcp"); false when it cannot be read.
+func tcpV6only(tl *net.TCPListener) bool {
+	rc, err := tl.SyscallConn()
+	if err != nil {
+		return false
+	}
+	v := 0
+	rc.Control(func(fd uintptr) {
+		v, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_V6ONLY)
+	})
+	return v == 1
+}
+
+// SetDirectFromAnyUID is a listener's opt-in: take DIRECT connections (no TCP handshake) from
+// clients of any uid, not only of its own. A DIRECT connection passes no firewall (netfilter),
+// cgroup BPF or Landlock rule; so by default a client of another uid is told NEED_CARRIER and
+// connects with a CARRIER offer over a real TCP connection, which those rules admit or refuse
+// (docs/ARCHITECTURE.md, "Trust comes from the admitted connection"). Opt in only where no such
+// rule must hold between local users. The default is COLO_DIRECT_ANY_UID=1 in the environment,
+// else off.
+func (l *Listener) SetDirectFromAnyUID(on bool) { l.directAny.Store(on) }
+
+// admitsDirect reports whether the client on the control socket cfd may connect DIRECT: it runs
+// as this process's uid, or the listener opted in (SetDirectFromAnyUID).
+func (l *Listener) admitsDirect(cfd int) bool {
+	if l.directAny.Load() {
+		return true
+	}
+	cred, err := peerCred(cfd)
+	return err == nil && cred.Uid == uint32(os.Getuid())
 }
 
 // Addr returns the TCP address the listener is bound to (a *net.TCPAddr).
@@ -387,6 +426,10 @@ func (l *Listener) handleHello(cfd int, cf *os.File, h *hello) *Conn {
 		reject(cfd, RejectBadMessage)
 	case m.Version != Version:
 		reject(cfd, RejectBadVersion)
+	case m.Arg == ModeDirect && !l.admitsDirect(cfd):
+		// No TCP handshake, so no firewall rule, would see this connection: a real one must.
+		logf("hello: DIRECT from another uid: a carrier is required")
+		reject(cfd, RejectNeedCarrier)
 	case m.recycle() && len(fds) != 0:
 		reject(cfd, RejectBadMessage)
 	case m.recycle():
@@ -448,6 +491,12 @@ func (l *Listener) adopt(cfd int, cf *os.File, mode uint8, fds []int, heard func
 		unix.Munmap(seg)
 		return nil, RejectBadSegment
 	}
+	if mode == ModeDirect && !serves(l.addr, l.v6only, h.ServerAddr) {
+		// An IPv4 client of an IPV6_V6ONLY listener, which TCP would refuse too.
+		logf("hello: DIRECT for %v, which this TCP socket does not serve", h.ServerAddr)
+		unix.Munmap(seg)
+		return nil, RejectNotServed
+	}
 	putLE32(seg, hServerPid, uint32(os.Getpid()))
 	cred, _ := peerCred(cfd)
 	c := &Conn{isServer: true, seg: seg, lay: lay, ownBell: fds[2], peerBell: fds[1], ctl: cf, ctlFd: cfd}
@@ -504,6 +553,11 @@ func (l *Listener) adoptRecycled(cfd int, cf *os.File, ticket uint32) (*Conn, ui
 		logf("recycling hello: %v", err)
 		p.release()
 		return nil, RejectBadSegment
+	}
+	if !serves(l.addr, l.v6only, h.ServerAddr) {
+		logf("recycling hello: for %v, which this TCP socket does not serve", h.ServerAddr)
+		p.release()
+		return nil, RejectNotServed
 	}
 	c := &Conn{isServer: true, seg: p.seg, lay: p.lay, bell: p.bell, ownBell: p.ownBell, peerBell: p.peerBell,
 		ctl: cf, ctlFd: cfd, peerPid: int(cred.Pid), parkTable: l.parked}

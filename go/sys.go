@@ -5,7 +5,6 @@ package colo
 // os.NewFile after being made non-blocking, so waits park in the Go netpoller.
 
 import (
-	"bufio"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -122,35 +121,6 @@ func parseRights(oob []byte) []int {
 
 func peerCred(fd int) (*unix.Ucred, error) {
 	return unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
-}
-
-// listenerUIDs returns the uids owning TCP sockets in LISTEN state on port (section 2 peer check).
-func listenerUIDs(port uint16) map[uint32]bool {
-	uids := map[uint32]bool{}
-	for _, path := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		f, err := os.Open(path)
-		if err != nil {
-			continue
-		}
-		sc := bufio.NewScanner(f)
-		sc.Scan() // header line
-		for sc.Scan() {
-			fs := strings.Fields(sc.Text())
-			if len(fs) < 8 || fs[3] != "0A" {
-				continue
-			}
-			i := strings.LastIndexByte(fs[1], ':')
-			p, err := strconv.ParseUint(fs[1][i+1:], 16, 16)
-			if err != nil || uint16(p) != port {
-				continue
-			}
-			if u, err := strconv.ParseUint(fs[7], 10, 32); err == nil {
-				uids[uint32(u)] = true
-			}
-		}
-		f.Close()
-	}
-	return uids
 }
 
 // affinityUnionIsOne reports whether this process and pid can together run on only one CPU.

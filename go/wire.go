@@ -33,6 +33,7 @@ const (
 	RejectNeedCarrier = 4
 	RejectNotClaimed  = 5
 	RejectNoResources = 6
+	RejectNotServed   = 7 // the listener's TCP socket does not take the dialed address (IPV6_V6ONLY)
 
 	ClaimDirect    = 0
 	ClaimOffered   = 1

@@ -1,0 +1,162 @@
+package colo
+
+import (
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+)
+
+// root (0) on 127.0.0.1:6391 and 0.0.0.0:7000, nobody (65534) on 127.0.0.2:6391 (a decoy,
+// listed first), 0.0.0.0:7001 and a connection 127.0.0.1:40001 -> 127.0.0.1:7000; one garbled
+// line.
+const procTCP = `  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0200007F:18F7 00000000:0000 0A 00000000:00000000 00:00000000 00000000 65534        0 1001 1 0000000000000000 100 0 0 10 0
+   1: 0100007F:18F7 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1002 1 0000000000000000 100 0 0 10 0
+   2: 00000000:1B58 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1003 1 0000000000000000 100 0 0 10 0
+   3: 00000000:1B59 00000000:0000 0A 00000000:00000000 00:00000000 00000000 65534        0 1004 1 0000000000000000 100 0 0 10 0
+   4: 0100007F:9C41 0100007F:1B58 01 00000000:00000000 00:00000000 00000000 65534        0 1005 1 0000000000000000 20 4 0 10 -1
+   5: garbage
+`
+
+// root on [::]:7002 and [::1]:7003, nobody on [::]:6391, uid 1000 on [::ffff:127.0.0.3]:7004.
+const procTCP6 = `  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000000000000000000000000000:1B5A 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2001 1 0000000000000000 100 0 0 10 0
+   1: 00000000000000000000000001000000:1B5B 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2002 1 0000000000000000 100 0 0 10 0
+   2: 00000000000000000000000000000000:18F7 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000 65534        0 2003 1 0000000000000000 100 0 0 10 0
+   3: 0000000000000000FFFF00000300007F:1B5C 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 2004 1 0000000000000000 100 0 0 10 0
+`
+
+func procTable() []tcpSocket {
+	return append(parseTCPTable(strings.NewReader(procTCP)), parseTCPTable(strings.NewReader(procTCP6))...)
+}
+
+func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+
+func TestTCPTableParses(t *testing.T) {
+	tb := procTable()
+	if len(tb) != 9 {
+		t.Fatalf("%d sockets, want 9 (the garbled line skipped)", len(tb))
+	}
+	if tb[0].local != ap("127.0.0.2:6391") || !tb[0].listening || tb[0].uid != 65534 {
+		t.Fatalf("first: %+v", tb[0])
+	}
+	if tb[4].local != ap("127.0.0.1:40001") || tb[4].remote != ap("127.0.0.1:7000") || tb[4].listening {
+		t.Fatalf("connection: %+v", tb[4])
+	}
+	if tb[6].local != ap("[::1]:7003") || tb[8].local != ap("127.0.0.3:7004") {
+		t.Fatalf("IPv6: %+v %+v", tb[6], tb[8])
+	}
+}
+
+func TestKernelListenerOrder(t *testing.T) {
+	tb := procTable()
+	for _, c := range []struct {
+		dialed, want string
+		uid          uint32
+	}{
+		{"127.0.0.1:6391", "127.0.0.1:6391", 0}, // not the decoy listed first, nor nobody's [::]
+		{"[::ffff:127.0.0.1]:6391", "127.0.0.1:6391", 0},
+		{"127.0.0.2:6391", "127.0.0.2:6391", 65534},
+		{"127.0.0.9:6391", "[::]:6391", 65534},
+		{"[::1]:6391", "[::]:6391", 65534},
+		{"127.0.0.1:7000", "0.0.0.0:7000", 0},
+		{"10.1.2.3:7001", "0.0.0.0:7001", 65534},
+		{"127.0.0.1:7002", "[::]:7002", 0},
+		{"[::1]:7003", "[::1]:7003", 0},
+		{"127.0.0.3:7004", "127.0.0.3:7004", 1000},
+		{"0.0.0.0:6391", "127.0.0.1:6391", 0},
+		{"[::1]:7000", "", 0},
+		{"127.0.0.1:7003", "", 0},
+	} {
+		addr, uid, uidOK, ok := kernelListener(ap(c.dialed), tb)
+		if c.want == "" {
+			if ok {
+				t.Errorf("%s: listener %v, want none", c.dialed, addr)
+			}
+			continue
+		}
+		if !ok || !uidOK || addr != ap(c.want) || uid != c.uid {
+			t.Errorf("%s: %v uid %d (%v %v), want %s uid %d", c.dialed, addr, uid, uidOK, ok, c.want, c.uid)
+		}
+	}
+	tb = append(tb, tcpSocket{local: ap("127.0.0.1:6391"), listening: true, uid: 7})
+	if _, _, uidOK, ok := kernelListener(ap("127.0.0.1:6391"), tb); !ok || uidOK {
+		t.Errorf("listeners of several uids at one address: uidOK %v", uidOK)
+	}
+}
+
+func TestRendezvousCheck(t *testing.T) {
+	tb := procTable()
+	for _, c := range []struct {
+		dialed, reached string
+		ok              bool
+	}{
+		{"127.0.0.1:6391", "colo/1/127.0.0.1:6391", false}, // issue 21, finding 3
+		{"127.0.0.1:6391", "colo/1/0.0.0.0:6391", false},
+		{"127.0.0.1:7000", "colo/1/127.0.0.1:7000", false},
+		{"127.0.0.1:7000", "colo/1/0.0.0.0:7000", false},
+		{"127.0.0.1:9", "colo/1/127.0.0.1:9", false},
+		{"127.0.0.2:6391", "colo/1/127.0.0.2:6391", true},
+		{"127.0.0.1:7001", "colo/1/0.0.0.0:7001", true},
+		{"127.0.0.1:7001", "colo/1/127.0.0.1:7001", false},
+	} {
+		if err := checkRendezvous(ap(c.dialed), c.reached, 65534, tb); (err == nil) != c.ok {
+			t.Errorf("%s via %s: %v, want ok=%v", c.dialed, c.reached, err, c.ok)
+		}
+	}
+}
+
+func TestTCPOwner(t *testing.T) {
+	tb := procTable()
+	if uid, ok := tcpOwner(ap("127.0.0.1:40001"), ap("127.0.0.1:7000"), tb); !ok || uid != 65534 {
+		t.Errorf("owner %d %v", uid, ok)
+	}
+	if _, ok := tcpOwner(ap("127.0.0.1:7000"), ap("127.0.0.1:40001"), tb); ok {
+		t.Error("the other end found")
+	}
+	if _, ok := tcpOwner(ap("0.0.0.0:7000"), ap("0.0.0.0:0"), tb); ok {
+		t.Error("a listener is no connection")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	uid, ok := tcpOwner(c.LocalAddr().(*net.TCPAddr).AddrPort(), l.Addr().(*net.TCPAddr).AddrPort(), tcpSockets())
+	if !ok || uid != uint32(os.Getuid()) {
+		t.Errorf("this host's own connection: uid %d %v", uid, ok)
+	}
+}
+
+func TestServes(t *testing.T) {
+	any6 := ap("[::]:80")
+	for _, c := range []struct {
+		listen netip.AddrPort
+		v6only bool
+		dialed string
+		serves bool
+	}{
+		{any6, false, "127.0.0.1:80", true},
+		{any6, true, "127.0.0.1:80", false},
+		{any6, true, "[::ffff:127.0.0.1]:80", false},
+		{any6, true, "[::1]:80", true},
+		{any6, false, "[::1]:81", false},
+		{ap("0.0.0.0:80"), false, "10.0.0.1:80", true},
+		{ap("0.0.0.0:80"), false, "[::1]:80", false},
+		{ap("127.0.0.1:80"), false, "127.0.0.2:80", false},
+	} {
+		if got := serves(c.listen, c.v6only, ap(c.dialed)); got != c.serves {
+			t.Errorf("%v (v6only %v) for %s: %v", c.listen, c.v6only, c.dialed, got)
+		}
+	}
+	if !serves(any6, false, netip.AddrPort{}) || serves(any6, true, netip.AddrPort{}) {
+		t.Error("no dialed address")
+	}
+}
