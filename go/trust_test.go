@@ -1,10 +1,13 @@
 package colo
 
 import (
+	"errors"
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -158,5 +161,43 @@ func TestServes(t *testing.T) {
 	}
 	if !serves(any6, false, netip.AddrPort{}) || serves(any6, true, netip.AddrPort{}) {
 		t.Error("no dialed address")
+	}
+}
+
+// A listener on [::] with IPV6_V6ONLY (Go sets it for "tcp6") refuses TCP to 127.0.0.1; a colo
+// client that reaches its rendezvous through the dual-stack fallback is refused the same way
+// (REJECT(NOT_SERVED)), and an IPv6 client still gets shared memory (issue 21, finding 7).
+func TestV6onlyListenerRefusesIPv4(t *testing.T) {
+	l, err := ListenColo("tcp6", "[::]:0")
+	if err != nil {
+		t.Fatalf("listen on [::]: %v (the test needs IPv6 loopback)", err)
+	}
+	defer l.Close()
+	if !l.v6only {
+		t.Fatal("a tcp6 listener on [::] is IPV6_V6ONLY")
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	port := l.Addr().(*net.TCPAddr).Port
+	if _, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("plain TCP to 127.0.0.1: %v, want ECONNREFUSED", err)
+	}
+	if _, err := Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("colo to 127.0.0.1: %v, want ECONNREFUSED", err)
+	}
+	c, err := Dial("tcp", net.JoinHostPort("::1", strconv.Itoa(port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.Transport() != TransportColo {
+		t.Fatalf("IPv6 client: %v, want shared memory", c.Transport())
 	}
 }
