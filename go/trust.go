@@ -149,12 +149,13 @@ func tcpOwner(local, remote netip.AddrPort, socks []tcpSocket) (uid uint32, ok b
 // rendezvousTrusted is the client's peer check (spec section 2): the rendezvous reached (a name
 // of the lookup for dialed), whose server has uid serverUID, is trusted if that uid is ours or
 // root's, or if it is the rendezvous of the TCP listener the kernel would give a connection to
-// dialed and that listener is owned by serverUID. Reads /proc only for a server of another uid.
+// dialed and that listener is owned by serverUID. Asks the kernel for its listeners only for a
+// server of another uid.
 func rendezvousTrusted(dialed netip.AddrPort, reached string, serverUID uint32) error {
 	if serverUID == uint32(os.Getuid()) || serverUID == 0 {
 		return nil
 	}
-	return checkRendezvous(dialed, reached, serverUID, tcpSockets())
+	return checkRendezvous(dialed, reached, serverUID, tcpListeners())
 }
 
 func checkRendezvous(dialed netip.AddrPort, reached string, serverUID uint32, socks []tcpSocket) error {
@@ -198,7 +199,7 @@ func offerSenderTrusted(client, server netip.AddrPort, senderUID uint32) error {
 	if senderUID == uint32(os.Getuid()) || senderUID == 0 {
 		return nil
 	}
-	uid, ok := tcpOwner(client, server, tcpSockets())
+	uid, ok := connectionOwner(client, server)
 	switch {
 	case !ok:
 		return fmt.Errorf("offer from uid %d for %v -> %v, which it has no socket for", senderUID, client, server)

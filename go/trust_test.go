@@ -201,3 +201,39 @@ func TestV6onlyListenerRefusesIPv4(t *testing.T) {
 		t.Fatalf("IPv6 client: %v, want shared memory", c.Transport())
 	}
 }
+
+func TestDiagFindsListenersAndConnections(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	addr := l.Addr().(*net.TCPAddr).AddrPort()
+	c, err := net.Dial("tcp", addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	uid := uint32(os.Getuid())
+	ls, err := diagListeners()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, s := range ls {
+		found = found || (s.listening && s.local == addr && s.uid == uid)
+	}
+	if !found {
+		t.Fatalf("listener %v not among %v", addr, ls)
+	}
+	local := c.LocalAddr().(*net.TCPAddr).AddrPort()
+	if s, ok, err := diagConnection(local, addr); err != nil || !ok || s.uid != uid || s.local != local || s.remote != addr {
+		t.Fatalf("client end: %+v %v %v", s, ok, err)
+	}
+	if _, ok, err := diagConnection(ap("127.0.0.1:1"), addr); err != nil || ok {
+		t.Fatalf("no such connection: %v %v", ok, err)
+	}
+	if _, ok, _ := diagConnection(addr, ap("127.0.0.9:5")); ok {
+		t.Fatal("the listener the lookup falls back to counted as a connection")
+	}
+}

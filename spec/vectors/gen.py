@@ -34,6 +34,7 @@ handshake = [
     dict(name='welcome', hex=msg(2, 1, 0).hex(), valid=True, type=2, version=1, arg=0),
     dict(name='reject_bad_version', hex=msg(3, 1, 2).hex(), valid=True, type=3, version=1, arg=2),
     dict(name='reject_need_carrier', hex=msg(3, 1, 4).hex(), valid=True, type=3, version=1, arg=4),
+    dict(name='reject_not_served', hex=msg(3, 1, 7).hex(), valid=True, type=3, version=1, arg=7),
     dict(name='hello_recycle', hex=msg(1, 1, 1, flags=1, ticket=0x01020304).hex(), valid=True,
          type=1, version=1, arg=1, flags=1, ticket=0x01020304),
     dict(name='hello_unknown_flags_ignored', hex=msg(1, 1, 1, flags=0x80000000).hex(), valid=True,

@@ -112,6 +112,23 @@ fn proc_addr(text: &str) -> Option<SocketAddr> {
     Some(SocketAddr::new(canonical(ip), port))
 }
 
+/// The listening TCP sockets of this network namespace: from the kernel's `sock_diag`
+/// (one netlink round trip), or, where that is refused, from `/proc/net/tcp{,6}`.
+pub fn tcp_listeners() -> Vec<TcpSocket> {
+    crate::diag::listeners().unwrap_or_else(|_| tcp_sockets().into_iter().filter(|s| s.listening).collect())
+}
+
+/// The uid owning the TCP socket (not a listener) whose local address is `local` and remote
+/// address `remote`: from the kernel's `sock_diag` lookup, or, where that is refused, from
+/// `/proc/net/tcp{,6}` ([`tcp_owner`]). `None`: there is none (or, in the table, several
+/// that disagree).
+pub fn connection_owner(local: SocketAddr, remote: SocketAddr) -> Option<u32> {
+    match crate::diag::connection(local, remote) {
+        Ok(found) => found.map(|s| s.uid),
+        Err(_) => tcp_owner(local, remote, &tcp_sockets()),
+    }
+}
+
 /// Every TCP socket of this network namespace (`/proc/net/tcp` and `/proc/net/tcp6`).
 pub fn tcp_sockets() -> Vec<TcpSocket> {
     let mut out = Vec::new();

@@ -3,6 +3,7 @@
 //! and facts about the host (local addresses, CPU affinity, who owns a TCP port). Everything else
 //! in colo is platform-free logic over these calls. Linux only. Every function returns `std::io::Result` with the kernel's errno.
 
+pub mod diag;
 pub mod doorbell;
 pub mod futex;
 pub mod host;

@@ -18,12 +18,13 @@ use std::net::{IpAddr, SocketAddr};
 /// lookup for `dialed`), whose server has uid `server_uid`, is trusted if that uid is ours or
 /// root's (either could read our memory anyway), or if it is the rendezvous of the TCP listener
 /// the kernel would give a connection to `dialed` and that listener is owned by `server_uid`.
-/// `Err` says why not, for the log. Reads `/proc/net/tcp{,6}` only for a server of another uid.
+/// `Err` says why not, for the log. Asks the kernel for its listeners only for a server of
+/// another uid.
 pub(crate) fn rendezvous_trusted(dialed: SocketAddr, reached: &str, server_uid: u32) -> Result<(), String> {
     if server_uid == host::uid() || server_uid == 0 {
         return Ok(());
     }
-    check_rendezvous(dialed, reached, server_uid, &host::tcp_sockets())
+    check_rendezvous(dialed, reached, server_uid, &host::tcp_listeners())
 }
 
 fn check_rendezvous(dialed: SocketAddr, reached: &str, server_uid: u32, sockets: &[host::TcpSocket]) -> Result<(), String> {
@@ -69,13 +70,13 @@ pub(crate) fn serves(listen: SocketAddr, v6only: bool, dialed: Option<SocketAddr
 /// section 3): its sender, of uid `sender_uid` (`SO_PEERCRED` of the control socket), must own
 /// the client end of that connection, unless it is our uid or root (who could take the
 /// connection anyway). Otherwise a user who read a 4-tuple in `/proc/net/tcp` could offer a
-/// segment for a third party's connection and receive what that client sends. Reads
-/// `/proc/net/tcp{,6}` only for a sender of another uid.
+/// segment for a third party's connection and receive what that client sends. Asks the kernel
+/// (one `sock_diag` lookup) only for a sender of another uid.
 pub(crate) fn offer_sender_trusted(client: SocketAddr, server: SocketAddr, sender_uid: u32) -> Result<(), String> {
     if sender_uid == host::uid() || sender_uid == 0 {
         return Ok(());
     }
-    match host::tcp_owner(client, server, &host::tcp_sockets()) {
+    match host::connection_owner(client, server) {
         Some(uid) if uid == sender_uid => Ok(()),
         Some(uid) => Err(format!("offer from uid {sender_uid} for {client} -> {server}, a connection of uid {uid}")),
         None => Err(format!("offer from uid {sender_uid} for {client} -> {server}, which it has no socket for")),
