@@ -75,14 +75,30 @@ func (l *Listener) offerCarrier(c *Conn, h header, fds []int, heard func()) {
 	}
 }
 
-func (l *Listener) takeOffer(key offerKey) *offer {
+// takeOfferOrEvent removes and returns the offer for key, or nil and the channel that
+// offerEvent will close when the next HELLO has been read.
+func (l *Listener) takeOfferOrEvent(key offerKey) (*offer, chan struct{}) {
 	l.offersMu.Lock()
 	defer l.offersMu.Unlock()
 	o := l.offers[key]
 	if o != nil {
 		delete(l.offers, key)
 	}
-	return o
+	return o, l.offerEvt
+}
+
+// offerEvent wakes the claims waiting for HELLOs (the caller has just read one: counted it off
+// pending and, for an offer, stored it): only when one waits, so a DIRECT HELLO costs nothing.
+// The pending count is lowered before the channel is closed, and a waiter takes the channel
+// before it reads the count, so no wake-up is lost.
+func (l *Listener) offerEvent() {
+	if l.claimWaiters.Load() == 0 {
+		return
+	}
+	l.offersMu.Lock()
+	close(l.offerEvt)
+	l.offerEvt = make(chan struct{})
+	l.offersMu.Unlock()
 }
 
 // drainRendezvous accepts every connection waiting in the rendezvous backlog, without blocking.
@@ -114,13 +130,24 @@ func (l *Listener) claimCarrier(tc *net.TCPConn) *Conn {
 	}
 	key := offerKey{canonical(ra.AddrPort()), canonical(la.AddrPort())}
 	l.drainRendezvous()
-	deadline := time.Now().Add(claimWait)
-	var o *offer
-	for {
-		if o = l.takeOffer(key); o != nil || l.pending.Load() <= 0 || time.Now().After(deadline) {
-			break
+	o, evt := l.takeOfferOrEvent(key)
+	if o == nil && l.pending.Load() > 0 {
+		// HELLOs accepted but not read yet: wait for each to be read (offerEvent), not in
+		// sleeps, which the runtime rounds up to a millisecond.
+		l.claimWaiters.Add(1)
+		deadline := time.Now().Add(claimWait)
+		t := time.NewTimer(claimWait)
+		for o == nil && l.pending.Load() > 0 {
+			select {
+			case <-evt:
+			case <-t.C:
+			}
+			if o, evt = l.takeOfferOrEvent(key); o == nil && !time.Now().Before(deadline) {
+				break
+			}
 		}
-		time.Sleep(50 * time.Microsecond)
+		t.Stop()
+		l.claimWaiters.Add(-1)
 	}
 	if o == nil {
 		return nil

@@ -36,16 +36,18 @@ type Listener struct {
 	closeOnce sync.Once
 	wg        sync.WaitGroup
 
-	offersMu    sync.Mutex
-	offers      map[offerKey]*offer
-	sem         chan struct{} // one token per connection accepted but not yet handed to Accept
-	carrierOnly atomic.Bool
-	v6only      bool                               // the TCP socket is IPv6 with IPV6_V6ONLY: it takes no IPv4 connection
-	directAny   atomic.Bool                        // SetDirectFromAnyUID
-	testAnswer  atomic.Pointer[func(c *Conn) bool] // tests: called before WELCOME; false: REJECT(NO_RESOURCES)   // tests: behave like the shim, refusing DIRECT with NEED_CARRIER
-	rvMu        sync.Mutex                         // serializes accepts on the rendezvous socket with pending counting
-	pending     atomic.Int32                       // accepted control connections whose HELLO is not read yet
-	parked      *parkTable                         // segments of closed DIRECT connections, kept for their clients' next dials
+	offersMu     sync.Mutex
+	offers       map[offerKey]*offer
+	offerEvt     chan struct{} // closed (and replaced) by offerEvent when a HELLO has been read
+	claimWaiters atomic.Int32  // claims waiting in claimCarrier for unread HELLOs
+	sem          chan struct{} // one token per connection accepted but not yet handed to Accept
+	carrierOnly  atomic.Bool
+	v6only       bool                               // the TCP socket is IPv6 with IPV6_V6ONLY: it takes no IPv4 connection
+	directAny    atomic.Bool                        // SetDirectFromAnyUID
+	testAnswer   atomic.Pointer[func(c *Conn) bool] // tests: called before WELCOME; false: REJECT(NO_RESOURCES)   // tests: behave like the shim, refusing DIRECT with NEED_CARRIER
+	rvMu         sync.Mutex                         // serializes accepts on the rendezvous socket with pending counting
+	pending      atomic.Int32                       // accepted control connections whose HELLO is not read yet
+	parked       *parkTable                         // segments of closed DIRECT connections, kept for their clients' next dials
 }
 
 // Listen listens on the TCP address (network "tcp", "tcp4" or "tcp6") and on the matching colo
@@ -75,7 +77,7 @@ func ListenColo(network, address string) (*Listener, error) {
 	}
 	l := &Listener{tcp: tl.(*net.TCPListener), conns: make(chan *Conn), errs: make(chan error, 1),
 		sem:  make(chan struct{}, maxUnaccepted),
-		done: make(chan struct{}), offers: map[offerKey]*offer{}, parked: newParkTable()}
+		done: make(chan struct{}), offers: map[offerKey]*offer{}, offerEvt: make(chan struct{}), parked: newParkTable()}
 	ta := l.tcp.Addr().(*net.TCPAddr).AddrPort()
 	l.addr = netip.AddrPortFrom(ta.Addr().Unmap(), ta.Port())
 	if l.addr.Addr().Is6() {
@@ -408,7 +410,7 @@ func (l *Listener) handleHello(cfd int, cf *os.File, h *hello) *Conn {
 	if h.oobn > 0 {
 		fds = parseRights(h.oob[:h.oobn])
 	}
-	heard := sync.OnceFunc(func() { l.pending.Add(-1) })
+	heard := sync.OnceFunc(func() { l.pending.Add(-1); l.offerEvent() })
 	defer heard()
 	closeAll := func() {
 		for _, fd := range fds {
