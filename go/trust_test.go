@@ -186,12 +186,8 @@ func TestV6onlyListenerRefusesIPv4(t *testing.T) {
 		}
 	}()
 	port := l.Addr().(*net.TCPAddr).Port
-	if _, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); !errors.Is(err, syscall.ECONNREFUSED) {
-		t.Fatalf("plain TCP to 127.0.0.1: %v, want ECONNREFUSED", err)
-	}
-	if _, err := Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); !errors.Is(err, syscall.ECONNREFUSED) {
-		t.Fatalf("colo to 127.0.0.1: %v, want ECONNREFUSED", err)
-	}
+	// First an IPv6 client, welcomed: the listener (colo/1/[::]:port) is then known to answer,
+	// which must not let an IPv4 client skip waiting for its answer.
 	c, err := Dial("tcp", net.JoinHostPort("::1", strconv.Itoa(port)))
 	if err != nil {
 		t.Fatal(err)
@@ -199,6 +195,60 @@ func TestV6onlyListenerRefusesIPv4(t *testing.T) {
 	defer c.Close()
 	if c.Transport() != TransportColo {
 		t.Fatalf("IPv6 client: %v, want shared memory", c.Transport())
+	}
+	if _, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("plain TCP to 127.0.0.1: %v, want ECONNREFUSED", err)
+	}
+	for i := 0; i < 2; i++ {
+		if _, err := Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("colo to 127.0.0.1, dial %d: %v, want ECONNREFUSED", i, err)
+		}
+	}
+}
+
+// A REJECT with a reason the client does not know is a refusal like any other: the client dials
+// plain TCP (spec section 3).
+func TestUnknownRejectReasonDialsTCP(t *testing.T) {
+	tl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	go func() {
+		for {
+			c, err := tl.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	addr := tl.Addr().(*net.TCPAddr).AddrPort()
+	rv, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: "@" + rendezvousName(addr), Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rv.Close()
+	go func() {
+		for {
+			c, err := rv.AcceptUnix()
+			if err != nil {
+				return
+			}
+			buf, oob := make([]byte, 64), make([]byte, 256)
+			_, oobn, _, _, _ := c.ReadMsgUnix(buf, oob)
+			closeRights(oob[:oobn])
+			c.Write(hsMsg{Type: MsgReject, Version: Version, Arg: 99}.encode())
+			c.Close()
+		}
+	}()
+	c, err := Dial("tcp", addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.Transport() != TransportTCP {
+		t.Fatalf("transport %v after REJECT(99), want TCP", c.Transport())
 	}
 }
 
