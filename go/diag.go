@@ -30,6 +30,11 @@ func diagQuery(family uint8, states uint32, id [diagSockID]byte, dump bool, each
 		return err
 	}
 	defer unix.Close(fd)
+	// The kernel answers at once; the bound only keeps a broken answer from hanging a dial.
+	tv := unix.Timeval{Sec: 1}
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		return err
+	}
 	var msg [unix.NLMSG_HDRLEN + diagReq]byte
 	ne := binary.NativeEndian
 	ne.PutUint32(msg[0:], uint32(len(msg)))

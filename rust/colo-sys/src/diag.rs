@@ -34,7 +34,10 @@ impl Diag {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: `fd` is a fresh descriptor nobody else owns.
-        Ok(Diag(unsafe { rustix::fd::FromRawFd::from_raw_fd(fd) }))
+        let fd: rustix::fd::OwnedFd = unsafe { rustix::fd::FromRawFd::from_raw_fd(fd) };
+        // The kernel answers at once; the bound only keeps a broken answer from hanging a dial.
+        rustix::net::sockopt::set_socket_timeout(&fd, rustix::net::sockopt::Timeout::Recv, Some(std::time::Duration::from_secs(1)))?;
+        Ok(Diag(fd))
     }
 
     /// Sends one `inet_diag_req_v2` for TCP sockets of `family` in `states` (a bit mask of
