@@ -435,7 +435,7 @@ pub(crate) fn answer(control: OwnedFd, served: Served, opts: &Options, parked: &
         Ok(c) => c,
         Err(e) => return reject(&control, Reason::NoResources, format!("peer credentials: {e}")),
     };
-    if !crate::trust::direct_admitted(client_uid, opts.direct_any_uid()) {
+    if !crate::trust::direct_admitted(client_uid, opts) {
         // No TCP handshake, so no firewall rule, would see this connection: a real one must.
         return reject(&control, Reason::NeedCarrier, format!("DIRECT HELLO from uid {client_uid}: a carrier is required"));
     }
@@ -480,7 +480,7 @@ fn answer_recycled(control: OwnedFd, ticket: u32, served: Served, opts: &Options
         Ok(c) => c,
         Err(e) => return reject(&control, Reason::NoResources, format!("peer credentials: {e}")),
     };
-    if !crate::trust::direct_admitted(client_uid, opts.direct_any_uid()) {
+    if !crate::trust::direct_admitted(client_uid, opts) {
         return reject(&control, Reason::NeedCarrier, format!("recycling HELLO from uid {client_uid}: a carrier is required"));
     }
     let p = match parked.take(ticket, client_pid) {

@@ -10,6 +10,7 @@
 //! - a listener claims a CARRIER offer only from the owner of the offered TCP connection's
 //!   client end ([`offer_sender_trusted`]).
 
+use crate::options::Options;
 use crate::wire;
 use colo_sys::host;
 use std::net::{IpAddr, SocketAddr};
@@ -42,11 +43,12 @@ fn check_rendezvous(dialed: SocketAddr, reached: &str, server_uid: u32, sockets:
     }
 }
 
-/// Whether a listener takes a DIRECT connection from a client of uid `client_uid`: only from
-/// its own uid, unless `any_uid` (the listener's opt-in). Anyone else is told NEED_CARRIER and
-/// comes back with a CARRIER offer, whose real TCP handshake the kernel's policy admits or not.
-pub(crate) fn direct_admitted(client_uid: u32, any_uid: bool) -> bool {
-    any_uid || client_uid == host::uid()
+/// Whether a listener with options `opts` takes a DIRECT connection from a client of uid
+/// `client_uid`: only from its own uid, unless it opted in ([`Options::direct_from_any_uid`],
+/// asked only for another uid). Anyone else is told NEED_CARRIER and comes back with a CARRIER
+/// offer, whose real TCP handshake the kernel's policy admits or not.
+pub(crate) fn direct_admitted(client_uid: u32, opts: &Options) -> bool {
+    client_uid == host::uid() || opts.direct_any_uid()
 }
 
 /// Whether a listener whose TCP socket is bound to `listen` (`v6only`: an IPv6 socket with
