@@ -20,9 +20,15 @@ fn an_unknown_reject_reason_dials_tcp() {
                 Err(e) => panic!("{e}"),
             }
         };
-        seqpacket::set_recv_timeout(&control, Some(std::time::Duration::from_secs(5))).unwrap();
+        // The accepted socket is non-blocking: wait for the HELLO (sent right after connect).
         let mut buf = [0u8; 64];
-        let hello = seqpacket::recv(&control, &mut buf, false).unwrap();
+        let hello = loop {
+            match seqpacket::recv(&control, &mut buf, true) {
+                Ok(r) => break r,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(std::time::Duration::from_millis(1)),
+                Err(e) => panic!("{e}"),
+            }
+        };
         assert_eq!(hello.len, 16);
         // REJECT, version 1, reason 99.
         let mut reject = colo::wire::Message::Reject { version: 1, reason: colo::wire::Reason::NotServed }.encode();
