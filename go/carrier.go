@@ -91,17 +91,13 @@ func (l *Listener) drainRendezvous() {
 		return
 	}
 	for {
-		select {
-		case l.sem <- struct{}{}:
-		default:
-			return // too many unaccepted connections: leave the rest in the backlog
-		}
 		cfd, err := l.acceptControl(l.rvFd)
 		if err != nil {
-			<-l.sem
 			return
 		}
-		l.spawnHello(cfd, nil)
+		if uid, ok := l.admitHalfOpen(cfd); ok {
+			l.spawnHello(cfd, nil, uid)
+		}
 	}
 }
 

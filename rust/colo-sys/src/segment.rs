@@ -70,8 +70,12 @@ pub enum AttachError {
     Os(io::Error),
 }
 
-/// Largest segment a peer may hand us.
-pub const MAX_SEGMENT: u64 = 1 << 34;
+/// Largest segment a peer may hand us: 256 MiB. Enough for every geometry colo's own clients
+/// create (the default is about 2.6 MiB; the test peer's 8 x 4 MiB pools about 65 MiB) and for
+/// rings of up to 64 MiB per direction, the size of the largest TCP buffers (`tcp_rmem`), with
+/// pools of up to 63 MiB beside them; small enough that one segment is a bounded part of the
+/// mapped-bytes budgets (`colo::budget`).
+pub const MAX_SEGMENT: u64 = 1 << 28;
 
 /// Validates a segment received from a peer (a memfd with the required seals, at least `min`
 /// bytes, at most [`MAX_SEGMENT`]) and maps all of it read-write. The caller checks the mapped

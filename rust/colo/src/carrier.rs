@@ -554,21 +554,26 @@ impl Hello {
         if !is_eventfd(&self.client_bell) || !is_eventfd(&self.server_bell) {
             return fail(&self.control, Reason::BadMessage, "doorbells are not eventfds".into());
         }
+        let (client_pid, client_uid) = match seqpacket::peer_cred(&self.control) {
+            Ok(c) => c,
+            Err(e) => return fail(&self.control, Reason::NoResources, format!("peer credentials: {e}")),
+        };
         let map = match segment::attach(&self.memfd, self.layout.segment_size) {
             Ok(m) => m,
             Err(segment::AttachError::BadSegment(e)) => return fail(&self.control, Reason::BadSegment, e.into()),
             Err(segment::AttachError::Os(e)) => return fail(&self.control, Reason::NoResources, e.to_string()),
         };
-        let client_pid = match seqpacket::peer_cred(&self.control) {
-            Ok((pid, _)) => pid,
-            Err(e) => return fail(&self.control, Reason::NoResources, format!("peer credentials: {e}")),
+        // Counted against this process's budgets of peer segments (the mapping goes at once if not).
+        let lease = match crate::budget::Lease::take(client_uid, map.len() as u64) {
+            Ok(l) => l,
+            Err(e) => return fail(&self.control, Reason::NoResources, e),
         };
         let memfd = self.memfd.as_raw_fd();
         if map.len() != self.layout.segment_size {
             return fail(&self.control, Reason::BadSegment, "segment size differs from its header".into());
         }
         // SAFETY: `attach` checked the file is sealed; its size equals `layout.segment_size`.
-        let seg = unsafe { Segment::new(map, self.layout, self.memfd) };
+        let seg = unsafe { Segment::new(map, self.layout, self.memfd) }.leased(lease);
         // SYNC POINT with the CAS in `Offer::abandon`: exactly one of the two wins.
         if claim_word(seg.base())
             .compare_exchange(claim::OFFERED, claim::CLAIMED, Ordering::AcqRel, Ordering::Acquire)

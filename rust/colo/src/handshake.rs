@@ -412,10 +412,19 @@ pub(crate) fn answer(control: OwnedFd, listen_addr: SocketAddr, opts: &Options, 
     if !crate::carrier::is_eventfd(&client_bell) || !crate::carrier::is_eventfd(&server_bell) {
         return reject(&control, Reason::BadMessage, "doorbells are not eventfds");
     }
+    let (client_pid, client_uid) = match seqpacket::peer_cred(&control) {
+        Ok(c) => c,
+        Err(e) => return reject(&control, Reason::NoResources, format!("peer credentials: {e}")),
+    };
     let map = match segment::attach(&memfd, HEADER_FIELDS) {
         Ok(m) => m,
         Err(segment::AttachError::BadSegment(e)) => return reject(&control, Reason::BadSegment, e),
         Err(segment::AttachError::Os(e)) => return reject(&control, Reason::NoResources, e.to_string()),
+    };
+    // Counted against this process's budgets of peer segments (the mapping goes at once if not).
+    let lease = match crate::budget::Lease::take(client_uid, map.len() as u64) {
+        Ok(l) => l,
+        Err(e) => return reject(&control, Reason::NoResources, e),
     };
     let (header, layout) = match read_header(map.as_ptr()) {
         Ok(h) => h,
@@ -424,12 +433,8 @@ pub(crate) fn answer(control: OwnedFd, listen_addr: SocketAddr, opts: &Options, 
     if map.len() != layout.segment_size {
         return reject(&control, Reason::BadSegment, "segment size differs from its header");
     }
-    let client_pid = match seqpacket::peer_cred(&control) {
-        Ok((pid, _)) => pid,
-        Err(e) => return reject(&control, Reason::NoResources, format!("peer credentials: {e}")),
-    };
     // SAFETY: `attach` checked the file is exactly `layout.segment_size` bytes and sealed.
-    let seg = unsafe { Segment::new(map, layout, memfd) };
+    let seg = unsafe { Segment::new(map, layout, memfd) }.leased(lease);
     // server_pid (offset 44) is informational, for `colo stat`.
     // SAFETY: offset 44 is an aligned u32 inside the header of our mapping.
     unsafe { &*(seg.base().add(44) as *const colo_ring::sync::AtomicU32) }
