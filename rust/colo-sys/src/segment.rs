@@ -92,14 +92,22 @@ pub fn attach(fd: &OwnedFd, min: usize) -> Result<Mapping, AttachError> {
     Mapping::map(fd, st.st_size as usize, ProtFlags::READ | ProtFlags::WRITE).map_err(AttachError::Os)
 }
 
-/// Reads the size of a segment descriptor and maps it read-only (for `colo stat`).
-pub fn map_readonly(fd: impl AsFd) -> io::Result<Mapping> {
-    let fd = rustix::io::fcntl_dupfd_cloexec(fd, 0)?;
-    let size = fstat(&fd)?.st_size as usize;
-    if size == 0 {
-        return Err(io::ErrorKind::InvalidData.into());
-    }
-    Mapping::map(&fd, size, ProtFlags::READ)
+/// Whether `fd` is a memfd sealed against resizing, as every segment is (for `colo stat`, which
+/// reports other files named `colo-seg` as not segments).
+pub fn is_sealed(fd: impl AsFd) -> bool {
+    fcntl_get_seals(fd).is_ok_and(|s| s.contains(REQUIRED_SEALS))
+}
+
+/// The size of a segment descriptor's file.
+pub fn file_size(fd: impl AsFd) -> io::Result<u64> {
+    Ok(fstat(fd)?.st_size as u64)
+}
+
+/// Reads `buf.len()` bytes at `offset` of a segment descriptor without mapping it: a file that
+/// another process truncates meanwhile gives a short read, never a fault. Returns how many bytes
+/// were read.
+pub fn read_at(fd: impl AsFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    Ok(rustix::io::pread(fd, buf, offset)?)
 }
 
 /// Reads the first `buf.len()` bytes of a segment descriptor without mapping it.
