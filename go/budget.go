@@ -15,7 +15,8 @@ import (
 // core's colo::budget: a peer chooses its segment's size (up to maxSegment) and may hand the
 // same sparse memfd over again and again, each time costing address space and page tables. So
 // every segment received from a peer is mapped under a lease on two budgets: the bytes of peer
-// segments mapped in total (COLO_MAX_MAPPED_MB, default 64 GiB) and the share one peer uid may
+// segments mapped in total (COLO_MAX_MAPPED_MB, default 64 GiB or half of RLIMIT_AS if that is
+// less) and the share one peer uid may
 // hold (COLO_MAX_MAPPED_PER_UID_MB, default a quarter of the total). A segment that does not
 // fit is not kept: the listener answers REJECT(NO_RESOURCES) (the client uses TCP) and keeps
 // serving. The lease is given back when the mapping is unmapped (munmapSegment).
@@ -84,6 +85,12 @@ func mappedBudget() *budget {
 		total := envMB("COLO_MAX_MAPPED_MB")
 		if total == 0 {
 			total = defaultMappedMB
+			// Half the address-space limit (ulimit -v), if that is less: the heap and the
+			// goroutine stacks are never crowded out by peers' segments.
+			var rl unix.Rlimit
+			if unix.Getrlimit(unix.RLIMIT_AS, &rl) == nil && rl.Cur != unix.RLIM_INFINITY {
+				total = max(min(total, rl.Cur/2>>20), 1)
+			}
 		}
 		per := envMB("COLO_MAX_MAPPED_PER_UID_MB")
 		if per == 0 {

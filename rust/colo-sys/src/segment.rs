@@ -92,6 +92,13 @@ pub fn attach(fd: &OwnedFd, min: usize) -> Result<Mapping, AttachError> {
     Mapping::map(fd, st.st_size as usize, ProtFlags::READ | ProtFlags::WRITE).map_err(AttachError::Os)
 }
 
+/// This process's address-space limit (`RLIMIT_AS`, as `ulimit -v` sets it), if it has one: the
+/// budgets of mapped peer segments stay well inside it, so that the heap and thread stacks the
+/// process needs are never crowded out by peers' segments.
+pub fn address_space_limit() -> Option<u64> {
+    rustix::process::getrlimit(rustix::process::Resource::As).current
+}
+
 /// Whether `fd` is a memfd sealed against resizing, as every segment is (for `colo stat`, which
 /// reports other files named `colo-seg` as not segments).
 pub fn is_sealed(fd: impl AsFd) -> bool {

@@ -9,8 +9,8 @@
 //! serving. The lease goes back when the mapping is unmapped (it lives in the `Segment`).
 //!
 //! Limits, read once per process from the environment: `COLO_MAX_MAPPED_MB` (total, default
-//! [`DEFAULT_TOTAL_MB`]) and `COLO_MAX_MAPPED_PER_UID_MB` (per uid, default a quarter of the
-//! total), both in MiB.
+//! [`DEFAULT_TOTAL_MB`], or half the address-space limit `RLIMIT_AS` if that is less) and
+//! `COLO_MAX_MAPPED_PER_UID_MB` (per uid, default a quarter of the total), both in MiB.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -99,7 +99,8 @@ fn env_mb(name: &str) -> Option<u64> {
 
 /// The limits from the environment (see the module doc).
 fn from_env() -> Budget {
-    let total = env_mb("COLO_MAX_MAPPED_MB").unwrap_or(DEFAULT_TOTAL_MB);
+    let by_rlimit = colo_sys::segment::address_space_limit().map_or(u64::MAX, |bytes| bytes / 2 / MIB);
+    let total = env_mb("COLO_MAX_MAPPED_MB").unwrap_or(DEFAULT_TOTAL_MB.min(by_rlimit).max(1));
     let per_uid = env_mb("COLO_MAX_MAPPED_PER_UID_MB").unwrap_or(total / 4);
     Budget::new(total.saturating_mul(MIB), per_uid.saturating_mul(MIB))
 }
