@@ -8,7 +8,7 @@
 source "$(dirname "$0")/lib.sh"
 PEER=${ATTACK_PEER:-$PEER}
 port=$(free_port)
-COLO_LOG=info "$PEER" server "127.0.0.1:$port" stream >"$WORK/server.log" 2>&1 &
+COLO_LOG=info COLO_DEBUG=1 "$PEER" server "127.0.0.1:$port" stream >"$WORK/server.log" 2>&1 &
 SRV=$!; PIDS+=($SRV)
 wait_port "$port" || { bad "server did not start"; finish; }
 fds() { ls "/proc/$SRV/fd" 2>/dev/null | wc -l; }
