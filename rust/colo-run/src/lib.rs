@@ -152,7 +152,7 @@ pub fn env_warnings(get: impl Fn(&str) -> Option<String>) -> Vec<String> {
     check("COLO_DISABLE", &|v| matches!(v.to_ascii_lowercase().as_str(), "" | "0" | "1" | "true" | "false" | "yes" | "no"), "1 to disable");
     check("COLO_SPIN_US", &|v| colo_ring::spin::SpinMode::parse(v).is_some(), "microseconds, 0 for never, inf for always");
     check("COLO_CARRIER_TIMEOUT_MS", &|v| v.parse::<u64>().is_ok(), "milliseconds");
-    check("COLO_RING_KB", &|v| v.parse::<u32>().is_ok_and(|kb| (4..=1 << 20).contains(&kb)), "KiB from 4 to 1048576");
+    check("COLO_RING_KB", &|v| v.parse::<u32>().is_ok_and(|kb| (4..=1 << 16).contains(&kb)), "KiB from 4 to 65536");
     check("COLO_SHORT_LIVED", &|v| v.is_empty() || v == "accelerate", "accelerate");
     out
 }
