@@ -279,3 +279,50 @@ impl Watch {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    /// The peer clears the FUTEX bit, the watcher's first wake-up comes before the sleeper is in
+    /// `FUTEX_WAIT`, and the peer writes back the value the sleeper then waits for: the watcher's
+    /// repeated wake-ups still end that sleep, as the mark was not taken.
+    #[test]
+    fn a_hang_up_ends_the_sleep_whatever_the_peer_writes() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let control = OwnedFd::from(ours);
+        let word = Box::new(AtomicU32::new(SLEEP_FUTEX | 0x100));
+        let announced = word.load(Ordering::Relaxed);
+        let watch = Watch::new();
+        assert!(watch.armed(&control, &word), "a watcher runs in a test process");
+        // The peer clears the bit and hangs up.
+        word.store(0, Ordering::Relaxed);
+        drop(theirs);
+        // The watcher marks the connection and wakes the futex at once (nobody sleeps yet).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !watch.fired.load(Ordering::Acquire) {
+            assert!(Instant::now() < deadline, "the watcher saw the hang-up");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // The peer writes back the announced value: a sleep that looked at the mark before it
+        // was set now enters FUTEX_WAIT expecting that value.
+        word.store(announced, Ordering::Relaxed);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                colo_sys::futex::wait(&word, announced, None);
+                tx.send(()).unwrap();
+            });
+            let woken = rx.recv_timeout(Duration::from_secs(5)).is_ok();
+            if !woken {
+                // Let the sleeper go, so that the failure is reported rather than hung.
+                word.fetch_add(1, Ordering::Relaxed);
+                colo_sys::futex::wake_all(&word);
+            }
+            assert!(woken, "the sleeper was woken again");
+        });
+        assert!(watch.take_fired());
+        watch.release();
+    }
+}
