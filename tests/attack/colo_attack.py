@@ -178,12 +178,7 @@ def half_handshakes(port, silent, offers, hold):
     go of its side on its own timer)."""
     raise_nofile()
     held, answers = [], {}
-    for _ in range(silent):
-        try:
-            held.append(rendezvous(port))
-        except OSError as e:
-            k = "connect_%s" % e.strerror.replace(" ", "_")
-            answers[k] = answers.get(k, 0) + 1
+    # Offers first: a listener that counts both kinds against one bound keeps offers then.
     for i in range(offers):
         fd = make_segment(4096, 0, 0, CLAIM_OFFERED, ("127.0.0.1", 20000 + i), ("127.0.0.1", port))
         bells = doorbells()
@@ -197,6 +192,12 @@ def half_handshakes(port, silent, offers, hold):
         os.close(fd)
         os.close(bells[0])
         os.close(bells[1])
+    for _ in range(silent):
+        try:
+            held.append(rendezvous(port))
+        except OSError as e:
+            k = "connect_%s" % e.strerror.replace(" ", "_")
+            answers[k] = answers.get(k, 0) + 1
     # What the server answered to the offers so far (REJECT beyond its bounds).
     for s in held:
         s.setblocking(False)

@@ -3,7 +3,8 @@
 # leave server threads in FUTEX_WAIT. nobody opens DIRECT connections to root's Rust echo server
 # ($PEER), waits until each server thread sleeps on its futex, stores 0 into every server_waiting
 # word and hangs up: within a few seconds the server's threads and descriptors are back to what
-# they were, and a legitimate client is still served. (ATTACK_PEER=path runs another build.)
+# they were, and a legitimate client is still served. (ATTACK_PEER=path runs another build.) The
+# Go implementation never sleeps on a futex (docs/SAFETY.md item 13): Rust only.
 source "$(dirname "$0")/lib.sh"
 PEER=${ATTACK_PEER:-$PEER}
 N=${N:-50}

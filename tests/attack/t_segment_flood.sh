@@ -6,34 +6,36 @@
 # plus a margin, the HELLOs beyond it get REJECT(NO_RESOURCES) with a log line naming the limit,
 # the server does not panic and a legitimate client is still served over shared memory.
 source "$(dirname "$0")/lib.sh"
-PEER=${ATTACK_PEER:-$PEER}
+# against PEER_BIN (the Rust example server, then the Go one, cmd/colo-peer), checks prefixed LABEL
+against() {
+local PEER=$1 L=$2
 N=${N:-2000}
 port=$(free_port)
 COLO_LOG=info COLO_DEBUG=1 "$PEER" server "127.0.0.1:$port" stream >"$WORK/server.log" 2>&1 &
 SRV=$!; PIDS+=($SRV)
-wait_port "$port" || { bad "server did not start"; finish; }
+wait_port "$port" || { bad "$L: server did not start"; return; }
 vm_kb() { awk '/^VmSize:/ {print $2}' "/proc/$SRV/status"; }
 legit() { local o; o=$(COLO_LOG=info timeout 20 "$PEER" client "127.0.0.1:$port" stream 100000 2>&1); grep -q "^OK 100000 colo$" <<<"$o" || { echo "client: $o"; return 1; }; }
-check "legit client before" legit
+check "$L: legit client before" legit
 V0=$(vm_kb)
 setpriv --reuid=nobody --regid=nogroup --clear-groups /usr/bin/python3 "$HERE/colo_attack.py" segment_flood "$port" "$N" 15 \
   >"$WORK/attacker.out" 2>&1 &
 ATT=$!; PIDS+=($ATT)
 for _ in $(seq 600); do grep -q RESULT "$WORK/attacker.out" && break; sleep 0.1; done
 out=$(grep RESULT "$WORK/attacker.out")
-echo "attacker: $out   server VmSize ${V0} kB -> $(vm_kb) kB"
+echo "$L attacker: $out   server VmSize ${V0} kB -> $(vm_kb) kB"
 V1=$(vm_kb)
 LIMIT_KB=$(( (16 * 1024 + 1024) * 1024 ))  # the default per-uid share, plus 1 GiB for threads and slack
-check "server VmSize grew by at most the per-uid share ($(( (V1 - V0) / 1024 )) MiB)" test $((V1 - V0)) -le $LIMIT_KB
-check "HELLOs beyond the budget answered REJECT(NO_RESOURCES)" grep -q "REJECT(NO_RESOURCES)=" <<<"$out"
-check "some HELLOs were welcomed (within the budget)" grep -q "WELCOME=" <<<"$out"
-check "the refusal's log line names the limit" grep -q "COLO_MAX_MAPPED_PER_UID_MB" "$WORK/server.log"
-check "legit client during the attack" legit
+check "$L: server VmSize grew by at most the per-uid share ($(( (V1 - V0) / 1024 )) MiB)" test $((V1 - V0)) -le $LIMIT_KB
+check "$L: HELLOs beyond the budget answered REJECT(NO_RESOURCES)" grep -q "REJECT(NO_RESOURCES)=" <<<"$out"
+check "$L: some HELLOs were welcomed (within the budget)" grep -q "WELCOME=" <<<"$out"
+check "$L: the refusal's log line names the limit" grep -q "COLO_MAX_MAPPED_PER_UID_MB" "$WORK/server.log"
+check "$L: legit client during the attack" legit
 kill "$ATT" 2>/dev/null; wait "$ATT" 2>/dev/null
-check "server alive" kill -0 "$SRV"
-check "no panic in the server" bash -c "! grep -q panicked '$WORK/server.log'"
+check "$L: server alive" kill -0 "$SRV"
+check "$L: no panic in the server" bash -c "! grep -q panicked '$WORK/server.log'"
 sleep 2
-check "legit client after" legit
+check "$L: legit client after" legit
 
 # The same flood against a server whose address space runs out first (a `ulimit -v` below its
 # budgets): mmap and thread creation fail, each failure costs that connection only.
@@ -42,12 +44,22 @@ port=$(free_port)
 (ulimit -v 3000000; COLO_LOG=info \
   exec "$PEER" server "127.0.0.1:$port" stream >"$WORK/server2.log" 2>&1) &
 SRV=$!; PIDS+=($SRV)
-wait_port "$port" || { bad "server under ulimit -v did not start"; finish; }
+wait_port "$port" || { bad "$L: server under ulimit -v did not start"; return; }
 out=$(timeout 120 setpriv --reuid=nobody --regid=nogroup --clear-groups /usr/bin/python3 "$HERE/colo_attack.py" segment_flood "$port" 40 1 3000)
-echo "attacker (ulimit -v server): $out"
-check "under ulimit -v: refused with REJECT(NO_RESOURCES)" grep -q "REJECT(NO_RESOURCES)=" <<<"$out"
-check "under ulimit -v: server alive" kill -0 "$SRV"
-check "under ulimit -v: no panic" bash -c "! grep -q panicked '$WORK/server2.log'"
+echo "$L attacker (ulimit -v server): $out"
+check "$L: under ulimit -v: refused with REJECT(NO_RESOURCES)" grep -q "REJECT(NO_RESOURCES)=" <<<"$out"
+check "$L: under ulimit -v: server alive" kill -0 "$SRV"
+check "$L: under ulimit -v: no panic" bash -c "! grep -q panicked '$WORK/server2.log'"
 legit_any() { timeout 20 "$PEER" client "127.0.0.1:$port" stream 100000 | grep -q '^OK 100000'; }
-check "under ulimit -v: legit client served" legit_any
+check "$L: under ulimit -v: legit client served" legit_any
+kill "$SRV" 2>/dev/null; wait "$SRV" 2>/dev/null
+}
+if [ -n "${ATTACK_PEER:-}" ]; then
+  against "$ATTACK_PEER" "$(basename "$ATTACK_PEER")"
+else
+  against "$PEER" rust
+  GOPEER=$WORK/colo-peer-go
+  if (cd "$ROOT/go" && go build -o "$GOPEER" ./cmd/colo-peer); then against "$GOPEER" go
+  else bad "go: cannot build go/cmd/colo-peer"; fi
+fi
 finish
