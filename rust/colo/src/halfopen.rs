@@ -173,7 +173,7 @@ mod tests {
         for _ in 0..MAX_HALF_OPEN_PER_UID {
             assert!(h.admit_pending(pending(7)).is_ok());
         }
-        let (_, why) = h.admit_pending(pending(7)).err().expect("uid 7's share is full");
+        let (_, why) = h.admit_pending(pending(7)).expect_err("uid 7's share is full");
         assert!(why.contains("of this uid"), "{why}");
         let mut uid = 100;
         while h.pending.len() < MAX_HALF_OPEN {
@@ -182,7 +182,7 @@ mod tests {
                 uid += 1;
             }
         }
-        let (_, why) = h.admit_pending(pending(9999)).err().expect("the total is reached");
+        let (_, why) = h.admit_pending(pending(9999)).expect_err("the total is reached");
         assert!(why.starts_with(&MAX_HALF_OPEN.to_string()), "{why}");
     }
 
