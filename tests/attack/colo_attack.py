@@ -172,6 +172,17 @@ def segment_flood(port, n, hold, small=0):
     return 0
 
 
+def oversize(port):
+    """One DIRECT HELLO whose segment is just over 256 MiB (128 MiB rings): what the server
+    answers."""
+    fd = make_segment(128 << 20, 0, 0, CLAIM_DIRECT, ("127.0.0.1", 0), ("127.0.0.1", port))
+    bells = doorbells()
+    s = rendezvous(port)
+    hello(s, DIRECT, fd, bells)
+    print("RESULT size=%d answer=%s" % (segment_size(128 << 20, 0, 0), answer(s)))
+    return 0
+
+
 def half_handshakes(port, silent, offers, hold):
     """`silent` rendezvous connections that never send a HELLO, and `offers` CARRIER offers whose
     TCP connection never comes; everything is kept open for `hold` seconds (the server must let
@@ -236,6 +247,8 @@ def main(argv):
         return hangup_futex(int(argv[2]), int(argv[3]))
     if cmd == "segment_flood":
         return segment_flood(int(argv[2]), int(argv[3]), float(argv[4]), int(argv[5]) if len(argv) > 5 else 0)
+    if cmd == "oversize":
+        return oversize(int(argv[2]))
     if cmd == "half_handshakes":
         return half_handshakes(int(argv[2]), int(argv[3]), int(argv[4]), float(argv[5]))
     if cmd == "resize_loop":

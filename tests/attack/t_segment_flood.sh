@@ -4,7 +4,8 @@
 # of the largest geometry a server takes (256 MiB), and keeps the welcomed connections open. The
 # server's VmSize stays within its per-uid budget (COLO_MAX_MAPPED_PER_UID_MB, default 16 GiB)
 # plus a margin, the HELLOs beyond it get REJECT(NO_RESOURCES) with a log line naming the limit,
-# the server does not panic and a legitimate client is still served over shared memory.
+# the server does not panic and a legitimate client is still served over shared memory. A
+# segment over 256 MiB is refused outright.
 source "$(dirname "$0")/lib.sh"
 # against PEER_BIN (the Rust example server, then the Go one, cmd/colo-peer), checks prefixed LABEL
 against() {
@@ -17,6 +18,8 @@ wait_port "$port" || { bad "$L: server did not start"; return; }
 vm_kb() { awk '/^VmSize:/ {print $2}' "/proc/$SRV/status"; }
 legit() { local o; o=$(COLO_LOG=info timeout 20 "$PEER" client "127.0.0.1:$port" stream 100000 2>&1); grep -q "^OK 100000 colo$" <<<"$o" || { echo "client: $o"; return 1; }; }
 check "$L: legit client before" legit
+out=$(timeout 30 setpriv --reuid=nobody --regid=nogroup --clear-groups /usr/bin/python3 "$HERE/colo_attack.py" oversize "$port")
+check "$L: a segment over 256 MiB is refused ($out)" grep -q "answer=REJECT(BAD_SEGMENT)" <<<"$out"
 V0=$(vm_kb)
 setpriv --reuid=nobody --regid=nogroup --clear-groups /usr/bin/python3 "$HERE/colo_attack.py" segment_flood "$port" "$N" 15 \
   >"$WORK/attacker.out" 2>&1 &
