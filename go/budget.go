@@ -1,6 +1,7 @@
 package colo
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -102,15 +103,28 @@ func mappedBudget() *budget {
 	return mapped.b
 }
 
-// leaseSegment counts a peer's mapped segment against the budgets, until munmapSegment.
-func leaseSegment(seg []byte, uid uint32) error {
+// errBudget marks a segment refused by the budgets (the error's text names the limit).
+var errBudget = errors.New("colo: mapped-bytes budget")
+
+// mapPeerSegment maps a peer's segment of size bytes (checked by checkSegmentFd) under a lease
+// for uid: the budgets are asked first, so a segment beyond them is never mapped. The lease is
+// given back by munmapSegment.
+func mapPeerSegment(fd int, size uint64, uid uint32) ([]byte, error) {
 	mapped.Lock()
-	defer mapped.Unlock()
-	if err := mappedBudget().take(uid, uint64(len(seg))); err != nil {
-		return err
+	err := mappedBudget().take(uid, size)
+	mapped.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errBudget, err)
 	}
-	mapped.leases[uintptr(unsafe.Pointer(&seg[0]))] = lease{uid, uint64(len(seg))}
-	return nil
+	seg, err := mapSegment(fd, size)
+	mapped.Lock()
+	if err != nil {
+		mappedBudget().giveBack(uid, size)
+	} else {
+		mapped.leases[uintptr(unsafe.Pointer(&seg[0]))] = lease{uid, size}
+	}
+	mapped.Unlock()
+	return seg, err
 }
 
 // munmapSegment unmaps a segment mapping and gives back its lease, if it has one.

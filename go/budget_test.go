@@ -1,6 +1,7 @@
 package colo
 
 import (
+	"errors"
 	"net"
 	"os"
 	"strings"
@@ -49,16 +50,16 @@ func TestBudgetLeaseReleasedOnUnmap(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	seg, err := mapSegment(fd, 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const uid = ^uint32(0) - 5 // no real peer has it
 	mapped.Lock()
 	before := mappedBudget().byUID[uid]
 	mapped.Unlock()
-	if err := leaseSegment(seg, uid); err != nil {
+	seg, err := mapPeerSegment(fd, 1<<20, uid)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if _, err := mapPeerSegment(fd, 1<<62, uid); !errors.Is(err, errBudget) || !strings.Contains(err.Error(), "COLO_MAX_MAPPED") {
+		t.Fatalf("a segment beyond the budgets: %v", err)
 	}
 	mapped.Lock()
 	during := mappedBudget().byUID[uid]

@@ -484,14 +484,10 @@ func (l *Listener) adopt(cfd int, cf *os.File, mode uint8, fds []int, heard func
 		logf("hello: peer credentials: %v", err)
 		return nil, RejectNoResources
 	}
-	seg, err := mapSegment(fds[0], size)
+	// Counted against this process's budgets of peer segments (not mapped if it does not fit).
+	seg, err := mapPeerSegment(fds[0], size, cred.Uid)
 	if err != nil {
-		return nil, RejectNoResources
-	}
-	// Counted against this process's budgets of peer segments (unmapped at once if not).
-	if err := leaseSegment(seg, cred.Uid); err != nil {
 		logf("listen %v: refused a segment: %v", l.addr, err)
-		munmapSegment(seg)
 		return nil, RejectNoResources
 	}
 	h, lay, err := decodeHeader(seg[:headerSize])

@@ -68,6 +68,8 @@ pub enum AttachError {
     BadSegment(&'static str),
     /// The kernel refused (e.g. out of address space).
     Os(io::Error),
+    /// The caller's admission (`attach_admitted`) refused it: why.
+    Refused(String),
 }
 
 /// Largest segment a peer may hand us: 256 MiB. Enough for every geometry colo's own clients
@@ -81,6 +83,12 @@ pub const MAX_SEGMENT: u64 = 1 << 28;
 /// bytes, at most [`MAX_SEGMENT`]) and maps all of it read-write. The caller checks the mapped
 /// size against the segment's header.
 pub fn attach(fd: &OwnedFd, min: usize) -> Result<Mapping, AttachError> {
+    attach_admitted(fd, min, |_| Ok(())).map(|(map, ())| map)
+}
+
+/// As [`attach`], with `admit` asked, with the file's size, after the checks and before the
+/// mapping (a budget of mapped bytes): if it refuses, nothing is mapped.
+pub fn attach_admitted<T>(fd: &OwnedFd, min: usize, admit: impl FnOnce(u64) -> Result<T, String>) -> Result<(Mapping, T), AttachError> {
     let seals = fcntl_get_seals(fd).map_err(|_| AttachError::BadSegment("not a sealable memfd"))?;
     if !seals.contains(REQUIRED_SEALS) {
         return Err(AttachError::BadSegment("segment not sealed against resizing"));
@@ -89,7 +97,9 @@ pub fn attach(fd: &OwnedFd, min: usize) -> Result<Mapping, AttachError> {
     if st.st_size < min as i64 || st.st_size as u64 > MAX_SEGMENT {
         return Err(AttachError::BadSegment("segment size out of range"));
     }
-    Mapping::map(fd, st.st_size as usize, ProtFlags::READ | ProtFlags::WRITE).map_err(AttachError::Os)
+    let admitted = admit(st.st_size as u64).map_err(AttachError::Refused)?;
+    let map = Mapping::map(fd, st.st_size as usize, ProtFlags::READ | ProtFlags::WRITE).map_err(AttachError::Os)?;
+    Ok((map, admitted))
 }
 
 /// This process's address-space limit (`RLIMIT_AS`, as `ulimit -v` sets it), if it has one: the

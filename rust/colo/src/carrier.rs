@@ -378,6 +378,7 @@ pub fn reattach(memfd: OwnedFd, control: OwnedFd, own_bell: OwnedFd, peer_bell: 
     let map = segment::attach(&memfd, layout.segment_size).map_err(|e| match e {
         segment::AttachError::BadSegment(e) => e.to_string(),
         segment::AttachError::Os(e) => e.to_string(),
+        segment::AttachError::Refused(e) => e,
     })?;
     if map.len() != layout.segment_size {
         return Err("segment size differs from its header".into());
@@ -558,15 +559,13 @@ impl Hello {
             Ok(c) => c,
             Err(e) => return fail(&self.control, Reason::NoResources, format!("peer credentials: {e}")),
         };
-        let map = match segment::attach(&self.memfd, self.layout.segment_size) {
+        // Counted against this process's budgets of peer segments (not mapped if it does not fit).
+        let admit = |size| crate::budget::Lease::take(client_uid, size);
+        let (map, lease) = match segment::attach_admitted(&self.memfd, self.layout.segment_size, admit) {
             Ok(m) => m,
             Err(segment::AttachError::BadSegment(e)) => return fail(&self.control, Reason::BadSegment, e.into()),
             Err(segment::AttachError::Os(e)) => return fail(&self.control, Reason::NoResources, e.to_string()),
-        };
-        // Counted against this process's budgets of peer segments (the mapping goes at once if not).
-        let lease = match crate::budget::Lease::take(client_uid, map.len() as u64) {
-            Ok(l) => l,
-            Err(e) => return fail(&self.control, Reason::NoResources, e),
+            Err(segment::AttachError::Refused(e)) => return fail(&self.control, Reason::NoResources, e),
         };
         let memfd = self.memfd.as_raw_fd();
         if map.len() != self.layout.segment_size {

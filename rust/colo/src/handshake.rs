@@ -416,15 +416,12 @@ pub(crate) fn answer(control: OwnedFd, listen_addr: SocketAddr, opts: &Options, 
         Ok(c) => c,
         Err(e) => return reject(&control, Reason::NoResources, format!("peer credentials: {e}")),
     };
-    let map = match segment::attach(&memfd, HEADER_FIELDS) {
+    // Counted against this process's budgets of peer segments (not mapped if it does not fit).
+    let (map, lease) = match segment::attach_admitted(&memfd, HEADER_FIELDS, |size| crate::budget::Lease::take(client_uid, size)) {
         Ok(m) => m,
         Err(segment::AttachError::BadSegment(e)) => return reject(&control, Reason::BadSegment, e),
         Err(segment::AttachError::Os(e)) => return reject(&control, Reason::NoResources, e.to_string()),
-    };
-    // Counted against this process's budgets of peer segments (the mapping goes at once if not).
-    let lease = match crate::budget::Lease::take(client_uid, map.len() as u64) {
-        Ok(l) => l,
-        Err(e) => return reject(&control, Reason::NoResources, e),
+        Err(segment::AttachError::Refused(e)) => return reject(&control, Reason::NoResources, e),
     };
     let (header, layout) = match read_header(map.as_ptr()) {
         Ok(h) => h,
