@@ -292,10 +292,11 @@ mod tests {
     fn a_hang_up_ends_the_sleep_whatever_the_peer_writes() {
         let (ours, theirs) = UnixStream::pair().unwrap();
         let control = OwnedFd::from(ours);
-        let word = Box::new(AtomicU32::new(SLEEP_FUTEX | 0x100));
+        // Leaked: if an assertion fails before `release`, the watcher still holds its address.
+        let word: &'static AtomicU32 = Box::leak(Box::new(AtomicU32::new(SLEEP_FUTEX | 0x100)));
         let announced = word.load(Ordering::Relaxed);
         let watch = Watch::new();
-        assert!(watch.armed(&control, &word), "a watcher runs in a test process");
+        assert!(watch.armed(&control, word), "a watcher runs in a test process");
         // The peer clears the bit and hangs up.
         word.store(0, Ordering::Relaxed);
         drop(theirs);
@@ -311,14 +312,14 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::scope(|s| {
             s.spawn(|| {
-                colo_sys::futex::wait(&word, announced, None);
+                colo_sys::futex::wait(word, announced, None);
                 tx.send(()).unwrap();
             });
             let woken = rx.recv_timeout(Duration::from_secs(5)).is_ok();
             if !woken {
                 // Let the sleeper go, so that the failure is reported rather than hung.
                 word.fetch_add(1, Ordering::Relaxed);
-                colo_sys::futex::wake_all(&word);
+                colo_sys::futex::wake_all(word);
             }
             assert!(woken, "the sleeper was woken again");
         });
