@@ -107,17 +107,13 @@ func (l *Listener) drainRendezvous() {
 		return
 	}
 	for {
-		select {
-		case l.sem <- struct{}{}:
-		default:
-			return // too many unaccepted connections: leave the rest in the backlog
-		}
 		cfd, err := l.acceptControl(l.rvFd)
 		if err != nil {
-			<-l.sem
 			return
 		}
-		l.spawnHello(cfd, nil)
+		if uid, ok := l.admitHalfOpen(cfd); ok {
+			l.spawnHello(cfd, nil, uid)
+		}
 	}
 }
 
@@ -125,7 +121,10 @@ func (l *Listener) drainRendezvous() {
 // nil: the connection stays plain TCP.
 func (l *Listener) claimCarrier(tc *net.TCPConn) *Conn {
 	ra, la := tc.RemoteAddr().(*net.TCPAddr), tc.LocalAddr().(*net.TCPAddr)
-	if ra == nil || la == nil || l.rv == nil || !isLocal(ra.AddrPort().Addr()) {
+	// Only odd ports are offered (spec section 3): a connection from an even port is plain TCP,
+	// and is never held up waiting for HELLOs (silent rendezvous clients would otherwise delay
+	// every local TCP accept by up to claimWait).
+	if ra == nil || la == nil || l.rv == nil || ra.Port%2 == 0 || !isLocal(ra.AddrPort().Addr()) {
 		return nil
 	}
 	key := offerKey{canonical(ra.AddrPort()), canonical(la.AddrPort())}

@@ -940,14 +940,14 @@ func unmapLater(seg []byte) {
 		unmapQueue = make(chan []byte, 1024)
 		go func() {
 			for seg := range unmapQueue {
-				unix.Munmap(seg)
+				munmapSegment(seg)
 			}
 		}()
 	})
 	select {
 	case unmapQueue <- seg:
 	default:
-		unix.Munmap(seg) // the reaper is behind: do it here
+		munmapSegment(seg) // the reaper is behind: do it here
 	}
 }
 

@@ -37,7 +37,9 @@ func logf(format string, args ...any) {
 type Dialer struct {
 	// Timeout bounds the whole dial (rendezvous, handshake and any TCP fallback). Zero: none.
 	Timeout time.Duration
-	// Geometry of the segment offered to the server; zero means DefaultGeometry.
+	// Geometry of the segment offered to the server; zero means DefaultGeometry. Listeners
+	// refuse a segment over 256 MiB (both directions' rings and pools), and the connection
+	// then uses TCP: rings of up to 64 MiB fit.
 	Geometry Geometry
 	// TCPOnly disables colo: the Dialer always dials plain TCP.
 	TCPOnly bool

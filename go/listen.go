@@ -20,6 +20,17 @@ const maxUnaccepted = 1024
 // helloTimeout bounds how long a server waits for a HELLO on a new rendezvous connection.
 const helloTimeout = 5 * time.Second
 
+// maxHalfOpen bounds the rendezvous connections a listener holds before they are accepted by the
+// application: waiting for their HELLO (helloTimeout), CARRIER offers waiting for their TCP
+// connection (offerTimeout), DIRECT connections waiting for Accept. maxHalfOpenPerUID is one
+// client uid's share of them. Beyond either, a new rendezvous connection gets
+// REJECT(NO_RESOURCES) (its client uses TCP). They have their own bound, apart from
+// maxUnaccepted, so that silent rendezvous clients never hold up plain TCP accepts.
+const (
+	maxHalfOpen       = 1024
+	maxHalfOpenPerUID = maxHalfOpen / 4
+)
+
 // Listener accepts colo connections on its rendezvous name and plain TCP connections on its
 // TCP address. It implements net.Listener; Accept returns *Conn values (AcceptColo avoids the
 // type assertion).
@@ -40,11 +51,14 @@ type Listener struct {
 	offers       map[offerKey]*offer
 	offerEvt     chan struct{} // closed (and replaced) by offerEvent when a HELLO has been read
 	claimWaiters atomic.Int32  // claims waiting in claimCarrier for unread HELLOs
-	sem          chan struct{} // one token per connection accepted but not yet handed to Accept
+	sem          chan struct{} // one token per TCP connection accepted but not yet handed to Accept
+	halfMu       sync.Mutex
+	halfOpen     int            // rendezvous connections held (see maxHalfOpen)
+	halfByUID    map[uint32]int // ... by client uid
 	carrierOnly  atomic.Bool
 	v6only       bool                               // the TCP socket is IPv6 with IPV6_V6ONLY: it takes no IPv4 connection
 	directAny    atomic.Bool                        // SetDirectFromAnyUID
-	testAnswer   atomic.Pointer[func(c *Conn) bool] // tests: called before WELCOME; false: REJECT(NO_RESOURCES)   // tests: behave like the shim, refusing DIRECT with NEED_CARRIER
+	testAnswer   atomic.Pointer[func(c *Conn) bool] // tests: called before WELCOME; false: REJECT(NO_RESOURCES)
 	rvMu         sync.Mutex                         // serializes accepts on the rendezvous socket with pending counting
 	pending      atomic.Int32                       // accepted control connections whose HELLO is not read yet
 	parked       *parkTable                         // segments of closed DIRECT connections, kept for their clients' next dials
@@ -77,7 +91,7 @@ func ListenColo(network, address string) (*Listener, error) {
 	}
 	l := &Listener{tcp: tl.(*net.TCPListener), conns: make(chan *Conn), errs: make(chan error, 1),
 		sem:  make(chan struct{}, maxUnaccepted),
-		done: make(chan struct{}), offers: map[offerKey]*offer{}, offerEvt: make(chan struct{}), parked: newParkTable()}
+		done: make(chan struct{}), offers: map[offerKey]*offer{}, offerEvt: make(chan struct{}), parked: newParkTable(), halfByUID: map[uint32]int{}}
 	ta := l.tcp.Addr().(*net.TCPAddr).AddrPort()
 	l.addr = netip.AddrPortFrom(ta.Addr().Unmap(), ta.Port())
 	if l.addr.Addr().Is6() {
@@ -259,21 +273,14 @@ func (l *Listener) rvLoop() {
 	for {
 		var cfd int
 		var aerr error
-		select {
-		case l.sem <- struct{}{}:
-		case <-l.done:
-			return
-		}
 		err := rc.Read(func(fd uintptr) bool {
 			cfd, aerr = l.acceptControl(int(fd))
 			return aerr != unix.EAGAIN
 		})
 		if err != nil {
-			<-l.sem
 			return // closed
 		}
 		if aerr != nil {
-			<-l.sem
 			if aerr == unix.EINTR || aerr == unix.ECONNABORTED {
 				continue
 			}
@@ -286,8 +293,50 @@ func (l *Listener) rvLoop() {
 			continue
 		}
 		delay = 0
-		l.serveNew(cfd)
+		if uid, ok := l.admitHalfOpen(cfd); ok {
+			l.serveNew(cfd, uid)
+		}
 	}
+}
+
+// admitHalfOpen counts a rendezvous connection just accepted against maxHalfOpen and its uid's
+// share; beyond them it answers REJECT(NO_RESOURCES), closes it and reports false.
+func (l *Listener) admitHalfOpen(cfd int) (uint32, bool) {
+	why := ""
+	cred, err := peerCred(cfd)
+	if err != nil {
+		why = "peer credentials: " + err.Error()
+	} else {
+		l.halfMu.Lock()
+		switch {
+		case l.halfOpen >= maxHalfOpen:
+			why = "rendezvous connections held reached maxHalfOpen"
+		case l.halfByUID[cred.Uid] >= maxHalfOpenPerUID:
+			why = "rendezvous connections of this uid reached maxHalfOpenPerUID"
+		default:
+			l.halfOpen++
+			l.halfByUID[cred.Uid]++
+		}
+		l.halfMu.Unlock()
+	}
+	if why == "" {
+		return cred.Uid, true
+	}
+	l.pending.Add(-1)
+	reject(cfd, RejectNoResources)
+	unix.Close(cfd)
+	logf("listen %v: refused a rendezvous client: %s", l.addr, why)
+	return 0, false
+}
+
+// releaseHalfOpen gives back the place admitHalfOpen took for a connection of uid.
+func (l *Listener) releaseHalfOpen(uid uint32) {
+	l.halfMu.Lock()
+	l.halfOpen--
+	if l.halfByUID[uid]--; l.halfByUID[uid] <= 0 {
+		delete(l.halfByUID, uid)
+	}
+	l.halfMu.Unlock()
 }
 
 // acceptControl accepts one rendezvous connection without blocking and counts it as pending
@@ -302,16 +351,16 @@ func (l *Listener) acceptControl(rvfd int) (int, error) {
 	return cfd, err
 }
 
-// spawnHello serves one accepted control connection; the caller holds a token of l.sem, which
-// is given back when the HELLO has been answered and its connection accepted (or refused).
-func (l *Listener) spawnHello(cfd int, h *hello) {
+// spawnHello serves one accepted control connection; the caller holds its place (admitHalfOpen),
+// given back when the HELLO has been answered and its connection accepted (or refused).
+func (l *Listener) spawnHello(cfd int, h *hello, uid uint32) {
 	if h == nil {
 		h = &hello{err: unix.EAGAIN}
 	}
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
-		defer func() { <-l.sem }()
+		defer l.releaseHalfOpen(uid)
 		l.serveHello(cfd, h)
 	}()
 }
@@ -347,28 +396,29 @@ func (h *hello) isDirectHello() bool {
 		m.Type == MsgHello && m.Arg == ModeDirect
 }
 
-// serveNew handles a control connection just accepted by rvLoop (holding a token of l.sem).
-// The HELLO usually is already there (clients send it right after connecting): a DIRECT one is
-// then answered here, without a goroutine hand-off; anything else gets its own goroutine.
-func (l *Listener) serveNew(cfd int) {
+// serveNew handles a control connection just accepted by rvLoop (holding its place, see
+// admitHalfOpen). The HELLO usually is already there (clients send it right after connecting): a
+// DIRECT one is then answered here, without a goroutine hand-off; anything else gets its own
+// goroutine.
+func (l *Listener) serveNew(cfd int, uid uint32) {
 	h := &hello{}
 	if !readHello(cfd, h, unix.MSG_DONTWAIT) || !h.isDirectHello() {
-		l.spawnHello(cfd, h)
+		l.spawnHello(cfd, h, uid)
 		return
 	}
 	c := l.handleHello(cfd, os.NewFile(uintptr(cfd), "colo-ctl"), h)
 	if c == nil {
-		<-l.sem
+		l.releaseHalfOpen(uid)
 		return
 	}
 	select {
 	case l.conns <- c: // an Accept is waiting
-		<-l.sem
+		l.releaseHalfOpen(uid)
 	default:
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
-			defer func() { <-l.sem }()
+			defer l.releaseHalfOpen(uid)
 			l.deliver(c)
 		}()
 	}
@@ -474,8 +524,15 @@ func (l *Listener) adopt(cfd int, cf *os.File, mode uint8, fds []int, heard func
 	if !isEventfd(fds[1]) || !isEventfd(fds[2]) {
 		return nil, RejectBadMessage
 	}
-	seg, err := mapSegment(fds[0], size)
+	cred, err := peerCred(cfd)
 	if err != nil {
+		logf("hello: peer credentials: %v", err)
+		return nil, RejectNoResources
+	}
+	// Counted against this process's budgets of peer segments (not mapped if it does not fit).
+	seg, err := mapPeerSegment(fds[0], size, cred.Uid)
+	if err != nil {
+		logf("listen %v: refused a segment: %v", l.addr, err)
 		return nil, RejectNoResources
 	}
 	h, lay, err := decodeHeader(seg[:headerSize])
@@ -490,25 +547,22 @@ func (l *Listener) adopt(cfd int, cf *os.File, mode uint8, fds []int, heard func
 	}
 	if err != nil {
 		logf("hello: %v", err)
-		unix.Munmap(seg)
+		munmapSegment(seg)
 		return nil, RejectBadSegment
 	}
 	if mode == ModeDirect && !serves(l.addr, l.v6only, h.ServerAddr) {
 		// An IPv4 client of an IPV6_V6ONLY listener, which TCP would refuse too.
 		logf("hello: DIRECT for %v, which this TCP socket does not serve", h.ServerAddr)
-		unix.Munmap(seg)
+		munmapSegment(seg)
 		return nil, RejectNotServed
 	}
 	putLE32(seg, hServerPid, uint32(os.Getpid()))
-	cred, _ := peerCred(cfd)
 	c := &Conn{isServer: true, seg: seg, lay: lay, ownBell: fds[2], peerBell: fds[1], ctl: cf, ctlFd: cfd}
 	l.setAddrs(c, h)
-	if cred != nil {
-		c.peerPid = int(cred.Pid)
-	}
+	c.peerPid = int(cred.Pid)
 	if mode == ModeCarrier {
 		if !h.ClientAddr.IsValid() || !h.ServerAddr.IsValid() {
-			unix.Munmap(seg)
+			munmapSegment(seg)
 			return nil, RejectBadSegment
 		}
 		l.offerCarrier(c, h, fds, heard)
@@ -577,7 +631,7 @@ func (l *Listener) finish(c *Conn, fds []int) bool {
 	c.ctl.SetReadDeadline(time.Time{})
 	if err := c.setup(); err != nil { // only a new segment's doorbell can fail here
 		reject(c.ctlFd, RejectNoResources)
-		unix.Munmap(c.seg)
+		munmapSegment(c.seg)
 		for _, fd := range fds {
 			unix.Close(fd)
 		}

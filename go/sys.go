@@ -54,7 +54,7 @@ func checkSegmentFd(fd int) (uint64, error) {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return 0, fmt.Errorf("%w: fstat: %v", errBadSegment, err)
 	}
-	if st.Size < headerSize {
+	if st.Size < headerSize || st.Size > maxSegment {
 		return 0, fmt.Errorf("%w: size %d", errBadSegment, st.Size)
 	}
 	return uint64(st.Size), nil
@@ -66,7 +66,7 @@ func isEventfd(fd int) bool {
 }
 
 func mapSegment(fd int, size uint64) ([]byte, error) {
-	if size > 1<<40 {
+	if size > maxSegment {
 		return nil, errBadSegment
 	}
 	b, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
@@ -192,7 +192,7 @@ func getLE32(b []byte, off uint64) uint32    { return binary.LittleEndian.Uint32
 
 func unmap(c *Conn) {
 	if c.seg != nil {
-		unix.Munmap(c.seg)
+		munmapSegment(c.seg)
 		c.seg = nil
 	}
 }

@@ -71,47 +71,74 @@ struct ConnInfo {
     state: String,
 }
 
-fn read_u64(base: *const u8, off: usize) -> u64 {
-    // SAFETY: callers pass offsets inside the read-only mapping, checked against its length.
-    unsafe { std::ptr::read_volatile(base.add(off) as *const u64) }
+/// Reads the little-endian value of `N` bytes at `off` of the segment file, with `pread`: the
+/// file is never mapped, so one that its owner resizes (a hostile "segment" another user made)
+/// gives a short read, never SIGBUS. Counters are read one at a time, as a live connection moves
+/// them; each is one consistent read of its own bytes.
+fn read_le<const N: usize>(file: &std::fs::File, off: usize) -> Result<u64, String> {
+    let mut b = [0u8; 8];
+    match colo_sys::segment::read_at(file, &mut b[..N], off as u64) {
+        Ok(n) if n == N => Ok(u64::from_le_bytes(b)),
+        Ok(_) => Err(format!("segment ends before offset {off}")),
+        Err(e) => Err(format!("unreadable: {e}")),
+    }
 }
 
-fn read_u32(base: *const u8, off: usize) -> u32 {
-    // SAFETY: as in `read_u64`.
-    unsafe { std::ptr::read_volatile(base.add(off) as *const u32) }
+/// What `colo stat` makes of one descriptor named `colo-seg`.
+enum Seen {
+    Conn(ConnInfo),
+    /// Not shown: a segment this side parked for reuse.
+    Parked,
+    /// Not a valid segment (unsealed, mis-sized, bad header, unreadable): why.
+    Bad(u32, String),
 }
 
 /// One connection end: the segment at `path` as process `pid` holds it. `seen_before`: how many
 /// descriptors of this same segment `pid` was already listed with (a process connected to its own
 /// listener holds the client's and the server's).
-fn inspect(pid: u32, path: &std::path::Path, seen_before: usize) -> Option<ConnInfo> {
-    let file = std::fs::File::open(path).ok()?;
-    let map = colo_sys::segment::map_readonly(&file).ok()?;
-    if map.len() < 4096 {
-        return None;
+fn inspect(pid: u32, path: &std::path::Path, seen_before: usize) -> Seen {
+    match inspect_file(pid, path, seen_before) {
+        Ok(Some(c)) => Seen::Conn(c),
+        Ok(None) => Seen::Parked,
+        Err(why) => Seen::Bad(pid, why),
     }
-    // SAFETY: the mapping is at least 4096 bytes and readable.
-    let head = unsafe { std::slice::from_raw_parts(map.as_ptr(), HEADER_FIELDS) };
-    let (header, layout) = Header::decode(head).ok()?;
-    if map.len() < layout.segment_size {
-        return None;
+}
+
+fn inspect_file(pid: u32, path: &std::path::Path, seen_before: usize) -> Result<Option<ConnInfo>, String> {
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+    // Every colo segment is sealed against resizing: another file with the name is not one.
+    if !colo_sys::segment::is_sealed(&file) {
+        return Err("not sealed against resizing: not a colo segment".into());
     }
+    let mut head = [0u8; HEADER_FIELDS];
+    match colo_sys::segment::read_at(&file, &mut head, 0) {
+        Ok(HEADER_FIELDS) => {}
+        Ok(n) => return Err(format!("header truncated ({n} bytes)")),
+        Err(e) => return Err(format!("unreadable: {e}")),
+    }
+    let (header, layout) = Header::decode(&head).map_err(|e| format!("bad header: {e}"))?;
+    let size = colo_sys::segment::file_size(&file).map_err(|e| format!("unreadable: {e}"))?;
+    if size != layout.segment_size as u64 {
+        return Err(format!("file is {size} bytes, its header says {}", layout.segment_size));
+    }
+    let u64_at = |off| read_le::<8>(&file, off);
+    let u32_at = |off| read_le::<4>(&file, off).map(|v| v as u32);
     let own_peer = header.client_pid == pid && header.server_pid == pid;
     let role = if header.client_pid == pid && !(own_peer && seen_before > 0) { "client" } else { "server" };
-    let (out_c2s, base) = (role == "client", map.as_ptr() as *const u8);
+    let out_c2s = role == "client";
     // A segment this side parked for reuse is not a connection any more.
     use colo_ring::layout::{CLIENT_PARKED, PARKED, SERVER_PARKED};
-    if read_u32(base, PARKED) & if out_c2s { CLIENT_PARKED } else { SERVER_PARKED } != 0 {
-        return None;
+    if u32_at(PARKED)? & if out_c2s { CLIENT_PARKED } else { SERVER_PARKED } != 0 {
+        return Ok(None);
     }
     let blk = |c2s: bool| layout.block_offset(c2s);
     use colo_ring::layout::block;
     let out = blk(out_c2s);
     let inn = blk(!out_c2s);
-    let sent = read_u64(base, out + block::RING_HEAD);
-    let received = read_u64(base, inn + block::RING_TAIL);
-    let fill_out = sent.wrapping_sub(read_u64(base, out + block::RING_TAIL));
-    let (fo, fi) = (read_u32(base, out + block::RING_FLAGS), read_u32(base, inn + block::RING_FLAGS));
+    let sent = u64_at(out + block::RING_HEAD)?;
+    let received = u64_at(inn + block::RING_TAIL)?;
+    let fill_out = sent.wrapping_sub(u64_at(out + block::RING_TAIL)?);
+    let (fo, fi) = (u32_at(out + block::RING_FLAGS)?, u32_at(inn + block::RING_FLAGS)?);
     let state = match (fo & 1 != 0, fi & 1 != 0, (fo | fi) & 2 != 0) {
         (_, _, true) => "reset",
         (true, true, _) => "closed",
@@ -119,33 +146,36 @@ fn inspect(pid: u32, path: &std::path::Path, seen_before: usize) -> Option<ConnI
         (false, true, _) => "peer-write-shut",
         _ => "open",
     };
-    Some(ConnInfo {
+    Ok(Some(ConnInfo {
         pid,
         header,
         role,
         sent,
         received,
-        msgs_out: read_u64(base, out + block::MSG_HEAD),
-        msgs_in: read_u64(base, inn + block::MSG_TAIL),
+        msgs_out: u64_at(out + block::MSG_HEAD)?,
+        msgs_in: u64_at(inn + block::MSG_TAIL)?,
         fill_out,
         state: state.into(),
-    })
+    }))
 }
 
 pub fn run(a: Args) -> io::Result<()> {
     let (sockets, segments) = scan();
     let ls = listeners();
     let mut seen: HashMap<(u32, u64), usize> = HashMap::new();
-    let conns: Vec<ConnInfo> = segments
-        .iter()
-        .filter_map(|(pid, p)| {
-            use std::os::unix::fs::MetadataExt;
-            let ino = std::fs::metadata(p).map_or(0, |m| m.ino());
-            let n = seen.entry((*pid, ino)).or_insert(0);
-            *n += 1;
-            inspect(*pid, p, *n - 1)
-        })
-        .collect();
+    let mut conns = Vec::new();
+    let mut bad = Vec::new();
+    for (pid, p) in &segments {
+        use std::os::unix::fs::MetadataExt;
+        let ino = std::fs::metadata(p).map_or(0, |m| m.ino());
+        let n = seen.entry((*pid, ino)).or_insert(0);
+        *n += 1;
+        match inspect(*pid, p, *n - 1) {
+            Seen::Conn(c) => conns.push(c),
+            Seen::Parked => {}
+            Seen::Bad(pid, why) => bad.push((pid, p.display().to_string(), why)),
+        }
+    }
     let fmt = |a: Option<std::net::SocketAddr>| a.map_or("-".to_string(), |a| a.to_string());
     if a.json {
         let v = serde_json::json!({
@@ -160,6 +190,9 @@ pub fn run(a: Args) -> io::Result<()> {
                 "transport": "colo", "bytes_sent": c.sent, "bytes_received": c.received,
                 "messages_sent": c.msgs_out, "messages_received": c.msgs_in,
                 "ring_fill": c.fill_out, "ring_capacity": c.header.geometry.ring_capacity, "state": c.state,
+            })).collect::<Vec<_>>(),
+            "not_segments": bad.iter().map(|(pid, path, why)| serde_json::json!({
+                "pid": pid, "program": comm(*pid), "fd": path, "problem": why,
             })).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&v).expect("json"));
@@ -182,6 +215,13 @@ pub fn run(a: Args) -> io::Result<()> {
             c.state, fmt(l), fmt(r), c.pid, comm(c.pid), c.sent, c.received, c.msgs_out, c.msgs_in,
             100.0 * c.fill_out as f64 / f64::from(c.header.geometry.ring_capacity)
         );
+    }
+    if !bad.is_empty() {
+        println!();
+        println!("Files named colo-seg that are not valid segments (not read further):");
+        for (pid, path, why) in &bad {
+            println!("  {path} (pid {pid}, {}): {why}", comm(*pid));
+        }
     }
     Ok(())
 }

@@ -152,8 +152,11 @@ pub fn env_warnings(get: impl Fn(&str) -> Option<String>) -> Vec<String> {
     check("COLO_DISABLE", &|v| matches!(v.to_ascii_lowercase().as_str(), "" | "0" | "1" | "true" | "false" | "yes" | "no"), "1 to disable");
     check("COLO_SPIN_US", &|v| colo_ring::spin::SpinMode::parse(v).is_some(), "microseconds, 0 for never, inf for always");
     check("COLO_CARRIER_TIMEOUT_MS", &|v| v.parse::<u64>().is_ok(), "milliseconds");
-    check("COLO_RING_KB", &|v| v.parse::<u32>().is_ok_and(|kb| (4..=1 << 20).contains(&kb)), "KiB from 4 to 1048576");
+    check("COLO_RING_KB", &|v| v.parse::<u32>().is_ok_and(|kb| (4..=1 << 16).contains(&kb)), "KiB from 4 to 65536");
     check("COLO_SHORT_LIVED", &|v| v.is_empty() || v == "accelerate", "accelerate");
+    for key in ["COLO_MAX_MAPPED_MB", "COLO_MAX_MAPPED_PER_UID_MB"] {
+        check(key, &|v| v.trim().parse::<u64>().is_ok_and(|mb| mb > 0), "MiB, more than 0");
+    }
     out
 }
 
@@ -202,10 +205,10 @@ mod tests {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
             move |k: &str| pairs.iter().find(|(key, _)| *key == k).map(|(_, v)| v.to_string())
         };
-        let bad = env_warnings(env(&[("COLO_SPIN_US", "abc"), ("COLO_RING_KB", "5000000"), ("COLO_LOG", "verbose"), ("COLO_CARRIER_TIMEOUT_MS", "-5")]));
-        assert_eq!(bad.len(), 4, "{bad:?}");
+        let bad = env_warnings(env(&[("COLO_SPIN_US", "abc"), ("COLO_RING_KB", "5000000"), ("COLO_LOG", "verbose"), ("COLO_CARRIER_TIMEOUT_MS", "-5"), ("COLO_MAX_MAPPED_MB", "0")]));
+        assert_eq!(bad.len(), 5, "{bad:?}");
         assert!(bad[0].starts_with("COLO_LOG=\"verbose\""), "{bad:?}");
-        let good = env_warnings(env(&[("COLO_SPIN_US", "inf"), ("COLO_RING_KB", "64"), ("COLO_LOG", "INFO"), ("COLO_DISABLE", "1")]));
+        let good = env_warnings(env(&[("COLO_SPIN_US", "inf"), ("COLO_RING_KB", "64"), ("COLO_LOG", "INFO"), ("COLO_DISABLE", "1"), ("COLO_MAX_MAPPED_MB", "1024")]));
         assert!(good.is_empty(), "{good:?}");
     }
 }

@@ -12,5 +12,6 @@ pub mod preload;
 pub mod segment;
 pub mod seqpacket;
 pub mod tcp;
+pub mod timer;
 
 pub use rustix::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};

@@ -68,15 +68,27 @@ pub enum AttachError {
     BadSegment(&'static str),
     /// The kernel refused (e.g. out of address space).
     Os(io::Error),
+    /// The caller's admission (`attach_admitted`) refused it: why.
+    Refused(String),
 }
 
-/// Largest segment a peer may hand us.
-pub const MAX_SEGMENT: u64 = 1 << 34;
+/// Largest segment a peer may hand us: 256 MiB. Enough for every geometry colo's own clients
+/// create (the default is about 2.6 MiB; the test peer's 8 x 4 MiB pools about 65 MiB) and for
+/// rings of up to 64 MiB per direction, the size of the largest TCP buffers (`tcp_rmem`), with
+/// pools of up to 63 MiB beside them; small enough that one segment is a bounded part of the
+/// mapped-bytes budgets (`colo::budget`).
+pub const MAX_SEGMENT: u64 = 1 << 28;
 
 /// Validates a segment received from a peer (a memfd with the required seals, at least `min`
 /// bytes, at most [`MAX_SEGMENT`]) and maps all of it read-write. The caller checks the mapped
 /// size against the segment's header.
 pub fn attach(fd: &OwnedFd, min: usize) -> Result<Mapping, AttachError> {
+    attach_admitted(fd, min, |_| Ok(())).map(|(map, ())| map)
+}
+
+/// As [`attach`], with `admit` asked, with the file's size, after the checks and before the
+/// mapping (a budget of mapped bytes): if it refuses, nothing is mapped.
+pub fn attach_admitted<T>(fd: &OwnedFd, min: usize, admit: impl FnOnce(u64) -> Result<T, String>) -> Result<(Mapping, T), AttachError> {
     let seals = fcntl_get_seals(fd).map_err(|_| AttachError::BadSegment("not a sealable memfd"))?;
     if !seals.contains(REQUIRED_SEALS) {
         return Err(AttachError::BadSegment("segment not sealed against resizing"));
@@ -85,17 +97,34 @@ pub fn attach(fd: &OwnedFd, min: usize) -> Result<Mapping, AttachError> {
     if st.st_size < min as i64 || st.st_size as u64 > MAX_SEGMENT {
         return Err(AttachError::BadSegment("segment size out of range"));
     }
-    Mapping::map(fd, st.st_size as usize, ProtFlags::READ | ProtFlags::WRITE).map_err(AttachError::Os)
+    let admitted = admit(st.st_size as u64).map_err(AttachError::Refused)?;
+    let map = Mapping::map(fd, st.st_size as usize, ProtFlags::READ | ProtFlags::WRITE).map_err(AttachError::Os)?;
+    Ok((map, admitted))
 }
 
-/// Reads the size of a segment descriptor and maps it read-only (for `colo stat`).
-pub fn map_readonly(fd: impl AsFd) -> io::Result<Mapping> {
-    let fd = rustix::io::fcntl_dupfd_cloexec(fd, 0)?;
-    let size = fstat(&fd)?.st_size as usize;
-    if size == 0 {
-        return Err(io::ErrorKind::InvalidData.into());
-    }
-    Mapping::map(&fd, size, ProtFlags::READ)
+/// This process's address-space limit (`RLIMIT_AS`, as `ulimit -v` sets it), if it has one: the
+/// budgets of mapped peer segments stay well inside it, so that the heap and thread stacks the
+/// process needs are never crowded out by peers' segments.
+pub fn address_space_limit() -> Option<u64> {
+    rustix::process::getrlimit(rustix::process::Resource::As).current
+}
+
+/// Whether `fd` is a memfd sealed against resizing, as every segment is (for `colo stat`, which
+/// reports other files named `colo-seg` as not segments).
+pub fn is_sealed(fd: impl AsFd) -> bool {
+    fcntl_get_seals(fd).is_ok_and(|s| s.contains(REQUIRED_SEALS))
+}
+
+/// The size of a segment descriptor's file.
+pub fn file_size(fd: impl AsFd) -> io::Result<u64> {
+    Ok(fstat(fd)?.st_size as u64)
+}
+
+/// Reads `buf.len()` bytes at `offset` of a segment descriptor without mapping it: a file that
+/// another process truncates meanwhile gives a short read, never a fault. Returns how many bytes
+/// were read.
+pub fn read_at(fd: impl AsFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    Ok(rustix::io::pread(fd, buf, offset)?)
 }
 
 /// Reads the first `buf.len()` bytes of a segment descriptor without mapping it.

@@ -21,20 +21,41 @@ fn serve(addr: &str, mode: &str) -> io::Result<()> {
     let listener = Listener::bind_with(addr, options())?;
     println!("READY {}", listener.local_addr()?);
     io::stdout().flush()?;
+    // Nothing a client does ends the server: a failed accept (out of descriptors, say) or a
+    // thread that cannot be had costs that connection only, with a line on stderr.
+    let mut delay = std::time::Duration::ZERO;
     loop {
-        let (s, _) = listener.accept()?;
+        let s = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) => {
+                eprintln!("peer server: accept: {e}");
+                // EMFILE and the like leave the connection queued: do not spin on it.
+                delay = (delay * 2).clamp(std::time::Duration::from_millis(5), std::time::Duration::from_secs(1));
+                std::thread::sleep(delay);
+                continue;
+            }
+        };
+        delay = std::time::Duration::ZERO;
         let mode = mode.to_string();
-        std::thread::spawn(move || {
+        // A small stack: the echo loops need little, and under a `ulimit -v` more threads fit.
+        let spawned = std::thread::Builder::new().stack_size(256 * 1024).spawn(move || {
             let r = if mode == "msg" { echo_messages(&s) } else { echo_stream(&s) };
             if let Err(e) = r {
                 eprintln!("peer server: connection: {e}");
             }
         });
+        if let Err(e) = spawned {
+            // The connection (moved into the closure) is closed as the closure is dropped.
+            eprintln!("peer server: no thread for a connection: {e}; closed it");
+        }
     }
 }
 
 fn echo_stream(s: &Stream) -> io::Result<()> {
-    let mut buf = vec![0u8; 256 * 1024];
+    // Out of memory (a `ulimit -v`) fails this connection, not the process.
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(256 * 1024).map_err(|e| io::Error::new(io::ErrorKind::OutOfMemory, e))?;
+    buf.resize(256 * 1024, 0u8);
     loop {
         let n = (&*s).read(&mut buf)?;
         if n == 0 {

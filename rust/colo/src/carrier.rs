@@ -378,6 +378,7 @@ pub fn reattach(memfd: OwnedFd, control: OwnedFd, own_bell: OwnedFd, peer_bell: 
     let map = segment::attach(&memfd, layout.segment_size).map_err(|e| match e {
         segment::AttachError::BadSegment(e) => e.to_string(),
         segment::AttachError::Os(e) => e.to_string(),
+        segment::AttachError::Refused(e) => e,
     })?;
     if map.len() != layout.segment_size {
         return Err("segment size differs from its header".into());
@@ -565,17 +566,20 @@ impl Hello {
         if let Err(why) = crate::trust::offer_sender_trusted(client, server, client_uid) {
             return fail(&self.control, Reason::NotClaimed, why);
         }
-        let map = match segment::attach(&self.memfd, self.layout.segment_size) {
+        // Counted against this process's budgets of peer segments (not mapped if it does not fit).
+        let admit = |size| crate::budget::Lease::take(client_uid, size);
+        let (map, lease) = match segment::attach_admitted(&self.memfd, self.layout.segment_size, admit) {
             Ok(m) => m,
             Err(segment::AttachError::BadSegment(e)) => return fail(&self.control, Reason::BadSegment, e.into()),
             Err(segment::AttachError::Os(e)) => return fail(&self.control, Reason::NoResources, e.to_string()),
+            Err(segment::AttachError::Refused(e)) => return fail(&self.control, Reason::NoResources, e),
         };
         let memfd = self.memfd.as_raw_fd();
         if map.len() != self.layout.segment_size {
             return fail(&self.control, Reason::BadSegment, "segment size differs from its header".into());
         }
         // SAFETY: `attach` checked the file is sealed; its size equals `layout.segment_size`.
-        let seg = unsafe { Segment::new(map, self.layout, self.memfd) };
+        let seg = unsafe { Segment::new(map, self.layout, self.memfd) }.leased(lease);
         // SYNC POINT with the CAS in `Offer::abandon`: exactly one of the two wins.
         if claim_word(seg.base())
             .compare_exchange(claim::OFFERED, claim::CLAIMED, Ordering::AcqRel, Ordering::Acquire)

@@ -442,10 +442,12 @@ pub(crate) fn answer(control: OwnedFd, served: Served, opts: &Options, parked: &
     if !crate::carrier::is_eventfd(&client_bell) || !crate::carrier::is_eventfd(&server_bell) {
         return reject(&control, Reason::BadMessage, "doorbells are not eventfds");
     }
-    let map = match segment::attach(&memfd, HEADER_FIELDS) {
+    // Counted against this process's budgets of peer segments (not mapped if it does not fit).
+    let (map, lease) = match segment::attach_admitted(&memfd, HEADER_FIELDS, |size| crate::budget::Lease::take(client_uid, size)) {
         Ok(m) => m,
         Err(segment::AttachError::BadSegment(e)) => return reject(&control, Reason::BadSegment, e),
         Err(segment::AttachError::Os(e)) => return reject(&control, Reason::NoResources, e.to_string()),
+        Err(segment::AttachError::Refused(e)) => return reject(&control, Reason::NoResources, e),
     };
     let (header, layout) = match read_header(map.as_ptr()) {
         Ok(h) => h,
@@ -455,7 +457,7 @@ pub(crate) fn answer(control: OwnedFd, served: Served, opts: &Options, parked: &
         return reject(&control, Reason::BadSegment, "segment size differs from its header");
     }
     // SAFETY: `attach` checked the file is exactly `layout.segment_size` bytes and sealed.
-    let seg = unsafe { Segment::new(map, layout, memfd) };
+    let seg = unsafe { Segment::new(map, layout, memfd) }.leased(lease);
     // server_pid (offset 44) is informational, for `colo stat`.
     // SAFETY: offset 44 is an aligned u32 inside the header of our mapping.
     unsafe { &*(seg.base().add(44) as *const colo_ring::sync::AtomicU32) }

@@ -11,6 +11,15 @@
 //! With connections to watch, the thread sleeps in `epoll_wait` and costs nothing; with none for
 //! [`IDLE`], it ends (the next registration starts another), so that a process whose
 //! connections are gone is single-threaded again, as the segment reaper's idle end intends.
+//!
+//! The `waiting` word a sleeper waits on is shared with the peer, which may write anything there
+//! (a hostile peer stores 0, clearing the FUTEX bit, then hangs up). Nothing the peer writes may
+//! keep our sleeper asleep after a hang-up, so the watcher's mark lives in private memory
+//! (`fired`, which the sleeper looks at before every untimed sleep), and the watcher wakes the
+//! futex whatever the word holds. A peer that writes the announced value back just between the
+//! sleeper's look at the mark and its `FUTEX_WAIT` could still make that one wake-up miss: so
+//! while a mark is not taken, the watcher wakes the futex again, at [`REWAKE_FIRST`] and then at
+//! doubling intervals up to [`REWAKE_MAX`], until the sleeper (or a writer) takes the mark.
 
 use colo_ring::notify::SLEEP_FUTEX;
 use colo_ring::sync::{AtomicU32, Ordering};
@@ -19,7 +28,7 @@ use colo_sys::{AsRawFd, FromRawFd, OwnedFd};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long the watcher waits with nothing to watch before it ends.
 const IDLE: Duration = Duration::from_millis(250);
@@ -37,6 +46,29 @@ struct Watched {
     /// The address of the connection's own `waiting` word, inside its mapped segment. The entry
     /// is removed (under the lock) before the segment can be unmapped.
     word: usize,
+    /// While `fired` is set and not taken: when to wake the futex again, and the interval after
+    /// that (see the module doc).
+    rewake: Option<(Instant, Duration)>,
+}
+
+impl Watched {
+    /// Marks the connection and wakes every thread of ours asleep on its futex, whatever the
+    /// peer left in the shared word.
+    fn fire(&self) {
+        // SYNC POINT with the sleeper's `Watch::take_fired` (Acquire): the mark is released
+        // by the read-modify-write below, which the sleeper's announcement reads or follows.
+        self.fired.store(true, Ordering::Release);
+        // SAFETY: `word` is an aligned atomic in a segment that stays mapped while the entry
+        // exists (`Watch::release` removes it under the watcher's lock before the unmapping).
+        let word = unsafe { &*(self.word as *const AtomicU32) };
+        // SYNC POINT with `notify::announce_sleep`: a sleeper that announced FUTEX before this
+        // finds its word changed (no sleep) or is woken below; one that announces after it
+        // synchronises with it and sees the mark before sleeping. Only the FUTEX bit is
+        // taken: a DOORBELL bit stays for the peer to ring. The wake-up does not depend on
+        // the bit: the peer may have cleared it.
+        word.fetch_and(!SLEEP_FUTEX, Ordering::AcqRel);
+        colo_sys::futex::wake_all(word);
+    }
 }
 
 struct Watcher {
@@ -82,6 +114,11 @@ pub(crate) fn forked() {
     drop(unsafe { OwnedFd::from_raw_fd(epoll) });
 }
 
+/// The first repeated wake-up of a futex whose mark is not taken yet (see the module doc).
+const REWAKE_FIRST: Duration = Duration::from_millis(10);
+/// The longest interval between repeated wake-ups of a futex whose mark is not taken.
+const REWAKE_MAX: Duration = Duration::from_secs(1);
+
 /// The watcher of this process image, started on first use (and again after one ended idle);
 /// `None` if it cannot run.
 fn watcher(w: &mut Option<Watcher>) -> Option<&mut Watcher> {
@@ -102,14 +139,19 @@ fn watcher(w: &mut Option<Watcher>) -> Option<&mut Watcher> {
 fn run(poller: &Arc<Poller>) {
     let mine = |w: &Option<Watcher>| w.as_ref().is_some_and(|w| Arc::ptr_eq(&w.poller, poller));
     loop {
-        let idle = {
+        let (idle, rewake) = {
             let w = lock();
             if !mine(&w) {
                 return;
             }
-            w.as_ref().is_some_and(|w| w.watched.is_empty())
+            let w = w.as_ref().expect("mine");
+            (w.watched.is_empty(), w.watched.values().filter_map(|c| c.rewake.map(|(at, _)| at)).min())
         };
-        let keys = poller.wait(idle.then_some(IDLE));
+        let timeout = match rewake {
+            Some(at) => Some(at.saturating_duration_since(Instant::now())),
+            None => idle.then_some(IDLE),
+        };
+        let keys = poller.wait(timeout);
         let mut guard = lock();
         if !mine(&guard) {
             return;
@@ -117,7 +159,10 @@ fn run(poller: &Arc<Poller>) {
         let Ok(keys) = keys else {
             // No thread watches from now on: a new generation makes every connection register
             // again, with another watcher, at its next sleep (its current registration would
-            // otherwise pass for watched).
+            // otherwise pass for watched). Marks not taken yet are woken once more first.
+            if let Some(w) = guard.as_ref() {
+                w.watched.values().filter(|c| c.rewake.is_some()).for_each(Watched::fire);
+            }
             GENERATION.fetch_add(1, Ordering::Relaxed);
             *guard = None;
             return;
@@ -128,25 +173,26 @@ fn run(poller: &Arc<Poller>) {
             *guard = None;
             return;
         }
-        let Some(w) = guard.as_ref() else { return };
+        let Some(w) = guard.as_mut() else { return };
+        let now = Instant::now();
         for key in keys {
             if key == WAKE {
                 colo_sys::doorbell::drain(&w.wake);
                 continue;
             }
-            let Some(c) = w.watched.get(&key) else { continue };
-            // SYNC POINT with the sleeper's `Watch::take_fired` (Acquire): the mark is released
-            // by the read-modify-write below, which the sleeper's announcement reads or follows.
-            c.fired.store(true, Ordering::Release);
-            // SAFETY: `word` is an aligned atomic in a segment that stays mapped while the entry
-            // exists (`Watch::release` removes it under this lock before the unmapping).
-            let word = unsafe { &*(c.word as *const AtomicU32) };
-            // SYNC POINT with `notify::announce_sleep`: a sleeper that announced FUTEX before this
-            // finds its word changed (no sleep) or is woken below; one that announces after it
-            // synchronises with it and sees the mark before sleeping. Only the FUTEX bit is
-            // taken: a DOORBELL bit stays for the peer to ring.
-            if word.fetch_and(!SLEEP_FUTEX, Ordering::AcqRel) & SLEEP_FUTEX != 0 {
-                colo_sys::futex::wake_all(word);
+            let Some(c) = w.watched.get_mut(&key) else { continue };
+            c.fire();
+            c.rewake = Some((now + REWAKE_FIRST, REWAKE_FIRST));
+        }
+        for c in w.watched.values_mut() {
+            let Some((at, every)) = c.rewake else { continue };
+            if !c.fired.load(Ordering::Relaxed) {
+                // Taken: the sleeper is awake (it re-arms the watch if the peer is still there).
+                c.rewake = None;
+            } else if at <= now {
+                c.fire();
+                let every = (every * 2).min(REWAKE_MAX);
+                c.rewake = Some((now + every, every));
             }
         }
     }
@@ -184,7 +230,7 @@ impl Watch {
                 let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
                 match w.poller.add_once(control, key) {
                     Ok(()) => {
-                        let entry = Watched { fired: self.fired.clone(), word: word as *const AtomicU32 as usize };
+                        let entry = Watched { fired: self.fired.clone(), word: word as *const AtomicU32 as usize, rewake: None };
                         w.watched.insert(key, entry);
                         key
                     }
@@ -231,5 +277,53 @@ impl Watch {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    /// The peer clears the FUTEX bit, the watcher's first wake-up comes before the sleeper is in
+    /// `FUTEX_WAIT`, and the peer writes back the value the sleeper then waits for: the watcher's
+    /// repeated wake-ups still end that sleep, as the mark was not taken.
+    #[test]
+    fn a_hang_up_ends_the_sleep_whatever_the_peer_writes() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let control = OwnedFd::from(ours);
+        // Leaked: if an assertion fails before `release`, the watcher still holds its address.
+        let word: &'static AtomicU32 = Box::leak(Box::new(AtomicU32::new(SLEEP_FUTEX | 0x100)));
+        let announced = word.load(Ordering::Relaxed);
+        let watch = Watch::new();
+        assert!(watch.armed(&control, word), "a watcher runs in a test process");
+        // The peer clears the bit and hangs up.
+        word.store(0, Ordering::Relaxed);
+        drop(theirs);
+        // The watcher marks the connection and wakes the futex at once (nobody sleeps yet).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !watch.fired.load(Ordering::Acquire) {
+            assert!(Instant::now() < deadline, "the watcher saw the hang-up");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // The peer writes back the announced value: a sleep that looked at the mark before it
+        // was set now enters FUTEX_WAIT expecting that value.
+        word.store(announced, Ordering::Relaxed);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                colo_sys::futex::wait(word, announced, None);
+                tx.send(()).unwrap();
+            });
+            let woken = rx.recv_timeout(Duration::from_secs(5)).is_ok();
+            if !woken {
+                // Let the sleeper go, so that the failure is reported rather than hung.
+                word.fetch_add(1, Ordering::Relaxed);
+                colo_sys::futex::wake_all(word);
+            }
+            assert!(woken, "the sleeper was woken again");
+        });
+        assert!(watch.take_fired());
+        watch.release();
     }
 }

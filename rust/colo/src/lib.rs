@@ -32,7 +32,9 @@
 
 pub mod carrier;
 mod fork;
+pub mod budget;
 mod framed;
+mod halfopen;
 mod handshake;
 mod hangup;
 mod listener;

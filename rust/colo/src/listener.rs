@@ -1,6 +1,7 @@
 //! [`Listener`]: a TCP listener plus its rendezvous (spec/WIRE.md section 2).
 
 use crate::carrier;
+use crate::halfopen::{HalfOpen, Pending, MAX_HALF_OPEN};
 use crate::handshake::{self, Answer};
 use crate::log;
 use crate::options::Options;
@@ -9,7 +10,6 @@ use crate::wire;
 use colo_sys::doorbell::Poller;
 use colo_sys::{seqpacket, AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::io;
-use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use crate::recycle;
@@ -19,12 +19,10 @@ use std::time::{Duration, Instant};
 const TCP: u64 = 0;
 const RENDEZVOUS: u64 = 1;
 const PENDING: u64 = 2;
+/// The timer that expires half-open handshakes (`halfopen`).
+const TIMER: u64 = 3;
 /// All of `Listener::maybe_ready` (bit `1 << token`).
-const ALL_SOURCES: u8 = 1 << TCP | 1 << RENDEZVOUS | 1 << PENDING;
-/// A client that connects to the rendezvous and says nothing is dropped after this long.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
-/// At most this many silent rendezvous connections are kept; the oldest is dropped beyond it.
-const MAX_PENDING: usize = 1024;
+const ALL_SOURCES: u8 = 1 << TCP | 1 << RENDEZVOUS | 1 << PENDING | 1 << TIMER;
 
 /// Accepts colo connections over shared memory and plain TCP clients on the same address.
 ///
@@ -42,11 +40,14 @@ pub struct Listener {
     tcp: TcpListener,
     rendezvous: Option<OwnedFd>,
     poller: Poller,
-    pending: Mutex<Vec<(OwnedFd, Instant)>>,
-    /// DIRECT connections completed while looking for a carrier offer, returned by the next accept.
+    /// Silent rendezvous connections, and CARRIER offers from clients under `colo run` (by
+    /// 4-tuple, until their TCP connection arrives): bounded, expired on a timer.
+    half_open: Mutex<HalfOpen>,
+    /// Whether `half_open` has its timer in the poll set (else every accept expires).
+    timed: bool,
+    /// DIRECT connections completed while looking for a carrier offer, returned by the next
+    /// accept (at most `MAX_HALF_OPEN`: beyond, the rest stay queued).
     early: Mutex<Vec<(Stream, SocketAddr)>>,
-    /// CARRIER offers from clients under `colo run`, by 4-tuple, until their TCP connection arrives.
-    offers: Mutex<HashMap<carrier::Key, (Box<carrier::Hello>, Instant)>>,
     addr: SocketAddr,
     /// The TCP socket's address and `IPV6_V6ONLY` (DIRECT clients of an address it does not
     /// serve are refused, as TCP refuses them).
@@ -81,6 +82,9 @@ impl Listener {
         let poller = Poller::new()?;
         poller.add(&tcp, TCP)?;
         let name = wire::rendezvous_name(addr);
+        // Half-open handshakes expire on this timer even if no connection ever comes (without
+        // one, a blocking accept's poll timeout does it).
+        let timer = colo_sys::timer::create().ok().filter(|t| poller.add(t, TIMER).is_ok());
         let rendezvous = match seqpacket::listen(name.as_bytes()) {
             Ok(fd) => {
                 poller.add(&fd, RENDEZVOUS)?;
@@ -95,9 +99,9 @@ impl Listener {
             tcp,
             rendezvous,
             poller,
-            pending: Mutex::new(Vec::new()),
+            timed: timer.is_some(),
+            half_open: Mutex::new(HalfOpen::new(timer)),
             early: Mutex::new(Vec::new()),
-            offers: Mutex::new(HashMap::new()),
             addr,
             served,
             opts,
@@ -167,9 +171,14 @@ impl Listener {
         self.maybe_ready.fetch_or(1 << token, Ordering::Relaxed);
     }
 
+    fn half_open(&self) -> std::sync::MutexGuard<'_, HalfOpen> {
+        self.half_open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// When a blocking accept must wake to expire half-open handshakes: never if the timer in
+    /// the poll set does it.
     fn pending_deadline(&self) -> Option<Instant> {
-        let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        pending.iter().map(|(_, at)| *at + HELLO_TIMEOUT).min()
+        if self.timed { None } else { self.half_open().next_deadline() }
     }
 
     fn finish(&self, answer: Answer) -> Option<(Stream, SocketAddr)> {
@@ -180,24 +189,35 @@ impl Listener {
                 Some((Stream::from_shm(shm), peer))
             }
             Answer::Pending(fd) => {
-                let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-                if pending.len() >= MAX_PENDING {
-                    let (oldest, _) = pending.remove(0);
-                    let _ = self.poller.delete(&oldest);
-                }
-                if self.poller.add(&fd, PENDING).is_ok() {
-                    pending.push((fd, Instant::now()));
+                let uid = match seqpacket::peer_cred(&fd) {
+                    Ok((_, uid)) => uid,
+                    Err(e) => {
+                        log::info(format_args!("accept {}: rendezvous client: peer credentials: {e}", self.addr));
+                        return None;
+                    }
+                };
+                let mut half_open = self.half_open();
+                match half_open.admit_pending(Pending { fd, since: Instant::now(), uid }) {
+                    Ok(()) => {
+                        let p = half_open.pending.last().expect("just admitted");
+                        if self.poller.add(&p.fd, PENDING).is_err() {
+                            half_open.pending.pop();
+                        }
+                    }
+                    Err((p, why)) => {
+                        drop(half_open);
+                        carrier::reject(&p.fd, wire::Reason::NoResources);
+                        log::info(format_args!("accept {}: refused a rendezvous client of uid {uid}: {why}", self.addr));
+                    }
                 }
                 None
             }
             Answer::Offer(hello) => {
-                if let Some(key) = hello.key() {
-                    let mut offers = self.offers.lock().unwrap_or_else(|e| e.into_inner());
-                    let now = Instant::now();
-                    offers.retain(|_, (_, at)| now.duration_since(*at) < HELLO_TIMEOUT);
-                    if offers.len() < MAX_PENDING {
-                        offers.insert(key, (hello, now));
-                    }
+                let (Some(key), Ok((_, uid))) = (hello.key(), seqpacket::peer_cred(&hello.control)) else { return None };
+                let admitted = self.half_open().admit_offer(key, hello, uid);
+                if let Err((hello, why)) = admitted {
+                    carrier::reject(&hello.control, wire::Reason::NoResources);
+                    log::info(format_args!("accept {}: refused a CARRIER offer of uid {uid}: {why}", self.addr));
                 }
                 None
             }
@@ -208,38 +228,43 @@ impl Listener {
         }
     }
 
-    /// Answers the silent rendezvous clients whose HELLO has arrived and drops those that timed
-    /// out; returns a DIRECT connection if one completed. Reads them only if the poller reported
-    /// one, or with `force`.
+    /// Answers the silent rendezvous clients whose HELLO has arrived; returns a DIRECT
+    /// connection if one completed. Reads them only if the poller reported one, or with `force`.
+    /// They are read under the lock of the half-open set (each read is non-blocking), so a
+    /// place stays taken while its client is looked at.
     fn poll_pending(&self, force: bool) -> Option<(Stream, SocketAddr)> {
-        let waiting: Vec<_> = {
-            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-            let now = Instant::now();
-            // Timed-out clients are dropped (closing the fd also leaves the epoll set).
-            pending.retain(|(_, at)| now.duration_since(*at) < HELLO_TIMEOUT);
-            if pending.is_empty() || !(self.take_hint(PENDING) || force) {
+        let mut outcomes = Vec::new();
+        {
+            let mut half_open = self.half_open();
+            if half_open.pending.is_empty() || !(self.take_hint(PENDING) || force) {
                 return None;
             }
-            std::mem::take(&mut *pending)
-        };
-        let mut found = None;
-        for (fd, at) in waiting {
-            if found.is_some() {
-                // Not looked at: look again next time.
-                self.hint(PENDING);
-                self.pending.lock().unwrap_or_else(|e| e.into_inner()).push((fd, at));
-                continue;
-            }
-            // Out of the listener's epoll first: once answered, the socket belongs to a connection
-            // (its later hang-up must not wake accept forever).
-            let _ = self.poller.delete(&fd);
-            match handshake::answer(fd, self.served, &self.opts, &self.parked) {
-                Answer::Pending(fd) => {
-                    if self.poller.add(&fd, PENDING).is_ok() {
-                        self.pending.lock().unwrap_or_else(|e| e.into_inner()).push((fd, at));
-                    }
+            let mut still = Vec::with_capacity(half_open.pending.len());
+            for p in std::mem::take(&mut half_open.pending) {
+                if outcomes.iter().any(|a| matches!(a, Answer::Accepted(_))) {
+                    // Not looked at: look again next time.
+                    self.hint(PENDING);
+                    still.push(p);
+                    continue;
                 }
-                other => found = self.finish(other),
+                // Out of the listener's epoll first: once answered, the socket belongs to a
+                // connection (its later hang-up must not wake accept forever).
+                let _ = self.poller.delete(&p.fd);
+                match handshake::answer(p.fd, self.served, &self.opts, &self.parked) {
+                    Answer::Pending(fd) => {
+                        if self.poller.add(&fd, PENDING).is_ok() {
+                            still.push(Pending { fd, ..p });
+                        }
+                    }
+                    other => outcomes.push(other),
+                }
+            }
+            half_open.pending = still;
+        }
+        let mut found = None;
+        for a in outcomes {
+            if let Some(s) = self.finish(a) {
+                found = Some(s);
             }
         }
         found
@@ -248,10 +273,9 @@ impl Listener {
     /// One look at the sources whose hints are set; `drain`: accept rendezvous connections until
     /// EAGAIN (or a completed one), not just one.
     fn try_accept(&self, drain: bool) -> io::Result<Option<(Stream, SocketAddr)>> {
-        {
-            // Offers whose TCP connection never came: release their descriptors.
-            let now = Instant::now();
-            self.offers.lock().unwrap_or_else(|e| e.into_inner()).retain(|_, (_, at)| now.duration_since(*at) < HELLO_TIMEOUT);
+        if self.take_hint(TIMER) || !self.timed {
+            // Silent clients and offers whose TCP connection never came: released.
+            self.half_open().fired();
         }
         if let Some(s) = self.poll_pending(false) {
             return Ok(Some(s));
@@ -298,21 +322,25 @@ impl Listener {
     fn claim_or_tcp(&self, tcp: TcpStream, peer: SocketAddr) -> (Stream, SocketAddr) {
         let Ok(local) = tcp.local_addr() else { return (Stream::from_tcp(tcp), peer) };
         let key = carrier::key(peer, local);
-        let lookup = || self.offers.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        let lookup = || self.half_open().take_offer(&key);
         let mut offer = lookup();
         if offer.is_none() && self.rendezvous.is_some() {
             // The client sent its HELLO before connecting: read the HELLOs that have arrived
             // (on new and on already accepted rendezvous connections), then look again.
             // Each call stops at a completed DIRECT connection: keep going until both are empty.
-            while let Some(s) = self.poll_pending(true) {
+            // At most MAX_HALF_OPEN of those wait for an accept: the rest stay queued.
+            let room = || self.early.lock().unwrap_or_else(|e| e.into_inner()).len() < MAX_HALF_OPEN;
+            while room() {
+                let Some(s) = self.poll_pending(true) else { break };
                 self.early.lock().unwrap_or_else(|e| e.into_inner()).push(s);
             }
-            while let Ok(Some(s)) = self.drain_rendezvous_new(true) {
+            while room() {
+                let Ok(Some(s)) = self.drain_rendezvous_new(true) else { break };
                 self.early.lock().unwrap_or_else(|e| e.into_inner()).push(s);
             }
             offer = lookup();
         }
-        let Some((hello, _)) = offer else { return (Stream::from_tcp(tcp), peer) };
+        let Some(hello) = offer else { return (Stream::from_tcp(tcp), peer) };
         match hello.claim().and_then(|e| e.into_shm(self.opts.spin_mode()).map_err(|e| e.to_string())) {
             Ok(shm) => {
                 log::info(format_args!("accept {}: shared memory (carrier {peer}) with pid {}", self.addr, shm.peer_pid()));

@@ -44,7 +44,9 @@ impl Options {
         }
     }
 
-    /// Byte-ring capacity per direction (a power of two, 4 KiB to 1 GiB).
+    /// Byte-ring capacity per direction (a power of two, 4 KiB to 1 GiB). Listeners refuse a
+    /// segment over 256 MiB (both directions' rings and pools; `colo_sys::segment::MAX_SEGMENT`),
+    /// and the connection then uses TCP: rings of up to 64 MiB fit.
     pub fn ring_capacity(mut self, bytes: u32) -> Options {
         self.geometry.ring_capacity = bytes;
         self

@@ -26,6 +26,9 @@ pub struct Segment {
     layout: Layout,
     /// Kept open so `colo stat` can find and read the segment through /proc.
     _memfd: Option<OwnedFd>,
+    /// For a peer's segment: its bytes in this process's budgets, given back when the mapping
+    /// goes (with this value).
+    _lease: Option<crate::budget::Lease>,
 }
 
 impl Segment {
@@ -33,7 +36,7 @@ impl Segment {
     /// `map` is at least `layout.segment_size` bytes and was validated against `layout`.
     pub unsafe fn new(map: Mapping, layout: Layout, memfd: OwnedFd) -> Segment {
         assert!(map.len() >= layout.segment_size);
-        Segment { map: Some(map), layout, _memfd: Some(memfd) }
+        Segment { map: Some(map), layout, _memfd: Some(memfd), _lease: None }
     }
 
     /// An empty stand-in left behind when a closed connection hands its segment to the reaper.
@@ -41,7 +44,13 @@ impl Segment {
         let layout = Geometry { ring_capacity: colo_ring::layout::MIN_RING, slot_size: 0, slot_count: 0 }
             .layout()
             .expect("valid");
-        Segment { map: None, layout, _memfd: None }
+        Segment { map: None, layout, _memfd: None, _lease: None }
+    }
+
+    /// This segment, counted in the budgets by `lease` until it is unmapped.
+    pub(crate) fn leased(mut self, lease: crate::budget::Lease) -> Segment {
+        self._lease = Some(lease);
+        self
     }
 
     fn mapping(&self) -> &Mapping {

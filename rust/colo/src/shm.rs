@@ -1075,10 +1075,10 @@ impl Shm {
         if self.hangup.armed(&self.fds.control, self.own_waiting()) && self.hangup.take_fired() {
             self.poll_control();
             if self.has(PEER_GONE) {
-                // The mark was a reader's too: one that the watcher woke but that had not yet
-                // looked would find neither mark nor news, and sleep for good (a reviewer's
-                // reader thread hung so in every run, behind a writer thread).
+                // The mark was a reader's too (one the watcher woke may not have looked yet):
+                // woken whatever the shared word holds, as the peer may have cleared its bit.
                 self.wake_self();
+                colo_sys::futex::wake_all(self.own_waiting());
             } else {
                 self.hangup.rearm(&self.fds.control);
             }

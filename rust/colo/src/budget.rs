@@ -1,0 +1,193 @@
+//! Bounds on the peers' segments this process maps (docs/SAFETY.md item 14).
+//!
+//! A segment is the peer's memfd: the peer chooses its size (up to
+//! `colo_sys::segment::MAX_SEGMENT`) and may hand the same sparse file over again and again, each
+//! time costing us address space, a mapping and page tables. So every segment received from a
+//! peer is mapped under a [`Lease`] on two budgets: the bytes of peer segments this process maps
+//! in total, and the share of them one peer uid may hold. A segment that does not fit is not
+//! mapped: the listener answers `REJECT(NO_RESOURCES)` (the client falls back to TCP) and keeps
+//! serving. The lease goes back when the mapping is unmapped (it lives in the `Segment`).
+//!
+//! Limits, read once per process from the environment: `COLO_MAX_MAPPED_MB` (total, default
+//! [`DEFAULT_TOTAL_MB`], or half the address-space limit `RLIMIT_AS` if that is less) and
+//! `COLO_MAX_MAPPED_PER_UID_MB` (per uid, default a quarter of the total), both in MiB.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// Default total of peer segment bytes mapped at once, in MiB (64 GiB: about 25,000 connections
+/// of the default geometry, a few hundred of the largest segment).
+pub const DEFAULT_TOTAL_MB: u64 = 64 * 1024;
+
+const MIB: u64 = 1 << 20;
+
+/// Which limit refused a segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// `COLO_MAX_MAPPED_MB`: all peers' segments together.
+    Total,
+    /// `COLO_MAX_MAPPED_PER_UID_MB`: one uid's segments.
+    PerUid,
+}
+
+/// The accounting itself, without the process-wide state (unit-tested below).
+#[derive(Debug)]
+pub struct Budget {
+    total: u64,
+    per_uid: u64,
+    used: u64,
+    by_uid: HashMap<u32, u64>,
+}
+
+impl Budget {
+    /// A budget of `total` bytes in all, `per_uid` bytes for any one uid.
+    pub fn new(total: u64, per_uid: u64) -> Budget {
+        Budget { total, per_uid: per_uid.min(total), used: 0, by_uid: HashMap::new() }
+    }
+
+    /// Takes `bytes` for `uid`, or says which limit it would exceed (nothing taken then).
+    pub fn take(&mut self, uid: u32, bytes: u64) -> Result<(), Limit> {
+        let mine = self.by_uid.get(&uid).copied().unwrap_or(0);
+        if mine.checked_add(bytes).is_none_or(|m| m > self.per_uid) {
+            return Err(Limit::PerUid);
+        }
+        if self.used.checked_add(bytes).is_none_or(|u| u > self.total) {
+            return Err(Limit::Total);
+        }
+        self.used += bytes;
+        *self.by_uid.entry(uid).or_insert(0) += bytes;
+        Ok(())
+    }
+
+    /// Gives back `bytes` that `take` gave `uid`.
+    pub fn give_back(&mut self, uid: u32, bytes: u64) {
+        self.used = self.used.saturating_sub(bytes);
+        if let Some(m) = self.by_uid.get_mut(&uid) {
+            *m = m.saturating_sub(bytes);
+            if *m == 0 {
+                self.by_uid.remove(&uid);
+            }
+        }
+    }
+
+    /// Bytes held in all.
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    /// Bytes held by `uid`.
+    pub fn used_by(&self, uid: u32) -> u64 {
+        self.by_uid.get(&uid).copied().unwrap_or(0)
+    }
+
+    /// A log line's description of `limit`.
+    fn describe(&self, limit: Limit, uid: u32) -> String {
+        match limit {
+            Limit::Total => format!("COLO_MAX_MAPPED_MB={} reached ({} MiB of peer segments mapped)", self.total / MIB, self.used / MIB),
+            Limit::PerUid => format!(
+                "COLO_MAX_MAPPED_PER_UID_MB={} reached for uid {uid} ({} MiB mapped)",
+                self.per_uid / MIB,
+                self.used_by(uid) / MIB
+            ),
+        }
+    }
+}
+
+fn env_mb(name: &str) -> Option<u64> {
+    std::env::var(name).ok()?.trim().parse::<u64>().ok().filter(|&mb| mb > 0)
+}
+
+/// The limits from the environment (see the module doc).
+fn from_env() -> Budget {
+    let by_rlimit = colo_sys::segment::address_space_limit().map_or(u64::MAX, |bytes| bytes / 2 / MIB);
+    let total = env_mb("COLO_MAX_MAPPED_MB").unwrap_or(DEFAULT_TOTAL_MB.min(by_rlimit).max(1));
+    let per_uid = env_mb("COLO_MAX_MAPPED_PER_UID_MB").unwrap_or(total / 4);
+    Budget::new(total.saturating_mul(MIB), per_uid.saturating_mul(MIB))
+}
+
+static BUDGET: Mutex<Option<Budget>> = Mutex::new(None);
+
+fn with<T>(f: impl FnOnce(&mut Budget) -> T) -> T {
+    let mut b = BUDGET.lock().unwrap_or_else(|e| e.into_inner());
+    f(b.get_or_insert_with(from_env))
+}
+
+/// Bytes of a peer's segment counted against this process's budgets until dropped.
+#[derive(Debug)]
+pub struct Lease {
+    uid: u32,
+    bytes: u64,
+}
+
+impl Lease {
+    /// Takes `bytes` for a segment from a peer of uid `uid`; the error, for the log, names the
+    /// limit that refused it.
+    pub fn take(uid: u32, bytes: u64) -> Result<Lease, String> {
+        with(|b| b.take(uid, bytes).map_err(|limit| format!("segment of {} KiB: {}", bytes >> 10, b.describe(limit, uid))))?;
+        Ok(Lease { uid, bytes })
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        with(|b| b.give_back(self.uid, self.bytes));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_uid_share_then_total() {
+        let mut b = Budget::new(10 * MIB, 4 * MIB);
+        assert_eq!(b.take(1, 3 * MIB), Ok(()));
+        assert_eq!(b.take(1, 2 * MIB), Err(Limit::PerUid), "uid 1 would hold 5 MiB of its 4");
+        assert_eq!(b.take(1, MIB), Ok(()), "exactly the share fits");
+        assert_eq!(b.take(2, 4 * MIB), Ok(()));
+        assert_eq!(b.take(3, 3 * MIB), Err(Limit::Total), "10 MiB in all");
+        assert_eq!(b.take(3, 2 * MIB), Ok(()));
+        assert_eq!((b.used(), b.used_by(1), b.used_by(2), b.used_by(3)), (10 * MIB, 4 * MIB, 4 * MIB, 2 * MIB));
+    }
+
+    #[test]
+    fn refused_takes_nothing_and_give_back_frees() {
+        let mut b = Budget::new(8 * MIB, 8 * MIB);
+        assert_eq!(b.take(7, 9 * MIB), Err(Limit::PerUid));
+        assert_eq!((b.used(), b.used_by(7)), (0, 0));
+        b.take(7, 8 * MIB).unwrap();
+        assert_eq!(b.take(8, 1), Err(Limit::Total));
+        b.give_back(7, 8 * MIB);
+        assert_eq!((b.used(), b.used_by(7)), (0, 0));
+        assert_eq!(b.take(8, 8 * MIB), Ok(()));
+    }
+
+    #[test]
+    fn no_overflow_on_huge_requests() {
+        let mut b = Budget::new(u64::MAX, u64::MAX);
+        b.take(1, u64::MAX - 1).unwrap();
+        assert_eq!(b.take(1, 2), Err(Limit::PerUid));
+        assert_eq!(b.take(2, 2), Err(Limit::Total));
+    }
+
+    #[test]
+    fn per_uid_share_is_at_most_the_total() {
+        let mut b = Budget::new(2 * MIB, 100 * MIB);
+        assert_eq!(b.take(1, 3 * MIB), Err(Limit::PerUid));
+        assert_eq!(b.take(1, 2 * MIB), Ok(()));
+    }
+
+    #[test]
+    fn leases_release_on_drop() {
+        // The process-wide budget: these leases are the only ones this test makes for uid
+        // u32::MAX - 5 (no real peer has it).
+        let uid = u32::MAX - 5;
+        let before = with(|b| b.used_by(uid));
+        let l = Lease::take(uid, 3 * MIB).unwrap();
+        assert_eq!(with(|b| b.used_by(uid)), before + 3 * MIB);
+        let err = Lease::take(uid, u64::MAX / 2).unwrap_err();
+        assert!(err.contains("COLO_MAX_MAPPED"), "{err}");
+        drop(l);
+        assert_eq!(with(|b| b.used_by(uid)), before);
+    }
+}
