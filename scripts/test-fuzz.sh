@@ -3,13 +3,13 @@
 # crash, panic, sanitizer report or timeout (the input that did it is left in
 # rust/fuzz/artifacts/TARGET or go/testdata/fuzz/FuzzX, and printed).
 #   Rust: cargo-fuzz (libFuzzer, AddressSanitizer, debug assertions) on the nightly toolchain,
-#         rust/fuzz/fuzz_targets/*.rs, FUZZ_SECONDS each (default 15).
+#         rust/fuzz/fuzz_targets/*.rs, FUZZ_SECONDS each (default 12).
 #   Go:   every `func FuzzX(f *testing.F)` in go/*_test.go, GO_FUZZTIME each (default 10s).
 # New inputs found during a run go to a temporary directory: the committed corpora stay as they
 # are (rust/fuzz/gen_corpus.py writes them from spec/vectors).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-FUZZ_SECONDS=${FUZZ_SECONDS:-15}
+FUZZ_SECONDS=${FUZZ_SECONDS:-12}
 GO_FUZZTIME=${GO_FUZZTIME:-10s}
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
@@ -22,7 +22,7 @@ for t in $(cargo +nightly fuzz list --fuzz-dir fuzz); do
     mkdir -p "$scratch/$t"
     # -timeout: one input running 10 s is a hang, which the run reports as a failure.
     timeout $((FUZZ_SECONDS + 120)) cargo +nightly fuzz run --fuzz-dir fuzz -a "$t" "$scratch/$t" "fuzz/corpus/$t" -- \
-        -max_total_time="$FUZZ_SECONDS" -timeout=10 -print_final_stats=1 2>&1 | { grep -Ev '^#[0-9]+' || true; } || {
+        -max_total_time="$FUZZ_SECONDS" -timeout=10 -print_final_stats=1 2>&1 | { grep -Ev '^#[0-9]+|^"|^###|^INFO: (Loaded|seed|-max_len)' || true; } || {
         echo "test-fuzz: $t failed (input in rust/fuzz/artifacts/$t)" >&2
         exit 1
     }

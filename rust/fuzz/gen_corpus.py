@@ -70,6 +70,16 @@ def main():
                            ("msg_head", 256, 9), ("free_head", 512, 3), ("msg_entry", 768, 0xFFFF_FFFF_0000_1000)]:
         rust("ring_scribble", name, bytes([6, 4]) + honest + bytes([SCRIB]) + u16(off) + u64(val) + queues + bytes([LOOK]) + u64(0) + honest)
     rust("ring_scribble", "resume", bytes([1, 2]) + bytes([W]) + u16(300) + bytes([SCRIB]) + u16(0) + u64(299) + bytes([5, 6]) + honest)
+    # Live connections (fuzz_targets/stream_scribble.rs): geometry bytes, then records of an
+    # operation, a 16-bit offset and a 64-bit value; op 0 stores (bit 0x40: the server→client
+    # block), 1 reads, 2 writes, 3 receives, 4 loans and sends, 5 releases, 6 shuts down;
+    # bit 0x80: the client does it.
+    rec = lambda op, off=0, val=0: bytes([op]) + u16(off) + u64(val)
+    traffic = rec(2, 300) + rec(1, 200) + rec(4, 64) + rec(3) + rec(5) + rec(0x82, 100) + rec(0x81, 4000) + rec(6) + rec(0x81, 10)
+    rust("stream_scribble", "honest", bytes([4, 3]) + traffic)
+    for name, off, val in [("head_far", 0, 1 << 40), ("tail_back", 128, 1), ("flags_unknown", 8, 0x80),
+                           ("msg_head", 256, 3), ("free_head", 512, 5), ("msg_entry", 768, 0xFFFF_FFFF_0000_0009)]:
+        rust("stream_scribble", name, bytes([4, 3]) + rec(2, 300) + rec(4, 64) + rec(0, off, val) + rec(0x40, off, val) + traffic)
     for v in vectors("ring.json"):
         head, tail = int(v["head"]), int(v["tail"])
         rust("ring_scribble", "vector_%d_%d" % (head % 100000, tail % 100000),
