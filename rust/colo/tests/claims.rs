@@ -108,13 +108,13 @@ impl RawClient {
     }
 
     fn u64_at(&self, off: usize) -> &AtomicU64 {
-        assert!(off + 8 <= self.layout.segment_size && off % 8 == 0);
+        assert!(off + 8 <= self.layout.segment_size && off.is_multiple_of(8));
         // SAFETY: an aligned u64 inside our live mapping (asserted above).
         unsafe { &*(self.map.as_ptr().add(off) as *const AtomicU64) }
     }
 
     fn u32_at(&self, off: usize) -> &AtomicU32 {
-        assert!(off + 4 <= self.layout.segment_size && off % 4 == 0);
+        assert!(off + 4 <= self.layout.segment_size && off.is_multiple_of(4));
         // SAFETY: as in `u64_at`.
         unsafe { &*(self.map.as_ptr().add(off) as *const AtomicU32) }
     }
