@@ -74,9 +74,9 @@ fuzz_target!(|data: &[u8]| {
     let mut mem = vec![0u64; layout.segment_size / 8];
     let base = mem.as_mut_ptr().cast::<u8>();
     let blk = layout.block_offset(true);
-    // SAFETY (for the casts below): every offset is inside the block, aligned for its atomic.
-    let at64 = |off: usize| unsafe { base.add(blk + off) as *const AtomicU64 };
-    let at32 = |off: usize| unsafe { base.add(blk + off) as *const AtomicU32 };
+    // Addresses inside the direction block: callers pass offsets inside it, aligned for the atomic.
+    let at64 = |off: usize| base.wrapping_add(blk + off) as *const AtomicU64;
+    let at32 = |off: usize| base.wrapping_add(blk + off) as *const AtomicU32;
     let words = RingWords {
         head: at64(block::RING_HEAD),
         flags: at32(block::RING_FLAGS),
@@ -193,14 +193,16 @@ fuzz_target!(|data: &[u8]| {
             _ => {
                 // The peer scribbles: any value into an aligned word anywhere before the ring
                 // data (counters, flags, both queues' entries).
-                let off = usize::from(input.u16().unwrap_or(0)) % layout.data_off.max(4096) & !7;
+                let off = (usize::from(input.u16().unwrap_or(0)) % layout.data_off) & !7;
                 let v = input.u64().unwrap_or(u64::MAX);
-                // SAFETY: `off + 8 <= data_off + 4096 <= block_size`, 8-aligned, inside `mem`.
+                // SAFETY: `off + 8 <= data_off <= block_size`, 8-aligned, inside `mem`.
                 unsafe { &*at64(off) }.store(v, Ordering::Relaxed);
                 honest = false;
             }
         }
     }
+    // The halves point into `mem`: they go first.
+    #[allow(clippy::drop_non_drop)]
     drop((prod, cons, queues));
     drop(mem);
 });

@@ -117,7 +117,7 @@ fuzz_target!(|data: &[u8]| {
             0 => {
                 // A store into the control area of one direction's block (before its data).
                 let block = layout.block_offset(op & 0x40 != 0);
-                let at = block + (off % layout.data_off & !7);
+                let at = block + ((off % layout.data_off) & !7);
                 assert!(at >= HEADER_SIZE && at + 8 <= layout.segment_size);
                 // SAFETY: an aligned u64 inside our mapping of the segment.
                 unsafe { (*(seg.base.add(at) as *const std::sync::atomic::AtomicU64)).store(val, std::sync::atomic::Ordering::Relaxed) };
