@@ -341,10 +341,10 @@ fn exactly_one_of_claim_and_abandon_wins_and_no_byte_is_lost_or_doubled() {
             std::ptr::copy_nonoverlapping(payload.as_ptr(), (base as *mut u8).add(b + layout.data_off), payload.len());
             (*((base as *mut u8).add(b + block::RING_HEAD) as *const AtomicU64)).store(payload.len() as u64, Ordering::Release);
         }
-        // Both sides start together; one of them later by a varying few microseconds.
+        // Both sides start together; one of them later by a varying number of microseconds (the
+        // client by up to more than a claim takes, so that both orders happen).
         let go = Arc::new(Barrier::new(2));
-        let delay = (round * 7919) % 80;
-        let (server_delay, client_delay) = if round % 2 == 0 { (delay, 0) } else { (0, delay) };
+        let (server_delay, client_delay) = if round % 2 == 0 { ((round * 7919) % 80, 0) } else { (0, (round * 7919) % 400) };
         let g = go.clone();
         let server_side = thread::spawn(move || {
             g.wait();
