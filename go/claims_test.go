@@ -7,13 +7,16 @@ package colo
 //   - the control socket stays silent after the handshake: a byte or a descriptor on it resets
 //     the connection (ECONNRESET, RESET set in the segment); a zero-length datagram is a hang-up;
 //   - a rendezvous client that sends no HELLO is dropped after helloTimeout, and at most
-//     maxUnaccepted such clients are held (the rest wait in the kernel's backlog).
+//     maxUnaccepted such clients are held (the rest wait in the kernel's backlog);
+//   - exactly one of CLAIMED and ABANDONED wins a CARRIER race: both ends agree on the transport
+//     and every byte arrives once.
 //
 // (A RECYCLE HELLO from another process: recycle_test.go; out-of-range message entries and
 // releases: TestCorruptionResetsOnlyThatConn.)
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net/netip"
 	"os"
@@ -326,5 +329,71 @@ func TestClaimSilentRendezvousClients(t *testing.T) {
 	defer s.Close()
 	if c.Transport() != TransportColo {
 		t.Error("fell back to TCP")
+	}
+}
+
+// TestClaimCarrierRace: CARRIER dials whose deadline ends about when the listener claims the
+// offer, so that the client's OFFERED -> ABANDONED and the server's OFFERED -> CLAIMED race.
+// Whoever wins, both ends use the same transport (the server reports its own with the echo) and
+// the bytes arrive once.
+func TestClaimCarrierRace(t *testing.T) {
+	watchdog(t, 120*time.Second)
+	l := listen(t)
+	go func() {
+		for {
+			s, err := l.AcceptColo()
+			if err != nil {
+				return
+			}
+			go func(s *Conn) {
+				defer s.Close()
+				s.SetDeadline(time.Now().Add(10 * time.Second))
+				b := make([]byte, 8, 9)
+				if _, err := io.ReadFull(s, b); err != nil {
+					return
+				}
+				tr := byte('t')
+				if s.Transport() == TransportColo {
+					tr = 'c'
+				}
+				s.Write(append(b, tr))
+			}(s)
+		}
+	}()
+	var colo, plain int
+	for i := 0; i < 400; i++ {
+		d := &Dialer{forceCarrier: true, Timeout: time.Duration(20+(i*7919)%1000) * time.Microsecond}
+		c, err := d.Dial("tcp", l.Addr().String())
+		if err != nil {
+			continue // the deadline came before the TCP connection: no race
+		}
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		msg := fmt.Sprintf("%08d", i)
+		if _, err := c.Write([]byte(msg)); err != nil {
+			t.Fatalf("dial %d: write: %v", i, err)
+		}
+		b := make([]byte, 9)
+		n, err := io.ReadFull(c, b)
+		if err != nil || string(b[:8]) != msg {
+			t.Fatalf("dial %d (%v): echo %q, %v: the two ends disagree on the transport", i, c.Transport(), b[:n], err)
+		}
+		mine := byte('t')
+		if c.Transport() == TransportColo {
+			mine = 'c'
+			colo++
+		} else {
+			plain++
+		}
+		if b[8] != mine {
+			t.Fatalf("dial %d: the client is on %q, the server on %q", i, mine, b[8])
+		}
+		if extra, err := c.Read(b); extra != 0 || err != io.EOF {
+			t.Fatalf("dial %d: after the echo: %d more bytes, %v", i, extra, err)
+		}
+		c.Close()
+	}
+	t.Logf("CARRIER race: %d claimed, %d abandoned", colo, plain)
+	if colo == 0 || plain == 0 {
+		t.Fatalf("the race was not run both ways: %d claimed, %d abandoned", colo, plain)
 	}
 }
