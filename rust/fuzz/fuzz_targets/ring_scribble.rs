@@ -2,7 +2,8 @@
 //! the byte ring's counters and flags, the message queue's counters and `{slot, len}` entries,
 //! the free queue's counters and entries. The input picks a geometry, then a sequence of honest
 //! operations on both ends of one direction (colo-ring's producer, consumer and the two queues,
-//! as colo's streams drive them) interleaved with arbitrary stores anywhere in the block.
+//! as colo's streams drive them) interleaved with arbitrary stores anywhere in the block's
+//! control area (counters, flags, both queues' entries).
 //!
 //! Checked: no panic; every copy the ring makes stays inside its data region (the `Bytes`
 //! below asserts it on each access, where the production `RawBytes` only debug-asserts); no
