@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -124,24 +125,31 @@ func peerErr(err error) bool {
 // FuzzSegmentScribble: a live connection whose client writes arbitrary values into the shared
 // words of both directions (counters, flags, queue entries) between the two sides' reads,
 // writes, sends and receives. Each call ends in time with data or one of `peerErr`'s errors,
-// never a panic or an out-of-range slice; both sides close. Input: two geometry bytes, then
-// records of an operation byte, a 16-bit offset and a 64-bit value.
+// never a panic or an out-of-range slice; both sides close.
+//
+// Input: the geometry (ring capacity and pool from geom), two stores (at: bit 15 picks the
+// server->client block, the rest an offset into the block's control area; the 64-bit value
+// hi<<32 | lo, as two numbers because the fuzzer moves a number by small steps: the two u32
+// fields of a message entry, or the halves of a counter), and ops, one operation a byte (bit 7:
+// the client does it, else the server; bit 6: the server->client direction for 8 and 9; the
+// rest modulo 10): 0 makes the next store (alternating), 1 reads, 2 writes, 3 receives, 4
+// loans and sends, 5 releases what was received, 6 shuts down writing, 7 receives without
+// keeping, 8 pushes the next store's {lo, hi} as a message entry the way a producer would, 9
+// pushes its lo as a free entry the way a consumer would.
 func FuzzSegmentScribble(f *testing.F) {
-	f.Add([]byte{0, 0})
-	f.Add(append([]byte{1, 3, 0, 0, 0}, binary.LittleEndian.AppendUint64(nil, 1<<40)...))
+	f.Add(byte(0), uint16(0), uint32(0), uint32(256), uint16(128), uint32(1), uint32(0), []byte{2, 1, 0, 1, 0, 1})
+	f.Add(byte(13), uint16(768), uint32(1), uint32(64), uint16(256), uint32(1), uint32(0), []byte{0x84, 0, 0, 3, 5, 2, 1})
 	l, err := ListenColo("tcp", "127.0.0.1:0")
 	if err != nil {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { l.Close() })
-	f.Fuzz(func(t *testing.T, b []byte) {
+	f.Fuzz(func(t *testing.T, geom byte, at1 uint16, lo1, hi1 uint32, at2 uint16, lo2, hi2 uint32, ops []byte) {
+		val1, val2 := uint64(hi1)<<32|uint64(lo1), uint64(hi2)<<32|uint64(lo2)
 		watchdog(t, 20*time.Second)
-		if len(b) < 2 {
-			return
-		}
-		g := Geometry{RingCapacity: 4096 << (b[0] % 3)}
-		if n := uint32(b[1] % 9); n > 0 {
-			g.SlotCount, g.SlotSize = n, 64*uint32(1+(b[0]>>2)%4)
+		g := Geometry{RingCapacity: 4096 << (geom % 3)}
+		if n := uint32(geom>>2) % 9; n > 0 {
+			g.SlotCount, g.SlotSize = n, 64*uint32(1+(geom>>6)%4)
 		}
 		c, s := pair(t, l, &Dialer{Geometry: g})
 		defer c.Close()
@@ -154,30 +162,36 @@ func FuzzSegmentScribble(f *testing.F) {
 			}
 		}
 		soon := func() time.Time { return time.Now().Add(time.Millisecond) }
-		for rec := b[2:]; len(rec) >= 11; rec = rec[11:] {
-			op, off, val := rec[0], uint64(binary.LittleEndian.Uint16(rec[1:])), binary.LittleEndian.Uint64(rec[3:])
+		stores := 0
+		if len(ops) > 64 {
+			ops = ops[:64]
+		}
+		for i, op := range ops {
 			side, other := s, c
 			if op&0x80 != 0 {
 				side, other = c, s
 			}
-			switch op & 0x7f % 8 {
+			size := (i*4099 + int(op)*257) % len(buf)
+			switch op & 0x3f % 10 {
 			case 0:
-				// A store into the control area of one direction's block (before its data).
+				at, val := at1, val1
+				if stores%2 == 1 {
+					at, val = at2, val2
+				}
+				stores++
 				base := uint64(headerSize)
-				if op&0x40 != 0 {
+				if at&0x8000 != 0 {
 					base += c.lay.blockSize
 				}
-				binary.LittleEndian.PutUint64(c.seg[base+(off%c.lay.dataOff)&^7:], val)
+				binary.LittleEndian.PutUint64(c.seg[base+(uint64(at&0x7fff)%c.lay.dataOff)&^7:], val)
 			case 1:
 				side.SetReadDeadline(soon())
-				n := int(off) % len(buf)
-				k, err := side.Read(buf[:n])
-				check("read", k, n, err)
+				k, err := side.Read(buf[:size])
+				check("read", k, size, err)
 			case 2:
 				other.SetWriteDeadline(soon())
-				n := int(off) % len(buf)
-				k, err := other.Write(buf[:n])
-				check("write", k, n, err)
+				k, err := other.Write(buf[:size])
+				check("write", k, size, err)
 			case 3:
 				side.SetReadDeadline(soon())
 				m, err := side.Recv()
@@ -190,7 +204,7 @@ func FuzzSegmentScribble(f *testing.F) {
 				check("recv", 0, 0, err)
 			case 4:
 				other.SetWriteDeadline(soon())
-				m, err := other.Loan(int(off) % (int(g.SlotSize) + 1))
+				m, err := other.Loan(size % (int(g.SlotSize) + 1))
 				check("loan", 0, 0, err)
 				if m != nil {
 					check("send", 0, 0, other.Send(m))
@@ -206,8 +220,34 @@ func FuzzSegmentScribble(f *testing.F) {
 				check("close write", 0, 0, side.CloseWrite())
 			case 7:
 				side.SetReadDeadline(soon())
-				_, err := side.Recv()
+				m, err := side.Recv()
+				if m != nil && len(m.Data) > int(g.SlotSize) {
+					t.Fatalf("received %d bytes from %d-byte slots", len(m.Data), g.SlotSize)
+				}
 				check("recv", 0, 0, err)
+			case 8, 9:
+				if g.SlotCount == 0 {
+					break
+				}
+				lo, hi := lo1, hi1
+				if stores%2 == 1 {
+					lo, hi = lo2, hi2
+				}
+				stores++
+				base, n := uint64(headerSize), uint64(g.SlotCount)
+				if op&0x40 != 0 {
+					base += c.lay.blockSize
+				}
+				if op&0x3f%10 == 8 {
+					h := atomic.LoadUint64(u64at(c.seg, base+dMsgHead))
+					putLE32(c.seg, base+dMsgEnt+8*(h%n), lo)
+					putLE32(c.seg, base+dMsgEnt+8*(h%n)+4, hi)
+					atomic.StoreUint64(u64at(c.seg, base+dMsgHead), h+1)
+				} else {
+					h := atomic.LoadUint64(u64at(c.seg, base+dFreeHead))
+					putLE32(c.seg, base+c.lay.freeOff()+4*(h%n), lo)
+					atomic.StoreUint64(u64at(c.seg, base+dFreeHead), h+1)
+				}
 			}
 		}
 	})

@@ -23,7 +23,8 @@ def rust(target, name, data):
 
 
 def go(fuzz, name, *args):
-    """A seed in the `go test fuzz v1` format; args are bytes (as []byte) or ints (as uint32)."""
+    """A seed in the `go test fuzz v1` format; args are bytes (as []byte), ints (as uint32) or
+    (type, int) pairs."""
     d = os.path.join(ROOT, "go", "testdata", "fuzz", fuzz)
     os.makedirs(d, exist_ok=True)
     lines = ["go test fuzz v1"]
@@ -31,10 +32,17 @@ def go(fuzz, name, *args):
         if isinstance(a, bytes):
             lit = "".join(chr(c) if 0x20 <= c < 0x7F and c not in b'"\\' else "\\x%02x" % c for c in a)
             lines.append('[]byte("%s")' % lit)
+        elif isinstance(a, tuple):
+            lines.append("%s(%d)" % a)
         else:
             lines.append("uint32(%d)" % a)
     with open(os.path.join(d, "seed-" + name), "w") as f:
         f.write("\n".join(lines) + "\n")
+
+
+def go_store(off, val):
+    """A store of FuzzSegmentScribble: offset, then the value's low and high 32 bits."""
+    return ("uint16", off), ("uint32", val & 0xFFFFFFFF), ("uint32", val >> 32)
 
 
 def main():
@@ -80,12 +88,22 @@ def main():
     for name, off, val in [("head_far", 0, 1 << 40), ("tail_back", 128, 1), ("flags_unknown", 8, 0x80),
                            ("msg_head", 256, 3), ("free_head", 512, 5), ("msg_entry", 768, 0xFFFF_FFFF_0000_0009)]:
         rust("stream_scribble", name, bytes([4, 3]) + rec(2, 300) + rec(4, 64) + rec(0, off, val) + rec(0x40, off, val) + traffic)
+    # Go's FuzzSegmentScribble (go/fuzz_test.go): geometry byte, two stores (offset, value) and
+    # operation bytes (0 the next store, 1 read, 2 write, 3 receive, 4 loan and send, 5 release,
+    # 6 shut down, 7 receive, 8 push a message entry, 9 push a free entry; bit 7: the client does
+    # it; bit 6: the server→client direction for 8 and 9).
+    g_ops = bytes([2, 0x84, 1, 8, 3, 7, 5, 0, 0, 3, 1, 0x81, 4, 0x82, 9, 4, 4, 6, 0x81, 1])
+    for name, off, val in [("head_far", 0, 1 << 40), ("tail_back", 128, 1), ("flags_unknown", 8, 0x80),
+                           ("msg_head", 256, 3), ("free_head", 512, 1), ("free_entry", 768 + 8 * 3, 2),
+                           ("s2c_head_far", 0x8000, 1 << 40), ("s2c_free_head", 0x8000 + 512, 5)]:
+        go("FuzzSegmentScribble", name, ("byte", 13), *go_store(off, val), *go_store(256, 1), g_ops)
+    go("FuzzSegmentScribble", "msg_entry", ("byte", 13), *go_store(768, (64 << 32) | 1), *go_store(256, 1), g_ops)
     for v in vectors("ring.json"):
         head, tail = int(v["head"]), int(v["tail"])
         rust("ring_scribble", "vector_%d_%d" % (head % 100000, tail % 100000),
              bytes([0, 0, SCRIB]) + u16(0) + u64(head) + bytes([SCRIB]) + u16(128) + u64(tail) + bytes([LOOK]) + u64(tail) + honest)
         go("FuzzSegmentScribble", "vector_%d_%d" % (head % 100000, tail % 100000),
-           bytes([0, 0, 0]) + u16(0) + u64(head) + bytes([0]) + u16(128) + u64(tail) + bytes([1]) + u16(100) + u64(0))
+           ("byte", 0), *go_store(0, head), *go_store(128, tail), bytes([0, 0, 1, 2, 1]))
 
 
 main()
