@@ -1,7 +1,7 @@
 # colo: the two commands of the README.
 #   make demo   builds colo and runs `colo bench` on this machine (about a minute)
 #   make test   runs every test: Rust (unit, loom, multi-process), Go, C, Python, cross-language, apps
-.PHONY: demo test build test-rust test-loom test-go test-c-py test-xlang test-apps test-attack bench-apps clean
+.PHONY: demo test build test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz bench-apps clean
 
 CARGO ?= cargo
 RUST := rust
@@ -13,7 +13,7 @@ demo: build
 	mkdir -p build
 	$(RUST)/target/release/colo bench --plot build/bench.png
 
-test: test-rust test-loom test-go test-c-py test-xlang test-apps test-attack
+test: test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz
 	@echo "all tests passed"
 
 test-rust:
@@ -39,6 +39,10 @@ test-apps:
 # An unprivileged user (nobody) against root's servers, one script per attack class (needs root).
 test-attack:
 	tests/attack/run.sh
+
+# Every fuzz target (Rust cargo-fuzz, Go native) for a bounded time each; fails on a crash.
+test-fuzz:
+	scripts/test-fuzz.sh
 
 bench-apps:
 	tests/apps/bench.sh

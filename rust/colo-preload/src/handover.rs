@@ -15,53 +15,17 @@
 
 use crate::conn::Conn;
 use crate::table::{self, Entry};
+#[cfg(test)]
 use colo::segment::Role;
 use colo_sys::{BorrowedFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
 
-/// One inheritable connection, as stored in the handover file (little-endian, 32 bytes).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-struct Record {
-    /// Inode of the application's socket (the same for all its duplicates).
-    sock_ino: u64,
-    memfd: RawFd,
-    control: RawFd,
-    own_bell: RawFd,
-    peer_bell: RawFd,
-    role: Role,
-}
+// The record format alone, in a file of its own: the fuzz target `handover_record` (rust/fuzz)
+// compiles this very file, since a cdylib cannot be linked into it.
+mod record;
+use record::{Record, RECORD_LEN};
 
-const RECORD_LEN: usize = 32;
 const FILE_NAME: &str = "colo-handover";
-
-impl Record {
-    fn encode(&self) -> [u8; RECORD_LEN] {
-        let mut b = [0u8; RECORD_LEN];
-        b[0..8].copy_from_slice(&self.sock_ino.to_le_bytes());
-        for (i, fd) in [self.memfd, self.control, self.own_bell, self.peer_bell].into_iter().enumerate() {
-            b[8 + 4 * i..12 + 4 * i].copy_from_slice(&fd.to_le_bytes());
-        }
-        b[24] = if self.role == Role::Client { 1 } else { 2 };
-        b
-    }
-
-    fn decode(b: &[u8]) -> Option<Record> {
-        let fd = |i: usize| i32::from_le_bytes(b[8 + 4 * i..12 + 4 * i].try_into().expect("4 bytes"));
-        let role = match b[24] {
-            1 => Role::Client,
-            2 => Role::Server,
-            _ => return None,
-        };
-        Some(Record {
-            sock_ino: u64::from_le_bytes(b[0..8].try_into().expect("8 bytes")),
-            memfd: fd(0),
-            control: fd(1),
-            own_bell: fd(2),
-            peer_bell: fd(3),
-            role,
-        })
-    }
-}
 
 /// This process's handover file: record `i` at offset `32 * i`; a free slot is all zeros.
 struct File {

@@ -1,0 +1,52 @@
+//! The handover file's record format (see `super`): one inheritable connection in 32
+//! little-endian bytes. Its bytes come from an earlier program image, or from anyone who could
+//! write the inherited memfd: `decode` accepts any 32 bytes without panicking and returns
+//! `None` for a role it does not know; the caller checks the descriptors it names.
+
+use colo::segment::Role;
+use colo_sys::RawFd;
+
+/// One inheritable connection, as stored in the handover file (little-endian, 32 bytes).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct Record {
+    /// Inode of the application's socket (the same for all its duplicates).
+    pub(crate) sock_ino: u64,
+    pub(crate) memfd: RawFd,
+    pub(crate) control: RawFd,
+    pub(crate) own_bell: RawFd,
+    pub(crate) peer_bell: RawFd,
+    pub(crate) role: Role,
+}
+
+pub(crate) const RECORD_LEN: usize = 32;
+
+impl Record {
+    pub(crate) fn encode(&self) -> [u8; RECORD_LEN] {
+        let mut b = [0u8; RECORD_LEN];
+        b[0..8].copy_from_slice(&self.sock_ino.to_le_bytes());
+        for (i, fd) in [self.memfd, self.control, self.own_bell, self.peer_bell].into_iter().enumerate() {
+            b[8 + 4 * i..12 + 4 * i].copy_from_slice(&fd.to_le_bytes());
+        }
+        b[24] = if self.role == Role::Client { 1 } else { 2 };
+        b
+    }
+
+    /// Parses one record; `b` is [`RECORD_LEN`] bytes (a chunk of the file).
+    pub(crate) fn decode(b: &[u8]) -> Option<Record> {
+        let fd = |i: usize| i32::from_le_bytes(b[8 + 4 * i..12 + 4 * i].try_into().expect("4 bytes"));
+        let role = match b[24] {
+            1 => Role::Client,
+            2 => Role::Server,
+            _ => return None,
+        };
+        Some(Record {
+            sock_ino: u64::from_le_bytes(b[0..8].try_into().expect("8 bytes")),
+            memfd: fd(0),
+            control: fd(1),
+            own_bell: fd(2),
+            peer_bell: fd(3),
+            role,
+        })
+    }
+}
+

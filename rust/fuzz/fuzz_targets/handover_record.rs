@@ -1,0 +1,26 @@
+//! The shim's exec hand-over records (rust/colo-preload/src/handover/record.rs), read from an
+//! inherited memfd whose bytes an earlier program image (or anyone holding the file) wrote. Any
+//! bytes, cut into records as the shim cuts them: `None` or a record that encodes to the same
+//! bytes in the fields it uses, never a panic.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+// The shim is a cdylib (it cannot be linked here): compile its record module itself.
+#[allow(dead_code)]
+#[path = "../../colo-preload/src/handover/record.rs"]
+mod record;
+
+use record::{Record, RECORD_LEN};
+
+fuzz_target!(|data: &[u8]| {
+    for chunk in data.chunks_exact(RECORD_LEN) {
+        let Some(r) = Record::decode(chunk) else {
+            assert!(chunk[24] != 1 && chunk[24] != 2);
+            continue;
+        };
+        let again = r.encode();
+        assert_eq!(again[..25], chunk[..25]);
+        assert_eq!(Record::decode(&again), Some(r));
+    }
+});

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs every fuzz target for a bounded time, from its committed seed corpus; fails on the first
+# crash, panic, sanitizer report or timeout (the input that did it is left in
+# rust/fuzz/artifacts/TARGET or go/testdata/fuzz/FuzzX, and printed).
+#   Rust: cargo-fuzz (libFuzzer, AddressSanitizer, debug assertions) on the nightly toolchain,
+#         rust/fuzz/fuzz_targets/*.rs, FUZZ_SECONDS each (default 12).
+#   Go:   every `func FuzzX(f *testing.F)` in go/*_test.go, GO_FUZZTIME each (default 10s).
+# New inputs found during a run go to a temporary directory: the committed corpora stay as they
+# are (rust/fuzz/gen_corpus.py writes them from spec/vectors).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FUZZ_SECONDS=${FUZZ_SECONDS:-12}
+GO_FUZZTIME=${GO_FUZZTIME:-10s}
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+
+command -v cargo-fuzz >/dev/null || { echo "test-fuzz: cargo-fuzz missing (cargo install cargo-fuzz --locked)" >&2; exit 1; }
+cd rust
+cargo +nightly fuzz build --fuzz-dir fuzz -a
+for t in $(cargo +nightly fuzz list --fuzz-dir fuzz); do
+    echo "== fuzz (Rust) $t: ${FUZZ_SECONDS}s"
+    mkdir -p "$scratch/$t"
+    # -timeout: one input running 10 s is a hang, which the run reports as a failure.
+    timeout $((FUZZ_SECONDS + 120)) cargo +nightly fuzz run --fuzz-dir fuzz -a "$t" "$scratch/$t" "fuzz/corpus/$t" -- \
+        -max_total_time="$FUZZ_SECONDS" -timeout=10 -print_final_stats=1 2>&1 | { grep -Ev '^#[0-9]+|^"|^###|^INFO: (Loaded|seed|-max_len)' || true; } || {
+        echo "test-fuzz: $t failed (input in rust/fuzz/artifacts/$t)" >&2
+        exit 1
+    }
+done
+cd ../go
+for f in $(grep -ho '^func Fuzz[A-Za-z0-9_]*' ./*_test.go | cut -d' ' -f2); do
+    echo "== fuzz (Go) $f: $GO_FUZZTIME"
+    timeout 300 go test -run '^$' -fuzz "^$f\$" -fuzztime="$GO_FUZZTIME" . || {
+        echo "test-fuzz: $f failed (input in go/testdata/fuzz/$f)" >&2
+        exit 1
+    }
+done
+echo "test-fuzz: every target ran without a crash"
