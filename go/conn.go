@@ -38,8 +38,8 @@ type Conn struct {
 	in, out     direction // in: peer -> us; out: us -> peer
 	myWaiting   *uint32
 	peerWaiting *uint32
-	ownBell     int
-	peerBell    int
+	ownBell     int // our end of the doorbell pair: we wait on it, and a byte sent on it rings the peer
+	spareBell   int // server: the HELLO's second descriptor of ownBell, closed with it; client: -1
 	ctl         *os.File
 	ctlFd       int
 	bell        *os.File // our doorbell (ownBell), in the netpoller
@@ -415,7 +415,7 @@ func (e *ProtocolError) Is(target error) bool { return target == unix.EPROTO }
 
 // Bits of a waiting word (spec section 6): how that side sleeps.
 const (
-	waitDoorbell = 1 // on its doorbell eventfd (the only way this package sleeps)
+	waitDoorbell = 1 // on its doorbell (the only way this package sleeps)
 	waitFutex    = 2 // on a shared futex at the waiting word itself
 )
 
@@ -463,7 +463,7 @@ func (c *Conn) wakePeer(w uint32) {
 	}
 	// Bits 8 and up are the sleeper's announcement sequence (spec section 6): not a way to sleep.
 	if w&waitDoorbell != 0 {
-		ringBell(c.peerBell)
+		ringBell(c.ownBell)
 	}
 }
 
@@ -553,9 +553,12 @@ var testHookBeforePoll atomic.Pointer[func()]
 
 // pollOnce is the poller's sleep on the doorbell. The re-check after exchanging waiting to 1 runs
 // inside the RawConn.Read callback, after the runtime has reset the descriptor's readiness, so a
-// doorbell rung after the store always wakes the netpoller wait that follows. The doorbell is
-// never drained: the netpoller is edge-triggered and every eventfd write is an edge, and after any
-// wake-up every waiter re-checks its condition anyway.
+// doorbell rung after the store always wakes the netpoller wait that follows. The netpoller is
+// edge-triggered and every byte sent to a Unix stream socket is an edge, so the doorbell need not
+// be empty for the next ring to wake us; but its buffer must not fill (a ring into a full buffer
+// is no edge), so the poller empties it each time the netpoller reports it, before it and the
+// other waiters re-check. That drain swallows nothing another waiter needs: only the poller
+// sleeps in the netpoller, and every waiter re-checks after any of its wake-ups (spec section 6).
 func (c *Conn) pollOnce(ready func() bool) bool {
 	// Clear the deadline a kick set (only then: a system-call-free but locked runtime call).
 	// kick sets the deadline before it sets kicked, so either we see kicked and clear the
@@ -582,7 +585,18 @@ func (c *Conn) pollCallback(uintptr) bool {
 		lost := old&(waitDoorbell|waitFutex) == 0 && c.wakeChUsed.Load() || c.lostWakes.Load() != c.pollLostWakes
 		return c.pollOK || lost
 	}
+	if _, hungUp := drainBell(c.ownBell); hungUp {
+		c.bellHungUp()
+	}
 	return true
+}
+
+// bellHungUp handles a doorbell whose other end was shut down or closed: no ring can come any
+// more. It is the peer's hang-up (spec section 8): our control socket is shut down, so that the
+// control-socket watcher sees the hang-up and wakes every waiter. Called by an operation (the
+// life lock is held: Close has not closed the control socket).
+func (c *Conn) bellHungUp() {
+	unix.Shutdown(c.ctlFd, unix.SHUT_RDWR)
 }
 
 // startWatch starts the control-socket watcher; call once the connection is fully set up.
@@ -894,7 +908,7 @@ func (c *Conn) Close() error {
 		}
 	}
 	c.bell.Close() // closes ownBell
-	unix.Close(c.peerBell)
+	unix.Close(c.spareBell)
 	if c.carrier != nil {
 		if debug {
 			if rc, err := c.carrier.(*net.TCPConn).SyscallConn(); err == nil {
@@ -962,7 +976,7 @@ func (c *Conn) discard() {
 	c.closed.Store(true)
 	c.bell.Close()
 	c.ctl.Close()
-	unix.Close(c.peerBell)
+	unix.Close(c.spareBell)
 	unmapLater(c.seg)
 	c.seg = nil
 }
