@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -89,8 +90,10 @@ func TestBellNeverBlocks(t *testing.T) {
 	}
 }
 
-// A peer that fills our doorbell (its end made blocking) or shuts its end down cannot hang our
-// operations: a full doorbell still wakes us, and a shut-down one is a hang-up.
+// A peer that fills our doorbell and makes it blocking, or shuts its end down, cannot hang our
+// operations: rings into a full blocking doorbell return at once, and a doorbell whose other end
+// was shut down is a hang-up that ends a blocked read. (A peer that stuffs our doorbell can make
+// its own rings fail, and so stall its own connection, as a peer that never rings does.)
 func TestPeerAbusingItsDoorbell(t *testing.T) {
 	watchdog(t, 60*time.Second)
 	l := listen(t)
@@ -103,11 +106,13 @@ func TestPeerAbusingItsDoorbell(t *testing.T) {
 		ringBell(s.ownBell)
 		ringBell(c.ownBell)
 	}
-	// Both doorbells are full: the round trips still work (each side's rings fail with EAGAIN
-	// and its peer's doorbell is readable already).
 	buf := make([]byte, 4)
 	for i := 0; i < 100; i++ {
-		go func() { s.Write([]byte("ping")) }()
+		// The client announces a sleep each time, so each write rings its full doorbell.
+		atomic.OrUint32(c.myWaiting, waitDoorbell)
+		if _, err := s.Write([]byte("ping")); err != nil {
+			t.Fatal(err)
+		}
 		if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ping" {
 			t.Fatalf("round %d: %q %v", i, buf, err)
 		}

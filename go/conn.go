@@ -64,6 +64,7 @@ type Conn struct {
 	wakeChUsed  atomic.Bool   // a non-polling waiter holds wakeCh (set and cleared under waitMu)
 	lostWakes   atomic.Uint32 // bumped by a follower whose announcement found the word woken
 	kicked      atomic.Bool   // kick expired the doorbell's deadline; the next poll clears it
+	bellDirty   atomic.Bool   // the doorbell may hold rings no netpoller event will report (see pollOnce)
 	// The poller's state (only the goroutine that set polling uses it) and callbacks made once,
 	// so that waiting allocates nothing.
 	pollFirst, pollOK                         bool
@@ -518,6 +519,7 @@ func (c *Conn) block(ready func() bool) bool {
 		// Read-modify-write of our waiting word (spec section 6); partner: the peer's exchange
 		// in its notify.
 		old := atomic.OrUint32(c.myWaiting, waitDoorbell)
+		c.bellDirty.Store(true) // the peer may ring while nobody polls
 		if old&(waitDoorbell|waitFutex) == 0 {
 			// Whatever our re-check finds: another follower may have lost its wake-up.
 			c.lostWakes.Add(1) // before the kick; partner: the Load in pollCallback
@@ -556,9 +558,13 @@ var testHookBeforePoll atomic.Pointer[func()]
 // doorbell rung after the store always wakes the netpoller wait that follows. The netpoller is
 // edge-triggered and every byte sent to a Unix stream socket is an edge, so the doorbell need not
 // be empty for the next ring to wake us; but its buffer must not fill (a ring into a full buffer
-// is no edge), so the poller empties it each time the netpoller reports it, before it and the
-// other waiters re-check. That drain swallows nothing another waiter needs: only the poller
-// sleeps in the netpoller, and every waiter re-checks after any of its wake-ups (spec section 6).
+// is no edge: the peer's wake-up would be lost), so the poller empties it each time the
+// netpoller reports it, before it and the other waiters re-check. A ring can also land while
+// nobody polls (after a poll that ended at its first look, a kick, or a follower's announcement),
+// and the runtime forgets that edge when the next poll begins; bellDirty says so, and the next
+// poll empties the doorbell before it announces. Drains swallow nothing another waiter needs:
+// only the poller sleeps in the netpoller, and every waiter re-checks after any of its
+// wake-ups (spec section 6).
 func (c *Conn) pollOnce(ready func() bool) bool {
 	// Clear the deadline a kick set (only then: a system-call-free but locked runtime call).
 	// kick sets the deadline before it sets kicked, so either we see kicked and clear the
@@ -568,7 +574,9 @@ func (c *Conn) pollOnce(ready func() bool) bool {
 		c.bell.SetReadDeadline(time.Time{})
 	}
 	c.pollCheck, c.pollFirst, c.pollOK = ready, true, false
-	c.bellRaw.Read(c.pollFn)
+	if c.bellRaw.Read(c.pollFn) != nil {
+		c.bellDirty.Store(true) // a kick ended the wait: our announcement may still be answered
+	}
 	c.pollCheck = nil
 	return c.pollOK
 }
@@ -577,18 +585,30 @@ func (c *Conn) pollOnce(ready func() bool) bool {
 func (c *Conn) pollCallback(uintptr) bool {
 	if c.pollFirst {
 		c.pollFirst = false
+		if c.bellDirty.Swap(false) {
+			c.drainBell()
+		}
 		// Read-modify-write of our waiting word (spec section 6); partner: the peer's exchange
 		// in its notify.
 		old := atomic.OrUint32(c.myWaiting, waitDoorbell)
 		c.pollOK = c.pollCheck()
 		// A follower's wake-up may have been lost (see block): end this poll so it re-checks.
 		lost := old&(waitDoorbell|waitFutex) == 0 && c.wakeChUsed.Load() || c.lostWakes.Load() != c.pollLostWakes
-		return c.pollOK || lost
+		if c.pollOK || lost {
+			c.bellDirty.Store(true) // the peer may answer our announcement after the poll
+			return true
+		}
+		return false
 	}
+	c.drainBell()
+	return true
+}
+
+// drainBell empties our doorbell; one at end of stream is the peer's hang-up.
+func (c *Conn) drainBell() {
 	if _, hungUp := drainBell(c.ownBell); hungUp {
 		c.bellHungUp()
 	}
-	return true
 }
 
 // bellHungUp handles a doorbell whose other end was shut down or closed: no ring can come any
