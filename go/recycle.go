@@ -38,12 +38,12 @@ const (
 // private copy of its geometry (validated when the segment was first accepted) and our end of
 // the doorbell pair, still registered in the netpoller.
 type parked struct {
-	seg      []byte
-	lay      layout
-	bell     *os.File // our doorbell
+	seg       []byte
+	lay       layout
+	bell      *os.File // our doorbell
 	ownBell   int      // bell's descriptor (os.File.Fd would make it blocking)
 	spareBell int      // see Conn.spareBell
-	since    time.Time
+	since     time.Time
 }
 
 func (p *parked) word() *uint32 { return u32at(p.seg, hParked) }

@@ -113,9 +113,14 @@ pub fn drain_rings(own: impl AsFd) -> Rings {
 /// system call then); a self ring left behind by a drain that found the peer's keeps the bells
 /// readable, so a level-triggered poller wakes once more and the next drain takes it. (No
 /// in-memory flag says whether the self bell rang: a forked child shares the eventfd and not our
-/// memory, and a flag it cannot set would leave its ring unread for good.)
-pub fn drain_side(own: impl AsFd, self_bell: impl AsFd) -> Rings {
+/// memory, and a flag it cannot set would leave its ring unread for good.) If the peer's end is
+/// gone, `control` (the side's control socket) is shut down, so that everything watching it sees
+/// the hang-up (spec section 8).
+pub fn drain_side(own: impl AsFd, self_bell: impl AsFd, control: impl AsFd) -> Rings {
     let mut found = drain_rings(own);
+    if found.hung_up {
+        let _ = rustix::net::shutdown(control, rustix::net::Shutdown::Both);
+    }
     if !found.rung {
         found.rung = drain(self_bell);
     }
@@ -421,9 +426,14 @@ mod tests {
         let own = create().unwrap();
         ring(&own);
         ring_peer(&a);
-        assert!(drain_side(&b, &own).rung);
+        let (ctl, peer_ctl) = pair().unwrap();
+        assert!(drain_side(&b, &own, &ctl).rung);
         // The self ring is left for the next drain (the bells stay readable until then).
-        assert!(drain_side(&b, &own).rung);
-        assert!(!drain_side(&b, &own).rung);
+        assert!(drain_side(&b, &own, &ctl).rung);
+        assert!(!drain_side(&b, &own, &ctl).rung);
+        // The peer's end gone: the control socket is shut down, both ways.
+        drop(a);
+        assert!(drain_side(&b, &own, &ctl).hung_up);
+        assert_eq!(drain_rings(&peer_ctl), Rings { rung: false, hung_up: true });
     }
 }

@@ -176,11 +176,9 @@ struct Waiters {
 pub struct Fds {
     /// The control socket (liveness; silent after the handshake).
     pub control: OwnedFd,
-    /// Our end of the connection's doorbell pair (we wait on it; a byte sent on it rings the
-    /// peer). The peer holds only the other end.
+    /// Our end of the doorbell pair: we wait on it; a byte sent on it rings the peer.
     pub own_bell: OwnedFd,
-    /// Our self bell, an eventfd of this process never passed to the peer: ringing it wakes our
-    /// own sleepers (spec section 6).
+    /// Our self bell, an eventfd never passed to the peer: it wakes our own sleepers.
     pub self_bell: OwnedFd,
 }
 
@@ -656,26 +654,20 @@ impl Shm {
         }
     }
 
-    /// Empties this side's doorbell; returns whether it had rung.
+    /// Empties this side's bells; returns whether one had rung. (A doorbell at end of stream
+    /// is the peer's hang-up: `drain_side` shuts the control socket down.)
     ///
     /// Several threads may sleep on one doorbell (two threads polling one socket, one to read
     /// and one to write; an event loop, and a thread writing from outside it whose non-blocking
     /// call drains): the one that empties it takes a ring another may have waited for, and that
-    /// other's `poll` or `epoll_wait`, looking at the eventfd only afterwards, sleeps on with
-    /// its condition true (a reader and a writer thread polling one socket hung so in 2 of 3
-    /// runs; an `epoll_wait` reader with a writer retrying non-blocking writes in half). So
-    /// every sleeper registers a wake-up eventfd of its own (`add_waker`), which only it
-    /// empties, and a drain that took a ring rings every registered one but the drainer's.
-    /// (Ringing the doorbell again instead was tried: the passer, or another sleeper, empties
-    /// the pass before the one it was meant for looks.)
+    /// other's `poll` or `epoll_wait`, looking only afterwards, sleeps on with its condition
+    /// true (two threads polling one socket hung so in 2 of 3 runs). So every sleeper registers
+    /// a wake-up eventfd of its own (`add_waker`), which only it empties, and a drain that took
+    /// a ring rings every registered one but the drainer's (re-ringing the doorbell was tried:
+    /// the passer, or another sleeper, empties the pass before the one it was meant for looks).
     pub fn drain_doorbell(&self, by: Drainer) -> bool {
-        let found = doorbell::drain_side(&self.fds.own_bell, &self.fds.self_bell);
-        if found.hung_up && !self.has(PEER_GONE) {
-            // The peer shut its end of the pair down or closed it: no ring can come any more and
-            // the doorbell stays readable. A hang-up (spec section 8): shut our control socket
-            // down, so that every watcher of it (readiness fd, hang-up watcher, other threads'
-            // polls) sees one, then take it as `poll_control` takes any.
-            let _ = colo_sys::seqpacket::shutdown(&self.fds.control);
+        let found = doorbell::drain_side(&self.fds.own_bell, &self.fds.self_bell, &self.fds.control);
+        if found.hung_up {
             self.poll_control();
         }
         if !found.rung {
