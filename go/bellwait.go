@@ -15,13 +15,13 @@ import (
 // doorbell rung after the store always wakes the netpoller wait that follows. The netpoller is
 // edge-triggered and every byte sent to a Unix stream socket is an edge, so the doorbell need not
 // be empty for the next ring to wake us; but its buffer must not fill (a ring into a full buffer
-// is no edge: the peer's wake-up would be lost), so the poller empties it each time the
-// netpoller reports it, before it and the other waiters re-check. A ring can also land while
-// nobody polls (after a poll that ended at its first look, a kick, or a follower's announcement),
-// and the runtime forgets that edge when the next poll begins; bellDirty says so, and the next
-// poll empties the doorbell before it announces. Drains swallow nothing another waiter needs:
-// only the poller sleeps in the netpoller, and every waiter re-checks after any of its
-// wake-ups (spec section 6).
+// is no edge: the peer's wake-up would be lost). So whenever a ring may have landed (the
+// netpoller woke us, a poll ended at its first look or by a kick, a follower announced), the
+// runtime having forgotten that edge by the next poll, bellDirty says so, and the next poll
+// empties the doorbell before it announces: off the wake-up's path, and before the buffer holds
+// more than a few bytes (an honest peer rings at most once per announcement). Drains swallow
+// nothing another waiter needs: only the poller sleeps in the netpoller, and every waiter
+// re-checks after any of its wake-ups (spec section 6).
 func (c *Conn) pollOnce(ready func() bool) bool {
 	// Clear the deadline a kick set (only then: a system-call-free but locked runtime call).
 	// kick sets the deadline before it sets kicked, so either we see kicked and clear the
@@ -57,7 +57,8 @@ func (c *Conn) pollCallback(uintptr) bool {
 		}
 		return false
 	}
-	c.drainBell()
+	// Woken: the doorbell is emptied before the next sleep, not now (the re-check comes first).
+	c.bellDirty.Store(true)
 	return true
 }
 
