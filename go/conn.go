@@ -437,7 +437,7 @@ func (c *Conn) notifyPeer() {
 // writability edge for a ring that was not full), so the peer's waiting word is only worth an
 // exchange, and the doorbell a system call, when the ring may have been full at old. Without
 // this, every read of a request woke the peer's reader, which waits for the answer, not for
-// space: one useless eventfd write and wake-up per message in a request/response exchange.
+// space: one useless ring and wake-up per message in a request/response exchange.
 //
 // Why no wake-up is lost: a producer that sleeps stored its head H, then ORed its waiting bit,
 // then re-read ring_tail and still found H - tail == capacity. Our store of the new tail comes
