@@ -68,10 +68,8 @@ func rawDirect(t *testing.T, l *Listener, g Geometry, fileSize uint64) (*rawClie
 		t.Fatal(err)
 	}
 	r := &rawClient{seg: seg, lay: lay}
-	for i := range r.bells {
-		if r.bells[i], err = newEventfd(); err != nil {
-			t.Fatal(err)
-		}
+	if r.bells[0], r.bells[1], err = newBellPair(); err != nil {
+		t.Fatal(err)
 	}
 	if r.ctl, err = unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0); err != nil {
 		t.Fatal(err)
@@ -80,7 +78,7 @@ func rawDirect(t *testing.T, l *Listener, g Geometry, fileSize uint64) (*rawClie
 		t.Fatal(err)
 	}
 	hello := hsMsg{Type: MsgHello, Version: Version, Arg: ModeDirect}.encode()
-	if err := unix.Sendmsg(r.ctl, hello, unix.UnixRights(mfd, r.bells[0], r.bells[1]), nil, 0); err != nil {
+	if err := unix.Sendmsg(r.ctl, hello, unix.UnixRights(mfd, r.bells[1], r.bells[1]), nil, 0); err != nil {
 		t.Fatal(err)
 	}
 	unix.SetsockoptTimeval(r.ctl, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 10})
@@ -180,7 +178,7 @@ func TestClaimControlSocketByteResets(t *testing.T) {
 	}{
 		{"a byte", func(r *rawClient) error { return unix.Sendmsg(r.ctl, []byte("x"), nil, nil, 0) }},
 		{"a descriptor", func(r *rawClient) error {
-			efd, err := newEventfd()
+			efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
 			if err != nil {
 				return err
 			}

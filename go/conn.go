@@ -38,8 +38,8 @@ type Conn struct {
 	in, out     direction // in: peer -> us; out: us -> peer
 	myWaiting   *uint32
 	peerWaiting *uint32
-	ownBell     int
-	peerBell    int
+	ownBell     int // our end of the doorbell pair: we wait on it, and a byte sent on it rings the peer
+	spareBell   int // server: the HELLO's second descriptor of ownBell, closed with it; client: -1
 	ctl         *os.File
 	ctlFd       int
 	bell        *os.File // our doorbell (ownBell), in the netpoller
@@ -64,6 +64,7 @@ type Conn struct {
 	wakeChUsed  atomic.Bool   // a non-polling waiter holds wakeCh (set and cleared under waitMu)
 	lostWakes   atomic.Uint32 // bumped by a follower whose announcement found the word woken
 	kicked      atomic.Bool   // kick expired the doorbell's deadline; the next poll clears it
+	bellDirty   atomic.Bool   // the doorbell may hold rings no netpoller event will report (see pollOnce)
 	// The poller's state (only the goroutine that set polling uses it) and callbacks made once,
 	// so that waiting allocates nothing.
 	pollFirst, pollOK                         bool
@@ -415,7 +416,7 @@ func (e *ProtocolError) Is(target error) bool { return target == unix.EPROTO }
 
 // Bits of a waiting word (spec section 6): how that side sleeps.
 const (
-	waitDoorbell = 1 // on its doorbell eventfd (the only way this package sleeps)
+	waitDoorbell = 1 // on its doorbell (the only way this package sleeps)
 	waitFutex    = 2 // on a shared futex at the waiting word itself
 )
 
@@ -436,7 +437,7 @@ func (c *Conn) notifyPeer() {
 // writability edge for a ring that was not full), so the peer's waiting word is only worth an
 // exchange, and the doorbell a system call, when the ring may have been full at old. Without
 // this, every read of a request woke the peer's reader, which waits for the answer, not for
-// space: one useless eventfd write and wake-up per message in a request/response exchange.
+// space: one useless ring and wake-up per message in a request/response exchange.
 //
 // Why no wake-up is lost: a producer that sleeps stored its head H, then ORed its waiting bit,
 // then re-read ring_tail and still found H - tail == capacity. Our store of the new tail comes
@@ -463,7 +464,7 @@ func (c *Conn) wakePeer(w uint32) {
 	}
 	// Bits 8 and up are the sleeper's announcement sequence (spec section 6): not a way to sleep.
 	if w&waitDoorbell != 0 {
-		ringBell(c.peerBell)
+		ringBell(c.ownBell)
 	}
 }
 
@@ -518,6 +519,7 @@ func (c *Conn) block(ready func() bool) bool {
 		// Read-modify-write of our waiting word (spec section 6); partner: the peer's exchange
 		// in its notify.
 		old := atomic.OrUint32(c.myWaiting, waitDoorbell)
+		c.bellDirty.Store(true) // the peer may ring while nobody polls
 		if old&(waitDoorbell|waitFutex) == 0 {
 			// Whatever our re-check finds: another follower may have lost its wake-up.
 			c.lostWakes.Add(1) // before the kick; partner: the Load in pollCallback
@@ -550,40 +552,6 @@ func (c *Conn) block(ready func() bool) bool {
 // testHookBeforePoll, when set by a test, runs between a poller's taking its turn and its poll:
 // it widens the window in which a follower's wake-up can be lost (see block).
 var testHookBeforePoll atomic.Pointer[func()]
-
-// pollOnce is the poller's sleep on the doorbell. The re-check after exchanging waiting to 1 runs
-// inside the RawConn.Read callback, after the runtime has reset the descriptor's readiness, so a
-// doorbell rung after the store always wakes the netpoller wait that follows. The doorbell is
-// never drained: the netpoller is edge-triggered and every eventfd write is an edge, and after any
-// wake-up every waiter re-checks its condition anyway.
-func (c *Conn) pollOnce(ready func() bool) bool {
-	// Clear the deadline a kick set (only then: a system-call-free but locked runtime call).
-	// kick sets the deadline before it sets kicked, so either we see kicked and clear the
-	// deadline after the kick's state change (the re-check below sees that change), or we do
-	// not and the wait below returns at once (the next poll clears it).
-	if c.kicked.Swap(false) { // partner: the Store in kick
-		c.bell.SetReadDeadline(time.Time{})
-	}
-	c.pollCheck, c.pollFirst, c.pollOK = ready, true, false
-	c.bellRaw.Read(c.pollFn)
-	c.pollCheck = nil
-	return c.pollOK
-}
-
-// pollCallback is pollOnce's RawConn.Read callback (c.pollFn).
-func (c *Conn) pollCallback(uintptr) bool {
-	if c.pollFirst {
-		c.pollFirst = false
-		// Read-modify-write of our waiting word (spec section 6); partner: the peer's exchange
-		// in its notify.
-		old := atomic.OrUint32(c.myWaiting, waitDoorbell)
-		c.pollOK = c.pollCheck()
-		// A follower's wake-up may have been lost (see block): end this poll so it re-checks.
-		lost := old&(waitDoorbell|waitFutex) == 0 && c.wakeChUsed.Load() || c.lostWakes.Load() != c.pollLostWakes
-		return c.pollOK || lost
-	}
-	return true
-}
 
 // startWatch starts the control-socket watcher; call once the connection is fully set up.
 func (c *Conn) startWatch() { go c.watchCtl() }
@@ -894,7 +862,7 @@ func (c *Conn) Close() error {
 		}
 	}
 	c.bell.Close() // closes ownBell
-	unix.Close(c.peerBell)
+	unix.Close(c.spareBell)
 	if c.carrier != nil {
 		if debug {
 			if rc, err := c.carrier.(*net.TCPConn).SyscallConn(); err == nil {
@@ -962,7 +930,7 @@ func (c *Conn) discard() {
 	c.closed.Store(true)
 	c.bell.Close()
 	c.ctl.Close()
-	unix.Close(c.peerBell)
+	unix.Close(c.spareBell)
 	unmapLater(c.seg)
 	c.seg = nil
 }

@@ -363,11 +363,13 @@ func (cs *clientSide) hello(h header, mode uint8) error {
 	h.encode(cs.seg)
 	msg := hsMsg{Type: MsgHello, Version: Version, Arg: mode}.encode()
 	cs.sent = true
-	if err := unix.Sendmsg(cs.fd, msg, unix.UnixRights(cs.memfd, cs.cb, cs.sb), nil, 0); err != nil {
+	// The server's end of the doorbell pair goes in both doorbell slots (spec section 3).
+	if err := unix.Sendmsg(cs.fd, msg, unix.UnixRights(cs.memfd, cs.sb, cs.sb), nil, 0); err != nil {
 		return os.NewSyscallError("sendmsg", err)
 	}
 	unix.Close(cs.memfd) // the mapping keeps the segment
-	cs.memfd = -1
+	unix.Close(cs.sb)    // the server's end is the server's alone
+	cs.memfd, cs.sb = -1, -1
 	return nil
 }
 
@@ -394,9 +396,9 @@ func (cs *clientSide) answer(ctx context.Context, dl time.Time) error {
 func (cs *clientSide) conn(laddr, raddr *net.TCPAddr) (*Conn, error) {
 	c := &Conn{ctl: cs.ctl, ctlFd: cs.fd, peerPid: int(cs.cred.Pid), laddr: laddr, raddr: raddr}
 	if p := cs.rec; p != nil {
-		c.seg, c.lay, c.bell, c.ownBell, c.peerBell = p.seg, p.lay, p.bell, p.ownBell, p.peerBell
+		c.seg, c.lay, c.bell, c.ownBell, c.spareBell = p.seg, p.lay, p.bell, p.ownBell, p.spareBell
 	} else {
-		c.seg, c.lay, c.ownBell, c.peerBell = cs.seg, cs.lay, cs.cb, cs.sb
+		c.seg, c.lay, c.ownBell, c.spareBell = cs.seg, cs.lay, cs.cb, -1
 	}
 	if err := c.setup(); err != nil {
 		return nil, err

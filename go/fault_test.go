@@ -265,7 +265,7 @@ func TestGarbageOnRendezvous(t *testing.T) {
 	lay := g.layout()
 	mfd, _ := unix.MemfdCreate("x", unix.MFD_CLOEXEC)
 	unix.Ftruncate(mfd, int64(lay.segmentSize))
-	efd, _ := newEventfd()
+	efd, _ := unix.Eventfd(0, unix.EFD_CLOEXEC)
 	cases := []struct {
 		name string
 		msg  []byte
@@ -287,13 +287,24 @@ func TestGarbageOnRendezvous(t *testing.T) {
 			t.Errorf("%s: reject reason %d, want %d", tc.name, got, tc.want)
 		}
 	}
-	// A sealed memfd whose header is garbage.
+	// A sealed memfd of the right size with doorbells that are not one Unix stream socket in
+	// both slots (eventfds, the two ends of a pair, a datagram socket), then with a real doorbell
+	// and a header that is garbage.
 	sfd, _ := newSegmentFd(lay.segmentSize)
 	sealSegment(sfd)
-	if got := rejectOf(rawHello(t, name, hello, []int{sfd, efd, efd})); got != RejectBadSegment {
+	ours, theirs, _ := newBellPair()
+	dg, _ := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	for _, bells := range [][2]int{{efd, efd}, {ours, theirs}, {dg[0], dg[0]}} {
+		if got := rejectOf(rawHello(t, name, hello, []int{sfd, bells[0], bells[1]})); got != RejectBadMessage {
+			t.Errorf("doorbells %v: reject reason %d, want %d", bells, got, RejectBadMessage)
+		}
+	}
+	if got := rejectOf(rawHello(t, name, hello, []int{sfd, theirs, theirs})); got != RejectBadSegment {
 		t.Errorf("garbage header: %d", got)
 	}
-	unix.Close(sfd)
+	for _, fd := range []int{sfd, ours, theirs, dg[0], dg[1]} {
+		unix.Close(fd)
+	}
 	// Silent clients and clients that vanish do not block others.
 	var silent []int
 	for i := 0; i < 20; i++ {

@@ -521,7 +521,8 @@ func (l *Listener) adopt(cfd int, cf *os.File, mode uint8, fds []int, heard func
 		logf("hello: %v", err)
 		return nil, RejectBadSegment
 	}
-	if !isEventfd(fds[1]) || !isEventfd(fds[2]) {
+	// Both doorbell slots carry our end of the doorbell pair (spec section 3).
+	if !isDoorbell(fds[2]) || !sameFile(fds[1], fds[2]) {
 		return nil, RejectBadMessage
 	}
 	cred, err := peerCred(cfd)
@@ -557,7 +558,7 @@ func (l *Listener) adopt(cfd int, cf *os.File, mode uint8, fds []int, heard func
 		return nil, RejectNotServed
 	}
 	putLE32(seg, hServerPid, uint32(os.Getpid()))
-	c := &Conn{isServer: true, seg: seg, lay: lay, ownBell: fds[2], peerBell: fds[1], ctl: cf, ctlFd: cfd}
+	c := &Conn{isServer: true, seg: seg, lay: lay, ownBell: fds[2], spareBell: fds[1], ctl: cf, ctlFd: cfd}
 	l.setAddrs(c, h)
 	c.peerPid = int(cred.Pid)
 	if mode == ModeCarrier {
@@ -615,7 +616,7 @@ func (l *Listener) adoptRecycled(cfd int, cf *os.File, ticket uint32) (*Conn, ui
 		p.release()
 		return nil, RejectNotServed
 	}
-	c := &Conn{isServer: true, seg: p.seg, lay: p.lay, bell: p.bell, ownBell: p.ownBell, peerBell: p.peerBell,
+	c := &Conn{isServer: true, seg: p.seg, lay: p.lay, bell: p.bell, ownBell: p.ownBell, spareBell: p.spareBell,
 		ctl: cf, ctlFd: cfd, peerPid: int(cred.Pid), parkTable: l.parked}
 	l.setAddrs(c, h)
 	if !l.finish(c, nil) {

@@ -35,15 +35,15 @@ const (
 )
 
 // parked is what one side keeps of a DIRECT connection that closed cleanly: the mapping, the
-// private copy of its geometry (validated when the segment was first accepted) and both
-// doorbells, ours still registered in the netpoller.
+// private copy of its geometry (validated when the segment was first accepted) and our end of
+// the doorbell pair, still registered in the netpoller.
 type parked struct {
-	seg      []byte
-	lay      layout
-	bell     *os.File // our doorbell
-	ownBell  int      // bell's descriptor (os.File.Fd would make it blocking)
-	peerBell int
-	since    time.Time
+	seg       []byte
+	lay       layout
+	bell      *os.File // our doorbell
+	ownBell   int      // bell's descriptor (os.File.Fd would make it blocking)
+	spareBell int      // see Conn.spareBell
+	since     time.Time
 }
 
 func (p *parked) word() *uint32 { return u32at(p.seg, hParked) }
@@ -51,7 +51,7 @@ func (p *parked) word() *uint32 { return u32at(p.seg, hParked) }
 // release closes the doorbells and unmaps the segment (off the caller's path).
 func (p *parked) release() {
 	p.bell.Close()
-	unix.Close(p.peerBell)
+	unix.Close(p.spareBell)
 	unmapLater(p.seg)
 	p.seg = nil
 }
@@ -73,7 +73,7 @@ func (p *parked) withdraw() bool {
 
 // parkOf takes the segment and doorbells out of a closed connection.
 func parkOf(c *Conn) *parked {
-	return &parked{seg: c.seg, lay: c.lay, bell: c.bell, ownBell: c.ownBell, peerBell: c.peerBell, since: time.Now()}
+	return &parked{seg: c.seg, lay: c.lay, bell: c.bell, ownBell: c.ownBell, spareBell: c.spareBell, since: time.Now()}
 }
 
 // ---- the client's side ----

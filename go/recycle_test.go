@@ -365,7 +365,7 @@ func TestRecycleHelloRefused(t *testing.T) {
 		t.Errorf("unknown ticket: reject reason %d, want %d", got, RejectBadSegment)
 	}
 	// Descriptors with a RECYCLE HELLO.
-	efd, _ := newEventfd()
+	efd, _ := unix.Eventfd(0, unix.EFD_CLOEXEC)
 	if got := rejectOf(rawHello(t, name, recycleHello(1), []int{efd, efd, efd})); got != RejectBadMessage {
 		t.Errorf("with descriptors: reject reason %d, want %d", got, RejectBadMessage)
 	}

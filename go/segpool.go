@@ -7,7 +7,8 @@ import (
 )
 
 // segRes is a fresh segment ready to be offered: a sealed memfd of the geometry's size, its
-// mapping and the two doorbells. It is shared with nobody until a HELLO carries it.
+// mapping and the doorbell pair (cb ours, sb the server's, sent with the HELLO and closed). It is
+// shared with nobody until a HELLO carries it.
 type segRes struct {
 	lay    layout
 	memfd  int
@@ -29,11 +30,7 @@ func newSegRes(g Geometry) (*segRes, error) {
 		r.close()
 		return nil, err
 	}
-	if r.cb, err = newEventfd(); err != nil {
-		r.close()
-		return nil, err
-	}
-	if r.sb, err = newEventfd(); err != nil {
+	if r.cb, r.sb, err = newBellPair(); err != nil {
 		r.close()
 		return nil, err
 	}
@@ -54,7 +51,7 @@ func (r *segRes) close() {
 }
 
 // A few segments per geometry are created ahead of time by a background goroutine, so that a
-// dial does not wait for memfd_create, ftruncate, mmap and two eventfds (and the HELLO follows
+// dial does not wait for memfd_create, ftruncate, mmap and socketpair (and the HELLO follows
 // the rendezvous connect at once). A segment is used at most once: one that was offered to a
 // server is never pooled again.
 const segPoolSize = 2

@@ -1,6 +1,6 @@
 package colo
 
-// Every OS call of the colo transport goes through this file: memfd, seals, mmap, eventfd,
+// Every OS call of the colo transport goes through this file: memfd, seals, mmap, doorbells,
 // epoll, SCM_RIGHTS, SO_PEERCRED. Descriptors that goroutines wait on are wrapped with
 // os.NewFile after being made non-blocking, so waits park in the Go netpoller.
 
@@ -60,9 +60,21 @@ func checkSegmentFd(fd int) (uint64, error) {
 	return uint64(st.Size), nil
 }
 
-func isEventfd(fd int) bool {
-	s, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
-	return err == nil && s == "anon_inode:[eventfd]"
+// isDoorbell reports whether fd can be a doorbell: an AF_UNIX, SOCK_STREAM socket (spec
+// section 3), which ringBell and drainBell never block on, whatever its description's flags.
+func isDoorbell(fd int) bool {
+	d, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
+	if err != nil || d != unix.AF_UNIX {
+		return false
+	}
+	t, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+	return err == nil && t == unix.SOCK_STREAM
+}
+
+// sameFile reports whether a and b are descriptors of one open file (for sockets, one socket).
+func sameFile(a, b int) bool {
+	var x, y unix.Stat_t
+	return unix.Fstat(a, &x) == nil && unix.Fstat(b, &y) == nil && x.Dev == y.Dev && x.Ino == y.Ino
 }
 
 func mapSegment(fd int, size uint64) ([]byte, error) {
@@ -76,26 +88,52 @@ func mapSegment(fd int, size uint64) ([]byte, error) {
 	return b, nil
 }
 
-func newEventfd() (int, error) {
-	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	return fd, os.NewSyscallError("eventfd", err)
+// newBellPair creates a connection's doorbell pair (spec section 1): the client's end and the
+// server's, close-on-exec and non-blocking.
+func newBellPair() (client, server int, err error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		return -1, -1, os.NewSyscallError("socketpair", err)
+	}
+	return fds[0], fds[1], nil
 }
 
-var one = [8]byte{1}
+var one = [1]byte{1}
 
-// ringBell writes 1 to an eventfd.
+// ringBell rings the peer: one byte sent on our end of the doorbell pair, with MSG_DONTWAIT
+// (never blocking, whatever the flags of the description: a client may hold the server's end
+// too) and MSG_NOSIGNAL. Errors are ignored: EAGAIN means the peer's end holds unread rings (it
+// is readable already), EPIPE and ECONNRESET that it is gone (the control socket tells).
 //
-// A raw system call: an eventfd write never blocks (its counter cannot come near the limit), so
-// the scheduler need not hand our P away for it, which saves entersyscall and exitsyscall on
-// every wake-up.
+// A raw system call: it never blocks, so the scheduler need not hand our P away for it, which
+// saves entersyscall and exitsyscall on every wake-up.
 func ringBell(fd int) {
-	unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&one[0])), uintptr(len(one)))
+	unix.RawSyscall6(unix.SYS_SENDTO, uintptr(fd), uintptr(unsafe.Pointer(&one[0])), 1,
+		unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, 0, 0)
 }
 
-// drainBell resets a (non-blocking) eventfd.
-func drainBell(fd int) {
-	var b [8]byte
-	unix.Read(fd, b[:])
+// bellDrainCalls bounds one drainBell: a peer that keeps ringing cannot keep us there.
+const bellDrainCalls = 4
+
+// drainBell empties our end of the doorbell pair until it would block (at most bellDrainCalls
+// reads of 256 bytes, each with MSG_DONTWAIT: never blocking). It reports whether the peer had
+// rung and whether its end is shut down or gone (end of stream, or an error such as
+// ECONNRESET), which is its hang-up: the doorbell would stay readable for good. No control
+// buffer is passed, so descriptors a peer sends are closed by the kernel, never installed.
+func drainBell(fd int) (rung, hungUp bool) {
+	var b [256]byte
+	for i := 0; i < bellDrainCalls; i++ {
+		n, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)),
+			unix.MSG_DONTWAIT, 0, 0)
+		switch {
+		case e == unix.EAGAIN || e == unix.EINTR:
+			return rung, false
+		case e != 0 || n == 0:
+			return rung, true
+		}
+		rung = true
+	}
+	return rung, false
 }
 
 // closeRights closes every descriptor carried in a control-message buffer.

@@ -73,11 +73,15 @@ def rendezvous(port):
 
 
 def doorbells():
-    return os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK), os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+    """The connection's doorbell pair (spec/WIRE.md section 1): (client's end, server's end)."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    a.setblocking(False)
+    b.setblocking(False)
+    return a.detach(), b.detach()
 
 
 def hello(sock, mode, memfd, bells):
-    socket.send_fds(sock, [message(HELLO, mode)], [memfd, bells[0], bells[1]])
+    socket.send_fds(sock, [message(HELLO, mode)], [memfd, bells[1], bells[1]])
 
 
 def answer(sock, timeout=5.0):

@@ -9,7 +9,7 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 build
-(cd "$ROOT/rust" && cargo build --release -q -p colo-cli -p colo --example peer) || exit 1
+(cd "$ROOT/rust" && cargo build --release -q -p colo-cli && cargo build --release -q -p colo --example peer) || exit 1
 FAIL=0
 for t in "$HERE"/t_*.sh; do
   [ -e "$t" ] || continue

@@ -9,7 +9,7 @@ source "$(dirname "$0")/lib.sh"
 PEER=${ATTACK_PEER:-$PEER}
 N=${N:-50}
 port=$(free_port)
-COLO_LOG=info COLO_DEBUG=1 "$PEER" server "127.0.0.1:$port" stream >"$WORK/server.log" 2>&1 &
+COLO_DIRECT_ANY_UID=1 COLO_LOG=info COLO_DEBUG=1 "$PEER" server "127.0.0.1:$port" stream >"$WORK/server.log" 2>&1 &
 SRV=$!; PIDS+=($SRV)
 wait_port "$port" || { bad "server did not start"; finish; }
 threads() { ls "/proc/$SRV/task" 2>/dev/null | wc -l; }

@@ -12,7 +12,7 @@ against() {
 local PEER=$1 L=$2
 N=${N:-2000}
 port=$(free_port)
-COLO_LOG=info COLO_DEBUG=1 "$PEER" server "127.0.0.1:$port" stream >"$WORK/server.log" 2>&1 &
+COLO_DIRECT_ANY_UID=1 COLO_LOG=info COLO_DEBUG=1 "$PEER" server "127.0.0.1:$port" stream >"$WORK/server.log" 2>&1 &
 SRV=$!; PIDS+=($SRV)
 wait_port "$port" || { bad "$L: server did not start"; return; }
 vm_kb() { awk '/^VmSize:/ {print $2}' "/proc/$SRV/status"; }
@@ -44,7 +44,7 @@ check "$L: legit client after" legit
 # budgets): mmap and thread creation fail, each failure costs that connection only.
 kill "$SRV"; wait "$SRV" 2>/dev/null
 port=$(free_port)
-(ulimit -v 3000000; COLO_LOG=info \
+(ulimit -v 3000000; COLO_DIRECT_ANY_UID=1 COLO_LOG=info \
   exec "$PEER" server "127.0.0.1:$port" stream >"$WORK/server2.log" 2>&1) &
 SRV=$!; PIDS+=($SRV)
 wait_port "$port" || { bad "$L: server under ulimit -v did not start"; return; }

@@ -81,7 +81,7 @@ impl Conn {
 
     fn build(est: Established, nonblocking: bool, resumed: bool, setup: std::time::Duration) -> std::io::Result<Conn> {
         let w = est.words();
-        let raw0 = [est.fds.control.as_raw_fd(), est.fds.own_bell.as_raw_fd(), est.fds.peer_bell.as_raw_fd(), est.memfd];
+        let raw0 = [est.fds.control.as_raw_fd(), est.fds.own_bell.as_raw_fd(), est.fds.self_bell.as_raw_fd(), est.memfd];
         // SAFETY: a fresh anonymous shared page aliases nothing.
         let page = unsafe {
             rustix::mm::mmap_anonymous(
@@ -144,7 +144,8 @@ impl Conn {
         self.nb.load(Ordering::Relaxed)
     }
 
-    /// Control socket, doorbells (ours, the peer's) and segment memfd, as raw numbers.
+    /// Control socket, bells (our end of the doorbell pair, our self bell) and segment memfd,
+    /// as raw numbers.
     pub fn fds(&self) -> [RawFd; 4] {
         [self.raw[0], self.raw[1], self.raw[2], self.raw[3]]
     }
@@ -163,9 +164,9 @@ impl Conn {
         }
     }
 
-    fn own_bell(&self) -> colo_sys::BorrowedFd<'_> {
-        // SAFETY: our doorbell, owned by `shm`, which lives as long as `self`.
-        unsafe { colo_sys::BorrowedFd::borrow_raw(self.raw[1]) }
+    fn self_bell(&self) -> colo_sys::BorrowedFd<'_> {
+        // SAFETY: our self bell, owned by `shm`, which lives as long as `self`.
+        unsafe { colo_sys::BorrowedFd::borrow_raw(self.raw[2]) }
     }
 
     pub fn readiness_raw(&self) -> RawFd {
@@ -243,9 +244,9 @@ impl Conn {
         children().into_iter().chain([parent]).any(|p| p != 0 && p != me && seen_holding(p))
     }
 
-    /// Rings our own doorbell, so that the readiness fd reports and the state is looked at again.
+    /// Rings our self bell, so that the readiness fd reports and the state is looked at again.
     pub fn poke(&self) {
-        colo_sys::doorbell::ring(self.own_bell());
+        colo_sys::doorbell::ring(self.self_bell());
     }
 
     /// Empties our doorbell (after the kernel reported our readiness fd): a level-triggered

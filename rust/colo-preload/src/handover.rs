@@ -3,7 +3,7 @@
 //! A program that execs keeps its inheritable descriptors (those without `FD_CLOEXEC`); an
 //! accelerated socket among them is only half of a connection: its payload moves through the
 //! segment. So a connection whose application socket is inheritable keeps its own descriptors
-//! (segment memfd, control socket, doorbells) inheritable too, and is listed in this process's
+//! (segment memfd, control socket, doorbell and self bell) inheritable too, and is listed in this process's
 //! *handover file*: an inheritable memfd named `colo-handover` with one record per such
 //! connection. The shim's constructor in the new program image finds the file among its
 //! descriptors, takes each connection back (the record names the socket by inode; the rings
@@ -108,13 +108,13 @@ fn set(conn: &Conn, inheritable: bool, sock: BorrowedFd<'_>) {
         return;
     }
     conn.set_inheritable(inheritable);
-    let [control, own_bell, peer_bell, memfd] = conn.fds();
+    let [control, own_bell, self_bell, memfd] = conn.fds();
     if !inheritable {
         forget(memfd, false);
         return;
     }
     let Ok(st) = rustix::fs::fstat(sock) else { return };
-    let r = Record { sock_ino: st.st_ino, memfd, control, own_bell, peer_bell, role: conn.shm().role() };
+    let r = Record { sock_ino: st.st_ino, memfd, control, own_bell, self_bell, role: conn.shm().role() };
     let mut file = lock();
     let Some(f) = own(&mut file) else { return };
     let i = match f.slots.iter().position(Option::is_none) {
@@ -190,7 +190,7 @@ pub fn take_back() {
 }
 
 fn take_back_one(r: Record, socks: &[i32]) {
-    let fds = [r.memfd, r.control, r.own_bell, r.peer_bell];
+    let fds = [r.memfd, r.control, r.own_bell, r.self_bell];
     // Each must be open and distinct; then they are ours.
     // SAFETY: only asks the kernel about the number; a closed one gives EBADF.
     let open = |fd: RawFd| fd >= 0 && rustix::io::fcntl_getfd(unsafe { BorrowedFd::borrow_raw(fd) }).is_ok();
@@ -200,13 +200,13 @@ fn take_back_one(r: Record, socks: &[i32]) {
     }
     // SAFETY: inherited descriptors recorded for this connection, open (checked above), owned
     // by no one else in this image.
-    let [memfd, control, own_bell, peer_bell] = fds.map(|fd| unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+    let [memfd, control, own_bell, self_bell] = fds.map(|fd| unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
     let Some(&first) = socks.first() else {
         // The application closed (or made close-on-exec) the socket before exec: the connection
         // ends here (closing the control socket tells the peer).
         return;
     };
-    let est = match colo::carrier::reattach(memfd, control, own_bell, peer_bell, r.role) {
+    let est = match colo::carrier::reattach(memfd, control, own_bell, self_bell, r.role) {
         Ok(est) => est,
         Err(why) => {
             crate::log_info(format_args!("exec: connection on fd {first} not taken back: {why}"));
@@ -241,7 +241,7 @@ mod tests {
 
     #[test]
     fn records_round_trip() {
-        let r = Record { sock_ino: 0x1234_5678_9abc, memfd: 900, control: 901, own_bell: 902, peer_bell: 903, role: Role::Server };
+        let r = Record { sock_ino: 0x1234_5678_9abc, memfd: 900, control: 901, own_bell: 902, self_bell: 903, role: Role::Server };
         assert_eq!(Record::decode(&r.encode()), Some(r));
         let mut bad = r.encode();
         bad[24] = 7;

@@ -11,7 +11,7 @@
 use crate::spin::Spinner;
 use crate::sync::{AtomicU32, Ordering};
 
-/// `waiting` bit: the side sleeps on its doorbell eventfd (the waker writes the eventfd).
+/// `waiting` bit: the side sleeps on its doorbell (the waker rings it: one byte on its end).
 pub const SLEEP_DOORBELL: u32 = 1;
 /// `waiting` bit: the side sleeps on a futex at the `waiting` word itself (the waker calls
 /// `FUTEX_WAKE` on it).

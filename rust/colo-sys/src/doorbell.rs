@@ -1,28 +1,147 @@
-//! Doorbells (eventfds) and the readiness fd: one epoll instance holding a side's own doorbell and
-//! its control socket, so one fd tells "the peer made progress" and "the peer hung up", and can sit
-//! in any poll loop (spec/WIRE.md section 6).
+//! Doorbells, wake-up eventfds and the readiness fd (spec/WIRE.md section 6).
+//!
+//! A connection's doorbells are the two ends of one `AF_UNIX`, `SOCK_STREAM` socket pair, one
+//! end held by each side and by nobody else: a side waits until its end is readable and rings
+//! the peer by sending one byte on it. The peer shares no open file description with us, and
+//! every call here passes `MSG_DONTWAIT`, so whatever the peer does to its own end (clear
+//! `O_NONBLOCK`, fill the buffer, stop reading, shut it down, send descriptors) no call here
+//! blocks: ringing a full buffer fails with `EAGAIN`, and a full buffer is readable already.
+//!
+//! A side's own threads wake each other through a *self bell*, an eventfd of this process that
+//! is never passed to a peer (a side cannot make its own end of the pair readable), and a
+//! thread's wake-up eventfds are eventfds of this process too: [`create`], [`ring`] and
+//! [`drain`] are for those only.
+//!
+//! The readiness fd is one epoll instance holding a side's doorbell, its self bell and its
+//! control socket, so one fd tells "the peer made progress" and "the peer hung up", and can sit
+//! in any poll loop.
 
 use rustix::event::{epoll, eventfd, EventfdFlags, Timespec};
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
 use std::io;
 use std::time::Duration;
 
-/// Creates a non-blocking, close-on-exec eventfd.
+/// Creates a non-blocking, close-on-exec eventfd (a self bell or a wake-up eventfd: never one
+/// a peer holds).
 pub fn create() -> io::Result<OwnedFd> {
     Ok(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?)
 }
 
-/// Rings a doorbell (adds 1 to the eventfd counter).
+/// Rings an eventfd of [`create`] (adds 1 to its counter).
 pub fn ring(fd: impl AsFd) {
-    // An eventfd write only fails if the counter would overflow (it is then readable anyway) or
-    // the descriptor is not an eventfd, which a validated handshake excludes.
+    // An eventfd write only fails if the counter would overflow (it is then readable anyway);
+    // nobody else holds the eventfd, so its description stays non-blocking.
     let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
 }
 
-/// Empties a doorbell without blocking; returns whether it had rung.
+/// Empties an eventfd of [`create`] without blocking; returns whether it had rung.
 pub fn drain(fd: impl AsFd) -> bool {
     let mut buf = [0u8; 8];
     matches!(rustix::io::read(fd, &mut buf), Ok(8)) && u64::from_ne_bytes(buf) > 0
+}
+
+/// A connection's doorbell pair: `(client's end, server's end)`, close-on-exec.
+pub fn pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    Ok(rustix::net::socketpair(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )?)
+}
+
+/// Rings the peer: sends one byte on our end of the pair. Never blocks, whatever the flags of
+/// the description (`MSG_DONTWAIT`), and never raises `SIGPIPE` (`MSG_NOSIGNAL`). Errors are
+/// ignored: `EAGAIN` means the peer's end holds unread rings (it is readable already), `EPIPE`
+/// or `ECONNRESET` that the peer's end is gone (its control socket tells the rest).
+pub fn ring_peer(own: impl AsFd) {
+    let _ = rustix::net::send(own, &[1u8], SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
+}
+
+/// What [`drain_rings`] found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Rings {
+    /// The peer had rung (at least one byte was read).
+    pub rung: bool,
+    /// The peer's end is shut down or closed (end of stream or an error): the doorbell would
+    /// stay readable for good, so this counts as the peer's hang-up.
+    pub hung_up: bool,
+}
+
+/// How many bytes one `recv` of [`drain_rings`] takes.
+const DRAIN_CHUNK: usize = 256;
+/// How many `recv` calls one [`drain_rings`] makes at most (a peer that keeps ringing cannot
+/// keep us here; what is left keeps the doorbell readable for the next drain).
+const DRAIN_CALLS: usize = 4;
+
+/// Empties our end of the pair without blocking (`MSG_DONTWAIT`, whatever the description's
+/// flags): at most [`DRAIN_CALLS`] reads of [`DRAIN_CHUNK`] bytes, stopping at the first that
+/// does not fill its buffer (so an end of stream behind rings is found by the next drain: the
+/// doorbell stays readable until then). No control buffer is passed, so descriptors a peer
+/// sends are closed by the kernel, never installed here.
+pub fn drain_rings(own: impl AsFd) -> Rings {
+    let own = own.as_fd();
+    let mut buf = [0u8; DRAIN_CHUNK];
+    let mut found = Rings::default();
+    for _ in 0..DRAIN_CALLS {
+        match rustix::net::recv(own, &mut buf[..], RecvFlags::DONTWAIT) {
+            Ok((_, 0)) => {
+                found.hung_up = true;
+                break;
+            }
+            Ok((_, n)) => {
+                found.rung = true;
+                if n < DRAIN_CHUNK {
+                    break;
+                }
+            }
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => break,
+            Err(_) => {
+                // ECONNRESET (the peer closed with our rings unread) and the like: its end is
+                // gone.
+                found.hung_up = true;
+                break;
+            }
+        }
+    }
+    found
+}
+
+/// Empties a side's bells: `own`, its end of the pair, and, if the peer had not rung,
+/// `self_bell`, its eventfd. A report of the readiness fd is almost always the peer's ring (one
+/// system call then); a self ring left behind by a drain that found the peer's keeps the bells
+/// readable, so a level-triggered poller wakes once more and the next drain takes it. (No
+/// in-memory flag says whether the self bell rang: a forked child shares the eventfd and not our
+/// memory, and a flag it cannot set would leave its ring unread for good.) If the peer's end is
+/// gone, `control` (the side's control socket) is shut down, so that everything watching it sees
+/// the hang-up (spec section 8).
+pub fn drain_side(own: impl AsFd, self_bell: impl AsFd, control: impl AsFd) -> Rings {
+    let mut found = drain_rings(own);
+    if found.hung_up {
+        let _ = rustix::net::shutdown(control, rustix::net::Shutdown::Both);
+    }
+    if !found.rung {
+        found.rung = drain(self_bell);
+    }
+    found
+}
+
+/// Whether `fd` can be a doorbell: an `AF_UNIX`, `SOCK_STREAM` socket (the server's check of
+/// the descriptors a HELLO carries; [`ring_peer`] and [`drain_rings`] then never block).
+pub fn is_doorbell(fd: impl AsFd) -> bool {
+    let fd = fd.as_fd();
+    matches!(rustix::net::sockopt::socket_domain(fd), Ok(AddressFamily::UNIX))
+        && matches!(rustix::net::sockopt::socket_type(fd), Ok(SocketType::STREAM))
+}
+
+/// Whether `a` and `b` are descriptors of the same open file (same device and inode: for
+/// sockets, the same socket).
+pub fn same_file(a: impl AsFd, b: impl AsFd) -> bool {
+    match (rustix::fs::fstat(a), rustix::fs::fstat(b)) {
+        (Ok(x), Ok(y)) => x.st_dev == y.st_dev && x.st_ino == y.st_ino,
+        _ => false,
+    }
 }
 
 const DOORBELL: u64 = 0;
@@ -44,17 +163,28 @@ pub struct Woken {
     pub interrupted: bool,
 }
 
-/// Blocks until `doorbell` or `control` is readable (or `control` hangs up), `wake` (the
-/// sleeping thread's own wake-up eventfd, if it has one) is readable, or `timeout` passes: one
-/// `poll(2)`, no set-up. An interrupted wait returns only `interrupted`.
-pub fn wait(doorbell: impl AsFd, control: impl AsFd, wake: Option<BorrowedFd<'_>>, timeout: Option<Duration>) -> io::Result<Woken> {
+/// Blocks until `doorbell` (a side's end of the pair), `self_bell` (its eventfd) or `control`
+/// is readable (or `control` hangs up), `wake` (the sleeping thread's own wake-up eventfd, if it
+/// has one) is readable, or `timeout` passes: one `poll(2)`, no set-up. An interrupted wait
+/// returns only `interrupted`.
+pub fn wait(
+    doorbell: impl AsFd,
+    self_bell: impl AsFd,
+    control: impl AsFd,
+    wake: Option<BorrowedFd<'_>>,
+    timeout: Option<Duration>,
+) -> io::Result<Woken> {
     use rustix::event::{poll, PollFd, PollFlags};
-    let mut fds = [PollFd::new(&doorbell, PollFlags::IN), PollFd::new(&control, PollFlags::IN | PollFlags::RDHUP)];
+    let mut fds = [
+        PollFd::new(&doorbell, PollFlags::IN),
+        PollFd::new(&self_bell, PollFlags::IN),
+        PollFd::new(&control, PollFlags::IN | PollFlags::RDHUP),
+    ];
     let mut with_wake;
     let fds: &mut [PollFd<'_>] = match &wake {
         Some(w) => {
-            let [d, c] = fds;
-            with_wake = [d, c, PollFd::new(w, PollFlags::IN)];
+            let [d, s, c] = fds;
+            with_wake = [d, s, c, PollFd::new(w, PollFlags::IN)];
             &mut with_wake
         }
         None => &mut fds,
@@ -62,10 +192,10 @@ pub fn wait(doorbell: impl AsFd, control: impl AsFd, wake: Option<BorrowedFd<'_>
     let ts = timeout.map(|d| Timespec { tv_sec: d.as_secs() as i64, tv_nsec: d.subsec_nanos() as i64 });
     match poll(fds, ts.as_ref()) {
         Ok(_) => Ok(Woken {
-            doorbell: !fds[0].revents().is_empty(),
-            control: !fds[1].revents().is_empty(),
-            passed: fds.get(2).is_some_and(|w| w.revents().contains(PollFlags::IN)),
-            wake_invalid: fds.get(2).is_some_and(|w| w.revents().contains(PollFlags::NVAL)),
+            doorbell: !fds[0].revents().is_empty() || !fds[1].revents().is_empty(),
+            control: !fds[2].revents().is_empty(),
+            passed: fds.get(3).is_some_and(|w| w.revents().contains(PollFlags::IN)),
+            wake_invalid: fds.get(3).is_some_and(|w| w.revents().contains(PollFlags::NVAL)),
             interrupted: false,
         }),
         Err(rustix::io::Errno::INTR) => Ok(Woken { interrupted: true, ..Woken::default() }),
@@ -80,15 +210,16 @@ pub struct Readiness {
 }
 
 impl Readiness {
-    /// An epoll instance watching `doorbell` for input and `control` for input and hang-up, at a
-    /// descriptor number at or above `floor` if one is free there (see `preload::move_above`; 0:
-    /// anywhere), else where it was made (a readiness fd that cannot show a hang-up would be
-    /// worse than one descriptor of the application's).
-    pub fn new(doorbell: impl AsFd, control: impl AsFd, floor: i32) -> io::Result<Readiness> {
+    /// An epoll instance watching `doorbell` and `self_bell` for input and `control` for input
+    /// and hang-up, at a descriptor number at or above `floor` if one is free there (see
+    /// `preload::move_above`; 0: anywhere), else where it was made (a readiness fd that cannot
+    /// show a hang-up would be worse than one descriptor of the application's).
+    pub fn new(doorbell: impl AsFd, self_bell: impl AsFd, control: impl AsFd, floor: i32) -> io::Result<Readiness> {
         let mut ep = [epoll::create(epoll::CreateFlags::CLOEXEC)?];
         let _ = crate::preload::move_all_above(&mut ep, floor);
         let [ep] = ep;
         epoll::add(&ep, doorbell, epoll::EventData::new_u64(DOORBELL), epoll::EventFlags::IN)?;
+        epoll::add(&ep, self_bell, epoll::EventData::new_u64(DOORBELL), epoll::EventFlags::IN)?;
         epoll::add(
             &ep,
             control,
@@ -102,7 +233,7 @@ impl Readiness {
     /// returns only `interrupted`, so callers re-check their condition and deadline.
     pub fn wait(&self, timeout: Option<Duration>) -> io::Result<Woken> {
         let ts = timeout.map(|d| Timespec { tv_sec: d.as_secs() as i64, tv_nsec: d.subsec_nanos() as i64 });
-        let mut events = Vec::with_capacity(2);
+        let mut events = Vec::with_capacity(3);
         match epoll::wait(&self.epoll, rustix::buffer::spare_capacity(&mut events), ts.as_ref()) {
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => return Ok(Woken { interrupted: true, ..Woken::default() }),
@@ -186,5 +317,123 @@ impl Poller {
     /// The epoll fd (readable when any watched fd is).
     pub fn fd(&self) -> &OwnedFd {
         &self.epoll
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc::channel;
+
+    /// Runs `f` on a thread; fails if it has not returned within 10 s (a blocked call).
+    fn within_10s<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (done, returned) = channel();
+        std::thread::spawn(move || {
+            let _ = done.send(f());
+        });
+        returned.recv_timeout(Duration::from_secs(10)).unwrap_or_else(|_| panic!("{what} blocked"))
+    }
+
+    /// The peer's worst to a description it shares with us, had it one: O_NONBLOCK cleared.
+    fn blocking(fd: &OwnedFd) {
+        let fl = rustix::fs::fcntl_getfl(fd).unwrap();
+        rustix::fs::fcntl_setfl(fd, fl - rustix::fs::OFlags::NONBLOCK).unwrap();
+    }
+
+    fn open_fds() -> usize {
+        std::fs::read_dir("/proc/self/fd").unwrap().count()
+    }
+
+    #[test]
+    fn ringing_a_full_blocking_pair_never_blocks() {
+        let (a, b) = pair().unwrap();
+        blocking(&a);
+        blocking(&b);
+        let b = within_10s("ringing", move || {
+            // Far more rings than the socket buffers hold: the sends past them fail (EAGAIN).
+            for _ in 0..200_000 {
+                ring_peer(&a);
+            }
+            (a, b)
+        });
+        let (a, b) = b;
+        within_10s("draining", move || {
+            // A full buffer: each drain takes a bounded part and never waits for more.
+            let mut drains = 0;
+            while drain_rings(&b).rung {
+                drains += 1;
+                assert!(drains < 100_000, "the drain never emptied the buffer");
+            }
+            assert_eq!(drain_rings(&b), Rings::default(), "an empty blocking doorbell: nothing, at once");
+            ring_peer(&a);
+            assert_eq!(drain_rings(&b), Rings { rung: true, hung_up: false });
+        });
+    }
+
+    #[test]
+    fn a_peer_that_shuts_down_or_closes_its_end_hangs_up() {
+        let (a, b) = pair().unwrap();
+        blocking(&b);
+        ring_peer(&a);
+        rustix::net::shutdown(&a, rustix::net::Shutdown::Write).unwrap();
+        let found = within_10s("draining", move || [drain_rings(&b), drain_rings(&b)]);
+        // The ring first; the end at the next drain (the doorbell is still readable).
+        assert_eq!(found, [Rings { rung: true, hung_up: false }, Rings { rung: false, hung_up: true }]);
+        // Closed with our rings unread (the kernel then reports ECONNRESET once).
+        let (a, b) = pair().unwrap();
+        ring_peer(&b);
+        drop(a);
+        assert!(drain_rings(&b).hung_up);
+        assert!(drain_rings(&b).hung_up);
+        // Ringing a peer that is gone raises no SIGPIPE (the test process would die of it).
+        ring_peer(&b);
+    }
+
+    #[test]
+    fn descriptors_a_peer_sends_are_never_installed() {
+        let (a, b) = pair().unwrap();
+        let gifts: Vec<OwnedFd> = (0..8).map(|_| create().unwrap()).collect();
+        for g in &gifts {
+            crate::seqpacket::send(&a, &[1], &[g.as_fd()]).unwrap();
+        }
+        drop(gifts);
+        let before = open_fds();
+        let mut rounds = 0;
+        while drain_rings(&b).rung {
+            rounds += 1;
+            assert!(rounds < 100);
+        }
+        assert_eq!(open_fds(), before, "a drain installed descriptors");
+    }
+
+    #[test]
+    fn only_a_unix_stream_socket_is_a_doorbell() {
+        let (a, b) = pair().unwrap();
+        assert!(is_doorbell(&a) && is_doorbell(&b));
+        assert!(!is_doorbell(create().unwrap()));
+        let (d, _) = std::os::unix::net::UnixDatagram::pair().unwrap();
+        assert!(!is_doorbell(&d));
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        assert!(!is_doorbell(&tcp));
+        let dup = rustix::io::dup(&b).unwrap();
+        assert!(same_file(&b, &dup));
+        assert!(!same_file(&a, &b));
+    }
+
+    #[test]
+    fn a_side_drains_its_self_bell_when_the_peer_had_not_rung() {
+        let (a, b) = pair().unwrap();
+        let own = create().unwrap();
+        ring(&own);
+        ring_peer(&a);
+        let (ctl, peer_ctl) = pair().unwrap();
+        assert!(drain_side(&b, &own, &ctl).rung);
+        // The self ring is left for the next drain (the bells stay readable until then).
+        assert!(drain_side(&b, &own, &ctl).rung);
+        assert!(!drain_side(&b, &own, &ctl).rung);
+        // The peer's end gone: the control socket is shut down, both ways.
+        drop(a);
+        assert!(drain_side(&b, &own, &ctl).hung_up);
+        assert_eq!(drain_rings(&peer_ctl), Rings { rung: false, hung_up: true });
     }
 }

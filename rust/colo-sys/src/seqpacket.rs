@@ -38,14 +38,16 @@ pub fn accept(listener: impl AsFd) -> io::Result<OwnedFd> {
     Ok(net::accept_with(listener, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK)?)
 }
 
-/// Sends one datagram with descriptors attached.
+/// Sends one datagram with descriptors attached, without blocking whatever the socket's mode
+/// (a full queue at the other end is an error, `EAGAIN`: a side sends at most one datagram on a
+/// control socket, so only a peer that broke the protocol fills it).
 pub fn send(fd: impl AsFd, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
         return Err(io::ErrorKind::InvalidInput.into());
     }
-    net::sendmsg(fd, &[IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL)?;
+    net::sendmsg(fd, &[IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL | SendFlags::DONTWAIT)?;
     Ok(())
 }
 
@@ -81,6 +83,12 @@ pub fn recv(fd: impl AsFd, buf: &mut [u8], dontwait: bool) -> io::Result<Receive
         truncated: msg.flags.contains(net::ReturnFlags::TRUNC) || msg.flags.contains(net::ReturnFlags::CTRUNC),
         fds,
     })
+}
+
+/// Shuts a connected socket down both ways: the peer's and our own reads see its end (used to
+/// turn a broken doorbell into a hang-up every watcher of the control socket sees).
+pub fn shutdown(fd: impl AsFd) -> io::Result<()> {
+    Ok(net::shutdown(fd, net::Shutdown::Both)?)
 }
 
 /// Sets a receive timeout on a blocking socket.

@@ -141,8 +141,8 @@ pub fn connect_rendezvous(addr: SocketAddr) -> io::Result<Option<Rendezvous>> {
 pub struct Offer {
     control: OwnedFd,
     seg: Segment,
-    client_bell: OwnedFd,
-    server_bell: OwnedFd,
+    own_bell: OwnedFd,
+    self_bell: OwnedFd,
     local: SocketAddr,
     peer: SocketAddr,
     server_pid: u32,
@@ -193,18 +193,21 @@ pub fn offer(
     let layout = geometry.layout().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let (memfd, map) = segment::create(layout.segment_size)?;
     // Moved above the floor together (one helper task when the floor is above the limit).
-    let mut fds = [memfd, doorbell::create()?, doorbell::create()?, control];
+    let (client_end, server_end) = doorbell::pair()?;
+    let mut fds = [memfd, client_end, server_end, doorbell::create()?, control];
     high_all(&mut fds)?;
-    let [memfd, client_bell, server_bell, control] = fds;
+    let [memfd, own_bell, server_end, self_bell, control] = fds;
     // SAFETY: the mapping is private to us until HELLO is sent; nobody else accesses it yet.
     let head = unsafe { std::slice::from_raw_parts_mut(map.as_ptr(), HEADER_FIELDS) };
     header.encode(head).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let hello = Message::Hello { version: wire::VERSION, mode: Mode::Carrier }.encode();
-    seqpacket::send(&control, &hello, &[memfd.as_fd(), client_bell.as_fd(), server_bell.as_fd()])?;
+    // The server's end goes in both doorbell slots (spec/WIRE.md section 3); we keep only ours.
+    seqpacket::send(&control, &hello, &[memfd.as_fd(), server_end.as_fd(), server_end.as_fd()])?;
+    drop(server_end);
     let memfd_raw = memfd.as_raw_fd();
     // SAFETY: the mapping is exactly `layout.segment_size` bytes, laid out by `layout`.
     let seg = unsafe { Segment::new(map, layout, memfd) };
-    Ok(Offer { control, seg, client_bell, server_bell, local, peer, server_pid, memfd_raw })
+    Ok(Offer { control, seg, own_bell, self_bell, local, peer, server_pid, memfd_raw })
 }
 
 impl Offer {
@@ -293,7 +296,7 @@ impl Offer {
         Established {
             memfd,
             seg: self.seg,
-            fds: Fds { control: self.control, own_bell: self.client_bell, peer_bell: self.server_bell },
+            fds: Fds { control: self.control, own_bell: self.own_bell, self_bell: self.self_bell },
             role: Role::Client,
             local: self.local,
             peer: self.peer,
@@ -360,7 +363,7 @@ impl Established {
 /// inherited across `exec` (the LD_PRELOAD shim's handover): validates the segment and doorbells
 /// as a claim does, and maps the segment again. `role` is our side; addresses and the peer's pid
 /// come from the header.
-pub fn reattach(memfd: OwnedFd, control: OwnedFd, own_bell: OwnedFd, peer_bell: OwnedFd, role: Role) -> Result<Established, String> {
+pub fn reattach(memfd: OwnedFd, control: OwnedFd, own_bell: OwnedFd, self_bell: OwnedFd, role: Role) -> Result<Established, String> {
     let mut head = [0u8; HEADER_FIELDS];
     if !matches!(segment::read_prefix(&memfd, &mut head), Ok(HEADER_FIELDS)) {
         return Err("segment header unreadable".into());
@@ -372,8 +375,8 @@ pub fn reattach(memfd: OwnedFd, control: OwnedFd, own_bell: OwnedFd, peer_bell: 
     if header.claim != claim::CLAIMED {
         return Err("segment was never claimed".into());
     }
-    if !is_eventfd(&own_bell) || !is_eventfd(&peer_bell) {
-        return Err("doorbells are not eventfds".into());
+    if !doorbell::is_doorbell(&own_bell) || !is_eventfd(&self_bell) {
+        return Err("doorbell or self bell of the wrong kind".into());
     }
     let map = segment::attach(&memfd, layout.segment_size).map_err(|e| match e {
         segment::AttachError::BadSegment(e) => e.to_string(),
@@ -390,7 +393,7 @@ pub fn reattach(memfd: OwnedFd, control: OwnedFd, own_bell: OwnedFd, peer_bell: 
         Role::Client => (client, server, header.server_pid),
         Role::Server => (server, client, header.client_pid),
     };
-    Ok(Established { seg, fds: Fds { control, own_bell, peer_bell }, role, local, peer, peer_pid, memfd: raw })
+    Ok(Established { seg, fds: Fds { control, own_bell, self_bell }, role, local, peer, peer_pid, memfd: raw })
 }
 
 /// Pointers into a mapped segment, for readiness checks (all values untrusted: a readiness check
@@ -425,9 +428,9 @@ pub struct Hello {
     pub control: OwnedFd,
     /// The segment memfd.
     pub memfd: OwnedFd,
-    /// The client's doorbell.
+    /// The client's doorbell slot: another descriptor of `server_bell` (checked by a claim).
     pub client_bell: OwnedFd,
-    /// The server's doorbell.
+    /// The server's doorbell: its end of the connection's doorbell pair.
     pub server_bell: OwnedFd,
     /// The mode asked for.
     pub mode: Mode,
@@ -452,10 +455,31 @@ pub fn reject(control: &OwnedFd, reason: Reason) {
     let _ = seqpacket::send(control, &msg, &[]);
 }
 
-/// Whether `fd` is an eventfd (a received doorbell must be: ringing it then never blocks).
-pub(crate) fn is_eventfd(fd: &OwnedFd) -> bool {
+/// Whether `fd` is an eventfd (a self bell handed over across `exec` must be one).
+fn is_eventfd(fd: &OwnedFd) -> bool {
     let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()));
     link.is_ok_and(|l| l.as_os_str() == "anon_inode:[eventfd]")
+}
+
+/// The server's check of a HELLO's doorbell slots (spec/WIRE.md section 3): both carry its end
+/// of the doorbell pair, an `AF_UNIX`, `SOCK_STREAM` socket, which is then rung and drained
+/// only with `MSG_DONTWAIT`, never blocking whatever the client does to its own end.
+pub(crate) fn check_bells(client_bell: &OwnedFd, server_bell: &OwnedFd) -> Result<(), &'static str> {
+    if !doorbell::is_doorbell(server_bell) {
+        return Err("doorbell is not a Unix stream socket");
+    }
+    if !doorbell::same_file(client_bell, server_bell) {
+        return Err("the two doorbell slots differ");
+    }
+    Ok(())
+}
+
+/// A fresh self bell (an eventfd of this process), moved to the floor (see [`set_fd_floor`]).
+pub(crate) fn new_self_bell() -> io::Result<OwnedFd> {
+    let mut fd = [doorbell::create()?];
+    high_all(&mut fd)?;
+    let [fd] = fd;
+    Ok(fd)
 }
 
 /// Reads the HELLO waiting on an accepted rendezvous connection, without blocking.
@@ -555,8 +579,8 @@ impl Hello {
             return fail(&self.control, Reason::NeedCarrier, "DIRECT HELLO to a CARRIER-only listener".into());
         }
         let (client, server) = self.key().ok_or_else(|| "CARRIER offer without a 4-tuple".to_string())?;
-        if !is_eventfd(&self.client_bell) || !is_eventfd(&self.server_bell) {
-            return fail(&self.control, Reason::BadMessage, "doorbells are not eventfds".into());
+        if let Err(why) = check_bells(&self.client_bell, &self.server_bell) {
+            return fail(&self.control, Reason::BadMessage, why.into());
         }
         let (client_pid, client_uid) = match seqpacket::peer_cred(&self.control) {
             Ok(c) => c,
@@ -566,6 +590,10 @@ impl Hello {
         if let Err(why) = crate::trust::offer_sender_trusted(client, server, client_uid) {
             return fail(&self.control, Reason::NotClaimed, why);
         }
+        let self_bell = match new_self_bell() {
+            Ok(fd) => fd,
+            Err(e) => return fail(&self.control, Reason::NoResources, format!("self bell: {e}")),
+        };
         // Counted against this process's budgets of peer segments (not mapped if it does not fit).
         let admit = |size| crate::budget::Lease::take(client_uid, size);
         let (map, lease) = match segment::attach_admitted(&self.memfd, self.layout.segment_size, admit) {
@@ -596,7 +624,7 @@ impl Hello {
         }
         Ok(Established {
             seg,
-            fds: Fds { control: self.control, own_bell: self.server_bell, peer_bell: self.client_bell },
+            fds: Fds { control: self.control, own_bell: self.server_bell, self_bell },
             role: Role::Server,
             local: server,
             peer: client,

@@ -59,8 +59,10 @@ struct Prepared {
     memfd: OwnedFd,
     map: colo_sys::segment::Mapping,
     layout: colo_ring::layout::Layout,
-    client_bell: OwnedFd,
-    server_bell: OwnedFd,
+    /// Our end of the doorbell pair, the server's, and our self bell.
+    own_bell: OwnedFd,
+    server_end: OwnedFd,
+    self_bell: OwnedFd,
 }
 
 /// Builds a fresh segment and doorbells for `geometry` (header addresses filled in later).
@@ -73,7 +75,8 @@ fn build(geometry: colo_ring::layout::Geometry) -> io::Result<(u32, Prepared)> {
         // SAFETY: page-aligned offsets inside the fresh, private mapping.
         unsafe { std::ptr::write_volatile(map.as_ptr().add(off + 1024), 0u8) };
     }
-    let prepared = Prepared { memfd, map, layout, client_bell: doorbell::create()?, server_bell: doorbell::create()? };
+    let (own_bell, server_end) = doorbell::pair()?;
+    let prepared = Prepared { memfd, map, layout, own_bell, server_end, self_bell: doorbell::create()? };
     Ok((host::pid(), prepared))
 }
 
@@ -270,17 +273,19 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
         // dropped by its own timer.
         _ => Ready::Fresh(prepare(addr, opts)?),
     };
-    let (seg, own_bell, peer_bell) = match ready {
+    let (seg, own_bell, self_bell) = match ready {
         Ready::Recycled { parked, ticket, .. } => {
             write_addresses(&parked.seg, addr, server_pid)?;
             seqpacket::send(&control, &Message::Recycle { version: wire::VERSION, ticket }.encode(), &[])?;
-            (parked.seg, parked.own_bell, parked.peer_bell)
+            (parked.seg, parked.own_bell, parked.self_bell)
         }
         Ready::Fresh(p) => {
             let hello = Message::Hello { version: wire::VERSION, mode: Mode::Direct }.encode();
-            seqpacket::send(&control, &hello, &[p.memfd.as_fd(), p.client_bell.as_fd(), p.server_bell.as_fd()])?;
+            // The server's end goes in both doorbell slots (spec/WIRE.md section 3); we keep
+            // only ours (`p.server_end` is closed here).
+            seqpacket::send(&control, &hello, &[p.memfd.as_fd(), p.server_end.as_fd(), p.server_end.as_fd()])?;
             // SAFETY: the mapping is exactly `layout.segment_size` bytes, laid out by `layout`.
-            (unsafe { Segment::new(p.map, p.layout, p.memfd) }, p.client_bell, p.server_bell)
+            (unsafe { Segment::new(p.map, p.layout, p.memfd) }, p.own_bell, p.self_bell)
         }
     };
 
@@ -334,7 +339,7 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
     if !pending && !known {
         remember(name.clone(), server_pid, Known::Direct);
     }
-    let fds = Fds { control, own_bell, peer_bell };
+    let fds = Fds { control, own_bell, self_bell };
     let local = SocketAddr::new(addr.ip(), 0);
     let mut shm = Shm::new(seg, Role::Client, fds, local, addr, server_pid, opts.spin_mode())?;
     shm.recycle_into(Recycle::Client(name.clone()));
@@ -439,9 +444,10 @@ pub(crate) fn answer(control: OwnedFd, served: Served, opts: &Options, parked: &
         // No TCP handshake, so no firewall rule, would see this connection: a real one must.
         return reject(&control, Reason::NeedCarrier, format!("DIRECT HELLO from uid {client_uid}: a carrier is required"));
     }
-    if !crate::carrier::is_eventfd(&client_bell) || !crate::carrier::is_eventfd(&server_bell) {
-        return reject(&control, Reason::BadMessage, "doorbells are not eventfds");
+    if let Err(why) = crate::carrier::check_bells(&client_bell, &server_bell) {
+        return reject(&control, Reason::BadMessage, why);
     }
+    drop(client_bell);
     // Counted against this process's budgets of peer segments (not mapped if it does not fit).
     let (map, lease) = match segment::attach_admitted(&memfd, HEADER_FIELDS, |size| crate::budget::Lease::take(client_uid, size)) {
         Ok(m) => m,
@@ -462,7 +468,11 @@ pub(crate) fn answer(control: OwnedFd, served: Served, opts: &Options, parked: &
     // SAFETY: offset 44 is an aligned u32 inside the header of our mapping.
     unsafe { &*(seg.base().add(44) as *const colo_ring::sync::AtomicU32) }
         .store(host::pid(), colo_ring::sync::Ordering::Relaxed);
-    let fds = Fds { control, own_bell: server_bell, peer_bell: client_bell };
+    let self_bell = match crate::carrier::new_self_bell() {
+        Ok(fd) => fd,
+        Err(e) => return reject(&control, Reason::NoResources, format!("self bell: {e}")),
+    };
+    let fds = Fds { control, own_bell: server_bell, self_bell };
     welcome(seg, fds, &header, client_pid, served, opts, parked)
 }
 
@@ -496,7 +506,7 @@ fn answer_recycled(control: OwnedFd, ticket: u32, served: Served, opts: &Options
         Ok(_) => return reject(&control, Reason::BadSegment, "recycled segment changed its geometry or mode"),
         Err(e) => return reject(&control, Reason::BadSegment, e),
     };
-    let fds = Fds { control, own_bell: p.own_bell, peer_bell: p.peer_bell };
+    let fds = Fds { control, own_bell: p.own_bell, self_bell: p.self_bell };
     welcome(p.seg, fds, &header, client_pid, served, opts, parked)
 }
 

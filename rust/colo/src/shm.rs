@@ -176,10 +176,10 @@ struct Waiters {
 pub struct Fds {
     /// The control socket (liveness; silent after the handshake).
     pub control: OwnedFd,
-    /// Our doorbell eventfd (we wait on it).
+    /// Our end of the doorbell pair: we wait on it; a byte sent on it rings the peer.
     pub own_bell: OwnedFd,
-    /// The peer's doorbell eventfd (we ring it).
-    pub peer_bell: OwnedFd,
+    /// Our self bell, an eventfd never passed to the peer: it wakes our own sleepers.
+    pub self_bell: OwnedFd,
 }
 
 /// Where a side parks its segment when the connection closes cleanly (see `recycle`).
@@ -467,7 +467,7 @@ impl Shm {
             colo_sys::futex::wake_all(peer);
         }
         if bits & notify::SLEEP_DOORBELL != 0 {
-            doorbell::ring(&self.fds.peer_bell);
+            doorbell::ring_peer(&self.fds.own_bell);
         }
     }
 
@@ -501,7 +501,7 @@ impl Shm {
         // was announced but not yet entered (the state change is stored before this).
         let announced = self.own_waiting().fetch_and(!notify::SLEEP_FUTEX, Ordering::AcqRel);
         if announced & notify::SLEEP_DOORBELL != 0 {
-            doorbell::ring(&self.fds.own_bell);
+            doorbell::ring(&self.fds.self_bell);
         }
         if announced & notify::SLEEP_FUTEX != 0 {
             colo_sys::futex::wake_all(self.own_waiting());
@@ -560,7 +560,7 @@ impl Shm {
                     }
                     Ok(crate::wire::Message::Reject { .. }) => {
                         self.set(RESET | REFUSED | PEER_GONE);
-                        doorbell::ring(&self.fds.own_bell);
+                        doorbell::ring(&self.fds.self_bell);
                     }
                     _ => {
                         let _ = self.corrupt(Corrupt("bad answer to HELLO"));
@@ -654,20 +654,23 @@ impl Shm {
         }
     }
 
-    /// Empties this side's doorbell; returns whether it had rung.
+    /// Empties this side's bells; returns whether one had rung. (A doorbell at end of stream
+    /// is the peer's hang-up: `drain_side` shuts the control socket down.)
     ///
     /// Several threads may sleep on one doorbell (two threads polling one socket, one to read
     /// and one to write; an event loop, and a thread writing from outside it whose non-blocking
     /// call drains): the one that empties it takes a ring another may have waited for, and that
-    /// other's `poll` or `epoll_wait`, looking at the eventfd only afterwards, sleeps on with
-    /// its condition true (a reader and a writer thread polling one socket hung so in 2 of 3
-    /// runs; an `epoll_wait` reader with a writer retrying non-blocking writes in half). So
-    /// every sleeper registers a wake-up eventfd of its own (`add_waker`), which only it
-    /// empties, and a drain that took a ring rings every registered one but the drainer's.
-    /// (Ringing the doorbell again instead was tried: the passer, or another sleeper, empties
-    /// the pass before the one it was meant for looks.)
+    /// other's `poll` or `epoll_wait`, looking only afterwards, sleeps on with its condition
+    /// true (two threads polling one socket hung so in 2 of 3 runs). So every sleeper registers
+    /// a wake-up eventfd of its own (`add_waker`), which only it empties, and a drain that took
+    /// a ring rings every registered one but the drainer's (re-ringing the doorbell was tried:
+    /// the passer, or another sleeper, empties the pass before the one it was meant for looks).
     pub fn drain_doorbell(&self, by: Drainer) -> bool {
-        if !doorbell::drain(&self.fds.own_bell) {
+        let found = doorbell::drain_side(&self.fds.own_bell, &self.fds.self_bell, &self.fds.control);
+        if found.hung_up {
+            self.poll_control();
+        }
+        if !found.rung {
             return false;
         }
         let own = match by {
@@ -766,7 +769,7 @@ impl Shm {
                     Some(_) => timeout,
                     None => Some(timeout.map_or(UNPASSED_SLEEP, |t| t.min(UNPASSED_SLEEP))),
                 };
-                let r = doorbell::wait(&self.fds.own_bell, &self.fds.control, wake_fd, timeout);
+                let r = doorbell::wait(&self.fds.own_bell, &self.fds.self_bell, &self.fds.control, wake_fd, timeout);
                 if let (Ok(w), Some(own)) = (&r, wake_fd) {
                     if w.wake_invalid {
                         wake.invalid();
@@ -1344,13 +1347,13 @@ impl Shm {
     pub fn peer_pid(&self) -> u32 {
         self.peer_pid
     }
-    /// The readiness fd: readable when the peer made progress or hung up (an epoll fd holding the
-    /// doorbell and the control socket, created on first use). If it cannot be created (out of
-    /// descriptors), the doorbell itself stands in: progress is still reported, a hang-up only
-    /// when the next operation looks.
+    /// The readiness fd: readable when the peer made progress or hung up, or another thread of
+    /// ours rang the self bell (an epoll fd holding both bells and the control socket, created on
+    /// first use). If it cannot be created (out of descriptors), our end of the doorbell pair
+    /// stands in: the peer's progress is still reported, the rest when the next operation looks.
     pub fn readiness_fd(&self) -> &OwnedFd {
         if self.readiness.get().is_none() {
-            match Readiness::new(&self.fds.own_bell, &self.fds.control, crate::carrier::fd_floor()) {
+            match Readiness::new(&self.fds.own_bell, &self.fds.self_bell, &self.fds.control, crate::carrier::fd_floor()) {
                 Ok(r) => {
                     let _ = self.readiness.set(r);
                 }
@@ -1383,11 +1386,11 @@ impl Drop for Shm {
         let seg = std::mem::replace(&mut self.seg, Segment::placeholder());
         // SAFETY: `fds` is not used after this point (this is the last use of `self` that reads
         // it; the remaining fields never refer to it).
-        let Fds { control, own_bell, peer_bell } = unsafe { std::mem::ManuallyDrop::take(&mut self.fds) };
+        let Fds { control, own_bell, self_bell } = unsafe { std::mem::ManuallyDrop::take(&mut self.fds) };
         // Before the segment can be unmapped: the watcher holds the address of our word.
         self.hangup.release();
         drop(control);
-        let parked = |seg| crate::recycle::Parked::new(seg, own_bell, peer_bell);
+        let parked = |seg| crate::recycle::Parked::new(seg, own_bell, self_bell);
         match self.recycle.take() {
             Some(Recycle::Client(name)) if clean => crate::recycle::park_client(name, self.peer_pid, parked(seg)),
             Some(Recycle::Server(table)) if clean => match table.upgrade() {
@@ -1571,7 +1574,7 @@ mod tests {
             s.spawn(move || done.send(sa.block(Some(deadline), None, seen.get(), &registered).is_ok()).unwrap());
             let woken = returned.recv_timeout(Duration::from_secs(5));
             // Either way, end the sleep (a stuck one's too).
-            colo_sys::doorbell::ring(&sa.fds.own_bell);
+            colo_sys::doorbell::ring(&sa.fds.self_bell);
             assert_eq!(woken, Ok(true), "the sleeper slept through the ring another thread took");
         });
     }

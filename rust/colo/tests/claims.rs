@@ -58,9 +58,10 @@ fn child_entry() {
 
 // ---- raw clients -------------------------------------------------------------------------------
 
-/// The two doorbells a HELLO carries after the segment: (client's, server's).
+/// A connection's doorbell pair (spec/WIRE.md section 1): (the client's end, the server's end,
+/// which a HELLO carries in both doorbell slots).
 fn doorbells() -> (OwnedFd, OwnedFd) {
-    (colo_sys::doorbell::create().unwrap(), colo_sys::doorbell::create().unwrap())
+    colo_sys::doorbell::pair().unwrap()
 }
 
 fn raw_connect(addr: SocketAddr) -> OwnedFd {
@@ -102,7 +103,7 @@ impl RawClient {
         let (client_bell, server_bell) = doorbells();
         let control = raw_connect(addr);
         let hello = Message::Hello { version: wire::VERSION, mode: Mode::Direct }.encode();
-        seqpacket::send(&control, &hello, &[memfd.as_fd(), client_bell.as_fd(), server_bell.as_fd()]).unwrap();
+        seqpacket::send(&control, &hello, &[memfd.as_fd(), server_bell.as_fd(), server_bell.as_fd()]).unwrap();
         let a = answer(&control);
         (RawClient { control, map, layout, _memfd: memfd, _bells: (client_bell, server_bell) }, a)
     }

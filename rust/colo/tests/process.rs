@@ -447,11 +447,20 @@ fn garbage_on_the_rendezvous_is_refused_and_the_listener_keeps_serving() {
     let c = raw_client(&addr);
     seqpacket::send(&c, &hello(1), &[p1.as_fd(), p2.as_fd(), p1.as_fd()]).unwrap();
     assert_eq!(answer(&c), reject(Reason::BadMessage));
-    // A real memfd that is not sealed, with real eventfds.
+    // Doorbells that are not one Unix stream socket in both slots: eventfds (the old kind),
+    // the two ends of a pair, a datagram socket.
     let memfd = unsealed_memfd();
-    let (b1, b2) = (colo_sys::doorbell::create().unwrap(), colo_sys::doorbell::create().unwrap());
+    let (e1, e2) = (colo_sys::doorbell::create().unwrap(), colo_sys::doorbell::create().unwrap());
+    let (ours, b1) = colo_sys::doorbell::pair().unwrap();
+    let (d1, _d2) = std::os::unix::net::UnixDatagram::pair().unwrap();
+    for bells in [[e1.as_fd(), e2.as_fd()], [ours.as_fd(), b1.as_fd()], [d1.as_fd(), d1.as_fd()]] {
+        let c = raw_client(&addr);
+        seqpacket::send(&c, &hello(1), &[memfd.as_fd(), bells[0], bells[1]]).unwrap();
+        assert_eq!(answer(&c), reject(Reason::BadMessage));
+    }
+    // A real memfd that is not sealed, with a real doorbell.
     let c = raw_client(&addr);
-    seqpacket::send(&c, &hello(1), &[memfd.as_fd(), b1.as_fd(), b2.as_fd()]).unwrap();
+    seqpacket::send(&c, &hello(1), &[memfd.as_fd(), b1.as_fd(), b1.as_fd()]).unwrap();
     assert_eq!(answer(&c), reject(Reason::BadSegment));
     // A recycling HELLO naming a segment this listener never parked, and one with descriptors.
     let c = raw_client(&addr);

@@ -14,7 +14,7 @@ pub(crate) struct Record {
     pub(crate) memfd: RawFd,
     pub(crate) control: RawFd,
     pub(crate) own_bell: RawFd,
-    pub(crate) peer_bell: RawFd,
+    pub(crate) self_bell: RawFd,
     pub(crate) role: Role,
 }
 
@@ -24,7 +24,7 @@ impl Record {
     pub(crate) fn encode(&self) -> [u8; RECORD_LEN] {
         let mut b = [0u8; RECORD_LEN];
         b[0..8].copy_from_slice(&self.sock_ino.to_le_bytes());
-        for (i, fd) in [self.memfd, self.control, self.own_bell, self.peer_bell].into_iter().enumerate() {
+        for (i, fd) in [self.memfd, self.control, self.own_bell, self.self_bell].into_iter().enumerate() {
             b[8 + 4 * i..12 + 4 * i].copy_from_slice(&fd.to_le_bytes());
         }
         b[24] = if self.role == Role::Client { 1 } else { 2 };
@@ -44,7 +44,7 @@ impl Record {
             memfd: fd(0),
             control: fd(1),
             own_bell: fd(2),
-            peer_bell: fd(3),
+            self_bell: fd(3),
             role,
         })
     }
