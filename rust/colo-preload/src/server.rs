@@ -36,6 +36,9 @@ pub const PENDING_TTL: Duration = Duration::from_secs(5);
 /// How often held offers are checked for clients that hung up (a `recv` each).
 const HANGUP_SWEEP: Duration = Duration::from_secs(1);
 
+/// How long the service leaves its rendezvous alone after running out of descriptors.
+const STARVED_PAUSE: Duration = Duration::from_millis(100);
+
 /// How long a process forked from the serving one waits for the service's answer.
 const ASK_WAIT: Duration = Duration::from_millis(500);
 
@@ -72,6 +75,8 @@ struct State {
     swept: Instant,
     /// The bound was reached (logged once until there is room again).
     full: bool,
+    /// Until when the rendezvous are not polled: accepting failed for want of descriptors.
+    starved: Option<Instant>,
 }
 
 /// Publishes how many offers the state holds (called under the state lock after any change).
@@ -144,7 +149,7 @@ fn start(lineage: &'static Lineage, seen: u32, listens: Vec<Arc<Listen>>) -> Opt
             return None;
         }
     };
-    let state = State { listens, waiting: Vec::new(), offers: HashMap::new(), shared: lineage.shared, swept: Instant::now(), full: false };
+    let state = State { listens, waiting: Vec::new(), offers: HashMap::new(), shared: lineage.shared, swept: Instant::now(), full: false, starved: None };
     let svc = Box::new(Service { pid: colo_sys::host::pid(), lineage, state: Mutex::new(state), wake });
     let (tx, rx) = std::sync::mpsc::sync_channel::<Option<usize>>(1);
     let spawned = colo_sys::host::with_signals_blocked(|| {
@@ -222,7 +227,13 @@ fn keep(st: &mut State, h: Box<Hello>, at: Instant) {
 
 fn take_hello(st: &mut State, control: OwnedFd) {
     match carrier::read_hello(control) {
-        HelloRead::Pending(c) => st.waiting.push((c, Instant::now())),
+        // Kept for a while: out of the application's numbers (a HELLO's descriptors are moved
+        // with it, in `read_hello`), so that connections that never send one cannot use up the
+        // application's own limit of open files.
+        HelloRead::Pending(c) => match out_of_the_way(c) {
+            Ok(c) => st.waiting.push((c, Instant::now())),
+            Err(e) => crate::log_debug(format_args!("rendezvous: {e}; connection dropped")),
+        },
         HelloRead::Hello(h) => keep(st, h, Instant::now()),
         HelloRead::Refused(why) => crate::log_debug(format_args!("rendezvous: {why}")),
     }
@@ -237,15 +248,35 @@ fn drain(st: &mut State) {
     drain_waiting(st);
 }
 
+/// Answers a rendezvous connection REJECT(NO_RESOURCES) and lets it go. A HELLO already queued
+/// is read first: a connection closed with unread data would reach its client as a reset, and
+/// the reason would be lost.
+fn refuse(c: &OwnedFd) {
+    let mut b = [0u8; 64];
+    let _ = seqpacket::recv(c, &mut b, true);
+    carrier::reject(c, Reason::NoResources);
+}
+
 /// Collects the HELLOs that have arrived at one listener's rendezvous (none of the waiting ones).
 /// Beyond `MAX_PENDING` held, a new rendezvous connection is answered REJECT(NO_RESOURCES).
 fn drain_one(st: &mut State, l: &Listen) {
     // SYNC POINT with `may_have_offer`: busy from before the first accept until the offers are
     // counted.
     st.shared.busy.fetch_add(1, Ordering::SeqCst);
-    while let Ok(c) = seqpacket::accept(&l.rendezvous) {
+    loop {
+        let c = match seqpacket::accept(&l.rendezvous) {
+            Ok(c) => c,
+            Err(e) => {
+                if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
+                    // Out of descriptors: the connections wait in the backlog; the service thread
+                    // looks again a little later instead of spinning on the readable rendezvous.
+                    st.starved = Some(Instant::now() + STARVED_PAUSE);
+                }
+                break;
+            }
+        };
         if held(st) >= MAX_PENDING {
-            carrier::reject(&c, Reason::NoResources);
+            refuse(&c);
             if !st.full {
                 st.full = true;
                 log_info(format_args!(
@@ -336,8 +367,13 @@ fn serve(svc: &'static Service) {
     let mut next_expiry: Option<Instant> = None;
     loop {
         let fds: Vec<i32> = {
-            let st = lock(svc);
-            let mut v: Vec<i32> = st.listens.iter().map(|l| l.rendezvous.as_raw_fd()).collect();
+            let mut st = lock(svc);
+            let starved = st.starved.is_some_and(|t| t > Instant::now());
+            if !starved {
+                st.starved = None;
+            }
+            let listens = st.listens.iter().filter(|_| !starved);
+            let mut v: Vec<i32> = listens.map(|l| l.rendezvous.as_raw_fd()).collect();
             v.extend(st.waiting.iter().map(|(c, _)| c.as_raw_fd()));
             v
         };
@@ -354,7 +390,8 @@ fn serve(svc: &'static Service) {
         // The pending offers' timer: the thread wakes when the oldest expires, whatever else
         // happens (or not) meanwhile.
         let until_expiry = next_expiry.map_or(u64::MAX, |t| t.saturating_duration_since(Instant::now()).as_millis() as u64 + 1);
-        let wait_ms = tend_markers(svc).min(1000).min(until_expiry) as i64;
+        let starved_ms = lock(svc).starved.map_or(u64::MAX, |t| t.saturating_duration_since(Instant::now()).as_millis() as u64 + 1);
+        let wait_ms = tend_markers(svc).min(1000).min(until_expiry).min(starved_ms) as i64;
         let t = rustix::event::Timespec { tv_sec: wait_ms / 1000, tv_nsec: wait_ms % 1000 * 1_000_000 };
         let _ = poll(&mut pfds, Some(&t));
         let woke = pfds[0].revents().contains(PollFlags::IN);
