@@ -175,8 +175,9 @@ fn start(lineage: &'static Lineage, seen: u32, listens: Vec<Arc<Listen>>) -> Opt
         log_info(format_args!("offer service: {e}"));
         return None;
     }
+    // The verdict comes at once (the thread's first act); a thread that died first dropped `tx`.
     // SAFETY: the pointer is to a leaked `Service` (never freed).
-    rx.recv_timeout(Duration::from_secs(2)).ok().flatten().map(|p| unsafe { &*(p as *const Service) })
+    rx.recv().ok().flatten().map(|p| unsafe { &*(p as *const Service) })
 }
 
 /// A descriptor the service keeps for long, moved out of the numbers the application uses: a
