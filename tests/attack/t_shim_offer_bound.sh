@@ -2,7 +2,7 @@
 # Issue 21 finding 8 (the shim's half): pending offers are bounded and expire on a timer. nobody
 # floods root's server under colo run with 1500 well-formed CARRIER offers that no TCP
 # connection will ever claim (and keeps their control sockets open), then with 1100 rendezvous
-# connections that never send a HELLO. The service keeps at most 1024 (MAX_PENDING, the rest
+# connections that never send a HELLO, then with offers for a 4-tuple already pending. The service keeps at most 1024 (MAX_PENDING, the rest
 # answered REJECT(NO_RESOURCES), logged naming the limit), drops each 5 s (PENDING_TTL) after it
 # arrived with nothing else happening (no accept, no new connection), and a real client is
 # answered throughout and accelerated afterwards. (Before the fix: all 1500 held, about 6,000
@@ -84,6 +84,11 @@ check "7.5 s later, all dropped ($peak -> $after descriptors, baseline $base)" t
 wait $F
 check "the 76 beyond the limit were answered REJECT(NO_RESOURCES) ($(get REJECTED_NO_RESOURCES "$A/silent.out"))" \
   test "$(get REJECTED_NO_RESOURCES "$A/silent.out")" = 76
-check "a client after both floods: answered" test "$(client "$WORK/c3.err")" = ping
+# Several offers for one 4-tuple (a thief's copy of a pending offer would be one): the first is
+# kept, the others refused.
+flood 5 dup 2 "$A/dup.out"
+check "4 more offers for a pending 4-tuple: refused NOT_CLAIMED ($(get REJECTED_NOT_CLAIMED "$A/dup.out"))" \
+  test "$(get REJECTED_NOT_CLAIMED "$A/dup.out")" = 4
+check "a client after the floods: answered" test "$(client "$WORK/c3.err")" = ping
 check "... accelerated" grep -q ": accelerated (shared memory)" "$WORK/c3.err"
 finish

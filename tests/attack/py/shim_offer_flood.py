@@ -4,10 +4,11 @@ offer service with offers nobody will accept.
 usage: shim_offer_flood.py PORT COUNT MODE SECONDS OUTFILE
   MODE hello: COUNT well-formed CARRIER HELLOs, each with its own segment (a distinct 4-tuple
               from a TCP port that never connects);
-  MODE silent: COUNT rendezvous connections that never send a HELLO.
+  MODE silent: COUNT rendezvous connections that never send a HELLO;
+  MODE dup: COUNT HELLOs that all name the same 4-tuple.
 Keeps every control socket open for SECONDS (so nothing is freed by a hang-up), then writes to
 OUTFILE: "SENT n", "REJECTED_NO_RESOURCES n" (answers REJECT(NO_RESOURCES) read),
-"CLOSED_BY_SERVER n" (connections the server closed) and the times they were first seen.
+"REJECTED_NOT_CLAIMED n", "CLOSED_BY_SERVER n" (connections the server closed) and the times they were first seen.
 """
 import os
 import select
@@ -44,16 +45,16 @@ for i in range(count):
         print("connect %d: %s" % (i, e), file=sys.stderr)
         s.close()
         continue
-    if mode == "hello":
+    if mode in ("hello", "dup"):
         m = os.memfd_create("colo-seg", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(m, SEGMENT)
-        os.pwrite(m, header(20001 + 2 * (i % 20000)), 0)
+        os.pwrite(m, header(20001 + (0 if mode == "dup" else 2 * (i % 20000))), 0)
         socket.send_fds(s, [hello], [m, bell_c, bell_s])
         os.close(m)
     s.setblocking(False)
     socks.append(s)
 
-rejected = closed = 0
+rejected = not_claimed = closed = 0
 first_reject = first_close = None
 done = set()
 end = t0 + seconds
@@ -73,10 +74,12 @@ while time.time() < end and len(done) < len(socks):
         if len(b) == 16 and b[4] == 3 and b[6] == 6:
             rejected += 1
             first_reject = first_reject or time.time() - t0
+        elif len(b) == 16 and b[4] == 3 and b[6] == 5:
+            not_claimed += 1
         elif not b:
             closed += 1
             first_close = first_close or time.time() - t0
         done.add(i)
 with open(outfile, "a") as f:
-    f.write("SENT %d\nREJECTED_NO_RESOURCES %d\nCLOSED_BY_SERVER %d\n" % (len(socks), rejected, closed))
+    f.write("SENT %d\nREJECTED_NO_RESOURCES %d\nREJECTED_NOT_CLAIMED %d\nCLOSED_BY_SERVER %d\n" % (len(socks), rejected, not_claimed, closed))
     f.write("FIRST_CLOSE_AFTER %.2f\n" % (first_close or -1))
