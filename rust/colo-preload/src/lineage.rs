@@ -106,9 +106,10 @@ impl Lineage {
     /// using it for as long as they live).
     pub fn new() -> io::Result<&'static Lineage> {
         let (ask, serve) = pair()?;
-        let floor = colo::carrier::fd_floor();
-        let ask = colo_sys::preload::move_above(ask, floor)?;
-        let serve = colo_sys::preload::move_above(serve, floor)?;
+        // Kept for the process's life: out of the numbers the application uses.
+        let mut ends = [ask, serve];
+        colo_sys::preload::move_all_above(&mut ends, colo::carrier::fd_floor())?;
+        let [ask, serve] = ends;
         Ok(Box::leak(Box::new(Lineage { shared: shared_page()?, ask, serve })))
     }
 
