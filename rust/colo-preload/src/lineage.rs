@@ -62,6 +62,10 @@ pub struct Lineage {
     ask: OwnedFd,
     /// The serving process's service thread receives requests here (non-blocking).
     serve: OwnedFd,
+    /// The inodes of `ask` and `serve`: a program that closes every descriptor it does not
+    /// know (daemons do, after `fork`) may have reused the numbers; nothing is sent on, or
+    /// served from, a number that no longer holds the pair.
+    ino: (u64, u64),
 }
 
 impl std::fmt::Debug for Lineage {
@@ -110,7 +114,14 @@ impl Lineage {
         let mut ends = [ask, serve];
         colo_sys::preload::move_all_above(&mut ends, colo::carrier::fd_floor())?;
         let [ask, serve] = ends;
-        Ok(Box::leak(Box::new(Lineage { shared: shared_page()?, ask, serve })))
+        let ino = (rustix::fs::fstat(&ask)?.st_ino, rustix::fs::fstat(&serve)?.st_ino);
+        Ok(Box::leak(Box::new(Lineage { shared: shared_page()?, ask, serve, ino })))
+    }
+
+    /// Whether both ends are still the pair this lineage made (see `ino`).
+    pub fn intact(&self) -> bool {
+        let ino = |fd: &OwnedFd| rustix::fs::fstat(fd).map(|st| st.st_ino).ok();
+        ino(&self.ask) == Some(self.ino.0) && ino(&self.serve) == Some(self.ino.1)
     }
 
     /// The owner word's value, for [`Lineage::take_over`].
@@ -153,6 +164,9 @@ impl Lineage {
     /// owner word shows no live service, `orphaned` is called with its value (to start one; it
     /// may answer this very request, which waits in the queue).
     pub fn ask(&self, request: &[u8], wait: Duration, mut orphaned: impl FnMut(u32)) -> Asked {
+        if !self.intact() {
+            return Asked::Nothing("the offer service's socket pair was closed by the program".into());
+        }
         let w = self.owner();
         if !alive(w) {
             orphaned(w);

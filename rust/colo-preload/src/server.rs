@@ -651,7 +651,7 @@ fn inherited_listeners(lineage: &'static Lineage) -> Vec<Arc<Listen>> {
 /// starts a service for the listeners of that lineage it holds, unless it already serves one;
 /// the owner word makes exactly one of the processes that try the one that serves.
 fn orphaned(lineage: &'static Lineage, seen: u32) {
-    if own().is_some() || Lineage::is_alive(seen) {
+    if own().is_some() || Lineage::is_alive(seen) || !lineage.intact() {
         return;
     }
     let listens = inherited_listeners(lineage);
