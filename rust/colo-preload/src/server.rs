@@ -366,6 +366,10 @@ fn answer_request(svc: &Service, req: Request) {
 fn serve(svc: &'static Service) {
     use rustix::event::{poll, PollFd, PollFlags};
     let mut next_expiry: Option<Instant> = None;
+    // Whether the lineage's socket pair is still open here (a program that closes descriptors
+    // it does not know closes it too: its processes then get no answers, and this thread must
+    // not spin on the invalid descriptor).
+    let mut requests = true;
     loop {
         let fds: Vec<i32> = {
             let mut st = lock(svc);
@@ -381,7 +385,9 @@ fn serve(svc: &'static Service) {
         let mut pfds = Vec::with_capacity(fds.len() + 2);
         pfds.push(PollFd::new(&svc.wake, PollFlags::IN));
         let serve_fd = svc.lineage.serve_fd();
-        pfds.push(PollFd::new(&serve_fd, PollFlags::IN));
+        if requests {
+            pfds.push(PollFd::new(&serve_fd, PollFlags::IN));
+        }
         // SAFETY: these fds stay open while we poll: listens are only removed under the lock by
         // `unlisten`, which wakes us first, and a closed fd in poll only reports POLLNVAL.
         let borrowed: Vec<_> = fds.iter().map(|&f| unsafe { colo_sys::BorrowedFd::borrow_raw(f) }).collect();
@@ -396,7 +402,11 @@ fn serve(svc: &'static Service) {
         let t = rustix::event::Timespec { tv_sec: wait_ms / 1000, tv_nsec: wait_ms % 1000 * 1_000_000 };
         let _ = poll(&mut pfds, Some(&t));
         let woke = pfds[0].revents().contains(PollFlags::IN);
-        let req = pfds[1].revents().contains(PollFlags::IN);
+        let req = requests && pfds[1].revents().contains(PollFlags::IN);
+        if requests && pfds[1].revents().contains(PollFlags::NVAL) {
+            requests = false;
+            log_info(format_args!("offer service: the program closed its socket pair; processes forked from this one get no offers"));
+        }
         drop(pfds);
         if woke {
             let mut b = [0u8; 8];
