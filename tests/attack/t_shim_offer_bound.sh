@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Issue 21 finding 8 (the shim's half): pending offers are bounded and expire on a timer. nobody
-# floods root's server under colo run with 1500 well-formed CARRIER offers that no TCP
-# connection will ever claim (and keeps their control sockets open), then with 1100 rendezvous
-# connections that never send a HELLO, then with offers for a 4-tuple already pending. The service keeps at most 1024 (MAX_PENDING, the rest
-# answered REJECT(NO_RESOURCES), logged naming the limit), drops each 5 s (PENDING_TTL) after it
+# Issue 21 finding 8 (the shim's half): pending offers are bounded, per client uid and in all, and
+# expire on a timer. Four unprivileged users (nobody, daemon, bin, sys) each flood root's server
+# under colo run with 300 well-formed CARRIER offers that no TCP connection will ever claim
+# (keeping their control sockets open), and a fifth (www-data) with 50 more; then nobody opens
+# 300 rendezvous connections that never send a HELLO, and sends copies of a pending offer. The
+# service keeps at most 256 per uid (MAX_PENDING_PER_UID) and 1024 in all (MAX_PENDING), answers
+# the rest REJECT(NO_RESOURCES) (logged, naming the limit), drops each 5 s (PENDING_TTL) after it
 # arrived with nothing else happening (no accept, no new connection), and a real client is
-# answered throughout and accelerated afterwards. (Before the fix: all 1500 held, about 6,000
-# descriptors, for 30 s.)
+# answered throughout and accelerated afterwards. (Before the fix: everything held, four
+# descriptors an offer, for 30 s.)
 source "$(dirname "$0")/lib.sh"
 [ -e "$SHIM" ] || { echo "FAIL $SHIM not built (run tests/attack/run.sh)"; exit 1; }
 fds() { ls "/proc/$1/fd" 2>/dev/null | wc -l; }
@@ -42,53 +44,69 @@ s = socket.create_connection(('127.0.0.1', $S)); s.sendall(b'ping'); print(s.rec
 check "a client before the flood: answered" test "$(client "$WORK/c0.err")" = ping
 check "... accelerated" grep -q ": accelerated (shared memory)" "$WORK/c0.err"
 base=$(fds "$SRV")
-A=$WORK/attacker; mkdir -p "$A"; chown nobody:nogroup "$A"
-flood() { # $1 count, $2 mode, $3 seconds, $4 out
-  ( ulimit -n 8192; exec setpriv --reuid=nobody --regid=nogroup --clear-groups \
-      /usr/bin/python3 "$HERE/py/shim_offer_flood.py" "$S" "$1" "$2" "$3" "$4" ) 2>>"$A/err"
+A=$WORK/attacker; mkdir -p "$A"; chmod 777 "$A"
+flood() { # $1 user, $2 count, $3 mode, $4 seconds, $5 out, $6 first client port
+  ( ulimit -n 8192; exec setpriv --reuid="$1" --regid=nogroup --clear-groups \
+      /usr/bin/python3 "$HERE/py/shim_offer_flood.py" "$S" "$2" "$3" "$4" "$5" "${6:-20001}" ) 2>>"$A/err"
 }
 get() { awk -v k="$1" '$1 == k {print $2}' "$2"; }
+sum() { local k=$1 t=0; shift; for f in "$@"; do t=$((t + $(get "$k" "$f"))); done; echo $t; }
 
-# Offers that are never claimed.
+# Offers that are never claimed: 300 from each of four users (256 each held: 1024 in all),
+# then 50 from a fifth (none held).
 T0=$(date +%s.%N)
-flood 1500 hello 10 "$A/hello.out" & F=$!
+F=()
+port=20001
+for u in nobody daemon bin sys; do
+  flood $u 300 hello 10 "$A/hello-$u.out" $port & F+=($!)
+  port=$((port + 1000))
+done
 sleep 2
 peak=$(fds "$SRV")
-check "1500 offers: the service holds at most 1024 ($base -> $peak descriptors)" test "$peak" -le $((base + 4 * 1024 + 16))
+check "4 users x 300 offers: at most 1024 held ($base -> $peak descriptors)" test "$peak" -le $((base + 4 * 1024 + 16))
+flood www-data 50 hello 1 "$A/hello-www-data.out" 30001
+check "a fifth user's 50 offers: all refused NO_RESOURCES ($(get REJECTED_NO_RESOURCES "$A/hello-www-data.out"))" \
+  test "$(get REJECTED_NO_RESOURCES "$A/hello-www-data.out")" = 50
 check "a client during the flood: answered" test "$(client "$WORK/c1.err")" = ping
 sleep $(python3 -c "import time; print(max(0.1, 7.5 - (time.time() - $T0)))")
 after=$(fds "$SRV")
-check "7.5 s later, the attacker still connected, all expired ($peak -> $after descriptors, baseline $base)" test "$after" -le $((base + 2))
-wait $F
-check "the service said so, naming the limit" grep -q "1024 offers pending (the limit)" "$WORK/srv.err"
-check "the 476 beyond the limit were answered REJECT(NO_RESOURCES) ($(get REJECTED_NO_RESOURCES "$A/hello.out"))" \
-  test "$(get REJECTED_NO_RESOURCES "$A/hello.out")" = 476
-check "the 1024 held were dropped by the server ($(get CLOSED_BY_SERVER "$A/hello.out"))" test "$(get CLOSED_BY_SERVER "$A/hello.out")" = 1024
-first=$(get FIRST_CLOSE_AFTER "$A/hello.out")
-check "... on time: first after $first s (PENDING_TTL 5 s)" python3 -c "import sys; sys.exit(not 4.5 <= $first <= 6.5)"
+check "7.5 s later, the attackers still connected, all expired ($peak -> $after descriptors, baseline $base)" test "$after" -le $((base + 2))
+wait "${F[@]}"
+OUTS=("$A"/hello-{nobody,daemon,bin,sys}.out)
+check "the service said so, naming the limit per uid" grep -q "256 offers pending from uid 65534 (the limit per uid)" "$WORK/srv.err"
+check "... and the limit in all" grep -q "1024 offers pending (the limit)" "$WORK/srv.err"
+for u in nobody daemon bin sys; do
+  check "$u: 44 of 300 refused NO_RESOURCES ($(get REJECTED_NO_RESOURCES "$A/hello-$u.out")), 256 held then dropped ($(get CLOSED_BY_SERVER "$A/hello-$u.out"))" \
+    test "$(get REJECTED_NO_RESOURCES "$A/hello-$u.out")" = 44 -a "$(get CLOSED_BY_SERVER "$A/hello-$u.out")" = 256
+  first=$(get FIRST_CLOSE_AFTER "$A/hello-$u.out")
+  check "... dropped on time: first after $first s (PENDING_TTL 5 s)" python3 -c "import sys; sys.exit(not 4.5 <= $first <= 6.5)"
+done
 check "a client after the flood: answered" test "$(client "$WORK/c2.err")" = ping
 check "... accelerated" grep -q ": accelerated (shared memory)" "$WORK/c2.err"
 
 # Rendezvous connections that never send a HELLO.
 base=$(fds "$SRV")
 T0=$(date +%s.%N)
-flood 1100 silent 9 "$A/silent.out" & F=$!
+flood nobody 300 silent 9 "$A/silent.out" & F=$!
 sleep 2
 peak=$(fds "$SRV")
-check "1100 connections without HELLO: at most 1024 held ($base -> $peak descriptors)" test "$peak" -le $((base + 1024 + 16))
-# Held above the application's soft limit (1024): its own accept still has numbers to use.
+check "300 connections without HELLO from one user: at most 256 held ($base -> $peak descriptors)" test "$peak" -le $((base + 256 + 8))
+# Held above the application's soft limit (1024), so its own numbers are not used up.
+low=$(ls "/proc/$SRV/fd" | awk '$1 < 1024' | wc -l)
+check "... none of them below the application's soft limit ($low descriptors there, baseline $base)" test "$low" -le $((base + 2))
 check "a client during that flood: answered" test "$(client "$WORK/c4.err")" = ping
 sleep $(python3 -c "import time; print(max(0.1, 7.5 - (time.time() - $T0)))")
 after=$(fds "$SRV")
 check "7.5 s later, all dropped ($peak -> $after descriptors, baseline $base)" test "$after" -le $((base + 2))
 wait $F
-check "the 76 beyond the limit were answered REJECT(NO_RESOURCES) ($(get REJECTED_NO_RESOURCES "$A/silent.out"))" \
-  test "$(get REJECTED_NO_RESOURCES "$A/silent.out")" = 76
+check "the 44 beyond the limit were answered REJECT(NO_RESOURCES) ($(get REJECTED_NO_RESOURCES "$A/silent.out"))" \
+  test "$(get REJECTED_NO_RESOURCES "$A/silent.out")" = 44
 # Several offers for one 4-tuple (a thief's copy of a pending offer would be one): the first is
 # kept, the others refused.
-flood 5 dup 2 "$A/dup.out"
+flood nobody 5 dup 2 "$A/dup.out"
 check "4 more offers for a pending 4-tuple: refused NOT_CLAIMED ($(get REJECTED_NOT_CLAIMED "$A/dup.out"))" \
   test "$(get REJECTED_NOT_CLAIMED "$A/dup.out")" = 4
 check "a client after the floods: answered" test "$(client "$WORK/c3.err")" = ping
 check "... accelerated" grep -q ": accelerated (shared memory)" "$WORK/c3.err"
+[ "$FAIL" = 0 ] || { echo "attackers' errors:"; tail -5 "$A/err"; }
 finish

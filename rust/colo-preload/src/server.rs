@@ -28,6 +28,10 @@ use std::time::{Duration, Instant};
 /// plain TCP. Each holds four descriptors.
 pub const MAX_PENDING: usize = 1024;
 
+/// At most this many of them from one client uid (`SO_PEERCRED` of the rendezvous connection):
+/// one user cannot take the room of the others.
+pub const MAX_PENDING_PER_UID: usize = 256;
+
 /// How long an offer (or a rendezvous connection without its HELLO) is kept: longer than a
 /// client waits for its answer (`COLO_CARRIER_TIMEOUT_MS`, 500 ms by default; the Rust API's
 /// client 500 ms), after which nobody can claim it any more.
@@ -67,14 +71,17 @@ pub fn may_accept(target: std::net::SocketAddr) -> bool {
 
 struct State {
     listens: Vec<Arc<Listen>>,
-    /// Rendezvous connections whose HELLO has not arrived, oldest first.
-    waiting: Vec<(OwnedFd, Instant)>,
-    offers: HashMap<Key, (Box<Hello>, Instant)>,
+    /// Rendezvous connections whose HELLO has not arrived, oldest first, with when they were
+    /// accepted and their client's uid.
+    waiting: Vec<(OwnedFd, Instant, u32)>,
+    offers: HashMap<Key, (Box<Hello>, Instant, u32)>,
     shared: &'static Shared,
     /// When held offers were last checked for hang-ups.
     swept: Instant,
     /// The bound was reached (logged once until there is room again).
     full: bool,
+    /// The uids whose bound was reached (logged once each until there is room again).
+    full_uids: Vec<u32>,
     /// Until when the rendezvous are not polled: accepting failed for want of descriptors.
     starved: Option<Instant>,
 }
@@ -149,7 +156,7 @@ fn start(lineage: &'static Lineage, seen: u32, listens: Vec<Arc<Listen>>) -> Opt
             return None;
         }
     };
-    let state = State { listens, waiting: Vec::new(), offers: HashMap::new(), shared: lineage.shared, swept: Instant::now(), full: false, starved: None };
+    let state = State { listens, waiting: Vec::new(), offers: HashMap::new(), shared: lineage.shared, swept: Instant::now(), full: false, full_uids: Vec::new(), starved: None };
     let svc = Box::new(Service { pid: colo_sys::host::pid(), lineage, state: Mutex::new(state), wake });
     let (tx, rx) = std::sync::mpsc::sync_channel::<Option<usize>>(1);
     let spawned = colo_sys::host::with_signals_blocked(|| {
@@ -196,6 +203,39 @@ fn held(st: &State) -> usize {
     st.offers.len() + st.waiting.len()
 }
 
+/// How many of those held come from `uid` (counted only when the total could reach the bound).
+fn held_from(st: &State, uid: u32) -> usize {
+    if held(st) < MAX_PENDING_PER_UID {
+        return 0;
+    }
+    st.waiting.iter().filter(|w| w.2 == uid).count() + st.offers.values().filter(|o| o.2 == uid).count()
+}
+
+/// The uid of the process at the other end of a rendezvous connection (`u32::MAX` if the
+/// kernel does not say: such clients share one bound).
+fn peer_uid(c: &OwnedFd) -> u32 {
+    let mut cred = libc::ucred { pid: 0, uid: u32::MAX, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED writes at most `len` bytes into `cred`, a `ucred` we own. (Not
+    // rustix's `socket_peercred`, whose pid type cannot hold the 0 the kernel reports for a
+    // process in a pid namespace this one cannot see.)
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_getsockopt,
+            c.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut libc::ucred,
+            &mut len as *mut libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        u32::MAX
+    } else {
+        cred.uid
+    }
+}
+
 /// Whether the client at the other end of `control` has hung up.
 fn hung_up(control: &OwnedFd) -> bool {
     let mut b = [0u8; 1];
@@ -205,8 +245,8 @@ fn hung_up(control: &OwnedFd) -> bool {
     )
 }
 
-/// Keeps a HELLO read from a rendezvous connection accepted at `at`.
-fn keep(st: &mut State, h: Box<Hello>, at: Instant) {
+/// Keeps a HELLO read from a rendezvous connection accepted at `at` from `uid`.
+fn keep(st: &mut State, h: Box<Hello>, at: Instant, uid: u32) {
     if h.mode == Mode::Direct {
         carrier::reject(&h.control, Reason::NeedCarrier);
         crate::log_debug(format_args!("DIRECT HELLO refused with NEED_CARRIER"));
@@ -216,26 +256,26 @@ fn keep(st: &mut State, h: Box<Hello>, at: Instant) {
     match st.offers.get(&k) {
         // A second offer for a 4-tuple whose first is still pending: one of them is not the
         // connection's client. The first came before the TCP connection existed, so it stays.
-        Some((first, _)) if !hung_up(&first.control) => {
+        Some((first, _, _)) if !hung_up(&first.control) => {
             carrier::reject(&h.control, Reason::NotClaimed);
             log_info(format_args!("rendezvous: a second offer for {} -> {} refused (the first is still pending)", k.0, k.1));
         }
         _ => {
-            st.offers.insert(k, (h, at));
+            st.offers.insert(k, (h, at, uid));
         }
     }
 }
 
-fn take_hello(st: &mut State, control: OwnedFd) {
+fn take_hello(st: &mut State, control: OwnedFd, uid: u32) {
     match carrier::read_hello(control) {
         // Kept for a while: out of the application's numbers (a HELLO's descriptors are moved
         // with it, in `read_hello`), so that connections that never send one cannot use up the
         // application's own limit of open files.
         HelloRead::Pending(c) => match out_of_the_way(c) {
-            Ok(c) => st.waiting.push((c, Instant::now())),
+            Ok(c) => st.waiting.push((c, Instant::now(), uid)),
             Err(e) => crate::log_debug(format_args!("rendezvous: {e}; connection dropped")),
         },
-        HelloRead::Hello(h) => keep(st, h, Instant::now()),
+        HelloRead::Hello(h) => keep(st, h, Instant::now(), uid),
         HelloRead::Refused(why) => crate::log_debug(format_args!("rendezvous: {why}")),
     }
 }
@@ -287,7 +327,19 @@ fn drain_one(st: &mut State, l: &Listen) {
             }
             continue;
         }
-        take_hello(st, c);
+        let uid = peer_uid(&c);
+        if held_from(st, uid) >= MAX_PENDING_PER_UID {
+            refuse(&c);
+            if !st.full_uids.contains(&uid) {
+                st.full_uids.push(uid);
+                log_info(format_args!(
+                    "listen {}: {MAX_PENDING_PER_UID} offers pending from uid {uid} (the limit per uid): its new ones are refused with NO_RESOURCES until some are claimed or expire",
+                    l.addr
+                ));
+            }
+            continue;
+        }
+        take_hello(st, c, uid);
     }
     publish(st);
     st.shared.busy.fetch_sub(1, Ordering::SeqCst);
@@ -296,13 +348,13 @@ fn drain_one(st: &mut State, l: &Listen) {
 /// Reads the HELLOs whose connections were accepted before their message arrived.
 fn drain_waiting(st: &mut State) {
     let waiting = std::mem::take(&mut st.waiting);
-    for (c, at) in waiting {
+    for (c, at, uid) in waiting {
         if at.elapsed() >= PENDING_TTL {
             continue;
         }
         match carrier::read_hello(c) {
-            HelloRead::Pending(c) => st.waiting.push((c, at)),
-            HelloRead::Hello(h) => keep(st, h, at),
+            HelloRead::Pending(c) => st.waiting.push((c, at, uid)),
+            HelloRead::Hello(h) => keep(st, h, at, uid),
             HelloRead::Refused(why) => crate::log_debug(format_args!("rendezvous: {why}")),
         }
     }
@@ -314,11 +366,11 @@ fn drain_waiting(st: &mut State) {
 fn expire(st: &mut State) -> Option<Instant> {
     let now = Instant::now();
     let before = held(st);
-    st.waiting.retain(|(_, at)| now.duration_since(*at) < PENDING_TTL);
-    st.offers.retain(|_, (_, at)| now.duration_since(*at) < PENDING_TTL);
+    st.waiting.retain(|w| now.duration_since(w.1) < PENDING_TTL);
+    st.offers.retain(|_, o| now.duration_since(o.1) < PENDING_TTL);
     if now.duration_since(st.swept) >= HANGUP_SWEEP {
         st.swept = now;
-        st.offers.retain(|_, (h, _)| !hung_up(&h.control));
+        st.offers.retain(|_, o| !hung_up(&o.0.control));
     }
     let gone = before - held(st);
     if gone > 0 {
@@ -327,8 +379,11 @@ fn expire(st: &mut State) -> Option<Instant> {
     if st.full && held(st) < MAX_PENDING {
         st.full = false;
     }
+    if !st.full_uids.is_empty() && held(st) < MAX_PENDING_PER_UID {
+        st.full_uids.clear();
+    }
     publish(st);
-    let oldest = st.waiting.iter().map(|(_, at)| *at).chain(st.offers.values().map(|(_, at)| *at)).min();
+    let oldest = st.waiting.iter().map(|w| w.1).chain(st.offers.values().map(|o| o.1)).min();
     oldest.map(|at| at + PENDING_TTL)
 }
 
@@ -355,7 +410,7 @@ fn answer_request(svc: &Service, req: Request) {
         h
     };
     match hello {
-        Some((h, _)) => {
+        Some((h, _, _)) => {
             let fds = [h.control.as_fd(), h.memfd.as_fd(), h.client_bell.as_fd(), h.server_bell.as_fd()];
             req.answer(&[1, h.mode as u8], &fds);
         }
@@ -379,7 +434,7 @@ fn serve(svc: &'static Service) {
             }
             let listens = st.listens.iter().filter(|_| !starved);
             let mut v: Vec<i32> = listens.map(|l| l.rendezvous.as_raw_fd()).collect();
-            v.extend(st.waiting.iter().map(|(c, _)| c.as_raw_fd()));
+            v.extend(st.waiting.iter().map(|w| w.0.as_raw_fd()));
             v
         };
         let mut pfds = Vec::with_capacity(fds.len() + 2);
@@ -767,7 +822,7 @@ pub fn on_accept(listen: &Listen, fd: i32, nonblocking: bool) {
             if !st.offers.contains_key(&k) {
                 drain(&mut st);
             }
-            let h = st.offers.remove(&k).map(|(h, _)| h);
+            let h = st.offers.remove(&k).map(|o| o.0);
             publish(&st);
             h
         }

@@ -1,7 +1,7 @@
 """Attacker (run as nobody) for tests/attack/t_shim_offer_bound.sh: fills a shim listener's
 offer service with offers nobody will accept.
 
-usage: shim_offer_flood.py PORT COUNT MODE SECONDS OUTFILE
+usage: shim_offer_flood.py PORT COUNT MODE SECONDS OUTFILE [FIRST_CLIENT_PORT]
   MODE hello: COUNT well-formed CARRIER HELLOs, each with its own segment (a distinct 4-tuple
               from a TCP port that never connects);
   MODE silent: COUNT rendezvous connections that never send a HELLO;
@@ -18,6 +18,7 @@ import sys
 import time
 
 port, count, mode, seconds, outfile = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4]), sys.argv[5]
+first_port = int(sys.argv[6]) if len(sys.argv) > 6 else 20001
 name = b"\0colo/1/127.0.0.1:%d" % port
 RING = 4096
 SEGMENT = 4096 + 2 * 8192  # header + two blocks (ring 4096, no pool)
@@ -48,8 +49,11 @@ for i in range(count):
     if mode in ("hello", "dup"):
         m = os.memfd_create("colo-seg", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(m, SEGMENT)
-        os.pwrite(m, header(20001 + (0 if mode == "dup" else 2 * (i % 20000))), 0)
-        socket.send_fds(s, [hello], [m, bell_c, bell_s])
+        os.pwrite(m, header(first_port + (0 if mode == "dup" else 2 * i)), 0)
+        try:
+            socket.send_fds(s, [hello], [m, bell_c, bell_s])
+        except OSError:
+            pass  # refused (and closed) before the HELLO went: the answer is still to be read
         os.close(m)
     s.setblocking(False)
     socks.append(s)
