@@ -28,7 +28,7 @@ ATK=$WORK/attacker; mkdir -p "$ATK"; chown nobody:nogroup "$ATK"
 ( ulimit -n 8192; exec setpriv --reuid=nobody --regid=nogroup --clear-groups env ATTACK_SECONDS=60 \
     /usr/bin/python3 "$HERE/py/shim_fake_service.py" "$ATK" 3000 /secret.txt $COLORUN ) >"$ATK/ready" 2>"$ATK/err" &
 PIDS+=($!)
-for _ in $(seq 200); do grep -q READY "$ATK/ready" && break; sleep 0.05; done
+for _ in $(seq 200); do grep -qs READY "$ATK/ready" && break; sleep 0.05; done
 check "the attacker bound the old adopted names for 3000 upcoming pids" grep -q "BOUND 3000 names" "$ATK/attacker.log"
 read -r _ FIRST LAST < "$ATK/ready"
 

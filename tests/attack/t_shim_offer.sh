@@ -13,7 +13,7 @@ fds() { ls "/proc/$1/fd" 2>/dev/null | wc -l; }
 S=$(free_port)
 COLO_LOG=info $COLORUN python3 "$HERE/py/shim_forked_server.py" "$S" "$WORK/got" 1.5 >"$WORK/srv.out" 2>"$WORK/srv.err" &
 PIDS+=($!)
-for _ in $(seq 100); do grep -q READY "$WORK/srv.out" && break; sleep 0.05; done
+for _ in $(seq 100); do grep -qs READY "$WORK/srv.out" && break; sleep 0.05; done
 read -r _ MASTER WORKER < "$WORK/srv.out"
 client() { # $1 secret: sends it as a line, prints the answer
   timeout 15 env COLO_LOG=info COLO_CARRIER_TIMEOUT_MS=4000 COLO_SHORT_LIVED=accelerate $COLORUN python3 -c "
