@@ -15,6 +15,7 @@ COLO_LOG=info $COLORUN python3 "$HERE/py/shim_forked_server.py" "$S" "$WORK/got"
 PIDS+=($!)
 for _ in $(seq 100); do grep -qs READY "$WORK/srv.out" && break; sleep 0.05; done
 read -r _ MASTER WORKER < "$WORK/srv.out"
+PIDS+=("$WORKER")  # the forked worker outlives its master: `cleanup` ends it too
 client() { # $1 secret: sends it as a line, prints the answer
   timeout 15 env COLO_LOG=info COLO_CARRIER_TIMEOUT_MS=4000 COLO_SHORT_LIVED=accelerate $COLORUN python3 -c "
 import socket
