@@ -24,8 +24,7 @@ fn listeners() -> Vec<Listening> {
     for line in text.lines().skip(1) {
         let f: Vec<&str> = line.split_whitespace().collect();
         // Num RefCount Protocol Flags Type St Inode Path; St 01 = listening (unconnected).
-        // `colo/1/shim/<pid>` is the shim's channel between a server's processes, not an address.
-        if f.len() >= 8 && f[7].starts_with("@colo/1/") && !f[7].starts_with("@colo/1/shim/") && f[3] == "00010000" {
+        if f.len() >= 8 && f[7].starts_with("@colo/1/") && f[3] == "00010000" {
             out.push(Listening { name: f[7][8..].to_string(), inode: f[6].parse().unwrap_or(0) });
         }
     }

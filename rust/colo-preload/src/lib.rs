@@ -23,6 +23,7 @@ mod adapt;
 mod client;
 mod conn;
 mod handover;
+mod lineage;
 mod marker;
 mod poll;
 mod real;

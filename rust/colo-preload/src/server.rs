@@ -1,11 +1,17 @@
 //! The server side: at `listen(2)` the shim binds the rendezvous `colo/1/<addr>` next to the
-//! kernel listening socket (which stays pure kernel), and a background thread collects CARRIER
-//! offers keyed by 4-tuple. `accept(2)` looks up the accepted connection's 4-tuple and claims
-//! the offer. A process forked from the one that listens (a multi-worker server accepting after
-//! fork) asks that process's offer service for the offer over `colo/1/shim/<pid>`, and gets the
-//! descriptors with SCM_RIGHTS.
+//! kernel listening socket (which stays pure kernel), and a background thread (the *offer
+//! service*) collects CARRIER offers keyed by 4-tuple. `accept(2)` looks up the accepted
+//! connection's 4-tuple and claims the offer. A process forked from the one that listens (a
+//! multi-worker server accepting after fork) asks the service for the offer over the socket pair
+//! of its *lineage* (`crate::lineage`: inherited, never named), and gets the descriptors with
+//! SCM_RIGHTS. When the serving process is gone (a daemonized master), one of the processes
+//! forked from it takes the service over (the lineage's owner word decides which).
+//!
+//! Pending offers are bounded (`MAX_PENDING`; beyond, REJECT(NO_RESOURCES)) and each expires
+//! `PENDING_TTL` after it arrived, on the service thread's own timer.
 
 use crate::conn::Conn;
+use crate::lineage::{Asked, Lineage, Request, Shared};
 use crate::table::{self, Entry};
 use crate::{log_info, sockaddr_of};
 use colo::carrier::{self, Hello, HelloRead, Key};
@@ -13,9 +19,32 @@ use colo::wire::{self, Mode, Reason};
 use colo_sys::{seqpacket, AsFd, AsRawFd, OwnedFd};
 use std::collections::HashMap;
 use std::io;
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// At most this many offers (and rendezvous connections whose HELLO has not arrived) are held
+/// by one service; beyond, a new one is answered REJECT(NO_RESOURCES) and its client dials
+/// plain TCP. Each holds four descriptors.
+pub const MAX_PENDING: usize = 1024;
+
+/// At most this many of them from one client uid (`SO_PEERCRED` of the rendezvous connection):
+/// one user cannot take the room of the others.
+pub const MAX_PENDING_PER_UID: usize = 256;
+
+/// How long an offer (or a rendezvous connection without its HELLO) is kept: longer than a
+/// client waits for its answer (`COLO_CARRIER_TIMEOUT_MS`, 500 ms by default; the Rust API's
+/// client 500 ms), after which nobody can claim it any more.
+pub const PENDING_TTL: Duration = Duration::from_secs(5);
+
+/// How often held offers are checked for clients that hung up (a `recv` each).
+const HANGUP_SWEEP: Duration = Duration::from_secs(1);
+
+/// How long the service leaves its rendezvous alone after running out of descriptors.
+const STARVED_PAUSE: Duration = Duration::from_millis(100);
+
+/// How long a process forked from the serving one waits for the service's answer.
+const ASK_WAIT: Duration = Duration::from_millis(500);
 
 /// A kernel listening socket that also has a rendezvous.
 #[derive(Debug)]
@@ -26,6 +55,8 @@ pub struct Listen {
     /// Names it among this process's listeners, for as long as the process lives (its markers
     /// are recorded by it).
     id: u64,
+    /// The lineage whose service collects this listener's offers.
+    lineage: &'static Lineage,
 }
 
 /// Addresses this process holds colo listeners for (a fork child inherits the list with the
@@ -40,41 +71,19 @@ pub fn may_accept(target: std::net::SocketAddr) -> bool {
 
 struct State {
     listens: Vec<Arc<Listen>>,
-    waiting: Vec<(OwnedFd, Instant)>,
-    offers: HashMap<Key, (Box<Hello>, Instant)>,
+    /// Rendezvous connections whose HELLO has not arrived, oldest first, with when they were
+    /// accepted and their client's uid.
+    waiting: Vec<(OwnedFd, Instant, u32)>,
+    offers: HashMap<Key, (Box<Hello>, Instant, u32)>,
     shared: &'static Shared,
-}
-
-/// What the offer service tells the processes forked from it (multi-worker servers, whose
-/// workers accept), in a page they share: with no offer held or on its way, a worker knows an
-/// accepted connection is plain without asking the service (a connection per request must cost
-/// no more than plain TCP).
-struct Shared {
-    /// Offers held (received, or connections whose HELLO has not arrived yet).
-    offers: AtomicU32,
-    /// Nonzero while the service is between accepting rendezvous connections and counting their
-    /// offers in `offers`; `GONE` once a process found the service gone (its counts are frozen:
-    /// every process asks, and so finds the one that took the listeners over).
-    busy: AtomicU32,
-    /// How accelerated connections to each listening port from each client program ended,
-    /// recorded by whichever process served them (`connection_ended`), read by the service
-    /// thread (`tend_markers`).
-    ends: [crate::marker::ListenerEnds; MARKED_PORTS],
-}
-
-/// (listening port, client program) pairs whose endings an offer service tracks.
-const MARKED_PORTS: usize = 64;
-
-const GONE: u32 = 1 << 31;
-
-fn shared_page() -> io::Result<&'static Shared> {
-    use rustix::mm::{mmap_anonymous, MapFlags, ProtFlags};
-    const _: () = assert!(std::mem::size_of::<Shared>() <= 4096);
-    // SAFETY: a new anonymous shared mapping of one page, never unmapped (fork children inherit
-    // it as shared). The kernel zeroes it: zero atomics are a valid `Shared` (free slots).
-    let p = unsafe { mmap_anonymous(std::ptr::null_mut(), 4096, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED)? };
-    // SAFETY: as above; page-aligned, so aligned for `Shared`.
-    Ok(unsafe { &*p.cast::<Shared>() })
+    /// When held offers were last checked for hang-ups.
+    swept: Instant,
+    /// The bound was reached (logged once until there is room again).
+    full: bool,
+    /// The uids whose bound was reached (logged once each until there is room again).
+    full_uids: Vec<u32>,
+    /// Until when the rendezvous are not polled: accepting failed for want of descriptors.
+    starved: Option<Instant>,
 }
 
 /// Publishes how many offers the state holds (called under the state lock after any change).
@@ -87,24 +96,21 @@ fn publish(st: &State) {
 /// an offer (then ask the service). The client's HELLO is sent before its SYN, so it is either
 /// still queued at the rendezvous (readable), or being taken by the service (`busy`), or held
 /// (`offers`): checked in that order, as the service moves it the other way.
-fn may_have_offer(svc: &Service, l: &Listen) -> bool {
+fn may_have_offer(l: &Listen) -> bool {
+    let shared = l.lineage.shared;
     let mut p = [rustix::event::PollFd::new(&l.rendezvous, rustix::event::PollFlags::IN)];
     let queued = rustix::event::poll(&mut p, Some(&rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 })).map_or(true, |n| n > 0);
     // SYNC POINT with `drain_one` (busy) and `publish` (offers): the loads below come after the
     // look at the queue (a system call is no fence on every architecture).
     std::sync::atomic::fence(Ordering::SeqCst);
-    queued || svc.shared.busy.load(Ordering::SeqCst) != 0 || svc.shared.offers.load(Ordering::SeqCst) != 0
+    queued || shared.busy.load(Ordering::SeqCst) != 0 || shared.offers.load(Ordering::SeqCst) != 0
 }
 
 struct Service {
     pid: u32,
-    shared: &'static Shared,
+    lineage: &'static Lineage,
     state: Mutex<State>,
     wake: OwnedFd,
-    requests: OwnedFd,
-    /// `colo/1/shim/adopted/<pid>`: this service took over the listeners of process `pid`, which
-    /// is gone; its other orphans ask here.
-    alias: std::sync::OnceLock<OwnedFd>,
 }
 
 /// The offer service of this process (or, in a fork child, of the process it was forked from).
@@ -116,31 +122,69 @@ fn service() -> Option<&'static Service> {
     (!p.is_null()).then(|| unsafe { &*p })
 }
 
-fn request_name(pid: u32) -> String {
-    format!("colo/1/shim/{pid}")
+/// This process's own service, if it runs one.
+fn own() -> Option<&'static Service> {
+    service().filter(|s| s.pid == colo_sys::host::pid())
 }
 
 fn own_service() -> io::Result<&'static Service> {
-    let me = colo_sys::host::pid();
-    if let Some(s) = service() {
-        if s.pid == me {
-            return Ok(s);
-        }
+    if let Some(s) = own() {
+        return Ok(s);
     }
-    let requests = out_of_the_way(seqpacket::listen(request_name(me).as_bytes())?)?;
-    let wake = out_of_the_way(colo_sys::doorbell::create()?)?;
-    let shared = shared_page()?;
-    let svc: &'static Service = Box::leak(Box::new(Service {
-        pid: me,
-        shared,
-        state: Mutex::new(State { listens: Vec::new(), waiting: Vec::new(), offers: HashMap::new(), shared }),
-        wake,
-        requests,
-        alias: std::sync::OnceLock::new(),
-    }));
-    SERVICE.store(svc as *const Service as *mut Service, Ordering::Release);
-    colo_sys::host::with_signals_blocked(|| std::thread::Builder::new().name("colo-offers".into()).spawn(move || serve(svc)))?;
-    Ok(svc)
+    let lineage = Lineage::new()?;
+    start(lineage, lineage.owner(), Vec::new()).ok_or_else(|| io::Error::other("the service thread did not start"))
+}
+
+/// A wake-up eventfd for the service thread, private to its process (fork children close their
+/// copy), so ringing it never blocks.
+fn wake_fd() -> io::Result<OwnedFd> {
+    let fd = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK)?;
+    out_of_the_way(fd)
+}
+
+fn ring(svc: &Service) {
+    let _ = rustix::io::write(&svc.wake, &1u64.to_ne_bytes());
+}
+
+/// Starts a service thread in this process for `lineage`, serving `listens`, if it becomes the
+/// lineage's owner (the owner word still reads `seen`); returns the service it then is.
+fn start(lineage: &'static Lineage, seen: u32, listens: Vec<Arc<Listen>>) -> Option<&'static Service> {
+    let wake = match wake_fd() {
+        Ok(w) => w,
+        Err(e) => {
+            log_info(format_args!("offer service: {e}"));
+            return None;
+        }
+    };
+    let state = State { listens, waiting: Vec::new(), offers: HashMap::new(), shared: lineage.shared, swept: Instant::now(), full: false, full_uids: Vec::new(), starved: None };
+    let svc = Box::new(Service { pid: colo_sys::host::pid(), lineage, state: Mutex::new(state), wake });
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Option<usize>>(1);
+    let spawned = colo_sys::host::with_signals_blocked(|| {
+        std::thread::Builder::new().name("colo-offers".into()).spawn(move || {
+            if !svc.lineage.take_over(seen) {
+                // Another process (or thread) serves: this one's `wake` is closed with it.
+                let _ = tx.send(None);
+                return;
+            }
+            let svc: &'static Service = Box::leak(svc);
+            {
+                // Counts a service that ended left behind are not this one's.
+                let st = lock(svc);
+                svc.lineage.shared.busy.store(0, Ordering::SeqCst);
+                publish(&st);
+            }
+            SERVICE.store(svc as *const Service as *mut Service, Ordering::Release);
+            let _ = tx.send(Some(svc as *const Service as usize));
+            serve(svc)
+        })
+    });
+    if let Err(e) = spawned {
+        log_info(format_args!("offer service: {e}"));
+        return None;
+    }
+    // The verdict comes at once (the thread's first act); a thread that died first dropped `tx`.
+    // SAFETY: the pointer is to a leaked `Service` (never freed).
+    rx.recv().ok().flatten().map(|p| unsafe { &*(p as *const Service) })
 }
 
 /// A descriptor the service keeps for long, moved out of the numbers the application uses: a
@@ -155,17 +199,83 @@ fn lock(s: &Service) -> std::sync::MutexGuard<'_, State> {
     s.state.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn take_hello(st: &mut State, control: OwnedFd) {
-    match carrier::read_hello(control) {
-        HelloRead::Pending(c) => st.waiting.push((c, Instant::now())),
-        HelloRead::Hello(h) => {
-            if h.mode == Mode::Direct {
-                carrier::reject(&h.control, Reason::NeedCarrier);
-                crate::log_debug(format_args!("DIRECT HELLO refused with NEED_CARRIER"));
-            } else if let Some(k) = h.key() {
-                st.offers.insert(k, (h, Instant::now()));
-            }
+fn held(st: &State) -> usize {
+    st.offers.len() + st.waiting.len()
+}
+
+/// How many of those held come from `uid` (counted only when the total could reach the bound).
+fn held_from(st: &State, uid: u32) -> usize {
+    if held(st) < MAX_PENDING_PER_UID {
+        return 0;
+    }
+    st.waiting.iter().filter(|w| w.2 == uid).count() + st.offers.values().filter(|o| o.2 == uid).count()
+}
+
+/// The uid of the process at the other end of a rendezvous connection (`u32::MAX` if the
+/// kernel does not say: such clients share one bound).
+fn peer_uid(c: &OwnedFd) -> u32 {
+    let mut cred = libc::ucred { pid: 0, uid: u32::MAX, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED writes at most `len` bytes into `cred`, a `ucred` we own. (Not
+    // rustix's `socket_peercred`, whose pid type cannot hold the 0 the kernel reports for a
+    // process in a pid namespace this one cannot see.)
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_getsockopt,
+            c.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut libc::ucred,
+            &mut len as *mut libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        u32::MAX
+    } else {
+        cred.uid
+    }
+}
+
+/// Whether the client at the other end of `control` has hung up.
+fn hung_up(control: &OwnedFd) -> bool {
+    let mut b = [0u8; 1];
+    matches!(
+        rustix::net::recv(control, &mut b[..], rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT),
+        Ok(_) | Err(rustix::io::Errno::CONNRESET)
+    )
+}
+
+/// Keeps a HELLO read from a rendezvous connection accepted at `at` from `uid`.
+fn keep(st: &mut State, h: Box<Hello>, at: Instant, uid: u32) {
+    if h.mode == Mode::Direct {
+        carrier::reject(&h.control, Reason::NeedCarrier);
+        crate::log_debug(format_args!("DIRECT HELLO refused with NEED_CARRIER"));
+        return;
+    }
+    let Some(k) = h.key() else { return };
+    match st.offers.get(&k) {
+        // A second offer for a 4-tuple whose first is still pending: one of them is not the
+        // connection's client. The first came before the TCP connection existed, so it stays.
+        Some((first, _, _)) if !hung_up(&first.control) => {
+            carrier::reject(&h.control, Reason::NotClaimed);
+            log_info(format_args!("rendezvous: a second offer for {} -> {} refused (the first is still pending)", k.0, k.1));
         }
+        _ => {
+            st.offers.insert(k, (h, at, uid));
+        }
+    }
+}
+
+fn take_hello(st: &mut State, control: OwnedFd, uid: u32) {
+    match carrier::read_hello(control) {
+        // Kept for a while: out of the application's numbers (a HELLO's descriptors are moved
+        // with it, in `read_hello`), so that connections that never send one cannot use up the
+        // application's own limit of open files.
+        HelloRead::Pending(c) => match out_of_the_way(c) {
+            Ok(c) => st.waiting.push((c, Instant::now(), uid)),
+            Err(e) => crate::log_debug(format_args!("rendezvous: {e}; connection dropped")),
+        },
+        HelloRead::Hello(h) => keep(st, h, Instant::now(), uid),
         HelloRead::Refused(why) => crate::log_debug(format_args!("rendezvous: {why}")),
     }
 }
@@ -179,13 +289,57 @@ fn drain(st: &mut State) {
     drain_waiting(st);
 }
 
+/// Answers a rendezvous connection REJECT(NO_RESOURCES) and lets it go. A HELLO already queued
+/// is read first: a connection closed with unread data would reach its client as a reset, and
+/// the reason would be lost.
+fn refuse(c: &OwnedFd) {
+    let mut b = [0u8; 64];
+    let _ = seqpacket::recv(c, &mut b, true);
+    carrier::reject(c, Reason::NoResources);
+}
+
 /// Collects the HELLOs that have arrived at one listener's rendezvous (none of the waiting ones).
+/// Beyond `MAX_PENDING` held, a new rendezvous connection is answered REJECT(NO_RESOURCES).
 fn drain_one(st: &mut State, l: &Listen) {
     // SYNC POINT with `may_have_offer`: busy from before the first accept until the offers are
     // counted.
     st.shared.busy.fetch_add(1, Ordering::SeqCst);
-    while let Ok(c) = seqpacket::accept(&l.rendezvous) {
-        take_hello(st, c);
+    loop {
+        let c = match seqpacket::accept(&l.rendezvous) {
+            Ok(c) => c,
+            Err(e) => {
+                if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
+                    // Out of descriptors: the connections wait in the backlog; the service thread
+                    // looks again a little later instead of spinning on the readable rendezvous.
+                    st.starved = Some(Instant::now() + STARVED_PAUSE);
+                }
+                break;
+            }
+        };
+        if held(st) >= MAX_PENDING {
+            refuse(&c);
+            if !st.full {
+                st.full = true;
+                log_info(format_args!(
+                    "listen {}: {MAX_PENDING} offers pending (the limit): new ones are refused with NO_RESOURCES until some are claimed or expire",
+                    l.addr
+                ));
+            }
+            continue;
+        }
+        let uid = peer_uid(&c);
+        if held_from(st, uid) >= MAX_PENDING_PER_UID {
+            refuse(&c);
+            if !st.full_uids.contains(&uid) {
+                st.full_uids.push(uid);
+                log_info(format_args!(
+                    "listen {}: {MAX_PENDING_PER_UID} offers pending from uid {uid} (the limit per uid): its new ones are refused with NO_RESOURCES until some are claimed or expire",
+                    l.addr
+                ));
+            }
+            continue;
+        }
+        take_hello(st, c, uid);
     }
     publish(st);
     st.shared.busy.fetch_sub(1, Ordering::SeqCst);
@@ -194,39 +348,43 @@ fn drain_one(st: &mut State, l: &Listen) {
 /// Reads the HELLOs whose connections were accepted before their message arrived.
 fn drain_waiting(st: &mut State) {
     let waiting = std::mem::take(&mut st.waiting);
-    for (c, at) in waiting {
-        if at.elapsed() > Duration::from_secs(5) {
+    for (c, at, uid) in waiting {
+        if at.elapsed() >= PENDING_TTL {
             continue;
         }
         match carrier::read_hello(c) {
-            HelloRead::Pending(c) => st.waiting.push((c, at)),
-            other => {
-                if let HelloRead::Hello(h) = other {
-                    if h.mode == Mode::Direct {
-                        carrier::reject(&h.control, Reason::NeedCarrier);
-                    } else if let Some(k) = h.key() {
-                        st.offers.insert(k, (h, Instant::now()));
-                    }
-                }
-            }
+            HelloRead::Pending(c) => st.waiting.push((c, at, uid)),
+            HelloRead::Hello(h) => keep(st, h, at, uid),
+            HelloRead::Refused(why) => crate::log_debug(format_args!("rendezvous: {why}")),
         }
     }
     publish(st);
 }
 
-/// Drops offers whose client hung up (abandoned) or that are too old.
-fn sweep(st: &mut State) {
-    st.offers.retain(|_, (h, at)| {
-        if at.elapsed() > Duration::from_secs(30) {
-            return false;
-        }
-        let mut b = [0u8; 1];
-        !matches!(
-            rustix::net::recv(&h.control, &mut b[..], rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT),
-            Ok(_) | Err(rustix::io::Errno::CONNRESET)
-        )
-    });
+/// Drops what is older than `PENDING_TTL` (and, once per `HANGUP_SWEEP`, offers whose client
+/// hung up); returns when the next one expires.
+fn expire(st: &mut State) -> Option<Instant> {
+    let now = Instant::now();
+    let before = held(st);
+    st.waiting.retain(|w| now.duration_since(w.1) < PENDING_TTL);
+    st.offers.retain(|_, o| now.duration_since(o.1) < PENDING_TTL);
+    if now.duration_since(st.swept) >= HANGUP_SWEEP {
+        st.swept = now;
+        st.offers.retain(|_, o| !hung_up(&o.0.control));
+    }
+    let gone = before - held(st);
+    if gone > 0 {
+        crate::log_debug(format_args!("{gone} pending offer(s) expired or abandoned"));
+    }
+    if st.full && held(st) < MAX_PENDING {
+        st.full = false;
+    }
+    if !st.full_uids.is_empty() && held(st) < MAX_PENDING_PER_UID {
+        st.full_uids.clear();
+    }
     publish(st);
+    let oldest = st.waiting.iter().map(|w| w.1).chain(st.offers.values().map(|o| o.1)).min();
+    oldest.map(|at| at + PENDING_TTL)
 }
 
 fn encode_key(k: &Key) -> Vec<u8> {
@@ -239,14 +397,11 @@ fn decode_key(b: &[u8]) -> Option<Key> {
     Some((a.parse().ok()?, c.parse().ok()?))
 }
 
-fn answer_request(svc: &Service, c: OwnedFd) {
-    // The socket is non-blocking (accepted from a non-blocking listener): wait for the request.
-    let mut p = [rustix::event::PollFd::new(&c, rustix::event::PollFlags::IN)];
-    let t = rustix::event::Timespec { tv_sec: 0, tv_nsec: 200_000_000 };
-    let _ = rustix::event::poll(&mut p, Some(&t));
-    let mut buf = [0u8; 256];
-    let Ok(r) = seqpacket::recv(&c, &mut buf, false) else { return };
-    let Some(k) = decode_key(&buf[..r.len]) else { return };
+/// Answers one request of a process of the lineage: the offer's descriptors, or "none".
+fn answer_request(svc: &Service, req: Request) {
+    let Some(k) = decode_key(&req.bytes) else {
+        return req.answer(&[0, 0], &[]);
+    };
     let hello = {
         let mut st = lock(svc);
         drain(&mut st);
@@ -255,30 +410,38 @@ fn answer_request(svc: &Service, c: OwnedFd) {
         h
     };
     match hello {
-        Some((h, _)) => {
+        Some((h, _, _)) => {
             let fds = [h.control.as_fd(), h.memfd.as_fd(), h.client_bell.as_fd(), h.server_bell.as_fd()];
-            let _ = seqpacket::send(&c, &[1, h.mode as u8], &fds);
+            req.answer(&[1, h.mode as u8], &fds);
         }
-        None => {
-            let _ = seqpacket::send(&c, &[0, 0], &[]);
-        }
+        None => req.answer(&[0, 0], &[]),
     }
 }
 
 fn serve(svc: &'static Service) {
     use rustix::event::{poll, PollFd, PollFlags};
+    let mut next_expiry: Option<Instant> = None;
+    // Whether the lineage's socket pair is still open here (a program that closes descriptors
+    // it does not know closes it too: its processes then get no answers, and this thread must
+    // not spin on the invalid descriptor).
+    let mut requests = true;
     loop {
         let fds: Vec<i32> = {
-            let st = lock(svc);
-            let mut v: Vec<i32> = st.listens.iter().map(|l| l.rendezvous.as_raw_fd()).collect();
-            v.extend(st.waiting.iter().map(|(c, _)| c.as_raw_fd()));
+            let mut st = lock(svc);
+            let starved = st.starved.is_some_and(|t| t > Instant::now());
+            if !starved {
+                st.starved = None;
+            }
+            let listens = st.listens.iter().filter(|_| !starved);
+            let mut v: Vec<i32> = listens.map(|l| l.rendezvous.as_raw_fd()).collect();
+            v.extend(st.waiting.iter().map(|w| w.0.as_raw_fd()));
             v
         };
         let mut pfds = Vec::with_capacity(fds.len() + 2);
         pfds.push(PollFd::new(&svc.wake, PollFlags::IN));
-        pfds.push(PollFd::new(&svc.requests, PollFlags::IN));
-        if let Some(a) = svc.alias.get() {
-            pfds.push(PollFd::new(a, PollFlags::IN));
+        let serve_fd = svc.lineage.serve_fd();
+        if requests {
+            pfds.push(PollFd::new(&serve_fd, PollFlags::IN));
         }
         // SAFETY: these fds stay open while we poll: listens are only removed under the lock by
         // `unlisten`, which wakes us first, and a closed fd in poll only reports POLLNVAL.
@@ -286,26 +449,32 @@ fn serve(svc: &'static Service) {
         for b in &borrowed {
             pfds.push(PollFd::new(b, PollFlags::IN));
         }
-        let wait_ms = tend_markers(svc).min(1000) as i64;
+        // The pending offers' timer: the thread wakes when the oldest expires, whatever else
+        // happens (or not) meanwhile.
+        let until_expiry = next_expiry.map_or(u64::MAX, |t| t.saturating_duration_since(Instant::now()).as_millis() as u64 + 1);
+        let starved_ms = lock(svc).starved.map_or(u64::MAX, |t| t.saturating_duration_since(Instant::now()).as_millis() as u64 + 1);
+        let wait_ms = tend_markers(svc).min(1000).min(until_expiry).min(starved_ms) as i64;
         let t = rustix::event::Timespec { tv_sec: wait_ms / 1000, tv_nsec: wait_ms % 1000 * 1_000_000 };
         let _ = poll(&mut pfds, Some(&t));
         let woke = pfds[0].revents().contains(PollFlags::IN);
-        let req = pfds[1].revents().contains(PollFlags::IN)
-            || (svc.alias.get().is_some() && pfds.get(2).is_some_and(|p| p.revents().contains(PollFlags::IN)));
+        let req = requests && pfds[1].revents().contains(PollFlags::IN);
+        if requests && pfds[1].revents().contains(PollFlags::NVAL) {
+            requests = false;
+            log_info(format_args!("offer service: the program closed its socket pair; processes forked from this one get no offers"));
+        }
         drop(pfds);
         if woke {
-            colo_sys::doorbell::drain(&svc.wake);
+            let mut b = [0u8; 8];
+            let _ = rustix::io::read(&svc.wake, &mut b);
         }
         {
             let mut st = lock(svc);
             drain(&mut st);
-            sweep(&mut st);
+            next_expiry = expire(&mut st);
         }
         if req {
-            for l in [Some(&svc.requests), svc.alias.get()].into_iter().flatten() {
-                while let Ok(c) = seqpacket::accept(l) {
-                    answer_request(svc, c);
-                }
+            while let Some(r) = svc.lineage.next_request() {
+                answer_request(svc, r);
             }
         }
     }
@@ -338,12 +507,12 @@ pub fn on_listen(fd: i32) {
         }
     };
     static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    let l = Arc::new(Listen { rendezvous, addr, id: IDS.fetch_add(1, Ordering::Relaxed) });
+    let l = Arc::new(Listen { rendezvous, addr, id: IDS.fetch_add(1, Ordering::Relaxed), lineage: svc.lineage });
     if let Some(mut l) = crate::try_lock(&LISTENING) {
         l.push(addr);
     }
     lock(svc).listens.push(l.clone());
-    colo_sys::doorbell::ring(&svc.wake);
+    ring(svc);
     if let Some(mut slot) = table::lock(fd) {
         slot.set(Entry::Listen(l));
     }
@@ -357,13 +526,10 @@ pub fn on_close_listen(l: &Arc<Listen>) {
             listening.swap_remove(i);
         }
     }
-    let Some(svc) = service() else { return };
-    if svc.pid != colo_sys::host::pid() {
-        return;
-    }
+    let Some(svc) = own() else { return };
     lock(svc).listens.retain(|x| !Arc::ptr_eq(x, l));
     // Its markers are lowered by the service thread (`tend_markers`), which alone raises them.
-    colo_sys::doorbell::ring(&svc.wake);
+    ring(svc);
 }
 
 // ---- the short-lived marker (spec/WIRE.md section 2; the rule is in `crate::marker`) -----------
@@ -412,11 +578,11 @@ fn client_tag(control: &OwnedFd) -> Option<u64> {
 /// `tag`, ended (`short`: it did not pay for its set-up, see `adapt::Lived`).
 pub fn connection_ended(local: std::net::SocketAddr, tag: u64, short: bool) {
     let Some(svc) = service() else { return };
-    let Some(ends) = crate::marker::slot(&svc.shared.ends, local.port(), tag) else { return };
+    let Some(ends) = crate::marker::slot(&svc.lineage.shared.ends, local.port(), tag) else { return };
     if ends.ended(crate::marker::now_ms(), short) && svc.pid == colo_sys::host::pid() {
         // Raise or lower it now (a fork child's copy of the doorbell is closed: the service
         // thread gets to it at its next wake-up, within a second).
-        colo_sys::doorbell::ring(&svc.wake);
+        ring(svc);
     }
 }
 
@@ -424,7 +590,7 @@ pub fn connection_ended(local: std::net::SocketAddr, tag: u64, short: bool) {
 /// listeners gone; returns how long the service may sleep before the next change is due (ms).
 fn tend_markers(svc: &Service) -> u64 {
     let now = crate::marker::now_ms();
-    let any_marked = svc.shared.ends.iter().any(|e| e.marked_until(now).is_some());
+    let any_marked = svc.lineage.shared.ends.iter().any(|e| e.marked_until(now).is_some());
     if !any_marked && RAISED.iter().all(|r| r.fd.load(Ordering::Relaxed) < 0) {
         return u64::MAX;
     }
@@ -432,7 +598,7 @@ fn tend_markers(svc: &Service) -> u64 {
     let mut next = u64::MAX;
     let mut wanted = Vec::new();
     for l in &listens {
-        for e in svc.shared.ends.iter().filter(|e| e.port() == l.addr.port()) {
+        for e in svc.lineage.shared.ends.iter().filter(|e| e.port() == l.addr.port()) {
             if let Some(t) = e.marked_until(now) {
                 next = next.min(t - now);
                 wanted.push((l.id, e.tag()));
@@ -527,60 +693,45 @@ pub fn marker_child() {
     MARKER_LOCK.release();
 }
 
-/// Starts this process's own offer service for the listeners it holds (the rendezvous
-/// descriptors were inherited with them).
-fn adopt_listeners() -> Option<&'static Service> {
-    let svc = own_service().ok()?;
-    let mut adopted = 0;
+
+// ---- processes forked from the serving one -------------------------------------------------
+
+/// The listeners of `lineage` this process holds (inherited with their rendezvous descriptors).
+fn inherited_listeners(lineage: &'static Lineage) -> Vec<Arc<Listen>> {
+    let mut out = Vec::new();
     for fd in table::fds_of_kind(table::LISTEN) {
         let Some(mut slot) = table::lock(fd as i32) else { continue };
         if let Entry::Listen(l) = slot.entry() {
-            let mut st = lock(svc);
-            if !st.listens.iter().any(|x| Arc::ptr_eq(x, l)) {
-                st.listens.push(l.clone());
-                adopted += 1;
+            if std::ptr::eq(l.lineage, lineage) && !out.iter().any(|x| Arc::ptr_eq(x, l)) {
+                out.push(l.clone());
             }
         }
     }
-    colo_sys::doorbell::ring(&svc.wake);
-    log_info(format_args!("the process that listened is gone: serving colo offers for {adopted} inherited listener(s)"));
-    Some(svc)
+    out
 }
 
-fn adopted_name(gone: u32) -> String {
-    format!("colo/1/shim/adopted/{gone}")
-}
-
-/// Where a process whose offer service (that of process `gone`) has gone away gets offers now.
-enum Orphan {
-    /// It took over: its own service.
-    Own(&'static Service),
-    /// Another process forked from `gone` took over: a request connection to it.
-    Ask(OwnedFd),
-}
-
-/// A server that daemonizes after `listen` (the parent exits, the child serves; nginx does by
-/// default) would otherwise leave every offer unanswered, and every client would wait for its
-/// carrier timeout before falling back to TCP. The first of the orphans to get here (binding
-/// the alias name decides) serves the listeners it holds and answers the others at the alias.
-fn orphaned(gone: u32) -> Option<Orphan> {
-    let name = adopted_name(gone);
-    if let Ok(c) = seqpacket::connect(name.as_bytes()) {
-        return Some(Orphan::Ask(c));
+/// The service of `lineage` ended (its owner word reads `seen`): a server that daemonizes after
+/// `listen` (the parent exits, the child serves; nginx does by default) would otherwise leave
+/// every offer unanswered, and every client would wait for its carrier timeout. This process
+/// starts a service for the listeners of that lineage it holds, unless it already serves one;
+/// the owner word makes exactly one of the processes that try the one that serves.
+fn orphaned(lineage: &'static Lineage, seen: u32) {
+    if own().is_some() || Lineage::is_alive(seen) || !lineage.intact() {
+        return;
     }
-    let Ok(alias) = seqpacket::listen(name.as_bytes()).and_then(out_of_the_way) else {
-        // Another orphan bound it just now.
-        return seqpacket::connect(name.as_bytes()).ok().map(Orphan::Ask);
-    };
-    let svc = adopt_listeners()?;
-    let _ = svc.alias.set(alias);
-    colo_sys::doorbell::ring(&svc.wake);
-    Some(Orphan::Own(svc))
+    let listens = inherited_listeners(lineage);
+    if listens.is_empty() {
+        return;
+    }
+    let n = listens.len();
+    if start(lineage, seen, listens).is_some() {
+        log_info(format_args!("the process that listened is gone: serving colo offers for {n} inherited listener(s)"));
+    }
 }
 
-/// In a fork child: let go of the parent's offer-request socket (inherited, though only the
-/// parent's service thread accepts on it). Held here, it would keep the parent's name bound
-/// after the parent is gone, and a request sent there would wait for an answer that never comes.
+/// In a fork child: let go of the parent's service wake-up descriptor (only the parent's
+/// service thread reads it). The lineage's socket pair is kept: this process may ask on it, and
+/// may have to serve it once the parent is gone.
 pub fn atfork_child() {
     /// The pid whose service descriptors this process image has let go of already (a
     /// grandchild inherits the value, and must not close the numbers again: they may have been
@@ -588,55 +739,56 @@ pub fn atfork_child() {
     static LET_GO: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     if let Some(svc) = service() {
         if svc.pid != colo_sys::host::pid() && LET_GO.swap(svc.pid, Ordering::Relaxed) != svc.pid {
-            let alias = svc.alias.get().map(|a| a.as_raw_fd());
-            for fd in [Some(svc.requests.as_raw_fd()), Some(svc.wake.as_raw_fd()), alias].into_iter().flatten() {
-                // SAFETY: closing our inherited copy of a descriptor only the parent's service
-                // thread uses; nothing in this process refers to it (`svc.pid` is not ours), and
-                // `LET_GO` says it was not closed before in this line of processes.
-                unsafe { libc::syscall(libc::SYS_close, fd) };
-            }
+            // SAFETY: closing our inherited copy of a descriptor only the parent's service
+            // thread uses; nothing in this process refers to it (`svc.pid` is not ours), and
+            // `LET_GO` says it was not closed before in this line of processes.
+            unsafe { libc::syscall(libc::SYS_close, svc.wake.as_raw_fd()) };
         }
     }
 }
 
 /// Called in the parent before `fork`: a child forked from a process whose offer service is gone
-/// must find a live one (ours) to ask. Costs nothing unless this process holds listeners it did
-/// not open itself.
+/// should find a live one (ours) without each child starting its own first. Costs one load
+/// unless this process holds listeners it did not open itself.
 pub fn before_fork() {
     let Some(svc) = service() else { return };
-    if svc.pid != colo_sys::host::pid()
-        && table::fds_of_kind(table::LISTEN).next().is_some()
-        && seqpacket::connect(request_name(svc.pid).as_bytes()).is_err()
-    {
-        orphaned(svc.pid);
+    if svc.pid != colo_sys::host::pid() {
+        let seen = svc.lineage.owner();
+        if !Lineage::is_alive(seen) {
+            orphaned(svc.lineage, seen);
+        }
     }
 }
 
-/// Asks the offer service of process `pid` for the offer of `k`. `Err`: that service is gone.
-fn fetch_remote(pid: u32, k: &Key) -> Result<Option<Box<Hello>>, ()> {
-    let c = seqpacket::connect(request_name(pid).as_bytes()).map_err(drop)?;
-    Ok(fetch_on(c, k))
-}
-
-fn fetch_on(c: OwnedFd, k: &Key) -> Option<Box<Hello>> {
-    seqpacket::send(&c, &encode_key(k), &[]).ok()?;
-    seqpacket::set_recv_timeout(&c, Some(Duration::from_millis(500))).ok()?;
-    let mut buf = [0u8; 8];
-    let r = seqpacket::recv(&c, &mut buf, false).ok()?;
-    if r.len != 2 || buf[0] != 1 || r.fds.len() != 4 {
+/// Asks the service of `lineage` for the offer of `k` (starting one here if it is gone).
+fn fetch(lineage: &'static Lineage, k: &Key) -> Option<Box<Hello>> {
+    let (answer, fds) = match lineage.ask(&encode_key(k), ASK_WAIT, |seen| orphaned(lineage, seen)) {
+        Asked::Answer(a, fds) => (a, fds),
+        Asked::Nothing(why) => {
+            crate::log_debug(format_args!("offer service: {why}"));
+            return None;
+        }
+    };
+    if answer.len() != 2 || answer[0] != 1 || fds.len() != 4 {
         return None;
     }
-    let mode = if buf[1] == Mode::Direct as u8 { Mode::Direct } else { Mode::Carrier };
-    let mut it = r.fds.into_iter();
+    let mode = if answer[1] == Mode::Direct as u8 { Mode::Direct } else { Mode::Carrier };
+    let mut it = fds.into_iter();
     let (control, memfd, cb, sb) = (it.next()?, it.next()?, it.next()?, it.next()?);
-    carrier::hello_from_fds(control, memfd, cb, sb, mode).ok().map(Box::new)
+    let h = carrier::hello_from_fds(control, memfd, cb, sb, mode).ok().map(Box::new)?;
+    if h.key() != Some(*k) {
+        carrier::reject(&h.control, Reason::BadMessage);
+        log_info(format_args!("offer service answered for another connection than {} -> {}; plain TCP", k.0, k.1));
+        return None;
+    }
+    Some(h)
 }
 
 /// After a successful real accept of `fd` on the colo listener `listen`: claim the offer for the
 /// new connection.
 pub fn on_accept(listen: &Listen, fd: i32, nonblocking: bool) {
-    let Some(mut svc) = service() else { return };
-    if svc.pid == colo_sys::host::pid() {
+    let svc = own().filter(|s| std::ptr::eq(s.lineage, listen.lineage));
+    if let Some(svc) = svc {
         // A client offers before its SYN, so the offer of a connection already accepted has
         // arrived at its listener's rendezvous: with none pending the connection is plain, known
         // without asking the kernel for its addresses or looking at the other listeners (a
@@ -650,7 +802,7 @@ pub fn on_accept(listen: &Listen, fd: i32, nonblocking: bool) {
             crate::log_debug(format_args!("accept on fd {fd}: no colo offer pending; plain TCP"));
             return;
         }
-    } else if !may_have_offer(svc, listen) {
+    } else if !may_have_offer(listen) {
         crate::log_debug(format_args!("accept on fd {fd}: no colo offer pending; plain TCP"));
         return;
     }
@@ -663,29 +815,18 @@ pub fn on_accept(listen: &Listen, fd: i32, nonblocking: bool) {
         return;
     };
     let k = carrier::key(peer, local);
-    if svc.pid != colo_sys::host::pid() {
-        match fetch_remote(svc.pid, &k) {
-            Ok(h) => return claim(fd, nonblocking, peer, local, h),
-            Err(()) => {
-                // Its counts are frozen now: every process must ask (and so find the adopter).
-                svc.shared.busy.fetch_or(GONE, Ordering::SeqCst);
-                match orphaned(svc.pid) {
-                    Some(Orphan::Own(s)) => svc = s,
-                    Some(Orphan::Ask(c)) => return claim(fd, nonblocking, peer, local, fetch_on(c, &k)),
-                    None => return,
-                }
+    let hello = match svc {
+        Some(svc) => {
+            let mut st = lock(svc);
+            // Collected by the look above unless its HELLO was still on the way.
+            if !st.offers.contains_key(&k) {
+                drain(&mut st);
             }
+            let h = st.offers.remove(&k).map(|o| o.0);
+            publish(&st);
+            h
         }
-    }
-    let hello = {
-        let mut st = lock(svc);
-        // Collected by the look above unless its HELLO was still on the way.
-        if !st.offers.contains_key(&k) {
-            drain(&mut st);
-        }
-        let h = st.offers.remove(&k).map(|(h, _)| h);
-        publish(&st);
-        h
+        None => fetch(listen.lineage, &k),
     };
     claim(fd, nonblocking, peer, local, hello);
 }
