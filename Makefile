@@ -1,7 +1,7 @@
 # colo: the two commands of the README.
 #   make demo   builds colo and runs `colo bench` on this machine (about a minute)
 #   make test   runs every test: Rust (unit, loom, multi-process), Go, C, Python, cross-language, apps
-.PHONY: demo test build test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz bench-apps clean
+.PHONY: demo test build test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz test-diff bench-apps clean
 
 CARGO ?= cargo
 RUST := rust
@@ -13,7 +13,7 @@ demo: build
 	mkdir -p build
 	$(RUST)/target/release/colo bench --plot build/bench.png
 
-test: test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz
+test: test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz test-diff
 	@echo "all tests passed"
 
 test-rust:
@@ -43,6 +43,11 @@ test-attack:
 # Every fuzz target (Rust cargo-fuzz, Go native) for a bounded time each; fails on a crash.
 test-fuzz:
 	scripts/test-fuzz.sh
+
+# Each scenario of tests/diff on plain TCP and under `colo run` (accelerated, asserted); fails on
+# any difference tests/diff/allowlist.txt does not name.
+test-diff:
+	tests/diff/run.sh
 
 bench-apps:
 	tests/apps/bench.sh

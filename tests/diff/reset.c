@@ -1,0 +1,142 @@
+/* Resets: a peer that aborts (SO_LINGER {1,0}, or close with unread data: Linux sends RST) must
+ * be seen as the kernel shows it, not as a clean end of stream. */
+#include "diff.h"
+
+static void abort_close(int fd) {
+    struct linger l = {1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+    close(fd);
+}
+
+static int so_error(int fd) {
+    int e = -1;
+    socklen_t len = sizeof e;
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len);
+    return e;
+}
+
+static void linger0_poll(void) {
+    int s, c;
+    pair(&s, &c);
+    abort_close(c);
+    settle(50);
+    mask("poll", pmask(s));
+    mask("epoll", emask(s));
+}
+
+static void linger0_recv(void) {
+    int s, c;
+    char b[8];
+    pair(&s, &c);
+    abort_close(c);
+    settle(50);
+    T("recv", recv(s, b, sizeof b, 0));
+    T("recv again", recv(s, b, sizeof b, MSG_DONTWAIT));
+}
+
+static void linger0_send(void) {
+    int s, c;
+    pair(&s, &c);
+    abort_close(c);
+    settle(50);
+    T("send", send(s, "abcd", 4, MSG_NOSIGNAL));
+    T("send again", send(s, "abcd", 4, MSG_NOSIGNAL));
+}
+
+static void linger0_so_error(void) {
+    int s, c;
+    pair(&s, &c);
+    abort_close(c);
+    settle(50);
+    int e = so_error(s);
+    say("  SO_ERROR = %s", e ? ename(e) : "0");
+}
+
+static void linger0_pending_bytes(void) {
+    /* Bytes the aborting peer sent before its reset: the kernel drops them with the reset. */
+    int s, c;
+    char b[8];
+    pair(&s, &c);
+    T("send", send(c, "abcd", 4, 0));
+    settle(50);
+    abort_close(c);
+    settle(50);
+    mask("poll", pmask(s));
+    T("recv", recv(s, b, sizeof b, MSG_DONTWAIT));
+}
+
+static void unread_close(void) {
+    /* The peer closes with bytes it never read: Linux answers with RST at once. */
+    int s, c;
+    char b[8];
+    pair(&s, &c);
+    T("send to peer", send(s, "abcd", 4, 0));
+    settle(50);
+    close(c);
+    settle(50);
+    int e = so_error(s);
+    say("  SO_ERROR = %s", e ? ename(e) : "0");
+    mask("poll", pmask(s));
+    T("recv", recv(s, b, sizeof b, MSG_DONTWAIT));
+    T("send", send(s, "abcd", 4, MSG_NOSIGNAL));
+}
+
+static void unread_close_poll(void) {
+    int s, c;
+    pair(&s, &c);
+    T("send to peer", send(s, "abcd", 4, 0));
+    settle(50);
+    close(c);
+    settle(50);
+    mask("poll", pmask(s));
+    mask("epoll", emask(s));
+}
+
+static void blocking_recv_reset(void) {
+    /* A blocking recv the peer's reset interrupts. */
+    int s, c;
+    char b[8];
+    pair(&s, &c);
+    pid_t p = fork();
+    if (p == 0) {
+        close(s);
+        settle(200);
+        abort_close(c);
+        _exit(0);
+    }
+    close(c);
+    T("blocking recv", recv(s, b, sizeof b, 0));
+    waitpid(p, NULL, 0);
+}
+
+static void clean_close(void) {
+    /* A clean close stays a clean end of stream. */
+    int s, c;
+    char b[8];
+    pair(&s, &c);
+    close(c);
+    settle(50);
+    mask("poll", pmask(s));
+    int e = so_error(s);
+    say("  SO_ERROR = %s", e ? ename(e) : "0");
+    T("recv", recv(s, b, sizeof b, 0));
+    T("send", send(s, "abcd", 4, MSG_NOSIGNAL));
+    settle(50);
+    mask("poll after send", pmask(s));
+    T("send again", send(s, "abcd", 4, MSG_NOSIGNAL));
+}
+
+int main(void) {
+    diff_begin();
+    RUN(linger0_poll);
+    RUN(linger0_recv);
+    RUN(linger0_send);
+    RUN(linger0_so_error);
+    RUN(linger0_pending_bytes);
+    RUN(unread_close);
+    RUN(unread_close_poll);
+    RUN(blocking_recv_reset);
+    RUN(clean_close);
+    diff_end();
+    return 0;
+}
