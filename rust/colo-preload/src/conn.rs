@@ -49,6 +49,11 @@ pub struct Conn {
     first_reply_ns: AtomicU64,
     /// A write after the peer closed was taken (`takes_write_after_close`).
     wrote_after_close: AtomicBool,
+    /// The peer's reset has been reported (by a read, a write or `SO_ERROR`): as the kernel's
+    /// socket error, it is reported once (`report_reset`).
+    reset_reported: AtomicBool,
+    /// Closed with `SO_LINGER {1, 0}`: the last close resets (`semantics::closing`).
+    abort: AtomicBool,
     /// On the server side: the client's program tag, under which its ending is recorded for the
     /// listener's short-lived marker.
     client_tag: Option<u64>,
@@ -112,6 +117,8 @@ impl Conn {
             sent_before_reply: AtomicU64::new(u64::MAX),
             first_reply_ns: AtomicU64::new(0),
             wrote_after_close: AtomicBool::new(false),
+            reset_reported: AtomicBool::new(false),
+            abort: AtomicBool::new(false),
             client_tag: None,
         })
     }
@@ -324,7 +331,27 @@ impl Conn {
             // As a kernel socket whose write to a closed peer was answered with a reset.
             m |= IN | RDHUP | OUT | ERR | HUP;
         }
+        if in_flags & FLAG_RESET != 0 && out_flags & FLAG_RESET == 0 && self.reset_reported.load(Ordering::Relaxed) {
+            // The peer's reset, already reported as the socket's error: as the kernel's socket
+            // once its error was read, still hung up but no longer in error.
+            m &= !ERR;
+        }
         m
+    }
+
+    /// The peer reset the connection and this is the first report of it (a read's or a write's
+    /// `ECONNRESET`, or `SO_ERROR`): true once, as the kernel reports the error a RST left once
+    /// (later reads see end of stream, later writes `EPIPE`). False without a reset of the
+    /// peer's (our own reset after a protocol error stays an error).
+    pub fn report_reset(&self) -> bool {
+        // SAFETY: an aligned atomic inside the mapping `shm` owns.
+        let in_flags = unsafe { (*self.w.in_flags).load(Ordering::Acquire) };
+        in_flags & FLAG_RESET != 0 && !self.reset_reported.swap(true, Ordering::Relaxed)
+    }
+
+    /// The application closed this connection with `SO_LINGER {1, 0}`: the last close resets.
+    pub fn abort_on_close(&self) {
+        self.abort.store(true, Ordering::Relaxed);
     }
 
     /// Bytes in the incoming ring now (`FIONREAD`), from the counters alone: no lock, so it does
@@ -524,6 +551,13 @@ impl Drop for Conn {
                 // age alone tells a connection per request.
                 let lived = crate::adapt::Lived { lived: age, setup: self.setup, bytes: sent + got, after_only_reply: None };
                 crate::server::connection_ended(self.shm.local_addr(), tag, lived.short());
+            }
+            // As kernel TCP, which answers a close with RST instead of FIN when the socket
+            // lingers for zero seconds or bytes it received were never read.
+            // SAFETY: an aligned atomic inside the mapping `shm` owns.
+            let unread = unsafe { (*self.w.in_head).load(Ordering::Acquire) } != got;
+            if self.abort.load(Ordering::Relaxed) || unread {
+                self.shm.abort();
             }
             // SAFETY: dropped exactly once, here.
             unsafe { ManuallyDrop::drop(&mut self.shm) };

@@ -28,6 +28,7 @@ mod marker;
 mod poll;
 mod real;
 mod repeat;
+mod semantics;
 mod server;
 mod shim;
 mod table;
@@ -557,6 +558,11 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
 pub unsafe extern "C" fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
     // SAFETY: forwarding the application's arguments.
     unsafe { shim::setsockopt(fd, level, name, val, len) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { semantics::getsockopt(fd, level, name, val, len) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {

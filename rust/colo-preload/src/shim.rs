@@ -52,18 +52,19 @@ fn would_block() -> io::Error {
 }
 
 /// Reads with recv(2) flags (MSG_PEEK, MSG_DONTWAIT, MSG_WAITALL).
-fn conn_recv(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> {
+pub(crate) fn conn_recv(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> {
     match conn_recv_inner(c, buf, flags) {
         // The peer exited without closing (no FIN in the ring) after reading all we sent: its
-        // kernel would have closed the TCP socket gracefully, so this is end of stream.
-        Err(e) if errno_of(&e) == libc::ECONNRESET && c.peer_exited_cleanly() => Ok(0),
+        // kernel would have closed the TCP socket gracefully, so this is end of stream. A reset
+        // is reported once, as the kernel's socket error; then reads see end of stream.
+        Err(e) if errno_of(&e) == libc::ECONNRESET && (c.peer_exited_cleanly() || !c.report_reset()) => Ok(0),
         r => r,
     }
 }
 
 fn conn_recv_inner(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> {
     if buf.is_empty() {
-        return Ok(0);
+        return crate::semantics::recv_nothing(c, flags);
     }
     if flags & libc::MSG_DONTWAIT != 0 && !c.nonblocking() && c.ready(true) & IN == 0 && c.arm(Drainer::Awake, true) & IN == 0 {
         return Err(would_block());
@@ -132,6 +133,8 @@ fn conn_send(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
     match conn_send_inner(c, buf, flags) {
         // Kernel TCP takes the first write after the peer closed (see `takes_write_after_close`).
         Err(e) if errno_of(&e) == libc::EPIPE && c.takes_write_after_close() => Ok(buf.len()),
+        // A reset is reported once (the kernel's socket error); later writes fail as after it.
+        Err(e) if errno_of(&e) == libc::ECONNRESET && !c.report_reset() => Err(io::Error::from_raw_os_error(libc::EPIPE)),
         r => r,
     }
 }
@@ -250,6 +253,10 @@ unsafe fn read_slow(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
         // SAFETY: the application's arguments.
         return unsafe { real::read(fd, buf, n) };
     };
+    if n == 0 {
+        // As read(2) on a socket: nothing asked, nothing waited for.
+        return g.ok(0);
+    }
     // SAFETY: the application gave us `n` writable bytes at `buf`.
     let b = unsafe { crate::slice_mut(buf as *mut u8, n) };
     let r = conn_recv(&c, b, 0);
@@ -278,9 +285,12 @@ unsafe fn recvfrom_slow(
     if flags & libc::MSG_OOB != 0 {
         return g.err(libc::EINVAL);
     }
-    // SAFETY: the application gave us `n` writable bytes at `buf`.
-    let b = unsafe { crate::slice_mut(buf as *mut u8, n) };
-    let r = conn_recv(&c, b, flags);
+    let r = if flags & libc::MSG_TRUNC != 0 {
+        crate::semantics::recv_discard(&c, n, flags)
+    } else {
+        // SAFETY: the application gave us `n` writable bytes at `buf`.
+        conn_recv(&c, unsafe { crate::slice_mut(buf as *mut u8, n) }, flags)
+    };
     if r.is_ok() && !addr.is_null() && !len.is_null() {
         // A connected stream socket reports no source address (the kernel sets the length to 0).
         // SAFETY: the application's address length.
@@ -428,19 +438,8 @@ pub unsafe fn recvmmsg(fd: c_int, v: *mut libc::mmsghdr, n: libc::c_uint, flags:
         // SAFETY: the application's arguments.
         return unsafe { real::recvmmsg(fd, v, n, flags, t) };
     }
-    if n == 0 {
-        return 0;
-    }
-    // A stream socket fills the first message.
-    // SAFETY: at least one mmsghdr at `v`.
-    let m = unsafe { &mut *v };
-    // SAFETY: as above.
-    let r = unsafe { recvmsg(fd, &mut m.msg_hdr, flags & !libc::MSG_WAITFORONE) };
-    if r < 0 {
-        return -1;
-    }
-    m.msg_len = r as u32;
-    1
+    // SAFETY: the application's arguments.
+    unsafe { crate::semantics::recvmmsg(fd, v, n, flags) }
 }
 
 pub unsafe fn sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: libc::c_uint, flags: c_int) -> c_int {
@@ -812,6 +811,7 @@ fn forget(fd: c_int) {
     };
     poll::forget_fd(fd);
     match old {
+        Entry::Conn(c) => crate::semantics::closing(fd, &c),
         Entry::Listen(l) => server::on_close_listen(&l),
         Entry::Pending(p) => client::close_pending(p),
         _ => {}

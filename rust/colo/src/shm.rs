@@ -7,6 +7,8 @@
 //! readiness epoll (the *leader*); any other waiting thread sleeps on a condvar and is woken
 //! whenever the leader wakes, because the doorbell and the `waiting` flag are shared by both halves.
 
+mod abort;
+
 use crate::segment::{Role, Segment};
 use colo_ring::layout::{FLAG_FIN, FLAG_NOT_READING, FLAG_READ_CLOSED, FLAG_RESET};
 use colo_ring::notify;
@@ -285,8 +287,11 @@ impl std::fmt::Debug for Shm {
 /// policy that follows the handlers' `SA_RESTART`, as the kernel does for a blocking read(2).
 static INTERRUPT_POLICY: std::sync::OnceLock<fn() -> bool> = std::sync::OnceLock::new();
 
-fn interrupted_ends_wait() -> bool {
-    INTERRUPT_POLICY.get().is_some_and(|policy| policy())
+/// `timed`: the wait has a deadline (`SO_RCVTIMEO`/`SO_SNDTIMEO`). Under a policy, such a wait
+/// always ends with `EINTR`: signal(7), socket calls with a timeout are never restarted, whatever
+/// `SA_RESTART` says.
+fn interrupted_ends_wait(timed: bool) -> bool {
+    INTERRUPT_POLICY.get().is_some_and(|policy| timed || policy())
 }
 
 /// Sets the policy for blocking waits interrupted by a signal handler, once per process:
@@ -780,7 +785,7 @@ impl Shm {
                 r
             }
         };
-        let interrupted = r.as_ref().is_ok_and(|w| w.interrupted) && interrupted_ends_wait();
+        let interrupted = r.as_ref().is_ok_and(|w| w.interrupted) && interrupted_ends_wait(deadline.is_some());
         if let Ok(woken) = r {
             if woken.doorbell {
                 self.drain_doorbell(wake.fd.get().map_or(Drainer::Awake, Drainer::Waker));

@@ -1,0 +1,108 @@
+//! Calls whose answers must match kernel TCP in their edge cases (tests/diff shows each): the
+//! socket error a reset leaves (`SO_ERROR`, reported once), the reset a close sends
+//! (`SO_LINGER {1, 0}`, or bytes left unread), zero-length and discarding (`MSG_TRUNC`) reads,
+//! and `recvmmsg` on a stream.
+
+use crate::conn::{Conn, IN};
+use crate::shim::conn_recv;
+use crate::table::{self, NONE};
+use crate::{real, Guard};
+use libc::{c_int, c_void, socklen_t};
+use std::io;
+
+/// `getsockopt`: `SO_ERROR` of an accelerated connection reports (and clears) the reset its peer
+/// sent, as the kernel reports the error a RST left; everything else is the kernel socket's.
+pub unsafe fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
+    if table::kind(fd) == NONE || level != libc::SOL_SOCKET || name != libc::SO_ERROR || Guard::busy() {
+        // SAFETY: the application's arguments.
+        return unsafe { real::getsockopt(fd, level, name, val, len) };
+    }
+    // SAFETY: the application's arguments.
+    let r = unsafe { real::getsockopt(fd, level, name, val, len) };
+    if r != 0 || val.is_null() || len.is_null() {
+        return r;
+    }
+    // SAFETY: the application's length, which the kernel just accepted.
+    if (unsafe { *len } as usize) < std::mem::size_of::<c_int>() {
+        return r;
+    }
+    let g = Guard::enter();
+    if let Some(c) = table::conn(fd) {
+        // SAFETY: an int the kernel just wrote (its own error: 0 for a socket colo carries).
+        if unsafe { *(val as *const c_int) } == 0 && c.report_reset() {
+            // SAFETY: as above.
+            unsafe { *(val as *mut c_int) = libc::ECONNRESET };
+        }
+    }
+    g.ok(0) as c_int
+}
+
+/// The application closes `fd`, a descriptor of `c`: with `SO_LINGER {1, 0}` kernel TCP would
+/// send RST, so `c` resets when its last descriptor goes (`Conn::abort_on_close`). One
+/// `getsockopt` per close of an accelerated connection.
+pub fn closing(fd: c_int, c: &Conn) {
+    let mut l = libc::linger { l_onoff: 0, l_linger: 0 };
+    let mut len = std::mem::size_of::<libc::linger>() as socklen_t;
+    // SAFETY: a linger struct and its length, ours.
+    let r = unsafe { real::getsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, (&mut l as *mut libc::linger).cast(), &mut len) };
+    if r == 0 && l.l_onoff != 0 && l.l_linger == 0 {
+        c.abort_on_close();
+    }
+}
+
+/// A read of zero bytes (`recv(fd, buf, 0, flags)`): as kernel TCP, `EAGAIN` when nothing is
+/// readable and the call may not wait, 0 once something is (bytes, end of stream, or an error
+/// reported by the read that follows); a blocking one waits until then.
+pub fn recv_nothing(c: &Conn, flags: c_int) -> io::Result<usize> {
+    if c.nonblocking() || flags & libc::MSG_DONTWAIT != 0 {
+        if c.ready(true) & IN == 0 {
+            return Err(io::Error::from_raw_os_error(libc::EAGAIN));
+        }
+        return Ok(0);
+    }
+    let mut b = [0u8; 1];
+    c.shm().peek(&mut b).map(|_| 0)
+}
+
+/// `recv(fd, _, n, MSG_TRUNC)` on TCP: reads up to `n` bytes as `recv` would and discards them
+/// (the buffer is not written; it may be null); returns how many.
+pub fn recv_discard(c: &Conn, n: usize, flags: c_int) -> io::Result<usize> {
+    let mut scratch = [0u8; 16 * 1024];
+    let first = n.min(scratch.len());
+    let mut total = conn_recv(c, &mut scratch[..first], flags & !libc::MSG_TRUNC)?;
+    if flags & libc::MSG_PEEK != 0 || total < first {
+        return Ok(total);
+    }
+    // More only while bytes are there now (a stream read returns what has arrived).
+    while total < n && c.available().unwrap_or(0) > 0 {
+        let k = (n - total).min(scratch.len());
+        match c.shm().read(&mut scratch[..k]) {
+            Ok(0) | Err(_) => break,
+            Ok(got) => total += got,
+        }
+    }
+    Ok(total)
+}
+
+/// `recvmmsg` on an accelerated stream: as the kernel, each message is one `recvmsg`; after the
+/// first, `MSG_WAITFORONE` makes the rest non-blocking, and the call ends at the first that
+/// would block or fails (returning the messages filled so far, or the first one's error).
+pub unsafe fn recvmmsg(fd: c_int, v: *mut libc::mmsghdr, n: libc::c_uint, flags: c_int) -> c_int {
+    let mut flags = flags;
+    let mut done: c_int = 0;
+    for i in 0..n as usize {
+        // SAFETY: `n` mmsghdrs at `v`, as the application promised.
+        let m = unsafe { &mut *v.add(i) };
+        // SAFETY: the application's message header.
+        let r = unsafe { crate::shim::recvmsg(fd, &mut m.msg_hdr, flags & !libc::MSG_WAITFORONE) };
+        if r < 0 {
+            return if done > 0 { done } else { -1 };
+        }
+        m.msg_len = r as u32;
+        done += 1;
+        if flags & libc::MSG_WAITFORONE != 0 {
+            flags |= libc::MSG_DONTWAIT;
+        }
+    }
+    done
+}
