@@ -19,7 +19,7 @@ progs=("$@")
 fail=0
 for src in "${progs[@]}"; do
   name=$(basename "$src" .c)
-  gcc -O1 -Wall -Werror -o "$WORK/$name" "$HERE/$name.c" || { echo "FAIL $name: does not compile"; fail=1; continue; }
+  gcc -O1 -Wall -Werror -pthread -o "$WORK/$name" "$HERE/$name.c" || { echo "FAIL $name: does not compile"; fail=1; continue; }
   # Each scenario has its own watchdog (alarm); this one bounds the whole program.
   timeout 300 "$WORK/$name" >"$WORK/$name.plain" 2>"$WORK/$name.plain.err"
   COLO_LOG=info COLO_SHORT_LIVED=accelerate timeout 300 $COLORUN "$WORK/$name" >"$WORK/$name.colo" 2>"$WORK/$name.log"

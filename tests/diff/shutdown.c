@@ -1,6 +1,7 @@
 /* Shutdowns: SHUT_WR both ways (end of stream, writes after it), SHUT_RD (Linux never tells the
  * peer: its writes keep succeeding), non-blocking EAGAIN and POLLOUT. */
 #include "diff.h"
+#include <pthread.h>
 
 static void shut_wr(void) {
     int s, c;
@@ -39,6 +40,43 @@ static void shut_rd(void) {
     T("send server", send(s, "xy", 2, MSG_NOSIGNAL));
     settle(50);
     T("recv client", recv(c, b, sizeof b, MSG_DONTWAIT));
+}
+
+static void shut_rd_queued(void) {
+    /* Bytes that arrived before SHUT_RD, and after it. */
+    int s, c;
+    char b[8];
+    pair(&s, &c);
+    T("send client", send(c, "abcd", 4, 0));
+    settle(50);
+    T("shutdown(s, SHUT_RD)", shutdown(s, SHUT_RD));
+    mask("poll server", pmask(s));
+    T("recv server", recv(s, b, sizeof b, MSG_DONTWAIT));
+    T("send client after", send(c, "efgh", 4, MSG_NOSIGNAL));
+    settle(50);
+    T("recv server after", recv(s, b, sizeof b, MSG_DONTWAIT));
+    T("shutdown(s, SHUT_WR)", shutdown(s, SHUT_WR));
+    settle(50);
+    mask("poll server after SHUT_WR", pmask(s));
+    mask("poll client after SHUT_WR", pmask(c));
+}
+
+static void *shut_rd_later(void *fd) {
+    settle(200);
+    shutdown(*(int *)fd, SHUT_RD);
+    return NULL;
+}
+
+static void shut_rd_blocked_reader(void) {
+    /* A thread blocked in recv when another shuts reading down: it returns end of stream. */
+    int s, c;
+    char b[8];
+    pthread_t t;
+    pair(&s, &c);
+    pthread_create(&t, NULL, shut_rd_later, &s);
+    T("blocking recv", recv(s, b, sizeof b, 0));
+    pthread_join(t, NULL);
+    T("send client", send(c, "abcd", 4, MSG_NOSIGNAL));
 }
 
 static void nonblocking_full(void) {
@@ -97,6 +135,8 @@ int main(void) {
     diff_begin();
     RUN(shut_wr);
     RUN(shut_rd);
+    RUN(shut_rd_queued);
+    RUN(shut_rd_blocked_reader);
     RUN(nonblocking_full);
     RUN(nonblocking_connect);
     RUN(refused);

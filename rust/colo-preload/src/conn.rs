@@ -54,6 +54,8 @@ pub struct Conn {
     reset_reported: AtomicBool,
     /// Closed with `SO_LINGER {1, 0}`: the last close resets (`semantics::closing`).
     abort: AtomicBool,
+    /// This side shut down reading (`Shm::shutdown_as_tcp`): readable (end of stream) with RDHUP.
+    read_shut: AtomicBool,
     /// On the server side: the client's program tag, under which its ending is recorded for the
     /// listener's short-lived marker.
     client_tag: Option<u64>,
@@ -119,6 +121,7 @@ impl Conn {
             wrote_after_close: AtomicBool::new(false),
             reset_reported: AtomicBool::new(false),
             abort: AtomicBool::new(false),
+            read_shut: AtomicBool::new(false),
             client_tag: None,
         })
     }
@@ -318,9 +321,15 @@ impl Conn {
             // Reset or corrupt: make every waiter look, so the next call reports the error.
             m |= ERR | HUP | IN | OUT;
         }
-        // As the kernel: hung up once both directions are shut (the peer's FIN and ours); a peer
-        // that closed is readable (end of stream) with RDHUP until then.
-        if fin && out_flags & FLAG_FIN != 0 {
+        let read_shut = self.read_shut.load(Ordering::Relaxed);
+        if read_shut {
+            // As the kernel after our own SHUT_RD: reads return end of stream.
+            m |= IN | RDHUP;
+        }
+        // As the kernel: hung up once both directions are shut (the peer's FIN or our read
+        // shutdown, and our FIN); a peer that closed is readable (end of stream) with RDHUP
+        // until then.
+        if (fin || read_shut) && out_flags & FLAG_FIN != 0 {
             m |= HUP;
         }
         if m & IN == 0 && (self.gone.load(Ordering::Relaxed) || check_gone && self.peer_gone()) {
@@ -347,6 +356,11 @@ impl Conn {
         // SAFETY: an aligned atomic inside the mapping `shm` owns.
         let in_flags = unsafe { (*self.w.in_flags).load(Ordering::Acquire) };
         in_flags & FLAG_RESET != 0 && !self.reset_reported.swap(true, Ordering::Relaxed)
+    }
+
+    /// The application shut down reading (see `read_shut`).
+    pub fn shut_read(&self) {
+        self.read_shut.store(true, Ordering::Relaxed);
     }
 
     /// The application closed this connection with `SO_LINGER {1, 0}`: the last close resets.

@@ -862,7 +862,10 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
         libc::SHUT_RDWR => (true, true),
         _ => return g.err(libc::EINVAL) as c_int,
     };
-    c.shm().shutdown(rd, wr);
+    if rd {
+        c.shut_read();
+    }
+    c.shm().shutdown_as_tcp(rd, wr);
     g.ok(0) as c_int
 }
 

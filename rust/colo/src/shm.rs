@@ -7,7 +7,7 @@
 //! readiness epoll (the *leader*); any other waiting thread sleeps on a condvar and is woken
 //! whenever the leader wakes, because the doorbell and the `waiting` flag are shared by both halves.
 
-mod abort;
+mod tcp;
 
 use crate::segment::{Role, Segment};
 use colo_ring::layout::{FLAG_FIN, FLAG_NOT_READING, FLAG_READ_CLOSED, FLAG_RESET};
@@ -68,6 +68,8 @@ const RESET: u32 = 8;
 const CORRUPT: u32 = 16;
 const AWAITING_WELCOME: u32 = 32;
 const REFUSED: u32 = 64;
+/// NOT_READING is set (READ_SHUT alone may be this side's only: `shutdown_read_locally`).
+const READ_TOLD: u32 = 128;
 
 pub(crate) fn eproto(what: impl std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::Other, ProtocolError(what.to_string()))
@@ -363,7 +365,7 @@ impl Shm {
             shm.set(WRITE_SHUT);
         }
         if in_read & FLAG_READ_CLOSED != 0 {
-            shm.set(READ_SHUT);
+            shm.set(READ_SHUT | READ_TOLD);
             // An exec between the two stores of `shutdown` leaves READ_CLOSED without its mirror.
             if out_flags & FLAG_NOT_READING == 0 {
                 shm.signal(out.flags, FLAG_NOT_READING);
@@ -974,7 +976,7 @@ impl Shm {
 
     fn try_read(&self, rx: &mut RxHalf, buf: &mut [u8], peek: bool) -> io::Result<Option<usize>> {
         if self.has(READ_SHUT) {
-            return Ok(Some(0));
+            return self.read_after_shutdown(rx, buf, peek).map(Some);
         }
         self.adopt_rx(rx);
         let before = rx.ring.consumed();
@@ -1028,7 +1030,7 @@ impl Shm {
         if buf.is_empty() {
             return Ok(0);
         }
-        if self.has(READ_SHUT) {
+        if self.has(READ_TOLD) {
             return Ok(0);
         }
         let mut rx = lock(&self.rx);
@@ -1145,8 +1147,8 @@ impl Shm {
             self.set(WRITE_SHUT);
             ours |= FLAG_FIN;
         }
-        if read && !self.has(READ_SHUT) {
-            self.set(READ_SHUT);
+        if read && !self.has(READ_TOLD) {
+            self.set(READ_SHUT | READ_TOLD);
             // SAFETY: an aligned atomic in our mapping (`in_words`).
             unsafe { &*self.in_words().read_flags }.fetch_or(FLAG_READ_CLOSED, Ordering::Release);
             ours |= FLAG_NOT_READING;

@@ -1,0 +1,52 @@
+//! What kernel TCP does that the LD_PRELOAD shim mirrors: an abortive close (RST instead of FIN,
+//! for `SO_LINGER {1, 0}` or bytes left unread) and a read shutdown the peer never hears of.
+
+use super::{RxHalf, Shm, READ_SHUT, READ_TOLD, RESET, WRITE_SHUT};
+use std::io;
+use colo_ring::layout::FLAG_RESET;
+
+impl Shm {
+    /// Resets the connection (spec/WIRE.md section 8, "A reset"): `RESET` on our direction and a
+    /// ring, so that the peer's reads, writes and readiness report `ECONNRESET` rather than an
+    /// end of stream. The drop that follows closes without FIN (a reset connection is not clean)
+    /// and never parks the segment for reuse.
+    pub fn abort(&self) {
+        if !self.has(RESET) {
+            self.set(RESET);
+            self.signal(self.out_words().flags, FLAG_RESET);
+            self.wake_self();
+        }
+    }
+
+    /// `shutdown(2)` as kernel TCP answers it. A read shutdown alone is this side's own: reads
+    /// return end of stream once the ring is empty, and the peer, which kernel TCP never tells,
+    /// goes on writing (until the ring is full; the bytes are never read). Once both directions
+    /// are shut, the peer is told (NOT_READING, spec section 8): kernel TCP answers data that
+    /// arrives then with a reset, so its writes fail.
+    pub fn shutdown_as_tcp(&self, read: bool, write: bool) {
+        if write || (read && self.has(WRITE_SHUT)) {
+            self.shutdown(read || self.has(READ_SHUT), write);
+        } else if read && !self.has(READ_SHUT) {
+            self.set(READ_SHUT);
+            // A thread of ours blocked in read must see the shutdown now.
+            self.wake_self();
+        }
+    }
+
+    /// A read after our read shutdown: end of stream once the peer was told (it writes no
+    /// more); before that (a shutdown of reading alone), as kernel TCP, the bytes that have
+    /// arrived, then end of stream, never waiting.
+    pub(super) fn read_after_shutdown(&self, rx: &mut RxHalf, buf: &mut [u8], peek: bool) -> io::Result<usize> {
+        if self.has(READ_TOLD) {
+            return Ok(0);
+        }
+        self.adopt_rx(rx);
+        let before = rx.ring.consumed();
+        let got = if peek { rx.ring.peek(buf) } else { rx.ring.read(buf) };
+        let n = got.map_err(|c| self.corrupt(c))?;
+        if n > 0 && !peek {
+            self.wake_for_space(rx, before);
+        }
+        Ok(n)
+    }
+}
