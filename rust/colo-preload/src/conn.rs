@@ -21,6 +21,12 @@ pub const GONE_EDGE: u32 = 1 << 31;
 /// reports the reset kernel TCP would have received for it.
 pub const RESET_EDGE: u32 = 1 << 30;
 
+/// Kernel TCP states (`enum` in the kernel's include/net/tcp_states.h), as `TCP_INFO` reports them.
+pub const TCP_ESTABLISHED: u8 = 1;
+const TCP_FIN_WAIT2: u8 = 5;
+const TCP_CLOSE: u8 = 7;
+const TCP_CLOSE_WAIT: u8 = 8;
+
 /// Processes that hold this connection (fork copies), in a `MAP_SHARED` page so every copy sees
 /// the same list; a copy closed while another process still holds it is released quietly.
 const HOLDERS: usize = 64;
@@ -56,6 +62,8 @@ pub struct Conn {
     abort: AtomicBool,
     /// This side shut down reading (`Shm::shutdown_as_tcp`): readable (end of stream) with RDHUP.
     read_shut: AtomicBool,
+    /// `SO_RCVLOWAT` (at least 1): readable from this many bytes on.
+    lowat: AtomicU32,
     /// On the server side: the client's program tag, under which its ending is recorded for the
     /// listener's short-lived marker.
     client_tag: Option<u64>,
@@ -122,6 +130,7 @@ impl Conn {
             reset_reported: AtomicBool::new(false),
             abort: AtomicBool::new(false),
             read_shut: AtomicBool::new(false),
+            lowat: AtomicU32::new(1),
             client_tag: None,
         })
     }
@@ -308,7 +317,7 @@ impl Conn {
         let reset = (in_flags | out_flags) & FLAG_RESET != 0;
         let fin = in_flags & FLAG_FIN != 0;
         let mut m = 0;
-        if avail > 0 || fin || reset {
+        if avail >= self.lowat.load(Ordering::Relaxed) as u64 || fin || reset {
             m |= IN;
         }
         if fin || reset {
@@ -361,6 +370,37 @@ impl Conn {
     /// The application shut down reading (see `read_shut`).
     pub fn shut_read(&self) {
         self.read_shut.store(true, Ordering::Relaxed);
+    }
+
+    /// `SO_RCVLOWAT` (`n` >= 1).
+    pub fn set_lowat(&self, n: u32) {
+        self.lowat.store(n.max(1), Ordering::Relaxed);
+    }
+
+    /// `SO_RCVLOWAT`.
+    pub fn lowat(&self) -> usize {
+        self.lowat.load(Ordering::Relaxed) as usize
+    }
+
+    /// What `TCP_INFO` reports that only the rings know: the state (kernel `TCP_*` numbers, for
+    /// a kernel socket that stays ESTABLISHED under colo) and the bytes sent and received.
+    pub fn tcp_info(&self) -> (u8, u64, u64) {
+        let (in_flags, out_flags, _) = self.flags_and_all_read();
+        // SAFETY: aligned atomics inside the mapping `shm` owns.
+        let (sent, got) = unsafe { ((*self.w.out_head).load(Ordering::Relaxed), (*self.w.in_head).load(Ordering::Acquire)) };
+        let (ours, theirs) = (out_flags & FLAG_FIN != 0, in_flags & FLAG_FIN != 0);
+        // Both FINs: closed (the side that closed first waits in TIME_WAIT in a separate kernel
+        // object; its socket reads CLOSE, as the other's does once its FIN is acknowledged).
+        let state = if (in_flags | out_flags) & FLAG_RESET != 0 || ours && theirs {
+            TCP_CLOSE
+        } else if ours {
+            TCP_FIN_WAIT2
+        } else if theirs {
+            TCP_CLOSE_WAIT
+        } else {
+            TCP_ESTABLISHED
+        };
+        (state, sent, got)
     }
 
     /// The application closed this connection with `SO_LINGER {1, 0}`: the last close resets.

@@ -13,7 +13,15 @@ use std::io;
 /// `getsockopt`: `SO_ERROR` of an accelerated connection reports (and clears) the reset its peer
 /// sent, as the kernel reports the error a RST left; everything else is the kernel socket's.
 pub unsafe fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
-    if table::kind(fd) == NONE || level != libc::SOL_SOCKET || name != libc::SO_ERROR || Guard::busy() {
+    if table::kind(fd) == NONE || Guard::busy() {
+        // SAFETY: the application's arguments.
+        return unsafe { real::getsockopt(fd, level, name, val, len) };
+    }
+    if level == libc::IPPROTO_TCP && name == libc::TCP_INFO {
+        // SAFETY: the application's arguments.
+        return unsafe { tcp_info(fd, val, len) };
+    }
+    if level != libc::SOL_SOCKET || name != libc::SO_ERROR {
         // SAFETY: the application's arguments.
         return unsafe { real::getsockopt(fd, level, name, val, len) };
     }
@@ -35,6 +43,54 @@ pub unsafe fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void,
         }
     }
     g.ok(0) as c_int
+}
+
+/// Offsets in the kernel's `struct tcp_info` (<linux/tcp.h>; glibc's copy is older).
+const TCPI_STATE: usize = 0;
+const TCPI_BYTES_ACKED: usize = 120;
+const TCPI_BYTES_RECEIVED: usize = 128;
+
+/// `TCP_INFO` of an accelerated connection: the kernel socket's, with the state and the byte
+/// counts of the rings (the kernel socket carried only the handshake, so its counts stay at 1).
+unsafe fn tcp_info(fd: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
+    // SAFETY: the application's arguments.
+    let r = unsafe { real::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, val, len) };
+    if r != 0 || val.is_null() || len.is_null() {
+        return r;
+    }
+    let g = Guard::enter();
+    // SAFETY: the length the kernel just wrote.
+    let filled = unsafe { *len } as usize;
+    if let Some(c) = table::conn(fd) {
+        let (state, sent, got) = c.tcp_info();
+        let p = val as *mut u8;
+        // SAFETY: the kernel filled `filled` bytes at `val`; each write is within them.
+        unsafe {
+            if filled > TCPI_STATE && *p.add(TCPI_STATE) == crate::conn::TCP_ESTABLISHED {
+                *p.add(TCPI_STATE) = state;
+            }
+            for (at, add) in [(TCPI_BYTES_ACKED, sent), (TCPI_BYTES_RECEIVED, got)] {
+                if filled >= at + 8 {
+                    let q = p.add(at) as *mut u64;
+                    q.write_unaligned(q.read_unaligned().wrapping_add(add));
+                }
+            }
+        }
+    }
+    g.ok(0) as c_int
+}
+
+/// `setsockopt(SO_RCVLOWAT)` on an accelerated connection, which the kernel accepted.
+pub unsafe fn set_rcvlowat(fd: c_int, val: *const c_void, len: socklen_t) {
+    if val.is_null() || (len as usize) < std::mem::size_of::<c_int>() {
+        return;
+    }
+    let g = Guard::enter();
+    if let Some(c) = table::conn(fd) {
+        // SAFETY: an int, as the kernel just accepted.
+        c.set_lowat(unsafe { *(val as *const c_int) }.max(1) as u32);
+    }
+    drop(g);
 }
 
 /// The application closes `fd`, a descriptor of `c`: with `SO_LINGER {1, 0}` kernel TCP would

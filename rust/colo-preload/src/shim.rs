@@ -73,8 +73,11 @@ fn conn_recv_inner(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> 
         return c.shm().peek(buf);
     }
     let mut n = c.shm().read(buf)?;
-    if flags & libc::MSG_WAITALL != 0 && !c.nonblocking() {
-        while n < buf.len() {
+    // MSG_WAITALL waits for all; a blocking read otherwise for SO_RCVLOWAT bytes (1 by default).
+    let all = flags & libc::MSG_WAITALL != 0;
+    let target = if all { buf.len() } else { c.lowat().min(buf.len()) };
+    if n < target && !c.nonblocking() && (all || flags & libc::MSG_DONTWAIT == 0) {
+        while n < target {
             match c.shm().read(&mut buf[n..]) {
                 Ok(0) => break,
                 Ok(k) => n += k,
@@ -1037,6 +1040,11 @@ pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
 unsafe fn setsockopt_slow(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
     // SAFETY: the application's arguments.
     let r = unsafe { real::setsockopt(fd, level, name, val, len) };
+    if r == 0 && level == libc::SOL_SOCKET && name == libc::SO_RCVLOWAT && !plain(fd) {
+        // SAFETY: the application's arguments, which the kernel just accepted.
+        unsafe { crate::semantics::set_rcvlowat(fd, val, len) };
+        return r;
+    }
     if r != 0 || plain(fd) || level != libc::SOL_SOCKET || (name != libc::SO_RCVTIMEO && name != libc::SO_SNDTIMEO) {
         return r;
     }
