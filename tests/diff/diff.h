@@ -63,7 +63,7 @@ static void say(const char *fmt, ...) {
     } while (0)
 
 /* The event mask `m` by names, in a fixed order. */
-static void mask(const char *what, unsigned m) {
+__attribute__((unused)) static void mask(const char *what, unsigned m) {
     static const struct { unsigned bit; const char *name; } names[] = {
         {POLLIN, "IN"}, {POLLPRI, "PRI"}, {POLLOUT, "OUT"}, {POLLERR, "ERR"},
         {POLLHUP, "HUP"}, {POLLNVAL, "NVAL"}, {POLLRDHUP, "RDHUP"},
@@ -129,7 +129,7 @@ static void pair(int *srv, int *cli) {
 
 /* Sleeps `ms` milliseconds (to let the far end's action reach this end: a kernel's loopback
  * segment, or a flag in shared memory; both are immediate, the sleep is margin). */
-static void settle(int ms) {
+__attribute__((unused)) static void settle(int ms) {
     struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
     while (nanosleep(&t, &t) < 0 && errno == EINTR) {}
 }

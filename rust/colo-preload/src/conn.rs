@@ -198,6 +198,18 @@ impl Conn {
         unsafe { &*self.holders.add(i) }
     }
 
+    /// A turn to write (`turns`), for a connection another process has held (a fork copy);
+    /// `None` (no cost) for one only this process ever held.
+    pub fn write_turn(&self) -> Option<crate::turns::Turn<'_>> {
+        if self.holder(1).load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        // SAFETY: words HOLDERS and HOLDERS + 1 of the 4096-byte holders page, which lives as
+        // long as `self` (shared with every fork copy, as the holders are).
+        let (word, waiters) = unsafe { (&*self.holders.add(HOLDERS), &*self.holders.add(HOLDERS + 1)) };
+        Some(crate::turns::take(word, waiters))
+    }
+
     /// Records that process `pid` (a fork child) holds a copy.
     pub fn add_holder(&self, pid: u32) {
         if (0..HOLDERS).any(|i| self.holder(i).load(Ordering::Acquire) == pid) {

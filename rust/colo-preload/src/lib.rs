@@ -32,6 +32,7 @@ mod semantics;
 mod server;
 mod shim;
 mod table;
+mod turns;
 
 use libc::{c_int, c_uint, c_ulong, c_void, iovec, msghdr, nfds_t, off_t, size_t, sockaddr, socklen_t, ssize_t};
 use libc::{epoll_event, fd_set, pollfd, sigset_t, timespec, timeval};

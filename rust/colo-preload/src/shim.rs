@@ -146,6 +146,8 @@ fn conn_send_inner(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
     if buf.is_empty() {
         return Ok(0);
     }
+    // Each call's bytes stay contiguous when processes share the connection (`turns`).
+    let _turn = c.write_turn();
     let nb = c.nonblocking() || flags & libc::MSG_DONTWAIT != 0;
     if nb {
         if !c.nonblocking() && c.ready(false) & OUT == 0 && c.arm(Drainer::Awake, true) & OUT == 0 {
