@@ -109,6 +109,51 @@ static void blocking_recv_reset(void) {
     waitpid(p, NULL, 0);
 }
 
+static void killed_with_unread(void) {
+    /* The peer's process is killed with bytes it never read: its kernel resets. */
+    int s, c;
+    char b[8];
+    pair(&s, &c);
+    pid_t p = fork();
+    if (p == 0) {
+        close(s);
+        pause();
+        _exit(0);
+    }
+    close(c);
+    T("send to peer", send(s, "abcd", 4, 0));
+    settle(50);
+    kill(p, SIGKILL);
+    waitpid(p, NULL, 0);
+    settle(50);
+    mask("poll", pmask(s));
+    int e = so_error(s);
+    say("  SO_ERROR = %s", e ? ename(e) : "0");
+    mask("poll after SO_ERROR", pmask(s));
+    T("recv", recv(s, b, sizeof b, MSG_DONTWAIT));
+    T("recv again", recv(s, b, sizeof b, MSG_DONTWAIT));
+}
+
+static void killed_after_reading(void) {
+    /* The peer's process is killed having read everything: its kernel closes with FIN. */
+    int s, c;
+    char b[8];
+    pair(&s, &c);
+    pid_t p = fork();
+    if (p == 0) {
+        close(s);
+        pause();
+        _exit(0);
+    }
+    close(c);
+    settle(50);
+    kill(p, SIGKILL);
+    waitpid(p, NULL, 0);
+    settle(50);
+    mask("poll", pmask(s));
+    T("recv", recv(s, b, sizeof b, MSG_DONTWAIT));
+}
+
 static void clean_close(void) {
     /* A clean close stays a clean end of stream. */
     int s, c;
@@ -136,6 +181,8 @@ int main(void) {
     RUN(unread_close);
     RUN(unread_close_poll);
     RUN(blocking_recv_reset);
+    RUN(killed_with_unread);
+    RUN(killed_after_reading);
     RUN(clean_close);
     diff_end();
     return 0;

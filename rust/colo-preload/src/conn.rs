@@ -353,15 +353,22 @@ impl Conn {
         if (fin || read_shut) && out_flags & FLAG_FIN != 0 {
             m |= HUP;
         }
-        if m & IN == 0 && (self.gone.load(Ordering::Relaxed) || check_gone && self.peer_gone()) {
+        let gone = self.gone.load(Ordering::Relaxed) || m & IN == 0 && check_gone && self.peer_gone();
+        if gone && m & IN == 0 {
             // As a kernel socket whose peer closed: readable (end of stream), writable (EPIPE).
             m |= IN | RDHUP | OUT;
+        }
+        // The peer reset, or its processes ended (without FIN) leaving bytes of ours unread,
+        // which its kernel would have answered with a reset.
+        let peer_reset = in_flags & FLAG_RESET != 0 && out_flags & FLAG_RESET == 0 || gone && !fin && used > 0;
+        if gone && !fin && used > 0 {
+            m |= IN | RDHUP | OUT | ERR | HUP;
         }
         if self.wrote_after_close.load(Ordering::Relaxed) {
             // As a kernel socket whose write to a closed peer was answered with a reset.
             m |= IN | RDHUP | OUT | ERR | HUP;
         }
-        if in_flags & FLAG_RESET != 0 && out_flags & FLAG_RESET == 0 && self.reset_reported.load(Ordering::Relaxed) {
+        if peer_reset && self.reset_reported.load(Ordering::Relaxed) {
             // The peer's reset, already reported as the socket's error: as the kernel's socket
             // once its error was read, still hung up but no longer in error.
             m &= !ERR;
@@ -369,14 +376,20 @@ impl Conn {
         m
     }
 
-    /// The peer reset the connection and this is the first report of it (a read's or a write's
-    /// `ECONNRESET`, or `SO_ERROR`): true once, as the kernel reports the error a RST left once
-    /// (later reads see end of stream, later writes `EPIPE`). False without a reset of the
-    /// peer's (our own reset after a protocol error stays an error).
+    /// A read or write found the connection reset: whether this is the first report (true
+    /// once), as the kernel reports the error a RST left once; later reads see end of stream,
+    /// later writes `EPIPE`.
     pub fn report_reset(&self) -> bool {
-        // SAFETY: an aligned atomic inside the mapping `shm` owns.
-        let in_flags = unsafe { (*self.w.in_flags).load(Ordering::Acquire) };
-        in_flags & FLAG_RESET != 0 && !self.reset_reported.swap(true, Ordering::Relaxed)
+        !self.reset_reported.swap(true, Ordering::Relaxed)
+    }
+
+    /// `SO_ERROR`: whether the peer reset the connection (or died leaving our bytes unread) and
+    /// no read, write or earlier
+    /// `SO_ERROR` has reported it yet (then it is reported now).
+    pub fn take_reset_error(&self) -> bool {
+        let (in_flags, out_flags, all_read) = self.flags_and_all_read();
+        let died = in_flags & FLAG_FIN == 0 && !all_read && self.peer_gone();
+        (in_flags & FLAG_RESET != 0 && out_flags & FLAG_RESET == 0 || died) && self.report_reset()
     }
 
     /// The application shut down reading (see `read_shut`).

@@ -37,7 +37,7 @@ pub unsafe fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void,
     let g = Guard::enter();
     if let Some(c) = table::conn(fd) {
         // SAFETY: an int the kernel just wrote (its own error: 0 for a socket colo carries).
-        if unsafe { *(val as *const c_int) } == 0 && c.report_reset() {
+        if unsafe { *(val as *const c_int) } == 0 && c.take_reset_error() {
             // SAFETY: as above.
             unsafe { *(val as *mut c_int) = libc::ECONNRESET };
         }
