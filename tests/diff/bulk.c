@@ -1,0 +1,109 @@
+/* Volume: sendfile and splice of 32 MB (bytes and counts), and 200 short connections. */
+#include "diff.h"
+#include <sys/sendfile.h>
+
+#define SIZE (32 << 20)
+
+static unsigned sum_until_eof(int fd, long *total) {
+    static unsigned char b[1 << 16];
+    unsigned h = 2166136261u;
+    ssize_t n;
+    *total = 0;
+    while ((n = read(fd, b, sizeof b)) > 0) {
+        for (ssize_t i = 0; i < n; i++) h = (h ^ b[i]) * 16777619u; /* FNV-1a */
+        *total += n;
+    }
+    return h;
+}
+
+static void sendfile_big(void) {
+    int s, c;
+    pair(&s, &c);
+    char path[] = "/tmp/colo-diff-XXXXXX";
+    int f = mkstemp(path);
+    unlink(path);
+    static unsigned char b[1 << 16];
+    for (int i = 0; i < SIZE / (int)sizeof b; i++) {
+        for (unsigned j = 0; j < sizeof b; j++) b[j] = (unsigned char)(i * 7 + j);
+        if (write(f, b, sizeof b) != sizeof b) die("write file");
+    }
+    pid_t p = fork();
+    if (p == 0) {
+        close(s);
+        off_t off = 0;
+        long sent = 0;
+        ssize_t n;
+        while (sent < SIZE && (n = sendfile(c, f, &off, SIZE - sent)) > 0) sent += n;
+        _exit(sent == SIZE ? 0 : 1);
+    }
+    close(c);
+    long total;
+    unsigned h = sum_until_eof(s, &total);
+    int st;
+    waitpid(p, &st, 0);
+    say("  sendfile: %ld bytes, hash %08x, sender ok: %s", total, h, WEXITSTATUS(st) == 0 ? "yes" : "no");
+}
+
+static void splice_big(void) {
+    int s, c, pp[2];
+    pair(&s, &c);
+    if (pipe(pp) < 0) die("pipe");
+    pid_t p = fork();
+    if (p == 0) {
+        close(s);
+        close(pp[0]);
+        static unsigned char b[1 << 16];
+        pid_t q = fork();
+        if (q == 0) {
+            close(c);
+            for (int i = 0; i < SIZE / (int)sizeof b; i++) {
+                for (unsigned j = 0; j < sizeof b; j++) b[j] = (unsigned char)(i * 3 + j);
+                if (write(pp[1], b, sizeof b) != sizeof b) _exit(1);
+            }
+            _exit(0);
+        }
+        close(pp[1]);
+        _exit(0);
+    }
+    close(pp[1]);
+    long moved = 0;
+    ssize_t n;
+    pid_t r = fork();
+    if (r == 0) {
+        close(s);
+        while ((n = splice(pp[0], NULL, c, NULL, 1 << 16, 0)) > 0) moved += n;
+        _exit(moved == SIZE ? 0 : 1);
+    }
+    close(pp[0]);
+    close(c);
+    long total;
+    unsigned h = sum_until_eof(s, &total);
+    int st;
+    waitpid(r, &st, 0);
+    waitpid(p, NULL, 0);
+    say("  splice: %ld bytes, hash %08x, splicer ok: %s", total, h, WEXITSTATUS(st) == 0 ? "yes" : "no");
+}
+
+static void short_connections(void) {
+    int ok = 0;
+    for (int i = 0; i < 200; i++) {
+        int s, c;
+        char b[8];
+        pair(&s, &c);
+        if (send(c, "ping", 4, 0) == 4 && recv(s, b, 8, 0) == 4 && send(s, "pong", 4, 0) == 4 && recv(c, b, 8, 0) == 4) {
+            close(c);
+            if (recv(s, b, 8, 0) == 0) ok++;
+        }
+        close(s);
+    }
+    say("  200 short connections, each a ping, a pong and an end of stream: %d", ok);
+}
+
+int main(void) {
+    diff_begin();
+    RUN(sendfile_big);
+    RUN(splice_big);
+    RUN(short_connections);
+    diff_end();
+    return 0;
+}
