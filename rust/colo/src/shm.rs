@@ -68,7 +68,7 @@ const RESET: u32 = 8;
 const CORRUPT: u32 = 16;
 const AWAITING_WELCOME: u32 = 32;
 const REFUSED: u32 = 64;
-/// NOT_READING is set (READ_SHUT alone may be this side's only: `shutdown_read_locally`).
+/// NOT_READING is set (READ_SHUT alone is this side's own read shutdown: `Shm::shutdown_as_tcp`).
 const READ_TOLD: u32 = 128;
 
 pub(crate) fn eproto(what: impl std::fmt::Display) -> io::Error {
