@@ -923,11 +923,8 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             let mut total = ready;
             for (i, p) in arr.iter_mut().enumerate() {
                 if copy[i].fd < 0 {
-                    // A connection's entry (set above), or the application's negative fd, whose
-                    // revents the kernel sets to 0.
-                    if p.fd < 0 {
-                        p.revents = 0;
-                    }
+                    // A connection's (set above), or a negative fd, whose revents the kernel zeroes.
+                    p.revents = if p.fd < 0 { 0 } else { p.revents };
                     continue;
                 }
                 p.revents = if r > 0 { copy[i].revents } else { 0 };

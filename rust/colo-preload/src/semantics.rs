@@ -4,7 +4,7 @@
 //! and `recvmmsg` on a stream.
 
 use crate::conn::{Conn, IN};
-use crate::shim::conn_recv;
+use crate::shim::{conn_for_io, conn_recv, plain};
 use crate::table::{self, NONE};
 use crate::{real, Guard};
 use libc::{c_int, c_void, socklen_t};
@@ -74,6 +74,37 @@ unsafe fn tcp_info(fd: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
                     let q = p.add(at) as *mut u64;
                     q.write_unaligned(q.read_unaligned().wrapping_add(add));
                 }
+            }
+        }
+    }
+    g.ok(0) as c_int
+}
+
+/// `setsockopt` on a descriptor the shim knows: the kernel's, and what the rings must honour
+/// of it (timeouts, `SO_RCVLOWAT`).
+#[inline(never)]
+pub unsafe fn setsockopt_slow(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
+    // SAFETY: the application's arguments.
+    let r = unsafe { real::setsockopt(fd, level, name, val, len) };
+    if r == 0 && level == libc::SOL_SOCKET && name == libc::SO_RCVLOWAT && !plain(fd) {
+        // SAFETY: the application's arguments, which the kernel just accepted.
+        unsafe { set_rcvlowat(fd, val, len) };
+        return r;
+    }
+    if r != 0 || plain(fd) || level != libc::SOL_SOCKET || (name != libc::SO_RCVTIMEO && name != libc::SO_SNDTIMEO) {
+        return r;
+    }
+    let g = Guard::enter();
+    if let Some(c) = conn_for_io(fd) {
+        if !val.is_null() && len as usize >= std::mem::size_of::<libc::timeval>() {
+            // SAFETY: a timeval, as the kernel just accepted.
+            let tv = unsafe { *(val as *const libc::timeval) };
+            let d = std::time::Duration::new(tv.tv_sec.max(0) as u64, (tv.tv_usec.max(0) as u32) * 1000);
+            let t = (!d.is_zero()).then_some(d);
+            if name == libc::SO_RCVTIMEO {
+                c.shm().set_read_timeout(t);
+            } else {
+                c.shm().set_write_timeout(t);
             }
         }
     }

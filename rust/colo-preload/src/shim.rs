@@ -3,6 +3,7 @@
 
 use crate::conn::{Conn, IN, OUT};
 use crate::table::{self, Entry, CONN, LISTEN, NONE, PENDING};
+use crate::semantics::setsockopt_slow;
 use crate::{client, poll, real, server, Guard};
 use colo::errno_of;
 use colo::shm::Drainer;
@@ -13,7 +14,7 @@ use std::sync::Arc;
 
 /// The connection behind `fd` for a data operation (resolving a pending connect first), or
 /// `None` for plain TCP.
-fn conn_for_io(fd: c_int) -> Option<Arc<Conn>> {
+pub(crate) fn conn_for_io(fd: c_int) -> Option<Arc<Conn>> {
     match table::kind(fd) {
         CONN => table::conn(fd),
         PENDING => {
@@ -25,7 +26,7 @@ fn conn_for_io(fd: c_int) -> Option<Arc<Conn>> {
 }
 
 #[inline]
-fn plain(fd: c_int) -> bool {
+pub(crate) fn plain(fd: c_int) -> bool {
     table::kind(fd) == NONE || Guard::busy()
 }
 
@@ -1036,35 +1037,6 @@ pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
         }
         Err(e) => g.err(errno_of(&e)) as c_int,
     }
-}
-
-#[inline(never)]
-unsafe fn setsockopt_slow(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
-    // SAFETY: the application's arguments.
-    let r = unsafe { real::setsockopt(fd, level, name, val, len) };
-    if r == 0 && level == libc::SOL_SOCKET && name == libc::SO_RCVLOWAT && !plain(fd) {
-        // SAFETY: the application's arguments, which the kernel just accepted.
-        unsafe { crate::semantics::set_rcvlowat(fd, val, len) };
-        return r;
-    }
-    if r != 0 || plain(fd) || level != libc::SOL_SOCKET || (name != libc::SO_RCVTIMEO && name != libc::SO_SNDTIMEO) {
-        return r;
-    }
-    let g = Guard::enter();
-    if let Some(c) = conn_for_io(fd) {
-        if !val.is_null() && len as usize >= std::mem::size_of::<libc::timeval>() {
-            // SAFETY: a timeval, as the kernel just accepted.
-            let tv = unsafe { *(val as *const libc::timeval) };
-            let d = std::time::Duration::new(tv.tv_sec.max(0) as u64, (tv.tv_usec.max(0) as u32) * 1000);
-            let t = (!d.is_zero()).then_some(d);
-            if name == libc::SO_RCVTIMEO {
-                c.shm().set_read_timeout(t);
-            } else {
-                c.shm().set_write_timeout(t);
-            }
-        }
-    }
-    g.ok(0) as c_int
 }
 
 pub fn is_colo_or_pending(fd: c_int) -> bool {

@@ -284,24 +284,8 @@ impl std::fmt::Debug for Shm {
     }
 }
 
-/// Whether a blocking wait that a signal handler interrupted ends with `EINTR` (true) or goes
-/// back to sleep (false). The Rust API always goes back to sleep; the LD_PRELOAD shim installs a
-/// policy that follows the handlers' `SA_RESTART`, as the kernel does for a blocking read(2).
-static INTERRUPT_POLICY: std::sync::OnceLock<fn() -> bool> = std::sync::OnceLock::new();
-
-/// `timed`: the wait has a deadline (`SO_RCVTIMEO`/`SO_SNDTIMEO`). Under a policy, such a wait
-/// always ends with `EINTR`: signal(7), socket calls with a timeout are never restarted, whatever
-/// `SA_RESTART` says.
-fn interrupted_ends_wait(timed: bool) -> bool {
-    INTERRUPT_POLICY.get().is_some_and(|policy| timed || policy())
-}
-
-/// Sets the policy for blocking waits interrupted by a signal handler, once per process:
-/// `policy()` runs on the interrupted thread right after the handler; true makes the read or
-/// write fail with `EINTR` (`io::ErrorKind::Interrupted`), after any bytes it already moved.
-pub fn set_interrupt_policy(policy: fn() -> bool) {
-    let _ = INTERRUPT_POLICY.set(policy);
-}
+pub use tcp::set_interrupt_policy;
+use tcp::interrupted_ends_wait;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())

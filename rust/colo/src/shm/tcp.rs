@@ -1,8 +1,28 @@
 //! What kernel TCP does that the LD_PRELOAD shim mirrors: an abortive close (RST instead of FIN,
-//! for `SO_LINGER {1, 0}` or bytes left unread) and a read shutdown the peer never hears of.
+//! for `SO_LINGER {1, 0}` or bytes left unread), a read shutdown the peer never hears of, and
+//! blocking calls that a signal handler interrupts.
 
 use super::{RxHalf, Shm, READ_SHUT, READ_TOLD, RESET, WRITE_SHUT};
 use std::io;
+
+/// Whether a blocking wait that a signal handler interrupted ends with `EINTR` (true) or goes
+/// back to sleep (false). The Rust API always goes back to sleep; the LD_PRELOAD shim installs a
+/// policy that follows the handlers' `SA_RESTART`, as the kernel does for a blocking read(2).
+static INTERRUPT_POLICY: std::sync::OnceLock<fn() -> bool> = std::sync::OnceLock::new();
+
+/// `timed`: the wait has a deadline (`SO_RCVTIMEO`/`SO_SNDTIMEO`). Under a policy, such a wait
+/// always ends with `EINTR`: signal(7), socket calls with a timeout are never restarted, whatever
+/// `SA_RESTART` says.
+pub(super) fn interrupted_ends_wait(timed: bool) -> bool {
+    INTERRUPT_POLICY.get().is_some_and(|policy| timed || policy())
+}
+
+/// Sets the policy for blocking waits interrupted by a signal handler, once per process:
+/// `policy()` runs on the interrupted thread right after the handler; true makes the read or
+/// write fail with `EINTR` (`io::ErrorKind::Interrupted`), after any bytes it already moved.
+pub fn set_interrupt_policy(policy: fn() -> bool) {
+    let _ = INTERRUPT_POLICY.set(policy);
+}
 use colo_ring::layout::FLAG_RESET;
 
 impl Shm {
