@@ -20,6 +20,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 mod adapt;
+mod behind;
 mod client;
 mod conn;
 mod handover;
@@ -222,6 +223,11 @@ pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_lo
         // SAFETY: this thread's errno.
         unsafe { *errno_loc() = libc::ENOSYS };
         return -1;
+    }
+    // Closes and duplicates of the shim's descriptors take the shim's paths (libuv closes so).
+    // SAFETY: the application's arguments.
+    if let Some(r) = unsafe { behind::syscall(n, a, b, c) } {
+        return r;
     }
     // SAFETY: the application's arguments, passed on as they came.
     let r = unsafe { real::syscall(n, a, b, c, d, e, f) };
