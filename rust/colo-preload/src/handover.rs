@@ -213,6 +213,22 @@ fn take_back_one(r: Record, socks: &[i32]) {
             return;
         }
     };
+    // Standard I/O goes through libc's own calls, which the shim never sees (see `stdio`).
+    let est = if crate::stdio::is_stdio(socks) {
+        let peer = est.peer;
+        match crate::stdio::relay(est, socks) {
+            Ok(()) => {
+                crate::log_info(format_args!("exec: connection to {peer} on fd {first} is standard I/O: relayed over loopback TCP"));
+                return;
+            }
+            Err((est, why)) => {
+                crate::log_info(format_args!("exec: connection to {peer} on fd {first} is standard I/O, not relayed: {why}"));
+                est
+            }
+        }
+    } else {
+        est
+    };
     // SAFETY: the application's socket, open (listed in /proc/self/fd just now).
     let b = unsafe { BorrowedFd::borrow_raw(first) };
     let nonblocking = rustix::fs::fcntl_getfl(b).map(|f| f.contains(rustix::fs::OFlags::NONBLOCK)).unwrap_or(false);

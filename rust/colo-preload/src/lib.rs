@@ -31,6 +31,7 @@ mod real;
 mod repeat;
 mod server;
 mod shim;
+mod stdio;
 mod table;
 
 use libc::{c_int, c_uint, c_ulong, c_void, iovec, msghdr, nfds_t, off_t, size_t, sockaddr, socklen_t, ssize_t};
