@@ -20,14 +20,17 @@ roundtrip() {
   cmp -s "$out" "$4"
 }
 gcc -O2 -o "$WORK/inetd" "$HERE/servers/inetd.c" || bad "compile inetd.c"
-P=$(free_port)
-COLO_LOG=info timeout 120 $COLORUN "$WORK/inetd" "$P" "$(echo $SIZES | wc -w)" cat >"$WORK/inetd.log" 2>&1 & PIDS+=($!)
-for _ in $(seq 100); do grep -q READY "$WORK/inetd.log" && break; sleep 0.05; done
-for n in $SIZES; do
-  check "inetd-style server, cat as stdin/stdout: $n bytes back in order (client under colo run)" roundtrip inetd "$P" "$n" "$WORK/in.$n"
+# cat reads and writes with read(2)/write(2) through libc's wrappers; sed -u through stdio.
+for filter in cat "sed -u s/x/x/"; do
+  P=$(free_port); name=inetd-${filter%% *}
+  COLO_LOG=info timeout 120 $COLORUN "$WORK/inetd" "$P" "$(echo $SIZES | wc -w)" $filter >"$WORK/$name.log" 2>&1 & PIDS+=($!)
+  for _ in $(seq 100); do grep -qs READY "$WORK/$name.log" && break; sleep 0.05; done
+  for n in $SIZES; do
+    check "inetd-style server, $filter as stdin/stdout: $n bytes back in order (client under colo run)" roundtrip "$name" "$P" "$n" "$WORK/in.$n"
+  done
+  check "... its connections were accelerated, then relayed at exec" sh -c "
+    [ \$(grep -c ': accelerated (shared memory)' '$WORK/$name.log') -ge 5 ] && [ \$(grep -c 'is standard I/O: relayed over loopback TCP' '$WORK/$name.log') -ge 5 ]"
 done
-check "... its connections were accelerated, then relayed at exec" sh -c "
-  [ \$(grep -c ': accelerated (shared memory)' '$WORK/inetd.log') -ge 5 ] && [ \$(grep -c 'is standard I/O: relayed over loopback TCP' '$WORK/inetd.log') -ge 5 ]"
 if command -v socat >/dev/null; then
   S=$(free_port)
   COLO_LOG=info timeout 120 $COLORUN socat TCP-LISTEN:$S,bind=127.0.0.1,reuseaddr,fork EXEC:'sed -u s/a/b/',nofork >"$WORK/socat.log" 2>&1 & PIDS+=($!)
