@@ -221,7 +221,8 @@ fn take_back_one(r: Record, socks: &[i32]) {
                 crate::log_info(format_args!("exec: connection to {peer} on fd {first} is standard I/O: relayed over loopback TCP"));
                 return;
             }
-            Err((est, why)) => {
+            Err(failed) => {
+                let (est, why) = *failed;
                 crate::log_info(format_args!("exec: connection to {peer} on fd {first} is standard I/O, not relayed: {why}"));
                 est
             }

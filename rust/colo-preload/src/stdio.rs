@@ -36,18 +36,18 @@ pub fn is_stdio(socks: &[i32]) -> bool {
 /// Gives each of `socks` a loopback TCP connection whose other end a relay process joins to the
 /// connection `est` (see the module's comment). On failure nothing has changed, and the caller
 /// keeps the connection as it would have.
-pub fn relay(est: Established, socks: &[i32]) -> Result<(), (Established, String)> {
-    let Some(&first) = socks.first() else { return Err((est, "no socket".into())) };
+pub fn relay(est: Established, socks: &[i32]) -> Result<(), Box<(Established, String)>> {
+    let Some(&first) = socks.first() else { return Err(Box::new((est, "no socket".into()))) };
     let (app, relay_end) = match loopback_pair(est.local.is_ipv6()) {
         Ok(p) => p,
-        Err(e) => return Err((est, format!("no loopback pair: {e}"))),
+        Err(e) => return Err(Box::new((est, format!("no loopback pair: {e}")))),
     };
     // SAFETY: the application's socket, open (listed in /proc/self/fd by the caller).
     let orig = unsafe { BorrowedFd::borrow_raw(first) };
     // The carrier stays open in the relay for as long as the connection (spec/WIRE.md 3.4).
     let carrier = match rustix::io::fcntl_dupfd_cloexec(orig, 3) {
         Ok(c) => c,
-        Err(e) => return Err((est, format!("no copy of the carrier: {e}"))),
+        Err(e) => return Err(Box::new((est, format!("no copy of the carrier: {e}")))),
     };
     let status = rustix::fs::fcntl_getfl(orig).unwrap_or(rustix::fs::OFlags::empty());
     let _ = rustix::fs::fcntl_setfl(&app, status & rustix::fs::OFlags::NONBLOCK);
@@ -55,7 +55,7 @@ pub fn relay(est: Established, socks: &[i32]) -> Result<(), (Established, String
     // program's `main`: its atfork handlers are the shim's and libc's own.
     let child = unsafe { crate::real::fork() };
     if child < 0 {
-        return Err((est, format!("fork: {}", std::io::Error::last_os_error())));
+        return Err(Box::new((est, format!("fork: {}", std::io::Error::last_os_error()))));
     }
     if child == 0 {
         // SAFETY: as above; in the child of a single-threaded constructor.
