@@ -148,6 +148,17 @@ pub fn forget(memfd: RawFd, shared: bool) {
     }
 }
 
+/// An inheritable connection is closing: its descriptors become close-on-exec at once, since the
+/// segment's is closed later, by the reaper thread, and an `exec` in between (a forked child's)
+/// would carry them into an image that has no record of them and never closes them.
+pub fn closing(raw: &[RawFd]) {
+    for &fd in raw {
+        // SAFETY: the connection's own descriptors, open until its drop closes or retires them;
+        // the flag is this process's, per descriptor.
+        let _ = rustix::io::fcntl_setfd(unsafe { BorrowedFd::borrow_raw(fd) }, rustix::io::FdFlags::CLOEXEC);
+    }
+}
+
 /// In the shim's constructor: takes back the connections an earlier image of this process
 /// handed over.
 pub fn take_back() {

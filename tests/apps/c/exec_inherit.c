@@ -106,6 +106,11 @@ int main(int argc, char **argv) {
             fprintf(stderr, "inetd child: the connection on fd 0 was not relayed\n");
             return 1;
         }
+        /* Nor any other connection's segment (one the parent had just closed, not yet unmapped). */
+        if (segments() != 0) {
+            fprintf(stderr, "inetd child: holds %d colo segments\n", segments());
+            return 1;
+        }
         static unsigned char buf[TOTAL];
         if (fread(buf, 1, TOTAL, stdin) != TOTAL) die("inetd child: fread");
         for (long i = 0; i < TOTAL; i++)
