@@ -43,5 +43,9 @@ load() { # $1 name, then the server's command (the port is appended)
 if command -v node >/dev/null; then load node node "$HERE/servers/http_count.js"; else bad "node is not installed (tests/apps/packages.txt)"; fi
 load asyncio python3 "$HERE/servers/http_count.py"
 
+# close_range(2) lets go of the connections in its range, as close does.
+check "python: a connection closed by close_range ends for the peer, no descriptor left" sh -c "
+  timeout 30 env COLO_LOG=info $COLORUN python3 '$HERE/py/close_range.py' 2>'$WORK/cr.err' && grep -q 'accept.*: accelerated (shared memory)' '$WORK/cr.err'"
+
 [ $FAIL = 0 ] && echo "tests/apps/release.sh: all passed" || echo "tests/apps/release.sh: FAILURES"
 exit $FAIL

@@ -7,7 +7,8 @@
 //! that number (a plain TCP connection accepted later) is served from the dead connection's
 //! rings (an end of file at once, which the program answers by closing, resetting its client).
 //!
-//! So `syscall(SYS_close | SYS_dup | SYS_dup2 | SYS_dup3)` take the shim's own paths, and a
+//! So `syscall(SYS_close | SYS_dup | SYS_dup2 | SYS_dup3)` take the shim's own paths,
+//! `close_range` lets go of the connections in its range before it closes them, and a
 //! number the kernel has just returned from `accept` or `socket` drops whatever the table still
 //! held for it (something closed it in a way no wrapper saw: a raw system call made elsewhere,
 //! `fclose` on a `fdopen`ed socket): the kernel's word that the number is new is final.
@@ -59,6 +60,21 @@ pub unsafe fn syscall(n: c_long, a: c_long, b: c_long, c: c_long) -> Option<c_lo
         }
     };
     Some(r as c_long)
+}
+
+/// `close_range(first, last)` (without `CLOSE_RANGE_CLOEXEC`) is about to close every descriptor
+/// in the range: the shim lets go of those it knows first, as `close` does one by one.
+pub fn closing_range(first: u32, last: u32) {
+    let last = last.min(table::MAX_FD as u32 - 1);
+    if first > last || !(first..=last).any(|fd| known(fd as c_int)) || borrowed_memory() {
+        return;
+    }
+    let _g = crate::Guard::enter();
+    for fd in first..=last {
+        if known(fd as c_int) {
+            shim::forget(fd as c_int);
+        }
+    }
 }
 
 /// The kernel has just returned `fd` as a new descriptor (`accept`, `socket`; `tcp`: a TCP socket

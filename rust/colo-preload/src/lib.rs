@@ -249,6 +249,9 @@ pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_lo
 /// loader's lock.
 #[no_mangle]
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+        behind::closing_range(first, last);
+    }
     // SAFETY: the application's arguments, as the system call takes them.
     let r = unsafe { real::syscall(libc::SYS_close_range, first as libc::c_long, last as libc::c_long, flags as libc::c_long, 0, 0, 0) };
     if r == 0 && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
