@@ -22,6 +22,8 @@
 //! program's group do not end it). It holds the connection, and the carrier TCP socket, until
 //! both directions have ended, then closes them, which ends the connection for the peer.
 
+use crate::conn::Conn;
+use crate::table;
 use colo::carrier::Established;
 use colo_sys::{AsRawFd, BorrowedFd, OwnedFd};
 use rustix::net::{self, AddressFamily, SocketAddrAny, SocketType};
@@ -37,6 +39,13 @@ pub fn is_stdio(socks: &[i32]) -> bool {
 /// connection `est` (see the module's comment). On failure nothing has changed, and the caller
 /// keeps the connection as it would have.
 pub fn relay(est: Established, socks: &[i32]) -> Result<(), Box<(Established, String)>> {
+    relay_for(est, socks, None)
+}
+
+/// [`relay`], for a connection `live` in this image: the relay process keeps `live`'s control
+/// socket under its number and is recorded as a holder, so that dropping `live` here afterwards
+/// releases this process's copy only (the peer sees no end).
+fn relay_for(est: Established, socks: &[i32], live: Option<&Conn>) -> Result<(), Box<(Established, String)>> {
     let Some(&first) = socks.first() else { return Err(Box::new((est, "no socket".into()))) };
     let (app, relay_end) = match loopback_pair(est.local.is_ipv6()) {
         Ok(p) => p,
@@ -59,21 +68,32 @@ pub fn relay(est: Established, socks: &[i32]) -> Result<(), Box<(Established, St
     }
     if child == 0 {
         // SAFETY: as above; in the child of a single-threaded constructor.
-        if unsafe { crate::real::fork() } == 0 {
-            run(est, relay_end, carrier);
+        let relay_pid = unsafe { crate::real::fork() };
+        if relay_pid == 0 {
+            run(est, relay_end, carrier, live.map(|c| c.fds()[0]));
+        }
+        if let (Some(c), true) = (live, relay_pid > 0) {
+            // Through the holders page this process shares with its parent (fork).
+            c.add_holder(relay_pid as u32);
         }
         // SAFETY: ends the intermediate child at once, without running the image's exit code.
-        unsafe { libc::_exit(0) };
+        unsafe { libc::_exit(if relay_pid > 0 { 0 } else { 1 }) };
     }
     let mut status = 0;
     // SAFETY: reaps the intermediate child made just above (it exits at once).
-    unsafe { libc::waitpid(child, &mut status, 0) };
+    let reaped = unsafe { libc::waitpid(child, &mut status, 0) } == child;
+    if !reaped || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        return Err(Box::new((est, "the relay process could not be started".into())));
+    }
     for &fd in socks {
         // SAFETY: the application's descriptor, open.
         let cloexec = rustix::io::fcntl_getfd(unsafe { BorrowedFd::borrow_raw(fd) })
             .map(|f| f.contains(rustix::io::FdFlags::CLOEXEC))
             .unwrap_or(false);
         let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
+        if live.is_some() {
+            crate::shim::forget(fd);
+        }
         // SAFETY: replaces the application's descriptor by the loopback connection, atomically
         // (the number never refers to anything else in between).
         unsafe { libc::syscall(libc::SYS_dup3, app.as_raw_fd(), fd, flags) };
@@ -108,7 +128,7 @@ fn loopback_pair(v6: bool) -> std::io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// The relay process: never returns.
-fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd) -> ! {
+fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, control: Option<i32>) -> ! {
     let _ = rustix::process::setsid();
     // Nothing of the program's but the connection: its other descriptors (pipes, sockets,
     // files) must close when the program closes them.
@@ -119,6 +139,9 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd) -> ! {
         est.fds.own_bell.as_raw_fd(),
         est.fds.self_bell.as_raw_fd(),
         est.memfd,
+        // The live connection's control socket under its own number: what makes this process a
+        // holder of it (`Conn::others_hold`).
+        control.unwrap_or(-1),
     ];
     close_all_but(&keep);
     let shm = match est.into_resumed_shm(crate::spin()) {
@@ -180,4 +203,55 @@ fn close_all_but(keep: &[i32]) {
     }
     // SAFETY: as above.
     unsafe { libc::syscall(libc::SYS_close_range, from, u32::MAX, 0) };
+}
+
+/// After `dup2`/`dup3` made `nfd` a descriptor of an accelerated connection: if `nfd` is 0, 1 or
+/// 2, glibc's stdio may read or write it past the shim without an `exec` (a forked child that
+/// serves its connection with `printf`), so the connection is relayed now, as at `exec`. Only
+/// when no other thread of the program runs (a forked child): a thread in the middle of a read
+/// of the connection would race the relay for its bytes. Called with the shim's guard held.
+pub fn after_dup(nfd: i32) {
+    if !(0..=2).contains(&nfd) {
+        return;
+    }
+    let Some(conn) = table::conn(nfd) else { return };
+    if !alone() {
+        crate::log_info(format_args!("dup onto fd {nfd}: an accelerated connection as standard I/O with other threads running: not relayed"));
+        return;
+    }
+    let socks: Vec<i32> = table::fds_of_kind(table::CONN)
+        .map(|fd| fd as i32)
+        .filter(|&fd| table::conn(fd).is_some_and(|c| std::sync::Arc::ptr_eq(&c, &conn)))
+        .collect();
+    let [control, own_bell, self_bell, memfd] = conn.fds();
+    let copy = |fd: i32| {
+        // SAFETY: the connection's own descriptor, open while `conn` lives.
+        rustix::io::fcntl_dupfd_cloexec(unsafe { BorrowedFd::borrow_raw(fd) }, 3)
+    };
+    let (Ok(m), Ok(c), Ok(o), Ok(b)) = (copy(memfd), copy(control), copy(own_bell), copy(self_bell)) else { return };
+    let est = match colo::carrier::reattach(m, c, o, b, conn.shm().role()) {
+        Ok(est) => est,
+        Err(why) => {
+            crate::log_info(format_args!("dup onto fd {nfd}: standard I/O, not relayed: {why}"));
+            return;
+        }
+    };
+    let peer = est.peer;
+    // The table lets go first (this process's copy only: the relay now holds the connection),
+    // then each number becomes the loopback connection.
+    match relay_for(est, &socks, Some(&conn)) {
+        Ok(()) => crate::log_info(format_args!("dup: connection to {peer} on fd {nfd} is standard I/O: relayed over loopback TCP")),
+        Err(failed) => crate::log_info(format_args!("dup onto fd {nfd}: standard I/O, not relayed: {}", failed.1)),
+    }
+}
+
+/// No thread of the program but this one (the shim's own, named `colo-*`, never touch a
+/// connection's rings on its behalf).
+fn alone() -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc/thread-self/..") else { return false };
+    let me = rustix::thread::gettid().as_raw_nonzero().get().to_string();
+    dir.flatten().all(|t| {
+        t.file_name().to_str() == Some(me.as_str())
+            || std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("colo-"))
+    })
 }
