@@ -209,12 +209,17 @@ fn close_all_but(keep: &[i32]) {
 /// 2, glibc's stdio may read or write it past the shim without an `exec` (a forked child that
 /// serves its connection with `printf`), so the connection is relayed now, as at `exec`. Only
 /// when no other thread of the program runs (a forked child): a thread in the middle of a read
-/// of the connection would race the relay for its bytes. Called with the shim's guard held.
+/// of the connection would race the relay for its bytes; and not in a `vfork` child, whose
+/// `exec` relays instead. Called with the shim's guard held.
 pub fn after_dup(nfd: i32) {
     if !(0..=2).contains(&nfd) {
         return;
     }
     let Some(conn) = table::conn(nfd) else { return };
+    // A `vfork` child shares the table but not the descriptors: its `exec` relays instead.
+    if crate::behind::borrowed_memory() {
+        return;
+    }
     if !alone() {
         crate::log_info(format_args!("dup onto fd {nfd}: an accelerated connection as standard I/O with other threads running: not relayed"));
         return;
