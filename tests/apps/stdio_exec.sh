@@ -3,8 +3,8 @@
 # of ours (fork, dup2 onto 0 and 1, exec a filter) and socat's EXEC, both under `colo run`, with
 # clients under `colo run`. glibc's stdio in the filter reads and writes through calls the shim
 # never sees: every byte must still come back, in order (the shim relays the connection over a
-# loopback TCP connection, logged, at the dup2 onto 0/1), for sizes from 1 byte to 4 MB; also
-# with a child that serves the connection with stdio itself, without exec.
+# loopback TCP connection, logged), for sizes from 1 byte to 4 MB; also with SIGCHLD ignored
+# across the exec (as inetd-style servers that let the kernel reap their children have it).
 source "$(dirname "$0")/common.sh"
 [ -n "${COLO_APPS_BUILT:-}" ] || build
 FAIL=0
@@ -21,9 +21,8 @@ roundtrip() {
   cmp -s "$out" "$4"
 }
 gcc -O2 -o "$WORK/inetd" "$HERE/servers/inetd.c" || bad "compile inetd.c"
-# cat reads and writes with read(2)/write(2) through libc's wrappers; sed -u through stdio;
-# -stdio is the server's own child copying with fread/fwrite, without exec (relayed at dup2).
-for filter in cat "sed -u s/x/x/" -stdio; do
+# cat reads and writes with read(2)/write(2) through libc's wrappers; sed -u through stdio.
+for filter in cat "sed -u s/x/x/"; do
   P=$(free_port); name=inetd${filter%% *}
   COLO_LOG=info timeout 120 $COLORUN "$WORK/inetd" "$P" "$(echo $SIZES | wc -w)" $filter >"$WORK/$name.log" 2>&1 & PIDS+=($!)
   for _ in $(seq 100); do grep -qs READY "$WORK/$name.log" && break; sleep 0.05; done
@@ -33,6 +32,14 @@ for filter in cat "sed -u s/x/x/" -stdio; do
   check "... its connections were accelerated, then relayed" sh -c "
     [ \$(grep -c ': accelerated (shared memory)' '$WORK/$name.log') -ge 5 ] && [ \$(grep -c 'is standard I/O: relayed over loopback TCP' '$WORK/$name.log') -ge 5 ]"
 done
+# SIGCHLD ignored (kept by exec): the relay's start is not told by an exit status.
+P=$(free_port)
+IGNORE_CHLD=1 COLO_LOG=info timeout 120 $COLORUN "$WORK/inetd" "$P" 1 sed -u s/a/b/ >"$WORK/inetd-ign.log" 2>&1 & PIDS+=($!)
+for _ in $(seq 100); do grep -qs READY "$WORK/inetd-ign.log" && break; sleep 0.05; done
+sed 's/a/b/' "$WORK/in.300000" >"$WORK/exp.ign"
+check "inetd-style server with SIGCHLD ignored, sed -u: 300000 bytes back in order" roundtrip inetd-ign "$P" 300000 "$WORK/exp.ign"
+check "... relayed" grep -q 'is standard I/O: relayed over loopback TCP' "$WORK/inetd-ign.log"
+
 if command -v socat >/dev/null; then
   S=$(free_port)
   COLO_LOG=info timeout 120 $COLORUN socat TCP-LISTEN:$S,bind=127.0.0.1,reuseaddr,fork EXEC:'sed -u s/a/b/',nofork >"$WORK/socat.log" 2>&1 & PIDS+=($!)

@@ -22,7 +22,7 @@ use libc::{c_int, c_long};
 
 /// True in a child that shares this process's memory without being this process (a `vfork` or
 /// `clone(CLONE_VM)` child): the cached pid is the parent's.
-pub(crate) fn borrowed_memory() -> bool {
+fn borrowed_memory() -> bool {
     rustix::process::getpid().as_raw_nonzero().get() as u32 != colo_sys::host::pid()
 }
 

@@ -908,7 +908,6 @@ pub unsafe fn dup(fd: c_int) -> c_int {
         return g.err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EBADF)) as c_int;
     }
     copy_entry(fd, n);
-    crate::stdio::after_dup(n);
     g.ok(n as ssize_t) as c_int
 }
 
@@ -941,7 +940,6 @@ pub unsafe fn dup3(fd: c_int, nfd: c_int, flags: c_int, two: bool) -> c_int {
         return g.err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EBADF)) as c_int;
     }
     copy_entry(fd, n);
-    crate::stdio::after_dup(n);
     g.ok(n as ssize_t) as c_int
 }
 

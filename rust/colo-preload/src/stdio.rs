@@ -22,8 +22,6 @@
 //! program's group do not end it). It holds the connection, and the carrier TCP socket, until
 //! both directions have ended, then closes them, which ends the connection for the peer.
 
-use crate::conn::Conn;
-use crate::table;
 use colo::carrier::Established;
 use colo_sys::{AsRawFd, BorrowedFd, OwnedFd};
 use rustix::net::{self, AddressFamily, SocketAddrAny, SocketType};
@@ -39,13 +37,6 @@ pub fn is_stdio(socks: &[i32]) -> bool {
 /// connection `est` (see the module's comment). On failure nothing has changed, and the caller
 /// keeps the connection as it would have.
 pub fn relay(est: Established, socks: &[i32]) -> Result<(), Box<(Established, String)>> {
-    relay_for(est, socks, None)
-}
-
-/// [`relay`], for a connection `live` in this image: the relay process keeps `live`'s control
-/// socket under its number and is recorded as a holder, so that dropping `live` here afterwards
-/// releases this process's copy only (the peer sees no end).
-fn relay_for(est: Established, socks: &[i32], live: Option<&Conn>) -> Result<(), Box<(Established, String)>> {
     let Some(&first) = socks.first() else { return Err(Box::new((est, "no socket".into()))) };
     let (app, relay_end) = match loopback_pair(est.local.is_ipv6()) {
         Ok(p) => p,
@@ -60,6 +51,12 @@ fn relay_for(est: Established, socks: &[i32], live: Option<&Conn>) -> Result<(),
     };
     let status = rustix::fs::fcntl_getfl(orig).unwrap_or(rustix::fs::OFlags::empty());
     let _ = rustix::fs::fcntl_setfl(&app, status & rustix::fs::OFlags::NONBLOCK);
+    // The intermediate child says whether the relay started (its exit status may be out of
+    // reach: with SIGCHLD ignored, which `exec` keeps, the kernel reaps it at once).
+    let (said, say) = match rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC) {
+        Ok(p) => p,
+        Err(e) => return Err(Box::new((est, format!("pipe: {e}")))),
+    };
     // SAFETY: the libc `fork` the shim wraps, in the constructor of a new image, before the
     // program's `main`: its atfork handlers are the shim's and libc's own.
     let child = unsafe { crate::real::fork() };
@@ -67,22 +64,32 @@ fn relay_for(est: Established, socks: &[i32], live: Option<&Conn>) -> Result<(),
         return Err(Box::new((est, format!("fork: {}", std::io::Error::last_os_error()))));
     }
     if child == 0 {
+        drop(said);
         // SAFETY: as above; in the child of a single-threaded constructor.
         let relay_pid = unsafe { crate::real::fork() };
         if relay_pid == 0 {
-            run(est, relay_end, carrier, live.map(|c| c.fds()[0]));
+            drop(say);
+            run(est, relay_end, carrier);
         }
-        if let (Some(c), true) = (live, relay_pid > 0) {
-            // Through the holders page this process shares with its parent (fork).
-            c.add_holder(relay_pid as u32);
+        if relay_pid > 0 {
+            let _ = rustix::io::write(&say, &[1]);
         }
         // SAFETY: ends the intermediate child at once, without running the image's exit code.
-        unsafe { libc::_exit(if relay_pid > 0 { 0 } else { 1 }) };
+        unsafe { libc::_exit(0) };
     }
+    drop(say);
+    let mut started = [0u8; 1];
+    let started = loop {
+        match rustix::io::read(&said, &mut started) {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => break r == Ok(1),
+        }
+    };
     let mut status = 0;
-    // SAFETY: reaps the intermediate child made just above (it exits at once).
-    let reaped = unsafe { libc::waitpid(child, &mut status, 0) } == child;
-    if !reaped || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+    // SAFETY: reaps the intermediate child made just above, which has exited or is exiting (an
+    // ECHILD under an ignored SIGCHLD is fine).
+    unsafe { libc::waitpid(child, &mut status, 0) };
+    if !started {
         return Err(Box::new((est, "the relay process could not be started".into())));
     }
     for &fd in socks {
@@ -91,9 +98,6 @@ fn relay_for(est: Established, socks: &[i32], live: Option<&Conn>) -> Result<(),
             .map(|f| f.contains(rustix::io::FdFlags::CLOEXEC))
             .unwrap_or(false);
         let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
-        if live.is_some() {
-            crate::shim::forget(fd);
-        }
         // SAFETY: replaces the application's descriptor by the loopback connection, atomically
         // (the number never refers to anything else in between).
         unsafe { libc::syscall(libc::SYS_dup3, app.as_raw_fd(), fd, flags) };
@@ -128,7 +132,7 @@ fn loopback_pair(v6: bool) -> std::io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// The relay process: never returns.
-fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, control: Option<i32>) -> ! {
+fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd) -> ! {
     let _ = rustix::process::setsid();
     // Nothing of the program's but the connection: its other descriptors (pipes, sockets,
     // files) must close when the program closes them.
@@ -139,9 +143,6 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, control: Option<i32>) -
         est.fds.own_bell.as_raw_fd(),
         est.fds.self_bell.as_raw_fd(),
         est.memfd,
-        // The live connection's control socket under its own number: what makes this process a
-        // holder of it (`Conn::others_hold`).
-        control.unwrap_or(-1),
     ];
     close_all_but(&keep);
     let shm = match est.into_resumed_shm(crate::spin()) {
@@ -203,60 +204,4 @@ fn close_all_but(keep: &[i32]) {
     }
     // SAFETY: as above.
     unsafe { libc::syscall(libc::SYS_close_range, from, u32::MAX, 0) };
-}
-
-/// After `dup2`/`dup3` made `nfd` a descriptor of an accelerated connection: if `nfd` is 0, 1 or
-/// 2, glibc's stdio may read or write it past the shim without an `exec` (a forked child that
-/// serves its connection with `printf`), so the connection is relayed now, as at `exec`. Only
-/// when no other thread of the program runs (a forked child): a thread in the middle of a read
-/// of the connection would race the relay for its bytes; and not in a `vfork` child, whose
-/// `exec` relays instead. Called with the shim's guard held.
-pub fn after_dup(nfd: i32) {
-    if !(0..=2).contains(&nfd) {
-        return;
-    }
-    let Some(conn) = table::conn(nfd) else { return };
-    // A `vfork` child shares the table but not the descriptors: its `exec` relays instead.
-    if crate::behind::borrowed_memory() {
-        return;
-    }
-    if !alone() {
-        crate::log_info(format_args!("dup onto fd {nfd}: an accelerated connection as standard I/O with other threads running: not relayed"));
-        return;
-    }
-    let socks: Vec<i32> = table::fds_of_kind(table::CONN)
-        .map(|fd| fd as i32)
-        .filter(|&fd| table::conn(fd).is_some_and(|c| std::sync::Arc::ptr_eq(&c, &conn)))
-        .collect();
-    let [control, own_bell, self_bell, memfd] = conn.fds();
-    let copy = |fd: i32| {
-        // SAFETY: the connection's own descriptor, open while `conn` lives.
-        rustix::io::fcntl_dupfd_cloexec(unsafe { BorrowedFd::borrow_raw(fd) }, 3)
-    };
-    let (Ok(m), Ok(c), Ok(o), Ok(b)) = (copy(memfd), copy(control), copy(own_bell), copy(self_bell)) else { return };
-    let est = match colo::carrier::reattach(m, c, o, b, conn.shm().role()) {
-        Ok(est) => est,
-        Err(why) => {
-            crate::log_info(format_args!("dup onto fd {nfd}: standard I/O, not relayed: {why}"));
-            return;
-        }
-    };
-    let peer = est.peer;
-    // The table lets go first (this process's copy only: the relay now holds the connection),
-    // then each number becomes the loopback connection.
-    match relay_for(est, &socks, Some(&conn)) {
-        Ok(()) => crate::log_info(format_args!("dup: connection to {peer} on fd {nfd} is standard I/O: relayed over loopback TCP")),
-        Err(failed) => crate::log_info(format_args!("dup onto fd {nfd}: standard I/O, not relayed: {}", failed.1)),
-    }
-}
-
-/// No thread of the program but this one (the shim's own, named `colo-*`, never touch a
-/// connection's rings on its behalf).
-fn alone() -> bool {
-    let Ok(dir) = std::fs::read_dir("/proc/thread-self/..") else { return false };
-    let me = rustix::thread::gettid().as_raw_nonzero().get().to_string();
-    dir.flatten().all(|t| {
-        t.file_name().to_str() == Some(me.as_str())
-            || std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("colo-"))
-    })
 }
