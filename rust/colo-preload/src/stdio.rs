@@ -14,8 +14,9 @@
 //! the program writes, after the bytes this side's earlier image had written. A FIN goes each
 //! way as the other side's end of file. The program sees a TCP socket with the same file
 //! status flags and close-on-exec flags on the same numbers; what differs is its addresses
-//! (`getpeername` names the relay's loopback end) and a reset from the peer, which arrives as
-//! an end of file.
+//! (`getpeername` names the relay's loopback end), and the time its writes reach the ring: after
+//! `write` returns, so a process sharing the connection directly that writes right after the
+//! program exits may overtake the program's last bytes. A peer's reset is passed on as a reset.
 //!
 //! The relay is a grandchild of the program, orphaned at once (the program never sees a child
 //! it did not make, nor its exit status), in a session of its own (a terminal's signals for the
@@ -145,17 +146,24 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd) -> ! {
         est.memfd,
     ];
     close_all_but(&keep);
+    // 0, 1 and 2 taken by /dev/null, so that nothing the relay opens later (an eventfd of the
+    // rings) sits where a panic message or a log line would be written.
+    for _ in 0..3 {
+        let _ = rustix::fs::open("/dev/null", rustix::fs::OFlags::RDWR, rustix::fs::Mode::empty()).map(std::mem::forget);
+    }
     let shm = match est.into_resumed_shm(crate::spin()) {
         Ok(s) => s,
         // SAFETY: ends this process; the kernel closes the connection's descriptors.
         Err(_) => unsafe { libc::_exit(1) },
     };
+    let mut reset = false;
     std::thread::scope(|s| {
         // The program's bytes toward the peer, its FIN as the connection's.
         s.spawn(|| {
             let mut buf = vec![0u8; 64 * 1024];
             loop {
                 match rustix::io::read(&tcp, &mut buf) {
+                    Err(rustix::io::Errno::INTR) => {}
                     Ok(0) | Err(_) => break,
                     Ok(n) => {
                         if shm.write_all(&buf[..n]).is_err() {
@@ -170,7 +178,14 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd) -> ! {
         let mut buf = vec![0u8; 64 * 1024];
         'down: loop {
             match shm.read(&mut buf) {
-                Ok(0) | Err(_) => break,
+                Ok(0) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // A reset (or a broken connection) is passed on as a reset: the last close
+                    // of this end, below, sends RST; the program's reader ends first.
+                    reset = e.kind() != std::io::ErrorKind::BrokenPipe;
+                    break;
+                }
                 Ok(n) => {
                     let mut rest = &buf[..n];
                     while !rest.is_empty() {
@@ -183,7 +198,12 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd) -> ! {
                 }
             }
         }
-        let _ = net::shutdown(&tcp, net::Shutdown::Write);
+        if reset {
+            let _ = net::sockopt::set_socket_linger(&tcp, Some(std::time::Duration::ZERO));
+            let _ = net::shutdown(&tcp, net::Shutdown::Read);
+        } else {
+            let _ = net::shutdown(&tcp, net::Shutdown::Write);
+        }
     });
     drop(shm);
     drop((tcp, carrier));
