@@ -40,6 +40,13 @@ before CMD starts.")]
     BenchServe(bench::ServeArgs),
 }
 
+/// The LD_PRELOAD shim, built and embedded by build.rs: `colo run` writes it to a per-user cache
+/// directory when no shim is found on disk (see colo_run::embedded).
+const SHIM: colo_run::embedded::Embedded = colo_run::embedded::Embedded {
+    bytes: include_bytes!(concat!(env!("OUT_DIR"), "/libcolo_preload.so")),
+    hash: env!("COLO_EMBEDDED_SHIM_HASH"),
+};
+
 fn main() -> ExitCode {
     // Like other command-line tools: end quietly when the reader of our output goes away.
     // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
@@ -49,7 +56,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::run(a),
         Command::Stat(a) => stat::run(a),
         Command::BenchServe(a) => bench::serve(a),
-        Command::Run { cmd } => return ExitCode::from(colo_run::run(&cmd).clamp(0, 255) as u8),
+        Command::Run { cmd } => return ExitCode::from(colo_run::run_with(&cmd, Some(SHIM)).clamp(0, 255) as u8),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

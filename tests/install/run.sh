@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The ways a user installs colo, each from its result alone in a fresh directory: `cargo install`
+# (the colo binary carries its shim), `make install` (C through pkg-config only), `make dist` (the
+# tarball). Each check has a timeout; any failure exits 1. Root also runs a client as `nobody`.
+source "$(dirname "$0")/../apps/common.sh"
+FAIL=0
+ok() { echo "ok   $*"; }
+bad() { echo "FAIL $*"; FAIL=1; }
+check() { local name=$1; shift; if "$@"; then ok "$name"; else bad "$name"; fi; }
+unset COLO_PRELOAD
+for t in "$HERE"/t_*.sh; do
+  source "$t"
+done
+[ $FAIL = 0 ] && echo "install: all passed" || echo "install: FAILED"
+exit $FAIL
