@@ -1,10 +1,26 @@
 # colo: the two commands of the README.
 #   make demo   builds colo and runs `colo bench` on this machine (about a minute)
 #   make test   runs every test: Rust (unit, loom, multi-process), Go, C, Python, cross-language, apps
-.PHONY: demo test build test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz bench-apps clean
+#   make install PREFIX=/usr/local DESTDIR=   colo, its shim, libcolo, colo.h, colo.pc (make uninstall)
+#   make dist   build/colo-VERSION-ARCH-linux.tar.gz: the same files, relocatable, with README and licenses
+.PHONY: demo test build test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz test-install bench-apps clean install uninstall dist
 
 CARGO ?= cargo
 RUST := rust
+OUT  := $(RUST)/target/release
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' $(RUST)/Cargo.toml | head -n 1)
+ARCH := $(shell uname -m)
+
+# Install locations (GNU conventions); DESTDIR stages them elsewhere, colo.pc names PREFIX's.
+PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+DOCDIR     ?= $(PREFIX)/share/doc/colo
+# What colo.pc says; make dist makes them relative to the .pc file's own directory.
+PC_PREFIX     ?= $(PREFIX)
+PC_LIBDIR     ?= $(LIBDIR)
+PC_INCLUDEDIR ?= $(INCLUDEDIR)
 
 build:
 	cd $(RUST) && $(CARGO) build --release -p colo-cli -p colo-preload -p colo-ffi && $(CARGO) build --release -p colo --example peer
@@ -13,7 +29,7 @@ demo: build
 	mkdir -p build
 	$(RUST)/target/release/colo bench --plot build/bench.png
 
-test: test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz
+test: test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz test-install
 	@echo "all tests passed"
 
 test-rust:
@@ -43,6 +59,45 @@ test-attack:
 # Every fuzz target (Rust cargo-fuzz, Go native) for a bounded time each; fails on a crash.
 test-fuzz:
 	scripts/test-fuzz.sh
+
+# cargo install, make install and make dist, each used from its result alone in a fresh directory.
+test-install: build
+	tests/install/run.sh
+
+# The shim goes in LIBDIR/colo, where `colo run` looks (../lib/colo from the binary); colo also
+# carries its own copy. libcolo.so exports only colo_* (rust/colo-ffi/colo.map), soname libcolo.so.0.
+install: build
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/colo $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(DOCDIR)
+	install -m 755 $(OUT)/colo $(DESTDIR)$(BINDIR)/colo
+	install -m 755 $(OUT)/libcolo_preload.so $(DESTDIR)$(LIBDIR)/colo/libcolo_preload.so
+	install -m 755 $(OUT)/libcolo.so $(DESTDIR)$(LIBDIR)/libcolo.so.0
+	ln -sf libcolo.so.0 $(DESTDIR)$(LIBDIR)/libcolo.so
+	install -m 644 $(OUT)/libcolo.a $(DESTDIR)$(LIBDIR)/libcolo.a
+	install -m 644 $(RUST)/colo-ffi/include/colo.h $(DESTDIR)$(INCLUDEDIR)/colo.h
+	sed -e 's|@PREFIX@|$(PC_PREFIX)|' -e 's|@LIBDIR@|$(PC_LIBDIR)|' -e 's|@INCLUDEDIR@|$(PC_INCLUDEDIR)|' \
+	  -e 's|@VERSION@|$(VERSION)|' $(RUST)/colo-ffi/colo.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/colo.pc
+	chmod 644 $(DESTDIR)$(LIBDIR)/pkgconfig/colo.pc
+	install -m 644 README.md LICENSE-MIT LICENSE-APACHE $(DESTDIR)$(DOCDIR)/
+	{ $(OUT)/colo --help; for c in run bench stat; do echo; echo "colo $$c --help"; $(OUT)/colo $$c --help; done; } \
+	  > $(DESTDIR)$(DOCDIR)/colo-help.txt
+	chmod 644 $(DESTDIR)$(DOCDIR)/colo-help.txt
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/colo $(DESTDIR)$(LIBDIR)/colo/libcolo_preload.so $(DESTDIR)$(LIBDIR)/libcolo.so.0 \
+	  $(DESTDIR)$(LIBDIR)/libcolo.so $(DESTDIR)$(LIBDIR)/libcolo.a $(DESTDIR)$(INCLUDEDIR)/colo.h \
+	  $(DESTDIR)$(LIBDIR)/pkgconfig/colo.pc
+	rm -f $(addprefix $(DESTDIR)$(DOCDIR)/,README.md LICENSE-MIT LICENSE-APACHE colo-help.txt)
+	-rmdir $(DESTDIR)$(LIBDIR)/colo $(DESTDIR)$(DOCDIR) 2>/dev/null
+
+# A relocatable tree (colo.pc finds its files from its own directory), packed with README and licenses.
+DIST := colo-$(VERSION)-$(ARCH)-linux
+dist: build
+	rm -rf build/dist && mkdir -p build/dist
+	$(MAKE) --no-print-directory install DESTDIR=$(CURDIR)/build/dist/$(DIST) PREFIX= DOCDIR=/share/doc/colo \
+	  PC_PREFIX='$${pcfiledir}/../..' PC_LIBDIR='$${prefix}/lib' PC_INCLUDEDIR='$${prefix}/include'
+	cp README.md LICENSE-MIT LICENSE-APACHE build/dist/$(DIST)/
+	tar -C build/dist --owner=0 --group=0 --sort=name -czf build/$(DIST).tar.gz $(DIST)
+	@echo build/$(DIST).tar.gz
 
 bench-apps:
 	tests/apps/bench.sh

@@ -8,7 +8,9 @@ ok() { echo "ok   $*"; }
 bad() { echo "FAIL $*"; FAIL=1; }
 check() { local name=$1; shift; if "$@"; then ok "$name"; else bad "$name"; fi; }
 unset COLO_PRELOAD
-for t in "$HERE"/t_*.sh; do
+# Arguments: the t_*.sh scripts to run (all by default).
+[ $# -gt 0 ] && set -- "${@/#/$HERE/}" || set -- "$HERE"/t_*.sh
+for t in "$@"; do
   source "$t"
 done
 [ $FAIL = 0 ] && echo "install: all passed" || echo "install: FAILED"

@@ -197,10 +197,11 @@ pub fn run_with(cmd: &[String], embedded: Option<embedded::Embedded>) -> i32 {
     });
     match shim {
         Some(shim) => {
+            let shim = shim.canonicalize().unwrap_or(shim);
             if debug {
                 eprintln!("colo run: shim {}", shim.display());
             }
-            let mut pre = OsString::from(shim.canonicalize().unwrap_or(shim));
+            let mut pre = OsString::from(shim);
             if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
                 pre.push(" ");
                 pre.push(old);
