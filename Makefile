@@ -94,7 +94,7 @@ DIST := colo-$(VERSION)-$(ARCH)-linux
 dist: build
 	rm -rf build/dist && mkdir -p build/dist
 	$(MAKE) --no-print-directory install DESTDIR=$(CURDIR)/build/dist/$(DIST) PREFIX= DOCDIR=/share/doc/colo \
-	  PC_PREFIX='$${pcfiledir}/../..' PC_LIBDIR='$${prefix}/lib' PC_INCLUDEDIR='$${prefix}/include'
+	  PC_PREFIX='$$$${pcfiledir}/../..' PC_LIBDIR='$$$${prefix}/lib' PC_INCLUDEDIR='$$$${prefix}/include'
 	cp README.md LICENSE-MIT LICENSE-APACHE build/dist/$(DIST)/
 	tar -C build/dist --owner=0 --group=0 --sort=name -czf build/$(DIST).tar.gz $(DIST)
 	@echo build/$(DIST).tar.gz
