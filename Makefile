@@ -3,7 +3,7 @@
 #   make test   runs every test: Rust (unit, loom, multi-process), Go, C, Python, cross-language, apps
 #   make install PREFIX=/usr/local DESTDIR=   colo, its shim, libcolo, colo.h, colo.pc (make uninstall)
 #   make dist   build/colo-VERSION-ARCH-linux.tar.gz: the same files, relocatable, with README and licenses
-.PHONY: demo test build test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz test-install bench-apps clean install uninstall dist
+.PHONY: demo test build test-clippy test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz test-install bench-apps clean install uninstall dist
 
 CARGO ?= cargo
 RUST := rust
@@ -29,8 +29,12 @@ demo: build
 	mkdir -p build
 	$(RUST)/target/release/colo bench --plot build/bench.png
 
-test: test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz test-install
+test: test-clippy test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz test-install
 	@echo "all tests passed"
+
+# Lints, with docs/SAFETY.md's undocumented_unsafe_blocks among them (workspace [lints]); any warning fails.
+test-clippy:
+	cd $(RUST) && $(CARGO) clippy --workspace --all-targets -- -D warnings
 
 test-rust:
 	cd $(RUST) && $(CARGO) test --workspace --exclude colo-py -- --test-threads=2
