@@ -43,8 +43,9 @@ test-rust:
 test-loom:
 	cd $(RUST) && RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom $(CARGO) test -p colo-ring --test loom --release
 
-test-go:
-	go/test.sh
+# The Rust peer first: TestRecycleWithRustPeer (Go client, Rust server) needs it.
+test-go: build
+	COLO_REQUIRE_RUST_PEER=1 go/test.sh
 
 test-c-py:
 	SKIP_XLANG=1 scripts/test-c-py.sh
