@@ -3,13 +3,16 @@
 #   make test   runs every test: Rust (unit, loom, multi-process), Go, C, Python, cross-language, apps
 #   make install PREFIX=/usr/local DESTDIR=   colo, its shim, libcolo, colo.h, colo.pc (make uninstall)
 #   make dist   build/colo-VERSION-ARCH-linux.tar.gz: the same files, relocatable, with README and licenses
-.PHONY: demo test build test-clippy test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz test-install bench-apps clean install uninstall dist
+.PHONY: demo test build test-clippy test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz test-install bench-apps clean install uninstall dist wheel
 
 CARGO ?= cargo
 RUST := rust
 OUT  := $(RUST)/target/release
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' $(RUST)/Cargo.toml | head -n 1)
 ARCH := $(shell uname -m)
+MATURIN ?= maturin
+# The glibc the binaries need (GLIBC_2.34 symbols, Debian 12 and later).
+MANYLINUX ?= manylinux_2_34
 
 # Install locations (GNU conventions); DESTDIR stages them elsewhere, colo.pc names PREFIX's.
 PREFIX     ?= /usr/local
@@ -19,6 +22,8 @@ INCLUDEDIR ?= $(PREFIX)/include
 DOCDIR     ?= $(PREFIX)/share/doc/colo
 # What colo.pc says; make dist makes them relative to the .pc file's own directory.
 PC_PREFIX     ?= $(PREFIX)
+# -s: install the binaries stripped (make dist does).
+INSTALL_STRIP ?=
 PC_LIBDIR     ?= $(LIBDIR)
 PC_INCLUDEDIR ?= $(INCLUDEDIR)
 
@@ -73,9 +78,9 @@ test-install: build
 # carries its own copy. libcolo.so exports only colo_* (rust/colo-ffi/colo.map), soname libcolo.so.0.
 install: build
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/colo $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(DOCDIR)
-	install -m 755 $(OUT)/colo $(DESTDIR)$(BINDIR)/colo
-	install -m 755 $(OUT)/libcolo_preload.so $(DESTDIR)$(LIBDIR)/colo/libcolo_preload.so
-	install -m 755 $(OUT)/libcolo.so $(DESTDIR)$(LIBDIR)/libcolo.so.0
+	install $(INSTALL_STRIP) -m 755 $(OUT)/colo $(DESTDIR)$(BINDIR)/colo
+	install $(INSTALL_STRIP) -m 755 $(OUT)/libcolo_preload.so $(DESTDIR)$(LIBDIR)/colo/libcolo_preload.so
+	install $(INSTALL_STRIP) -m 755 $(OUT)/libcolo.so $(DESTDIR)$(LIBDIR)/libcolo.so.0
 	ln -sf libcolo.so.0 $(DESTDIR)$(LIBDIR)/libcolo.so
 	install -m 644 $(OUT)/libcolo.a $(DESTDIR)$(LIBDIR)/libcolo.a
 	install -m 644 $(RUST)/colo-ffi/include/colo.h $(DESTDIR)$(INCLUDEDIR)/colo.h
@@ -94,15 +99,23 @@ uninstall:
 	rm -f $(addprefix $(DESTDIR)$(DOCDIR)/,README.md LICENSE-MIT LICENSE-APACHE colo-help.txt)
 	-rmdir $(DESTDIR)$(LIBDIR)/colo $(DESTDIR)$(DOCDIR) 2>/dev/null
 
-# A relocatable tree (colo.pc finds its files from its own directory), packed with README and licenses.
+# A relocatable tree (colo.pc finds its files from its own directory), packed with README and
+# licenses; the binaries without debug information.
 DIST := colo-$(VERSION)-$(ARCH)-linux
 dist: build
 	rm -rf build/dist && mkdir -p build/dist
-	$(MAKE) --no-print-directory install DESTDIR=$(CURDIR)/build/dist/$(DIST) PREFIX= DOCDIR=/share/doc/colo \
+	$(MAKE) --no-print-directory install DESTDIR=$(CURDIR)/build/dist/$(DIST) PREFIX= DOCDIR=/share/doc/colo INSTALL_STRIP=-s \
 	  PC_PREFIX='$$$${pcfiledir}/../..' PC_LIBDIR='$$$${prefix}/lib' PC_INCLUDEDIR='$$$${prefix}/include'
 	cp README.md LICENSE-MIT LICENSE-APACHE build/dist/$(DIST)/
 	tar -C build/dist --owner=0 --group=0 --sort=name -czf build/$(DIST).tar.gz $(DIST)
 	@echo build/$(DIST).tar.gz
+
+# A Python wheel (build/wheels) with the module and the colo command (the binary, which carries
+# its shim, inside the package; the `colo` script executes it).
+wheel: build
+	mkdir -p $(RUST)/colo-py/python/colo/_bin build/wheels
+	install -s -m 755 $(OUT)/colo $(RUST)/colo-py/python/colo/_bin/colo
+	cd $(RUST)/colo-py && $(MATURIN) build --release --strip --compatibility $(MANYLINUX) --out $(CURDIR)/build/wheels
 
 bench-apps:
 	tests/apps/bench.sh
