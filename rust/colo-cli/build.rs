@@ -40,6 +40,7 @@ fn build_shim(manifest: &Path, out: &Path) -> PathBuf {
         println!("cargo:rerun-if-changed={}", ws.join(dep).join("Cargo.toml").display());
     }
     println!("cargo:rerun-if-changed={}", ws.join("Cargo.lock").display());
+    println!("cargo:rerun-if-changed={}", ws.join("Cargo.toml").display());
     // OUT_DIR is <target>[/<triple>]/<profile>/build/colo-cli-<hash>/out: its fourth ancestor is
     // the target directory (or the triple's directory under it), shared by every profile.
     let target_dir = out.ancestors().nth(4).map(|t| t.join("colo-embed")).unwrap_or_else(|| out.join("colo-embed"));
@@ -48,11 +49,10 @@ fn build_shim(manifest: &Path, out: &Path) -> PathBuf {
     c.arg("build").arg("--release").arg("-p").arg("colo-preload")
         .arg("--manifest-path").arg(ws.join("Cargo.toml"))
         .arg("--target-dir").arg(&target_dir);
-    let (target, host) = (std::env::var("TARGET").unwrap_or_default(), std::env::var("HOST").unwrap_or_default());
-    let cross = !target.is_empty() && target != host;
-    if cross {
-        c.arg("--target").arg(&target);
-    }
+    // Always for the binary's target, named: the output directory is then known whatever
+    // CARGO_BUILD_TARGET or .cargo/config says.
+    let target = std::env::var("TARGET").expect("cargo sets TARGET");
+    c.arg("--target").arg(&target);
     // Lints and coverage wrappers of the outer build are not for the embedded artifact; flags
     // (RUSTFLAGS, the linker) are inherited so the shim matches the binary it goes in.
     // Without debug information: it would multiply the size of every `colo` binary.
@@ -60,8 +60,7 @@ fn build_shim(manifest: &Path, out: &Path) -> PathBuf {
     c.env_remove("RUSTC_WORKSPACE_WRAPPER").env_remove("CARGO_TARGET_DIR").env_remove("CARGO_BUILD_TARGET_DIR");
     let status = c.status().expect("running cargo to build colo-preload");
     assert!(status.success(), "building colo-preload for embedding failed ({status})");
-    let dir = if cross { target_dir.join(&target).join("release") } else { target_dir.join("release") };
-    dir.join("libcolo_preload.so")
+    target_dir.join(&target).join("release").join("libcolo_preload.so")
 }
 
 /// FNV-1a, 64 bits: names the cached file (not a security measure: the cache directory's owner
