@@ -26,3 +26,20 @@ if [ "$(id -u)" = 0 ]; then
   check "as nobody: $d is nobody's, 0755, the shim 0444" sh -c \
     "test \"\$(stat -c %U:%a $d)\" = nobody:755 && stat -c %U:%a $d/libcolo_preload-*.so | grep -qx nobody:444"
 fi
+# COLO_PRELOAD still names the shim.
+out=$(cd "$FRESH" && timeout 10 env COLO_PRELOAD="$TARGET/release/libcolo_preload.so" COLO_LOG=debug "$INST/bin/colo" run -- redis-cli -p "$P" ping 2>"$WORK/ci-env.err")
+check "COLO_PRELOAD overrides the carried shim" sh -c "test '$out' = PONG && grep -q 'colo run: shim $(readlink -f "$TARGET/release/libcolo_preload.so")\$' '$WORK/ci-env.err'"
+if [ "$(id -u)" = 0 ]; then
+  # A /tmp/colo-<uid> that someone else owns is refused; the next candidate (~/.cache/colo) is used.
+  d=/tmp/colo-$(id -u nobody); saved=
+  [ -e "$d" ] && { saved=$WORK/saved-nobody-cache; mv "$d" "$saved"; }
+  mkdir -m 755 "$d"   # root's, in nobody's name
+  mkdir -p "$WORK/nobody-home" && chown nobody "$WORK/nobody-home"
+  out=$(cd "$FRESH" && timeout 10 setpriv --reuid=nobody --regid=nogroup --clear-groups \
+    env -u COLO_PRELOAD -u XDG_RUNTIME_DIR -u XDG_CACHE_HOME HOME="$WORK/nobody-home" COLO_LOG=debug \
+    "$INST/bin/colo" run -- redis-cli -p "$P" ping 2>"$WORK/ci-squat.err")
+  check "a squatted /tmp/colo-<uid> is refused for ~/.cache/colo; still PONG, accelerated" sh -c "test '$out' = PONG &&
+    grep -qE 'colo run: shim $WORK/nobody-home/.cache/colo/libcolo_preload-[0-9a-f]{16}\.so' '$WORK/ci-squat.err' &&
+    grep -q 'connect 127.0.0.1:$P: accelerated' '$WORK/ci-squat.err' && test -z \"\$(ls -A '$d')\""
+  rmdir "$d"; [ -n "$saved" ] && mv "$saved" "$d"
+fi

@@ -68,6 +68,11 @@ pub fn materialise(shim: Embedded) -> Result<PathBuf, String> {
 pub fn materialise_in(dir: &Path, shim: Embedded) -> Result<PathBuf, String> {
     let euid = rustix::process::geteuid().as_raw();
     let parent = dir.parent().ok_or("no parent directory")?;
+    // ~/.cache may not exist yet (its parent, the home directory, does).
+    if !parent.exists() {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new().recursive(true).mode(0o755).create(parent).map_err(|e| format!("creating {}: {e}", parent.display()))?;
+    }
     let ps = fs::stat(parent).map_err(|e| format!("parent: {e}"))?;
     let pmode = ps.st_mode;
     if pmode & 0o022 != 0 && pmode & 0o1000 == 0 {
