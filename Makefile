@@ -3,6 +3,7 @@
 #   make test   runs every test: Rust (unit, loom, multi-process), Go, C, Python, cross-language, apps
 #   make install PREFIX=/usr/local DESTDIR=   colo, its shim, libcolo, colo.h, colo.pc (make uninstall)
 #   make dist   build/colo-VERSION-ARCH-linux.tar.gz: the same files, relocatable, with README and licenses
+#   make wheel  build/wheels/colo-*.whl: the Python module and the colo command (needs maturin)
 .PHONY: demo test build test-clippy test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz test-install bench-apps clean install uninstall dist wheel
 
 CARGO ?= cargo
@@ -22,10 +23,10 @@ INCLUDEDIR ?= $(PREFIX)/include
 DOCDIR     ?= $(PREFIX)/share/doc/colo
 # What colo.pc says; make dist makes them relative to the .pc file's own directory.
 PC_PREFIX     ?= $(PREFIX)
-# -s: install the binaries stripped (make dist does).
-INSTALL_STRIP ?=
 PC_LIBDIR     ?= $(LIBDIR)
 PC_INCLUDEDIR ?= $(INCLUDEDIR)
+# -s: install the binaries stripped (make dist does).
+INSTALL_STRIP ?=
 
 build:
 	cd $(RUST) && $(CARGO) build --release -p colo-cli -p colo-preload -p colo-ffi && $(CARGO) build --release -p colo --example peer
@@ -70,7 +71,8 @@ test-attack:
 test-fuzz:
 	scripts/test-fuzz.sh
 
-# cargo install, make install and make dist, each used from its result alone in a fresh directory.
+# cargo install, make install, make dist, make wheel and the Go module (through a module proxy),
+# each used from its result alone in a fresh directory.
 test-install: build
 	tests/install/run.sh
 
