@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The ways a user installs colo, each from its result alone in a fresh directory: `cargo install`
 # (the colo binary carries its shim), `make install` (C through pkg-config only), `make dist` (the
-# tarball). Each check has a timeout; any failure exits 1. Root also runs a client as `nobody`.
+# tarball), `make wheel` (pip into a fresh venv), the Go module (go get through a module proxy).
+# Each check has a timeout; any failure exits 1. As root, clients also run as `nobody`.
+# Usage: tests/install/run.sh [t_N_name.sh ...]   (all by default)
 source "$(dirname "$0")/../apps/common.sh"
 FAIL=0
 ok() { echo "ok   $*"; }
