@@ -2,8 +2,8 @@
 # redis server and client accelerated with no COLO_PRELOAD and no shim on disk beside it.
 # Sourced by run.sh. Shares the tree's target directory, so only what differs is rebuilt.
 INST=$WORK/cargo-root
-check "cargo install --path rust/colo-cli" timeout 900 env CARGO_TARGET_DIR="$TARGET" \
-  cargo install --quiet --path "$ROOT/rust/colo-cli" --root "$INST"
+check "cargo install --locked --path rust/colo-cli" timeout 900 env CARGO_TARGET_DIR="$TARGET" \
+  cargo install --quiet --locked --path "$ROOT/rust/colo-cli" --root "$INST"
 check "the installed copy is alone in its bin directory" test "$(ls "$INST/bin")" = colo
 FRESH=$WORK/fresh; mkdir -p "$FRESH"; chmod 755 "$WORK" "$INST" "$INST/bin" "$FRESH"
 P=$(free_port)
