@@ -39,11 +39,10 @@ build_rust() {
 }
 
 c_tests() {
-    if command -v cbindgen >/dev/null 2>&1; then
-        # the checked-in header must match the Rust source
-        (cd rust/colo-ffi && cbindgen --quiet --config cbindgen.toml --crate colo-ffi --output "$ROOT/build/colo.h.check") &&
-            diff -u rust/colo-ffi/include/colo.h "$ROOT/build/colo.h.check" || { echo "colo.h is stale: make -C tests/c header"; return 1; }
-    fi
+    # The checked-in header must match the Rust source (.ci/run installs cbindgen).
+    command -v cbindgen >/dev/null 2>&1 || { echo "the colo.h check needs cbindgen: cargo install cbindgen --locked"; return 1; }
+    (cd rust/colo-ffi && cbindgen --quiet --config cbindgen.toml --crate colo-ffi --output "$ROOT/build/colo.h.check") &&
+        diff -u rust/colo-ffi/include/colo.h "$ROOT/build/colo.h.check" || { echo "colo.h is stale: make -C tests/c header"; return 1; }
     make -C tests/c all && timeout 300 make -C tests/c test
 }
 

@@ -260,5 +260,9 @@ else
   bad "users (squatted rendezvous names): no user nobody, or it cannot read $SHIM (needs root; set COLO_TEST_UNPRIVILEGED=1 on a machine that cannot)"
 fi
 
+# Connections an exec hands on as stdio, and event-loop servers releasing wrk's connections.
+check "stdio_exec.sh: stdio connections lose no byte" env COLO_APPS_BUILT=1 timeout 600 "$HERE/stdio_exec.sh"
+check "release.sh: node and asyncio servers release their connections" env COLO_APPS_BUILT=1 timeout 600 "$HERE/release.sh"
+
 [ $FAIL = 0 ] && echo "tests/apps: all passed" || echo "tests/apps: FAILURES"
 exit $FAIL

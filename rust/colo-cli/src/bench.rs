@@ -397,7 +397,7 @@ fn ring_floor(size: usize, secs: f64) -> (f64, f64) {
     let layout = geometry.layout().expect("valid");
     let (fd, map) = colo_sys::segment::create(layout.segment_size).expect("memfd");
     let fd2 = fd.try_clone().expect("dup");
-    let map2 = colo_sys::segment::attach(&fd, layout.segment_size).ok().expect("attach");
+    let map2 = colo_sys::segment::attach(&fd, layout.segment_size).unwrap_or_else(|_| panic!("attach"));
     // SAFETY: both mappings are the whole segment laid out by `layout`.
     let (a, b) = unsafe { (Segment::new(map, layout, fd), Segment::new(map2, layout, fd2)) };
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -28,7 +28,7 @@ enum Command {
 inf always); COLO_RING_KB (ring size, default 256); COLO_CARRIER_TIMEOUT_MS (how long a client waits for the \
 server to take its connection, default 500); COLO_SHORT_LIVED=accelerate (keep shared memory for short-lived \
 connections); COLO_MAX_MAPPED_MB and COLO_MAX_MAPPED_PER_UID_MB (peers' segments a server maps at once, in all \
-and per client uid; default 65536, or half of ulimit -v, and a quarter of that); COLO_DISABLE=1; COLO_PRELOAD (the shim library). Values the shim would not understand are named \
+and per client uid; default 65536, or half of ulimit -v, and a quarter of that); COLO_DISABLE=1; COLO_PRELOAD (a shim to use instead of the one found beside colo or carried in it). Values the shim would not understand are named \
 before CMD starts.")]
     Run {
         /// The command and its arguments (after `--`).
@@ -40,6 +40,13 @@ before CMD starts.")]
     BenchServe(bench::ServeArgs),
 }
 
+/// The LD_PRELOAD shim, built and embedded by build.rs: `colo run` writes it to a per-user cache
+/// directory when no shim is found on disk (see colo_run::embedded).
+const SHIM: colo_run::embedded::Embedded = colo_run::embedded::Embedded {
+    bytes: include_bytes!(concat!(env!("OUT_DIR"), "/libcolo_preload.so")),
+    hash: env!("COLO_EMBEDDED_SHIM_HASH"),
+};
+
 fn main() -> ExitCode {
     // Like other command-line tools: end quietly when the reader of our output goes away.
     // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
@@ -49,7 +56,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::run(a),
         Command::Stat(a) => stat::run(a),
         Command::BenchServe(a) => bench::serve(a),
-        Command::Run { cmd } => return ExitCode::from(colo_run::run(&cmd).clamp(0, 255) as u8),
+        Command::Run { cmd } => return ExitCode::from(colo_run::run_with(&cmd, Some(SHIM)).clamp(0, 255) as u8),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

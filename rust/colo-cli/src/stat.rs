@@ -197,7 +197,7 @@ pub fn run(a: Args) -> io::Result<()> {
         println!("{}", serde_json::to_string_pretty(&v).expect("json"));
         return Ok(());
     }
-    println!("{:<8} {:<26} {:>8}  {}", "State", "Local", "Pid", "Program");
+    println!("{:<8} {:<26} {:>8}  Program", "State", "Local", "Pid");
     for l in &ls {
         let pid = sockets.get(&l.inode).copied();
         println!("{:<8} {:<26} {:>8}  {}", "LISTEN", l.name, pid.map_or("-".into(), |p| p.to_string()), pid.map_or("-".into(), comm));

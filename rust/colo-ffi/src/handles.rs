@@ -1156,12 +1156,11 @@ mod tests {
         let h = T.insert(A, Obj::new(3, &d)).ok().unwrap();
         let r = T.get(h, A).unwrap();
         let t = std::thread::spawn(move || T.take(h, A, ok::<()>).ok().unwrap());
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        assert!(T.get(h, A).is_none(), "closed while the take waits");
-        assert_eq!(r.check(), 3, "not moved out under our reference");
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(60); // a watchdog
+        while T.get(h, A).is_some() { assert!(std::time::Instant::now() < end, "the take never closed the entry"); std::thread::yield_now() }
+        assert!(!t.is_finished() && r.check() == 3, "the take waits for our reference; not moved out under it");
         drop(r);
-        let o = t.join().unwrap();
-        assert_eq!(o.check(), 3);
+        assert_eq!(t.join().unwrap().check(), 3);
     }
 
     #[test]

@@ -199,10 +199,8 @@ fn compact(dest: SocketAddr) -> u64 {
     match dest {
         SocketAddr::V4(a) => 1 << 63 | u64::from(u32::from(*a.ip())) << 16 | u64::from(a.port()),
         SocketAddr::V6(a) => {
-            use std::hash::{BuildHasher, Hash, Hasher};
-            let mut h = rustc_hash::FxBuildHasher.build_hasher();
-            (a.ip(), a.port()).hash(&mut h);
-            h.finish() | 1
+            use std::hash::BuildHasher;
+            rustc_hash::FxBuildHasher.hash_one((a.ip(), a.port())) | 1
         }
     }
 }

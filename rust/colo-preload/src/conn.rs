@@ -606,6 +606,7 @@ impl Drop for Conn {
         if self.inheritable() {
             // A holder that exec'd may not have read the handover file yet: leave it unchanged.
             crate::handover::forget(self.raw[3], others);
+            crate::handover::closing(&self.raw);
         }
         if others {
             // Another process (fork) still uses this connection: release our copy only, so the

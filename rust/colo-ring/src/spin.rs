@@ -113,7 +113,7 @@ impl Spinner {
         };
         self.waits = self.waits.wrapping_add(1);
         self.skipped = false;
-        if self.failures >= GIVE_UP_AFTER && self.waits % PROBE_EVERY != 0 {
+        if self.failures >= GIVE_UP_AFTER && !self.waits.is_multiple_of(PROBE_EVERY) {
             return false;
         }
         self.skipped = (self.crowded)();

@@ -9,7 +9,11 @@
 //!
 //! The shim is found, in order, at `$COLO_PRELOAD`, next to the running executable, in `../lib`
 //! and `../lib/colo` relative to it, and in the cargo target directories (`$CARGO_TARGET_DIR`,
-//! `target/{release,debug}` above the executable).
+//! `target/{release,debug}` above the executable). The `colo` binary carries its own copy as a
+//! last resort ([`embedded`]), written to a per-user cache directory, so an installed or copied
+//! `colo` needs nothing else on disk.
+
+pub mod embedded;
 
 use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt;
@@ -165,6 +169,11 @@ pub fn env_warnings(get: impl Fn(&str) -> Option<String>) -> Vec<String> {
 /// Returns only on failure: 127 if CMD could not be started. With the shim missing, CMD runs
 /// without it (with a warning).
 pub fn run(cmd: &[String]) -> i32 {
+    run_with(cmd, None)
+}
+
+/// [`run`], with `embedded` as the shim when none is found on disk.
+pub fn run_with(cmd: &[String], embedded: Option<embedded::Embedded>) -> i32 {
     let Some(prog) = cmd.first() else {
         eprintln!("colo run: usage: colo run -- CMD [ARGS...]");
         return 2;
@@ -179,9 +188,20 @@ pub fn run(cmd: &[String]) -> i32 {
     }
     let mut c = std::process::Command::new(prog);
     c.args(&cmd[1..]);
-    match find_shim() {
+    let debug = std::env::var("COLO_LOG").is_ok_and(|v| v.eq_ignore_ascii_case("debug"));
+    let shim = find_shim().or_else(|| {
+        let e = embedded?;
+        embedded::materialise(e)
+            .inspect_err(|why| eprintln!("colo run: warning: cannot write the embedded shim to a cache directory ({why})"))
+            .ok()
+    });
+    match shim {
         Some(shim) => {
-            let mut pre = OsString::from(shim.canonicalize().unwrap_or(shim));
+            let shim = shim.canonicalize().unwrap_or(shim);
+            if debug {
+                eprintln!("colo run: shim {}", shim.display());
+            }
+            let mut pre = OsString::from(shim);
             if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
                 pre.push(" ");
                 pre.push(old);

@@ -72,7 +72,7 @@ const REFUSED: u32 = 64;
 const READ_TOLD: u32 = 128;
 
 pub(crate) fn eproto(what: impl std::fmt::Display) -> io::Error {
-    io::Error::new(io::ErrorKind::Other, ProtocolError(what.to_string()))
+    io::Error::other(ProtocolError(what.to_string()))
 }
 
 /// A peer broke the protocol (`EPROTO`): corrupted shared memory or a bad control message.
@@ -848,10 +848,10 @@ impl Shm {
                 spinner,
                 || {
                     polls = polls.wrapping_add(1);
-                    if polls % 4096 == 0 {
+                    if polls.is_multiple_of(4096) {
                         self.poll_control();
                     }
-                    if deadline.is_some_and(|d| polls % 64 == 0 && Instant::now() >= d) {
+                    if deadline.is_some_and(|d| polls.is_multiple_of(64) && Instant::now() >= d) {
                         return Err(io::ErrorKind::WouldBlock.into());
                     }
                     check()
@@ -1063,7 +1063,7 @@ impl Shm {
     /// 0.24 us round trip.
     fn notice_hangup(&self, writes: &mut u32) {
         *writes = writes.wrapping_add(1);
-        if *writes % WATCH_EVERY != 0 {
+        if !(*writes).is_multiple_of(WATCH_EVERY) {
             return;
         }
         if self.hangup.armed(&self.fds.control, self.own_waiting()) && self.hangup.take_fired() {

@@ -5,7 +5,7 @@
 //! - the control socket stays silent after the handshake: a byte or a descriptor on it resets the
 //!   connection (ECONNRESET, RESET set in the segment); a zero-length datagram is a hang-up;
 //! - a rendezvous client that sends no HELLO is dropped after `HELLO_TIMEOUT`, and at most
-//!   `MAX_PENDING` such clients are kept;
+//!   `MAX_PENDING_PER_UID` such clients of one uid are kept;
 //! - exactly one of CLAIMED and ABANDONED wins a CARRIER race; the bytes the client wrote first
 //!   are delivered once, by the winner's path;
 //! - a RECYCLE HELLO from another process than the parked connection's client is refused;
@@ -30,9 +30,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 /// The listener's limits on rendezvous clients that send no HELLO (`HELLO_TIMEOUT` and
-/// `MAX_PENDING` in rust/colo/src/listener.rs, spec/WIRE.md section 3): change them together.
+/// `MAX_HALF_OPEN_PER_UID` in rust/colo/src/halfopen.rs, spec/WIRE.md section 3 "Bounds"):
+/// change them together. All the clients here are of one uid, so the per-uid bound is the one met.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
-const MAX_PENDING: usize = 1024;
+const MAX_PENDING_PER_UID: usize = 256;
 
 const EPROTO: i32 = 71;
 
@@ -259,7 +260,7 @@ fn silent_rendezvous_clients_are_dropped_on_time_and_bounded() {
         lim.rlim_cur = lim.rlim_max.min(65536);
         assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
     }
-    assert!(lim.rlim_cur as usize > 2 * (MAX_PENDING + EXTRA) + 200, "RLIMIT_NOFILE too low: {}", lim.rlim_max);
+    assert!(lim.rlim_cur as usize > 2 * (MAX_PENDING_PER_UID + EXTRA) + 200, "RLIMIT_NOFILE too low: {}", lim.rlim_max);
     let (l, addr) = listener();
     let server = thread::spawn(move || {
         let (mut s, _) = l.accept().unwrap();
@@ -268,8 +269,8 @@ fn silent_rendezvous_clients_are_dropped_on_time_and_bounded() {
         s.write_all(&b).unwrap();
     });
     let start = Instant::now();
-    let clients: Vec<OwnedFd> = (0..MAX_PENDING + EXTRA).map(|_| raw_connect(addr)).collect();
-    // The listener takes them in; beyond MAX_PENDING it drops one for each newcomer.
+    let clients: Vec<OwnedFd> = (0..MAX_PENDING_PER_UID + EXTRA).map(|_| raw_connect(addr)).collect();
+    // The listener takes them in; beyond MAX_PENDING_PER_UID it refuses each newcomer.
     let count = || clients.iter().filter(|c| dropped(c)).count();
     let settle = Instant::now() + Duration::from_secs(3);
     while count() < EXTRA && Instant::now() < settle {
@@ -278,7 +279,7 @@ fn silent_rendezvous_clients_are_dropped_on_time_and_bounded() {
     thread::sleep(Duration::from_millis(200));
     let early = count();
     assert!(start.elapsed() < HELLO_TIMEOUT - Duration::from_secs(1), "too slow to tell the bound from the timeout");
-    assert_eq!(early, EXTRA, "at most {MAX_PENDING} silent clients are kept");
+    assert_eq!(early, EXTRA, "at most {MAX_PENDING_PER_UID} silent clients of one uid are kept");
     // The rest are kept until their time is up, not earlier...
     thread::sleep((start + HELLO_TIMEOUT - Duration::from_millis(700)).saturating_duration_since(Instant::now()));
     assert_eq!(count(), EXTRA, "a silent client was dropped before {HELLO_TIMEOUT:?}");

@@ -114,6 +114,7 @@ fn messages_on_a_recycled_segment_start_from_a_full_pool() {
     let opts = Options::new().pool(4096, 4);
     let l = Listener::bind_with("127.0.0.1:0", opts.clone()).unwrap();
     let addr = l.local_addr().unwrap();
+    let (parked_tx, parked) = mpsc::channel();
     let server = thread::spawn(move || {
         // First connection: take one message and release it, leave the other two unreleased.
         let (s, _) = l.accept().unwrap();
@@ -125,7 +126,8 @@ fn messages_on_a_recycled_segment_start_from_a_full_pool() {
         let mut b = [0u8; 1];
         assert_eq!((&s).read(&mut b).unwrap(), 0);
         drop(kept);
-        drop(s);
+        drop(s); // parks the server's side (a clean close)
+        parked_tx.send(()).unwrap();
         // Second connection: all four slots come, with their own bytes.
         let (s, _) = l.accept().unwrap();
         for k in 0..4u8 {
@@ -144,7 +146,7 @@ fn messages_on_a_recycled_segment_start_from_a_full_pool() {
     assert_eq!(before.len(), 1);
     drop(c);
     // Wait until the server has parked its side too (the dial after that reuses the segment).
-    thread::sleep(Duration::from_millis(200));
+    parked.recv().unwrap();
     let c = Stream::connect_with(addr, &opts).unwrap();
     assert_eq!(connection_segments(), before, "the second connection reuses the first one's segment");
     // Four loans at once: no slot is still held from the first connection.
@@ -177,9 +179,10 @@ fn parked_segments_are_released_after_a_second() {
     closed.recv().unwrap();
     // Both sides keep it parked for a while...
     assert_eq!(connection_segments().len(), 1);
-    // ...and let go of it after a second.
-    thread::sleep(Duration::from_millis(1600));
-    assert_eq!(connection_segments(), HashSet::new(), "parked segments still open");
+    // ...and let go of it after a second (a hang here ends in the watchdog).
+    while !connection_segments().is_empty() {
+        thread::sleep(Duration::from_millis(50));
+    }
     // A dial after both sides dropped their parked segments builds a new one and works.
     let mut s = Stream::connect(addr).unwrap();
     s.write_all(b"y").unwrap();

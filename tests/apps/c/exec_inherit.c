@@ -1,8 +1,10 @@
 /* An accelerated connection survives exec (run with the shim preloaded, as tests/apps/run.sh
- * does): in the same process (the server execs itself mid-stream) and in a forked child that
- * inherits the socket on fd 0 (inetd style). Bytes in flight across the exec arrive intact and
- * in order, and the new program image holds the segment (the connection was taken back, not
- * left as a silent TCP socket). alarm() is the watchdog. */
+ * does): in the same process (the server execs itself mid-stream), where the new program image
+ * holds the segment (the connection was taken back, not left as a silent TCP socket); and in a
+ * forked child that inherits the socket on fd 0 (inetd style) and reads it with glibc's stdio
+ * (fread on stdin, past the shim), where the shim relays the connection over a loopback TCP
+ * socket: the image holds no segment and fd 0 is a connected TCP socket. Either way bytes in
+ * flight across the exec arrive intact and in order. alarm() is the watchdog. */
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
@@ -95,18 +97,51 @@ int main(int argc, char **argv) {
         execl("/proc/self/exe", argv[0], "inetd-parent", (char *)NULL);
         die("exec inetd-parent");
     }
-    if (argc == 2 && strcmp(argv[1], "inetd") == 0) return finish(0, 0, "inetd child");
+    if (argc == 3 && strcmp(argv[1], "inetd") == 0) {
+        /* argv[2]: the client's port. fd 0 is now the relay's loopback connection. */
+        struct sockaddr_in peer;
+        socklen_t plen = sizeof peer;
+        if (getpeername(0, (struct sockaddr *)&peer, &plen) < 0) die("inetd child: fd 0 is not a connected socket");
+        if (ntohs(peer.sin_port) == atoi(argv[2])) {
+            fprintf(stderr, "inetd child: the connection on fd 0 was not relayed\n");
+            return 1;
+        }
+        /* Nor any other connection's segment (one the parent had just closed, not yet unmapped). */
+        if (segments() != 0) {
+            fprintf(stderr, "inetd child: holds %d colo segments\n", segments());
+            return 1;
+        }
+        static unsigned char buf[TOTAL];
+        if (fread(buf, 1, TOTAL, stdin) != TOTAL) die("inetd child: fread");
+        for (long i = 0; i < TOTAL; i++)
+            if (buf[i] != pattern(i)) {
+                fprintf(stderr, "inetd child: byte %ld differs\n", i);
+                return 1;
+            }
+        write_all(0, "OK", 2);
+        if (fgetc(stdin) != EOF) die("inetd child: expected EOF");
+        return 0;
+    }
     if (argc == 2 && strcmp(argv[1], "inetd-parent") == 0) {
         int port, l = listener(&port);
         pid_t cl = fork();
         if (cl == 0) client(port);
         int s = accept(l, NULL, NULL); /* inheritable, like inetd's */
         if (s < 0) die("accept");
+        if (segments() == 0) {
+            fprintf(stderr, "inetd parent: the connection was not accelerated\n");
+            return 1;
+        }
+        struct sockaddr_in peer;
+        socklen_t plen = sizeof peer;
+        if (getpeername(s, (struct sockaddr *)&peer, &plen) < 0) die("getpeername");
+        char cport[16];
+        snprintf(cport, sizeof cport, "%d", ntohs(peer.sin_port));
         pid_t ch = fork();
         if (ch == 0) {
             dup2(s, 0);
             close(s);
-            execl("/proc/self/exe", argv[0], "inetd", (char *)NULL);
+            execl("/proc/self/exe", argv[0], "inetd", cport, (char *)NULL);
             die("exec inetd");
         }
         close(s);

@@ -309,9 +309,9 @@ int main(void) {
     pthread_t t;
     pthread_create(&t, NULL, blocked_reader, &tr);
     usleep(50000);
-    double t0 = now();
+    /* A FIONREAD that waited for the reader would never return: the data it would wait for is
+     * asked for only after it (the alarm() watchdog ends the test). */
     CHECK(ioctl(s, FIONREAD, &n) == 0 && n == 0, "FIONREAD while another thread reads");
-    CHECK(now() - t0 < 0.5, "FIONREAD returned at once");
     ask('S', 3, 0);
     pthread_join(t, NULL);
     CHECK(tr > 0 && tr <= 3, "the blocked reader got the data");

@@ -34,8 +34,9 @@ def header(client_port):
 
 
 hello = struct.pack("<IBBBBII", 0x4F4C4F43, 1, 1, 2, 0, 0, 0)
-bell_c = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-bell_s = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+# The doorbell pair (spec/WIRE.md section 1): the server's end goes in both doorbell slots.
+bell_ours, bell_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+bell_c = bell_s = bell_theirs.fileno()
 socks = []
 t0 = time.time()
 for i in range(count):

@@ -1,0 +1,227 @@
+//! A connection handed over by `exec` as standard input, output or error.
+//!
+//! glibc's stdio (`getchar`, `fgets`, `printf`, `fflush`) reads and writes descriptors 0, 1 and 2
+//! through calls internal to libc that no preloaded library sees: an accelerated connection
+//! there would be read and written as its carrier TCP socket, which carries no payload after the
+//! claim (spec/WIRE.md section 3), so every byte would be lost in both directions. A claimed
+//! connection cannot go back to its carrier without its peer (the peer's bytes wait in the
+//! ring; only the peer could write them into the carrier's other end).
+//!
+//! So when a new image takes back a connection one of whose descriptors is 0, 1 or 2, it gives
+//! every such descriptor a loopback TCP connection of its own instead, and a relay process
+//! carries the bytes between that connection and the rings, in order, both ways: the bytes
+//! already in the ring toward this side first, then everything the peer writes later; and all
+//! the program writes, after the bytes this side's earlier image had written. A FIN goes each
+//! way as the other side's end of file. The program sees a TCP socket with the same file
+//! status flags and close-on-exec flags on the same numbers; what differs is its addresses
+//! (`getpeername` names the relay's loopback end), and the time its writes reach the ring: after
+//! `write` returns, so a process sharing the connection directly that writes right after the
+//! program exits may overtake the program's last bytes. A peer's reset is passed on as a reset.
+//!
+//! The relay is a grandchild of the program, orphaned at once (the program never sees a child
+//! it did not make, nor its exit status), in a session of its own (a terminal's signals for the
+//! program's group do not end it). It holds the connection, and the carrier TCP socket, until
+//! both directions have ended, then closes them, which ends the connection for the peer.
+
+use colo::carrier::Established;
+use colo_sys::{AsRawFd, BorrowedFd, OwnedFd};
+use rustix::net::{self, AddressFamily, SocketAddrAny, SocketType};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// True if one of `socks` (the descriptors of one connection's application socket) is a
+/// standard stream.
+pub fn is_stdio(socks: &[i32]) -> bool {
+    socks.iter().any(|&fd| (0..=2).contains(&fd))
+}
+
+/// Gives each of `socks` a loopback TCP connection whose other end a relay process joins to the
+/// connection `est` (see the module's comment). On failure nothing has changed, and the caller
+/// keeps the connection as it would have.
+pub fn relay(est: Established, socks: &[i32]) -> Result<(), Box<(Established, String)>> {
+    let Some(&first) = socks.first() else { return Err(Box::new((est, "no socket".into()))) };
+    let (app, relay_end) = match loopback_pair(est.local.is_ipv6()) {
+        Ok(p) => p,
+        Err(e) => return Err(Box::new((est, format!("no loopback pair: {e}")))),
+    };
+    // SAFETY: the application's socket, open (listed in /proc/self/fd by the caller).
+    let orig = unsafe { BorrowedFd::borrow_raw(first) };
+    // The carrier stays open in the relay for as long as the connection (spec/WIRE.md 3.4).
+    let carrier = match rustix::io::fcntl_dupfd_cloexec(orig, 3) {
+        Ok(c) => c,
+        Err(e) => return Err(Box::new((est, format!("no copy of the carrier: {e}")))),
+    };
+    let status = rustix::fs::fcntl_getfl(orig).unwrap_or(rustix::fs::OFlags::empty());
+    let _ = rustix::fs::fcntl_setfl(&app, status & rustix::fs::OFlags::NONBLOCK);
+    // The intermediate child says whether the relay started (its exit status may be out of
+    // reach: with SIGCHLD ignored, which `exec` keeps, the kernel reaps it at once).
+    let (said, say) = match rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC) {
+        Ok(p) => p,
+        Err(e) => return Err(Box::new((est, format!("pipe: {e}")))),
+    };
+    // SAFETY: the libc `fork` the shim wraps, in the constructor of a new image, before the
+    // program's `main`: its atfork handlers are the shim's and libc's own.
+    let child = unsafe { crate::real::fork() };
+    if child < 0 {
+        return Err(Box::new((est, format!("fork: {}", std::io::Error::last_os_error()))));
+    }
+    if child == 0 {
+        drop(said);
+        // SAFETY: as above; in the child of a single-threaded constructor.
+        let relay_pid = unsafe { crate::real::fork() };
+        if relay_pid == 0 {
+            drop(say);
+            run(est, relay_end, carrier);
+        }
+        if relay_pid > 0 {
+            let _ = rustix::io::write(&say, &[1]);
+        }
+        // SAFETY: ends the intermediate child at once, without running the image's exit code.
+        unsafe { libc::_exit(0) };
+    }
+    drop(say);
+    let mut started = [0u8; 1];
+    let started = loop {
+        match rustix::io::read(&said, &mut started) {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => break r == Ok(1),
+        }
+    };
+    let mut status = 0;
+    // SAFETY: reaps the intermediate child made just above, which has exited or is exiting (an
+    // ECHILD under an ignored SIGCHLD is fine).
+    unsafe { libc::waitpid(child, &mut status, 0) };
+    if !started {
+        return Err(Box::new((est, "the relay process could not be started".into())));
+    }
+    for &fd in socks {
+        // SAFETY: the application's descriptor, open.
+        let cloexec = rustix::io::fcntl_getfd(unsafe { BorrowedFd::borrow_raw(fd) })
+            .map(|f| f.contains(rustix::io::FdFlags::CLOEXEC))
+            .unwrap_or(false);
+        let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
+        // SAFETY: replaces the application's descriptor by the loopback connection, atomically
+        // (the number never refers to anything else in between).
+        unsafe { libc::syscall(libc::SYS_dup3, app.as_raw_fd(), fd, flags) };
+    }
+    drop((est, app, relay_end, carrier));
+    Ok(())
+}
+
+/// A connected loopback TCP pair: (the program's end, the relay's end), both close-on-exec.
+fn loopback_pair(v6: bool) -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let (family, addr) = if v6 {
+        (AddressFamily::INET6, SocketAddr::from((Ipv6Addr::LOCALHOST, 0)))
+    } else {
+        (AddressFamily::INET, SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+    };
+    let ty = SocketType::STREAM;
+    let listener = net::socket_with(family, ty, net::SocketFlags::CLOEXEC, None)?;
+    net::bind(&listener, &addr)?;
+    net::listen(&listener, 1)?;
+    let name = net::getsockname(&listener)?;
+    let app = net::socket_with(family, ty, net::SocketFlags::CLOEXEC, None)?;
+    net::connect(&app, &name)?;
+    let relay_end = net::accept_with(&listener, net::SocketFlags::CLOEXEC)?;
+    let mine: SocketAddrAny = net::getsockname(&app)?;
+    // Only the connection just made, never another process's that raced to the listener.
+    if net::getpeername(&relay_end)?.as_ref() != Some(&mine) {
+        return Err(std::io::Error::other("a stranger connected to the loopback listener"));
+    }
+    let _ = net::sockopt::set_tcp_nodelay(&app, true);
+    let _ = net::sockopt::set_tcp_nodelay(&relay_end, true);
+    Ok((app, relay_end))
+}
+
+/// The relay process: never returns.
+fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd) -> ! {
+    let _ = rustix::process::setsid();
+    // Nothing of the program's but the connection: its other descriptors (pipes, sockets,
+    // files) must close when the program closes them.
+    let keep = [
+        tcp.as_raw_fd(),
+        carrier.as_raw_fd(),
+        est.fds.control.as_raw_fd(),
+        est.fds.own_bell.as_raw_fd(),
+        est.fds.self_bell.as_raw_fd(),
+        est.memfd,
+    ];
+    close_all_but(&keep);
+    // 0, 1 and 2 taken by /dev/null, so that nothing the relay opens later (an eventfd of the
+    // rings) sits where a panic message or a log line would be written.
+    for _ in 0..3 {
+        let _ = rustix::fs::open("/dev/null", rustix::fs::OFlags::RDWR, rustix::fs::Mode::empty()).map(std::mem::forget);
+    }
+    let shm = match est.into_resumed_shm(crate::spin()) {
+        Ok(s) => s,
+        // SAFETY: ends this process; the kernel closes the connection's descriptors.
+        Err(_) => unsafe { libc::_exit(1) },
+    };
+    let mut reset = false;
+    std::thread::scope(|s| {
+        // The program's bytes toward the peer, its FIN as the connection's.
+        s.spawn(|| {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match rustix::io::read(&tcp, &mut buf) {
+                    Err(rustix::io::Errno::INTR) => {}
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if shm.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+            shm.shutdown(false, true);
+        });
+        // The peer's bytes toward the program, from the first one this side has not read.
+        let mut buf = vec![0u8; 64 * 1024];
+        'down: loop {
+            match shm.read(&mut buf) {
+                Ok(0) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // A reset (or a broken connection) is passed on as a reset: the last close
+                    // of this end, below, sends RST; the program's reader ends first.
+                    reset = e.kind() != std::io::ErrorKind::BrokenPipe;
+                    break;
+                }
+                Ok(n) => {
+                    let mut rest = &buf[..n];
+                    while !rest.is_empty() {
+                        match net::send(&tcp, rest, net::SendFlags::NOSIGNAL) {
+                            Ok(k) => rest = &rest[k..],
+                            Err(rustix::io::Errno::INTR) => {}
+                            Err(_) => break 'down,
+                        }
+                    }
+                }
+            }
+        }
+        if reset {
+            let _ = net::sockopt::set_socket_linger(&tcp, Some(std::time::Duration::ZERO));
+            let _ = net::shutdown(&tcp, net::Shutdown::Read);
+        } else {
+            let _ = net::shutdown(&tcp, net::Shutdown::Write);
+        }
+    });
+    drop(shm);
+    drop((tcp, carrier));
+    // SAFETY: ends the relay without running the program's exit handlers.
+    unsafe { libc::_exit(0) }
+}
+
+fn close_all_but(keep: &[i32]) {
+    let mut keep: Vec<u32> = keep.iter().filter(|&&fd| fd >= 0).map(|&fd| fd as u32).collect();
+    keep.sort_unstable();
+    let mut from = 0u32;
+    for k in keep {
+        if k > from {
+            // SAFETY: closes descriptors of this process that the relay does not use.
+            unsafe { libc::syscall(libc::SYS_close_range, from, k - 1, 0) };
+        }
+        from = k + 1;
+    }
+    // SAFETY: as above.
+    unsafe { libc::syscall(libc::SYS_close_range, from, u32::MAX, 0) };
+}

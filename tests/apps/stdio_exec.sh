@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Connections an exec hands on as standard input and output (issue 22): an inetd-style server
+# of ours (fork, dup2 onto 0 and 1, exec a filter) and socat's EXEC, both under `colo run`, with
+# clients under `colo run`. glibc's stdio in the filter reads and writes through calls the shim
+# never sees: every byte must still come back, in order (the shim relays the connection over a
+# loopback TCP connection, logged), for sizes from 1 byte to 4 MB; also with SIGCHLD ignored
+# across the exec (as inetd-style servers that let the kernel reap their children have it).
+source "$(dirname "$0")/common.sh"
+[ -n "${COLO_APPS_BUILT:-}" ] || build
+FAIL=0
+ok() { echo "ok   $*"; }
+bad() { echo "FAIL $*"; FAIL=1; }
+check() { local name=$1; shift; if "$@"; then ok "$name"; else bad "$name"; fi; }
+SIZES="1 1000 65536 300000 4000000"
+for n in $SIZES; do head -c "$n" /dev/urandom | od -An -tx1 -v | head -c "$n" > "$WORK/in.$n"; done
+# roundtrip NAME PORT SIZE EXPECTED-TRANSFORM: a client under colo run sends the file and reads
+# until the server's end of file.
+roundtrip() {
+  local out=$WORK/out.$1.$3
+  timeout 60 env COLO_LOG=info $COLORUN socat -t30 - "TCP:127.0.0.1:$2" <"$WORK/in.$3" >"$out" 2>>"$WORK/$1-client.log" || return 1
+  cmp -s "$out" "$4"
+}
+gcc -O2 -o "$WORK/inetd" "$HERE/servers/inetd.c" || bad "compile inetd.c"
+# cat reads and writes with read(2)/write(2) through libc's wrappers; sed -u through stdio.
+for filter in cat "sed -u s/x/x/"; do
+  P=$(free_port); name=inetd${filter%% *}
+  COLO_LOG=info timeout 120 $COLORUN "$WORK/inetd" "$P" "$(echo $SIZES | wc -w)" $filter >"$WORK/$name.log" 2>&1 & PIDS+=($!)
+  for _ in $(seq 100); do grep -qs READY "$WORK/$name.log" && break; sleep 0.05; done
+  for n in $SIZES; do
+    check "inetd-style server, $filter as stdin/stdout: $n bytes back in order (client under colo run)" roundtrip "$name" "$P" "$n" "$WORK/in.$n"
+  done
+  check "... its connections were accelerated, then relayed" sh -c "
+    [ \$(grep -c ': accelerated (shared memory)' '$WORK/$name.log') -ge 5 ] && [ \$(grep -c 'is standard I/O: relayed over loopback TCP' '$WORK/$name.log') -ge 5 ]"
+done
+# SIGCHLD ignored (kept by exec): the relay's start is not told by an exit status.
+P=$(free_port)
+IGNORE_CHLD=1 COLO_LOG=info timeout 120 $COLORUN "$WORK/inetd" "$P" 1 sed -u s/a/b/ >"$WORK/inetd-ign.log" 2>&1 & PIDS+=($!)
+for _ in $(seq 100); do grep -qs READY "$WORK/inetd-ign.log" && break; sleep 0.05; done
+sed 's/a/b/' "$WORK/in.300000" >"$WORK/exp.ign"
+check "inetd-style server with SIGCHLD ignored, sed -u: 300000 bytes back in order" roundtrip inetd-ign "$P" 300000 "$WORK/exp.ign"
+check "... relayed" grep -q 'is standard I/O: relayed over loopback TCP' "$WORK/inetd-ign.log"
+
+if command -v socat >/dev/null; then
+  S=$(free_port)
+  COLO_LOG=info timeout 120 $COLORUN socat TCP-LISTEN:$S,bind=127.0.0.1,reuseaddr,fork EXEC:'sed -u s/a/b/',nofork >"$WORK/socat.log" 2>&1 & PIDS+=($!)
+  wait_port "$S"
+  for n in $SIZES; do
+    sed 's/a/b/' "$WORK/in.$n" >"$WORK/exp.$n"
+    check "socat EXEC:'sed -u', $n bytes back in order, transformed (client under colo run)" roundtrip socat "$S" "$n" "$WORK/exp.$n"
+  done
+  check "... the client's connections were accelerated" test "$(grep -c ': accelerated (shared memory)' "$WORK/socat-client.log")" -ge 5
+  check "... and relayed" test "$(grep -c 'is standard I/O: relayed over loopback TCP' "$WORK/socat.log")" -ge 5
+else
+  bad "socat is not installed (tests/apps/packages.txt)"
+fi
+[ $FAIL = 0 ] && echo "tests/apps/stdio_exec.sh: all passed" || echo "tests/apps/stdio_exec.sh: FAILURES"
+exit $FAIL
