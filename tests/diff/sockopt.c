@@ -89,6 +89,28 @@ static void tcp_info(void) {
     info("server after both", s, 1000);
 }
 
+static void options_before_connect(void) {
+    /* Options set on the client before it connects, and on the listener (inherited by the
+     * accepted socket), hold once connected. */
+    struct sockaddr_in a;
+    int l = listener(&a), low = 8;
+    struct timeval tv = {0, 200000};
+    T("listener SO_RCVLOWAT 8", setsockopt(l, SOL_SOCKET, SO_RCVLOWAT, &low, sizeof low));
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    T("client SO_RCVTIMEO 0.2 s", setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv));
+    T("client SO_RCVLOWAT 8", setsockopt(c, SOL_SOCKET, SO_RCVLOWAT, &low, sizeof low));
+    if (connect(c, (struct sockaddr *)&a, sizeof a) < 0) die("connect");
+    int s = accept(l, NULL, NULL);
+    if (s < 0) die("accept");
+    __atomic_add_fetch(diff_conns, 1, __ATOMIC_SEQ_CST);
+    char b[16];
+    T("client recv (timeout)", recv(c, b, sizeof b, 0));
+    T("send 4 each way", send(c, "abcd", 4, 0) + send(s, "abcd", 4, 0));
+    settle(50);
+    mask("poll server below its inherited mark", pmask(s));
+    mask("poll client below its mark", pmask(c));
+}
+
 int main(void) {
     diff_begin();
     RUN(rcvlowat);
@@ -96,6 +118,7 @@ int main(void) {
     RUN(sndbuf);
     RUN(sndtimeo);
     RUN(tcp_info);
+    RUN(options_before_connect);
     diff_end();
     return 0;
 }

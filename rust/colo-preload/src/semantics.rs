@@ -111,6 +111,34 @@ pub unsafe fn setsockopt_slow(fd: c_int, level: c_int, name: c_int, val: *const 
     g.ok(0) as c_int
 }
 
+/// A connection the shim just accelerated on `fd` (connected, accepted, or taken back after
+/// `exec`) takes the options its socket already has: set before `connect`, inherited from the
+/// listener, or set by an earlier image. Three `getsockopt`s per set-up.
+pub fn adopt_options(fd: c_int, c: &Conn) {
+    let get = |name: c_int, val: *mut c_void, size: usize| {
+        let mut len = size as socklen_t;
+        // SAFETY: `val` points to `size` writable bytes of ours.
+        unsafe { real::getsockopt(fd, libc::SOL_SOCKET, name, val, &mut len) == 0 && len as usize == size }
+    };
+    for name in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
+        let mut tv = libc::timeval { tv_sec: 0, tv_usec: 0 };
+        if get(name, (&mut tv as *mut libc::timeval).cast(), std::mem::size_of::<libc::timeval>()) {
+            let d = std::time::Duration::new(tv.tv_sec.max(0) as u64, (tv.tv_usec.max(0) as u32) * 1000);
+            if !d.is_zero() {
+                if name == libc::SO_RCVTIMEO {
+                    c.shm().set_read_timeout(Some(d));
+                } else {
+                    c.shm().set_write_timeout(Some(d));
+                }
+            }
+        }
+    }
+    let mut low: c_int = 1;
+    if get(libc::SO_RCVLOWAT, (&mut low as *mut c_int).cast(), std::mem::size_of::<c_int>()) && low > 1 {
+        c.set_lowat(low as u32);
+    }
+}
+
 /// `setsockopt(SO_RCVLOWAT)` on an accelerated connection, which the kernel accepted.
 pub unsafe fn set_rcvlowat(fd: c_int, val: *const c_void, len: socklen_t) {
     if val.is_null() || (len as usize) < std::mem::size_of::<c_int>() {
