@@ -38,6 +38,12 @@ static void sndbuf(void) {
     ssize_t n;
     while ((n = send(c, big, sizeof big, MSG_DONTWAIT)) > 0) total += n;
     say("  queued before EAGAIN under 64 KiB: %s", total < 65536 ? "yes" : "no");
+    mask("poll writer full", pmask(c) & POLLOUT);
+    long got = 0;
+    while (got < total && (n = recv(s, big, sizeof big, 0)) > 0) got += n;
+    settle(50);
+    mask("poll writer drained", pmask(c) & POLLOUT);
+    T("send after the drain", send(c, big, 100, MSG_DONTWAIT));
 }
 
 static void sndtimeo(void) {

@@ -64,6 +64,8 @@ pub struct Conn {
     read_shut: AtomicBool,
     /// `SO_RCVLOWAT` (at least 1): readable from this many bytes on.
     lowat: AtomicU32,
+    /// What a small `SO_SNDBUF` lets a non-blocking writer queue in the ring (0: the ring).
+    send_limit: AtomicU64,
     /// On the server side: the client's program tag, under which its ending is recorded for the
     /// listener's short-lived marker.
     client_tag: Option<u64>,
@@ -131,6 +133,7 @@ impl Conn {
             abort: AtomicBool::new(false),
             read_shut: AtomicBool::new(false),
             lowat: AtomicU32::new(1),
+            send_limit: AtomicU64::new(0),
             client_tag: None,
         })
     }
@@ -335,7 +338,7 @@ impl Conn {
         if fin || reset {
             m |= RDHUP;
         }
-        if used < self.w.capacity || read_closed || reset {
+        if used < self.send_room() || read_closed || reset {
             m |= OUT;
         }
         if reset || used > self.w.capacity || avail > self.w.capacity {
@@ -445,11 +448,33 @@ impl Conn {
         Ok(avail as usize)
     }
 
-    /// Bytes the outgoing ring takes now without waiting (it only grows until we write).
+    /// Bytes the outgoing ring takes now without waiting (it only grows until we write), within
+    /// a small `SO_SNDBUF`'s bound.
     pub fn space(&self) -> usize {
         // SAFETY: aligned atomics inside the mapping `shm` owns.
         let (head, tail) = unsafe { ((*self.w.out_head).load(Ordering::Relaxed), (*self.w.out_tail).load(Ordering::Acquire)) };
-        self.w.capacity.saturating_sub(head.wrapping_sub(tail)) as usize
+        self.send_room().saturating_sub(head.wrapping_sub(tail)) as usize
+    }
+
+    /// How many bytes may wait in the outgoing ring: its capacity, or less after a small
+    /// `SO_SNDBUF` (`set_send_limit`).
+    fn send_room(&self) -> u64 {
+        match self.send_limit.load(Ordering::Relaxed) {
+            0 => self.w.capacity,
+            l => l.min(self.w.capacity),
+        }
+    }
+
+    /// `SO_SNDBUF` of `n` bytes: a non-blocking writer queues about what kernel TCP would before
+    /// `EAGAIN` (the kernel doubles the value, and the peer's receive queue takes about as much
+    /// again), and poll reports writable below that. Blocking writes still fill the ring.
+    pub fn set_send_limit(&self, n: usize) {
+        self.send_limit.store((n as u64).saturating_mul(4).max(4096), Ordering::Relaxed);
+    }
+
+    /// Whether a small `SO_SNDBUF` bounds the ring (see `set_send_limit`).
+    pub fn send_limited(&self) -> bool {
+        self.send_limit.load(Ordering::Relaxed) != 0
     }
 
     /// The peer's processes are all gone (the control socket hung up), with no RESET either

@@ -86,9 +86,9 @@ unsafe fn tcp_info(fd: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
 pub unsafe fn setsockopt_slow(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
     // SAFETY: the application's arguments.
     let r = unsafe { real::setsockopt(fd, level, name, val, len) };
-    if r == 0 && level == libc::SOL_SOCKET && name == libc::SO_RCVLOWAT && !plain(fd) {
+    if r == 0 && level == libc::SOL_SOCKET && (name == libc::SO_RCVLOWAT || name == libc::SO_SNDBUF) && !plain(fd) {
         // SAFETY: the application's arguments, which the kernel just accepted.
-        unsafe { set_rcvlowat(fd, val, len) };
+        unsafe { set_int_option(fd, name, val, len) };
         return r;
     }
     if r != 0 || plain(fd) || level != libc::SOL_SOCKET || (name != libc::SO_RCVTIMEO && name != libc::SO_SNDTIMEO) {
@@ -139,17 +139,36 @@ pub fn adopt_options(fd: c_int, c: &Conn) {
     }
 }
 
-/// `setsockopt(SO_RCVLOWAT)` on an accelerated connection, which the kernel accepted.
-pub unsafe fn set_rcvlowat(fd: c_int, val: *const c_void, len: socklen_t) {
+/// `setsockopt(SO_RCVLOWAT or SO_SNDBUF)` on an accelerated connection, which the kernel accepted.
+unsafe fn set_int_option(fd: c_int, name: c_int, val: *const c_void, len: socklen_t) {
     if val.is_null() || (len as usize) < std::mem::size_of::<c_int>() {
         return;
     }
     let g = Guard::enter();
     if let Some(c) = table::conn(fd) {
         // SAFETY: an int, as the kernel just accepted.
-        c.set_lowat(unsafe { *(val as *const c_int) }.max(1) as u32);
+        let v = unsafe { *(val as *const c_int) }.max(1);
+        if name == libc::SO_RCVLOWAT {
+            c.set_lowat(v as u32);
+        } else {
+            c.set_send_limit(v as usize);
+        }
     }
     drop(g);
+}
+
+/// A non-blocking write on a connection a small `SO_SNDBUF` bounds (`Conn::set_send_limit`):
+/// what fits below the bound, or `EAGAIN`.
+pub fn send_bounded(c: &Conn, buf: &[u8]) -> io::Result<usize> {
+    let room = c.space();
+    if room == 0 {
+        // Errors (a reset, a closed peer) first, as the kernel reports them before EAGAIN.
+        if c.ready(true) & crate::conn::ERR != 0 {
+            return c.shm().write(buf);
+        }
+        return Err(io::Error::from_raw_os_error(libc::EAGAIN));
+    }
+    c.shm().write(&buf[..buf.len().min(room)])
 }
 
 /// The application closes `fd`, a descriptor of `c`: with `SO_LINGER {1, 0}` kernel TCP would

@@ -154,6 +154,9 @@ fn conn_send_inner(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
         if !c.nonblocking() && c.ready(false) & OUT == 0 && c.arm(Drainer::Awake, true) & OUT == 0 {
             return Err(would_block());
         }
+        if c.send_limited() {
+            return crate::semantics::send_bounded(c, buf);
+        }
         let n = c.shm().write(buf)?;
         return Ok(n);
     }
