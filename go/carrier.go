@@ -129,11 +129,13 @@ func (l *Listener) claimCarrier(tc *net.TCPConn) *Conn {
 	}
 	key := offerKey{canonical(ra.AddrPort()), canonical(la.AddrPort())}
 	l.drainRendezvous()
+	// Counted as a waiter before the first look, so that a HELLO stored after it closes the
+	// channel taken with it (offerEvent skips the close only when nobody waits).
+	l.claimWaiters.Add(1)
 	o, evt := l.takeOfferOrEvent(key)
 	if o == nil && l.pending.Load() > 0 {
 		// HELLOs accepted but not read yet: wait for each to be read (offerEvent), not in
 		// sleeps, which the runtime rounds up to a millisecond.
-		l.claimWaiters.Add(1)
 		deadline := time.Now().Add(claimWait)
 		t := time.NewTimer(claimWait)
 		for o == nil && l.pending.Load() > 0 {
@@ -146,8 +148,13 @@ func (l *Listener) claimCarrier(tc *net.TCPConn) *Conn {
 			}
 		}
 		t.Stop()
-		l.claimWaiters.Add(-1)
 	}
+	if o == nil {
+		// A HELLO is stored before it is counted off pending (offerCarrier, then heard): once
+		// pending read 0, an offer read meanwhile is in the map.
+		o, _ = l.takeOfferOrEvent(key)
+	}
+	l.claimWaiters.Add(-1)
 	if o == nil {
 		return nil
 	}
