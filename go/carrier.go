@@ -130,13 +130,13 @@ func (l *Listener) claimCarrier(tc *net.TCPConn) *Conn {
 	key := offerKey{canonical(ra.AddrPort()), canonical(la.AddrPort())}
 	l.drainRendezvous()
 	o, evt := l.takeOfferOrEvent(key)
-	if o == nil && l.pending.Load() > 0 {
+	if o == nil && l.unreadHellos() > 0 {
 		// HELLOs accepted but not read yet: wait for each to be read (offerEvent), not in
 		// sleeps, which the runtime rounds up to a millisecond.
 		l.claimWaiters.Add(1)
 		deadline := time.Now().Add(claimWait)
 		t := time.NewTimer(claimWait)
-		for o == nil && l.pending.Load() > 0 {
+		for o == nil && l.unreadHellos() > 0 {
 			select {
 			case <-evt:
 			case <-t.C:

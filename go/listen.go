@@ -61,6 +61,8 @@ type Listener struct {
 	testAnswer   atomic.Pointer[func(c *Conn) bool] // tests: called before WELCOME; false: REJECT(NO_RESOURCES)
 	rvMu         sync.Mutex                         // serializes accepts on the rendezvous socket with pending counting
 	pending      atomic.Int32                       // accepted control connections whose HELLO is not read yet
+	silentMu     sync.Mutex                         // guards silent (see silent.go)
+	silent       map[int]struct{}                   // pending connections whose goroutine found nothing to read
 	parked       *parkTable                         // segments of closed DIRECT connections, kept for their clients' next dials
 }
 
@@ -443,7 +445,11 @@ func (l *Listener) serveHello(cfd int, h *hello) {
 			cf.Close()
 			return
 		}
-		err = rc.Read(func(fd uintptr) bool { return readHello(int(fd), h, 0) })
+		// Listed as silent while it waits: claimCarrier does not wait for a client that has not
+		// spoken (silent.go).
+		l.markSilent(cfd)
+		err = rc.Read(func(fd uintptr) bool { return l.readSilent(int(fd), h) })
+		l.unmarkSilent(cfd)
 		if err != nil && h.err == nil {
 			h.err = err
 		}
