@@ -34,7 +34,9 @@ def forge(name, cport, sport):
     head = b"COLOSEG\0" + struct.pack("<IIQIIIIII", 1, 4096, size, cap, 0, 0, 1, os.getpid(), 0)
     os.pwrite(fd, head + addr(cport) + addr(sport), 0)
     fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-    bells = [os.eventfd(0, os.EFD_NONBLOCK), os.eventfd(0, os.EFD_NONBLOCK)]
+    # The doorbell pair of the current wire (spec/WIRE.md section 3): the server's end, twice.
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    bells = [theirs.fileno(), theirs.fileno()]
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.connect("\0" + name)
     hello = struct.pack("<IBBBBII", 0x4F4C4F43, 1, 1, 2, 0, 0, 0)
