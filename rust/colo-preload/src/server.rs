@@ -377,9 +377,19 @@ fn drain_one(st: &mut State, l: &Listen) {
 
 /// Reads the HELLOs whose connections were accepted before their message arrived.
 fn drain_waiting(st: &mut State) {
+    // Only those with something queued (one poll): another user may hold hundreds that never
+    // speak, and this runs for each connection a process of the lineage accepts.
+    let ready = {
+        let fds: Vec<_> = st.waiting.iter().map(|w| w.0.as_fd()).collect();
+        seqpacket::with_data(&fds)
+    };
     let waiting = std::mem::take(&mut st.waiting);
-    for (c, at, uid) in waiting {
+    for ((c, at, uid), ready) in waiting.into_iter().zip(ready) {
         if at.elapsed() >= PENDING_TTL {
+            continue;
+        }
+        if !ready {
+            st.waiting.push((c, at, uid));
             continue;
         }
         match carrier::read_hello(c) {

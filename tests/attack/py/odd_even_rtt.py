@@ -1,13 +1,15 @@
 """Plain TCP clients (no colo) of an echo server at 127.0.0.1:PORT, alternately from an odd and
 an even source port: the time from connect to the echo of one byte. Prints
-"RESULT odd_ms=M even_ms=M" (medians over N of each).
-Usage: odd_even_rtt.py PORT N"""
+"RESULT odd_ms=M even_ms=M" (medians over N of each). REQUEST (default "x", backslash escapes
+allowed) is sent instead of the byte, and the first byte of the answer awaited.
+Usage: odd_even_rtt.py PORT N [REQUEST]"""
 import random
 import socket
 import sys
 import time
 
 port, n = int(sys.argv[1]), int(sys.argv[2])
+request = sys.argv[3].encode().decode("unicode_escape").encode("latin-1") if len(sys.argv) > 3 else b"x"
 
 
 def one(parity):
@@ -20,7 +22,7 @@ def one(parity):
             s.close()
     t = time.monotonic()
     s.connect(("127.0.0.1", port))
-    s.sendall(b"x")
+    s.sendall(request)
     s.recv(1)
     t = time.monotonic() - t
     s.close()
