@@ -354,17 +354,32 @@ impl Listener {
             }
             offer = lookup();
         }
-        let Some(hello) = offer else { return (Stream::from_tcp(tcp), peer) };
-        match hello.claim().and_then(|e| e.into_shm(self.opts.spin_mode()).map_err(|e| e.to_string())) {
-            Ok(shm) => {
-                log::info(format_args!("accept {}: shared memory (carrier {peer}) with pid {}", self.addr, shm.peer_pid()));
-                (Stream::from_carrier(shm, tcp), peer)
-            }
-            Err(why) => {
-                log::info(format_args!("accept {}: carrier {peer} not claimed: {why}; plain TCP", self.addr));
-                (Stream::from_tcp(tcp), peer)
-            }
+        // Offers from several users may name this 4-tuple (`HalfOpen::rivals`): each is tried in
+        // turn, oldest first; the claim's owner check refuses those whose sender does not own
+        // the connection's client end.
+        while let Some(hello) = offer {
+            let why = match hello.claim() {
+                Ok(e) => match e.into_shm(self.opts.spin_mode()) {
+                    Ok(shm) => {
+                        log::info(format_args!("accept {}: shared memory (carrier {peer}) with pid {}", self.addr, shm.peer_pid()));
+                        // The others for this connection can never be claimed now.
+                        while let Some(other) = lookup() {
+                            carrier::reject(&other.control, wire::Reason::NotClaimed);
+                        }
+                        return (Stream::from_carrier(shm, tcp), peer);
+                    }
+                    // Claimed: no other offer may have this connection.
+                    Err(e) => {
+                        log::info(format_args!("accept {}: carrier {peer} not claimed: {e}; plain TCP", self.addr));
+                        break;
+                    }
+                },
+                Err(why) => why,
+            };
+            log::info(format_args!("accept {}: carrier {peer} not claimed: {why}; plain TCP", self.addr));
+            offer = lookup();
         }
+        (Stream::from_tcp(tcp), peer)
     }
 
     /// Accepts new rendezvous connections and answers their HELLOs, up to the first completed one:
