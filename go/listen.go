@@ -48,10 +48,10 @@ type Listener struct {
 	wg        sync.WaitGroup
 
 	offersMu     sync.Mutex
-	offers       map[offerKey]*offer
-	offerEvt     chan struct{} // closed (and replaced) by offerEvent when a HELLO has been read
-	claimWaiters atomic.Int32  // claims waiting in claimCarrier for unread HELLOs
-	sem          chan struct{} // one token per TCP connection accepted but not yet handed to Accept
+	offers       map[offerKey][]*offer // oldest first; at most one per client uid (carrier.go)
+	offerEvt     chan struct{}         // closed (and replaced) by offerEvent when a HELLO has been read
+	claimWaiters atomic.Int32          // claims waiting in claimCarrier for unread HELLOs
+	sem          chan struct{}         // one token per TCP connection accepted but not yet handed to Accept
 	halfMu       sync.Mutex
 	halfOpen     int            // rendezvous connections held (see maxHalfOpen)
 	halfByUID    map[uint32]int // ... by client uid
@@ -93,7 +93,7 @@ func ListenColo(network, address string) (*Listener, error) {
 	}
 	l := &Listener{tcp: tl.(*net.TCPListener), conns: make(chan *Conn), errs: make(chan error, 1),
 		sem:  make(chan struct{}, maxUnaccepted),
-		done: make(chan struct{}), offers: map[offerKey]*offer{}, offerEvt: make(chan struct{}), parked: newParkTable(), halfByUID: map[uint32]int{}}
+		done: make(chan struct{}), offers: map[offerKey][]*offer{}, offerEvt: make(chan struct{}), parked: newParkTable(), halfByUID: map[uint32]int{}}
 	ta := l.tcp.Addr().(*net.TCPAddr).AddrPort()
 	l.addr = netip.AddrPortFrom(ta.Addr().Unmap(), ta.Port())
 	if l.addr.Addr().Is6() {
@@ -203,8 +203,10 @@ func (l *Listener) Close() error {
 		}
 		l.wg.Wait()
 		l.offersMu.Lock()
-		for k, o := range l.offers {
-			o.drop()
+		for k, list := range l.offers {
+			for _, o := range list {
+				o.drop()
+			}
 			delete(l.offers, k)
 		}
 		l.offersMu.Unlock()
