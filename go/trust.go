@@ -163,6 +163,11 @@ func checkRendezvous(dialed netip.AddrPort, reached string, serverUID uint32, so
 	switch {
 	case !ok:
 		return fmt.Errorf("colo: rendezvous %s owned by uid %d, but no TCP socket listens for %v", reached, serverUID, dialed)
+	case dialed.Addr().Unmap().Is4() && addr.Addr().Is6():
+		// The table does not say whether an IPv6 wildcard is IPV6_V6ONLY (then it takes no IPv4
+		// connection and TCP to dialed is refused): a server of another uid could answer WELCOME
+		// where TCP says no one listens.
+		return fmt.Errorf("colo: rendezvous %s owned by uid %d: %v would go to the IPv6 wildcard %v, which may be IPV6_V6ONLY (then TCP is refused)", reached, serverUID, dialed, addr)
 	case rendezvousName(addr) != reached:
 		return fmt.Errorf("colo: rendezvous %s owned by uid %d, but %v is served by the TCP listener on %v", reached, serverUID, dialed, addr)
 	case !uidOK:

@@ -32,6 +32,16 @@ fn check_rendezvous(dialed: SocketAddr, reached: &str, server_uid: u32, sockets:
     let Some(listener) = host::kernel_listener(dialed, sockets) else {
         return Err(format!("rendezvous {reached} owned by uid {server_uid}, but no TCP socket listens for {dialed}"));
     };
+    // The kernel's tables do not say whether an IPv6 wildcard listener is IPV6_V6ONLY (it then
+    // takes no IPv4 connection, and TCP to `dialed` is refused): a server of another uid could
+    // answer WELCOME where TCP says no one listens. So an IPv4 dial trusts such a listener only
+    // if it is our uid or root's (above).
+    if host::canonical(dialed.ip()).is_ipv4() && listener.addr.is_ipv6() {
+        return Err(format!(
+            "rendezvous {reached} owned by uid {server_uid}: {dialed} would go to the IPv6 wildcard {}, which may be IPV6_V6ONLY (then TCP is refused)",
+            listener.addr
+        ));
+    }
     let own = wire::rendezvous_name(listener.addr);
     if own != reached {
         return Err(format!("rendezvous {reached} owned by uid {server_uid}, but {dialed} is served by the TCP listener on {} ({own})", listener.addr));
@@ -132,7 +142,9 @@ mod tests {
     fn the_owner_of_the_kernels_listener_is_trusted() {
         let t = table();
         assert!(check_rendezvous(at("127.0.0.2:6391"), "colo/1/127.0.0.2:6391", 65534, &t).is_ok());
-        assert!(check_rendezvous(at("127.0.0.1:7001"), "colo/1/[::]:7001", 65534, &t).is_ok());
+        // An IPv4 dial that only an IPv6 wildcard of another uid would take: that listener may
+        // be IPV6_V6ONLY (TCP refused), which the table does not show.
+        assert!(check_rendezvous(at("127.0.0.1:7001"), "colo/1/[::]:7001", 65534, &t).is_err());
         assert!(check_rendezvous(at("[::1]:7001"), "colo/1/[::]:7001", 65534, &t).is_ok());
         assert!(check_rendezvous(at("127.0.0.1:7001"), "colo/1/127.0.0.1:7001", 65534, &t).is_err());
     }
