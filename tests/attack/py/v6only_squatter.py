@@ -4,7 +4,10 @@ colo/1/[::]:PORT, the name an IPv4 client's lookup tries last. It answers every 
 WELCOME and prints what reaches it: "CONNECTED" for a client that hangs up without a word,
 "HELLO <mode> <descriptors>", then "GOT <bytes>" for the
 bytes a client writes into the segment's client-to-server ring. Prints "READY" first.
-Usage: v6only_squatter.py PORT SECONDS"""
+With DEVICE, the listener is instead 0.0.0.0:PORT bound to DEVICE (SO_BINDTODEVICE, which an
+unprivileged user may set), with the name colo/1/0.0.0.0:PORT: it takes no connection that
+comes in on loopback.
+Usage: v6only_squatter.py PORT SECONDS [DEVICE]"""
 import mmap
 import os
 import select
@@ -17,12 +20,21 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import colo_attack as ca  # noqa: E402
 
 port, secs = int(sys.argv[1]), float(sys.argv[2])
-tcp = socket.socket(socket.AF_INET6)
-tcp.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-tcp.bind(("::", port))
+device = sys.argv[3] if len(sys.argv) > 3 else None
+if device:
+    # The IPv4 wildcard, bound to a device a loopback connection never comes in on.
+    tcp = socket.socket()
+    tcp.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, device.encode())
+    tcp.bind(("0.0.0.0", port))
+    name = b"\0colo/1/0.0.0.0:%d" % port
+else:
+    tcp = socket.socket(socket.AF_INET6)
+    tcp.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    tcp.bind(("::", port))
+    name = b"\0colo/1/[::]:%d" % port
 tcp.listen(8)
 rv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-rv.bind(b"\0colo/1/[::]:%d" % port)
+rv.bind(name)
 rv.listen(8)
 print("READY", flush=True)
 end = time.time() + secs

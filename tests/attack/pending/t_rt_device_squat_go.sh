@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Red team (pending): tests/attack/t_rt_device_squat.sh with root's Go API client, whose peer
+# check reads /proc/net/tcp{,6}, which does not show a socket's bound device: it trusts nobody's
+# listener bound to a device that loopback connections never come in on, and sends nobody its
+# HELLO and bytes where TCP is refused. The fix: the Go client's table from sock_diag (idiag_if,
+# as colo-sys/src/diag.rs reads it), or no trust in another uid's listener without it.
+# Run: bash tests/attack/pending/t_rt_device_squat_go.sh (as root).
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+GOPEER=$(mktemp /tmp/colo-peer.XXXXXX)
+(cd "$HERE/../../go" && go build -o "$GOPEER" ./cmd/colo-peer) || { echo "FAIL go build colo-peer"; exit 1; }
+chmod 755 "$GOPEER"
+cd "$HERE" && CLIENT_NAME=Go CLIENT="$GOPEER client" bash -c 'CLIENT=($CLIENT); export CLIENT_NAME; source "'"$HERE"'/t_rt_device_squat.sh"'
+rc=$?
+rm -f "$GOPEER"
+exit $rc
