@@ -6,7 +6,7 @@
 # refused as its TCP connect is, and send nobody nothing. Before: the client's peer check found
 # nobody's wildcard listener in the kernel's table, trusted it, and sent its HELLO, segment and
 # bytes. (The Go client reads /proc/net/tcp, which does not show the device:
-# pending/t_rt_device_squat_go.sh.)
+# t_rt_device_squat_go.sh.)
 source "$(dirname "$0")/lib.sh"
 [ -n "${CLIENT_NAME:-}" ] || { CLIENT_NAME="Rust API"; CLIENT=("$PEER" client); }
 mkdir -p "$WORK/py" && cp "$HERE/py/v6only_squatter.py" "$WORK/py/" && cp "$HERE/colo_attack.py" "$WORK/"
