@@ -34,7 +34,7 @@ def forge(name, cport, sport):
     head = b"COLOSEG\0" + struct.pack("<IIQIIIIII", 1, 4096, size, cap, 0, 0, 1, os.getpid(), 0)
     os.pwrite(fd, head + addr(cport) + addr(sport), 0)
     fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-    # The doorbell pair of the current wire (spec/WIRE.md section 3): the server's end, twice.
+    # The doorbell pair (spec/WIRE.md section 1): the server's end goes in both doorbell slots.
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     bells = [theirs.fileno(), theirs.fileno()]
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
