@@ -31,7 +31,44 @@ func canonical(a netip.AddrPort) netip.AddrPort {
 type offer struct {
 	c       *Conn
 	fds     []int
+	uid     uint32 // the sender's (SO_PEERCRED of the control socket)
 	claimed chan struct{}
+}
+
+// maxOffersPerKey bounds the offers kept for one 4-tuple. Only one sender can own the
+// connection's client end, and which one is known only at the claim: an offer that replaced
+// the earlier one (anyone can read a connection's 4-tuple in /proc/net/tcp, and offer for it
+// after the real client) would let another user keep that client off shared memory. So a later
+// offer replaces only one from its own uid; one from another uid is kept beside it, and
+// claimCarrier tries them oldest first (its owner check refuses the others).
+const maxOffersPerKey = 8
+
+// removeOffer takes o out of its key's list (the caller holds offersMu); false if it was not
+// there.
+func (l *Listener) removeOffer(key offerKey, o *offer) bool {
+	list := l.offers[key]
+	for i, x := range list {
+		if x == o {
+			list = append(list[:i:i], list[i+1:]...)
+			if len(list) == 0 {
+				delete(l.offers, key)
+			} else {
+				l.offers[key] = list
+			}
+			return true
+		}
+	}
+	return false
+}
+
+// offerOfUID is the index in list of the offer from uid, or -1.
+func offerOfUID(list []*offer, uid uint32) int {
+	for i, o := range list {
+		if o.uid == uid {
+			return i
+		}
+	}
+	return -1
 }
 
 // drop releases an offer that will never be claimed (the caller removed it from the map).
@@ -46,15 +83,29 @@ func (o *offer) drop() {
 
 // offerCarrier parks a validated CARRIER offer until claimCarrier takes it or it times out.
 func (l *Listener) offerCarrier(c *Conn, h header, fds []int, heard func()) {
-	o := &offer{c: c, fds: fds, claimed: make(chan struct{})}
+	o := &offer{c: c, fds: fds, uid: ^uint32(0), claimed: make(chan struct{})}
+	if cred, err := peerCred(c.ctlFd); err == nil {
+		o.uid = cred.Uid
+	}
 	key := offerKey{canonical(h.ClientAddr), canonical(h.ServerAddr)}
 	l.offersMu.Lock()
-	if old := l.offers[key]; old != nil {
-		delete(l.offers, key)
-		old.drop()
+	list := l.offers[key]
+	kept := true
+	switch i := offerOfUID(list, o.uid); {
+	case i >= 0:
+		list[i].drop() // its goroutine finds it gone from the list when its time is up
+		list[i] = o
+	case len(list) >= maxOffersPerKey:
+		kept = false
+	default:
+		l.offers[key] = append(list, o)
 	}
-	l.offers[key] = o
 	l.offersMu.Unlock()
+	if !kept {
+		o.drop()
+		heard()
+		return
+	}
 	heard()
 	t := time.NewTimer(offerTimeout)
 	defer t.Stop()
@@ -65,10 +116,7 @@ func (l *Listener) offerCarrier(c *Conn, h header, fds []int, heard func()) {
 	case <-l.done:
 	}
 	l.offersMu.Lock()
-	mine := l.offers[key] == o
-	if mine {
-		delete(l.offers, key)
-	}
+	mine := l.removeOffer(key, o)
 	l.offersMu.Unlock()
 	if mine {
 		o.drop()
@@ -80,9 +128,10 @@ func (l *Listener) offerCarrier(c *Conn, h header, fds []int, heard func()) {
 func (l *Listener) takeOfferOrEvent(key offerKey) (*offer, chan struct{}) {
 	l.offersMu.Lock()
 	defer l.offersMu.Unlock()
-	o := l.offers[key]
-	if o != nil {
-		delete(l.offers, key)
+	var o *offer
+	if list := l.offers[key]; len(list) > 0 {
+		o = list[0]
+		l.removeOffer(key, o)
 	}
 	return o, l.offerEvt
 }
@@ -133,12 +182,12 @@ func (l *Listener) claimCarrier(tc *net.TCPConn) *Conn {
 	// channel taken with it (offerEvent skips the close only when nobody waits).
 	l.claimWaiters.Add(1)
 	o, evt := l.takeOfferOrEvent(key)
-	if o == nil && l.pending.Load() > 0 {
+	if o == nil && l.unreadHellos() > 0 {
 		// HELLOs accepted but not read yet: wait for each to be read (offerEvent), not in
 		// sleeps, which the runtime rounds up to a millisecond.
 		deadline := time.Now().Add(claimWait)
 		t := time.NewTimer(claimWait)
-		for o == nil && l.pending.Load() > 0 {
+		for o == nil && l.unreadHellos() > 0 {
 			select {
 			case <-evt:
 			case <-t.C:
@@ -151,31 +200,45 @@ func (l *Listener) claimCarrier(tc *net.TCPConn) *Conn {
 	}
 	if o == nil {
 		// A HELLO is stored before it is counted off pending (offerCarrier, then heard): once
-		// pending read 0, an offer read meanwhile is in the map.
+		// none reads as unread, an offer read meanwhile is in the map.
 		o, _ = l.takeOfferOrEvent(key)
 	}
 	l.claimWaiters.Add(-1)
-	if o == nil {
-		return nil
+	// Offers of several users may name this 4-tuple (maxOffersPerKey): each is tried in turn,
+	// oldest first, until one is claimed.
+	for ; o != nil; o, _ = l.takeOfferOrEvent(key) {
+		c := o.c
+		// Only the owner of the connection's client end may move it onto a segment (spec
+		// section 3).
+		cred, err := peerCred(c.ctlFd)
+		if err == nil {
+			err = offerSenderTrusted(key.client, key.server, cred.Uid)
+		}
+		if err != nil {
+			logf("carrier %v not claimed: %v; plain TCP", ra, err)
+			o.drop() // REJECT(NOT_CLAIMED)
+			close(o.claimed)
+			continue
+		}
+		// Exactly one of this CAS and the client's OFFERED -> ABANDONED wins.
+		if !atomic.CompareAndSwapUint32(u32at(c.seg, hClaim), ClaimOffered, ClaimClaimed) {
+			o.drop()
+			close(o.claimed)
+			continue
+		}
+		// The others for this connection can never be claimed now.
+		for other, _ := l.takeOfferOrEvent(key); other != nil; other, _ = l.takeOfferOrEvent(key) {
+			other.drop()
+			close(other.claimed)
+		}
+		return l.claimed(tc, o, la, ra)
 	}
+	return nil
+}
+
+// claimed finishes the connection of offer o, claimed for the TCP connection tc.
+func (l *Listener) claimed(tc *net.TCPConn, o *offer, la, ra *net.TCPAddr) *Conn {
 	c := o.c
-	// Only the owner of the connection's client end may move it onto a segment (spec section 3).
-	cred, err := peerCred(c.ctlFd)
-	if err == nil {
-		err = offerSenderTrusted(key.client, key.server, cred.Uid)
-	}
-	if err != nil {
-		logf("carrier %v not claimed: %v; plain TCP", ra, err)
-		o.drop() // REJECT(NOT_CLAIMED)
-		close(o.claimed)
-		return nil
-	}
-	// Exactly one of this CAS and the client's OFFERED -> ABANDONED wins.
-	if !atomic.CompareAndSwapUint32(u32at(c.seg, hClaim), ClaimOffered, ClaimClaimed) {
-		o.drop()
-		close(o.claimed)
-		return nil
-	}
 	putLE32(c.seg, hServerPid, uint32(unixGetpid()))
 	c.laddr, c.raddr = la, ra
 	close(o.claimed)

@@ -48,10 +48,10 @@ type Listener struct {
 	wg        sync.WaitGroup
 
 	offersMu     sync.Mutex
-	offers       map[offerKey]*offer
-	offerEvt     chan struct{} // closed (and replaced) by offerEvent when a HELLO has been read
-	claimWaiters atomic.Int32  // claims waiting in claimCarrier for unread HELLOs
-	sem          chan struct{} // one token per TCP connection accepted but not yet handed to Accept
+	offers       map[offerKey][]*offer // oldest first; at most one per client uid (carrier.go)
+	offerEvt     chan struct{}         // closed (and replaced) by offerEvent when a HELLO has been read
+	claimWaiters atomic.Int32          // claims waiting in claimCarrier for unread HELLOs
+	sem          chan struct{}         // one token per TCP connection accepted but not yet handed to Accept
 	halfMu       sync.Mutex
 	halfOpen     int            // rendezvous connections held (see maxHalfOpen)
 	halfByUID    map[uint32]int // ... by client uid
@@ -61,6 +61,8 @@ type Listener struct {
 	testAnswer   atomic.Pointer[func(c *Conn) bool] // tests: called before WELCOME; false: REJECT(NO_RESOURCES)
 	rvMu         sync.Mutex                         // serializes accepts on the rendezvous socket with pending counting
 	pending      atomic.Int32                       // accepted control connections whose HELLO is not read yet
+	silentMu     sync.Mutex                         // guards silent (see silent.go)
+	silent       map[int]struct{}                   // pending connections whose goroutine found nothing to read
 	parked       *parkTable                         // segments of closed DIRECT connections, kept for their clients' next dials
 }
 
@@ -91,7 +93,7 @@ func ListenColo(network, address string) (*Listener, error) {
 	}
 	l := &Listener{tcp: tl.(*net.TCPListener), conns: make(chan *Conn), errs: make(chan error, 1),
 		sem:  make(chan struct{}, maxUnaccepted),
-		done: make(chan struct{}), offers: map[offerKey]*offer{}, offerEvt: make(chan struct{}), parked: newParkTable(), halfByUID: map[uint32]int{}}
+		done: make(chan struct{}), offers: map[offerKey][]*offer{}, offerEvt: make(chan struct{}), parked: newParkTable(), halfByUID: map[uint32]int{}}
 	ta := l.tcp.Addr().(*net.TCPAddr).AddrPort()
 	l.addr = netip.AddrPortFrom(ta.Addr().Unmap(), ta.Port())
 	if l.addr.Addr().Is6() {
@@ -201,8 +203,10 @@ func (l *Listener) Close() error {
 		}
 		l.wg.Wait()
 		l.offersMu.Lock()
-		for k, o := range l.offers {
-			o.drop()
+		for k, list := range l.offers {
+			for _, o := range list {
+				o.drop()
+			}
 			delete(l.offers, k)
 		}
 		l.offersMu.Unlock()
@@ -443,7 +447,11 @@ func (l *Listener) serveHello(cfd int, h *hello) {
 			cf.Close()
 			return
 		}
-		err = rc.Read(func(fd uintptr) bool { return readHello(int(fd), h, 0) })
+		// Listed as silent while it waits: claimCarrier does not wait for a client that has not
+		// spoken (silent.go).
+		l.markSilent(cfd)
+		err = rc.Read(func(fd uintptr) bool { return l.readSilent(int(fd), h) })
+		l.unmarkSilent(cfd)
 		if err != nil && h.err == nil {
 			h.err = err
 		}

@@ -155,14 +155,31 @@ func rendezvousTrusted(dialed netip.AddrPort, reached string, serverUID uint32) 
 	if serverUID == uint32(os.Getuid()) || serverUID == 0 {
 		return nil
 	}
+	// The table read here (/proc/net/tcp{,6}) does not show whether a listener is bound to a
+	// network device (SO_BINDTODEVICE, which any user may set): such a listener takes no
+	// connection coming in on loopback, and TCP to dialed may be refused while the table lists
+	// it (spec section 2, condition d). Until this reads sock_diag, which says, no rendezvous of
+	// another uid is proof: the client dials plain TCP.
+	if !tableShowsDevices {
+		return fmt.Errorf("colo: rendezvous %s owned by uid %d: /proc/net/tcp does not show whether its TCP listener is bound to a network device", reached, serverUID)
+	}
 	return checkRendezvous(dialed, reached, serverUID, tcpListeners())
 }
+
+// tableShowsDevices says whether tcpListeners reports a listener's bound device (it reads
+// /proc/net/tcp{,6}, which does not).
+const tableShowsDevices = false
 
 func checkRendezvous(dialed netip.AddrPort, reached string, serverUID uint32, socks []tcpSocket) error {
 	addr, uid, uidOK, ok := kernelListener(dialed, socks)
 	switch {
 	case !ok:
 		return fmt.Errorf("colo: rendezvous %s owned by uid %d, but no TCP socket listens for %v", reached, serverUID, dialed)
+	case dialed.Addr().Unmap().Is4() && addr.Addr().Is6():
+		// The table does not say whether an IPv6 wildcard is IPV6_V6ONLY (then it takes no IPv4
+		// connection and TCP to dialed is refused): a server of another uid could answer WELCOME
+		// where TCP says no one listens.
+		return fmt.Errorf("colo: rendezvous %s owned by uid %d: %v would go to the IPv6 wildcard %v, which may be IPV6_V6ONLY (then TCP is refused)", reached, serverUID, dialed, addr)
 	case rendezvousName(addr) != reached:
 		return fmt.Errorf("colo: rendezvous %s owned by uid %d, but %v is served by the TCP listener on %v", reached, serverUID, dialed, addr)
 	case !uidOK:

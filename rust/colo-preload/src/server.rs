@@ -37,6 +37,9 @@ pub const MAX_PENDING_PER_UID: usize = 256;
 /// client 500 ms), after which nobody can claim it any more.
 pub const PENDING_TTL: Duration = Duration::from_secs(5);
 
+/// At most this many offers are held for one 4-tuple, each from another uid (see `State::rivals`).
+const MAX_PER_KEY: usize = 8;
+
 /// How often held offers are checked for clients that hung up (a `recv` each).
 const HANGUP_SWEEP: Duration = Duration::from_secs(1);
 
@@ -75,6 +78,12 @@ struct State {
     /// accepted and their client's uid.
     waiting: Vec<(OwnedFd, Instant, u32)>,
     offers: HashMap<Key, (Box<Hello>, Instant, u32)>,
+    /// Later offers for a 4-tuple `offers` holds one for, each from a uid no other held offer for
+    /// it comes from, oldest first. Only one sender can own the connection's client end, and which
+    /// one is known only once the connection exists: an offer that came first (another user may
+    /// know or see a client's port before it offers) must not keep the real client's out. The
+    /// claim tries them in order; its owner check refuses the others.
+    rivals: Vec<(Key, Box<Hello>, Instant, u32)>,
     shared: &'static Shared,
     /// When held offers were last checked for hang-ups.
     swept: Instant,
@@ -89,7 +98,7 @@ struct State {
 /// Publishes how many offers the state holds (called under the state lock after any change).
 fn publish(st: &State) {
     // SYNC POINT with the SeqCst loads in `may_have_offer`.
-    st.shared.offers.store((st.offers.len() + st.waiting.len()) as u32, Ordering::SeqCst);
+    st.shared.offers.store(held(st) as u32, Ordering::SeqCst);
 }
 
 /// In a process forked from the service's: whether the connection just accepted on `l` may have
@@ -156,7 +165,7 @@ fn start(lineage: &'static Lineage, seen: u32, listens: Vec<Arc<Listen>>) -> Opt
             return None;
         }
     };
-    let state = State { listens, waiting: Vec::new(), offers: HashMap::new(), shared: lineage.shared, swept: Instant::now(), full: false, full_uids: Vec::new(), starved: None };
+    let state = State { listens, waiting: Vec::new(), offers: HashMap::new(), rivals: Vec::new(), shared: lineage.shared, swept: Instant::now(), full: false, full_uids: Vec::new(), starved: None };
     let svc = Box::new(Service { pid: colo_sys::host::pid(), lineage, state: Mutex::new(state), wake });
     let (tx, rx) = std::sync::mpsc::sync_channel::<Option<usize>>(1);
     let spawned = colo_sys::host::with_signals_blocked(|| {
@@ -200,7 +209,7 @@ fn lock(s: &Service) -> std::sync::MutexGuard<'_, State> {
 }
 
 fn held(st: &State) -> usize {
-    st.offers.len() + st.waiting.len()
+    st.offers.len() + st.rivals.len() + st.waiting.len()
 }
 
 /// How many of those held come from `uid` (counted only when the total could reach the bound).
@@ -208,7 +217,9 @@ fn held_from(st: &State, uid: u32) -> usize {
     if held(st) < MAX_PENDING_PER_UID {
         return 0;
     }
-    st.waiting.iter().filter(|w| w.2 == uid).count() + st.offers.values().filter(|o| o.2 == uid).count()
+    st.waiting.iter().filter(|w| w.2 == uid).count()
+        + st.offers.values().filter(|o| o.2 == uid).count()
+        + st.rivals.iter().filter(|r| r.3 == uid).count()
 }
 
 /// The uid of the process at the other end of a rendezvous connection (`u32::MAX` if the
@@ -254,15 +265,34 @@ fn keep(st: &mut State, h: Box<Hello>, at: Instant, uid: u32) {
     }
     let Some(k) = h.key() else { return };
     match st.offers.get(&k) {
-        // A second offer for a 4-tuple whose first is still pending: one of them is not the
-        // connection's client. The first came before the TCP connection existed, so it stays.
-        Some((first, _, _)) if !hung_up(&first.control) => {
-            carrier::reject(&h.control, Reason::NotClaimed);
-            log_info(format_args!("rendezvous: a second offer for {} -> {} refused (the first is still pending)", k.0, k.1));
+        // Another offer for a 4-tuple whose first is still pending: at most one of them comes
+        // from the connection's client, and which one is known only at the claim. One from a
+        // uid with an offer held for it already is refused; one from another uid is kept.
+        Some((first, _, first_uid)) if !hung_up(&first.control) => {
+            let rivals = st.rivals.iter().filter(|r| r.0 == k);
+            if *first_uid == uid || rivals.clone().any(|r| r.3 == uid) || rivals.count() + 1 >= MAX_PER_KEY {
+                carrier::reject(&h.control, Reason::NotClaimed);
+                log_info(format_args!("rendezvous: another offer from uid {uid} for {} -> {} refused (one is pending)", k.0, k.1));
+            } else {
+                st.rivals.push((k, h, at, uid));
+            }
         }
         _ => {
             st.offers.insert(k, (h, at, uid));
         }
+    }
+}
+
+/// Takes the oldest held offer for `k`; the next one for it, if any, moves up.
+fn take(st: &mut State, k: &Key) -> Option<Box<Hello>> {
+    let first = st.offers.remove(k).map(|o| o.0);
+    let next = st.rivals.iter().position(|r| r.0 == *k).map(|i| st.rivals.remove(i));
+    match (first, next) {
+        (Some(h), Some((_, n, at, uid))) => {
+            st.offers.insert(*k, (n, at, uid));
+            Some(h)
+        }
+        (first, next) => first.or(next.map(|n| n.1)),
     }
 }
 
@@ -347,9 +377,19 @@ fn drain_one(st: &mut State, l: &Listen) {
 
 /// Reads the HELLOs whose connections were accepted before their message arrived.
 fn drain_waiting(st: &mut State) {
+    // Only those with something queued (one poll): another user may hold hundreds that never
+    // speak, and this runs for each connection a process of the lineage accepts.
+    let ready = {
+        let fds: Vec<_> = st.waiting.iter().map(|w| w.0.as_fd()).collect();
+        seqpacket::with_data(&fds)
+    };
     let waiting = std::mem::take(&mut st.waiting);
-    for (c, at, uid) in waiting {
+    for ((c, at, uid), ready) in waiting.into_iter().zip(ready) {
         if at.elapsed() >= PENDING_TTL {
+            continue;
+        }
+        if !ready {
+            st.waiting.push((c, at, uid));
             continue;
         }
         match carrier::read_hello(c) {
@@ -368,9 +408,11 @@ fn expire(st: &mut State) -> Option<Instant> {
     let before = held(st);
     st.waiting.retain(|w| now.duration_since(w.1) < PENDING_TTL);
     st.offers.retain(|_, o| now.duration_since(o.1) < PENDING_TTL);
+    st.rivals.retain(|r| now.duration_since(r.2) < PENDING_TTL);
     if now.duration_since(st.swept) >= HANGUP_SWEEP {
         st.swept = now;
         st.offers.retain(|_, o| !hung_up(&o.0.control));
+        st.rivals.retain(|r| !hung_up(&r.1.control));
     }
     let gone = before - held(st);
     if gone > 0 {
@@ -383,7 +425,7 @@ fn expire(st: &mut State) -> Option<Instant> {
         st.full_uids.clear();
     }
     publish(st);
-    let oldest = st.waiting.iter().map(|w| w.1).chain(st.offers.values().map(|o| o.1)).min();
+    let oldest = st.waiting.iter().map(|w| w.1).chain(st.offers.values().map(|o| o.1)).chain(st.rivals.iter().map(|r| r.2)).min();
     oldest.map(|at| at + PENDING_TTL)
 }
 
@@ -405,12 +447,12 @@ fn answer_request(svc: &Service, req: Request) {
     let hello = {
         let mut st = lock(svc);
         drain(&mut st);
-        let h = st.offers.remove(&k);
+        let h = take(&mut st, &k);
         publish(&st);
         h
     };
     match hello {
-        Some((h, _, _)) => {
+        Some(h) => {
             let fds = [h.control.as_fd(), h.memfd.as_fd(), h.client_bell.as_fd(), h.server_bell.as_fd()];
             req.answer(&[1, h.mode as u8], &fds);
         }
@@ -798,7 +840,7 @@ pub fn on_accept(listen: &Listen, fd: i32, nonblocking: bool) {
         if !st.waiting.is_empty() {
             drain_waiting(&mut st);
         }
-        if st.offers.is_empty() && st.waiting.is_empty() {
+        if held(&st) == 0 {
             crate::log_debug(format_args!("accept on fd {fd}: no colo offer pending; plain TCP"));
             return;
         }
@@ -815,31 +857,39 @@ pub fn on_accept(listen: &Listen, fd: i32, nonblocking: bool) {
         return;
     };
     let k = carrier::key(peer, local);
-    let hello = match svc {
-        Some(svc) => {
-            let mut st = lock(svc);
-            // Collected by the look above unless its HELLO was still on the way.
-            if !st.offers.contains_key(&k) {
-                drain(&mut st);
+    // Several users' offers may name this 4-tuple (`State::rivals`): each is tried in turn, and
+    // the claim's owner check refuses those whose sender does not own the client end.
+    for _ in 0..MAX_PER_KEY {
+        let hello = match svc {
+            Some(svc) => {
+                let mut st = lock(svc);
+                // Collected by the look above unless its HELLO was still on the way.
+                if !st.offers.contains_key(&k) {
+                    drain(&mut st);
+                }
+                let h = take(&mut st, &k);
+                publish(&st);
+                h
             }
-            let h = st.offers.remove(&k).map(|o| o.0);
-            publish(&st);
-            h
+            None => fetch(listen.lineage, &k),
+        };
+        if !claim(fd, nonblocking, peer, local, hello) {
+            break;
         }
-        None => fetch(listen.lineage, &k),
-    };
-    claim(fd, nonblocking, peer, local, hello);
+    }
 }
 
-fn claim(fd: i32, nonblocking: bool, peer: std::net::SocketAddr, local: std::net::SocketAddr, hello: Option<Box<Hello>>) {
+/// Claims `hello` for the connection just accepted as `fd`; returns whether the offer was
+/// refused (then another offer for the same 4-tuple may be tried) and the connection is plain.
+fn claim(fd: i32, nonblocking: bool, peer: std::net::SocketAddr, local: std::net::SocketAddr, hello: Option<Box<Hello>>) -> bool {
     let Some(hello) = hello else {
         crate::log_debug(format_args!("accept {peer} -> {local}: no colo offer; plain TCP"));
-        return;
+        return false;
     };
     if fd as usize >= table::MAX_FD {
         carrier::reject(&hello.control, Reason::NoResources);
         log_info(format_args!("accept {peer} -> {local}: fd {fd} too high; plain TCP"));
-        return;
+        return false;
     }
     match hello.claim() {
         // The tag after the claim: its look at the client's command line must not delay the
@@ -853,9 +903,16 @@ fn claim(fd: i32, nonblocking: bool, peer: std::net::SocketAddr, local: std::net
                 crate::semantics::adopt_options(fd, &c);
                 crate::handover::on_new(fd, &c);
                 log_info(format_args!("accept {peer} -> {local}: accelerated (shared memory)"));
+                false
             }
-            Err(e) => log_info(format_args!("accept {peer} -> {local}: {e}; connection reset")),
+            Err(e) => {
+                log_info(format_args!("accept {peer} -> {local}: {e}; connection reset"));
+                false
+            }
         },
-        Err(why) => log_info(format_args!("accept {peer} -> {local}: {why}; plain TCP")),
+        Err(why) => {
+            log_info(format_args!("accept {peer} -> {local}: {why}; plain TCP"));
+            true
+        }
     }
 }

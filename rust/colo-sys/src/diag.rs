@@ -129,6 +129,8 @@ fn socket_of(msg: &[u8]) -> TcpSocket {
         remote: addr(&id[20..36], &id[2..4]),
         listening: msg[1] == TCP_LISTEN,
         uid: u32::from_ne_bytes(msg[MSG_UID_END - 4..MSG_UID_END].try_into().expect("4 bytes")),
+        // `idiag_if`: the interface the socket is bound to, 0 for none.
+        device: Some(u32::from_ne_bytes(id[36..40].try_into().expect("4 bytes")) != 0),
     }
 }
 

@@ -75,6 +75,10 @@ pub struct TcpSocket {
     pub listening: bool,
     /// The uid that created the socket (the `uid` column).
     pub uid: u32,
+    /// Whether it is bound to a network device (`SO_BINDTODEVICE`, which any user may set): it
+    /// then takes only connections that come in on that device, and none over loopback unless
+    /// the device is `lo`. `None`: the table does not say (`/proc/net/tcp` does not).
+    pub device: Option<bool>,
 }
 
 /// The sockets listed in one of the texts of `/proc/net/tcp` (IPv4) or `/proc/net/tcp6`; lines
@@ -87,7 +91,7 @@ pub fn parse_tcp_table(text: &str) -> Vec<TcpSocket> {
             continue;
         }
         let (Some(local), Some(remote), Ok(uid)) = (proc_addr(f[1]), proc_addr(f[2]), f[7].parse()) else { continue };
-        out.push(TcpSocket { local, remote, listening: f[3] == "0A", uid });
+        out.push(TcpSocket { local, remote, listening: f[3] == "0A", uid, device: None });
     }
     out
 }

@@ -24,7 +24,13 @@ fn serve(addr: &str, mode: &str) -> io::Result<()> {
     // Nothing a client does ends the server: a failed accept (out of descriptors, say) or a
     // thread that cannot be had costs that connection only, with a line on stderr.
     let mut delay = std::time::Duration::ZERO;
+    // PEER_ACCEPT_DELAY_MS: wait that long before each accept (a busy server, whose connections
+    // wait in the backlog: tests/attack/t_rt_offer_displace.sh).
+    let late = std::env::var("PEER_ACCEPT_DELAY_MS").ok().and_then(|v| v.parse().ok()).map(std::time::Duration::from_millis);
     loop {
+        if let Some(late) = late {
+            std::thread::sleep(late);
+        }
         let s = match listener.accept() {
             Ok((s, _)) => s,
             Err(e) => {

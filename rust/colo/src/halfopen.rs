@@ -20,6 +20,8 @@ pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 pub(crate) const MAX_HALF_OPEN: usize = 1024;
 /// At most this many of each kind from one client uid.
 pub(crate) const MAX_HALF_OPEN_PER_UID: usize = MAX_HALF_OPEN / 4;
+/// At most this many offers for one 4-tuple, each from another uid (see `HalfOpen::rivals`).
+const MAX_OFFERS_PER_KEY: usize = 8;
 
 /// A rendezvous connection whose HELLO has not arrived.
 pub(crate) struct Pending {
@@ -60,6 +62,13 @@ fn room(mut uids: impl Iterator<Item = u32>, len: usize, uid: u32) -> Result<(),
 pub(crate) struct HalfOpen {
     pub(crate) pending: Vec<Pending>,
     offers: HashMap<Key, Offered>,
+    /// Further offers for a 4-tuple `offers` holds one for, each from a uid no other held offer
+    /// for it comes from, oldest first. At most one sender owns the connection's client end, and
+    /// which one is known only once the TCP connection is accepted; an offer that replaced the
+    /// earlier one (anyone can read a connection waiting in the backlog in `/proc/net/tcp`) or
+    /// was refused for it would let another user keep the real client off shared memory. The
+    /// claim takes them in order and its owner check refuses the others.
+    rivals: Vec<(Key, Offered)>,
     timer: Option<OwnedFd>,
     /// The deadline the timer is armed for, if any.
     armed_for: Option<Instant>,
@@ -75,7 +84,7 @@ impl HalfOpen {
     /// `timer`: a `colo_sys::timer` descriptor the caller polls (None: the caller polls with a
     /// timeout of [`HalfOpen::next_deadline`] instead).
     pub(crate) fn new(timer: Option<OwnedFd>) -> HalfOpen {
-        HalfOpen { pending: Vec::new(), offers: HashMap::new(), timer, armed_for: None }
+        HalfOpen { pending: Vec::new(), offers: HashMap::new(), rivals: Vec::new(), timer, armed_for: None }
     }
 
     /// Keeps a silent rendezvous connection, or gives it back (with the reason) if its place
@@ -89,23 +98,47 @@ impl HalfOpen {
         Ok(())
     }
 
-    /// Keeps a CARRIER offer under `key` (replacing an earlier offer for the same 4-tuple), or
-    /// gives it back (with the reason) if its place would exceed a bound.
+    /// Keeps a CARRIER offer under `key` (replacing an earlier offer for the same 4-tuple from
+    /// the same uid; one from another uid is kept beside it, see `rivals`), or gives it back
+    /// (with the reason) if its place would exceed a bound.
     pub(crate) fn admit_offer(&mut self, key: Key, hello: Box<Hello>, uid: u32) -> Result<(), (Box<Hello>, String)> {
-        // An offer for the same 4-tuple is replaced: it does not count.
-        let others = self.offers.iter().filter(|(k, _)| **k != key).map(|(_, o)| o.uid);
-        let len = self.offers.len() - usize::from(self.offers.contains_key(&key));
-        if let Err(total) = room(others, len, uid) {
+        let first_is_mine = self.offers.get(&key).is_some_and(|o| o.uid == uid);
+        let rival_of_mine = self.rivals.iter().position(|(k, o)| *k == key && o.uid == uid);
+        // The offer it replaces does not count.
+        let replaced = first_is_mine || rival_of_mine.is_some();
+        let skip = |k: &Key, u: u32| replaced && *k == key && u == uid;
+        let uids = self.offers.iter().filter(|(k, o)| !skip(k, o.uid)).map(|(_, o)| o.uid);
+        let uids = uids.chain(self.rivals.iter().filter(|(k, o)| !skip(k, o.uid)).map(|(_, o)| o.uid));
+        let len = self.offers.len() + self.rivals.len() - usize::from(replaced);
+        if let Err(total) = room(uids, len, uid) {
             return Err((hello, full_reason("CARRIER offers", total)));
         }
-        self.offers.insert(key, Offered { hello, since: Instant::now(), uid });
+        let offered = Offered { hello, since: Instant::now(), uid };
+        if let Some(i) = rival_of_mine {
+            self.rivals[i].1 = offered;
+        } else if self.offers.contains_key(&key) && !first_is_mine {
+            if self.rivals.iter().filter(|(k, _)| *k == key).count() + 1 >= MAX_OFFERS_PER_KEY {
+                return Err((offered.hello, format!("{MAX_OFFERS_PER_KEY} offers for this connection already held; REJECT(NO_RESOURCES)")));
+            }
+            self.rivals.push((key, offered));
+        } else {
+            self.offers.insert(key, offered);
+        }
         self.schedule();
         Ok(())
     }
 
-    /// Takes the offer for `key`.
+    /// Takes the oldest offer for `key` (the next one for it, if any, moves up).
     pub(crate) fn take_offer(&mut self, key: &Key) -> Option<Box<Hello>> {
-        self.offers.remove(key).map(|o| o.hello)
+        let first = self.offers.remove(key);
+        let next = self.rivals.iter().position(|(k, _)| k == key).map(|i| self.rivals.remove(i).1);
+        match (first, next) {
+            (Some(first), Some(next)) => {
+                self.offers.insert(*key, next);
+                Some(first.hello)
+            }
+            (first, next) => first.or(next).map(|o| o.hello),
+        }
     }
 
     /// Drops what waited [`HELLO_TIMEOUT`] (closing a descriptor also takes it out of every
@@ -115,6 +148,7 @@ impl HalfOpen {
         let alive = |since: Instant| now.saturating_duration_since(since) < HELLO_TIMEOUT;
         self.pending.retain(|p| alive(p.since));
         self.offers.retain(|_, o| alive(o.since));
+        self.rivals.retain(|(_, o)| alive(o.since));
         if self.armed_for.is_some_and(|at| at <= now) {
             self.armed_for = None;
         }
@@ -134,7 +168,8 @@ impl HalfOpen {
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
         let p = self.pending.iter().map(|p| p.since);
         let o = self.offers.values().map(|o| o.since);
-        p.chain(o).min().map(|since| since + HELLO_TIMEOUT)
+        let r = self.rivals.iter().map(|(_, o)| o.since);
+        p.chain(o).chain(r).min().map(|since| since + HELLO_TIMEOUT)
     }
 
     /// Arms the timer for the next deadline if it is not armed for one as early (one system call
@@ -155,7 +190,7 @@ impl HalfOpen {
     /// How many offers are held (for tests and logs).
     #[cfg(test)]
     pub(crate) fn offers(&self) -> usize {
-        self.offers.len()
+        self.offers.len() + self.rivals.len()
     }
 }
 

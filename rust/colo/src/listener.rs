@@ -240,7 +240,16 @@ impl Listener {
                 return None;
             }
             let mut still = Vec::with_capacity(half_open.pending.len());
-            for p in std::mem::take(&mut half_open.pending) {
+            // Only those with a HELLO (or a hang-up) queued: the others stay as they are.
+            let ready = {
+                let fds: Vec<_> = half_open.pending.iter().map(|p| p.fd.as_fd()).collect();
+                seqpacket::with_data(&fds)
+            };
+            for (p, ready) in std::mem::take(&mut half_open.pending).into_iter().zip(ready) {
+                if !ready {
+                    still.push(p);
+                    continue;
+                }
                 if outcomes.iter().any(|a| matches!(a, Answer::Accepted(_))) {
                     // Not looked at: look again next time.
                     self.hint(PENDING);
@@ -320,6 +329,11 @@ impl Listener {
     /// client, under `colo run`, sent its HELLO before connecting, so it is already queued);
     /// anything else stays plain TCP.
     fn claim_or_tcp(&self, tcp: TcpStream, peer: SocketAddr) -> (Stream, SocketAddr) {
+        // A CARRIER client's port is odd (spec/WIRE.md section 3): from an even one no offer can
+        // come, and the connection is plain without a look at the rendezvous connections.
+        if peer.port() % 2 == 0 {
+            return (Stream::from_tcp(tcp), peer);
+        }
         let Ok(local) = tcp.local_addr() else { return (Stream::from_tcp(tcp), peer) };
         let key = carrier::key(peer, local);
         let lookup = || self.half_open().take_offer(&key);
@@ -340,17 +354,32 @@ impl Listener {
             }
             offer = lookup();
         }
-        let Some(hello) = offer else { return (Stream::from_tcp(tcp), peer) };
-        match hello.claim().and_then(|e| e.into_shm(self.opts.spin_mode()).map_err(|e| e.to_string())) {
-            Ok(shm) => {
-                log::info(format_args!("accept {}: shared memory (carrier {peer}) with pid {}", self.addr, shm.peer_pid()));
-                (Stream::from_carrier(shm, tcp), peer)
-            }
-            Err(why) => {
-                log::info(format_args!("accept {}: carrier {peer} not claimed: {why}; plain TCP", self.addr));
-                (Stream::from_tcp(tcp), peer)
-            }
+        // Offers from several users may name this 4-tuple (`HalfOpen::rivals`): each is tried in
+        // turn, oldest first; the claim's owner check refuses those whose sender does not own
+        // the connection's client end.
+        while let Some(hello) = offer {
+            let why = match hello.claim() {
+                Ok(e) => match e.into_shm(self.opts.spin_mode()) {
+                    Ok(shm) => {
+                        log::info(format_args!("accept {}: shared memory (carrier {peer}) with pid {}", self.addr, shm.peer_pid()));
+                        // The others for this connection can never be claimed now.
+                        while let Some(other) = lookup() {
+                            carrier::reject(&other.control, wire::Reason::NotClaimed);
+                        }
+                        return (Stream::from_carrier(shm, tcp), peer);
+                    }
+                    // Claimed: no other offer may have this connection.
+                    Err(e) => {
+                        log::info(format_args!("accept {}: carrier {peer} not claimed: {e}; plain TCP", self.addr));
+                        break;
+                    }
+                },
+                Err(why) => why,
+            };
+            log::info(format_args!("accept {}: carrier {peer} not claimed: {why}; plain TCP", self.addr));
+            offer = lookup();
         }
+        (Stream::from_tcp(tcp), peer)
     }
 
     /// Accepts new rendezvous connections and answers their HELLOs, up to the first completed one:

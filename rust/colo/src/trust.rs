@@ -32,6 +32,26 @@ fn check_rendezvous(dialed: SocketAddr, reached: &str, server_uid: u32, sockets:
     let Some(listener) = host::kernel_listener(dialed, sockets) else {
         return Err(format!("rendezvous {reached} owned by uid {server_uid}, but no TCP socket listens for {dialed}"));
     };
+    // The kernel's tables do not say whether an IPv6 wildcard listener is IPV6_V6ONLY (it then
+    // takes no IPv4 connection, and TCP to `dialed` is refused): a server of another uid could
+    // answer WELCOME where TCP says no one listens. So an IPv4 dial trusts such a listener only
+    // if it is our uid or root's (above).
+    if host::canonical(dialed.ip()).is_ipv4() && listener.addr.is_ipv6() {
+        return Err(format!(
+            "rendezvous {reached} owned by uid {server_uid}: {dialed} would go to the IPv6 wildcard {}, which may be IPV6_V6ONLY (then TCP is refused)",
+            listener.addr
+        ));
+    }
+    // A listener bound to a device (SO_BINDTODEVICE, open to any user) takes no connection
+    // that comes in on another one, loopback's among them: TCP to `dialed` may be refused while
+    // the table lists it. Trusted only where the kernel says no socket there is so bound.
+    let at_addr = || sockets.iter().filter(|s| s.listening && s.local == listener.addr);
+    if !at_addr().all(|s| s.device == Some(false)) {
+        return Err(format!(
+            "rendezvous {reached} owned by uid {server_uid}: the TCP listener on {} is bound to a network device, or the kernel's table does not say",
+            listener.addr
+        ));
+    }
     let own = wire::rendezvous_name(listener.addr);
     if own != reached {
         return Err(format!("rendezvous {reached} owned by uid {server_uid}, but {dialed} is served by the TCP listener on {} ({own})", listener.addr));
@@ -98,18 +118,21 @@ mod tests {
     /// root (0) listens on 127.0.0.1:6391 and 0.0.0.0:7000; nobody (65534) on 127.0.0.2:6391
     /// (a decoy, listed first) and on [::]:7001.
     fn table() -> Vec<colo_sys::host::TcpSocket> {
-        let mut t = parse_tcp_table(
+        // As sock_diag reports them: bound to no device.
+        let unbound = |t: Vec<colo_sys::host::TcpSocket>| t.into_iter().map(|s| colo_sys::host::TcpSocket { device: Some(false), ..s });
+        let mut t: Vec<_> = unbound(parse_tcp_table(
             "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
    0: 0200007F:18F7 00000000:0000 0A 00000000:00000000 00:00000000 00000000 65534        0 1001
    1: 0100007F:18F7 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1002
    2: 00000000:1B58 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1003
 ",
-        );
-        t.extend(parse_tcp_table(
+        ))
+        .collect();
+        t.extend(unbound(parse_tcp_table(
             "  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
    0: 00000000000000000000000000000000:1B59 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000 65534        0 2001
 ",
-        ));
+        )));
         t
     }
 
@@ -132,9 +155,20 @@ mod tests {
     fn the_owner_of_the_kernels_listener_is_trusted() {
         let t = table();
         assert!(check_rendezvous(at("127.0.0.2:6391"), "colo/1/127.0.0.2:6391", 65534, &t).is_ok());
-        assert!(check_rendezvous(at("127.0.0.1:7001"), "colo/1/[::]:7001", 65534, &t).is_ok());
+        // An IPv4 dial that only an IPv6 wildcard of another uid would take: that listener may
+        // be IPV6_V6ONLY (TCP refused), which the table does not show.
+        assert!(check_rendezvous(at("127.0.0.1:7001"), "colo/1/[::]:7001", 65534, &t).is_err());
         assert!(check_rendezvous(at("[::1]:7001"), "colo/1/[::]:7001", 65534, &t).is_ok());
         assert!(check_rendezvous(at("127.0.0.1:7001"), "colo/1/127.0.0.1:7001", 65534, &t).is_err());
+    }
+
+    #[test]
+    fn a_listener_bound_to_a_device_or_not_known_to_be_unbound_proves_nothing() {
+        use colo_sys::host::TcpSocket;
+        let t: Vec<TcpSocket> = table().into_iter().map(|s| TcpSocket { device: Some(s.uid == 65534), ..s }).collect();
+        assert!(check_rendezvous(at("127.0.0.2:6391"), "colo/1/127.0.0.2:6391", 65534, &t).is_err(), "bound to a device");
+        let t: Vec<TcpSocket> = table().into_iter().map(|s| TcpSocket { device: None, ..s }).collect();
+        assert!(check_rendezvous(at("127.0.0.2:6391"), "colo/1/127.0.0.2:6391", 65534, &t).is_err(), "/proc/net/tcp cannot say");
     }
 
     #[test]
