@@ -331,7 +331,7 @@ impl Listener {
     fn claim_or_tcp(&self, tcp: TcpStream, peer: SocketAddr) -> (Stream, SocketAddr) {
         // A CARRIER client's port is odd (spec/WIRE.md section 3): from an even one no offer can
         // come, and the connection is plain without a look at the rendezvous connections.
-        if peer.port() % 2 == 0 {
+        if peer.port().is_multiple_of(2) {
             return (Stream::from_tcp(tcp), peer);
         }
         let Ok(local) = tcp.local_addr() else { return (Stream::from_tcp(tcp), peer) };
