@@ -66,6 +66,10 @@ def main():
     for i, r in enumerate(recs):
         rust("handover_record", "record%d" % i, r)
     rust("handover_record", "file", b"".join(recs) + b"\0" * 32)
+    # The shim's offer requests: client|server, IPv4, IPv6, mapped, and a half one.
+    for name, b in [("v4", b"127.0.0.1:40001|127.0.0.1:6379"), ("v6", b"[::1]:40001|[::1]:6379"),
+                    ("mapped", b"[::ffff:127.0.0.1]:3|127.0.0.1:80"), ("half", b"127.0.0.1:1|")]:
+        rust("offer_key", name, b)
     # Live segments: a geometry byte pair, then operations (see fuzz_targets/ring_scribble.rs).
     W, R, PEEK, LOOK, FLAGS, MSG, POP, FREE, FPOP, SCRIB = 0, 1, 2, 3, 4, 7, 8, 9, 10, 11
     u16 = lambda n: struct.pack("<H", n)

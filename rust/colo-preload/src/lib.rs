@@ -26,6 +26,7 @@ mod conn;
 mod handover;
 mod lineage;
 mod marker;
+mod offer_key;
 mod poll;
 mod real;
 mod repeat;

@@ -429,19 +429,9 @@ fn expire(st: &mut State) -> Option<Instant> {
     oldest.map(|at| at + PENDING_TTL)
 }
 
-fn encode_key(k: &Key) -> Vec<u8> {
-    format!("{}|{}", k.0, k.1).into_bytes()
-}
-
-fn decode_key(b: &[u8]) -> Option<Key> {
-    let s = std::str::from_utf8(b).ok()?;
-    let (a, c) = s.split_once('|')?;
-    Some((a.parse().ok()?, c.parse().ok()?))
-}
-
 /// Answers one request of a process of the lineage: the offer's descriptors, or "none".
 fn answer_request(svc: &Service, req: Request) {
-    let Some(k) = decode_key(&req.bytes) else {
+    let Some(k) = crate::offer_key::decode(&req.bytes) else {
         return req.answer(&[0, 0], &[]);
     };
     let hello = {
@@ -804,7 +794,7 @@ pub fn before_fork() {
 
 /// Asks the service of `lineage` for the offer of `k` (starting one here if it is gone).
 fn fetch(lineage: &'static Lineage, k: &Key) -> Option<Box<Hello>> {
-    let (answer, fds) = match lineage.ask(&encode_key(k), ASK_WAIT, |seen| orphaned(lineage, seen)) {
+    let (answer, fds) = match lineage.ask(&crate::offer_key::encode(k), ASK_WAIT, |seen| orphaned(lineage, seen)) {
         Asked::Answer(a, fds) => (a, fds),
         Asked::Nothing(why) => {
             crate::log_debug(format_args!("offer service: {why}"));
