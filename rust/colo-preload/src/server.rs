@@ -320,12 +320,14 @@ fn drain(st: &mut State) {
 }
 
 /// Answers a rendezvous connection REJECT(NO_RESOURCES) and lets it go. A HELLO already queued
-/// is read first: a connection closed with unread data would reach its client as a reset, and
-/// the reason would be lost.
+/// is read first, and once more after the answer: a connection closed with unread data would
+/// reach its client as a reset before the reason (one whose HELLO lands between the last look and
+/// the close still does; that client dials plain TCP all the same).
 fn refuse(c: &OwnedFd) {
     let mut b = [0u8; 64];
     let _ = seqpacket::recv(c, &mut b, true);
     carrier::reject(c, Reason::NoResources);
+    let _ = seqpacket::recv(c, &mut b, true);
 }
 
 /// Collects the HELLOs that have arrived at one listener's rendezvous (none of the waiting ones).

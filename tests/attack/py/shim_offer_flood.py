@@ -8,7 +8,10 @@ usage: shim_offer_flood.py PORT COUNT MODE SECONDS OUTFILE [FIRST_CLIENT_PORT]
   MODE dup: COUNT HELLOs that all name the same 4-tuple.
 Keeps every control socket open for SECONDS (so nothing is freed by a hang-up), then writes to
 OUTFILE: "SENT n", "REJECTED_NO_RESOURCES n" (answers REJECT(NO_RESOURCES) read),
-"REJECTED_NOT_CLAIMED n", "CLOSED_BY_SERVER n" (connections the server closed) and the times they were first seen.
+"REJECTED_NOT_CLAIMED n", "CLOSED_BY_SERVER n" (connections the server closed), "CLOSED_AT_ONCE n"
+(of those, closed within 2 s of the flood's start: refusals whose HELLO reached the service between
+its look for one and its close, which the client sees as a reset before the REJECT) and the
+times they were first seen ("FIRST_CLOSE_AFTER": the first close after those 2 s).
 """
 import os
 import select
@@ -59,7 +62,7 @@ for i in range(count):
     s.setblocking(False)
     socks.append(s)
 
-rejected = not_claimed = closed = 0
+rejected = not_claimed = closed = at_once = 0
 first_reject = first_close = None
 done = set()
 end = t0 + seconds
@@ -83,8 +86,13 @@ while time.time() < end and len(done) < len(socks):
             not_claimed += 1
         elif not b:
             closed += 1
-            first_close = first_close or time.time() - t0
+            age = time.time() - t0
+            if age < 2.0:
+                at_once += 1
+            else:
+                first_close = first_close or age
         done.add(i)
 with open(outfile, "a") as f:
     f.write("SENT %d\nREJECTED_NO_RESOURCES %d\nREJECTED_NOT_CLAIMED %d\nCLOSED_BY_SERVER %d\n" % (len(socks), rejected, not_claimed, closed))
+    f.write("CLOSED_AT_ONCE %d\n" % at_once)
     f.write("FIRST_CLOSE_AFTER %.2f\n" % (first_close or -1))
