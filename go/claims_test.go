@@ -1,6 +1,6 @@
 package colo
 
-// Claims of docs/SAFETY.md and spec/WIRE.md that had no test of their own in Go (issue 21); the
+// Claims of docs/SAFETY.md and spec/WIRE.md about the Go listener, each checked by what it promises; the
 // Rust listener's are in rust/colo/tests/claims.rs. Each fails if the code behind it is removed:
 //
 //   - a memfd whose size differs from its header's segment_size is refused (REJECT(BAD_SEGMENT));

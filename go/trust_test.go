@@ -96,7 +96,7 @@ func TestRendezvousCheck(t *testing.T) {
 		dialed, reached string
 		ok              bool
 	}{
-		{"127.0.0.1:6391", "colo/1/127.0.0.1:6391", false}, // issue 21, finding 3
+		{"127.0.0.1:6391", "colo/1/127.0.0.1:6391", false}, // a squatted exact name beside a decoy listener
 		{"127.0.0.1:6391", "colo/1/0.0.0.0:6391", false},
 		{"127.0.0.1:7000", "colo/1/127.0.0.1:7000", false},
 		{"127.0.0.1:7000", "colo/1/0.0.0.0:7000", false},
@@ -170,7 +170,7 @@ func TestServes(t *testing.T) {
 
 // A listener on [::] with IPV6_V6ONLY (Go sets it for "tcp6") refuses TCP to 127.0.0.1; a colo
 // client that reaches its rendezvous through the dual-stack fallback is refused the same way
-// (REJECT(NOT_SERVED)), and an IPv6 client still gets shared memory (issue 21, finding 7).
+// (REJECT(NOT_SERVED)), and an IPv6 client still gets shared memory.
 func TestV6onlyListenerRefusesIPv4(t *testing.T) {
 	l, err := ListenColo("tcp6", "[::]:0")
 	if err != nil {

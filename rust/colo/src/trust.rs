@@ -139,7 +139,7 @@ mod tests {
     #[test]
     fn a_squatter_with_a_decoy_listener_on_the_port_is_refused() {
         let t = table();
-        // The attack of issue 21, finding 3: the name of 127.0.0.1:6391, a decoy on 127.0.0.2.
+        // A squatted exact name: the name of 127.0.0.1:6391, a decoy listener on 127.0.0.2.
         assert!(check_rendezvous(at("127.0.0.1:6391"), "colo/1/127.0.0.1:6391", 65534, &t).is_err());
         // The wildcard name for a port whose kernel listener is exact.
         assert!(check_rendezvous(at("127.0.0.1:6391"), "colo/1/0.0.0.0:6391", 65534, &t).is_err());

@@ -421,13 +421,8 @@ fn garbage_on_the_rendezvous_is_refused_and_the_listener_keeps_serving() {
     use colo::wire::{Message, Mode, Reason};
     let _w = common::watchdog(60);
     let (l, addr) = listener();
-    let server = thread::spawn(move || {
-        // Garbage never yields a connection; the one good client below does.
-        let (mut s, _) = l.accept().unwrap();
-        let mut b = [0u8; 2];
-        s.read_exact(&mut b).unwrap();
-        s.write_all(&b).unwrap();
-    });
+    // Garbage never yields a connection; the one good client below does.
+    let server = common::echo_two_bytes(l);
     let hello = |v: u8| Message::Hello { version: v, mode: Mode::Direct }.encode();
     let reject = |r: Reason| Some(Message::Reject { version: 1, reason: r });
     // Bytes that are not a message.

@@ -67,3 +67,15 @@ pub fn count_memfds() -> usize {
 pub fn pattern(i: u64) -> u8 {
     (i.wrapping_mul(2654435761) >> 13) as u8
 }
+
+/// Serves one connection of `l` in a thread: reads two bytes and sends them back (the client a
+/// test makes after its abuse of the listener shows it still serves).
+pub fn echo_two_bytes(l: colo::Listener) -> std::thread::JoinHandle<()> {
+    use std::io::{Read, Write};
+    std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut b = [0u8; 2];
+        s.read_exact(&mut b).unwrap();
+        s.write_all(&b).unwrap();
+    })
+}
