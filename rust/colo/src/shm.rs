@@ -652,10 +652,10 @@ impl Shm {
     /// and one to write; an event loop, and a thread writing from outside it whose non-blocking
     /// call drains): the one that empties it takes a ring another may have waited for, and that
     /// other's `poll` or `epoll_wait`, looking only afterwards, sleeps on with its condition
-    /// true (two threads polling one socket hung so in 2 of 3 runs). So every sleeper registers
-    /// a wake-up eventfd of its own (`add_waker`), which only it empties, and a drain that took
-    /// a ring rings every registered one but the drainer's (re-ringing the doorbell was tried:
-    /// the passer, or another sleeper, empties the pass before the one it was meant for looks).
+    /// true. So every sleeper registers a wake-up eventfd of its own (`add_waker`), which only
+    /// it empties, and a drain that took a ring rings every registered one but the drainer's
+    /// (re-ringing the doorbell would not do: the passer, or another sleeper, could empty the
+    /// pass before the one it was meant for looks; docs/ARCHITECTURE.md has the history).
     pub fn drain_doorbell(&self, by: Drainer) -> bool {
         let found = doorbell::drain_side(&self.fds.own_bell, &self.fds.self_bell, &self.fds.control);
         if found.hung_up {
