@@ -27,12 +27,14 @@ func (c *Conn) pollOnce(ready func() bool) bool {
 	// kick sets the deadline before it sets kicked, so either we see kicked and clear the
 	// deadline after the kick's state change (the re-check below sees that change), or we do
 	// not and the wait below returns at once (the next poll clears it).
-	if c.kicked.Swap(false) { // partner: the Store in kick
+	if c.kicked.Swap(false) { // SYNC POINT with the Store in kick
 		c.bell.SetReadDeadline(time.Time{})
 	}
 	c.pollCheck, c.pollFirst, c.pollOK = ready, true, false
 	if c.bellRaw.Read(c.pollFn) != nil {
-		c.bellDirty.Store(true) // a kick ended the wait: our announcement may still be answered
+		// A kick ended the wait: our announcement may still be answered. SYNC POINT with
+		// the Swap in pollCallback (the next poll's).
+		c.bellDirty.Store(true)
 	}
 	c.pollCheck = nil
 	return c.pollOK
@@ -42,14 +44,17 @@ func (c *Conn) pollOnce(ready func() bool) bool {
 func (c *Conn) pollCallback(uintptr) bool {
 	if c.pollFirst {
 		c.pollFirst = false
+		// SYNC POINT with the Stores of bellDirty (block, pollOnce, here): a ring that may have
+		// landed since the last drain is drained before we announce.
 		if c.bellDirty.Swap(false) {
 			c.drainBell()
 		}
-		// Read-modify-write of our waiting word (spec section 6); partner: the peer's exchange
-		// in its notify.
+		// Read-modify-write of our waiting word (spec section 6); SYNC POINT with the peer's
+		// exchange in its notify: our re-check below sees its progress, or it rings.
 		old := atomic.OrUint32(c.myWaiting, waitDoorbell)
 		c.pollOK = c.pollCheck()
 		// A follower's wake-up may have been lost (see block): end this poll so it re-checks.
+		// SYNC POINT with the Store of wakeChUsed and the Add to lostWakes in block.
 		lost := old&(waitDoorbell|waitFutex) == 0 && c.wakeChUsed.Load() || c.lostWakes.Load() != c.pollLostWakes
 		if c.pollOK || lost {
 			c.bellDirty.Store(true) // the peer may answer our announcement after the poll

@@ -64,6 +64,7 @@ var (
 	// including a connection that fell back to TCP.
 	ErrNoPool        = unix.ENOBUFS
 	errBadMessageUse = errors.New("colo: message not loaned from or received on this connection, or already used")
+	errNoPool        = errors.New("colo: connection has no message pool")
 )
 
 // SlotSize returns the largest message this connection can loan (0: no pool).

@@ -1,0 +1,125 @@
+package colo
+
+// Closing a colo connection (spec/WIRE.md section 8) and releasing or parking its segment
+// (section 3, "Recycling").
+
+import (
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// Close closes the connection: FIN and NOT_READING on our direction, READ_CLOSED on the peer's, a
+// ring of the peer's doorbell, then every descriptor and the mapping are released (a DIRECT
+// connection that closes cleanly keeps its segment and doorbells for a while, for the next
+// connection between the same two processes: spec section 3, "Recycling"). Blocked operations
+// return. Message views obtained from Recv and buffers from Loan must not be used after Close.
+func (c *Conn) Close() error {
+	if c.tcp != nil {
+		return c.tcp.Close()
+	}
+	// SYNC POINT with the Load of closed in enter and in every ready condition: set before the
+	// kick, so a woken operation sees it and leaves.
+	if !c.closed.CompareAndSwap(false, true) {
+		return c.opErr("close", net.ErrClosed)
+	}
+	c.kick() // wake blocked operations; they see closed and leave
+	c.life.Lock()
+	defer c.life.Unlock()
+	c.rdl.stop()
+	c.wdl.stop()
+	// SYNC POINT with the peer's loads of these words (its readSome, writeCheck and
+	// cleanClose): every byte we published before FIN is visible to a peer that sees FIN.
+	atomic.OrUint32(c.in.rflags, flagReadClosed)
+	atomic.OrUint32(c.out.flags, flagFIN|flagNotReading)
+	c.alertPeer()
+	clean := c.cleanClose() // our last use of the segment
+	c.ctl.Close()           // the control-socket watcher returns
+	if clean && c.carrier == nil {
+		switch {
+		case c.parkName != "":
+			parkClient(c.parkName, c.peerPid, parkOf(c))
+			c.seg = nil
+			return nil
+		case c.parkTable != nil && c.peerPid > 0:
+			c.parkTable.park(int32(c.peerPid), parkOf(c))
+			c.seg = nil
+			return nil
+		}
+	}
+	c.bell.Close() // closes ownBell
+	unix.Close(c.spareBell)
+	if c.carrier != nil {
+		if debug {
+			if rc, err := c.carrier.(*net.TCPConn).SyscallConn(); err == nil {
+				rc.Control(func(fd uintptr) {
+					n, _ := unix.IoctlGetInt(int(fd), unix.SIOCINQ)
+					if n > 0 { // a CARRIER peer must never send payload on the TCP connection
+						logf("close: %d bytes were sent on the carrier TCP connection", n)
+					}
+				})
+			}
+		}
+		c.carrier.Close()
+	}
+	unmapLater(c.seg)
+	c.seg = nil
+	return nil
+}
+
+// cleanClose reports whether this side may park the segment on Close (spec section 3,
+// "Recycling"): no reset sent or seen, no corruption, no refused HELLO, and a peer that did not
+// die (a hang-up without FIN).
+func (c *Conn) cleanClose() bool {
+	if c.fatal.Load() != nil {
+		return false
+	}
+	// The hang-up first: a peer's FIN precedes its hang-up. SYNC POINT with the Store in
+	// watchCtl, made after the control socket reported the hang-up.
+	gone := c.ctlGone.Load()
+	// SYNC POINT with the peer's ORs of its flags (FIN, RESET, READ_CLOSED: its Close,
+	// CloseWrite, CloseRead, fail) and with ours (fail's RESET, made by any of our goroutines).
+	in, out := atomic.LoadUint32(c.in.flags), atomic.LoadUint32(c.out.flags)
+	rin, rout := atomic.LoadUint32(c.in.rflags), atomic.LoadUint32(c.out.rflags)
+	closing := uint32(flagFIN | flagNotReading)
+	return in&^closing == 0 && out&^closing == 0 && rin&^flagReadClosed == 0 &&
+		rout&^flagReadClosed == 0 && (!gone || in&flagFIN != 0)
+}
+
+// unmapLater hands a segment mapping to a background goroutine. munmap of a shared mapping in a
+// multi-threaded process costs TLB shoot-downs on every CPU the process ran on; doing it off the
+// caller's path keeps Close (and so short-lived connections) cheap. Nothing touches the mapping
+// after Close: every operation has left (Close holds the life lock exclusively).
+func unmapLater(seg []byte) {
+	unmapOnce.Do(func() {
+		unmapQueue = make(chan []byte, 1024)
+		go func() {
+			for seg := range unmapQueue {
+				munmapSegment(seg)
+			}
+		}()
+	})
+	select {
+	case unmapQueue <- seg:
+	default:
+		munmapSegment(seg) // the reaper is behind: do it here
+	}
+}
+
+var (
+	unmapOnce  sync.Once
+	unmapQueue chan []byte
+)
+
+// discard releases a server-side connection that was refused after its segment was mapped:
+// unlike Close it leaves the segment untouched (no FIN), so that the client sees the REJECT.
+func (c *Conn) discard() {
+	c.closed.Store(true) // nobody else holds the connection yet: orders nothing
+	c.bell.Close()
+	c.ctl.Close()
+	unix.Close(c.spareBell)
+	unmapLater(c.seg)
+	c.seg = nil
+}
