@@ -141,6 +141,7 @@ func (l *Listener) takeOfferOrEvent(key offerKey) (*offer, chan struct{}) {
 // The pending count is lowered before the channel is closed, and a waiter takes the channel
 // before it reads the count, so no wake-up is lost.
 func (l *Listener) offerEvent() {
+	// SYNC POINT with the Add in claimCarrier (made before its first look at the offers).
 	if l.claimWaiters.Load() == 0 {
 		return
 	}
@@ -180,7 +181,7 @@ func (l *Listener) claimCarrier(tc *net.TCPConn) *Conn {
 	l.drainRendezvous()
 	// Counted as a waiter before the first look, so that a HELLO stored after it closes the
 	// channel taken with it (offerEvent skips the close only when nobody waits).
-	l.claimWaiters.Add(1)
+	l.claimWaiters.Add(1) // SYNC POINT with the Load in offerEvent
 	o, evt := l.takeOfferOrEvent(key)
 	if o == nil && l.unreadHellos() > 0 {
 		// HELLOs accepted but not read yet: wait for each to be read (offerEvent), not in
@@ -203,7 +204,7 @@ func (l *Listener) claimCarrier(tc *net.TCPConn) *Conn {
 		// none reads as unread, an offer read meanwhile is in the map.
 		o, _ = l.takeOfferOrEvent(key)
 	}
-	l.claimWaiters.Add(-1)
+	l.claimWaiters.Add(-1) // a count: orders nothing on the way out
 	// Offers of several users may name this 4-tuple (maxOffersPerKey): each is tried in turn,
 	// oldest first, until one is claimed.
 	for ; o != nil; o, _ = l.takeOfferOrEvent(key) {
@@ -220,7 +221,8 @@ func (l *Listener) claimCarrier(tc *net.TCPConn) *Conn {
 			close(o.claimed)
 			continue
 		}
-		// Exactly one of this CAS and the client's OFFERED -> ABANDONED wins.
+		// Exactly one of this CAS and the client's OFFERED -> ABANDONED wins. SYNC POINT with
+		// the client's CompareAndSwap of claim in carrierClient (dial.go).
 		if !atomic.CompareAndSwapUint32(u32at(c.seg, hClaim), ClaimOffered, ClaimClaimed) {
 			o.drop()
 			close(o.claimed)

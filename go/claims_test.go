@@ -149,12 +149,13 @@ func rawConnection(t *testing.T) (*rawClient, *Conn) {
 
 // serverFlags is the server's ring_flags (server->client block).
 func (r *rawClient) serverFlags() uint32 {
-	return atomic.LoadUint32(u32at(r.seg, headerSize+r.lay.blockSize+dRingFlags))
+	return atomic.LoadUint32(u32at(r.seg, headerSize+r.lay.blockSize+dRingFlags)) // SYNC POINT with the server's ORs of its ring_flags
 }
 
 // produce writes b into the client->server ring as its producer (a fresh ring, once).
 func (r *rawClient) produce(b []byte) {
 	copy(r.seg[headerSize+r.lay.dataOff:], b)
+	// SYNC POINT with the server's load of ring_head (consumer.refresh): the bytes first.
 	atomic.StoreUint64(u64at(r.seg, headerSize+dRingHead), uint64(len(b)))
 }
 
@@ -209,7 +210,7 @@ func hangUpOutcome(t *testing.T, fin bool, hangUp func(r *rawClient) error) (str
 	r, s := rawConnection(t)
 	r.produce([]byte("abc"))
 	if fin {
-		atomic.OrUint32(u32at(r.seg, headerSize+dRingFlags), flagFIN)
+		atomic.OrUint32(u32at(r.seg, headerSize+dRingFlags), flagFIN) // after the bytes: SYNC POINT with the server's readSome
 	}
 	if err := hangUp(r); err != nil {
 		t.Fatal(err)

@@ -70,8 +70,8 @@ type Conn struct {
 
 	// How this side's waiters take turns sleeping (wait.go, bellwait.go).
 	waitMu     sync.Mutex
-	nwait      int  // waiters counted in await (waitMu)
-	polling    bool // a waiter sleeps in the netpoller (waitMu)
+	nwait      int           // waiters counted in await (waitMu)
+	polling    bool          // a waiter sleeps in the netpoller (waitMu)
 	wakeCh     chan struct{} // closed when the poller wakes (waitMu)
 	wakeChUsed atomic.Bool   // a non-polling waiter holds wakeCh (set and cleared under waitMu)
 	lostWakes  atomic.Uint32 // bumped by a follower whose announcement found the word woken
@@ -229,4 +229,3 @@ type ProtocolError struct{ What string }
 func (e *ProtocolError) Error() string        { return "colo: protocol error: " + e.What }
 func (e *ProtocolError) Unwrap() error        { return unix.EPROTO }
 func (e *ProtocolError) Is(target error) bool { return target == unix.EPROTO }
-

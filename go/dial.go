@@ -469,7 +469,7 @@ func handshakeClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry,
 		return nil, err
 	}
 	if pending {
-		c.pending.Store(true)
+		c.pending.Store(true) // before watchCtl starts (startWatch): the go statement orders it
 		c.welcomeName = name
 	}
 	c.parkName = name
@@ -541,6 +541,8 @@ func carrierClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry, n
 	tc, err := nd.DialContext(ctx, network, ap.String())
 	if err != nil {
 		if offered {
+			// SYNC POINT with the server's CompareAndSwap of claim in claimCarrier: a server
+			// that looks later finds ABANDONED and does not claim.
 			atomic.CompareAndSwapUint32(u32at(cs.seg, hClaim), ClaimOffered, ClaimAbandoned)
 		}
 		cs.close()
@@ -557,7 +559,8 @@ func carrierClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry, n
 	}
 	aerr := cs.answer(ctx, dl)
 	if aerr != nil {
-		// Exactly one of this CAS and the server's OFFERED -> CLAIMED wins.
+		// Exactly one of this CAS and the server's OFFERED -> CLAIMED wins. SYNC POINT with
+		// the server's CompareAndSwap of claim in claimCarrier (carrier.go).
 		if atomic.CompareAndSwapUint32(u32at(cs.seg, hClaim), ClaimOffered, ClaimAbandoned) {
 			logf("carrier offer to %v not taken (%v): plain TCP", ap, aerr)
 			cs.close() // nothing was written into the ring: nothing to copy into the TCP socket

@@ -242,11 +242,11 @@ func FuzzSegmentScribble(f *testing.F) {
 					h := atomic.LoadUint64(u64at(c.seg, base+dMsgHead))
 					putLE32(c.seg, base+dMsgEnt+8*(h%n), lo)
 					putLE32(c.seg, base+dMsgEnt+8*(h%n)+4, hi)
-					atomic.StoreUint64(u64at(c.seg, base+dMsgHead), h+1)
+					atomic.StoreUint64(u64at(c.seg, base+dMsgHead), h+1) // SYNC POINT with Recv's load: the entry first
 				} else {
 					h := atomic.LoadUint64(u64at(c.seg, base+dFreeHead))
 					putLE32(c.seg, base+c.lay.freeOff()+4*(h%n), lo)
-					atomic.StoreUint64(u64at(c.seg, base+dFreeHead), h+1)
+					atomic.StoreUint64(u64at(c.seg, base+dFreeHead), h+1) // SYNC POINT with reclaim's load: the entry first
 				}
 			}
 		}

@@ -50,17 +50,17 @@ type Listener struct {
 	offersMu     sync.Mutex
 	offers       map[offerKey][]*offer // oldest first; at most one per client uid (carrier.go)
 	offerEvt     chan struct{}         // closed (and replaced) by offerEvent when a HELLO has been read
-	claimWaiters atomic.Int32          // claims waiting in claimCarrier for unread HELLOs
+	claimWaiters atomic.Int32          // claims waiting in claimCarrier for unread HELLOs (partners named at the uses)
 	sem          chan struct{}         // one token per TCP connection accepted but not yet handed to Accept
 	halfMu       sync.Mutex
-	halfOpen     int            // rendezvous connections held (see maxHalfOpen)
-	halfByUID    map[uint32]int // ... by client uid
-	carrierOnly  atomic.Bool
+	halfOpen     int                                // rendezvous connections held (see maxHalfOpen)
+	halfByUID    map[uint32]int                     // ... by client uid
+	carrierOnly  atomic.Bool                        // a setting: read per HELLO, orders nothing
 	v6only       bool                               // the TCP socket is IPv6 with IPV6_V6ONLY: it takes no IPv4 connection
-	directAny    atomic.Bool                        // SetDirectFromAnyUID
-	testAnswer   atomic.Pointer[func(c *Conn) bool] // tests: called before WELCOME; false: REJECT(NO_RESOURCES)
+	directAny    atomic.Bool                        // SetDirectFromAnyUID; a setting: orders nothing
+	testAnswer   atomic.Pointer[func(c *Conn) bool] // tests: called before WELCOME; false: REJECT(NO_RESOURCES); the Store publishes the func
 	rvMu         sync.Mutex                         // serializes accepts on the rendezvous socket with pending counting
-	pending      atomic.Int32                       // accepted control connections whose HELLO is not read yet
+	pending      atomic.Int32                       // accepted control connections whose HELLO is not read yet (partners at the uses)
 	silentMu     sync.Mutex                         // guards silent (see silent.go)
 	silent       map[int]struct{}                   // pending connections whose goroutine found nothing to read
 	parked       *parkTable                         // segments of closed DIRECT connections, kept for their clients' next dials
@@ -350,7 +350,7 @@ func (l *Listener) acceptControl(rvfd int) (int, error) {
 	defer l.rvMu.Unlock()
 	cfd, _, err := unix.Accept4(rvfd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
 	if err == nil {
-		l.pending.Add(1)
+		l.pending.Add(1) // SYNC POINT with the Load in unreadHellos
 	}
 	return cfd, err
 }
@@ -468,6 +468,8 @@ func (l *Listener) handleHello(cfd int, cf *os.File, h *hello) *Conn {
 	if h.oobn > 0 {
 		fds = parseRights(h.oob[:h.oobn])
 	}
+	// A HELLO's offer is stored before it is counted off pending (SYNC POINT with the Load in
+	// unreadHellos), and the count is lowered before offerEvent closes the channel.
 	heard := sync.OnceFunc(func() { l.pending.Add(-1); l.offerEvent() })
 	defer heard()
 	closeAll := func() {

@@ -119,6 +119,8 @@ func (c *Conn) Loan(size int) (*Message, error) {
 func (c *Conn) reclaim() (bool, error) {
 	p := &c.pool
 	n := p.slotCount
+	// SYNC POINT with the peer's store of free_head in its Release: the free entries it wrote
+	// before are visible to the loop below.
 	fh := atomic.LoadUint64(c.out.freeHead)
 	if fh-p.freeTail > n {
 		return false, c.corrupt("free queue head out of range")
@@ -135,16 +137,23 @@ func (c *Conn) reclaim() (bool, error) {
 		got = true
 	}
 	if got {
+		// Our own counter (the peer reads it only to validate); it publishes nothing.
 		atomic.StoreUint64(c.out.freeTail, p.freeTail)
 	}
 	return got, nil
 }
 
+// loanReady is the condition a blocked Loan waits for: a released slot, or anything that ends
+// the Loan.
 func (c *Conn) loanReady() bool {
+	// SYNC POINT with the peer's store of free_head in its Release.
 	return c.writeReadyCommon() || atomic.LoadUint64(c.out.freeHead) != atomic.LoadUint64(c.out.freeTail)
 }
 
+// writeReadyCommon is what ends any wait of a producer: close, deadline, hang-up, a fatal error,
+// the peer's RESET or NOT_READING.
 func (c *Conn) writeReadyCommon() bool {
+	// SYNC POINT with the peer's OR of its ring_flags (RESET, NOT_READING).
 	return c.closed.Load() || c.wdl.expired() || c.ctlGone.Load() || c.fatal.Load() != nil ||
 		atomic.LoadUint32(c.in.flags)&(flagRESET|flagNotReading) != 0
 }
@@ -178,6 +187,8 @@ func (c *Conn) Send(m *Message) error {
 	m.done = true
 	m.Data = nil
 	p.msgHead++
+	// SYNC POINT with the load of msg_head in the peer's Recv: the entry written above is
+	// visible to a consumer that sees the new head.
 	atomic.StoreUint64(c.out.msgHead, p.msgHead)
 	c.notifyPeer()
 	return nil
@@ -212,6 +223,8 @@ func (c *Conn) Recv() (*Message, error) {
 			return nil, io.EOF
 		}
 		if p.cMsgHead == p.msgTail {
+			// The flags before msg_head, as in readSome. SYNC POINT with the peer's OR of
+			// ring_flags (FIN after its last msg_head store).
 			fl := atomic.LoadUint32(c.in.flags)
 			if fl&^ringFlags != 0 {
 				return nil, c.opErr("recv", c.corrupt("unknown ring flags"))
@@ -219,6 +232,7 @@ func (c *Conn) Recv() (*Message, error) {
 			if fl&flagRESET != 0 {
 				return nil, c.opErr("recv", c.fail(errnoErr("recv", unix.ECONNRESET), false))
 			}
+			// SYNC POINT with the store of msg_head in the peer's Send.
 			h := atomic.LoadUint64(c.in.msgHead)
 			if h-p.msgTail > n || h-p.cMsgHead > n {
 				return nil, c.opErr("recv", c.corrupt("message head out of range"))
@@ -229,6 +243,8 @@ func (c *Conn) Recv() (*Message, error) {
 					return nil, io.EOF
 				}
 				if c.ctlGone.Load() {
+					// Re-read after seeing the hang-up: FIN and messages precede it (SYNC
+					// POINT with the peer's stores, as in readSome).
 					fl = atomic.LoadUint32(c.in.flags)
 					if atomic.LoadUint64(c.in.msgHead) != p.msgTail {
 						continue
@@ -253,13 +269,17 @@ func (c *Conn) Recv() (*Message, error) {
 		}
 		p.held[slot] = true
 		p.msgTail++
+		// Our own counter (the peer reads it only to validate); the slot is given back by
+		// Release, not by this store.
 		atomic.StoreUint64(c.in.msgTail, p.msgTail)
 		off := uint64(slot) * uint64(c.lay.SlotSize)
 		return &Message{Data: c.in.pool[off : off+uint64(ln) : off+uint64(ln)], c: c, slot: slot, received: true}, nil
 	}
 }
 
+// recvReady is the condition a blocked Recv waits for: a message, or anything that ends the Recv.
 func (c *Conn) recvReady() bool {
+	// SYNC POINT with the store of msg_head in the peer's Send, and its ORs of ring_flags.
 	return c.closed.Load() || c.rdl.expired() || c.ctlGone.Load() || c.rdClosed.Load() ||
 		c.fatal.Load() != nil || atomic.LoadUint64(c.in.msgHead) != atomic.LoadUint64(c.in.msgTail) || readFlagsSet(c.in.flags)
 }
@@ -296,6 +316,8 @@ func (c *Conn) Release(m *Message) error {
 	n := p.slotCount
 	putLE32(c.in.freeEnt, 4*(p.freeHead%n), m.slot)
 	p.freeHead++
+	// SYNC POINT with the load of free_head in the peer's reclaim: the free entry written above
+	// is visible to it, and our reads of the slot happen before the peer reuses it.
 	atomic.StoreUint64(c.in.freeHead, p.freeHead)
 	c.notifyPeer()
 	return nil

@@ -66,8 +66,7 @@ func releaseAll(ps []*parked) {
 // False means the client already took the segment back and its HELLO is on the way: the entry
 // must stay.
 func (p *parked) withdraw() bool {
-	// Acquire-release read-modify-write; partner: the client's compare-and-swap in takeClient.
-	// Exactly one of the two wins.
+	// SYNC POINT with the client's compare-and-swap in takeClient: exactly one of the two wins.
 	return atomic.AndUint32(p.word(), ^uint32(serverParked))&serverParked != 0
 }
 
@@ -92,8 +91,8 @@ var clientParkedSegs struct {
 // parkClient parks the client's side of a connection to the listener name (pid serverPid) that
 // closed cleanly. The caller has made its last use of the segment.
 func parkClient(name string, serverPid int, p *parked) {
-	// Acquire-release read-modify-write; partner: the compare-and-swap of a later dial of ours
-	// in takeClient (our last uses of the segment happen before its reset).
+	// SYNC POINT with the compare-and-swap of a later dial of ours in takeClient (our last uses
+	// of the segment happen before its reset).
 	atomic.OrUint32(p.word(), clientParked)
 	var drop []*parked
 	s := &clientParkedSegs
@@ -123,7 +122,7 @@ func takeClient(names []string, g Geometry) (*clientEntry, uint32) {
 		}
 		i := slices.IndexFunc(s.list, func(e clientEntry) bool {
 			return e.name == name && e.serverPid == int(pid.(int32)) && e.p.lay.Geometry == g &&
-				// Acquire-release; partners: both sides' parking read-modify-writes (parkClient,
+				// SYNC POINT with both sides' parking read-modify-writes (parkClient,
 				// parkTable.park): every use of the segment by either side happens before our
 				// reset. Exactly one of this and the server's withdraw (parked.withdraw) wins.
 				atomic.CompareAndSwapUint32(e.p.word(), clientParked|serverParked, 0)
@@ -139,7 +138,7 @@ func takeClient(names []string, g Geometry) (*clientEntry, uint32) {
 	if e == nil {
 		return nil, 0
 	}
-	// No ordering of its own; partner: the server's store in parkTable.park, published by its OR
+	// No ordering of its own: the server's store in parkTable.park is published by its OR
 	// of SERVER_PARKED, which our compare-and-swap read.
 	ticket := atomic.LoadUint32(u32at(e.p.seg, hTicket))
 	resetForReuse(e.p.seg, e.p.lay)
@@ -221,11 +220,11 @@ func (t *parkTable) park(clientPid int32, p *parked) {
 	}
 	ticket := t.next
 	t.next++
-	// No ordering of its own; partner: the client's load in takeClient, published by the OR
+	// No ordering of its own: the client's load in takeClient sees it, published by the OR
 	// below.
 	atomic.StoreUint32(u32at(p.seg, hTicket), ticket)
-	// Acquire-release read-modify-write; partner: the client's compare-and-swap in takeClient
-	// (the ticket and our last uses of the segment happen before its reset).
+	// SYNC POINT with the client's compare-and-swap in takeClient (the ticket and our last uses
+	// of the segment happen before its reset).
 	atomic.OrUint32(p.word(), serverParked)
 	t.list = append(t.list, serverEntry{ticket: ticket, clientPid: clientPid, p: p})
 	var drop *parked
@@ -259,7 +258,7 @@ func (t *parkTable) take(ticket uint32, clientPid int32) (*parked, error) {
 		return nil, errUnknownTicket
 	case t.list[i].clientPid != clientPid:
 		return nil, errOtherClient
-	// Acquire; partner: the client's compare-and-swap to 0 in takeClient (its reset happened
+	// SYNC POINT with the client's compare-and-swap to 0 in takeClient (its reset happened
 	// before the HELLO that brought us here). The client may have written, closed and parked its
 	// side since (clientParked): its bytes and FIN are delivered as for any connection.
 	case atomic.LoadUint32(t.list[i].p.word())&serverParked != 0:

@@ -49,7 +49,7 @@ func (l *Listener) unmarkSilent(cfd int) {
 func (l *Listener) unreadHellos() int32 {
 	l.silentMu.Lock()
 	defer l.silentMu.Unlock()
-	n := l.pending.Load()
+	n := l.pending.Load() // SYNC POINT with the Adds in acceptControl and handleHello's heard
 	if len(l.silent) == 0 || n <= 0 {
 		return n
 	}

@@ -246,8 +246,8 @@ func futexWake(addr *uint32) {
 
 // cpusOversubscribed reports whether more threads are runnable on this host than it has CPUs
 // online, so that some wait for one (spec/WIRE.md section 9): a spin then only holds off the
-// thread it waits for. The running count of /proc/loadavg is an instant sample (about 3 us to
-// open, read and close); one is taken at most every oversubscribedEvery, by the goroutine that
+// thread it waits for. The running count of /proc/loadavg is an instant sample (an open, a read
+// and a close: too dear for every wait); one is taken at most every oversubscribedEvery, by the goroutine that
 // asks first, and folded into a moving average over the last few samples: the host counts as
 // oversubscribed while that average exceeds the CPUs by half a thread (a lone sample would
 // misjudge a two-process ping-pong, its two spinners plus whatever runs at that instant). False
@@ -275,6 +275,9 @@ func cpusOversubscribed() bool {
 // HZ=250, the period of the Rust implementation's coarse clock).
 const oversubscribedEvery = 4_000_000
 
+// loadavgSample is shared by every connection of the process. Its words are atomic so that any
+// goroutine may read them; they order no other memory (a stale answer only changes whether one
+// wait spins). The CompareAndSwap of at elects the one goroutine that takes the next sample.
 var loadavgSample struct {
 	at      atomic.Int64
 	average atomic.Int64
