@@ -64,6 +64,9 @@ func rawDirect(t *testing.T, l *Listener, g Geometry, fileSize uint64) (*rawClie
 	h := header{Geometry: g, SegmentSize: lay.segmentSize, Claim: ClaimDirect, ClientPid: uint32(os.Getpid()),
 		ClientAddr: netip.AddrPortFrom(server.Addr(), 0), ServerAddr: server}
 	h.encode(seg)
+	if fileSize >= lay.segmentSize {
+		startRings(seg, lay) // as a client does (spec section 5, "Growing and shrinking")
+	}
 	if err := sealSegment(mfd); err != nil {
 		t.Fatal(err)
 	}

@@ -87,12 +87,16 @@ type Conn struct {
 	readReadyFn, writeReadyFn, loanFn, recvFn func() bool
 
 	// The stream's ends and the message pool.
-	rmu    sync.Mutex // one reader at a time
-	rx     consumer   // of the incoming ring (rmu)
-	rdlErr error      // Read's deadline error, made once (rmu)
-	wmu    sync.Mutex // one writer at a time
-	tx     producer   // of the outgoing ring (wmu)
-	pool   poolState
+	rmu        sync.Mutex    // one reader at a time
+	rx         consumer      // of the incoming ring (rmu)
+	rdlErr     error         // Read's deadline error, made once (rmu)
+	wmu        sync.Mutex    // one writer at a time
+	tx         producer      // of the outgoing ring (wmu)
+	sndLimit   atomic.Uint64 // SetWriteBuffer's bound on the outgoing ring's size (0: none); a setting, orders nothing
+	shrinkable bool          // the shrinker watches this connection (wmu)
+	idleHead   uint64        // the shrinker's: ring_head when it last saw it move (wmu)
+	idleSince  int64         // the shrinker's: nanotime when it saw that
+	pool       poolState
 }
 
 // Transport reports what carries this connection: TransportColo or TransportTCP.
@@ -170,6 +174,8 @@ func (c *Conn) setup() error {
 	} else {
 		c.in, c.out, c.myWaiting, c.peerWaiting = s2c, c2s, cw, sw
 	}
+	c.tx.start(&c.out, uint64(l.RingCapacity))
+	c.rx.size = min(minRingSize, uint64(l.RingCapacity))
 	c.pool.init(l.SlotCount)
 	// Our doorbell sits directly in the netpoller (edge-triggered: every write is an event) and
 	// a parked goroutine watches the control socket; together they are the readiness fd of

@@ -18,9 +18,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// DefaultGeometry is the segment shape a Dialer offers when its Geometry is zero: a 256 KiB byte
-// ring and 16 message slots of 64 KiB in each direction. Memory is touched lazily.
-var DefaultGeometry = Geometry{RingCapacity: 256 << 10, SlotSize: 64 << 10, SlotCount: 16}
+// DefaultGeometry is the segment shape a Dialer offers when its Geometry is zero: byte rings that
+// may grow to 4 MiB and 16 message slots of 64 KiB in each direction. A ring starts at 4 KiB,
+// doubles when its writer finds it full (up to RingCapacity, or the Conn's SetWriteBuffer), and
+// shrinks back to 4 KiB, giving its pages back, once it has been empty and unwritten for a
+// second (spec/WIRE.md section 5, "Growing and shrinking"). Memory is touched lazily.
+var DefaultGeometry = Geometry{RingCapacity: 4 << 20, SlotSize: 64 << 10, SlotCount: 16}
 
 // handshakeTimeout bounds the wait for WELCOME when the context has no deadline.
 const handshakeTimeout = 5 * time.Second
@@ -361,6 +364,7 @@ func (cs *clientSide) hello(h header, mode uint8) error {
 	}
 	h.Geometry, h.SegmentSize, h.ClientPid = cs.lay.Geometry, cs.lay.segmentSize, uint32(os.Getpid())
 	h.encode(cs.seg)
+	startRings(cs.seg, cs.lay)
 	msg := hsMsg{Type: MsgHello, Version: Version, Arg: mode}.encode()
 	cs.sent = true
 	// The server's end of the doorbell pair goes in both doorbell slots (spec section 3).

@@ -47,7 +47,7 @@ func (c *Conn) notifyPeer() {
 // read-modify-write followed by an acquire load on arm64). (Rust, whose loads may be acquire
 // only, reads the waiting word with a read-modify-write first: notify.rs peer_needs_space_wake.)
 func (c *Conn) notifySpace(old uint64) {
-	if c.rx.wasFullBefore(&c.in, uint64(c.lay.RingCapacity), old) {
+	if c.rx.wasFullBefore(&c.in, old) {
 		c.notifyPeer()
 	}
 }

@@ -146,7 +146,8 @@ func takeClient(names []string, g Geometry) (*clientEntry, uint32) {
 }
 
 // resetForReuse makes a segment both sides parked new again: every counter and flags word of both
-// direction blocks and both waiting words back to 0. Only the client calls it, after its
+// direction blocks and both waiting words back to 0, both rings back to their starting size with
+// no growth request, and their data pages given back to the system. Only the client calls it, after its
 // compare-and-swap of parked from both bits to 0 proved that neither side uses the segment; the
 // header from offset 96 on (parked, ticket, waiting lines) is not written otherwise.
 func resetForReuse(seg []byte, l layout) {
@@ -165,6 +166,11 @@ func resetForReuse(seg []byte, l layout) {
 	// by the HELLO.
 	atomic.SwapUint32(u32at(seg, hClientWaiting), 0)
 	atomic.SwapUint32(u32at(seg, hServerWaiting), 0)
+	startRings(seg, l) // as above, published by the HELLO
+	for _, base := range []uint64{headerSize, headerSize + l.blockSize} {
+		// Where MADV_REMOVE fails the pages stay, which is only memory.
+		unix.Madvise(seg[base+l.dataOff:base+l.poolOff], unix.MADV_REMOVE)
+	}
 }
 
 // dropParkedClient releases every segment this process parked as a client (tests count

@@ -59,8 +59,13 @@ const (
 
 	minRingCapacity = 4096
 	maxRingCapacity = 1 << 30
-	maxSlotSize     = 1 << 30
-	maxSlotCount    = 65536
+	// The size every byte ring starts at and shrinks back to (spec section 5, "Growing and
+	// shrinking"); ring_capacity is the largest it may grow to.
+	minRingSize = 4096
+	// ring_grow: the consumer is growing the ring.
+	growBusy     = 1
+	maxSlotSize  = 1 << 30
+	maxSlotCount = 65536
 )
 
 var segMagic = [8]byte{'C', 'O', 'L', 'O', 'S', 'E', 'G', 0}
@@ -89,6 +94,8 @@ const (
 const (
 	dRingHead  = 0
 	dRingFlags = 8
+	dRingSize  = 12 // the ring's current size (spec section 5, "Growing and shrinking")
+	dRingGrow  = 16 // the producer's request to grow the ring, or growBusy
 	dRingTail  = 128
 	dReadFlags = 136
 	dMsgHead   = 256
@@ -144,7 +151,7 @@ func decodeMsg(b []byte) (hsMsg, error) {
 
 // Geometry is the shape of a segment: the byte ring's capacity and the optional pool.
 type Geometry struct {
-	RingCapacity uint32 // bytes of each byte ring: a power of two, 4096 ..= 2^30
+	RingCapacity uint32 // the largest a byte ring may grow to: a power of two, 4096 ..= 2^30
 	SlotSize     uint32 // bytes of each pool slot: a multiple of 64 (0: no pool)
 	SlotCount    uint32 // number of pool slots, 0 ..= 65536 (0 iff SlotSize is 0)
 }
