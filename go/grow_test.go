@@ -1,0 +1,195 @@
+package colo
+
+// Connections whose rings grow on demand and shrink when idle (spec/WIRE.md section 5, "Growing
+// and shrinking").
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// echoServer echoes every byte s reads back, then shuts its writing side down.
+func echoServer(s *Conn) chan error {
+	done := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(s, s)
+		if err == nil {
+			err = s.CloseWrite()
+		}
+		done <- err
+	}()
+	return done
+}
+
+// writeBeforeRead writes n bytes of the pattern to an echo server before reading anything, then
+// reads the echo back and checks it.
+func writeBeforeRead(t *testing.T, c, s *Conn, n int) {
+	t.Helper()
+	done := echoServer(s)
+	data := pattern(0, n)
+	if w, err := c.Write(data); w != n || err != nil {
+		t.Fatalf("write of %d bytes before reading: %d, %v", n, w, err)
+	}
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(c)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("echo: %d of %d bytes (%v), equal %v", len(got), n, err, bytes.Equal(got, data))
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("echo server: %v", err)
+	}
+}
+
+// A writer ahead of its reader is buffered as TCP would buffer it: the rings grow.
+func TestWriteBeforeRead(t *testing.T) {
+	watchdog(t, 60*time.Second)
+	l := listen(t)
+	for _, n := range []int{4 << 20, 6 << 20} {
+		c, s := pair(t, l, nil)
+		writeBeforeRead(t, c, s, n)
+		c.Close()
+		s.Close()
+	}
+}
+
+// ringSize is the current size of one direction's ring of c's segment (0: client to server).
+func ringSize(c *Conn, dir int) uint32 {
+	return atomic.LoadUint32(u32at(c.seg, headerSize+uint64(dir)*c.lay.blockSize+dRingSize))
+}
+
+// residentPages counts the pages of c's segment that are in memory.
+func residentPages(t *testing.T, c *Conn) int {
+	t.Helper()
+	vec := make([]byte, (len(c.seg)+os.Getpagesize()-1)/os.Getpagesize())
+	_, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&c.seg[0])), uintptr(len(c.seg)), uintptr(unsafe.Pointer(&vec[0])))
+	if e != 0 {
+		t.Fatal(e)
+	}
+	n := 0
+	for _, v := range vec {
+		n += int(v & 1)
+	}
+	return n
+}
+
+// After a transfer that grew both rings, a quiet connection gives the memory back: both rings are
+// back to 4 KiB, and the segment holds only the header, each block's control page and each
+// ring's first page.
+func TestIdleRingsShrink(t *testing.T) {
+	watchdog(t, 60*time.Second)
+	l := listen(t)
+	c, s := pair(t, l, nil)
+	defer c.Close()
+	defer s.Close()
+	done := echoServer(s)
+	data := pattern(0, 4<<20)
+	if w, err := c.Write(data); w != len(data) || err != nil {
+		t.Fatalf("write: %d, %v", w, err)
+	}
+	got := make([]byte, len(data))
+	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("echo: %v", err)
+	}
+	if ringSize(c, 0) <= minRingSize || ringSize(c, 1) <= minRingSize {
+		t.Fatalf("the rings did not grow: %d and %d bytes", ringSize(c, 0), ringSize(c, 1))
+	}
+	for ringSize(c, 0) != minRingSize || ringSize(c, 1) != minRingSize {
+		time.Sleep(100 * time.Millisecond) // the watchdog bounds the wait
+	}
+	// The header, and per direction its control page and the ring's first page.
+	if n := residentPages(t, c); n > 5 {
+		t.Fatalf("%d pages of the segment resident after the rings shrank, want at most 5", n)
+	}
+	// The connection works as before, and grows again.
+	c.CloseWrite()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadAll(c); err != nil {
+		t.Fatal(err)
+	}
+	c2, s2 := pair(t, l, nil)
+	defer c2.Close()
+	defer s2.Close()
+	writeBeforeRead(t, c2, s2, 1<<20)
+}
+
+// Two sides that both write before they read: each one's blocked Write serves the other's
+// growth requests, so both complete, as over TCP.
+func TestBothWriteBeforeReading(t *testing.T) {
+	watchdog(t, 60*time.Second)
+	l := listen(t)
+	c, s := pair(t, l, nil)
+	defer c.Close()
+	defer s.Close()
+	const n = 2 << 20
+	data := pattern(0, n)
+	both := func(x *Conn, done chan error) {
+		if w, err := x.Write(data); w != n || err != nil {
+			done <- err
+			return
+		}
+		got := make([]byte, n)
+		_, err := io.ReadFull(x, got)
+		if err == nil && !bytes.Equal(got, data) {
+			err = errors.New("bytes differ")
+		}
+		done <- err
+	}
+	dc, ds := make(chan error, 1), make(chan error, 1)
+	go both(c, dc)
+	go both(s, ds)
+	if err := <-dc; err != nil {
+		t.Fatalf("client: %v", err)
+	}
+	if err := <-ds; err != nil {
+		t.Fatalf("server: %v", err)
+	}
+}
+
+// SetWriteBuffer bounds how far the outgoing ring grows.
+func TestSetWriteBufferBoundsGrowth(t *testing.T) {
+	watchdog(t, 30*time.Second)
+	l := listen(t)
+	c, s := pair(t, l, nil)
+	defer c.Close()
+	defer s.Close()
+	if err := c.SetWriteBuffer(10000); err != nil {
+		t.Fatal(err)
+	}
+	// The server reads nothing; it waits in a write to the client, which reads nothing either,
+	// and serves the client's requests meanwhile. The client's write fills what the bound
+	// allows, then times out.
+	s.SetWriteDeadline(time.Now().Add(2 * time.Second))
+	go s.Write(make([]byte, 8<<20))
+	c.SetWriteDeadline(time.Now().Add(time.Second))
+	n, err := c.Write(make([]byte, 1<<20))
+	if !errors.Is(err, os.ErrDeadlineExceeded) || n != 16384 || ringSize(c, 0) != 16384 {
+		t.Fatalf("wrote %d (%v), ring of %d bytes: want 16384 in a ring of 16384", n, err, ringSize(c, 0))
+	}
+}
+
+// A peer that asks for a ring size beyond the segment resets the connection (EPROTO).
+func TestGrowthRequestOutOfRangeIsProtocolError(t *testing.T) {
+	watchdog(t, 30*time.Second)
+	l := listen(t)
+	c, s := pair(t, l, &Dialer{Geometry: Geometry{RingCapacity: 1 << 16}})
+	defer c.Close()
+	defer s.Close()
+	// The client's ring to the server asks for 1 MiB (more than its 64 KiB region).
+	atomic.StoreUint32(u32at(c.seg, headerSize+dRingGrow), 1<<20)
+	s.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := s.Read(make([]byte, 1)); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("read after a corrupt growth request: %v, want EPROTO", err)
+	}
+}
