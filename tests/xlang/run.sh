@@ -97,6 +97,12 @@ for srv in "${!PEER[@]}"; do
                 check "$cli client -> $srv server: stream 1 MB" 1000000 "$c" client "$ADDR" stream 1000000
                 check "$cli client -> $srv server: stream 64 MiB" 67108864 "$c" client "$ADDR" stream 67108864
                 check "$cli client -> $srv server: halfclose" 5 "$c" client "$ADDR" halfclose
+                # Write-before-read (the rings grow): the peers that implement the mode.
+                case "$cli" in
+                go | rust)
+                    check "$cli client -> $srv server: 4 MiB written before reading" 4194304 "$c" client "$ADDR" writefirst 4194304
+                    ;;
+                esac
             else
                 check "$cli client -> $srv server: msg 2000 x 64 B" 2000 "$c" client "$ADDR" msg 2000 64
                 check "$cli client -> $srv server: msg 200 x 1 MiB" 200 "$c" client "$ADDR" msg 200 1048576

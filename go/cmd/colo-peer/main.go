@@ -2,6 +2,7 @@
 //
 //	colo-peer server ADDR stream|msg
 //	colo-peer client ADDR stream BYTES
+//	colo-peer client ADDR writefirst BYTES
 //	colo-peer client ADDR msg COUNT SIZE
 //	colo-peer client ADDR halfclose
 package main
@@ -24,7 +25,7 @@ func die(format string, args ...any) {
 }
 
 func usage() {
-	die("usage: colo-peer server ADDR stream|msg | client ADDR stream BYTES | client ADDR msg COUNT SIZE | client ADDR halfclose")
+	die("usage: colo-peer server ADDR stream|msg | client ADDR stream BYTES | client ADDR writefirst BYTES | client ADDR msg COUNT SIZE | client ADDR halfclose")
 }
 
 func atoi(s string) int {
@@ -49,6 +50,8 @@ func main() {
 		switch {
 		case a[2] == "stream" && len(a) == 4:
 			clientStream(a[1], atoi(a[3]))
+		case a[2] == "writefirst" && len(a) == 4:
+			clientWriteFirst(a[1], atoi(a[3]))
 		case a[2] == "msg" && len(a) == 5:
 			clientMsg(a[1], atoi(a[3]), atoi(a[4]))
 		case a[2] == "halfclose" && len(a) == 3:
@@ -171,6 +174,47 @@ func clientStream(addr string, total int) {
 	}
 	if got != total {
 		die("early EOF after %d of %d bytes", got, total)
+	}
+	fmt.Printf("OK %d %s\n", total, c.Transport())
+}
+
+// clientWriteFirst writes every byte before it reads any of the echo: the connection must buffer
+// them all, as TCP does (the rings grow).
+func clientWriteFirst(addr string, total int) {
+	c := dial(addr, colo.Geometry{})
+	defer c.Close()
+	buf := make([]byte, 64<<10)
+	for off := 0; off < total; {
+		n := min(len(buf), total-off)
+		for i := 0; i < n; i++ {
+			buf[i] = byte((off + i) % 251)
+		}
+		if _, err := c.Write(buf[:n]); err != nil {
+			die("write after %d bytes: %v", off, err)
+		}
+		off += n
+	}
+	if err := c.CloseWrite(); err != nil {
+		die("close write: %v", err)
+	}
+	got := 0
+	for {
+		n, err := c.Read(buf)
+		for i := 0; i < n; i++ {
+			if buf[i] != byte((got+i)%251) {
+				die("byte %d: got %d, want %d", got+i, buf[i], (got+i)%251)
+			}
+		}
+		got += n
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			die("read after %d bytes: %v", got, err)
+		}
+	}
+	if got != total {
+		die("echo ended after %d of %d bytes", got, total)
 	}
 	fmt.Printf("OK %d %s\n", total, c.Transport())
 }

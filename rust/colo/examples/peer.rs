@@ -117,6 +117,37 @@ fn client_stream(s: Stream, total: u64) -> io::Result<()> {
     check.join().map_err(|_| io::Error::other("reader panicked"))?
 }
 
+/// Writes every byte before reading any of the echo: the connection must buffer them all, as TCP
+/// does (the rings grow).
+fn client_write_first(s: Stream, total: u64) -> io::Result<()> {
+    let mut sent = 0u64;
+    let mut chunk = vec![0u8; 64 * 1024];
+    while sent < total {
+        let n = chunk.len().min((total - sent) as usize);
+        for (i, b) in chunk[..n].iter_mut().enumerate() {
+            *b = pattern(sent + i as u64);
+        }
+        (&s).write_all(&chunk[..n])?;
+        sent += n as u64;
+    }
+    s.shutdown(Shutdown::Write)?;
+    let mut got = 0u64;
+    loop {
+        let n = (&s).read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        if let Some(i) = chunk[..n].iter().enumerate().position(|(i, b)| *b != pattern(got + i as u64)) {
+            return Err(io::Error::other(format!("mismatch at byte {}", got + i as u64)));
+        }
+        got += n as u64;
+    }
+    if got != total {
+        return Err(io::Error::other(format!("echo ended after {got} of {total} bytes")));
+    }
+    Ok(())
+}
+
 fn client_msg(s: &Stream, count: u64, size: usize) -> io::Result<()> {
     for k in 0..count {
         let mut loan = s.loan(size)?;
@@ -146,7 +177,7 @@ fn client_halfclose(mut s: Stream) -> io::Result<()> {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let usage = || -> ! {
-        eprintln!("usage: peer server ADDR stream|msg | peer client ADDR stream BYTES | peer client ADDR msg COUNT SIZE | peer client ADDR halfclose");
+        eprintln!("usage: peer server ADDR stream|msg | peer client ADDR stream BYTES | peer client ADDR writefirst BYTES | peer client ADDR msg COUNT SIZE | peer client ADDR halfclose");
         exit(2)
     };
     if args.len() < 4 {
@@ -161,6 +192,11 @@ fn main() {
                 "stream" => {
                     let total: u64 = args.get(4).and_then(|v| v.parse().ok()).unwrap_or_else(|| usage());
                     client_stream(s, total)?;
+                    total
+                }
+                "writefirst" => {
+                    let total: u64 = args.get(4).and_then(|v| v.parse().ok()).unwrap_or_else(|| usage());
+                    client_write_first(s, total)?;
                     total
                 }
                 "msg" => {
