@@ -25,10 +25,10 @@ const (
 // peer is on this host and speaks colo, bytes move through a shared-memory segment; otherwise
 // Conn wraps a plain *net.TCPConn. Transport tells which.
 //
-// The colo parts live in files of their own: the byte rings in ring.go and their use by Read and
-// Write in stream.go, the waker's side of sleep/wake in notify.go, this side's sleep in wait.go and
-// bellwait.go, spinning in spin.go, deadlines in deadline.go, the control socket in ctl.go, closing
-// in close.go, messages in msg.go.
+// The colo parts live in files of their own: the byte rings in ring.go, their growth in grow.go,
+// their use by Read and Write in stream.go, the waker's side of sleep/wake in notify.go, this
+// side's sleep in wait.go and bellwait.go, spinning in spin.go, deadlines in deadline.go, the
+// control socket in ctl.go, closing in close.go, messages in msg.go.
 type Conn struct {
 	tcp *net.TCPConn // non-nil: plain TCP (fallback); nothing below is used
 
