@@ -94,8 +94,8 @@ type Conn struct {
 	tx         producer      // of the outgoing ring (wmu)
 	sndLimit   atomic.Uint64 // SetWriteBuffer's bound on the outgoing ring's size (0: none); a setting, orders nothing
 	shrinkable bool          // the shrinker watches this connection (wmu)
-	idleHead   uint64        // the shrinker's: ring_head when it last saw it move (wmu)
-	idleSince  int64         // the shrinker's: nanotime when it saw that
+	quietHead  uint64        // the shrinker's: ring_head at its last look (wmu)
+	quietLooks int           // the shrinker's: looks in a row that found the ring empty at quietHead (wmu)
 	pool       poolState
 }
 

@@ -1,9 +1,8 @@
 package colo
 
-// Growing and shrinking a connection's byte rings (spec/WIRE.md section 5, "Growing and
-// shrinking"), the connection's part: when the consumer serves the peer's request, how far the
-// producer may ask, and the shrinker that gives an idle ring's pages back. The ring halves'
-// part is in ring.go.
+// Growing and shrinking a connection's outgoing ring (spec/WIRE.md section 5, "Growing and
+// shrinking"), the connection's part: how far a write may grow it, and the shrinker that takes a
+// quiet ring back to 4 KiB and gives its pages back. The ring halves' part is in ring.go.
 
 import (
 	"math/bits"
@@ -14,40 +13,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// serveGrowthIfAsked serves the peer's request to grow our incoming ring, if one stands, and wakes
-// the peer when the ring grew. The caller holds rmu (the consumer's lock). The returned error is
-// the connection's fatal error when the request was corrupt.
-func (c *Conn) serveGrowthIfAsked() error {
-	if !growthAsked(&c.in) {
-		return nil
-	}
-	grew, bad := c.rx.serveGrowth(&c.in, uint64(c.lay.RingCapacity))
-	if bad != "" {
-		return c.corrupt(bad)
-	}
-	if grew {
-		c.notifyPeer() // whatever the peer waits for: its request was answered
-	}
-	return nil
-}
-
-// tryServeGrowth is serveGrowthIfAsked for a goroutine that does not hold rmu: every wait of the
-// connection serves the peer's request (a writer blocked on its own full ring included), unless
-// a reader holds rmu, which serves it in its own read or wait.
-func (c *Conn) tryServeGrowth() {
-	if !growthAsked(&c.in) || !c.rmu.TryLock() {
-		return
-	}
-	c.serveGrowthIfAsked()
-	c.rmu.Unlock()
-}
-
-// writeLimit is the largest size the outgoing ring may be asked to grow to.
+// writeLimit is the largest size a write may grow the outgoing ring to (a power of two).
 func (c *Conn) writeLimit() uint64 {
+	capacity := uint64(c.lay.RingCapacity)
 	if l := c.sndLimit.Load(); l != 0 {
-		return l
+		return min(l, capacity)
 	}
-	return uint64(c.lay.RingCapacity)
+	return capacity
 }
 
 // SetWriteBuffer bounds how far this connection's outgoing ring may grow: to the smallest power of
@@ -72,12 +44,9 @@ func (c *Conn) SetWriteBuffer(bytes int) error {
 	return nil
 }
 
-// shrinkIdle is how long an outgoing ring must have been empty and unwritten before the shrinker
-// takes it back to minRingSize bytes; shrinkTick is how often the shrinker looks.
-const (
-	shrinkIdle = int64(time.Second)
-	shrinkTick = 250 * time.Millisecond
-)
+// shrinkTick is how often the shrinker looks: a ring found empty and unwritten at two looks in a
+// row (so quiet for at most two ticks) shrinks.
+const shrinkTick = 500 * time.Millisecond
 
 // shrinker watches the connections whose outgoing ring has grown past minRingSize bytes. Its
 // goroutine runs while it watches any.
@@ -90,7 +59,7 @@ var shrinker struct {
 // watchForShrink has the shrinker watch c. The caller holds wmu.
 func (c *Conn) watchForShrink() {
 	c.shrinkable = true
-	c.idleHead, c.idleSince = c.tx.head, nanotime()
+	c.quietLooks = 0
 	shrinker.Lock()
 	if shrinker.conns == nil {
 		shrinker.conns = map[*Conn]struct{}{}
@@ -128,20 +97,19 @@ func shrinkLoop() {
 			conns = append(conns, c)
 		}
 		shrinker.Unlock()
-		now := nanotime()
 		for i, c := range conns {
-			c.shrinkIfIdle(now)
+			c.shrinkIfQuiet()
 			conns[i] = nil
 		}
 	}
 }
 
-// shrinkIfIdle shrinks c's outgoing ring if it has been empty and unwritten for shrinkIdle, and
-// gives the pages beyond minRingSize back to the system. A connection whose writer is busy is
-// skipped until the next look.
-func (c *Conn) shrinkIfIdle(now int64) {
+// shrinkIfQuiet shrinks c's outgoing ring if this look and the one before found it empty and
+// unwritten, and gives the pages beyond minRingSize back to the system. A connection whose writer
+// is busy is skipped (its ring is not quiet).
+func (c *Conn) shrinkIfQuiet() {
 	if !c.wmu.TryLock() {
-		return
+		return // a writer is busy: its write will move ring_head, which ends the quiet
 	}
 	defer c.wmu.Unlock()
 	if !c.enter() {
@@ -149,11 +117,20 @@ func (c *Conn) shrinkIfIdle(now int64) {
 		return
 	}
 	defer c.exit()
-	if c.tx.head != c.idleHead {
-		c.idleHead, c.idleSince = c.tx.head, now
+	free, bad := c.tx.refresh(&c.out)
+	if bad != "" {
+		c.corrupt(bad)
+		c.unwatchForShrink()
 		return
 	}
-	if now-c.idleSince < shrinkIdle {
+	empty := free == c.tx.size
+	if !empty || c.tx.head != c.quietHead {
+		c.quietLooks, c.quietHead = 0, c.tx.head
+	}
+	if !empty {
+		return
+	}
+	if c.quietLooks++; c.quietLooks < 2 {
 		return
 	}
 	from, to, bad := c.tx.shrinkIfEmpty(&c.out)

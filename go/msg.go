@@ -146,7 +146,6 @@ func (c *Conn) reclaim() (bool, error) {
 // loanReady is the condition a blocked Loan waits for: a released slot, or anything that ends
 // the Loan.
 func (c *Conn) loanReady() bool {
-	c.tryServeGrowth()
 	// SYNC POINT with the peer's store of free_head in its Release.
 	return c.writeReadyCommon() || atomic.LoadUint64(c.out.freeHead) != atomic.LoadUint64(c.out.freeTail)
 }
@@ -280,7 +279,6 @@ func (c *Conn) Recv() (*Message, error) {
 
 // recvReady is the condition a blocked Recv waits for: a message, or anything that ends the Recv.
 func (c *Conn) recvReady() bool {
-	c.tryServeGrowth()
 	// SYNC POINT with the store of msg_head in the peer's Send, and its ORs of ring_flags.
 	return c.closed.Load() || c.rdl.expired() || c.ctlGone.Load() || c.rdClosed.Load() ||
 		c.fatal.Load() != nil || atomic.LoadUint64(c.in.msgHead) != atomic.LoadUint64(c.in.msgTail) || readFlagsSet(c.in.flags)

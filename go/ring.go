@@ -6,11 +6,12 @@ package colo
 // Each half keeps its own counter privately and a cached copy of the other side's, re-reading the
 // shared counter only when the cache says full (producer) or empty (consumer). Both counters count
 // bytes ever moved and wrap at 2^64; byte i lives at data[i % size], where size (ring_size) starts
-// at 4 KiB and may grow to the data region's capacity (ring_capacity): the producer asks
-// (ring_grow), the consumer moves the unread bytes to where the larger size puts them and answers,
-// and the producer shrinks an empty ring back (spec section 5, "Growing and shrinking"). Every
-// value read from the segment is untrusted: one out of range is reported (a non-empty reason),
-// never used as an index.
+// at 4 KiB and may grow to the data region's capacity (ring_capacity). Only the producer changes
+// the size (spec section 5, "Growing and shrinking"): it grows the ring when a write does not fit,
+// moving the unread bytes to where the larger size puts them, and shrinks it when empty; the
+// consumer's copy counts only if ring_size did not change during it (a sequence lock whose
+// sequence number is the size). Every value read from the segment is untrusted: one out of range
+// is reported (a non-empty reason), never used as an index.
 //
 // Go's sync/atomic operations are sequentially consistent, stronger than the acquire/release the
 // spec asks for; each one that orders other memory names its partner ("SYNC POINT with ...").
@@ -24,7 +25,7 @@ import (
 type direction struct {
 	base                                             uint64
 	head, tail, msgHead, msgTail, freeHead, freeTail *uint64
-	flags, rflags, size, grow                        *uint32
+	flags, rflags, size                              *uint32
 	data                                             []byte
 	msgEnt, freeEnt                                  []byte
 	pool                                             []byte
@@ -35,7 +36,6 @@ func newDirection(seg []byte, l layout, base uint64) direction {
 	d.head = u64at(seg, base+dRingHead)
 	d.flags = u32at(seg, base+dRingFlags)
 	d.size = u32at(seg, base+dRingSize)
-	d.grow = u32at(seg, base+dRingGrow)
 	d.tail = u64at(seg, base+dRingTail)
 	d.rflags = u32at(seg, base+dReadFlags)
 	d.msgHead = u64at(seg, base+dMsgHead)
@@ -52,13 +52,12 @@ func newDirection(seg []byte, l layout, base uint64) direction {
 	return d
 }
 
-// startRings makes both rings of a segment start at minRingSize bytes with no request pending:
-// the segment's creator (the client) does so for a fresh or recycled segment before it sends
-// HELLO, whose system call publishes the stores to the server.
+// startRings makes both rings of a segment start at minRingSize bytes: the segment's creator (the
+// client) does so for a fresh or recycled segment before it sends HELLO, whose system call
+// publishes the stores to the server.
 func startRings(seg []byte, l layout) {
 	for _, base := range []uint64{headerSize, headerSize + l.blockSize} {
 		atomic.StoreUint32(u32at(seg, base+dRingSize), min(minRingSize, l.RingCapacity))
-		atomic.StoreUint32(u32at(seg, base+dRingGrow), 0)
 	}
 }
 
@@ -69,44 +68,36 @@ func validSize(size uint32, capacity uint64) (uint64, bool) {
 	return s, bits.OnesCount64(s) == 1 && (s >= minRingSize || s == capacity) && s <= capacity
 }
 
-// askedUnknown is the pending size of a producer that found a request standing when it took
-// over the ring, with the consumer already serving it: only that it is larger is known.
-const askedUnknown = ^uint64(0)
+// maxRereads is how many times in a row one read may find the ring grown under its copy before
+// the peer counts as corrupting the segment: an honest producer grows a ring a few times in its
+// life (each time at least doubling it) and never shrinks it under a read.
+const maxRereads = 64
 
 // Reasons a ring half reports corruption.
 const (
 	badTail    = "ring tail out of range"
 	badHead    = "ring head out of range"
 	badSize    = "ring_size out of range"
-	badGrow    = "ring_grow out of range"
-	badGrownTo = "ring grown to a size not asked for"
+	badRereads = "ring_size changes under every read"
 )
 
-// producer is the writing half of a byte ring. Only the goroutine holding Conn.wmu uses it (and
-// the shrinker, which holds it too).
+// producer is the writing half of a byte ring. Only the goroutine holding Conn.wmu uses it (the
+// shrinker holds it too).
 type producer struct {
 	head       uint64 // bytes ever written (the last value stored to ring_head)
 	cachedTail uint64 // ring_tail when last read; head - cachedTail <= size always holds
-	size       uint64 // the ring's size (ring_size) as we last adopted it; 0: it was invalid
-	pending    uint64 // the size asked for in ring_grow while the request stands; 0: none
+	size       uint64 // the ring's size; ring_size holds it (only we write it); 0: it was invalid
 }
 
-// start adopts the ring's size and any request standing (spec section 5: a request found on
-// taking the ring over is treated as our own).
+// start adopts the ring's size as its creator set it.
 func (p *producer) start(d *direction, capacity uint64) {
 	if s, ok := validSize(atomic.LoadUint32(d.size), capacity); ok {
 		p.size = s
 	}
-	switch g := atomic.LoadUint32(d.grow); g {
-	case 0:
-	case growBusy:
-		p.pending = askedUnknown
-	default:
-		p.pending = uint64(g)
-	}
 }
 
-// refresh re-reads ring_tail and returns the free bytes; bad names the corruption, if any.
+// refresh re-reads ring_tail and returns the free bytes at the current size; bad names the
+// corruption, if any.
 func (p *producer) refresh(d *direction) (free uint64, bad string) {
 	if p.size == 0 {
 		return 0, badSize
@@ -121,210 +112,170 @@ func (p *producer) refresh(d *direction) (free uint64, bad string) {
 	return p.size - (p.head - t), ""
 }
 
-// settle looks at a standing growth request: served (adopt the new size), still waiting for the
-// consumer, or taken back because the ring has room again. Afterwards pending is 0 if and only
-// if the producer may write.
-func (p *producer) settle(d *direction, capacity uint64) string {
-	// SYNC POINT with the store of 0 in the peer's consumer.serveGrowth: its moves of the
-	// unread bytes, and the new ring_size, are seen before we write beside them.
-	g := atomic.LoadUint32(d.grow)
-	switch {
-	case g == 0:
-		s, ok := validSize(atomic.LoadUint32(d.size), capacity)
-		if !ok {
-			return badSize
-		}
-		if !(p.pending == askedUnknown && s > p.size || s == p.pending) {
-			return badGrownTo
-		}
-		p.size, p.pending = s, 0
-	case g == growBusy:
-	case uint64(g) == p.pending || p.pending == askedUnknown:
-		// Not taken yet. With room again (the consumer read before it saw the request), write
-		// now rather than wait for a consumer that may not come back soon.
-		free, bad := p.refresh(d)
-		if bad != "" {
-			return bad
-		}
-		// SYNC POINT with the consumer's CompareAndSwap in serveGrowth: exactly one of the two
-		// takes the request.
-		if free > 0 && atomic.CompareAndSwapUint32(d.grow, g, 0) {
-			p.pending = 0
-		}
-	default:
-		return badGrow
+// space returns the bytes that can be written now, counting what growing the ring up to limit
+// would make room for: a writer waits only when the ring is full at its limit. It re-reads
+// ring_tail only when the cache says the ring is full at that size.
+func (p *producer) space(d *direction, limit uint64) (free uint64, bad string) {
+	room := max(p.size, limit)
+	if used := p.head - p.cachedTail; used < room {
+		return room - used, ""
 	}
-	return ""
+	free, bad = p.refresh(d)
+	return free + room - p.size, bad
 }
 
-// space returns the bytes that can be written now: 0 while a growth request stands. It re-reads
-// ring_tail only when the cached tail says the ring is full.
-func (p *producer) space(d *direction, capacity uint64) (free uint64, bad string) {
-	if p.pending != 0 {
-		if bad := p.settle(d, capacity); bad != "" {
-			return 0, bad
-		}
-		if p.pending != 0 {
-			return 0, ""
-		}
-	}
+// grow makes the ring large enough for want more bytes beside the unread ones: the smallest power
+// of two that holds them, at most max(limit, size). The unread bytes whose place changes move
+// to the new part of the region (byte i from data[i % old] to data[i % new]), which no reader of
+// the old size looks at; a consumer that copied with the old size sees ring_size changed after
+// its copy and copies again (consumer.read).
+func (p *producer) grow(d *direction, want, limit uint64) {
 	used := p.head - p.cachedTail
-	if used == p.size {
-		return p.refresh(d)
+	target := min(uint64(1)<<bits.Len64(used+want-1), max(limit, p.size))
+	old := p.size
+	if target <= old {
+		return
 	}
-	return p.size - used, ""
-}
-
-// askToGrow asks the consumer to double the ring, if it is full (space returned 0), smaller than
-// limit and the data region, and no request stands. True if asked: the caller then wakes the
-// peer, whatever it sleeps for, and writes nothing until space says so.
-func (p *producer) askToGrow(d *direction, capacity, limit uint64) bool {
-	if p.pending != 0 || p.size == 0 || p.size >= min(limit, capacity) {
-		return false
+	// Sources lie below old, destinations at or above it (or where they are already), so no
+	// move overwrites a byte still to move.
+	for i := p.cachedTail; i != p.head; {
+		from, to := i&(old-1), i&(target-1)
+		run := min(p.head-i, old-from, target-to)
+		if from != to {
+			copy(d.data[to:to+run], d.data[from:from+run])
+		}
+		i += run
 	}
-	target := 2 * p.size
-	// SYNC POINT with the CompareAndSwap in the peer's consumer.serveGrowth (which loads
-	// ring_head afresh for the bytes it moves: the request itself publishes nothing else).
-	atomic.StoreUint32(d.grow, uint32(target))
-	p.pending = target
-	return true
+	// SYNC POINT with the loads of ring_size in the peer's consumer.refresh (a consumer that
+	// sees the new size sees the bytes moved) and consumer.read (a consumer whose copy with the
+	// old size saw a byte we write from here on sees the new size after its copy). A swap, not
+	// a store: a read-modify-write keeps our later writes of data after it on every
+	// architecture (the spec's release fence).
+	atomic.SwapUint32(d.size, uint32(target))
+	p.size = target
 }
 
 // shrinkIfEmpty shrinks an empty ring back to minRingSize bytes and returns the part of the data
 // region whose pages may now be given back to the system; nothing (to == 0) if bytes are in
-// flight, a request stands, or the ring is already small.
+// flight or the ring is already small.
 func (p *producer) shrinkIfEmpty(d *direction) (from, to uint64, bad string) {
-	if p.pending != 0 || p.size <= minRingSize {
+	if p.size <= minRingSize {
 		return 0, 0, ""
 	}
 	free, bad := p.refresh(d)
-	if bad != "" || free != p.size || atomic.LoadUint32(d.grow) != 0 {
+	if bad != "" || free != p.size {
 		return 0, 0, bad
 	}
-	// The consumer reads ring_size after its load of a ring_head we publish later (write's
-	// store), and nothing is readable before then: SYNC POINT with that load, in refresh.
-	atomic.StoreUint32(d.size, minRingSize)
+	// SYNC POINT with the loads of ring_size in the peer's consumer, as in grow: nothing is
+	// readable, so a consumer that copies with the old size copies nothing, or bytes we publish
+	// later, and then sees the size changed.
+	atomic.SwapUint32(d.size, minRingSize)
 	from, to = minRingSize, p.size
 	p.size = minRingSize
 	return from, to, ""
 }
 
-// write copies src into the ring and publishes it (ring_head). len(src) is at most what space
-// returned.
-func (p *producer) write(d *direction, src []byte) {
+// write copies src into the ring and publishes it (ring_head), growing the ring first if src
+// does not fit at the current size. len(src) is at most what space returned for limit.
+func (p *producer) write(d *direction, src []byte, limit uint64) (bad string) {
 	n := uint64(len(src))
+	if p.size-(p.head-p.cachedTail) < n {
+		free, bad := p.refresh(d)
+		if bad != "" {
+			return bad
+		}
+		if free < n {
+			p.grow(d, n, limit)
+		}
+	}
 	off := p.head & (p.size - 1) // a power of two: % without a division
 	first := min(n, p.size-off)
 	copy(d.data[off:off+first], src)
 	copy(d.data[:n-first], src[first:])
 	p.head += n
 	// SYNC POINT with the load of ring_head in the peer's consumer.refresh: the bytes copied
-	// above (and a ring_size stored since its last load) are visible to the consumer before it
-	// sees the new head.
+	// above are visible to the consumer before it sees the new head.
 	atomic.StoreUint64(d.head, p.head)
+	return ""
 }
 
 // consumer is the reading half of a byte ring. Only the goroutine holding Conn.rmu uses it.
 type consumer struct {
 	tail       uint64 // bytes ever read (the last value stored to ring_tail)
-	cachedHead uint64 // ring_head when last read; cachedHead - tail <= size always holds
-	size       uint64 // the size the bytes up to cachedHead were written at
+	cachedHead uint64 // ring_head when last read
+	size       uint64 // ring_size read with cachedHead: where the bytes up to it lie, unless the producer grew the ring since
+	fence      uint32 // the word readFence modifies (ours alone)
 }
 
 // cached returns the readable bytes as of the last refresh.
 func (q *consumer) cached() uint64 { return q.cachedHead - q.tail }
 
-// refresh re-reads ring_head and ring_size and returns the readable bytes; bad names the
+// refresh re-reads ring_size and ring_head and returns the readable bytes; bad names the
 // corruption, if any.
 func (q *consumer) refresh(d *direction, capacity uint64) (avail uint64, bad string) {
-	// SYNC POINT with the store of ring_head in the peer's producer.write: the bytes it
-	// published are visible to the copies in read.
-	h := atomic.LoadUint64(d.head)
-	// After the head: a size the producer stored before publishing h is seen. The size changes
-	// only while the ring is empty (the producer shrinks it) or by our own hand (growth), so it
-	// holds for every byte up to h.
+	// SYNC POINT with the swaps of ring_size in the peer's producer.grow and shrinkIfEmpty:
+	// bytes moved for this size are visible. Loaded before the head: bytes published under a
+	// larger size than this one are caught by read.
 	s, ok := validSize(atomic.LoadUint32(d.size), capacity)
 	if !ok {
 		return 0, badSize
 	}
-	if h-q.tail > s || h-q.cachedHead > s {
+	// SYNC POINT with the store of ring_head in the peer's producer.write: the bytes it
+	// published are visible to the copies in read.
+	h := atomic.LoadUint64(d.head)
+	if h-q.tail > capacity || h-q.cachedHead > capacity {
 		return 0, badHead
 	}
 	q.cachedHead, q.size = h, s
 	return h - q.tail, ""
 }
 
-// read copies up to len(dst) of the readable bytes (as of the last refresh) out and releases
-// them (ring_tail). It returns the count and ring_tail before the read (for notifySpace).
-func (q *consumer) read(d *direction, dst []byte) (n, before uint64) {
-	n = min(q.cachedHead-q.tail, uint64(len(dst)))
-	off := q.tail & (q.size - 1)
-	first := min(n, q.size-off)
-	copy(dst, d.data[off:off+first])
-	copy(dst[first:n], d.data[:n-first])
-	before = q.tail
-	q.tail += n
-	// SYNC POINT with the load of ring_tail in the peer's producer.refresh: our copies out
-	// happen before the producer overwrites these bytes.
-	atomic.StoreUint64(d.tail, q.tail)
-	return n, before
+// read copies up to len(dst) readable bytes out and releases them (ring_tail); it returns the
+// count and ring_tail before the read (for notifySpace). The producer may grow the ring (moving
+// unread bytes) at any time, so a copy counts only if ring_size still holds the size it was made
+// with; otherwise it is made again at the new size.
+func (q *consumer) read(d *direction, capacity uint64, dst []byte) (n, before uint64, bad string) {
+	for range maxRereads {
+		avail := q.cached()
+		if avail == 0 {
+			if avail, bad = q.refresh(d, capacity); bad != "" || avail == 0 {
+				return 0, q.tail, bad
+			}
+		}
+		if avail > q.size {
+			// More than the size read allows: published under a size not yet seen.
+			q.cachedHead = q.tail
+			continue
+		}
+		n = min(avail, uint64(len(dst)))
+		off := q.tail & (q.size - 1)
+		first := min(n, q.size-off)
+		copy(dst, d.data[off:off+first])
+		copy(dst[first:n], d.data[:n-first])
+		readFence(&q.fence)
+		// SYNC POINT with the swap of ring_size in the peer's producer.grow: if the copy saw a
+		// byte the producer wrote after growing, this load sees the grown size.
+		if uint64(atomic.LoadUint32(d.size)) != q.size {
+			q.cachedHead = q.tail
+			continue
+		}
+		before = q.tail
+		q.tail += n
+		// SYNC POINT with the load of ring_tail in the peer's producer.refresh: our copies out
+		// happen before the producer overwrites these bytes.
+		atomic.StoreUint64(d.tail, q.tail)
+		return n, before, ""
+	}
+	return 0, q.tail, badRereads
 }
 
 // wasFullBefore reports whether the ring was full when ring_tail was before, so that the
-// producer may be waiting for space. It loads ring_head afresh.
+// producer may be waiting for space (it waits only when full at its limit). It loads ring_head
+// afresh, and the size: the smaller of ours and the current one (a stale smaller size only costs
+// a futile wake-up).
 func (q *consumer) wasFullBefore(d *direction, before uint64) bool {
+	size := min(uint64(atomic.LoadUint32(d.size)), q.size) // no ordering needed: a bound
 	// SYNC POINT with the store of ring_head in the peer's producer.write (notifySpace says why
 	// this load sees the head of a producer that went to sleep on a full ring).
-	return atomic.LoadUint64(d.head)-before >= q.size
-}
-
-// growthAsked reports whether the producer asks for the ring to grow (a request not taken yet):
-// a hint to call serveGrowth, which validates it.
-func growthAsked(d *direction) bool {
-	g := atomic.LoadUint32(d.grow) // a hint: serveGrowth's CompareAndSwap is the SYNC POINT
-	return g != 0 && g != growBusy
-}
-
-// serveGrowth grows the ring if the producer asks: moves the unread bytes to where the larger
-// size puts them, then answers. grew: the caller wakes the peer, whatever it sleeps for.
-func (q *consumer) serveGrowth(d *direction, capacity uint64) (grew bool, bad string) {
-	target := atomic.LoadUint32(d.grow)
-	if target == 0 || target == growBusy {
-		return false, ""
-	}
-	old, ok := validSize(atomic.LoadUint32(d.size), capacity)
-	if !ok {
-		return false, badSize
-	}
-	t := uint64(target)
-	if bits.OnesCount64(t) != 1 || t <= old || t > capacity {
-		return false, badGrow
-	}
-	// SYNC POINT with the store of the request in the peer's producer.askToGrow. Failing, the
-	// producer took the request back (it had room again).
-	if !atomic.CompareAndSwapUint32(d.grow, target, growBusy) {
-		return false, ""
-	}
-	// SYNC POINT with the store of ring_head in the peer's producer.write: every byte we move
-	// was published. The producer writes nothing while the request stands.
-	h := atomic.LoadUint64(d.head)
-	if h-q.tail > old {
-		return false, badHead
-	}
-	// Byte i moves from data[i % old] to data[i % t]: sources are below old, destinations at
-	// or above it (or where they are already), so no move overwrites a byte still to move.
-	for i := q.tail; i != h; {
-		from, to := i&(old-1), i&(t-1)
-		run := min(h-i, old-from, t-to)
-		if from != to {
-			copy(d.data[to:to+run], d.data[from:from+run])
-		}
-		i += run
-	}
-	q.size, q.cachedHead = t, h
-	atomic.StoreUint32(d.size, target)
-	// SYNC POINT with the load of ring_grow in the peer's producer.settle: the moves and the new
-	// ring_size are seen by the producer before it writes at the new size.
-	atomic.StoreUint32(d.grow, 0)
-	return true, ""
+	return atomic.LoadUint64(d.head)-before >= size
 }

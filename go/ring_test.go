@@ -1,20 +1,30 @@
 package colo
 
-// The ring halves over heap memory, growth and shrinking included (spec/WIRE.md section 5), as
-// rust/colo-ring/tests/ring.rs checks them.
+// The ring halves over memory of their own, growth and shrinking included (spec/WIRE.md section
+// 5), as rust/colo-ring/tests/ring.rs checks them.
 
 import (
 	"bytes"
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
-// growingRing is one direction of a heap segment whose ring may grow to capacity, starting at
-// minRingSize bytes, and its two halves.
-func growingRing(capacity uint32) (*direction, *producer, *consumer) {
+// growingRing is one direction of a segment whose ring may grow to capacity, starting at
+// minRingSize bytes, and its two halves. The segment is mapped memory, as a real one is (the
+// reader and writer of a concurrent test touch it without Go's synchronisation, as two processes
+// do).
+func growingRing(t *testing.T, capacity uint32) (*direction, *producer, *consumer) {
+	t.Helper()
 	lay := Geometry{RingCapacity: capacity}.layout()
-	seg := make([]byte, lay.segmentSize)
+	seg, err := unix.Mmap(-1, 0, int(lay.segmentSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(seg) })
 	startRings(seg, lay)
 	d := newDirection(seg, lay, headerSize)
 	p := &producer{}
@@ -31,21 +41,25 @@ func pattern(at, n int) []byte {
 	return b
 }
 
-// produce writes as much of src as the ring takes now, as Write does; it asks to grow when the
-// ring is full.
-func produce(t *testing.T, d *direction, p *producer, capacity uint64, src []byte) int {
+// produce writes as much of src as the ring takes now (growing it up to limit), as Write does.
+func produce(t *testing.T, d *direction, p *producer, limit uint64, src []byte) int {
 	t.Helper()
-	free, bad := p.space(d, capacity)
-	if bad != "" {
-		t.Fatalf("space: %s", bad)
+	sent := 0
+	for sent < len(src) {
+		free, bad := p.space(d, limit)
+		if bad != "" {
+			t.Fatalf("space: %s", bad)
+		}
+		if free == 0 {
+			break
+		}
+		n := min(free, uint64(len(src)-sent), maxPublishChunk)
+		if bad := p.write(d, src[sent:sent+int(n)], limit); bad != "" {
+			t.Fatalf("write: %s", bad)
+		}
+		sent += int(n)
 	}
-	if free == 0 {
-		p.askToGrow(d, capacity, capacity)
-		return 0
-	}
-	n := min(free, uint64(len(src)))
-	p.write(d, src[:n])
-	return int(n)
+	return sent
 }
 
 // consume reads up to len(dst) bytes, refreshing when nothing is cached, as readSome does; until
@@ -59,7 +73,10 @@ func consume(t *testing.T, d *direction, q *consumer, capacity uint64, dst []byt
 				t.Fatalf("refresh: %s", bad)
 			}
 		}
-		n, _ := q.read(d, dst[got:])
+		n, _, bad := q.read(d, capacity, dst[got:])
+		if bad != "" {
+			t.Fatalf("read: %s", bad)
+		}
 		if n == 0 {
 			break
 		}
@@ -68,223 +85,120 @@ func consume(t *testing.T, d *direction, q *consumer, capacity uint64, dst []byt
 	return got
 }
 
-// produceAll writes as much of src as the ring takes now (several writes, as Write makes them).
-func produceAll(t *testing.T, d *direction, p *producer, capacity uint64, src []byte) int {
-	t.Helper()
-	sent := 0
-	for sent < len(src) {
-		n := produce(t, d, p, capacity, src[sent:])
-		if n == 0 {
-			break
-		}
-		sent += n
-	}
-	return sent
-}
-
-func TestRingFullGrowsWhenServedAndKeepsItsBytes(t *testing.T) {
-	const capy = 1 << 20
-	d, p, q := growingRing(capy)
-	data := pattern(0, 1_000_000)
-	sent := 0
-	// Nothing is read: the ring must grow to take everything that fits in the region.
-	for sent < len(data) {
-		free, bad := p.space(d, capy)
-		if bad != "" {
-			t.Fatal(bad)
-		}
-		if free > 0 {
-			n := min(int(free), len(data)-sent)
-			p.write(d, data[sent:sent+n])
-			sent += n
-			continue
-		}
-		if !p.askToGrow(d, capy, capy) && p.size != capy {
-			t.Fatalf("a full ring of %d bytes did not ask to grow", p.size)
-		}
-		if free, _ := p.space(d, capy); free != 0 {
-			t.Fatalf("%d bytes free while the request stands", free)
-		}
-		grew, bad := q.serveGrowth(d, capy)
-		if bad != "" {
-			t.Fatal(bad)
-		}
-		if !grew {
-			break
-		}
-	}
-	if s := atomic.LoadUint32(d.size); s != capy || sent != len(data) {
-		t.Fatalf("ring_size %d, %d of %d bytes sent", s, sent, len(data))
-	}
-	out := make([]byte, len(data))
-	if n := consume(t, d, q, capy, out); n != len(data) || !bytes.Equal(out, data) {
-		t.Fatalf("read %d bytes back, equal %v", n, bytes.Equal(out, data))
-	}
-}
-
-func TestRingGrowsWithBytesWrapped(t *testing.T) {
+func TestRingGrowsWithWrappedUnreadBytes(t *testing.T) {
 	const capy = 1 << 16
-	d, p, q := growingRing(capy)
+	d, p, q := growingRing(t, capy)
 	// Move the counters to 3000, so that the full ring's bytes wrap around its end.
-	if n := produce(t, d, p, capy, pattern(0, 3000)); n != 3000 {
+	if n := produce(t, d, p, minRingSize, pattern(0, 3000)); n != 3000 {
 		t.Fatalf("wrote %d", n)
 	}
 	if n := consume(t, d, q, capy, make([]byte, 3000)); n != 3000 {
 		t.Fatalf("read %d", n)
 	}
-	if n := produceAll(t, d, p, capy, pattern(3000, 4096)); n != 4096 {
-		t.Fatalf("wrote %d", n)
+	if n := produce(t, d, p, minRingSize, pattern(3000, 5000)); n != 4096 || p.size != 4096 {
+		t.Fatalf("at a 4 KiB limit wrote %d at size %d", n, p.size)
 	}
-	if n := produce(t, d, p, capy, pattern(7096, 1)); n != 0 || p.pending != 8192 {
-		t.Fatalf("a full ring wrote %d, pending %d", n, p.pending)
+	// The ring is full with bytes 3000..7096, wrapped: a write of 5000 more grows it to 16 KiB.
+	if n := produce(t, d, p, capy, pattern(7096, 5000)); n != 5000 || p.size != 16384 {
+		t.Fatalf("wrote %d at size %d, want 5000 at 16384", n, p.size)
 	}
-	if grew, bad := q.serveGrowth(d, capy); !grew || bad != "" {
-		t.Fatalf("serve: %v %q", grew, bad)
+	if s := atomic.LoadUint32(d.size); s != 16384 {
+		t.Fatalf("ring_size %d", s)
 	}
-	if n := produceAll(t, d, p, capy, pattern(7096, 5000)); n != 4096 || p.size != 8192 {
-		t.Fatalf("after growth wrote %d at size %d", n, p.size)
-	}
-	out := make([]byte, 8192)
-	if n := consume(t, d, q, capy, out); n != 8192 || !bytes.Equal(out, pattern(3000, 8192)) {
+	out := make([]byte, 9096)
+	if n := consume(t, d, q, capy, out); n != 9096 || !bytes.Equal(out, pattern(3000, 9096)) {
 		t.Fatalf("read %d bytes, in order: %v", n, bytes.Equal(out[:n], pattern(3000, n)))
 	}
 }
 
-func TestRingRequestTakenBackWhenRoomComesFirst(t *testing.T) {
-	const capy = 1 << 16
-	d, p, q := growingRing(capy)
-	if n := produce(t, d, p, capy, pattern(0, 5000)); n != 4096 {
-		t.Fatalf("wrote %d", n)
+func TestRingGrowsUpToTheLimitAndNoFurther(t *testing.T) {
+	const capy = 1 << 20
+	d, p, q := growingRing(t, capy)
+	// Nothing is read: the ring grows to take everything the limit allows.
+	data := pattern(0, 2<<20)
+	if n := produce(t, d, p, 1<<18, data); n != 1<<18 || p.size != 1<<18 {
+		t.Fatalf("at a 256 KiB limit wrote %d at size %d", n, p.size)
 	}
-	if !p.askToGrow(d, capy, capy) || atomic.LoadUint32(d.grow) != 8192 {
-		t.Fatalf("asked: pending %d, ring_grow %d", p.pending, atomic.LoadUint32(d.grow))
+	if free, _ := p.space(d, 1<<18); free != 0 {
+		t.Fatalf("%d bytes free in a full ring at its limit", free)
 	}
-	if n := consume(t, d, q, capy, make([]byte, 100)); n != 100 {
-		t.Fatalf("read %d", n)
+	if n := produce(t, d, p, capy, data[1<<18:]); n != capy-1<<18 || p.size != capy {
+		t.Fatalf("at the capacity wrote %d more at size %d", n, p.size)
 	}
-	if free, bad := p.space(d, capy); free != 100 || bad != "" {
-		t.Fatalf("room again: %d free (%q), want the request withdrawn and 100", free, bad)
-	}
-	if g := atomic.LoadUint32(d.grow); g != 0 || p.pending != 0 {
-		t.Fatalf("ring_grow %d, pending %d after taking the request back", g, p.pending)
-	}
-	if grew, _ := q.serveGrowth(d, capy); grew || p.size != 4096 {
-		t.Fatalf("served a withdrawn request: grew %v, size %d", grew, p.size)
+	out := make([]byte, capy)
+	if n := consume(t, d, q, capy, out); n != capy || !bytes.Equal(out, data[:capy]) {
+		t.Fatalf("read %d bytes back, equal %v", n, bytes.Equal(out[:n], data[:n]))
 	}
 }
 
-func TestRingProducerWaitsWhileConsumerBusy(t *testing.T) {
+func TestRingShrinksOnlyWhenEmpty(t *testing.T) {
 	const capy = 1 << 16
-	d, p, _ := growingRing(capy)
-	produce(t, d, p, capy, pattern(0, 4096))
-	if !p.askToGrow(d, capy, capy) {
-		t.Fatal("did not ask")
+	d, p, q := growingRing(t, capy)
+	produce(t, d, p, capy, pattern(0, 20000))
+	if _, to, _ := p.shrinkIfEmpty(d); to != 0 {
+		t.Fatal("shrank with bytes in flight")
 	}
-	// The consumer took the request and is moving bytes.
-	if !atomic.CompareAndSwapUint32(d.grow, 8192, growBusy) {
-		t.Fatal("no request to take")
+	consume(t, d, q, capy, make([]byte, 20000))
+	from, to, bad := p.shrinkIfEmpty(d)
+	if from != minRingSize || to != 32768 || bad != "" || atomic.LoadUint32(d.size) != minRingSize {
+		t.Fatalf("shrink of an empty 32 KiB ring: [%d, %d) %q, ring_size %d", from, to, bad, atomic.LoadUint32(d.size))
 	}
-	if free, bad := p.space(d, capy); free != 0 || bad != "" || p.pending != 8192 {
-		t.Fatalf("while BUSY: %d free (%q), pending %d", free, bad, p.pending)
+	// Writes and reads go on at the small size.
+	if n := produce(t, d, p, minRingSize, pattern(20000, 5000)); n != 4096 {
+		t.Fatalf("wrote %d after shrinking", n)
 	}
-	atomic.StoreUint32(d.size, 8192)
-	atomic.StoreUint32(d.grow, 0)
-	if free, bad := p.space(d, capy); free != 4096 || bad != "" || p.size != 8192 {
-		t.Fatalf("served: %d free (%q) at size %d", free, bad, p.size)
+	out := make([]byte, 4096)
+	if n := consume(t, d, q, capy, out); n != 4096 || !bytes.Equal(out, pattern(20000, 4096)) {
+		t.Fatalf("read %d after shrinking", n)
 	}
 }
 
-func TestRingGrowthStopsAtTheLimit(t *testing.T) {
+func TestRingScribbledSizeIsCorruption(t *testing.T) {
 	const capy = 1 << 16
-	d, p, q := growingRing(capy)
-	for p.size < 16384 {
-		produce(t, d, p, capy, pattern(0, 1<<16))
-		if !p.askToGrow(d, capy, 16384) {
-			if free, _ := p.space(d, capy); free == 0 && p.pending == 0 {
-				t.Fatalf("a full ring of %d below the limit did not ask", p.size)
-			}
-		}
-		q.serveGrowth(d, capy)
-		p.space(d, capy)
-	}
-	produce(t, d, p, capy, pattern(0, 1<<16))
-	if p.askToGrow(d, capy, 16384) || p.size != 16384 {
-		t.Fatalf("asked beyond the limit: size %d pending %d", p.size, p.pending)
-	}
-}
-
-func TestRingScribbledGrowthWordsAreCorruption(t *testing.T) {
-	const capy = 1 << 16
-	for _, v := range []struct{ size, grow uint32 }{
-		{3000, 0}, {1 << 20, 0}, {4096, 12288}, {4096, 4096}, {4096, 1 << 20}, {0, 0},
-	} {
-		d, p, q := growingRing(capy)
+	for _, size := range []uint32{0, 3000, 2048, 12288, 1 << 17, 1 << 20} {
+		d, p, q := growingRing(t, capy)
 		produce(t, d, p, capy, pattern(0, 10))
-		atomic.StoreUint32(d.size, v.size)
-		atomic.StoreUint32(d.grow, v.grow)
-		var bad string
-		if v.grow != 0 {
-			_, bad = q.serveGrowth(d, capy)
-		} else {
-			_, bad = q.refresh(d, capy)
-		}
-		if bad == "" {
-			t.Errorf("ring_size %d, ring_grow %d: accepted", v.size, v.grow)
+		atomic.StoreUint32(d.size, size)
+		if _, bad := q.refresh(d, capy); bad == "" {
+			t.Errorf("ring_size %d: accepted", size)
 		}
 	}
-	// A producer waiting for a size it never asked for.
-	d, p, _ := growingRing(capy)
-	produce(t, d, p, capy, pattern(0, 4096))
-	if !p.askToGrow(d, capy, capy) {
-		t.Fatal("did not ask")
-	}
-	atomic.StoreUint32(d.size, 16384)
-	atomic.StoreUint32(d.grow, 0)
-	if _, bad := p.space(d, capy); bad == "" {
-		t.Error("a ring grown to a size not asked for was accepted")
-	}
-	// A request the producer never made, of a size other than its own.
-	d, p, _ = growingRing(capy)
-	produce(t, d, p, capy, pattern(0, 4096))
-	p.askToGrow(d, capy, capy)
-	atomic.StoreUint32(d.grow, 32768)
-	if _, bad := p.space(d, capy); bad == "" {
-		t.Error("a ring_grow the producer did not write was accepted")
+	// A copy made with a size that then changed is made again at the new size.
+	d, p, q := growingRing(t, capy)
+	produce(t, d, p, capy, pattern(0, 100))
+	q.refresh(d, capy)
+	q.size = 8192 // as if read just before the producer shrank the ring
+	out := make([]byte, 100)
+	if n, _, bad := q.read(d, capy, out); n != 100 || bad != "" || !bytes.Equal(out, pattern(0, 100)) {
+		t.Fatalf("after the size changed: %d bytes (%q), equal %v", n, bad, bytes.Equal(out, pattern(0, 100)))
 	}
 }
 
-// Growth, taking a request back and shrinking, in any order with reads and writes: the stream
-// stays a FIFO, and the ring never holds more than its current size.
+// Writes (growing the ring up to varying limits), reads and shrinks in any order: the stream stays
+// a FIFO, and the ring never holds more than its current size.
 func TestRingGrowingStaysAFIFO(t *testing.T) {
 	const capy = 65536
 	for seed := uint64(0); seed < 100; seed++ {
 		r := rand.New(rand.NewPCG(seed, 23))
-		d, p, q := growingRing(capy)
+		d, p, q := growingRing(t, capy)
 		var model []byte
 		written := 0
 		for k := 0; k < 300; k++ {
 			n := 1 + r.IntN(40000)
-			switch r.IntN(6) {
+			switch r.IntN(5) {
 			case 0, 1:
+				limit := uint64(minRingSize) << r.IntN(5)
 				src := pattern(written, n)
-				m := produce(t, d, p, capy, src)
+				m := produce(t, d, p, limit, src)
 				model = append(model, src[:m]...)
 				written += m
-			case 2:
+			case 2, 3:
 				dst := make([]byte, n)
 				m := consume(t, d, q, capy, dst)
 				if m > len(model) || !bytes.Equal(dst[:m], model[:m]) {
-					t.Fatalf("seed %d op %d: read %d bytes, not the next %d written", seed, k, m, len(model))
+					t.Fatalf("seed %d op %d: read %d bytes, not the next of the %d written", seed, k, m, len(model))
 				}
 				model = model[m:]
-			case 3:
-				if _, bad := q.serveGrowth(d, capy); bad != "" {
-					t.Fatalf("seed %d op %d: serve: %s", seed, k, bad)
-				}
-			case 4:
-				if _, bad := p.space(d, capy); bad != "" {
-					t.Fatalf("seed %d op %d: space: %s", seed, k, bad)
-				}
 			default:
 				from, to, bad := p.shrinkIfEmpty(d)
 				if bad != "" || to != 0 && (len(model) != 0 || from != minRingSize) {
@@ -295,13 +209,58 @@ func TestRingGrowingStaysAFIFO(t *testing.T) {
 				t.Fatalf("seed %d op %d: %d bytes in a ring of %d", seed, k, len(model), s)
 			}
 		}
-		// Everything still comes out, in order.
-		if _, bad := q.serveGrowth(d, capy); bad != "" {
-			t.Fatal(bad)
-		}
 		rest := make([]byte, len(model)+1)
 		if m := consume(t, d, q, capy, rest); m != len(model) || !bytes.Equal(rest[:m], model) {
 			t.Fatalf("seed %d: the last read gave %d of %d bytes", seed, m, len(model))
 		}
+	}
+}
+
+// A reader reading while the writer grows the ring under it: every byte arrives, in order.
+func TestRingGrowsUnderAConcurrentReader(t *testing.T) {
+	watchdog(t, 60*time.Second)
+	const capy = 1 << 22
+	const total = 16 << 20
+	d, p, q := growingRing(t, capy)
+	done := make(chan string, 1)
+	go func() {
+		r := rand.New(rand.NewPCG(7, 7))
+		buf := make([]byte, 1<<20)
+		for got := 0; got < total; {
+			if q.cached() == 0 {
+				if _, bad := q.refresh(d, capy); bad != "" {
+					done <- bad
+					return
+				}
+			}
+			n, _, bad := q.read(d, capy, buf[:1+r.IntN(len(buf))])
+			if bad != "" {
+				done <- bad
+				return
+			}
+			for i := 0; i < int(n); i++ {
+				if buf[i] != byte((got+i)%251) {
+					done <- "a byte out of order"
+					return
+				}
+			}
+			got += int(n)
+		}
+		done <- ""
+	}()
+	r := rand.New(rand.NewPCG(8, 8))
+	src := pattern(0, total)
+	for sent, shrinks := 0, 0; sent < total; {
+		// Varied write sizes; now and then the reader catches up and the ring shrinks.
+		n := min(1+r.IntN(3<<20), total-sent)
+		sent += produce(t, d, p, capy, src[sent:sent+n])
+		if r.IntN(8) == 0 && shrinks < 50 {
+			if _, to, _ := p.shrinkIfEmpty(d); to != 0 {
+				shrinks++
+			}
+		}
+	}
+	if bad := <-done; bad != "" {
+		t.Fatal(bad)
 	}
 }

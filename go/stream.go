@@ -44,10 +44,8 @@ func (c *Conn) Read(p []byte) (int, error) {
 	}
 }
 
-// readReady is the condition a blocked Read waits for: any of them makes readSome finish. The
-// reader holds rmu, so it serves the peer's growth request itself (no other waiter can).
+// readReady is the condition a blocked Read waits for: any of them makes readSome finish.
 func (c *Conn) readReady() bool {
-	c.serveGrowthIfAsked()
 	// SYNC POINT with the store of ring_head in the peer's producer.write (a published byte
 	// ends the wait); the flags load with the peer's ORs of ring_flags (FIN, RESET).
 	return c.closed.Load() || c.rdl.expired() || c.ctlGone.Load() || c.rdClosed.Load() ||
@@ -68,9 +66,6 @@ func (c *Conn) readSome(p []byte) (n int, err error, done bool) {
 	}
 	if c.rdClosed.Load() {
 		return 0, io.EOF, true
-	}
-	if err := c.serveGrowthIfAsked(); err != nil {
-		return 0, err, true
 	}
 	capy := uint64(c.lay.RingCapacity)
 	if c.rx.cached() == 0 {
@@ -113,7 +108,10 @@ func (c *Conn) readSome(p []byte) (n int, err error, done bool) {
 	if len(p) == 0 {
 		return 0, nil, true
 	}
-	got, before := c.rx.read(&c.in, p)
+	got, before, bad := c.rx.read(&c.in, capy, p)
+	if bad != "" {
+		return 0, c.corrupt(bad), true
+	}
 	c.notifySpace(before)
 	return int(got), nil, true
 }
@@ -129,7 +127,6 @@ func (c *Conn) Write(p []byte) (int, error) {
 		return 0, c.opErr("write", net.ErrClosed)
 	}
 	defer c.exit()
-	capy := uint64(c.lay.RingCapacity)
 	written := 0
 	for {
 		if written == len(p) && written > 0 {
@@ -141,26 +138,24 @@ func (c *Conn) Write(p []byte) (int, error) {
 		if len(p) == 0 {
 			return 0, nil
 		}
-		free, bad := c.tx.space(&c.out, capy)
+		limit := c.writeLimit()
+		free, bad := c.tx.space(&c.out, limit)
 		if bad != "" {
 			return written, c.opErr("write", c.corrupt(bad))
 		}
-		if free == 0 {
-			// A full ring asks to grow; the peer is woken whatever it waits for, as it may
-			// be waiting for us (both sides writing before they read).
-			if c.tx.askToGrow(&c.out, capy, c.writeLimit()) {
-				c.notifyPeer()
-			}
+		if free == 0 { // full at the limit
 			c.await(c.writeReadyFn, &c.wdl)
 			continue
-		}
-		if c.tx.size > minRingSize && !c.shrinkable {
-			c.watchForShrink()
 		}
 		// Published in pieces (spec section 5), so that the consumer copies out while we
 		// copy in.
 		n := min(free, uint64(len(p)-written), maxPublishChunk)
-		c.tx.write(&c.out, p[written:written+int(n)])
+		if bad := c.tx.write(&c.out, p[written:written+int(n)], limit); bad != "" {
+			return written, c.opErr("write", c.corrupt(bad))
+		}
+		if c.tx.size > minRingSize && !c.shrinkable {
+			c.watchForShrink()
+		}
 		c.notifyPeer()
 		written += int(n)
 	}
@@ -195,17 +190,12 @@ func (c *Conn) writeCheck() error {
 	return nil
 }
 
-// writeReady is the condition a blocked Write waits for: space, the answer to its growth
-// request, or anything that ends the Write. It serves the peer's growth request meanwhile (two
-// sides that both write before they read would otherwise wait for each other for good).
+// writeReady is the condition a blocked Write waits for: space, or anything that ends the Write.
 func (c *Conn) writeReady() bool {
-	c.tryServeGrowth()
-	// SYNC POINT with the store of ring_tail in the peer's consumer.read (space), with the
-	// store of 0 to ring_grow in its consumer.serveGrowth (grown), and with the peer's OR of its
-	// ring_flags (RESET, NOT_READING).
+	// SYNC POINT with the store of ring_tail in the peer's consumer.read (space), and with the
+	// peer's OR of its ring_flags (RESET, NOT_READING).
 	return c.closed.Load() || c.wdl.expired() || c.ctlGone.Load() || c.fatal.Load() != nil ||
-		atomic.LoadUint64(c.out.tail) != c.tx.cachedTail || c.tx.pending != 0 && atomic.LoadUint32(c.out.grow) == 0 ||
-		atomic.LoadUint32(c.in.flags)&(flagRESET|flagNotReading) != 0
+		atomic.LoadUint64(c.out.tail) != c.tx.cachedTail || atomic.LoadUint32(c.in.flags)&(flagRESET|flagNotReading) != 0
 }
 
 // CloseWrite shuts down the writing side (FIN): the peer reads the remaining bytes, then EOF.

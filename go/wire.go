@@ -61,9 +61,7 @@ const (
 	maxRingCapacity = 1 << 30
 	// The size every byte ring starts at and shrinks back to (spec section 5, "Growing and
 	// shrinking"); ring_capacity is the largest it may grow to.
-	minRingSize = 4096
-	// ring_grow: the consumer is growing the ring.
-	growBusy     = 1
+	minRingSize  = 4096
 	maxSlotSize  = 1 << 30
 	maxSlotCount = 65536
 )
@@ -94,8 +92,7 @@ const (
 const (
 	dRingHead  = 0
 	dRingFlags = 8
-	dRingSize  = 12 // the ring's current size (spec section 5, "Growing and shrinking")
-	dRingGrow  = 16 // the producer's request to grow the ring, or growBusy
+	dRingSize  = 12 // the ring's current size, written by the producer (spec section 5)
 	dRingTail  = 128
 	dReadFlags = 136
 	dMsgHead   = 256
