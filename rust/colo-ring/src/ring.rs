@@ -4,7 +4,7 @@
 //! shared counter only when the cache says full (producer) or empty (consumer), as rtrb does. Both
 //! counters count bytes ever moved and wrap at 2^64; byte `i` lives at `data[i % capacity]`.
 
-use crate::layout::RING_FLAGS;
+use crate::layout::{GROW_BUSY, MIN_RING, RING_FLAGS};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 use crate::Corrupt;
 
@@ -65,13 +65,17 @@ unsafe impl Bytes for RawBytes {
     }
 }
 
-/// The four shared words of a ring (offsets in `layout::block`).
+/// The six shared words of a ring (offsets in `layout::block`).
 #[derive(Debug, Clone, Copy)]
 pub struct RingWords {
     /// `ring_head`.
     pub head: *const AtomicU64,
     /// `ring_flags`.
     pub flags: *const AtomicU32,
+    /// `ring_size`.
+    pub size: *const AtomicU32,
+    /// `ring_grow`.
+    pub grow: *const AtomicU32,
     /// `ring_tail`.
     pub tail: *const AtomicU64,
     /// `read_flags`.
@@ -91,6 +95,27 @@ impl RingWords {
         check_flags(self.flags().load(Ordering::Acquire), RING_FLAGS)
     }
 
+    /// Makes the ring start at [`MIN_RING`] bytes with no request pending: the segment's creator
+    /// does so for a fresh or recycled segment before it sends HELLO (whose system call publishes
+    /// the stores to the peer).
+    pub fn start_small(&self) {
+        self.size().store(MIN_RING, Ordering::Relaxed);
+        self.grow().store(0, Ordering::Relaxed);
+    }
+
+    /// The ring's current size as the shared word says (validated against `capacity`): for
+    /// readiness checks outside the two halves.
+    pub fn current_size(&self, capacity: u64) -> Result<u64, Corrupt> {
+        valid_size(self.size().load(Ordering::Relaxed), capacity)
+    }
+
+    /// Whether the producer asks for the ring to grow (a request the consumer has not taken):
+    /// a hint to call [`Consumer::serve_growth`], which validates it.
+    pub fn growth_asked(&self) -> bool {
+        let g = self.grow().load(Ordering::Relaxed);
+        g != 0 && g != GROW_BUSY
+    }
+
     fn head(&self) -> &AtomicU64 {
         // SAFETY: the constructor of the Producer/Consumer holding these words guaranteed they point
         // to live, aligned atomics for its whole life.
@@ -100,9 +125,31 @@ impl RingWords {
         // SAFETY: as in `head`.
         unsafe { &*self.flags }
     }
+    fn size(&self) -> &AtomicU32 {
+        // SAFETY: as in `head`.
+        unsafe { &*self.size }
+    }
+    fn grow(&self) -> &AtomicU32 {
+        // SAFETY: as in `head`.
+        unsafe { &*self.grow }
+    }
     fn tail(&self) -> &AtomicU64 {
         // SAFETY: as in `head`.
         unsafe { &*self.tail }
+    }
+}
+
+/// The smallest `ring_size` (loom models use rings of a few bytes).
+const SMALLEST: u64 = if cfg!(loom) { 1 } else { MIN_RING as u64 };
+
+/// A `ring_size` as the peer left it: a power of two from [`MIN_RING`] to the data region's
+/// `capacity`, or corruption.
+fn valid_size(size: u32, capacity: u64) -> Result<u64, Corrupt> {
+    let s = u64::from(size);
+    if s.is_power_of_two() && (s >= SMALLEST || s == capacity) && s <= capacity {
+        Ok(s)
+    } else {
+        Err(Corrupt("ring_size out of range"))
     }
 }
 
@@ -132,29 +179,41 @@ fn check_flags(value: u32, known: u32) -> Result<u32, Corrupt> {
     }
 }
 
+/// `pending` of a producer that resumed a ring whose request another producer made and the
+/// consumer is serving: the size it asked for is not known, only that it is larger.
+const ASKED_UNKNOWN: u64 = u64::MAX;
+
 /// The writing half of a byte ring.
 #[derive(Debug)]
 pub struct Producer<B> {
     words: RingWords,
     data: B,
+    /// Size of the data region: the largest the ring may grow to.
     capacity: u64,
+    /// The ring's current size (`ring_size`); 0 if the shared word was invalid when read.
+    size: u64,
     head: u64,
     cached_tail: u64,
+    /// The size asked for in `ring_grow`, while the request stands (0: none).
+    pending: u64,
 }
 
 impl<B: Bytes> Producer<B> {
     /// # Safety
-    /// `words` point to live, aligned atomics of a fresh ring (all zero) whose data is `data`, and
-    /// stay valid for the life of the producer. `data.capacity()` is a power of two.
+    /// `words` point to live, aligned atomics of a fresh ring (counters zero, `ring_size` set by
+    /// [`RingWords::start_small`] or to any valid size) whose data is `data`, and stay valid for
+    /// the life of the producer. `data.capacity()` is a power of two.
     pub unsafe fn new(words: RingWords, data: B) -> Self {
         let capacity = data.capacity() as u64;
         debug_assert!(capacity.is_power_of_two());
-        Producer { words, data, capacity, head: 0, cached_tail: 0 }
+        let size = valid_size(words.size().load(Ordering::Relaxed), capacity).unwrap_or(0);
+        Producer { words, data, capacity, size, head: 0, cached_tail: 0, pending: 0 }
     }
 
     /// Takes over the producing end of a ring already in use (a program that inherited the
     /// connection across `exec`): continues from the current `ring_head`, which only the producer
-    /// writes. The cached tail says "full", so the first write reads the real one.
+    /// writes, at the current `ring_size`, standing by a growth request another producer made.
+    /// The cached tail says "full", so the first write reads the real one.
     ///
     /// # Safety
     /// As for [`Producer::new`], except that the ring need not be fresh; no other producer of it
@@ -162,32 +221,119 @@ impl<B: Bytes> Producer<B> {
     pub unsafe fn resume(words: RingWords, data: B) -> Self {
         let capacity = data.capacity() as u64;
         let head = words.head().load(Ordering::Relaxed);
-        Producer { words, data, capacity, head, cached_tail: head.wrapping_sub(capacity) }
+        let size = valid_size(words.size().load(Ordering::Relaxed), capacity).unwrap_or(0);
+        let pending = match words.grow().load(Ordering::Relaxed) {
+            0 => 0,
+            GROW_BUSY => ASKED_UNKNOWN,
+            g => u64::from(g),
+        };
+        Producer { words, data, capacity, size, head, cached_tail: head.wrapping_sub(size), pending }
     }
 
     fn refresh(&mut self) -> Result<u64, Corrupt> {
+        if self.size == 0 {
+            return Err(Corrupt("ring_size out of range"));
+        }
         // SYNC POINT with the Release store of `ring_tail` in `Consumer::read`: the consumer's
         // copies out of the bytes it released happen before we overwrite them.
         let tail = self.words.tail().load(Ordering::Acquire);
-        // `head - cached_tail <= capacity` always holds, so a genuine tail is at most `capacity`
-        // past the cached one; a tail that went backwards wraps far beyond.
-        if tail.wrapping_sub(self.cached_tail) > self.capacity {
+        // `head - cached_tail <= size` always holds, so a genuine tail is at most `size` past the
+        // cached one; a tail that went backwards wraps far beyond.
+        if tail.wrapping_sub(self.cached_tail) > self.size {
             return Err(Corrupt("ring_tail moved backwards"));
         }
-        let used = occupancy(self.head, tail, self.capacity)?;
+        let used = occupancy(self.head, tail, self.size)?;
         self.cached_tail = tail;
-        Ok(self.capacity - used)
+        Ok(self.size - used)
     }
 
-    /// Bytes that can be written now.
+    /// Looks at a standing growth request: served (adopt the new size), still waiting for the
+    /// consumer, or taken back because the ring has room again. Afterwards `pending` is 0 if
+    /// and only if the producer may write.
+    fn settle(&mut self) -> Result<(), Corrupt> {
+        // SYNC POINT with the Release store of 0 in `Consumer::serve_growth`: the consumer's moves
+        // of unread bytes to their new places happen before we write beside them.
+        match self.words.grow().load(Ordering::Acquire) {
+            0 => {
+                let size = valid_size(self.words.size().load(Ordering::Relaxed), self.capacity)?;
+                let asked = self.pending == ASKED_UNKNOWN && size > self.size || size == self.pending;
+                if !asked {
+                    return Err(Corrupt("ring grown to a size not asked for"));
+                }
+                self.size = size;
+                self.pending = 0;
+            }
+            GROW_BUSY => {}
+            g if u64::from(g) == self.pending || self.pending == ASKED_UNKNOWN => {
+                // Not taken yet. With room again (the consumer read before it saw the request),
+                // write now rather than wait for a consumer that may not come back soon.
+                if self.refresh()? > 0
+                    && self.words.grow().compare_exchange(g, 0, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+                {
+                    self.pending = 0;
+                }
+            }
+            _ => return Err(Corrupt("ring_grow out of range")),
+        }
+        Ok(())
+    }
+
+    /// Bytes that can be written now (0 while a growth request stands).
     pub fn space(&mut self) -> Result<usize, Corrupt> {
-        let cached = self.capacity - self.head.wrapping_sub(self.cached_tail);
+        if self.pending != 0 {
+            self.settle()?;
+            if self.pending != 0 {
+                return Ok(0);
+            }
+        }
+        let cached = self.size - self.head.wrapping_sub(self.cached_tail);
         Ok(if cached > 0 { cached } else { self.refresh()? } as usize)
     }
 
-    /// Copies as much of `src` as fits and publishes it; returns the count (0 when full).
+    /// Asks the consumer to double the ring, if it is full, smaller than `limit` (and the data
+    /// region), and no request stands. True if asked: the caller then wakes the peer, whatever
+    /// it sleeps for, and writes nothing until [`Producer::space`] says so.
+    pub fn ask_to_grow(&mut self, limit: u64) -> Result<bool, Corrupt> {
+        if self.pending != 0 || self.size == 0 || self.size >= limit.min(self.capacity) || self.space()? > 0 {
+            return Ok(false);
+        }
+        let target = self.size * 2;
+        // SYNC POINT with the Acquire compare-exchange in `Consumer::serve_growth` (which loads
+        // `ring_head` afresh for the bytes it moves: the request itself publishes nothing else).
+        self.words.grow().store(target as u32, Ordering::Release);
+        self.pending = target;
+        Ok(true)
+    }
+
+    /// Shrinks an empty ring back to [`MIN_RING`] bytes; returns the part of the data region
+    /// whose pages the caller may now give back to the system (`MADV_REMOVE`). Nothing if bytes
+    /// are in flight, a growth request stands, or the ring is already small.
+    pub fn shrink_if_empty(&mut self) -> Result<Option<core::ops::Range<usize>>, Corrupt> {
+        let small = u64::from(MIN_RING);
+        if self.pending != 0 || self.size <= small {
+            return Ok(None);
+        }
+        if self.refresh()? != self.size || self.words.grow().load(Ordering::Relaxed) != 0 {
+            return Ok(None);
+        }
+        // Relaxed: the consumer reads `ring_size` after its Acquire load of a `ring_head` we
+        // publish later (Release in `write`), and nothing is readable before then.
+        self.words.size().store(MIN_RING, Ordering::Relaxed);
+        let old = self.size;
+        self.size = small;
+        Ok(Some(small as usize..old as usize))
+    }
+
+    /// Copies as much of `src` as fits and publishes it; returns the count (0 when full, or while
+    /// a growth request stands).
     pub fn write(&mut self, src: &[u8]) -> Result<usize, Corrupt> {
-        let mut free = self.capacity - self.head.wrapping_sub(self.cached_tail);
+        if self.pending != 0 {
+            self.settle()?;
+            if self.pending != 0 {
+                return Ok(0);
+            }
+        }
+        let mut free = self.size - self.head.wrapping_sub(self.cached_tail);
         if free < src.len() as u64 {
             free = self.refresh()?;
         }
@@ -195,10 +341,10 @@ impl<B: Bytes> Producer<B> {
         if n == 0 {
             return Ok(0);
         }
-        let at = (self.head & (self.capacity - 1)) as usize; // a power of two: `%` without a division
-        let first = n.min(self.capacity as usize - at);
-        // SAFETY: `at + first <= capacity` and `n - first <= capacity - first`; the consumer does
-        // not read these bytes until the Release store below publishes them.
+        let at = (self.head & (self.size - 1)) as usize; // a power of two: `%` without a division
+        let first = n.min(self.size as usize - at);
+        // SAFETY: `at + first <= size <= capacity` and `n - first <= size - first`; the consumer
+        // does not read these bytes until the Release store below publishes them.
         unsafe {
             self.data.store(at, &src[..first]);
             if first < n {
@@ -223,6 +369,11 @@ impl<B: Bytes> Producer<B> {
     pub fn written(&self) -> u64 {
         self.head
     }
+
+    /// The ring's current size.
+    pub fn size(&self) -> usize {
+        self.size as usize
+    }
 }
 
 /// The reading half of a byte ring.
@@ -231,6 +382,8 @@ pub struct Consumer<B> {
     words: RingWords,
     data: B,
     capacity: u64,
+    /// The size the bytes up to `cached_head` were written at.
+    size: u64,
     tail: u64,
     cached_head: u64,
 }
@@ -241,7 +394,7 @@ impl<B: Bytes> Consumer<B> {
     pub unsafe fn new(words: RingWords, data: B) -> Self {
         let capacity = data.capacity() as u64;
         debug_assert!(capacity.is_power_of_two());
-        Consumer { words, data, capacity, tail: 0, cached_head: 0 }
+        Consumer { words, data, capacity, size: u64::from(MIN_RING), tail: 0, cached_head: 0 }
     }
 
     /// Takes over the consuming end of a ring already in use: continues from the current
@@ -252,18 +405,23 @@ impl<B: Bytes> Consumer<B> {
     pub unsafe fn resume(words: RingWords, data: B) -> Self {
         let capacity = data.capacity() as u64;
         let tail = words.tail().load(Ordering::Relaxed);
-        Consumer { words, data, capacity, tail, cached_head: tail }
+        Consumer { words, data, capacity, size: u64::from(MIN_RING), tail, cached_head: tail }
     }
 
     fn refresh(&mut self) -> Result<u64, Corrupt> {
         // SYNC POINT with the Release store of `ring_head` in `Producer::write`.
         let head = self.words.head().load(Ordering::Acquire);
-        // As in `Producer::refresh`: a genuine head is at most `capacity` past the cached one.
-        if head.wrapping_sub(self.cached_head) > self.capacity {
+        // Relaxed, after the Acquire load: a size the producer stored before publishing `head`
+        // is seen. The size changes only while the ring is empty (the producer shrinks it) or
+        // by our own hand (growth), so it holds for every byte up to `head`.
+        let size = valid_size(self.words.size().load(Ordering::Relaxed), self.capacity)?;
+        // As in `Producer::refresh`: a genuine head is at most `size` past the cached one.
+        if head.wrapping_sub(self.cached_head) > size {
             return Err(Corrupt("ring_head moved backwards"));
         }
-        let avail = occupancy(head, self.tail, self.capacity)?;
+        let avail = occupancy(head, self.tail, size)?;
         self.cached_head = head;
+        self.size = size;
         Ok(avail)
     }
 
@@ -279,9 +437,9 @@ impl<B: Bytes> Consumer<B> {
             avail = self.refresh()?;
         }
         let n = (avail as usize).min(dst.len());
-        let at = (self.tail & (self.capacity - 1)) as usize;
-        let first = n.min(self.capacity as usize - at);
-        // SAFETY: `at + first <= capacity` and `n - first <= capacity - first`; the producer
+        let at = (self.tail & (self.size - 1)) as usize;
+        let first = n.min(self.size as usize - at);
+        // SAFETY: `at + first <= size <= capacity` and `n - first <= size - first`; the producer
         // published these bytes (Acquire in `refresh`) and will not overwrite them before we
         // release them by storing `ring_tail`.
         unsafe {
@@ -309,6 +467,54 @@ impl<B: Bytes> Consumer<B> {
         self.copy_out(dst)
     }
 
+    /// Grows the ring if the producer asks (spec/WIRE.md section 5, "Growing and shrinking"):
+    /// moves the unread bytes to where the larger size puts them, then answers. True if it grew
+    /// (the caller then wakes the peer, whatever it sleeps for).
+    pub fn serve_growth(&mut self) -> Result<bool, Corrupt> {
+        let target = self.words.grow().load(Ordering::Relaxed);
+        if target == 0 || target == GROW_BUSY {
+            return Ok(false);
+        }
+        let old = valid_size(self.words.size().load(Ordering::Relaxed), self.capacity)?;
+        let target_size = u64::from(target);
+        if !target_size.is_power_of_two() || target_size <= old || target_size > self.capacity {
+            return Err(Corrupt("ring_grow out of range"));
+        }
+        // SYNC POINT with the Release store of the request in `Producer::ask_to_grow`. Failing,
+        // the producer took the request back (it had room again).
+        if self.words.grow().compare_exchange(target, GROW_BUSY, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            return Ok(false);
+        }
+        // SYNC POINT with the Release store of `ring_head` in `Producer::write`: every byte we
+        // move was published. The producer writes nothing while the request stands.
+        let head = self.words.head().load(Ordering::Acquire);
+        occupancy(head, self.tail, old)?;
+        let mut buf = [0u8; 4096];
+        let mut i = self.tail;
+        while i != head {
+            let from = (i & (old - 1)) as usize;
+            let to = (i & (target_size - 1)) as usize;
+            let run = (head.wrapping_sub(i) as usize).min(old as usize - from).min(target_size as usize - to).min(buf.len());
+            if to != from {
+                // SAFETY: `from + run <= old <= capacity` and `to + run <= target <= capacity`;
+                // the sources (below `old`) and destinations (at or above it) do not overlap, and
+                // the producer touches neither while the request stands.
+                unsafe {
+                    self.data.load(from, &mut buf[..run]);
+                    self.data.store(to, &buf[..run]);
+                }
+            }
+            i = i.wrapping_add(run as u64);
+        }
+        self.size = target_size;
+        self.cached_head = head;
+        self.words.size().store(target, Ordering::Relaxed);
+        // SYNC POINT with the Acquire load of `ring_grow` in `Producer::settle`: the moves and the
+        // new `ring_size` are seen by the producer before it writes at the new size.
+        self.words.grow().store(0, Ordering::Release);
+        Ok(true)
+    }
+
     /// The producer's `ring_flags`.
     pub fn flags(&self) -> Result<u32, Corrupt> {
         // SYNC POINT with the Release fetch_or in `Producer::set_flags`.
@@ -320,7 +526,7 @@ impl<B: Bytes> Consumer<B> {
     pub fn was_full_before(&self, tail_before: u64) -> bool {
         // SYNC POINT with the Release store of `ring_head` in `Producer::write` (see
         // `notify::peer_needs_space_wake` for why this load sees a blocked producer's head).
-        self.words.head().load(Ordering::Acquire).wrapping_sub(tail_before) >= self.capacity
+        self.words.head().load(Ordering::Acquire).wrapping_sub(tail_before) >= self.size
     }
 
     /// Bytes ever read.

@@ -155,4 +155,110 @@ proptest! {
             prop_assert!(space <= cap - model.len() && (space > 0) == (model.len() < cap));
         }
     }
+
+    /// Growth, taking a request back and shrinking, in any order with reads and writes: the
+    /// stream stays a FIFO, and the ring never holds more than its current size.
+    #[test]
+    fn a_growing_ring_stays_a_fifo(ops in proptest::collection::vec((0u8..6, 1usize..40000), 1..300)) {
+        let cap = 65536;
+        let (mut p, mut c, w) = common::growing_pair(heap_bytes(cap), 4096);
+        let mut model = VecDeque::new();
+        let mut next = 0u8;
+        for (op, len) in ops {
+            match op {
+                0 | 1 => {
+                    let src: Vec<u8> = (0..len).map(|_| { next = next.wrapping_add(1); next }).collect();
+                    let n = p.write(&src).unwrap();
+                    prop_assert!(n <= p.size() - model.len().min(p.size()));
+                    model.extend(&src[..n]);
+                    next = next.wrapping_sub((len - n) as u8);
+                    if n < len {
+                        p.ask_to_grow(cap as u64).unwrap();
+                    }
+                }
+                2 => {
+                    let mut dst = vec![0u8; len];
+                    let n = c.read(&mut dst).unwrap();
+                    prop_assert!(n <= model.len());
+                    let expect: Vec<u8> = model.drain(..n).collect();
+                    prop_assert_eq!(&dst[..n], &expect[..]);
+                }
+                3 => { c.serve_growth().unwrap(); }
+                4 => { p.space().unwrap(); }
+                _ => {
+                    if let Some(r) = p.shrink_if_empty().unwrap() {
+                        prop_assert!(model.is_empty());
+                        prop_assert_eq!(r.start, 4096);
+                    }
+                }
+            }
+            let size = w.size.load(Ordering::Relaxed) as usize;
+            prop_assert!(model.len() <= size && size <= cap);
+        }
+        // Everything still comes out, in order.
+        c.serve_growth().unwrap();
+        let mut rest = vec![0u8; model.len()];
+        let n = c.read(&mut rest).unwrap();
+        prop_assert_eq!(n, model.len());
+        prop_assert!(rest.iter().eq(model.iter()));
+    }
 }
+
+#[test]
+fn a_full_ring_grows_when_the_consumer_serves_and_keeps_its_bytes() {
+    let (mut p, mut c, w) = common::growing_pair(heap_bytes(1 << 20), 4096);
+    let data: Vec<u8> = (0..1_000_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+    let mut sent = 0;
+    // Nothing is read: the ring must grow to take everything that fits in the region.
+    while sent < data.len() {
+        let n = p.write(&data[sent..]).unwrap();
+        sent += n;
+        if n == 0 {
+            assert!(p.ask_to_grow(1 << 20).unwrap() || p.size() == 1 << 20);
+            assert_eq!(p.write(&data[sent..]).unwrap(), 0, "no write while the request stands");
+            if !c.serve_growth().unwrap() {
+                break;
+            }
+        }
+    }
+    assert_eq!(w.size.load(Ordering::Relaxed), 1 << 20);
+    assert_eq!(sent, data.len());
+    let mut out = vec![0u8; data.len()];
+    assert_eq!(c.read(&mut out).unwrap(), data.len());
+    assert!(out == data);
+}
+
+#[test]
+fn a_request_is_taken_back_when_room_comes_first() {
+    let (mut p, mut c, w) = common::growing_pair(heap_bytes(1 << 16), 4096);
+    assert_eq!(p.write(&[1u8; 5000]).unwrap(), 4096);
+    assert!(p.ask_to_grow(1 << 16).unwrap());
+    assert_eq!(w.grow.load(Ordering::Relaxed), 8192);
+    let mut b = [0u8; 100];
+    assert_eq!(c.read(&mut b).unwrap(), 100);
+    assert_eq!(p.space().unwrap(), 100, "room again: the request is withdrawn");
+    assert_eq!(w.grow.load(Ordering::Relaxed), 0);
+    assert!(!c.serve_growth().unwrap());
+    assert_eq!(p.size(), 4096);
+}
+
+#[test]
+fn a_peer_that_scribbles_over_growth_words_is_corruption() {
+    for (size, grow) in [(3000u32, 0u32), (1 << 20, 0), (4096, 12288), (4096, 4096), (4096, 1 << 20)] {
+        let (mut p, mut c, w) = common::growing_pair(heap_bytes(1 << 16), 4096);
+        p.write(&[1u8; 10]).unwrap();
+        w.size.store(size, Ordering::Relaxed);
+        w.grow.store(grow, Ordering::Relaxed);
+        let mut b = [0u8; 4];
+        let bad = if grow != 0 { c.serve_growth().is_err() } else { c.read(&mut b).is_err() };
+        assert!(bad, "size {size} grow {grow}");
+    }
+    // A producer waiting for a size it never asked for.
+    let (mut p, _c, w) = common::growing_pair(heap_bytes(1 << 16), 4096);
+    p.write(&[1u8; 4096]).unwrap();
+    assert!(p.ask_to_grow(1 << 16).unwrap());
+    w.size.store(16384, Ordering::Relaxed);
+    w.grow.store(0, Ordering::Relaxed);
+    assert!(p.space().is_err());
+}
+
