@@ -31,10 +31,9 @@ pub mod block {
     pub const RING_HEAD: usize = 0;
     /// `ring_flags` (producer): FIN, RESET, NOT_READING.
     pub const RING_FLAGS: usize = 8;
-    /// `ring_size`: the ring's current size (spec/WIRE.md section 5, "Growing and shrinking").
+    /// `ring_size` (producer): the ring's current size (spec/WIRE.md section 5, "Growing and
+    /// shrinking").
     pub const RING_SIZE: usize = 12;
-    /// `ring_grow`: the producer's request to grow the ring, or [`super::GROW_BUSY`].
-    pub const RING_GROW: usize = 16;
     /// `ring_tail` (consumer).
     pub const RING_TAIL: usize = 128;
     /// `read_flags` (consumer): READ_CLOSED.
@@ -68,8 +67,7 @@ pub const FLAG_READ_CLOSED: u32 = 1;
 
 /// Smallest byte-ring capacity, and the size every ring starts at and shrinks back to.
 pub const MIN_RING: u32 = 4096;
-/// `ring_grow`: the consumer is growing the ring (spec/WIRE.md section 5).
-pub const GROW_BUSY: u32 = 1;
+
 /// Largest byte-ring capacity.
 pub const MAX_RING: u32 = 1 << 30;
 /// Largest number of pool slots.

@@ -4,8 +4,8 @@
 //! shared counter only when the cache says full (producer) or empty (consumer), as rtrb does. Both
 //! counters count bytes ever moved and wrap at 2^64; byte `i` lives at `data[i % capacity]`.
 
-use crate::layout::{GROW_BUSY, MIN_RING, RING_FLAGS};
-use crate::sync::{AtomicU32, AtomicU64, Ordering};
+use crate::layout::{MIN_RING, RING_FLAGS};
+use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
 use crate::Corrupt;
 
 /// The memory a ring's bytes live in.
@@ -46,6 +46,11 @@ impl RawBytes {
     pub unsafe fn new(ptr: *mut u8, len: usize) -> Self {
         RawBytes { ptr, len }
     }
+
+    /// The region's first byte.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
 }
 
 // SAFETY: `store`/`load` stay inside `ptr..ptr + len` by their callers' contract.
@@ -74,8 +79,6 @@ pub struct RingWords {
     pub flags: *const AtomicU32,
     /// `ring_size`.
     pub size: *const AtomicU32,
-    /// `ring_grow`.
-    pub grow: *const AtomicU32,
     /// `ring_tail`.
     pub tail: *const AtomicU64,
     /// `read_flags`.
@@ -95,25 +98,16 @@ impl RingWords {
         check_flags(self.flags().load(Ordering::Acquire), RING_FLAGS)
     }
 
-    /// Makes the ring start at [`MIN_RING`] bytes with no request pending: the segment's creator
-    /// does so for a fresh or recycled segment before it sends HELLO (whose system call publishes
-    /// the stores to the peer).
+    /// Makes the ring start at [`MIN_RING`] bytes: the segment's creator does so for a fresh or
+    /// recycled segment before it sends HELLO (whose system call publishes the store to the peer).
     pub fn start_small(&self) {
         self.size().store(MIN_RING, Ordering::Relaxed);
-        self.grow().store(0, Ordering::Relaxed);
     }
 
     /// The ring's current size as the shared word says (validated against `capacity`): for
     /// readiness checks outside the two halves.
     pub fn current_size(&self, capacity: u64) -> Result<u64, Corrupt> {
         valid_size(self.size().load(Ordering::Relaxed), capacity)
-    }
-
-    /// Whether the producer asks for the ring to grow (a request the consumer has not taken):
-    /// a hint to call [`Consumer::serve_growth`], which validates it.
-    pub fn growth_asked(&self) -> bool {
-        let g = self.grow().load(Ordering::Relaxed);
-        g != 0 && g != GROW_BUSY
     }
 
     fn head(&self) -> &AtomicU64 {
@@ -128,10 +122,6 @@ impl RingWords {
     fn size(&self) -> &AtomicU32 {
         // SAFETY: as in `head`.
         unsafe { &*self.size }
-    }
-    fn grow(&self) -> &AtomicU32 {
-        // SAFETY: as in `head`.
-        unsafe { &*self.grow }
     }
     fn tail(&self) -> &AtomicU64 {
         // SAFETY: as in `head`.
@@ -179,9 +169,10 @@ fn check_flags(value: u32, known: u32) -> Result<u32, Corrupt> {
     }
 }
 
-/// `pending` of a producer that resumed a ring whose request another producer made and the
-/// consumer is serving: the size it asked for is not known, only that it is larger.
-const ASKED_UNKNOWN: u64 = u64::MAX;
+/// How many times in a row a read may find the ring grown under it before the peer counts as
+/// corrupting the segment (an honest producer grows a ring at most about 20 times in its life,
+/// and shrinks it only while it is empty, never during a read).
+const MAX_REREADS: u32 = 64;
 
 /// The writing half of a byte ring.
 #[derive(Debug)]
@@ -192,10 +183,10 @@ pub struct Producer<B> {
     capacity: u64,
     /// The ring's current size (`ring_size`); 0 if the shared word was invalid when read.
     size: u64,
+    /// The size a write may grow the ring to (a power of two, at most `capacity`).
+    limit: u64,
     head: u64,
     cached_tail: u64,
-    /// The size asked for in `ring_grow`, while the request stands (0: none).
-    pending: u64,
 }
 
 impl<B: Bytes> Producer<B> {
@@ -207,27 +198,29 @@ impl<B: Bytes> Producer<B> {
         let capacity = data.capacity() as u64;
         debug_assert!(capacity.is_power_of_two());
         let size = valid_size(words.size().load(Ordering::Relaxed), capacity).unwrap_or(0);
-        Producer { words, data, capacity, size, head: 0, cached_tail: 0, pending: 0 }
+        Producer { words, data, capacity, size, limit: capacity, head: 0, cached_tail: 0 }
     }
 
     /// Takes over the producing end of a ring already in use (a program that inherited the
-    /// connection across `exec`): continues from the current `ring_head`, which only the producer
-    /// writes, at the current `ring_size`, standing by a growth request another producer made.
-    /// The cached tail says "full", so the first write reads the real one.
+    /// connection across `exec`, or another holder of it wrote since): continues from the
+    /// current `ring_head` and `ring_size`, which only producers write. The cached tail says
+    /// "full", so the first write reads the real one.
     ///
     /// # Safety
     /// As for [`Producer::new`], except that the ring need not be fresh; no other producer of it
-    /// exists any more.
+    /// writes at the same time.
     pub unsafe fn resume(words: RingWords, data: B) -> Self {
         let capacity = data.capacity() as u64;
         let head = words.head().load(Ordering::Relaxed);
         let size = valid_size(words.size().load(Ordering::Relaxed), capacity).unwrap_or(0);
-        let pending = match words.grow().load(Ordering::Relaxed) {
-            0 => 0,
-            GROW_BUSY => ASKED_UNKNOWN,
-            g => u64::from(g),
-        };
-        Producer { words, data, capacity, size, head, cached_tail: head.wrapping_sub(size), pending }
+        Producer { words, data, capacity, size, limit: capacity, head, cached_tail: head.wrapping_sub(size) }
+    }
+
+    /// Bounds how far writes grow the ring (a program's `SO_SNDBUF`): `bytes` rounded up to a
+    /// power of two, within the data region. A ring already larger keeps its size.
+    pub fn set_limit(&mut self, bytes: usize) {
+        let bytes = (bytes as u64).max(u64::from(MIN_RING)).next_power_of_two();
+        self.limit = bytes.min(self.capacity);
     }
 
     fn refresh(&mut self) -> Result<u64, Corrupt> {
@@ -247,95 +240,80 @@ impl<B: Bytes> Producer<B> {
         Ok(self.size - used)
     }
 
-    /// Looks at a standing growth request: served (adopt the new size), still waiting for the
-    /// consumer, or taken back because the ring has room again. Afterwards `pending` is 0 if
-    /// and only if the producer may write.
-    fn settle(&mut self) -> Result<(), Corrupt> {
-        // SYNC POINT with the Release store of 0 in `Consumer::serve_growth`: the consumer's moves
-        // of unread bytes to their new places happen before we write beside them.
-        match self.words.grow().load(Ordering::Acquire) {
-            0 => {
-                let size = valid_size(self.words.size().load(Ordering::Relaxed), self.capacity)?;
-                let asked = self.pending == ASKED_UNKNOWN && size > self.size || size == self.pending;
-                if !asked {
-                    return Err(Corrupt("ring grown to a size not asked for"));
-                }
-                self.size = size;
-                self.pending = 0;
-            }
-            GROW_BUSY => {}
-            g if u64::from(g) == self.pending || self.pending == ASKED_UNKNOWN => {
-                // Not taken yet. With room again (the consumer read before it saw the request),
-                // write now rather than wait for a consumer that may not come back soon.
-                if self.refresh()? > 0
-                    && self.words.grow().compare_exchange(g, 0, Ordering::Relaxed, Ordering::Relaxed).is_ok()
-                {
-                    self.pending = 0;
-                }
-            }
-            _ => return Err(Corrupt("ring_grow out of range")),
-        }
-        Ok(())
-    }
-
-    /// Bytes that can be written now (0 while a growth request stands).
+    /// Bytes that can be written now, counting what growing the ring would make room for.
     pub fn space(&mut self) -> Result<usize, Corrupt> {
-        if self.pending != 0 {
-            self.settle()?;
-            if self.pending != 0 {
-                return Ok(0);
-            }
-        }
-        let cached = self.size - self.head.wrapping_sub(self.cached_tail);
-        Ok(if cached > 0 { cached } else { self.refresh()? } as usize)
+        let room = self.size.max(self.limit);
+        let cached = room - self.head.wrapping_sub(self.cached_tail);
+        Ok(if cached > 0 { cached } else { self.refresh()? + room - self.size } as usize)
     }
 
-    /// Asks the consumer to double the ring, if it is full, smaller than `limit` (and the data
-    /// region), and no request stands. True if asked: the caller then wakes the peer, whatever
-    /// it sleeps for, and writes nothing until [`Producer::space`] says so.
-    pub fn ask_to_grow(&mut self, limit: u64) -> Result<bool, Corrupt> {
-        if self.pending != 0 || self.size == 0 || self.size >= limit.min(self.capacity) || self.space()? > 0 {
-            return Ok(false);
+    /// Grows the ring so that `want` bytes fit beside the unread ones (within the limit); returns
+    /// the free bytes.
+    /// The unread bytes move to where the larger size puts them (byte `i` at `data[i % size]`):
+    /// those whose place does not change stay, the others are copied to the new part of the
+    /// region, which no reader of the old size looks at. A consumer that copied with the old size
+    /// sees `ring_size` changed after its copy and copies again (`Consumer::copy_out`).
+    fn grow(&mut self, want: u64) -> Result<u64, Corrupt> {
+        let used = self.head.wrapping_sub(self.cached_tail);
+        let target = (used + want).next_power_of_two().min(self.limit.max(self.size));
+        let old = self.size;
+        if target <= old {
+            return Ok(old - used);
         }
-        let target = self.size * 2;
-        // SYNC POINT with the Acquire compare-exchange in `Consumer::serve_growth` (which loads
-        // `ring_head` afresh for the bytes it moves: the request itself publishes nothing else).
-        self.words.grow().store(target as u32, Ordering::Release);
-        self.pending = target;
-        Ok(true)
+        let mut buf = [0u8; 4096];
+        let mut i = self.cached_tail;
+        while i != self.head {
+            let from = (i & (old - 1)) as usize;
+            let to = (i & (target - 1)) as usize;
+            let run = (self.head.wrapping_sub(i) as usize).min(old as usize - from).min(target as usize - to).min(buf.len());
+            if to != from {
+                // SAFETY: `from + run <= old <= capacity` and `to + run <= target <= capacity`;
+                // sources lie below `old`, destinations at or above it (no overlap), and the
+                // consumer reads neither place while the size it reads says `old` (section 5).
+                unsafe {
+                    self.data.load(from, &mut buf[..run]);
+                    self.data.store(to, &buf[..run]);
+                }
+            }
+            i = i.wrapping_add(run as u64);
+        }
+        // SYNC POINT with the Acquire load of `ring_size` in `Consumer::refresh`: a consumer that
+        // sees the new size sees the bytes moved.
+        self.words.size().store(target as u32, Ordering::Release);
+        // SYNC POINT with the Acquire fence in `Consumer::copy_out`: a consumer whose copy with
+        // the old size saw any byte we write from here on sees the new size after its copy.
+        fence(Ordering::Release);
+        self.size = target;
+        Ok(target - used)
     }
 
     /// Shrinks an empty ring back to [`MIN_RING`] bytes; returns the part of the data region
     /// whose pages the caller may now give back to the system (`MADV_REMOVE`). Nothing if bytes
-    /// are in flight, a growth request stands, or the ring is already small.
+    /// are in flight or the ring is already small.
     pub fn shrink_if_empty(&mut self) -> Result<Option<core::ops::Range<usize>>, Corrupt> {
         let small = u64::from(MIN_RING);
-        if self.pending != 0 || self.size <= small {
+        if self.size <= small || self.refresh()? != self.size {
             return Ok(None);
         }
-        if self.refresh()? != self.size || self.words.grow().load(Ordering::Relaxed) != 0 {
-            return Ok(None);
-        }
-        // Relaxed: the consumer reads `ring_size` after its Acquire load of a `ring_head` we
-        // publish later (Release in `write`), and nothing is readable before then.
-        self.words.size().store(MIN_RING, Ordering::Relaxed);
+        // SYNC POINT with the Acquire load of `ring_size` in `Consumer::refresh`, as in `grow`;
+        // nothing is readable, so a consumer that copies with the old size copies nothing, or
+        // bytes we publish later, and then sees the size changed.
+        self.words.size().store(MIN_RING, Ordering::Release);
+        fence(Ordering::Release);
         let old = self.size;
         self.size = small;
         Ok(Some(small as usize..old as usize))
     }
 
-    /// Copies as much of `src` as fits and publishes it; returns the count (0 when full, or while
-    /// a growth request stands).
+    /// Copies as much of `src` as fits and publishes it, growing the ring first if `src` does
+    /// not fit and the limit allows; returns the count (0 when full at the limit).
     pub fn write(&mut self, src: &[u8]) -> Result<usize, Corrupt> {
-        if self.pending != 0 {
-            self.settle()?;
-            if self.pending != 0 {
-                return Ok(0);
-            }
-        }
         let mut free = self.size - self.head.wrapping_sub(self.cached_tail);
         if free < src.len() as u64 {
             free = self.refresh()?;
+            if free < src.len() as u64 && self.size < self.limit {
+                free = self.grow(src.len() as u64)?;
+            }
         }
         let n = (free as usize).min(src.len());
         if n == 0 {
@@ -382,7 +360,8 @@ pub struct Consumer<B> {
     words: RingWords,
     data: B,
     capacity: u64,
-    /// The size the bytes up to `cached_head` were written at.
+    /// The size read with `cached_head`: where the bytes up to it lie, unless the producer grew
+    /// the ring since (see `copy_out`).
     size: u64,
     tail: u64,
     cached_head: u64,
@@ -394,7 +373,7 @@ impl<B: Bytes> Consumer<B> {
     pub unsafe fn new(words: RingWords, data: B) -> Self {
         let capacity = data.capacity() as u64;
         debug_assert!(capacity.is_power_of_two());
-        Consumer { words, data, capacity, size: u64::from(MIN_RING), tail: 0, cached_head: 0 }
+        Consumer { words, data, capacity, size: u64::from(MIN_RING).min(capacity), tail: 0, cached_head: 0 }
     }
 
     /// Takes over the consuming end of a ring already in use: continues from the current
@@ -405,21 +384,21 @@ impl<B: Bytes> Consumer<B> {
     pub unsafe fn resume(words: RingWords, data: B) -> Self {
         let capacity = data.capacity() as u64;
         let tail = words.tail().load(Ordering::Relaxed);
-        Consumer { words, data, capacity, size: u64::from(MIN_RING), tail, cached_head: tail }
+        Consumer { words, data, capacity, size: u64::from(MIN_RING).min(capacity), tail, cached_head: tail }
     }
 
     fn refresh(&mut self) -> Result<u64, Corrupt> {
+        // SYNC POINT with the Release stores of `ring_size` in `Producer::grow` and
+        // `Producer::shrink_if_empty`: bytes moved for this size are visible. Loaded before the
+        // head: bytes published under a larger size than this one are caught by `copy_out`.
+        let size = valid_size(self.words.size().load(Ordering::Acquire), self.capacity)?;
         // SYNC POINT with the Release store of `ring_head` in `Producer::write`.
         let head = self.words.head().load(Ordering::Acquire);
-        // Relaxed, after the Acquire load: a size the producer stored before publishing `head`
-        // is seen. The size changes only while the ring is empty (the producer shrinks it) or
-        // by our own hand (growth), so it holds for every byte up to `head`.
-        let size = valid_size(self.words.size().load(Ordering::Relaxed), self.capacity)?;
-        // As in `Producer::refresh`: a genuine head is at most `size` past the cached one.
-        if head.wrapping_sub(self.cached_head) > size {
+        // As in `Producer::refresh`: a genuine head is at most the size past the cached one.
+        if head.wrapping_sub(self.cached_head) > self.capacity {
             return Err(Corrupt("ring_head moved backwards"));
         }
-        let avail = occupancy(head, self.tail, size)?;
+        let avail = occupancy(head, self.tail, self.capacity)?;
         self.cached_head = head;
         self.size = size;
         Ok(avail)
@@ -431,24 +410,45 @@ impl<B: Bytes> Consumer<B> {
         Ok(if cached > 0 { cached } else { self.refresh()? } as usize)
     }
 
+    /// Copies the next bytes out without releasing them. The producer may grow the ring (moving
+    /// unread bytes) at any time, so the copy counts only if `ring_size` still holds the size it
+    /// was made with (a sequence lock, the size its sequence number): otherwise it is made again.
     fn copy_out(&mut self, dst: &mut [u8]) -> Result<usize, Corrupt> {
-        let mut avail = self.cached_head.wrapping_sub(self.tail);
-        if avail < dst.len() as u64 {
-            avail = self.refresh()?;
-        }
-        let n = (avail as usize).min(dst.len());
-        let at = (self.tail & (self.size - 1)) as usize;
-        let first = n.min(self.size as usize - at);
-        // SAFETY: `at + first <= size <= capacity` and `n - first <= size - first`; the producer
-        // published these bytes (Acquire in `refresh`) and will not overwrite them before we
-        // release them by storing `ring_tail`.
-        unsafe {
-            self.data.load(at, &mut dst[..first]);
-            if first < n {
-                self.data.load(0, &mut dst[first..n]);
+        for _ in 0..MAX_REREADS {
+            let mut avail = self.cached_head.wrapping_sub(self.tail);
+            if avail < dst.len() as u64 {
+                avail = self.refresh()?;
             }
+            let n = (avail as usize).min(dst.len());
+            if n == 0 {
+                return Ok(0);
+            }
+            if avail > self.size {
+                // More than the size read allows: published under a size not yet seen.
+                self.cached_head = self.tail;
+                continue;
+            }
+            let at = (self.tail & (self.size - 1)) as usize;
+            let first = n.min(self.size as usize - at);
+            // SAFETY: `at + first <= size <= capacity` and `n - first <= size - first`; the
+            // producer published these bytes (Acquire in `refresh`) and will not overwrite them
+            // before we release them by storing `ring_tail`, except by moving them when it grows
+            // the ring, which the check below detects.
+            unsafe {
+                self.data.load(at, &mut dst[..first]);
+                if first < n {
+                    self.data.load(0, &mut dst[first..n]);
+                }
+            }
+            // SYNC POINT with the Release fence in `Producer::grow`: if the copy saw a byte the
+            // producer wrote after growing, this load sees the grown size.
+            fence(Ordering::Acquire);
+            if u64::from(self.words.size().load(Ordering::Relaxed)) == self.size {
+                return Ok(n);
+            }
+            self.cached_head = self.tail;
         }
-        Ok(n)
+        Err(Corrupt("ring_size changes under every read"))
     }
 
     /// Copies up to `dst.len()` bytes out and releases them; returns the count (0 when empty).
@@ -467,54 +467,6 @@ impl<B: Bytes> Consumer<B> {
         self.copy_out(dst)
     }
 
-    /// Grows the ring if the producer asks (spec/WIRE.md section 5, "Growing and shrinking"):
-    /// moves the unread bytes to where the larger size puts them, then answers. True if it grew
-    /// (the caller then wakes the peer, whatever it sleeps for).
-    pub fn serve_growth(&mut self) -> Result<bool, Corrupt> {
-        let target = self.words.grow().load(Ordering::Relaxed);
-        if target == 0 || target == GROW_BUSY {
-            return Ok(false);
-        }
-        let old = valid_size(self.words.size().load(Ordering::Relaxed), self.capacity)?;
-        let target_size = u64::from(target);
-        if !target_size.is_power_of_two() || target_size <= old || target_size > self.capacity {
-            return Err(Corrupt("ring_grow out of range"));
-        }
-        // SYNC POINT with the Release store of the request in `Producer::ask_to_grow`. Failing,
-        // the producer took the request back (it had room again).
-        if self.words.grow().compare_exchange(target, GROW_BUSY, Ordering::Acquire, Ordering::Relaxed).is_err() {
-            return Ok(false);
-        }
-        // SYNC POINT with the Release store of `ring_head` in `Producer::write`: every byte we
-        // move was published. The producer writes nothing while the request stands.
-        let head = self.words.head().load(Ordering::Acquire);
-        occupancy(head, self.tail, old)?;
-        let mut buf = [0u8; 4096];
-        let mut i = self.tail;
-        while i != head {
-            let from = (i & (old - 1)) as usize;
-            let to = (i & (target_size - 1)) as usize;
-            let run = (head.wrapping_sub(i) as usize).min(old as usize - from).min(target_size as usize - to).min(buf.len());
-            if to != from {
-                // SAFETY: `from + run <= old <= capacity` and `to + run <= target <= capacity`;
-                // the sources (below `old`) and destinations (at or above it) do not overlap, and
-                // the producer touches neither while the request stands.
-                unsafe {
-                    self.data.load(from, &mut buf[..run]);
-                    self.data.store(to, &buf[..run]);
-                }
-            }
-            i = i.wrapping_add(run as u64);
-        }
-        self.size = target_size;
-        self.cached_head = head;
-        self.words.size().store(target, Ordering::Relaxed);
-        // SYNC POINT with the Acquire load of `ring_grow` in `Producer::settle`: the moves and the
-        // new `ring_size` are seen by the producer before it writes at the new size.
-        self.words.grow().store(0, Ordering::Release);
-        Ok(true)
-    }
-
     /// The producer's `ring_flags`.
     pub fn flags(&self) -> Result<u32, Corrupt> {
         // SYNC POINT with the Release fetch_or in `Producer::set_flags`.
@@ -522,11 +474,13 @@ impl<B: Bytes> Consumer<B> {
     }
 
     /// Whether the ring was full when `ring_tail` was `tail_before` (so the producer may be
-    /// waiting for space). Loads `ring_head` afresh.
+    /// waiting for space: it waits only at its limit). Loads `ring_head` afresh, and the size: a
+    /// size smaller than the producer's only costs a futile wake-up.
     pub fn was_full_before(&self, tail_before: u64) -> bool {
+        let size = u64::from(self.words.size().load(Ordering::Relaxed)).min(self.size);
         // SYNC POINT with the Release store of `ring_head` in `Producer::write` (see
         // `notify::peer_needs_space_wake` for why this load sees a blocked producer's head).
-        self.words.head().load(Ordering::Acquire).wrapping_sub(tail_before) >= self.size
+        self.words.head().load(Ordering::Acquire).wrapping_sub(tail_before) >= size
     }
 
     /// Bytes ever read.

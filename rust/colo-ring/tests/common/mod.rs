@@ -9,17 +9,16 @@ pub struct Words {
     pub head: AtomicU64,
     pub flags: AtomicU32,
     pub size: AtomicU32,
-    pub grow: AtomicU32,
     pub tail: AtomicU64,
     pub read_flags: AtomicU32,
 }
 
 impl Words {
     pub fn new() -> Self {
-        Words { head: AtomicU64::new(0), flags: AtomicU32::new(0), size: AtomicU32::new(0), grow: AtomicU32::new(0), tail: AtomicU64::new(0), read_flags: AtomicU32::new(0) }
+        Words { head: AtomicU64::new(0), flags: AtomicU32::new(0), size: AtomicU32::new(0), tail: AtomicU64::new(0), read_flags: AtomicU32::new(0) }
     }
     pub fn raw(&self) -> RingWords {
-        RingWords { head: &self.head, flags: &self.flags, size: &self.size, grow: &self.grow, tail: &self.tail, read_flags: &self.read_flags }
+        RingWords { head: &self.head, flags: &self.flags, size: &self.size, tail: &self.tail, read_flags: &self.read_flags }
     }
 }
 
