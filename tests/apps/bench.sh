@@ -59,10 +59,10 @@ if u:
 print(line)
 PY
 }
-rb_get() { rb "$1" "10 -k 0" "${*:2}" 20000 | tr ' ' '\n' | grep "^GET=" | cut -d= -f2; }
+rb_get() { rb "$1" "10 -k 0" "${*:2}" "${KN:-20000}" | tr ' ' '\n' | grep "^GET=" | cut -d= -f2; }
 # Connection-heavy: a new connection per request; also with the shim's short-lived rule off.
 only connection-heavy && alternate "redis GET -c 10 -k 0 (connection per request)" "rb_get $P" "rb_get $Q $COLORUN"
-only connection-heavy && ROUNDS=${FEW_ROUNDS:-4} alternate "redis GET -c 10 -k 0, COLO_SHORT_LIVED=accelerate" \
+only connection-heavy && KN=5000 ROUNDS=${FEW_ROUNDS:-4} alternate "redis GET -c 10 -k 0 -n 5000, COLO_SHORT_LIVED=accelerate" \
   "rb_get $P" "rb_get $Q env COLO_SHORT_LIVED=accelerate $COLORUN"
 w() { $2 wrk -t1 -c50 -d${DUR:-5s} ${3:+-H "$3"} "http://127.0.0.1:$1/1k.txt" 2>/dev/null | awk '/Requests\/sec/ {print $2}'; }
 wc_close() { DUR=${CLOSE_DUR:-2s} w "$1" "${*:2}" "Connection: close"; }
