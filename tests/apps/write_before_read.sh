@@ -22,7 +22,7 @@ server() {
   if [ "$2" = colo ]; then COLO_LOG=info $COLORUN python3 "$PY" server "$PORT" >"$WORK/$1.out" 2>"$WORK/$1.err" &
   else python3 "$PY" server "$PORT" >"$WORK/$1.out" 2>"$WORK/$1.err" & fi
   PIDS+=($!)
-  for _ in $(seq 100); do grep -q ready "$WORK/$1.out" && return 0; sleep 0.05; done
+  for _ in $(seq 100); do grep -qs ready "$WORK/$1.out" && return 0; sleep 0.05; done
   echo "the $1 echo server never started"; cat "$WORK/$1.err"; return 1
 }
 server plain "" || exit 1; TCP=$PORT
