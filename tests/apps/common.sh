@@ -19,7 +19,10 @@ SHIM=$TARGET/release/libcolo_preload.so
 COLORUN="$TARGET/release/examples/colo-run --"
 WORK=$(mktemp -d /tmp/colo-apps.XXXXXX); chmod 755 "$WORK"
 PIDS=()
+PG_PIDS=()
 cleanup() {
+  # postgres: a fast shutdown (SIGINT) ends its sessions too; SIGTERM would wait for them.
+  for p in "${PG_PIDS[@]}"; do kill -INT "$p" 2>/dev/null; done
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null
   [ -d "$WORK/old" ] && git -C "$ROOT" worktree remove --force "$WORK/old"
   rm -rf "$WORK"
@@ -51,4 +54,29 @@ NGX
   if [ "$3" = colo ]; then COLO_LOG=info $COLORUN nginx -c "$WORK/ngx$1/nginx.conf" -p "$WORK/ngx$1" >"$WORK/ngx$1/out.log" 2>&1 &
   else nginx -c "$WORK/ngx$1/nginx.conf" -p "$WORK/ngx$1" >"$WORK/ngx$1/out.log" 2>&1 & fi
   PIDS+=($!); wait_port "$1"
+}
+# postgres: Debian keeps the server's programs off PATH, in /usr/lib/postgresql/VERSION/bin.
+PGBIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+AS_NOBODY="setpriv --reuid=nobody --regid=nogroup --clear-groups"
+# postgres refuses to run as root: root runs it as nobody, another user as itself.
+PG_AS=""; [ "$(id -u)" != 0 ] || PG_AS=$AS_NOBODY
+# start_postgres PORT "colo"|"" [SCALE]: initdb as PG_AS in $WORK/pgPORT,
+# then postgres on 127.0.0.1:PORT and its Unix socket in $WORK/pgPORT (no durability: the tests
+# measure the connection, not the disk), ready to accept; with SCALE, pgbench's tables at SCALE.
+# cleanup stops it; rm -rf $WORK removes its files.
+start_postgres() {
+  local port=$1 how=$2 d=$WORK/pg$1 pre=""
+  [ -x "$PGBIN/postgres" ] || { echo "no postgres under /usr/lib/postgresql (Debian package postgresql)"; return 1; }
+  mkdir -p "$d" && { [ -z "$PG_AS" ] || chown nobody:nogroup "$d"; } || return 1
+  $PG_AS "$PGBIN/initdb" -D "$d/data" -U postgres --auth=trust --no-locale -E UTF8 -N >"$d/initdb.log" 2>&1 ||
+    { cat "$d/initdb.log"; return 1; }
+  [ "$how" = colo ] && pre="env COLO_LOG=info $COLORUN"
+  (cd "$d" && exec $PG_AS $pre "$PGBIN/postgres" -D "$d/data" -p "$port" -c listen_addresses=127.0.0.1 \
+    -c unix_socket_directories="$d" -c max_connections=100 -c fsync=off -c synchronous_commit=off \
+    -c full_page_writes=off -c synchronize_seqscans=off) >"$d/postgres.log" 2>&1 &
+  PIDS+=($!); PG_PIDS+=($!)
+  for _ in $(seq 200); do "$PGBIN/pg_isready" -q -h 127.0.0.1 -p "$port" && break; sleep 0.05; done
+  "$PGBIN/pg_isready" -q -h 127.0.0.1 -p "$port" || { echo "postgres on $port never became ready"; cat "$d/postgres.log"; return 1; }
+  [ -z "${3:-}" ] || timeout 120 "$PGBIN/pgbench" -q -i -s "$3" -h 127.0.0.1 -p "$port" -U postgres postgres >"$d/init.log" 2>&1 ||
+    { cat "$d/init.log"; return 1; }
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Unmodified programs under `colo run` (the LD_PRELOAD shim): redis, nginx, curl, python.
+# Unmodified programs under `colo run` (the LD_PRELOAD shim): redis, nginx, curl, python, postgres.
 # Needs the Debian packages in packages.txt, and root for the network-namespace and other-user
 # (squatting) checks, which fail without it unless COLO_TEST_UNPRIVILEGED=1 says the machine cannot
 # run them. Every step has a timeout; any failure exits 1.
@@ -263,6 +263,10 @@ fi
 # Connections an exec hands on as stdio, and event-loop servers releasing wrk's connections.
 check "stdio_exec.sh: stdio connections lose no byte" env COLO_APPS_BUILT=1 timeout 600 "$HERE/stdio_exec.sh"
 check "release.sh: node and asyncio servers release their connections" env COLO_APPS_BUILT=1 timeout 600 "$HERE/release.sh"
+# Bulk transfers through redis, and postgres (a backend forked per connection) with pgbench and COPY.
+check "redis_bulk.sh: redis-cli --pipe and pipelined 64 KiB values, every reply" env COLO_APPS_BUILT=1 timeout 600 "$HERE/redis_bulk.sh"
+check "postgres.sh: pgbench and a 50 MB COPY, no failure, bytes intact" env COLO_APPS_BUILT=1 timeout 600 "$HERE/postgres.sh"
+check "write_before_read.sh: 4 MiB and what plain TCP passes, written before reading, every byte back" env COLO_APPS_BUILT=1 timeout 600 "$HERE/write_before_read.sh"
 
 [ $FAIL = 0 ] && echo "tests/apps: all passed" || echo "tests/apps: FAILURES"
 exit $FAIL

@@ -470,6 +470,7 @@ impl Conn {
     /// again), and poll reports writable below that. Blocking writes still fill the ring.
     pub fn set_send_limit(&self, n: usize) {
         self.send_limit.store((n as u64).saturating_mul(4).max(4096), Ordering::Relaxed);
+        self.shm.set_send_buffer((n as u64).saturating_mul(4).max(4096) as usize);
     }
 
     /// Whether a small `SO_SNDBUF` bounds the ring (see `set_send_limit`).

@@ -15,7 +15,7 @@
 //! (info: accelerated connections and one-time decisions; debug: also every connection left on
 //! plain TCP, and why), `COLO_DISABLE=1`, `COLO_CARRIER_TIMEOUT_MS` (default 500:
 //! how long a client's first operation waits for the server to claim its offer),
-//! `COLO_RING_KB` (default 256), `COLO_SPIN_US`.
+//! `COLO_RING_KB` (the largest a ring grows to; default `colo::default_ring()`), `COLO_SPIN_US`.
 
 #![allow(clippy::missing_safety_doc)]
 

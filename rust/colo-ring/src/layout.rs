@@ -31,6 +31,9 @@ pub mod block {
     pub const RING_HEAD: usize = 0;
     /// `ring_flags` (producer): FIN, RESET, NOT_READING.
     pub const RING_FLAGS: usize = 8;
+    /// `ring_size` (producer): the ring's current size (spec/WIRE.md section 5, "Growing and
+    /// shrinking").
+    pub const RING_SIZE: usize = 12;
     /// `ring_tail` (consumer).
     pub const RING_TAIL: usize = 128;
     /// `read_flags` (consumer): READ_CLOSED.
@@ -62,8 +65,9 @@ pub const RING_FLAGS: u32 = FLAG_FIN | FLAG_RESET | FLAG_NOT_READING;
 /// `read_flags`: the consumer shut down its read side.
 pub const FLAG_READ_CLOSED: u32 = 1;
 
-/// Smallest and largest byte-ring capacity.
+/// Smallest byte-ring capacity, and the size every ring starts at and shrinks back to.
 pub const MIN_RING: u32 = 4096;
+
 /// Largest byte-ring capacity.
 pub const MAX_RING: u32 = 1 << 30;
 /// Largest number of pool slots.

@@ -4,8 +4,8 @@
 //! shared counter only when the cache says full (producer) or empty (consumer), as rtrb does. Both
 //! counters count bytes ever moved and wrap at 2^64; byte `i` lives at `data[i % capacity]`.
 
-use crate::layout::RING_FLAGS;
-use crate::sync::{AtomicU32, AtomicU64, Ordering};
+use crate::layout::{MIN_RING, RING_FLAGS};
+use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
 use crate::Corrupt;
 
 /// The memory a ring's bytes live in.
@@ -46,6 +46,11 @@ impl RawBytes {
     pub unsafe fn new(ptr: *mut u8, len: usize) -> Self {
         RawBytes { ptr, len }
     }
+
+    /// The region's first byte.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
 }
 
 // SAFETY: `store`/`load` stay inside `ptr..ptr + len` by their callers' contract.
@@ -65,13 +70,15 @@ unsafe impl Bytes for RawBytes {
     }
 }
 
-/// The four shared words of a ring (offsets in `layout::block`).
+/// The six shared words of a ring (offsets in `layout::block`).
 #[derive(Debug, Clone, Copy)]
 pub struct RingWords {
     /// `ring_head`.
     pub head: *const AtomicU64,
     /// `ring_flags`.
     pub flags: *const AtomicU32,
+    /// `ring_size`.
+    pub size: *const AtomicU32,
     /// `ring_tail`.
     pub tail: *const AtomicU64,
     /// `read_flags`.
@@ -91,6 +98,18 @@ impl RingWords {
         check_flags(self.flags().load(Ordering::Acquire), RING_FLAGS)
     }
 
+    /// Makes the ring start at [`MIN_RING`] bytes: the segment's creator does so for a fresh or
+    /// recycled segment before it sends HELLO (whose system call publishes the store to the peer).
+    pub fn start_small(&self) {
+        self.size().store(MIN_RING, Ordering::Relaxed);
+    }
+
+    /// The ring's current size as the shared word says (validated against `capacity`): for
+    /// readiness checks outside the two halves.
+    pub fn current_size(&self, capacity: u64) -> Result<u64, Corrupt> {
+        valid_size(self.size().load(Ordering::Relaxed), capacity)
+    }
+
     fn head(&self) -> &AtomicU64 {
         // SAFETY: the constructor of the Producer/Consumer holding these words guaranteed they point
         // to live, aligned atomics for its whole life.
@@ -100,9 +119,27 @@ impl RingWords {
         // SAFETY: as in `head`.
         unsafe { &*self.flags }
     }
+    fn size(&self) -> &AtomicU32 {
+        // SAFETY: as in `head`.
+        unsafe { &*self.size }
+    }
     fn tail(&self) -> &AtomicU64 {
         // SAFETY: as in `head`.
         unsafe { &*self.tail }
+    }
+}
+
+/// The smallest `ring_size` (loom models use rings of a few bytes).
+const SMALLEST: u64 = if cfg!(loom) { 1 } else { MIN_RING as u64 };
+
+/// A `ring_size` as the peer left it: a power of two from [`MIN_RING`] to the data region's
+/// `capacity`, or corruption.
+fn valid_size(size: u32, capacity: u64) -> Result<u64, Corrupt> {
+    let s = u64::from(size);
+    if s.is_power_of_two() && (s >= SMALLEST || s == capacity) && s <= capacity {
+        Ok(s)
+    } else {
+        Err(Corrupt("ring_size out of range"))
     }
 }
 
@@ -132,73 +169,160 @@ fn check_flags(value: u32, known: u32) -> Result<u32, Corrupt> {
     }
 }
 
+/// How many times in a row a read may find the ring grown under it before the peer counts as
+/// corrupting the segment (an honest producer grows a ring at most about 20 times in its life,
+/// and shrinks it only while it is empty, never during a read).
+const MAX_REREADS: u32 = 64;
+
 /// The writing half of a byte ring.
 #[derive(Debug)]
 pub struct Producer<B> {
     words: RingWords,
     data: B,
+    /// Size of the data region: the largest the ring may grow to.
     capacity: u64,
+    /// The ring's current size (`ring_size`); 0 if the shared word was invalid when read.
+    size: u64,
+    /// The size a write may grow the ring to (a power of two, at most `capacity`).
+    limit: u64,
     head: u64,
     cached_tail: u64,
 }
 
 impl<B: Bytes> Producer<B> {
     /// # Safety
-    /// `words` point to live, aligned atomics of a fresh ring (all zero) whose data is `data`, and
-    /// stay valid for the life of the producer. `data.capacity()` is a power of two.
+    /// `words` point to live, aligned atomics of a fresh ring (counters zero, `ring_size` set by
+    /// [`RingWords::start_small`] or to any valid size) whose data is `data`, and stay valid for
+    /// the life of the producer. `data.capacity()` is a power of two.
     pub unsafe fn new(words: RingWords, data: B) -> Self {
         let capacity = data.capacity() as u64;
         debug_assert!(capacity.is_power_of_two());
-        Producer { words, data, capacity, head: 0, cached_tail: 0 }
+        let size = valid_size(words.size().load(Ordering::Relaxed), capacity).unwrap_or(0);
+        Producer { words, data, capacity, size, limit: capacity, head: 0, cached_tail: 0 }
     }
 
     /// Takes over the producing end of a ring already in use (a program that inherited the
-    /// connection across `exec`): continues from the current `ring_head`, which only the producer
-    /// writes. The cached tail says "full", so the first write reads the real one.
+    /// connection across `exec`, or another holder of it wrote since): continues from the
+    /// current `ring_head` and `ring_size`, which only producers write. The cached tail says
+    /// "full", so the first write reads the real one.
     ///
     /// # Safety
     /// As for [`Producer::new`], except that the ring need not be fresh; no other producer of it
-    /// exists any more.
+    /// writes at the same time.
     pub unsafe fn resume(words: RingWords, data: B) -> Self {
         let capacity = data.capacity() as u64;
         let head = words.head().load(Ordering::Relaxed);
-        Producer { words, data, capacity, head, cached_tail: head.wrapping_sub(capacity) }
+        let size = valid_size(words.size().load(Ordering::Relaxed), capacity).unwrap_or(0);
+        Producer { words, data, capacity, size, limit: capacity, head, cached_tail: head.wrapping_sub(size) }
+    }
+
+    /// Bounds how far writes grow the ring (a program's `SO_SNDBUF`): `bytes` rounded up to a
+    /// power of two, within the data region. A ring already larger keeps its size.
+    pub fn set_limit(&mut self, bytes: usize) {
+        let bytes = (bytes as u64).max(u64::from(MIN_RING)).next_power_of_two();
+        self.limit = bytes.min(self.capacity);
     }
 
     fn refresh(&mut self) -> Result<u64, Corrupt> {
+        if self.size == 0 {
+            return Err(Corrupt("ring_size out of range"));
+        }
         // SYNC POINT with the Release store of `ring_tail` in `Consumer::read`: the consumer's
         // copies out of the bytes it released happen before we overwrite them.
         let tail = self.words.tail().load(Ordering::Acquire);
-        // `head - cached_tail <= capacity` always holds, so a genuine tail is at most `capacity`
-        // past the cached one; a tail that went backwards wraps far beyond.
-        if tail.wrapping_sub(self.cached_tail) > self.capacity {
+        // `head - cached_tail <= size` always holds, so a genuine tail is at most `size` past the
+        // cached one; a tail that went backwards wraps far beyond.
+        if tail.wrapping_sub(self.cached_tail) > self.size {
             return Err(Corrupt("ring_tail moved backwards"));
         }
-        let used = occupancy(self.head, tail, self.capacity)?;
+        let used = occupancy(self.head, tail, self.size)?;
         self.cached_tail = tail;
-        Ok(self.capacity - used)
+        Ok(self.size - used)
     }
 
-    /// Bytes that can be written now.
+    /// Bytes that can be written now, counting what growing the ring would make room for.
     pub fn space(&mut self) -> Result<usize, Corrupt> {
-        let cached = self.capacity - self.head.wrapping_sub(self.cached_tail);
-        Ok(if cached > 0 { cached } else { self.refresh()? } as usize)
+        let room = self.size.max(self.limit);
+        let cached = room - self.head.wrapping_sub(self.cached_tail);
+        Ok(if cached > 0 { cached } else { self.refresh()? + room - self.size } as usize)
     }
 
-    /// Copies as much of `src` as fits and publishes it; returns the count (0 when full).
+    /// Grows the ring so that `want` bytes fit beside the unread ones (within the limit); returns
+    /// the free bytes.
+    /// The unread bytes move to where the larger size puts them (byte `i` at `data[i % size]`):
+    /// those whose place does not change stay, the others are copied to the new part of the
+    /// region, which no reader of the old size looks at. A consumer that copied with the old size
+    /// sees `ring_size` changed after its copy and copies again (`Consumer::copy_out`).
+    fn grow(&mut self, want: u64) -> Result<u64, Corrupt> {
+        let used = self.head.wrapping_sub(self.cached_tail);
+        let target = (used + want).next_power_of_two().min(self.limit.max(self.size));
+        let old = self.size;
+        if target <= old {
+            return Ok(old - used);
+        }
+        let mut buf = [0u8; 4096];
+        let mut i = self.cached_tail;
+        while i != self.head {
+            let from = (i & (old - 1)) as usize;
+            let to = (i & (target - 1)) as usize;
+            let run = (self.head.wrapping_sub(i) as usize).min(old as usize - from).min(target as usize - to).min(buf.len());
+            if to != from {
+                // SAFETY: `from + run <= old <= capacity` and `to + run <= target <= capacity`;
+                // sources lie below `old`, destinations at or above it (no overlap), and the
+                // consumer reads neither place while the size it reads says `old` (section 5).
+                unsafe {
+                    self.data.load(from, &mut buf[..run]);
+                    self.data.store(to, &buf[..run]);
+                }
+            }
+            i = i.wrapping_add(run as u64);
+        }
+        // SYNC POINT with the Acquire load of `ring_size` in `Consumer::refresh`: a consumer that
+        // sees the new size sees the bytes moved.
+        self.words.size().store(target as u32, Ordering::Release);
+        // SYNC POINT with the Acquire fence in `Consumer::copy_out`: a consumer whose copy with
+        // the old size saw any byte we write from here on sees the new size after its copy.
+        fence(Ordering::Release);
+        self.size = target;
+        Ok(target - used)
+    }
+
+    /// Shrinks an empty ring back to [`MIN_RING`] bytes; returns the part of the data region
+    /// whose pages the caller may now give back to the system (`MADV_REMOVE`). Nothing if bytes
+    /// are in flight or the ring is already small.
+    pub fn shrink_if_empty(&mut self) -> Result<Option<core::ops::Range<usize>>, Corrupt> {
+        let small = u64::from(MIN_RING);
+        if self.size <= small || self.refresh()? != self.size {
+            return Ok(None);
+        }
+        // SYNC POINT with the Acquire load of `ring_size` in `Consumer::refresh`, as in `grow`;
+        // nothing is readable, so a consumer that copies with the old size copies nothing, or
+        // bytes we publish later, and then sees the size changed.
+        self.words.size().store(MIN_RING, Ordering::Release);
+        fence(Ordering::Release);
+        let old = self.size;
+        self.size = small;
+        Ok(Some(small as usize..old as usize))
+    }
+
+    /// Copies as much of `src` as fits and publishes it, growing the ring first if `src` does
+    /// not fit and the limit allows; returns the count (0 when full at the limit).
     pub fn write(&mut self, src: &[u8]) -> Result<usize, Corrupt> {
-        let mut free = self.capacity - self.head.wrapping_sub(self.cached_tail);
+        let mut free = self.size - self.head.wrapping_sub(self.cached_tail);
         if free < src.len() as u64 {
             free = self.refresh()?;
+            if free < src.len() as u64 && self.size < self.limit {
+                free = self.grow(src.len() as u64)?;
+            }
         }
         let n = (free as usize).min(src.len());
         if n == 0 {
             return Ok(0);
         }
-        let at = (self.head & (self.capacity - 1)) as usize; // a power of two: `%` without a division
-        let first = n.min(self.capacity as usize - at);
-        // SAFETY: `at + first <= capacity` and `n - first <= capacity - first`; the consumer does
-        // not read these bytes until the Release store below publishes them.
+        let at = (self.head & (self.size - 1)) as usize; // a power of two: `%` without a division
+        let first = n.min(self.size as usize - at);
+        // SAFETY: `at + first <= size <= capacity` and `n - first <= size - first`; the consumer
+        // does not read these bytes until the Release store below publishes them.
         unsafe {
             self.data.store(at, &src[..first]);
             if first < n {
@@ -223,6 +347,11 @@ impl<B: Bytes> Producer<B> {
     pub fn written(&self) -> u64 {
         self.head
     }
+
+    /// The ring's current size.
+    pub fn size(&self) -> usize {
+        self.size as usize
+    }
 }
 
 /// The reading half of a byte ring.
@@ -231,6 +360,9 @@ pub struct Consumer<B> {
     words: RingWords,
     data: B,
     capacity: u64,
+    /// The size read with `cached_head`: where the bytes up to it lie, unless the producer grew
+    /// the ring since (see `copy_out`).
+    size: u64,
     tail: u64,
     cached_head: u64,
 }
@@ -241,7 +373,7 @@ impl<B: Bytes> Consumer<B> {
     pub unsafe fn new(words: RingWords, data: B) -> Self {
         let capacity = data.capacity() as u64;
         debug_assert!(capacity.is_power_of_two());
-        Consumer { words, data, capacity, tail: 0, cached_head: 0 }
+        Consumer { words, data, capacity, size: u64::from(MIN_RING).min(capacity), tail: 0, cached_head: 0 }
     }
 
     /// Takes over the consuming end of a ring already in use: continues from the current
@@ -252,18 +384,23 @@ impl<B: Bytes> Consumer<B> {
     pub unsafe fn resume(words: RingWords, data: B) -> Self {
         let capacity = data.capacity() as u64;
         let tail = words.tail().load(Ordering::Relaxed);
-        Consumer { words, data, capacity, tail, cached_head: tail }
+        Consumer { words, data, capacity, size: u64::from(MIN_RING).min(capacity), tail, cached_head: tail }
     }
 
     fn refresh(&mut self) -> Result<u64, Corrupt> {
+        // SYNC POINT with the Release stores of `ring_size` in `Producer::grow` and
+        // `Producer::shrink_if_empty`: bytes moved for this size are visible. Loaded before the
+        // head: bytes published under a larger size than this one are caught by `copy_out`.
+        let size = valid_size(self.words.size().load(Ordering::Acquire), self.capacity)?;
         // SYNC POINT with the Release store of `ring_head` in `Producer::write`.
         let head = self.words.head().load(Ordering::Acquire);
-        // As in `Producer::refresh`: a genuine head is at most `capacity` past the cached one.
+        // As in `Producer::refresh`: a genuine head is at most the size past the cached one.
         if head.wrapping_sub(self.cached_head) > self.capacity {
             return Err(Corrupt("ring_head moved backwards"));
         }
         let avail = occupancy(head, self.tail, self.capacity)?;
         self.cached_head = head;
+        self.size = size;
         Ok(avail)
     }
 
@@ -273,24 +410,45 @@ impl<B: Bytes> Consumer<B> {
         Ok(if cached > 0 { cached } else { self.refresh()? } as usize)
     }
 
+    /// Copies the next bytes out without releasing them. The producer may grow the ring (moving
+    /// unread bytes) at any time, so the copy counts only if `ring_size` still holds the size it
+    /// was made with (a sequence lock, the size its sequence number): otherwise it is made again.
     fn copy_out(&mut self, dst: &mut [u8]) -> Result<usize, Corrupt> {
-        let mut avail = self.cached_head.wrapping_sub(self.tail);
-        if avail < dst.len() as u64 {
-            avail = self.refresh()?;
-        }
-        let n = (avail as usize).min(dst.len());
-        let at = (self.tail & (self.capacity - 1)) as usize;
-        let first = n.min(self.capacity as usize - at);
-        // SAFETY: `at + first <= capacity` and `n - first <= capacity - first`; the producer
-        // published these bytes (Acquire in `refresh`) and will not overwrite them before we
-        // release them by storing `ring_tail`.
-        unsafe {
-            self.data.load(at, &mut dst[..first]);
-            if first < n {
-                self.data.load(0, &mut dst[first..n]);
+        for _ in 0..MAX_REREADS {
+            let mut avail = self.cached_head.wrapping_sub(self.tail);
+            if avail < dst.len() as u64 {
+                avail = self.refresh()?;
             }
+            let n = (avail as usize).min(dst.len());
+            if n == 0 {
+                return Ok(0);
+            }
+            if avail > self.size {
+                // More than the size read allows: published under a size not yet seen.
+                self.cached_head = self.tail;
+                continue;
+            }
+            let at = (self.tail & (self.size - 1)) as usize;
+            let first = n.min(self.size as usize - at);
+            // SAFETY: `at + first <= size <= capacity` and `n - first <= size - first`; the
+            // producer published these bytes (Acquire in `refresh`) and will not overwrite them
+            // before we release them by storing `ring_tail`, except by moving them when it grows
+            // the ring, which the check below detects.
+            unsafe {
+                self.data.load(at, &mut dst[..first]);
+                if first < n {
+                    self.data.load(0, &mut dst[first..n]);
+                }
+            }
+            // SYNC POINT with the Release fence in `Producer::grow`: if the copy saw a byte the
+            // producer wrote after growing, this load sees the grown size.
+            fence(Ordering::Acquire);
+            if u64::from(self.words.size().load(Ordering::Relaxed)) == self.size {
+                return Ok(n);
+            }
+            self.cached_head = self.tail;
         }
-        Ok(n)
+        Err(Corrupt("ring_size changes under every read"))
     }
 
     /// Copies up to `dst.len()` bytes out and releases them; returns the count (0 when empty).
@@ -316,11 +474,13 @@ impl<B: Bytes> Consumer<B> {
     }
 
     /// Whether the ring was full when `ring_tail` was `tail_before` (so the producer may be
-    /// waiting for space). Loads `ring_head` afresh.
+    /// waiting for space: it waits only at its limit). Loads `ring_head` afresh, and the size: a
+    /// size smaller than the producer's only costs a futile wake-up.
     pub fn was_full_before(&self, tail_before: u64) -> bool {
+        let size = u64::from(self.words.size().load(Ordering::Relaxed)).min(self.size);
         // SYNC POINT with the Release store of `ring_head` in `Producer::write` (see
         // `notify::peer_needs_space_wake` for why this load sees a blocked producer's head).
-        self.words.head().load(Ordering::Acquire).wrapping_sub(tail_before) >= self.capacity
+        self.words.head().load(Ordering::Acquire).wrapping_sub(tail_before) >= size
     }
 
     /// Bytes ever read.

@@ -3,9 +3,9 @@
 //! sound only for the std types (same size and alignment as the integer); loom tests allocate them.
 
 #[cfg(loom)]
-pub use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+pub use loom::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 #[cfg(not(loom))]
-pub use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+pub use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 /// A CPU pause hint inside spin loops (loom: a yield to the model scheduler).
 #[inline]

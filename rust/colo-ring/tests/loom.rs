@@ -207,3 +207,53 @@ fn no_lost_wakeup_for_space() {
         t.join().unwrap();
     });
 }
+
+/// Ring bytes in relaxed atomics: a consumer's copy may race with a producer that grows the ring
+/// (a sequence lock, spec/WIRE.md section 5), so the model lets it and checks that no torn or
+/// misplaced byte is ever delivered.
+#[derive(Clone)]
+struct RacyBytes(Arc<Vec<AtomicU32>>);
+
+// SAFETY: accesses stay in bounds by the callers' contract.
+unsafe impl Bytes for RacyBytes {
+    fn capacity(&self) -> usize {
+        self.0.len()
+    }
+    unsafe fn store(&self, at: usize, src: &[u8]) {
+        for (i, b) in src.iter().enumerate() {
+            self.0[at + i].store(u32::from(*b), colo_ring::sync::Ordering::Relaxed);
+        }
+    }
+    unsafe fn load(&self, at: usize, dst: &mut [u8]) {
+        for (i, b) in dst.iter_mut().enumerate() {
+            *b = self.0[at + i].load(colo_ring::sync::Ordering::Relaxed) as u8;
+        }
+    }
+}
+
+/// A ring that grows (and moves unread bytes) while the consumer copies delivers every byte once,
+/// in order.
+#[test]
+fn a_ring_growing_under_a_reader_delivers_in_order() {
+    loom::model(|| {
+        let bytes = RacyBytes(Arc::new((0..4).map(|_| AtomicU32::new(0)).collect()));
+        let (mut p, mut c, _w) = common::growing_pair(bytes, 2);
+        let t = loom::thread::spawn(move || {
+            let src = [1u8, 2, 3, 4, 5];
+            let mut off = 0;
+            while off < src.len() {
+                off += p.write(&src[off..(off + 2).min(src.len())]).unwrap();
+                loom::thread::yield_now();
+            }
+        });
+        let mut got = Vec::new();
+        while got.len() < 5 {
+            let mut b = [0u8; 2];
+            let n = c.read(&mut b).unwrap();
+            got.extend_from_slice(&b[..n]);
+            loom::thread::yield_now();
+        }
+        assert_eq!(got, [1, 2, 3, 4, 5]);
+        t.join().unwrap();
+    });
+}

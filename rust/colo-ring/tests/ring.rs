@@ -155,4 +155,114 @@ proptest! {
             prop_assert!(space <= cap - model.len() && (space > 0) == (model.len() < cap));
         }
     }
+
+    /// Growth and shrinking in any order with reads and writes: the stream stays a FIFO, a write
+    /// takes what fits in the largest size, and the ring never holds more than its current size.
+    #[test]
+    fn a_growing_ring_stays_a_fifo(ops in proptest::collection::vec((0u8..5, 1usize..40000), 1..300)) {
+        let cap = 65536;
+        let (mut p, mut c, w) = common::growing_pair(heap_bytes(cap), 4096);
+        let mut model = VecDeque::new();
+        let mut next = 0u8;
+        for (op, len) in ops {
+            match op {
+                0 | 1 => {
+                    let src: Vec<u8> = (0..len).map(|_| { next = next.wrapping_add(1); next }).collect();
+                    let n = p.write(&src).unwrap();
+                    prop_assert_eq!(n, len.min(cap - model.len()));
+                    model.extend(&src[..n]);
+                    next = next.wrapping_sub((len - n) as u8);
+                }
+                2 | 3 => {
+                    let mut dst = vec![0u8; len];
+                    let n = c.read(&mut dst).unwrap();
+                    prop_assert_eq!(n, len.min(model.len()));
+                    let expect: Vec<u8> = model.drain(..n).collect();
+                    prop_assert_eq!(&dst[..n], &expect[..]);
+                }
+                _ => {
+                    if let Some(r) = p.shrink_if_empty().unwrap() {
+                        prop_assert!(model.is_empty());
+                        prop_assert_eq!(r.start, 4096);
+                    }
+                }
+            }
+            let size = w.size.load(Ordering::Relaxed) as usize;
+            prop_assert!(model.len() <= size && size <= cap && size == p.size());
+        }
+    }
+}
+
+#[test]
+fn a_full_ring_grows_to_its_limit_and_keeps_its_bytes() {
+    let (mut p, mut c, w) = common::growing_pair(heap_bytes(1 << 20), 4096);
+    p.set_limit(1 << 19);
+    let data: Vec<u8> = (0..1_000_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+    let mut sent = 0;
+    // Nothing is read: small writes grow the ring up to the limit, no further.
+    while sent < data.len() {
+        let n = p.write(&data[sent..(sent + 3000).min(data.len())]).unwrap();
+        if n == 0 {
+            break;
+        }
+        sent += n;
+    }
+    assert_eq!(sent, 1 << 19);
+    assert_eq!(w.size.load(Ordering::Relaxed), 1 << 19);
+    assert_eq!(p.space().unwrap(), 0);
+    let mut out = vec![0u8; sent];
+    assert_eq!(c.read(&mut out).unwrap(), sent);
+    assert!(out[..] == data[..sent]);
+}
+
+#[test]
+fn a_peer_that_scribbles_over_ring_size_is_corruption() {
+    for size in [0u32, 3000, 2048, 1 << 20, 12288] {
+        let (mut p, mut c, w) = common::growing_pair(heap_bytes(1 << 16), 4096);
+        p.write(&[1u8; 10]).unwrap();
+        w.size.store(size, Ordering::Relaxed);
+        let mut b = [0u8; 4];
+        assert!(c.read(&mut b).is_err(), "size {size}");
+    }
+}
+
+#[test]
+fn a_ring_growing_under_a_concurrent_reader_delivers_every_byte_once_in_order() {
+    for round in 0..4u64 {
+        let (mut p, mut c, w) = common::growing_pair(heap_bytes(1 << 22), 4096);
+        let total: u64 = 16 << 20;
+        let reader = std::thread::spawn(move || {
+            let mut got = 0u64;
+            let mut b = vec![0u8; 1 << 16];
+            let mut k = 0usize;
+            while got < total {
+                // Reads of many sizes, some smaller than what is cached.
+                k = (k * 7 + 13) % b.len() + 1;
+                let n = c.read(&mut b[..k]).unwrap();
+                for (j, &x) in b[..n].iter().enumerate() {
+                    assert_eq!(x, ((got + j as u64) % 251) as u8, "byte {}", got + j as u64);
+                }
+                got += n as u64;
+                if n == 0 {
+                    std::thread::yield_now();
+                }
+            }
+            got
+        });
+        let pattern: Vec<u8> = (0..(1u64 << 20) + 251).map(|i| (i % 251) as u8).collect();
+        let mut sent = 0u64;
+        let mut len = 1usize + round as usize;
+        while sent < total {
+            len = (len * 5 + 1) % (1 << 19) + 1;
+            let len = len.min((total - sent) as usize);
+            let start = (sent % 251) as usize;
+            let n = p.write(&pattern[start..start + len.min(1 << 20)]).unwrap();
+            sent += n as u64;
+            if n == 0 {
+                std::thread::yield_now();
+            }
+        }
+        assert_eq!(reader.join().unwrap(), total);
+        assert!(w.size.load(Ordering::Relaxed) > 4096, "the ring grew");
+    }
 }

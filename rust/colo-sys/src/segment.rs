@@ -36,6 +36,15 @@ impl Mapping {
         self.len == 0
     }
 
+    /// Gives the pages of `offset..offset + len` back to the system (`MADV_REMOVE`: the memfd's
+    /// backing store is freed, for every process that maps it; the range reads as zeros after).
+    /// Only whole pages inside the range are released.
+    pub fn release(&self, offset: usize, len: usize) -> io::Result<()> {
+        let len = len.min(self.len.saturating_sub(offset));
+        // SAFETY: the range lies inside this mapping (clamped above).
+        unsafe { release_pages(self.ptr.as_ptr().wrapping_add(offset), len) }
+    }
+
     fn map(fd: &OwnedFd, len: usize, prot: ProtFlags) -> io::Result<Mapping> {
         // SAFETY: a fresh mapping at an address the kernel chooses aliases no Rust object; the file
         // is sealed against shrinking, so every page stays backed while mapped.
@@ -50,6 +59,26 @@ impl Drop for Mapping {
         // that hand out pointers into it hold the Mapping).
         let _ = unsafe { munmap(self.ptr.as_ptr().cast(), self.len) };
     }
+}
+
+/// Gives the whole pages of `ptr..ptr + len` back to the system (`MADV_REMOVE` on a shared
+/// memfd mapping frees the file's pages for every process that maps it; they read as zeros after).
+///
+/// # Safety
+/// The range lies inside one shared mapping of a memfd whose contents every user treats as
+/// shared and untrusted (zeros appearing must break nothing but the bytes' meaning).
+pub unsafe fn release_pages(ptr: *mut u8, len: usize) -> io::Result<()> {
+    const PAGE: usize = 4096;
+    let addr = ptr as usize;
+    let start = addr.div_ceil(PAGE) * PAGE;
+    let end = (addr + len) / PAGE * PAGE;
+    if start >= end {
+        return Ok(());
+    }
+    // SAFETY: whole pages inside the caller's mapping; MADV_REMOVE changes only the contents,
+    // never the mapping itself.
+    unsafe { rustix::mm::madvise(start as *mut core::ffi::c_void, end - start, rustix::mm::Advice::LinuxRemove)? };
+    Ok(())
 }
 
 /// Creates a zeroed, sealed memfd of `size` bytes named `colo-seg` and maps it read-write.

@@ -200,6 +200,7 @@ pub fn offer(
     // SAFETY: the mapping is private to us until HELLO is sent; nobody else accesses it yet.
     let head = unsafe { std::slice::from_raw_parts_mut(map.as_ptr(), HEADER_FIELDS) };
     header.encode(head).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    Segment::start_rings(&map, &layout);
     let hello = Message::Hello { version: wire::VERSION, mode: Mode::Carrier }.encode();
     // The server's end goes in both doorbell slots (spec/WIRE.md section 3); we keep only ours.
     seqpacket::send(&control, &hello, &[memfd.as_fd(), server_end.as_fd(), server_end.as_fd()])?;

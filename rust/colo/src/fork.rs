@@ -17,6 +17,7 @@ extern "C" fn prepare() {
     guards.extend(crate::recycle::fork_guards());
     guards.push(crate::shm::reaper_fork_guard());
     guards.push(crate::hangup::fork_guard());
+    guards.push(crate::shrink::fork_guard());
     HELD.with(|h| *h.borrow_mut() = guards);
 }
 
@@ -35,6 +36,7 @@ extern "C" fn child() {
     colo_sys::host::forget_pid();
     release();
     crate::hangup::forked();
+    crate::shrink::forked();
 }
 
 /// Registers the handlers (once per process; a child inherits them). A flag, not a `Once`: a

@@ -149,6 +149,7 @@ fn prepare(addr: SocketAddr, opts: &Options) -> io::Result<Prepared> {
     // SAFETY: the mapping is private to us until HELLO is sent; nobody else accesses it yet.
     let head = unsafe { std::slice::from_raw_parts_mut(p.map.as_ptr(), HEADER_FIELDS) };
     header.encode(head).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    Segment::start_rings(&p.map, &p.layout);
     Ok(p)
 }
 

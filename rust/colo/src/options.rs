@@ -19,8 +19,23 @@ pub struct Options {
     direct_any_uid: Option<bool>,
 }
 
-/// Default byte-ring capacity per direction.
-pub const DEFAULT_RING: u32 = 256 * 1024;
+/// Default largest byte ring per direction when the kernel's TCP send buffer maximum cannot be
+/// read (see [`default_ring`]).
+pub const DEFAULT_RING: u32 = 4 << 20;
+
+/// The largest size a connection's byte rings grow to by default: what the kernel would let a TCP
+/// socket's send buffer grow to (`net.ipv4.tcp_wmem`'s maximum), rounded up to a power of two,
+/// from 256 KiB to 64 MiB. Every ring starts at 4 KiB and grows only while its reader falls
+/// behind (spec/WIRE.md section 5), so the size costs address space, not memory.
+pub fn default_ring() -> u32 {
+    static RING: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *RING.get_or_init(|| {
+        let max = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_wmem")
+            .ok()
+            .and_then(|v| v.split_whitespace().nth(2).and_then(|m| m.parse::<u32>().ok()));
+        max.map_or(DEFAULT_RING, |m| m.clamp(256 << 10, 64 << 20).next_power_of_two())
+    })
+}
 /// Default pool: 16 slots of 64 KiB per direction (memory is only used when touched).
 pub const DEFAULT_SLOT_SIZE: u32 = 64 * 1024;
 /// Default number of pool slots.
@@ -33,10 +48,10 @@ impl Default for Options {
 }
 
 impl Options {
-    /// The defaults: 256 KiB rings, 16 x 64 KiB pool, spin from `COLO_SPIN_US` or 5 us adaptive.
+    /// The defaults: rings that grow up to [`default_ring`] bytes, 16 x 64 KiB pool, spin from `COLO_SPIN_US` or 5 us adaptive.
     pub fn new() -> Options {
         Options {
-            geometry: Geometry { ring_capacity: DEFAULT_RING, slot_size: DEFAULT_SLOT_SIZE, slot_count: DEFAULT_SLOTS },
+            geometry: Geometry { ring_capacity: default_ring(), slot_size: DEFAULT_SLOT_SIZE, slot_count: DEFAULT_SLOTS },
             spin: None,
             connect_timeout: Duration::from_millis(200),
             tcp_connect_timeout: None,
@@ -44,7 +59,10 @@ impl Options {
         }
     }
 
-    /// Byte-ring capacity per direction (a power of two, 4 KiB to 1 GiB). Listeners refuse a
+    /// The largest size each direction's byte ring may grow to (a power of two, 4 KiB to 1 GiB).
+    /// A ring starts at 4 KiB, doubles while the writer finds it full and the reader has not
+    /// caught up (up to this size: a writer ahead of its reader blocks no sooner than over TCP),
+    /// and gives its memory back after a second with nothing in flight. Listeners refuse a
     /// segment over 256 MiB (both directions' rings and pools; `colo_sys::segment::MAX_SEGMENT`),
     /// and the connection then uses TCP: rings of up to 64 MiB fit.
     pub fn ring_capacity(mut self, bytes: u32) -> Options {

@@ -113,8 +113,29 @@ impl Segment {
         unsafe { &*self.u32_at(TICKET) }
     }
 
+    /// Makes both byte rings of a segment we created start small (spec/WIRE.md section 5,
+    /// "Growing and shrinking"), before HELLO publishes it.
+    pub fn start_rings(map: &Mapping, layout: &Layout) {
+        for c2s in [true, false] {
+            let b = layout.block_offset(c2s);
+            // SAFETY: an aligned u32 word inside the mapping (offset of the validated layout),
+            // only ever accessed atomically.
+            let size = unsafe { &*(map.as_ptr().add(b + block::RING_SIZE) as *const AtomicU32) };
+            size.store(colo_ring::layout::MIN_RING, Ordering::Relaxed);
+        }
+    }
+
+    /// Gives back the pages of the data of the ring of direction `c2s` in `range` (offsets in the
+    /// ring's data), after the ring shrank below them.
+    pub fn release_ring_pages(&self, c2s: bool, range: core::ops::Range<usize>) {
+        let off = self.block(c2s) + self.layout.data_off;
+        // Best effort: pages left in place cost memory, not correctness.
+        let _ = self.mapping().release(off + range.start, range.len());
+    }
+
     /// Makes a segment that both sides parked new again: every counter and flag of both direction
-    /// blocks, both `written` copies and both `waiting` words back to 0. Only the client calls it, after its
+    /// blocks, both `written` copies and both `waiting` words back to 0, the rings small again and
+    /// their pages given back. Only the client calls it, after its
     /// compare-and-swap of `parked` from both bits to 0 proved that neither side uses it.
     pub fn reset_for_reuse(&self) {
         for c2s in [true, false] {
@@ -129,6 +150,10 @@ impl Segment {
                 unsafe { &*self.u32_at(b + off) }.store(0, Ordering::Relaxed);
             }
         }
+        Segment::start_rings(self.mapping(), &self.layout);
+        let cap = self.layout.geometry.ring_capacity as usize;
+        self.release_ring_pages(true, 0..cap);
+        self.release_ring_pages(false, 0..cap);
         for role in [Role::Client, Role::Server] {
             self.written(role).store(0, Ordering::Relaxed);
         }
@@ -149,9 +174,15 @@ impl Segment {
         RingWords {
             head: self.u64_at(b + block::RING_HEAD),
             flags: self.u32_at(b + block::RING_FLAGS),
+            size: self.u32_at(b + block::RING_SIZE),
             tail: self.u64_at(b + block::RING_TAIL),
             read_flags: self.u32_at(b + block::READ_FLAGS),
         }
+    }
+
+    /// The first byte of the data of the ring of direction `c2s`.
+    pub fn ring_data_ptr(&self, c2s: bool) -> *mut u8 {
+        self.ring_data(c2s).as_ptr()
     }
 
     fn ring_data(&self, c2s: bool) -> RawBytes {

@@ -138,6 +138,59 @@ struct TxHalf {
     spinner: Spinner,
     /// Writes so far, wrapping (see `Shm::notice_hangup`).
     writes: u32,
+    /// Whether the shrinker looks at this ring (it grew); `writes` at its last look.
+    watched: bool,
+    looked_at: u32,
+    /// The connection closed: the shrinker must not touch the ring.
+    closed: bool,
+    pages: TxPages,
+}
+
+/// Where the shrinker works beside the producer: the ring's data (to give pages back) and this
+/// end's `written` copy (to send the other holders of this end back to the shared size).
+struct TxPages {
+    data: *mut u8,
+    written: *const AtomicU64,
+}
+
+// SAFETY: addresses inside the segment's mapping. They are used only under the writing half's
+// lock, and `Shm::drop` marks the half closed under that lock before the mapping can go.
+unsafe impl Send for TxPages {}
+
+impl crate::shrink::Shrink for Mutex<TxHalf> {
+    fn look(&self) -> crate::shrink::Look {
+        use crate::shrink::Look;
+        let mut tx = match self.try_lock() {
+            Ok(tx) => tx,
+            Err(std::sync::TryLockError::WouldBlock) => return Look::Again,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+        };
+        if tx.closed {
+            return Look::Done;
+        }
+        let writes = tx.writes;
+        if std::mem::replace(&mut tx.looked_at, writes) != writes {
+            return Look::Again;
+        }
+        let head = tx.ring.written();
+        match tx.ring.shrink_if_empty() {
+            Ok(Some(pages)) => {
+                // The other holders of this end (a fork, an exec'd child) must write at the new
+                // size: a copy no head equals sends them back to the shared words first.
+                // SAFETY: an aligned atomic in the mapping, alive while the half is not closed.
+                unsafe { &*tx.pages.written }.store(!head, Ordering::Relaxed);
+                // SAFETY: `pages` lies inside the ring's data region, inside the mapping.
+                let _ = unsafe { colo_sys::segment::release_pages(tx.pages.data.add(pages.start), pages.len()) };
+                tx.watched = false;
+                Look::Done
+            }
+            Ok(None) if tx.ring.size() > colo_ring::layout::MIN_RING as usize => Look::Again,
+            _ => {
+                tx.watched = false;
+                Look::Done
+            }
+        }
+    }
 }
 
 /// Receiving messages: a lock of its own, so a thread waiting for a message never holds up a
@@ -236,7 +289,8 @@ impl Drop for Registered<'_> {
 /// One side of an established shared-memory connection.
 pub struct Shm {
     rx: Mutex<RxHalf>,
-    tx: Mutex<TxHalf>,
+    /// Shared with the shrinker (`crate::shrink`) once the ring grows.
+    tx: std::sync::Arc<Mutex<TxHalf>>,
     /// Message halves; `None` without a pool.
     msg_rx: Option<Mutex<MsgRx>>,
     msg_tx: Option<Mutex<MsgTx>>,
@@ -402,7 +456,15 @@ impl Shm {
         Ok(Shm {
             rx: Mutex::new(RxHalf { ring: ring_in, spinner: spinner(spin) }),
             held: (0..n).map(|_| std::sync::atomic::AtomicBool::new(false)).collect(),
-            tx: Mutex::new(TxHalf { ring: ring_out, spinner: spinner(spin), writes: 0 }),
+            tx: std::sync::Arc::new(Mutex::new(TxHalf {
+                pages: TxPages { data: seg.ring_data_ptr(role == Role::Client), written: seg.written(role) },
+                ring: ring_out,
+                spinner: spinner(spin),
+                writes: 0,
+                watched: false,
+                looked_at: 0,
+                closed: false,
+            })),
             msg_rx,
             msg_tx,
             releases: Mutex::new(releases),
@@ -1086,6 +1148,13 @@ impl Shm {
         Ok((space > 0).then_some(space))
     }
 
+    /// Bounds how far writes grow the outgoing ring (a program's `SO_SNDBUF`): `bytes` rounded
+    /// up to a power of two, from 4 KiB to the segment's `ring_capacity`.
+    pub fn set_send_buffer(&self, bytes: usize) {
+        lock(&self.tx).ring.set_limit(bytes);
+    }
+
+
     /// Writes as much of `buf` as the ring takes, waiting only while nothing could be written;
     /// publishes in pieces so the reader starts early.
     pub fn write(&self, buf: &[u8]) -> io::Result<usize> {
@@ -1111,6 +1180,11 @@ impl Shm {
             self.wake_peer();
         }
         written.store(tx.ring.written(), Ordering::Relaxed);
+        if !tx.watched && tx.ring.size() > colo_ring::layout::MIN_RING as usize {
+            tx.watched = true;
+            let ring: std::sync::Weak<dyn crate::shrink::Shrink> = std::sync::Arc::downgrade(&self.tx) as _;
+            crate::shrink::watch(ring);
+        }
         Ok(done)
     }
 
@@ -1374,6 +1448,8 @@ impl Drop for Shm {
         if clean {
             self.shutdown(true, true);
         }
+        // The shrinker looks no more (it holds this lock while it looks).
+        lock(&self.tx).closed = true;
         let seg = std::mem::replace(&mut self.seg, Segment::placeholder());
         // SAFETY: `fds` is not used after this point (this is the last use of `self` that reads
         // it; the remaining fields never refer to it).

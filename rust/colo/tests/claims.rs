@@ -101,6 +101,9 @@ impl RawClient {
         // SAFETY: our own fresh mapping of at least a header; nobody else has it yet.
         let head = unsafe { std::slice::from_raw_parts_mut(map.as_ptr(), HEADER_FIELDS) };
         let layout = header.encode(head).unwrap();
+        if file_size >= layout.segment_size {
+            colo::segment::Segment::start_rings(&map, &layout);
+        }
         let (client_bell, server_bell) = doorbells();
         let control = raw_connect(addr);
         let hello = Message::Hello { version: wire::VERSION, mode: Mode::Direct }.encode();

@@ -8,22 +8,31 @@ use colo_ring::sync::{AtomicU32, AtomicU64};
 pub struct Words {
     pub head: AtomicU64,
     pub flags: AtomicU32,
+    pub size: AtomicU32,
     pub tail: AtomicU64,
     pub read_flags: AtomicU32,
 }
 
 impl Words {
     pub fn new() -> Self {
-        Words { head: AtomicU64::new(0), flags: AtomicU32::new(0), tail: AtomicU64::new(0), read_flags: AtomicU32::new(0) }
+        Words { head: AtomicU64::new(0), flags: AtomicU32::new(0), size: AtomicU32::new(0), tail: AtomicU64::new(0), read_flags: AtomicU32::new(0) }
     }
     pub fn raw(&self) -> RingWords {
-        RingWords { head: &self.head, flags: &self.flags, tail: &self.tail, read_flags: &self.read_flags }
+        RingWords { head: &self.head, flags: &self.flags, size: &self.size, tail: &self.tail, read_flags: &self.read_flags }
     }
 }
 
-/// Leaks the words and returns a producer/consumer pair over `data` clones.
+/// Leaks the words and returns a producer/consumer pair over `data` clones, the ring as large as
+/// the data region.
 pub fn ring_pair<B: Bytes + Clone>(data: B) -> (Producer<B>, Consumer<B>, &'static Words) {
+    let size = data.capacity() as u32;
+    growing_pair(data, size)
+}
+
+/// As [`ring_pair`], the ring starting at `size` bytes (it may grow to the data region's).
+pub fn growing_pair<B: Bytes + Clone>(data: B, size: u32) -> (Producer<B>, Consumer<B>, &'static Words) {
     let w: &'static Words = Box::leak(Box::new(Words::new()));
+    w.size.store(size, colo_ring::sync::Ordering::Relaxed);
     // SAFETY: leaked, so the words live forever; fresh and zero.
     unsafe { (Producer::new(w.raw(), data.clone()), Consumer::new(w.raw(), data), w) }
 }
