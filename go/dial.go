@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"math/bits"
 	"net"
 	"net/netip"
 	"os"
@@ -19,11 +20,29 @@ import (
 )
 
 // DefaultGeometry is the segment shape a Dialer offers when its Geometry is zero: byte rings that
-// may grow to 4 MiB and 16 message slots of 64 KiB in each direction. A ring starts at 4 KiB,
-// doubles when its writer finds it full (up to RingCapacity, or the Conn's SetWriteBuffer), and
-// shrinks back to 4 KiB, giving its pages back, once it has been empty and unwritten for a
-// second (spec/WIRE.md section 5, "Growing and shrinking"). Memory is touched lazily.
-var DefaultGeometry = Geometry{RingCapacity: 4 << 20, SlotSize: 64 << 10, SlotCount: 16}
+// may grow to what the kernel lets a TCP socket buffer (defaultRingCapacity) and 16 message slots
+// of 64 KiB in each direction. A ring starts at 4 KiB and grows when a write does not fit (up to
+// RingCapacity, or the Conn's SetWriteBuffer); it shrinks back to 4 KiB, giving its pages back,
+// once it has been empty and unwritten for about a second (spec/WIRE.md section 5, "Growing and
+// shrinking"). Memory is touched lazily.
+var DefaultGeometry = Geometry{RingCapacity: defaultRingCapacity(), SlotSize: 64 << 10, SlotCount: 16}
+
+// defaultRingCapacity is the largest send buffer the kernel gives a TCP socket (the third field
+// of /proc/sys/net/ipv4/tcp_wmem) rounded up to a power of two within 256 KiB ..= 64 MiB, or
+// 4 MiB if that cannot be read: the same as the Rust core's colo::default_ring.
+func defaultRingCapacity() uint32 {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_wmem")
+	f := strings.Fields(string(b))
+	if err != nil || len(f) < 3 {
+		return 4 << 20
+	}
+	m, err := strconv.ParseUint(f[2], 10, 32)
+	if err != nil {
+		return 4 << 20
+	}
+	m = min(max(m, 256<<10), 64<<20)
+	return uint32(1) << bits.Len64(m-1)
+}
 
 // handshakeTimeout bounds the wait for WELCOME when the context has no deadline.
 const handshakeTimeout = 5 * time.Second

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -185,5 +186,23 @@ func TestVectorsNames(t *testing.T) {
 				t.Errorf("%s: lookup %q, want %q", v.Addr, got, v.Lookup)
 			}
 		}
+	}
+}
+
+func TestDefaultRingCapacityFollowsTCPWmem(t *testing.T) {
+	g := defaultRingCapacity()
+	if g < 256<<10 || g > 64<<20 || g&(g-1) != 0 {
+		t.Fatalf("default ring capacity %d: not a power of two in 256 KiB ..= 64 MiB", g)
+	}
+	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_wmem")
+	if err != nil {
+		t.Skip(err)
+	}
+	var lo, def, maxWmem uint64
+	if _, err := fmt.Sscan(string(b), &lo, &def, &maxWmem); err != nil {
+		t.Skip(err)
+	}
+	if uint64(g) < min(maxWmem, 64<<20) || (uint64(g) > max(maxWmem, 256<<10)*2) {
+		t.Fatalf("default ring capacity %d for tcp_wmem's maximum %d", g, maxWmem)
 	}
 }
