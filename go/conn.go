@@ -92,10 +92,10 @@ type Conn struct {
 	rdlErr     error         // Read's deadline error, made once (rmu)
 	wmu        sync.Mutex    // one writer at a time
 	tx         producer      // of the outgoing ring (wmu)
-	sndLimit   atomic.Uint64 // SetWriteBuffer's bound on the outgoing ring's size (0: none); a setting, orders nothing
+	sndLimit   atomic.Uint64 // SetWriteBuffer's bound on the ring's growth (0: none); orders nothing
 	shrinkable bool          // the shrinker watches this connection (wmu)
 	quietHead  uint64        // the shrinker's: ring_head at its last look (wmu)
-	quietLooks int           // the shrinker's: looks in a row that found the ring empty at quietHead (wmu)
+	quietLooks int           // the shrinker's: looks in a row that found it empty at quietHead (wmu)
 	pool       poolState
 }
 

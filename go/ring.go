@@ -203,8 +203,10 @@ func (p *producer) write(d *direction, src []byte, limit uint64) (bad string) {
 type consumer struct {
 	tail       uint64 // bytes ever read (the last value stored to ring_tail)
 	cachedHead uint64 // ring_head when last read
-	size       uint64 // ring_size read with cachedHead: where the bytes up to it lie, unless the producer grew the ring since
-	fence      uint32 // the word readFence modifies (ours alone)
+	// ring_size read with cachedHead: where the bytes up to it lie, unless the producer grew the
+	// ring since (read checks).
+	size  uint64
+	fence uint32 // the word readFence modifies (ours alone)
 }
 
 // cached returns the readable bytes as of the last refresh.
