@@ -15,7 +15,7 @@ thread_local! {
 extern "C" fn prepare() {
     let mut guards = crate::handshake::fork_guards();
     guards.extend(crate::recycle::fork_guards());
-    guards.push(crate::shm::reaper_fork_guard());
+    guards.push(crate::reaper::fork_guard());
     guards.push(crate::hangup::fork_guard());
     HELD.with(|h| *h.borrow_mut() = guards);
 }

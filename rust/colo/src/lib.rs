@@ -33,6 +33,7 @@
 pub mod carrier;
 mod fork;
 pub mod budget;
+mod error;
 mod framed;
 mod halfopen;
 mod handshake;
@@ -41,6 +42,7 @@ mod listener;
 mod log;
 mod message;
 mod options;
+mod reaper;
 mod recycle;
 pub mod segment;
 pub mod shm;

@@ -50,7 +50,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Drops a parked segment off the caller's path (unmapping is the slow part).
 fn retire(p: Parked) {
-    crate::shm::retire(p.seg);
+    crate::reaper::retire(p.seg);
 }
 
 // ---- the client's side ----------------------------------------------------------------------
