@@ -36,25 +36,11 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-static FD_FLOOR: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
-
-/// Descriptors this module creates or receives (control socket, memfd, doorbells), and the other
-/// descriptors a connection holds, are moved to numbers at or above `floor` (0: anywhere). The
-/// LD_PRELOAD shim sets `colo_sys::preload::OUT_OF_THE_WAY`, so that its descriptors stay out
-/// of the application's way.
-pub fn set_fd_floor(floor: i32) {
-    FD_FLOOR.store(floor, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// The floor set by [`set_fd_floor`]: pass it to `colo_sys::preload::move_all_above`, never
-/// compare a descriptor with it (the shim's is a marker, `OUT_OF_THE_WAY`, worked out there).
-pub fn fd_floor() -> i32 {
-    FD_FLOOR.load(std::sync::atomic::Ordering::Relaxed)
-}
+pub use crate::floor::{fd_floor, set_fd_floor};
 
 /// `fds` moved to the floor (see [`set_fd_floor`]); an error if no numbers there are free.
 fn high_all(fds: &mut [OwnedFd]) -> io::Result<()> {
-    colo_sys::preload::move_all_above(fds, FD_FLOOR.load(std::sync::atomic::Ordering::Relaxed))
+    colo_sys::preload::move_all_above(fds, fd_floor())
 }
 
 /// Offset of the `claim` word in the segment header.

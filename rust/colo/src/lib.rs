@@ -31,17 +31,20 @@
 //! is set by [`Options::spin`] or `COLO_SPIN_US`; diagnostics by `COLO_LOG=info`.
 
 pub mod carrier;
-mod fork;
 pub mod budget;
 mod error;
+mod floor;
+mod fork;
 mod framed;
 mod halfopen;
 mod handshake;
 mod hangup;
+mod known;
 mod listener;
 mod log;
 mod message;
 mod options;
+mod raw;
 mod reaper;
 mod recycle;
 pub mod segment;
@@ -55,7 +58,8 @@ pub mod wire;
 
 pub use colo_ring::spin::SpinMode;
 pub use listener::Listener;
-pub use message::{Loan, Message, RawLoan, RawMessage};
+pub use message::{Loan, Message};
+pub use raw::{RawLoan, RawMessage};
 pub use options::Options;
 pub use shm::{errno_of, ProtocolError};
 pub use stream::{Stream, Transport};

@@ -1,6 +1,7 @@
 //! Segments are unmapped on a background thread: unmapping a shared mapping is the slowest step
 //! of a close (TLB shoot-downs), and nothing refers to a retired segment any more.
 
+use crate::fork;
 use crate::segment::Segment;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Mutex;
@@ -15,7 +16,16 @@ const IDLE: Duration = Duration::from_millis(250);
 /// The reaper's queue and the pid that started it (a forked child starts its own).
 static REAPER: Mutex<Option<(u32, Sender<Segment>)>> = Mutex::new(None);
 
+static LOCKS: fork::Locks = fork::Locks { take: fork_guard, in_child: None };
+
+/// The reaper's lock, taken around a fork (see `fork`).
+fn fork_guard() -> Vec<Box<dyn std::any::Any>> {
+    vec![Box::new(REAPER.lock().unwrap_or_else(|e| e.into_inner()))]
+}
+
+/// The reaper's queue, locked (registered with `fork` before its first use).
 fn lock() -> std::sync::MutexGuard<'static, Option<(u32, Sender<Segment>)>> {
+    fork::protect(fork::Rank::Reaper, &LOCKS);
     REAPER.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -25,7 +35,6 @@ pub(crate) fn retire(seg: Segment) {
     let mut r = lock();
     if r.as_ref().is_none_or(|(pid, _)| *pid != me) {
         *r = None;
-        crate::fork::protect();
         let (tx, rx) = channel::<Segment>();
         let spawn = || std::thread::Builder::new().name("colo-reaper".into()).spawn(move || run(me, rx));
         if colo_sys::host::with_signals_blocked(spawn).is_ok() {
@@ -66,9 +75,4 @@ fn run(me: u32, rx: Receiver<Segment>) {
             }
         }
     }
-}
-
-/// The reaper's lock, taken around a fork (see `fork`).
-pub(crate) fn fork_guard() -> Box<dyn std::any::Any> {
-    Box::new(lock())
 }

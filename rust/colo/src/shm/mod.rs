@@ -428,7 +428,7 @@ impl Shm {
                 match crate::wire::Message::decode(&buf[..r.len]) {
                     Ok(crate::wire::Message::Welcome { version: crate::wire::VERSION }) => {
                         if let Some(name) = &self.rendezvous {
-                            crate::handshake::remember_direct(name.clone(), self.peer_pid);
+                            crate::known::remember_direct(name.clone(), self.peer_pid);
                         }
                     }
                     Ok(crate::wire::Message::Reject { .. }) => {

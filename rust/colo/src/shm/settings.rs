@@ -75,7 +75,7 @@ impl Shm {
     /// stands in: the peer's progress is still reported, the rest when the next operation looks.
     pub fn readiness_fd(&self) -> &OwnedFd {
         if self.readiness.get().is_none() {
-            match Readiness::new(&self.fds.own_bell, &self.fds.self_bell, &self.fds.control, crate::carrier::fd_floor()) {
+            match Readiness::new(&self.fds.own_bell, &self.fds.self_bell, &self.fds.control, crate::floor::fd_floor()) {
                 Ok(r) => {
                     let _ = self.readiness.set(r);
                 }
