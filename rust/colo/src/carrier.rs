@@ -36,7 +36,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-pub use crate::floor::{fd_floor, set_fd_floor};
+use crate::floor::fd_floor;
 
 /// `fds` moved to the floor (see [`set_fd_floor`]); an error if no numbers there are free.
 fn high_all(fds: &mut [OwnedFd]) -> io::Result<()> {
@@ -97,7 +97,7 @@ pub fn connect_rendezvous(addr: SocketAddr) -> io::Result<Option<Rendezvous>> {
             }
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
             // Out of descriptors: the caller's error, not a missing listener.
-            Err(e) if matches!(e.raw_os_error(), Some(crate::shm::libc_errno::EMFILE | crate::shm::libc_errno::ENFILE)) => return Err(e),
+            Err(e) if matches!(e.raw_os_error(), Some(crate::error::libc_errno::EMFILE | crate::error::libc_errno::ENFILE)) => return Err(e),
             Err(e) => {
                 log::info(format_args!("connect {addr}: rendezvous {name}: {e}; using TCP"));
                 return Ok(None);
@@ -260,7 +260,7 @@ impl Offer {
         let pending = head.wrapping_sub(tail);
         let cap = layout.geometry.ring_capacity as u64;
         if pending > cap {
-            return Err(crate::shm::eproto("ring counters out of range"));
+            return Err(crate::error::eproto("ring counters out of range"));
         }
         let data = self.seg.base().wrapping_add(layout.block_offset(true) + layout.data_off);
         let mut done = 0u64;

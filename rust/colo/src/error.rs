@@ -44,7 +44,6 @@ pub mod libc_errno {
     #![allow(missing_docs)]
     pub const EINTR: i32 = 4;
     pub const EIO: i32 = 5;
-    pub const EBADF: i32 = 9;
     pub const EAGAIN: i32 = 11;
     pub const ENOMEM: i32 = 12;
     pub const EINVAL: i32 = 22;

@@ -493,7 +493,7 @@ fn unsealed_memfd() -> std::os::fd::OwnedFd {
     // SAFETY: fresh descriptor, owned by the returned value.
     let fd: std::os::fd::OwnedFd = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
     let mut header = vec![0u8; 4096];
-    let geometry = colo::segment::Geometry { ring_capacity: 4096, slot_size: 0, slot_count: 0 };
+    let geometry = colo_ring::layout::Geometry { ring_capacity: 4096, slot_size: 0, slot_count: 0 };
     let h = colo::wire::Header { geometry, claim: 0, client_pid: 1, server_pid: 0, client_addr: None, server_addr: None };
     let layout = h.encode(&mut header).unwrap();
     let f = std::fs::File::from(fd);

@@ -41,8 +41,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-pub use crate::error::{errno_of, libc_errno, ProtocolError};
-pub(crate) use crate::error::eproto;
+use crate::error::{eproto, libc_errno};
 pub use wakers::{Drainer, UNPASSED_SLEEP};
 use wakers::WAKERS;
 
