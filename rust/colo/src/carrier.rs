@@ -256,6 +256,9 @@ impl Offer {
         let words = self.seg.ring_words(true);
         // SAFETY: both are aligned atomics inside our live mapping.
         let (head, tail) = unsafe { (&*words.head, &*words.tail) };
+        // SYNC POINT with the Release stores of `ring_head` by this client's producer (another
+        // thread of it, perhaps): the bytes up to the head are visible. And of `ring_tail` by a
+        // consumer, of which there is none once the abandon won (the server never claimed).
         let (head, tail) = (head.load(Ordering::Acquire), tail.load(Ordering::Acquire));
         let pending = head.wrapping_sub(tail);
         let cap = layout.geometry.ring_capacity as u64;

@@ -2,8 +2,8 @@
 //!
 //! A thread asleep on its connection's futex is not woken by the peer's death: that shows on the
 //! control socket. A timed futex sleep would notice it late, but arming a timer on every sleep
-//! costs about a microsecond per sleep on a KVM guest (programming the timer exits to the
-//! hypervisor): on one CPU, a third of a Unix socket round trip. So one thread per process
+//! costs an exit to the hypervisor on a virtual machine (programming the timer), a large part of
+//! a wake-up's price (docs/ARCHITECTURE.md has the figures). So one thread per process
 //! watches, in an epoll set, the control sockets of the connections whose threads sleep on their
 //! futex (registered at the first such sleep, one-shot). When one becomes readable (the peer hung
 //! up, or a late answer to a HELLO came), the thread marks the connection and wakes its futex as
@@ -306,6 +306,7 @@ mod tests {
         drop(theirs);
         // The watcher marks the connection and wakes the futex at once (nobody sleeps yet).
         let deadline = Instant::now() + Duration::from_secs(5);
+        // SYNC POINT with the Release store in `Watched::fire`.
         while !watch.fired.load(Ordering::Acquire) {
             assert!(Instant::now() < deadline, "the watcher saw the hang-up");
             std::thread::sleep(Duration::from_millis(1));

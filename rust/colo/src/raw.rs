@@ -5,9 +5,9 @@
 /// `slot` of a buffer on the heap (a TCP fallback) rather than in the segment.
 const HEAP: u32 = u32::MAX;
 
-/// A slot number and a size in one word, `slot << 32 | size`: kept as two `u32` fields, the
-/// pair was written with two 4-byte stores and read back with one 8-byte load whenever a raw
-/// loan or message was returned and moved on, which stalls store forwarding (about 4 ns a call).
+/// A slot number and a size in one word, `slot << 32 | size`, stored and loaded as one 8-byte
+/// value: as two `u32` fields, a raw loan or message returned and moved on would be written with
+/// two 4-byte stores and read back with one 8-byte load, which stalls store forwarding.
 #[derive(Clone, Copy, Debug)]
 struct SlotSize(u64);
 

@@ -21,7 +21,7 @@ impl Shm {
     fn take_slot(&self, tx: &mut MsgTx) -> io::Result<Option<u32>> {
         self.may_send(&mut tx.writes)?;
         // Slots the peer released are taken back, all at once, only when none is left here: the
-        // free queue's `free_head` line is the peer's, and loading it on every loan cost a
+        // free queue's `free_head` line is the peer's, and loading it on every loan would cost a
         // cache-line transfer per message.
         if tx.free_slots.is_empty() {
             while let Some([slot]) = tx.frees.pop().map_err(|c| self.corrupt(c))? {
@@ -137,6 +137,8 @@ impl Shm {
 
     /// Returns a received slot to the peer.
     pub(crate) fn release(&self, slot: u32) {
+        // SYNC POINT with the Acquire load in `take_message`: the slot reads as free there once
+        // the peer, which this release hands it to, can send it again.
         self.held[slot as usize].store(false, Ordering::Release);
         let mut releases = lock(&self.releases);
         if let Some(q) = releases.as_mut() {

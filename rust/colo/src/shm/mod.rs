@@ -311,10 +311,13 @@ impl Shm {
     }
 
     fn has(&self, bits: u32) -> bool {
+        // SYNC POINT with the read-modify-writes of `state` (`set`, `poll_control`): a thread that
+        // sees a bit sees what its setter did before (the control socket read, the flag stored).
         self.state.load(Ordering::Acquire) & bits != 0
     }
 
     fn set(&self, bits: u32) {
+        // SYNC POINT with the Acquire load in `has`.
         self.state.fetch_or(bits, Ordering::AcqRel);
     }
 
@@ -361,6 +364,9 @@ impl Shm {
     /// sees the flag in its re-check. A close wakes no one who is not asleep (a connection per
     /// request pays no system call for it).
     fn signal(&self, word: *const AtomicU32, bits: u32) {
+        // SYNC POINT with the peer's Acquire loads of the word (`Consumer::flags`,
+        // `RingWords::producer_flags`) and those of `Shm::resume`: what this side published
+        // before the flag (its last bytes before FIN) is visible with it.
         // SAFETY: `word` comes from `out_words`/`in_words`: an aligned atomic in our mapping.
         unsafe { &*word }.fetch_or(bits, Ordering::Release);
         self.wake_peer();
@@ -423,6 +429,7 @@ impl Shm {
         match seqpacket::recv(&self.fds.control, &mut buf, true) {
             Ok(r) if r.len == 0 && r.fds.is_empty() => self.set(PEER_GONE),
             Ok(r) if self.has(AWAITING_WELCOME) && r.fds.is_empty() && !r.truncated => {
+                // SYNC POINT with the Acquire load in `has`, as in `set`.
                 self.state.fetch_and(!AWAITING_WELCOME, Ordering::AcqRel);
                 match crate::wire::Message::decode(&buf[..r.len]) {
                     Ok(crate::wire::Message::Welcome { version: crate::wire::VERSION }) => {

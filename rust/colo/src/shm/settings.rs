@@ -15,6 +15,7 @@ impl Shm {
     /// shared by the reading and the writing half: a poller whose read half drained it must wake
     /// its write half too (and the reverse), or that half may miss its wake-up.
     pub fn take_swallowed(&self) -> bool {
+        // SYNC POINT with the Release store in `wait_for`: a caller told of a drain sees it done.
         self.swallowed.swap(false, Ordering::AcqRel)
     }
 

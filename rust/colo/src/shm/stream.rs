@@ -135,14 +135,14 @@ impl Shm {
         Ok(())
     }
 
-    /// A writer waits only when the ring is full, so it would never look at the control socket:
-    /// a peer killed mid-stream went unnoticed by a process that only wrote to it (a byte every
-    /// 2 ms, for as long as the test ran; over TCP the second write fails). The hang-up watcher
-    /// watches for it, and one write in `WATCH_EVERY` (`writes`, the half's count) looks for its
-    /// mark and, if set, reads the control socket, so that a later write fails with `EPIPE`.
-    /// The first look sets up the watch (a system call and the watcher's lock, twice): a
-    /// short-lived connection never pays for it. Looking at every write cost 10-20 ns of a
-    /// 0.24 us round trip.
+    /// A writer waits only when the ring is full, so it would never look at the control socket,
+    /// and a peer killed mid-stream would go unnoticed by a process that only writes to it (over
+    /// TCP the second write fails). The hang-up watcher watches for it, and one write in
+    /// `WATCH_EVERY` (`writes`, the half's count) looks for its mark and, if set, reads the
+    /// control socket, so that a later write fails with `EPIPE`. The first look sets up the
+    /// watch (a system call and the watcher's lock, twice): a short-lived connection never pays
+    /// for it. One write in `WATCH_EVERY`, not every write, keeps the look off the hot path
+    /// (docs/ARCHITECTURE.md, "A writer notices a killed peer").
     fn notice_hangup(&self, writes: &mut u32) {
         *writes = writes.wrapping_add(1);
         if !(*writes).is_multiple_of(WATCH_EVERY) {
@@ -215,6 +215,8 @@ impl Shm {
         }
         if read && !self.has(READ_TOLD) {
             self.set(READ_SHUT | READ_TOLD);
+            // SYNC POINT with the Acquire load of `read_flags` in `Shm::resume` (a later program
+            // image of this side, after `exec`).
             // SAFETY: an aligned atomic in our mapping (`in_words`).
             unsafe { &*self.in_words().read_flags }.fetch_or(FLAG_READ_CLOSED, Ordering::Release);
             ours |= FLAG_NOT_READING;

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 /// wake-up comes before it sleeps (so nobody is woken); then `meanwhile` runs on this side,
 /// and the other half of the side (a reader) goes to sleep first. The first thread must look
 /// at its condition again instead of waiting behind the reader for a wake-up that is not
-/// coming (a C echo client's writer hung so, with space in its ring, behind its reader
-/// waiting for the echo of bytes it had not written yet).
+/// coming (a writer with space in its ring would wait for ever behind a reader that waits for
+/// the echo of bytes the writer has not written yet).
 fn first_thread_looks_again(meanwhile: impl FnOnce(&Shm)) {
     let l = Listener::bind("127.0.0.1:0").unwrap();
     let opts = Options::new().spin(SpinMode::Never);
@@ -66,7 +66,7 @@ fn first_thread_looks_again(meanwhile: impl FnOnce(&Shm)) {
 /// A thread announces a doorbell sleep (its wake-up eventfd registered), the peer rings,
 /// and another thread of the side empties the doorbell before the first sleeps (a
 /// non-blocking call's drain): the first must be woken through its own eventfd, not sleep
-/// on with its ring taken (the shim's `epoll_wait` reader stalled so behind a writer thread).
+/// on with its ring taken (as an `epoll_wait` reader would, behind a writer thread of its own).
 #[test]
 fn a_ring_another_thread_empties_reaches_the_sleeper_through_its_own_eventfd() {
     let l = Listener::bind("127.0.0.1:0").unwrap();

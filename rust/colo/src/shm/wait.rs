@@ -234,6 +234,7 @@ impl Shm {
                 &mut check,
                 || {
                     if self.drain_doorbell(Drainer::Awake) {
+                        // SYNC POINT with the swap in `take_swallowed`.
                         self.swallowed.store(true, Ordering::Release);
                     }
                 },

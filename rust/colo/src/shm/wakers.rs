@@ -62,6 +62,7 @@ impl Shm {
     /// Undoes `add_waker`.
     pub fn remove_waker(&self, fd: colo_sys::RawFd) {
         let me = waker(fd);
+        // SYNC POINT with the loads in `drain_doorbell`, as in `add_waker`.
         for w in &self.wakers {
             let mut v = w.load(Ordering::SeqCst);
             while v != 0 && v & !WAKER_COUNT == me {
