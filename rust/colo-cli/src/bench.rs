@@ -392,7 +392,7 @@ fn short_lived(srv: &Server, net: Net, secs: f64) -> io::Result<f64> {
 
 /// The bare ring floor: two threads ping-ponging 64 B over colo-ring rings, spinning only.
 fn ring_floor(size: usize, secs: f64) -> (f64, f64) {
-    use colo::segment::{Role, Segment};
+    use colo::internal::segment::{Role, Segment};
     let geometry = colo_ring::layout::Geometry { ring_capacity: 1 << 20, slot_size: 0, slot_count: 0 };
     let layout = geometry.layout().expect("valid");
     let (fd, map) = colo_sys::segment::create(layout.segment_size).expect("memfd");

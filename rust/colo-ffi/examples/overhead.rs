@@ -1,6 +1,6 @@
 //! The cost of the C ABI layer: the same in-process loops as tests/c (see README), through the
 //! Rust API directly. `cargo run --release -p colo-ffi --example overhead`
-use colo_core::{Listener, Stream};
+use colo::{Listener, Stream};
 use std::io::{Read, Write};
 use std::time::Instant;
 

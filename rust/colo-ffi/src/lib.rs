@@ -14,7 +14,7 @@
 // (size, lifetime) is documented in colo.h, which is what an `unsafe fn` would say in Rust.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
-use colo_core::{Listener, Options, RawLoan, RawMessage, SpinMode, Stream, Transport};
+use colo::{Listener, Options, RawLoan, RawMessage, SpinMode, Stream, Transport};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
@@ -294,7 +294,7 @@ fn take<'a>(cx: &'a Cx<'_, Obj>, h: usize, kind: u8, check: impl FnOnce(&Obj) ->
 }
 
 fn err(e: &io::Error) -> ssize_t {
-    -(colo_core::errno_of(e) as isize)
+    -(colo::errno_of(e) as isize)
 }
 
 /// Runs `f`, turning a panic into `-EIO`.

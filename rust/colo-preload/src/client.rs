@@ -6,7 +6,7 @@
 use crate::conn::Conn;
 use crate::table::{self, Entry, Slot};
 use crate::{log_info, sockaddr_of};
-use colo::carrier::{self, Abandon, Answer, Offer};
+use colo::internal::carrier::{self, Abandon, Answer, Offer};
 use colo_ring::layout::Geometry;
 use colo_sys::BorrowedFd;
 use std::net::SocketAddr;

@@ -1,8 +1,8 @@
 //! An accelerated connection: the [`Shm`] plus what the shim needs to answer readiness questions
 //! without locking it, and to let go of a copy inherited over fork without closing the peer.
 
-use colo::carrier::{Established, Words};
-use colo::shm::{Drainer, Shm};
+use colo::internal::carrier::{Established, Words};
+use colo::internal::shm::{Drainer, Shm};
 use colo_ring::layout::{FLAG_FIN, FLAG_NOT_READING, FLAG_RESET};
 use colo_ring::sync::Ordering;
 use colo_sys::{AsRawFd, RawFd};
@@ -590,7 +590,7 @@ impl<'a, T> Waking<'a, T> {
     }
 
     /// Whether it is registered with every connection: if not, the sleep must be no longer
-    /// than `colo::shm::UNPASSED_SLEEP`.
+    /// than `colo::internal::shm::UNPASSED_SLEEP`.
     pub fn complete(&self) -> bool {
         self.missed.is_empty()
     }
@@ -647,7 +647,7 @@ impl Drop for Conn {
             // SAFETY: aligned atomics inside the mapping `shm` owns (still mapped here).
             let (sent, got) = unsafe { ((*self.w.out_head).load(Ordering::Relaxed), (*self.w.in_tail).load(Ordering::Relaxed)) };
             let age = self.born.elapsed();
-            if self.shm.role() == colo::segment::Role::Client {
+            if self.shm.role() == colo::internal::segment::Role::Client {
                 let reply_at = std::time::Duration::from_nanos(self.first_reply_ns.load(Ordering::Relaxed));
                 let after_only_reply = (self.sent_before_reply.load(Ordering::Relaxed) == sent).then(|| age.saturating_sub(reply_at));
                 let lived = crate::adapt::Lived { lived: age, setup: self.setup, bytes: sent + got, after_only_reply };

@@ -16,7 +16,7 @@
 use crate::conn::Conn;
 use crate::table::{self, Entry};
 #[cfg(test)]
-use colo::segment::Role;
+use colo::internal::segment::Role;
 use colo_sys::{BorrowedFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
 
@@ -51,7 +51,7 @@ fn own(file: &mut Option<File>) -> Option<&mut File> {
     let me = colo_sys::host::pid();
     if file.as_ref().is_none_or(|f| f.pid != me) {
         let fd = rustix::fs::memfd_create(FILE_NAME, rustix::fs::MemfdFlags::empty()).ok()?;
-        let fd = colo_sys::preload::move_above(fd, colo::carrier::fd_floor()).ok()?;
+        let fd = colo_sys::preload::move_above(fd, colo::internal::fd_floor()).ok()?;
         // Inheritable: the point of the file is to survive exec.
         rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::empty()).ok()?;
         // Only now, so that a failure above keeps the records.
@@ -217,7 +217,7 @@ fn take_back_one(r: Record, socks: &[i32]) {
         // ends here (closing the control socket tells the peer).
         return;
     };
-    let est = match colo::carrier::reattach(memfd, control, own_bell, self_bell, r.role) {
+    let est = match colo::internal::carrier::reattach(memfd, control, own_bell, self_bell, r.role) {
         Ok(est) => est,
         Err(why) => {
             crate::log_info(format_args!("exec: connection on fd {first} not taken back: {why}"));

@@ -319,7 +319,7 @@ static INIT: extern "C" fn() = init;
 
 extern "C" fn init() {
     // The shim's own descriptors stay out of the application's way (see the constant).
-    colo::carrier::set_fd_floor(colo_sys::preload::OUT_OF_THE_WAY);
+    colo::internal::set_fd_floor(colo_sys::preload::OUT_OF_THE_WAY);
     // SAFETY: registering handlers: the child's only takes uncontended locks with try_lock; the
     // marker lock is held by the service thread only while it makes or closes one socket.
     unsafe { libc::pthread_atfork(Some(atfork_prepare), Some(atfork_parent), Some(atfork_child)) };
@@ -334,7 +334,7 @@ extern "C" fn init() {
     unsafe { real::syscall(libc::SYS_getpid, 0, 0, 0, 0, 0, 0) };
     // Connections the program image before an `exec` handed over.
     handover::take_back();
-    colo::shm::set_interrupt_policy(eintr_wanted);
+    colo::internal::shm::set_interrupt_policy(eintr_wanted);
 }
 
 /// Whether a blocking read or write that a signal handler interrupted fails with `EINTR`, as the

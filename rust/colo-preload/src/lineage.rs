@@ -112,7 +112,7 @@ impl Lineage {
         let (ask, serve) = pair()?;
         // Kept for the process's life: out of the numbers the application uses.
         let mut ends = [ask, serve];
-        colo_sys::preload::move_all_above(&mut ends, colo::carrier::fd_floor())?;
+        colo_sys::preload::move_all_above(&mut ends, colo::internal::fd_floor())?;
         let [ask, serve] = ends;
         let ino = (rustix::fs::fstat(&ask)?.st_ino, rustix::fs::fstat(&serve)?.st_ino);
         Ok(Box::leak(Box::new(Lineage { shared: shared_page()?, ask, serve, ino })))

@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 
-/// A connection's (client, server) addresses, as `colo::carrier::Key`.
+/// A connection's (client, server) addresses, as `colo::internal::carrier::Key`.
 pub(crate) type Key = (SocketAddr, SocketAddr);
 
 /// The request's bytes for `k`.

@@ -5,7 +5,7 @@
 //! events back to the application's fd and data, with IN/OUT computed from ring state.
 
 use crate::conn::{Conn, Waking, ERR, GONE_EDGE, HUP, IN, OUT};
-use colo::shm::Drainer;
+use colo::internal::shm::Drainer;
 use crate::table::{self, CONN, PENDING};
 use crate::{client, real, Guard};
 use libc::{c_int, epoll_event, nfds_t, pollfd, sigset_t, timespec};
@@ -171,7 +171,7 @@ pub fn forget_epoll(epfd: c_int) {
     if let Some(w) = wake.filter(|w| w.0 == colo_sys::host::pid()) {
         // SAFETY: removing our eventfd from the set (still open: a copy of it would keep it).
         unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, w.1, std::ptr::null_mut()) };
-        colo::wake::give_back(w);
+        colo::internal::wake::give_back(w);
     }
 }
 
@@ -189,11 +189,11 @@ fn set_wake(epfd: c_int) -> Option<colo_sys::RawFd> {
                 return Some(fd);
             }
         }
-        let w = colo::wake::take()?;
+        let w = colo::internal::wake::take()?;
         let mut ev = epoll_event { events: (libc::EPOLLIN | libc::EPOLLET) as u32, u64: WAKE };
         // SAFETY: adding our own eventfd to the application's set.
         if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, w.1, &mut ev) } != 0 {
-            colo::wake::give_back(w);
+            colo::internal::wake::give_back(w);
             return None;
         }
         r.wakes.insert(epfd, w);
@@ -638,7 +638,7 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
 
 /// A sleep of `t` ms (-1: forever) cut to `UNPASSED_SLEEP`.
 fn unpassed_ms(t: c_int) -> c_int {
-    let cap = colo::shm::UNPASSED_SLEEP.as_millis() as c_int;
+    let cap = colo::internal::shm::UNPASSED_SLEEP.as_millis() as c_int;
     if t < 0 { cap } else { t.min(cap) }
 }
 
@@ -781,9 +781,9 @@ pub unsafe fn epoll_wait_with(
             let mut found = (0, 0);
             SPINNER.with(|s| {
                 let mut s = s.borrow_mut();
-                let sp = s.get_or_insert_with(|| colo::shm::spinner(mode));
+                let sp = s.get_or_insert_with(|| colo::internal::shm::spinner(mode));
                 if sp.mode() != mode {
-                    *sp = colo::shm::spinner(mode);
+                    *sp = colo::internal::shm::spinner(mode);
                 }
                 sp.spin(|| {
                     let mut changed = false;
@@ -935,7 +935,7 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             return g.ok(total as libc::ssize_t) as c_int;
         }
         if !armed {
-            wake = if conns.is_empty() { None } else { colo::wake::own_fd() };
+            wake = if conns.is_empty() { None } else { colo::internal::wake::own_fd() };
             if let Some(fd) = wake {
                 _waking = Some(Waking::new(&conns, |(_, c)| c, fd));
             }
@@ -968,7 +968,7 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
         }
         let mut left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         if unpassed {
-            left = Some(left.map_or(colo::shm::UNPASSED_SLEEP, |l| l.min(colo::shm::UNPASSED_SLEEP)));
+            left = Some(left.map_or(colo::internal::shm::UNPASSED_SLEEP, |l| l.min(colo::internal::shm::UNPASSED_SLEEP)));
         }
         let ts = left.map(|l| timespec { tv_sec: l.as_secs() as i64, tv_nsec: l.subsec_nanos() as i64 });
         let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const timespec);
@@ -985,7 +985,7 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             if revents & libc::POLLNVAL != 0 {
                 // The application closed it: this sleep goes on without one (the next takes
                 // another).
-                colo::wake::forget_own();
+                colo::internal::wake::forget_own();
                 wake = None;
                 _waking = None;
                 unpassed = true;

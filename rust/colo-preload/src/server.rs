@@ -14,7 +14,7 @@ use crate::conn::Conn;
 use crate::lineage::{Asked, Lineage, Request, Shared};
 use crate::table::{self, Entry};
 use crate::{log_info, sockaddr_of};
-use colo::carrier::{self, Hello, HelloRead, Key};
+use colo::internal::carrier::{self, Hello, HelloRead, Key};
 use colo::wire::{self, Mode, Reason};
 use colo_sys::{seqpacket, AsFd, AsRawFd, OwnedFd};
 use std::collections::HashMap;
@@ -201,7 +201,7 @@ fn start(lineage: &'static Lineage, seen: u32, listens: Vec<Arc<Listen>>) -> Opt
 /// would otherwise close the rendezvous under the service, which then took the application's
 /// next connection at that number for its own.
 fn out_of_the_way(fd: OwnedFd) -> io::Result<OwnedFd> {
-    colo_sys::preload::move_above(fd, carrier::fd_floor())
+    colo_sys::preload::move_above(fd, colo::internal::fd_floor())
 }
 
 fn lock(s: &Service) -> std::sync::MutexGuard<'_, State> {
@@ -664,7 +664,7 @@ fn raise_marker(l: &Listen, tag: u64) {
     }
     let name = wire::short_lived_marker(l.addr, tag);
     let forks = FORKS.load(Ordering::Relaxed);
-    let fd = match colo_sys::marker::unraised(carrier::fd_floor()) {
+    let fd = match colo_sys::marker::unraised(colo::internal::fd_floor()) {
         Ok(fd) => fd,
         Err(e) => return crate::log_debug(format_args!("listen {}: marker {name}: {e}", l.addr)),
     };

@@ -6,7 +6,7 @@ use crate::table::{self, Entry, CONN, LISTEN, NONE, PENDING};
 use crate::semantics::setsockopt_slow;
 use crate::{client, poll, real, server, Guard};
 use colo::errno_of;
-use colo::shm::Drainer;
+use colo::internal::shm::Drainer;
 use libc::{c_int, c_ulong, c_void, iovec, msghdr, off_t, size_t, sockaddr, socklen_t, ssize_t};
 use std::io;
 use std::net::SocketAddr;

@@ -23,7 +23,7 @@
 //! program's group do not end it). It holds the connection, and the carrier TCP socket, until
 //! both directions have ended, then closes them, which ends the connection for the peer.
 
-use colo::carrier::Established;
+use colo::internal::carrier::Established;
 use colo_sys::{AsRawFd, BorrowedFd, OwnedFd};
 use rustix::net::{self, AddressFamily, SocketAddrAny, SocketType};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};

@@ -1,18 +1,18 @@
 //! Copying bytes into and out of a ring, without the one memcpy path that collapses.
 //!
 //! glibc's `memcpy` moves copies of a few KiB and up with `rep movsb`. On AMD Zen cores (FSRM),
-//! `rep movsb` runs about 20 times slower when the destination starts 1 to 31 bytes after the
-//! source modulo 4 KiB: measured on this project's host, 1.6 GB/s against 30 to 80 GB/s for every
-//! other distance. That distance is the common case for a ring: its data is page-aligned and a
-//! large `malloc` block starts 16 bytes into a page, so reading a ring into a `Vec` hit it on
-//! every call (colo's 1 MiB streaming fell to 0.6x a Unix socket). [`copy`] sends exactly that
-//! case through a 16-byte vector loop and everything else to `memcpy`.
+//! `rep movsb` is an order of magnitude slower when the destination starts 1 to 31 bytes after
+//! the source modulo 4 KiB than at any other distance (docs/ARCHITECTURE.md, "Ring copies avoid
+//! glibc's `rep movsb`", has the figures). That distance is the common case for a ring: its data
+//! is page-aligned and a large `malloc` block starts 16 bytes into a page, so reading a ring into
+//! a `Vec` would hit it on every call. [`copy`] sends exactly that case through a 16-byte vector
+//! loop and everything else to `memcpy`.
 
 /// Copies of at least this many bytes may take glibc's `rep movsb` path.
 const REP_MOVSB_MIN: usize = 1024;
 
 /// Distances (destination minus source, modulo 4 KiB) from 1 to below this take the vector loop.
-/// The slow window measured is 1..=31; 64 keeps a margin and is where glibc's own short-distance
+/// The slow window is 1..=31; 64 keeps a margin and is where glibc's own short-distance
 /// check ends. Distance 0 (the same page offset) is `rep movsb`'s fast case.
 const SHORT_DISTANCE: usize = 64;
 

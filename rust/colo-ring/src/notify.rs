@@ -45,8 +45,7 @@ pub struct Announced {
 /// (a reader and a writer) share the word: without the number, the peer's wake-up (the word back
 /// to 0) followed by the other thread's announcement (the same value again) would let a thread
 /// that announced before the wake-up go into `FUTEX_WAIT` expecting an unchanged word, and sleep
-/// through the progress it waited for (a C echo client hung so, about once in 40 64 MiB runs on
-/// a loaded host: its writer slept with the ring empty).
+/// through the progress it waited for (docs/ARCHITECTURE.md, "Two ways to sleep").
 #[inline]
 pub fn announce_sleep(own_waiting: &AtomicU32, bit: u32) -> Announced {
     // The loom models check the ordering of the protocol, which the sequence number does not

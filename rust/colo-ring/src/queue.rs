@@ -44,7 +44,7 @@ pub struct QueueSender<const W: usize> {
     head: u64,
     /// The receiver's `tail` as last read: re-read only when it says full, as the byte ring's
     /// producer does (the receiver stores `tail` on every pop; loading its line on every push
-    /// cost a cache-line transfer per message).
+    /// would cost a cache-line transfer per message).
     cached_tail: u64,
 }
 

@@ -43,10 +43,10 @@ const PROBE_EVERY: u32 = 16;
 const LONG_SLEEP: u32 = 20;
 /// A sleep of at most `NEAR_MISS` times the budget was a near miss: the answer came soon after
 /// the spin ended, so the budget doubles, up to `MAX_GROWTH` times the configured spin. Two event
-/// loops answering each other in 5 to 15 us otherwise settle where each spin just misses, each
-/// side sleeps and must be woken, which makes the next wait longer still (redis-benchmark `-c 1`
-/// under `colo run`: 50k requests/s with a fixed 5 us spin, 150k-220k with a grown one). Sleeps
-/// longer than that halve it again, back to the configured spin.
+/// loops answering each other in a little more than the spin otherwise settle where each spin
+/// just misses, each side sleeps and must be woken, which makes the next wait longer still
+/// (docs/ARCHITECTURE.md, "No system call per request in an event loop"). Sleeps longer than
+/// that halve it again, back to the configured spin.
 const NEAR_MISS: u32 = 4;
 const MAX_GROWTH: u32 = 8;
 

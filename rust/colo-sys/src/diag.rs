@@ -1,8 +1,8 @@
 //! TCP sockets as the kernel's `sock_diag` netlink interface reports them (what `ss` uses): the
 //! listening sockets alone, or the one socket with a given pair of addresses, each found without
 //! walking every connection of the host. `/proc/net/tcp` lists every socket, `TIME_WAIT` ones
-//! included (tens of thousands on a host that makes short-lived connections: tens of
-//! milliseconds to read); these answers cost one netlink round trip.
+//! included (tens of thousands on a host that makes short-lived connections, each read and
+//! parsed); these answers cost one netlink round trip.
 
 use crate::host::{canonical, TcpSocket};
 use std::io;

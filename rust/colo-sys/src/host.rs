@@ -237,6 +237,7 @@ pub fn pid() -> u32 {
     static HANDLER_IN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if !REGISTERED.swap(true, Ordering::Relaxed) {
         at_fork(nothing, nothing, forget_pid);
+        // SYNC POINT with the Acquire load below.
         HANDLER_IN.store(true, Ordering::Release);
     }
     // SYNC POINT with the Release store above: cache only once the child handler is in place.
@@ -280,8 +281,8 @@ fn affinity_union_is_one(peer: u32) -> bool {
 
 /// Whether more threads are runnable on this host than it has CPUs online, so that some wait for
 /// one: a thread that spins then only holds off the thread it waits for (nginx with 2 workers and
-/// its load generator on 2 CPUs). The running count of `/proc/loadavg` is an instant sample (about
-/// 3 us to open, read and close); one is taken at most every [`SAMPLE_EVERY`] (spec section 9, as
+/// its load generator on 2 CPUs). The running count of `/proc/loadavg` is an instant sample (a
+/// file opened, read and closed); one is taken at most every [`SAMPLE_EVERY`] (spec section 9, as
 /// the Go implementation) by whichever thread asks first, and folded into a moving average over the last few samples:
 /// the host counts as oversubscribed while that average exceeds the CPUs by half a thread. A lone
 /// sample would misjudge a two-process ping-pong (its two spinners plus any thread that happens to

@@ -60,7 +60,8 @@ fn out_of_the_way(soft: u64, room_above: bool) -> i32 {
 /// application's limit meanwhile, and a child forked meanwhile keep the raised limit. So the
 /// duplication is done by a helper task that shares this process's memory and descriptor table
 /// but not its resource limits (`clone` without `CLONE_THREAD`): it raises its own soft limit
-/// and duplicates; the application's limit never changes. About 30 us, once per batch.
+/// and duplicates; the application's limit never changes. One task per batch of descriptors
+/// (docs/ARCHITECTURE.md has its cost).
 ///
 /// Fails (the caller falls back, as for any resource failure) when no number at or above
 /// `floor` can be had; `fds` is then unchanged.
@@ -167,7 +168,7 @@ fn in_helper(job: &mut Job) -> io::Result<()> {
     let top = unsafe { stack.as_mut_ptr().add(STACK) }.map_addr(|a| a & !15);
     let flags = libc::CLONE_VM | libc::CLONE_FILES | libc::CLONE_VFORK;
     // The task inherits the application's handlers: with signals blocked, none runs in it (a
-    // process-group signal ran the application's handler there 2178 times in 13406).
+    // process-group signal would otherwise run the application's handler on the task's stack).
     let quiet = crate::host::quiet_signals();
     // SAFETY: plain signal-mask calls on local sets.
     let old = unsafe {

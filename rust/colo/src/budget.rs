@@ -71,6 +71,7 @@ impl Budget {
     }
 
     /// Bytes held in all.
+    #[cfg(test)]
     pub fn used(&self) -> u64 {
         self.used
     }

@@ -36,25 +36,11 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-static FD_FLOOR: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
-
-/// Descriptors this module creates or receives (control socket, memfd, doorbells), and the other
-/// descriptors a connection holds, are moved to numbers at or above `floor` (0: anywhere). The
-/// LD_PRELOAD shim sets `colo_sys::preload::OUT_OF_THE_WAY`, so that its descriptors stay out
-/// of the application's way.
-pub fn set_fd_floor(floor: i32) {
-    FD_FLOOR.store(floor, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// The floor set by [`set_fd_floor`]: pass it to `colo_sys::preload::move_all_above`, never
-/// compare a descriptor with it (the shim's is a marker, `OUT_OF_THE_WAY`, worked out there).
-pub fn fd_floor() -> i32 {
-    FD_FLOOR.load(std::sync::atomic::Ordering::Relaxed)
-}
+use crate::floor::fd_floor;
 
 /// `fds` moved to the floor (see [`set_fd_floor`]); an error if no numbers there are free.
 fn high_all(fds: &mut [OwnedFd]) -> io::Result<()> {
-    colo_sys::preload::move_all_above(fds, FD_FLOOR.load(std::sync::atomic::Ordering::Relaxed))
+    colo_sys::preload::move_all_above(fds, fd_floor())
 }
 
 /// Offset of the `claim` word in the segment header.
@@ -111,7 +97,7 @@ pub fn connect_rendezvous(addr: SocketAddr) -> io::Result<Option<Rendezvous>> {
             }
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
             // Out of descriptors: the caller's error, not a missing listener.
-            Err(e) if matches!(e.raw_os_error(), Some(crate::shm::libc_errno::EMFILE | crate::shm::libc_errno::ENFILE)) => return Err(e),
+            Err(e) if matches!(e.raw_os_error(), Some(crate::error::libc_errno::EMFILE | crate::error::libc_errno::ENFILE)) => return Err(e),
             Err(e) => {
                 log::info(format_args!("connect {addr}: rendezvous {name}: {e}; using TCP"));
                 return Ok(None);
@@ -271,11 +257,14 @@ impl Offer {
         let words = self.seg.ring_words(true);
         // SAFETY: both are aligned atomics inside our live mapping.
         let (head, tail) = unsafe { (&*words.head, &*words.tail) };
+        // SYNC POINT with the Release stores of `ring_head` by this client's producer (another
+        // thread of it, perhaps): the bytes up to the head are visible. And of `ring_tail` by a
+        // consumer, of which there is none once the abandon won (the server never claimed).
         let (head, tail) = (head.load(Ordering::Acquire), tail.load(Ordering::Acquire));
         let pending = head.wrapping_sub(tail);
         let cap = layout.geometry.ring_capacity as u64;
         if pending > cap {
-            return Err(crate::shm::eproto("ring counters out of range"));
+            return Err(crate::error::eproto("ring counters out of range"));
         }
         let data = self.seg.base().wrapping_add(layout.block_offset(true) + layout.data_off);
         let mut done = 0u64;

@@ -1,23 +1,62 @@
 //! `fork(2)` in a threaded process copies only the forking thread: a lock another thread held at
 //! that instant would stay locked forever in the child. So around every fork the forking thread
 //! takes all of colo's process-wide locks (`pthread_atfork`) and releases them on both sides.
-//! Order matters: a thread may hold one of the first while it waits for a later one (the caches
-//! hand segments to the reaper), never the reverse.
+//!
+//! Each module that owns such locks registers them here ([`protect`]) before it takes one for
+//! the first time, so a fork from then on takes them; this module names none of those modules
+//! and sits below them all. Order matters: a thread may hold one of the first while it waits for
+//! a later one (the caches hand segments to the reaper), never the reverse: [`Rank`] is that
+//! order, whichever module registered first.
 
 use std::any::Any;
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+
+/// A module's process-wide locks, as the fork handlers take them.
+pub(crate) struct Locks {
+    /// Takes every lock of the module, in the module's own order.
+    pub take: fn() -> Vec<Box<dyn Any>>,
+    /// Runs in the child once every lock is released again.
+    pub in_child: Option<fn()>,
+}
+
+/// The order in which the forking thread takes the modules' locks.
+#[derive(Clone, Copy)]
+pub(crate) enum Rank {
+    /// The listeners a client dialed before (`known`).
+    Known,
+    /// The client's segments built ahead (`handshake`).
+    Prepared,
+    /// The parked segments and their sweeper (`recycle`).
+    Recycle,
+    /// The segment reaper (`reaper`).
+    Reaper,
+    /// The hang-up watcher (`hangup`).
+    Hangup,
+    /// The rings the shrinker looks at (`shrink`).
+    Shrink,
+}
+
+const RANKS: usize = Rank::Shrink as usize + 1;
+
+/// The registered modules, by rank (null: none yet). Only `&'static Locks` are stored.
+static REGISTERED: [AtomicPtr<Locks>; RANKS] = [const { AtomicPtr::new(std::ptr::null_mut()) }; RANKS];
 
 thread_local! {
     /// The guards the forking thread holds between `prepare` and `parent`/`child`.
     static HELD: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
 }
 
+/// The modules registered so far, in rank order.
+fn registered() -> impl Iterator<Item = &'static Locks> {
+    // Relaxed: the pointer is to a static, complete before the program started; a registration
+    // this load misses is one whose locks were not taken yet when the fork began.
+    // SAFETY: only `&'static Locks` are stored in `REGISTERED` (`protect`), never freed.
+    REGISTERED.iter().filter_map(|slot| unsafe { slot.load(Ordering::Relaxed).as_ref() })
+}
+
 extern "C" fn prepare() {
-    let mut guards = crate::handshake::fork_guards();
-    guards.extend(crate::recycle::fork_guards());
-    guards.push(crate::shm::reaper_fork_guard());
-    guards.push(crate::hangup::fork_guard());
-    guards.push(crate::shrink::fork_guard());
+    let guards = registered().flat_map(|locks| (locks.take)()).collect();
     HELD.with(|h| *h.borrow_mut() = guards);
 }
 
@@ -35,18 +74,26 @@ extern "C" fn child() {
     // This handler may run before the one that makes the pid cache forget.
     colo_sys::host::forget_pid();
     release();
-    crate::hangup::forked();
-    crate::shrink::forked();
+    registered().filter_map(|locks| locks.in_child).for_each(|f| f());
 }
 
-/// Registers the handlers (once per process; a child inherits them). A flag, not a `Once`: a
-/// child forked while another thread was inside a `Once` would wait on it forever. A thread that
-/// finds the flag set while the first is still registering goes on without waiting: the handlers
-/// guard against forks from then on, as they would have a moment later.
-pub(crate) fn protect() {
+/// Registers `locks` at `rank`, and the fork handlers with the first registration (once per
+/// process; a child inherits them). Call it before every first use of the locks (it is a load
+/// once registered), never while holding a lock of another module's: the handlers' registration
+/// waits for a fork under way. A flag, not a `Once`: a child forked while another thread was
+/// inside a `Once` would wait on it forever. A thread that finds the flag set while the first is
+/// still registering goes on without waiting: the handlers guard against forks from then on, as
+/// they would have a moment later.
+pub(crate) fn protect(rank: Rank, locks: &'static Locks) {
+    let slot = &REGISTERED[rank as usize];
+    // Relaxed: see `registered`.
+    if !slot.load(Ordering::Relaxed).is_null() {
+        return;
+    }
+    slot.store(std::ptr::from_ref(locks).cast_mut(), Ordering::Relaxed);
     // Relaxed: it orders nothing but this registration, which `pthread_atfork` serialises.
-    static REGISTERED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !REGISTERED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+    static HANDLERS: AtomicBool = AtomicBool::new(false);
+    if !HANDLERS.swap(true, Ordering::Relaxed) {
         colo_sys::host::at_fork(prepare, release, child);
     }
 }

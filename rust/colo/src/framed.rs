@@ -79,7 +79,7 @@ impl Tcp {
     /// the write timeout per wait). Should even that run out, the write side is shut down, so
     /// that the peer sees the stream end in the middle of the message, not a corrupt stream.
     pub(crate) fn send(&self, bytes: &[u8]) -> io::Result<()> {
-        let len = u32::try_from(bytes.len()).map_err(|_| io::Error::from_raw_os_error(crate::shm::libc_errno::EMSGSIZE))?;
+        let len = u32::try_from(bytes.len()).map_err(|_| io::Error::from_raw_os_error(crate::error::libc_errno::EMSGSIZE))?;
         let head = len.to_le_bytes();
         let _one_at_a_time = lock(&self.tx);
         let mut sock = &self.sock;

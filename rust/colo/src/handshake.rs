@@ -1,6 +1,8 @@
 //! Connection set-up over the rendezvous (spec/WIRE.md sections 2 and 3): the client's dial and
 //! the server's answer to one HELLO.
 
+use crate::fork;
+use crate::known::{known, known_direct, remember, Known};
 use crate::log;
 use crate::options::Options;
 use crate::segment::{Role, Segment};
@@ -10,49 +12,7 @@ use colo_sys::{doorbell, host, segment, seqpacket, AsFd, OwnedFd};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use crate::recycle::Table;
-use std::sync::{Arc, Mutex};
-
-/// What a listener (rendezvous name and server pid) answered to a DIRECT HELLO before.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Known {
-    /// WELCOME: later dials do not wait for the answer (one cross-process wake-up less per
-    /// connection, which is what short-lived connections pay for); a late REJECT resets.
-    Direct,
-    /// REJECT(NEED_CARRIER): an unmodified program under `colo run`; dial CARRIER at once.
-    Carrier,
-}
-
-static KNOWN: Mutex<Vec<(String, u32, Known)>> = Mutex::new(Vec::new());
-
-/// The pid of the listener `name` if it answered a DIRECT HELLO before.
-fn known_direct(name: &str) -> Option<u32> {
-    KNOWN.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|(n, _, k)| n == name && *k == Known::Direct).map(|e| e.1)
-}
-
-fn known(name: &str, pid: u32) -> Option<Known> {
-    KNOWN.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|(n, p, _)| n == name && *p == pid).map(|e| e.2)
-}
-
-/// Records a listener that answered a pending connection's HELLO with WELCOME.
-pub(crate) fn remember_direct(name: String, pid: u32) {
-    remember(name, pid, Known::Direct);
-}
-
-fn remember(name: String, pid: u32, kind: Known) {
-    let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
-    known.retain(|(n, _, _)| *n != name);
-    if known.len() >= 256 {
-        known.remove(0);
-    }
-    known.push((name, pid, kind));
-}
-
-/// The process-wide locks of this module, taken around a fork (see `fork`).
-pub(crate) fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
-    let known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
-    let pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
-    vec![Box::new(known), Box::new(pool)]
-}
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A client's half of a connection, made before (or right after) reaching the listener.
 struct Prepared {
@@ -93,8 +53,21 @@ static POOL: Mutex<Pool> = Mutex::new(Pool { ready: Vec::new(), geometry: None, 
 static POOL_WAKE: std::sync::Condvar = std::sync::Condvar::new();
 const POOL_TARGET: usize = 4;
 
+static POOL_LOCKS: fork::Locks = fork::Locks { take: fork_guards, in_child: None };
+
+/// The lock of the segments built ahead, taken around a fork (see `fork`).
+fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
+    vec![Box::new(POOL.lock().unwrap_or_else(|e| e.into_inner()))]
+}
+
+/// The segments built ahead, locked (registered with `fork` before its first use).
+fn lock_pool() -> MutexGuard<'static, Pool> {
+    fork::protect(fork::Rank::Prepared, &POOL_LOCKS);
+    POOL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn preparer() {
-    let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut pool = lock_pool();
     loop {
         while pool.ready.len() >= POOL_TARGET || pool.geometry.is_none() {
             pool = POOL_WAKE.wait(pool).unwrap_or_else(|e| e.into_inner());
@@ -102,7 +75,7 @@ fn preparer() {
         let g = pool.geometry.expect("checked");
         drop(pool);
         let built = build(g);
-        pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+        pool = lock_pool();
         match built {
             Ok(p) if pool.geometry == Some(g) => pool.ready.push(p),
             Ok(_) => {}
@@ -115,7 +88,7 @@ fn prepare(addr: SocketAddr, opts: &Options) -> io::Result<Prepared> {
     let geometry = opts.geometry();
     let me = host::pid();
     let taken = {
-        let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pool = lock_pool();
         if pool.geometry != Some(geometry) {
             pool.ready.clear();
             pool.geometry = Some(geometry);
@@ -124,7 +97,6 @@ fn prepare(addr: SocketAddr, opts: &Options) -> io::Result<Prepared> {
             // First dial in this process, or in a forked child: the parent's prepared segments
             // are the parent's (dropping our copies leaves its own intact).
             pool.ready.retain(|(pid, _)| *pid == me);
-            crate::fork::protect();
             if colo_sys::host::with_signals_blocked(|| std::thread::Builder::new().name("colo-prepare".into()).spawn(preparer)).is_ok() {
                 pool.preparer = me;
             }

@@ -2,8 +2,8 @@
 //!
 //! A thread asleep on its connection's futex is not woken by the peer's death: that shows on the
 //! control socket. A timed futex sleep would notice it late, but arming a timer on every sleep
-//! costs about a microsecond per sleep on a KVM guest (programming the timer exits to the
-//! hypervisor): on one CPU, a third of a Unix socket round trip. So one thread per process
+//! costs an exit to the hypervisor on a virtual machine (programming the timer), a large part of
+//! a wake-up's price (docs/ARCHITECTURE.md has the figures). So one thread per process
 //! watches, in an epoll set, the control sockets of the connections whose threads sleep on their
 //! futex (registered at the first such sleep, one-shot). When one becomes readable (the peer hung
 //! up, or a late answer to a HELLO came), the thread marks the connection and wakes its futex as
@@ -21,6 +21,7 @@
 //! while a mark is not taken, the watcher wakes the futex again, at [`REWAKE_FIRST`] and then at
 //! doubling intervals up to [`REWAKE_MAX`], until the sleeper (or a writer) takes the mark.
 
+use crate::fork;
 use colo_ring::notify::SLEEP_FUTEX;
 use colo_ring::sync::{AtomicU32, Ordering};
 use colo_sys::doorbell::Poller;
@@ -89,19 +90,23 @@ static NEXT_KEY: AtomicU64 = AtomicU64::new(0);
 
 static WATCHER: Mutex<Option<Watcher>> = Mutex::new(None);
 
+static LOCKS: fork::Locks = fork::Locks { take: fork_guard, in_child: Some(forked) };
+
+/// The watcher, locked (registered with `fork` before its first use).
 fn lock() -> MutexGuard<'static, Option<Watcher>> {
+    fork::protect(fork::Rank::Hangup, &LOCKS);
     WATCHER.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The watcher's lock, taken around a fork (see `fork`).
-pub(crate) fn fork_guard() -> Box<dyn std::any::Any> {
-    Box::new(lock())
+fn fork_guard() -> Vec<Box<dyn std::any::Any>> {
+    vec![Box::new(WATCHER.lock().unwrap_or_else(|e| e.into_inner()))]
 }
 
 /// Called in a forked child, after the fork's locks are released. The parent's watcher thread
 /// is not in this process: its copies of the watcher's descriptors go now, or a child that
 /// neither watches nor execs would keep them for life.
-pub(crate) fn forked() {
+fn forked() {
     GENERATION.fetch_add(1, Ordering::Relaxed);
     let Some(Watcher { poller, wake, .. }) = lock().take() else { return };
     drop(wake);
@@ -125,9 +130,8 @@ fn watcher(w: &mut Option<Watcher>) -> Option<&mut Watcher> {
     let generation = GENERATION.load(Ordering::Relaxed);
     if w.as_ref().is_none_or(|w| w.generation != generation) {
         *w = None;
-        crate::fork::protect();
-        let poller = Arc::new(Poller::new_above(crate::carrier::fd_floor()).ok()?);
-        let wake = colo_sys::preload::move_above(colo_sys::doorbell::create().ok()?, crate::carrier::fd_floor()).ok()?;
+        let poller = Arc::new(Poller::new_above(crate::floor::fd_floor()).ok()?);
+        let wake = colo_sys::preload::move_above(colo_sys::doorbell::create().ok()?, crate::floor::fd_floor()).ok()?;
         poller.add(&wake, WAKE).ok()?;
         let p = poller.clone();
         colo_sys::host::with_signals_blocked(|| std::thread::Builder::new().name("colo-hangup".into()).spawn(move || run(&p))).ok()?;
@@ -302,6 +306,7 @@ mod tests {
         drop(theirs);
         // The watcher marks the connection and wakes the futex at once (nobody sleeps yet).
         let deadline = Instant::now() + Duration::from_secs(5);
+        // SYNC POINT with the Release store in `Watched::fire`.
         while !watch.fired.load(Ordering::Acquire) {
             assert!(Instant::now() < deadline, "the watcher saw the hang-up");
             std::thread::sleep(Duration::from_millis(1));

@@ -30,31 +30,41 @@
 //! too. Zero-copy messages: [`Stream::loan`] and [`Stream::recv_message`]. Spinning before sleeping
 //! is set by [`Options::spin`] or `COLO_SPIN_US`; diagnostics by `COLO_LOG=info`.
 
-pub mod carrier;
+mod budget;
+mod carrier;
+mod error;
+mod floor;
 mod fork;
-pub mod budget;
 mod framed;
 mod halfopen;
 mod handshake;
 mod hangup;
+mod known;
 mod listener;
 mod log;
 mod message;
 mod options;
+mod raw;
+mod reaper;
 mod recycle;
-pub mod segment;
-pub mod shm;
+mod segment;
+mod shm;
 mod shrink;
 mod stream;
 mod trust;
-pub mod wake;
+mod wake;
+
+/// Building blocks of the LD_PRELOAD shim and colo's tools: not a stable API (see its page).
+#[doc(hidden)]
+pub mod internal;
 #[cfg(feature = "tokio")]
 pub mod tokio;
 pub mod wire;
 
 pub use colo_ring::spin::SpinMode;
+pub use error::{errno_of, ProtocolError};
 pub use listener::Listener;
-pub use message::{Loan, Message, RawLoan, RawMessage};
+pub use message::{Loan, Message};
 pub use options::{default_ring, Options};
-pub use shm::{errno_of, ProtocolError};
+pub use raw::{RawLoan, RawMessage};
 pub use stream::{Stream, Transport};

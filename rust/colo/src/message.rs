@@ -2,147 +2,10 @@
 //! place and sends; a [`Message`] is a view of a received buffer, read in place and released on
 //! drop (spec/WIRE.md section 7). Over a TCP fallback the same calls frame messages on the stream.
 
+use crate::raw::{RawLoan, RawMessage};
 use crate::stream::Stream;
 use std::io;
 use std::ops::{Deref, DerefMut};
-
-/// `slot` of a buffer on the heap (a TCP fallback) rather than in the segment.
-const HEAP: u32 = u32::MAX;
-
-/// A slot number and a size in one word, `slot << 32 | size`: kept as two `u32` fields, the
-/// pair was written with two 4-byte stores and read back with one 8-byte load whenever a raw
-/// loan or message was returned and moved on, which stalls store forwarding (about 4 ns a call).
-#[derive(Clone, Copy, Debug)]
-struct SlotSize(u64);
-
-impl SlotSize {
-    #[inline]
-    fn new(slot: u32, size: u32) -> Self {
-        SlotSize(u64::from(slot) << 32 | u64::from(size))
-    }
-    #[inline]
-    fn slot(self) -> u32 {
-        (self.0 >> 32) as u32
-    }
-    #[inline]
-    fn size(self) -> usize {
-        self.0 as u32 as usize
-    }
-}
-
-/// A loaned buffer without the borrow of its stream, for bindings that keep loans in handle
-/// tables of their own (colo-ffi): [`Stream::loan_raw`], then exactly one of
-/// [`Stream::send_raw`] or [`Stream::cancel_raw`] on the same stream (dropping it unsent leaks
-/// the slot). Plain data of two words, so a binding stores and moves it for nothing (sizes fit
-/// in 32 bits: pool slots, and messages over TCP, whose frame length is a `u32`); [`Loan`] is this
-/// plus the borrow and the length.
-#[derive(Debug)]
-pub struct RawLoan {
-    ptr: *mut u8,
-    /// The pool slot (or `HEAP`: then `ptr` and the capacity are a leaked `Box<[u8]>`) and the
-    /// capacity.
-    at: SlotSize,
-}
-
-impl RawLoan {
-    #[inline]
-    pub(crate) fn slot(slot: u32, ptr: *mut u8, capacity: u32) -> Self {
-        RawLoan { ptr, at: SlotSize::new(slot, capacity) }
-    }
-
-    pub(crate) fn heap(len: u32) -> Self {
-        let b = Box::into_raw(vec![0u8; len as usize].into_boxed_slice());
-        RawLoan { ptr: b.cast(), at: SlotSize::new(HEAP, len) }
-    }
-
-    /// The buffer (`capacity` bytes, writable until the loan is sent or cancelled).
-    #[inline]
-    pub fn as_mut_ptr(&self) -> *mut u8 {
-        self.ptr
-    }
-
-    /// Most bytes this loan can hold.
-    #[inline]
-    pub fn capacity(&self) -> usize {
-        self.at.size()
-    }
-
-    /// Whether this loan lives in shared memory (false over a TCP fallback).
-    #[inline]
-    pub fn is_zero_copy(&self) -> bool {
-        self.at.slot() != HEAP
-    }
-
-    /// The pool slot, or the heap buffer (which the caller then owns).
-    #[inline]
-    pub(crate) fn into_parts(self) -> Result<u32, Box<[u8]>> {
-        if self.at.slot() != HEAP {
-            return Ok(self.at.slot());
-        }
-        // SAFETY: a `HEAP` loan's pointer and capacity are the leaked box of `heap`, given back
-        // once: the contract of `send_raw` / `cancel_raw` lets a loan end only once.
-        Err(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.capacity())) })
-    }
-}
-
-/// A received message without the borrow of its stream ([`Stream::recv_raw`]), released exactly
-/// once with [`Stream::release_raw`] on the same stream. See [`RawLoan`].
-#[derive(Debug)]
-pub struct RawMessage {
-    ptr: *const u8,
-    /// The pool slot (or `HEAP`: then `ptr` and the length are a leaked `Box<[u8]>`) and the
-    /// length.
-    at: SlotSize,
-}
-
-impl RawMessage {
-    #[inline]
-    pub(crate) fn slot(slot: u32, ptr: *const u8, len: u32) -> Self {
-        RawMessage { ptr, at: SlotSize::new(slot, len) }
-    }
-
-    /// A message received over TCP (its frame length is a `u32`).
-    pub(crate) fn heap(v: Vec<u8>) -> Self {
-        let len = u32::try_from(v.len()).expect("a frame's length fits its u32 header");
-        let b = Box::into_raw(v.into_boxed_slice());
-        RawMessage { ptr: b.cast::<u8>(), at: SlotSize::new(HEAP, len) }
-    }
-
-    /// The bytes (`len` of them, readable until released).
-    #[inline]
-    pub fn as_ptr(&self) -> *const u8 {
-        self.ptr
-    }
-
-    /// The message's length.
-    #[inline]
-    pub fn len(&self) -> usize {
-        self.at.size()
-    }
-
-    /// Whether the message is empty.
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Whether the bytes are read in place in shared memory.
-    #[inline]
-    pub fn is_zero_copy(&self) -> bool {
-        self.at.slot() != HEAP
-    }
-
-    /// The pool slot to release, or `None` for a heap copy (freed here).
-    #[inline]
-    pub(crate) fn into_slot(self) -> Option<u32> {
-        if self.at.slot() != HEAP {
-            return Some(self.at.slot());
-        }
-        // SAFETY: as in `RawLoan::into_parts`: the leaked box of `heap`, given back once.
-        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr.cast_mut(), self.len())) });
-        None
-    }
-}
 
 /// A buffer loaned for one outgoing message. Fill it, then [`Loan::send`]. Dropping it unsent gives
 /// the slot back.
@@ -154,7 +17,7 @@ pub struct Loan<'a> {
 
 impl<'a> Loan<'a> {
     #[inline]
-    pub(crate) fn new(stream: &'a Stream, raw: RawLoan, len: usize) -> Self {
+    fn new(stream: &'a Stream, raw: RawLoan, len: usize) -> Self {
         Loan { stream, raw, len }
     }
 
@@ -188,14 +51,14 @@ impl Deref for Loan<'_> {
     fn deref(&self) -> &[u8] {
         // SAFETY: the buffer is ours (loaned, not yet sent) for the life of the loan, holds
         // `capacity >= len` bytes, and the segment outlives the stream we borrow.
-        unsafe { std::slice::from_raw_parts(self.raw.ptr, self.len) }
+        unsafe { std::slice::from_raw_parts(self.raw.as_mut_ptr(), self.len) }
     }
 }
 
 impl DerefMut for Loan<'_> {
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in `deref`; the peer does not read a slot before it is sent.
-        unsafe { std::slice::from_raw_parts_mut(self.raw.ptr, self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.raw.as_mut_ptr(), self.len) }
     }
 }
 
@@ -215,7 +78,7 @@ pub struct Message<'a> {
 
 impl<'a> Message<'a> {
     #[inline]
-    pub(crate) fn new(stream: &'a Stream, raw: RawMessage) -> Self {
+    fn new(stream: &'a Stream, raw: RawMessage) -> Self {
         Message { stream, raw }
     }
     /// Whether the bytes are read in place in shared memory.
@@ -231,7 +94,7 @@ impl Deref for Message<'_> {
         // by us until drop; the segment outlives the borrowed stream. The peer must not write
         // a sent slot; if it does anyway, we see changed bytes, never out-of-bounds memory. A
         // heap copy is ours until drop.
-        unsafe { std::slice::from_raw_parts(self.raw.ptr, self.raw.len()) }
+        unsafe { std::slice::from_raw_parts(self.raw.as_ptr(), self.raw.len()) }
     }
 }
 
@@ -240,5 +103,34 @@ impl Drop for Message<'_> {
         // SAFETY: the message came from `self.stream` and is released once, here (`raw` read
         // out as the message ends).
         unsafe { self.stream.release_raw(std::ptr::read(&self.raw)) }
+    }
+}
+
+impl Stream {
+    /// Loans a buffer of `len` bytes for one zero-copy message: fill it in place, then send it.
+    /// Waits while every slot of the pool is in flight. `EMSGSIZE` if `len` exceeds the slot
+    /// size, `ENOBUFS` if the connection has no pool, `EPIPE` (at send) if either side closed.
+    /// Over a TCP fallback, a heap buffer, sent framed on the byte stream (spec/WIRE.md section 7):
+    /// there, messages and stream bytes are one sequence, so use one or the other.
+    ///
+    /// ```no_run
+    /// let s = colo::Stream::connect("127.0.0.1:7000")?;
+    /// let mut loan = s.loan(5)?;
+    /// loan.copy_from_slice(b"hello");
+    /// loan.send()?;
+    /// let reply = s.recv_message()?.expect("a reply");
+    /// assert_eq!(&reply[..], b"hello");
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn loan(&self, len: usize) -> io::Result<Loan<'_>> {
+        Ok(Loan::new(self, self.loan_raw(len)?, len))
+    }
+
+    /// Receives the next zero-copy message (`None` at end of stream, `ConnectionReset` if the peer
+    /// died or reset); the bytes are read in place and the slot is released when the [`Message`]
+    /// is dropped. Over a TCP fallback a timeout or `WouldBlock` keeps the part of a message
+    /// already read for the next call.
+    pub fn recv_message(&self) -> io::Result<Option<Message<'_>>> {
+        Ok(self.recv_raw()?.map(|m| Message::new(self, m)))
     }
 }

@@ -10,6 +10,7 @@
 //! Parked segments are bounded (a few per client process, per listener) and held at most [`IDLE`]:
 //! a background thread, which ends when nothing is left parked, drops the rest.
 
+use crate::fork;
 use crate::segment::Segment;
 use colo_ring::layout::{Geometry, CLIENT_PARKED, SERVER_PARKED};
 use colo_ring::sync::Ordering;
@@ -50,7 +51,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Drops a parked segment off the caller's path (unmapping is the slow part).
 fn retire(p: Parked) {
-    crate::shm::retire(p.seg);
+    crate::reaper::retire(p.seg);
 }
 
 // ---- the client's side ----------------------------------------------------------------------
@@ -72,7 +73,7 @@ pub(crate) fn park_client(name: String, server_pid: u32, parked: Parked) {
     // ours, possibly on another thread): our last uses of the segment happen before its reset.
     parked.seg.parked().fetch_or(CLIENT_PARKED, Ordering::AcqRel);
     let me = colo_sys::host::pid();
-    let mut cache = lock(&CLIENT);
+    let mut cache = lock_global(&CLIENT);
     cache.retain(|e| e.pid == me);
     cache.push(ClientEntry { pid: me, name, server_pid, parked });
     while cache.len() > CLIENT_MAX {
@@ -86,7 +87,7 @@ pub(crate) fn park_client(name: String, server_pid: u32, parked: Parked) {
 /// this geometry: reset, owned by us, with the server's ticket.
 pub(crate) fn take_client(name: &str, server_pid: u32, geometry: Geometry) -> Option<(Parked, u32)> {
     let me = colo_sys::host::pid();
-    let mut cache = lock(&CLIENT);
+    let mut cache = lock_global(&CLIENT);
     let i = cache.iter().position(|e| {
         e.pid == me
             && e.server_pid == server_pid
@@ -104,11 +105,19 @@ pub(crate) fn take_client(name: &str, server_pid: u32, geometry: Geometry) -> Op
     Some((entry.parked, ticket))
 }
 
+static LOCKS: fork::Locks = fork::Locks { take: fork_guards, in_child: None };
+
 /// The process-wide locks of this module, taken around a fork (see `fork`).
-pub(crate) fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
-    let state = sweeper::lock_state();
+fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
+    let state = lock(&sweeper::STATE);
     let client = lock(&CLIENT);
     vec![Box::new(state), Box::new(client)]
+}
+
+/// This module's process-wide `m`, locked (registered with `fork` before the first use).
+fn lock_global<T>(m: &'static Mutex<T>) -> MutexGuard<'static, T> {
+    fork::protect(fork::Rank::Recycle, &LOCKS);
+    lock(m)
 }
 
 // ---- the server's side ----------------------------------------------------------------------
@@ -219,14 +228,10 @@ mod sweeper {
         kicks: u64,
     }
 
-    static STATE: Mutex<State> = Mutex::new(State { running: 0, tables: Vec::new(), kicks: 0 });
-
-    pub(super) fn lock_state() -> std::sync::MutexGuard<'static, State> {
-        lock(&STATE)
-    }
+    pub(super) static STATE: Mutex<State> = Mutex::new(State { running: 0, tables: Vec::new(), kicks: 0 });
 
     pub(super) fn register(t: Weak<Table>) {
-        let mut s = lock(&STATE);
+        let mut s = lock_global(&STATE);
         s.tables.retain(|t| t.strong_count() > 0);
         s.tables.push(t);
     }
@@ -234,11 +239,10 @@ mod sweeper {
     /// Something was parked: make sure the sweeper runs.
     pub(super) fn kick() {
         let me = colo_sys::host::pid();
-        let mut s = lock(&STATE);
-        if s.running != me && {
-            crate::fork::protect();
-            colo_sys::host::with_signals_blocked(|| std::thread::Builder::new().name("colo-sweeper".into()).spawn(run)).is_ok()
-        } {
+        let mut s = lock_global(&STATE);
+        if s.running != me
+            && colo_sys::host::with_signals_blocked(|| std::thread::Builder::new().name("colo-sweeper".into()).spawn(run)).is_ok()
+        {
             s.running = me;
         }
         s.kicks += 1;
@@ -248,7 +252,7 @@ mod sweeper {
         let me = colo_sys::host::pid();
         let mut left = false;
         {
-            let mut cache = lock(&CLIENT);
+            let mut cache = lock_global(&CLIENT);
             let mut i = 0;
             while i < cache.len() {
                 if cache[i].pid != me || cache[i].parked.idle(now) >= IDLE {
@@ -259,7 +263,7 @@ mod sweeper {
             }
             left |= !cache.is_empty();
         }
-        let tables: Vec<Arc<Table>> = lock(&STATE).tables.iter().filter_map(Weak::upgrade).collect();
+        let tables: Vec<Arc<Table>> = lock_global(&STATE).tables.iter().filter_map(Weak::upgrade).collect();
         for t in tables {
             left |= t.sweep(now);
         }
@@ -270,10 +274,10 @@ mod sweeper {
     /// a process whose connections are gone is single-threaded again.
     fn run() {
         loop {
-            let kicks = lock(&STATE).kicks;
+            let kicks = lock_global(&STATE).kicks;
             std::thread::sleep(IDLE / 4);
             if !sweep_all(Instant::now()) {
-                let mut s = lock(&STATE);
+                let mut s = lock_global(&STATE);
                 // Unless something was parked since `kicks` was read (during the sleep or the
                 // sweep): its `kick` saw this thread run.
                 if s.kicks == kicks {

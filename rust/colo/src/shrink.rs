@@ -38,8 +38,11 @@ fn lock() -> MutexGuard<'static, Watched> {
     WATCHED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+static LOCKS: crate::fork::Locks = crate::fork::Locks { take: fork_guard, in_child: Some(forked) };
+
 /// Looks at `ring` every [`QUIET`] until it is small again or gone.
 pub(crate) fn watch(ring: Weak<dyn Shrink>) {
+    crate::fork::protect(crate::fork::Rank::Shrink, &LOCKS);
     let mut w = lock();
     w.rings.push(ring);
     let me = colo_sys::host::pid();
@@ -73,13 +76,13 @@ fn run() {
 }
 
 /// Held around a fork (see `crate::fork`), so that a child never inherits the registry locked.
-pub(crate) fn fork_guard() -> Box<dyn std::any::Any> {
-    Box::new(lock())
+fn fork_guard() -> Vec<Box<dyn std::any::Any>> {
+    vec![Box::new(lock())]
 }
 
 /// In a forked child: the parent's rings are the parent's to shrink (the child's copies of their
 /// writers share the rings with it and resume at the shared size before they write).
-pub(crate) fn forked() {
+fn forked() {
     let mut w = lock();
     w.rings.clear();
     w.looker = None;

@@ -3,9 +3,10 @@
 
 use crate::framed::Tcp;
 use crate::handshake;
-use crate::message::{Loan, Message, RawLoan, RawMessage};
+use crate::raw::{RawLoan, RawMessage};
 use crate::options::Options;
-use crate::shm::{libc_errno, Shm};
+use crate::error::libc_errno;
+use crate::shm::Shm;
 use colo_ring::spin::SpinMode;
 use colo_sys::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::io::{self, Read, Write};
@@ -249,25 +250,6 @@ impl Stream {
         }
     }
 
-    /// Loans a buffer of `len` bytes for one zero-copy message: fill it in place, then send it.
-    /// Waits while every slot of the pool is in flight. `EMSGSIZE` if `len` exceeds the slot
-    /// size, `ENOBUFS` if the connection has no pool, `EPIPE` (at send) if either side closed.
-    /// Over a TCP fallback, a heap buffer, sent framed on the byte stream (spec/WIRE.md section 7):
-    /// there, messages and stream bytes are one sequence, so use one or the other.
-    ///
-    /// ```no_run
-    /// let s = colo::Stream::connect("127.0.0.1:7000")?;
-    /// let mut loan = s.loan(5)?;
-    /// loan.copy_from_slice(b"hello");
-    /// loan.send()?;
-    /// let reply = s.recv_message()?.expect("a reply");
-    /// assert_eq!(&reply[..], b"hello");
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn loan(&self, len: usize) -> io::Result<Loan<'_>> {
-        Ok(Loan::new(self, self.loan_raw(len)?, len))
-    }
-
     /// [`Stream::loan`] without the borrow, for bindings that keep loans in handle tables: the
     /// caller ends it with exactly one [`Stream::send_raw`] or [`Stream::cancel_raw`] on this
     /// stream, and must keep the stream alive until then. The buffer is writable in full.
@@ -286,7 +268,7 @@ impl Stream {
         }
     }
 
-    /// Sends the first `len` bytes of a raw loan ([`Loan::send`]); `len` above the capacity
+    /// Sends the first `len` bytes of a raw loan ([`Loan::send`](crate::Loan::send)); `len` above the capacity
     /// gives the loan back and fails with `EMSGSIZE`.
     ///
     /// # Safety
@@ -305,7 +287,7 @@ impl Stream {
         }
     }
 
-    /// Gives an unsent raw loan back (dropping a [`Loan`] unsent).
+    /// Gives an unsent raw loan back (dropping a [`Loan`](crate::Loan) unsent).
     ///
     /// # Safety
     /// As for [`Stream::send_raw`]: `loan` is this stream's, and live.
@@ -314,14 +296,6 @@ impl Stream {
         if let (Ok(slot), Some(shm)) = (loan.into_parts(), self.shm()) {
             shm.unloan(slot);
         }
-    }
-
-    /// Receives the next zero-copy message (`None` at end of stream, `ConnectionReset` if the peer
-    /// died or reset); the bytes are read in place and the slot is released when the [`Message`]
-    /// is dropped. Over a TCP fallback a timeout or `WouldBlock` keeps the part of a message
-    /// already read for the next call.
-    pub fn recv_message(&self) -> io::Result<Option<Message<'_>>> {
-        Ok(self.recv_raw()?.map(|m| Message::new(self, m)))
     }
 
     /// [`Stream::recv_message`] without the borrow (see [`Stream::loan_raw`]): the caller releases
@@ -334,7 +308,7 @@ impl Stream {
         }
     }
 
-    /// Releases a raw message (dropping a [`Message`]): the sender gets its slot back.
+    /// Releases a raw message (dropping a [`Message`](crate::Message)): the sender gets its slot back.
     ///
     /// # Safety
     /// `msg` came from [`Stream::recv_raw`] on this stream and was not released before.

@@ -44,7 +44,7 @@ pub fn take() -> Option<(u32, RawFd)> {
         // Above the floor the shim keeps its descriptors at, as the connections' are: away from
         // the low numbers an application's close sweep or its next `open` would hit.
         None => colo_sys::IntoRawFd::into_raw_fd(
-            colo_sys::preload::move_above(colo_sys::doorbell::create().ok()?, crate::carrier::fd_floor()).ok()?,
+            colo_sys::preload::move_above(colo_sys::doorbell::create().ok()?, crate::floor::fd_floor()).ok()?,
         ),
     };
     Some((pid, fd))

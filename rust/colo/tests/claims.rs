@@ -15,7 +15,7 @@
 //! Raw clients here build HELLOs by hand: `doorbells()` makes the descriptors a HELLO carries.
 mod common;
 
-use colo::segment::{Geometry, Layout};
+use colo_ring::layout::{Geometry, Layout};
 use colo::wire::{self, claim, Header, Message, Mode, Reason, HEADER_FIELDS};
 use colo::{Listener, Options, SpinMode, Stream, Transport};
 use colo_ring::layout::{block, CLIENT_PARKED, FLAG_FIN, FLAG_RESET, PARKED, SERVER_PARKED, TICKET};
@@ -102,7 +102,7 @@ impl RawClient {
         let head = unsafe { std::slice::from_raw_parts_mut(map.as_ptr(), HEADER_FIELDS) };
         let layout = header.encode(head).unwrap();
         if file_size >= layout.segment_size {
-            colo::segment::Segment::start_rings(&map, &layout);
+            colo::internal::segment::Segment::start_rings(&map, &layout);
         }
         let (client_bell, server_bell) = doorbells();
         let control = raw_connect(addr);
@@ -316,7 +316,7 @@ fn spin_for(micros: u64) {
 
 #[test]
 fn exactly_one_of_claim_and_abandon_wins_and_no_byte_is_lost_or_doubled() {
-    use colo::carrier::{self, Abandon, Answer, HelloRead};
+    use colo::internal::carrier::{self, Abandon, Answer, HelloRead};
     let _w = common::watchdog(240);
     const ROUNDS: u64 = 600;
     let client: SocketAddr = "127.0.0.1:40000".parse().unwrap();

@@ -347,8 +347,8 @@ fn a_writer_whose_ring_never_fills_sees_a_killed_peer() {
 
 /// A reader thread asleep on its futex and a writer thread writing to a peer that drains, when
 /// the peer is killed: the writer may take the hang-up watcher's mark first (see
-/// `Shm::notice_hangup`), and the reader must still be woken (it slept for good when the writer
-/// did not wake it, within the first ten rounds of every run of a reviewer's test).
+/// `Shm::notice_hangup`), and the reader must still be woken: the writer that takes the mark
+/// wakes it, or it would sleep for good.
 #[test]
 fn a_writer_taking_the_hang_up_leaves_none_of_its_readers_asleep() {
     let _w = common::watchdog(120);
@@ -493,7 +493,7 @@ fn unsealed_memfd() -> std::os::fd::OwnedFd {
     // SAFETY: fresh descriptor, owned by the returned value.
     let fd: std::os::fd::OwnedFd = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
     let mut header = vec![0u8; 4096];
-    let geometry = colo::segment::Geometry { ring_capacity: 4096, slot_size: 0, slot_count: 0 };
+    let geometry = colo_ring::layout::Geometry { ring_capacity: 4096, slot_size: 0, slot_count: 0 };
     let h = colo::wire::Header { geometry, claim: 0, client_pid: 1, server_pid: 0, client_addr: None, server_addr: None };
     let layout = h.encode(&mut header).unwrap();
     let f = std::fs::File::from(fd);

@@ -81,12 +81,15 @@ fuzz_target!(|data: &[u8]| {
     let words = RingWords {
         head: at64(block::RING_HEAD),
         flags: at32(block::RING_FLAGS),
+        size: at32(block::RING_SIZE),
         tail: at64(block::RING_TAIL),
         read_flags: at32(block::READ_FLAGS),
     };
     let cap = geometry.ring_capacity as usize;
     // SAFETY: the data region lies inside `mem`, which outlives the ring halves.
     let region = Checked(unsafe { RawBytes::new(base.add(blk + layout.data_off), cap) }, cap);
+    // As the segment's creator does: the ring starts small and grows as writes need.
+    words.start_small();
     // SAFETY: fresh, zeroed words and data inside `mem`, which outlives both halves.
     let (mut prod, mut cons) = unsafe { (Producer::new(words, region), Consumer::new(words, region)) };
     let queue = |head: usize, tail: usize, entries: usize| QueueWords {
@@ -149,6 +152,10 @@ fuzz_target!(|data: &[u8]| {
                     assert_eq!(f & !RING_FLAGS, 0);
                 }
                 let _ = cons.was_full_before(input.u64().unwrap_or(0));
+                if let Ok(Some(freed)) = prod.shrink_if_empty() {
+                    assert!(!honest || sent.is_empty(), "an honest ring shrank with bytes in flight");
+                    assert!(freed.end <= cap);
+                }
             }
             4 => prod.set_flags(u32::from(input.byte().unwrap_or(0)) & RING_FLAGS),
             5 => {

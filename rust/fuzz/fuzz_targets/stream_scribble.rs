@@ -11,7 +11,7 @@
 //! a 64-bit value.
 #![no_main]
 
-use colo::segment::Layout;
+use colo_ring::layout::Layout;
 use colo::wire::{Header, HEADER_FIELDS};
 use colo::{Listener, Options, Stream, Transport};
 use colo_ring::layout::{HEADER_SIZE, PARKED};

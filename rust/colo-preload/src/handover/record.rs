@@ -3,7 +3,7 @@
 //! write the inherited memfd: `decode` accepts any 32 bytes without panicking and returns
 //! `None` for a role it does not know; the caller checks the descriptors it names.
 
-use colo::segment::Role;
+use colo::internal::segment::Role;
 use colo_sys::RawFd;
 
 /// One inheritable connection, as stored in the handover file (little-endian, 32 bytes).

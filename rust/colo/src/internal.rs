@@ -1,0 +1,31 @@
+//! What the LD_PRELOAD shim (rust/colo-preload) and colo's own tools build on, beneath the API:
+//! CARRIER mode's building blocks, one side of a connection as a value, the segment, the
+//! wake-up eventfds and the descriptor floor.
+//!
+//! **Not a stable API.** Anything here may change or go in any release, without notice;
+//! applications and bindings use the items at the crate root ([`Listener`](crate::Listener),
+//! [`Stream`](crate::Stream), [`Options`](crate::Options), [`Loan`](crate::Loan),
+//! [`Message`](crate::Message), `colo::tokio`) and the wire codec (`colo::wire`).
+
+pub use crate::floor::{fd_floor, set_fd_floor};
+
+/// CARRIER mode (spec/WIRE.md section 3): a loopback TCP connection whose payload moves into a
+/// segment the client offers before its TCP handshake (see the crate's `carrier` module).
+pub mod carrier {
+    pub use crate::carrier::*;
+}
+
+/// One side of an established shared-memory connection, and how its blocking waits sleep.
+pub mod shm {
+    pub use crate::shm::{set_interrupt_policy, spinner, Drainer, Fds, Shm, UNPASSED_SLEEP};
+}
+
+/// A mapped segment and the role a side plays in it.
+pub mod segment {
+    pub use crate::segment::{Geometry, Layout, Role, Segment};
+}
+
+/// The wake-up eventfds of threads asleep on a side's doorbell.
+pub mod wake {
+    pub use crate::wake::{forget_own, give_back, own_fd, take};
+}

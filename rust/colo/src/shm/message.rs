@@ -1,0 +1,154 @@
+//! Zero-copy messages (spec/WIRE.md section 7): loaning and sending slots of the outgoing pool,
+//! receiving and releasing slots of the incoming one.
+
+use super::{libc_errno, lock, MsgRx, MsgTx, Shm, PEER_GONE, READ_SHUT, RESET};
+use crate::segment::Role;
+use colo_ring::layout::{FLAG_FIN, FLAG_RESET};
+use colo_ring::sync::Ordering;
+use colo_ring::Corrupt;
+use std::io;
+
+
+impl MsgTx {
+    /// A loaned slot that was not sent returns to the pool.
+    fn give_back(&mut self, slot: u32) {
+        self.in_flight[slot as usize] = false;
+        self.free_slots.push(slot);
+    }
+}
+
+impl Shm {
+    fn take_slot(&self, tx: &mut MsgTx) -> io::Result<Option<u32>> {
+        self.may_send(&mut tx.writes)?;
+        // Slots the peer released are taken back, all at once, only when none is left here: the
+        // free queue's `free_head` line is the peer's, and loading it on every loan would cost a
+        // cache-line transfer per message.
+        if tx.free_slots.is_empty() {
+            while let Some([slot]) = tx.frees.pop().map_err(|c| self.corrupt(c))? {
+                if slot as usize >= tx.in_flight.len() || !tx.in_flight[slot as usize] {
+                    return Err(self.corrupt(Corrupt("released a slot that was not in flight")));
+                }
+                tx.in_flight[slot as usize] = false;
+                tx.free_slots.push(slot);
+            }
+        }
+        Ok(tx.free_slots.pop().inspect(|&s| tx.in_flight[s as usize] = true))
+    }
+
+    pub(super) fn geometry(&self) -> colo_ring::layout::Geometry {
+        self.seg.layout().geometry
+    }
+
+    /// Loans a slot of the outgoing pool; waits while all are in flight.
+    pub(crate) fn loan(&self, len: usize) -> io::Result<(u32, *mut u8)> {
+        let g = self.geometry();
+        let Some(msg_tx) = &self.msg_tx else {
+            // No pool (or one not carried over by `resume`).
+            return Err(io::Error::from_raw_os_error(libc_errno::ENOBUFS));
+        };
+        if len > g.slot_size as usize {
+            return Err(io::Error::from_raw_os_error(libc_errno::EMSGSIZE));
+        }
+        let mut tx = lock(msg_tx);
+        let slot = self.look_then_wait(&mut tx, |h| &mut h.spinner, &self.write_timeout, |tx| self.take_slot(tx))?;
+        Ok((slot, self.seg.slot(self.role == Role::Client, slot)))
+    }
+
+    /// Gives back a loaned slot that was not sent.
+    pub(crate) fn unloan(&self, slot: u32) {
+        lock(self.msg_tx.as_ref().expect("a loan implies a pool")).give_back(slot);
+    }
+
+    /// Sends a loaned slot holding `len` bytes.
+    pub(crate) fn send_slot(&self, slot: u32, len: usize) -> io::Result<()> {
+        let mut tx = lock(self.msg_tx.as_ref().expect("a loan implies a pool"));
+        // As a write: not after our shutdown or close, nor to a peer that stopped reading, reset
+        // or died (the loan may be older than any of those).
+        if let Err(e) = self.may_send(&mut tx.writes) {
+            // Nothing more is sent on this connection; the slot still goes back to the pool.
+            tx.give_back(slot);
+            return Err(e);
+        }
+        tx.msgs.push([slot, len as u32]).map_err(|c| self.corrupt(c))?;
+        drop(tx);
+        self.wake_peer();
+        Ok(())
+    }
+
+    fn take_message(&self, rx: &mut MsgRx) -> io::Result<Option<Option<(u32, usize)>>> {
+        // As a read: after our own read shutdown (or close, from another thread) end of stream.
+        if self.has(READ_SHUT) {
+            return Ok(Some(None));
+        }
+        let g = self.geometry();
+        let q = &mut rx.msgs;
+        match q.pop().map_err(|c| self.corrupt(c))? {
+            Some([slot, len]) => {
+                if slot >= g.slot_count || len > g.slot_size {
+                    return Err(self.corrupt(Corrupt("message entry out of range")));
+                }
+                // A load and a store, not a swap (a locked instruction on every message): we hold
+                // the receiving lock, so no other take runs, and `release` only clears slots that
+                // are held. SYNC POINT with the Release store in `release`: a slot it cleared
+                // before handing it back to the peer reads as free here.
+                let held = &self.held[slot as usize];
+                if held.load(Ordering::Acquire) {
+                    return Err(self.corrupt(Corrupt("message in a slot we still hold")));
+                }
+                held.store(true, Ordering::Relaxed);
+                Ok(Some(Some((slot, len as usize))))
+            }
+            None => {
+                if self.has(RESET) {
+                    return Err(self.reset_error());
+                }
+                // PEER_GONE first, as in `try_read`: a peer that set FIN and then hung up is seen
+                // with its FIN.
+                let gone = self.has(PEER_GONE);
+                let flags = self.in_words().producer_flags().map_err(|c| self.corrupt(c))?;
+                if flags & FLAG_RESET != 0 {
+                    self.set(RESET);
+                    return Err(io::ErrorKind::ConnectionReset.into());
+                }
+                if q.is_ready().map_err(|c| self.corrupt(c))? {
+                    return self.take_message(rx);
+                }
+                if flags & FLAG_FIN != 0 {
+                    return Ok(Some(None));
+                }
+                if gone {
+                    // Hung up without FIN: the peer died (as for the byte stream).
+                    return Err(io::ErrorKind::ConnectionReset.into());
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Receives the next message: `(slot, len)`, or `None` at end of stream.
+    pub(crate) fn recv_message(&self) -> io::Result<Option<(u32, *const u8, usize)>> {
+        let Some(msg_rx) = &self.msg_rx else {
+            return Err(io::Error::from_raw_os_error(libc_errno::ENOBUFS));
+        };
+        let mut rx = lock(msg_rx);
+        let r = self.look_then_wait(&mut rx, |h| &mut h.spinner, &self.read_timeout, |rx| self.take_message(rx))?;
+        Ok(r.map(|(slot, len)| (slot, self.seg.slot(self.role == Role::Server, slot) as *const u8, len)))
+    }
+
+    /// Returns a received slot to the peer.
+    pub(crate) fn release(&self, slot: u32) {
+        // SYNC POINT with the Acquire load in `take_message`: the slot reads as free there once
+        // the peer, which this release hands it to, can send it again.
+        self.held[slot as usize].store(false, Ordering::Release);
+        let mut releases = lock(&self.releases);
+        if let Some(q) = releases.as_mut() {
+            if let Err(c) = q.push([slot]) {
+                drop(releases);
+                let _ = self.corrupt(c);
+                return;
+            }
+        }
+        drop(releases);
+        self.wake_peer();
+    }
+}

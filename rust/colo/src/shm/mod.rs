@@ -1,0 +1,517 @@
+//! One side of a shared-memory connection: the byte stream, zero-copy messages, shutdown, and
+//! every way it can fail (spec/WIRE.md sections 5 to 8).
+//!
+//! The reading half (consumer, incoming messages) and the writing half (producer, outgoing
+//! messages) each sit behind their own mutex, so one thread may read while another writes, as with
+//! a TCP socket. Blocking waits go through [`Shm::block`]: one thread at a time sleeps in the
+//! readiness epoll (the *leader*); any other waiting thread sleeps on a condvar and is woken
+//! whenever the leader wakes, because the doorbell and the `waiting` flag are shared by both halves.
+//!
+//! This file holds the side itself: its state, its construction and the signals it exchanges
+//! with the peer. The rest is one file a section:
+//! - `wakers`: who empties the doorbell, and the wake-up eventfds of the threads asleep on it;
+//! - `wait`: the sleep protocol of spec/WIRE.md section 6 (leader, followers, futex, doorbell);
+//! - `stream`: the byte stream (read, write, shutdown);
+//! - `message`: zero-copy messages (loan, send, receive, release);
+//! - `tcp`: what kernel TCP does that the LD_PRELOAD shim mirrors;
+//! - `settings`: timeouts, spinning, addresses and descriptors.
+
+mod message;
+mod quiet;
+mod settings;
+mod stream;
+mod tcp;
+mod wait;
+mod wakers;
+#[cfg(test)]
+mod tests;
+
+use crate::segment::{Role, Segment};
+use colo_ring::layout::{FLAG_FIN, FLAG_NOT_READING, FLAG_READ_CLOSED, FLAG_RESET};
+use colo_ring::notify;
+use colo_ring::queue::{QueueReceiver, QueueSender};
+use colo_ring::ring::{Consumer, Producer, RawBytes, RingWords};
+use colo_ring::spin::{SpinMode, Spinner};
+use colo_ring::sync::{AtomicU32, Ordering};
+use colo_ring::Corrupt;
+use colo_sys::doorbell::{self, Readiness};
+use colo_sys::{seqpacket, OwnedFd};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::error::{eproto, libc_errno};
+pub use wakers::{Drainer, UNPASSED_SLEEP};
+use wakers::WAKERS;
+
+// Local state bits.
+const WRITE_SHUT: u32 = 1;
+const READ_SHUT: u32 = 2;
+const PEER_GONE: u32 = 4;
+const RESET: u32 = 8;
+const CORRUPT: u32 = 16;
+const AWAITING_WELCOME: u32 = 32;
+const REFUSED: u32 = 64;
+/// NOT_READING is set (READ_SHUT alone is this side's own read shutdown: `Shm::shutdown_as_tcp`).
+const READ_TOLD: u32 = 128;
+
+struct RxHalf {
+    ring: Consumer<RawBytes>,
+    spinner: Spinner,
+}
+
+struct TxHalf {
+    ring: Producer<RawBytes>,
+    spinner: Spinner,
+    /// Writes so far, wrapping (see `Shm::notice_hangup`).
+    writes: u32,
+    /// The program's bound on the ring's growth (`Shm::set_send_buffer`), kept across resumes.
+    limit: Option<usize>,
+    /// Whether the shrinker looks at this ring (it grew); `writes` at its last look.
+    watched: bool,
+    looked_at: u32,
+    /// The connection closed: the shrinker must not touch the ring.
+    closed: bool,
+    pages: quiet::TxPages,
+}
+
+/// Receiving messages: a lock of its own, so a thread waiting for a message never holds up a
+/// thread reading the byte stream (spec section 7: the two are independent).
+struct MsgRx {
+    msgs: QueueReceiver<2>,
+    spinner: Spinner,
+}
+
+/// Loaning and sending messages, independent of the byte stream's writers likewise.
+struct MsgTx {
+    msgs: QueueSender<2>,
+    frees: QueueReceiver<1>,
+    /// Slots of the outgoing pool we may loan.
+    free_slots: Vec<u32>,
+    /// Slots loaned or sent and not yet released by the peer.
+    in_flight: Vec<bool>,
+    spinner: Spinner,
+    /// Loans and sends so far, wrapping (see `Shm::notice_hangup`).
+    writes: u32,
+}
+
+#[derive(Default)]
+struct Waiters {
+    leader: bool,
+    epoch: u64,
+    followers: usize,
+}
+
+/// The descriptors of one side of a connection.
+#[derive(Debug)]
+pub struct Fds {
+    /// The control socket (liveness; silent after the handshake).
+    pub control: OwnedFd,
+    /// Our end of the doorbell pair: we wait on it; a byte sent on it rings the peer.
+    pub own_bell: OwnedFd,
+    /// Our self bell, an eventfd never passed to the peer: it wakes our own sleepers.
+    pub self_bell: OwnedFd,
+}
+
+/// Where a side parks its segment when the connection closes cleanly (see `recycle`).
+pub(crate) enum Recycle {
+    /// The client, for later dials to the listener with this rendezvous name.
+    Client(String),
+    /// The server, in its listener's table (if the listener still exists).
+    Server(std::sync::Weak<crate::recycle::Table>),
+}
+
+
+/// One side of an established shared-memory connection.
+pub struct Shm {
+    rx: Mutex<RxHalf>,
+    /// Shared with the shrinker (`crate::shrink`) once the ring grows.
+    tx: std::sync::Arc<Mutex<TxHalf>>,
+    /// Message halves; `None` without a pool.
+    msg_rx: Option<Mutex<MsgRx>>,
+    msg_tx: Option<Mutex<MsgTx>>,
+    releases: Mutex<Option<QueueSender<1>>>,
+    /// Slots of the incoming pool the application holds (received, not yet released); outside the
+    /// reading half's lock, so a release never waits for a blocked reader.
+    held: Vec<std::sync::atomic::AtomicBool>,
+    role: Role,
+    state: AtomicU32,
+    nonblocking: AtomicBool,
+    /// A non-blocking operation drained a ring that may have been meant for the other half.
+    swallowed: AtomicBool,
+    /// Wake-up eventfds (`crate::wake`) of the threads asleep on this side's doorbell (this
+    /// crate's blocking calls; the shim's `poll`, `select` and `epoll_wait`), with their pids
+    /// and counts (`WAKER_COUNT`): a drain of the doorbell rings them (see `drain_doorbell`).
+    /// The pid keeps a forked child, which inherits this memory, from ringing its parent's.
+    wakers: [AtomicU64; WAKERS],
+    read_timeout: AtomicU64,
+    write_timeout: AtomicU64,
+    waiters: Mutex<Waiters>,
+    woken: Condvar,
+    /// Wakes a futex sleep when the control socket becomes readable (see `hangup`).
+    hangup: crate::hangup::Watch,
+    /// Created on first use: blocking waits poll the two fds directly.
+    readiness: std::sync::OnceLock<Readiness>,
+    /// Dropped by hand in `drop`, where the doorbells may be parked for reuse.
+    fds: std::mem::ManuallyDrop<Fds>,
+    /// Where this side parks the segment after a clean close (DIRECT connections only).
+    recycle: Option<Recycle>,
+    local: SocketAddr,
+    peer: SocketAddr,
+    peer_pid: u32,
+    /// Client side: the rendezvous name dialed (to remember a listener that answers late).
+    rendezvous: Option<String>,
+    /// The shared words of our outgoing and incoming rings, located once (they point into `seg`).
+    out_words: RingWords,
+    in_words: RingWords,
+    // Declared last: dropped after every view into it.
+    seg: Segment,
+}
+
+impl std::fmt::Debug for Shm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shm").field("role", &self.role).field("local", &self.local).field("peer", &self.peer).finish()
+    }
+}
+
+pub use tcp::set_interrupt_policy;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn nanos(d: Option<Duration>) -> u64 {
+    d.map_or(0, |d| d.as_nanos().clamp(1, u64::MAX as u128) as u64)
+}
+
+fn from_nanos(n: u64) -> Option<Duration> {
+    (n != 0).then(|| Duration::from_nanos(n))
+}
+
+/// A wait's spinner: adaptive spins are skipped while the host's CPUs are oversubscribed
+/// (spinning then holds off the thread we wait for; spec/WIRE.md section 9). Also the spinner of
+/// the LD_PRELOAD shim's `epoll_wait`.
+pub fn spinner(mode: SpinMode) -> Spinner {
+    Spinner::new(mode).yielding_when(colo_sys::host::cpus_oversubscribed)
+}
+
+impl Shm {
+    /// Builds one side over a validated, mapped segment whose handshake is complete. Low-level:
+    /// for transports that do their own rendezvous (the LD_PRELOAD shim's CARRIER mode).
+    pub fn new(
+        seg: Segment,
+        role: Role,
+        fds: Fds,
+        local: SocketAddr,
+        peer: SocketAddr,
+        peer_pid: u32,
+        spin: SpinMode,
+    ) -> io::Result<Shm> {
+        // SAFETY: each view is taken once per role and lives inside `Shm`, which also owns `seg`
+        // (declared last, so dropped after the views).
+        let views = unsafe { (seg.consumer(role), seg.producer(role), seg.queues(role)) };
+        Shm::build(seg, views, role, fds, local, peer, peer_pid, spin)
+    }
+
+    /// Takes over one side of a connection that an earlier program image of this process set up
+    /// (the LD_PRELOAD shim, after `exec`): the rings continue from their current counters, the
+    /// state from the segment's flags. Zero-copy messages are not carried over (`loan` and
+    /// `recv_message` report no pool).
+    pub fn resume(
+        seg: Segment,
+        role: Role,
+        fds: Fds,
+        local: SocketAddr,
+        peer: SocketAddr,
+        peer_pid: u32,
+        spin: SpinMode,
+    ) -> io::Result<Shm> {
+        // SAFETY: as in `new`; the earlier image that used these ends is gone (exec replaced it).
+        let views = unsafe { (seg.resumed_consumer(role), seg.resumed_producer(role), None) };
+        let shm = Shm::build(seg, views, role, fds, local, peer, peer_pid, spin)?;
+        let (out, inn) = (shm.out_words(), shm.in_words());
+        // Acquire: partners of the Release stores that set these flags (`signal`).
+        // SAFETY: aligned atomics inside the mapping `shm` owns.
+        let load = |w: *const AtomicU32| unsafe { (*w).load(Ordering::Acquire) };
+        let (out_flags, in_flags, in_read) = (load(out.flags), load(inn.flags), load(inn.read_flags));
+        if out_flags & FLAG_FIN != 0 {
+            shm.set(WRITE_SHUT);
+        }
+        if in_read & FLAG_READ_CLOSED != 0 {
+            shm.set(READ_SHUT | READ_TOLD);
+            // An exec between the two stores of `shutdown` leaves READ_CLOSED without its mirror.
+            if out_flags & FLAG_NOT_READING == 0 {
+                shm.signal(out.flags, FLAG_NOT_READING);
+            }
+        }
+        if (out_flags | in_flags) & FLAG_RESET != 0 {
+            shm.set(RESET);
+        }
+        Ok(shm)
+    }
+
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn build(
+        seg: Segment,
+        views: (
+            Consumer<RawBytes>,
+            Producer<RawBytes>,
+            Option<((QueueSender<2>, QueueReceiver<1>), (QueueReceiver<2>, QueueSender<1>))>,
+        ),
+        role: Role,
+        fds: Fds,
+        local: SocketAddr,
+        peer: SocketAddr,
+        peer_pid: u32,
+        spin: SpinMode,
+    ) -> io::Result<Shm> {
+        let (ring_in, ring_out, queues) = views;
+        let pool = queues.is_some();
+        let g = seg.layout().geometry;
+        let (out_q, in_q) = match queues {
+            Some((o, i)) => (Some(o), Some(i)),
+            None => (None, None),
+        };
+        let n = if pool { g.slot_count as usize } else { 0 };
+        let spin = if spin != SpinMode::Always && colo_sys::host::share_one_cpu(peer_pid) { SpinMode::Never } else { spin };
+        let msg_tx = out_q.map(|(msgs, frees)| {
+            Mutex::new(MsgTx {
+                msgs,
+                frees,
+                free_slots: (0..n as u32).rev().collect(),
+                in_flight: vec![false; n],
+                spinner: spinner(spin),
+                writes: 0,
+            })
+        });
+        let (msg_rx, releases) = match in_q {
+            Some((msgs, releases)) => (Some(Mutex::new(MsgRx { msgs, spinner: spinner(spin) })), Some(releases)),
+            None => (None, None),
+        };
+        Ok(Shm {
+            rx: Mutex::new(RxHalf { ring: ring_in, spinner: spinner(spin) }),
+            held: (0..n).map(|_| std::sync::atomic::AtomicBool::new(false)).collect(),
+            tx: std::sync::Arc::new(Mutex::new(TxHalf {
+                pages: quiet::TxPages::new(&seg, role),
+                ring: ring_out,
+                spinner: spinner(spin),
+                writes: 0,
+                limit: None,
+                watched: false,
+                looked_at: 0,
+                closed: false,
+            })),
+            msg_rx,
+            msg_tx,
+            releases: Mutex::new(releases),
+            role,
+            state: AtomicU32::new(0),
+            nonblocking: AtomicBool::new(false),
+            swallowed: AtomicBool::new(false),
+            wakers: [const { AtomicU64::new(0) }; WAKERS],
+            read_timeout: AtomicU64::new(0),
+            write_timeout: AtomicU64::new(0),
+            waiters: Mutex::new(Waiters::default()),
+            woken: Condvar::new(),
+            hangup: crate::hangup::Watch::new(),
+            readiness: std::sync::OnceLock::new(),
+            fds: std::mem::ManuallyDrop::new(fds),
+            recycle: None,
+            local,
+            peer,
+            peer_pid,
+            rendezvous: None,
+            out_words: seg.ring_words(role == Role::Client),
+            in_words: seg.ring_words(role == Role::Server),
+            seg,
+        })
+    }
+
+    fn has(&self, bits: u32) -> bool {
+        // SYNC POINT with the read-modify-writes of `state` (`set`, `poll_control`): a thread that
+        // sees a bit sees what its setter did before (the control socket read, the flag stored).
+        self.state.load(Ordering::Acquire) & bits != 0
+    }
+
+    fn set(&self, bits: u32) {
+        // SYNC POINT with the Acquire load in `has`.
+        self.state.fetch_or(bits, Ordering::AcqRel);
+    }
+
+    fn own_waiting(&self) -> &AtomicU32 {
+        self.seg.waiting(self.role)
+    }
+
+    fn wake_peer(&self) {
+        self.wake_with(notify::peer_needs_wake(self.seg.waiting(self.other())));
+    }
+
+    /// After a read moved our tail from `before`: wakes the peer only if it may be waiting for
+    /// space (a full ring before the read), not when it waits for our data (spec section 6).
+    fn wake_for_space(&self, rx: &RxHalf, before: u64) {
+        let peer = self.seg.waiting(self.other());
+        self.wake_with(notify::peer_needs_space_wake(peer, || rx.ring.was_full_before(before)));
+    }
+
+    fn wake_with(&self, bits: u32) {
+        let peer = self.seg.waiting(self.other());
+        if bits & notify::SLEEP_FUTEX != 0 {
+            colo_sys::futex::wake_all(peer);
+        }
+        if bits & notify::SLEEP_DOORBELL != 0 {
+            doorbell::ring_peer(&self.fds.own_bell);
+        }
+    }
+
+    fn other(&self) -> Role {
+        if self.role == Role::Client { Role::Server } else { Role::Client }
+    }
+
+    fn out_words(&self) -> RingWords {
+        self.out_words
+    }
+
+    fn in_words(&self) -> RingWords {
+        self.in_words
+    }
+
+    /// Sets a flag word of the segment without taking a half's lock (a blocked reader or writer
+    /// may hold it), then wakes the peer as any progress does (spec section 6): a sleeper that
+    /// announced before the exchange is woken by the bits it returns; one that announces after it
+    /// sees the flag in its re-check. A close wakes no one who is not asleep (a connection per
+    /// request pays no system call for it).
+    fn signal(&self, word: *const AtomicU32, bits: u32) {
+        // SYNC POINT with the peer's Acquire loads of the word (`Consumer::flags`,
+        // `RingWords::producer_flags`) and those of `Shm::resume`: what this side published
+        // before the flag (its last bytes before FIN) is visible with it.
+        // SAFETY: `word` comes from `out_words`/`in_words`: an aligned atomic in our mapping.
+        unsafe { &*word }.fetch_or(bits, Ordering::Release);
+        self.wake_peer();
+    }
+
+    /// Wakes this side's own sleeping threads (a state they must see changed locally), those that
+    /// announced a sleep; one that announces later sees the state in its re-check.
+    fn wake_self(&self) {
+        // SYNC POINT with `notify::announce_sleep`: changing the word stops a futex sleep that
+        // was announced but not yet entered (the state change is stored before this).
+        let announced = self.own_waiting().fetch_and(!notify::SLEEP_FUTEX, Ordering::AcqRel);
+        if announced & notify::SLEEP_DOORBELL != 0 {
+            doorbell::ring(&self.fds.self_bell);
+        }
+        if announced & notify::SLEEP_FUTEX != 0 {
+            colo_sys::futex::wake_all(self.own_waiting());
+        }
+    }
+
+    /// Resets the connection after the peer broke the protocol; returns the error to report.
+    fn corrupt(&self, c: Corrupt) -> io::Error {
+        if !self.has(RESET) {
+            self.set(RESET | CORRUPT);
+            self.signal(self.out_words().flags, FLAG_RESET);
+            self.wake_self();
+        }
+        eproto(c)
+    }
+
+    /// Parks the segment in `r` when the connection closes cleanly.
+    pub(crate) fn recycle_into(&mut self, r: Recycle) {
+        self.recycle = Some(r);
+    }
+
+    /// The listener (rendezvous `name`) has not answered the HELLO yet: its answer will come on
+    /// the control socket.
+    pub(crate) fn expect_welcome(&mut self, name: String) {
+        self.rendezvous = Some(name);
+        self.set(AWAITING_WELCOME);
+    }
+
+    fn reset_error(&self) -> io::Error {
+        if self.has(REFUSED) {
+            return io::ErrorKind::ConnectionRefused.into();
+        }
+        if self.has(CORRUPT) {
+            eproto("connection was reset after a protocol error")
+        } else {
+            io::ErrorKind::ConnectionReset.into()
+        }
+    }
+
+    /// Reads the control socket without blocking: after the handshake it must stay silent, so a
+    /// hang-up is the peer's end and anything else is a protocol error.
+    fn poll_control(&self) {
+        if self.has(PEER_GONE) {
+            return;
+        }
+        let mut buf = [0u8; 16];
+        match seqpacket::recv(&self.fds.control, &mut buf, true) {
+            Ok(r) if r.len == 0 && r.fds.is_empty() => self.set(PEER_GONE),
+            Ok(r) if self.has(AWAITING_WELCOME) && r.fds.is_empty() && !r.truncated => {
+                // SYNC POINT with the Acquire load in `has`, as in `set`.
+                self.state.fetch_and(!AWAITING_WELCOME, Ordering::AcqRel);
+                match crate::wire::Message::decode(&buf[..r.len]) {
+                    Ok(crate::wire::Message::Welcome { version: crate::wire::VERSION }) => {
+                        if let Some(name) = &self.rendezvous {
+                            crate::known::remember_direct(name.clone(), self.peer_pid);
+                        }
+                    }
+                    Ok(crate::wire::Message::Reject { .. }) => {
+                        self.set(RESET | REFUSED | PEER_GONE);
+                        doorbell::ring(&self.fds.self_bell);
+                    }
+                    _ => {
+                        let _ = self.corrupt(Corrupt("bad answer to HELLO"));
+                    }
+                }
+            }
+            Ok(_) => {
+                // Spec section 8: a reset (ECONNRESET), not a corruption of the segment.
+                self.set(PEER_GONE);
+                if !self.has(RESET) {
+                    self.set(RESET);
+                    self.signal(self.out_words().flags, FLAG_RESET);
+                    self.wake_self();
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => self.set(PEER_GONE),
+        }
+    }
+}
+
+impl Drop for Shm {
+    fn drop(&mut self) {
+        // A clean close: FIN and NOT_READING on our direction, READ_CLOSED on theirs, then the
+        // control socket closes and the peer sees the hang-up with FIN set.
+        let clean = !self.has(RESET | CORRUPT | REFUSED);
+        if clean {
+            self.shutdown(true, true);
+        }
+        // The shrinker looks no more (it holds this lock while it looks).
+        lock(&self.tx).closed = true;
+        let seg = std::mem::replace(&mut self.seg, Segment::placeholder());
+        // SAFETY: `fds` is not used after this point (this is the last use of `self` that reads
+        // it; the remaining fields never refer to it).
+        let Fds { control, own_bell, self_bell } = unsafe { std::mem::ManuallyDrop::take(&mut self.fds) };
+        // Before the segment can be unmapped: the watcher holds the address of our word.
+        self.hangup.release();
+        drop(control);
+        let parked = |seg| crate::recycle::Parked::new(seg, own_bell, self_bell);
+        match self.recycle.take() {
+            Some(Recycle::Client(name)) if clean => crate::recycle::park_client(name, self.peer_pid, parked(seg)),
+            Some(Recycle::Server(table)) if clean => match table.upgrade() {
+                Some(t) => t.park(self.peer_pid, parked(seg)),
+                None => retire(seg),
+            },
+            // Unmapping a shared mapping is the slowest step of a close (TLB shoot-downs): a
+            // background thread does it. Nothing refers to the segment any more.
+            _ => retire(seg),
+        }
+    }
+}
+
+/// Drops `seg` on a background thread (unmapping is slow).
+pub(crate) fn retire(seg: Segment) {
+    crate::reaper::retire(seg);
+}

@@ -1,0 +1,107 @@
+//! A side's settings (non-blocking mode, timeouts, spinning) and facts (role, addresses, pid,
+//! descriptors, pool size).
+
+use super::{from_nanos, lock, nanos, spinner, Shm};
+use crate::segment::Role;
+use colo_ring::spin::SpinMode;
+use colo_sys::doorbell::Readiness;
+use colo_sys::OwnedFd;
+use colo_ring::sync::Ordering;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+impl Shm {
+    /// Whether a non-blocking operation has drained a ring since the last call. The doorbell is
+    /// shared by the reading and the writing half: a poller whose read half drained it must wake
+    /// its write half too (and the reverse), or that half may miss its wake-up.
+    pub fn take_swallowed(&self) -> bool {
+        // SYNC POINT with the Release store in `wait_for`: a caller told of a drain sees it done.
+        self.swallowed.swap(false, Ordering::AcqRel)
+    }
+
+    /// Bounds how far writes grow the outgoing ring (a program's `SO_SNDBUF`): `bytes` rounded
+    /// up to a power of two, from 4 KiB to the segment's `ring_capacity`.
+    pub fn set_send_buffer(&self, bytes: usize) {
+        let mut tx = lock(&self.tx);
+        tx.limit = Some(bytes);
+        tx.ring.set_limit(bytes);
+    }
+
+    /// Non-blocking mode: operations that would wait return `WouldBlock`.
+    pub fn set_nonblocking(&self, on: bool) {
+        self.nonblocking.store(on, Ordering::Relaxed);
+    }
+    /// Read timeout (`None`: wait forever).
+    pub fn set_read_timeout(&self, t: Option<Duration>) {
+        self.read_timeout.store(nanos(t), Ordering::Relaxed);
+    }
+    /// Write timeout.
+    pub fn set_write_timeout(&self, t: Option<Duration>) {
+        self.write_timeout.store(nanos(t), Ordering::Relaxed);
+    }
+    /// Current read timeout.
+    pub fn read_timeout(&self) -> Option<Duration> {
+        from_nanos(self.read_timeout.load(Ordering::Relaxed))
+    }
+    /// Current write timeout.
+    pub fn write_timeout(&self) -> Option<Duration> {
+        from_nanos(self.write_timeout.load(Ordering::Relaxed))
+    }
+    /// The spin policy in force (after the one-CPU adaptation made at set-up).
+    pub fn spin_mode(&self) -> SpinMode {
+        lock(&self.rx).spinner.mode()
+    }
+    /// Changes the spin policy of both halves.
+    pub fn set_spin(&self, mode: SpinMode) {
+        lock(&self.rx).spinner = spinner(mode);
+        lock(&self.tx).spinner = spinner(mode);
+        if let Some(m) = &self.msg_rx {
+            lock(m).spinner = spinner(mode);
+        }
+        if let Some(m) = &self.msg_tx {
+            lock(m).spinner = spinner(mode);
+        }
+    }
+    /// Which end of the connection we are.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+    /// Our address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+    /// The peer's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+    /// The peer's pid.
+    pub fn peer_pid(&self) -> u32 {
+        self.peer_pid
+    }
+    /// The readiness fd: readable when the peer made progress or hung up, or another thread of
+    /// ours rang the self bell (an epoll fd holding both bells and the control socket, created on
+    /// first use). If it cannot be created (out of descriptors), our end of the doorbell pair
+    /// stands in: the peer's progress is still reported, the rest when the next operation looks.
+    pub fn readiness_fd(&self) -> &OwnedFd {
+        if self.readiness.get().is_none() {
+            match Readiness::new(&self.fds.own_bell, &self.fds.self_bell, &self.fds.control, crate::floor::fd_floor()) {
+                Ok(r) => {
+                    let _ = self.readiness.set(r);
+                }
+                Err(e) => {
+                    crate::log::info(format_args!("readiness fd: {e}; using the doorbell"));
+                    return &self.fds.own_bell;
+                }
+            }
+        }
+        self.readiness.get().map_or(&self.fds.own_bell, |r| r.fd())
+    }
+    /// The control socket.
+    pub fn control_fd(&self) -> &OwnedFd {
+        &self.fds.control
+    }
+    /// Bytes a zero-copy message may hold (0: no pool).
+    pub fn pool_slot_size(&self) -> usize {
+        if self.msg_tx.is_none() { 0 } else { self.geometry().slot_size as usize }
+    }
+}

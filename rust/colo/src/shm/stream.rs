@@ -1,0 +1,238 @@
+//! The byte stream (spec/WIRE.md sections 5 and 8): reads, writes and shutdown.
+
+use super::{lock, RxHalf, Shm, TxHalf, PEER_GONE, READ_SHUT, READ_TOLD, RESET, WRITE_SHUT};
+use colo_ring::layout::{FLAG_FIN, FLAG_NOT_READING, FLAG_READ_CLOSED, FLAG_RESET};
+use colo_ring::sync::Ordering;
+use std::io;
+
+/// Writes are published in pieces of at most this many bytes (spec/WIRE.md section 5).
+const PUBLISH_CHUNK: usize = 16 * 1024;
+
+/// One write in this many on a half looks for the hang-up watcher's mark (`Shm::notice_hangup`).
+const WATCH_EVERY: u32 = 64;
+
+impl Shm {
+    /// Another process that shares this end of the connection (the LD_PRELOAD shim: a fork or
+    /// an exec'd child holding a copy of the socket, taking turns with us as processes sharing a
+    /// TCP socket do) may have written since we last did: continue from the shared `ring_head`,
+    /// as a resumed end does. It looks at this end's `written` copy, not at `ring_head` itself:
+    /// the peer spins on `ring_head`'s line, and loading it just before the write that stores
+    /// it cost a cache-line transfer on every write (about 40 ns of a 0.3 us round trip here).
+    /// The copy's line is this end's alone. A write marks the copy stale before it publishes
+    /// (see `write`), so a holder that dies mid-write leaves a copy no head equals. A peer can
+    /// scribble over the copy as over anything in the segment: that can only cost a resume or
+    /// garble the stream it receives itself; the resumed producer validates `ring_head`.
+    fn adopt_tx(&self, tx: &mut TxHalf) {
+        let written = self.seg.written(self.role).load(Ordering::Relaxed);
+        if written != tx.ring.written() {
+            // SAFETY: the view lives in `self` next to `seg`; the stale one it replaces is dropped.
+            tx.ring = unsafe { self.seg.resumed_producer(self.role) };
+            if let Some(limit) = tx.limit {
+                tx.ring.set_limit(limit);
+            }
+        }
+    }
+
+    /// As [`Shm::adopt_tx`], for reading: another holder may have consumed (`ring_tail` moved).
+    pub(super) fn adopt_rx(&self, rx: &mut RxHalf) {
+        // SAFETY: the incoming ring's tail, an aligned atomic in our mapping.
+        let tail = unsafe { &*self.in_words().tail }.load(Ordering::Relaxed);
+        if tail != rx.ring.consumed() {
+            // SAFETY: as in `adopt_tx`.
+            rx.ring = unsafe { self.seg.resumed_consumer(self.role) };
+        }
+    }
+
+    fn try_read(&self, rx: &mut RxHalf, buf: &mut [u8], peek: bool) -> io::Result<Option<usize>> {
+        if self.has(READ_SHUT) {
+            return self.read_after_shutdown(rx, buf, peek).map(Some);
+        }
+        self.adopt_rx(rx);
+        let before = rx.ring.consumed();
+        let got = if peek { rx.ring.peek(buf) } else { rx.ring.read(buf) };
+        let n = got.map_err(|c| self.corrupt(c))?;
+        if n > 0 {
+            if !peek {
+                self.wake_for_space(rx, before);
+            }
+            return Ok(Some(n));
+        }
+        if self.has(RESET) {
+            return Err(self.reset_error());
+        }
+        // PEER_GONE first: a peer that set FIN and then hung up is seen with its FIN.
+        let gone = self.has(PEER_GONE);
+        let flags = rx.ring.flags().map_err(|c| self.corrupt(c))?;
+        if flags & (FLAG_FIN | FLAG_RESET) == 0 && !gone {
+            return Ok(None);
+        }
+        // Everything published before FIN or the hang-up is visible now; deliver it first.
+        let n = if peek { rx.ring.peek(buf) } else { rx.ring.read(buf) }.map_err(|c| self.corrupt(c))?;
+        if flags & FLAG_RESET != 0 {
+            self.set(RESET);
+            return Err(io::ErrorKind::ConnectionReset.into());
+        }
+        if n > 0 {
+            if !peek {
+                self.wake_for_space(rx, before);
+            }
+            return Ok(Some(n));
+        }
+        if flags & FLAG_FIN != 0 {
+            return Ok(Some(0));
+        }
+        // Hung up without FIN: the peer died.
+        Err(io::ErrorKind::ConnectionReset.into())
+    }
+
+    /// Reads into `buf`; 0 is end of stream. Blocks (spin, then sleep) unless non-blocking.
+    pub fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.recv(buf, false)
+    }
+
+    /// Like [`Shm::read`] but leaves the bytes in the ring (`MSG_PEEK`).
+    pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.recv(buf, true)
+    }
+
+    fn recv(&self, buf: &mut [u8], peek: bool) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if self.has(READ_TOLD) {
+            return Ok(0);
+        }
+        let mut rx = lock(&self.rx);
+        self.look_then_wait(&mut rx, |h| &mut h.spinner, &self.read_timeout, |rx| self.try_read(rx, buf, peek))
+    }
+
+    /// Bytes ready to read now (`FIONREAD`).
+    pub fn readable(&self) -> io::Result<usize> {
+        let mut rx = lock(&self.rx);
+        self.adopt_rx(&mut rx);
+        rx.ring.available().map_err(|c| self.corrupt(c))
+    }
+
+    /// Whether this side may still send (bytes or messages): not reset, not shut down for writing,
+    /// and the peer neither reset nor stopped reading nor hung up. Loads the incoming ring's flags
+    /// only, a line this side reads anyway (spec section 8).
+    pub(super) fn may_send(&self, writes: &mut u32) -> io::Result<()> {
+        self.notice_hangup(writes);
+        if self.has(RESET) {
+            return Err(self.reset_error());
+        }
+        if self.has(WRITE_SHUT) {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        let in_flags = self.in_words().producer_flags().map_err(|c| self.corrupt(c))?;
+        // The peer's RESET wins over its hang-up or read shutdown (spec/WIRE.md section 8).
+        if in_flags & FLAG_RESET != 0 {
+            self.set(RESET);
+            return Err(io::ErrorKind::ConnectionReset.into());
+        }
+        // The peer stopped reading: seen in its own ring's flags, not in our ring's `read_flags`
+        // (whose line is the consumer's `ring_tail`: a write would pull it across CPUs each time).
+        if in_flags & FLAG_NOT_READING != 0 || self.has(PEER_GONE) {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        Ok(())
+    }
+
+    /// A writer waits only when the ring is full, so it would never look at the control socket,
+    /// and a peer killed mid-stream would go unnoticed by a process that only writes to it (over
+    /// TCP the second write fails). The hang-up watcher watches for it, and one write in
+    /// `WATCH_EVERY` (`writes`, the half's count) looks for its mark and, if set, reads the
+    /// control socket, so that a later write fails with `EPIPE`. The first look sets up the
+    /// watch (a system call and the watcher's lock, twice): a short-lived connection never pays
+    /// for it. One write in `WATCH_EVERY`, not every write, keeps the look off the hot path
+    /// (docs/ARCHITECTURE.md, "A writer notices a killed peer").
+    fn notice_hangup(&self, writes: &mut u32) {
+        *writes = writes.wrapping_add(1);
+        if !(*writes).is_multiple_of(WATCH_EVERY) {
+            return;
+        }
+        if self.hangup.armed(&self.fds.control, self.own_waiting()) && self.hangup.take_fired() {
+            self.poll_control();
+            if self.has(PEER_GONE) {
+                // The mark was a reader's too (one the watcher woke may not have looked yet):
+                // woken whatever the shared word holds, as the peer may have cleared its bit.
+                self.wake_self();
+                colo_sys::futex::wake_all(self.own_waiting());
+            } else {
+                self.hangup.rearm(&self.fds.control);
+            }
+        }
+    }
+
+    fn write_blocked(&self, tx: &mut TxHalf) -> io::Result<Option<usize>> {
+        self.may_send(&mut tx.writes)?;
+        self.adopt_tx(tx);
+        let space = tx.ring.space().map_err(|c| self.corrupt(c))?;
+        Ok((space > 0).then_some(space))
+    }
+
+    /// Writes as much of `buf` as the ring takes, waiting only while nothing could be written;
+    /// publishes in pieces so the reader starts early.
+    pub fn write(&self, buf: &[u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let mut guard = lock(&self.tx);
+        let tx = &mut *guard;
+        self.look_then_wait(tx, |h| &mut h.spinner, &self.write_timeout, |tx| self.write_blocked(tx))?;
+        // For the other holders of this end (`adopt_tx`): stale while we publish, so that one
+        // that takes over after we died mid-write resumes from `ring_head`; our head once done.
+        // They take turns with us, so once per call is enough.
+        let written = self.seg.written(self.role);
+        written.store(!tx.ring.written(), Ordering::Relaxed);
+        let mut done = 0;
+        while done < buf.len() {
+            let end = buf.len().min(done + PUBLISH_CHUNK);
+            let n = tx.ring.write(&buf[done..end]).map_err(|c| self.corrupt(c))?;
+            if n == 0 {
+                break;
+            }
+            done += n;
+            self.wake_peer();
+        }
+        written.store(tx.ring.written(), Ordering::Relaxed);
+        if !tx.watched && tx.ring.size() > colo_ring::layout::MIN_RING as usize {
+            tx.watched = true;
+            let ring: std::sync::Weak<dyn crate::shrink::Shrink> = std::sync::Arc::downgrade(&self.tx) as _;
+            crate::shrink::watch(ring);
+        }
+        Ok(done)
+    }
+
+    /// Writes all of `buf`, waiting for space as needed.
+    pub fn write_all(&self, mut buf: &[u8]) -> io::Result<()> {
+        while !buf.is_empty() {
+            let n = self.write(buf)?;
+            buf = &buf[n..];
+        }
+        Ok(())
+    }
+
+    /// `shutdown(2)`: `read`, `write` or both. One signal to the peer for both: FIN and
+    /// NOT_READING in our ring's flags (and READ_CLOSED in the peer's `read_flags`, section 8).
+    pub fn shutdown(&self, read: bool, write: bool) {
+        let mut ours = 0;
+        if write && !self.has(WRITE_SHUT) {
+            self.set(WRITE_SHUT);
+            ours |= FLAG_FIN;
+        }
+        if read && !self.has(READ_TOLD) {
+            self.set(READ_SHUT | READ_TOLD);
+            // SYNC POINT with the Acquire load of `read_flags` in `Shm::resume` (a later program
+            // image of this side, after `exec`).
+            // SAFETY: an aligned atomic in our mapping (`in_words`).
+            unsafe { &*self.in_words().read_flags }.fetch_or(FLAG_READ_CLOSED, Ordering::Release);
+            ours |= FLAG_NOT_READING;
+        }
+        if ours != 0 {
+            self.signal(self.out_words().flags, ours);
+        }
+        // A thread of ours blocked in read or write must see the shutdown now.
+        self.wake_self();
+    }
+}

@@ -1,0 +1,168 @@
+//! Tests of the sleep protocol and of the message slots' bookkeeping, which look inside a side.
+
+use super::Shm;
+use crate::{Listener, Options, SpinMode, Stream};
+use colo_ring::notify;
+use std::cell::Cell;
+use std::io::{Read, Write};
+use std::sync::mpsc::channel;
+use std::time::{Duration, Instant};
+
+/// A thread of one side announces a sleep and has re-checked (nothing yet); the peer's
+/// wake-up comes before it sleeps (so nobody is woken); then `meanwhile` runs on this side,
+/// and the other half of the side (a reader) goes to sleep first. The first thread must look
+/// at its condition again instead of waiting behind the reader for a wake-up that is not
+/// coming (a writer with space in its ring would wait for ever behind a reader that waits for
+/// the echo of bytes the writer has not written yet).
+fn first_thread_looks_again(meanwhile: impl FnOnce(&Shm)) {
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    let opts = Options::new().spin(SpinMode::Never);
+    let a = Stream::connect_with(l.local_addr().unwrap(), &opts).unwrap();
+    let (b, _) = l.accept().unwrap();
+    let (sa, sb) = (a.shm().unwrap(), b.shm().unwrap());
+    let read_one = || {
+        let mut byte = [0u8; 1];
+        (&a).read(&mut byte).map(|n| (n, byte[0]))
+    };
+    let until_asleep = || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !super::lock(&sa.waiters).leader {
+            assert!(Instant::now() < deadline, "the reader never went to sleep");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    std::thread::scope(|s| {
+        // A first sleep sets up how later ones sleep (the hang-up watcher), and may wake once.
+        let warm = s.spawn(read_one);
+        until_asleep();
+        std::thread::sleep(Duration::from_millis(20));
+        (&b).write_all(&[1]).unwrap();
+        assert_eq!(warm.join().unwrap().unwrap(), (1, 1));
+
+        // The first thread reads the epoch and announces (and has re-checked: nothing yet).
+        let seen = Cell::new(super::lock(&sa.waiters).epoch);
+        sa.announce(notify::SLEEP_FUTEX, Some(&seen));
+        // The peer makes progress and takes the announcement: nobody is asleep.
+        sb.wake_peer();
+        meanwhile(sa);
+        // The other half reads (nothing to read) and becomes the sleeping leader.
+        let reader = s.spawn(read_one);
+        until_asleep();
+        // The first thread now sleeps: it must come back to look again, not wait.
+        let (done, returned) = channel();
+        s.spawn(move || {
+            let wake = super::wait::Registered::new(sa);
+            wake.register();
+            done.send(sa.block(None, None, seen.get(), &wake).is_ok()).unwrap()
+        });
+        let looked_again = returned.recv_timeout(Duration::from_secs(5));
+        // Either way, end the reader's sleep (and a stuck first thread's with it).
+        (&b).write_all(&[7]).unwrap();
+        assert_eq!(reader.join().unwrap().unwrap(), (1, 7));
+        assert_eq!(looked_again, Ok(true), "the first thread slept through the wake-up it had lost");
+    });
+}
+
+/// A thread announces a doorbell sleep (its wake-up eventfd registered), the peer rings,
+/// and another thread of the side empties the doorbell before the first sleeps (a
+/// non-blocking call's drain): the first must be woken through its own eventfd, not sleep
+/// on with its ring taken (as an `epoll_wait` reader would, behind a writer thread of its own).
+#[test]
+fn a_ring_another_thread_empties_reaches_the_sleeper_through_its_own_eventfd() {
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    let a = Stream::connect_with(l.local_addr().unwrap(), &Options::new().spin(SpinMode::Never)).unwrap();
+    let (b, _) = l.accept().unwrap();
+    let (sa, sb) = (a.shm().unwrap(), b.shm().unwrap());
+    // The server's welcome on the control socket would end the sleep: take it now.
+    sa.poll_control();
+    let wake = crate::wake::own_fd().unwrap();
+    let registered = super::wait::Registered::new(sa);
+    assert!(sa.add_waker(wake));
+    registered.fd.set(Some(wake));
+    let seen = Cell::new(super::lock(&sa.waiters).epoch);
+    sa.announce(notify::SLEEP_DOORBELL, Some(&seen));
+    sb.wake_peer();
+    std::thread::scope(|s| {
+        assert!(s.spawn(|| sa.drain_doorbell(super::Drainer::Awake)).join().unwrap(), "the peer rang");
+        let (done, returned) = channel();
+        let deadline = Instant::now() + Duration::from_secs(3600);
+        s.spawn(move || done.send(sa.block(Some(deadline), None, seen.get(), &registered).is_ok()).unwrap());
+        let woken = returned.recv_timeout(Duration::from_secs(5));
+        // Either way, end the sleep (a stuck one's too).
+        colo_sys::doorbell::ring(&sa.fds.self_bell);
+        assert_eq!(woken, Ok(true), "the sleeper slept through the ring another thread took");
+    });
+}
+
+/// The threads waiting on one epoll set register the set's eventfd: it takes one place
+/// however many they are, and stays until the last of them removes it.
+#[test]
+fn an_eventfd_many_sleepers_register_takes_one_place() {
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    let a = Stream::connect(l.local_addr().unwrap()).unwrap();
+    let sa = a.shm().unwrap();
+    // (Numbers only: nothing drains this side's doorbell while they are registered.)
+    let (set, others) = (20_000, 20_001..20_008);
+    for _ in 0..20 {
+        assert!(sa.add_waker(set));
+    }
+    for fd in others.clone() {
+        assert!(sa.add_waker(fd));
+    }
+    assert!(!sa.add_waker(20_008), "all places are taken");
+    for _ in 0..19 {
+        sa.remove_waker(set);
+    }
+    assert!(!sa.add_waker(20_008), "one sleeper on the set is left");
+    sa.remove_waker(set);
+    assert!(sa.add_waker(20_008), "the last one's removal freed the place");
+    for fd in others.chain([20_008]) {
+        sa.remove_waker(fd);
+    }
+    assert!(sa.wakers.iter().all(|w| w.load(std::sync::atomic::Ordering::Relaxed) == 0));
+}
+
+/// A peer that sends again a slot this side still holds (received, not yet released) is
+/// caught as corrupt, and only that; a slot released and then sent again is a new message.
+#[test]
+fn a_slot_sent_again_while_held_is_corruption_and_once_released_is_not() {
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    let a = Stream::connect_with(l.local_addr().unwrap(), &Options::new().pool(64, 2)).unwrap();
+    let (b, _) = l.accept().unwrap();
+    let (sa, sb) = (a.shm().unwrap(), b.shm().unwrap());
+    // Sends `slot` as the peer's queue would carry it, whatever the sender's own books say.
+    let send_raw_entry = |slot: u32| {
+        let mut tx = super::lock(sa.msg_tx.as_ref().unwrap());
+        tx.msgs.push([slot, 8]).unwrap();
+    };
+    let (slot, _) = sa.loan(8).unwrap();
+    sa.send_slot(slot, 8).unwrap();
+    let (got, _, len) = sb.recv_message().unwrap().unwrap();
+    assert_eq!((got, len), (slot, 8));
+    // Released, then sent again (as a peer reusing the slot does): fine.
+    sb.release(got);
+    send_raw_entry(slot);
+    let (again, _, _) = sb.recv_message().unwrap().unwrap();
+    assert_eq!(again, slot);
+    // Sent again while still held: the receiver reports corruption.
+    send_raw_entry(slot);
+    let e = sb.recv_message().unwrap_err();
+    assert_eq!(crate::errno_of(&e), 71, "EPROTO, got {e:?}");
+    assert!(e.to_string().contains("still hold"), "{e}");
+}
+
+/// The reader's own announcement finds the word woken.
+#[test]
+fn a_wake_up_taken_before_the_sleep_is_not_lost_behind_the_other_half() {
+    first_thread_looks_again(|_| {});
+}
+
+/// A third announcement finds the word woken and its look then succeeds (or it was a
+/// non-blocking call's): it does not sleep, and the reader's announcement after it is not
+/// fresh. The fresh one must still send the first thread round.
+#[test]
+fn a_fresh_announcement_whose_look_succeeded_still_sends_the_others_round() {
+    first_thread_looks_again(|sa| {
+        sa.announce(notify::SLEEP_DOORBELL, None);
+    });
+}
