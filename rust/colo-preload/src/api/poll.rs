@@ -4,10 +4,12 @@
 //! set with the application's ET/ONESHOT flags and a tagged `data`; `epoll_wait` maps those
 //! events back to the application's fd and data, with IN/OUT computed from ring state.
 
-use crate::conn::{Conn, Waking, ERR, GONE_EDGE, HUP, IN, OUT};
+use crate::conn::state::{Conn, Waking, ERR, GONE_EDGE, HUP, IN, OUT};
 use colo::shm::Drainer;
-use crate::table::{self, CONN, PENDING};
-use crate::{client, real, Guard};
+use crate::conn::table::{self, CONN, PENDING};
+use crate::base::guard::Guard;
+use crate::real;
+use crate::service::client;
 use libc::{c_int, epoll_event, nfds_t, pollfd, sigset_t, timespec};
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::atomic::{fence, Ordering};
@@ -225,7 +227,7 @@ fn note_plain(epfd: c_int, op: c_int, fd: c_int, ev: *const epoll_event) {
     if fd < 0 || fd as usize >= table::MAX_FD || Guard::busy() {
         return;
     }
-    let Some(mut regs) = crate::try_lock(&PLAIN[fd as usize]) else { return };
+    let Some(mut regs) = crate::base::mem::try_lock(&PLAIN[fd as usize]) else { return };
     let regs = regs.get_or_insert_with(Vec::new);
     regs.retain(|r| r.0 != epfd);
     if op != libc::EPOLL_CTL_DEL && !ev.is_null() {
@@ -243,7 +245,7 @@ pub fn has_plain(fd: c_int) -> bool {
     if fd < 0 || fd as usize >= table::MAX_FD {
         return false;
     }
-    let Some(mut regs) = crate::try_lock(&PLAIN[fd as usize]) else { return false };
+    let Some(mut regs) = crate::base::mem::try_lock(&PLAIN[fd as usize]) else { return false };
     let Some(v) = regs.as_mut() else { return false };
     v.retain(|&(epfd, events, data)| {
         // A one-shot registration is kept as it is (re-asserting it would re-arm it).
@@ -263,7 +265,7 @@ pub fn adopt_plain(fd: c_int, conn: &Arc<Conn>) {
     if fd < 0 || fd as usize >= table::MAX_FD {
         return;
     }
-    let regs = crate::try_lock(&PLAIN[fd as usize]).and_then(|mut r| r.take()).unwrap_or_default();
+    let regs = crate::base::mem::try_lock(&PLAIN[fd as usize]).and_then(|mut r| r.take()).unwrap_or_default();
     for (epfd, events, data) in regs {
         // SAFETY: removing the application's registration of its own fd; it fails (and we skip
         // it) if that registration is gone (the fd number was closed and reused meanwhile).
@@ -271,7 +273,7 @@ pub fn adopt_plain(fd: c_int, conn: &Arc<Conn>) {
             continue;
         }
         if let Err(e) = register(epfd, fd, events, data, conn) {
-            crate::log_info(format_args!("fd {fd}: moving its epoll registration to shared memory: errno {e}"));
+            crate::base::log::log_info(format_args!("fd {fd}: moving its epoll registration to shared memory: errno {e}"));
             // Put the application's registration back: the TCP socket at least reports a close.
             let mut ev = epoll_event { events, u64: data };
             // SAFETY: restoring the registration removed above.
@@ -309,7 +311,7 @@ fn register(epfd: c_int, fd: c_int, events: u32, data: u64, conn: &Arc<Conn>) ->
 pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
     if table::kind(fd) == table::NONE && !table::is_fresh(fd) {
         // SAFETY: the application's arguments.
-        return unsafe { crate::repeat::epoll_ctl(epfd, op, fd, ev) };
+        return unsafe { crate::api::repeat::epoll_ctl(epfd, op, fd, ev) };
     }
     // SAFETY: the application's arguments.
     unsafe { epoll_ctl_slow(epfd, op, fd, ev) }
@@ -319,8 +321,8 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
 unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
     // Not a plain descriptor's change: nothing of it may be answered from memory, and the set
     // counts it as a change.
-    crate::repeat::forget(fd);
-    crate::repeat::touch(epfd);
+    crate::api::repeat::forget(fd);
+    crate::api::repeat::touch(epfd);
     let k = table::kind(fd);
     if (k != CONN && k != PENDING) || Guard::busy() {
         // Sampled with the kind: a `connect` on another thread may clear it meanwhile, and its
@@ -666,7 +668,7 @@ fn watched(epfd: c_int) -> (Vec<Arc<Conn>>, SpinMode, Option<colo_sys::RawFd>) {
             .get(&epfd)
             .map(|l| l.iter().filter_map(|&i| r.slab[i].as_ref()).filter(|g| !g.fired && !g.deleted).map(|g| g.conn.clone()).collect())
             .unwrap_or_default();
-        let mut mode = crate::spin();
+        let mut mode = crate::base::env::spin();
         if mode != SpinMode::Always && conns.iter().any(|c| c.never_spin()) {
             mode = SpinMode::Never;
         }
@@ -879,7 +881,7 @@ fn waker(wake: Option<colo_sys::RawFd>) -> Drainer {
 /// poll/ppoll over a mix of kernel and accelerated fds. `timeout`: None waits forever.
 pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, mask: *const sigset_t) -> c_int {
     // SAFETY: `n` pollfds at `fds`, as the application promised.
-    let arr = unsafe { crate::slice_mut(fds, n as usize) };
+    let arr = unsafe { crate::base::mem::slice_mut(fds, n as usize) };
     let g = Guard::enter();
     for p in arr.iter() {
         client::resolve_fd(p.fd);
@@ -1033,8 +1035,8 @@ pub fn has_colo(fds: *const pollfd, n: nfds_t) -> bool {
         return false;
     }
     // SAFETY: `n` pollfds at `fds`.
-    let arr = unsafe { crate::slice(fds, n as usize) };
-    arr.iter().any(|p| crate::shim::is_colo_or_pending(p.fd))
+    let arr = unsafe { crate::base::mem::slice(fds, n as usize) };
+    arr.iter().any(|p| crate::api::shim::is_colo_or_pending(p.fd))
 }
 
 /// select/pselect: through `ppoll_impl` when an accelerated fd is in a set.
@@ -1052,7 +1054,7 @@ pub unsafe fn select_impl(
     let n = nfds.min(libc::FD_SETSIZE as c_int);
     // SAFETY: fd_sets given by the application (FD_ISSET reads within FD_SETSIZE).
     let isset = |s: *mut libc::fd_set, fd: c_int| !s.is_null() && unsafe { libc::FD_ISSET(fd, s) };
-    if !(0..n).any(|fd| crate::shim::is_colo_or_pending(fd) && (isset(r, fd) || isset(w, fd) || isset(e, fd))) {
+    if !(0..n).any(|fd| crate::api::shim::is_colo_or_pending(fd) && (isset(r, fd) || isset(w, fd) || isset(e, fd))) {
         return None;
     }
     let mut pfds = Vec::new();

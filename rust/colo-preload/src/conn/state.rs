@@ -111,7 +111,7 @@ impl Conn {
         let holders = page as *const AtomicU32;
         // SAFETY: slot 0 of the zeroed page we just mapped.
         unsafe { &*holders }.store(colo_sys::host::pid(), Ordering::Relaxed);
-        let shm = if resumed { est.into_resumed_shm(crate::spin())? } else { est.into_shm(crate::spin())? };
+        let shm = if resumed { est.into_resumed_shm(crate::base::env::spin())? } else { est.into_shm(crate::base::env::spin())? };
         shm.set_nonblocking(nonblocking);
         let readiness = shm.readiness_fd().as_raw_fd();
         let never_spin = shm.spin_mode() == colo::SpinMode::Never;
@@ -203,14 +203,14 @@ impl Conn {
 
     /// A turn to write (`turns`), for a connection another process has held (a fork copy);
     /// `None` (no cost) for one only this process ever held.
-    pub fn write_turn(&self) -> Option<crate::turns::Turn<'_>> {
+    pub fn write_turn(&self) -> Option<crate::conn::turns::Turn<'_>> {
         if self.holder(1).load(Ordering::Relaxed) == 0 {
             return None;
         }
         // SAFETY: words HOLDERS and HOLDERS + 1 of the 4096-byte holders page, which lives as
         // long as `self` (shared with every fork copy, as the holders are).
         let (word, waiters) = unsafe { (&*self.holders.add(HOLDERS), &*self.holders.add(HOLDERS + 1)) };
-        Some(crate::turns::take(word, waiters))
+        Some(crate::conn::turns::take(word, waiters))
     }
 
     /// Records that process `pid` (a fork child) holds a copy.
@@ -630,8 +630,8 @@ impl Drop for Conn {
         let others = self.others_hold();
         if self.inheritable() {
             // A holder that exec'd may not have read the handover file yet: leave it unchanged.
-            crate::handover::forget(self.raw[3], others);
-            crate::handover::closing(&self.raw);
+            crate::service::handover::forget(self.raw[3], others);
+            crate::service::handover::closing(&self.raw);
         }
         if others {
             // Another process (fork) still uses this connection: release our copy only, so the
@@ -649,13 +649,13 @@ impl Drop for Conn {
             if self.shm.role() == colo::segment::Role::Client {
                 let reply_at = std::time::Duration::from_nanos(self.first_reply_ns.load(Ordering::Relaxed));
                 let after_only_reply = (self.sent_before_reply.load(Ordering::Relaxed) == sent).then(|| age.saturating_sub(reply_at));
-                let lived = crate::adapt::Lived { lived: age, setup: self.setup, bytes: sent + got, after_only_reply };
-                crate::adapt::ended(self.shm.peer_addr(), lived);
+                let lived = crate::record::adapt::Lived { lived: age, setup: self.setup, bytes: sent + got, after_only_reply };
+                crate::record::adapt::ended(self.shm.peer_addr(), lived);
             } else if let Some(tag) = self.client_tag {
                 // The server's side lives from its accept, after any wait in the backlog: its
                 // age alone tells a connection per request.
-                let lived = crate::adapt::Lived { lived: age, setup: self.setup, bytes: sent + got, after_only_reply: None };
-                crate::server::connection_ended(self.shm.local_addr(), tag, lived.short());
+                let lived = crate::record::adapt::Lived { lived: age, setup: self.setup, bytes: sent + got, after_only_reply: None };
+                crate::service::server::connection_ended(self.shm.local_addr(), tag, lived.short());
             }
             // As kernel TCP, which answers a close with RST instead of FIN when the socket
             // lingers for zero seconds or bytes it received were never read.

@@ -17,7 +17,8 @@
 //! but not its descriptors, and a close it makes must not end the parent's connections. It is
 //! recognised by its process id, which differs from the one the shim cached in the parent.
 
-use crate::{shim, table};
+use crate::api::shim;
+use crate::conn::table;
 use libc::{c_int, c_long};
 
 /// True in a child that shares this process's memory without being this process (a `vfork` or
@@ -69,7 +70,7 @@ pub fn closing_range(first: u32, last: u32) {
     if first > last || !(first..=last).any(|fd| known(fd as c_int)) || borrowed_memory() {
         return;
     }
-    let _g = crate::Guard::enter();
+    let _g = crate::base::guard::Guard::enter();
     for fd in first..=last {
         if known(fd as c_int) {
             shim::forget(fd as c_int);
@@ -93,7 +94,7 @@ fn stale(fd: c_int) {
     if borrowed_memory() {
         return;
     }
-    crate::log_info(format_args!("fd {fd} was closed past the shim; what it held is released"));
-    let _g = crate::Guard::enter();
+    crate::base::log::log_info(format_args!("fd {fd} was closed past the shim; what it held is released"));
+    let _g = crate::base::guard::Guard::enter();
     shim::forget(fd);
 }

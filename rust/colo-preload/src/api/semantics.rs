@@ -3,10 +3,11 @@
 //! (`SO_LINGER {1, 0}`, or bytes left unread), zero-length and discarding (`MSG_TRUNC`) reads,
 //! and `recvmmsg` on a stream.
 
-use crate::conn::{Conn, IN};
-use crate::shim::{conn_for_io, conn_recv, plain};
-use crate::table::{self, NONE};
-use crate::{real, Guard};
+use crate::conn::state::{Conn, IN};
+use crate::api::shim::{conn_for_io, conn_recv, plain};
+use crate::conn::table::{self, NONE};
+use crate::base::guard::Guard;
+use crate::real;
 use libc::{c_int, c_void, socklen_t};
 use std::io;
 
@@ -66,7 +67,7 @@ unsafe fn tcp_info(fd: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
         let p = val as *mut u8;
         // SAFETY: the kernel filled `filled` bytes at `val`; each write is within them.
         unsafe {
-            if filled > TCPI_STATE && *p.add(TCPI_STATE) == crate::conn::TCP_ESTABLISHED {
+            if filled > TCPI_STATE && *p.add(TCPI_STATE) == crate::conn::state::TCP_ESTABLISHED {
                 *p.add(TCPI_STATE) = state;
             }
             for (at, add) in [(TCPI_BYTES_ACKED, sent), (TCPI_BYTES_RECEIVED, got)] {
@@ -163,7 +164,7 @@ pub fn send_bounded(c: &Conn, buf: &[u8]) -> io::Result<usize> {
     let room = c.space();
     if room == 0 {
         // Errors (a reset, a closed peer) first, as the kernel reports them before EAGAIN.
-        if c.ready(true) & crate::conn::ERR != 0 {
+        if c.ready(true) & crate::conn::state::ERR != 0 {
             return c.shm().write(buf);
         }
         return Err(io::Error::from_raw_os_error(libc::EAGAIN));
@@ -228,7 +229,7 @@ pub unsafe fn recvmmsg(fd: c_int, v: *mut libc::mmsghdr, n: libc::c_uint, flags:
         // SAFETY: `n` mmsghdrs at `v`, as the application promised.
         let m = unsafe { &mut *v.add(i) };
         // SAFETY: the application's message header.
-        let r = unsafe { crate::shim::recvmsg(fd, &mut m.msg_hdr, flags & !libc::MSG_WAITFORONE) };
+        let r = unsafe { crate::api::shim::recvmsg(fd, &mut m.msg_hdr, flags & !libc::MSG_WAITFORONE) };
         if r < 0 {
             return if done > 0 { done } else { -1 };
         }

@@ -1,10 +1,13 @@
 //! Tier 2: the shim logic of each interposed call. Every function starts with the one look-up
 //! that sends a non-colo fd (or a call made by the shim itself) straight to libc.
 
-use crate::conn::{Conn, IN, OUT};
-use crate::table::{self, Entry, CONN, LISTEN, NONE, PENDING};
-use crate::semantics::setsockopt_slow;
-use crate::{client, poll, real, server, Guard};
+use crate::conn::state::{Conn, IN, OUT};
+use crate::conn::table::{self, Entry, CONN, LISTEN, NONE, PENDING};
+use crate::api::semantics::setsockopt_slow;
+use crate::api::poll;
+use crate::base::guard::Guard;
+use crate::real;
+use crate::service::{client, server};
 use colo::errno_of;
 use colo::shm::Drainer;
 use libc::{c_int, c_ulong, c_void, iovec, msghdr, off_t, size_t, sockaddr, socklen_t, ssize_t};
@@ -65,7 +68,7 @@ pub(crate) fn conn_recv(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<us
 
 fn conn_recv_inner(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> {
     if buf.is_empty() {
-        return crate::semantics::recv_nothing(c, flags);
+        return crate::api::semantics::recv_nothing(c, flags);
     }
     if flags & libc::MSG_DONTWAIT != 0 && !c.nonblocking() && c.ready(true) & IN == 0 && c.arm(Drainer::Awake, true) & IN == 0 {
         return Err(would_block());
@@ -155,7 +158,7 @@ fn conn_send_inner(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
             return Err(would_block());
         }
         if c.send_limited() {
-            return crate::semantics::send_bounded(c, buf);
+            return crate::api::semantics::send_bounded(c, buf);
         }
         let n = c.shm().write(buf)?;
         return Ok(n);
@@ -267,7 +270,7 @@ unsafe fn read_slow(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
         return g.ok(0);
     }
     // SAFETY: the application gave us `n` writable bytes at `buf`.
-    let b = unsafe { crate::slice_mut(buf as *mut u8, n) };
+    let b = unsafe { crate::base::mem::slice_mut(buf as *mut u8, n) };
     let r = conn_recv(&c, b, 0);
     result(&g, r)
 }
@@ -295,10 +298,10 @@ unsafe fn recvfrom_slow(
         return g.err(libc::EINVAL);
     }
     let r = if flags & libc::MSG_TRUNC != 0 {
-        crate::semantics::recv_discard(&c, n, flags)
+        crate::api::semantics::recv_discard(&c, n, flags)
     } else {
         // SAFETY: the application gave us `n` writable bytes at `buf`.
-        conn_recv(&c, unsafe { crate::slice_mut(buf as *mut u8, n) }, flags)
+        conn_recv(&c, unsafe { crate::base::mem::slice_mut(buf as *mut u8, n) }, flags)
     };
     if r.is_ok() && !addr.is_null() && !len.is_null() {
         // A connected stream socket reports no source address (the kernel sets the length to 0).
@@ -324,7 +327,7 @@ unsafe fn readv_slow(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
         return g.err(libc::EINVAL);
     }
     // SAFETY: `cnt` iovecs at `iov`.
-    let v = unsafe { crate::slice(iov, cnt as usize) };
+    let v = unsafe { crate::base::mem::slice(iov, cnt as usize) };
     let r = conn_readv(&c, v, 0);
     result(&g, r)
 }
@@ -343,7 +346,7 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
     // SAFETY: the application's msghdr.
     let m = unsafe { &mut *msg };
     // SAFETY: the iovecs it describes.
-    let v = unsafe { crate::slice(m.msg_iov, m.msg_iovlen) };
+    let v = unsafe { crate::base::mem::slice(m.msg_iov, m.msg_iovlen) };
     let r = conn_readv(&c, v, flags);
     if r.is_ok() {
         // A connected stream socket reports no source address (the kernel sets the length to 0).
@@ -367,7 +370,7 @@ unsafe fn write_slow(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
         return unsafe { real::write(fd, buf, n) };
     };
     // SAFETY: `n` readable bytes at `buf`.
-    let b = unsafe { crate::slice(buf as *const u8, n) };
+    let b = unsafe { crate::base::mem::slice(buf as *const u8, n) };
     let r = conn_send(&c, b, 0);
     epipe_signal(&r, 0);
     result(&g, r)
@@ -396,7 +399,7 @@ unsafe fn sendto_slow(
         return g.err(libc::EOPNOTSUPP);
     }
     // SAFETY: `n` readable bytes at `buf`.
-    let b = unsafe { crate::slice(buf as *const u8, n) };
+    let b = unsafe { crate::base::mem::slice(buf as *const u8, n) };
     let r = conn_send(&c, b, flags);
     epipe_signal(&r, flags);
     result(&g, r)
@@ -418,7 +421,7 @@ unsafe fn writev_slow(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
         return g.err(libc::EINVAL);
     }
     // SAFETY: `cnt` iovecs at `iov`.
-    let v = unsafe { crate::slice(iov, cnt as usize) };
+    let v = unsafe { crate::base::mem::slice(iov, cnt as usize) };
     let r = conn_writev(&c, v, 0);
     epipe_signal(&r, 0);
     result(&g, r)
@@ -436,7 +439,7 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
         return unsafe { real::sendmsg(fd, msg, flags) };
     };
     // SAFETY: the application's msghdr and its iovecs.
-    let v = unsafe { crate::slice((*msg).msg_iov, (*msg).msg_iovlen) };
+    let v = unsafe { crate::base::mem::slice((*msg).msg_iov, (*msg).msg_iovlen) };
     let r = conn_writev(&c, v, flags);
     epipe_signal(&r, flags);
     result(&g, r)
@@ -448,7 +451,7 @@ pub unsafe fn recvmmsg(fd: c_int, v: *mut libc::mmsghdr, n: libc::c_uint, flags:
         return unsafe { real::recvmmsg(fd, v, n, flags, t) };
     }
     // SAFETY: the application's arguments.
-    unsafe { crate::semantics::recvmmsg(fd, v, n, flags) }
+    unsafe { crate::api::semantics::recvmmsg(fd, v, n, flags) }
 }
 
 pub unsafe fn sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: libc::c_uint, flags: c_int) -> c_int {
@@ -681,11 +684,11 @@ pub unsafe fn splice(inp: c_int, off_in: *mut i64, out: c_int, off_out: *mut i64
 pub unsafe fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
     // SAFETY: the application's arguments.
     let fd = unsafe { real::socket(domain, ty, protocol) };
-    crate::repeat::forget(fd);
+    crate::api::repeat::forget(fd);
     let tcp = matches!(domain, libc::AF_INET | libc::AF_INET6)
         && ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) == libc::SOCK_STREAM
         && matches!(protocol, 0 | libc::IPPROTO_TCP);
-    crate::behind::new_number(fd, tcp);
+    crate::api::behind::new_number(fd, tcp);
     fd
 }
 
@@ -695,7 +698,7 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
         return unsafe { real::connect(fd, addr, len) };
     }
     // SAFETY: `len` bytes of address at `addr`.
-    let peer = unsafe { crate::parse_sockaddr(addr, len) };
+    let peer = unsafe { crate::base::addr::parse_sockaddr(addr, len) };
     let r = match peer {
         // Not an IPv4 or IPv6 address (or too short for one): the kernel's answer.
         // SAFETY: the application's arguments.
@@ -715,7 +718,7 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
     };
     // Connected or on its way: no longer fresh (a refused socket may be connected again).
     // SAFETY: reading this thread's errno.
-    if r == 0 || matches!(unsafe { *crate::errno_loc() }, libc::EINPROGRESS | libc::EALREADY | libc::EISCONN | libc::EINTR) {
+    if r == 0 || matches!(unsafe { *crate::base::guard::errno_loc() }, libc::EINPROGRESS | libc::EALREADY | libc::EISCONN | libc::EINTR) {
         table::set_fresh(fd, false);
     }
     r
@@ -782,8 +785,8 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
     let room = if addr.is_null() || len.is_null() { 0 } else { unsafe { *len } };
     // SAFETY: the application's arguments.
     let nfd = unsafe { real::accept4(fd, addr, len, flags) };
-    crate::behind::new_number(nfd, false);
-    crate::repeat::forget(nfd);
+    crate::api::behind::new_number(nfd, false);
+    crate::api::repeat::forget(nfd);
     if nfd < 0 || table::kind(fd) != LISTEN {
         return nfd;
     }
@@ -791,7 +794,7 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
     // come, and the connection is plain without a look at the rendezvous (a system call), or at
     // the guard's thread-local.
     // SAFETY: the kernel wrote the peer's address at `addr`, `*len` bytes of it within `room`.
-    if room > 0 && unsafe { crate::parse_sockaddr(addr, room.min(*len)) }.is_some_and(|p| p.port() % 2 == 0) {
+    if room > 0 && unsafe { crate::base::addr::parse_sockaddr(addr, room.min(*len)) }.is_some_and(|p| p.port() % 2 == 0) {
         return nfd;
     }
     let Some(g) = Guard::try_enter() else { return nfd };
@@ -820,7 +823,7 @@ pub(crate) fn forget(fd: c_int) {
     };
     poll::forget_fd(fd);
     match old {
-        Entry::Conn(c) => crate::semantics::closing(fd, &c),
+        Entry::Conn(c) => crate::api::semantics::closing(fd, &c),
         Entry::Listen(l) => server::on_close_listen(&l),
         Entry::Pending(p) => client::close_pending(p),
         _ => {}
@@ -837,7 +840,7 @@ pub unsafe fn close(fd: c_int) -> c_int {
         unsafe { close_slow(fd) }
     };
     // After the call: a change racing with the close cannot leave a memory of the closed number.
-    crate::repeat::forget(fd);
+    crate::api::repeat::forget(fd);
     r
 }
 
@@ -880,7 +883,7 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
 
 /// Copies the table entry of `fd` to `nfd` after a successful dup.
 fn copy_entry(fd: c_int, nfd: c_int) {
-    crate::repeat::duplicated(fd, nfd);
+    crate::api::repeat::duplicated(fd, nfd);
     client::resolve_fd(fd);
     let e = match table::lock(fd) {
         Some(mut s) => match s.entry() {
@@ -899,7 +902,7 @@ fn copy_entry(fd: c_int, nfd: c_int) {
     }
     // A duplicate may be inheritable where the original was not (see `handover`).
     if let Some(c) = conn {
-        crate::handover::update(nfd, &c);
+        crate::service::handover::update(nfd, &c);
     }
 }
 
@@ -908,7 +911,7 @@ pub unsafe fn dup(fd: c_int) -> c_int {
         // SAFETY: the application's argument.
         let n = unsafe { real::dup(fd) };
         if n >= 0 {
-            crate::repeat::duplicated(fd, n);
+            crate::api::repeat::duplicated(fd, n);
         }
         return n;
     }
@@ -936,7 +939,7 @@ pub unsafe fn dup3(fd: c_int, nfd: c_int, flags: c_int, two: bool) -> c_int {
     if Guard::busy() || (table::kind(fd) == NONE && table::kind(nfd) == NONE && !table::is_epoll(nfd)) {
         let n = call(fd, nfd, flags);
         if n >= 0 && fd != nfd {
-            crate::repeat::duplicated(fd, nfd);
+            crate::api::repeat::duplicated(fd, nfd);
         }
         return n;
     }
@@ -961,7 +964,7 @@ pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
         // SAFETY: the application's arguments.
         let r = unsafe { real_fcntl(fd, cmd, arg, is64) };
         if r >= 0 && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) {
-            crate::repeat::duplicated(fd, r);
+            crate::api::repeat::duplicated(fd, r);
         }
         return r;
     }
@@ -1000,7 +1003,7 @@ unsafe fn fcntl_slow(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
         libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => copy_entry(fd, r),
         libc::F_SETFD => {
             if let Some(c) = table::conn(fd) {
-                crate::handover::update(fd, &c);
+                crate::service::handover::update(fd, &c);
             }
         }
         _ => {}

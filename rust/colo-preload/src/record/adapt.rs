@@ -317,7 +317,7 @@ pub fn ended(dest: SocketAddr, lived: Lived) {
     let dest = key(dest);
     let mut g = DESTS.lock().unwrap_or_else(|e| e.into_inner());
     if dest_entry(g.get_or_insert_with(HashMap::default), dest).ended(Instant::now(), short) {
-        crate::log_info(format_args!(
+        crate::base::log::log_info(format_args!(
             "connect {dest}: most of its connections are short-lived; plain TCP there for {PLAIN_FOR:?} at a time (COLO_SHORT_LIVED=accelerate keeps shared memory)"
         ));
     }

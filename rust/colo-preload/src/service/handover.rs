@@ -13,8 +13,8 @@
 //! nothing reaches it over TCP, as nothing would reach a program that inherited half a pipe.
 //! `colo run` warns about such programs.
 
-use crate::conn::Conn;
-use crate::table::{self, Entry};
+use crate::conn::state::Conn;
+use crate::conn::table::{self, Entry};
 #[cfg(test)]
 use colo::segment::Role;
 use colo_sys::{BorrowedFd, OwnedFd, RawFd};
@@ -206,7 +206,7 @@ fn take_back_one(r: Record, socks: &[i32]) {
     // SAFETY: only asks the kernel about the number; a closed one gives EBADF.
     let open = |fd: RawFd| fd >= 0 && rustix::io::fcntl_getfd(unsafe { BorrowedFd::borrow_raw(fd) }).is_ok();
     if !fds.iter().all(|&fd| open(fd)) || (1..4).any(|i| fds[..i].contains(&fds[i])) {
-        crate::log_info(format_args!("exec: a handed-over connection lost its descriptors; dropped"));
+        crate::base::log::log_info(format_args!("exec: a handed-over connection lost its descriptors; dropped"));
         return;
     }
     // SAFETY: inherited descriptors recorded for this connection, open (checked above), owned
@@ -220,21 +220,21 @@ fn take_back_one(r: Record, socks: &[i32]) {
     let est = match colo::carrier::reattach(memfd, control, own_bell, self_bell, r.role) {
         Ok(est) => est,
         Err(why) => {
-            crate::log_info(format_args!("exec: connection on fd {first} not taken back: {why}"));
+            crate::base::log::log_info(format_args!("exec: connection on fd {first} not taken back: {why}"));
             return;
         }
     };
     // Standard I/O goes through libc's own calls, which the shim never sees (see `stdio`).
-    let est = if crate::stdio::is_stdio(socks) {
+    let est = if crate::service::stdio::is_stdio(socks) {
         let peer = est.peer;
-        match crate::stdio::relay(est, socks) {
+        match crate::service::stdio::relay(est, socks) {
             Ok(()) => {
-                crate::log_info(format_args!("exec: connection to {peer} on fd {first} is standard I/O: relayed over loopback TCP"));
+                crate::base::log::log_info(format_args!("exec: connection to {peer} on fd {first} is standard I/O: relayed over loopback TCP"));
                 return;
             }
             Err(failed) => {
                 let (est, why) = *failed;
-                crate::log_info(format_args!("exec: connection to {peer} on fd {first} is standard I/O, not relayed: {why}"));
+                crate::base::log::log_info(format_args!("exec: connection to {peer} on fd {first} is standard I/O, not relayed: {why}"));
                 est
             }
         }
@@ -248,7 +248,7 @@ fn take_back_one(r: Record, socks: &[i32]) {
     let conn = match Conn::resume(est, nonblocking) {
         Ok(c) => Arc::new(c),
         Err(e) => {
-            crate::log_info(format_args!("exec: connection to {peer} not taken back: {e}"));
+            crate::base::log::log_info(format_args!("exec: connection to {peer} not taken back: {e}"));
             return;
         }
     };
@@ -257,11 +257,11 @@ fn take_back_one(r: Record, socks: &[i32]) {
             slot.set(Entry::Conn(conn.clone()));
         }
     }
-    crate::semantics::adopt_options(first, &conn);
+    crate::api::semantics::adopt_options(first, &conn);
     // The record goes into this image's own handover file (and the flag catches up with the
     // descriptors, which came inheritable).
     update(first, &conn);
-    crate::log_info(format_args!("exec: connection to {peer} on fd {first} taken back (shared memory)"));
+    crate::base::log::log_info(format_args!("exec: connection to {peer} on fd {first} taken back (shared memory)"));
 }
 
 #[cfg(test)]

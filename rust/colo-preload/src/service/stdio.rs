@@ -151,7 +151,7 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd) -> ! {
     for _ in 0..3 {
         let _ = rustix::fs::open("/dev/null", rustix::fs::OFlags::RDWR, rustix::fs::Mode::empty()).map(std::mem::forget);
     }
-    let shm = match est.into_resumed_shm(crate::spin()) {
+    let shm = match est.into_resumed_shm(crate::base::env::spin()) {
         Ok(s) => s,
         // SAFETY: ends this process; the kernel closes the connection's descriptors.
         Err(_) => unsafe { libc::_exit(1) },

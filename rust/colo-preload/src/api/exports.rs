@@ -1,0 +1,428 @@
+//! The exported symbols: each a thin wrapper over the call's logic in the modules beside it
+//! (`data`, `fds`, `copy`, `fdopen`, `epoll`, `ppoll`, `sockopt`), or over libc (`real`) when the
+//! arguments show the call is not the shim's. A non-colo fd costs one atomic load before libc.
+
+use crate::api::{behind, poll, repeat, semantics, shim};
+use crate::base::guard::Guard;
+use crate::conn::table;
+use crate::real;
+use crate::service::server;
+use libc::{c_int, c_uint, c_ulong, c_void, iovec, msghdr, nfds_t, off_t, size_t, sockaddr, socklen_t, ssize_t};
+use libc::{epoll_event, fd_set, pollfd, sigset_t, timespec, timeval};
+use std::time::Duration;
+
+// ---- syscall --------------------------------------------------------------------------------
+
+/// `syscall(2)`: `io_uring_setup` is refused (`base::uring`); closes and duplicates of the
+/// shim's descriptors take the shim's paths (`behind`); every other call goes to libc unchanged.
+/// (`syscall` is variadic; on x86-64 and arm64 its integer arguments arrive where these
+/// parameters are read.)
+#[no_mangle]
+pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_long, c: libc::c_long, d: libc::c_long, e: libc::c_long, f: libc::c_long) -> libc::c_long {
+    if crate::base::uring::refused(n) {
+        return -1;
+    }
+    // Closes and duplicates of the shim's descriptors take the shim's paths (libuv closes so).
+    // SAFETY: the application's arguments.
+    if let Some(r) = unsafe { behind::syscall(n, a, b, c) } {
+        return r;
+    }
+    // SAFETY: the application's arguments, passed on as they came.
+    let r = unsafe { real::syscall(n, a, b, c, d, e, f) };
+    // Descriptors closed or replaced past libc's wrappers (see `repeat`).
+    if r >= 0 {
+        match n {
+            libc::SYS_close => repeat::forget(a as c_int),
+            libc::SYS_close_range if c & libc::CLOSE_RANGE_CLOEXEC as libc::c_long == 0 => repeat::forget_range(a as u32, b as u32),
+            libc::SYS_dup3 => repeat::duplicated(a as c_int, b as c_int),
+            _ => {}
+        }
+    }
+    r
+}
+
+/// `close_range(2)` (glibc 2.34), made as the system call itself: a child between `vfork` and
+/// `exec` (Python's subprocess) calls it, where a first look-up of libc's could wait on the
+/// loader's lock.
+#[no_mangle]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+        behind::closing_range(first, last);
+    }
+    // SAFETY: the application's arguments, as the system call takes them.
+    let r = unsafe { real::syscall(libc::SYS_close_range, first as libc::c_long, last as libc::c_long, flags as libc::c_long, 0, 0, 0) };
+    if r == 0 && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+        repeat::forget_range(first, last);
+    }
+    r as c_int
+}
+
+// ---- fork -----------------------------------------------------------------------------------
+
+/// `fork(2)`: the parent records the child as a holder of every connection at once, before it
+/// can close its own copy (the child's own record, in `atfork_child`, may come too late for
+/// that, and would let the parent's close end the connection for both).
+#[no_mangle]
+pub unsafe extern "C" fn fork() -> libc::pid_t {
+    if !Guard::busy() {
+        let _g = Guard::enter();
+        server::before_fork();
+    }
+    // SAFETY: libc's fork.
+    let pid = unsafe { real::fork() };
+    if pid > 0 {
+        for fd in table::fds_of_kind(table::CONN) {
+            if let Some(c) = table::conn(fd as i32) {
+                c.add_holder(pid as u32);
+            }
+        }
+    }
+    pid
+}
+
+fn timeout_of(ts: *const timespec) -> Option<Duration> {
+    if ts.is_null() {
+        return None;
+    }
+    // SAFETY: the application's timespec.
+    let t = unsafe { *ts };
+    Some(Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32))
+}
+
+fn timeout_ms(ms: c_int) -> Option<Duration> {
+    (ms >= 0).then(|| Duration::from_millis(ms as u64))
+}
+
+// ---- the socket calls -----------------------------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::socket(domain, ty, protocol) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::connect(fd, addr, len) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::listen(fd, backlog) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::accept4(fd, addr, len, 0) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::accept4(fd, addr, len, flags) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::close(fd) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::shutdown(fd, how) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::read(fd, buf, n) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t {
+    if n > buflen || !shim::is_colo_or_pending(fd) {
+        // SAFETY: libc's check (aborts on overflow) and call.
+        return unsafe { real::__read_chk(fd, buf, n, buflen) };
+    }
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::read(fd, buf, n) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::write(fd, buf, n) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::readv(fd, iov, cnt) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::writev(fd, iov, cnt) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::recvfrom(fd, buf, n, flags, std::ptr::null_mut(), std::ptr::null_mut()) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int) -> ssize_t {
+    if n > buflen || !shim::is_colo_or_pending(fd) {
+        // SAFETY: libc's check and call.
+        return unsafe { real::__recv_chk(fd, buf, n, buflen, flags) };
+    }
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::recvfrom(fd, buf, n, flags, std::ptr::null_mut(), std::ptr::null_mut()) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::recvfrom(fd, buf, n, flags, addr, len) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn __recvfrom_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
+    if n > buflen || !shim::is_colo_or_pending(fd) {
+        // SAFETY: libc's check and call.
+        return unsafe { real::__recvfrom_chk(fd, buf, n, buflen, flags, addr, len) };
+    }
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::recvfrom(fd, buf, n, flags, addr, len) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::sendto(fd, buf, n, flags, std::ptr::null(), 0) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    len: socklen_t,
+) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::sendto(fd, buf, n, flags, addr, len) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::recvmsg(fd, msg, flags) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::sendmsg(fd, msg, flags) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn recvmmsg(fd: c_int, v: *mut libc::mmsghdr, n: c_uint, flags: c_int, t: *mut timespec) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::recvmmsg(fd, v, n, flags, t) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: c_uint, flags: c_int) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::sendmmsg(fd, v, n, flags) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn sendfile(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::sendfile32(out, inp, off, n) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn sendfile64(out: c_int, inp: c_int, off: *mut i64, n: size_t) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::sendfile32(out, inp, off.cast(), n) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn splice(inp: c_int, off_in: *mut i64, out: c_int, off_out: *mut i64, n: size_t, flags: c_uint) -> ssize_t {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::splice(inp, off_in, out, off_out, n, flags) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::fdopen(fd, mode) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: forwarding the application's arguments (the variadic argument is one word).
+    unsafe { shim::fcntl(fd, cmd, arg, false) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: forwarding the application's arguments (the variadic argument is one word).
+    unsafe { shim::fcntl(fd, cmd, arg, true) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
+    // SAFETY: forwarding the application's arguments (the variadic argument is one word).
+    unsafe { shim::ioctl(fd, req, arg) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::setsockopt(fd, level, name, val, len) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { semantics::getsockopt(fd, level, name, val, len) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::dup(fd) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn dup2(fd: c_int, new: c_int) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::dup3(fd, new, 0, true) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { shim::dup3(fd, new, flags, false) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
+    if !poll::has_colo(fds, n) {
+        // SAFETY: forwarding the application's arguments.
+        return unsafe { real::poll(fds, n, timeout) };
+    }
+    // SAFETY: forwarding the application's arguments.
+    unsafe { poll::ppoll_impl(fds, n, timeout_ms(timeout), std::ptr::null()) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: size_t) -> c_int {
+    if !poll::has_colo(fds, n) || (n as usize) > fdslen / std::mem::size_of::<pollfd>() {
+        // SAFETY: libc's check and call.
+        return unsafe { real::__poll_chk(fds, n, timeout, fdslen) };
+    }
+    // SAFETY: forwarding the application's arguments.
+    unsafe { poll::ppoll_impl(fds, n, timeout_ms(timeout), std::ptr::null()) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn ppoll(fds: *mut pollfd, n: nfds_t, t: *const timespec, mask: *const sigset_t) -> c_int {
+    if !poll::has_colo(fds, n) {
+        // SAFETY: forwarding the application's arguments.
+        return unsafe { real::ppoll(fds, n, t, mask) };
+    }
+    // SAFETY: forwarding the application's arguments.
+    unsafe { poll::ppoll_impl(fds, n, timeout_of(t), mask) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn __ppoll_chk(
+    fds: *mut pollfd,
+    n: nfds_t,
+    t: *const timespec,
+    mask: *const sigset_t,
+    fdslen: size_t,
+) -> c_int {
+    if !poll::has_colo(fds, n) || (n as usize) > fdslen / std::mem::size_of::<pollfd>() {
+        // SAFETY: libc's check and call.
+        return unsafe { real::__ppoll_chk(fds, n, t, mask, fdslen) };
+    }
+    // SAFETY: forwarding the application's arguments.
+    unsafe { poll::ppoll_impl(fds, n, timeout_of(t), mask) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn select(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, t: *mut timeval) -> c_int {
+    let to = (!t.is_null()).then(|| {
+        // SAFETY: the application's timeval.
+        let tv = unsafe { *t };
+        Duration::new(tv.tv_sec.max(0) as u64, (tv.tv_usec.clamp(0, 999_999) as u32) * 1000)
+    });
+    // SAFETY: forwarding the application's arguments.
+    match unsafe { poll::select_impl(n, r, w, e, to, std::ptr::null()) } {
+        Some(rc) => rc,
+        // SAFETY: forwarding the application's arguments.
+        None => unsafe { real::select(n, r, w, e, t) },
+    }
+}
+#[no_mangle]
+pub unsafe extern "C" fn pselect(
+    n: c_int,
+    r: *mut fd_set,
+    w: *mut fd_set,
+    e: *mut fd_set,
+    t: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    match unsafe { poll::select_impl(n, r, w, e, timeout_of(t), mask) } {
+        Some(rc) => rc,
+        // SAFETY: forwarding the application's arguments.
+        None => unsafe { real::pselect(n, r, w, e, t, mask) },
+    }
+}
+#[no_mangle]
+pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { poll::epoll_ctl(ep, op, fd, ev) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
+    let forks = repeat::before_create();
+    // SAFETY: forwarding the application's argument.
+    let fd = unsafe { real::epoll_create(size) };
+    repeat::created(fd, forks);
+    fd
+}
+#[no_mangle]
+pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
+    let forks = repeat::before_create();
+    // SAFETY: forwarding the application's argument.
+    let fd = unsafe { real::epoll_create1(flags) };
+    repeat::created(fd, forks);
+    fd
+}
+#[no_mangle]
+pub unsafe extern "C" fn epoll_wait(ep: c_int, evs: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { poll::epoll_wait_with(ep, evs, max, timeout, |b, m, t| real::epoll_wait(ep, b, m, t)) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait(
+    ep: c_int,
+    evs: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+    mask: *const sigset_t,
+) -> c_int {
+    // SAFETY: forwarding the application's arguments.
+    unsafe { poll::epoll_wait_with(ep, evs, max, timeout, |b, m, t| real::epoll_pwait(ep, b, m, t, mask)) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait2(
+    ep: c_int,
+    evs: *mut epoll_event,
+    max: c_int,
+    t: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
+    let ms = timeout_of(t).map_or(-1, |d| d.as_millis().min(c_int::MAX as u128) as c_int);
+    // SAFETY: forwarding the application's arguments.
+    unsafe {
+        poll::epoll_wait_with(ep, evs, max, ms, |b, m, ms| {
+            let ts = timespec { tv_sec: (ms / 1000) as i64, tv_nsec: ((ms % 1000) as i64) * 1_000_000 };
+            let tp = if ms < 0 { std::ptr::null() } else { &ts as *const timespec };
+            real::epoll_pwait2(ep, b, m, if ms == c_int::MAX { t } else { tp }, mask)
+        })
+    }
+}

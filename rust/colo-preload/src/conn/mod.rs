@@ -1,0 +1,5 @@
+//! The descriptor table and the state of each accelerated connection.
+
+pub mod state;
+pub mod table;
+pub mod turns;
