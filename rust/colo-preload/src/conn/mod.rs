@@ -1,5 +1,6 @@
 //! The descriptor table and the state of each accelerated connection.
 
+pub mod entry;
 pub mod state;
 pub mod table;
 pub mod turns;

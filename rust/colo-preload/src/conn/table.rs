@@ -2,9 +2,8 @@
 //! few fds that are colo's, an entry behind a per-fd mutex. Fds at or above [`MAX_FD`] are never
 //! accelerated (they stay plain TCP).
 
-use crate::service::client::Pending;
+use crate::conn::entry::{Listen, Pending};
 use crate::conn::state::Conn;
-use crate::service::server::Listen;
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 

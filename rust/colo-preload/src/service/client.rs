@@ -4,25 +4,16 @@
 //! plain TCP (nothing was written to the ring, so nothing is lost).
 
 use crate::conn::state::Conn;
+use crate::conn::entry::Pending;
 use crate::conn::table::{self, Entry, Slot};
 use crate::base::addr::sockaddr_of;
 use crate::base::log::log_info;
-use colo::carrier::{self, Abandon, Answer, Offer};
+use colo::carrier::{self, Abandon, Answer};
 use colo_ring::layout::Geometry;
 use colo_sys::BorrowedFd;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-pub struct Pending {
-    offer: Offer,
-    deadline: Instant,
-    peer: SocketAddr,
-    /// This process listens on the destination: the thread that waits for the answer may be the
-    /// one that has to accept (nginx proxying to itself), so it waits only `SELF_WAIT`, and
-    /// if that runs out this process dials `target` over plain TCP from then on.
-    self_served: Option<SocketAddr>,
-}
 
 /// How long a dial to a destination this process listens on waits for the answer.
 const SELF_WAIT: Duration = Duration::from_millis(50);

@@ -12,6 +12,7 @@
 
 use crate::conn::state::Conn;
 use crate::record::lineage::{Asked, Lineage, Request, Shared};
+use crate::conn::entry::Listen;
 use crate::conn::table::{self, Entry};
 use crate::base::addr::sockaddr_of;
 use crate::base::log::log_info;
@@ -49,19 +50,6 @@ const STARVED_PAUSE: Duration = Duration::from_millis(100);
 
 /// How long a process forked from the serving one waits for the service's answer.
 const ASK_WAIT: Duration = Duration::from_millis(500);
-
-/// A kernel listening socket that also has a rendezvous.
-#[derive(Debug)]
-pub struct Listen {
-    pub rendezvous: OwnedFd,
-    /// The address it listens on.
-    pub addr: std::net::SocketAddr,
-    /// Names it among this process's listeners, for as long as the process lives (its markers
-    /// are recorded by it).
-    id: u64,
-    /// The lineage whose service collects this listener's offers.
-    lineage: &'static Lineage,
-}
 
 /// Addresses this process holds colo listeners for (a fork child inherits the list with the
 /// sockets): a connection to one of them may have to be accepted by the very thread that dials.
