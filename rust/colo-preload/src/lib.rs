@@ -60,7 +60,7 @@ extern "C" fn atfork_child() {
     // Registered before the pid cache's own handler, so it runs first.
     colo_sys::host::forget_pid();
     repeat::forking();
-    handover::atfork_child();
+    crate::record::handover_file::atfork_child();
     server::atfork_child();
     server::marker_child();
     let me = colo_sys::host::pid();

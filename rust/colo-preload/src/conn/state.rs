@@ -630,8 +630,8 @@ impl Drop for Conn {
         let others = self.others_hold();
         if self.inheritable() {
             // A holder that exec'd may not have read the handover file yet: leave it unchanged.
-            crate::service::handover::forget(self.raw[3], others);
-            crate::service::handover::closing(&self.raw);
+            crate::record::handover_file::forget(self.raw[3], others);
+            crate::record::handover_file::closing(&self.raw);
         }
         if others {
             // Another process (fork) still uses this connection: release our copy only, so the

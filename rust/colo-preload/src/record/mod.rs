@@ -2,5 +2,6 @@
 //! a connection's end and the services write to. None of them knows the table or a connection.
 
 pub mod adapt;
+pub mod handover_file;
 pub mod lineage;
 pub mod marker;
