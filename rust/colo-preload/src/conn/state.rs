@@ -31,6 +31,10 @@ const TCP_CLOSE_WAIT: u8 = 8;
 /// the same list; a copy closed while another process still holds it is released quietly.
 const HOLDERS: usize = 64;
 
+/// Records that a connection accepted on a local address, from a program tagged so, ended
+/// (`short`: it did not pay for its set-up, see `adapt::Lived`).
+pub type EndRecorder = fn(local: std::net::SocketAddr, tag: u64, short: bool);
+
 pub struct Conn {
     shm: ManuallyDrop<Shm>,
     w: Words,
@@ -69,6 +73,9 @@ pub struct Conn {
     /// On the server side: the client's program tag, under which its ending is recorded for the
     /// listener's short-lived marker.
     client_tag: Option<u64>,
+    /// Records the ending of a connection that has a `client_tag` (the server's service passes
+    /// its own: this module knows no service).
+    on_end: Option<EndRecorder>,
 }
 
 // SAFETY: the raw pointers point into mappings owned by `shm` (the segment) and by this value
@@ -79,10 +86,11 @@ unsafe impl Sync for Conn {}
 
 impl Conn {
     /// The server side of a connection dialed by a program tagged `client_tag` (see
-    /// `server::client_tag`).
-    pub fn accepted(client_tag: Option<u64>, est: Established, nonblocking: bool) -> std::io::Result<Conn> {
+    /// `server::client_tag`), whose ending `on_end` records.
+    pub fn accepted(client_tag: Option<u64>, on_end: EndRecorder, est: Established, nonblocking: bool) -> std::io::Result<Conn> {
         let mut c = Conn::build(est, nonblocking, false, std::time::Duration::ZERO)?;
         c.client_tag = client_tag;
+        c.on_end = Some(on_end);
         Ok(c)
     }
 
@@ -135,6 +143,7 @@ impl Conn {
             lowat: AtomicU32::new(1),
             send_limit: AtomicU64::new(0),
             client_tag: None,
+            on_end: None,
         })
     }
 
@@ -651,11 +660,11 @@ impl Drop for Conn {
                 let after_only_reply = (self.sent_before_reply.load(Ordering::Relaxed) == sent).then(|| age.saturating_sub(reply_at));
                 let lived = crate::record::adapt::Lived { lived: age, setup: self.setup, bytes: sent + got, after_only_reply };
                 crate::record::adapt::ended(self.shm.peer_addr(), lived);
-            } else if let Some(tag) = self.client_tag {
+            } else if let (Some(tag), Some(on_end)) = (self.client_tag, self.on_end) {
                 // The server's side lives from its accept, after any wait in the backlog: its
                 // age alone tells a connection per request.
                 let lived = crate::record::adapt::Lived { lived: age, setup: self.setup, bytes: sent + got, after_only_reply: None };
-                crate::service::server::connection_ended(self.shm.local_addr(), tag, lived.short());
+                on_end(self.shm.local_addr(), tag, lived.short());
             }
             // As kernel TCP, which answers a close with RST instead of FIN when the socket
             // lingers for zero seconds or bytes it received were never read.

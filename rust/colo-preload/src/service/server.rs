@@ -875,7 +875,7 @@ fn claim(fd: i32, nonblocking: bool, peer: std::net::SocketAddr, local: std::net
     match hello.claim() {
         // The tag after the claim: its look at the client's command line must not delay the
         // WELCOME the client waits for.
-        Ok(est) => match Conn::accepted(client_tag(&est.fds.control), est, nonblocking) {
+        Ok(est) => match Conn::accepted(client_tag(&est.fds.control), connection_ended, est, nonblocking) {
             Ok(c) => {
                 let c = Arc::new(c);
                 if let Some(mut slot) = table::lock(fd) {
