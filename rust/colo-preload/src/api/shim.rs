@@ -4,7 +4,7 @@
 use crate::conn::state::{Conn, IN, OUT};
 use crate::conn::table::{self, Entry, CONN, LISTEN, NONE, PENDING};
 use crate::api::semantics::setsockopt_slow;
-use crate::api::poll;
+use crate::conn::regs;
 use crate::base::guard::Guard;
 use crate::real;
 use crate::service::{client, server};
@@ -753,7 +753,7 @@ unsafe fn connect_fresh(g: Guard, fd: c_int, peer: SocketAddr, addr: *const sock
                 // Registered in epoll before `connect` (nginx's upstreams): decide now, so that
                 // the registrations watch the ring from the start. Otherwise a server that speaks
                 // first (a banner) would never be reported: nothing else resolves the fd.
-                if poll::has_plain(fd) {
+                if regs::has_plain(fd) {
                     client::resolve_fd(fd);
                 }
             } else {
@@ -811,7 +811,7 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
 /// Forgets what the table knows about `fd` (it is being closed or replaced).
 pub(crate) fn forget(fd: c_int) {
     if table::is_epoll(fd) {
-        poll::forget_epoll(fd);
+        regs::forget_epoll(fd);
         table::set_epoll(fd, false);
     }
     if table::kind(fd) == NONE {
@@ -821,7 +821,7 @@ pub(crate) fn forget(fd: c_int) {
         Some(mut s) => s.take(),
         None => return,
     };
-    poll::forget_fd(fd);
+    regs::forget_fd(fd);
     match old {
         Entry::Conn(c) => crate::api::semantics::closing(fd, &c),
         Entry::Listen(l) => server::on_close_listen(&l),

@@ -1,6 +1,7 @@
 //! The descriptor table and the state of each accelerated connection.
 
 pub mod entry;
+pub mod regs;
 pub mod state;
 pub mod table;
 pub mod turns;

@@ -249,7 +249,7 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
             crate::service::handover::on_new(fd, &c);
             // Registered in an epoll set before `connect` (as nginx does its upstreams): those
             // registrations watch the TCP socket, which will carry nothing now.
-            crate::api::poll::adopt_plain(fd, &c);
+            crate::conn::regs::adopt_plain(fd, &c);
             log_info(format_args!("connect {peer}: accelerated (shared memory)"));
         }
         Err(e) => {
