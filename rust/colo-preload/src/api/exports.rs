@@ -2,7 +2,7 @@
 //! (`data`, `fds`, `copy`, `fdopen`, `epoll`, `ppoll`, `sockopt`), or over libc (`real`) when the
 //! arguments show the call is not the shim's. A non-colo fd costs one atomic load before libc.
 
-use crate::api::{behind, poll, repeat, semantics, shim};
+use crate::api::{behind, copy, data, fdopen, fds, forget, poll, repeat, route, sockopt};
 use crate::base::guard::Guard;
 use crate::conn::table;
 use crate::real;
@@ -47,7 +47,7 @@ pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_lo
 #[no_mangle]
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
     if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
-        behind::closing_range(first, last);
+        forget::closing_range(first, last);
     }
     // SAFETY: the application's arguments, as the system call takes them.
     let r = unsafe { real::syscall(libc::SYS_close_range, first as libc::c_long, last as libc::c_long, flags as libc::c_long, 0, 0, 0) };
@@ -98,80 +98,80 @@ fn timeout_ms(ms: c_int) -> Option<Duration> {
 #[no_mangle]
 pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::socket(domain, ty, protocol) }
+    unsafe { fds::socket(domain, ty, protocol) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::connect(fd, addr, len) }
+    unsafe { fds::connect(fd, addr, len) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::listen(fd, backlog) }
+    unsafe { fds::listen(fd, backlog) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::accept4(fd, addr, len, 0) }
+    unsafe { fds::accept4(fd, addr, len, 0) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::accept4(fd, addr, len, flags) }
+    unsafe { fds::accept4(fd, addr, len, flags) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::close(fd) }
+    unsafe { fds::close(fd) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::shutdown(fd, how) }
+    unsafe { fds::shutdown(fd, how) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::read(fd, buf, n) }
+    unsafe { data::read(fd, buf, n) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t {
-    if n > buflen || !shim::is_colo_or_pending(fd) {
+    if n > buflen || !route::is_colo_or_pending(fd) {
         // SAFETY: libc's check (aborts on overflow) and call.
         return unsafe { real::__read_chk(fd, buf, n, buflen) };
     }
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::read(fd, buf, n) }
+    unsafe { data::read(fd, buf, n) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::write(fd, buf, n) }
+    unsafe { data::write(fd, buf, n) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::readv(fd, iov, cnt) }
+    unsafe { data::readv(fd, iov, cnt) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::writev(fd, iov, cnt) }
+    unsafe { data::writev(fd, iov, cnt) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::recvfrom(fd, buf, n, flags, std::ptr::null_mut(), std::ptr::null_mut()) }
+    unsafe { data::recvfrom(fd, buf, n, flags, std::ptr::null_mut(), std::ptr::null_mut()) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int) -> ssize_t {
-    if n > buflen || !shim::is_colo_or_pending(fd) {
+    if n > buflen || !route::is_colo_or_pending(fd) {
         // SAFETY: libc's check and call.
         return unsafe { real::__recv_chk(fd, buf, n, buflen, flags) };
     }
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::recvfrom(fd, buf, n, flags, std::ptr::null_mut(), std::ptr::null_mut()) }
+    unsafe { data::recvfrom(fd, buf, n, flags, std::ptr::null_mut(), std::ptr::null_mut()) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn recvfrom(
@@ -183,7 +183,7 @@ pub unsafe extern "C" fn recvfrom(
     len: *mut socklen_t,
 ) -> ssize_t {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::recvfrom(fd, buf, n, flags, addr, len) }
+    unsafe { data::recvfrom(fd, buf, n, flags, addr, len) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn __recvfrom_chk(
@@ -195,17 +195,17 @@ pub unsafe extern "C" fn __recvfrom_chk(
     addr: *mut sockaddr,
     len: *mut socklen_t,
 ) -> ssize_t {
-    if n > buflen || !shim::is_colo_or_pending(fd) {
+    if n > buflen || !route::is_colo_or_pending(fd) {
         // SAFETY: libc's check and call.
         return unsafe { real::__recvfrom_chk(fd, buf, n, buflen, flags, addr, len) };
     }
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::recvfrom(fd, buf, n, flags, addr, len) }
+    unsafe { data::recvfrom(fd, buf, n, flags, addr, len) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::sendto(fd, buf, n, flags, std::ptr::null(), 0) }
+    unsafe { data::sendto(fd, buf, n, flags, std::ptr::null(), 0) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn sendto(
@@ -217,87 +217,87 @@ pub unsafe extern "C" fn sendto(
     len: socklen_t,
 ) -> ssize_t {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::sendto(fd, buf, n, flags, addr, len) }
+    unsafe { data::sendto(fd, buf, n, flags, addr, len) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::recvmsg(fd, msg, flags) }
+    unsafe { data::recvmsg(fd, msg, flags) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::sendmsg(fd, msg, flags) }
+    unsafe { data::sendmsg(fd, msg, flags) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn recvmmsg(fd: c_int, v: *mut libc::mmsghdr, n: c_uint, flags: c_int, t: *mut timespec) -> c_int {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::recvmmsg(fd, v, n, flags, t) }
+    unsafe { data::recvmmsg(fd, v, n, flags, t) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: c_uint, flags: c_int) -> c_int {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::sendmmsg(fd, v, n, flags) }
+    unsafe { data::sendmmsg(fd, v, n, flags) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn sendfile(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::sendfile32(out, inp, off, n) }
+    unsafe { copy::sendfile(out, inp, off, n) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn sendfile64(out: c_int, inp: c_int, off: *mut i64, n: size_t) -> ssize_t {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::sendfile32(out, inp, off.cast(), n) }
+    unsafe { copy::sendfile(out, inp, off.cast(), n) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn splice(inp: c_int, off_in: *mut i64, out: c_int, off_out: *mut i64, n: size_t, flags: c_uint) -> ssize_t {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::splice(inp, off_in, out, off_out, n, flags) }
+    unsafe { copy::splice(inp, off_in, out, off_out, n, flags) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::fdopen(fd, mode) }
+    unsafe { fdopen::fdopen(fd, mode) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     // SAFETY: forwarding the application's arguments (the variadic argument is one word).
-    unsafe { shim::fcntl(fd, cmd, arg, false) }
+    unsafe { fds::fcntl(fd, cmd, arg, false) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     // SAFETY: forwarding the application's arguments (the variadic argument is one word).
-    unsafe { shim::fcntl(fd, cmd, arg, true) }
+    unsafe { fds::fcntl(fd, cmd, arg, true) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
     // SAFETY: forwarding the application's arguments (the variadic argument is one word).
-    unsafe { shim::ioctl(fd, req, arg) }
+    unsafe { fds::ioctl(fd, req, arg) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::setsockopt(fd, level, name, val, len) }
+    unsafe { sockopt::setsockopt(fd, level, name, val, len) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
     // SAFETY: forwarding the application's arguments.
-    unsafe { semantics::getsockopt(fd, level, name, val, len) }
+    unsafe { sockopt::getsockopt(fd, level, name, val, len) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::dup(fd) }
+    unsafe { fds::dup(fd) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn dup2(fd: c_int, new: c_int) -> c_int {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::dup3(fd, new, 0, true) }
+    unsafe { fds::dup3(fd, new, 0, true) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int {
     // SAFETY: forwarding the application's arguments.
-    unsafe { shim::dup3(fd, new, flags, false) }
+    unsafe { fds::dup3(fd, new, flags, false) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {

@@ -747,7 +747,7 @@ pub fn has_colo(fds: *const pollfd, n: nfds_t) -> bool {
     }
     // SAFETY: `n` pollfds at `fds`.
     let arr = unsafe { crate::base::mem::slice(fds, n as usize) };
-    arr.iter().any(|p| crate::api::shim::is_colo_or_pending(p.fd))
+    arr.iter().any(|p| crate::api::route::is_colo_or_pending(p.fd))
 }
 
 /// select/pselect: through `ppoll_impl` when an accelerated fd is in a set.
@@ -765,7 +765,7 @@ pub unsafe fn select_impl(
     let n = nfds.min(libc::FD_SETSIZE as c_int);
     // SAFETY: fd_sets given by the application (FD_ISSET reads within FD_SETSIZE).
     let isset = |s: *mut libc::fd_set, fd: c_int| !s.is_null() && unsafe { libc::FD_ISSET(fd, s) };
-    if !(0..n).any(|fd| crate::api::shim::is_colo_or_pending(fd) && (isset(r, fd) || isset(w, fd) || isset(e, fd))) {
+    if !(0..n).any(|fd| crate::api::route::is_colo_or_pending(fd) && (isset(r, fd) || isset(w, fd) || isset(e, fd))) {
         return None;
     }
     let mut pfds = Vec::new();

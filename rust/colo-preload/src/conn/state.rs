@@ -62,7 +62,7 @@ pub struct Conn {
     /// The peer's reset has been reported (by a read, a write or `SO_ERROR`): as the kernel's
     /// socket error, it is reported once (`report_reset`).
     reset_reported: AtomicBool,
-    /// Closed with `SO_LINGER {1, 0}`: the last close resets (`semantics::closing`).
+    /// Closed with `SO_LINGER {1, 0}`: the last close resets (`conn::options::closing`).
     abort: AtomicBool,
     /// This side shut down reading (`Shm::shutdown_as_tcp`): readable (end of stream) with RDHUP.
     read_shut: AtomicBool,

@@ -245,7 +245,7 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
         Ok(c) => {
             let c = Arc::new(c);
             slot.set(Entry::Conn(c.clone()));
-            crate::api::semantics::adopt_options(fd, &c);
+            crate::conn::options::adopt_options(fd, &c);
             crate::service::handover::on_new(fd, &c);
             // Registered in an epoll set before `connect` (as nginx does its upstreams): those
             // registrations watch the TCP socket, which will carry nothing now.

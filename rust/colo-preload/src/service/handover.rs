@@ -161,7 +161,7 @@ fn take_back_one(r: Record, socks: &[i32]) {
             slot.set(Entry::Conn(conn.clone()));
         }
     }
-    crate::api::semantics::adopt_options(first, &conn);
+    crate::conn::options::adopt_options(first, &conn);
     // The record goes into this image's own handover file (and the flag catches up with the
     // descriptors, which came inheritable).
     update(first, &conn);

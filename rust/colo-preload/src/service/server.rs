@@ -881,7 +881,7 @@ fn claim(fd: i32, nonblocking: bool, peer: std::net::SocketAddr, local: std::net
                 if let Some(mut slot) = table::lock(fd) {
                     slot.set(Entry::Conn(c.clone()));
                 }
-                crate::api::semantics::adopt_options(fd, &c);
+                crate::conn::options::adopt_options(fd, &c);
                 crate::service::handover::on_new(fd, &c);
                 log_info(format_args!("accept {peer} -> {local}: accelerated (shared memory)"));
                 false
