@@ -115,6 +115,7 @@ struct Service {
 static SERVICE: AtomicPtr<Service> = AtomicPtr::new(std::ptr::null_mut());
 
 fn service() -> Option<&'static Service> {
+    // SYNC POINT with the Release store in `start`.
     let p = SERVICE.load(Ordering::Acquire);
     // SAFETY: services are leaked (never freed), so a non-null pointer stays valid.
     (!p.is_null()).then(|| unsafe { &*p })
@@ -168,9 +169,12 @@ fn start(lineage: &'static Lineage, seen: u32, listens: Vec<Arc<Listen>>) -> Opt
             {
                 // Counts a service that ended left behind are not this one's.
                 let st = lock(svc);
+                // SYNC POINT with the SeqCst loads in `may_have_offer`, as in `drain_one`.
                 svc.lineage.shared.busy.store(0, Ordering::SeqCst);
                 publish(&st);
             }
+            // SYNC POINT with the Acquire load in `service`: a thread that sees the pointer sees
+            // the Service built above.
             SERVICE.store(svc as *const Service as *mut Service, Ordering::Release);
             let _ = tx.send(Some(svc as *const Service as usize));
             serve(svc)
@@ -363,6 +367,7 @@ fn drain_one(st: &mut State, l: &Listen) {
         take_hello(st, c, uid);
     }
     publish(st);
+    // SYNC POINT with `may_have_offer`: not busy only once the offers are counted (`publish`).
     st.shared.busy.fetch_sub(1, Ordering::SeqCst);
 }
 
