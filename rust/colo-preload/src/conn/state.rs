@@ -224,11 +224,14 @@ impl Conn {
 
     /// Records that process `pid` (a fork child) holds a copy.
     pub fn add_holder(&self, pid: u32) {
-        if (0..HOLDERS).any(|i| self.holder(i).load(Ordering::Acquire) == pid) {
+        // Relaxed (here and in `others_hold`): a holder word is the whole message, a pid; nothing
+        // else is written before it or read on its strength (whether a process holds the
+        // connection is asked of /proc), so atomicity is all it needs.
+        if (0..HOLDERS).any(|i| self.holder(i).load(Ordering::Relaxed) == pid) {
             return;
         }
         for i in 0..HOLDERS {
-            if self.holder(i).compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            if self.holder(i).compare_exchange(0, pid, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
                 return;
             }
         }
@@ -240,9 +243,8 @@ impl Conn {
     /// child). A process counts only while it has our end's control socket open under the same
     /// number: a child that exec'd without the connection, or released its copy, holds nothing.
     /// (Not the segment memfd: the peer holds the same one, often under the same number, as both
-    /// shims move descriptors to the same floor; a client forked by its server took the server
-    /// for a holder and closed without telling it, 2 of 16 connections in half the runs of
-    /// tests/apps/c/close_during_epoll.c.)
+    /// shims move descriptors to the same floor, so a client forked by its server would take the
+    /// server for a holder and close without telling it.)
     fn others_hold(&self) -> bool {
         let me = colo_sys::host::pid();
         let control = self.raw[0];
@@ -258,18 +260,18 @@ impl Conn {
         };
         let mut others = false;
         for i in 0..HOLDERS {
-            let p = self.holder(i).load(Ordering::Acquire);
+            let p = self.holder(i).load(Ordering::Relaxed);
             if p == 0 {
                 continue;
             }
             if p == me {
-                self.holder(i).store(0, Ordering::Release);
+                self.holder(i).store(0, Ordering::Relaxed);
                 continue;
             }
             if holds(p) {
                 others = true;
             } else {
-                self.holder(i).store(0, Ordering::Release);
+                self.holder(i).store(0, Ordering::Relaxed);
             }
         }
         if others || !self.inheritable() {
@@ -323,6 +325,11 @@ impl Conn {
     /// The readiness of the connection, in epoll bits. `check_gone`: also ask the control socket
     /// (a syscall) when nothing else makes the connection readable.
     pub fn ready(&self, check_gone: bool) -> u32 {
+        // SYNC POINT: the incoming head's Acquire pairs with the peer's Release store of it in
+        // `colo_ring::ring::Producer::write` (the bytes counted are in the ring), the incoming
+        // flags' with its Release fetch_or in `Producer::set_flags` (FIN after the last byte),
+        // the outgoing tail's with the peer's Release store in `Consumer::read` (the room
+        // counted is free). The other words are this side's own, written by this process.
         // SAFETY: (all loads below) aligned atomics inside the mapping `shm` owns.
         let (in_head, in_tail, in_flags, out_head, out_tail, out_flags) = unsafe {
             (
@@ -423,6 +430,7 @@ impl Conn {
     /// a kernel socket that stays ESTABLISHED under colo) and the bytes sent and received.
     pub fn tcp_info(&self) -> (u8, u64, u64) {
         let (in_flags, out_flags, _) = self.flags_and_all_read();
+        // SYNC POINT: the incoming head's Acquire as in `ready`.
         // SAFETY: aligned atomics inside the mapping `shm` owns.
         let (sent, got) = unsafe { ((*self.w.out_head).load(Ordering::Relaxed), (*self.w.in_head).load(Ordering::Acquire)) };
         let (ours, theirs) = (out_flags & FLAG_FIN != 0, in_flags & FLAG_FIN != 0);
@@ -448,6 +456,7 @@ impl Conn {
     /// Bytes in the incoming ring now (`FIONREAD`), from the counters alone: no lock, so it does
     /// not wait for a thread blocked in read. Corrupt counters: asks the ring, which reports it.
     pub fn available(&self) -> std::io::Result<usize> {
+        // SYNC POINT: the head's Acquire as in `ready`.
         // SAFETY: aligned atomics inside the mapping `shm` owns.
         let (head, tail) = unsafe { ((*self.w.in_head).load(Ordering::Acquire), (*self.w.in_tail).load(Ordering::Relaxed)) };
         let avail = head.wrapping_sub(tail);
@@ -460,6 +469,7 @@ impl Conn {
     /// Bytes the outgoing ring takes now without waiting (it only grows until we write), within
     /// a small `SO_SNDBUF`'s bound.
     pub fn space(&self) -> usize {
+        // SYNC POINT: the tail's Acquire as in `ready`.
         // SAFETY: aligned atomics inside the mapping `shm` owns.
         let (head, tail) = unsafe { ((*self.w.out_head).load(Ordering::Relaxed), (*self.w.out_tail).load(Ordering::Acquire)) };
         self.send_room().saturating_sub(head.wrapping_sub(tail)) as usize
@@ -496,6 +506,7 @@ impl Conn {
 
     /// The peer's and our ring flags, and whether the peer has read everything we sent.
     fn flags_and_all_read(&self) -> (u32, u32, bool) {
+        // SYNC POINT: the incoming flags' and the outgoing tail's Acquire as in `ready`.
         // SAFETY: aligned atomics inside the mapping `shm` owns.
         unsafe {
             (
@@ -668,6 +679,7 @@ impl Drop for Conn {
             }
             // As kernel TCP, which answers a close with RST instead of FIN when the socket
             // lingers for zero seconds or bytes it received were never read.
+            // SYNC POINT: the incoming head's Acquire as in `ready`.
             // SAFETY: an aligned atomic inside the mapping `shm` owns.
             let unread = unsafe { (*self.w.in_head).load(Ordering::Acquire) } != got;
             if self.abort.load(Ordering::Relaxed) || unread {
