@@ -277,9 +277,8 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
                 // stops at a short read (nginx) waits for EPOLLRDHUP. A level one sees a hang-up
                 // in every wait from then on, and a read that finds the ring empty looks at the
                 // control socket itself, so it asks only with nothing to read, on one duplicate
-                // in `DUP_CHECK`: asking on every one (a doorbell left rung is the usual cause)
-                // cost a system call per request, redis-benchmark -c 1 going from 240k to 178k
-                // requests/s.
+                // in `DUP_CHECK`: a doorbell left rung, the usual cause of a duplicate, costs no
+                // system call per request (docs/ARCHITECTURE.md).
                 if !reg.conn.known_gone() {
                     let edge = reg.kernel & (libc::EPOLLET | libc::EPOLLONESHOT) as u32 != 0;
                     let ask = edge || reg.conn.ready(false) & IN == 0 && {
@@ -293,9 +292,8 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
                 continue;
             }
             // A level-triggered registration for input asks the control socket only when its
-            // doorbell does not explain the report (see `Conn::arm`): a ring left from a
-            // reply already read cost clients two `recv`s per request (redis-benchmark -c 50
-            // GET: 1.3-1.5x the requests per second without them). The peer's hang-up is then
+            // doorbell does not explain the report (see `Conn::arm`), so that a ring left from a
+            // reply already read costs no `recv` on the control socket. The peer's hang-up is then
             // reported at the next wait, as end of stream. An edge (or one-shot) registration is
             // not reported again for a hang-up, and one for output would be told "writable"
             // meanwhile: those ask now.
@@ -438,9 +436,8 @@ pub unsafe fn epoll_wait_with(
         // registration, then looks for sleepers; with a fence on each side, at least one sees
         // the other). What the kernel reports is the application's unless tagged: an event of
         // a registration made meanwhile, of a duplicate of a set with connections (those are
-        // known under the original number), or of the set's wake-up eventfd. (An nginx worker
-        // whose first connections were accelerated went the long way for good: about 900
-        // instructions a request.)
+        // known under the original number), or of the set's wake-up eventfd. A set whose
+        // connections have all closed counts none again and comes back to this path.
         table::set_sleeping(epfd, true);
         fence(Ordering::SeqCst); // Partner: the fence in `register`.
         if table::regs_in(epfd) == 0 {

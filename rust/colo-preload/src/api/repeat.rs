@@ -1,11 +1,10 @@
 //! An `EPOLL_CTL_MOD` that changes nothing is answered without the kernel.
 //!
 //! Event loops in the style of redis's `ae` (redis, redis-benchmark, wrk) modify a registration
-//! to what it already is: wrk does so twice a request, two of its six `epoll_ctl`s, and
-//! redis-benchmark once a connection. For a level-triggered registration without `EPOLLONESHOT`
-//! the kernel's answer is success and nothing else: `ep_modify` queues the item if it is ready
-//! and not queued, and a ready level-triggered item is queued already (by its wake-up, or again
-//! after each report). So the shim remembers each plain descriptor's last such registration and
+//! to what it already is, some of them on every request. For a level-triggered registration
+//! without `EPOLLONESHOT` the kernel's answer is success and nothing else: `ep_modify` queues
+//! the item if it is ready and not queued, and a ready level-triggered item is queued already
+//! (by its wake-up, or again after each report). So the shim remembers each plain descriptor's last such registration and
 //! answers a repeat itself. Edge-triggered and one-shot registrations are not remembered: for
 //! them a repeat re-arms, and the kernel must see it.
 //!

@@ -32,8 +32,8 @@ pub struct Reg {
     /// EPOLLONESHOT fired: silent until EPOLL_CTL_MOD re-arms it.
     pub fired: bool,
     /// The application deleted it (`EPOLL_CTL_DEL`). Our kernel registration stays until the fd
-    /// closes or the peer hangs up, so that the next `EPOLL_CTL_ADD` costs no system call: event
-    /// loops such as redis-benchmark's delete and add a connection around every request.
+    /// closes or the peer hangs up, so that the next `EPOLL_CTL_ADD` costs no system call (event
+    /// loops such as redis-benchmark's delete and add a connection around every request).
     pub deleted: bool,
     /// The events our kernel registration of the readiness fd has.
     pub kernel: u32,
@@ -210,8 +210,8 @@ pub fn kernel_events(events: u32) -> u32 {
 /// connected): a socket registered before its `connect` (nginx's upstreams) may become a colo
 /// connection, and its registrations must then move to the connection's readiness fd
 /// ([`adopt_plain`]). Per fd: `(epfd, events, data)`. Any other fd's registrations are not
-/// recorded: wrk made six `epoll_ctl` calls per connection, and the record was most of the
-/// shim's cost on a plain connection.
+/// recorded, so the `epoll_ctl`s of a plain connection take no lock of the shim's
+/// (docs/ARCHITECTURE.md, "Only fresh sockets are the shim's business").
 /// Entries of an fd that was closed meanwhile are harmless: adoption first removes the kernel
 /// registration, which fails for them. (`None` rather than an empty `Vec`: all zeros, so the
 /// array costs no space in the library file.)
