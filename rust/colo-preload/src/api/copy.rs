@@ -124,7 +124,8 @@ thread_local! {
 /// pipe, then consume what the pipe took.
 pub unsafe fn splice(inp: c_int, off_in: *mut i64, out: c_int, off_out: *mut i64, len: size_t, flags: libc::c_uint) -> ssize_t {
     if (plain(inp) && plain(out)) || Guard::busy() {
-        // SAFETY: the application's arguments.
+        // SAFETY: `real::splice` is libc's `splice`, given the application's arguments unchanged:
+        // the contract the caller met.
         return unsafe { real::splice(inp, off_in, out, off_out, len, flags) };
     }
     let g = Guard::enter();
@@ -133,7 +134,8 @@ pub unsafe fn splice(inp: c_int, off_in: *mut i64, out: c_int, off_out: *mut i64
     let r = match (cin, cout) {
         (None, None) => {
             drop(g);
-            // SAFETY: the application's arguments.
+            // SAFETY: `real::splice` is libc's `splice`, given the application's arguments
+            // unchanged: the contract the caller met.
             return unsafe { real::splice(inp, off_in, out, off_out, len, flags) };
         }
         (Some(_), Some(_)) => return g.err(libc::EINVAL),

@@ -23,11 +23,13 @@ pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_lo
         return -1;
     }
     // Closes and duplicates of the shim's descriptors take the shim's paths (libuv closes so).
-    // SAFETY: the application's arguments.
+    // SAFETY: `behind::syscall` requires what libc's `syscall` does of these arguments, which the
+    // application's call met.
     if let Some(r) = unsafe { behind::syscall(n, a, b, c) } {
         return r;
     }
-    // SAFETY: the application's arguments, passed on as they came.
+    // SAFETY: `real::syscall` is libc's `syscall`, given the application's arguments unchanged: the
+    // contract the caller met.
     let r = unsafe { real::syscall(n, a, b, c, d, e, f) };
     // Descriptors closed or replaced past libc's wrappers (see `repeat`).
     if r >= 0 {
@@ -97,80 +99,96 @@ fn timeout_ms(ms: c_int) -> Option<Duration> {
 
 #[no_mangle]
 pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `fds::socket` requires what libc's `socket` does of these arguments, which the
+    // application's call met.
     unsafe { fds::socket(domain, ty, protocol) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `fds::connect` requires what libc's `connect` does of these arguments, which the
+    // application's call met.
     unsafe { fds::connect(fd, addr, len) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `fds::listen` requires what libc's `listen` does of these arguments, which the
+    // application's call met.
     unsafe { fds::listen(fd, backlog) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `fds::accept4` requires what libc's `accept` does of these arguments, which the
+    // application's call met.
     unsafe { fds::accept4(fd, addr, len, 0) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `fds::accept4` requires what libc's `accept4` does of these arguments, which the
+    // application's call met.
     unsafe { fds::accept4(fd, addr, len, flags) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `fds::close` requires what libc's `close` does of these arguments, which the
+    // application's call met.
     unsafe { fds::close(fd) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `fds::shutdown` requires what libc's `shutdown` does of these arguments, which the
+    // application's call met.
     unsafe { fds::shutdown(fd, how) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `data::read` requires what libc's `read` does of these arguments, which the
+    // application's call met.
     unsafe { data::read(fd, buf, n) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t {
     if n > buflen || !route::is_colo_or_pending(fd) {
-        // SAFETY: libc's check (aborts on overflow) and call.
+        // SAFETY: libc's `__read_chk` checks the length against the buffer's (aborting past it),
+        // then makes the call, under the contract the application's call met.
         return unsafe { real::__read_chk(fd, buf, n, buflen) };
     }
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `data::read` requires what libc's `__read_chk` does of these arguments, which the
+    // application's call met.
     unsafe { data::read(fd, buf, n) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `data::write` requires what libc's `write` does of these arguments, which the
+    // application's call met.
     unsafe { data::write(fd, buf, n) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `data::readv` requires what libc's `readv` does of these arguments, which the
+    // application's call met.
     unsafe { data::readv(fd, iov, cnt) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `data::writev` requires what libc's `writev` does of these arguments, which the
+    // application's call met.
     unsafe { data::writev(fd, iov, cnt) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `data::recvfrom` requires what libc's `recv` does of these arguments, which the
+    // application's call met.
     unsafe { data::recvfrom(fd, buf, n, flags, std::ptr::null_mut(), std::ptr::null_mut()) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int) -> ssize_t {
     if n > buflen || !route::is_colo_or_pending(fd) {
-        // SAFETY: libc's check and call.
+        // SAFETY: libc's `__recv_chk` checks the length against the buffer's (aborting past it),
+        // then makes the call, under the contract the application's call met.
         return unsafe { real::__recv_chk(fd, buf, n, buflen, flags) };
     }
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `data::recvfrom` requires what libc's `__recv_chk` does of these arguments, which the
+    // application's call met.
     unsafe { data::recvfrom(fd, buf, n, flags, std::ptr::null_mut(), std::ptr::null_mut()) }
 }
 #[no_mangle]
@@ -182,7 +200,8 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     len: *mut socklen_t,
 ) -> ssize_t {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `data::recvfrom` requires what libc's `recvfrom` does of these arguments, which the
+    // application's call met.
     unsafe { data::recvfrom(fd, buf, n, flags, addr, len) }
 }
 #[no_mangle]
@@ -196,15 +215,18 @@ pub unsafe extern "C" fn __recvfrom_chk(
     len: *mut socklen_t,
 ) -> ssize_t {
     if n > buflen || !route::is_colo_or_pending(fd) {
-        // SAFETY: libc's check and call.
+        // SAFETY: libc's `__recvfrom_chk` checks the length against the buffer's (aborting past
+        // it), then makes the call, under the contract the application's call met.
         return unsafe { real::__recvfrom_chk(fd, buf, n, buflen, flags, addr, len) };
     }
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `data::recvfrom` requires what libc's `__recvfrom_chk` does of these arguments, which
+    // the application's call met.
     unsafe { data::recvfrom(fd, buf, n, flags, addr, len) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `data::sendto` requires what libc's `send` does of these arguments, which the
+    // application's call met.
     unsafe { data::sendto(fd, buf, n, flags, std::ptr::null(), 0) }
 }
 #[no_mangle]
@@ -216,114 +238,140 @@ pub unsafe extern "C" fn sendto(
     addr: *const sockaddr,
     len: socklen_t,
 ) -> ssize_t {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `data::sendto` requires what libc's `sendto` does of these arguments, which the
+    // application's call met.
     unsafe { data::sendto(fd, buf, n, flags, addr, len) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `data::recvmsg` requires what libc's `recvmsg` does of these arguments, which the
+    // application's call met.
     unsafe { data::recvmsg(fd, msg, flags) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `data::sendmsg` requires what libc's `sendmsg` does of these arguments, which the
+    // application's call met.
     unsafe { data::sendmsg(fd, msg, flags) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn recvmmsg(fd: c_int, v: *mut libc::mmsghdr, n: c_uint, flags: c_int, t: *mut timespec) -> c_int {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `data::recvmmsg` requires what libc's `recvmmsg` does of these arguments, which the
+    // application's call met.
     unsafe { data::recvmmsg(fd, v, n, flags, t) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: c_uint, flags: c_int) -> c_int {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `data::sendmmsg` requires what libc's `sendmmsg` does of these arguments, which the
+    // application's call met.
     unsafe { data::sendmmsg(fd, v, n, flags) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn sendfile(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `copy::sendfile` requires what libc's `sendfile` does of these arguments, which the
+    // application's call met.
     unsafe { copy::sendfile(out, inp, off, n) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn sendfile64(out: c_int, inp: c_int, off: *mut i64, n: size_t) -> ssize_t {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `copy::sendfile` requires what libc's `sendfile64` does of these arguments, which the
+    // application's call met.
     unsafe { copy::sendfile(out, inp, off.cast(), n) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn splice(inp: c_int, off_in: *mut i64, out: c_int, off_out: *mut i64, n: size_t, flags: c_uint) -> ssize_t {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `copy::splice` requires what libc's `splice` does of these arguments, which the
+    // application's call met.
     unsafe { copy::splice(inp, off_in, out, off_out, n, flags) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `fdopen::fdopen` requires what libc's `fdopen` does of these arguments, which the
+    // application's call met.
     unsafe { fdopen::fdopen(fd, mode) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
-    // SAFETY: forwarding the application's arguments (the variadic argument is one word).
+    // SAFETY: `fds::fcntl` requires what libc's `fcntl` does of these arguments (the variadic
+    // argument is one word, as on the targets the shim builds for), which the application's call
+    // met.
     unsafe { fds::fcntl(fd, cmd, arg, false) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
-    // SAFETY: forwarding the application's arguments (the variadic argument is one word).
+    // SAFETY: `fds::fcntl` requires what libc's `fcntl64` does of these arguments (the variadic
+    // argument is one word, as on the targets the shim builds for), which the application's call
+    // met.
     unsafe { fds::fcntl(fd, cmd, arg, true) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
-    // SAFETY: forwarding the application's arguments (the variadic argument is one word).
+    // SAFETY: `fds::ioctl` requires what libc's `ioctl` does of these arguments (the variadic
+    // argument is one word, as on the targets the shim builds for), which the application's call
+    // met.
     unsafe { fds::ioctl(fd, req, arg) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `sockopt::setsockopt` requires what libc's `setsockopt` does of these arguments,
+    // which the application's call met.
     unsafe { sockopt::setsockopt(fd, level, name, val, len) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `sockopt::getsockopt` requires what libc's `getsockopt` does of these arguments,
+    // which the application's call met.
     unsafe { sockopt::getsockopt(fd, level, name, val, len) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `fds::dup` requires what libc's `dup` does of these arguments, which the
+    // application's call met.
     unsafe { fds::dup(fd) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn dup2(fd: c_int, new: c_int) -> c_int {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `fds::dup3` requires what libc's `dup2` does of these arguments, which the
+    // application's call met.
     unsafe { fds::dup3(fd, new, 0, true) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `fds::dup3` requires what libc's `dup3` does of these arguments, which the
+    // application's call met.
     unsafe { fds::dup3(fd, new, flags, false) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
     if !poll::has_colo(fds, n) {
-        // SAFETY: forwarding the application's arguments.
+        // SAFETY: `real::poll` is libc's `poll`, given the application's arguments unchanged: the
+        // contract the caller met.
         return unsafe { real::poll(fds, n, timeout) };
     }
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `poll::ppoll_impl` requires what libc's `poll` does of these arguments, which the
+    // application's call met.
     unsafe { poll::ppoll_impl(fds, n, timeout_ms(timeout), std::ptr::null()) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: size_t) -> c_int {
     if !poll::has_colo(fds, n) || (n as usize) > fdslen / std::mem::size_of::<pollfd>() {
-        // SAFETY: libc's check and call.
+        // SAFETY: libc's `__poll_chk` checks the length against the buffer's (aborting past it),
+        // then makes the call, under the contract the application's call met.
         return unsafe { real::__poll_chk(fds, n, timeout, fdslen) };
     }
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `poll::ppoll_impl` requires what libc's `__poll_chk` does of these arguments, which
+    // the application's call met.
     unsafe { poll::ppoll_impl(fds, n, timeout_ms(timeout), std::ptr::null()) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn ppoll(fds: *mut pollfd, n: nfds_t, t: *const timespec, mask: *const sigset_t) -> c_int {
     if !poll::has_colo(fds, n) {
-        // SAFETY: forwarding the application's arguments.
+        // SAFETY: `real::ppoll` is libc's `ppoll`, given the application's arguments unchanged: the
+        // contract the caller met.
         return unsafe { real::ppoll(fds, n, t, mask) };
     }
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `poll::ppoll_impl` requires what libc's `ppoll` does of these arguments, which the
+    // application's call met.
     unsafe { poll::ppoll_impl(fds, n, timeout_of(t), mask) }
 }
 #[no_mangle]
@@ -335,10 +383,12 @@ pub unsafe extern "C" fn __ppoll_chk(
     fdslen: size_t,
 ) -> c_int {
     if !poll::has_colo(fds, n) || (n as usize) > fdslen / std::mem::size_of::<pollfd>() {
-        // SAFETY: libc's check and call.
+        // SAFETY: libc's `__ppoll_chk` checks the length against the buffer's (aborting past it),
+        // then makes the call, under the contract the application's call met.
         return unsafe { real::__ppoll_chk(fds, n, t, mask, fdslen) };
     }
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `poll::ppoll_impl` requires what libc's `__ppoll_chk` does of these arguments, which
+    // the application's call met.
     unsafe { poll::ppoll_impl(fds, n, timeout_of(t), mask) }
 }
 #[no_mangle]
@@ -348,10 +398,12 @@ pub unsafe extern "C" fn select(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mu
         let tv = unsafe { *t };
         Duration::new(tv.tv_sec.max(0) as u64, (tv.tv_usec.clamp(0, 999_999) as u32) * 1000)
     });
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `poll::select_impl` requires what libc's `select` does of these arguments, which the
+    // application's call met.
     match unsafe { poll::select_impl(n, r, w, e, to, std::ptr::null()) } {
         Some(rc) => rc,
-        // SAFETY: forwarding the application's arguments.
+        // SAFETY: `real::select` is libc's `select`, given the application's arguments unchanged:
+        // the contract the caller met.
         None => unsafe { real::select(n, r, w, e, t) },
     }
 }
@@ -364,22 +416,26 @@ pub unsafe extern "C" fn pselect(
     t: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `poll::select_impl` requires what libc's `pselect` does of these arguments, which the
+    // application's call met.
     match unsafe { poll::select_impl(n, r, w, e, timeout_of(t), mask) } {
         Some(rc) => rc,
-        // SAFETY: forwarding the application's arguments.
+        // SAFETY: `real::pselect` is libc's `pselect`, given the application's arguments unchanged:
+        // the contract the caller met.
         None => unsafe { real::pselect(n, r, w, e, t, mask) },
     }
 }
 #[no_mangle]
 pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `poll::epoll_ctl` requires what libc's `epoll_ctl` does of these arguments, which the
+    // application's call met.
     unsafe { poll::epoll_ctl(ep, op, fd, ev) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
     let forks = repeat::before_create();
-    // SAFETY: forwarding the application's argument.
+    // SAFETY: `real::epoll_create` is libc's `epoll_create`, given the application's arguments
+    // unchanged: the contract the caller met.
     let fd = unsafe { real::epoll_create(size) };
     repeat::created(fd, forks);
     fd
@@ -387,14 +443,16 @@ pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
     let forks = repeat::before_create();
-    // SAFETY: forwarding the application's argument.
+    // SAFETY: `real::epoll_create1` is libc's `epoll_create1`, given the application's arguments
+    // unchanged: the contract the caller met.
     let fd = unsafe { real::epoll_create1(flags) };
     repeat::created(fd, forks);
     fd
 }
 #[no_mangle]
 pub unsafe extern "C" fn epoll_wait(ep: c_int, evs: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `poll::epoll_wait_with` requires what libc's `epoll_wait` does of these arguments,
+    // which the application's call met.
     unsafe { poll::epoll_wait_with(ep, evs, max, timeout, |b, m, t| real::epoll_wait(ep, b, m, t)) }
 }
 #[no_mangle]
@@ -405,7 +463,8 @@ pub unsafe extern "C" fn epoll_pwait(
     timeout: c_int,
     mask: *const sigset_t,
 ) -> c_int {
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `poll::epoll_wait_with` requires what libc's `epoll_pwait` does of these arguments,
+    // which the application's call met.
     unsafe { poll::epoll_wait_with(ep, evs, max, timeout, |b, m, t| real::epoll_pwait(ep, b, m, t, mask)) }
 }
 #[no_mangle]
@@ -417,7 +476,9 @@ pub unsafe extern "C" fn epoll_pwait2(
     mask: *const sigset_t,
 ) -> c_int {
     let ms = timeout_of(t).map_or(-1, |d| d.as_millis().min(c_int::MAX as u128) as c_int);
-    // SAFETY: forwarding the application's arguments.
+    // SAFETY: `poll::epoll_wait_with` requires what libc's `epoll_pwait2` does of `ep`, `evs` and
+    // `max`, which the application's call met; the kernel's wait is given `t` itself, or a
+    // timespec of ours that outlives the call, and the application's `mask`.
     unsafe {
         poll::epoll_wait_with(ep, evs, max, ms, |b, m, ms| {
             let ts = timespec { tv_sec: (ms / 1000) as i64, tv_nsec: ((ms % 1000) as i64) * 1_000_000 };

@@ -19,7 +19,8 @@ use std::net::SocketAddr;
 /// `socket(2)`: a TCP socket is marked fresh (`table::is_fresh`), as only those may be
 /// accelerated by `connect`.
 pub unsafe fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
-    // SAFETY: the application's arguments.
+    // SAFETY: `real::socket` is libc's `socket`, given the application's arguments unchanged: the
+    // contract the caller met.
     let fd = unsafe { real::socket(domain, ty, protocol) };
     repeat::forget(fd);
     let tcp = matches!(domain, libc::AF_INET | libc::AF_INET6)
@@ -31,25 +32,30 @@ pub unsafe fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
 
 pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     if !table::is_fresh(fd) || addr.is_null() {
-        // SAFETY: the application's arguments.
+        // SAFETY: `real::connect` is libc's `connect`, given the application's arguments unchanged:
+        // the contract the caller met.
         return unsafe { real::connect(fd, addr, len) };
     }
     // SAFETY: `len` bytes of address at `addr`.
     let peer = unsafe { parse_sockaddr(addr, len) };
     let r = match peer {
         // Not an IPv4 or IPv6 address (or too short for one): the kernel's answer.
-        // SAFETY: the application's arguments.
+        // SAFETY: `real::connect` is libc's `connect`, given the application's arguments unchanged:
+        // the contract the caller met.
         None => unsafe { real::connect(fd, addr, len) },
         // Plain TCP there for now (a plain period of a client that connects per request, or no
         // colo listener a moment ago): nothing to decide, so neither the guard's thread-local
         // nor the client's other tests (about a fifth of the shim's cost per request). So also
         // from inside the shim, which dials no TCP through libc.
-        // SAFETY: the application's arguments.
+        // SAFETY: `real::connect` is libc's `connect`, given the application's arguments unchanged:
+        // the contract the caller met.
         Some(p) if client::known_plain(p) => unsafe { real::connect(fd, addr, len) },
         Some(p) => match Guard::try_enter() {
-            // SAFETY: the application's arguments.
+            // SAFETY: `connect_fresh` requires what libc's `connect` does of these arguments, which
+            // the application's call met.
             Some(g) => unsafe { connect_fresh(g, fd, p, addr, len) },
-            // SAFETY: the application's arguments.
+            // SAFETY: `real::connect` is libc's `connect`, given the application's arguments
+            // unchanged: the contract the caller met.
             None => return unsafe { real::connect(fd, addr, len) },
         },
     };
@@ -67,11 +73,13 @@ unsafe fn connect_fresh(g: Guard, fd: c_int, peer: SocketAddr, addr: *const sock
     match client::prepare(fd, peer) {
         client::Prepared::Plain => {
             drop(g);
-            // SAFETY: the application's arguments.
+            // SAFETY: `real::connect` is libc's `connect`, given the application's arguments
+            // unchanged: the contract the caller met.
             unsafe { real::connect(fd, addr, len) }
         }
         client::Prepared::NoListener(target) => {
-            // SAFETY: the application's arguments.
+            // SAFETY: `real::connect` is libc's `connect`, given the application's arguments
+            // unchanged: the contract the caller met.
             let r = unsafe { real::connect(fd, addr, len) };
             let e = io::Error::last_os_error().raw_os_error().unwrap_or(0);
             client::note_no_listener(fd, target, r, e);
@@ -82,7 +90,8 @@ unsafe fn connect_fresh(g: Guard, fd: c_int, peer: SocketAddr, addr: *const sock
             }
         }
         client::Prepared::Offered(p) => {
-            // SAFETY: the application's arguments.
+            // SAFETY: `real::connect` is libc's `connect`, given the application's arguments
+            // unchanged: the contract the caller met.
             let r = unsafe { real::connect(fd, addr, len) };
             let e = io::Error::last_os_error().raw_os_error().unwrap_or(0);
             if r == 0 || e == libc::EINPROGRESS {
@@ -106,7 +115,8 @@ unsafe fn connect_fresh(g: Guard, fd: c_int, peer: SocketAddr, addr: *const sock
 }
 
 pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
-    // SAFETY: the application's arguments.
+    // SAFETY: `real::listen` is libc's `listen`, given the application's arguments unchanged: the
+    // contract the caller met.
     let r = unsafe { real::listen(fd, backlog) };
     if r != 0 || Guard::busy() {
         return r;
@@ -120,7 +130,8 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
     // The size of the application's buffer (the kernel writes back the address's full size).
     // SAFETY: `len`, if not null, points to the application's length.
     let room = if addr.is_null() || len.is_null() { 0 } else { unsafe { *len } };
-    // SAFETY: the application's arguments.
+    // SAFETY: `real::accept4` is libc's `accept4`, given the application's arguments unchanged: the
+    // contract the caller met.
     let nfd = unsafe { real::accept4(fd, addr, len, flags) };
     new_number(nfd, false);
     repeat::forget(nfd);
@@ -148,10 +159,12 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
 #[inline(always)]
 pub unsafe fn close(fd: c_int) -> c_int {
     let r = if table::kind(fd) == NONE && !table::is_epoll(fd) {
-        // SAFETY: the application's argument.
+        // SAFETY: `real::close` is libc's `close`, given the application's arguments unchanged: the
+        // contract the caller met.
         unsafe { real::close(fd) }
     } else {
-        // SAFETY: the application's argument.
+        // SAFETY: `close_slow` requires what libc's `close` does of these arguments, which the
+        // application's call met.
         unsafe { close_slow(fd) }
     };
     // After the call: a change racing with the close cannot leave a memory of the closed number.
@@ -162,13 +175,15 @@ pub unsafe fn close(fd: c_int) -> c_int {
 #[inline(never)]
 unsafe fn close_slow(fd: c_int) -> c_int {
     if plain(fd) && !table::is_epoll(fd) {
-        // SAFETY: the application's argument.
+        // SAFETY: `real::close` is libc's `close`, given the application's arguments unchanged: the
+        // contract the caller met.
         return unsafe { real::close(fd) };
     }
     let g = Guard::enter();
     forget(fd);
     drop(g);
-    // SAFETY: the application's argument.
+    // SAFETY: `real::close` is libc's `close`, given the application's arguments unchanged: the
+    // contract the caller met.
     unsafe { real::close(fd) }
 }
 
@@ -220,7 +235,8 @@ fn copy_entry(fd: c_int, nfd: c_int) {
 
 pub unsafe fn dup(fd: c_int) -> c_int {
     if plain(fd) {
-        // SAFETY: the application's argument.
+        // SAFETY: `real::dup` is libc's `dup`, given the application's arguments unchanged: the
+        // contract the caller met.
         let n = unsafe { real::dup(fd) };
         if n >= 0 {
             repeat::duplicated(fd, n);
@@ -229,7 +245,8 @@ pub unsafe fn dup(fd: c_int) -> c_int {
     }
     let g = Guard::enter();
     client::resolve_fd(fd);
-    // SAFETY: the application's argument.
+    // SAFETY: `real::dup` is libc's `dup`, given the application's arguments unchanged: the
+    // contract the caller met.
     let n = unsafe { real::dup(fd) };
     if n < 0 {
         return g.err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EBADF)) as c_int;
@@ -241,10 +258,12 @@ pub unsafe fn dup(fd: c_int) -> c_int {
 pub unsafe fn dup3(fd: c_int, nfd: c_int, flags: c_int, two: bool) -> c_int {
     let call = |fd, nfd, flags| {
         if two {
-            // SAFETY: the application's arguments.
+            // SAFETY: `real::dup2` is libc's `dup2`, given the application's arguments unchanged:
+            // the contract the caller met.
             unsafe { real::dup2(fd, nfd) }
         } else {
-            // SAFETY: the application's arguments.
+            // SAFETY: `real::dup3` is libc's `dup3`, given the application's arguments unchanged:
+            // the contract the caller met.
             unsafe { real::dup3(fd, nfd, flags) }
         }
     };
@@ -273,27 +292,31 @@ pub unsafe fn dup3(fd: c_int, nfd: c_int, flags: c_int, two: bool) -> c_int {
 #[inline(always)]
 pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
     if table::kind(fd) == NONE {
-        // SAFETY: the application's arguments.
+        // SAFETY: `real_fcntl` requires what libc's `fcntl` does of these arguments, which the
+        // application's call met.
         let r = unsafe { real_fcntl(fd, cmd, arg, is64) };
         if r >= 0 && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) {
             repeat::duplicated(fd, r);
         }
         return r;
     }
-    // SAFETY: the application's arguments.
+    // SAFETY: `fcntl_slow` requires what libc's `fcntl` does of these arguments, which the
+    // application's call met.
     unsafe { fcntl_slow(fd, cmd, arg, is64) }
 }
 
 /// libc's `fcntl64` or `fcntl`, as the application called.
 #[inline(always)]
 unsafe fn real_fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
-    // SAFETY: the caller's arguments.
+    // SAFETY: `real::fcntl64` is libc's `fcntl64`, given the application's arguments unchanged: the
+    // contract the caller met.
     unsafe { if is64 { real::fcntl64(fd, cmd, arg) } else { real::fcntl(fd, cmd, arg) } }
 }
 
 #[inline(never)]
 unsafe fn fcntl_slow(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
-    // SAFETY: the application's arguments.
+    // SAFETY: `real_fcntl` requires what libc's `fcntl` does of these arguments, which the
+    // application's call met.
     let call = || unsafe { real_fcntl(fd, cmd, arg, is64) };
     if plain(fd) {
         return call();

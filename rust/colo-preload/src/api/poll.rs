@@ -21,10 +21,12 @@ use std::time::{Duration, Instant};
 #[inline(always)]
 pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
     if table::kind(fd) == table::NONE && !table::is_fresh(fd) {
-        // SAFETY: the application's arguments.
+        // SAFETY: `crate::api::repeat::epoll_ctl` requires what libc's `epoll_ctl` does of these
+        // arguments, which the application's call met.
         return unsafe { crate::api::repeat::epoll_ctl(epfd, op, fd, ev) };
     }
-    // SAFETY: the application's arguments.
+    // SAFETY: `epoll_ctl_slow` requires what libc's `epoll_ctl` does of these arguments, which the
+    // application's call met.
     unsafe { epoll_ctl_slow(epfd, op, fd, ev) }
 }
 
@@ -39,7 +41,8 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
         // Sampled with the kind: a `connect` on another thread may clear it meanwhile, and its
         // adoption must then find this registration.
         let fresh = table::is_fresh(fd);
-        // SAFETY: the application's arguments.
+        // SAFETY: `real::epoll_ctl` is libc's `epoll_ctl`, given the application's arguments
+        // unchanged: the contract the caller met.
         let r = unsafe { real::epoll_ctl(epfd, op, fd, ev) };
         if r == 0 && k == table::NONE && fresh {
             note_plain(epfd, op, fd, ev);
@@ -50,7 +53,8 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
     client::resolve_fd(fd);
     let Some(conn) = table::conn(fd) else {
         drop(g);
-        // SAFETY: the application's arguments.
+        // SAFETY: `real::epoll_ctl` is libc's `epoll_ctl`, given the application's arguments
+        // unchanged: the contract the caller met.
         return unsafe { real::epoll_ctl(epfd, op, fd, ev) };
     };
     let (events, data) = if ev.is_null() {
@@ -796,17 +800,17 @@ pub unsafe fn select_impl(
     for p in &pfds {
         let rv = p.revents;
         if !r.is_null() && p.events & libc::POLLIN != 0 && rv & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
-            // SAFETY: fd < FD_SETSIZE.
+            // SAFETY: fd < n <= FD_SETSIZE, in the application's non-null set `r`.
             unsafe { libc::FD_SET(p.fd, r) };
             count += 1;
         }
         if !w.is_null() && p.events & libc::POLLOUT != 0 && rv & (libc::POLLOUT | libc::POLLERR) != 0 {
-            // SAFETY: as above.
+            // SAFETY: fd < n <= FD_SETSIZE, in the application's non-null set `w`.
             unsafe { libc::FD_SET(p.fd, w) };
             count += 1;
         }
         if !e.is_null() && p.events & libc::POLLPRI != 0 && rv & libc::POLLPRI != 0 {
-            // SAFETY: as above.
+            // SAFETY: fd < n <= FD_SETSIZE, in the application's non-null set `e`.
             unsafe { libc::FD_SET(p.fd, e) };
             count += 1;
         }

@@ -120,7 +120,8 @@ fn remember(i: usize, word: u64) {
 /// `epoll_ctl` on a plain descriptor.
 pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
     let (Some(set), Some(i)) = (index(epfd), index(fd)) else {
-        // SAFETY: the application's arguments.
+        // SAFETY: `crate::real::epoll_ctl` requires what libc's `epoll_ctl` does of these
+        // arguments, which the application's call met.
         return unsafe { crate::real::epoll_ctl(epfd, op, fd, ev) };
     };
     let last = LAST[i].load(Ordering::Relaxed);
@@ -133,7 +134,8 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
         }
     }
     let mine = enter(set);
-    // SAFETY: the application's arguments.
+    // SAFETY: `crate::real::epoll_ctl` requires what libc's `epoll_ctl` does of these arguments,
+    // which the application's call met.
     let r = unsafe { crate::real::epoll_ctl(epfd, op, fd, ev) };
     let word = if r == 0 && mine && op != libc::EPOLL_CTL_DEL && !ev.is_null() {
         // SAFETY: the application's event, which the kernel just read.

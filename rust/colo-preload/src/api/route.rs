@@ -80,11 +80,12 @@ macro_rules! plain_first {
         #[inline(always)]
         pub unsafe fn $name($fd: libc::c_int $(, $arg: $t)*) -> $ret {
             if $crate::conn::table::kind($fd) == $crate::conn::table::NONE {
-                // SAFETY: the application's arguments, passed on as it gave them to the
-                // exported symbol, which has libc's signature.
+                // SAFETY: `real::$name` is libc's `$name`, given the application's arguments
+                // unchanged: the contract the caller met.
                 return unsafe { $crate::real::$name($fd $(, $arg)*) };
             }
-            // SAFETY: as above.
+            // SAFETY: `$slow` requires what libc's `$name` does of these arguments, which the
+            // application's call met.
             unsafe { $slow($fd $(, $arg)*) }
         }
     )*};

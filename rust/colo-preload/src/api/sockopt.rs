@@ -17,18 +17,22 @@ plain_first! {
 /// sent, as the kernel reports the error a RST left; everything else is the kernel socket's.
 pub unsafe fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
     if table::kind(fd) == NONE || Guard::busy() {
-        // SAFETY: the application's arguments.
+        // SAFETY: `real::getsockopt` is libc's `getsockopt`, given the application's arguments
+        // unchanged: the contract the caller met.
         return unsafe { real::getsockopt(fd, level, name, val, len) };
     }
     if level == libc::IPPROTO_TCP && name == libc::TCP_INFO {
-        // SAFETY: the application's arguments.
+        // SAFETY: `tcp_info` requires what libc's `getsockopt` does of these arguments, which the
+        // application's call met.
         return unsafe { tcp_info(fd, val, len) };
     }
     if level != libc::SOL_SOCKET || name != libc::SO_ERROR {
-        // SAFETY: the application's arguments.
+        // SAFETY: `real::getsockopt` is libc's `getsockopt`, given the application's arguments
+        // unchanged: the contract the caller met.
         return unsafe { real::getsockopt(fd, level, name, val, len) };
     }
-    // SAFETY: the application's arguments.
+    // SAFETY: `real::getsockopt` is libc's `getsockopt`, given the application's arguments
+    // unchanged: the contract the caller met.
     let r = unsafe { real::getsockopt(fd, level, name, val, len) };
     if r != 0 || val.is_null() || len.is_null() {
         return r;
@@ -41,7 +45,8 @@ pub unsafe fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void,
     if let Some(c) = table::conn(fd) {
         // SAFETY: an int the kernel just wrote (its own error: 0 for a socket colo carries).
         if unsafe { *(val as *const c_int) } == 0 && c.take_reset_error() {
-            // SAFETY: as above.
+            // SAFETY: the same int, the application's writable buffer of at least its size
+            // (checked above).
             unsafe { *(val as *mut c_int) = libc::ECONNRESET };
         }
     }
@@ -56,7 +61,8 @@ const TCPI_BYTES_RECEIVED: usize = 128;
 /// `TCP_INFO` of an accelerated connection: the kernel socket's, with the state and the byte
 /// counts of the rings (the kernel socket carried only the handshake, so its counts stay at 1).
 unsafe fn tcp_info(fd: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
-    // SAFETY: the application's arguments.
+    // SAFETY: `real::getsockopt` is libc's `getsockopt`, given the application's arguments
+    // unchanged: the contract the caller met.
     let r = unsafe { real::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, val, len) };
     if r != 0 || val.is_null() || len.is_null() {
         return r;
@@ -87,7 +93,8 @@ unsafe fn tcp_info(fd: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
 /// of it (timeouts, `SO_RCVLOWAT`).
 #[inline(never)]
 pub unsafe fn setsockopt_slow(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
-    // SAFETY: the application's arguments.
+    // SAFETY: `real::setsockopt` is libc's `setsockopt`, given the application's arguments
+    // unchanged: the contract the caller met.
     let r = unsafe { real::setsockopt(fd, level, name, val, len) };
     if r == 0 && level == libc::SOL_SOCKET && (name == libc::SO_RCVLOWAT || name == libc::SO_SNDBUF) && !plain(fd) {
         // SAFETY: the application's arguments, which the kernel just accepted.
