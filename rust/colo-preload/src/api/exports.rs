@@ -2,7 +2,7 @@
 //! (`data`, `fds`, `copy`, `fdopen`, `epoll`, `ppoll`, `sockopt`), or over libc (`real`) when the
 //! arguments show the call is not the shim's. A non-colo fd costs one atomic load before libc.
 
-use crate::api::{behind, copy, data, fdopen, fds, forget, poll, repeat, route, sockopt};
+use crate::api::{behind, copy, data, epoll, fdopen, fds, forget, ppoll, repeat, route, sockopt};
 use crate::base::guard::Guard;
 use crate::conn::table;
 use crate::real;
@@ -343,36 +343,36 @@ pub unsafe extern "C" fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int {
 }
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
-    if !poll::has_colo(fds, n) {
+    if !ppoll::has_colo(fds, n) {
         // SAFETY: `real::poll` is libc's `poll`, given the application's arguments unchanged: the
         // contract the caller met.
         return unsafe { real::poll(fds, n, timeout) };
     }
-    // SAFETY: `poll::ppoll_impl` requires what libc's `poll` does of these arguments, which the
+    // SAFETY: `ppoll::ppoll_impl` requires what libc's `poll` does of these arguments, which the
     // application's call met.
-    unsafe { poll::ppoll_impl(fds, n, timeout_ms(timeout), std::ptr::null()) }
+    unsafe { ppoll::ppoll_impl(fds, n, timeout_ms(timeout), std::ptr::null()) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: size_t) -> c_int {
-    if !poll::has_colo(fds, n) || (n as usize) > fdslen / std::mem::size_of::<pollfd>() {
+    if !ppoll::has_colo(fds, n) || (n as usize) > fdslen / std::mem::size_of::<pollfd>() {
         // SAFETY: libc's `__poll_chk` checks the length against the buffer's (aborting past it),
         // then makes the call, under the contract the application's call met.
         return unsafe { real::__poll_chk(fds, n, timeout, fdslen) };
     }
-    // SAFETY: `poll::ppoll_impl` requires what libc's `__poll_chk` does of these arguments, which
+    // SAFETY: `ppoll::ppoll_impl` requires what libc's `__poll_chk` does of these arguments, which
     // the application's call met.
-    unsafe { poll::ppoll_impl(fds, n, timeout_ms(timeout), std::ptr::null()) }
+    unsafe { ppoll::ppoll_impl(fds, n, timeout_ms(timeout), std::ptr::null()) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn ppoll(fds: *mut pollfd, n: nfds_t, t: *const timespec, mask: *const sigset_t) -> c_int {
-    if !poll::has_colo(fds, n) {
+    if !ppoll::has_colo(fds, n) {
         // SAFETY: `real::ppoll` is libc's `ppoll`, given the application's arguments unchanged: the
         // contract the caller met.
         return unsafe { real::ppoll(fds, n, t, mask) };
     }
-    // SAFETY: `poll::ppoll_impl` requires what libc's `ppoll` does of these arguments, which the
+    // SAFETY: `ppoll::ppoll_impl` requires what libc's `ppoll` does of these arguments, which the
     // application's call met.
-    unsafe { poll::ppoll_impl(fds, n, timeout_of(t), mask) }
+    unsafe { ppoll::ppoll_impl(fds, n, timeout_of(t), mask) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn __ppoll_chk(
@@ -382,14 +382,14 @@ pub unsafe extern "C" fn __ppoll_chk(
     mask: *const sigset_t,
     fdslen: size_t,
 ) -> c_int {
-    if !poll::has_colo(fds, n) || (n as usize) > fdslen / std::mem::size_of::<pollfd>() {
+    if !ppoll::has_colo(fds, n) || (n as usize) > fdslen / std::mem::size_of::<pollfd>() {
         // SAFETY: libc's `__ppoll_chk` checks the length against the buffer's (aborting past it),
         // then makes the call, under the contract the application's call met.
         return unsafe { real::__ppoll_chk(fds, n, t, mask, fdslen) };
     }
-    // SAFETY: `poll::ppoll_impl` requires what libc's `__ppoll_chk` does of these arguments, which
+    // SAFETY: `ppoll::ppoll_impl` requires what libc's `__ppoll_chk` does of these arguments, which
     // the application's call met.
-    unsafe { poll::ppoll_impl(fds, n, timeout_of(t), mask) }
+    unsafe { ppoll::ppoll_impl(fds, n, timeout_of(t), mask) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn select(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, t: *mut timeval) -> c_int {
@@ -398,9 +398,9 @@ pub unsafe extern "C" fn select(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mu
         let tv = unsafe { *t };
         Duration::new(tv.tv_sec.max(0) as u64, (tv.tv_usec.clamp(0, 999_999) as u32) * 1000)
     });
-    // SAFETY: `poll::select_impl` requires what libc's `select` does of these arguments, which the
+    // SAFETY: `ppoll::select_impl` requires what libc's `select` does of these arguments, which the
     // application's call met.
-    match unsafe { poll::select_impl(n, r, w, e, to, std::ptr::null()) } {
+    match unsafe { ppoll::select_impl(n, r, w, e, to, std::ptr::null()) } {
         Some(rc) => rc,
         // SAFETY: `real::select` is libc's `select`, given the application's arguments unchanged:
         // the contract the caller met.
@@ -416,9 +416,9 @@ pub unsafe extern "C" fn pselect(
     t: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
-    // SAFETY: `poll::select_impl` requires what libc's `pselect` does of these arguments, which the
+    // SAFETY: `ppoll::select_impl` requires what libc's `pselect` does of these arguments, which the
     // application's call met.
-    match unsafe { poll::select_impl(n, r, w, e, timeout_of(t), mask) } {
+    match unsafe { ppoll::select_impl(n, r, w, e, timeout_of(t), mask) } {
         Some(rc) => rc,
         // SAFETY: `real::pselect` is libc's `pselect`, given the application's arguments unchanged:
         // the contract the caller met.
@@ -427,9 +427,9 @@ pub unsafe extern "C" fn pselect(
 }
 #[no_mangle]
 pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
-    // SAFETY: `poll::epoll_ctl` requires what libc's `epoll_ctl` does of these arguments, which the
+    // SAFETY: `epoll::epoll_ctl` requires what libc's `epoll_ctl` does of these arguments, which the
     // application's call met.
-    unsafe { poll::epoll_ctl(ep, op, fd, ev) }
+    unsafe { epoll::epoll_ctl(ep, op, fd, ev) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
@@ -451,9 +451,9 @@ pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
 }
 #[no_mangle]
 pub unsafe extern "C" fn epoll_wait(ep: c_int, evs: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {
-    // SAFETY: `poll::epoll_wait_with` requires what libc's `epoll_wait` does of these arguments,
+    // SAFETY: `epoll::epoll_wait_with` requires what libc's `epoll_wait` does of these arguments,
     // which the application's call met.
-    unsafe { poll::epoll_wait_with(ep, evs, max, timeout, |b, m, t| real::epoll_wait(ep, b, m, t)) }
+    unsafe { epoll::epoll_wait_with(ep, evs, max, timeout, |b, m, t| real::epoll_wait(ep, b, m, t)) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn epoll_pwait(
@@ -463,9 +463,9 @@ pub unsafe extern "C" fn epoll_pwait(
     timeout: c_int,
     mask: *const sigset_t,
 ) -> c_int {
-    // SAFETY: `poll::epoll_wait_with` requires what libc's `epoll_pwait` does of these arguments,
+    // SAFETY: `epoll::epoll_wait_with` requires what libc's `epoll_pwait` does of these arguments,
     // which the application's call met.
-    unsafe { poll::epoll_wait_with(ep, evs, max, timeout, |b, m, t| real::epoll_pwait(ep, b, m, t, mask)) }
+    unsafe { epoll::epoll_wait_with(ep, evs, max, timeout, |b, m, t| real::epoll_pwait(ep, b, m, t, mask)) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn epoll_pwait2(
@@ -476,11 +476,11 @@ pub unsafe extern "C" fn epoll_pwait2(
     mask: *const sigset_t,
 ) -> c_int {
     let ms = timeout_of(t).map_or(-1, |d| d.as_millis().min(c_int::MAX as u128) as c_int);
-    // SAFETY: `poll::epoll_wait_with` requires what libc's `epoll_pwait2` does of `ep`, `evs` and
+    // SAFETY: `epoll::epoll_wait_with` requires what libc's `epoll_pwait2` does of `ep`, `evs` and
     // `max`, which the application's call met; the kernel's wait is given `t` itself, or a
     // timespec of ours that outlives the call, and the application's `mask`.
     unsafe {
-        poll::epoll_wait_with(ep, evs, max, ms, |b, m, ms| {
+        epoll::epoll_wait_with(ep, evs, max, ms, |b, m, ms| {
             let ts = timespec { tv_sec: (ms / 1000) as i64, tv_nsec: ((ms % 1000) as i64) * 1_000_000 };
             let tp = if ms < 0 { std::ptr::null() } else { &ts as *const timespec };
             real::epoll_pwait2(ep, b, m, if ms == c_int::MAX { t } else { tp }, mask)

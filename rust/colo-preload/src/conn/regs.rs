@@ -1,7 +1,7 @@
 //! The epoll registrations of accelerated connections: which application epoll sets watch
 //! which connection (each through the connection's readiness fd, tagged), what each last
 //! reported, each set's wake-up eventfd, and the registrations of fresh sockets that move to the
-//! readiness fd when `connect` accelerates them. `api::poll` reports from them.
+//! readiness fd when `connect` accelerates them. `api::epoll` reports from them.
 
 use crate::base::guard::Guard;
 use crate::base::log::log_info;
@@ -9,6 +9,7 @@ use crate::base::mem::try_lock;
 use crate::conn::state::{Conn, ERR, GONE_EDGE, HUP, IN, OUT};
 use crate::conn::table;
 use crate::real;
+use colo::shm::Drainer;
 use libc::{c_int, epoll_event};
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::atomic::{fence, Ordering};
@@ -296,10 +297,15 @@ pub fn register(epfd: c_int, fd: c_int, events: u32, data: u64, conn: &Arc<Conn>
     // A thread asleep on this set must look at it (the kernel would wake it); one about to sleep
     // marks itself sleeping before its last look at the registrations (or, in a set without
     // connections, at their count).
-    fence(Ordering::SeqCst); // Partner: the fence in `api::poll::epoll_wait_with`.
+    fence(Ordering::SeqCst); // Partner: the fence in `api::epoll::epoll_wait_with`.
     if table::has_sleepers(epfd) {
         conn.poke();
     }
     Ok(())
 }
 
+/// How a sleeper drains: through its wake-up eventfd if it has one, else as a thread not
+/// asleep (without one it is registered nowhere).
+pub fn waker(wake: Option<colo_sys::RawFd>) -> Drainer {
+    wake.map_or(Drainer::Awake, Drainer::Waker)
+}
