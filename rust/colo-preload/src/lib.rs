@@ -43,6 +43,7 @@ mod service;
 use crate::api::repeat;
 use crate::base::log::log_level;
 use crate::conn::table;
+use crate::record::handover_file;
 use crate::service::{handover, server};
 use libc::sigset_t;
 
@@ -60,7 +61,7 @@ extern "C" fn atfork_child() {
     // Registered before the pid cache's own handler, so it runs first.
     colo_sys::host::forget_pid();
     repeat::forking();
-    crate::record::handover_file::atfork_child();
+    handover_file::atfork_child();
     server::atfork_child();
     server::marker_child();
     let me = colo_sys::host::pid();

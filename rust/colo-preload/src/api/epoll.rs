@@ -6,6 +6,7 @@
 //! IN/OUT computed from ring state.
 
 use crate::api::repeat;
+use crate::base::env::spin;
 use crate::base::guard::Guard;
 use crate::conn::regs::{kernel_events, note_plain, register, set_wake, waker, with_regs, Reg, Regs, DUP_CHECK, PASS_FLAGS, TAG, TAG_MASK, WAKE};
 use crate::conn::state::{Conn, Waking, IN, OUT};
@@ -16,8 +17,8 @@ use colo::shm::Drainer;
 use colo::SpinMode;
 use colo_ring::spin::Spinner;
 use libc::{c_int, epoll_event};
-use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
 #[inline(always)]
@@ -383,7 +384,7 @@ fn watched(epfd: c_int) -> (Vec<Arc<Conn>>, SpinMode, Option<colo_sys::RawFd>) {
             .get(&epfd)
             .map(|l| l.iter().filter_map(|&i| r.slab[i].as_ref()).filter(|g| !g.fired && !g.deleted).map(|g| g.conn.clone()).collect())
             .unwrap_or_default();
-        let mut mode = crate::base::env::spin();
+        let mut mode = spin();
         if mode != SpinMode::Always && conns.iter().any(|c| c.never_spin()) {
             mode = SpinMode::Never;
         }

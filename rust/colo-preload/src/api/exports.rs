@@ -4,6 +4,7 @@
 
 use crate::api::{behind, copy, data, epoll, fdopen, fds, forget, ppoll, repeat, route, sockopt};
 use crate::base::guard::Guard;
+use crate::base::uring::refused;
 use crate::conn::table;
 use crate::real;
 use crate::service::server;
@@ -19,7 +20,7 @@ use std::time::Duration;
 /// parameters are read.)
 #[no_mangle]
 pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_long, c: libc::c_long, d: libc::c_long, e: libc::c_long, f: libc::c_long) -> libc::c_long {
-    if crate::base::uring::refused(n) {
+    if refused(n) {
         return -1;
     }
     // Closes and duplicates of the shim's descriptors take the shim's paths (libuv closes so).

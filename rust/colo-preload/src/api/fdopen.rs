@@ -4,6 +4,7 @@
 use crate::api::data::{read, write};
 use crate::api::fds::{close, fcntl};
 use crate::api::route::with_conn;
+use crate::base::guard::Guard;
 use crate::real;
 use libc::{c_int, c_ulong, c_void, size_t, ssize_t};
 use std::io;
@@ -90,7 +91,7 @@ pub unsafe fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
 ///
 /// # Safety
 /// `mode` is a non-null, NUL-terminated string.
-unsafe fn cookie_stream(g: &crate::base::guard::Guard, fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
+unsafe fn cookie_stream(g: &Guard, fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
     // SAFETY: the application's NUL-terminated mode string.
     let m = unsafe { std::ffi::CStr::from_ptr(mode) }.to_bytes();
     if !matches!(m.first(), Some(b'r' | b'w' | b'a')) {

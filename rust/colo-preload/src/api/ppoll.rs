@@ -2,6 +2,7 @@
 //! the rings, each connection's readiness fd standing in for its socket in the kernel's wait.
 
 use crate::base::guard::Guard;
+use crate::base::mem::{slice, slice_mut};
 use crate::conn::regs::waker;
 use crate::conn::state::{Conn, Waking, ERR, HUP};
 use crate::conn::table;
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 /// poll/ppoll over a mix of kernel and accelerated fds. `timeout`: None waits forever.
 pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, mask: *const sigset_t) -> c_int {
     // SAFETY: `n` pollfds at `fds`, as the application promised.
-    let arr = unsafe { crate::base::mem::slice_mut(fds, n as usize) };
+    let arr = unsafe { slice_mut(fds, n as usize) };
     let g = Guard::enter();
     for p in arr.iter() {
         client::resolve_fd(p.fd);
@@ -168,7 +169,7 @@ pub fn has_colo(fds: *const pollfd, n: nfds_t) -> bool {
         return false;
     }
     // SAFETY: `n` pollfds at `fds`.
-    let arr = unsafe { crate::base::mem::slice(fds, n as usize) };
+    let arr = unsafe { slice(fds, n as usize) };
     arr.iter().any(|p| crate::api::route::is_colo_or_pending(p.fd))
 }
 

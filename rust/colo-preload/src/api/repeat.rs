@@ -32,6 +32,7 @@
 //! registrations; a driver whose readiness changes without a wake-up, which a program kicks with
 //! a repeated MOD. `COLO_DISABLE=1` turns it off with the rest of the shim.
 
+use crate::base::env::disabled;
 use crate::conn::table::MAX_FD;
 use libc::{c_int, epoll_event};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -168,7 +169,7 @@ pub fn created(fd: c_int, forks: u64) {
     LAST[i].store(0, Ordering::Relaxed);
     OWNER[i].store(0, Ordering::Relaxed);
     INCARNATION[i].store(INCARNATIONS.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
-    BORN[i].store(if crate::base::env::disabled() { 0 } else { forks }, Ordering::Relaxed);
+    BORN[i].store(if disabled() { 0 } else { forks }, Ordering::Relaxed);
 }
 
 /// Read before the set is created: a fork between this and the creation leaves the set

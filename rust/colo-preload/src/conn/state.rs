@@ -1,6 +1,9 @@
 //! An accelerated connection: the [`Shm`] plus what the shim needs to answer readiness questions
 //! without locking it, and to let go of a copy inherited over fork without closing the peer.
 
+use crate::base::env::spin;
+use crate::conn::turns;
+use crate::record::{adapt, handover_file};
 use colo::carrier::{Established, Words};
 use colo::shm::{Drainer, Shm};
 use colo_ring::layout::{FLAG_FIN, FLAG_NOT_READING, FLAG_RESET};
@@ -120,7 +123,7 @@ impl Conn {
         let holders = page as *const AtomicU32;
         // SAFETY: slot 0 of the zeroed page we just mapped.
         unsafe { &*holders }.store(colo_sys::host::pid(), Ordering::Relaxed);
-        let shm = if resumed { est.into_resumed_shm(crate::base::env::spin())? } else { est.into_shm(crate::base::env::spin())? };
+        let shm = if resumed { est.into_resumed_shm(spin())? } else { est.into_shm(spin())? };
         shm.set_nonblocking(nonblocking);
         let readiness = shm.readiness_fd().as_raw_fd();
         let never_spin = shm.spin_mode() == colo::SpinMode::Never;
@@ -213,14 +216,14 @@ impl Conn {
 
     /// A turn to write (`turns`), for a connection another process has held (a fork copy);
     /// `None` (no cost) for one only this process ever held.
-    pub fn write_turn(&self) -> Option<crate::conn::turns::Turn<'_>> {
+    pub fn write_turn(&self) -> Option<turns::Turn<'_>> {
         if self.holder(1).load(Ordering::Relaxed) == 0 {
             return None;
         }
         // SAFETY: words HOLDERS and HOLDERS + 1 of the 4096-byte holders page, which lives as
         // long as `self` (shared with every fork copy, as the holders are).
         let (word, waiters) = unsafe { (&*self.holders.add(HOLDERS), &*self.holders.add(HOLDERS + 1)) };
-        Some(crate::conn::turns::take(word, waiters))
+        Some(turns::take(word, waiters))
     }
 
     /// Records that process `pid` (a fork child) holds a copy.
@@ -651,8 +654,8 @@ impl Drop for Conn {
         let others = self.others_hold();
         if self.inheritable() {
             // A holder that exec'd may not have read the handover file yet: leave it unchanged.
-            crate::record::handover_file::forget(self.raw[3], others);
-            crate::record::handover_file::closing(&self.raw);
+            handover_file::forget(self.raw[3], others);
+            handover_file::closing(&self.raw);
         }
         if others {
             // Another process (fork) still uses this connection: release our copy only, so the
@@ -670,12 +673,12 @@ impl Drop for Conn {
             if self.shm.role() == colo::segment::Role::Client {
                 let reply_at = std::time::Duration::from_nanos(self.first_reply_ns.load(Ordering::Relaxed));
                 let after_only_reply = (self.sent_before_reply.load(Ordering::Relaxed) == sent).then(|| age.saturating_sub(reply_at));
-                let lived = crate::record::adapt::Lived { lived: age, setup: self.setup, bytes: sent + got, after_only_reply };
-                crate::record::adapt::ended(self.shm.peer_addr(), lived);
+                let lived = adapt::Lived { lived: age, setup: self.setup, bytes: sent + got, after_only_reply };
+                adapt::ended(self.shm.peer_addr(), lived);
             } else if let (Some(tag), Some(on_end)) = (self.client_tag, self.on_end) {
                 // The server's side lives from its accept, after any wait in the backlog: its
                 // age alone tells a connection per request.
-                let lived = crate::record::adapt::Lived { lived: age, setup: self.setup, bytes: sent + got, after_only_reply: None };
+                let lived = adapt::Lived { lived: age, setup: self.setup, bytes: sent + got, after_only_reply: None };
                 on_end(self.shm.local_addr(), tag, lived.short());
             }
             // As kernel TCP, which answers a close with RST instead of FIN when the socket

@@ -11,6 +11,7 @@
 //! It also remembers, for a moment, that a destination has no colo listener at all, so that a
 //! client under `colo run` talking to a plain server does not look for one on every connection.
 
+use crate::base::log::log_info;
 use rustc_hash::FxHashMap as HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -315,7 +316,7 @@ pub fn ended(dest: SocketAddr, lived: Lived) {
     let dest = key(dest);
     let mut g = DESTS.lock().unwrap_or_else(|e| e.into_inner());
     if dest_entry(g.get_or_insert_with(HashMap::default), dest).ended(Instant::now(), short) {
-        crate::base::log::log_info(format_args!(
+        log_info(format_args!(
             "connect {dest}: most of its connections are short-lived; plain TCP there for {PLAIN_FOR:?} at a time (COLO_SHORT_LIVED=accelerate keeps shared memory)"
         ));
     }

@@ -3,11 +3,16 @@
 //! first operation that needs to know; on timeout the offer is abandoned and the connection is
 //! plain TCP (nothing was written to the ring, so nothing is lost).
 
-use crate::conn::state::Conn;
+use crate::base::addr::{is_tcp_stream, sockaddr_of};
+use crate::base::env::disabled;
+use crate::base::log::{log_debug, log_info, log_level};
+use crate::base::mem::try_lock;
 use crate::conn::entry::Pending;
+use crate::conn::{options, regs};
+use crate::conn::state::Conn;
 use crate::conn::table::{self, Entry, Slot};
-use crate::base::addr::sockaddr_of;
-use crate::base::log::log_info;
+use crate::record::adapt;
+use crate::service::{handover, server};
 use colo::carrier::{self, Abandon, Answer};
 use colo_ring::layout::Geometry;
 use colo_sys::BorrowedFd;
@@ -23,7 +28,7 @@ const SELF_WAIT: Duration = Duration::from_millis(50);
 static SELF_PLAIN: std::sync::Mutex<Vec<SocketAddr>> = std::sync::Mutex::new(Vec::new());
 
 fn self_plain(target: SocketAddr) -> bool {
-    crate::base::mem::try_lock(&SELF_PLAIN).is_some_and(|s| s.contains(&target))
+    try_lock(&SELF_PLAIN).is_some_and(|s| s.contains(&target))
 }
 
 fn timeout() -> Duration {
@@ -71,7 +76,7 @@ pub fn note_no_listener(fd: i32, target: SocketAddr, r: i32, errno: i32) {
         unsafe { crate::real::poll(&mut p, 1, 0) == 1 && p.revents & (libc::POLLERR | libc::POLLHUP) == 0 }
     };
     if through {
-        crate::record::adapt::no_listener(target);
+        adapt::no_listener(target);
     }
 }
 
@@ -79,7 +84,7 @@ pub fn note_no_listener(fd: i32, target: SocketAddr, r: i32, errno: i32) {
 /// colo listener a moment ago (see `adapt::known_plain`). Not at `COLO_LOG=debug`, whose line
 /// for each connection says why.
 pub fn known_plain(peer: SocketAddr) -> bool {
-    crate::base::log::log_level() < 2 && crate::record::adapt::known_plain(target_of(peer))
+    log_level() < 2 && adapt::known_plain(target_of(peer))
 }
 
 /// Where a connection to `peer` goes: connect(2) to the unspecified address reaches loopback.
@@ -93,29 +98,29 @@ fn target_of(peer: SocketAddr) -> SocketAddr {
 
 /// Before the real connect: find a rendezvous and offer a segment.
 pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
-    if crate::base::env::disabled() || fd < 0 || fd as usize >= table::MAX_FD || table::kind(fd) != table::NONE {
+    if disabled() || fd < 0 || fd as usize >= table::MAX_FD || table::kind(fd) != table::NONE {
         return Prepared::Plain;
     }
     let target = target_of(peer);
     // First, as it needs no system call: a connection per request costs no more than plain TCP.
-    let verdict = crate::record::adapt::accelerate(target);
-    if verdict == crate::record::adapt::Verdict::Plain {
-        crate::base::log::log_debug(format_args!("connect {peer}: short-lived connections to it, or no colo listener a moment ago; plain TCP"));
+    let verdict = adapt::accelerate(target);
+    if verdict == adapt::Verdict::Plain {
+        log_debug(format_args!("connect {peer}: short-lived connections to it, or no colo listener a moment ago; plain TCP"));
         return Prepared::Plain;
     }
-    let self_served = crate::service::server::may_accept(target);
+    let self_served = server::may_accept(target);
     if self_served && self_plain(target) {
-        crate::base::log::log_debug(format_args!("connect {peer}: this process accepts there itself; plain TCP"));
+        log_debug(format_args!("connect {peer}: this process accepts there itself; plain TCP"));
         return Prepared::Plain;
     }
     // SAFETY: the application's socket, open during this call.
     let b = unsafe { BorrowedFd::borrow_raw(fd) };
-    if !crate::base::addr::is_tcp_stream(b) {
+    if !is_tcp_stream(b) {
         return Prepared::Plain;
     }
-    if verdict == crate::record::adapt::Verdict::FirstOffer
+    if verdict == adapt::Verdict::FirstOffer
         && colo_sys::host::is_local(target.ip())
-        && crate::record::adapt::first_look(target, || own_tag().is_some_and(|t| carrier::says_short_lived(target, t)))
+        && adapt::first_look(target, || own_tag().is_some_and(|t| carrier::says_short_lived(target, t)))
     {
         log_info(format_args!(
             "connect {peer}: its listener says this program's connections to it are short-lived; plain TCP there for a while (COLO_SHORT_LIVED=accelerate keeps shared memory)"
@@ -125,12 +130,12 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
     let rendezvous = match carrier::connect_rendezvous(target) {
         Ok(Some(r)) => r,
         Ok(None) if colo_sys::host::is_local(target.ip()) => {
-            crate::base::log::log_debug(format_args!("connect {peer}: no colo listener; plain TCP"));
+            log_debug(format_args!("connect {peer}: no colo listener; plain TCP"));
             return Prepared::NoListener(target);
         }
         Ok(None) => return Prepared::Plain,
         Err(e) => {
-            crate::record::adapt::set_up_failed(&e);
+            adapt::set_up_failed(&e);
             log_info(format_args!("connect {peer}: rendezvous: {e}; plain TCP"));
             return Prepared::Plain;
         }
@@ -165,7 +170,7 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
     if local.port() % 2 == 0 {
         // Bound by the application to an even port: a server may not look for its offer
         // (spec/WIRE.md section 3, CARRIER mode).
-        crate::base::log::log_debug(format_args!("connect {peer}: bound to the even port {}; plain TCP", local.port()));
+        log_debug(format_args!("connect {peer}: bound to the even port {}; plain TCP", local.port()));
         return Prepared::Plain;
     }
     match carrier::offer(rendezvous.control, rendezvous.server_pid, local, target, geometry()) {
@@ -176,7 +181,7 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
             self_served: self_served.then_some(target),
         })),
         Err(e) => {
-            crate::record::adapt::set_up_failed(&e);
+            adapt::set_up_failed(&e);
             log_info(format_args!("connect {peer}: offer: {e}; plain TCP"));
             Prepared::Plain
         }
@@ -218,7 +223,7 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
                 log_info(format_args!("connect {}: not accelerated ({other:?}); plain TCP", p.peer));
                 if let (Some(target), Answer::Timeout) = (p.self_served, other) {
                     log_info(format_args!("connect {}: this process accepts there itself; plain TCP there from now on", p.peer));
-                    if let Some(mut s) = crate::base::mem::try_lock(&SELF_PLAIN) {
+                    if let Some(mut s) = try_lock(&SELF_PLAIN) {
                         if !s.contains(&target) && s.len() < 256 {
                             s.push(target);
                         }
@@ -245,11 +250,11 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
         Ok(c) => {
             let c = Arc::new(c);
             slot.set(Entry::Conn(c.clone()));
-            crate::conn::options::adopt_options(fd, &c);
-            crate::service::handover::on_new(fd, &c);
+            options::adopt_options(fd, &c);
+            handover::on_new(fd, &c);
             // Registered in an epoll set before `connect` (as nginx does its upstreams): those
             // registrations watch the TCP socket, which will carry nothing now.
-            crate::conn::regs::adopt_plain(fd, &c);
+            regs::adopt_plain(fd, &c);
             log_info(format_args!("connect {peer}: accelerated (shared memory)"));
         }
         Err(e) => {

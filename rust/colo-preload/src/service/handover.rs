@@ -13,10 +13,13 @@
 //! nothing reaches it over TCP, as nothing would reach a program that inherited half a pipe.
 //! `colo run` warns about such programs.
 
+use crate::base::log::log_info;
+use crate::conn::options;
 use crate::conn::state::Conn;
 use crate::conn::table::{self, Entry};
 use crate::record::handover_file::record::{Record, RECORD_LEN};
 use crate::record::handover_file::{self, FILE_NAME};
+use crate::service::stdio;
 use colo_sys::{BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
@@ -110,7 +113,7 @@ fn take_back_one(r: Record, socks: &[i32]) {
     // SAFETY: only asks the kernel about the number; a closed one gives EBADF.
     let open = |fd: RawFd| fd >= 0 && rustix::io::fcntl_getfd(unsafe { BorrowedFd::borrow_raw(fd) }).is_ok();
     if !fds.iter().all(|&fd| open(fd)) || (1..4).any(|i| fds[..i].contains(&fds[i])) {
-        crate::base::log::log_info(format_args!("exec: a handed-over connection lost its descriptors; dropped"));
+        log_info(format_args!("exec: a handed-over connection lost its descriptors; dropped"));
         return;
     }
     // SAFETY: inherited descriptors recorded for this connection, open (checked above), owned
@@ -124,21 +127,21 @@ fn take_back_one(r: Record, socks: &[i32]) {
     let est = match colo::carrier::reattach(memfd, control, own_bell, self_bell, r.role) {
         Ok(est) => est,
         Err(why) => {
-            crate::base::log::log_info(format_args!("exec: connection on fd {first} not taken back: {why}"));
+            log_info(format_args!("exec: connection on fd {first} not taken back: {why}"));
             return;
         }
     };
     // Standard I/O goes through libc's own calls, which the shim never sees (see `stdio`).
-    let est = if crate::service::stdio::is_stdio(socks) {
+    let est = if stdio::is_stdio(socks) {
         let peer = est.peer;
-        match crate::service::stdio::relay(est, socks) {
+        match stdio::relay(est, socks) {
             Ok(()) => {
-                crate::base::log::log_info(format_args!("exec: connection to {peer} on fd {first} is standard I/O: relayed over loopback TCP"));
+                log_info(format_args!("exec: connection to {peer} on fd {first} is standard I/O: relayed over loopback TCP"));
                 return;
             }
             Err(failed) => {
                 let (est, why) = *failed;
-                crate::base::log::log_info(format_args!("exec: connection to {peer} on fd {first} is standard I/O, not relayed: {why}"));
+                log_info(format_args!("exec: connection to {peer} on fd {first} is standard I/O, not relayed: {why}"));
                 est
             }
         }
@@ -152,7 +155,7 @@ fn take_back_one(r: Record, socks: &[i32]) {
     let conn = match Conn::resume(est, nonblocking) {
         Ok(c) => Arc::new(c),
         Err(e) => {
-            crate::base::log::log_info(format_args!("exec: connection to {peer} not taken back: {e}"));
+            log_info(format_args!("exec: connection to {peer} not taken back: {e}"));
             return;
         }
     };
@@ -161,9 +164,9 @@ fn take_back_one(r: Record, socks: &[i32]) {
             slot.set(Entry::Conn(conn.clone()));
         }
     }
-    crate::conn::options::adopt_options(first, &conn);
+    options::adopt_options(first, &conn);
     // The record goes into this image's own handover file (and the flag catches up with the
     // descriptors, which came inheritable).
     update(first, &conn);
-    crate::base::log::log_info(format_args!("exec: connection to {peer} on fd {first} taken back (shared memory)"));
+    log_info(format_args!("exec: connection to {peer} on fd {first} taken back (shared memory)"));
 }

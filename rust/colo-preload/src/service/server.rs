@@ -10,12 +10,18 @@
 //! Pending offers are bounded (`MAX_PENDING`; beyond, REJECT(NO_RESOURCES)) and each expires
 //! `PENDING_TTL` after it arrived, on the service thread's own timer.
 
-use crate::conn::state::Conn;
-use crate::record::lineage::{Asked, Lineage, Request, Shared};
+use crate::base::addr::{is_tcp_stream, sockaddr_of};
+use crate::base::env::disabled;
+use crate::base::log::{log_debug, log_info};
+use crate::base::mem::try_lock;
 use crate::conn::entry::Listen;
+use crate::conn::options;
+use crate::conn::state::Conn;
 use crate::conn::table::{self, Entry};
-use crate::base::addr::sockaddr_of;
-use crate::base::log::log_info;
+use crate::record::adapt;
+use crate::record::lineage::{Asked, Lineage, Request, Shared};
+use crate::record::marker;
+use crate::service::{handover, offer_key};
 use colo::carrier::{self, Hello, HelloRead, Key};
 use colo::wire::{self, Mode, Reason};
 use colo_sys::{seqpacket, AsFd, AsRawFd, OwnedFd};
@@ -57,7 +63,7 @@ static LISTENING: Mutex<Vec<std::net::SocketAddr>> = Mutex::new(Vec::new());
 
 /// Whether this process may be the one to accept a connection to `target` (it listens there).
 pub fn may_accept(target: std::net::SocketAddr) -> bool {
-    let Some(l) = crate::base::mem::try_lock(&LISTENING) else { return false };
+    let Some(l) = try_lock(&LISTENING) else { return false };
     l.iter().any(|a| a.port() == target.port() && (a.ip() == target.ip() || a.ip().is_unspecified()))
 }
 
@@ -253,7 +259,7 @@ fn hung_up(control: &OwnedFd) -> bool {
 fn keep(st: &mut State, h: Box<Hello>, at: Instant, uid: u32) {
     if h.mode == Mode::Direct {
         carrier::reject(&h.control, Reason::NeedCarrier);
-        crate::base::log::log_debug(format_args!("DIRECT HELLO refused with NEED_CARRIER"));
+        log_debug(format_args!("DIRECT HELLO refused with NEED_CARRIER"));
         return;
     }
     let Some(k) = h.key() else { return };
@@ -296,10 +302,10 @@ fn take_hello(st: &mut State, control: OwnedFd, uid: u32) {
         // application's own limit of open files.
         HelloRead::Pending(c) => match out_of_the_way(c) {
             Ok(c) => st.waiting.push((c, Instant::now(), uid)),
-            Err(e) => crate::base::log::log_debug(format_args!("rendezvous: {e}; connection dropped")),
+            Err(e) => log_debug(format_args!("rendezvous: {e}; connection dropped")),
         },
         HelloRead::Hello(h) => keep(st, h, Instant::now(), uid),
-        HelloRead::Refused(why) => crate::base::log::log_debug(format_args!("rendezvous: {why}")),
+        HelloRead::Refused(why) => log_debug(format_args!("rendezvous: {why}")),
     }
 }
 
@@ -391,7 +397,7 @@ fn drain_waiting(st: &mut State) {
         match carrier::read_hello(c) {
             HelloRead::Pending(c) => st.waiting.push((c, at, uid)),
             HelloRead::Hello(h) => keep(st, h, at, uid),
-            HelloRead::Refused(why) => crate::base::log::log_debug(format_args!("rendezvous: {why}")),
+            HelloRead::Refused(why) => log_debug(format_args!("rendezvous: {why}")),
         }
     }
     publish(st);
@@ -412,7 +418,7 @@ fn expire(st: &mut State) -> Option<Instant> {
     }
     let gone = before - held(st);
     if gone > 0 {
-        crate::base::log::log_debug(format_args!("{gone} pending offer(s) expired or abandoned"));
+        log_debug(format_args!("{gone} pending offer(s) expired or abandoned"));
     }
     if st.full && held(st) < MAX_PENDING {
         st.full = false;
@@ -427,7 +433,7 @@ fn expire(st: &mut State) -> Option<Instant> {
 
 /// Answers one request of a process of the lineage: the offer's descriptors, or "none".
 fn answer_request(svc: &Service, req: Request) {
-    let Some(k) = crate::service::offer_key::decode(&req.bytes) else {
+    let Some(k) = offer_key::decode(&req.bytes) else {
         return req.answer(&[0, 0], &[]);
     };
     let hello = {
@@ -510,12 +516,12 @@ fn serve(svc: &'static Service) {
 
 /// After a successful real `listen(2)` on `fd`: bind the rendezvous and serve offers.
 pub fn on_listen(fd: i32) {
-    if crate::base::env::disabled() || table::kind(fd) == table::LISTEN {
+    if disabled() || table::kind(fd) == table::LISTEN {
         return;
     }
     // SAFETY: `fd` is the application's socket, open for the duration of this call.
     let b = unsafe { colo_sys::BorrowedFd::borrow_raw(fd) };
-    if !crate::base::addr::is_tcp_stream(b) {
+    if !is_tcp_stream(b) {
         return;
     }
     let Some(addr) = rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a)) else { return };
@@ -536,7 +542,7 @@ pub fn on_listen(fd: i32) {
     };
     static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let l = Arc::new(Listen { rendezvous, addr, id: IDS.fetch_add(1, Ordering::Relaxed), lineage: svc.lineage });
-    if let Some(mut l) = crate::base::mem::try_lock(&LISTENING) {
+    if let Some(mut l) = try_lock(&LISTENING) {
         l.push(addr);
     }
     lock(svc).listens.push(l.clone());
@@ -549,7 +555,7 @@ pub fn on_listen(fd: i32) {
 
 /// When a listening fd is closed in the process that listens: stop serving its rendezvous.
 pub fn on_close_listen(l: &Arc<Listen>) {
-    if let Some(mut listening) = crate::base::mem::try_lock(&LISTENING) {
+    if let Some(mut listening) = try_lock(&LISTENING) {
         if let Some(i) = listening.iter().position(|&a| a == l.addr) {
             listening.swap_remove(i);
         }
@@ -565,7 +571,7 @@ pub fn on_close_listen(l: &Arc<Listen>) {
 /// Held while a marker socket is made or closed, and across `fork` (the atfork handlers): a
 /// child must know every marker descriptor it inherits, to close it. One it kept open would
 /// hold the name up after the service lowered it, for as long as the child lives.
-static MARKER_LOCK: crate::record::marker::ForkLock = crate::record::marker::ForkLock::new();
+static MARKER_LOCK: marker::ForkLock = marker::ForkLock::new();
 
 /// Forks this process has made (counted by the parent's atfork handler, under `MARKER_LOCK`): a
 /// marker socket made before a fork that the lock did not cover may have a copy in the child.
@@ -586,15 +592,15 @@ static RAISED: [Raised; 64] = [const { Raised { listen: AtomicU64::new(0), tag: 
 /// 2), its command line read once per client process.
 fn client_tag(control: &OwnedFd) -> Option<u64> {
     static TAGS: Mutex<Vec<(u32, u64)>> = Mutex::new(Vec::new());
-    if !crate::record::adapt::enabled() {
+    if !adapt::enabled() {
         return None;
     }
     let pid = seqpacket::peer_cred(control).ok()?.0;
-    if let Some(&(_, t)) = crate::base::mem::try_lock(&TAGS)?.iter().find(|(p, _)| *p == pid) {
+    if let Some(&(_, t)) = try_lock(&TAGS)?.iter().find(|(p, _)| *p == pid) {
         return Some(t);
     }
     let tag = wire::program_tag(&colo_sys::host::cmdline(Some(pid)).ok()?);
-    let mut tags = crate::base::mem::try_lock(&TAGS)?;
+    let mut tags = try_lock(&TAGS)?;
     if tags.len() >= 64 {
         tags.remove(0);
     }
@@ -606,8 +612,8 @@ fn client_tag(control: &OwnedFd) -> Option<u64> {
 /// `tag`, ended (`short`: it did not pay for its set-up, see `adapt::Lived`).
 pub fn connection_ended(local: std::net::SocketAddr, tag: u64, short: bool) {
     let Some(svc) = service() else { return };
-    let Some(ends) = crate::record::marker::slot(&svc.lineage.shared.ends, local.port(), tag) else { return };
-    if ends.ended(crate::record::marker::now_ms(), short) && svc.pid == colo_sys::host::pid() {
+    let Some(ends) = marker::slot(&svc.lineage.shared.ends, local.port(), tag) else { return };
+    if ends.ended(marker::now_ms(), short) && svc.pid == colo_sys::host::pid() {
         // Raise or lower it now (a fork child's copy of the doorbell is closed: the service
         // thread gets to it at its next wake-up, within a second).
         ring(svc);
@@ -617,7 +623,7 @@ pub fn connection_ended(local: std::net::SocketAddr, tag: u64, short: bool) {
 /// Raises or lowers each listener's markers as its port's endings say, and lowers those of
 /// listeners gone; returns how long the service may sleep before the next change is due (ms).
 fn tend_markers(svc: &Service) -> u64 {
-    let now = crate::record::marker::now_ms();
+    let now = marker::now_ms();
     let any_marked = svc.lineage.shared.ends.iter().any(|e| e.marked_until(now).is_some());
     if !any_marked && RAISED.iter().all(|r| r.fd.load(Ordering::Relaxed) < 0) {
         return u64::MAX;
@@ -660,7 +666,7 @@ fn raise_marker(l: &Listen, tag: u64) {
     let forks = FORKS.load(Ordering::Relaxed);
     let fd = match colo_sys::marker::unraised(carrier::fd_floor()) {
         Ok(fd) => fd,
-        Err(e) => return crate::base::log::log_debug(format_args!("listen {}: marker {name}: {e}", l.addr)),
+        Err(e) => return log_debug(format_args!("listen {}: marker {name}: {e}", l.addr)),
     };
     let raised = {
         let _g = MARKER_LOCK.hold();
@@ -677,7 +683,7 @@ fn raise_marker(l: &Listen, tag: u64) {
     };
     match raised {
         Ok(()) => log_info(format_args!("listen {}: a program's connections are short-lived; it is told to dial plain TCP when it starts again ({name})", l.addr)),
-        Err(e) => crate::base::log::log_debug(format_args!("listen {}: marker {name}: {e}", l.addr)),
+        Err(e) => log_debug(format_args!("listen {}: marker {name}: {e}", l.addr)),
     }
 }
 
@@ -692,7 +698,7 @@ fn lower_marker(r: &Raised) {
         fd
     };
     if fd >= 0 {
-        crate::base::log::log_debug(format_args!("short-lived marker {:012x} lowered", r.tag.load(Ordering::Relaxed)));
+        log_debug(format_args!("short-lived marker {:012x} lowered", r.tag.load(Ordering::Relaxed)));
     }
 }
 
@@ -790,10 +796,10 @@ pub fn before_fork() {
 
 /// Asks the service of `lineage` for the offer of `k` (starting one here if it is gone).
 fn fetch(lineage: &'static Lineage, k: &Key) -> Option<Box<Hello>> {
-    let (answer, fds) = match lineage.ask(&crate::service::offer_key::encode(k), ASK_WAIT, |seen| orphaned(lineage, seen)) {
+    let (answer, fds) = match lineage.ask(&offer_key::encode(k), ASK_WAIT, |seen| orphaned(lineage, seen)) {
         Asked::Answer(a, fds) => (a, fds),
         Asked::Nothing(why) => {
-            crate::base::log::log_debug(format_args!("offer service: {why}"));
+            log_debug(format_args!("offer service: {why}"));
             return None;
         }
     };
@@ -827,11 +833,11 @@ pub fn on_accept(listen: &Listen, fd: i32, nonblocking: bool) {
             drain_waiting(&mut st);
         }
         if held(&st) == 0 {
-            crate::base::log::log_debug(format_args!("accept on fd {fd}: no colo offer pending; plain TCP"));
+            log_debug(format_args!("accept on fd {fd}: no colo offer pending; plain TCP"));
             return;
         }
     } else if !may_have_offer(listen) {
-        crate::base::log::log_debug(format_args!("accept on fd {fd}: no colo offer pending; plain TCP"));
+        log_debug(format_args!("accept on fd {fd}: no colo offer pending; plain TCP"));
         return;
     }
     // SAFETY: the fd the kernel just gave us, open for the duration of this call.
@@ -869,7 +875,7 @@ pub fn on_accept(listen: &Listen, fd: i32, nonblocking: bool) {
 /// refused (then another offer for the same 4-tuple may be tried) and the connection is plain.
 fn claim(fd: i32, nonblocking: bool, peer: std::net::SocketAddr, local: std::net::SocketAddr, hello: Option<Box<Hello>>) -> bool {
     let Some(hello) = hello else {
-        crate::base::log::log_debug(format_args!("accept {peer} -> {local}: no colo offer; plain TCP"));
+        log_debug(format_args!("accept {peer} -> {local}: no colo offer; plain TCP"));
         return false;
     };
     if fd as usize >= table::MAX_FD {
@@ -886,8 +892,8 @@ fn claim(fd: i32, nonblocking: bool, peer: std::net::SocketAddr, local: std::net
                 if let Some(mut slot) = table::lock(fd) {
                     slot.set(Entry::Conn(c.clone()));
                 }
-                crate::conn::options::adopt_options(fd, &c);
-                crate::service::handover::on_new(fd, &c);
+                options::adopt_options(fd, &c);
+                handover::on_new(fd, &c);
                 log_info(format_args!("accept {peer} -> {local}: accelerated (shared memory)"));
                 false
             }
