@@ -1,11 +1,11 @@
 //! `libcolo_preload.so`: an LD_PRELOAD shim that moves the payload of an unmodified program's
 //! loopback TCP connections into colo shared memory (spec/WIRE.md section 3, CARRIER mode).
 //!
-//! Three tiers per symbol: `real::*` (libc's function, resolved lazily with `dlsym(RTLD_NEXT)`),
-//! `shim::*` / `poll::*` (the logic; a non-colo fd costs one atomic load, and `epoll_ctl` on a
-//! TCP socket not yet connected also a record of the registration in an uncontended per-fd
-//! slot), and the exported one-line wrappers below. A thread-local guard sends the shim's own
-//! calls straight to libc; errno is preserved across the shim's work.
+//! Three tiers per symbol: libc's function (`real`), the call's logic (`api::data`, `api::fds`,
+//! `api::epoll`, ...: a non-colo fd costs one atomic load, and `epoll_ctl` on a TCP socket not
+//! yet connected also a record of the registration in an uncontended per-fd slot), and the
+//! exported one-line wrapper (`api::exports`). A thread-local guard sends the shim's own calls
+//! straight to libc; errno is preserved across the shim's work.
 //!
 //! The application's fd stays the real kernel TCP socket: listening sockets stay pure kernel,
 //! `getsockname`/`getpeername`/`fstat` keep their meaning, and anything the shim does not carry
@@ -22,7 +22,8 @@
 //! - `base`: the guard, errno, logging, environment flags, slices, socket addresses, the
 //!   io_uring refusal;
 //! - `record`: process-wide records the table's entries and the services share (how connections
-//!   to each destination lived, the listeners' short-lived markers, a serving process's lineage);
+//!   to each destination lived, the listeners' short-lived markers, a serving process's lineage,
+//!   the handover file);
 //! - `conn`: the descriptor table and each accelerated connection's state, reads and writes,
 //!   options and epoll registrations;
 //! - `service`: offers (dialing, the offer service and accepting), the hand-over across `exec`,
