@@ -92,7 +92,7 @@ unsafe fn tcp_info(fd: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
 /// `setsockopt` on a descriptor the shim knows: the kernel's, and what the rings must honour
 /// of it (timeouts, `SO_RCVLOWAT`).
 #[inline(never)]
-pub unsafe fn setsockopt_slow(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
+unsafe fn setsockopt_slow(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
     // SAFETY: `real::setsockopt` is libc's `setsockopt`, given the application's arguments
     // unchanged: the contract the caller met.
     let r = unsafe { real::setsockopt(fd, level, name, val, len) };
