@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 /// The connection behind `fd` for a data operation (resolving a pending connect first), or
 /// `None` for plain TCP.
+#[inline]
 pub fn conn_for_io(fd: c_int) -> Option<Arc<Conn>> {
     match table::kind(fd) {
         CONN => table::conn(fd),
@@ -30,6 +31,7 @@ pub fn plain(fd: c_int) -> bool {
     table::kind(fd) == NONE || Guard::busy()
 }
 
+#[inline]
 pub fn result(g: &Guard, r: io::Result<usize>) -> ssize_t {
     match r {
         Ok(n) => g.ok(n as ssize_t),
@@ -37,6 +39,7 @@ pub fn result(g: &Guard, r: io::Result<usize>) -> ssize_t {
     }
 }
 
+#[inline]
 pub fn epipe_signal(r: &io::Result<usize>, flags: c_int) {
     if let Err(e) = r {
         if errno_of(e) == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {

@@ -15,6 +15,7 @@ fn would_block() -> io::Error {
 }
 
 /// Reads with recv(2) flags (MSG_PEEK, MSG_DONTWAIT, MSG_WAITALL).
+#[inline]
 pub fn conn_recv(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> {
     match conn_recv_inner(c, buf, flags) {
         // The peer exited without closing (no FIN in the ring) after reading all we sent: its
@@ -57,6 +58,7 @@ fn conn_recv_inner(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> 
 /// may be waiting, so make sure the doorbell stays rung. (A short read needs nothing: every
 /// drain of the doorbell announces a wait, so either the doorbell holds a count or the peer's
 /// next progress rings it; and `epoll_wait`/`poll` read the rings before sleeping.)
+#[inline]
 pub fn after_read(c: &Conn, n: usize, len: usize) {
     if n > 0 {
         c.got_reply();
@@ -66,6 +68,7 @@ pub fn after_read(c: &Conn, n: usize, len: usize) {
     }
 }
 
+#[inline]
 pub fn conn_readv(c: &Conn, iov: &[iovec], flags: c_int) -> io::Result<usize> {
     let mut total = 0;
     for (i, v) in iov.iter().enumerate() {
@@ -95,6 +98,7 @@ pub fn conn_readv(c: &Conn, iov: &[iovec], flags: c_int) -> io::Result<usize> {
 
 // ---- writing --------------------------------------------------------------------------------
 
+#[inline]
 pub fn conn_send(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
     match conn_send_inner(c, buf, flags) {
         // Kernel TCP takes the first write after the peer closed (see `takes_write_after_close`).
@@ -140,6 +144,7 @@ thread_local! {
 
 const GATHER_MAX: usize = 256 * 1024;
 
+#[inline]
 pub fn conn_writev(c: &Conn, iov: &[iovec], flags: c_int) -> io::Result<usize> {
     let nonempty: Vec<&iovec> = iov.iter().filter(|v| v.iov_len > 0).collect();
     if nonempty.len() == 1 {
@@ -186,6 +191,7 @@ pub fn conn_writev(c: &Conn, iov: &[iovec], flags: c_int) -> io::Result<usize> {
 
 /// A non-blocking write on a connection a small `SO_SNDBUF` bounds (`Conn::set_send_limit`):
 /// what fits below the bound, or `EAGAIN`.
+#[inline]
 pub fn send_bounded(c: &Conn, buf: &[u8]) -> io::Result<usize> {
     let room = c.space();
     if room == 0 {
@@ -201,6 +207,7 @@ pub fn send_bounded(c: &Conn, buf: &[u8]) -> io::Result<usize> {
 /// A read of zero bytes (`recv(fd, buf, 0, flags)`): as kernel TCP, `EAGAIN` when nothing is
 /// readable and the call may not wait, 0 once something is (bytes, end of stream, or an error
 /// reported by the read that follows); a blocking one waits until then.
+#[inline]
 pub fn recv_nothing(c: &Conn, flags: c_int) -> io::Result<usize> {
     if c.nonblocking() || flags & libc::MSG_DONTWAIT != 0 {
         if c.ready(true) & IN == 0 {
@@ -214,6 +221,7 @@ pub fn recv_nothing(c: &Conn, flags: c_int) -> io::Result<usize> {
 
 /// `recv(fd, _, n, MSG_TRUNC)` on TCP: reads up to `n` bytes as `recv` would and discards them
 /// (the buffer is not written; it may be null); returns how many.
+#[inline]
 pub fn recv_discard(c: &Conn, n: usize, flags: c_int) -> io::Result<usize> {
     let mut scratch = [0u8; 16 * 1024];
     let first = n.min(scratch.len());
