@@ -91,7 +91,6 @@ real_fns! {
     fn dup2(fd: c_int, new: c_int) -> c_int;
     fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int;
     fn sendfile(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t;
-    fn sendfile64(out: c_int, inp: c_int, off: *mut i64, n: size_t) -> ssize_t;
     fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE;
     fn splice(inp: c_int, off_in: *mut i64, out: c_int, off_out: *mut i64, n: size_t, flags: c_uint) -> ssize_t;
     fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t;

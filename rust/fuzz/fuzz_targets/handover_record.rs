@@ -1,4 +1,4 @@
-//! The shim's exec hand-over records (rust/colo-preload/src/handover/record.rs), read from an
+//! The shim's exec hand-over records (rust/colo-preload/src/record/handover_file/record.rs), read from an
 //! inherited memfd whose bytes an earlier program image (or anyone holding the file) wrote. Any
 //! bytes, cut into records as the shim cuts them: `None` or a record that encodes to the same
 //! bytes in the fields it uses, never a panic.
@@ -8,7 +8,7 @@ use libfuzzer_sys::fuzz_target;
 
 // The shim is a cdylib (it cannot be linked here): compile its record module itself.
 #[allow(dead_code)]
-#[path = "../../colo-preload/src/handover/record.rs"]
+#[path = "../../colo-preload/src/record/handover_file/record.rs"]
 mod record;
 
 use record::{Record, RECORD_LEN};

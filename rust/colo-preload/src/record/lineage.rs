@@ -22,6 +22,8 @@
 //! compare-and-swap from the value found: exactly one process wins and serves the same socket
 //! pair; the others keep asking on `ask`.
 
+use crate::base::log::log_info;
+use crate::record::marker;
 use colo_sys::{seqpacket, AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -45,7 +47,7 @@ pub struct Shared {
     owner: AtomicU32,
     /// How accelerated connections to each listening port from each client program ended,
     /// recorded by whichever process served them, read by the service thread.
-    pub ends: [crate::marker::ListenerEnds; MARKED_PORTS],
+    pub ends: [marker::ListenerEnds; MARKED_PORTS],
 }
 
 const FUTEX_OWNER_DIED: u32 = 0x4000_0000;
@@ -151,7 +153,7 @@ impl Lineage {
         if let Err(e) = register_robust(&self.shared.owner) {
             // Without it the kernel cannot report this thread's end: serving still works, but a
             // daemonized server's workers would wait out each request once this process is gone.
-            crate::log_info(format_args!("offer service: set_robust_list: {e}; its end will not be noticed by the processes forked from it"));
+            log_info(format_args!("offer service: set_robust_list: {e}; its end will not be noticed by the processes forked from it"));
         }
         let me = rustix::thread::gettid().as_raw_nonzero().get() as u32 & FUTEX_TID_MASK;
         // SYNC POINT with the Acquire load in `owner` (requesters) and with the kernel's

@@ -3,25 +3,22 @@
 //! first operation that needs to know; on timeout the offer is abandoned and the connection is
 //! plain TCP (nothing was written to the ring, so nothing is lost).
 
-use crate::conn::Conn;
-use crate::table::{self, Entry, Slot};
-use crate::{log_info, sockaddr_of};
-use colo::internal::carrier::{self, Abandon, Answer, Offer};
+use crate::base::addr::{is_tcp_stream, sockaddr_of};
+use crate::base::env::disabled;
+use crate::base::log::{log_debug, log_info, log_level};
+use crate::base::mem::try_lock;
+use crate::conn::entry::Pending;
+use crate::conn::{options, regs};
+use crate::conn::state::Conn;
+use crate::conn::table::{self, Entry, Slot};
+use crate::record::adapt;
+use crate::service::{handover, server};
+use colo::internal::carrier::{self, Abandon, Answer};
 use colo_ring::layout::Geometry;
 use colo_sys::BorrowedFd;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-pub struct Pending {
-    offer: Offer,
-    deadline: Instant,
-    peer: SocketAddr,
-    /// This process listens on the destination: the thread that waits for the answer may be the
-    /// one that has to accept (nginx proxying to itself), so it waits only `SELF_WAIT`, and
-    /// if that runs out this process dials `target` over plain TCP from then on.
-    self_served: Option<SocketAddr>,
-}
 
 /// How long a dial to a destination this process listens on waits for the answer.
 const SELF_WAIT: Duration = Duration::from_millis(50);
@@ -31,7 +28,7 @@ const SELF_WAIT: Duration = Duration::from_millis(50);
 static SELF_PLAIN: std::sync::Mutex<Vec<SocketAddr>> = std::sync::Mutex::new(Vec::new());
 
 fn self_plain(target: SocketAddr) -> bool {
-    crate::try_lock(&SELF_PLAIN).is_some_and(|s| s.contains(&target))
+    try_lock(&SELF_PLAIN).is_some_and(|s| s.contains(&target))
 }
 
 fn timeout() -> Duration {
@@ -79,7 +76,7 @@ pub fn note_no_listener(fd: i32, target: SocketAddr, r: i32, errno: i32) {
         unsafe { crate::real::poll(&mut p, 1, 0) == 1 && p.revents & (libc::POLLERR | libc::POLLHUP) == 0 }
     };
     if through {
-        crate::adapt::no_listener(target);
+        adapt::no_listener(target);
     }
 }
 
@@ -87,7 +84,7 @@ pub fn note_no_listener(fd: i32, target: SocketAddr, r: i32, errno: i32) {
 /// colo listener a moment ago (see `adapt::known_plain`). Not at `COLO_LOG=debug`, whose line
 /// for each connection says why.
 pub fn known_plain(peer: SocketAddr) -> bool {
-    crate::log_level() < 2 && crate::adapt::known_plain(target_of(peer))
+    log_level() < 2 && adapt::known_plain(target_of(peer))
 }
 
 /// Where a connection to `peer` goes: connect(2) to the unspecified address reaches loopback.
@@ -101,29 +98,29 @@ fn target_of(peer: SocketAddr) -> SocketAddr {
 
 /// Before the real connect: find a rendezvous and offer a segment.
 pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
-    if crate::disabled() || fd < 0 || fd as usize >= table::MAX_FD || table::kind(fd) != table::NONE {
+    if disabled() || fd < 0 || fd as usize >= table::MAX_FD || table::kind(fd) != table::NONE {
         return Prepared::Plain;
     }
     let target = target_of(peer);
     // First, as it needs no system call: a connection per request costs no more than plain TCP.
-    let verdict = crate::adapt::accelerate(target);
-    if verdict == crate::adapt::Verdict::Plain {
-        crate::log_debug(format_args!("connect {peer}: short-lived connections to it, or no colo listener a moment ago; plain TCP"));
+    let verdict = adapt::accelerate(target);
+    if verdict == adapt::Verdict::Plain {
+        log_debug(format_args!("connect {peer}: short-lived connections to it, or no colo listener a moment ago; plain TCP"));
         return Prepared::Plain;
     }
-    let self_served = crate::server::may_accept(target);
+    let self_served = server::may_accept(target);
     if self_served && self_plain(target) {
-        crate::log_debug(format_args!("connect {peer}: this process accepts there itself; plain TCP"));
+        log_debug(format_args!("connect {peer}: this process accepts there itself; plain TCP"));
         return Prepared::Plain;
     }
     // SAFETY: the application's socket, open during this call.
     let b = unsafe { BorrowedFd::borrow_raw(fd) };
-    if !crate::is_tcp_stream(b) {
+    if !is_tcp_stream(b) {
         return Prepared::Plain;
     }
-    if verdict == crate::adapt::Verdict::FirstOffer
+    if verdict == adapt::Verdict::FirstOffer
         && colo_sys::host::is_local(target.ip())
-        && crate::adapt::first_look(target, || own_tag().is_some_and(|t| carrier::says_short_lived(target, t)))
+        && adapt::first_look(target, || own_tag().is_some_and(|t| carrier::says_short_lived(target, t)))
     {
         log_info(format_args!(
             "connect {peer}: its listener says this program's connections to it are short-lived; plain TCP there for a while (COLO_SHORT_LIVED=accelerate keeps shared memory)"
@@ -133,12 +130,12 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
     let rendezvous = match carrier::connect_rendezvous(target) {
         Ok(Some(r)) => r,
         Ok(None) if colo_sys::host::is_local(target.ip()) => {
-            crate::log_debug(format_args!("connect {peer}: no colo listener; plain TCP"));
+            log_debug(format_args!("connect {peer}: no colo listener; plain TCP"));
             return Prepared::NoListener(target);
         }
         Ok(None) => return Prepared::Plain,
         Err(e) => {
-            crate::adapt::set_up_failed(&e);
+            adapt::set_up_failed(&e);
             log_info(format_args!("connect {peer}: rendezvous: {e}; plain TCP"));
             return Prepared::Plain;
         }
@@ -173,7 +170,7 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
     if local.port() % 2 == 0 {
         // Bound by the application to an even port: a server may not look for its offer
         // (spec/WIRE.md section 3, CARRIER mode).
-        crate::log_debug(format_args!("connect {peer}: bound to the even port {}; plain TCP", local.port()));
+        log_debug(format_args!("connect {peer}: bound to the even port {}; plain TCP", local.port()));
         return Prepared::Plain;
     }
     match carrier::offer(rendezvous.control, rendezvous.server_pid, local, target, geometry()) {
@@ -184,7 +181,7 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
             self_served: self_served.then_some(target),
         })),
         Err(e) => {
-            crate::adapt::set_up_failed(&e);
+            adapt::set_up_failed(&e);
             log_info(format_args!("connect {peer}: offer: {e}; plain TCP"));
             Prepared::Plain
         }
@@ -226,7 +223,7 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
                 log_info(format_args!("connect {}: not accelerated ({other:?}); plain TCP", p.peer));
                 if let (Some(target), Answer::Timeout) = (p.self_served, other) {
                     log_info(format_args!("connect {}: this process accepts there itself; plain TCP there from now on", p.peer));
-                    if let Some(mut s) = crate::try_lock(&SELF_PLAIN) {
+                    if let Some(mut s) = try_lock(&SELF_PLAIN) {
                         if !s.contains(&target) && s.len() < 256 {
                             s.push(target);
                         }
@@ -253,11 +250,11 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
         Ok(c) => {
             let c = Arc::new(c);
             slot.set(Entry::Conn(c.clone()));
-            crate::semantics::adopt_options(fd, &c);
-            crate::handover::on_new(fd, &c);
+            options::adopt_options(fd, &c);
+            handover::on_new(fd, &c);
             // Registered in an epoll set before `connect` (as nginx does its upstreams): those
             // registrations watch the TCP socket, which will carry nothing now.
-            crate::poll::adopt_plain(fd, &c);
+            regs::adopt_plain(fd, &c);
             log_info(format_args!("connect {peer}: accelerated (shared memory)"));
         }
         Err(e) => {

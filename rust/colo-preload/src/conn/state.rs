@@ -1,6 +1,9 @@
 //! An accelerated connection: the [`Shm`] plus what the shim needs to answer readiness questions
 //! without locking it, and to let go of a copy inherited over fork without closing the peer.
 
+use crate::base::env::spin;
+use crate::conn::turns;
+use crate::record::{adapt, handover_file};
 use colo::internal::carrier::{Established, Words};
 use colo::internal::shm::{Drainer, Shm};
 use colo_ring::layout::{FLAG_FIN, FLAG_NOT_READING, FLAG_RESET};
@@ -31,6 +34,10 @@ const TCP_CLOSE_WAIT: u8 = 8;
 /// the same list; a copy closed while another process still holds it is released quietly.
 const HOLDERS: usize = 64;
 
+/// Records that a connection accepted on a local address, from a program tagged so, ended
+/// (`short`: it did not pay for its set-up, see `adapt::Lived`).
+pub type EndRecorder = fn(local: std::net::SocketAddr, tag: u64, short: bool);
+
 pub struct Conn {
     shm: ManuallyDrop<Shm>,
     w: Words,
@@ -58,7 +65,7 @@ pub struct Conn {
     /// The peer's reset has been reported (by a read, a write or `SO_ERROR`): as the kernel's
     /// socket error, it is reported once (`report_reset`).
     reset_reported: AtomicBool,
-    /// Closed with `SO_LINGER {1, 0}`: the last close resets (`semantics::closing`).
+    /// Closed with `SO_LINGER {1, 0}`: the last close resets (`conn::options::closing`).
     abort: AtomicBool,
     /// This side shut down reading (`Shm::shutdown_as_tcp`): readable (end of stream) with RDHUP.
     read_shut: AtomicBool,
@@ -69,20 +76,25 @@ pub struct Conn {
     /// On the server side: the client's program tag, under which its ending is recorded for the
     /// listener's short-lived marker.
     client_tag: Option<u64>,
+    /// Records the ending of a connection that has a `client_tag` (the server's service passes
+    /// its own: this module knows no service).
+    on_end: Option<EndRecorder>,
 }
 
 // SAFETY: the raw pointers point into mappings owned by `shm` (the segment) and by this value
 // (the holders page); all accesses through them are atomic.
 unsafe impl Send for Conn {}
-// SAFETY: as above.
+// SAFETY: as for `Send`: what the raw pointers reach is only ever accessed atomically, so shared
+// references on several threads race on nothing.
 unsafe impl Sync for Conn {}
 
 impl Conn {
     /// The server side of a connection dialed by a program tagged `client_tag` (see
-    /// `server::client_tag`).
-    pub fn accepted(client_tag: Option<u64>, est: Established, nonblocking: bool) -> std::io::Result<Conn> {
+    /// `server::client_tag`), whose ending `on_end` records.
+    pub fn accepted(client_tag: Option<u64>, on_end: EndRecorder, est: Established, nonblocking: bool) -> std::io::Result<Conn> {
         let mut c = Conn::build(est, nonblocking, false, std::time::Duration::ZERO)?;
         c.client_tag = client_tag;
+        c.on_end = Some(on_end);
         Ok(c)
     }
 
@@ -111,7 +123,7 @@ impl Conn {
         let holders = page as *const AtomicU32;
         // SAFETY: slot 0 of the zeroed page we just mapped.
         unsafe { &*holders }.store(colo_sys::host::pid(), Ordering::Relaxed);
-        let shm = if resumed { est.into_resumed_shm(crate::spin())? } else { est.into_shm(crate::spin())? };
+        let shm = if resumed { est.into_resumed_shm(spin())? } else { est.into_shm(spin())? };
         shm.set_nonblocking(nonblocking);
         let readiness = shm.readiness_fd().as_raw_fd();
         let never_spin = shm.spin_mode() == colo::SpinMode::Never;
@@ -135,6 +147,7 @@ impl Conn {
             lowat: AtomicU32::new(1),
             send_limit: AtomicU64::new(0),
             client_tag: None,
+            on_end: None,
         })
     }
 
@@ -203,23 +216,26 @@ impl Conn {
 
     /// A turn to write (`turns`), for a connection another process has held (a fork copy);
     /// `None` (no cost) for one only this process ever held.
-    pub fn write_turn(&self) -> Option<crate::turns::Turn<'_>> {
+    pub fn write_turn(&self) -> Option<turns::Turn<'_>> {
         if self.holder(1).load(Ordering::Relaxed) == 0 {
             return None;
         }
         // SAFETY: words HOLDERS and HOLDERS + 1 of the 4096-byte holders page, which lives as
         // long as `self` (shared with every fork copy, as the holders are).
         let (word, waiters) = unsafe { (&*self.holders.add(HOLDERS), &*self.holders.add(HOLDERS + 1)) };
-        Some(crate::turns::take(word, waiters))
+        Some(turns::take(word, waiters))
     }
 
     /// Records that process `pid` (a fork child) holds a copy.
     pub fn add_holder(&self, pid: u32) {
-        if (0..HOLDERS).any(|i| self.holder(i).load(Ordering::Acquire) == pid) {
+        // Relaxed (here and in `others_hold`): a holder word is the whole message, a pid; nothing
+        // else is written before it or read on its strength (whether a process holds the
+        // connection is asked of /proc), so atomicity is all it needs.
+        if (0..HOLDERS).any(|i| self.holder(i).load(Ordering::Relaxed) == pid) {
             return;
         }
         for i in 0..HOLDERS {
-            if self.holder(i).compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            if self.holder(i).compare_exchange(0, pid, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
                 return;
             }
         }
@@ -231,9 +247,8 @@ impl Conn {
     /// child). A process counts only while it has our end's control socket open under the same
     /// number: a child that exec'd without the connection, or released its copy, holds nothing.
     /// (Not the segment memfd: the peer holds the same one, often under the same number, as both
-    /// shims move descriptors to the same floor; a client forked by its server took the server
-    /// for a holder and closed without telling it, 2 of 16 connections in half the runs of
-    /// tests/apps/c/close_during_epoll.c.)
+    /// shims move descriptors to the same floor, so a client forked by its server would take the
+    /// server for a holder and close without telling it.)
     fn others_hold(&self) -> bool {
         let me = colo_sys::host::pid();
         let control = self.raw[0];
@@ -249,18 +264,18 @@ impl Conn {
         };
         let mut others = false;
         for i in 0..HOLDERS {
-            let p = self.holder(i).load(Ordering::Acquire);
+            let p = self.holder(i).load(Ordering::Relaxed);
             if p == 0 {
                 continue;
             }
             if p == me {
-                self.holder(i).store(0, Ordering::Release);
+                self.holder(i).store(0, Ordering::Relaxed);
                 continue;
             }
             if holds(p) {
                 others = true;
             } else {
-                self.holder(i).store(0, Ordering::Release);
+                self.holder(i).store(0, Ordering::Relaxed);
             }
         }
         if others || !self.inheritable() {
@@ -314,6 +329,11 @@ impl Conn {
     /// The readiness of the connection, in epoll bits. `check_gone`: also ask the control socket
     /// (a syscall) when nothing else makes the connection readable.
     pub fn ready(&self, check_gone: bool) -> u32 {
+        // SYNC POINT: the incoming head's Acquire pairs with the peer's Release store of it in
+        // `colo_ring::ring::Producer::write` (the bytes counted are in the ring), the incoming
+        // flags' with its Release fetch_or in `Producer::set_flags` (FIN after the last byte),
+        // the outgoing tail's with the peer's Release store in `Consumer::read` (the room
+        // counted is free). The other words are this side's own, written by this process.
         // SAFETY: (all loads below) aligned atomics inside the mapping `shm` owns.
         let (in_head, in_tail, in_flags, out_head, out_tail, out_flags) = unsafe {
             (
@@ -414,6 +434,7 @@ impl Conn {
     /// a kernel socket that stays ESTABLISHED under colo) and the bytes sent and received.
     pub fn tcp_info(&self) -> (u8, u64, u64) {
         let (in_flags, out_flags, _) = self.flags_and_all_read();
+        // SYNC POINT: the incoming head's Acquire as in `ready`.
         // SAFETY: aligned atomics inside the mapping `shm` owns.
         let (sent, got) = unsafe { ((*self.w.out_head).load(Ordering::Relaxed), (*self.w.in_head).load(Ordering::Acquire)) };
         let (ours, theirs) = (out_flags & FLAG_FIN != 0, in_flags & FLAG_FIN != 0);
@@ -439,6 +460,7 @@ impl Conn {
     /// Bytes in the incoming ring now (`FIONREAD`), from the counters alone: no lock, so it does
     /// not wait for a thread blocked in read. Corrupt counters: asks the ring, which reports it.
     pub fn available(&self) -> std::io::Result<usize> {
+        // SYNC POINT: the head's Acquire as in `ready`.
         // SAFETY: aligned atomics inside the mapping `shm` owns.
         let (head, tail) = unsafe { ((*self.w.in_head).load(Ordering::Acquire), (*self.w.in_tail).load(Ordering::Relaxed)) };
         let avail = head.wrapping_sub(tail);
@@ -451,6 +473,7 @@ impl Conn {
     /// Bytes the outgoing ring takes now without waiting (it only grows until we write), within
     /// a small `SO_SNDBUF`'s bound.
     pub fn space(&self) -> usize {
+        // SYNC POINT: the tail's Acquire as in `ready`.
         // SAFETY: aligned atomics inside the mapping `shm` owns.
         let (head, tail) = unsafe { ((*self.w.out_head).load(Ordering::Relaxed), (*self.w.out_tail).load(Ordering::Acquire)) };
         self.send_room().saturating_sub(head.wrapping_sub(tail)) as usize
@@ -488,6 +511,7 @@ impl Conn {
 
     /// The peer's and our ring flags, and whether the peer has read everything we sent.
     fn flags_and_all_read(&self) -> (u32, u32, bool) {
+        // SYNC POINT: the incoming flags' and the outgoing tail's Acquire as in `ready`.
         // SAFETY: aligned atomics inside the mapping `shm` owns.
         unsafe {
             (
@@ -567,7 +591,7 @@ impl Conn {
     }
 }
 
-/// Registers a wake-up eventfd (`colo::wake`: this thread's, or an epoll set's) with some
+/// Registers a wake-up eventfd (`colo::internal::wake`: this thread's, or an epoll set's) with some
 /// connections for as long as it lives (`Shm::add_waker`): their doorbells' drains by other
 /// threads ring it. Made before the sleep's drains and announcements.
 pub struct Waking<'a, T> {
@@ -631,8 +655,8 @@ impl Drop for Conn {
         let others = self.others_hold();
         if self.inheritable() {
             // A holder that exec'd may not have read the handover file yet: leave it unchanged.
-            crate::handover::forget(self.raw[3], others);
-            crate::handover::closing(&self.raw);
+            handover_file::forget(self.raw[3], others);
+            handover_file::closing(&self.raw);
         }
         if others {
             // Another process (fork) still uses this connection: release our copy only, so the
@@ -650,16 +674,17 @@ impl Drop for Conn {
             if self.shm.role() == colo::internal::segment::Role::Client {
                 let reply_at = std::time::Duration::from_nanos(self.first_reply_ns.load(Ordering::Relaxed));
                 let after_only_reply = (self.sent_before_reply.load(Ordering::Relaxed) == sent).then(|| age.saturating_sub(reply_at));
-                let lived = crate::adapt::Lived { lived: age, setup: self.setup, bytes: sent + got, after_only_reply };
-                crate::adapt::ended(self.shm.peer_addr(), lived);
-            } else if let Some(tag) = self.client_tag {
+                let lived = adapt::Lived { lived: age, setup: self.setup, bytes: sent + got, after_only_reply };
+                adapt::ended(self.shm.peer_addr(), lived);
+            } else if let (Some(tag), Some(on_end)) = (self.client_tag, self.on_end) {
                 // The server's side lives from its accept, after any wait in the backlog: its
                 // age alone tells a connection per request.
-                let lived = crate::adapt::Lived { lived: age, setup: self.setup, bytes: sent + got, after_only_reply: None };
-                crate::server::connection_ended(self.shm.local_addr(), tag, lived.short());
+                let lived = adapt::Lived { lived: age, setup: self.setup, bytes: sent + got, after_only_reply: None };
+                on_end(self.shm.local_addr(), tag, lived.short());
             }
             // As kernel TCP, which answers a close with RST instead of FIN when the socket
             // lingers for zero seconds or bytes it received were never read.
+            // SYNC POINT: the incoming head's Acquire as in `ready`.
             // SAFETY: an aligned atomic inside the mapping `shm` owns.
             let unread = unsafe { (*self.w.in_head).load(Ordering::Acquire) } != got;
             if self.abort.load(Ordering::Relaxed) || unread {

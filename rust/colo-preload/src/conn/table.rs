@@ -2,9 +2,8 @@
 //! few fds that are colo's, an entry behind a per-fd mutex. Fds at or above [`MAX_FD`] are never
 //! accelerated (they stay plain TCP).
 
-use crate::client::Pending;
-use crate::conn::Conn;
-use crate::server::Listen;
+use crate::conn::entry::{Listen, Pending};
+use crate::conn::state::Conn;
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -53,6 +52,8 @@ pub fn kind(fd: i32) -> u8 {
     if fd < 0 || fd as usize >= MAX_FD {
         return NONE;
     }
+    // SYNC POINT with the Release store in `Slot::set`: a kind seen is one whose entry was
+    // stored before it (a reader still takes the slot's lock to use the entry).
     KIND[fd as usize].load(Ordering::Acquire)
 }
 
@@ -128,6 +129,7 @@ impl Slot {
         &mut self.guard
     }
     pub fn set(&mut self, e: Entry) -> Entry {
+        // SYNC POINT with the Acquire load in `kind`.
         KIND[self.fd].store(e.kind(), Ordering::Release);
         std::mem::replace(&mut *self.guard, e)
     }

@@ -13,67 +13,15 @@
 //! nothing reaches it over TCP, as nothing would reach a program that inherited half a pipe.
 //! `colo run` warns about such programs.
 
-use crate::conn::Conn;
-use crate::table::{self, Entry};
-#[cfg(test)]
-use colo::internal::segment::Role;
+use crate::base::log::log_info;
+use crate::conn::options;
+use crate::conn::state::Conn;
+use crate::conn::table::{self, Entry};
+use crate::record::handover_file::record::{Record, RECORD_LEN};
+use crate::record::handover_file::{self, FILE_NAME};
+use crate::service::stdio;
 use colo_sys::{BorrowedFd, OwnedFd, RawFd};
-use std::sync::{Arc, Mutex};
-
-// The record format alone, in a file of its own: the fuzz target `handover_record` (rust/fuzz)
-// compiles this very file, since a cdylib cannot be linked into it.
-mod record;
-use record::{Record, RECORD_LEN};
-
-const FILE_NAME: &str = "colo-handover";
-
-/// This process's handover file: record `i` at offset `32 * i`; a free slot is all zeros.
-struct File {
-    /// The process that created it (a forked child writes a file of its own).
-    pid: u32,
-    fd: OwnedFd,
-    slots: Vec<Option<Record>>,
-}
-
-static FILE: Mutex<Option<File>> = Mutex::new(None);
-
-fn lock() -> std::sync::MutexGuard<'static, Option<File>> {
-    FILE.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn write_slot(f: &File, i: usize) {
-    let bytes = f.slots[i].map_or([0u8; RECORD_LEN], |r| r.encode());
-    let _ = rustix::io::pwrite(&f.fd, &bytes, (i * RECORD_LEN) as u64);
-}
-
-/// This process's own file (a forked child copies its parent's records into a new one).
-fn own(file: &mut Option<File>) -> Option<&mut File> {
-    let me = colo_sys::host::pid();
-    if file.as_ref().is_none_or(|f| f.pid != me) {
-        let fd = rustix::fs::memfd_create(FILE_NAME, rustix::fs::MemfdFlags::empty()).ok()?;
-        let fd = colo_sys::preload::move_above(fd, colo::internal::fd_floor()).ok()?;
-        // Inheritable: the point of the file is to survive exec.
-        rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::empty()).ok()?;
-        // Only now, so that a failure above keeps the records.
-        let slots: Vec<Option<Record>> = file.take().map(|f| f.slots).unwrap_or_default();
-        let f = File { pid: me, fd, slots };
-        for i in 0..f.slots.len() {
-            write_slot(&f, i);
-        }
-        *file = Some(f);
-    }
-    file.as_mut()
-}
-
-/// In a fork child: write our own handover file now, so that the parent's later changes to
-/// its file (closing its copies of the connections) do not reach an `exec` of ours.
-pub fn atfork_child() {
-    // A lock held by a thread that no longer exists: leave it (the next change retries).
-    let Ok(mut file) = FILE.try_lock() else { return };
-    if file.as_ref().is_some_and(|f| f.slots.iter().any(Option::is_some)) {
-        own(&mut file);
-    }
-}
+use std::sync::Arc;
 
 fn cloexec(fd: BorrowedFd<'_>) -> bool {
     rustix::io::fcntl_getfd(fd).map(|f| f.contains(rustix::io::FdFlags::CLOEXEC)).unwrap_or(true)
@@ -110,53 +58,12 @@ fn set(conn: &Conn, inheritable: bool, sock: BorrowedFd<'_>) {
     conn.set_inheritable(inheritable);
     let [control, own_bell, self_bell, memfd] = conn.fds();
     if !inheritable {
-        forget(memfd, false);
+        handover_file::forget(memfd, false);
         return;
     }
     let Ok(st) = rustix::fs::fstat(sock) else { return };
     let r = Record { sock_ino: st.st_ino, memfd, control, own_bell, self_bell, role: conn.shm().role() };
-    let mut file = lock();
-    let Some(f) = own(&mut file) else { return };
-    let i = match f.slots.iter().position(Option::is_none) {
-        Some(i) => i,
-        None => {
-            f.slots.push(None);
-            f.slots.len() - 1
-        }
-    };
-    f.slots[i] = Some(r);
-    write_slot(f, i);
-}
-
-/// A connection is going away (or stops being inheritable): drop its record. `shared`: another
-/// process (a child that exec'd and may not have read the file yet) still holds it: this process
-/// moves to a fresh copy of its file first, and the inherited one stays as it is.
-pub fn forget(memfd: RawFd, shared: bool) {
-    let mut file = lock();
-    if !file.as_ref().is_some_and(|f| f.slots.iter().flatten().any(|r| r.memfd == memfd)) {
-        return;
-    }
-    if shared {
-        if let Some(f) = file.as_mut() {
-            f.pid = 0; // `own` makes a new file
-        }
-    }
-    let Some(f) = own(&mut file) else { return };
-    if let Some(i) = f.slots.iter().position(|r| r.is_some_and(|r| r.memfd == memfd)) {
-        f.slots[i] = None;
-        write_slot(f, i);
-    }
-}
-
-/// An inheritable connection is closing: its descriptors become close-on-exec at once, since the
-/// segment's is closed later, by the reaper thread, and an `exec` in between (a forked child's)
-/// would carry them into an image that has no record of them and never closes them.
-pub fn closing(raw: &[RawFd]) {
-    for &fd in raw {
-        // SAFETY: the connection's own descriptors, open until its drop closes or retires them;
-        // the flag is this process's, per descriptor.
-        let _ = rustix::io::fcntl_setfd(unsafe { BorrowedFd::borrow_raw(fd) }, rustix::io::FdFlags::CLOEXEC);
-    }
+    handover_file::add(r);
 }
 
 /// In the shim's constructor: takes back the connections an earlier image of this process
@@ -206,7 +113,7 @@ fn take_back_one(r: Record, socks: &[i32]) {
     // SAFETY: only asks the kernel about the number; a closed one gives EBADF.
     let open = |fd: RawFd| fd >= 0 && rustix::io::fcntl_getfd(unsafe { BorrowedFd::borrow_raw(fd) }).is_ok();
     if !fds.iter().all(|&fd| open(fd)) || (1..4).any(|i| fds[..i].contains(&fds[i])) {
-        crate::log_info(format_args!("exec: a handed-over connection lost its descriptors; dropped"));
+        log_info(format_args!("exec: a handed-over connection lost its descriptors; dropped"));
         return;
     }
     // SAFETY: inherited descriptors recorded for this connection, open (checked above), owned
@@ -220,21 +127,21 @@ fn take_back_one(r: Record, socks: &[i32]) {
     let est = match colo::internal::carrier::reattach(memfd, control, own_bell, self_bell, r.role) {
         Ok(est) => est,
         Err(why) => {
-            crate::log_info(format_args!("exec: connection on fd {first} not taken back: {why}"));
+            log_info(format_args!("exec: connection on fd {first} not taken back: {why}"));
             return;
         }
     };
     // Standard I/O goes through libc's own calls, which the shim never sees (see `stdio`).
-    let est = if crate::stdio::is_stdio(socks) {
+    let est = if stdio::is_stdio(socks) {
         let peer = est.peer;
-        match crate::stdio::relay(est, socks) {
+        match stdio::relay(est, socks) {
             Ok(()) => {
-                crate::log_info(format_args!("exec: connection to {peer} on fd {first} is standard I/O: relayed over loopback TCP"));
+                log_info(format_args!("exec: connection to {peer} on fd {first} is standard I/O: relayed over loopback TCP"));
                 return;
             }
             Err(failed) => {
                 let (est, why) = *failed;
-                crate::log_info(format_args!("exec: connection to {peer} on fd {first} is standard I/O, not relayed: {why}"));
+                log_info(format_args!("exec: connection to {peer} on fd {first} is standard I/O, not relayed: {why}"));
                 est
             }
         }
@@ -248,7 +155,7 @@ fn take_back_one(r: Record, socks: &[i32]) {
     let conn = match Conn::resume(est, nonblocking) {
         Ok(c) => Arc::new(c),
         Err(e) => {
-            crate::log_info(format_args!("exec: connection to {peer} not taken back: {e}"));
+            log_info(format_args!("exec: connection to {peer} not taken back: {e}"));
             return;
         }
     };
@@ -257,23 +164,9 @@ fn take_back_one(r: Record, socks: &[i32]) {
             slot.set(Entry::Conn(conn.clone()));
         }
     }
-    crate::semantics::adopt_options(first, &conn);
+    options::adopt_options(first, &conn);
     // The record goes into this image's own handover file (and the flag catches up with the
     // descriptors, which came inheritable).
     update(first, &conn);
-    crate::log_info(format_args!("exec: connection to {peer} on fd {first} taken back (shared memory)"));
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn records_round_trip() {
-        let r = Record { sock_ino: 0x1234_5678_9abc, memfd: 900, control: 901, own_bell: 902, self_bell: 903, role: Role::Server };
-        assert_eq!(Record::decode(&r.encode()), Some(r));
-        let mut bad = r.encode();
-        bad[24] = 7;
-        assert_eq!(Record::decode(&bad), None);
-    }
+    log_info(format_args!("exec: connection to {peer} on fd {first} taken back (shared memory)"));
 }

@@ -3,17 +3,25 @@
 //! service*) collects CARRIER offers keyed by 4-tuple. `accept(2)` looks up the accepted
 //! connection's 4-tuple and claims the offer. A process forked from the one that listens (a
 //! multi-worker server accepting after fork) asks the service for the offer over the socket pair
-//! of its *lineage* (`crate::lineage`: inherited, never named), and gets the descriptors with
+//! of its *lineage* (`crate::record::lineage`: inherited, never named), and gets the descriptors with
 //! SCM_RIGHTS. When the serving process is gone (a daemonized master), one of the processes
 //! forked from it takes the service over (the lineage's owner word decides which).
 //!
 //! Pending offers are bounded (`MAX_PENDING`; beyond, REJECT(NO_RESOURCES)) and each expires
 //! `PENDING_TTL` after it arrived, on the service thread's own timer.
 
-use crate::conn::Conn;
-use crate::lineage::{Asked, Lineage, Request, Shared};
-use crate::table::{self, Entry};
-use crate::{log_info, sockaddr_of};
+use crate::base::addr::{is_tcp_stream, sockaddr_of};
+use crate::base::env::disabled;
+use crate::base::log::{log_debug, log_info};
+use crate::base::mem::try_lock;
+use crate::conn::entry::Listen;
+use crate::conn::options;
+use crate::conn::state::Conn;
+use crate::conn::table::{self, Entry};
+use crate::record::adapt;
+use crate::record::lineage::{Asked, Lineage, Request, Shared};
+use crate::record::marker;
+use crate::service::{handover, offer_key};
 use colo::internal::carrier::{self, Hello, HelloRead, Key};
 use colo::wire::{self, Mode, Reason};
 use colo_sys::{seqpacket, AsFd, AsRawFd, OwnedFd};
@@ -49,26 +57,13 @@ const STARVED_PAUSE: Duration = Duration::from_millis(100);
 /// How long a process forked from the serving one waits for the service's answer.
 const ASK_WAIT: Duration = Duration::from_millis(500);
 
-/// A kernel listening socket that also has a rendezvous.
-#[derive(Debug)]
-pub struct Listen {
-    pub rendezvous: OwnedFd,
-    /// The address it listens on.
-    pub addr: std::net::SocketAddr,
-    /// Names it among this process's listeners, for as long as the process lives (its markers
-    /// are recorded by it).
-    id: u64,
-    /// The lineage whose service collects this listener's offers.
-    lineage: &'static Lineage,
-}
-
 /// Addresses this process holds colo listeners for (a fork child inherits the list with the
 /// sockets): a connection to one of them may have to be accepted by the very thread that dials.
 static LISTENING: Mutex<Vec<std::net::SocketAddr>> = Mutex::new(Vec::new());
 
 /// Whether this process may be the one to accept a connection to `target` (it listens there).
 pub fn may_accept(target: std::net::SocketAddr) -> bool {
-    let Some(l) = crate::try_lock(&LISTENING) else { return false };
+    let Some(l) = try_lock(&LISTENING) else { return false };
     l.iter().any(|a| a.port() == target.port() && (a.ip() == target.ip() || a.ip().is_unspecified()))
 }
 
@@ -126,6 +121,7 @@ struct Service {
 static SERVICE: AtomicPtr<Service> = AtomicPtr::new(std::ptr::null_mut());
 
 fn service() -> Option<&'static Service> {
+    // SYNC POINT with the Release store in `start`.
     let p = SERVICE.load(Ordering::Acquire);
     // SAFETY: services are leaked (never freed), so a non-null pointer stays valid.
     (!p.is_null()).then(|| unsafe { &*p })
@@ -179,9 +175,12 @@ fn start(lineage: &'static Lineage, seen: u32, listens: Vec<Arc<Listen>>) -> Opt
             {
                 // Counts a service that ended left behind are not this one's.
                 let st = lock(svc);
+                // SYNC POINT with the SeqCst loads in `may_have_offer`, as in `drain_one`.
                 svc.lineage.shared.busy.store(0, Ordering::SeqCst);
                 publish(&st);
             }
+            // SYNC POINT with the Acquire load in `service`: a thread that sees the pointer sees
+            // the Service built above.
             SERVICE.store(svc as *const Service as *mut Service, Ordering::Release);
             let _ = tx.send(Some(svc as *const Service as usize));
             serve(svc)
@@ -260,7 +259,7 @@ fn hung_up(control: &OwnedFd) -> bool {
 fn keep(st: &mut State, h: Box<Hello>, at: Instant, uid: u32) {
     if h.mode == Mode::Direct {
         carrier::reject(&h.control, Reason::NeedCarrier);
-        crate::log_debug(format_args!("DIRECT HELLO refused with NEED_CARRIER"));
+        log_debug(format_args!("DIRECT HELLO refused with NEED_CARRIER"));
         return;
     }
     let Some(k) = h.key() else { return };
@@ -303,10 +302,10 @@ fn take_hello(st: &mut State, control: OwnedFd, uid: u32) {
         // application's own limit of open files.
         HelloRead::Pending(c) => match out_of_the_way(c) {
             Ok(c) => st.waiting.push((c, Instant::now(), uid)),
-            Err(e) => crate::log_debug(format_args!("rendezvous: {e}; connection dropped")),
+            Err(e) => log_debug(format_args!("rendezvous: {e}; connection dropped")),
         },
         HelloRead::Hello(h) => keep(st, h, Instant::now(), uid),
-        HelloRead::Refused(why) => crate::log_debug(format_args!("rendezvous: {why}")),
+        HelloRead::Refused(why) => log_debug(format_args!("rendezvous: {why}")),
     }
 }
 
@@ -374,6 +373,7 @@ fn drain_one(st: &mut State, l: &Listen) {
         take_hello(st, c, uid);
     }
     publish(st);
+    // SYNC POINT with `may_have_offer`: not busy only once the offers are counted (`publish`).
     st.shared.busy.fetch_sub(1, Ordering::SeqCst);
 }
 
@@ -397,7 +397,7 @@ fn drain_waiting(st: &mut State) {
         match carrier::read_hello(c) {
             HelloRead::Pending(c) => st.waiting.push((c, at, uid)),
             HelloRead::Hello(h) => keep(st, h, at, uid),
-            HelloRead::Refused(why) => crate::log_debug(format_args!("rendezvous: {why}")),
+            HelloRead::Refused(why) => log_debug(format_args!("rendezvous: {why}")),
         }
     }
     publish(st);
@@ -418,7 +418,7 @@ fn expire(st: &mut State) -> Option<Instant> {
     }
     let gone = before - held(st);
     if gone > 0 {
-        crate::log_debug(format_args!("{gone} pending offer(s) expired or abandoned"));
+        log_debug(format_args!("{gone} pending offer(s) expired or abandoned"));
     }
     if st.full && held(st) < MAX_PENDING {
         st.full = false;
@@ -433,7 +433,7 @@ fn expire(st: &mut State) -> Option<Instant> {
 
 /// Answers one request of a process of the lineage: the offer's descriptors, or "none".
 fn answer_request(svc: &Service, req: Request) {
-    let Some(k) = crate::offer_key::decode(&req.bytes) else {
+    let Some(k) = offer_key::decode(&req.bytes) else {
         return req.answer(&[0, 0], &[]);
     };
     let hello = {
@@ -516,12 +516,12 @@ fn serve(svc: &'static Service) {
 
 /// After a successful real `listen(2)` on `fd`: bind the rendezvous and serve offers.
 pub fn on_listen(fd: i32) {
-    if crate::disabled() || table::kind(fd) == table::LISTEN {
+    if disabled() || table::kind(fd) == table::LISTEN {
         return;
     }
     // SAFETY: `fd` is the application's socket, open for the duration of this call.
     let b = unsafe { colo_sys::BorrowedFd::borrow_raw(fd) };
-    if !crate::is_tcp_stream(b) {
+    if !is_tcp_stream(b) {
         return;
     }
     let Some(addr) = rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a)) else { return };
@@ -542,7 +542,7 @@ pub fn on_listen(fd: i32) {
     };
     static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let l = Arc::new(Listen { rendezvous, addr, id: IDS.fetch_add(1, Ordering::Relaxed), lineage: svc.lineage });
-    if let Some(mut l) = crate::try_lock(&LISTENING) {
+    if let Some(mut l) = try_lock(&LISTENING) {
         l.push(addr);
     }
     lock(svc).listens.push(l.clone());
@@ -555,7 +555,7 @@ pub fn on_listen(fd: i32) {
 
 /// When a listening fd is closed in the process that listens: stop serving its rendezvous.
 pub fn on_close_listen(l: &Arc<Listen>) {
-    if let Some(mut listening) = crate::try_lock(&LISTENING) {
+    if let Some(mut listening) = try_lock(&LISTENING) {
         if let Some(i) = listening.iter().position(|&a| a == l.addr) {
             listening.swap_remove(i);
         }
@@ -566,12 +566,12 @@ pub fn on_close_listen(l: &Arc<Listen>) {
     ring(svc);
 }
 
-// ---- the short-lived marker (spec/WIRE.md section 2; the rule is in `crate::marker`) -----------
+// ---- the short-lived marker (spec/WIRE.md section 2; the rule is in `crate::record::marker`) -----------
 
 /// Held while a marker socket is made or closed, and across `fork` (the atfork handlers): a
 /// child must know every marker descriptor it inherits, to close it. One it kept open would
 /// hold the name up after the service lowered it, for as long as the child lives.
-static MARKER_LOCK: crate::marker::ForkLock = crate::marker::ForkLock::new();
+static MARKER_LOCK: marker::ForkLock = marker::ForkLock::new();
 
 /// Forks this process has made (counted by the parent's atfork handler, under `MARKER_LOCK`): a
 /// marker socket made before a fork that the lock did not cover may have a copy in the child.
@@ -592,15 +592,15 @@ static RAISED: [Raised; 64] = [const { Raised { listen: AtomicU64::new(0), tag: 
 /// 2), its command line read once per client process.
 fn client_tag(control: &OwnedFd) -> Option<u64> {
     static TAGS: Mutex<Vec<(u32, u64)>> = Mutex::new(Vec::new());
-    if !crate::adapt::enabled() {
+    if !adapt::enabled() {
         return None;
     }
     let pid = seqpacket::peer_cred(control).ok()?.0;
-    if let Some(&(_, t)) = crate::try_lock(&TAGS)?.iter().find(|(p, _)| *p == pid) {
+    if let Some(&(_, t)) = try_lock(&TAGS)?.iter().find(|(p, _)| *p == pid) {
         return Some(t);
     }
     let tag = wire::program_tag(&colo_sys::host::cmdline(Some(pid)).ok()?);
-    let mut tags = crate::try_lock(&TAGS)?;
+    let mut tags = try_lock(&TAGS)?;
     if tags.len() >= 64 {
         tags.remove(0);
     }
@@ -612,8 +612,8 @@ fn client_tag(control: &OwnedFd) -> Option<u64> {
 /// `tag`, ended (`short`: it did not pay for its set-up, see `adapt::Lived`).
 pub fn connection_ended(local: std::net::SocketAddr, tag: u64, short: bool) {
     let Some(svc) = service() else { return };
-    let Some(ends) = crate::marker::slot(&svc.lineage.shared.ends, local.port(), tag) else { return };
-    if ends.ended(crate::marker::now_ms(), short) && svc.pid == colo_sys::host::pid() {
+    let Some(ends) = marker::slot(&svc.lineage.shared.ends, local.port(), tag) else { return };
+    if ends.ended(marker::now_ms(), short) && svc.pid == colo_sys::host::pid() {
         // Raise or lower it now (a fork child's copy of the doorbell is closed: the service
         // thread gets to it at its next wake-up, within a second).
         ring(svc);
@@ -623,7 +623,7 @@ pub fn connection_ended(local: std::net::SocketAddr, tag: u64, short: bool) {
 /// Raises or lowers each listener's markers as its port's endings say, and lowers those of
 /// listeners gone; returns how long the service may sleep before the next change is due (ms).
 fn tend_markers(svc: &Service) -> u64 {
-    let now = crate::marker::now_ms();
+    let now = marker::now_ms();
     let any_marked = svc.lineage.shared.ends.iter().any(|e| e.marked_until(now).is_some());
     if !any_marked && RAISED.iter().all(|r| r.fd.load(Ordering::Relaxed) < 0) {
         return u64::MAX;
@@ -666,7 +666,7 @@ fn raise_marker(l: &Listen, tag: u64) {
     let forks = FORKS.load(Ordering::Relaxed);
     let fd = match colo_sys::marker::unraised(colo::internal::fd_floor()) {
         Ok(fd) => fd,
-        Err(e) => return crate::log_debug(format_args!("listen {}: marker {name}: {e}", l.addr)),
+        Err(e) => return log_debug(format_args!("listen {}: marker {name}: {e}", l.addr)),
     };
     let raised = {
         let _g = MARKER_LOCK.hold();
@@ -683,7 +683,7 @@ fn raise_marker(l: &Listen, tag: u64) {
     };
     match raised {
         Ok(()) => log_info(format_args!("listen {}: a program's connections are short-lived; it is told to dial plain TCP when it starts again ({name})", l.addr)),
-        Err(e) => crate::log_debug(format_args!("listen {}: marker {name}: {e}", l.addr)),
+        Err(e) => log_debug(format_args!("listen {}: marker {name}: {e}", l.addr)),
     }
 }
 
@@ -698,7 +698,7 @@ fn lower_marker(r: &Raised) {
         fd
     };
     if fd >= 0 {
-        crate::log_debug(format_args!("short-lived marker {:012x} lowered", r.tag.load(Ordering::Relaxed)));
+        log_debug(format_args!("short-lived marker {:012x} lowered", r.tag.load(Ordering::Relaxed)));
     }
 }
 
@@ -796,10 +796,10 @@ pub fn before_fork() {
 
 /// Asks the service of `lineage` for the offer of `k` (starting one here if it is gone).
 fn fetch(lineage: &'static Lineage, k: &Key) -> Option<Box<Hello>> {
-    let (answer, fds) = match lineage.ask(&crate::offer_key::encode(k), ASK_WAIT, |seen| orphaned(lineage, seen)) {
+    let (answer, fds) = match lineage.ask(&offer_key::encode(k), ASK_WAIT, |seen| orphaned(lineage, seen)) {
         Asked::Answer(a, fds) => (a, fds),
         Asked::Nothing(why) => {
-            crate::log_debug(format_args!("offer service: {why}"));
+            log_debug(format_args!("offer service: {why}"));
             return None;
         }
     };
@@ -833,11 +833,11 @@ pub fn on_accept(listen: &Listen, fd: i32, nonblocking: bool) {
             drain_waiting(&mut st);
         }
         if held(&st) == 0 {
-            crate::log_debug(format_args!("accept on fd {fd}: no colo offer pending; plain TCP"));
+            log_debug(format_args!("accept on fd {fd}: no colo offer pending; plain TCP"));
             return;
         }
     } else if !may_have_offer(listen) {
-        crate::log_debug(format_args!("accept on fd {fd}: no colo offer pending; plain TCP"));
+        log_debug(format_args!("accept on fd {fd}: no colo offer pending; plain TCP"));
         return;
     }
     // SAFETY: the fd the kernel just gave us, open for the duration of this call.
@@ -875,7 +875,7 @@ pub fn on_accept(listen: &Listen, fd: i32, nonblocking: bool) {
 /// refused (then another offer for the same 4-tuple may be tried) and the connection is plain.
 fn claim(fd: i32, nonblocking: bool, peer: std::net::SocketAddr, local: std::net::SocketAddr, hello: Option<Box<Hello>>) -> bool {
     let Some(hello) = hello else {
-        crate::log_debug(format_args!("accept {peer} -> {local}: no colo offer; plain TCP"));
+        log_debug(format_args!("accept {peer} -> {local}: no colo offer; plain TCP"));
         return false;
     };
     if fd as usize >= table::MAX_FD {
@@ -886,14 +886,14 @@ fn claim(fd: i32, nonblocking: bool, peer: std::net::SocketAddr, local: std::net
     match hello.claim() {
         // The tag after the claim: its look at the client's command line must not delay the
         // WELCOME the client waits for.
-        Ok(est) => match Conn::accepted(client_tag(&est.fds.control), est, nonblocking) {
+        Ok(est) => match Conn::accepted(client_tag(&est.fds.control), connection_ended, est, nonblocking) {
             Ok(c) => {
                 let c = Arc::new(c);
                 if let Some(mut slot) = table::lock(fd) {
                     slot.set(Entry::Conn(c.clone()));
                 }
-                crate::semantics::adopt_options(fd, &c);
-                crate::handover::on_new(fd, &c);
+                options::adopt_options(fd, &c);
+                handover::on_new(fd, &c);
                 log_info(format_args!("accept {peer} -> {local}: accelerated (shared memory)"));
                 false
             }

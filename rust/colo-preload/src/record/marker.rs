@@ -1,6 +1,6 @@
 //! The server side of the short-lived marker (spec/WIRE.md section 2). A client process learns by
 //! itself (`adapt`) that a destination's connections are short-lived, but only after a first
-//! burst of them has paid for shared memory it did not need (wrk `-c50`: 57 set-ups in 26 ms).
+//! burst of them has paid for shared memory it did not need.
 //! The listener has seen earlier runs of the same program, and tells a new one before its first
 //! offer. Per program *run the same way* (its tag, a hash of its command line): a client that
 //! opens a connection per request says nothing about another program's connection pool, nor

@@ -1,11 +1,10 @@
 //! An `EPOLL_CTL_MOD` that changes nothing is answered without the kernel.
 //!
 //! Event loops in the style of redis's `ae` (redis, redis-benchmark, wrk) modify a registration
-//! to what it already is: wrk does so twice a request, two of its six `epoll_ctl`s, and
-//! redis-benchmark once a connection. For a level-triggered registration without `EPOLLONESHOT`
-//! the kernel's answer is success and nothing else: `ep_modify` queues the item if it is ready
-//! and not queued, and a ready level-triggered item is queued already (by its wake-up, or again
-//! after each report). So the shim remembers each plain descriptor's last such registration and
+//! to what it already is, some of them on every request. For a level-triggered registration
+//! without `EPOLLONESHOT` the kernel's answer is success and nothing else: `ep_modify` queues
+//! the item if it is ready and not queued, and a ready level-triggered item is queued already
+//! (by its wake-up, or again after each report). So the shim remembers each plain descriptor's last such registration and
 //! answers a repeat itself. Edge-triggered and one-shot registrations are not remembered: for
 //! them a repeat re-arms, and the kernel must see it.
 //!
@@ -33,7 +32,8 @@
 //! registrations; a driver whose readiness changes without a wake-up, which a program kicks with
 //! a repeated MOD. `COLO_DISABLE=1` turns it off with the rest of the shim.
 
-use crate::table::MAX_FD;
+use crate::base::env::disabled;
+use crate::conn::table::MAX_FD;
 use libc::{c_int, epoll_event};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -121,7 +121,8 @@ fn remember(i: usize, word: u64) {
 /// `epoll_ctl` on a plain descriptor.
 pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
     let (Some(set), Some(i)) = (index(epfd), index(fd)) else {
-        // SAFETY: the application's arguments.
+        // SAFETY: `crate::real::epoll_ctl` requires what libc's `epoll_ctl` does of these
+        // arguments, which the application's call met.
         return unsafe { crate::real::epoll_ctl(epfd, op, fd, ev) };
     };
     let last = LAST[i].load(Ordering::Relaxed);
@@ -134,7 +135,8 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
         }
     }
     let mine = enter(set);
-    // SAFETY: the application's arguments.
+    // SAFETY: `crate::real::epoll_ctl` requires what libc's `epoll_ctl` does of these arguments,
+    // which the application's call met.
     let r = unsafe { crate::real::epoll_ctl(epfd, op, fd, ev) };
     let word = if r == 0 && mine && op != libc::EPOLL_CTL_DEL && !ev.is_null() {
         // SAFETY: the application's event, which the kernel just read.
@@ -167,7 +169,7 @@ pub fn created(fd: c_int, forks: u64) {
     LAST[i].store(0, Ordering::Relaxed);
     OWNER[i].store(0, Ordering::Relaxed);
     INCARNATION[i].store(INCARNATIONS.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
-    BORN[i].store(if crate::disabled() { 0 } else { forks }, Ordering::Relaxed);
+    BORN[i].store(if disabled() { 0 } else { forks }, Ordering::Relaxed);
 }
 
 /// Read before the set is created: a fork between this and the creation leaves the set

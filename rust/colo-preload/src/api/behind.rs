@@ -17,20 +17,9 @@
 //! but not its descriptors, and a close it makes must not end the parent's connections. It is
 //! recognised by its process id, which differs from the one the shim cached in the parent.
 
-use crate::{shim, table};
+use crate::api::fds;
+use crate::api::forget::{borrowed_memory, known};
 use libc::{c_int, c_long};
-
-/// True in a child that shares this process's memory without being this process (a `vfork` or
-/// `clone(CLONE_VM)` child): the cached pid is the parent's.
-fn borrowed_memory() -> bool {
-    rustix::process::getpid().as_raw_nonzero().get() as u32 != colo_sys::host::pid()
-}
-
-/// Whether the shim knows anything about `fd` (a fast test: two relaxed loads).
-#[inline]
-fn known(fd: c_int) -> bool {
-    table::kind(fd) != table::NONE || table::is_epoll(fd)
-}
 
 /// `syscall(n, a, b, c, ...)` for the calls this module takes over; `None` for the others.
 ///
@@ -52,48 +41,12 @@ pub unsafe fn syscall(n: c_long, a: c_long, b: c_long, c: c_long) -> Option<c_lo
     // errno on failure, as `syscall` does).
     let r = unsafe {
         match n {
-            libc::SYS_close => shim::close(fd),
-            libc::SYS_dup => shim::dup(fd),
+            libc::SYS_close => fds::close(fd),
+            libc::SYS_dup => fds::dup(fd),
             #[cfg(target_arch = "x86_64")]
-            libc::SYS_dup2 => shim::dup3(fd, new, 0, true),
-            _ => shim::dup3(fd, new, c as c_int, false),
+            libc::SYS_dup2 => fds::dup3(fd, new, 0, true),
+            _ => fds::dup3(fd, new, c as c_int, false),
         }
     };
     Some(r as c_long)
-}
-
-/// `close_range(first, last)` (without `CLOSE_RANGE_CLOEXEC`) is about to close every descriptor
-/// in the range: the shim lets go of those it knows first, as `close` does one by one.
-pub fn closing_range(first: u32, last: u32) {
-    let last = last.min(table::MAX_FD as u32 - 1);
-    if first > last || !(first..=last).any(|fd| known(fd as c_int)) || borrowed_memory() {
-        return;
-    }
-    let _g = crate::Guard::enter();
-    for fd in first..=last {
-        if known(fd as c_int) {
-            shim::forget(fd as c_int);
-        }
-    }
-}
-
-/// The kernel has just returned `fd` as a new descriptor (`accept`, `socket`; `tcp`: a TCP socket
-/// `connect` may accelerate): whatever the table held for that number belongs to a descriptor
-/// closed where the shim did not see it; it is released now, before the new socket is looked at.
-#[inline]
-pub fn new_number(fd: c_int, tcp: bool) {
-    if fd >= 0 && known(fd) {
-        stale(fd);
-    }
-    table::set_fresh(fd, tcp);
-}
-
-#[inline(never)]
-fn stale(fd: c_int) {
-    if borrowed_memory() {
-        return;
-    }
-    crate::log_info(format_args!("fd {fd} was closed past the shim; what it held is released"));
-    let _g = crate::Guard::enter();
-    shim::forget(fd);
 }

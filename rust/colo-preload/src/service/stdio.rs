@@ -23,6 +23,7 @@
 //! program's group do not end it). It holds the connection, and the carrier TCP socket, until
 //! both directions have ended, then closes them, which ends the connection for the peer.
 
+use crate::base::env::spin;
 use colo::internal::carrier::Established;
 use colo_sys::{AsRawFd, BorrowedFd, OwnedFd};
 use rustix::net::{self, AddressFamily, SocketAddrAny, SocketType};
@@ -151,7 +152,7 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd) -> ! {
     for _ in 0..3 {
         let _ = rustix::fs::open("/dev/null", rustix::fs::OFlags::RDWR, rustix::fs::Mode::empty()).map(std::mem::forget);
     }
-    let shm = match est.into_resumed_shm(crate::spin()) {
+    let shm = match est.into_resumed_shm(spin()) {
         Ok(s) => s,
         // SAFETY: ends this process; the kernel closes the connection's descriptors.
         Err(_) => unsafe { libc::_exit(1) },
@@ -222,6 +223,7 @@ fn close_all_but(keep: &[i32]) {
         }
         from = k + 1;
     }
-    // SAFETY: as above.
+    // SAFETY: closes the descriptors of this process above the last one kept, none of which the
+    // relay uses.
     unsafe { libc::syscall(libc::SYS_close_range, from, u32::MAX, 0) };
 }

@@ -1,317 +1,35 @@
-//! Readiness: poll/ppoll/select/pselect and the epoll family report accelerated fds from the
-//! rings. The kernel still does the multiplexing: an accelerated fd is represented by its
-//! connection's readiness fd (doorbell + control socket), registered in the application's epoll
-//! set with the application's ET/ONESHOT flags and a tagged `data`; `epoll_wait` maps those
-//! events back to the application's fd and data, with IN/OUT computed from ring state.
+//! Readiness through epoll: `epoll_ctl` and the `epoll_wait` family report accelerated fds from
+//! the rings (poll and select: `ppoll`). The kernel still does the multiplexing: an accelerated
+//! fd is represented by its connection's readiness fd (doorbell + control socket), registered in
+//! the application's epoll set with the application's ET/ONESHOT flags and a tagged `data`
+//! (`conn::regs`); `epoll_wait` maps those events back to the application's fd and data, with
+//! IN/OUT computed from ring state.
 
-use crate::conn::{Conn, Waking, ERR, GONE_EDGE, HUP, IN, OUT};
+use crate::api::repeat;
+use crate::base::env::spin;
+use crate::base::guard::Guard;
+use crate::conn::regs::{kernel_events, note_plain, register, set_wake, waker, with_regs, Reg, Regs, DUP_CHECK, PASS_FLAGS, TAG, TAG_MASK, WAKE};
+use crate::conn::state::{Conn, Waking, IN, OUT};
+use crate::conn::table::{self, CONN, PENDING};
+use crate::real;
+use crate::service::client;
 use colo::internal::shm::Drainer;
-use crate::table::{self, CONN, PENDING};
-use crate::{client, real, Guard};
-use libc::{c_int, epoll_event, nfds_t, pollfd, sigset_t, timespec};
-use rustc_hash::FxHashMap as HashMap;
-use std::sync::atomic::{fence, Ordering};
-use std::sync::{Arc, Mutex};
 use colo::SpinMode;
 use colo_ring::spin::Spinner;
+use libc::{c_int, epoll_event};
+use std::sync::Arc;
+use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
-
-const TAG: u64 = 0xC01D_0000_0000_0000;
-const TAG_MASK: u64 = 0xFFFF_0000_0000_0000;
-/// The `data` of a set's wake-up eventfd in it (see `set_wake`); no registration has this index.
-const WAKE: u64 = TAG | 0xFFFF_FFFF;
-
-struct Reg {
-    epfd: c_int,
-    fd: c_int,
-    events: u32,
-    data: u64,
-    conn: Arc<Conn>,
-    /// `Conn::edges` when last reported (edge-triggered registrations report only a change).
-    seen: Option<Edges>,
-    /// `Conn::edges` when last found not ready: while they stay the same, it stays not ready.
-    quiet: Option<Edges>,
-    /// EPOLLONESHOT fired: silent until EPOLL_CTL_MOD re-arms it.
-    fired: bool,
-    /// The application deleted it (`EPOLL_CTL_DEL`). Our kernel registration stays until the fd
-    /// closes or the peer hangs up, so that the next `EPOLL_CTL_ADD` costs no system call: event
-    /// loops such as redis-benchmark's delete and add a connection around every request.
-    deleted: bool,
-    /// The events our kernel registration of the readiness fd has.
-    kernel: u32,
-    /// The kernel reported the readiness fd and its doorbell was left rung (so that a poller
-    /// above the application's set still sees it readable): drained before the next sleep here.
-    rung: bool,
-    /// The `from_rings` call that last reported it (its kernel event is then a duplicate).
-    round: u64,
-    /// Duplicate kernel events seen with nothing to read (see `translate`).
-    dups: u32,
-}
-
-/// A level-triggered registration looks for a hang-up on one duplicate event in this many.
-const DUP_CHECK: u32 = 64;
-
-type Edges = (u64, u32, u64, u32);
-
-impl Reg {
-    fn new(epfd: c_int, fd: c_int, events: u32, data: u64, conn: Arc<Conn>) -> Reg {
-        let kernel = kernel_events(events);
-        Reg { epfd, fd, events, data, conn, seen: None, quiet: None, fired: false, deleted: false, kernel, rung: false, round: 0, dups: 0 }
-    }
-
-    /// The events to report for this registration now, from the rings (no system call unless
-    /// `check_gone`), honouring level/edge/one-shot; records the report.
-    fn report(&mut self, check_gone: bool) -> u32 {
-        if self.fired || self.deleted {
-            return 0;
-        }
-        let now = self.conn.edges();
-        if !check_gone && self.quiet == Some(now) {
-            return 0;
-        }
-        let interest = (self.events & (IN | OUT | libc::EPOLLRDHUP as u32)) | ERR | HUP;
-        let m = self.conn.ready(check_gone) & interest;
-        // `ready` may just have learned that the peer is gone: an edge of its own. (Only that
-        // bit: edges loaded after `ready` could include progress it did not see.)
-        let now = if self.conn.known_gone() { (now.0, now.1, now.2, now.3 | GONE_EDGE) } else { now };
-        if m == 0 {
-            self.quiet = Some(now);
-            return 0;
-        }
-        self.quiet = None;
-        if self.events & libc::EPOLLET as u32 != 0 {
-            if self.seen == Some(now) {
-                return 0;
-            }
-            self.seen = Some(now);
-        }
-        if self.events & libc::EPOLLONESHOT as u32 != 0 {
-            self.fired = true;
-        }
-        m
-    }
-}
-
-#[derive(Default)]
-struct Regs {
-    slab: Vec<Option<Reg>>,
-    free: Vec<usize>,
-    index: HashMap<(c_int, c_int), usize>,
-    /// Registrations by epoll fd, for the checks `epoll_wait` makes before sleeping.
-    by_epfd: HashMap<c_int, Vec<usize>>,
-    /// Per epoll fd: where in its list the next look at the rings starts, and how many looks
-    /// there have been (see `from_rings`).
-    turns: HashMap<c_int, (usize, u64)>,
-    /// Per epoll fd: the wake-up eventfd in it (`set_wake`), `(pid that made it, fd)`.
-    wakes: HashMap<c_int, (u32, colo_sys::RawFd)>,
-}
-
-static REGS: Mutex<Option<Regs>> = Mutex::new(None);
-
-fn with_regs<T>(f: impl FnOnce(&mut Regs) -> T) -> T {
-    let mut g = REGS.lock().unwrap_or_else(|e| e.into_inner());
-    f(g.get_or_insert_with(Regs::default))
-}
-
-impl Regs {
-    fn insert(&mut self, reg: Reg) -> usize {
-        let key = (reg.epfd, reg.fd);
-        let idx = match self.free.pop() {
-            Some(i) => {
-                self.slab[i] = Some(reg);
-                i
-            }
-            None => {
-                self.slab.push(Some(reg));
-                self.slab.len() - 1
-            }
-        };
-        self.index.insert(key, idx);
-        self.by_epfd.entry(key.0).or_default().push(idx);
-        table::count_regs(key.0, true);
-        idx
-    }
-
-    fn remove(&mut self, idx: usize) -> Option<Reg> {
-        let r = self.slab.get_mut(idx)?.take()?;
-        table::count_regs(r.epfd, false);
-        self.index.remove(&(r.epfd, r.fd));
-        if let Some(v) = self.by_epfd.get_mut(&r.epfd) {
-            v.retain(|&i| i != idx);
-            if v.is_empty() {
-                self.by_epfd.remove(&r.epfd);
-                self.turns.remove(&r.epfd);
-            }
-        }
-        self.free.push(idx);
-        Some(r)
-    }
-}
-
-/// `fd` is being closed: its registrations go (the kernel would drop them with the last ref).
-pub fn forget_fd(fd: c_int) {
-    let gone: Vec<Reg> = with_regs(|r| {
-        let idx: Vec<usize> = r.index.iter().filter(|((_, f), _)| *f == fd).map(|(_, &i)| i).collect();
-        idx.into_iter().filter_map(|i| r.remove(i)).collect()
-    });
-    for reg in gone {
-        // SAFETY: removing our registration of the readiness fd from the application's set.
-        unsafe { real::epoll_ctl(reg.epfd, libc::EPOLL_CTL_DEL, reg.conn.readiness_raw(), std::ptr::null_mut()) };
-    }
-}
-
-/// The epoll fd `epfd` is being closed.
-pub fn forget_epoll(epfd: c_int) {
-    let (gone, wake): (Vec<Reg>, _) = with_regs(|r| {
-        let idx: Vec<usize> = r.by_epfd.get(&epfd).cloned().unwrap_or_default();
-        (idx.into_iter().filter_map(|i| r.remove(i)).collect(), r.wakes.remove(&epfd))
-    });
-    drop(gone);
-    // A forked child's copy of the set is its parent's set: the parent's eventfd stays in it.
-    if let Some(w) = wake.filter(|w| w.0 == colo_sys::host::pid()) {
-        // SAFETY: removing our eventfd from the set (still open: a copy of it would keep it).
-        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, w.1, std::ptr::null_mut()) };
-        colo::internal::wake::give_back(w);
-    }
-}
-
-/// The wake-up eventfd of the epoll set `epfd` (`colo::wake`), added to the set (edge-triggered,
-/// with `data` `WAKE`) at the set's first sleep on connections: registered with them while a
-/// thread sleeps in `epoll_wait` (`Waking`), it wakes the set when another thread's drain of a
-/// doorbell takes a ring (`Shm::drain_doorbell`), as a `poll` sleeper's own eventfd does. One
-/// per set, not per thread: whichever thread waits on the set reports its connections. A forked
-/// child adds one of its own (the set it inherited is its parent's, and so is the eventfd in it).
-/// `None` if none can be had (the sleep then does without).
-fn set_wake(epfd: c_int) -> Option<colo_sys::RawFd> {
-    with_regs(|r| {
-        if let Some(&(pid, fd)) = r.wakes.get(&epfd) {
-            if pid == colo_sys::host::pid() {
-                return Some(fd);
-            }
-        }
-        let w = colo::internal::wake::take()?;
-        let mut ev = epoll_event { events: (libc::EPOLLIN | libc::EPOLLET) as u32, u64: WAKE };
-        // SAFETY: adding our own eventfd to the application's set.
-        if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, w.1, &mut ev) } != 0 {
-            colo::internal::wake::give_back(w);
-            return None;
-        }
-        r.wakes.insert(epfd, w);
-        Some(w.1)
-    })
-}
-
-const PASS_FLAGS: u32 = (libc::EPOLLET | libc::EPOLLONESHOT | libc::EPOLLWAKEUP | libc::EPOLLEXCLUSIVE) as u32;
-
-/// The events of our kernel registration of a readiness fd for the application's `events`.
-fn kernel_events(events: u32) -> u32 {
-    libc::EPOLLIN as u32 | (events & PASS_FLAGS)
-}
-
-/// The application's kernel registrations of fresh sockets (`table::is_fresh`: TCP, not yet
-/// connected): a socket registered before its `connect` (nginx's upstreams) may become a colo
-/// connection, and its registrations must then move to the connection's readiness fd
-/// ([`adopt_plain`]). Per fd: `(epfd, events, data)`. Any other fd's registrations are not
-/// recorded: wrk made six `epoll_ctl` calls per connection, and the record was most of the
-/// shim's cost on a plain connection.
-/// Entries of an fd that was closed meanwhile are harmless: adoption first removes the kernel
-/// registration, which fails for them. (`None` rather than an empty `Vec`: all zeros, so the
-/// array costs no space in the library file.)
-type PlainRegs = Mutex<Option<Vec<(c_int, u32, u64)>>>;
-static PLAIN: [PlainRegs; table::MAX_FD] = [const { Mutex::new(None) }; table::MAX_FD];
-
-#[inline(never)]
-fn note_plain(epfd: c_int, op: c_int, fd: c_int, ev: *const epoll_event) {
-    if fd < 0 || fd as usize >= table::MAX_FD || Guard::busy() {
-        return;
-    }
-    let Some(mut regs) = crate::try_lock(&PLAIN[fd as usize]) else { return };
-    let regs = regs.get_or_insert_with(Vec::new);
-    regs.retain(|r| r.0 != epfd);
-    if op != libc::EPOLL_CTL_DEL && !ev.is_null() {
-        // SAFETY: the application's event, which the kernel just accepted.
-        let e = unsafe { *ev };
-        regs.push((epfd, e.events, e.u64));
-    }
-}
-
-/// Whether `fd` has kernel registrations made while it was a plain socket. Records left by an
-/// earlier socket with this number (closed, so the kernel dropped its registrations) are dropped
-/// here: re-asserting a live registration succeeds, a gone one fails. Without that, a stale record
-/// would make `connect` wait for the server's answer for nothing.
-pub fn has_plain(fd: c_int) -> bool {
-    if fd < 0 || fd as usize >= table::MAX_FD {
-        return false;
-    }
-    let Some(mut regs) = crate::try_lock(&PLAIN[fd as usize]) else { return false };
-    let Some(v) = regs.as_mut() else { return false };
-    v.retain(|&(epfd, events, data)| {
-        // A one-shot registration is kept as it is (re-asserting it would re-arm it).
-        if events & libc::EPOLLONESHOT as u32 != 0 {
-            return true;
-        }
-        let mut ev = epoll_event { events, u64: data };
-        // SAFETY: modifying the application's registration to what it already is.
-        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, fd, &mut ev) == 0 }
-    });
-    !v.is_empty()
-}
-
-/// `fd` just became a colo connection: its kernel registrations (made while it was a plain
-/// socket) move to the connection's readiness fd, with the same events and data.
-pub fn adopt_plain(fd: c_int, conn: &Arc<Conn>) {
-    if fd < 0 || fd as usize >= table::MAX_FD {
-        return;
-    }
-    let regs = crate::try_lock(&PLAIN[fd as usize]).and_then(|mut r| r.take()).unwrap_or_default();
-    for (epfd, events, data) in regs {
-        // SAFETY: removing the application's registration of its own fd; it fails (and we skip
-        // it) if that registration is gone (the fd number was closed and reused meanwhile).
-        if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) } != 0 {
-            continue;
-        }
-        if let Err(e) = register(epfd, fd, events, data, conn) {
-            crate::log_info(format_args!("fd {fd}: moving its epoll registration to shared memory: errno {e}"));
-            // Put the application's registration back: the TCP socket at least reports a close.
-            let mut ev = epoll_event { events, u64: data };
-            // SAFETY: restoring the registration removed above.
-            unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
-        }
-    }
-}
-
-/// Registers `conn` (the connection on `fd`) in the application's epoll set `epfd` as the
-/// application asked for `fd`: our readiness fd, tagged, in the kernel's set. A new registration
-/// reports the current state as an edge (after an adoption possibly a second OUT edge for the
-/// connect: harmless, where a missed one would hang).
-fn register(epfd: c_int, fd: c_int, events: u32, data: u64, conn: &Arc<Conn>) -> Result<(), c_int> {
-    let idx = with_regs(|r| r.insert(Reg::new(epfd, fd, events, data, conn.clone())));
-    // Counted (in `insert`) and marked before the kernel can report it.
-    table::set_epoll(epfd, true);
-    let mut kev = epoll_event { events: kernel_events(events), u64: TAG | idx as u64 };
-    // SAFETY: registering the readiness fd in the application's set.
-    if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, conn.readiness_raw(), &mut kev) } != 0 {
-        let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
-        with_regs(|r| r.remove(idx));
-        return Err(e);
-    }
-    // A thread asleep on this set must look at it (the kernel would wake it); one about to sleep
-    // marks itself sleeping before its last look at the registrations (or, in a set without
-    // connections, at their count).
-    fence(Ordering::SeqCst); // Partner: the fence in `epoll_wait_with`.
-    if table::has_sleepers(epfd) {
-        conn.poke();
-    }
-    Ok(())
-}
 
 #[inline(always)]
 pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
     if table::kind(fd) == table::NONE && !table::is_fresh(fd) {
-        // SAFETY: the application's arguments.
-        return unsafe { crate::repeat::epoll_ctl(epfd, op, fd, ev) };
+        // SAFETY: `repeat::epoll_ctl` requires what libc's `epoll_ctl` does of these
+        // arguments, which the application's call met.
+        return unsafe { repeat::epoll_ctl(epfd, op, fd, ev) };
     }
-    // SAFETY: the application's arguments.
+    // SAFETY: `epoll_ctl_slow` requires what libc's `epoll_ctl` does of these arguments, which the
+    // application's call met.
     unsafe { epoll_ctl_slow(epfd, op, fd, ev) }
 }
 
@@ -319,14 +37,15 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
 unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
     // Not a plain descriptor's change: nothing of it may be answered from memory, and the set
     // counts it as a change.
-    crate::repeat::forget(fd);
-    crate::repeat::touch(epfd);
+    repeat::forget(fd);
+    repeat::touch(epfd);
     let k = table::kind(fd);
     if (k != CONN && k != PENDING) || Guard::busy() {
         // Sampled with the kind: a `connect` on another thread may clear it meanwhile, and its
         // adoption must then find this registration.
         let fresh = table::is_fresh(fd);
-        // SAFETY: the application's arguments.
+        // SAFETY: `real::epoll_ctl` is libc's `epoll_ctl`, given the application's arguments
+        // unchanged: the contract the caller met.
         let r = unsafe { real::epoll_ctl(epfd, op, fd, ev) };
         if r == 0 && k == table::NONE && fresh {
             note_plain(epfd, op, fd, ev);
@@ -337,7 +56,8 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
     client::resolve_fd(fd);
     let Some(conn) = table::conn(fd) else {
         drop(g);
-        // SAFETY: the application's arguments.
+        // SAFETY: `real::epoll_ctl` is libc's `epoll_ctl`, given the application's arguments
+        // unchanged: the contract the caller met.
         return unsafe { real::epoll_ctl(epfd, op, fd, ev) };
     };
     let (events, data) = if ev.is_null() {
@@ -564,9 +284,8 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
                 // stops at a short read (nginx) waits for EPOLLRDHUP. A level one sees a hang-up
                 // in every wait from then on, and a read that finds the ring empty looks at the
                 // control socket itself, so it asks only with nothing to read, on one duplicate
-                // in `DUP_CHECK`: asking on every one (a doorbell left rung is the usual cause)
-                // cost a system call per request, redis-benchmark -c 1 going from 240k to 178k
-                // requests/s.
+                // in `DUP_CHECK`: a doorbell left rung, the usual cause of a duplicate, costs no
+                // system call per request (docs/ARCHITECTURE.md).
                 if !reg.conn.known_gone() {
                     let edge = reg.kernel & (libc::EPOLLET | libc::EPOLLONESHOT) as u32 != 0;
                     let ask = edge || reg.conn.ready(false) & IN == 0 && {
@@ -580,9 +299,8 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
                 continue;
             }
             // A level-triggered registration for input asks the control socket only when its
-            // doorbell does not explain the report (see `Conn::arm`): a ring left from a
-            // reply already read cost clients two `recv`s per request (redis-benchmark -c 50
-            // GET: 1.3-1.5x the requests per second without them). The peer's hang-up is then
+            // doorbell does not explain the report (see `Conn::arm`), so that a ring left from a
+            // reply already read costs no `recv` on the control socket. The peer's hang-up is then
             // reported at the next wait, as end of stream. An edge (or one-shot) registration is
             // not reported again for a hang-up, and one for output would be told "writable"
             // meanwhile: those ask now.
@@ -666,7 +384,7 @@ fn watched(epfd: c_int) -> (Vec<Arc<Conn>>, SpinMode, Option<colo_sys::RawFd>) {
             .get(&epfd)
             .map(|l| l.iter().filter_map(|&i| r.slab[i].as_ref()).filter(|g| !g.fired && !g.deleted).map(|g| g.conn.clone()).collect())
             .unwrap_or_default();
-        let mut mode = crate::spin();
+        let mut mode = spin();
         if mode != SpinMode::Always && conns.iter().any(|c| c.never_spin()) {
             mode = SpinMode::Never;
         }
@@ -725,9 +443,8 @@ pub unsafe fn epoll_wait_with(
         // registration, then looks for sleepers; with a fence on each side, at least one sees
         // the other). What the kernel reports is the application's unless tagged: an event of
         // a registration made meanwhile, of a duplicate of a set with connections (those are
-        // known under the original number), or of the set's wake-up eventfd. (An nginx worker
-        // whose first connections were accelerated went the long way for good: about 900
-        // instructions a request.)
+        // known under the original number), or of the set's wake-up eventfd. A set whose
+        // connections have all closed counts none again and comes back to this path.
         table::set_sleeping(epfd, true);
         fence(Ordering::SeqCst); // Partner: the fence in `register`.
         if table::regs_in(epfd) == 0 {
@@ -867,240 +584,3 @@ fn translated(epfd: c_int, got: &mut [epoll_event]) -> Option<c_int> {
     let out = translate(epfd, got, None);
     (out > 0).then(|| g.ok(out as libc::ssize_t) as c_int)
 }
-
-// ---- poll and select ------------------------------------------------------------------------
-
-/// How a sleeper drains: through its wake-up eventfd if it has one, else as a thread not
-/// asleep (without one it is registered nowhere).
-fn waker(wake: Option<colo_sys::RawFd>) -> Drainer {
-    wake.map_or(Drainer::Awake, Drainer::Waker)
-}
-
-/// poll/ppoll over a mix of kernel and accelerated fds. `timeout`: None waits forever.
-pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, mask: *const sigset_t) -> c_int {
-    // SAFETY: `n` pollfds at `fds`, as the application promised.
-    let arr = unsafe { crate::slice_mut(fds, n as usize) };
-    let g = Guard::enter();
-    for p in arr.iter() {
-        client::resolve_fd(p.fd);
-    }
-    let conns: Vec<(usize, Arc<Conn>)> =
-        arr.iter().enumerate().filter_map(|(i, p)| table::conn(p.fd).map(|c| (i, c))).collect();
-    let deadline = timeout.map(|t| Instant::now() + t);
-    let mut copy: Vec<pollfd> = Vec::with_capacity(arr.len() + 1);
-    copy.extend_from_slice(arr);
-    let mut armed = false;
-    // This thread's own wake-up eventfd, registered with the connections from the first arming
-    // on and polled with them: another thread's drain of a doorbell rings it (see
-    // `Shm::drain_doorbell`).
-    let mut wake = None;
-    let mut _waking = None;
-    // Without a pass from other threads' drains, sleep in short steps (see `UNPASSED_SLEEP`).
-    let mut unpassed = false;
-    loop {
-        // Rings first.
-        let mut ready = 0;
-        for (i, c) in &conns {
-            let want = arr[*i].events as u32 | ERR | HUP;
-            let m = c.ready(true) & want;
-            arr[*i].revents = m as i16;
-            if m != 0 {
-                ready += 1;
-            }
-        }
-        let zero = timespec { tv_sec: 0, tv_nsec: 0 };
-        if ready > 0 {
-            // Report the kernel fds' state now too.
-            for (i, p) in copy.iter_mut().enumerate() {
-                *p = arr[i];
-                p.revents = 0;
-            }
-            for (i, _) in &conns {
-                copy[*i].fd = -1;
-            }
-            // SAFETY: our copy of the array.
-            let r = unsafe { real::ppoll(copy.as_mut_ptr(), n, &zero, mask) };
-            let mut total = ready;
-            for (i, p) in arr.iter_mut().enumerate() {
-                if copy[i].fd < 0 {
-                    // A connection's (set above), or a negative fd, whose revents the kernel zeroes.
-                    p.revents = if p.fd < 0 { 0 } else { p.revents };
-                    continue;
-                }
-                p.revents = if r > 0 { copy[i].revents } else { 0 };
-                if p.revents != 0 {
-                    total += 1;
-                }
-            }
-            return g.ok(total as libc::ssize_t) as c_int;
-        }
-        if !armed {
-            wake = if conns.is_empty() { None } else { colo::internal::wake::own_fd() };
-            if let Some(fd) = wake {
-                _waking = Some(Waking::new(&conns, |(_, c)| c, fd));
-            }
-            unpassed = !conns.is_empty() && !_waking.as_ref().is_some_and(|w| w.complete());
-            let mut any = false;
-            for (_, c) in &conns {
-                if c.arm(waker(wake), true) != 0 {
-                    any = true;
-                }
-            }
-            armed = true;
-            if any {
-                let again = conns.iter().any(|(i, c)| c.ready(true) & (arr[*i].events as u32 | ERR | HUP) != 0);
-                if again {
-                    continue;
-                }
-            }
-        }
-        for (i, p) in copy.iter_mut().enumerate() {
-            *p = arr[i];
-            p.revents = 0;
-        }
-        for (i, c) in &conns {
-            // A connection whose peer is gone and that reported nothing wanted above never will
-            // (its readiness fd stays readable: the control socket hung up): leave it out, or
-            // this sleep would return at once, again and again.
-            let gone = c.known_gone() || (arr[*i].events & (libc::POLLIN | libc::POLLRDHUP)) == 0 && c.peer_gone();
-            copy[*i].fd = if gone { -1 } else { c.readiness_raw() };
-            copy[*i].events = libc::POLLIN;
-        }
-        let mut left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-        if unpassed {
-            left = Some(left.map_or(colo::internal::shm::UNPASSED_SLEEP, |l| l.min(colo::internal::shm::UNPASSED_SLEEP)));
-        }
-        let ts = left.map(|l| timespec { tv_sec: l.as_secs() as i64, tv_nsec: l.subsec_nanos() as i64 });
-        let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const timespec);
-        if let Some(fd) = wake {
-            copy.push(pollfd { fd, events: libc::POLLIN, revents: 0 });
-        }
-        // SAFETY: our copy of the array (with the wake-up eventfd after the application's fds).
-        let r = unsafe { real::ppoll(copy.as_mut_ptr(), copy.len() as nfds_t, tsp, mask) };
-        // Woken through our own eventfd: another thread emptied a doorbell, taking with it the
-        // announcements made on it, ours too; so re-arm, as after a spurious ring.
-        let mut passed = false;
-        if let Some(fd) = wake {
-            let revents = copy.pop().map_or(0, |p| p.revents);
-            if revents & libc::POLLNVAL != 0 {
-                // The application closed it: this sleep goes on without one (the next takes
-                // another).
-                colo::internal::wake::forget_own();
-                wake = None;
-                _waking = None;
-                unpassed = true;
-            } else if revents & libc::POLLIN != 0 {
-                passed = true;
-                // SAFETY: this thread's own eventfd, never closed by us.
-                colo_sys::doorbell::drain(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) });
-            }
-        }
-        if r < 0 {
-            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINTR);
-            return g.err(e) as c_int;
-        }
-        let mut total = 0;
-        for (i, p) in arr.iter_mut().enumerate() {
-            if conns.iter().any(|(j, _)| *j == i) {
-                continue;
-            }
-            p.revents = copy[i].revents;
-            if p.revents != 0 {
-                total += 1;
-            }
-        }
-        for (i, c) in &conns {
-            let m = c.ready(true) & (arr[*i].events as u32 | ERR | HUP);
-            arr[*i].revents = m as i16;
-            if m != 0 {
-                total += 1;
-            } else if copy[*i].revents != 0 || passed || r == 0 && unpassed {
-                // A spurious ring (or a short sleep's end): re-arm before sleeping again.
-                c.arm(waker(wake), true);
-            }
-        }
-        if total > 0 {
-            return g.ok(total as libc::ssize_t) as c_int;
-        }
-        if r == 0 && !unpassed || deadline.is_some_and(|d| Instant::now() >= d) {
-            return g.ok(0) as c_int;
-        }
-    }
-}
-
-pub fn has_colo(fds: *const pollfd, n: nfds_t) -> bool {
-    if Guard::busy() || fds.is_null() {
-        return false;
-    }
-    // SAFETY: `n` pollfds at `fds`.
-    let arr = unsafe { crate::slice(fds, n as usize) };
-    arr.iter().any(|p| crate::shim::is_colo_or_pending(p.fd))
-}
-
-/// select/pselect: through `ppoll_impl` when an accelerated fd is in a set.
-pub unsafe fn select_impl(
-    nfds: c_int,
-    r: *mut libc::fd_set,
-    w: *mut libc::fd_set,
-    e: *mut libc::fd_set,
-    timeout: Option<Duration>,
-    mask: *const sigset_t,
-) -> Option<c_int> {
-    if Guard::busy() || nfds <= 0 {
-        return None;
-    }
-    let n = nfds.min(libc::FD_SETSIZE as c_int);
-    // SAFETY: fd_sets given by the application (FD_ISSET reads within FD_SETSIZE).
-    let isset = |s: *mut libc::fd_set, fd: c_int| !s.is_null() && unsafe { libc::FD_ISSET(fd, s) };
-    if !(0..n).any(|fd| crate::shim::is_colo_or_pending(fd) && (isset(r, fd) || isset(w, fd) || isset(e, fd))) {
-        return None;
-    }
-    let mut pfds = Vec::new();
-    for fd in 0..n {
-        let mut ev = 0;
-        if isset(r, fd) {
-            ev |= libc::POLLIN;
-        }
-        if isset(w, fd) {
-            ev |= libc::POLLOUT;
-        }
-        if isset(e, fd) {
-            ev |= libc::POLLPRI;
-        }
-        if ev != 0 {
-            pfds.push(pollfd { fd, events: ev, revents: 0 });
-        }
-    }
-    // SAFETY: our own array.
-    let rc = unsafe { ppoll_impl(pfds.as_mut_ptr(), pfds.len() as nfds_t, timeout, mask) };
-    if rc < 0 {
-        return Some(rc);
-    }
-    for s in [r, w, e] {
-        if !s.is_null() {
-            // SAFETY: clearing the application's set before we fill it with the result.
-            unsafe { libc::FD_ZERO(s) };
-        }
-    }
-    let mut count = 0;
-    for p in &pfds {
-        let rv = p.revents;
-        if !r.is_null() && p.events & libc::POLLIN != 0 && rv & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
-            // SAFETY: fd < FD_SETSIZE.
-            unsafe { libc::FD_SET(p.fd, r) };
-            count += 1;
-        }
-        if !w.is_null() && p.events & libc::POLLOUT != 0 && rv & (libc::POLLOUT | libc::POLLERR) != 0 {
-            // SAFETY: as above.
-            unsafe { libc::FD_SET(p.fd, w) };
-            count += 1;
-        }
-        if !e.is_null() && p.events & libc::POLLPRI != 0 && rv & libc::POLLPRI != 0 {
-            // SAFETY: as above.
-            unsafe { libc::FD_SET(p.fd, e) };
-            count += 1;
-        }
-    }
-    Some(count)
-}
-

@@ -11,6 +11,7 @@
 //! It also remembers, for a moment, that a destination has no colo listener at all, so that a
 //! client under `colo run` talking to a plain server does not look for one on every connection.
 
+use crate::base::log::log_info;
 use rustc_hash::FxHashMap as HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,10 +38,9 @@ const PLAIN_FOR: Duration = Duration::from_secs(1);
 const MAX_DESTS: usize = 4096;
 /// After a destination was found to have no colo listener, connections to it go plain TCP
 /// without asking again for this long. Asking costs three failed connects on Unix sockets (the
-/// exact address, then the wildcards) and two `getsockopt`s: a client under `colo run` opening a
-/// connection per request to a server not under colo made 11 system calls more per connection
-/// than without the shim, and ran at 0.64x (wrk `Connection: close` against plain nginx). A colo
-/// listener that appears at that address is used from the next look on.
+/// exact address, then the wildcards) and two `getsockopt`s, more than a short plain connection
+/// costs by itself (docs/ARCHITECTURE.md). A colo listener that appears at that address is used
+/// from the next look on.
 const NO_LISTENER_FOR: Duration = Duration::from_millis(100);
 
 /// What this process has seen of one destination's connections.
@@ -220,7 +220,7 @@ fn coarse_ms() -> u64 {
 /// whether to dial it over plain TCP, starting a plain period there as a run of short
 /// connections of our own would. So a new process that opens a connection per request (wrk,
 /// redis-benchmark `-k 0`, a script running curl in a loop) does not first set up shared memory
-/// for a burst of them: wrk `-c50` set up 57 in 26 ms before its own rule took over.
+/// for a burst of them before its own rule takes over.
 pub fn first_look(dest: SocketAddr, says_short: impl FnOnce() -> bool) -> bool {
     if !enabled() {
         return false;
@@ -258,7 +258,7 @@ pub fn no_listener(dest: SocketAddr) {
 
 /// After a set-up found no descriptor number free for the shim (see the shim's `init`), no
 /// connection is offered shared memory for this long: each attempt costs system calls and a log
-/// line (redis-benchmark -c 900 under a fixed limit of 1024 made 1776 of them).
+/// line, and a client that opens hundreds of connections at once would make one per connection.
 const OUT_OF_FDS_FOR: Duration = Duration::from_millis(100);
 /// Until when (`coarse_ms`; 0: never set): one atomic, so that a connect takes no lock for it.
 static OUT_OF_FDS_UNTIL: AtomicU64 = AtomicU64::new(0);
@@ -296,10 +296,9 @@ pub struct Lived {
 
 impl Lived {
     /// Whether shared memory did not pay for itself: few bytes, and a short life, or a single
-    /// exchange closed soon after its reply, however long the reply took. With hundreds of
-    /// connection-per-request clients every connection waits long for its turn (wrk -c200
-    /// `Connection: close`: about 90 ms each), so none looked short, shared memory was never
-    /// given up, and the set-ups made the load 7x slower than plain TCP. (Soon after the reply:
+    /// exchange closed soon after its reply, however long the reply took: with hundreds of
+    /// connection-per-request clients every connection waits long for its turn, and a rule on
+    /// its life alone would never find one short (docs/ARCHITECTURE.md). (Soon after the reply:
     /// a stream the server pushes, or a pooled connection closed when idle, is not short.)
     pub fn short(&self) -> bool {
         let quick = self.lived < SHORT_LIFE || self.lived < self.setup * SETUP_TIMES;
@@ -317,7 +316,7 @@ pub fn ended(dest: SocketAddr, lived: Lived) {
     let dest = key(dest);
     let mut g = DESTS.lock().unwrap_or_else(|e| e.into_inner());
     if dest_entry(g.get_or_insert_with(HashMap::default), dest).ended(Instant::now(), short) {
-        crate::log_info(format_args!(
+        log_info(format_args!(
             "connect {dest}: most of its connections are short-lived; plain TCP there for {PLAIN_FOR:?} at a time (COLO_SHORT_LIVED=accelerate keeps shared memory)"
         ));
     }

@@ -1,0 +1,490 @@
+//! The exported symbols: each a thin wrapper over the call's logic in the modules beside it
+//! (`data`, `fds`, `copy`, `fdopen`, `epoll`, `ppoll`, `sockopt`), or over libc (`real`) when the
+//! arguments show the call is not the shim's. A non-colo fd costs one atomic load before libc.
+
+use crate::api::{behind, copy, data, epoll, fdopen, fds, forget, ppoll, repeat, route, sockopt};
+use crate::base::guard::Guard;
+use crate::base::uring::refused;
+use crate::conn::table;
+use crate::real;
+use crate::service::server;
+use libc::{c_int, c_uint, c_ulong, c_void, iovec, msghdr, nfds_t, off_t, size_t, sockaddr, socklen_t, ssize_t};
+use libc::{epoll_event, fd_set, pollfd, sigset_t, timespec, timeval};
+use std::time::Duration;
+
+// ---- syscall --------------------------------------------------------------------------------
+
+/// `syscall(2)`: `io_uring_setup` is refused (`base::uring`); closes and duplicates of the
+/// shim's descriptors take the shim's paths (`behind`); every other call goes to libc unchanged.
+/// (`syscall` is variadic; on x86-64 and arm64 its integer arguments arrive where these
+/// parameters are read.)
+#[no_mangle]
+pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_long, c: libc::c_long, d: libc::c_long, e: libc::c_long, f: libc::c_long) -> libc::c_long {
+    if refused(n) {
+        return -1;
+    }
+    // Closes and duplicates of the shim's descriptors take the shim's paths (libuv closes so).
+    // SAFETY: `behind::syscall` requires what libc's `syscall` does of these arguments, which the
+    // application's call met.
+    if let Some(r) = unsafe { behind::syscall(n, a, b, c) } {
+        return r;
+    }
+    // SAFETY: `real::syscall` is libc's `syscall`, given the application's arguments unchanged: the
+    // contract the caller met.
+    let r = unsafe { real::syscall(n, a, b, c, d, e, f) };
+    // Descriptors closed or replaced past libc's wrappers (see `repeat`).
+    if r >= 0 {
+        match n {
+            libc::SYS_close => repeat::forget(a as c_int),
+            libc::SYS_close_range if c & libc::CLOSE_RANGE_CLOEXEC as libc::c_long == 0 => repeat::forget_range(a as u32, b as u32),
+            libc::SYS_dup3 => repeat::duplicated(a as c_int, b as c_int),
+            _ => {}
+        }
+    }
+    r
+}
+
+/// `close_range(2)` (glibc 2.34), made as the system call itself: a child between `vfork` and
+/// `exec` (Python's subprocess) calls it, where a first look-up of libc's could wait on the
+/// loader's lock.
+#[no_mangle]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+        forget::closing_range(first, last);
+    }
+    // SAFETY: the application's arguments, as the system call takes them.
+    let r = unsafe { real::syscall(libc::SYS_close_range, first as libc::c_long, last as libc::c_long, flags as libc::c_long, 0, 0, 0) };
+    if r == 0 && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+        repeat::forget_range(first, last);
+    }
+    r as c_int
+}
+
+// ---- fork -----------------------------------------------------------------------------------
+
+/// `fork(2)`: the parent records the child as a holder of every connection at once, before it
+/// can close its own copy (the child's own record, in `atfork_child`, may come too late for
+/// that, and would let the parent's close end the connection for both).
+#[no_mangle]
+pub unsafe extern "C" fn fork() -> libc::pid_t {
+    if !Guard::busy() {
+        let _g = Guard::enter();
+        server::before_fork();
+    }
+    // SAFETY: libc's fork.
+    let pid = unsafe { real::fork() };
+    if pid > 0 {
+        for fd in table::fds_of_kind(table::CONN) {
+            if let Some(c) = table::conn(fd as i32) {
+                c.add_holder(pid as u32);
+            }
+        }
+    }
+    pid
+}
+
+fn timeout_of(ts: *const timespec) -> Option<Duration> {
+    if ts.is_null() {
+        return None;
+    }
+    // SAFETY: the application's timespec.
+    let t = unsafe { *ts };
+    Some(Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32))
+}
+
+fn timeout_ms(ms: c_int) -> Option<Duration> {
+    (ms >= 0).then(|| Duration::from_millis(ms as u64))
+}
+
+// ---- the socket calls -----------------------------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
+    // SAFETY: `fds::socket` requires what libc's `socket` does of these arguments, which the
+    // application's call met.
+    unsafe { fds::socket(domain, ty, protocol) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    // SAFETY: `fds::connect` requires what libc's `connect` does of these arguments, which the
+    // application's call met.
+    unsafe { fds::connect(fd, addr, len) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
+    // SAFETY: `fds::listen` requires what libc's `listen` does of these arguments, which the
+    // application's call met.
+    unsafe { fds::listen(fd, backlog) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    // SAFETY: `fds::accept4` requires what libc's `accept` does of these arguments, which the
+    // application's call met.
+    unsafe { fds::accept4(fd, addr, len, 0) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    // SAFETY: `fds::accept4` requires what libc's `accept4` does of these arguments, which the
+    // application's call met.
+    unsafe { fds::accept4(fd, addr, len, flags) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    // SAFETY: `fds::close` requires what libc's `close` does of these arguments, which the
+    // application's call met.
+    unsafe { fds::close(fd) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    // SAFETY: `fds::shutdown` requires what libc's `shutdown` does of these arguments, which the
+    // application's call met.
+    unsafe { fds::shutdown(fd, how) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    // SAFETY: `data::read` requires what libc's `read` does of these arguments, which the
+    // application's call met.
+    unsafe { data::read(fd, buf, n) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t {
+    if n > buflen || !route::is_colo_or_pending(fd) {
+        // SAFETY: libc's `__read_chk` checks the length against the buffer's (aborting past it),
+        // then makes the call, under the contract the application's call met.
+        return unsafe { real::__read_chk(fd, buf, n, buflen) };
+    }
+    // SAFETY: `data::read` requires what libc's `__read_chk` does of these arguments, which the
+    // application's call met.
+    unsafe { data::read(fd, buf, n) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    // SAFETY: `data::write` requires what libc's `write` does of these arguments, which the
+    // application's call met.
+    unsafe { data::write(fd, buf, n) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    // SAFETY: `data::readv` requires what libc's `readv` does of these arguments, which the
+    // application's call met.
+    unsafe { data::readv(fd, iov, cnt) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    // SAFETY: `data::writev` requires what libc's `writev` does of these arguments, which the
+    // application's call met.
+    unsafe { data::writev(fd, iov, cnt) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    // SAFETY: `data::recvfrom` requires what libc's `recv` does of these arguments, which the
+    // application's call met.
+    unsafe { data::recvfrom(fd, buf, n, flags, std::ptr::null_mut(), std::ptr::null_mut()) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int) -> ssize_t {
+    if n > buflen || !route::is_colo_or_pending(fd) {
+        // SAFETY: libc's `__recv_chk` checks the length against the buffer's (aborting past it),
+        // then makes the call, under the contract the application's call met.
+        return unsafe { real::__recv_chk(fd, buf, n, buflen, flags) };
+    }
+    // SAFETY: `data::recvfrom` requires what libc's `__recv_chk` does of these arguments, which the
+    // application's call met.
+    unsafe { data::recvfrom(fd, buf, n, flags, std::ptr::null_mut(), std::ptr::null_mut()) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
+    // SAFETY: `data::recvfrom` requires what libc's `recvfrom` does of these arguments, which the
+    // application's call met.
+    unsafe { data::recvfrom(fd, buf, n, flags, addr, len) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn __recvfrom_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
+    if n > buflen || !route::is_colo_or_pending(fd) {
+        // SAFETY: libc's `__recvfrom_chk` checks the length against the buffer's (aborting past
+        // it), then makes the call, under the contract the application's call met.
+        return unsafe { real::__recvfrom_chk(fd, buf, n, buflen, flags, addr, len) };
+    }
+    // SAFETY: `data::recvfrom` requires what libc's `__recvfrom_chk` does of these arguments, which
+    // the application's call met.
+    unsafe { data::recvfrom(fd, buf, n, flags, addr, len) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    // SAFETY: `data::sendto` requires what libc's `send` does of these arguments, which the
+    // application's call met.
+    unsafe { data::sendto(fd, buf, n, flags, std::ptr::null(), 0) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    len: socklen_t,
+) -> ssize_t {
+    // SAFETY: `data::sendto` requires what libc's `sendto` does of these arguments, which the
+    // application's call met.
+    unsafe { data::sendto(fd, buf, n, flags, addr, len) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: `data::recvmsg` requires what libc's `recvmsg` does of these arguments, which the
+    // application's call met.
+    unsafe { data::recvmsg(fd, msg, flags) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: `data::sendmsg` requires what libc's `sendmsg` does of these arguments, which the
+    // application's call met.
+    unsafe { data::sendmsg(fd, msg, flags) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn recvmmsg(fd: c_int, v: *mut libc::mmsghdr, n: c_uint, flags: c_int, t: *mut timespec) -> c_int {
+    // SAFETY: `data::recvmmsg` requires what libc's `recvmmsg` does of these arguments, which the
+    // application's call met.
+    unsafe { data::recvmmsg(fd, v, n, flags, t) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: c_uint, flags: c_int) -> c_int {
+    // SAFETY: `data::sendmmsg` requires what libc's `sendmmsg` does of these arguments, which the
+    // application's call met.
+    unsafe { data::sendmmsg(fd, v, n, flags) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn sendfile(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t {
+    // SAFETY: `copy::sendfile` requires what libc's `sendfile` does of these arguments, which the
+    // application's call met.
+    unsafe { copy::sendfile(out, inp, off, n) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn sendfile64(out: c_int, inp: c_int, off: *mut i64, n: size_t) -> ssize_t {
+    // SAFETY: `copy::sendfile` requires what libc's `sendfile64` does of these arguments, which the
+    // application's call met.
+    unsafe { copy::sendfile(out, inp, off.cast(), n) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn splice(inp: c_int, off_in: *mut i64, out: c_int, off_out: *mut i64, n: size_t, flags: c_uint) -> ssize_t {
+    // SAFETY: `copy::splice` requires what libc's `splice` does of these arguments, which the
+    // application's call met.
+    unsafe { copy::splice(inp, off_in, out, off_out, n, flags) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
+    // SAFETY: `fdopen::fdopen` requires what libc's `fdopen` does of these arguments, which the
+    // application's call met.
+    unsafe { fdopen::fdopen(fd, mode) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: `fds::fcntl` requires what libc's `fcntl` does of these arguments (the variadic
+    // argument is one word, as on the targets the shim builds for), which the application's call
+    // met.
+    unsafe { fds::fcntl(fd, cmd, arg, false) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: `fds::fcntl` requires what libc's `fcntl64` does of these arguments (the variadic
+    // argument is one word, as on the targets the shim builds for), which the application's call
+    // met.
+    unsafe { fds::fcntl(fd, cmd, arg, true) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
+    // SAFETY: `fds::ioctl` requires what libc's `ioctl` does of these arguments (the variadic
+    // argument is one word, as on the targets the shim builds for), which the application's call
+    // met.
+    unsafe { fds::ioctl(fd, req, arg) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
+    // SAFETY: `sockopt::setsockopt` requires what libc's `setsockopt` does of these arguments,
+    // which the application's call met.
+    unsafe { sockopt::setsockopt(fd, level, name, val, len) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
+    // SAFETY: `sockopt::getsockopt` requires what libc's `getsockopt` does of these arguments,
+    // which the application's call met.
+    unsafe { sockopt::getsockopt(fd, level, name, val, len) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    // SAFETY: `fds::dup` requires what libc's `dup` does of these arguments, which the
+    // application's call met.
+    unsafe { fds::dup(fd) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn dup2(fd: c_int, new: c_int) -> c_int {
+    // SAFETY: `fds::dup3` requires what libc's `dup2` does of these arguments, which the
+    // application's call met.
+    unsafe { fds::dup3(fd, new, 0, true) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int {
+    // SAFETY: `fds::dup3` requires what libc's `dup3` does of these arguments, which the
+    // application's call met.
+    unsafe { fds::dup3(fd, new, flags, false) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
+    if !ppoll::has_colo(fds, n) {
+        // SAFETY: `real::poll` is libc's `poll`, given the application's arguments unchanged: the
+        // contract the caller met.
+        return unsafe { real::poll(fds, n, timeout) };
+    }
+    // SAFETY: `ppoll::ppoll_impl` requires what libc's `poll` does of these arguments, which the
+    // application's call met.
+    unsafe { ppoll::ppoll_impl(fds, n, timeout_ms(timeout), std::ptr::null()) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: size_t) -> c_int {
+    if !ppoll::has_colo(fds, n) || (n as usize) > fdslen / std::mem::size_of::<pollfd>() {
+        // SAFETY: libc's `__poll_chk` checks the length against the buffer's (aborting past it),
+        // then makes the call, under the contract the application's call met.
+        return unsafe { real::__poll_chk(fds, n, timeout, fdslen) };
+    }
+    // SAFETY: `ppoll::ppoll_impl` requires what libc's `__poll_chk` does of these arguments, which
+    // the application's call met.
+    unsafe { ppoll::ppoll_impl(fds, n, timeout_ms(timeout), std::ptr::null()) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn ppoll(fds: *mut pollfd, n: nfds_t, t: *const timespec, mask: *const sigset_t) -> c_int {
+    if !ppoll::has_colo(fds, n) {
+        // SAFETY: `real::ppoll` is libc's `ppoll`, given the application's arguments unchanged: the
+        // contract the caller met.
+        return unsafe { real::ppoll(fds, n, t, mask) };
+    }
+    // SAFETY: `ppoll::ppoll_impl` requires what libc's `ppoll` does of these arguments, which the
+    // application's call met.
+    unsafe { ppoll::ppoll_impl(fds, n, timeout_of(t), mask) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn __ppoll_chk(
+    fds: *mut pollfd,
+    n: nfds_t,
+    t: *const timespec,
+    mask: *const sigset_t,
+    fdslen: size_t,
+) -> c_int {
+    if !ppoll::has_colo(fds, n) || (n as usize) > fdslen / std::mem::size_of::<pollfd>() {
+        // SAFETY: libc's `__ppoll_chk` checks the length against the buffer's (aborting past it),
+        // then makes the call, under the contract the application's call met.
+        return unsafe { real::__ppoll_chk(fds, n, t, mask, fdslen) };
+    }
+    // SAFETY: `ppoll::ppoll_impl` requires what libc's `__ppoll_chk` does of these arguments, which
+    // the application's call met.
+    unsafe { ppoll::ppoll_impl(fds, n, timeout_of(t), mask) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn select(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, t: *mut timeval) -> c_int {
+    let to = (!t.is_null()).then(|| {
+        // SAFETY: the application's timeval.
+        let tv = unsafe { *t };
+        Duration::new(tv.tv_sec.max(0) as u64, (tv.tv_usec.clamp(0, 999_999) as u32) * 1000)
+    });
+    // SAFETY: `ppoll::select_impl` requires what libc's `select` does of these arguments, which the
+    // application's call met.
+    match unsafe { ppoll::select_impl(n, r, w, e, to, std::ptr::null()) } {
+        Some(rc) => rc,
+        // SAFETY: `real::select` is libc's `select`, given the application's arguments unchanged:
+        // the contract the caller met.
+        None => unsafe { real::select(n, r, w, e, t) },
+    }
+}
+#[no_mangle]
+pub unsafe extern "C" fn pselect(
+    n: c_int,
+    r: *mut fd_set,
+    w: *mut fd_set,
+    e: *mut fd_set,
+    t: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
+    // SAFETY: `ppoll::select_impl` requires what libc's `pselect` does of these arguments, which the
+    // application's call met.
+    match unsafe { ppoll::select_impl(n, r, w, e, timeout_of(t), mask) } {
+        Some(rc) => rc,
+        // SAFETY: `real::pselect` is libc's `pselect`, given the application's arguments unchanged:
+        // the contract the caller met.
+        None => unsafe { real::pselect(n, r, w, e, t, mask) },
+    }
+}
+#[no_mangle]
+pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
+    // SAFETY: `epoll::epoll_ctl` requires what libc's `epoll_ctl` does of these arguments, which the
+    // application's call met.
+    unsafe { epoll::epoll_ctl(ep, op, fd, ev) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
+    let forks = repeat::before_create();
+    // SAFETY: `real::epoll_create` is libc's `epoll_create`, given the application's arguments
+    // unchanged: the contract the caller met.
+    let fd = unsafe { real::epoll_create(size) };
+    repeat::created(fd, forks);
+    fd
+}
+#[no_mangle]
+pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
+    let forks = repeat::before_create();
+    // SAFETY: `real::epoll_create1` is libc's `epoll_create1`, given the application's arguments
+    // unchanged: the contract the caller met.
+    let fd = unsafe { real::epoll_create1(flags) };
+    repeat::created(fd, forks);
+    fd
+}
+#[no_mangle]
+pub unsafe extern "C" fn epoll_wait(ep: c_int, evs: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {
+    // SAFETY: `epoll::epoll_wait_with` requires what libc's `epoll_wait` does of these arguments,
+    // which the application's call met.
+    unsafe { epoll::epoll_wait_with(ep, evs, max, timeout, |b, m, t| real::epoll_wait(ep, b, m, t)) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait(
+    ep: c_int,
+    evs: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+    mask: *const sigset_t,
+) -> c_int {
+    // SAFETY: `epoll::epoll_wait_with` requires what libc's `epoll_pwait` does of these arguments,
+    // which the application's call met.
+    unsafe { epoll::epoll_wait_with(ep, evs, max, timeout, |b, m, t| real::epoll_pwait(ep, b, m, t, mask)) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait2(
+    ep: c_int,
+    evs: *mut epoll_event,
+    max: c_int,
+    t: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
+    let ms = timeout_of(t).map_or(-1, |d| d.as_millis().min(c_int::MAX as u128) as c_int);
+    // SAFETY: `epoll::epoll_wait_with` requires what libc's `epoll_pwait2` does of `ep`, `evs` and
+    // `max`, which the application's call met; the kernel's wait is given `t` itself, or a
+    // timespec of ours that outlives the call, and the application's `mask`.
+    unsafe {
+        epoll::epoll_wait_with(ep, evs, max, ms, |b, m, ms| {
+            let ts = timespec { tv_sec: (ms / 1000) as i64, tv_nsec: ((ms % 1000) as i64) * 1_000_000 };
+            let tp = if ms < 0 { std::ptr::null() } else { &ts as *const timespec };
+            real::epoll_pwait2(ep, b, m, if ms == c_int::MAX { t } else { tp }, mask)
+        })
+    }
+}

@@ -1,0 +1,383 @@
+//! The calls that make, connect, accept, close, duplicate and configure descriptors: each keeps
+//! the table in step with the kernel's descriptors (`socket` marks a fresh TCP socket, `connect`
+//! offers shared memory, `accept` claims an offer, `close` and `dup2` forget, `dup` copies).
+
+use crate::api::forget::{forget, new_number};
+use crate::api::repeat;
+use crate::api::route::{plain, with_conn};
+use crate::base::addr::parse_sockaddr;
+use crate::base::guard::{errno_loc, Guard};
+use crate::conn::regs;
+use crate::conn::table::{self, Entry, LISTEN, NONE};
+use crate::real;
+use crate::service::{client, handover, server};
+use colo::errno_of;
+use libc::{c_int, c_ulong, sockaddr, socklen_t, ssize_t};
+use std::io;
+use std::net::SocketAddr;
+
+/// `socket(2)`: a TCP socket is marked fresh (`table::is_fresh`), as only those may be
+/// accelerated by `connect`.
+pub unsafe fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
+    // SAFETY: `real::socket` is libc's `socket`, given the application's arguments unchanged: the
+    // contract the caller met.
+    let fd = unsafe { real::socket(domain, ty, protocol) };
+    repeat::forget(fd);
+    let tcp = matches!(domain, libc::AF_INET | libc::AF_INET6)
+        && ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) == libc::SOCK_STREAM
+        && matches!(protocol, 0 | libc::IPPROTO_TCP);
+    new_number(fd, tcp);
+    fd
+}
+
+pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    if !table::is_fresh(fd) || addr.is_null() {
+        // SAFETY: `real::connect` is libc's `connect`, given the application's arguments unchanged:
+        // the contract the caller met.
+        return unsafe { real::connect(fd, addr, len) };
+    }
+    // SAFETY: `len` bytes of address at `addr`.
+    let peer = unsafe { parse_sockaddr(addr, len) };
+    let r = match peer {
+        // Not an IPv4 or IPv6 address (or too short for one): the kernel's answer.
+        // SAFETY: `real::connect` is libc's `connect`, given the application's arguments unchanged:
+        // the contract the caller met.
+        None => unsafe { real::connect(fd, addr, len) },
+        // Plain TCP there for now (a plain period of a client that connects per request, or no
+        // colo listener a moment ago): nothing to decide, so neither the guard's thread-local
+        // nor the client's other tests (about a fifth of the shim's cost per request). So also
+        // from inside the shim, which dials no TCP through libc.
+        // SAFETY: `real::connect` is libc's `connect`, given the application's arguments unchanged:
+        // the contract the caller met.
+        Some(p) if client::known_plain(p) => unsafe { real::connect(fd, addr, len) },
+        Some(p) => match Guard::try_enter() {
+            // SAFETY: `connect_fresh` requires what libc's `connect` does of these arguments, which
+            // the application's call met.
+            Some(g) => unsafe { connect_fresh(g, fd, p, addr, len) },
+            // SAFETY: `real::connect` is libc's `connect`, given the application's arguments
+            // unchanged: the contract the caller met.
+            None => return unsafe { real::connect(fd, addr, len) },
+        },
+    };
+    // Connected or on its way: no longer fresh (a refused socket may be connected again).
+    // SAFETY: reading this thread's errno.
+    if r == 0 || matches!(unsafe { *errno_loc() }, libc::EINPROGRESS | libc::EALREADY | libc::EISCONN | libc::EINTR) {
+        table::set_fresh(fd, false);
+    }
+    r
+}
+
+/// `connect` of a fresh TCP socket to `peer`: offered shared memory if its destination may take
+/// it.
+unsafe fn connect_fresh(g: Guard, fd: c_int, peer: SocketAddr, addr: *const sockaddr, len: socklen_t) -> c_int {
+    match client::prepare(fd, peer) {
+        client::Prepared::Plain => {
+            drop(g);
+            // SAFETY: `real::connect` is libc's `connect`, given the application's arguments
+            // unchanged: the contract the caller met.
+            unsafe { real::connect(fd, addr, len) }
+        }
+        client::Prepared::NoListener(target) => {
+            // SAFETY: `real::connect` is libc's `connect`, given the application's arguments
+            // unchanged: the contract the caller met.
+            let r = unsafe { real::connect(fd, addr, len) };
+            let e = io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            client::note_no_listener(fd, target, r, e);
+            if r == 0 {
+                g.ok(0) as c_int
+            } else {
+                g.err(e) as c_int
+            }
+        }
+        client::Prepared::Offered(p) => {
+            // SAFETY: `real::connect` is libc's `connect`, given the application's arguments
+            // unchanged: the contract the caller met.
+            let r = unsafe { real::connect(fd, addr, len) };
+            let e = io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            if r == 0 || e == libc::EINPROGRESS {
+                client::record(fd, p);
+                // Registered in epoll before `connect` (nginx's upstreams): decide now, so that
+                // the registrations watch the ring from the start. Otherwise a server that speaks
+                // first (a banner) would never be reported: nothing else resolves the fd.
+                if regs::has_plain(fd) {
+                    client::resolve_fd(fd);
+                }
+            } else {
+                client::withdraw(p);
+            }
+            if r == 0 {
+                g.ok(0) as c_int
+            } else {
+                g.err(e) as c_int
+            }
+        }
+    }
+}
+
+pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
+    // SAFETY: `real::listen` is libc's `listen`, given the application's arguments unchanged: the
+    // contract the caller met.
+    let r = unsafe { real::listen(fd, backlog) };
+    if r != 0 || Guard::busy() {
+        return r;
+    }
+    let g = Guard::enter();
+    server::on_listen(fd);
+    g.ok(0) as c_int
+}
+
+pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    // The size of the application's buffer (the kernel writes back the address's full size).
+    // SAFETY: `len`, if not null, points to the application's length.
+    let room = if addr.is_null() || len.is_null() { 0 } else { unsafe { *len } };
+    // SAFETY: `real::accept4` is libc's `accept4`, given the application's arguments unchanged: the
+    // contract the caller met.
+    let nfd = unsafe { real::accept4(fd, addr, len, flags) };
+    new_number(nfd, false);
+    repeat::forget(nfd);
+    if nfd < 0 || table::kind(fd) != LISTEN {
+        return nfd;
+    }
+    // A CARRIER client's port is odd (spec/WIRE.md section 3): from an even one, no offer can
+    // come, and the connection is plain without a look at the rendezvous (a system call), or at
+    // the guard's thread-local.
+    // SAFETY: the kernel wrote the peer's address at `addr`, `*len` bytes of it within `room`.
+    if room > 0 && unsafe { parse_sockaddr(addr, room.min(*len)) }.is_some_and(|p| p.port() % 2 == 0) {
+        return nfd;
+    }
+    let Some(g) = Guard::try_enter() else { return nfd };
+    let listen = table::lock(fd).and_then(|mut s| match s.entry() {
+        Entry::Listen(l) => Some(l.clone()),
+        _ => None,
+    });
+    if let Some(l) = listen {
+        server::on_accept(&l, nfd, flags & libc::SOCK_NONBLOCK != 0);
+    }
+    g.ok(nfd as ssize_t) as c_int
+}
+
+#[inline(always)]
+pub unsafe fn close(fd: c_int) -> c_int {
+    let r = if table::kind(fd) == NONE && !table::is_epoll(fd) {
+        // SAFETY: `real::close` is libc's `close`, given the application's arguments unchanged: the
+        // contract the caller met.
+        unsafe { real::close(fd) }
+    } else {
+        // SAFETY: `close_slow` requires what libc's `close` does of these arguments, which the
+        // application's call met.
+        unsafe { close_slow(fd) }
+    };
+    // After the call: a change racing with the close cannot leave a memory of the closed number.
+    repeat::forget(fd);
+    r
+}
+
+#[inline(never)]
+unsafe fn close_slow(fd: c_int) -> c_int {
+    if plain(fd) && !table::is_epoll(fd) {
+        // SAFETY: `real::close` is libc's `close`, given the application's arguments unchanged: the
+        // contract the caller met.
+        return unsafe { real::close(fd) };
+    }
+    let g = Guard::enter();
+    forget(fd);
+    drop(g);
+    // SAFETY: `real::close` is libc's `close`, given the application's arguments unchanged: the
+    // contract the caller met.
+    unsafe { real::close(fd) }
+}
+
+pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
+    with_conn!(
+        fd,
+        // SAFETY: the application's arguments, as shutdown(2) takes them.
+        unsafe { real::shutdown(fd, how) },
+        |g, c| {
+            let (rd, wr) = match how {
+                libc::SHUT_RD => (true, false),
+                libc::SHUT_WR => (false, true),
+                libc::SHUT_RDWR => (true, true),
+                _ => return g.err(libc::EINVAL) as c_int,
+            };
+            if rd {
+                c.shut_read();
+            }
+            c.shm().shutdown_as_tcp(rd, wr);
+            g.ok(0) as c_int
+        }
+    )
+}
+
+/// Copies the table entry of `fd` to `nfd` after a successful dup.
+fn copy_entry(fd: c_int, nfd: c_int) {
+    repeat::duplicated(fd, nfd);
+    client::resolve_fd(fd);
+    let e = match table::lock(fd) {
+        Some(mut s) => match s.entry() {
+            Entry::Conn(c) => Entry::Conn(c.clone()),
+            Entry::Listen(l) => Entry::Listen(l.clone()),
+            _ => return,
+        },
+        None => return,
+    };
+    let conn = match &e {
+        Entry::Conn(c) => Some(c.clone()),
+        _ => None,
+    };
+    if let Some(mut s) = table::lock(nfd) {
+        s.set(e);
+    }
+    // A duplicate may be inheritable where the original was not (see `handover`).
+    if let Some(c) = conn {
+        handover::update(nfd, &c);
+    }
+}
+
+pub unsafe fn dup(fd: c_int) -> c_int {
+    if plain(fd) {
+        // SAFETY: `real::dup` is libc's `dup`, given the application's arguments unchanged: the
+        // contract the caller met.
+        let n = unsafe { real::dup(fd) };
+        if n >= 0 {
+            repeat::duplicated(fd, n);
+        }
+        return n;
+    }
+    let g = Guard::enter();
+    client::resolve_fd(fd);
+    // SAFETY: `real::dup` is libc's `dup`, given the application's arguments unchanged: the
+    // contract the caller met.
+    let n = unsafe { real::dup(fd) };
+    if n < 0 {
+        return g.err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EBADF)) as c_int;
+    }
+    copy_entry(fd, n);
+    g.ok(n as ssize_t) as c_int
+}
+
+pub unsafe fn dup3(fd: c_int, nfd: c_int, flags: c_int, two: bool) -> c_int {
+    let call = |fd, nfd, flags| {
+        if two {
+            // SAFETY: `real::dup2` is libc's `dup2`, given the application's arguments unchanged:
+            // the contract the caller met.
+            unsafe { real::dup2(fd, nfd) }
+        } else {
+            // SAFETY: `real::dup3` is libc's `dup3`, given the application's arguments unchanged:
+            // the contract the caller met.
+            unsafe { real::dup3(fd, nfd, flags) }
+        }
+    };
+    if Guard::busy() || (table::kind(fd) == NONE && table::kind(nfd) == NONE && !table::is_epoll(nfd)) {
+        let n = call(fd, nfd, flags);
+        if n >= 0 && fd != nfd {
+            repeat::duplicated(fd, nfd);
+        }
+        return n;
+    }
+    let g = Guard::enter();
+    client::resolve_fd(fd);
+    if fd == nfd {
+        drop(g);
+        return call(fd, nfd, flags);
+    }
+    forget(nfd);
+    let n = call(fd, nfd, flags);
+    if n < 0 {
+        return g.err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EBADF)) as c_int;
+    }
+    copy_entry(fd, n);
+    g.ok(n as ssize_t) as c_int
+}
+
+#[inline(always)]
+pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
+    if table::kind(fd) == NONE {
+        // SAFETY: `real_fcntl` requires what libc's `fcntl` does of these arguments, which the
+        // application's call met.
+        let r = unsafe { real_fcntl(fd, cmd, arg, is64) };
+        if r >= 0 && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) {
+            repeat::duplicated(fd, r);
+        }
+        return r;
+    }
+    // SAFETY: `fcntl_slow` requires what libc's `fcntl` does of these arguments, which the
+    // application's call met.
+    unsafe { fcntl_slow(fd, cmd, arg, is64) }
+}
+
+/// libc's `fcntl64` or `fcntl`, as the application called.
+#[inline(always)]
+unsafe fn real_fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
+    // SAFETY: `real::fcntl64` is libc's `fcntl64`, given the application's arguments unchanged: the
+    // contract the caller met.
+    unsafe { if is64 { real::fcntl64(fd, cmd, arg) } else { real::fcntl(fd, cmd, arg) } }
+}
+
+#[inline(never)]
+unsafe fn fcntl_slow(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
+    // SAFETY: `real_fcntl` requires what libc's `fcntl` does of these arguments, which the
+    // application's call met.
+    let call = || unsafe { real_fcntl(fd, cmd, arg, is64) };
+    if plain(fd) {
+        return call();
+    }
+    let g = Guard::enter();
+    if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
+        client::resolve_fd(fd);
+    }
+    let r = call();
+    if r < 0 {
+        return g.err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EBADF)) as c_int;
+    }
+    match cmd {
+        libc::F_SETFL => {
+            if let Some(c) = table::conn(fd) {
+                c.set_nonblocking(arg as c_int & libc::O_NONBLOCK != 0);
+            }
+        }
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => copy_entry(fd, r),
+        libc::F_SETFD => {
+            if let Some(c) = table::conn(fd) {
+                handover::update(fd, &c);
+            }
+        }
+        _ => {}
+    }
+    g.ok(r as ssize_t) as c_int
+}
+
+pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
+    if req != libc::FIONBIO && req != libc::FIONREAD {
+        // SAFETY: the application's arguments, as ioctl(2) takes them.
+        return unsafe { real::ioctl(fd, req, arg) };
+    }
+    with_conn!(
+        fd,
+        // SAFETY: the application's arguments, as ioctl(2) takes them.
+        unsafe { real::ioctl(fd, req, arg) },
+        |g, c| {
+            if arg == 0 {
+                return g.err(libc::EFAULT) as c_int;
+            }
+            if req == libc::FIONBIO {
+                // SAFETY: the application's arguments; FIONBIO's `arg` is a non-null `int *`.
+                let r = unsafe { real::ioctl(fd, req, arg) };
+                if r == 0 {
+                    // SAFETY: the non-null `int *` the kernel just read.
+                    c.set_nonblocking(unsafe { *(arg as *const c_int) } != 0);
+                }
+                return r;
+            }
+            // From the ring counters, without the reading half's lock: a thread blocked in read
+            // holds it.
+            match c.available() {
+                Ok(n) => {
+                    // SAFETY: FIONREAD's `arg` is the application's non-null, writable `int *`.
+                    unsafe { *(arg as *mut c_int) = n.min(c_int::MAX as usize) as c_int };
+                    g.ok(0) as c_int
+                }
+                Err(e) => g.err(errno_of(&e)) as c_int,
+            }
+        }
+    )
+}

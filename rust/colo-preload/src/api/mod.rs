@@ -1,0 +1,16 @@
+//! The top: the exported symbols (`exports`) and the logic of each interposed call. Within it,
+//! `route` (how a call picks libc or the rings) is below the calls, `forget` below `fds`, and
+//! `fds` below `behind` (the raw `syscall` path); `exports` is above all of them.
+
+pub mod behind;
+pub mod copy;
+pub mod data;
+pub mod exports;
+pub mod fdopen;
+pub mod fds;
+pub mod forget;
+pub mod epoll;
+pub mod ppoll;
+pub mod repeat;
+pub mod route;
+pub mod sockopt;

@@ -1,0 +1,242 @@
+//! Readiness through poll, ppoll, select and pselect: a set with accelerated fds is answered from
+//! the rings, each connection's readiness fd standing in for its socket in the kernel's wait.
+
+use crate::base::guard::Guard;
+use crate::base::mem::{slice, slice_mut};
+use crate::conn::regs::waker;
+use crate::conn::state::{Conn, Waking, ERR, HUP};
+use crate::conn::table;
+use crate::real;
+use crate::service::client;
+use libc::{c_int, nfds_t, pollfd, sigset_t, timespec};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// poll/ppoll over a mix of kernel and accelerated fds. `timeout`: None waits forever.
+pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, mask: *const sigset_t) -> c_int {
+    // SAFETY: `n` pollfds at `fds`, as the application promised.
+    let arr = unsafe { slice_mut(fds, n as usize) };
+    let g = Guard::enter();
+    for p in arr.iter() {
+        client::resolve_fd(p.fd);
+    }
+    let conns: Vec<(usize, Arc<Conn>)> =
+        arr.iter().enumerate().filter_map(|(i, p)| table::conn(p.fd).map(|c| (i, c))).collect();
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let mut copy: Vec<pollfd> = Vec::with_capacity(arr.len() + 1);
+    copy.extend_from_slice(arr);
+    let mut armed = false;
+    // This thread's own wake-up eventfd, registered with the connections from the first arming
+    // on and polled with them: another thread's drain of a doorbell rings it (see
+    // `Shm::drain_doorbell`).
+    let mut wake = None;
+    let mut _waking = None;
+    // Without a pass from other threads' drains, sleep in short steps (see `UNPASSED_SLEEP`).
+    let mut unpassed = false;
+    loop {
+        // Rings first.
+        let mut ready = 0;
+        for (i, c) in &conns {
+            let want = arr[*i].events as u32 | ERR | HUP;
+            let m = c.ready(true) & want;
+            arr[*i].revents = m as i16;
+            if m != 0 {
+                ready += 1;
+            }
+        }
+        let zero = timespec { tv_sec: 0, tv_nsec: 0 };
+        if ready > 0 {
+            // Report the kernel fds' state now too.
+            for (i, p) in copy.iter_mut().enumerate() {
+                *p = arr[i];
+                p.revents = 0;
+            }
+            for (i, _) in &conns {
+                copy[*i].fd = -1;
+            }
+            // SAFETY: our copy of the array.
+            let r = unsafe { real::ppoll(copy.as_mut_ptr(), n, &zero, mask) };
+            let mut total = ready;
+            for (i, p) in arr.iter_mut().enumerate() {
+                if copy[i].fd < 0 {
+                    // A connection's (set above), or a negative fd, whose revents the kernel zeroes.
+                    p.revents = if p.fd < 0 { 0 } else { p.revents };
+                    continue;
+                }
+                p.revents = if r > 0 { copy[i].revents } else { 0 };
+                if p.revents != 0 {
+                    total += 1;
+                }
+            }
+            return g.ok(total as libc::ssize_t) as c_int;
+        }
+        if !armed {
+            wake = if conns.is_empty() { None } else { colo::internal::wake::own_fd() };
+            if let Some(fd) = wake {
+                _waking = Some(Waking::new(&conns, |(_, c)| c, fd));
+            }
+            unpassed = !conns.is_empty() && !_waking.as_ref().is_some_and(|w| w.complete());
+            let mut any = false;
+            for (_, c) in &conns {
+                if c.arm(waker(wake), true) != 0 {
+                    any = true;
+                }
+            }
+            armed = true;
+            if any {
+                let again = conns.iter().any(|(i, c)| c.ready(true) & (arr[*i].events as u32 | ERR | HUP) != 0);
+                if again {
+                    continue;
+                }
+            }
+        }
+        for (i, p) in copy.iter_mut().enumerate() {
+            *p = arr[i];
+            p.revents = 0;
+        }
+        for (i, c) in &conns {
+            // A connection whose peer is gone and that reported nothing wanted above never will
+            // (its readiness fd stays readable: the control socket hung up): leave it out, or
+            // this sleep would return at once, again and again.
+            let gone = c.known_gone() || (arr[*i].events & (libc::POLLIN | libc::POLLRDHUP)) == 0 && c.peer_gone();
+            copy[*i].fd = if gone { -1 } else { c.readiness_raw() };
+            copy[*i].events = libc::POLLIN;
+        }
+        let mut left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        if unpassed {
+            left = Some(left.map_or(colo::internal::shm::UNPASSED_SLEEP, |l| l.min(colo::internal::shm::UNPASSED_SLEEP)));
+        }
+        let ts = left.map(|l| timespec { tv_sec: l.as_secs() as i64, tv_nsec: l.subsec_nanos() as i64 });
+        let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const timespec);
+        if let Some(fd) = wake {
+            copy.push(pollfd { fd, events: libc::POLLIN, revents: 0 });
+        }
+        // SAFETY: our copy of the array (with the wake-up eventfd after the application's fds).
+        let r = unsafe { real::ppoll(copy.as_mut_ptr(), copy.len() as nfds_t, tsp, mask) };
+        // Woken through our own eventfd: another thread emptied a doorbell, taking with it the
+        // announcements made on it, ours too; so re-arm, as after a spurious ring.
+        let mut passed = false;
+        if let Some(fd) = wake {
+            let revents = copy.pop().map_or(0, |p| p.revents);
+            if revents & libc::POLLNVAL != 0 {
+                // The application closed it: this sleep goes on without one (the next takes
+                // another).
+                colo::internal::wake::forget_own();
+                wake = None;
+                _waking = None;
+                unpassed = true;
+            } else if revents & libc::POLLIN != 0 {
+                passed = true;
+                // SAFETY: this thread's own eventfd, never closed by us.
+                colo_sys::doorbell::drain(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) });
+            }
+        }
+        if r < 0 {
+            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINTR);
+            return g.err(e) as c_int;
+        }
+        let mut total = 0;
+        for (i, p) in arr.iter_mut().enumerate() {
+            if conns.iter().any(|(j, _)| *j == i) {
+                continue;
+            }
+            p.revents = copy[i].revents;
+            if p.revents != 0 {
+                total += 1;
+            }
+        }
+        for (i, c) in &conns {
+            let m = c.ready(true) & (arr[*i].events as u32 | ERR | HUP);
+            arr[*i].revents = m as i16;
+            if m != 0 {
+                total += 1;
+            } else if copy[*i].revents != 0 || passed || r == 0 && unpassed {
+                // A spurious ring (or a short sleep's end): re-arm before sleeping again.
+                c.arm(waker(wake), true);
+            }
+        }
+        if total > 0 {
+            return g.ok(total as libc::ssize_t) as c_int;
+        }
+        if r == 0 && !unpassed || deadline.is_some_and(|d| Instant::now() >= d) {
+            return g.ok(0) as c_int;
+        }
+    }
+}
+
+pub fn has_colo(fds: *const pollfd, n: nfds_t) -> bool {
+    if Guard::busy() || fds.is_null() {
+        return false;
+    }
+    // SAFETY: `n` pollfds at `fds`.
+    let arr = unsafe { slice(fds, n as usize) };
+    arr.iter().any(|p| crate::api::route::is_colo_or_pending(p.fd))
+}
+
+/// select/pselect: through `ppoll_impl` when an accelerated fd is in a set.
+pub unsafe fn select_impl(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    timeout: Option<Duration>,
+    mask: *const sigset_t,
+) -> Option<c_int> {
+    if Guard::busy() || nfds <= 0 {
+        return None;
+    }
+    let n = nfds.min(libc::FD_SETSIZE as c_int);
+    // SAFETY: fd_sets given by the application (FD_ISSET reads within FD_SETSIZE).
+    let isset = |s: *mut libc::fd_set, fd: c_int| !s.is_null() && unsafe { libc::FD_ISSET(fd, s) };
+    if !(0..n).any(|fd| crate::api::route::is_colo_or_pending(fd) && (isset(r, fd) || isset(w, fd) || isset(e, fd))) {
+        return None;
+    }
+    let mut pfds = Vec::new();
+    for fd in 0..n {
+        let mut ev = 0;
+        if isset(r, fd) {
+            ev |= libc::POLLIN;
+        }
+        if isset(w, fd) {
+            ev |= libc::POLLOUT;
+        }
+        if isset(e, fd) {
+            ev |= libc::POLLPRI;
+        }
+        if ev != 0 {
+            pfds.push(pollfd { fd, events: ev, revents: 0 });
+        }
+    }
+    // SAFETY: our own array.
+    let rc = unsafe { ppoll_impl(pfds.as_mut_ptr(), pfds.len() as nfds_t, timeout, mask) };
+    if rc < 0 {
+        return Some(rc);
+    }
+    for s in [r, w, e] {
+        if !s.is_null() {
+            // SAFETY: clearing the application's set before we fill it with the result.
+            unsafe { libc::FD_ZERO(s) };
+        }
+    }
+    let mut count = 0;
+    for p in &pfds {
+        let rv = p.revents;
+        if !r.is_null() && p.events & libc::POLLIN != 0 && rv & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+            // SAFETY: fd < n <= FD_SETSIZE, in the application's non-null set `r`.
+            unsafe { libc::FD_SET(p.fd, r) };
+            count += 1;
+        }
+        if !w.is_null() && p.events & libc::POLLOUT != 0 && rv & (libc::POLLOUT | libc::POLLERR) != 0 {
+            // SAFETY: fd < n <= FD_SETSIZE, in the application's non-null set `w`.
+            unsafe { libc::FD_SET(p.fd, w) };
+            count += 1;
+        }
+        if !e.is_null() && p.events & libc::POLLPRI != 0 && rv & libc::POLLPRI != 0 {
+            // SAFETY: fd < n <= FD_SETSIZE, in the application's non-null set `e`.
+            unsafe { libc::FD_SET(p.fd, e) };
+            count += 1;
+        }
+    }
+    Some(count)
+}
+

@@ -1,0 +1,140 @@
+//! `getsockopt` and `setsockopt` on an accelerated connection: the kernel socket answers, and
+//! what only the rings know is added (`SO_ERROR` after a reset, `TCP_INFO`'s state and byte
+//! counts); options the rings must honour are passed on to the connection.
+
+use crate::api::route::{conn_for_io, plain, plain_first};
+use crate::base::guard::Guard;
+use crate::conn::state::TCP_ESTABLISHED;
+use crate::conn::table::{self, NONE};
+use crate::real;
+use libc::{c_int, c_void, socklen_t};
+
+plain_first! {
+    setsockopt => setsockopt_slow(fd, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
+}
+
+/// `getsockopt`: `SO_ERROR` of an accelerated connection reports (and clears) the reset its peer
+/// sent, as the kernel reports the error a RST left; everything else is the kernel socket's.
+pub unsafe fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
+    if table::kind(fd) == NONE || Guard::busy() {
+        // SAFETY: `real::getsockopt` is libc's `getsockopt`, given the application's arguments
+        // unchanged: the contract the caller met.
+        return unsafe { real::getsockopt(fd, level, name, val, len) };
+    }
+    if level == libc::IPPROTO_TCP && name == libc::TCP_INFO {
+        // SAFETY: `tcp_info` requires what libc's `getsockopt` does of these arguments, which the
+        // application's call met.
+        return unsafe { tcp_info(fd, val, len) };
+    }
+    if level != libc::SOL_SOCKET || name != libc::SO_ERROR {
+        // SAFETY: `real::getsockopt` is libc's `getsockopt`, given the application's arguments
+        // unchanged: the contract the caller met.
+        return unsafe { real::getsockopt(fd, level, name, val, len) };
+    }
+    // SAFETY: `real::getsockopt` is libc's `getsockopt`, given the application's arguments
+    // unchanged: the contract the caller met.
+    let r = unsafe { real::getsockopt(fd, level, name, val, len) };
+    if r != 0 || val.is_null() || len.is_null() {
+        return r;
+    }
+    // SAFETY: the application's length, which the kernel just accepted.
+    if (unsafe { *len } as usize) < std::mem::size_of::<c_int>() {
+        return r;
+    }
+    let g = Guard::enter();
+    if let Some(c) = table::conn(fd) {
+        // SAFETY: an int the kernel just wrote (its own error: 0 for a socket colo carries).
+        if unsafe { *(val as *const c_int) } == 0 && c.take_reset_error() {
+            // SAFETY: the same int, the application's writable buffer of at least its size
+            // (checked above).
+            unsafe { *(val as *mut c_int) = libc::ECONNRESET };
+        }
+    }
+    g.ok(0) as c_int
+}
+
+/// Offsets in the kernel's `struct tcp_info` (<linux/tcp.h>; glibc's copy is older).
+const TCPI_STATE: usize = 0;
+const TCPI_BYTES_ACKED: usize = 120;
+const TCPI_BYTES_RECEIVED: usize = 128;
+
+/// `TCP_INFO` of an accelerated connection: the kernel socket's, with the state and the byte
+/// counts of the rings (the kernel socket carried only the handshake, so its counts stay at 1).
+unsafe fn tcp_info(fd: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
+    // SAFETY: `real::getsockopt` is libc's `getsockopt`, given the application's arguments
+    // unchanged: the contract the caller met.
+    let r = unsafe { real::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, val, len) };
+    if r != 0 || val.is_null() || len.is_null() {
+        return r;
+    }
+    let g = Guard::enter();
+    // SAFETY: the length the kernel just wrote.
+    let filled = unsafe { *len } as usize;
+    if let Some(c) = table::conn(fd) {
+        let (state, sent, got) = c.tcp_info();
+        let p = val as *mut u8;
+        // SAFETY: the kernel filled `filled` bytes at `val`; each write is within them.
+        unsafe {
+            if filled > TCPI_STATE && *p.add(TCPI_STATE) == TCP_ESTABLISHED {
+                *p.add(TCPI_STATE) = state;
+            }
+            for (at, add) in [(TCPI_BYTES_ACKED, sent), (TCPI_BYTES_RECEIVED, got)] {
+                if filled >= at + 8 {
+                    let q = p.add(at) as *mut u64;
+                    q.write_unaligned(q.read_unaligned().wrapping_add(add));
+                }
+            }
+        }
+    }
+    g.ok(0) as c_int
+}
+
+/// `setsockopt` on a descriptor the shim knows: the kernel's, and what the rings must honour
+/// of it (timeouts, `SO_RCVLOWAT`).
+#[inline(never)]
+unsafe fn setsockopt_slow(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
+    // SAFETY: `real::setsockopt` is libc's `setsockopt`, given the application's arguments
+    // unchanged: the contract the caller met.
+    let r = unsafe { real::setsockopt(fd, level, name, val, len) };
+    if r == 0 && level == libc::SOL_SOCKET && (name == libc::SO_RCVLOWAT || name == libc::SO_SNDBUF) && !plain(fd) {
+        // SAFETY: the application's arguments, which the kernel just accepted.
+        unsafe { set_int_option(fd, name, val, len) };
+        return r;
+    }
+    if r != 0 || plain(fd) || level != libc::SOL_SOCKET || (name != libc::SO_RCVTIMEO && name != libc::SO_SNDTIMEO) {
+        return r;
+    }
+    let g = Guard::enter();
+    if let Some(c) = conn_for_io(fd) {
+        if !val.is_null() && len as usize >= std::mem::size_of::<libc::timeval>() {
+            // SAFETY: a timeval, as the kernel just accepted.
+            let tv = unsafe { *(val as *const libc::timeval) };
+            let d = std::time::Duration::new(tv.tv_sec.max(0) as u64, (tv.tv_usec.max(0) as u32) * 1000);
+            let t = (!d.is_zero()).then_some(d);
+            if name == libc::SO_RCVTIMEO {
+                c.shm().set_read_timeout(t);
+            } else {
+                c.shm().set_write_timeout(t);
+            }
+        }
+    }
+    g.ok(0) as c_int
+}
+
+/// `setsockopt(SO_RCVLOWAT or SO_SNDBUF)` on an accelerated connection, which the kernel accepted.
+unsafe fn set_int_option(fd: c_int, name: c_int, val: *const c_void, len: socklen_t) {
+    if val.is_null() || (len as usize) < std::mem::size_of::<c_int>() {
+        return;
+    }
+    let g = Guard::enter();
+    if let Some(c) = table::conn(fd) {
+        // SAFETY: an int, as the kernel just accepted.
+        let v = unsafe { *(val as *const c_int) }.max(1);
+        if name == libc::SO_RCVLOWAT {
+            c.set_lowat(v as u32);
+        } else {
+            c.set_send_limit(v as usize);
+        }
+    }
+    drop(g);
+}

@@ -1,0 +1,32 @@
+//! What the table holds for a descriptor that is not an accelerated connection: a connect
+//! awaiting its answer, or a listening socket with its rendezvous. The services fill them in.
+
+use crate::record::lineage::Lineage;
+use colo::internal::carrier::Offer;
+use colo_sys::OwnedFd;
+use std::net::SocketAddr;
+use std::time::Instant;
+
+/// A connect whose offer awaits the server's answer (`service::client`).
+pub struct Pending {
+    pub offer: Offer,
+    pub deadline: Instant,
+    pub peer: SocketAddr,
+    /// This process listens on the destination: the thread that waits for the answer may be the
+    /// one that has to accept (nginx proxying to itself), so it waits only `SELF_WAIT`, and
+    /// if that runs out this process dials `target` over plain TCP from then on.
+    pub self_served: Option<SocketAddr>,
+}
+
+/// A kernel listening socket that also has a rendezvous (`service::server`).
+#[derive(Debug)]
+pub struct Listen {
+    pub rendezvous: OwnedFd,
+    /// The address it listens on.
+    pub addr: std::net::SocketAddr,
+    /// Names it among this process's listeners, for as long as the process lives (its markers
+    /// are recorded by it).
+    pub id: u64,
+    /// The lineage whose service collects this listener's offers.
+    pub lineage: &'static Lineage,
+}

@@ -1,0 +1,241 @@
+//! Reading and writing an accelerated connection as a TCP socket reads and writes: recv(2)
+//! flags, `SO_RCVLOWAT`, blocking and non-blocking writes, a small `SO_SNDBUF`, and the reset
+//! and end-of-stream answers kernel TCP gives.
+
+use crate::conn::state::{Conn, ERR, IN, OUT};
+use colo::errno_of;
+use colo::internal::shm::Drainer;
+use libc::{c_int, iovec};
+use std::io;
+
+// ---- reading --------------------------------------------------------------------------------
+
+fn would_block() -> io::Error {
+    io::Error::from_raw_os_error(libc::EAGAIN)
+}
+
+/// Reads with recv(2) flags (MSG_PEEK, MSG_DONTWAIT, MSG_WAITALL).
+#[inline]
+pub fn conn_recv(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> {
+    match conn_recv_inner(c, buf, flags) {
+        // The peer exited without closing (no FIN in the ring) after reading all we sent: its
+        // kernel would have closed the TCP socket gracefully, so this is end of stream. A reset
+        // is reported once, as the kernel's socket error; then reads see end of stream.
+        Err(e) if errno_of(&e) == libc::ECONNRESET && (c.peer_exited_cleanly() || !c.report_reset()) => Ok(0),
+        r => r,
+    }
+}
+
+fn conn_recv_inner(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> {
+    if buf.is_empty() {
+        return recv_nothing(c, flags);
+    }
+    if flags & libc::MSG_DONTWAIT != 0 && !c.nonblocking() && c.ready(true) & IN == 0 && c.arm(Drainer::Awake, true) & IN == 0 {
+        return Err(would_block());
+    }
+    if flags & libc::MSG_PEEK != 0 {
+        return c.shm().peek(buf);
+    }
+    let mut n = c.shm().read(buf)?;
+    // MSG_WAITALL waits for all; a blocking read otherwise for SO_RCVLOWAT bytes (1 by default).
+    let all = flags & libc::MSG_WAITALL != 0;
+    let target = if all { buf.len() } else { c.lowat().min(buf.len()) };
+    if n < target && !c.nonblocking() && (all || flags & libc::MSG_DONTWAIT == 0) {
+        while n < target {
+            match c.shm().read(&mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(_) if n > 0 => break,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    after_read(c, n, buf.len());
+    Ok(n)
+}
+
+/// Keeps the readiness fd honest for level-triggered pollers: if the buffer was filled, more
+/// may be waiting, so make sure the doorbell stays rung. (A short read needs nothing: every
+/// drain of the doorbell announces a wait, so either the doorbell holds a count or the peer's
+/// next progress rings it; and `epoll_wait`/`poll` read the rings before sleeping.)
+#[inline]
+pub fn after_read(c: &Conn, n: usize, len: usize) {
+    if n > 0 {
+        c.got_reply();
+    }
+    if n == len && n > 0 && c.shm().readable().unwrap_or(0) > 0 {
+        c.poke();
+    }
+}
+
+#[inline]
+pub fn conn_readv(c: &Conn, iov: &[iovec], flags: c_int) -> io::Result<usize> {
+    let mut total = 0;
+    for (i, v) in iov.iter().enumerate() {
+        if v.iov_len == 0 {
+            continue;
+        }
+        // SAFETY: the application gave us this buffer for writing.
+        let buf = unsafe { std::slice::from_raw_parts_mut(v.iov_base as *mut u8, v.iov_len) };
+        if i > 0 && total > 0 && c.shm().readable().unwrap_or(0) == 0 {
+            break;
+        }
+        let r = if total == 0 { conn_recv(c, buf, flags) } else { c.shm().read(buf) };
+        match r {
+            Ok(0) => break,
+            Ok(n) => {
+                total += n;
+                if n < buf.len() {
+                    break;
+                }
+            }
+            Err(_) if total > 0 => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(total)
+}
+
+// ---- writing --------------------------------------------------------------------------------
+
+#[inline]
+pub fn conn_send(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
+    match conn_send_inner(c, buf, flags) {
+        // Kernel TCP takes the first write after the peer closed (see `takes_write_after_close`).
+        Err(e) if errno_of(&e) == libc::EPIPE && c.takes_write_after_close() => Ok(buf.len()),
+        // A reset is reported once (the kernel's socket error); later writes fail as after it.
+        Err(e) if errno_of(&e) == libc::ECONNRESET && !c.report_reset() => Err(io::Error::from_raw_os_error(libc::EPIPE)),
+        r => r,
+    }
+}
+
+fn conn_send_inner(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
+    if buf.is_empty() {
+        return Ok(0);
+    }
+    // Each call's bytes stay contiguous when processes share the connection (`turns`).
+    let _turn = c.write_turn();
+    let nb = c.nonblocking() || flags & libc::MSG_DONTWAIT != 0;
+    if nb {
+        if !c.nonblocking() && c.ready(false) & OUT == 0 && c.arm(Drainer::Awake, true) & OUT == 0 {
+            return Err(would_block());
+        }
+        if c.send_limited() {
+            return send_bounded(c, buf);
+        }
+        let n = c.shm().write(buf)?;
+        return Ok(n);
+    }
+    // Blocking sockets write everything (or fail).
+    let mut done = 0;
+    while done < buf.len() {
+        match c.shm().write(&buf[done..]) {
+            Ok(n) => done += n,
+            Err(_) if done > 0 => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+thread_local! {
+    static GATHER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+const GATHER_MAX: usize = 256 * 1024;
+
+#[inline]
+pub fn conn_writev(c: &Conn, iov: &[iovec], flags: c_int) -> io::Result<usize> {
+    let nonempty: Vec<&iovec> = iov.iter().filter(|v| v.iov_len > 0).collect();
+    if nonempty.len() == 1 {
+        // SAFETY: the application's buffer, valid for reading.
+        let b = unsafe { std::slice::from_raw_parts(nonempty[0].iov_base as *const u8, nonempty[0].iov_len) };
+        return conn_send(c, b, flags);
+    }
+    // A blocking socket writes every iovec (as the kernel does), in gathers of at most
+    // GATHER_MAX bytes; a non-blocking one writes what one gather takes.
+    let blocking = !c.nonblocking() && flags & libc::MSG_DONTWAIT == 0;
+    GATHER.with(|g| {
+        let mut g = g.borrow_mut();
+        let (mut i, mut off, mut done) = (0, 0, 0);
+        while i < nonempty.len() {
+            g.clear();
+            while i < nonempty.len() && g.len() < GATHER_MAX {
+                let v = nonempty[i];
+                let take = (v.iov_len - off).min(GATHER_MAX - g.len());
+                // SAFETY: the application's buffer, valid for reading; `off + take <= iov_len`.
+                let b = unsafe { std::slice::from_raw_parts((v.iov_base as *const u8).add(off), take) };
+                g.extend_from_slice(b);
+                off += take;
+                if off == v.iov_len {
+                    i += 1;
+                    off = 0;
+                }
+            }
+            match conn_send(c, &g, flags) {
+                Ok(n) => {
+                    done += n;
+                    if n < g.len() || !blocking {
+                        break;
+                    }
+                }
+                Err(_) if done > 0 => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    })
+}
+
+// ---- edge cases kernel TCP answers so ---------------------------------------------------
+
+/// A non-blocking write on a connection a small `SO_SNDBUF` bounds (`Conn::set_send_limit`):
+/// what fits below the bound, or `EAGAIN`.
+#[inline]
+pub fn send_bounded(c: &Conn, buf: &[u8]) -> io::Result<usize> {
+    let room = c.space();
+    if room == 0 {
+        // Errors (a reset, a closed peer) first, as the kernel reports them before EAGAIN.
+        if c.ready(true) & ERR != 0 {
+            return c.shm().write(buf);
+        }
+        return Err(io::Error::from_raw_os_error(libc::EAGAIN));
+    }
+    c.shm().write(&buf[..buf.len().min(room)])
+}
+
+/// A read of zero bytes (`recv(fd, buf, 0, flags)`): as kernel TCP, `EAGAIN` when nothing is
+/// readable and the call may not wait, 0 once something is (bytes, end of stream, or an error
+/// reported by the read that follows); a blocking one waits until then.
+#[inline]
+pub fn recv_nothing(c: &Conn, flags: c_int) -> io::Result<usize> {
+    if c.nonblocking() || flags & libc::MSG_DONTWAIT != 0 {
+        if c.ready(true) & IN == 0 {
+            return Err(io::Error::from_raw_os_error(libc::EAGAIN));
+        }
+        return Ok(0);
+    }
+    let mut b = [0u8; 1];
+    c.shm().peek(&mut b).map(|_| 0)
+}
+
+/// `recv(fd, _, n, MSG_TRUNC)` on TCP: reads up to `n` bytes as `recv` would and discards them
+/// (the buffer is not written; it may be null); returns how many.
+#[inline]
+pub fn recv_discard(c: &Conn, n: usize, flags: c_int) -> io::Result<usize> {
+    let mut scratch = [0u8; 16 * 1024];
+    let first = n.min(scratch.len());
+    let mut total = conn_recv(c, &mut scratch[..first], flags & !libc::MSG_TRUNC)?;
+    if flags & libc::MSG_PEEK != 0 || total < first {
+        return Ok(total);
+    }
+    // More only while bytes are there now (a stream read returns what has arrived).
+    while total < n && c.available().unwrap_or(0) > 0 {
+        let k = (n - total).min(scratch.len());
+        match c.shm().read(&mut scratch[..k]) {
+            Ok(0) | Err(_) => break,
+            Ok(got) => total += got,
+        }
+    }
+    Ok(total)
+}

@@ -1,0 +1,9 @@
+//! The descriptor table and the state of each accelerated connection.
+
+pub mod entry;
+pub mod io;
+pub mod options;
+pub mod regs;
+pub mod state;
+pub mod table;
+pub mod turns;

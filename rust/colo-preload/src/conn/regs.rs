@@ -1,0 +1,311 @@
+//! The epoll registrations of accelerated connections: which application epoll sets watch
+//! which connection (each through the connection's readiness fd, tagged), what each last
+//! reported, each set's wake-up eventfd, and the registrations of fresh sockets that move to the
+//! readiness fd when `connect` accelerates them. `api::epoll` reports from them.
+
+use crate::base::guard::Guard;
+use crate::base::log::log_info;
+use crate::base::mem::try_lock;
+use crate::conn::state::{Conn, ERR, GONE_EDGE, HUP, IN, OUT};
+use crate::conn::table;
+use crate::real;
+use colo::internal::shm::Drainer;
+use libc::{c_int, epoll_event};
+use rustc_hash::FxHashMap as HashMap;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub const TAG: u64 = 0xC01D_0000_0000_0000;
+pub const TAG_MASK: u64 = 0xFFFF_0000_0000_0000;
+/// The `data` of a set's wake-up eventfd in it (see `set_wake`); no registration has this index.
+pub const WAKE: u64 = TAG | 0xFFFF_FFFF;
+
+pub struct Reg {
+    pub epfd: c_int,
+    pub fd: c_int,
+    pub events: u32,
+    pub data: u64,
+    pub conn: Arc<Conn>,
+    /// `Conn::edges` when last reported (edge-triggered registrations report only a change).
+    pub seen: Option<Edges>,
+    /// `Conn::edges` when last found not ready: while they stay the same, it stays not ready.
+    pub quiet: Option<Edges>,
+    /// EPOLLONESHOT fired: silent until EPOLL_CTL_MOD re-arms it.
+    pub fired: bool,
+    /// The application deleted it (`EPOLL_CTL_DEL`). Our kernel registration stays until the fd
+    /// closes or the peer hangs up, so that the next `EPOLL_CTL_ADD` costs no system call (event
+    /// loops such as redis-benchmark's delete and add a connection around every request).
+    pub deleted: bool,
+    /// The events our kernel registration of the readiness fd has.
+    pub kernel: u32,
+    /// The kernel reported the readiness fd and its doorbell was left rung (so that a poller
+    /// above the application's set still sees it readable): drained before the next sleep here.
+    pub rung: bool,
+    /// The `from_rings` call that last reported it (its kernel event is then a duplicate).
+    pub round: u64,
+    /// Duplicate kernel events seen with nothing to read (see `translate`).
+    pub dups: u32,
+}
+
+/// A level-triggered registration looks for a hang-up on one duplicate event in this many.
+pub const DUP_CHECK: u32 = 64;
+
+pub type Edges = (u64, u32, u64, u32);
+
+impl Reg {
+    pub fn new(epfd: c_int, fd: c_int, events: u32, data: u64, conn: Arc<Conn>) -> Reg {
+        let kernel = kernel_events(events);
+        Reg { epfd, fd, events, data, conn, seen: None, quiet: None, fired: false, deleted: false, kernel, rung: false, round: 0, dups: 0 }
+    }
+
+    /// The events to report for this registration now, from the rings (no system call unless
+    /// `check_gone`), honouring level/edge/one-shot; records the report.
+    pub fn report(&mut self, check_gone: bool) -> u32 {
+        if self.fired || self.deleted {
+            return 0;
+        }
+        let now = self.conn.edges();
+        if !check_gone && self.quiet == Some(now) {
+            return 0;
+        }
+        let interest = (self.events & (IN | OUT | libc::EPOLLRDHUP as u32)) | ERR | HUP;
+        let m = self.conn.ready(check_gone) & interest;
+        // `ready` may just have learned that the peer is gone: an edge of its own. (Only that
+        // bit: edges loaded after `ready` could include progress it did not see.)
+        let now = if self.conn.known_gone() { (now.0, now.1, now.2, now.3 | GONE_EDGE) } else { now };
+        if m == 0 {
+            self.quiet = Some(now);
+            return 0;
+        }
+        self.quiet = None;
+        if self.events & libc::EPOLLET as u32 != 0 {
+            if self.seen == Some(now) {
+                return 0;
+            }
+            self.seen = Some(now);
+        }
+        if self.events & libc::EPOLLONESHOT as u32 != 0 {
+            self.fired = true;
+        }
+        m
+    }
+}
+
+#[derive(Default)]
+pub struct Regs {
+    pub slab: Vec<Option<Reg>>,
+    pub free: Vec<usize>,
+    pub index: HashMap<(c_int, c_int), usize>,
+    /// Registrations by epoll fd, for the checks `epoll_wait` makes before sleeping.
+    pub by_epfd: HashMap<c_int, Vec<usize>>,
+    /// Per epoll fd: where in its list the next look at the rings starts, and how many looks
+    /// there have been (see `from_rings`).
+    pub turns: HashMap<c_int, (usize, u64)>,
+    /// Per epoll fd: the wake-up eventfd in it (`set_wake`), `(pid that made it, fd)`.
+    pub wakes: HashMap<c_int, (u32, colo_sys::RawFd)>,
+}
+
+static REGS: Mutex<Option<Regs>> = Mutex::new(None);
+
+pub fn with_regs<T>(f: impl FnOnce(&mut Regs) -> T) -> T {
+    let mut g = REGS.lock().unwrap_or_else(|e| e.into_inner());
+    f(g.get_or_insert_with(Regs::default))
+}
+
+impl Regs {
+    pub fn insert(&mut self, reg: Reg) -> usize {
+        let key = (reg.epfd, reg.fd);
+        let idx = match self.free.pop() {
+            Some(i) => {
+                self.slab[i] = Some(reg);
+                i
+            }
+            None => {
+                self.slab.push(Some(reg));
+                self.slab.len() - 1
+            }
+        };
+        self.index.insert(key, idx);
+        self.by_epfd.entry(key.0).or_default().push(idx);
+        table::count_regs(key.0, true);
+        idx
+    }
+
+    pub fn remove(&mut self, idx: usize) -> Option<Reg> {
+        let r = self.slab.get_mut(idx)?.take()?;
+        table::count_regs(r.epfd, false);
+        self.index.remove(&(r.epfd, r.fd));
+        if let Some(v) = self.by_epfd.get_mut(&r.epfd) {
+            v.retain(|&i| i != idx);
+            if v.is_empty() {
+                self.by_epfd.remove(&r.epfd);
+                self.turns.remove(&r.epfd);
+            }
+        }
+        self.free.push(idx);
+        Some(r)
+    }
+}
+
+/// `fd` is being closed: its registrations go (the kernel would drop them with the last ref).
+pub fn forget_fd(fd: c_int) {
+    let gone: Vec<Reg> = with_regs(|r| {
+        let idx: Vec<usize> = r.index.iter().filter(|((_, f), _)| *f == fd).map(|(_, &i)| i).collect();
+        idx.into_iter().filter_map(|i| r.remove(i)).collect()
+    });
+    for reg in gone {
+        // SAFETY: removing our registration of the readiness fd from the application's set.
+        unsafe { real::epoll_ctl(reg.epfd, libc::EPOLL_CTL_DEL, reg.conn.readiness_raw(), std::ptr::null_mut()) };
+    }
+}
+
+/// The epoll fd `epfd` is being closed.
+pub fn forget_epoll(epfd: c_int) {
+    let (gone, wake): (Vec<Reg>, _) = with_regs(|r| {
+        let idx: Vec<usize> = r.by_epfd.get(&epfd).cloned().unwrap_or_default();
+        (idx.into_iter().filter_map(|i| r.remove(i)).collect(), r.wakes.remove(&epfd))
+    });
+    drop(gone);
+    // A forked child's copy of the set is its parent's set: the parent's eventfd stays in it.
+    if let Some(w) = wake.filter(|w| w.0 == colo_sys::host::pid()) {
+        // SAFETY: removing our eventfd from the set (still open: a copy of it would keep it).
+        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, w.1, std::ptr::null_mut()) };
+        colo::internal::wake::give_back(w);
+    }
+}
+
+/// The wake-up eventfd of the epoll set `epfd` (`colo::internal::wake`), added to the set (edge-triggered,
+/// with `data` `WAKE`) at the set's first sleep on connections: registered with them while a
+/// thread sleeps in `epoll_wait` (`Waking`), it wakes the set when another thread's drain of a
+/// doorbell takes a ring (`Shm::drain_doorbell`), as a `poll` sleeper's own eventfd does. One
+/// per set, not per thread: whichever thread waits on the set reports its connections. A forked
+/// child adds one of its own (the set it inherited is its parent's, and so is the eventfd in it).
+/// `None` if none can be had (the sleep then does without).
+pub fn set_wake(epfd: c_int) -> Option<colo_sys::RawFd> {
+    with_regs(|r| {
+        if let Some(&(pid, fd)) = r.wakes.get(&epfd) {
+            if pid == colo_sys::host::pid() {
+                return Some(fd);
+            }
+        }
+        let w = colo::internal::wake::take()?;
+        let mut ev = epoll_event { events: (libc::EPOLLIN | libc::EPOLLET) as u32, u64: WAKE };
+        // SAFETY: adding our own eventfd to the application's set.
+        if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, w.1, &mut ev) } != 0 {
+            colo::internal::wake::give_back(w);
+            return None;
+        }
+        r.wakes.insert(epfd, w);
+        Some(w.1)
+    })
+}
+
+pub const PASS_FLAGS: u32 = (libc::EPOLLET | libc::EPOLLONESHOT | libc::EPOLLWAKEUP | libc::EPOLLEXCLUSIVE) as u32;
+
+/// The events of our kernel registration of a readiness fd for the application's `events`.
+pub fn kernel_events(events: u32) -> u32 {
+    libc::EPOLLIN as u32 | (events & PASS_FLAGS)
+}
+
+/// The application's kernel registrations of fresh sockets (`table::is_fresh`: TCP, not yet
+/// connected): a socket registered before its `connect` (nginx's upstreams) may become a colo
+/// connection, and its registrations must then move to the connection's readiness fd
+/// ([`adopt_plain`]). Per fd: `(epfd, events, data)`. Any other fd's registrations are not
+/// recorded, so the `epoll_ctl`s of a plain connection take no lock of the shim's
+/// (docs/ARCHITECTURE.md, "Only fresh sockets are the shim's business").
+/// Entries of an fd that was closed meanwhile are harmless: adoption first removes the kernel
+/// registration, which fails for them. (`None` rather than an empty `Vec`: all zeros, so the
+/// array costs no space in the library file.)
+pub type PlainRegs = Mutex<Option<Vec<(c_int, u32, u64)>>>;
+pub static PLAIN: [PlainRegs; table::MAX_FD] = [const { Mutex::new(None) }; table::MAX_FD];
+
+#[inline(never)]
+pub fn note_plain(epfd: c_int, op: c_int, fd: c_int, ev: *const epoll_event) {
+    if fd < 0 || fd as usize >= table::MAX_FD || Guard::busy() {
+        return;
+    }
+    let Some(mut regs) = try_lock(&PLAIN[fd as usize]) else { return };
+    let regs = regs.get_or_insert_with(Vec::new);
+    regs.retain(|r| r.0 != epfd);
+    if op != libc::EPOLL_CTL_DEL && !ev.is_null() {
+        // SAFETY: the application's event, which the kernel just accepted.
+        let e = unsafe { *ev };
+        regs.push((epfd, e.events, e.u64));
+    }
+}
+
+/// Whether `fd` has kernel registrations made while it was a plain socket. Records left by an
+/// earlier socket with this number (closed, so the kernel dropped its registrations) are dropped
+/// here: re-asserting a live registration succeeds, a gone one fails. Without that, a stale record
+/// would make `connect` wait for the server's answer for nothing.
+pub fn has_plain(fd: c_int) -> bool {
+    if fd < 0 || fd as usize >= table::MAX_FD {
+        return false;
+    }
+    let Some(mut regs) = try_lock(&PLAIN[fd as usize]) else { return false };
+    let Some(v) = regs.as_mut() else { return false };
+    v.retain(|&(epfd, events, data)| {
+        // A one-shot registration is kept as it is (re-asserting it would re-arm it).
+        if events & libc::EPOLLONESHOT as u32 != 0 {
+            return true;
+        }
+        let mut ev = epoll_event { events, u64: data };
+        // SAFETY: modifying the application's registration to what it already is.
+        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, fd, &mut ev) == 0 }
+    });
+    !v.is_empty()
+}
+
+/// `fd` just became a colo connection: its kernel registrations (made while it was a plain
+/// socket) move to the connection's readiness fd, with the same events and data.
+pub fn adopt_plain(fd: c_int, conn: &Arc<Conn>) {
+    if fd < 0 || fd as usize >= table::MAX_FD {
+        return;
+    }
+    let regs = try_lock(&PLAIN[fd as usize]).and_then(|mut r| r.take()).unwrap_or_default();
+    for (epfd, events, data) in regs {
+        // SAFETY: removing the application's registration of its own fd; it fails (and we skip
+        // it) if that registration is gone (the fd number was closed and reused meanwhile).
+        if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) } != 0 {
+            continue;
+        }
+        if let Err(e) = register(epfd, fd, events, data, conn) {
+            log_info(format_args!("fd {fd}: moving its epoll registration to shared memory: errno {e}"));
+            // Put the application's registration back: the TCP socket at least reports a close.
+            let mut ev = epoll_event { events, u64: data };
+            // SAFETY: restoring the registration removed above.
+            unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        }
+    }
+}
+
+/// Registers `conn` (the connection on `fd`) in the application's epoll set `epfd` as the
+/// application asked for `fd`: our readiness fd, tagged, in the kernel's set. A new registration
+/// reports the current state as an edge (after an adoption possibly a second OUT edge for the
+/// connect: harmless, where a missed one would hang).
+pub fn register(epfd: c_int, fd: c_int, events: u32, data: u64, conn: &Arc<Conn>) -> Result<(), c_int> {
+    let idx = with_regs(|r| r.insert(Reg::new(epfd, fd, events, data, conn.clone())));
+    // Counted (in `insert`) and marked before the kernel can report it.
+    table::set_epoll(epfd, true);
+    let mut kev = epoll_event { events: kernel_events(events), u64: TAG | idx as u64 };
+    // SAFETY: registering the readiness fd in the application's set.
+    if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, conn.readiness_raw(), &mut kev) } != 0 {
+        let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+        with_regs(|r| r.remove(idx));
+        return Err(e);
+    }
+    // A thread asleep on this set must look at it (the kernel would wake it); one about to sleep
+    // marks itself sleeping before its last look at the registrations (or, in a set without
+    // connections, at their count).
+    fence(Ordering::SeqCst); // Partner: the fence in `api::epoll::epoll_wait_with`.
+    if table::has_sleepers(epfd) {
+        conn.poke();
+    }
+    Ok(())
+}
+
+/// How a sleeper drains: through its wake-up eventfd if it has one, else as a thread not
+/// asleep (without one it is registered nowhere).
+pub fn waker(wake: Option<colo_sys::RawFd>) -> Drainer {
+    wake.map_or(Drainer::Awake, Drainer::Waker)
+}

@@ -1,0 +1,7 @@
+//! Process-wide records below the descriptor table: what the table's entries name and what both
+//! a connection's end and the services write to. None of them knows the table or a connection.
+
+pub mod adapt;
+pub mod handover_file;
+pub mod lineage;
+pub mod marker;

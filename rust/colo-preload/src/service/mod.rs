@@ -1,0 +1,8 @@
+//! The services: offers (a client's dial, the offer service and a server's accept), the
+//! hand-over of connections across `exec`, and the standard-I/O relay.
+
+pub mod client;
+pub mod handover;
+pub mod offer_key;
+pub mod server;
+pub mod stdio;
