@@ -138,8 +138,8 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
         }
         Ok(None) => return Prepared::Plain,
         Err(e) => {
-            crate::adapt::set_up_failed(&e);
-            log_info(format_args!("connect {peer}: rendezvous: {e}; plain TCP"));
+            let why = if crate::adapt::set_up_failed(&e) { colo_sys::preload::shortage() } else { String::new() };
+            log_info(format_args!("connect {peer}: rendezvous: {e}; plain TCP {why}"));
             return Prepared::Plain;
         }
     };
@@ -184,8 +184,8 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
             self_served: self_served.then_some(target),
         })),
         Err(e) => {
-            crate::adapt::set_up_failed(&e);
-            log_info(format_args!("connect {peer}: offer: {e}; plain TCP"));
+            let why = if crate::adapt::set_up_failed(&e) { colo_sys::preload::shortage() } else { String::new() };
+            log_info(format_args!("connect {peer}: offer: {e}; plain TCP {why}"));
             Prepared::Plain
         }
     }

@@ -34,21 +34,44 @@ pub fn move_above(fd: rustix::fd::OwnedFd, floor: i32) -> io::Result<rustix::fd:
 /// A floor (for [`move_all_above`]) meaning: out of the application's way, as its limit of open
 /// files stands at the time of the move. Above its soft limit when the hard limit leaves room
 /// (and a helper task can run: see below), so that the library's descriptors never use up any the
-/// application would have had; else in the top sixteenth of the limit, or above its first 16384
-/// if that leaves more, never in its lower half (a set-up that finds no number free there is a
-/// resource failure). Never above 32768: the kernel's table grows to the highest number in use.
-/// Worked out at each move, so it follows limits the application sets itself (redis and nginx
-/// do at start), however it sets them.
+/// application would have had; else (or once the room above is used up) in the top sixteenth of
+/// the limit, or above its first 16384 if that leaves more; once those are used up too, anywhere
+/// in the upper half of the limit, never in its lower half (a set-up that finds no number free
+/// there is a resource failure: [`shortage`] says which). Never above 32768 unless the limit is
+/// higher: the kernel's table grows to the highest number in use. Worked out at each move, so it
+/// follows limits the application sets itself (redis and nginx do at start), however it sets
+/// them.
 pub const OUT_OF_THE_WAY: i32 = i32::MAX;
 
 /// Clone of the helper task was refused (a sandbox that allows only threads, or a process
 /// limit): descriptors then stay within the limit, as with no room above it.
 static HELPER_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// The floor [`OUT_OF_THE_WAY`] stands for under a soft limit `soft`.
-fn out_of_the_way(soft: u64, room_above: bool) -> i32 {
-    let floor = if room_above { soft } else { (soft / 2).max((soft - soft / 16).min(1 << 14)) };
-    floor.clamp(64, 1 << 15) as i32
+/// The floors [`OUT_OF_THE_WAY`] stands for under a soft limit `soft`, tried in turn: above the
+/// soft limit (`room_above`), then the top of the limit, then its upper half. A band that is used
+/// up sends the move to the next: the preferred band is only a preference, and a program with
+/// more connections than it holds still gets a number (as many as the limit allows).
+fn out_of_the_way(soft: u64, room_above: bool) -> impl Iterator<Item = i32> {
+    let top = (soft / 2).max((soft - soft / 16).min(1 << 14)).clamp(64, 1 << 15);
+    let half = (soft / 2).clamp(64, 1 << 15).min(top);
+    let above = room_above.then(|| soft.clamp(64, 1 << 15).max(top));
+    let mut floors: Vec<i32> = above.into_iter().chain([top, half]).map(|f| f as i32).collect();
+    floors.dedup();
+    floors.into_iter()
+}
+
+/// What a failed move with floor [`OUT_OF_THE_WAY`] ran out of, for a log line: the limit of
+/// open files and how many descriptors the process holds.
+pub fn shortage() -> String {
+    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let fmt = |v: Option<u64>| v.map_or_else(|| "unlimited".to_string(), |v| v.to_string());
+    let open = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count().saturating_sub(1));
+    let half = lim.current.map_or(0, |s| s / 2);
+    format!(
+        "no descriptor number free for it (RLIMIT_NOFILE soft {} hard {}; {open} open; the upper half, from {half}, is the most it may use)",
+        fmt(lim.current),
+        fmt(lim.maximum)
+    )
 }
 
 /// Moves each of `fds` to the lowest free descriptor number at or above `floor` (close-on-exec),
@@ -65,14 +88,30 @@ fn out_of_the_way(soft: u64, room_above: bool) -> i32 {
 /// Fails (the caller falls back, as for any resource failure) when no number at or above
 /// `floor` can be had; `fds` is then unchanged.
 pub fn move_all_above(fds: &mut [rustix::fd::OwnedFd], floor: i32) -> io::Result<()> {
-    use rustix::fd::{AsRawFd, FromRawFd};
     if floor <= 0 {
         return Ok(());
     }
     let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
     let soft = lim.current.unwrap_or(1 << 20);
+    if floor != OUT_OF_THE_WAY {
+        return move_all_above_one(fds, floor, lim);
+    }
     let room = lim.maximum.is_none_or(|max| max > soft) && !HELPER_REFUSED.load(std::sync::atomic::Ordering::Relaxed);
-    let floor = if floor == OUT_OF_THE_WAY { out_of_the_way(soft, room) } else { floor };
+    let mut last = io::Error::from_raw_os_error(libc::EMFILE);
+    for floor in out_of_the_way(soft, room) {
+        match move_all_above_one(fds, floor, lim) {
+            Ok(()) => return Ok(()),
+            // A band used up (EMFILE), or the helper refused (the next bands need none).
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// [`move_all_above`] with one numeric floor.
+fn move_all_above_one(fds: &mut [rustix::fd::OwnedFd], floor: i32, lim: rustix::process::Rlimit) -> io::Result<()> {
+    use rustix::fd::{AsRawFd, FromRawFd};
+    let soft = lim.current.unwrap_or(1 << 20);
     if fds.iter().all(|fd| fd.as_raw_fd() >= floor) {
         return Ok(());
     }
