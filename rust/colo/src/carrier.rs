@@ -323,6 +323,7 @@ pub struct Established {
     pub peer_pid: u32,
     /// The raw number of the segment memfd (owned by `seg`), for callers that must release the
     /// connection's descriptors without a clean close (a forked process letting go of its copy).
+    /// Open only if `segment::keep_memfds` was asked for (the shim does).
     pub memfd: colo_sys::RawFd,
 }
 
