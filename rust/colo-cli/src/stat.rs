@@ -76,7 +76,7 @@ fn mapped_only(pid: u32, listed: &[(u32, std::path::PathBuf)]) -> Vec<(u32, std:
     for line in maps.lines() {
         // start-end perms offset dev inode path
         let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 6 || !f[5].starts_with("/memfd:colo-seg") || f[2].trim_start_matches('0') != "" {
+        if f.len() < 6 || !f[5].starts_with("/memfd:colo-seg") || !f[2].trim_start_matches('0').is_empty() {
             continue;
         }
         let Ok(ino) = f[4].parse::<u64>() else { continue };
