@@ -263,6 +263,7 @@ fi
 # Connections an exec hands on as stdio, and event-loop servers releasing wrk's connections.
 check "stdio_exec.sh: stdio connections lose no byte" env COLO_APPS_BUILT=1 timeout 600 "$HERE/stdio_exec.sh"
 check "release.sh: node and asyncio servers release their connections" env COLO_APPS_BUILT=1 timeout 600 "$HERE/release.sh"
+check "scale.sh: redis-benchmark -c 1000: every connection accelerated or the resource named" env COLO_APPS_BUILT=1 timeout 900 "$HERE/scale.sh"
 
 [ $FAIL = 0 ] && echo "tests/apps: all passed" || echo "tests/apps: FAILURES"
 exit $FAIL

@@ -62,7 +62,7 @@ fn scan() -> (HashMap<u64, u32>, Vec<(u32, std::path::PathBuf)>) {
 /// The segments `pid` maps without holding their memfd (the colo API closes it once mapped),
 /// as `/proc/PID/map_files` paths: one per mapping of a segment beyond the descriptors of it
 /// already in `listed`. Opening those needs the privilege the kernel asks for them
-/// (`CAP_SYS_ADMIN` or `CAP_CHECKPOINT_RESTORE`); without it they are reported unreadable.
+/// (`CAP_SYS_ADMIN` or `CAP_CHECKPOINT_RESTORE`); without it they are left out.
 fn mapped_only(pid: u32, listed: &[(u32, std::path::PathBuf)]) -> Vec<(u32, std::path::PathBuf)> {
     use std::os::unix::fs::MetadataExt;
     let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return Vec::new() };
@@ -82,7 +82,14 @@ fn mapped_only(pid: u32, listed: &[(u32, std::path::PathBuf)]) -> Vec<(u32, std:
         let Ok(ino) = f[4].parse::<u64>() else { continue };
         match by_fd.get_mut(&ino) {
             Some(n) if *n > 0 => *n -= 1,
-            _ => out.push((pid, std::path::PathBuf::from(format!("/proc/{pid}/map_files/{}", f[0])))),
+            _ => {
+                let path = std::path::PathBuf::from(format!("/proc/{pid}/map_files/{}", f[0]));
+                // Without the privilege map_files asks for, the segment is not ours to read: not
+                // listed (rather than reported as an invalid segment).
+                if std::fs::metadata(&path).is_ok() {
+                    out.push((pid, path));
+                }
+            }
         }
     }
     out

@@ -223,7 +223,16 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
         Answer::Welcome => true,
         other => match p.offer.abandon() {
             Abandon::Abandoned => {
-                log_info(format_args!("connect {}: not accelerated ({other:?}); plain TCP", p.peer));
+                if other == Answer::Timeout {
+                    // Not a resource: the server's program had not accepted the connection yet.
+                    log_info(format_args!(
+                        "connect {}: not accelerated: no answer within {} ms (COLO_CARRIER_TIMEOUT_MS; the server had not accepted); plain TCP",
+                        p.peer,
+                        left.as_millis()
+                    ));
+                } else {
+                    log_info(format_args!("connect {}: not accelerated ({other:?}); plain TCP", p.peer));
+                }
                 if let (Some(target), Answer::Timeout) = (p.self_served, other) {
                     log_info(format_args!("connect {}: this process accepts there itself; plain TCP there from now on", p.peer));
                     if let Some(mut s) = crate::try_lock(&SELF_PLAIN) {
