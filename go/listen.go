@@ -535,6 +535,10 @@ func (l *Listener) adopt(cfd int, cf *os.File, mode uint8, fds []int, heard func
 	if !isDoorbell(fds[2]) || !sameFile(fds[1], fds[2]) {
 		return nil, RejectBadMessage
 	}
+	// One descriptor of the one socket is kept (spec section 3); -1 leaves nothing for the
+	// paths below that close fds to close twice.
+	unix.Close(fds[1])
+	fds[1] = -1
 	cred, err := peerCred(cfd)
 	if err != nil {
 		logf("hello: peer credentials: %v", err)
@@ -568,7 +572,7 @@ func (l *Listener) adopt(cfd int, cf *os.File, mode uint8, fds []int, heard func
 		return nil, RejectNotServed
 	}
 	putLE32(seg, hServerPid, uint32(os.Getpid()))
-	c := &Conn{isServer: true, seg: seg, lay: lay, ownBell: fds[2], spareBell: fds[1], ctl: cf, ctlFd: cfd}
+	c := &Conn{isServer: true, seg: seg, lay: lay, ownBell: fds[2], spareBell: -1, ctl: cf, ctlFd: cfd}
 	l.setAddrs(c, h)
 	c.peerPid = int(cred.Pid)
 	if mode == ModeCarrier {

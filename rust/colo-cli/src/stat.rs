@@ -54,8 +54,45 @@ fn scan() -> (HashMap<u64, u32>, Vec<(u32, std::path::PathBuf)>) {
                 segments.push((pid, fd.path()));
             }
         }
+        segments.extend(mapped_only(pid, &segments));
     }
     (sockets, segments)
+}
+
+/// The segments `pid` maps without holding their memfd (the colo API closes it once mapped),
+/// as `/proc/PID/map_files` paths: one per mapping of a segment beyond the descriptors of it
+/// already in `listed`. Opening those needs the privilege the kernel asks for them
+/// (`CAP_SYS_ADMIN` or `CAP_CHECKPOINT_RESTORE`); without it they are left out.
+fn mapped_only(pid: u32, listed: &[(u32, std::path::PathBuf)]) -> Vec<(u32, std::path::PathBuf)> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return Vec::new() };
+    let mut by_fd: HashMap<u64, usize> = HashMap::new();
+    for (_, p) in listed.iter().filter(|(p, _)| *p == pid) {
+        if let Ok(m) = std::fs::metadata(p) {
+            *by_fd.entry(m.ino()).or_insert(0) += 1;
+        }
+    }
+    let mut out = Vec::new();
+    for line in maps.lines() {
+        // start-end perms offset dev inode path
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 6 || !f[5].starts_with("/memfd:colo-seg") || !f[2].trim_start_matches('0').is_empty() {
+            continue;
+        }
+        let Ok(ino) = f[4].parse::<u64>() else { continue };
+        match by_fd.get_mut(&ino) {
+            Some(n) if *n > 0 => *n -= 1,
+            _ => {
+                let path = std::path::PathBuf::from(format!("/proc/{pid}/map_files/{}", f[0]));
+                // Without the privilege map_files asks for, the segment is not ours to read: not
+                // listed (rather than reported as an invalid segment).
+                if std::fs::metadata(&path).is_ok() {
+                    out.push((pid, path));
+                }
+            }
+        }
+    }
+    out
 }
 
 struct ConnInfo {

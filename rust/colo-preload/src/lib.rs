@@ -82,6 +82,8 @@ static INIT: extern "C" fn() = init;
 extern "C" fn init() {
     // The shim's own descriptors stay out of the application's way (see the constant).
     colo::internal::set_fd_floor(colo_sys::preload::OUT_OF_THE_WAY);
+    // A connection handed over across `exec` is mapped again from its memfd.
+    colo::internal::segment::keep_memfds(true);
     // SAFETY: registering handlers: the child's only takes uncontended locks with try_lock; the
     // marker lock is held by the service thread only while it makes or closes one socket.
     unsafe { libc::pthread_atfork(Some(atfork_prepare), Some(atfork_parent), Some(atfork_child)) };

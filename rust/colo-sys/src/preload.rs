@@ -35,10 +35,13 @@ pub fn move_above(fd: rustix::fd::OwnedFd, floor: i32) -> io::Result<rustix::fd:
 /// files stands at the time of the move. Above its soft limit when the hard limit leaves room
 /// (and a helper task can run: see below), so that the library's descriptors never use up any the
 /// application would have had; else in the top sixteenth of the limit, or above its first 16384
-/// if that leaves more, never in its lower half (a set-up that finds no number free there is a
-/// resource failure). Never above 32768: the kernel's table grows to the highest number in use.
-/// Worked out at each move, so it follows limits the application sets itself (redis and nginx
-/// do at start), however it sets them.
+/// if that leaves more, never in its lower half. That band is a bound: under a fixed limit every
+/// descriptor of the library is one the application cannot have, and an application that uses
+/// most of its limit (redis-benchmark `-c 900` under 1024) must still get every socket it would
+/// get without colo. A set-up that finds no number free there is a resource failure
+/// ([`shortage`] says which). Never above 32768: the kernel's table grows to the highest number
+/// in use. Worked out at each move, so it follows limits the application sets itself (redis and
+/// nginx do at start), however it sets them.
 pub const OUT_OF_THE_WAY: i32 = i32::MAX;
 
 /// Clone of the helper task was refused (a sandbox that allows only threads, or a process
@@ -47,8 +50,48 @@ static HELPER_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::Atomic
 
 /// The floor [`OUT_OF_THE_WAY`] stands for under a soft limit `soft`.
 fn out_of_the_way(soft: u64, room_above: bool) -> i32 {
-    let floor = if room_above { soft } else { (soft / 2).max((soft - soft / 16).min(1 << 14)) };
-    floor.clamp(64, 1 << 15) as i32
+    let floor = if room_above { soft.clamp(64, 1 << 15) } else { top_band(soft) };
+    floor as i32
+}
+
+/// Whether the helper may go above the soft limit: the hard limit leaves room, and the helper
+/// was never refused.
+fn room_above(lim: &rustix::process::Rlimit) -> bool {
+    let soft = lim.current.unwrap_or(1 << 20);
+    lim.maximum.is_none_or(|max| max > soft) && !HELPER_REFUSED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Where the band of the library's descriptors within a soft limit `soft` begins.
+fn top_band(soft: u64) -> u64 {
+    (soft / 2).max((soft - soft / 16).min(1 << 14)).clamp(64, 1 << 15)
+}
+
+/// How many descriptors this process holds (through rustix: the shim must not reach its own
+/// wrappers of libc's calls).
+fn open_count() -> usize {
+    let Ok(dir) = rustix::fs::open("/proc/self/fd", rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty()) else {
+        return 0;
+    };
+    let Ok(entries) = rustix::fs::Dir::read_from(&dir) else { return 0 };
+    // Less ".", "..", and the directory's own descriptor.
+    entries.filter(|e| e.is_ok()).count().saturating_sub(3)
+}
+
+/// What a failed move with floor [`OUT_OF_THE_WAY`] ran out of, for a log line: the limit of
+/// open files, the band the library keeps to within it, and how many descriptors the process
+/// holds.
+pub fn shortage() -> String {
+    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let fmt = |v: Option<u64>| v.map_or_else(|| "unlimited".to_string(), |v| v.to_string());
+    let open = open_count();
+    let soft = lim.current.unwrap_or(1 << 20);
+    let room = room_above(&lim);
+    let band = if room {
+        format!("the numbers from {} up to the hard limit", soft.clamp(64, 1 << 15))
+    } else {
+        format!("the numbers from {} up (the top of the limit, which the application's own use leaves free)", top_band(soft))
+    };
+    format!("no descriptor number free for it (RLIMIT_NOFILE soft {} hard {}; colo keeps to {band}; {open} open)", fmt(lim.current), fmt(lim.maximum))
 }
 
 /// Moves each of `fds` to the lowest free descriptor number at or above `floor` (close-on-exec),
@@ -72,7 +115,7 @@ pub fn move_all_above(fds: &mut [rustix::fd::OwnedFd], floor: i32) -> io::Result
     }
     let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
     let soft = lim.current.unwrap_or(1 << 20);
-    let room = lim.maximum.is_none_or(|max| max > soft) && !HELPER_REFUSED.load(std::sync::atomic::Ordering::Relaxed);
+    let room = room_above(&lim);
     let floor = if floor == OUT_OF_THE_WAY { out_of_the_way(soft, room) } else { floor };
     if fds.iter().all(|fd| fd.as_raw_fd() >= floor) {
         return Ok(());

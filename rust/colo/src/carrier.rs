@@ -313,6 +313,7 @@ pub struct Established {
     pub peer_pid: u32,
     /// The raw number of the segment memfd (owned by `seg`), for callers that must release the
     /// connection's descriptors without a clean close (a forked process letting go of its copy).
+    /// Open only if `segment::keep_memfds` was asked for (the shim does).
     pub memfd: colo_sys::RawFd,
 }
 
@@ -510,6 +511,10 @@ pub fn read_hello(control: OwnedFd) -> HelloRead {
     }
 }
 
+/// How the reason [`hello_from_fds`] gives begins when no descriptor number was free for the
+/// HELLO's descriptors (a resource, not the client's fault).
+pub const NO_DESCRIPTORS: &str = "descriptors";
+
 /// Rebuilds a [`Hello`] from its descriptors (e.g. after passing them to another process of
 /// the same server with `SCM_RIGHTS`). Sends REJECT(BAD_SEGMENT) if the header is invalid.
 pub fn hello_from_fds(
@@ -522,7 +527,7 @@ pub fn hello_from_fds(
     let mut fds = [control, memfd, client_bell, server_bell];
     if let Err(e) = high_all(&mut fds) {
         reject(&fds[0], Reason::NoResources);
-        return Err(format!("descriptors: {e}"));
+        return Err(format!("{NO_DESCRIPTORS}: {e}"));
     }
     let [control, memfd, client_bell, server_bell] = fds;
     let mut head = [0u8; HEADER_FIELDS];

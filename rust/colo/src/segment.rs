@@ -19,12 +19,24 @@ pub enum Role {
     Server,
 }
 
+/// Whether segments keep their memfd open once mapped (see [`keep_memfds`]).
+static KEEP_MEMFDS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Segments made from now on keep their memfd open for as long as they are mapped. The
+/// LD_PRELOAD shim asks for it: a connection it hands over across `exec` is mapped again from
+/// its memfd (the mapping does not survive the `exec`). Otherwise the memfd is closed as soon as
+/// the segment is mapped (the mapping holds the memory): one descriptor less per connection.
+/// `colo stat` finds such a segment through `/proc/PID/maps`.
+pub fn keep_memfds(on: bool) {
+    KEEP_MEMFDS.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// A segment mapped by this process.
 #[derive(Debug)]
 pub struct Segment {
     map: Option<Mapping>,
     layout: Layout,
-    /// Kept open so `colo stat` can find and read the segment through /proc.
+    /// Open only where [`keep_memfds`] asked for it.
     _memfd: Option<OwnedFd>,
     /// For a peer's segment: its bytes in this process's budgets, given back when the mapping
     /// goes (with this value).
@@ -36,7 +48,8 @@ impl Segment {
     /// `map` is at least `layout.segment_size` bytes and was validated against `layout`.
     pub unsafe fn new(map: Mapping, layout: Layout, memfd: OwnedFd) -> Segment {
         assert!(map.len() >= layout.segment_size);
-        Segment { map: Some(map), layout, _memfd: Some(memfd), _lease: None }
+        let memfd = KEEP_MEMFDS.load(std::sync::atomic::Ordering::Relaxed).then_some(memfd);
+        Segment { map: Some(map), layout, _memfd: memfd, _lease: None }
     }
 
     /// An empty stand-in left behind when a closed connection hands its segment to the reaper.

@@ -41,6 +41,7 @@ const EPROTO: i32 = 71;
 #[test]
 fn child_entry() {
     let Some((role, arg)) = common::role() else { return };
+    colo::internal::segment::keep_memfds(true);
     // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number and no pointers.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
     let code = match role.as_str() {
@@ -141,6 +142,8 @@ impl RawClient {
 const SMALL: Geometry = Geometry { ring_capacity: 4096, slot_size: 0, slot_count: 0 };
 
 fn listener() -> (Listener, SocketAddr) {
+    // The tests find their segments through the memfds (the API closes them once mapped).
+    colo::internal::segment::keep_memfds(true);
     let l = Listener::bind("127.0.0.1:0").unwrap();
     assert!(l.is_colo());
     let a = l.local_addr().unwrap();

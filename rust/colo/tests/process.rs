@@ -15,6 +15,8 @@ use std::time::Duration;
 #[test]
 fn child_entry() {
     let Some((role, arg)) = common::role() else { return };
+    // A corrupting child finds its segment through the memfd (the API closes it once mapped).
+    colo::internal::segment::keep_memfds(true);
     // Die with the parent test, so a failed test leaves no process behind.
     // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number and no pointers.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };

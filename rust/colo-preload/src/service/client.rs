@@ -135,8 +135,8 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
         }
         Ok(None) => return Prepared::Plain,
         Err(e) => {
-            adapt::set_up_failed(&e);
-            log_info(format_args!("connect {peer}: rendezvous: {e}; plain TCP"));
+            let why = if adapt::set_up_failed(&e) { colo_sys::preload::shortage() } else { String::new() };
+            log_info(format_args!("connect {peer}: rendezvous: {e}; plain TCP {why}"));
             return Prepared::Plain;
         }
     };
@@ -181,8 +181,8 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
             self_served: self_served.then_some(target),
         })),
         Err(e) => {
-            adapt::set_up_failed(&e);
-            log_info(format_args!("connect {peer}: offer: {e}; plain TCP"));
+            let why = if adapt::set_up_failed(&e) { colo_sys::preload::shortage() } else { String::new() };
+            log_info(format_args!("connect {peer}: offer: {e}; plain TCP {why}"));
             Prepared::Plain
         }
     }
@@ -220,7 +220,16 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
         Answer::Welcome => true,
         other => match p.offer.abandon() {
             Abandon::Abandoned => {
-                log_info(format_args!("connect {}: not accelerated ({other:?}); plain TCP", p.peer));
+                if other == Answer::Timeout {
+                    // Not a resource: the server's program had not accepted the connection yet.
+                    log_info(format_args!(
+                        "connect {}: not accelerated: no answer within {} ms (COLO_CARRIER_TIMEOUT_MS; the server had not accepted); plain TCP",
+                        p.peer,
+                        left.as_millis()
+                    ));
+                } else {
+                    log_info(format_args!("connect {}: not accelerated ({other:?}); plain TCP", p.peer));
+                }
                 if let (Some(target), Answer::Timeout) = (p.self_served, other) {
                     log_info(format_args!("connect {}: this process accepts there itself; plain TCP there from now on", p.peer));
                     if let Some(mut s) = try_lock(&SELF_PLAIN) {

@@ -300,12 +300,28 @@ fn take_hello(st: &mut State, control: OwnedFd, uid: u32) {
         // Kept for a while: out of the application's numbers (a HELLO's descriptors are moved
         // with it, in `read_hello`), so that connections that never send one cannot use up the
         // application's own limit of open files.
-        HelloRead::Pending(c) => match out_of_the_way(c) {
-            Ok(c) => st.waiting.push((c, Instant::now(), uid)),
-            Err(e) => log_debug(format_args!("rendezvous: {e}; connection dropped")),
-        },
+        HelloRead::Pending(c) => {
+            let mut c = [c];
+            match colo_sys::preload::move_all_above(&mut c, colo::internal::fd_floor()) {
+                Ok(()) => st.waiting.extend(c.map(|c| (c, Instant::now(), uid))),
+                Err(e) => {
+                    refuse(&c[0]);
+                    log_info(format_args!("rendezvous: a client of uid {uid} left on TCP: {e}: {}", colo_sys::preload::shortage()));
+                }
+            }
+        }
         HelloRead::Hello(h) => keep(st, h, Instant::now(), uid),
-        HelloRead::Refused(why) => log_debug(format_args!("rendezvous: {why}")),
+        HelloRead::Refused(why) => refused(&why, uid),
+    }
+}
+
+/// Logs why a HELLO was refused: at `info` when a resource refused it (its client stays on
+/// TCP for want of it), else at `debug`.
+fn refused(why: &str, uid: u32) {
+    if why.starts_with(carrier::NO_DESCRIPTORS) {
+        log_info(format_args!("rendezvous: a client of uid {uid} left on TCP: {why}: {}", colo_sys::preload::shortage()));
+    } else {
+        log_debug(format_args!("rendezvous: {why}"));
     }
 }
 
@@ -342,6 +358,13 @@ fn drain_one(st: &mut State, l: &Listen) {
                 if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
                     // Out of descriptors: the connections wait in the backlog; the service thread
                     // looks again a little later instead of spinning on the readable rendezvous.
+                    if st.starved.is_none() {
+                        log_info(format_args!(
+                            "listen {}: rendezvous: {e}: offers wait (their clients may go to TCP): {}",
+                            l.addr,
+                            colo_sys::preload::shortage()
+                        ));
+                    }
                     st.starved = Some(Instant::now() + STARVED_PAUSE);
                 }
                 break;
@@ -397,7 +420,7 @@ fn drain_waiting(st: &mut State) {
         match carrier::read_hello(c) {
             HelloRead::Pending(c) => st.waiting.push((c, at, uid)),
             HelloRead::Hello(h) => keep(st, h, at, uid),
-            HelloRead::Refused(why) => log_debug(format_args!("rendezvous: {why}")),
+            HelloRead::Refused(why) => refused(&why, uid),
         }
     }
     publish(st);
