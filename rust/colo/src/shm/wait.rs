@@ -230,6 +230,17 @@ impl Shm {
         mut check: impl FnMut() -> io::Result<Option<T>>,
     ) -> io::Result<T> {
         if self.nonblocking.load(Ordering::Relaxed) {
+            // Our DOORBELL bit still set: nobody rang since it was announced (a ring clears it,
+            // section 6), so there is nothing to drain and the announcement stands. A program
+            // that polls by reading again and again then pays one system call a miss (the
+            // control socket's, below), as over TCP, not three.
+            if self.own_waiting().load(Ordering::Relaxed) & notify::SLEEP_DOORBELL != 0 {
+                if let Some(v) = check()? {
+                    return Ok(v);
+                }
+                self.poll_control();
+                return check()?.ok_or_else(|| io::ErrorKind::WouldBlock.into());
+            }
             let r = notify::poll_after_miss(
                 &mut check,
                 || {
