@@ -21,8 +21,8 @@ import (
 
 // DefaultGeometry is the segment shape a Dialer offers when its Geometry is zero: byte rings that
 // may grow to what the kernel lets a TCP socket buffer (defaultRingCapacity) and 16 message slots
-// of 64 KiB in each direction. A ring starts at 4 KiB and grows when a write does not fit (up to
-// RingCapacity, or the Conn's SetWriteBuffer); it shrinks back to 4 KiB, giving its pages back,
+// of 64 KiB in each direction. A ring starts at 2 KiB and grows when a write does not fit (up to
+// RingCapacity, or the Conn's SetWriteBuffer); it shrinks back to 2 KiB, giving its pages back,
 // once it has been empty and unwritten for about a second (spec/WIRE.md section 5, "Growing and
 // shrinking"). Memory is touched lazily.
 var DefaultGeometry = Geometry{RingCapacity: defaultRingCapacity(), SlotSize: 64 << 10, SlotCount: 16}

@@ -2,13 +2,14 @@ package colo
 
 // Growing and shrinking a connection's outgoing ring (spec/WIRE.md section 5, "Growing and
 // shrinking"), the connection's part: how far a write may grow it, and the shrinker that takes a
-// quiet ring back to 4 KiB and gives its pages back. The ring halves' part is in ring.go.
+// quiet ring back to 2 KiB and gives its pages back. The ring halves' part is in ring.go.
 
 import (
 	"math/bits"
 	"net"
 	"sync"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -142,9 +143,38 @@ func (c *Conn) shrinkIfQuiet() {
 	if to != 0 {
 		// The pages of [from, to) hold no byte in flight, and neither side touches them before
 		// the ring grows again. Where MADV_REMOVE fails they stay, which is only memory.
-		unix.Madvise(c.out.data[from:to], unix.MADV_REMOVE)
+		// The page holding the old size's last bytes goes too: it holds nothing else in use.
+		releasePages(c.out.spare[from:min(roundUpPage(c.out.spare, to), uint64(len(c.out.spare)))])
 	}
 	if c.tx.size <= minRingSize {
 		c.unwatchForShrink()
 	}
 }
+
+// releasePages gives the whole pages of b back to the system (MADV_REMOVE frees the memfd's pages
+// for every process that maps them; they read as zeros after). Partial pages at either end stay:
+// madvise takes page-aligned ranges only.
+func releasePages(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	start := uintptr(unsafe.Pointer(&b[0]))
+	from := (start+pageSize-1)&^(pageSize-1) - start
+	to := (start+uintptr(len(b)))&^(pageSize-1) - start
+	if from >= to {
+		return
+	}
+	// Where MADV_REMOVE fails the pages stay, which is only memory.
+	unix.Madvise(b[from:to], unix.MADV_REMOVE)
+}
+
+// roundUpPage is off rounded up to where the page holding byte off-1 of b ends.
+func roundUpPage(b []byte, off uint64) uint64 {
+	if len(b) == 0 {
+		return off
+	}
+	start := uintptr(unsafe.Pointer(&b[0]))
+	return uint64((start+uintptr(off)+pageSize-1)&^(pageSize-1) - start)
+}
+
+const pageSize = 4096

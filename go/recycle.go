@@ -169,7 +169,7 @@ func resetForReuse(seg []byte, l layout) {
 	startRings(seg, l) // as above, published by the HELLO
 	for _, base := range []uint64{headerSize, headerSize + l.blockSize} {
 		// Where MADV_REMOVE fails the pages stay, which is only memory.
-		unix.Madvise(seg[base+l.dataOff:base+l.poolOff], unix.MADV_REMOVE)
+		releasePages(seg[base+l.dataOff : base+l.poolOff])
 	}
 }
 

@@ -27,8 +27,11 @@ type direction struct {
 	head, tail, msgHead, msgTail, freeHead, freeTail *uint64
 	flags, rflags, size                              *uint32
 	data                                             []byte
-	msgEnt, freeEnt                                  []byte
-	pool                                             []byte
+	// spare is data and the padding after it, up to the pool, which starts on a page of its own:
+	// the part of the block whose pages the ring may give back.
+	spare           []byte
+	msgEnt, freeEnt []byte
+	pool            []byte
 }
 
 func newDirection(seg []byte, l layout, base uint64) direction {
@@ -47,6 +50,7 @@ func newDirection(seg []byte, l layout, base uint64) direction {
 	fo := base + l.freeOff()
 	d.freeEnt = seg[fo : fo+4*n : fo+4*n]
 	d.data = seg[base+l.dataOff : base+l.poolOff : base+l.poolOff]
+	d.spare = seg[base+l.dataOff : base+l.poolOff : base+l.poolOff]
 	pe := base + l.poolOff + n*uint64(l.SlotSize)
 	d.pool = seg[base+l.poolOff : pe : pe]
 	return d

@@ -89,13 +89,13 @@ func TestRingGrowsWithWrappedUnreadBytes(t *testing.T) {
 	const capy = 1 << 16
 	d, p, q := growingRing(t, capy)
 	// Move the counters to 3000, so that the full ring's bytes wrap around its end.
-	if n := produce(t, d, p, minRingSize, pattern(0, 3000)); n != 3000 {
+	if n := produce(t, d, p, 4096, pattern(0, 3000)); n != 3000 {
 		t.Fatalf("wrote %d", n)
 	}
 	if n := consume(t, d, q, capy, make([]byte, 3000)); n != 3000 {
 		t.Fatalf("read %d", n)
 	}
-	if n := produce(t, d, p, minRingSize, pattern(3000, 5000)); n != 4096 || p.size != 4096 {
+	if n := produce(t, d, p, 4096, pattern(3000, 5000)); n != 4096 || p.size != 4096 {
 		t.Fatalf("at a 4 KiB limit wrote %d at size %d", n, p.size)
 	}
 	// The ring is full with bytes 3000..7096, wrapped: a write of 5000 more grows it to 16 KiB.
@@ -144,7 +144,7 @@ func TestRingShrinksOnlyWhenEmpty(t *testing.T) {
 		t.Fatalf("shrink of an empty 32 KiB ring: [%d, %d) %q, ring_size %d", from, to, bad, atomic.LoadUint32(d.size))
 	}
 	// Writes and reads go on at the small size.
-	if n := produce(t, d, p, minRingSize, pattern(20000, 5000)); n != 4096 {
+	if n := produce(t, d, p, 4096, pattern(20000, 5000)); n != 4096 {
 		t.Fatalf("wrote %d after shrinking", n)
 	}
 	out := make([]byte, 4096)
@@ -155,7 +155,7 @@ func TestRingShrinksOnlyWhenEmpty(t *testing.T) {
 
 func TestRingScribbledSizeIsCorruption(t *testing.T) {
 	const capy = 1 << 16
-	for _, size := range []uint32{0, 3000, 2048, 12288, 1 << 17, 1 << 20} {
+	for _, size := range []uint32{0, 3000, 1024, 12288, 1 << 17, 1 << 20} {
 		d, p, q := growingRing(t, capy)
 		produce(t, d, p, capy, pattern(0, 10))
 		atomic.StoreUint32(d.size, size)

@@ -61,7 +61,7 @@ const (
 	maxRingCapacity = 1 << 30
 	// The size every byte ring starts at and shrinks back to (spec section 5, "Growing and
 	// shrinking"); ring_capacity is the largest it may grow to.
-	minRingSize  = 4096
+	minRingSize  = 2048
 	maxSlotSize  = 1 << 30
 	maxSlotCount = 65536
 )
@@ -179,8 +179,8 @@ func (g Geometry) valid() error {
 func (g Geometry) layout() layout {
 	n := uint64(g.SlotCount)
 	l := layout{Geometry: g}
-	l.dataOff = roundUp(dMsgEnt+12*n, 4096)
-	l.poolOff = l.dataOff + uint64(g.RingCapacity)
+	l.dataOff = roundUp(dMsgEnt+12*n, 1024)
+	l.poolOff = roundUp(l.dataOff+uint64(g.RingCapacity), 4096)
 	l.blockSize = roundUp(l.poolOff+n*uint64(g.SlotSize), 4096)
 	l.segmentSize = headerSize + 2*l.blockSize
 	return l

@@ -13,8 +13,8 @@ def round_up(x, a):
     return (x + a - 1) // a * a
 
 def layout(cap, slot_size, slot_count):
-    data_off = round_up(768 + 12 * slot_count, 4096)
-    pool_off = data_off + cap
+    data_off = round_up(768 + 12 * slot_count, 1024)
+    pool_off = round_up(data_off + cap, 4096)
     block = round_up(pool_off + slot_count * slot_size, 4096)
     return dict(ring_capacity=cap, slot_size=slot_size, slot_count=slot_count, data_off=data_off,
                 pool_off=pool_off, block_size=block, segment_size=4096 + 2 * block)

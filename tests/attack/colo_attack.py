@@ -37,8 +37,9 @@ def round_up(v, a):
 
 
 def segment_size(ring, slot_size, slots):
-    data_off = round_up(768 + 12 * slots, 4096)
-    block = round_up(data_off + ring + slots * slot_size, 4096)
+    data_off = round_up(768 + 12 * slots, 1024)
+    pool_off = round_up(data_off + ring, 4096)
+    block = round_up(pool_off + slots * slot_size, 4096)
     return 4096 + 2 * block
 
 
@@ -57,6 +58,10 @@ def make_segment(ring, slot_size, slots, claim, client, server, seal=True):
     fd = os.memfd_create("colo-seg", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, segment_size(ring, slot_size, slots))
     os.pwrite(fd, header(ring, slot_size, slots, claim, client, server), 0)
+    # Both rings start at 2048 bytes (spec/WIRE.md section 5), as an honest client's do.
+    block = (segment_size(ring, slot_size, slots) - 4096) // 2
+    for base in (4096, 4096 + block):
+        os.pwrite(fd, struct.pack("<I", 2048), base + 12)
     if seal:
         fcntl.fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW)
     return fd

@@ -55,6 +55,9 @@ def segment(claim, client, server):
     m[0:len(head)] = head
     m[48:72] = addr_record(*client) if client else bytes(24)
     m[72:96] = addr_record(*server)
+    # Both rings start at 2048 bytes (spec/WIRE.md section 5), as an honest client's do.
+    for base in (4096, 4096 + (SIZE - 4096) // 2):
+        m[base + 12:base + 16] = struct.pack("<I", 2048)
     fcntl.fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
     return fd, m
 

@@ -33,6 +33,8 @@ def forge(name, cport, sport):
     os.ftruncate(fd, size)
     head = b"COLOSEG\0" + struct.pack("<IIQIIIIII", 1, 4096, size, cap, 0, 0, 1, os.getpid(), 0)
     os.pwrite(fd, head + addr(cport) + addr(sport), 0)
+    for base in (4096, 4096 + 8192):  # both rings start at 2048 bytes (spec/WIRE.md section 5)
+        os.pwrite(fd, struct.pack("<I", 2048), base + 12)
     fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
     # The doorbell pair (spec/WIRE.md section 1): the server's end goes in both doorbell slots.
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -65,8 +65,11 @@ pub const RING_FLAGS: u32 = FLAG_FIN | FLAG_RESET | FLAG_NOT_READING;
 /// `read_flags`: the consumer shut down its read side.
 pub const FLAG_READ_CLOSED: u32 = 1;
 
-/// Smallest byte-ring capacity, and the size every ring starts at and shrinks back to.
+/// Smallest byte-ring capacity (`ring_capacity`).
 pub const MIN_RING: u32 = 4096;
+/// The size every ring starts at and shrinks back to, and the smallest `ring_size`: with the ring
+/// data 1024 bytes into its block, a quiet ring and its words share one page.
+pub const MIN_RING_SIZE: u32 = 2048;
 
 /// Largest byte-ring capacity.
 pub const MAX_RING: u32 = 1 << 30;
@@ -128,8 +131,8 @@ impl Geometry {
         }
         let n = slot_count as usize;
         let free_entries = block::MSG_ENTRIES + 8 * n;
-        let data_off = round_up(free_entries + 4 * n, 4096);
-        let pool_off = data_off + cap as usize;
+        let data_off = round_up(free_entries + 4 * n, 1024);
+        let pool_off = round_up(data_off + cap as usize, 4096);
         let block_size = round_up(pool_off + n * slot_size as usize, 4096);
         Ok(Layout {
             geometry: self,

@@ -4,7 +4,7 @@
 //! shared counter only when the cache says full (producer) or empty (consumer), as rtrb does. Both
 //! counters count bytes ever moved and wrap at 2^64; byte `i` lives at `data[i % capacity]`.
 
-use crate::layout::{MIN_RING, RING_FLAGS};
+use crate::layout::{MIN_RING_SIZE, RING_FLAGS};
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
 use crate::Corrupt;
 
@@ -98,10 +98,10 @@ impl RingWords {
         check_flags(self.flags().load(Ordering::Acquire), RING_FLAGS)
     }
 
-    /// Makes the ring start at [`MIN_RING`] bytes: the segment's creator does so for a fresh or
+    /// Makes the ring start at [`MIN_RING_SIZE`] bytes: the segment's creator does so for a fresh or
     /// recycled segment before it sends HELLO (whose system call publishes the store to the peer).
     pub fn start_small(&self) {
-        self.size().store(MIN_RING, Ordering::Relaxed);
+        self.size().store(MIN_RING_SIZE, Ordering::Relaxed);
     }
 
     /// The ring's current size as the shared word says (validated against `capacity`): for
@@ -130,9 +130,9 @@ impl RingWords {
 }
 
 /// The smallest `ring_size` (loom models use rings of a few bytes).
-const SMALLEST: u64 = if cfg!(loom) { 1 } else { MIN_RING as u64 };
+const SMALLEST: u64 = if cfg!(loom) { 1 } else { MIN_RING_SIZE as u64 };
 
-/// A `ring_size` as the peer left it: a power of two from [`MIN_RING`] to the data region's
+/// A `ring_size` as the peer left it: a power of two from [`MIN_RING_SIZE`] to the data region's
 /// `capacity`, or corruption.
 fn valid_size(size: u32, capacity: u64) -> Result<u64, Corrupt> {
     let s = u64::from(size);
@@ -219,7 +219,7 @@ impl<B: Bytes> Producer<B> {
     /// Bounds how far writes grow the ring (a program's `SO_SNDBUF`): `bytes` rounded up to a
     /// power of two, within the data region. A ring already larger keeps its size.
     pub fn set_limit(&mut self, bytes: usize) {
-        let bytes = (bytes as u64).max(u64::from(MIN_RING)).next_power_of_two();
+        let bytes = (bytes as u64).max(u64::from(MIN_RING_SIZE)).next_power_of_two();
         self.limit = bytes.min(self.capacity);
     }
 
@@ -287,18 +287,18 @@ impl<B: Bytes> Producer<B> {
         Ok(target - used)
     }
 
-    /// Shrinks an empty ring back to [`MIN_RING`] bytes; returns the part of the data region
+    /// Shrinks an empty ring back to [`MIN_RING_SIZE`] bytes; returns the part of the data region
     /// whose pages the caller may now give back to the system (`MADV_REMOVE`). Nothing if bytes
     /// are in flight or the ring is already small.
     pub fn shrink_if_empty(&mut self) -> Result<Option<core::ops::Range<usize>>, Corrupt> {
-        let small = u64::from(MIN_RING);
+        let small = u64::from(MIN_RING_SIZE);
         if self.size <= small || self.refresh()? != self.size {
             return Ok(None);
         }
         // SYNC POINT with the Acquire load of `ring_size` in `Consumer::refresh`, as in `grow`;
         // nothing is readable, so a consumer that copies with the old size copies nothing, or
         // bytes we publish later, and then sees the size changed.
-        self.words.size().store(MIN_RING, Ordering::Release);
+        self.words.size().store(MIN_RING_SIZE, Ordering::Release);
         fence(Ordering::Release);
         let old = self.size;
         self.size = small;
@@ -373,7 +373,7 @@ impl<B: Bytes> Consumer<B> {
     pub unsafe fn new(words: RingWords, data: B) -> Self {
         let capacity = data.capacity() as u64;
         debug_assert!(capacity.is_power_of_two());
-        Consumer { words, data, capacity, size: u64::from(MIN_RING).min(capacity), tail: 0, cached_head: 0 }
+        Consumer { words, data, capacity, size: u64::from(MIN_RING_SIZE).min(capacity), tail: 0, cached_head: 0 }
     }
 
     /// Takes over the consuming end of a ring already in use: continues from the current
@@ -384,7 +384,7 @@ impl<B: Bytes> Consumer<B> {
     pub unsafe fn resume(words: RingWords, data: B) -> Self {
         let capacity = data.capacity() as u64;
         let tail = words.tail().load(Ordering::Relaxed);
-        Consumer { words, data, capacity, size: u64::from(MIN_RING).min(capacity), tail, cached_head: tail }
+        Consumer { words, data, capacity, size: u64::from(MIN_RING_SIZE).min(capacity), tail, cached_head: tail }
     }
 
     fn refresh(&mut self) -> Result<u64, Corrupt> {

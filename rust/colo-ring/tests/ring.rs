@@ -183,7 +183,7 @@ proptest! {
                 _ => {
                     if let Some(r) = p.shrink_if_empty().unwrap() {
                         prop_assert!(model.is_empty());
-                        prop_assert_eq!(r.start, 4096);
+                        prop_assert_eq!(r.start, 2048);
                     }
                 }
             }
@@ -217,7 +217,7 @@ fn a_full_ring_grows_to_its_limit_and_keeps_its_bytes() {
 
 #[test]
 fn a_peer_that_scribbles_over_ring_size_is_corruption() {
-    for size in [0u32, 3000, 2048, 1 << 20, 12288] {
+    for size in [0u32, 3000, 1024, 1 << 20, 12288] {
         let (mut p, mut c, w) = common::growing_pair(heap_bytes(1 << 16), 4096);
         p.write(&[1u8; 10]).unwrap();
         w.size.store(size, Ordering::Relaxed);

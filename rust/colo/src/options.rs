@@ -25,7 +25,7 @@ pub const DEFAULT_RING: u32 = 4 << 20;
 
 /// The largest size a connection's byte rings grow to by default: what the kernel would let a TCP
 /// socket's send buffer grow to (`net.ipv4.tcp_wmem`'s maximum), rounded up to a power of two,
-/// from 256 KiB to 64 MiB. Every ring starts at 4 KiB and grows only while its reader falls
+/// from 256 KiB to 64 MiB. Every ring starts at 2 KiB and grows only while its reader falls
 /// behind (spec/WIRE.md section 5), so the size costs address space, not memory.
 pub fn default_ring() -> u32 {
     static RING: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
@@ -60,7 +60,7 @@ impl Options {
     }
 
     /// The largest size each direction's byte ring may grow to (a power of two, 4 KiB to 1 GiB).
-    /// A ring starts at 4 KiB, doubles while the writer finds it full and the reader has not
+    /// A ring starts at 2 KiB and grows when a write does not fit beside what the reader has not
     /// caught up (up to this size: a writer ahead of its reader blocks no sooner than over TCP),
     /// and gives its memory back after a second with nothing in flight. Listeners refuse a
     /// segment over 256 MiB (both directions' rings and pools; `colo_sys::segment::MAX_SEGMENT`),

@@ -134,7 +134,7 @@ impl Segment {
             // SAFETY: an aligned u32 word inside the mapping (offset of the validated layout),
             // only ever accessed atomically.
             let size = unsafe { &*(map.as_ptr().add(b + block::RING_SIZE) as *const AtomicU32) };
-            size.store(colo_ring::layout::MIN_RING, Ordering::Relaxed);
+            size.store(colo_ring::layout::MIN_RING_SIZE, Ordering::Relaxed);
         }
     }
 
@@ -196,6 +196,13 @@ impl Segment {
     /// The first byte of the data of the ring of direction `c2s`.
     pub fn ring_data_ptr(&self, c2s: bool) -> *mut u8 {
         self.ring_data(c2s).as_ptr()
+    }
+
+    /// How far past the data of the ring of direction `c2s` its pages may be given back: to the
+    /// pool, which starts on the page after the data (what lies between is padding).
+    pub fn ring_release_end(&self, c2s: bool) -> *mut u8 {
+        let end = self.layout.pool_off;
+        self.at(self.block(c2s), end).wrapping_add(end)
     }
 
     fn ring_data(&self, c2s: bool) -> RawBytes {

@@ -54,6 +54,8 @@ for i in range(count):
         m = os.memfd_create("colo-seg", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(m, SEGMENT)
         os.pwrite(m, header(first_port + (0 if mode == "dup" else 2 * i)), 0)
+        for base in (4096, 4096 + 8192):  # both rings start at 2048 bytes (spec/WIRE.md section 5)
+            os.pwrite(m, struct.pack("<I", 2048), base + 12)
         try:
             socket.send_fds(s, [hello], [m, bell_c, bell_s])
         except OSError:

@@ -60,11 +60,12 @@ while time.time() < end:
         c, m, seen = e
         ring = struct.unpack_from("<I", m, 24)[0]
         slots = struct.unpack_from("<I", m, 32)[0]
-        data_off = (768 + 12 * slots + 4095) // 4096 * 4096
+        data_off = (768 + 12 * slots + 1023) // 1024 * 1024
+        size = struct.unpack_from("<I", m, 4096 + 12)[0] or ring  # the ring's current size
         head = struct.unpack_from("<Q", m, 4096)[0]
         if head != seen:
             n = min(head - seen, 256)
-            got = bytes(m[4096 + data_off + (seen + i) % ring] for i in range(n))
+            got = bytes(m[4096 + data_off + (seen + i) % size] for i in range(n))
             print("GOT", repr(got), flush=True)
             e[2] = head
             struct.pack_into("<Q", m, 4096 + 128, head)

@@ -5,7 +5,7 @@
 use super::TxHalf;
 use crate::segment::{Role, Segment};
 use crate::shrink::{Look, Shrink};
-use colo_ring::layout::MIN_RING;
+use colo_ring::layout::MIN_RING_SIZE;
 use colo_ring::sync::{AtomicU64, Ordering};
 use std::sync::{Mutex, TryLockError};
 
@@ -13,6 +13,8 @@ use std::sync::{Mutex, TryLockError};
 /// end's `written` copy (to send the other holders of this end back to the shared size).
 pub(super) struct TxPages {
     data: *mut u8,
+    /// Where the pages the ring may give back end (see `Segment::ring_release_end`).
+    end: *mut u8,
     written: *const AtomicU64,
 }
 
@@ -22,7 +24,8 @@ unsafe impl Send for TxPages {}
 
 impl TxPages {
     pub(super) fn new(seg: &Segment, role: Role) -> TxPages {
-        TxPages { data: seg.ring_data_ptr(role == Role::Client), written: seg.written(role) }
+        let c2s = role == Role::Client;
+        TxPages { data: seg.ring_data_ptr(c2s), end: seg.ring_release_end(c2s), written: seg.written(role) }
     }
 }
 
@@ -48,13 +51,17 @@ impl Shrink for Mutex<TxHalf> {
                 // size: a copy no head equals sends them back to the shared words first.
                 // SAFETY: an aligned atomic in the mapping, alive while the half is not closed.
                 unsafe { &*tx.pages.written }.store(!head, Ordering::Relaxed);
-                // SAFETY: `pages` lies inside the ring's data region, inside the mapping, and the
-                // ring no longer uses it (its size is below `pages.start`).
-                let _ = unsafe { colo_sys::segment::release_pages(tx.pages.data.add(pages.start), pages.len()) };
+                // The page that holds the old size's last bytes goes too (it holds nothing else
+                // in use, up to `end`); `release_pages` keeps only whole pages.
+                let from = tx.pages.data.wrapping_add(pages.start);
+                let to = (tx.pages.data.wrapping_add(pages.end) as usize).next_multiple_of(4096).min(tx.pages.end as usize);
+                // SAFETY: `from..to` lies inside the ring's data and the padding after it, inside
+                // the mapping, and the ring no longer uses it (its size is below `pages.start`).
+                let _ = unsafe { colo_sys::segment::release_pages(from, to.saturating_sub(from as usize)) };
                 tx.watched = false;
                 Look::Done
             }
-            Ok(None) if tx.ring.size() > MIN_RING as usize => Look::Again,
+            Ok(None) if tx.ring.size() > MIN_RING_SIZE as usize => Look::Again,
             // Small already, or corrupt (the next write reports it).
             _ => {
                 tx.watched = false;

@@ -196,7 +196,7 @@ impl Shm {
             self.wake_peer();
         }
         written.store(tx.ring.written(), Ordering::Relaxed);
-        if !tx.watched && tx.ring.size() > colo_ring::layout::MIN_RING as usize {
+        if !tx.watched && tx.ring.size() > colo_ring::layout::MIN_RING_SIZE as usize {
             tx.watched = true;
             let ring: std::sync::Weak<dyn crate::shrink::Shrink> = std::sync::Arc::downgrade(&self.tx) as _;
             crate::shrink::watch(ring);
