@@ -66,7 +66,8 @@ typedef struct colo_msg colo_msg;
 typedef struct colo_options {
   // `sizeof(colo_options)`, set by `colo_options_init`; lets later versions add fields.
   uint32_t size;
-  // Byte-ring capacity per direction: a power of two from 4096 to 2^30 (default 256 KiB).
+  // The largest each direction's byte ring grows to: a power of two from 4096 to 2^30 (default:
+  // tcp_wmem's maximum, rounded up; rings start at 2 KiB and grow as writes need).
   uint32_t ring_capacity;
   // Bytes per zero-copy message slot (default 64 KiB); 0 with `slot_count` 0: no pool.
   uint32_t slot_size;
@@ -89,7 +90,7 @@ extern "C" {
 // The library version, a static NUL-terminated string such as "0.1.0". Never NULL; not freed.
 const char *colo_version(void);
 
-// Fills `*opts` with the defaults (256 KiB rings, 16 x 64 KiB message slots, default spin,
+// Fills `*opts` with the defaults (rings that grow up to tcp_wmem's maximum, 16 x 64 KiB message slots, default spin,
 // 5 s handshake timeout) and sets `opts->size`.
 //
 // Returns 0, or -EINVAL if `opts` is NULL.

@@ -60,7 +60,8 @@ pub struct colo_buf {
 pub struct colo_options {
     /// `sizeof(colo_options)`, set by `colo_options_init`; lets later versions add fields.
     pub size: u32,
-    /// Byte-ring capacity per direction: a power of two from 4096 to 2^30 (default 256 KiB).
+    /// The largest each direction's byte ring grows to: a power of two from 4096 to 2^30 (default:
+    /// tcp_wmem's maximum, rounded up; rings start at 2 KiB and grow as writes need).
     pub ring_capacity: u32,
     /// Bytes per zero-copy message slot (default 64 KiB); 0 with `slot_count` 0: no pool.
     pub slot_size: u32,
@@ -383,7 +384,7 @@ pub extern "C" fn colo_version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
 }
 
-/// Fills `*opts` with the defaults (256 KiB rings, 16 x 64 KiB message slots, default spin,
+/// Fills `*opts` with the defaults (rings that grow up to tcp_wmem's maximum, 16 x 64 KiB message slots, default spin,
 /// 5 s handshake timeout) and sets `opts->size`.
 ///
 /// Returns 0, or -EINVAL if `opts` is NULL.
