@@ -65,9 +65,9 @@ func FuzzDecodeMsg(f *testing.F) {
 func checkLayout(t *testing.T, l layout) {
 	n := uint64(l.SlotCount)
 	switch {
-	case l.freeOff()+4*n > l.dataOff, l.dataOff%4096 != 0, l.dataOff < dMsgEnt+8*n:
+	case l.freeOff()+4*n > l.dataOff, l.dataOff%1024 != 0, l.dataOff < dMsgEnt+8*n:
 		t.Fatalf("%+v: entries overlap the data", l)
-	case l.poolOff != l.dataOff+uint64(l.RingCapacity), l.poolOff+n*uint64(l.SlotSize) > l.blockSize:
+	case l.poolOff < l.dataOff+uint64(l.RingCapacity), l.poolOff%4096 != 0, l.poolOff+n*uint64(l.SlotSize) > l.blockSize:
 		t.Fatalf("%+v: pool outside its block", l)
 	case l.blockSize%4096 != 0, l.segmentSize != headerSize+2*l.blockSize:
 		t.Fatalf("%+v: bad block or segment size", l)
