@@ -3,6 +3,7 @@
 
 mod bench;
 mod plot;
+mod results;
 mod stat;
 
 use clap::{Parser, Subcommand};

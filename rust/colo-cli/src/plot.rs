@@ -1,6 +1,6 @@
 //! `colo bench --plot FILE.png`: round-trip p50 per size and throughput, one bar per transport.
 
-use crate::bench::Row;
+use crate::results::Row;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::path::Path;

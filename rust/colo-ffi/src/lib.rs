@@ -2,7 +2,7 @@
 //!
 //! Every exported function is `extern "C"`, named `colo_*`, and reports errors as negative errno
 //! values. Handles (`colo_listener`, `colo_conn`, `colo_msg`, `colo_buf`) are opaque: their
-//! pointer value is an index and a generation in a process-wide handle table (`handles.rs`), never
+//! pointer value is an index and a generation in a process-wide handle table (`handles/`), never
 //! an address that the library dereferences. A NULL, closed, released or made-up handle is
 //! therefore simply not found and gives `-EBADF`; a handle value is never reused, so a stale
 //! handle cannot reach a newer object. Panics never cross the boundary: they become `-EIO`.

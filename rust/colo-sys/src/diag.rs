@@ -4,7 +4,7 @@
 //! included (tens of thousands on a host that makes short-lived connections, each read and
 //! parsed); these answers cost one netlink round trip.
 
-use crate::host::{canonical, TcpSocket};
+use crate::socket::{canonical, TcpSocket};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 

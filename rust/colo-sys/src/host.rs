@@ -5,6 +5,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+pub use crate::socket::{canonical, TcpSocket};
+
 /// Addresses of local interfaces, refreshed at most once a second. The caches here are only ever
 /// `try_lock`ed: a fork child inherits a lock another thread held as held forever, and a cache
 /// miss costs only the lookup.
@@ -53,32 +55,6 @@ pub fn is_local(ip: IpAddr) -> bool {
         *cache = Some((Instant::now(), interface_addresses()));
     }
     cache.as_ref().is_some_and(|(_, list)| list.contains(&ip))
-}
-
-/// IPv4-mapped IPv6 addresses as IPv4; everything else unchanged.
-pub fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
-        v4 => v4,
-    }
-}
-
-/// One socket of `/proc/net/tcp` or `/proc/net/tcp6`, its addresses canonical (IPv4-mapped
-/// IPv6 addresses as IPv4, as the kernel delivers IPv4 connections to such sockets).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TcpSocket {
-    /// The bound (local) address; unspecified for a wildcard listener.
-    pub local: SocketAddr,
-    /// The remote address (unspecified, port 0, for a listener).
-    pub remote: SocketAddr,
-    /// State `0A`, LISTEN.
-    pub listening: bool,
-    /// The uid that created the socket (the `uid` column).
-    pub uid: u32,
-    /// Whether it is bound to a network device (`SO_BINDTODEVICE`, which any user may set): it
-    /// then takes only connections that come in on that device, and none over loopback unless
-    /// the device is `lo`. `None`: the table does not say (`/proc/net/tcp` does not).
-    pub device: Option<bool>,
 }
 
 /// The sockets listed in one of the texts of `/proc/net/tcp` (IPv4) or `/proc/net/tcp6`; lines

@@ -11,6 +11,7 @@ pub mod marker;
 pub mod preload;
 pub mod segment;
 pub mod seqpacket;
+mod socket;
 pub mod tcp;
 pub mod timer;
 
