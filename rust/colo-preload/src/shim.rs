@@ -741,6 +741,19 @@ unsafe fn connect_fresh(g: Guard, fd: c_int, peer: SocketAddr, addr: *const sock
                 g.err(e) as c_int
             }
         }
+        client::Prepared::Connected { pending, errno } => {
+            if let Some(p) = pending {
+                client::record(fd, p);
+                if poll::has_plain(fd) {
+                    client::resolve_fd(fd);
+                }
+            }
+            if errno == 0 {
+                g.ok(0) as c_int
+            } else {
+                g.err(errno) as c_int
+            }
+        }
         client::Prepared::Offered(p) => {
             // SAFETY: the application's arguments.
             let r = unsafe { real::connect(fd, addr, len) };

@@ -1,0 +1,194 @@
+//! What the cross-namespace handshake (spec/WIRE.md section 11) needs from the system: a
+//! `SOCK_SEQPACKET` rendezvous bound to a path inside a directory, connected to without following
+//! symbolic links, peer credentials that may name a process of another pid namespace, the host's
+//! boot id, random nonces, and a bounded wait on a TCP socket.
+
+use rustix::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use rustix::net::{self, AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+use std::io;
+use std::path::Path;
+use std::time::Duration;
+
+/// Whether `name` may name a rendezvous inside a directory: 1 to 64 bytes of `[A-Za-z0-9._-]`,
+/// not `.` or `..` (so no separator and no way out of the directory).
+pub fn valid_name(name: &[u8]) -> bool {
+    (1..=64).contains(&name.len())
+        && name != b"."
+        && name != b".."
+        && name.iter().all(|c| c.is_ascii_alphanumeric() || b"._-".contains(c))
+}
+
+/// Binds a non-blocking, close-on-exec `SOCK_SEQPACKET` listener at `dir/name` (a stale socket
+/// file of that name, which nobody accepts on, is replaced), readable and connectable by every
+/// user who can reach the directory: the directory's mounts decide who can.
+pub fn listen_at(dir: &Path, name: &str) -> io::Result<OwnedFd> {
+    if !valid_name(name.as_bytes()) {
+        return Err(io::ErrorKind::InvalidInput.into());
+    }
+    let path = dir.join(name);
+    let fd = net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK, None)?;
+    let addr = SocketAddrUnix::new(&path)?;
+    match net::bind(&fd, &addr) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::ADDRINUSE) => {
+            // Ours (the name carries our pid) from an earlier image of this pid, or a dead one.
+            let probe = net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
+            if net::connect(&probe, &addr).is_ok() {
+                return Err(io::ErrorKind::AddrInUse.into());
+            }
+            std::fs::remove_file(&path)?;
+            net::bind(&fd, &addr)?;
+        }
+        Err(e) => return Err(e.into()),
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
+    net::listen(&fd, 1024)?;
+    Ok(fd)
+}
+
+/// An open directory (`O_PATH`) and its owner's uid.
+pub fn open_dir(dir: &Path) -> io::Result<(OwnedFd, u32)> {
+    use rustix::fs::{self, Mode, OFlags};
+    let fd = fs::open(dir, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+    let st = fs::fstat(&fd)?;
+    Ok((fd, st.st_uid))
+}
+
+/// Whether the open directory `dir` holds a socket whose name starts with `prefix` (symbolic
+/// links do not count).
+pub fn has_socket(dir: &Path, prefix: &str) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(entries) = std::fs::read_dir(dir) else { return false };
+    entries.flatten().any(|e| {
+        e.file_name().as_encoded_bytes().starts_with(prefix.as_bytes()) && e.file_type().is_ok_and(|t| t.is_socket())
+    })
+}
+
+/// Connects (blocking, close-on-exec) to the socket `name` inside the open directory `dir`:
+/// `name` must be a [`valid_name`], and the entry a socket itself, not a symbolic link (checked
+/// with `AT_SYMLINK_NOFOLLOW`, then reached through `/proc/self/fd/<dir>/<name>`, so nothing
+/// above the directory is resolved again). Whoever can write in the directory could swap the
+/// entry between the two steps: the directory's owner, whose server the peer check then admits.
+pub fn connect_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
+    use rustix::fs::{self, AtFlags, FileType};
+    if !valid_name(name) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "rendezvous name outside the directory"));
+    }
+    let name = std::str::from_utf8(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let st = fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::Socket {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "rendezvous is not a socket"));
+    }
+    let path = format!("/proc/self/fd/{}/{name}", dir.as_raw_fd());
+    let fd = net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
+    net::connect(&fd, &SocketAddrUnix::new(path.as_str())?)?;
+    Ok(fd)
+}
+
+/// The pid and uid of the peer of a Unix socket; the pid is 0 for a process in a pid namespace
+/// this one cannot see, and the uid is the overflow uid for one this user namespace does not map.
+pub fn peer_cred_any(fd: impl AsFd) -> io::Result<(u32, u32)> {
+    let mut c = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED writes at most `len` bytes into `c`, a `ucred` we own.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_fd().as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut c as *mut libc::ucred as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((c.pid.max(0) as u32, c.uid))
+}
+
+/// Fills `buf` from the kernel's random number generator (`getrandom(2)`, blocking only until
+/// the generator is first seeded).
+pub fn random(buf: &mut [u8]) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: writes at most `buf.len() - done` bytes into the rest of `buf`.
+        let r = unsafe { libc::getrandom(buf[done..].as_mut_ptr() as *mut libc::c_void, buf.len() - done, 0) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        done += r as usize;
+    }
+    Ok(())
+}
+
+/// The 16 bytes of `/proc/sys/kernel/random/boot_id` (a UUID, new at every boot of the kernel,
+/// the same in every namespace of one boot).
+pub fn boot_id() -> io::Result<[u8; 16]> {
+    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?;
+    let hex: Vec<u8> = text.trim().bytes().filter(|c| *c != b'-').collect();
+    let mut id = [0u8; 16];
+    if hex.len() != 32 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "boot id is not a UUID"));
+    }
+    for (i, pair) in hex.chunks(2).enumerate() {
+        let s = std::str::from_utf8(pair).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+        id[i] = u8::from_str_radix(s, 16).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+    }
+    Ok(id)
+}
+
+/// Waits until `fd` is readable (or hung up), for at most `timeout`; returns whether it is.
+pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let t = Timespec { tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64, tv_nsec: timeout.subsec_nanos().into() };
+    let mut p = [PollFd::new(&fd, PollFlags::IN)];
+    loop {
+        match poll(&mut p, Some(&t)) {
+            Ok(n) => return Ok(n > 0),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// `recv(2)` on a TCP socket without blocking, `peek` leaving the bytes queued. `Ok(0)`: end of
+/// stream; `WouldBlock`: nothing queued.
+pub fn recv_tcp(fd: BorrowedFd<'_>, buf: &mut [u8], peek: bool) -> io::Result<usize> {
+    let mut flags = net::RecvFlags::DONTWAIT;
+    if peek {
+        flags |= net::RecvFlags::PEEK;
+    }
+    loop {
+        match net::recv(fd, &mut *buf, flags) {
+            Ok((n, _)) => return Ok(n),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Sends all of `bytes` on a TCP socket (without `SIGPIPE`), waiting up to `timeout` in all for
+/// room: handshake messages are small and go first on a connection, so they fit at once.
+pub fn send_tcp(fd: BorrowedFd<'_>, bytes: &[u8], timeout: Duration) -> io::Result<()> {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut done = 0;
+    while done < bytes.len() {
+        match net::send(fd, &bytes[done..], net::SendFlags::NOSIGNAL | net::SendFlags::DONTWAIT) {
+            Ok(n) => done += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(rustix::io::Errno::AGAIN) => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() || !crate::tcp::wait_writable(fd, Some(left))? {
+                    return Err(io::ErrorKind::TimedOut.into());
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
