@@ -803,8 +803,14 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
     // A CARRIER client's port is odd (spec/WIRE.md section 3): from an even one, no offer can
     // come, and the connection is plain without a look at the rendezvous (a system call), or at
     // the guard's thread-local.
+    // From another network namespace, a proposal may come whatever the port (spec/WIRE.md
+    // section 11).
     // SAFETY: the kernel wrote the peer's address at `addr`, `*len` bytes of it within `room`.
-    if room > 0 && unsafe { crate::parse_sockaddr(addr, room.min(*len)) }.is_some_and(|p| p.port() % 2 == 0) {
+    if room > 0
+        && unsafe { crate::parse_sockaddr(addr, room.min(*len)) }.is_some_and(|p| {
+            p.port() % 2 == 0 && !(colo::internal::netns::server_configured() && colo::internal::netns::from_elsewhere(p))
+        })
+    {
         return nfd;
     }
     let Some(g) = Guard::try_enter() else { return nfd };

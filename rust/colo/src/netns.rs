@@ -584,6 +584,14 @@ pub fn from_elsewhere(peer: SocketAddr) -> bool {
 /// process, and a closed listener's rendezvous answers nobody (no TCP connection names it).
 static SERVING: Mutex<Vec<(u16, &'static Rendezvous)>> = Mutex::new(Vec::new());
 
+/// Whether this process serves other namespaces (`COLO_NETNS_DIR` is set): then a connection
+/// from another namespace may carry a PROPOSAL whatever its port (address translation may have
+/// changed the client's odd port).
+pub fn server_configured() -> bool {
+    static S: OnceLock<bool> = OnceLock::new();
+    *S.get_or_init(|| std::env::var_os("COLO_NETNS_DIR").is_some_and(|d| !d.is_empty()))
+}
+
 /// A listener of this process on `port` started listening: binds its rendezvous if
 /// `COLO_NETNS_DIR` is set (so that clients see a colo listener in the directory).
 pub fn listening(port: u16) {
