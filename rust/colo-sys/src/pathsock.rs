@@ -55,13 +55,39 @@ pub fn open_dir(dir: &Path) -> io::Result<(OwnedFd, u32)> {
     Ok((fd, st.st_uid))
 }
 
-/// Whether the open directory `dir` holds a socket whose name starts with `prefix` (symbolic
-/// links do not count).
-pub fn has_socket(dir: &Path, prefix: &str) -> bool {
-    use std::os::unix::fs::FileTypeExt;
+/// Suffix of the file whose lock says that the rendezvous of the same name is served.
+pub const LIVE_SUFFIX: &str = ".live";
+
+/// Creates (or reuses) `dir/name.live` and holds an exclusive `flock` on it for as long as the
+/// returned descriptor is open in any process: the kernel drops the lock when the server dies,
+/// so a client tells a served rendezvous from a stale socket file without connecting to it.
+pub fn hold_live(dir: &Path, name: &str) -> io::Result<OwnedFd> {
+    use rustix::fs::{self, FlockOperation, Mode, OFlags};
+    let path = dir.join(format!("{name}{LIVE_SUFFIX}"));
+    let fd = fs::open(&path, OFlags::CREATE | OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW, Mode::from_raw_mode(0o644))?;
+    fs::flock(&fd, FlockOperation::NonBlockingLockExclusive)?;
+    Ok(fd)
+}
+
+/// Whether `dir` holds a served rendezvous named `<prefix><pid>-<port>` (its `.live` file is
+/// locked by a live process), for `port` or, with `None`, for any port.
+pub fn live_listener(dir: &Path, prefix: &str, port: Option<u16>) -> bool {
+    use rustix::fs::{self, FlockOperation, Mode, OFlags};
     let Ok(entries) = std::fs::read_dir(dir) else { return false };
     entries.flatten().any(|e| {
-        e.file_name().as_encoded_bytes().starts_with(prefix.as_bytes()) && e.file_type().is_ok_and(|t| t.is_socket())
+        let name = e.file_name();
+        let Some(stem) = name.to_str().and_then(|n| n.strip_prefix(prefix)).and_then(|n| n.strip_suffix(LIVE_SUFFIX)) else {
+            return false;
+        };
+        let served_port = stem.rsplit_once('-').and_then(|(_, p)| p.parse::<u16>().ok());
+        if served_port.is_none() || port.is_some_and(|p| Some(p) != served_port) {
+            return false;
+        }
+        let Ok(fd) = fs::open(e.path(), OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NONBLOCK, Mode::empty()) else {
+            return false;
+        };
+        // Held by its server: our shared lock would block. Free: the server is gone.
+        matches!(fs::flock(&fd, FlockOperation::NonBlockingLockShared), Err(rustix::io::Errno::WOULDBLOCK))
     })
 }
 

@@ -179,14 +179,16 @@ pub fn client_configured() -> bool {
 }
 
 /// The directory of the colo listener serving `target` in another namespace, if `target` is
-/// configured and that directory holds a rendezvous now: only then does a client propose.
+/// configured and a live colo listener has its rendezvous in that directory now: for a network
+/// or address entry, one listening on `target`'s port; for an `address:port` entry (a Service
+/// address, whose port translation may change), any. Only then does a client propose.
 pub fn peer_dir(target: SocketAddr) -> Option<&'static Path> {
     let ip = crate::carrier::key(target, target).0.ip();
     rules()
         .iter()
         .filter(|r| r.port.is_none_or(|p| p == target.port()) && in_net(ip, r.net, r.prefix))
+        .find(|r| pathsock::live_listener(&r.dir, NAME_PREFIX, if r.port.is_some() { None } else { Some(target.port()) }))
         .map(|r| r.dir.as_path())
-        .find(|d| pathsock::has_socket(d, NAME_PREFIX))
 }
 
 /// What became of a proposal.
@@ -346,6 +348,8 @@ pub struct Rendezvous {
     path: PathBuf,
     /// The process that bound it (a forked child that drops its copy leaves the file).
     owner: u32,
+    /// Locked while the rendezvous is served (`pathsock::hold_live`).
+    _live: OwnedFd,
     boot: [u8; 16],
     /// The listening socket and the silent connections (level-triggered).
     poller: Poller,
@@ -360,15 +364,18 @@ impl Rendezvous {
         let dir = PathBuf::from(dir);
         let pid = colo_sys::host::pid();
         let name = format!("{NAME_PREFIX}{pid}-{port}");
-        let made = (|| -> io::Result<(OwnedFd, Poller, [u8; 16])> {
+        let made = (|| -> io::Result<(OwnedFd, Poller, [u8; 16], OwnedFd)> {
             let boot = pathsock::boot_id()?;
             let listen = pathsock::listen_at(&dir, &name)?;
             let poller = Poller::new()?;
             poller.add(&listen, 0)?;
-            Ok((listen, poller, boot))
+            // Last: clients propose once this lock is seen.
+            let live = pathsock::hold_live(&dir, &name)?;
+            Ok((listen, poller, boot, live))
         })();
         match made {
-            Ok((listen, poller, boot)) => Some(Rendezvous {
+            Ok((listen, poller, boot, live)) => Some(Rendezvous {
+                _live: live,
                 listen,
                 path: dir.join(&name),
                 name,
@@ -470,6 +477,14 @@ impl Rendezvous {
         loop {
             match seqpacket::accept(&self.listen) {
                 Ok(fd) => {
+                    // A client sends its HELLO right after connecting: read at once, so that a
+                    // flood of silent connections cannot push it out of the bounded set below.
+                    if seqpacket::with_data(&[fd.as_fd()])[0] {
+                        if let Some(h) = read_proved_hello(fd) {
+                            route(st, h);
+                        }
+                        continue;
+                    }
                     if st.silent.len() >= MAX_SILENT {
                         if let Some((old, _)) = st.silent.pop_front() {
                             let _ = self.poller.delete(&old);
@@ -618,6 +633,9 @@ impl Drop for Rendezvous {
     fn drop(&mut self) {
         if colo_sys::host::pid() == self.owner {
             let _ = std::fs::remove_file(&self.path);
+            let mut live = self.path.clone().into_os_string();
+            live.push(pathsock::LIVE_SUFFIX);
+            let _ = std::fs::remove_file(live);
         }
     }
 }
