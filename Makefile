@@ -35,7 +35,7 @@ demo: build
 	mkdir -p build
 	$(RUST)/target/release/colo bench --plot build/bench.png
 
-test: test-clippy test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz test-install test-diff
+test: test-clippy test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz test-install test-diff test-netns
 	@echo "all tests passed"
 
 # Lints, with docs/SAFETY.md's undocumented_unsafe_blocks among them (workspace [lints]); any warning fails.
@@ -62,6 +62,10 @@ test-xlang: build test-c-py
 
 test-apps:
 	tests/apps/run.sh
+
+# colo across network namespaces (containers, pods): namespaces, veths, iptables (needs root).
+test-netns: build
+	tests/netns/run.sh
 
 # An unprivileged user (nobody) against root's servers, one script per attack class (needs root).
 test-attack:

@@ -5,6 +5,9 @@
         over the rendezvous in DIR (expects WELCOME), then offers a second segment with the same
         proof (a replay) and one with a forged server nonce. Prints one line per step:
         `ACCEPT <name>`, `FIRST <answer>`, `REPLAY <answer>`, `FORGED <answer>`.
+    nsprobe.py otherboot HOST PORT
+        Proposes with another boot id (another host): expects DECLINE, then speaks redis on the
+        same connection. Prints `DECLINED <reason>` and the reply to PING (`PONG`).
     nsprobe.py forge DIR
         Without any TCP connection: offers segments with random proofs to every rendezvous in
         DIR. Prints `FORGED <answer>` per try, or `NOCONNECT <errno name>`.
@@ -99,6 +102,22 @@ def replay(host, port, d):
     t.close()
 
 
+def otherboot(host, port):
+    t = socket.create_connection((host, int(port)), timeout=3)
+    boot = bytes(b ^ 0xFF for b in boot_id())
+    t.sendall(MAGIC + bytes([1, 1]) + bytes(6) + boot + os.urandom(8))
+    a = b""
+    while len(a) < 112:
+        chunk = t.recv(112 - len(a))
+        if not chunk:
+            print("NOANSWER")
+            return
+        a += chunk
+    print("DECLINED %d" % a[10] if a[:8] == MAGIC and a[8] == 3 else "ANSWER %d" % a[8], flush=True)
+    t.sendall(b"PING\r\n")
+    print(t.recv(64).decode().strip().lstrip("+"), flush=True)
+
+
 def forge(d):
     for path in rendezvous(d):
         for _ in range(3):
@@ -162,4 +181,4 @@ def hold(host, port, seconds):
 
 
 if __name__ == "__main__":
-    {"replay": replay, "forge": forge, "flood": flood, "hold": hold}[sys.argv[1]](*sys.argv[2:])
+    {"replay": replay, "otherboot": otherboot, "forge": forge, "flood": flood, "hold": hold}[sys.argv[1]](*sys.argv[2:])

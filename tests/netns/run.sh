@@ -112,6 +112,24 @@ else
 fi
 ipt -D FORWARD -s $IP_A -d $IP_B -j DROP -m comment --comment "$P"
 
+# 7. The Rust API (C and Python go through it): the cross-language peer, server in B, client
+# in A.
+PEER=$ROOT/rust/target/release/examples/peer
+if [ -x "$PEER" ]; then
+    ip netns exec "$NS_B" env COLO_NETNS_DIR="$DIR" timeout 60 "$PEER" server 0.0.0.0:7100 stream >"$WORK/peer.out" 2>&1 &
+    PIDS+=($!)
+    for i in $(seq 50); do grep -qs READY "$WORK/peer.out" && break; sleep 0.1; done
+    r=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 30 "$PEER" client $IP_B:7100 stream 1000000 2>&1)
+    r2=$(ip netns exec "$NS_A" timeout 30 "$PEER" client $IP_B:7100 stream 100000 2>&1)
+    if [ "$r" = "OK 1000000 colo" ] && [ "$r2" = "OK 100000 tcp" ]; then
+        ok "7 Rust API across namespaces: configured client on shared memory, unconfigured on TCP"
+    else
+        bad "7 Rust API: configured '$r', unconfigured '$r2'"
+    fi
+else
+    bad "7 Rust API: $PEER missing (make build)"
+fi
+
 # 5. Attacker C.
 # (a) root in C behind a read-only bind mount of B's directory: no create, bind or unlink.
 r=$(ip netns exec "$NS_C" unshare -m sh -c "
@@ -160,6 +178,10 @@ if echo "$out" | grep -q "^GET: .* requests per second" && [ "$n" -ge 20 ]; then
 else
     bad "5e flood: $n accelerated, $out; $(cat "$WORK/flood")"
 fi
+
+# (f) another boot id (another host): DECLINE, and the same connection goes on as plain TCP.
+r=$(in_a_plain $PROBE otherboot $IP_B 6379 | tr '\n' ' ')
+if [ "$r" = "DECLINED 2 PONG " ]; then ok "5f another boot id: declined, then plain TCP on the same connection"; else bad "5f other boot: $r"; fi
 
 # 6. kill -9 of either end.
 "${BG_A[@]}" $PROBE hold $IP_B 6379 20 >"$WORK/hold2" 2>&1 &
