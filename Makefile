@@ -4,7 +4,7 @@
 #   make install PREFIX=/usr/local DESTDIR=   colo, its shim, libcolo, colo.h, colo.pc (make uninstall)
 #   make dist   build/colo-VERSION-ARCH-linux.tar.gz: the same files, relocatable, with README and licenses
 #   make wheel  build/wheels/colo-*.whl: the Python module and the colo command (needs maturin)
-.PHONY: demo test build test-clippy test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz test-install test-diff bench-apps clean install uninstall dist wheel
+.PHONY: demo test build test-clippy test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz test-install test-diff test-netns bench-apps clean install uninstall dist wheel
 
 CARGO ?= cargo
 RUST := rust

@@ -805,12 +805,11 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
     // the guard's thread-local.
     // From another network namespace, a proposal may come whatever the port (spec/WIRE.md
     // section 11).
+    let plain = |p: std::net::SocketAddr| {
+        p.port().is_multiple_of(2) && !(colo::internal::netns::server_configured() && colo::internal::netns::from_elsewhere(p))
+    };
     // SAFETY: the kernel wrote the peer's address at `addr`, `*len` bytes of it within `room`.
-    if room > 0
-        && unsafe { crate::parse_sockaddr(addr, room.min(*len)) }.is_some_and(|p| {
-            p.port() % 2 == 0 && !(colo::internal::netns::server_configured() && colo::internal::netns::from_elsewhere(p))
-        })
-    {
+    if room > 0 && unsafe { crate::parse_sockaddr(addr, room.min(*len)) }.is_some_and(plain) {
         return nfd;
     }
     let Some(g) = Guard::try_enter() else { return nfd };

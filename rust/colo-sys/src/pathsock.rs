@@ -218,3 +218,36 @@ pub fn send_tcp(fd: BorrowedFd<'_>, bytes: &[u8], timeout: Duration) -> io::Resu
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_stay_inside_the_directory() {
+        for bad in [&b""[..], b".", b"..", b"../x", b"a/b", b"/etc", b"a\0b", &[b'a'; 65]] {
+            assert!(!valid_name(bad), "{bad:?}");
+        }
+        assert!(valid_name(b"colo-123-6379"));
+    }
+
+    #[test]
+    fn connect_at_refuses_symlinks_and_non_sockets() {
+        let dir = std::env::temp_dir().join(format!("colo-pathsock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let _l = listen_at(&dir, "colo-1-1").unwrap();
+        std::os::unix::fs::symlink(dir.join("colo-1-1"), dir.join("colo-link")).unwrap();
+        std::fs::write(dir.join("colo-file"), b"x").unwrap();
+        let (d, _) = open_dir(&dir).unwrap();
+        assert!(connect_at(d.as_fd(), b"colo-1-1").is_ok());
+        assert!(connect_at(d.as_fd(), b"colo-link").is_err());
+        assert!(connect_at(d.as_fd(), b"colo-file").is_err());
+        assert!(connect_at(d.as_fd(), b"../colo-1-1").is_err());
+        let live = hold_live(&dir, "colo-1-1").unwrap();
+        assert!(live_listener(&dir, "colo-", Some(1)));
+        assert!(!live_listener(&dir, "colo-", Some(2)));
+        drop(live);
+        assert!(!live_listener(&dir, "colo-", None));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
