@@ -126,6 +126,16 @@ if [ -x "$PEER" ]; then
     else
         bad "7 Rust API: configured '$r', unconfigured '$r2'"
     fi
+    # The Go client (the Go listener does not serve other namespaces).
+    if command -v go >/dev/null && (cd "$ROOT/go" && timeout 300 go build -o "$WORK/colo-peer-go" ./cmd/colo-peer); then
+        r=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 30 "$WORK/colo-peer-go" client $IP_B:7100 stream 1000000 2>&1)
+        r2=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 30 "$WORK/colo-peer-go" client $IP_B:7100 halfclose 2>&1)
+        if [ "$r" = "OK 1000000 colo" ] && [ "$r2" = "OK 5 colo" ]; then
+            ok "7 Go client across namespaces: shared memory"
+        else
+            bad "7 Go client: '$r' '$r2'"
+        fi
+    fi
 else
     bad "7 Rust API: $PEER missing (make build)"
 fi
