@@ -123,6 +123,9 @@ def forge(d):
         for _ in range(3):
             try:
                 print("FORGED", offer(path, os.urandom(24)), flush=True)
+            except ConnectionRefusedError:
+                print("STALE", path, flush=True)  # a killed server's leftover socket file
+                break
             except OSError as e:
                 print("NOCONNECT", errno.errorcode.get(e.errno, e.errno), flush=True)
                 break
