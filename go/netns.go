@@ -179,6 +179,16 @@ func peekTCP(tc *net.TCPConn, b []byte) (int, error) {
 	return n, rerr
 }
 
+// netnsProposal is the PROPOSAL: magic, type 1, version, boot id, client nonce.
+func netnsProposal(boot, clientNonce []byte) []byte {
+	prop := make([]byte, netnsProposalLen)
+	copy(prop, netnsMagic)
+	prop[8], prop[9] = 1, Version
+	copy(prop[16:32], boot)
+	copy(prop[32:40], clientNonce)
+	return prop
+}
+
 // errNetnsBroken: no answer came in time; a late one would land in the application's stream.
 var errNetnsBroken = errors.New("colo: no answer to the cross-namespace proposal")
 
@@ -216,11 +226,7 @@ func netnsDial(ctx context.Context, network string, ap netip.AddrPort, dir strin
 	if _, err := rand.Read(clientNonce); err != nil {
 		return plain("random: %v", err)
 	}
-	prop := make([]byte, netnsProposalLen)
-	copy(prop, netnsMagic)
-	prop[8], prop[9] = 1, Version
-	copy(prop[16:32], boot)
-	copy(prop[32:40], clientNonce)
+	prop := netnsProposal(boot, clientNonce)
 	dl := time.Now().Add(carrierAnswerTimeout)
 	if cdl, ok := ctx.Deadline(); ok && cdl.Before(dl) {
 		dl = cdl

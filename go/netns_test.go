@@ -1,6 +1,8 @@
 package colo
 
 import (
+	"bytes"
+	"encoding/hex"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -52,5 +54,34 @@ func TestNetnsNamesAndLiveness(t *testing.T) {
 	}
 	if !liveListener(dir, 6379) || !liveListener(dir, -1) || liveListener(dir, 6380) {
 		t.Fatal("a locked .live file: wrong liveness by port")
+	}
+}
+
+func TestNetnsVectors(t *testing.T) {
+	var vs []map[string]any
+	loadVectors(t, "netns.json", &vs)
+	unhex := func(v map[string]any, k string) []byte {
+		b, err := hex.DecodeString(v[k].(string))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	for _, v := range vs {
+		switch v["name"] {
+		case "proposal":
+			if got := netnsProposal(unhex(v, "boot"), unhex(v, "client_nonce")); !bytes.Equal(got, unhex(v, "hex")) {
+				t.Fatalf("proposal %x", got)
+			}
+		case "accept":
+			a := unhex(v, "hex")
+			if len(a) != netnsAnswerLen || !bytes.Equal(a[:8], netnsMagic) || a[8] != netnsAccept || string(a[48:48+a[11]]) != v["rendezvous"] {
+				t.Fatalf("accept %x", a)
+			}
+		case "hello_carrier_netns":
+			if got := (hsMsg{Type: MsgHello, Version: Version, Arg: ModeCarrier, Flags: flagNetns}).encode(); !bytes.Equal(got, unhex(v, "hex")) || v["proof_offset"].(float64) != hProof {
+				t.Fatalf("hello %x", got)
+			}
+		}
 	}
 }

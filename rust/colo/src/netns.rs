@@ -664,6 +664,34 @@ mod tests {
         assert!(parse_rules("10.0.0.1", None).is_empty());
     }
 
+    fn unhex(s: &str) -> Vec<u8> {
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    }
+
+    #[test]
+    fn golden_vectors() {
+        let path = format!("{}/../../spec/vectors/netns.json", env!("CARGO_MANIFEST_DIR"));
+        let vs: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        for v in vs.as_array().unwrap() {
+            let hex = |k: &str| unhex(v[k].as_str().unwrap());
+            let want = hex("hex");
+            let boot: [u8; 16] = if v["boot"].is_null() { [0; 16] } else { hex("boot").try_into().unwrap() };
+            let got = match v["name"].as_str().unwrap() {
+                "proposal" => proposal(&boot, &hex("client_nonce").try_into().unwrap()).to_vec(),
+                "accept" => answer(ACCEPT, 0, &boot, &hex("server_nonce").try_into().unwrap(), v["rendezvous"].as_str().unwrap().as_bytes()).to_vec(),
+                "decline_other_boot" => answer(DECLINE, OTHER_BOOT, &boot, &[0; 16], b"").to_vec(),
+                "hello_carrier_netns" => {
+                    assert_eq!((v["proof_offset"].as_u64(), v["proof_len"].as_u64()), (Some(PROOF_OFFSET as u64), Some(PROOF_LEN as u64)));
+                    let mut h = Message::Hello { version: 1, mode: Mode::Carrier }.encode();
+                    h[8..12].copy_from_slice(&FLAG_NETNS.to_le_bytes());
+                    h.to_vec()
+                }
+                other => panic!("unknown vector {other}"),
+            };
+            assert_eq!(got, want, "{v}");
+        }
+    }
+
     #[test]
     fn messages_have_their_layout() {
         let p = proposal(&[7; 16], &[9; 8]);
