@@ -4,8 +4,7 @@ package colo
 // COLO_NETNS_PEERS whose directory holds a live colo listener gets a PROPOSAL as the first bytes
 // of its TCP connection; on ACCEPT the client offers its segment (the section 3 CARRIER HELLO,
 // flag NETNS, both nonces in the header) at the rendezvous the answer names. Without the
-// configuration nothing here runs. The Go listener does not serve it (its clients in other
-// namespaces use plain TCP).
+// configuration nothing here runs. The listener's side is in netns_server.go.
 
 import (
 	"bytes"

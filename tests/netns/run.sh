@@ -135,6 +135,18 @@ if [ -x "$PEER" ]; then
         else
             bad "7 Go client: '$r' '$r2'"
         fi
+        # The Go listener, with Rust, Go and unconfigured clients.
+        ip netns exec "$NS_B" env COLO_NETNS_DIR="$DIR" timeout 60 "$WORK/colo-peer-go" server 0.0.0.0:7200 stream >"$WORK/gopeer.out" 2>&1 &
+        PIDS+=($!)
+        for i in $(seq 50); do grep -qs READY "$WORK/gopeer.out" && break; sleep 0.1; done
+        r=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 30 "$PEER" client $IP_B:7200 stream 1000000 2>&1)
+        r2=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 30 "$WORK/colo-peer-go" client $IP_B:7200 writefirst 300000 2>&1)
+        r3=$(ip netns exec "$NS_A" timeout 30 "$WORK/colo-peer-go" client $IP_B:7200 halfclose 2>&1)
+        if [ "$r" = "OK 1000000 colo" ] && [ "$r2" = "OK 300000 colo" ] && [ "$r3" = "OK 5 tcp" ]; then
+            ok "7 Go listener across namespaces: Rust and Go clients on shared memory, unconfigured on TCP"
+        else
+            bad "7 Go listener: Rust '$r', Go '$r2', unconfigured '$r3'"
+        fi
     fi
 else
     bad "7 Rust API: $PEER missing (make build)"
