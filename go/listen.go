@@ -35,11 +35,11 @@ const (
 // TCP address. It implements net.Listener; Accept returns *Conn values (AcceptColo avoids the
 // type assertion).
 type Listener struct {
-	tcp  *net.TCPListener
-	addr netip.AddrPort
-	name string
-	rv   *os.File // rendezvous socket; nil when the name was taken (TCP only)
-	rvFd int
+	tcp   *net.TCPListener
+	addr  netip.AddrPort
+	name  string
+	rv    *os.File // rendezvous socket; nil when the name was taken (TCP only)
+	rvFd  int
 	netns *netnsServer // the rendezvous for other network namespaces (COLO_NETNS_DIR); nil: none
 
 	conns     chan *Conn
