@@ -35,12 +35,11 @@ const (
 // TCP address. It implements net.Listener; Accept returns *Conn values (AcceptColo avoids the
 // type assertion).
 type Listener struct {
-	tcp   *net.TCPListener
-	addr  netip.AddrPort
-	name  string
-	rv    *os.File // rendezvous socket; nil when the name was taken (TCP only)
-	rvFd  int
-	netns *netnsServer // the rendezvous for other network namespaces (COLO_NETNS_DIR); nil: none
+	tcp  *net.TCPListener
+	addr netip.AddrPort
+	name string
+	rv   *os.File // rendezvous socket; nil when the name was taken (TCP only)
+	rvFd int
 
 	conns     chan *Conn
 	errs      chan error
@@ -65,6 +64,8 @@ type Listener struct {
 	silentMu     sync.Mutex                         // guards silent (see silent.go)
 	silent       map[int]struct{}                   // pending connections whose goroutine found nothing to read
 	parked       *parkTable                         // segments of closed DIRECT connections, kept for their clients' next dials
+
+	netns *netnsServer // the rendezvous for other network namespaces (COLO_NETNS_DIR); nil: none
 }
 
 // Listen listens on the TCP address (network "tcp", "tcp4" or "tcp6") and on the matching colo
