@@ -116,7 +116,7 @@ ipt -D FORWARD -s $IP_A -d $IP_B -j DROP -m comment --comment "$P"
 # in A.
 PEER=$ROOT/rust/target/release/examples/peer
 if [ -x "$PEER" ]; then
-    ip netns exec "$NS_B" env COLO_NETNS_DIR="$DIR" timeout 60 "$PEER" server 0.0.0.0:7100 stream >"$WORK/peer.out" 2>&1 &
+    ip netns exec "$NS_B" env COLO_NETNS_DIR="$DIR" "$PEER" server 0.0.0.0:7100 stream >"$WORK/peer.out" 2>&1 &
     PIDS+=($!)
     for i in $(seq 50); do grep -qs READY "$WORK/peer.out" && break; sleep 0.1; done
     r=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 30 "$PEER" client $IP_B:7100 stream 1000000 2>&1)
@@ -136,7 +136,7 @@ if [ -x "$PEER" ]; then
             bad "7 Go client: '$r' '$r2'"
         fi
         # The Go listener, with Rust, Go and unconfigured clients.
-        ip netns exec "$NS_B" env COLO_NETNS_DIR="$DIR" timeout 60 "$WORK/colo-peer-go" server 0.0.0.0:7200 stream >"$WORK/gopeer.out" 2>&1 &
+        ip netns exec "$NS_B" env COLO_NETNS_DIR="$DIR" "$WORK/colo-peer-go" server 0.0.0.0:7200 stream >"$WORK/gopeer.out" 2>&1 &
         PIDS+=($!)
         for i in $(seq 50); do grep -qs READY "$WORK/gopeer.out" && break; sleep 0.1; done
         r=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 30 "$PEER" client $IP_B:7200 stream 1000000 2>&1)
