@@ -37,6 +37,11 @@ var netnsWait = sync.OnceValue(func() time.Duration {
 	return 50 * time.Millisecond
 })
 
+// netnsConfigured: this process serves other namespaces (COLO_NETNS_DIR is set), so a connection
+// from one is looked at for a PROPOSAL even when this listener could not bind its rendezvous
+// (then declined: its application must never see one).
+var netnsConfigured = sync.OnceValue(func() bool { return os.Getenv("COLO_NETNS_DIR") != "" })
+
 type netnsServer struct {
 	rv    *os.File
 	path  string
@@ -167,6 +172,12 @@ func (s *netnsServer) route(c *Conn, fds []int) bool {
 func (l *Listener) netnsClaim(tc *net.TCPConn) *Conn {
 	s := l.netns
 	p := make([]byte, netnsProposalLen)
+	boot := []byte(nil)
+	if s != nil {
+		boot = s.boot
+	} else if b, err := bootID(); err == nil {
+		boot = b // configured without a rendezvous of our own: DECLINE what comes
+	}
 	tc.SetReadDeadline(time.Now().Add(netnsWait()))
 	for {
 		n, err := peekTCP(tc, p)
@@ -193,7 +204,7 @@ func (l *Listener) netnsClaim(tc *net.TCPConn) *Conn {
 		a := make([]byte, netnsAnswerLen)
 		copy(a, netnsMagic)
 		a[8], a[9], a[10], a[11] = kind, Version, reason, byte(len(name))
-		copy(a[16:32], s.boot)
+		copy(a[16:32], boot)
 		copy(a[32:48], nonce)
 		copy(a[48:], name)
 		tc.SetWriteDeadline(time.Now().Add(carrierAnswerTimeout))
@@ -207,6 +218,8 @@ func (l *Listener) netnsClaim(tc *net.TCPConn) *Conn {
 		return nil
 	}
 	switch {
+	case s == nil:
+		return decline(3, "no rendezvous of this listener (COLO_NETNS_DIR not writable?)")
 	case p[9] != Version:
 		return decline(1, "version")
 	case !bytes.Equal(p[16:32], s.boot):

@@ -25,6 +25,9 @@ mkdir -m 755 "$DIR"
 PIDS=()
 cleanup() {
     local p
+    # TERM first: nginx's master then stops its workers (a killed master orphans them).
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+    sleep 0.3
     for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
     netns_down
     rm -rf "$WORK"
@@ -36,7 +39,10 @@ ok() { echo "ok   $*"; }
 bad() { echo "FAIL $*"; FAILED=1; }
 netns_up || { echo "tests/netns: could not set up namespaces"; exit 1; }
 
-CENV=(env COLO_LOG=info COLO_NETNS_PEERS=10.231.2.0/24,$VIP:80 COLO_NETNS_PEER_DIR=$DIR)
+# B's nginx has a directory of its own, writable by its workers (nobody): each binds its own.
+NDIR=$WORK/nginx-colo
+mkdir -m 755 "$NDIR" && chown nobody "$NDIR"
+CENV=(env COLO_LOG=info COLO_NETNS_PEERS=10.231.2.0/24,$VIP:80,$IP_B:8080=$NDIR COLO_NETNS_PEER_DIR=$DIR)
 in_a() { ip netns exec "$NS_A" "${CENV[@]}" timeout 60 "$COLO" run -- "$@"; }
 in_a_plain() { ip netns exec "$NS_A" timeout 60 "$@"; }
 # For the background (a command, not a function: `$!` is then the program itself, as (`ip netns exec`, `env` and `colo run`
@@ -169,6 +175,37 @@ else
     bad "8 pid namespaces: $n accelerated; $out"
 fi
 [ -n "$inner" ] && kill -9 "$inner"
+
+# 9. nginx with 2 workers (forked, running as nobody, their environment cleared by nginx) in B,
+# curl and wrk under colo run in A.
+if command -v nginx >/dev/null && command -v wrk >/dev/null; then
+    mkdir -p "$WORK/ngx/www" "$WORK/ngx/logs"
+    head -c 1024 /dev/zero | tr '\0' x >"$WORK/ngx/www/1k.txt"
+    cat >"$WORK/ngx/nginx.conf" <<NGX
+worker_processes 2;
+daemon off;
+pid $WORK/ngx/nginx.pid;
+error_log $WORK/ngx/logs/error.log info;
+events { worker_connections 1024; }
+http { access_log off; server { listen 0.0.0.0:8080; root $WORK/ngx/www; } }
+NGX
+    ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_DIR="$NDIR" "$COLO" run -- \
+        nginx -c "$WORK/ngx/nginx.conf" -p "$WORK/ngx" >"$WORK/ngx.log" 2>&1 </dev/null &
+    NGINX=$!
+    PIDS+=("$NGINX")
+    for i in $(seq 100); do ls "$NDIR"/colo-*-8080.live >/dev/null 2>&1 && break; sleep 0.1; done
+    sleep 0.3
+    body=$(in_a curl -s http://$IP_B:8080/1k.txt 2>/dev/null)
+    out=$(in_a wrk -c 10 -t 2 -d 2 http://$IP_B:8080/1k.txt 2>/dev/null)
+    n=$(cat "$WORK/ngx.log" "$WORK/ngx/logs/error.log" 2>/dev/null | grep -c "accelerated (shared memory, other namespace)")
+    if [ "$body" = "$(cat "$WORK/ngx/www/1k.txt")" ] && echo "$out" | grep -q "Requests/sec" && ! echo "$out" | grep -q "Non-2xx\|Socket errors" && [ "$n" -ge 11 ]; then
+        ok "9 nginx (2 workers as nobody) across namespaces: curl byte-exact, wrk without errors, $n connections accelerated"
+    else
+        bad "9 nginx: body ${#body} bytes, $n accelerated, wrk: $(echo "$out" | grep -E "Requests|Non-2xx|errors")"
+    fi
+    kill "$NGINX"
+    timeout 10 tail --pid="$NGINX" -f /dev/null
+fi
 
 # 5. Attacker C.
 # (a) root in C behind a read-only bind mount of B's directory: no create, bind or unlink.

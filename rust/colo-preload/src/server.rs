@@ -881,13 +881,19 @@ pub fn on_accept(listen: &Listen, fd: i32, nonblocking: bool) {
 /// handled so (accelerated or left plain); false: not from another namespace, look for offers.
 fn netns_accept(listen: &Listen, fd: i32, nonblocking: bool) -> bool {
     use colo::internal::netns;
-    let Some(r) = netns::serving(listen.addr.port()) else { return false };
+    if !netns::server_configured() {
+        return false;
+    }
     // SAFETY: the fd the kernel just gave us, open for the duration of this call.
     let b = unsafe { colo_sys::BorrowedFd::borrow_raw(fd) };
     let Some(peer) = rustix::net::getpeername(b).ok().flatten().and_then(|a| sockaddr_of(&a)) else { return false };
     if !netns::from_elsewhere(peer) {
         return false;
     }
+    let Some(r) = netns::serving(listen.addr.port()) else {
+        netns::decline(b, peer);
+        return true;
+    };
     let Some(local) = rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a)) else { return true };
     let Some(est) = r.serve(b, local, peer) else { return true };
     match Conn::accepted(None, est, nonblocking) {

@@ -332,7 +332,11 @@ impl Listener {
     /// client, under `colo run`, sent its HELLO before connecting, so it is already queued);
     /// anything else stays plain TCP.
     fn claim_or_tcp(&self, tcp: TcpStream, peer: SocketAddr) -> (Stream, SocketAddr) {
-        if let Some(r) = self.netns.as_ref().filter(|_| crate::netns::from_elsewhere(peer)) {
+        if crate::netns::server_configured() && crate::netns::from_elsewhere(peer) {
+            let Some(r) = self.netns.as_ref() else {
+                crate::netns::decline(tcp.as_fd(), peer);
+                return (Stream::from_tcp(tcp), peer);
+            };
             let Ok(local) = tcp.local_addr() else { return (Stream::from_tcp(tcp), peer) };
             return match r.serve(tcp.as_fd(), local, peer).map(|e| e.into_shm(self.opts.spin_mode())) {
                 Some(Ok(shm)) => {

@@ -360,17 +360,16 @@ impl Rendezvous {
     /// The rendezvous of this process's listener on `port`, if `COLO_NETNS_DIR` is set (and
     /// usable: otherwise logged, and the listener serves its own namespace only).
     pub fn bind(port: u16) -> Option<Rendezvous> {
-        let dir = std::env::var_os("COLO_NETNS_DIR").filter(|d| !d.is_empty())?;
-        let dir = PathBuf::from(dir);
+        let dir = served_dir()?;
         let pid = colo_sys::host::pid();
         let name = format!("{NAME_PREFIX}{pid}-{port}");
         let made = (|| -> io::Result<(OwnedFd, Poller, [u8; 16], OwnedFd)> {
             let boot = pathsock::boot_id()?;
-            let listen = pathsock::listen_at(&dir, &name)?;
+            let listen = pathsock::listen_at(dir, &name)?;
             let poller = Poller::new()?;
             poller.add(&listen, 0)?;
             // Last: clients propose once this lock is seen.
-            let live = pathsock::hold_live(&dir, &name)?;
+            let live = pathsock::hold_live(dir, &name)?;
             Ok((listen, poller, boot, live))
         })();
         match made {
@@ -588,6 +587,19 @@ fn read_proposal(tcp: BorrowedFd<'_>, p: &mut [u8; PROPOSAL_LEN]) -> bool {
     }
 }
 
+/// For a process that serves other namespaces (`COLO_NETNS_DIR`) but has no rendezvous for this
+/// listener (its directory refused the bind: a worker that dropped privileges, say): takes a
+/// PROPOSAL at the head of the accepted connection `tcp` off the stream and answers DECLINE, so
+/// that its application never sees it. Nothing happens to a stream that does not open with one.
+pub fn decline(tcp: BorrowedFd<'_>, peer: SocketAddr) {
+    let mut p = [0u8; PROPOSAL_LEN];
+    if read_proposal(tcp, &mut p) {
+        let boot = boot_id().unwrap_or([0; 16]);
+        let _ = pathsock::send_tcp(tcp, &answer(DECLINE, BUSY, &boot, &[0; 16], b""), answer_wait());
+        log::info(format_args!("accept {peer}: cross-namespace proposal declined: no rendezvous of this process (COLO_NETNS_DIR not writable?); plain TCP"));
+    }
+}
+
 /// Whether a connection from `peer` may come from another namespace (so is worth waiting for a
 /// PROPOSAL on): not from an address of this one.
 pub fn from_elsewhere(peer: SocketAddr) -> bool {
@@ -603,8 +615,14 @@ static SERVING: Mutex<Vec<(u16, &'static Rendezvous)>> = Mutex::new(Vec::new());
 /// from another namespace may carry a PROPOSAL whatever its port (address translation may have
 /// changed the client's odd port).
 pub fn server_configured() -> bool {
-    static S: OnceLock<bool> = OnceLock::new();
-    *S.get_or_init(|| std::env::var_os("COLO_NETNS_DIR").is_some_and(|d| !d.is_empty()))
+    served_dir().is_some()
+}
+
+/// `COLO_NETNS_DIR`, read once: a forked worker whose server cleared its environment (nginx's
+/// workers keep only `TZ`) still has the directory its master listened with.
+fn served_dir() -> Option<&'static Path> {
+    static D: OnceLock<Option<PathBuf>> = OnceLock::new();
+    D.get_or_init(|| std::env::var_os("COLO_NETNS_DIR").filter(|d| !d.is_empty()).map(PathBuf::from)).as_deref()
 }
 
 /// A listener of this process on `port` started listening: binds its rendezvous if
