@@ -4,7 +4,7 @@
 #   make install PREFIX=/usr/local DESTDIR=   colo, its shim, libcolo, colo.h, colo.pc (make uninstall)
 #   make dist   build/colo-VERSION-ARCH-linux.tar.gz: the same files, relocatable, with README and licenses
 #   make wheel  build/wheels/colo-*.whl: the Python module and the colo command (needs maturin)
-.PHONY: demo test build test-clippy test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz test-install test-diff bench-apps clean install uninstall dist wheel
+.PHONY: demo test build test-clippy test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz test-install test-diff test-netns bench-apps clean install uninstall dist wheel
 
 CARGO ?= cargo
 RUST := rust
@@ -35,7 +35,7 @@ demo: build
 	mkdir -p build
 	$(RUST)/target/release/colo bench --plot build/bench.png
 
-test: test-clippy test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz test-install test-diff
+test: test-clippy test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz test-install test-diff test-netns
 	@echo "all tests passed"
 
 # Lints, with docs/SAFETY.md's undocumented_unsafe_blocks among them (workspace [lints]); any warning fails.
@@ -62,6 +62,10 @@ test-xlang: build test-c-py
 
 test-apps:
 	tests/apps/run.sh
+
+# colo across network namespaces (containers, pods): namespaces, veths, iptables (needs root).
+test-netns: build
+	tests/netns/run.sh
 
 # An unprivileged user (nobody) against root's servers, one script per attack class (needs root).
 test-attack:

@@ -100,6 +100,14 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (*Con
 		defer cancel()
 	}
 	if !d.TCPOnly {
+		// A listener in another network namespace, as configured (spec section 11).
+		if ap, dir, ok := netnsTarget(ctx, network, address); ok {
+			g := d.Geometry
+			if g == (Geometry{}) {
+				g = DefaultGeometry
+			}
+			return netnsDial(ctx, network, ap, dir, g)
+		}
 		for _, ap := range localCandidates(ctx, network, address) {
 			c, err := d.dialColo(ctx, ap)
 			if err == nil {
@@ -316,6 +324,7 @@ type clientSide struct {
 	sent   bool // the descriptors went out with a HELLO: never reuse them
 	rec    *parked
 	ticket uint32
+	proof  []byte // a cross-namespace offer's nonces (spec section 11), written at hProof
 }
 
 func (cs *clientSide) close() {
@@ -383,8 +392,14 @@ func (cs *clientSide) hello(h header, mode uint8) error {
 	}
 	h.Geometry, h.SegmentSize, h.ClientPid = cs.lay.Geometry, cs.lay.segmentSize, uint32(os.Getpid())
 	h.encode(cs.seg)
+	var flags uint32
+	clear(cs.seg[hProof : hProof+24]) // reserved unless this offer crosses namespaces
+	if cs.proof != nil {
+		copy(cs.seg[hProof:hProof+len(cs.proof)], cs.proof)
+		flags = flagNetns
+	}
 	startRings(cs.seg, cs.lay)
-	msg := hsMsg{Type: MsgHello, Version: Version, Arg: mode}.encode()
+	msg := hsMsg{Type: MsgHello, Version: Version, Arg: mode, Flags: flags}.encode()
 	cs.sent = true
 	// The server's end of the doorbell pair goes in both doorbell slots (spec section 3).
 	if err := unix.Sendmsg(cs.fd, msg, unix.UnixRights(cs.memfd, cs.sb, cs.sb), nil, 0); err != nil {

@@ -64,6 +64,8 @@ type Listener struct {
 	silentMu     sync.Mutex                         // guards silent (see silent.go)
 	silent       map[int]struct{}                   // pending connections whose goroutine found nothing to read
 	parked       *parkTable                         // segments of closed DIRECT connections, kept for their clients' next dials
+
+	netns *netnsServer // the rendezvous for other network namespaces (COLO_NETNS_DIR); nil: none
 }
 
 // Listen listens on the TCP address (network "tcp", "tcp4" or "tcp6") and on the matching colo
@@ -104,11 +106,16 @@ func ListenColo(network, address string) (*Listener, error) {
 	if err := l.bindRendezvous(); err != nil {
 		logf("listen %v: rendezvous %q unavailable (%v): serving plain TCP only", l.addr, l.name, err)
 	}
+	l.netns = bindNetns(l.addr.Port())
 	l.wg.Add(1)
 	go l.tcpLoop()
 	if l.rv != nil {
 		l.wg.Add(1)
-		go l.rvLoop()
+		go l.rvLoop(l.rv)
+	}
+	if l.netns != nil {
+		l.wg.Add(1)
+		go l.rvLoop(l.netns.rv)
 	}
 	return l, nil
 }
@@ -201,6 +208,9 @@ func (l *Listener) Close() error {
 		if l.rv != nil {
 			l.rv.Close()
 		}
+		if l.netns != nil {
+			l.netns.close()
+		}
 		l.wg.Wait()
 		l.offersMu.Lock()
 		for k, list := range l.offers {
@@ -252,6 +262,21 @@ func (l *Listener) tcpLoop() {
 			return
 		}
 		delay = 0
+		if ra, ok := tc.RemoteAddr().(*net.TCPAddr); ok && (l.netns != nil || netnsConfigured()) && !isLocal(ra.AddrPort().Addr()) {
+			// From another network namespace: its proposal is answered on the connection's own
+			// goroutine (the wait for its first bytes holds up no other accept).
+			l.wg.Add(1)
+			go func() {
+				defer l.wg.Done()
+				defer func() { <-l.sem }()
+				c := l.netnsClaim(tc)
+				if c == nil {
+					c = &Conn{tcp: tc}
+				}
+				l.deliver(c)
+			}()
+			continue
+		}
 		c := l.claimCarrier(tc)
 		if c == nil {
 			c = &Conn{tcp: tc}
@@ -267,9 +292,9 @@ func (l *Listener) tcpLoop() {
 
 // rvLoop accepts rendezvous connections and handles each HELLO on its own goroutine. Nothing a
 // client sends can stop this loop.
-func (l *Listener) rvLoop() {
+func (l *Listener) rvLoop(rv *os.File) {
 	defer l.wg.Done()
-	rc, err := l.rv.SyscallConn()
+	rc, err := rv.SyscallConn()
 	if err != nil {
 		return
 	}
@@ -579,6 +604,10 @@ func (l *Listener) adopt(cfd int, cf *os.File, mode uint8, fds []int, heard func
 		if !h.ClientAddr.IsValid() || !h.ServerAddr.IsValid() {
 			munmapSegment(seg)
 			return nil, RejectBadSegment
+		}
+		if l.netns != nil && l.netns.route(c, fds) {
+			heard()
+			return nil, 0
 		}
 		l.offerCarrier(c, h, fds, heard)
 		return nil, 0

@@ -107,3 +107,18 @@ names = [('127.0.0.1:7000', 'colo/1/127.0.0.1:7000', ['colo/1/127.0.0.1:7000', '
          ('[::]:443', 'colo/1/[::]:443', None),
          ('[2001:db8:0:0:0:0:0:1]:1', 'colo/1/[2001:db8::1]:1', None)]
 write('names.json', [dict(addr=a, name=n, lookup=l) for a, n, l in names])
+
+# Section 11: the cross-namespace messages on the TCP stream, and the NETNS HELLO.
+NS_MAGIC = b'\0COLO-NS'
+boot = bytes(range(16))
+def ns_answer(kind, reason, nonce, name):
+    return NS_MAGIC + bytes([kind, 1, reason, len(name)]) + bytes(4) + boot + nonce + name.ljust(64, b'\0')
+netns = [
+    dict(name='proposal', hex=(NS_MAGIC + bytes([1, 1]) + bytes(6) + boot + bytes(range(0x10, 0x18))).hex(),
+         boot=boot.hex(), client_nonce=bytes(range(0x10, 0x18)).hex()),
+    dict(name='accept', hex=ns_answer(2, 0, bytes(range(0x20, 0x30)), b'colo-42-6379').hex(),
+         boot=boot.hex(), server_nonce=bytes(range(0x20, 0x30)).hex(), rendezvous='colo-42-6379'),
+    dict(name='decline_other_boot', hex=ns_answer(3, 2, bytes(16), b'').hex(), boot=boot.hex(), reason=2),
+    dict(name='hello_carrier_netns', hex=msg(1, 1, 2, flags=2).hex(), proof_offset=104, proof_len=24),
+]
+write('netns.json', netns)

@@ -105,6 +105,9 @@ struct ConnInfo {
     msgs_in: u64,
     fill_out: u64,
     state: String,
+    /// Set up across network namespaces (the header's proof field is not zero: spec/WIRE.md
+    /// section 11).
+    other_netns: bool,
 }
 
 /// Reads the little-endian value of `N` bytes at `off` of the segment file, with `pread`: the
@@ -204,6 +207,7 @@ fn inspect_file(pid: u32, path: &std::path::Path, seen_before: usize) -> Result<
         msgs_in: u64_at(inn + block::MSG_TAIL)?,
         fill_out,
         state: state.into(),
+        other_netns: head[colo::wire::PROOF_OFFSET..colo::wire::PROOF_OFFSET + colo::wire::PROOF_LEN].iter().any(|b| *b != 0),
     }))
 }
 
@@ -238,6 +242,7 @@ pub fn run(a: Args) -> io::Result<()> {
                 "transport": "colo", "bytes_sent": c.sent, "bytes_received": c.received,
                 "messages_sent": c.msgs_out, "messages_received": c.msgs_in,
                 "ring_fill": c.fill_out, "ring_capacity": c.header.geometry.ring_capacity, "state": c.state,
+                "other_netns": c.other_netns,
             })).collect::<Vec<_>>(),
             "not_segments": bad.iter().map(|(pid, path, why)| serde_json::json!({
                 "pid": pid, "program": comm(*pid), "fd": path, "problem": why,
@@ -260,7 +265,7 @@ pub fn run(a: Args) -> io::Result<()> {
         let (l, r) = if c.role == "client" { (c.header.client_addr, c.header.server_addr) } else { (c.header.server_addr, c.header.client_addr) };
         println!(
             "{:<15} {:<22} {:<22} {:>8} {:<14} {:>12} {:>12} {:>8} {:>8} {:>8.1}%",
-            c.state, fmt(l), fmt(r), c.pid, comm(c.pid), c.sent, c.received, c.msgs_out, c.msgs_in,
+            if c.other_netns { format!("{}+netns", c.state) } else { c.state.clone() }, fmt(l), fmt(r), c.pid, comm(c.pid), c.sent, c.received, c.msgs_out, c.msgs_in,
             100.0 * c.fill_out as f64 / f64::from(c.header.geometry.ring_capacity)
         );
     }

@@ -8,6 +8,7 @@ pub mod doorbell;
 pub mod futex;
 pub mod host;
 pub mod marker;
+pub mod pathsock;
 pub mod preload;
 pub mod segment;
 pub mod seqpacket;

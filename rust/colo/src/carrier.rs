@@ -167,6 +167,19 @@ pub fn offer(
     peer: SocketAddr,
     geometry: Geometry,
 ) -> io::Result<Offer> {
+    offer_with(control, server_pid, local, peer, geometry, None)
+}
+
+/// [`offer`], with the cross-namespace proof (spec/WIRE.md section 11) written into the header's
+/// proof field and announced by the HELLO's `NETNS` flag when `proof` is given.
+pub(crate) fn offer_with(
+    control: OwnedFd,
+    server_pid: u32,
+    local: SocketAddr,
+    peer: SocketAddr,
+    geometry: Geometry,
+    proof: Option<&[u8; wire::PROOF_LEN]>,
+) -> io::Result<Offer> {
     let (local, peer) = key(local, peer);
     let header = Header {
         geometry,
@@ -186,8 +199,12 @@ pub fn offer(
     // SAFETY: the mapping is private to us until HELLO is sent; nobody else accesses it yet.
     let head = unsafe { std::slice::from_raw_parts_mut(map.as_ptr(), HEADER_FIELDS) };
     header.encode(head).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let mut hello = Message::Hello { version: wire::VERSION, mode: Mode::Carrier }.encode();
+    if let Some(proof) = proof {
+        head[wire::PROOF_OFFSET..wire::PROOF_OFFSET + wire::PROOF_LEN].copy_from_slice(proof);
+        hello[8..12].copy_from_slice(&wire::FLAG_NETNS.to_le_bytes());
+    }
     Segment::start_rings(&map, &layout);
-    let hello = Message::Hello { version: wire::VERSION, mode: Mode::Carrier }.encode();
     // The server's end goes in both doorbell slots (spec/WIRE.md section 3); we keep only ours.
     seqpacket::send(&control, &hello, &[memfd.as_fd(), server_end.as_fd(), server_end.as_fd()])?;
     drop(server_end);
@@ -566,6 +583,19 @@ impl Hello {
     /// client abandoned first or the sender does not own the connection) and the connection
     /// stays plain TCP.
     pub fn claim(self) -> Result<Established, String> {
+        self.claim_checked(None)
+    }
+
+    /// [`Hello::claim`] of a cross-namespace offer whose proof the caller matched against the
+    /// nonces it handed out on the accepted TCP connection (spec/WIRE.md section 11): the proof,
+    /// not the owner of a 4-tuple in this namespace's table, shows that the sender holds the
+    /// connection's client end. `(local, peer)` is the accepted connection as this side sees it
+    /// (the client's header records its own view, before any address translation).
+    pub(crate) fn claim_proved(self, local: SocketAddr, peer: SocketAddr) -> Result<Established, String> {
+        self.claim_checked(Some((local, peer)))
+    }
+
+    fn claim_checked(self, proved: Option<(SocketAddr, SocketAddr)>) -> Result<Established, String> {
         let fail = |control: &OwnedFd, reason: Reason, why: String| {
             reject(control, reason);
             Err(why)
@@ -577,14 +607,19 @@ impl Hello {
         if let Err(why) = check_bells(&self.client_bell, &self.server_bell) {
             return fail(&self.control, Reason::BadMessage, why.into());
         }
-        let (client_pid, client_uid) = match seqpacket::peer_cred(&self.control) {
+        // A proved offer may come from another pid namespace (pid 0).
+        let cred = if proved.is_some() { colo_sys::pathsock::peer_cred_any(&self.control) } else { seqpacket::peer_cred(&self.control) };
+        let (client_pid, client_uid) = match cred {
             Ok(c) => c,
             Err(e) => return fail(&self.control, Reason::NoResources, format!("peer credentials: {e}")),
         };
         // Only the owner of the connection's client end may move it onto a segment.
-        if let Err(why) = crate::trust::offer_sender_trusted(client, server, client_uid) {
-            return fail(&self.control, Reason::NotClaimed, why);
+        if proved.is_none() {
+            if let Err(why) = crate::trust::offer_sender_trusted(client, server, client_uid) {
+                return fail(&self.control, Reason::NotClaimed, why);
+            }
         }
+        let (server, client) = proved.unwrap_or((server, client));
         let self_bell = match new_self_bell() {
             Ok(fd) => fd,
             Err(e) => return fail(&self.control, Reason::NoResources, format!("self bell: {e}")),

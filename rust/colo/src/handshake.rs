@@ -177,6 +177,10 @@ fn dial_carrier(addr: SocketAddr, opts: &Options) -> io::Result<Dialed> {
 
 /// Dials `addr` over shared memory if a colo listener serves it on this host.
 pub(crate) fn dial(addr: SocketAddr, opts: &Options) -> io::Result<Dialed> {
+    // Configured as a listener in another network namespace (spec/WIRE.md section 11).
+    if let Some(dir) = crate::netns::peer_dir(addr) {
+        return crate::netns::dial(addr, dir, opts);
+    }
     match dial_direct(addr, opts)? {
         Direct::Done(shm) => Ok(Dialed::Direct(shm)),
         Direct::NeedCarrier => dial_carrier(addr, opts),

@@ -29,3 +29,7 @@ pub mod segment {
 pub mod wake {
     pub use crate::wake::{forget_own, give_back, own_fd, take};
 }
+
+pub mod netns {
+    pub use crate::netns::*;
+}

@@ -41,6 +41,7 @@ mod handshake;
 mod hangup;
 mod known;
 mod listener;
+mod netns;
 mod log;
 mod message;
 mod options;

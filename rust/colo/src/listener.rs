@@ -64,6 +64,8 @@ pub struct Listener {
     maybe_ready: AtomicU8,
     /// Segments of closed connections kept for their clients' next dials.
     parked: Arc<recycle::Table>,
+    /// The rendezvous for clients in other network namespaces (`COLO_NETNS_DIR`).
+    netns: Option<crate::netns::Rendezvous>,
 }
 
 impl Listener {
@@ -108,6 +110,7 @@ impl Listener {
             nonblocking: AtomicBool::new(false),
             maybe_ready: AtomicU8::new(ALL_SOURCES),
             parked: recycle::Table::new(),
+            netns: crate::netns::Rendezvous::bind(addr.port()),
         })
     }
 
@@ -329,6 +332,24 @@ impl Listener {
     /// client, under `colo run`, sent its HELLO before connecting, so it is already queued);
     /// anything else stays plain TCP.
     fn claim_or_tcp(&self, tcp: TcpStream, peer: SocketAddr) -> (Stream, SocketAddr) {
+        if crate::netns::server_configured() && crate::netns::from_elsewhere(peer) {
+            let Some(r) = self.netns.as_ref() else {
+                crate::netns::decline(tcp.as_fd(), peer);
+                return (Stream::from_tcp(tcp), peer);
+            };
+            let Ok(local) = tcp.local_addr() else { return (Stream::from_tcp(tcp), peer) };
+            return match r.serve(tcp.as_fd(), local, peer).map(|e| e.into_shm(self.opts.spin_mode())) {
+                Some(Ok(shm)) => {
+                    log::info(format_args!("accept {}: shared memory (other namespace, carrier {peer})", self.addr));
+                    (Stream::from_carrier(shm, tcp), peer)
+                }
+                Some(Err(e)) => {
+                    log::info(format_args!("accept {}: carrier {peer}: {e}; plain TCP", self.addr));
+                    (Stream::from_tcp(tcp), peer)
+                }
+                None => (Stream::from_tcp(tcp), peer),
+            };
+        }
         // A CARRIER client's port is odd (spec/WIRE.md section 3): from an even one no offer can
         // come, and the connection is plain without a look at the rendezvous connections.
         if peer.port().is_multiple_of(2) {

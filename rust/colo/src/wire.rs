@@ -57,6 +57,14 @@ impl Reason {
 
 /// HELLO `flags` bit: reuse a parked segment (no descriptors; the ticket in bytes 12..16).
 pub const FLAG_RECYCLE: u32 = 1;
+/// HELLO flag: a CARRIER offer across network namespaces, whose segment header carries the
+/// proof at [`PROOF_OFFSET`] (spec/WIRE.md section 11).
+pub const FLAG_NETNS: u32 = 2;
+/// Offset of the cross-namespace proof in the segment header (client nonce, then server nonce;
+/// zero in every other segment).
+pub const PROOF_OFFSET: usize = 104;
+/// Length of the cross-namespace proof: an 8-byte client nonce and a 16-byte server nonce.
+pub const PROOF_LEN: usize = 24;
 
 /// A decoded handshake message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

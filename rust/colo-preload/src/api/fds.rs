@@ -89,6 +89,19 @@ unsafe fn connect_fresh(g: Guard, fd: c_int, peer: SocketAddr, addr: *const sock
                 g.err(e) as c_int
             }
         }
+        client::Prepared::Connected { pending, errno } => {
+            if let Some(p) = pending {
+                client::record(fd, p);
+                if regs::has_plain(fd) {
+                    client::resolve_fd(fd);
+                }
+            }
+            if errno == 0 {
+                g.ok(0) as c_int
+            } else {
+                g.err(errno) as c_int
+            }
+        }
         client::Prepared::Offered(p) => {
             // SAFETY: `real::connect` is libc's `connect`, given the application's arguments
             // unchanged: the contract the caller met.
@@ -141,8 +154,13 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
     // A CARRIER client's port is odd (spec/WIRE.md section 3): from an even one, no offer can
     // come, and the connection is plain without a look at the rendezvous (a system call), or at
     // the guard's thread-local.
+    // From another network namespace, a proposal may come whatever the port (spec/WIRE.md
+    // section 11).
+    let plain = |p: SocketAddr| {
+        p.port().is_multiple_of(2) && !(colo::internal::netns::server_configured() && colo::internal::netns::from_elsewhere(p))
+    };
     // SAFETY: the kernel wrote the peer's address at `addr`, `*len` bytes of it within `room`.
-    if room > 0 && unsafe { parse_sockaddr(addr, room.min(*len)) }.is_some_and(|p| p.port() % 2 == 0) {
+    if room > 0 && unsafe { parse_sockaddr(addr, room.min(*len)) }.is_some_and(plain) {
         return nfd;
     }
     let Some(g) = Guard::try_enter() else { return nfd };

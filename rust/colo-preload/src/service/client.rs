@@ -62,6 +62,9 @@ pub enum Prepared {
     NoListener(SocketAddr),
     /// An offer is out: connect, then record it.
     Offered(Box<Pending>),
+    /// Connected already (a listener in another network namespace, spec/WIRE.md section 11):
+    /// record the offer if there is one; `connect` returns `errno` (0: success).
+    Connected { pending: Option<Box<Pending>>, errno: i32 },
 }
 
 /// After the plain connect of [`Prepared::NoListener`] (`r`, `errno` its result): remembers that
@@ -117,6 +120,9 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
     let b = unsafe { BorrowedFd::borrow_raw(fd) };
     if !is_tcp_stream(b) {
         return Prepared::Plain;
+    }
+    if let Some(dir) = colo::internal::netns::peer_dir(target) {
+        return connect_elsewhere(b, peer, dir);
     }
     if verdict == adapt::Verdict::FirstOffer
         && colo_sys::host::is_local(target.ip())
@@ -186,6 +192,59 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
             Prepared::Plain
         }
     }
+}
+
+/// Connects `b` to `peer`, a listener in another network namespace whose rendezvous is in `dir`,
+/// and proposes shared memory on the connection (bounded waits, whatever the socket's mode; a
+/// non-blocking socket whose connect takes longer than the offer timeout is left connecting,
+/// plain).
+fn connect_elsewhere(b: BorrowedFd<'_>, peer: SocketAddr, dir: &std::path::Path) -> Prepared {
+    use colo::internal::netns::{self, Dialed};
+    use rustix::fs::OFlags;
+    let Ok(flags) = rustix::fs::fcntl_getfl(b) else { return Prepared::Plain };
+    let blocking = !flags.contains(OFlags::NONBLOCK);
+    if blocking && rustix::fs::fcntl_setfl(b, flags | OFlags::NONBLOCK).is_err() {
+        return Prepared::Plain;
+    }
+    let outcome = (|| {
+        let done = |errno| Prepared::Connected { pending: None, errno };
+        match rustix::net::connect(b, &peer) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::INPROGRESS) => {
+                let limit = if blocking { None } else { Some(timeout()) };
+                match colo_sys::tcp::wait_writable(b, limit) {
+                    Ok(true) => {}
+                    _ => return done(libc::EINPROGRESS),
+                }
+                match rustix::net::sockopt::socket_error(b) {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return done(e.raw_os_error()),
+                    Err(e) => return done(e.raw_os_error()),
+                }
+            }
+            Err(e) => return done(e.raw_os_error()),
+        }
+        let Some(local) = rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a)) else { return done(0) };
+        match netns::propose(b, dir, local, peer, geometry()) {
+            Dialed::Offered(offer) => Prepared::Connected {
+                pending: Some(Box::new(Pending { offer: *offer, deadline: Instant::now() + timeout(), peer, self_served: None })),
+                errno: 0,
+            },
+            Dialed::Plain(why) => {
+                log_info(format_args!("connect {peer}: other namespace: {why}; plain TCP"));
+                done(0)
+            }
+            Dialed::Broken(e) => {
+                log_info(format_args!("connect {peer}: other namespace: {e}; connection failed"));
+                let _ = rustix::net::shutdown(b, rustix::net::Shutdown::Both);
+                done(libc::ETIMEDOUT)
+            }
+        }
+    })();
+    if blocking {
+        let _ = rustix::fs::fcntl_setfl(b, flags);
+    }
+    outcome
 }
 
 /// After the real connect succeeded or is in progress.

@@ -574,6 +574,7 @@ pub fn on_listen(fd: i32) {
         slot.set(Entry::Listen(l));
     }
     log_info(format_args!("listen {addr}: serving colo offers on {name}"));
+    colo::internal::netns::listening(addr.port());
 }
 
 /// When a listening fd is closed in the process that listens: stop serving its rendezvous.
@@ -844,6 +845,9 @@ fn fetch(lineage: &'static Lineage, k: &Key) -> Option<Box<Hello>> {
 /// After a successful real accept of `fd` on the colo listener `listen`: claim the offer for the
 /// new connection.
 pub fn on_accept(listen: &Listen, fd: i32, nonblocking: bool) {
+    if netns_accept(listen, fd, nonblocking) {
+        return;
+    }
     let svc = own().filter(|s| std::ptr::eq(s.lineage, listen.lineage));
     if let Some(svc) = svc {
         // A client offers before its SYN, so the offer of a connection already accepted has
@@ -892,6 +896,43 @@ pub fn on_accept(listen: &Listen, fd: i32, nonblocking: bool) {
             break;
         }
     }
+}
+
+/// A connection from another network namespace to a listener with a rendezvous in
+/// `COLO_NETNS_DIR` (spec/WIRE.md section 11): the proposal is answered and the proved offer
+/// claimed before the application sees the connection. Returns whether the connection was
+/// handled so (accelerated or left plain); false: not from another namespace, look for offers.
+fn netns_accept(listen: &Listen, fd: i32, nonblocking: bool) -> bool {
+    use colo::internal::netns;
+    if !netns::server_configured() {
+        return false;
+    }
+    // SAFETY: the fd the kernel just gave us, open for the duration of this call.
+    let b = unsafe { colo_sys::BorrowedFd::borrow_raw(fd) };
+    let Some(peer) = rustix::net::getpeername(b).ok().flatten().and_then(|a| sockaddr_of(&a)) else { return false };
+    if !netns::from_elsewhere(peer) {
+        return false;
+    }
+    let Some(r) = netns::serving(listen.addr.port()) else {
+        netns::decline(b, peer);
+        return true;
+    };
+    let Some(local) = rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a)) else { return true };
+    let Some(est) = r.serve(b, local, peer) else { return true };
+    match Conn::accepted(None, connection_ended, est, nonblocking) {
+        Ok(c) if (fd as usize) < table::MAX_FD => {
+            let c = Arc::new(c);
+            if let Some(mut slot) = table::lock(fd) {
+                slot.set(Entry::Conn(c.clone()));
+            }
+            options::adopt_options(fd, &c);
+            handover::on_new(fd, &c);
+            log_info(format_args!("accept {peer} -> {local}: accelerated (shared memory, other namespace)"));
+        }
+        Ok(_) => log_info(format_args!("accept {peer} -> {local}: fd {fd} too high; connection lost")),
+        Err(e) => log_info(format_args!("accept {peer} -> {local}: {e}; connection reset")),
+    }
+    true
 }
 
 /// Claims `hello` for the connection just accepted as `fd`; returns whether the offer was

@@ -1,0 +1,357 @@
+package colo
+
+// The client side of colo across network namespaces (spec section 11): a destination listed in
+// COLO_NETNS_PEERS whose directory holds a live colo listener gets a PROPOSAL as the first bytes
+// of its TCP connection; on ACCEPT the client offers its segment (the section 3 CARRIER HELLO,
+// flag NETNS, both nonces in the header) at the rendezvous the answer names. Without the
+// configuration nothing here runs. The listener's side is in netns_server.go.
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+var netnsMagic = []byte("\x00COLO-NS")
+
+const (
+	netnsProposalLen = 40
+	netnsAnswerLen   = 112
+	netnsAccept      = 2
+	netnsNameMax     = 64
+	netnsPrefix      = "colo-"
+	netnsLiveSuffix  = ".live"
+	flagNetns        = 2
+	hProof           = 104 // the proof's offset in the segment header: client nonce, server nonce
+)
+
+type netnsRule struct {
+	net  netip.Prefix
+	port int // -1: any
+	dir  string
+}
+
+var netnsRules = sync.OnceValue(func() []netnsRule {
+	return parseNetnsRules(os.Getenv("COLO_NETNS_PEERS"), os.Getenv("COLO_NETNS_PEER_DIR"))
+})
+
+// parseNetnsRules reads comma-separated DEST[=DIR] entries: a network, an address, or an
+// address and port; DIR defaults to def. Malformed entries are skipped.
+func parseNetnsRules(spec, def string) []netnsRule {
+	var out []netnsRule
+	for _, item := range strings.Split(spec, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		dest, dir, found := strings.Cut(item, "=")
+		if !found {
+			dir = def
+		}
+		dest, dir = strings.TrimSpace(dest), strings.TrimSpace(dir)
+		if dir == "" {
+			logf("COLO_NETNS_PEERS: %s: no directory; skipped", item)
+			continue
+		}
+		r := netnsRule{port: -1, dir: dir}
+		if p, err := netip.ParsePrefix(dest); err == nil {
+			r.net = p.Masked()
+		} else if ap, err := netip.ParseAddrPort(dest); err == nil {
+			r.net, r.port = netip.PrefixFrom(ap.Addr().Unmap(), ap.Addr().Unmap().BitLen()), int(ap.Port())
+		} else if a, err := netip.ParseAddr(dest); err == nil {
+			r.net = netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
+		} else {
+			logf("COLO_NETNS_PEERS: %s: not a network, address or address:port; skipped", item)
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// liveListener reports whether dir holds a served rendezvous (its .live file locked by a live
+// process) for port, or for any port when port is -1.
+func liveListener(dir string, port int) bool {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return false
+	}
+	for _, e := range entries {
+		stem, ok := strings.CutPrefix(e.Name(), netnsPrefix)
+		if !ok {
+			continue
+		}
+		if stem, ok = strings.CutSuffix(stem, netnsLiveSuffix); !ok {
+			continue
+		}
+		i := strings.LastIndexByte(stem, '-')
+		p, err := strconv.Atoi(stem[i+1:])
+		if i < 0 || err != nil || (port >= 0 && p != port) {
+			continue
+		}
+		fd, err := unix.Open(filepath.Join(dir, e.Name()), unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+		if err != nil {
+			continue
+		}
+		err = unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB)
+		unix.Close(fd)
+		if err == unix.EWOULDBLOCK {
+			return true
+		}
+	}
+	return false
+}
+
+// netnsPeerDir is the directory of the listener serving ap in another namespace, if ap is
+// configured and a live listener is there (spec section 11).
+func netnsPeerDir(ap netip.AddrPort) (string, bool) {
+	ip := ap.Addr().Unmap()
+	for _, r := range netnsRules() {
+		if (r.port >= 0 && r.port != int(ap.Port())) || !r.net.Contains(ip) {
+			continue
+		}
+		want := int(ap.Port())
+		if r.port >= 0 {
+			want = -1
+		}
+		if liveListener(r.dir, want) {
+			return r.dir, true
+		}
+	}
+	return "", false
+}
+
+func validRendezvousName(n []byte) bool {
+	if len(n) < 1 || len(n) > netnsNameMax || string(n) == "." || string(n) == ".." {
+		return false
+	}
+	for _, c := range n {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+func bootID() ([]byte, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return nil, err
+	}
+	id, err := hex.DecodeString(strings.ReplaceAll(strings.TrimSpace(string(b)), "-", ""))
+	if err != nil || len(id) != 16 {
+		return nil, errors.New("boot id is not a UUID")
+	}
+	return id, nil
+}
+
+// peekTCP reads up to len(b) bytes queued on tc without taking them, waiting (until the
+// connection's read deadline) while nothing is queued.
+func peekTCP(tc *net.TCPConn, b []byte) (int, error) {
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var n int
+	var rerr error
+	err = rc.Read(func(fd uintptr) bool {
+		n, _, rerr = unix.Recvfrom(int(fd), b, unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		return rerr != unix.EAGAIN
+	})
+	if err != nil {
+		return 0, err
+	}
+	return n, rerr
+}
+
+// netnsProposal is the PROPOSAL: magic, type 1, version, boot id, client nonce.
+func netnsProposal(boot, clientNonce []byte) []byte {
+	prop := make([]byte, netnsProposalLen)
+	copy(prop, netnsMagic)
+	prop[8], prop[9] = 1, Version
+	copy(prop[16:32], boot)
+	copy(prop[32:40], clientNonce)
+	return prop
+}
+
+// errNetnsBroken: no answer came in time; a late one would land in the application's stream.
+var errNetnsBroken = errors.New("colo: no answer to the cross-namespace proposal")
+
+// netnsDial connects to ap, a listener in another namespace with its rendezvous in dir, and
+// proposes shared memory. A nil *Conn with a nil error does not happen: the connection is
+// plain TCP (on the same TCP connection) whenever shared memory is not had.
+func netnsDial(ctx context.Context, network string, ap netip.AddrPort, dir string, g Geometry) (*Conn, error) {
+	var nd net.Dialer
+	c, err := nd.DialContext(ctx, network, ap.String())
+	if err != nil {
+		return nil, err
+	}
+	tc := c.(*net.TCPConn)
+	plain := func(why string, args ...any) (*Conn, error) {
+		logf("dial %v: cross-namespace: "+why+"; plain TCP", append([]any{ap}, args...)...)
+		return &Conn{tcp: tc}, nil
+	}
+	boot, err := bootID()
+	if err != nil {
+		return plain("%v", err)
+	}
+	dirfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return plain("%s: %v", dir, err)
+	}
+	defer unix.Close(dirfd)
+	var dst unix.Stat_t
+	if err := unix.Fstat(dirfd, &dst); err != nil {
+		return plain("%s: %v", dir, err)
+	}
+	if err := g.valid(); err != nil {
+		return plain("%v", err)
+	}
+	clientNonce := make([]byte, 8)
+	if _, err := rand.Read(clientNonce); err != nil {
+		return plain("random: %v", err)
+	}
+	prop := netnsProposal(boot, clientNonce)
+	dl := time.Now().Add(carrierAnswerTimeout)
+	if cdl, ok := ctx.Deadline(); ok && cdl.Before(dl) {
+		dl = cdl
+	}
+	broken := func(err error) (*Conn, error) {
+		tc.Close()
+		return nil, err
+	}
+	tc.SetDeadline(dl)
+	if _, err := tc.Write(prop); err != nil {
+		return broken(err)
+	}
+	a := make([]byte, netnsAnswerLen)
+	for {
+		n, err := peekTCP(tc, a)
+		if err != nil {
+			return broken(errNetnsBroken)
+		}
+		if n == 0 {
+			tc.SetDeadline(time.Time{})
+			return plain("the server closed the connection")
+		}
+		if m := min(n, 8); !bytes.Equal(a[:m], netnsMagic[:m]) {
+			tc.SetDeadline(time.Time{})
+			return plain("the server is not colo")
+		}
+		if n == netnsAnswerLen {
+			break
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	if _, err := io.ReadFull(tc, a); err != nil {
+		return broken(err)
+	}
+	tc.SetDeadline(time.Time{})
+	if a[8] != netnsAccept {
+		return plain("declined (reason %d)", a[10])
+	}
+	if !bytes.Equal(a[16:32], boot) {
+		return plain("the server runs on another boot")
+	}
+	name := a[48 : 48+min(int(a[11]), netnsNameMax)]
+	if int(a[11]) > netnsNameMax || !validRendezvousName(name) {
+		return plain("the server named a rendezvous outside its directory")
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(dirfd, string(name), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return plain("rendezvous %s is not a socket", name)
+	}
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return plain("%v", err)
+	}
+	path := "/proc/self/fd/" + strconv.Itoa(dirfd) + "/" + string(name)
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		unix.Close(fd)
+		return plain("rendezvous: %v", err)
+	}
+	cs := &clientSide{ctl: os.NewFile(uintptr(fd), "colo-ctl"), fd: fd}
+	if cs.cred, err = peerCred(fd); err != nil {
+		cs.close()
+		return plain("rendezvous credentials: %v", err)
+	}
+	if u := cs.cred.Uid; u != 0 && u != dst.Uid && u != uint32(os.Getuid()) {
+		cs.close()
+		return plain("rendezvous of uid %d, directory of uid %d", u, dst.Uid)
+	}
+	if cs.segRes, err = takeSeg(g); err != nil {
+		cs.close()
+		return plain("%v", err)
+	}
+	cs.proof = append(append([]byte{}, clientNonce...), a[32:48]...)
+	la := tc.LocalAddr().(*net.TCPAddr).AddrPort()
+	h := header{Claim: ClaimOffered, ClientAddr: canonical(la), ServerAddr: canonical(ap)}
+	if err := cs.hello(h, ModeCarrier); err != nil {
+		cs.close()
+		return plain("offer: %v", err)
+	}
+	if aerr := cs.answer(ctx, time.Now().Add(carrierAnswerTimeout)); aerr != nil {
+		// Exactly one of this CAS and the server's OFFERED -> CLAIMED wins. SYNC POINT with the
+		// server's compare-and-swap of claim (spec section 3, step 2).
+		if atomic.CompareAndSwapUint32(u32at(cs.seg, hClaim), ClaimOffered, ClaimAbandoned) {
+			cs.close() // nothing was written into the ring: nothing to copy into the TCP socket
+			return plain("offer not taken (%v)", aerr)
+		}
+		if aerr = cs.answer(context.Background(), time.Now().Add(carrierAnswerTimeout)); aerr != nil {
+			cs.close()
+			return broken(aerr)
+		}
+	}
+	conn, err := cs.conn(tc.LocalAddr().(*net.TCPAddr), tc.RemoteAddr().(*net.TCPAddr))
+	if err != nil {
+		cs.close()
+		return broken(err)
+	}
+	conn.carrier = tc
+	conn.startWatch()
+	logf("dial %v: shared memory (other namespace)", ap)
+	return conn, nil
+}
+
+// netnsTarget resolves address to the first configured cross-namespace destination, if any.
+func netnsTarget(ctx context.Context, network, address string) (netip.AddrPort, string, bool) {
+	if len(netnsRules()) == 0 {
+		return netip.AddrPort{}, "", false
+	}
+	host, port, err := net.SplitHostPort(address)
+	if err != nil {
+		return netip.AddrPort{}, "", false
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return netip.AddrPort{}, "", false
+	}
+	family := "ip"
+	switch network {
+	case "tcp4":
+		family = "ip4"
+	case "tcp6":
+		family = "ip6"
+	}
+	ips, err := net.DefaultResolver.LookupNetIP(ctx, family, host)
+	if err != nil || len(ips) == 0 {
+		return netip.AddrPort{}, "", false
+	}
+	ap := netip.AddrPortFrom(ips[0].Unmap(), uint16(p))
+	dir, ok := netnsPeerDir(ap)
+	return ap, dir, ok
+}

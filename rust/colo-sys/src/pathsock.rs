@@ -1,0 +1,253 @@
+//! What the cross-namespace handshake (spec/WIRE.md section 11) needs from the system: a
+//! `SOCK_SEQPACKET` rendezvous bound to a path inside a directory, connected to without following
+//! symbolic links, peer credentials that may name a process of another pid namespace, the host's
+//! boot id, random nonces, and a bounded wait on a TCP socket.
+
+use rustix::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use rustix::net::{self, AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+use std::io;
+use std::path::Path;
+use std::time::Duration;
+
+/// Whether `name` may name a rendezvous inside a directory: 1 to 64 bytes of `[A-Za-z0-9._-]`,
+/// not `.` or `..` (so no separator and no way out of the directory).
+pub fn valid_name(name: &[u8]) -> bool {
+    (1..=64).contains(&name.len())
+        && name != b"."
+        && name != b".."
+        && name.iter().all(|c| c.is_ascii_alphanumeric() || b"._-".contains(c))
+}
+
+/// Binds a non-blocking, close-on-exec `SOCK_SEQPACKET` listener at `dir/name` (a stale socket
+/// file of that name, which nobody accepts on, is replaced), readable and connectable by every
+/// user who can reach the directory: the directory's mounts decide who can.
+pub fn listen_at(dir: &Path, name: &str) -> io::Result<OwnedFd> {
+    if !valid_name(name.as_bytes()) {
+        return Err(io::ErrorKind::InvalidInput.into());
+    }
+    let path = dir.join(name);
+    let fd = net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK, None)?;
+    let addr = SocketAddrUnix::new(&path)?;
+    match net::bind(&fd, &addr) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::ADDRINUSE) => {
+            // Ours (the name carries our pid) from an earlier image of this pid, or a dead one.
+            let probe = net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
+            if net::connect(&probe, &addr).is_ok() {
+                return Err(io::ErrorKind::AddrInUse.into());
+            }
+            std::fs::remove_file(&path)?;
+            net::bind(&fd, &addr)?;
+        }
+        Err(e) => return Err(e.into()),
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
+    net::listen(&fd, 1024)?;
+    Ok(fd)
+}
+
+/// An open directory (`O_PATH`) and its owner's uid.
+pub fn open_dir(dir: &Path) -> io::Result<(OwnedFd, u32)> {
+    use rustix::fs::{self, Mode, OFlags};
+    let fd = fs::open(dir, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+    let st = fs::fstat(&fd)?;
+    Ok((fd, st.st_uid))
+}
+
+/// Suffix of the file whose lock says that the rendezvous of the same name is served.
+pub const LIVE_SUFFIX: &str = ".live";
+
+/// Creates (or reuses) `dir/name.live` and holds an exclusive `flock` on it for as long as the
+/// returned descriptor is open in any process: the kernel drops the lock when the server dies,
+/// so a client tells a served rendezvous from a stale socket file without connecting to it.
+pub fn hold_live(dir: &Path, name: &str) -> io::Result<OwnedFd> {
+    use rustix::fs::{self, FlockOperation, Mode, OFlags};
+    let path = dir.join(format!("{name}{LIVE_SUFFIX}"));
+    let fd = fs::open(&path, OFlags::CREATE | OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW, Mode::from_raw_mode(0o644))?;
+    fs::flock(&fd, FlockOperation::NonBlockingLockExclusive)?;
+    Ok(fd)
+}
+
+/// Whether `dir` holds a served rendezvous named `<prefix><pid>-<port>` (its `.live` file is
+/// locked by a live process), for `port` or, with `None`, for any port.
+pub fn live_listener(dir: &Path, prefix: &str, port: Option<u16>) -> bool {
+    use rustix::fs::{self, FlockOperation, Mode, OFlags};
+    let Ok(entries) = std::fs::read_dir(dir) else { return false };
+    entries.flatten().any(|e| {
+        let name = e.file_name();
+        let Some(stem) = name.to_str().and_then(|n| n.strip_prefix(prefix)).and_then(|n| n.strip_suffix(LIVE_SUFFIX)) else {
+            return false;
+        };
+        let served_port = stem.rsplit_once('-').and_then(|(_, p)| p.parse::<u16>().ok());
+        if served_port.is_none() || port.is_some_and(|p| Some(p) != served_port) {
+            return false;
+        }
+        let Ok(fd) = fs::open(e.path(), OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NONBLOCK, Mode::empty()) else {
+            return false;
+        };
+        // Held by its server: our shared lock would block. Free: the server is gone.
+        matches!(fs::flock(&fd, FlockOperation::NonBlockingLockShared), Err(rustix::io::Errno::WOULDBLOCK))
+    })
+}
+
+/// Connects (blocking, close-on-exec) to the socket `name` inside the open directory `dir`:
+/// `name` must be a [`valid_name`], and the entry a socket itself, not a symbolic link (checked
+/// with `AT_SYMLINK_NOFOLLOW`, then reached through `/proc/self/fd/<dir>/<name>`, so nothing
+/// above the directory is resolved again). Whoever can write in the directory could swap the
+/// entry between the two steps: the directory's owner, whose server the peer check then admits.
+pub fn connect_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
+    use rustix::fs::{self, AtFlags, FileType};
+    if !valid_name(name) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "rendezvous name outside the directory"));
+    }
+    let name = std::str::from_utf8(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let st = fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::Socket {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "rendezvous is not a socket"));
+    }
+    let path = format!("/proc/self/fd/{}/{name}", dir.as_raw_fd());
+    let fd = net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
+    net::connect(&fd, &SocketAddrUnix::new(path.as_str())?)?;
+    Ok(fd)
+}
+
+/// The pid and uid of the peer of a Unix socket; the pid is 0 for a process in a pid namespace
+/// this one cannot see, and the uid is the overflow uid for one this user namespace does not map.
+pub fn peer_cred_any(fd: impl AsFd) -> io::Result<(u32, u32)> {
+    let mut c = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED writes at most `len` bytes into `c`, a `ucred` we own.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_fd().as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut c as *mut libc::ucred as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((c.pid.max(0) as u32, c.uid))
+}
+
+/// Fills `buf` from the kernel's random number generator (`getrandom(2)`, blocking only until
+/// the generator is first seeded).
+pub fn random(buf: &mut [u8]) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: writes at most `buf.len() - done` bytes into the rest of `buf`.
+        let r = unsafe { libc::getrandom(buf[done..].as_mut_ptr() as *mut libc::c_void, buf.len() - done, 0) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        done += r as usize;
+    }
+    Ok(())
+}
+
+/// The 16 bytes of `/proc/sys/kernel/random/boot_id` (a UUID, new at every boot of the kernel,
+/// the same in every namespace of one boot).
+pub fn boot_id() -> io::Result<[u8; 16]> {
+    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?;
+    let hex: Vec<u8> = text.trim().bytes().filter(|c| *c != b'-').collect();
+    let mut id = [0u8; 16];
+    if hex.len() != 32 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "boot id is not a UUID"));
+    }
+    for (i, pair) in hex.chunks(2).enumerate() {
+        let s = std::str::from_utf8(pair).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+        id[i] = u8::from_str_radix(s, 16).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+    }
+    Ok(id)
+}
+
+/// Waits until `fd` is readable (or hung up), for at most `timeout`; returns whether it is.
+pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let t = Timespec { tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64, tv_nsec: timeout.subsec_nanos().into() };
+    let mut p = [PollFd::new(&fd, PollFlags::IN)];
+    loop {
+        match poll(&mut p, Some(&t)) {
+            Ok(n) => return Ok(n > 0),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// `recv(2)` on a TCP socket without blocking, `peek` leaving the bytes queued. `Ok(0)`: end of
+/// stream; `WouldBlock`: nothing queued.
+pub fn recv_tcp(fd: BorrowedFd<'_>, buf: &mut [u8], peek: bool) -> io::Result<usize> {
+    let mut flags = net::RecvFlags::DONTWAIT;
+    if peek {
+        flags |= net::RecvFlags::PEEK;
+    }
+    loop {
+        match net::recv(fd, &mut *buf, flags) {
+            Ok((n, _)) => return Ok(n),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Sends all of `bytes` on a TCP socket (without `SIGPIPE`), waiting up to `timeout` in all for
+/// room: handshake messages are small and go first on a connection, so they fit at once.
+pub fn send_tcp(fd: BorrowedFd<'_>, bytes: &[u8], timeout: Duration) -> io::Result<()> {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut done = 0;
+    while done < bytes.len() {
+        match net::send(fd, &bytes[done..], net::SendFlags::NOSIGNAL | net::SendFlags::DONTWAIT) {
+            Ok(n) => done += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(rustix::io::Errno::AGAIN) => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() || !crate::tcp::wait_writable(fd, Some(left))? {
+                    return Err(io::ErrorKind::TimedOut.into());
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_stay_inside_the_directory() {
+        for bad in [&b""[..], b".", b"..", b"../x", b"a/b", b"/etc", b"a\0b", &[b'a'; 65]] {
+            assert!(!valid_name(bad), "{bad:?}");
+        }
+        assert!(valid_name(b"colo-123-6379"));
+    }
+
+    #[test]
+    fn connect_at_refuses_symlinks_and_non_sockets() {
+        let dir = std::env::temp_dir().join(format!("colo-pathsock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let _l = listen_at(&dir, "colo-1-1").unwrap();
+        std::os::unix::fs::symlink(dir.join("colo-1-1"), dir.join("colo-link")).unwrap();
+        std::fs::write(dir.join("colo-file"), b"x").unwrap();
+        let (d, _) = open_dir(&dir).unwrap();
+        assert!(connect_at(d.as_fd(), b"colo-1-1").is_ok());
+        assert!(connect_at(d.as_fd(), b"colo-link").is_err());
+        assert!(connect_at(d.as_fd(), b"colo-file").is_err());
+        assert!(connect_at(d.as_fd(), b"../colo-1-1").is_err());
+        let live = hold_live(&dir, "colo-1-1").unwrap();
+        assert!(live_listener(&dir, "colo-", Some(1)));
+        assert!(!live_listener(&dir, "colo-", Some(2)));
+        drop(live);
+        assert!(!live_listener(&dir, "colo-", None));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,724 @@
+//! CARRIER mode across network namespaces (spec/WIRE.md section 11): containers and pods on one
+//! host, whose abstract rendezvous names another namespace cannot reach.
+//!
+//! Opt-in by configuration on both sides; without it nobody sends a byte of this and TCP stays
+//! byte-identical. A listener whose process has `COLO_NETNS_DIR` also binds a rendezvous socket
+//! inside that directory (mounted read-write into its own container, read-only into the
+//! others). A client whose destination matches `COLO_NETNS_PEERS` (and whose directory for it
+//! holds a colo rendezvous) sends a PROPOSAL as the first bytes of its admitted TCP connection;
+//! the server answers ACCEPT (a fresh server nonce bound to that accepted socket, and the name of
+//! its rendezvous) or DECLINE before its application sees the connection. The client then sends
+//! the ordinary `HELLO(CARRIER)` over that rendezvous, flagged `NETNS`, with both nonces in the
+//! segment header: only a holder of the TCP connection knows them, so the proof replaces the
+//! 4-tuple owner check that cannot work across namespaces (nor through DNAT or masquerading).
+//! Any failure leaves plain TCP, the handshake bytes consumed by colo on both sides.
+
+use crate::carrier::{self, Established, Hello, Offer};
+use crate::log;
+use crate::wire::{self, Message, Mode, Reason, FLAG_NETNS, HEADER_FIELDS, MESSAGE_LEN, PROOF_LEN, PROOF_OFFSET};
+use colo_ring::layout::Geometry;
+use colo_sys::doorbell::Poller;
+use colo_sys::{pathsock, seqpacket, AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::collections::VecDeque;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// First 8 bytes of every message on the TCP stream (a NUL first: no text protocol starts so).
+pub const MAGIC: [u8; 8] = *b"\0COLO-NS";
+/// PROPOSAL's length.
+pub const PROPOSAL_LEN: usize = 40;
+/// ACCEPT's and DECLINE's length.
+pub const ANSWER_LEN: usize = 112;
+const PROPOSAL: u8 = 1;
+const ACCEPT: u8 = 2;
+const DECLINE: u8 = 3;
+/// DECLINE reasons.
+const OTHER_BOOT: u8 = 2;
+const BAD_VERSION: u8 = 1;
+const BUSY: u8 = 3;
+/// Longest rendezvous name an ACCEPT carries.
+const NAME_MAX: usize = 64;
+/// Prefix of every rendezvous name in a directory.
+const NAME_PREFIX: &str = "colo-";
+/// Live nonces (connections answered ACCEPT whose HELLO has not come) per rendezvous.
+const MAX_PENDING: usize = 256;
+/// Rendezvous connections that have sent nothing yet, per rendezvous; the oldest is dropped.
+const MAX_SILENT: usize = 64;
+/// How long a rendezvous connection may stay silent.
+const SILENT_LIFE: Duration = Duration::from_secs(1);
+
+fn env_ms(name: &str, default: u64) -> Duration {
+    Duration::from_millis(std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default))
+}
+
+/// How long a server waits for the first bytes of a connection from another namespace
+/// (`COLO_NETNS_WAIT_MS`, 50): a client that is not colo and waits for the server to speak first
+/// gets its connection that much later.
+fn proposal_wait() -> Duration {
+    static T: OnceLock<Duration> = OnceLock::new();
+    *T.get_or_init(|| env_ms("COLO_NETNS_WAIT_MS", 50))
+}
+
+/// How long a server keeps a nonce it answered for its HELLO, and a client waits for the answer
+/// to its PROPOSAL (`COLO_CARRIER_TIMEOUT_MS`, 500).
+fn answer_wait() -> Duration {
+    static T: OnceLock<Duration> = OnceLock::new();
+    *T.get_or_init(|| env_ms("COLO_CARRIER_TIMEOUT_MS", 500))
+}
+
+fn boot_id() -> Option<[u8; 16]> {
+    static B: OnceLock<Option<[u8; 16]>> = OnceLock::new();
+    *B.get_or_init(|| pathsock::boot_id().ok())
+}
+
+fn nonce<const N: usize>() -> io::Result<[u8; N]> {
+    let mut b = [0u8; N];
+    pathsock::random(&mut b)?;
+    Ok(b)
+}
+
+/// PROPOSAL: magic, type, version, 6 reserved bytes, boot id, client nonce.
+fn proposal(boot: &[u8; 16], client_nonce: &[u8; 8]) -> [u8; PROPOSAL_LEN] {
+    let mut b = [0u8; PROPOSAL_LEN];
+    b[0..8].copy_from_slice(&MAGIC);
+    b[8] = PROPOSAL;
+    b[9] = wire::VERSION;
+    b[16..32].copy_from_slice(boot);
+    b[32..40].copy_from_slice(client_nonce);
+    b
+}
+
+/// ACCEPT (with nonce and name) or DECLINE (with a reason): magic, type, version, reason, name
+/// length, 4 reserved bytes, boot id, server nonce, name (zero-padded).
+fn answer(kind: u8, reason: u8, boot: &[u8; 16], server_nonce: &[u8; 16], name: &[u8]) -> [u8; ANSWER_LEN] {
+    let mut b = [0u8; ANSWER_LEN];
+    b[0..8].copy_from_slice(&MAGIC);
+    b[8] = kind;
+    b[9] = wire::VERSION;
+    b[10] = reason;
+    b[11] = name.len() as u8;
+    b[16..32].copy_from_slice(boot);
+    b[32..48].copy_from_slice(server_nonce);
+    b[48..48 + name.len()].copy_from_slice(name);
+    b
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client side.
+
+/// One `COLO_NETNS_PEERS` entry: destinations (a network, and a port or any) and the directory
+/// where their listeners' rendezvous are mounted.
+#[derive(Debug, Clone)]
+struct Rule {
+    net: IpAddr,
+    prefix: u8,
+    port: Option<u16>,
+    dir: PathBuf,
+}
+
+fn in_net(ip: IpAddr, net: IpAddr, prefix: u8) -> bool {
+    match (crate::carrier::key(SocketAddr::new(ip, 0), SocketAddr::new(ip, 0)).0.ip(), net) {
+        (IpAddr::V4(a), IpAddr::V4(n)) => {
+            let bits = u32::from(prefix.min(32));
+            let mask = if bits == 0 { 0 } else { u32::MAX << (32 - bits) };
+            u32::from(a) & mask == u32::from(n) & mask
+        }
+        (IpAddr::V6(a), IpAddr::V6(n)) => {
+            let bits = u32::from(prefix.min(128));
+            let mask = if bits == 0 { 0 } else { u128::MAX << (128 - bits) };
+            u128::from(a) & mask == u128::from(n) & mask
+        }
+        _ => false,
+    }
+}
+
+/// Parses `COLO_NETNS_PEERS`: comma-separated `DEST[=DIR]`, DEST a network (`10.0.2.0/24`), an
+/// address, or an address and port (`10.96.0.10:80`, `[fd00::1]:80`); DIR defaults to
+/// `COLO_NETNS_PEER_DIR`. Malformed entries are skipped (and logged).
+fn parse_rules(spec: &str, default_dir: Option<&str>) -> Vec<Rule> {
+    let mut out = Vec::new();
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (dest, dir) = match item.split_once('=') {
+            Some((d, dir)) => (d.trim(), Some(dir.trim())),
+            None => (item, default_dir),
+        };
+        let Some(dir) = dir.filter(|d| !d.is_empty()) else {
+            log::info(format_args!("COLO_NETNS_PEERS: {item}: no directory (DEST=DIR or COLO_NETNS_PEER_DIR); skipped"));
+            continue;
+        };
+        let parsed = if let Some((ip, bits)) = dest.split_once('/') {
+            ip.parse::<IpAddr>().ok().zip(bits.parse::<u8>().ok()).map(|(ip, b)| (ip, b, None))
+        } else if let Ok(sa) = dest.parse::<SocketAddr>() {
+            Some((sa.ip(), 128, Some(sa.port())))
+        } else {
+            dest.parse::<IpAddr>().ok().map(|ip| (ip, 128, None))
+        };
+        match parsed {
+            Some((net, prefix, port)) => out.push(Rule { net, prefix, port, dir: PathBuf::from(dir) }),
+            None => log::info(format_args!("COLO_NETNS_PEERS: {item}: not a network, address or address:port; skipped")),
+        }
+    }
+    out
+}
+
+fn rules() -> &'static [Rule] {
+    static R: OnceLock<Vec<Rule>> = OnceLock::new();
+    R.get_or_init(|| match std::env::var("COLO_NETNS_PEERS") {
+        Ok(spec) => parse_rules(&spec, std::env::var("COLO_NETNS_PEER_DIR").ok().as_deref()),
+        Err(_) => Vec::new(),
+    })
+}
+
+/// Whether any cross-namespace destination is configured (nothing else here costs anything
+/// when none is).
+pub fn client_configured() -> bool {
+    !rules().is_empty()
+}
+
+/// The directory of the colo listener serving `target` in another namespace, if `target` is
+/// configured and a live colo listener has its rendezvous in that directory now: for a network
+/// or address entry, one listening on `target`'s port; for an `address:port` entry (a Service
+/// address, whose port translation may change), any. Only then does a client propose.
+pub fn peer_dir(target: SocketAddr) -> Option<&'static Path> {
+    let ip = crate::carrier::key(target, target).0.ip();
+    rules()
+        .iter()
+        .filter(|r| r.port.is_none_or(|p| p == target.port()) && in_net(ip, r.net, r.prefix))
+        .find(|r| pathsock::live_listener(&r.dir, NAME_PREFIX, if r.port.is_some() { None } else { Some(target.port()) }))
+        .map(|r| r.dir.as_path())
+}
+
+/// What became of a proposal.
+#[derive(Debug)]
+pub enum Dialed {
+    /// The server accepted; `HELLO(CARRIER)` with the proof is out: decide it as any offer.
+    Offered(Box<Offer>),
+    /// Plain TCP: nothing of colo remains in either direction of the stream (or the server is
+    /// not colo and the stream is the application's as it is). The reason is for the log.
+    Plain(String),
+    /// The stream is unusable: no answer came in time (the server may still send one).
+    Broken(io::Error),
+}
+
+/// Sends the PROPOSAL on the connected TCP socket `tcp` (`local` → `target`, as this side sees
+/// it), reads the answer (bounded), and on ACCEPT connects to the rendezvous it names inside
+/// `dir` and offers a segment of `geometry`. Blocking (bounded) whatever the socket's mode.
+pub fn propose(tcp: BorrowedFd<'_>, dir: &Path, local: SocketAddr, target: SocketAddr, geometry: Geometry) -> Dialed {
+    let Some(boot) = boot_id() else { return Dialed::Plain("no boot id".into()) };
+    let client_nonce = match nonce::<8>() {
+        Ok(n) => n,
+        Err(e) => return Dialed::Plain(format!("random: {e}")),
+    };
+    // The directory first: a client that cannot use it sends nothing.
+    let (dirfd, dir_uid) = match pathsock::open_dir(dir) {
+        Ok(d) => d,
+        Err(e) => return Dialed::Plain(format!("{}: {e}", dir.display())),
+    };
+    let wait = answer_wait();
+    if let Err(e) = pathsock::send_tcp(tcp, &proposal(&boot, &client_nonce), wait) {
+        return Dialed::Broken(e);
+    }
+    let mut a = [0u8; ANSWER_LEN];
+    match read_answer(tcp, &mut a, wait) {
+        Ok(true) => {}
+        Ok(false) => return Dialed::Plain("the server is not colo (its first bytes are not an answer)".into()),
+        Err(e) => return Dialed::Broken(e),
+    }
+    if a[8] == DECLINE || a[8] != ACCEPT {
+        return Dialed::Plain(format!("declined (reason {})", a[10]));
+    }
+    if a[16..32] != boot {
+        return Dialed::Plain("the server runs on another boot".into());
+    }
+    let len = usize::from(a[11]);
+    let name = &a[48..48 + len.min(NAME_MAX)];
+    if len > NAME_MAX || !pathsock::valid_name(name) {
+        return Dialed::Plain("the server named a rendezvous outside its directory".into());
+    }
+    let control = match pathsock::connect_at(dirfd.as_fd(), name) {
+        Ok(c) => c,
+        Err(e) => return Dialed::Plain(format!("rendezvous: {e}")),
+    };
+    // The rendezvous is bound by whoever may write in the directory: its owner (or root), or this
+    // user. Nothing is sent to another.
+    let (server_pid, server_uid) = match pathsock::peer_cred_any(&control) {
+        Ok(c) => c,
+        Err(e) => return Dialed::Plain(format!("rendezvous credentials: {e}")),
+    };
+    if ![0, dir_uid, colo_sys::host::uid()].contains(&server_uid) {
+        return Dialed::Plain(format!("rendezvous of uid {server_uid}, directory of uid {dir_uid}"));
+    }
+    let mut proof = [0u8; PROOF_LEN];
+    proof[..8].copy_from_slice(&client_nonce);
+    proof[8..].copy_from_slice(&a[32..48]);
+    match carrier::offer_with(control, server_pid, local, target, geometry, Some(&proof)) {
+        Ok(o) => Dialed::Offered(Box::new(o)),
+        Err(e) => Dialed::Plain(format!("offer: {e}")),
+    }
+}
+
+/// The API's dial of `addr`, a configured listener of another namespace whose rendezvous is in
+/// `dir`: TCP first, then the proposal; plain TCP on that same connection unless it is claimed.
+pub(crate) fn dial(addr: SocketAddr, dir: &Path, opts: &crate::options::Options) -> io::Result<crate::handshake::Dialed> {
+    use crate::carrier::{Abandon, Answer};
+    use crate::handshake::Dialed as D;
+    let tcp = match opts.tcp_connect_limit() {
+        Some(t) => std::net::TcpStream::connect_timeout(&addr, t),
+        None => std::net::TcpStream::connect(addr),
+    }?;
+    let _ = tcp.set_nodelay(true);
+    let local = tcp.local_addr()?;
+    let offer = match propose(tcp.as_fd(), dir, local, addr, opts.geometry()) {
+        Dialed::Offered(o) => o,
+        Dialed::Plain(why) => {
+            log::info(format_args!("dial {addr}: cross-namespace: {why}; plain TCP"));
+            return Ok(D::Tcp(tcp));
+        }
+        Dialed::Broken(e) => return Err(e),
+    };
+    let claimed = match offer.wait_answer(answer_wait()) {
+        Answer::Welcome => true,
+        _ => match offer.abandon() {
+            // Nothing was written into the ring yet, so there is nothing to flush.
+            Abandon::Abandoned => false,
+            Abandon::Claimed => offer.wait_answer(Duration::from_secs(5)) == Answer::Welcome,
+        },
+    };
+    if !claimed {
+        log::info(format_args!("dial {addr}: cross-namespace offer not claimed; plain TCP"));
+        return Ok(D::Tcp(tcp));
+    }
+    Ok(D::Carrier(offer.established().into_shm(opts.spin_mode())?, tcp))
+}
+
+/// Reads exactly one answer into `a`: `Ok(false)` (nothing consumed) if the first bytes are not
+/// the magic or the stream ended first; an error if it does not come within `wait`.
+fn read_answer(tcp: BorrowedFd<'_>, a: &mut [u8; ANSWER_LEN], wait: Duration) -> io::Result<bool> {
+    let deadline = Instant::now() + wait;
+    loop {
+        match pathsock::recv_tcp(tcp, a, true) {
+            Ok(0) => return Ok(false),
+            Ok(n) if a[..n.min(8)] != MAGIC[..n.min(8)] => return Ok(false),
+            Ok(ANSWER_LEN) => {
+                // Peeked whole: now taken off the stream.
+                let mut taken = [0u8; ANSWER_LEN];
+                return match pathsock::recv_tcp(tcp, &mut taken, false) {
+                    Ok(ANSWER_LEN) => Ok(true),
+                    Ok(_) => Err(io::ErrorKind::UnexpectedEof.into()),
+                    Err(e) => Err(e),
+                };
+            }
+            Ok(_) => std::thread::sleep(Duration::from_micros(200)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "no answer to the colo proposal"));
+        }
+        pathsock::wait_readable(tcp, left)?;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Server side.
+
+#[derive(Debug)]
+struct PendingNonce {
+    server: [u8; 16],
+    client: [u8; 8],
+    hello: Option<Box<Hello>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    pending: Vec<PendingNonce>,
+    /// Rendezvous connections that have sent nothing yet, oldest first.
+    silent: VecDeque<(OwnedFd, Instant)>,
+}
+
+/// A listener's rendezvous inside `COLO_NETNS_DIR`, and the nonces it answered.
+#[derive(Debug)]
+pub struct Rendezvous {
+    listen: OwnedFd,
+    name: String,
+    path: PathBuf,
+    /// The process that bound it (a forked child that drops its copy leaves the file).
+    owner: u32,
+    /// Locked while the rendezvous is served (`pathsock::hold_live`).
+    _live: OwnedFd,
+    boot: [u8; 16],
+    /// The listening socket and the silent connections (level-triggered).
+    poller: Poller,
+    state: Mutex<State>,
+}
+
+impl Rendezvous {
+    /// The rendezvous of this process's listener on `port`, if `COLO_NETNS_DIR` is set (and
+    /// usable: otherwise logged, and the listener serves its own namespace only).
+    pub fn bind(port: u16) -> Option<Rendezvous> {
+        let dir = served_dir()?;
+        let pid = colo_sys::host::pid();
+        let name = format!("{NAME_PREFIX}{pid}-{port}");
+        let made = (|| -> io::Result<(OwnedFd, Poller, [u8; 16], OwnedFd)> {
+            let boot = pathsock::boot_id()?;
+            let listen = pathsock::listen_at(dir, &name)?;
+            let poller = Poller::new()?;
+            poller.add(&listen, 0)?;
+            // Last: clients propose once this lock is seen.
+            let live = pathsock::hold_live(dir, &name)?;
+            Ok((listen, poller, boot, live))
+        })();
+        match made {
+            Ok((listen, poller, boot, live)) => Some(Rendezvous {
+                _live: live,
+                listen,
+                path: dir.join(&name),
+                name,
+                owner: pid,
+                boot,
+                poller,
+                state: Mutex::new(State::default()),
+            }),
+            Err(e) => {
+                log::info(format_args!("COLO_NETNS_DIR {}: {name}: {e}; serving this namespace only", dir.display()));
+                None
+            }
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Before the application sees the TCP connection `tcp` just accepted (`local` ← `peer`, as
+    /// this side sees it): if it opens with a PROPOSAL, answers it and waits (bounded) for the
+    /// proved offer, then claims it. `None`: plain TCP, the stream as the client sent it (a
+    /// PROPOSAL answered is consumed, and so is the answer on the client's side).
+    pub fn serve(&self, tcp: BorrowedFd<'_>, local: SocketAddr, peer: SocketAddr) -> Option<Established> {
+        let mut p = [0u8; PROPOSAL_LEN];
+        if !read_proposal(tcp, &mut p) {
+            return None;
+        }
+        let declined = |reason: u8, why: &str| {
+            let _ = pathsock::send_tcp(tcp, &answer(DECLINE, reason, &self.boot, &[0; 16], b""), answer_wait());
+            log::info(format_args!("accept {peer}: cross-namespace proposal declined: {why}; plain TCP"));
+            None
+        };
+        if p[9] != wire::VERSION {
+            return declined(BAD_VERSION, "version");
+        }
+        if p[16..32] != self.boot {
+            return declined(OTHER_BOOT, "another boot (another host)");
+        }
+        let Ok(server) = nonce::<16>() else { return declined(BUSY, "no random bytes") };
+        let client: [u8; 8] = p[32..40].try_into().expect("8 bytes");
+        {
+            let mut st = self.state();
+            if st.pending.len() >= MAX_PENDING {
+                drop(st);
+                return declined(BUSY, "too many handshakes under way");
+            }
+            st.pending.push(PendingNonce { server, client, hello: None });
+        }
+        let found = self.answer_and_wait(tcp, &server);
+        let hello = {
+            let mut st = self.state();
+            let at = st.pending.iter().position(|e| e.server == server);
+            at.and_then(|i| st.pending.swap_remove(i).hello).or(found)
+        };
+        let Some(hello) = hello else {
+            log::info(format_args!("accept {peer}: no proved offer in time; plain TCP"));
+            return None;
+        };
+        match hello.claim_proved(local, peer) {
+            Ok(est) => Some(est),
+            Err(why) => {
+                log::info(format_args!("accept {peer}: cross-namespace offer not claimed: {why}; plain TCP"));
+                None
+            }
+        }
+    }
+
+    /// Sends ACCEPT with `server` and waits for the HELLO that proves it.
+    fn answer_and_wait(&self, tcp: BorrowedFd<'_>, server: &[u8; 16]) -> Option<Box<Hello>> {
+        let wait = answer_wait();
+        let a = answer(ACCEPT, 0, &self.boot, server, self.name.as_bytes());
+        if pathsock::send_tcp(tcp, &a, wait).is_err() {
+            return None;
+        }
+        let deadline = Instant::now() + wait;
+        loop {
+            {
+                let mut st = self.state();
+                self.drain(&mut st);
+                if let Some(e) = st.pending.iter_mut().find(|e| &e.server == server) {
+                    if let Some(h) = e.hello.take() {
+                        return Some(h);
+                    }
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            // Another thread may drain what woke us: look again at least every millisecond.
+            let _ = self.poller.wait(Some(left.min(Duration::from_millis(1))));
+        }
+    }
+
+    /// Accepts queued rendezvous connections and reads the HELLOs that arrived, routing each to
+    /// the nonce it proves (refused: none does); expires silent connections.
+    fn drain(&self, st: &mut State) {
+        loop {
+            match seqpacket::accept(&self.listen) {
+                Ok(fd) => {
+                    // A client sends its HELLO right after connecting: read at once, so that a
+                    // flood of silent connections cannot push it out of the bounded set below.
+                    if seqpacket::with_data(&[fd.as_fd()])[0] {
+                        if let Some(h) = read_proved_hello(fd) {
+                            route(st, h);
+                        }
+                        continue;
+                    }
+                    if st.silent.len() >= MAX_SILENT {
+                        if let Some((old, _)) = st.silent.pop_front() {
+                            let _ = self.poller.delete(&old);
+                        }
+                    }
+                    if self.poller.add(&fd, 1).is_ok() {
+                        st.silent.push_back((fd, Instant::now()));
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if matches!(e.raw_os_error(), Some(103 | 104 | 71)) => {}
+                Err(_) => break,
+            }
+        }
+        let now = Instant::now();
+        let ready = {
+            let fds: Vec<_> = st.silent.iter().map(|(f, _)| f.as_fd()).collect();
+            seqpacket::with_data(&fds)
+        };
+        let mut keep = VecDeque::with_capacity(st.silent.len());
+        for ((fd, since), ready) in std::mem::take(&mut st.silent).into_iter().zip(ready) {
+            if !ready {
+                if now.duration_since(since) < SILENT_LIFE {
+                    keep.push_back((fd, since));
+                } else {
+                    let _ = self.poller.delete(&fd);
+                }
+                continue;
+            }
+            let _ = self.poller.delete(&fd);
+            if let Some(h) = read_proved_hello(fd) {
+                route(st, h);
+            }
+        }
+        st.silent = keep;
+    }
+}
+
+/// Hands a proved HELLO to the connection whose nonces it carries; refuses it otherwise.
+fn route(st: &mut State, (h, proof): (Box<Hello>, [u8; PROOF_LEN])) {
+    let slot = st.pending.iter_mut().find(|e| e.hello.is_none() && e.client[..] == proof[..8] && e.server[..] == proof[8..]);
+    match slot {
+        Some(e) => e.hello = Some(h),
+        None => {
+            carrier::reject(&h.control, Reason::NotClaimed);
+            log::info(format_args!("cross-namespace offer with no live nonce (forged, replayed or late); refused"));
+        }
+    }
+}
+
+/// Reads the `HELLO(CARRIER)` flagged NETNS queued on `control`, with its descriptors and the
+/// proof from its segment header; anything else is refused (REJECT where it makes sense).
+fn read_proved_hello(control: OwnedFd) -> Option<(Box<Hello>, [u8; PROOF_LEN])> {
+    let mut buf = [0u8; 64];
+    let r = seqpacket::recv(&control, &mut buf, true).ok()?;
+    if r.len == 0 && r.fds.is_empty() {
+        return None;
+    }
+    let netns = r.len == MESSAGE_LEN && u32::from_le_bytes(buf[8..12].try_into().expect("4 bytes")) & FLAG_NETNS != 0;
+    let carrier_hello = matches!(Message::decode(&buf[..r.len.min(MESSAGE_LEN)]), Ok(Message::Hello { version: wire::VERSION, mode: Mode::Carrier }));
+    let mut fds = r.fds.into_iter();
+    let (Some(memfd), Some(cb), Some(sb), None) = (fds.next(), fds.next(), fds.next(), fds.next()) else {
+        carrier::reject(&control, Reason::BadMessage);
+        return None;
+    };
+    if r.truncated || !netns || !carrier_hello {
+        carrier::reject(&control, Reason::BadMessage);
+        return None;
+    }
+    let hello = carrier::hello_from_fds(control, memfd, cb, sb, Mode::Carrier).ok()?;
+    let mut head = [0u8; HEADER_FIELDS];
+    if !matches!(colo_sys::segment::read_prefix(&hello.memfd, &mut head), Ok(HEADER_FIELDS)) {
+        carrier::reject(&hello.control, Reason::BadSegment);
+        return None;
+    }
+    let proof: [u8; PROOF_LEN] = head[PROOF_OFFSET..PROOF_OFFSET + PROOF_LEN].try_into().expect("24 bytes");
+    Some((Box::new(hello), proof))
+}
+
+/// Waits (bounded) for the first bytes of an accepted connection and takes a whole PROPOSAL off
+/// the stream if they are one; leaves the stream untouched otherwise.
+fn read_proposal(tcp: BorrowedFd<'_>, p: &mut [u8; PROPOSAL_LEN]) -> bool {
+    let deadline = Instant::now() + proposal_wait();
+    loop {
+        match pathsock::recv_tcp(tcp, p, true) {
+            Ok(0) => return false,
+            Ok(n) if p[..n.min(8)] != MAGIC[..n.min(8)] => return false,
+            Ok(n) if n >= 10 && p[8] != PROPOSAL => return false,
+            Ok(PROPOSAL_LEN) => {
+                let mut taken = [0u8; PROPOSAL_LEN];
+                return matches!(pathsock::recv_tcp(tcp, &mut taken, false), Ok(PROPOSAL_LEN));
+            }
+            Ok(_) => std::thread::sleep(Duration::from_micros(200)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => return false,
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || !pathsock::wait_readable(tcp, left).unwrap_or(false) {
+            return false;
+        }
+    }
+}
+
+/// For a process that serves other namespaces (`COLO_NETNS_DIR`) but has no rendezvous for this
+/// listener (its directory refused the bind: a worker that dropped privileges, say): takes a
+/// PROPOSAL at the head of the accepted connection `tcp` off the stream and answers DECLINE, so
+/// that its application never sees it. Nothing happens to a stream that does not open with one.
+pub fn decline(tcp: BorrowedFd<'_>, peer: SocketAddr) {
+    let mut p = [0u8; PROPOSAL_LEN];
+    if read_proposal(tcp, &mut p) {
+        let boot = boot_id().unwrap_or([0; 16]);
+        let _ = pathsock::send_tcp(tcp, &answer(DECLINE, BUSY, &boot, &[0; 16], b""), answer_wait());
+        log::info(format_args!("accept {peer}: cross-namespace proposal declined: no rendezvous of this process (COLO_NETNS_DIR not writable?); plain TCP"));
+    }
+}
+
+/// Whether a connection from `peer` may come from another namespace (so is worth waiting for a
+/// PROPOSAL on): not from an address of this one.
+pub fn from_elsewhere(peer: SocketAddr) -> bool {
+    !colo_sys::host::is_local(peer.ip())
+}
+
+/// The rendezvous of this process's listeners by port (the LD_PRELOAD shim's, which has no
+/// listener object of its own to keep them in). Never freed: at most one per listening port and
+/// process, and a closed listener's rendezvous answers nobody (no TCP connection names it).
+static SERVING: Mutex<Vec<(u16, &'static Rendezvous)>> = Mutex::new(Vec::new());
+
+/// Whether this process serves other namespaces (`COLO_NETNS_DIR` is set): then a connection
+/// from another namespace may carry a PROPOSAL whatever its port (address translation may have
+/// changed the client's odd port).
+pub fn server_configured() -> bool {
+    served_dir().is_some()
+}
+
+/// `COLO_NETNS_DIR`, read once: a forked worker whose server cleared its environment (nginx's
+/// workers keep only `TZ`) still has the directory its master listened with.
+fn served_dir() -> Option<&'static Path> {
+    static D: OnceLock<Option<PathBuf>> = OnceLock::new();
+    D.get_or_init(|| std::env::var_os("COLO_NETNS_DIR").filter(|d| !d.is_empty()).map(PathBuf::from)).as_deref()
+}
+
+/// A listener of this process on `port` started listening: binds its rendezvous if
+/// `COLO_NETNS_DIR` is set (so that clients see a colo listener in the directory).
+pub fn listening(port: u16) {
+    let _ = serving(port);
+}
+
+/// The rendezvous of this process's listener on `port`, bound now if this process has none (a
+/// forked child gets its own: the nonces it hands out are its own).
+pub fn serving(port: u16) -> Option<&'static Rendezvous> {
+    if !server_configured() {
+        return None;
+    }
+    let mut all = SERVING.lock().unwrap_or_else(|e| e.into_inner());
+    let pid = colo_sys::host::pid();
+    if let Some((_, r)) = all.iter().find(|(p, r)| *p == port && r.owner == pid) {
+        return Some(r);
+    }
+    let r: &'static Rendezvous = Box::leak(Box::new(Rendezvous::bind(port)?));
+    // A parent's entry for the port is replaced (its descriptor stays open in this process).
+    all.retain(|(p, _)| *p != port);
+    all.push((port, r));
+    Some(r)
+}
+
+impl Drop for Rendezvous {
+    fn drop(&mut self) {
+        if colo_sys::host::pid() == self.owner {
+            let _ = std::fs::remove_file(&self.path);
+            let mut live = self.path.clone().into_os_string();
+            live.push(pathsock::LIVE_SUFFIX);
+            let _ = std::fs::remove_file(live);
+        }
+    }
+}
+
+impl AsRawFd for Rendezvous {
+    fn as_raw_fd(&self) -> colo_sys::RawFd {
+        self.listen.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_parse_and_match() {
+        let r = parse_rules("10.0.2.0/24=/a, 10.96.0.10:80 ,bad,[fd00::1]:443=/c", Some("/b"));
+        assert_eq!(r.len(), 3);
+        assert!(in_net("10.0.2.7".parse().unwrap(), r[0].net, r[0].prefix));
+        assert!(!in_net("10.0.3.7".parse().unwrap(), r[0].net, r[0].prefix));
+        assert!(in_net("::ffff:10.0.2.9".parse().unwrap(), r[0].net, r[0].prefix));
+        assert_eq!((r[1].port, r[1].dir.as_path()), (Some(80), Path::new("/b")));
+        assert_eq!(r[2].port, Some(443));
+        assert!(parse_rules("10.0.0.1", None).is_empty());
+    }
+
+    fn unhex(s: &str) -> Vec<u8> {
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    }
+
+    #[test]
+    fn golden_vectors() {
+        let path = format!("{}/../../spec/vectors/netns.json", env!("CARGO_MANIFEST_DIR"));
+        let vs: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        for v in vs.as_array().unwrap() {
+            let hex = |k: &str| unhex(v[k].as_str().unwrap());
+            let want = hex("hex");
+            let boot: [u8; 16] = if v["boot"].is_null() { [0; 16] } else { hex("boot").try_into().unwrap() };
+            let got = match v["name"].as_str().unwrap() {
+                "proposal" => proposal(&boot, &hex("client_nonce").try_into().unwrap()).to_vec(),
+                "accept" => answer(ACCEPT, 0, &boot, &hex("server_nonce").try_into().unwrap(), v["rendezvous"].as_str().unwrap().as_bytes()).to_vec(),
+                "decline_other_boot" => answer(DECLINE, OTHER_BOOT, &boot, &[0; 16], b"").to_vec(),
+                "hello_carrier_netns" => {
+                    assert_eq!((v["proof_offset"].as_u64(), v["proof_len"].as_u64()), (Some(PROOF_OFFSET as u64), Some(PROOF_LEN as u64)));
+                    let mut h = Message::Hello { version: 1, mode: Mode::Carrier }.encode();
+                    h[8..12].copy_from_slice(&FLAG_NETNS.to_le_bytes());
+                    h.to_vec()
+                }
+                other => panic!("unknown vector {other}"),
+            };
+            assert_eq!(got, want, "{v}");
+        }
+    }
+
+    #[test]
+    fn messages_have_their_layout() {
+        let p = proposal(&[7; 16], &[9; 8]);
+        assert_eq!(&p[..8], b"\0COLO-NS");
+        assert_eq!((p[8], p[9]), (PROPOSAL, 1));
+        assert_eq!(&p[32..], &[9; 8]);
+        let a = answer(ACCEPT, 0, &[7; 16], &[5; 16], b"colo-1-80");
+        assert_eq!((a[8], a[11]), (ACCEPT, 9));
+        assert_eq!(&a[48..57], b"colo-1-80");
+        assert!(a[57..].iter().all(|b| *b == 0));
+    }
+}

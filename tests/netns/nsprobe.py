@@ -1,0 +1,187 @@
+"""The cross-namespace handshake (spec/WIRE.md section 11) spoken by hand, for tests/netns/run.sh.
+
+    nsprobe.py replay HOST PORT DIR
+        Proposes on a TCP connection to HOST:PORT, reads ACCEPT, offers a segment with the proof
+        over the rendezvous in DIR (expects WELCOME), then offers a second segment with the same
+        proof (a replay) and one with a forged server nonce. Prints one line per step:
+        `ACCEPT <name>`, `FIRST <answer>`, `REPLAY <answer>`, `FORGED <answer>`.
+    nsprobe.py otherboot HOST PORT
+        Proposes with another boot id (another host): expects DECLINE, then speaks redis on the
+        same connection. Prints `DECLINED <reason>` and the reply to PING (`PONG`).
+    nsprobe.py forge DIR
+        Without any TCP connection: offers segments with random proofs to every rendezvous in
+        DIR. Prints `FORGED <answer>` per try, or `NOCONNECT <errno name>`.
+    nsprobe.py flood DIR N SECONDS
+        Holds N silent connections to every rendezvous in DIR (reconnecting what the server
+        drops) and sends garbage on others, for SECONDS. Prints `FLOOD <connections made>`.
+    nsprobe.py hold HOST PORT SECONDS
+        A redis client: PING, prints `PONG`, then waits for the server for SECONDS and prints how
+        the connection ended: `EOF`, `RESET`, or `OPEN`.
+"""
+import errno
+import fcntl
+import os
+import socket
+import struct
+import sys
+import time
+
+MAGIC = b"\0COLO-NS"
+F_ADD_SEALS, F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_GROW = 1033, 1, 2, 4
+FLAG_NETNS = 2
+
+
+def boot_id():
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return bytes.fromhex(f.read().strip().replace("-", ""))
+
+
+def addr_record(ip, port):
+    return struct.pack("<HH", 4, port) + socket.inet_aton(ip) + bytes(12) + bytes(4)
+
+
+def segment(proof, client, server):
+    ring = 4096
+    size = 4096 + 2 * (4096 + ring)
+    h = b"COLOSEG\0" + struct.pack("<IIQIIIIII", 1, 4096, size, ring, 0, 0, 1, os.getpid(), 0)
+    h += addr_record(*client) + addr_record(*server)
+    h = h.ljust(104, b"\0") + proof
+    fd = os.memfd_create("colo-seg", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    os.pwrite(fd, h, 0)
+    fcntl.fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW)
+    return fd
+
+
+def offer(path, proof):
+    """Offers a segment with `proof` at the rendezvous `path`; the server's answer."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(path)
+    memfd = segment(proof, ("10.0.0.1", 40001), ("10.0.0.2", 6379))
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    hello = struct.pack("<IBBBxII", 0x4F4C4F43, 1, 1, 2, FLAG_NETNS, 0)
+    socket.send_fds(s, [hello], [memfd, b.fileno(), b.fileno()])
+    s.settimeout(3)
+    try:
+        r = s.recv(64)
+    except socket.timeout:
+        return "TIMEOUT"
+    except OSError:
+        return "CLOSED"
+    if len(r) != 16:
+        return "CLOSED"
+    kind, arg = r[4], r[6]
+    return {2: "WELCOME", 3: "REJECT(%d)" % arg}.get(kind, "CLOSED")
+
+
+def rendezvous(d):
+    return [os.path.join(d, n) for n in sorted(os.listdir(d)) if n.startswith("colo-") and not n.endswith(".live")]
+
+
+def replay(host, port, d):
+    t = socket.create_connection((host, int(port)), timeout=3)
+    cn = os.urandom(8)
+    t.sendall(MAGIC + bytes([1, 1]) + bytes(6) + boot_id() + cn)
+    a = b""
+    while len(a) < 112:
+        chunk = t.recv(112 - len(a))
+        if not chunk:
+            print("NOANSWER")
+            return
+        a += chunk
+    if a[:8] != MAGIC or a[8] != 2:
+        print("DECLINED %d" % a[10])
+        return
+    name = a[48:48 + a[11]].decode()
+    print("ACCEPT", name, flush=True)
+    proof = cn + a[32:48]
+    path = os.path.join(d, name)
+    print("FIRST", offer(path, proof), flush=True)
+    print("REPLAY", offer(path, proof), flush=True)
+    print("FORGED", offer(path, cn + os.urandom(16)), flush=True)
+    t.close()
+
+
+def otherboot(host, port):
+    t = socket.create_connection((host, int(port)), timeout=3)
+    boot = bytes(b ^ 0xFF for b in boot_id())
+    t.sendall(MAGIC + bytes([1, 1]) + bytes(6) + boot + os.urandom(8))
+    a = b""
+    while len(a) < 112:
+        chunk = t.recv(112 - len(a))
+        if not chunk:
+            print("NOANSWER")
+            return
+        a += chunk
+    print("DECLINED %d" % a[10] if a[:8] == MAGIC and a[8] == 3 else "ANSWER %d" % a[8], flush=True)
+    t.sendall(b"PING\r\n")
+    print(t.recv(64).decode().strip().lstrip("+"), flush=True)
+
+
+def forge(d):
+    for path in rendezvous(d):
+        for _ in range(3):
+            try:
+                print("FORGED", offer(path, os.urandom(24)), flush=True)
+            except ConnectionRefusedError:
+                print("STALE", path, flush=True)  # a killed server's leftover socket file
+                break
+            except OSError as e:
+                print("NOCONNECT", errno.errorcode.get(e.errno, e.errno), flush=True)
+                break
+
+
+def flood(d, n, seconds):
+    held, made = [], 0
+    end = time.time() + float(seconds)
+    while time.time() < end:
+        for path in rendezvous(d):
+            while len(held) < int(n):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                s.setblocking(False)
+                try:
+                    s.connect(path)
+                except OSError:
+                    s.close()
+                    break
+                made += 1
+                if made % 4 == 0:
+                    try:
+                        s.send(b"garbage, not a HELLO")
+                    except OSError:
+                        pass
+                held.append(s)
+        # Drop what the server closed; keep the rest.
+        alive = []
+        for s in held:
+            try:
+                if s.recv(64, socket.MSG_DONTWAIT | socket.MSG_PEEK) == b"":
+                    s.close()
+                    continue
+            except BlockingIOError:
+                pass
+            except OSError:
+                s.close()
+                continue
+            alive.append(s)
+        held = alive
+        time.sleep(0.01)
+    print("FLOOD", made, flush=True)
+
+
+def hold(host, port, seconds):
+    s = socket.create_connection((host, int(port)), timeout=5)
+    s.sendall(b"PING\r\n")
+    print(s.recv(64).decode().strip().lstrip("+"), flush=True)
+    s.settimeout(float(seconds))
+    try:
+        r = s.recv(64)
+        print("EOF" if r == b"" else "DATA", flush=True)
+    except socket.timeout:
+        print("OPEN", flush=True)
+    except ConnectionResetError:
+        print("RESET", flush=True)
+
+
+if __name__ == "__main__":
+    {"replay": replay, "otherboot": otherboot, "forge": forge, "flood": flood, "hold": hold}[sys.argv[1]](*sys.argv[2:])

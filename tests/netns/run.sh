@@ -1,0 +1,359 @@
+#!/bin/bash
+# colo across network namespaces (issue 26, spec/WIRE.md section 11), on this host, as root.
+# Namespaces A (client), B (server), C (attacker), routed through the host over veth pairs.
+# B's rendezvous directory is a directory of root's (0755): A uses it as configured, C is
+# nobody, or root behind a read-only bind mount. Asserts outcomes (bytes, which connections are
+# on shared memory per the shim's log and `colo stat`), then measures redis -c 50 GET across the
+# namespaces, colo against plain TCP over the same veth path (printed, not asserted).
+# Every command that can hang runs under `timeout`; everything is removed on exit.
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+COLO=${COLO:-$ROOT/rust/target/release/colo}
+PROBE="python3 $HERE/nsprobe.py"
+[ "$(id -u)" = 0 ] || { echo "tests/netns: needs root (network namespaces)"; exit 1; }
+for t in ip iptables redis-server redis-benchmark redis-cli python3 setpriv unshare; do
+    command -v $t >/dev/null || { echo "tests/netns: $t is missing"; exit 1; }
+done
+[ -x "$COLO" ] || { echo "tests/netns: $COLO is missing (make build)"; exit 1; }
+
+. "$HERE/setup.sh"
+WORK=$(mktemp -d /tmp/colo-netns.XXXXXX)
+chmod 755 "$WORK"
+DIR=$WORK/b
+mkdir -m 755 "$DIR"
+PIDS=()
+cleanup() {
+    local p
+    # TERM first: nginx's master then stops its workers (a killed master orphans them).
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+    sleep 0.3
+    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+    netns_down
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+FAILED=0
+ok() { echo "ok   $*"; }
+bad() { echo "FAIL $*"; FAILED=1; }
+netns_up || { echo "tests/netns: could not set up namespaces"; exit 1; }
+
+# B's nginx has a directory of its own, writable by its workers (nobody): each binds its own.
+NDIR=$WORK/nginx-colo
+mkdir -m 755 "$NDIR" && chown nobody "$NDIR"
+CENV=(env COLO_LOG=info COLO_NETNS_PEERS=10.231.2.0/24,$VIP:80,$IP_B:8080=$NDIR COLO_NETNS_PEER_DIR=$DIR)
+in_a() { ip netns exec "$NS_A" "${CENV[@]}" timeout 60 "$COLO" run -- "$@"; }
+in_a_plain() { ip netns exec "$NS_A" timeout 60 "$@"; }
+# For the background (a command, not a function: `$!` is then the program itself, as (`ip netns exec`, `env` and `colo run`
+# exec it); each bounds its own life.
+BG_A=(ip netns exec "$NS_A" "${CENV[@]}" "$COLO" run --)
+REDIS_ARGS=(--bind 0.0.0.0 --protected-mode no --save '' --appendonly no)
+
+start_redis() {
+    ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_DIR="$DIR" "$COLO" run -- \
+        redis-server --port 6379 "${REDIS_ARGS[@]}" >"$WORK/redis.log" 2>&1 </dev/null &
+    REDIS=$!
+    PIDS+=("$REDIS")
+    local i
+    for i in $(seq 100); do
+        ls "$DIR"/colo-*-6379.live >/dev/null 2>&1 &&
+            [ "$(ip netns exec "$NS_B" timeout 5 redis-cli -p 6379 ping 2>/dev/null)" = PONG ] && return 0
+        sleep 0.1
+    done
+    echo "redis did not start"; cat "$WORK/redis.log"; exit 1
+}
+accepted() { grep -c "accelerated (shared memory, other namespace)" "$WORK/redis.log"; }
+
+start_redis
+
+# 1. Pod to pod: redis-benchmark -c 50 across the namespaces, every connection on shared memory.
+before=$(accepted)
+out=$(in_a redis-benchmark -h $IP_B -p 6379 -c 50 -n 20000 -t get,set -q 2>"$WORK/bench.err" | tr '\r' '\n')
+n=$(( $(accepted) - before ))
+if echo "$out" | grep -q "^SET: .* requests per second" && echo "$out" | grep -q "^GET: .* requests per second" && [ "$n" -ge 100 ]; then
+    ok "1 pod-to-pod: redis-benchmark -c 50 -t get,set completed, $n connections accelerated"
+else
+    bad "1 pod-to-pod: $n accelerated; output: $out $(tail -3 "$WORK/bench.err")"
+fi
+# `colo stat` (from the host, which sees both pids) marks both ends as crossing namespaces.
+"${BG_A[@]}" $PROBE hold $IP_B 6379 4 >"$WORK/hold1" 2>&1 &
+PIDS+=($!)
+for i in $(seq 50); do grep -qs PONG "$WORK/hold1" && break; sleep 0.1; done
+crossed=$(timeout 10 "$COLO" stat --json | python3 -c '
+import json, sys
+v = json.load(sys.stdin)
+print(sum(1 for c in v["connections"] if c.get("other_netns") and c["program"] in ("python3", "redis-server")))')
+if [ "$crossed" -ge 2 ]; then ok "1 colo stat: $crossed connection ends marked other_netns"; else bad "1 colo stat: $crossed ends marked"; fi
+wait $! 2>/dev/null
+
+# 2. Through a Service VIP (DNAT VIP:80 -> B:6379), then with masquerading (B sees the host).
+before=$(accepted)
+r=$(in_a redis-cli -h $VIP -p 80 set k dnat-value 2>/dev/null; in_a redis-cli -h $VIP -p 80 get k 2>/dev/null)
+if [ "$r" = "$(printf 'OK\ndnat-value')" ] && [ $(( $(accepted) - before )) -eq 2 ]; then
+    ok "2 DNAT VIP:80 -> B:6379: bytes intact, accelerated"
+else
+    bad "2 DNAT: got '$r', $(( $(accepted) - before )) accelerated"
+fi
+ipt -t nat -A POSTROUTING -s 10.231.1.0/24 -d 10.231.2.0/24 -j MASQUERADE -m comment --comment "$P"
+before=$(accepted)
+r=$(in_a redis-cli -h $IP_B -p 6379 get k 2>/dev/null)
+last=$(grep "other namespace" "$WORK/redis.log" | tail -1)
+if [ "$r" = dnat-value ] && [ $(( $(accepted) - before )) -eq 1 ] && echo "$last" | grep -q "accept 10.231.2.1:"; then
+    ok "2 MASQUERADE: B saw the host's address, bytes intact, accelerated"
+else
+    bad "2 MASQUERADE: got '$r', $(( $(accepted) - before )) accelerated, last: $last"
+fi
+ipt -t nat -D POSTROUTING -s 10.231.1.0/24 -d 10.231.2.0/24 -j MASQUERADE -m comment --comment "$P"
+
+# 3. FORWARD DROP between A and B: the TCP connection fails, and no colo connection either.
+ipt -I FORWARD 1 -s $IP_A -d $IP_B -j DROP -m comment --comment "$P"
+before=$(accepted)
+if ip netns exec "$NS_A" "${CENV[@]}" timeout 3 "$COLO" run -- redis-cli -h $IP_B -p 6379 ping >/dev/null 2>&1; then
+    bad "3 FORWARD DROP: the client got through"
+elif [ "$(accepted)" -ne "$before" ]; then
+    bad "3 FORWARD DROP: a colo connection was made"
+else
+    ok "3 FORWARD DROP: TCP fails, no colo connection"
+fi
+ipt -D FORWARD -s $IP_A -d $IP_B -j DROP -m comment --comment "$P"
+
+# 7. The Rust API (C and Python go through it): the cross-language peer, server in B, client
+# in A.
+PEER=$ROOT/rust/target/release/examples/peer
+if [ -x "$PEER" ]; then
+    ip netns exec "$NS_B" env COLO_NETNS_DIR="$DIR" "$PEER" server 0.0.0.0:7100 stream >"$WORK/peer.out" 2>&1 &
+    PIDS+=($!)
+    for i in $(seq 50); do grep -qs READY "$WORK/peer.out" && break; sleep 0.1; done
+    r=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 30 "$PEER" client $IP_B:7100 stream 1000000 2>&1)
+    r2=$(ip netns exec "$NS_A" timeout 30 "$PEER" client $IP_B:7100 stream 100000 2>&1)
+    if [ "$r" = "OK 1000000 colo" ] && [ "$r2" = "OK 100000 tcp" ]; then
+        ok "7 Rust API across namespaces: configured client on shared memory, unconfigured on TCP"
+    else
+        bad "7 Rust API: configured '$r', unconfigured '$r2'"
+    fi
+    # The Go client (the Go listener does not serve other namespaces).
+    if command -v go >/dev/null && (cd "$ROOT/go" && timeout 300 go build -o "$WORK/colo-peer-go" ./cmd/colo-peer); then
+        r=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 30 "$WORK/colo-peer-go" client $IP_B:7100 stream 1000000 2>&1)
+        r2=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 30 "$WORK/colo-peer-go" client $IP_B:7100 halfclose 2>&1)
+        if [ "$r" = "OK 1000000 colo" ] && [ "$r2" = "OK 5 colo" ]; then
+            ok "7 Go client across namespaces: shared memory"
+        else
+            bad "7 Go client: '$r' '$r2'"
+        fi
+        # The Go listener, with Rust, Go and unconfigured clients.
+        ip netns exec "$NS_B" env COLO_NETNS_DIR="$DIR" "$WORK/colo-peer-go" server 0.0.0.0:7200 stream >"$WORK/gopeer.out" 2>&1 &
+        PIDS+=($!)
+        for i in $(seq 50); do grep -qs READY "$WORK/gopeer.out" && break; sleep 0.1; done
+        r=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 30 "$PEER" client $IP_B:7200 stream 1000000 2>&1)
+        r2=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 30 "$WORK/colo-peer-go" client $IP_B:7200 writefirst 300000 2>&1)
+        r3=$(ip netns exec "$NS_A" timeout 30 "$WORK/colo-peer-go" client $IP_B:7200 halfclose 2>&1)
+        if [ "$r" = "OK 1000000 colo" ] && [ "$r2" = "OK 300000 colo" ] && [ "$r3" = "OK 5 tcp" ]; then
+            ok "7 Go listener across namespaces: Rust and Go clients on shared memory, unconfigured on TCP"
+        else
+            bad "7 Go listener: Rust '$r', Go '$r2', unconfigured '$r3'"
+        fi
+    fi
+else
+    bad "7 Rust API: $PEER missing (make build)"
+fi
+
+# 8. Separate pid and mount namespaces on both sides (SO_PEERCRED reports pid 0 across them).
+ip netns exec "$NS_B" unshare -p -f -m --mount-proc env COLO_LOG=info COLO_NETNS_DIR="$DIR" "$COLO" run -- \
+    redis-server --port 6390 "${REDIS_ARGS[@]}" >"$WORK/redis-pidns.log" 2>&1 </dev/null &
+UNSHARE=$!
+PIDS+=("$UNSHARE")
+for i in $(seq 100); do ls "$DIR"/colo-*-6390.live >/dev/null 2>&1 && break; sleep 0.1; done
+inner=$(pgrep -P "$UNSHARE" | head -1)
+[ -n "$inner" ] && PIDS+=("$inner")
+out=$(ip netns exec "$NS_A" unshare -p -f -m --mount-proc "${CENV[@]}" timeout 60 "$COLO" run -- \
+    redis-benchmark -h $IP_B -p 6390 -c 5 -n 5000 -t get -q 2>/dev/null | tr '\r' '\n')
+n=$(grep -c "other namespace" "$WORK/redis-pidns.log")
+if echo "$out" | grep -q "^GET: .* requests per second" && [ "$n" -ge 5 ]; then
+    ok "8 separate pid and mount namespaces: $n connections accelerated"
+else
+    bad "8 pid namespaces: $n accelerated; $out"
+fi
+[ -n "$inner" ] && kill -9 "$inner"
+
+# 9. nginx with 2 workers (forked, running as nobody, their environment cleared by nginx) in B,
+# curl and wrk under colo run in A.
+if command -v nginx >/dev/null && command -v wrk >/dev/null; then
+    mkdir -p "$WORK/ngx/www" "$WORK/ngx/logs"
+    head -c 1024 /dev/zero | tr '\0' x >"$WORK/ngx/www/1k.txt"
+    cat >"$WORK/ngx/nginx.conf" <<NGX
+worker_processes 2;
+daemon off;
+pid $WORK/ngx/nginx.pid;
+error_log $WORK/ngx/logs/error.log info;
+events { worker_connections 1024; }
+http { access_log off; server { listen 0.0.0.0:8080; root $WORK/ngx/www; } }
+NGX
+    ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_DIR="$NDIR" "$COLO" run -- \
+        nginx -c "$WORK/ngx/nginx.conf" -p "$WORK/ngx" >"$WORK/ngx.log" 2>&1 </dev/null &
+    NGINX=$!
+    PIDS+=("$NGINX")
+    for i in $(seq 100); do ls "$NDIR"/colo-*-8080.live >/dev/null 2>&1 && break; sleep 0.1; done
+    sleep 0.3
+    body=$(in_a curl -s http://$IP_B:8080/1k.txt 2>/dev/null)
+    out=$(in_a wrk -c 10 -t 2 -d 2 http://$IP_B:8080/1k.txt 2>/dev/null)
+    n=$(cat "$WORK/ngx.log" "$WORK/ngx/logs/error.log" 2>/dev/null | grep -c "accelerated (shared memory, other namespace)")
+    if [ "$body" = "$(cat "$WORK/ngx/www/1k.txt")" ] && echo "$out" | grep -q "Requests/sec" && ! echo "$out" | grep -q "Non-2xx\|Socket errors" && [ "$n" -ge 11 ]; then
+        ok "9 nginx (2 workers as nobody) across namespaces: curl byte-exact, wrk without errors, $n connections accelerated"
+    else
+        bad "9 nginx: body ${#body} bytes, $n accelerated, wrk: $(echo "$out" | grep -E "Requests|Non-2xx|errors")"
+    fi
+    kill "$NGINX"
+    timeout 10 tail --pid="$NGINX" -f /dev/null
+fi
+
+# 5. Attacker C.
+# (a) root in C behind a read-only bind mount of B's directory: no create, bind or unlink.
+r=$(ip netns exec "$NS_C" unshare -m sh -c "
+    mount --bind '$DIR' '$DIR' && mount -o remount,bind,ro '$DIR' || exit 9
+    touch '$DIR/x' 2>/dev/null && echo CREATED
+    python3 -c 'import socket; socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET).bind(\"$DIR/colo-1-6379\")' 2>/dev/null && echo BOUND
+    for f in '$DIR'/colo-*; do rm -f \"\$f\" 2>/dev/null && [ ! -e \"\$f\" ] && echo UNLINKED; done
+    echo done")
+if [ "$r" = done ]; then ok "5a root in C behind a read-only mount: cannot create, bind or unlink"; else bad "5a: $r"; fi
+# (b) nobody in C without that mount: the directory's permissions refuse the same.
+r=$(ip netns exec "$NS_C" setpriv --reuid=nobody --regid=nogroup --clear-groups sh -c "
+    touch '$DIR/x' 2>/dev/null && echo CREATED
+    python3 -c 'import socket; socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET).bind(\"$DIR/colo-2-6379\")' 2>/dev/null && echo BOUND
+    for f in '$DIR'/colo-*; do rm -f \"\$f\" 2>/dev/null && [ ! -e \"\$f\" ] && echo UNLINKED; done
+    echo done")
+if [ "$r" = done ]; then ok "5b nobody in C: cannot create, bind or unlink"; else bad "5b: $r"; fi
+# (c) forged proofs from C (no TCP connection): refused.
+# (Answered REJECT(NOT_CLAIMED) when the server next looks at its rendezvous, at an accept: a
+# server with no connection to accept leaves them unanswered, never claimed.)
+r=$(ip netns exec "$NS_C" setpriv --reuid=nobody --regid=nogroup --clear-groups timeout 30 $PROBE forge "$DIR")
+if echo "$r" | grep -q "FORGED" && ! echo "$r" | grep -qv "REJECT(5)\|TIMEOUT\|STALE"; then
+    ok "5c forged nonces not claimed ($(echo "$r" | cut -d' ' -f1,2 | sort | uniq -c | tr -s ' ' | tr '\n' ' '))"
+else
+    bad "5c forged: $r"
+fi
+# (d) a real holder of a TCP connection: its proof works once; a replay and a forged server
+# nonce are refused.
+r=$(in_a_plain $PROBE replay $IP_B 6379 "$DIR" | cut -d' ' -f1,2 | tr '\n' ' ')
+if echo "$r" | grep -Eq "FIRST WELCOME REPLAY (REJECT\(5\)|TIMEOUT) FORGED (REJECT\(5\)|TIMEOUT)"; then
+    ok "5d proof single-use: replay and forged server nonce refused"
+else
+    bad "5d replay: $r"
+fi
+# (e) nobody in C floods the rendezvous with silent and garbage connections: A still gets
+# shared memory.
+ip netns exec "$NS_C" setpriv --reuid=nobody --regid=nogroup --clear-groups timeout 30 $PROBE flood "$DIR" 500 8 >"$WORK/flood" 2>&1 &
+FLOOD=$!
+PIDS+=("$FLOOD")
+sleep 1
+before=$(accepted)
+out=$(in_a redis-benchmark -h $IP_B -p 6379 -c 20 -n 5000 -t get -q 2>/dev/null | tr '\r' '\n')
+n=$(( $(accepted) - before ))
+wait "$FLOOD"
+if echo "$out" | grep -q "^GET: .* requests per second" && [ "$n" -ge 20 ]; then
+    ok "5e under a rendezvous flood from C ($(cat "$WORK/flood")): $n connections accelerated"
+else
+    bad "5e flood: $n accelerated, $out; $(cat "$WORK/flood")"
+fi
+
+# (f) another boot id (another host): DECLINE, and the same connection goes on as plain TCP.
+r=$(in_a_plain $PROBE otherboot $IP_B 6379 | tr '\n' ' ')
+if [ "$r" = "DECLINED 2 PONG " ]; then ok "5f another boot id: declined, then plain TCP on the same connection"; else bad "5f other boot: $r"; fi
+
+# 6. kill -9 of either end.
+"${BG_A[@]}" $PROBE hold $IP_B 6379 20 >"$WORK/hold2" 2>&1 &
+victim=$!
+PIDS+=("$victim")
+for i in $(seq 50); do grep -qs PONG "$WORK/hold2" && break; sleep 0.1; done
+clients() { ip netns exec "$NS_B" timeout 5 redis-cli -p 6379 info clients | tr -d '\r' | sed -n 's/^connected_clients://p'; }
+c1=$(clients)
+kill -9 "$victim"
+for i in $(seq 50); do [ "$(clients)" -lt "$c1" ] && break; sleep 0.1; done
+c2=$(clients)
+if [ "$c2" -lt "$c1" ]; then ok "6 client killed -9: the server saw it go ($c1 -> $c2 clients)"; else bad "6 client kill: $c1 -> $c2"; fi
+"${BG_A[@]}" $PROBE hold $IP_B 6379 20 >"$WORK/hold3" 2>&1 &
+HOLD=$!
+PIDS+=("$HOLD")
+for i in $(seq 50); do grep -qs PONG "$WORK/hold3" && break; sleep 0.1; done
+kill -9 "$REDIS"
+timeout 10 tail --pid="$HOLD" -f /dev/null
+end=$(tail -1 "$WORK/hold3")
+if [ "$end" = EOF ] || [ "$end" = RESET ]; then ok "6 server killed -9: the client saw $end"; else bad "6 server kill: client saw '$end'"; fi
+
+# 4. Plain servers in B (not colo), a configured client in A: byte-exact TCP, client-first and
+# server-first. The killed redis left its rendezvous files behind: nobody serves them.
+ls "$DIR"/colo-*-6379.live >/dev/null 2>&1 || bad "4 setup: the killed server's files are gone"
+cat >"$WORK/plain.py" <<'EOF'
+import signal, socket, sys
+signal.alarm(120)  # watchdog
+port, banner, log = int(sys.argv[1]), sys.argv[2].encode(), sys.argv[3]
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", port)); s.listen()
+print("READY", flush=True)
+while True:
+    c, _ = s.accept()
+    if banner:
+        c.sendall(banner)
+    got = b""
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        got += b
+        c.sendall(b)
+    open(log, "ab").write(got)
+    c.close()
+EOF
+cat >"$WORK/talk.py" <<'EOF'
+import socket, sys
+host, port, banner, payload = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode(), sys.argv[4].encode()
+s = socket.create_connection((host, port), timeout=10)
+got = b""
+while len(got) < len(banner):
+    got += s.recv(65536)
+s.sendall(payload)
+want = banner + payload
+while len(got) < len(want):
+    b = s.recv(65536)
+    if not b:
+        break
+    got += b
+s.close()
+print("EXACT" if got == want else "DIFFERENT %r" % got)
+EOF
+for case in "6379::client-first" "7002:220 banner here\r\n:server-first"; do
+    port=${case%%:*}; rest=${case#*:}; banner=${rest%:*}; kind=${rest##*:}
+    : >"$WORK/plain$port.log"
+    ip netns exec "$NS_B" python3 "$WORK/plain.py" $port "$(printf "$banner")" "$WORK/plain$port.log" >"$WORK/plain$port.out" 2>&1 &
+    PLAIN=$!
+    PIDS+=("$PLAIN")
+    for i in $(seq 50); do grep -q READY "$WORK/plain$port.out" && break; sleep 0.1; done
+    payload="*1\r\n\$4\r\nPING\r\n-$kind"
+    r=$(in_a python3 "$WORK/talk.py" $IP_B $port "$(printf "$banner")" "$(printf "$payload")" 2>/dev/null)
+    sleep 0.2
+    if [ "$r" = EXACT ] && [ "$(cat "$WORK/plain$port.log")" = "$(printf "$payload")" ]; then
+        ok "4 plain server, $kind (port $port): byte-exact both ways"
+    else
+        bad "4 plain server, $kind: client $r, server got $(od -c "$WORK/plain$port.log" | head -3)"
+    fi
+    kill -9 "$PLAIN"; wait "$PLAIN" 2>/dev/null
+done
+
+# Measurement: redis -c 50 GET across the namespaces, colo against plain TCP over the veths.
+if [ "${NETNS_BENCH:-1}" = 1 ]; then
+    rm -f "$DIR"/colo-*
+    ip netns exec "$NS_B" redis-server --port 6380 "${REDIS_ARGS[@]}" >/dev/null 2>&1 </dev/null &
+    PIDS+=($!)
+    start_redis
+    sleep 0.5
+    rps() { echo "$1" | tr '\r' '\n' | sed -n 's/^GET: \([0-9.]*\) requests per second.*/\1/p'; }
+    plain=$(rps "$(in_a_plain redis-benchmark -h $IP_B -p 6380 -c 50 -n 300000 -t get -q 2>/dev/null)")
+    colo=$(rps "$(in_a redis-benchmark -h $IP_B -p 6379 -c 50 -n 300000 -t get -q 2>/dev/null)")
+    # The same server from its own namespace (the same-namespace path), for comparison.
+    same=$(rps "$(ip netns exec "$NS_B" timeout 60 "$COLO" run -- redis-benchmark -h 127.0.0.1 -p 6379 -c 50 -n 300000 -t get -q 2>/dev/null)")
+    ratio() { python3 -c "print(round($1 / $2, 2))" 2>/dev/null; }
+    echo "bench redis -c 50 GET across namespaces: plain TCP $plain/s, colo $colo/s, ratio $(ratio "$colo" "$plain"); colo inside B's namespace $same/s (across/inside $(ratio "$colo" "$same"))"
+fi
+
+[ $FAILED = 0 ] && echo "tests/netns: all passed" || echo "tests/netns: FAILED"
+exit $FAILED
