@@ -14,6 +14,7 @@ pub mod layout;
 pub mod notify;
 pub mod queue;
 pub mod ring;
+pub mod snapshot;
 pub mod spin;
 pub mod sync;
 

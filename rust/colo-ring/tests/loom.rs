@@ -5,6 +5,7 @@ mod common;
 
 use colo_ring::notify;
 use colo_ring::ring::Bytes;
+use colo_ring::snapshot::RingState;
 use colo_ring::spin::{SpinMode, Spinner};
 use colo_ring::sync::AtomicU32;
 use loom::cell::UnsafeCell;
@@ -21,11 +22,13 @@ unsafe impl Bytes for CellBytes {
     }
     unsafe fn store(&self, at: usize, src: &[u8]) {
         for (i, b) in src.iter().enumerate() {
+            // SAFETY: `at + i` is in bounds (the caller's contract); loom checks the access.
             self.0[at + i].with_mut(|p| unsafe { *p = *b });
         }
     }
     unsafe fn load(&self, at: usize, dst: &mut [u8]) {
         for (i, b) in dst.iter_mut().enumerate() {
+            // SAFETY: as in `store`.
             *b = self.0[at + i].with(|p| unsafe { *p });
         }
     }
@@ -255,5 +258,30 @@ fn a_ring_growing_under_a_reader_delivers_in_order() {
         }
         assert_eq!(got, [1, 2, 3, 4, 5]);
         t.join().unwrap();
+    });
+}
+
+/// A poller's snapshots of a ring whose consumer and producer (other threads) both move its
+/// counters are never out of step: `used()` is always within capacity (a view that loaded each
+/// counter once, in either order, can see a read and a write fall between its loads).
+#[test]
+fn snapshots_during_a_read_and_a_write_are_consistent() {
+    loom::model(|| {
+        let (mut p, mut c, w) = common::ring_pair(cells(1));
+        assert_eq!(p.write(&[1]).unwrap(), 1);
+        let reader = loom::thread::spawn(move || {
+            let mut b = [0u8; 1];
+            assert_eq!(c.read(&mut b).unwrap(), 1);
+        });
+        // The write finds room once the read released the byte, or the ring still full.
+        let writer = loom::thread::spawn(move || {
+            let _ = p.write(&[2]).unwrap();
+        });
+        // SAFETY: the words are leaked by `ring_pair`: live for the whole model.
+        let (cv, pv) = unsafe { (RingState::consumer_view(&w.raw()), RingState::producer_view(&w.raw())) };
+        assert!(cv.used(1).is_ok(), "{cv:?}");
+        assert!(pv.used(1).is_ok(), "{pv:?}");
+        reader.join().unwrap();
+        writer.join().unwrap();
     });
 }

@@ -3,7 +3,8 @@
 mod common;
 
 use colo_ring::layout::{Geometry, FLAG_FIN};
-use colo_ring::ring::{occupancy, RawBytes};
+use colo_ring::ring::{occupancy, Consumer, Producer, RawBytes};
+use colo_ring::snapshot::RingState;
 use colo_ring::sync::Ordering;
 use proptest::prelude::*;
 use std::collections::VecDeque;
@@ -265,4 +266,100 @@ fn a_ring_growing_under_a_concurrent_reader_delivers_every_byte_once_in_order() 
         assert_eq!(reader.join().unwrap(), total);
         assert!(w.size.load(Ordering::Relaxed) > 4096, "the ring grew");
     }
+}
+
+#[test]
+fn snapshots_count_what_the_halves_wrote_read_and_flagged() {
+    let (mut p, mut c, w) = common::ring_pair(heap_bytes(4096));
+    let views = || {
+        // SAFETY: the words are leaked by `ring_pair`: live for the whole test.
+        unsafe { (RingState::consumer_view(&w.raw()), RingState::producer_view(&w.raw()), RingState::relaxed(&w.raw())) }
+    };
+    let (cv, pv, rv) = views();
+    assert_eq!(cv, RingState { head: 0, tail: 0, flags: 0 });
+    assert_eq!((pv, rv), (cv, cv));
+    assert_eq!(cv.used(4096), Ok(0));
+    assert_eq!(p.write(&[7; 100]).unwrap(), 100);
+    let (cv, pv, rv) = views();
+    assert_eq!(cv, RingState { head: 100, tail: 0, flags: 0 });
+    assert_eq!((pv, rv), (cv, cv));
+    assert_eq!(cv.used(4096), Ok(100));
+    let mut b = [0u8; 40];
+    assert_eq!(c.read(&mut b).unwrap(), 40);
+    p.set_flags(FLAG_FIN);
+    let (cv, pv, rv) = views();
+    assert_eq!(cv, RingState { head: 100, tail: 40, flags: FLAG_FIN });
+    assert_eq!((pv, rv), (cv, cv));
+    assert_eq!(cv.used(4096), Ok(60));
+    // A full ring, its counters past the 2^64 wrap.
+    w.head.store(u64::MAX - 5, Ordering::Relaxed);
+    w.tail.store(u64::MAX - 5, Ordering::Relaxed);
+    let (mut p, _c) = {
+        // SAFETY: as above; `resume` continues from the counters just stored.
+        unsafe { (Producer::resume(w.raw(), heap_bytes(4096)), Consumer::resume(w.raw(), heap_bytes(4096))) }
+    };
+    assert_eq!(p.write(&[1; 4096]).unwrap(), 4096);
+    let (cv, pv, _) = views();
+    assert_eq!(cv.head, 4090);
+    assert_eq!((cv.used(4096), pv.used(4096)), (Ok(4096), Ok(4096)));
+}
+
+#[test]
+fn snapshots_report_corrupt_counters() {
+    let (_p, _c, w) = common::ring_pair(heap_bytes(4096));
+    // SAFETY: the words are leaked by `ring_pair`: live for the whole test.
+    let views = || unsafe { [RingState::consumer_view(&w.raw()), RingState::producer_view(&w.raw()), RingState::relaxed(&w.raw())] };
+    for (head, tail, ok) in [(4096, 0, true), (4097, 0, false), (5, 10, false), (u64::MAX, 1, false), (3, u64::MAX - 4092, true)] {
+        w.head.store(head, Ordering::Relaxed);
+        w.tail.store(tail, Ordering::Relaxed);
+        for v in views() {
+            assert_eq!((v.head, v.tail), (head, tail));
+            assert_eq!(v.used(4096).is_ok(), ok, "head {head} tail {tail}");
+        }
+    }
+    // Flag bits are passed on as the peer left them; the halves validate them.
+    w.flags.store(0x40 | FLAG_FIN, Ordering::Relaxed);
+    assert!(views().iter().all(|v| v.flags == 0x40 | FLAG_FIN));
+}
+
+/// A poller's snapshots, taken while this side's reading half (another thread) and the peer's
+/// writing half move the counters, are never inconsistent: the tail is loaded first, so an
+/// honest ring never looks corrupt however the loads interleave with a read.
+#[test]
+fn snapshots_taken_during_concurrent_reads_are_never_corrupt() {
+    let _dog = common::watchdog(120);
+    let (mut p, mut c, w) = common::ring_pair(heap_bytes(4096));
+    let total: u64 = 64 << 20;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = std::thread::spawn(move || {
+        let mut b = [0u8; 97];
+        let mut got = 0u64;
+        while got < total {
+            got += c.read(&mut b).unwrap() as u64;
+        }
+        got
+    });
+    let poller = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let (mut looks, mut bad) = (0u64, 0u64);
+            while !done.load(Ordering::Relaxed) {
+                // SAFETY: the words are leaked by `ring_pair`: live for the whole test.
+                let (cv, pv) = unsafe { (RingState::consumer_view(&w.raw()), RingState::producer_view(&w.raw())) };
+                bad += u64::from(cv.used(4096).is_err()) + u64::from(pv.used(4096).is_err());
+                looks += 1;
+            }
+            (looks, bad)
+        })
+    };
+    let chunk = [5u8; 61];
+    let mut sent = 0u64;
+    while sent < total {
+        sent += p.write(&chunk[..chunk.len().min((total - sent) as usize)]).unwrap() as u64;
+    }
+    assert_eq!(reader.join().unwrap(), total);
+    done.store(true, Ordering::Relaxed);
+    let (looks, bad) = poller.join().unwrap();
+    assert!(looks > 0);
+    assert_eq!(bad, 0, "{bad} of {looks} snapshots looked corrupt");
 }

@@ -28,9 +28,10 @@ use crate::log;
 use crate::segment::{Role, Segment};
 use crate::shm::{Fds, Shm};
 use crate::wire::{self, claim, Header, Message, Mode, Reason, HEADER_FIELDS, MESSAGE_LEN};
-use colo_ring::layout::{block, Geometry, Layout};
+use colo_ring::layout::{Geometry, Layout};
+use colo_ring::ring::RingWords;
 use colo_ring::spin::SpinMode;
-use colo_ring::sync::{AtomicU32, AtomicU64, Ordering};
+use colo_ring::sync::{AtomicU32, Ordering};
 use colo_sys::{doorbell, host, segment, seqpacket, AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::io;
 use std::net::SocketAddr;
@@ -346,22 +347,17 @@ impl Established {
         Shm::resume(self.seg, self.role, self.fds, self.local, self.peer, self.peer_pid, spin)
     }
 
-    /// Raw views of the words a poller needs to compute readiness without locking the
-    /// connection: see [`Words`]. Valid while the segment stays mapped (inside the `Shm`).
+    /// The shared words of our two rings, for readiness checks that do not lock the connection
+    /// (`colo_ring::snapshot::RingState`): see [`Words`]. Valid while the segment stays mapped
+    /// (inside the `Shm`).
     pub fn words(&self) -> Words {
         let out_c2s = self.role == Role::Client;
-        let l = *self.seg.layout();
-        let b = self.seg.base();
-        let at = |c2s: bool, off: usize| b.wrapping_add(l.block_offset(c2s) + off);
+        let l = self.seg.layout();
         Words {
-            in_head: at(!out_c2s, block::RING_HEAD) as *const AtomicU64,
-            in_tail: at(!out_c2s, block::RING_TAIL) as *const AtomicU64,
-            in_flags: at(!out_c2s, block::RING_FLAGS) as *const AtomicU32,
-            out_head: at(out_c2s, block::RING_HEAD) as *const AtomicU64,
-            out_tail: at(out_c2s, block::RING_TAIL) as *const AtomicU64,
-            out_flags: at(out_c2s, block::RING_FLAGS) as *const AtomicU32,
+            incoming: self.seg.ring_words(!out_c2s),
+            outgoing: self.seg.ring_words(out_c2s),
             capacity: l.geometry.ring_capacity as u64,
-            base: b,
+            base: self.seg.base(),
             len: l.segment_size,
         }
     }
@@ -408,19 +404,11 @@ pub fn reattach(memfd: OwnedFd, control: OwnedFd, own_bell: OwnedFd, self_bell: 
 /// may be wrong for a corrupt peer but never unsafe, as only atomics are loaded).
 #[derive(Debug, Clone, Copy)]
 pub struct Words {
-    /// Incoming ring head (peer writes).
-    pub in_head: *const AtomicU64,
-    /// Incoming ring tail (we write).
-    pub in_tail: *const AtomicU64,
-    /// Incoming ring flags (FIN, RESET, NOT_READING from the peer).
-    pub in_flags: *const AtomicU32,
-    /// Outgoing ring head (we write).
-    pub out_head: *const AtomicU64,
-    /// Outgoing ring tail (peer writes).
-    pub out_tail: *const AtomicU64,
-    /// Outgoing ring flags (our FIN, RESET, NOT_READING).
-    pub out_flags: *const AtomicU32,
-    /// Ring capacity.
+    /// The incoming ring's words (the peer produces: its head and flags; we consume: our tail).
+    pub incoming: RingWords,
+    /// The outgoing ring's words (we produce: our head and flags; the peer consumes: its tail).
+    pub outgoing: RingWords,
+    /// Size of each ring's data region: the most a ring grows to (spec/WIRE.md section 5).
     pub capacity: u64,
     /// Base of the mapping.
     pub base: *mut u8,

@@ -7,6 +7,7 @@ use crate::record::{adapt, handover_file};
 use colo::internal::carrier::{Established, Words};
 use colo::internal::shm::{Drainer, Shm};
 use colo_ring::layout::{FLAG_FIN, FLAG_NOT_READING, FLAG_RESET};
+use colo_ring::snapshot::RingState;
 use colo_ring::sync::Ordering;
 use colo_sys::{AsRawFd, RawFd};
 use std::mem::ManuallyDrop;
@@ -154,8 +155,7 @@ impl Conn {
     /// A read returned bytes: the first time, remember how much we had sent (`sent_before_reply`).
     pub fn got_reply(&self) {
         if self.sent_before_reply.load(Ordering::Relaxed) == u64::MAX {
-            // SAFETY: an aligned atomic inside the mapping `shm` owns.
-            let sent = unsafe { (*self.w.out_head).load(Ordering::Relaxed) };
+            let sent = self.outgoing().head;
             self.first_reply_ns.store(self.born.elapsed().as_nanos() as u64, Ordering::Relaxed);
             self.sent_before_reply.store(sent, Ordering::Relaxed);
         }
@@ -329,26 +329,14 @@ impl Conn {
     /// The readiness of the connection, in epoll bits. `check_gone`: also ask the control socket
     /// (a syscall) when nothing else makes the connection readable.
     pub fn ready(&self, check_gone: bool) -> u32 {
-        // SYNC POINT: the incoming head's Acquire pairs with the peer's Release store of it in
-        // `colo_ring::ring::Producer::write` (the bytes counted are in the ring), the incoming
-        // flags' with its Release fetch_or in `Producer::set_flags` (FIN after the last byte),
-        // the outgoing tail's with the peer's Release store in `Consumer::read` (the room
-        // counted is free). The other words are this side's own, written by this process.
-        // SAFETY: (all loads below) aligned atomics inside the mapping `shm` owns.
-        let (in_head, in_tail, in_flags, out_head, out_tail, out_flags) = unsafe {
-            (
-                (*self.w.in_head).load(Ordering::Acquire),
-                (*self.w.in_tail).load(Ordering::Relaxed),
-                (*self.w.in_flags).load(Ordering::Acquire),
-                (*self.w.out_head).load(Ordering::Relaxed),
-                (*self.w.out_tail).load(Ordering::Acquire),
-                (*self.w.out_flags).load(Ordering::Relaxed),
-            )
-        };
+        let (inc, out) = (self.incoming(), self.outgoing());
+        let (in_flags, out_flags) = (inc.flags, out.flags);
         // The peer stopped reading (spec section 8).
         let read_closed = in_flags & FLAG_NOT_READING != 0;
-        let avail = in_head.wrapping_sub(in_tail);
-        let used = out_head.wrapping_sub(out_tail);
+        let (avail, used) = (inc.used(self.w.capacity), out.used(self.w.capacity));
+        let corrupt = avail.is_err() || used.is_err();
+        // Corrupt counters count as more than any bound: readable, no room, bytes unread.
+        let (avail, used) = (avail.unwrap_or(u64::MAX), used.unwrap_or(u64::MAX));
         let reset = (in_flags | out_flags) & FLAG_RESET != 0;
         let fin = in_flags & FLAG_FIN != 0;
         let mut m = 0;
@@ -361,7 +349,7 @@ impl Conn {
         if used < self.send_room() || read_closed || reset {
             m |= OUT;
         }
-        if reset || used > self.w.capacity || avail > self.w.capacity {
+        if reset || corrupt {
             // Reset or corrupt: make every waiter look, so the next call reports the error.
             m |= ERR | HUP | IN | OUT;
         }
@@ -433,10 +421,8 @@ impl Conn {
     /// What `TCP_INFO` reports that only the rings know: the state (kernel `TCP_*` numbers, for
     /// a kernel socket that stays ESTABLISHED under colo) and the bytes sent and received.
     pub fn tcp_info(&self) -> (u8, u64, u64) {
-        let (in_flags, out_flags, _) = self.flags_and_all_read();
-        // SYNC POINT: the incoming head's Acquire as in `ready`.
-        // SAFETY: aligned atomics inside the mapping `shm` owns.
-        let (sent, got) = unsafe { ((*self.w.out_head).load(Ordering::Relaxed), (*self.w.in_head).load(Ordering::Acquire)) };
+        let (inc, out) = (self.incoming(), self.outgoing());
+        let (in_flags, out_flags, sent, got) = (inc.flags, out.flags, out.head, inc.head);
         let (ours, theirs) = (out_flags & FLAG_FIN != 0, in_flags & FLAG_FIN != 0);
         // Both FINs: closed (the side that closed first waits in TIME_WAIT in a separate kernel
         // object; its socket reads CLOSE, as the other's does once its FIN is acknowledged).
@@ -460,23 +446,17 @@ impl Conn {
     /// Bytes in the incoming ring now (`FIONREAD`), from the counters alone: no lock, so it does
     /// not wait for a thread blocked in read. Corrupt counters: asks the ring, which reports it.
     pub fn available(&self) -> std::io::Result<usize> {
-        // SYNC POINT: the head's Acquire as in `ready`.
-        // SAFETY: aligned atomics inside the mapping `shm` owns.
-        let (head, tail) = unsafe { ((*self.w.in_head).load(Ordering::Acquire), (*self.w.in_tail).load(Ordering::Relaxed)) };
-        let avail = head.wrapping_sub(tail);
-        if avail > self.w.capacity {
-            return self.shm.readable();
+        match self.incoming().used(self.w.capacity) {
+            Ok(avail) => Ok(avail as usize),
+            Err(_) => self.shm.readable(),
         }
-        Ok(avail as usize)
     }
 
     /// Bytes the outgoing ring takes now without waiting (it only grows until we write), within
     /// a small `SO_SNDBUF`'s bound.
     pub fn space(&self) -> usize {
-        // SYNC POINT: the tail's Acquire as in `ready`.
-        // SAFETY: aligned atomics inside the mapping `shm` owns.
-        let (head, tail) = unsafe { ((*self.w.out_head).load(Ordering::Relaxed), (*self.w.out_tail).load(Ordering::Acquire)) };
-        self.send_room().saturating_sub(head.wrapping_sub(tail)) as usize
+        // Corrupt counters: no room (the write that follows reports the corruption).
+        self.outgoing().used(self.w.capacity).map_or(0, |used| self.send_room().saturating_sub(used)) as usize
     }
 
     /// How many bytes may wait in the outgoing ring: its capacity, or less after a small
@@ -511,15 +491,24 @@ impl Conn {
 
     /// The peer's and our ring flags, and whether the peer has read everything we sent.
     fn flags_and_all_read(&self) -> (u32, u32, bool) {
-        // SYNC POINT: the incoming flags' and the outgoing tail's Acquire as in `ready`.
-        // SAFETY: aligned atomics inside the mapping `shm` owns.
-        unsafe {
-            (
-                (*self.w.in_flags).load(Ordering::Acquire),
-                (*self.w.out_flags).load(Ordering::Relaxed),
-                (*self.w.out_head).load(Ordering::Relaxed) == (*self.w.out_tail).load(Ordering::Acquire),
-            )
-        }
+        let (inc, out) = (self.incoming(), self.outgoing());
+        (inc.flags, out.flags, out.head == out.tail)
+    }
+
+    /// The incoming ring as its consumer sees it ([`RingState::consumer_view`]: the peer's
+    /// head and flags loaded with Acquire, so the bytes counted are in the ring and a FIN comes
+    /// with the head of the stream's last byte).
+    fn incoming(&self) -> RingState {
+        // SAFETY: the words point into the segment `shm` maps, which stays mapped while `self`
+        // lives (`Drop` unmaps it only after its last use of them).
+        unsafe { RingState::consumer_view(&self.w.incoming) }
+    }
+
+    /// The outgoing ring as its producer sees it ([`RingState::producer_view`]: the peer's
+    /// tail loaded with Acquire, so the room counted is free).
+    fn outgoing(&self) -> RingState {
+        // SAFETY: as in `incoming`.
+        unsafe { RingState::producer_view(&self.w.outgoing) }
     }
 
     /// A write failed with EPIPE: whether kernel TCP would have taken it. It takes one write
@@ -559,16 +548,11 @@ impl Conn {
         if self.wrote_after_close.load(Ordering::Relaxed) {
             gone |= RESET_EDGE;
         }
-        // SAFETY: aligned atomics inside the mapping `shm` owns. Relaxed: a change is only a hint
-        // to look; `ready` does the Acquire loads that order the data.
-        unsafe {
-            (
-                (*self.w.in_head).load(Ordering::Relaxed),
-                (*self.w.in_flags).load(Ordering::Relaxed),
-                (*self.w.out_tail).load(Ordering::Relaxed),
-                (*self.w.out_flags).load(Ordering::Relaxed) | gone,
-            )
-        }
+        // Relaxed (`RingState::relaxed`): a change is only a hint to look; `ready` loads the
+        // views that order the data.
+        // SAFETY: as in `incoming`.
+        let (inc, out) = unsafe { (RingState::relaxed(&self.w.incoming), RingState::relaxed(&self.w.outgoing)) };
+        (inc.head, inc.flags, out.tail, out.flags | gone)
     }
 
     /// Announces that we are about to sleep (no system call): the peer's next progress rings
@@ -668,8 +652,8 @@ impl Drop for Conn {
             // SAFETY: the segment mapping; nothing refers to it once this Conn is gone.
             unsafe { libc::syscall(libc::SYS_munmap, self.w.base, self.w.len) };
         } else {
-            // SAFETY: aligned atomics inside the mapping `shm` owns (still mapped here).
-            let (sent, got) = unsafe { ((*self.w.out_head).load(Ordering::Relaxed), (*self.w.in_tail).load(Ordering::Relaxed)) };
+            // The segment is still mapped here (`shm` is dropped below).
+            let (sent, got) = (self.outgoing().head, self.incoming().tail);
             let age = self.born.elapsed();
             if self.shm.role() == colo::internal::segment::Role::Client {
                 let reply_at = std::time::Duration::from_nanos(self.first_reply_ns.load(Ordering::Relaxed));
@@ -684,9 +668,8 @@ impl Drop for Conn {
             }
             // As kernel TCP, which answers a close with RST instead of FIN when the socket
             // lingers for zero seconds or bytes it received were never read.
-            // SYNC POINT: the incoming head's Acquire as in `ready`.
-            // SAFETY: an aligned atomic inside the mapping `shm` owns.
-            let unread = unsafe { (*self.w.in_head).load(Ordering::Acquire) } != got;
+            // Loaded again: bytes that arrived while the ending was recorded count too.
+            let unread = self.incoming().head != got;
             if self.abort.load(Ordering::Relaxed) || unread {
                 self.shm.abort();
             }

@@ -53,3 +53,27 @@ pub fn queue_pair<const W: usize>(len: u32) -> (QueueSender<W>, QueueReceiver<W>
     // SAFETY: leaked and zeroed; `len * W` entries words.
     unsafe { (QueueSender::new(words), QueueReceiver::new(words), q) }
 }
+
+/// Aborts the whole test process if the test holding the guard runs longer than `secs` (a hung
+/// ring test would otherwise hang the suite).
+#[must_use = "the watchdog is disarmed when the guard drops"]
+pub struct Watchdog(Option<std::sync::mpsc::Sender<()>>);
+
+pub fn watchdog(secs: u64) -> Watchdog {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(std::time::Duration::from_secs(secs)) {
+            eprintln!("watchdog: test hung for {secs}s");
+            std::process::abort();
+        }
+    });
+    Watchdog(Some(tx))
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
