@@ -16,7 +16,7 @@ import (
 // core's colo::budget: a peer chooses its segment's size (up to maxSegment) and may hand the
 // same sparse memfd over again and again, each time costing address space and page tables. So
 // every segment received from a peer is mapped under a lease on two budgets: the bytes of peer
-// segments mapped in total (COLO_MAX_MAPPED_MB, default 64 GiB or half of RLIMIT_AS if that is
+// segments mapped in total (COLO_MAX_MAPPED_MB, default 256 GiB or half of RLIMIT_AS if that is
 // less) and the share one peer uid may
 // hold (COLO_MAX_MAPPED_PER_UID_MB, default a quarter of the total). A segment that does not
 // fit is not kept: the listener answers REJECT(NO_RESOURCES) (the client uses TCP) and keeps
@@ -26,7 +26,7 @@ import (
 // MAX_SEGMENT): every geometry colo's clients create, and rings of up to 64 MiB per direction.
 const maxSegment = 1 << 28
 
-const defaultMappedMB = 64 * 1024
+const defaultMappedMB = 256 * 1024
 
 type budget struct {
 	total, perUID, used uint64

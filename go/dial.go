@@ -27,21 +27,23 @@ import (
 // shrinking"). Memory is touched lazily.
 var DefaultGeometry = Geometry{RingCapacity: defaultRingCapacity(), SlotSize: 64 << 10, SlotCount: 16}
 
-// defaultRingCapacity is the largest send buffer the kernel gives a TCP socket (the third field
-// of /proc/sys/net/ipv4/tcp_wmem) rounded up to a power of two within 256 KiB ..= 64 MiB, or
-// 4 MiB if that cannot be read: the same as the Rust core's colo::default_ring.
+// defaultRingCapacity is what one direction of a TCP connection buffers at most: the largest send
+// buffer the kernel gives a TCP socket (the third field of /proc/sys/net/ipv4/tcp_wmem) and about
+// as much again in the receiver's, so twice it rounded up to a power of two within
+// 256 KiB ..= 64 MiB, or 8 MiB if that cannot be read: the same as the Rust core's
+// colo::default_ring.
 func defaultRingCapacity() uint32 {
 	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_wmem")
 	f := strings.Fields(string(b))
 	if err != nil || len(f) < 3 {
-		return 4 << 20
+		return 8 << 20
 	}
 	m, err := strconv.ParseUint(f[2], 10, 32)
 	if err != nil {
-		return 4 << 20
+		return 8 << 20
 	}
-	m = min(max(m, 256<<10), 64<<20)
-	return uint32(1) << bits.Len64(m-1)
+	m = min(max(m, 128<<10), 32<<20)
+	return uint32(2) << bits.Len64(m-1)
 }
 
 // handshakeTimeout bounds the wait for WELCOME when the context has no deadline.

@@ -202,7 +202,7 @@ func TestDefaultRingCapacityFollowsTCPWmem(t *testing.T) {
 	if _, err := fmt.Sscan(string(b), &lo, &def, &maxWmem); err != nil {
 		t.Skip(err)
 	}
-	if uint64(g) < min(maxWmem, 64<<20) || (uint64(g) > max(maxWmem, 256<<10)*2) {
+	if uint64(g) < min(2*maxWmem, 64<<20) || (uint64(g) > max(maxWmem, 128<<10)*4) {
 		t.Fatalf("default ring capacity %d for tcp_wmem's maximum %d", g, maxWmem)
 	}
 }

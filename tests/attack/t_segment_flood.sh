@@ -2,7 +2,7 @@
 # Finding 6: one user must not fill a server's address space with segments. nobody sends
 # thousands of DIRECT HELLOs to root's Rust echo server, all handing over one sparse, sealed memfd
 # of the largest geometry a server takes (256 MiB), and keeps the welcomed connections open. The
-# server's VmSize stays within its per-uid budget (COLO_MAX_MAPPED_PER_UID_MB, default 16 GiB)
+# server's VmSize stays within its per-uid budget (COLO_MAX_MAPPED_PER_UID_MB, default 64 GiB)
 # plus a margin, the HELLOs beyond it get REJECT(NO_RESOURCES) with a log line naming the limit,
 # the server does not panic and a legitimate client is still served over shared memory. A
 # segment over 256 MiB is refused outright.
@@ -28,7 +28,7 @@ for _ in $(seq 600); do grep -q RESULT "$WORK/attacker.out" && break; sleep 0.1;
 out=$(grep RESULT "$WORK/attacker.out")
 echo "$L attacker: $out   server VmSize ${V0} kB -> $(vm_kb) kB"
 V1=$(vm_kb)
-LIMIT_KB=$(( (16 * 1024 + 1024) * 1024 ))  # the default per-uid share, plus 1 GiB for threads and slack
+LIMIT_KB=$(( (64 * 1024 + 1024) * 1024 ))  # the default per-uid share, plus 1 GiB for threads and slack
 check "$L: server VmSize grew by at most the per-uid share ($(( (V1 - V0) / 1024 )) MiB)" test $((V1 - V0)) -le $LIMIT_KB
 check "$L: HELLOs beyond the budget answered REJECT(NO_RESOURCES)" grep -q "REJECT(NO_RESOURCES)=" <<<"$out"
 check "$L: some HELLOs were welcomed (within the budget)" grep -q "WELCOME=" <<<"$out"

@@ -15,9 +15,10 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-/// Default total of peer segment bytes mapped at once, in MiB (64 GiB: about 25,000 connections
-/// of the default geometry, a few hundred of the largest segment).
-pub const DEFAULT_TOTAL_MB: u64 = 64 * 1024;
+/// Default total of peer segment bytes mapped at once, in MiB (256 GiB of address space, of the
+/// 128 TiB a process has: about 16,000 connections of the default geometry, 16 MiB each, and
+/// 4,000 of one uid; a thousand of the largest segment).
+pub const DEFAULT_TOTAL_MB: u64 = 256 * 1024;
 
 const MIB: u64 = 1 << 20;
 

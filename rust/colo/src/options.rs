@@ -21,19 +21,20 @@ pub struct Options {
 
 /// Default largest byte ring per direction when the kernel's TCP send buffer maximum cannot be
 /// read (see [`default_ring`]).
-pub const DEFAULT_RING: u32 = 4 << 20;
+pub const DEFAULT_RING: u32 = 8 << 20;
 
-/// The largest size a connection's byte rings grow to by default: what the kernel would let a TCP
-/// socket's send buffer grow to (`net.ipv4.tcp_wmem`'s maximum), rounded up to a power of two,
-/// from 256 KiB to 64 MiB. Every ring starts at 2 KiB and grows only while its reader falls
-/// behind (spec/WIRE.md section 5), so the size costs address space, not memory.
+/// The largest size a connection's byte rings grow to by default: what one direction of a TCP
+/// connection buffers at most, the sender's send buffer (`net.ipv4.tcp_wmem`'s maximum) and about
+/// as much again in the receiver's, so twice that maximum rounded up to a power of two, from
+/// 256 KiB to 64 MiB. Every ring starts at 2 KiB and grows only while its reader falls behind
+/// (spec/WIRE.md section 5), so the size costs address space, not memory.
 pub fn default_ring() -> u32 {
     static RING: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *RING.get_or_init(|| {
         let max = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_wmem")
             .ok()
             .and_then(|v| v.split_whitespace().nth(2).and_then(|m| m.parse::<u32>().ok()));
-        max.map_or(DEFAULT_RING, |m| m.clamp(256 << 10, 64 << 20).next_power_of_two())
+        max.map_or(DEFAULT_RING, |m| m.clamp(128 << 10, 32 << 20).next_power_of_two() * 2)
     })
 }
 /// Default pool: 16 slots of 64 KiB per direction (memory is only used when touched).
