@@ -10,7 +10,7 @@
 
 use std::any::Any;
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 /// A module's process-wide locks, as the fork handlers take them.
 pub(crate) struct Locks {
@@ -55,7 +55,19 @@ fn registered() -> impl Iterator<Item = &'static Locks> {
     REGISTERED.iter().filter_map(|slot| unsafe { slot.load(Ordering::Relaxed).as_ref() })
 }
 
+/// Forks since this process image began, counted in both parent and child (the count is taken
+/// before the fork): a value that changed means a connection made before may now be shared with
+/// another process.
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+/// See [`FORKS`].
+pub(crate) fn forks() -> u64 {
+    FORKS.load(Ordering::Relaxed)
+}
+
 extern "C" fn prepare() {
+    // Relaxed: read only by this process's threads after the fork returns, which orders it.
+    FORKS.fetch_add(1, Ordering::Relaxed);
     let guards = registered().flat_map(|locks| (locks.take)()).collect();
     HELD.with(|h| *h.borrow_mut() = guards);
 }

@@ -40,9 +40,15 @@ fn lock() -> MutexGuard<'static, Watched> {
 
 static LOCKS: crate::fork::Locks = crate::fork::Locks { take: fork_guard, in_child: Some(forked) };
 
+/// Makes sure a fork from now on is counted (`crate::fork::forks`): called for every connection
+/// when it is made, since one shared with another process by a fork must never shrink.
+pub(crate) fn count_forks() {
+    crate::fork::protect(crate::fork::Rank::Shrink, &LOCKS);
+}
+
 /// Looks at `ring` every [`QUIET`] until it is small again or gone.
 pub(crate) fn watch(ring: Weak<dyn Shrink>) {
-    crate::fork::protect(crate::fork::Rank::Shrink, &LOCKS);
+    count_forks();
     let mut w = lock();
     w.rings.push(ring);
     let me = colo_sys::host::pid();

@@ -74,6 +74,10 @@ struct TxHalf {
     looked_at: u32,
     /// The connection closed: the shrinker must not touch the ring.
     closed: bool,
+    /// `crate::fork::forks()` when this end was made, `u64::MAX` for an end taken over across
+    /// `exec`: an end another process may hold too never shrinks (that process could be writing
+    /// at the old size while the ring shrinks).
+    born: u64,
     pages: quiet::TxPages,
 }
 
@@ -231,6 +235,7 @@ impl Shm {
         // SAFETY: as in `new`; the earlier image that used these ends is gone (exec replaced it).
         let views = unsafe { (seg.resumed_consumer(role), seg.resumed_producer(role), None) };
         let shm = Shm::build(seg, views, role, fds, local, peer, peer_pid, spin)?;
+        lock(&shm.tx).born = u64::MAX;
         let (out, inn) = (shm.out_words(), shm.in_words());
         // Acquire: partners of the Release stores that set these flags (`signal`).
         // SAFETY: aligned atomics inside the mapping `shm` owns.
@@ -302,6 +307,10 @@ impl Shm {
                 watched: false,
                 looked_at: 0,
                 closed: false,
+                born: {
+                    crate::shrink::count_forks();
+                    crate::fork::forks()
+                },
             })),
             msg_rx,
             msg_tx,

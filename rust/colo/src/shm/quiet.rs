@@ -40,6 +40,11 @@ impl Shrink for Mutex<TxHalf> {
         if tx.closed {
             return Look::Done;
         }
+        if tx.born != crate::fork::forks() {
+            // Shared with another process that may write at the size it knows: never shrunk
+            // (`watched` stays set, so it is not registered again).
+            return Look::Done;
+        }
         let writes = tx.writes;
         if std::mem::replace(&mut tx.looked_at, writes) != writes {
             return Look::Again;
