@@ -20,7 +20,22 @@ s.sendall(b'$3\n')
 print(s.recv(64).decode().strip())
 " 2>"$4"
 }
-odd_port() { python3 -c 'import random; print(random.randrange(40001, 60000, 2))'; }
+# An odd port nothing is bound to (a port left in TIME_WAIT by earlier tests would fail the
+# client's bind): tried by binding it.
+odd_port() { python3 -c '
+import random, socket
+while True:
+    p = random.randrange(40001, 60000, 2)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(p)
+    break
+'; }
 # preempt PORT SRCPORT OUT: nobody offers for 127.0.0.1:SRCPORT -> 127.0.0.1:PORT and waits
 # (6 s at most) for the answer.
 preempt() {
