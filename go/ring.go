@@ -153,9 +153,11 @@ func (p *producer) grow(d *direction, want, limit uint64) {
 	// SYNC POINT with the loads of ring_size in the peer's consumer.refresh (a consumer that
 	// sees the new size sees the bytes moved) and consumer.read (a consumer whose copy with the
 	// old size saw a byte we write from here on sees the new size after its copy). A swap, not
-	// a store: a read-modify-write keeps our later writes of data after it on every
-	// architecture (the spec's release fence).
+	// a store, then a load: on arm64 without LSE the swap is a store-release, which orders only
+	// what came before it; the load-acquire after it keeps our later writes of data after it
+	// (the spec's release fence).
 	atomic.SwapUint32(d.size, uint32(target))
+	atomic.LoadUint32(d.size)
 	p.size = target
 }
 
@@ -174,6 +176,7 @@ func (p *producer) shrinkIfEmpty(d *direction) (from, to uint64, bad string) {
 	// readable, so a consumer that copies with the old size copies nothing, or bytes we publish
 	// later, and then sees the size changed.
 	atomic.SwapUint32(d.size, minRingSize)
+	atomic.LoadUint32(d.size) // as in grow
 	from, to = minRingSize, p.size
 	p.size = minRingSize
 	return from, to, ""
@@ -219,16 +222,18 @@ func (q *consumer) cached() uint64 { return q.cachedHead - q.tail }
 // refresh re-reads ring_size and ring_head and returns the readable bytes; bad names the
 // corruption, if any.
 func (q *consumer) refresh(d *direction, capacity uint64) (avail uint64, bad string) {
+	// SYNC POINT with the store of ring_head in the peer's producer.write: the bytes it
+	// published are visible to the copies in read, and so is the size they were written at.
+	h := atomic.LoadUint64(d.head)
 	// SYNC POINT with the swaps of ring_size in the peer's producer.grow and shrinkIfEmpty:
-	// bytes moved for this size are visible. Loaded before the head: bytes published under a
-	// larger size than this one are caught by read.
+	// bytes moved for this size are visible. Loaded after the head, it is the size those bytes
+	// were written at or a later, larger one (the ring cannot shrink while bytes are unread);
+	// loaded first, a shrink and a regrow to the same size between the loads could pass read's
+	// check with the bytes read from the wrong place.
 	s, ok := validSize(atomic.LoadUint32(d.size), capacity)
 	if !ok {
 		return 0, badSize
 	}
-	// SYNC POINT with the store of ring_head in the peer's producer.write: the bytes it
-	// published are visible to the copies in read.
-	h := atomic.LoadUint64(d.head)
 	if h-q.tail > capacity || h-q.cachedHead > capacity {
 		return 0, badHead
 	}

@@ -51,7 +51,7 @@ static void sndtimeo(void) {
     pair(&s, &c);
     struct timeval tv = {0, 200000};
     T("setsockopt SO_SNDTIMEO 0.2 s", setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv));
-    static char big[8 << 20];
+    static char big[32 << 20]; /* more than either transport buffers for one direction */
     errno = 0;
     ssize_t n = send(c, big, sizeof big, 0);
     say("  first send: %s", n > 0 && n < (ssize_t)sizeof big ? "partial" : n < 0 ? ename(errno) : "all");

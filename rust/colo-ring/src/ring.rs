@@ -388,12 +388,16 @@ impl<B: Bytes> Consumer<B> {
     }
 
     fn refresh(&mut self) -> Result<u64, Corrupt> {
-        // SYNC POINT with the Release stores of `ring_size` in `Producer::grow` and
-        // `Producer::shrink_if_empty`: bytes moved for this size are visible. Loaded before the
-        // head: bytes published under a larger size than this one are caught by `copy_out`.
-        let size = valid_size(self.words.size().load(Ordering::Acquire), self.capacity)?;
-        // SYNC POINT with the Release store of `ring_head` in `Producer::write`.
+        // SYNC POINT with the Release store of `ring_head` in `Producer::write`: the bytes up to
+        // it are visible, and so is the size they were written at.
         let head = self.words.head().load(Ordering::Acquire);
+        // SYNC POINT with the Release stores of `ring_size` in `Producer::grow` and
+        // `Producer::shrink_if_empty`: bytes moved for this size are visible. Loaded after the
+        // head, it is the size those bytes were written at or a later one; while bytes are
+        // unread the ring cannot shrink, so a later one is larger and holds them where it puts
+        // them (loaded first, a shrink and a regrow to the same size between the two loads could
+        // pass `copy_out`'s check with the bytes read from the wrong place).
+        let size = valid_size(self.words.size().load(Ordering::Acquire), self.capacity)?;
         // As in `Producer::refresh`: a genuine head is at most the size past the cached one.
         if head.wrapping_sub(self.cached_head) > self.capacity {
             return Err(Corrupt("ring_head moved backwards"));

@@ -64,15 +64,13 @@ pub(crate) fn watch(ring: Weak<dyn Shrink>) {
 fn run() {
     loop {
         std::thread::sleep(QUIET);
-        let rings = std::mem::take(&mut lock().rings);
-        // Looked at outside the registry's lock: a look takes a ring's writing lock (never
-        // waiting), and a writer that grows registers under the registry's.
-        let kept: Vec<_> = rings
-            .into_iter()
-            .filter(|r| r.upgrade().is_some_and(|ring| matches!(ring.look(), Look::Again)))
-            .collect();
+        // Looked at under the registry's lock, which a fork takes (`fork_guard`): a fork never
+        // copies a ring's writing lock held by a look. A look only tries that lock, so a writer
+        // that registers (taking the registry's lock while it holds its own) cannot deadlock
+        // with it.
         let mut w = lock();
-        w.rings.extend(kept);
+        let rings = std::mem::take(&mut w.rings);
+        w.rings = rings.into_iter().filter(|r| r.upgrade().is_some_and(|ring| matches!(ring.look(), Look::Again))).collect();
         if w.rings.is_empty() {
             // Nothing left to look at: the next growth starts a thread again.
             w.looker = None;
@@ -81,7 +79,8 @@ fn run() {
     }
 }
 
-/// Held around a fork (see `crate::fork`), so that a child never inherits the registry locked.
+/// Held around a fork (see `crate::fork`), so that a child never inherits the registry locked,
+/// nor a ring's writing lock held by a look (looks happen under it).
 fn fork_guard() -> Vec<Box<dyn std::any::Any>> {
     vec![Box::new(lock())]
 }
