@@ -262,7 +262,7 @@ func (l *Listener) tcpLoop() {
 			return
 		}
 		delay = 0
-		if ra, ok := tc.RemoteAddr().(*net.TCPAddr); ok && (l.netns != nil || netnsConfigured()) && !isLocal(ra.AddrPort().Addr()) {
+		if ra, ok := tc.RemoteAddr().(*net.TCPAddr); ok && (l.netns != nil || netnsConfigured()) && !isLocal(ra.AddrPort().Addr()) && netnsClientAllowed(ra.AddrPort().Addr()) {
 			// From another network namespace: its proposal is answered on the connection's own
 			// goroutine (the wait for its first bytes holds up no other accept).
 			l.wg.Add(1)

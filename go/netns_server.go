@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sync"
@@ -41,6 +42,22 @@ var netnsWait = sync.OnceValue(func() time.Duration {
 // from one is looked at for a PROPOSAL even when this listener could not bind its rendezvous
 // (then declined: its application must never see one).
 var netnsConfigured = sync.OnceValue(func() bool { return os.Getenv("COLO_NETNS_DIR") != "" })
+
+// netnsClients is COLO_NETNS_CLIENTS: the networks or addresses whose proposals this server takes
+// (none when unset: a server with COLO_NETNS_DIR alone answers nobody). A relay that is not colo
+// (a TCP load balancer, a proxy) must not be listed, or a tenant behind it could reach this
+// server around it.
+var netnsClients = sync.OnceValue(func() []netnsRule { return parseNetnsRules(os.Getenv("COLO_NETNS_CLIENTS"), "/") })
+
+// netnsClientAllowed: a connection from a may carry a PROPOSAL this server takes.
+func netnsClientAllowed(a netip.Addr) bool {
+	for _, r := range netnsClients() {
+		if r.net.Contains(a.Unmap()) {
+			return true
+		}
+	}
+	return false
+}
 
 type netnsServer struct {
 	rv    *os.File

@@ -51,7 +51,7 @@ BG_A=(ip netns exec "$NS_A" "${CENV[@]}" "$COLO" run --)
 REDIS_ARGS=(--bind 0.0.0.0 --protected-mode no --save '' --appendonly no)
 
 start_redis() {
-    ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_DIR="$DIR" "$COLO" run -- \
+    ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_DIR="$DIR" COLO_NETNS_CLIENTS=10.231.0.0/16 "$COLO" run -- \
         redis-server --port 6379 "${REDIS_ARGS[@]}" >"$WORK/redis.log" 2>&1 </dev/null &
     REDIS=$!
     PIDS+=("$REDIS")
@@ -122,7 +122,7 @@ ipt -D FORWARD -s $IP_A -d $IP_B -j DROP -m comment --comment "$P"
 # in A.
 PEER=$ROOT/rust/target/release/examples/peer
 if [ -x "$PEER" ]; then
-    ip netns exec "$NS_B" env COLO_NETNS_DIR="$DIR" "$PEER" server 0.0.0.0:7100 stream >"$WORK/peer.out" 2>&1 &
+    ip netns exec "$NS_B" env COLO_NETNS_DIR="$DIR" COLO_NETNS_CLIENTS=10.231.0.0/16 "$PEER" server 0.0.0.0:7100 stream >"$WORK/peer.out" 2>&1 &
     PIDS+=($!)
     for i in $(seq 50); do grep -qs READY "$WORK/peer.out" && break; sleep 0.1; done
     r=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 30 "$PEER" client $IP_B:7100 stream 1000000 2>&1)
@@ -142,7 +142,7 @@ if [ -x "$PEER" ]; then
             bad "7 Go client: '$r' '$r2'"
         fi
         # The Go listener, with Rust, Go and unconfigured clients.
-        ip netns exec "$NS_B" env COLO_NETNS_DIR="$DIR" "$WORK/colo-peer-go" server 0.0.0.0:7200 stream >"$WORK/gopeer.out" 2>&1 &
+        ip netns exec "$NS_B" env COLO_NETNS_DIR="$DIR" COLO_NETNS_CLIENTS=10.231.0.0/16 "$WORK/colo-peer-go" server 0.0.0.0:7200 stream >"$WORK/gopeer.out" 2>&1 &
         PIDS+=($!)
         for i in $(seq 50); do grep -qs READY "$WORK/gopeer.out" && break; sleep 0.1; done
         r=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 30 "$PEER" client $IP_B:7200 stream 1000000 2>&1)
@@ -159,7 +159,7 @@ else
 fi
 
 # 8. Separate pid and mount namespaces on both sides (SO_PEERCRED reports pid 0 across them).
-ip netns exec "$NS_B" unshare -p -f -m --mount-proc env COLO_LOG=info COLO_NETNS_DIR="$DIR" "$COLO" run -- \
+ip netns exec "$NS_B" unshare -p -f -m --mount-proc env COLO_LOG=info COLO_NETNS_DIR="$DIR" COLO_NETNS_CLIENTS=10.231.0.0/16 "$COLO" run -- \
     redis-server --port 6390 "${REDIS_ARGS[@]}" >"$WORK/redis-pidns.log" 2>&1 </dev/null &
 UNSHARE=$!
 PIDS+=("$UNSHARE")
@@ -189,7 +189,7 @@ error_log $WORK/ngx/logs/error.log info;
 events { worker_connections 1024; }
 http { access_log off; server { listen 0.0.0.0:8080; root $WORK/ngx/www; } }
 NGX
-    ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_DIR="$NDIR" "$COLO" run -- \
+    ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_DIR="$NDIR" COLO_NETNS_CLIENTS=10.231.0.0/16 "$COLO" run -- \
         nginx -c "$WORK/ngx/nginx.conf" -p "$WORK/ngx" >"$WORK/ngx.log" 2>&1 </dev/null &
     NGINX=$!
     PIDS+=("$NGINX")

@@ -384,6 +384,7 @@ fn ring_floor(size: usize, secs: f64) -> (f64, f64) {
     let geometry = colo_ring::layout::Geometry { ring_capacity: 1 << 20, slot_size: 0, slot_count: 0 };
     let layout = geometry.layout().expect("valid");
     let (fd, map) = colo_sys::segment::create(layout.segment_size).expect("memfd");
+    Segment::start_rings(&map, &layout);
     let fd2 = fd.try_clone().expect("dup");
     let map2 = colo_sys::segment::attach(&fd, layout.segment_size).unwrap_or_else(|_| panic!("attach"));
     // SAFETY: both mappings are the whole segment laid out by `layout`.

@@ -600,10 +600,25 @@ pub fn decline(tcp: BorrowedFd<'_>, peer: SocketAddr) {
     }
 }
 
-/// Whether a connection from `peer` may come from another namespace (so is worth waiting for a
-/// PROPOSAL on): not from an address of this one.
+/// Whether a connection from `peer` may carry a PROPOSAL this server takes: not from an address
+/// of this namespace, and from a network `COLO_NETNS_CLIENTS` names. Only those peers make an
+/// accept wait for a PROPOSAL or a HELLO, and only they can be answered: a relay that is not
+/// colo (a TCP load balancer, a proxy) must not be listed, or a tenant behind it could reach this
+/// server around it.
 pub fn from_elsewhere(peer: SocketAddr) -> bool {
-    !colo_sys::host::is_local(peer.ip())
+    !colo_sys::host::is_local(peer.ip()) && clients().iter().any(|r| in_net(peer.ip(), r.net, r.prefix))
+}
+
+/// `COLO_NETNS_CLIENTS`: comma-separated networks or addresses whose proposals this server takes
+/// (none when unset: a server with `COLO_NETNS_DIR` alone answers nobody). Read once, with
+/// `COLO_NETNS_DIR` (`served_dir`).
+fn clients() -> &'static [Rule] {
+    static C: OnceLock<Vec<Rule>> = OnceLock::new();
+    C.get_or_init(|| match std::env::var("COLO_NETNS_CLIENTS") {
+        // Only the networks matter: the directory is a placeholder the parser wants.
+        Ok(spec) => parse_rules(&spec, Some("/")),
+        Err(_) => Vec::new(),
+    })
 }
 
 /// The rendezvous of this process's listeners by port (the LD_PRELOAD shim's, which has no
@@ -622,7 +637,11 @@ pub fn server_configured() -> bool {
 /// workers keep only `TZ`) still has the directory its master listened with.
 fn served_dir() -> Option<&'static Path> {
     static D: OnceLock<Option<PathBuf>> = OnceLock::new();
-    D.get_or_init(|| std::env::var_os("COLO_NETNS_DIR").filter(|d| !d.is_empty()).map(PathBuf::from)).as_deref()
+    D.get_or_init(|| {
+        clients();
+        std::env::var_os("COLO_NETNS_DIR").filter(|d| !d.is_empty()).map(PathBuf::from)
+    })
+    .as_deref()
 }
 
 /// A listener of this process on `port` started listening: binds its rendezvous if
