@@ -104,12 +104,6 @@ impl RingWords {
         self.size().store(MIN_RING_SIZE, Ordering::Relaxed);
     }
 
-    /// The ring's current size as the shared word says (validated against `capacity`): for
-    /// readiness checks outside the two halves.
-    pub fn current_size(&self, capacity: u64) -> Result<u64, Corrupt> {
-        valid_size(self.size().load(Ordering::Relaxed), capacity)
-    }
-
     fn head(&self) -> &AtomicU64 {
         // SAFETY: the constructor of the Producer/Consumer holding these words guaranteed they point
         // to live, aligned atomics for its whole life.

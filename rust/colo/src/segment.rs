@@ -140,7 +140,7 @@ impl Segment {
 
     /// Gives back the pages of the data of the ring of direction `c2s` in `range` (offsets in the
     /// ring's data), after the ring shrank below them.
-    pub fn release_ring_pages(&self, c2s: bool, range: core::ops::Range<usize>) {
+    fn release_ring_pages(&self, c2s: bool, range: core::ops::Range<usize>) {
         let off = self.block(c2s) + self.layout.data_off;
         // Best effort: pages left in place cost memory, not correctness.
         let _ = self.mapping().release(off + range.start, range.len());
