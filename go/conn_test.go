@@ -341,6 +341,11 @@ func TestPendingDial(t *testing.T) {
 	if _, err := io.ReadFull(c, b); err != nil || string(b) != "early" {
 		t.Fatalf("echo through a pending connection: %q %v", b, err)
 	}
+	// The WELCOME went before the echo, but the goroutine that reads it may not have run yet:
+	// give it time (a Close first would stop it).
+	for i := 0; i < 500 && c.pending.Load(); i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
 	c.Close()
 	if _, ok := welcomed.Load(name); !ok {
 		t.Fatal("late WELCOME not remembered")
