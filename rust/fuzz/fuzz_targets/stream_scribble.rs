@@ -94,6 +94,8 @@ fn expected(e: &std::io::Error) {
 
 fuzz_target!(|data: &[u8]| {
     let [a, b, ref ops @ ..] = *data else { return };
+    // The scribbler finds the segment through its memfd, which colo otherwise closes once mapped.
+    colo::internal::segment::keep_memfds(true);
     let (addr, accepted) = listener();
     let slots = u32::from(b % 9);
     let mut opts = Options::new().ring_capacity(4096 << (a % 3));
