@@ -17,7 +17,7 @@ impl Shm {
     /// TCP socket do) may have written since we last did: continue from the shared `ring_head`,
     /// as a resumed end does. It looks at this end's `written` copy, not at `ring_head` itself:
     /// the peer spins on `ring_head`'s line, and loading it just before the write that stores
-    /// it cost a cache-line transfer on every write (about 40 ns of a 0.3 us round trip here).
+    /// it cost a cache-line transfer on every write (measured in docs/ARCHITECTURE.md).
     /// The copy's line is this end's alone. A write marks the copy stale before it publishes
     /// (see `write`), so a holder that dies mid-write leaves a copy no head equals. A peer can
     /// scribble over the copy as over anything in the segment: that can only cost a resume or

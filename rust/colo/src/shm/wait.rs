@@ -231,9 +231,8 @@ impl Shm {
     ) -> io::Result<T> {
         if self.nonblocking.load(Ordering::Relaxed) {
             // Our DOORBELL bit still set: nobody rang since it was announced (a ring clears it,
-            // section 6), so there is nothing to drain and the announcement stands. A program
-            // that polls by reading again and again then pays one system call a miss (the
-            // control socket's, below), as over TCP, not three.
+            // section 6), so there is nothing to drain and the announcement stands: a miss costs
+            // one system call (the control socket's, below).
             if self.own_waiting().load(Ordering::Relaxed) & notify::SLEEP_DOORBELL != 0 {
                 if let Some(v) = check()? {
                     return Ok(v);
