@@ -30,9 +30,20 @@ done
 cd ../go
 for f in $(grep -ho '^func Fuzz[A-Za-z0-9_]*' ./*_test.go | cut -d' ' -f2); do
     echo "== fuzz (Go) $f: $GO_FUZZTIME"
-    timeout 300 go test -run '^$' -fuzz "^$f\$" -fuzztime="$GO_FUZZTIME" . || {
-        echo "test-fuzz: $f failed (input in go/testdata/fuzz/$f)" >&2
-        exit 1
-    }
+    before=$(ls "testdata/fuzz/$f" 2>/dev/null || true)
+    if timeout 300 go test -run '^$' -fuzz "^$f\$" -fuzztime="$GO_FUZZTIME" . 2>&1 | tee "$scratch/go-$f.log"; then
+        continue
+    fi
+    # Go's coordinator can report its own -fuzztime deadline as a failure when a worker is
+    # mid-input as time runs out (go.dev/issue/75804, fixed in Go 1.27): no input is written
+    # then. A real failure (crash, panic, the target's own watchdog) always writes one.
+    after=$(ls "testdata/fuzz/$f" 2>/dev/null || true)
+    if [ "$before" = "$after" ] && grep -q '^    context deadline exceeded$' "$scratch/go-$f.log" \
+        && ! grep -Eq 'panic:|fuzz_test.go:[0-9]+:' "$scratch/go-$f.log"; then
+        echo "test-fuzz: $f stopped on Go's fuzztime race (go.dev/issue/75804), no failing input: not a failure"
+        continue
+    fi
+    echo "test-fuzz: $f failed (input in go/testdata/fuzz/$f)" >&2
+    exit 1
 done
 echo "test-fuzz: every target ran without a crash"
