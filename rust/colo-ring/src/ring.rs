@@ -70,32 +70,72 @@ unsafe impl Bytes for RawBytes {
     }
 }
 
-/// The six shared words of a ring (offsets in `layout::block`).
+/// Where the five shared words of a ring live (offsets in `layout::block`). The fields are
+/// private: [`RingWords::new`] is the one place that vouches for the pointers, so every method
+/// here, and the views of [`crate::snapshot`], can load them without a contract of their own.
 #[derive(Debug, Clone, Copy)]
 pub struct RingWords {
     /// `ring_head`.
-    pub head: *const AtomicU64,
+    head: *const AtomicU64,
     /// `ring_flags`.
-    pub flags: *const AtomicU32,
+    flags: *const AtomicU32,
     /// `ring_size`.
-    pub size: *const AtomicU32,
+    size: *const AtomicU32,
     /// `ring_tail`.
-    pub tail: *const AtomicU64,
+    tail: *const AtomicU64,
     /// `read_flags`.
-    pub read_flags: *const AtomicU32,
+    read_flags: *const AtomicU32,
 }
 
-// SAFETY: the words are atomics; the pointers are valid for the ring's life (see `RingWords::get`).
+// SAFETY: the words are atomics, valid for as long as any copy of the value is used (the
+// contract of `RingWords::new`), so another thread may load and store them too.
 unsafe impl Send for RingWords {}
 // SAFETY: as for `Send`: shared access only loads the pointers and uses the atomics behind them.
 unsafe impl Sync for RingWords {}
 
 impl RingWords {
+    /// Locates a ring's words.
+    ///
+    /// # Safety
+    /// Each pointer points to an aligned atomic that stays live (mapped, not freed) for as long
+    /// as the returned value or any copy of it is used. Their values may be anything: every value
+    /// loaded through them is validated before it is trusted.
+    pub unsafe fn new(
+        head: *const AtomicU64,
+        flags: *const AtomicU32,
+        size: *const AtomicU32,
+        tail: *const AtomicU64,
+        read_flags: *const AtomicU32,
+    ) -> RingWords {
+        RingWords { head, flags, size, tail, read_flags }
+    }
+
     /// The producer's `ring_flags`, validated (for a reader that is not this ring's consumer,
     /// such as the message half of the same direction).
     pub fn producer_flags(&self) -> Result<u32, Corrupt> {
-        // SYNC POINT with the Release fetch_or in `Producer::set_flags`.
+        // SYNC POINT with the Release fetch_or in `Producer::set_flags` and `raise_flags`.
         check_flags(self.flags().load(Ordering::Acquire), RING_FLAGS)
+    }
+
+    /// Sets bits of `ring_flags` (`FIN`, `RESET`, `NOT_READING`) without the producer half, for
+    /// a side whose producer may be held by a blocked writer: as [`Producer::set_flags`].
+    pub fn raise_flags(&self, bits: u32) {
+        // SYNC POINT with the Acquire loads of `ring_flags` (`Consumer::flags`, `producer_flags`,
+        // `RingState::consumer_view`): what this side published before the flag is visible with it.
+        self.flags().fetch_or(bits, Ordering::Release);
+    }
+
+    /// The consumer's `read_flags` (`READ_CLOSED`), unvalidated.
+    pub fn read_flags(&self) -> u32 {
+        // SYNC POINT with the Release fetch_or in `close_reading`.
+        self.read_flags_word().load(Ordering::Acquire)
+    }
+
+    /// Sets bits of the consumer's `read_flags` (`READ_CLOSED`: this side shut down reading).
+    pub fn close_reading(&self, bits: u32) {
+        // SYNC POINT with the Acquire load in `read_flags` (a later holder of this side, such as
+        // the program image after `exec`).
+        self.read_flags_word().fetch_or(bits, Ordering::Release);
     }
 
     /// Makes the ring start at [`MIN_RING_SIZE`] bytes: the segment's creator does so for a fresh or
@@ -104,12 +144,11 @@ impl RingWords {
         self.size().store(MIN_RING_SIZE, Ordering::Relaxed);
     }
 
-    fn head(&self) -> &AtomicU64 {
-        // SAFETY: the constructor of the Producer/Consumer holding these words guaranteed they point
-        // to live, aligned atomics for its whole life.
+    pub(crate) fn head(&self) -> &AtomicU64 {
+        // SAFETY: live, aligned atomics while any copy of `self` is used (`RingWords::new`).
         unsafe { &*self.head }
     }
-    fn flags(&self) -> &AtomicU32 {
+    pub(crate) fn flags(&self) -> &AtomicU32 {
         // SAFETY: as in `head`.
         unsafe { &*self.flags }
     }
@@ -117,9 +156,13 @@ impl RingWords {
         // SAFETY: as in `head`.
         unsafe { &*self.size }
     }
-    fn tail(&self) -> &AtomicU64 {
+    pub(crate) fn tail(&self) -> &AtomicU64 {
         // SAFETY: as in `head`.
         unsafe { &*self.tail }
+    }
+    fn read_flags_word(&self) -> &AtomicU32 {
+        // SAFETY: as in `head`.
+        unsafe { &*self.read_flags }
     }
 }
 
@@ -185,9 +228,9 @@ pub struct Producer<B> {
 
 impl<B: Bytes> Producer<B> {
     /// # Safety
-    /// `words` point to live, aligned atomics of a fresh ring (counters zero, `ring_size` set by
-    /// [`RingWords::start_small`] or to any valid size) whose data is `data`, and stay valid for
-    /// the life of the producer. `data.capacity()` is a power of two.
+    /// `words` are those of a fresh ring (counters zero, `ring_size` set by
+    /// [`RingWords::start_small`] or to any valid size) whose data is `data`, and no other
+    /// producer of the ring writes while this one lives. `data.capacity()` is a power of two.
     pub unsafe fn new(words: RingWords, data: B) -> Self {
         let capacity = data.capacity() as u64;
         debug_assert!(capacity.is_power_of_two());

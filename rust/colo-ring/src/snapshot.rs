@@ -43,29 +43,23 @@ impl RingState {
     /// or RESET): a reader that sees `used() == n` can read `n` bytes, one that sees `FIN` sees
     /// every byte published before it counted in `head`.
     ///
-    /// # Safety
-    /// `words.head`, `words.tail` and `words.flags` point to live, aligned atomics for the
-    /// duration of the call (any values: the result is validated by its user, never trusted).
-    pub unsafe fn consumer_view(words: &RingWords) -> RingState {
+    /// Every value loaded is untrusted: its user validates it (`used`, the flag mask).
+    pub fn consumer_view(words: &RingWords) -> RingState {
         let mut state = RingState { head: 0, tail: 0, flags: 0 };
         for _ in 0..TRIES {
             // SYNC POINT with the Release store of `ring_tail` in `Consumer::read` (this side's
             // reading half, maybe on another thread): the head that read loaded happens before
             // the head load below, which so sees a head at least as large as this tail.
-            // SAFETY: live, aligned atomics by the caller's contract (here and below).
-            let tail = unsafe { &*words.tail }.load(Ordering::Acquire);
+            let tail = words.tail().load(Ordering::Acquire);
             // SYNC POINT with the Release fetch_or in `Producer::set_flags`: loaded before the
             // head, so a state with FIN has the head published before it (the last byte's).
-            // SAFETY: as above.
-            let flags = unsafe { &*words.flags }.load(Ordering::Acquire);
+            let flags = words.flags().load(Ordering::Acquire);
             // SYNC POINT with the Release store of `ring_head` in `Producer::write`: the bytes
             // counted up to this head are in the ring, and the tail the producer checked before
             // publishing them happens before the tail load below (`head <= that tail + capacity`).
-            // SAFETY: as above.
-            let head = unsafe { &*words.head }.load(Ordering::Acquire);
+            let head = words.head().load(Ordering::Acquire);
             // Relaxed: ordered after the head by that load's Acquire; it only confirms the first.
-            // SAFETY: as above.
-            let again = unsafe { &*words.tail }.load(Ordering::Relaxed);
+            let again = words.tail().load(Ordering::Relaxed);
             state = RingState { head, tail, flags };
             if again == tail {
                 break;
@@ -77,27 +71,20 @@ impl RingState {
     /// The ring as its producer sees it outside its writing half (room left, this side's own
     /// flags): the bytes `used()` does not count have been copied out by the consumer and may be
     /// overwritten.
-    ///
-    /// # Safety
-    /// As for [`RingState::consumer_view`].
-    pub unsafe fn producer_view(words: &RingWords) -> RingState {
+    pub fn producer_view(words: &RingWords) -> RingState {
         let mut state = RingState { head: 0, tail: 0, flags: 0 };
         for _ in 0..TRIES {
             // SYNC POINT with the Release store of `ring_head` in `Producer::write` (this side's
             // writing half, maybe on another thread): the tail that write checked happens before
             // the tail load below, which so sees a tail no smaller (`head <= tail + capacity`).
-            // SAFETY: live, aligned atomics by the caller's contract (here and below).
-            let head = unsafe { &*words.head }.load(Ordering::Acquire);
+            let head = words.head().load(Ordering::Acquire);
             // SYNC POINT with the Release store of `ring_tail` in `Consumer::read` (the peer's):
             // its copies out of the bytes it released are done, and the head that read loaded
             // (published by this side's writing half) happens before the head load below.
-            // SAFETY: as above.
-            let tail = unsafe { &*words.tail }.load(Ordering::Acquire);
+            let tail = words.tail().load(Ordering::Acquire);
             // Relaxed: this side's own, ordered after the tail by that load's Acquire.
-            // SAFETY: as above.
-            let again = unsafe { &*words.head }.load(Ordering::Relaxed);
-            // SAFETY: as above.
-            let flags = unsafe { &*words.flags }.load(Ordering::Relaxed);
+            let again = words.head().load(Ordering::Relaxed);
+            let flags = words.flags().load(Ordering::Relaxed);
             state = RingState { head, tail, flags };
             if again == head {
                 break;
@@ -110,15 +97,10 @@ impl RingState {
     /// that compares two states to learn whether to look again): nothing read on its strength
     /// may be trusted to be in the ring, and `used()` may report a passing inconsistency as
     /// corruption. Use the views above to decide readiness.
-    ///
-    /// # Safety
-    /// As for [`RingState::consumer_view`].
-    pub unsafe fn relaxed(words: &RingWords) -> RingState {
+    pub fn relaxed(words: &RingWords) -> RingState {
         // Relaxed: a changed value is only a hint to look again with a view above.
-        // SAFETY: live, aligned atomics by the caller's contract.
-        let (head, tail, flags) = unsafe {
-            ((*words.head).load(Ordering::Relaxed), (*words.tail).load(Ordering::Relaxed), (*words.flags).load(Ordering::Relaxed))
-        };
+        let (head, tail, flags) =
+            (words.head().load(Ordering::Relaxed), words.tail().load(Ordering::Relaxed), words.flags().load(Ordering::Relaxed));
         RingState { head, tail, flags }
     }
 

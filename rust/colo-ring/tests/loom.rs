@@ -277,8 +277,7 @@ fn snapshots_during_a_read_and_a_write_are_consistent() {
         let writer = loom::thread::spawn(move || {
             let _ = p.write(&[2]).unwrap();
         });
-        // SAFETY: the words are leaked by `ring_pair`: live for the whole model.
-        let (cv, pv) = unsafe { (RingState::consumer_view(&w.raw()), RingState::producer_view(&w.raw())) };
+        let (cv, pv) = (RingState::consumer_view(&w.raw()), RingState::producer_view(&w.raw()));
         assert!(cv.used(1).is_ok(), "{cv:?}");
         assert!(pv.used(1).is_ok(), "{pv:?}");
         reader.join().unwrap();

@@ -272,8 +272,7 @@ fn a_ring_growing_under_a_concurrent_reader_delivers_every_byte_once_in_order() 
 fn snapshots_count_what_the_halves_wrote_read_and_flagged() {
     let (mut p, mut c, w) = common::ring_pair(heap_bytes(4096));
     let views = || {
-        // SAFETY: the words are leaked by `ring_pair`: live for the whole test.
-        unsafe { (RingState::consumer_view(&w.raw()), RingState::producer_view(&w.raw()), RingState::relaxed(&w.raw())) }
+        (RingState::consumer_view(&w.raw()), RingState::producer_view(&w.raw()), RingState::relaxed(&w.raw()))
     };
     let (cv, pv, rv) = views();
     assert_eq!(cv, RingState { head: 0, tail: 0, flags: 0 });
@@ -295,7 +294,7 @@ fn snapshots_count_what_the_halves_wrote_read_and_flagged() {
     w.head.store(u64::MAX - 5, Ordering::Relaxed);
     w.tail.store(u64::MAX - 5, Ordering::Relaxed);
     let (mut p, _c) = {
-        // SAFETY: as above; `resume` continues from the counters just stored.
+        // SAFETY: the only halves of this ring now; `resume` continues from the counters just stored.
         unsafe { (Producer::resume(w.raw(), heap_bytes(4096)), Consumer::resume(w.raw(), heap_bytes(4096))) }
     };
     assert_eq!(p.write(&[1; 4096]).unwrap(), 4096);
@@ -307,8 +306,7 @@ fn snapshots_count_what_the_halves_wrote_read_and_flagged() {
 #[test]
 fn snapshots_report_corrupt_counters() {
     let (_p, _c, w) = common::ring_pair(heap_bytes(4096));
-    // SAFETY: the words are leaked by `ring_pair`: live for the whole test.
-    let views = || unsafe { [RingState::consumer_view(&w.raw()), RingState::producer_view(&w.raw()), RingState::relaxed(&w.raw())] };
+    let views = || [RingState::consumer_view(&w.raw()), RingState::producer_view(&w.raw()), RingState::relaxed(&w.raw())];
     for (head, tail, ok) in [(4096, 0, true), (4097, 0, false), (5, 10, false), (u64::MAX, 1, false), (3, u64::MAX - 4092, true)] {
         w.head.store(head, Ordering::Relaxed);
         w.tail.store(tail, Ordering::Relaxed);
@@ -344,8 +342,7 @@ fn snapshots_taken_during_concurrent_reads_are_never_corrupt() {
         std::thread::spawn(move || {
             let (mut looks, mut bad) = (0u64, 0u64);
             while !done.load(Ordering::Relaxed) {
-                // SAFETY: the words are leaked by `ring_pair`: live for the whole test.
-                let (cv, pv) = unsafe { (RingState::consumer_view(&w.raw()), RingState::producer_view(&w.raw())) };
+                let (cv, pv) = (RingState::consumer_view(&w.raw()), RingState::producer_view(&w.raw()));
                 bad += u64::from(cv.used(4096).is_err()) + u64::from(pv.used(4096).is_err());
                 looks += 1;
             }

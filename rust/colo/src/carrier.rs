@@ -30,6 +30,7 @@ use crate::shm::{Fds, Shm};
 use crate::wire::{self, claim, Header, Message, Mode, Reason, HEADER_FIELDS, MESSAGE_LEN};
 use colo_ring::layout::{Geometry, Layout};
 use colo_ring::ring::RingWords;
+use colo_ring::snapshot::RingState;
 use colo_ring::spin::SpinMode;
 use colo_ring::sync::{AtomicU32, Ordering};
 use colo_sys::{doorbell, host, segment, seqpacket, AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -272,13 +273,12 @@ impl Offer {
     /// Blocking. Returns how many bytes were copied.
     pub fn flush_into(&self, tcp: BorrowedFd<'_>) -> io::Result<usize> {
         let layout = *self.seg.layout();
-        let words = self.seg.ring_words(true);
-        // SAFETY: both are aligned atomics inside our live mapping.
-        let (head, tail) = unsafe { (&*words.head, &*words.tail) };
-        // SYNC POINT with the Release stores of `ring_head` by this client's producer (another
-        // thread of it, perhaps): the bytes up to the head are visible. And of `ring_tail` by a
-        // consumer, of which there is none once the abandon won (the server never claimed).
-        let (head, tail) = (head.load(Ordering::Acquire), tail.load(Ordering::Acquire));
+        // SAFETY: used in this call only, while `self.seg` keeps the segment mapped.
+        let words = unsafe { self.seg.ring_words(true) };
+        // Acquire (`RingState::consumer_view`) partners the Release store of `ring_head` by this
+        // client's producer (another thread of it, perhaps): the bytes up to the head are
+        // visible. There is no consumer once the abandon won (the server never claimed).
+        let RingState { head, tail, .. } = RingState::consumer_view(&words);
         let pending = head.wrapping_sub(tail);
         let cap = layout.geometry.ring_capacity as u64;
         if pending > cap {
@@ -350,12 +350,18 @@ impl Established {
     /// The shared words of our two rings, for readiness checks that do not lock the connection
     /// (`colo_ring::snapshot::RingState`): see [`Words`]. Valid while the segment stays mapped
     /// (inside the `Shm`).
-    pub fn words(&self) -> Words {
+    ///
+    /// # Safety
+    /// The words, and every copy of them, are used only while the segment stays mapped: while
+    /// `self`, or the `Shm` it becomes, lives.
+    pub unsafe fn words(&self) -> Words {
         let out_c2s = self.role == Role::Client;
         let l = self.seg.layout();
         Words {
-            incoming: self.seg.ring_words(!out_c2s),
-            outgoing: self.seg.ring_words(out_c2s),
+            // SAFETY: used only while the segment is mapped, by the caller's contract.
+            incoming: unsafe { self.seg.ring_words(!out_c2s) },
+            // SAFETY: as above.
+            outgoing: unsafe { self.seg.ring_words(out_c2s) },
             capacity: l.geometry.ring_capacity as u64,
             base: self.seg.base(),
             len: l.segment_size,

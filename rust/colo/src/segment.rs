@@ -182,14 +182,22 @@ impl Segment {
     }
 
     /// The words of the byte ring of direction `c2s`.
-    pub fn ring_words(&self, c2s: bool) -> RingWords {
+    ///
+    /// # Safety
+    /// The returned words, and every copy of them, are used only while this segment stays
+    /// mapped (while `self` lives).
+    pub unsafe fn ring_words(&self, c2s: bool) -> RingWords {
         let b = self.block(c2s);
-        RingWords {
-            head: self.u64_at(b + block::RING_HEAD),
-            flags: self.u32_at(b + block::RING_FLAGS),
-            size: self.u32_at(b + block::RING_SIZE),
-            tail: self.u64_at(b + block::RING_TAIL),
-            read_flags: self.u32_at(b + block::READ_FLAGS),
+        // SAFETY: atomics inside our mapping (`at` checks the bounds; the layout's block offsets
+        // are aligned for their width), used only while it is mapped by the caller's contract.
+        unsafe {
+            RingWords::new(
+                self.u64_at(b + block::RING_HEAD),
+                self.u32_at(b + block::RING_FLAGS),
+                self.u32_at(b + block::RING_SIZE),
+                self.u64_at(b + block::RING_TAIL),
+                self.u32_at(b + block::READ_FLAGS),
+            )
         }
     }
 

@@ -78,12 +78,15 @@ fuzz_target!(|data: &[u8]| {
     // Addresses inside the direction block: callers pass offsets inside it, aligned for the atomic.
     let at64 = |off: usize| base.wrapping_add(blk + off) as *const AtomicU64;
     let at32 = |off: usize| base.wrapping_add(blk + off) as *const AtomicU32;
-    let words = RingWords {
-        head: at64(block::RING_HEAD),
-        flags: at32(block::RING_FLAGS),
-        size: at32(block::RING_SIZE),
-        tail: at64(block::RING_TAIL),
-        read_flags: at32(block::READ_FLAGS),
+    // SAFETY: aligned atomics inside `mem`, which outlives every use of the words.
+    let words = unsafe {
+        RingWords::new(
+            at64(block::RING_HEAD),
+            at32(block::RING_FLAGS),
+            at32(block::RING_SIZE),
+            at64(block::RING_TAIL),
+            at32(block::READ_FLAGS),
+        )
     };
     let cap = geometry.ring_capacity as usize;
     // SAFETY: the data region lies inside `mem`, which outlives the ring halves.

@@ -110,7 +110,9 @@ impl Conn {
     }
 
     fn build(est: Established, nonblocking: bool, resumed: bool, setup: std::time::Duration) -> std::io::Result<Conn> {
-        let w = est.words();
+        // SAFETY: the words live in `self.w`, used only while the segment is mapped: `shm` keeps
+        // it so, and `Drop` unmaps it only after its last use of them.
+        let w = unsafe { est.words() };
         let raw0 = [est.fds.control.as_raw_fd(), est.fds.own_bell.as_raw_fd(), est.fds.self_bell.as_raw_fd(), est.memfd];
         // SAFETY: a fresh anonymous shared page aliases nothing.
         let page = unsafe {
@@ -499,16 +501,13 @@ impl Conn {
     /// head and flags loaded with Acquire, so the bytes counted are in the ring and a FIN comes
     /// with the head of the stream's last byte).
     fn incoming(&self) -> RingState {
-        // SAFETY: the words point into the segment `shm` maps, which stays mapped while `self`
-        // lives (`Drop` unmaps it only after its last use of them).
-        unsafe { RingState::consumer_view(&self.w.incoming) }
+        RingState::consumer_view(&self.w.incoming)
     }
 
     /// The outgoing ring as its producer sees it ([`RingState::producer_view`]: the peer's
     /// tail loaded with Acquire, so the room counted is free).
     fn outgoing(&self) -> RingState {
-        // SAFETY: as in `incoming`.
-        unsafe { RingState::producer_view(&self.w.outgoing) }
+        RingState::producer_view(&self.w.outgoing)
     }
 
     /// A write failed with EPIPE: whether kernel TCP would have taken it. It takes one write
@@ -550,8 +549,7 @@ impl Conn {
         }
         // Relaxed (`RingState::relaxed`): a change is only a hint to look; `ready` loads the
         // views that order the data.
-        // SAFETY: as in `incoming`.
-        let (inc, out) = unsafe { (RingState::relaxed(&self.w.incoming), RingState::relaxed(&self.w.outgoing)) };
+        let (inc, out) = (RingState::relaxed(&self.w.incoming), RingState::relaxed(&self.w.outgoing));
         (inc.head, inc.flags, out.tail, out.flags | gone)
     }
 

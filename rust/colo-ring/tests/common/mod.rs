@@ -17,8 +17,10 @@ impl Words {
     pub fn new() -> Self {
         Words { head: AtomicU64::new(0), flags: AtomicU32::new(0), size: AtomicU32::new(0), tail: AtomicU64::new(0), read_flags: AtomicU32::new(0) }
     }
-    pub fn raw(&self) -> RingWords {
-        RingWords { head: &self.head, flags: &self.flags, size: &self.size, tail: &self.tail, read_flags: &self.read_flags }
+    /// The words as a ring sees them (the tests leak every `Words`, hence `'static`).
+    pub fn raw(&'static self) -> RingWords {
+        // SAFETY: aligned atomics borrowed for `'static`: live for as long as any copy is used.
+        unsafe { RingWords::new(&self.head, &self.flags, &self.size, &self.tail, &self.read_flags) }
     }
 }
 

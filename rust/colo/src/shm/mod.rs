@@ -31,6 +31,7 @@ use colo_ring::layout::{FLAG_FIN, FLAG_NOT_READING, FLAG_READ_CLOSED, FLAG_RESET
 use colo_ring::notify;
 use colo_ring::queue::{QueueReceiver, QueueSender};
 use colo_ring::ring::{Consumer, Producer, RawBytes, RingWords};
+use colo_ring::snapshot::RingState;
 use colo_ring::spin::{SpinMode, Spinner};
 use colo_ring::sync::{AtomicU32, Ordering};
 use colo_ring::Corrupt;
@@ -236,11 +237,11 @@ impl Shm {
         let views = unsafe { (seg.resumed_consumer(role), seg.resumed_producer(role), None) };
         let shm = Shm::build(seg, views, role, fds, local, peer, peer_pid, spin)?;
         lock(&shm.tx).born = u64::MAX;
-        let (out, inn) = (shm.out_words(), shm.in_words());
-        // Acquire: partners of the Release stores that set these flags (`signal`).
-        // SAFETY: aligned atomics inside the mapping `shm` owns.
-        let load = |w: *const AtomicU32| unsafe { (*w).load(Ordering::Acquire) };
-        let (out_flags, in_flags, in_read) = (load(out.flags), load(inn.flags), load(inn.read_flags));
+        // The flags as each half would see them outside its lock (`RingState`: the peer's with
+        // Acquire, our own as their producer), and our `read_flags` (`RingWords::read_flags`).
+        let out_flags = RingState::producer_view(&shm.out_words).flags;
+        let in_flags = RingState::consumer_view(&shm.in_words).flags;
+        let in_read = shm.in_words.read_flags();
         if out_flags & FLAG_FIN != 0 {
             shm.set(WRITE_SHUT);
         }
@@ -248,7 +249,7 @@ impl Shm {
             shm.set(READ_SHUT | READ_TOLD);
             // An exec between the two stores of `shutdown` leaves READ_CLOSED without its mirror.
             if out_flags & FLAG_NOT_READING == 0 {
-                shm.signal(out.flags, FLAG_NOT_READING);
+                shm.signal(FLAG_NOT_READING);
             }
         }
         if (out_flags | in_flags) & FLAG_RESET != 0 {
@@ -332,8 +333,10 @@ impl Shm {
             peer,
             peer_pid,
             rendezvous: None,
-            out_words: seg.ring_words(role == Role::Client),
-            in_words: seg.ring_words(role == Role::Server),
+            // SAFETY: stored beside `seg`, which is dropped after them (declared last).
+            out_words: unsafe { seg.ring_words(role == Role::Client) },
+            // SAFETY: as above.
+            in_words: unsafe { seg.ring_words(role == Role::Server) },
             seg,
         })
     }
@@ -378,25 +381,19 @@ impl Shm {
         if self.role == Role::Client { Role::Server } else { Role::Client }
     }
 
-    fn out_words(&self) -> RingWords {
-        self.out_words
-    }
-
     fn in_words(&self) -> RingWords {
         self.in_words
     }
 
-    /// Sets a flag word of the segment without taking a half's lock (a blocked reader or writer
-    /// may hold it), then wakes the peer as any progress does (spec section 6): a sleeper that
-    /// announced before the exchange is woken by the bits it returns; one that announces after it
-    /// sees the flag in its re-check. A close wakes no one who is not asleep (a connection per
-    /// request pays no system call for it).
-    fn signal(&self, word: *const AtomicU32, bits: u32) {
-        // SYNC POINT with the peer's Acquire loads of the word (`Consumer::flags`,
-        // `RingWords::producer_flags`) and those of `Shm::resume`: what this side published
-        // before the flag (its last bytes before FIN) is visible with it.
-        // SAFETY: `word` comes from `out_words`/`in_words`: an aligned atomic in our mapping.
-        unsafe { &*word }.fetch_or(bits, Ordering::Release);
+    /// Sets bits of our outgoing ring's flags without taking a half's lock (a blocked reader or
+    /// writer may hold it), then wakes the peer as any progress does (spec section 6): a sleeper
+    /// that announced before the exchange is woken by the bits it returns; one that announces
+    /// after it sees the flag in its re-check. A close wakes no one who is not asleep (a
+    /// connection per request pays no system call for it).
+    fn signal(&self, bits: u32) {
+        // Release (`RingWords::raise_flags`): what this side published before the flag (its last
+        // bytes before FIN) is visible to the peer's Acquire loads of it.
+        self.out_words.raise_flags(bits);
         self.wake_peer();
     }
 
@@ -418,7 +415,7 @@ impl Shm {
     fn corrupt(&self, c: Corrupt) -> io::Error {
         if !self.has(RESET) {
             self.set(RESET | CORRUPT);
-            self.signal(self.out_words().flags, FLAG_RESET);
+            self.signal(FLAG_RESET);
             self.wake_self();
         }
         eproto(c)
@@ -479,7 +476,7 @@ impl Shm {
                 self.set(PEER_GONE);
                 if !self.has(RESET) {
                     self.set(RESET);
-                    self.signal(self.out_words().flags, FLAG_RESET);
+                    self.signal(FLAG_RESET);
                     self.wake_self();
                 }
             }

@@ -2,6 +2,7 @@
 
 use super::{lock, RxHalf, Shm, TxHalf, PEER_GONE, READ_SHUT, READ_TOLD, RESET, WRITE_SHUT};
 use colo_ring::layout::{FLAG_FIN, FLAG_NOT_READING, FLAG_READ_CLOSED, FLAG_RESET};
+use colo_ring::snapshot::RingState;
 use colo_ring::sync::Ordering;
 use std::io;
 
@@ -35,8 +36,9 @@ impl Shm {
 
     /// As [`Shm::adopt_tx`], for reading: another holder may have consumed (`ring_tail` moved).
     pub(super) fn adopt_rx(&self, rx: &mut RxHalf) {
-        // SAFETY: the incoming ring's tail, an aligned atomic in our mapping.
-        let tail = unsafe { &*self.in_words().tail }.load(Ordering::Relaxed);
+        // Relaxed (`RingState::relaxed`): only compared with our own count to learn whether to
+        // take the ring over again; the consumer `resume` builds loads it afresh.
+        let tail = RingState::relaxed(&self.in_words()).tail;
         if tail != rx.ring.consumed() {
             // SAFETY: as in `adopt_tx`.
             rx.ring = unsafe { self.seg.resumed_consumer(self.role) };
@@ -223,14 +225,13 @@ impl Shm {
         }
         if read && !self.has(READ_TOLD) {
             self.set(READ_SHUT | READ_TOLD);
-            // SYNC POINT with the Acquire load of `read_flags` in `Shm::resume` (a later program
-            // image of this side, after `exec`).
-            // SAFETY: an aligned atomic in our mapping (`in_words`).
-            unsafe { &*self.in_words().read_flags }.fetch_or(FLAG_READ_CLOSED, Ordering::Release);
+            // Release (`RingWords::close_reading`): seen by a later program image of this side,
+            // after `exec`, in `Shm::resume`.
+            self.in_words().close_reading(FLAG_READ_CLOSED);
             ours |= FLAG_NOT_READING;
         }
         if ours != 0 {
-            self.signal(self.out_words().flags, ours);
+            self.signal(ours);
         }
         // A thread of ours blocked in read or write must see the shutdown now.
         self.wake_self();

@@ -33,7 +33,7 @@ impl Shm {
     pub fn abort(&self) {
         if !self.has(RESET) {
             self.set(RESET);
-            self.signal(self.out_words().flags, FLAG_RESET);
+            self.signal(FLAG_RESET);
             self.wake_self();
         }
     }
