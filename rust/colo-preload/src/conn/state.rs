@@ -110,8 +110,8 @@ impl Conn {
     }
 
     fn build(est: Established, nonblocking: bool, resumed: bool, setup: std::time::Duration) -> std::io::Result<Conn> {
-        // SAFETY: the words live in `self.w`, used only while the segment is mapped: `shm` keeps
-        // it so, and `Drop` unmaps it only after its last use of them.
+        // SAFETY: the words are kept only in the `Conn` built here (`w`), beside the `Shm` that
+        // keeps the segment mapped; `Drop` unmaps it only after its last use of them.
         let w = unsafe { est.words() };
         let raw0 = [est.fds.control.as_raw_fd(), est.fds.own_bell.as_raw_fd(), est.fds.self_bell.as_raw_fd(), est.memfd];
         // SAFETY: a fresh anonymous shared page aliases nothing.
