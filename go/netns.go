@@ -83,8 +83,26 @@ func parseNetnsRules(spec, def string) []netnsRule {
 	return out
 }
 
-// liveListener reports whether dir holds a served rendezvous (its .live file locked by a live
-// process) for port, or for any port when port is -1.
+// lockLive takes a write lock on all of the file fd (open for writing), an open file
+// description lock (F_OFD_SETLK, F_WRLCK), held until its last descriptor closes: while it is
+// held, the rendezvous of the same name is served. Only a descriptor open for writing can take
+// it, so a reader of the directory (a read-only mount) cannot fake a dead server's liveness, as
+// it could with flock or a read lock.
+func lockLive(fd int) error {
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0} // Start 0, Len 0: the whole file
+	return unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &lk)
+}
+
+// writeLocked reports whether another open file description holds a write lock on fd's file
+// (lockLive): F_OFD_GETLK asks whether a read lock could be taken, which only a write lock
+// prevents; a read-only fd is enough.
+func writeLocked(fd int) bool {
+	lk := unix.Flock_t{Type: unix.F_RDLCK, Whence: 0}
+	return unix.FcntlFlock(uintptr(fd), unix.F_OFD_GETLK, &lk) == nil && lk.Type == unix.F_WRLCK
+}
+
+// liveListener reports whether dir holds a served rendezvous (its .live file write-locked by a
+// live process: lockLive) for port, or for any port when port is -1.
 func liveListener(dir string, port int) bool {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -107,9 +125,9 @@ func liveListener(dir string, port int) bool {
 		if err != nil {
 			continue
 		}
-		err = unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB)
+		live := writeLocked(fd)
 		unix.Close(fd)
-		if err == unix.EWOULDBLOCK {
+		if live {
 			return true
 		}
 	}

@@ -49,11 +49,47 @@ func TestNetnsNamesAndLiveness(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
+	if err := lockLive(fd); err != nil {
 		t.Fatal(err)
 	}
 	if !liveListener(dir, 6379) || !liveListener(dir, -1) || liveListener(dir, 6380) {
 		t.Fatal("a locked .live file: wrong liveness by port")
+	}
+}
+
+// An attacker who can only read the directory (a read-only mount, or nobody on a file of mode
+// 0644) takes every lock a read-only descriptor allows on a dead server's .live: clients must
+// still see no live listener, or they would propose to a plain successor on that port.
+func TestNetnsReadersLocksAreNotLiveness(t *testing.T) {
+	dir := t.TempDir()
+	live := filepath.Join(dir, "colo-7-6379.live")
+	if err := os.WriteFile(live, nil, 0o644); err != nil { // a dead server's file
+		t.Fatal(err)
+	}
+	var ro [3]int
+	for i := range ro {
+		fd, err := unix.Open(live, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		ro[i] = fd
+	}
+	if err := unix.Flock(ro[0], unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	rd := unix.Flock_t{Type: unix.F_RDLCK}
+	if err := unix.FcntlFlock(uintptr(ro[1]), unix.F_OFD_SETLK, &rd); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.FcntlFlock(uintptr(ro[2]), unix.F_SETLK, &rd); err != nil {
+		t.Fatal(err)
+	}
+	if err := lockLive(ro[2]); err != unix.EBADF {
+		t.Fatalf("a write lock on a read-only descriptor: %v, want EBADF", err)
+	}
+	if liveListener(dir, 6379) || liveListener(dir, -1) {
+		t.Fatal("a reader's lock counted as a live server")
 	}
 }
 
