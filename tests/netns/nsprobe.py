@@ -14,6 +14,11 @@
     nsprobe.py flood DIR N SECONDS
         Holds N silent connections to every rendezvous in DIR (reconnecting what the server
         drops) and sends garbage on others, for SECONDS. Prints `FLOOD <connections made>`.
+    nsprobe.py squat DIR SECONDS
+        An attacker who can only read DIR: on every `.live` file there, takes each lock a
+        read-only descriptor allows (`flock` exclusive, else shared; an open file description
+        read lock; a process read lock) and tries a write lock, then holds them for SECONDS.
+        Prints `SQUAT <files> <locks taken>` (`wrlck` among them would be a failure of the mount).
     nsprobe.py hold HOST PORT SECONDS
         A redis client: PING, prints `PONG`, then waits for the server for SECONDS and prints how
         the connection ended: `EOF`, `RESET`, or `OPEN`.
@@ -169,6 +174,32 @@ def flood(d, n, seconds):
     print("FLOOD", made, flush=True)
 
 
+def squat(d, seconds):
+    held, taken = [], set()
+    rd = struct.pack("@hhqqi4x", fcntl.F_RDLCK, os.SEEK_SET, 0, 0, 0)
+    wr = struct.pack("@hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+    lives = [os.path.join(d, n) for n in sorted(os.listdir(d)) if n.endswith(".live")]
+    for path in lives:
+        fds = [os.open(path, os.O_RDONLY) for _ in range(3)]
+        held += fds
+        for op, name in ((fcntl.LOCK_EX, "flock-ex"), (fcntl.LOCK_SH, "flock-sh")):
+            try:
+                fcntl.flock(fds[0], op | fcntl.LOCK_NB)
+                taken.add(name)
+                break
+            except OSError:
+                pass
+        for fd, cmd, arg, name in ((fds[1], fcntl.F_OFD_SETLK, rd, "ofd-rdlck"), (fds[2], fcntl.F_SETLK, rd, "rdlck"),
+                                   (fds[1], fcntl.F_OFD_SETLK, wr, "wrlck")):
+            try:
+                fcntl.fcntl(fd, cmd, arg)
+                taken.add(name)
+            except OSError:
+                pass
+    print("SQUAT", len(lives), ",".join(sorted(taken)) or "none", flush=True)
+    time.sleep(float(seconds))
+
+
 def hold(host, port, seconds):
     s = socket.create_connection((host, int(port)), timeout=5)
     s.sendall(b"PING\r\n")
@@ -184,4 +215,4 @@ def hold(host, port, seconds):
 
 
 if __name__ == "__main__":
-    {"replay": replay, "otherboot": otherboot, "forge": forge, "flood": flood, "hold": hold}[sys.argv[1]](*sys.argv[2:])
+    {"replay": replay, "otherboot": otherboot, "forge": forge, "flood": flood, "squat": squat, "hold": hold}[sys.argv[1]](*sys.argv[2:])

@@ -281,8 +281,24 @@ end=$(tail -1 "$WORK/hold3")
 if [ "$end" = EOF ] || [ "$end" = RESET ]; then ok "6 server killed -9: the client saw $end"; else bad "6 server kill: client saw '$end'"; fi
 
 # 4. Plain servers in B (not colo), a configured client in A: byte-exact TCP, client-first and
-# server-first. The killed redis left its rendezvous files behind: nobody serves them.
+# server-first. The killed redis left its rendezvous files behind: nobody serves them. Attackers
+# in C lock its `.live` file as a reader can (root behind a read-only bind mount, and nobody):
+# clients must still see no live listener, and send the plain server nothing of colo.
 ls "$DIR"/colo-*-6379.live >/dev/null 2>&1 || bad "4 setup: the killed server's files are gone"
+ip netns exec "$NS_C" unshare -m sh -c "mount --bind '$DIR' '$DIR' && mount -o remount,bind,ro '$DIR' || exit 9
+    exec timeout 60 $PROBE squat '$DIR' 60" >"$WORK/squat-root" 2>&1 &
+SQUATTERS=($!)
+for i in $(seq 50); do grep -qs SQUAT "$WORK/squat-root" && break; sleep 0.1; done
+ip netns exec "$NS_C" setpriv --reuid=nobody --regid=nogroup --clear-groups timeout 60 $PROBE squat "$DIR" 60 >"$WORK/squat-nobody" 2>&1 &
+SQUATTERS+=($!)
+PIDS+=("${SQUATTERS[@]}")
+for i in $(seq 50); do grep -qs SQUAT "$WORK/squat-nobody" && break; sleep 0.1; done
+squats="root: $(cat "$WORK/squat-root"); nobody: $(cat "$WORK/squat-nobody")"
+if echo "$squats" | grep -q "flock-ex" && ! echo "$squats" | grep -q wrlck; then
+    ok "4 attackers in C hold readers' locks on the dead server's files ($squats)"
+else
+    bad "4 squat: $squats"
+fi
 cat >"$WORK/plain.py" <<'EOF'
 import signal, socket, sys
 signal.alarm(120)  # watchdog
@@ -338,6 +354,7 @@ for case in "6379::client-first" "7002:220 banner here\r\n:server-first"; do
     fi
     kill -9 "$PLAIN"; wait "$PLAIN" 2>/dev/null
 done
+kill "${SQUATTERS[@]}" 2>/dev/null  # timeout passes the TERM on to the squatter
 
 # Measurement: redis -c 50 GET across the namespaces, colo against plain TCP over the veths.
 if [ "${NETNS_BENCH:-1}" = 1 ]; then
