@@ -293,13 +293,12 @@ func netnsDial(ctx context.Context, network string, ap netip.AddrPort, dir strin
 	if err := unix.Fstatat(dirfd, string(name), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
 		return plain("rendezvous %s is not a socket", name)
 	}
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return plain("%v", err)
+	wait := carrierAnswerTimeout
+	if cdl, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(cdl))
 	}
-	path := "/proc/self/fd/" + strconv.Itoa(dirfd) + "/" + string(name)
-	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != nil {
-		unix.Close(fd)
+	fd, err := connectRendezvousPath("/proc/self/fd/"+strconv.Itoa(dirfd)+"/"+string(name), wait)
+	if err != nil {
 		return plain("rendezvous: %v", err)
 	}
 	cs := &clientSide{ctl: os.NewFile(uintptr(fd), "colo-ctl"), fd: fd}
@@ -343,6 +342,40 @@ func netnsDial(ctx context.Context, network string, ap netip.AddrPort, dir strin
 	conn.startWatch()
 	logf("dial %v: shared memory (other namespace)", ap)
 	return conn, nil
+}
+
+// errRendezvousFull: the rendezvous's backlog stayed full for all of the connect's wait.
+var errRendezvousFull = errors.New("rendezvous backlog full")
+
+// connectRendezvousPath connects a blocking, close-on-exec SOCK_SEQPACKET socket to path, waiting
+// at most wait for room in the listener's backlog, which anyone who reaches the socket can fill
+// with connections the server has not accepted yet. A Unix socket's connect waits for that room
+// bounded by SO_SNDTIMEO alone (a non-blocking one fails at once with EAGAIN, with nothing to
+// poll for); the timeout is cleared again once connected.
+func connectRendezvousPath(path string, wait time.Duration) (int, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	tv := unix.NsecToTimeval(max(wait, time.Millisecond).Nanoseconds())
+	if err = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv); err == nil {
+		for {
+			if err = unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != unix.EINTR {
+				break
+			}
+		}
+		if err == unix.EAGAIN {
+			err = errRendezvousFull
+		}
+	}
+	if err == nil {
+		err = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &unix.Timeval{})
+	}
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
 }
 
 // netnsTarget resolves address to the first configured cross-namespace destination, if any.

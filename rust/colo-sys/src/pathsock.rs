@@ -118,12 +118,14 @@ pub fn live_listener(dir: &Path, prefix: &str, port: Option<u16>) -> bool {
     })
 }
 
-/// Connects (blocking, close-on-exec) to the socket `name` inside the open directory `dir`:
-/// `name` must be a [`valid_name`], and the entry a socket itself, not a symbolic link (checked
-/// with `AT_SYMLINK_NOFOLLOW`, then reached through `/proc/self/fd/<dir>/<name>`, so nothing
-/// above the directory is resolved again). Whoever can write in the directory could swap the
-/// entry between the two steps: the directory's owner, whose server the peer check then admits.
-pub fn connect_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
+/// Connects (blocking, close-on-exec) to the socket `name` inside the open directory `dir`,
+/// waiting at most `timeout` for room in its backlog (`TimedOut` then: anyone who can reach the
+/// socket can fill its backlog with connections the server has not accepted yet): `name` must
+/// be a [`valid_name`], and the entry a socket itself, not a symbolic link (checked with
+/// `AT_SYMLINK_NOFOLLOW`, then reached through `/proc/self/fd/<dir>/<name>`, so nothing above
+/// the directory is resolved again). Whoever can write in the directory could swap the entry
+/// between the two steps: the directory's owner, whose server the peer check then admits.
+pub fn connect_at(dir: BorrowedFd<'_>, name: &[u8], timeout: Duration) -> io::Result<OwnedFd> {
     use rustix::fs::{self, AtFlags, FileType};
     if !valid_name(name) {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "rendezvous name outside the directory"));
@@ -135,7 +137,20 @@ pub fn connect_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
     }
     let path = format!("/proc/self/fd/{}/{name}", dir.as_raw_fd());
     let fd = net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
-    net::connect(&fd, &SocketAddrUnix::new(path.as_str())?)?;
+    // A Unix socket's connect to a full backlog waits for room, and that wait is bounded by
+    // SO_SNDTIMEO alone (a non-blocking connect fails at once with EAGAIN, and there is nothing
+    // to poll for); the timeout is cleared again once connected.
+    net::sockopt::set_socket_timeout(&fd, net::sockopt::Timeout::Send, Some(timeout.max(Duration::from_millis(1))))?;
+    let addr = SocketAddrUnix::new(path.as_str())?;
+    loop {
+        match net::connect(&fd, &addr) {
+            Ok(()) => break,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::AGAIN) => return Err(io::Error::new(io::ErrorKind::TimedOut, "rendezvous backlog full")),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    net::sockopt::set_socket_timeout(&fd, net::sockopt::Timeout::Send, None)?;
     Ok(fd)
 }
 
@@ -250,6 +265,8 @@ pub fn send_tcp(fd: BorrowedFd<'_>, bytes: &[u8], timeout: Duration) -> io::Resu
 mod tests {
     use super::*;
 
+    const T: Duration = Duration::from_secs(5);
+
     #[test]
     fn names_stay_inside_the_directory() {
         for bad in [&b""[..], b".", b"..", b"../x", b"a/b", b"/etc", b"a\0b", &[b'a'; 65]] {
@@ -266,15 +283,51 @@ mod tests {
         std::os::unix::fs::symlink(dir.join("colo-1-1"), dir.join("colo-link")).unwrap();
         std::fs::write(dir.join("colo-file"), b"x").unwrap();
         let (d, _) = open_dir(&dir).unwrap();
-        assert!(connect_at(d.as_fd(), b"colo-1-1").is_ok());
-        assert!(connect_at(d.as_fd(), b"colo-link").is_err());
-        assert!(connect_at(d.as_fd(), b"colo-file").is_err());
-        assert!(connect_at(d.as_fd(), b"../colo-1-1").is_err());
+        assert!(connect_at(d.as_fd(), b"colo-1-1", T).is_ok());
+        assert!(connect_at(d.as_fd(), b"colo-link", T).is_err());
+        assert!(connect_at(d.as_fd(), b"colo-file", T).is_err());
+        assert!(connect_at(d.as_fd(), b"../colo-1-1", T).is_err());
         let live = hold_live(&dir, "colo-1-1").unwrap();
         assert!(live_listener(&dir, "colo-", Some(1)));
         assert!(!live_listener(&dir, "colo-", Some(2)));
         drop(live);
         assert!(!live_listener(&dir, "colo-", None));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Another tenant fills a rendezvous's backlog with connections the server has not
+    /// accepted: a client's connect gives up after its timeout instead of waiting for the
+    /// server's next accept (watchdog: the connect runs in a thread the test waits 20 s for).
+    #[test]
+    fn connect_to_a_full_backlog_times_out() {
+        let dir = std::env::temp_dir().join(format!("colo-pathsock-full-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let l = net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).unwrap();
+        net::bind(&l, &SocketAddrUnix::new(dir.join("colo-3-80")).unwrap()).unwrap();
+        net::listen(&l, 1).unwrap();
+        let mut flood = Vec::new();
+        loop {
+            let s = net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK, None).unwrap();
+            match net::connect(&s, &SocketAddrUnix::new(dir.join("colo-3-80")).unwrap()) {
+                Ok(()) => flood.push(s),
+                Err(rustix::io::Errno::AGAIN) => break,
+                Err(e) => panic!("flood: {e}"),
+            }
+            assert!(flood.len() < 100, "the backlog never filled");
+        }
+        let (d, _) = open_dir(&dir).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(connect_at(d.as_fd(), b"colo-3-80", Duration::from_millis(100)).map(drop).map_err(|e| e.kind()));
+        });
+        let r = rx.recv_timeout(Duration::from_secs(20)).expect("connect to a full backlog did not time out");
+        assert_eq!(r, Err(io::ErrorKind::TimedOut));
+        // Room again (the server accepts one): the next connect goes through.
+        drop(net::accept(&l).unwrap());
+        let (d, _) = open_dir(&dir).unwrap();
+        let c = connect_at(d.as_fd(), b"colo-3-80", Duration::from_secs(5)).unwrap();
+        assert_eq!(net::sockopt::socket_timeout(&c, net::sockopt::Timeout::Send).unwrap(), None, "the connect's timeout stays on the socket");
+        drop((flood, l));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -238,7 +238,7 @@ pub fn propose(tcp: BorrowedFd<'_>, dir: &Path, local: SocketAddr, target: Socke
     if len > NAME_MAX || !pathsock::valid_name(name) {
         return Dialed::Plain("the server named a rendezvous outside its directory".into());
     }
-    let control = match pathsock::connect_at(dirfd.as_fd(), name) {
+    let control = match pathsock::connect_at(dirfd.as_fd(), name, wait) {
         Ok(c) => c,
         Err(e) => return Dialed::Plain(format!("rendezvous: {e}")),
     };
