@@ -47,6 +47,10 @@ const NAME_PREFIX: &str = "colo-";
 const MAX_PENDING: usize = 256;
 /// Rendezvous connections that have sent nothing yet, per rendezvous; the oldest is dropped.
 const MAX_SILENT: usize = 64;
+/// Rendezvous connections accepted per look at the rendezvous (under its state lock): a waiting
+/// accept looks again at least every millisecond, so a HELLO behind a full backlog of 1024
+/// arrives within 16 looks.
+const MAX_ACCEPTS: usize = 64;
 /// How long a rendezvous connection may stay silent.
 const SILENT_LIFE: Duration = Duration::from_secs(1);
 
@@ -471,11 +475,17 @@ impl Rendezvous {
     }
 
     /// Accepts queued rendezvous connections and reads the HELLOs that arrived, routing each to
-    /// the nonce it proves (refused: none does); expires silent connections.
-    fn drain(&self, st: &mut State) {
-        loop {
+    /// the nonce it proves (refused: none does); expires silent connections. Bounded work under
+    /// the state lock: at most [`MAX_ACCEPTS`] connections accepted per call (another tenant
+    /// connecting without end cannot keep one call, and every thread waiting for the lock, going),
+    /// and the at most [`MAX_SILENT`] silent ones looked at. Returns how many it accepted.
+    fn drain(&self, st: &mut State) -> usize {
+        let mut accepted = 0;
+        // One accept per turn, whatever it gives (aborted connections count too).
+        for _ in 0..MAX_ACCEPTS {
             match seqpacket::accept(&self.listen) {
                 Ok(fd) => {
+                    accepted += 1;
                     // A client sends its HELLO right after connecting: read at once, so that a
                     // flood of silent connections cannot push it out of the bounded set below.
                     if seqpacket::with_data(&[fd.as_fd()])[0] {
@@ -519,6 +529,7 @@ impl Rendezvous {
             }
         }
         st.silent = keep;
+        accepted
     }
 }
 
@@ -727,6 +738,47 @@ mod tests {
             };
             assert_eq!(got, want, "{v}");
         }
+    }
+
+    /// Another tenant queues more silent connections at a rendezvous than one look accepts: each
+    /// look (under the state lock) accepts at most MAX_ACCEPTS and keeps at most MAX_SILENT; the
+    /// later looks take the rest.
+    #[test]
+    fn a_look_at_the_rendezvous_does_bounded_work() {
+        let dir = std::env::temp_dir().join(format!("colo-netns-drain-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let name = "colo-9-9";
+        let listen = pathsock::listen_at(&dir, name).unwrap();
+        let poller = Poller::new().unwrap();
+        poller.add(&listen, 0).unwrap();
+        let r = Rendezvous {
+            _live: pathsock::hold_live(&dir, name).unwrap(),
+            listen,
+            name: name.into(),
+            path: dir.join(name),
+            owner: colo_sys::host::pid(),
+            boot: [0; 16],
+            poller,
+            state: Mutex::new(State::default()),
+        };
+        let (d, _) = pathsock::open_dir(&dir).unwrap();
+        let queued = 300;
+        let flood: Vec<_> = (0..queued).map(|_| pathsock::connect_at(d.as_fd(), name.as_bytes(), Duration::from_secs(5)).unwrap()).collect();
+        assert_eq!(r.drain(&mut r.state()), MAX_ACCEPTS, "one look accepts a bounded number");
+        assert!(r.state().silent.len() <= MAX_SILENT);
+        let mut total = MAX_ACCEPTS;
+        for _ in 0..queued {
+            let n = r.drain(&mut r.state());
+            assert!(n <= MAX_ACCEPTS);
+            if n == 0 {
+                break;
+            }
+            total += n;
+        }
+        assert_eq!(total, queued, "later looks take the rest");
+        assert!(r.state().silent.len() <= MAX_SILENT);
+        drop((flood, r));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
