@@ -14,6 +14,10 @@
     nsprobe.py flood DIR N SECONDS
         Holds N silent connections to every rendezvous in DIR (reconnecting what the server
         drops) and sends garbage on others, for SECONDS. Prints `FLOOD <connections made>`.
+    nsprobe.py stall HOST PORT SECONDS
+        A listed peer that makes a server wait: one TCP connection to HOST:PORT that stays
+        silent, and one that proposes, reads the answer and never sends the HELLO it asks for.
+        Prints `STALL <ACCEPT|DECLINE|NOANSWER>` once both are set up, then holds them.
     nsprobe.py squat DIR SECONDS
         An attacker who can only read DIR: on every `.live` file there, takes each lock a
         read-only descriptor allows (`flock` exclusive, else shared; an open file description
@@ -174,6 +178,23 @@ def flood(d, n, seconds):
     print("FLOOD", made, flush=True)
 
 
+def stall(host, port, seconds):
+    silent = socket.create_connection((host, int(port)), timeout=30)
+    t = socket.create_connection((host, int(port)), timeout=30)
+    t.sendall(MAGIC + bytes([1, 1]) + bytes(6) + boot_id() + os.urandom(8))
+    a = b""
+    while len(a) < 112:
+        chunk = t.recv(112 - len(a))
+        if not chunk:
+            break
+        a += chunk
+    kind = {2: "ACCEPT", 3: "DECLINE"}.get(a[8], "NOANSWER") if len(a) == 112 and a[:8] == MAGIC else "NOANSWER"
+    print("STALL", kind, flush=True)
+    time.sleep(float(seconds))
+    silent.close()
+    t.close()
+
+
 def squat(d, seconds):
     held, taken = [], set()
     rd = struct.pack("@hhqqi4x", fcntl.F_RDLCK, os.SEEK_SET, 0, 0, 0)
@@ -215,4 +236,4 @@ def hold(host, port, seconds):
 
 
 if __name__ == "__main__":
-    {"replay": replay, "otherboot": otherboot, "forge": forge, "flood": flood, "squat": squat, "hold": hold}[sys.argv[1]](*sys.argv[2:])
+    {"replay": replay, "otherboot": otherboot, "forge": forge, "flood": flood, "squat": squat, "stall": stall, "hold": hold}[sys.argv[1]](*sys.argv[2:])

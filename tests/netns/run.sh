@@ -158,6 +158,33 @@ else
     bad "7 Rust API: $PEER missing (make build)"
 fi
 
+# 10. Listed peers that make a server wait (C is inside COLO_NETNS_CLIENTS' 10.231.0.0/16): one
+# connection silent, one whose PROPOSAL was answered ACCEPT and whose HELLO never comes, against
+# listeners whose waits are 20 s. The Rust API and Go listeners resolve such connections off
+# their accept path: A's connection, made meanwhile, is accepted on shared memory within its
+# client's 10 s watchdog. (The LD_PRELOAD shim still waits in the application's accept.)
+stalled() {
+    local name=$1 port=$2; shift 2
+    ip netns exec "$NS_B" env COLO_NETNS_DIR="$DIR" COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_NETNS_WAIT_MS=20000 \
+        COLO_CARRIER_TIMEOUT_MS=20000 "$@" server 0.0.0.0:$port stream >"$WORK/$name-slow.out" 2>&1 &
+    PIDS+=($!)
+    for i in $(seq 50); do grep -qs READY "$WORK/$name-slow.out" && break; sleep 0.1; done
+    ip netns exec "$NS_C" setpriv --reuid=nobody --regid=nogroup --clear-groups timeout 60 $PROBE stall $IP_B $port 40 >"$WORK/$name-stall" 2>&1 &
+    local staller=$!
+    PIDS+=("$staller")
+    for i in $(seq 100); do grep -qs STALL "$WORK/$name-stall" && break; sleep 0.1; done
+    local r
+    r=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 10 "$PEER" client $IP_B:$port stream 100000 2>&1)
+    if [ "$(cat "$WORK/$name-stall")" = "STALL ACCEPT" ] && [ "$r" = "OK 100000 colo" ]; then
+        ok "10 $name listener: a silent listed peer and one that never sends its HELLO delay no other accept"
+    else
+        bad "10 $name listener: staller '$(cat "$WORK/$name-stall")', client '$r'"
+    fi
+    kill "$staller" 2>/dev/null
+}
+[ -x "$PEER" ] && stalled "Rust API" 7101 "$PEER"
+[ -x "$WORK/colo-peer-go" ] && stalled Go 7201 "$WORK/colo-peer-go"
+
 # 8. Separate pid and mount namespaces on both sides (SO_PEERCRED reports pid 0 across them).
 ip netns exec "$NS_B" unshare -p -f -m --mount-proc env COLO_LOG=info COLO_NETNS_DIR="$DIR" COLO_NETNS_CLIENTS=10.231.0.0/16 "$COLO" run -- \
     redis-server --port 6390 "${REDIS_ARGS[@]}" >"$WORK/redis-pidns.log" 2>&1 </dev/null &
