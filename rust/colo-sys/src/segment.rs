@@ -176,6 +176,7 @@ mod tests {
     /// FUSE file's read could wait forever; a regular file stands for it here).
     #[test]
     fn only_sealed_memfds_are_read() {
+        const MAGIC: [u8; 8] = *b"COLOSEG\0";
         let mut head = [0u8; 8];
         let path = std::env::temp_dir().join(format!("colo-seg-test-{}", std::process::id()));
         std::fs::write(&path, b"COLOSEG\0 and more").unwrap();
@@ -184,12 +185,12 @@ mod tests {
         let e = read_prefix(&file, &mut head).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
         let unsealed = memfd_create("colo-seg", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
-        rustix::io::write(&unsealed, b"COLOSEG\0").unwrap();
+        rustix::io::write(&unsealed, &MAGIC).unwrap();
         assert_eq!(read_prefix(&unsealed, &mut head).unwrap_err().kind(), io::ErrorKind::InvalidData);
         let (seg, map) = create(4096).unwrap();
         // SAFETY: the mapping is 4096 bytes, ours alone.
-        unsafe { std::ptr::copy_nonoverlapping(b"COLOSEG\0".as_ptr(), map.as_ptr(), 8) };
+        unsafe { std::ptr::copy_nonoverlapping(MAGIC.as_ptr(), map.as_ptr(), 8) };
         assert_eq!(read_prefix(&seg, &mut head).unwrap(), 8);
-        assert_eq!(&head, b"COLOSEG\0");
+        assert_eq!(head, MAGIC);
     }
 }

@@ -358,10 +358,7 @@ impl Listener {
             return Some(tcp);
         }
         let mut a = accepts.lock().unwrap_or_else(|e| e.into_inner());
-        match a.admit(tcp, peer, &self.poller) {
-            Ok(()) => None,
-            Err(tcp) => Some(tcp),
-        }
+        a.admit(tcp, peer, &self.poller).err()
     }
 
     /// A connection from another namespace that is resolved, if any; looks at those that wait

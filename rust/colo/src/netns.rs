@@ -428,7 +428,7 @@ impl Rendezvous {
             log::info(format_args!("accept {peer}: no proved offer in time; plain TCP"));
             return None;
         };
-        claim(hello, local, peer)
+        claim(*hello, local, peer)
     }
 
     /// Answers the PROPOSAL `p` just taken off the accepted connection `tcp` from `peer`:
@@ -600,7 +600,7 @@ fn read_proved_hello(control: OwnedFd) -> Option<(Box<Hello>, [u8; PROOF_LEN])> 
 
 /// Claims the proved offer `hello` for the accepted connection `local` ← `peer`; `None` (logged):
 /// plain TCP.
-pub fn claim(hello: Box<Hello>, local: SocketAddr, peer: SocketAddr) -> Option<Established> {
+pub fn claim(hello: Hello, local: SocketAddr, peer: SocketAddr) -> Option<Established> {
     match hello.claim_proved(local, peer) {
         Ok(est) => Some(est),
         Err(why) => {

@@ -145,7 +145,7 @@ impl NetnsAccepts {
                         self.deliver_tcp(w);
                         continue;
                     };
-                    match netns::claim(hello, w.local, w.peer).map(|e| e.into_shm(opts.spin_mode())) {
+                    match netns::claim(*hello, w.local, w.peer).map(|e| e.into_shm(opts.spin_mode())) {
                         Some(Ok(shm)) => {
                             log::info(format_args!("accept {}: shared memory (other namespace, carrier {})", w.local, w.peer));
                             let _ = w.tcp.set_nonblocking(false);
