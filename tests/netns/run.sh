@@ -259,6 +259,23 @@ if echo "$r" | grep -q "FORGED" && ! echo "$r" | grep -qv "REJECT(5)\|TIMEOUT\|S
 else
     bad "5c forged: $r"
 fi
+# (g) root in C offers, as a HELLO's segment, a file of a FUSE mount it serves and whose reads
+# never return: the server must check that a descriptor is a memfd before it reads it (or its
+# accept hangs in that read), so A's connection made next is still accepted on shared memory.
+ip netns exec "$NS_C" unshare -m --propagation private timeout 60 $PROBE fuseoffer "$DIR" 5 >"$WORK/fuse" 2>&1 &
+FUSER=$!
+PIDS+=("$FUSER")
+for i in $(seq 50); do grep -qs "FUSEOFFER\|NOMOUNT" "$WORK/fuse" && break; sleep 0.1; done
+before=$(accepted)
+r=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 10 "$COLO" run -- redis-cli -h $IP_B -p 6379 ping 2>/dev/null)
+n=$(( $(accepted) - before ))
+timeout 20 tail --pid="$FUSER" -f /dev/null
+if grep -q "^FUSEOFFER [1-9]" "$WORK/fuse" && grep -q "^READS 0$" "$WORK/fuse" && [ "$r" = PONG ] && [ "$n" -eq 1 ]; then
+    ok "5g a FUSE file offered as a segment is never read; the next connection is accelerated ($(grep ANSWER "$WORK/fuse"))"
+else
+    bad "5g FUSE offer: client '$r', $n accelerated; $(tr '\n' ' ' <"$WORK/fuse")"
+fi
+
 # (d) a real holder of a TCP connection: its proof works once; a replay and a forged server
 # nonce are refused.
 r=$(in_a_plain $PROBE replay $IP_B 6379 "$DIR" | cut -d' ' -f1,2 | tr '\n' ' ')
