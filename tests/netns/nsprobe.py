@@ -25,6 +25,13 @@
         reads such a descriptor before checking that it is a memfd hangs in that read. Prints
         `FUSEOFFER <n sent>` and, after SECONDS (or the server's answer), `ANSWER <answer>` and
         `READS <READ requests seen>`.
+    nsprobe.py rstserve PORT
+        A server on PORT: per connection reads a line; `rst`: answers `ok` and closes with
+        SO_LINGER 0 (a reset); `hold`: answers `ok`, then prints how the client ended it
+        (`EOF`, `RESET`, `DATA`). Prints `READY` first.
+    nsprobe.py rstclient HOST PORT rst|hold
+        `rst`: asks the server to reset, prints how the connection ended (`EOF`, `RESET`,
+        `DATA`); `hold`: closes with SO_LINGER 0 itself after the answer, prints `SENT`.
     nsprobe.py squat DIR SECONDS
         An attacker who can only read DIR: on every `.live` file there, takes each lock a
         read-only descriptor allows (`flock` exclusive, else shared; an open file description
@@ -281,6 +288,62 @@ def fuseoffer(d, seconds):
     os.rmdir(mnt)
 
 
+LINGER0 = struct.pack("ii", 1, 0)
+
+
+def ending(s):
+    try:
+        r = s.recv(64)
+        return "EOF" if r == b"" else "DATA"
+    except ConnectionResetError:
+        return "RESET"
+
+
+def rstserve(port):
+    import signal
+    signal.alarm(300)  # watchdog
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind(("0.0.0.0", int(port)))
+    ls.listen()
+    print("READY", flush=True)
+    while True:
+        c, _ = ls.accept()
+        c.settimeout(20)
+        line = b""
+        while not line.endswith(b"\n"):
+            b = c.recv(64)
+            if not b:
+                break
+            line += b
+        c.sendall(b"ok\n")
+        if line == b"rst\n":
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER0)
+        else:
+            print(ending(c), flush=True)
+        c.close()
+
+
+def rstclient(host, port, mode):
+    s = socket.create_connection((host, int(port)), timeout=20)
+    s.sendall(mode.encode() + b"\n")
+    got = b""
+    while len(got) < 3:
+        b = s.recv(3 - len(got))
+        if not b:
+            break
+        got += b
+    if got != b"ok\n":
+        print("NOANSWER", got, flush=True)
+        return
+    if mode == "rst":
+        print(ending(s), flush=True)
+    else:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER0)
+        s.close()
+        print("SENT", flush=True)
+
+
 def squat(d, seconds):
     held, taken = [], set()
     rd = struct.pack("@hhqqi4x", fcntl.F_RDLCK, os.SEEK_SET, 0, 0, 0)
@@ -322,4 +385,4 @@ def hold(host, port, seconds):
 
 
 if __name__ == "__main__":
-    {"replay": replay, "otherboot": otherboot, "forge": forge, "flood": flood, "squat": squat, "stall": stall, "fuseoffer": fuseoffer, "hold": hold}[sys.argv[1]](*sys.argv[2:])
+    {"replay": replay, "otherboot": otherboot, "forge": forge, "flood": flood, "squat": squat, "stall": stall, "fuseoffer": fuseoffer, "rstserve": rstserve, "rstclient": rstclient, "hold": hold}[sys.argv[1]](*sys.argv[2:])

@@ -234,6 +234,70 @@ NGX
     timeout 10 tail --pid="$NGINX" -f /dev/null
 fi
 
+# 11. Overlapping addresses: two pairs of namespaces with the same addresses (X 10.232.0.1 to Y
+# 10.232.0.2), a redis in each Y under colo run with a directory of its own. Each X reaches its
+# own Y's redis on shared memory; a client given the other pair's directory stays plain TCP,
+# bytes intact (the ACCEPT names a rendezvous that directory does not serve, or one whose server
+# never answered that nonce).
+if pairs_up; then
+    for k in 1 2; do
+        mkdir -m 755 "$WORK/y$k"
+        ip netns exec ${P}y$k env COLO_LOG=info COLO_NETNS_DIR="$WORK/y$k" COLO_NETNS_CLIENTS=$IP_X "$COLO" run -- \
+            redis-server --port 6379 "${REDIS_ARGS[@]}" >"$WORK/redis-y$k.log" 2>&1 </dev/null &
+        PIDS+=($!)
+    done
+    for k in 1 2; do
+        for i in $(seq 100); do
+            ls "$WORK/y$k"/colo-*-6379.live >/dev/null 2>&1 &&
+                [ "$(ip netns exec ${P}y$k timeout 5 redis-cli -p 6379 ping 2>/dev/null)" = PONG ] && break
+            sleep 0.1
+        done
+        ip netns exec ${P}y$k timeout 5 redis-cli -p 6379 set k "pair-$k" >/dev/null
+    done
+    in_x() { local k=$1 d=$2; shift 2; ip netns exec ${P}x$k env COLO_LOG=info COLO_NETNS_PEERS=$IP_Y=$d timeout 20 "$COLO" run -- "$@"; }
+    acc_y() { grep -c "accelerated (shared memory, other namespace)" "$WORK/redis-y$1.log"; }
+    r1=$(in_x 1 "$WORK/y1" redis-cli -h $IP_Y get k 2>/dev/null); r2=$(in_x 2 "$WORK/y2" redis-cli -h $IP_Y get k 2>/dev/null)
+    a1=$(acc_y 1); a2=$(acc_y 2)
+    if [ "$r1" = pair-1 ] && [ "$r2" = pair-2 ] && [ "$a1" -eq 1 ] && [ "$a2" -eq 1 ]; then
+        ok "11 overlapping addresses in two namespace pairs: each client on its own pair's server, on shared memory"
+    else
+        bad "11 overlap: X1 got '$r1' ($a1 accelerated in Y1), X2 got '$r2' ($a2 in Y2)"
+    fi
+    r1=$(in_x 1 "$WORK/y2" redis-cli -h $IP_Y get k 2>"$WORK/x1-cross.err")
+    if [ "$r1" = pair-1 ] && [ "$(acc_y 1)" -eq "$a1" ] && [ "$(acc_y 2)" -eq "$a2" ]; then
+        ok "11 a client given the other pair's directory: plain TCP to its own server, bytes intact"
+    else
+        bad "11 cross-pair directory: got '$r1', accelerated Y1 $a1 -> $(acc_y 1), Y2 $a2 -> $(acc_y 2); $(tail -2 "$WORK/x1-cross.err")"
+    fi
+else
+    bad "11 overlap: could not set up the namespace pairs"
+fi
+
+# 12. RST (close with SO_LINGER 0) of either end of an accelerated connection from A to a server
+# under colo run in B: the other end sees what it sees over plain TCP (the same run with an
+# unconfigured client).
+ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_DIR="$DIR" COLO_NETNS_CLIENTS=10.231.0.0/16 "$COLO" run -- \
+    python3 "$HERE/nsprobe.py" rstserve 7300 >"$WORK/rst.out" 2>"$WORK/rst.log" </dev/null &
+PIDS+=($!)
+for i in $(seq 50); do grep -qs READY "$WORK/rst.out" && break; sleep 0.1; done
+rst_case() { # $1: in_a or in_a_plain; prints the client's and the server's view
+    local c s
+    c=$($1 python3 "$HERE/nsprobe.py" rstclient $IP_B 7300 rst 2>/dev/null)
+    $1 python3 "$HERE/nsprobe.py" rstclient $IP_B 7300 hold >/dev/null 2>&1
+    for i in $(seq 50); do [ "$(grep -c . "$WORK/rst.out")" -gt "$2" ] && break; sleep 0.1; done
+    s=$(tail -1 "$WORK/rst.out")
+    echo "$c/$s"
+}
+tcp=$(rst_case in_a_plain 1)
+before=$(grep -c "accelerated (shared memory, other namespace)" "$WORK/rst.log")
+shm=$(rst_case in_a 2)
+n=$(( $(grep -c "accelerated (shared memory, other namespace)" "$WORK/rst.log") - before ))
+if [ "$tcp" = RESET/RESET ] && [ "$shm" = "$tcp" ] && [ "$n" -eq 2 ]; then
+    ok "12 RST of either end across namespaces: the other end sees RESET, as over TCP (both connections accelerated)"
+else
+    bad "12 RST: plain TCP client/server saw $tcp, accelerated saw $shm ($n accelerated)"
+fi
+
 # 5. Attacker C.
 # (a) root in C behind a read-only bind mount of B's directory: no create, bind or unlink.
 r=$(ip netns exec "$NS_C" unshare -m sh -c "
