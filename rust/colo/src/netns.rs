@@ -73,7 +73,7 @@ fn answer_wait() -> Duration {
     *T.get_or_init(|| env_ms("COLO_CARRIER_TIMEOUT_MS", 500))
 }
 
-fn boot_id() -> Option<[u8; 16]> {
+pub(crate) fn boot_id() -> Option<[u8; 16]> {
     static B: OnceLock<Option<[u8; 16]>> = OnceLock::new();
     *B.get_or_init(|| pathsock::boot_id().ok())
 }
@@ -85,7 +85,7 @@ fn nonce<const N: usize>() -> io::Result<[u8; N]> {
 }
 
 /// PROPOSAL: magic, type, version, 6 reserved bytes, boot id, client nonce.
-fn proposal(boot: &[u8; 16], client_nonce: &[u8; 8]) -> [u8; PROPOSAL_LEN] {
+pub(crate) fn proposal(boot: &[u8; 16], client_nonce: &[u8; 8]) -> [u8; PROPOSAL_LEN] {
     let mut b = [0u8; PROPOSAL_LEN];
     b[0..8].copy_from_slice(&MAGIC);
     b[8] = PROPOSAL;
@@ -391,6 +391,24 @@ impl Rendezvous {
                 log::info(format_args!("COLO_NETNS_DIR {}: {name}: {e}; serving this namespace only", dir.display()));
                 None
             }
+        }
+    }
+
+    /// A rendezvous `dir/name` of this boot, without `COLO_NETNS_DIR` (tests).
+    #[cfg(test)]
+    pub(crate) fn for_test(dir: &Path, name: &str) -> Rendezvous {
+        let listen = pathsock::listen_at(dir, name).unwrap();
+        let poller = Poller::new().unwrap();
+        poller.add(&listen, 0).unwrap();
+        Rendezvous {
+            _live: pathsock::hold_live(dir, name).unwrap(),
+            listen,
+            name: name.into(),
+            path: dir.join(name),
+            owner: colo_sys::host::pid(),
+            boot: pathsock::boot_id().unwrap(),
+            poller,
+            state: Mutex::new(State::default()),
         }
     }
 
@@ -820,19 +838,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("colo-netns-drain-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let name = "colo-9-9";
-        let listen = pathsock::listen_at(&dir, name).unwrap();
-        let poller = Poller::new().unwrap();
-        poller.add(&listen, 0).unwrap();
-        let r = Rendezvous {
-            _live: pathsock::hold_live(&dir, name).unwrap(),
-            listen,
-            name: name.into(),
-            path: dir.join(name),
-            owner: colo_sys::host::pid(),
-            boot: [0; 16],
-            poller,
-            state: Mutex::new(State::default()),
-        };
+        let r = Rendezvous::for_test(&dir, name);
         let (d, _) = pathsock::open_dir(&dir).unwrap();
         let queued = 300;
         let flood: Vec<_> = (0..queued).map(|_| pathsock::connect_at(d.as_fd(), name.as_bytes(), Duration::from_secs(5)).unwrap()).collect();

@@ -189,3 +189,64 @@ impl NetnsAccepts {
         let _ = colo_sys::timer::arm(&self.timer, next.map(|t| t.saturating_duration_since(Instant::now())));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stream::Transport;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    /// Three connections wait at once: one silent, one that proposes and never sends its HELLO,
+    /// one that opens with other bytes. The last is handed over first, its bytes intact; the
+    /// proposer is answered ACCEPT meanwhile; the other two follow as plain TCP when their waits
+    /// end, on the timer alone (no other event comes). Watchdog: 20 s in all.
+    #[test]
+    fn each_connection_waits_for_itself_only() {
+        let dir = std::env::temp_dir().join(format!("colo-netns-accept-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let r = Rendezvous::for_test(&dir, "colo-6-6");
+        let poller = Poller::new().unwrap();
+        let mut a = NetnsAccepts::new(&poller, 7).unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let silent = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let mut proposer = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let mut speaker = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        proposer.write_all(&netns::proposal(&netns::boot_id().unwrap(), &[1; 8])).unwrap();
+        speaker.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        for _ in 0..3 {
+            let (s, peer) = l.accept().unwrap();
+            s.set_nonblocking(true).unwrap();
+            a.admit(s, peer, &poller).unwrap();
+        }
+        let port = |s: &TcpStream| s.local_addr().unwrap().port();
+        let (silent_port, proposer_port, speaker_port) = (port(&silent), port(&proposer), port(&speaker));
+        let watchdog = Instant::now() + Duration::from_secs(20);
+        let mut order = Vec::new();
+        while order.len() < 3 {
+            assert!(Instant::now() < watchdog, "resolved only {order:?}");
+            // Only what the poll set reports wakes this loop, as a blocking accept waits.
+            let _ = poller.wait(Some(Duration::from_secs(5))).unwrap();
+            a.step(&r, &poller, &Options::new());
+            while let Some((mut s, peer)) = a.pop() {
+                assert_eq!(s.transport(), Transport::Tcp);
+                if peer.port() == speaker_port {
+                    let mut b = [0u8; 18];
+                    s.read_exact(&mut b).unwrap();
+                    assert_eq!(&b, b"GET / HTTP/1.0\r\n\r\n", "the stream as the client sent it");
+                }
+                order.push(peer.port());
+            }
+        }
+        assert_eq!(order[0], speaker_port, "a connection that opened with other bytes waited for the others");
+        order.sort();
+        let mut want = vec![silent_port, proposer_port, speaker_port];
+        want.sort();
+        assert_eq!(order, want);
+        let mut answer = [0u8; netns::ANSWER_LEN];
+        proposer.read_exact(&mut answer).unwrap();
+        assert_eq!((&answer[..8], answer[8]), (&netns::MAGIC[..], 2), "the proposal was answered ACCEPT");
+        drop((silent, r));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
