@@ -83,8 +83,26 @@ func parseNetnsRules(spec, def string) []netnsRule {
 	return out
 }
 
-// liveListener reports whether dir holds a served rendezvous (its .live file locked by a live
-// process) for port, or for any port when port is -1.
+// lockLive takes a write lock on all of the file fd (open for writing), an open file
+// description lock (F_OFD_SETLK, F_WRLCK), held until its last descriptor closes: while it is
+// held, the rendezvous of the same name is served. Only a descriptor open for writing can take
+// it, so a reader of the directory (a read-only mount) cannot fake a dead server's liveness, as
+// it could with flock or a read lock.
+func lockLive(fd int) error {
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0} // Start 0, Len 0: the whole file
+	return unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &lk)
+}
+
+// writeLocked reports whether another open file description holds a write lock on fd's file
+// (lockLive): F_OFD_GETLK asks whether a read lock could be taken, which only a write lock
+// prevents; a read-only fd is enough.
+func writeLocked(fd int) bool {
+	lk := unix.Flock_t{Type: unix.F_RDLCK, Whence: 0}
+	return unix.FcntlFlock(uintptr(fd), unix.F_OFD_GETLK, &lk) == nil && lk.Type == unix.F_WRLCK
+}
+
+// liveListener reports whether dir holds a served rendezvous (its .live file write-locked by a
+// live process: lockLive) for port, or for any port when port is -1.
 func liveListener(dir string, port int) bool {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -107,9 +125,9 @@ func liveListener(dir string, port int) bool {
 		if err != nil {
 			continue
 		}
-		err = unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB)
+		live := writeLocked(fd)
 		unix.Close(fd)
-		if err == unix.EWOULDBLOCK {
+		if live {
 			return true
 		}
 	}
@@ -275,13 +293,12 @@ func netnsDial(ctx context.Context, network string, ap netip.AddrPort, dir strin
 	if err := unix.Fstatat(dirfd, string(name), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
 		return plain("rendezvous %s is not a socket", name)
 	}
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return plain("%v", err)
+	wait := carrierAnswerTimeout
+	if cdl, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(cdl))
 	}
-	path := "/proc/self/fd/" + strconv.Itoa(dirfd) + "/" + string(name)
-	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != nil {
-		unix.Close(fd)
+	fd, err := connectRendezvousPath("/proc/self/fd/"+strconv.Itoa(dirfd)+"/"+string(name), wait)
+	if err != nil {
 		return plain("rendezvous: %v", err)
 	}
 	cs := &clientSide{ctl: os.NewFile(uintptr(fd), "colo-ctl"), fd: fd}
@@ -325,6 +342,40 @@ func netnsDial(ctx context.Context, network string, ap netip.AddrPort, dir strin
 	conn.startWatch()
 	logf("dial %v: shared memory (other namespace)", ap)
 	return conn, nil
+}
+
+// errRendezvousFull: the rendezvous's backlog stayed full for all of the connect's wait.
+var errRendezvousFull = errors.New("rendezvous backlog full")
+
+// connectRendezvousPath connects a blocking, close-on-exec SOCK_SEQPACKET socket to path, waiting
+// at most wait for room in the listener's backlog, which anyone who reaches the socket can fill
+// with connections the server has not accepted yet. A Unix socket's connect waits for that room
+// bounded by SO_SNDTIMEO alone (a non-blocking one fails at once with EAGAIN, with nothing to
+// poll for); the timeout is cleared again once connected.
+func connectRendezvousPath(path string, wait time.Duration) (int, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	tv := unix.NsecToTimeval(max(wait, time.Millisecond).Nanoseconds())
+	if err = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv); err == nil {
+		for {
+			if err = unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != unix.EINTR {
+				break
+			}
+		}
+		if err == unix.EAGAIN {
+			err = errRendezvousFull
+		}
+	}
+	if err == nil {
+		err = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &unix.Timeval{})
+	}
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
 }
 
 // netnsTarget resolves address to the first configured cross-namespace destination, if any.

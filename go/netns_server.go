@@ -63,7 +63,7 @@ type netnsServer struct {
 	rv    *os.File
 	path  string
 	name  string
-	live  int // holds the exclusive flock on path+".live" while served
+	live  int // holds the write lock (lockLive) on path+".live" while served
 	owner int
 	boot  []byte
 	mu    sync.Mutex
@@ -121,7 +121,7 @@ func bindNetns(port uint16) *netnsServer {
 			s.rv.Close()
 			return err
 		}
-		if err = unix.Flock(s.live, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		if err = lockLive(s.live); err != nil {
 			s.rv.Close()
 			unix.Close(s.live)
 			return err

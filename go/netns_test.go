@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -49,11 +50,47 @@ func TestNetnsNamesAndLiveness(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
+	if err := lockLive(fd); err != nil {
 		t.Fatal(err)
 	}
 	if !liveListener(dir, 6379) || !liveListener(dir, -1) || liveListener(dir, 6380) {
 		t.Fatal("a locked .live file: wrong liveness by port")
+	}
+}
+
+// An attacker who can only read the directory (a read-only mount, or nobody on a file of mode
+// 0644) takes every lock a read-only descriptor allows on a dead server's .live: clients must
+// still see no live listener, or they would propose to a plain successor on that port.
+func TestNetnsReadersLocksAreNotLiveness(t *testing.T) {
+	dir := t.TempDir()
+	live := filepath.Join(dir, "colo-7-6379.live")
+	if err := os.WriteFile(live, nil, 0o644); err != nil { // a dead server's file
+		t.Fatal(err)
+	}
+	var ro [3]int
+	for i := range ro {
+		fd, err := unix.Open(live, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		ro[i] = fd
+	}
+	if err := unix.Flock(ro[0], unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	rd := unix.Flock_t{Type: unix.F_RDLCK}
+	if err := unix.FcntlFlock(uintptr(ro[1]), unix.F_OFD_SETLK, &rd); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.FcntlFlock(uintptr(ro[2]), unix.F_SETLK, &rd); err != nil {
+		t.Fatal(err)
+	}
+	if err := lockLive(ro[2]); err != unix.EBADF {
+		t.Fatalf("a write lock on a read-only descriptor: %v, want EBADF", err)
+	}
+	if liveListener(dir, 6379) || liveListener(dir, -1) {
+		t.Fatal("a reader's lock counted as a live server")
 	}
 }
 
@@ -83,5 +120,64 @@ func TestNetnsVectors(t *testing.T) {
 				t.Fatalf("hello %x", got)
 			}
 		}
+	}
+}
+
+// Another tenant fills a rendezvous's backlog with connections the server has not accepted: a
+// client's connect gives up after its wait instead of waiting for the server's next accept
+// (watchdog: the connect runs in a goroutine the test waits 20 s for).
+func TestNetnsConnectToFullBacklogTimesOut(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "colo-3-80")
+	l, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(l)
+	if err := unix.Bind(l, &unix.SockaddrUnix{Name: path}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(l, 1); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		s, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(s)
+		if err := unix.Connect(s, &unix.SockaddrUnix{Name: path}); err == unix.EAGAIN {
+			break
+		} else if err != nil || i > 100 {
+			t.Fatalf("flood: %v after %d", err, i)
+		}
+	}
+	done := make(chan error, 1)
+	go func() {
+		fd, err := connectRendezvousPath(path, 100*time.Millisecond)
+		if err == nil {
+			unix.Close(fd)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != errRendezvousFull {
+			t.Fatalf("connect to a full backlog: %v, want %v", err, errRendezvousFull)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("connect to a full backlog did not time out")
+	}
+	a, _, err := unix.Accept(l) // room again: the next connect goes through
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(a)
+	fd, err := connectRendezvousPath(path, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if tv, err := unix.GetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO); err != nil || tv.Sec != 0 || tv.Usec != 0 {
+		t.Fatalf("the connect's timeout stays on the socket: %v %v", tv, err)
 	}
 }

@@ -158,6 +158,33 @@ else
     bad "7 Rust API: $PEER missing (make build)"
 fi
 
+# 10. Listed peers that make a server wait (C is inside COLO_NETNS_CLIENTS' 10.231.0.0/16): one
+# connection silent, one whose PROPOSAL was answered ACCEPT and whose HELLO never comes, against
+# listeners whose waits are 20 s. The Rust API and Go listeners resolve such connections off
+# their accept path: A's connection, made meanwhile, is accepted on shared memory within its
+# client's 10 s watchdog. (The LD_PRELOAD shim still waits in the application's accept.)
+stalled() {
+    local name=$1 port=$2; shift 2
+    ip netns exec "$NS_B" env COLO_NETNS_DIR="$DIR" COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_NETNS_WAIT_MS=20000 \
+        COLO_CARRIER_TIMEOUT_MS=20000 "$@" server 0.0.0.0:$port stream >"$WORK/$name-slow.out" 2>&1 &
+    PIDS+=($!)
+    for i in $(seq 50); do grep -qs READY "$WORK/$name-slow.out" && break; sleep 0.1; done
+    ip netns exec "$NS_C" setpriv --reuid=nobody --regid=nogroup --clear-groups timeout 60 $PROBE stall $IP_B $port 40 >"$WORK/$name-stall" 2>&1 &
+    local staller=$!
+    PIDS+=("$staller")
+    for i in $(seq 100); do grep -qs STALL "$WORK/$name-stall" && break; sleep 0.1; done
+    local r
+    r=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 10 "$PEER" client $IP_B:$port stream 100000 2>&1)
+    if [ "$(cat "$WORK/$name-stall")" = "STALL ACCEPT" ] && [ "$r" = "OK 100000 colo" ]; then
+        ok "10 $name listener: a silent listed peer and one that never sends its HELLO delay no other accept"
+    else
+        bad "10 $name listener: staller '$(cat "$WORK/$name-stall")', client '$r'"
+    fi
+    kill "$staller" 2>/dev/null
+}
+[ -x "$PEER" ] && stalled "Rust API" 7101 "$PEER"
+[ -x "$WORK/colo-peer-go" ] && stalled Go 7201 "$WORK/colo-peer-go"
+
 # 8. Separate pid and mount namespaces on both sides (SO_PEERCRED reports pid 0 across them).
 ip netns exec "$NS_B" unshare -p -f -m --mount-proc env COLO_LOG=info COLO_NETNS_DIR="$DIR" COLO_NETNS_CLIENTS=10.231.0.0/16 "$COLO" run -- \
     redis-server --port 6390 "${REDIS_ARGS[@]}" >"$WORK/redis-pidns.log" 2>&1 </dev/null &
@@ -207,6 +234,70 @@ NGX
     timeout 10 tail --pid="$NGINX" -f /dev/null
 fi
 
+# 11. Overlapping addresses: two pairs of namespaces with the same addresses (X 10.232.0.1 to Y
+# 10.232.0.2), a redis in each Y under colo run with a directory of its own. Each X reaches its
+# own Y's redis on shared memory; a client given the other pair's directory stays plain TCP,
+# bytes intact (the ACCEPT names a rendezvous that directory does not serve, or one whose server
+# never answered that nonce).
+if pairs_up; then
+    for k in 1 2; do
+        mkdir -m 755 "$WORK/y$k"
+        ip netns exec ${P}y$k env COLO_LOG=info COLO_NETNS_DIR="$WORK/y$k" COLO_NETNS_CLIENTS=$IP_X "$COLO" run -- \
+            redis-server --port 6379 "${REDIS_ARGS[@]}" >"$WORK/redis-y$k.log" 2>&1 </dev/null &
+        PIDS+=($!)
+    done
+    for k in 1 2; do
+        for i in $(seq 100); do
+            ls "$WORK/y$k"/colo-*-6379.live >/dev/null 2>&1 &&
+                [ "$(ip netns exec ${P}y$k timeout 5 redis-cli -p 6379 ping 2>/dev/null)" = PONG ] && break
+            sleep 0.1
+        done
+        ip netns exec ${P}y$k timeout 5 redis-cli -p 6379 set k "pair-$k" >/dev/null
+    done
+    in_x() { local k=$1 d=$2; shift 2; ip netns exec ${P}x$k env COLO_LOG=info COLO_NETNS_PEERS=$IP_Y=$d timeout 20 "$COLO" run -- "$@"; }
+    acc_y() { grep -c "accelerated (shared memory, other namespace)" "$WORK/redis-y$1.log"; }
+    r1=$(in_x 1 "$WORK/y1" redis-cli -h $IP_Y get k 2>/dev/null); r2=$(in_x 2 "$WORK/y2" redis-cli -h $IP_Y get k 2>/dev/null)
+    a1=$(acc_y 1); a2=$(acc_y 2)
+    if [ "$r1" = pair-1 ] && [ "$r2" = pair-2 ] && [ "$a1" -eq 1 ] && [ "$a2" -eq 1 ]; then
+        ok "11 overlapping addresses in two namespace pairs: each client on its own pair's server, on shared memory"
+    else
+        bad "11 overlap: X1 got '$r1' ($a1 accelerated in Y1), X2 got '$r2' ($a2 in Y2)"
+    fi
+    r1=$(in_x 1 "$WORK/y2" redis-cli -h $IP_Y get k 2>"$WORK/x1-cross.err")
+    if [ "$r1" = pair-1 ] && [ "$(acc_y 1)" -eq "$a1" ] && [ "$(acc_y 2)" -eq "$a2" ]; then
+        ok "11 a client given the other pair's directory: plain TCP to its own server, bytes intact"
+    else
+        bad "11 cross-pair directory: got '$r1', accelerated Y1 $a1 -> $(acc_y 1), Y2 $a2 -> $(acc_y 2); $(tail -2 "$WORK/x1-cross.err")"
+    fi
+else
+    bad "11 overlap: could not set up the namespace pairs"
+fi
+
+# 12. RST (close with SO_LINGER 0) of either end of an accelerated connection from A to a server
+# under colo run in B: the other end sees what it sees over plain TCP (the same run with an
+# unconfigured client).
+ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_DIR="$DIR" COLO_NETNS_CLIENTS=10.231.0.0/16 "$COLO" run -- \
+    python3 "$HERE/nsprobe.py" rstserve 7300 >"$WORK/rst.out" 2>"$WORK/rst.log" </dev/null &
+PIDS+=($!)
+for i in $(seq 50); do grep -qs READY "$WORK/rst.out" && break; sleep 0.1; done
+rst_case() { # $1: in_a or in_a_plain; prints the client's and the server's view
+    local c s
+    c=$($1 python3 "$HERE/nsprobe.py" rstclient $IP_B 7300 rst 2>/dev/null)
+    $1 python3 "$HERE/nsprobe.py" rstclient $IP_B 7300 hold >/dev/null 2>&1
+    for i in $(seq 50); do [ "$(grep -c . "$WORK/rst.out")" -gt "$2" ] && break; sleep 0.1; done
+    s=$(tail -1 "$WORK/rst.out")
+    echo "$c/$s"
+}
+tcp=$(rst_case in_a_plain 1)
+before=$(grep -c "accelerated (shared memory, other namespace)" "$WORK/rst.log")
+shm=$(rst_case in_a 2)
+n=$(( $(grep -c "accelerated (shared memory, other namespace)" "$WORK/rst.log") - before ))
+if [ "$tcp" = RESET/RESET ] && [ "$shm" = "$tcp" ] && [ "$n" -eq 2 ]; then
+    ok "12 RST of either end across namespaces: the other end sees RESET, as over TCP (both connections accelerated)"
+else
+    bad "12 RST: plain TCP client/server saw $tcp, accelerated saw $shm ($n accelerated)"
+fi
+
 # 5. Attacker C.
 # (a) root in C behind a read-only bind mount of B's directory: no create, bind or unlink.
 r=$(ip netns exec "$NS_C" unshare -m sh -c "
@@ -232,6 +323,23 @@ if echo "$r" | grep -q "FORGED" && ! echo "$r" | grep -qv "REJECT(5)\|TIMEOUT\|S
 else
     bad "5c forged: $r"
 fi
+# (g) root in C offers, as a HELLO's segment, a file of a FUSE mount it serves and whose reads
+# never return: the server must check that a descriptor is a memfd before it reads it (or its
+# accept hangs in that read), so A's connection made next is still accepted on shared memory.
+ip netns exec "$NS_C" unshare -m --propagation private timeout 60 $PROBE fuseoffer "$DIR" 5 >"$WORK/fuse" 2>&1 &
+FUSER=$!
+PIDS+=("$FUSER")
+for i in $(seq 50); do grep -qs "FUSEOFFER\|NOMOUNT" "$WORK/fuse" && break; sleep 0.1; done
+before=$(accepted)
+r=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 10 "$COLO" run -- redis-cli -h $IP_B -p 6379 ping 2>/dev/null)
+n=$(( $(accepted) - before ))
+timeout 20 tail --pid="$FUSER" -f /dev/null
+if grep -q "^FUSEOFFER [1-9]" "$WORK/fuse" && grep -q "^READS 0$" "$WORK/fuse" && [ "$r" = PONG ] && [ "$n" -eq 1 ]; then
+    ok "5g a FUSE file offered as a segment is never read; the next connection is accelerated ($(grep ANSWER "$WORK/fuse"))"
+else
+    bad "5g FUSE offer: client '$r', $n accelerated; $(tr '\n' ' ' <"$WORK/fuse")"
+fi
+
 # (d) a real holder of a TCP connection: its proof works once; a replay and a forged server
 # nonce are refused.
 r=$(in_a_plain $PROBE replay $IP_B 6379 "$DIR" | cut -d' ' -f1,2 | tr '\n' ' ')
@@ -281,8 +389,24 @@ end=$(tail -1 "$WORK/hold3")
 if [ "$end" = EOF ] || [ "$end" = RESET ]; then ok "6 server killed -9: the client saw $end"; else bad "6 server kill: client saw '$end'"; fi
 
 # 4. Plain servers in B (not colo), a configured client in A: byte-exact TCP, client-first and
-# server-first. The killed redis left its rendezvous files behind: nobody serves them.
+# server-first. The killed redis left its rendezvous files behind: nobody serves them. Attackers
+# in C lock its `.live` file as a reader can (root behind a read-only bind mount, and nobody):
+# clients must still see no live listener, and send the plain server nothing of colo.
 ls "$DIR"/colo-*-6379.live >/dev/null 2>&1 || bad "4 setup: the killed server's files are gone"
+ip netns exec "$NS_C" unshare -m sh -c "mount --bind '$DIR' '$DIR' && mount -o remount,bind,ro '$DIR' || exit 9
+    exec timeout 60 $PROBE squat '$DIR' 60" >"$WORK/squat-root" 2>&1 &
+SQUATTERS=($!)
+for i in $(seq 50); do grep -qs SQUAT "$WORK/squat-root" && break; sleep 0.1; done
+ip netns exec "$NS_C" setpriv --reuid=nobody --regid=nogroup --clear-groups timeout 60 $PROBE squat "$DIR" 60 >"$WORK/squat-nobody" 2>&1 &
+SQUATTERS+=($!)
+PIDS+=("${SQUATTERS[@]}")
+for i in $(seq 50); do grep -qs SQUAT "$WORK/squat-nobody" && break; sleep 0.1; done
+squats="root: $(cat "$WORK/squat-root"); nobody: $(cat "$WORK/squat-nobody")"
+if echo "$squats" | grep -q "flock-ex" && ! echo "$squats" | grep -q wrlck; then
+    ok "4 attackers in C hold readers' locks on the dead server's files ($squats)"
+else
+    bad "4 squat: $squats"
+fi
 cat >"$WORK/plain.py" <<'EOF'
 import signal, socket, sys
 signal.alarm(120)  # watchdog
@@ -338,6 +462,7 @@ for case in "6379::client-first" "7002:220 banner here\r\n:server-first"; do
     fi
     kill -9 "$PLAIN"; wait "$PLAIN" 2>/dev/null
 done
+kill "${SQUATTERS[@]}" 2>/dev/null  # timeout passes the TERM on to the squatter
 
 # Measurement: redis -c 50 GET across the namespaces, colo against plain TCP over the veths.
 if [ "${NETNS_BENCH:-1}" = 1 ]; then

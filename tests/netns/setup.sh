@@ -36,10 +36,26 @@ drop_rules() {
     done
 }
 
+# Two more pairs of namespaces, X1-Y1 and X2-Y2, each joined by a veth pair of its own with the
+# same addresses in both pairs (X 10.232.0.1, Y 10.232.0.2): overlapping pod networks.
+NS_X1=${P}x1 NS_Y1=${P}y1 NS_X2=${P}x2 NS_Y2=${P}y2
+IP_X=10.232.0.1 IP_Y=10.232.0.2
+pairs_up() {
+    local k x y
+    for k in 1 2; do
+        x=${P}x$k y=${P}y$k
+        ip netns add "$x" && ip netns add "$y" || return 1
+        ip link add eth0 netns "$x" type veth peer name eth0 netns "$y" || return 1
+        ip -n "$x" addr add $IP_X/24 dev eth0
+        ip -n "$y" addr add $IP_Y/24 dev eth0
+        for n in "$x" "$y"; do ip -n "$n" link set eth0 up; ip -n "$n" link set lo up; done
+    done
+}
+
 netns_down() {
     drop_rules
     local i
-    for n in $NS_A $NS_B $NS_C; do ip netns del "$n" 2>/dev/null || true; done
+    for n in $NS_A $NS_B $NS_C $NS_X1 $NS_Y1 $NS_X2 $NS_Y2; do ip netns del "$n" 2>/dev/null || true; done
     for i in 1 2 3; do ip link del "${P}h$i" 2>/dev/null || true; done
     echo "$FWD_WAS" > /proc/sys/net/ipv4/ip_forward
 }

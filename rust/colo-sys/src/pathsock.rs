@@ -58,21 +58,48 @@ pub fn open_dir(dir: &Path) -> io::Result<(OwnedFd, u32)> {
 /// Suffix of the file whose lock says that the rendezvous of the same name is served.
 pub const LIVE_SUFFIX: &str = ".live";
 
-/// Creates (or reuses) `dir/name.live` and holds an exclusive `flock` on it for as long as the
-/// returned descriptor is open in any process: the kernel drops the lock when the server dies,
-/// so a client tells a served rendezvous from a stale socket file without connecting to it.
+/// Creates (or reuses) `dir/name.live` and holds a write lock on all of it, an open file
+/// description lock (`F_OFD_SETLK`, `F_WRLCK`), for as long as the returned descriptor is open in
+/// any process: the kernel drops the lock when the server dies, so a client tells a served
+/// rendezvous from a stale socket file without connecting to it. A write lock needs a descriptor
+/// open for writing, which only a writer of the directory's file gets: a reader of a read-only
+/// mount can take `flock` locks and read locks on a dead server's file, never this one.
 pub fn hold_live(dir: &Path, name: &str) -> io::Result<OwnedFd> {
-    use rustix::fs::{self, FlockOperation, Mode, OFlags};
+    use rustix::fs::{self, Mode, OFlags};
     let path = dir.join(format!("{name}{LIVE_SUFFIX}"));
     let fd = fs::open(&path, OFlags::CREATE | OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW, Mode::from_raw_mode(0o644))?;
-    fs::flock(&fd, FlockOperation::NonBlockingLockExclusive)?;
+    let mut lock = whole_file(libc::F_WRLCK);
+    // SAFETY: F_OFD_SETLK reads the `flock` we own; `fd` is open for the call.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, &mut lock) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
     Ok(fd)
 }
 
+/// A lock record of `kind` covering a whole file (`l_len` 0: to its end, however it grows).
+fn whole_file(kind: libc::c_int) -> libc::flock {
+    // SAFETY: `flock` is plain integers, for which all zeroes is a valid value.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = kind as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    lock
+}
+
+/// Whether the open file `fd` (read-only is enough) is write-locked by another open file
+/// description, as [`hold_live`] locks it: `F_OFD_GETLK` asks whether a read lock could be
+/// taken, which only a write lock prevents (read locks and `flock` locks, which anyone who can
+/// open the file may take, do not).
+pub fn write_locked(fd: impl AsFd) -> bool {
+    let mut lock = whole_file(libc::F_RDLCK);
+    // SAFETY: F_OFD_GETLK reads and rewrites the `flock` we own; `fd` is open for the call.
+    let r = unsafe { libc::fcntl(fd.as_fd().as_raw_fd(), libc::F_OFD_GETLK, &mut lock) };
+    r == 0 && lock.l_type == libc::F_WRLCK as libc::c_short
+}
+
 /// Whether `dir` holds a served rendezvous named `<prefix><pid>-<port>` (its `.live` file is
-/// locked by a live process), for `port` or, with `None`, for any port.
+/// write-locked by a live process: [`hold_live`]), for `port` or, with `None`, for any port.
 pub fn live_listener(dir: &Path, prefix: &str, port: Option<u16>) -> bool {
-    use rustix::fs::{self, FlockOperation, Mode, OFlags};
+    use rustix::fs::{self, Mode, OFlags};
     let Ok(entries) = std::fs::read_dir(dir) else { return false };
     entries.flatten().any(|e| {
         let name = e.file_name();
@@ -86,17 +113,19 @@ pub fn live_listener(dir: &Path, prefix: &str, port: Option<u16>) -> bool {
         let Ok(fd) = fs::open(e.path(), OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NONBLOCK, Mode::empty()) else {
             return false;
         };
-        // Held by its server: our shared lock would block. Free: the server is gone.
-        matches!(fs::flock(&fd, FlockOperation::NonBlockingLockShared), Err(rustix::io::Errno::WOULDBLOCK))
+        // Held by its server: write-locked. Free, or locked only by readers: the server is gone.
+        write_locked(&fd)
     })
 }
 
-/// Connects (blocking, close-on-exec) to the socket `name` inside the open directory `dir`:
-/// `name` must be a [`valid_name`], and the entry a socket itself, not a symbolic link (checked
-/// with `AT_SYMLINK_NOFOLLOW`, then reached through `/proc/self/fd/<dir>/<name>`, so nothing
-/// above the directory is resolved again). Whoever can write in the directory could swap the
-/// entry between the two steps: the directory's owner, whose server the peer check then admits.
-pub fn connect_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
+/// Connects (blocking, close-on-exec) to the socket `name` inside the open directory `dir`,
+/// waiting at most `timeout` for room in its backlog (`TimedOut` then: anyone who can reach the
+/// socket can fill its backlog with connections the server has not accepted yet): `name` must
+/// be a [`valid_name`], and the entry a socket itself, not a symbolic link (checked with
+/// `AT_SYMLINK_NOFOLLOW`, then reached through `/proc/self/fd/<dir>/<name>`, so nothing above
+/// the directory is resolved again). Whoever can write in the directory could swap the entry
+/// between the two steps: the directory's owner, whose server the peer check then admits.
+pub fn connect_at(dir: BorrowedFd<'_>, name: &[u8], timeout: Duration) -> io::Result<OwnedFd> {
     use rustix::fs::{self, AtFlags, FileType};
     if !valid_name(name) {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "rendezvous name outside the directory"));
@@ -108,7 +137,20 @@ pub fn connect_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
     }
     let path = format!("/proc/self/fd/{}/{name}", dir.as_raw_fd());
     let fd = net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
-    net::connect(&fd, &SocketAddrUnix::new(path.as_str())?)?;
+    // A Unix socket's connect to a full backlog waits for room, and that wait is bounded by
+    // SO_SNDTIMEO alone (a non-blocking connect fails at once with EAGAIN, and there is nothing
+    // to poll for); the timeout is cleared again once connected.
+    net::sockopt::set_socket_timeout(&fd, net::sockopt::Timeout::Send, Some(timeout.max(Duration::from_millis(1))))?;
+    let addr = SocketAddrUnix::new(path.as_str())?;
+    loop {
+        match net::connect(&fd, &addr) {
+            Ok(()) => break,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::AGAIN) => return Err(io::Error::new(io::ErrorKind::TimedOut, "rendezvous backlog full")),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    net::sockopt::set_socket_timeout(&fd, net::sockopt::Timeout::Send, None)?;
     Ok(fd)
 }
 
@@ -223,6 +265,8 @@ pub fn send_tcp(fd: BorrowedFd<'_>, bytes: &[u8], timeout: Duration) -> io::Resu
 mod tests {
     use super::*;
 
+    const T: Duration = Duration::from_secs(5);
+
     #[test]
     fn names_stay_inside_the_directory() {
         for bad in [&b""[..], b".", b"..", b"../x", b"a/b", b"/etc", b"a\0b", &[b'a'; 65]] {
@@ -239,15 +283,85 @@ mod tests {
         std::os::unix::fs::symlink(dir.join("colo-1-1"), dir.join("colo-link")).unwrap();
         std::fs::write(dir.join("colo-file"), b"x").unwrap();
         let (d, _) = open_dir(&dir).unwrap();
-        assert!(connect_at(d.as_fd(), b"colo-1-1").is_ok());
-        assert!(connect_at(d.as_fd(), b"colo-link").is_err());
-        assert!(connect_at(d.as_fd(), b"colo-file").is_err());
-        assert!(connect_at(d.as_fd(), b"../colo-1-1").is_err());
+        assert!(connect_at(d.as_fd(), b"colo-1-1", T).is_ok());
+        assert!(connect_at(d.as_fd(), b"colo-link", T).is_err());
+        assert!(connect_at(d.as_fd(), b"colo-file", T).is_err());
+        assert!(connect_at(d.as_fd(), b"../colo-1-1", T).is_err());
         let live = hold_live(&dir, "colo-1-1").unwrap();
         assert!(live_listener(&dir, "colo-", Some(1)));
         assert!(!live_listener(&dir, "colo-", Some(2)));
         drop(live);
         assert!(!live_listener(&dir, "colo-", None));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Another tenant fills a rendezvous's backlog with connections the server has not
+    /// accepted: a client's connect gives up after its timeout instead of waiting for the
+    /// server's next accept (watchdog: the connect runs in a thread the test waits 20 s for).
+    #[test]
+    fn connect_to_a_full_backlog_times_out() {
+        let dir = std::env::temp_dir().join(format!("colo-pathsock-full-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let l = net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).unwrap();
+        net::bind(&l, &SocketAddrUnix::new(dir.join("colo-3-80")).unwrap()).unwrap();
+        net::listen(&l, 1).unwrap();
+        let mut flood = Vec::new();
+        loop {
+            let s = net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK, None).unwrap();
+            match net::connect(&s, &SocketAddrUnix::new(dir.join("colo-3-80")).unwrap()) {
+                Ok(()) => flood.push(s),
+                Err(rustix::io::Errno::AGAIN) => break,
+                Err(e) => panic!("flood: {e}"),
+            }
+            assert!(flood.len() < 100, "the backlog never filled");
+        }
+        let (d, _) = open_dir(&dir).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(connect_at(d.as_fd(), b"colo-3-80", Duration::from_millis(100)).map(drop).map_err(|e| e.kind()));
+        });
+        let r = rx.recv_timeout(Duration::from_secs(20)).expect("connect to a full backlog did not time out");
+        assert_eq!(r, Err(io::ErrorKind::TimedOut));
+        // Room again (the server accepts one): the next connect goes through.
+        drop(net::accept(&l).unwrap());
+        let (d, _) = open_dir(&dir).unwrap();
+        let c = connect_at(d.as_fd(), b"colo-3-80", Duration::from_secs(5)).unwrap();
+        assert_eq!(net::sockopt::socket_timeout(&c, net::sockopt::Timeout::Send).unwrap(), None, "the connect's timeout stays on the socket");
+        drop((flood, l));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// An attacker who can only read the directory (a read-only mount, or nobody on a file of
+    /// mode 0644) takes every lock a read-only descriptor allows on a dead server's `.live`:
+    /// clients must still see no live listener, or they would propose to a plain successor on
+    /// that port.
+    #[test]
+    fn readers_locks_on_a_dead_servers_file_are_not_liveness() {
+        use rustix::fs::{self, FlockOperation, Mode, OFlags};
+        let dir = std::env::temp_dir().join(format!("colo-pathsock-live-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        drop(hold_live(&dir, "colo-7-6379").unwrap()); // the server died, its file stayed
+        let ro = || fs::open(dir.join("colo-7-6379.live"), OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).unwrap();
+        let (a, b, c) = (ro(), ro(), ro());
+        fs::flock(&a, FlockOperation::NonBlockingLockExclusive).unwrap();
+        let mut rd = whole_file(libc::F_RDLCK);
+        // SAFETY: F_OFD_SETLK and F_SETLK read the `flock` we own; the descriptors are open.
+        assert_eq!(unsafe { libc::fcntl(b.as_raw_fd(), libc::F_OFD_SETLK, &mut rd) }, 0);
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::fcntl(c.as_raw_fd(), libc::F_SETLK, &mut rd) }, 0);
+        let mut wr = whole_file(libc::F_WRLCK);
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::fcntl(c.as_raw_fd(), libc::F_OFD_SETLK, &mut wr) }, -1);
+        assert_eq!(io::Error::last_os_error().raw_os_error(), Some(libc::EBADF), "a write lock needs a writable descriptor");
+        assert!(!live_listener(&dir, "colo-", Some(6379)), "a reader's lock counted as a live server");
+        assert!(!live_listener(&dir, "colo-", None));
+        // A successor of the same pid and port (a reused pid) is seen again once it locks. (A
+        // reader's record lock still held would make its lock, so its rendezvous, fail: it would
+        // serve its own namespace only, a loss of acceleration, never a wrong proposal.)
+        drop((b, c));
+        let live = hold_live(&dir, "colo-7-6379").unwrap();
+        assert!(live_listener(&dir, "colo-", Some(6379)));
+        drop((a, live));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

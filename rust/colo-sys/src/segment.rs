@@ -151,12 +151,46 @@ pub fn file_size(fd: impl AsFd) -> io::Result<u64> {
 
 /// Reads `buf.len()` bytes at `offset` of a segment descriptor without mapping it: a file that
 /// another process truncates meanwhile gives a short read, never a fault. Returns how many bytes
-/// were read.
+/// were read. A descriptor that is not a memfd sealed against resizing is refused
+/// (`InvalidData`) before anything is read: a peer's descriptor could be a file of a FUSE
+/// mount, whose read waits for its server as long as that likes; `F_GET_SEALS` looks at the
+/// file's kind alone (only shared-memory files have seals, and reading one never waits).
 pub fn read_at(fd: impl AsFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    if !is_sealed(&fd) {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "not a memfd sealed against resizing"));
+    }
     Ok(rustix::io::pread(fd, buf, offset)?)
 }
 
-/// Reads the first `buf.len()` bytes of a segment descriptor without mapping it.
+/// Reads the first `buf.len()` bytes of a segment descriptor without mapping it (refused
+/// unread, as by [`read_at`], unless it is a memfd sealed against resizing).
 pub fn read_prefix(fd: impl AsFd, buf: &mut [u8]) -> io::Result<usize> {
-    Ok(rustix::io::pread(fd, buf, 0)?)
+    read_at(fd, buf, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer's "segment" that is no memfd, or one not sealed, is refused before it is read (a
+    /// FUSE file's read could wait forever; a regular file stands for it here).
+    #[test]
+    fn only_sealed_memfds_are_read() {
+        const MAGIC: [u8; 8] = *b"COLOSEG\0";
+        let mut head = [0u8; 8];
+        let path = std::env::temp_dir().join(format!("colo-seg-test-{}", std::process::id()));
+        std::fs::write(&path, b"COLOSEG\0 and more").unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let e = read_prefix(&file, &mut head).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        let unsealed = memfd_create("colo-seg", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
+        rustix::io::write(&unsealed, &MAGIC).unwrap();
+        assert_eq!(read_prefix(&unsealed, &mut head).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        let (seg, map) = create(4096).unwrap();
+        // SAFETY: the mapping is 4096 bytes, ours alone.
+        unsafe { std::ptr::copy_nonoverlapping(MAGIC.as_ptr(), map.as_ptr(), 8) };
+        assert_eq!(read_prefix(&seg, &mut head).unwrap(), 8);
+        assert_eq!(head, MAGIC);
+    }
 }

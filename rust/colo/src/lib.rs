@@ -42,6 +42,7 @@ mod hangup;
 mod known;
 mod listener;
 mod netns;
+mod netns_accept;
 mod log;
 mod message;
 mod options;

@@ -21,8 +21,10 @@ const RENDEZVOUS: u64 = 1;
 const PENDING: u64 = 2;
 /// The timer that expires half-open handshakes (`halfopen`).
 const TIMER: u64 = 3;
+/// Connections from listed peers of other namespaces waiting to be resolved (`netns_accept`).
+const NETNS: u64 = 4;
 /// All of `Listener::maybe_ready` (bit `1 << token`).
-const ALL_SOURCES: u8 = 1 << TCP | 1 << RENDEZVOUS | 1 << PENDING | 1 << TIMER;
+const ALL_SOURCES: u8 = 1 << TCP | 1 << RENDEZVOUS | 1 << PENDING | 1 << TIMER | 1 << NETNS;
 
 /// Accepts colo connections over shared memory and plain TCP clients on the same address.
 ///
@@ -66,6 +68,8 @@ pub struct Listener {
     parked: Arc<recycle::Table>,
     /// The rendezvous for clients in other network namespaces (`COLO_NETNS_DIR`).
     netns: Option<crate::netns::Rendezvous>,
+    /// Their connections while they wait for a PROPOSAL or a HELLO (with `netns`).
+    netns_accepts: Option<Mutex<crate::netns_accept::NetnsAccepts>>,
 }
 
 impl Listener {
@@ -97,6 +101,18 @@ impl Listener {
                 None
             }
         };
+        let netns = crate::netns::Rendezvous::bind(addr.port());
+        let netns_accepts = match &netns {
+            Some(_) => match crate::netns_accept::NetnsAccepts::new(&poller, NETNS) {
+                Ok(a) => Some(Mutex::new(a)),
+                // Then each is resolved in place, in `accept`.
+                Err(e) => {
+                    log::info(format_args!("listen {addr}: cross-namespace accepts resolved in place: {e}"));
+                    None
+                }
+            },
+            None => None,
+        };
         Ok(Listener {
             tcp,
             rendezvous,
@@ -110,7 +126,8 @@ impl Listener {
             nonblocking: AtomicBool::new(false),
             maybe_ready: AtomicU8::new(ALL_SOURCES),
             parked: recycle::Table::new(),
-            netns: crate::netns::Rendezvous::bind(addr.port()),
+            netns,
+            netns_accepts,
         })
     }
 
@@ -289,6 +306,9 @@ impl Listener {
             // Silent clients and offers whose TCP connection never came: released.
             self.half_open().fired();
         }
+        if let Some(s) = self.netns_ready() {
+            return Ok(Some(s));
+        }
         if let Some(s) = self.poll_pending(false) {
             return Ok(Some(s));
         }
@@ -313,6 +333,7 @@ impl Listener {
         loop {
             match self.tcp.accept() {
                 Ok((s, peer)) => {
+                    let Some(s) = self.netns_defer(s, peer) else { continue };
                     s.set_nonblocking(false)?;
                     return Ok(Some(self.claim_or_tcp(s, peer)));
                 }
@@ -326,6 +347,29 @@ impl Listener {
                 }
             }
         }
+    }
+
+    /// A connection from a listed peer of another namespace waits to be resolved (`None`: taken,
+    /// `accept` goes on with the next connection); any other, or one that finds the set full,
+    /// is given back.
+    fn netns_defer(&self, tcp: TcpStream, peer: SocketAddr) -> Option<TcpStream> {
+        let Some(accepts) = &self.netns_accepts else { return Some(tcp) };
+        if !(crate::netns::server_configured() && crate::netns::from_elsewhere(peer)) {
+            return Some(tcp);
+        }
+        let mut a = accepts.lock().unwrap_or_else(|e| e.into_inner());
+        a.admit(tcp, peer, &self.poller).err()
+    }
+
+    /// A connection from another namespace that is resolved, if any; looks at those that wait
+    /// when the poller reported one of their sources.
+    fn netns_ready(&self) -> Option<(Stream, SocketAddr)> {
+        let (Some(accepts), Some(r)) = (&self.netns_accepts, &self.netns) else { return None };
+        let mut a = accepts.lock().unwrap_or_else(|e| e.into_inner());
+        if self.take_hint(NETNS) {
+            a.step(r, &self.poller, &self.opts);
+        }
+        a.pop()
     }
 
     /// A TCP connection whose 4-tuple a CARRIER offer names moves onto that offer's segment (the

@@ -47,6 +47,10 @@ const NAME_PREFIX: &str = "colo-";
 const MAX_PENDING: usize = 256;
 /// Rendezvous connections that have sent nothing yet, per rendezvous; the oldest is dropped.
 const MAX_SILENT: usize = 64;
+/// Rendezvous connections accepted per look at the rendezvous (under its state lock): a waiting
+/// accept looks again at least every millisecond, so a HELLO behind a full backlog of 1024
+/// arrives within 16 looks.
+const MAX_ACCEPTS: usize = 64;
 /// How long a rendezvous connection may stay silent.
 const SILENT_LIFE: Duration = Duration::from_secs(1);
 
@@ -69,7 +73,7 @@ fn answer_wait() -> Duration {
     *T.get_or_init(|| env_ms("COLO_CARRIER_TIMEOUT_MS", 500))
 }
 
-fn boot_id() -> Option<[u8; 16]> {
+pub(crate) fn boot_id() -> Option<[u8; 16]> {
     static B: OnceLock<Option<[u8; 16]>> = OnceLock::new();
     *B.get_or_init(|| pathsock::boot_id().ok())
 }
@@ -81,7 +85,7 @@ fn nonce<const N: usize>() -> io::Result<[u8; N]> {
 }
 
 /// PROPOSAL: magic, type, version, 6 reserved bytes, boot id, client nonce.
-fn proposal(boot: &[u8; 16], client_nonce: &[u8; 8]) -> [u8; PROPOSAL_LEN] {
+pub(crate) fn proposal(boot: &[u8; 16], client_nonce: &[u8; 8]) -> [u8; PROPOSAL_LEN] {
     let mut b = [0u8; PROPOSAL_LEN];
     b[0..8].copy_from_slice(&MAGIC);
     b[8] = PROPOSAL;
@@ -238,7 +242,7 @@ pub fn propose(tcp: BorrowedFd<'_>, dir: &Path, local: SocketAddr, target: Socke
     if len > NAME_MAX || !pathsock::valid_name(name) {
         return Dialed::Plain("the server named a rendezvous outside its directory".into());
     }
-    let control = match pathsock::connect_at(dirfd.as_fd(), name) {
+    let control = match pathsock::connect_at(dirfd.as_fd(), name, wait) {
         Ok(c) => c,
         Err(e) => return Dialed::Plain(format!("rendezvous: {e}")),
     };
@@ -390,6 +394,24 @@ impl Rendezvous {
         }
     }
 
+    /// A rendezvous `dir/name` of this boot, without `COLO_NETNS_DIR` (tests).
+    #[cfg(test)]
+    pub(crate) fn for_test(dir: &Path, name: &str) -> Rendezvous {
+        let listen = pathsock::listen_at(dir, name).unwrap();
+        let poller = Poller::new().unwrap();
+        poller.add(&listen, 0).unwrap();
+        Rendezvous {
+            _live: pathsock::hold_live(dir, name).unwrap(),
+            listen,
+            name: name.into(),
+            path: dir.join(name),
+            owner: colo_sys::host::pid(),
+            boot: pathsock::boot_id().unwrap(),
+            poller,
+            state: Mutex::new(State::default()),
+        }
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -397,14 +419,43 @@ impl Rendezvous {
     /// Before the application sees the TCP connection `tcp` just accepted (`local` ← `peer`, as
     /// this side sees it): if it opens with a PROPOSAL, answers it and waits (bounded) for the
     /// proved offer, then claims it. `None`: plain TCP, the stream as the client sent it (a
-    /// PROPOSAL answered is consumed, and so is the answer on the client's side).
+    /// PROPOSAL answered is consumed, and so is the answer on the client's side). Waits up to
+    /// `COLO_NETNS_WAIT_MS` for the first bytes, then up to `COLO_CARRIER_TIMEOUT_MS` for the
+    /// HELLO: a caller that must not wait uses [`peek_proposal`], [`Rendezvous::answer`],
+    /// [`Rendezvous::poll_hello`] and [`Rendezvous::finish`] instead, as the API's listener does.
     pub fn serve(&self, tcp: BorrowedFd<'_>, local: SocketAddr, peer: SocketAddr) -> Option<Established> {
         let mut p = [0u8; PROPOSAL_LEN];
         if !read_proposal(tcp, &mut p) {
             return None;
         }
+        let wait = answer_wait();
+        let server = self.answer(tcp, peer, &p, wait)?;
+        let deadline = Instant::now() + wait;
+        loop {
+            if self.poll_hello(&server) {
+                break;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            // Another thread may drain what woke us: look again at least every millisecond.
+            let _ = self.poller.wait(Some(left.min(Duration::from_millis(1))));
+        }
+        let Some(hello) = self.finish(&server) else {
+            log::info(format_args!("accept {peer}: no proved offer in time; plain TCP"));
+            return None;
+        };
+        claim(*hello, local, peer)
+    }
+
+    /// Answers the PROPOSAL `p` just taken off the accepted connection `tcp` from `peer`:
+    /// DECLINE (`None`; the stream is then plain TCP), or ACCEPT with a fresh server nonce,
+    /// which stays live (at most [`MAX_PENDING`] of them) until [`Rendezvous::finish`]. The
+    /// answer is 112 bytes on a new connection: `send_wait` bounds a send that finds no room.
+    pub fn answer(&self, tcp: BorrowedFd<'_>, peer: SocketAddr, p: &[u8; PROPOSAL_LEN], send_wait: Duration) -> Option<[u8; 16]> {
         let declined = |reason: u8, why: &str| {
-            let _ = pathsock::send_tcp(tcp, &answer(DECLINE, reason, &self.boot, &[0; 16], b""), answer_wait());
+            let _ = pathsock::send_tcp(tcp, &answer(DECLINE, reason, &self.boot, &[0; 16], b""), send_wait);
             log::info(format_args!("accept {peer}: cross-namespace proposal declined: {why}; plain TCP"));
             None
         };
@@ -424,58 +475,59 @@ impl Rendezvous {
             }
             st.pending.push(PendingNonce { server, client, hello: None });
         }
-        let found = self.answer_and_wait(tcp, &server);
-        let hello = {
-            let mut st = self.state();
-            let at = st.pending.iter().position(|e| e.server == server);
-            at.and_then(|i| st.pending.swap_remove(i).hello).or(found)
-        };
-        let Some(hello) = hello else {
-            log::info(format_args!("accept {peer}: no proved offer in time; plain TCP"));
+        let a = answer(ACCEPT, 0, &self.boot, &server, self.name.as_bytes());
+        if pathsock::send_tcp(tcp, &a, send_wait).is_err() {
+            let _ = self.finish(&server);
             return None;
-        };
-        match hello.claim_proved(local, peer) {
-            Ok(est) => Some(est),
-            Err(why) => {
-                log::info(format_args!("accept {peer}: cross-namespace offer not claimed: {why}; plain TCP"));
-                None
-            }
         }
+        Some(server)
     }
 
-    /// Sends ACCEPT with `server` and waits for the HELLO that proves it.
-    fn answer_and_wait(&self, tcp: BorrowedFd<'_>, server: &[u8; 16]) -> Option<Box<Hello>> {
-        let wait = answer_wait();
-        let a = answer(ACCEPT, 0, &self.boot, server, self.name.as_bytes());
-        if pathsock::send_tcp(tcp, &a, wait).is_err() {
-            return None;
-        }
-        let deadline = Instant::now() + wait;
-        loop {
-            {
-                let mut st = self.state();
-                self.drain(&mut st);
-                if let Some(e) = st.pending.iter_mut().find(|e| &e.server == server) {
-                    if let Some(h) = e.hello.take() {
-                        return Some(h);
-                    }
-                }
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return None;
-            }
-            // Another thread may drain what woke us: look again at least every millisecond.
-            let _ = self.poller.wait(Some(left.min(Duration::from_millis(1))));
-        }
+    /// One look, without waiting: reads what arrived at the rendezvous ([`Rendezvous::look`])
+    /// and says whether the HELLO proving `server` is among it (then [`Rendezvous::finish`]
+    /// returns it).
+    pub fn poll_hello(&self, server: &[u8; 16]) -> bool {
+        self.look();
+        self.arrived(server)
+    }
+
+    /// Reads what arrived at the rendezvous, without waiting (bounded work: [`MAX_ACCEPTS`]).
+    pub fn look(&self) {
+        let mut st = self.state();
+        self.drain(&mut st);
+    }
+
+    /// Whether the HELLO proving `server` has been read.
+    pub fn arrived(&self, server: &[u8; 16]) -> bool {
+        self.state().pending.iter().any(|e| &e.server == server && e.hello.is_some())
+    }
+
+    /// Ends the wait for the HELLO proving `server`: the nonce is no longer live (a HELLO that
+    /// proves it later is refused); returns the HELLO if it came.
+    pub fn finish(&self, server: &[u8; 16]) -> Option<Box<Hello>> {
+        let mut st = self.state();
+        let at = st.pending.iter().position(|e| &e.server == server)?;
+        st.pending.swap_remove(at).hello
+    }
+
+    /// Readable when the rendezvous may have something to read (a connection or a HELLO): for
+    /// a caller's own poll set while it waits on [`Rendezvous::poll_hello`].
+    pub fn wait_fd(&self) -> BorrowedFd<'_> {
+        self.poller.fd().as_fd()
     }
 
     /// Accepts queued rendezvous connections and reads the HELLOs that arrived, routing each to
-    /// the nonce it proves (refused: none does); expires silent connections.
-    fn drain(&self, st: &mut State) {
-        loop {
+    /// the nonce it proves (refused: none does); expires silent connections. Bounded work under
+    /// the state lock: at most [`MAX_ACCEPTS`] connections accepted per call (another tenant
+    /// connecting without end cannot keep one call, and every thread waiting for the lock, going),
+    /// and the at most [`MAX_SILENT`] silent ones looked at. Returns how many it accepted.
+    fn drain(&self, st: &mut State) -> usize {
+        let mut accepted = 0;
+        // One accept per turn, whatever it gives (aborted connections count too).
+        for _ in 0..MAX_ACCEPTS {
             match seqpacket::accept(&self.listen) {
                 Ok(fd) => {
+                    accepted += 1;
                     // A client sends its HELLO right after connecting: read at once, so that a
                     // flood of silent connections cannot push it out of the bounded set below.
                     if seqpacket::with_data(&[fd.as_fd()])[0] {
@@ -519,6 +571,7 @@ impl Rendezvous {
             }
         }
         st.silent = keep;
+        accepted
     }
 }
 
@@ -563,22 +616,70 @@ fn read_proved_hello(control: OwnedFd) -> Option<(Box<Hello>, [u8; PROOF_LEN])> 
     Some((Box::new(hello), proof))
 }
 
+/// Claims the proved offer `hello` for the accepted connection `local` ← `peer`; `None` (logged):
+/// plain TCP.
+pub fn claim(hello: Hello, local: SocketAddr, peer: SocketAddr) -> Option<Established> {
+    match hello.claim_proved(local, peer) {
+        Ok(est) => Some(est),
+        Err(why) => {
+            log::info(format_args!("accept {peer}: cross-namespace offer not claimed: {why}; plain TCP"));
+            None
+        }
+    }
+}
+
+/// What one look at the first bytes of an accepted connection found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opening {
+    /// Nothing yet (`false`), or the start of a PROPOSAL (`true`): look again, until the wait
+    /// for first bytes ([`proposal_wait`]) ends; the stream is untouched.
+    NotYet(bool),
+    /// Not a PROPOSAL, or the stream ended: plain TCP, the stream untouched.
+    Plain,
+    /// A whole PROPOSAL, now taken off the stream.
+    Proposal,
+}
+
+/// One look, without waiting, at the first bytes of the accepted connection `tcp`: takes a whole
+/// PROPOSAL off the stream into `p`, and nothing else.
+pub fn peek_proposal(tcp: BorrowedFd<'_>, p: &mut [u8; PROPOSAL_LEN]) -> Opening {
+    match pathsock::recv_tcp(tcp, p, true) {
+        Ok(0) => Opening::Plain,
+        Ok(n) if p[..n.min(8)] != MAGIC[..n.min(8)] => Opening::Plain,
+        Ok(n) if n >= 10 && p[8] != PROPOSAL => Opening::Plain,
+        Ok(PROPOSAL_LEN) => {
+            let mut taken = [0u8; PROPOSAL_LEN];
+            match pathsock::recv_tcp(tcp, &mut taken, false) {
+                Ok(PROPOSAL_LEN) => Opening::Proposal,
+                _ => Opening::Plain,
+            }
+        }
+        Ok(_) => Opening::NotYet(true),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Opening::NotYet(false),
+        Err(_) => Opening::Plain,
+    }
+}
+
+/// How long a server waits for the first bytes of a connection from a listed peer.
+pub fn first_bytes_wait() -> Duration {
+    proposal_wait()
+}
+
+/// How long a server keeps a nonce it answered, waiting for its HELLO.
+pub fn hello_wait() -> Duration {
+    answer_wait()
+}
+
 /// Waits (bounded) for the first bytes of an accepted connection and takes a whole PROPOSAL off
 /// the stream if they are one; leaves the stream untouched otherwise.
 fn read_proposal(tcp: BorrowedFd<'_>, p: &mut [u8; PROPOSAL_LEN]) -> bool {
     let deadline = Instant::now() + proposal_wait();
     loop {
-        match pathsock::recv_tcp(tcp, p, true) {
-            Ok(0) => return false,
-            Ok(n) if p[..n.min(8)] != MAGIC[..n.min(8)] => return false,
-            Ok(n) if n >= 10 && p[8] != PROPOSAL => return false,
-            Ok(PROPOSAL_LEN) => {
-                let mut taken = [0u8; PROPOSAL_LEN];
-                return matches!(pathsock::recv_tcp(tcp, &mut taken, false), Ok(PROPOSAL_LEN));
-            }
-            Ok(_) => std::thread::sleep(Duration::from_micros(200)),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(_) => return false,
+        match peek_proposal(tcp, p) {
+            Opening::Proposal => return true,
+            Opening::Plain => return false,
+            Opening::NotYet(true) => std::thread::sleep(Duration::from_micros(200)),
+            Opening::NotYet(false) => {}
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() || !pathsock::wait_readable(tcp, left).unwrap_or(false) {
@@ -727,6 +828,35 @@ mod tests {
             };
             assert_eq!(got, want, "{v}");
         }
+    }
+
+    /// Another tenant queues more silent connections at a rendezvous than one look accepts: each
+    /// look (under the state lock) accepts at most MAX_ACCEPTS and keeps at most MAX_SILENT; the
+    /// later looks take the rest.
+    #[test]
+    fn a_look_at_the_rendezvous_does_bounded_work() {
+        let dir = std::env::temp_dir().join(format!("colo-netns-drain-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let name = "colo-9-9";
+        let r = Rendezvous::for_test(&dir, name);
+        let (d, _) = pathsock::open_dir(&dir).unwrap();
+        let queued = 300;
+        let flood: Vec<_> = (0..queued).map(|_| pathsock::connect_at(d.as_fd(), name.as_bytes(), Duration::from_secs(5)).unwrap()).collect();
+        assert_eq!(r.drain(&mut r.state()), MAX_ACCEPTS, "one look accepts a bounded number");
+        assert!(r.state().silent.len() <= MAX_SILENT);
+        let mut total = MAX_ACCEPTS;
+        for _ in 0..queued {
+            let n = r.drain(&mut r.state());
+            assert!(n <= MAX_ACCEPTS);
+            if n == 0 {
+                break;
+            }
+            total += n;
+        }
+        assert_eq!(total, queued, "later looks take the rest");
+        assert!(r.state().silent.len() <= MAX_SILENT);
+        drop((flood, r));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

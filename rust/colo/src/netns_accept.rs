@@ -1,0 +1,252 @@
+//! The API listener's connections from listed peers of other network namespaces (spec/WIRE.md
+//! section 11), resolved without a wait in `accept`: each waits in a set of its own, first for
+//! its PROPOSAL (up to `COLO_NETNS_WAIT_MS`), then, answered ACCEPT, for the HELLO proving it (up
+//! to `COLO_CARRIER_TIMEOUT_MS`), watched by the listener's poll set (the socket, the
+//! rendezvous, and a timer for the deadlines). Meanwhile `accept` returns every other
+//! connection, and each of these once resolved: on shared memory, or plain TCP with the stream
+//! as the client sent it (a PROPOSAL answered is consumed on both sides). So a listed peer that
+//! stays silent, or never sends its HELLO, delays its own connection only.
+
+use crate::log;
+use crate::netns::{self, Opening, Rendezvous, PROPOSAL_LEN};
+use crate::options::Options;
+use crate::stream::Stream;
+use colo_sys::doorbell::Poller;
+use colo_sys::{AsFd, OwnedFd};
+use std::collections::VecDeque;
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+/// Connections resolved at once; beyond, the listener resolves one in place (waiting in its
+/// `accept`, as the LD_PRELOAD shim does for every one).
+pub(crate) const MAX_WAITING: usize = 256;
+
+/// How soon a connection whose first bytes are the start of a PROPOSAL is looked at again (its
+/// socket is not watched meanwhile: it stays readable, and would wake every poll).
+const PARTIAL_LOOK: Duration = Duration::from_millis(1);
+
+#[derive(Debug)]
+enum Stage {
+    /// Waiting for the first bytes.
+    Opening,
+    /// Answered ACCEPT with this server nonce: waiting for the HELLO that proves it.
+    Hello([u8; 16]),
+}
+
+#[derive(Debug)]
+struct Waiting {
+    tcp: TcpStream,
+    peer: SocketAddr,
+    local: SocketAddr,
+    stage: Stage,
+    deadline: Instant,
+    /// Not looked at before (the start of a PROPOSAL came: the rest is on its way).
+    not_before: Option<Instant>,
+}
+
+impl Waiting {
+    fn next_look(&self) -> Instant {
+        self.not_before.map_or(self.deadline, |t| t.min(self.deadline))
+    }
+}
+
+/// The connections of one listener that wait, and those resolved that `accept` has not returned.
+#[derive(Debug)]
+pub(crate) struct NetnsAccepts {
+    waiting: Vec<Waiting>,
+    ready: VecDeque<(Stream, SocketAddr)>,
+    /// Armed for the earliest deadline or look: in the listener's poll set under `token`.
+    timer: OwnedFd,
+    token: u64,
+    /// Whether the rendezvous's wait fd is in the poll set (while a connection waits for a HELLO).
+    watching: bool,
+}
+
+impl NetnsAccepts {
+    /// An empty set whose timer, and later sockets, `poller` watches under `token`.
+    pub(crate) fn new(poller: &Poller, token: u64) -> io::Result<NetnsAccepts> {
+        let timer = colo_sys::timer::create()?;
+        poller.add(&timer, token)?;
+        Ok(NetnsAccepts { waiting: Vec::new(), ready: VecDeque::new(), timer, token, watching: false })
+    }
+
+    /// Takes `tcp`, just accepted from `peer` (a listed peer of another namespace), to wait
+    /// here; gives it back when the set is full or its socket cannot be watched.
+    pub(crate) fn admit(&mut self, tcp: TcpStream, peer: SocketAddr, poller: &Poller) -> Result<(), TcpStream> {
+        if self.waiting.len() >= MAX_WAITING {
+            return Err(tcp);
+        }
+        let Ok(local) = tcp.local_addr() else { return Err(tcp) };
+        // Once: a report is followed by a look, which watches it again if nothing came.
+        if poller.add_once(&tcp, self.token).is_err() {
+            return Err(tcp);
+        }
+        let deadline = Instant::now() + netns::first_bytes_wait();
+        self.waiting.push(Waiting { tcp, peer, local, stage: Stage::Opening, deadline, not_before: None });
+        self.arm();
+        Ok(())
+    }
+
+    /// The next resolved connection, if any.
+    pub(crate) fn pop(&mut self) -> Option<(Stream, SocketAddr)> {
+        self.ready.pop_front()
+    }
+
+    /// Looks once at every waiting connection (nothing here waits): answers the PROPOSALs that
+    /// came, claims the HELLOs that came, and resolves as plain TCP those whose wait is over.
+    pub(crate) fn step(&mut self, r: &Rendezvous, poller: &Poller, opts: &Options) {
+        colo_sys::timer::drain(&self.timer);
+        let now = Instant::now();
+        if self.waiting.iter().any(|w| matches!(w.stage, Stage::Hello(_))) {
+            r.look();
+        }
+        for mut w in std::mem::take(&mut self.waiting) {
+            match w.stage {
+                Stage::Opening => {
+                    if w.not_before.is_some_and(|t| t > now) && w.deadline > now {
+                        self.waiting.push(w);
+                        continue;
+                    }
+                    let mut p = [0u8; PROPOSAL_LEN];
+                    match netns::peek_proposal(w.tcp.as_fd(), &mut p) {
+                        Opening::Plain => self.plain(poller, w),
+                        Opening::NotYet(_) if now >= w.deadline => self.plain(poller, w),
+                        Opening::NotYet(partial) => {
+                            w.not_before = partial.then_some(now + PARTIAL_LOOK);
+                            if !partial && poller.rearm_once(&w.tcp, self.token).is_err() {
+                                w.not_before = Some(now + PARTIAL_LOOK);
+                            }
+                            self.waiting.push(w);
+                        }
+                        Opening::Proposal => {
+                            let _ = poller.delete(&w.tcp);
+                            // 112 bytes first on a new connection: room is there, or the
+                            // connection is of no use (no wait for it here).
+                            match r.answer(w.tcp.as_fd(), w.peer, &p, Duration::ZERO) {
+                                Some(server) => {
+                                    w.stage = Stage::Hello(server);
+                                    w.deadline = now + netns::hello_wait();
+                                    w.not_before = None;
+                                    self.waiting.push(w);
+                                }
+                                None => self.deliver_tcp(w),
+                            }
+                        }
+                    }
+                }
+                Stage::Hello(server) => {
+                    if !r.arrived(&server) && now < w.deadline {
+                        self.waiting.push(w);
+                        continue;
+                    }
+                    let Some(hello) = r.finish(&server) else {
+                        log::info(format_args!("accept {}: no proved offer in time; plain TCP", w.peer));
+                        self.deliver_tcp(w);
+                        continue;
+                    };
+                    match netns::claim(*hello, w.local, w.peer).map(|e| e.into_shm(opts.spin_mode())) {
+                        Some(Ok(shm)) => {
+                            log::info(format_args!("accept {}: shared memory (other namespace, carrier {})", w.local, w.peer));
+                            let _ = w.tcp.set_nonblocking(false);
+                            self.ready.push_back((Stream::from_carrier(shm, w.tcp), w.peer));
+                        }
+                        Some(Err(e)) => {
+                            log::info(format_args!("accept {}: carrier {}: {e}; plain TCP", w.local, w.peer));
+                            self.deliver_tcp(w);
+                        }
+                        None => self.deliver_tcp(w),
+                    }
+                }
+            }
+        }
+        let want = self.waiting.iter().any(|w| matches!(w.stage, Stage::Hello(_)));
+        if want != self.watching {
+            let done = if want { poller.add(r.wait_fd(), self.token) } else { poller.delete(r.wait_fd()) };
+            if done.is_ok() {
+                self.watching = want;
+            }
+        }
+        self.arm();
+    }
+
+    /// Plain TCP, the stream untouched: out of the poll set and to `ready`.
+    fn plain(&mut self, poller: &Poller, w: Waiting) {
+        let _ = poller.delete(&w.tcp);
+        self.deliver_tcp(w);
+    }
+
+    fn deliver_tcp(&mut self, w: Waiting) {
+        // Accepted connections are handed over blocking, as every other the listener returns.
+        let _ = w.tcp.set_nonblocking(false);
+        self.ready.push_back((Stream::from_tcp(w.tcp), w.peer));
+    }
+
+    /// Arms the timer for the earliest deadline or look (disarmed when nothing waits).
+    fn arm(&self) {
+        let next = self.waiting.iter().map(Waiting::next_look).min();
+        // If arming fails, the next poll report or accept looks again.
+        let _ = colo_sys::timer::arm(&self.timer, next.map(|t| t.saturating_duration_since(Instant::now())));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stream::Transport;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    /// Three connections wait at once: one silent, one that proposes and never sends its HELLO,
+    /// one that opens with other bytes. The last is handed over first, its bytes intact; the
+    /// proposer is answered ACCEPT meanwhile; the other two follow as plain TCP when their waits
+    /// end, on the timer alone (no other event comes). Watchdog: 20 s in all.
+    #[test]
+    fn each_connection_waits_for_itself_only() {
+        let dir = std::env::temp_dir().join(format!("colo-netns-accept-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let r = Rendezvous::for_test(&dir, "colo-6-6");
+        let poller = Poller::new().unwrap();
+        let mut a = NetnsAccepts::new(&poller, 7).unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let silent = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let mut proposer = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let mut speaker = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        proposer.write_all(&netns::proposal(&netns::boot_id().unwrap(), &[1; 8])).unwrap();
+        speaker.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        for _ in 0..3 {
+            let (s, peer) = l.accept().unwrap();
+            s.set_nonblocking(true).unwrap();
+            a.admit(s, peer, &poller).unwrap();
+        }
+        let port = |s: &TcpStream| s.local_addr().unwrap().port();
+        let (silent_port, proposer_port, speaker_port) = (port(&silent), port(&proposer), port(&speaker));
+        let watchdog = Instant::now() + Duration::from_secs(20);
+        let mut order = Vec::new();
+        while order.len() < 3 {
+            assert!(Instant::now() < watchdog, "resolved only {order:?}");
+            // Only what the poll set reports wakes this loop, as a blocking accept waits.
+            let _ = poller.wait(Some(Duration::from_secs(5))).unwrap();
+            a.step(&r, &poller, &Options::new());
+            while let Some((mut s, peer)) = a.pop() {
+                assert_eq!(s.transport(), Transport::Tcp);
+                if peer.port() == speaker_port {
+                    let mut b = [0u8; 18];
+                    s.read_exact(&mut b).unwrap();
+                    assert_eq!(&b, b"GET / HTTP/1.0\r\n\r\n", "the stream as the client sent it");
+                }
+                order.push(peer.port());
+            }
+        }
+        assert_eq!(order[0], speaker_port, "a connection that opened with other bytes waited for the others");
+        order.sort();
+        let mut want = vec![silent_port, proposer_port, speaker_port];
+        want.sort();
+        assert_eq!(order, want);
+        let mut answer = [0u8; netns::ANSWER_LEN];
+        proposer.read_exact(&mut answer).unwrap();
+        assert_eq!((&answer[..8], answer[8]), (&netns::MAGIC[..], 2), "the proposal was answered ACCEPT");
+        drop((silent, r));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
