@@ -52,6 +52,7 @@ func (c *Conn) pollCallback(uintptr) bool {
 		// Read-modify-write of our waiting word (spec section 6); SYNC POINT with the peer's
 		// exchange in its notify: our re-check below sees its progress, or it rings.
 		old := atomic.OrUint32(c.myWaiting, waitDoorbell)
+		c.releaseSpaceWaiter()
 		c.pollOK = c.pollCheck()
 		// A follower's wake-up may have been lost (see block): end this poll so it re-checks.
 		// SYNC POINT with the Store of wakeChUsed and the Add to lostWakes in block.

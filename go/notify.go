@@ -28,26 +28,45 @@ func (c *Conn) notifyPeer() {
 }
 
 // notifySpace is notifyPeer after the consumer moved ring_tail from old (its new value already
-// stored). A producer waits for space only when it found the ring full (every implementation:
-// Go's Write, Rust's write and the shim's EPOLLOUT, which like Linux TCP reports no new
-// writability edge for a ring that was not full), so the peer's waiting word is only worth an
-// exchange, and the doorbell a system call, when the ring may have been full at old. A peer that
-// waits for something else (our answer, typically) is left asleep: it is not woken once per read.
+// stored). A producer waits for space only when it found the ring full at its limit, and then
+// until the unread bytes are down to its space_wake mark (spec section 6), so the peer's waiting
+// word is only worth an exchange, and the doorbell a system call, on the read that crosses that
+// mark. A peer that waits for something else (our answer, typically) is left asleep: it is not
+// woken once per read, and a writer ahead of us is woken once per half ring, not once per read.
 //
-// Why no wake-up is lost: a producer that sleeps stored its head H, then ORed its waiting bit,
-// then re-read ring_tail and still found H - tail == capacity. Our store of the new tail comes
-// after that re-read (else the producer would have seen it), so every head store before the
-// re-read, H included, precedes the load in wasFullBefore: it returns at least H. Whichever tail
-// the re-read returned is old (our previous store) or older; for an older one, the consumption
-// that stored old already found the ring full and exchanged the word after the producer's OR. So
-// the first consumption after a producer's re-check sees head - old >= capacity and wakes it.
-// The tail store and the head load are sequentially consistent (Go's atomics), and the
-// producer's OR is a full barrier between its head store and its tail re-read on every
+// Why no wake-up is lost: a producer that sleeps stored its mark M (when it last grew or
+// shrank the ring) and its head H, then ORed its waiting bit, then re-read ring_tail and still
+// found more than M unread. Our store of the new tail comes after that re-read (else the
+// producer would have seen it), so every store before the re-read, M and H included, precedes
+// the loads in spaceWakeCrossed. The tail the re-read returned is old (our previous store) or
+// older; for an older one, the consumption that stored old already found H - old > M and, had
+// it crossed M, exchanged the word after the producer's OR. So the first consumption after the
+// producer's re-check that reaches M sees H - old > M and wakes it.
+// The tail store and the loads are sequentially consistent (Go's atomics), and the
+// producer's OR is a full barrier between its stores and its tail re-read on every
 // architecture Go and the Rust core support (a locked instruction on x86, an acquire-release
 // read-modify-write followed by an acquire load on arm64). (Rust, whose loads may be acquire
 // only, reads the waiting word with a read-modify-write first: notify.rs peer_needs_space_wake.)
 func (c *Conn) notifySpace(old uint64) {
-	if c.rx.wasFullBefore(&c.in, old) {
+	if c.rx.spaceWakeCrossed(&c.in, old) {
+		c.notifyPeer()
+	}
+}
+
+// releaseSpaceWaiter is called right after we announced a sleep (we pause): it wakes a peer
+// waiting for space our reads freed but did not wake it for, as they stayed above its space_wake
+// mark (spec section 6, "Waiting for space"). Our announcement comes first, so a producer that
+// announces after this look sees our bit in its re-check and writes what it can.
+func (c *Conn) releaseSpaceWaiter() {
+	// SYNC POINT with the peer's announcement (sequentially consistent, as our OR before it).
+	if atomic.LoadUint32(c.peerWaiting)&(waitDoorbell|waitFutex) == 0 {
+		return
+	}
+	mark := uint64(atomic.LoadUint32(c.in.spaceWake))
+	size := uint64(atomic.LoadUint32(c.in.size))
+	// SYNC POINT with the store of ring_head in the peer's producer.write.
+	used := atomic.LoadUint64(c.in.head) - atomic.LoadUint64(c.in.tail)
+	if mark != 0 && used > mark && used < size {
 		c.notifyPeer()
 	}
 }

@@ -25,7 +25,7 @@ import (
 type direction struct {
 	base                                             uint64
 	head, tail, msgHead, msgTail, freeHead, freeTail *uint64
-	flags, rflags, size                              *uint32
+	flags, rflags, size, spaceWake                   *uint32
 	data                                             []byte
 	// spare is data and the padding after it, up to the pool, which starts on a page of its own:
 	// the part of the block whose pages the ring may give back.
@@ -39,6 +39,7 @@ func newDirection(seg []byte, l layout, base uint64) direction {
 	d.head = u64at(seg, base+dRingHead)
 	d.flags = u32at(seg, base+dRingFlags)
 	d.size = u32at(seg, base+dRingSize)
+	d.spaceWake = u32at(seg, base+dSpaceWake)
 	d.tail = u64at(seg, base+dRingTail)
 	d.rflags = u32at(seg, base+dReadFlags)
 	d.msgHead = u64at(seg, base+dMsgHead)
@@ -62,6 +63,7 @@ func newDirection(seg []byte, l layout, base uint64) direction {
 func startRings(seg []byte, l layout) {
 	for _, base := range []uint64{headerSize, headerSize + l.blockSize} {
 		atomic.StoreUint32(u32at(seg, base+dRingSize), min(minRingSize, l.RingCapacity))
+		atomic.StoreUint32(u32at(seg, base+dSpaceWake), 0)
 	}
 }
 
@@ -91,6 +93,29 @@ type producer struct {
 	head       uint64 // bytes ever written (the last value stored to ring_head)
 	cachedTail uint64 // ring_tail when last read; head - cachedTail <= size always holds
 	size       uint64 // the ring's size; ring_size holds it (only we write it); 0: it was invalid
+	spaceWake  uint64 // the space_wake we last stored; 0: none yet (any free byte)
+}
+
+// markSpaceWake stores space_wake: half of the ring's size or of the limit, whichever is
+// smaller, so that a writer that waits for space waits until half of what it may fill is free
+// (as TCP wakes a writer once a good part of its buffer is free), and the consumer wakes it once,
+// on the read that takes the unread bytes down to that mark (spec section 6). A plain store: our
+// announcement of a sleep (the OR of our waiting word) comes after it, and it changes only while
+// we write, never while we wait.
+func (p *producer) markSpaceWake(d *direction, limit uint64) {
+	if mark := min(p.size, max(limit, minRingSize)) / 2; mark != p.spaceWake {
+		p.spaceWake = mark
+		atomic.StoreUint32(d.spaceWake, uint32(mark))
+	}
+}
+
+// pastMark reports whether a writer waiting for space may stop waiting, given ring_tail t: at
+// most space_wake bytes unread (before a first growth, when it is 0: any byte read since).
+func (p *producer) pastMark(t uint64) bool {
+	if p.spaceWake == 0 {
+		return t != p.cachedTail
+	}
+	return p.head-t <= p.spaceWake
 }
 
 // start adopts the ring's size as its creator set it.
@@ -159,6 +184,7 @@ func (p *producer) grow(d *direction, want, limit uint64) {
 	atomic.SwapUint32(d.size, uint32(target))
 	atomic.LoadUint32(d.size)
 	p.size = target
+	p.markSpaceWake(d, limit)
 }
 
 // shrinkIfEmpty shrinks an empty ring back to minRingSize bytes and returns the part of the data
@@ -179,6 +205,7 @@ func (p *producer) shrinkIfEmpty(d *direction) (from, to uint64, bad string) {
 	atomic.LoadUint32(d.size) // as in grow
 	from, to = minRingSize, p.size
 	p.size = minRingSize
+	p.markSpaceWake(d, minRingSize)
 	return from, to, ""
 }
 
@@ -280,13 +307,19 @@ func (q *consumer) read(d *direction, capacity uint64, dst []byte) (n, before ui
 	return 0, q.tail, badRereads
 }
 
-// wasFullBefore reports whether the ring was full when ring_tail was before, so that the
-// producer may be waiting for space (it waits only when full at its limit). It loads ring_head
-// afresh, and the size: the smaller of ours and the current one (a stale smaller size only costs
-// a futile wake-up).
-func (q *consumer) wasFullBefore(d *direction, before uint64) bool {
-	size := min(uint64(atomic.LoadUint32(d.size)), q.size) // no ordering needed: a bound
+// spaceWakeCrossed reports whether a read that moved ring_tail from before to where it is now
+// should wake a producer waiting for space: it took the unread bytes from above the producer's
+// space_wake mark to at most it. A mark of 0 means "any free byte": the ring was full before the
+// read (with the smaller of our size and the current one: a stale smaller size only costs a
+// futile wake-up). The producer waits with ring_head fixed, so the wake-up is due on the read
+// that crosses the mark, and a peer waiting for our bytes instead is left asleep.
+func (q *consumer) spaceWakeCrossed(d *direction, before uint64) bool {
+	mark := uint64(atomic.LoadUint32(d.spaceWake)) // ordered as the head load below
+	if mark == 0 {
+		mark = min(uint64(atomic.LoadUint32(d.size)), q.size) - 1 // no ordering needed: a bound
+	}
 	// SYNC POINT with the store of ring_head in the peer's producer.write (notifySpace says why
 	// this load sees the head of a producer that went to sleep on a full ring).
-	return atomic.LoadUint64(d.head)-before >= size
+	h := atomic.LoadUint64(d.head)
+	return h-before > mark && h-q.tail <= mark
 }

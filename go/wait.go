@@ -79,6 +79,7 @@ func (c *Conn) block(ready func() bool) bool {
 		// Read-modify-write of our waiting word (spec section 6); SYNC POINT with the peer's
 		// exchange in its notify: our re-check below sees its progress, or it rings.
 		old := atomic.OrUint32(c.myWaiting, waitDoorbell)
+		c.releaseSpaceWaiter()
 		// The peer may ring while nobody polls; SYNC POINT with the Swap in pollCallback.
 		c.bellDirty.Store(true)
 		if old&(waitDoorbell|waitFutex) == 0 {

@@ -93,6 +93,7 @@ const (
 	dRingHead  = 0
 	dRingFlags = 8
 	dRingSize  = 12 // the ring's current size, written by the producer (spec section 5)
+	dSpaceWake = 16 // a producer waiting for space is woken at this many unread bytes (spec section 6)
 	dRingTail  = 128
 	dReadFlags = 136
 	dMsgHead   = 256

@@ -34,6 +34,9 @@ pub mod block {
     /// `ring_size` (producer): the ring's current size (spec/WIRE.md section 5, "Growing and
     /// shrinking").
     pub const RING_SIZE: usize = 12;
+    /// `space_wake` (producer): a producer waiting for space is woken once at most this many
+    /// bytes are unread (spec/WIRE.md section 6, "Waiting for space"); 0: once any byte is free.
+    pub const SPACE_WAKE: usize = 16;
     /// `ring_tail` (consumer).
     pub const RING_TAIL: usize = 128;
     /// `read_flags` (consumer): READ_CLOSED.

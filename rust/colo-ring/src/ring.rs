@@ -70,7 +70,7 @@ unsafe impl Bytes for RawBytes {
     }
 }
 
-/// Where the five shared words of a ring live (offsets in `layout::block`). The fields are
+/// Where the shared words of a ring live (offsets in `layout::block`). The fields are
 /// private: [`RingWords::new`] is the one place that vouches for the pointers, so every method
 /// here, and the views of [`crate::snapshot`], can load them without a contract of their own.
 #[derive(Debug, Clone, Copy)]
@@ -81,6 +81,8 @@ pub struct RingWords {
     flags: *const AtomicU32,
     /// `ring_size`.
     size: *const AtomicU32,
+    /// `space_wake`.
+    space_wake: *const AtomicU32,
     /// `ring_tail`.
     tail: *const AtomicU64,
     /// `read_flags`.
@@ -104,10 +106,11 @@ impl RingWords {
         head: *const AtomicU64,
         flags: *const AtomicU32,
         size: *const AtomicU32,
+        space_wake: *const AtomicU32,
         tail: *const AtomicU64,
         read_flags: *const AtomicU32,
     ) -> RingWords {
-        RingWords { head, flags, size, tail, read_flags }
+        RingWords { head, flags, size, space_wake, tail, read_flags }
     }
 
     /// The producer's `ring_flags`, validated (for a reader that is not this ring's consumer,
@@ -142,6 +145,20 @@ impl RingWords {
     /// recycled segment before it sends HELLO (whose system call publishes the store to the peer).
     pub fn start_small(&self) {
         self.size().store(MIN_RING_SIZE, Ordering::Relaxed);
+        self.space_wake().store(0, Ordering::Relaxed);
+    }
+
+    /// For the consumer, about to pause (announce a sleep of its own, or return "would block"):
+    /// whether its producer may be waiting for space that exists but that no read of ours will
+    /// wake it for, as the unread bytes are still above its `space_wake` mark and we stop
+    /// reading (spec/WIRE.md section 6, "Waiting for space"). With mark 0 the first byte read
+    /// woke it already. Unvalidated loads: the answer only decides one wake-up.
+    pub fn space_wake_owed(&self) -> bool {
+        let mark = u64::from(self.space_wake().load(Ordering::Relaxed));
+        let size = u64::from(self.size().load(Ordering::Relaxed));
+        // SYNC POINT with the Release store of `ring_head` in `Producer::write`.
+        let used = self.head().load(Ordering::Acquire).wrapping_sub(self.tail().load(Ordering::Relaxed));
+        mark != 0 && used > mark && used < size
     }
 
     pub(crate) fn head(&self) -> &AtomicU64 {
@@ -163,6 +180,10 @@ impl RingWords {
     fn read_flags_word(&self) -> &AtomicU32 {
         // SAFETY: as in `head`.
         unsafe { &*self.read_flags }
+    }
+    fn space_wake(&self) -> &AtomicU32 {
+        // SAFETY: as in `head`.
+        unsafe { &*self.space_wake }
     }
 }
 
@@ -224,6 +245,8 @@ pub struct Producer<B> {
     limit: u64,
     head: u64,
     cached_tail: u64,
+    /// The `space_wake` we last stored (0: none yet, the wire's "any free byte").
+    space_wake: u64,
 }
 
 impl<B: Bytes> Producer<B> {
@@ -235,7 +258,7 @@ impl<B: Bytes> Producer<B> {
         let capacity = data.capacity() as u64;
         debug_assert!(capacity.is_power_of_two());
         let size = valid_size(words.size().load(Ordering::Relaxed), capacity).unwrap_or(0);
-        Producer { words, data, capacity, size, limit: capacity, head: 0, cached_tail: 0 }
+        Producer { words, data, capacity, size, limit: capacity, head: 0, cached_tail: 0, space_wake: 0 }
     }
 
     /// Takes over the producing end of a ring already in use (a program that inherited the
@@ -250,7 +273,8 @@ impl<B: Bytes> Producer<B> {
         let capacity = data.capacity() as u64;
         let head = words.head().load(Ordering::Relaxed);
         let size = valid_size(words.size().load(Ordering::Relaxed), capacity).unwrap_or(0);
-        Producer { words, data, capacity, size, limit: capacity, head, cached_tail: head.wrapping_sub(size) }
+        let space_wake = u64::from(words.space_wake().load(Ordering::Relaxed)).min(size / 2);
+        Producer { words, data, capacity, size, limit: capacity, head, cached_tail: head.wrapping_sub(size), space_wake }
     }
 
     /// Bounds how far writes grow the ring (a program's `SO_SNDBUF`): `bytes` rounded up to a
@@ -258,6 +282,35 @@ impl<B: Bytes> Producer<B> {
     pub fn set_limit(&mut self, bytes: usize) {
         let bytes = (bytes as u64).max(u64::from(MIN_RING_SIZE)).next_power_of_two();
         self.limit = bytes.min(self.capacity);
+        if self.space_wake != 0 {
+            self.mark_space_wake();
+        }
+    }
+
+    /// Stores `space_wake`: half of the ring's size or of the limit, whichever is smaller, so
+    /// that a producer that waits for space waits until half of what it may fill is free (as
+    /// TCP wakes a writer only once a good part of its buffer is free), and every waiter of this
+    /// end sleeps only with more than that unread. Relaxed: the producer's announcement of a sleep
+    /// (the acquire-release read-modify-write in `notify::announce_sleep`, which a consumer's
+    /// `peer_needs_space_wake` reads) comes after it, and the value changes only while this end
+    /// writes, never while it sleeps.
+    fn mark_space_wake(&mut self) {
+        let mark = self.size.min(self.limit) / 2;
+        if mark != self.space_wake {
+            self.space_wake = mark;
+            self.words.space_wake().store(mark as u32, Ordering::Relaxed);
+        }
+    }
+
+    /// The free space, if a producer that waits for space may stop waiting: at most
+    /// `space_wake` bytes unread (any free byte before a first growth, when it is 0), else 0.
+    /// The consumer wakes a sleeping producer exactly when its read takes the unread bytes to
+    /// that mark ([`Consumer::space_wake_crossed`]).
+    pub fn space_past_mark(&mut self) -> Result<usize, Corrupt> {
+        let free = self.refresh()?;
+        let room = self.size.max(self.limit);
+        let used = self.size - free;
+        Ok(if self.space_wake == 0 || used <= self.space_wake { (room - used) as usize } else { 0 })
     }
 
     fn refresh(&mut self) -> Result<u64, Corrupt> {
@@ -321,6 +374,7 @@ impl<B: Bytes> Producer<B> {
         // the old size saw any byte we write from here on sees the new size after its copy.
         fence(Ordering::Release);
         self.size = target;
+        self.mark_space_wake();
         Ok(target - used)
     }
 
@@ -339,6 +393,7 @@ impl<B: Bytes> Producer<B> {
         fence(Ordering::Release);
         let old = self.size;
         self.size = small;
+        self.mark_space_wake();
         Ok(Some(small as usize..old as usize))
     }
 
@@ -514,14 +569,25 @@ impl<B: Bytes> Consumer<B> {
         check_flags(self.words.flags().load(Ordering::Acquire), RING_FLAGS)
     }
 
-    /// Whether the ring was full when `ring_tail` was `tail_before` (so the producer may be
-    /// waiting for space: it waits only at its limit). Loads `ring_head` afresh, and the size: a
-    /// size smaller than the producer's only costs a futile wake-up.
-    pub fn was_full_before(&self, tail_before: u64) -> bool {
+    /// Whether a read that moved `ring_tail` from `tail_before` to where it is now should wake a
+    /// producer waiting for space: it took the unread bytes from above the producer's
+    /// `space_wake` mark to at most it (spec/WIRE.md section 6). A mark of 0 means "any free
+    /// byte": the ring was full before the read (with the smaller of the size the consumer read
+    /// with and `ring_size` now: a stale size only costs a futile wake-up). Loads `ring_head`
+    /// afresh; the producer waits with `ring_head` fixed, so a wake-up is due only on the read that
+    /// crosses the mark, and a peer waiting for our bytes instead is left asleep.
+    pub fn space_wake_crossed(&self, tail_before: u64) -> bool {
         let size = u64::from(self.words.size().load(Ordering::Relaxed)).min(self.size);
+        // No ordering of its own: the caller's `peer_needs_space_wake` read-modify-write of the
+        // producer's `waiting` word ordered the producer's store before its announcement.
+        let mark = match u64::from(self.words.space_wake().load(Ordering::Relaxed)) {
+            0 => size.saturating_sub(1),
+            m => m,
+        };
         // SYNC POINT with the Release store of `ring_head` in `Producer::write` (see
         // `notify::peer_needs_space_wake` for why this load sees a blocked producer's head).
-        self.words.head().load(Ordering::Acquire).wrapping_sub(tail_before) >= size
+        let head = self.words.head().load(Ordering::Acquire);
+        head.wrapping_sub(tail_before) > mark && head.wrapping_sub(self.tail) <= mark
     }
 
     /// Bytes ever read.

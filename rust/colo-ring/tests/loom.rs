@@ -201,12 +201,82 @@ fn no_lost_wakeup_for_space() {
                 },
             )
             .unwrap();
-            if notify::peer_needs_space_wake(&prod_waiting, || c.was_full_before(before)) != 0 {
+            if notify::peer_needs_space_wake(&prod_waiting, || c.space_wake_crossed(before)) != 0 {
                 prod_bell.ring();
             }
             got.push(b);
         }
         assert_eq!(got, [1, 2]);
+        t.join().unwrap();
+    });
+}
+
+/// As `no_lost_wakeup_for_space`, with a ring that grew (so its producer set a `space_wake`
+/// mark): the blocked producer waits until the unread bytes are down to the mark
+/// (`space_past_mark`), and only the consumer's read that crosses the mark wakes it
+/// (`space_wake_crossed`): loom fails with a deadlock if that wake-up can be lost.
+#[test]
+fn no_lost_wakeup_at_the_space_mark() {
+    // Three preemptions cover the races the mark adds (announce against a crossing read); the
+    // unbounded model does not finish in minutes.
+    let mut model = loom::model::Builder::new();
+    model.preemption_bound = Some(3);
+    model.check(|| {
+        // Starts at 2 bytes and grows to 4, full, at the first write: mark 2.
+        let (mut p, mut c, _w) = common::growing_pair(cells(4), 2);
+        let (prod_waiting, cons_waiting) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+        let (prod_bell, cons_bell) = (Arc::new(Bell::default()), Arc::new(Bell::default()));
+        let (pw, cw, pb, cb) = (prod_waiting.clone(), cons_waiting.clone(), prod_bell.clone(), cons_bell.clone());
+        let t = loom::thread::spawn(move || {
+            assert_eq!(p.write(&[1, 2, 3, 4]).unwrap(), 4);
+            if notify::peer_needs_wake(&cw) != 0 {
+                cb.ring();
+            }
+            let mut spinner = Spinner::new(SpinMode::Never);
+            let mut waited = false;
+            notify::wait(
+                &mut spinner,
+                || {
+                    let space = if waited { p.space_past_mark() } else { p.space() }.unwrap();
+                    waited = space == 0;
+                    Ok::<_, ()>((space > 0).then_some(()))
+                },
+                || notify::announce_sleep(&pw, notify::SLEEP_DOORBELL),
+                |_| {
+                    pb.wait_and_drain();
+                    Ok(())
+                },
+            )
+            .unwrap();
+            assert_eq!(p.write(&[5]).unwrap(), 1);
+            if notify::peer_needs_wake(&cw) != 0 {
+                cb.ring();
+            }
+        });
+        let mut spinner = Spinner::new(SpinMode::Never);
+        let mut got = Vec::new();
+        while got.len() < 5 {
+            let before = c.consumed();
+            let b = notify::wait(
+                &mut spinner,
+                || {
+                    let mut b = [0u8; 2];
+                    let n = c.read(&mut b).unwrap();
+                    Ok::<_, ()>((n > 0).then(|| b[..n].to_vec()))
+                },
+                || notify::announce_sleep(&cons_waiting, notify::SLEEP_DOORBELL),
+                |_| {
+                    cons_bell.wait_and_drain();
+                    Ok(())
+                },
+            )
+            .unwrap();
+            if notify::peer_needs_space_wake(&prod_waiting, || c.space_wake_crossed(before)) != 0 {
+                prod_bell.ring();
+            }
+            got.extend(b);
+        }
+        assert_eq!(got, [1, 2, 3, 4, 5]);
         t.join().unwrap();
     });
 }

@@ -216,6 +216,49 @@ fn a_full_ring_grows_to_its_limit_and_keeps_its_bytes() {
     assert!(out[..] == data[..sent]);
 }
 
+/// A producer full at its limit waits until half of the ring is free (`space_wake`), and only
+/// the read that takes the unread bytes down to that mark asks for its wake-up; before the ring
+/// first grew, any free byte ends the wait and the read that frees the first byte wakes it.
+#[test]
+fn a_full_ring_wakes_its_producer_once_half_is_free() {
+    let (mut p, mut c, w) = common::growing_pair(heap_bytes(1 << 16), 4096);
+    // Not grown yet: mark 0, the wire's "any free byte".
+    assert_eq!(p.write(&[7u8; 4096]).unwrap(), 4096);
+    p.set_limit(4096);
+    assert_eq!(w.space_wake.load(Ordering::Relaxed), 0);
+    let mut b = [0u8; 100];
+    let before = c.consumed();
+    c.read(&mut b).unwrap();
+    assert!(c.space_wake_crossed(before), "the first byte freed in a full ring");
+    assert_eq!(p.space_past_mark().unwrap(), 100);
+    let before = c.consumed();
+    c.read(&mut b).unwrap();
+    assert!(!c.space_wake_crossed(before), "the ring was not full");
+    let mut rest = vec![0u8; 4096];
+    c.read(&mut rest).unwrap();
+
+    // Grown to 16 KiB: the mark is 8 KiB.
+    p.set_limit(1 << 14);
+    assert_eq!(p.write(&[1u8; 1 << 14]).unwrap(), 1 << 14);
+    assert_eq!(w.space_wake.load(Ordering::Relaxed), 1 << 13);
+    assert_eq!(p.space().unwrap(), 0);
+    let mut chunk = [0u8; 1000];
+    let mut wakes = Vec::new();
+    for i in 0..16 {
+        let before = c.consumed();
+        assert_eq!(c.read(&mut chunk).unwrap(), 1000);
+        let unread = (1 << 14) - 1000 * (i + 1);
+        assert_eq!(p.space_past_mark().unwrap(), if unread <= 1 << 13 { (1 << 14) - unread } else { 0 });
+        if c.space_wake_crossed(before) {
+            wakes.push(unread);
+        }
+    }
+    assert_eq!(wakes, [(1 << 14) - 9000], "one wake-up, at the read that reaches the mark");
+    // A smaller limit lowers the mark with it.
+    p.set_limit(4096);
+    assert_eq!(w.space_wake.load(Ordering::Relaxed), 2048);
+}
+
 #[test]
 fn a_peer_that_scribbles_over_ring_size_is_corruption() {
     for size in [0u32, 3000, 1024, 1 << 20, 12288] {

@@ -195,6 +195,7 @@ impl Segment {
                 self.u64_at(b + block::RING_HEAD),
                 self.u32_at(b + block::RING_FLAGS),
                 self.u32_at(b + block::RING_SIZE),
+                self.u32_at(b + block::SPACE_WAKE),
                 self.u64_at(b + block::RING_TAIL),
                 self.u32_at(b + block::READ_FLAGS),
             )

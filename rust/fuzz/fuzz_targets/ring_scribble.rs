@@ -84,6 +84,7 @@ fuzz_target!(|data: &[u8]| {
             at64(block::RING_HEAD),
             at32(block::RING_FLAGS),
             at32(block::RING_SIZE),
+            at32(block::SPACE_WAKE),
             at64(block::RING_TAIL),
             at32(block::READ_FLAGS),
         )
@@ -154,7 +155,7 @@ fuzz_target!(|data: &[u8]| {
                 if let Ok(f) = cons.flags() {
                     assert_eq!(f & !RING_FLAGS, 0);
                 }
-                let _ = cons.was_full_before(input.u64().unwrap_or(0));
+                let _ = cons.space_wake_crossed(input.u64().unwrap_or(0));
                 if let Ok(Some(freed)) = prod.shrink_if_empty() {
                     assert!(!honest || sent.is_empty(), "an honest ring shrank with bytes in flight");
                     assert!(freed.end <= cap);

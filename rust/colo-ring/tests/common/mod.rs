@@ -9,18 +9,19 @@ pub struct Words {
     pub head: AtomicU64,
     pub flags: AtomicU32,
     pub size: AtomicU32,
+    pub space_wake: AtomicU32,
     pub tail: AtomicU64,
     pub read_flags: AtomicU32,
 }
 
 impl Words {
     pub fn new() -> Self {
-        Words { head: AtomicU64::new(0), flags: AtomicU32::new(0), size: AtomicU32::new(0), tail: AtomicU64::new(0), read_flags: AtomicU32::new(0) }
+        Words { head: AtomicU64::new(0), flags: AtomicU32::new(0), size: AtomicU32::new(0), space_wake: AtomicU32::new(0), tail: AtomicU64::new(0), read_flags: AtomicU32::new(0) }
     }
     /// The words as a ring sees them (the tests leak every `Words`, hence `'static`).
     pub fn raw(&'static self) -> RingWords {
         // SAFETY: aligned atomics borrowed for `'static`: live for as long as any copy is used.
-        unsafe { RingWords::new(&self.head, &self.flags, &self.size, &self.tail, &self.read_flags) }
+        unsafe { RingWords::new(&self.head, &self.flags, &self.size, &self.space_wake, &self.tail, &self.read_flags) }
     }
 }
 

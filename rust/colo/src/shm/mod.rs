@@ -364,7 +364,28 @@ impl Shm {
     /// space (a full ring before the read), not when it waits for our data (spec section 6).
     fn wake_for_space(&self, rx: &RxHalf, before: u64) {
         let peer = self.seg.waiting(self.other());
-        self.wake_with(notify::peer_needs_space_wake(peer, || rx.ring.was_full_before(before)));
+        self.wake_with(notify::peer_needs_space_wake(peer, || rx.ring.space_wake_crossed(before)));
+    }
+
+    /// Whether the peer has announced a sleep since our last progress woke it (it paused:
+    /// spec/WIRE.md section 6, "Waiting for space"). A read-modify-write that leaves the word
+    /// as it is: SYNC POINT with the peer's announcement and its `release_space_waiter`, so that
+    /// of the peer pausing after our announcement and us sleeping after its look, one sees the
+    /// other.
+    pub(super) fn peer_paused(&self) -> bool {
+        self.seg.waiting(self.other()).fetch_or(0, Ordering::AcqRel) & (notify::SLEEP_DOORBELL | notify::SLEEP_FUTEX) != 0
+    }
+
+    /// Called right after this side announced a sleep (it pauses): wakes a peer that waits for
+    /// space our reads freed but did not wake it for, as they stayed above its mark
+    /// (`RingWords::space_wake_owed`).
+    pub(super) fn release_space_waiter(&self) {
+        let peer = self.seg.waiting(self.other());
+        // SYNC POINT with the RMW in `notify::announce_sleep` (the peer's) and `peer_paused`:
+        // as in `notify::peer_needs_space_wake`.
+        if peer.fetch_or(0, Ordering::AcqRel) != 0 && self.in_words().space_wake_owed() {
+            self.wake_with(notify::peer_needs_wake(peer));
+        }
     }
 
     fn wake_with(&self, bits: u32) {

@@ -166,10 +166,21 @@ impl Shm {
         }
     }
 
-    fn write_blocked(&self, tx: &mut TxHalf) -> io::Result<Option<usize>> {
+    /// The free space a write may use now, if any. `waited`: whether this write already found
+    /// the ring full; it then waits until the consumer has taken the unread bytes down to the
+    /// ring's `space_wake` mark (half of what it may fill), which is when the consumer wakes it
+    /// (spec/WIRE.md section 6), rather than going back to sleep after every small read, or
+    /// until the consumer pauses (announces a sleep of its own), which wakes it too.
+    fn write_blocked(&self, tx: &mut TxHalf, waited: &mut bool) -> io::Result<Option<usize>> {
         self.may_send(&mut tx.writes)?;
         self.adopt_tx(tx);
-        let space = tx.ring.space().map_err(|c| self.corrupt(c))?;
+        let mut space = if *waited { tx.ring.space_past_mark() } else { tx.ring.space() }.map_err(|c| self.corrupt(c))?;
+        if space == 0 && *waited && self.peer_paused() {
+            // The consumer stopped reading before our mark: take what it freed (as a TCP
+            // receiver that stops reading still advertises the window its reads opened).
+            space = tx.ring.space().map_err(|c| self.corrupt(c))?;
+        }
+        *waited = space == 0;
         Ok((space > 0).then_some(space))
     }
 
@@ -181,7 +192,8 @@ impl Shm {
         }
         let mut guard = lock(&self.tx);
         let tx = &mut *guard;
-        self.look_then_wait(tx, |h| &mut h.spinner, &self.write_timeout, |tx| self.write_blocked(tx))?;
+        let mut waited = false;
+        self.look_then_wait(tx, |h| &mut h.spinner, &self.write_timeout, |tx| self.write_blocked(tx, &mut waited))?;
         // For the other holders of this end (`adopt_tx`): stale while we publish, so that one
         // that takes over after we died mid-write resumes from `ring_head`; our head once done.
         // They take turns with us, so once per call is enough.

@@ -68,6 +68,7 @@ impl Shm {
     /// caller does not send itself round again.
     pub(crate) fn announce(&self, bit: u32, seen: Option<&std::cell::Cell<u64>>) -> notify::Announced {
         let announced = notify::announce_sleep(self.own_waiting(), bit);
+        self.release_space_waiter();
         if announced.fresh {
             let mut w = lock(&self.waiters);
             let ours = seen.is_some_and(|s| s.get() == w.epoch);
