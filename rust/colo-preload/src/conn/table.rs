@@ -4,7 +4,7 @@
 
 use crate::conn::entry::{Listen, Pending};
 use crate::conn::state::Conn;
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub const MAX_FD: usize = 1 << 16;
@@ -33,6 +33,10 @@ impl Entry {
 }
 
 static KIND: [AtomicU8; MAX_FD] = [const { AtomicU8::new(0) }; MAX_FD];
+/// One past the highest fd whose kind was ever set to anything but NONE: the scans of
+/// `fds_of_kind` stop there. A process that forks per connection (postgres, inetd-style
+/// servers) scans on every fork in the parent and in the child, and its descriptors are low.
+static TOP: AtomicUsize = AtomicUsize::new(0);
 /// TCP sockets this process made with `socket(2)` that have not connected yet: the only fds
 /// `connect` may accelerate, so the only ones whose epoll registrations the shim records (see
 /// `poll::note_plain`). A mark left on a number whose socket was closed behind the shim's back
@@ -129,6 +133,11 @@ impl Slot {
         &mut self.guard
     }
     pub fn set(&mut self, e: Entry) -> Entry {
+        if e.kind() != NONE {
+            // Relaxed, as the scans' loads of the kind bytes: a scan racing the first set of a
+            // higher fd may miss it either way.
+            TOP.fetch_max(self.fd + 1, Ordering::Relaxed);
+        }
         // SYNC POINT with the Acquire load in `kind`.
         KIND[self.fd].store(e.kind(), Ordering::Release);
         std::mem::replace(&mut *self.guard, e)
@@ -165,7 +174,7 @@ pub fn conn(fd: i32) -> Option<Arc<Conn>> {
 }
 
 
-/// Every fd whose kind is `k` (a scan of the kind bytes).
+/// Every fd whose kind is `k` (a scan of the kind bytes, up to the highest ever set).
 pub fn fds_of_kind(k: u8) -> impl Iterator<Item = usize> {
-    (0..MAX_FD).filter(move |&i| KIND[i].load(Ordering::Relaxed) == k)
+    (0..TOP.load(Ordering::Relaxed)).filter(move |&i| KIND[i].load(Ordering::Relaxed) == k)
 }
