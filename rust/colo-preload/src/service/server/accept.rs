@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 /// A connection this process accepted on `local` through shared memory, from a program tagged
 /// `tag`, ended (`short`: it did not pay for its set-up, see `adapt::Lived`).
-pub fn connection_ended(local: std::net::SocketAddr, tag: u64, short: bool) {
+fn connection_ended(local: std::net::SocketAddr, tag: u64, short: bool) {
     let Some(svc) = service() else { return };
     let Some(ends) = marker::slot(&svc.lineage.shared.ends, local.port(), tag) else { return };
     if ends.ended(marker::now_ms(), short) && svc.pid == colo_sys::host::pid() {

@@ -73,6 +73,7 @@ pub fn on_close_listen(l: &Arc<Listen>) {
     }
     let Some(svc) = own() else { return };
     lock(svc).listens.retain(|x| !Arc::ptr_eq(x, l));
-    // Its markers are lowered by the service thread (`markers::tend_markers`), which alone raises them.
+    // Its markers are lowered by the service thread (`markers::tend_markers`), which alone
+    // raises them.
     ring(svc);
 }
