@@ -152,22 +152,14 @@ const CARRIER_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Dials `addr` in CARRIER mode (spec/WIRE.md section 3): bind, offer, connect, wait for the claim.
 fn dial_carrier(addr: SocketAddr, opts: &Options) -> io::Result<Dialed> {
-    use crate::carrier::{self, Abandon, Answer as Reply};
+    use crate::carrier;
     let Some(carrier::Rendezvous { control, server_pid, .. }) = carrier::connect_rendezvous(addr)? else { return Ok(Dialed::No) };
     let (sock, local) = colo_sys::tcp::bind_ephemeral(addr.ip())?;
     let offer = carrier::offer(control, server_pid, local, addr, opts.geometry())?;
     colo_sys::tcp::connect(&sock, addr)?;
     let tcp = std::net::TcpStream::from(sock);
     let _ = tcp.set_nodelay(true);
-    let claimed = match offer.wait_answer(CARRIER_WAIT) {
-        Reply::Welcome => true,
-        _ => match offer.abandon() {
-            // Nothing was written into the ring yet, so there is nothing to flush.
-            Abandon::Abandoned => false,
-            Abandon::Claimed => offer.wait_answer(std::time::Duration::from_secs(5)) == Reply::Welcome,
-        },
-    };
-    if !claimed {
+    if !claimed(&offer, CARRIER_WAIT) {
         log::info(format_args!("dial {addr}: carrier offer not claimed; plain TCP"));
         return Ok(Dialed::Tcp(tcp));
     }
@@ -175,11 +167,52 @@ fn dial_carrier(addr: SocketAddr, opts: &Options) -> io::Result<Dialed> {
     Ok(Dialed::Carrier(shm, tcp))
 }
 
+/// Dials `addr`, a configured listener of another namespace whose rendezvous is in `dir`
+/// (spec/WIRE.md section 11): TCP first, then the proposal; plain TCP on that same connection
+/// unless the offer is claimed.
+fn dial_netns(addr: SocketAddr, dir: &std::path::Path, opts: &Options) -> io::Result<Dialed> {
+    use crate::netns::{self, Dialed as Proposed};
+    let tcp = match opts.tcp_connect_limit() {
+        Some(t) => std::net::TcpStream::connect_timeout(&addr, t),
+        None => std::net::TcpStream::connect(addr),
+    }?;
+    let _ = tcp.set_nodelay(true);
+    let local = tcp.local_addr()?;
+    let offer = match netns::propose(tcp.as_fd(), dir, local, addr, opts.geometry()) {
+        Proposed::Offered(o) => o,
+        Proposed::Plain(why) => {
+            log::info(format_args!("dial {addr}: cross-namespace: {why}; plain TCP"));
+            return Ok(Dialed::Tcp(tcp));
+        }
+        Proposed::Broken(e) => return Err(e),
+    };
+    if !claimed(&offer, netns::answer_wait()) {
+        log::info(format_args!("dial {addr}: cross-namespace offer not claimed; plain TCP"));
+        return Ok(Dialed::Tcp(tcp));
+    }
+    Ok(Dialed::Carrier(offer.established().into_shm(opts.spin_mode())?, tcp))
+}
+
+/// Whether the server claimed `offer`: its answer within `wait`, or, once the offer is abandoned
+/// too late to withdraw it (the server had claimed it), the answer it then owes. An offer not
+/// claimed leaves the connection on plain TCP; nothing was written into its ring yet, so there
+/// is nothing to flush.
+fn claimed(offer: &crate::carrier::Offer, wait: std::time::Duration) -> bool {
+    use crate::carrier::{Abandon, Answer};
+    match offer.wait_answer(wait) {
+        Answer::Welcome => true,
+        _ => match offer.abandon() {
+            Abandon::Abandoned => false,
+            Abandon::Claimed => offer.wait_answer(std::time::Duration::from_secs(5)) == Answer::Welcome,
+        },
+    }
+}
+
 /// Dials `addr` over shared memory if a colo listener serves it on this host.
 pub(crate) fn dial(addr: SocketAddr, opts: &Options) -> io::Result<Dialed> {
     // Configured as a listener in another network namespace (spec/WIRE.md section 11).
     if let Some(dir) = crate::netns::peer_dir(addr) {
-        return crate::netns::dial(addr, dir, opts);
+        return dial_netns(addr, dir, opts);
     }
     match dial_direct(addr, opts)? {
         Direct::Done(shm) => Ok(Dialed::Direct(shm)),

@@ -68,7 +68,7 @@ fn proposal_wait() -> Duration {
 
 /// How long a server keeps a nonce it answered for its HELLO, and a client waits for the answer
 /// to its PROPOSAL (`COLO_CARRIER_TIMEOUT_MS`, 500).
-fn answer_wait() -> Duration {
+pub(crate) fn answer_wait() -> Duration {
     static T: OnceLock<Duration> = OnceLock::new();
     *T.get_or_init(|| env_ms("COLO_CARRIER_TIMEOUT_MS", 500))
 }
@@ -262,40 +262,6 @@ pub fn propose(tcp: BorrowedFd<'_>, dir: &Path, local: SocketAddr, target: Socke
         Ok(o) => Dialed::Offered(Box::new(o)),
         Err(e) => Dialed::Plain(format!("offer: {e}")),
     }
-}
-
-/// The API's dial of `addr`, a configured listener of another namespace whose rendezvous is in
-/// `dir`: TCP first, then the proposal; plain TCP on that same connection unless it is claimed.
-pub(crate) fn dial(addr: SocketAddr, dir: &Path, opts: &crate::options::Options) -> io::Result<crate::handshake::Dialed> {
-    use crate::carrier::{Abandon, Answer};
-    use crate::handshake::Dialed as D;
-    let tcp = match opts.tcp_connect_limit() {
-        Some(t) => std::net::TcpStream::connect_timeout(&addr, t),
-        None => std::net::TcpStream::connect(addr),
-    }?;
-    let _ = tcp.set_nodelay(true);
-    let local = tcp.local_addr()?;
-    let offer = match propose(tcp.as_fd(), dir, local, addr, opts.geometry()) {
-        Dialed::Offered(o) => o,
-        Dialed::Plain(why) => {
-            log::info(format_args!("dial {addr}: cross-namespace: {why}; plain TCP"));
-            return Ok(D::Tcp(tcp));
-        }
-        Dialed::Broken(e) => return Err(e),
-    };
-    let claimed = match offer.wait_answer(answer_wait()) {
-        Answer::Welcome => true,
-        _ => match offer.abandon() {
-            // Nothing was written into the ring yet, so there is nothing to flush.
-            Abandon::Abandoned => false,
-            Abandon::Claimed => offer.wait_answer(Duration::from_secs(5)) == Answer::Welcome,
-        },
-    };
-    if !claimed {
-        log::info(format_args!("dial {addr}: cross-namespace offer not claimed; plain TCP"));
-        return Ok(D::Tcp(tcp));
-    }
-    Ok(D::Carrier(offer.established().into_shm(opts.spin_mode())?, tcp))
 }
 
 /// Reads exactly one answer into `a`: `Ok(false)` (nothing consumed) if the first bytes are not

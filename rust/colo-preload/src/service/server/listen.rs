@@ -1,0 +1,79 @@
+//! `listen(2)` and the close of a listener: the rendezvous `colo/1/<addr>` bound next to the
+//! kernel listening socket (which stays pure kernel) and served by this process's offer
+//! service, and the addresses this process listens on.
+
+use super::thread::{lock, out_of_the_way, own, own_service, ring};
+use crate::base::addr::{is_tcp_stream, sockaddr_of};
+use crate::base::env::disabled;
+use crate::base::log::log_info;
+use crate::base::mem::try_lock;
+use crate::conn::entry::Listen;
+use crate::conn::table::{self, Entry};
+use colo::wire;
+use colo_sys::seqpacket;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+/// Addresses this process holds colo listeners for (a fork child inherits the list with the
+/// sockets): a connection to one of them may have to be accepted by the very thread that dials.
+static LISTENING: Mutex<Vec<std::net::SocketAddr>> = Mutex::new(Vec::new());
+
+/// Whether this process may be the one to accept a connection to `target` (it listens there).
+pub fn may_accept(target: std::net::SocketAddr) -> bool {
+    let Some(l) = try_lock(&LISTENING) else { return false };
+    l.iter().any(|a| a.port() == target.port() && (a.ip() == target.ip() || a.ip().is_unspecified()))
+}
+
+/// After a successful real `listen(2)` on `fd`: bind the rendezvous and serve offers.
+pub fn on_listen(fd: i32) {
+    if disabled() || table::kind(fd) == table::LISTEN {
+        return;
+    }
+    // SAFETY: `fd` is the application's socket, open for the duration of this call.
+    let b = unsafe { colo_sys::BorrowedFd::borrow_raw(fd) };
+    if !is_tcp_stream(b) {
+        return;
+    }
+    let Some(addr) = rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a)) else { return };
+    let name = wire::rendezvous_name(addr);
+    let rendezvous = match seqpacket::listen(name.as_bytes()).and_then(out_of_the_way) {
+        Ok(r) => r,
+        Err(e) => {
+            log_info(format_args!("listen {addr}: rendezvous {name}: {e}; this listener serves plain TCP"));
+            return;
+        }
+    };
+    let svc = match own_service() {
+        Ok(s) => s,
+        Err(e) => {
+            log_info(format_args!("listen {addr}: offer service: {e}; plain TCP"));
+            return;
+        }
+    };
+    static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let l = Arc::new(Listen { rendezvous, addr, id: IDS.fetch_add(1, Ordering::Relaxed), lineage: svc.lineage });
+    if let Some(mut l) = try_lock(&LISTENING) {
+        l.push(addr);
+    }
+    lock(svc).listens.push(l.clone());
+    ring(svc);
+    if let Some(mut slot) = table::lock(fd) {
+        slot.set(Entry::Listen(l));
+    }
+    log_info(format_args!("listen {addr}: serving colo offers on {name}"));
+    colo::internal::netns::listening(addr.port());
+}
+
+/// When a listening fd is closed in the process that listens: stop serving its rendezvous.
+pub fn on_close_listen(l: &Arc<Listen>) {
+    if let Some(mut listening) = try_lock(&LISTENING) {
+        if let Some(i) = listening.iter().position(|&a| a == l.addr) {
+            listening.swap_remove(i);
+        }
+    }
+    let Some(svc) = own() else { return };
+    lock(svc).listens.retain(|x| !Arc::ptr_eq(x, l));
+    // Its markers are lowered by the service thread (`markers::tend_markers`), which alone
+    // raises them.
+    ring(svc);
+}

@@ -1,0 +1,27 @@
+//! The server side: at `listen(2)` the shim binds the rendezvous `colo/1/<addr>` next to the
+//! kernel listening socket (which stays pure kernel), and a background thread (the *offer
+//! service*) collects CARRIER offers keyed by 4-tuple. `accept(2)` looks up the accepted
+//! connection's 4-tuple and claims the offer. A process forked from the one that listens (a
+//! multi-worker server accepting after fork) asks the service for the offer over the socket pair
+//! of its *lineage* (`crate::record::lineage`: inherited, never named), and gets the descriptors with
+//! SCM_RIGHTS. When the serving process is gone (a daemonized master), one of the processes
+//! forked from it takes the service over (the lineage's owner word decides which).
+//!
+//! Pending offers are bounded (`offers::MAX_PENDING`; beyond, REJECT(NO_RESOURCES)) and each
+//! expires `offers::PENDING_TTL` after it arrived, on the service thread's own timer.
+//!
+//! A file a job, bottom up: `offers` (what a service holds, under its lock) and `markers` (the
+//! short-lived markers), then `thread` (the service thread), then `listen` and `forked` (the
+//! processes forked from the serving one), then `accept`.
+
+mod accept;
+mod forked;
+mod listen;
+mod markers;
+mod offers;
+mod thread;
+
+pub use accept::on_accept;
+pub use forked::{atfork_child, before_fork};
+pub use listen::{may_accept, on_close_listen, on_listen};
+pub use markers::{marker_child, marker_parent, marker_prepare};

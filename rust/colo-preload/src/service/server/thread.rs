@@ -1,0 +1,202 @@
+//! The offer service: one thread per lineage, in the process that owns the lineage (the first
+//! to listen, or a process forked from it once it is gone), collecting offers as they arrive,
+//! expiring them on its own timer, tending the short-lived markers, and answering the requests
+//! of the processes forked from it.
+
+use super::markers::tend_markers;
+use super::offers::{drain, expire, publish, take, State};
+use crate::base::log::log_info;
+use crate::conn::entry::Listen;
+use crate::record::lineage::{Lineage, Request};
+use crate::service::offer_key;
+use colo_sys::{AsFd, AsRawFd, OwnedFd};
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// One offer service: the process it runs in, its lineage, what it holds, and the eventfd that
+/// wakes its thread.
+pub(super) struct Service {
+    pub(super) pid: u32,
+    pub(super) lineage: &'static Lineage,
+    pub(super) state: Mutex<State>,
+    pub(super) wake: OwnedFd,
+}
+
+/// The offer service of this process (or, in a fork child, of the process it was forked from).
+static SERVICE: AtomicPtr<Service> = AtomicPtr::new(std::ptr::null_mut());
+
+pub(super) fn service() -> Option<&'static Service> {
+    // SYNC POINT with the Release store in `start`.
+    let p = SERVICE.load(Ordering::Acquire);
+    // SAFETY: services are leaked (never freed), so a non-null pointer stays valid.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// This process's own service, if it runs one.
+pub(super) fn own() -> Option<&'static Service> {
+    service().filter(|s| s.pid == colo_sys::host::pid())
+}
+
+pub(super) fn own_service() -> io::Result<&'static Service> {
+    if let Some(s) = own() {
+        return Ok(s);
+    }
+    let lineage = Lineage::new()?;
+    start(lineage, lineage.owner(), Vec::new()).ok_or_else(|| io::Error::other("the service thread did not start"))
+}
+
+/// A wake-up eventfd for the service thread, private to its process (fork children close their
+/// copy), so ringing it never blocks.
+fn wake_fd() -> io::Result<OwnedFd> {
+    let fd = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK)?;
+    out_of_the_way(fd)
+}
+
+/// Wakes the service thread: it looks at its listeners, offers and markers again.
+pub(super) fn ring(svc: &Service) {
+    let _ = rustix::io::write(&svc.wake, &1u64.to_ne_bytes());
+}
+
+/// Starts a service thread in this process for `lineage`, serving `listens`, if it becomes the
+/// lineage's owner (the owner word still reads `seen`); returns the service it then is.
+pub(super) fn start(lineage: &'static Lineage, seen: u32, listens: Vec<Arc<Listen>>) -> Option<&'static Service> {
+    let wake = match wake_fd() {
+        Ok(w) => w,
+        Err(e) => {
+            log_info(format_args!("offer service: {e}"));
+            return None;
+        }
+    };
+    let state = State { listens, waiting: Vec::new(), offers: HashMap::new(), rivals: Vec::new(), shared: lineage.shared, swept: Instant::now(), full: false, full_uids: Vec::new(), starved: None };
+    let svc = Box::new(Service { pid: colo_sys::host::pid(), lineage, state: Mutex::new(state), wake });
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Option<usize>>(1);
+    let spawned = colo_sys::host::with_signals_blocked(|| {
+        std::thread::Builder::new().name("colo-offers".into()).spawn(move || {
+            if !svc.lineage.take_over(seen) {
+                // Another process (or thread) serves: this one's `wake` is closed with it.
+                let _ = tx.send(None);
+                return;
+            }
+            let svc: &'static Service = Box::leak(svc);
+            {
+                // Counts a service that ended left behind are not this one's.
+                let st = lock(svc);
+                // SYNC POINT with the SeqCst loads in `forked::may_have_offer`, as in
+                // `offers::drain_one`.
+                svc.lineage.shared.busy.store(0, Ordering::SeqCst);
+                publish(&st);
+            }
+            // SYNC POINT with the Acquire load in `service`: a thread that sees the pointer sees
+            // the Service built above.
+            SERVICE.store(svc as *const Service as *mut Service, Ordering::Release);
+            let _ = tx.send(Some(svc as *const Service as usize));
+            serve(svc)
+        })
+    });
+    if let Err(e) = spawned {
+        log_info(format_args!("offer service: {e}"));
+        return None;
+    }
+    // The verdict comes at once (the thread's first act); a thread that died first dropped `tx`.
+    // SAFETY: the pointer is to a leaked `Service` (never freed).
+    rx.recv().ok().flatten().map(|p| unsafe { &*(p as *const Service) })
+}
+
+/// A descriptor the service keeps for long, moved out of the numbers the application uses: a
+/// program that `dup2`s onto a low number it believes free (a shell redirection, `dup2(s, 5)`)
+/// would otherwise close the rendezvous under the service, which then took the application's
+/// next connection at that number for its own.
+pub(super) fn out_of_the_way(fd: OwnedFd) -> io::Result<OwnedFd> {
+    colo_sys::preload::move_above(fd, colo::internal::fd_floor())
+}
+
+pub(super) fn lock(s: &Service) -> std::sync::MutexGuard<'_, State> {
+    s.state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Answers one request of a process of the lineage: the offer's descriptors, or "none".
+fn answer_request(svc: &Service, req: Request) {
+    let Some(k) = offer_key::decode(&req.bytes) else {
+        return req.answer(&[0, 0], &[]);
+    };
+    let hello = {
+        let mut st = lock(svc);
+        drain(&mut st);
+        let h = take(&mut st, &k);
+        publish(&st);
+        h
+    };
+    match hello {
+        Some(h) => {
+            let fds = [h.control.as_fd(), h.memfd.as_fd(), h.client_bell.as_fd(), h.server_bell.as_fd()];
+            req.answer(&[1, h.mode as u8], &fds);
+        }
+        None => req.answer(&[0, 0], &[]),
+    }
+}
+
+fn serve(svc: &'static Service) {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let mut next_expiry: Option<Instant> = None;
+    // Whether the lineage's socket pair is still open here (a program that closes descriptors
+    // it does not know closes it too: its processes then get no answers, and this thread must
+    // not spin on the invalid descriptor).
+    let mut requests = true;
+    loop {
+        let fds: Vec<i32> = {
+            let mut st = lock(svc);
+            let starved = st.starved.is_some_and(|t| t > Instant::now());
+            if !starved {
+                st.starved = None;
+            }
+            let listens = st.listens.iter().filter(|_| !starved);
+            let mut v: Vec<i32> = listens.map(|l| l.rendezvous.as_raw_fd()).collect();
+            v.extend(st.waiting.iter().map(|w| w.0.as_raw_fd()));
+            v
+        };
+        let mut pfds = Vec::with_capacity(fds.len() + 2);
+        pfds.push(PollFd::new(&svc.wake, PollFlags::IN));
+        let serve_fd = svc.lineage.serve_fd();
+        if requests {
+            pfds.push(PollFd::new(&serve_fd, PollFlags::IN));
+        }
+        // SAFETY: these fds stay open while we poll: listens are only removed under the lock by
+        // `listen::on_close_listen`, which wakes us first, and a closed fd in poll only reports
+        // POLLNVAL.
+        let borrowed: Vec<_> = fds.iter().map(|&f| unsafe { colo_sys::BorrowedFd::borrow_raw(f) }).collect();
+        for b in &borrowed {
+            pfds.push(PollFd::new(b, PollFlags::IN));
+        }
+        // The pending offers' timer: the thread wakes when the oldest expires, whatever else
+        // happens (or not) meanwhile.
+        let until_expiry = next_expiry.map_or(u64::MAX, |t| t.saturating_duration_since(Instant::now()).as_millis() as u64 + 1);
+        let starved_ms = lock(svc).starved.map_or(u64::MAX, |t| t.saturating_duration_since(Instant::now()).as_millis() as u64 + 1);
+        let wait_ms = tend_markers(svc.lineage.shared, || lock(svc).listens.clone()).min(1000).min(until_expiry).min(starved_ms) as i64;
+        let t = rustix::event::Timespec { tv_sec: wait_ms / 1000, tv_nsec: wait_ms % 1000 * 1_000_000 };
+        let _ = poll(&mut pfds, Some(&t));
+        let woke = pfds[0].revents().contains(PollFlags::IN);
+        let req = requests && pfds[1].revents().contains(PollFlags::IN);
+        if requests && pfds[1].revents().contains(PollFlags::NVAL) {
+            requests = false;
+            log_info(format_args!("offer service: the program closed its socket pair; processes forked from this one get no offers"));
+        }
+        drop(pfds);
+        if woke {
+            let mut b = [0u8; 8];
+            let _ = rustix::io::read(&svc.wake, &mut b);
+        }
+        {
+            let mut st = lock(svc);
+            drain(&mut st);
+            next_expiry = expire(&mut st);
+        }
+        if req {
+            while let Some(r) = svc.lineage.next_request() {
+                answer_request(svc, r);
+            }
+        }
+    }
+}
