@@ -222,3 +222,50 @@ func TestScribbledRingSizeIsProtocolError(t *testing.T) {
 		t.Fatalf("read after ring_size was scribbled over: %v, want EPROTO", err)
 	}
 }
+
+// As the Rust growth.rs eight_mebibytes test: 4 MiB rings, a client that writes all before
+// reading, and an echo server that echoes 1 MiB, pauses 200 ms (the client fills C2S), then
+// echoes on: S2C fills while C2S is between its space_wake mark and full, and the server's
+// blocked write must release the client's (spec section 6, "Waiting for space").
+func TestWriteBeforeReadThroughAPausingEcho(t *testing.T) {
+	watchdog(t, 20*time.Second)
+	l := listen(t)
+	n := 8<<20 - 64<<10
+	c, s := pair(t, l, &Dialer{Geometry: Geometry{RingCapacity: 4 << 20, SlotSize: 64 << 10, SlotCount: 16}})
+	done := make(chan error, 1)
+	go func() {
+		b := make([]byte, 32<<10)
+		total := 0
+		for {
+			k, err := s.Read(b)
+			if err == io.EOF {
+				done <- s.CloseWrite()
+				return
+			}
+			if err != nil {
+				done <- err
+				return
+			}
+			if _, err := s.Write(b[:k]); err != nil {
+				done <- err
+				return
+			}
+			total += k
+			if total%(1<<20) == 0 && total < 4<<20 {
+				time.Sleep(200 * time.Millisecond)
+			}
+		}
+	}()
+	data := pattern(0, n)
+	if w, err := c.Write(data); w != n || err != nil {
+		t.Fatalf("write: %d, %v", w, err)
+	}
+	c.CloseWrite()
+	got, err := io.ReadAll(c)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("echo: %d of %d (%v)", len(got), n, err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -96,26 +96,18 @@ type producer struct {
 	spaceWake  uint64 // the space_wake we last stored; 0: none yet (any free byte)
 }
 
-// markSpaceWake stores space_wake: half of the ring's size or of the limit, whichever is
-// smaller, so that a writer that waits for space waits until half of what it may fill is free
-// (as TCP wakes a writer once a good part of its buffer is free), and the consumer wakes it once,
-// on the read that takes the unread bytes down to that mark (spec section 6). A plain store: our
-// announcement of a sleep (the OR of our waiting word) comes after it, and it changes only while
-// we write, never while we wait.
+// markSpaceWake stores space_wake: three quarters of the ring's size or of the limit, whichever
+// is smaller, so that the consumer wakes a writer waiting for space once, when a quarter of what
+// it may fill is free (TCP wakes a writer once a third of its buffer is), on the read that takes
+// the unread bytes down to that mark (spec section 6), rather than at every read. A plain store:
+// our announcement of a sleep (the OR of our waiting word) comes after it, and it changes only
+// while we write, never while we wait.
 func (p *producer) markSpaceWake(d *direction, limit uint64) {
-	if mark := min(p.size, max(limit, minRingSize)) / 2; mark != p.spaceWake {
+	fill := min(p.size, max(limit, minRingSize))
+	if mark := fill - max(fill/4, 1); mark != p.spaceWake {
 		p.spaceWake = mark
 		atomic.StoreUint32(d.spaceWake, uint32(mark))
 	}
-}
-
-// pastMark reports whether a writer waiting for space may stop waiting, given ring_tail t: at
-// most space_wake bytes unread (before a first growth, when it is 0: any byte read since).
-func (p *producer) pastMark(t uint64) bool {
-	if p.spaceWake == 0 {
-		return t != p.cachedTail
-	}
-	return p.head-t <= p.spaceWake
 }
 
 // start adopts the ring's size as its creator set it.

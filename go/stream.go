@@ -195,7 +195,7 @@ func (c *Conn) writeReady() bool {
 	// SYNC POINT with the store of ring_tail in the peer's consumer.read (space), and with the
 	// peer's OR of its ring_flags (RESET, NOT_READING).
 	return c.closed.Load() || c.wdl.expired() || c.ctlGone.Load() || c.fatal.Load() != nil ||
-		c.tx.pastMark(atomic.LoadUint64(c.out.tail)) || atomic.LoadUint32(c.in.flags)&(flagRESET|flagNotReading) != 0
+		atomic.LoadUint64(c.out.tail) != c.tx.cachedTail || atomic.LoadUint32(c.in.flags)&(flagRESET|flagNotReading) != 0
 }
 
 // CloseWrite shuts down the writing side (FIN): the peer reads the remaining bytes, then EOF.

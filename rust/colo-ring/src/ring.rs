@@ -243,6 +243,9 @@ pub struct Producer<B> {
     size: u64,
     /// The size a write may grow the ring to (a power of two, at most `capacity`).
     limit: u64,
+    /// The bytes asked of `set_limit`, before rounding (the capacity without one): the mark
+    /// stays below what a program's `SO_SNDBUF` lets it queue.
+    asked: u64,
     head: u64,
     cached_tail: u64,
     /// The `space_wake` we last stored (0: none yet, the wire's "any free byte").
@@ -258,7 +261,7 @@ impl<B: Bytes> Producer<B> {
         let capacity = data.capacity() as u64;
         debug_assert!(capacity.is_power_of_two());
         let size = valid_size(words.size().load(Ordering::Relaxed), capacity).unwrap_or(0);
-        Producer { words, data, capacity, size, limit: capacity, head: 0, cached_tail: 0, space_wake: 0 }
+        Producer { words, data, capacity, size, limit: capacity, asked: capacity, head: 0, cached_tail: 0, space_wake: 0 }
     }
 
     /// Takes over the producing end of a ring already in use (a program that inherited the
@@ -273,13 +276,15 @@ impl<B: Bytes> Producer<B> {
         let capacity = data.capacity() as u64;
         let head = words.head().load(Ordering::Relaxed);
         let size = valid_size(words.size().load(Ordering::Relaxed), capacity).unwrap_or(0);
-        let space_wake = u64::from(words.space_wake().load(Ordering::Relaxed)).min(size / 2);
-        Producer { words, data, capacity, size, limit: capacity, head, cached_tail: head.wrapping_sub(size), space_wake }
+        let space_wake = u64::from(words.space_wake().load(Ordering::Relaxed)).min(size.saturating_sub(1));
+        let cached_tail = head.wrapping_sub(size);
+        Producer { words, data, capacity, size, limit: capacity, asked: capacity, head, cached_tail, space_wake }
     }
 
     /// Bounds how far writes grow the ring (a program's `SO_SNDBUF`): `bytes` rounded up to a
     /// power of two, within the data region. A ring already larger keeps its size.
     pub fn set_limit(&mut self, bytes: usize) {
+        self.asked = (bytes as u64).min(self.capacity);
         let bytes = (bytes as u64).max(u64::from(MIN_RING_SIZE)).next_power_of_two();
         self.limit = bytes.min(self.capacity);
         if self.space_wake != 0 {
@@ -287,15 +292,18 @@ impl<B: Bytes> Producer<B> {
         }
     }
 
-    /// Stores `space_wake`: half of the ring's size or of the limit, whichever is smaller, so
-    /// that a producer that waits for space waits until half of what it may fill is free (as
-    /// TCP wakes a writer only once a good part of its buffer is free), and every waiter of this
-    /// end sleeps only with more than that unread. Relaxed: the producer's announcement of a sleep
+    /// Stores `space_wake`: three quarters of the ring's size or of the bytes its limit asked
+    /// for, whichever is smaller, so that a producer that waits for space waits until a quarter
+    /// of what it may fill is free (TCP wakes a writer once a third of its buffer is: a reader
+    /// that stops after freeing that much never strands a writer that TCP would have let go),
+    /// and every waiter of this end (a poller included, which sleeps only at the asked bound)
+    /// sleeps only with more than that unread. Relaxed: the producer's announcement of a sleep
     /// (the acquire-release read-modify-write in `notify::announce_sleep`, which a consumer's
     /// `peer_needs_space_wake` reads) comes after it, and the value changes only while this end
     /// writes, never while it sleeps.
     fn mark_space_wake(&mut self) {
-        let mark = self.size.min(self.limit) / 2;
+        let fill = self.size.min(self.asked);
+        let mark = fill - (fill / 4).max(1);
         if mark != self.space_wake {
             self.space_wake = mark;
             self.words.space_wake().store(mark as u32, Ordering::Relaxed);
@@ -310,7 +318,10 @@ impl<B: Bytes> Producer<B> {
         let free = self.refresh()?;
         let room = self.size.max(self.limit);
         let used = self.size - free;
-        Ok(if self.space_wake == 0 || used <= self.space_wake { (room - used) as usize } else { 0 })
+        // The shared word, if higher: another process holding this end (a fork) may have stored
+        // its own mark, which the consumer wakes us at. A peer's scribble can only raise it.
+        let mark = self.space_wake.max(u64::from(self.words.space_wake().load(Ordering::Relaxed)));
+        Ok(if self.space_wake == 0 || used <= mark { (room - used) as usize } else { 0 })
     }
 
     fn refresh(&mut self) -> Result<u64, Corrupt> {

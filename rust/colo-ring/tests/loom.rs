@@ -222,7 +222,7 @@ fn no_lost_wakeup_at_the_space_mark() {
     let mut model = loom::model::Builder::new();
     model.preemption_bound = Some(3);
     model.check(|| {
-        // Starts at 2 bytes and grows to 4, full, at the first write: mark 2.
+        // Starts at 2 bytes and grows to 4, full, at the first write: mark 3.
         let (mut p, mut c, _w) = common::growing_pair(cells(4), 2);
         let (prod_waiting, cons_waiting) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
         let (prod_bell, cons_bell) = (Arc::new(Bell::default()), Arc::new(Bell::default()));

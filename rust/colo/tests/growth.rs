@@ -5,8 +5,18 @@ mod common;
 
 use colo::{Listener, Options, Stream, Transport};
 use std::io::{Read, Write};
+use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
+
+/// Held by every test here: `a_ring_that_carried_megabytes_gives_its_pages_back_when_quiet`
+/// counts the resident pages of every segment in the process, which another test's
+/// connection running beside it would add to.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn pair(opts: Options) -> (Stream, Stream) {
     let l = Listener::bind_with("127.0.0.1:0", opts.clone()).unwrap();
@@ -44,12 +54,14 @@ fn write_before_read(n: usize) {
 
 #[test]
 fn four_mebibytes_written_before_reading_come_back() {
+    let _s = serial();
     let _w = common::watchdog(60);
     write_before_read(4 << 20);
 }
 
 #[test]
 fn eight_mebibytes_written_before_reading_come_back() {
+    let _s = serial();
     let _w = common::watchdog(60);
     write_before_read((8 << 20) - (64 << 10));
 }
@@ -71,6 +83,7 @@ fn segment_rss() -> Vec<usize> {
 
 #[test]
 fn a_ring_that_carried_megabytes_gives_its_pages_back_when_quiet() {
+    let _s = serial();
     let _w = common::watchdog(60);
     let (mut c, mut s) = pair(Options::new().ring_capacity(4 << 20).pool(0, 0));
     let reader = thread::spawn(move || {
@@ -102,4 +115,58 @@ fn a_ring_that_carried_megabytes_gives_its_pages_back_when_quiet() {
     let mut b = vec![0u8; 100_000];
     s.read_exact(&mut b).unwrap();
     assert!(b.iter().all(|&x| x == 1));
+}
+
+/// An echo server with a reading thread and a writing thread joined by a bounded channel (the
+/// shape of a tokio `split` echo, or any proxy): once its answers fill the client's ring, the
+/// writer blocks (announces), and the reader reads on until the channel is full, then waits on
+/// the channel, not on colo. A client that writes everything before it reads must get as far as
+/// over TCP: the server's two rings, its channel, and what the reader freed.
+#[test]
+fn a_split_echo_server_that_stops_reading_on_its_own_does_not_strand_its_client() {
+    let _s = serial();
+    let _w = common::watchdog(30);
+    let (mut c, s) = pair(Options::new().ring_capacity(4 << 20));
+    let mut sr = s.try_clone().unwrap();
+    let mut sw = s;
+    let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(24);
+    let reader = thread::spawn(move || {
+        let mut total = 0usize;
+        loop {
+            if total >= 4 << 20 {
+                // Slow once the answers fill the client's ring: the client fills ours first.
+                thread::sleep(Duration::from_millis(50));
+            }
+            let mut b = vec![0u8; 64 << 10];
+            let k = sr.read(&mut b).unwrap();
+            if k == 0 {
+                break;
+            }
+            total += k;
+            b.truncate(k);
+            if tx.send(b).is_err() {
+                break;
+            }
+        }
+    });
+    let writer = thread::spawn(move || {
+        for b in rx {
+            sw.write_all(&b).unwrap();
+        }
+        sw.shutdown(std::net::Shutdown::Write).unwrap();
+    });
+    // 4 MiB each way, a 24-deep channel of 64 KiB, one chunk in each server thread: about
+    // 8 MiB + 1.6 MiB fit. The reader frees 1.5 MiB of the client's 4 MiB ring before it stops:
+    // TCP (a 2 MiB send buffer and a 2 MiB receive buffer each way, which is what a 4 MiB ring
+    // stands for) would have woken the writer (a third of its buffer free); the mark is 3 MiB
+    // unread. Write 8 MiB + 1 MiB.
+    let n = (8 << 20) + (1 << 20);
+    let data: Vec<u8> = (0..n as u64).map(common::pattern).collect();
+    c.write_all(&data).unwrap();
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut back = Vec::with_capacity(n);
+    c.read_to_end(&mut back).unwrap();
+    assert!(back == data, "{} bytes back of {n}, in order", back.len());
+    reader.join().unwrap();
+    writer.join().unwrap();
 }

@@ -378,13 +378,14 @@ impl Shm {
 
     /// Called right after this side announced a sleep (it pauses): wakes a peer that waits for
     /// space our reads freed but did not wake it for, as they stayed above its mark
-    /// (`RingWords::space_wake_owed`).
+    /// (`RingWords::space_wake_owed`). Plain loads unless something is owed: if our
+    /// announcement comes before the producer's `peer_paused` in our word's order, the producer
+    /// sees our bit and takes the space itself; otherwise our announcement read its
+    /// read-modify-write (SYNC POINT), and the loads see the head and mark it stored before.
     pub(super) fn release_space_waiter(&self) {
-        let peer = self.seg.waiting(self.other());
-        // SYNC POINT with the RMW in `notify::announce_sleep` (the peer's) and `peer_paused`:
-        // as in `notify::peer_needs_space_wake`.
-        if peer.fetch_or(0, Ordering::AcqRel) != 0 && self.in_words().space_wake_owed() {
-            self.wake_with(notify::peer_needs_wake(peer));
+        if self.in_words().space_wake_owed() {
+            // SYNC POINT with the RMW in the peer's `notify::announce_sleep`.
+            self.wake_with(notify::peer_needs_wake(self.seg.waiting(self.other())));
         }
     }
 

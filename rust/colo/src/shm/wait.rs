@@ -238,6 +238,9 @@ impl Shm {
                 if let Some(v) = check()? {
                     return Ok(v);
                 }
+                // A pause as an announcement is (the announcement stands): what our reads owe a
+                // producer waiting for space is its due now.
+                self.release_space_waiter();
                 self.poll_control();
                 return check()?.ok_or_else(|| io::ErrorKind::WouldBlock.into());
             }
