@@ -96,15 +96,15 @@ type producer struct {
 	spaceWake  uint64 // the space_wake we last stored; 0: none yet (any free byte)
 }
 
-// markSpaceWake stores space_wake: three quarters of the ring's size or of the limit, whichever
-// is smaller, so that the consumer wakes a writer waiting for space once, when a quarter of what
-// it may fill is free (TCP wakes a writer once a third of its buffer is), on the read that takes
+// markSpaceWake stores space_wake: seven eighths of the ring's size or of the limit, whichever
+// is smaller, so that the consumer wakes a writer waiting for space once, when an eighth of what
+// it may fill is free (TCP wakes a writer once a sixth of its and its peer's buffers is), on the read that takes
 // the unread bytes down to that mark (spec section 6), rather than at every read. A plain store:
 // our announcement of a sleep (the OR of our waiting word) comes after it, and it changes only
 // while we write, never while we wait.
 func (p *producer) markSpaceWake(d *direction, limit uint64) {
 	fill := min(p.size, max(limit, minRingSize))
-	if mark := fill - max(fill/4, 1); mark != p.spaceWake {
+	if mark := fill - max(fill/8, 1); mark != p.spaceWake {
 		p.spaceWake = mark
 		atomic.StoreUint32(d.spaceWake, uint32(mark))
 	}

@@ -292,9 +292,10 @@ impl<B: Bytes> Producer<B> {
         }
     }
 
-    /// Stores `space_wake`: three quarters of the ring's size or of the bytes its limit asked
-    /// for, whichever is smaller, so that a producer that waits for space waits until a quarter
-    /// of what it may fill is free (TCP wakes a writer once a third of its buffer is: a reader
+    /// Stores `space_wake`: seven eighths of the ring's size or of the bytes its limit asked
+    /// for, whichever is smaller, so that a producer that waits for space waits until an eighth
+    /// of what it may fill is free (the ring stands for a TCP sender's buffer and its receiver's,
+    /// and TCP wakes a writer once a third of its own buffer, a sixth of both, is free: a reader
     /// that stops after freeing that much never strands a writer that TCP would have let go),
     /// and every waiter of this end (a poller included, which sleeps only at the asked bound)
     /// sleeps only with more than that unread. Relaxed: the producer's announcement of a sleep
@@ -302,8 +303,8 @@ impl<B: Bytes> Producer<B> {
     /// `peer_needs_space_wake` reads) comes after it, and the value changes only while this end
     /// writes, never while it sleeps.
     fn mark_space_wake(&mut self) {
-        let fill = self.size.min(self.asked);
-        let mark = fill - (fill / 4).max(1);
+        let fill = self.size.min(self.asked.max(u64::from(MIN_RING_SIZE)));
+        let mark = fill - (fill / 8).max(1);
         if mark != self.space_wake {
             self.space_wake = mark;
             self.words.space_wake().store(mark as u32, Ordering::Relaxed);

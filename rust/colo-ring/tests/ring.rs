@@ -216,7 +216,7 @@ fn a_full_ring_grows_to_its_limit_and_keeps_its_bytes() {
     assert!(out[..] == data[..sent]);
 }
 
-/// A producer full at its limit waits until a quarter of the ring is free (`space_wake`), and only
+/// A producer full at its limit waits until an eighth of the ring is free (`space_wake`), and only
 /// the read that takes the unread bytes down to that mark asks for its wake-up; before the ring
 /// first grew, any free byte ends the wait and the read that frees the first byte wakes it.
 #[test]
@@ -237,10 +237,10 @@ fn a_full_ring_wakes_its_producer_once_half_is_free() {
     let mut rest = vec![0u8; 4096];
     c.read(&mut rest).unwrap();
 
-    // Grown to 16 KiB: the mark is 12 KiB.
+    // Grown to 16 KiB: the mark is 14 KiB.
     p.set_limit(1 << 14);
     assert_eq!(p.write(&[1u8; 1 << 14]).unwrap(), 1 << 14);
-    assert_eq!(w.space_wake.load(Ordering::Relaxed), 12 << 10);
+    assert_eq!(w.space_wake.load(Ordering::Relaxed), 14 << 10);
     assert_eq!(p.space().unwrap(), 0);
     let mut chunk = [0u8; 1000];
     let mut wakes = Vec::new();
@@ -248,15 +248,18 @@ fn a_full_ring_wakes_its_producer_once_half_is_free() {
         let before = c.consumed();
         assert_eq!(c.read(&mut chunk).unwrap(), 1000);
         let unread = (1 << 14) - 1000 * (i + 1);
-        assert_eq!(p.space_past_mark().unwrap(), if unread <= 12 << 10 { (1 << 14) - unread } else { 0 });
+        assert_eq!(p.space_past_mark().unwrap(), if unread <= 14 << 10 { (1 << 14) - unread } else { 0 });
         if c.space_wake_crossed(before) {
             wakes.push(unread);
         }
     }
-    assert_eq!(wakes, [(1 << 14) - 5000], "one wake-up, at the read that reaches the mark");
-    // A smaller limit lowers the mark with it: three quarters of the bytes asked for.
+    assert_eq!(wakes, [(1 << 14) - 3000], "one wake-up, at the read that reaches the mark");
+    // A smaller limit lowers the mark with it: seven eighths of the bytes asked for, of at
+    // least the smallest ring.
     p.set_limit(5000);
-    assert_eq!(w.space_wake.load(Ordering::Relaxed), 3750);
+    assert_eq!(w.space_wake.load(Ordering::Relaxed), 4375);
+    p.set_limit(0);
+    assert_eq!(w.space_wake.load(Ordering::Relaxed), 1792);
 }
 
 /// Two holders of one producing end (a fork) with different `SO_SNDBUF` limits: the consumer wakes
@@ -265,7 +268,7 @@ fn a_full_ring_wakes_its_producer_once_half_is_free() {
 fn a_writer_woken_at_a_sibling_holders_higher_mark_takes_the_space() {
     let data = heap_bytes(1 << 16);
     let (mut b, mut c, w) = common::growing_pair(data, 2048);
-    // B grows the ring to 16 KiB (mark 12 KiB), then a program's small SO_SNDBUF: mark 3 KiB.
+    // B grows the ring to 16 KiB (mark 14 KiB), then a program's small SO_SNDBUF: mark 3.5 KiB.
     assert_eq!(b.write(&[1u8; 1 << 14]).unwrap(), 1 << 14);
     let mut sink = vec![0u8; 1 << 14];
     assert_eq!(c.read(&mut sink).unwrap(), 1 << 14);
@@ -273,14 +276,14 @@ fn a_writer_woken_at_a_sibling_holders_higher_mark_takes_the_space() {
     // SAFETY: the same leaked words and data; A and B take turns as the test drives them.
     let mut a = unsafe { Producer::resume(w.raw(), data) };
     b.set_limit(4096);
-    assert_eq!(w.space_wake.load(Ordering::Relaxed), 3072);
+    assert_eq!(w.space_wake.load(Ordering::Relaxed), 3584);
     // B fills the ring (16 KiB, above its 4 KiB limit: it keeps its size) and must wait.
     assert_eq!(b.write(&[2u8; 1 << 14]).unwrap(), 1 << 14);
     assert_eq!(b.space().unwrap(), 0);
     // While B sleeps (the consumer has seen B's bit), A's program sets SO_SNDBUF 8 KiB: A stores
-    // three quarters of min(16 KiB, 8 KiB) = 6 KiB, above B's own 3 KiB.
+    // seven eighths of min(16 KiB, 8 KiB) = 7 KiB, above B's own 3.5 KiB.
     a.set_limit(8192);
-    assert_eq!(w.space_wake.load(Ordering::Relaxed), 6144);
+    assert_eq!(w.space_wake.load(Ordering::Relaxed), 7168);
     // The consumer reads the ring empty in 1 KiB reads, asking for B's wake-up as the wire says.
     let mut woken_with_room = false;
     let mut chunk = [0u8; 1024];
@@ -292,7 +295,7 @@ fn a_writer_woken_at_a_sibling_holders_higher_mark_takes_the_space() {
             woken_with_room |= b.space_past_mark().unwrap() > 0;
         }
     }
-    // B is woken once, at 6 KiB unread: it must take the space then, as no later read crosses
+    // B is woken once, at 7 KiB unread: it must take the space then, as no later read crosses
     // a mark and the consumer, once the ring is empty, owes nothing.
     assert!(woken_with_room, "B sleeps on an empty ring: no read after its last re-check crossed the mark");
 }

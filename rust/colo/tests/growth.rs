@@ -158,7 +158,7 @@ fn a_split_echo_server_that_stops_reading_on_its_own_does_not_strand_its_client(
     // 4 MiB each way, a 24-deep channel of 64 KiB, one chunk in each server thread: about
     // 8 MiB + 1.6 MiB fit. The reader frees 1.5 MiB of the client's 4 MiB ring before it stops:
     // TCP (a 2 MiB send buffer and a 2 MiB receive buffer each way, which is what a 4 MiB ring
-    // stands for) would have woken the writer (a third of its buffer free); the mark is 3 MiB
+    // stands for) would have woken the writer (a third of its buffer free); the mark is 3.5 MiB
     // unread. Write 8 MiB + 1 MiB.
     let n = (8 << 20) + (1 << 20);
     let data: Vec<u8> = (0..n as u64).map(common::pattern).collect();

@@ -474,8 +474,13 @@ impl Conn {
     /// `EAGAIN` (the kernel doubles the value, and the peer's receive queue takes about as much
     /// again), and poll reports writable below that. Blocking writes still fill the ring.
     pub fn set_send_limit(&self, n: usize) {
-        self.send_limit.store((n as u64).saturating_mul(4).max(4096), Ordering::Relaxed);
-        self.shm.set_send_buffer((n as u64).saturating_mul(4).max(4096) as usize);
+        let room = (n as u64).saturating_mul(4).max(4096);
+        // The ring's `space_wake` mark first (below the new room), then the room; then a poke: a
+        // poller that slept against the old room looks again (as a kernel socket's pollers are
+        // woken when its send buffer changes).
+        self.shm.set_send_buffer(room as usize);
+        self.send_limit.store(room, Ordering::Relaxed);
+        self.poke();
     }
 
     /// Whether a small `SO_SNDBUF` bounds the ring (see `set_send_limit`).

@@ -372,6 +372,12 @@ impl Shm {
     /// as it is: SYNC POINT with the peer's announcement and its `release_space_waiter`, so that
     /// of the peer pausing after our announcement and us sleeping after its look, one sees the
     /// other.
+    /// Whether a sleep of this side stands announced (a sleep bit of our own `waiting` word is
+    /// set, if stale: a spurious yes only costs a locked operation in `peer_paused`).
+    pub(super) fn announced(&self) -> bool {
+        self.own_waiting().load(Ordering::Relaxed) & (notify::SLEEP_DOORBELL | notify::SLEEP_FUTEX) != 0
+    }
+
     pub(super) fn peer_paused(&self) -> bool {
         self.seg.waiting(self.other()).fetch_or(0, Ordering::AcqRel) & (notify::SLEEP_DOORBELL | notify::SLEEP_FUTEX) != 0
     }

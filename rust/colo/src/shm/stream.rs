@@ -175,7 +175,9 @@ impl Shm {
         self.may_send(&mut tx.writes)?;
         self.adopt_tx(tx);
         let mut space = if *waited { tx.ring.space_past_mark() } else { tx.ring.space() }.map_err(|c| self.corrupt(c))?;
-        if space == 0 && *waited && self.peer_paused() {
+        // Only once we announced a sleep of our own (a re-check; a spin needs no answer): the
+        // read-modify-write on the peer's word is what orders it against the peer's pause.
+        if space == 0 && *waited && self.announced() && self.peer_paused() {
             // The consumer stopped reading before our mark: take what it freed (as a TCP
             // receiver that stops reading still advertises the window its reads opened).
             space = tx.ring.space().map_err(|c| self.corrupt(c))?;
