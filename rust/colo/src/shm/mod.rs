@@ -388,10 +388,17 @@ impl Shm {
     /// announcement comes before the producer's `peer_paused` in our word's order, the producer
     /// sees our bit and takes the space itself; otherwise our announcement read its
     /// read-modify-write (SYNC POINT), and the loads see the head and mark it stored before.
+    /// The peer's `waiting` word is looked at first, as it changes only when the peer
+    /// announces: a peer that announced before its `peer_paused` shows its bit to us in the
+    /// second case above, and the ring's words, which a busy producer keeps writing, are loaded
+    /// only then.
     pub(super) fn release_space_waiter(&self) {
-        if self.in_words().space_wake_owed() {
+        let peer = self.seg.waiting(self.other());
+        if peer.load(Ordering::Relaxed) & (notify::SLEEP_DOORBELL | notify::SLEEP_FUTEX) != 0
+            && self.in_words().space_wake_owed()
+        {
             // SYNC POINT with the RMW in the peer's `notify::announce_sleep`.
-            self.wake_with(notify::peer_needs_wake(self.seg.waiting(self.other())));
+            self.wake_with(notify::peer_needs_wake(peer));
         }
     }
 
