@@ -38,7 +38,7 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
         let mut ready = 0;
         for (i, c) in &conns {
             let want = arr[*i].events as u32 | ERR | HUP;
-            let m = c.ready(true) & want;
+            let m = c.ready_quick() & want;
             arr[*i].revents = m as i16;
             if m != 0 {
                 ready += 1;
@@ -78,13 +78,13 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             unpassed = !conns.is_empty() && !_waking.as_ref().is_some_and(|w| w.complete());
             let mut any = false;
             for (_, c) in &conns {
-                if c.arm(waker(wake), true) != 0 {
+                if c.arm_quick(waker(wake)) != 0 {
                     any = true;
                 }
             }
             armed = true;
             if any {
-                let again = conns.iter().any(|(i, c)| c.ready(true) & (arr[*i].events as u32 | ERR | HUP) != 0);
+                let again = conns.iter().any(|(i, c)| c.ready_quick() & (arr[*i].events as u32 | ERR | HUP) != 0);
                 if again {
                     continue;
                 }
@@ -98,7 +98,7 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             // A connection whose peer is gone and that reported nothing wanted above never will
             // (its readiness fd stays readable: the control socket hung up): leave it out, or
             // this sleep would return at once, again and again.
-            let gone = c.known_gone() || (arr[*i].events & (libc::POLLIN | libc::POLLRDHUP)) == 0 && c.peer_gone();
+            let gone = c.known_gone() || (arr[*i].events & (libc::POLLIN | libc::POLLRDHUP)) == 0 && c.peer_gone_quick();
             copy[*i].fd = if gone { -1 } else { c.readiness_raw() };
             copy[*i].events = libc::POLLIN;
         }
@@ -146,7 +146,10 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             }
         }
         for (i, c) in &conns {
-            let m = c.ready(true) & (arr[*i].events as u32 | ERR | HUP);
+            // The kernel reported the readiness fd: a ring, or a hang-up the watcher may not
+            // have seen yet, so ask the control socket then (else without a system call).
+            let m = if copy[*i].revents != 0 { c.ready(true) } else { c.ready_quick() };
+            let m = m & (arr[*i].events as u32 | ERR | HUP);
             arr[*i].revents = m as i16;
             if m != 0 {
                 total += 1;

@@ -465,6 +465,39 @@ impl Shm {
         }
     }
 
+    /// Whether the hang-up watcher watches this connection's control socket (registers it at
+    /// the first call in this process image; see `hangup::Watch::armed`).
+    pub(crate) fn watched(&self) -> bool {
+        self.hangup.armed(&self.fds.control, &self.fds.self_bell, self.own_waiting())
+    }
+
+    /// Whether the control socket is known to have stayed silent since it was last read,
+    /// without a system call: the hang-up watcher watches it and has not seen it readable. False
+    /// when that cannot be vouched for: no watcher here, an answer to the HELLO still due, the
+    /// peer known gone, or the watcher's mark set. A set mark is taken and the control socket
+    /// read now (the caller then sees `PEER_GONE` if the peer hung up), and watching resumes if
+    /// the peer is still there. The watcher rings our self bell when it sets the mark, so a
+    /// waiter on the readiness fd that saw a hang-up before the watcher did, and whose read was
+    /// told "silent", is woken again to read once more.
+    pub fn control_silent(&self) -> bool {
+        if self.has(PEER_GONE | AWAITING_WELCOME) || !self.watched() {
+            return false;
+        }
+        if !self.hangup.take_fired() {
+            return true;
+        }
+        self.poll_control();
+        if self.has(PEER_GONE) {
+            // The mark was a futex sleeper's too (one the watcher woke may not have looked yet):
+            // woken whatever the shared word holds, as the peer may have cleared its bit.
+            self.wake_self();
+            colo_sys::futex::wake_all(self.own_waiting());
+        } else {
+            self.hangup.rearm(&self.fds.control);
+        }
+        false
+    }
+
     /// Reads the control socket without blocking: after the handshake it must stay silent, so a
     /// hang-up is the peer's end and anything else is a protocol error.
     fn poll_control(&self) {
