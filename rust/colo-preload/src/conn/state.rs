@@ -323,6 +323,9 @@ impl Conn {
             Ok((0, _))
         );
         if gone {
+            // The core's reads and writes report it from now on too, not only once the hang-up
+            // watcher has seen it (a non-blocking miss does not ask the control socket itself).
+            self.shm.read_control();
             self.gone.store(true, Ordering::Relaxed);
         }
         gone

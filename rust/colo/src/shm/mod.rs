@@ -498,6 +498,13 @@ impl Shm {
         false
     }
 
+    /// Reads the control socket now, for a caller that learned of a hang-up by other means (the
+    /// shim's `MSG_PEEK`): the next read or write reports it, without waiting for the hang-up
+    /// watcher's mark (`control_silent`).
+    pub fn read_control(&self) {
+        self.poll_control();
+    }
+
     /// Reads the control socket without blocking: after the handshake it must stay silent, so a
     /// hang-up is the peer's end and anything else is a protocol error.
     fn poll_control(&self) {

@@ -166,3 +166,65 @@ fn a_fresh_announcement_whose_look_succeeded_still_sends_the_others_round() {
         sa.announce(notify::SLEEP_DOORBELL, None);
     });
 }
+
+/// A non-blocking reader that misses after its peer hung up (no FIN: the peer's processes are
+/// gone), before the hang-up watcher has seen it, is told `EAGAIN` (the miss reads the control
+/// socket only when the watcher's mark is set); the watcher then rings the self bell, a new
+/// edge on the readiness fd for an edge-triggered waiter that consumed the hang-up's own edge,
+/// and the next read reports the reset.
+#[test]
+fn a_hang_up_the_watcher_sees_late_is_a_new_edge_and_the_next_read_reports_it() {
+    use colo_sys::AsRawFd;
+    let (tx, rx) = channel::<()>();
+    std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(Duration::from_secs(60)) {
+            eprintln!("watchdog: the test hung");
+            std::process::abort();
+        }
+    });
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    let a = Stream::connect_with(l.local_addr().unwrap(), &Options::new().spin(SpinMode::Never)).unwrap();
+    let (b, _) = l.accept().unwrap();
+    let (sa, sb) = (a.shm().unwrap(), b.shm().unwrap());
+    a.set_nonblocking(true).unwrap();
+    let mut byte = [0u8; 1];
+    // The first miss registers the connection with the watcher.
+    assert_eq!((&a).read(&mut byte).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+    assert!(sa.watched(), "a watcher runs in a test process");
+    // SAFETY: plain system calls on descriptors this test owns; `set` is closed at the end.
+    let set = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    assert!(set >= 0);
+    let mut ev = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLET) as u32, u64: 1 };
+    // SAFETY: as above; `ev` is a valid event for the call.
+    assert_eq!(unsafe { libc::epoll_ctl(set, libc::EPOLL_CTL_ADD, sa.readiness_fd().as_raw_fd(), &mut ev) }, 0);
+    let wait = |ms: i32| {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        // SAFETY: `evs` holds 4 events.
+        let n = unsafe { libc::epoll_wait(set, evs.as_mut_ptr(), 4, ms) };
+        assert!(n >= 0, "epoll_wait: {}", std::io::Error::last_os_error());
+        n
+    };
+    assert_eq!(wait(0), 0, "nothing to report yet");
+    {
+        // The watcher cannot mark the connection while this is held.
+        let _held = crate::hangup::hold();
+        // The peer's processes are gone: its control socket closes, no FIN in the ring.
+        // SAFETY: the peer's control socket, open while `b` lives.
+        assert_eq!(unsafe { libc::shutdown(sb.control_fd().as_raw_fd(), libc::SHUT_RDWR) }, 0);
+        // The hang-up's own edge, consumed as an edge-triggered waiter would, whose read then
+        // finds nothing to say yet.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while wait(10) == 0 {
+            assert!(Instant::now() < deadline, "the hang-up made the readiness fd readable");
+        }
+        assert_eq!((&a).read(&mut byte).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+        assert_eq!(wait(0), 0, "no edge since");
+    }
+    // The watcher marks the connection and rings its self bell: a new edge.
+    assert_eq!(wait(10_000), 1, "the watcher made a new edge on the readiness fd");
+    let err = (&a).read(&mut byte).expect_err("the hang-up is reported");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    // SAFETY: the test's own epoll set, not used after this.
+    unsafe { libc::close(set) };
+    tx.send(()).unwrap();
+}
