@@ -267,6 +267,14 @@ impl Watch {
         key != UNWATCHABLE
     }
 
+    /// Whether the connection is registered with this process image's watcher (no system call,
+    /// no lock; `armed` registers it).
+    pub(crate) fn watching(&self) -> bool {
+        // Acquire: as in `armed`.
+        self.generation.load(Ordering::Acquire) == GENERATION.load(Ordering::Relaxed)
+            && self.key.load(Ordering::Relaxed) != UNWATCHABLE
+    }
+
     /// Whether the control socket became readable since the last call (consumes the mark).
     pub(crate) fn take_fired(&self) -> bool {
         // Acquire: partner of the watcher's Release store.

@@ -46,24 +46,36 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
         }
         let zero = timespec { tv_sec: 0, tv_nsec: 0 };
         if ready > 0 {
-            // Report the kernel fds' state now too.
+            // Report the kernel fds' state now too, and whether each connection's readiness fd
+            // is readable: the quick look did not ask the control socket, so a hang-up the
+            // hang-up watcher has not seen yet shows only there; a connection whose readiness fd
+            // reports is asked now (`ready(true)`), so what is returned is what asking every
+            // time would return, without a system call more than the kernel fds' look.
             for (i, p) in copy.iter_mut().enumerate() {
                 *p = arr[i];
                 p.revents = 0;
             }
-            for (i, _) in &conns {
-                copy[*i].fd = -1;
+            for (i, c) in &conns {
+                copy[*i].fd = c.readiness_raw();
+                copy[*i].events = libc::POLLIN;
             }
             // SAFETY: our copy of the array.
             let r = unsafe { real::ppoll(copy.as_mut_ptr(), n, &zero, mask) };
-            let mut total = ready;
+            let mut total = 0;
+            for (i, c) in &conns {
+                if r > 0 && copy[*i].revents != 0 && !c.known_gone() {
+                    arr[*i].revents = (c.ready(true) & (arr[*i].events as u32 | ERR | HUP)) as i16;
+                }
+                if arr[*i].revents != 0 {
+                    total += 1;
+                }
+            }
             for (i, p) in arr.iter_mut().enumerate() {
-                if copy[i].fd < 0 {
-                    // A connection's (set above), or a negative fd, whose revents the kernel zeroes.
-                    p.revents = if p.fd < 0 { 0 } else { p.revents };
+                if conns.iter().any(|(j, _)| *j == i) {
                     continue;
                 }
-                p.revents = if r > 0 { copy[i].revents } else { 0 };
+                // A negative fd's revents the kernel zeroes.
+                p.revents = if r > 0 && p.fd >= 0 { copy[i].revents } else { 0 };
                 if p.revents != 0 {
                     total += 1;
                 }
@@ -146,8 +158,9 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             }
         }
         for (i, c) in &conns {
-            // The kernel reported the readiness fd: a ring, or a hang-up the watcher may not
-            // have seen yet, so ask the control socket then (else without a system call).
+            // A connection whose readiness fd the kernel reported is asked (a ring, or a hang-up
+            // the hang-up watcher may not have seen yet); one whose readiness fd stayed quiet had
+            // no hang-up on its control socket, and is asked only if the watcher cannot vouch.
             let m = if copy[*i].revents != 0 { c.ready(true) } else { c.ready_quick() };
             let m = m & (arr[*i].events as u32 | ERR | HUP);
             arr[*i].revents = m as i16;

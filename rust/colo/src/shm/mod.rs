@@ -473,14 +473,19 @@ impl Shm {
 
     /// Whether the control socket is known to have stayed silent since it was last read,
     /// without a system call: the hang-up watcher watches it and has not seen it readable. False
-    /// when that cannot be vouched for: no watcher here, an answer to the HELLO still due, the
-    /// peer known gone, or the watcher's mark set. A set mark is taken and the control socket
-    /// read now (the caller then sees `PEER_GONE` if the peer hung up), and watching resumes if
-    /// the peer is still there. The watcher rings our self bell when it sets the mark, so a
-    /// waiter on the readiness fd that saw a hang-up before the watcher did, and whose read was
-    /// told "silent", is woken again to read once more.
+    /// when that cannot be vouched for: no watcher here, the first call (which registers the
+    /// connection: the watcher has not looked yet), an answer to the HELLO still due, the peer
+    /// known gone, or the watcher's mark set. A set mark is taken and the control socket read
+    /// now (the caller then sees `PEER_GONE` if the peer hung up), and watching resumes if the
+    /// peer is still there. The watcher rings our self bell when it sets the mark, so a waiter
+    /// on the readiness fd that saw a hang-up before the watcher did, and whose read was told
+    /// "silent", is woken again to read once more.
     pub fn control_silent(&self) -> bool {
-        if self.has(PEER_GONE | AWAITING_WELCOME) || !self.watched() {
+        if self.has(PEER_GONE | AWAITING_WELCOME) {
+            return false;
+        }
+        if !self.hangup.watching() {
+            self.watched();
             return false;
         }
         if !self.hangup.take_fired() {
