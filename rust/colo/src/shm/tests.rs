@@ -228,3 +228,70 @@ fn a_hang_up_the_watcher_sees_late_is_a_new_edge_and_the_next_read_reports_it() 
     unsafe { libc::close(set) };
     tx.send(()).unwrap();
 }
+
+/// A forked child's copy of a non-blocking connection the parent had registered with its
+/// hang-up watcher is watched by a watcher of the child's own (the parent's thread is not in
+/// the child): the child's reads are told of the peer's hang-up, not `EAGAIN` for ever.
+#[test]
+fn a_forked_child_watches_its_copy_of_a_connection_for_itself() {
+    use colo_sys::AsRawFd;
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    let a = Stream::connect_with(l.local_addr().unwrap(), &Options::new().spin(SpinMode::Never)).unwrap();
+    let (b, _) = l.accept().unwrap();
+    a.set_nonblocking(true).unwrap();
+    let mut byte = [0u8; 1];
+    // Two misses: the first registers the connection with this process's watcher, the second
+    // takes its word for the control socket.
+    for _ in 0..2 {
+        assert_eq!((&a).read(&mut byte).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+    }
+    assert!(a.shm().unwrap().hangup.watching());
+    let mut pipe = [0; 2];
+    // SAFETY: a pipe for the child to say it is ready.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+    // SAFETY: the child uses this crate (whose fork handlers make its locks safe to take) and
+    // leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let mut a = &a;
+        let code = (|| {
+            for _ in 0..2 {
+                if a.read(&mut byte).map_err(|e| e.kind()) != Err(std::io::ErrorKind::WouldBlock) {
+                    return 2;
+                }
+            }
+            // SAFETY: the pipe's write end.
+            unsafe { libc::write(pipe[1], b"r".as_ptr().cast(), 1) };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                match a.read(&mut byte) {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(2)),
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return 0,
+                    _ => return 3,
+                }
+            }
+            1
+        })();
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    assert!(pid > 0);
+    // SAFETY: the pipe's read end; waits for the child's byte (the child exits 2 or 3 on a
+    // wrong answer, closing its end: the read then returns 0).
+    let got = unsafe { libc::read(pipe[0], byte.as_mut_ptr().cast(), 1) };
+    // The peer's processes are gone: its control socket shut for every holder (the child holds
+    // a copy of it too), no FIN in the ring.
+    // SAFETY: the peer's control socket, open while `b` lives.
+    assert_eq!(unsafe { libc::shutdown(b.shm().unwrap().control_fd().as_raw_fd(), libc::SHUT_RDWR) }, 0);
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    // SAFETY: the pipe's ends, not used after this.
+    unsafe {
+        libc::close(pipe[0]);
+        libc::close(pipe[1]);
+    }
+    assert_eq!(got, 1, "the child's first misses were EAGAIN");
+    assert!(libc::WIFEXITED(status), "child status {status}");
+    assert_eq!(libc::WEXITSTATUS(status), 0, "the child was told of the hang-up (1: EAGAIN for 20 s)");
+}
