@@ -694,7 +694,9 @@ impl Drop for Conn {
         }
         if others {
             // Another process (fork) still uses this connection: release our copy only, so the
-            // peer sees neither FIN nor a hang-up.
+            // peer sees neither FIN nor a hang-up. The hang-up watcher lets go of it first: it
+            // would otherwise write to the unmapped segment and ring a closed descriptor.
+            self.shm.stop_watching();
             for fd in self.raw {
                 // SAFETY: these descriptors belong to the Shm we deliberately do not drop.
                 unsafe { libc::syscall(libc::SYS_close, fd) };

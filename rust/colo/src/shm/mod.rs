@@ -503,6 +503,14 @@ impl Shm {
         false
     }
 
+    /// Stops the hang-up watcher's watch of this connection, for a caller that closes its
+    /// descriptors and unmaps its segment without dropping it (the shim, when a forked process
+    /// still holds the connection): the watcher holds the address of our `waiting` word and
+    /// the number of our self bell until then.
+    pub fn stop_watching(&self) {
+        self.hangup.release();
+    }
+
     /// Reads the control socket now, for a caller that learned of a hang-up by other means (the
     /// shim's `MSG_PEEK`): the next read or write reports it, without waiting for the hang-up
     /// watcher's mark (`control_silent`).
