@@ -47,6 +47,12 @@ struct Watched {
     /// The address of the connection's own `waiting` word, inside its mapped segment. The entry
     /// is removed (under the lock) before the segment can be unmapped.
     word: usize,
+    /// The connection's self bell (a descriptor of its readiness set), rung when the control
+    /// socket becomes readable: an edge-triggered waiter on the readiness fd whose read found
+    /// nothing (a non-blocking miss does not read the control socket while the mark is unset)
+    /// then gets a new edge and reads again. The entry is removed (under the lock) before the
+    /// descriptor can be closed.
+    bell: colo_sys::RawFd,
     /// While `fired` is set and not taken: when to wake the futex again, and the interval after
     /// that (see the module doc).
     rewake: Option<(Instant, Duration)>,
@@ -54,8 +60,9 @@ struct Watched {
 
 impl Watched {
     /// Marks the connection and wakes every thread of ours asleep on its futex, whatever the
-    /// peer left in the shared word.
-    fn fire(&self) {
+    /// peer left in the shared word; `ring`: and rings its self bell (once per report of the
+    /// control socket, not at every repeated wake-up).
+    fn fire(&self, ring: bool) {
         // SYNC POINT with the sleeper's `Watch::take_fired` (Acquire): the mark is released
         // by the read-modify-write below, which the sleeper's announcement reads or follows.
         self.fired.store(true, Ordering::Release);
@@ -69,6 +76,11 @@ impl Watched {
         // the bit: the peer may have cleared it.
         word.fetch_and(!SLEEP_FUTEX, Ordering::AcqRel);
         colo_sys::futex::wake_all(word);
+        if ring {
+            // SAFETY: the connection's self bell, open while the entry exists (`Watch::release`
+            // removes it under the watcher's lock before the descriptor is closed).
+            colo_sys::doorbell::ring(unsafe { colo_sys::BorrowedFd::borrow_raw(self.bell) });
+        }
     }
 }
 
@@ -165,7 +177,7 @@ fn run(poller: &Arc<Poller>) {
             // again, with another watcher, at its next sleep (its current registration would
             // otherwise pass for watched). Marks not taken yet are woken once more first.
             if let Some(w) = guard.as_ref() {
-                w.watched.values().filter(|c| c.rewake.is_some()).for_each(Watched::fire);
+                w.watched.values().filter(|c| c.rewake.is_some()).for_each(|c| c.fire(false));
             }
             GENERATION.fetch_add(1, Ordering::Relaxed);
             *guard = None;
@@ -185,7 +197,7 @@ fn run(poller: &Arc<Poller>) {
                 continue;
             }
             let Some(c) = w.watched.get_mut(&key) else { continue };
-            c.fire();
+            c.fire(true);
             c.rewake = Some((now + REWAKE_FIRST, REWAKE_FIRST));
         }
         for c in w.watched.values_mut() {
@@ -194,7 +206,7 @@ fn run(poller: &Arc<Poller>) {
                 // Taken: the sleeper is awake (it re-arms the watch if the peer is still there).
                 c.rewake = None;
             } else if at <= now {
-                c.fire();
+                c.fire(false);
                 let every = (every * 2).min(REWAKE_MAX);
                 c.rewake = Some((now + every, every));
             }
@@ -216,9 +228,10 @@ impl Watch {
     }
 
     /// Whether a hang-up of `control` wakes a futex sleep on `word` (the connection's own
-    /// `waiting` word): registers on first use in this process image. False if the watcher
-    /// cannot run here (out of descriptors or threads): sleep with a timeout then.
-    pub(crate) fn armed(&self, control: &OwnedFd, word: &AtomicU32) -> bool {
+    /// `waiting` word) and rings `bell` (its self bell): registers on first use in this process
+    /// image. False if the watcher cannot run here (out of descriptors or threads): sleep with
+    /// a timeout then, and read the control socket at a non-blocking miss.
+    pub(crate) fn armed(&self, control: &OwnedFd, bell: &OwnedFd, word: &AtomicU32) -> bool {
         // SYNC POINT (Acquire) with the Release store of the generation below: a thread that
         // sees this image's generation sees the key registered with it.
         if self.generation.load(Ordering::Acquire) == GENERATION.load(Ordering::Relaxed) {
@@ -234,7 +247,12 @@ impl Watch {
                 let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
                 match w.poller.add_once(control, key) {
                     Ok(()) => {
-                        let entry = Watched { fired: self.fired.clone(), word: word as *const AtomicU32 as usize, rewake: None };
+                        let entry = Watched {
+                            fired: self.fired.clone(),
+                            word: word as *const AtomicU32 as usize,
+                            bell: bell.as_raw_fd(),
+                            rewake: None,
+                        };
                         w.watched.insert(key, entry);
                         key
                     }
@@ -247,6 +265,14 @@ impl Watch {
         // Release: partner of the Acquire load at the top.
         self.generation.store(GENERATION.load(Ordering::Relaxed), Ordering::Release);
         key != UNWATCHABLE
+    }
+
+    /// Whether the connection is registered with this process image's watcher (no system call,
+    /// no lock; `armed` registers it).
+    pub(crate) fn watching(&self) -> bool {
+        // Acquire: as in `armed`.
+        self.generation.load(Ordering::Acquire) == GENERATION.load(Ordering::Relaxed)
+            && self.key.load(Ordering::Relaxed) != UNWATCHABLE
     }
 
     /// Whether the control socket became readable since the last call (consumes the mark).
@@ -284,6 +310,13 @@ impl Watch {
     }
 }
 
+/// The watcher's lock, for a test that keeps the watcher from marking anything while it holds
+/// it (the thread blocks on it after its `epoll_wait` reports).
+#[cfg(test)]
+pub(crate) fn hold() -> impl Drop {
+    lock()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,8 +332,9 @@ mod tests {
         // Leaked: if an assertion fails before `release`, the watcher still holds its address.
         let word: &'static AtomicU32 = Box::leak(Box::new(AtomicU32::new(SLEEP_FUTEX | 0x100)));
         let announced = word.load(Ordering::Relaxed);
+        let bell = colo_sys::doorbell::create().unwrap();
         let watch = Watch::new();
-        assert!(watch.armed(&control, word), "a watcher runs in a test process");
+        assert!(watch.armed(&control, &bell, word), "a watcher runs in a test process");
         // The peer clears the bit and hangs up.
         word.store(0, Ordering::Relaxed);
         drop(theirs);
@@ -311,6 +345,8 @@ mod tests {
             assert!(Instant::now() < deadline, "the watcher saw the hang-up");
             std::thread::sleep(Duration::from_millis(1));
         }
+        // The self bell rang with the mark: an edge for a waiter on the readiness set.
+        assert!(colo_sys::doorbell::drain(&bell), "the watcher rang the self bell when it marked the connection");
         // The peer writes back the announced value: a sleep that looked at the mark before it
         // was set now enters FUTEX_WAIT expecting that value.
         word.store(announced, Ordering::Relaxed);

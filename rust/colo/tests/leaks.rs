@@ -121,3 +121,61 @@ fn fork_child_keeps_no_copy_of_the_hangup_watcher() {
     c.write_all(b"x").unwrap();
     drop(reader.join().unwrap());
 }
+
+/// Non-blocking misses register their connections with the hang-up watcher (so that a miss
+/// costs no system call): once the connections close, every descriptor is closed and the
+/// watcher's thread ends (idle), as after futex sleeps.
+#[test]
+fn non_blocking_misses_leave_no_descriptor_or_watcher_behind() {
+    let _alone = alone();
+    let _w = common::watchdog(60);
+    let watcher_running = || {
+        let tasks = std::fs::read_dir("/proc/self/task").unwrap();
+        tasks.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok()).any(|c| c.trim() == "colo-hangup")
+    };
+    let settle = |want_watcher_gone: bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut last = usize::MAX;
+        loop {
+            std::thread::sleep(std::time::Duration::from_millis(1600));
+            let now = common::open_fds().len();
+            if now == last && !(want_watcher_gone && watcher_running()) {
+                return now;
+            }
+            assert!(std::time::Instant::now() < deadline, "descriptors or the watcher never settled");
+            last = now;
+        }
+    };
+    // Warm up (the segment preparer's cache), then count.
+    {
+        let l = Listener::bind("127.0.0.1:0").unwrap();
+        let c = Stream::connect(l.local_addr().unwrap()).unwrap();
+        drop(l.accept().unwrap());
+        drop(c);
+    }
+    let before = settle(true);
+    {
+        let l = Listener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut conns = Vec::new();
+        for i in 0..50u8 {
+            let c = Stream::connect(addr).unwrap();
+            let (s, _) = l.accept().unwrap();
+            for x in [&c, &s] {
+                x.set_nonblocking(true).unwrap();
+                let mut b = [0u8; 1];
+                for _ in 0..3 {
+                    assert_eq!((&*x).read(&mut b).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+                }
+            }
+            (&c).write_all(&[i]).unwrap();
+            let mut b = [0u8; 1];
+            (&s).read_exact(&mut b).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(b[0], i);
+            conns.push((c, s));
+        }
+        assert!(watcher_running(), "the misses registered with the watcher");
+    }
+    assert_eq!(settle(true), before, "every descriptor is closed");
+    assert!(!watcher_running(), "the watcher ended once idle");
+}

@@ -38,7 +38,7 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
         let mut ready = 0;
         for (i, c) in &conns {
             let want = arr[*i].events as u32 | ERR | HUP;
-            let m = c.ready(true) & want;
+            let m = c.ready_quick() & want;
             arr[*i].revents = m as i16;
             if m != 0 {
                 ready += 1;
@@ -46,24 +46,36 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
         }
         let zero = timespec { tv_sec: 0, tv_nsec: 0 };
         if ready > 0 {
-            // Report the kernel fds' state now too.
+            // Report the kernel fds' state now too, and whether each connection's readiness fd
+            // is readable: the quick look did not ask the control socket, so a hang-up the
+            // hang-up watcher has not seen yet shows only there; a connection whose readiness fd
+            // reports is asked now (`ready(true)`), so what is returned is what asking every
+            // time would return, without a system call more than the kernel fds' look.
             for (i, p) in copy.iter_mut().enumerate() {
                 *p = arr[i];
                 p.revents = 0;
             }
-            for (i, _) in &conns {
-                copy[*i].fd = -1;
+            for (i, c) in &conns {
+                copy[*i].fd = c.readiness_raw();
+                copy[*i].events = libc::POLLIN;
             }
             // SAFETY: our copy of the array.
             let r = unsafe { real::ppoll(copy.as_mut_ptr(), n, &zero, mask) };
-            let mut total = ready;
+            let mut total = 0;
+            for (i, c) in &conns {
+                if r > 0 && copy[*i].revents != 0 && !c.known_gone() {
+                    arr[*i].revents = (c.ready(true) & (arr[*i].events as u32 | ERR | HUP)) as i16;
+                }
+                if arr[*i].revents != 0 {
+                    total += 1;
+                }
+            }
             for (i, p) in arr.iter_mut().enumerate() {
-                if copy[i].fd < 0 {
-                    // A connection's (set above), or a negative fd, whose revents the kernel zeroes.
-                    p.revents = if p.fd < 0 { 0 } else { p.revents };
+                if conns.iter().any(|(j, _)| *j == i) {
                     continue;
                 }
-                p.revents = if r > 0 { copy[i].revents } else { 0 };
+                // A negative fd's revents the kernel zeroes.
+                p.revents = if r > 0 && p.fd >= 0 { copy[i].revents } else { 0 };
                 if p.revents != 0 {
                     total += 1;
                 }
@@ -78,13 +90,13 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             unpassed = !conns.is_empty() && !_waking.as_ref().is_some_and(|w| w.complete());
             let mut any = false;
             for (_, c) in &conns {
-                if c.arm(waker(wake), true) != 0 {
+                if c.arm_quick(waker(wake)) != 0 {
                     any = true;
                 }
             }
             armed = true;
             if any {
-                let again = conns.iter().any(|(i, c)| c.ready(true) & (arr[*i].events as u32 | ERR | HUP) != 0);
+                let again = conns.iter().any(|(i, c)| c.ready_quick() & (arr[*i].events as u32 | ERR | HUP) != 0);
                 if again {
                     continue;
                 }
@@ -98,7 +110,7 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             // A connection whose peer is gone and that reported nothing wanted above never will
             // (its readiness fd stays readable: the control socket hung up): leave it out, or
             // this sleep would return at once, again and again.
-            let gone = c.known_gone() || (arr[*i].events & (libc::POLLIN | libc::POLLRDHUP)) == 0 && c.peer_gone();
+            let gone = c.known_gone() || (arr[*i].events & (libc::POLLIN | libc::POLLRDHUP)) == 0 && c.peer_gone_quick();
             copy[*i].fd = if gone { -1 } else { c.readiness_raw() };
             copy[*i].events = libc::POLLIN;
         }
@@ -146,7 +158,11 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             }
         }
         for (i, c) in &conns {
-            let m = c.ready(true) & (arr[*i].events as u32 | ERR | HUP);
+            // A connection whose readiness fd the kernel reported is asked (a ring, or a hang-up
+            // the hang-up watcher may not have seen yet); one whose readiness fd stayed quiet had
+            // no hang-up on its control socket, and is asked only if the watcher cannot vouch.
+            let m = if copy[*i].revents != 0 { c.ready(true) } else { c.ready_quick() };
+            let m = m & (arr[*i].events as u32 | ERR | HUP);
             arr[*i].revents = m as i16;
             if m != 0 {
                 total += 1;

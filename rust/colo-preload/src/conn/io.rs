@@ -30,7 +30,7 @@ fn conn_recv_inner(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> 
     if buf.is_empty() {
         return recv_nothing(c, flags);
     }
-    if flags & libc::MSG_DONTWAIT != 0 && !c.nonblocking() && c.ready(true) & IN == 0 && c.arm(Drainer::Awake, true) & IN == 0 {
+    if flags & libc::MSG_DONTWAIT != 0 && !c.nonblocking() && c.ready_quick() & IN == 0 && c.arm_quick(Drainer::Awake) & IN == 0 {
         return Err(would_block());
     }
     if flags & libc::MSG_PEEK != 0 {
@@ -210,7 +210,7 @@ pub fn send_bounded(c: &Conn, buf: &[u8]) -> io::Result<usize> {
 #[inline]
 pub fn recv_nothing(c: &Conn, flags: c_int) -> io::Result<usize> {
     if c.nonblocking() || flags & libc::MSG_DONTWAIT != 0 {
-        if c.ready(true) & IN == 0 {
+        if c.ready_quick() & IN == 0 {
             return Err(io::Error::from_raw_os_error(libc::EAGAIN));
         }
         return Ok(0);

@@ -323,14 +323,36 @@ impl Conn {
             Ok((0, _))
         );
         if gone {
+            // The core's reads and writes report it from now on too, not only once the hang-up
+            // watcher has seen it (a non-blocking miss does not ask the control socket itself).
+            self.shm.read_control();
             self.gone.store(true, Ordering::Relaxed);
         }
         gone
     }
 
+    /// `peer_gone`, without a system call while the hang-up watcher vouches that the control
+    /// socket stayed silent (`Shm::control_silent`). For a look before a sleep on the readiness
+    /// fd, or a miss: a hang-up the watcher has not seen yet keeps the readiness fd readable, so
+    /// the sleep ends at once and the look after it asks (`peer_gone`); and the watcher rings
+    /// the self bell when it sees it, a new edge for an edge-triggered waiter.
+    pub fn peer_gone_quick(&self) -> bool {
+        self.gone.load(Ordering::Relaxed) || !self.shm.control_silent() && self.peer_gone()
+    }
+
     /// The readiness of the connection, in epoll bits. `check_gone`: also ask the control socket
     /// (a syscall) when nothing else makes the connection readable.
     pub fn ready(&self, check_gone: bool) -> u32 {
+        self.ready_with(if check_gone { Ask::Always } else { Ask::Never })
+    }
+
+    /// `ready(true)` for a look before a sleep on the readiness fd or after a miss: the control
+    /// socket is asked only if the hang-up watcher cannot vouch for it (`peer_gone_quick`).
+    pub fn ready_quick(&self) -> u32 {
+        self.ready_with(Ask::Quick)
+    }
+
+    fn ready_with(&self, ask: Ask) -> u32 {
         let (inc, out) = (self.incoming(), self.outgoing());
         let (in_flags, out_flags) = (inc.flags, out.flags);
         // The peer stopped reading (spec section 8).
@@ -366,7 +388,13 @@ impl Conn {
         if (fin || read_shut) && out_flags & FLAG_FIN != 0 {
             m |= HUP;
         }
-        let gone = self.gone.load(Ordering::Relaxed) || m & IN == 0 && check_gone && self.peer_gone();
+        let gone = self.gone.load(Ordering::Relaxed)
+            || m & IN == 0
+                && match ask {
+                    Ask::Never => false,
+                    Ask::Quick => self.peer_gone_quick(),
+                    Ask::Always => self.peer_gone(),
+                };
         if gone && m & IN == 0 {
             // As a kernel socket whose peer closed: readable (end of stream), writable (EPIPE).
             m |= IN | RDHUP | OUT;
@@ -576,6 +604,30 @@ impl Conn {
         self.shm.announce_doorbell_sleep();
         self.ready(always_ask || !rang)
     }
+
+    /// `arm` before a sleep on the readiness fd (`poll`), or at a miss: the control socket is
+    /// asked only if the hang-up watcher cannot vouch for it (`ready_quick`), and the bells are
+    /// drained only if our doorbell announcement was taken: while it stands, the peer has not
+    /// rung since it was made (a ring takes it, spec/WIRE.md section 6), and the drain that came
+    /// before it emptied the doorbell. A ring or a self ring left behind all the same ends the
+    /// sleep at once, and the look after a sleep the kernel ended drains (`arm`).
+    pub fn arm_quick(&self, by: Drainer) -> u32 {
+        if !self.shm.doorbell_announced() {
+            self.shm.drain_doorbell(by);
+        }
+        self.shm.announce_doorbell_sleep();
+        self.ready_quick()
+    }
+}
+
+/// Whether `Conn::ready_with` asks the control socket when nothing else makes the connection
+/// readable.
+#[derive(Clone, Copy)]
+enum Ask {
+    Never,
+    /// Only if the hang-up watcher cannot vouch for it (`Conn::peer_gone_quick`).
+    Quick,
+    Always,
 }
 
 /// Registers a wake-up eventfd (`colo::internal::wake`: this thread's, or an epoll set's) with some
@@ -647,7 +699,9 @@ impl Drop for Conn {
         }
         if others {
             // Another process (fork) still uses this connection: release our copy only, so the
-            // peer sees neither FIN nor a hang-up.
+            // peer sees neither FIN nor a hang-up. The hang-up watcher lets go of it first: it
+            // would otherwise write to the unmapped segment and ring a closed descriptor.
+            self.shm.stop_watching();
             for fd in self.raw {
                 // SAFETY: these descriptors belong to the Shm we deliberately do not drop.
                 unsafe { libc::syscall(libc::SYS_close, fd) };

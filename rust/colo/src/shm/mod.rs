@@ -479,6 +479,59 @@ impl Shm {
         }
     }
 
+    /// Whether the hang-up watcher watches this connection's control socket (registers it at
+    /// the first call in this process image; see `hangup::Watch::armed`).
+    pub(crate) fn watched(&self) -> bool {
+        self.hangup.armed(&self.fds.control, &self.fds.self_bell, self.own_waiting())
+    }
+
+    /// Whether the control socket is known to have stayed silent since it was last read,
+    /// without a system call: the hang-up watcher watches it and has not seen it readable. False
+    /// when that cannot be vouched for: no watcher here, the first call (which registers the
+    /// connection: the watcher has not looked yet), an answer to the HELLO still due, the peer
+    /// known gone, or the watcher's mark set. A set mark is taken and the control socket read
+    /// now (the caller then sees `PEER_GONE` if the peer hung up), and watching resumes if the
+    /// peer is still there. The watcher rings our self bell when it sets the mark, so a waiter
+    /// on the readiness fd that saw a hang-up before the watcher did, and whose read was told
+    /// "silent", is woken again to read once more.
+    pub fn control_silent(&self) -> bool {
+        if self.has(PEER_GONE | AWAITING_WELCOME) {
+            return false;
+        }
+        if !self.hangup.watching() {
+            self.watched();
+            return false;
+        }
+        if !self.hangup.take_fired() {
+            return true;
+        }
+        self.poll_control();
+        if self.has(PEER_GONE) {
+            // The mark was a futex sleeper's too (one the watcher woke may not have looked yet):
+            // woken whatever the shared word holds, as the peer may have cleared its bit.
+            self.wake_self();
+            colo_sys::futex::wake_all(self.own_waiting());
+        } else {
+            self.hangup.rearm(&self.fds.control);
+        }
+        false
+    }
+
+    /// Stops the hang-up watcher's watch of this connection, for a caller that closes its
+    /// descriptors and unmaps its segment without dropping it (the shim, when a forked process
+    /// still holds the connection): the watcher holds the address of our `waiting` word and
+    /// the number of our self bell until then.
+    pub fn stop_watching(&self) {
+        self.hangup.release();
+    }
+
+    /// Reads the control socket now, for a caller that learned of a hang-up by other means (the
+    /// shim's `MSG_PEEK`): the next read or write reports it, without waiting for the hang-up
+    /// watcher's mark (`control_silent`).
+    pub fn read_control(&self) {
+        self.poll_control();
+    }
+
     /// Reads the control socket without blocking: after the handshake it must stay silent, so a
     /// hang-up is the peer's end and anything else is a protocol error.
     fn poll_control(&self) {

@@ -153,7 +153,7 @@ impl Shm {
         if !(*writes).is_multiple_of(WATCH_EVERY) {
             return;
         }
-        if self.hangup.armed(&self.fds.control, self.own_waiting()) && self.hangup.take_fired() {
+        if self.watched() && self.hangup.take_fired() {
             self.poll_control();
             if self.has(PEER_GONE) {
                 // The mark was a reader's too (one the watcher woke may not have looked yet):

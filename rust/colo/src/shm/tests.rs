@@ -166,3 +166,132 @@ fn a_fresh_announcement_whose_look_succeeded_still_sends_the_others_round() {
         sa.announce(notify::SLEEP_DOORBELL, None);
     });
 }
+
+/// A non-blocking reader that misses after its peer hung up (no FIN: the peer's processes are
+/// gone), before the hang-up watcher has seen it, is told `EAGAIN` (the miss reads the control
+/// socket only when the watcher's mark is set); the watcher then rings the self bell, a new
+/// edge on the readiness fd for an edge-triggered waiter that consumed the hang-up's own edge,
+/// and the next read reports the reset.
+#[test]
+fn a_hang_up_the_watcher_sees_late_is_a_new_edge_and_the_next_read_reports_it() {
+    use colo_sys::AsRawFd;
+    let (tx, rx) = channel::<()>();
+    std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(Duration::from_secs(60)) {
+            eprintln!("watchdog: the test hung");
+            std::process::abort();
+        }
+    });
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    let a = Stream::connect_with(l.local_addr().unwrap(), &Options::new().spin(SpinMode::Never)).unwrap();
+    let (b, _) = l.accept().unwrap();
+    let (sa, sb) = (a.shm().unwrap(), b.shm().unwrap());
+    a.set_nonblocking(true).unwrap();
+    let mut byte = [0u8; 1];
+    // The first miss registers the connection with the watcher.
+    assert_eq!((&a).read(&mut byte).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+    assert!(sa.watched(), "a watcher runs in a test process");
+    // SAFETY: plain system calls on descriptors this test owns; `set` is closed at the end.
+    let set = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    assert!(set >= 0);
+    let mut ev = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLET) as u32, u64: 1 };
+    // SAFETY: as above; `ev` is a valid event for the call.
+    assert_eq!(unsafe { libc::epoll_ctl(set, libc::EPOLL_CTL_ADD, sa.readiness_fd().as_raw_fd(), &mut ev) }, 0);
+    let wait = |ms: i32| {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        // SAFETY: `evs` holds 4 events.
+        let n = unsafe { libc::epoll_wait(set, evs.as_mut_ptr(), 4, ms) };
+        assert!(n >= 0, "epoll_wait: {}", std::io::Error::last_os_error());
+        n
+    };
+    assert_eq!(wait(0), 0, "nothing to report yet");
+    {
+        // The watcher cannot mark the connection while this is held.
+        let _held = crate::hangup::hold();
+        // The peer's processes are gone: its control socket closes, no FIN in the ring.
+        // SAFETY: the peer's control socket, open while `b` lives.
+        assert_eq!(unsafe { libc::shutdown(sb.control_fd().as_raw_fd(), libc::SHUT_RDWR) }, 0);
+        // The hang-up's own edge, consumed as an edge-triggered waiter would, whose read then
+        // finds nothing to say yet.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while wait(10) == 0 {
+            assert!(Instant::now() < deadline, "the hang-up made the readiness fd readable");
+        }
+        assert_eq!((&a).read(&mut byte).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+        assert_eq!(wait(0), 0, "no edge since");
+    }
+    // The watcher marks the connection and rings its self bell: a new edge.
+    assert_eq!(wait(10_000), 1, "the watcher made a new edge on the readiness fd");
+    let err = (&a).read(&mut byte).expect_err("the hang-up is reported");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    // SAFETY: the test's own epoll set, not used after this.
+    unsafe { libc::close(set) };
+    tx.send(()).unwrap();
+}
+
+/// A forked child's copy of a non-blocking connection the parent had registered with its
+/// hang-up watcher is watched by a watcher of the child's own (the parent's thread is not in
+/// the child): the child's reads are told of the peer's hang-up, not `EAGAIN` for ever.
+#[test]
+fn a_forked_child_watches_its_copy_of_a_connection_for_itself() {
+    use colo_sys::AsRawFd;
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    let a = Stream::connect_with(l.local_addr().unwrap(), &Options::new().spin(SpinMode::Never)).unwrap();
+    let (b, _) = l.accept().unwrap();
+    a.set_nonblocking(true).unwrap();
+    let mut byte = [0u8; 1];
+    // Two misses: the first registers the connection with this process's watcher, the second
+    // takes its word for the control socket.
+    for _ in 0..2 {
+        assert_eq!((&a).read(&mut byte).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+    }
+    assert!(a.shm().unwrap().hangup.watching());
+    let mut pipe = [0; 2];
+    // SAFETY: a pipe for the child to say it is ready.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+    // SAFETY: the child uses this crate (whose fork handlers make its locks safe to take) and
+    // leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let mut a = &a;
+        let code = (|| {
+            for _ in 0..2 {
+                if a.read(&mut byte).map_err(|e| e.kind()) != Err(std::io::ErrorKind::WouldBlock) {
+                    return 2;
+                }
+            }
+            // SAFETY: the pipe's write end.
+            unsafe { libc::write(pipe[1], b"r".as_ptr().cast(), 1) };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                match a.read(&mut byte) {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(2)),
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return 0,
+                    _ => return 3,
+                }
+            }
+            1
+        })();
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    assert!(pid > 0);
+    // SAFETY: the pipe's read end; waits for the child's byte (the child exits 2 or 3 on a
+    // wrong answer, closing its end: the read then returns 0).
+    let got = unsafe { libc::read(pipe[0], byte.as_mut_ptr().cast(), 1) };
+    // The peer's processes are gone: its control socket shut for every holder (the child holds
+    // a copy of it too), no FIN in the ring.
+    // SAFETY: the peer's control socket, open while `b` lives.
+    assert_eq!(unsafe { libc::shutdown(b.shm().unwrap().control_fd().as_raw_fd(), libc::SHUT_RDWR) }, 0);
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    // SAFETY: the pipe's ends, not used after this.
+    unsafe {
+        libc::close(pipe[0]);
+        libc::close(pipe[1]);
+    }
+    assert_eq!(got, 1, "the child's first misses were EAGAIN");
+    assert!(libc::WIFEXITED(status), "child status {status}");
+    assert_eq!(libc::WEXITSTATUS(status), 0, "the child was told of the hang-up (1: EAGAIN for 20 s)");
+}

@@ -89,6 +89,13 @@ impl Shm {
         self.announce(notify::SLEEP_DOORBELL, None);
     }
 
+    /// Whether our doorbell announcement still stands: the peer has not rung since it was made
+    /// (a ring takes the bit, spec/WIRE.md section 6). A stale answer costs at most a sleep that
+    /// ends at once (the ring is in the doorbell), never a lost wake-up.
+    pub fn doorbell_announced(&self) -> bool {
+        self.own_waiting().load(Ordering::Relaxed) & notify::SLEEP_DOORBELL != 0
+    }
+
     /// Sleeps until the doorbell rings, the control socket wakes, or `deadline` passes; with
     /// `futex = Some((value, budget))`, on the futex at our `waiting` word instead, for at most
     /// `budget` (`None`: the hang-up watcher wakes it; else a hang-up is noticed when the sleep
@@ -199,6 +206,18 @@ impl Shm {
         r.map(drop)
     }
 
+    /// A non-blocking miss learns of the peer's hang-up: a hang-up leaves the readiness fd
+    /// readable, so a caller told `EAGAIN` for it would be woken again and again and never told.
+    /// While the hang-up watcher watches the control socket and has not seen it readable, that
+    /// costs no system call (`control_silent`); once it has, this read (or the next, after the
+    /// self bell the watcher rings) reads the control socket and reports the hang-up. Without a
+    /// watcher, the control socket is read at every miss.
+    fn notice_hangup_nonblocking(&self) {
+        if !self.control_silent() {
+            self.poll_control();
+        }
+    }
+
     fn deadline(&self, timeout: &AtomicU64) -> Option<Instant> {
         from_nanos(timeout.load(Ordering::Relaxed)).map(|t| Instant::now() + t)
     }
@@ -233,7 +252,7 @@ impl Shm {
         if self.nonblocking.load(Ordering::Relaxed) {
             // Our DOORBELL bit still set: nobody rang since it was announced (a ring clears it,
             // section 6), so there is nothing to drain and the announcement stands: a miss costs
-            // one system call (the control socket's, below).
+            // no system call while the hang-up watcher vouches for the control socket (below).
             if self.own_waiting().load(Ordering::Relaxed) & notify::SLEEP_DOORBELL != 0 {
                 if let Some(v) = check()? {
                     return Ok(v);
@@ -241,7 +260,7 @@ impl Shm {
                 // A pause as an announcement is (the announcement stands): what our reads owe a
                 // producer waiting for space is its due now.
                 self.release_space_waiter();
-                self.poll_control();
+                self.notice_hangup_nonblocking();
                 return check()?.ok_or_else(|| io::ErrorKind::WouldBlock.into());
             }
             let r = notify::poll_after_miss(
@@ -257,8 +276,7 @@ impl Shm {
             if let Some(v) = r {
                 return Ok(v);
             }
-            // A hang-up leaves the readiness fd readable: notice it now, not never.
-            self.poll_control();
+            self.notice_hangup_nonblocking();
             return check()?.ok_or_else(|| io::ErrorKind::WouldBlock.into());
         }
         let deadline = self.deadline(timeout);
@@ -289,7 +307,7 @@ impl Shm {
         let untimed = std::cell::Cell::new(None::<bool>);
         let sleep_untimed = || {
             let u = untimed.get().unwrap_or_else(|| {
-                deadline.is_none() && self.hangup.armed(&self.fds.control, self.own_waiting())
+                deadline.is_none() && self.watched()
             });
             untimed.set(Some(u));
             u
