@@ -20,9 +20,10 @@ const maxUnaccepted = 1024
 // helloTimeout bounds how long a server waits for a HELLO on a new rendezvous connection.
 const helloTimeout = 5 * time.Second
 
-// maxHalfOpen bounds the rendezvous connections a listener holds before they are accepted by the
-// application: waiting for their HELLO (helloTimeout), CARRIER offers waiting for their TCP
-// connection (offerTimeout), DIRECT connections waiting for Accept. maxHalfOpenPerUID is one
+// maxHalfOpen bounds the rendezvous connections a listener holds unanswered: waiting for their
+// HELLO (helloTimeout), CARRIER offers waiting for their TCP connection (offerTimeout). A DIRECT
+// connection answered WELCOME counts against maxUnaccepted instead until Accept takes it
+// (enqueue): its client may already use it. maxHalfOpenPerUID is one
 // client uid's share of them. Beyond either, a new rendezvous connection gets
 // REJECT(NO_RESOURCES) (its client uses TCP). They have their own bound, apart from
 // maxUnaccepted, so that silent rendezvous clients never hold up plain TCP accepts.
@@ -389,9 +390,40 @@ func (l *Listener) spawnHello(cfd int, h *hello, uid uint32) {
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
-		defer l.releaseHalfOpen(uid)
-		l.serveHello(cfd, h)
+		if c := l.serveHello(cfd, h); c != nil {
+			l.enqueue(c, uid)
+		} else {
+			l.releaseHalfOpen(uid)
+		}
 	}()
+}
+
+// enqueue hands a rendezvous connection answered WELCOME to Accept, moving it from the
+// half-open bound (its place for uid is given back) to maxUnaccepted, whose token it takes first
+// (waiting, as tcpLoop does, while the application is behind; the token is given back once
+// Accept has it). A client may have returned from its dial before that answer (pending, spec
+// section 3), and nothing but a late REJECT could refuse it now; so an answered connection
+// must never fill the bound that refuses new rendezvous connections with REJECT(NO_RESOURCES).
+func (l *Listener) enqueue(c *Conn, uid uint32) {
+	select {
+	case l.sem <- struct{}{}:
+	case <-l.done:
+		l.releaseHalfOpen(uid)
+		c.Close()
+		return
+	}
+	l.releaseHalfOpen(uid)
+	select {
+	case l.conns <- c: // an Accept is waiting
+		<-l.sem
+	default:
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			defer func() { <-l.sem }()
+			l.deliver(c)
+		}()
+	}
 }
 
 func sendMsg(fd int, m hsMsg) error {
@@ -440,21 +472,12 @@ func (l *Listener) serveNew(cfd int, uid uint32) {
 		l.releaseHalfOpen(uid)
 		return
 	}
-	select {
-	case l.conns <- c: // an Accept is waiting
-		l.releaseHalfOpen(uid)
-	default:
-		l.wg.Add(1)
-		go func() {
-			defer l.wg.Done()
-			defer l.releaseHalfOpen(uid)
-			l.deliver(c)
-		}()
-	}
+	l.enqueue(c, uid)
 }
 
 // serveHello reads (if h has nothing yet) and answers one HELLO on an accepted control socket.
-func (l *Listener) serveHello(cfd int, h *hello) {
+// It returns the new connection (WELCOME sent) for DIRECT mode, else nil (see handleHello).
+func (l *Listener) serveHello(cfd int, h *hello) *Conn {
 	cf := os.NewFile(uintptr(cfd), "colo-ctl")
 	if h.err == unix.EAGAIN {
 		cf.SetReadDeadline(time.Now().Add(helloTimeout))
@@ -470,7 +493,7 @@ func (l *Listener) serveHello(cfd int, h *hello) {
 		rc, err := cf.SyscallConn()
 		if err != nil {
 			cf.Close()
-			return
+			return nil
 		}
 		// Listed as silent while it waits: claimCarrier does not wait for a client that has not
 		// spoken (silent.go).
@@ -481,9 +504,7 @@ func (l *Listener) serveHello(cfd int, h *hello) {
 			h.err = err
 		}
 	}
-	if c := l.handleHello(cfd, cf, h); c != nil {
-		l.deliver(c)
-	}
+	return l.handleHello(cfd, cf, h)
 }
 
 // handleHello answers a HELLO. It returns the new connection (WELCOME sent) for DIRECT mode, or

@@ -113,3 +113,58 @@ func TestConcurrentDialsAllOnSharedMemory(t *testing.T) {
 		}
 	}
 }
+
+// DIRECT connections answered WELCOME and waiting for Accept are not half-open: more of them than
+// one uid's half-open share (maxHalfOpenPerUID) are all delivered. A client dials pending (its
+// listener welcomed it before), so a REJECT(NO_RESOURCES) after its dial returned would lose the
+// connection: its Accept would never come.
+func TestUnacceptedDirectBeyondHalfOpenShare(t *testing.T) {
+	watchdog(t, 60*time.Second)
+	l, err := ListenColo("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	n := maxHalfOpenPerUID + 16
+	var clients []*Conn
+	defer func() {
+		for _, c := range clients {
+			c.Close()
+		}
+	}()
+	for i := 0; i < n; i++ {
+		c, err := Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, c)
+		if _, err := c.Write([]byte{byte(i)}); err != nil {
+			t.Fatalf("dial %d: write: %v", i, err)
+		}
+	}
+	got := map[byte]int{}
+	for i := 0; i < n; i++ {
+		s, err := l.AcceptColo()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b [1]byte
+		if _, err := s.Read(b[:]); err != nil {
+			t.Fatalf("accept %d: read: %v", i, err)
+		}
+		if s.Transport() != TransportColo {
+			t.Errorf("accept %d: transport %v", i, s.Transport())
+		}
+		got[b[0]]++
+		s.Close()
+	}
+	want := map[byte]int{}
+	for i := 0; i < n; i++ {
+		want[byte(i)]++
+	}
+	for b, k := range want {
+		if got[b] != k {
+			t.Errorf("byte %d: %d connections, want %d", b, got[b], k)
+		}
+	}
+}
