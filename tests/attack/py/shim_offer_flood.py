@@ -13,6 +13,7 @@ OUTFILE: "SENT n", "REJECTED_NO_RESOURCES n" (answers REJECT(NO_RESOURCES) read)
 its look for one and its close, which the client sees as a reset before the REJECT) and the
 times they were first seen ("FIRST_CLOSE_AFTER": the first close after those 2 s).
 """
+import fcntl
 import os
 import select
 import socket
@@ -56,6 +57,8 @@ for i in range(count):
         os.pwrite(m, header(first_port + (0 if mode == "dup" else 2 * i)), 0)
         for base in (4096, 4096 + 8192):  # both rings start at 2048 bytes (spec/WIRE.md section 5)
             os.pwrite(m, struct.pack("<I", 2048), base + 12)
+        # Sealed as an honest client's (a server reads no segment whose size can change).
+        fcntl.fcntl(m, 1033, 1 | 2 | 4)  # F_ADD_SEALS: F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW
         try:
             socket.send_fds(s, [hello], [m, bell_c, bell_s])
         except OSError:
