@@ -220,7 +220,7 @@ fn a_full_ring_grows_to_its_limit_and_keeps_its_bytes() {
 /// the read that takes the unread bytes down to that mark asks for its wake-up; before the ring
 /// first grew, any free byte ends the wait and the read that frees the first byte wakes it.
 #[test]
-fn a_full_ring_wakes_its_producer_once_half_is_free() {
+fn a_full_ring_wakes_its_producer_once_an_eighth_is_free() {
     let (mut p, mut c, w) = common::growing_pair(heap_bytes(1 << 16), 4096);
     // Not grown yet: mark 0, the wire's "any free byte".
     assert_eq!(p.write(&[7u8; 4096]).unwrap(), 4096);
