@@ -163,10 +163,19 @@ impl Segment {
                 unsafe { &*self.u32_at(b + off) }.store(0, Ordering::Relaxed);
             }
         }
-        Segment::start_rings(self.mapping(), &self.layout);
+        // Only as far as each ring grew (its `ring_size` before the reset): a ring that stayed
+        // at its first size lies in the page of its words, and a connection per request, which
+        // recycles its segment each time, then pays no system call for pages it never wrote. A
+        // peer that lied about the size only keeps pages of a segment we hold anyway.
         let cap = self.layout.geometry.ring_capacity as usize;
-        self.release_ring_pages(true, 0..cap);
-        self.release_ring_pages(false, 0..cap);
+        let grown = [true, false].map(|c2s| {
+            // SAFETY: an aligned u32 inside the mapping (the validated layout's block offset).
+            let size = unsafe { &*self.u32_at(self.block(c2s) + block::RING_SIZE) }.load(Ordering::Relaxed);
+            (size as usize).min(cap)
+        });
+        Segment::start_rings(self.mapping(), &self.layout);
+        self.release_ring_pages(true, 0..grown[0]);
+        self.release_ring_pages(false, 0..grown[1]);
         for role in [Role::Client, Role::Server] {
             self.written(role).store(0, Ordering::Relaxed);
         }
