@@ -502,8 +502,15 @@ impl Shm {
             self.watched();
             return false;
         }
+        !self.take_hangup_mark()
+    }
+
+    /// If the hang-up watcher marked this connection: takes the mark, reads the control socket,
+    /// and either wakes our own sleepers (the peer is gone) or watches again; returns whether
+    /// there was a mark.
+    pub(super) fn take_hangup_mark(&self) -> bool {
         if !self.hangup.take_fired() {
-            return true;
+            return false;
         }
         self.poll_control();
         if self.has(PEER_GONE) {
@@ -514,7 +521,7 @@ impl Shm {
         } else {
             self.hangup.rearm(&self.fds.control);
         }
-        false
+        true
     }
 
     /// Stops the hang-up watcher's watch of this connection, for a caller that closes its

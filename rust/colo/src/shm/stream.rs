@@ -153,22 +153,14 @@ impl Shm {
         if !(*writes).is_multiple_of(WATCH_EVERY) {
             return;
         }
-        if self.watched() && self.hangup.take_fired() {
-            self.poll_control();
-            if self.has(PEER_GONE) {
-                // The mark was a reader's too (one the watcher woke may not have looked yet):
-                // woken whatever the shared word holds, as the peer may have cleared its bit.
-                self.wake_self();
-                colo_sys::futex::wake_all(self.own_waiting());
-            } else {
-                self.hangup.rearm(&self.fds.control);
-            }
+        if self.watched() {
+            self.take_hangup_mark();
         }
     }
 
     /// The free space a write may use now, if any. `waited`: whether this write already found
     /// the ring full; it then waits until the consumer has taken the unread bytes down to the
-    /// ring's `space_wake` mark (half of what it may fill), which is when the consumer wakes it
+    /// ring's `space_wake` mark (an eighth of what it may fill free), which is when the consumer wakes it
     /// (spec/WIRE.md section 6), rather than going back to sleep after every small read, or
     /// until the consumer pauses (announces a sleep of its own), which wakes it too.
     fn write_blocked(&self, tx: &mut TxHalf, waited: &mut bool) -> io::Result<Option<usize>> {
