@@ -48,12 +48,18 @@ port=$(free_port)
   exec "$PEER" server "127.0.0.1:$port" stream >"$WORK/server2.log" 2>&1) &
 SRV=$!; PIDS+=($SRV)
 wait_port "$port" || { bad "$L: server under ulimit -v did not start"; return; }
+threads() { awk '/^Threads:/ {print $2}' "/proc/$SRV/status"; }
+T0=$(( $(threads) + 1 ))
 out=$(timeout 120 setpriv --reuid=nobody --regid=nogroup --clear-groups /usr/bin/python3 "$HERE/colo_attack.py" segment_flood "$port" 40 1 3000)
 echo "$L attacker (ulimit -v server): $out"
 check "$L: under ulimit -v: refused with REJECT(NO_RESOURCES)" grep -q "REJECT(NO_RESOURCES)=" <<<"$out"
 check "$L: under ulimit -v: server alive" kill -0 "$SRV"
 check "$L: under ulimit -v: no panic" bash -c "! grep -q panicked '$WORK/server2.log'"
-legit_any() { timeout 20 "$PEER" client "127.0.0.1:$port" stream 100000 | grep -q '^OK 100000'; }
+legit_any() { local o; o=$(COLO_LOG=info timeout 20 "$PEER" client "127.0.0.1:$port" stream 100000 2>&1); grep -q "^OK 100000" <<<"$o" || { echo "client: $o"; tail -5 "$WORK/server2.log"; return 1; }; }
+# The attacker has gone: wait (bounded) for the server to let go of its connections' threads
+# and mappings before asking for a new one, which needs a thread and address space of its own.
+for _ in $(seq 300); do [ "$(threads)" -le "$T0" ] && break; sleep 0.1; done
+echo "$L: server threads after the attacker left: $(threads)"
 check "$L: under ulimit -v: legit client served" legit_any
 kill "$SRV" 2>/dev/null; wait "$SRV" 2>/dev/null
 }
