@@ -33,3 +33,8 @@ pub mod wake {
 pub mod netns {
     pub use crate::netns::*;
 }
+
+/// A listener's connections from other namespaces, resolved off its accept path.
+pub mod netns_accept {
+    pub use crate::netns_accept::{NetnsAccepts, Resolved, MAX_WAITING};
+}

@@ -365,11 +365,33 @@ impl Listener {
     /// when the poller reported one of their sources.
     fn netns_ready(&self) -> Option<(Stream, SocketAddr)> {
         let (Some(accepts), Some(r)) = (&self.netns_accepts, &self.netns) else { return None };
-        let mut a = accepts.lock().unwrap_or_else(|e| e.into_inner());
-        if self.take_hint(NETNS) {
-            a.step(r, &self.poller, &self.opts);
-        }
-        a.pop()
+        let (resolved, peer) = {
+            let mut a = accepts.lock().unwrap_or_else(|e| e.into_inner());
+            if self.take_hint(NETNS) {
+                a.step(r, &self.poller);
+            }
+            a.pop()?
+        };
+        // Accepted connections are handed over blocking, as every other the listener returns.
+        Some(match resolved {
+            crate::netns_accept::Resolved::Shm(est, tcp) => {
+                let _ = tcp.set_nonblocking(false);
+                match est.into_shm(self.opts.spin_mode()) {
+                    Ok(shm) => {
+                        log::info(format_args!("accept {}: shared memory (other namespace, carrier {peer})", self.addr));
+                        (Stream::from_carrier(shm, tcp), peer)
+                    }
+                    Err(e) => {
+                        log::info(format_args!("accept {}: carrier {peer}: {e}; plain TCP", self.addr));
+                        (Stream::from_tcp(tcp), peer)
+                    }
+                }
+            }
+            crate::netns_accept::Resolved::Tcp(tcp) => {
+                let _ = tcp.set_nonblocking(false);
+                (Stream::from_tcp(tcp), peer)
+            }
+        })
     }
 
     /// A TCP connection whose 4-tuple a CARRIER offer names moves onto that offer's segment (the

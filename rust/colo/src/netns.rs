@@ -667,6 +667,19 @@ pub fn decline(tcp: BorrowedFd<'_>, peer: SocketAddr) {
     }
 }
 
+/// [`decline`] without a wait, for an accept that must not wait on a peer's bytes: one look at
+/// the first bytes of `tcp`; a whole PROPOSAL there is taken off the stream and answered
+/// DECLINE(BUSY) (the client goes on over plain TCP). Anything else is left as it is.
+pub fn decline_now(tcp: BorrowedFd<'_>, peer: SocketAddr, why: &str) {
+    let mut p = [0u8; PROPOSAL_LEN];
+    if peek_proposal(tcp, &mut p) == Opening::Proposal {
+        let boot = boot_id().unwrap_or([0; 16]);
+        // 112 bytes first on a new connection: room is there, or the connection is of no use.
+        let _ = pathsock::send_tcp(tcp, &answer(DECLINE, BUSY, &boot, &[0; 16], b""), Duration::ZERO);
+        log::info(format_args!("accept {peer}: cross-namespace proposal declined: {why}; plain TCP"));
+    }
+}
+
 /// Whether a connection from `peer` may carry a PROPOSAL this server takes: not from an address
 /// of this namespace, and from a network `COLO_NETNS_CLIENTS` names. Only those peers make an
 /// accept wait for a PROPOSAL or a HELLO, and only they can be answered: a relay that is not

@@ -1,5 +1,6 @@
-//! The API listener's connections from listed peers of other network namespaces (spec/WIRE.md
-//! section 11), resolved without a wait in `accept`: each waits in a set of its own, first for
+//! A listener's connections from listed peers of other network namespaces (spec/WIRE.md
+//! section 11), resolved without a wait in `accept` (the API's listener, and the LD_PRELOAD
+//! shim's accept through `internal::netns_accept`): each waits in a set of its own, first for
 //! its PROPOSAL (up to `COLO_NETNS_WAIT_MS`), then, answered ACCEPT, for the HELLO proving it (up
 //! to `COLO_CARRIER_TIMEOUT_MS`), watched by the listener's poll set (the socket, the
 //! rendezvous, and a timer for the deadlines). Meanwhile `accept` returns every other
@@ -7,10 +8,9 @@
 //! as the client sent it (a PROPOSAL answered is consumed on both sides). So a listed peer that
 //! stays silent, or never sends its HELLO, delays its own connection only.
 
+use crate::carrier::Established;
 use crate::log;
 use crate::netns::{self, Opening, Rendezvous, PROPOSAL_LEN};
-use crate::options::Options;
-use crate::stream::Stream;
 use colo_sys::doorbell::Poller;
 use colo_sys::{AsFd, OwnedFd};
 use std::collections::VecDeque;
@@ -18,9 +18,9 @@ use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-/// Connections resolved at once; beyond, the listener resolves one in place (waiting in its
-/// `accept`, as the LD_PRELOAD shim does for every one).
-pub(crate) const MAX_WAITING: usize = 256;
+/// Connections waiting at once; beyond, the API's listener resolves one in place (waiting in
+/// its `accept`), the shim's accept decides it on one look (`netns::decline_now`).
+pub const MAX_WAITING: usize = 256;
 
 /// How soon a connection whose first bytes are the start of a PROPOSAL is looked at again (its
 /// socket is not watched meanwhile: it stays readable, and would wake every poll).
@@ -51,11 +51,20 @@ impl Waiting {
     }
 }
 
+/// A connection whose wait is over: its proved offer claimed (the segment, and the TCP connection
+/// that now carries only FIN/RST), or plain TCP with the stream as the client sent it (a
+/// PROPOSAL answered is consumed on both sides). Either socket is non-blocking.
+#[derive(Debug)]
+pub enum Resolved {
+    Shm(Established, TcpStream),
+    Tcp(TcpStream),
+}
+
 /// The connections of one listener that wait, and those resolved that `accept` has not returned.
 #[derive(Debug)]
-pub(crate) struct NetnsAccepts {
+pub struct NetnsAccepts {
     waiting: Vec<Waiting>,
-    ready: VecDeque<(Stream, SocketAddr)>,
+    ready: VecDeque<(Resolved, SocketAddr)>,
     /// Armed for the earliest deadline or look: in the listener's poll set under `token`.
     timer: OwnedFd,
     token: u64,
@@ -65,7 +74,7 @@ pub(crate) struct NetnsAccepts {
 
 impl NetnsAccepts {
     /// An empty set whose timer, and later sockets, `poller` watches under `token`.
-    pub(crate) fn new(poller: &Poller, token: u64) -> io::Result<NetnsAccepts> {
+    pub fn new(poller: &Poller, token: u64) -> io::Result<NetnsAccepts> {
         let timer = colo_sys::timer::create()?;
         poller.add(&timer, token)?;
         Ok(NetnsAccepts { waiting: Vec::new(), ready: VecDeque::new(), timer, token, watching: false })
@@ -73,7 +82,7 @@ impl NetnsAccepts {
 
     /// Takes `tcp`, just accepted from `peer` (a listed peer of another namespace), to wait
     /// here; gives it back when the set is full or its socket cannot be watched.
-    pub(crate) fn admit(&mut self, tcp: TcpStream, peer: SocketAddr, poller: &Poller) -> Result<(), TcpStream> {
+    pub fn admit(&mut self, tcp: TcpStream, peer: SocketAddr, poller: &Poller) -> Result<(), TcpStream> {
         if self.waiting.len() >= MAX_WAITING {
             return Err(tcp);
         }
@@ -89,13 +98,23 @@ impl NetnsAccepts {
     }
 
     /// The next resolved connection, if any.
-    pub(crate) fn pop(&mut self) -> Option<(Stream, SocketAddr)> {
+    pub fn pop(&mut self) -> Option<(Resolved, SocketAddr)> {
         self.ready.pop_front()
+    }
+
+    /// How many connections wait (not counting those resolved).
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Whether a resolved connection waits to be returned.
+    pub fn has_ready(&self) -> bool {
+        !self.ready.is_empty()
     }
 
     /// Looks once at every waiting connection (nothing here waits): answers the PROPOSALs that
     /// came, claims the HELLOs that came, and resolves as plain TCP those whose wait is over.
-    pub(crate) fn step(&mut self, r: &Rendezvous, poller: &Poller, opts: &Options) {
+    pub fn step(&mut self, r: &Rendezvous, poller: &Poller) {
         colo_sys::timer::drain(&self.timer);
         let now = Instant::now();
         if self.waiting.iter().any(|w| matches!(w.stage, Stage::Hello(_))) {
@@ -145,16 +164,8 @@ impl NetnsAccepts {
                         self.deliver_tcp(w);
                         continue;
                     };
-                    match netns::claim(*hello, w.local, w.peer).map(|e| e.into_shm(opts.spin_mode())) {
-                        Some(Ok(shm)) => {
-                            log::info(format_args!("accept {}: shared memory (other namespace, carrier {})", w.local, w.peer));
-                            let _ = w.tcp.set_nonblocking(false);
-                            self.ready.push_back((Stream::from_carrier(shm, w.tcp), w.peer));
-                        }
-                        Some(Err(e)) => {
-                            log::info(format_args!("accept {}: carrier {}: {e}; plain TCP", w.local, w.peer));
-                            self.deliver_tcp(w);
-                        }
+                    match netns::claim(*hello, w.local, w.peer) {
+                        Some(est) => self.ready.push_back((Resolved::Shm(est, w.tcp), w.peer)),
                         None => self.deliver_tcp(w),
                     }
                 }
@@ -177,9 +188,7 @@ impl NetnsAccepts {
     }
 
     fn deliver_tcp(&mut self, w: Waiting) {
-        // Accepted connections are handed over blocking, as every other the listener returns.
-        let _ = w.tcp.set_nonblocking(false);
-        self.ready.push_back((Stream::from_tcp(w.tcp), w.peer));
+        self.ready.push_back((Resolved::Tcp(w.tcp), w.peer));
     }
 
     /// Arms the timer for the earliest deadline or look (disarmed when nothing waits).
@@ -193,7 +202,6 @@ impl NetnsAccepts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stream::Transport;
     use std::io::{Read, Write};
     use std::net::TcpListener;
 
@@ -227,9 +235,10 @@ mod tests {
             assert!(Instant::now() < watchdog, "resolved only {order:?}");
             // Only what the poll set reports wakes this loop, as a blocking accept waits.
             let _ = poller.wait(Some(Duration::from_secs(5))).unwrap();
-            a.step(&r, &poller, &Options::new());
-            while let Some((mut s, peer)) = a.pop() {
-                assert_eq!(s.transport(), Transport::Tcp);
+            a.step(&r, &poller);
+            while let Some((s, peer)) = a.pop() {
+                let Resolved::Tcp(mut s) = s else { panic!("{peer}: on shared memory") };
+                s.set_nonblocking(false).unwrap();
                 if peer.port() == speaker_port {
                     let mut b = [0u8; 18];
                     s.read_exact(&mut b).unwrap();

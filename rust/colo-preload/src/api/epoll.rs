@@ -5,7 +5,7 @@
 //! (`conn::regs`); `epoll_wait` maps those events back to the application's fd and data, with
 //! IN/OUT computed from ring state.
 
-use crate::api::repeat;
+use crate::api::{lregs, repeat};
 use crate::base::env::spin;
 use crate::base::guard::Guard;
 use crate::conn::regs::{kernel_events, note_plain, register, set_wake, waker, with_regs, Reg, Regs, DUP_CHECK, PASS_FLAGS, TAG, TAG_MASK, WAKE};
@@ -49,6 +49,9 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
         let r = unsafe { real::epoll_ctl(epfd, op, fd, ev) };
         if r == 0 && k == table::NONE && fresh {
             note_plain(epfd, op, fd, ev);
+        }
+        if r == 0 && k == table::LISTEN && colo::internal::netns::server_configured() && !Guard::busy() {
+            lregs::follow(epfd, op, fd, ev);
         }
         return r;
     }
@@ -243,6 +246,8 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
     let mut hung_up = Vec::new();
     // The set's wake-up eventfd, if this batch had its event.
     let mut passed = None;
+    // Reports of listeners' held sets (`lregs`), looked at after the registrations' lock.
+    let mut listeners = Vec::new();
     with_regs(|r| {
         for i in 0..evs.len() {
             let ev = evs[i];
@@ -260,6 +265,10 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
             if d & TAG_MASK != TAG {
                 evs[out] = ev;
                 out += 1;
+                continue;
+            }
+            if d & lregs::LISTENER != 0 {
+                listeners.push(d);
                 continue;
             }
             let idx = (d & 0xFFFF_FFFF) as usize;
@@ -332,6 +341,13 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
             out += 1;
         }
     });
+    // Each skipped above: room for its report.
+    for d in listeners {
+        if let Some(ev) = lregs::report(epfd, d) {
+            evs[out] = ev;
+            out += 1;
+        }
+    }
     if let (Some(fd), true) = (passed, out > 0 && table::regs_in(epfd) > 0) {
         // This thread returns other events without looking at the rings again: pass the ring on
         // to another thread asleep on the set, if any (else this thread's next wait sees it).

@@ -140,6 +140,12 @@ pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
 }
 
 pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    if table::kind(fd) == LISTEN && colo::internal::netns::server_configured() {
+        if let Some(g) = Guard::try_enter() {
+            // SAFETY: the application's arguments to accept4, unchanged.
+            return unsafe { accept_netns(g, fd, addr, len, flags) };
+        }
+    }
     // The size of the application's buffer (the kernel writes back the address's full size).
     // SAFETY: `len`, if not null, points to the application's length.
     let room = if addr.is_null() || len.is_null() { 0 } else { unsafe { *len } };
@@ -172,6 +178,64 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
         server::on_accept(&l, nfd, flags & libc::SOCK_NONBLOCK != 0);
     }
     g.ok(nfd as ssize_t) as c_int
+}
+
+/// `accept4` on a listener of a process that serves other network namespaces: a connection
+/// from a listed peer never makes it wait (`server::held`). Resolved ones come first; a
+/// blocking accept waits for the kernel's queue and the held set together.
+///
+/// # Safety
+/// The arguments of libc's `accept4`, as the application passed them.
+unsafe fn accept_netns(g: Guard, fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    let Some(l) = table::lock(fd).and_then(|mut s| match s.entry() {
+        Entry::Listen(l) => Some(l.clone()),
+        _ => None,
+    }) else {
+        drop(g);
+        // SAFETY: libc's `accept4`, given the application's arguments unchanged.
+        return unsafe { real::accept4(fd, addr, len, flags) };
+    };
+    let held = server::held::of(&l, true);
+    loop {
+        if let Some(h) = &held {
+            h.service();
+            if let Some((res, peer)) = h.pop() {
+                // SAFETY: the application's `addr` and `len`, as accept4 takes them.
+                let nfd = unsafe { server::hand_out(res, peer, addr, len, flags) };
+                repeat::forget(nfd);
+                return g.ok(nfd as ssize_t) as c_int;
+            }
+            if h.waiting() > 0 && blocks(fd) {
+                // The kernel's accept would sleep past a held connection's resolution.
+                let mut p = [libc::pollfd { fd, events: libc::POLLIN, revents: 0 }, libc::pollfd { fd: h.fd(), events: libc::POLLIN, revents: 0 }];
+                // SAFETY: our own two pollfds.
+                if unsafe { real::ppoll(p.as_mut_ptr(), 2, std::ptr::null(), std::ptr::null()) } < 0 {
+                    return g.err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINTR)) as c_int;
+                }
+                if p[0].revents == 0 {
+                    continue;
+                }
+            }
+        }
+        // SAFETY: libc's `accept4`, given the application's arguments unchanged.
+        let nfd = unsafe { real::accept4(fd, addr, len, flags) };
+        if nfd < 0 {
+            return g.err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EAGAIN)) as c_int;
+        }
+        new_number(nfd, false);
+        repeat::forget(nfd);
+        match server::netns_accepted(&l, held.as_deref(), nfd, flags) {
+            server::Accepted::Held => continue,
+            server::Accepted::Now => return g.ok(nfd as ssize_t) as c_int,
+        }
+    }
+}
+
+/// Whether an accept on `fd` sleeps when nothing is queued (no `O_NONBLOCK`).
+fn blocks(fd: c_int) -> bool {
+    // SAFETY: F_GETFL reads the flags of the application's descriptor.
+    let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
+    fl >= 0 && fl & libc::O_NONBLOCK == 0
 }
 
 #[inline(always)]

@@ -13,6 +13,7 @@ use libc::c_int;
 pub fn forget(fd: c_int) {
     if table::is_epoll(fd) {
         regs::forget_epoll(fd);
+        crate::api::lregs::forget(fd);
         table::set_epoll(fd, false);
     }
     if table::kind(fd) == NONE {
@@ -25,7 +26,10 @@ pub fn forget(fd: c_int) {
     regs::forget_fd(fd);
     match old {
         Entry::Conn(c) => options::closing(fd, &c),
-        Entry::Listen(l) => server::on_close_listen(&l),
+        Entry::Listen(l) => {
+            crate::api::lregs::forget(fd);
+            server::on_close_listen(&l);
+        }
         Entry::Pending(p) => client::close_pending(p),
         _ => {}
     }

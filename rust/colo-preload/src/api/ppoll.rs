@@ -8,6 +8,7 @@ use crate::conn::state::{Conn, Waking, ERR, HUP};
 use crate::conn::table;
 use crate::real;
 use crate::service::client;
+use crate::service::server::held::{self, Held};
 use libc::{c_int, nfds_t, pollfd, sigset_t, timespec};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,6 +23,11 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
     }
     let conns: Vec<(usize, Arc<Conn>)> =
         arr.iter().enumerate().filter_map(|(i, p)| table::conn(p.fd).map(|c| (i, c))).collect();
+    // Listeners with connections held aside (`server::held`): their sets' fds are polled with
+    // them, and a resolved connection reports the listener readable.
+    // With whether the application asks for input there.
+    let listens: Vec<(usize, Arc<Held>, bool)> =
+        arr.iter().enumerate().filter_map(|(i, p)| held_of(p.fd).map(|h| (i, h, p.events & libc::POLLIN != 0))).collect();
     let deadline = timeout.map(|t| Instant::now() + t);
     let mut copy: Vec<pollfd> = Vec::with_capacity(arr.len() + 1);
     copy.extend_from_slice(arr);
@@ -44,6 +50,8 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
                 ready += 1;
             }
         }
+        let ready_listens: Vec<usize> = listens.iter().filter(|(_, h, wants)| *wants && h.service()).map(|(i, _, _)| *i).collect();
+        ready += ready_listens.len();
         let zero = timespec { tv_sec: 0, tv_nsec: 0 };
         if ready > 0 {
             // Report the kernel fds' state now too, and whether each connection's readiness fd
@@ -76,6 +84,9 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
                 }
                 // A negative fd's revents the kernel zeroes.
                 p.revents = if r > 0 && p.fd >= 0 { copy[i].revents } else { 0 };
+                if ready_listens.contains(&i) {
+                    p.revents |= libc::POLLIN;
+                }
                 if p.revents != 0 {
                     total += 1;
                 }
@@ -120,6 +131,9 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
         }
         let ts = left.map(|l| timespec { tv_sec: l.as_secs() as i64, tv_nsec: l.subsec_nanos() as i64 });
         let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const timespec);
+        for (_, h, _) in &listens {
+            copy.push(pollfd { fd: h.fd(), events: libc::POLLIN, revents: 0 });
+        }
         if let Some(fd) = wake {
             copy.push(pollfd { fd, events: libc::POLLIN, revents: 0 });
         }
@@ -147,12 +161,23 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINTR);
             return g.err(e) as c_int;
         }
+        // The held sets' fds, after the application's: one reported moves its set on.
+        let moved: Vec<usize> = listens
+            .iter()
+            .enumerate()
+            .filter(|(k, (_, h, wants))| copy[arr.len() + k].revents != 0 && *wants && h.service())
+            .map(|(_, (i, _, _))| *i)
+            .collect();
+        copy.truncate(arr.len());
         let mut total = 0;
         for (i, p) in arr.iter_mut().enumerate() {
             if conns.iter().any(|(j, _)| *j == i) {
                 continue;
             }
             p.revents = copy[i].revents;
+            if moved.contains(&i) {
+                p.revents |= libc::POLLIN;
+            }
             if p.revents != 0 {
                 total += 1;
             }
@@ -186,7 +211,24 @@ pub fn has_colo(fds: *const pollfd, n: nfds_t) -> bool {
     }
     // SAFETY: `n` pollfds at `fds`.
     let arr = unsafe { slice(fds, n as usize) };
-    arr.iter().any(|p| crate::api::route::is_colo_or_pending(p.fd))
+    arr.iter().any(|p| crate::api::route::is_colo_or_pending(p.fd) || holds(p.fd))
+}
+
+/// Whether `fd` is a listener with a set of connections held aside in this process.
+fn holds(fd: c_int) -> bool {
+    table::kind(fd) == table::LISTEN && colo::internal::netns::server_configured() && held_of(fd).is_some()
+}
+
+/// The held set of the listener `fd` in this process, if it has one.
+fn held_of(fd: c_int) -> Option<Arc<Held>> {
+    if table::kind(fd) != table::LISTEN || !colo::internal::netns::server_configured() {
+        return None;
+    }
+    let l = table::lock(fd).and_then(|mut s| match s.entry() {
+        table::Entry::Listen(l) => Some(l.clone()),
+        _ => None,
+    })?;
+    held::of(&l, false)
 }
 
 /// select/pselect: through `ppoll_impl` when an accelerated fd is in a set.
@@ -204,7 +246,7 @@ pub unsafe fn select_impl(
     let n = nfds.min(libc::FD_SETSIZE as c_int);
     // SAFETY: fd_sets given by the application (FD_ISSET reads within FD_SETSIZE).
     let isset = |s: *mut libc::fd_set, fd: c_int| !s.is_null() && unsafe { libc::FD_ISSET(fd, s) };
-    if !(0..n).any(|fd| crate::api::route::is_colo_or_pending(fd) && (isset(r, fd) || isset(w, fd) || isset(e, fd))) {
+    if !(0..n).any(|fd| (crate::api::route::is_colo_or_pending(fd) || holds(fd)) && (isset(r, fd) || isset(w, fd) || isset(e, fd))) {
         return None;
     }
     let mut pfds = Vec::new();

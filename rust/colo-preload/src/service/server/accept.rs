@@ -1,8 +1,10 @@
 //! `accept(2)` on a colo listener: the offer for the accepted connection's 4-tuple claimed (from
-//! this process's service, or asked of the lineage's), or a connection from another network
-//! namespace answered and claimed, before the application sees the connection.
+//! this process's service, or asked of the lineage's) before the application sees the
+//! connection; a connection from a listed peer of another network namespace held aside
+//! (`held`), and handed out once its handshake is decided.
 
 use super::forked::{fetch, may_have_offer};
+use super::held::Held;
 use super::markers::client_tag;
 use super::offers::{drain, drain_one, drain_waiting, held, publish, take, MAX_PER_KEY};
 use super::thread::{lock, own, ring, service};
@@ -15,6 +17,8 @@ use crate::conn::table::{self, Entry};
 use crate::record::marker;
 use crate::service::handover;
 use colo::internal::carrier::{self, Hello};
+use colo::internal::netns_accept::Resolved;
+use colo_sys::AsFd;
 use colo::wire::Reason;
 use std::sync::Arc;
 
@@ -33,9 +37,6 @@ fn connection_ended(local: std::net::SocketAddr, tag: u64, short: bool) {
 /// After a successful real accept of `fd` on the colo listener `listen`: claim the offer for the
 /// new connection.
 pub fn on_accept(listen: &Listen, fd: i32, nonblocking: bool) {
-    if netns_accept(listen, fd, nonblocking) {
-        return;
-    }
     let svc = own().filter(|s| std::ptr::eq(s.lineage, listen.lineage));
     if let Some(svc) = svc {
         // A client offers before its SYN, so the offer of a connection already accepted has
@@ -86,27 +87,82 @@ pub fn on_accept(listen: &Listen, fd: i32, nonblocking: bool) {
     }
 }
 
-/// A connection from another network namespace to a listener with a rendezvous in
-/// `COLO_NETNS_DIR` (spec/WIRE.md section 11): the proposal is answered and the proved offer
-/// claimed before the application sees the connection. Returns whether the connection was
-/// handled so (accelerated or left plain); false: not from another namespace, look for offers.
-fn netns_accept(listen: &Listen, fd: i32, nonblocking: bool) -> bool {
+/// What became of a connection just accepted from a process that serves other namespaces.
+pub enum Accepted {
+    /// Held aside (`held`): the accept looks for another connection.
+    Held,
+    /// The application's, as it is (claimed if an offer named it, else plain TCP).
+    Now,
+}
+
+/// After a real accept of `fd` (flags `flags`) on `listen` by a process that serves other
+/// namespaces (`COLO_NETNS_DIR`): a connection from a listed peer is held in `held` to be
+/// resolved off the accept path; without a set, or with a full one, it is decided on one look
+/// (a PROPOSAL already there answered DECLINE). Any other goes the way of every accept.
+pub fn netns_accepted(listen: &Listen, held: Option<&Held>, fd: i32, flags: i32) -> Accepted {
     use colo::internal::netns;
-    if !netns::server_configured() {
-        return false;
-    }
+    let nonblocking = flags & libc::SOCK_NONBLOCK != 0;
     // SAFETY: the fd the kernel just gave us, open for the duration of this call.
     let b = unsafe { colo_sys::BorrowedFd::borrow_raw(fd) };
-    let Some(peer) = rustix::net::getpeername(b).ok().flatten().and_then(|a| sockaddr_of(&a)) else { return false };
+    let Some(peer) = rustix::net::getpeername(b).ok().flatten().and_then(|a| sockaddr_of(&a)) else { return Accepted::Now };
     if !netns::from_elsewhere(peer) {
-        return false;
+        // A CARRIER client's port is odd (spec/WIRE.md section 3).
+        if !peer.port().is_multiple_of(2) {
+            on_accept(listen, fd, nonblocking);
+        }
+        return Accepted::Now;
     }
-    let Some(r) = netns::serving(listen.addr.port()) else {
-        netns::decline(b, peer);
-        return true;
+    let Some(h) = held else {
+        netns::decline_now(b, peer, "no rendezvous of this process (COLO_NETNS_DIR not writable?)");
+        return Accepted::Now;
     };
-    let Some(local) = rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a)) else { return true };
-    let Some(est) = r.serve(b, local, peer) else { return true };
+    // Non-blocking and close-on-exec while held; as the accept that hands it out asks then.
+    // SAFETY: the fd the kernel just gave us; the held set owns it from here (given back below
+    // if it is full).
+    let tcp = unsafe { <std::net::TcpStream as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    if tcp.set_nonblocking(true).is_err() || rustix::io::fcntl_setfd(&tcp, rustix::io::FdFlags::CLOEXEC).is_err() {
+        let _ = std::os::fd::IntoRawFd::into_raw_fd(tcp);
+        return Accepted::Now;
+    }
+    match h.admit(tcp, peer) {
+        Ok(()) => {
+            log_debug(format_args!("accept {peer}: from another namespace; held until its handshake is decided"));
+            Accepted::Held
+        }
+        Err(tcp) => {
+            netns::decline_now(tcp.as_fd(), peer, "too many connections from other namespaces wait");
+            let _ = tcp.set_nonblocking(nonblocking);
+            let fd_flags = if flags & libc::SOCK_CLOEXEC != 0 { rustix::io::FdFlags::CLOEXEC } else { rustix::io::FdFlags::empty() };
+            let _ = rustix::io::fcntl_setfd(&tcp, fd_flags);
+            let _ = std::os::fd::IntoRawFd::into_raw_fd(tcp);
+            Accepted::Now
+        }
+    }
+}
+
+/// Hands the resolved connection `res` from `peer` to the application as a new descriptor, as
+/// `accept4(.., addr, len, flags)` would have: non-blocking and close-on-exec as `flags` ask,
+/// the peer's address at `addr`; on shared memory if its offer was claimed.
+///
+/// # Safety
+/// `addr` and `len` are the application's arguments to accept4: null, or `*len` writable bytes
+/// at `addr` and a writable `*len`.
+pub unsafe fn hand_out(res: Resolved, peer: std::net::SocketAddr, addr: *mut libc::sockaddr, len: *mut libc::socklen_t, flags: i32) -> i32 {
+    let nonblocking = flags & libc::SOCK_NONBLOCK != 0;
+    let (tcp, est) = match res {
+        Resolved::Shm(est, tcp) => (tcp, Some(est)),
+        Resolved::Tcp(tcp) => (tcp, None),
+    };
+    let _ = tcp.set_nonblocking(nonblocking);
+    let fd_flags = if flags & libc::SOCK_CLOEXEC != 0 { rustix::io::FdFlags::CLOEXEC } else { rustix::io::FdFlags::empty() };
+    let _ = rustix::io::fcntl_setfd(&tcp, fd_flags);
+    let fd = std::os::fd::IntoRawFd::into_raw_fd(tcp);
+    // SAFETY: the caller's contract on `addr` and `len`.
+    unsafe { write_peer(peer, addr, len) };
+    let Some(est) = est else {
+        log_info(format_args!("accept {peer}: from another namespace: plain TCP"));
+        return fd;
+    };
     match Conn::accepted(None, connection_ended, est, nonblocking) {
         Ok(c) if (fd as usize) < table::MAX_FD => {
             let c = Arc::new(c);
@@ -115,12 +171,52 @@ fn netns_accept(listen: &Listen, fd: i32, nonblocking: bool) -> bool {
             }
             options::adopt_options(fd, &c);
             handover::on_new(fd, &c);
-            log_info(format_args!("accept {peer} -> {local}: accelerated (shared memory, other namespace)"));
+            log_info(format_args!("accept {peer}: accelerated (shared memory, other namespace)"));
         }
-        Ok(_) => log_info(format_args!("accept {peer} -> {local}: fd {fd} too high; connection lost")),
-        Err(e) => log_info(format_args!("accept {peer} -> {local}: {e}; connection reset")),
+        Ok(_) => log_info(format_args!("accept {peer}: fd {fd} too high; connection lost")),
+        Err(e) => log_info(format_args!("accept {peer}: {e}; connection reset")),
     }
-    true
+    fd
+}
+
+/// Writes `peer` at `addr` as the kernel's accept does: at most `*len` bytes of it, and its full
+/// size to `*len`.
+///
+/// # Safety
+/// As [`hand_out`]'s.
+unsafe fn write_peer(peer: std::net::SocketAddr, addr: *mut libc::sockaddr, len: *mut libc::socklen_t) {
+    if addr.is_null() || len.is_null() {
+        return;
+    }
+    // SAFETY: all-zero bytes are a valid sockaddr_storage.
+    let mut st: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let size = match peer {
+        std::net::SocketAddr::V4(a) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for any sockaddr.
+            let sin = unsafe { &mut *(&mut st as *mut libc::sockaddr_storage as *mut libc::sockaddr_in) };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = a.port().to_be();
+            sin.sin_addr.s_addr = u32::from_ne_bytes(a.ip().octets());
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        std::net::SocketAddr::V6(a) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for any sockaddr.
+            let sin6 = unsafe { &mut *(&mut st as *mut libc::sockaddr_storage as *mut libc::sockaddr_in6) };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = a.port().to_be();
+            sin6.sin6_flowinfo = a.flowinfo();
+            sin6.sin6_addr.s6_addr = a.ip().octets();
+            sin6.sin6_scope_id = a.scope_id();
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    // SAFETY: the caller's contract: `*len` is readable and writable, and `*len` bytes at `addr`
+    // writable; at most that many are copied.
+    unsafe {
+        let room = (*len as usize).min(size);
+        std::ptr::copy_nonoverlapping(&st as *const libc::sockaddr_storage as *const u8, addr as *mut u8, room);
+        *len = size as libc::socklen_t;
+    }
 }
 
 /// Claims `hello` for the connection just accepted as `fd`; returns whether the offer was

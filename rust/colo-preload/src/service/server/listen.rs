@@ -66,6 +66,7 @@ pub fn on_listen(fd: i32) {
 
 /// When a listening fd is closed in the process that listens: stop serving its rendezvous.
 pub fn on_close_listen(l: &Arc<Listen>) {
+    super::held::forget(l);
     if let Some(mut listening) = try_lock(&LISTENING) {
         if let Some(i) = listening.iter().position(|&a| a == l.addr) {
             listening.swap_remove(i);

@@ -16,12 +16,13 @@
 
 mod accept;
 mod forked;
+pub mod held;
 mod listen;
 mod markers;
 mod offers;
 mod thread;
 
-pub use accept::on_accept;
+pub use accept::{hand_out, netns_accepted, on_accept, Accepted};
 pub use forked::{atfork_child, before_fork};
 pub use listen::{may_accept, on_close_listen, on_listen};
 pub use markers::{marker_child, marker_parent, marker_prepare};

@@ -1,0 +1,135 @@
+//! The epoll registrations of listening sockets whose connections from listed peers of other
+//! namespaces are held aside (`service::server::held`). The kernel reports the listening socket
+//! only for connections in its own queue; a held connection resolved later is reported through
+//! the held set's epoll fd, registered in the application's set next to the listener (the
+//! listener's own registration stays the kernel's, untouched), with the application's
+//! edge-triggered and one-shot flags and a tagged `data` (`regs::TAG | LISTENER | index`).
+//! `api::epoll::translate` turns its report into the listener's (`report`), after moving the
+//! held connections on, as it turns a connection's readiness fd into the connection's.
+
+use crate::base::guard::Guard;
+use crate::conn::regs::TAG;
+use crate::conn::table::{self, Entry};
+use crate::real;
+use crate::service::server::held::{self, Held};
+use libc::{c_int, epoll_event};
+use std::sync::{Arc, Mutex};
+
+/// The bit of a tagged `data` that names a listener's registration (below the tag's bits, above
+/// the indexes of connections' registrations).
+pub const LISTENER: u64 = 1 << 47;
+
+struct LReg {
+    epfd: c_int,
+    fd: c_int,
+    events: u32,
+    data: u64,
+    held: Arc<Held>,
+}
+
+static LREGS: Mutex<Vec<Option<LReg>>> = Mutex::new(Vec::new());
+
+fn lregs() -> std::sync::MutexGuard<'static, Vec<Option<LReg>>> {
+    LREGS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The events of the held set's registration for the application's `events`: input, with its
+/// edge-triggered and one-shot flags (not `EPOLLEXCLUSIVE`: the set is this process's own).
+fn kernel_events(events: u32) -> u32 {
+    libc::EPOLLIN as u32 | (events & (libc::EPOLLET | libc::EPOLLONESHOT) as u32)
+}
+
+/// After the application's `epoll_ctl(epfd, op, fd, ev)` on the listening socket `fd`
+/// succeeded: the held set's registration in `epfd` follows it (made with the set if this
+/// process serves other namespaces on its port).
+pub fn follow(epfd: c_int, op: c_int, fd: c_int, ev: *const epoll_event) {
+    let _g = Guard::enter();
+    let listen = table::lock(fd).and_then(|mut s| match s.entry() {
+        Entry::Listen(l) => Some(l.clone()),
+        _ => None,
+    });
+    let Some(h) = listen.and_then(|l| held::of(&l, op == libc::EPOLL_CTL_ADD)) else { return };
+    let (events, data) = if ev.is_null() {
+        (0, 0)
+    } else {
+        // SAFETY: the application's event, which the kernel just accepted.
+        let e = unsafe { *ev };
+        (e.events, e.u64)
+    };
+    let mut all = lregs();
+    let at = all.iter().position(|r| r.as_ref().is_some_and(|r| r.epfd == epfd && r.fd == fd));
+    match (op, at) {
+        (libc::EPOLL_CTL_ADD, _) => {
+            // One left by a listener closed past the shim at this number goes first.
+            if let Some(i) = at {
+                if let Some(old) = all[i].take() {
+                    // SAFETY: removing our registration of the old set's fd from the application's set.
+                    unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, old.held.fd(), std::ptr::null_mut()) };
+                }
+            }
+            let i = all.iter().position(Option::is_none).unwrap_or_else(|| {
+                all.push(None);
+                all.len() - 1
+            });
+            let mut kev = epoll_event { events: kernel_events(events), u64: TAG | LISTENER | i as u64 };
+            // SAFETY: adding the held set's epoll fd (open while `h` lives) to the application's set.
+            if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, h.fd(), &mut kev) } == 0 {
+                all[i] = Some(LReg { epfd, fd, events, data, held: h });
+                // Its close then comes through `forget`.
+                table::set_epoll(epfd, true);
+            }
+        }
+        (libc::EPOLL_CTL_MOD, Some(i)) => {
+            if let Some(r) = all[i].as_mut() {
+                r.events = events;
+                r.data = data;
+                let mut kev = epoll_event { events: kernel_events(events), u64: TAG | LISTENER | i as u64 };
+                // SAFETY: modifying (and so re-arming) our registration in the application's set.
+                unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, r.held.fd(), &mut kev) };
+            }
+        }
+        (libc::EPOLL_CTL_DEL, Some(i)) => {
+            if let Some(old) = all[i].take() {
+                // SAFETY: removing our registration from the application's set.
+                unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, old.held.fd(), std::ptr::null_mut()) };
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The event to report for the held set's registration `d` (a tagged `data` with `LISTENER`)
+/// in `epfd`: the listener readable with the application's `data` if a held connection is now
+/// ready (after moving them on), else nothing (a one-shot registration is armed again).
+pub fn report(epfd: c_int, d: u64) -> Option<epoll_event> {
+    let i = (d & 0xFFFF_FFFF) as usize;
+    let (h, events, data) = {
+        let all = lregs();
+        let r = all.get(i)?.as_ref().filter(|r| r.epfd == epfd)?;
+        (r.held.clone(), r.events, r.data)
+    };
+    if h.service() && events & libc::EPOLLIN as u32 != 0 {
+        return Some(epoll_event { events: libc::EPOLLIN as u32, u64: data });
+    }
+    if events & libc::EPOLLONESHOT as u32 != 0 {
+        let mut kev = epoll_event { events: kernel_events(events), u64: d };
+        // SAFETY: re-arming our one-shot registration after a report the application did not get.
+        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, h.fd(), &mut kev) };
+    }
+    None
+}
+
+/// `fd` (a listener) or the epoll set `epfd` is being closed: the registrations of held sets it
+/// has go (the kernel drops the listener's own; ours is of another fd).
+pub fn forget(fd: c_int) {
+    let gone: Vec<LReg> = {
+        let mut all = lregs();
+        all.iter_mut().filter(|r| r.as_ref().is_some_and(|r| r.fd == fd || r.epfd == fd)).filter_map(Option::take).collect()
+    };
+    for r in gone {
+        if r.epfd != fd {
+            // SAFETY: removing our registration from the application's set, which stays open.
+            unsafe { real::epoll_ctl(r.epfd, libc::EPOLL_CTL_DEL, r.held.fd(), std::ptr::null_mut()) };
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! Connections from listed peers of other network namespaces (spec/WIRE.md section 11), held
+//! aside by the application's `accept` instead of waiting there for their PROPOSAL and HELLO
+//! (`colo::internal::netns_accept`, the API listener's set). Each listener has one set per
+//! process that accepts on it, of at most `MAX_WAITING` connections, each on its own deadline
+//! (`COLO_NETNS_WAIT_MS` for its first bytes, `COLO_CARRIER_TIMEOUT_MS` for its HELLO).
+//!
+//! The set's epoll fd (`Held::fd`) watches what can move a held connection on (its socket, the
+//! rendezvous while a HELLO is awaited, the deadlines' timer) and a bell that stays readable
+//! while a resolved connection waits to be returned. It is what the application's wait on the
+//! listening socket also waits on: registered next to the listener in the application's epoll
+//! sets (`conn::lregs`), added to its poll and select sets (`api::ppoll`), and polled with the
+//! listener by a blocking accept. Whoever sees it readable steps the set (`Held::service`, no
+//! wait) and reports the listener readable if a connection is then ready; `accept` returns
+//! those first.
+
+use crate::base::log::log_info;
+use crate::conn::entry::Listen;
+use colo::internal::netns::{self, Rendezvous};
+use colo::internal::netns_accept::{NetnsAccepts, Resolved};
+use colo_sys::doorbell::Poller;
+use colo_sys::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The poller token of what moves a held connection on (sockets, rendezvous, timer).
+const MOVES: u64 = 0;
+/// The poller token of the bell (a resolved connection waits to be returned).
+const BELL: u64 = 1;
+
+pub struct Held {
+    pid: u32,
+    rendezvous: &'static Rendezvous,
+    poller: Poller,
+    /// An eventfd, readable while `Inner::accepts` has a resolved connection (level-triggered in
+    /// `poller`, so that a level-triggered wait on the listener reports it until it is taken).
+    bell: OwnedFd,
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Held(pid {}, fd {})", self.pid, self.fd())
+    }
+}
+
+struct Inner {
+    accepts: NetnsAccepts,
+    /// Whether `bell` is readable.
+    rung: bool,
+}
+
+impl Held {
+    fn new(rendezvous: &'static Rendezvous) -> std::io::Result<Held> {
+        let poller = Poller::new_above(colo::internal::fd_floor())?;
+        let accepts = NetnsAccepts::new(&poller, MOVES)?;
+        let bell = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK)?;
+        poller.add(&bell, BELL)?;
+        let inner = Mutex::new(Inner { accepts, rung: false });
+        Ok(Held { pid: colo_sys::host::pid(), rendezvous, poller, bell, inner })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The set's epoll fd: readable when a held connection may have moved on, or one is ready.
+    pub fn fd(&self) -> RawFd {
+        self.poller.fd().as_raw_fd()
+    }
+
+    /// Takes `tcp` (non-blocking), just accepted from the listed peer `peer`, to wait here; gives
+    /// it back when `MAX_WAITING` wait already.
+    pub fn admit(&self, tcp: TcpStream, peer: SocketAddr) -> Result<(), TcpStream> {
+        let mut i = self.lock();
+        let r = i.accepts.admit(tcp, peer, &self.poller);
+        // Its first bytes may be there already: looked at now, not at the next report.
+        self.step(&mut i);
+        r
+    }
+
+    /// Moves the held connections on as far as they can go without a wait, if anything was
+    /// reported for them; returns whether a resolved one is ready.
+    pub fn service(&self) -> bool {
+        let mut i = self.lock();
+        if i.accepts.waiting() > 0 {
+            let mut moved = false;
+            loop {
+                let got = self.poller.wait(Some(Duration::ZERO)).unwrap_or_default();
+                moved |= got.contains(&MOVES);
+                if got.len() < Poller::MAX_EVENTS {
+                    break;
+                }
+            }
+            if moved {
+                self.step(&mut i);
+            }
+        }
+        i.accepts.has_ready()
+    }
+
+    fn step(&self, i: &mut Inner) {
+        i.accepts.step(self.rendezvous, &self.poller);
+        self.ring(i);
+    }
+
+    /// Keeps the bell readable exactly while a resolved connection is ready.
+    fn ring(&self, i: &mut Inner) {
+        let ready = i.accepts.has_ready();
+        if ready && !i.rung {
+            let _ = rustix::io::write(&self.bell, &1u64.to_ne_bytes());
+            i.rung = true;
+        } else if !ready && i.rung {
+            colo_sys::doorbell::drain(self.bell.as_fd());
+            i.rung = false;
+        }
+    }
+
+    /// The next resolved connection, if any.
+    pub fn pop(&self) -> Option<(Resolved, SocketAddr)> {
+        let mut i = self.lock();
+        let r = i.accepts.pop();
+        self.ring(&mut i);
+        r
+    }
+
+    /// How many connections wait (resolved ones not counted).
+    pub fn waiting(&self) -> usize {
+        self.lock().accepts.waiting()
+    }
+}
+
+/// The held sets of this process, by listener (`Listen::id`). A fork child's copy of its
+/// parent's sets is not its own (`Held::pid`): replaced at its first look, so that the sockets
+/// its parent holds are closed here and end when the parent closes them.
+static SETS: Mutex<Vec<(u64, Arc<Held>)>> = Mutex::new(Vec::new());
+
+fn sets() -> std::sync::MutexGuard<'static, Vec<(u64, Arc<Held>)>> {
+    SETS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The held set of `l` in this process: made now if `make` (and this process serves other
+/// namespaces on its port: `COLO_NETNS_DIR`, a rendezvous bound).
+pub fn of(l: &Listen, make: bool) -> Option<Arc<Held>> {
+    let pid = colo_sys::host::pid();
+    let mut all = sets();
+    if let Some((_, h)) = all.iter().find(|(id, h)| *id == l.id && h.pid == pid) {
+        return Some(h.clone());
+    }
+    if !make || !netns::server_configured() {
+        return None;
+    }
+    let r = netns::serving(l.addr.port())?;
+    match Held::new(r) {
+        Ok(h) => {
+            let h = Arc::new(h);
+            all.retain(|(_, h)| h.pid == pid);
+            all.push((l.id, h.clone()));
+            Some(h)
+        }
+        Err(e) => {
+            log_info(format_args!("listen {}: a set for connections from other namespaces: {e}; they are decided on one look", l.addr));
+            None
+        }
+    }
+}
+
+/// The listener `l` is closed in this process: its held connections go (closed: their clients
+/// see the end of a connection never accepted, as a listener's close gives them).
+pub fn forget(l: &Listen) {
+    let pid = colo_sys::host::pid();
+    let gone: Vec<_> = {
+        let mut all = sets();
+        let (gone, keep) = std::mem::take(&mut *all).into_iter().partition(|(id, h)| *id == l.id && h.pid == pid);
+        *all = keep;
+        gone
+    };
+    drop(gone);
+}
