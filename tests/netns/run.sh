@@ -162,7 +162,7 @@ fi
 # connection silent, one whose PROPOSAL was answered ACCEPT and whose HELLO never comes, against
 # listeners whose waits are 20 s. The Rust API and Go listeners resolve such connections off
 # their accept path: A's connection, made meanwhile, is accepted on shared memory within its
-# client's 10 s watchdog. (The LD_PRELOAD shim still waits in the application's accept.)
+# client's 10 s watchdog. Under colo run too (after these): redis, nginx and a blocking accept.
 stalled() {
     local name=$1 port=$2; shift 2
     ip netns exec "$NS_B" env COLO_NETNS_DIR="$DIR" COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_NETNS_WAIT_MS=20000 \
@@ -184,6 +184,138 @@ stalled() {
 }
 [ -x "$PEER" ] && stalled "Rust API" 7101 "$PEER"
 [ -x "$WORK/colo-peer-go" ] && stalled Go 7201 "$WORK/colo-peer-go"
+
+# 10 under colo run: the same attack against redis (level-triggered epoll), nginx (one worker:
+# epoll, an accept per report) and a Python server's blocking accept, each with 20 s waits. The
+# shim holds such connections aside and reports the listener readable when one is decided: the
+# staller's PROPOSAL is answered while its silent connection waits, A's client made meanwhile
+# is accepted on shared memory, and an unconfigured client in C (listed, so held too) gets its
+# bytes intact over TCP, all within their 10 s watchdogs.
+SLOW=(env COLO_LOG=info COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_NETNS_WAIT_MS=20000 COLO_CARRIER_TIMEOUT_MS=20000)
+shim_stall() {
+    local port=$1 out=$2
+    ip netns exec "$NS_C" setpriv --reuid=nobody --regid=nogroup --clear-groups timeout 60 $PROBE stall $IP_B $port 40 >"$out" 2>&1 &
+    STALLER=$!
+    PIDS+=("$STALLER")
+    for i in $(seq 100); do grep -qs STALL "$out" && break; sleep 0.1; done
+}
+# name, the staller's line, whether A's colo client and C's plain one got their bytes, how many
+# connections the server accelerated.
+shim_verdict() {
+    local name=$1 stall=$2 colo=$3 plain=$4 n=$5
+    if [ "$stall" = "STALL ACCEPT" ] && [ "$colo" = yes ] && [ "$plain" = yes ] && [ "$n" -ge 1 ]; then
+        ok "10 colo run -- $name: a silent listed peer and one that never sends its HELLO delay no other accept ($n accelerated meanwhile, a plain client byte-exact)"
+    else
+        bad "10 colo run -- $name: staller '$stall', colo client $colo, plain client $plain, $n accelerated"
+    fi
+    kill "$STALLER" 2>/dev/null
+}
+yes_if() { [ "$1" = "$2" ] && echo yes || echo "'${1:0:60}'"; }
+ip netns exec "$NS_B" "${SLOW[@]}" COLO_NETNS_DIR="$DIR" "$COLO" run -- \
+    redis-server --port 6392 "${REDIS_ARGS[@]}" >"$WORK/redis-slow.log" 2>&1 </dev/null &
+PIDS+=($!)
+for i in $(seq 100); do
+    ls "$DIR"/colo-*-6392.live >/dev/null 2>&1 && [ "$(ip netns exec "$NS_B" timeout 5 redis-cli -p 6392 ping 2>/dev/null)" = PONG ] && break
+    sleep 0.1
+done
+shim_stall 6392 "$WORK/redis-stall"
+c=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 10 "$COLO" run -- redis-cli -h $IP_B -p 6392 ping 2>/dev/null)
+p=$(ip netns exec "$NS_C" timeout 10 redis-cli -h $IP_B -p 6392 ping 2>/dev/null)
+shim_verdict redis-server "$(cat "$WORK/redis-stall")" "$(yes_if "$c" PONG)" "$(yes_if "$p" PONG)" \
+    "$(grep -c "accelerated (shared memory, other namespace)" "$WORK/redis-slow.log")"
+if command -v nginx >/dev/null && command -v curl >/dev/null; then
+    mkdir -p "$WORK/ngx2/www" "$WORK/ngx2/logs"
+    head -c 3000 /dev/urandom | base64 >"$WORK/ngx2/www/3k.txt"
+    cat >"$WORK/ngx2/nginx.conf" <<NGX
+worker_processes 1;
+daemon off;
+pid $WORK/ngx2/nginx.pid;
+error_log $WORK/ngx2/logs/error.log info;
+env COLO_NETNS_WAIT_MS;
+env COLO_CARRIER_TIMEOUT_MS;
+events { worker_connections 1024; }
+http { access_log off; server { listen 0.0.0.0:8082; root $WORK/ngx2/www; } }
+NGX
+    ip netns exec "$NS_B" "${SLOW[@]}" COLO_NETNS_DIR="$NDIR" "$COLO" run -- \
+        nginx -c "$WORK/ngx2/nginx.conf" -p "$WORK/ngx2" >"$WORK/ngx2.log" 2>&1 </dev/null &
+    NGINX2=$!
+    PIDS+=("$NGINX2")
+    # The master's rendezvous and the worker's (bound when it watches the listener).
+    for i in $(seq 100); do [ "$(ls "$NDIR"/colo-*-8082.live 2>/dev/null | wc -l)" -ge 2 ] && break; sleep 0.1; done
+    shim_stall 8082 "$WORK/ngx2-stall"
+    want=$(cat "$WORK/ngx2/www/3k.txt")
+    c=$(ip netns exec "$NS_A" env COLO_LOG=info COLO_NETNS_PEERS=$IP_B:8082=$NDIR timeout 10 "$COLO" run -- curl -s -m 9 http://$IP_B:8082/3k.txt 2>/dev/null)
+    p=$(ip netns exec "$NS_C" timeout 10 curl -s -m 9 http://$IP_B:8082/3k.txt 2>/dev/null)
+    shim_verdict "nginx (1 worker)" "$(cat "$WORK/ngx2-stall")" "$(yes_if "$c" "$want")" "$(yes_if "$p" "$want")" \
+        "$(cat "$WORK/ngx2.log" "$WORK/ngx2/logs/error.log" 2>/dev/null | grep -c "accelerated (shared memory, other namespace)")"
+    kill "$NGINX2"
+    timeout 10 tail --pid="$NGINX2" -f /dev/null
+fi
+# A blocking accept (Python's socket.accept): an echo server that reads each connection to its
+# end. A's client and C's plain one each send their bytes and read them back.
+cat >"$WORK/echo.py" <<'PY'
+import signal, socket, sys
+signal.alarm(120)  # watchdog
+port, banner = int(sys.argv[1]), sys.argv[2].encode()
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", port)); s.listen()
+print("READY", flush=True)
+while True:
+    c, _ = s.accept()
+    if banner:
+        c.sendall(banner)
+    got = b""
+    while not got.endswith(b"\n"):
+        b = c.recv(65536)
+        if not b:
+            break
+        got += b
+    c.sendall(got)
+    c.close()
+PY
+# Sends a line, then reads the banner and the line back.
+cat >"$WORK/say.py" <<'PY'
+import socket, sys
+host, port, banner, line = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode(), sys.argv[4].encode() + b"\n"
+s = socket.create_connection((host, port), timeout=9)
+if banner:
+    got = b""
+    while len(got) < len(banner):
+        got += s.recv(65536)
+    s.sendall(line)
+else:
+    s.sendall(line)
+    got = b""
+want = banner + line
+while len(got) < len(want):
+    b = s.recv(65536)
+    if not b:
+        break
+    got += b
+print("EXACT" if got == want else "DIFFERENT %r" % got)
+PY
+ip netns exec "$NS_B" "${SLOW[@]}" COLO_NETNS_DIR="$DIR" "$COLO" run -- python3 "$WORK/echo.py" 7003 "" >"$WORK/echo-slow.log" 2>&1 </dev/null &
+PIDS+=($!)
+for i in $(seq 100); do grep -qs READY "$WORK/echo-slow.log" && ls "$DIR"/colo-*-7003.live >/dev/null 2>&1 && break; sleep 0.1; done
+shim_stall 7003 "$WORK/echo-stall"
+c=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 10 "$COLO" run -- python3 "$WORK/say.py" $IP_B 7003 "" "colo from A" 2>/dev/null)
+p=$(ip netns exec "$NS_C" timeout 10 python3 "$WORK/say.py" $IP_B 7003 "" "plain from C" 2>/dev/null)
+shim_verdict "python3 (blocking accept)" "$(cat "$WORK/echo-stall")" "$(yes_if "$c" EXACT)" "$(yes_if "$p" EXACT)" \
+    "$(grep -c "accelerated (shared memory, other namespace)" "$WORK/echo-slow.log")"
+# Held, then given to the application as plain TCP when its wait (the default 50 ms) ends: a
+# client of C that waits for the server's banner before it speaks, byte-exact; and a colo one.
+ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_NETNS_DIR="$DIR" "$COLO" run -- \
+    python3 "$WORK/echo.py" 7004 "220 banner" >"$WORK/echo-banner.log" 2>&1 </dev/null &
+PIDS+=($!)
+for i in $(seq 100); do grep -qs READY "$WORK/echo-banner.log" && ls "$DIR"/colo-*-7004.live >/dev/null 2>&1 && break; sleep 0.1; done
+r1=$(ip netns exec "$NS_C" timeout 10 python3 "$WORK/say.py" $IP_B 7004 "220 banner" "server-first" 2>/dev/null)
+r2=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 10 "$COLO" run -- python3 "$WORK/say.py" $IP_B 7004 "220 banner" "colo, server-first" 2>/dev/null)
+n=$(grep -c "accelerated (shared memory, other namespace)" "$WORK/echo-banner.log")
+if [ "$r1" = EXACT ] && [ "$r2" = EXACT ] && [ "$n" = 1 ]; then
+    ok "10 colo run -- python3: a plain server-first client held, then handed over byte-exact; a colo one accelerated"
+else
+    bad "10 colo run -- python3 server-first: plain '$r1', colo '$r2', $n accelerated"
+fi
 
 # 8. Separate pid and mount namespaces on both sides (SO_PEERCRED reports pid 0 across them).
 ip netns exec "$NS_B" unshare -p -f -m --mount-proc env COLO_LOG=info COLO_NETNS_DIR="$DIR" COLO_NETNS_CLIENTS=10.231.0.0/16 "$COLO" run -- \
