@@ -186,7 +186,8 @@ stalled() {
 [ -x "$WORK/colo-peer-go" ] && stalled Go 7201 "$WORK/colo-peer-go"
 
 # 10 under colo run: the same attack against redis (level-triggered epoll), nginx (one worker:
-# epoll, an accept per report) and a Python server's blocking accept, each with 20 s waits. The
+# epoll, an accept per report) and Python servers (a blocking accept, edge-triggered epoll,
+# poll), each with 20 s waits. The
 # shim holds such connections aside and reports the listener readable when one is decided: the
 # staller's PROPOSAL is answered while its silent connection waits, A's client made meanwhile
 # is accepted on shared memory, and an unconfigured client in C (listed, so held too) gets its
@@ -251,17 +252,19 @@ NGX
     kill "$NGINX2"
     timeout 10 tail --pid="$NGINX2" -f /dev/null
 fi
-# A blocking accept (Python's socket.accept): an echo server that reads each connection to its
-# end. A's client and C's plain one each send their bytes and read them back.
+# Python servers that echo a line, with a banner first if given: accepting blocking, or from a
+# non-blocking listener watched by edge-triggered epoll (an accept loop until EAGAIN) or by
+# poll (one accept per report).
 cat >"$WORK/echo.py" <<'PY'
-import signal, socket, sys
+import select, signal, socket, sys
 signal.alarm(120)  # watchdog
-port, banner = int(sys.argv[1]), sys.argv[2].encode()
+port, banner, mode = int(sys.argv[1]), sys.argv[2].encode(), sys.argv[3]
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("0.0.0.0", port)); s.listen()
 print("READY", flush=True)
-while True:
-    c, _ = s.accept()
+
+def serve(c):
+    c.setblocking(True)
     if banner:
         c.sendall(banner)
     got = b""
@@ -272,6 +275,32 @@ while True:
         got += b
     c.sendall(got)
     c.close()
+
+if mode == "block":
+    while True:
+        serve(s.accept()[0])
+s.setblocking(False)
+if mode == "et":
+    ep = select.epoll()
+    ep.register(s.fileno(), select.EPOLLIN | select.EPOLLET)
+    while True:
+        ep.poll()
+        while True:
+            try:
+                c, _ = s.accept()
+            except BlockingIOError:
+                break
+            serve(c)
+else:
+    p = select.poll()
+    p.register(s.fileno(), select.POLLIN)
+    while True:
+        p.poll()
+        try:
+            c, _ = s.accept()
+        except BlockingIOError:
+            continue
+        serve(c)
 PY
 # Sends a line, then reads the banner and the line back.
 cat >"$WORK/say.py" <<'PY'
@@ -294,22 +323,26 @@ while len(got) < len(want):
     got += b
 print("EXACT" if got == want else "DIFFERENT %r" % got)
 PY
-ip netns exec "$NS_B" "${SLOW[@]}" COLO_NETNS_DIR="$DIR" "$COLO" run -- python3 "$WORK/echo.py" 7003 "" >"$WORK/echo-slow.log" 2>&1 </dev/null &
-PIDS+=($!)
-for i in $(seq 100); do grep -qs READY "$WORK/echo-slow.log" && ls "$DIR"/colo-*-7003.live >/dev/null 2>&1 && break; sleep 0.1; done
-shim_stall 7003 "$WORK/echo-stall"
-c=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 10 "$COLO" run -- python3 "$WORK/say.py" $IP_B 7003 "" "colo from A" 2>/dev/null)
-p=$(ip netns exec "$NS_C" timeout 10 python3 "$WORK/say.py" $IP_B 7003 "" "plain from C" 2>/dev/null)
-shim_verdict "python3 (blocking accept)" "$(cat "$WORK/echo-stall")" "$(yes_if "$c" EXACT)" "$(yes_if "$p" EXACT)" \
-    "$(grep -c "accelerated (shared memory, other namespace)" "$WORK/echo-slow.log")"
+port=7003
+for mode in block et poll; do
+    ip netns exec "$NS_B" "${SLOW[@]}" COLO_NETNS_DIR="$DIR" "$COLO" run -- python3 "$WORK/echo.py" $port "" $mode >"$WORK/echo-$mode.log" 2>&1 </dev/null &
+    PIDS+=($!)
+    for i in $(seq 100); do grep -qs READY "$WORK/echo-$mode.log" && ls "$DIR"/colo-*-$port.live >/dev/null 2>&1 && break; sleep 0.1; done
+    shim_stall $port "$WORK/echo-$mode-stall"
+    c=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 10 "$COLO" run -- python3 "$WORK/say.py" $IP_B $port "" "colo from A" 2>/dev/null)
+    p=$(ip netns exec "$NS_C" timeout 10 python3 "$WORK/say.py" $IP_B $port "" "plain from C" 2>/dev/null)
+    shim_verdict "python3 ($mode)" "$(cat "$WORK/echo-$mode-stall")" "$(yes_if "$c" EXACT)" "$(yes_if "$p" EXACT)" \
+        "$(grep -c "accelerated (shared memory, other namespace)" "$WORK/echo-$mode.log")"
+    port=$((port + 1))
+done
 # Held, then given to the application as plain TCP when its wait (the default 50 ms) ends: a
 # client of C that waits for the server's banner before it speaks, byte-exact; and a colo one.
 ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_NETNS_DIR="$DIR" "$COLO" run -- \
-    python3 "$WORK/echo.py" 7004 "220 banner" >"$WORK/echo-banner.log" 2>&1 </dev/null &
+    python3 "$WORK/echo.py" 7006 "220 banner" block >"$WORK/echo-banner.log" 2>&1 </dev/null &
 PIDS+=($!)
-for i in $(seq 100); do grep -qs READY "$WORK/echo-banner.log" && ls "$DIR"/colo-*-7004.live >/dev/null 2>&1 && break; sleep 0.1; done
-r1=$(ip netns exec "$NS_C" timeout 10 python3 "$WORK/say.py" $IP_B 7004 "220 banner" "server-first" 2>/dev/null)
-r2=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 10 "$COLO" run -- python3 "$WORK/say.py" $IP_B 7004 "220 banner" "colo, server-first" 2>/dev/null)
+for i in $(seq 100); do grep -qs READY "$WORK/echo-banner.log" && ls "$DIR"/colo-*-7006.live >/dev/null 2>&1 && break; sleep 0.1; done
+r1=$(ip netns exec "$NS_C" timeout 10 python3 "$WORK/say.py" $IP_B 7006 "220 banner" "server-first" 2>/dev/null)
+r2=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 10 "$COLO" run -- python3 "$WORK/say.py" $IP_B 7006 "220 banner" "colo, server-first" 2>/dev/null)
 n=$(grep -c "accelerated (shared memory, other namespace)" "$WORK/echo-banner.log")
 if [ "$r1" = EXACT ] && [ "$r2" = EXACT ] && [ "$n" = 1 ]; then
     ok "10 colo run -- python3: a plain server-first client held, then handed over byte-exact; a colo one accelerated"

@@ -64,6 +64,8 @@ extern "C" fn atfork_child() {
     repeat::forking();
     handover_file::atfork_child();
     server::atfork_child();
+    api::lregs::atfork_child();
+    server::held::atfork_child();
     server::marker_child();
     let me = colo_sys::host::pid();
     for fd in table::fds_of_kind(table::CONN) {

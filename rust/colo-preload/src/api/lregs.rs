@@ -133,3 +133,12 @@ pub fn forget(fd: c_int) {
         }
     }
 }
+
+/// In a fork child: the registrations are its parent's (in sets it shares with the parent: not
+/// removed from the kernel's sets), forgotten here.
+pub fn atfork_child() {
+    let Ok(mut all) = LREGS.try_lock() else { return };
+    let gone: Vec<_> = std::mem::take(&mut *all);
+    drop(all);
+    drop(gone);
+}

@@ -71,32 +71,56 @@ impl Held {
 
     /// Takes `tcp` (non-blocking), just accepted from the listed peer `peer`, to wait here; gives
     /// it back when `MAX_WAITING` wait already.
+    /// (Its first bytes, if there already, are reported by the poller at once: the next
+    /// `service` looks at them.)
     pub fn admit(&self, tcp: TcpStream, peer: SocketAddr) -> Result<(), TcpStream> {
-        let mut i = self.lock();
-        let r = i.accepts.admit(tcp, peer, &self.poller);
-        // Its first bytes may be there already: looked at now, not at the next report.
-        self.step(&mut i);
-        r
+        self.lock().accepts.admit(tcp, peer, &self.poller)
+    }
+
+    /// Whether this process made the set (a fork child's copy of its parent's is not its own).
+    pub fn own(&self) -> bool {
+        self.pid == colo_sys::host::pid()
     }
 
     /// Moves the held connections on as far as they can go without a wait, if anything was
     /// reported for them; returns whether a resolved one is ready.
     pub fn service(&self) -> bool {
-        let mut i = self.lock();
-        if i.accepts.waiting() > 0 {
+        let (ready, stepped) = {
+            let mut i = self.lock();
             let mut moved = false;
-            loop {
-                let got = self.poller.wait(Some(Duration::ZERO)).unwrap_or_default();
-                moved |= got.contains(&MOVES);
-                if got.len() < Poller::MAX_EVENTS {
-                    break;
+            if i.accepts.waiting() > 0 {
+                loop {
+                    let got = self.poller.wait(Some(Duration::ZERO)).unwrap_or_default();
+                    moved |= got.contains(&MOVES);
+                    if got.len() < Poller::MAX_EVENTS {
+                        break;
+                    }
+                }
+                if moved {
+                    self.step(&mut i);
                 }
             }
-            if moved {
-                self.step(&mut i);
+            (i.accepts.has_ready(), moved)
+        };
+        if stepped {
+            self.siblings_step();
+        }
+        ready
+    }
+
+    /// The step just taken may have read, at the rendezvous, the HELLO of a connection another
+    /// listener of this process on the same port holds (an IPv4 and an IPv6 listener share the
+    /// port's rendezvous): that set is not woken by the rendezvous any more (read empty), so
+    /// it is stepped now. Each set's lock is taken alone.
+    fn siblings_step(&self) {
+        let others: Vec<Arc<Held>> =
+            sets().iter().filter(|(_, h)| h.own() && !std::ptr::eq(&**h, self) && std::ptr::eq(h.rendezvous, self.rendezvous)).map(|(_, h)| h.clone()).collect();
+        for h in others {
+            let mut i = h.lock();
+            if i.accepts.waiting() > 0 {
+                h.step(&mut i);
             }
         }
-        i.accepts.has_ready()
     }
 
     fn step(&self, i: &mut Inner) {
@@ -175,5 +199,16 @@ pub fn forget(l: &Listen) {
         *all = keep;
         gone
     };
+    drop(gone);
+}
+
+/// In a fork child: the parent's sets go (their sockets are copies here, closed so that a
+/// connection the parent hands out ends when the parent's application closes it). Not if another
+/// thread of the parent held the lock at the fork (they stay, as copies, until the child's first
+/// `of`).
+pub fn atfork_child() {
+    let Ok(mut all) = SETS.try_lock() else { return };
+    let gone: Vec<_> = std::mem::take(&mut *all);
+    drop(all);
     drop(gone);
 }
