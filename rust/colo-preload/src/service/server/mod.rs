@@ -10,9 +10,13 @@
 //! Pending offers are bounded (`offers::MAX_PENDING`; beyond, REJECT(NO_RESOURCES)) and each
 //! expires `offers::PENDING_TTL` after it arrived, on the service thread's own timer.
 //!
+//! A connection from a listed peer of another network namespace (spec/WIRE.md section 11) is
+//! held aside by `accept` until its handshake is decided, never waited for there (`held`).
+//!
 //! A file a job, bottom up: `offers` (what a service holds, under its lock) and `markers` (the
 //! short-lived markers), then `thread` (the service thread), then `listen` and `forked` (the
-//! processes forked from the serving one), then `accept`.
+//! processes forked from the serving one), then `held` (connections from other namespaces),
+//! then `accept`.
 
 mod accept;
 mod forked;
