@@ -1,14 +1,14 @@
 //! Connections from listed peers of other network namespaces (spec/WIRE.md section 11), held
 //! aside by the application's `accept` instead of waiting there for their PROPOSAL and HELLO
 //! (`colo::internal::netns_accept`, the API listener's set). Each listener has one set per
-//! process that accepts on it, of at most `MAX_WAITING` connections, each on its own deadline
+//! process that accepts on it, of at most `netns_accept::MAX_WAITING` (256) connections, each on its own deadline
 //! (`COLO_NETNS_WAIT_MS` for its first bytes, `COLO_CARRIER_TIMEOUT_MS` for its HELLO).
 //!
 //! The set's epoll fd (`Held::fd`) watches what can move a held connection on (its socket, the
 //! rendezvous while a HELLO is awaited, the deadlines' timer) and a bell that stays readable
 //! while a resolved connection waits to be returned. It is what the application's wait on the
 //! listening socket also waits on: registered next to the listener in the application's epoll
-//! sets (`conn::lregs`), added to its poll and select sets (`api::ppoll`), and polled with the
+//! sets (`api::lregs`), added to its poll and select sets (`api::ppoll`), and polled with the
 //! listener by a blocking accept. Whoever sees it readable steps the set (`Held::service`, no
 //! wait) and reports the listener readable if a connection is then ready; `accept` returns
 //! those first.
@@ -70,9 +70,8 @@ impl Held {
     }
 
     /// Takes `tcp` (non-blocking), just accepted from the listed peer `peer`, to wait here; gives
-    /// it back when `MAX_WAITING` wait already.
-    /// (Its first bytes, if there already, are reported by the poller at once: the next
-    /// `service` looks at them.)
+    /// it back when `MAX_WAITING` wait already. Its first bytes, if there already, are reported
+    /// by the poller at once: the next `service` looks at them.
     pub fn admit(&self, tcp: TcpStream, peer: SocketAddr) -> Result<(), TcpStream> {
         self.lock().accepts.admit(tcp, peer, &self.poller)
     }
