@@ -187,11 +187,11 @@ stalled() {
 
 # 10 under colo run: the same attack against redis (level-triggered epoll), nginx (one worker:
 # epoll, an accept per report) and Python servers (a blocking accept, edge-triggered epoll,
-# poll), each with 20 s waits. The
-# shim holds such connections aside and reports the listener readable when one is decided: the
-# staller's PROPOSAL is answered while its silent connection waits, A's client made meanwhile
-# is accepted on shared memory, and an unconfigured client in C (listed, so held too) gets its
-# bytes intact over TCP, all within their 10 s watchdogs.
+# poll, select), each with 20 s waits. The shim holds such connections aside and reports the
+# listener readable when one is decided: the staller's PROPOSAL is answered while its silent
+# connection waits, A's client made meanwhile is accepted on shared memory, and an unconfigured
+# client in C (listed, so held too) gets its bytes intact over TCP, all within their 10 s
+# watchdogs.
 SLOW=(env COLO_LOG=info COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_NETNS_WAIT_MS=20000 COLO_CARRIER_TIMEOUT_MS=20000)
 shim_stall() {
     local port=$1 out=$2
@@ -253,8 +253,8 @@ NGX
     timeout 10 tail --pid="$NGINX2" -f /dev/null
 fi
 # Python servers that echo a line, with a banner first if given: accepting blocking, or from a
-# non-blocking listener watched by edge-triggered epoll (an accept loop until EAGAIN) or by
-# poll (one accept per report).
+# non-blocking listener watched by edge-triggered epoll (an accept loop until EAGAIN), by
+# poll or by select (one accept per report).
 cat >"$WORK/echo.py" <<'PY'
 import select, signal, socket, sys
 signal.alarm(120)  # watchdog
@@ -295,7 +295,10 @@ else:
     p = select.poll()
     p.register(s.fileno(), select.POLLIN)
     while True:
-        p.poll()
+        if mode == "poll":
+            p.poll()
+        else:
+            select.select([s], [], [])
         try:
             c, _ = s.accept()
         except BlockingIOError:
@@ -324,7 +327,7 @@ while len(got) < len(want):
 print("EXACT" if got == want else "DIFFERENT %r" % got)
 PY
 port=7003
-for mode in block et poll; do
+for mode in block et poll select; do
     ip netns exec "$NS_B" "${SLOW[@]}" COLO_NETNS_DIR="$DIR" "$COLO" run -- python3 "$WORK/echo.py" $port "" $mode >"$WORK/echo-$mode.log" 2>&1 </dev/null &
     PIDS+=($!)
     for i in $(seq 100); do grep -qs READY "$WORK/echo-$mode.log" && ls "$DIR"/colo-*-$port.live >/dev/null 2>&1 && break; sleep 0.1; done
@@ -338,11 +341,11 @@ done
 # Held, then given to the application as plain TCP when its wait (the default 50 ms) ends: a
 # client of C that waits for the server's banner before it speaks, byte-exact; and a colo one.
 ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_NETNS_DIR="$DIR" "$COLO" run -- \
-    python3 "$WORK/echo.py" 7006 "220 banner" block >"$WORK/echo-banner.log" 2>&1 </dev/null &
+    python3 "$WORK/echo.py" 7007 "220 banner" block >"$WORK/echo-banner.log" 2>&1 </dev/null &
 PIDS+=($!)
-for i in $(seq 100); do grep -qs READY "$WORK/echo-banner.log" && ls "$DIR"/colo-*-7006.live >/dev/null 2>&1 && break; sleep 0.1; done
-r1=$(ip netns exec "$NS_C" timeout 10 python3 "$WORK/say.py" $IP_B 7006 "220 banner" "server-first" 2>/dev/null)
-r2=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 10 "$COLO" run -- python3 "$WORK/say.py" $IP_B 7006 "220 banner" "colo, server-first" 2>/dev/null)
+for i in $(seq 100); do grep -qs READY "$WORK/echo-banner.log" && ls "$DIR"/colo-*-7007.live >/dev/null 2>&1 && break; sleep 0.1; done
+r1=$(ip netns exec "$NS_C" timeout 10 python3 "$WORK/say.py" $IP_B 7007 "220 banner" "server-first" 2>/dev/null)
+r2=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 10 "$COLO" run -- python3 "$WORK/say.py" $IP_B 7007 "220 banner" "colo, server-first" 2>/dev/null)
 n=$(grep -c "accelerated (shared memory, other namespace)" "$WORK/echo-banner.log")
 if [ "$r1" = EXACT ] && [ "$r2" = EXACT ] && [ "$n" = 1 ]; then
     ok "10 colo run -- python3: a plain server-first client held, then handed over byte-exact; a colo one accelerated"
