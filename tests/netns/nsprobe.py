@@ -209,6 +209,15 @@ def stall(host, port, seconds):
     t.close()
 
 
+def silent(host, port, n, seconds):
+    """Opens n TCP connections that never send a byte, holds them `seconds`."""
+    conns = [socket.create_connection((host, int(port)), timeout=30) for _ in range(int(n))]
+    print("SILENT", len(conns), flush=True)
+    time.sleep(float(seconds))
+    for c in conns:
+        c.close()
+
+
 def fuse_serve(dev, reads):
     """A FUSE server for one file (node 2, 1 MiB): answers INIT, LOOKUP, GETATTR, OPEN, FLUSH and
     RELEASE; never READ (counted in reads[0]); ENOSYS for the rest."""
@@ -385,4 +394,4 @@ def hold(host, port, seconds):
 
 
 if __name__ == "__main__":
-    {"replay": replay, "otherboot": otherboot, "forge": forge, "flood": flood, "squat": squat, "stall": stall, "fuseoffer": fuseoffer, "rstserve": rstserve, "rstclient": rstclient, "hold": hold}[sys.argv[1]](*sys.argv[2:])
+    {"replay": replay, "otherboot": otherboot, "forge": forge, "flood": flood, "squat": squat, "stall": stall, "silent": silent, "fuseoffer": fuseoffer, "rstserve": rstserve, "rstclient": rstclient, "hold": hold}[sys.argv[1]](*sys.argv[2:])

@@ -224,6 +224,23 @@ c=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 10 "$COLO" run -- redis-cli -h $I
 p=$(ip netns exec "$NS_C" timeout 10 redis-cli -h $IP_B -p 6392 ping 2>/dev/null)
 shim_verdict redis-server "$(cat "$WORK/redis-stall")" "$(yes_if "$c" PONG)" "$(yes_if "$p" PONG)" \
     "$(grep -c "accelerated (shared memory, other namespace)" "$WORK/redis-slow.log")"
+# More silent connections than a listener holds (256): the oldest go on to redis as plain TCP,
+# A's client made after them is still held and accelerated, C's plain one byte-exact.
+before=$(grep -c "accelerated (shared memory, other namespace)" "$WORK/redis-slow.log")
+ip netns exec "$NS_C" setpriv --reuid=nobody --regid=nogroup --clear-groups timeout 60 $PROBE silent $IP_B 6392 300 40 >"$WORK/redis-silent" 2>&1 &
+SILENT=$!
+PIDS+=("$SILENT")
+for i in $(seq 100); do grep -qs SILENT "$WORK/redis-silent" && break; sleep 0.1; done
+c=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 10 "$COLO" run -- redis-cli -h $IP_B -p 6392 ping 2>/dev/null)
+p=$(ip netns exec "$NS_C" timeout 10 redis-cli -h $IP_B -p 6392 ping 2>/dev/null)
+n=$(( $(grep -c "accelerated (shared memory, other namespace)" "$WORK/redis-slow.log") - before ))
+clients=$(ip netns exec "$NS_B" timeout 5 redis-cli -p 6392 info clients 2>/dev/null | tr -d '\r' | sed -n 's/^connected_clients://p')
+if [ "$(cat "$WORK/redis-silent")" = "SILENT 300" ] && [ "$c" = PONG ] && [ "$p" = PONG ] && [ "$n" = 1 ] && [ "${clients:-0}" -ge 40 ]; then
+    ok "10 colo run -- redis-server: 300 silent listed connections: the oldest beyond 256 reach redis as plain TCP ($clients clients), a colo client made after them is accelerated, a plain one byte-exact"
+else
+    bad "10 colo run -- redis-server, 300 silent: '$(cat "$WORK/redis-silent")', colo client '$c', plain client '$p', $n accelerated, $clients clients"
+fi
+kill "$SILENT" 2>/dev/null
 if command -v nginx >/dev/null && command -v curl >/dev/null; then
     mkdir -p "$WORK/ngx2/www" "$WORK/ngx2/logs"
     head -c 3000 /dev/urandom | base64 >"$WORK/ngx2/www/3k.txt"

@@ -19,7 +19,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 /// Connections waiting at once; beyond, the API's listener resolves one in place (waiting in
-/// its `accept`), the shim's accept decides it on one look (`netns::decline_now`).
+/// its `accept`), the shim's accept pushes out the oldest ([`NetnsAccepts::evict_oldest`]).
 pub const MAX_WAITING: usize = 256;
 
 /// How soon a connection whose first bytes are the start of a PROPOSAL is looked at again (its
@@ -70,6 +70,8 @@ pub struct NetnsAccepts {
     token: u64,
     /// Whether the rendezvous's wait fd is in the poll set (while a connection waits for a HELLO).
     watching: bool,
+    /// The set was full and pushed one out (logged once until it is half empty again).
+    full: bool,
 }
 
 impl NetnsAccepts {
@@ -77,7 +79,7 @@ impl NetnsAccepts {
     pub fn new(poller: &Poller, token: u64) -> io::Result<NetnsAccepts> {
         let timer = colo_sys::timer::create()?;
         poller.add(&timer, token)?;
-        Ok(NetnsAccepts { waiting: Vec::new(), ready: VecDeque::new(), timer, token, watching: false })
+        Ok(NetnsAccepts { waiting: Vec::new(), ready: VecDeque::new(), timer, token, watching: false, full: false })
     }
 
     /// Takes `tcp`, just accepted from `peer` (a listed peer of another namespace), to wait
@@ -93,6 +95,7 @@ impl NetnsAccepts {
         }
         let deadline = Instant::now() + netns::first_bytes_wait();
         self.waiting.push(Waiting { tcp, peer, local, stage: Stage::Opening, deadline, not_before: None });
+        self.full &= self.waiting.len() > MAX_WAITING / 2;
         self.arm();
         Ok(())
     }
@@ -159,15 +162,7 @@ impl NetnsAccepts {
                         self.waiting.push(w);
                         continue;
                     }
-                    let Some(hello) = r.finish(&server) else {
-                        log::info(format_args!("accept {}: no proved offer in time; plain TCP", w.peer));
-                        self.deliver_tcp(w);
-                        continue;
-                    };
-                    match netns::claim(*hello, w.local, w.peer) {
-                        Some(est) => self.ready.push_back((Resolved::Shm(est, w.tcp), w.peer)),
-                        None => self.deliver_tcp(w),
-                    }
+                    self.finish(r, w, &server);
                 }
             }
         }
@@ -179,6 +174,39 @@ impl NetnsAccepts {
             }
         }
         self.arm();
+    }
+
+    /// Ends the wait of `w` for the HELLO proving `server`: claimed if it came, else plain TCP.
+    fn finish(&mut self, r: &Rendezvous, w: Waiting, server: &[u8; 16]) {
+        let Some(hello) = r.finish(server) else {
+            log::info(format_args!("accept {}: no proved offer in time; plain TCP", w.peer));
+            return self.deliver_tcp(w);
+        };
+        match netns::claim(*hello, w.local, w.peer) {
+            Some(est) => self.ready.push_back((Resolved::Shm(est, w.tcp), w.peer)),
+            None => self.deliver_tcp(w),
+        }
+    }
+
+    /// Makes room for one more: the oldest connection still waiting for its first bytes ends
+    /// its wait now as plain TCP, the stream untouched; if none does, the oldest waiting for its
+    /// HELLO (claimed if it came, else plain TCP: its PROPOSAL and the answer consumed on both
+    /// sides). So whoever fills the set pushes out the longest waiting, never the newcomer, and
+    /// each goes on byte-exact. Returns whether one was pushed out.
+    pub fn evict_oldest(&mut self, r: &Rendezvous, poller: &Poller) -> bool {
+        let at = self.waiting.iter().position(|w| matches!(w.stage, Stage::Opening)).or((!self.waiting.is_empty()).then_some(0));
+        let Some(at) = at else { return false };
+        let w = self.waiting.remove(at);
+        if !self.full {
+            self.full = true;
+            log::info(format_args!("{MAX_WAITING} connections from other namespaces wait: the oldest go on as they stand (plain TCP unless proved)"));
+        }
+        match w.stage {
+            Stage::Opening => self.plain(poller, w),
+            Stage::Hello(server) => self.finish(r, w, &server),
+        }
+        self.arm();
+        true
     }
 
     /// Plain TCP, the stream untouched: out of the poll set and to `ready`.

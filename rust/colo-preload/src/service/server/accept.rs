@@ -97,8 +97,8 @@ pub enum Accepted {
 
 /// After a real accept of `fd` (flags `flags`) on `listen` by a process that serves other
 /// namespaces (`COLO_NETNS_DIR`): a connection from a listed peer is held in `held` to be
-/// resolved off the accept path; without a set, or with a full one, it is decided on one look
-/// (a PROPOSAL already there answered DECLINE). Any other goes the way of every accept.
+/// resolved off the accept path; without a set (or if the set cannot watch it) it is decided on
+/// one look (a PROPOSAL already there answered DECLINE). Any other goes the way of every accept.
 pub fn netns_accepted(listen: &Listen, held: Option<&Held>, fd: i32, flags: i32) -> Accepted {
     use colo::internal::netns;
     let nonblocking = flags & libc::SOCK_NONBLOCK != 0;
@@ -130,7 +130,7 @@ pub fn netns_accepted(listen: &Listen, held: Option<&Held>, fd: i32, flags: i32)
             Accepted::Held
         }
         Err(tcp) => {
-            netns::decline_now(tcp.as_fd(), peer, "too many connections from other namespaces wait");
+            netns::decline_now(tcp.as_fd(), peer, "its socket cannot be watched");
             let _ = tcp.set_nonblocking(nonblocking);
             let fd_flags = if flags & libc::SOCK_CLOEXEC != 0 { rustix::io::FdFlags::CLOEXEC } else { rustix::io::FdFlags::empty() };
             let _ = rustix::io::fcntl_setfd(&tcp, fd_flags);

@@ -1,7 +1,8 @@
 //! Connections from listed peers of other network namespaces (spec/WIRE.md section 11), held
 //! aside by the application's `accept` instead of waiting there for their PROPOSAL and HELLO
 //! (`colo::internal::netns_accept`, the API listener's set). Each listener has one set per
-//! process that accepts on it, of at most `netns_accept::MAX_WAITING` (256) connections, each on its own deadline
+//! process that accepts on it, of at most `netns_accept::MAX_WAITING` (256) connections (a
+//! newcomer pushes the oldest out, to the application as it stands), each on its own deadline
 //! (`COLO_NETNS_WAIT_MS` for its first bytes, `COLO_CARRIER_TIMEOUT_MS` for its HELLO).
 //!
 //! The set's epoll fd (`Held::fd`) watches what can move a held connection on (its socket, the
@@ -69,11 +70,22 @@ impl Held {
         self.poller.fd().as_raw_fd()
     }
 
-    /// Takes `tcp` (non-blocking), just accepted from the listed peer `peer`, to wait here; gives
-    /// it back when `MAX_WAITING` wait already. Its first bytes, if there already, are reported
-    /// by the poller at once: the next `service` looks at them.
+    /// Takes `tcp` (non-blocking), just accepted from the listed peer `peer`, to wait here. With
+    /// `MAX_WAITING` waiting already, the oldest goes on as it stands (`evict_oldest`: to the
+    /// application, plain TCP unless proved) to make room; gives `tcp` back only if the set
+    /// cannot watch it. Its first bytes, if there already, are reported by the poller at once:
+    /// the next `service` looks at them.
     pub fn admit(&self, tcp: TcpStream, peer: SocketAddr) -> Result<(), TcpStream> {
-        self.lock().accepts.admit(tcp, peer, &self.poller)
+        let mut i = self.lock();
+        let tcp = match i.accepts.admit(tcp, peer, &self.poller) {
+            Ok(()) => return Ok(()),
+            Err(tcp) => tcp,
+        };
+        if !i.accepts.evict_oldest(self.rendezvous, &self.poller) {
+            return Err(tcp);
+        }
+        self.ring(&mut i);
+        i.accepts.admit(tcp, peer, &self.poller)
     }
 
     /// Whether this process made the set (a fork child's copy of its parent's is not its own).
