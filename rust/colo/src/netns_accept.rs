@@ -286,4 +286,67 @@ mod tests {
         drop((silent, r));
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    /// A full set pushes out its oldest connection still waiting for first bytes before one
+    /// waiting for its HELLO (older though that is), each as plain TCP with its stream as sent
+    /// (the proposer's PROPOSAL consumed, its ACCEPT answered). Watchdog: the sockets' 10 s
+    /// timeouts.
+    #[test]
+    fn a_full_set_pushes_out_the_oldest_silent_first() {
+        let dir = std::env::temp_dir().join(format!("colo-netns-evict-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let r = Rendezvous::for_test(&dir, "colo-7-7");
+        let poller = Poller::new().unwrap();
+        let mut a = NetnsAccepts::new(&poller, 7).unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut proposer = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        proposer.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        proposer.write_all(&netns::proposal(&netns::boot_id().unwrap(), &[2; 8])).unwrap();
+        let (s, peer) = l.accept().unwrap();
+        s.set_nonblocking(true).unwrap();
+        a.admit(s, peer, &poller).unwrap();
+        let mut answer = [0u8; netns::ANSWER_LEN];
+        // Answered at a step once its PROPOSAL is there.
+        proposer.set_nonblocking(true).unwrap();
+        let watchdog = Instant::now() + Duration::from_secs(10);
+        loop {
+            a.step(&r, &poller);
+            if proposer.peek(&mut answer[..1]).is_ok() {
+                break;
+            }
+            assert!(Instant::now() < watchdog, "the PROPOSAL was not answered");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        proposer.set_nonblocking(false).unwrap();
+        proposer.read_exact(&mut answer).unwrap();
+        assert_eq!(answer[8], 2, "answered ACCEPT");
+        let mut silent = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, silent_peer) = l.accept().unwrap();
+        s.set_nonblocking(true).unwrap();
+        a.admit(s, silent_peer, &poller).unwrap();
+        assert!(a.evict_oldest(&r, &poller));
+        let (first, p1) = a.pop().unwrap();
+        assert_eq!(p1, silent_peer, "the connection still waiting for first bytes went first");
+        let Resolved::Tcp(mut first) = first else { panic!("on shared memory") };
+        assert!(a.evict_oldest(&r, &poller));
+        let (second, p2) = a.pop().unwrap();
+        assert_eq!(p2, peer);
+        let Resolved::Tcp(mut second) = second else { panic!("on shared memory") };
+        assert!(!a.evict_oldest(&r, &poller), "nothing left to push out");
+        // Both streams are plain TCP from here, byte-exact both ways.
+        for (server, client) in [(&mut first, &mut silent), (&mut second, &mut proposer)] {
+            server.set_nonblocking(false).unwrap();
+            server.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            client.write_all(b"ping").unwrap();
+            let mut b = [0u8; 4];
+            server.read_exact(&mut b).unwrap();
+            assert_eq!(&b, b"ping");
+            server.write_all(b"pong").unwrap();
+            client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            client.read_exact(&mut b).unwrap();
+            assert_eq!(&b, b"pong");
+        }
+        drop(r);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
