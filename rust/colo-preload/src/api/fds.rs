@@ -196,10 +196,21 @@ unsafe fn accept_netns(g: Guard, fd: c_int, addr: *mut sockaddr, len: *mut sockl
         return unsafe { real::accept4(fd, addr, len, flags) };
     };
     let held = server::held::of(&l, true);
+    // The size of the application's buffer: each accept below starts from it again (one that
+    // took a connection to hold wrote that connection's address there).
+    // SAFETY: `len`, if not null, points to the application's length.
+    let room = if len.is_null() { None } else { Some(unsafe { *len }) };
+    let reset = || {
+        if let Some(r) = room {
+            // SAFETY: `len` is not null (it was read above) and the application's to write.
+            unsafe { *len = r };
+        }
+    };
     loop {
         if let Some(h) = &held {
             h.service();
             if let Some((res, peer)) = h.pop() {
+                reset();
                 // SAFETY: the application's `addr` and `len`, as accept4 takes them.
                 let nfd = unsafe { server::hand_out(res, peer, addr, len, flags) };
                 repeat::forget(nfd);
@@ -217,6 +228,7 @@ unsafe fn accept_netns(g: Guard, fd: c_int, addr: *mut sockaddr, len: *mut sockl
                 }
             }
         }
+        reset();
         // SAFETY: libc's `accept4`, given the application's arguments unchanged.
         let nfd = unsafe { real::accept4(fd, addr, len, flags) };
         if nfd < 0 {
