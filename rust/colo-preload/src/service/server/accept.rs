@@ -117,8 +117,8 @@ pub fn netns_accepted(listen: &Listen, held: Option<&Held>, fd: i32, flags: i32)
         return Accepted::Now;
     };
     // Non-blocking and close-on-exec while held; as the accept that hands it out asks then.
-    // SAFETY: the fd the kernel just gave us; the held set owns it from here (given back below
-    // if it is full).
+    // SAFETY: the fd the kernel just gave us, owned by nothing else; the held set owns it from
+    // here (released back to the application below if the set cannot take it).
     let tcp = unsafe { <std::net::TcpStream as std::os::fd::FromRawFd>::from_raw_fd(fd) };
     if tcp.set_nonblocking(true).is_err() || rustix::io::fcntl_setfd(&tcp, rustix::io::FdFlags::CLOEXEC).is_err() {
         let _ = std::os::fd::IntoRawFd::into_raw_fd(tcp);
