@@ -23,11 +23,14 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
     }
     let conns: Vec<(usize, Arc<Conn>)> =
         arr.iter().enumerate().filter_map(|(i, p)| table::conn(p.fd).map(|c| (i, c))).collect();
-    // Listeners with connections held aside (`server::held`): their sets' fds are polled with
-    // them, and a resolved connection reports the listener readable.
-    // With whether the application asks for input there.
-    let listens: Vec<(usize, Arc<Held>, bool)> =
-        arr.iter().enumerate().filter_map(|(i, p)| held_of(p.fd).map(|h| (i, h, p.events & libc::POLLIN != 0))).collect();
+    // Listeners watched for input with connections held aside (`server::held`): their sets'
+    // fds are polled with them, and a resolved connection reports the listener readable.
+    let listens: Vec<(usize, Arc<Held>)> = arr
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.events & libc::POLLIN != 0)
+        .filter_map(|(i, p)| held_of(p.fd).map(|h| (i, h)))
+        .collect();
     let deadline = timeout.map(|t| Instant::now() + t);
     let mut copy: Vec<pollfd> = Vec::with_capacity(arr.len() + 1);
     copy.extend_from_slice(arr);
@@ -50,7 +53,7 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
                 ready += 1;
             }
         }
-        let ready_listens: Vec<usize> = listens.iter().filter(|(_, h, wants)| *wants && h.service()).map(|(i, _, _)| *i).collect();
+        let ready_listens: Vec<usize> = listens.iter().filter(|(_, h)| h.service()).map(|(i, _)| *i).collect();
         ready += ready_listens.len();
         let zero = timespec { tv_sec: 0, tv_nsec: 0 };
         if ready > 0 {
@@ -131,7 +134,7 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
         }
         let ts = left.map(|l| timespec { tv_sec: l.as_secs() as i64, tv_nsec: l.subsec_nanos() as i64 });
         let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const timespec);
-        for (_, h, _) in &listens {
+        for (_, h) in &listens {
             copy.push(pollfd { fd: h.fd(), events: libc::POLLIN, revents: 0 });
         }
         if let Some(fd) = wake {
@@ -165,8 +168,8 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
         let moved: Vec<usize> = listens
             .iter()
             .enumerate()
-            .filter(|(k, (_, h, wants))| copy[arr.len() + k].revents != 0 && *wants && h.service())
-            .map(|(_, (i, _, _))| *i)
+            .filter(|(k, (_, h))| copy[arr.len() + k].revents != 0 && h.service())
+            .map(|(_, (i, _))| *i)
             .collect();
         copy.truncate(arr.len());
         let mut total = 0;
