@@ -33,10 +33,11 @@ fn lregs() -> std::sync::MutexGuard<'static, Vec<Option<LReg>>> {
     LREGS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The events of the held set's registration for the application's `events`: input, with its
-/// edge-triggered and one-shot flags (not `EPOLLEXCLUSIVE`: the set is this process's own).
+/// The events of the held set's registration for the application's `events`: input if it asks
+/// for input (else none: a ready set would end its every wait), with its edge-triggered and
+/// one-shot flags (not `EPOLLEXCLUSIVE`: the set is this process's own).
 fn kernel_events(events: u32) -> u32 {
-    libc::EPOLLIN as u32 | (events & (libc::EPOLLET | libc::EPOLLONESHOT) as u32)
+    events & (libc::EPOLLIN | libc::EPOLLET | libc::EPOLLONESHOT) as u32
 }
 
 /// After the application's `epoll_ctl(epfd, op, fd, ev)` on the listening socket `fd`
