@@ -7,6 +7,7 @@ pub mod copy;
 pub mod data;
 pub mod exports;
 pub mod fdopen;
+pub mod std_streams;
 pub mod fds;
 pub mod forget;
 pub mod epoll;
