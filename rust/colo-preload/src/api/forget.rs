@@ -25,7 +25,7 @@ pub fn forget(fd: c_int) {
     regs::forget_fd(fd);
     match old {
         Entry::Conn(c) => options::closing(fd, &c),
-        Entry::Listen(l) => server::on_close_listen(&l),
+        Entry::Listen(l) => server::on_close_listen(&l, fd),
         Entry::Pending(p) => client::close_pending(p),
         _ => {}
     }

@@ -2,6 +2,7 @@
 //! kernel listening socket (which stays pure kernel) and served by this process's offer
 //! service, and the addresses this process listens on.
 
+use super::offers::ClosedHere;
 use super::thread::{lock, out_of_the_way, own, own_service, ring};
 use crate::base::addr::{is_tcp_stream, sockaddr_of};
 use crate::base::env::disabled;
@@ -11,7 +12,8 @@ use crate::conn::entry::Listen;
 use crate::conn::table::{self, Entry};
 use colo::wire;
 use colo_sys::seqpacket;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 use std::sync::{Arc, Mutex};
 
 /// Addresses this process holds colo listeners for (a fork child inherits the list with the
@@ -51,7 +53,8 @@ pub fn on_listen(fd: i32) {
         }
     };
     static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    let l = Arc::new(Listen { rendezvous, addr, id: IDS.fetch_add(1, Ordering::Relaxed), lineage: svc.lineage });
+    let id = IDS.fetch_add(1, Ordering::Relaxed);
+    let l = Arc::new(Listen { rendezvous, addr, id, lineage: svc.lineage, forks: FORKS.load(Ordering::Relaxed) });
     if let Some(mut l) = try_lock(&LISTENING) {
         l.push(addr);
     }
@@ -64,15 +67,40 @@ pub fn on_listen(fd: i32) {
     colo::internal::netns::listening(addr.port());
 }
 
-/// When a listening fd is closed in the process that listens: stop serving its rendezvous.
-pub fn on_close_listen(l: &Arc<Listen>) {
+/// Forks this process made (counted in the parent's `pthread_atfork` handler).
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+/// In the parent, after a fork.
+pub fn note_fork() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// When listening fd `fd` is about to be closed in the process that listens: stop serving its
+/// rendezvous, unless the listener is still open here under another number, or may be open in
+/// a child forked since the listen (a master that forks workers to accept, then closes its own
+/// copy): the service then keeps serving it for as long as the kernel still lists the socket
+/// (`thread::closed_here`), since the workers' accepts ask this process for their offers.
+pub fn on_close_listen(l: &Arc<Listen>, fd: i32) {
+    let elsewhere_here = table::fds_of_kind(table::LISTEN).any(|other| {
+        other as i32 != fd && table::lock(other as i32).is_some_and(|mut s| matches!(s.entry(), Entry::Listen(x) if Arc::ptr_eq(x, l)))
+    });
+    if elsewhere_here {
+        return;
+    }
     if let Some(mut listening) = try_lock(&LISTENING) {
         if let Some(i) = listening.iter().position(|&a| a == l.addr) {
             listening.swap_remove(i);
         }
     }
     let Some(svc) = own() else { return };
-    lock(svc).listens.retain(|x| !Arc::ptr_eq(x, l));
+    // SAFETY: `fd` is the application's listening socket, still open (the close comes after).
+    let inode = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) }).map(|st| st.st_ino);
+    match inode {
+        Ok(inode) if FORKS.load(Ordering::Relaxed) > l.forks => {
+            lock(svc).closed_here.push(ClosedHere { listen: l.clone(), fd, inode, next: Instant::now() });
+        }
+        _ => lock(svc).listens.retain(|x| !Arc::ptr_eq(x, l)),
+    }
     // Its markers are lowered by the service thread (`markers::tend_markers`), which alone
     // raises them.
     ring(svc);

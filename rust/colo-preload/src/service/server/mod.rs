@@ -23,5 +23,5 @@ mod thread;
 
 pub use accept::on_accept;
 pub use forked::{atfork_child, before_fork};
-pub use listen::{may_accept, on_close_listen, on_listen};
+pub use listen::{may_accept, note_fork, on_close_listen, on_listen};
 pub use markers::{marker_child, marker_parent, marker_prepare};
