@@ -9,6 +9,7 @@ pub mod exports;
 pub mod fdopen;
 pub mod fds;
 pub mod forget;
+pub mod names;
 pub mod epoll;
 pub mod ppoll;
 pub mod repeat;
