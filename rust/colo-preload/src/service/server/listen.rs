@@ -39,6 +39,10 @@ pub fn on_listen(fd: i32) {
     let rendezvous = match seqpacket::listen(name.as_bytes()).and_then(out_of_the_way) {
         Ok(r) => r,
         Err(e) => {
+            if e.raw_os_error() == Some(libc::EADDRINUSE) && share_sibling(fd, addr) {
+                log_info(format_args!("listen {addr}: another listener of this process on it (SO_REUSEPORT): serving colo offers on its {name}"));
+                return;
+            }
             log_info(format_args!("listen {addr}: rendezvous {name}: {e}; this listener serves plain TCP"));
             return;
         }
@@ -64,8 +68,36 @@ pub fn on_listen(fd: i32) {
     colo::internal::netns::listening(addr.port());
 }
 
-/// When a listening fd is closed in the process that listens: stop serving its rendezvous.
+/// Sockets listening on one address with `SO_REUSEPORT` (nginx's `listen ... reuseport` makes
+/// one per worker, all in the master): the kernel spreads the TCP connections over them, but only
+/// the first has the address's rendezvous, where every client sends its offer. A connection the
+/// kernel gives to another of them must still find its offer, or its client waits out its
+/// carrier timeout before going on over TCP: `fd` (listening on `addr`, its rendezvous name
+/// taken) becomes another descriptor of the listener this process already serves on `addr`,
+/// whose offers it claims at accept by 4-tuple as that listener's own. False if there is none.
+fn share_sibling(fd: i32, addr: std::net::SocketAddr) -> bool {
+    let Some(svc) = own() else { return false };
+    let sibling = table::fds_of_kind(table::LISTEN).find_map(|other| match table::lock(other as i32)?.entry() {
+        Entry::Listen(l) if l.addr == addr && std::ptr::eq(l.lineage, svc.lineage) => Some(l.clone()),
+        _ => None,
+    });
+    let Some(l) = sibling else { return false };
+    if let Some(mut slot) = table::lock(fd) {
+        slot.set(Entry::Listen(l));
+    }
+    true
+}
+
+/// When a listening fd is closed in the process that listens: stop serving its rendezvous,
+/// unless another descriptor of this process still holds the listener (a duplicate, or a
+/// `SO_REUSEPORT` sibling, `share_sibling`).
 pub fn on_close_listen(l: &Arc<Listen>) {
+    let held = table::fds_of_kind(table::LISTEN).any(|fd| {
+        table::lock(fd as i32).is_some_and(|mut s| matches!(s.entry(), Entry::Listen(x) if Arc::ptr_eq(x, l)))
+    });
+    if held {
+        return;
+    }
     if let Some(mut listening) = try_lock(&LISTENING) {
         if let Some(i) = listening.iter().position(|&a| a == l.addr) {
             listening.swap_remove(i);
