@@ -93,7 +93,8 @@ PY
   check "... memcslap, 16 connections" sh -c "timeout 60 $COLORUN memcslap --servers=127.0.0.1:$M --concurrency=16 --execute-number=2000 >'$WORK/memcslap.out' 2>&1"
   check "... accepted over shared memory ($(grep -c ': accelerated (shared memory)' "$WORK/memcached.log") connections)" \
     test "$(grep -c ': accelerated (shared memory)' "$WORK/memcached.log")" -ge 17
-  check "... its descriptors come back to $base" fds_back "$MP" "$base"
+  # (+1: a listener whose clients' connections were short-lived binds a marker for them, once.)
+  check "... its descriptors come back to $base (+1)" fds_back "$MP" "$((base + 1))"
 fi
 
 if need mosquitto && need mosquitto_pub; then
