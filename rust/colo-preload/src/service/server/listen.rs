@@ -39,8 +39,16 @@ pub fn on_listen(fd: i32) {
     let rendezvous = match seqpacket::listen(name.as_bytes()).and_then(out_of_the_way) {
         Ok(r) => r,
         Err(e) => {
-            if e.raw_os_error() == Some(libc::EADDRINUSE) && share_sibling(fd, addr) {
-                log_info(format_args!("listen {addr}: another listener of this process on it (SO_REUSEPORT): serving colo offers on its {name}"));
+            if e.raw_os_error() == Some(libc::EADDRINUSE) {
+                if share_sibling(fd, addr) {
+                    log_info(format_args!("listen {addr}: another listener of this process on it (SO_REUSEPORT): serving colo offers on its {name}"));
+                } else {
+                    // Clients offer there, and the kernel may give their connections to this
+                    // socket: each such client waits out its carrier timeout, then goes on over TCP.
+                    log_info(format_args!(
+                        "listen {addr}: rendezvous {name} is held by another process (its SO_REUSEPORT listener on the same address, or a process that kept an earlier listener's); this listener serves plain TCP, and clients under colo run whose connections the kernel gives it wait COLO_CARRIER_TIMEOUT_MS first"
+                    ));
+                }
                 return;
             }
             log_info(format_args!("listen {addr}: rendezvous {name}: {e}; this listener serves plain TCP"));
