@@ -46,7 +46,7 @@ pub fn on_listen(fd: i32) {
                     // Clients offer there, and the kernel may give their connections to this
                     // socket: each such client waits out its carrier timeout, then goes on over TCP.
                     log_info(format_args!(
-                        "listen {addr}: rendezvous {name} is held by another process (its SO_REUSEPORT listener on the same address, or a process that kept an earlier listener's); this listener serves plain TCP, and clients under colo run whose connections the kernel gives it wait COLO_CARRIER_TIMEOUT_MS first"
+                        "listen {addr}: rendezvous {name} is held by another process (a SO_REUSEPORT listener on the same address, one that kept an earlier listener's, or a squatter); this listener serves plain TCP, and clients under colo run whose connections the kernel gives it wait COLO_CARRIER_TIMEOUT_MS first"
                     ));
                 }
                 return;
