@@ -2,7 +2,7 @@
 //! (`data`, `fds`, `copy`, `fdopen`, `epoll`, `ppoll`, `sockopt`), or over libc (`real`) when the
 //! arguments show the call is not the shim's. A non-colo fd costs one atomic load before libc.
 
-use crate::api::{behind, copy, data, epoll, fdopen, fds, forget, ppoll, repeat, route, sockopt, std_streams};
+use crate::api::{behind, copy, data, epoll, fdopen, fds, forget, names, ppoll, repeat, route, sockopt, std_streams};
 use crate::base::guard::Guard;
 use crate::base::uring::refused;
 use crate::conn::table;
@@ -337,6 +337,18 @@ pub unsafe extern "C" fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *
     // SAFETY: `sockopt::getsockopt` requires what libc's `getsockopt` does of these arguments,
     // which the application's call met.
     unsafe { sockopt::getsockopt(fd, level, name, val, len) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    // SAFETY: `names::name` requires what libc's `getsockname` does of these arguments, which the
+    // application's call met.
+    unsafe { names::name(fd, addr, len, false) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    // SAFETY: `names::name` requires what libc's `getpeername` does of these arguments, which the
+    // application's call met.
+    unsafe { names::name(fd, addr, len, true) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {

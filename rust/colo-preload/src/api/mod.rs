@@ -10,6 +10,7 @@ pub mod fdopen;
 pub mod std_streams;
 pub mod fds;
 pub mod forget;
+pub mod names;
 pub mod epoll;
 pub mod ppoll;
 pub mod repeat;

@@ -41,6 +41,18 @@ pub fn on_listen(fd: i32) {
     let rendezvous = match seqpacket::listen(name.as_bytes()).and_then(out_of_the_way) {
         Ok(r) => r,
         Err(e) => {
+            if e.raw_os_error() == Some(libc::EADDRINUSE) {
+                if share_sibling(fd, addr) {
+                    log_info(format_args!("listen {addr}: another listener of this process on it (SO_REUSEPORT): serving colo offers on its {name}"));
+                } else {
+                    // Clients offer there, and the kernel may give their connections to this
+                    // socket: each such client waits out its carrier timeout, then goes on over TCP.
+                    log_info(format_args!(
+                        "listen {addr}: rendezvous {name} is held by another process (a SO_REUSEPORT listener on the same address, one that kept an earlier listener's, or a squatter); this listener serves plain TCP, and clients under colo run whose connections the kernel gives it wait COLO_CARRIER_TIMEOUT_MS first"
+                    ));
+                }
+                return;
+            }
             log_info(format_args!("listen {addr}: rendezvous {name}: {e}; this listener serves plain TCP"));
             return;
         }
@@ -67,6 +79,26 @@ pub fn on_listen(fd: i32) {
     colo::internal::netns::listening(addr.port());
 }
 
+/// Sockets listening on one address with `SO_REUSEPORT` (nginx's `listen ... reuseport` makes
+/// one per worker, all in the master): the kernel spreads the TCP connections over them, but only
+/// the first has the address's rendezvous, where every client sends its offer. A connection the
+/// kernel gives to another of them must still find its offer, or its client waits out its
+/// carrier timeout before going on over TCP: `fd` (listening on `addr`, its rendezvous name
+/// taken) becomes another descriptor of the listener this process already serves on `addr`,
+/// whose offers it claims at accept by 4-tuple as that listener's own. False if there is none.
+fn share_sibling(fd: i32, addr: std::net::SocketAddr) -> bool {
+    let Some(svc) = own() else { return false };
+    let sibling = table::fds_of_kind(table::LISTEN).find_map(|other| match table::lock(other as i32)?.entry() {
+        Entry::Listen(l) if l.addr == addr && std::ptr::eq(l.lineage, svc.lineage) => Some(l.clone()),
+        _ => None,
+    });
+    let Some(l) = sibling else { return false };
+    if let Some(mut slot) = table::lock(fd) {
+        slot.set(Entry::Listen(l));
+    }
+    true
+}
+
 /// Forks this process made (counted in the parent's `pthread_atfork` handler).
 static FORKS: AtomicU64 = AtomicU64::new(0);
 
@@ -76,10 +108,11 @@ pub fn note_fork() {
 }
 
 /// When listening fd `fd` is about to be closed in the process that listens: stop serving its
-/// rendezvous, unless the listener is still open here under another number, or may be open in
-/// a child forked since the listen (a master that forks workers to accept, then closes its own
-/// copy): the service then keeps serving it for as long as the kernel still lists the socket
-/// (`thread::closed_here`), since the workers' accepts ask this process for their offers.
+/// rendezvous, unless the listener is still open here under another number (a duplicate, or a
+/// `SO_REUSEPORT` sibling, `share_sibling`), or may be open in a child forked since the listen
+/// (a master that forks workers to accept, then closes its own copy): the service then keeps
+/// serving it for as long as the kernel still lists the socket (`thread::closed_here`), since
+/// the workers' accepts ask this process for their offers.
 pub fn on_close_listen(l: &Arc<Listen>, fd: i32) {
     let elsewhere_here = table::fds_of_kind(table::LISTEN).any(|other| {
         other as i32 != fd && table::lock(other as i32).is_some_and(|mut s| matches!(s.entry(), Entry::Listen(x) if Arc::ptr_eq(x, l)))
