@@ -97,7 +97,8 @@ func diagSocket(m []byte) tcpSocket {
 		return netip.AddrPortFrom(a, binary.BigEndian.Uint16(port))
 	}
 	return tcpSocket{local: addr(id[4:20], id[0:2]), remote: addr(id[20:36], id[2:4]),
-		listening: m[1] == tcpListenState, uid: binary.NativeEndian.Uint32(m[diagMsgUIDEnd-4:])}
+		listening: m[1] == tcpListenState, uid: binary.NativeEndian.Uint32(m[diagMsgUIDEnd-4:]),
+		unbound: binary.NativeEndian.Uint32(id[36:40]) == 0} // idiag_if: the bound device, 0 for none
 }
 
 func noCookie() (id [diagSockID]byte) {

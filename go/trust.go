@@ -22,6 +22,9 @@ type tcpSocket struct {
 	local, remote netip.AddrPort
 	listening     bool
 	uid           uint32
+	// unbound: the kernel says the socket is bound to no network device (SO_BINDTODEVICE);
+	// false where it is bound, or where the table read does not say (/proc/net/tcp{,6}).
+	unbound bool
 }
 
 // parseTCPTable reads the sockets of a /proc/net/tcp{,6} text; lines that do not parse are
@@ -155,20 +158,8 @@ func rendezvousTrusted(dialed netip.AddrPort, reached string, serverUID uint32) 
 	if serverUID == uint32(os.Getuid()) || serverUID == 0 {
 		return nil
 	}
-	// The table read here (/proc/net/tcp{,6}) does not show whether a listener is bound to a
-	// network device (SO_BINDTODEVICE, which any user may set): such a listener takes no
-	// connection coming in on loopback, and TCP to dialed may be refused while the table lists
-	// it (spec section 2, condition d). Until this reads sock_diag, which says, no rendezvous of
-	// another uid is proof: the client dials plain TCP.
-	if !tableShowsDevices {
-		return fmt.Errorf("colo: rendezvous %s owned by uid %d: /proc/net/tcp does not show whether its TCP listener is bound to a network device", reached, serverUID)
-	}
 	return checkRendezvous(dialed, reached, serverUID, tcpListeners())
 }
-
-// tableShowsDevices says whether tcpListeners reports a listener's bound device (it reads
-// /proc/net/tcp{,6}, which does not).
-const tableShowsDevices = false
 
 func checkRendezvous(dialed netip.AddrPort, reached string, serverUID uint32, socks []tcpSocket) error {
 	addr, uid, uidOK, ok := kernelListener(dialed, socks)
@@ -180,6 +171,12 @@ func checkRendezvous(dialed netip.AddrPort, reached string, serverUID uint32, so
 		// connection and TCP to dialed is refused): a server of another uid could answer WELCOME
 		// where TCP says no one listens.
 		return fmt.Errorf("colo: rendezvous %s owned by uid %d: %v would go to the IPv6 wildcard %v, which may be IPV6_V6ONLY (then TCP is refused)", reached, serverUID, dialed, addr)
+	case !allUnbound(addr, socks):
+		// A listener bound to a device (SO_BINDTODEVICE, open to any user) takes no connection
+		// that comes in on another one, loopback's among them: TCP to dialed may be refused
+		// while the table lists it. Trusted only where the kernel says no socket there is so
+		// bound (sock_diag does; /proc/net/tcp does not).
+		return fmt.Errorf("colo: rendezvous %s owned by uid %d: the TCP listener on %v is bound to a network device, or the kernel's table does not say", reached, serverUID, addr)
 	case rendezvousName(addr) != reached:
 		return fmt.Errorf("colo: rendezvous %s owned by uid %d, but %v is served by the TCP listener on %v", reached, serverUID, dialed, addr)
 	case !uidOK:
@@ -188,6 +185,16 @@ func checkRendezvous(dialed netip.AddrPort, reached string, serverUID uint32, so
 		return fmt.Errorf("colo: rendezvous owned by uid %d, its TCP listener %v by uid %d", serverUID, addr, uid)
 	}
 	return nil
+}
+
+// allUnbound reports whether every listening socket at addr is known to be bound to no device.
+func allUnbound(addr netip.AddrPort, socks []tcpSocket) bool {
+	for _, s := range socks {
+		if s.listening && s.local == addr && !s.unbound {
+			return false
+		}
+	}
+	return true
 }
 
 // serves reports whether a listener whose TCP socket is bound to listen (v6only: an IPv6 socket

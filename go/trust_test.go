@@ -1,6 +1,7 @@
 package colo
 
 import (
+	"context"
 	"errors"
 	"net"
 	"net/netip"
@@ -9,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // root (0) on 127.0.0.1:6391 and 0.0.0.0:7000, nobody (65534) on 127.0.0.2:6391 (a decoy,
@@ -90,8 +93,17 @@ func TestKernelListenerOrder(t *testing.T) {
 	}
 }
 
-func TestRendezvousCheck(t *testing.T) {
+// unboundTable is procTable's sockets as sock_diag reports them: bound to no device.
+func unboundTable() []tcpSocket {
 	tb := procTable()
+	for i := range tb {
+		tb[i].unbound = true
+	}
+	return tb
+}
+
+func TestRendezvousCheck(t *testing.T) {
+	tb := unboundTable()
 	for _, c := range []struct {
 		dialed, reached string
 		ok              bool
@@ -111,6 +123,69 @@ func TestRendezvousCheck(t *testing.T) {
 	} {
 		if err := checkRendezvous(ap(c.dialed), c.reached, 65534, tb); (err == nil) != c.ok {
 			t.Errorf("%s via %s: %v, want ok=%v", c.dialed, c.reached, err, c.ok)
+		}
+	}
+}
+
+// A listener bound to a device, or one the table does not say is unbound (/proc/net/tcp),
+// proves nothing for a rendezvous of another uid.
+func TestRendezvousOfADeviceBoundListener(t *testing.T) {
+	tb := unboundTable()
+	if err := checkRendezvous(ap("127.0.0.2:6391"), "colo/1/127.0.0.2:6391", 65534, tb); err != nil {
+		t.Fatalf("unbound: %v", err)
+	}
+	for i := range tb {
+		if tb[i].local == ap("127.0.0.2:6391") {
+			tb[i].unbound = false
+		}
+	}
+	if err := checkRendezvous(ap("127.0.0.2:6391"), "colo/1/127.0.0.2:6391", 65534, tb); err == nil {
+		t.Error("a listener bound to a device (or not known to be unbound) was proof")
+	}
+	if err := checkRendezvous(ap("127.0.0.2:6391"), "colo/1/127.0.0.2:6391", 65534, procTable()); err == nil {
+		t.Error("/proc/net/tcp's table, which does not show devices, was proof")
+	}
+}
+
+// sock_diag reports a listener's bound device.
+func TestDiagShowsBoundDevice(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	want := canonical(netip.MustParseAddrPort(l.Addr().String()))
+	socks, err := diagListeners()
+	if err != nil {
+		t.Skipf("sock_diag refused: %v", err)
+	}
+	found := false
+	for _, s := range socks {
+		if s.local == want {
+			found = true
+			if !s.unbound {
+				t.Errorf("%v reported bound to a device", want)
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("%v not listed", want)
+	}
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) { serr = unix.BindToDevice(int(fd), "lo") })
+		return errors.Join(err, serr)
+	}}
+	b, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Skipf("SO_BINDTODEVICE refused: %v", err)
+	}
+	defer b.Close()
+	bound := canonical(netip.MustParseAddrPort(b.Addr().String()))
+	socks, _ = diagListeners()
+	for _, s := range socks {
+		if s.local == bound && s.unbound {
+			t.Errorf("%v bound to lo reported unbound", bound)
 		}
 	}
 }

@@ -40,6 +40,17 @@ sed 's/a/b/' "$WORK/in.300000" >"$WORK/exp.ign"
 check "inetd-style server with SIGCHLD ignored, sed -u: 300000 bytes back in order" roundtrip inetd-ign "$P" 300000 "$WORK/exp.ign"
 check "... relayed" grep -q 'is standard I/O: relayed over loopback TCP' "$WORK/inetd-ign.log"
 
+# The program sees the connection's addresses on its relayed standard I/O, not the relay's
+# (inetd-style services and sshd read them: its log, SSH_CONNECTION, Match LocalPort).
+P=$(free_port)
+COLO_LOG=info timeout 120 $COLORUN "$WORK/inetd" "$P" 3 python3 "$HERE/py/relayed_names.py" filter >"$WORK/inetd-names.log" 2>&1 & PIDS+=($!)
+for _ in $(seq 100); do grep -qs READY "$WORK/inetd-names.log" && break; sleep 0.05; done
+for i in 1 2 3; do
+  check "inetd-style server, python as stdin/stdout: getsockname/getpeername name the connection ($i)" \
+    timeout 30 $COLORUN python3 "$HERE/py/relayed_names.py" client "$P"
+done
+check "... relayed" grep -q 'is standard I/O: relayed over loopback TCP' "$WORK/inetd-names.log"
+
 if command -v socat >/dev/null; then
   S=$(free_port)
   COLO_LOG=info timeout 120 $COLORUN socat TCP-LISTEN:$S,bind=127.0.0.1,reuseaddr,fork EXEC:'sed -u s/a/b/',nofork >"$WORK/socat.log" 2>&1 & PIDS+=($!)

@@ -61,4 +61,12 @@ P4=$(free_port)
 wait_port "$P4"
 out=$(timeout 10 $PEER client "127.0.0.1:$P4" stream 100000 2>&1)
 check "a server of another user that owns its port: root's client uses shared memory" test "$out" = "OK 100000 colo"
+# ... and root's Go client too (it asks sock_diag, which shows the listener bound to no device).
+GOPEER=$WORK/colo-peer-go
+if (cd "$ROOT/go" && go build -o "$GOPEER" ./cmd/colo-peer); then
+  out=$(timeout 10 "$GOPEER" client "127.0.0.1:$P4" stream 100000 2>&1)
+  check "... and root's Go client uses shared memory" test "$out" = "OK 100000 colo"
+else
+  bad "go build colo-peer"
+fi
 finish

@@ -55,6 +55,7 @@ extern "C" fn atfork_prepare() {
 
 extern "C" fn atfork_parent() {
     repeat::forking();
+    server::note_fork();
     server::marker_parent();
 }
 

@@ -164,6 +164,24 @@ pub fn connection(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<Tc
     Ok(found.filter(|s| !s.listening && s.local == local && s.remote == remote))
 }
 
+/// Whether a listening TCP socket of this network namespace has inode `inode` (the `st_ino` of
+/// its descriptors): whether some process still holds a listener that one process closed.
+pub fn listening(inode: u64) -> io::Result<bool> {
+    let diag = Diag::open()?;
+    let mut found = false;
+    for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+        let mut id = [0u8; SOCKID];
+        id[40..48].fill(0xff);
+        diag.request(family, 1 << TCP_LISTEN, &id, true)?;
+        // `idiag_inode` follows `idiag_uid`.
+        diag.answers(true, |m| {
+            let ino = m.get(MSG_UID_END..MSG_UID_END + 4).map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes")));
+            found |= ino.is_some_and(|i| u64::from(i) == inode);
+        })?;
+    }
+    Ok(found)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -187,5 +205,20 @@ mod tests {
         let c6 = std::net::TcpStream::connect(a6).unwrap();
         assert!(super::listeners().unwrap().iter().any(|s| s.local == a6));
         assert_eq!(super::connection(c6.local_addr().unwrap(), a6).unwrap().map(|s| s.uid), Some(uid));
+    }
+
+    #[test]
+    fn a_listener_is_found_by_inode_while_open() {
+        use std::os::fd::AsRawFd;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        // SAFETY: fstat of an open descriptor into a zeroed stat.
+        let ino = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            assert_eq!(libc::fstat(l.as_raw_fd(), &mut st), 0);
+            st.st_ino
+        };
+        assert!(super::listening(ino).unwrap());
+        drop(l);
+        assert!(!super::listening(ino).unwrap());
     }
 }

@@ -3,7 +3,8 @@
  * holds the segment (the connection was taken back, not left as a silent TCP socket); and in a
  * forked child that inherits the socket on fd 0 (inetd style) and reads it with glibc's stdio
  * (fread on stdin, past the shim), where the shim relays the connection over a loopback TCP
- * socket: the image holds no segment and fd 0 is a connected TCP socket. Either way bytes in
+ * socket: the image holds no segment and fd 0 is a connected TCP socket, whose getpeername
+ * still names the client (the kernel's names the relay). Either way bytes in
  * flight across the exec arrive intact and in order. alarm() is the watchdog. */
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -98,12 +100,19 @@ int main(int argc, char **argv) {
         die("exec inetd-parent");
     }
     if (argc == 3 && strcmp(argv[1], "inetd") == 0) {
-        /* argv[2]: the client's port. fd 0 is now the relay's loopback connection. */
+        /* argv[2]: the client's port. fd 0 is now the relay's loopback connection: the kernel
+         * names the relay's end as its peer (asked past libc, and so past the shim)... */
         struct sockaddr_in peer;
         socklen_t plen = sizeof peer;
-        if (getpeername(0, (struct sockaddr *)&peer, &plen) < 0) die("inetd child: fd 0 is not a connected socket");
+        if (syscall(SYS_getpeername, 0, (struct sockaddr *)&peer, &plen) < 0) die("inetd child: fd 0 is not a connected socket");
         if (ntohs(peer.sin_port) == atoi(argv[2])) {
             fprintf(stderr, "inetd child: the connection on fd 0 was not relayed\n");
+            return 1;
+        }
+        /* ...and getpeername names the connection's peer, the client, as it did before the exec. */
+        plen = sizeof peer;
+        if (getpeername(0, (struct sockaddr *)&peer, &plen) < 0 || plen != sizeof peer || ntohs(peer.sin_port) != atoi(argv[2])) {
+            fprintf(stderr, "inetd child: getpeername on fd 0 does not name the client (port %d, not %s)\n", ntohs(peer.sin_port), argv[2]);
             return 1;
         }
         /* Nor any other connection's segment (one the parent had just closed, not yet unmapped). */

@@ -2,7 +2,7 @@
 //! (`data`, `fds`, `copy`, `fdopen`, `epoll`, `ppoll`, `sockopt`), or over libc (`real`) when the
 //! arguments show the call is not the shim's. A non-colo fd costs one atomic load before libc.
 
-use crate::api::{behind, copy, data, epoll, fdopen, fds, forget, ppoll, repeat, route, sockopt};
+use crate::api::{behind, copy, data, epoll, fdopen, fds, forget, names, ppoll, repeat, route, sockopt, std_streams};
 use crate::base::guard::Guard;
 use crate::base::uring::refused;
 use crate::conn::table;
@@ -108,7 +108,9 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     // SAFETY: `fds::connect` requires what libc's `connect` does of these arguments, which the
     // application's call met.
-    unsafe { fds::connect(fd, addr, len) }
+    let r = unsafe { fds::connect(fd, addr, len) };
+    std_streams::adopt(fd);
+    r
 }
 #[no_mangle]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
@@ -120,13 +122,17 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     // SAFETY: `fds::accept4` requires what libc's `accept` does of these arguments, which the
     // application's call met.
-    unsafe { fds::accept4(fd, addr, len, 0) }
+    let r = unsafe { fds::accept4(fd, addr, len, 0) };
+    std_streams::adopt(r);
+    r
 }
 #[no_mangle]
 pub unsafe extern "C" fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
     // SAFETY: `fds::accept4` requires what libc's `accept4` does of these arguments, which the
     // application's call met.
-    unsafe { fds::accept4(fd, addr, len, flags) }
+    let r = unsafe { fds::accept4(fd, addr, len, flags) };
+    std_streams::adopt(r);
+    r
 }
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
@@ -296,14 +302,22 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     // SAFETY: `fds::fcntl` requires what libc's `fcntl` does of these arguments (the variadic
     // argument is one word, as on the targets the shim builds for), which the application's call
     // met.
-    unsafe { fds::fcntl(fd, cmd, arg, false) }
+    let r = unsafe { fds::fcntl(fd, cmd, arg, false) };
+    if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
+        std_streams::adopt(r);
+    }
+    r
 }
 #[no_mangle]
 pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     // SAFETY: `fds::fcntl` requires what libc's `fcntl64` does of these arguments (the variadic
     // argument is one word, as on the targets the shim builds for), which the application's call
     // met.
-    unsafe { fds::fcntl(fd, cmd, arg, true) }
+    let r = unsafe { fds::fcntl(fd, cmd, arg, true) };
+    if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
+        std_streams::adopt(r);
+    }
+    r
 }
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
@@ -325,22 +339,40 @@ pub unsafe extern "C" fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *
     unsafe { sockopt::getsockopt(fd, level, name, val, len) }
 }
 #[no_mangle]
+pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    // SAFETY: `names::name` requires what libc's `getsockname` does of these arguments, which the
+    // application's call met.
+    unsafe { names::name(fd, addr, len, false) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    // SAFETY: `names::name` requires what libc's `getpeername` does of these arguments, which the
+    // application's call met.
+    unsafe { names::name(fd, addr, len, true) }
+}
+#[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     // SAFETY: `fds::dup` requires what libc's `dup` does of these arguments, which the
     // application's call met.
-    unsafe { fds::dup(fd) }
+    let r = unsafe { fds::dup(fd) };
+    std_streams::adopt(r);
+    r
 }
 #[no_mangle]
 pub unsafe extern "C" fn dup2(fd: c_int, new: c_int) -> c_int {
     // SAFETY: `fds::dup3` requires what libc's `dup2` does of these arguments, which the
     // application's call met.
-    unsafe { fds::dup3(fd, new, 0, true) }
+    let r = unsafe { fds::dup3(fd, new, 0, true) };
+    std_streams::adopt(r);
+    r
 }
 #[no_mangle]
 pub unsafe extern "C" fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int {
     // SAFETY: `fds::dup3` requires what libc's `dup3` does of these arguments, which the
     // application's call met.
-    unsafe { fds::dup3(fd, new, flags, false) }
+    let r = unsafe { fds::dup3(fd, new, flags, false) };
+    std_streams::adopt(r);
+    r
 }
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {

@@ -11,36 +11,36 @@ use std::io;
 
 /// `cookie_io_functions_t` of `fopencookie(3)`.
 #[repr(C)]
-struct CookieIo {
-    read: Option<unsafe extern "C" fn(*mut c_void, *mut libc::c_char, size_t) -> ssize_t>,
-    write: Option<unsafe extern "C" fn(*mut c_void, *const libc::c_char, size_t) -> ssize_t>,
-    seek: Option<unsafe extern "C" fn(*mut c_void, *mut i64, c_int) -> c_int>,
-    close: Option<unsafe extern "C" fn(*mut c_void) -> c_int>,
+pub(crate) struct CookieIo {
+    pub(crate) read: Option<unsafe extern "C" fn(*mut c_void, *mut libc::c_char, size_t) -> ssize_t>,
+    pub(crate) write: Option<unsafe extern "C" fn(*mut c_void, *const libc::c_char, size_t) -> ssize_t>,
+    pub(crate) seek: Option<unsafe extern "C" fn(*mut c_void, *mut i64, c_int) -> c_int>,
+    pub(crate) close: Option<unsafe extern "C" fn(*mut c_void) -> c_int>,
 }
 
 extern "C" {
-    fn fopencookie(cookie: *mut c_void, mode: *const libc::c_char, io: CookieIo) -> *mut libc::FILE;
+    pub(crate) fn fopencookie(cookie: *mut c_void, mode: *const libc::c_char, io: CookieIo) -> *mut libc::FILE;
 }
 
 /// The start of glibc's `struct _IO_FILE` (public ABI, `bits/types/struct_FILE.h`), up to
 /// `_fileno`: `_flags`, eleven buffer pointers, `_markers`, `_chain`.
 #[repr(C)]
-struct IoFileHead {
-    flags: c_int,
-    pointers: [*mut c_void; 13],
-    fileno: c_int,
+pub(crate) struct IoFileHead {
+    pub(crate) flags: c_int,
+    pub(crate) pointers: [*mut c_void; 13],
+    pub(crate) fileno: c_int,
 }
 
 fn cookie_fd(cookie: *mut c_void) -> c_int {
     cookie as usize as c_int
 }
 
-unsafe extern "C" fn cookie_read(cookie: *mut c_void, buf: *mut libc::c_char, n: size_t) -> ssize_t {
+pub(crate) unsafe extern "C" fn cookie_read(cookie: *mut c_void, buf: *mut libc::c_char, n: size_t) -> ssize_t {
     // SAFETY: stdio's buffer of `n` bytes.
     unsafe { read(cookie_fd(cookie), buf.cast(), n) }
 }
 
-unsafe extern "C" fn cookie_write(cookie: *mut c_void, buf: *const libc::c_char, n: size_t) -> ssize_t {
+pub(crate) unsafe extern "C" fn cookie_write(cookie: *mut c_void, buf: *const libc::c_char, n: size_t) -> ssize_t {
     // stdio treats a short count as an error: write everything (as its own file ops loop).
     let mut done = 0;
     while done < n {
@@ -58,14 +58,14 @@ unsafe extern "C" fn cookie_write(cookie: *mut c_void, buf: *const libc::c_char,
     done as ssize_t
 }
 
-unsafe extern "C" fn cookie_seek(_cookie: *mut c_void, _pos: *mut i64, _whence: c_int) -> c_int {
+pub(crate) unsafe extern "C" fn cookie_seek(_cookie: *mut c_void, _pos: *mut i64, _whence: c_int) -> c_int {
     // A socket does not seek (lseek(2) says ESPIPE).
     // SAFETY: writing this thread's errno.
     unsafe { *libc::__errno_location() = libc::ESPIPE };
     -1
 }
 
-unsafe extern "C" fn cookie_close(cookie: *mut c_void) -> c_int {
+pub(crate) unsafe extern "C" fn cookie_close(cookie: *mut c_void) -> c_int {
     // SAFETY: closing the descriptor the stream owns.
     unsafe { close(cookie_fd(cookie)) }
 }

@@ -28,7 +28,7 @@ pub fn forget(fd: c_int) {
         Entry::Conn(c) => options::closing(fd, &c),
         Entry::Listen(l) => {
             crate::api::lregs::forget(fd);
-            server::on_close_listen(&l);
+            server::on_close_listen(&l, fd);
         }
         Entry::Pending(p) => client::close_pending(p),
         _ => {}

@@ -25,6 +25,14 @@ struct LReg {
     events: u32,
     data: u64,
     held: Arc<Held>,
+    /// The descriptor of the held set's epoll fd registered in `epfd`: `held.fd()`, or a
+    /// duplicate of it (`dup`) where `epfd` has it already for another listening fd of the same
+    /// listener (a duplicate, an `SO_REUSEPORT` sibling: the kernel keys a registration by
+    /// descriptor).
+    kfd: c_int,
+    /// That duplicate, kept open while registered (removed from `epfd` before it is closed: the
+    /// kernel drops a registration only with the last descriptor of its file).
+    _dup: Option<colo_sys::OwnedFd>,
 }
 
 static LREGS: Mutex<Vec<Option<LReg>>> = Mutex::new(Vec::new());
@@ -65,7 +73,7 @@ pub fn follow(epfd: c_int, op: c_int, fd: c_int, ev: *const epoll_event) {
             if let Some(i) = at {
                 if let Some(old) = all[i].take() {
                     // SAFETY: removing our registration of the old set's fd from the application's set.
-                    unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, old.held.fd(), std::ptr::null_mut()) };
+                    unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, old.kfd, std::ptr::null_mut()) };
                 }
             }
             let i = all.iter().position(Option::is_none).unwrap_or_else(|| {
@@ -74,11 +82,21 @@ pub fn follow(epfd: c_int, op: c_int, fd: c_int, ev: *const epoll_event) {
             });
             let mut kev = epoll_event { events: kernel_events(events), u64: TAG | LISTENER | i as u64 };
             // SAFETY: adding the held set's epoll fd (open while `h` lives) to the application's set.
-            if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, h.fd(), &mut kev) } == 0 {
-                all[i] = Some(LReg { epfd, fd, events, data, held: h });
-                // Its close then comes through `forget`.
-                table::set_epoll(epfd, true);
-            }
+            let (kfd, dup) = if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, h.fd(), &mut kev) } == 0 {
+                (h.fd(), None)
+            } else {
+                // SAFETY: the held set's epoll fd, open while `h` lives, borrowed for the dup.
+                let Ok(d) = rustix::io::fcntl_dupfd_cloexec(unsafe { colo_sys::BorrowedFd::borrow_raw(h.fd()) }, colo::internal::fd_floor()) else { return };
+                let kfd = std::os::fd::AsRawFd::as_raw_fd(&d);
+                // SAFETY: adding our duplicate (owned by the registration) to the application's set.
+                if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, kfd, &mut kev) } != 0 {
+                    return;
+                }
+                (kfd, Some(d))
+            };
+            all[i] = Some(LReg { epfd, fd, events, data, held: h, kfd, _dup: dup });
+            // Its close then comes through `forget`.
+            table::set_epoll(epfd, true);
         }
         (libc::EPOLL_CTL_MOD, Some(i)) => {
             if let Some(r) = all[i].as_mut() {
@@ -86,13 +104,13 @@ pub fn follow(epfd: c_int, op: c_int, fd: c_int, ev: *const epoll_event) {
                 r.data = data;
                 let mut kev = epoll_event { events: kernel_events(events), u64: TAG | LISTENER | i as u64 };
                 // SAFETY: modifying (and so re-arming) our registration in the application's set.
-                unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, r.held.fd(), &mut kev) };
+                unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, r.kfd, &mut kev) };
             }
         }
         (libc::EPOLL_CTL_DEL, Some(i)) => {
             if let Some(old) = all[i].take() {
                 // SAFETY: removing our registration from the application's set.
-                unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, old.held.fd(), std::ptr::null_mut()) };
+                unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, old.kfd, std::ptr::null_mut()) };
             }
         }
         _ => {}
@@ -104,18 +122,19 @@ pub fn follow(epfd: c_int, op: c_int, fd: c_int, ev: *const epoll_event) {
 /// ready (after moving them on), else nothing (a one-shot registration is armed again).
 pub fn report(epfd: c_int, d: u64) -> Option<epoll_event> {
     let i = (d & 0xFFFF_FFFF) as usize;
-    let (h, events, data) = {
+    let (h, events, data, kfd) = {
         let all = lregs();
         let r = all.get(i)?.as_ref().filter(|r| r.epfd == epfd)?;
-        (r.held.clone(), r.events, r.data)
+        (r.held.clone(), r.events, r.data, r.kfd)
     };
     if h.service() && events & libc::EPOLLIN as u32 != 0 {
         return Some(epoll_event { events: libc::EPOLLIN as u32, u64: data });
     }
     if events & libc::EPOLLONESHOT as u32 != 0 {
         let mut kev = epoll_event { events: kernel_events(events), u64: d };
-        // SAFETY: re-arming our one-shot registration after a report the application did not get.
-        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, h.fd(), &mut kev) };
+        // SAFETY: re-arming our one-shot registration after a report the application did not get
+        // (`kfd` stays open: a registration removed meanwhile makes this fail, harmlessly).
+        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, kfd, &mut kev) };
     }
     None
 }
@@ -130,7 +149,7 @@ pub fn forget(fd: c_int) {
     for r in gone {
         if r.epfd != fd {
             // SAFETY: removing our registration from the application's set, which stays open.
-            unsafe { real::epoll_ctl(r.epfd, libc::EPOLL_CTL_DEL, r.held.fd(), std::ptr::null_mut()) };
+            unsafe { real::epoll_ctl(r.epfd, libc::EPOLL_CTL_DEL, r.kfd, std::ptr::null_mut()) };
         }
     }
 }

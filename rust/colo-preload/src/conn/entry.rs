@@ -29,4 +29,7 @@ pub struct Listen {
     pub id: u64,
     /// The lineage whose service collects this listener's offers.
     pub lineage: &'static Lineage,
+    /// This process's forks before the listen (`server::forks`): a process that forked since
+    /// may have children that hold the listening socket after this process closes it.
+    pub forks: u64,
 }

@@ -6,7 +6,7 @@
 use crate::base::guard::Guard;
 use crate::base::log::log_info;
 use crate::base::mem::try_lock;
-use crate::conn::state::{Conn, ERR, GONE_EDGE, HUP, IN, OUT};
+use crate::conn::state::{Conn, ERR, GONE_EDGE, HUP, IN, OUT, RDNORM, WRNORM};
 use crate::conn::table;
 use crate::real;
 use colo::internal::shm::Drainer;
@@ -68,7 +68,7 @@ impl Reg {
         if !check_gone && self.quiet == Some(now) {
             return 0;
         }
-        let interest = (self.events & (IN | OUT | libc::EPOLLRDHUP as u32)) | ERR | HUP;
+        let interest = (self.events & (IN | OUT | RDNORM | WRNORM | libc::EPOLLRDHUP as u32)) | ERR | HUP;
         let m = self.conn.ready(check_gone) & interest;
         // `ready` may just have learned that the peer is gone: an edge of its own. (Only that
         // bit: edges loaded after `ready` could include progress it did not see.)

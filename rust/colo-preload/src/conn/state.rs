@@ -19,6 +19,10 @@ pub const OUT: u32 = 0x004;
 pub const ERR: u32 = 0x008;
 pub const HUP: u32 = 0x010;
 pub const RDHUP: u32 = 0x2000;
+/// Reported with `IN` and `OUT`, as the kernel's TCP does (`tcp_poll`): a program may ask for
+/// these alone (varnish waits for a non-blocking connect with `POLLWRNORM`).
+pub const RDNORM: u32 = 0x040;
+pub const WRNORM: u32 = 0x100;
 /// In the last word of [`Conn::edges`]: the peer is known to be gone (outside `ring_flags` bits).
 pub const GONE_EDGE: u32 = 1 << 31;
 /// In the last of `Conn::edges`: a write after the peer closed was taken; the connection now
@@ -413,6 +417,12 @@ impl Conn {
             // The peer's reset, already reported as the socket's error: as the kernel's socket
             // once its error was read, still hung up but no longer in error.
             m &= !ERR;
+        }
+        if m & IN != 0 {
+            m |= RDNORM;
+        }
+        if m & OUT != 0 {
+            m |= WRNORM;
         }
         m
     }

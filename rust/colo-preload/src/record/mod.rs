@@ -5,3 +5,4 @@ pub mod adapt;
 pub mod handover_file;
 pub mod lineage;
 pub mod marker;
+pub mod relayed;

@@ -19,6 +19,7 @@ use crate::conn::state::Conn;
 use crate::conn::table::{self, Entry};
 use crate::record::handover_file::record::{Record, RECORD_LEN};
 use crate::record::handover_file::{self, FILE_NAME};
+use crate::record::relayed::{self, Names};
 use crate::service::stdio;
 use colo_sys::{BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
@@ -71,6 +72,7 @@ fn set(conn: &Conn, inheritable: bool, sock: BorrowedFd<'_>) {
 pub fn take_back() {
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return };
     let mut files = Vec::new();
+    let mut relayed_files = Vec::new();
     let mut sockets: Vec<(u64, i32)> = Vec::new();
     for e in dir.flatten() {
         let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
@@ -78,6 +80,8 @@ pub fn take_back() {
         let link = link.to_string_lossy();
         if link.starts_with(&format!("/memfd:{FILE_NAME}")) {
             files.push(fd);
+        } else if link.starts_with(&format!("/memfd:{}", relayed::FILE_NAME)) {
+            relayed_files.push(fd);
         } else if let Some(ino) = link.strip_prefix("socket:[").and_then(|s| s.strip_suffix(']')) {
             if let Ok(ino) = ino.parse() {
                 sockets.push((ino, fd));
@@ -101,20 +105,29 @@ pub fn take_back() {
         }
         records.extend(buf.chunks_exact(RECORD_LEN).filter_map(Record::decode));
     }
+    // Connections an earlier image relayed whose sockets are still open here.
+    let mut relayed: Vec<Names> = Vec::new();
+    for fd in relayed_files {
+        // SAFETY: an inherited descriptor nobody else in this image owns; closed by the read.
+        let f = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        relayed.extend(relayed::read_inherited(f).into_iter().filter(|n| sockets.iter().any(|(ino, _)| *ino == n.ino)));
+    }
     for r in records {
         let socks: Vec<i32> = sockets.iter().filter(|(ino, _)| *ino == r.sock_ino).map(|(_, fd)| *fd).collect();
-        take_back_one(r, &socks);
+        relayed.extend(take_back_one(r, &socks));
     }
+    relayed::publish(relayed);
 }
 
-fn take_back_one(r: Record, socks: &[i32]) {
+/// Takes back one connection; the addresses of one relayed as standard I/O are returned.
+fn take_back_one(r: Record, socks: &[i32]) -> Option<Names> {
     let fds = [r.memfd, r.control, r.own_bell, r.self_bell];
     // Each must be open and distinct; then they are ours.
     // SAFETY: only asks the kernel about the number; a closed one gives EBADF.
     let open = |fd: RawFd| fd >= 0 && rustix::io::fcntl_getfd(unsafe { BorrowedFd::borrow_raw(fd) }).is_ok();
     if !fds.iter().all(|&fd| open(fd)) || (1..4).any(|i| fds[..i].contains(&fds[i])) {
         log_info(format_args!("exec: a handed-over connection lost its descriptors; dropped"));
-        return;
+        return None;
     }
     // SAFETY: inherited descriptors recorded for this connection, open (checked above), owned
     // by no one else in this image.
@@ -122,22 +135,22 @@ fn take_back_one(r: Record, socks: &[i32]) {
     let Some(&first) = socks.first() else {
         // The application closed (or made close-on-exec) the socket before exec: the connection
         // ends here (closing the control socket tells the peer).
-        return;
+        return None;
     };
     let est = match colo::internal::carrier::reattach(memfd, control, own_bell, self_bell, r.role) {
         Ok(est) => est,
         Err(why) => {
             log_info(format_args!("exec: connection on fd {first} not taken back: {why}"));
-            return;
+            return None;
         }
     };
     // Standard I/O goes through libc's own calls, which the shim never sees (see `stdio`).
     let est = if stdio::is_stdio(socks) {
         let peer = est.peer;
         match stdio::relay(est, socks) {
-            Ok(()) => {
+            Ok(names) => {
                 log_info(format_args!("exec: connection to {peer} on fd {first} is standard I/O: relayed over loopback TCP"));
-                return;
+                return names;
             }
             Err(failed) => {
                 let (est, why) = *failed;
@@ -156,7 +169,7 @@ fn take_back_one(r: Record, socks: &[i32]) {
         Ok(c) => Arc::new(c),
         Err(e) => {
             log_info(format_args!("exec: connection to {peer} not taken back: {e}"));
-            return;
+            return None;
         }
     };
     for &fd in socks {
@@ -169,4 +182,5 @@ fn take_back_one(r: Record, socks: &[i32]) {
     // descriptors, which came inheritable).
     update(first, &conn);
     log_info(format_args!("exec: connection to {peer} on fd {first} taken back (shared memory)"));
+    None
 }

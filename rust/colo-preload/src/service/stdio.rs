@@ -13,10 +13,12 @@
 //! already in the ring toward this side first, then everything the peer writes later; and all
 //! the program writes, after the bytes this side's earlier image had written. A FIN goes each
 //! way as the other side's end of file. The program sees a TCP socket with the same file
-//! status flags and close-on-exec flags on the same numbers; what differs is its addresses
-//! (`getpeername` names the relay's loopback end), and the time its writes reach the ring: after
-//! `write` returns, so a process sharing the connection directly that writes right after the
-//! program exits may overtake the program's last bytes. A peer's reset is passed on as a reset.
+//! status flags and close-on-exec flags on the same numbers, whose `getsockname` and
+//! `getpeername` answer the connection's addresses (`record::relayed`; the kernel's tables, and
+//! an image after another `exec`, show the relay's loopback ones); what differs is the time its
+//! writes reach the ring: after `write` returns, so a process sharing the connection directly
+//! that writes right after the program exits may overtake the program's last bytes. A peer's
+//! reset is passed on as a reset.
 //!
 //! The relay is a grandchild of the program, orphaned at once (the program never sees a child
 //! it did not make, nor its exit status), in a session of its own (a terminal's signals for the
@@ -24,6 +26,7 @@
 //! both directions have ended, then closes them, which ends the connection for the peer.
 
 use crate::base::env::spin;
+use crate::record::relayed::{Names, Raw};
 use colo::internal::carrier::Established;
 use colo_sys::{AsRawFd, BorrowedFd, OwnedFd};
 use rustix::net::{self, AddressFamily, SocketAddrAny, SocketType};
@@ -36,9 +39,10 @@ pub fn is_stdio(socks: &[i32]) -> bool {
 }
 
 /// Gives each of `socks` a loopback TCP connection whose other end a relay process joins to the
-/// connection `est` (see the module's comment). On failure nothing has changed, and the caller
-/// keeps the connection as it would have.
-pub fn relay(est: Established, socks: &[i32]) -> Result<(), Box<(Established, String)>> {
+/// connection `est` (see the module's comment), and returns the connection's addresses for
+/// `record::relayed`. On failure nothing has changed, and the caller keeps the connection as it
+/// would have.
+pub fn relay(est: Established, socks: &[i32]) -> Result<Option<Names>, Box<(Established, String)>> {
     let Some(&first) = socks.first() else { return Err(Box::new((est, "no socket".into()))) };
     let (app, relay_end) = match loopback_pair(est.local.is_ipv6()) {
         Ok(p) => p,
@@ -51,6 +55,12 @@ pub fn relay(est: Established, socks: &[i32]) -> Result<(), Box<(Established, St
         Ok(c) => c,
         Err(e) => return Err(Box::new((est, format!("no copy of the carrier: {e}")))),
     };
+    // The addresses the program saw before the relay, as the kernel gives them.
+    let names = (|| {
+        let local = Raw::of(&net::getsockname(orig).ok()?)?;
+        let peer = Raw::of(&net::getpeername(orig).ok()??)?;
+        Some((local, peer))
+    })();
     let status = rustix::fs::fcntl_getfl(orig).unwrap_or(rustix::fs::OFlags::empty());
     let _ = rustix::fs::fcntl_setfl(&app, status & rustix::fs::OFlags::NONBLOCK);
     // The intermediate child says whether the relay started (its exit status may be out of
@@ -104,8 +114,9 @@ pub fn relay(est: Established, socks: &[i32]) -> Result<(), Box<(Established, St
         // (the number never refers to anything else in between).
         unsafe { libc::syscall(libc::SYS_dup3, app.as_raw_fd(), fd, flags) };
     }
+    let ino = rustix::fs::fstat(&app).map(|st| st.st_ino);
     drop((est, app, relay_end, carrier));
-    Ok(())
+    Ok(names.zip(ino.ok()).map(|((local, peer), ino)| Names { ino, local, peer }))
 }
 
 /// A connected loopback TCP pair: (the program's end, the relay's end), both close-on-exec.

@@ -2,6 +2,7 @@
 //! kernel listening socket (which stays pure kernel) and served by this process's offer
 //! service, and the addresses this process listens on.
 
+use super::offers::ClosedHere;
 use super::thread::{lock, out_of_the_way, own, own_service, ring};
 use crate::base::addr::{is_tcp_stream, sockaddr_of};
 use crate::base::env::disabled;
@@ -11,7 +12,8 @@ use crate::conn::entry::Listen;
 use crate::conn::table::{self, Entry};
 use colo::wire;
 use colo_sys::seqpacket;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 use std::sync::{Arc, Mutex};
 
 /// Addresses this process holds colo listeners for (a fork child inherits the list with the
@@ -39,6 +41,18 @@ pub fn on_listen(fd: i32) {
     let rendezvous = match seqpacket::listen(name.as_bytes()).and_then(out_of_the_way) {
         Ok(r) => r,
         Err(e) => {
+            if e.raw_os_error() == Some(libc::EADDRINUSE) {
+                if share_sibling(fd, addr) {
+                    log_info(format_args!("listen {addr}: another listener of this process on it (SO_REUSEPORT): serving colo offers on its {name}"));
+                } else {
+                    // Clients offer there, and the kernel may give their connections to this
+                    // socket: each such client waits out its carrier timeout, then goes on over TCP.
+                    log_info(format_args!(
+                        "listen {addr}: rendezvous {name} is held by another process (a SO_REUSEPORT listener on the same address, one that kept an earlier listener's, or a squatter); this listener serves plain TCP, and clients under colo run whose connections the kernel gives it wait COLO_CARRIER_TIMEOUT_MS first"
+                    ));
+                }
+                return;
+            }
             log_info(format_args!("listen {addr}: rendezvous {name}: {e}; this listener serves plain TCP"));
             return;
         }
@@ -51,7 +65,8 @@ pub fn on_listen(fd: i32) {
         }
     };
     static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    let l = Arc::new(Listen { rendezvous, addr, id: IDS.fetch_add(1, Ordering::Relaxed), lineage: svc.lineage });
+    let id = IDS.fetch_add(1, Ordering::Relaxed);
+    let l = Arc::new(Listen { rendezvous, addr, id, lineage: svc.lineage, forks: FORKS.load(Ordering::Relaxed) });
     if let Some(mut l) = try_lock(&LISTENING) {
         l.push(addr);
     }
@@ -64,8 +79,49 @@ pub fn on_listen(fd: i32) {
     colo::internal::netns::listening(addr.port());
 }
 
-/// When a listening fd is closed in the process that listens: stop serving its rendezvous.
-pub fn on_close_listen(l: &Arc<Listen>) {
+/// Sockets listening on one address with `SO_REUSEPORT` (nginx's `listen ... reuseport` makes
+/// one per worker, all in the master): the kernel spreads the TCP connections over them, but only
+/// the first has the address's rendezvous, where every client sends its offer. A connection the
+/// kernel gives to another of them must still find its offer, or its client waits out its
+/// carrier timeout before going on over TCP: `fd` (listening on `addr`, its rendezvous name
+/// taken) becomes another descriptor of the listener this process already serves on `addr`,
+/// whose offers it claims at accept by 4-tuple as that listener's own. False if there is none.
+fn share_sibling(fd: i32, addr: std::net::SocketAddr) -> bool {
+    let Some(svc) = own() else { return false };
+    let sibling = table::fds_of_kind(table::LISTEN).find_map(|other| match table::lock(other as i32)?.entry() {
+        Entry::Listen(l) if l.addr == addr && std::ptr::eq(l.lineage, svc.lineage) => Some(l.clone()),
+        _ => None,
+    });
+    let Some(l) = sibling else { return false };
+    if let Some(mut slot) = table::lock(fd) {
+        slot.set(Entry::Listen(l));
+    }
+    true
+}
+
+/// Forks this process made (counted in the parent's `pthread_atfork` handler).
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+/// In the parent, after a fork.
+pub fn note_fork() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// When listening fd `fd` is about to be closed in the process that listens: stop serving its
+/// rendezvous, unless the listener is still open here under another number (a duplicate, or a
+/// `SO_REUSEPORT` sibling, `share_sibling`), or may be open in a child forked since the listen
+/// (a master that forks workers to accept, then closes its own copy): the service then keeps
+/// serving it for as long as the kernel still lists the socket (`thread::closed_here`), since
+/// the workers' accepts ask this process for their offers.
+pub fn on_close_listen(l: &Arc<Listen>, fd: i32) {
+    let elsewhere_here = table::fds_of_kind(table::LISTEN).any(|other| {
+        other as i32 != fd && table::lock(other as i32).is_some_and(|mut s| matches!(s.entry(), Entry::Listen(x) if Arc::ptr_eq(x, l)))
+    });
+    if elsewhere_here {
+        return;
+    }
+    // Its connections from other namespaces held here go (closed, as a listener's close ends
+    // the connections in its queue).
     super::held::forget(l);
     if let Some(mut listening) = try_lock(&LISTENING) {
         if let Some(i) = listening.iter().position(|&a| a == l.addr) {
@@ -73,7 +129,14 @@ pub fn on_close_listen(l: &Arc<Listen>) {
         }
     }
     let Some(svc) = own() else { return };
-    lock(svc).listens.retain(|x| !Arc::ptr_eq(x, l));
+    // SAFETY: `fd` is the application's listening socket, still open (the close comes after).
+    let inode = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) }).map(|st| st.st_ino);
+    match inode {
+        Ok(inode) if FORKS.load(Ordering::Relaxed) > l.forks => {
+            lock(svc).closed_here.push(ClosedHere { listen: l.clone(), fd, inode, next: Instant::now() });
+        }
+        _ => lock(svc).listens.retain(|x| !Arc::ptr_eq(x, l)),
+    }
     // Its markers are lowered by the service thread (`markers::tend_markers`), which alone
     // raises them.
     ring(svc);

@@ -28,5 +28,5 @@ mod thread;
 
 pub use accept::{hand_out, netns_accepted, on_accept, Accepted};
 pub use forked::{atfork_child, before_fork};
-pub use listen::{may_accept, on_close_listen, on_listen};
+pub use listen::{may_accept, note_fork, on_close_listen, on_listen};
 pub use markers::{marker_child, marker_parent, marker_prepare};

@@ -60,6 +60,19 @@ pub(super) struct State {
     pub(super) full_uids: Vec<u32>,
     /// Until when the rendezvous are not polled: accepting failed for want of descriptors.
     pub(super) starved: Option<Instant>,
+    /// Listeners of `listens` this process closed while children forked since may hold them.
+    pub(super) closed_here: Vec<ClosedHere>,
+}
+
+/// A listener this process closed that may still be open in its children.
+pub(super) struct ClosedHere {
+    pub(super) listen: Arc<Listen>,
+    /// The number it had here, and its socket's inode: the close is done once the number no
+    /// longer names that inode.
+    pub(super) fd: i32,
+    pub(super) inode: u64,
+    /// When to look again.
+    pub(super) next: Instant,
 }
 
 /// Publishes how many offers the state holds (called under the state lock after any change).

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// One offer service: the process it runs in, its lineage, what it holds, and the eventfd that
 /// wakes its thread.
@@ -70,7 +70,7 @@ pub(super) fn start(lineage: &'static Lineage, seen: u32, listens: Vec<Arc<Liste
             return None;
         }
     };
-    let state = State { listens, waiting: Vec::new(), offers: HashMap::new(), rivals: Vec::new(), shared: lineage.shared, swept: Instant::now(), full: false, full_uids: Vec::new(), starved: None };
+    let state = State { listens, waiting: Vec::new(), offers: HashMap::new(), rivals: Vec::new(), shared: lineage.shared, swept: Instant::now(), full: false, full_uids: Vec::new(), starved: None, closed_here: Vec::new() };
     let svc = Box::new(Service { pid: colo_sys::host::pid(), lineage, state: Mutex::new(state), wake });
     let (tx, rx) = std::sync::mpsc::sync_channel::<Option<usize>>(1);
     let spawned = colo_sys::host::with_signals_blocked(|| {
@@ -163,9 +163,9 @@ fn serve(svc: &'static Service) {
         if requests {
             pfds.push(PollFd::new(&serve_fd, PollFlags::IN));
         }
-        // SAFETY: these fds stay open while we poll: listens are only removed under the lock by
-        // `listen::on_close_listen`, which wakes us first, and a closed fd in poll only reports
-        // POLLNVAL.
+        // SAFETY: these fds stay open while we poll: listens are only removed under the lock, by
+        // `listen::on_close_listen`, which wakes us first, or by this thread (`closed_here`),
+        // and a closed fd in poll only reports POLLNVAL.
         let borrowed: Vec<_> = fds.iter().map(|&f| unsafe { colo_sys::BorrowedFd::borrow_raw(f) }).collect();
         for b in &borrowed {
             pfds.push(PollFd::new(b, PollFlags::IN));
@@ -174,7 +174,8 @@ fn serve(svc: &'static Service) {
         // happens (or not) meanwhile.
         let until_expiry = next_expiry.map_or(u64::MAX, |t| t.saturating_duration_since(Instant::now()).as_millis() as u64 + 1);
         let starved_ms = lock(svc).starved.map_or(u64::MAX, |t| t.saturating_duration_since(Instant::now()).as_millis() as u64 + 1);
-        let wait_ms = tend_markers(svc.lineage.shared, || lock(svc).listens.clone()).min(1000).min(until_expiry).min(starved_ms) as i64;
+        let closed_ms = closed_here(svc);
+        let wait_ms = tend_markers(svc.lineage.shared, || lock(svc).listens.clone()).min(1000).min(until_expiry).min(starved_ms).min(closed_ms) as i64;
         let t = rustix::event::Timespec { tv_sec: wait_ms / 1000, tv_nsec: wait_ms % 1000 * 1_000_000 };
         let _ = poll(&mut pfds, Some(&t));
         let woke = pfds[0].revents().contains(PollFlags::IN);
@@ -199,4 +200,41 @@ fn serve(svc: &'static Service) {
             }
         }
     }
+}
+
+/// Stops serving the listeners this process closed (`listen::on_close_listen`) once the kernel
+/// no longer lists their sockets (no child holds them either); the milliseconds until the next
+/// look. A close not yet done is looked at again soon; a socket still listening, each second.
+fn closed_here(svc: &Service) -> u64 {
+    let now = Instant::now();
+    let due: Vec<(i32, u64)> = {
+        let st = lock(svc);
+        st.closed_here.iter().filter(|c| c.next <= now).map(|c| (c.fd, c.inode)).collect()
+    };
+    let mut gone = Vec::new();
+    let mut later = Vec::new();
+    for (fd, inode) in due {
+        // SAFETY: fstat of a number that may or may not be open; only its answer is used.
+        let still_ours = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) }).is_ok_and(|st| st.st_ino == inode);
+        if still_ours {
+            later.push((inode, Duration::from_millis(10)));
+        } else if colo_sys::diag::listening(inode).unwrap_or(false) {
+            later.push((inode, Duration::from_secs(1)));
+        } else {
+            gone.push(inode);
+        }
+    }
+    let mut st = lock(svc);
+    for inode in gone {
+        if let Some(i) = st.closed_here.iter().position(|c| c.inode == inode) {
+            let c = st.closed_here.swap_remove(i);
+            st.listens.retain(|x| !Arc::ptr_eq(x, &c.listen));
+        }
+    }
+    for (inode, after) in later {
+        if let Some(c) = st.closed_here.iter_mut().find(|c| c.inode == inode) {
+            c.next = now + after;
+        }
+    }
+    st.closed_here.iter().map(|c| c.next.saturating_duration_since(now).as_millis() as u64 + 1).min().unwrap_or(u64::MAX)
 }
