@@ -456,6 +456,22 @@ impl Shm {
         eproto(c)
     }
 
+    /// A look at the rings from outside the halves (the shim's readiness, which loads the
+    /// shared words, this side's own counters and flags among them, since other holders of this
+    /// end move them too) found them `corrupt` or a RESET bit in either direction's flags: the
+    /// connection is reset as a read or write that found that would reset it (RESET, and
+    /// CORRUPT with the peer told), so that the calls that look said were ready fail rather than
+    /// find nothing to do. A peer that wrote our own words could otherwise leave a poller told
+    /// "readable" whose reads would block, at every wait, for as long as it liked.
+    pub fn found_in_view(&self, corrupt: bool) {
+        if corrupt {
+            let _ = self.corrupt(Corrupt("ring counters out of range"));
+        } else if !self.has(RESET) {
+            self.set(RESET);
+            self.wake_self();
+        }
+    }
+
     /// Parks the segment in `r` when the connection closes cleanly.
     pub(crate) fn recycle_into(&mut self, r: Recycle) {
         self.recycle = Some(r);
