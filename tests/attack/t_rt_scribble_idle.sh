@@ -9,7 +9,8 @@
 # spinning on one of them uses a whole one), serve root's client, and after nobody left be back
 # to its threads and descriptors.
 #   1. the Rust API example server (a thread per connection);  2. the Go one (cmd/colo-peer);
-#   3. redis under colo run (one event loop: a spin would take all of it).
+#   3. redis under colo run (one event loop: a spin would take all of it);
+#   4. nginx under colo run (one worker; edge-triggered epoll).
 source "$(dirname "$0")/lib.sh"
 GOPEER=$WORK/colo-peer
 (cd "$ROOT/go" && go build -o "$GOPEER" ./cmd/colo-peer) || bad "go build colo-peer"
@@ -66,4 +67,9 @@ start_redis "$P" colo || exit 1
 SRV=${PIDS[-1]}
 redis_client() { [ "$(timeout 5 $COLORUN redis-cli -p "$P" ping 2>/dev/null)" = PONG ]; }
 attack redis "$SRV" redis_client
+P=$(free_port)
+start_nginx "$P" 1 colo || exit 1
+for _ in $(seq 100); do W=$(pgrep -P "${PIDS[-1]}" | head -1); [ -n "$W" ] && break; sleep 0.05; done
+nginx_client() { [ "$(timeout 5 $COLORUN curl -s "http://127.0.0.1:$P/1k.txt" | wc -c)" = 1024 ]; }
+attack nginx "$W" nginx_client
 finish
