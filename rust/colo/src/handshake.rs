@@ -418,6 +418,8 @@ pub(crate) fn answer(control: OwnedFd, served: Served, opts: &Options, parked: &
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Answer::Pending(control),
         Err(e) => return Answer::Refused(format!("rendezvous read: {e}")),
     };
+    // Nothing after the HELLO may carry descriptors (spec section 3; `colo_sys::gift`).
+    colo_sys::gift::refuse_rights(&control);
     if r.len == 0 && r.fds.is_empty() {
         return Answer::Refused("client hung up before HELLO".into());
     }

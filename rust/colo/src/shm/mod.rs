@@ -613,6 +613,10 @@ impl Drop for Shm {
         let Fds { control, own_bell, self_bell } = unsafe { std::mem::ManuallyDrop::take(&mut self.fds) };
         // Before the segment can be unmapped: the watcher holds the address of our word.
         self.hangup.release();
+        // Descriptors the peer queued on either socket are closed disarmed now, not released by
+        // the closes (a lingering socket's release would wait here: `colo_sys::gift`).
+        seqpacket::empty_before_close(&control);
+        doorbell::empty_before_close(&own_bell);
         drop(control);
         let parked = |seg| crate::recycle::Parked::new(seg, own_bell, self_bell);
         match self.recycle.take() {
