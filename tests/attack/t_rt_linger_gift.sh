@@ -13,7 +13,9 @@
 #                 connection with them queued);
 #   control_early one queued right behind the HELLO, then a hang-up.
 # After each, redis must answer a plain and a colo client at once (5 s watchdog), and once the
-# attacker left, have its descriptors back.
+# attacker left, have its descriptors back. Then the Rust API example server (its listener
+# thread reads HELLOs): a HELLO with a gift in a slot, or one queued behind it, is answered
+# (refused) at once, not after the gift's linger, and another client is served.
 source "$(dirname "$0")/lib.sh"
 cp "$HERE/py/linger_gift.py" "$HERE/doorbell_attacker.py" "$WORK/" && chmod 644 "$WORK"/*.py
 pong() { [ "$(timeout 5 "$@" 2>/dev/null)" = PONG ]; }
@@ -36,4 +38,12 @@ for w in bell control hello bell_early control_early; do
 done
 for _ in $(seq 100); do [ "$(nfds "$REDIS")" -le "$F0" ] && break; sleep 0.1; done
 check "redis's descriptors back to baseline ($(nfds "$REDIS"), baseline $F0)" test "$(nfds "$REDIS")" -le "$F0"
+P=$(free_port)
+"$PEER" server "127.0.0.1:$P" stream >"$WORK/peer.log" 2>&1 & PIDS+=($!)
+wait_port "$P" || exit 1
+for w in hello control_early; do
+  as_nobody timeout 60 /usr/bin/python3 "$WORK/linger_gift.py" "$P" "$w" 600 3 >"$WORK/peer-$w.out" 2>&1
+  check "peer $w: answered at once ($(tr '\n' ' ' <"$WORK/peer-$w.out"))" grep -q "answer ('reject'" "$WORK/peer-$w.out"
+  check "peer $w: another client is served" sh -c "timeout 10 '$PEER' client 127.0.0.1:$P stream 1000 | grep -q '^OK 1000 '"
+done
 finish

@@ -87,17 +87,20 @@ pub fn recv(fd: impl AsFd, buf: &mut [u8], dontwait: bool) -> io::Result<Receive
     })
 }
 
-/// Takes every datagram still queued on a control socket before it is closed (at most 64), so
-/// that descriptors a peer queued after its HELLO are closed disarmed here rather than released
-/// by the close (see `gift`).
-pub fn empty_before_close(fd: impl AsFd) {
+/// Takes every datagram queued on a control socket (at most 64), without blocking, so that
+/// descriptors a peer queued (after its HELLO, before the socket refused them) are closed
+/// disarmed here rather than released by its close (see `gift`); returns how many it took (a
+/// hang-up, a zero-length read, is not one).
+pub fn empty_before_close(fd: impl AsFd) -> usize {
     let mut buf = [0u8; 16];
-    for _ in 0..64 {
+    let mut taken = 0;
+    while taken < 64 {
         match recv(&fd, &mut buf, true) {
-            Ok(r) if r.len > 0 || !r.fds.is_empty() => {}
+            Ok(r) if r.len > 0 || !r.fds.is_empty() => taken += 1,
             _ => break,
         }
     }
+    taken
 }
 
 /// Shuts a connected socket down both ways: the peer's and our own reads see its end (used to

@@ -615,7 +615,7 @@ impl Drop for Shm {
         self.hangup.release();
         // Descriptors the peer queued on either socket are closed disarmed now, not released by
         // the closes (a lingering socket's release would wait here: `colo_sys::gift`).
-        seqpacket::empty_before_close(&control);
+        let _ = seqpacket::empty_before_close(&control);
         doorbell::empty_before_close(&own_bell);
         drop(control);
         let parked = |seg| crate::recycle::Parked::new(seg, own_bell, self_bell);
