@@ -3,6 +3,7 @@ package colo
 import (
 	"errors"
 	"io"
+	"net"
 	"os"
 	"sync/atomic"
 	"testing"
@@ -30,7 +31,7 @@ func openFds(t *testing.T) int {
 
 // Ringing and draining a doorbell pair never block, whatever the description's flags and however
 // full its buffer; an end shut down or closed is a hang-up; descriptors sent along are never
-// installed.
+// kept.
 func TestBellNeverBlocks(t *testing.T) {
 	watchdog(t, 30*time.Second)
 	a, b, err := newBellPair()
@@ -59,8 +60,16 @@ func TestBellNeverBlocks(t *testing.T) {
 	if rung, hungUp := drainBell(b); rung || hungUp {
 		t.Fatalf("an empty blocking doorbell: rung %v, hung up %v", rung, hungUp)
 	}
-	// Descriptors a peer sends along with its rings.
+	// Descriptors a peer sends along with its rings: a pair refuses them where the kernel can
+	// (SO_PASSRIGHTS); queued anyway (before a server could refuse them, or on an older kernel),
+	// a drain closes them.
 	efd, _ := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	if refuseRights(b) {
+		if err := unix.Sendmsg(a, []byte{1}, unix.UnixRights(efd), nil, 0); err != unix.EPERM {
+			t.Fatalf("a descriptor sent to a doorbell that refuses them: %v", err)
+		}
+		unix.SetsockoptInt(b, unix.SOL_SOCKET, soPassRights, 1)
+	}
 	for i := 0; i < 8; i++ {
 		if err := unix.Sendmsg(a, []byte{1}, unix.UnixRights(efd), nil, 0); err != nil {
 			t.Fatal(err)
@@ -132,5 +141,61 @@ func TestPeerAbusingItsDoorbell(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("a read stayed blocked after the peer shut its doorbell down")
+	}
+}
+
+// A peer's lingering TCP socket queued on a doorbell (before the handshake, or on a kernel
+// without SO_PASSRIGHTS) never holds a drain: its last close would wait up to its linger time
+// in the thread that drops it, and a drain without room for it had the kernel drop it there.
+func TestLingeringGiftNeverHoldsADrain(t *testing.T) {
+	watchdog(t, 90*time.Second)
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	g, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.SetsockoptInt(g, unix.SOL_SOCKET, unix.SO_SNDBUF, 4096)
+	if err := unix.Connect(g, &unix.SockaddrInet4{Port: l.Addr().(*net.TCPAddr).Port, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	peer, err := l.Accept() // kept open, never read
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	peer.(*net.TCPConn).SetReadBuffer(4096)
+	unix.SetNonblock(g, true)
+	for {
+		if _, err := unix.Write(g, make([]byte, 65536)); err != nil {
+			break
+		}
+	}
+	unix.SetsockoptLinger(g, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 600})
+	if err := unix.Sendmsg(fds[0], []byte{1}, unix.UnixRights(g), nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(g) // not the last reference: the queued message holds one
+	done := make(chan bool)
+	go func() {
+		rung, _ := drainBell(fds[1])
+		done <- rung
+	}()
+	select {
+	case rung := <-done:
+		if !rung {
+			t.Fatal("the ring was not seen")
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the drain waited for the gift's close")
 	}
 }

@@ -23,7 +23,7 @@ func (c *Conn) watchCtl() {
 		var n, oobn int
 		var rerr error
 		err = rc.Read(func(fd uintptr) bool {
-			oob := make([]byte, unix.CmsgSpace(4*8))
+			oob := make([]byte, unix.CmsgSpace(4*maxRights))
 			n, oobn, _, _, rerr = unix.Recvmsg(int(fd), buf[:], oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
 			if oobn > 0 {
 				closeRights(oob[:oobn])

@@ -637,7 +637,7 @@ func recvHandshake(ctx context.Context, ctl *os.File, dl time.Time) ([]byte, err
 		return nil, err
 	}
 	buf := make([]byte, 64)
-	oob := make([]byte, unix.CmsgSpace(4*8))
+	oob := make([]byte, unix.CmsgSpace(4*maxRights))
 	var n, oobn, flags int
 	var rerr error
 	err = rc.Read(func(fd uintptr) bool {

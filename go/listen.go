@@ -444,7 +444,7 @@ type hello struct {
 
 func readHello(fd int, h *hello, flags int) bool {
 	if h.oob == nil {
-		h.oob = make([]byte, unix.CmsgSpace(4*8))
+		h.oob = make([]byte, unix.CmsgSpace(4*maxRights))
 	}
 	h.n, h.oobn, h.flags, _, h.err = unix.Recvmsg(fd, h.buf[:], h.oob, flags|unix.MSG_CMSG_CLOEXEC)
 	return h.err != unix.EAGAIN
@@ -514,6 +514,8 @@ func (l *Listener) handleHello(cfd int, cf *os.File, h *hello) *Conn {
 	if h.oobn > 0 {
 		fds = parseRights(h.oob[:h.oobn])
 	}
+	// Nothing after the HELLO may carry descriptors (spec section 3).
+	refuseRights(cfd)
 	// A HELLO's offer is stored before it is counted off pending (SYNC POINT with the Load in
 	// unreadHellos), and the count is lowered before offerEvent closes the channel.
 	heard := sync.OnceFunc(func() { l.pending.Add(-1); l.offerEvent() })
@@ -577,10 +579,12 @@ func (l *Listener) adopt(cfd int, cf *os.File, mode uint8, fds []int, heard func
 		logf("hello: %v", err)
 		return nil, RejectBadSegment
 	}
-	// Both doorbell slots carry our end of the doorbell pair (spec section 3).
+	// Both doorbell slots carry our end of the doorbell pair (spec section 3). It refuses
+	// descriptors from now on (a peer's could make a drain wait: disarm).
 	if !isDoorbell(fds[2]) || !sameFile(fds[1], fds[2]) {
 		return nil, RejectBadMessage
 	}
+	refuseRights(fds[2])
 	// One descriptor of the one socket is kept (spec section 3); -1 leaves nothing for the
 	// paths below that close fds to close twice.
 	unix.Close(fds[1])

@@ -9,6 +9,7 @@ package colo
 import (
 	"bytes"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -106,7 +107,7 @@ func bindNetns(port uint16) *netnsServer {
 			err = unix.Bind(fd, sa)
 		}
 		if err == nil {
-			err = os.Chmod(s.path, 0o666) // the directory's mounts decide who reaches it
+			err = openToAll(s.path) // the directory's mounts decide who reaches it
 		}
 		if err == nil {
 			err = unix.Listen(fd, 1024)
@@ -285,4 +286,27 @@ func (l *Listener) netnsClaim(tc *net.TCPConn) *Conn {
 	}
 	logf("accept %v: shared memory (other namespace)", ra)
 	return l.claimed(tc, o, tc.LocalAddr().(*net.TCPAddr), tc.RemoteAddr().(*net.TCPAddr))
+}
+
+// openToAll sets mode 0666 on the socket file just bound at path, never on anything else:
+// whoever may write in the directory can rename the socket away and put a symbolic link to any
+// file under its name between the bind and this call, and chmod(2) by name follows links. So the
+// entry is opened without following one (O_PATH|O_NOFOLLOW), must be a socket with one link (a
+// hard link of another socket, where the system allows linking others' files, has two) owned by
+// us, and its mode is set through that descriptor (/proc/self/fd/N reaches exactly the opened
+// inode). Another socket of ours swapped in meanwhile gets the mode, harmlessly.
+func openToAll(path string) error {
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK || st.Nlink != 1 || int(st.Uid) != os.Geteuid() {
+		return errors.New("the rendezvous socket was replaced after bind")
+	}
+	return unix.Chmod(fmt.Sprintf("/proc/self/fd/%d", fd), 0o666)
 }

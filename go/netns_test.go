@@ -181,3 +181,49 @@ func TestNetnsConnectToFullBacklogTimesOut(t *testing.T) {
 		t.Fatalf("the connect's timeout stays on the socket: %v %v", tv, err)
 	}
 }
+
+// The rendezvous socket's mode is set on that socket only: never through a symbolic link or on a
+// hard link of another socket that a writer of the directory put under its name.
+func TestNetnsModeOnTheBoundSocketOnly(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "colo-1-1")
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: sock}); err != nil {
+		t.Fatal(err)
+	}
+	if err := openToAll(sock); err != nil {
+		t.Fatal(err)
+	}
+	mode := func(p string) os.FileMode {
+		st, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Mode().Perm()
+	}
+	if m := mode(sock); m != 0o666 {
+		t.Fatalf("socket mode %o", m)
+	}
+	secret := filepath.Join(dir, "secret")
+	if err := os.WriteFile(secret, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(secret, filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(sock, filepath.Join(dir, "hard")); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"link", "secret", "hard"} {
+		if openToAll(filepath.Join(dir, name)) == nil {
+			t.Errorf("%s: mode set", name)
+		}
+	}
+	if m := mode(secret); m != 0o600 {
+		t.Fatalf("secret's mode became %o", m)
+	}
+}

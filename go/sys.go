@@ -89,12 +89,15 @@ func mapSegment(fd int, size uint64) ([]byte, error) {
 }
 
 // newBellPair creates a connection's doorbell pair (spec section 1): the client's end and the
-// server's, close-on-exec and non-blocking.
+// server's, close-on-exec and non-blocking, refusing descriptors.
 func newBellPair() (client, server int, err error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 	if err != nil {
 		return -1, -1, os.NewSyscallError("socketpair", err)
 	}
+	// Nothing but rings travels on a doorbell: both ends refuse descriptors where they can.
+	refuseRights(fds[0])
+	refuseRights(fds[1])
 	return fds[0], fds[1], nil
 }
 
@@ -118,13 +121,23 @@ const bellDrainCalls = 4
 // drainBell empties our end of the doorbell pair until it would block (at most bellDrainCalls
 // reads of 256 bytes, each with MSG_DONTWAIT: never blocking). It reports whether the peer had
 // rung and whether its end is shut down or gone (end of stream, or an error such as
-// ECONNRESET), which is its hang-up: the doorbell would stay readable for good. No control
-// buffer is passed, so descriptors a peer sends are closed by the kernel, never installed.
+// ECONNRESET), which is its hang-up: the doorbell would stay readable for good. Descriptors a
+// peer sends along are received (room for all one message carries: the kernel would otherwise
+// drop them in this thread, and a lingering socket's last close waits there) and closed
+// disarmed, never kept.
 func drainBell(fd int) (rung, hungUp bool) {
 	var b [256]byte
+	var oob [bellOOB]byte
 	for i := 0; i < bellDrainCalls; i++ {
-		n, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)),
-			unix.MSG_DONTWAIT, 0, 0)
+		iov := unix.Iovec{Base: &b[0]}
+		iov.SetLen(len(b))
+		msg := unix.Msghdr{Iov: &iov, Iovlen: 1, Control: &oob[0]}
+		msg.SetControllen(len(oob))
+		n, _, e := unix.RawSyscall(unix.SYS_RECVMSG, uintptr(fd), uintptr(unsafe.Pointer(&msg)),
+			unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
+		if e == 0 && msg.Controllen > 0 {
+			closeRights(oob[:msg.Controllen])
+		}
 		switch {
 		case e == unix.EAGAIN || e == unix.EINTR:
 			return rung, false
@@ -134,6 +147,30 @@ func drainBell(fd int) (rung, hungUp bool) {
 		rung = true
 	}
 	return rung, false
+}
+
+// maxRights is the most descriptors one message carries (the kernel's SCM_MAX_FD).
+const maxRights = 253
+
+// bellOOB holds a control message of maxRights descriptors (CmsgSpace(4*maxRights) on 64-bit
+// Linux, 1032 bytes; less elsewhere).
+const bellOOB = 1040
+
+// soPassRights is SO_PASSRIGHTS (Linux 6.16).
+const soPassRights = 83
+
+// disarm makes the last close of fd, a descriptor a peer passed us, return at once: a socket's
+// lingering is turned off (SO_LINGER with l_onoff 0). The last close of a TCP socket with
+// lingering on and bytes its peer never takes would otherwise wait, for as long as the peer
+// likes, in the thread that closes it (spec section 6, "Ringing and draining").
+func disarm(fd int) {
+	unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{})
+}
+
+// refuseRights makes the Unix socket fd refuse descriptors from now on (SO_PASSRIGHTS 0); false
+// where the kernel does not know the option (before Linux 6.16).
+func refuseRights(fd int) bool {
+	return unix.SetsockoptInt(fd, unix.SOL_SOCKET, soPassRights, 0) == nil
 }
 
 // closeRights closes every descriptor carried in a control-message buffer.
@@ -151,6 +188,9 @@ func parseRights(oob []byte) []int {
 	var fds []int
 	for i := range msgs {
 		if f, err := unix.ParseUnixRights(&msgs[i]); err == nil {
+			for _, fd := range f {
+				disarm(fd) // whoever closes it never waits in that close
+			}
 			fds = append(fds, f...)
 		}
 	}

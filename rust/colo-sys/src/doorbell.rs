@@ -42,13 +42,13 @@ pub fn drain(fd: impl AsFd) -> bool {
 }
 
 /// A connection's doorbell pair: `(client's end, server's end)`, close-on-exec.
+/// Both ends refuse descriptors (`gift::refuse_rights`, where the kernel knows it): nothing but
+/// one-byte rings travels on a doorbell, and a peer's descriptor could make a drain wait.
 pub fn pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    Ok(rustix::net::socketpair(
-        AddressFamily::UNIX,
-        SocketType::STREAM,
-        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
-        None,
-    )?)
+    let (a, b) = rustix::net::socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK, None)?;
+    crate::gift::refuse_rights(&a);
+    crate::gift::refuse_rights(&b);
+    Ok((a, b))
 }
 
 /// Rings the peer: sends one byte on our end of the pair. Never blocks, whatever the flags of
@@ -78,19 +78,20 @@ const DRAIN_CALLS: usize = 4;
 /// Empties our end of the pair without blocking (`MSG_DONTWAIT`, whatever the description's
 /// flags): at most [`DRAIN_CALLS`] reads of [`DRAIN_CHUNK`] bytes, stopping at the first that
 /// does not fill its buffer (so an end of stream behind rings is found by the next drain: the
-/// doorbell stays readable until then). No control buffer is passed, so descriptors a peer
-/// sends are closed by the kernel, never installed here.
+/// doorbell stays readable until then). Descriptors a peer sends along are received (room for
+/// all one message carries: the kernel would otherwise drop them here, and a dropped lingering
+/// socket's close waits in this thread) and closed disarmed (`gift`), never kept.
 pub fn drain_rings(own: impl AsFd) -> Rings {
     let own = own.as_fd();
     let mut buf = [0u8; DRAIN_CHUNK];
     let mut found = Rings::default();
     for _ in 0..DRAIN_CALLS {
-        match rustix::net::recv(own, &mut buf[..], RecvFlags::DONTWAIT) {
-            Ok((_, 0)) => {
+        match recv_ring(own, &mut buf) {
+            Ok(0) => {
                 found.hung_up = true;
                 break;
             }
-            Ok((_, n)) => {
+            Ok(n) => {
                 found.rung = true;
                 if n < DRAIN_CHUNK {
                     break;
@@ -106,6 +107,36 @@ pub fn drain_rings(own: impl AsFd) -> Rings {
         }
     }
     found
+}
+
+/// One `recv(MSG_DONTWAIT)` of rings into `buf`; descriptors that came with them are closed
+/// disarmed ([`crate::gift::discard`]).
+fn recv_ring(own: BorrowedFd<'_>, buf: &mut [u8]) -> rustix::io::Result<usize> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(crate::gift::MAX_RIGHTS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let r = rustix::net::recvmsg(own, &mut [std::io::IoSliceMut::new(buf)], &mut control, RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC)?;
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = m {
+            rights.for_each(crate::gift::discard);
+        }
+    }
+    Ok(r.bytes)
+}
+
+/// Takes every ring and descriptor queued on our end before it is closed (at most `MAX_EMPTY`
+/// receives): a socket closed with a passed descriptor still queued releases it in the closing
+/// thread, undisarmed. Without `SO_PASSRIGHTS` (`gift::refuse_rights`) a peer can queue more
+/// after this; with it, only what was queued before the handshake remains, which this takes.
+pub fn empty_before_close(own: impl AsFd) {
+    const MAX_EMPTY: usize = 1024;
+    let own = own.as_fd();
+    let mut buf = [0u8; DRAIN_CHUNK];
+    for _ in 0..MAX_EMPTY {
+        if !matches!(recv_ring(own, &mut buf), Ok(n) if n > 0) {
+            break;
+        }
+    }
 }
 
 /// Empties a side's bells: `own`, its end of the pair, and, if the peer had not rung,
@@ -323,6 +354,33 @@ impl Poller {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer's lingering socket queued on a doorbell (before the handshake, or on a kernel
+    /// without SO_PASSRIGHTS) never holds a drain, or the close of the doorbell, in our thread.
+    #[test]
+    fn a_lingering_gift_never_holds_a_drain_or_a_close() {
+        use crate::gift::tests::{closes, lingering};
+        let (a, b) = rustix::net::socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK, None).unwrap();
+        let gift = |a: &OwnedFd| {
+            let (t, peer, l) = lingering(600);
+            crate::seqpacket::send(a, &[1], &[t.as_fd()]).unwrap();
+            // Our copy is not the last one (the queued message holds one): no wait here.
+            drop(t);
+            (peer, l)
+        };
+        let _kept = (gift(&a), gift(&a), gift(&a));
+        let b = std::sync::Arc::new(b);
+        let drained = b.clone();
+        assert!(closes(move || assert!(drain_rings(&*drained).rung)), "a drain waited for a gift's close");
+        assert!(
+            closes(move || {
+                let b = std::sync::Arc::try_unwrap(b).unwrap();
+                empty_before_close(&b);
+                drop(b);
+            }),
+            "closing the doorbell waited for a gift's close"
+        );
+    }
     use std::sync::mpsc::channel;
 
     /// Runs `f` on a thread; fails if it has not returned within 10 s (a blocked call).
@@ -386,7 +444,7 @@ mod tests {
     }
 
     #[test]
-    fn descriptors_a_peer_sends_are_never_installed() {
+    fn descriptors_a_peer_sends_are_never_kept() {
         // Gifts this test alone makes (memfds of their own name), so that the look at our
         // descriptors below is not confused by other tests opening and closing theirs meanwhile.
         const GIFT: &str = "colo-doorbell-test-gift";
@@ -397,9 +455,15 @@ mod tests {
                 .filter(|l| l.to_string_lossy().contains(GIFT))
                 .count()
         };
-        let (a, b) = pair().unwrap();
         let gifts: Vec<OwnedFd> =
             (0..8).map(|_| rustix::fs::memfd_create(GIFT, rustix::fs::MemfdFlags::CLOEXEC).unwrap()).collect();
+        // A pair refuses them where the kernel can (SO_PASSRIGHTS); queued anyway (before a
+        // server could refuse them, or on an older kernel), a drain closes them.
+        let (a, b) = pair().unwrap();
+        if crate::gift::refuse_rights(&b) {
+            assert!(crate::seqpacket::send(&a, &[1], &[gifts[0].as_fd()]).is_err());
+        }
+        let (a, b) = rustix::net::socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK, None).unwrap();
         for g in &gifts {
             crate::seqpacket::send(&a, &[1], &[g.as_fd()]).unwrap();
         }

@@ -5,6 +5,7 @@
 
 pub mod diag;
 pub mod doorbell;
+pub mod gift;
 pub mod futex;
 pub mod host;
 pub mod marker;

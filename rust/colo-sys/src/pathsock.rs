@@ -41,10 +41,28 @@ pub fn listen_at(dir: &Path, name: &str) -> io::Result<OwnedFd> {
         }
         Err(e) => return Err(e.into()),
     }
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
+    open_to_all(&path)?;
     net::listen(&fd, 1024)?;
     Ok(fd)
+}
+
+/// Sets mode 0666 on the socket file just bound at `path`, never on anything else: whoever may
+/// write in the directory can rename the socket away and put a symbolic link to any file under
+/// its name between the `bind` and this call, and `chmod(2)` by name follows links. So the
+/// entry is opened without following one (`O_PATH | O_NOFOLLOW`), must be a socket with one link
+/// (a hard link of another socket, where the system allows linking others' files, has two) owned
+/// by us, and its mode is set through that open descriptor (`/proc/self/fd/N` reaches exactly
+/// the opened inode). Another socket of ours swapped in meanwhile gets the mode, harmlessly; the
+/// server's own socket then keeps the mode `bind` gave it and the peer check refuses a stranger's.
+fn open_to_all(path: &Path) -> io::Result<()> {
+    use rustix::fs::{self, FileType, Mode, OFlags};
+    let f = fs::open(path, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
+    let st = fs::fstat(&f)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::Socket || st.st_nlink != 1 || st.st_uid != rustix::process::geteuid().as_raw() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "the rendezvous socket was replaced after bind"));
+    }
+    fs::chmod(format!("/proc/self/fd/{}", f.as_raw_fd()).as_str(), Mode::from_raw_mode(0o666))?;
+    Ok(())
 }
 
 /// An open directory (`O_PATH`) and its owner's uid.
@@ -273,6 +291,27 @@ mod tests {
             assert!(!valid_name(bad), "{bad:?}");
         }
         assert!(valid_name(b"colo-123-6379"));
+    }
+
+    #[test]
+    fn the_mode_is_set_on_the_bound_socket_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("colo-pathsock-mode-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let _l = listen_at(&dir, "colo-1-1").unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&dir.join("colo-1-1")), 0o666);
+        // What another writer of the directory puts under the name between bind and chmod.
+        let secret = dir.join("secret");
+        std::fs::write(&secret, b"x").unwrap();
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::symlink(&secret, dir.join("link")).unwrap();
+        std::fs::hard_link(dir.join("colo-1-1"), dir.join("hard")).unwrap();
+        for name in ["link", "secret", "hard"] {
+            assert!(open_to_all(&dir.join(name)).is_err(), "{name}");
+        }
+        assert_eq!(mode(&secret), 0o600);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -58,14 +58,16 @@ pub struct Received {
     pub len: usize,
     /// The datagram was longer than the buffer.
     pub truncated: bool,
-    /// Descriptors that came with it (at most 8 kept; more is a protocol error anyway).
+    /// Descriptors that came with it, each [`crate::gift::disarm`]ed: whoever drops one (a
+    /// refused HELLO's, a protocol error's) never waits in its close.
     pub fds: Vec<OwnedFd>,
 }
 
-/// Receives one datagram into `buf`, with its descriptors (close-on-exec). `dontwait` makes it
+/// Receives one datagram into `buf`, with its descriptors (close-on-exec; room for all one
+/// message can carry: the kernel would drop the others here, undisarmed). `dontwait` makes it
 /// non-blocking whatever the socket's mode.
 pub fn recv(fd: impl AsFd, buf: &mut [u8], dontwait: bool) -> io::Result<Received> {
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(8))];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(crate::gift::MAX_RIGHTS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let mut flags = RecvFlags::CMSG_CLOEXEC;
     if dontwait {
@@ -75,7 +77,7 @@ pub fn recv(fd: impl AsFd, buf: &mut [u8], dontwait: bool) -> io::Result<Receive
     let mut fds = Vec::new();
     for m in control.drain() {
         if let RecvAncillaryMessage::ScmRights(rights) = m {
-            fds.extend(rights);
+            fds.extend(rights.inspect(|f| crate::gift::disarm(f)));
         }
     }
     Ok(Received {
@@ -83,6 +85,22 @@ pub fn recv(fd: impl AsFd, buf: &mut [u8], dontwait: bool) -> io::Result<Receive
         truncated: msg.flags.contains(net::ReturnFlags::TRUNC) || msg.flags.contains(net::ReturnFlags::CTRUNC),
         fds,
     })
+}
+
+/// Takes every datagram queued on a control socket (at most 64), without blocking, so that
+/// descriptors a peer queued (after its HELLO, before the socket refused them) are closed
+/// disarmed here rather than released by its close (see `gift`); returns how many it took (a
+/// hang-up, a zero-length read, is not one).
+pub fn empty_before_close(fd: impl AsFd) -> usize {
+    let mut buf = [0u8; 16];
+    let mut taken = 0;
+    while taken < 64 {
+        match recv(&fd, &mut buf, true) {
+            Ok(r) if r.len > 0 || !r.fds.is_empty() => taken += 1,
+            _ => break,
+        }
+    }
+    taken
 }
 
 /// Shuts a connected socket down both ways: the peer's and our own reads see its end (used to

@@ -466,6 +466,9 @@ fn is_eventfd(fd: &OwnedFd) -> bool {
 /// The server's check of a HELLO's doorbell slots (spec/WIRE.md section 3): both carry its end
 /// of the doorbell pair, an `AF_UNIX`, `SOCK_STREAM` socket, which is then rung and drained
 /// only with `MSG_DONTWAIT`, never blocking whatever the client does to its own end.
+/// The HELLO's doorbell slots: one Unix stream socket twice. It refuses descriptors from now on
+/// (`gift::refuse_rights`: an honest client's `doorbell::pair` already does; a peer's descriptor
+/// could make a drain wait).
 pub(crate) fn check_bells(client_bell: &OwnedFd, server_bell: &OwnedFd) -> Result<(), &'static str> {
     if !doorbell::is_doorbell(server_bell) {
         return Err("doorbell is not a Unix stream socket");
@@ -473,6 +476,9 @@ pub(crate) fn check_bells(client_bell: &OwnedFd, server_bell: &OwnedFd) -> Resul
     if !doorbell::same_file(client_bell, server_bell) {
         return Err("the two doorbell slots differ");
     }
+    colo_sys::gift::refuse_rights(server_bell);
+    // Rings queued before it refused descriptors may carry some: taken now, closed disarmed.
+    doorbell::empty_before_close(server_bell);
     Ok(())
 }
 
@@ -492,6 +498,11 @@ pub fn read_hello(control: OwnedFd) -> HelloRead {
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => return HelloRead::Pending(control),
         Err(e) => return HelloRead::Refused(format!("rendezvous read: {e}")),
     };
+    // Nothing after the HELLO may carry descriptors (spec section 3; `colo_sys::gift`), and
+    // nothing may follow it before our answer: what did (queued before the socket refused
+    // descriptors) is taken now, its descriptors closed disarmed, and the HELLO refused.
+    colo_sys::gift::refuse_rights(&control);
+    let behind = seqpacket::empty_before_close(&control);
     if r.len == 0 && r.fds.is_empty() {
         return HelloRead::Refused("client hung up before HELLO".into());
     }
@@ -511,6 +522,9 @@ pub fn read_hello(control: OwnedFd) -> HelloRead {
         Ok(_) => return bad("not a HELLO"),
         Err(e) => return bad(e),
     };
+    if behind > 0 {
+        return bad("a message behind the HELLO");
+    }
     let mut fds = r.fds.into_iter();
     let (Some(memfd), Some(client_bell), Some(server_bell), None) = (fds.next(), fds.next(), fds.next(), fds.next())
     else {

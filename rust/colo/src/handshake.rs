@@ -418,11 +418,19 @@ pub(crate) fn answer(control: OwnedFd, served: Served, opts: &Options, parked: &
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Answer::Pending(control),
         Err(e) => return Answer::Refused(format!("rendezvous read: {e}")),
     };
+    // Nothing after the HELLO may carry descriptors (spec section 3; `colo_sys::gift`), and
+    // nothing may follow it before our answer: what did (queued before the socket refused
+    // descriptors) is taken now, its descriptors closed disarmed, and the HELLO refused.
+    colo_sys::gift::refuse_rights(&control);
+    let behind = seqpacket::empty_before_close(&control);
     if r.len == 0 && r.fds.is_empty() {
         return Answer::Refused("client hung up before HELLO".into());
     }
     if r.truncated || r.len != MESSAGE_LEN {
         return reject(&control, Reason::BadMessage, "HELLO of the wrong size");
+    }
+    if behind > 0 {
+        return reject(&control, Reason::BadMessage, "a message behind the HELLO");
     }
     let mode = match Message::decode(&buf[..r.len]) {
         Ok(Message::Hello { version: wire::VERSION, mode }) => mode,

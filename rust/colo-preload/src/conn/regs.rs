@@ -28,8 +28,9 @@ pub struct Reg {
     pub conn: Arc<Conn>,
     /// `Conn::edges` when last reported (edge-triggered registrations report only a change).
     pub seen: Option<Edges>,
-    /// `Conn::edges` when last found not ready: while they stay the same, it stays not ready.
-    pub quiet: Option<Edges>,
+    /// `Conn::edges` and `Conn::own_counters` when last found not ready: while they stay the
+    /// same, it stays not ready.
+    pub quiet: Option<(Edges, (u64, u64))>,
     /// EPOLLONESHOT fired: silent until EPOLL_CTL_MOD re-arms it.
     pub fired: bool,
     /// The application deleted it (`EPOLL_CTL_DEL`). Our kernel registration stays until the fd
@@ -65,7 +66,8 @@ impl Reg {
             return 0;
         }
         let now = self.conn.edges();
-        if !check_gone && self.quiet == Some(now) {
+        let own = self.conn.own_counters();
+        if !check_gone && self.quiet == Some((now, own)) {
             return 0;
         }
         let interest = (self.events & (IN | OUT | RDNORM | WRNORM | libc::EPOLLRDHUP as u32)) | ERR | HUP;
@@ -74,7 +76,7 @@ impl Reg {
         // bit: edges loaded after `ready` could include progress it did not see.)
         let now = if self.conn.known_gone() { (now.0, now.1, now.2, now.3 | GONE_EDGE) } else { now };
         if m == 0 {
-            self.quiet = Some(now);
+            self.quiet = Some((now, own));
             return 0;
         }
         self.quiet = None;

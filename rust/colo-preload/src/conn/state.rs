@@ -366,6 +366,11 @@ impl Conn {
         // Corrupt counters count as more than any bound: readable, no room, bytes unread.
         let (avail, used) = (avail.unwrap_or(u64::MAX), used.unwrap_or(u64::MAX));
         let reset = (in_flags | out_flags) & FLAG_RESET != 0;
+        if reset || corrupt {
+            // Reported as an error below: the connection's reads and writes must fail so too
+            // (a reset our halves did not see yet: the peer's, or a peer's scribble on our words).
+            self.shm.found_in_view(corrupt);
+        }
         let fin = in_flags & FLAG_FIN != 0;
         let mut m = 0;
         if avail >= self.lowat.load(Ordering::Relaxed) as u64 || fin || reset {
@@ -585,6 +590,16 @@ impl Conn {
     /// of ours can make the connection hang up), and whether the peer is known to be gone
     /// ([`GONE_EDGE`] in the last: a peer that dies moves nothing in the rings). Readiness only grows when
     /// one of them changes.
+    /// This side's own counters as the segment holds them (incoming tail, outgoing head). Not
+    /// edges (our own reads and writes move them), but what `ready` reports depends on them and
+    /// a peer can write them: a registration's "not ready" memo (`Reg::quiet`) holds only while
+    /// they stay the same too, or a peer that moved our tail back would leave bytes readable
+    /// that no wait reports, and with them the peer's hang-up.
+    pub fn own_counters(&self) -> (u64, u64) {
+        // Relaxed, as in `edges`: a change is only a hint to look again.
+        (RingState::relaxed(&self.w.incoming).tail, RingState::relaxed(&self.w.outgoing).head)
+    }
+
     pub fn edges(&self) -> (u64, u32, u64, u32) {
         let mut gone = if self.known_gone() { GONE_EDGE } else { 0 };
         if self.wrote_after_close.load(Ordering::Relaxed) {

@@ -456,6 +456,22 @@ impl Shm {
         eproto(c)
     }
 
+    /// A look at the rings from outside the halves (the shim's readiness, which loads the
+    /// shared words, this side's own counters and flags among them, since other holders of this
+    /// end move them too) found them `corrupt` or a RESET bit in either direction's flags: the
+    /// connection is reset as a read or write that found that would reset it (RESET, and
+    /// CORRUPT with the peer told), so that the calls that look said were ready fail rather than
+    /// find nothing to do. A peer that wrote our own words could otherwise leave a poller told
+    /// "readable" whose reads would block, at every wait, for as long as it liked.
+    pub fn found_in_view(&self, corrupt: bool) {
+        if corrupt {
+            let _ = self.corrupt(Corrupt("ring counters out of range"));
+        } else if !self.has(RESET) {
+            self.set(RESET);
+            self.wake_self();
+        }
+    }
+
     /// Parks the segment in `r` when the connection closes cleanly.
     pub(crate) fn recycle_into(&mut self, r: Recycle) {
         self.recycle = Some(r);
@@ -597,6 +613,10 @@ impl Drop for Shm {
         let Fds { control, own_bell, self_bell } = unsafe { std::mem::ManuallyDrop::take(&mut self.fds) };
         // Before the segment can be unmapped: the watcher holds the address of our word.
         self.hangup.release();
+        // Descriptors the peer queued on either socket are closed disarmed now, not released by
+        // the closes (a lingering socket's release would wait here: `colo_sys::gift`).
+        let _ = seqpacket::empty_before_close(&control);
+        doorbell::empty_before_close(&own_bell);
         drop(control);
         let parked = |seg| crate::recycle::Parked::new(seg, own_bell, self_bell);
         match self.recycle.take() {
