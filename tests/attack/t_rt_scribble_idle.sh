@@ -26,7 +26,8 @@ back_to() { # PID THREADS FDS: within 10 s
     [ "$t" -le "$2" ] && [ "$f" -le "$3" ] && return 0
     sleep 0.1
   done
-  echo "    pid $1: $t threads (baseline $2), $f descriptors (baseline $3)"; return 1
+  echo "    pid $1: $t threads (baseline $2), $f descriptors (baseline $3)"
+  ls -l "/proc/$1/fd" | sed 's/^/    /'; return 1
 }
 # attack LABEL PID SERVED-CMD...: the scribbling, the idle CPU measure, the checks. (The Go
 # runtime keeps the threads it started: for Go only descriptors count, THREADS_SLACK.)
@@ -35,7 +36,7 @@ attack() {
   local t0 f0 c0 c1 used out=$WORK/$label.out
   "$@" || { bad "$label: root's client before the attack"; return; }
   sleep 1.5 # parked segments of that connection dropped
-  t0=$(threads "$pid"); f0=$(nfds "$pid")
+  t0=$(threads "$pid"); f0=$(nfds "$pid"); ls -l "/proc/$pid/fd" >"$WORK/$label.fd0"
   as_nobody timeout 120 /usr/bin/python3 "$WORK/scribble_idle.py" "$P" 8 >"$out" 2>&1 &
   local att=$!; PIDS+=($!)
   for _ in $(seq 1200); do grep -qs "SCRIBBLED\|Traceback" "$out" && break; sleep 0.05; done
