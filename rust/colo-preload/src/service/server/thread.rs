@@ -146,6 +146,8 @@ fn serve(svc: &'static Service) {
     // not spin on the invalid descriptor).
     let mut requests = true;
     loop {
+        // Before the rendezvous are collected: it may let go of some (closing their fds).
+        let closed_ms = closed_here(svc);
         let fds: Vec<i32> = {
             let mut st = lock(svc);
             let starved = st.starved.is_some_and(|t| t > Instant::now());
@@ -174,7 +176,6 @@ fn serve(svc: &'static Service) {
         // happens (or not) meanwhile.
         let until_expiry = next_expiry.map_or(u64::MAX, |t| t.saturating_duration_since(Instant::now()).as_millis() as u64 + 1);
         let starved_ms = lock(svc).starved.map_or(u64::MAX, |t| t.saturating_duration_since(Instant::now()).as_millis() as u64 + 1);
-        let closed_ms = closed_here(svc);
         let wait_ms = tend_markers(svc.lineage.shared, || lock(svc).listens.clone()).min(1000).min(until_expiry).min(starved_ms).min(closed_ms) as i64;
         let t = rustix::event::Timespec { tv_sec: wait_ms / 1000, tv_nsec: wait_ms % 1000 * 1_000_000 };
         let _ = poll(&mut pfds, Some(&t));
