@@ -126,6 +126,12 @@ impl Lineage {
         ino(&self.ask) == Some(self.ino.0) && ino(&self.serve) == Some(self.ino.1)
     }
 
+    /// The inode of the end requests are sent on: every process of the lineage that has not
+    /// replaced its image holds it (it is close-on-exec).
+    pub fn ask_ino(&self) -> u64 {
+        self.ino.0
+    }
+
     /// The owner word's value, for [`Lineage::take_over`].
     pub fn owner(&self) -> u32 {
         // SYNC POINT with the compare-and-swap in `take_over` (and the kernel's store at the

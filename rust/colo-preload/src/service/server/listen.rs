@@ -68,7 +68,7 @@ pub fn on_listen(fd: i32) {
     };
     static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let id = IDS.fetch_add(1, Ordering::Relaxed);
-    let l = Arc::new(Listen { rendezvous, addr, id, lineage: svc.lineage, forks: FORKS.load(Ordering::Relaxed) });
+    let l = Arc::new(Listen { rendezvous, addr, id, lineage: svc.lineage, forks: FORKS.load(Ordering::Relaxed), pid: colo_sys::host::pid() });
     if let Some(mut l) = try_lock(&LISTENING) {
         l.push(addr);
     }

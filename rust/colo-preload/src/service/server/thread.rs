@@ -208,18 +208,21 @@ fn serve(svc: &'static Service) {
 /// look. A close not yet done is looked at again soon; a socket still listening, each second.
 fn closed_here(svc: &Service) -> u64 {
     let now = Instant::now();
-    let due: Vec<(i32, u64)> = {
+    let me = colo_sys::host::pid();
+    let due: Vec<(i32, u64, bool)> = {
         let st = lock(svc);
-        st.closed_here.iter().filter(|c| c.next <= now).map(|c| (c.fd, c.inode)).collect()
+        st.closed_here.iter().filter(|c| c.next <= now).map(|c| (c.fd, c.inode, c.listen.pid == me)).collect()
     };
     let mut gone = Vec::new();
     let mut later = Vec::new();
-    for (fd, inode) in due {
+    for (fd, inode, listened_here) in due {
         // SAFETY: fstat of a number that may or may not be open; only its answer is used.
         let still_ours = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) }).is_ok_and(|st| st.st_ino == inode);
         if still_ours {
             later.push((inode, Duration::from_millis(10)));
-        } else if colo_sys::diag::listening(inode).unwrap_or(false) {
+        } else if colo_sys::diag::listening(inode).unwrap_or(false)
+            && (!listened_here || claimer_holds(inode, svc.lineage.ask_ino()) != Some(false))
+        {
             later.push((inode, Duration::from_secs(1)));
         } else {
             gone.push(inode);
@@ -238,4 +241,49 @@ fn closed_here(svc: &Service) -> u64 {
         }
     }
     st.closed_here.iter().map(|c| c.next.saturating_duration_since(now).as_millis() as u64 + 1).min().unwrap_or(u64::MAX)
+}
+
+/// Whether a process that can claim this lineage's offers holds the socket with inode `ino`, a
+/// listener this process made: one that still has the lineage's request socket (`ask`, which is
+/// close-on-exec) among this process and its descendants (the only processes that can have both
+/// from a fork). An image an `exec` replaced holds the socket without it: it knows nothing of
+/// the rendezvous and claims no offer, so serving it would only leave each client waiting its
+/// carrier timeout. `None` where this cannot tell (no `children` files in /proc, descriptors it
+/// may not read, a tree too large): the listener is then kept served.
+fn claimer_holds(ino: u64, ask: u64) -> Option<bool> {
+    use std::io::ErrorKind::NotFound;
+    let (want_sock, want_ask) = (format!("socket:[{ino}]"), format!("socket:[{ask}]"));
+    let mut todo = vec![colo_sys::host::pid()];
+    let mut looked = 0;
+    while let Some(pid) = todo.pop() {
+        looked += 1;
+        if looked > 4096 {
+            return None;
+        }
+        let (mut sock, mut asks) = (false, false);
+        match std::fs::read_dir(format!("/proc/{pid}/fd")) {
+            Ok(d) => {
+                for e in d.flatten() {
+                    let Ok(link) = std::fs::read_link(e.path()) else { continue };
+                    sock |= link.as_os_str() == want_sock.as_str();
+                    asks |= link.as_os_str() == want_ask.as_str();
+                }
+            }
+            // Exited meanwhile.
+            Err(e) if e.kind() == NotFound => continue,
+            Err(_) => return None,
+        }
+        if sock && asks {
+            return Some(true);
+        }
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { continue };
+        for t in tasks.flatten() {
+            match std::fs::read_to_string(t.path().join("children")) {
+                Ok(kids) => todo.extend(kids.split_whitespace().filter_map(|k| k.parse::<u32>().ok())),
+                Err(e) if e.kind() == NotFound && t.path().exists() => return None,
+                Err(_) => {}
+            }
+        }
+    }
+    Some(false)
 }
