@@ -221,7 +221,7 @@ fn closed_here(svc: &Service) -> u64 {
         if still_ours {
             later.push((inode, Duration::from_millis(10)));
         } else if colo_sys::diag::listening(inode).unwrap_or(false)
-            && (!listened_here || claimer_holds(inode, svc.lineage.ask_ino()) != Some(false))
+            && (!listened_here || claimer_holds(inode, svc.lineage.ask_end()) != Some(false))
         {
             later.push((inode, Duration::from_secs(1)));
         } else {
@@ -244,15 +244,17 @@ fn closed_here(svc: &Service) -> u64 {
 }
 
 /// Whether a process that can claim this lineage's offers holds the socket with inode `ino`, a
-/// listener this process made: one that still has the lineage's request socket (`ask`, which is
-/// close-on-exec) among this process and its descendants (the only processes that can have both
-/// from a fork). An image an `exec` replaced holds the socket without it: it knows nothing of
-/// the rendezvous and claims no offer, so serving it would only leave each client waiting its
-/// carrier timeout. `None` where this cannot tell (no `children` files in /proc, descriptors it
-/// may not read, a tree too large): the listener is then kept served.
-fn claimer_holds(ino: u64, ask: u64) -> Option<bool> {
+/// listener this process made: one that still has the lineage's request socket (`ask`: its
+/// number here and inode; it is close-on-exec) among this process and its descendants (the only
+/// processes that can have both from a fork). An image an `exec` replaced holds the socket
+/// without it: it knows nothing of the rendezvous and claims no offer, so serving it would only
+/// leave each client waiting its carrier timeout. `None` where this cannot tell (no `children`
+/// files in /proc, descriptors it may not read, a tree too large): the listener is then kept
+/// served. Looked at each second while the socket is listed: a process's descriptors are read
+/// only if it has the request socket (where it inherited it), and only up to the listener's.
+fn claimer_holds(ino: u64, ask: (i32, u64)) -> Option<bool> {
     use std::io::ErrorKind::NotFound;
-    let (want_sock, want_ask) = (format!("socket:[{ino}]"), format!("socket:[{ask}]"));
+    let (want_sock, want_ask) = (format!("socket:[{ino}]"), format!("socket:[{}]", ask.1));
     let mut todo = vec![colo_sys::host::pid()];
     let mut looked = 0;
     while let Some(pid) = todo.pop() {
@@ -260,21 +262,21 @@ fn claimer_holds(ino: u64, ask: u64) -> Option<bool> {
         if looked > 4096 {
             return None;
         }
-        let (mut sock, mut asks) = (false, false);
-        match std::fs::read_dir(format!("/proc/{pid}/fd")) {
-            Ok(d) => {
-                for e in d.flatten() {
-                    let Ok(link) = std::fs::read_link(e.path()) else { continue };
-                    sock |= link.as_os_str() == want_sock.as_str();
-                    asks |= link.as_os_str() == want_ask.as_str();
+        match std::fs::read_link(format!("/proc/{pid}/fd/{}", ask.0)) {
+            Ok(l) if l.as_os_str() == want_ask.as_str() => match std::fs::read_dir(format!("/proc/{pid}/fd")) {
+                Ok(d) => {
+                    let holds = d.flatten().any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == want_sock.as_str()));
+                    if holds {
+                        return Some(true);
+                    }
                 }
-            }
-            // Exited meanwhile.
-            Err(e) if e.kind() == NotFound => continue,
+                Err(e) if e.kind() == NotFound => continue,
+                Err(_) => return None,
+            },
+            // No request socket there (closed, or exec'd), or the process exited.
+            Ok(_) => {}
+            Err(e) if e.kind() == NotFound => {}
             Err(_) => return None,
-        }
-        if sock && asks {
-            return Some(true);
         }
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { continue };
         for t in tasks.flatten() {
