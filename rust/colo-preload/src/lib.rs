@@ -112,7 +112,7 @@ extern "C" fn init() {
 /// handlers for them without SA_RESTART). If any of them lacks `SA_RESTART`, the call fails with
 /// `EINTR` (a program that installs such a handler expects EINTR); if all restart, the wait goes
 /// on. A few dozen system calls, and only after a signal.
-fn eintr_wanted() -> bool {
+pub(crate) fn eintr_wanted() -> bool {
     // SAFETY: plain queries of this thread's mask and of the dispositions, into zeroed structs.
     unsafe {
         let mut mask: sigset_t = std::mem::zeroed();

@@ -221,7 +221,13 @@ unsafe fn accept_netns(g: Guard, fd: c_int, addr: *mut sockaddr, len: *mut sockl
                 let mut p = [libc::pollfd { fd, events: libc::POLLIN, revents: 0 }, libc::pollfd { fd: h.fd(), events: libc::POLLIN, revents: 0 }];
                 // SAFETY: our own two pollfds.
                 if unsafe { real::ppoll(p.as_mut_ptr(), 2, std::ptr::null(), std::ptr::null()) } < 0 {
-                    return g.err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINTR)) as c_int;
+                    let e = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINTR);
+                    // The kernel restarts an accept a `SA_RESTART` handler interrupted; ppoll
+                    // it never restarts.
+                    if e == libc::EINTR && !crate::eintr_wanted() {
+                        continue;
+                    }
+                    return g.err(e) as c_int;
                 }
                 if p[0].revents == 0 {
                     continue;

@@ -122,19 +122,24 @@ pub fn follow(epfd: c_int, op: c_int, fd: c_int, ev: *const epoll_event) {
 /// ready (after moving them on), else nothing (a one-shot registration is armed again).
 pub fn report(epfd: c_int, d: u64) -> Option<epoll_event> {
     let i = (d & 0xFFFF_FFFF) as usize;
-    let (h, events, data, kfd) = {
+    let (h, events, data) = {
         let all = lregs();
         let r = all.get(i)?.as_ref().filter(|r| r.epfd == epfd)?;
-        (r.held.clone(), r.events, r.data, r.kfd)
+        (r.held.clone(), r.events, r.data)
     };
     if h.service() && events & libc::EPOLLIN as u32 != 0 {
         return Some(epoll_event { events: libc::EPOLLIN as u32, u64: data });
     }
     if events & libc::EPOLLONESHOT as u32 != 0 {
-        let mut kev = epoll_event { events: kernel_events(events), u64: d };
-        // SAFETY: re-arming our one-shot registration after a report the application did not get
-        // (`kfd` stays open: a registration removed meanwhile makes this fail, harmlessly).
-        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, kfd, &mut kev) };
+        // Under the lock, on the registration still there: `forget` closes a duplicate it owned
+        // only after taking it out, and the number may then name another descriptor.
+        let all = lregs();
+        if let Some(r) = all.get(i).and_then(Option::as_ref).filter(|r| r.epfd == epfd && Arc::ptr_eq(&r.held, &h)) {
+            let mut kev = epoll_event { events: kernel_events(r.events), u64: d };
+            // SAFETY: re-arming our one-shot registration after a report the application did
+            // not get; `r.kfd` is open while `r` is registered (the set's fd, or our duplicate).
+            unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, r.kfd, &mut kev) };
+        }
     }
     None
 }

@@ -69,6 +69,15 @@ fn swap(fd: c_int) {
     // SAFETY: `var` is valid (above); programs assign the variables only from their own threads,
     // as here.
     let old = unsafe { *var };
+    // A stream the program pointed the variable at (a log file of its own), or one it closed
+    // (descriptor -1), is not descriptor `fd`'s: stdio would not write it to the connection, so
+    // it stays as it is (and is looked at again if a connection lands on `fd` later).
+    // SAFETY: `old`, if not null, is the program's stream: a glibc FILE, which begins with
+    // `IoFileHead`'s fields (`_fileno` is set once, at its open or close).
+    if !old.is_null() && unsafe { (*(old as *const IoFileHead)).fileno } != fd {
+        SWAPPED[fd as usize].store(false, Ordering::Relaxed);
+        return;
+    }
     let io = CookieIo {
         read: Some(if fd == 0 { stdin_read } else { cookie_read }),
         write: Some(cookie_write),

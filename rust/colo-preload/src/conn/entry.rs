@@ -32,4 +32,6 @@ pub struct Listen {
     /// This process's forks before the listen (`server::forks`): a process that forked since
     /// may have children that hold the listening socket after this process closes it.
     pub forks: u64,
+    /// The process that listened (a process it forks inherits the value with the listener).
+    pub pid: u32,
 }

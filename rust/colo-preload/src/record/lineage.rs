@@ -126,6 +126,13 @@ impl Lineage {
         ino(&self.ask) == Some(self.ino.0) && ino(&self.serve) == Some(self.ino.1)
     }
 
+    /// The number and inode of the end requests are sent on: every process of the lineage that
+    /// has not replaced its image holds it (it is close-on-exec), under that number unless it
+    /// moved it.
+    pub fn ask_end(&self) -> (i32, u64) {
+        (self.ask.as_raw_fd(), self.ino.0)
+    }
+
     /// The owner word's value, for [`Lineage::take_over`].
     pub fn owner(&self) -> u32 {
         // SYNC POINT with the compare-and-swap in `take_over` (and the kernel's store at the

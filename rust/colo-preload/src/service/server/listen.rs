@@ -44,6 +44,8 @@ pub fn on_listen(fd: i32) {
             if e.raw_os_error() == Some(libc::EADDRINUSE) {
                 if share_sibling(fd, addr) {
                     log_info(format_args!("listen {addr}: another listener of this process on it (SO_REUSEPORT): serving colo offers on its {name}"));
+                } else if take_back_closed(fd, addr) {
+                    log_info(format_args!("listen {addr}: serving colo offers on {name}, kept from a listener this process closed on it"));
                 } else {
                     // Clients offer there, and the kernel may give their connections to this
                     // socket: each such client waits out its carrier timeout, then goes on over TCP.
@@ -66,7 +68,7 @@ pub fn on_listen(fd: i32) {
     };
     static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let id = IDS.fetch_add(1, Ordering::Relaxed);
-    let l = Arc::new(Listen { rendezvous, addr, id, lineage: svc.lineage, forks: FORKS.load(Ordering::Relaxed) });
+    let l = Arc::new(Listen { rendezvous, addr, id, lineage: svc.lineage, forks: FORKS.load(Ordering::Relaxed), pid: colo_sys::host::pid() });
     if let Some(mut l) = try_lock(&LISTENING) {
         l.push(addr);
     }
@@ -96,6 +98,30 @@ fn share_sibling(fd: i32, addr: std::net::SocketAddr) -> bool {
     if let Some(mut slot) = table::lock(fd) {
         slot.set(Entry::Listen(l));
     }
+    true
+}
+
+/// A listener this process closed on `addr` while children forked since may hold it
+/// (`on_close_listen`) still has the address's rendezvous while the service looks whether the
+/// kernel lists it: `fd`, now listening on `addr` too (the old socket gone, or both with
+/// `SO_REUSEPORT`), takes it back as its own, as `share_sibling` shares an open one. Without
+/// this a program that closes its listener and listens again at once (a reload) would serve
+/// plain TCP, and its clients wait their carrier timeout on the old listener's rendezvous.
+/// False if there is none.
+fn take_back_closed(fd: i32, addr: std::net::SocketAddr) -> bool {
+    let Some(svc) = own() else { return false };
+    let l = {
+        let mut st = lock(svc);
+        let Some(i) = st.closed_here.iter().position(|c| c.listen.addr == addr && std::ptr::eq(c.listen.lineage, svc.lineage)) else { return false };
+        st.closed_here.swap_remove(i).listen
+    };
+    if let Some(mut listening) = try_lock(&LISTENING) {
+        listening.push(addr);
+    }
+    if let Some(mut slot) = table::lock(fd) {
+        slot.set(Entry::Listen(l));
+    }
+    colo::internal::netns::listening(addr.port());
     true
 }
 

@@ -146,6 +146,8 @@ fn serve(svc: &'static Service) {
     // not spin on the invalid descriptor).
     let mut requests = true;
     loop {
+        // Before the rendezvous are collected: it may let go of some (closing their fds).
+        let closed_ms = closed_here(svc);
         let fds: Vec<i32> = {
             let mut st = lock(svc);
             let starved = st.starved.is_some_and(|t| t > Instant::now());
@@ -174,7 +176,6 @@ fn serve(svc: &'static Service) {
         // happens (or not) meanwhile.
         let until_expiry = next_expiry.map_or(u64::MAX, |t| t.saturating_duration_since(Instant::now()).as_millis() as u64 + 1);
         let starved_ms = lock(svc).starved.map_or(u64::MAX, |t| t.saturating_duration_since(Instant::now()).as_millis() as u64 + 1);
-        let closed_ms = closed_here(svc);
         let wait_ms = tend_markers(svc.lineage.shared, || lock(svc).listens.clone()).min(1000).min(until_expiry).min(starved_ms).min(closed_ms) as i64;
         let t = rustix::event::Timespec { tv_sec: wait_ms / 1000, tv_nsec: wait_ms % 1000 * 1_000_000 };
         let _ = poll(&mut pfds, Some(&t));
@@ -207,18 +208,21 @@ fn serve(svc: &'static Service) {
 /// look. A close not yet done is looked at again soon; a socket still listening, each second.
 fn closed_here(svc: &Service) -> u64 {
     let now = Instant::now();
-    let due: Vec<(i32, u64)> = {
+    let me = colo_sys::host::pid();
+    let due: Vec<(i32, u64, bool)> = {
         let st = lock(svc);
-        st.closed_here.iter().filter(|c| c.next <= now).map(|c| (c.fd, c.inode)).collect()
+        st.closed_here.iter().filter(|c| c.next <= now).map(|c| (c.fd, c.inode, c.listen.pid == me)).collect()
     };
     let mut gone = Vec::new();
     let mut later = Vec::new();
-    for (fd, inode) in due {
+    for (fd, inode, listened_here) in due {
         // SAFETY: fstat of a number that may or may not be open; only its answer is used.
         let still_ours = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) }).is_ok_and(|st| st.st_ino == inode);
         if still_ours {
             later.push((inode, Duration::from_millis(10)));
-        } else if colo_sys::diag::listening(inode).unwrap_or(false) {
+        } else if colo_sys::diag::listening(inode).unwrap_or(false)
+            && (!listened_here || claimer_holds(inode, svc.lineage.ask_end()) != Some(false))
+        {
             later.push((inode, Duration::from_secs(1)));
         } else {
             gone.push(inode);
@@ -237,4 +241,51 @@ fn closed_here(svc: &Service) -> u64 {
         }
     }
     st.closed_here.iter().map(|c| c.next.saturating_duration_since(now).as_millis() as u64 + 1).min().unwrap_or(u64::MAX)
+}
+
+/// Whether a process that can claim this lineage's offers holds the socket with inode `ino`, a
+/// listener this process made: one that still has the lineage's request socket (`ask`: its
+/// number here and inode; it is close-on-exec) among this process and its descendants (the only
+/// processes that can have both from a fork). An image an `exec` replaced holds the socket
+/// without it: it knows nothing of the rendezvous and claims no offer, so serving it would only
+/// leave each client waiting its carrier timeout. `None` where this cannot tell (no `children`
+/// files in /proc, descriptors it may not read, a tree too large): the listener is then kept
+/// served. Looked at each second while the socket is listed: a process's descriptors are read
+/// only if it has the request socket (where it inherited it), and only up to the listener's.
+fn claimer_holds(ino: u64, ask: (i32, u64)) -> Option<bool> {
+    use std::io::ErrorKind::NotFound;
+    let (want_sock, want_ask) = (format!("socket:[{ino}]"), format!("socket:[{}]", ask.1));
+    let mut todo = vec![colo_sys::host::pid()];
+    let mut looked = 0;
+    while let Some(pid) = todo.pop() {
+        looked += 1;
+        if looked > 4096 {
+            return None;
+        }
+        match std::fs::read_link(format!("/proc/{pid}/fd/{}", ask.0)) {
+            Ok(l) if l.as_os_str() == want_ask.as_str() => match std::fs::read_dir(format!("/proc/{pid}/fd")) {
+                Ok(d) => {
+                    let holds = d.flatten().any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == want_sock.as_str()));
+                    if holds {
+                        return Some(true);
+                    }
+                }
+                Err(e) if e.kind() == NotFound => continue,
+                Err(_) => return None,
+            },
+            // No request socket there (closed, or exec'd), or the process exited.
+            Ok(_) => {}
+            Err(e) if e.kind() == NotFound => {}
+            Err(_) => return None,
+        }
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { continue };
+        for t in tasks.flatten() {
+            match std::fs::read_to_string(t.path().join("children")) {
+                Ok(kids) => todo.extend(kids.split_whitespace().filter_map(|k| k.parse::<u32>().ok())),
+                Err(e) if e.kind() == NotFound && t.path().exists() => return None,
+                Err(_) => {}
+            }
+        }
+    }
+    Some(false)
 }
