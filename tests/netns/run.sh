@@ -181,6 +181,19 @@ stalled() {
         bad "10 $name listener: staller '$(cat "$WORK/$name-stall")', client '$r'"
     fi
     kill "$staller" 2>/dev/null
+    # More silent connections than the listener holds (256): the oldest go on as plain TCP, and
+    # A's connection made after them is still accepted on shared memory within its watchdog.
+    ip netns exec "$NS_C" setpriv --reuid=nobody --regid=nogroup --clear-groups timeout 60 $PROBE silent $IP_B $port 300 40 >"$WORK/$name-silent" 2>&1 &
+    local silent=$!
+    PIDS+=("$silent")
+    for i in $(seq 100); do grep -qs SILENT "$WORK/$name-silent" && break; sleep 0.1; done
+    r=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 10 "$PEER" client $IP_B:$port stream 100000 2>&1)
+    if [ "$(cat "$WORK/$name-silent")" = "SILENT 300" ] && [ "$r" = "OK 100000 colo" ]; then
+        ok "10 $name listener: 300 silent listed connections (more than it holds) delay no other accept"
+    else
+        bad "10 $name listener, 300 silent: '$(cat "$WORK/$name-silent")', client '$r'"
+    fi
+    kill "$silent" 2>/dev/null
 }
 [ -x "$PEER" ] && stalled "Rust API" 7101 "$PEER"
 [ -x "$WORK/colo-peer-go" ] && stalled Go 7201 "$WORK/colo-peer-go"

@@ -350,14 +350,18 @@ impl Listener {
     }
 
     /// A connection from a listed peer of another namespace waits to be resolved (`None`: taken,
-    /// `accept` goes on with the next connection); any other, or one that finds the set full,
-    /// is given back.
+    /// `accept` goes on with the next connection); any other is given back. A full set pushes
+    /// out its oldest (`NetnsAccepts::evict_oldest`), so a flood of silent connections costs
+    /// the flood's oldest their wait, never `accept` a wait in place.
     fn netns_defer(&self, tcp: TcpStream, peer: SocketAddr) -> Option<TcpStream> {
-        let Some(accepts) = &self.netns_accepts else { return Some(tcp) };
+        let (Some(accepts), Some(r)) = (&self.netns_accepts, &self.netns) else { return Some(tcp) };
         if !(crate::netns::server_configured() && crate::netns::from_elsewhere(peer)) {
             return Some(tcp);
         }
         let mut a = accepts.lock().unwrap_or_else(|e| e.into_inner());
+        if a.waiting() >= crate::netns_accept::MAX_WAITING {
+            a.evict_oldest(r, &self.poller);
+        }
         a.admit(tcp, peer, &self.poller).err()
     }
 

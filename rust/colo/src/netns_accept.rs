@@ -18,8 +18,8 @@ use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-/// Connections waiting at once; beyond, the API's listener resolves one in place (waiting in
-/// its `accept`), the shim's accept pushes out the oldest ([`NetnsAccepts::evict_oldest`]).
+/// Connections waiting at once; beyond, the listener (the API's and the shim's) pushes out the
+/// oldest ([`NetnsAccepts::evict_oldest`]).
 pub const MAX_WAITING: usize = 256;
 
 /// How soon a connection whose first bytes are the start of a PROPOSAL is looked at again (its
