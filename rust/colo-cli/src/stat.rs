@@ -144,19 +144,26 @@ fn inspect(pid: u32, path: &std::path::Path, seen_before: usize) -> Seen {
 }
 
 fn inspect_file(pid: u32, path: &std::path::Path, seen_before: usize) -> Result<Option<ConnInfo>, String> {
-    // Non-blocking and without a controlling terminal: another user may hold a FIFO or a device
-    // whose path reads like a segment's (a file at `/memfd:colo-seg` in a mount namespace of its
-    // own), and a plain open of a FIFO waits for a writer that never comes. Only a regular file
-    // is read further (a memfd is one).
+    // Another user may hold a FIFO or a device whose path reads like a segment's (a file at
+    // `/memfd:colo-seg` in a mount namespace of its own): a plain open of a FIFO waits for a
+    // writer that never comes, and opening a device can act on it. So the file is first opened
+    // with O_PATH (which opens nothing), and only a regular file (a memfd is one) is opened for
+    // reading, through that descriptor, so it is the same file whatever the holder does meanwhile.
+    use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
+    let pinned = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| format!("cannot open: {e}"))?;
+    if !pinned.metadata().is_ok_and(|m| m.file_type().is_file()) {
+        return Err("not a regular file: not a colo segment".into());
+    }
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
+        .open(format!("/proc/self/fd/{}", pinned.as_raw_fd()))
         .map_err(|e| format!("cannot open: {e}"))?;
-    if !file.metadata().is_ok_and(|m| m.file_type().is_file()) {
-        return Err("not a regular file: not a colo segment".into());
-    }
     // Every colo segment is sealed against resizing: another file with the name is not one.
     if !colo_sys::segment::is_sealed(&file) {
         return Err("not sealed against resizing: not a colo segment".into());
