@@ -35,7 +35,10 @@ last = int(open("/proc/sys/kernel/ns_last_pid").read())
 sel = selectors.DefaultSelector()
 bound = 0
 for i in range(1, count + 1):
-    pid = (last + i) % pid_max or 1
+    # The kernel hands out pids below pid_max, and after it wraps starts again at 300
+    # (RESERVED_PIDS): `% pid_max or 1` named pid 1 twice, and a wrap within the range (this
+    # host's pid_max is 32768) then left one name unbound.
+    pid = last + i if last + i < pid_max else 300 + (last + i - pid_max)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         s.bind(b"\0colo/1/shim/adopted/%d" % pid)
