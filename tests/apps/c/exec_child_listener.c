@@ -11,19 +11,6 @@
 
 #include "scenario.h"
 
-/* Whether a Unix socket bound to `name` (abstract) is listed in /proc/net/unix. */
-static int bound(const char *name) {
-    FILE *f = fopen("/proc/net/unix", "r");
-    char line[512];
-    int found = 0;
-    while (f && fgets(line, sizeof line, f)) {
-        char *at = strchr(line, '@');
-        if (at && strncmp(at + 1, name, strlen(name)) == 0 && (at[1 + strlen(name)] == '\n' || at[1 + strlen(name)] == 0)) found = 1;
-    }
-    if (f) fclose(f);
-    return found;
-}
-
 static void echo_one(int l) {
     int c = accept(l, NULL, NULL);
     if (c < 0) die("accept");
@@ -84,8 +71,8 @@ int main(int argc, char **argv) {
         char name[64];
         snprintf(name, sizeof name, "colo/1/127.0.0.1:%d", ntohs(a.sin_port));
         int i = 0;
-        while (bound(name) && i++ < 500) usleep(10000);
-        CHECK(!bound(name), "the rendezvous is let go: only an image that claims nothing holds the listener");
+        while (abstract_bound(name) && i++ < 500) usleep(10000);
+        CHECK(!abstract_bound(name), "the rendezvous is let go: only an image that claims nothing holds the listener");
     }
     for (int i = 0; i < 2; i++) CHECK(ping(&a, 0), "the exec'd server echoes");
     CHECK(waitpid(w, &st, 0) == w && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the server exited 0");

@@ -61,6 +61,20 @@ static inline int segments(void) {
     return found;
 }
 
+/* Whether an abstract Unix socket named `name` (a colo rendezvous) is listed in /proc/net/unix. */
+static inline int abstract_bound(const char *name) {
+    FILE *f = fopen("/proc/net/unix", "r");
+    char line[512];
+    size_t n = strlen(name);
+    int found = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        char *at = strchr(line, '@');
+        if (at && strncmp(at + 1, name, n) == 0 && (at[1 + n] == '\n' || at[1 + n] == 0)) found = 1;
+    }
+    if (f) fclose(f);
+    return found;
+}
+
 /* Waits (up to 3 s) until this process has no segment open, and returns the count then. Those
  * of connections closed just before stay open for a moment (parked for reuse up to a second,
  * then unmapped by a background thread), and a count would include them. */
