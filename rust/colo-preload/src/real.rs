@@ -91,6 +91,9 @@ real_fns! {
     fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_long, c: libc::c_long, d: libc::c_long, e: libc::c_long, f: libc::c_long) -> libc::c_long;
     fn dup(fd: c_int) -> c_int;
     fn dup2(fd: c_int, new: c_int) -> c_int;
+    fn getrlimit(resource: c_int, out: *mut libc::rlimit) -> c_int;
+    fn setrlimit(resource: c_int, new: *const libc::rlimit) -> c_int;
+    fn prlimit(pid: libc::pid_t, resource: c_int, new: *const libc::rlimit, old: *mut libc::rlimit) -> c_int;
     fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int;
     fn sendfile(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t;
     fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE;

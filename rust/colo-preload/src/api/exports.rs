@@ -2,7 +2,7 @@
 //! (`data`, `fds`, `copy`, `fdopen`, `epoll`, `ppoll`, `sockopt`), or over libc (`real`) when the
 //! arguments show the call is not the shim's. A non-colo fd costs one atomic load before libc.
 
-use crate::api::{behind, copy, data, epoll, fdopen, fds, forget, names, ppoll, repeat, route, sockopt, std_streams};
+use crate::api::{behind, copy, data, epoll, fdopen, fds, forget, names, nofile, ppoll, repeat, route, sockopt, std_streams};
 use crate::base::guard::Guard;
 use crate::base::uring::refused;
 use crate::conn::table;
@@ -519,4 +519,40 @@ pub unsafe extern "C" fn epoll_pwait2(
             real::epoll_pwait2(ep, b, m, if ms == c_int::MAX { t } else { tp }, mask)
         })
     }
+}
+
+// ---- limits ---------------------------------------------------------------------------------
+// The application's own hard limit of open files (`nofile`); every other resource and process
+// goes to libc unchanged. (On 64-bit glibc the `64` names are the same functions.)
+
+#[no_mangle]
+pub unsafe extern "C" fn getrlimit(resource: c_int, out: *mut libc::rlimit) -> c_int {
+    // SAFETY: `out` is the application's, as `nofile::get` and libc's `getrlimit` require.
+    unsafe { nofile::get(resource, out).unwrap_or_else(|| real::getrlimit(resource, out)) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn getrlimit64(resource: c_int, out: *mut libc::rlimit) -> c_int {
+    // SAFETY: as `getrlimit`.
+    unsafe { getrlimit(resource, out) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn setrlimit(resource: c_int, new: *const libc::rlimit) -> c_int {
+    // SAFETY: `new` is the application's, as `nofile::set_own` and libc's `setrlimit` require.
+    unsafe { nofile::set_own(resource, new).unwrap_or_else(|| real::setrlimit(resource, new)) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn setrlimit64(resource: c_int, new: *const libc::rlimit) -> c_int {
+    // SAFETY: as `setrlimit`.
+    unsafe { setrlimit(resource, new) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn prlimit(pid: libc::pid_t, resource: c_int, new: *const libc::rlimit, old: *mut libc::rlimit) -> c_int {
+    // SAFETY: `new` and `old` are the application's, as `nofile::prlimit` and libc's `prlimit`
+    // require.
+    unsafe { nofile::prlimit(pid, resource, new, old).unwrap_or_else(|| real::prlimit(pid, resource, new, old)) }
+}
+#[no_mangle]
+pub unsafe extern "C" fn prlimit64(pid: libc::pid_t, resource: c_int, new: *const libc::rlimit, old: *mut libc::rlimit) -> c_int {
+    // SAFETY: as `prlimit`.
+    unsafe { prlimit(pid, resource, new, old) }
 }

@@ -12,6 +12,7 @@ pub mod fds;
 pub mod forget;
 pub mod lregs;
 pub mod names;
+pub mod nofile;
 pub mod epoll;
 pub mod ppoll;
 pub mod repeat;

@@ -2,6 +2,7 @@
 //! a connection's end and the services write to. None of them knows the table or a connection.
 
 pub mod adapt;
+pub mod app_nofile;
 pub mod handover_file;
 pub mod lineage;
 pub mod marker;

@@ -19,6 +19,7 @@ use crate::conn::state::Conn;
 use crate::conn::table::{self, Entry};
 use crate::record::handover_file::record::{Record, RECORD_LEN};
 use crate::record::handover_file::{self, FILE_NAME};
+use crate::record::app_nofile;
 use crate::record::relayed::{self, Names};
 use crate::service::stdio;
 use colo_sys::{BorrowedFd, OwnedFd, RawFd};
@@ -82,6 +83,10 @@ pub fn take_back() {
             files.push(fd);
         } else if link.starts_with(&format!("/memfd:{}", relayed::FILE_NAME)) {
             relayed_files.push(fd);
+        } else if link.starts_with(&format!("/memfd:{}", app_nofile::FILE_NAME)) {
+            // SAFETY: an inherited descriptor nobody else in this image owns (the application
+            // does not know it exists); `inherit` keeps or closes it.
+            app_nofile::inherit(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
         } else if let Some(ino) = link.strip_prefix("socket:[").and_then(|s| s.strip_suffix(']')) {
             if let Ok(ino) = ino.parse() {
                 sockets.push((ino, fd));
