@@ -39,6 +39,16 @@ const TCP_CLOSE_WAIT: u8 = 8;
 /// the same list; a copy closed while another process still holds it is released quietly.
 const HOLDERS: usize = 64;
 
+/// Bits of the socket's own state (`Conn::socket_flags`), shared with every fork copy as a kernel
+/// socket's are: this side shut down reading (readable, end of stream, with RDHUP); a write
+/// after the peer closed was taken (`takes_write_after_close`); the peer's reset was reported
+/// (by a read, a write or `SO_ERROR`: as the kernel's socket error, once, `report_reset`); closed
+/// with `SO_LINGER {1, 0}` (the last close resets, `conn::options::closing`).
+const READ_SHUT: u32 = 1;
+const WROTE_AFTER_CLOSE: u32 = 2;
+const RESET_REPORTED: u32 = 4;
+const ABORT: u32 = 8;
+
 /// Records that a connection accepted on a local address, from a program tagged so, ended
 /// (`short`: it did not pay for its set-up, see `adapt::Lived`).
 pub type EndRecorder = fn(local: std::net::SocketAddr, tag: u64, short: bool);
@@ -65,15 +75,8 @@ pub struct Conn {
     sent_before_reply: AtomicU64,
     /// When the first reply arrived, in nanoseconds after `born`.
     first_reply_ns: AtomicU64,
-    /// A write after the peer closed was taken (`takes_write_after_close`).
-    wrote_after_close: AtomicBool,
-    /// The peer's reset has been reported (by a read, a write or `SO_ERROR`): as the kernel's
-    /// socket error, it is reported once (`report_reset`).
-    reset_reported: AtomicBool,
-    /// Closed with `SO_LINGER {1, 0}`: the last close resets (`conn::options::closing`).
-    abort: AtomicBool,
-    /// This side shut down reading (`Shm::shutdown_as_tcp`): readable (end of stream) with RDHUP.
-    read_shut: AtomicBool,
+    /// This process's rings know of the read shutdown (`adopt_read_shut`).
+    read_shut_here: AtomicBool,
     /// `SO_RCVLOWAT` (at least 1): readable from this many bytes on.
     lowat: AtomicU32,
     /// What a small `SO_SNDBUF` lets a non-blocking writer queue in the ring (0: the ring).
@@ -147,10 +150,7 @@ impl Conn {
             setup,
             sent_before_reply: AtomicU64::new(u64::MAX),
             first_reply_ns: AtomicU64::new(0),
-            wrote_after_close: AtomicBool::new(false),
-            reset_reported: AtomicBool::new(false),
-            abort: AtomicBool::new(false),
-            read_shut: AtomicBool::new(false),
+            read_shut_here: AtomicBool::new(false),
             lowat: AtomicU32::new(1),
             send_limit: AtomicU64::new(0),
             client_tag: None,
@@ -212,6 +212,25 @@ impl Conn {
 
     pub fn readiness_raw(&self) -> RawFd {
         self.raw[4]
+    }
+
+    /// The socket's own state beside the rings (`READ_SHUT` and the rest), one word of the
+    /// holders page: a kernel socket keeps it once for every process holding it, and so does
+    /// this, for every fork copy.
+    fn socket_flags(&self) -> &AtomicU32 {
+        // SAFETY: word HOLDERS + 2 of the 4096-byte holders page, which lives as long as `self`.
+        unsafe { &*self.holders.add(HOLDERS + 2) }
+    }
+
+    fn socket_flag(&self, bit: u32) -> bool {
+        // Relaxed (here and in `raise_socket_flag`): each bit is the whole message; what a
+        // reader does on its strength it asks of the rings, which order their own data.
+        self.socket_flags().load(Ordering::Relaxed) & bit != 0
+    }
+
+    /// Sets `bit`; whether it was set already.
+    fn raise_socket_flag(&self, bit: u32) -> bool {
+        self.socket_flags().fetch_or(bit, Ordering::Relaxed) & bit != 0
     }
 
     fn holder(&self, i: usize) -> &AtomicU32 {
@@ -386,7 +405,7 @@ impl Conn {
             // Reset or corrupt: make every waiter look, so the next call reports the error.
             m |= ERR | HUP | IN | OUT;
         }
-        let read_shut = self.read_shut.load(Ordering::Relaxed);
+        let read_shut = self.adopt_read_shut();
         if read_shut {
             // As the kernel after our own SHUT_RD: reads return end of stream.
             m |= IN | RDHUP;
@@ -414,11 +433,11 @@ impl Conn {
         if gone && !fin && used > 0 {
             m |= IN | RDHUP | OUT | ERR | HUP;
         }
-        if self.wrote_after_close.load(Ordering::Relaxed) {
+        if self.socket_flag(WROTE_AFTER_CLOSE) {
             // As a kernel socket whose write to a closed peer was answered with a reset.
             m |= IN | RDHUP | OUT | ERR | HUP;
         }
-        if peer_reset && self.reset_reported.load(Ordering::Relaxed) {
+        if peer_reset && self.socket_flag(RESET_REPORTED) {
             // The peer's reset, already reported as the socket's error: as the kernel's socket
             // once its error was read, still hung up but no longer in error.
             m &= !ERR;
@@ -436,7 +455,7 @@ impl Conn {
     /// once), as the kernel reports the error a RST left once; later reads see end of stream,
     /// later writes `EPIPE`.
     pub fn report_reset(&self) -> bool {
-        !self.reset_reported.swap(true, Ordering::Relaxed)
+        !self.raise_socket_flag(RESET_REPORTED)
     }
 
     /// `SO_ERROR`: whether the peer reset the connection (or died leaving our bytes unread) and
@@ -448,9 +467,21 @@ impl Conn {
         (in_flags & FLAG_RESET != 0 && out_flags & FLAG_RESET == 0 || died) && self.report_reset()
     }
 
-    /// The application shut down reading (see `read_shut`).
+    /// The application shut down reading (`READ_SHUT`).
     pub fn shut_read(&self) {
-        self.read_shut.store(true, Ordering::Relaxed);
+        self.read_shut_here.store(true, Ordering::Relaxed);
+        self.raise_socket_flag(READ_SHUT);
+    }
+
+    /// Whether reading is shut down; one another holder of the connection (a fork copy) shut
+    /// down is taken into this process's rings here, the first time it is seen, so that reads
+    /// here answer as after a shutdown of our own.
+    pub fn adopt_read_shut(&self) -> bool {
+        let shut = self.socket_flag(READ_SHUT);
+        if shut && !self.read_shut_here.swap(true, Ordering::Relaxed) {
+            self.shm.shutdown_as_tcp(true, false);
+        }
+        shut
     }
 
     /// `SO_RCVLOWAT` (`n` >= 1).
@@ -485,7 +516,7 @@ impl Conn {
 
     /// The application closed this connection with `SO_LINGER {1, 0}`: the last close resets.
     pub fn abort_on_close(&self) {
-        self.abort.store(true, Ordering::Relaxed);
+        self.raise_socket_flag(ABORT);
     }
 
     /// Bytes in the incoming ring now (`FIONREAD`), from the counters alone: no lock, so it does
@@ -572,7 +603,7 @@ impl Conn {
         }
         // Closed: FIN and NOT_READING together, or all its processes gone.
         let closed = in_flags & (FLAG_FIN | FLAG_NOT_READING) == FLAG_FIN | FLAG_NOT_READING || self.peer_gone();
-        let taken = closed && !self.wrote_after_close.swap(true, Ordering::Relaxed);
+        let taken = closed && !self.raise_socket_flag(WROTE_AFTER_CLOSE);
         if taken {
             // The reset that answers it is news for pollers (`ready`, `RESET_EDGE`): wake them.
             self.poke();
@@ -602,7 +633,7 @@ impl Conn {
 
     pub fn edges(&self) -> (u64, u32, u64, u32) {
         let mut gone = if self.known_gone() { GONE_EDGE } else { 0 };
-        if self.wrote_after_close.load(Ordering::Relaxed) {
+        if self.socket_flag(WROTE_AFTER_CLOSE) {
             gone |= RESET_EDGE;
         }
         // Relaxed (`RingState::relaxed`): a change is only a hint to look; `ready` loads the
@@ -752,7 +783,7 @@ impl Drop for Conn {
             // lingers for zero seconds or bytes it received were never read.
             // Loaded again: bytes that arrived while the ending was recorded count too.
             let unread = self.incoming().head != got;
-            if self.abort.load(Ordering::Relaxed) || unread {
+            if self.socket_flag(ABORT) || unread {
                 self.shm.abort();
             }
             // SAFETY: dropped exactly once, here.
