@@ -706,6 +706,20 @@ fn clients() -> &'static [Rule] {
 /// process, and a closed listener's rendezvous answers nobody (no TCP connection names it).
 static SERVING: Mutex<Vec<(u16, &'static Rendezvous)>> = Mutex::new(Vec::new());
 
+static SERVING_LOCKS: crate::fork::Locks = crate::fork::Locks { take: serving_guard, in_child: None };
+
+/// The lock of [`SERVING`], taken around a fork (see `fork`): a child forked while another thread
+/// bound a rendezvous would otherwise find it locked at its own first listen or accept.
+fn serving_guard() -> Vec<Box<dyn std::any::Any>> {
+    vec![Box::new(SERVING.lock().unwrap_or_else(|e| e.into_inner()))]
+}
+
+/// [`SERVING`], locked (registered with `fork` before its first use).
+fn serving_lock() -> std::sync::MutexGuard<'static, Vec<(u16, &'static Rendezvous)>> {
+    crate::fork::protect(crate::fork::Rank::Netns, &SERVING_LOCKS);
+    SERVING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Whether this process serves other namespaces (`COLO_NETNS_DIR` is set): then a connection
 /// from another namespace may carry a PROPOSAL whatever its port (address translation may have
 /// changed the client's odd port).
@@ -736,7 +750,7 @@ pub fn serving(port: u16) -> Option<&'static Rendezvous> {
     if !server_configured() {
         return None;
     }
-    let mut all = SERVING.lock().unwrap_or_else(|e| e.into_inner());
+    let mut all = serving_lock();
     let pid = colo_sys::host::pid();
     if let Some((_, r)) = all.iter().find(|(p, r)| *p == port && r.owner == pid) {
         return Some(r);

@@ -159,11 +159,15 @@ pub fn forget(fd: c_int) {
     }
 }
 
-/// In a fork child: the registrations are its parent's (in sets it shares with the parent: not
-/// removed from the kernel's sets), forgotten here.
-pub fn atfork_child() {
-    let Ok(mut all) = LREGS.try_lock() else { return };
-    let gone: Vec<_> = std::mem::take(&mut *all);
-    drop(all);
+/// Taken around a fork (registered with the held sets' locks, after them: see
+/// `held::fork_guards`), so that the child's copy is whole and unlocked.
+pub fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
+    vec![Box::new(lregs())]
+}
+
+/// In a fork child, once the locks are released: the registrations are its parent's (in sets it
+/// shares with the parent: not removed from the kernel's sets), forgotten here.
+pub fn forked() {
+    let gone: Vec<_> = std::mem::take(&mut *lregs());
     drop(gone);
 }

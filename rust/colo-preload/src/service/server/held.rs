@@ -213,13 +213,36 @@ pub fn forget(l: &Listen) {
     drop(gone);
 }
 
-/// In a fork child: the parent's sets go (their sockets are copies here, closed so that a
-/// connection the parent hands out ends when the parent's application closes it). Not if another
-/// thread of the parent held the lock at the fork (they stay, as copies, until the child's first
-/// `of`).
-pub fn atfork_child() {
-    let Ok(mut all) = SETS.try_lock() else { return };
-    let gone: Vec<_> = std::mem::take(&mut *all);
-    drop(all);
+/// A held set's lock as the forking thread holds it, with the set it belongs to.
+struct KeptInner {
+    /// Declared first, so dropped before `_set`, which keeps the mutex it borrows alive.
+    _guard: std::sync::MutexGuard<'static, Inner>,
+    _set: Arc<Held>,
+}
+
+/// Taken around a fork (registered with `colo::internal::fork` at `Rank::Shim` by the shim's
+/// constructor): the sets' list, then every set's own lock, so that the child's copies are
+/// whole and unlocked, whatever other threads of the parent were doing. No thread takes the
+/// list's lock while it holds a set's (`siblings_step` collects the sets first), nor either of
+/// them while it holds the registrations' (`lregs`), which come after.
+pub fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
+    let all = sets();
+    let mut kept: Vec<Box<dyn std::any::Any>> = Vec::with_capacity(all.len() + 1);
+    for (_, h) in all.iter() {
+        // SAFETY: the mutex lives in the `Held` that `_set` (an `Arc` of it) keeps alive for as
+        // long as the guard, which is dropped first; 'static only names that for the box.
+        let m: &'static Mutex<Inner> = unsafe { &*std::ptr::from_ref(&h.inner) };
+        kept.push(Box::new(KeptInner { _guard: m.lock().unwrap_or_else(|e| e.into_inner()), _set: h.clone() }));
+    }
+    // The list's guard last, so released first: nothing can reach a set once it is.
+    kept.push(Box::new(all));
+    kept
+}
+
+/// In a fork child, once the locks are released (`fork_guards`): the parent's sets go (their
+/// sockets are copies here, closed so that a connection the parent hands out ends when the
+/// parent's application closes it).
+pub fn forked() {
+    let gone: Vec<_> = std::mem::take(&mut *sets());
     drop(gone);
 }
