@@ -597,9 +597,9 @@ pub fn claim(hello: Hello, local: SocketAddr, peer: SocketAddr) -> Option<Establ
 /// What one look at the first bytes of an accepted connection found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Opening {
-    /// Nothing yet (`false`), or the start of a PROPOSAL (`true`): look again, until the wait
-    /// for first bytes ([`proposal_wait`]) ends; the stream is untouched.
-    NotYet(bool),
+    /// Nothing yet (0), or the start of a PROPOSAL (that many bytes of it): look again, until
+    /// the wait for first bytes ([`proposal_wait`]) ends; the stream is untouched.
+    NotYet(usize),
     /// Not a PROPOSAL, or the stream ended: plain TCP, the stream untouched.
     Plain,
     /// A whole PROPOSAL, now taken off the stream.
@@ -620,8 +620,8 @@ pub fn peek_proposal(tcp: BorrowedFd<'_>, p: &mut [u8; PROPOSAL_LEN]) -> Opening
                 _ => Opening::Plain,
             }
         }
-        Ok(_) => Opening::NotYet(true),
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Opening::NotYet(false),
+        Ok(n) => Opening::NotYet(n),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Opening::NotYet(0),
         Err(_) => Opening::Plain,
     }
 }
@@ -644,8 +644,8 @@ fn read_proposal(tcp: BorrowedFd<'_>, p: &mut [u8; PROPOSAL_LEN]) -> bool {
         match peek_proposal(tcp, p) {
             Opening::Proposal => return true,
             Opening::Plain => return false,
-            Opening::NotYet(true) => std::thread::sleep(Duration::from_micros(200)),
-            Opening::NotYet(false) => {}
+            Opening::NotYet(0) => {}
+            Opening::NotYet(_) => std::thread::sleep(Duration::from_micros(200)),
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() || !pathsock::wait_readable(tcp, left).unwrap_or(false) {
