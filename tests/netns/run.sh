@@ -309,6 +309,14 @@ def serve(c):
 if mode == "block":
     while True:
         serve(s.accept()[0])
+if mode == "threads":
+    import threading
+    def loop():
+        while True:
+            serve(s.accept()[0])
+    for _ in range(2):
+        threading.Thread(target=loop, daemon=True).start()
+    signal.pause()
 s.setblocking(False)
 if mode == "et":
     ep = select.epoll()
@@ -368,6 +376,30 @@ for mode in block et poll select; do
         "$(grep -c "accelerated (shared memory, other namespace)" "$WORK/echo-$mode.log")"
     port=$((port + 1))
 done
+# Two threads in a blocking accept on one listener: a plain client of C that waits for the
+# banner is held (its wait 1.5 s); a client of B's own namespace connects meanwhile, takes one
+# thread and keeps it. The held connection, handed over when its wait ends, must reach the other
+# thread, asleep in the kernel's accept (the one holding it lost the race for B's client, or
+# returned it): its client gets the banner and its line back within its 9 s watchdog.
+ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_NETNS_DIR="$DIR" COLO_NETNS_WAIT_MS=1500 "$COLO" run -- \
+    python3 "$WORK/echo.py" 7009 "220 banner" threads >"$WORK/echo-threads.log" 2>&1 </dev/null &
+PIDS+=($!)
+for i in $(seq 100); do grep -qs READY "$WORK/echo-threads.log" && ls "$DIR"/colo-*-7009.live >/dev/null 2>&1 && break; sleep 0.1; done
+ip netns exec "$NS_C" timeout 10 python3 "$WORK/say.py" $IP_B 7009 "220 banner" "held, then to a sleeping accept" >"$WORK/threads-c" 2>&1 &
+TC=$!
+sleep 0.5
+ip netns exec "$NS_B" timeout 15 python3 -c "
+import socket, time
+s = socket.create_connection(('127.0.0.1', 7009), timeout=9)
+time.sleep(12)" &
+PIDS+=($!)
+timeout 15 tail --pid="$TC" -f /dev/null
+if [ "$(cat "$WORK/threads-c")" = EXACT ]; then
+    ok "10 colo run -- python3 (two threads in a blocking accept): a held connection reaches the thread asleep in the kernel's accept"
+else
+    bad "10 colo run -- python3 (two threads in a blocking accept): held client '$(cat "$WORK/threads-c")'"
+fi
+
 # Held, then given to the application as plain TCP when its wait (the default 50 ms) ends: a
 # client of C that waits for the server's banner before it speaks, byte-exact; and a colo one.
 ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_NETNS_DIR="$DIR" "$COLO" run -- \
