@@ -93,8 +93,11 @@ pub struct NetnsAccepts {
     /// Armed for the earliest deadline or look: in the listener's poll set under `token`.
     timer: OwnedFd,
     token: u64,
-    /// Whether the rendezvous's wait fd is in the poll set (while a connection waits for a HELLO).
+    /// Whether the rendezvous's wait fd is in the poll set (while a connection waits for a HELLO,
+    /// or always: `watch_rendezvous`).
     watching: bool,
+    /// The rendezvous is watched, and looked at each step, whether or not a HELLO is awaited.
+    always: bool,
     /// The set was full and pushed one out (logged once until it is half empty again).
     full: bool,
 }
@@ -104,7 +107,19 @@ impl NetnsAccepts {
     pub fn new(poller: &Poller, token: u64) -> io::Result<NetnsAccepts> {
         let timer = colo_sys::timer::create()?;
         poller.add(&timer, token)?;
-        Ok(NetnsAccepts { waiting: Vec::new(), ready: VecDeque::new(), timer, token, watching: false, full: false })
+        Ok(NetnsAccepts { waiting: Vec::new(), ready: VecDeque::new(), timer, token, watching: false, always: false, full: false })
+    }
+
+    /// Watches the rendezvous `r` from now on, whether or not a HELLO is awaited: what arrives
+    /// there is read at the next step (a HELLO that proves no live nonce, forged or late, is
+    /// answered REJECT then, not at the next connection from another namespace). For a listener
+    /// whose accept waits on the poll set itself (the API's); a wait that the application's own
+    /// event loop makes would wake for every connection at the rendezvous.
+    pub fn watch_rendezvous(&mut self, r: &Rendezvous, poller: &Poller) {
+        self.always = true;
+        if !self.watching && poller.add(r.wait_fd(), self.token).is_ok() {
+            self.watching = true;
+        }
     }
 
     /// Takes `tcp`, just accepted from `peer` (a listed peer of another namespace), to wait
@@ -145,7 +160,7 @@ impl NetnsAccepts {
     pub fn step(&mut self, r: &Rendezvous, poller: &Poller) {
         colo_sys::timer::drain(&self.timer);
         let now = Instant::now();
-        if self.waiting.iter().any(|w| matches!(w.stage, Stage::Hello(_))) {
+        if self.always || self.waiting.iter().any(|w| matches!(w.stage, Stage::Hello(_))) {
             r.look();
         }
         for mut w in std::mem::take(&mut self.waiting) {
@@ -197,7 +212,7 @@ impl NetnsAccepts {
                 }
             }
         }
-        let want = self.waiting.iter().any(|w| matches!(w.stage, Stage::Hello(_)));
+        let want = self.always || self.waiting.iter().any(|w| matches!(w.stage, Stage::Hello(_)));
         if want != self.watching {
             let done = if want { poller.add(r.wait_fd(), self.token) } else { poller.delete(r.wait_fd()) };
             if done.is_ok() {
