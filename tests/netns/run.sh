@@ -400,6 +400,54 @@ else
     bad "10 colo run -- python3 (two threads in a blocking accept): held client '$(cat "$WORK/threads-c")'"
 fi
 
+# A held connection's socket lives above the shim's floor, as its other descriptors, not at the
+# low number the kernel gave (the application's next descriptor takes that); handed over, it
+# gets the lowest number free, as the kernel's accept gives. A plain client of C connects and
+# stays silent (held for up to 3 s); the server's sockets are listed meanwhile; then it sends a
+# line and gets it back.
+cat >"$WORK/fdnum.py" <<'PY'
+import signal, socket
+signal.alarm(60)  # watchdog
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 7010)); s.listen()
+print("READY", flush=True)
+c, _ = s.accept()
+print("FD", c.fileno(), flush=True)
+got = b""
+while not got.endswith(b"\n"):
+    b = c.recv(100)
+    if not b:
+        break
+    got += b
+c.sendall(got)
+PY
+ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_NETNS_DIR="$DIR" COLO_NETNS_WAIT_MS=3000 "$COLO" run -- \
+    python3 "$WORK/fdnum.py" >"$WORK/fdnum.log" 2>&1 </dev/null &
+PIDS+=($!)
+for i in $(seq 100); do grep -qs READY "$WORK/fdnum.log" && ls "$DIR"/colo-*-7010.live >/dev/null 2>&1 && break; sleep 0.1; done
+ip netns exec "$NS_C" timeout 20 python3 -c "
+import socket, time
+s = socket.create_connection(('$IP_B', 7010), timeout=9)
+time.sleep(1.5)
+s.sendall(b'after the hold\n')
+got = b''
+while not got.endswith(b'\n'):
+    b = s.recv(100)
+    if not b:
+        break
+    got += b
+print('EXACT' if got == b'after the hold\n' else 'DIFFERENT %r' % got)" >"$WORK/fdnum-c" 2>&1 &
+FC=$!
+sleep 0.8
+held_fd=$(ip netns exec "$NS_B" ss -tnpH state established "( sport = :7010 )" | grep -o 'fd=[0-9]*' | head -1 | cut -d= -f2)
+timeout 20 tail --pid="$FC" -f /dev/null
+app_fd=$(sed -n 's/^FD //p' "$WORK/fdnum.log")
+if [ "${held_fd:-0}" -ge 64 ] && [ -n "$app_fd" ] && [ "$app_fd" -lt 64 ] && grep -q EXACT "$WORK/fdnum-c"; then
+    ok "10 colo run -- python3: a held connection's socket above the shim's floor (fd $held_fd), handed over at a low number (fd $app_fd), byte-exact"
+else
+    bad "10 colo run -- python3: held at fd '${held_fd:-?}', handed over at fd '${app_fd:-?}', client '$(tr '\n' ' ' <"$WORK/fdnum-c")'"
+fi
+
 # Held, then given to the application as plain TCP when its wait (the default 50 ms) ends: a
 # client of C that waits for the server's banner before it speaks, byte-exact; and a colo one.
 ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_NETNS_DIR="$DIR" "$COLO" run -- \
