@@ -213,8 +213,9 @@ unsafe fn accept_netns(g: Guard, fd: c_int, addr: *mut sockaddr, len: *mut sockl
             h.watch_if_needed();
         }
     };
+    // Once per call (a system call): whether the kernel's accept may sleep.
+    let blocking = held.is_some() && blocks(fd);
     loop {
-        let blocking = held.is_some() && blocks(fd);
         if let Some(h) = &held {
             h.service();
             if let Some((res, peer)) = h.pop() {
