@@ -9,12 +9,12 @@
 //! So while a thread of this process sleeps in the kernel's accept and the set holds anything,
 //! a watcher thread of the set's (started at the first such sleep, one per set) moves the held
 //! connections on; when one is ready and no accepting thread waits on the set, it wakes a
-//! sleeper with a connection of its own to the listener: the sleeper's accept takes it, knows it
-//! by its address (`Sleepers::is_wake`), closes it, and returns the held connection instead. The
-//! kernel may give that connection to a thread of another process accepting on the same socket
-//! (a forked worker): there, it is a client that sent nothing and closed (the watcher closes
-//! each within a second); the watcher tries again, later each time (up to a second), until a
-//! thread of this process is awake or the connection is taken.
+//! sleeper with a connection of its own to the listener, closed once made: the sleeper's accept
+//! takes it, knows it by its address (`Sleepers::is_wake`), closes it, and returns the held
+//! connection instead. The kernel may give that connection to a thread of another process
+//! accepting on the same socket (a forked worker; the kernel wakes its longest sleeper first):
+//! there, it is a client that sent nothing and closed. The watcher tries again, later each time
+//! (up to a second), until a thread of this process is awake or the connection is taken.
 
 use super::held::Held;
 use colo_sys::{AsFd, OwnedFd};
@@ -29,8 +29,6 @@ use std::time::{Duration, Instant};
 /// connection is made; doubled each time, up to [`LAST_RETRY`].
 const FIRST_RETRY: Duration = Duration::from_millis(20);
 const LAST_RETRY: Duration = Duration::from_secs(1);
-/// How long a wake-up connection stays open if it is not accepted back here.
-const WAKE_OPEN: Duration = Duration::from_secs(1);
 /// How long a wake-up connection's record is kept for its accept (one another process took is
 /// never accepted here).
 const WAKE_LIFE: Duration = Duration::from_secs(5);
@@ -113,21 +111,19 @@ impl Sleepers {
         })
     }
 
-    /// Connects to the listener: a thread asleep in the kernel's accept on it wakes. Recorded
-    /// first, so that the accept that takes it here knows it. Returns the connection and its
-    /// record (its slot, the value there): the watcher closes it once it is accepted back, or a
-    /// moment later if another process took it (that process's application sees a client that
-    /// sent nothing and closed).
-    fn wake_one(&self) -> Option<(usize, u64, OwnedFd)> {
+    /// Connects to the listener and closes the connection once it is made: a thread asleep in
+    /// the kernel's accept on it wakes. Recorded first, so that the accept that takes it here
+    /// knows it; another process that takes it sees a client that sent nothing and closed.
+    fn wake_one(&self) {
         let now = self.epoch.elapsed().as_millis() as u64;
         let expired = |v: u64| v == 0 || now.saturating_sub(v >> 16) > WAKE_LIFE.as_millis() as u64;
-        let at = self.wakes.iter().position(|w| expired(w.load(Ordering::Relaxed)))?;
-        let slot = &self.wakes[at];
+        let Some(slot) = self.wakes.iter().find(|w| expired(w.load(Ordering::Relaxed))) else { return };
         let family = if self.target.is_ipv4() { AddressFamily::INET } else { AddressFamily::INET6 };
-        let s = rustix::net::socket_with(family, SocketType::STREAM, SocketFlags::NONBLOCK | SocketFlags::CLOEXEC, None).ok()?;
-        let s = colo_sys::preload::move_above(s, colo::internal::fd_floor()).ok()?;
-        rustix::net::bind(&s, &SocketAddr::new(self.target.ip(), 0)).ok()?;
-        let local = rustix::net::getsockname(&s).ok().and_then(|a| crate::base::addr::sockaddr_of(&a))?;
+        let Ok(s) = rustix::net::socket_with(family, SocketType::STREAM, SocketFlags::NONBLOCK | SocketFlags::CLOEXEC, None) else { return };
+        if rustix::net::bind(&s, &SocketAddr::new(self.target.ip(), 0)).is_err() {
+            return;
+        }
+        let Some(local) = rustix::net::getsockname(&s).ok().and_then(|a| crate::base::addr::sockaddr_of(&a)) else { return };
         // At least 1 ms after the epoch, so that a record is never 0.
         let value = now.max(1) << 16 | u64::from(local.port());
         slot.store(value, Ordering::Relaxed);
@@ -143,9 +139,7 @@ impl Sleepers {
         if !made {
             // Never made (a full queue): no accept will take it.
             let _ = slot.compare_exchange(value, 0, Ordering::Relaxed, Ordering::Relaxed);
-            return None;
         }
-        Some((at, value, s))
     }
 }
 
@@ -186,33 +180,24 @@ impl Held {
 /// and ends when it is let go.
 fn watch(w: Weak<Held>) {
     let mut retry = FIRST_RETRY;
-    // The wake-up connections made and not closed yet, with when they were made.
-    let mut made: Vec<(usize, u64, OwnedFd, Instant)> = Vec::new();
     loop {
         let Some(h) = w.upgrade() else { return };
         let s = &h.sleep;
         if s.closed.load(Ordering::Relaxed) || !h.own() {
             return;
         }
-        // Closed once accepted back here (the record is gone), or after a moment.
-        made.retain(|(at, value, _, when)| s.wakes[*at].load(Ordering::Relaxed) == *value && when.elapsed() < WAKE_OPEN);
         let asleep = s.asleep.load(Ordering::Relaxed) > 0;
         let (waiting, ready) = h.counts();
         let mut timeout = None;
         let on_set = asleep && !ready && waiting > 0;
         if asleep && ready {
             if s.watching.load(Ordering::Relaxed) == 0 {
-                if let Some((at, value, fd)) = s.wake_one() {
-                    made.push((at, value, fd, Instant::now()));
-                }
+                s.wake_one();
             }
             timeout = Some(retry);
             retry = (retry * 2).min(LAST_RETRY);
         } else {
             retry = FIRST_RETRY;
-        }
-        if !made.is_empty() {
-            timeout = Some(timeout.map_or(FIRST_RETRY, |t| t.min(FIRST_RETRY)));
         }
         let set = h.fd();
         // SAFETY: the set's epoll fd, open while `h` lives (held across this wait).
