@@ -227,11 +227,17 @@ unsafe fn accept_netns(g: Guard, fd: c_int, addr: *mut sockaddr, len: *mut sockl
                 return g.ok(nfd as ssize_t) as c_int;
             }
             if blocking && h.waiting() > 0 {
-                // The kernel's accept would sleep past a held connection's resolution.
-                let mut p = [libc::pollfd { fd, events: libc::POLLIN, revents: 0 }, libc::pollfd { fd: h.fd(), events: libc::POLLIN, revents: 0 }];
+                // The kernel's accept would sleep past a held connection's resolution. While
+                // another process of the server sleeps in the kernel's accept, the listener's
+                // queue is left to it (a look again every 10 ms): this process, away with a
+                // connection of the queue, would leave its held ones waiting for its return.
+                let others = h.others_asleep();
+                let mut p = [libc::pollfd { fd: h.fd(), events: libc::POLLIN, revents: 0 }, libc::pollfd { fd, events: libc::POLLIN, revents: 0 }];
+                let tick = libc::timespec { tv_sec: 0, tv_nsec: 10_000_000 };
+                let (n, t) = if others { (1, &raw const tick) } else { (2, std::ptr::null()) };
                 h.watching(true);
-                // SAFETY: our own two pollfds.
-                let r = unsafe { real::ppoll(p.as_mut_ptr(), 2, std::ptr::null(), std::ptr::null()) };
+                // SAFETY: our own pollfds, `n` of them, and a timeout that outlives the call.
+                let r = unsafe { real::ppoll(p.as_mut_ptr(), n, t, std::ptr::null()) };
                 let e = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINTR);
                 h.watching(false);
                 if r < 0 {
@@ -243,7 +249,7 @@ unsafe fn accept_netns(g: Guard, fd: c_int, addr: *mut sockaddr, len: *mut sockl
                     leave(&held);
                     return g.err(e) as c_int;
                 }
-                if p[0].revents == 0 {
+                if others || p[1].revents == 0 {
                     continue;
                 }
             }

@@ -56,13 +56,13 @@ struct Inner {
 }
 
 impl Held {
-    fn new(rendezvous: &'static Rendezvous, addr: SocketAddr) -> std::io::Result<Held> {
+    fn new(rendezvous: &'static Rendezvous, l: &Listen) -> std::io::Result<Held> {
         let poller = Poller::new_above(colo::internal::fd_floor())?;
         let accepts = NetnsAccepts::new(&poller, MOVES)?;
         let bell = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK)?;
         poller.add(&bell, BELL)?;
         let inner = Mutex::new(Inner { accepts, rung: false });
-        Ok(Held { pid: colo_sys::host::pid(), rendezvous, poller, bell, inner, sleep: Sleepers::new(addr)? })
+        Ok(Held { pid: colo_sys::host::pid(), rendezvous, poller, bell, inner, sleep: Sleepers::new(l.addr, &l.lineage.shared.wakes, &l.lineage.shared.asleep)? })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -213,7 +213,7 @@ pub fn of(l: &Listen, make: bool) -> Option<Arc<Held>> {
         return None;
     }
     let r = netns::serving(l.addr.port())?;
-    match Held::new(r, l.addr) {
+    match Held::new(r, l) {
         Ok(h) => {
             let h = Arc::new(h);
             all.retain(|(_, h)| h.pid == pid);

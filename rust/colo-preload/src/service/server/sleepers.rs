@@ -13,8 +13,10 @@
 //! takes it, knows it by its address (`Sleepers::is_wake`), closes it, and returns the held
 //! connection instead. The kernel may give that connection to a thread of another process
 //! accepting on the same socket (a forked worker; the kernel wakes its longest sleeper first):
-//! there, it is a client that sent nothing and closed. The watcher tries again, later each time
-//! (up to a second), until a thread of this process is awake or the connection is taken.
+//! a process of the same lineage knows it too (the records are in the lineage's shared page),
+//! drops it and sleeps again; any other sees a client that sent nothing and closed. The watcher
+//! tries again every 10 ms (each try wakes the next sleeper), and after half a second every
+//! second, until a thread of this process is awake or the connection is taken.
 
 use super::held::Held;
 use colo_sys::{AsFd, OwnedFd};
@@ -23,11 +25,14 @@ use rustix::net::{AddressFamily, SocketFlags, SocketType};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// The first wait for a woken sleeper to take the ready connection before another wake-up
-/// connection is made; doubled each time, up to [`LAST_RETRY`].
-const FIRST_RETRY: Duration = Duration::from_millis(20);
+/// The wait for a woken sleeper to take the ready connection before another wake-up
+/// connection is made, for the first [`QUICK_TRIES`] (a process of the lineage that the kernel
+/// gave one to drops it and sleeps again, behind the others: the next goes to the next
+/// sleeper); then [`LAST_RETRY`] (a process outside the lineage accepts on the socket too).
+const QUICK_RETRY: Duration = Duration::from_millis(10);
+const QUICK_TRIES: u32 = 50;
 const LAST_RETRY: Duration = Duration::from_secs(1);
 /// How long a wake-up connection's record is kept for its accept (one another process took is
 /// never accepted here).
@@ -46,15 +51,56 @@ pub struct Sleepers {
     started: AtomicBool,
     /// The set was let go: the watcher ends.
     closed: AtomicBool,
-    /// Wake-up connections not accepted back yet: the local port, and when it was made (ms since
-    /// `epoch`) above it; 0 is a free slot.
-    wakes: [AtomicU64; 4],
-    epoch: Instant,
+    /// Wake-up connections not accepted back yet, the lineage's (shared by the processes that
+    /// accept on the listener: one another process takes, it knows and drops): the local port,
+    /// and when it was made (monotonic ms) above it; 0 is a free slot.
+    wakes: &'static [AtomicU64; 8],
+    /// The lineage's threads asleep in the kernel's accept, by port (`Shared::asleep`).
+    everyone: &'static [AtomicU64; 8],
+}
+
+/// Counts a thread of the lineage going to sleep in the kernel's accept on `port` (`up`), or
+/// back; nothing if the table is full (then no process counts others asleep there).
+fn count_asleep(slots: &[AtomicU64; 8], port: u16, up: bool) {
+    let key = u64::from(port) << 32;
+    for slot in slots {
+        let mut v = slot.load(Ordering::Relaxed);
+        loop {
+            if v == 0 && up {
+                match slot.compare_exchange(0, key | 1, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => return,
+                    Err(now) => v = now,
+                }
+                continue;
+            }
+            if v >> 32 != u64::from(port) {
+                break;
+            }
+            let n = v & 0xFFFF_FFFF;
+            let next = if up { key | (n + 1) } else { key | n.saturating_sub(1) };
+            match slot.compare_exchange(v, next, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(now) => v = now,
+            }
+        }
+    }
+}
+
+/// How many threads of the lineage are asleep in the kernel's accept on `port`.
+fn asleep_on(slots: &[AtomicU64; 8], port: u16) -> u64 {
+    slots.iter().map(|s| s.load(Ordering::Relaxed)).find(|v| v >> 32 == u64::from(port)).map_or(0, |v| v & 0xFFFF_FFFF)
+}
+
+/// The monotonic clock in milliseconds (the same in every process).
+fn now_ms() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
 }
 
 impl Sleepers {
-    /// For the listener on `addr`.
-    pub fn new(addr: SocketAddr) -> std::io::Result<Sleepers> {
+    /// For the listener on `addr`, whose lineage records wake-up connections in `wakes` and
+    /// its threads asleep in the kernel's accept in `everyone`.
+    pub fn new(addr: SocketAddr, wakes: &'static [AtomicU64; 8], everyone: &'static [AtomicU64; 8]) -> std::io::Result<Sleepers> {
         let ip = match addr.ip() {
             IpAddr::V4(a) if a.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
             IpAddr::V6(a) if a.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
@@ -68,8 +114,8 @@ impl Sleepers {
             kick: colo_sys::preload::move_above(kick, colo::internal::fd_floor())?,
             started: AtomicBool::new(false),
             closed: AtomicBool::new(false),
-            wakes: [const { AtomicU64::new(0) }; 4],
-            epoch: Instant::now(),
+            wakes,
+            everyone,
         })
     }
 
@@ -115,7 +161,7 @@ impl Sleepers {
     /// the kernel's accept on it wakes. Recorded first, so that the accept that takes it here
     /// knows it; another process that takes it sees a client that sent nothing and closed.
     fn wake_one(&self) {
-        let now = self.epoch.elapsed().as_millis() as u64;
+        let now = now_ms();
         let expired = |v: u64| v == 0 || now.saturating_sub(v >> 16) > WAKE_LIFE.as_millis() as u64;
         let Some(slot) = self.wakes.iter().find(|w| expired(w.load(Ordering::Relaxed))) else { return };
         let family = if self.target.is_ipv4() { AddressFamily::INET } else { AddressFamily::INET6 };
@@ -124,7 +170,6 @@ impl Sleepers {
             return;
         }
         let Some(local) = rustix::net::getsockname(&s).ok().and_then(|a| crate::base::addr::sockaddr_of(&a)) else { return };
-        // At least 1 ms after the epoch, so that a record is never 0.
         let value = now.max(1) << 16 | u64::from(local.port());
         slot.store(value, Ordering::Relaxed);
         let made = match rustix::net::connect(&s, &self.target) {
@@ -148,6 +193,7 @@ impl Held {
     /// it is back): while the set holds anything, the watcher looks after it.
     pub fn asleep(self: &Arc<Held>, on: bool) {
         let s = &self.sleep;
+        count_asleep(s.everyone, s.target.port(), on);
         // Relaxed: see `watching`.
         if !on {
             s.asleep.fetch_sub(1, Ordering::Relaxed);
@@ -155,6 +201,15 @@ impl Held {
         }
         s.asleep.fetch_add(1, Ordering::Relaxed);
         self.watch_if_needed();
+    }
+
+    /// Whether a thread of another process of the lineage is asleep in the kernel's accept on
+    /// the listener: a connection queued there is its, and a thread of this process that holds
+    /// connections had better wait for those than take it (the held ones can go to no other
+    /// process, and this one would be away with the other).
+    pub fn others_asleep(&self) -> bool {
+        let s = &self.sleep;
+        asleep_on(s.everyone, s.target.port()) > u64::from(s.asleep.load(Ordering::Relaxed))
     }
 
     /// If a thread sleeps in the kernel's accept while the set holds anything: the watcher
@@ -179,7 +234,7 @@ impl Held {
 /// The watcher of the set `w`: see the module's comment. Holds the set only across one wait,
 /// and ends when it is let go.
 fn watch(w: Weak<Held>) {
-    let mut retry = FIRST_RETRY;
+    let mut tries = 0;
     loop {
         let Some(h) = w.upgrade() else { return };
         let s = &h.sleep;
@@ -194,10 +249,10 @@ fn watch(w: Weak<Held>) {
             if s.watching.load(Ordering::Relaxed) == 0 {
                 s.wake_one();
             }
-            timeout = Some(retry);
-            retry = (retry * 2).min(LAST_RETRY);
+            timeout = Some(if tries < QUICK_TRIES { QUICK_RETRY } else { LAST_RETRY });
+            tries += 1;
         } else {
-            retry = FIRST_RETRY;
+            tries = 0;
         }
         let set = h.fd();
         // SAFETY: the set's epoll fd, open while `h` lives (held across this wait).
