@@ -17,6 +17,12 @@
 //! drops it and sleeps again; any other sees a client that sent nothing and closed. The watcher
 //! tries again every 10 ms (each try wakes the next sleeper), and after half a second every
 //! second, until a thread of this process is awake or the connection is taken.
+//!
+//! A held connection can be handed out by its own process only. So a thread of a process that
+//! holds connections, waiting on the listener and the set together, leaves the listener's
+//! queue to the lineage's other processes while one of them sleeps in the kernel's accept on
+//! that port (`Held::others_asleep`; counted in the lineage's shared page): had it taken a
+//! queued connection, its held ones would wait until its application came back to accept.
 
 use super::held::Held;
 use colo_sys::{AsFd, OwnedFd};
@@ -34,8 +40,8 @@ use std::time::Duration;
 const QUICK_RETRY: Duration = Duration::from_millis(10);
 const QUICK_TRIES: u32 = 50;
 const LAST_RETRY: Duration = Duration::from_secs(1);
-/// How long a wake-up connection's record is kept for its accept (one another process took is
-/// never accepted here).
+/// How long a wake-up connection's record is kept for its accept (one that a process outside
+/// the lineage took is never accepted back).
 const WAKE_LIFE: Duration = Duration::from_secs(5);
 
 /// A set's threads in the kernel's accept and waiting on it, and its watcher.
