@@ -309,6 +309,23 @@ def serve(c):
 if mode == "block":
     while True:
         serve(s.accept()[0])
+if mode == "prefork":
+    import os
+    for _ in range(3):
+        if os.fork() == 0:
+            while True:
+                c = s.accept()[0]
+                print("CONN", os.getpid(), flush=True)
+                serve(c)
+    signal.pause()
+if mode == "threads":
+    import threading
+    def loop():
+        while True:
+            serve(s.accept()[0])
+    for _ in range(2):
+        threading.Thread(target=loop, daemon=True).start()
+    signal.pause()
 s.setblocking(False)
 if mode == "et":
     ep = select.epoll()
@@ -368,6 +385,180 @@ for mode in block et poll select; do
         "$(grep -c "accelerated (shared memory, other namespace)" "$WORK/echo-$mode.log")"
     port=$((port + 1))
 done
+# Two threads in a blocking accept on one listener: a plain client of C that waits for the
+# banner is held (its wait 1.5 s); a client of B's own namespace connects meanwhile, takes one
+# thread and keeps it. The held connection, handed over when its wait ends, must reach the other
+# thread, asleep in the kernel's accept (the one holding it lost the race for B's client, or
+# returned it): its client gets the banner and its line back within its 9 s watchdog.
+ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_NETNS_DIR="$DIR" COLO_NETNS_WAIT_MS=1500 "$COLO" run -- \
+    python3 "$WORK/echo.py" 7009 "220 banner" threads >"$WORK/echo-threads.log" 2>&1 </dev/null &
+PIDS+=($!)
+for i in $(seq 100); do grep -qs READY "$WORK/echo-threads.log" && ls "$DIR"/colo-*-7009.live >/dev/null 2>&1 && break; sleep 0.1; done
+ip netns exec "$NS_C" timeout 10 python3 "$WORK/say.py" $IP_B 7009 "220 banner" "held, then to a sleeping accept" >"$WORK/threads-c" 2>&1 &
+TC=$!
+sleep 0.5
+ip netns exec "$NS_B" timeout 15 python3 -c "
+import socket, time
+s = socket.create_connection(('127.0.0.1', 7009), timeout=9)
+time.sleep(12)" &
+PIDS+=($!)
+timeout 15 tail --pid="$TC" -f /dev/null
+if [ "$(cat "$WORK/threads-c")" = EXACT ]; then
+    ok "10 colo run -- python3 (two threads in a blocking accept): a held connection reaches the thread asleep in the kernel's accept"
+else
+    bad "10 colo run -- python3 (two threads in a blocking accept): held client '$(cat "$WORK/threads-c")'"
+fi
+
+# The same with three forked processes in a blocking accept: a process that holds a connection
+# leaves the listener's queue to the others while one of them sleeps in the kernel's accept
+# (else it could take B's client and keep its held one waiting until that ends), and a
+# wake-up connection one makes for its own sleeping accept is dropped by whichever process of
+# the server the kernel gives it to (the lineage records it). The held client gets its banner
+# and line back; the application sees two connections, the held client's and B's (failed
+# before in 2 of 3 runs: the holder took B's client, and the held one timed out).
+ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_NETNS_DIR="$DIR" COLO_NETNS_WAIT_MS=1500 "$COLO" run -- \
+    python3 "$WORK/echo.py" 7012 "220 banner" prefork >"$WORK/echo-prefork.log" 2>&1 </dev/null &
+PIDS+=($!)
+for i in $(seq 100); do grep -qs READY "$WORK/echo-prefork.log" && ls "$DIR"/colo-*-7012.live >/dev/null 2>&1 && break; sleep 0.1; done
+sleep 0.3
+ip netns exec "$NS_C" timeout 10 python3 "$WORK/say.py" $IP_B 7012 "220 banner" "held, then to a sleeping accept" >"$WORK/prefork-c" 2>&1 &
+TC=$!
+sleep 0.5
+ip netns exec "$NS_B" timeout 15 python3 -c "
+import socket, time
+s = socket.create_connection(('127.0.0.1', 7012), timeout=9)
+time.sleep(12)" &
+PIDS+=($!)
+timeout 15 tail --pid="$TC" -f /dev/null
+sleep 0.3
+conns=$(grep -c "^CONN" "$WORK/echo-prefork.log")
+if [ "$(cat "$WORK/prefork-c")" = EXACT ] && [ "$conns" = 2 ]; then
+    ok "10 colo run -- python3 (three processes in a blocking accept): a held connection reaches its process's sleeping accept; the application sees no other connection"
+else
+    bad "10 colo run -- python3 (three processes in a blocking accept): held client '$(cat "$WORK/prefork-c")', $conns connections seen (2 made)"
+fi
+
+# A held connection's socket lives above the shim's floor, as its other descriptors, not at the
+# low number the kernel gave (the application's next descriptor takes that); handed over, it
+# gets the lowest number free, as the kernel's accept gives. A plain client of C connects and
+# stays silent (held for up to 3 s); the server's sockets are listed meanwhile; then it sends a
+# line and gets it back.
+cat >"$WORK/fdnum.py" <<'PY'
+import signal, socket
+signal.alarm(60)  # watchdog
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 7010)); s.listen()
+print("READY", flush=True)
+c, _ = s.accept()
+print("FD", c.fileno(), flush=True)
+got = b""
+while not got.endswith(b"\n"):
+    b = c.recv(100)
+    if not b:
+        break
+    got += b
+c.sendall(got)
+PY
+ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_NETNS_DIR="$DIR" COLO_NETNS_WAIT_MS=3000 "$COLO" run -- \
+    python3 "$WORK/fdnum.py" >"$WORK/fdnum.log" 2>&1 </dev/null &
+PIDS+=($!)
+for i in $(seq 100); do grep -qs READY "$WORK/fdnum.log" && ls "$DIR"/colo-*-7010.live >/dev/null 2>&1 && break; sleep 0.1; done
+ip netns exec "$NS_C" timeout 20 python3 -c "
+import socket, time
+s = socket.create_connection(('$IP_B', 7010), timeout=9)
+time.sleep(1.5)
+s.sendall(b'after the hold\n')
+got = b''
+while not got.endswith(b'\n'):
+    b = s.recv(100)
+    if not b:
+        break
+    got += b
+print('EXACT' if got == b'after the hold\n' else 'DIFFERENT %r' % got)" >"$WORK/fdnum-c" 2>&1 &
+FC=$!
+sleep 0.8
+held_fd=$(ip netns exec "$NS_B" ss -tnpH state established "( sport = :7010 )" | grep -o 'fd=[0-9]*' | head -1 | cut -d= -f2)
+timeout 20 tail --pid="$FC" -f /dev/null
+app_fd=$(sed -n 's/^FD //p' "$WORK/fdnum.log")
+if [ "${held_fd:-0}" -ge 64 ] && [ -n "$app_fd" ] && [ "$app_fd" -lt 64 ] && grep -q EXACT "$WORK/fdnum-c"; then
+    ok "10 colo run -- python3: a held connection's socket above the shim's floor (fd $held_fd), handed over at a low number (fd $app_fd), byte-exact"
+else
+    bad "10 colo run -- python3: held at fd '${held_fd:-?}', handed over at fd '${app_fd:-?}', client '$(tr '\n' ' ' <"$WORK/fdnum-c")'"
+fi
+
+# A one-shot registration of the listener reports it once per arming, whether the kernel's
+# queue or a held connection (its wait 1 s) made it readable first: the server, told of the
+# listener, waits 0.6 s more without re-arming and counts any other report (DOUBLE), then
+# accepts all it can and re-arms. A held connection resolves while a client of B's own
+# namespace arrives (each order once); every client gets its line back.
+cat >"$WORK/oneshot.py" <<'PY'
+import select, signal, socket
+signal.alarm(60)  # watchdog
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 7011)); s.listen(); s.setblocking(False)
+ep = select.epoll()
+ep.register(s.fileno(), select.EPOLLIN | select.EPOLLONESHOT)
+print("READY", flush=True)
+served = 0
+while served < 4:
+    if not any(fd == s.fileno() for fd, _ in ep.poll()):
+        continue
+    if any(fd == s.fileno() for fd, _ in ep.poll(0.6)):
+        print("DOUBLE", flush=True)
+    while True:
+        try:
+            c, _ = s.accept()
+        except BlockingIOError:
+            break
+        c.setblocking(True); c.settimeout(10)
+        got = b""
+        while not got.endswith(b"\n"):
+            b = c.recv(100)
+            if not b:
+                break
+            got += b
+        c.sendall(got)
+        c.close()
+        served += 1
+    ep.modify(s.fileno(), select.EPOLLIN | select.EPOLLONESHOT)
+print("SERVED", served, flush=True)
+PY
+# Connects after $3 s, sends a line after $4 s more, prints EXACT if it comes back.
+cat >"$WORK/late.py" <<'PY'
+import socket, sys, time
+host, port, before, quiet = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+time.sleep(before)
+s = socket.create_connection((host, port), timeout=15)
+time.sleep(quiet)
+s.sendall(b"one shot\n")
+got = b""
+while not got.endswith(b"\n"):
+    b = s.recv(100)
+    if not b:
+        break
+    got += b
+print("EXACT" if got == b"one shot\n" else "DIFFERENT %r" % got)
+PY
+ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_NETNS_DIR="$DIR" COLO_NETNS_WAIT_MS=1000 "$COLO" run -- \
+    python3 "$WORK/oneshot.py" >"$WORK/oneshot.log" 2>&1 </dev/null &
+PIDS+=($!)
+for i in $(seq 100); do grep -qs READY "$WORK/oneshot.log" && ls "$DIR"/colo-*-7011.live >/dev/null 2>&1 && break; sleep 0.1; done
+ip netns exec "$NS_C" timeout 30 python3 "$WORK/late.py" $IP_B 7011 0 2 >"$WORK/oneshot-c1" 2>&1 &
+OC=$!
+ip netns exec "$NS_B" timeout 30 python3 "$WORK/late.py" 127.0.0.1 7011 1.3 0 >"$WORK/oneshot-b1" 2>&1 &
+ip netns exec "$NS_C" timeout 30 python3 "$WORK/late.py" $IP_B 7011 3 2 >"$WORK/oneshot-c2" 2>&1 &
+ip netns exec "$NS_B" timeout 30 python3 "$WORK/late.py" 127.0.0.1 7011 4.9 0 >"$WORK/oneshot-b2" 2>&1 &
+OB=$!
+timeout 35 tail --pid="$OC" -f /dev/null
+timeout 35 tail --pid="$OB" -f /dev/null
+for i in $(seq 50); do grep -qs SERVED "$WORK/oneshot.log" && break; sleep 0.1; done
+r=$(cat "$WORK"/oneshot-c1 "$WORK"/oneshot-b1 "$WORK"/oneshot-c2 "$WORK"/oneshot-b2 | tr '\n' ' ')
+if [ "$r" = "EXACT EXACT EXACT EXACT " ] && grep -q "^SERVED 4" "$WORK/oneshot.log" && ! grep -q DOUBLE "$WORK/oneshot.log"; then
+    ok "10 colo run -- python3 (one-shot epoll): the listener is reported once per arming, held connections and others alike, all byte-exact"
+else
+    bad "10 colo run -- python3 (one-shot epoll): clients '$r', server '$(grep -v '^colo' "$WORK/oneshot.log" | tr '\n' ' ')'"
+fi
+
 # Held, then given to the application as plain TCP when its wait (the default 50 ms) ends: a
 # client of C that waits for the server's banner before it speaks, byte-exact; and a colo one.
 ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_NETNS_DIR="$DIR" "$COLO" run -- \

@@ -65,8 +65,6 @@ extern "C" fn atfork_child() {
     repeat::forking();
     handover_file::atfork_child();
     server::atfork_child();
-    api::lregs::atfork_child();
-    server::held::atfork_child();
     server::marker_child();
     let me = colo_sys::host::pid();
     for fd in table::fds_of_kind(table::CONN) {
@@ -76,6 +74,26 @@ extern "C" fn atfork_child() {
             }
         }
     }
+}
+
+/// The shim's locks that a fork child must find unlocked (see `colo::internal::fork`), in the
+/// order taken: the listeners' table slots, the held sets of connections from other namespaces,
+/// the epoll registrations that follow those sets, and the connections' epoll registrations. A
+/// thread holding one of them takes none before it in this order.
+static FORK_LOCKS: colo::internal::fork::Locks = colo::internal::fork::Locks { take: fork_guards, in_child: Some(forked) };
+
+fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
+    let mut g = table::listen_fork_guards();
+    g.extend(server::held::fork_guards());
+    g.extend(api::lregs::fork_guards());
+    g.extend(conn::regs::fork_guards());
+    g
+}
+
+/// In a fork child, after colo's fork handlers released every lock.
+fn forked() {
+    api::lregs::forked();
+    server::held::forked();
 }
 
 #[used]
@@ -90,6 +108,9 @@ extern "C" fn init() {
     // SAFETY: registering handlers: the child's only takes uncontended locks with try_lock; the
     // marker lock is held by the service thread only while it makes or closes one socket.
     unsafe { libc::pthread_atfork(Some(atfork_prepare), Some(atfork_parent), Some(atfork_child)) };
+    // Registered before any thread can take these locks, and so colo's handlers with them:
+    // registered after the shim's, colo's take their locks first and release them last.
+    colo::internal::fork::protect(colo::internal::fork::Rank::Shim, &FORK_LOCKS);
     // Cache the pid now, in the parent of any `vfork` child the program will make.
     colo_sys::host::pid();
     // Read COLO_LOG now (it allocates), not first in a connect made from a signal handler or in

@@ -153,3 +153,33 @@ pub fn wait_writable(fd: rustix::fd::BorrowedFd<'_>, timeout: Option<std::time::
 pub fn v6only(sock: impl rustix::fd::AsFd) -> bool {
     net::sockopt::ipv6_v6only(sock).unwrap_or(false)
 }
+
+/// Sets `SO_RCVLOWAT` on the TCP socket `fd`: poll and epoll report it readable only once `n`
+/// bytes are queued (or the stream ended, or failed). 1 is the default.
+pub fn set_rcvlowat(fd: rustix::fd::BorrowedFd<'_>, n: usize) -> io::Result<()> {
+    let v = libc::c_int::try_from(n).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `fd` is a borrowed, open descriptor; `v` is a c_int that lives across the call,
+    // and its size is the length given.
+    let r = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            std::ptr::from_ref(&v).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Whether the peer of the connected TCP socket `fd` ended its stream (its FIN came, or the
+/// connection failed): no more bytes will be queued. One look, no wait.
+pub fn peer_ended(fd: rustix::fd::BorrowedFd<'_>) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let mut p = [PollFd::new(&fd, PollFlags::RDHUP)];
+    matches!(poll(&mut p, Some(&Timespec::default())), Ok(1)) && p[0].revents().intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR)
+}

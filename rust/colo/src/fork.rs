@@ -13,7 +13,7 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 /// A module's process-wide locks, as the fork handlers take them.
-pub(crate) struct Locks {
+pub struct Locks {
     /// Takes every lock of the module, in the module's own order.
     pub take: fn() -> Vec<Box<dyn Any>>,
     /// Runs in the child once every lock is released again.
@@ -22,7 +22,14 @@ pub(crate) struct Locks {
 
 /// The order in which the forking thread takes the modules' locks.
 #[derive(Clone, Copy)]
-pub(crate) enum Rank {
+pub enum Rank {
+    /// The LD_PRELOAD shim's locks (through `internal::fork`): its held sets of connections from
+    /// other namespaces and the epoll registrations that follow them. First: a thread holding
+    /// one of them may go on to any lock below (a held connection's claim, the rendezvous of a
+    /// port), never the reverse.
+    Shim,
+    /// The rendezvous of this process's listening ports (`netns`).
+    Netns,
     /// The listeners a client dialed before (`known`).
     Known,
     /// The client's segments built ahead (`handshake`).
@@ -96,7 +103,7 @@ extern "C" fn child() {
 /// inside a `Once` would wait on it forever. A thread that finds the flag set while the first is
 /// still registering goes on without waiting: the handlers guard against forks from then on, as
 /// they would have a moment later.
-pub(crate) fn protect(rank: Rank, locks: &'static Locks) {
+pub fn protect(rank: Rank, locks: &'static Locks) {
     let slot = &REGISTERED[rank as usize];
     // Relaxed: see `registered`.
     if !slot.load(Ordering::Relaxed).is_null() {

@@ -9,6 +9,11 @@
 
 pub use crate::floor::{fd_floor, set_fd_floor};
 
+/// Taking process-wide locks around `fork` (the shim registers its own at [`fork::Rank::Shim`]).
+pub mod fork {
+    pub use crate::fork::{protect, Locks, Rank};
+}
+
 /// CARRIER mode (spec/WIRE.md section 3): a loopback TCP connection whose payload moves into a
 /// segment the client offers before its TCP handshake (see the crate's `carrier` module).
 pub mod carrier {

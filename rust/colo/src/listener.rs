@@ -103,8 +103,13 @@ impl Listener {
         };
         let netns = crate::netns::Rendezvous::bind(addr.port());
         let netns_accepts = match &netns {
-            Some(_) => match crate::netns_accept::NetnsAccepts::new(&poller, NETNS) {
-                Ok(a) => Some(Mutex::new(a)),
+            Some(r) => match crate::netns_accept::NetnsAccepts::new(&poller, NETNS) {
+                Ok(mut a) => {
+                    // A blocking accept then reads what arrives there meanwhile (a forged HELLO
+                    // is answered at once, not at the next connection from another namespace).
+                    a.watch_rendezvous(r, &poller);
+                    Some(Mutex::new(a))
+                }
                 // Then each is resolved in place, in `accept`.
                 Err(e) => {
                     log::info(format_args!("listen {addr}: cross-namespace accepts resolved in place: {e}"));

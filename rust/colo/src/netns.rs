@@ -597,9 +597,9 @@ pub fn claim(hello: Hello, local: SocketAddr, peer: SocketAddr) -> Option<Establ
 /// What one look at the first bytes of an accepted connection found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Opening {
-    /// Nothing yet (`false`), or the start of a PROPOSAL (`true`): look again, until the wait
-    /// for first bytes ([`proposal_wait`]) ends; the stream is untouched.
-    NotYet(bool),
+    /// Nothing yet (0), or the start of a PROPOSAL (that many bytes of it): look again, until
+    /// the wait for first bytes ([`proposal_wait`]) ends; the stream is untouched.
+    NotYet(usize),
     /// Not a PROPOSAL, or the stream ended: plain TCP, the stream untouched.
     Plain,
     /// A whole PROPOSAL, now taken off the stream.
@@ -620,8 +620,8 @@ pub fn peek_proposal(tcp: BorrowedFd<'_>, p: &mut [u8; PROPOSAL_LEN]) -> Opening
                 _ => Opening::Plain,
             }
         }
-        Ok(_) => Opening::NotYet(true),
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Opening::NotYet(false),
+        Ok(n) => Opening::NotYet(n),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Opening::NotYet(0),
         Err(_) => Opening::Plain,
     }
 }
@@ -644,8 +644,8 @@ fn read_proposal(tcp: BorrowedFd<'_>, p: &mut [u8; PROPOSAL_LEN]) -> bool {
         match peek_proposal(tcp, p) {
             Opening::Proposal => return true,
             Opening::Plain => return false,
-            Opening::NotYet(true) => std::thread::sleep(Duration::from_micros(200)),
-            Opening::NotYet(false) => {}
+            Opening::NotYet(0) => {}
+            Opening::NotYet(_) => std::thread::sleep(Duration::from_micros(200)),
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() || !pathsock::wait_readable(tcp, left).unwrap_or(false) {
@@ -706,6 +706,20 @@ fn clients() -> &'static [Rule] {
 /// process, and a closed listener's rendezvous answers nobody (no TCP connection names it).
 static SERVING: Mutex<Vec<(u16, &'static Rendezvous)>> = Mutex::new(Vec::new());
 
+static SERVING_LOCKS: crate::fork::Locks = crate::fork::Locks { take: serving_guard, in_child: None };
+
+/// The lock of [`SERVING`], taken around a fork (see `fork`): a child forked while another thread
+/// bound a rendezvous would otherwise find it locked at its own first listen or accept.
+fn serving_guard() -> Vec<Box<dyn std::any::Any>> {
+    vec![Box::new(SERVING.lock().unwrap_or_else(|e| e.into_inner()))]
+}
+
+/// [`SERVING`], locked (registered with `fork` before its first use).
+fn serving_lock() -> std::sync::MutexGuard<'static, Vec<(u16, &'static Rendezvous)>> {
+    crate::fork::protect(crate::fork::Rank::Netns, &SERVING_LOCKS);
+    SERVING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Whether this process serves other namespaces (`COLO_NETNS_DIR` is set): then a connection
 /// from another namespace may carry a PROPOSAL whatever its port (address translation may have
 /// changed the client's odd port).
@@ -736,7 +750,7 @@ pub fn serving(port: u16) -> Option<&'static Rendezvous> {
     if !server_configured() {
         return None;
     }
-    let mut all = SERVING.lock().unwrap_or_else(|e| e.into_inner());
+    let mut all = serving_lock();
     let pid = colo_sys::host::pid();
     if let Some((_, r)) = all.iter().find(|(p, r)| *p == port && r.owner == pid) {
         return Some(r);

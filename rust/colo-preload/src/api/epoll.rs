@@ -341,9 +341,15 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
             out += 1;
         }
     });
-    // Each skipped above: room for its report.
+    // The application's own events (a one-shot listener's among them disarms its held set's).
+    lregs::listener_reported(epfd, evs[..out].iter().map(|e| e.u64));
+    // Each skipped above: room for its report, unless the listener's own registration reported
+    // in this batch already (one report of a listener per batch).
     for d in listeners {
         if let Some(ev) = lregs::report(epfd, d) {
+            if evs[..out].iter().any(|e| e.u64 == ev.u64 && e.events & libc::EPOLLIN as u32 != 0) {
+                continue;
+            }
             evs[out] = ev;
             out += 1;
         }
@@ -471,7 +477,16 @@ pub unsafe fn epoll_wait_with(
             }
             // SAFETY: the kernel filled `k` events at `evs`.
             let got = unsafe { std::slice::from_raw_parts_mut(evs, k as usize) };
-            if got.iter().all(|e| e.u64 & TAG_MASK != TAG) || Guard::busy() {
+            if got.iter().all(|e| e.u64 & TAG_MASK != TAG) {
+                // A one-shot listener among them disarms its held set's registration (one load
+                // unless one-shot listeners are registered).
+                if lregs::any_one_shot() && !Guard::busy() {
+                    let _g = Guard::enter();
+                    lregs::listener_reported(epfd, got.iter().map(|e| e.u64));
+                }
+                return k;
+            }
+            if Guard::busy() {
                 return k;
             }
             if let Some(n) = translated(epfd, got) {

@@ -206,6 +206,15 @@ unsafe fn accept_netns(g: Guard, fd: c_int, addr: *mut sockaddr, len: *mut sockl
             unsafe { *len = r };
         }
     };
+    // Leaving with connections held here: a thread of this process asleep in the kernel's
+    // accept may now be the only one left to take them (`server::held`'s watcher wakes it).
+    let leave = |h: &Option<std::sync::Arc<server::held::Held>>| {
+        if let Some(h) = h {
+            h.watch_if_needed();
+        }
+    };
+    // Once per call (a system call): whether the kernel's accept may sleep.
+    let blocking = held.is_some() && blocks(fd);
     loop {
         if let Some(h) = &held {
             h.service();
@@ -214,37 +223,66 @@ unsafe fn accept_netns(g: Guard, fd: c_int, addr: *mut sockaddr, len: *mut sockl
                 // SAFETY: the application's `addr` and `len`, as accept4 takes them.
                 let nfd = unsafe { server::hand_out(res, peer, addr, len, flags) };
                 repeat::forget(nfd);
+                leave(&held);
                 return g.ok(nfd as ssize_t) as c_int;
             }
-            if h.waiting() > 0 && blocks(fd) {
-                // The kernel's accept would sleep past a held connection's resolution.
-                let mut p = [libc::pollfd { fd, events: libc::POLLIN, revents: 0 }, libc::pollfd { fd: h.fd(), events: libc::POLLIN, revents: 0 }];
-                // SAFETY: our own two pollfds.
-                if unsafe { real::ppoll(p.as_mut_ptr(), 2, std::ptr::null(), std::ptr::null()) } < 0 {
-                    let e = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINTR);
+            if blocking && h.waiting() > 0 {
+                // The kernel's accept would sleep past a held connection's resolution. While
+                // another process of the server sleeps in the kernel's accept, the listener's
+                // queue is left to it (a look again every 10 ms): this process, away with a
+                // connection of the queue, would leave its held ones waiting for its return.
+                let others = h.others_asleep();
+                let mut p = [libc::pollfd { fd: h.fd(), events: libc::POLLIN, revents: 0 }, libc::pollfd { fd, events: libc::POLLIN, revents: 0 }];
+                let tick = libc::timespec { tv_sec: 0, tv_nsec: 10_000_000 };
+                let (n, t) = if others { (1, &raw const tick) } else { (2, std::ptr::null()) };
+                h.watching(true);
+                // SAFETY: our own pollfds, `n` of them, and a timeout that outlives the call.
+                let r = unsafe { real::ppoll(p.as_mut_ptr(), n, t, std::ptr::null()) };
+                let e = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINTR);
+                h.watching(false);
+                if r < 0 {
                     // The kernel restarts an accept a `SA_RESTART` handler interrupted; ppoll
                     // it never restarts.
                     if e == libc::EINTR && !crate::eintr_wanted() {
                         continue;
                     }
+                    leave(&held);
                     return g.err(e) as c_int;
                 }
-                if p[0].revents == 0 {
+                if others || p[1].revents == 0 {
                     continue;
                 }
             }
         }
         reset();
+        // Another thread may take the queued connection first: this one then sleeps in the
+        // kernel, where the set's watcher can wake it.
+        if let (Some(h), true) = (&held, blocking) {
+            h.asleep(true);
+        }
         // SAFETY: libc's `accept4`, given the application's arguments unchanged.
         let nfd = unsafe { real::accept4(fd, addr, len, flags) };
+        let e = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EAGAIN);
+        if let (Some(h), true) = (&held, blocking) {
+            h.asleep(false);
+        }
         if nfd < 0 {
-            return g.err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EAGAIN)) as c_int;
+            leave(&held);
+            return g.err(e) as c_int;
         }
         new_number(nfd, false);
         repeat::forget(nfd);
+        if held.as_ref().is_some_and(|h| h.is_wake(nfd)) {
+            // SAFETY: the watcher's wake-up connection, just accepted, ours alone.
+            unsafe { real::close(nfd) };
+            continue;
+        }
         match server::netns_accepted(&l, held.as_deref(), nfd, flags) {
             server::Accepted::Held => continue,
-            server::Accepted::Now => return g.ok(nfd as ssize_t) as c_int,
+            server::Accepted::Now => {
+                leave(&held);
+                return g.ok(nfd as ssize_t) as c_int;
+            }
         }
     }
 }

@@ -13,6 +13,7 @@ use crate::conn::table::{self, Entry};
 use crate::real;
 use crate::service::server::held::{self, Held};
 use libc::{c_int, epoll_event};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The bit of a tagged `data` that names a listener's registration (below the tag's bits, above
@@ -36,6 +37,21 @@ struct LReg {
 }
 
 static LREGS: Mutex<Vec<Option<LReg>>> = Mutex::new(Vec::new());
+
+/// How many registrations are one-shot (their kernel registration and the listener's own are
+/// each disarmed when the other reports: `listener_reported`); 0 spares every batch the look.
+static ONE_SHOT: AtomicUsize = AtomicUsize::new(0);
+
+fn count_one_shot(events: u32, up: bool) {
+    if events & libc::EPOLLONESHOT as u32 != 0 {
+        // Relaxed: a hint; a batch that misses a change reports as it did before it.
+        if up {
+            ONE_SHOT.fetch_add(1, Ordering::Relaxed);
+        } else {
+            ONE_SHOT.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
 
 fn lregs() -> std::sync::MutexGuard<'static, Vec<Option<LReg>>> {
     LREGS.lock().unwrap_or_else(|e| e.into_inner())
@@ -72,6 +88,7 @@ pub fn follow(epfd: c_int, op: c_int, fd: c_int, ev: *const epoll_event) {
             // One left by a listener closed past the shim at this number goes first.
             if let Some(i) = at {
                 if let Some(old) = all[i].take() {
+                    count_one_shot(old.events, false);
                     // SAFETY: removing our registration of the old set's fd from the application's set.
                     unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, old.kfd, std::ptr::null_mut()) };
                 }
@@ -94,12 +111,15 @@ pub fn follow(epfd: c_int, op: c_int, fd: c_int, ev: *const epoll_event) {
                 }
                 (kfd, Some(d))
             };
+            count_one_shot(events, true);
             all[i] = Some(LReg { epfd, fd, events, data, held: h, kfd, _dup: dup });
             // Its close then comes through `forget`.
             table::set_epoll(epfd, true);
         }
         (libc::EPOLL_CTL_MOD, Some(i)) => {
             if let Some(r) = all[i].as_mut() {
+                count_one_shot(r.events, false);
+                count_one_shot(events, true);
                 r.events = events;
                 r.data = data;
                 let mut kev = epoll_event { events: kernel_events(events), u64: TAG | LISTENER | i as u64 };
@@ -109,6 +129,7 @@ pub fn follow(epfd: c_int, op: c_int, fd: c_int, ev: *const epoll_event) {
         }
         (libc::EPOLL_CTL_DEL, Some(i)) => {
             if let Some(old) = all[i].take() {
+                count_one_shot(old.events, false);
                 // SAFETY: removing our registration from the application's set.
                 unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, old.kfd, std::ptr::null_mut()) };
             }
@@ -128,6 +149,18 @@ pub fn report(epfd: c_int, d: u64) -> Option<epoll_event> {
         (r.held.clone(), r.events, r.data)
     };
     if h.service() && events & libc::EPOLLIN as u32 != 0 {
+        if events & libc::EPOLLONESHOT as u32 != 0 {
+            // One report per arming, as the application asked: the listener's own one-shot
+            // registration is disarmed too (its re-arm, an EPOLL_CTL_MOD, arms both again).
+            let all = lregs();
+            if let Some(r) = all.get(i).and_then(Option::as_ref).filter(|r| r.epfd == epfd && Arc::ptr_eq(&r.held, &h)) {
+                let mut kev = epoll_event { events: libc::EPOLLONESHOT as u32, u64: r.data };
+                // SAFETY: modifying the application's registration of its listener `r.fd` in
+                // `epfd` to what one report made of it (disarmed); the application re-arms it
+                // after this report, which it is given (`r` is still registered: `r.fd` is open).
+                unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, r.fd, &mut kev) };
+            }
+        }
         return Some(epoll_event { events: libc::EPOLLIN as u32, u64: data });
     }
     if events & libc::EPOLLONESHOT as u32 != 0 {
@@ -144,6 +177,36 @@ pub fn report(epfd: c_int, d: u64) -> Option<epoll_event> {
     None
 }
 
+/// Whether a one-shot registration of a listener's held set exists (see `listener_reported`).
+#[inline]
+pub fn any_one_shot() -> bool {
+    ONE_SHOT.load(Ordering::Relaxed) != 0
+}
+
+/// The kernel reported, in `epfd`, events with these `data` values (of the application's own
+/// registrations): a one-shot listener among them has its held set's registration disarmed,
+/// so that the listener is reported once per arming (the application's re-arm arms both).
+/// Costs one load unless a one-shot registration exists.
+pub fn listener_reported(epfd: c_int, data: impl Iterator<Item = u64>) {
+    if !any_one_shot() {
+        return;
+    }
+    let all = lregs();
+    let mine: Vec<(usize, &LReg)> =
+        all.iter().enumerate().filter_map(|(i, r)| Some((i, r.as_ref()?))).filter(|(_, r)| r.epfd == epfd && r.events & libc::EPOLLONESHOT as u32 != 0).collect();
+    if mine.is_empty() {
+        return;
+    }
+    for d in data {
+        for (i, r) in mine.iter().filter(|(_, r)| r.data == d) {
+            let mut kev = epoll_event { events: libc::EPOLLONESHOT as u32, u64: TAG | LISTENER | *i as u64 };
+            // SAFETY: disarming our one-shot registration (the set's fd, or our duplicate, open
+            // while registered) under the registrations' lock; a re-arm (`follow`) restores it.
+            unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, r.kfd, &mut kev) };
+        }
+    }
+}
+
 /// `fd` (a listener) or the epoll set `epfd` is being closed: the registrations of held sets it
 /// has go (the kernel drops the listener's own; ours is of another fd).
 pub fn forget(fd: c_int) {
@@ -152,6 +215,7 @@ pub fn forget(fd: c_int) {
         all.iter_mut().filter(|r| r.as_ref().is_some_and(|r| r.fd == fd || r.epfd == fd)).filter_map(Option::take).collect()
     };
     for r in gone {
+        count_one_shot(r.events, false);
         if r.epfd != fd {
             // SAFETY: removing our registration from the application's set, which stays open.
             unsafe { real::epoll_ctl(r.epfd, libc::EPOLL_CTL_DEL, r.kfd, std::ptr::null_mut()) };
@@ -159,11 +223,15 @@ pub fn forget(fd: c_int) {
     }
 }
 
-/// In a fork child: the registrations are its parent's (in sets it shares with the parent: not
-/// removed from the kernel's sets), forgotten here.
-pub fn atfork_child() {
-    let Ok(mut all) = LREGS.try_lock() else { return };
-    let gone: Vec<_> = std::mem::take(&mut *all);
-    drop(all);
+/// Taken around a fork (registered with the held sets' locks, after them: see
+/// `held::fork_guards`), so that the child's copy is whole and unlocked.
+pub fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
+    vec![Box::new(lregs())]
+}
+
+/// In a fork child, once the locks are released: the registrations are its parent's (in sets it
+/// shares with the parent: not removed from the kernel's sets), forgotten here.
+pub fn forked() {
+    let gone: Vec<_> = std::mem::take(&mut *lregs());
     drop(gone);
 }

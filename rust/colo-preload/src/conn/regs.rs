@@ -109,6 +109,12 @@ pub struct Regs {
 
 static REGS: Mutex<Option<Regs>> = Mutex::new(None);
 
+/// Taken around a fork, after the listeners' registrations (see `crate::fork_guards`), so that
+/// the child's copy is whole and unlocked.
+pub fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
+    vec![Box::new(REGS.lock().unwrap_or_else(|e| e.into_inner()))]
+}
+
 pub fn with_regs<T>(f: impl FnOnce(&mut Regs) -> T) -> T {
     let mut g = REGS.lock().unwrap_or_else(|e| e.into_inner());
     f(g.get_or_insert_with(Regs::default))

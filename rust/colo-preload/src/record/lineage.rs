@@ -48,6 +48,15 @@ pub struct Shared {
     /// How accelerated connections to each listening port from each client program ended,
     /// recorded by whichever process served them, read by the service thread.
     pub ends: [marker::ListenerEnds; MARKED_PORTS],
+    /// The wake-up connections that held sets' watchers of the lineage's processes made to
+    /// their listeners and that no accept took back yet (`service::server::sleepers`), so that
+    /// whichever process of the lineage the kernel gives one to knows it: 0, or the connection's
+    /// local port with the monotonic clock's milliseconds above it.
+    pub wakes: [std::sync::atomic::AtomicU64; 8],
+    /// Threads of the lineage's processes asleep in the kernel's accept, by listening port
+    /// (`service::server::sleepers`): the port above, the count below 32 bits; 0 is a free
+    /// slot (a port's slot stays once taken).
+    pub asleep: [std::sync::atomic::AtomicU64; 8],
 }
 
 const FUTEX_OWNER_DIED: u32 = 0x4000_0000;

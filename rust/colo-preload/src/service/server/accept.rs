@@ -124,12 +124,20 @@ pub fn netns_accepted(listen: &Listen, held: Option<&Held>, fd: i32, flags: i32)
         let _ = std::os::fd::IntoRawFd::into_raw_fd(tcp);
         return Accepted::Now;
     }
-    match h.admit(tcp, peer) {
+    // Held above the shim's floor; the number the kernel gave stays open until the set has it.
+    let (held_tcp, given) = match out_of_the_way(&tcp) {
+        Some(high) => (high, Some(tcp)),
+        None => (tcp, None),
+    };
+    match h.admit(held_tcp, peer) {
         Ok(()) => {
+            drop(given);
             log_debug(format_args!("accept {peer}: from another namespace; held until its handshake is decided"));
             Accepted::Held
         }
-        Err(tcp) => {
+        Err(held_tcp) => {
+            // The application gets the number the kernel gave, as `fd`.
+            let tcp = given.unwrap_or(held_tcp);
             netns::decline_now(tcp.as_fd(), peer, "its socket cannot be watched");
             let _ = tcp.set_nonblocking(nonblocking);
             let fd_flags = if flags & libc::SOCK_CLOEXEC != 0 { rustix::io::FdFlags::CLOEXEC } else { rustix::io::FdFlags::empty() };
@@ -138,6 +146,15 @@ pub fn netns_accepted(listen: &Listen, held: Option<&Held>, fd: i32, flags: i32)
             Accepted::Now
         }
     }
+}
+
+/// A copy of a held connection's socket above the shim's floor (as the shim's other
+/// descriptors: the number the kernel gave is free again for the application's next descriptor
+/// once the original is closed, and one it `dup2`s onto a number it believes free cannot close
+/// it); `None` if there is none to be had.
+fn out_of_the_way(tcp: &std::net::TcpStream) -> Option<std::net::TcpStream> {
+    let copy = rustix::io::fcntl_dupfd_cloexec(tcp, 0).ok()?;
+    colo_sys::preload::move_above(copy, colo::internal::fd_floor()).ok().map(std::net::TcpStream::from)
 }
 
 /// Hands the resolved connection `res` from `peer` to the application as a new descriptor, as
@@ -152,6 +169,12 @@ pub unsafe fn hand_out(res: Resolved, peer: std::net::SocketAddr, addr: *mut lib
     let (tcp, est) = match res {
         Resolved::Shm(est, tcp) => (tcp, Some(est)),
         Resolved::Tcp(tcp) => (tcp, None),
+    };
+    // The lowest number free, as the kernel's accept gives (a program that `select`s needs it
+    // below FD_SETSIZE); kept where it is if none is free (the application's limit is reached).
+    let tcp = match rustix::io::fcntl_dupfd_cloexec(&tcp, 0) {
+        Ok(low) if std::os::fd::AsRawFd::as_raw_fd(&low) < std::os::fd::AsRawFd::as_raw_fd(&tcp) => std::net::TcpStream::from(low),
+        _ => tcp,
     };
     let _ = tcp.set_nonblocking(nonblocking);
     let fd_flags = if flags & libc::SOCK_CLOEXEC != 0 { rustix::io::FdFlags::CLOEXEC } else { rustix::io::FdFlags::empty() };

@@ -19,6 +19,7 @@ use crate::conn::entry::Listen;
 use colo::internal::netns::{self, Rendezvous};
 use colo::internal::netns_accept::{NetnsAccepts, Resolved};
 use colo_sys::doorbell::Poller;
+use super::sleepers::Sleepers;
 use colo_sys::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex};
@@ -37,6 +38,9 @@ pub struct Held {
     /// `poller`, so that a level-triggered wait on the listener reports it until it is taken).
     bell: OwnedFd,
     inner: Mutex<Inner>,
+    /// Threads of this process asleep in the kernel's accept on the listener, and the watcher
+    /// that wakes one for a held connection ready (`sleepers`).
+    pub(super) sleep: Sleepers,
 }
 
 impl std::fmt::Debug for Held {
@@ -52,13 +56,13 @@ struct Inner {
 }
 
 impl Held {
-    fn new(rendezvous: &'static Rendezvous) -> std::io::Result<Held> {
+    fn new(rendezvous: &'static Rendezvous, l: &Listen) -> std::io::Result<Held> {
         let poller = Poller::new_above(colo::internal::fd_floor())?;
         let accepts = NetnsAccepts::new(&poller, MOVES)?;
         let bell = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK)?;
         poller.add(&bell, BELL)?;
         let inner = Mutex::new(Inner { accepts, rung: false });
-        Ok(Held { pid: colo_sys::host::pid(), rendezvous, poller, bell, inner })
+        Ok(Held { pid: colo_sys::host::pid(), rendezvous, poller, bell, inner, sleep: Sleepers::new(l.addr, &l.lineage.shared.wakes, &l.lineage.shared.asleep)? })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -163,6 +167,29 @@ impl Held {
     pub fn waiting(&self) -> usize {
         self.lock().accepts.waiting()
     }
+
+    /// How many connections wait, and whether a resolved one is ready.
+    pub(super) fn counts(&self) -> (usize, bool) {
+        let i = self.lock();
+        (i.accepts.waiting(), i.accepts.has_ready())
+    }
+
+    /// Whether a connection waits here or is ready.
+    pub fn holds_any(&self) -> bool {
+        let (waiting, ready) = self.counts();
+        waiting > 0 || ready
+    }
+
+    /// Whether the connection `fd` just accepted is one the set's watcher made to wake a
+    /// sleeping accept (`sleepers`): the caller closes it and accepts again.
+    pub fn is_wake(&self, fd: i32) -> bool {
+        self.sleep.is_wake(fd)
+    }
+
+    /// A thread waits on the listener and the set together (`false`: no longer).
+    pub fn watching(&self, on: bool) {
+        self.sleep.watching(on);
+    }
 }
 
 /// The held sets of this process, by listener (`Listen::id`). A fork child's copy of its
@@ -186,7 +213,7 @@ pub fn of(l: &Listen, make: bool) -> Option<Arc<Held>> {
         return None;
     }
     let r = netns::serving(l.addr.port())?;
-    match Held::new(r) {
+    match Held::new(r, l) {
         Ok(h) => {
             let h = Arc::new(h);
             all.retain(|(_, h)| h.pid == pid);
@@ -210,16 +237,42 @@ pub fn forget(l: &Listen) {
         *all = keep;
         gone
     };
+    for (_, h) in &gone {
+        h.sleep.close();
+    }
     drop(gone);
 }
 
-/// In a fork child: the parent's sets go (their sockets are copies here, closed so that a
-/// connection the parent hands out ends when the parent's application closes it). Not if another
-/// thread of the parent held the lock at the fork (they stay, as copies, until the child's first
-/// `of`).
-pub fn atfork_child() {
-    let Ok(mut all) = SETS.try_lock() else { return };
-    let gone: Vec<_> = std::mem::take(&mut *all);
-    drop(all);
+/// A held set's lock as the forking thread holds it, with the set it belongs to.
+struct KeptInner {
+    /// Declared first, so dropped before `_set`, which keeps the mutex it borrows alive.
+    _guard: std::sync::MutexGuard<'static, Inner>,
+    _set: Arc<Held>,
+}
+
+/// Taken around a fork (registered with `colo::internal::fork` at `Rank::Shim` by the shim's
+/// constructor): the sets' list, then every set's own lock, so that the child's copies are
+/// whole and unlocked, whatever other threads of the parent were doing. No thread takes the
+/// list's lock while it holds a set's (`siblings_step` collects the sets first), nor either of
+/// them while it holds the registrations' (`lregs`), which come after.
+pub fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
+    let all = sets();
+    let mut kept: Vec<Box<dyn std::any::Any>> = Vec::with_capacity(all.len() + 1);
+    for (_, h) in all.iter() {
+        // SAFETY: the mutex lives in the `Held` that `_set` (an `Arc` of it) keeps alive for as
+        // long as the guard, which is dropped first; 'static only names that for the box.
+        let m: &'static Mutex<Inner> = unsafe { &*std::ptr::from_ref(&h.inner) };
+        kept.push(Box::new(KeptInner { _guard: m.lock().unwrap_or_else(|e| e.into_inner()), _set: h.clone() }));
+    }
+    // The list's guard last, so released first: nothing can reach a set once it is.
+    kept.push(Box::new(all));
+    kept
+}
+
+/// In a fork child, once the locks are released (`fork_guards`): the parent's sets go (their
+/// sockets are copies here, closed so that a connection the parent hands out ends when the
+/// parent's application closes it).
+pub fn forked() {
+    let gone: Vec<_> = std::mem::take(&mut *sets());
     drop(gone);
 }

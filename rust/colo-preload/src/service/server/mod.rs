@@ -15,8 +15,8 @@
 //!
 //! A file a job, bottom up: `offers` (what a service holds, under its lock) and `markers` (the
 //! short-lived markers), then `thread` (the service thread), then `listen` and `forked` (the
-//! processes forked from the serving one), then `held` (connections from other namespaces),
-//! then `accept`.
+//! processes forked from the serving one), then `held` (connections from other namespaces) and
+//! `sleepers` (threads asleep in the kernel's accept meanwhile), then `accept`.
 
 mod accept;
 mod forked;
@@ -24,6 +24,7 @@ pub mod held;
 mod listen;
 mod markers;
 mod offers;
+mod sleepers;
 mod thread;
 
 pub use accept::{hand_out, netns_accepted, on_accept, Accepted};
