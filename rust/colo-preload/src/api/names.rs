@@ -4,7 +4,7 @@
 //! (`Conn`'s drop), answered from the connection as kernel TCP answers after a FIN.
 
 use crate::base::addr::write_sockaddr;
-use crate::base::guard::Guard;
+use crate::base::guard::{set_errno, Guard};
 use crate::conn::table;
 use crate::real;
 use crate::record::relayed;
@@ -27,7 +27,10 @@ pub unsafe fn name(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, peer: bo
         let r = unsafe { real::getpeername(fd, addr, len) };
         if r != 0 && !Guard::busy() && table::kind(fd) == table::CONN && errno() == libc::ENOTCONN {
             // SAFETY: the application's arguments, unchanged.
-            return unsafe { peer_of_conn(fd, addr, len) }.unwrap_or(r);
+            return unsafe { peer_of_conn(fd, addr, len) }.unwrap_or_else(|| {
+                set_errno(libc::ENOTCONN);
+                r
+            });
         }
         r
     } else {
@@ -41,7 +44,8 @@ fn errno() -> c_int {
 }
 
 /// The peer's address of the accelerated connection `fd`, in its socket's family (an IPv4 peer of
-/// an `AF_INET6` socket as IPv4-mapped, as the kernel reports it); `None`: not one.
+/// an `AF_INET6` socket as IPv4-mapped, as the kernel reports it); `None`: not one, or one its
+/// peer reset.
 ///
 /// # Safety
 /// As libc's `getpeername`: `addr` has `*len` writable bytes (or either is null).
@@ -51,6 +55,10 @@ unsafe fn peer_of_conn(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> O
     }
     let g = Guard::enter();
     let c = table::conn(fd)?;
+    if c.peer_reset() {
+        // As kernel TCP after a reset: not connected.
+        return None;
+    }
     let mut peer = c.shm().peer_addr();
     // SAFETY: the application's socket, open for the duration of this call.
     let b = unsafe { colo_sys::BorrowedFd::borrow_raw(fd) };

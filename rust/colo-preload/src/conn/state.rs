@@ -447,9 +447,14 @@ impl Conn {
     /// no read, write or earlier
     /// `SO_ERROR` has reported it yet (then it is reported now).
     pub fn take_reset_error(&self) -> bool {
+        self.peer_reset() && self.report_reset()
+    }
+
+    /// Whether the peer reset the connection (or died leaving our bytes unread), reported or not.
+    pub fn peer_reset(&self) -> bool {
         let (in_flags, out_flags, all_read) = self.flags_and_all_read();
         let died = in_flags & FLAG_FIN == 0 && !all_read && self.peer_gone();
-        (in_flags & FLAG_RESET != 0 && out_flags & FLAG_RESET == 0 || died) && self.report_reset()
+        in_flags & FLAG_RESET != 0 && out_flags & FLAG_RESET == 0 || died
     }
 
     /// The application shut down reading (see `read_shut`).
