@@ -16,21 +16,39 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// While the application's own accepts collect the offers (`accept::on_accept`, which reads
-/// the rendezvous of the listener it accepted on), the service thread leaves the rendezvous
-/// alone and looks at them every `ACCEPTS_COLLECT_EVERY` instead: woken for every HELLO, it
-/// took the rendezvous connection and its descriptors on a second thread, contended with the
-/// accepting thread for the state lock, and cost two context switches a connection. It goes
-/// back to waking for each HELLO `ACCEPTS_QUIET` after the last accept that collected one.
+/// While the application's own accepts collect the offers (`accept::on_accept` reads the
+/// rendezvous of the listener it accepted on), and this process has not forked lately, the
+/// service thread leaves the rendezvous alone and looks at them every
+/// `ACCEPTS_COLLECT_EVERY_MS` instead of waking for each HELLO: woken for each, it took the
+/// rendezvous connection and its descriptors on a second thread and contended with the
+/// accepting thread for the state lock, two context switches a connection, when an event loop
+/// (redis) accepts a connection per request. A process that forks (postgres forks a backend per
+/// connection from the thread that accepts) keeps the thread collecting beside its accepts:
+/// collecting on that thread lengthened the path every connection waits on. Back to waking for
+/// each HELLO `ACCEPTS_QUIET_MS` after the last accept that collected one.
 const ACCEPTS_QUIET_MS: u64 = 1000;
 const ACCEPTS_COLLECT_EVERY_MS: u64 = 20;
 
 /// When (`marker::now_ms`) an accept of this process last collected offers itself.
 static ACCEPT_COLLECTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// When this process last forked (`marker::now_ms`; see `note_fork`).
+static FORKED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// An accept of this process has just collected the offers of its listener.
 pub(super) fn accept_collected() {
     ACCEPT_COLLECTED.store(crate::record::marker::now_ms(), Ordering::Relaxed);
+}
+
+/// This process has just forked (in the parent).
+pub(super) fn forked_now() {
+    FORKED.store(crate::record::marker::now_ms(), Ordering::Relaxed);
+}
+
+/// Whether the service thread leaves the rendezvous to the accepts now (see `ACCEPTS_QUIET_MS`).
+fn accepts_collect() -> bool {
+    let now = crate::record::marker::now_ms();
+    let since = |t: &std::sync::atomic::AtomicU64| now.saturating_sub(t.load(Ordering::Relaxed));
+    since(&ACCEPT_COLLECTED) < ACCEPTS_QUIET_MS && since(&FORKED) >= ACCEPTS_QUIET_MS
 }
 
 /// One offer service: the process it runs in, its lineage, what it holds, and the eventfd that
@@ -165,7 +183,7 @@ fn serve(svc: &'static Service) {
     loop {
         // Before the rendezvous are collected: it may let go of some (closing their fds).
         let closed_ms = closed_here(svc);
-        let accepting = crate::record::marker::now_ms().saturating_sub(ACCEPT_COLLECTED.load(Ordering::Relaxed)) < ACCEPTS_QUIET_MS;
+        let accepting = accepts_collect();
         let fds: Vec<i32> = {
             let mut st = lock(svc);
             let starved = st.starved.is_some_and(|t| t > Instant::now());
