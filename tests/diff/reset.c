@@ -15,6 +15,14 @@ static int so_error(int fd) {
     return e;
 }
 
+/* getpeername of `fd`: the kernel answers ENOTCONN once a reset closed the socket, not after a
+ * FIN (colo's client resets its carrier at a clean close: the server answers from the rings). */
+static void peer_name(int fd) {
+    struct sockaddr_storage a;
+    socklen_t len = sizeof a;
+    T("getpeername", getpeername(fd, (struct sockaddr *)&a, &len));
+}
+
 static void linger0_poll(void) {
     int s, c;
     pair(&s, &c);
@@ -32,6 +40,7 @@ static void linger0_recv(void) {
     settle(50);
     T("recv", recv(s, b, sizeof b, 0));
     T("recv again", recv(s, b, sizeof b, MSG_DONTWAIT));
+    peer_name(s);
 }
 
 static void linger0_send(void) {
@@ -164,6 +173,7 @@ static void clean_close(void) {
     mask("poll", pmask(s));
     int e = so_error(s);
     say("  SO_ERROR = %s", e ? ename(e) : "0");
+    peer_name(s);
     T("recv", recv(s, b, sizeof b, 0));
     T("send", send(s, "abcd", 4, MSG_NOSIGNAL));
     settle(50);

@@ -49,6 +49,7 @@ use crate::service::{handover, server};
 use libc::sigset_t;
 
 extern "C" fn atfork_prepare() {
+    real::resolve_all_once();
     repeat::forking();
     server::marker_prepare();
 }

@@ -13,15 +13,20 @@ fn resolve(name: &'static str) -> usize {
 
 macro_rules! real_fns {
     ($( fn $name:ident($($arg:ident : $t:ty),*) -> $ret:ty; )*) => {
+        /// One address per symbol (0: not resolved yet).
+        #[allow(non_upper_case_globals)]
+        mod addr {
+            use std::sync::atomic::AtomicUsize;
+            $( pub static $name: AtomicUsize = AtomicUsize::new(0); )*
+        }
         $(
             /// The next definition of this symbol (libc's).
             #[allow(non_snake_case, clippy::missing_safety_doc)]
             #[inline]
             pub unsafe fn $name($($arg: $t),*) -> $ret {
-                static ADDR: AtomicUsize = AtomicUsize::new(0);
-                let mut a = ADDR.load(Ordering::Relaxed);
+                let mut a = addr::$name.load(Ordering::Relaxed);
                 if a == 0 {
-                    a = resolve_into(&ADDR, concat!(stringify!($name), "\0"));
+                    a = resolve_into(&addr::$name, concat!(stringify!($name), "\0"));
                 }
                 // SAFETY: `a` is the address of the libc function of this name and C signature.
                 let f: unsafe extern "C" fn($($t),*) -> $ret = unsafe { std::mem::transmute(a) };
@@ -29,6 +34,31 @@ macro_rules! real_fns {
                 unsafe { f($($arg),*) }
             }
         )*
+
+        /// Resolves every symbol not resolved yet (one missing from libc stays unresolved, and
+        /// aborts only where it is called, as before).
+        fn resolve_rest() {
+            $(
+                if addr::$name.load(Ordering::Relaxed) == 0 {
+                    let a = resolve(concat!(stringify!($name), "\0"));
+                    if a != 0 {
+                        addr::$name.store(a, Ordering::Relaxed);
+                    }
+                }
+            )*
+        }
+    }
+}
+
+/// Before a fork: every symbol resolved, once per process image. A child resolving its first
+/// call of each function with `dlsym` walked every library's symbol tables, whose pages a fork
+/// child faults in again (a file mapping's page tables are not copied): a server forking a
+/// process per connection (postgres) paid that in every child. And a `dlsym` in a fork child
+/// can wait on the loader's lock another thread of the parent held at the fork.
+pub fn resolve_all_once() {
+    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !DONE.swap(true, Ordering::Relaxed) {
+        resolve_rest();
     }
 }
 

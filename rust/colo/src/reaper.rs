@@ -3,9 +3,8 @@
 
 use crate::fork;
 use crate::segment::Segment;
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// The reaper ends after this long without work (the next retirement starts another): a
 /// server whose accelerated connections are gone (its clients' connections turned out
@@ -13,8 +12,27 @@ use std::time::Duration;
 /// descriptors without the reference counting a second thread costs every system call.
 const IDLE: Duration = Duration::from_millis(250);
 
-/// The reaper's queue and the pid that started it (a forked child starts its own).
-static REAPER: Mutex<Option<(u32, Sender<Segment>)>> = Mutex::new(None);
+/// The reaper takes what was retired this often, not at each retirement: waking it for every
+/// closed connection cost a futex wake and two context switches a connection (on a host whose
+/// CPUs the two ends keep busy, a preemption of one of them), when a connection per request
+/// retires thousands of segments a second. Only their address space and the few pages they
+/// touched wait meanwhile.
+const BATCH: Duration = Duration::from_millis(10);
+
+/// Beyond this many waiting, a retirement wakes the reaper at once.
+const WAKE_AT: usize = 64;
+
+/// What waits to be dropped, the pid whose reaper takes it (a forked child starts its own), and
+/// whether that reaper runs.
+struct Queue {
+    pid: u32,
+    segs: Vec<Segment>,
+    running: bool,
+}
+
+static REAPER: Mutex<Queue> = Mutex::new(Queue { pid: 0, segs: Vec::new(), running: false });
+/// Wakes the reaper before its `BATCH` is up (`WAKE_AT`).
+static FULL: Condvar = Condvar::new();
 
 static LOCKS: fork::Locks = fork::Locks { take: fork_guard, in_child: None };
 
@@ -24,55 +42,59 @@ fn fork_guard() -> Vec<Box<dyn std::any::Any>> {
 }
 
 /// The reaper's queue, locked (registered with `fork` before its first use).
-fn lock() -> std::sync::MutexGuard<'static, Option<(u32, Sender<Segment>)>> {
+fn lock() -> std::sync::MutexGuard<'static, Queue> {
     fork::protect(fork::Rank::Reaper, &LOCKS);
     REAPER.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Drops `seg` on the reaper thread (inline if that thread cannot be started).
+/// Drops `seg` on the reaper thread within `BATCH` (inline if that thread cannot be started).
 pub(crate) fn retire(seg: Segment) {
     let me = colo_sys::host::pid();
-    let mut r = lock();
-    if r.as_ref().is_none_or(|(pid, _)| *pid != me) {
-        *r = None;
-        let (tx, rx) = channel::<Segment>();
-        let spawn = || std::thread::Builder::new().name("colo-reaper".into()).spawn(move || run(me, rx));
-        if colo_sys::host::with_signals_blocked(spawn).is_ok() {
-            *r = Some((me, tx));
-        }
+    let mut q = lock();
+    if q.pid != me {
+        // A fork child's copy of its parent's queue: those segments are the parent's to drop
+        // (their descriptors and mappings here are copies nobody uses; they go with this
+        // process), and the parent's reaper does not run here.
+        std::mem::forget(std::mem::take(&mut q.segs));
+        q.pid = me;
+        q.running = false;
     }
-    match r.as_ref() {
-        Some((_, tx)) => {
-            if let Err(e) = tx.send(seg) {
-                drop(e.0);
-            }
+    if !q.running {
+        let spawn = || std::thread::Builder::new().name("colo-reaper".into()).spawn(move || run(me));
+        if colo_sys::host::with_signals_blocked(spawn).is_err() {
+            drop(q);
+            drop(seg);
+            return;
         }
-        None => drop(seg),
+        q.running = true;
+    }
+    q.segs.push(seg);
+    if q.segs.len() >= WAKE_AT {
+        FULL.notify_one();
     }
 }
 
-fn run(me: u32, rx: Receiver<Segment>) {
+fn run(me: u32) {
+    let mut last_work = Instant::now();
+    let mut q = lock();
     loop {
-        match rx.recv_timeout(IDLE) {
-            Ok(seg) => drop(seg),
-            Err(RecvTimeoutError::Disconnected) => return,
-            Err(RecvTimeoutError::Timeout) => {
-                let mut r = lock();
-                // Retirements are sent under this lock: with none queued, none is coming
-                // to this thread once its queue is taken away.
-                match rx.try_recv() {
-                    Ok(seg) => {
-                        drop(r);
-                        drop(seg);
-                    }
-                    Err(_) => {
-                        if r.as_ref().is_some_and(|(pid, _)| *pid == me) {
-                            *r = None;
-                        }
-                        return;
-                    }
-                }
-            }
+        if q.pid != me {
+            return;
         }
+        if !q.segs.is_empty() {
+            let segs = std::mem::take(&mut q.segs);
+            drop(q);
+            drop(segs);
+            last_work = Instant::now();
+            q = lock();
+            continue;
+        }
+        if last_work.elapsed() >= IDLE {
+            // Retirements are queued under this lock: with none queued, none is coming to this
+            // thread once it is marked stopped.
+            q.running = false;
+            return;
+        }
+        q = FULL.wait_timeout(q, BATCH).map_or_else(|e| e.into_inner().0, |r| r.0);
     }
 }

@@ -9,8 +9,14 @@ use crate::conn::{options, regs};
 use crate::service::{client, server};
 use libc::c_int;
 
-/// Forgets what the table knows about `fd` (it is being closed or replaced).
+/// Forgets what the table knows about `fd` (it is being closed or replaced, and still open).
 pub fn forget(fd: c_int) {
+    release(fd, true);
+}
+
+/// [`forget`]; `open`: `fd` is still the descriptor the table knew (not a number the kernel
+/// handed out again), so a connection's last close may act on it.
+fn release(fd: c_int, open: bool) {
     if table::is_epoll(fd) {
         regs::forget_epoll(fd);
         crate::api::lregs::forget(fd);
@@ -25,7 +31,13 @@ pub fn forget(fd: c_int) {
     };
     regs::forget_fd(fd);
     match old {
-        Entry::Conn(c) => options::closing(fd, &c),
+        Entry::Conn(c) => {
+            options::closing(fd, &c);
+            // The table's was the last reference: `c` is dropped here, before the close of `fd`.
+            if open && std::sync::Arc::strong_count(&c) == 1 {
+                c.last_close(fd);
+            }
+        }
         Entry::Listen(l) => {
             crate::api::lregs::forget(fd);
             server::on_close_listen(&l, fd);
@@ -80,5 +92,5 @@ fn stale(fd: c_int) {
     }
     log_info(format_args!("fd {fd} was closed past the shim; what it held is released"));
     let _g = Guard::enter();
-    forget(fd);
+    release(fd, false);
 }

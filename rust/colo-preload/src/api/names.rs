@@ -1,7 +1,11 @@
 //! `getsockname` and `getpeername`: a socket that stands in for a connection relayed as standard
-//! I/O answers the connection's addresses (`record::relayed`); every other call goes to libc.
+//! I/O answers the connection's addresses (`record::relayed`); every other call goes to libc,
+//! but for `getpeername` of an accelerated connection whose carrier its client reset at close
+//! (`Conn`'s drop), answered from the connection as kernel TCP answers after a FIN.
 
-use crate::base::guard::Guard;
+use crate::base::addr::write_sockaddr;
+use crate::base::guard::{set_errno, Guard};
+use crate::conn::table;
 use crate::real;
 use crate::record::relayed;
 use libc::{c_int, sockaddr, socklen_t};
@@ -20,9 +24,49 @@ pub unsafe fn name(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, peer: bo
     }
     if peer {
         // SAFETY: the application's arguments, unchanged.
-        unsafe { real::getpeername(fd, addr, len) }
+        let r = unsafe { real::getpeername(fd, addr, len) };
+        if r != 0 && !Guard::busy() && table::kind(fd) == table::CONN && errno() == libc::ENOTCONN {
+            // SAFETY: the application's arguments, unchanged.
+            return unsafe { peer_of_conn(fd, addr, len) }.unwrap_or_else(|| {
+                set_errno(libc::ENOTCONN);
+                r
+            });
+        }
+        r
     } else {
         // SAFETY: the application's arguments, unchanged.
         unsafe { real::getsockname(fd, addr, len) }
     }
+}
+
+fn errno() -> c_int {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// The peer's address of the accelerated connection `fd`, in its socket's family (an IPv4 peer of
+/// an `AF_INET6` socket as IPv4-mapped, as the kernel reports it); `None`: not one, or one its
+/// peer reset.
+///
+/// # Safety
+/// As libc's `getpeername`: `addr` has `*len` writable bytes (or either is null).
+unsafe fn peer_of_conn(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> Option<c_int> {
+    if addr.is_null() || len.is_null() {
+        return None;
+    }
+    let g = Guard::enter();
+    let c = table::conn(fd)?;
+    if c.peer_reset() {
+        // As kernel TCP after a reset: not connected.
+        return None;
+    }
+    let mut peer = c.shm().peer_addr();
+    // SAFETY: the application's socket, open for the duration of this call.
+    let b = unsafe { colo_sys::BorrowedFd::borrow_raw(fd) };
+    let v6 = matches!(rustix::net::sockopt::socket_domain(b), Ok(rustix::net::AddressFamily::INET6));
+    if let (true, std::net::SocketAddr::V4(a)) = (v6, peer) {
+        peer = std::net::SocketAddr::new(a.ip().to_ipv6_mapped().into(), a.port());
+    }
+    // SAFETY: the caller's contract on `addr` and `len`, both non-null.
+    unsafe { write_sockaddr(peer, addr, len) };
+    Some(g.ok(0) as c_int)
 }

@@ -43,8 +43,11 @@ pub unsafe fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void,
     }
     let g = Guard::enter();
     if let Some(c) = table::conn(fd) {
-        // SAFETY: an int the kernel just wrote (its own error: 0 for a socket colo carries).
-        if unsafe { *(val as *const c_int) } == 0 && c.take_reset_error() {
+        // The kernel's error is the carrier's, which carries no byte: a client resets it at its
+        // close (`Conn`'s drop). The connection's own error is the rings'.
+        // SAFETY: the application's buffer the kernel just wrote an int to.
+        unsafe { *(val as *mut c_int) = 0 };
+        if c.take_reset_error() {
             // SAFETY: the same int, the application's writable buffer of at least its size
             // (checked above).
             unsafe { *(val as *mut c_int) = libc::ECONNRESET };

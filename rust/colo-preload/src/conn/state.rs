@@ -11,7 +11,7 @@ use colo_ring::snapshot::RingState;
 use colo_ring::sync::Ordering;
 use colo_sys::{AsRawFd, RawFd};
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64};
 
 /// epoll/poll bits (identical values in both APIs).
 pub const IN: u32 = 0x001;
@@ -77,6 +77,9 @@ pub struct Conn {
     first_reply_ns: AtomicU64,
     /// This process's rings know of the read shutdown (`adopt_read_shut`).
     read_shut_here: AtomicBool,
+    /// The application's descriptor of the carrier TCP socket whose close drops this value
+    /// (-1: not known to be the last; see [`Conn::last_close`]).
+    closing_fd: AtomicI32,
     /// `SO_RCVLOWAT` (at least 1): readable from this many bytes on.
     lowat: AtomicU32,
     /// What a small `SO_SNDBUF` lets a non-blocking writer queue in the ring (0: the ring).
@@ -151,6 +154,7 @@ impl Conn {
             sent_before_reply: AtomicU64::new(u64::MAX),
             first_reply_ns: AtomicU64::new(0),
             read_shut_here: AtomicBool::new(false),
+            closing_fd: AtomicI32::new(-1),
             lowat: AtomicU32::new(1),
             send_limit: AtomicU64::new(0),
             client_tag: None,
@@ -462,9 +466,14 @@ impl Conn {
     /// no read, write or earlier
     /// `SO_ERROR` has reported it yet (then it is reported now).
     pub fn take_reset_error(&self) -> bool {
+        self.peer_reset() && self.report_reset()
+    }
+
+    /// Whether the peer reset the connection (or died leaving our bytes unread), reported or not.
+    pub fn peer_reset(&self) -> bool {
         let (in_flags, out_flags, all_read) = self.flags_and_all_read();
         let died = in_flags & FLAG_FIN == 0 && !all_read && self.peer_gone();
-        (in_flags & FLAG_RESET != 0 && out_flags & FLAG_RESET == 0 || died) && self.report_reset()
+        in_flags & FLAG_RESET != 0 && out_flags & FLAG_RESET == 0 || died
     }
 
     /// The application shut down reading (`READ_SHUT`).
@@ -517,6 +526,14 @@ impl Conn {
     /// The application closed this connection with `SO_LINGER {1, 0}`: the last close resets.
     pub fn abort_on_close(&self) {
         self.raise_socket_flag(ABORT);
+    }
+
+    /// The application is closing `fd`, this connection's last descriptor in this process, and
+    /// this value is dropped before the kernel's close of `fd` (the caller holds the only
+    /// reference left). See `Drop`: a client whose connection no other process holds closes its
+    /// carrier with a reset.
+    pub fn last_close(&self, fd: RawFd) {
+        self.closing_fd.store(fd, Ordering::Relaxed);
     }
 
     /// Bytes in the incoming ring now (`FIONREAD`), from the counters alone: no lock, so it does
@@ -768,7 +785,8 @@ impl Drop for Conn {
             // The segment is still mapped here (`shm` is dropped below).
             let (sent, got) = (self.outgoing().head, self.incoming().tail);
             let age = self.born.elapsed();
-            if self.shm.role() == colo::internal::segment::Role::Client {
+            let client = self.shm.role() == colo::internal::segment::Role::Client;
+            if client {
                 let reply_at = std::time::Duration::from_nanos(self.first_reply_ns.load(Ordering::Relaxed));
                 let after_only_reply = (self.sent_before_reply.load(Ordering::Relaxed) == sent).then(|| age.saturating_sub(reply_at));
                 let lived = adapt::Lived { lived: age, setup: self.setup, bytes: sent + got, after_only_reply };
@@ -788,6 +806,29 @@ impl Drop for Conn {
             }
             // SAFETY: dropped exactly once, here.
             unsafe { ManuallyDrop::drop(&mut self.shm) };
+            // The carrier never carried a byte (spec/WIRE.md section 3: FIN or RST only). Closed
+            // with FIN by the client, which closes first in a connection per request, it would
+            // leave a TIME_WAIT on the client's bound port for a minute, and `bind` (unlike
+            // `connect`) cannot reuse such a port: a client dialing thousands of short
+            // connections a second ran out of the odd ports carriers bind (plain TCP) and paid
+            // the FIN handshake on both sides. A reset leaves no TIME_WAIT; the server's shim
+            // answers `SO_ERROR` and `getpeername` of the connection from the rings, not from
+            // its reset carrier (`api::sockopt`, `api::names`).
+            let fd = self.closing_fd.load(Ordering::Relaxed);
+            if fd >= 0 && client {
+                let l = libc::linger { l_onoff: 1, l_linger: 0 };
+                // SAFETY: `fd` is the application's descriptor being closed, still open: the
+                // caller of `last_close` drops us before the kernel's close of it.
+                unsafe {
+                    crate::real::setsockopt(
+                        fd,
+                        libc::SOL_SOCKET,
+                        libc::SO_LINGER,
+                        (&l as *const libc::linger).cast(),
+                        std::mem::size_of::<libc::linger>() as libc::socklen_t,
+                    )
+                };
+            }
         }
         // SAFETY: our holders page, unmapped once.
         unsafe { libc::syscall(libc::SYS_munmap, self.holders, 4096) };

@@ -7,8 +7,8 @@ use super::forked::{fetch, may_have_offer};
 use super::held::Held;
 use super::markers::client_tag;
 use super::offers::{drain, drain_one, drain_waiting, held, publish, take, MAX_PER_KEY};
-use super::thread::{lock, own, ring, service};
-use crate::base::addr::sockaddr_of;
+use super::thread::{accept_collected, lock, own, ring, service};
+use crate::base::addr::{sockaddr_of, write_sockaddr};
 use crate::base::log::{log_debug, log_info};
 use crate::conn::entry::Listen;
 use crate::conn::options;
@@ -47,6 +47,9 @@ pub fn on_accept(listen: &Listen, fd: i32, nonblocking: bool) {
         drain_one(&mut st, listen);
         if !st.waiting.is_empty() {
             drain_waiting(&mut st);
+        }
+        if held(&st) > 0 {
+            accept_collected();
         }
         if held(&st) == 0 {
             log_debug(format_args!("accept on fd {fd}: no colo offer pending; plain TCP"));
@@ -181,7 +184,7 @@ pub unsafe fn hand_out(res: Resolved, peer: std::net::SocketAddr, addr: *mut lib
     let _ = rustix::io::fcntl_setfd(&tcp, fd_flags);
     let fd = std::os::fd::IntoRawFd::into_raw_fd(tcp);
     // SAFETY: the caller's contract on `addr` and `len`.
-    unsafe { write_peer(peer, addr, len) };
+    unsafe { write_sockaddr(peer, addr, len) };
     let Some(est) = est else {
         log_info(format_args!("accept {peer}: from another namespace: plain TCP"));
         return fd;
@@ -200,46 +203,6 @@ pub unsafe fn hand_out(res: Resolved, peer: std::net::SocketAddr, addr: *mut lib
         Err(e) => log_info(format_args!("accept {peer}: {e}; connection reset")),
     }
     fd
-}
-
-/// Writes `peer` at `addr` as the kernel's accept does: at most `*len` bytes of it, and its full
-/// size to `*len`.
-///
-/// # Safety
-/// As [`hand_out`]'s.
-unsafe fn write_peer(peer: std::net::SocketAddr, addr: *mut libc::sockaddr, len: *mut libc::socklen_t) {
-    if addr.is_null() || len.is_null() {
-        return;
-    }
-    // SAFETY: all-zero bytes are a valid sockaddr_storage.
-    let mut st: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let size = match peer {
-        std::net::SocketAddr::V4(a) => {
-            // SAFETY: sockaddr_storage is large and aligned enough for any sockaddr.
-            let sin = unsafe { &mut *(&mut st as *mut libc::sockaddr_storage as *mut libc::sockaddr_in) };
-            sin.sin_family = libc::AF_INET as libc::sa_family_t;
-            sin.sin_port = a.port().to_be();
-            sin.sin_addr.s_addr = u32::from_ne_bytes(a.ip().octets());
-            std::mem::size_of::<libc::sockaddr_in>()
-        }
-        std::net::SocketAddr::V6(a) => {
-            // SAFETY: sockaddr_storage is large and aligned enough for any sockaddr.
-            let sin6 = unsafe { &mut *(&mut st as *mut libc::sockaddr_storage as *mut libc::sockaddr_in6) };
-            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-            sin6.sin6_port = a.port().to_be();
-            sin6.sin6_flowinfo = a.flowinfo();
-            sin6.sin6_addr.s6_addr = a.ip().octets();
-            sin6.sin6_scope_id = a.scope_id();
-            std::mem::size_of::<libc::sockaddr_in6>()
-        }
-    };
-    // SAFETY: the caller's contract: `*len` is readable and writable, and `*len` bytes at `addr`
-    // writable; at most that many are copied.
-    unsafe {
-        let room = (*len as usize).min(size);
-        std::ptr::copy_nonoverlapping(&st as *const libc::sockaddr_storage as *const u8, addr as *mut u8, room);
-        *len = size as libc::socklen_t;
-    }
 }
 
 /// Claims `hello` for the connection just accepted as `fd`; returns whether the offer was

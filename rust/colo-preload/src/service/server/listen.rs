@@ -131,6 +131,7 @@ static FORKS: AtomicU64 = AtomicU64::new(0);
 /// In the parent, after a fork.
 pub fn note_fork() {
     FORKS.fetch_add(1, Ordering::Relaxed);
+    super::thread::forked_now();
 }
 
 /// When listening fd `fd` is about to be closed in the process that listens: stop serving its

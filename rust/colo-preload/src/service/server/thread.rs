@@ -16,6 +16,41 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// While the application's own accepts collect the offers (`accept::on_accept` reads the
+/// rendezvous of the listener it accepted on), and this process has not forked lately, the
+/// service thread leaves the rendezvous alone and looks at them every
+/// `ACCEPTS_COLLECT_EVERY_MS` instead of waking for each HELLO: woken for each, it took the
+/// rendezvous connection and its descriptors on a second thread and contended with the
+/// accepting thread for the state lock, two context switches a connection, when an event loop
+/// (redis) accepts a connection per request. A process that forks (postgres forks a backend per
+/// connection from the thread that accepts) keeps the thread collecting beside its accepts:
+/// collecting on that thread lengthened the path every connection waits on. Back to waking for
+/// each HELLO `ACCEPTS_QUIET_MS` after the last accept that collected one.
+const ACCEPTS_QUIET_MS: u64 = 1000;
+const ACCEPTS_COLLECT_EVERY_MS: u64 = 20;
+
+/// When (`marker::now_ms`) an accept of this process last collected offers itself.
+static ACCEPT_COLLECTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// When this process last forked (`marker::now_ms`; see `note_fork`).
+static FORKED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// An accept of this process has just collected the offers of its listener.
+pub(super) fn accept_collected() {
+    ACCEPT_COLLECTED.store(crate::record::marker::now_ms(), Ordering::Relaxed);
+}
+
+/// This process has just forked (in the parent).
+pub(super) fn forked_now() {
+    FORKED.store(crate::record::marker::now_ms(), Ordering::Relaxed);
+}
+
+/// Whether the service thread leaves the rendezvous to the accepts now (see `ACCEPTS_QUIET_MS`).
+fn accepts_collect() -> bool {
+    let now = crate::record::marker::now_ms();
+    let since = |t: &std::sync::atomic::AtomicU64| now.saturating_sub(t.load(Ordering::Relaxed));
+    since(&ACCEPT_COLLECTED) < ACCEPTS_QUIET_MS && since(&FORKED) >= ACCEPTS_QUIET_MS
+}
+
 /// One offer service: the process it runs in, its lineage, what it holds, and the eventfd that
 /// wakes its thread.
 pub(super) struct Service {
@@ -148,15 +183,18 @@ fn serve(svc: &'static Service) {
     loop {
         // Before the rendezvous are collected: it may let go of some (closing their fds).
         let closed_ms = closed_here(svc);
+        let accepting = accepts_collect();
         let fds: Vec<i32> = {
             let mut st = lock(svc);
             let starved = st.starved.is_some_and(|t| t > Instant::now());
             if !starved {
                 st.starved = None;
             }
-            let listens = st.listens.iter().filter(|_| !starved);
+            let listens = st.listens.iter().filter(|_| !starved && !accepting);
             let mut v: Vec<i32> = listens.map(|l| l.rendezvous.as_raw_fd()).collect();
-            v.extend(st.waiting.iter().map(|w| w.0.as_raw_fd()));
+            if !accepting {
+                v.extend(st.waiting.iter().map(|w| w.0.as_raw_fd()));
+            }
             v
         };
         let mut pfds = Vec::with_capacity(fds.len() + 2);
@@ -176,7 +214,13 @@ fn serve(svc: &'static Service) {
         // happens (or not) meanwhile.
         let until_expiry = next_expiry.map_or(u64::MAX, |t| t.saturating_duration_since(Instant::now()).as_millis() as u64 + 1);
         let starved_ms = lock(svc).starved.map_or(u64::MAX, |t| t.saturating_duration_since(Instant::now()).as_millis() as u64 + 1);
-        let wait_ms = tend_markers(svc.lineage.shared, || lock(svc).listens.clone()).min(1000).min(until_expiry).min(starved_ms).min(closed_ms) as i64;
+        let collect_ms = if accepting { ACCEPTS_COLLECT_EVERY_MS } else { u64::MAX };
+        let wait_ms = tend_markers(svc.lineage.shared, || lock(svc).listens.clone())
+            .min(1000)
+            .min(until_expiry)
+            .min(starved_ms)
+            .min(closed_ms)
+            .min(collect_ms) as i64;
         let t = rustix::event::Timespec { tv_sec: wait_ms / 1000, tv_nsec: wait_ms % 1000 * 1_000_000 };
         let _ = poll(&mut pfds, Some(&t));
         let woke = pfds[0].revents().contains(PollFlags::IN);
