@@ -334,7 +334,7 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
 
 /// How long the server's accept queue may stay as it is, its program not accepting, before a
 /// connection still in it is given up on (`wait_while_accepting`).
-const STALL: Duration = Duration::from_millis(2);
+const STALL: Duration = Duration::from_millis(10);
 
 /// Waits for the answer to `p` (at most `left`) while the server's program is getting to the
 /// connection. Its answer comes when that program accepts the connection; over TCP a client
@@ -347,13 +347,12 @@ const STALL: Duration = Duration::from_millis(2);
 /// its program has accepted the connection (the claim and the answer follow), and in steps of
 /// `STALL` while its listener's queue gets shorter. A queue that stayed as it was over a step
 /// means its program is not accepting now: the connection goes on over plain TCP, as it would
-/// at the end of `left`. Where this network namespace does not list the connection (a server
+/// at the end of `left`, and so do the next ones there for a while (`adapt::not_accepting`). Where this network namespace does not list the connection (a server
 /// in another one), the wait is the whole `left`.
 fn wait_while_accepting(fd: i32, p: &Pending, left: Duration) -> Answer {
     let end = Instant::now() + left;
-    let first = p.offer.wait_answer(left.min(STALL));
-    if first != Answer::Timeout {
-        return first;
+    if let Some(a) = answered_within(p, left.min(STALL)) {
+        return a;
     }
     // SAFETY: the application's socket, open during this call.
     let b = unsafe { BorrowedFd::borrow_raw(fd) };
@@ -374,15 +373,35 @@ fn wait_while_accepting(fd: i32, p: &Pending, left: Duration) -> Answer {
             // Accepted, or not to be told: the rest of the wait.
             (None, _) => return p.offer.wait_answer(rest),
             (Some(n), Some(before)) if n >= before => {
-                log_debug(format_args!("connect {}: the server's program accepts nothing ({n} queued); giving up the offer", p.peer));
+                adapt::not_accepting(p.peer);
+                log_info(format_args!(
+                    "connect {}: its server's program is not accepting ({n} connections in its queue); plain TCP there for {:?}",
+                    p.peer,
+                    adapt::BUSY_FOR
+                ));
                 return Answer::Timeout;
             }
             (Some(n), _) => queue = Some(n),
         }
-        let a = p.offer.wait_answer(rest.min(STALL));
-        if a != Answer::Timeout {
+        if let Some(a) = answered_within(p, rest.min(STALL)) {
             return a;
         }
+    }
+}
+
+/// The answer to `p` if one comes within `d`. `poll` is timed to the microsecond, where the
+/// receive timeout `wait_answer` sets counts in scheduler ticks (4 ms at 250 Hz): the steps of
+/// `wait_while_accepting` stay as short as `STALL`.
+fn answered_within(p: &Pending, d: Duration) -> Option<Answer> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let mut fds = [PollFd::new(p.offer.control_fd(), PollFlags::IN)];
+    let t = Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) };
+    match poll(&mut fds, Some(&t)) {
+        // Readable: the answer, or the server gone (`wait_answer` tells which at once).
+        Ok(n) if n > 0 => Some(p.offer.wait_answer(STALL)),
+        Ok(_) => None,
+        // Interrupted, or poll failed: the rest of the wait as before.
+        Err(_) => Some(p.offer.wait_answer(d)).filter(|a| *a != Answer::Timeout),
     }
 }
 
