@@ -2,10 +2,10 @@
 # More unmodified programs, server and client both under `colo run`: iperf3 (bulk both ways,
 # parallel streams, and a server that closes its listener and listens again after every test),
 # a redis replica syncing a large dataset from its master (a forked child makes the RDB), python's
-# http.server, beanstalkd, git daemon (a clone over git://), dnsmasq over TCP, tinyproxy, and ncat
-# both ways. Each gives the bytes it gives over plain TCP (checksums, digests, or the
-# sender's count against the receiver's), its connections are accelerated (the shim's log lines),
-# and the servers' descriptors come back. Every step has a timeout.
+# http.server, beanstalkd, git daemon (a clone over git://), dnsmasq over TCP, tinyproxy, ncat
+# both ways, gunicorn's and php-fpm's synchronous workers (php-fpm behind nginx) under wrk. Each
+# gives the bytes it gives over plain TCP (checksums, digests), its connections are accelerated
+# (the shim's log lines), and the servers' descriptors come back. Every step has a timeout.
 source "$(dirname "$0")/common.sh"
 [ -n "${COLO_APPS_BUILT:-}" ] || build
 FAIL=0
@@ -18,6 +18,9 @@ fds_back() { for _ in $(seq 200); do [ "$(fds "$1")" -le "$2" ] && return 0; sle
 acc() { grep -c 'accelerated (shared memory)' "$1"; }
 # listening PORT: the port is listened on (seen without connecting: iperf3 and ncat -l would take a
 # probe connection for their client).
+# no_full_wait LOG: no connection in LOG waited out the carrier timeout (500 ms) for an answer
+# (a connection given up on sooner, its server not accepting, says how long it waited).
+no_full_wait() { awk '/no answer within/ { for (i = 1; i < NF; i++) if ($i == "within" && $(i + 1) + 0 >= 400) bad = 1 } END { exit bad }' "$1"; }
 listening() { for _ in $(seq 200); do ss -Hltn "sport = :$1" | grep -q . && return 0; sleep 0.02; done; echo "port $1 never listened"; return 1; }
 head -c 10000000 /dev/urandom >"$WORK/10m.bin"
 
@@ -160,6 +163,57 @@ if need ncat; then
     check "ncat ($way): 10 MB, the same bytes, both ends exit" cmp -s "$WORK/nc.got" "$WORK/10m.bin"
     check "... over shared memory" grep -q "connect 127.0.0.1:$N: accelerated (shared memory)" "$WORK/ncc.err"
   done
+fi
+
+# Synchronous workers behind an event-loop client: each worker accepts one connection and
+# waits for its request, which the client sends only once it has made its other connections.
+# The client must not wait for accepts that cannot come (it did, COLO_CARRIER_TIMEOUT_MS per
+# connection: over 2 s wrk timed out and counted 1 request a second).
+if need gunicorn && need wrk; then
+  U=$(free_port)
+  printf 'def app(env, start):\n    start("200 OK", [("Content-Length", "2")])\n    return [b"ok"]\n' >"$WORK/wsgi_app.py"
+  (cd "$WORK" && COLO_LOG=info exec timeout 120 $COLORUN gunicorn -w 2 -b "127.0.0.1:$U" wsgi_app:app) >"$WORK/gunicorn.log" 2>&1 & PIDS+=($!)
+  wait_port "$U"
+  out=$(timeout 30 env COLO_LOG=info $COLORUN wrk -t1 -c10 -d1s "http://127.0.0.1:$U/" 2>"$WORK/wrk-gu.err")
+  check "gunicorn -w 2 under wrk -c10: requests answered, no socket errors (no timeout)" sh -c "echo '$out' | grep -q Requests/sec && ! echo '$out' | grep -qE 'Socket errors|Non-2xx'"
+  check "... some connections over shared memory" grep -q "connect 127.0.0.1:$U: accelerated (shared memory)" "$WORK/wrk-gu.err"
+  check "... none waited out the carrier timeout for a worker's accept" no_full_wait "$WORK/wrk-gu.err"
+fi
+
+# Debian names php-fpm by its PHP version.
+PHPFPM=$(ls /usr/sbin/php-fpm* 2>/dev/null | sort -V | tail -n 1)
+if [ -z "$PHPFPM" ]; then bad "php-fpm is not installed (tests/apps/packages.txt)"; elif need nginx && need wrk; then
+  F=$(free_port) X=$(free_port); mkdir -p "$WORK/php/logs"
+  printf '<?php echo md5(file_get_contents("php://input")), "\\n";\n' >"$WORK/php/md5.php"
+  cat >"$WORK/php/fpm.conf" <<F
+[global]
+error_log = $WORK/php/logs/fpm.log
+daemonize = no
+[www]
+listen = 127.0.0.1:$F
+pm = static
+pm.max_children = 2
+user = nobody
+group = nogroup
+php_admin_value[post_max_size] = 16M
+F
+  cat >"$WORK/php/nginx.conf" <<N
+worker_processes 1; daemon off; pid $WORK/php/nginx.pid; error_log $WORK/php/logs/error.log warn;
+events { worker_connections 1024; }
+http { access_log off; client_max_body_size 16m; client_body_temp_path $WORK/php/body; fastcgi_temp_path $WORK/php/fcgi;
+  server { listen 127.0.0.1:$X; root $WORK/php;
+    location ~ \.php\$ { fastcgi_pass 127.0.0.1:$F; fastcgi_param SCRIPT_FILENAME \$document_root\$fastcgi_script_name;
+      fastcgi_param REQUEST_METHOD \$request_method; fastcgi_param CONTENT_LENGTH \$content_length; } } }
+N
+  COLO_LOG=info timeout 120 $COLORUN "$PHPFPM" -y "$WORK/php/fpm.conf" -F >"$WORK/php/fpm.out" 2>&1 & PIDS+=($!)
+  COLO_LOG=info timeout 120 $COLORUN nginx -c "$WORK/php/nginx.conf" -p "$WORK/php" >"$WORK/php/nginx.out" 2>&1 & PIDS+=($!)
+  wait_port "$F"; wait_port "$X"
+  check "nginx -> php-fpm (FastCGI): a 10 MB request body, the same bytes at the worker" sh -c \
+    "test \"\$(timeout 20 $COLORUN curl -sS --data-binary @'$WORK/10m.bin' http://127.0.0.1:$X/md5.php)\" = \"\$(md5sum <'$WORK/10m.bin' | cut -c1-32)\""
+  out=$(timeout 30 $COLORUN wrk -t1 -c4 -d1s "http://127.0.0.1:$X/md5.php" 2>&1)
+  check "... wrk -c4: requests answered, no socket errors (no timeout)" sh -c "echo '$out' | grep -q Requests/sec && ! echo '$out' | grep -qE 'Socket errors|Non-2xx'"
+  check "... nginx's FastCGI connections over shared memory" grep -q "connect 127.0.0.1:$F: accelerated (shared memory)" "$WORK/php/logs/error.log"
+  check "... none waited out the carrier timeout for a worker's accept" no_full_wait "$WORK/php/logs/error.log"
 fi
 
 [ $FAIL = 0 ] && echo "tests/apps/daemons2.sh: all passed" || echo "tests/apps/daemons2.sh: FAILURES"
