@@ -3,9 +3,10 @@
 # parallel streams, and a server that closes its listener and listens again after every test),
 # a redis replica syncing a large dataset from its master (a forked child makes the RDB), python's
 # http.server, beanstalkd, git daemon (a clone over git://), dnsmasq over TCP, tinyproxy, ncat
-# both ways, gunicorn's and php-fpm's synchronous workers (php-fpm behind nginx) under wrk. Each
-# gives the bytes it gives over plain TCP (checksums, digests), its connections are accelerated
-# (the shim's log lines), and the servers' descriptors come back. Every step has a timeout.
+# both ways, stunnel, vsftpd (passive), gunicorn's and php-fpm's synchronous workers (php-fpm
+# behind nginx) under wrk. Each gives the bytes it gives over plain TCP (checksums, digests), its
+# connections are accelerated (the shim's log lines), and the servers' descriptors come back.
+# Every step has a timeout.
 source "$(dirname "$0")/common.sh"
 [ -n "${COLO_APPS_BUILT:-}" ] || build
 FAIL=0
@@ -163,6 +164,35 @@ if need ncat; then
     check "ncat ($way): 10 MB, the same bytes, both ends exit" cmp -s "$WORK/nc.got" "$WORK/10m.bin"
     check "... over shared memory" grep -q "connect 127.0.0.1:$N: accelerated (shared memory)" "$WORK/ncc.err"
   done
+fi
+
+# stunnel: a TLS client tunnel into a TLS server tunnel in front of http.server, three hops.
+if need stunnel4 && need openssl && [ -n "${P:-}" ]; then
+  S=$(free_port) SC=$(free_port)
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$WORK/st.pem" -out "$WORK/st.pem" -days 2 -subj /CN=localhost >/dev/null 2>&1
+  printf 'foreground = yes\npid =\n[s]\naccept = 127.0.0.1:%s\nconnect = 127.0.0.1:%s\ncert = %s\n' "$S" "$P" "$WORK/st.pem" >"$WORK/sts.conf"
+  printf 'foreground = yes\npid =\n[c]\nclient = yes\naccept = 127.0.0.1:%s\nconnect = 127.0.0.1:%s\n' "$SC" "$S" >"$WORK/stc.conf"
+  COLO_LOG=info timeout 120 $COLORUN stunnel4 "$WORK/sts.conf" >"$WORK/sts.log" 2>&1 & PIDS+=($!)
+  COLO_LOG=info timeout 120 $COLORUN stunnel4 "$WORK/stc.conf" >"$WORK/stc.log" 2>&1 & PIDS+=($!)
+  wait_port "$S"; wait_port "$SC"
+  check "stunnel client -> stunnel server (TLS) -> http.server: 10 MB, the same bytes" sh -c "timeout 20 $COLORUN curl -sS http://127.0.0.1:$SC/10m.bin -o '$WORK/st.got' && cmp -s '$WORK/st.got' '$WORK/10m.bin'"
+  check "... both tunnels' connections over shared memory" sh -c "grep -q 'connect 127.0.0.1:$S: accelerated (shared memory)' '$WORK/stc.log' &&
+    grep -q 'connect 127.0.0.1:$P: accelerated (shared memory)' '$WORK/sts.log'"
+fi
+
+# vsftpd, passive mode: curl opens the data connection, then asks for the file on the control
+# connection; vsftpd accepts the data connection only after that request. The data connection
+# must not wait for an accept that comes only once the client goes on.
+if need vsftpd && need curl; then
+  V=$(free_port); mkdir -p "$WORK/ftp/root" "$WORK/ftp/empty"; cp "$WORK/10m.bin" "$WORK/ftp/root/"; chmod 755 "$WORK/ftp" "$WORK/ftp/root"
+  printf 'listen=YES\nlisten_address=127.0.0.1\nlisten_port=%s\nanonymous_enable=YES\nanon_root=%s\nlocal_enable=NO\npasv_enable=YES\npasv_address=127.0.0.1\nseccomp_sandbox=NO\nbackground=NO\nsecure_chroot_dir=%s\n' \
+    "$V" "$WORK/ftp/root" "$WORK/ftp/empty" >"$WORK/vsftpd.conf"
+  COLO_LOG=info timeout 120 $COLORUN vsftpd "$WORK/vsftpd.conf" >"$WORK/vsftpd.log" 2>&1 & PIDS+=($!)
+  wait_port "$V"
+
+  check "vsftpd (passive): 10 MB, the same bytes, twice" sh -c "for i in 1 2; do timeout 20 env COLO_LOG=info $COLORUN curl -sS ftp://127.0.0.1:$V/10m.bin -o '$WORK/ftp.got' 2>>'$WORK/ftpc.err' && cmp -s '$WORK/ftp.got' '$WORK/10m.bin' || { grep -v '^colo' '$WORK/ftpc.err' '$WORK/vsftpd.log'; exit 1; }; done"
+  check "... its control connection over shared memory" grep -q "connect 127.0.0.1:$V: accelerated (shared memory)" "$WORK/ftpc.err"
+  check "... no data connection waited out the carrier timeout for vsftpd's accept" no_full_wait "$WORK/ftpc.err"
 fi
 
 # Synchronous workers behind an event-loop client: each worker accepts one connection and
