@@ -182,10 +182,12 @@ fi
 
 # vsftpd, passive mode: curl opens the data connection, then asks for the file on the control
 # connection; vsftpd accepts the data connection only after that request. The data connection
-# must not wait for an accept that comes only once the client goes on.
+# must not wait for an accept that comes only once the client goes on. (isolate_network=NO: with
+# vsftpd's default, its pre-login process runs in a network namespace of its own, and there a
+# few logins in a hundred fail under the shim, "500 OOPS: vsf_sysutil_recv_peek": an open bug.)
 if need vsftpd && need curl; then
   V=$(free_port); mkdir -p "$WORK/ftp/root" "$WORK/ftp/empty"; cp "$WORK/10m.bin" "$WORK/ftp/root/"; chmod 755 "$WORK/ftp" "$WORK/ftp/root"
-  printf 'listen=YES\nlisten_address=127.0.0.1\nlisten_port=%s\nanonymous_enable=YES\nanon_root=%s\nlocal_enable=NO\npasv_enable=YES\npasv_address=127.0.0.1\nseccomp_sandbox=NO\nbackground=NO\nsecure_chroot_dir=%s\n' \
+  printf 'listen=YES\nlisten_address=127.0.0.1\nlisten_port=%s\nanonymous_enable=YES\nanon_root=%s\nlocal_enable=NO\npasv_enable=YES\npasv_address=127.0.0.1\nseccomp_sandbox=NO\nisolate_network=NO\nbackground=NO\nsecure_chroot_dir=%s\n' \
     "$V" "$WORK/ftp/root" "$WORK/ftp/empty" >"$WORK/vsftpd.conf"
   COLO_LOG=info timeout 120 $COLORUN vsftpd "$WORK/vsftpd.conf" >"$WORK/vsftpd.log" 2>&1 & PIDS+=($!)
   wait_port "$V"
