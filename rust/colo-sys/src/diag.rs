@@ -150,12 +150,10 @@ pub fn listeners() -> io::Result<Vec<TcpSocket>> {
 /// The TCP socket (any state but LISTEN) whose local address is `local` and remote address
 /// `remote`, found by the kernel's own lookup; `None` if there is none.
 pub fn connection(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<TcpSocket>> {
-    Ok(lookup(local, remote)?.map(|(s, _)| s))
+    lookup(local, remote)
 }
 
-/// `connection`, with the socket's inode (0 for a socket no process has a descriptor of: one
-/// still in its listener's accept queue).
-fn lookup(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<(TcpSocket, u32)>> {
+fn lookup(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<TcpSocket>> {
     let c = |a: SocketAddr| SocketAddr::new(canonical(a.ip()), a.port());
     let (local, remote) = (c(local), c(remote));
     if local.is_ipv4() != remote.is_ipv4() {
@@ -165,9 +163,9 @@ fn lookup(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<(TcpSocket
     let diag = Diag::open()?;
     diag.request(family, u32::MAX, &sockid(local, remote), false)?;
     let mut found = None;
-    diag.answers(false, |m| found = Some((socket_of(m), field(m, MSG_UID_END))))?;
+    diag.answers(false, |m| found = Some(socket_of(m)))?;
     // The lookup falls back to a listener on the local address: only the exact pair counts.
-    Ok(found.filter(|(s, _)| !s.listening && s.local == local && s.remote == remote))
+    Ok(found.filter(|s| !s.listening && s.local == local && s.remote == remote))
 }
 
 /// The `u32` at byte `at` of an `inet_diag_msg` (0 past its end).
@@ -175,11 +173,42 @@ fn field(msg: &[u8], at: usize) -> u32 {
     msg.get(at..at + 4).map_or(0, |b| u32::from_ne_bytes(b.try_into().expect("4 bytes")))
 }
 
-/// Whether the program at the server end of the connection from `client` to `server` has
-/// accepted it: its socket then has an inode, which a socket still in its listener's accept
-/// queue has not. `None` if this network namespace lists no such connection.
-pub fn accepted(server: SocketAddr, client: SocketAddr) -> io::Result<Option<bool>> {
-    Ok(lookup(server, client)?.map(|(_, inode)| inode != 0))
+/// Where the server end of a connection stands (see [`server_end`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerEnd {
+    /// Its program has accepted it: its socket has an inode.
+    Accepted,
+    /// In its listener's accept queue: no inode yet.
+    Queued,
+    /// Still a request (`SYN_RECV`) although the client's end is established: its listener
+    /// defers accepting until the client sends (`TCP_DEFER_ACCEPT`).
+    Deferred,
+}
+
+/// Where the server end of the connection from `client` to `server` stands; `None` if this
+/// network namespace lists no such connection.
+pub fn server_end(server: SocketAddr, client: SocketAddr) -> io::Result<Option<ServerEnd>> {
+    const TCP_SYN_RECV: u8 = 3;
+    Ok(lookup_state(server, client)?.map(|(state, inode)| match (state, inode) {
+        (TCP_SYN_RECV, _) => ServerEnd::Deferred,
+        (_, 0) => ServerEnd::Queued,
+        _ => ServerEnd::Accepted,
+    }))
+}
+
+/// `lookup`'s socket state and inode.
+fn lookup_state(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<(u8, u32)>> {
+    let c = |a: SocketAddr| SocketAddr::new(canonical(a.ip()), a.port());
+    let (local, remote) = (c(local), c(remote));
+    if local.is_ipv4() != remote.is_ipv4() {
+        return Ok(None);
+    }
+    let family = if local.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 } as u8;
+    let diag = Diag::open()?;
+    diag.request(family, u32::MAX, &sockid(local, remote), false)?;
+    let mut found = None;
+    diag.answers(false, |m| found = Some((socket_of(m), m[1], field(m, MSG_UID_END))))?;
+    Ok(found.filter(|(s, _, _)| !s.listening && s.local == local && s.remote == remote).map(|(_, st, ino)| (st, ino)))
 }
 
 /// How many connections the listening sockets that take connections to `addr` hold in their
@@ -255,14 +284,35 @@ mod tests {
         let c1 = std::net::TcpStream::connect(addr).unwrap();
         let c2 = std::net::TcpStream::connect(addr).unwrap();
         let (a1, a2) = (c1.local_addr().unwrap(), c2.local_addr().unwrap());
-        assert_eq!(super::accepted(addr, a1).unwrap(), Some(false));
+        use super::ServerEnd::{Accepted, Queued};
+        assert_eq!(super::server_end(addr, a1).unwrap(), Some(Queued));
         assert_eq!(super::accept_queue(addr).unwrap(), Some(2));
         let (_s1, _) = l.accept().unwrap();
-        assert_eq!(super::accepted(addr, a1).unwrap(), Some(true));
-        assert_eq!(super::accepted(addr, a2).unwrap(), Some(false));
+        assert_eq!(super::server_end(addr, a1).unwrap(), Some(Accepted));
+        assert_eq!(super::server_end(addr, a2).unwrap(), Some(Queued));
         assert_eq!(super::accept_queue(addr).unwrap(), Some(1));
-        assert_eq!(super::accepted(addr, "127.0.0.1:1".parse().unwrap()).unwrap(), None);
+        assert_eq!(super::server_end(addr, "127.0.0.1:1".parse().unwrap()).unwrap(), None);
         assert_eq!(super::accept_queue("127.0.0.1:1".parse().unwrap()).unwrap(), None);
+    }
+
+    #[test]
+    fn a_connection_to_a_deferring_listener_is_deferred_until_the_client_sends() {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let secs: libc::c_int = 5;
+        // SAFETY: setsockopt on an open socket with a c_int option value.
+        let r = unsafe {
+            libc::setsockopt(l.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, (&secs as *const libc::c_int).cast(), 4)
+        };
+        assert_eq!(r, 0);
+        let addr = l.local_addr().unwrap();
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        let a = c.local_addr().unwrap();
+        assert_eq!(super::server_end(addr, a).unwrap(), Some(super::ServerEnd::Deferred));
+        c.write_all(b"x").unwrap();
+        let (_s, _) = l.accept().unwrap();
+        assert_eq!(super::server_end(addr, a).unwrap(), Some(super::ServerEnd::Accepted));
     }
 
     #[test]

@@ -365,8 +365,20 @@ fn wait_while_accepting(fd: i32, p: &Pending, left: Duration) -> Answer {
         if rest.is_zero() {
             return Answer::Timeout;
         }
-        let now_queued = match colo_sys::diag::accepted(p.peer, client) {
-            Ok(Some(false)) => colo_sys::diag::accept_queue(p.peer).ok().flatten(),
+        use colo_sys::diag::ServerEnd;
+        let now_queued = match colo_sys::diag::server_end(p.peer, client) {
+            Ok(Some(ServerEnd::Queued)) => colo_sys::diag::accept_queue(p.peer).ok().flatten(),
+            // Its listener accepts only once the client sends (`TCP_DEFER_ACCEPT`: pgbouncer,
+            // nginx's `deferred`), which it does only once answered: no answer can come.
+            Ok(Some(ServerEnd::Deferred)) => {
+                adapt::not_accepting(p.peer);
+                log_info(format_args!(
+                    "connect {}: its listener accepts only once the client sends (TCP_DEFER_ACCEPT); plain TCP there for {:?}",
+                    p.peer,
+                    adapt::BUSY_FOR
+                ));
+                return Answer::Timeout;
+            }
             _ => None,
         };
         match (now_queued, queue) {
