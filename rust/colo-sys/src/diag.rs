@@ -150,6 +150,10 @@ pub fn listeners() -> io::Result<Vec<TcpSocket>> {
 /// The TCP socket (any state but LISTEN) whose local address is `local` and remote address
 /// `remote`, found by the kernel's own lookup; `None` if there is none.
 pub fn connection(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<TcpSocket>> {
+    lookup(local, remote)
+}
+
+fn lookup(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<TcpSocket>> {
     let c = |a: SocketAddr| SocketAddr::new(canonical(a.ip()), a.port());
     let (local, remote) = (c(local), c(remote));
     if local.is_ipv4() != remote.is_ipv4() {
@@ -162,6 +166,71 @@ pub fn connection(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<Tc
     diag.answers(false, |m| found = Some(socket_of(m)))?;
     // The lookup falls back to a listener on the local address: only the exact pair counts.
     Ok(found.filter(|s| !s.listening && s.local == local && s.remote == remote))
+}
+
+/// The `u32` at byte `at` of an `inet_diag_msg` (0 past its end).
+fn field(msg: &[u8], at: usize) -> u32 {
+    msg.get(at..at + 4).map_or(0, |b| u32::from_ne_bytes(b.try_into().expect("4 bytes")))
+}
+
+/// Where the server end of a connection stands (see [`server_end`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerEnd {
+    /// Its program has accepted it: its socket has an inode.
+    Accepted,
+    /// In its listener's accept queue: no inode yet.
+    Queued,
+    /// Still a request (`SYN_RECV`) although the client's end is established: its listener
+    /// defers accepting until the client sends (`TCP_DEFER_ACCEPT`).
+    Deferred,
+}
+
+/// Where the server end of the connection from `client` to `server` stands; `None` if this
+/// network namespace lists no such connection.
+pub fn server_end(server: SocketAddr, client: SocketAddr) -> io::Result<Option<ServerEnd>> {
+    const TCP_SYN_RECV: u8 = 3;
+    Ok(lookup_state(server, client)?.map(|(state, inode)| match (state, inode) {
+        (TCP_SYN_RECV, _) => ServerEnd::Deferred,
+        (_, 0) => ServerEnd::Queued,
+        _ => ServerEnd::Accepted,
+    }))
+}
+
+/// `lookup`'s socket state and inode.
+fn lookup_state(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<(u8, u32)>> {
+    let c = |a: SocketAddr| SocketAddr::new(canonical(a.ip()), a.port());
+    let (local, remote) = (c(local), c(remote));
+    if local.is_ipv4() != remote.is_ipv4() {
+        return Ok(None);
+    }
+    let family = if local.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 } as u8;
+    let diag = Diag::open()?;
+    diag.request(family, u32::MAX, &sockid(local, remote), false)?;
+    let mut found = None;
+    diag.answers(false, |m| found = Some((socket_of(m), m[1], field(m, MSG_UID_END))))?;
+    Ok(found.filter(|(s, _, _)| !s.listening && s.local == local && s.remote == remote).map(|(_, st, ino)| (st, ino)))
+}
+
+/// How many connections the listening sockets that take connections to `addr` hold in their
+/// accept queues, not yet accepted by their program (wildcard listeners on its port, and
+/// `SO_REUSEPORT` siblings, included); `None` if no listener of this namespace takes them.
+pub fn accept_queue(addr: SocketAddr) -> io::Result<Option<u64>> {
+    let addr = SocketAddr::new(canonical(addr.ip()), addr.port());
+    let diag = Diag::open()?;
+    let mut found: Option<u64> = None;
+    for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+        let mut id = [0u8; SOCKID];
+        id[40..48].fill(0xff);
+        diag.request(family, 1 << TCP_LISTEN, &id, true)?;
+        diag.answers(true, |m| {
+            let s = socket_of(m);
+            if s.local.port() == addr.port() && (s.local.ip() == addr.ip() || s.local.ip().is_unspecified()) {
+                // `idiag_rqueue` (after `idiag_expires`): a listener's count of queued connections.
+                *found.get_or_insert(0) += u64::from(field(m, 4 + SOCKID + 4));
+            }
+        })?;
+    }
+    Ok(found)
 }
 
 /// Whether a listening TCP socket of this network namespace has inode `inode` (the `st_ino` of
@@ -205,6 +274,45 @@ mod tests {
         let c6 = std::net::TcpStream::connect(a6).unwrap();
         assert!(super::listeners().unwrap().iter().any(|s| s.local == a6));
         assert_eq!(super::connection(c6.local_addr().unwrap(), a6).unwrap().map(|s| s.uid), Some(uid));
+    }
+
+    #[test]
+    fn a_connection_is_accepted_once_its_program_accepts_it() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        assert_eq!(super::accept_queue(addr).unwrap(), Some(0));
+        let c1 = std::net::TcpStream::connect(addr).unwrap();
+        let c2 = std::net::TcpStream::connect(addr).unwrap();
+        let (a1, a2) = (c1.local_addr().unwrap(), c2.local_addr().unwrap());
+        use super::ServerEnd::{Accepted, Queued};
+        assert_eq!(super::server_end(addr, a1).unwrap(), Some(Queued));
+        assert_eq!(super::accept_queue(addr).unwrap(), Some(2));
+        let (_s1, _) = l.accept().unwrap();
+        assert_eq!(super::server_end(addr, a1).unwrap(), Some(Accepted));
+        assert_eq!(super::server_end(addr, a2).unwrap(), Some(Queued));
+        assert_eq!(super::accept_queue(addr).unwrap(), Some(1));
+        assert_eq!(super::server_end(addr, "127.0.0.1:1".parse().unwrap()).unwrap(), None);
+        assert_eq!(super::accept_queue("127.0.0.1:1".parse().unwrap()).unwrap(), None);
+    }
+
+    #[test]
+    fn a_connection_to_a_deferring_listener_is_deferred_until_the_client_sends() {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let secs: libc::c_int = 5;
+        // SAFETY: setsockopt on an open socket with a c_int option value.
+        let r = unsafe {
+            libc::setsockopt(l.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, (&secs as *const libc::c_int).cast(), 4)
+        };
+        assert_eq!(r, 0);
+        let addr = l.local_addr().unwrap();
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        let a = c.local_addr().unwrap();
+        assert_eq!(super::server_end(addr, a).unwrap(), Some(super::ServerEnd::Deferred));
+        c.write_all(b"x").unwrap();
+        let (_s, _) = l.accept().unwrap();
+        assert_eq!(super::server_end(addr, a).unwrap(), Some(super::ServerEnd::Accepted));
     }
 
     #[test]

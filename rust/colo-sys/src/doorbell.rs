@@ -230,6 +230,34 @@ pub fn wait(
             interrupted: false,
         }),
         Err(rustix::io::Errno::INTR) => Ok(Woken { interrupted: true, ..Woken::default() }),
+        Err(rustix::io::Errno::INVAL) => match open_files_limit() {
+            Some(limit) if limit < fds.len() => over_the_limit(&mut fds[..limit], timeout),
+            _ => Err(rustix::io::Errno::INVAL.into()),
+        },
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The longest a [`wait`] sleeps at a time where `poll` cannot watch its whole set.
+const OVER_THE_LIMIT_SLICE: Duration = Duration::from_millis(10);
+
+/// The process's soft `RLIMIT_NOFILE`, if it has one below `usize::MAX`.
+fn open_files_limit() -> Option<usize> {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile).current.and_then(|n| usize::try_from(n).ok())
+}
+
+/// A [`wait`] whose set `poll` refuses: it takes no more descriptors in one call than the soft
+/// `RLIMIT_NOFILE`, however many are open, and a program may lower that limit to what it holds
+/// or to nothing (vsftpd's pre-login process). `fds` is the part of the set the limit allows,
+/// the doorbell first; it is watched for at most `OVER_THE_LIMIT_SLICE`, and everything is
+/// reported ready: the caller drains and reads what is there, then looks at its rings, the
+/// peer's hang-up and its deadline again, so what the set left out is seen within a slice.
+fn over_the_limit(fds: &mut [rustix::event::PollFd<'_>], timeout: Option<Duration>) -> io::Result<Woken> {
+    let slice = timeout.map_or(OVER_THE_LIMIT_SLICE, |t| t.min(OVER_THE_LIMIT_SLICE));
+    let ts = Timespec { tv_sec: slice.as_secs() as i64, tv_nsec: slice.subsec_nanos() as i64 };
+    match rustix::event::poll(fds, Some(&ts)) {
+        Ok(_) => Ok(Woken { doorbell: true, control: true, ..Woken::default() }),
+        Err(rustix::io::Errno::INTR) => Ok(Woken { interrupted: true, ..Woken::default() }),
         Err(e) => Err(e.into()),
     }
 }

@@ -59,6 +59,8 @@ struct Dest {
     no_listener_until: Option<Instant>,
     /// When a connection last found no colo listener there (see [`no_listener`]).
     missed_at: Option<Instant>,
+    /// Until when its server's program counts as not accepting ([`not_accepting`]).
+    busy_until: Option<Instant>,
 }
 
 impl Dest {
@@ -146,6 +148,8 @@ pub fn accelerate(dest: SocketAddr) -> Verdict {
     let now = Instant::now();
     let plain_until = if d.no_listener_until.is_some_and(|t| now < t) {
         d.no_listener_until
+    } else if d.busy_until.is_some_and(|t| now < t) {
+        d.busy_until
     } else if !enabled() || d.accelerate(now) {
         return Verdict::Offer;
     } else {
@@ -256,6 +260,22 @@ pub fn no_listener(dest: SocketAddr) {
     d.missed_at = Some(now);
 }
 
+/// How long connections to a destination go plain TCP after one found its server's program not
+/// accepting ([`not_accepting`]).
+pub const BUSY_FOR: Duration = Duration::from_secs(1);
+
+/// A connection to `dest` was given up on because its server's program was not accepting
+/// connections (the shim's `wait_while_accepting`: its queue did not move). Such a server is a
+/// pool of workers each waiting on a connection it accepted, often for this very client's
+/// request: the next connections there would only wait and be given up on too, each costing the
+/// client the wait. They go plain TCP without an offer for `BUSY_FOR` (those stay plain for
+/// life), whatever `COLO_SHORT_LIVED` says: the cost here is waiting, not the set-up.
+pub fn not_accepting(dest: SocketAddr) {
+    let dest = key(dest);
+    let mut g = DESTS.lock().unwrap_or_else(|e| e.into_inner());
+    dest_entry(g.get_or_insert_with(HashMap::default), dest).busy_until = Some(Instant::now() + BUSY_FOR);
+}
+
 /// After a set-up found no descriptor number free for the shim (see the shim's `init`), no
 /// connection is offered shared memory for this long: each attempt costs system calls and a log
 /// line, and a client that opens hundreds of connections at once would make one per connection.
@@ -356,6 +376,17 @@ mod tests {
     }
 
     #[test]
+    fn a_server_found_not_accepting_gets_plain_connections_for_a_while() {
+        let d: SocketAddr = "127.0.0.9:4331".parse().unwrap();
+        let other: SocketAddr = "127.0.0.9:4332".parse().unwrap();
+        assert_eq!(accelerate(d), Verdict::FirstOffer);
+        not_accepting(d);
+        assert_eq!(accelerate(d), Verdict::Plain);
+        assert!(known_plain(d), "told without the lock");
+        assert_ne!(accelerate(other), Verdict::Plain, "another destination is not affected");
+    }
+
+    #[test]
     fn only_the_first_connection_asks_the_listener_and_its_answer_starts_a_plain_period() {
         let d: SocketAddr = "127.0.0.9:4322".parse().unwrap();
         assert_eq!(accelerate(d), Verdict::FirstOffer);
@@ -404,7 +435,7 @@ mod tests {
     fn a_probe_still_open_after_the_short_life_ends_the_plain_periods() {
         let t0 = Instant::now();
         let ms = |n: u64| t0 + Duration::from_millis(n);
-        let mut d = Dest { recent: u16::MAX, seen: WINDOW, plain_until: Some(ms(10)), probe_since: None, no_listener_until: None, missed_at: None };
+        let mut d = Dest { recent: u16::MAX, seen: WINDOW, plain_until: Some(ms(10)), probe_since: None, no_listener_until: None, missed_at: None, busy_until: None };
         assert!(d.accelerate(ms(11)), "the probe");
         assert!(!d.accelerate(ms(20)));
         assert!(d.accelerate(ms(11) + SHORT_LIFE), "the probe lives on: accelerate again");

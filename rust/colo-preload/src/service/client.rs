@@ -273,7 +273,7 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
     // The set-up cost the short-lived rule weighs: the time spent waiting here (not the time
     // the application took before its first operation).
     let waiting = Instant::now();
-    let answer = p.offer.wait_answer(left);
+    let answer = if p.self_served.is_some() { p.offer.wait_answer(left) } else { wait_while_accepting(fd, &p, left) };
     let setup = waiting.elapsed();
     let welcomed = match answer {
         Answer::Welcome => true,
@@ -282,9 +282,9 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
                 if other == Answer::Timeout {
                     // Not a resource: the server's program had not accepted the connection yet.
                     log_info(format_args!(
-                        "connect {}: not accelerated: no answer within {} ms (COLO_CARRIER_TIMEOUT_MS; the server had not accepted); plain TCP",
+                        "connect {}: not accelerated: no answer within {} ms (the server's program had not accepted it; COLO_CARRIER_TIMEOUT_MS bounds the wait); plain TCP",
                         p.peer,
-                        left.as_millis()
+                        setup.as_millis()
                     ));
                 } else {
                     log_info(format_args!("connect {}: not accelerated ({other:?}); plain TCP", p.peer));
@@ -329,6 +329,91 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
             slot.set(Entry::None);
             log_info(format_args!("connect {peer}: {e}; connection lost"));
         }
+    }
+}
+
+/// How long the server's accept queue may stay as it is, its program not accepting, before a
+/// connection still in it is given up on (`wait_while_accepting`).
+const STALL: Duration = Duration::from_millis(10);
+
+/// Waits for the answer to `p` (at most `left`) while the server's program is getting to the
+/// connection. Its answer comes when that program accepts the connection; over TCP a client
+/// never waits on that accept (the kernel completes the connection in the listener's queue and
+/// buffers what the client writes). A client that opens several connections before it writes on
+/// any (an event loop: wrk, nginx to its upstreams), to a server that accepts one at a time and
+/// then waits for that connection's request (a pool of synchronous workers: gunicorn, php-fpm),
+/// would wait the whole `left` for every connection beyond the workers' number, and the workers
+/// for it meanwhile. So the wait goes on only while the server makes progress: to the end once
+/// its program has accepted the connection (the claim and the answer follow), and in steps of
+/// `STALL` while its listener's queue gets shorter. A queue that stayed as it was over a step
+/// means its program is not accepting now: the connection goes on over plain TCP, as it would
+/// at the end of `left`, and so do the next ones there for a while (`adapt::not_accepting`). Where this network namespace does not list the connection (a server
+/// in another one), the wait is the whole `left`.
+fn wait_while_accepting(fd: i32, p: &Pending, left: Duration) -> Answer {
+    let end = Instant::now() + left;
+    if let Some(a) = answered_within(p, left.min(STALL)) {
+        return a;
+    }
+    // SAFETY: the application's socket, open during this call.
+    let b = unsafe { BorrowedFd::borrow_raw(fd) };
+    let Some(client) = rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a)) else {
+        return p.offer.wait_answer(end.saturating_duration_since(Instant::now()));
+    };
+    let mut queue = None;
+    loop {
+        let rest = end.saturating_duration_since(Instant::now());
+        if rest.is_zero() {
+            return Answer::Timeout;
+        }
+        use colo_sys::diag::ServerEnd;
+        let now_queued = match colo_sys::diag::server_end(p.peer, client) {
+            Ok(Some(ServerEnd::Queued)) => colo_sys::diag::accept_queue(p.peer).ok().flatten(),
+            // Its listener accepts only once the client sends (`TCP_DEFER_ACCEPT`: pgbouncer,
+            // nginx's `deferred`), which it does only once answered: no answer can come.
+            Ok(Some(ServerEnd::Deferred)) => {
+                adapt::not_accepting(p.peer);
+                log_info(format_args!(
+                    "connect {}: its listener accepts only once the client sends (TCP_DEFER_ACCEPT); plain TCP there for {:?}",
+                    p.peer,
+                    adapt::BUSY_FOR
+                ));
+                return Answer::Timeout;
+            }
+            _ => None,
+        };
+        match (now_queued, queue) {
+            // Accepted, or not to be told: the rest of the wait.
+            (None, _) => return p.offer.wait_answer(rest),
+            (Some(n), Some(before)) if n >= before => {
+                adapt::not_accepting(p.peer);
+                log_info(format_args!(
+                    "connect {}: its server's program is not accepting ({n} connections in its queue); plain TCP there for {:?}",
+                    p.peer,
+                    adapt::BUSY_FOR
+                ));
+                return Answer::Timeout;
+            }
+            (Some(n), _) => queue = Some(n),
+        }
+        if let Some(a) = answered_within(p, rest.min(STALL)) {
+            return a;
+        }
+    }
+}
+
+/// The answer to `p` if one comes within `d`. `poll` is timed to the microsecond, where the
+/// receive timeout `wait_answer` sets counts in scheduler ticks (4 ms at 250 Hz): the steps of
+/// `wait_while_accepting` stay as short as `STALL`.
+fn answered_within(p: &Pending, d: Duration) -> Option<Answer> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let mut fds = [PollFd::new(p.offer.control_fd(), PollFlags::IN)];
+    let t = Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) };
+    match poll(&mut fds, Some(&t)) {
+        // Readable: the answer, or the server gone (`wait_answer` tells which at once).
+        Ok(n) if n > 0 => Some(p.offer.wait_answer(STALL)),
+        Ok(_) => None,
+        // Interrupted, or poll failed: the rest of the wait as before.
+        Err(_) => Some(p.offer.wait_answer(d)).filter(|a| *a != Answer::Timeout),
     }
 }
 

@@ -3,7 +3,7 @@
 //! service, and the addresses this process listens on.
 
 use super::offers::ClosedHere;
-use super::thread::{lock, out_of_the_way, own, own_service, ring};
+use super::thread::{lock, out_of_the_way, own, own_service, polled_without, ring};
 use crate::base::addr::{is_tcp_stream, sockaddr_of};
 use crate::base::env::disabled;
 use crate::base::log::log_info;
@@ -158,13 +158,23 @@ pub fn on_close_listen(l: &Arc<Listen>, fd: i32) {
     let Some(svc) = own() else { return };
     // SAFETY: `fd` is the application's listening socket, still open (the close comes after).
     let inode = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) }).map(|st| st.st_ino);
-    match inode {
+    let since = match inode {
         Ok(inode) if FORKS.load(Ordering::Relaxed) > l.forks => {
             lock(svc).closed_here.push(ClosedHere { listen: l.clone(), fd, inode, next: Instant::now() });
+            None
         }
-        _ => lock(svc).listens.retain(|x| !Arc::ptr_eq(x, l)),
-    }
+        _ => {
+            let mut st = lock(svc);
+            st.listens.retain(|x| !Arc::ptr_eq(x, l));
+            Some(st.collected)
+        }
+    };
     // Its markers are lowered by the service thread (`markers::tend_markers`), which alone
     // raises them.
     ring(svc);
+    // The rendezvous is closed when the caller lets go of `l`, after this returns: its name is
+    // then free for a listen that follows at once, if no poll of the service thread holds it.
+    if let Some(since) = since {
+        polled_without(svc, since);
+    }
 }

@@ -62,6 +62,10 @@ pub(super) struct State {
     pub(super) starved: Option<Instant>,
     /// Listeners of `listens` this process closed while children forked since may hold them.
     pub(super) closed_here: Vec<ClosedHere>,
+    /// How many times the service thread has collected the descriptors it polls (`listens`'
+    /// rendezvous among them): a listener taken out of `listens` is no longer polled by the
+    /// thread once this has moved on (`thread::polled_without`).
+    pub(super) collected: u64,
 }
 
 /// A listener this process closed that may still be open in its children.

@@ -13,7 +13,7 @@ use colo_sys::{AsFd, AsRawFd, OwnedFd};
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicPtr, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// While the application's own accepts collect the offers (`accept::on_accept` reads the
@@ -58,6 +58,8 @@ pub(super) struct Service {
     pub(super) lineage: &'static Lineage,
     pub(super) state: Mutex<State>,
     pub(super) wake: OwnedFd,
+    /// Notified (with `state`'s lock) each time the thread has collected the descriptors it polls.
+    pub(super) collected: Condvar,
 }
 
 /// The offer service of this process (or, in a fork child, of the process it was forked from).
@@ -105,8 +107,8 @@ pub(super) fn start(lineage: &'static Lineage, seen: u32, listens: Vec<Arc<Liste
             return None;
         }
     };
-    let state = State { listens, waiting: Vec::new(), offers: HashMap::new(), rivals: Vec::new(), shared: lineage.shared, swept: Instant::now(), full: false, full_uids: Vec::new(), starved: None, closed_here: Vec::new() };
-    let svc = Box::new(Service { pid: colo_sys::host::pid(), lineage, state: Mutex::new(state), wake });
+    let state = State { listens, waiting: Vec::new(), offers: HashMap::new(), rivals: Vec::new(), shared: lineage.shared, swept: Instant::now(), full: false, full_uids: Vec::new(), starved: None, closed_here: Vec::new(), collected: 0 };
+    let svc = Box::new(Service { pid: colo_sys::host::pid(), lineage, state: Mutex::new(state), wake, collected: Condvar::new() });
     let (tx, rx) = std::sync::mpsc::sync_channel::<Option<usize>>(1);
     let spawned = colo_sys::host::with_signals_blocked(|| {
         std::thread::Builder::new().name("colo-offers".into()).spawn(move || {
@@ -195,6 +197,8 @@ fn serve(svc: &'static Service) {
             if !accepting {
                 v.extend(st.waiting.iter().map(|w| w.0.as_raw_fd()));
             }
+            st.collected = st.collected.wrapping_add(1);
+            svc.collected.notify_all();
             v
         };
         let mut pfds = Vec::with_capacity(fds.len() + 2);
@@ -244,6 +248,27 @@ fn serve(svc: &'static Service) {
                 answer_request(svc, r);
             }
         }
+    }
+}
+
+/// Waits (at most `MAX_WAIT`) until the service thread has collected the descriptors it polls
+/// since `since` (`State::collected` read under the lock that took a listener out of `listens`),
+/// and so polls that listener's rendezvous no more: its poll of the old set has returned. A
+/// poll holds a reference to each descriptor's file while it scans them, so a close of the
+/// rendezvous in another thread meanwhile leaves the last reference to the poll, which releases
+/// the socket, and with it the rendezvous name, only when it returns. The caller then closes the
+/// rendezvous itself, and its name is free when its close returns: a program that listens again
+/// on the same address at once (iperf3 after each test) binds it again.
+pub(super) fn polled_without(svc: &Service, since: u64) {
+    const MAX_WAIT: Duration = Duration::from_millis(100);
+    let deadline = Instant::now() + MAX_WAIT;
+    let mut st = lock(svc);
+    while st.collected == since {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        st = svc.collected.wait_timeout(st, left).map_or_else(|e| e.into_inner().0, |r| r.0);
     }
 }
 
