@@ -38,23 +38,34 @@ pub fn on_listen(fd: i32) {
     }
     let Some(addr) = rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a)) else { return };
     let name = wire::rendezvous_name(addr);
-    let rendezvous = match seqpacket::listen(name.as_bytes()).and_then(out_of_the_way) {
+    let bind = || seqpacket::listen(name.as_bytes()).and_then(out_of_the_way);
+    let rendezvous = match bind() {
         Ok(r) => r,
-        Err(e) => {
-            if e.raw_os_error() == Some(libc::EADDRINUSE) {
-                if share_sibling(fd, addr) {
-                    log_info(format_args!("listen {addr}: another listener of this process on it (SO_REUSEPORT): serving colo offers on its {name}"));
-                } else if take_back_closed(fd, addr) {
-                    log_info(format_args!("listen {addr}: serving colo offers on {name}, kept from a listener this process closed on it"));
-                } else {
+        Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => {
+            if share_sibling(fd, addr) {
+                log_info(format_args!("listen {addr}: another listener of this process on it (SO_REUSEPORT): serving colo offers on its {name}"));
+                return;
+            }
+            if take_back_closed(fd, addr) {
+                log_info(format_args!("listen {addr}: serving colo offers on {name}, kept from a listener this process closed on it"));
+                return;
+            }
+            // The name may be one this process kept for a listener it closed, which its service
+            // thread let go between the bind and the look for it (the socket was no longer
+            // listed): free again after that look, it binds on the second try.
+            match bind() {
+                Ok(r) => r,
+                Err(_) => {
                     // Clients offer there, and the kernel may give their connections to this
                     // socket: each such client waits out its carrier timeout, then goes on over TCP.
                     log_info(format_args!(
                         "listen {addr}: rendezvous {name} is held by another process (a SO_REUSEPORT listener on the same address, one that kept an earlier listener's, or a squatter); this listener serves plain TCP, and clients under colo run whose connections the kernel gives it wait COLO_CARRIER_TIMEOUT_MS first"
                     ));
+                    return;
                 }
-                return;
             }
+        }
+        Err(e) => {
             log_info(format_args!("listen {addr}: rendezvous {name}: {e}; this listener serves plain TCP"));
             return;
         }
