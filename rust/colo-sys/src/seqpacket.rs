@@ -58,8 +58,9 @@ pub struct Received {
     pub len: usize,
     /// The datagram was longer than the buffer.
     pub truncated: bool,
-    /// Descriptors that came with it, each [`crate::gift::disarm`]ed: whoever drops one (a
-    /// refused HELLO's, a protocol error's) never waits in its close.
+    /// Descriptors that came with it, each [`crate::gift::disarm`]ed, and a Unix socket's queue
+    /// taken ([`crate::gift::take_queued`]): whoever drops one (a refused HELLO's, a protocol
+    /// error's) does not wait in its close (but see `gift` for a peer that kept a copy).
     pub fds: Vec<OwnedFd>,
 }
 
@@ -67,6 +68,17 @@ pub struct Received {
 /// message can carry: the kernel would drop the others here, undisarmed). `dontwait` makes it
 /// non-blocking whatever the socket's mode.
 pub fn recv(fd: impl AsFd, buf: &mut [u8], dontwait: bool) -> io::Result<Received> {
+    recv_from(fd, buf, dontwait, true)
+}
+
+/// [`recv`] from a socket only processes of our own lineage reach (the descriptors of an offer
+/// one of them hands over, live sockets whose queues are not ours to take): descriptors are
+/// disarmed, Unix sockets' queues left as they are.
+pub fn recv_own(fd: impl AsFd, buf: &mut [u8], dontwait: bool) -> io::Result<Received> {
+    recv_from(fd, buf, dontwait, false)
+}
+
+fn recv_from(fd: impl AsFd, buf: &mut [u8], dontwait: bool, from_peer: bool) -> io::Result<Received> {
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(crate::gift::MAX_RIGHTS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let mut flags = RecvFlags::CMSG_CLOEXEC;
@@ -77,7 +89,14 @@ pub fn recv(fd: impl AsFd, buf: &mut [u8], dontwait: bool) -> io::Result<Receive
     let mut fds = Vec::new();
     for m in control.drain() {
         if let RecvAncillaryMessage::ScmRights(rights) = m {
-            fds.extend(rights.inspect(|f| crate::gift::disarm(f)));
+            // A Unix socket (a doorbell end, or a gift in a slot of another kind) may hold
+            // descriptors in its queue that its close would release here: taken now.
+            fds.extend(rights.inspect(|f| {
+                crate::gift::disarm(f);
+                if from_peer && crate::gift::is_unix(f) {
+                    crate::gift::take_queued(f);
+                }
+            }));
         }
     }
     Ok(Received {
@@ -96,7 +115,11 @@ pub fn empty_before_close(fd: impl AsFd) -> usize {
     let mut taken = 0;
     while taken < 64 {
         match recv(&fd, &mut buf, true) {
-            Ok(r) if r.len > 0 || !r.fds.is_empty() => taken += 1,
+            Ok(r) if r.len > 0 || !r.fds.is_empty() => {
+                taken += 1;
+                // Never kept: shut down and emptied before their close (`gift::discard`).
+                r.fds.into_iter().for_each(crate::gift::discard);
+            }
             _ => break,
         }
     }

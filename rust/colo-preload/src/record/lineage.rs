@@ -200,7 +200,7 @@ impl Lineage {
             let t = rustix::event::Timespec { tv_sec: 0, tv_nsec: slice.as_nanos() as i64 };
             let _ = rustix::event::poll(&mut p, Some(&t));
             let mut buf = [0u8; 16];
-            match seqpacket::recv(&mine, &mut buf, true) {
+            match seqpacket::recv_own(&mine, &mut buf, true) {
                 Ok(r) if r.len > 0 && !r.truncated => return Asked::Answer(buf[..r.len].to_vec(), r.fds),
                 Ok(_) => return Asked::Nothing("malformed answer".into()),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {}
@@ -218,7 +218,7 @@ impl Lineage {
     pub fn next_request(&self) -> Option<Request> {
         loop {
             let mut buf = [0u8; 128];
-            let r = seqpacket::recv(&self.serve, &mut buf, true).ok()?;
+            let r = seqpacket::recv_own(&self.serve, &mut buf, true).ok()?;
             if r.truncated || r.fds.len() != 1 {
                 continue;
             }
