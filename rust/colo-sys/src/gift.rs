@@ -18,7 +18,9 @@
 //! as above. Not covered: a file whose close waits for something else (a FUSE file's flush:
 //! mounting one needs `fusermount`); a socket we keep (a doorbell) whose queue gains such a
 //! socket between our last look at it and our close of it, from a peer that turned descriptors
-//! back on through its copy and closed that copy in between; and, on kernels without
+//! on through its copy, sent, turned them off again and closed that copy, all in between (a
+//! doorbell found taking descriptors at its close is shut down first: `doorbell`); and, on
+//! kernels without
 //! `SO_PASSRIGHTS` (before Linux 6.16), descriptors that arrive on a doorbell or control socket
 //! after our last drain of it and before its close.
 
@@ -36,6 +38,18 @@ const SO_PASSRIGHTS: libc::c_int = 83;
 /// it is: what a Unix socket's queue holds is [`take_queued`]'s and [`discard`]'s.
 pub fn disarm(fd: impl AsFd) {
     let _ = rustix::net::sockopt::set_socket_linger(fd, None);
+}
+
+/// Whether the Unix socket `fd` takes descriptors (`SO_PASSRIGHTS` reads 1). False where the
+/// kernel does not know the option.
+pub fn rights_on(fd: impl AsFd) -> bool {
+    let mut on: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes at `&mut on`, an int we own; `fd` is open.
+    let r = unsafe {
+        libc::getsockopt(fd.as_fd().as_raw_fd(), libc::SOL_SOCKET, SO_PASSRIGHTS, &mut on as *mut libc::c_int as *mut libc::c_void, &mut len)
+    };
+    r == 0 && on != 0
 }
 
 /// A Unix socket a peer made and passed us that we may use (the server's end of a client's
