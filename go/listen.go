@@ -522,7 +522,7 @@ func (l *Listener) handleHello(cfd int, cf *os.File, h *hello) *Conn {
 	defer heard()
 	closeAll := func() {
 		for _, fd := range fds {
-			unix.Close(fd)
+			discardFd(fd)
 		}
 		cf.Close()
 	}
@@ -702,7 +702,7 @@ func (l *Listener) finish(c *Conn, fds []int) bool {
 		reject(c.ctlFd, RejectNoResources)
 		munmapSegment(c.seg)
 		for _, fd := range fds {
-			unix.Close(fd)
+			discardFd(fd)
 		}
 		c.ctl.Close()
 		return false

@@ -16,7 +16,8 @@
 # 600 s) and, once the attacker left, have its descriptors back. Each redis case failed before
 # the fix (nested, deep, early: no PONG for a plain client; slot, expire: none for a colo one).
 # The Rust API example server held already (its HELLOs are read off the accepting thread): kept
-# as a regression test.
+# as a regression test. The Go server kept serving, but each nested gift held one of its
+# threads in the lingering close (nested and early failed before).
 source "$(dirname "$0")/lib.sh"
 cp "$HERE/py/nested_gift.py" "$HERE/doorbell_attacker.py" "$WORK/" && chmod 644 "$WORK"/*.py
 pong() { [ "$(timeout 5 "$@" 2>/dev/null)" = PONG ]; }
@@ -48,6 +49,22 @@ wait_port "$P" || exit 1
 for w in slot expire; do
   attack "$P" "$w" 8 "$WORK/peer-$w.out"
   check "peer $w: another client is served, on shared memory" sh -c "timeout 10 '$PEER' client 127.0.0.1:$P stream 1000 | grep -q '^OK 1000 colo'"
+  wait "$ATT"
+done
+# The Go server: a gift's close held one of its threads for the linger (the runtime starts
+# another, up to its limit of 10,000 threads, at which it ends the program).
+GOPEER=$WORK/colo-peer
+(cd "$ROOT/go" && go build -o "$GOPEER" ./cmd/colo-peer) || bad "go build colo-peer"
+P=$(free_port)
+$GOPEER server "127.0.0.1:$P" stream >"$WORK/go-server.log" 2>&1 & PIDS+=($!)
+GOSRV=$!
+wait_port "$P" || exit 1
+lingering() { grep -l sk_stream_wait_close /proc/"$GOSRV"/task/*/stack 2>/dev/null | wc -l; }
+for w in nested early slot expire; do
+  attack "$P" "$w" 8 "$WORK/go-$w.out"
+  sleep 1
+  check "go $w: no thread of the Go server waits in a lingering close ($(lingering))" test "$(lingering)" = 0
+  check "go $w: another client is served, on shared memory" sh -c "timeout 10 '$GOPEER' client 127.0.0.1:$P stream 1000 | grep -q '^OK 1000 colo'"
   wait "$ATT"
 done
 finish
