@@ -59,9 +59,26 @@ pub struct Received {
     /// The datagram was longer than the buffer.
     pub truncated: bool,
     /// Descriptors that came with it, each [`crate::gift::disarm`]ed, and a Unix socket's queue
-    /// taken ([`crate::gift::take_queued`]): whoever drops one (a refused HELLO's, a protocol
-    /// error's) does not wait in its close (but see `gift` for a peer that kept a copy).
+    /// taken ([`crate::gift::take_queued`]). Those still here when the datagram is dropped (a
+    /// protocol error's, a refused HELLO's) are [`crate::gift::discard`]ed, if a peer sent them
+    /// ([`recv`]); [`Received::take_fds`] takes them for use.
     pub fds: Vec<OwnedFd>,
+    from_peer: bool,
+}
+
+impl Received {
+    /// The descriptors, for use: no longer discarded with the datagram.
+    pub fn take_fds(&mut self) -> Vec<OwnedFd> {
+        std::mem::take(&mut self.fds)
+    }
+}
+
+impl Drop for Received {
+    fn drop(&mut self) {
+        if self.from_peer {
+            self.fds.drain(..).for_each(crate::gift::discard);
+        }
+    }
 }
 
 /// Receives one datagram into `buf`, with its descriptors (close-on-exec; room for all one
@@ -103,6 +120,7 @@ fn recv_from(fd: impl AsFd, buf: &mut [u8], dontwait: bool, from_peer: bool) -> 
         len: msg.bytes,
         truncated: msg.flags.contains(net::ReturnFlags::TRUNC) || msg.flags.contains(net::ReturnFlags::CTRUNC),
         fds,
+        from_peer,
     })
 }
 
@@ -115,11 +133,8 @@ pub fn empty_before_close(fd: impl AsFd) -> usize {
     let mut taken = 0;
     while taken < 64 {
         match recv(&fd, &mut buf, true) {
-            Ok(r) if r.len > 0 || !r.fds.is_empty() => {
-                taken += 1;
-                // Never kept: shut down and emptied before their close (`gift::discard`).
-                r.fds.into_iter().for_each(crate::gift::discard);
-            }
+            // Never kept: shut down and emptied before their close (`gift::discard`).
+            Ok(r) if r.len > 0 || !r.fds.is_empty() => taken += 1,
             _ => break,
         }
     }

@@ -495,7 +495,7 @@ pub(crate) fn new_self_bell() -> io::Result<OwnedFd> {
 /// Reads the HELLO waiting on an accepted rendezvous connection, without blocking.
 pub fn read_hello(control: OwnedFd) -> HelloRead {
     let mut buf = [0u8; 64];
-    let r = match seqpacket::recv(&control, &mut buf, true) {
+    let mut r = match seqpacket::recv(&control, &mut buf, true) {
         Ok(r) => r,
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => return HelloRead::Pending(control),
         Err(e) => return HelloRead::Refused(format!("rendezvous read: {e}")),
@@ -527,7 +527,7 @@ pub fn read_hello(control: OwnedFd) -> HelloRead {
     if behind > 0 {
         return bad("a message behind the HELLO");
     }
-    let mut fds = r.fds.into_iter();
+    let mut fds = r.take_fds().into_iter();
     let (Some(memfd), Some(client_bell), Some(server_bell), None) = (fds.next(), fds.next(), fds.next(), fds.next())
     else {
         return bad("HELLO without exactly three descriptors");

@@ -201,7 +201,7 @@ impl Lineage {
             let _ = rustix::event::poll(&mut p, Some(&t));
             let mut buf = [0u8; 16];
             match seqpacket::recv_own(&mine, &mut buf, true) {
-                Ok(r) if r.len > 0 && !r.truncated => return Asked::Answer(buf[..r.len].to_vec(), r.fds),
+                Ok(mut r) if r.len > 0 && !r.truncated => return Asked::Answer(buf[..r.len].to_vec(), r.take_fds()),
                 Ok(_) => return Asked::Nothing("malformed answer".into()),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Asked::Nothing(format!("answer: {e}")),
@@ -218,11 +218,11 @@ impl Lineage {
     pub fn next_request(&self) -> Option<Request> {
         loop {
             let mut buf = [0u8; 128];
-            let r = seqpacket::recv_own(&self.serve, &mut buf, true).ok()?;
+            let mut r = seqpacket::recv_own(&self.serve, &mut buf, true).ok()?;
             if r.truncated || r.fds.len() != 1 {
                 continue;
             }
-            let reply = r.fds.into_iter().next()?;
+            let reply = r.take_fds().into_iter().next()?;
             return Some(Request { bytes: buf[..r.len].to_vec(), reply });
         }
     }
