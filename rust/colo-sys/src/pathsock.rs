@@ -242,6 +242,31 @@ pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> 
     }
 }
 
+/// Sets a socket's `SO_RCVLOWAT` (how many bytes it takes for poll to report it readable; its end
+/// and errors are reported whatever it says); whether the kernel took it.
+pub fn set_recv_lowat(fd: BorrowedFd<'_>, n: usize) -> bool {
+    let v = n.min(i32::MAX as usize) as libc::c_int;
+    // SAFETY: setsockopt reads `size_of::<c_int>()` bytes at `&v`, an int we own; `fd` is open.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            &v as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
+    }
+}
+
+/// Whether the peer of a connected socket shut its sending side down, or the connection failed
+/// (one poll, no wait).
+pub fn peer_ended(fd: BorrowedFd<'_>) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let mut p = [PollFd::new(&fd, PollFlags::RDHUP)];
+    let zero = Timespec { tv_sec: 0, tv_nsec: 0 };
+    matches!(poll(&mut p, Some(&zero)), Ok(1)) && p[0].revents().intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR)
+}
+
 /// `recv(2)` on a TCP socket without blocking, `peek` leaving the bytes queued. `Ok(0)`: end of
 /// stream; `WouldBlock`: nothing queued.
 pub fn recv_tcp(fd: BorrowedFd<'_>, buf: &mut [u8], peek: bool) -> io::Result<usize> {

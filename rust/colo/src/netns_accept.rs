@@ -22,8 +22,9 @@ use std::time::{Duration, Instant};
 /// oldest ([`NetnsAccepts::evict_oldest`]).
 pub const MAX_WAITING: usize = 256;
 
-/// How soon a connection whose first bytes are the start of a PROPOSAL is looked at again (its
-/// socket is not watched meanwhile: it stays readable, and would wake every poll).
+/// How soon a connection whose first bytes are the start of a PROPOSAL is looked at again where
+/// its socket cannot be watched for the rest (`SO_RCVLOWAT` refused: it stays readable, and would
+/// wake every poll).
 const PARTIAL_LOOK: Duration = Duration::from_millis(1);
 
 #[derive(Debug)]
@@ -43,6 +44,10 @@ struct Waiting {
     deadline: Instant,
     /// Not looked at before (the start of a PROPOSAL came: the rest is on its way).
     not_before: Option<Instant>,
+    /// Its socket's `SO_RCVLOWAT` is a whole PROPOSAL (set at the start of one), so that the
+    /// poll set reports it only once the rest came, or the peer's end: put back to 1 before
+    /// the application gets it.
+    lowat: bool,
 }
 
 impl Waiting {
@@ -94,7 +99,7 @@ impl NetnsAccepts {
             return Err(tcp);
         }
         let deadline = Instant::now() + netns::first_bytes_wait();
-        self.waiting.push(Waiting { tcp, peer, local, stage: Stage::Opening, deadline, not_before: None });
+        self.waiting.push(Waiting { tcp, peer, local, stage: Stage::Opening, deadline, not_before: None, lowat: false });
         self.full &= self.waiting.len() > MAX_WAITING / 2;
         self.arm();
         Ok(())
@@ -135,8 +140,18 @@ impl NetnsAccepts {
                         Opening::Plain => self.plain(poller, w),
                         Opening::NotYet(_) if now >= w.deadline => self.plain(poller, w),
                         Opening::NotYet(partial) => {
-                            w.not_before = partial.then_some(now + PARTIAL_LOOK);
-                            if !partial && poller.rearm_once(&w.tcp, self.token).is_err() {
+                            // The start of a PROPOSAL keeps the socket readable: watched for the
+                            // rest only (a peer dribbling it out wakes nothing until it is whole).
+                            if partial && !w.lowat {
+                                w.lowat = colo_sys::pathsock::set_recv_lowat(w.tcp.as_fd(), PROPOSAL_LEN);
+                            }
+                            if partial && w.lowat && colo_sys::pathsock::peer_ended(w.tcp.as_fd()) {
+                                // The rest never comes: its bytes go to the application as sent.
+                                self.plain(poller, w);
+                                continue;
+                            }
+                            w.not_before = (partial && !w.lowat).then_some(now + PARTIAL_LOOK);
+                            if w.not_before.is_none() && poller.rearm_once(&w.tcp, self.token).is_err() {
                                 w.not_before = Some(now + PARTIAL_LOOK);
                             }
                             self.waiting.push(w);
@@ -183,7 +198,10 @@ impl NetnsAccepts {
             return self.deliver_tcp(w);
         };
         match netns::claim(*hello, w.local, w.peer) {
-            Some(est) => self.ready.push_back((Resolved::Shm(est, w.tcp), w.peer)),
+            Some(est) => {
+                released(&w);
+                self.ready.push_back((Resolved::Shm(est, w.tcp), w.peer))
+            }
             None => self.deliver_tcp(w),
         }
     }
@@ -216,6 +234,7 @@ impl NetnsAccepts {
     }
 
     fn deliver_tcp(&mut self, w: Waiting) {
+        released(&w);
         self.ready.push_back((Resolved::Tcp(w.tcp), w.peer));
     }
 
@@ -224,6 +243,13 @@ impl NetnsAccepts {
         let next = self.waiting.iter().map(Waiting::next_look).min();
         // If arming fails, the next poll report or accept looks again.
         let _ = colo_sys::timer::arm(&self.timer, next.map(|t| t.saturating_duration_since(Instant::now())));
+    }
+}
+
+/// A connection leaves the set: its socket reads as any accepted one does again.
+fn released(w: &Waiting) {
+    if w.lowat {
+        colo_sys::pathsock::set_recv_lowat(w.tcp.as_fd(), 1);
     }
 }
 
@@ -284,6 +310,71 @@ mod tests {
         proposer.read_exact(&mut answer).unwrap();
         assert_eq!((&answer[..8], answer[8]), (&netns::MAGIC[..], 2), "the proposal was answered ACCEPT");
         drop((silent, r));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A peer that sends the start of a PROPOSAL and then nothing wakes the poll set a few times
+    /// at most until its deadline, not every millisecond (counted: a slow host only lowers the
+    /// count); its bytes then reach the application as sent, readable as from any socket. One
+    /// that sends the rest later is answered; one that hangs up after the start is resolved at
+    /// once. Watchdog: 20 s.
+    #[test]
+    fn the_start_of_a_proposal_wakes_nothing_until_the_rest() {
+        let dir = std::env::temp_dir().join(format!("colo-netns-partial-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let r = Rendezvous::for_test(&dir, "colo-8-8");
+        let poller = Poller::new().unwrap();
+        let mut a = NetnsAccepts::new(&poller, 7).unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let whole = netns::proposal(&netns::boot_id().unwrap(), &[3; 8]);
+        let mut stalls = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let mut finishes = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let mut hangs_up = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        for c in [&mut stalls, &mut finishes, &mut hangs_up] {
+            c.write_all(&whole[..20]).unwrap();
+        }
+        for _ in 0..3 {
+            let (s, peer) = l.accept().unwrap();
+            s.set_nonblocking(true).unwrap();
+            a.admit(s, peer, &poller).unwrap();
+        }
+        let port = |s: &TcpStream| s.local_addr().unwrap().port();
+        let watchdog = Instant::now() + Duration::from_secs(20);
+        let (mut wakes, mut resolved, mut rest_sent) = (0, Vec::new(), false);
+        let step = |a: &mut NetnsAccepts, resolved: &mut Vec<(Resolved, SocketAddr)>| {
+            a.step(&r, &poller);
+            while let Some(x) = a.pop() {
+                resolved.push(x);
+            }
+        };
+        step(&mut a, &mut resolved);
+        hangs_up.shutdown(std::net::Shutdown::Write).unwrap();
+        while resolved.len() < 3 {
+            assert!(Instant::now() < watchdog, "resolved only {}", resolved.len());
+            if !poller.wait(Some(Duration::from_secs(5))).unwrap().is_empty() {
+                wakes += 1;
+            }
+            step(&mut a, &mut resolved);
+            if !rest_sent && resolved.iter().any(|(_, p)| p.port() == port(&hangs_up)) {
+                finishes.write_all(&whole[20..]).unwrap();
+                rest_sent = true;
+            }
+        }
+        assert!(wakes <= 8, "the poll set woke {wakes} times for three connections");
+        let mut answer = [0u8; netns::ANSWER_LEN];
+        finishes.read_exact(&mut answer).unwrap();
+        assert_eq!(answer[8], 2, "the rest of the PROPOSAL came and was answered ACCEPT");
+        for (s, peer) in resolved {
+            let Resolved::Tcp(mut s) = s else { panic!("{peer}: on shared memory") };
+            if peer.port() == port(&stalls) || peer.port() == port(&hangs_up) {
+                s.set_nonblocking(false).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                let mut b = [0u8; 20];
+                s.read_exact(&mut b).unwrap();
+                assert_eq!(b[..], whole[..20], "the start of the PROPOSAL reached the application as sent");
+            }
+        }
+        drop(r);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
