@@ -211,6 +211,22 @@ func setRecvLowat(tc *net.TCPConn, n int) bool {
 	return serr == nil
 }
 
+// recvLowat is the socket's SO_RCVLOWAT, at least 1 (the kernel reads 0 as 1); 0 if it cannot
+// be read.
+func recvLowat(tc *net.TCPConn) int {
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	v := 0
+	rc.Control(func(fd uintptr) {
+		if n, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVLOWAT); err == nil {
+			v = max(n, 1)
+		}
+	})
+	return v
+}
+
 // peerEnded reports whether the peer shut its sending side down or the connection failed (one
 // poll, no wait; reported whatever SO_RCVLOWAT says).
 func peerEnded(tc *net.TCPConn) bool {

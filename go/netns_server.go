@@ -199,11 +199,11 @@ func (l *Listener) netnsClaim(tc *net.TCPConn) *Conn {
 	tc.SetReadDeadline(time.Now().Add(netnsWait()))
 	// The start of a PROPOSAL: the socket is waited on for the rest only (SO_RCVLOWAT: readable
 	// once a whole PROPOSAL is there, or at the peer's end), not looked at in a loop; put back
-	// to 1 before the connection goes on.
-	lowat := false
+	// (an accepted socket has its listener's) before the connection goes on.
+	lowat, was := false, 0
 	defer func() {
 		if lowat {
-			setRecvLowat(tc, 1)
+			setRecvLowat(tc, was)
 		}
 	}()
 	for {
@@ -220,7 +220,9 @@ func (l *Listener) netnsClaim(tc *net.TCPConn) *Conn {
 			break
 		}
 		if !lowat {
-			lowat = setRecvLowat(tc, netnsProposalLen)
+			if was = recvLowat(tc); was > 0 {
+				lowat = setRecvLowat(tc, netnsProposalLen)
+			}
 		}
 		if !lowat {
 			time.Sleep(200 * time.Microsecond)

@@ -258,6 +258,16 @@ pub fn set_recv_lowat(fd: BorrowedFd<'_>, n: usize) -> bool {
     }
 }
 
+/// A socket's `SO_RCVLOWAT` (an accepted socket's is its listener's), at least 1 (the kernel
+/// reads 0 as 1).
+pub fn recv_lowat(fd: BorrowedFd<'_>) -> Option<usize> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes at `&mut v`, an int we own; `fd` is open.
+    let r = unsafe { libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVLOWAT, &mut v as *mut libc::c_int as *mut libc::c_void, &mut len) };
+    (r == 0).then_some(v.max(1) as usize)
+}
+
 /// Whether the peer of a connected socket shut its sending side down, or the connection failed
 /// (one poll, no wait).
 pub fn peer_ended(fd: BorrowedFd<'_>) -> bool {

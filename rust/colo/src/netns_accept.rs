@@ -44,10 +44,10 @@ struct Waiting {
     deadline: Instant,
     /// Not looked at before (the start of a PROPOSAL came: the rest is on its way).
     not_before: Option<Instant>,
-    /// Its socket's `SO_RCVLOWAT` is a whole PROPOSAL (set at the start of one), so that the
-    /// poll set reports it only once the rest came, or the peer's end: put back to 1 before
-    /// the application gets it.
-    lowat: bool,
+    /// Its socket's `SO_RCVLOWAT` was this (an accepted socket has its listener's) and is now a
+    /// whole PROPOSAL (set at the start of one), so that the poll set reports it only once the
+    /// rest came, or the peer's end: put back before the application gets it.
+    lowat: Option<usize>,
 }
 
 impl Waiting {
@@ -99,7 +99,7 @@ impl NetnsAccepts {
             return Err(tcp);
         }
         let deadline = Instant::now() + netns::first_bytes_wait();
-        self.waiting.push(Waiting { tcp, peer, local, stage: Stage::Opening, deadline, not_before: None, lowat: false });
+        self.waiting.push(Waiting { tcp, peer, local, stage: Stage::Opening, deadline, not_before: None, lowat: None });
         self.full &= self.waiting.len() > MAX_WAITING / 2;
         self.arm();
         Ok(())
@@ -142,15 +142,18 @@ impl NetnsAccepts {
                         Opening::NotYet(partial) => {
                             // The start of a PROPOSAL keeps the socket readable: watched for the
                             // rest only (a peer dribbling it out wakes nothing until it is whole).
-                            if partial && !w.lowat {
-                                w.lowat = colo_sys::pathsock::set_recv_lowat(w.tcp.as_fd(), PROPOSAL_LEN);
+                            if partial && w.lowat.is_none() {
+                                let was = colo_sys::pathsock::recv_lowat(w.tcp.as_fd());
+                                if was.is_some() && colo_sys::pathsock::set_recv_lowat(w.tcp.as_fd(), PROPOSAL_LEN) {
+                                    w.lowat = was;
+                                }
                             }
-                            if partial && w.lowat && colo_sys::pathsock::peer_ended(w.tcp.as_fd()) {
+                            if partial && w.lowat.is_some() && colo_sys::pathsock::peer_ended(w.tcp.as_fd()) {
                                 // The rest never comes: its bytes go to the application as sent.
                                 self.plain(poller, w);
                                 continue;
                             }
-                            w.not_before = (partial && !w.lowat).then_some(now + PARTIAL_LOOK);
+                            w.not_before = (partial && w.lowat.is_none()).then_some(now + PARTIAL_LOOK);
                             if w.not_before.is_none() && poller.rearm_once(&w.tcp, self.token).is_err() {
                                 w.not_before = Some(now + PARTIAL_LOOK);
                             }
@@ -248,8 +251,8 @@ impl NetnsAccepts {
 
 /// A connection leaves the set: its socket reads as any accepted one does again.
 fn released(w: &Waiting) {
-    if w.lowat {
-        colo_sys::pathsock::set_recv_lowat(w.tcp.as_fd(), 1);
+    if let Some(was) = w.lowat {
+        colo_sys::pathsock::set_recv_lowat(w.tcp.as_fd(), was);
     }
 }
 
