@@ -166,3 +166,20 @@ func rightsIn(oob []byte) []int {
 	}
 	return fds
 }
+
+// takeBehind takes what a client queued on its rendezvous connection behind its HELLO (at most
+// 64 messages, without waiting), discarding their descriptors; it returns how many it took (a
+// hang-up is not one).
+func takeBehind(fd int) int {
+	var b [64]byte
+	oob := make([]byte, bellOOB)
+	taken := 0
+	for ; taken < 64; taken++ {
+		n, oobn, _, _, err := unix.Recvmsg(fd, b[:], oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
+		if err != nil || (n == 0 && oobn == 0) {
+			break
+		}
+		closeRights(oob[:oobn])
+	}
+	return taken
+}
