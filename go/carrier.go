@@ -5,8 +5,6 @@ import (
 	"net/netip"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // CARRIER mode, server side (spec/WIRE.md section 3). A client (typically the LD_PRELOAD shim)
@@ -76,7 +74,7 @@ func (o *offer) drop() {
 	reject(o.c.ctlFd, RejectNotClaimed)
 	unmap(o.c)
 	for _, fd := range o.fds {
-		unix.Close(fd)
+		discardFd(fd) // unused: its doorbell end shut down and emptied (gift.go)
 	}
 	o.c.ctl.Close()
 }

@@ -49,6 +49,7 @@ func (c *Conn) Close() error {
 			return nil
 		}
 	}
+	emptyBellBeforeClose(c.ownBell)
 	c.bell.Close() // closes ownBell
 	unix.Close(c.spareBell)
 	if c.carrier != nil {

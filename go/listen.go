@@ -514,15 +514,19 @@ func (l *Listener) handleHello(cfd int, cf *os.File, h *hello) *Conn {
 	if h.oobn > 0 {
 		fds = parseRights(h.oob[:h.oobn])
 	}
-	// Nothing after the HELLO may carry descriptors (spec section 3).
+	// Nothing after the HELLO may carry descriptors (spec section 3), and nothing may follow it
+	// before our answer: what did (queued before the socket refused descriptors) is taken now,
+	// its descriptors discarded (a socket's close would release them here), and the HELLO
+	// refused, as the Rust listener does.
 	refuseRights(cfd)
+	behind := takeBehind(cfd)
 	// A HELLO's offer is stored before it is counted off pending (SYNC POINT with the Load in
 	// unreadHellos), and the count is lowered before offerEvent closes the channel.
 	heard := sync.OnceFunc(func() { l.pending.Add(-1); l.offerEvent() })
 	defer heard()
 	closeAll := func() {
 		for _, fd := range fds {
-			unix.Close(fd)
+			discardFd(fd)
 		}
 		cf.Close()
 	}
@@ -536,6 +540,8 @@ func (l *Listener) handleHello(cfd int, cf *os.File, h *hello) *Conn {
 		reject(cfd, RejectBadMessage)
 	case m.Version != Version:
 		reject(cfd, RejectBadVersion)
+	case behind > 0:
+		reject(cfd, RejectBadMessage)
 	case m.Arg == ModeDirect && !l.admitsDirect(cfd):
 		// No TCP handshake, so no firewall rule, would see this connection: a real one must.
 		logf("hello: DIRECT from another uid: a carrier is required")
@@ -702,7 +708,7 @@ func (l *Listener) finish(c *Conn, fds []int) bool {
 		reject(c.ctlFd, RejectNoResources)
 		munmapSegment(c.seg)
 		for _, fd := range fds {
-			unix.Close(fd)
+			discardFd(fd)
 		}
 		c.ctl.Close()
 		return false

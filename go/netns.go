@@ -196,6 +196,75 @@ func peekTCP(tc *net.TCPConn, b []byte) (int, error) {
 	return n, rerr
 }
 
+// setRecvLowat sets the socket's SO_RCVLOWAT; whether the kernel took it.
+func setRecvLowat(tc *net.TCPConn, n int) bool {
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVLOWAT, n)
+	}); err != nil {
+		return false
+	}
+	return serr == nil
+}
+
+// recvLowat is the socket's SO_RCVLOWAT, at least 1 (the kernel reads 0 as 1); 0 if it cannot
+// be read.
+func recvLowat(tc *net.TCPConn) int {
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	v := 0
+	rc.Control(func(fd uintptr) {
+		if n, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVLOWAT); err == nil {
+			v = max(n, 1)
+		}
+	})
+	return v
+}
+
+// peerEnded reports whether the peer shut its sending side down or the connection failed (one
+// poll, no wait; reported whatever SO_RCVLOWAT says).
+func peerEnded(tc *net.TCPConn) bool {
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return true
+	}
+	ended := false
+	rc.Control(func(fd uintptr) {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+		if n, err := unix.Poll(p, 0); err == nil && n == 1 {
+			ended = p[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR) != 0
+		}
+	})
+	return ended
+}
+
+// waitReadable waits in the netpoller until the socket is readable (as SO_RCVLOWAT counts) or
+// ended, or its read deadline passes. Readiness is first looked at with poll, after the
+// netpoller forgot earlier reports, so bytes that came just before are not missed; a wake-up
+// with nothing new only makes the caller look again.
+func waitReadable(tc *net.TCPConn) error {
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	first := true
+	return rc.Read(func(fd uintptr) bool {
+		if !first {
+			return true
+		}
+		first = false
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}}
+		n, err := unix.Poll(p, 0)
+		return err != nil || n > 0
+	})
+}
+
 // netnsProposal is the PROPOSAL: magic, type 1, version, boot id, client nonce.
 func netnsProposal(boot, clientNonce []byte) []byte {
 	prop := make([]byte, netnsProposalLen)

@@ -197,6 +197,15 @@ func (l *Listener) netnsClaim(tc *net.TCPConn) *Conn {
 		boot = b // configured without a rendezvous of our own: DECLINE what comes
 	}
 	tc.SetReadDeadline(time.Now().Add(netnsWait()))
+	// The start of a PROPOSAL: the socket is waited on for the rest only (SO_RCVLOWAT: readable
+	// once a whole PROPOSAL is there, or at the peer's end), not looked at in a loop; put back
+	// (an accepted socket has its listener's) before the connection goes on.
+	lowat, was := false, 0
+	defer func() {
+		if lowat {
+			setRecvLowat(tc, was)
+		}
+	}()
 	for {
 		n, err := peekTCP(tc, p)
 		if err != nil || n == 0 {
@@ -210,7 +219,21 @@ func (l *Listener) netnsClaim(tc *net.TCPConn) *Conn {
 		if n == netnsProposalLen {
 			break
 		}
-		time.Sleep(200 * time.Microsecond)
+		if !lowat {
+			if was = recvLowat(tc); was > 0 {
+				lowat = setRecvLowat(tc, netnsProposalLen)
+			}
+		}
+		if !lowat {
+			time.Sleep(200 * time.Microsecond)
+			continue
+		}
+		// The rest never comes after the peer's end (its bytes go on as sent); otherwise one
+		// wait for readability (the deadline ends it).
+		if peerEnded(tc) || waitReadable(tc) != nil {
+			tc.SetReadDeadline(time.Time{})
+			return nil
+		}
 	}
 	if _, err := io.ReadFull(tc, p); err != nil {
 		tc.SetReadDeadline(time.Time{})

@@ -1,8 +1,9 @@
 package colo
 
 // Every OS call of the colo transport goes through this file: memfd, seals, mmap, doorbells,
-// epoll, SCM_RIGHTS, SO_PEERCRED. Descriptors that goroutines wait on are wrapped with
-// os.NewFile after being made non-blocking, so waits park in the Go netpoller.
+// epoll, SCM_RIGHTS (and gift.go: what a peer passes), SO_PEERCRED. Descriptors that goroutines
+// wait on are wrapped with os.NewFile after being made non-blocking, so waits park in the Go
+// netpoller.
 
 import (
 	"encoding/binary"
@@ -173,25 +174,22 @@ func refuseRights(fd int) bool {
 	return unix.SetsockoptInt(fd, unix.SOL_SOCKET, soPassRights, 0) == nil
 }
 
-// closeRights closes every descriptor carried in a control-message buffer.
+// closeRights closes every descriptor carried in a control-message buffer (discardFd).
 func closeRights(oob []byte) {
-	for _, fd := range parseRights(oob) {
-		unix.Close(fd)
+	for _, fd := range rightsIn(oob) {
+		discardFd(fd)
 	}
 }
 
+// parseRights lists the descriptors carried in a control-message buffer, each disarmed and a
+// Unix socket's queue taken (takeQueued): whoever closes one never waits in that close (but
+// see gift.go for a peer that kept a copy).
 func parseRights(oob []byte) []int {
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return nil
-	}
-	var fds []int
-	for i := range msgs {
-		if f, err := unix.ParseUnixRights(&msgs[i]); err == nil {
-			for _, fd := range f {
-				disarm(fd) // whoever closes it never waits in that close
-			}
-			fds = append(fds, f...)
+	fds := rightsIn(oob)
+	for _, fd := range fds {
+		disarm(fd)
+		if isUnixSocket(fd) {
+			takeQueued(fd)
 		}
 	}
 	return fds

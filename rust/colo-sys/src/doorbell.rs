@@ -127,15 +127,28 @@ fn recv_ring(own: BorrowedFd<'_>, buf: &mut [u8]) -> rustix::io::Result<usize> {
 /// Takes every ring and descriptor queued on our end before it is closed (at most `MAX_EMPTY`
 /// receives): a socket closed with a passed descriptor still queued releases it in the closing
 /// thread, undisarmed. Without `SO_PASSRIGHTS` (`gift::refuse_rights`) a peer can queue more
-/// after this; with it, only what was queued before the handshake remains, which this takes.
+/// after this; with it, only what was queued before the handshake remains, which this takes,
+/// unless the peer turned it back on through a copy of our end (then it is shut down and taken
+/// again).
 pub fn empty_before_close(own: impl AsFd) {
     const MAX_EMPTY: usize = 1024;
     let own = own.as_fd();
     let mut buf = [0u8; DRAIN_CHUNK];
-    for _ in 0..MAX_EMPTY {
-        if !matches!(recv_ring(own, &mut buf), Ok(n) if n > 0) {
-            break;
+    let empty = |buf: &mut [u8]| {
+        for _ in 0..MAX_EMPTY {
+            if !matches!(recv_ring(own, buf), Ok(n) if n > 0) {
+                break;
+            }
         }
+    };
+    empty(&mut buf);
+    // A server's end is a socket its client made: a client that kept a copy of it can turn
+    // descriptors back on (`gift`) and queue one after this look. Found on, the end is shut down
+    // (nothing more can be queued, whoever holds it: the peer broke the protocol, and the
+    // connection ends for every process sharing it) and taken again, for good.
+    if crate::gift::rights_on(own) {
+        let _ = rustix::net::shutdown(own, rustix::net::Shutdown::Both);
+        empty(&mut buf);
     }
 }
 
@@ -408,6 +421,25 @@ mod tests {
             }),
             "closing the doorbell waited for a gift's close"
         );
+    }
+
+    /// A peer that kept a copy of our end turns descriptors back on after we turned them off:
+    /// our last look before the close finds them on and shuts the end down, so nothing the peer
+    /// sends after that look is queued.
+    #[test]
+    fn an_end_taking_descriptors_again_is_shut_down_before_its_close() {
+        let (a, b) = rustix::net::socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK, None).unwrap();
+        if !crate::gift::refuse_rights(&b) {
+            return; // a kernel before 6.16
+        }
+        use rustix::fd::AsRawFd;
+        let copy = rustix::io::fcntl_dupfd_cloexec(&b, 0).unwrap();
+        let on: libc::c_int = 1;
+        // SAFETY: setsockopt reads an int we own; `copy` is open.
+        assert_eq!(unsafe { libc::setsockopt(copy.as_raw_fd(), libc::SOL_SOCKET, 83, &on as *const libc::c_int as *const libc::c_void, 4) }, 0);
+        empty_before_close(&b);
+        let e = crate::seqpacket::send(&a, &[1], &[a.as_fd()]).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPIPE), "the end still took descriptors");
     }
     use std::sync::mpsc::channel;
 

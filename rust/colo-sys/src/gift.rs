@@ -9,13 +9,20 @@
 //!
 //! So: every receive on a socket a peer can write to has room for all the descriptors one message
 //! can carry ([`MAX_RIGHTS`]); each one received is disarmed ([`disarm`]: lingering off) before
-//! anything closes it; and the sockets a peer reaches us through refuse descriptors
-//! ([`refuse_rights`]) once nothing is expected on them (the kernel then refuses the sender's
-//! `sendmsg`). Not covered: a file whose close waits for something else (a FUSE file's flush:
-//! mounting one needs `fusermount`), a Unix socket passed to us whose own queue holds such a
-//! socket (its close releases what it holds), and, on kernels without `SO_PASSRIGHTS` (before
-//! Linux 6.16), descriptors that arrive on a doorbell or control socket after our last drain of
-//! it and before its close.
+//! anything closes it; a Unix socket we do not keep is shut down and emptied before its close
+//! ([`discard`]: its queue may hold such a socket, at any depth); and the sockets a peer reaches
+//! us through refuse descriptors ([`refuse_rights`]) once nothing is expected on them (the kernel
+//! then refuses the sender's `sendmsg`). That refusal is the receiving socket's option, which
+//! any holder of the socket may turn back on: a server's doorbell end is a socket its client made
+//! and may have kept a copy of, so descriptors can still arrive on it, and each drain takes them
+//! as above. Not covered: a file whose close waits for something else (a FUSE file's flush:
+//! mounting one needs `fusermount`); a socket we keep (a doorbell) whose queue gains such a
+//! socket between our last look at it and our close of it, from a peer that turned descriptors
+//! on through its copy, sent, turned them off again and closed that copy, all in between (a
+//! doorbell found taking descriptors at its close is shut down first: `doorbell`); and, on
+//! kernels without
+//! `SO_PASSRIGHTS` (before Linux 6.16), descriptors that arrive on a doorbell or control socket
+//! after our last drain of it and before its close.
 
 use rustix::fd::{AsFd, AsRawFd, OwnedFd};
 
@@ -25,17 +32,193 @@ pub const MAX_RIGHTS: usize = 253;
 /// `SO_PASSRIGHTS` (Linux 6.16; the same number on every architecture's generic socket options).
 const SO_PASSRIGHTS: libc::c_int = 83;
 
-/// Makes the last close of `fd`, a descriptor a peer passed us, return at once: a socket's
-/// lingering is turned off (`SO_LINGER` with `l_onoff` 0; its queued bytes are then sent, or not,
-/// in the background, as after any close). Anything else is left as it is.
+/// Makes the last close of `fd`, a descriptor a peer passed us, return at once as far as `fd`
+/// itself goes: a socket's lingering is turned off (`SO_LINGER` with `l_onoff` 0; its queued
+/// bytes are then sent, or not, in the background, as after any close). Anything else is left as
+/// it is: what a Unix socket's queue holds is [`take_queued`]'s and [`discard`]'s.
 pub fn disarm(fd: impl AsFd) {
     let _ = rustix::net::sockopt::set_socket_linger(fd, None);
 }
 
-/// Closes a descriptor a peer passed us, [`disarm`]ed first.
+/// Whether the Unix socket `fd` takes descriptors (`SO_PASSRIGHTS` reads 1). False where the
+/// kernel does not know the option.
+pub fn rights_on(fd: impl AsFd) -> bool {
+    let mut on: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes at `&mut on`, an int we own; `fd` is open.
+    let r = unsafe {
+        libc::getsockopt(fd.as_fd().as_raw_fd(), libc::SOL_SOCKET, SO_PASSRIGHTS, &mut on as *mut libc::c_int as *mut libc::c_void, &mut len)
+    };
+    r == 0 && on != 0
+}
+
+/// A Unix socket a peer made and passed us that we may use (the server's end of a client's
+/// doorbell pair, as its HELLO brings it). The peer may hold a copy, and through it turn
+/// descriptors back on and queue some at any time ([`refuse_rights`]), so dropped unused (an
+/// offer refused, expired, abandoned or not claimed) it is [`discard`]ed: shut down and emptied
+/// before its close. Taken for use, [`PeerSocket::into_fd`]: its user empties it before its close.
+#[derive(Debug)]
+pub struct PeerSocket(Option<OwnedFd>);
+
+impl PeerSocket {
+    pub fn new(fd: OwnedFd) -> PeerSocket {
+        PeerSocket(Some(fd))
+    }
+
+    /// The socket, for use (or handed on to a process that uses it): no longer discarded here.
+    pub fn into_fd(mut self) -> OwnedFd {
+        self.0.take().expect("a PeerSocket holds its socket until into_fd or drop")
+    }
+}
+
+impl AsFd for PeerSocket {
+    fn as_fd(&self) -> rustix::fd::BorrowedFd<'_> {
+        self.0.as_ref().expect("a PeerSocket holds its socket until into_fd or drop").as_fd()
+    }
+}
+
+impl Drop for PeerSocket {
+    fn drop(&mut self) {
+        if let Some(fd) = self.0.take() {
+            discard(fd);
+        }
+    }
+}
+
+/// How many Unix sockets one [`discard`] empties in the calling thread, and how many descriptors
+/// it takes from their queues there; a thread of its own empties the rest.
+const INLINE_SOCKETS: usize = 16;
+const INLINE_RIGHTS: usize = 512;
+
+/// Closes a descriptor a peer passed us and we do not keep, so that its close returns at once:
+/// [`disarm`]ed first, and a Unix socket emptied first ([`empty`]), with whatever its queue holds
+/// closed the same way (a Unix socket's release releases its queue's descriptors in the closing
+/// thread, and one of them may be a lingering socket, or another Unix socket holding one). Deep
+/// or wide nesting is emptied by a thread of its own beyond [`INLINE_SOCKETS`] sockets or
+/// [`INLINE_RIGHTS`] descriptors, so a peer cannot keep the caller busy either.
 pub fn discard(fd: OwnedFd) {
     disarm(&fd);
-    drop(fd);
+    if !is_unix(&fd) {
+        return drop(fd);
+    }
+    let rest = empty_all(vec![fd], INLINE_SOCKETS, INLINE_RIGHTS);
+    if rest.is_empty() {
+        return;
+    }
+    // Signals blocked: the application's handlers never run on this thread. Should no thread
+    // start, the closure, and with it the rest, is dropped here (the one case that may wait).
+    let _ = crate::host::with_signals_blocked(|| {
+        std::thread::Builder::new().name("colo-gifts".into()).spawn(move || {
+            let _ = empty_all(rest, usize::MAX, usize::MAX);
+        })
+    });
+}
+
+/// Takes what a Unix socket a peer passed us, and that we may keep (a doorbell end), has queued,
+/// without shutting it down: it refuses descriptors from now on ([`refuse_rights`]), and every
+/// descriptor queued before is [`discard`]ed (bytes are dropped: a doorbell's rings, which a side
+/// looks past anyway once it holds the connection). At most `MAX_TAKES` receives.
+pub fn take_queued(u: impl AsFd) {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    const MAX_TAKES: usize = 1024;
+    let u = u.as_fd();
+    refuse_rights(u);
+    let mut buf = [0u8; 256];
+    for _ in 0..MAX_TAKES {
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_RIGHTS))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let flags = RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC;
+        let Ok(r) = rustix::net::recvmsg(u, &mut [std::io::IoSliceMut::new(&mut buf)], &mut control, flags) else { break };
+        let mut any = false;
+        for m in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(rights) = m {
+                any = true;
+                rights.for_each(discard);
+            }
+        }
+        if r.bytes == 0 && !any {
+            break;
+        }
+    }
+}
+
+/// Whether `fd` is a Unix socket.
+pub fn is_unix(fd: impl AsFd) -> bool {
+    matches!(rustix::net::sockopt::socket_domain(fd), Ok(rustix::net::AddressFamily::UNIX))
+}
+
+/// Empties and closes the Unix sockets of `work` and those found in their queues, at most
+/// `sockets` of them and `rights` descriptors taken; returns those left (emptied in part or not
+/// at all).
+fn empty_all(mut work: Vec<OwnedFd>, sockets: usize, rights: usize) -> Vec<OwnedFd> {
+    let (mut done, mut taken) = (0, 0);
+    while let Some(u) = work.pop() {
+        if done >= sockets || taken >= rights {
+            work.push(u);
+            return work;
+        }
+        match empty(&u, &mut work, rights - taken) {
+            Some(n) => {
+                taken += n;
+                done += 1;
+                drop(u);
+            }
+            None => {
+                work.push(u);
+                return work;
+            }
+        }
+    }
+    work
+}
+
+/// Shuts `u`, a Unix socket a peer passed us, down both ways (from then on the kernel refuses to
+/// queue anything on it, and to connect to it, whoever asks, so what is taken here is all it will
+/// ever hold), then takes what it holds: each descriptor is [`disarm`]ed, and a Unix socket among
+/// them goes to `work`, anything else is closed; a listening socket's pending connections go to
+/// `work`. Returns how many descriptors it took, or `None` if it stopped at `max` with more
+/// queued (the rest are taken by a later call).
+fn empty(u: &OwnedFd, work: &mut Vec<OwnedFd>, max: usize) -> Option<usize> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SocketFlags};
+    let _ = rustix::net::shutdown(u, rustix::net::Shutdown::Both);
+    let mut taken = 0;
+    if rustix::net::sockopt::socket_acceptconn(u).unwrap_or(false) {
+        while let Ok(c) = rustix::net::accept_with(u, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK) {
+            work.push(c);
+            taken += 1;
+            if taken >= max {
+                return None;
+            }
+        }
+        return Some(taken);
+    }
+    let mut buf = [0u8; 256];
+    loop {
+        if taken >= max {
+            return None;
+        }
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_RIGHTS))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let flags = RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC;
+        let Ok(r) = rustix::net::recvmsg(u, &mut [std::io::IoSliceMut::new(&mut buf)], &mut control, flags) else { break };
+        let before = taken;
+        for m in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(rights) = m {
+                for f in rights {
+                    taken += 1;
+                    disarm(&f);
+                    if is_unix(&f) {
+                        work.push(f);
+                    }
+                }
+            }
+        }
+        // Shut down, an empty queue reads as its end (0 bytes, nothing with them).
+        if r.bytes == 0 && taken == before {
+            break;
+        }
+    }
+    Some(taken)
 }
 
 /// Makes the Unix socket `fd` refuse descriptors from now on (`SO_PASSRIGHTS` 0: a sender's
@@ -91,6 +274,52 @@ pub(crate) mod tests {
     fn a_disarmed_lingering_socket_closes_at_once() {
         let (t, _peer, _l) = lingering(600);
         assert!(closes(move || discard(t)), "the close waited for the linger");
+    }
+
+    /// A Unix socket whose queue holds `fd` (closed here), and nothing else refers to.
+    fn holding(fd: OwnedFd) -> OwnedFd {
+        let (u, w) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::STREAM,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        crate::seqpacket::send(&w, &[1], &[fd.as_fd()]).unwrap();
+        u
+    }
+
+    #[test]
+    fn a_unix_socket_holding_a_lingering_one_is_discarded_at_once() {
+        let (t, _peer, _l) = lingering(600);
+        let u = holding(t);
+        assert!(closes(move || discard(u)), "the close waited for the linger one level down");
+    }
+
+    #[test]
+    fn a_chain_deeper_than_the_inline_budget_is_discarded_at_once() {
+        let (t, _peer, _l) = lingering(600);
+        let mut u = holding(t);
+        for _ in 0..INLINE_SOCKETS * 3 {
+            u = holding(u);
+        }
+        assert!(closes(move || discard(u)), "the close waited for the linger at the chain's bottom");
+    }
+
+    #[test]
+    fn a_peer_socket_dropped_unused_is_shut_down_and_emptied() {
+        let (a, b) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::STREAM,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let (t, _peer, _l) = lingering(600);
+        crate::seqpacket::send(&a, &[1], &[holding(t).as_fd()]).unwrap();
+        let kept = PeerSocket::new(b);
+        assert!(closes(move || drop(kept)), "the close waited for the linger in its queue");
+        assert_eq!(rustix::net::send(&a, &[1], rustix::net::SendFlags::NOSIGNAL), Err(rustix::io::Errno::PIPE), "not shut down");
     }
 
     #[test]

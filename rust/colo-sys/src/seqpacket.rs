@@ -58,15 +58,44 @@ pub struct Received {
     pub len: usize,
     /// The datagram was longer than the buffer.
     pub truncated: bool,
-    /// Descriptors that came with it, each [`crate::gift::disarm`]ed: whoever drops one (a
-    /// refused HELLO's, a protocol error's) never waits in its close.
+    /// Descriptors that came with it, each [`crate::gift::disarm`]ed, and a Unix socket's queue
+    /// taken ([`crate::gift::take_queued`]). Those still here when the datagram is dropped (a
+    /// protocol error's, a refused HELLO's) are [`crate::gift::discard`]ed, if a peer sent them
+    /// ([`recv`]); [`Received::take_fds`] takes them for use.
     pub fds: Vec<OwnedFd>,
+    from_peer: bool,
+}
+
+impl Received {
+    /// The descriptors, for use: no longer discarded with the datagram.
+    pub fn take_fds(&mut self) -> Vec<OwnedFd> {
+        std::mem::take(&mut self.fds)
+    }
+}
+
+impl Drop for Received {
+    fn drop(&mut self) {
+        if self.from_peer {
+            self.fds.drain(..).for_each(crate::gift::discard);
+        }
+    }
 }
 
 /// Receives one datagram into `buf`, with its descriptors (close-on-exec; room for all one
 /// message can carry: the kernel would drop the others here, undisarmed). `dontwait` makes it
 /// non-blocking whatever the socket's mode.
 pub fn recv(fd: impl AsFd, buf: &mut [u8], dontwait: bool) -> io::Result<Received> {
+    recv_from(fd, buf, dontwait, true)
+}
+
+/// [`recv`] from a socket only processes of our own lineage reach (the descriptors of an offer
+/// one of them hands over, live sockets whose queues are not ours to take): descriptors are
+/// disarmed, Unix sockets' queues left as they are.
+pub fn recv_own(fd: impl AsFd, buf: &mut [u8], dontwait: bool) -> io::Result<Received> {
+    recv_from(fd, buf, dontwait, false)
+}
+
+fn recv_from(fd: impl AsFd, buf: &mut [u8], dontwait: bool, from_peer: bool) -> io::Result<Received> {
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(crate::gift::MAX_RIGHTS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let mut flags = RecvFlags::CMSG_CLOEXEC;
@@ -77,13 +106,21 @@ pub fn recv(fd: impl AsFd, buf: &mut [u8], dontwait: bool) -> io::Result<Receive
     let mut fds = Vec::new();
     for m in control.drain() {
         if let RecvAncillaryMessage::ScmRights(rights) = m {
-            fds.extend(rights.inspect(|f| crate::gift::disarm(f)));
+            // A Unix socket (a doorbell end, or a gift in a slot of another kind) may hold
+            // descriptors in its queue that its close would release here: taken now.
+            fds.extend(rights.inspect(|f| {
+                crate::gift::disarm(f);
+                if from_peer && crate::gift::is_unix(f) {
+                    crate::gift::take_queued(f);
+                }
+            }));
         }
     }
     Ok(Received {
         len: msg.bytes,
         truncated: msg.flags.contains(net::ReturnFlags::TRUNC) || msg.flags.contains(net::ReturnFlags::CTRUNC),
         fds,
+        from_peer,
     })
 }
 
@@ -96,6 +133,7 @@ pub fn empty_before_close(fd: impl AsFd) -> usize {
     let mut taken = 0;
     while taken < 64 {
         match recv(&fd, &mut buf, true) {
+            // Never kept: shut down and emptied before their close (`gift::discard`).
             Ok(r) if r.len > 0 || !r.fds.is_empty() => taken += 1,
             _ => break,
         }

@@ -176,6 +176,18 @@ pub fn set_rcvlowat(fd: rustix::fd::BorrowedFd<'_>, n: usize) -> io::Result<()> 
     }
 }
 
+/// The socket's `SO_RCVLOWAT` (an accepted socket's is its listener's), at least 1 (the kernel
+/// reads 0 as 1); `None` if it cannot be read.
+pub fn rcvlowat(fd: rustix::fd::BorrowedFd<'_>) -> Option<usize> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes at `&mut v`, a c_int we own; `fd` is open.
+    let r = unsafe {
+        libc::getsockopt(std::os::fd::AsRawFd::as_raw_fd(&fd), libc::SOL_SOCKET, libc::SO_RCVLOWAT, std::ptr::from_mut(&mut v).cast(), &mut len)
+    };
+    (r == 0).then(|| v.max(1) as usize)
+}
+
 /// Whether the peer of the connected TCP socket `fd` ended its stream (its FIN came, or the
 /// connection failed): no more bytes will be queued. One look, no wait.
 pub fn peer_ended(fd: rustix::fd::BorrowedFd<'_>) -> bool {

@@ -432,8 +432,9 @@ pub struct Hello {
     pub memfd: OwnedFd,
     /// The client's doorbell slot: another descriptor of `server_bell` (checked by a claim).
     pub client_bell: OwnedFd,
-    /// The server's doorbell: its end of the connection's doorbell pair.
-    pub server_bell: OwnedFd,
+    /// The server's doorbell: its end of the connection's doorbell pair (made by the client,
+    /// which may hold a copy: shut down and emptied if dropped unused).
+    pub server_bell: colo_sys::gift::PeerSocket,
     /// The mode asked for.
     pub mode: Mode,
     header: Header,
@@ -469,7 +470,8 @@ fn is_eventfd(fd: &OwnedFd) -> bool {
 /// The HELLO's doorbell slots: one Unix stream socket twice. It refuses descriptors from now on
 /// (`gift::refuse_rights`: an honest client's `doorbell::pair` already does; a peer's descriptor
 /// could make a drain wait).
-pub(crate) fn check_bells(client_bell: &OwnedFd, server_bell: &OwnedFd) -> Result<(), &'static str> {
+pub(crate) fn check_bells(client_bell: impl AsFd, server_bell: impl AsFd) -> Result<(), &'static str> {
+    let server_bell = server_bell.as_fd();
     if !doorbell::is_doorbell(server_bell) {
         return Err("doorbell is not a Unix stream socket");
     }
@@ -493,7 +495,7 @@ pub(crate) fn new_self_bell() -> io::Result<OwnedFd> {
 /// Reads the HELLO waiting on an accepted rendezvous connection, without blocking.
 pub fn read_hello(control: OwnedFd) -> HelloRead {
     let mut buf = [0u8; 64];
-    let r = match seqpacket::recv(&control, &mut buf, true) {
+    let mut r = match seqpacket::recv(&control, &mut buf, true) {
         Ok(r) => r,
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => return HelloRead::Pending(control),
         Err(e) => return HelloRead::Refused(format!("rendezvous read: {e}")),
@@ -525,7 +527,7 @@ pub fn read_hello(control: OwnedFd) -> HelloRead {
     if behind > 0 {
         return bad("a message behind the HELLO");
     }
-    let mut fds = r.fds.into_iter();
+    let mut fds = r.take_fds().into_iter();
     let (Some(memfd), Some(client_bell), Some(server_bell), None) = (fds.next(), fds.next(), fds.next(), fds.next())
     else {
         return bad("HELLO without exactly three descriptors");
@@ -555,6 +557,7 @@ pub fn hello_from_fds(
         return Err(format!("{NO_DESCRIPTORS}: {e}"));
     }
     let [control, memfd, client_bell, server_bell] = fds;
+    let server_bell = colo_sys::gift::PeerSocket::new(server_bell);
     let mut head = [0u8; HEADER_FIELDS];
     match segment::read_prefix(&memfd, &mut head) {
         Ok(HEADER_FIELDS) => {}
@@ -662,7 +665,7 @@ impl Hello {
         }
         Ok(Established {
             seg,
-            fds: Fds { control: self.control, own_bell: self.server_bell, self_bell },
+            fds: Fds { control: self.control, own_bell: self.server_bell.into_fd(), self_bell },
             role: Role::Server,
             local: server,
             peer: client,

@@ -413,7 +413,7 @@ pub(crate) struct Served {
 /// table of recycled segments.
 pub(crate) fn answer(control: OwnedFd, served: Served, opts: &Options, parked: &Arc<Table>) -> Answer {
     let mut buf = [0u8; 64];
-    let r = match seqpacket::recv(&control, &mut buf, true) {
+    let mut r = match seqpacket::recv(&control, &mut buf, true) {
         Ok(r) => r,
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Answer::Pending(control),
         Err(e) => return Answer::Refused(format!("rendezvous read: {e}")),
@@ -446,7 +446,7 @@ pub(crate) fn answer(control: OwnedFd, served: Served, opts: &Options, parked: &
         Ok(_) => return reject(&control, Reason::BadMessage, "not a HELLO"),
         Err(e) => return reject(&control, Reason::BadMessage, e),
     };
-    let mut fds = r.fds.into_iter();
+    let mut fds = r.take_fds().into_iter();
     let (Some(memfd), Some(client_bell), Some(server_bell), None) = (fds.next(), fds.next(), fds.next(), fds.next())
     else {
         return reject(&control, Reason::BadMessage, "HELLO without exactly three descriptors");

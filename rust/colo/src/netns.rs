@@ -557,13 +557,13 @@ fn route(st: &mut State, (h, proof): (Box<Hello>, [u8; PROOF_LEN])) {
 /// proof from its segment header; anything else is refused (REJECT where it makes sense).
 fn read_proved_hello(control: OwnedFd) -> Option<(Box<Hello>, [u8; PROOF_LEN])> {
     let mut buf = [0u8; 64];
-    let r = seqpacket::recv(&control, &mut buf, true).ok()?;
+    let mut r = seqpacket::recv(&control, &mut buf, true).ok()?;
     if r.len == 0 && r.fds.is_empty() {
         return None;
     }
     let netns = r.len == MESSAGE_LEN && u32::from_le_bytes(buf[8..12].try_into().expect("4 bytes")) & FLAG_NETNS != 0;
     let carrier_hello = matches!(Message::decode(&buf[..r.len.min(MESSAGE_LEN)]), Ok(Message::Hello { version: wire::VERSION, mode: Mode::Carrier }));
-    let mut fds = r.fds.into_iter();
+    let mut fds = r.take_fds().into_iter();
     let (Some(memfd), Some(cb), Some(sb), None) = (fds.next(), fds.next(), fds.next(), fds.next()) else {
         carrier::reject(&control, Reason::BadMessage);
         return None;

@@ -46,23 +46,27 @@ struct Waiting {
     /// raised: the rest is on its way).
     not_before: Option<Instant>,
     /// `SO_RCVLOWAT` is raised on `tcp` (the start of a PROPOSAL came: its socket is reported
-    /// once more bytes are queued), lowered again before the stream goes on.
-    lowat: bool,
+    /// once more bytes are queued) from this value (an accepted socket has its listener's), put
+    /// back before the stream goes on.
+    lowat: Option<usize>,
 }
 
 impl Waiting {
     /// Until `n` bytes are queued (or the stream ends), its socket is not reported readable.
     fn wait_for_bytes(&mut self, n: usize) -> bool {
+        let Some(was) = self.lowat.or_else(|| colo_sys::tcp::rcvlowat(self.tcp.as_fd())) else { return false };
         let done = colo_sys::tcp::set_rcvlowat(self.tcp.as_fd(), n).is_ok();
-        self.lowat |= done;
+        if done {
+            self.lowat = Some(was);
+        }
         done
     }
 
-    /// The socket's `SO_RCVLOWAT` back to the default, as the application or the carrier
+    /// The socket's `SO_RCVLOWAT` back to what it was, as the application or the carrier
     /// expects it.
     fn lower(&mut self) {
-        if std::mem::take(&mut self.lowat) {
-            let _ = colo_sys::tcp::set_rcvlowat(self.tcp.as_fd(), 1);
+        if let Some(was) = self.lowat.take() {
+            let _ = colo_sys::tcp::set_rcvlowat(self.tcp.as_fd(), was);
         }
     }
 
@@ -134,7 +138,7 @@ impl NetnsAccepts {
             return Err(tcp);
         }
         let deadline = Instant::now() + netns::first_bytes_wait();
-        self.waiting.push(Waiting { tcp, peer, local, stage: Stage::Opening, deadline, not_before: None, lowat: false });
+        self.waiting.push(Waiting { tcp, peer, local, stage: Stage::Opening, deadline, not_before: None, lowat: None });
         self.full &= self.waiting.len() > MAX_WAITING / 2;
         self.arm();
         Ok(())

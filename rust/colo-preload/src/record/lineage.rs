@@ -209,8 +209,8 @@ impl Lineage {
             let t = rustix::event::Timespec { tv_sec: 0, tv_nsec: slice.as_nanos() as i64 };
             let _ = rustix::event::poll(&mut p, Some(&t));
             let mut buf = [0u8; 16];
-            match seqpacket::recv(&mine, &mut buf, true) {
-                Ok(r) if r.len > 0 && !r.truncated => return Asked::Answer(buf[..r.len].to_vec(), r.fds),
+            match seqpacket::recv_own(&mine, &mut buf, true) {
+                Ok(mut r) if r.len > 0 && !r.truncated => return Asked::Answer(buf[..r.len].to_vec(), r.take_fds()),
                 Ok(_) => return Asked::Nothing("malformed answer".into()),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Asked::Nothing(format!("answer: {e}")),
@@ -227,11 +227,11 @@ impl Lineage {
     pub fn next_request(&self) -> Option<Request> {
         loop {
             let mut buf = [0u8; 128];
-            let r = seqpacket::recv(&self.serve, &mut buf, true).ok()?;
+            let mut r = seqpacket::recv_own(&self.serve, &mut buf, true).ok()?;
             if r.truncated || r.fds.len() != 1 {
                 continue;
             }
-            let reply = r.fds.into_iter().next()?;
+            let reply = r.take_fds().into_iter().next()?;
             return Some(Request { bytes: buf[..r.len].to_vec(), reply });
         }
     }

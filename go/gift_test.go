@@ -1,0 +1,117 @@
+package colo
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// lingeringSocket is a TCP socket whose last close would wait 600 s: bytes queued that its peer
+// (kept open by the returned listener's accepted connection, never read) cannot take.
+func lingeringSocket(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	g, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.SetsockoptInt(g, unix.SOL_SOCKET, unix.SO_SNDBUF, 4096)
+	if err := unix.Connect(g, &unix.SockaddrInet4{Port: l.Addr().(*net.TCPAddr).Port, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	peer, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { peer.Close() })
+	peer.(*net.TCPConn).SetReadBuffer(4096)
+	unix.SetNonblock(g, true)
+	for {
+		if _, err := unix.Write(g, make([]byte, 65536)); err != nil {
+			break
+		}
+	}
+	unix.SetsockoptLinger(g, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 600})
+	return g
+}
+
+// holdingSocket is a Unix socket whose queue holds fd (closed here): only its release drops it.
+func holdingSocket(t *testing.T, fd int) int {
+	p, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Sendmsg(p[1], []byte{1}, unix.UnixRights(fd), nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(p[1])
+	unix.Close(fd)
+	return p[0]
+}
+
+func returnsWithin(t *testing.T, what string, f func()) {
+	done := make(chan struct{})
+	go func() { f(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal(what)
+	}
+}
+
+// A peer's Unix socket whose queue holds a lingering socket, at any depth, is closed at once:
+// shut down and emptied, what it held disarmed.
+func TestNestedGiftClosesAtOnce(t *testing.T) {
+	watchdog(t, 150*time.Second)
+	u := holdingSocket(t, lingeringSocket(t))
+	returnsWithin(t, "the close waited for the linger one level down", func() { discardFd(u) })
+	u = holdingSocket(t, lingeringSocket(t))
+	for i := 0; i < 3*inlineSockets; i++ {
+		u = holdingSocket(t, u)
+	}
+	returnsWithin(t, "the close waited for the linger at a chain's bottom", func() { discardFd(u) })
+}
+
+// A client that kept a copy of the server's doorbell end turns descriptors back on and queues a
+// nested gift: the drain, and the close of the end, return at once, and the end, found taking
+// descriptors at its close, is shut down.
+func TestDoorbellTakingDescriptorsAgain(t *testing.T) {
+	watchdog(t, 150*time.Second)
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	if !refuseRights(fds[1]) {
+		t.Skip("a kernel before 6.16: no SO_PASSRIGHTS")
+	}
+	copyFd, err := unix.Dup(fds[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.SetsockoptInt(copyFd, unix.SOL_SOCKET, soPassRights, 1)
+	unix.Close(copyFd)
+	u := holdingSocket(t, lingeringSocket(t))
+	if err := unix.Sendmsg(fds[0], []byte{1}, unix.UnixRights(u), nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(u)
+	returnsWithin(t, "the drain waited for the gift's close", func() { drainBell(fds[1]) })
+	u = holdingSocket(t, lingeringSocket(t))
+	if err := unix.Sendmsg(fds[0], []byte{1}, unix.UnixRights(u), nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(u)
+	returnsWithin(t, "the close waited for the gift queued on the doorbell", func() {
+		emptyBellBeforeClose(fds[1])
+		if err := unix.Sendmsg(fds[0], []byte{1}, unix.UnixRights(fds[0]), nil, unix.MSG_NOSIGNAL); err != unix.EPIPE {
+			t.Errorf("the end still took descriptors after its last look: %v", err)
+		}
+		unix.Close(fds[1])
+	})
+}
