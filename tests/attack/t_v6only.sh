@@ -41,7 +41,7 @@ for _ in $(seq 100); do [ "$(in_ns redis-cli -h ::1 -p $P2 ping 2>/dev/null)" = 
 check "redis under colo run is up on [::]:$P2" test "$(in_ns redis-cli -h ::1 -p $P2 ping 2>/dev/null)" = PONG
 check "plain TCP to 127.0.0.1:$P2 is refused by the kernel" refused "127.0.0.1:$P2"
 out=$(in_ns env COLO_LOG=info $COLORUN redis-cli -h 127.0.0.1 -p $P2 ping 2>&1)
-check "redis-cli under colo run to 127.0.0.1:$P2 is refused too" sh -c "echo '$out' | grep -q 'Connection refused'"
+check "redis-cli under colo run to 127.0.0.1:$P2 is refused too" bash -c 'grep -q "Connection refused" <<<"$1"' _ "$out"
 out=$(in_ns env COLO_LOG=info $COLORUN redis-cli -h ::1 -p $P2 ping 2>"$WORK/v6cli.err")
 check "... and over IPv6 gets its answer" test "$out" = PONG
 check "... over shared memory" grep -q ": accelerated (shared memory)" "$WORK/v6cli.err"

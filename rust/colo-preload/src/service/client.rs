@@ -31,12 +31,19 @@ fn self_plain(target: SocketAddr) -> bool {
     try_lock(&SELF_PLAIN).is_some_and(|s| s.contains(&target))
 }
 
-fn timeout() -> Duration {
-    static T: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *T.get_or_init(|| {
-        let ms = std::env::var("COLO_CARRIER_TIMEOUT_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(500u64);
-        Duration::from_millis(ms)
+/// How long a client waits for its server's answer, and whether the user chose it
+/// (`COLO_CARRIER_TIMEOUT_MS`): a chosen wait is waited in full, even on a server whose program is
+/// not accepting now (`wait_while_accepting`).
+fn timeout_setting() -> (Duration, bool) {
+    static T: std::sync::OnceLock<(Duration, bool)> = std::sync::OnceLock::new();
+    *T.get_or_init(|| match std::env::var("COLO_CARRIER_TIMEOUT_MS").ok().and_then(|v| v.parse().ok()) {
+        Some(ms) => (Duration::from_millis(ms), true),
+        None => (Duration::from_millis(500), false),
     })
+}
+
+fn timeout() -> Duration {
+    timeout_setting().0
 }
 
 fn geometry() -> Geometry {
@@ -347,8 +354,10 @@ const STALL: Duration = Duration::from_millis(10);
 /// its program has accepted the connection (the claim and the answer follow), and in steps of
 /// `STALL` while its listener's queue gets shorter. A queue that stayed as it was over a step
 /// means its program is not accepting now: the connection goes on over plain TCP, as it would
-/// at the end of `left`, and so do the next ones there for a while (`adapt::not_accepting`). Where this network namespace does not list the connection (a server
-/// in another one), the wait is the whole `left`.
+/// at the end of `left`, and so do the next ones there for a while (`adapt::not_accepting`),
+/// unless the user chose the wait (`COLO_CARRIER_TIMEOUT_MS`: a server known to accept late).
+/// Where this network namespace does not list the connection (a server in another one), the wait
+/// is the whole `left`.
 fn wait_while_accepting(fd: i32, p: &Pending, left: Duration) -> Answer {
     let end = Instant::now() + left;
     if let Some(a) = answered_within(p, left.min(STALL)) {
@@ -384,7 +393,7 @@ fn wait_while_accepting(fd: i32, p: &Pending, left: Duration) -> Answer {
         match (now_queued, queue) {
             // Accepted, or not to be told: the rest of the wait.
             (None, _) => return p.offer.wait_answer(rest),
-            (Some(n), Some(before)) if n >= before => {
+            (Some(n), Some(before)) if n >= before && !timeout_setting().1 => {
                 adapt::not_accepting(p.peer);
                 log_info(format_args!(
                     "connect {}: its server's program is not accepting ({n} connections in its queue); plain TCP there for {:?}",
