@@ -23,6 +23,15 @@ static void peer_name(int fd) {
     T("getpeername", getpeername(fd, (struct sockaddr *)&a, &len));
 }
 
+/* TCP_INFO's tcpi_state of `fd` (the first byte of the kernel's struct tcp_info). */
+static void tcp_state(const char *what, int fd) {
+    unsigned char i[232];
+    socklen_t len = sizeof i;
+    memset(i, 0, sizeof i);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, i, &len) < 0) die("TCP_INFO");
+    say("  %s: state %d", what, i[0]);
+}
+
 static void linger0_poll(void) {
     int s, c;
     pair(&s, &c);
@@ -174,10 +183,13 @@ static void clean_close(void) {
     int e = so_error(s);
     say("  SO_ERROR = %s", e ? ename(e) : "0");
     peer_name(s);
+    tcp_state("TCP_INFO", s);
     T("recv", recv(s, b, sizeof b, 0));
     T("send", send(s, "abcd", 4, MSG_NOSIGNAL));
     settle(50);
     mask("poll after send", pmask(s));
+    tcp_state("TCP_INFO after send", s);
+    peer_name(s);
     T("send again", send(s, "abcd", 4, MSG_NOSIGNAL));
 }
 

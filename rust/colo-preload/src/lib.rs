@@ -81,8 +81,9 @@ extern "C" fn atfork_child() {
 
 /// The shim's locks that a fork child must find unlocked (see `colo::internal::fork`), in the
 /// order taken: the listeners' table slots, the held sets of connections from other namespaces,
-/// the epoll registrations that follow those sets, and the connections' epoll registrations. A
-/// thread holding one of them takes none before it in this order.
+/// the epoll registrations that follow those sets, the connections' epoll registrations, and
+/// the table of destinations a client dialed (`adapt`). A thread holding one of them takes none
+/// before it in this order.
 static FORK_LOCKS: colo::internal::fork::Locks = colo::internal::fork::Locks { take: fork_guards, in_child: Some(forked) };
 
 fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
@@ -90,6 +91,7 @@ fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
     g.extend(server::held::fork_guards());
     g.extend(api::lregs::fork_guards());
     g.extend(conn::regs::fork_guards());
+    g.extend(record::adapt::fork_guards());
     g
 }
 

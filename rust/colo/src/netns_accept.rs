@@ -126,6 +126,15 @@ impl NetnsAccepts {
         }
     }
 
+    /// Closes every connection held here, waiting or ready, and leaves the poll set as it is:
+    /// for a fork child's copy of its parent's set, whose poll set is the parent's too (an epoll
+    /// instance is shared across fork) and whose connections the parent hands out; the child's
+    /// copies of their sockets would keep them open after the parent's application closed them.
+    pub fn let_go(&mut self) {
+        self.waiting.clear();
+        self.ready.clear();
+    }
+
     /// Takes `tcp`, just accepted from `peer` (a listed peer of another namespace), to wait
     /// here; gives it back when the set is full or its socket cannot be watched.
     pub fn admit(&mut self, tcp: TcpStream, peer: SocketAddr, poller: &Poller) -> Result<(), TcpStream> {
@@ -396,6 +405,58 @@ mod tests {
             client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             client.read_exact(&mut b).unwrap();
             assert_eq!(&b, b"pong");
+        }
+        drop(r);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A fork child's copy of a set lets go of its connections, waiting and ready: the
+    /// clients of those it held see their end once no other copy holds them (here, none), and
+    /// the poll set keeps its registrations (the parent's, in a fork). Watchdog: 10 s reads.
+    #[test]
+    fn a_set_let_go_closes_what_it_holds() {
+        let dir = std::env::temp_dir().join(format!("colo-netns-let-go-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let r = Rendezvous::for_test(&dir, "colo-9-9");
+        let poller = Poller::new().unwrap();
+        let mut a = NetnsAccepts::new(&poller, 7).unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut silent = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let mut speaker = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        speaker.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        let mut accepted = Vec::new();
+        for _ in 0..2 {
+            let (s, peer) = l.accept().unwrap();
+            s.set_nonblocking(true).unwrap();
+            accepted.push((s, peer));
+        }
+        let (held_silent, held_speaker) = if accepted[0].1 == silent.local_addr().unwrap() {
+            (accepted.remove(0), accepted.remove(0))
+        } else {
+            (accepted.remove(1), accepted.remove(0))
+        };
+        // The speaker's connection is resolved (plain TCP) and ready.
+        a.admit(held_speaker.0, held_speaker.1, &poller).unwrap();
+        let watchdog = Instant::now() + Duration::from_secs(10);
+        while !a.has_ready() {
+            assert!(Instant::now() < watchdog, "the speaker was never resolved");
+            let _ = poller.wait(Some(Duration::from_millis(100))).unwrap();
+            a.step(&r, &poller);
+        }
+        // The silent one waits (its deadline is not looked at before the next step).
+        a.admit(held_silent.0, held_silent.1, &poller).unwrap();
+        assert_eq!(a.waiting(), 1);
+        a.let_go();
+        assert_eq!((a.waiting(), a.has_ready()), (0, false));
+        for c in [&mut silent, &mut speaker] {
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut b = [0u8; 8];
+            // The end of stream, or a reset where the client's request was left unread.
+            let ended = match c.read(&mut b) {
+                Ok(n) => n == 0,
+                Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+            };
+            assert!(ended, "the client saw no end of its connection");
         }
         drop(r);
         std::fs::remove_dir_all(&dir).unwrap();

@@ -55,8 +55,9 @@ unsafe fn peer_of_conn(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> O
     }
     let g = Guard::enter();
     let c = table::conn(fd)?;
-    if c.peer_reset() {
-        // As kernel TCP after a reset: not connected.
+    if c.peer_reset() || c.wrote_after_close() {
+        // As kernel TCP after a reset (the peer's, or its answer to a write after it closed):
+        // not connected.
         return None;
     }
     let mut peer = c.shm().peer_addr();

@@ -4,7 +4,7 @@
 
 use crate::api::route::{conn_for_io, plain, plain_first};
 use crate::base::guard::Guard;
-use crate::conn::state::TCP_ESTABLISHED;
+use crate::conn::state::{TCP_CLOSE, TCP_ESTABLISHED};
 use crate::conn::table::{self, NONE};
 use crate::real;
 use libc::{c_int, c_void, socklen_t};
@@ -78,7 +78,12 @@ unsafe fn tcp_info(fd: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
         let p = val as *mut u8;
         // SAFETY: the kernel filled `filled` bytes at `val`; each write is within them.
         unsafe {
-            if filled > TCPI_STATE && *p.add(TCPI_STATE) == TCP_ESTABLISHED {
+            // The carrier carries no byte: established, it stands for the rings' state. Closed,
+            // it may be only because its client reset it at a clean close (`Conn`'s drop), where
+            // kernel TCP's server end stays in CLOSE_WAIT: the rings' state then, unless they
+            // know of no end (the carrier's own close stands).
+            let kernel = if filled > TCPI_STATE { Some(*p.add(TCPI_STATE)) } else { None };
+            if kernel == Some(TCP_ESTABLISHED) || kernel == Some(TCP_CLOSE) && state != TCP_ESTABLISHED {
                 *p.add(TCPI_STATE) = state;
             }
             for (at, add) in [(TCPI_BYTES_ACKED, sent), (TCPI_BYTES_RECEIVED, got)] {

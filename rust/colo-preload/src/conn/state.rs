@@ -32,7 +32,7 @@ pub const RESET_EDGE: u32 = 1 << 30;
 /// Kernel TCP states (`enum` in the kernel's include/net/tcp_states.h), as `TCP_INFO` reports them.
 pub const TCP_ESTABLISHED: u8 = 1;
 const TCP_FIN_WAIT2: u8 = 5;
-const TCP_CLOSE: u8 = 7;
+pub const TCP_CLOSE: u8 = 7;
 const TCP_CLOSE_WAIT: u8 = 8;
 
 /// Processes that hold this connection (fork copies), in a `MAP_SHARED` page so every copy sees
@@ -511,7 +511,8 @@ impl Conn {
         let (ours, theirs) = (out_flags & FLAG_FIN != 0, in_flags & FLAG_FIN != 0);
         // Both FINs: closed (the side that closed first waits in TIME_WAIT in a separate kernel
         // object; its socket reads CLOSE, as the other's does once its FIN is acknowledged).
-        let state = if (in_flags | out_flags) & FLAG_RESET != 0 || ours && theirs {
+        // A write taken after the peer closed was answered with a reset, as kernel TCP's.
+        let state = if (in_flags | out_flags) & FLAG_RESET != 0 || ours && theirs || self.socket_flag(WROTE_AFTER_CLOSE) {
             TCP_CLOSE
         } else if ours {
             TCP_FIN_WAIT2
@@ -626,6 +627,12 @@ impl Conn {
             self.poke();
         }
         taken
+    }
+
+    /// Whether a write after the peer closed was taken (`takes_write_after_close`): kernel TCP's
+    /// socket would have been reset by the peer's answer to it.
+    pub fn wrote_after_close(&self) -> bool {
+        self.socket_flag(WROTE_AFTER_CLOSE)
     }
 
     /// Whether the peer is known to be gone (no system call; see [`Conn::peer_gone`]).

@@ -110,6 +110,13 @@ impl Dest {
 
 static DESTS: Mutex<Option<HashMap<SocketAddr, Dest>>> = Mutex::new(None);
 
+/// Taken around a fork, last of the shim's locks (see `crate::fork_guards`), so that a child
+/// forked while another thread dialed or ended a connection finds the table unlocked at its own
+/// first `connect`. A thread holding it takes no other of the shim's locks.
+pub fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
+    vec![Box::new(DESTS.lock().unwrap_or_else(|e| e.into_inner()))]
+}
+
 pub fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("COLO_SHORT_LIVED").map_or(true, |v| v != "accelerate"))

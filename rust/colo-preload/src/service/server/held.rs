@@ -271,8 +271,13 @@ pub fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
 
 /// In a fork child, once the locks are released (`fork_guards`): the parent's sets go (their
 /// sockets are copies here, closed so that a connection the parent hands out ends when the
-/// parent's application closes it).
+/// parent's application closes it). Their connections are let go explicitly: a set may outlive
+/// the list here, as the parent's watcher thread (`sleepers`), which does not exist here, held a
+/// reference to it at the fork.
 pub fn forked() {
     let gone: Vec<_> = std::mem::take(&mut *sets());
+    for (_, h) in &gone {
+        h.lock().accepts.let_go();
+    }
     drop(gone);
 }

@@ -169,7 +169,6 @@ impl Sleepers {
     fn wake_one(&self) {
         let now = now_ms();
         let expired = |v: u64| v == 0 || now.saturating_sub(v >> 16) > WAKE_LIFE.as_millis() as u64;
-        let Some(slot) = self.wakes.iter().find(|w| expired(w.load(Ordering::Relaxed))) else { return };
         let family = if self.target.is_ipv4() { AddressFamily::INET } else { AddressFamily::INET6 };
         let Ok(s) = rustix::net::socket_with(family, SocketType::STREAM, SocketFlags::NONBLOCK | SocketFlags::CLOEXEC, None) else { return };
         if rustix::net::bind(&s, &SocketAddr::new(self.target.ip(), 0)).is_err() {
@@ -177,7 +176,10 @@ impl Sleepers {
         }
         let Some(local) = rustix::net::getsockname(&s).ok().and_then(|a| crate::base::addr::sockaddr_of(&a)) else { return };
         let value = now.max(1) << 16 | u64::from(local.port());
-        slot.store(value, Ordering::Relaxed);
+        // Claimed by an exchange: the lineage's other processes record theirs in the same
+        // table, and a record one overwrote would leave its wake-up connection unknown to the
+        // accept that takes it (handed to the application as a client that sent nothing).
+        let Some(slot) = claim_slot(self.wakes, value, expired) else { return };
         let made = match rustix::net::connect(&s, &self.target) {
             Ok(()) => true,
             Err(e) if e == rustix::io::Errno::INPROGRESS => {
@@ -192,6 +194,15 @@ impl Sleepers {
             let _ = slot.compare_exchange(value, 0, Ordering::Relaxed, Ordering::Relaxed);
         }
     }
+}
+
+/// Stores `value` in a slot of `wakes` whose content `free` accepts, by an exchange from what
+/// was read (no other process's record is overwritten); `None` if none could be had.
+fn claim_slot(wakes: &[AtomicU64; 8], value: u64, free: impl Fn(u64) -> bool) -> Option<&AtomicU64> {
+    wakes.iter().find(|w| {
+        let v = w.load(Ordering::Relaxed);
+        free(v) && w.compare_exchange(v, value, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+    })
 }
 
 impl Held {
@@ -272,5 +283,32 @@ fn watch(w: Weak<Held>) {
         if set_moved {
             h.service();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::claim_slot;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Eight threads, as eight processes of a lineage, each record a wake-up connection at the
+    /// same moment: every record lands in a slot of its own, none overwritten.
+    #[test]
+    fn records_made_at_once_each_get_a_slot() {
+        static WAKES: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+        let start = std::sync::Barrier::new(8);
+        std::thread::scope(|s| {
+            for t in 1..=8u64 {
+                let start = &start;
+                s.spawn(move || {
+                    start.wait();
+                    assert!(claim_slot(&WAKES, t << 16 | t, |v| v == 0).is_some(), "a free slot was there for record {t}");
+                });
+            }
+        });
+        let mut got: Vec<u64> = WAKES.iter().map(|w| w.load(Ordering::Relaxed) & 0xFFFF).collect();
+        got.sort_unstable();
+        assert_eq!(got, (1..=8).collect::<Vec<_>>());
+        assert!(claim_slot(&WAKES, 9 << 16 | 9, |v| v == 0).is_none(), "a full table takes no more");
     }
 }
