@@ -14,9 +14,9 @@
 //! Environment (`colo run` warns about values it would not understand): `COLO_LOG=info|debug`
 //! (info: accelerated connections and one-time decisions; debug: also every connection left on
 //! plain TCP, and why), `COLO_DISABLE=1`, `COLO_CARRIER_TIMEOUT_MS` (default 500:
-//! how long a client's first operation waits for the server to claim its offer; by default a
-//! client stops waiting early on a server whose accept queue does not move, a chosen value is
-//! waited in full),
+//! how long a client's first operation waits for the server to claim its offer; a client that
+//! holds another accelerated connection stops waiting early when the server's accept queue does
+//! not move),
 //! `COLO_RING_KB` (the largest a ring grows to; default `colo::default_ring()`), `COLO_SPIN_US`.
 //!
 //! The layers, bottom up (each imports only those below it):

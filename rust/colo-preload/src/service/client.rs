@@ -31,19 +31,12 @@ fn self_plain(target: SocketAddr) -> bool {
     try_lock(&SELF_PLAIN).is_some_and(|s| s.contains(&target))
 }
 
-/// How long a client waits for its server's answer, and whether the user chose it
-/// (`COLO_CARRIER_TIMEOUT_MS`): a chosen wait is waited in full, even on a server whose program is
-/// not accepting now (`wait_while_accepting`).
-fn timeout_setting() -> (Duration, bool) {
-    static T: std::sync::OnceLock<(Duration, bool)> = std::sync::OnceLock::new();
-    *T.get_or_init(|| match std::env::var("COLO_CARRIER_TIMEOUT_MS").ok().and_then(|v| v.parse().ok()) {
-        Some(ms) => (Duration::from_millis(ms), true),
-        None => (Duration::from_millis(500), false),
-    })
-}
-
 fn timeout() -> Duration {
-    timeout_setting().0
+    static T: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *T.get_or_init(|| {
+        let ms = std::env::var("COLO_CARRIER_TIMEOUT_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(500u64);
+        Duration::from_millis(ms)
+    })
 }
 
 fn geometry() -> Geometry {
@@ -339,9 +332,18 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
     }
 }
 
-/// How long the server's accept queue may stay as it is, its program not accepting, before a
-/// connection still in it is given up on (`wait_while_accepting`).
+/// Whether this process holds an established accelerated connection: one a server's program may
+/// be waiting on (a worker reading the request of a connection the client has not written on
+/// yet, an FTP server's control connection) while the client waits for another's accept.
+fn holds_a_connection() -> bool {
+    table::fds_of_kind(table::CONN).next().is_some()
+}
+
+/// How often a waiting client looks at its server's accept queue (`wait_while_accepting`), and
+/// how many looks in a row may find it no shorter than at the look before (its program not
+/// accepting, or arrivals outpacing its accepts) before a connection still in it is given up on.
 const STALL: Duration = Duration::from_millis(10);
+const STALL_LOOKS: u32 = 3;
 
 /// Waits for the answer to `p` (at most `left`) while the server's program is getting to the
 /// connection. Its answer comes when that program accepts the connection; over TCP a client
@@ -352,10 +354,13 @@ const STALL: Duration = Duration::from_millis(10);
 /// would wait the whole `left` for every connection beyond the workers' number, and the workers
 /// for it meanwhile. So the wait goes on only while the server makes progress: to the end once
 /// its program has accepted the connection (the claim and the answer follow), and in steps of
-/// `STALL` while its listener's queue gets shorter. A queue that stayed as it was over a step
-/// means its program is not accepting now: the connection goes on over plain TCP, as it would
-/// at the end of `left`, and so do the next ones there for a while (`adapt::not_accepting`),
-/// unless the user chose the wait (`COLO_CARRIER_TIMEOUT_MS`: a server known to accept late).
+/// `STALL` while its listener's queue gets shorter. A queue that got no shorter over
+/// `STALL_LOOKS` steps in a row means its program is not accepting now (a queue's length alone
+/// cannot tell accepts matched by arrivals: one look would take a server in a burst of
+/// connections for one that stopped): the connection goes on over plain TCP, as it would
+/// at the end of `left`, and so do the next ones there for a while (`adapt::not_accepting`).
+/// Only where this process holds another connection (one such a server may be waiting on): a
+/// lone client, which no server can be waiting on, waits the whole `left` for a late accept.
 /// Where this network namespace does not list the connection (a server in another one), the wait
 /// is the whole `left`.
 fn wait_while_accepting(fd: i32, p: &Pending, left: Duration) -> Answer {
@@ -369,6 +374,7 @@ fn wait_while_accepting(fd: i32, p: &Pending, left: Duration) -> Answer {
         return p.offer.wait_answer(end.saturating_duration_since(Instant::now()));
     };
     let mut queue = None;
+    let mut flat = 0;
     loop {
         let rest = end.saturating_duration_since(Instant::now());
         if rest.is_zero() {
@@ -393,7 +399,7 @@ fn wait_while_accepting(fd: i32, p: &Pending, left: Duration) -> Answer {
         match (now_queued, queue) {
             // Accepted, or not to be told: the rest of the wait.
             (None, _) => return p.offer.wait_answer(rest),
-            (Some(n), Some(before)) if n >= before && !timeout_setting().1 => {
+            (Some(n), Some(before)) if n >= before && flat + 1 >= STALL_LOOKS && holds_a_connection() => {
                 adapt::not_accepting(p.peer);
                 log_info(format_args!(
                     "connect {}: its server's program is not accepting ({n} connections in its queue); plain TCP there for {:?}",
@@ -402,7 +408,10 @@ fn wait_while_accepting(fd: i32, p: &Pending, left: Duration) -> Answer {
                 ));
                 return Answer::Timeout;
             }
-            (Some(n), _) => queue = Some(n),
+            (Some(n), before) => {
+                flat = if before.is_some_and(|b| n >= b) { flat + 1 } else { 0 };
+                queue = Some(n);
+            }
         }
         if let Some(a) = answered_within(p, rest.min(STALL)) {
             return a;
