@@ -19,13 +19,12 @@ use std::time::{Duration, Instant};
 /// While the application's own accepts collect the offers (`accept::on_accept` reads the
 /// rendezvous of the listener it accepted on), and this process has not forked lately, the
 /// service thread leaves the rendezvous alone and looks at them every
-/// `ACCEPTS_COLLECT_EVERY_MS` instead of waking for each HELLO: woken for each, it took the
-/// rendezvous connection and its descriptors on a second thread and contended with the
-/// accepting thread for the state lock, two context switches a connection, when an event loop
-/// (redis) accepts a connection per request. A process that forks (postgres forks a backend per
-/// connection from the thread that accepts) keeps the thread collecting beside its accepts:
-/// collecting on that thread lengthened the path every connection waits on. Back to waking for
-/// each HELLO `ACCEPTS_QUIET_MS` after the last accept that collected one.
+/// `ACCEPTS_COLLECT_EVERY_MS`: an event loop that accepts a connection per request then takes
+/// its offer on its own thread, with no second thread woken for the HELLO and no contention for
+/// the state lock. A process that forks per connection from its accepting thread (postgres)
+/// keeps the service thread collecting beside its accepts, so that the accept path every
+/// connection waits on stays short. Back to waking for each HELLO `ACCEPTS_QUIET_MS` after the
+/// last accept that collected one (docs/ARCHITECTURE.md has the measurements).
 const ACCEPTS_QUIET_MS: u64 = 1000;
 const ACCEPTS_COLLECT_EVERY_MS: u64 = 20;
 
