@@ -28,6 +28,14 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
+# Reporting: each script sets FAIL=0 and ends with its count of `bad`s.
+ok() { echo "ok   $*"; }
+bad() { echo "FAIL $*"; FAIL=1; }
+check() { local name=$1; shift; if "$@"; then ok "$name"; else bad "$name"; fi; }
+need() { command -v "$1" >/dev/null || { bad "$1 is not installed (tests/apps/packages.txt)"; return 1; }; }
+fds() { ls "/proc/$1/fd" 2>/dev/null | wc -l; }
+# fds_back PID MAX: the count falls to MAX or below within 10 s.
+fds_back() { for _ in $(seq 200); do [ "$(fds "$1")" -le "$2" ] && return 0; sleep 0.05; done; echo "pid $1 holds $(fds "$1") descriptors"; return 1; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened"; return 1; }
 start_redis() { # $1 port, $2 "colo" or "", then more redis-server options

@@ -7,13 +7,6 @@
 source "$(dirname "$0")/common.sh"
 [ -n "${COLO_APPS_BUILT:-}" ] || build
 FAIL=0
-ok() { echo "ok   $*"; }
-bad() { echo "FAIL $*"; FAIL=1; }
-check() { local name=$1; shift; if "$@"; then ok "$name"; else bad "$name"; fi; }
-need() { command -v "$1" >/dev/null || { bad "$1 is not installed (tests/apps/packages.txt)"; return 1; }; }
-fds() { ls "/proc/$1/fd" 2>/dev/null | wc -l; }
-# fds_back PID MAX: the count falls to MAX or below within 10 s.
-fds_back() { for _ in $(seq 200); do [ "$(fds "$1")" -le "$2" ] && return 0; sleep 0.05; done; echo "pid $1 holds $(fds "$1") descriptors"; return 1; }
 # wait_long PORT: a server that takes seconds to start (varnish compiles its VCL).
 wait_long() { for _ in $(seq 300); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened"; return 1; }
 # same URL FILE [curl options]: curl under colo run gets exactly FILE.

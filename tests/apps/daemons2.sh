@@ -10,12 +10,6 @@
 source "$(dirname "$0")/common.sh"
 [ -n "${COLO_APPS_BUILT:-}" ] || build
 FAIL=0
-ok() { echo "ok   $*"; }
-bad() { echo "FAIL $*"; FAIL=1; }
-check() { local name=$1; shift; if "$@"; then ok "$name"; else bad "$name"; fi; }
-need() { command -v "$1" >/dev/null || { bad "$1 is not installed (tests/apps/packages.txt)"; return 1; }; }
-fds() { ls "/proc/$1/fd" 2>/dev/null | wc -l; }
-fds_back() { for _ in $(seq 200); do [ "$(fds "$1")" -le "$2" ] && return 0; sleep 0.05; done; echo "pid $1 holds $(fds "$1") descriptors"; return 1; }
 acc() { grep -c 'accelerated (shared memory)' "$1"; }
 # listening PORT: the port is listened on (seen without connecting: iperf3 and ncat -l would take a
 # probe connection for their client).

@@ -11,9 +11,6 @@
 source "$(dirname "$0")/common.sh"
 [ -n "${COLO_APPS_BUILT:-}" ] || build
 FAIL=0
-ok() { echo "ok   $*"; }
-bad() { echo "FAIL $*"; FAIL=1; }
-check() { local name=$1; shift; if "$@"; then ok "$name"; else bad "$name"; fi; }
 
 if [ -n "$PG_AS" ] && ! { id nobody >/dev/null 2>&1 && $PG_AS test -r "$SHIM"; }; then
   echo "FAIL postgres: run as root, the server needs a user nobody that can read $SHIM"; exit 1

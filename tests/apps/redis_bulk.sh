@@ -7,9 +7,6 @@
 source "$(dirname "$0")/common.sh"
 [ -n "${COLO_APPS_BUILT:-}" ] || build
 FAIL=0
-ok() { echo "ok   $*"; }
-bad() { echo "FAIL $*"; FAIL=1; }
-check() { local name=$1; shift; if "$@"; then ok "$name"; else bad "$name"; fi; }
 
 P=$(free_port); start_redis "$P" colo
 cli() { timeout 10 redis-cli -p "$P" "$@"; }

@@ -8,12 +8,6 @@
 source "$(dirname "$0")/common.sh"
 [ -n "${COLO_APPS_BUILT:-}" ] || build
 FAIL=0
-ok() { echo "ok   $*"; }
-bad() { echo "FAIL $*"; FAIL=1; }
-check() { local name=$1; shift; if "$@"; then ok "$name"; else bad "$name"; fi; }
-fds() { ls "/proc/$1/fd" 2>/dev/null | wc -l; }
-# fds_back PID MAX: the count falls to MAX or below within 10 s.
-fds_back() { for _ in $(seq 200); do [ "$(fds "$1")" -le "$2" ] && return 0; sleep 0.05; done; return 1; }
 code() { timeout 10 "$@" -s -o /dev/null -w '%{http_code}' "$URL"; }
 
 load() { # $1 name, then the server's command (the port is appended)

@@ -6,9 +6,6 @@
 source "$(dirname "$0")/common.sh"
 build
 FAIL=0
-ok() { echo "ok   $*"; }
-bad() { echo "FAIL $*"; FAIL=1; }
-check() { local name=$1; shift; if "$@"; then ok "$name"; else bad "$name"; fi; }
 
 # C scenario programs (each with an alarm() watchdog).
 for src in "$HERE"/c/*.c; do

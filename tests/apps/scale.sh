@@ -5,12 +5,8 @@
 source "$(dirname "$0")/common.sh"
 [ -n "${COLO_APPS_BUILT:-}" ] || build
 FAIL=0
-ok() { echo "ok   $*"; }
-bad() { echo "FAIL $*"; FAIL=1; }
-check() { local name=$1; shift; if "$@"; then ok "$name"; else bad "$name"; fi; }
 
 # fds PID: how many descriptors PID holds.
-fds() { ls /proc/"$1"/fd 2>/dev/null | wc -l; }
 
 # scale N SOFT HARD: redis-benchmark -c N against redis-server, both under `ulimit -Sn SOFT -Hn
 # HARD` (redis raises its own soft limit to what its maxclients need, 10032). Every connection is

@@ -8,9 +8,6 @@
 source "$(dirname "$0")/common.sh"
 [ -n "${COLO_APPS_BUILT:-}" ] || build
 FAIL=0
-ok() { echo "ok   $*"; }
-bad() { echo "FAIL $*"; FAIL=1; }
-check() { local name=$1; shift; if "$@"; then ok "$name"; else bad "$name"; fi; }
 SIZES="1 1000 65536 300000 4000000"
 for n in $SIZES; do head -c "$n" /dev/urandom | od -An -tx1 -v | head -c "$n" > "$WORK/in.$n"; done
 # roundtrip NAME PORT SIZE EXPECTED-TRANSFORM: a client under colo run sends the file and reads

@@ -10,9 +10,6 @@
 source "$(dirname "$0")/common.sh"
 [ -n "${COLO_APPS_BUILT:-}" ] || build
 FAIL=0
-ok() { echo "ok   $*"; }
-bad() { echo "FAIL $*"; FAIL=1; }
-check() { local name=$1; shift; if "$@"; then ok "$name"; else bad "$name"; fi; }
 PY=$HERE/py/write_before_read.py
 STALL=${STALL:-20}
 

@@ -278,13 +278,7 @@ pub(crate) mod tests {
 
     /// A Unix socket whose queue holds `fd` (closed here), and nothing else refers to.
     fn holding(fd: OwnedFd) -> OwnedFd {
-        let (u, w) = rustix::net::socketpair(
-            rustix::net::AddressFamily::UNIX,
-            rustix::net::SocketType::STREAM,
-            rustix::net::SocketFlags::CLOEXEC,
-            None,
-        )
-        .unwrap();
+        let (u, w) = unix_pair();
         crate::seqpacket::send(&w, &[1], &[fd.as_fd()]).unwrap();
         u
     }
@@ -306,15 +300,15 @@ pub(crate) mod tests {
         assert!(closes(move || discard(u)), "the close waited for the linger at the chain's bottom");
     }
 
+    /// A connected pair of Unix stream sockets.
+    fn unix_pair() -> (OwnedFd, OwnedFd) {
+        rustix::net::socketpair(rustix::net::AddressFamily::UNIX, rustix::net::SocketType::STREAM, rustix::net::SocketFlags::CLOEXEC, None)
+            .unwrap()
+    }
+
     #[test]
     fn a_peer_socket_dropped_unused_is_shut_down_and_emptied() {
-        let (a, b) = rustix::net::socketpair(
-            rustix::net::AddressFamily::UNIX,
-            rustix::net::SocketType::STREAM,
-            rustix::net::SocketFlags::CLOEXEC,
-            None,
-        )
-        .unwrap();
+        let (a, b) = unix_pair();
         let (t, _peer, _l) = lingering(600);
         crate::seqpacket::send(&a, &[1], &[holding(t).as_fd()]).unwrap();
         let kept = PeerSocket::new(b);
@@ -324,13 +318,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_socket_that_refuses_rights_gets_none() {
-        let (a, b) = rustix::net::socketpair(
-            rustix::net::AddressFamily::UNIX,
-            rustix::net::SocketType::STREAM,
-            rustix::net::SocketFlags::CLOEXEC,
-            None,
-        )
-        .unwrap();
+        let (a, b) = unix_pair();
         if !refuse_rights(&b) {
             return; // a kernel before 6.16
         }
