@@ -57,9 +57,10 @@ pub fn on_listen(fd: i32) {
                 Ok(r) => r,
                 Err(_) => {
                     // Clients offer there, and the kernel may give their connections to this
-                    // socket: each such client waits out its carrier timeout, then goes on over TCP.
+                    // socket: such a client sees its connection accepted and unanswered, and
+                    // goes on over TCP (the shim's `wait_while_accepting`).
                     log_info(format_args!(
-                        "listen {addr}: rendezvous {name} is held by another process (a SO_REUSEPORT listener on the same address, one that kept an earlier listener's, or a squatter); this listener serves plain TCP, and clients under colo run whose connections the kernel gives it wait COLO_CARRIER_TIMEOUT_MS first"
+                        "listen {addr}: rendezvous {name} is held by another process (a SO_REUSEPORT listener on the same address, one that kept an earlier listener's, or a squatter); this listener serves plain TCP, and clients under colo run whose connections the kernel gives it wait about 20 ms for an answer first"
                     ));
                     return;
                 }
