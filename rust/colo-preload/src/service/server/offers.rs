@@ -340,9 +340,11 @@ fn answer_asks(st: &mut State) {
             // Another user's ASKs get nothing and change nothing here.
             ASKED.store(crate::record::marker::now_ms(), Ordering::Relaxed);
         }
-        let k = crate::service::offer_key::decode(&key);
-        let accepted = |k: &Key| matches!(colo_sys::diag::server_end(k.1, k.0), Ok(Some(colo_sys::diag::ServerEnd::Accepted)));
-        let hello = k.filter(|k| uid == me && accepted(k)).and_then(|k| take(st, &k));
+        // Held first (no system call for a plain client's connection), then accepted.
+        let k = crate::service::offer_key::decode(&key)
+            .filter(|k| uid == me && (st.offers.contains_key(k) || st.rivals.iter().any(|r| r.0 == *k)))
+            .filter(|k| matches!(colo_sys::diag::server_end(k.1, k.0), Ok(Some(colo_sys::diag::ServerEnd::Accepted))));
+        let hello = k.and_then(|k| take(st, &k));
         match hello {
             Some(h) => {
                 let fds = [h.control.as_fd(), h.memfd.as_fd(), h.client_bell.as_fd(), h.server_bell.as_fd()];
