@@ -21,8 +21,12 @@ pub fn inheritable_memfd(name: &str) -> Option<(colo_sys::OwnedFd, colo_sys::Own
     let w = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC).ok()?;
     let w = colo_sys::preload::move_above(w, colo::internal::fd_floor()).ok()?;
     rustix::fs::fchmod(&w, Mode::RUSR | Mode::WUSR).ok()?;
-    let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&w));
-    let r = rustix::fs::open(path.as_str(), OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()?;
+    // The path on the stack: `setrlimit` (`app_nofile::set`) may come in a forked child.
+    let mut path = [0u8; 32];
+    let mut cur = std::io::Cursor::new(&mut path[..31]);
+    std::io::Write::write_fmt(&mut cur, format_args!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&w))).ok()?;
+    let path = std::ffi::CStr::from_bytes_until_nul(&path).ok()?;
+    let r = rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()?;
     let r = colo_sys::preload::move_above(r, colo::internal::fd_floor()).ok()?;
     Some((w, r))
 }
