@@ -117,7 +117,16 @@ pub fn take_back() {
         let f = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
         relayed.extend(relayed::read_inherited(f).into_iter().filter(|n| sockets.iter().any(|(ino, _)| *ino == n.ino)));
     }
+    // A descriptor is taken by one record at most: owned twice, it would be closed under the
+    // connection that kept it.
+    let mut taken: Vec<RawFd> = Vec::new();
     for r in records {
+        let fds = [r.memfd, r.control, r.own_bell, r.self_bell];
+        if fds.iter().any(|fd| taken.contains(fd)) {
+            log_info(format_args!("exec: a handed-over connection names descriptors another took; left alone"));
+            continue;
+        }
+        taken.extend(fds);
         let socks: Vec<i32> = sockets.iter().filter(|(ino, _)| *ino == r.sock_ino).map(|(_, fd)| *fd).collect();
         relayed.extend(take_back_one(r, &socks));
     }
@@ -127,10 +136,12 @@ pub fn take_back() {
 /// Takes back one connection; the addresses of one relayed as standard I/O are returned.
 fn take_back_one(r: Record, socks: &[i32]) -> Option<Names> {
     let fds = [r.memfd, r.control, r.own_bell, r.self_bell];
-    // Each must be open and distinct; then they are ours.
-    // SAFETY: only asks the kernel about the number; a closed one gives EBADF.
-    let open = |fd: RawFd| fd >= 0 && rustix::io::fcntl_getfd(unsafe { BorrowedFd::borrow_raw(fd) }).is_ok();
-    if !fds.iter().all(|&fd| open(fd)) || (1..4).any(|i| fds[..i].contains(&fds[i])) {
+    // Each must be open, distinct and of its kind (a segment, two sockets, an eventfd); then
+    // they are ours. Anything else is left as it is, never closed: the numbers may be the
+    // application's own (its standard I/O, a socket it inherited).
+    let kinds = ["/memfd:colo-seg", "socket:", "socket:", "anon_inode:[eventfd]"];
+    let of_kind = |fd: RawFd, kind: &str| fd >= 0 && std::fs::read_link(format!("/proc/self/fd/{fd}")).is_ok_and(|l| l.to_string_lossy().starts_with(kind));
+    if !fds.iter().zip(kinds).all(|(&fd, kind)| of_kind(fd, kind)) || (1..4).any(|i| fds[..i].contains(&fds[i])) {
         log_info(format_args!("exec: a handed-over connection lost its descriptors; dropped"));
         return None;
     }

@@ -1,7 +1,8 @@
 //! The handover file's record format (see `super`): one inheritable connection in 32
-//! little-endian bytes. Its bytes come from an earlier program image, or from anyone who could
-//! write the inherited memfd: `decode` accepts any 32 bytes without panicking and returns
-//! `None` for a role it does not know; the caller checks the descriptors it names.
+//! little-endian bytes. Its bytes come from an earlier program image (which hands on a read-only
+//! descriptor of a file only its uid may open for writing); still, `decode` accepts any 32
+//! bytes without panicking and returns `None` for a role it does not know, and the caller
+//! checks the descriptors it names.
 
 use colo::internal::segment::Role;
 use colo_sys::RawFd;
