@@ -43,21 +43,23 @@ static inline int shimmed(void) {
     return p && strstr(p, "colo");
 }
 
-/* How many descriptors of this process are colo segments. */
+/* How many colo segments this process maps (by inode: the shim closes the memfd of a
+ * close-on-exec connection once mapped, so its descriptors no longer show them all). */
 static inline int segments(void) {
-    DIR *d = opendir("/proc/self/fd");
-    struct dirent *e;
-    char path[300], link[256];
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512], path[256];
+    unsigned long seen[256], ino;
     int found = 0;
-    while (d && (e = readdir(d))) {
-        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
-        ssize_t n = readlink(path, link, sizeof link - 1);
-        if (n > 0) {
-            link[n] = 0;
-            if (strstr(link, "colo-seg")) found++;
+    while (f && fgets(line, sizeof line, f)) {
+        if (sscanf(line, "%*s %*s %*s %*s %lu %255s", &ino, path) != 2 || !strstr(path, "colo-seg")) continue;
+        int known = 0;
+        for (int i = 0; i < found && i < 256; i++) known |= seen[i] == ino;
+        if (!known) {
+            if (found < 256) seen[found] = ino;
+            found++;
         }
     }
-    if (d) closedir(d);
+    if (f) fclose(f);
     return found;
 }
 

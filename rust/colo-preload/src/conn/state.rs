@@ -80,6 +80,9 @@ pub struct Conn {
     /// The application's descriptor of the carrier TCP socket whose close drops this value
     /// (-1: not known to be the last; see [`Conn::last_close`]).
     closing_fd: AtomicI32,
+    /// The pid of a child sharing this process's memory (`vfork`) that put a relay's socket in
+    /// place of this connection's descriptors in its own table (`service::relay`); 0: none.
+    relayed_by: AtomicU32,
     /// `SO_RCVLOWAT` (at least 1): readable from this many bytes on.
     lowat: AtomicU32,
     /// What a small `SO_SNDBUF` lets a non-blocking writer queue in the ring (0: the ring).
@@ -101,25 +104,34 @@ unsafe impl Sync for Conn {}
 
 impl Conn {
     /// The server side of a connection dialed by a program tagged `client_tag` (see
-    /// `server::client_tag`), whose ending `on_end` records.
-    pub fn accepted(client_tag: Option<u64>, on_end: EndRecorder, est: Established, nonblocking: bool) -> std::io::Result<Conn> {
-        let mut c = Conn::build(est, nonblocking, false, std::time::Duration::ZERO)?;
+    /// `server::client_tag`), whose ending `on_end` records. `keep_memfd`: see `build`.
+    pub fn accepted(client_tag: Option<u64>, on_end: EndRecorder, est: Established, nonblocking: bool, keep_memfd: bool) -> std::io::Result<Conn> {
+        let mut c = Conn::build(est, nonblocking, false, keep_memfd, std::time::Duration::ZERO)?;
         c.client_tag = client_tag;
         c.on_end = Some(on_end);
         Ok(c)
     }
 
     /// The client side of a connection whose set-up (offer to answer) took `setup`.
-    pub fn dialed(est: Established, nonblocking: bool, setup: std::time::Duration) -> std::io::Result<Conn> {
-        Conn::build(est, nonblocking, false, setup)
+    /// `keep_memfd`: see `build`.
+    pub fn dialed(est: Established, nonblocking: bool, setup: std::time::Duration, keep_memfd: bool) -> std::io::Result<Conn> {
+        Conn::build(est, nonblocking, false, keep_memfd, setup)
     }
 
-    /// A connection an earlier image of this process handed over across `exec`.
+    /// A connection an earlier image of this process handed over across `exec` (inheritable:
+    /// it keeps its memfd).
     pub fn resume(est: Established, nonblocking: bool) -> std::io::Result<Conn> {
-        Conn::build(est, nonblocking, true, std::time::Duration::ZERO)
+        Conn::build(est, nonblocking, true, true, std::time::Duration::ZERO)
     }
 
-    fn build(est: Established, nonblocking: bool, resumed: bool, setup: std::time::Duration) -> std::io::Result<Conn> {
+    /// `keep_memfd`: whether the segment memfd stays open, as it must for a connection whose
+    /// application socket is inheritable (`service::handover` maps it again after `exec` from
+    /// the memfd). A connection born close-on-exec closes it here, one descriptor less; should
+    /// it become inheritable later, `handover` relays it instead (`service::relay`).
+    fn build(mut est: Established, nonblocking: bool, resumed: bool, keep_memfd: bool, setup: std::time::Duration) -> std::io::Result<Conn> {
+        if !keep_memfd {
+            est.close_memfd();
+        }
         // SAFETY: the words are kept only in the `Conn` built here (`w`), beside the `Shm` that
         // keeps the segment mapped; `Drop` unmaps it only after its last use of them.
         let w = unsafe { est.words() };
@@ -155,6 +167,7 @@ impl Conn {
             first_reply_ns: AtomicU64::new(0),
             read_shut_here: AtomicBool::new(false),
             closing_fd: AtomicI32::new(-1),
+            relayed_by: AtomicU32::new(0),
             lowat: AtomicU32::new(1),
             send_limit: AtomicU64::new(0),
             client_tag: None,
@@ -193,6 +206,19 @@ impl Conn {
     /// as raw numbers.
     pub fn fds(&self) -> [RawFd; 4] {
         [self.raw[0], self.raw[1], self.raw[2], self.raw[3]]
+    }
+
+    /// Whether this process (a child sharing the memory of the one that made the connection)
+    /// relayed it already: its descriptors of the connection are the relay's socket.
+    pub fn relayed_here(&self) -> bool {
+        // Relaxed (here and in `set_relayed_here`): the word is the whole message, a pid, read
+        // and written by the same thread of the child.
+        self.relayed_by.load(Ordering::Relaxed) == rustix::process::getpid().as_raw_nonzero().get() as u32
+    }
+
+    /// Records that this process relayed the connection (see `relayed_here`).
+    pub fn set_relayed_here(&self) {
+        self.relayed_by.store(rustix::process::getpid().as_raw_nonzero().get() as u32, Ordering::Relaxed);
     }
 
     pub fn inheritable(&self) -> bool {
