@@ -43,22 +43,17 @@ static inline int shimmed(void) {
     return p && strstr(p, "colo");
 }
 
-/* How many colo segments this process maps (by inode: the shim closes the memfd of a
- * close-on-exec connection once mapped, so its descriptors no longer show them all). */
+/* How many colo segment mappings this process has (one per end a process holds: a connection
+ * with both ends in this process counts twice). Counted in /proc/self/maps, not among the
+ * descriptors: the shim closes a close-on-exec connection's memfd once mapped. A mapping split
+ * into several areas counts once, by its area at offset 0. */
 static inline int segments(void) {
     FILE *f = fopen("/proc/self/maps", "r");
     char line[512], path[256];
-    unsigned long seen[256], ino;
+    unsigned long off;
     int found = 0;
-    while (f && fgets(line, sizeof line, f)) {
-        if (sscanf(line, "%*s %*s %*s %*s %lu %255s", &ino, path) != 2 || !strstr(path, "colo-seg")) continue;
-        int known = 0;
-        for (int i = 0; i < found && i < 256; i++) known |= seen[i] == ino;
-        if (!known) {
-            if (found < 256) seen[found] = ino;
-            found++;
-        }
-    }
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "%*s %*s %lx %*s %*s %255s", &off, path) == 2 && off == 0 && strstr(path, "colo-seg")) found++;
     if (f) fclose(f);
     return found;
 }

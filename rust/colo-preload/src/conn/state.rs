@@ -63,7 +63,11 @@ pub struct Conn {
     inheritable: AtomicBool,
     /// The two processes share one CPU: waits on this connection never spin.
     never_spin: bool,
-    raw: [RawFd; 5],
+    /// Control socket, our end of the doorbell pair, self bell, segment memfd (-1 once closed:
+    /// see `build`).
+    raw: [RawFd; 4],
+    /// The readiness fd's number once asked for (-1 before): see `readiness_raw`.
+    readiness: AtomicI32,
     holders: *const AtomicU32,
     /// When the connection was set up (to tell short-lived ones: `adapt` on the client side,
     /// the listener's marker on the server side).
@@ -150,7 +154,6 @@ impl Conn {
         unsafe { &*holders }.store(colo_sys::host::pid(), Ordering::Relaxed);
         let shm = if resumed { est.into_resumed_shm(spin())? } else { est.into_shm(spin())? };
         shm.set_nonblocking(nonblocking);
-        let readiness = shm.readiness_fd().as_raw_fd();
         let never_spin = shm.spin_mode() == colo::SpinMode::Never;
         Ok(Conn {
             shm: ManuallyDrop::new(shm),
@@ -159,7 +162,8 @@ impl Conn {
             nb: AtomicBool::new(nonblocking),
             inheritable: AtomicBool::new(false),
             never_spin,
-            raw: [raw0[0], raw0[1], raw0[2], raw0[3], readiness],
+            raw: raw0,
+            readiness: AtomicI32::new(-1),
             holders,
             born: std::time::Instant::now(),
             setup,
@@ -205,7 +209,7 @@ impl Conn {
     /// Control socket, bells (our end of the doorbell pair, our self bell) and segment memfd,
     /// as raw numbers.
     pub fn fds(&self) -> [RawFd; 4] {
-        [self.raw[0], self.raw[1], self.raw[2], self.raw[3]]
+        self.raw
     }
 
     /// Whether this process (a child sharing the memory of the one that made the connection)
@@ -240,8 +244,36 @@ impl Conn {
         unsafe { colo_sys::BorrowedFd::borrow_raw(self.raw[2]) }
     }
 
+    /// The readiness fd (an epoll set of both bells and the control socket, `Shm::readiness_fd`)
+    /// that stands for this connection in the application's epoll sets. Made at the first
+    /// registration, not with the connection: a connection only read, written or polled never
+    /// needs it (`readiness_made`), one descriptor less. Made once; if it cannot be (out of
+    /// descriptors), the doorbell stands in, and is not asked for again.
     pub fn readiness_raw(&self) -> RawFd {
-        self.raw[4]
+        // Relaxed: the number is the whole message; the descriptor behind it is the Shm's, made
+        // once (its `OnceLock` orders its making).
+        let r = self.readiness.load(Ordering::Relaxed);
+        if r >= 0 {
+            return r;
+        }
+        let r = self.shm.readiness_fd().as_raw_fd();
+        self.readiness.store(r, Ordering::Relaxed);
+        r
+    }
+
+    /// The readiness fd if one was made (see `readiness_raw`).
+    pub fn readiness_made(&self) -> Option<RawFd> {
+        self.shm.readiness_made().map(|f| f.as_raw_fd())
+    }
+
+    /// What a `poll` watches in the kernel for this connection: the readiness fd if it was made;
+    /// else our end of the doorbell pair, the self bell and the control socket themselves (each
+    /// readable when the readiness fd would be), so that no epoll set is made for a poll.
+    pub fn poll_fds(&self) -> ([RawFd; 3], usize) {
+        match self.readiness_made() {
+            Some(r) => ([r, -1, -1], 1),
+            None => ([self.raw[1], self.raw[2], self.raw[0]], 3),
+        }
     }
 
     /// The socket's own state beside the rings (`READ_SHUT` and the rest), one word of the
@@ -808,7 +840,7 @@ impl Drop for Conn {
             // peer sees neither FIN nor a hang-up. The hang-up watcher lets go of it first: it
             // would otherwise write to the unmapped segment and ring a closed descriptor.
             self.shm.stop_watching();
-            for fd in self.raw {
+            for fd in self.raw.into_iter().chain(self.readiness_made()) {
                 // SAFETY: these descriptors belong to the Shm we deliberately do not drop.
                 unsafe { libc::syscall(libc::SYS_close, fd) };
             }

@@ -114,7 +114,7 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd) -> ! {
     let [control, own_bell, self_bell, _] = conn.fds();
     // Nothing of the program's but the connection: its other descriptors must close when the
     // program closes them.
-    close_all_but(&[tcp.as_raw_fd(), carrier.as_raw_fd(), control, own_bell, self_bell, conn.readiness_raw()]);
+    close_all_but(&[tcp.as_raw_fd(), carrier.as_raw_fd(), control, own_bell, self_bell, conn.readiness_made().unwrap_or(-1)]);
     // 0, 1 and 2 taken by /dev/null (see `stdio::run`).
     for _ in 0..3 {
         let _ = rustix::fs::open("/dev/null", rustix::fs::OFlags::RDWR, rustix::fs::Mode::empty()).map(std::mem::forget);
