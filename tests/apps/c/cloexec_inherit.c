@@ -5,9 +5,10 @@
  *     (such a connection is never handed over across exec as it is), and the readiness fd is
  *     made only when the connection joins an epoll set (which this one then does: one more);
  * (b) made inheritable with dup2 onto a number >= 3 in the middle of a stream, it goes on in the
- *     same image and then across an exec of this program (which finds it on that number): every
- *     byte the client sent arrives in order, before and after the dup2 and the exec, and so does
- *     every byte the server sends back; then end of stream both ways. alarm() is the watchdog. */
+ *     same image (its epoll registration too) and then across an exec of this program (which
+ *     finds it on that number): every byte the client sent arrives in order, before and after
+ *     the dup2 and the exec, and so does every byte the server sends back; then end of stream
+ *     both ways. alarm() is the watchdog. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>
@@ -149,8 +150,8 @@ int main(int argc, char **argv) {
     }
     printf("ok: server holds %d descriptors for a close-on-exec connection\n", held);
     fflush(stdout);
-    /* In an epoll set (level-triggered, then removed): the set itself and at most the readiness
-     * fd more, and it reports the bytes waiting. */
+    /* In an epoll set (level-triggered): the set itself and at most the readiness fd more, and
+     * it reports the bytes waiting, before the dup2 below and after it. */
     int ep = epoll_create1(EPOLL_CLOEXEC);
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = s};
     if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) < 0) die("epoll");
@@ -160,12 +161,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "server: %d descriptors more for an epoll set (at most 2)\n", fds() - before - held);
         return 1;
     }
-    epoll_ctl(ep, EPOLL_CTL_DEL, s, NULL);
-    close(ep);
     read_pattern(s, 0, UP_BEFORE, 0, "server");
     write_pattern(s, 0, DOWN_BEFORE, 7);
     if (fcntl(TARGET, F_GETFD) != -1) die("descriptor 100 is in use");
     if (dup2(s, TARGET) != TARGET) die("dup2");
+    /* Still registered, the descriptor reports the bytes the client sent past UP_BEFORE. */
+    if (epoll_wait(ep, &got, 1, 5000) != 1 || got.data.fd != s || !(got.events & EPOLLIN)) die("epoll_wait after dup2");
+    epoll_ctl(ep, EPOLL_CTL_DEL, s, NULL);
+    close(ep);
     close(s);
     read_pattern(TARGET, UP_BEFORE, UP_BEFORE + UP_MIDDLE, 0, "server after dup2");
     write_pattern(TARGET, DOWN_BEFORE, DOWN_BEFORE + DOWN_MIDDLE, 7);
