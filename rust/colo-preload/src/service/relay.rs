@@ -10,7 +10,7 @@
 //! process, forked from this one (it keeps the mapping), carries the bytes between it and the
 //! rings, both ways, in order, as the standard-I/O relay does after an `exec`
 //! (`service::stdio`): the bytes already in the ring toward this side first, then the peer's
-//! later ones; a FIN each way as the other side's end of file; a reset as a reset. The
+//! later ones; a FIN each way as the other side's end of file; a reset either way as a reset. The
 //! application's epoll registrations of those descriptors move to the new socket. From then on
 //! the connection is a plain socket in this image and in every image it `exec`s, which need not
 //! be preloaded; what differs from the accelerated connection is the speed and the addresses the
@@ -122,12 +122,17 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd) -> ! {
     conn.set_nonblocking(false);
     let mut reset = false;
     std::thread::scope(|s| {
-        // The program's bytes toward the peer, its FIN as the connection's.
+        // The program's bytes toward the peer, its FIN as the connection's, its reset (a close
+        // with `SO_LINGER {1, 0}`) as a reset.
         s.spawn(|| {
             let mut buf = vec![0u8; 64 * 1024];
             'up: loop {
                 match rustix::io::read(&tcp, &mut buf) {
                     Err(rustix::io::Errno::INTR) => {}
+                    Err(rustix::io::Errno::CONNRESET) => {
+                        conn.shm().abort();
+                        return;
+                    }
                     Ok(0) | Err(_) => break,
                     Ok(n) => {
                         let mut rest = &buf[..n];
