@@ -364,7 +364,7 @@ fn copy_entry(fd: c_int, nfd: c_int) {
     };
     // Not in a child that shares this process's memory (`vfork`): the table is the parent's,
     // whose `nfd` is another file; the duplicate lives only until the child's `exec`.
-    if !crate::api::forget::borrowed_memory() {
+    if !crate::api::forget::shares_memory() {
         if let Some(mut s) = table::lock(nfd) {
             s.set(e);
         }

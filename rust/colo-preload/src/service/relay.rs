@@ -22,7 +22,7 @@
 //! process's memory (`vfork`, `posix_spawn`'s child) the descriptors are replaced in the child's
 //! own table, and the table of the shim, which is the parent's, is left alone.
 
-use crate::api::forget::borrowed_memory;
+use crate::api::forget::shares_memory;
 use crate::conn::io::{conn_recv, conn_send};
 use crate::conn::regs;
 use crate::conn::state::Conn;
@@ -75,7 +75,7 @@ pub fn hand_on(conn: &Arc<Conn>, socks: &[i32]) -> Result<(), String> {
     if !started {
         return Err("the relay process could not be started".into());
     }
-    let mine = !borrowed_memory();
+    let mine = !shares_memory();
     if !mine {
         conn.set_relayed_here();
     }
