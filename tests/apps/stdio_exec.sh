@@ -61,5 +61,11 @@ if command -v socat >/dev/null; then
 else
   bad "socat is not installed (tests/apps/packages.txt)"
 fi
+# A close-on-exec connection (Python's) handed to `cat` by subprocess (vfork, dup2 in the child):
+# the shim relays it at the dup2 (it closed the memfd an exec'd image would map it from), and
+# leaves the server's own standard output alone.
+check "python subprocess with an accepted socket as cat's stdin/stdout: 3 MB back in order, the server's stdout its own" sh -c \
+  "timeout 60 env COLO_LOG=info $COLORUN python3 '$HERE/py/subprocess_sock.py' >'$WORK/pysub.out' 2>'$WORK/pysub.err' && grep -qx parent-after '$WORK/pysub.out'"
+check "... accelerated, then relayed" sh -c "grep -q 'accept .*: accelerated (shared memory)' '$WORK/pysub.err' && grep -q 'made inheritable: relayed over loopback TCP' '$WORK/pysub.err'"
 [ $FAIL = 0 ] && echo "tests/apps/stdio_exec.sh: all passed" || echo "tests/apps/stdio_exec.sh: FAILURES"
 exit $FAIL

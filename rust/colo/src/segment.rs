@@ -60,6 +60,12 @@ impl Segment {
         Segment { map: None, layout, _memfd: None, _lease: None }
     }
 
+    /// Closes the memfd kept by [`keep_memfds`] (the mapping holds the memory): for a
+    /// connection that will never be mapped again from it.
+    pub fn close_memfd(&mut self) {
+        self._memfd = None;
+    }
+
     /// This segment, counted in the budgets by `lease` until it is unmapped.
     pub(crate) fn leased(mut self, lease: crate::budget::Lease) -> Segment {
         self._lease = Some(lease);

@@ -43,21 +43,18 @@ static inline int shimmed(void) {
     return p && strstr(p, "colo");
 }
 
-/* How many descriptors of this process are colo segments. */
+/* How many colo segment mappings this process has (one per end a process holds: a connection
+ * with both ends in this process counts twice). Counted in /proc/self/maps, not among the
+ * descriptors: the shim closes a close-on-exec connection's memfd once mapped. A mapping split
+ * into several areas counts once, by its area at offset 0. */
 static inline int segments(void) {
-    DIR *d = opendir("/proc/self/fd");
-    struct dirent *e;
-    char path[300], link[256];
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512], path[256];
+    unsigned long off;
     int found = 0;
-    while (d && (e = readdir(d))) {
-        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
-        ssize_t n = readlink(path, link, sizeof link - 1);
-        if (n > 0) {
-            link[n] = 0;
-            if (strstr(link, "colo-seg")) found++;
-        }
-    }
-    if (d) closedir(d);
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "%*s %*s %lx %*s %*s %255s", &off, path) == 2 && off == 0 && strstr(path, "colo-seg")) found++;
+    if (f) fclose(f);
     return found;
 }
 

@@ -34,13 +34,10 @@ kept = socket.create_connection(("127.0.0.1", port))
 
 
 def segments():
-    n = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            n += "colo-seg" in os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            pass  # the directory's own fd, gone already
-    return n
+    # Segment mappings (the shim closes a close-on-exec connection's memfd once mapped), each
+    # counted by its area at offset 0.
+    with open("/proc/self/maps") as f:
+        return sum(1 for line in f if "colo-seg" in line and int(line.split()[2], 16) == 0)
 
 
 sys.exit(0 if segments() > 0 else 1)

@@ -371,8 +371,12 @@ fn copy_entry(fd: c_int, nfd: c_int) {
         Entry::Conn(c) => Some(c.clone()),
         _ => None,
     };
-    if let Some(mut s) = table::lock(nfd) {
-        s.set(e);
+    // Not in a child that shares this process's memory (`vfork`): the table is the parent's,
+    // whose `nfd` is another file; the duplicate lives only until the child's `exec`.
+    if !crate::api::forget::shares_memory() {
+        if let Some(mut s) = table::lock(nfd) {
+            s.set(e);
+        }
     }
     // A duplicate may be inheritable where the original was not (see `handover`).
     if let Some(c) = conn {
@@ -494,6 +498,19 @@ unsafe fn fcntl_slow(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
 }
 
 pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
+    if (req == libc::FIONCLEX || req == libc::FIOCLEX) && table::kind(fd) != NONE && !Guard::busy() {
+        // `FD_CLOEXEC` set or cleared as by `F_SETFD` (Python's `os.set_inheritable`).
+        let g = Guard::enter();
+        // SAFETY: the application's arguments, as ioctl(2) takes them.
+        let r = unsafe { real::ioctl(fd, req, arg) };
+        if r < 0 {
+            return g.err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EBADF)) as c_int;
+        }
+        if let Some(c) = table::conn(fd) {
+            handover::update(fd, &c);
+        }
+        return g.ok(r as ssize_t) as c_int;
+    }
     if req != libc::FIONBIO && req != libc::FIONREAD {
         // SAFETY: the application's arguments, as ioctl(2) takes them.
         return unsafe { real::ioctl(fd, req, arg) };

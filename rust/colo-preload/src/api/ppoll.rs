@@ -1,5 +1,6 @@
 //! Readiness through poll, ppoll, select and pselect: a set with accelerated fds is answered from
-//! the rings, each connection's readiness fd standing in for its socket in the kernel's wait.
+//! the rings, each connection's readiness fd (or, where none was made, its doorbell, self bell
+//! and control socket: `Conn::poll_fds`) standing in for its socket in the kernel's wait.
 
 use crate::base::guard::Guard;
 use crate::base::mem::{slice, slice_mut};
@@ -66,12 +67,10 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
                 *p = arr[i];
                 p.revents = 0;
             }
-            for (i, c) in &conns {
-                copy[*i].fd = c.readiness_raw();
-                copy[*i].events = libc::POLLIN;
-            }
-            // SAFETY: our copy of the array.
-            let r = unsafe { real::ppoll(copy.as_mut_ptr(), n, &zero, mask) };
+            let extra = place(&mut copy, &conns, |_| false);
+            // SAFETY: our copy of the array (the connections' further fds after the application's).
+            let r = unsafe { real::ppoll(copy.as_mut_ptr(), copy.len() as nfds_t, &zero, mask) };
+            fold(&mut copy, arr.len(), &extra);
             let mut total = 0;
             for (i, c) in &conns {
                 if r > 0 && copy[*i].revents != 0 && !c.known_gone() {
@@ -120,14 +119,12 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             *p = arr[i];
             p.revents = 0;
         }
-        for (i, c) in &conns {
-            // A connection whose peer is gone and that reported nothing wanted above never will
-            // (its readiness fd stays readable: the control socket hung up): leave it out, or
-            // this sleep would return at once, again and again.
-            let gone = c.known_gone() || (arr[*i].events & (libc::POLLIN | libc::POLLRDHUP)) == 0 && c.peer_gone_quick();
-            copy[*i].fd = if gone { -1 } else { c.readiness_raw() };
-            copy[*i].events = libc::POLLIN;
-        }
+        // A connection whose peer is gone and that reported nothing wanted above never will (its
+        // readiness fd stays readable: the control socket hung up): left out, or this sleep would
+        // return at once, again and again.
+        let extra = place(&mut copy, &conns, |(i, c)| {
+            c.known_gone() || (arr[*i].events & (libc::POLLIN | libc::POLLRDHUP)) == 0 && c.peer_gone_quick()
+        });
         let mut left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         if unpassed {
             left = Some(left.map_or(colo::internal::shm::UNPASSED_SLEEP, |l| l.min(colo::internal::shm::UNPASSED_SLEEP)));
@@ -164,14 +161,16 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINTR);
             return g.err(e) as c_int;
         }
-        // The held sets' fds, after the application's: one reported moves its set on.
+        // The held sets' fds, after the application's and the connections' further ones: one
+        // reported moves its set on.
+        let at = arr.len() + extra.len();
         let moved: Vec<usize> = listens
             .iter()
             .enumerate()
-            .filter(|(k, (_, h))| copy[arr.len() + k].revents != 0 && h.service())
+            .filter(|(k, (_, h))| copy[at + k].revents != 0 && h.service())
             .map(|(_, (i, _))| *i)
             .collect();
-        copy.truncate(arr.len());
+        fold(&mut copy, arr.len(), &extra);
         let mut total = 0;
         for (i, p) in arr.iter_mut().enumerate() {
             if conns.iter().any(|(j, _)| *j == i) {
@@ -206,6 +205,37 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             return g.ok(0) as c_int;
         }
     }
+}
+
+/// Puts in `copy` (the application's array) what the kernel watches for each connection of
+/// `conns` (`Conn::poll_fds`): its first fd in the connection's place, its further ones after
+/// the application's, whose places in `copy` and connections' in the application's array are
+/// returned, for `fold`. A connection for which `skip` holds is left out (fd -1).
+fn place(copy: &mut Vec<pollfd>, conns: &[(usize, Arc<Conn>)], skip: impl Fn(&(usize, Arc<Conn>)) -> bool) -> Vec<(usize, usize)> {
+    let mut extra = Vec::new();
+    for ic in conns {
+        let (fds, n) = ic.1.poll_fds();
+        let i = ic.0;
+        let skipped = skip(ic);
+        copy[i].fd = if skipped { -1 } else { fds[0] };
+        copy[i].events = libc::POLLIN;
+        if !skipped {
+            for &fd in &fds[1..n] {
+                extra.push((copy.len(), i));
+                copy.push(pollfd { fd, events: libc::POLLIN, revents: 0 });
+            }
+        }
+    }
+    extra
+}
+
+/// After the kernel's wait: each connection's further fds' `revents` (`place`) join its own
+/// place's, and `copy` is the application's length again.
+fn fold(copy: &mut Vec<pollfd>, len: usize, extra: &[(usize, usize)]) {
+    for &(at, i) in extra {
+        copy[i].revents |= copy[at].revents;
+    }
+    copy.truncate(len);
 }
 
 pub fn has_colo(fds: *const pollfd, n: nfds_t) -> bool {

@@ -167,6 +167,27 @@ pub fn forget_fd(fd: c_int) {
     }
 }
 
+/// `fd` stops being an accelerated connection but stays open (`service::relay` puts a plain
+/// socket in its place): its registrations go, as `forget_fd`, and each one the application
+/// still has is returned as `(epoll fd, events, data)`, for the plain socket to be registered
+/// in its place (events empty for an `EPOLLONESHOT` one that fired: disarmed until its `MOD`).
+pub fn release_fd(fd: c_int) -> Vec<(c_int, u32, u64)> {
+    let gone: Vec<Reg> = with_regs(|r| {
+        let idx: Vec<usize> = r.index.iter().filter(|((_, f), _)| *f == fd).map(|(_, &i)| i).collect();
+        idx.into_iter().filter_map(|i| r.remove(i)).collect()
+    });
+    let mut keep = Vec::new();
+    for reg in gone {
+        // SAFETY: removing our registration of the readiness fd from the application's set.
+        unsafe { real::epoll_ctl(reg.epfd, libc::EPOLL_CTL_DEL, reg.conn.readiness_raw(), std::ptr::null_mut()) };
+        if !reg.deleted {
+            let events = if reg.fired { reg.events & (libc::EPOLLONESHOT | libc::EPOLLET) as u32 } else { reg.events };
+            keep.push((reg.epfd, events, reg.data));
+        }
+    }
+    keep
+}
+
 /// The epoll fd `epfd` is being closed.
 pub fn forget_epoll(epfd: c_int) {
     let (gone, wake): (Vec<Reg>, _) = with_regs(|r| {

@@ -63,7 +63,11 @@ pub struct Conn {
     inheritable: AtomicBool,
     /// The two processes share one CPU: waits on this connection never spin.
     never_spin: bool,
-    raw: [RawFd; 5],
+    /// Control socket, our end of the doorbell pair, self bell, segment memfd (-1 once closed:
+    /// see `build`).
+    raw: [RawFd; 4],
+    /// The readiness fd's number once asked for (-1 before): see `readiness_raw`.
+    readiness: AtomicI32,
     holders: *const AtomicU32,
     /// When the connection was set up (to tell short-lived ones: `adapt` on the client side,
     /// the listener's marker on the server side).
@@ -80,6 +84,9 @@ pub struct Conn {
     /// The application's descriptor of the carrier TCP socket whose close drops this value
     /// (-1: not known to be the last; see [`Conn::last_close`]).
     closing_fd: AtomicI32,
+    /// The pid of a child sharing this process's memory (`vfork`) that put a relay's socket in
+    /// place of this connection's descriptors in its own table (`service::relay`); 0: none.
+    relayed_by: AtomicU32,
     /// `SO_RCVLOWAT` (at least 1): readable from this many bytes on.
     lowat: AtomicU32,
     /// What a small `SO_SNDBUF` lets a non-blocking writer queue in the ring (0: the ring).
@@ -101,25 +108,34 @@ unsafe impl Sync for Conn {}
 
 impl Conn {
     /// The server side of a connection dialed by a program tagged `client_tag` (see
-    /// `server::client_tag`), whose ending `on_end` records.
-    pub fn accepted(client_tag: Option<u64>, on_end: EndRecorder, est: Established, nonblocking: bool) -> std::io::Result<Conn> {
-        let mut c = Conn::build(est, nonblocking, false, std::time::Duration::ZERO)?;
+    /// `server::client_tag`), whose ending `on_end` records. `keep_memfd`: see `build`.
+    pub fn accepted(client_tag: Option<u64>, on_end: EndRecorder, est: Established, nonblocking: bool, keep_memfd: bool) -> std::io::Result<Conn> {
+        let mut c = Conn::build(est, nonblocking, false, keep_memfd, std::time::Duration::ZERO)?;
         c.client_tag = client_tag;
         c.on_end = Some(on_end);
         Ok(c)
     }
 
     /// The client side of a connection whose set-up (offer to answer) took `setup`.
-    pub fn dialed(est: Established, nonblocking: bool, setup: std::time::Duration) -> std::io::Result<Conn> {
-        Conn::build(est, nonblocking, false, setup)
+    /// `keep_memfd`: see `build`.
+    pub fn dialed(est: Established, nonblocking: bool, setup: std::time::Duration, keep_memfd: bool) -> std::io::Result<Conn> {
+        Conn::build(est, nonblocking, false, keep_memfd, setup)
     }
 
-    /// A connection an earlier image of this process handed over across `exec`.
+    /// A connection an earlier image of this process handed over across `exec` (inheritable:
+    /// it keeps its memfd).
     pub fn resume(est: Established, nonblocking: bool) -> std::io::Result<Conn> {
-        Conn::build(est, nonblocking, true, std::time::Duration::ZERO)
+        Conn::build(est, nonblocking, true, true, std::time::Duration::ZERO)
     }
 
-    fn build(est: Established, nonblocking: bool, resumed: bool, setup: std::time::Duration) -> std::io::Result<Conn> {
+    /// `keep_memfd`: whether the segment memfd stays open, as it must for a connection whose
+    /// application socket is inheritable (`service::handover` maps it again after `exec` from
+    /// the memfd). A connection born close-on-exec closes it here, one descriptor less; should
+    /// it become inheritable later, `handover` relays it instead (`service::relay`).
+    fn build(mut est: Established, nonblocking: bool, resumed: bool, keep_memfd: bool, setup: std::time::Duration) -> std::io::Result<Conn> {
+        if !keep_memfd {
+            est.close_memfd();
+        }
         // SAFETY: the words are kept only in the `Conn` built here (`w`), beside the `Shm` that
         // keeps the segment mapped; `Drop` unmaps it only after its last use of them.
         let w = unsafe { est.words() };
@@ -138,7 +154,6 @@ impl Conn {
         unsafe { &*holders }.store(colo_sys::host::pid(), Ordering::Relaxed);
         let shm = if resumed { est.into_resumed_shm(spin())? } else { est.into_shm(spin())? };
         shm.set_nonblocking(nonblocking);
-        let readiness = shm.readiness_fd().as_raw_fd();
         let never_spin = shm.spin_mode() == colo::SpinMode::Never;
         Ok(Conn {
             shm: ManuallyDrop::new(shm),
@@ -147,7 +162,8 @@ impl Conn {
             nb: AtomicBool::new(nonblocking),
             inheritable: AtomicBool::new(false),
             never_spin,
-            raw: [raw0[0], raw0[1], raw0[2], raw0[3], readiness],
+            raw: raw0,
+            readiness: AtomicI32::new(-1),
             holders,
             born: std::time::Instant::now(),
             setup,
@@ -155,6 +171,7 @@ impl Conn {
             first_reply_ns: AtomicU64::new(0),
             read_shut_here: AtomicBool::new(false),
             closing_fd: AtomicI32::new(-1),
+            relayed_by: AtomicU32::new(0),
             lowat: AtomicU32::new(1),
             send_limit: AtomicU64::new(0),
             client_tag: None,
@@ -192,7 +209,20 @@ impl Conn {
     /// Control socket, bells (our end of the doorbell pair, our self bell) and segment memfd,
     /// as raw numbers.
     pub fn fds(&self) -> [RawFd; 4] {
-        [self.raw[0], self.raw[1], self.raw[2], self.raw[3]]
+        self.raw
+    }
+
+    /// Whether this process (a child sharing the memory of the one that made the connection)
+    /// relayed it already: its descriptors of the connection are the relay's socket.
+    pub fn relayed_here(&self) -> bool {
+        // Relaxed (here and in `set_relayed_here`): the word is the whole message, a pid, read
+        // and written by the same thread of the child.
+        self.relayed_by.load(Ordering::Relaxed) == rustix::process::getpid().as_raw_nonzero().get() as u32
+    }
+
+    /// Records that this process relayed the connection (see `relayed_here`).
+    pub fn set_relayed_here(&self) {
+        self.relayed_by.store(rustix::process::getpid().as_raw_nonzero().get() as u32, Ordering::Relaxed);
     }
 
     pub fn inheritable(&self) -> bool {
@@ -214,8 +244,36 @@ impl Conn {
         unsafe { colo_sys::BorrowedFd::borrow_raw(self.raw[2]) }
     }
 
+    /// The readiness fd (an epoll set of both bells and the control socket, `Shm::readiness_fd`)
+    /// that stands for this connection in the application's epoll sets. Made at the first
+    /// registration, not with the connection: a connection only read, written or polled never
+    /// needs it (`readiness_made`), one descriptor less. Made once; if it cannot be (out of
+    /// descriptors), the doorbell stands in, and is not asked for again.
     pub fn readiness_raw(&self) -> RawFd {
-        self.raw[4]
+        // Relaxed: the number is the whole message; the descriptor behind it is the Shm's, made
+        // once (its `OnceLock` orders its making).
+        let r = self.readiness.load(Ordering::Relaxed);
+        if r >= 0 {
+            return r;
+        }
+        let r = self.shm.readiness_fd().as_raw_fd();
+        self.readiness.store(r, Ordering::Relaxed);
+        r
+    }
+
+    /// The readiness fd if one was made (see `readiness_raw`).
+    pub fn readiness_made(&self) -> Option<RawFd> {
+        self.shm.readiness_made().map(|f| f.as_raw_fd())
+    }
+
+    /// What a `poll` watches in the kernel for this connection: the readiness fd if it was made;
+    /// else our end of the doorbell pair, the self bell and the control socket themselves (each
+    /// readable when the readiness fd would be), so that no epoll set is made for a poll.
+    pub fn poll_fds(&self) -> ([RawFd; 3], usize) {
+        match self.readiness_made() {
+            Some(r) => ([r, -1, -1], 1),
+            None => ([self.raw[1], self.raw[2], self.raw[0]], 3),
+        }
     }
 
     /// The socket's own state beside the rings (`READ_SHUT` and the rest), one word of the
@@ -782,7 +840,7 @@ impl Drop for Conn {
             // peer sees neither FIN nor a hang-up. The hang-up watcher lets go of it first: it
             // would otherwise write to the unmapped segment and ring a closed descriptor.
             self.shm.stop_watching();
-            for fd in self.raw {
+            for fd in self.raw.into_iter().chain(self.readiness_made()) {
                 // SAFETY: these descriptors belong to the Shm we deliberately do not drop.
                 unsafe { libc::syscall(libc::SYS_close, fd) };
             }

@@ -144,6 +144,17 @@ pub enum Verdict {
 pub fn accelerate(dest: SocketAddr) -> Verdict {
     let out_of_fds_until = OUT_OF_FDS_UNTIL.load(Ordering::Relaxed);
     if out_of_fds_until != 0 && coarse_ms() < out_of_fds_until {
+        // Each connection left on TCP for want of a resource is named (one line, and one
+        // `getrlimit`, only at `info`; the set-up that found none logged the band and count).
+        if crate::base::log::log_level() >= 1 {
+            let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+            let n = |v: Option<u64>| v.map_or("unlimited".to_string(), |v| v.to_string());
+            log_info(format_args!(
+                "connect {dest}: left on TCP: no descriptor number was free for colo a moment ago (RLIMIT_NOFILE soft {} hard {})",
+                n(lim.current),
+                n(lim.maximum)
+            ));
+        }
         return Verdict::Plain;
     }
     let (dest, k, known) = cached(dest);

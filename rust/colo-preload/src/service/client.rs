@@ -315,7 +315,7 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
     let b = unsafe { BorrowedFd::borrow_raw(fd) };
     let nonblocking = rustix::fs::fcntl_getfl(b).map(|f| f.contains(rustix::fs::OFlags::NONBLOCK)).unwrap_or(false);
     let peer = p.peer;
-    match Conn::dialed(p.offer.established(), nonblocking, setup) {
+    match Conn::dialed(p.offer.established(), nonblocking, setup, !handover::is_cloexec(fd)) {
         Ok(c) => {
             let c = Arc::new(c);
             slot.set(Entry::Conn(c.clone()));

@@ -21,12 +21,19 @@ use crate::record::handover_file::record::{Record, RECORD_LEN};
 use crate::record::handover_file::{self, FILE_NAME};
 use crate::record::app_nofile;
 use crate::record::relayed::{self, Names};
-use crate::service::stdio;
-use colo_sys::{BorrowedFd, OwnedFd, RawFd};
+use crate::service::{relay, stdio};
+use colo_sys::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
 fn cloexec(fd: BorrowedFd<'_>) -> bool {
     rustix::io::fcntl_getfd(fd).map(|f| f.contains(rustix::io::FdFlags::CLOEXEC)).unwrap_or(true)
+}
+
+/// Whether the application's descriptor `fd` is close-on-exec (a connection made on it then
+/// needs no memfd: see `Conn::build`).
+pub fn is_cloexec(fd: i32) -> bool {
+    // SAFETY: only asks the kernel about the number; a closed one counts as close-on-exec.
+    cloexec(unsafe { BorrowedFd::borrow_raw(fd) })
 }
 
 /// Brings the handover state of `conn` up to date after one of its application descriptors
@@ -48,17 +55,41 @@ pub fn update(fd: i32, conn: &Arc<Conn>) {
 pub fn on_new(fd: i32, conn: &Arc<Conn>) {
     // SAFETY: the application's descriptor, open during this call.
     let b = unsafe { BorrowedFd::borrow_raw(fd) };
-    if !cloexec(b) {
+    // (Born inheritable, the connection kept its memfd; should another thread have cleared
+    // `FD_CLOEXEC` since the connection was made, the relay's fork must wait for the table slot
+    // the caller may hold: the descriptor is left as it is.)
+    if !cloexec(b) && conn.fds()[3] >= 0 {
         set(conn, true, b);
     }
 }
 
-fn set(conn: &Conn, inheritable: bool, sock: BorrowedFd<'_>) {
+fn set(conn: &Arc<Conn>, inheritable: bool, sock: BorrowedFd<'_>) {
     if conn.inheritable() == inheritable {
         return;
     }
-    conn.set_inheritable(inheritable);
     let [control, own_bell, self_bell, memfd] = conn.fds();
+    if inheritable && memfd < 0 {
+        if conn.relayed_here() {
+            // A `vfork` child's copy of a descriptor it relayed already: the relay's socket.
+            return;
+        }
+        // Born close-on-exec, its memfd closed: the next image could not map it (`relay`).
+        let mut socks: Vec<i32> = table::fds_of_kind(table::CONN)
+            .map(|fd| fd as i32)
+            .filter(|&fd| table::conn(fd).is_some_and(|c| Arc::ptr_eq(&c, conn)))
+            .collect();
+        // (Not in the table in a `vfork` child: see `api::fds::copy_entry`.)
+        if !socks.contains(&sock.as_raw_fd()) {
+            socks.push(sock.as_raw_fd());
+        }
+        let peer = conn.shm().peer_addr();
+        match relay::hand_on(conn, &socks) {
+            Ok(()) => log_info(format_args!("connection to {peer} on fd {} made inheritable: relayed over loopback TCP", sock.as_raw_fd())),
+            Err(why) => log_info(format_args!("connection to {peer} on fd {} made inheritable, not relayed: {why}", sock.as_raw_fd())),
+        }
+        return;
+    }
+    conn.set_inheritable(inheritable);
     if !inheritable {
         handover_file::forget(memfd, false);
         return;

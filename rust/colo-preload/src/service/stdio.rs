@@ -120,7 +120,7 @@ pub fn relay(est: Established, socks: &[i32]) -> Result<Option<Names>, Box<(Esta
 }
 
 /// A connected loopback TCP pair: (the program's end, the relay's end), both close-on-exec.
-fn loopback_pair(v6: bool) -> std::io::Result<(OwnedFd, OwnedFd)> {
+pub(crate) fn loopback_pair(v6: bool) -> std::io::Result<(OwnedFd, OwnedFd)> {
     let (family, addr) = if v6 {
         (AddressFamily::INET6, SocketAddr::from((Ipv6Addr::LOCALHOST, 0)))
     } else {
@@ -223,7 +223,7 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd) -> ! {
     unsafe { libc::_exit(0) }
 }
 
-fn close_all_but(keep: &[i32]) {
+pub(crate) fn close_all_but(keep: &[i32]) {
     let mut keep: Vec<u32> = keep.iter().filter(|&&fd| fd >= 0).map(|&fd| fd as u32).collect();
     keep.sort_unstable();
     let mut from = 0u32;

@@ -96,6 +96,10 @@ impl Shm {
         }
         self.readiness.get().map_or(&self.fds.own_bell, |r| r.fd())
     }
+    /// The readiness fd if [`Shm::readiness_fd`] made one (not the doorbell standing in).
+    pub fn readiness_made(&self) -> Option<&OwnedFd> {
+        self.readiness.get().map(|r| r.fd())
+    }
     /// The control socket.
     pub fn control_fd(&self) -> &OwnedFd {
         &self.fds.control

@@ -189,7 +189,7 @@ pub unsafe fn hand_out(res: Resolved, peer: std::net::SocketAddr, addr: *mut lib
         log_info(format_args!("accept {peer}: from another namespace: plain TCP"));
         return fd;
     };
-    match Conn::accepted(None, connection_ended, est, nonblocking) {
+    match Conn::accepted(None, connection_ended, est, nonblocking, flags & libc::SOCK_CLOEXEC == 0) {
         Ok(c) if (fd as usize) < table::MAX_FD => {
             let c = Arc::new(c);
             if let Some(mut slot) = table::lock(fd) {
@@ -220,7 +220,7 @@ pub(super) fn claim(fd: i32, nonblocking: bool, peer: std::net::SocketAddr, loca
     match hello.claim() {
         // The tag after the claim: its look at the client's command line must not delay the
         // WELCOME the client waits for.
-        Ok(est) => match Conn::accepted(client_tag(&est.fds.control), connection_ended, est, nonblocking) {
+        Ok(est) => match Conn::accepted(client_tag(&est.fds.control), connection_ended, est, nonblocking, !handover::is_cloexec(fd)) {
             Ok(c) => {
                 let c = Arc::new(c);
                 if let Some(mut slot) = table::lock(fd) {

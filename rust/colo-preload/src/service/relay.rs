@@ -1,0 +1,184 @@
+//! A connection born close-on-exec that the application makes inheritable later.
+//!
+//! Such a connection closed its segment memfd once mapped (`Conn::build`: one descriptor less),
+//! so the handover across `exec` (`service::handover`), which maps the segment again in the new
+//! image from the memfd, cannot take it. And `exec` itself is out of the shim's sight (glibc's
+//! `execvp`, `posix_spawn` and `system` reach `execve` internally), so the moment to act is the
+//! one the descriptor becomes inheritable (`dup`, `dup2`, `dup3` without `O_CLOEXEC`,
+//! `F_DUPFD`, `F_SETFD`): every descriptor of the connection in this process gets a loopback TCP
+//! connection of its own instead, on the same number with the same descriptor flags, and a relay
+//! process, forked from this one (it keeps the mapping), carries the bytes between it and the
+//! rings, both ways, in order, as the standard-I/O relay does after an `exec`
+//! (`service::stdio`): the bytes already in the ring toward this side first, then the peer's
+//! later ones; a FIN each way as the other side's end of file; a reset either way as a reset. The
+//! application's epoll registrations of those descriptors move to the new socket. From then on
+//! the connection is a plain socket in this image and in every image it `exec`s, which need not
+//! be preloaded; what differs from the accelerated connection is the speed and the addresses the
+//! kernel reports for the socket (the relay's loopback ones).
+//!
+//! The relay is a grandchild of the program, orphaned at once, in a session of its own; it is a
+//! holder of the connection (`Conn::add_holder`, by the fork handlers) before this process lets
+//! go of its copy, so the peer sees neither FIN nor hang-up. In a child that shares this
+//! process's memory (`vfork`, `posix_spawn`'s child) the descriptors are replaced in the child's
+//! own table, and the table of the shim, which is the parent's, is left alone.
+
+use crate::api::forget::shares_memory;
+use crate::conn::io::{conn_recv, conn_send};
+use crate::conn::regs;
+use crate::conn::state::Conn;
+use crate::conn::table::{self, Entry};
+use crate::service::stdio::{close_all_but, loopback_pair};
+use colo_sys::{AsRawFd, BorrowedFd, OwnedFd};
+use rustix::net;
+use std::sync::Arc;
+
+/// Relays `conn`, whose application descriptors in this process are `socks` (see the module's
+/// comment). On failure nothing has changed.
+pub fn hand_on(conn: &Arc<Conn>, socks: &[i32]) -> Result<(), String> {
+    let Some(&first) = socks.first() else { return Err("no socket".into()) };
+    let (app, relay_end) = loopback_pair(conn.shm().local_addr().is_ipv6()).map_err(|e| format!("no loopback pair: {e}"))?;
+    // SAFETY: the application's socket, open during this call.
+    let orig = unsafe { BorrowedFd::borrow_raw(first) };
+    // The carrier stays open in the relay for as long as the connection (spec/WIRE.md 3.4).
+    let carrier = rustix::io::fcntl_dupfd_cloexec(orig, 3).map_err(|e| format!("no copy of the carrier: {e}"))?;
+    let status = rustix::fs::fcntl_getfl(orig).unwrap_or(rustix::fs::OFlags::empty());
+    let _ = rustix::fs::fcntl_setfl(&app, status & rustix::fs::OFlags::NONBLOCK);
+    // The relay says it started once it is a recorded holder (its fork handler ran).
+    let (said, say) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+    // SAFETY: libc's `fork`, whose handlers (the shim's and libc's) leave the child's copy of the
+    // shim's state whole and unlocked; the child runs only the relay.
+    let child = unsafe { crate::real::fork() };
+    if child < 0 {
+        return Err(format!("fork: {}", std::io::Error::last_os_error()));
+    }
+    if child == 0 {
+        drop((said, app));
+        // SAFETY: as above.
+        if unsafe { crate::real::fork() } == 0 {
+            run(conn, relay_end, carrier, say);
+        }
+        // SAFETY: ends the intermediate child at once, without running the image's exit code.
+        unsafe { libc::_exit(0) };
+    }
+    drop(say);
+    let mut started = [0u8; 1];
+    let started = loop {
+        match rustix::io::read(&said, &mut started) {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => break r == Ok(1),
+        }
+    };
+    let mut wstatus = 0;
+    // SAFETY: reaps the intermediate child made just above (an ECHILD under an ignored SIGCHLD
+    // is fine).
+    unsafe { libc::waitpid(child, &mut wstatus, 0) };
+    if !started {
+        return Err("the relay process could not be started".into());
+    }
+    let mine = !shares_memory();
+    if !mine {
+        conn.set_relayed_here();
+    }
+    for &fd in socks {
+        let regs = if mine { regs::release_fd(fd) } else { Vec::new() };
+        // SAFETY: the application's descriptor, open.
+        let cloexec = rustix::io::fcntl_getfd(unsafe { BorrowedFd::borrow_raw(fd) })
+            .map(|f| f.contains(rustix::io::FdFlags::CLOEXEC))
+            .unwrap_or(false);
+        let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
+        // SAFETY: replaces the application's descriptor by the loopback connection, atomically
+        // (the number never refers to anything else in between).
+        unsafe { libc::syscall(libc::SYS_dup3, app.as_raw_fd(), fd, flags) };
+        if mine {
+            if let Some(mut slot) = table::lock(fd) {
+                slot.set(Entry::None);
+            }
+        }
+        for (epfd, events, data) in regs {
+            let mut ev = libc::epoll_event { events, u64: data };
+            // SAFETY: registers the application's descriptor, now the loopback socket, in the
+            // application's epoll set it was registered in, with its events and data.
+            unsafe { crate::real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        }
+    }
+    drop((app, relay_end, carrier));
+    Ok(())
+}
+
+/// The relay process: never returns.
+fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd) -> ! {
+    let _ = rustix::process::setsid();
+    // This process's fork handler has made it a holder: the parent may let go of its copy now.
+    let _ = rustix::io::write(&say, &[1]);
+    drop(say);
+    let [control, own_bell, self_bell, _] = conn.fds();
+    // Nothing of the program's but the connection: its other descriptors must close when the
+    // program closes them.
+    close_all_but(&[tcp.as_raw_fd(), carrier.as_raw_fd(), control, own_bell, self_bell, conn.readiness_made().unwrap_or(-1)]);
+    // 0, 1 and 2 taken by /dev/null (see `stdio::run`).
+    for _ in 0..3 {
+        let _ = rustix::fs::open("/dev/null", rustix::fs::OFlags::RDWR, rustix::fs::Mode::empty()).map(std::mem::forget);
+    }
+    conn.set_nonblocking(false);
+    let mut reset = false;
+    std::thread::scope(|s| {
+        // The program's bytes toward the peer, its FIN as the connection's, its reset (a close
+        // with `SO_LINGER {1, 0}`) as a reset.
+        s.spawn(|| {
+            let mut buf = vec![0u8; 64 * 1024];
+            'up: loop {
+                match rustix::io::read(&tcp, &mut buf) {
+                    Err(rustix::io::Errno::INTR) => {}
+                    Err(rustix::io::Errno::CONNRESET) => {
+                        conn.shm().abort();
+                        return;
+                    }
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        let mut rest = &buf[..n];
+                        while !rest.is_empty() {
+                            match conn_send(conn, rest, 0) {
+                                Ok(k) => rest = &rest[k..],
+                                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                                Err(_) => break 'up,
+                            }
+                        }
+                    }
+                }
+            }
+            conn.shm().shutdown_as_tcp(false, true);
+        });
+        // The peer's bytes toward the program, from the first one this side has not read.
+        let mut buf = vec![0u8; 64 * 1024];
+        'down: loop {
+            match conn_recv(conn, &mut buf, 0) {
+                Ok(0) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    reset = e.kind() != std::io::ErrorKind::BrokenPipe;
+                    break;
+                }
+                Ok(n) => {
+                    let mut rest = &buf[..n];
+                    while !rest.is_empty() {
+                        match net::send(&tcp, rest, net::SendFlags::NOSIGNAL) {
+                            Ok(k) => rest = &rest[k..],
+                            Err(rustix::io::Errno::INTR) => {}
+                            Err(_) => break 'down,
+                        }
+                    }
+                }
+            }
+        }
+        if reset {
+            let _ = net::sockopt::set_socket_linger(&tcp, Some(std::time::Duration::ZERO));
+            let _ = net::shutdown(&tcp, net::Shutdown::Read);
+        } else {
+            let _ = net::shutdown(&tcp, net::Shutdown::Write);
+        }
+    });
+    drop((tcp, carrier));
+    // SAFETY: ends the relay without running the program's exit handlers; the kernel closes the
+    // connection's descriptors, which ends it for the peer (the last holder).
+    unsafe { libc::_exit(0) }
+}
