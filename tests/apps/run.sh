@@ -263,6 +263,7 @@ fi
 
 # Connections an exec hands on as stdio, and event-loop servers releasing wrk's connections.
 check "stdio_exec.sh: stdio connections lose no byte" env COLO_APPS_BUILT=1 timeout 600 "$HERE/stdio_exec.sh"
+check "passed.sh: connections handed to another process over SCM_RIGHTS (python, node cluster) answered" env COLO_APPS_BUILT=1 timeout 300 "$HERE/passed.sh"
 check "release.sh: node and asyncio servers release their connections" env COLO_APPS_BUILT=1 timeout 600 "$HERE/release.sh"
 # Bulk transfers through redis, and postgres (a backend forked per connection) with pgbench and COPY.
 check "redis_bulk.sh: redis-cli --pipe and pipelined 64 KiB values, every reply" env COLO_APPS_BUILT=1 timeout 600 "$HERE/redis_bulk.sh"

@@ -206,6 +206,8 @@ unsafe fn writev_slow(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
 }
 
 pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: the application's msghdr, as sendmsg(2) takes it.
+    unsafe { crate::api::passed::before_send(msg) };
     with_conn!(
         fd,
         // SAFETY: the application's arguments, as sendmsg(2) takes them.
@@ -225,6 +227,10 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
 /// (the count so far, or -1 and its errno). Only an established connection is served.
 pub unsafe fn sendmmsg(fd: c_int, v: *mut libc::mmsghdr, n: libc::c_uint, flags: c_int) -> c_int {
     if plain(fd) || table::kind(fd) != CONN {
+        for i in 0..n as usize {
+            // SAFETY: sendmmsg(2)'s contract: `n` readable mmsghdrs at `v`.
+            unsafe { crate::api::passed::before_send(&(*v.add(i)).msg_hdr) };
+        }
         // SAFETY: the application's arguments, as sendmmsg(2) takes them.
         return unsafe { real::sendmmsg(fd, v, n, flags) };
     }

@@ -13,6 +13,7 @@ pub mod forget;
 pub mod lregs;
 pub mod names;
 pub mod nofile;
+pub mod passed;
 pub mod epoll;
 pub mod ppoll;
 pub mod repeat;

@@ -212,6 +212,12 @@ pub(super) fn claim(fd: i32, nonblocking: bool, peer: std::net::SocketAddr, loca
         log_debug(format_args!("accept {peer} -> {local}: no colo offer; plain TCP"));
         return false;
     };
+    if super::listen::passes_on(local) {
+        // Its program passes its connections to other processes (`api::passed`).
+        carrier::reject(&hello.control, Reason::NotClaimed);
+        log_debug(format_args!("accept {peer} -> {local}: this listener's connections are passed on; plain TCP"));
+        return false;
+    }
     if fd as usize >= table::MAX_FD {
         carrier::reject(&hello.control, Reason::NoResources);
         log_info(format_args!("accept {peer} -> {local}: fd {fd} too high; plain TCP"));

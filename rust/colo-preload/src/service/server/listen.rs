@@ -20,6 +20,24 @@ use std::sync::{Arc, Mutex};
 /// sockets): a connection to one of them may have to be accepted by the very thread that dials.
 static LISTENING: Mutex<Vec<std::net::SocketAddr>> = Mutex::new(Vec::new());
 
+/// The local addresses of accepted connections this process passed to another process over a
+/// Unix socket (`api::passed`): its listeners there serve plain TCP.
+static PASSED_ON: Mutex<Vec<std::net::SocketAddr>> = Mutex::new(Vec::new());
+
+/// A connection accepted at `local` was passed to another process.
+pub fn note_passed_on(local: std::net::SocketAddr) {
+    let mut l = PASSED_ON.lock().unwrap_or_else(|e| e.into_inner());
+    if !l.contains(&local) {
+        l.push(local);
+        log_info(format_args!("listen {local}: its connections are passed to other processes: plain TCP from now on"));
+    }
+}
+
+/// Whether a connection accepted at `local` stays plain TCP: one accepted there was passed on.
+pub fn passes_on(local: std::net::SocketAddr) -> bool {
+    try_lock(&PASSED_ON).is_some_and(|l| l.contains(&local))
+}
+
 /// Whether this process may be the one to accept a connection to `target` (it listens there).
 pub fn may_accept(target: std::net::SocketAddr) -> bool {
     let Some(l) = try_lock(&LISTENING) else { return false };

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# A connection the server's program passes to another process over a Unix socket (SCM_RIGHTS)
+# instead of sharing it through fork: node's cluster module does so by default on Linux (the
+# primary accepts every connection and hands it to a worker; pm2's cluster mode too), and so do
+# servers that hand accepted sockets to workers they started (here python's socket.send_fds).
+# Both sides under colo run: the first connection was accepted over shared memory before it was
+# passed, and must be relayed (the worker's socket carries every byte both ways); the listener
+# then serves plain TCP. Every request is answered with the right byte count, plain clients too,
+# and the relay processes end with their connections. (Before: every request of a client under
+# colo run was reset.)
+source "$(dirname "$0")/common.sh"
+FAIL=0
+[ -n "${COLO_APPS_BUILT:-}" ] || build
+head -c 100000 /dev/urandom | tr -d '\n' >"$WORK/body"; echo >>"$WORK/body"
+N=$(stat -c %s "$WORK/body")
+relays() { pgrep -f "$1" | wc -l; }
+
+# python: a worker it forked gets each connection with send_fds.
+P=$(free_port)
+COLO_LOG=info $COLORUN python3 "$HERE/py/pass_fds.py" "$P" >"$WORK/py.out" 2>"$WORK/py.log" & PIDS+=($!)
+wait_port "$P" || exit 1
+for i in 1 2 3; do
+  check "python hand-off, a client under colo run ($i): answered" sh -c \
+    "COLO_LOG=info timeout 10 $COLORUN python3 -c \"import socket,sys; s=socket.create_connection(('127.0.0.1',$P)); s.sendall(open('$WORK/body','rb').read()); print(s.recv(100).decode().strip())\" 2>>'$WORK/pyc.err' | grep -qx 'worker got $N'"
+done
+check "python hand-off: the first connection was accelerated, then relayed" grep -q "passed to another process: relayed over loopback TCP" "$WORK/py.log"
+check "... and the listener serves plain TCP since" grep -q "its connections are passed to other processes: plain TCP from now on" "$WORK/py.log"
+check "python hand-off, a plain client: answered" sh -c "timeout 10 python3 -c \"import socket; s=socket.create_connection(('127.0.0.1',$P)); s.sendall(open('$WORK/body','rb').read()); print(s.recv(100).decode().strip())\" | grep -qx 'worker got $N'"
+sleep 0.5
+check "python hand-off: no relay process left (server and worker only)" test "$(relays "py/pass_fds.py $P")" -eq 2
+
+# node's cluster module, round-robin (the default on Linux).
+need node && {
+cat >"$WORK/cluster.js" <<'JS'
+const cluster = require('cluster'); const http = require('http');
+if (cluster.isPrimary) { for (let i = 0; i < 2; i++) cluster.fork(); }
+else { http.createServer((req, res) => { let n = 0; req.on('data', d => n += d.length);
+  req.on('end', () => res.end(`worker got ${n}\n`)); }).listen(+process.argv[2], '127.0.0.1'); }
+JS
+P=$(free_port)
+COLO_LOG=info $COLORUN node "$WORK/cluster.js" "$P" >"$WORK/node.log" 2>&1 & PIDS+=($!)
+wait_port "$P" || exit 1
+for i in 1 2 3 4; do
+  check "node cluster, a client under colo run ($i): answered" sh -c \
+    "COLO_LOG=info timeout 10 $COLORUN curl -sS -m 8 --data-binary @'$WORK/body' http://127.0.0.1:$P/ 2>>'$WORK/cli.err' | grep -qx 'worker got $N'"
+done
+check "node cluster: the first connection was accelerated, then relayed" grep -q "passed to another process: relayed over loopback TCP" "$WORK/node.log"
+check "node cluster, a plain client: answered" sh -c "timeout 10 curl -sS -m 8 --data-binary @'$WORK/body' http://127.0.0.1:$P/ | grep -qx 'worker got $N'"
+sleep 0.5
+check "node cluster: no relay process left (primary and two workers)" test "$(relays "cluster.js $P")" -eq 3
+}
+exit "$FAIL"
