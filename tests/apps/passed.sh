@@ -7,7 +7,7 @@
 # passed, and must be relayed (the worker's socket carries every byte both ways); the listener
 # then serves plain TCP. Every request is answered with the right byte count, plain clients too,
 # and the relay processes end with their connections. (Before: every request of a client under
-# colo run was reset.)
+# colo run was reset.) A listening socket passed so is served by its receiver.
 source "$(dirname "$0")/common.sh"
 FAIL=0
 [ -n "${COLO_APPS_BUILT:-}" ] || build
@@ -48,5 +48,19 @@ check "node cluster: the first connection was accelerated, then relayed" grep -q
 check "node cluster, a plain client: answered" sh -c "timeout 10 curl -sS -m 8 --data-binary @'$WORK/body' http://127.0.0.1:$P/ | grep -qx 'worker got $N'"
 sleep 0.5
 check "node cluster: no relay process left (primary and two workers)" test "$(relays "cluster.js $P")" -eq 3
+
+# node's cluster module with scheduling "none": the primary passes its listening socket to the
+# workers, which accept themselves. A listener received so is a colo listener of the worker's
+# (it asks the primary, which holds the rendezvous, for its connections' offers).
+P=$(free_port)
+NODE_CLUSTER_SCHED_POLICY=none COLO_LOG=info $COLORUN node "$WORK/cluster.js" "$P" >"$WORK/node2.log" 2>&1 & PIDS+=($!)
+wait_port "$P" || exit 1
+: >"$WORK/cli2.err"
+for i in 1 2 3 4; do
+  check "node cluster (sched none), a client under colo run ($i): answered" sh -c \
+    "COLO_LOG=info timeout 10 $COLORUN curl -sS -m 8 --data-binary @'$WORK/body' http://127.0.0.1:$P/ 2>>'$WORK/cli2.err' | grep -qx 'worker got $N'"
+done
+check "node cluster (sched none): every client connection accelerated, by the workers ($(grep -c 'accept .*accelerated' "$WORK/node2.log") accepts)" \
+  test "$(grep -c 'connect .*: accelerated (shared memory)' "$WORK/cli2.err")" -eq 4
 }
 exit "$FAIL"

@@ -92,7 +92,7 @@ unsafe fn readv_slow(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
 }
 
 pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    with_conn!(
+    let r = with_conn!(
         fd,
         // SAFETY: the application's arguments, as recvmsg(2) takes them.
         unsafe { real::recvmsg(fd, msg, flags) },
@@ -111,7 +111,12 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
             }
             result(&g, r)
         }
-    )
+    );
+    if r >= 0 {
+        // SAFETY: the application's msghdr, which the kernel just filled.
+        unsafe { crate::api::passed::after_recv(msg) };
+    }
+    r
 }
 
 /// `recvmmsg` on an accelerated stream: as the kernel, each message is one `recvmsg`; after the

@@ -7,6 +7,11 @@
 //! TCP sockets on the same numbers, joined to the rings by a relay process, and those are what
 //! is passed. The listener it came from serves its next connections plain TCP: relaying each
 //! would be slower than TCP.
+//!
+//! A listening socket received that way (node's cluster module with its `none` scheduling, a
+//! supervisor that hands its listener to workers) is a listener of the receiver's like one it
+//! made: the receiver asks the rendezvous holder (the sender, if preloaded) for its connections'
+//! offers (`service::server::guest`), or serves the rendezvous itself.
 
 use crate::base::log::log_info;
 use crate::conn::state::Conn;
@@ -15,23 +20,44 @@ use crate::service::{client, relay, server};
 use libc::{c_int, msghdr};
 use std::sync::Arc;
 
-/// Before `sendmsg` with `msg`: relays each accelerated connection among the descriptors it
-/// passes.
+/// After `recvmsg` filled `msg`: each listening TCP socket it received becomes a colo listener
+/// (`server::on_listen`).
 ///
 /// # Safety
-/// `msg` is null or the application's `msghdr`, as `sendmsg(2)` takes it.
-pub unsafe fn before_send(msg: *const msghdr) {
+/// `msg` is the application's `msghdr`, as `recvmsg(2)` filled it.
+pub unsafe fn after_recv(msg: *const msghdr) {
+    // SAFETY: the caller's contract.
+    for fd in unsafe { passed_fds(msg) } {
+        if table::kind(fd) != table::NONE {
+            continue;
+        }
+        // SAFETY: a descriptor the kernel just installed in this process.
+        let b = unsafe { colo_sys::BorrowedFd::borrow_raw(fd) };
+        if rustix::net::sockopt::socket_acceptconn(b).unwrap_or(false) {
+            if let Some(g) = crate::base::guard::Guard::try_enter() {
+                server::on_listen(fd);
+                drop(g);
+            }
+        }
+    }
+}
+
+/// The descriptors `msg`'s `SCM_RIGHTS` messages carry.
+///
+/// # Safety
+/// `msg` is null or a valid `msghdr` whose control buffer is `msg_controllen` readable bytes.
+unsafe fn passed_fds(msg: *const msghdr) -> Vec<c_int> {
+    let mut out = Vec::new();
     if msg.is_null() {
-        return;
+        return out;
     }
     // SAFETY: the caller's contract: a valid msghdr.
     let m = unsafe { &*msg };
     if m.msg_control.is_null() || m.msg_controllen < std::mem::size_of::<libc::cmsghdr>() {
-        return;
+        return out;
     }
-    let mut conns: Vec<Arc<Conn>> = Vec::new();
-    // SAFETY: `m` is a valid msghdr whose control buffer is `msg_controllen` readable bytes
-    // (sendmsg(2)'s contract); the CMSG macros stay within it.
+    // SAFETY: `m`'s control buffer is `msg_controllen` readable bytes (the caller's contract);
+    // the CMSG macros stay within it.
     let mut c = unsafe { libc::CMSG_FIRSTHDR(m) };
     while !c.is_null() {
         // SAFETY: a header within the control buffer (CMSG_FIRSTHDR/CMSG_NXTHDR checked it).
@@ -43,21 +69,35 @@ pub unsafe fn before_send(msg: *const msghdr) {
             let fds = unsafe { libc::CMSG_DATA(c) } as *const c_int;
             for i in 0..data_len / std::mem::size_of::<c_int>() {
                 // SAFETY: within the message's data (above); unaligned as the buffer may be.
-                let fd = unsafe { fds.add(i).read_unaligned() };
-                if table::kind(fd) == PENDING {
-                    client::resolve_fd(fd);
-                }
-                if table::kind(fd) == CONN {
-                    if let Some(conn) = table::conn(fd) {
-                        if !conns.iter().any(|x| Arc::ptr_eq(x, &conn)) {
-                            conns.push(conn);
-                        }
-                    }
-                }
+                out.push(unsafe { fds.add(i).read_unaligned() });
             }
         }
         // SAFETY: as for CMSG_FIRSTHDR.
         c = unsafe { libc::CMSG_NXTHDR(m, c) };
+    }
+    out
+}
+
+/// Before `sendmsg` with `msg`: relays each accelerated connection among the descriptors it
+/// passes.
+///
+/// # Safety
+/// `msg` is null or the application's `msghdr`, as `sendmsg(2)` takes it.
+pub unsafe fn before_send(msg: *const msghdr) {
+    let mut conns: Vec<Arc<Conn>> = Vec::new();
+    // SAFETY: the caller's contract.
+    for fd in unsafe { passed_fds(msg) } {
+        if table::kind(fd) == PENDING {
+            client::resolve_fd(fd);
+        }
+        if table::kind(fd) != CONN {
+            continue;
+        }
+        if let Some(conn) = table::conn(fd) {
+            if !conns.iter().any(|x| Arc::ptr_eq(x, &conn)) {
+                conns.push(conn);
+            }
+        }
     }
     for conn in conns {
         pass_on(&conn);
