@@ -158,6 +158,17 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
     if nfd < 0 || (kind != LISTEN && kind != GUEST) {
         return nfd;
     }
+    if kind == GUEST {
+        // Whatever the client's port: one that dialed no rendezvous never offers (see
+        // `look_for_vacancy`).
+        let guest = table::lock(fd).and_then(|mut s| match s.entry() {
+            Entry::Guest(g) => Some(g.clone()),
+            _ => None,
+        });
+        if let (Some(guest), Some(_busy)) = (guest, Guard::try_enter()) {
+            server::look_for_vacancy(fd, &guest);
+        }
+    }
     // A CARRIER client's port is odd (spec/WIRE.md section 3): from an even one, no offer can
     // come, and the connection is plain without a look at the rendezvous (a system call), or at
     // the guard's thread-local.
@@ -183,7 +194,7 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
     if let Some(l) = own {
         server::on_accept(&l, nfd, nonblocking);
     } else if let Some(guest) = guest {
-        server::on_guest_accept(&guest, nfd, nonblocking);
+        server::on_guest_accept(fd, &guest, nfd, nonblocking);
     }
     g.ok(nfd as ssize_t) as c_int
 }

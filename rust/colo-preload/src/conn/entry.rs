@@ -48,4 +48,6 @@ pub struct Guest {
     pub name: String,
     /// The holder is another user's, or does not answer ASKs: plain TCP from now on.
     pub refused: std::sync::atomic::AtomicBool,
+    /// When (`marker::now_ms`) an accept last looked whether the rendezvous is free.
+    pub looked: std::sync::atomic::AtomicU64,
 }

@@ -162,6 +162,11 @@ pub fn take_back() {
         relayed.extend(take_back_one(r, &socks));
     }
     relayed::publish(relayed);
+    // Listening sockets among them: listeners of this image's (socket activation, a launcher
+    // that execs its server).
+    for (_, fd) in sockets {
+        crate::service::server::adopt_inherited(fd);
+    }
 }
 
 /// Takes back one connection; the addresses of one relayed as standard I/O are returned.

@@ -15,6 +15,7 @@ use colo::internal::carrier::{self, Hello, Key};
 use colo::wire::{self, Mode, Reason};
 use colo_sys::{seqpacket, BorrowedFd};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a guest's accept waits for the holder's answer. A holder answers at its service
@@ -26,15 +27,36 @@ const ANSWER_WAIT: Duration = Duration::from_millis(25);
 enum Asked {
     /// The offer, to claim.
     Offer(Box<Hello>),
-    /// None for this connection (plain TCP), or no holder to ask now.
+    /// None for this connection (plain TCP), or the holder could not be asked now.
     Nothing,
+    /// Nobody holds the rendezvous: this listener takes it over.
+    Vacant,
     /// Never to be asked again: the reason, for the log.
     Never(String),
 }
 
-/// After a successful real accept of `fd` on `g`'s listening socket (a connection from an odd
-/// port, spec section 3): claims its offer if the rendezvous holder hands it over.
-pub fn on_accept(g: &Guest, fd: i32, nonblocking: bool) {
+/// How often a guest's accepts look whether its rendezvous is free (a bind).
+const VACANCY_LOOK_MS: u64 = 1000;
+
+/// On an accept on the guest listener `listen_fd`, whatever the connection: at most once per
+/// `VACANCY_LOOK_MS`, takes the rendezvous over if nobody holds it (`listen::take_over_vacant`).
+/// A client offers only where a rendezvous is bound, so a listener that waited for an offer
+/// to find the rendezvous free would wait for good.
+pub fn look_for_vacancy(listen_fd: i32, g: &Arc<Guest>) {
+    let now = crate::record::marker::now_ms();
+    let last = g.looked.load(Ordering::Relaxed);
+    if last != 0 && now.saturating_sub(last) < VACANCY_LOOK_MS {
+        return;
+    }
+    g.looked.store(now.max(1), Ordering::Relaxed);
+    super::listen::take_over_vacant(listen_fd, g);
+}
+
+/// After a successful real accept of `fd` on `g`'s listening socket `listen_fd` (a connection
+/// from an odd port, spec section 3): claims its offer if the rendezvous holder hands it over.
+/// With nobody holding the rendezvous, the listener takes it over for the connections after
+/// this one.
+pub fn on_accept(listen_fd: i32, g: &Arc<Guest>, fd: i32, nonblocking: bool) {
     if g.refused.load(Ordering::Relaxed) {
         return;
     }
@@ -51,6 +73,7 @@ pub fn on_accept(g: &Guest, fd: i32, nonblocking: bool) {
             claim(fd, nonblocking, peer, local, Some(h));
         }
         Asked::Nothing => log_debug(format_args!("accept {peer} -> {local}: no colo offer at {}; plain TCP", g.name)),
+        Asked::Vacant => super::listen::take_over_vacant(listen_fd, g),
         Asked::Never(why) => {
             g.refused.store(true, Ordering::Relaxed);
             log_info(format_args!("listen {}: {why}; this listener serves plain TCP", g.addr));
@@ -61,7 +84,8 @@ pub fn on_accept(g: &Guest, fd: i32, nonblocking: bool) {
 fn ask(g: &Guest, k: &Key) -> Asked {
     let c = match seqpacket::connect_nonblocking(g.name.as_bytes()) {
         Ok(c) => c,
-        // Nobody there (the holder is gone), or its backlog full: this connection is plain.
+        Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => return Asked::Vacant,
+        // Its backlog full: this connection is plain.
         Err(_) => return Asked::Nothing,
     };
     // The holder gets the connection's addresses and hands over descriptors the claim trusts

@@ -79,13 +79,7 @@ pub fn on_listen(fd: i32) {
                     log_info(format_args!(
                         "listen {addr}: rendezvous {name} is held by another process (a SO_REUSEPORT listener on the same address, one that kept an earlier listener's, or a squatter); offers of the connections this listener accepts are asked of it"
                     ));
-                    let g = Guest { addr, name, refused: std::sync::atomic::AtomicBool::new(false) };
-                    if let Some(mut l) = try_lock(&LISTENING) {
-                        l.push(addr);
-                    }
-                    if let Some(mut slot) = table::lock(fd) {
-                        slot.set(Entry::Guest(Arc::new(g)));
-                    }
+                    become_guest(fd, addr, name);
                     return;
                 }
             }
@@ -95,6 +89,12 @@ pub fn on_listen(fd: i32) {
             return;
         }
     };
+    serve_rendezvous(fd, addr, name, rendezvous);
+}
+
+/// `fd`, listening on `addr`, got its rendezvous `name` bound as `rendezvous`: this process's
+/// offer service serves it.
+fn serve_rendezvous(fd: i32, addr: std::net::SocketAddr, name: String, rendezvous: colo_sys::OwnedFd) {
     let svc = match own_service() {
         Ok(s) => s,
         Err(e) => {
@@ -168,6 +168,44 @@ static FORKS: AtomicU64 = AtomicU64::new(0);
 pub fn note_fork() {
     FORKS.fetch_add(1, Ordering::Relaxed);
     super::thread::forked_now();
+}
+
+/// `fd`, listening on `addr`, whose rendezvous `name` another process holds: a guest listener
+/// (`guest`).
+fn become_guest(fd: i32, addr: std::net::SocketAddr, name: String) {
+    let g = Guest { addr, name, refused: std::sync::atomic::AtomicBool::new(false), looked: AtomicU64::new(0) };
+    if let Some(mut l) = try_lock(&LISTENING) {
+        l.push(addr);
+    }
+    if let Some(mut slot) = table::lock(fd) {
+        slot.set(Entry::Guest(Arc::new(g)));
+    }
+}
+
+/// In the shim's constructor: `fd`, a descriptor this image inherited, is a listening TCP socket
+/// (socket activation, a launcher that execs its server, a server that re-execs itself to
+/// upgrade): a listener of this image's whose offers are asked of the rendezvous holder
+/// (`guest`), and which takes the rendezvous over at its first accept if nobody holds it then.
+/// Nothing is bound and no thread started here, before the program runs.
+pub fn adopt_inherited(fd: i32) {
+    if disabled() || table::kind(fd) != table::NONE {
+        return;
+    }
+    // SAFETY: a descriptor this image inherited, open for the duration of this call.
+    let b = unsafe { colo_sys::BorrowedFd::borrow_raw(fd) };
+    if !is_tcp_stream(b) || !rustix::net::sockopt::socket_acceptconn(b).unwrap_or(false) {
+        return;
+    }
+    let Some(addr) = rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a)) else { return };
+    become_guest(fd, addr, wire::rendezvous_name(addr));
+}
+
+/// `fd`, the guest listener `g`: if nobody holds its rendezvous now (the launcher that held it
+/// let go, or there never was one), binds it and serves it as a listener of this process's own.
+pub fn take_over_vacant(fd: i32, g: &Arc<Guest>) {
+    let Ok(rendezvous) = seqpacket::listen(g.name.as_bytes()).and_then(out_of_the_way) else { return };
+    on_close_guest(g, fd);
+    serve_rendezvous(fd, g.addr, g.name.clone(), rendezvous);
 }
 
 /// When `fd`, a listening socket whose rendezvous another process holds, is about to be closed.
