@@ -314,8 +314,8 @@ if mode == "prefork":
     for _ in range(3):
         if os.fork() == 0:
             while True:
-                c = s.accept()[0]
-                print("CONN", os.getpid(), flush=True)
+                c, peer = s.accept()
+                print("CONN", os.getpid(), peer[0], flush=True)
                 serve(c)
     signal.pause()
 if mode == "threads":
@@ -437,6 +437,40 @@ if [ "$(cat "$WORK/prefork-c")" = EXACT ] && [ "$conns" = 2 ]; then
 else
     bad "10 colo run -- python3 (three processes in a blocking accept): held client '$(cat "$WORK/prefork-c")', $conns connections seen (2 made)"
 fi
+
+# A worker killed while asleep in the kernel's accept no longer counts as asleep there: three
+# forked processes in a blocking accept; one holds a plain client of C (its wait 3 s), and the
+# other two are killed -9 (left zombies: the server never reaps them). A client of B's own
+# namespace then connects: the holder, which leaves the listener's queue to the lineage's other
+# sleepers, sees none alive and takes it before the held connection is decided (before, it
+# waited for the dead: the held one came first, 3 s later). Both byte-exact.
+ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_NETNS_DIR="$DIR" COLO_NETNS_WAIT_MS=3000 "$COLO" run -- \
+    python3 "$WORK/echo.py" 7013 "220 banner" prefork >"$WORK/echo-dead.log" 2>&1 </dev/null &
+DEADSRV=$!
+PIDS+=("$DEADSRV")
+for i in $(seq 100); do grep -qs READY "$WORK/echo-dead.log" && ls "$DIR"/colo-*-7013.live >/dev/null 2>&1 && break; sleep 0.1; done
+sleep 0.3
+ip netns exec "$NS_C" timeout 10 python3 "$WORK/say.py" $IP_B 7013 "220 banner" "held while the others die" >"$WORK/dead-c" 2>&1 &
+TC=$!
+holder=
+for i in $(seq 30); do
+    holder=$(ip netns exec "$NS_B" ss -tnpH state established "( sport = :7013 )" | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2)
+    [ -n "$holder" ] && break
+    sleep 0.05
+done
+killed=0
+for w in $(pgrep -P "$DEADSRV"); do
+    [ "$w" != "$holder" ] && kill -9 "$w" && killed=$((killed + 1))
+done
+r=$(ip netns exec "$NS_B" timeout 10 python3 "$WORK/say.py" 127.0.0.1 7013 "220 banner" "from B meanwhile" 2>/dev/null)
+timeout 15 tail --pid="$TC" -f /dev/null
+order=$(sed -n 's/^CONN [0-9]* //p' "$WORK/echo-dead.log" | tr '\n' ' ')
+if [ -n "$holder" ] && [ "$killed" = 2 ] && [ "$r" = EXACT ] && [ "$(cat "$WORK/dead-c")" = EXACT ] && [ "$order" = "127.0.0.1 $IP_C " ]; then
+    ok "10 colo run -- python3 (workers killed -9 in a blocking accept): the holder no longer leaves the queue to them (B's client first, then the held one, both byte-exact)"
+else
+    bad "10 colo run -- python3 (workers killed in accept): holder '$holder', $killed killed, B's client '$r', held client '$(cat "$WORK/dead-c")', accepted in order '$order'"
+fi
+kill -9 "$DEADSRV" $(pgrep -P "$DEADSRV") 2>/dev/null
 
 # A held connection's socket lives above the shim's floor, as its other descriptors, not at the
 # low number the kernel gave (the application's next descriptor takes that); handed over, it
@@ -703,14 +737,16 @@ r=$(ip netns exec "$NS_C" setpriv --reuid=nobody --regid=nogroup --clear-groups 
     for f in '$DIR'/colo-*; do rm -f \"\$f\" 2>/dev/null && [ ! -e \"\$f\" ] && echo UNLINKED; done
     echo done")
 if [ "$r" = done ]; then ok "5b nobody in C: cannot create, bind or unlink"; else bad "5b: $r"; fi
-# (c) forged proofs from C (no TCP connection): refused.
-# (Answered REJECT(NOT_CLAIMED) when the server next looks at its rendezvous, at an accept: a
-# server with no connection to accept leaves them unanswered, never claimed.)
-r=$(ip netns exec "$NS_C" setpriv --reuid=nobody --regid=nogroup --clear-groups timeout 30 $PROBE forge "$DIR")
-if echo "$r" | grep -q "FORGED" && ! echo "$r" | grep -qv "REJECT(5)\|TIMEOUT\|STALE"; then
-    ok "5c forged nonces not claimed ($(echo "$r" | cut -d' ' -f1,2 | sort | uniq -c | tr -s ' ' | tr '\n' ' '))"
+# (c) forged proofs from C (no TCP connection), three to every rendezvous in B's directory:
+# refused at once (REJECT(NOT_CLAIMED) within the forger's 3 s) by every live server, redis
+# under colo run with no connection under way among them (it left them unanswered before:
+# TIMEOUT), and by the Rust API and Go listeners; a dead server's socket refuses connections.
+r=$(ip netns exec "$NS_C" setpriv --reuid=nobody --regid=nogroup --clear-groups timeout 60 $PROBE forge "$DIR")
+redis_rej=$(echo "$r" | grep -c "^FORGED REJECT(5) colo-$REDIS-6379$")
+if [ "$redis_rej" = 3 ] && ! echo "$r" | grep -qv "^FORGED REJECT(5) \|^STALE"; then
+    ok "5c forged nonces refused at once by every live server ($(echo "$r" | cut -d' ' -f1,2 | sort | uniq -c | tr -s ' ' | tr '\n' ' '))"
 else
-    bad "5c forged: $r"
+    bad "5c forged: redis (pid $REDIS) refused $redis_rej of 3 at once; $(echo "$r" | grep -v "^FORGED REJECT(5) \|^STALE" | sort | uniq -c | tr '\n' ' ')"
 fi
 # (g) root in C offers, as a HELLO's segment, a file of a FUSE mount it serves and whose reads
 # never return: the server must check that a descriptor is a memfd before it reads it (or its

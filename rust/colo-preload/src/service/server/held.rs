@@ -239,6 +239,7 @@ pub fn forget(l: &Listen) {
     };
     for (_, h) in &gone {
         h.sleep.close();
+        h.lock().accepts.close(h.rendezvous);
     }
     drop(gone);
 }
