@@ -726,6 +726,32 @@ else
     bad "12 RST: plain TCP client/server saw $tcp, accelerated saw $shm ($n accelerated)"
 fi
 
+# 13. A relay in between (a sidecar that terminates TCP): socat under colo run in C, serving
+# its own directory to A and dialing B's redis as a configured client. Each hop is accelerated
+# on its own (the relay's log: from A; redis's: from C, the relay), never end to end around
+# the relay (redis accepts nothing from A), and the bytes go through intact.
+if command -v socat >/dev/null; then
+    RDIR=$WORK/relay
+    mkdir -m 755 "$RDIR"
+    ip netns exec "$NS_C" env COLO_LOG=info COLO_NETNS_DIR="$RDIR" COLO_NETNS_CLIENTS=$IP_A COLO_NETNS_PEERS=$IP_B:6379 \
+        COLO_NETNS_PEER_DIR="$DIR" timeout 60 "$COLO" run -- socat TCP-LISTEN:7400,fork,reuseaddr TCP:$IP_B:6379 >"$WORK/relay.log" 2>&1 </dev/null &
+    PIDS+=($!)
+    for i in $(seq 50); do ls "$RDIR"/colo-*-7400.live >/dev/null 2>&1 && break; sleep 0.1; done
+    before=$(accepted)
+    from_a=$(grep -c "accept $IP_A:.*accelerated (shared memory, other namespace)" "$WORK/redis.log")
+    r=$(ip netns exec "$NS_A" env COLO_LOG=info COLO_NETNS_PEERS=$IP_C:7400=$RDIR timeout 20 "$COLO" run -- \
+        sh -c "redis-cli -h $IP_C -p 7400 set relayed through-c >/dev/null && redis-cli -h $IP_C -p 7400 get relayed" 2>/dev/null)
+    sleep 0.2
+    hop1=$(grep -c "accept $IP_A:.*accelerated (shared memory, other namespace)" "$WORK/relay.log")
+    hop2=$(grep -c "accept $IP_C:.*accelerated (shared memory, other namespace)" "$WORK/redis.log")
+    around=$(( $(grep -c "accept $IP_A:.*accelerated (shared memory, other namespace)" "$WORK/redis.log") - from_a ))
+    if [ "$r" = through-c ] && [ "$hop1" = 2 ] && [ "$hop2" -ge 2 ] && [ "$around" = 0 ] && [ $(( $(accepted) - before )) = 2 ]; then
+        ok "13 a colo relay in between (socat in C): bytes intact, each hop accelerated (A to the relay $hop1, the relay to redis $hop2), none around it"
+    else
+        bad "13 relay: got '$r', A to the relay $hop1, the relay to redis $hop2, A to redis around it $around; $(grep -v "^colo.*accept on fd" "$WORK/relay.log" | tail -3)"
+    fi
+fi
+
 # 5. Attacker C.
 # (a) root in C behind a read-only bind mount of B's directory: no create, bind or unlink.
 r=$(ip netns exec "$NS_C" unshare -m sh -c "
