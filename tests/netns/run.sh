@@ -104,6 +104,16 @@ if [ "$r" = dnat-value ] && [ $(( $(accepted) - before )) -eq 1 ] && echo "$last
 else
     bad "2 MASQUERADE: got '$r', $(( $(accepted) - before )) accelerated, last: $last"
 fi
+# A NodePort (or a container's host port): the node's own address, here A's gateway, port
+# 30079 DNAT'd to B:6379, masqueraded as above.
+ipt -t nat -A PREROUTING -d 10.231.1.1 -p tcp --dport 30079 -j DNAT --to-destination $IP_B:6379 -m comment --comment "$P"
+before=$(accepted)
+r=$(ip netns exec "$NS_A" env COLO_LOG=info COLO_NETNS_PEERS=10.231.1.1:30079=$DIR timeout 20 "$COLO" run -- redis-cli -h 10.231.1.1 -p 30079 get k 2>/dev/null)
+if [ "$r" = dnat-value ] && [ $(( $(accepted) - before )) -eq 1 ]; then
+    ok "2 NodePort (the node's address:30079 -> B:6379, masqueraded): bytes intact, accelerated"
+else
+    bad "2 NodePort: got '$r', $(( $(accepted) - before )) accelerated"
+fi
 ipt -t nat -D POSTROUTING -s 10.231.1.0/24 -d 10.231.2.0/24 -j MASQUERADE -m comment --comment "$P"
 
 # 3. FORWARD DROP between A and B: the TCP connection fails, and no colo connection either.
