@@ -54,9 +54,9 @@ pub struct Shared {
     /// local port with the monotonic clock's milliseconds above it.
     pub wakes: [std::sync::atomic::AtomicU64; 8],
     /// Threads of the lineage's processes asleep in the kernel's accept, by process and
-    /// listening port (`service::server::sleepers`): the pid above 32 bits, the port in the
-    /// next 16, the count below; 0 is a free slot (freed when its count drops to 0, or by
-    /// any process once the one named is gone).
+    /// listening socket (`service::server::sleepers`): the pid above 32 bits, the socket's tag
+    /// (`held::socket_tag`) in the next 16, the count below; 0 is a free slot (freed when its
+    /// count drops to 0, or by any process once the one named is gone).
     pub asleep: [std::sync::atomic::AtomicU64; 8],
 }
 

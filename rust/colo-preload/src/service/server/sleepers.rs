@@ -29,8 +29,9 @@
 //! A held connection can be handed out by its own process only. So a thread of a process that
 //! holds connections, waiting on the listener and the set together, leaves the listener's
 //! queue to the lineage's other processes while one of them sleeps in the kernel's accept on
-//! that port (`Held::others_asleep`; counted in the lineage's shared page): had it taken a
-//! queued connection, its held ones would wait until its application came back to accept.
+//! that socket (`Held::others_asleep`; counted in the lineage's shared page by process, whose
+//! count goes with it if it dies there): had it taken a queued connection, its held ones would
+//! wait until its application came back to accept.
 
 use super::held::Held;
 use colo_sys::{AsFd, OwnedFd};
@@ -75,26 +76,27 @@ pub struct Sleepers {
     unseen: AtomicU32,
     /// A wake-up connection of this set's went to a process outside the lineage (logged once).
     lost: AtomicBool,
-    /// The lineage's threads asleep in the kernel's accept, by process and port
+    /// The lineage's threads asleep in the kernel's accept, by process and listening socket
     /// (`Shared::asleep`, `slot_key`).
     everyone: &'static [AtomicU64; 8],
 }
 
 /// A slot of the lineage's table of sleepers (`Shared::asleep`): the process above 32 bits,
-/// the port in the next 16, how many of its threads are asleep in the kernel's accept on that
-/// port below; 0 is a free slot. Only the process named changes its slot's count; any process
-/// frees the slot of one that is gone (killed while asleep there: it never counted itself back).
-fn slot_key(pid: u32, port: u16) -> u64 {
-    u64::from(pid) << 32 | u64::from(port) << 16
+/// the listening socket's tag (`held::socket_tag`) in the next 16, how many of its threads are
+/// asleep in the kernel's accept on that socket below; 0 is a free slot. Only the process named
+/// changes its slot's count; any process frees the slot of one that is gone (killed while
+/// asleep there: it never counted itself back).
+fn slot_key(pid: u32, sock: u16) -> u64 {
+    u64::from(pid) << 32 | u64::from(sock) << 16
 }
 
-/// Counts a thread of process `pid` going to sleep in the kernel's accept on `port` (`up`), or
-/// back (the slot freed when none is left); nothing if the table is full (then the lineage's
-/// other processes do not count this one asleep there).
-fn count_asleep(slots: &[AtomicU64; 8], pid: u32, port: u16, up: bool) {
-    let key = slot_key(pid, port);
+/// Counts a thread of process `pid` going to sleep in the kernel's accept on the socket tagged
+/// `sock` (`up`), or back (the slot freed when none is left); nothing if the table is full
+/// (then the lineage's other processes do not count this one asleep there).
+fn count_asleep(slots: &[AtomicU64; 8], pid: u32, sock: u16, up: bool) {
+    let key = slot_key(pid, sock);
     'again: loop {
-        // This process's slot for the port, if it has one.
+        // This process's slot for the socket, if it has one.
         for slot in slots {
             let mut v = slot.load(Ordering::Relaxed);
             while v & !0xFFFF == key {
@@ -128,13 +130,14 @@ fn count_asleep(slots: &[AtomicU64; 8], pid: u32, port: u16, up: bool) {
 }
 
 /// Whether a thread of a process of the lineage other than `pid` is asleep in the kernel's
-/// accept on `port`. A slot of a process that is gone (or a zombie nobody reaped) is freed.
-fn others_asleep_on(slots: &[AtomicU64; 8], pid: u32, port: u16) -> bool {
+/// accept on the socket tagged `sock`. A slot of a process that is gone (or a zombie nobody
+/// reaped) is freed.
+fn others_asleep_on(slots: &[AtomicU64; 8], pid: u32, sock: u16) -> bool {
     let mut any = false;
     for slot in slots {
         let v = slot.load(Ordering::Relaxed);
         let other = (v >> 32) as u32;
-        if v == 0 || (v >> 16) & 0xFFFF != u64::from(port) || other == pid || v & 0xFFFF == 0 {
+        if v == 0 || (v >> 16) & 0xFFFF != u64::from(sock) || other == pid || v & 0xFFFF == 0 {
             continue;
         }
         if process_gone(other) {
@@ -337,11 +340,12 @@ fn claim_slot(wakes: &[AtomicU64; 8], value: u64, free: impl Fn(u64) -> bool) ->
 }
 
 impl Held {
-    /// A thread of this process goes to sleep in the kernel's accept on the listener (`false`:
-    /// it is back): while the set holds anything, the watcher looks after it.
-    pub fn asleep(self: &Arc<Held>, on: bool) {
+    /// A thread of this process goes to sleep in the kernel's accept on the listening socket
+    /// tagged `sock` (`socket_tag`; `false`: it is back): while the set holds anything, the
+    /// watcher looks after it.
+    pub fn asleep(self: &Arc<Held>, on: bool, sock: u16) {
         let s = &self.sleep;
-        count_asleep(s.everyone, colo_sys::host::pid(), s.target.port(), on);
+        count_asleep(s.everyone, colo_sys::host::pid(), sock, on);
         // Relaxed: see `watching`.
         if !on {
             s.asleep.fetch_sub(1, Ordering::Relaxed);
@@ -352,12 +356,12 @@ impl Held {
     }
 
     /// Whether a thread of another process of the lineage is asleep in the kernel's accept on
-    /// the listener: a connection queued there is its, and a thread of this process that holds
-    /// connections had better wait for those than take it (the held ones can go to no other
-    /// process, and this one would be away with the other).
-    pub fn others_asleep(&self) -> bool {
-        let s = &self.sleep;
-        others_asleep_on(s.everyone, colo_sys::host::pid(), s.target.port())
+    /// the listening socket tagged `sock`: a connection queued there is its, and a thread of
+    /// this process that holds connections had better wait for those than take it (the held
+    /// ones can go to no other process, and this one would be away with the other). Another
+    /// socket on the same port (`SO_REUSEPORT`) has a queue of its own, and does not count.
+    pub fn others_asleep(&self, sock: u16) -> bool {
+        others_asleep_on(self.sleep.everyone, colo_sys::host::pid(), sock)
     }
 
     /// If a thread sleeps in the kernel's accept while the set holds anything: the watcher
@@ -493,7 +497,7 @@ mod tests {
         count_asleep(&slots, live.id(), 80, true);
         count_asleep(&slots, live.id(), 80, true);
         assert!(others_asleep_on(&slots, me, 80), "a live process's sleeper not counted");
-        assert!(!others_asleep_on(&slots, me, 81), "counted on another port");
+        assert!(!others_asleep_on(&slots, me, 81), "counted on another socket");
         count_asleep(&slots, live.id(), 80, false);
         assert!(others_asleep_on(&slots, me, 80), "one of its two sleepers is still there");
         count_asleep(&slots, live.id(), 80, false);
