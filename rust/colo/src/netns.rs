@@ -498,11 +498,14 @@ impl Rendezvous {
     }
 
     /// The keeper's look: reads what arrived (refusing what proves nothing), unless a nonce is
-    /// live, whose accept reads it (it has the keeper stop reporting this rendezvous meanwhile).
+    /// live, whose accept reads it: then the keeper is told again to stop reporting this
+    /// rendezvous meanwhile (it was reported just before `answer` said so, or saying so failed).
     pub(crate) fn keep_look(&self) {
         let mut st = self.state();
         if st.pending.is_empty() {
             self.drain(&mut st);
+        } else if let Some(k) = &st.keeper {
+            k.reported(self.wait_fd(), false);
         }
     }
 

@@ -27,9 +27,9 @@ pub struct Watch {
 impl Watch {
     /// Reports the rendezvous's wait fd `fd` to the keeper (`on`: no nonce is live), or not.
     pub fn reported(&self, fd: BorrowedFd<'_>, on: bool) {
-        // If this fails the registration stays as it was: reported, the keeper reads in turn
-        // with the waiting accept (both under the rendezvous's lock); unreported, a forged
-        // HELLO waits for the next look, as without a keeper.
+        // If this fails the registration stays as it was: reported, the keeper's next look
+        // asks again (`Rendezvous::keep_look`); unreported, a forged HELLO waits for the next
+        // look of an accept, as without a keeper.
         let _ = self.set.set_reported(fd, self.token, on);
     }
 }
