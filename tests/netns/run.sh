@@ -328,6 +328,7 @@ if mode == "prefork":
     import os
     for _ in range(3):
         if os.fork() == 0:
+            signal.alarm(120)  # a child's own watchdog (alarms are not inherited)
             while True:
                 c, peer = s.accept()
                 print("CONN", os.getpid(), peer[0], flush=True)
@@ -433,7 +434,8 @@ fi
 # before in 2 of 3 runs: the holder took B's client, and the held one timed out).
 ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_NETNS_DIR="$DIR" COLO_NETNS_WAIT_MS=1500 "$COLO" run -- \
     python3 "$WORK/echo.py" 7012 "220 banner" prefork >"$WORK/echo-prefork.log" 2>&1 </dev/null &
-PIDS+=($!)
+PREFORK=$!
+PIDS+=("$PREFORK")
 for i in $(seq 100); do grep -qs READY "$WORK/echo-prefork.log" && ls "$DIR"/colo-*-7012.live >/dev/null 2>&1 && break; sleep 0.1; done
 sleep 0.3
 ip netns exec "$NS_C" timeout 10 python3 "$WORK/say.py" $IP_B 7012 "220 banner" "held, then to a sleeping accept" >"$WORK/prefork-c" 2>&1 &
@@ -452,6 +454,7 @@ if [ "$(cat "$WORK/prefork-c")" = EXACT ] && [ "$conns" = 2 ]; then
 else
     bad "10 colo run -- python3 (three processes in a blocking accept): held client '$(cat "$WORK/prefork-c")', $conns connections seen (2 made)"
 fi
+kill -9 "$PREFORK" $(pgrep -P "$PREFORK") 2>/dev/null
 
 # A worker killed while asleep in the kernel's accept no longer counts as asleep there: three
 # forked processes in a blocking accept; one holds a plain client of C (its wait 3 s), and the
