@@ -10,7 +10,8 @@
         same connection. Prints `DECLINED <reason>` and the reply to PING (`PONG`).
     nsprobe.py forge DIR
         Without any TCP connection: offers segments with random proofs to every rendezvous in
-        DIR. Prints `FORGED <answer>` per try, or `NOCONNECT <errno name>`.
+        DIR. Prints `FORGED <answer> <rendezvous>` per try (an answer waited for up to 3 s),
+        `STALE <path>` for a dead server's socket, or `NOCONNECT <errno name>`.
     nsprobe.py flood DIR N SECONDS
         Holds N silent connections to every rendezvous in DIR (reconnecting what the server
         drops) and sends garbage on others, for SECONDS. Prints `FLOOD <connections made>`.
@@ -145,7 +146,7 @@ def forge(d):
     for path in rendezvous(d):
         for _ in range(3):
             try:
-                print("FORGED", offer(path, os.urandom(24)), flush=True)
+                print("FORGED", offer(path, os.urandom(24)), os.path.basename(path), flush=True)
             except ConnectionRefusedError:
                 print("STALE", path, flush=True)  # a killed server's leftover socket file
                 break

@@ -104,6 +104,16 @@ if [ "$r" = dnat-value ] && [ $(( $(accepted) - before )) -eq 1 ] && echo "$last
 else
     bad "2 MASQUERADE: got '$r', $(( $(accepted) - before )) accelerated, last: $last"
 fi
+# A NodePort (or a container's host port): the node's own address, here A's gateway, port
+# 30079 DNAT'd to B:6379, masqueraded as above.
+ipt -t nat -A PREROUTING -d 10.231.1.1 -p tcp --dport 30079 -j DNAT --to-destination $IP_B:6379 -m comment --comment "$P"
+before=$(accepted)
+r=$(ip netns exec "$NS_A" env COLO_LOG=info COLO_NETNS_PEERS=10.231.1.1:30079=$DIR timeout 20 "$COLO" run -- redis-cli -h 10.231.1.1 -p 30079 get k 2>/dev/null)
+if [ "$r" = dnat-value ] && [ $(( $(accepted) - before )) -eq 1 ]; then
+    ok "2 NodePort (the node's address:30079 -> B:6379, masqueraded): bytes intact, accelerated"
+else
+    bad "2 NodePort: got '$r', $(( $(accepted) - before )) accelerated"
+fi
 ipt -t nat -D POSTROUTING -s 10.231.1.0/24 -d 10.231.2.0/24 -j MASQUERADE -m comment --comment "$P"
 
 # 3. FORWARD DROP between A and B: the TCP connection fails, and no colo connection either.
@@ -294,16 +304,21 @@ s.bind(("0.0.0.0", port)); s.listen()
 print("READY", flush=True)
 
 def serve(c):
-    c.setblocking(True)
-    if banner:
-        c.sendall(banner)
-    got = b""
-    while not got.endswith(b"\n"):
-        b = c.recv(65536)
-        if not b:
-            break
-        got += b
-    c.sendall(got)
+    # A client that leaves without reading the banner resets the connection: that ends the
+    # connection, not the server (a worker that died so would leave its rendezvous behind).
+    try:
+        c.setblocking(True)
+        if banner:
+            c.sendall(banner)
+        got = b""
+        while not got.endswith(b"\n"):
+            b = c.recv(65536)
+            if not b:
+                break
+            got += b
+        c.sendall(got)
+    except OSError:
+        pass
     c.close()
 
 if mode == "block":
@@ -313,9 +328,10 @@ if mode == "prefork":
     import os
     for _ in range(3):
         if os.fork() == 0:
+            signal.alarm(120)  # a child's own watchdog (alarms are not inherited)
             while True:
-                c = s.accept()[0]
-                print("CONN", os.getpid(), flush=True)
+                c, peer = s.accept()
+                print("CONN", os.getpid(), peer[0], flush=True)
                 serve(c)
     signal.pause()
 if mode == "threads":
@@ -418,7 +434,8 @@ fi
 # before in 2 of 3 runs: the holder took B's client, and the held one timed out).
 ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_NETNS_DIR="$DIR" COLO_NETNS_WAIT_MS=1500 "$COLO" run -- \
     python3 "$WORK/echo.py" 7012 "220 banner" prefork >"$WORK/echo-prefork.log" 2>&1 </dev/null &
-PIDS+=($!)
+PREFORK=$!
+PIDS+=("$PREFORK")
 for i in $(seq 100); do grep -qs READY "$WORK/echo-prefork.log" && ls "$DIR"/colo-*-7012.live >/dev/null 2>&1 && break; sleep 0.1; done
 sleep 0.3
 ip netns exec "$NS_C" timeout 10 python3 "$WORK/say.py" $IP_B 7012 "220 banner" "held, then to a sleeping accept" >"$WORK/prefork-c" 2>&1 &
@@ -437,6 +454,41 @@ if [ "$(cat "$WORK/prefork-c")" = EXACT ] && [ "$conns" = 2 ]; then
 else
     bad "10 colo run -- python3 (three processes in a blocking accept): held client '$(cat "$WORK/prefork-c")', $conns connections seen (2 made)"
 fi
+kill -9 "$PREFORK" $(pgrep -P "$PREFORK") 2>/dev/null
+
+# A worker killed while asleep in the kernel's accept no longer counts as asleep there: three
+# forked processes in a blocking accept; one holds a plain client of C (its wait 3 s), and the
+# other two are killed -9 (left zombies: the server never reaps them). A client of B's own
+# namespace then connects: the holder, which leaves the listener's queue to the lineage's other
+# sleepers, sees none alive and takes it before the held connection is decided (before, it
+# waited for the dead: the held one came first, 3 s later). Both byte-exact.
+ip netns exec "$NS_B" env COLO_LOG=info COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_NETNS_DIR="$DIR" COLO_NETNS_WAIT_MS=3000 "$COLO" run -- \
+    python3 "$WORK/echo.py" 7013 "220 banner" prefork >"$WORK/echo-dead.log" 2>&1 </dev/null &
+DEADSRV=$!
+PIDS+=("$DEADSRV")
+for i in $(seq 100); do grep -qs READY "$WORK/echo-dead.log" && ls "$DIR"/colo-*-7013.live >/dev/null 2>&1 && break; sleep 0.1; done
+sleep 0.3
+ip netns exec "$NS_C" timeout 10 python3 "$WORK/say.py" $IP_B 7013 "220 banner" "held while the others die" >"$WORK/dead-c" 2>&1 &
+TC=$!
+holder=
+for i in $(seq 30); do
+    holder=$(ip netns exec "$NS_B" ss -tnpH state established "( sport = :7013 )" | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2)
+    [ -n "$holder" ] && break
+    sleep 0.05
+done
+killed=0
+for w in $(pgrep -P "$DEADSRV"); do
+    [ "$w" != "$holder" ] && kill -9 "$w" && killed=$((killed + 1))
+done
+r=$(ip netns exec "$NS_B" timeout 10 python3 "$WORK/say.py" 127.0.0.1 7013 "220 banner" "from B meanwhile" 2>/dev/null)
+timeout 15 tail --pid="$TC" -f /dev/null
+order=$(sed -n 's/^CONN [0-9]* //p' "$WORK/echo-dead.log" | tr '\n' ' ')
+if [ -n "$holder" ] && [ "$killed" = 2 ] && [ "$r" = EXACT ] && [ "$(cat "$WORK/dead-c")" = EXACT ] && [ "$order" = "127.0.0.1 $IP_C " ]; then
+    ok "10 colo run -- python3 (workers killed -9 in a blocking accept): the holder no longer leaves the queue to them (B's client first, then the held one, both byte-exact)"
+else
+    bad "10 colo run -- python3 (workers killed in accept): holder '$holder', $killed killed, B's client '$r', held client '$(cat "$WORK/dead-c")', accepted in order '$order'"
+fi
+kill -9 "$DEADSRV" $(pgrep -P "$DEADSRV") 2>/dev/null
 
 # A held connection's socket lives above the shim's floor, as its other descriptors, not at the
 # low number the kernel gave (the application's next descriptor takes that); handed over, it
@@ -687,6 +739,32 @@ else
     bad "12 RST: plain TCP client/server saw $tcp, accelerated saw $shm ($n accelerated)"
 fi
 
+# 13. A relay in between (a sidecar that terminates TCP): socat under colo run in C, serving
+# its own directory to A and dialing B's redis as a configured client. Each hop is accelerated
+# on its own (the relay's log: from A; redis's: from C, the relay), never end to end around
+# the relay (redis accepts nothing from A), and the bytes go through intact.
+if command -v socat >/dev/null; then
+    RDIR=$WORK/relay
+    mkdir -m 755 "$RDIR"
+    ip netns exec "$NS_C" env COLO_LOG=info COLO_NETNS_DIR="$RDIR" COLO_NETNS_CLIENTS=$IP_A COLO_NETNS_PEERS=$IP_B:6379 \
+        COLO_NETNS_PEER_DIR="$DIR" timeout 60 "$COLO" run -- socat TCP-LISTEN:7400,fork,reuseaddr TCP:$IP_B:6379 >"$WORK/relay.log" 2>&1 </dev/null &
+    PIDS+=($!)
+    for i in $(seq 50); do ls "$RDIR"/colo-*-7400.live >/dev/null 2>&1 && break; sleep 0.1; done
+    before=$(accepted)
+    from_a=$(grep -c "accept $IP_A:.*accelerated (shared memory, other namespace)" "$WORK/redis.log")
+    r=$(ip netns exec "$NS_A" env COLO_LOG=info COLO_NETNS_PEERS=$IP_C:7400=$RDIR timeout 20 "$COLO" run -- \
+        sh -c "redis-cli -h $IP_C -p 7400 set relayed through-c >/dev/null && redis-cli -h $IP_C -p 7400 get relayed" 2>/dev/null)
+    sleep 0.2
+    hop1=$(grep -c "accept $IP_A:.*accelerated (shared memory, other namespace)" "$WORK/relay.log")
+    hop2=$(grep -c "accept $IP_C:.*accelerated (shared memory, other namespace)" "$WORK/redis.log")
+    around=$(( $(grep -c "accept $IP_A:.*accelerated (shared memory, other namespace)" "$WORK/redis.log") - from_a ))
+    if [ "$r" = through-c ] && [ "$hop1" = 2 ] && [ "$hop2" -ge 2 ] && [ "$around" = 0 ] && [ $(( $(accepted) - before )) = 2 ]; then
+        ok "13 a colo relay in between (socat in C): bytes intact, each hop accelerated (A to the relay $hop1, the relay to redis $hop2), none around it"
+    else
+        bad "13 relay: got '$r', A to the relay $hop1, the relay to redis $hop2, A to redis around it $around; $(grep -v "^colo.*accept on fd" "$WORK/relay.log" | tail -3)"
+    fi
+fi
+
 # 5. Attacker C.
 # (a) root in C behind a read-only bind mount of B's directory: no create, bind or unlink.
 r=$(ip netns exec "$NS_C" unshare -m sh -c "
@@ -703,14 +781,16 @@ r=$(ip netns exec "$NS_C" setpriv --reuid=nobody --regid=nogroup --clear-groups 
     for f in '$DIR'/colo-*; do rm -f \"\$f\" 2>/dev/null && [ ! -e \"\$f\" ] && echo UNLINKED; done
     echo done")
 if [ "$r" = done ]; then ok "5b nobody in C: cannot create, bind or unlink"; else bad "5b: $r"; fi
-# (c) forged proofs from C (no TCP connection): refused.
-# (Answered REJECT(NOT_CLAIMED) when the server next looks at its rendezvous, at an accept: a
-# server with no connection to accept leaves them unanswered, never claimed.)
-r=$(ip netns exec "$NS_C" setpriv --reuid=nobody --regid=nogroup --clear-groups timeout 30 $PROBE forge "$DIR")
-if echo "$r" | grep -q "FORGED" && ! echo "$r" | grep -qv "REJECT(5)\|TIMEOUT\|STALE"; then
-    ok "5c forged nonces not claimed ($(echo "$r" | cut -d' ' -f1,2 | sort | uniq -c | tr -s ' ' | tr '\n' ' '))"
+# (c) forged proofs from C (no TCP connection), three to every rendezvous in B's directory:
+# refused at once (REJECT(NOT_CLAIMED) within the forger's 3 s) by every live server, redis
+# under colo run with no connection under way among them (it left them unanswered before:
+# TIMEOUT), and by the Rust API and Go listeners; a dead server's socket refuses connections.
+r=$(ip netns exec "$NS_C" setpriv --reuid=nobody --regid=nogroup --clear-groups timeout 60 $PROBE forge "$DIR")
+redis_rej=$(echo "$r" | grep -c "^FORGED REJECT(5) colo-$REDIS-6379$")
+if [ "$redis_rej" = 3 ] && ! echo "$r" | grep -qv "^FORGED REJECT(5) \|^STALE"; then
+    ok "5c forged nonces refused at once by every live server ($(echo "$r" | cut -d' ' -f1,2 | sort | uniq -c | tr -s ' ' | tr '\n' ' '))"
 else
-    bad "5c forged: $r"
+    bad "5c forged: redis (pid $REDIS) refused $redis_rej of 3 at once; $(echo "$r" | grep -v "^FORGED REJECT(5) \|^STALE" | sort | uniq -c | tr '\n' ' ')"
 fi
 # (g) root in C offers, as a HELLO's segment, a file of a FUSE mount it serves and whose reads
 # never return: the server must check that a descriptor is a memfd before it reads it (or its
@@ -867,6 +947,22 @@ if [ "${NETNS_BENCH:-1}" = 1 ]; then
     same=$(rps "$(ip netns exec "$NS_B" timeout 60 "$COLO" run -- redis-benchmark -h 127.0.0.1 -p 6379 -c 50 -n 300000 -t get -q 2>/dev/null)")
     ratio() { python3 -c "print(round($1 / $2, 2))" 2>/dev/null; }
     echo "bench redis -c 50 GET across namespaces: plain TCP $plain/s, colo $colo/s, ratio $(ratio "$colo" "$plain"); colo inside B's namespace $same/s (across/inside $(ratio "$colo" "$same"))"
+    # Short-lived connections (a connection per request) from A: plain TCP over the veths, colo
+    # by default (such connections go plain after a few), and colo made to accelerate each.
+    ping() { echo "$1" | tr '\r' '\n' | sed -n 's/^PING_INLINE: \([0-9.]*\) requests per second.*/\1/p'; }
+    splain=$(ping "$(in_a_plain redis-benchmark -h $IP_B -p 6380 -k 0 -c 10 -n 5000 -t ping_inline -q 2>/dev/null)")
+    scolo=$(ping "$(in_a redis-benchmark -h $IP_B -p 6379 -k 0 -c 10 -n 5000 -t ping_inline -q 2>/dev/null)")
+    sacc=$(ping "$(ip netns exec "$NS_A" "${CENV[@]}" COLO_SHORT_LIVED=accelerate timeout 60 "$COLO" run -- redis-benchmark -h $IP_B -p 6379 -k 0 -c 10 -n 2000 -t ping_inline -q 2>/dev/null)")
+    echo "bench redis -k 0 -c 10 PING (a connection each) across namespaces: plain TCP $splain/s, colo $scolo/s (ratio $(ratio "$scolo" "$splain")), colo accelerating each $sacc/s (ratio $(ratio "$sacc" "$splain"))"
+    # 64 B round trips through the Rust API, the echo server in B: from A, and from B itself.
+    if [ -x "$PEER" ]; then
+        ip netns exec "$NS_B" env COLO_NETNS_DIR="$DIR" COLO_NETNS_CLIENTS=10.231.0.0/16 "$PEER" server 0.0.0.0:7150 stream >"$WORK/peer-rtt.out" 2>&1 &
+        PIDS+=($!)
+        for i in $(seq 50); do grep -qs READY "$WORK/peer-rtt.out" && break; sleep 0.1; done
+        across=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 30 "$PEER" client $IP_B:7150 rtt 100000 2>/dev/null)
+        inside=$(ip netns exec "$NS_B" timeout 30 "$PEER" client 127.0.0.1:7150 rtt 100000 2>/dev/null)
+        echo "bench 64 B round trip, Rust API (RTT p50 p99 us transport): across namespaces '$across', inside B '$inside'"
+    fi
 fi
 
 [ $FAILED = 0 ] && echo "tests/netns: all passed" || echo "tests/netns: FAILED"

@@ -367,6 +367,13 @@ impl Poller {
         Ok(epoll::modify(&self.epoll, fd, epoll::EventData::new_u64(token), ONCE)?)
     }
 
+    /// Whether an [`Poller::add`] registration of `fd` under `token` is reported (`on`) or
+    /// stays in the set unreported (`!on`), level-triggered as added.
+    pub fn set_reported(&self, fd: impl AsFd, token: u64, on: bool) -> io::Result<()> {
+        let flags = if on { epoll::EventFlags::IN } else { epoll::EventFlags::empty() };
+        Ok(epoll::modify(&self.epoll, fd, epoll::EventData::new_u64(token), flags)?)
+    }
+
     /// Stops watching `fd`.
     pub fn delete(&self, fd: impl AsFd) -> io::Result<()> {
         Ok(epoll::delete(&self.epoll, fd)?)

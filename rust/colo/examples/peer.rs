@@ -163,6 +163,29 @@ fn client_msg(s: &Stream, count: u64, size: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// `count` round trips of 64 bytes through the echo server (after as many to warm up): the
+/// median and the 99th percentile, in microseconds.
+fn client_rtt(mut s: Stream, count: usize) -> io::Result<(f64, f64)> {
+    let mut out = [0u8; 64];
+    let mut back = [0u8; 64];
+    let mut took = Vec::with_capacity(count);
+    for k in 0..2 * count {
+        out[0] = k as u8;
+        let t = std::time::Instant::now();
+        s.write_all(&out)?;
+        s.read_exact(&mut back)?;
+        if k >= count {
+            took.push(t.elapsed().as_nanos() as u64);
+        }
+        if back != out {
+            return Err(io::Error::other(format!("round trip {k} differs")));
+        }
+    }
+    took.sort_unstable();
+    let at = |p: f64| took[((took.len() - 1) as f64 * p) as usize] as f64 / 1000.0;
+    Ok((at(0.5), at(0.99)))
+}
+
 fn client_halfclose(mut s: Stream) -> io::Result<()> {
     s.write_all(b"hello")?;
     s.shutdown(Shutdown::Write)?;
@@ -177,7 +200,7 @@ fn client_halfclose(mut s: Stream) -> io::Result<()> {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let usage = || -> ! {
-        eprintln!("usage: peer server ADDR stream|msg | peer client ADDR stream BYTES | peer client ADDR writefirst BYTES | peer client ADDR msg COUNT SIZE | peer client ADDR halfclose");
+        eprintln!("usage: peer server ADDR stream|msg | peer client ADDR stream BYTES | peer client ADDR writefirst BYTES | peer client ADDR msg COUNT SIZE | peer client ADDR halfclose | peer client ADDR rtt COUNT (prints RTT <p50 us> <p99 us> <transport>)");
         exit(2)
     };
     if args.len() < 4 {
@@ -208,6 +231,12 @@ fn main() {
                 "halfclose" => {
                     client_halfclose(s)?;
                     5
+                }
+                "rtt" => {
+                    let count: usize = args.get(4).and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or_else(|| usage());
+                    let (p50, p99) = client_rtt(s, count)?;
+                    println!("RTT {p50:.2} {p99:.2} {transport}");
+                    return Ok(());
                 }
                 _ => usage(),
             };

@@ -43,6 +43,7 @@ mod known;
 mod listener;
 mod netns;
 mod netns_accept;
+mod netns_keeper;
 mod log;
 mod message;
 mod options;

@@ -308,6 +308,9 @@ struct State {
     pending: Vec<PendingNonce>,
     /// Rendezvous connections that have sent nothing yet, oldest first.
     silent: VecDeque<(OwnedFd, Instant)>,
+    /// The process's keeper (`netns_keeper`, the shim's rendezvous only): told whether a nonce
+    /// is live whenever `pending` becomes empty or not.
+    keeper: Option<crate::netns_keeper::Watch>,
 }
 
 /// A listener's rendezvous inside `COLO_NETNS_DIR`, and the nonces it answered.
@@ -440,6 +443,11 @@ impl Rendezvous {
                 return declined(BUSY, "too many handshakes under way");
             }
             st.pending.push(PendingNonce { server, client, hello: None });
+            if st.pending.len() == 1 {
+                if let Some(k) = &st.keeper {
+                    k.reported(self.wait_fd(), false);
+                }
+            }
         }
         let a = answer(ACCEPT, 0, &self.boot, &server, self.name.as_bytes());
         if pathsock::send_tcp(tcp, &a, send_wait).is_err() {
@@ -473,7 +481,32 @@ impl Rendezvous {
     pub fn finish(&self, server: &[u8; 16]) -> Option<Box<Hello>> {
         let mut st = self.state();
         let at = st.pending.iter().position(|e| &e.server == server)?;
-        st.pending.swap_remove(at).hello
+        let hello = st.pending.swap_remove(at).hello;
+        if st.pending.is_empty() {
+            if let Some(k) = &st.keeper {
+                k.reported(self.wait_fd(), true);
+            }
+        }
+        hello
+    }
+
+    /// From now on `k` (this process's keeper) reads the rendezvous while no nonce is live.
+    pub(crate) fn kept_by(&self, k: crate::netns_keeper::Watch) {
+        let mut st = self.state();
+        k.reported(self.wait_fd(), st.pending.is_empty());
+        st.keeper = Some(k);
+    }
+
+    /// The keeper's look: reads what arrived (refusing what proves nothing), unless a nonce is
+    /// live, whose accept reads it: then the keeper is told again to stop reporting this
+    /// rendezvous meanwhile (it was reported just before `answer` said so, or saying so failed).
+    pub(crate) fn keep_look(&self) {
+        let mut st = self.state();
+        if st.pending.is_empty() {
+            self.drain(&mut st);
+        } else if let Some(k) = &st.keeper {
+            k.reported(self.wait_fd(), false);
+        }
     }
 
     /// Readable when the rendezvous may have something to read (a connection or a HELLO): for
@@ -759,6 +792,8 @@ pub fn serving(port: u16) -> Option<&'static Rendezvous> {
     // A parent's entry for the port is replaced (its descriptor stays open in this process).
     all.retain(|(p, _)| *p != port);
     all.push((port, r));
+    // Under the lock of `SERVING`, as `netns_keeper::keep` requires.
+    crate::netns_keeper::keep(r);
     Some(r)
 }
 

@@ -135,6 +135,18 @@ impl NetnsAccepts {
         self.ready.clear();
     }
 
+    /// Closes every connection held here (as [`NetnsAccepts::let_go`]) and ends the wait for
+    /// each HELLO they were waiting for at `r`, their rendezvous: for a listener closed in the
+    /// process that holds them, whose nonces would otherwise stay live.
+    pub fn close(&mut self, r: &Rendezvous) {
+        for w in std::mem::take(&mut self.waiting) {
+            if let Stage::Hello(server) = w.stage {
+                let _ = r.finish(&server);
+            }
+        }
+        self.ready.clear();
+    }
+
     /// Takes `tcp`, just accepted from `peer` (a listed peer of another namespace), to wait
     /// here; gives it back when the set is full or its socket cannot be watched.
     pub fn admit(&mut self, tcp: TcpStream, peer: SocketAddr, poller: &Poller) -> Result<(), TcpStream> {

@@ -232,8 +232,10 @@ unsafe fn accept_netns(g: Guard, fd: c_int, addr: *mut sockaddr, len: *mut sockl
             h.watch_if_needed();
         }
     };
-    // Once per call (a system call): whether the kernel's accept may sleep.
+    // Once per call (a system call each): whether the kernel's accept may sleep, and the
+    // socket's tag among the lineage's sleepers.
     let blocking = held.is_some() && blocks(fd);
+    let sock = if blocking { server::held::socket_tag(fd) } else { 0 };
     loop {
         if let Some(h) = &held {
             h.service();
@@ -250,7 +252,7 @@ unsafe fn accept_netns(g: Guard, fd: c_int, addr: *mut sockaddr, len: *mut sockl
                 // another process of the server sleeps in the kernel's accept, the listener's
                 // queue is left to it (a look again every 10 ms): this process, away with a
                 // connection of the queue, would leave its held ones waiting for its return.
-                let others = h.others_asleep();
+                let others = h.others_asleep(sock);
                 let mut p = [libc::pollfd { fd: h.fd(), events: libc::POLLIN, revents: 0 }, libc::pollfd { fd, events: libc::POLLIN, revents: 0 }];
                 let tick = libc::timespec { tv_sec: 0, tv_nsec: 10_000_000 };
                 let (n, t) = if others { (1, &raw const tick) } else { (2, std::ptr::null()) };
@@ -277,13 +279,13 @@ unsafe fn accept_netns(g: Guard, fd: c_int, addr: *mut sockaddr, len: *mut sockl
         // Another thread may take the queued connection first: this one then sleeps in the
         // kernel, where the set's watcher can wake it.
         if let (Some(h), true) = (&held, blocking) {
-            h.asleep(true);
+            h.asleep(true, sock);
         }
         // SAFETY: libc's `accept4`, given the application's arguments unchanged.
         let nfd = unsafe { real::accept4(fd, addr, len, flags) };
         let e = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EAGAIN);
         if let (Some(h), true) = (&held, blocking) {
-            h.asleep(false);
+            h.asleep(false, sock);
         }
         if nfd < 0 {
             leave(&held);

@@ -53,9 +53,10 @@ pub struct Shared {
     /// whichever process of the lineage the kernel gives one to knows it: 0, or the connection's
     /// local port with the monotonic clock's milliseconds above it.
     pub wakes: [std::sync::atomic::AtomicU64; 8],
-    /// Threads of the lineage's processes asleep in the kernel's accept, by listening port
-    /// (`service::server::sleepers`): the port above, the count below 32 bits; 0 is a free
-    /// slot (a port's slot stays once taken).
+    /// Threads of the lineage's processes asleep in the kernel's accept, by process and
+    /// listening socket (`service::server::sleepers`): the pid above 32 bits, the socket's tag
+    /// (`held::socket_tag`) in the next 16, the count below; 0 is a free slot (freed when its
+    /// count drops to 0, or by any process once the one named is gone).
     pub asleep: [std::sync::atomic::AtomicU64; 8],
 }
 

@@ -192,6 +192,17 @@ impl Held {
     }
 }
 
+/// The tag of the listening socket `fd` in the lineage's table of threads asleep in the
+/// kernel's accept (`sleepers`): the low 16 bits of its inode, the same in every process that
+/// holds it, and told apart from another socket of the lineage's but for one pair in 65536 (a
+/// thread asleep on one would then make a holder on the other look every 10 ms instead of
+/// accepting, until its held connections are decided).
+pub fn socket_tag(fd: RawFd) -> u16 {
+    // SAFETY: the application's listening socket, open for the duration of this call.
+    let b = unsafe { colo_sys::BorrowedFd::borrow_raw(fd) };
+    rustix::fs::fstat(b).map_or(0, |st| st.st_ino as u16)
+}
+
 /// The held sets of this process, by listener (`Listen::id`). A fork child's copy of its
 /// parent's sets is not its own (`Held::pid`): replaced at its first look, so that the sockets
 /// its parent holds are closed here and end when the parent closes them.
@@ -239,6 +250,7 @@ pub fn forget(l: &Listen) {
     };
     for (_, h) in &gone {
         h.sleep.close();
+        h.lock().accepts.close(h.rendezvous);
     }
     drop(gone);
 }

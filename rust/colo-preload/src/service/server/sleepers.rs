@@ -18,11 +18,20 @@
 //! tries again every 10 ms (each try wakes the next sleeper), and after half a second every
 //! second, until a thread of this process is awake or the connection is taken.
 //!
+//! One wake-up connection of a set is outstanding at a time: the next is made once an accept
+//! of the lineage took the last one back. One that left the listener's queue without being
+//! taken back (two looks 10 ms apart) went to a process outside the lineage that accepts on the
+//! same socket (one the socket was passed to, a hot restart's successor): that is logged, and
+//! the set's next tries come a second apart. So such a process sees at most one client that
+//! connects and closes at once per sleeper of its own, then one a second, while a connection
+//! held here waits for a thread of this process, as a TCP health check would show it.
+//!
 //! A held connection can be handed out by its own process only. So a thread of a process that
 //! holds connections, waiting on the listener and the set together, leaves the listener's
 //! queue to the lineage's other processes while one of them sleeps in the kernel's accept on
-//! that port (`Held::others_asleep`; counted in the lineage's shared page): had it taken a
-//! queued connection, its held ones would wait until its application came back to accept.
+//! that socket (`Held::others_asleep`; counted in the lineage's shared page by process, whose
+//! count goes with it if it dies there): had it taken a queued connection, its held ones would
+//! wait until its application came back to accept.
 
 use super::held::Held;
 use colo_sys::{AsFd, OwnedFd};
@@ -61,40 +70,96 @@ pub struct Sleepers {
     /// accept on the listener: one another process takes, it knows and drops): the local port,
     /// and when it was made (monotonic ms) above it; 0 is a free slot.
     wakes: &'static [AtomicU64; 8],
-    /// The lineage's threads asleep in the kernel's accept, by port (`Shared::asleep`).
+    /// This set's wake-up connection not yet taken back (its record in `wakes`; 0: none), and
+    /// how many looks in a row found it gone from the listener's queue meanwhile.
+    last: AtomicU64,
+    unseen: AtomicU32,
+    /// A wake-up connection of this set's went to a process outside the lineage (logged once).
+    lost: AtomicBool,
+    /// The lineage's threads asleep in the kernel's accept, by process and listening socket
+    /// (`Shared::asleep`, `slot_key`).
     everyone: &'static [AtomicU64; 8],
 }
 
-/// Counts a thread of the lineage going to sleep in the kernel's accept on `port` (`up`), or
-/// back; nothing if the table is full (then no process counts others asleep there).
-fn count_asleep(slots: &[AtomicU64; 8], port: u16, up: bool) {
-    let key = u64::from(port) << 32;
-    for slot in slots {
-        let mut v = slot.load(Ordering::Relaxed);
-        loop {
-            if v == 0 && up {
-                match slot.compare_exchange(0, key | 1, Ordering::Relaxed, Ordering::Relaxed) {
+/// A slot of the lineage's table of sleepers (`Shared::asleep`): the process above 32 bits,
+/// the listening socket's tag (`held::socket_tag`) in the next 16, how many of its threads are
+/// asleep in the kernel's accept on that socket below; 0 is a free slot. Only the process named
+/// changes its slot's count; any process frees the slot of one that is gone (killed while
+/// asleep there: it never counted itself back).
+fn slot_key(pid: u32, sock: u16) -> u64 {
+    u64::from(pid) << 32 | u64::from(sock) << 16
+}
+
+/// Counts a thread of process `pid` going to sleep in the kernel's accept on the socket tagged
+/// `sock` (`up`), or back (the slot freed when none is left); nothing if the table is full
+/// (then the lineage's other processes do not count this one asleep there).
+fn count_asleep(slots: &[AtomicU64; 8], pid: u32, sock: u16, up: bool) {
+    let key = slot_key(pid, sock);
+    'again: loop {
+        // This process's slot for the socket, if it has one.
+        for slot in slots {
+            let mut v = slot.load(Ordering::Relaxed);
+            while v & !0xFFFF == key {
+                let n = v & 0xFFFF;
+                let next = match (up, n) {
+                    (true, _) => key | (n + 1).min(0xFFFF),
+                    (false, 0 | 1) => 0,
+                    (false, _) => key | (n - 1),
+                };
+                match slot.compare_exchange(v, next, Ordering::Relaxed, Ordering::Relaxed) {
                     Ok(_) => return,
+                    // Another thread of this process counted, or freed the slot: look again.
                     Err(now) => v = now,
                 }
-                continue;
-            }
-            if v >> 32 != u64::from(port) {
-                break;
-            }
-            let n = v & 0xFFFF_FFFF;
-            let next = if up { key | (n + 1) } else { key | n.saturating_sub(1) };
-            match slot.compare_exchange(v, next, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return,
-                Err(now) => v = now,
             }
         }
+        if !up {
+            return;
+        }
+        for slot in slots {
+            if slot.compare_exchange(0, key | 1, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+                return;
+            }
+            if slot.load(Ordering::Relaxed) & !0xFFFF == key {
+                // Another thread of this process took a slot meanwhile: count there.
+                continue 'again;
+            }
+        }
+        return;
     }
 }
 
-/// How many threads of the lineage are asleep in the kernel's accept on `port`.
-fn asleep_on(slots: &[AtomicU64; 8], port: u16) -> u64 {
-    slots.iter().map(|s| s.load(Ordering::Relaxed)).find(|v| v >> 32 == u64::from(port)).map_or(0, |v| v & 0xFFFF_FFFF)
+/// Whether a thread of a process of the lineage other than `pid` is asleep in the kernel's
+/// accept on the socket tagged `sock`. A slot of a process that is gone (or a zombie nobody
+/// reaped) is freed.
+fn others_asleep_on(slots: &[AtomicU64; 8], pid: u32, sock: u16) -> bool {
+    let mut any = false;
+    for slot in slots {
+        let v = slot.load(Ordering::Relaxed);
+        let other = (v >> 32) as u32;
+        if v == 0 || (v >> 16) & 0xFFFF != u64::from(sock) || other == pid || v & 0xFFFF == 0 {
+            continue;
+        }
+        if process_gone(other) {
+            let _ = slot.compare_exchange(v, 0, Ordering::Relaxed, Ordering::Relaxed);
+            continue;
+        }
+        any = true;
+    }
+    any
+}
+
+/// Whether process `pid` has ended: no such process, or a zombie (its threads are out of
+/// every accept; its parent has not reaped it yet).
+fn process_gone(pid: u32) -> bool {
+    let Some(p) = rustix::process::Pid::from_raw(pid as i32) else { return true };
+    if rustix::process::test_kill_process(p) == Err(rustix::io::Errno::SRCH) {
+        return true;
+    }
+    let Ok(stat) = std::fs::read(format!("/proc/{pid}/stat")) else { return false };
+    // The state follows the command's closing parenthesis (the command may hold any byte).
+    let state = stat.iter().rposition(|&b| b == b')').and_then(|i| stat.get(i + 2)).copied();
+    matches!(state, Some(b'Z' | b'X'))
 }
 
 /// The monotonic clock in milliseconds (the same in every process).
@@ -120,6 +185,9 @@ impl Sleepers {
             kick: colo_sys::preload::move_above(kick, colo::internal::fd_floor())?,
             started: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            last: AtomicU64::new(0),
+            unseen: AtomicU32::new(0),
+            lost: AtomicBool::new(false),
             wakes,
             everyone,
         })
@@ -189,11 +257,77 @@ impl Sleepers {
             }
             Err(_) => false,
         };
-        if !made {
+        if made {
+            self.last.store(value, Ordering::Relaxed);
+            self.unseen.store(0, Ordering::Relaxed);
+        } else {
             // Never made (a full queue): no accept will take it.
             let _ = slot.compare_exchange(value, 0, Ordering::Relaxed, Ordering::Relaxed);
         }
     }
+
+    /// One try of the watcher's while a held connection is ready and a thread of this process
+    /// sleeps in the kernel's accept (the `tries`-th in a row; `lost`: one of them went outside
+    /// the lineage): wakes a sleeper if none waits on the set and none of the set's wake-up
+    /// connections is outstanding. Returns when to try again.
+    fn try_wake(&self, tries: &mut u32, lost: &mut bool) -> Duration {
+        if self.watching.load(Ordering::Relaxed) == 0 {
+            let fate = self.may_wake();
+            *lost |= fate == Outstanding::Lost;
+            if fate == Outstanding::None {
+                self.wake_one();
+            }
+        }
+        *tries += 1;
+        if *tries <= QUICK_TRIES && !*lost {
+            QUICK_RETRY
+        } else {
+            LAST_RETRY
+        }
+    }
+
+    /// Whether the watcher may make a wake-up connection now (`None`: see the module's
+    /// comment): none of this set's is outstanding. `Lost`: the last one is now known lost to
+    /// a process outside the lineage (none is made now; the caller's next try comes a second
+    /// later).
+    fn may_wake(&self) -> Outstanding {
+        let v = self.last.load(Ordering::Relaxed);
+        if v == 0 {
+            return Outstanding::None;
+        }
+        if !self.wakes.iter().any(|w| w.load(Ordering::Relaxed) == v) {
+            // An accept of the lineage took it back.
+            self.last.store(0, Ordering::Relaxed);
+            return Outstanding::None;
+        }
+        // Still queued (or another connection is: a sleeper wakes for that one as well), or
+        // taken by a thread of the lineage about to look it up: wait.
+        if !matches!(colo_sys::diag::accept_queue(self.target), Ok(Some(0))) || self.unseen.fetch_add(1, Ordering::Relaxed) == 0 {
+            return Outstanding::Wait;
+        }
+        for w in self.wakes {
+            let _ = w.compare_exchange(v, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
+        self.last.store(0, Ordering::Relaxed);
+        if !self.lost.swap(true, Ordering::Relaxed) {
+            crate::base::log::log_info(format_args!(
+                "accept on port {}: a process outside this server's lineage accepts on the same socket and took a wake-up connection (a client that connects and closes); wake-ups for connections held here now come a second apart",
+                self.target.port()
+            ));
+        }
+        Outstanding::Lost
+    }
+}
+
+/// What became of a set's last wake-up connection (`Sleepers::may_wake`).
+#[derive(Debug, PartialEq, Eq)]
+enum Outstanding {
+    /// Taken back, or none made: the next may be made.
+    None,
+    /// Not known yet: none is made.
+    Wait,
+    /// Taken outside the lineage: the next may be made a second later.
+    Lost,
 }
 
 /// Stores `value` in a slot of `wakes` whose content `free` accepts, by an exchange from what
@@ -206,11 +340,12 @@ fn claim_slot(wakes: &[AtomicU64; 8], value: u64, free: impl Fn(u64) -> bool) ->
 }
 
 impl Held {
-    /// A thread of this process goes to sleep in the kernel's accept on the listener (`false`:
-    /// it is back): while the set holds anything, the watcher looks after it.
-    pub fn asleep(self: &Arc<Held>, on: bool) {
+    /// A thread of this process goes to sleep in the kernel's accept on the listening socket
+    /// tagged `sock` (`socket_tag`; `false`: it is back): while the set holds anything, the
+    /// watcher looks after it.
+    pub fn asleep(self: &Arc<Held>, on: bool, sock: u16) {
         let s = &self.sleep;
-        count_asleep(s.everyone, s.target.port(), on);
+        count_asleep(s.everyone, colo_sys::host::pid(), sock, on);
         // Relaxed: see `watching`.
         if !on {
             s.asleep.fetch_sub(1, Ordering::Relaxed);
@@ -221,12 +356,12 @@ impl Held {
     }
 
     /// Whether a thread of another process of the lineage is asleep in the kernel's accept on
-    /// the listener: a connection queued there is its, and a thread of this process that holds
-    /// connections had better wait for those than take it (the held ones can go to no other
-    /// process, and this one would be away with the other).
-    pub fn others_asleep(&self) -> bool {
-        let s = &self.sleep;
-        asleep_on(s.everyone, s.target.port()) > u64::from(s.asleep.load(Ordering::Relaxed))
+    /// the listening socket tagged `sock`: a connection queued there is its, and a thread of
+    /// this process that holds connections had better wait for those than take it (the held
+    /// ones can go to no other process, and this one would be away with the other). Another
+    /// socket on the same port (`SO_REUSEPORT`) has a queue of its own, and does not count.
+    pub fn others_asleep(&self, sock: u16) -> bool {
+        others_asleep_on(self.sleep.everyone, colo_sys::host::pid(), sock)
     }
 
     /// If a thread sleeps in the kernel's accept while the set holds anything: the watcher
@@ -252,6 +387,8 @@ impl Held {
 /// and ends when it is let go.
 fn watch(w: Weak<Held>) {
     let mut tries = 0;
+    // A wake-up connection of this episode went outside the lineage: tries a second apart.
+    let mut lost = false;
     loop {
         let Some(h) = w.upgrade() else { return };
         let s = &h.sleep;
@@ -263,13 +400,10 @@ fn watch(w: Weak<Held>) {
         let mut timeout = None;
         let on_set = asleep && !ready && waiting > 0;
         if asleep && ready {
-            if s.watching.load(Ordering::Relaxed) == 0 {
-                s.wake_one();
-            }
-            timeout = Some(if tries < QUICK_TRIES { QUICK_RETRY } else { LAST_RETRY });
-            tries += 1;
+            timeout = Some(s.try_wake(&mut tries, &mut lost));
         } else {
             tries = 0;
+            lost = false;
         }
         let set = h.fd();
         // SAFETY: the set's epoll fd, open while `h` lives (held across this wait).
@@ -288,8 +422,92 @@ fn watch(w: Weak<Held>) {
 
 #[cfg(test)]
 mod tests {
-    use super::claim_slot;
+    use super::{claim_slot, count_asleep, others_asleep_on, Sleepers};
     use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A process outside the lineage (here a thread accepting with no knowledge of the wake-up
+    /// records) that accepts on the listener, a watcher trying every 10 ms for 300 ms: it
+    /// makes no second wake-up connection once the first is known lost (the watcher's next try
+    /// comes a second later), so the outsider sees one client that connects and closes (one
+    /// every 10 ms, about 30, before).
+    /// Watchdog: the outsider's accepts end with the listener's 2 s timeout.
+    #[test]
+    fn a_wake_up_taken_outside_the_lineage_is_not_repeated_at_once() {
+        static WAKES: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+        static ASLEEP: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = Sleepers::new(l.local_addr().unwrap(), &WAKES, &ASLEEP).unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let seen = std::thread::scope(|scope| {
+            let outsider = scope.spawn(|| {
+                l.set_nonblocking(true).unwrap();
+                let mut seen = 0;
+                let end = std::time::Instant::now() + std::time::Duration::from_secs(2);
+                while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < end {
+                    match l.accept() {
+                        Ok(_) => seen += 1,
+                        Err(_) => std::thread::sleep(std::time::Duration::from_millis(1)),
+                    }
+                }
+                seen
+            });
+            let (mut tries, mut lost) = (0, false);
+            let end = std::time::Instant::now() + std::time::Duration::from_millis(300);
+            while let Some(left) = end.checked_duration_since(std::time::Instant::now()) {
+                let next = s.try_wake(&mut tries, &mut lost);
+                std::thread::sleep(next.min(left));
+            }
+            stop.store(true, Ordering::Relaxed);
+            assert!(lost, "the loss was never noticed after {tries} tries");
+            outsider.join().unwrap()
+        });
+        assert_eq!(seen, 1, "the outsider saw {seen} wake-up connections");
+        assert!(s.lost.load(Ordering::Relaxed));
+    }
+
+    /// A process counted asleep in the kernel's accept on a port counts for the lineage's
+    /// other processes while it lives; once it is gone, killed there (here: one that exited
+    /// and was reaped, and one left a zombie), it does not, and its slot is freed. A process's
+    /// own sleepers never count for it. Watchdog: the children are `sleep 30` at most.
+    #[test]
+    fn a_dead_sleeper_is_not_counted() {
+        let slots: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+        let me = std::process::id();
+        let mut live = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut reaped = std::process::Command::new("true").spawn().unwrap();
+        let reaped_pid = reaped.id();
+        reaped.wait().unwrap();
+        let mut zombie = std::process::Command::new("true").spawn().unwrap();
+        // Exited, not reaped: wait until the kernel says so.
+        let stat = format!("/proc/{}/stat", zombie.id());
+        for _ in 0..3000 {
+            if std::fs::read_to_string(&stat).unwrap().rsplit(')').next().unwrap().trim_start().starts_with('Z') {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        count_asleep(&slots, me, 80, true);
+        assert!(!others_asleep_on(&slots, me, 80), "a process's own sleeper counted as another's");
+        for pid in [reaped_pid, zombie.id()] {
+            count_asleep(&slots, pid, 80, true);
+        }
+        assert!(!others_asleep_on(&slots, me, 80), "a dead process's sleeper counted");
+        let used = slots.iter().filter(|s| s.load(Ordering::Relaxed) != 0).count();
+        assert_eq!(used, 1, "the dead processes' slots were freed");
+        count_asleep(&slots, live.id(), 80, true);
+        count_asleep(&slots, live.id(), 80, true);
+        assert!(others_asleep_on(&slots, me, 80), "a live process's sleeper not counted");
+        assert!(!others_asleep_on(&slots, me, 81), "counted on another socket");
+        count_asleep(&slots, live.id(), 80, false);
+        assert!(others_asleep_on(&slots, me, 80), "one of its two sleepers is still there");
+        count_asleep(&slots, live.id(), 80, false);
+        assert!(!others_asleep_on(&slots, me, 80), "counted after both came back");
+        count_asleep(&slots, me, 80, false);
+        assert!(slots.iter().all(|s| s.load(Ordering::Relaxed) == 0), "every slot free again");
+        live.kill().unwrap();
+        live.wait().unwrap();
+        zombie.wait().unwrap();
+    }
 
     /// Eight threads, as eight processes of a lineage, each record a wake-up connection at the
     /// same moment: every record lands in a slot of its own, none overwritten.
