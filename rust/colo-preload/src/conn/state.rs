@@ -29,6 +29,10 @@ pub const GONE_EDGE: u32 = 1 << 31;
 /// reports the reset kernel TCP would have received for it.
 pub const RESET_EDGE: u32 = 1 << 30;
 
+/// In the last of `Conn::edges`: reading is shut down (by any holder: another's shutdown moves
+/// nothing in the rings).
+pub const READ_SHUT_EDGE: u32 = 1 << 29;
+
 /// Kernel TCP states (`enum` in the kernel's include/net/tcp_states.h), as `TCP_INFO` reports them.
 pub const TCP_ESTABLISHED: u8 = 1;
 const TCP_FIN_WAIT2: u8 = 5;
@@ -75,8 +79,6 @@ pub struct Conn {
     sent_before_reply: AtomicU64,
     /// When the first reply arrived, in nanoseconds after `born`.
     first_reply_ns: AtomicU64,
-    /// This process's rings know of the read shutdown (`adopt_read_shut`).
-    read_shut_here: AtomicBool,
     /// The application's descriptor of the carrier TCP socket whose close drops this value
     /// (-1: not known to be the last; see [`Conn::last_close`]).
     closing_fd: AtomicI32,
@@ -137,6 +139,9 @@ impl Conn {
         // SAFETY: slot 0 of the zeroed page we just mapped.
         unsafe { &*holders }.store(colo_sys::host::pid(), Ordering::Relaxed);
         let shm = if resumed { est.into_resumed_shm(spin())? } else { est.into_shm(spin())? };
+        // SAFETY: the socket flags' word of the holders page, which `Drop` unmaps only after
+        // the last use of `shm` (dropped before it, or, for a copy others hold, left unused).
+        unsafe { shm.share_read_shut(holders.add(HOLDERS + 2), READ_SHUT) };
         shm.set_nonblocking(nonblocking);
         let readiness = shm.readiness_fd().as_raw_fd();
         let never_spin = shm.spin_mode() == colo::SpinMode::Never;
@@ -153,7 +158,6 @@ impl Conn {
             setup,
             sent_before_reply: AtomicU64::new(u64::MAX),
             first_reply_ns: AtomicU64::new(0),
-            read_shut_here: AtomicBool::new(false),
             closing_fd: AtomicI32::new(-1),
             lowat: AtomicU32::new(1),
             send_limit: AtomicU64::new(0),
@@ -476,21 +480,19 @@ impl Conn {
         in_flags & FLAG_RESET != 0 && out_flags & FLAG_RESET == 0 || died
     }
 
-    /// The application shut down reading (`READ_SHUT`).
+    /// The application shut down reading (`READ_SHUT`), before the rings hear of it (the
+    /// caller's `shutdown_as_tcp`), so that the sleepers that shutdown wakes, here and in the
+    /// other holders, find it.
     pub fn shut_read(&self) {
-        self.read_shut_here.store(true, Ordering::Relaxed);
         self.raise_socket_flag(READ_SHUT);
     }
 
     /// Whether reading is shut down; one another holder of the connection (a fork copy) shut
     /// down is taken into this process's rings here, the first time it is seen, so that reads
-    /// here answer as after a shutdown of our own.
+    /// here answer as after a shutdown of our own (`Shm::adopt_shared_read_shut`, which the
+    /// rings' own reads ask as well: a read asleep when the shutdown came wakes to it).
     pub fn adopt_read_shut(&self) -> bool {
-        let shut = self.socket_flag(READ_SHUT);
-        if shut && !self.read_shut_here.swap(true, Ordering::Relaxed) {
-            self.shm.shutdown_as_tcp(true, false);
-        }
-        shut
+        self.shm.adopt_shared_read_shut()
     }
 
     /// `SO_RCVLOWAT` (`n` >= 1).
@@ -659,6 +661,9 @@ impl Conn {
         let mut gone = if self.known_gone() { GONE_EDGE } else { 0 };
         if self.socket_flag(WROTE_AFTER_CLOSE) {
             gone |= RESET_EDGE;
+        }
+        if self.socket_flag(READ_SHUT) {
+            gone |= READ_SHUT_EDGE;
         }
         // Relaxed (`RingState::relaxed`): a change is only a hint to look; `ready` loads the
         // views that order the data.
