@@ -1,6 +1,7 @@
 //! The descriptor table and the state of each accelerated connection.
 
 pub mod entry;
+pub mod holders;
 pub mod io;
 pub mod options;
 pub mod regs;

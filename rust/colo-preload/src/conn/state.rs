@@ -2,6 +2,7 @@
 //! without locking it, and to let go of a copy inherited over fork without closing the peer.
 
 use crate::base::env::spin;
+use crate::conn::holders::Page;
 use crate::conn::turns;
 use crate::record::{adapt, handover_file};
 use colo::internal::carrier::{Established, Words};
@@ -68,7 +69,8 @@ pub struct Conn {
     /// The two processes share one CPU: waits on this connection never spin.
     never_spin: bool,
     raw: [RawFd; 5],
-    holders: *const AtomicU32,
+    /// Shared with every process holding the connection (`holders`).
+    holders: Page,
     /// When the connection was set up (to tell short-lived ones: `adapt` on the client side,
     /// the listener's marker on the server side).
     born: std::time::Instant,
@@ -94,8 +96,8 @@ pub struct Conn {
     on_end: Option<EndRecorder>,
 }
 
-// SAFETY: the raw pointers point into mappings owned by `shm` (the segment) and by this value
-// (the holders page); all accesses through them are atomic.
+// SAFETY: the raw pointers (in `w`) point into the segment, mapped by `shm`; all accesses
+// through them are atomic.
 unsafe impl Send for Conn {}
 // SAFETY: as for `Send`: what the raw pointers reach is only ever accessed atomically, so shared
 // references on several threads race on nothing.
@@ -105,7 +107,7 @@ impl Conn {
     /// The server side of a connection dialed by a program tagged `client_tag` (see
     /// `server::client_tag`), whose ending `on_end` records.
     pub fn accepted(client_tag: Option<u64>, on_end: EndRecorder, est: Established, nonblocking: bool) -> std::io::Result<Conn> {
-        let mut c = Conn::build(est, nonblocking, false, std::time::Duration::ZERO)?;
+        let mut c = Conn::build(est, nonblocking, None, std::time::Duration::ZERO)?;
         c.client_tag = client_tag;
         c.on_end = Some(on_end);
         Ok(c)
@@ -113,39 +115,34 @@ impl Conn {
 
     /// The client side of a connection whose set-up (offer to answer) took `setup`.
     pub fn dialed(est: Established, nonblocking: bool, setup: std::time::Duration) -> std::io::Result<Conn> {
-        Conn::build(est, nonblocking, false, setup)
+        Conn::build(est, nonblocking, None, setup)
     }
 
-    /// A connection an earlier image of this process handed over across `exec`.
-    pub fn resume(est: Established, nonblocking: bool) -> std::io::Result<Conn> {
-        Conn::build(est, nonblocking, true, std::time::Duration::ZERO)
+    /// A connection an earlier image of this process handed over across `exec`, with the
+    /// holders page it handed over (`holders::Page::inherited`), if any.
+    pub fn resume(est: Established, nonblocking: bool, holders: Option<Page>) -> std::io::Result<Conn> {
+        Conn::build(est, nonblocking, Some(holders), std::time::Duration::ZERO)
     }
 
-    fn build(est: Established, nonblocking: bool, resumed: bool, setup: std::time::Duration) -> std::io::Result<Conn> {
+    /// `resumed`: a connection handed over across `exec` (with the page that came with it).
+    fn build(est: Established, nonblocking: bool, resumed: Option<Option<Page>>, setup: std::time::Duration) -> std::io::Result<Conn> {
         // SAFETY: the words are kept only in the `Conn` built here (`w`), beside the `Shm` that
         // keeps the segment mapped; `Drop` unmaps it only after its last use of them.
         let w = unsafe { est.words() };
         let raw0 = [est.fds.control.as_raw_fd(), est.fds.own_bell.as_raw_fd(), est.fds.self_bell.as_raw_fd(), est.memfd];
-        // SAFETY: a fresh anonymous shared page aliases nothing.
-        let page = unsafe {
-            rustix::mm::mmap_anonymous(
-                std::ptr::null_mut(),
-                4096,
-                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
-                rustix::mm::MapFlags::SHARED,
-            )?
+        let resumed_shm = resumed.is_some();
+        let holders = match resumed.flatten() {
+            Some(page) => page,
+            None => Page::new()?,
         };
-        let holders = page as *const AtomicU32;
-        // SAFETY: slot 0 of the zeroed page we just mapped.
-        unsafe { &*holders }.store(colo_sys::host::pid(), Ordering::Relaxed);
-        let shm = if resumed { est.into_resumed_shm(spin())? } else { est.into_shm(spin())? };
-        // SAFETY: the socket flags' word of the holders page, which `Drop` unmaps only after
-        // the last use of `shm` (dropped before it, or, for a copy others hold, left unused).
-        unsafe { shm.share_read_shut(holders.add(HOLDERS + 2), READ_SHUT) };
+        let shm = if resumed_shm { est.into_resumed_shm(spin())? } else { est.into_shm(spin())? };
+        // SAFETY: the socket flags' word of the holders page, a field of the `Conn` built here:
+        // dropped after `Drop` dropped `shm` (or, for a copy others hold, left it unused).
+        unsafe { shm.share_read_shut(holders.word(HOLDERS + 2), READ_SHUT) };
         shm.set_nonblocking(nonblocking);
         let readiness = shm.readiness_fd().as_raw_fd();
         let never_spin = shm.spin_mode() == colo::SpinMode::Never;
-        Ok(Conn {
+        let c = Conn {
             shm: ManuallyDrop::new(shm),
             w,
             gone: AtomicBool::new(false),
@@ -163,7 +160,11 @@ impl Conn {
             send_limit: AtomicU64::new(0),
             client_tag: None,
             on_end: None,
-        })
+        };
+        // The first holder of a fresh page; one more of a page an earlier image handed over
+        // (a no-op if this process held it before its `exec`).
+        c.add_holder(colo_sys::host::pid());
+        Ok(c)
     }
 
     /// A read returned bytes: the first time, remember how much we had sent (`sent_before_reply`).
@@ -205,12 +206,26 @@ impl Conn {
 
     /// Lets our descriptors survive `exec` (or not).
     pub fn set_inheritable(&self, on: bool) {
+        if on {
+            // The holders page goes along with the connection (`holders`), if no other process
+            // maps it yet.
+            let me = colo_sys::host::pid();
+            let alone = (0..HOLDERS).map(|i| self.holder(i).load(Ordering::Relaxed)).all(|p| p == 0 || p == me);
+            self.holders.share_across_exec(alone);
+        }
+        self.holders.set_inheritable(on);
         self.inheritable.store(on, Ordering::Relaxed);
         let flags = if on { rustix::io::FdFlags::empty() } else { rustix::io::FdFlags::CLOEXEC };
         for fd in self.fds() {
             // SAFETY: descriptors owned by `shm`, open while `self` lives.
             let _ = rustix::io::fcntl_setfd(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) }, flags);
         }
+    }
+
+    /// The memfd of the holders page, if it has one (`holders`): handed over with the
+    /// connection across `exec`.
+    pub fn holders_fd(&self) -> Option<RawFd> {
+        self.holders.fd()
     }
 
     fn self_bell(&self) -> colo_sys::BorrowedFd<'_> {
@@ -226,8 +241,7 @@ impl Conn {
     /// holders page: a kernel socket keeps it once for every process holding it, and so does
     /// this, for every fork copy.
     fn socket_flags(&self) -> &AtomicU32 {
-        // SAFETY: word HOLDERS + 2 of the 4096-byte holders page, which lives as long as `self`.
-        unsafe { &*self.holders.add(HOLDERS + 2) }
+        self.holders.word(HOLDERS + 2)
     }
 
     fn socket_flag(&self, bit: u32) -> bool {
@@ -243,8 +257,7 @@ impl Conn {
 
     fn holder(&self, i: usize) -> &AtomicU32 {
         assert!(i < HOLDERS);
-        // SAFETY: `i < HOLDERS`; the page is 4096 bytes and lives as long as `self`.
-        unsafe { &*self.holders.add(i) }
+        self.holders.word(i)
     }
 
     /// A turn to write (`turns`), for a connection another process has held (a fork copy);
@@ -253,10 +266,7 @@ impl Conn {
         if self.holder(1).load(Ordering::Relaxed) == 0 {
             return None;
         }
-        // SAFETY: words HOLDERS and HOLDERS + 1 of the 4096-byte holders page, which lives as
-        // long as `self` (shared with every fork copy, as the holders are).
-        let (word, waiters) = unsafe { (&*self.holders.add(HOLDERS), &*self.holders.add(HOLDERS + 1)) };
-        Some(turns::take(word, waiters))
+        Some(turns::take(self.holders.word(HOLDERS), self.holders.word(HOLDERS + 1)))
     }
 
     /// Records that process `pid` (a fork child) holds a copy.
@@ -781,6 +791,7 @@ impl Drop for Conn {
             // A holder that exec'd may not have read the handover file yet: leave it unchanged.
             handover_file::forget(self.raw[3], others);
             handover_file::closing(&self.raw);
+            self.holders.set_inheritable(false);
         }
         if others {
             // Another process (fork) still uses this connection: release our copy only, so the
@@ -842,7 +853,5 @@ impl Drop for Conn {
                 };
             }
         }
-        // SAFETY: our holders page, unmapped once.
-        unsafe { libc::syscall(libc::SYS_munmap, self.holders, 4096) };
     }
 }

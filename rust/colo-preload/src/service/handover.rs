@@ -14,6 +14,7 @@
 //! `colo run` warns about such programs.
 
 use crate::base::log::log_info;
+use crate::conn::holders::Page;
 use crate::conn::options;
 use crate::conn::state::Conn;
 use crate::conn::table::{self, Entry};
@@ -64,7 +65,7 @@ fn set(conn: &Conn, inheritable: bool, sock: BorrowedFd<'_>) {
         return;
     }
     let Ok(st) = rustix::fs::fstat(sock) else { return };
-    let r = Record { sock_ino: st.st_ino, memfd, control, own_bell, self_bell, role: conn.shm().role() };
+    let r = Record { sock_ino: st.st_ino, memfd, control, own_bell, self_bell, role: conn.shm().role(), holders: conn.holders_fd() };
     handover_file::add(r);
 }
 
@@ -137,6 +138,13 @@ fn take_back_one(r: Record, socks: &[i32]) -> Option<Names> {
     // SAFETY: inherited descriptors recorded for this connection, open (checked above), owned
     // by no one else in this image.
     let [memfd, control, own_bell, self_bell] = fds.map(|fd| unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+    // The holders page the earlier image shared (`conn::holders`): open, and none of the four.
+    let page = r.holders.filter(|&fd| open(fd) && !fds.contains(&fd)).and_then(|fd| {
+        // SAFETY: an inherited descriptor recorded for this connection, open (checked above),
+        // owned by no one else in this image.
+        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        Page::inherited(fd).ok()
+    });
     let Some(&first) = socks.first() else {
         // The application closed (or made close-on-exec) the socket before exec: the connection
         // ends here (closing the control socket tells the peer).
@@ -170,7 +178,7 @@ fn take_back_one(r: Record, socks: &[i32]) -> Option<Names> {
     let b = unsafe { BorrowedFd::borrow_raw(first) };
     let nonblocking = rustix::fs::fcntl_getfl(b).map(|f| f.contains(rustix::fs::OFlags::NONBLOCK)).unwrap_or(false);
     let peer = est.peer;
-    let conn = match Conn::resume(est, nonblocking) {
+    let conn = match Conn::resume(est, nonblocking, page) {
         Ok(c) => Arc::new(c),
         Err(e) => {
             log_info(format_args!("exec: connection to {peer} not taken back: {e}"));

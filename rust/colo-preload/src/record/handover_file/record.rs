@@ -1,5 +1,6 @@
 //! The handover file's record format (see `super`): one inheritable connection in 32
-//! little-endian bytes. Its bytes come from an earlier program image, or from anyone who could
+//! little-endian bytes (byte 24 the role; byte 25 says whether bytes 28 to 31 name the holders
+//! page's memfd). Its bytes come from an earlier program image, or from anyone who could
 //! write the inherited memfd: `decode` accepts any 32 bytes without panicking and returns
 //! `None` for a role it does not know; the caller checks the descriptors it names.
 
@@ -16,6 +17,8 @@ pub(crate) struct Record {
     pub(crate) own_bell: RawFd,
     pub(crate) self_bell: RawFd,
     pub(crate) role: Role,
+    /// The memfd of the connection's holders page (`conn::holders`), if it has one.
+    pub(crate) holders: Option<RawFd>,
 }
 
 pub(crate) const RECORD_LEN: usize = 32;
@@ -28,6 +31,10 @@ impl Record {
             b[8 + 4 * i..12 + 4 * i].copy_from_slice(&fd.to_le_bytes());
         }
         b[24] = if self.role == Role::Client { 1 } else { 2 };
+        if let Some(fd) = self.holders {
+            b[25] = 1;
+            b[28..32].copy_from_slice(&fd.to_le_bytes());
+        }
         b
     }
 
@@ -46,6 +53,7 @@ impl Record {
             own_bell: fd(2),
             self_bell: fd(3),
             role,
+            holders: (b[25] == 1).then(|| fd(5)),
         })
     }
 }
