@@ -40,9 +40,7 @@ const TCP_FIN_WAIT2: u8 = 5;
 pub const TCP_CLOSE: u8 = 7;
 const TCP_CLOSE_WAIT: u8 = 8;
 
-/// Processes that hold this connection (fork copies), in a `MAP_SHARED` page so every copy sees
-/// the same list; a copy closed while another process still holds it is released quietly.
-const HOLDERS: usize = 64;
+use crate::conn::holders::{SOCKET_FLAGS, TURN, TURN_WAITERS};
 
 /// Bits of the socket's own state (`Conn::socket_flags`), shared with every fork copy as a kernel
 /// socket's are: this side shut down reading (readable, end of stream, with RDHUP); a write
@@ -138,7 +136,7 @@ impl Conn {
         let shm = if resumed_shm { est.into_resumed_shm(spin())? } else { est.into_shm(spin())? };
         // SAFETY: the socket flags' word of the holders page, a field of the `Conn` built here:
         // dropped after `Drop` dropped `shm` (or, for a copy others hold, left it unused).
-        unsafe { shm.share_read_shut(holders.word(HOLDERS + 2), READ_SHUT) };
+        unsafe { shm.share_read_shut(holders.word(SOCKET_FLAGS), READ_SHUT) };
         shm.set_nonblocking(nonblocking);
         let readiness = shm.readiness_fd().as_raw_fd();
         let never_spin = shm.spin_mode() == colo::SpinMode::Never;
@@ -210,8 +208,7 @@ impl Conn {
             // The holders page goes along with the connection (`holders`), if no other process
             // maps it yet.
             let me = colo_sys::host::pid();
-            let alone = (0..HOLDERS).map(|i| self.holder(i).load(Ordering::Relaxed)).all(|p| p == 0 || p == me);
-            self.holders.share_across_exec(alone);
+            self.holders.share_across_exec(self.holders.held_by_me_alone(me));
         }
         self.holders.set_inheritable(on);
         self.inheritable.store(on, Ordering::Relaxed);
@@ -241,7 +238,7 @@ impl Conn {
     /// holders page: a kernel socket keeps it once for every process holding it, and so does
     /// this, for every fork copy.
     fn socket_flags(&self) -> &AtomicU32 {
-        self.holders.word(HOLDERS + 2)
+        self.holders.word(SOCKET_FLAGS)
     }
 
     fn socket_flag(&self, bit: u32) -> bool {
@@ -255,32 +252,27 @@ impl Conn {
         self.socket_flags().fetch_or(bit, Ordering::Relaxed) & bit != 0
     }
 
-    fn holder(&self, i: usize) -> &AtomicU32 {
-        assert!(i < HOLDERS);
-        self.holders.word(i)
-    }
-
     /// A turn to write (`turns`), for a connection another process has held (a fork copy);
     /// `None` (no cost) for one only this process ever held.
     pub fn write_turn(&self) -> Option<turns::Turn<'_>> {
-        if self.holder(1).load(Ordering::Relaxed) == 0 {
+        if !self.holders.ever_shared() {
             return None;
         }
-        Some(turns::take(self.holders.word(HOLDERS), self.holders.word(HOLDERS + 1)))
+        // Bytes a relayed program wrote before it exited go first (`holders::wait_forwarded`).
+        self.holders.wait_forwarded();
+        Some(turns::take(self.holders.word(TURN), self.holders.word(TURN_WAITERS)))
     }
 
     /// Records that process `pid` (a fork child) holds a copy.
     pub fn add_holder(&self, pid: u32) {
-        // Relaxed (here and in `others_hold`): a holder word is the whole message, a pid; nothing
-        // else is written before it or read on its strength (whether a process holds the
-        // connection is asked of /proc), so atomicity is all it needs.
-        if (0..HOLDERS).any(|i| self.holder(i).load(Ordering::Relaxed) == pid) {
-            return;
-        }
-        for i in 0..HOLDERS {
-            if self.holder(i).compare_exchange(0, pid, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
-                return;
-            }
+        self.holders.add_holder(pid);
+    }
+
+    /// Before a shutdown of writing: bytes a relayed program wrote before it exited go first
+    /// (`holders::wait_forwarded`), as its writes were in the socket before it exited.
+    pub fn wait_forwarded(&self) {
+        if self.holders.ever_shared() {
+            self.holders.wait_forwarded();
         }
     }
 
@@ -297,30 +289,7 @@ impl Conn {
         let control = self.raw[0];
         // SAFETY: our control socket, open while `self` lives.
         let own = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(control) }).ok();
-        let holds = |pid: u32| match (rustix::fs::stat(format!("/proc/{pid}/fd/{control}")), &own) {
-            (Ok(st), Some(own)) => st.st_ino == own.st_ino && st.st_dev == own.st_dev,
-            (Err(rustix::io::Errno::NOENT), _) => false,
-            // Not allowed to look (another user): fall back to whether it lives.
-            _ => rustix::process::Pid::from_raw(pid as i32).is_some_and(|p| {
-                matches!(rustix::process::test_kill_process(p), Ok(()) | Err(rustix::io::Errno::PERM))
-            }),
-        };
-        let mut others = false;
-        for i in 0..HOLDERS {
-            let p = self.holder(i).load(Ordering::Relaxed);
-            if p == 0 {
-                continue;
-            }
-            if p == me {
-                self.holder(i).store(0, Ordering::Relaxed);
-                continue;
-            }
-            if holds(p) {
-                others = true;
-            } else {
-                self.holder(i).store(0, Ordering::Relaxed);
-            }
-        }
+        let others = self.holders.leave(me, control);
         if others || !self.inheritable() {
             return others;
         }

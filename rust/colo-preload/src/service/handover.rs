@@ -158,21 +158,21 @@ fn take_back_one(r: Record, socks: &[i32]) -> Option<Names> {
         }
     };
     // Standard I/O goes through libc's own calls, which the shim never sees (see `stdio`).
-    let est = if stdio::is_stdio(socks) {
+    let (est, page) = if stdio::is_stdio(socks) {
         let peer = est.peer;
-        match stdio::relay(est, socks) {
+        match stdio::relay(est, socks, page) {
             Ok(names) => {
                 log_info(format_args!("exec: connection to {peer} on fd {first} is standard I/O: relayed over loopback TCP"));
                 return names;
             }
             Err(failed) => {
-                let (est, why) = *failed;
+                let (est, why, page) = *failed;
                 log_info(format_args!("exec: connection to {peer} on fd {first} is standard I/O, not relayed: {why}"));
-                est
+                (est, page)
             }
         }
     } else {
-        est
+        (est, page)
     };
     // SAFETY: the application's socket, open (listed in /proc/self/fd just now).
     let b = unsafe { BorrowedFd::borrow_raw(first) };
