@@ -33,6 +33,14 @@ pub fn connect(name: &[u8]) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// Connects to the abstract name `name` without blocking: `WouldBlock` when its listener's
+/// backlog is full, `ECONNREFUSED` when nobody listens. The socket stays non-blocking.
+pub fn connect_nonblocking(name: &[u8]) -> io::Result<OwnedFd> {
+    let fd = socket(true)?;
+    net::connect(&fd, &SocketAddrUnix::new_abstract_name(name)?)?;
+    Ok(fd)
+}
+
 /// Accepts one connection, non-blocking and close-on-exec; `WouldBlock` when none is pending.
 pub fn accept(listener: impl AsFd) -> io::Result<OwnedFd> {
     Ok(net::accept_with(listener, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK)?)

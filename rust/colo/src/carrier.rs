@@ -448,6 +448,9 @@ pub enum HelloRead {
     Pending(OwnedFd),
     /// A well-formed HELLO.
     Hello(Box<Hello>),
+    /// An ASK (spec section 3, "Offers for another process's listener"): the connection text it
+    /// names, to be answered on the control socket by the service that holds the offers.
+    Ask(OwnedFd, Vec<u8>),
     /// Refused (REJECT sent if it made sense) or hung up; the reason is for the log.
     Refused(String),
 }
@@ -494,7 +497,7 @@ pub(crate) fn new_self_bell() -> io::Result<OwnedFd> {
 
 /// Reads the HELLO waiting on an accepted rendezvous connection, without blocking.
 pub fn read_hello(control: OwnedFd) -> HelloRead {
-    let mut buf = [0u8; 64];
+    let mut buf = [0u8; MESSAGE_LEN + wire::ASK_KEY_MAX + 1];
     let mut r = match seqpacket::recv(&control, &mut buf, true) {
         Ok(r) => r,
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => return HelloRead::Pending(control),
@@ -512,6 +515,13 @@ pub fn read_hello(control: OwnedFd) -> HelloRead {
         reject(&control, Reason::BadMessage);
         HelloRead::Refused(why.to_string())
     };
+    if let Some((version, key)) = wire::decode_ask(&buf[..r.len]).filter(|_| !r.truncated && r.fds.is_empty() && behind == 0) {
+        if version != wire::VERSION {
+            reject(&control, Reason::BadVersion);
+            return HelloRead::Refused(format!("ASK version {version}"));
+        }
+        return HelloRead::Ask(control, key.to_vec());
+    }
     if r.truncated || r.len != MESSAGE_LEN {
         return bad("HELLO of the wrong size");
     }

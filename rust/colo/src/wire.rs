@@ -66,6 +66,40 @@ pub const PROOF_OFFSET: usize = 104;
 /// Length of the cross-namespace proof: an 8-byte client nonce and a 16-byte server nonce.
 pub const PROOF_LEN: usize = 24;
 
+/// The type of ASK: a process listening on an address with `SO_REUSEPORT` whose rendezvous another
+/// process of the same user holds asks that process for the offer of a connection it accepted
+/// (spec/WIRE.md section 3, "Offers for another process's listener").
+pub const ASK: u8 = 4;
+/// The longest connection text an ASK carries after its header.
+pub const ASK_KEY_MAX: usize = 128;
+
+/// An ASK for the connection named `key` (`client|server`, section 2's address texts).
+///
+/// ```
+/// let key = b"127.0.0.1:40001|127.0.0.1:6379";
+/// let m = colo::wire::encode_ask(key).unwrap();
+/// assert_eq!(colo::wire::decode_ask(&m), Some((colo::wire::VERSION, &key[..])));
+/// assert_eq!(colo::wire::decode_ask(&m[..colo::wire::MESSAGE_LEN]), None);
+/// assert!(colo::wire::encode_ask(&[b'x'; 129]).is_none());
+/// ```
+pub fn encode_ask(key: &[u8]) -> Option<Vec<u8>> {
+    if key.is_empty() || key.len() > ASK_KEY_MAX {
+        return None;
+    }
+    let mut b = vec![0u8; MESSAGE_LEN];
+    b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+    b[4] = ASK;
+    b[5] = VERSION;
+    b.extend_from_slice(key);
+    Some(b)
+}
+
+/// The version and connection text of an ASK; `None` if `b` is not one (a HELLO, say).
+pub fn decode_ask(b: &[u8]) -> Option<(u8, &[u8])> {
+    let key = b.get(MESSAGE_LEN..).filter(|k| !k.is_empty() && k.len() <= ASK_KEY_MAX)?;
+    (b[0..4] == MAGIC.to_le_bytes() && b[4] == ASK).then_some((b[5], key))
+}
+
 /// A decoded handshake message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Message {

@@ -8,7 +8,7 @@ use crate::api::route::{plain, with_conn};
 use crate::base::addr::parse_sockaddr;
 use crate::base::guard::{errno_loc, Guard};
 use crate::conn::regs;
-use crate::conn::table::{self, Entry, LISTEN, NONE};
+use crate::conn::table::{self, Entry, GUEST, LISTEN, NONE};
 use crate::real;
 use crate::service::{client, handover, server};
 use colo::errno_of;
@@ -154,7 +154,8 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
     let nfd = unsafe { real::accept4(fd, addr, len, flags) };
     new_number(nfd, false);
     repeat::forget(nfd);
-    if nfd < 0 || table::kind(fd) != LISTEN {
+    let kind = table::kind(fd);
+    if nfd < 0 || (kind != LISTEN && kind != GUEST) {
         return nfd;
     }
     // A CARRIER client's port is odd (spec/WIRE.md section 3): from an even one, no offer can
@@ -170,12 +171,19 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
         return nfd;
     }
     let Some(g) = Guard::try_enter() else { return nfd };
-    let listen = table::lock(fd).and_then(|mut s| match s.entry() {
-        Entry::Listen(l) => Some(l.clone()),
-        _ => None,
-    });
-    if let Some(l) = listen {
-        server::on_accept(&l, nfd, flags & libc::SOCK_NONBLOCK != 0);
+    let nonblocking = flags & libc::SOCK_NONBLOCK != 0;
+    let (own, guest) = match table::lock(fd) {
+        Some(mut s) => match s.entry() {
+            Entry::Listen(l) => (Some(l.clone()), None),
+            Entry::Guest(guest) => (None, Some(guest.clone())),
+            _ => (None, None),
+        },
+        None => (None, None),
+    };
+    if let Some(l) = own {
+        server::on_accept(&l, nfd, nonblocking);
+    } else if let Some(guest) = guest {
+        server::on_guest_accept(&guest, nfd, nonblocking);
     }
     g.ok(nfd as ssize_t) as c_int
 }
@@ -357,6 +365,7 @@ fn copy_entry(fd: c_int, nfd: c_int) {
         Some(mut s) => match s.entry() {
             Entry::Conn(c) => Entry::Conn(c.clone()),
             Entry::Listen(l) => Entry::Listen(l.clone()),
+            Entry::Guest(g) => Entry::Guest(g.clone()),
             _ => return,
         },
         None => return,

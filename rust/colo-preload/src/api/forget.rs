@@ -42,6 +42,7 @@ fn release(fd: c_int, open: bool) {
             crate::api::lregs::forget(fd);
             server::on_close_listen(&l, fd);
         }
+        Entry::Guest(g) => server::on_close_guest(&g, fd),
         Entry::Pending(p) => client::close_pending(p),
         _ => {}
     }

@@ -18,11 +18,10 @@ use rustix::process::{Resource, Rlimit};
 use crate::record::app_nofile::{self, app_hard};
 
 /// The hard limit the process keeps for an application hard limit `app`: room for the shim's
-/// descriptors of `app` connections (one established connection holds five in the shim, six
-/// when it is inheritable, docs/ARCHITECTURE.md) and a few of its own, within what the process
-/// had.
+/// descriptors of `app` connections (one established connection holds five in the shim,
+/// docs/ARCHITECTURE.md) and a few of its own, within what the process had.
 fn kept_for(app: u64, had: u64) -> u64 {
-    app.saturating_mul(7).saturating_add(64).min(had).max(app)
+    app.saturating_mul(6).saturating_add(64).min(had).max(app)
 }
 
 /// The limit to report for `actual`, the process's.
@@ -149,7 +148,7 @@ mod tests {
 
     #[test]
     fn the_kept_limit_leaves_room_within_what_the_process_had() {
-        assert_eq!(kept_for(1024, 1 << 20), 1024 * 7 + 64);
+        assert_eq!(kept_for(1024, 1 << 20), 1024 * 6 + 64);
         assert_eq!(kept_for(1024, 2000), 2000);
         assert_eq!(kept_for(1024, 1024), 1024);
         assert_eq!(kept_for(u64::MAX - 1, u64::MAX), u64::MAX);

@@ -1,5 +1,6 @@
 //! What the table holds for a descriptor that is not an accelerated connection: a connect
-//! awaiting its answer, or a listening socket with its rendezvous. The services fill them in.
+//! awaiting its answer, a listening socket with its rendezvous, or one whose rendezvous another
+//! process holds. The services fill them in.
 
 use crate::record::lineage::Lineage;
 use colo::internal::carrier::Offer;
@@ -36,4 +37,17 @@ pub struct Listen {
     pub forks: u64,
     /// The process that listened (a process it forks inherits the value with the listener).
     pub pid: u32,
+}
+
+/// A kernel listening socket on an address whose rendezvous another process holds (an unrelated
+/// `SO_REUSEPORT` listener of the same user): the offers of the connections it accepts are asked
+/// of that process (`service::server::guest`).
+#[derive(Debug)]
+pub struct Guest {
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    /// That address's rendezvous name.
+    pub name: String,
+    /// The holder is another user's, or does not answer ASKs: plain TCP from now on.
+    pub refused: std::sync::atomic::AtomicBool,
 }

@@ -2,6 +2,7 @@
 
 pub mod entry;
 pub mod holders;
+pub mod holders_file;
 pub mod io;
 pub mod options;
 pub mod regs;

@@ -204,12 +204,7 @@ impl Conn {
 
     /// Lets our descriptors survive `exec` (or not).
     pub fn set_inheritable(&self, on: bool) {
-        if on {
-            // The holders page goes along with the connection (`holders`), if no other process
-            // maps it yet.
-            let me = colo_sys::host::pid();
-            self.holders.share_across_exec(self.holders.held_by_me_alone(me));
-        }
+        // The holders page goes along with the connection, by its index in the holders file.
         self.holders.set_inheritable(on);
         self.inheritable.store(on, Ordering::Relaxed);
         let flags = if on { rustix::io::FdFlags::empty() } else { rustix::io::FdFlags::CLOEXEC };
@@ -219,10 +214,10 @@ impl Conn {
         }
     }
 
-    /// The memfd of the holders page, if it has one (`holders`): handed over with the
-    /// connection across `exec`.
-    pub fn holders_fd(&self) -> Option<RawFd> {
-        self.holders.fd()
+    /// The index of the holders page in the holders file, if it is there (`holders`): handed
+    /// over with the connection across `exec`.
+    pub fn holders_index(&self) -> Option<u32> {
+        self.holders.index()
     }
 
     fn self_bell(&self) -> colo_sys::BorrowedFd<'_> {
@@ -798,6 +793,9 @@ impl Drop for Conn {
             }
             // SAFETY: dropped exactly once, here.
             unsafe { ManuallyDrop::drop(&mut self.shm) };
+            // No process holds the connection any more, and the rings no longer look at the
+            // page's read-shutdown word (`share_read_shut`): the page goes back.
+            self.holders.release();
             // The carrier never carried a byte (spec/WIRE.md section 3: FIN or RST only). Closed
             // with FIN by the client, which closes first in a connection per request, it would
             // leave a TIME_WAIT on the client's bound port for a minute, and `bind` (unlike

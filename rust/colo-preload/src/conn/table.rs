@@ -2,7 +2,7 @@
 //! few fds that are colo's, an entry behind a per-fd mutex. Fds at or above [`MAX_FD`] are never
 //! accelerated (they stay plain TCP).
 
-use crate::conn::entry::{Listen, Pending};
+use crate::conn::entry::{Guest, Listen, Pending};
 use crate::conn::state::Conn;
 use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -13,12 +13,14 @@ pub const NONE: u8 = 0;
 pub const CONN: u8 = 1;
 pub const PENDING: u8 = 2;
 pub const LISTEN: u8 = 3;
+pub const GUEST: u8 = 4;
 
 pub enum Entry {
     None,
     Conn(Arc<Conn>),
     Pending(Box<Pending>),
     Listen(Arc<Listen>),
+    Guest(Arc<Guest>),
 }
 
 impl Entry {
@@ -28,6 +30,7 @@ impl Entry {
             Entry::Conn(_) => CONN,
             Entry::Pending(_) => PENDING,
             Entry::Listen(_) => LISTEN,
+            Entry::Guest(_) => GUEST,
         }
     }
 }

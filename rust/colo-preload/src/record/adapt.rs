@@ -272,7 +272,8 @@ pub fn no_listener(dest: SocketAddr) {
 pub const BUSY_FOR: Duration = Duration::from_secs(1);
 
 /// A connection to `dest` was given up on because its server's program was not accepting
-/// connections (the shim's `wait_while_accepting`: its queue did not move). Such a server is a
+/// connections (the shim's `wait_while_accepting`: its queue did not move), or because a program
+/// that does not serve the rendezvous accepted it (a `SO_REUSEPORT` sibling). Such a server is a
 /// pool of workers each waiting on a connection it accepted, often for this very client's
 /// request: the next connections there would only wait and be given up on too, each costing the
 /// client the wait. They go plain TCP without an offer for `BUSY_FOR` (those stay plain for

@@ -4,25 +4,25 @@
 //!
 //! While the two differ, this process holds an inheritable memfd named `colo-nofile` with the
 //! application's limit (8 bytes, little-endian), read by the next image's constructor
-//! (`service::handover::take_back`), which keeps it for the image after. Its bytes come from an
-//! earlier image, or from anyone who holds this process's descriptors: a value the process's
-//! hard limit does not exceed is ignored, and no value can raise a limit.
+//! (`service::handover::take_back`), which keeps it for the image after. The next image gets a
+//! read-only descriptor of a file only this uid may open for writing (`super::inheritable_memfd`),
+//! so a program exec'd without the shim under another uid cannot change what later images
+//! read; still, a value the process's hard limit does not exceed is ignored, and no value can
+//! raise a limit.
 //!
-//! No lock (a fork may come at any moment): the file is an atomic descriptor number with the pid
-//! that made it, and a forked child that changes its limit makes its own, so that its value never
-//! reaches its parent's `exec`.
+//! No lock (a fork may come at any moment): the file is an atomic descriptor number, and each
+//! change makes a new file, so that a forked child's value never reaches its parent's `exec`.
 
 use colo_sys::OwnedFd;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
 pub const FILE_NAME: &str = "colo-nofile";
 
 /// The application's hard limit plus one where it is below the process's (0: they are equal).
 static APP_HARD: AtomicU64 = AtomicU64::new(0);
-/// The `colo-nofile` descriptor (-1: none), and the pid of the process that made it.
+/// The inheritable (read-only) `colo-nofile` descriptor (-1: none).
 static FILE: AtomicI32 = AtomicI32::new(-1);
-static FILE_PID: AtomicU32 = AtomicU32::new(0);
 
 /// The application's hard limit, where it is below the process's.
 pub fn app_hard() -> Option<u64> {
@@ -33,7 +33,6 @@ pub fn app_hard() -> Option<u64> {
 /// writes it where the next image will find it.
 pub fn set(app: Option<u64>) {
     APP_HARD.store(app.map_or(0, |v| v.saturating_add(1)), Ordering::Relaxed);
-    let me = colo_sys::host::pid();
     let fd = FILE.load(Ordering::Relaxed);
     if app.is_none() {
         // Nothing for the next image: the file is let go (a forked child's copy of its
@@ -46,16 +45,10 @@ pub fn set(app: Option<u64>) {
         return;
     }
     let bytes = app.unwrap_or(0).to_le_bytes();
-    if fd >= 0 && FILE_PID.load(Ordering::Relaxed) == me {
-        // SAFETY: our own file, open while `FILE` names it.
-        let _ = rustix::io::pwrite(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) }, &bytes, 0);
-        return;
-    }
     let Some(new) = make(&bytes) else { return };
     let new = new.into_raw_fd();
-    FILE_PID.store(me, Ordering::Relaxed);
     match FILE.compare_exchange(fd, new, Ordering::Relaxed, Ordering::Relaxed) {
-        // SAFETY: the parent's copy (or our own older file), taken out of `FILE` by the exchange.
+        // SAFETY: an older file (or a parent's copy), taken out of `FILE` by the exchange.
         Ok(old) if old >= 0 => drop(unsafe { OwnedFd::from_raw_fd(old) }),
         Ok(_) => {}
         // Another thread changed it meanwhile: its file stands.
@@ -64,14 +57,12 @@ pub fn set(app: Option<u64>) {
     }
 }
 
-/// A new inheritable `colo-nofile` file holding `bytes`.
+/// A new inheritable `colo-nofile` file holding `bytes`: its read-only descriptor.
 fn make(bytes: &[u8]) -> Option<OwnedFd> {
-    let fd = rustix::fs::memfd_create(FILE_NAME, rustix::fs::MemfdFlags::empty()).ok()?;
-    let fd = colo_sys::preload::move_above(fd, colo::internal::fd_floor()).ok()?;
-    (rustix::io::pwrite(&fd, bytes, 0).ok()? == bytes.len()).then_some(())?;
+    let (w, r) = super::inheritable_memfd(FILE_NAME)?;
+    (rustix::io::pwrite(&w, bytes, 0).ok()? == bytes.len()).then_some(())?;
     // Inheritable only once complete: the point of the file is to survive exec.
-    rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::empty()).ok()?;
-    Some(fd)
+    super::let_inherit(&r).then_some(r)
 }
 
 /// In the constructor: an inherited `colo-nofile` file. Its limit stands if the process's hard
@@ -87,9 +78,7 @@ pub fn inherit(f: OwnedFd) {
         return;
     }
     APP_HARD.store(value + 1, Ordering::Relaxed);
-    // Not this image's own: the image that exec'd us may have forked children that share it, so a
-    // change here makes a file of its own (`set`).
-    FILE_PID.store(0, Ordering::Relaxed);
+    // Kept for the next image as it is; a change here makes a file of its own (`set`).
     FILE.store(f.as_raw_fd(), Ordering::Relaxed);
     std::mem::forget(f);
 }

@@ -16,7 +16,11 @@ pub const FILE_NAME: &str = "colo-handover";
 struct File {
     /// The process that created it (a forked child writes a file of its own).
     pid: u32,
+    /// Written through (close-on-exec).
     fd: OwnedFd,
+    /// What the next image inherits: read-only, in a file only this uid may open for writing
+    /// (`super::inheritable_memfd`). Kept open for as long as the file is this process's.
+    _inherited: OwnedFd,
     slots: Vec<Option<Record>>,
 }
 
@@ -35,13 +39,14 @@ fn write_slot(f: &File, i: usize) {
 fn own(file: &mut Option<File>) -> Option<&mut File> {
     let me = colo_sys::host::pid();
     if file.as_ref().is_none_or(|f| f.pid != me) {
-        let fd = rustix::fs::memfd_create(FILE_NAME, rustix::fs::MemfdFlags::empty()).ok()?;
-        let fd = colo_sys::preload::move_above(fd, colo::internal::fd_floor()).ok()?;
+        let (fd, inherited) = super::inheritable_memfd(FILE_NAME)?;
         // Inheritable: the point of the file is to survive exec.
-        rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::empty()).ok()?;
+        if !super::let_inherit(&inherited) {
+            return None;
+        }
         // Only now, so that a failure above keeps the records.
         let slots: Vec<Option<Record>> = file.take().map(|f| f.slots).unwrap_or_default();
-        let f = File { pid: me, fd, slots };
+        let f = File { pid: me, fd, _inherited: inherited, slots };
         for i in 0..f.slots.len() {
             write_slot(&f, i);
         }

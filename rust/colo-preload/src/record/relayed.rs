@@ -9,8 +9,8 @@
 //! which every duplicate of it and every forked copy shares. The records go on across `exec`
 //! (a wrapper script, `env`, or pyenv's shim before the program itself) in an inheritable memfd
 //! named `colo-relayed`, [`RECORD_LEN`] bytes a record; the next image keeps those whose socket
-//! it still has open. Its bytes come from an earlier image, or from anyone who could write the
-//! inherited memfd (who holds this process's descriptors anyway): `decode` accepts any bytes
+//! it still has open. Only this uid may write it (the next image inherits a read-only descriptor
+//! of a file of mode 0600: `super::inheritable_memfd`); still, `decode` accepts any bytes
 //! without panicking, and only an IPv4 or IPv6 address of its exact length.
 
 use colo_sys::{BorrowedFd, OwnedFd};
@@ -106,14 +106,15 @@ pub fn publish(names: Vec<Names>) {
         return;
     }
     let file = || -> Option<()> {
-        let fd = rustix::fs::memfd_create(FILE_NAME, rustix::fs::MemfdFlags::empty()).ok()?;
-        let fd = colo_sys::preload::move_above(fd, colo::internal::fd_floor()).ok()?;
+        // Read-only for the next image, in a file no other uid may open for writing
+        // (`super::inheritable_memfd`): the addresses are what its `getpeername` answers.
+        let (fd, inherited) = super::inheritable_memfd(FILE_NAME)?;
         let bytes: Vec<u8> = names.iter().flat_map(|n| n.encode()).collect();
         let n = rustix::io::pwrite(&fd, &bytes, 0).ok()?;
         (n == bytes.len()).then_some(())?;
         // Inheritable only once complete: the point of the file is to survive exec.
-        rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::empty()).ok()?;
-        std::mem::forget(fd);
+        super::let_inherit(&inherited).then_some(())?;
+        std::mem::forget(inherited);
         Some(())
     };
     let _ = file();

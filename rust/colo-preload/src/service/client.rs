@@ -281,9 +281,10 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
         other => match p.offer.abandon() {
             Abandon::Abandoned => {
                 if other == Answer::Timeout {
-                    // Not a resource: the server's program had not accepted the connection yet.
+                    // Not a resource: the server's program had not accepted the connection
+                    // yet, or accepted it without the shim (`wait_while_accepting` said which).
                     log_info(format_args!(
-                        "connect {}: not accelerated: no answer within {} ms (the server's program had not accepted it; COLO_CARRIER_TIMEOUT_MS bounds the wait); plain TCP",
+                        "connect {}: not accelerated: no answer within {} ms (COLO_CARRIER_TIMEOUT_MS bounds the wait for a late accept); plain TCP",
                         p.peer,
                         setup.as_millis()
                     ));
@@ -345,6 +346,15 @@ fn holds_a_connection() -> bool {
 /// accepting, or arrivals outpacing its accepts) before a connection still in it is given up on.
 const STALL: Duration = Duration::from_millis(10);
 const STALL_LOOKS: u32 = 3;
+/// The first look: an accepting server answers well before it, so only a connection whose
+/// answer is late pays for a look.
+const FIRST_LOOK: Duration = Duration::from_millis(2);
+/// How long an answer may take once the server end was accepted. The accept that takes a
+/// connection claims its offer and answers at once; an accepted connection still unanswered
+/// after this was taken by a program that does not serve this rendezvous (another process's
+/// listener in the same `SO_REUSEPORT` group, a program that accepts by raw system calls), which
+/// treats it as plain TCP and may be waiting for the client's first bytes.
+const ANSWER_AFTER_ACCEPT: Duration = Duration::from_millis(20);
 
 /// Waits for the answer to `p` (at most `left`) while the server's program is getting to the
 /// connection. Its answer comes when that program accepts the connection; over TCP a client
@@ -362,11 +372,11 @@ const STALL_LOOKS: u32 = 3;
 /// at the end of `left`, and so do the next ones there for a while (`adapt::not_accepting`).
 /// Only where this process holds another connection (one such a server may be waiting on): a
 /// lone client, which no server can be waiting on, waits the whole `left` for a late accept.
-/// Where this network namespace does not list the connection (a server in another one), the wait
-/// is the whole `left`.
+/// A connection already accepted gets `ANSWER_AFTER_ACCEPT` for its answer. Where this network
+/// namespace does not list the connection (a server in another one), the wait is the whole `left`.
 fn wait_while_accepting(fd: i32, p: &Pending, left: Duration) -> Answer {
     let end = Instant::now() + left;
-    if let Some(a) = answered_within(p, left.min(STALL)) {
+    if let Some(a) = answered_within(p, left.min(FIRST_LOOK)) {
         return a;
     }
     // SAFETY: the application's socket, open during this call.
@@ -384,6 +394,20 @@ fn wait_while_accepting(fd: i32, p: &Pending, left: Duration) -> Answer {
         use colo_sys::diag::ServerEnd;
         let now_queued = match colo_sys::diag::server_end(p.peer, client) {
             Ok(Some(ServerEnd::Queued)) => colo_sys::diag::accept_queue(p.peer).ok().flatten(),
+            Ok(Some(ServerEnd::Accepted)) => {
+                let answer = answered_within(p, rest.min(ANSWER_AFTER_ACCEPT)).unwrap_or(Answer::Timeout);
+                if answer == Answer::Timeout {
+                    // Which listener takes a connection is the kernel's choice, so the next
+                    // ones there may wait the same way: plain TCP there for a while.
+                    adapt::not_accepting(p.peer);
+                    log_info(format_args!(
+                        "connect {}: accepted by a program that does not serve its rendezvous (another process's SO_REUSEPORT listener, or raw system calls); plain TCP there for {:?}",
+                        p.peer,
+                        adapt::BUSY_FOR
+                    ));
+                }
+                return answer;
+            }
             // Its listener accepts only once the client sends (`TCP_DEFER_ACCEPT`: pgbouncer,
             // nginx's `deferred`), which it does only once answered: no answer can come.
             Ok(Some(ServerEnd::Deferred)) => {
@@ -398,7 +422,7 @@ fn wait_while_accepting(fd: i32, p: &Pending, left: Duration) -> Answer {
             _ => None,
         };
         match (now_queued, queue) {
-            // Accepted, or not to be told: the rest of the wait.
+            // Not to be told: the rest of the wait.
             (None, _) => return p.offer.wait_answer(rest),
             (Some(n), Some(before)) if n >= before && flat + 1 >= STALL_LOOKS && holds_a_connection() => {
                 adapt::not_accepting(p.peer);

@@ -15,6 +15,7 @@
 
 use crate::base::log::log_info;
 use crate::conn::holders::Page;
+use crate::conn::holders_file;
 use crate::conn::options;
 use crate::conn::state::Conn;
 use crate::conn::table::{self, Entry};
@@ -65,7 +66,7 @@ fn set(conn: &Conn, inheritable: bool, sock: BorrowedFd<'_>) {
         return;
     }
     let Ok(st) = rustix::fs::fstat(sock) else { return };
-    let r = Record { sock_ino: st.st_ino, memfd, control, own_bell, self_bell, role: conn.shm().role(), holders: conn.holders_fd() };
+    let r = Record { sock_ino: st.st_ino, memfd, control, own_bell, self_bell, role: conn.shm().role(), holders: conn.holders_index() };
     handover_file::add(r);
 }
 
@@ -75,6 +76,7 @@ pub fn take_back() {
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return };
     let mut files = Vec::new();
     let mut relayed_files = Vec::new();
+    let mut holders_files = Vec::new();
     let mut sockets: Vec<(u64, i32)> = Vec::new();
     for e in dir.flatten() {
         let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
@@ -84,6 +86,8 @@ pub fn take_back() {
             files.push(fd);
         } else if link.starts_with(&format!("/memfd:{}", relayed::FILE_NAME)) {
             relayed_files.push(fd);
+        } else if link.starts_with(&format!("/memfd:{}", holders_file::NAME)) {
+            holders_files.push(fd);
         } else if link.starts_with(&format!("/memfd:{}", app_nofile::FILE_NAME)) {
             // SAFETY: an inherited descriptor nobody else in this image owns (the application
             // does not know it exists); `inherit` keeps or closes it.
@@ -93,6 +97,15 @@ pub fn take_back() {
                 sockets.push((ino, fd));
             }
         }
+    }
+    // The holders file (`conn::holders_file`): ours from now on, if there is exactly one (the
+    // records name pages by index, in the one file); else every page named is left alone.
+    let one = holders_files.len() == 1;
+    let mut pages_named = false;
+    for fd in holders_files {
+        // SAFETY: an inherited descriptor nobody else in this image owns; adopted or closed.
+        let f = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        pages_named = one && holders_file::adopt(f);
     }
     let mut records = Vec::new();
     for fd in files {
@@ -109,7 +122,7 @@ pub fn take_back() {
             }
             buf.extend_from_slice(&chunk[..n]);
         }
-        records.extend(buf.chunks_exact(RECORD_LEN).filter_map(Record::decode));
+        records.extend(buf.chunks_exact(RECORD_LEN).filter_map(Record::decode).map(|r| Record { holders: r.holders.filter(|_| pages_named), ..r }));
     }
     // Connections an earlier image relayed whose sockets are still open here.
     let mut relayed: Vec<Names> = Vec::new();
@@ -118,7 +131,16 @@ pub fn take_back() {
         let f = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
         relayed.extend(relayed::read_inherited(f).into_iter().filter(|n| sockets.iter().any(|(ino, _)| *ino == n.ino)));
     }
+    // A descriptor is taken by one record at most: owned twice, it would be closed under the
+    // connection that kept it.
+    let mut taken: Vec<RawFd> = Vec::new();
     for r in records {
+        let fds = [r.memfd, r.control, r.own_bell, r.self_bell];
+        if fds.iter().any(|fd| taken.contains(fd)) {
+            log_info(format_args!("exec: a handed-over connection names descriptors another took; left alone"));
+            continue;
+        }
+        taken.extend(fds);
         let socks: Vec<i32> = sockets.iter().filter(|(ino, _)| *ino == r.sock_ino).map(|(_, fd)| *fd).collect();
         relayed.extend(take_back_one(r, &socks));
     }
@@ -128,23 +150,21 @@ pub fn take_back() {
 /// Takes back one connection; the addresses of one relayed as standard I/O are returned.
 fn take_back_one(r: Record, socks: &[i32]) -> Option<Names> {
     let fds = [r.memfd, r.control, r.own_bell, r.self_bell];
-    // Each must be open and distinct; then they are ours.
-    // SAFETY: only asks the kernel about the number; a closed one gives EBADF.
-    let open = |fd: RawFd| fd >= 0 && rustix::io::fcntl_getfd(unsafe { BorrowedFd::borrow_raw(fd) }).is_ok();
-    if !fds.iter().all(|&fd| open(fd)) || (1..4).any(|i| fds[..i].contains(&fds[i])) {
+    // Each must be open, distinct and of its kind (a segment, two sockets, an eventfd); then
+    // they are ours. Anything else is left as it is, never closed: the numbers may be the
+    // application's own (its standard I/O, a socket it inherited).
+    let kinds = ["/memfd:colo-seg", "socket:", "socket:", "anon_inode:[eventfd]"];
+    let of_kind = |fd: RawFd, kind: &str| fd >= 0 && std::fs::read_link(format!("/proc/self/fd/{fd}")).is_ok_and(|l| l.to_string_lossy().starts_with(kind));
+    if !fds.iter().zip(kinds).all(|(&fd, kind)| of_kind(fd, kind)) || (1..4).any(|i| fds[..i].contains(&fds[i])) {
         log_info(format_args!("exec: a handed-over connection lost its descriptors; dropped"));
         return None;
     }
     // SAFETY: inherited descriptors recorded for this connection, open (checked above), owned
     // by no one else in this image.
     let [memfd, control, own_bell, self_bell] = fds.map(|fd| unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
-    // The holders page the earlier image shared (`conn::holders`): open, and none of the four.
-    let page = r.holders.filter(|&fd| open(fd) && !fds.contains(&fd)).and_then(|fd| {
-        // SAFETY: an inherited descriptor recorded for this connection, open (checked above),
-        // owned by no one else in this image.
-        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        Page::inherited(fd).ok()
-    });
+    // The holders page the earlier image shared (`conn::holders`), in the holders file it
+    // handed over (adopted by `take_back`), if that is a page in use there.
+    let page = r.holders.and_then(Page::inherited);
     let Some(&first) = socks.first() else {
         // The application closed (or made close-on-exec) the socket before exec: the connection
         // ends here (closing the control socket tells the peer).

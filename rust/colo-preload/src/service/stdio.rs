@@ -33,6 +33,7 @@
 
 use crate::base::env::spin;
 use crate::conn::holders::{self, Page, TURN, TURN_WAITERS};
+use crate::conn::holders_file;
 use crate::conn::turns;
 use crate::record::relayed::{Names, Raw};
 use colo::internal::carrier::Established;
@@ -217,7 +218,7 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, say: Owne
         est.fds.own_bell.as_raw_fd(),
         est.fds.self_bell.as_raw_fd(),
         est.memfd,
-        relay.page.as_ref().and_then(Page::fd).unwrap_or(-1),
+        relay.page.as_ref().and(holders_file::fd()).unwrap_or(-1),
     ];
     close_all_but(&keep);
     // 0, 1 and 2 taken by /dev/null, so that nothing the relay opens later (an eventfd of the
@@ -312,10 +313,13 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, say: Owne
         // SAFETY: ends the relay without running the program's exit handlers.
         unsafe { libc::_exit(0) };
     }
-    if let Some(p) = &relay.page {
-        p.remove_holder(me);
-    }
+    // Whether another process still holds the connection: if none, the page goes back once
+    // the rings are done with it.
+    let last = relay.page.as_ref().is_some_and(|p| !p.leave(me, control));
     drop(shm);
+    if let (true, Some(p)) = (last, &relay.page) {
+        p.release();
+    }
     drop((tcp, carrier));
     // SAFETY: ends the relay without running the program's exit handlers.
     unsafe { libc::_exit(0) }

@@ -207,7 +207,7 @@ pub unsafe fn hand_out(res: Resolved, peer: std::net::SocketAddr, addr: *mut lib
 
 /// Claims `hello` for the connection just accepted as `fd`; returns whether the offer was
 /// refused (then another offer for the same 4-tuple may be tried) and the connection is plain.
-fn claim(fd: i32, nonblocking: bool, peer: std::net::SocketAddr, local: std::net::SocketAddr, hello: Option<Box<Hello>>) -> bool {
+pub(super) fn claim(fd: i32, nonblocking: bool, peer: std::net::SocketAddr, local: std::net::SocketAddr, hello: Option<Box<Hello>>) -> bool {
     let Some(hello) = hello else {
         log_debug(format_args!("accept {peer} -> {local}: no colo offer; plain TCP"));
         return false;

@@ -8,7 +8,7 @@ use crate::base::addr::{is_tcp_stream, sockaddr_of};
 use crate::base::env::disabled;
 use crate::base::log::log_info;
 use crate::base::mem::try_lock;
-use crate::conn::entry::Listen;
+use crate::conn::entry::{Guest, Listen};
 use crate::conn::table::{self, Entry};
 use colo::wire;
 use colo_sys::seqpacket;
@@ -57,10 +57,17 @@ pub fn on_listen(fd: i32) {
                 Ok(r) => r,
                 Err(_) => {
                     // Clients offer there, and the kernel may give their connections to this
-                    // socket: each such client waits out its carrier timeout, then goes on over TCP.
+                    // socket: it asks the holder for their offers (`guest`).
                     log_info(format_args!(
-                        "listen {addr}: rendezvous {name} is held by another process (a SO_REUSEPORT listener on the same address, one that kept an earlier listener's, or a squatter); this listener serves plain TCP, and clients under colo run whose connections the kernel gives it wait COLO_CARRIER_TIMEOUT_MS first"
+                        "listen {addr}: rendezvous {name} is held by another process (a SO_REUSEPORT listener on the same address, one that kept an earlier listener's, or a squatter); offers of the connections this listener accepts are asked of it"
                     ));
+                    let g = Guest { addr, name, refused: std::sync::atomic::AtomicBool::new(false) };
+                    if let Some(mut l) = try_lock(&LISTENING) {
+                        l.push(addr);
+                    }
+                    if let Some(mut slot) = table::lock(fd) {
+                        slot.set(Entry::Guest(Arc::new(g)));
+                    }
                     return;
                 }
             }
@@ -143,6 +150,21 @@ static FORKS: AtomicU64 = AtomicU64::new(0);
 pub fn note_fork() {
     FORKS.fetch_add(1, Ordering::Relaxed);
     super::thread::forked_now();
+}
+
+/// When `fd`, a listening socket whose rendezvous another process holds, is about to be closed.
+pub fn on_close_guest(g: &Arc<Guest>, fd: i32) {
+    let elsewhere_here = table::fds_of_kind(table::GUEST).any(|other| {
+        other as i32 != fd && table::lock(other as i32).is_some_and(|mut s| matches!(s.entry(), Entry::Guest(x) if Arc::ptr_eq(x, g)))
+    });
+    if elsewhere_here {
+        return;
+    }
+    if let Some(mut listening) = try_lock(&LISTENING) {
+        if let Some(i) = listening.iter().position(|&a| a == g.addr) {
+            listening.swap_remove(i);
+        }
+    }
 }
 
 /// When listening fd `fd` is about to be closed in the process that listens: stop serving its

@@ -16,10 +16,12 @@
 //! A file a job, bottom up: `offers` (what a service holds, under its lock) and `markers` (the
 //! short-lived markers), then `thread` (the service thread), then `listen` and `forked` (the
 //! processes forked from the serving one), then `held` (connections from other namespaces) and
-//! `sleepers` (threads asleep in the kernel's accept meanwhile), then `accept`.
+//! `sleepers` (threads asleep in the kernel's accept meanwhile), then `accept`, then `guest`
+//! (a listener whose rendezvous another process holds asks it for its offers).
 
 mod accept;
 mod forked;
+mod guest;
 pub mod held;
 mod listen;
 mod markers;
@@ -29,5 +31,6 @@ mod thread;
 
 pub use accept::{hand_out, netns_accepted, on_accept, Accepted};
 pub use forked::{atfork_child, before_fork};
-pub use listen::{may_accept, note_fork, on_close_listen, on_listen};
+pub use guest::on_accept as on_guest_accept;
+pub use listen::{may_accept, note_fork, on_close_guest, on_close_listen, on_listen};
 pub use markers::{marker_child, marker_parent, marker_prepare};

@@ -66,6 +66,9 @@ pub(super) struct State {
     /// rendezvous among them): a listener taken out of `listens` is no longer polled by the
     /// thread once this has moved on (`thread::polled_without`).
     pub(super) collected: u64,
+    /// ASKs read (their connection text, their sender's uid), answered once the HELLOs that
+    /// came before them are collected (`answer_asks`).
+    pub(super) asks: Vec<(OwnedFd, Vec<u8>, u32)>,
 }
 
 /// A listener this process closed that may still be open in its children.
@@ -189,6 +192,7 @@ fn take_hello(st: &mut State, control: OwnedFd, uid: u32) {
             }
         }
         HelloRead::Hello(h) => keep(st, h, Instant::now(), uid),
+        HelloRead::Ask(c, key) => st.asks.push((c, key, uid)),
         HelloRead::Refused(why) => refused(&why, uid),
     }
 }
@@ -273,6 +277,10 @@ pub(super) fn drain_one(st: &mut State, l: &Listen) {
         }
         take_hello(st, c, uid);
     }
+    if !st.asks.is_empty() {
+        // Answered with the HELLOs still on their way collected.
+        drain_waiting(st);
+    }
     publish(st);
     // SYNC POINT with `forked::may_have_offer`: not busy only once the offers are counted
     // (`publish`).
@@ -299,10 +307,57 @@ pub(super) fn drain_waiting(st: &mut State) {
         match carrier::read_hello(c) {
             HelloRead::Pending(c) => st.waiting.push((c, at, uid)),
             HelloRead::Hello(h) => keep(st, h, at, uid),
+            HelloRead::Ask(c, key) => st.asks.push((c, key, uid)),
             HelloRead::Refused(why) => refused(&why, uid),
         }
     }
+    answer_asks(st);
     publish(st);
+}
+
+/// When (`marker::now_ms`) this process last read an ASK.
+static ASKED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Whether this process read an ASK of its own user within the last ten seconds: a process that
+/// does not serve the rendezvous accepts connections to its address, and waits on the answers.
+pub(super) fn asked_lately() -> bool {
+    let at = ASKED.load(Ordering::Relaxed);
+    at != 0 && crate::record::marker::now_ms().saturating_sub(at) < 10_000
+}
+
+/// Answers the ASKs read (spec/WIRE.md section 3, "Offers for another process's listener"): the
+/// offer of the connection named, to a process of this process's own user (the kernel admits
+/// only the same user to a `SO_REUSEPORT` group) for a connection the kernel lists as accepted
+/// (one still queued is for this process's own accepts); else `[0, 0]`. An offer handed over is
+/// the asker's to claim.
+fn answer_asks(st: &mut State) {
+    if st.asks.is_empty() {
+        return;
+    }
+    let me = rustix::process::geteuid().as_raw();
+    for (c, key, uid) in std::mem::take(&mut st.asks) {
+        if uid == me {
+            // Another user's ASKs get nothing and change nothing here.
+            ASKED.store(crate::record::marker::now_ms(), Ordering::Relaxed);
+        }
+        // Held first (no system call for a plain client's connection), then accepted.
+        let k = crate::service::offer_key::decode(&key)
+            .filter(|k| uid == me && (st.offers.contains_key(k) || st.rivals.iter().any(|r| r.0 == *k)))
+            .filter(|k| matches!(colo_sys::diag::server_end(k.1, k.0), Ok(Some(colo_sys::diag::ServerEnd::Accepted))));
+        let hello = k.and_then(|k| take(st, &k));
+        match hello {
+            Some(h) => {
+                let fds = [h.control.as_fd(), h.memfd.as_fd(), h.client_bell.as_fd(), h.server_bell.as_fd()];
+                let _ = seqpacket::send(&c, &[1, h.mode as u8], &fds);
+                log_debug(format_args!("rendezvous: an offer handed to another listener of uid {uid} on its address"));
+                // Handed on to the asker, who claims it: closed here as it is.
+                drop(h.server_bell.into_fd());
+            }
+            None => {
+                let _ = seqpacket::send(&c, &[0, 0], &[]);
+            }
+        }
+    }
 }
 
 /// Drops what is older than `PENDING_TTL` (and, once per `HANGUP_SWEEP`, offers whose client

@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 /// the state lock. A process that forks per connection from its accepting thread (postgres)
 /// keeps the service thread collecting beside its accepts, so that the accept path every
 /// connection waits on stays short. Back to waking for each HELLO `ACCEPTS_QUIET_MS` after the
-/// last accept that collected one (docs/ARCHITECTURE.md has the measurements).
+/// last accept that collected one (docs/ARCHITECTURE.md has the measurements), and never while
+/// another process's listener on the same address asks for offers (`offers::asked_lately`): its
+/// accepts wait on the answers.
 const ACCEPTS_QUIET_MS: u64 = 1000;
 const ACCEPTS_COLLECT_EVERY_MS: u64 = 20;
 
@@ -47,7 +49,7 @@ pub(super) fn forked_now() {
 fn accepts_collect() -> bool {
     let now = crate::record::marker::now_ms();
     let since = |t: &std::sync::atomic::AtomicU64| now.saturating_sub(t.load(Ordering::Relaxed));
-    since(&ACCEPT_COLLECTED) < ACCEPTS_QUIET_MS && since(&FORKED) >= ACCEPTS_QUIET_MS
+    since(&ACCEPT_COLLECTED) < ACCEPTS_QUIET_MS && since(&FORKED) >= ACCEPTS_QUIET_MS && !super::offers::asked_lately()
 }
 
 /// One offer service: the process it runs in, its lineage, what it holds, and the eventfd that
@@ -106,7 +108,7 @@ pub(super) fn start(lineage: &'static Lineage, seen: u32, listens: Vec<Arc<Liste
             return None;
         }
     };
-    let state = State { listens, waiting: Vec::new(), offers: HashMap::new(), rivals: Vec::new(), shared: lineage.shared, swept: Instant::now(), full: false, full_uids: Vec::new(), starved: None, closed_here: Vec::new(), collected: 0 };
+    let state = State { listens, waiting: Vec::new(), offers: HashMap::new(), rivals: Vec::new(), shared: lineage.shared, swept: Instant::now(), full: false, full_uids: Vec::new(), starved: None, closed_here: Vec::new(), collected: 0, asks: Vec::new() };
     let svc = Box::new(Service { pid: colo_sys::host::pid(), lineage, state: Mutex::new(state), wake, collected: Condvar::new() });
     let (tx, rx) = std::sync::mpsc::sync_channel::<Option<usize>>(1);
     let spawned = colo_sys::host::with_signals_blocked(|| {
