@@ -5,7 +5,7 @@
  * socket before it exited. Under colo the program's standard output is relayed (a relay process
  * carries it into the rings), and the trailer must still come last: the client reads until end
  * of stream and checks that the stream is the program's bytes, then the trailer. ROUNDS
- * connections, one after the other, all accelerated (COLO_SHORT_LIVED=accelerate), each
+ * connections, one after the other (half of them accepted close-on-exec), all accelerated (COLO_SHORT_LIVED=accelerate), each
  * program's standard output relayed (the program checks). alarm() is the watchdog. */
 #define _GNU_SOURCE
 #include <sys/stat.h>
@@ -59,7 +59,9 @@ int main(int argc, char **argv) {
     for (int round = 0; round < ROUNDS; round++) {
         int k = socket(AF_INET, SOCK_STREAM, 0);
         if (k < 0 || connect(k, (struct sockaddr *)&a, sizeof a) < 0) die("connect");
-        int c = accept(l, NULL, NULL);
+        /* The second half of the rounds accepts close-on-exec: the connection becomes inheritable
+         * only in the forked child, by its dup2 onto 1. */
+        int c = accept4(l, NULL, NULL, round < ROUNDS / 2 ? 0 : SOCK_CLOEXEC);
         if (c < 0) die("accept");
         /* One byte first, so that the connection is in use (under the shim: accelerated at both
          * ends) before the fork. */
