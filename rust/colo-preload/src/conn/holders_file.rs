@@ -140,7 +140,8 @@ pub fn adopt(fd: OwnedFd) -> bool {
     // Mapped for writing through a descriptor opened again for writing, which only the owner
     // of a 0600 file gets; closed once mapped.
     let Some(base) = reopen(fd.as_raw_fd(), rustix::fs::OFlags::RDWR).and_then(|w| map(&w)) else {
-        STATE.store(FAILED, Ordering::Relaxed);
+        // A file of this image's own is made at its first connection.
+        STATE.store(NONE, Ordering::Relaxed);
         return false;
     };
     let _ = rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC);

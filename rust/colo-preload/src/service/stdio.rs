@@ -218,7 +218,7 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, say: Owne
         est.fds.own_bell.as_raw_fd(),
         est.fds.self_bell.as_raw_fd(),
         est.memfd,
-        relay.page.as_ref().and(holders_file::fd()).unwrap_or(-1),
+        holders_file::fd().unwrap_or(-1),
     ];
     close_all_but(&keep);
     // 0, 1 and 2 taken by /dev/null, so that nothing the relay opens later (an eventfd of the
