@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Red team: what the shim hands on across exec in inheritable memfds (`colo-handover`: the
 # accelerated connections and their descriptors; `colo-nofile`: the hard limit of open files
-# the program set; `colo-relayed`: the addresses of relayed standard I/O) must not be writable
+# the program set; `colo-relayed`: the addresses of relayed standard I/O; `colo-holders`: the
+# holders pages of the process's connections, which the next image writes) must not be writable
 # by a program of another uid that inherits them. A child started with posix_spawn (no fork
 # handler of the shim's runs, so it gets the parent's own files) through setpriv without the
 # shim runs as nobody and holds them. root's program (py/spawn_unshimmed.py, under colo run,
@@ -22,6 +23,8 @@ check "the connection was accelerated" grep -q "accelerated (shared memory)" "$W
 check "nobody found the handover file" grep -q "handover" "$WORK/out"
 check "nobody could not write the handover file" sh -c "! grep -q 'FORGED handover' '$WORK/out'"
 check "nobody could not write the limit file" sh -c "! grep -q 'FORGED nofile' '$WORK/out'"
+check "nobody found the holders file" grep -q "REFUSED holders" "$WORK/out"
+check "nobody could not write the holders file" sh -c "! grep -q 'FORGED holders' '$WORK/out'"
 check "the shell spawned after kept its standard output and the limit its parent set" grep -q "^CHILD hard limit 64$" "$WORK/out"
 check "the parent's connection still answers" grep -q "^PARENT +PONG$" "$WORK/out"
 finish

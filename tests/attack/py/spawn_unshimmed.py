@@ -1,6 +1,7 @@
 # Root's program of t_rt_inherited_memfds.sh, under colo run: it holds what the shim hands on
 # across exec in inheritable memfds (an accelerated inheritable connection to redis on PORT: the
-# `colo-handover` file; a hard limit of open files it lowered: `colo-nofile`), then starts two
+# `colo-handover` file and its holders page in `colo-holders`; a hard limit of open files it
+# lowered: `colo-nofile`), then starts two
 # children with posix_spawn, which runs no fork handler of the shim's: first the attacker as
 # nobody without the shim (setpriv, LD_PRELOAD left out of its environment), then a shell under
 # the shim that prints its hard limit to a pipe and its descriptors to stderr. Prints what the
@@ -14,7 +15,7 @@ s.set_inheritable(True)
 s.sendall(b'PING\r\n')
 assert s.recv(7) == b'+PONG\r\n'
 env = {'PATH': '/usr/bin:/bin'}
-for kind in ('handover', 'nofile'):
+for kind in ('handover', 'nofile', 'holders'):
     pid = os.posix_spawn('/usr/bin/setpriv', ['setpriv', '--reuid=nobody', '--regid=nogroup', '--clear-groups',
                          '/usr/bin/python3', attacker, kind, str(s.fileno())], env)
     os.waitpid(pid, 0)

@@ -361,6 +361,9 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
             if rd {
                 c.shut_read();
             }
+            if wr {
+                c.wait_forwarded();
+            }
             c.shm().shutdown_as_tcp(rd, wr);
             g.ok(0) as c_int
         }

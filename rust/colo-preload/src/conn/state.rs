@@ -2,6 +2,7 @@
 //! without locking it, and to let go of a copy inherited over fork without closing the peer.
 
 use crate::base::env::spin;
+use crate::conn::holders::Page;
 use crate::conn::turns;
 use crate::record::{adapt, handover_file};
 use colo::internal::carrier::{Established, Words};
@@ -29,15 +30,17 @@ pub const GONE_EDGE: u32 = 1 << 31;
 /// reports the reset kernel TCP would have received for it.
 pub const RESET_EDGE: u32 = 1 << 30;
 
+/// In the last of `Conn::edges`: reading is shut down (by any holder: another's shutdown moves
+/// nothing in the rings).
+pub const READ_SHUT_EDGE: u32 = 1 << 29;
+
 /// Kernel TCP states (`enum` in the kernel's include/net/tcp_states.h), as `TCP_INFO` reports them.
 pub const TCP_ESTABLISHED: u8 = 1;
 const TCP_FIN_WAIT2: u8 = 5;
 pub const TCP_CLOSE: u8 = 7;
 const TCP_CLOSE_WAIT: u8 = 8;
 
-/// Processes that hold this connection (fork copies), in a `MAP_SHARED` page so every copy sees
-/// the same list; a copy closed while another process still holds it is released quietly.
-const HOLDERS: usize = 64;
+use crate::conn::holders::{SOCKET_FLAGS, TURN, TURN_WAITERS};
 
 /// Bits of the socket's own state (`Conn::socket_flags`), shared with every fork copy as a kernel
 /// socket's are: this side shut down reading (readable, end of stream, with RDHUP); a write
@@ -68,7 +71,8 @@ pub struct Conn {
     raw: [RawFd; 4],
     /// The readiness fd's number once asked for (-1 before): see `readiness_raw`.
     readiness: AtomicI32,
-    holders: *const AtomicU32,
+    /// Shared with every process holding the connection (`holders`).
+    holders: Page,
     /// When the connection was set up (to tell short-lived ones: `adapt` on the client side,
     /// the listener's marker on the server side).
     born: std::time::Instant,
@@ -79,8 +83,6 @@ pub struct Conn {
     sent_before_reply: AtomicU64,
     /// When the first reply arrived, in nanoseconds after `born`.
     first_reply_ns: AtomicU64,
-    /// This process's rings know of the read shutdown (`adopt_read_shut`).
-    read_shut_here: AtomicBool,
     /// The application's descriptor of the carrier TCP socket whose close drops this value
     /// (-1: not known to be the last; see [`Conn::last_close`]).
     closing_fd: AtomicI32,
@@ -99,8 +101,8 @@ pub struct Conn {
     on_end: Option<EndRecorder>,
 }
 
-// SAFETY: the raw pointers point into mappings owned by `shm` (the segment) and by this value
-// (the holders page); all accesses through them are atomic.
+// SAFETY: the raw pointers (in `w`) point into the segment, mapped by `shm`; all accesses
+// through them are atomic.
 unsafe impl Send for Conn {}
 // SAFETY: as for `Send`: what the raw pointers reach is only ever accessed atomically, so shared
 // references on several threads race on nothing.
@@ -110,7 +112,7 @@ impl Conn {
     /// The server side of a connection dialed by a program tagged `client_tag` (see
     /// `server::client_tag`), whose ending `on_end` records. `keep_memfd`: see `build`.
     pub fn accepted(client_tag: Option<u64>, on_end: EndRecorder, est: Established, nonblocking: bool, keep_memfd: bool) -> std::io::Result<Conn> {
-        let mut c = Conn::build(est, nonblocking, false, keep_memfd, std::time::Duration::ZERO)?;
+        let mut c = Conn::build(est, nonblocking, None, keep_memfd, std::time::Duration::ZERO)?;
         c.client_tag = client_tag;
         c.on_end = Some(on_end);
         Ok(c)
@@ -119,20 +121,22 @@ impl Conn {
     /// The client side of a connection whose set-up (offer to answer) took `setup`.
     /// `keep_memfd`: see `build`.
     pub fn dialed(est: Established, nonblocking: bool, setup: std::time::Duration, keep_memfd: bool) -> std::io::Result<Conn> {
-        Conn::build(est, nonblocking, false, keep_memfd, setup)
+        Conn::build(est, nonblocking, None, keep_memfd, setup)
     }
 
     /// A connection an earlier image of this process handed over across `exec` (inheritable:
-    /// it keeps its memfd).
-    pub fn resume(est: Established, nonblocking: bool) -> std::io::Result<Conn> {
-        Conn::build(est, nonblocking, true, true, std::time::Duration::ZERO)
+    /// it keeps its memfd), with the holders page it handed over (`holders::Page::inherited`),
+    /// if any.
+    pub fn resume(est: Established, nonblocking: bool, holders: Option<Page>) -> std::io::Result<Conn> {
+        Conn::build(est, nonblocking, Some(holders), true, std::time::Duration::ZERO)
     }
 
+    /// `resumed`: a connection handed over across `exec` (with the page that came with it).
     /// `keep_memfd`: whether the segment memfd stays open, as it must for a connection whose
     /// application socket is inheritable (`service::handover` maps it again after `exec` from
     /// the memfd). A connection born close-on-exec closes it here, one descriptor less; should
     /// it become inheritable later, `handover` relays it instead (`service::relay`).
-    fn build(mut est: Established, nonblocking: bool, resumed: bool, keep_memfd: bool, setup: std::time::Duration) -> std::io::Result<Conn> {
+    fn build(mut est: Established, nonblocking: bool, resumed: Option<Option<Page>>, keep_memfd: bool, setup: std::time::Duration) -> std::io::Result<Conn> {
         if !keep_memfd {
             est.close_memfd();
         }
@@ -140,22 +144,18 @@ impl Conn {
         // keeps the segment mapped; `Drop` unmaps it only after its last use of them.
         let w = unsafe { est.words() };
         let raw0 = [est.fds.control.as_raw_fd(), est.fds.own_bell.as_raw_fd(), est.fds.self_bell.as_raw_fd(), est.memfd];
-        // SAFETY: a fresh anonymous shared page aliases nothing.
-        let page = unsafe {
-            rustix::mm::mmap_anonymous(
-                std::ptr::null_mut(),
-                4096,
-                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
-                rustix::mm::MapFlags::SHARED,
-            )?
+        let resumed_shm = resumed.is_some();
+        let holders = match resumed.flatten() {
+            Some(page) => page,
+            None => Page::new()?,
         };
-        let holders = page as *const AtomicU32;
-        // SAFETY: slot 0 of the zeroed page we just mapped.
-        unsafe { &*holders }.store(colo_sys::host::pid(), Ordering::Relaxed);
-        let shm = if resumed { est.into_resumed_shm(spin())? } else { est.into_shm(spin())? };
+        let shm = if resumed_shm { est.into_resumed_shm(spin())? } else { est.into_shm(spin())? };
+        // SAFETY: the socket flags' word of the holders page, a field of the `Conn` built here:
+        // dropped after `Drop` dropped `shm` (or, for a copy others hold, left it unused).
+        unsafe { shm.share_read_shut(holders.word(SOCKET_FLAGS), READ_SHUT) };
         shm.set_nonblocking(nonblocking);
         let never_spin = shm.spin_mode() == colo::SpinMode::Never;
-        Ok(Conn {
+        let c = Conn {
             shm: ManuallyDrop::new(shm),
             w,
             gone: AtomicBool::new(false),
@@ -169,14 +169,17 @@ impl Conn {
             setup,
             sent_before_reply: AtomicU64::new(u64::MAX),
             first_reply_ns: AtomicU64::new(0),
-            read_shut_here: AtomicBool::new(false),
             closing_fd: AtomicI32::new(-1),
             relayed_by: AtomicU32::new(0),
             lowat: AtomicU32::new(1),
             send_limit: AtomicU64::new(0),
             client_tag: None,
             on_end: None,
-        })
+        };
+        // The first holder of a fresh page; one more of a page an earlier image handed over
+        // (a no-op if this process held it before its `exec`).
+        c.add_holder(colo_sys::host::pid());
+        Ok(c)
     }
 
     /// A read returned bytes: the first time, remember how much we had sent (`sent_before_reply`).
@@ -231,12 +234,20 @@ impl Conn {
 
     /// Lets our descriptors survive `exec` (or not).
     pub fn set_inheritable(&self, on: bool) {
+        // The holders page goes along with the connection, by its index in the holders file.
+        self.holders.set_inheritable(on);
         self.inheritable.store(on, Ordering::Relaxed);
         let flags = if on { rustix::io::FdFlags::empty() } else { rustix::io::FdFlags::CLOEXEC };
         for fd in self.fds() {
             // SAFETY: descriptors owned by `shm`, open while `self` lives.
             let _ = rustix::io::fcntl_setfd(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) }, flags);
         }
+    }
+
+    /// The index of the holders page in the holders file, if it is there (`holders`): handed
+    /// over with the connection across `exec`.
+    pub fn holders_index(&self) -> Option<u32> {
+        self.holders.index()
     }
 
     fn self_bell(&self) -> colo_sys::BorrowedFd<'_> {
@@ -280,8 +291,7 @@ impl Conn {
     /// holders page: a kernel socket keeps it once for every process holding it, and so does
     /// this, for every fork copy.
     fn socket_flags(&self) -> &AtomicU32 {
-        // SAFETY: word HOLDERS + 2 of the 4096-byte holders page, which lives as long as `self`.
-        unsafe { &*self.holders.add(HOLDERS + 2) }
+        self.holders.word(SOCKET_FLAGS)
     }
 
     fn socket_flag(&self, bit: u32) -> bool {
@@ -295,36 +305,32 @@ impl Conn {
         self.socket_flags().fetch_or(bit, Ordering::Relaxed) & bit != 0
     }
 
-    fn holder(&self, i: usize) -> &AtomicU32 {
-        assert!(i < HOLDERS);
-        // SAFETY: `i < HOLDERS`; the page is 4096 bytes and lives as long as `self`.
-        unsafe { &*self.holders.add(i) }
-    }
-
     /// A turn to write (`turns`), for a connection another process has held (a fork copy);
     /// `None` (no cost) for one only this process ever held.
     pub fn write_turn(&self) -> Option<turns::Turn<'_>> {
-        if self.holder(1).load(Ordering::Relaxed) == 0 {
+        if !self.holders.ever_shared() {
             return None;
         }
-        // SAFETY: words HOLDERS and HOLDERS + 1 of the 4096-byte holders page, which lives as
-        // long as `self` (shared with every fork copy, as the holders are).
-        let (word, waiters) = unsafe { (&*self.holders.add(HOLDERS), &*self.holders.add(HOLDERS + 1)) };
-        Some(turns::take(word, waiters))
+        // Bytes a relayed program wrote before it exited go first (`holders::wait_forwarded`).
+        self.holders.wait_forwarded();
+        Some(turns::take(self.holders.word(TURN), self.holders.word(TURN_WAITERS)))
+    }
+
+    /// The holders page every process holding the connection shares (`holders`).
+    pub fn holders(&self) -> &Page {
+        &self.holders
     }
 
     /// Records that process `pid` (a fork child) holds a copy.
     pub fn add_holder(&self, pid: u32) {
-        // Relaxed (here and in `others_hold`): a holder word is the whole message, a pid; nothing
-        // else is written before it or read on its strength (whether a process holds the
-        // connection is asked of /proc), so atomicity is all it needs.
-        if (0..HOLDERS).any(|i| self.holder(i).load(Ordering::Relaxed) == pid) {
-            return;
-        }
-        for i in 0..HOLDERS {
-            if self.holder(i).compare_exchange(0, pid, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
-                return;
-            }
+        self.holders.add_holder(pid);
+    }
+
+    /// Before a shutdown of writing: bytes a relayed program wrote before it exited go first
+    /// (`holders::wait_forwarded`), as its writes were in the socket before it exited.
+    pub fn wait_forwarded(&self) {
+        if self.holders.ever_shared() {
+            self.holders.wait_forwarded();
         }
     }
 
@@ -341,30 +347,7 @@ impl Conn {
         let control = self.raw[0];
         // SAFETY: our control socket, open while `self` lives.
         let own = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(control) }).ok();
-        let holds = |pid: u32| match (rustix::fs::stat(format!("/proc/{pid}/fd/{control}")), &own) {
-            (Ok(st), Some(own)) => st.st_ino == own.st_ino && st.st_dev == own.st_dev,
-            (Err(rustix::io::Errno::NOENT), _) => false,
-            // Not allowed to look (another user): fall back to whether it lives.
-            _ => rustix::process::Pid::from_raw(pid as i32).is_some_and(|p| {
-                matches!(rustix::process::test_kill_process(p), Ok(()) | Err(rustix::io::Errno::PERM))
-            }),
-        };
-        let mut others = false;
-        for i in 0..HOLDERS {
-            let p = self.holder(i).load(Ordering::Relaxed);
-            if p == 0 {
-                continue;
-            }
-            if p == me {
-                self.holder(i).store(0, Ordering::Relaxed);
-                continue;
-            }
-            if holds(p) {
-                others = true;
-            } else {
-                self.holder(i).store(0, Ordering::Relaxed);
-            }
-        }
+        let others = self.holders.leave(me, control);
         if others || !self.inheritable() {
             return others;
         }
@@ -534,21 +517,19 @@ impl Conn {
         in_flags & FLAG_RESET != 0 && out_flags & FLAG_RESET == 0 || died
     }
 
-    /// The application shut down reading (`READ_SHUT`).
+    /// The application shut down reading (`READ_SHUT`), before the rings hear of it (the
+    /// caller's `shutdown_as_tcp`), so that the sleepers that shutdown wakes, here and in the
+    /// other holders, find it.
     pub fn shut_read(&self) {
-        self.read_shut_here.store(true, Ordering::Relaxed);
         self.raise_socket_flag(READ_SHUT);
     }
 
     /// Whether reading is shut down; one another holder of the connection (a fork copy) shut
     /// down is taken into this process's rings here, the first time it is seen, so that reads
-    /// here answer as after a shutdown of our own.
+    /// here answer as after a shutdown of our own (`Shm::adopt_shared_read_shut`, which the
+    /// rings' own reads ask as well: a read asleep when the shutdown came wakes to it).
     pub fn adopt_read_shut(&self) -> bool {
-        let shut = self.socket_flag(READ_SHUT);
-        if shut && !self.read_shut_here.swap(true, Ordering::Relaxed) {
-            self.shm.shutdown_as_tcp(true, false);
-        }
-        shut
+        self.shm.adopt_shared_read_shut()
     }
 
     /// `SO_RCVLOWAT` (`n` >= 1).
@@ -718,6 +699,9 @@ impl Conn {
         if self.socket_flag(WROTE_AFTER_CLOSE) {
             gone |= RESET_EDGE;
         }
+        if self.socket_flag(READ_SHUT) {
+            gone |= READ_SHUT_EDGE;
+        }
         // Relaxed (`RingState::relaxed`): a change is only a hint to look; `ready` loads the
         // views that order the data.
         let (inc, out) = (RingState::relaxed(&self.w.incoming), RingState::relaxed(&self.w.outgoing));
@@ -834,6 +818,7 @@ impl Drop for Conn {
             // A holder that exec'd may not have read the handover file yet: leave it unchanged.
             handover_file::forget(self.raw[3], others);
             handover_file::closing(&self.raw);
+            self.holders.set_inheritable(false);
         }
         if others {
             // Another process (fork) still uses this connection: release our copy only, so the
@@ -871,6 +856,9 @@ impl Drop for Conn {
             }
             // SAFETY: dropped exactly once, here.
             unsafe { ManuallyDrop::drop(&mut self.shm) };
+            // No process holds the connection any more, and the rings no longer look at the
+            // page's read-shutdown word (`share_read_shut`): the page goes back.
+            self.holders.release();
             // The carrier never carried a byte (spec/WIRE.md section 3: FIN or RST only). Closed
             // with FIN by the client, which closes first in a connection per request, it would
             // leave a TIME_WAIT on the client's bound port for a minute, and `bind` (unlike
@@ -895,7 +883,5 @@ impl Drop for Conn {
                 };
             }
         }
-        // SAFETY: our holders page, unmapped once.
-        unsafe { libc::syscall(libc::SYS_munmap, self.holders, 4096) };
     }
 }

@@ -185,6 +185,7 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
             deadline: Instant::now() + timeout(),
             peer,
             self_served: self_served.then_some(target),
+            pid: colo_sys::host::pid(),
         })),
         Err(e) => {
             let why = if adapt::set_up_failed(&e) { colo_sys::preload::shortage() } else { String::new() };
@@ -227,7 +228,7 @@ fn connect_elsewhere(b: BorrowedFd<'_>, peer: SocketAddr, dir: &std::path::Path)
         let Some(local) = rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a)) else { return done(0) };
         match netns::propose(b, dir, local, peer, geometry()) {
             Dialed::Offered(offer) => Prepared::Connected {
-                pending: Some(Box::new(Pending { offer: *offer, deadline: Instant::now() + timeout(), peer, self_served: None })),
+                pending: Some(Box::new(Pending { offer: *offer, deadline: Instant::now() + timeout(), peer, self_served: None, pid: colo_sys::host::pid() })),
                 errno: 0,
             },
             Dialed::Plain(why) => {
@@ -470,8 +471,13 @@ pub fn resolve_fd(fd: i32) {
 }
 
 /// A pending connection is closed before it was decided: abandon the offer, or, if the server
-/// already claimed it, close the shared-memory connection cleanly (FIN).
+/// already claimed it, close the shared-memory connection cleanly (FIN). A fork child's copy,
+/// while the process that dialed lives, is only let go of: that process still holds the
+/// connection and decides it (over TCP a copy's close does nothing to the connection).
 pub fn close_pending(p: Box<Pending>) {
+    if p.pid != colo_sys::host::pid() && crate::conn::holders::alive(p.pid) {
+        return;
+    }
     if p.offer.abandon() == Abandon::Claimed {
         let _ = p.offer.wait_answer(Duration::from_millis(200));
         let est = p.offer.established();

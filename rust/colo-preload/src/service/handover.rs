@@ -14,6 +14,8 @@
 //! `colo run` warns about such programs.
 
 use crate::base::log::log_info;
+use crate::conn::holders::Page;
+use crate::conn::holders_file;
 use crate::conn::options;
 use crate::conn::state::Conn;
 use crate::conn::table::{self, Entry};
@@ -95,7 +97,7 @@ fn set(conn: &Arc<Conn>, inheritable: bool, sock: BorrowedFd<'_>) {
         return;
     }
     let Ok(st) = rustix::fs::fstat(sock) else { return };
-    let r = Record { sock_ino: st.st_ino, memfd, control, own_bell, self_bell, role: conn.shm().role() };
+    let r = Record { sock_ino: st.st_ino, memfd, control, own_bell, self_bell, role: conn.shm().role(), holders: conn.holders_index() };
     handover_file::add(r);
 }
 
@@ -105,6 +107,7 @@ pub fn take_back() {
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return };
     let mut files = Vec::new();
     let mut relayed_files = Vec::new();
+    let mut holders_files = Vec::new();
     let mut sockets: Vec<(u64, i32)> = Vec::new();
     for e in dir.flatten() {
         let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
@@ -114,6 +117,8 @@ pub fn take_back() {
             files.push(fd);
         } else if link.starts_with(&format!("/memfd:{}", relayed::FILE_NAME)) {
             relayed_files.push(fd);
+        } else if link.starts_with(&format!("/memfd:{}", holders_file::NAME)) {
+            holders_files.push(fd);
         } else if link.starts_with(&format!("/memfd:{}", app_nofile::FILE_NAME)) {
             // SAFETY: an inherited descriptor nobody else in this image owns (the application
             // does not know it exists); `inherit` keeps or closes it.
@@ -123,6 +128,15 @@ pub fn take_back() {
                 sockets.push((ino, fd));
             }
         }
+    }
+    // The holders file (`conn::holders_file`): ours from now on, if there is exactly one (the
+    // records name pages by index, in the one file); else every page named is left alone.
+    let one = holders_files.len() == 1;
+    let mut pages_named = false;
+    for fd in holders_files {
+        // SAFETY: an inherited descriptor nobody else in this image owns; adopted or closed.
+        let f = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        pages_named = one && holders_file::adopt(f);
     }
     let mut records = Vec::new();
     for fd in files {
@@ -139,7 +153,7 @@ pub fn take_back() {
             }
             buf.extend_from_slice(&chunk[..n]);
         }
-        records.extend(buf.chunks_exact(RECORD_LEN).filter_map(Record::decode));
+        records.extend(buf.chunks_exact(RECORD_LEN).filter_map(Record::decode).map(|r| Record { holders: r.holders.filter(|_| pages_named), ..r }));
     }
     // Connections an earlier image relayed whose sockets are still open here.
     let mut relayed: Vec<Names> = Vec::new();
@@ -184,6 +198,9 @@ fn take_back_one(r: Record, socks: &[i32]) -> Option<Names> {
     // SAFETY: inherited descriptors recorded for this connection, open (checked above), owned
     // by no one else in this image.
     let [memfd, control, own_bell, self_bell] = fds.map(|fd| unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+    // The holders page the earlier image shared (`conn::holders`), in the holders file it
+    // handed over (adopted by `take_back`), if that is a page in use there.
+    let page = r.holders.and_then(Page::inherited);
     let Some(&first) = socks.first() else {
         // The application closed (or made close-on-exec) the socket before exec: the connection
         // ends here (closing the control socket tells the peer).
@@ -197,27 +214,27 @@ fn take_back_one(r: Record, socks: &[i32]) -> Option<Names> {
         }
     };
     // Standard I/O goes through libc's own calls, which the shim never sees (see `stdio`).
-    let est = if stdio::is_stdio(socks) {
+    let (est, page) = if stdio::is_stdio(socks) {
         let peer = est.peer;
-        match stdio::relay(est, socks) {
+        match stdio::relay(est, socks, page) {
             Ok(names) => {
                 log_info(format_args!("exec: connection to {peer} on fd {first} is standard I/O: relayed over loopback TCP"));
                 return names;
             }
             Err(failed) => {
-                let (est, why) = *failed;
+                let (est, why, page) = *failed;
                 log_info(format_args!("exec: connection to {peer} on fd {first} is standard I/O, not relayed: {why}"));
-                est
+                (est, page)
             }
         }
     } else {
-        est
+        (est, page)
     };
     // SAFETY: the application's socket, open (listed in /proc/self/fd just now).
     let b = unsafe { BorrowedFd::borrow_raw(first) };
     let nonblocking = rustix::fs::fcntl_getfl(b).map(|f| f.contains(rustix::fs::OFlags::NONBLOCK)).unwrap_or(false);
     let peer = est.peer;
-    let conn = match Conn::resume(est, nonblocking) {
+    let conn = match Conn::resume(est, nonblocking, page) {
         Ok(c) => Arc::new(c),
         Err(e) => {
             log_info(format_args!("exec: connection to {peer} not taken back: {e}"));

@@ -27,7 +27,7 @@ use crate::conn::io::{conn_recv, conn_send};
 use crate::conn::regs;
 use crate::conn::state::Conn;
 use crate::conn::table::{self, Entry};
-use crate::service::stdio::{close_all_but, loopback_pair};
+use crate::service::stdio::{close_all_but, loopback_pair, program_closed};
 use colo_sys::{AsRawFd, BorrowedFd, OwnedFd};
 use rustix::net;
 use std::sync::Arc;
@@ -43,19 +43,36 @@ pub fn hand_on(conn: &Arc<Conn>, socks: &[i32]) -> Result<(), String> {
     let carrier = rustix::io::fcntl_dupfd_cloexec(orig, 3).map_err(|e| format!("no copy of the carrier: {e}"))?;
     let status = rustix::fs::fcntl_getfl(orig).unwrap_or(rustix::fs::OFlags::empty());
     let _ = rustix::fs::fcntl_setfl(&app, status & rustix::fs::OFlags::NONBLOCK);
+    // This process (a `vfork` child's own pid), which may exec a program that writes: a
+    // holder's write made after it exited waits for the relay to forward what it wrote.
+    let relayed = Relayed {
+        program: rustix::process::getpid().as_raw_nonzero().get() as u32,
+        app_ino: rustix::fs::fstat(&app).map_or(0, |st| st.st_ino),
+        slot: None,
+    };
+    let relayed = Relayed { slot: conn.holders().claim_relay(relayed.program), ..relayed };
+    let release = || {
+        if let Some(slot) = relayed.slot {
+            conn.holders().relay_done(slot, relayed.program);
+        }
+    };
     // The relay says it started once it is a recorded holder (its fork handler ran).
-    let (said, say) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+    let (said, say) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| {
+        release();
+        format!("pipe: {e}")
+    })?;
     // SAFETY: libc's `fork`, whose handlers (the shim's and libc's) leave the child's copy of the
     // shim's state whole and unlocked; the child runs only the relay.
     let child = unsafe { crate::real::fork() };
     if child < 0 {
+        release();
         return Err(format!("fork: {}", std::io::Error::last_os_error()));
     }
     if child == 0 {
         drop((said, app));
         // SAFETY: as above.
         if unsafe { crate::real::fork() } == 0 {
-            run(conn, relay_end, carrier, say);
+            run(conn, relay_end, carrier, say, relayed);
         }
         // SAFETY: ends the intermediate child at once, without running the image's exit code.
         unsafe { libc::_exit(0) };
@@ -73,6 +90,7 @@ pub fn hand_on(conn: &Arc<Conn>, socks: &[i32]) -> Result<(), String> {
     // is fine).
     unsafe { libc::waitpid(child, &mut wstatus, 0) };
     if !started {
+        release();
         return Err("the relay process could not be started".into());
     }
     let mine = !shares_memory();
@@ -105,9 +123,24 @@ pub fn hand_on(conn: &Arc<Conn>, socks: &[i32]) -> Result<(), String> {
     Ok(())
 }
 
+/// What the relay carries: whose writes, through which socket, in which slot of the holders
+/// page (`holders::Page::claim_relay`).
+#[derive(Clone, Copy)]
+struct Relayed {
+    /// The process whose descriptors the relay stands for (it may exec a program).
+    program: u32,
+    /// The inode of its end of the loopback connection.
+    app_ino: u64,
+    slot: Option<usize>,
+}
+
 /// The relay process: never returns.
-fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd) -> ! {
+fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relayed) -> ! {
     let _ = rustix::process::setsid();
+    let me = colo_sys::host::pid();
+    if let Some(slot) = relayed.slot {
+        conn.holders().relay_started(slot, me);
+    }
     // This process's fork handler has made it a holder: the parent may let go of its copy now.
     let _ = rustix::io::write(&say, &[1]);
     drop(say);
@@ -131,6 +164,9 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd) -> ! {
                     Err(rustix::io::Errno::INTR) => {}
                     Err(rustix::io::Errno::CONNRESET) => {
                         conn.shm().abort();
+                        if let Some(slot) = relayed.slot {
+                            conn.holders().relay_done(slot, relayed.program);
+                        }
                         return;
                     }
                     Ok(0) | Err(_) => break,
@@ -146,12 +182,27 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd) -> ! {
                     }
                 }
             }
+            // The program closed its end while another process holds the connection (a parent
+            // that forked it, which writes next): the relay leaves the connection to it, with no
+            // FIN, and the peer's bytes not yet sent on stay in the ring for it.
+            let others = program_closed(relayed.program, relayed.app_ino) && conn.holders().leave(me, control);
+            if let Some(slot) = relayed.slot {
+                conn.holders().relay_done(slot, relayed.program);
+            }
+            if others {
+                // SAFETY: ends the relay without running the program's exit handlers; the
+                // connection's descriptors close here, while another process holds it.
+                unsafe { libc::_exit(0) };
+            }
             conn.shm().shutdown_as_tcp(false, true);
         });
-        // The peer's bytes toward the program, from the first one this side has not read.
+        // The peer's bytes toward the program, from the first one this side has not read; each
+        // waited for with a peek and taken only then, so that a relay that leaves (its process
+        // exits) while it waits leaves them in the ring.
         let mut buf = vec![0u8; 64 * 1024];
         'down: loop {
-            match conn_recv(conn, &mut buf, 0) {
+            let peeked = conn_recv(conn, &mut buf, libc::MSG_PEEK);
+            match peeked.and_then(|n| if n == 0 { Ok(0) } else { conn_recv(conn, &mut buf[..n], 0) }) {
                 Ok(0) => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {

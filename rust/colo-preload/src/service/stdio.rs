@@ -16,9 +16,15 @@
 //! status flags and close-on-exec flags on the same numbers, whose `getsockname` and
 //! `getpeername` answer the connection's addresses (`record::relayed`; the kernel's tables, and
 //! an image after another `exec`, show the relay's loopback ones); what differs is the time its
-//! writes reach the ring: after `write` returns, so a process sharing the connection directly
-//! that writes right after the program exits may overtake the program's last bytes. A peer's
-//! reset is passed on as a reset.
+//! writes reach the ring: after `write` returns. So the relay holds a slot of the connection's
+//! holders page (`conn::holders`, when the page came along across `exec`) from before the
+//! program runs until it has forwarded the program's end of stream, and a write (or a shutdown
+//! of writing) by another holder, once the program has exited, waits for that: a parent that
+//! waits for its child and then writes comes after every byte the child wrote, as over TCP.
+//! The relay is a holder of the connection like the others: it takes turns writing, and when
+//! the program has closed its end (not only shut down writing) while another process holds the
+//! connection, it leaves without ending the connection and without reading more of the peer's
+//! bytes, which are the other holder's to read. A peer's reset is passed on as a reset.
 //!
 //! The relay is a grandchild of the program, orphaned at once (the program never sees a child
 //! it did not make, nor its exit status), in a session of its own (a terminal's signals for the
@@ -26,6 +32,9 @@
 //! both directions have ended, then closes them, which ends the connection for the peer.
 
 use crate::base::env::spin;
+use crate::conn::holders::{self, Page, TURN, TURN_WAITERS};
+use crate::conn::holders_file;
+use crate::conn::turns;
 use crate::record::relayed::{Names, Raw};
 use colo::internal::carrier::Established;
 use colo_sys::{AsRawFd, BorrowedFd, OwnedFd};
@@ -38,22 +47,25 @@ pub fn is_stdio(socks: &[i32]) -> bool {
     socks.iter().any(|&fd| (0..=2).contains(&fd))
 }
 
+/// A relay that could not be set up: the connection and the holders page handed back, and why.
+pub type Failed = Box<(Established, String, Option<Page>)>;
+
 /// Gives each of `socks` a loopback TCP connection whose other end a relay process joins to the
 /// connection `est` (see the module's comment), and returns the connection's addresses for
 /// `record::relayed`. On failure nothing has changed, and the caller keeps the connection as it
 /// would have.
-pub fn relay(est: Established, socks: &[i32]) -> Result<Option<Names>, Box<(Established, String)>> {
-    let Some(&first) = socks.first() else { return Err(Box::new((est, "no socket".into()))) };
+pub fn relay(est: Established, socks: &[i32], page: Option<Page>) -> Result<Option<Names>, Failed> {
+    let Some(&first) = socks.first() else { return Err(Box::new((est, "no socket".into(), page))) };
     let (app, relay_end) = match loopback_pair(est.local.is_ipv6()) {
         Ok(p) => p,
-        Err(e) => return Err(Box::new((est, format!("no loopback pair: {e}")))),
+        Err(e) => return Err(Box::new((est, format!("no loopback pair: {e}"), page))),
     };
     // SAFETY: the application's socket, open (listed in /proc/self/fd by the caller).
     let orig = unsafe { BorrowedFd::borrow_raw(first) };
     // The carrier stays open in the relay for as long as the connection (spec/WIRE.md 3.4).
     let carrier = match rustix::io::fcntl_dupfd_cloexec(orig, 3) {
         Ok(c) => c,
-        Err(e) => return Err(Box::new((est, format!("no copy of the carrier: {e}")))),
+        Err(e) => return Err(Box::new((est, format!("no copy of the carrier: {e}"), page))),
     };
     // The addresses the program saw before the relay, as the kernel gives them.
     let names = (|| {
@@ -62,30 +74,44 @@ pub fn relay(est: Established, socks: &[i32]) -> Result<Option<Names>, Box<(Esta
         Some((local, peer))
     })();
     let status = rustix::fs::fcntl_getfl(orig).unwrap_or(rustix::fs::OFlags::empty());
+    // The program's end, as the relay finds it in the program's descriptors (`Relay::closed`).
+    let app_ino = rustix::fs::fstat(&app).map_or(0, |st| st.st_ino);
+    let program = colo_sys::host::pid();
+    // Taken before the program runs: a holder's write waits for it once the program exited.
+    let slot = page.as_ref().and_then(|p| p.claim_relay(program));
+    let release = |page: &Option<Page>| {
+        if let (Some(p), Some(slot)) = (page, slot) {
+            p.relay_done(slot, program);
+        }
+    };
     let _ = rustix::fs::fcntl_setfl(&app, status & rustix::fs::OFlags::NONBLOCK);
     // The intermediate child says whether the relay started (its exit status may be out of
     // reach: with SIGCHLD ignored, which `exec` keeps, the kernel reaps it at once).
     let (said, say) = match rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC) {
         Ok(p) => p,
-        Err(e) => return Err(Box::new((est, format!("pipe: {e}")))),
+        Err(e) => {
+            release(&page);
+            return Err(Box::new((est, format!("pipe: {e}"), page)));
+        }
     };
     // SAFETY: the libc `fork` the shim wraps, in the constructor of a new image, before the
     // program's `main`: its atfork handlers are the shim's and libc's own.
     let child = unsafe { crate::real::fork() };
     if child < 0 {
-        return Err(Box::new((est, format!("fork: {}", std::io::Error::last_os_error()))));
+        release(&page);
+        return Err(Box::new((est, format!("fork: {}", std::io::Error::last_os_error()), page)));
     }
     if child == 0 {
         drop(said);
         // SAFETY: as above; in the child of a single-threaded constructor.
         let relay_pid = unsafe { crate::real::fork() };
         if relay_pid == 0 {
-            drop(say);
-            run(est, relay_end, carrier);
+            colo_sys::host::forget_pid();
+            let relay = Relay { page, slot, program, app_ino };
+            run(est, relay_end, carrier, relay, say);
         }
-        if relay_pid > 0 {
-            let _ = rustix::io::write(&say, &[1]);
-        }
+        // The relay says it started, once it is a holder of the connection (a holder that
+        // closes meanwhile sees it); this child ends at once, its copy of `say` with it.
         // SAFETY: ends the intermediate child at once, without running the image's exit code.
         unsafe { libc::_exit(0) };
     }
@@ -102,7 +128,8 @@ pub fn relay(est: Established, socks: &[i32]) -> Result<Option<Names>, Box<(Esta
     // ECHILD under an ignored SIGCHLD is fine).
     unsafe { libc::waitpid(child, &mut status, 0) };
     if !started {
-        return Err(Box::new((est, "the relay process could not be started".into())));
+        release(&page);
+        return Err(Box::new((est, "the relay process could not be started".into(), page)));
     }
     for &fd in socks {
         // SAFETY: the application's descriptor, open.
@@ -115,7 +142,7 @@ pub fn relay(est: Established, socks: &[i32]) -> Result<Option<Names>, Box<(Esta
         unsafe { libc::syscall(libc::SYS_dup3, app.as_raw_fd(), fd, flags) };
     }
     let ino = rustix::fs::fstat(&app).map(|st| st.st_ino);
-    drop((est, app, relay_end, carrier));
+    drop((est, app, relay_end, carrier, page));
     Ok(names.zip(ino.ok()).map(|((local, peer), ino)| Names { ino, local, peer }))
 }
 
@@ -144,9 +171,50 @@ pub(crate) fn loopback_pair(v6: bool) -> std::io::Result<(OwnedFd, OwnedFd)> {
     Ok((app, relay_end))
 }
 
+/// What the relay process knows of the connection's other holders.
+struct Relay {
+    /// The connection's holders page, if it came along across `exec`.
+    page: Option<Page>,
+    /// The slot of the page the relay holds until the program's end of stream is forwarded.
+    slot: Option<usize>,
+    /// The program's pid.
+    program: u32,
+    /// The inode of the program's end of the loopback connection.
+    app_ino: u64,
+}
+
+impl Relay {
+    /// After the program's end of stream: whether the program closed its end (exited, or
+    /// closed every descriptor of it), rather than only shutting down writing.
+    fn closed(&self) -> bool {
+        program_closed(self.program, self.app_ino)
+    }
+}
+
+/// Whether `program` (a pid) closed its end of a relay's loopback connection (socket inode
+/// `app_ino`): exited, or closed every descriptor of it, rather than only shut down writing.
+pub(crate) fn program_closed(program: u32, app_ino: u64) -> bool {
+    if !holders::running(program) {
+        return true;
+    }
+    let link = format!("socket:[{app_ino}]");
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{program}/fd")) else { return true };
+    !dir.flatten().any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == link.as_str()))
+}
+
 /// The relay process: never returns.
-fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd) -> ! {
+fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, say: OwnedFd) -> ! {
     let _ = rustix::process::setsid();
+    let me = colo_sys::host::pid();
+    let control = est.fds.control.as_raw_fd();
+    if let Some(p) = &relay.page {
+        p.add_holder(me);
+        if let Some(slot) = relay.slot {
+            p.relay_started(slot, me);
+        }
+    }
+    let _ = rustix::io::write(&say, &[1]);
+    drop(say);
     // Nothing of the program's but the connection: its other descriptors (pipes, sockets,
     // files) must close when the program closes them.
     let keep = [
@@ -156,6 +224,7 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd) -> ! {
         est.fds.own_bell.as_raw_fd(),
         est.fds.self_bell.as_raw_fd(),
         est.memfd,
+        holders_file::fd().unwrap_or(-1),
     ];
     close_all_but(&keep);
     // 0, 1 and 2 taken by /dev/null, so that nothing the relay opens later (an eventfd of the
@@ -169,6 +238,9 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd) -> ! {
         Err(_) => unsafe { libc::_exit(1) },
     };
     let mut reset = false;
+    // The program closed its end while another process holds the connection: the relay leaves
+    // it to that process (no FIN, and the peer's bytes stay in the ring for it).
+    let leave = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
         // The program's bytes toward the peer, its FIN as the connection's.
         s.spawn(|| {
@@ -178,18 +250,42 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd) -> ! {
                     Err(rustix::io::Errno::INTR) => {}
                     Ok(0) | Err(_) => break,
                     Ok(n) => {
+                        // A turn per write, as the other holders take (`turns`).
+                        let _turn = relay.page.as_ref().map(|p| turns::take(p.word(TURN), p.word(TURN_WAITERS)));
                         if shm.write_all(&buf[..n]).is_err() {
                             break;
                         }
                     }
                 }
             }
-            shm.shutdown(false, true);
+            let page = relay.page.as_ref();
+            // Taken off the holders before a waiting writer goes on (`relay_done`): a holder
+            // that writes and closes then knows it is the last.
+            let others = relay.closed() && page.is_some_and(|p| p.leave(me, control));
+            if let (Some(p), Some(slot)) = (page, relay.slot) {
+                p.relay_done(slot, relay.program);
+            }
+            if others {
+                // SYNC POINT: Release, with the Acquire load in the reading loop below.
+                leave.store(true, std::sync::atomic::Ordering::Release);
+                // A read shutdown of the relay's own (no other holder's), which wakes its
+                // reading loop, asleep for the peer's next bytes.
+                shm.shutdown_as_tcp(true, false);
+            } else {
+                shm.shutdown(false, true);
+            }
         });
-        // The peer's bytes toward the program, from the first one this side has not read.
+        // The peer's bytes toward the program, from the first one this side has not read. Each
+        // is taken from the ring only once sent on (peeked first): a relay that leaves leaves
+        // the rest in the ring.
         let mut buf = vec![0u8; 64 * 1024];
         'down: loop {
-            match shm.read(&mut buf) {
+            let peeked = shm.peek(&mut buf);
+            // SYNC POINT with the Release store above.
+            if leave.load(std::sync::atomic::Ordering::Acquire) {
+                break;
+            }
+            match peeked.and_then(|n| if n == 0 { Ok(0) } else { shm.read(&mut buf[..n]) }) {
                 Ok(0) => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
@@ -217,7 +313,19 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd) -> ! {
             let _ = net::shutdown(&tcp, net::Shutdown::Write);
         }
     });
+    if leave.load(std::sync::atomic::Ordering::Relaxed) {
+        // Another holder has the connection: exiting closes the relay's descriptors, and the
+        // rings are left as they are (no FIN; the peer sees no hang-up while that holder lives).
+        // SAFETY: ends the relay without running the program's exit handlers.
+        unsafe { libc::_exit(0) };
+    }
+    // Whether another process still holds the connection: if none, the page goes back once
+    // the rings are done with it.
+    let last = relay.page.as_ref().is_some_and(|p| !p.leave(me, control));
     drop(shm);
+    if let (true, Some(p)) = (last, &relay.page) {
+        p.release();
+    }
     drop((tcp, carrier));
     // SAFETY: ends the relay without running the program's exit handlers.
     unsafe { libc::_exit(0) }

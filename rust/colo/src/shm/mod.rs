@@ -143,6 +143,11 @@ pub struct Shm {
     held: Vec<std::sync::atomic::AtomicBool>,
     role: Role,
     state: AtomicU32,
+    /// A word outside the segment that every process holding this side shares (the LD_PRELOAD
+    /// shim's holders page, kept by fork copies) and the bit in it that says one of them shut
+    /// down reading (`Shm::share_read_shut`); null: none.
+    shared_read_shut: std::sync::atomic::AtomicPtr<AtomicU32>,
+    shared_read_shut_bit: AtomicU32,
     nonblocking: AtomicBool,
     /// A non-blocking operation drained a ring that may have been meant for the other half.
     swallowed: AtomicBool,
@@ -318,6 +323,8 @@ impl Shm {
             releases: Mutex::new(releases),
             role,
             state: AtomicU32::new(0),
+            shared_read_shut: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
+            shared_read_shut_bit: AtomicU32::new(0),
             nonblocking: AtomicBool::new(false),
             swallowed: AtomicBool::new(false),
             wakers: [const { AtomicU64::new(0) }; WAKERS],

@@ -46,7 +46,7 @@ impl Shm {
     }
 
     fn try_read(&self, rx: &mut RxHalf, buf: &mut [u8], peek: bool) -> io::Result<Option<usize>> {
-        if self.has(READ_SHUT) {
+        if self.has(READ_SHUT) || self.adopt_shared_read_shut() {
             return self.read_after_shutdown(rx, buf, peek).map(Some);
         }
         self.adopt_rx(rx);

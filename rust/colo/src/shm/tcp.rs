@@ -3,6 +3,7 @@
 //! blocking calls that a signal handler interrupts.
 
 use super::{RxHalf, Shm, READ_SHUT, READ_TOLD, RESET, WRITE_SHUT};
+use colo_ring::sync::{AtomicU32, Ordering};
 use std::io;
 
 /// Whether a blocking wait that a signal handler interrupted ends with `EINTR` (true) or goes
@@ -51,6 +52,42 @@ impl Shm {
             // A thread of ours blocked in read must see the shutdown now.
             self.wake_self();
         }
+    }
+
+    /// Shares the read shutdown with the other processes holding this side (fork copies): bit
+    /// `bit` of `word` says that one of them shut down reading, as a kernel socket's read
+    /// shutdown holds for every process holding it. A read here takes it as a shutdown of our
+    /// own (`adopt_shared_read_shut`); the holder that shut down wakes our sleepers through the
+    /// bells and the futex word it shares with us (`wake_self`), and each holder that takes the
+    /// shutdown in wakes them again, so that a ring another holder's drain took is rung anew.
+    ///
+    /// # Safety
+    /// `word` must stay valid (mapped, and only ever accessed atomically) for as long as this
+    /// `Shm` is used.
+    pub unsafe fn share_read_shut(&self, word: *const AtomicU32, bit: u32) {
+        self.shared_read_shut_bit.store(bit, Ordering::Relaxed);
+        // SYNC POINT: Release, with the Acquire load in `adopt_shared_read_shut`: the bit is
+        // stored before the word is published.
+        self.shared_read_shut.store(word.cast_mut(), Ordering::Release);
+    }
+
+    /// Whether another holder of this side shut down reading (`share_read_shut`); taken in as
+    /// our own read shutdown the first time it is seen (which wakes our own sleepers in turn).
+    pub fn adopt_shared_read_shut(&self) -> bool {
+        // SYNC POINT with the Release store in `share_read_shut`.
+        let word = self.shared_read_shut.load(Ordering::Acquire);
+        if word.is_null() {
+            return false;
+        }
+        // SAFETY: the caller of `share_read_shut` keeps the word valid while we are used.
+        let word = unsafe { &*word };
+        // Relaxed: the bit is the whole message; the bytes a read after it returns are ordered
+        // by the ring's own loads.
+        let shut = word.load(Ordering::Relaxed) & self.shared_read_shut_bit.load(Ordering::Relaxed) != 0;
+        if shut && !self.has(READ_SHUT) {
+            self.shutdown_as_tcp(true, false);
+        }
+        shut
     }
 
     /// A read after our read shutdown: end of stream once the peer was told (it writes no

@@ -1,8 +1,9 @@
 //! The handover file's record format (see `super`): one inheritable connection in 32
-//! little-endian bytes. Its bytes come from an earlier program image (which hands on a read-only
-//! descriptor of a file only its uid may open for writing); still, `decode` accepts any 32
-//! bytes without panicking and returns `None` for a role it does not know, and the caller
-//! checks the descriptors it names.
+//! little-endian bytes (byte 24 the role; byte 25 says whether bytes 28 to 31 name the page of
+//! the holders file that holds the connection's holders page). Its bytes come from an earlier
+//! program image (which hands on a read-only descriptor of a file only its uid may open for
+//! writing); still, `decode` accepts any 32 bytes without panicking and returns `None` for a
+//! role it does not know, and the caller checks the descriptors and pages it names.
 
 use colo::internal::segment::Role;
 use colo_sys::RawFd;
@@ -17,6 +18,9 @@ pub(crate) struct Record {
     pub(crate) own_bell: RawFd,
     pub(crate) self_bell: RawFd,
     pub(crate) role: Role,
+    /// The index of the connection's holders page in the holders file handed over beside the
+    /// handover file (`conn::holders_file`), if it has one there.
+    pub(crate) holders: Option<u32>,
 }
 
 pub(crate) const RECORD_LEN: usize = 32;
@@ -29,6 +33,10 @@ impl Record {
             b[8 + 4 * i..12 + 4 * i].copy_from_slice(&fd.to_le_bytes());
         }
         b[24] = if self.role == Role::Client { 1 } else { 2 };
+        if let Some(index) = self.holders {
+            b[25] = 1;
+            b[28..32].copy_from_slice(&index.to_le_bytes());
+        }
         b
     }
 
@@ -47,6 +55,7 @@ impl Record {
             own_bell: fd(2),
             self_bell: fd(3),
             role,
+            holders: (b[25] == 1).then(|| fd(5) as u32),
         })
     }
 }

@@ -1,0 +1,266 @@
+//! The holders page of a connection: one page of shared memory that every process holding the
+//! connection maps (the list of holders, the writers' turn, the socket's own flags: see
+//! `Conn`), as a kernel socket's state is one for every process holding it.
+//!
+//! The pages live in this process's holders file (`holders_file`), one memfd for all its
+//! connections: a fork copy shares a page by inheriting the file's mapping, a copy handed over
+//! across `exec` by the page's index, named in the handover file, in the same file, which the
+//! next image inherits and maps. A connection whose page could not be had there (no file, or
+//! every page in use) has an anonymous page of its own: fork copies share it, images exec'd
+//! from it start pages of their own.
+
+use crate::conn::holders_file;
+use colo_sys::RawFd;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The page's size in bytes.
+pub const PAGE: usize = 4096;
+
+// The page's layout, in 32-bit words.
+/// Words 0 to `HOLDERS - 1`: the pids of the processes holding the connection (0: free); a copy
+/// closed while another process still holds it is released quietly (`Conn`'s `Drop`).
+pub const HOLDERS: usize = 64;
+/// The writers' turn (`turns`) and how many wait for it.
+pub const TURN: usize = HOLDERS;
+pub const TURN_WAITERS: usize = HOLDERS + 1;
+/// The socket's own flags (`Conn::socket_flags`).
+pub const SOCKET_FLAGS: usize = HOLDERS + 2;
+/// Non-zero once a second process held the connection (`Page::ever_shared`): sticky, as holder
+/// words are freed and reused in any order.
+const SHARED: usize = HOLDERS + 3;
+/// A lock (`turns`) and its waiters' count, held while a holder decides whether it is the last
+/// (`Page::leave`): of two holders leaving at once, one sees the other gone.
+const LEAVING: usize = HOLDERS + 4;
+const LEAVING_WAITERS: usize = HOLDERS + 5;
+/// `RELAY_SLOTS` pairs of words from here: a relayed program's pid and its relay's
+/// (`Page::claim_relay`).
+const RELAYS: usize = HOLDERS + 8;
+const RELAY_SLOTS: usize = 4;
+
+/// How long a write waits at most for a relay to forward what its exited program wrote
+/// (`Page::wait_forwarded`): a relay that holds on (a process the program left behind keeps its
+/// standard output open) costs the first write after it that long, once.
+const FORWARD_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long one sleep of that wait lasts before the relay's life is checked again.
+const FORWARD_CHECK: std::time::Duration = std::time::Duration::from_millis(5);
+
+pub struct Page {
+    words: *const AtomicU32,
+    /// The page's index in the holders file (`holders_file`); 0: an anonymous page of its own.
+    index: u32,
+}
+
+// SAFETY: `words` points into a mapping that lives as long as this value (the holders file's,
+// never unmapped, or an anonymous one this value owns); all accesses through it are atomic.
+unsafe impl Send for Page {}
+// SAFETY: as for `Send`: what the pointer reaches is only ever accessed atomically.
+unsafe impl Sync for Page {}
+
+impl Page {
+    /// A zeroed page: one of the holders file's, or else an anonymous one.
+    pub fn new() -> std::io::Result<Page> {
+        if let Some((index, words)) = holders_file::alloc() {
+            return Ok(Page { words, index });
+        }
+        // SAFETY: a fresh anonymous shared mapping of a page, unmapped by `Drop`.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Page { words: p as *const AtomicU32, index: 0 })
+    }
+
+    /// Page `index` of the holders file an earlier image handed over (`holders_file::adopt`),
+    /// if it is a page in use.
+    pub fn inherited(index: u32) -> Option<Page> {
+        holders_file::at(index).map(|words| Page { words, index })
+    }
+
+    /// The page's index in the holders file, if it is there (named in the handover record).
+    pub fn index(&self) -> Option<u32> {
+        Some(self.index).filter(|&i| i != 0)
+    }
+
+    /// The connection has ended: no process holds it any more. The page goes back to the
+    /// holders file.
+    pub fn release(&self) {
+        if self.index != 0 {
+            holders_file::release(self.index);
+        }
+    }
+
+    /// Word `i` of the page.
+    pub fn word(&self, i: usize) -> &AtomicU32 {
+        assert!(i < PAGE / 4);
+        // SAFETY: `i` is within the page, mapped while `self` lives.
+        unsafe { &*self.words.add(i) }
+    }
+
+    /// Whether another process has ever held the connection.
+    pub fn ever_shared(&self) -> bool {
+        self.word(SHARED).load(Ordering::Relaxed) != 0
+    }
+
+    /// Records that process `pid` holds a copy.
+    pub fn add_holder(&self, pid: u32) {
+        // Relaxed (all the holder words' accesses): a holder word is the whole message, a pid;
+        // nothing else is written before it or read on its strength (whether a process holds
+        // the connection is asked of /proc), so atomicity is all it needs.
+        if (0..HOLDERS).any(|i| self.word(i).load(Ordering::Relaxed) == pid) {
+            return;
+        }
+        for i in 0..HOLDERS {
+            if self.word(i).compare_exchange(0, pid, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+                if (0..HOLDERS).any(|j| j != i && self.word(j).load(Ordering::Relaxed) != 0) {
+                    self.word(SHARED).store(1, Ordering::Relaxed);
+                }
+                return;
+            }
+        }
+    }
+
+    /// Takes `pid` off the list.
+    pub fn remove_holder(&self, pid: u32) {
+        for i in 0..HOLDERS {
+            let _ = self.word(i).compare_exchange(pid, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a listed process other than `me` still holds the connection: it has the control
+    /// socket `control` (ours) open under the same number (a child that exec'd without the
+    /// connection, or released its copy, holds nothing). Processes found not to hold it are
+    /// taken off the list. (Not the segment memfd: the peer holds the same one, often under the
+    /// same number, as both shims move descriptors to the same floor, so a client forked by its
+    /// server would take the server for a holder and close without telling it.)
+    pub fn others_hold(&self, me: u32, control: RawFd) -> bool {
+        // SAFETY: the caller's control socket, open during this call.
+        let own = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(control) }).ok();
+        let holds = |pid: u32| match (rustix::fs::stat(format!("/proc/{pid}/fd/{control}")), &own) {
+            (Ok(st), Some(own)) => st.st_ino == own.st_ino && st.st_dev == own.st_dev,
+            (Err(rustix::io::Errno::NOENT), _) => false,
+            // Not allowed to look (another user): fall back to whether it lives.
+            _ => alive(pid),
+        };
+        let mut others = false;
+        for i in 0..HOLDERS {
+            let p = self.word(i).load(Ordering::Relaxed);
+            if p == 0 || p == me {
+                continue;
+            }
+            if holds(p) {
+                others = true;
+            } else {
+                let _ = self.word(i).compare_exchange(p, 0, Ordering::Relaxed, Ordering::Relaxed);
+            }
+        }
+        others
+    }
+
+    /// Takes `me` off the list; whether another listed process still holds the connection
+    /// (`others_hold`), decided under a lock, so that of two holders leaving at once the second
+    /// sees the first gone.
+    pub fn leave(&self, me: u32, control: RawFd) -> bool {
+        let _decision = crate::conn::turns::take(self.word(LEAVING), self.word(LEAVING_WAITERS));
+        let others = self.others_hold(me, control);
+        self.remove_holder(me);
+        others
+    }
+
+    /// A relay (`service::stdio`) is about to carry the standard output of `program` (a pid)
+    /// into the rings: the slot it takes, if one is free. Until the relay has forwarded the
+    /// program's end of stream (`relay_done`), a write of another holder made after the program
+    /// exited waits for it (`wait_forwarded`), as over TCP the program's writes were in the
+    /// socket before it exited.
+    pub fn claim_relay(&self, program: u32) -> Option<usize> {
+        // Relaxed (the slots' accesses, but for the Release in `relay_done`): the pids are the
+        // whole message.
+        let slot = (0..RELAY_SLOTS)
+            .find(|&i| self.word(RELAYS + 2 * i).compare_exchange(0, program, Ordering::Relaxed, Ordering::Relaxed).is_ok())?;
+        // No relay yet (the program runs meanwhile: nobody looks at this word).
+        self.word(RELAYS + 2 * slot + 1).store(0, Ordering::Relaxed);
+        Some(slot)
+    }
+
+    /// The relay process of slot `slot` is `relay` (a pid).
+    pub fn relay_started(&self, slot: usize, relay: u32) {
+        self.word(RELAYS + 2 * slot + 1).store(relay, Ordering::Relaxed);
+    }
+
+    /// The relay of slot `slot`, for `program`, has forwarded all the program wrote (or will
+    /// forward nothing more): writers waiting for it go on.
+    pub fn relay_done(&self, slot: usize, program: u32) {
+        let word = self.word(RELAYS + 2 * slot);
+        // SYNC POINT: Release, with the Acquire load in `wait_forwarded`: the forwarded bytes
+        // (the relay's writes to the ring, and its writing state) come before.
+        if word.compare_exchange(program, 0, Ordering::Release, Ordering::Relaxed).is_ok() {
+            colo_sys::futex::wake_all(word);
+        }
+    }
+
+    /// Waits (at most `FORWARD_WAIT`) until every relay whose program has exited has forwarded
+    /// that program's end of stream. A relay whose program still runs is not waited for: its
+    /// writes and ours are concurrent, as two processes' writes to one socket are. A relay that
+    /// died, or outlasts the wait, is forgotten (its slot freed).
+    pub fn wait_forwarded(&self) {
+        let mut deadline = None;
+        let me = colo_sys::host::pid();
+        for i in 0..RELAY_SLOTS {
+            let word = self.word(RELAYS + 2 * i);
+            loop {
+                // SYNC POINT with the Release in `relay_done`.
+                let program = word.load(Ordering::Acquire);
+                if program == 0 || running(program) {
+                    break;
+                }
+                let relay = self.word(RELAYS + 2 * i + 1).load(Ordering::Relaxed);
+                if relay == me {
+                    // The relay itself, forwarding what the program wrote (`service::relay`
+                    // writes through the connection).
+                    break;
+                }
+                let now = std::time::Instant::now();
+                let deadline = *deadline.get_or_insert(now + FORWARD_WAIT);
+                if relay != 0 && !alive(relay) || now >= deadline {
+                    let _ = word.compare_exchange(program, 0, Ordering::Relaxed, Ordering::Relaxed);
+                    break;
+                }
+                colo_sys::futex::wait(word, program, Some(FORWARD_CHECK.min(deadline - now)));
+            }
+        }
+    }
+
+    /// The connection becomes inheritable (or stops being): the holders file's descriptor goes
+    /// along across `exec` while any connection of the file is.
+    pub fn set_inheritable(&self, on: bool) {
+        if self.index != 0 {
+            holders_file::inheritable(on);
+        }
+    }
+}
+
+/// Whether process `pid` exists (a zombie too).
+pub fn alive(pid: u32) -> bool {
+    rustix::process::Pid::from_raw(pid as i32)
+        .is_some_and(|p| matches!(rustix::process::test_kill_process(p), Ok(()) | Err(rustix::io::Errno::PERM)))
+}
+
+/// Whether process `pid` exists and has not exited (not a zombie).
+pub fn running(pid: u32) -> bool {
+    match std::fs::read(format!("/proc/{pid}/stat")) {
+        // "PID (COMM) STATE ...": COMM may hold any byte, so the state follows the last ')'.
+        Ok(stat) => stat.iter().rposition(|&b| b == b')').and_then(|i| stat.get(i + 2)).is_some_and(|&st| st != b'Z'),
+        Err(_) => false,
+    }
+}
+
+impl Drop for Page {
+    fn drop(&mut self) {
+        if self.index == 0 {
+            // SAFETY: our anonymous mapping, unmapped once; nothing refers to it once `self` is
+            // gone. (A page of the holders file stays mapped with the whole file.)
+            unsafe { libc::syscall(libc::SYS_munmap, self.words, PAGE) };
+        }
+    }
+}
