@@ -20,10 +20,6 @@ for src in "$HERE"/c/*.c; do
   check "c/$name: its connections were accelerated (connect and accept)" sh -c \
     "grep -q 'connect .*: accelerated (shared memory)' '$WORK/c-$name.err' && grep -q 'accept .*: accelerated (shared memory)' '$WORK/c-$name.err'"
 done
-# A connection the kernel gave to an unrelated SO_REUSEPORT listener is decided as soon as it is
-# seen accepted there (before, it waited for the first process's offer to expire: 5 s).
-check "c/reuseport_foreign: the connection accepted by the other process was told at once" sh -c \
-  "grep -q 'accepted by a program that does not serve its rendezvous' '$WORK/c-reuseport_foreign.err' && ! grep -q 'not accelerated (Closed)' '$WORK/c-reuseport_foreign.err'"
 # Every number shifted by one inherited descriptor: the layout in which the shim's rendezvous,
 # when it still took a low number, was closed by spawn.c's dup2 onto fd 5 (spawn.c now picks a
 # number that is none of its own; sockets_basic.c checks the shim takes no low number).

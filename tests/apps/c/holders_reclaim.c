@@ -59,7 +59,7 @@ int main(int argc, char **argv) {
         if (p == 0) {
             /* Holds the connection until the parent closed its copy, then exits with it open. */
             close(go[1]);
-            read(go[0], &b, 1);
+            if (read(go[0], &b, 1) < 0) _exit(1);
             _exit(0);
         }
         close(go[0]);

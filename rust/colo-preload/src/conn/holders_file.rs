@@ -29,9 +29,12 @@ use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU8, AtomicUsize, 
 /// The memfd's name (`/proc/PID/fd` shows it; the next image looks for it).
 pub const NAME: &str = "colo-holders";
 
-/// Pages in the file (page 0 the bitmap): one bit of page 0 per page.
-pub const CAPACITY: usize = PAGE * 8;
-const BITMAP_WORDS: usize = PAGE / 4;
+/// Pages in the file (page 0 the bitmap, one bit per page): 8 MiB of address space, mapped once.
+/// A program may cap its address space (vsftpd's processes set `RLIMIT_AS`), and the mapping
+/// counts against it whether or not its pages hold memory. Beyond this many connections held at
+/// once, a connection's page is an anonymous one (`holders::Page`), not carried across `exec`.
+pub const CAPACITY: usize = 2048;
+const BITMAP_WORDS: usize = CAPACITY / 32;
 const LEN: usize = CAPACITY * PAGE;
 
 /// The file's state in this process: none yet, being made, ready, or not to be had.

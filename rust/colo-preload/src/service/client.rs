@@ -353,8 +353,10 @@ const FIRST_LOOK: Duration = Duration::from_millis(2);
 /// connection claims its offer and answers at once; an accepted connection still unanswered
 /// after this was taken by a program that does not serve this rendezvous (another process's
 /// listener in the same `SO_REUSEPORT` group, a program that accepts by raw system calls), which
-/// treats it as plain TCP and may be waiting for the client's first bytes.
-const ANSWER_AFTER_ACCEPT: Duration = Duration::from_millis(20);
+/// treats it as plain TCP and may be waiting for the client's first bytes. (A listener whose
+/// rendezvous another process holds asks that process for the offer first, for up to 25 ms:
+/// `server::guest`.)
+const ANSWER_AFTER_ACCEPT: Duration = Duration::from_millis(50);
 
 /// Waits for the answer to `p` (at most `left`) while the server's program is getting to the
 /// connection. Its answer comes when that program accepts the connection; over TCP a client
