@@ -21,7 +21,9 @@ use libc::{c_int, msghdr};
 use std::sync::Arc;
 
 /// After `recvmsg` filled `msg`: each listening TCP socket it received becomes a colo listener
-/// (`server::on_listen`).
+/// of this process's, as one inherited across `exec` does (`server::adopt_inherited`): nothing
+/// is bound until the program accepts on it, so a socket passed by anyone to a process that
+/// never uses it binds no rendezvous in its name.
 ///
 /// # Safety
 /// `msg` is the application's `msghdr`, as `recvmsg(2)` filled it.
@@ -31,13 +33,9 @@ pub unsafe fn after_recv(msg: *const msghdr) {
         if table::kind(fd) != table::NONE {
             continue;
         }
-        // SAFETY: a descriptor the kernel just installed in this process.
-        let b = unsafe { colo_sys::BorrowedFd::borrow_raw(fd) };
-        if rustix::net::sockopt::socket_acceptconn(b).unwrap_or(false) {
-            if let Some(g) = crate::base::guard::Guard::try_enter() {
-                server::on_listen(fd);
-                drop(g);
-            }
+        if let Some(g) = crate::base::guard::Guard::try_enter() {
+            server::adopt_inherited(fd);
+            drop(g);
         }
     }
 }

@@ -182,11 +182,11 @@ fn become_guest(fd: i32, addr: std::net::SocketAddr, name: String) {
     }
 }
 
-/// In the shim's constructor: `fd`, a descriptor this image inherited, is a listening TCP socket
-/// (socket activation, a launcher that execs its server, a server that re-execs itself to
-/// upgrade): a listener of this image's whose offers are asked of the rendezvous holder
-/// (`guest`), and which takes the rendezvous over at its first accept if nobody holds it then.
-/// Nothing is bound and no thread started here, before the program runs.
+/// `fd`, a descriptor this image inherited (in the shim's constructor) or received over a Unix
+/// socket, if a listening TCP socket (socket activation, a launcher that execs its server, a
+/// server that re-execs itself to upgrade, node cluster's workers): a listener of this image's
+/// whose offers are asked of the rendezvous holder (`guest`), and which takes the rendezvous over
+/// at an accept if nobody holds it then. Nothing is bound and no thread started here.
 pub fn adopt_inherited(fd: i32) {
     if disabled() || table::kind(fd) != table::NONE {
         return;
