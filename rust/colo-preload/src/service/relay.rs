@@ -27,9 +27,8 @@ use crate::conn::io::{conn_recv, conn_send};
 use crate::conn::regs;
 use crate::conn::state::Conn;
 use crate::conn::table::{self, Entry};
-use crate::service::stdio::{close_all_but, loopback_pair, program_closed};
+use crate::service::stdio::{close_all_but, end_toward_program, loopback_pair, program_closed, send_all};
 use colo_sys::{AsRawFd, BorrowedFd, OwnedFd};
-use rustix::net;
 use std::sync::Arc;
 
 /// Relays `conn`, whose application descriptors in this process are `socks` (see the module's
@@ -210,23 +209,13 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relay
                     break;
                 }
                 Ok(n) => {
-                    let mut rest = &buf[..n];
-                    while !rest.is_empty() {
-                        match net::send(&tcp, rest, net::SendFlags::NOSIGNAL) {
-                            Ok(k) => rest = &rest[k..],
-                            Err(rustix::io::Errno::INTR) => {}
-                            Err(_) => break 'down,
-                        }
+                    if !send_all(&tcp, &buf[..n]) {
+                        break 'down;
                     }
                 }
             }
         }
-        if reset {
-            let _ = net::sockopt::set_socket_linger(&tcp, Some(std::time::Duration::ZERO));
-            let _ = net::shutdown(&tcp, net::Shutdown::Read);
-        } else {
-            let _ = net::shutdown(&tcp, net::Shutdown::Write);
-        }
+        end_toward_program(&tcp, reset);
     });
     drop((tcp, carrier));
     // SAFETY: ends the relay without running the program's exit handlers; the kernel closes the

@@ -295,23 +295,13 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, say: Owne
                     break;
                 }
                 Ok(n) => {
-                    let mut rest = &buf[..n];
-                    while !rest.is_empty() {
-                        match net::send(&tcp, rest, net::SendFlags::NOSIGNAL) {
-                            Ok(k) => rest = &rest[k..],
-                            Err(rustix::io::Errno::INTR) => {}
-                            Err(_) => break 'down,
-                        }
+                    if !send_all(&tcp, &buf[..n]) {
+                        break 'down;
                     }
                 }
             }
         }
-        if reset {
-            let _ = net::sockopt::set_socket_linger(&tcp, Some(std::time::Duration::ZERO));
-            let _ = net::shutdown(&tcp, net::Shutdown::Read);
-        } else {
-            let _ = net::shutdown(&tcp, net::Shutdown::Write);
-        }
+        end_toward_program(&tcp, reset);
     });
     if leave.load(std::sync::atomic::Ordering::Relaxed) {
         // Another holder has the connection: exiting closes the relay's descriptors, and the
@@ -329,6 +319,30 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, say: Owne
     drop((tcp, carrier));
     // SAFETY: ends the relay without running the program's exit handlers.
     unsafe { libc::_exit(0) }
+}
+
+/// Sends all of `bytes` to the program's end of a relay's loopback connection; false once it
+/// cannot (the program closed its end).
+pub(crate) fn send_all(tcp: &OwnedFd, mut bytes: &[u8]) -> bool {
+    while !bytes.is_empty() {
+        match net::send(tcp, bytes, net::SendFlags::NOSIGNAL) {
+            Ok(k) => bytes = &bytes[k..],
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// The peer's stream ended: the program's end of a relay's loopback connection gets a reset
+/// (a close with lingering off sends RST; its reader ends first) or a FIN.
+pub(crate) fn end_toward_program(tcp: &OwnedFd, reset: bool) {
+    if reset {
+        let _ = net::sockopt::set_socket_linger(tcp, Some(std::time::Duration::ZERO));
+        let _ = net::shutdown(tcp, net::Shutdown::Read);
+    } else {
+        let _ = net::shutdown(tcp, net::Shutdown::Write);
+    }
 }
 
 pub(crate) fn close_all_but(keep: &[i32]) {
