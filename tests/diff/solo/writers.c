@@ -1,6 +1,8 @@
 /* Two processes writing to one connection at the same moment: over TCP each call's bytes stay
- * contiguous (a call below the socket's buffer is queued whole under the socket's lock). The
- * reader checks every record: a header (writer, length) and that many bytes of the writer's own. */
+ * contiguous (a call below the socket's buffer is queued whole under the socket's lock),
+ * whichever program holds the socket. The reader checks every record: a header (writer, length)
+ * and that many bytes of the writer's own. In exec_writer, writer B is this program exec'd again
+ * ("writer FD"), so its copy of the connection crossed an exec. */
 #include "../diff.h"
 
 #define RECORDS 20000
@@ -28,7 +30,7 @@ static int read_full(int fd, unsigned char *b, size_t n) {
     return 1;
 }
 
-static void two_writers(void) {
+static void writers(int exec_b) {
     int s, c;
     pair(&s, &c);
     pid_t a = fork();
@@ -40,8 +42,14 @@ static void two_writers(void) {
     pid_t b = fork();
     if (b == 0) {
         close(s);
-        write_records(c, 'B', 2);
-        _exit(0);
+        if (!exec_b) {
+            write_records(c, 'B', 2);
+            _exit(0);
+        }
+        char fd[16];
+        snprintf(fd, sizeof fd, "%d", c);
+        execl("/proc/self/exe", "writers", "writer", fd, (char *)NULL);
+        _exit(127);
     }
     close(c);
     unsigned char h[3], body[520];
@@ -58,14 +66,24 @@ static void two_writers(void) {
         counts[h[0] - 'A']++;
     }
     waitpid(a, NULL, 0);
-    waitpid(b, NULL, 0);
+    int st;
+    waitpid(b, &st, 0);
     say("  records intact: %s", bad ? "no" : "yes");
     say("  records of A %d, of B %d", counts[0], counts[1]);
+    if (exec_b) say("  the exec'd writer exits %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
 }
 
-int main(void) {
+static void two_writers(void) { writers(0); }
+static void exec_writer(void) { writers(1); }
+
+int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "writer") == 0) {
+        write_records(atoi(argv[2]), 'B', 2);
+        return 0;
+    }
     diff_begin();
     RUN(two_writers);
+    RUN(exec_writer);
     diff_end();
     return 0;
 }
