@@ -36,6 +36,9 @@ const LEAVING_WAITERS: usize = HOLDERS + 5;
 /// (`Page::claim_relay`).
 const RELAYS: usize = HOLDERS + 8;
 const RELAY_SLOTS: usize = 4;
+/// `RELAY_SLOTS` words from here: for each slot, the slots whose program had exited when it was
+/// claimed (a bit each): the only ones its relay waits for (`Page::wait_forwarded`).
+const RELAY_BEFORE: usize = RELAYS + 2 * RELAY_SLOTS;
 
 /// How long a write waits at most for a relay to forward what its exited program wrote
 /// (`Page::wait_forwarded`): a relay that holds on (a process the program left behind keeps its
@@ -180,6 +183,17 @@ impl Page {
             .find(|&i| self.word(RELAYS + 2 * i).compare_exchange(0, program, Ordering::Relaxed, Ordering::Relaxed).is_ok())?;
         // No relay yet (the program runs meanwhile: nobody looks at this word).
         self.word(RELAYS + 2 * slot + 1).store(0, Ordering::Relaxed);
+        // The programs that ended before this one began: over TCP their bytes came first, so
+        // this relay waits for theirs; the others ran beside it, and their relays and this one
+        // must not wait for each other.
+        let before = (0..RELAY_SLOTS)
+            .filter(|&j| j != slot)
+            .filter(|&j| {
+                let p = self.word(RELAYS + 2 * j).load(Ordering::Relaxed);
+                p != 0 && !running(p)
+            })
+            .fold(0u32, |m, j| m | 1 << j);
+        self.word(RELAY_BEFORE + slot).store(before, Ordering::Relaxed);
         Some(slot)
     }
 
@@ -206,7 +220,11 @@ impl Page {
     pub fn wait_forwarded(&self) {
         let mut deadline = None;
         let me = colo_sys::host::pid();
-        for i in 0..RELAY_SLOTS {
+        // A relay (`service::relay` writes through the connection) waits only for the relays of
+        // programs that ended before its own began; another holder, for all.
+        let mine = (0..RELAY_SLOTS).find(|&i| self.word(RELAYS + 2 * i + 1).load(Ordering::Relaxed) == me);
+        let waits_for = mine.map_or(u32::MAX, |k| self.word(RELAY_BEFORE + k).load(Ordering::Relaxed));
+        for i in (0..RELAY_SLOTS).filter(|&i| waits_for & 1 << i != 0) {
             let word = self.word(RELAYS + 2 * i);
             loop {
                 // SYNC POINT with the Release in `relay_done`.
@@ -215,11 +233,6 @@ impl Page {
                     break;
                 }
                 let relay = self.word(RELAYS + 2 * i + 1).load(Ordering::Relaxed);
-                if relay == me {
-                    // The relay itself, forwarding what the program wrote (`service::relay`
-                    // writes through the connection).
-                    break;
-                }
                 let now = std::time::Instant::now();
                 let deadline = *deadline.get_or_insert(now + FORWARD_WAIT);
                 if relay != 0 && !alive(relay) || now >= deadline {

@@ -133,9 +133,18 @@ fn ask(g: &Guest, k: &Key) -> Asked {
                     Err(_) => Asked::Nothing,
                 }
             }
-            (2, 0, 0) | (0, _, _) => Asked::Nothing,
-            // A REJECT: a holder that does not take ASKs (not the shim).
-            _ => Asked::Never(format!("the rendezvous {} does not hand over offers", g.name)),
+            // A holder that does not take ASKs (not the shim) refuses it as a bad HELLO; any
+            // other answer (NO_RESOURCES while it holds its limit of offers, descriptors cut
+            // short for want of numbers here) is for this connection only.
+            (wire::MESSAGE_LEN, _, 0)
+                if matches!(
+                    wire::Message::decode(&buf),
+                    Ok(wire::Message::Reject { reason: Reason::BadMessage | Reason::BadVersion, .. })
+                ) =>
+            {
+                Asked::Never(format!("the rendezvous {} does not hand over offers", g.name))
+            }
+            _ => Asked::Nothing,
         };
     }
 }
