@@ -150,10 +150,12 @@ pub fn listeners() -> io::Result<Vec<TcpSocket>> {
 /// The TCP socket (any state but LISTEN) whose local address is `local` and remote address
 /// `remote`, found by the kernel's own lookup; `None` if there is none.
 pub fn connection(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<TcpSocket>> {
-    lookup(local, remote)
+    Ok(lookup(local, remote)?.map(|(s, _, _)| s))
 }
 
-fn lookup(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<TcpSocket>> {
+/// The TCP socket (not a listener) with exactly these addresses, with its state (`TCP_*`) and
+/// inode (0 for one no program holds yet: in an accept queue), by the kernel's own lookup.
+fn lookup(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<(TcpSocket, u8, u32)>> {
     let c = |a: SocketAddr| SocketAddr::new(canonical(a.ip()), a.port());
     let (local, remote) = (c(local), c(remote));
     if local.is_ipv4() != remote.is_ipv4() {
@@ -163,9 +165,9 @@ fn lookup(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<TcpSocket>
     let diag = Diag::open()?;
     diag.request(family, u32::MAX, &sockid(local, remote), false)?;
     let mut found = None;
-    diag.answers(false, |m| found = Some(socket_of(m)))?;
+    diag.answers(false, |m| found = Some((socket_of(m), m[1], field(m, MSG_UID_END))))?;
     // The lookup falls back to a listener on the local address: only the exact pair counts.
-    Ok(found.filter(|s| !s.listening && s.local == local && s.remote == remote))
+    Ok(found.filter(|(s, _, _)| !s.listening && s.local == local && s.remote == remote))
 }
 
 /// The `u32` at byte `at` of an `inet_diag_msg` (0 past its end).
@@ -189,26 +191,11 @@ pub enum ServerEnd {
 /// network namespace lists no such connection.
 pub fn server_end(server: SocketAddr, client: SocketAddr) -> io::Result<Option<ServerEnd>> {
     const TCP_SYN_RECV: u8 = 3;
-    Ok(lookup_state(server, client)?.map(|(state, inode)| match (state, inode) {
+    Ok(lookup(server, client)?.map(|(_, state, inode)| match (state, inode) {
         (TCP_SYN_RECV, _) => ServerEnd::Deferred,
         (_, 0) => ServerEnd::Queued,
         _ => ServerEnd::Accepted,
     }))
-}
-
-/// `lookup`'s socket state and inode.
-fn lookup_state(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<(u8, u32)>> {
-    let c = |a: SocketAddr| SocketAddr::new(canonical(a.ip()), a.port());
-    let (local, remote) = (c(local), c(remote));
-    if local.is_ipv4() != remote.is_ipv4() {
-        return Ok(None);
-    }
-    let family = if local.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 } as u8;
-    let diag = Diag::open()?;
-    diag.request(family, u32::MAX, &sockid(local, remote), false)?;
-    let mut found = None;
-    diag.answers(false, |m| found = Some((socket_of(m), m[1], field(m, MSG_UID_END))))?;
-    Ok(found.filter(|(s, _, _)| !s.listening && s.local == local && s.remote == remote).map(|(_, st, ino)| (st, ino)))
 }
 
 /// How many connections the listening sockets that take connections to `addr` hold in their

@@ -79,3 +79,20 @@ pub fn echo_two_bytes(l: colo::Listener) -> std::thread::JoinHandle<()> {
         s.write_all(&b).unwrap();
     })
 }
+
+/// Connects to the rendezvous `colo-<our pid>-<port>` in the netns directory `dir`, then, once
+/// the server has had time to settle into its wait, sends it a HELLO that proves no nonce (64
+/// zero bytes, no descriptors); true if anything comes back within 10 s (a REJECT).
+pub fn forged_hello_answered(dir: &std::path::Path, port: u16) -> bool {
+    use colo_sys::{pathsock, seqpacket};
+    let name = format!("colo-{}-{port}", std::process::id());
+    let (d, _) = pathsock::open_dir(dir).unwrap();
+    let control = pathsock::connect_at(std::os::fd::AsFd::as_fd(&d), name.as_bytes(), Duration::from_secs(5)).unwrap();
+    // The connection first, the HELLO later: an answer must not need a look of the server's
+    // that the connection's arrival prompted.
+    std::thread::sleep(Duration::from_millis(100));
+    seqpacket::send(&control, &[0u8; 64], &[]).unwrap();
+    seqpacket::set_recv_timeout(&control, Some(Duration::from_secs(10))).unwrap();
+    let mut buf = [0u8; 64];
+    seqpacket::recv(&control, &mut buf, false).is_ok_and(|r| r.len > 0)
+}

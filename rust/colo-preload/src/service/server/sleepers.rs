@@ -428,8 +428,7 @@ mod tests {
     /// A process outside the lineage (here a thread accepting with no knowledge of the wake-up
     /// records) that accepts on the listener, a watcher trying every 10 ms for 300 ms: it
     /// makes no second wake-up connection once the first is known lost (the watcher's next try
-    /// comes a second later), so the outsider sees one client that connects and closes (one
-    /// every 10 ms, about 30, before).
+    /// comes a second later), so the outsider sees one client that connects and closes.
     /// Watchdog: the outsider's accepts end with the listener's 2 s timeout.
     #[test]
     fn a_wake_up_taken_outside_the_lineage_is_not_repeated_at_once() {
