@@ -15,13 +15,8 @@
 #define EACH 3000000L
 
 static int one_round(int cloexec) {
-    struct sockaddr_in a;
-    int l = loopback_listener(&a, 4);
-    int c = socket(AF_INET, SOCK_STREAM, 0);
-    if (connect(c, (struct sockaddr *)&a, sizeof a) < 0) die("connect");
-    int s = accept4(l, NULL, NULL, cloexec ? SOCK_CLOEXEC : 0);
-    if (s < 0) die("accept");
-    close(l);
+    int c, s;
+    connected_pair(&c, &s, cloexec ? SOCK_CLOEXEC : 0);
     /* One byte first: the connection is in use (accelerated at both ends) before the forks. */
     char q;
     write_all(c, "q", 1);

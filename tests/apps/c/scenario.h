@@ -37,6 +37,23 @@ static inline int loopback_listener(struct sockaddr_in *a, int backlog) {
     return l;
 }
 
+#ifndef _GNU_SOURCE
+/* glibc declares it only for _GNU_SOURCE, which not every scenario defines first. */
+int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags);
+#endif
+
+/* A connected loopback TCP pair: the client's end in *k, the accepted end in *c (accept4 with
+ * `flags`); the listener is closed. Dies on failure. */
+static inline void connected_pair(int *k, int *c, int flags) {
+    struct sockaddr_in a;
+    int l = loopback_listener(&a, 4);
+    *k = socket(AF_INET, SOCK_STREAM, 0);
+    if (*k < 0 || connect(*k, (struct sockaddr *)&a, sizeof a) < 0) die("connect");
+    *c = accept4(l, NULL, NULL, flags);
+    if (*c < 0) die("accept");
+    close(l);
+}
+
 /* Whether the colo shim is preloaded (the programs also run without it). */
 static inline int shimmed(void) {
     const char *p = getenv("LD_PRELOAD");
