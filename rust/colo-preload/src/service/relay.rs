@@ -27,7 +27,7 @@ use crate::conn::io::{conn_recv, conn_send};
 use crate::conn::regs;
 use crate::conn::state::Conn;
 use crate::conn::table::{self, Entry};
-use crate::service::stdio::{close_all_but, end_toward_program, loopback_pair, program_closed, send_all};
+use crate::service::stdio::{close_all_but, end_toward_program, loopback_pair, program_closed, send_all, start_relay};
 use colo_sys::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
@@ -56,38 +56,7 @@ pub fn hand_on(conn: &Arc<Conn>, socks: &[i32]) -> Result<(), String> {
         }
     };
     // The relay says it started once it is a recorded holder (its fork handler ran).
-    let (said, say) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| {
-        release();
-        format!("pipe: {e}")
-    })?;
-    // SAFETY: libc's `fork`, whose handlers (the shim's and libc's) leave the child's copy of the
-    // shim's state whole and unlocked; the child runs only the relay.
-    let child = unsafe { crate::real::fork() };
-    if child < 0 {
-        release();
-        return Err(format!("fork: {}", std::io::Error::last_os_error()));
-    }
-    if child == 0 {
-        drop((said, app));
-        // SAFETY: as above.
-        if unsafe { crate::real::fork() } == 0 {
-            run(conn, relay_end, carrier, say, relayed);
-        }
-        // SAFETY: ends the intermediate child at once, without running the image's exit code.
-        unsafe { libc::_exit(0) };
-    }
-    drop(say);
-    let mut started = [0u8; 1];
-    let started = loop {
-        match rustix::io::read(&said, &mut started) {
-            Err(rustix::io::Errno::INTR) => continue,
-            r => break r == Ok(1),
-        }
-    };
-    let mut wstatus = 0;
-    // SAFETY: reaps the intermediate child made just above (an ECHILD under an ignored SIGCHLD
-    // is fine).
-    unsafe { libc::waitpid(child, &mut wstatus, 0) };
+    let started = start_relay(|say| run(conn, relay_end, carrier, say, relayed)).inspect_err(|_| release())?;
     if !started {
         release();
         return Err("the relay process could not be started".into());
@@ -118,7 +87,7 @@ pub fn hand_on(conn: &Arc<Conn>, socks: &[i32]) -> Result<(), String> {
             unsafe { crate::real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
         }
     }
-    drop((app, relay_end, carrier));
+    drop(app);
     Ok(())
 }
 

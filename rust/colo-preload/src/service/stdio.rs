@@ -85,48 +85,23 @@ pub fn relay(est: Established, socks: &[i32], page: Option<Page>) -> Result<Opti
         }
     };
     let _ = rustix::fs::fcntl_setfl(&app, status & rustix::fs::OFlags::NONBLOCK);
-    // The intermediate child says whether the relay started (its exit status may be out of
-    // reach: with SIGCHLD ignored, which `exec` keeps, the kernel reaps it at once).
-    let (said, say) = match rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC) {
-        Ok(p) => p,
-        Err(e) => {
+    let (mut est_moved, mut page_moved) = (Some(est), Some(page));
+    // The grandchild takes its own copies (its memory is a copy of ours); ours stay here.
+    let started = start_relay(|say| {
+        let (Some(est), Some(page)) = (est_moved.take(), page_moved.take()) else {
+            // SAFETY: ends the relay process before it ran.
+            unsafe { libc::_exit(1) }
+        };
+        run(est, relay_end, carrier, Relay { page, slot, program, app_ino }, say)
+    });
+    let (Some(est), Some(page)) = (est_moved, page_moved) else { unreachable!("taken only in the relay process") };
+    let started = match started {
+        Ok(s) => s,
+        Err(why) => {
             release(&page);
-            return Err(Box::new((est, format!("pipe: {e}"), page)));
+            return Err(Box::new((est, why, page)));
         }
     };
-    // SAFETY: the libc `fork` the shim wraps, in the constructor of a new image, before the
-    // program's `main`: its atfork handlers are the shim's and libc's own.
-    let child = unsafe { crate::real::fork() };
-    if child < 0 {
-        release(&page);
-        return Err(Box::new((est, format!("fork: {}", std::io::Error::last_os_error()), page)));
-    }
-    if child == 0 {
-        drop(said);
-        // SAFETY: as above; in the child of a single-threaded constructor.
-        let relay_pid = unsafe { crate::real::fork() };
-        if relay_pid == 0 {
-            colo_sys::host::forget_pid();
-            let relay = Relay { page, slot, program, app_ino };
-            run(est, relay_end, carrier, relay, say);
-        }
-        // The relay says it started, once it is a holder of the connection (a holder that
-        // closes meanwhile sees it); this child ends at once, its copy of `say` with it.
-        // SAFETY: ends the intermediate child at once, without running the image's exit code.
-        unsafe { libc::_exit(0) };
-    }
-    drop(say);
-    let mut started = [0u8; 1];
-    let started = loop {
-        match rustix::io::read(&said, &mut started) {
-            Err(rustix::io::Errno::INTR) => continue,
-            r => break r == Ok(1),
-        }
-    };
-    let mut status = 0;
-    // SAFETY: reaps the intermediate child made just above, which has exited or is exiting (an
-    // ECHILD under an ignored SIGCHLD is fine).
-    unsafe { libc::waitpid(child, &mut status, 0) };
     if !started {
         release(&page);
         return Err(Box::new((est, "the relay process could not be started".into(), page)));
@@ -142,8 +117,47 @@ pub fn relay(est: Established, socks: &[i32], page: Option<Page>) -> Result<Opti
         unsafe { libc::syscall(libc::SYS_dup3, app.as_raw_fd(), fd, flags) };
     }
     let ino = rustix::fs::fstat(&app).map(|st| st.st_ino);
-    drop((est, app, relay_end, carrier, page));
+    drop((est, app, page));
     Ok(names.zip(ino.ok()).map(|((local, peer), ino)| Names { ino, local, peer }))
+}
+
+/// Starts a relay process: a grandchild of this one, orphaned at once, so that the program never
+/// sees a child of its own. It runs `relay` (which does not return: it ends the process) with the
+/// write end of a pipe, on which it writes one byte once it is a holder of the connection. Whether it did (the intermediate child's exit
+/// status may be out of reach: with SIGCHLD ignored, which `exec` keeps, the kernel reaps it at
+/// once); an error if it could not be forked.
+pub(crate) fn start_relay(relay: impl FnOnce(OwnedFd)) -> Result<bool, String> {
+    let (said, say) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+    // SAFETY: libc's `fork`, whose handlers (the shim's and libc's) leave the child's copy of the
+    // shim's state whole and unlocked; the children run only what follows.
+    let child = unsafe { crate::real::fork() };
+    if child < 0 {
+        return Err(format!("fork: {}", std::io::Error::last_os_error()));
+    }
+    if child == 0 {
+        drop(said);
+        // SAFETY: as above.
+        if unsafe { crate::real::fork() } == 0 {
+            colo_sys::host::forget_pid();
+            relay(say);
+        }
+        // SAFETY: ends the intermediate child at once (or a relay that returned), without
+        // running the image's exit code; its copy of `say` goes with it.
+        unsafe { libc::_exit(0) };
+    }
+    drop(say);
+    let mut byte = [0u8; 1];
+    let started = loop {
+        match rustix::io::read(&said, &mut byte) {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => break r == Ok(1),
+        }
+    };
+    let mut status = 0;
+    // SAFETY: reaps the intermediate child made just above, which has exited or is exiting (an
+    // ECHILD under an ignored SIGCHLD is fine).
+    unsafe { libc::waitpid(child, &mut status, 0) };
+    Ok(started)
 }
 
 /// A connected loopback TCP pair: (the program's end, the relay's end), both close-on-exec.
