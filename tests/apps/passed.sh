@@ -6,8 +6,8 @@
 # Both sides under colo run: the first connection was accepted over shared memory before it was
 # passed, and must be relayed (the worker's socket carries every byte both ways); the listener
 # then serves plain TCP. Every request is answered with the right byte count, plain clients too,
-# and the relay processes end with their connections. (Before: every request of a client under
-# colo run was reset.) A listening socket passed so is served by its receiver.
+# and the relay processes end with their connections. A listening socket passed so is served by
+# its receiver.
 source "$(dirname "$0")/common.sh"
 FAIL=0
 [ -n "${COLO_APPS_BUILT:-}" ] || build

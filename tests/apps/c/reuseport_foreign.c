@@ -2,9 +2,9 @@
  * an old one and its replacement): only the first holds the port's rendezvous, where every client
  * sends its offer, and the kernel gives each connection to either. The second asks the first
  * for the offers of the connections it accepts (spec/WIRE.md section 3, "Offers for another
- * process's listener"), so every connection is accelerated, whichever process took it. Before,
- * one given to the second was plain TCP after its client waited COLO_CARRIER_TIMEOUT_MS (set to
- * 20 s here: such a wait trips the watchdog). The three are separate programs (a client forked
+ * process's listener"), so every connection is accelerated, whichever process took it, and no
+ * client waits out COLO_CARRIER_TIMEOUT_MS (set to 20 s here: such a wait trips the watchdog).
+ * The three are separate programs (a client forked
  * from a server is served by it, as its own process). Each server greets with its letter and
  * echoes; the client holds its connections open (none is judged short-lived), counts its
  * segments, and checks every echo. alarm() is the watchdog. */
