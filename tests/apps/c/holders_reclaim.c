@@ -1,10 +1,10 @@
-/* The holders pages of connections whose every holder died without closing come back (issue 23:
- * memory per connection). A forking server: each accepted connection goes to a child, the parent
+/* The holders pages (slots of the holders file) of connections whose every holder died without
+ * closing come back (issue 23: memory per connection). A forking server: each accepted connection goes to a child, the parent
  * closes its copy, and the child exits without closing its own (the kernel closes it), ROUNDS
- * times. Under the shim each connection's holders page is a page of the process's holders file
- * (colo-holders); the pages of those dead children must be taken back (every 1,024 allocations),
- * and given back to the kernel: the file's pages in use (its bitmap, page 0) and the memory it
- * holds stay far below a page per round. Run with the shim preloaded, as tests/apps/run.sh does;
+ * times. Under the shim each connection's holders page is a slot of the process's holders file
+ * (colo-holders); the slots of those dead children must be taken back (every 1,024 allocations),
+ * and their memory given back to the kernel: the file's slots in use (its bitmap, at its start)
+ * and the memory pages it holds stay far below one a round. Run with the shim preloaded, as tests/apps/run.sh does;
  * also passes without it (no file to look at). alarm() is the watchdog. */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -78,10 +78,10 @@ int main(int argc, char **argv) {
             int used = 0;
             for (size_t i = 0; i < sizeof bitmap; i++) used += __builtin_popcount(bitmap[i]);
             long held = (long)st.st_blocks * 512 / 4096;
-            fprintf(stderr, "%d connections handed to children that exited with them: %d pages in use, %ld pages of memory\n",
+            fprintf(stderr, "%d connections handed to children that exited with them: %d slots in use, %ld pages of memory\n",
                     ROUNDS, used, held);
-            CHECK(used < ROUNDS / 2, "the pages of dead holders were taken back");
-            CHECK(held <= used + 2, "pages given back hold no memory");
+            CHECK(used < ROUNDS / 2, "the slots of dead holders were taken back");
+            CHECK(held <= used + 2, "memory pages without a slot in use hold no memory");
         } else {
             CHECK(0, "the holders file can be read");
         }

@@ -13,8 +13,11 @@ use crate::conn::holders_file;
 use colo_sys::RawFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-/// The page's size in bytes.
-pub const PAGE: usize = 4096;
+/// The size in bytes of a connection's holders page: a slot of the holders file, an eighth of a
+/// memory page (the words below fit in it).
+pub const SLOT: usize = 512;
+/// A memory page: the size of the anonymous mapping a page outside the holders file takes.
+const MAPPED: usize = 4096;
 
 // The page's layout, in 32-bit words.
 /// Words 0 to `HOLDERS - 1`: the pids of the processes holding the connection (0: free); a copy
@@ -39,6 +42,7 @@ const RELAY_SLOTS: usize = 4;
 /// `RELAY_SLOTS` words from here: for each slot, the slots whose program had exited when it was
 /// claimed (a bit each): the only ones its relay waits for (`Page::wait_forwarded`).
 const RELAY_BEFORE: usize = RELAYS + 2 * RELAY_SLOTS;
+const _: () = assert!(RELAY_BEFORE + RELAY_SLOTS <= SLOT / 4);
 
 /// How long a write waits at most for a relay to forward what its exited program wrote
 /// (`Page::wait_forwarded`): a relay that holds on (a process the program left behind keeps its
@@ -67,7 +71,7 @@ impl Page {
         }
         // SAFETY: a fresh anonymous shared mapping of a page, unmapped by `Drop`.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0)
+            libc::mmap(std::ptr::null_mut(), MAPPED, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0)
         };
         if p == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
@@ -96,7 +100,7 @@ impl Page {
 
     /// Word `i` of the page.
     pub fn word(&self, i: usize) -> &AtomicU32 {
-        assert!(i < PAGE / 4);
+        assert!(i < SLOT / 4);
         // SAFETY: `i` is within the page, mapped while `self` lives.
         unsafe { &*self.words.add(i) }
     }
@@ -273,7 +277,7 @@ impl Drop for Page {
         if self.index == 0 {
             // SAFETY: our anonymous mapping, unmapped once; nothing refers to it once `self` is
             // gone. (A page of the holders file stays mapped with the whole file.)
-            unsafe { libc::syscall(libc::SYS_munmap, self.words, PAGE) };
+            unsafe { libc::syscall(libc::SYS_munmap, self.words, MAPPED) };
         }
     }
 }

@@ -1,41 +1,52 @@
-//! This process's *holders file*: one memfd (`colo-holders`) of `CAPACITY` pages that holds the
-//! holders page (`holders::Page`) of each of its connections, so that no connection needs a
-//! descriptor of its own for it.
+//! This process's *holders file*: one memfd (`colo-holders`) that holds the holders page
+//! (`holders::Page`, `SLOT` bytes) of each of its connections in a slot of its own, so that no
+//! connection needs a descriptor of its own for it, and eight connections share a memory page.
 //!
-//! Page 0 is the allocation bitmap (bit `i`: page `i` in use; bit 0, the bitmap itself, always
-//! set), taken and given back with compare-and-swap. The whole file is mapped once, shared and
-//! writable, at its creation; the mapping, the descriptor and the bitmap go to fork children
-//! with the rest of the process, so fork copies allocate from the one bitmap and a connection's
-//! page is the same page, by index, in every copy. An image exec'd with inheritable connections
-//! inherits the descriptor (inheritable only while this process has one: `inheritable`), maps
-//! the same file (`adopt`) and finds each connection's page by the index its handover record
-//! names.
+//! The first memory page holds the allocation bitmap (bit `i`: slot `i` in use; the bits of the
+//! first page's own slots always set), taken and given back with compare-and-swap, and the lock
+//! of `reclaim`. The whole file is mapped once, shared and writable, at its creation; the
+//! mapping, the descriptor and the bitmap go to fork children with the rest of the process, so
+//! fork copies allocate from the one bitmap and a connection's slot is the same slot, by index,
+//! in every copy. An image exec'd with inheritable connections inherits the descriptor
+//! (inheritable only while this process has one: `inheritable`), maps the same file (`adopt`)
+//! and finds each connection's slot by the index its handover record names.
 //!
-//! The file is sized to its capacity at once: a memfd is sparse, so only pages in use hold
-//! memory, and no process ever shrinks it under another's mapping. A page is given back (its
-//! memory returned, its bit cleared) when its connection ends (`release`); the pages of
-//! connections whose every listed holder died without closing are taken back every
-//! `RECLAIM_EVERY` allocations of a process and whenever no page is free (`reclaim`).
+//! The file is sized to its capacity at once: a memfd is sparse, so only memory pages with a
+//! slot in use hold memory, and no process ever shrinks it under another's mapping. A slot is
+//! given back (its bit cleared) when its connection ends (`release`), and a memory page whose
+//! every slot is free gives its memory back (`free`); the slots of connections whose every
+//! listed holder died without closing are taken back every `RECLAIM_EVERY` allocations of a
+//! process and whenever no slot is free (`reclaim`).
 //!
 //! The descriptor is read-only, in a file of mode 0600 (`record::inheritable_memfd`): a child of
 //! another uid exec'd without the shim that inherits it can neither write through it nor open
 //! the file again for writing. The next image of this process opens it again for writing
 //! through `/proc/self/fd`, which the kernel allows the file's owner only.
 
-use crate::conn::holders::{alive, HOLDERS, PAGE};
+use crate::conn::holders::{alive, HOLDERS, SLOT};
 use colo_sys::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 
 /// The memfd's name (`/proc/PID/fd` shows it; the next image looks for it).
 pub const NAME: &str = "colo-holders";
 
-/// Pages in the file (page 0 the bitmap, one bit per page): 8 MiB of address space, mapped once.
-/// A program may cap its address space (vsftpd's processes set `RLIMIT_AS`), and the mapping
-/// counts against it whether or not its pages hold memory. Beyond this many connections held at
-/// once, a connection's page is an anonymous one (`holders::Page`), not carried across `exec`.
-pub const CAPACITY: usize = 2048;
+/// The file's length: 8 MiB of address space, mapped once. A program may cap its address space
+/// (vsftpd's processes set `RLIMIT_AS`), and the mapping counts against it whether or not its
+/// pages hold memory. Beyond `CAPACITY - FIRST` connections held at once, a connection's page is
+/// an anonymous one (`holders::Page`), not carried across `exec`.
+const LEN: usize = 8 << 20;
+/// Slots in the file.
+pub const CAPACITY: usize = LEN / SLOT;
 const BITMAP_WORDS: usize = CAPACITY / 32;
-const LEN: usize = CAPACITY * PAGE;
+/// A memory page, and the slots in one (a byte of the bitmap).
+const MEMORY_PAGE: usize = 4096;
+const PER_PAGE: usize = MEMORY_PAGE / SLOT;
+const _: () = assert!(PER_PAGE == 8 && BITMAP_WORDS * 4 + 4 <= MEMORY_PAGE);
+/// The first slot handed out: the slots before it are the first memory page, the bitmap's and
+/// the lock's.
+const FIRST: usize = PER_PAGE;
+/// The word of the first memory page that is `reclaim`'s lock (the pid holding it).
+const RECLAIM_LOCK: usize = BITMAP_WORDS;
 
 /// The file's state in this process: none yet, being made, ready, or not to be had.
 const NONE: u8 = 0;
@@ -56,12 +67,18 @@ static HINT: AtomicUsize = AtomicUsize::new(0);
 static ALLOCS: AtomicUsize = AtomicUsize::new(0);
 const RECLAIM_EVERY: usize = 1024;
 
-/// Word `i` of page `page` (`page` < `CAPACITY`, `i` < `PAGE / 4`), of a ready file.
-fn word(base: *mut u8, page: usize, i: usize) -> &'static AtomicU32 {
-    debug_assert!(page < CAPACITY && i < PAGE / 4);
+/// Word `i` of slot `slot` (`slot` < `CAPACITY`, `i` < `SLOT / 4`; the first memory page's
+/// words by slot 0, `i` < `MEMORY_PAGE / 4`), of a ready file.
+fn word(base: *mut u8, slot: usize, i: usize) -> &'static AtomicU32 {
+    debug_assert!(slot < CAPACITY && (i < SLOT / 4 || slot == 0 && i < MEMORY_PAGE / 4));
     // SAFETY: within the mapping of the whole file (`LEN` bytes), which is never unmapped: the
     // file is this process's for its life; every access to it is atomic.
-    unsafe { &*(base.add(page * PAGE) as *const AtomicU32).add(i) }
+    unsafe { &*(base.add(slot * SLOT) as *const AtomicU32).add(i) }
+}
+
+/// The bitmap word that holds slot `slot`'s bit.
+fn bits(base: *mut u8, slot: usize) -> &'static AtomicU32 {
+    word(base, 0, slot / 32)
 }
 
 /// The mapping, if the file is ready (made on first need).
@@ -110,9 +127,8 @@ fn make() -> Option<*mut u8> {
         let (w, r) = crate::record::inheritable_memfd(NAME)?;
         rustix::fs::ftruncate(&w, LEN as u64).ok()?;
         let base = map(&w)?;
-        // The bitmap's own page and the lock's are never handed out.
-        word(base, 0, 0).store(1, Ordering::Relaxed);
-        word(base, 0, RECLAIM_PAGE / 32).store(1 << (RECLAIM_PAGE % 32), Ordering::Relaxed);
+        // The slots of the bitmap's and the lock's memory page are never handed out.
+        word(base, 0, 0).store((1 << FIRST) - 1, Ordering::Relaxed);
         Some((base, r))
     })();
     match made {
@@ -158,10 +174,10 @@ pub fn fd() -> Option<RawFd> {
     (STATE.load(Ordering::Acquire) == READY).then(|| FD.load(Ordering::Relaxed))
 }
 
-/// A fresh page: its index and its words, zeroed. `None` when there is no file or no free page.
+/// A fresh slot: its index and its words, zeroed. `None` when there is no file or no free slot.
 pub fn alloc() -> Option<(u32, *const AtomicU32)> {
     let base = base()?;
-    // Now and then (and whenever no page is free), the pages of the dead are taken back: a
+    // Now and then (and whenever no slot is free), the slots of the dead are taken back: a
     // forking server whose children exit without closing their copies leaves one a connection.
     if ALLOCS.fetch_add(1, Ordering::Relaxed) % RECLAIM_EVERY == RECLAIM_EVERY - 1 {
         reclaim(base);
@@ -170,8 +186,8 @@ pub fn alloc() -> Option<(u32, *const AtomicU32)> {
         reclaim(base);
         take_free(base)
     })?;
-    // The page is ours alone: no holder of its last connection is left (`release`, `reclaim`).
-    for i in 0..PAGE / 4 {
+    // The slot is ours alone: no holder of its last connection is left (`release`, `reclaim`).
+    for i in 0..SLOT / 4 {
         word(base, found, i).store(0, Ordering::Relaxed);
     }
     Some((found as u32, word(base, found, 0) as *const AtomicU32))
@@ -182,11 +198,12 @@ fn take_free(base: *mut u8) -> Option<usize> {
     for k in 0..BITMAP_WORDS {
         let w = (start + k) % BITMAP_WORDS;
         let bits = word(base, 0, w);
+        // A byte of all ones is a memory page being given back by `free`, or in use.
         let mut v = bits.load(Ordering::Relaxed);
         while v != u32::MAX {
             let bit = (!v).trailing_zeros();
             // SYNC POINT: Acquire, with the Release `fetch_and` in `free`: the last holder's
-            // use of the page comes before our zeroing and use of it.
+            // use of the slot comes before our zeroing and use of it.
             match bits.compare_exchange_weak(v, v | 1 << bit, Ordering::Acquire, Ordering::Relaxed) {
                 Ok(_) => {
                     HINT.store(w, Ordering::Relaxed);
@@ -199,69 +216,98 @@ fn take_free(base: *mut u8) -> Option<usize> {
     None
 }
 
-/// Returns page `page`'s memory and clears its bit.
-fn free(base: *mut u8, page: usize) {
-    // SAFETY: one page of our shared writable mapping of a memfd, whose connection has no
-    // holder left: its bytes are dropped (read as zeros after).
-    unsafe { libc::madvise(base.add(page * PAGE).cast(), PAGE, libc::MADV_REMOVE) };
-    // SYNC POINT: Release, with the Acquire compare-and-swap in `take_free`.
-    word(base, 0, page / 32).fetch_and(!(1 << (page % 32)), Ordering::Release);
+/// Gives slot `slot` back (clears its bit), and its memory page's memory once none of the page's
+/// slots is in use.
+fn free(base: *mut u8, slot: usize) {
+    let bits = bits(base, slot);
+    // No pid left listed: `reclaim` never takes a free slot (nor one of a page held below).
+    for i in 0..HOLDERS {
+        word(base, slot, i).store(0, Ordering::Relaxed);
+    }
+    // SYNC POINT: Release, with the Acquire compare-and-swap in `take_free` (our use of the
+    // slot comes before its next holder's zeroing and use) and the Acquire load in `reclaim`.
+    let was = bits.fetch_and(!(1 << (slot % 32)), Ordering::Release);
+    let shift = (slot % 32) / PER_PAGE * PER_PAGE;
+    let page_bits = 0xffu32 << shift;
+    let now = was & !(1 << (slot % 32));
+    if now & page_bits != 0 {
+        return;
+    }
+    // Every slot of the page free: taken all at once, so that nobody allocates one while the
+    // memory goes, then given back. Another thread that took a slot there first keeps it.
+    // SYNC POINT: Acquire, with the Release `fetch_and`s of the slots' last frees (this one's
+    // above and the others'): their uses come before the memory goes.
+    let mut v = now;
+    while v & page_bits == 0 {
+        match bits.compare_exchange_weak(v, v | page_bits, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) => {
+                let page = slot / PER_PAGE * PER_PAGE;
+                // SAFETY: one memory page of our shared writable mapping of a memfd, none of
+                // whose slots is in use (we hold all their bits): its bytes are dropped (read as
+                // zeros after).
+                unsafe { libc::madvise(base.add(page * SLOT).cast(), MEMORY_PAGE, libc::MADV_REMOVE) };
+                // SYNC POINT: Release, with the Acquire compare-and-swap in `take_free`.
+                bits.fetch_and(!page_bits, Ordering::Release);
+                return;
+            }
+            Err(seen) => v = seen,
+        }
+    }
 }
 
-/// Page `index`, handed over by an earlier image: its words, if it is a page in use.
+/// Slot `index`, handed over by an earlier image: its words, if it is a slot in use.
 pub fn at(index: u32) -> Option<*const AtomicU32> {
     let index = index as usize;
     // SYNC POINT: as in `base` (an adopted file only: never made for a handed-over index).
-    if STATE.load(Ordering::Acquire) != READY || index == 0 || index >= RECLAIM_PAGE {
+    if STATE.load(Ordering::Acquire) != READY || !(FIRST..CAPACITY).contains(&index) {
         return None;
     }
     let base = BASE.load(Ordering::Relaxed);
-    let in_use = word(base, 0, index / 32).load(Ordering::Relaxed) & 1 << (index % 32) != 0;
+    let in_use = bits(base, index).load(Ordering::Relaxed) & 1 << (index % 32) != 0;
     in_use.then(|| word(base, index, 0) as *const AtomicU32)
 }
 
-/// The connection of page `index` ended: the page is given back.
+/// The connection of slot `index` ended: the slot is given back.
 pub fn release(index: u32) {
-    if fd().is_some() && (1..RECLAIM_PAGE).contains(&(index as usize)) {
+    if fd().is_some() && (FIRST..CAPACITY).contains(&(index as usize)) {
         free(BASE.load(Ordering::Relaxed), index as usize);
     }
 }
 
-/// The page whose first word is `reclaim`'s lock (the pid holding it): the last, never handed
-/// out (its bit is set when the file is made).
-const RECLAIM_PAGE: usize = CAPACITY - 1;
-
-/// Takes back the pages whose listed holders all died (a process that
+/// Takes back the slots whose listed holders all died (a process that
 /// ended without closing its copy). One process at a time (a lock with the pid of its holder,
 /// taken over from a dead one); the others go without.
 fn reclaim(base: *mut u8) {
-    let lock = word(base, RECLAIM_PAGE, 0);
+    let lock = word(base, 0, RECLAIM_LOCK);
     let me = colo_sys::host::pid();
     let held = lock.load(Ordering::Relaxed);
     if held != 0 && alive(held) {
         return;
     }
     // SYNC POINT: Acquire, with the Release store that unlocks below: the last reclaim's
-    // frees come before this one's look at the pages.
+    // frees come before this one's look at the slots.
     if lock.compare_exchange(held, me, Ordering::Acquire, Ordering::Relaxed).is_err() {
         return;
     }
-    for page in 1..RECLAIM_PAGE {
-        if word(base, 0, page / 32).load(Ordering::Relaxed) & 1 << (page % 32) == 0 {
+    for slot in FIRST..CAPACITY {
+        // SYNC POINT: Acquire, with the Release `fetch_and` in `free`: a slot seen in use by a
+        // page `free` holds is seen with its pids cleared.
+        if bits(base, slot).load(Ordering::Acquire) & 1 << (slot % 32) == 0 {
             continue;
         }
-        // Relaxed: the pids are the whole message (`holders::Page::add_holder`). A page with
-        // no pid listed is being set up or let go: never taken.
-        let pids = || (0..HOLDERS).map(|i| word(base, page, i).load(Ordering::Relaxed)).filter(|&p| p != 0);
+        // Relaxed: the pids are the whole message (`holders::Page::add_holder`). A slot with
+        // no pid listed is being set up or let go (or is of a memory page `free` holds): never
+        // taken.
+        let pids = || (0..HOLDERS).map(|i| word(base, slot, i).load(Ordering::Relaxed)).filter(|&p| p != 0);
         if pids().next().is_some() && !pids().any(alive) {
-            free(base, page);
+            free(base, slot);
         }
     }
     // SYNC POINT: Release, with the Acquire compare-and-swap above.
     lock.store(0, Ordering::Release);
 }
 
-/// One more (`on`) or one fewer of this process's inheritable connections has a page here: the
+/// One more (`on`) or one fewer of this process's inheritable connections has a slot here: the
 /// descriptor is inheritable while there is any.
 pub fn inheritable(on: bool) {
     let Some(fd) = fd() else { return };
