@@ -36,24 +36,7 @@ keep = []
 
 
 def lingering():
-    """A TCP socket whose close waits up to `linger` s: unsent bytes to a peer that never reads."""
-    l = socket.socket()
-    l.bind(("127.0.0.1", 0))
-    l.listen(1)
-    t = socket.socket()
-    t.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    t.connect(l.getsockname())
-    peer, _ = l.accept()
-    peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    keep.extend([l, peer])
-    t.setblocking(False)
-    try:
-        while True:
-            t.send(b"x" * 65536)
-    except BlockingIOError:
-        pass
-    t.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, linger))
-    return t
+    return da.lingering(keep, linger)
 
 
 def rights(fd):
