@@ -19,21 +19,6 @@
 
 #include "scenario.h"
 
-/* A worker: answer each connection's "ping" with "pong" and the worker's pid, then close. */
-static void worker(int l) {
-    for (;;) {
-        int c = accept(l, NULL, NULL);
-        if (c < 0) continue;
-        char b[4];
-        if (read(c, b, 4) == 4) {
-            char out[32];
-            int n = snprintf(out, sizeof out, "pong %d", (int)getpid());
-            write_all(c, out, n);
-        }
-        close(c);
-    }
-}
-
 int main(void) {
     alarm(30);
     /* Many short connections in a row: the shim may send such a destination over TCP on
@@ -61,7 +46,7 @@ int main(void) {
             if (w == 0) {
                 alarm(30);
                 close(pp[1]);
-                worker(l);
+                pong_worker(l);
             }
             pids[2 + i] = w;
         }

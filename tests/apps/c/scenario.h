@@ -143,4 +143,20 @@ static inline int read_full(int fd, void *p, size_t n) {
     }
     return 0;
 }
+
+/* A worker of a forked server: answers each connection's "ping" with "pong" and the worker's
+ * pid, then closes it; never returns. */
+static inline __attribute__((unused)) void pong_worker(int l) {
+    for (;;) {
+        int c = accept(l, NULL, NULL);
+        if (c < 0) continue;
+        char b[4];
+        if (read(c, b, 4) == 4) {
+            char out[32];
+            int n = snprintf(out, sizeof out, "pong %d", (int)getpid());
+            write_all(c, out, n);
+        }
+        close(c);
+    }
+}
 #endif
