@@ -172,6 +172,47 @@ static void killed_after_reading(void) {
     T("recv", recv(s, b, sizeof b, MSG_DONTWAIT));
 }
 
+static void fin_then_unread_close(void) {
+    /* The peer shuts down writing (FIN), then closes with bytes it never read (RST): the kernel
+     * reads end of stream (the FIN came first) and keeps the reset as EPIPE (a RST in
+     * CLOSE_WAIT) for SO_ERROR. */
+    int s, c;
+    char b[8];
+    pair(&s, &c);
+    shutdown(c, SHUT_WR);
+    settle(50);
+    T("send to peer", send(s, "abcd", 4, 0));
+    settle(50);
+    close(c);
+    settle(50);
+    mask("poll", pmask(s));
+    T("recv", recv(s, b, sizeof b, MSG_DONTWAIT));
+    T("recv again", recv(s, b, sizeof b, MSG_DONTWAIT));
+    int e = so_error(s);
+    say("  SO_ERROR = %s", e ? ename(e) : "0");
+    T("send", send(s, "abcd", 4, MSG_NOSIGNAL));
+}
+
+static void fin_then_unread_close_send(void) {
+    /* The same, written to first: the write takes the reset, as EPIPE; SO_ERROR is then clear. */
+    int s, c;
+    char b[8];
+    pair(&s, &c);
+    T("send from peer", send(c, "xy", 2, 0));
+    shutdown(c, SHUT_WR);
+    settle(50);
+    T("send to peer", send(s, "abcd", 4, 0));
+    settle(50);
+    close(c);
+    settle(50);
+    T("send", send(s, "abcd", 4, MSG_NOSIGNAL));
+    int e = so_error(s);
+    say("  SO_ERROR = %s", e ? ename(e) : "0");
+    T("recv", recv(s, b, sizeof b, MSG_DONTWAIT));
+    T("recv again", recv(s, b, sizeof b, MSG_DONTWAIT));
+    T("send again", send(s, "abcd", 4, MSG_NOSIGNAL));
+}
+
 static void clean_close(void) {
     /* A clean close stays a clean end of stream. */
     int s, c;
@@ -202,6 +243,8 @@ int main(void) {
     RUN(linger0_pending_bytes);
     RUN(unread_close);
     RUN(unread_close_poll);
+    RUN(fin_then_unread_close);
+    RUN(fin_then_unread_close_send);
     RUN(blocking_recv_reset);
     RUN(killed_with_unread);
     RUN(killed_after_reading);

@@ -48,9 +48,10 @@ pub unsafe fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void,
         // SAFETY: the application's buffer the kernel just wrote an int to.
         unsafe { *(val as *mut c_int) = 0 };
         if c.take_reset_error() {
+            let err = if c.peer_reset_after_fin() { libc::EPIPE } else { libc::ECONNRESET };
             // SAFETY: the same int, the application's writable buffer of at least its size
             // (checked above).
-            unsafe { *(val as *mut c_int) = libc::ECONNRESET };
+            unsafe { *(val as *mut c_int) = err };
         }
     }
     g.ok(0) as c_int

@@ -20,8 +20,9 @@ pub fn conn_recv(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> {
     match conn_recv_inner(c, buf, flags) {
         // The peer exited without closing (no FIN in the ring) after reading all we sent: its
         // kernel would have closed the TCP socket gracefully, so this is end of stream. A reset
-        // is reported once, as the kernel's socket error; then reads see end of stream.
-        Err(e) if errno_of(&e) == libc::ECONNRESET && (c.peer_exited_cleanly() || !c.report_reset()) => Ok(0),
+        // is reported once, as the kernel's socket error; then reads see end of stream. A reset
+        // after the peer's FIN reads as end of stream at once, and stays the socket's error.
+        Err(e) if errno_of(&e) == libc::ECONNRESET && (c.peer_exited_cleanly() || c.peer_reset_after_fin() || !c.report_reset()) => Ok(0),
         r => r,
     }
 }
@@ -106,7 +107,10 @@ pub fn conn_send(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
         // Kernel TCP takes the first write after the peer closed (see `takes_write_after_close`).
         Err(e) if errno_of(&e) == libc::EPIPE && c.takes_write_after_close() => Ok(buf.len()),
         // A reset is reported once (the kernel's socket error); later writes fail as after it.
-        Err(e) if errno_of(&e) == libc::ECONNRESET && !c.report_reset() => Err(io::Error::from_raw_os_error(libc::EPIPE)),
+        // A reset after the peer's FIN is the kernel's EPIPE, the first time too.
+        Err(e) if errno_of(&e) == libc::ECONNRESET && (!c.report_reset() || c.peer_reset_after_fin()) => {
+            Err(io::Error::from_raw_os_error(libc::EPIPE))
+        }
         r => r,
     }
 }

@@ -510,6 +510,14 @@ impl Conn {
         self.peer_reset() && self.report_reset()
     }
 
+    /// Whether the peer reset the connection after its FIN (shut down writing, then closed with
+    /// bytes unread): kernel TCP then reads end of stream (the FIN came first) and keeps the
+    /// reset as `EPIPE` (a RST in CLOSE_WAIT), for `SO_ERROR` or the next write.
+    pub fn peer_reset_after_fin(&self) -> bool {
+        let (in_flags, out_flags, _) = self.flags_and_all_read();
+        in_flags & FLAG_FIN != 0 && in_flags & FLAG_RESET != 0 && out_flags & FLAG_RESET == 0
+    }
+
     /// Whether the peer reset the connection (or died leaving our bytes unread), reported or not.
     pub fn peer_reset(&self) -> bool {
         let (in_flags, out_flags, all_read) = self.flags_and_all_read();

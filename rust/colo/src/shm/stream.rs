@@ -68,17 +68,18 @@ impl Shm {
         if flags & (FLAG_FIN | FLAG_RESET) == 0 && !gone {
             return Ok(None);
         }
-        // Everything published before FIN or the hang-up is visible now; deliver it first.
+        // Everything published before FIN, a reset or the hang-up is visible now; deliver it
+        // first, as kernel TCP delivers what it queued before a RST.
         let n = if peek { rx.ring.peek(buf) } else { rx.ring.read(buf) }.map_err(|c| self.corrupt(c))?;
-        if flags & FLAG_RESET != 0 {
-            self.set(RESET);
-            return Err(io::ErrorKind::ConnectionReset.into());
-        }
         if n > 0 {
             if !peek {
                 self.wake_for_space(rx, before);
             }
             return Ok(Some(n));
+        }
+        if flags & FLAG_RESET != 0 {
+            self.set(RESET);
+            return Err(io::ErrorKind::ConnectionReset.into());
         }
         if flags & FLAG_FIN != 0 {
             return Ok(Some(0));
