@@ -173,9 +173,10 @@ impl Page {
 
     /// A relay (`service::stdio`) is about to carry the standard output of `program` (a pid)
     /// into the rings: the slot it takes, if one is free. Until the relay has forwarded the
-    /// program's end of stream (`relay_done`), a write of another holder made after the program
-    /// exited waits for it (`wait_forwarded`), as over TCP the program's writes were in the
-    /// socket before it exited.
+    /// program's end of stream and released from the incoming ring exactly what the program
+    /// read (`relay_done`), a write or a read of another holder made after the program exited
+    /// waits for it (`wait_forwarded`), as over TCP the program's writes were in the socket
+    /// before it exited, and the bytes it left unread stayed there.
     pub fn claim_relay(&self, program: u32) -> Option<usize> {
         // Relaxed (the slots' accesses, but for the Release in `relay_done`): the pids are the
         // whole message.
