@@ -11,7 +11,10 @@
  * peer's bytes beside it: the parent gets them all (the relay hands them to the program's end,
  * which never reads them, and must leave them in the ring). Each case accepted plainly and
  * close-on-exec (the connection then becomes inheritable by the child's dup2), all
- * accelerated (COLO_SHORT_LIVED=accelerate). alarm() is the watchdog. */
+ * accelerated (COLO_SHORT_LIVED=accelerate). Last, a program that closes its standard input and
+ * output and lives on, its parent's copy closed: the client reads end of stream while the
+ * program lives, as over TCP (the relay, which keeps a copy of the program's end, must notice
+ * the close). alarm() is the watchdog. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <signal.h>
@@ -22,8 +25,8 @@
 #define N 100000
 #define REPEAT 2
 
-enum child { HEAD, TRUE, CAT, WRITER, CHILDREN };
-static const char *const names[CHILDREN] = {"head -c 5", "true", "cat >/dev/null", "a writer only"};
+enum child { HEAD, TRUE, CAT, WRITER, CLOSER, CHILDREN };
+static const char *const names[CHILDREN] = {"head -c 5", "true", "cat >/dev/null", "a writer only", "a closer"};
 
 /* The exec'd writer: "R" (the parent's cue that its relay runs), then, once the parent has
  * read the peer's bytes beside it, 999 more bytes; its standard input is /dev/null. */
@@ -33,6 +36,14 @@ static int writer(void) {
     write_all(1, "R", 1);
     usleep(300000);
     write_all(1, b, sizeof b);
+    return 0;
+}
+
+/* The exec'd closer: closes its standard input and output, then lives until killed. */
+static int closer(void) {
+    close(0);
+    close(1);
+    sleep(60);
     return 0;
 }
 
@@ -46,7 +57,8 @@ static void child(enum child which, int c) {
     case HEAD: execlp("head", "head", "-c", "5", (char *)NULL); break;
     case TRUE: execlp("true", "true", (char *)NULL); break;
     case CAT: execlp("cat", "cat", (char *)NULL); break;
-    default: execl("/proc/self/exe", "stdio_unread", "writer", (char *)NULL); break;
+    case WRITER: execl("/proc/self/exe", "stdio_unread", "writer", (char *)NULL); break;
+    default: execl("/proc/self/exe", "stdio_unread", "closer", (char *)NULL); break;
     }
     _exit(127);
 }
@@ -94,7 +106,7 @@ static int round_of(int l, struct sockaddr_in *a, enum child which, int flags) {
     char q;
     write_all(k, "q", 1);
     CHECK(read(c, &q, 1) == 1 && q == 'q', "the first byte");
-    if (which != WRITER) send_request(k);
+    if (which != WRITER && which != CLOSER) send_request(k);
     pid_t pid = fork();
     if (pid < 0) die("fork");
     if (pid == 0) {
@@ -103,6 +115,17 @@ static int round_of(int l, struct sockaddr_in *a, enum child which, int flags) {
         child(which, c);
     }
     long got = 0;
+    if (which == CLOSER) {
+        close(c);
+        char b[16];
+        ssize_t r;
+        while ((r = read(k, b, sizeof b)) < 0 && errno == EINTR) {}
+        CHECK(r == 0, "the client reads end of stream while the program that closed its end lives");
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        close(k);
+        return r == 0;
+    }
     if (which == WRITER) {
         /* The request goes out once the program runs (its relay with it), and the parent reads
          * it while the program lives. */
@@ -135,6 +158,7 @@ static int round_of(int l, struct sockaddr_in *a, enum child which, int flags) {
 
 int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "writer") == 0) return writer();
+    if (argc == 2 && strcmp(argv[1], "closer") == 0) return closer();
     /* Every round accelerated: a run of short connections would otherwise go plain TCP. */
     if (shimmed() && !getenv("COLO_SHORT_LIVED")) {
         setenv("COLO_SHORT_LIVED", "accelerate", 1);
