@@ -39,6 +39,12 @@ const RELAY_SLOTS: usize = 4;
 /// `RELAY_SLOTS` words from here: for each slot, the slots whose program had exited when it was
 /// claimed (a bit each): the only ones its relay waits for (`Page::wait_forwarded`).
 const RELAY_BEFORE: usize = RELAYS + 2 * RELAY_SLOTS;
+/// The relay that keeps the bytes its program leaves unread in the ring (`service::downward`):
+/// its pid, 0 for none. One at a time: the ring has one tail, and two relays peeking ahead of it
+/// would both hand the same bytes on.
+const LAZY: usize = RELAY_BEFORE + RELAY_SLOTS;
+/// Non-zero: a relay beside it asked the one in `LAZY` to hand bytes on as they come instead.
+const LAZY_YIELD: usize = LAZY + 1;
 
 /// How long a write waits at most for a relay to forward what its exited program wrote
 /// (`Page::wait_forwarded`): a relay that holds on (a process the program left behind keeps its
@@ -242,6 +248,59 @@ impl Page {
                 }
                 colo_sys::futex::wait(word, program, Some(FORWARD_CHECK.min(deadline - now)));
             }
+        }
+    }
+
+    /// Whether the relay `me` (of slot `slot`) may keep the bytes its program leaves unread
+    /// (`LAZY`): only if no relay of a running program works beside it. A relay that keeps
+    /// them already is asked to stop (it then hands bytes on as they come, as both relays do),
+    /// and waited for (at most `FORWARD_WAIT`), so that the bytes it handed on are off the ring
+    /// before this relay reads.
+    pub fn claim_lazy(&self, me: u32, slot: Option<usize>) -> bool {
+        let beside = (0..RELAY_SLOTS).filter(|&i| Some(i) != slot).any(|i| {
+            let p = self.word(RELAYS + 2 * i).load(Ordering::Relaxed);
+            p != 0 && running(p)
+        });
+        let word = self.word(LAZY);
+        let deadline = std::time::Instant::now() + FORWARD_WAIT;
+        loop {
+            // SYNC POINT: Acquire, with the Release in `drop_lazy`: the bytes the relay that let
+            // go took off the ring are off before we read.
+            let cur = word.load(Ordering::Acquire);
+            if cur == 0 {
+                return !beside && word.compare_exchange(0, me, Ordering::Relaxed, Ordering::Relaxed).is_ok();
+            }
+            if cur == me {
+                return true;
+            }
+            if !alive(cur) {
+                let _ = word.compare_exchange(cur, 0, Ordering::Relaxed, Ordering::Relaxed);
+                continue;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            self.word(LAZY_YIELD).store(1, Ordering::Relaxed);
+            colo_sys::futex::wait(word, cur, Some(FORWARD_CHECK.min(deadline - now)));
+            if word.load(Ordering::Acquire) != cur {
+                // It let go: both hand bytes on as they come from now on.
+                return false;
+            }
+        }
+    }
+
+    /// Whether a relay beside the one that keeps unread bytes asked it to stop (`claim_lazy`).
+    pub fn lazy_yield_asked(&self) -> bool {
+        self.word(LAZY_YIELD).load(Ordering::Relaxed) != 0
+    }
+
+    /// The relay `me` no longer keeps unread bytes in the ring; one waiting for that goes on.
+    pub fn drop_lazy(&self, me: u32) {
+        // SYNC POINT: Release, with the Acquire loads in `claim_lazy`.
+        if self.word(LAZY).compare_exchange(me, 0, Ordering::Release, Ordering::Relaxed).is_ok() {
+            self.word(LAZY_YIELD).store(0, Ordering::Relaxed);
+            colo_sys::futex::wake_all(self.word(LAZY));
         }
     }
 

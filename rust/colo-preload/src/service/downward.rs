@@ -135,8 +135,9 @@ impl Parts {
 pub(crate) struct Relayed<'a> {
     /// The connection's holders page, if the relay has one.
     pub page: Option<&'a Page>,
-    /// The relay's own pid and its control socket (`Page::others_hold`).
+    /// The relay's own pid, its slot of the page and its control socket (`Page::others_hold`).
     pub me: u32,
+    pub slot: Option<usize>,
     pub control: RawFd,
     /// The program's pid and the inode of its end (`stdio::program_closed`).
     pub program: u32,
@@ -170,12 +171,31 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
     let mut stuck = STUCK_FIRST;
     let mut next_check = Instant::now() + CLOSE_CHECK;
     let mut kept = None;
-    let let_go = |hold: &mut Option<Hold>| {
-        if hold.take().is_some() && r.parts.done() {
+    // The relay is done with the program's end: a relay beside it may keep unread bytes, and
+    // the connection's other holders go on once the upward part is done too.
+    let settle = || {
+        if let Some(p) = r.page {
+            p.drop_lazy(r.me);
+        }
+        if r.parts.done() {
             (r.slot_done)();
         }
     };
+    let let_go = |hold: &mut Option<Hold>| {
+        if hold.take().is_some() {
+            settle();
+        }
+    };
+    // One relay at a time keeps unread bytes (`Page::claim_lazy`).
+    if hold.is_some() && r.page.is_some_and(|p| !p.claim_lazy(r.me, r.slot)) {
+        let_go(&mut hold);
+    }
     'relay: loop {
+        if hold.is_some() && r.page.is_some_and(|p| p.lazy_yield_asked()) {
+            // A relay beside this one reads too: the bytes handed on are the program's.
+            release(shm, &mut released, sent);
+            let_go(&mut hold);
+        }
         if let Some(h) = &hold {
             let now = Instant::now();
             let exited = poll_one(&h.pidfd, PollFlags::IN, Some(Duration::ZERO));
@@ -204,9 +224,7 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
                     // The last holder: the program's own close, as the kernel makes it.
                     drop(h.app);
                 }
-                if r.parts.done() {
-                    (r.slot_done)();
-                }
+                settle();
                 break 'relay;
             }
             if let Some(t) = taken(&h.app) {

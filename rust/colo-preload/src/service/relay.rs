@@ -187,6 +187,7 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relay
         let r = downward::Relayed {
             page: Some(conn.holders()),
             me,
+            slot: relayed.slot,
             control,
             program: relayed.program,
             app_ino: relayed.app_ino,

@@ -306,6 +306,7 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, app: &Own
         let r = Relayed {
             page: relay.page.as_ref(),
             me,
+            slot: relay.slot,
             control,
             program: relay.program,
             app_ino: relay.app_ino,
