@@ -45,6 +45,10 @@ const RELAY_BEFORE: usize = RELAYS + 2 * RELAY_SLOTS;
 const LAZY: usize = RELAY_BEFORE + RELAY_SLOTS;
 /// Non-zero: a relay beside it asked the one in `LAZY` to hand bytes on as they come instead.
 const LAZY_YIELD: usize = LAZY + 1;
+/// `RELAY_SLOTS` words from here: for each slot, its program's pid until the relay has taken
+/// off the incoming ring exactly what the program read (`Page::relay_read_done`), which a
+/// holder's read waits for (`Page::wait_read`).
+const RELAY_READS: usize = LAZY_YIELD + 1;
 
 /// How long a write waits at most for a relay to forward what its exited program wrote
 /// (`Page::wait_forwarded`): a relay that holds on (a process the program left behind keeps its
@@ -187,9 +191,11 @@ impl Page {
         // Relaxed (the slots' accesses, but for the Release in `relay_done`): the pids are the
         // whole message.
         let slot = (0..RELAY_SLOTS)
+            .filter(|&i| self.word(RELAY_READS + i).load(Ordering::Relaxed) == 0)
             .find(|&i| self.word(RELAYS + 2 * i).compare_exchange(0, program, Ordering::Relaxed, Ordering::Relaxed).is_ok())?;
         // No relay yet (the program runs meanwhile: nobody looks at this word).
         self.word(RELAYS + 2 * slot + 1).store(0, Ordering::Relaxed);
+        self.word(RELAY_READS + slot).store(program, Ordering::Relaxed);
         // The programs that ended before this one began: over TCP their bytes came first, so
         // this relay waits for theirs; the others ran beside it, and their relays and this one
         // must not wait for each other.
@@ -220,11 +226,35 @@ impl Page {
         }
     }
 
+    /// The relay of slot `slot`, for `program`, has taken off the incoming ring what the program
+    /// read, and leaves the rest (or will take nothing more): readers waiting for it go on.
+    pub fn relay_read_done(&self, slot: usize, program: u32) {
+        let word = self.word(RELAY_READS + slot);
+        // SYNC POINT: Release, with the Acquire load in `wait_slots`: the relay's releases of
+        // ring bytes (its stores of `ring_tail`) come before.
+        if word.compare_exchange(program, 0, Ordering::Release, Ordering::Relaxed).is_ok() {
+            colo_sys::futex::wake_all(word);
+        }
+    }
+
     /// Waits (at most `FORWARD_WAIT`) until every relay whose program has exited has forwarded
-    /// that program's end of stream. A relay whose program still runs is not waited for: its
-    /// writes and ours are concurrent, as two processes' writes to one socket are. A relay that
-    /// died, or outlasts the wait, is forgotten (its slot freed).
+    /// that program's end of stream (`relay_done`), for a write.
     pub fn wait_forwarded(&self) {
+        self.wait_slots(|i| RELAYS + 2 * i);
+    }
+
+    /// Waits (at most `FORWARD_WAIT`) until every relay whose program has exited has taken off
+    /// the incoming ring what that program read (`relay_read_done`), for a read: the bytes the
+    /// program left unread are then the next ones.
+    pub fn wait_read(&self) {
+        self.wait_slots(|i| RELAY_READS + i);
+    }
+
+    /// Waits for the relays whose program has exited, by the word `word_of(slot)` holding the
+    /// program's pid until the relay is done. A relay whose program still runs is not waited
+    /// for: its reads or writes and ours are concurrent, as two processes' on one socket are. A
+    /// relay that died, or outlasts the wait, is forgotten (its word cleared).
+    fn wait_slots(&self, word_of: impl Fn(usize) -> usize) {
         let mut deadline = None;
         let me = colo_sys::host::pid();
         // A relay (`service::relay` writes through the connection) waits only for the relays of
@@ -232,9 +262,9 @@ impl Page {
         let mine = (0..RELAY_SLOTS).find(|&i| self.word(RELAYS + 2 * i + 1).load(Ordering::Relaxed) == me);
         let waits_for = mine.map_or(u32::MAX, |k| self.word(RELAY_BEFORE + k).load(Ordering::Relaxed));
         for i in (0..RELAY_SLOTS).filter(|&i| waits_for & 1 << i != 0) {
-            let word = self.word(RELAYS + 2 * i);
+            let word = self.word(word_of(i));
             loop {
-                // SYNC POINT with the Release in `relay_done`.
+                // SYNC POINT with the Release in `relay_done` or `relay_read_done`.
                 let program = word.load(Ordering::Acquire);
                 if program == 0 || running(program) {
                     break;

@@ -327,12 +327,19 @@ impl Conn {
     }
 
     /// Before a shutdown of writing: bytes a relayed program wrote before it exited go first
-    /// (`holders::wait_forwarded`), as its writes were in the socket before it exited. Before a
-    /// read: the bytes such a program read are taken off the ring first, and those it left
-    /// unread stay (`service::downward`), as over TCP they stayed in the socket.
+    /// (`holders::wait_forwarded`), as its writes were in the socket before it exited.
     pub fn wait_forwarded(&self) {
         if self.holders.ever_shared() {
             self.holders.wait_forwarded();
+        }
+    }
+
+    /// Before a read: the bytes a relayed program read before it exited are off the ring, and
+    /// those it left unread are the next (`holders::wait_read`, `service::downward`), as over
+    /// TCP they stayed in the socket.
+    pub fn wait_read(&self) {
+        if self.holders.ever_shared() {
+            self.holders.wait_read();
         }
     }
 

@@ -11,9 +11,9 @@
 //! unread (`TCP_INFO`'s `tcpi_bytes_received`, then `SIOCINQ`, in that order: bytes arriving or
 //! read between the two make the difference smaller, never larger). It counts again after every
 //! send and every wake-up, and once more, exactly, when the program has ended (its pidfd), before
-//! it lets the connection's other holders go on (`holders::Page::relay_done`, which their reads
-//! and writes wait for): the bytes the program never read are then still in the ring, unread,
-//! for them, as over TCP.
+//! it lets the connection's other holders read on (`holders::Page::relay_read_done`, which their
+//! reads wait for): the bytes the program never read are then still in the ring, unread, for
+//! them, as over TCP.
 //!
 //! With the copy held, the program's exit sends its end of stream to nobody, so the relay ends
 //! the program's part itself: once no process holds the program's end any more (the program
@@ -36,7 +36,7 @@ use colo::internal::shm::Shm;
 use colo_sys::{AsRawFd, OwnedFd, RawFd};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::net::{self, SendFlags};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// How often the relay looks whether a living program still holds its end (one that closed it
@@ -113,24 +113,6 @@ fn others_have(ino: u64) -> bool {
     })
 }
 
-/// The parts a relay finishes before it gives its slot back (`holders::Page::relay_done`): the
-/// program's end of stream forwarded upward, and, while the relay holds the program's end, the
-/// exact release of what it read.
-pub(crate) struct Parts(AtomicU32);
-
-impl Parts {
-    pub(crate) fn new(hold: bool) -> Parts {
-        Parts(AtomicU32::new(if hold { 2 } else { 1 }))
-    }
-
-    /// One part done; true for the last, whose caller gives the slot back.
-    pub(crate) fn done(&self) -> bool {
-        // SYNC POINT: AcqRel, with the other part's: the last one's `relay_done` (Release)
-        // comes after both parts' effects on the rings.
-        self.0.fetch_sub(1, Ordering::AcqRel) == 1
-    }
-}
-
 /// What the loop needs of its relay.
 pub(crate) struct Relayed<'a> {
     /// The connection's holders page, if the relay has one.
@@ -144,9 +126,6 @@ pub(crate) struct Relayed<'a> {
     pub app_ino: u64,
     /// Set by the upward reader when the relay leaves the connection to another holder.
     pub leave: &'a AtomicBool,
-    /// Gives the slot back (`Page::relay_done`), when the last part is done.
-    pub parts: &'a Parts,
-    pub slot_done: &'a (dyn Fn() + Sync),
 }
 
 /// Hands the peer's bytes on to the program's end `tcp` (the relay's end) until the stream
@@ -158,9 +137,9 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
         let _ = net::sockopt::set_socket_send_buffer_size(tcp, LOOPBACK_BUFFER);
     }
     // A relay of a program that ended before this one's began releases what that one read
-    // first (`Page::wait_forwarded`), or the bytes would be handed on twice.
+    // first (`Page::wait_read`), or the bytes would be handed on twice.
     if let Some(p) = r.page {
-        p.wait_forwarded();
+        p.wait_read();
     }
     let mut buf = vec![0u8; 64 * 1024];
     let (mut sent, mut released) = (0u64, 0u64);
@@ -171,14 +150,14 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
     let mut stuck = STUCK_FIRST;
     let mut next_check = Instant::now() + CLOSE_CHECK;
     let mut kept = None;
-    // The relay is done with the program's end: a relay beside it may keep unread bytes, and
-    // the connection's other holders go on once the upward part is done too.
+    // What the relay took off the ring is all it will take for what the program read: another
+    // relay may keep unread bytes now, and the connection's other holders read on.
     let settle = || {
         if let Some(p) = r.page {
             p.drop_lazy(r.me);
-        }
-        if r.parts.done() {
-            (r.slot_done)();
+            if let Some(slot) = r.slot {
+                p.relay_read_done(slot, r.program);
+            }
         }
     };
     let let_go = |hold: &mut Option<Hold>| {
@@ -189,6 +168,10 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
     // One relay at a time keeps unread bytes (`Page::claim_lazy`).
     if hold.is_some() && r.page.is_some_and(|p| !p.claim_lazy(r.me, r.slot)) {
         let_go(&mut hold);
+    }
+    if hold.is_none() {
+        // From here on each byte leaves the ring as it is handed on.
+        settle();
     }
     'relay: loop {
         if hold.is_some() && r.page.is_some_and(|p| p.lazy_yield_asked()) {

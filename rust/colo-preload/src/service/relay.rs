@@ -27,7 +27,7 @@ use crate::conn::io::conn_send;
 use crate::conn::regs;
 use crate::conn::state::Conn;
 use crate::conn::table::{self, Entry};
-use crate::service::downward::{self, downward, Hold, Parts};
+use crate::service::downward::{self, downward, Hold};
 use crate::service::stdio::{close_all_but, loopback_pair, program_closed, start_relay};
 use colo_sys::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -58,6 +58,7 @@ pub fn hand_on(conn: &Arc<Conn>, socks: &[i32], keep_unread: bool) -> Result<(),
     let release = || {
         if let Some(slot) = relayed.slot {
             conn.holders().relay_done(slot, relayed.program);
+            conn.holders().relay_read_done(slot, relayed.program);
         }
     };
     // The relay says it started once it is a recorded holder (its fork handler ran).
@@ -117,7 +118,6 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relay
     }
     // Before the program goes on (it waits for `say`): its pid is its own.
     let hold = app.and_then(|app| Hold::new(app, relayed.program));
-    let parts = Parts::new(hold.is_some());
     // This process's fork handler has made it a holder: the parent may let go of its copy now.
     let _ = rustix::io::write(&say, &[1]);
     drop(say);
@@ -151,9 +151,7 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relay
                     Err(rustix::io::Errno::INTR) => {}
                     Err(rustix::io::Errno::CONNRESET) => {
                         conn.shm().abort();
-                        if parts.done() {
-                            slot_done();
-                        }
+                        slot_done();
                         return;
                     }
                     Ok(0) | Err(_) => break,
@@ -170,9 +168,7 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relay
                 }
             }
             let others = program_closed(relayed.program, relayed.app_ino) && conn.holders().leave(me, control);
-            if parts.done() {
-                slot_done();
-            }
+            slot_done();
             if others {
                 // SYNC POINT: Release, with the Acquire load in `downward`.
                 leave.store(true, Ordering::Release);
@@ -192,8 +188,6 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relay
             program: relayed.program,
             app_ino: relayed.app_ino,
             leave: &leave,
-            parts: &parts,
-            slot_done: &slot_done,
         };
         kept = downward(conn.shm(), &tcp, hold, &r);
     });

@@ -36,7 +36,7 @@ use crate::conn::holders::{self, Page, TURN, TURN_WAITERS};
 use crate::conn::holders_file;
 use crate::conn::turns;
 use crate::record::relayed::{Names, Raw};
-use crate::service::downward::{downward, Hold, Parts, Relayed};
+use crate::service::downward::{downward, Hold, Relayed};
 use colo::internal::carrier::Established;
 use colo_sys::{AsRawFd, BorrowedFd, OwnedFd};
 use rustix::net::{self, AddressFamily, SocketAddrAny, SocketType};
@@ -83,6 +83,7 @@ pub fn relay(est: Established, socks: &[i32], page: Option<Page>) -> Result<Opti
     let release = |page: &Option<Page>| {
         if let (Some(p), Some(slot)) = (page, slot) {
             p.relay_done(slot, program);
+            p.relay_read_done(slot, program);
         }
     };
     let _ = rustix::fs::fcntl_setfl(&app, status & rustix::fs::OFlags::NONBLOCK);
@@ -230,7 +231,6 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, app: &Own
     }
     // Before the program goes on (it waits for `say`): its pid is its own.
     let hold = Hold::new(app, relay.program);
-    let parts = Parts::new(hold.is_some());
     let _ = rustix::io::write(&say, &[1]);
     drop(say);
     // Nothing of the program's but the connection: its other descriptors (pipes, sockets,
@@ -260,11 +260,6 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, app: &Own
     // The program closed its end while another process holds the connection: the relay leaves
     // it to that process (no FIN, and the peer's bytes stay in the ring for it).
     let leave = std::sync::atomic::AtomicBool::new(false);
-    let slot_done = || {
-        if let (Some(p), Some(slot)) = (&relay.page, relay.slot) {
-            p.relay_done(slot, relay.program);
-        }
-    };
     let mut kept = None;
     std::thread::scope(|s| {
         // The program's bytes toward the peer, its FIN as the connection's.
@@ -287,8 +282,8 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, app: &Own
             // Taken off the holders before a waiting writer goes on (`relay_done`): a holder
             // that writes and closes then knows it is the last.
             let others = relay.closed() && page.is_some_and(|p| p.leave(me, control));
-            if parts.done() {
-                slot_done();
+            if let (Some(p), Some(slot)) = (page, relay.slot) {
+                p.relay_done(slot, relay.program);
             }
             if others {
                 // SYNC POINT: Release, with the Acquire load in the reading loop below.
@@ -311,8 +306,6 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, app: &Own
             program: relay.program,
             app_ino: relay.app_ino,
             leave: &leave,
-            parts: &parts,
-            slot_done: &slot_done,
         };
         kept = downward(&shm, &tcp, hold, &r);
     });
