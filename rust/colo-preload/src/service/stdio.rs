@@ -213,6 +213,15 @@ pub(crate) fn program_closed(program: u32, app_ino: u64) -> bool {
     if !holders::running(program) {
         return true;
     }
+    // The standard streams first (a stat each), the numbers the relayed end has but for a
+    // program that moved it: the whole list only if none of them is it.
+    let on = |fd: &str| {
+        rustix::fs::stat(format!("/proc/{program}/fd/{fd}"))
+            .is_ok_and(|st| st.st_ino == app_ino && rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket)
+    };
+    if ["0", "1", "2"].into_iter().any(on) {
+        return false;
+    }
     let link = format!("socket:[{app_ino}]");
     let Ok(dir) = std::fs::read_dir(format!("/proc/{program}/fd")) else { return true };
     !dir.flatten().any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == link.as_str()))
