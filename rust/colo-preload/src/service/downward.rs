@@ -149,6 +149,8 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
     let mut reset = false;
     let mut stuck = STUCK_FIRST;
     let mut next_check = Instant::now() + CLOSE_CHECK;
+    // Whether the last sleep ended with the ring's readiness fd readable.
+    let mut ring_woke = false;
     let mut kept = None;
     // What the relay took off the ring is all it will take for what the program read: another
     // relay may keep unread bytes now, and the connection's other holders read on.
@@ -258,7 +260,11 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
         // again), room in the loopback, the program's exit, or a timer.
         let want_ring = pending.0 == pending.1 && !fin;
         if want_ring {
-            shm.drain_doorbell(colo::internal::shm::Drainer::Awake);
+            // A wake-up no bell explains is the control socket, silent after the handshake
+            // unless the peer is gone or reset: read it, so that the look below reports that.
+            if !shm.drain_doorbell(colo::internal::shm::Drainer::Awake) && ring_woke {
+                shm.read_control();
+            }
             shm.announce_doorbell_sleep();
             match shm.peek_at((sent - released) as usize, &mut buf) {
                 Ok(Some(n)) if n > 0 => {
@@ -278,10 +284,11 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
             }
             timeout = Some(t);
         }
+        // The ring only while the relay waits for it (it drained the bells above, so that a
+        // ring already taken cannot end the sleep at once again); `leave` rings the self bell.
         let ring = shm.readiness_fd();
         let mut fds = Vec::with_capacity(3);
-        if want_ring || hold.is_none() {
-            // (Without a hold, also to hear of `leave`, which rings the self bell.)
+        if want_ring {
             fds.push(PollFd::new(ring, PollFlags::IN));
         }
         if pending.0 < pending.1 {
@@ -291,6 +298,7 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
             fds.push(PollFd::new(&h.pidfd, PollFlags::IN));
         }
         let _ = poll(&mut fds, timeout.map(timespec).as_ref());
+        ring_woke = want_ring && !fds[0].revents().is_empty();
     }
     if hold.is_some() {
         // The stream ended before the program did (a reset, or a send that failed): nothing
