@@ -50,6 +50,9 @@ const STUCK_LAST: Duration = Duration::from_millis(50);
 /// (`SO_SNDBUF`, `SO_RCVBUF`; the kernel doubles them): about a megabyte together, below the
 /// rings' default growth (twice TCP's largest send buffer).
 const LOOPBACK_BUFFER: usize = 256 * 1024;
+/// How many bytes the relay hands on between two looks at the program's end while it has
+/// bytes to hand on (it looks before every sleep too).
+const LOOK_EVERY: u64 = 256 * 1024;
 /// `offsetof(struct tcp_info, tcpi_bytes_received)` (Linux 4.1 on) and the size the kernel
 /// must give for it.
 const TCPI_BYTES_RECEIVED: usize = 128;
@@ -151,6 +154,8 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
     let mut next_check = Instant::now() + CLOSE_CHECK;
     // Whether the last sleep ended with the ring's readiness fd readable.
     let mut ring_woke = false;
+    // Whether to look at the program's end now, and `sent` when it was last looked at.
+    let (mut look, mut looked_at) = (true, 0u64);
     let mut kept = None;
     // What the relay took off the ring is all it will take for what the program read: another
     // relay may keep unread bytes now, and the connection's other holders read on.
@@ -181,7 +186,12 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
             release(shm, &mut released, sent);
             let_go(&mut hold);
         }
-        if let Some(h) = &hold {
+        // The program's end is looked at (its exit, its reads) before every sleep and every
+        // `LOOK_EVERY` bytes handed on, not after every send: three system calls a look.
+        let looked = hold.is_some() && (look || sent - looked_at >= LOOK_EVERY);
+        if let (true, Some(h)) = (looked, &hold) {
+            look = false;
+            looked_at = sent;
             let now = Instant::now();
             let exited = poll_one(&h.pidfd, PollFlags::IN, Some(Duration::ZERO));
             let closed = exited || now >= next_check && crate::service::stdio::program_closed(r.program, r.app_ino);
@@ -218,7 +228,8 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
                 }
                 release(shm, &mut released, t.min(sent));
             }
-        } else if fin || r.leave.load(Ordering::Acquire) {
+        }
+        if hold.is_none() && (fin || r.leave.load(Ordering::Acquire)) {
             // SYNC POINT (the Acquire above) with the upward reader's Release store of `leave`.
             break;
         }
@@ -255,6 +266,10 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
                 // The program's end is closed (only once the relay let go of its copy).
                 Err(_) => break,
             }
+        }
+        if hold.is_some() && !looked {
+            look = true;
+            continue;
         }
         // Nothing to do now: sleep until the peer's next progress (announced, then looked at
         // again), room in the loopback, the program's exit, or a timer.
@@ -299,6 +314,7 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
         }
         let _ = poll(&mut fds, timeout.map(timespec).as_ref());
         ring_woke = want_ring && !fds[0].revents().is_empty();
+        look = true;
     }
     if hold.is_some() {
         // The stream ended before the program did (a reset, or a send that failed): nothing
