@@ -172,8 +172,11 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
             settle();
         }
     };
-    // One relay at a time keeps unread bytes (`Page::claim_lazy`).
-    if hold.is_some() && r.page.is_some_and(|p| !p.claim_lazy(r.me, r.slot)) {
+    // One relay at a time keeps unread bytes (`Page::claim_lazy`), and only one with a slot of
+    // the holders page, which the other holders' reads wait for: without one, a read right
+    // after the program's exit could take again bytes the program had read.
+    let lazy = |p: &Page| r.slot.is_some() && p.claim_lazy(r.me, r.slot);
+    if hold.is_some() && !r.page.is_some_and(lazy) {
         let_go(&mut hold);
     }
     if hold.is_none() {
