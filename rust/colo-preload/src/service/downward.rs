@@ -9,11 +9,14 @@
 //! ahead of what it handed on (`Shm::peek_at`), and takes bytes off the ring only once the
 //! program has read them (`Shm::release_peeked`): what the socket received less what it holds
 //! unread (`TCP_INFO`'s `tcpi_bytes_received`, then `SIOCINQ`, in that order: bytes arriving or
-//! read between the two make the difference smaller, never larger). It counts again after every
-//! send and every wake-up, and once more, exactly, when the program has ended (its pidfd), before
-//! it lets the connection's other holders read on (`holders::Page::relay_read_done`, which their
-//! reads wait for): the bytes the program never read are then still in the ring, unread, for
-//! them, as over TCP.
+//! read between the two make the difference smaller, never larger). It counts again before every
+//! sleep and every `LOOK_EVERY` bytes handed on, and once more, exactly, when the program has
+//! ended (its pidfd), before it lets the connection's other holders read on
+//! (`holders::Page::relay_read_done`, which their reads wait for): the bytes the program never
+//! read are then still in the ring, unread, for them, as over TCP. All this needs the
+//! connection's holders page with a relay slot of it, and one relay at a time
+//! (`Page::claim_lazy`); otherwise, or without a pidfd, the relay hands bytes on as they come,
+//! taking them off the ring as it sends them.
 //!
 //! With the copy held, the program's exit sends its end of stream to nobody, so the relay ends
 //! the program's part itself: once no process holds the program's end any more (the program
