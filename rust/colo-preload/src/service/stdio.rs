@@ -24,7 +24,8 @@
 //! The relay is a holder of the connection like the others: it takes turns writing, and when
 //! the program has closed its end (not only shut down writing) while another process holds the
 //! connection, it leaves without ending the connection and without reading more of the peer's
-//! bytes, which are the other holder's to read. A peer's reset is passed on as a reset.
+//! bytes, which are the other holder's to read, nor those it handed to the program that the
+//! program never read (`service::downward`). A peer's reset is passed on as a reset.
 //!
 //! The relay is a grandchild of the program, orphaned at once (the program never sees a child
 //! it did not make, nor its exit status), in a session of its own (a terminal's signals for the
@@ -295,7 +296,7 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, app: &Own
                 p.relay_done(slot, relay.program);
             }
             if others {
-                // SYNC POINT: Release, with the Acquire load in the reading loop below.
+                // SYNC POINT: Release, with the Acquire load in `downward`.
                 leave.store(true, std::sync::atomic::Ordering::Release);
                 // A read shutdown of the relay's own (no other holder's), which wakes its
                 // reading loop, asleep for the peer's next bytes.
