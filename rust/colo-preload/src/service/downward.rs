@@ -148,7 +148,12 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
         p.wait_read();
     }
     let mut buf = vec![0u8; 64 * 1024];
+    // Counted from the ring's tail when the relay began (`base`): another holder that reads
+    // meanwhile (a parent, racing as over TCP) moves the tail, and the relay's next bytes are
+    // then past what it took, and its releases stop where its own count says.
+    let base = shm.incoming_consumed();
     let (mut sent, mut released) = (0u64, 0u64);
+    let skip = |sent: u64| base.wrapping_add(sent).saturating_sub(shm.incoming_consumed()) as usize;
     // Peeked bytes not yet sent: `buf[pending.0..pending.1]`.
     let mut pending = (0usize, 0usize);
     let mut fin = false;
@@ -189,7 +194,7 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
     'relay: loop {
         if hold.is_some() && r.page.is_some_and(|p| p.lazy_yield_asked()) {
             // A relay beside this one reads too: the bytes handed on are the program's.
-            release(shm, &mut released, sent);
+            release(shm, base, &mut released, sent);
             let_go(&mut hold);
         }
         // The program's end is looked at (its exit, its reads) before every sleep and every
@@ -208,13 +213,13 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
                 if others_have(r.app_ino) {
                     // A process the program left behind holds its end: the bytes handed on are
                     // that process's; from now on, as they come.
-                    release(shm, &mut released, sent);
+                    release(shm, base, &mut released, sent);
                     let_go(&mut hold);
                     continue;
                 }
                 // Nobody reads the program's end any more: exactly what it read leaves the ring.
                 if let Some(t) = taken(&h.app) {
-                    release(shm, &mut released, t.min(sent));
+                    release(shm, base, &mut released, t.min(sent));
                 }
                 let Some(h) = hold.take() else { unreachable!("held above") };
                 if r.page.is_some_and(|p| p.others_hold(r.me, r.control)) {
@@ -232,7 +237,7 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
                 if t.min(sent) > released {
                     stuck = STUCK_FIRST;
                 }
-                release(shm, &mut released, t.min(sent));
+                release(shm, base, &mut released, t.min(sent));
             }
         }
         if hold.is_none() && (fin || r.leave.load(Ordering::Acquire)) {
@@ -240,7 +245,7 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
             break;
         }
         if pending.0 == pending.1 && !fin {
-            match shm.peek_at((sent - released) as usize, &mut buf) {
+            match shm.peek_at(skip(sent), &mut buf) {
                 Ok(Some(0)) => {
                     // The peer's end of stream, after every byte handed on.
                     end_toward_program(tcp, false);
@@ -264,7 +269,7 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
                     pending.0 += k;
                     sent += k as u64;
                     if hold.is_none() {
-                        release(shm, &mut released, sent);
+                        release(shm, base, &mut released, sent);
                     }
                     continue;
                 }
@@ -287,7 +292,7 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
                 shm.read_control();
             }
             shm.announce_doorbell_sleep();
-            match shm.peek_at((sent - released) as usize, &mut buf) {
+            match shm.peek_at(skip(sent), &mut buf) {
                 Ok(Some(n)) if n > 0 => {
                     pending = (0, n);
                     continue;
@@ -333,11 +338,14 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
     kept
 }
 
-/// Takes the bytes from `*released` up to `upto` (counted from the relay's first) off the ring.
-fn release(shm: &Shm, released: &mut u64, upto: u64) {
+/// Takes the bytes up to `upto` (counted from the relay's first, at ring position `base`) off
+/// the ring, but those another holder read already.
+fn release(shm: &Shm, base: u64, released: &mut u64, upto: u64) {
     if upto > *released {
-        // Fewer may be unread (another holder read them, racing as over TCP): gone either way.
-        let _ = shm.release_peeked((upto - *released) as usize);
+        let left = base.wrapping_add(upto).saturating_sub(shm.incoming_consumed());
+        if left > 0 {
+            let _ = shm.release_peeked(left as usize);
+        }
         *released = upto;
     }
 }

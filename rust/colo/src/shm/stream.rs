@@ -136,6 +136,15 @@ impl Shm {
         Ok(n)
     }
 
+    /// How many incoming bytes this side has ever taken off the ring (`ring_tail`), by any of
+    /// the processes holding it: a reader that releases later (`release_peeked`) counts from
+    /// it, so that bytes another holder read meanwhile are not taken twice.
+    pub fn incoming_consumed(&self) -> u64 {
+        // Relaxed (`RingState::relaxed`): only this side's holders write it, and the release
+        // that follows loads it afresh under the reading half's lock (`adopt_rx`).
+        RingState::relaxed(&self.in_words()).tail
+    }
+
     /// Whether the incoming ring is full at its current size: a writer of the peer's at its
     /// limit waits until we release bytes.
     pub fn incoming_full(&self) -> bool {
