@@ -298,7 +298,12 @@ impl Page {
             // go took off the ring are off before we read.
             let cur = word.load(Ordering::Acquire);
             if cur == 0 {
-                return !beside && word.compare_exchange(0, me, Ordering::Relaxed, Ordering::Relaxed).is_ok();
+                if beside || word.compare_exchange(0, me, Ordering::Relaxed, Ordering::Relaxed).is_err() {
+                    return false;
+                }
+                // A request meant for the relay before (made as it let go) is not for us.
+                self.word(LAZY_YIELD).store(0, Ordering::Relaxed);
+                return true;
             }
             if cur == me {
                 return true;
