@@ -11,7 +11,11 @@
  * peer's bytes beside it: the parent gets them all (the relay hands them to the program's end,
  * which never reads them, and must leave them in the ring). Each case accepted plainly and
  * close-on-exec (the connection then becomes inheritable by the child's dup2), all
- * accelerated (COLO_SHORT_LIVED=accelerate). Last, a program that closes its standard input and
+ * accelerated (COLO_SHORT_LIVED=accelerate), with rings of 128 KiB (COLO_RING_KB=128: smaller
+ * than the loopback's buffers, so the relay also waits with everything the ring holds handed
+ * on and the peer's writer waiting for space). A program that reads in two bursts with a pause
+ * between (two `head`s in a shell) while a writer process sends BIG bytes: the parent reads the
+ * rest exactly. Last, a program that closes its standard input and
  * output and lives on, its parent's copy closed: the client reads end of stream while the
  * program lives, as over TCP (the relay, which keeps a copy of the program's end, must notice
  * the close). alarm() is the watchdog. */
@@ -23,10 +27,12 @@
 #include "scenario.h"
 
 #define N 100000
+#define BIG 3000000
+#define BURSTS 1000000
 #define REPEAT 2
 
-enum child { HEAD, TRUE, CAT, WRITER, CLOSER, CHILDREN };
-static const char *const names[CHILDREN] = {"head -c 5", "true", "cat >/dev/null", "a writer only", "a closer"};
+enum child { HEAD, TRUE, CAT, WRITER, TWO_BURSTS, CLOSER, CHILDREN };
+static const char *const names[CHILDREN] = {"head -c 5", "true", "cat >/dev/null", "a writer only", "two bursts", "a closer"};
 
 /* The exec'd writer: "R" (the parent's cue that its relay runs), then, once the parent has
  * read the peer's bytes beside it, 999 more bytes; its standard input is /dev/null. */
@@ -50,7 +56,7 @@ static int closer(void) {
 static void child(enum child which, int c) {
     int null = open("/dev/null", O_RDWR);
     if (null < 0) _exit(125);
-    if (dup2(which == WRITER ? null : c, 0) < 0 || dup2(which == CAT ? null : c, 1) < 0) _exit(126);
+    if (dup2(which == WRITER ? null : c, 0) < 0 || dup2(which == CAT || which == TWO_BURSTS ? null : c, 1) < 0) _exit(126);
     close(c);
     close(null);
     switch (which) {
@@ -58,24 +64,27 @@ static void child(enum child which, int c) {
     case TRUE: execlp("true", "true", (char *)NULL); break;
     case CAT: execlp("cat", "cat", (char *)NULL); break;
     case WRITER: execl("/proc/self/exe", "stdio_unread", "writer", (char *)NULL); break;
+    case TWO_BURSTS:
+        execl("/bin/sh", "sh", "-c", "head -c 300000 >/dev/null; sleep 0.2; head -c 700000 >/dev/null", (char *)NULL);
+        break;
     default: execl("/proc/self/exe", "stdio_unread", "closer", (char *)NULL); break;
     }
     _exit(127);
 }
 
-/* The bytes the client sends: "HELLO", then N of the pattern. */
-static void send_request(int k) {
-    static unsigned char b[N];
-    for (long i = 0; i < N; i++) b[i] = pattern(i);
+/* The bytes the client sends: "HELLO", then `len` of the pattern. */
+static void send_request(int k, long len) {
+    static unsigned char b[BIG];
+    for (long i = 0; i < len; i++) b[i] = pattern(i);
     write_all(k, "HELLO", 5);
-    write_all(k, b, N);
+    write_all(k, b, len);
     if (shutdown(k, SHUT_WR) < 0) die("shutdown");
 }
 
-/* Reads `c` to end of stream; whether it was exactly `from` bytes short of the request's
- * end: "HELLO" and the pattern from byte `from` on (from = 5: the pattern only). */
-static int rest_is(int c, long from, long *got) {
-    static unsigned char b[N + 4096];
+/* Reads `c` to end of stream; whether it was exactly the request of `len` from byte `from` on:
+ * "HELLO" and the pattern (from = 5: the pattern only). */
+static int rest_is(int c, long len, long from, long *got) {
+    static unsigned char b[BIG + 4096];
     size_t n = 0;
     ssize_t r;
     while (n < sizeof b && (r = read(c, b + n, sizeof b - n)) != 0) {
@@ -84,8 +93,8 @@ static int rest_is(int c, long from, long *got) {
         n += r;
     }
     *got = n;
-    if ((long)n != N + 5 - from) return 0;
-    for (long i = from; i < N + 5; i++) {
+    if ((long)n != len + 5 - from) return 0;
+    for (long i = from; i < len + 5; i++) {
         unsigned char want = i < 5 ? "HELLO"[i] : pattern(i - 5);
         if (b[i - from] != want) {
             fprintf(stderr, "byte %ld: %u, %u expected\n", i, b[i - from], want);
@@ -106,7 +115,16 @@ static int round_of(int l, struct sockaddr_in *a, enum child which, int flags) {
     char q;
     write_all(k, "q", 1);
     CHECK(read(c, &q, 1) == 1 && q == 'q', "the first byte");
-    if (which != WRITER && which != CLOSER) send_request(k);
+    if (which != WRITER && which != CLOSER && which != TWO_BURSTS) send_request(k, N);
+    /* BIG bytes wait for the program's reads: a process of their own writes them. */
+    pid_t sender = which == TWO_BURSTS ? fork() : 1;
+    if (sender < 0) die("fork");
+    if (sender == 0) {
+        close(c);
+        close(l);
+        send_request(k, BIG);
+        _exit(0);
+    }
     pid_t pid = fork();
     if (pid < 0) die("fork");
     if (pid == 0) {
@@ -130,12 +148,17 @@ static int round_of(int l, struct sockaddr_in *a, enum child which, int flags) {
         /* The request goes out once the program runs (its relay with it), and the parent reads
          * it while the program lives. */
         CHECK(read(k, &q, 1) == 1 && q == 'R', "the writer's cue");
-        send_request(k);
-        ok &= rest_is(c, 0, &got);
+        send_request(k, N);
+        ok &= rest_is(c, N, 0, &got);
     }
     int st;
     CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child exits 0");
-    if (which != WRITER) ok &= rest_is(c, which == HEAD ? 5 : which == TRUE ? 0 : N + 5, &got);
+    if (which == TWO_BURSTS) {
+        ok &= rest_is(c, BIG, BURSTS, &got);
+        CHECK(waitpid(sender, &st, 0) == sender && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the writer sent every byte");
+    } else if (which != WRITER) {
+        ok &= rest_is(c, N, which == HEAD ? 5 : which == TRUE ? 0 : N + 5, &got);
+    }
     if (!ok) fprintf(stderr, "%s, accepted %s: the parent read %ld bytes\n", names[which], flags ? "close-on-exec" : "plainly", got);
     write_all(c, "DONE\n", 5);
     close(c);
@@ -162,6 +185,7 @@ int main(int argc, char **argv) {
     /* Every round accelerated: a run of short connections would otherwise go plain TCP. */
     if (shimmed() && !getenv("COLO_SHORT_LIVED")) {
         setenv("COLO_SHORT_LIVED", "accelerate", 1);
+        setenv("COLO_RING_KB", "128", 1);
         execv("/proc/self/exe", argv);
         die("execv");
     }
