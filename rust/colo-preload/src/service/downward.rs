@@ -28,10 +28,10 @@
 //! it: the relay then lets go of its copy and hands bytes on as they come, releasing them as it
 //! sends (bytes that process never reads are lost with its end, as before).
 //!
-//! The loopback buffers are made smaller than the rings grow to (`Hold::new`), so that a writer
-//! waiting for space in a full ring finds the relay blocked in its send, which the program's
-//! reads end; when they are not (a small ring, a small `SO_SNDBUF` of the peer's), the relay
-//! looks again after a back-off (`STUCK_FIRST` doubling to `STUCK_LAST`) in that state only.
+//! The loopback buffers are made smaller than the rings grow to (`LOOPBACK_BUFFER`), so that a
+//! writer waiting for space in a full ring finds the relay blocked in its send, which the
+//! program's reads end; when they are not (a small ring: `COLO_RING_KB`), the relay looks again
+//! after a back-off (`STUCK_FIRST` doubling to `STUCK_LAST`) in that state only.
 
 use crate::conn::holders::Page;
 use crate::service::stdio::end_toward_program;
