@@ -521,13 +521,19 @@ impl<B: Bytes> Consumer<B> {
     /// Copies the next bytes out without releasing them. The producer may grow the ring (moving
     /// unread bytes) at any time, so the copy counts only if `ring_size` still holds the size it
     /// was made with (a sequence lock, the size its sequence number): otherwise it is made again.
+    #[inline(always)]
     fn copy_out(&mut self, dst: &mut [u8]) -> Result<usize, Corrupt> {
+        self.copy_out_at(0, dst)
+    }
+
+    /// As `copy_out`, from `skip` bytes past the first unread one (0 when none lies past it).
+    fn copy_out_at(&mut self, skip: u64, dst: &mut [u8]) -> Result<usize, Corrupt> {
         for _ in 0..MAX_REREADS {
             let mut avail = self.cached_head.wrapping_sub(self.tail);
-            if avail < dst.len() as u64 {
+            if avail < skip.saturating_add(dst.len() as u64) {
                 avail = self.refresh()?;
             }
-            let n = (avail as usize).min(dst.len());
+            let n = (avail.saturating_sub(skip) as usize).min(dst.len());
             if n == 0 {
                 return Ok(0);
             }
@@ -536,7 +542,7 @@ impl<B: Bytes> Consumer<B> {
                 self.cached_head = self.tail;
                 continue;
             }
-            let at = (self.tail & (self.size - 1)) as usize;
+            let at = (self.tail.wrapping_add(skip) & (self.size - 1)) as usize;
             let first = n.min(self.size as usize - at);
             // SAFETY: `at + first <= size <= capacity` and `n - first <= size - first`; the
             // producer published these bytes (Acquire in `refresh`) and will not overwrite them
@@ -573,6 +579,37 @@ impl<B: Bytes> Consumer<B> {
     /// Copies up to `dst.len()` bytes out without releasing them (`MSG_PEEK`).
     pub fn peek(&mut self, dst: &mut [u8]) -> Result<usize, Corrupt> {
         self.copy_out(dst)
+    }
+
+    /// Copies up to `dst.len()` bytes out without releasing them, from `skip` bytes past the
+    /// first unread one (a reader that handed the first `skip` on already and releases them
+    /// later); 0 when no byte lies past `skip`.
+    pub fn peek_at(&mut self, skip: usize, dst: &mut [u8]) -> Result<usize, Corrupt> {
+        self.copy_out_at(skip as u64, dst)
+    }
+
+    /// Releases up to `n` unread bytes without copying them (a reader that peeked them before,
+    /// `peek_at`); returns the count, which is less than `n` only if fewer are unread.
+    pub fn release(&mut self, n: usize) -> Result<usize, Corrupt> {
+        let mut avail = self.cached_head.wrapping_sub(self.tail);
+        if avail < n as u64 {
+            avail = self.refresh()?;
+        }
+        let n = (avail as usize).min(n);
+        if n > 0 {
+            self.tail = self.tail.wrapping_add(n as u64);
+            // SYNC POINT with the Acquire load of `ring_tail` in `Producer::refresh`: the copies
+            // the earlier peeks made of these bytes come before the producer overwrites them.
+            self.words.tail().store(self.tail, Ordering::Release);
+        }
+        Ok(n)
+    }
+
+    /// Whether every byte of the ring at its current size is unread (a producer at its limit
+    /// waits for space).
+    pub fn full(&mut self) -> Result<bool, Corrupt> {
+        let avail = self.refresh()?;
+        Ok(avail >= self.size)
     }
 
     /// The producer's `ring_flags`.

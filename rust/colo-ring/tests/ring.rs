@@ -194,6 +194,46 @@ proptest! {
     }
 }
 
+proptest! {
+    /// A reader that peeks ahead of what it handed on (`peek_at`) and releases later
+    /// (`release`), as a relay does for a program that reads at its own pace, while the ring
+    /// grows: every byte is peeked once, in order, and a release takes the oldest unread ones.
+    #[test]
+    fn peeking_ahead_and_releasing_later_keeps_the_stream(ops in proptest::collection::vec((0u8..4, 1usize..20000), 1..300)) {
+        let cap = 65536;
+        let (mut p, mut c, _w) = common::growing_pair(heap_bytes(cap), 4096);
+        // `model`: the unread bytes; the first `skip` of them were peeked (handed on) already.
+        let mut model = VecDeque::new();
+        let mut skip = 0usize;
+        let mut next = 0u8;
+        for (op, len) in ops {
+            match op {
+                0 => {
+                    let src: Vec<u8> = (0..len).map(|_| { next = next.wrapping_add(1); next }).collect();
+                    let n = p.write(&src).unwrap();
+                    model.extend(&src[..n]);
+                    next = next.wrapping_sub((len - n) as u8);
+                }
+                1 | 2 => {
+                    let mut dst = vec![0u8; len];
+                    let n = c.peek_at(skip, &mut dst).unwrap();
+                    prop_assert_eq!(n, len.min(model.len() - skip));
+                    let expect: Vec<u8> = model.iter().skip(skip).take(n).copied().collect();
+                    prop_assert_eq!(&dst[..n], &expect[..]);
+                    skip += n;
+                }
+                _ => {
+                    let n = c.release(len).unwrap();
+                    prop_assert_eq!(n, len.min(model.len()));
+                    model.drain(..n);
+                    skip = skip.saturating_sub(n);
+                }
+            }
+            prop_assert_eq!(c.full().unwrap(), model.len() == p.size());
+        }
+    }
+}
+
 #[test]
 fn a_full_ring_grows_to_its_limit_and_keeps_its_bytes() {
     let (mut p, mut c, w) = common::growing_pair(heap_bytes(1 << 20), 4096);

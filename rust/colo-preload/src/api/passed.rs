@@ -106,7 +106,7 @@ fn pass_on(conn: &Arc<Conn>) {
     let socks: Vec<i32> =
         table::fds_of_kind(CONN).map(|fd| fd as i32).filter(|&fd| table::conn(fd).is_some_and(|c| Arc::ptr_eq(&c, conn))).collect();
     let (local, peer) = (conn.shm().local_addr(), conn.shm().peer_addr());
-    match relay::hand_on(conn, &socks) {
+    match relay::hand_on(conn, &socks, false) {
         Ok(()) => log_info(format_args!("connection {peer} -> {local} passed to another process: relayed over loopback TCP")),
         Err(why) => log_info(format_args!("connection {peer} -> {local} passed to another process, not relayed: {why}")),
     }

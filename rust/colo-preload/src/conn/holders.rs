@@ -42,7 +42,17 @@ const RELAY_SLOTS: usize = 4;
 /// `RELAY_SLOTS` words from here: for each slot, the slots whose program had exited when it was
 /// claimed (a bit each): the only ones its relay waits for (`Page::wait_forwarded`).
 const RELAY_BEFORE: usize = RELAYS + 2 * RELAY_SLOTS;
-const _: () = assert!(RELAY_BEFORE + RELAY_SLOTS <= SLOT / 4);
+/// The relay that keeps the bytes its program leaves unread in the ring (`service::downward`):
+/// its pid, 0 for none. One at a time: the ring has one tail, and two relays peeking ahead of it
+/// would both hand the same bytes on.
+const LAZY: usize = RELAY_BEFORE + RELAY_SLOTS;
+/// Non-zero: a relay beside it asked the one in `LAZY` to hand bytes on as they come instead.
+const LAZY_YIELD: usize = LAZY + 1;
+/// `RELAY_SLOTS` words from here: for each slot, its program's pid until the relay has taken
+/// off the incoming ring exactly what the program read (`Page::relay_read_done`), which a
+/// holder's read waits for (`Page::wait_read`).
+const RELAY_READS: usize = LAZY_YIELD + 1;
+const _: () = assert!(RELAY_READS + RELAY_SLOTS <= SLOT / 4);
 
 /// How long a write waits at most for a relay to forward what its exited program wrote
 /// (`Page::wait_forwarded`): a relay that holds on (a process the program left behind keeps its
@@ -177,16 +187,19 @@ impl Page {
 
     /// A relay (`service::stdio`) is about to carry the standard output of `program` (a pid)
     /// into the rings: the slot it takes, if one is free. Until the relay has forwarded the
-    /// program's end of stream (`relay_done`), a write of another holder made after the program
-    /// exited waits for it (`wait_forwarded`), as over TCP the program's writes were in the
-    /// socket before it exited.
+    /// program's end of stream and released from the incoming ring exactly what the program
+    /// read (`relay_done`), a write or a read of another holder made after the program exited
+    /// waits for it (`wait_forwarded`), as over TCP the program's writes were in the socket
+    /// before it exited, and the bytes it left unread stayed there.
     pub fn claim_relay(&self, program: u32) -> Option<usize> {
         // Relaxed (the slots' accesses, but for the Release in `relay_done`): the pids are the
         // whole message.
         let slot = (0..RELAY_SLOTS)
+            .filter(|&i| self.word(RELAY_READS + i).load(Ordering::Relaxed) == 0)
             .find(|&i| self.word(RELAYS + 2 * i).compare_exchange(0, program, Ordering::Relaxed, Ordering::Relaxed).is_ok())?;
         // No relay yet (the program runs meanwhile: nobody looks at this word).
         self.word(RELAYS + 2 * slot + 1).store(0, Ordering::Relaxed);
+        self.word(RELAY_READS + slot).store(program, Ordering::Relaxed);
         // The programs that ended before this one began: over TCP their bytes came first, so
         // this relay waits for theirs; the others ran beside it, and their relays and this one
         // must not wait for each other.
@@ -217,11 +230,35 @@ impl Page {
         }
     }
 
+    /// The relay of slot `slot`, for `program`, has taken off the incoming ring what the program
+    /// read, and leaves the rest (or will take nothing more): readers waiting for it go on.
+    pub fn relay_read_done(&self, slot: usize, program: u32) {
+        let word = self.word(RELAY_READS + slot);
+        // SYNC POINT: Release, with the Acquire load in `wait_slots`: the relay's releases of
+        // ring bytes (its stores of `ring_tail`) come before.
+        if word.compare_exchange(program, 0, Ordering::Release, Ordering::Relaxed).is_ok() {
+            colo_sys::futex::wake_all(word);
+        }
+    }
+
     /// Waits (at most `FORWARD_WAIT`) until every relay whose program has exited has forwarded
-    /// that program's end of stream. A relay whose program still runs is not waited for: its
-    /// writes and ours are concurrent, as two processes' writes to one socket are. A relay that
-    /// died, or outlasts the wait, is forgotten (its slot freed).
+    /// that program's end of stream (`relay_done`), for a write.
     pub fn wait_forwarded(&self) {
+        self.wait_slots(|i| RELAYS + 2 * i);
+    }
+
+    /// Waits (at most `FORWARD_WAIT`) until every relay whose program has exited has taken off
+    /// the incoming ring what that program read (`relay_read_done`), for a read: the bytes the
+    /// program left unread are then the next ones.
+    pub fn wait_read(&self) {
+        self.wait_slots(|i| RELAY_READS + i);
+    }
+
+    /// Waits for the relays whose program has exited, by the word `word_of(slot)` holding the
+    /// program's pid until the relay is done. A relay whose program still runs is not waited
+    /// for: its reads or writes and ours are concurrent, as two processes' on one socket are. A
+    /// relay that died, or outlasts the wait, is forgotten (its word cleared).
+    fn wait_slots(&self, word_of: impl Fn(usize) -> usize) {
         let mut deadline = None;
         let me = colo_sys::host::pid();
         // A relay (`service::relay` writes through the connection) waits only for the relays of
@@ -229,9 +266,9 @@ impl Page {
         let mine = (0..RELAY_SLOTS).find(|&i| self.word(RELAYS + 2 * i + 1).load(Ordering::Relaxed) == me);
         let waits_for = mine.map_or(u32::MAX, |k| self.word(RELAY_BEFORE + k).load(Ordering::Relaxed));
         for i in (0..RELAY_SLOTS).filter(|&i| waits_for & 1 << i != 0) {
-            let word = self.word(RELAYS + 2 * i);
+            let word = self.word(word_of(i));
             loop {
-                // SYNC POINT with the Release in `relay_done`.
+                // SYNC POINT with the Release in `relay_done` or `relay_read_done`.
                 let program = word.load(Ordering::Acquire);
                 if program == 0 || running(program) {
                     break;
@@ -245,6 +282,64 @@ impl Page {
                 }
                 colo_sys::futex::wait(word, program, Some(FORWARD_CHECK.min(deadline - now)));
             }
+        }
+    }
+
+    /// Whether the relay `me` (of slot `slot`) may keep the bytes its program leaves unread
+    /// (`LAZY`): only if no relay of a running program works beside it. A relay that keeps
+    /// them already is asked to stop (it then hands bytes on as they come, as both relays do),
+    /// and waited for (at most `FORWARD_WAIT`), so that the bytes it handed on are off the ring
+    /// before this relay reads.
+    pub fn claim_lazy(&self, me: u32, slot: Option<usize>) -> bool {
+        let beside = (0..RELAY_SLOTS).filter(|&i| Some(i) != slot).any(|i| {
+            let p = self.word(RELAYS + 2 * i).load(Ordering::Relaxed);
+            p != 0 && running(p)
+        });
+        let word = self.word(LAZY);
+        let deadline = std::time::Instant::now() + FORWARD_WAIT;
+        loop {
+            // SYNC POINT: Acquire, with the Release in `drop_lazy`: the bytes the relay that let
+            // go took off the ring are off before we read.
+            let cur = word.load(Ordering::Acquire);
+            if cur == 0 {
+                if beside || word.compare_exchange(0, me, Ordering::Relaxed, Ordering::Relaxed).is_err() {
+                    return false;
+                }
+                // A request meant for the relay before (made as it let go) is not for us.
+                self.word(LAZY_YIELD).store(0, Ordering::Relaxed);
+                return true;
+            }
+            if cur == me {
+                return true;
+            }
+            if !alive(cur) {
+                let _ = word.compare_exchange(cur, 0, Ordering::Relaxed, Ordering::Relaxed);
+                continue;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            self.word(LAZY_YIELD).store(1, Ordering::Relaxed);
+            colo_sys::futex::wait(word, cur, Some(FORWARD_CHECK.min(deadline - now)));
+            if word.load(Ordering::Acquire) != cur {
+                // It let go: both hand bytes on as they come from now on.
+                return false;
+            }
+        }
+    }
+
+    /// Whether a relay beside the one that keeps unread bytes asked it to stop (`claim_lazy`).
+    pub fn lazy_yield_asked(&self) -> bool {
+        self.word(LAZY_YIELD).load(Ordering::Relaxed) != 0
+    }
+
+    /// The relay `me` no longer keeps unread bytes in the ring; one waiting for that goes on.
+    pub fn drop_lazy(&self, me: u32) {
+        // SYNC POINT: Release, with the Acquire loads in `claim_lazy`.
+        if self.word(LAZY).compare_exchange(me, 0, Ordering::Release, Ordering::Relaxed).is_ok() {
+            self.word(LAZY_YIELD).store(0, Ordering::Relaxed);
+            colo_sys::futex::wake_all(self.word(LAZY));
         }
     }
 

@@ -29,6 +29,8 @@ pub fn conn_recv(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> {
 
 fn conn_recv_inner(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> {
     c.adopt_read_shut();
+    // What a relayed program that exited had read is off the ring first (`service::downward`).
+    c.wait_read();
     if buf.is_empty() {
         return recv_nothing(c, flags);
     }
@@ -73,6 +75,7 @@ pub fn after_read(c: &Conn, n: usize, len: usize) {
 #[inline]
 pub fn conn_readv(c: &Conn, iov: &[iovec], flags: c_int) -> io::Result<usize> {
     c.adopt_read_shut();
+    c.wait_read();
     let mut total = 0;
     for (i, v) in iov.iter().enumerate() {
         if v.iov_len == 0 {

@@ -334,6 +334,15 @@ impl Conn {
         }
     }
 
+    /// Before a read: the bytes a relayed program read before it exited are off the ring, and
+    /// those it left unread are the next (`holders::wait_read`, `service::downward`), as over
+    /// TCP they stayed in the socket.
+    pub fn wait_read(&self) {
+        if self.holders.ever_shared() {
+            self.holders.wait_read();
+        }
+    }
+
     /// Removes us from the holders; true if another process still holds the connection: a
     /// recorded holder (fork), or, for a connection whose descriptors survive exec, a child
     /// (posix_spawn, vfork, system, popen: not recorded) or our parent (when we are the exec'd

@@ -85,7 +85,7 @@ fn set(conn: &Arc<Conn>, inheritable: bool, sock: BorrowedFd<'_>) {
             socks.push(sock.as_raw_fd());
         }
         let peer = conn.shm().peer_addr();
-        match relay::hand_on(conn, &socks) {
+        match relay::hand_on(conn, &socks, true) {
             Ok(()) => log_info(format_args!("connection to {peer} on fd {} made inheritable: relayed over loopback TCP", sock.as_raw_fd())),
             Err(why) => log_info(format_args!("connection to {peer} on fd {} made inheritable, not relayed: {why}", sock.as_raw_fd())),
         }

@@ -1,8 +1,10 @@
 //! The services: offers (a client's dial, the offer service and a server's accept), the
 //! hand-over of connections across `exec`, the relay of connections made inheritable after
-//! their memfd was closed, and the standard-I/O relay.
+//! their memfd was closed, the standard-I/O relay, and the loop both relays carry the peer's
+//! bytes toward the program with.
 
 pub mod client;
+pub mod downward;
 pub mod handover;
 pub mod offer_key;
 pub mod relay;

@@ -23,17 +23,22 @@
 //! own table, and the table of the shim, which is the parent's, is left alone.
 
 use crate::api::forget::shares_memory;
-use crate::conn::io::{conn_recv, conn_send};
+use crate::conn::io::conn_send;
 use crate::conn::regs;
 use crate::conn::state::Conn;
 use crate::conn::table::{self, Entry};
-use crate::service::stdio::{close_all_but, end_toward_program, loopback_pair, program_closed, send_all, start_relay};
+use crate::service::downward::{self, downward, Hold};
+use crate::service::stdio::{close_all_but, loopback_pair, program_closed, start_relay};
 use colo_sys::{AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Relays `conn`, whose application descriptors in this process are `socks` (see the module's
-/// comment). On failure nothing has changed.
-pub fn hand_on(conn: &Arc<Conn>, socks: &[i32]) -> Result<(), String> {
+/// comment). `keep_unread`: the peer's bytes this process (and the programs it execs) leaves
+/// unread stay in the ring for the connection's other holders (`service::downward`), as for a
+/// connection made inheritable; not for one passed to another process over `SCM_RIGHTS`,
+/// whose descriptor in flight no process lists. On failure nothing has changed.
+pub fn hand_on(conn: &Arc<Conn>, socks: &[i32], keep_unread: bool) -> Result<(), String> {
     let Some(&first) = socks.first() else { return Err("no socket".into()) };
     let (app, relay_end) = loopback_pair(conn.shm().local_addr().is_ipv6()).map_err(|e| format!("no loopback pair: {e}"))?;
     // SAFETY: the application's socket, open during this call.
@@ -53,10 +58,11 @@ pub fn hand_on(conn: &Arc<Conn>, socks: &[i32]) -> Result<(), String> {
     let release = || {
         if let Some(slot) = relayed.slot {
             conn.holders().relay_done(slot, relayed.program);
+            conn.holders().relay_read_done(slot, relayed.program);
         }
     };
     // The relay says it started once it is a recorded holder (its fork handler ran).
-    let started = start_relay(|say| run(conn, relay_end, carrier, say, relayed)).inspect_err(|_| release())?;
+    let started = start_relay(|say| run(conn, relay_end, carrier, say, relayed, keep_unread.then_some(&app))).inspect_err(|_| release())?;
     if !started {
         release();
         return Err("the relay process could not be started".into());
@@ -102,26 +108,39 @@ struct Relayed {
     slot: Option<usize>,
 }
 
-/// The relay process: never returns.
-fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relayed) -> ! {
+/// The relay process (`app`: its copy of the program's end, if it keeps what the program
+/// leaves unread): never returns.
+fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relayed, app: Option<&OwnedFd>) -> ! {
     let _ = rustix::process::setsid();
     let me = colo_sys::host::pid();
     if let Some(slot) = relayed.slot {
         conn.holders().relay_started(slot, me);
     }
+    // Before the program goes on (it waits for `say`): its pid is its own.
+    let hold = app.and_then(|app| Hold::new(app, relayed.program));
     // This process's fork handler has made it a holder: the parent may let go of its copy now.
     let _ = rustix::io::write(&say, &[1]);
     drop(say);
     let [control, own_bell, self_bell, _] = conn.fds();
+    let held = hold.as_ref().map_or([-1, -1], |h| h.fds());
     // Nothing of the program's but the connection: its other descriptors must close when the
     // program closes them.
-    close_all_but(&[tcp.as_raw_fd(), carrier.as_raw_fd(), control, own_bell, self_bell, conn.readiness_made().unwrap_or(-1)]);
+    close_all_but(&[tcp.as_raw_fd(), carrier.as_raw_fd(), control, own_bell, self_bell, conn.readiness_made().unwrap_or(-1), held[0], held[1]]);
     // 0, 1 and 2 taken by /dev/null (see `stdio::run`).
     for _ in 0..3 {
         let _ = rustix::fs::open("/dev/null", rustix::fs::OFlags::RDWR, rustix::fs::Mode::empty()).map(std::mem::forget);
     }
     conn.set_nonblocking(false);
-    let mut reset = false;
+    let slot_done = || {
+        if let Some(slot) = relayed.slot {
+            conn.holders().relay_done(slot, relayed.program);
+        }
+    };
+    // The program closed its end while another process holds the connection (a parent that
+    // forked it, which writes next): the relay leaves the connection to it, with no FIN, and
+    // the peer's bytes not yet taken stay in the ring for it.
+    let leave = AtomicBool::new(false);
+    let mut kept = None;
     std::thread::scope(|s| {
         // The program's bytes toward the peer, its FIN as the connection's, its reset (a close
         // with `SO_LINGER {1, 0}`) as a reset.
@@ -132,9 +151,7 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relay
                     Err(rustix::io::Errno::INTR) => {}
                     Err(rustix::io::Errno::CONNRESET) => {
                         conn.shm().abort();
-                        if let Some(slot) = relayed.slot {
-                            conn.holders().relay_done(slot, relayed.program);
-                        }
+                        slot_done();
                         return;
                     }
                     Ok(0) | Err(_) => break,
@@ -150,42 +167,36 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relay
                     }
                 }
             }
-            // The program closed its end while another process holds the connection (a parent
-            // that forked it, which writes next): the relay leaves the connection to it, with no
-            // FIN, and the peer's bytes not yet sent on stay in the ring for it.
             let others = program_closed(relayed.program, relayed.app_ino) && conn.holders().leave(me, control);
-            if let Some(slot) = relayed.slot {
-                conn.holders().relay_done(slot, relayed.program);
-            }
+            slot_done();
             if others {
-                // SAFETY: ends the relay without running the program's exit handlers; the
-                // connection's descriptors close here, while another process holds it.
-                unsafe { libc::_exit(0) };
+                // SYNC POINT: Release, with the Acquire load in `downward`.
+                leave.store(true, Ordering::Release);
+                // A read shutdown of the relay's own, which wakes the downward loop.
+                conn.shm().shutdown_as_tcp(true, false);
+                return;
             }
             conn.shm().shutdown_as_tcp(false, true);
         });
-        // The peer's bytes toward the program, from the first one this side has not read; each
-        // waited for with a peek and taken only then, so that a relay that leaves (its process
-        // exits) while it waits leaves them in the ring.
-        let mut buf = vec![0u8; 64 * 1024];
-        'down: loop {
-            let peeked = conn_recv(conn, &mut buf, libc::MSG_PEEK);
-            match peeked.and_then(|n| if n == 0 { Ok(0) } else { conn_recv(conn, &mut buf[..n], 0) }) {
-                Ok(0) => break,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    reset = e.kind() != std::io::ErrorKind::BrokenPipe;
-                    break;
-                }
-                Ok(n) => {
-                    if !send_all(&tcp, &buf[..n]) {
-                        break 'down;
-                    }
-                }
-            }
-        }
-        end_toward_program(&tcp, reset);
+        // The peer's bytes toward the program, from the first one this side has not read, each
+        // taken off the ring only once the program read it (or, without a hold, once sent on).
+        let r = downward::Relayed {
+            page: Some(conn.holders()),
+            me,
+            slot: relayed.slot,
+            control,
+            program: relayed.program,
+            app_ino: relayed.app_ino,
+            leave: &leave,
+        };
+        kept = downward(conn.shm(), &tcp, hold, &r);
     });
+    drop(kept);
+    if leave.load(Ordering::Relaxed) {
+        // SAFETY: ends the relay without running the program's exit handlers; the connection's
+        // descriptors close here, while another process holds it (no FIN).
+        unsafe { libc::_exit(0) };
+    }
     drop((tcp, carrier));
     // SAFETY: ends the relay without running the program's exit handlers; the kernel closes the
     // connection's descriptors, which ends it for the peer (the last holder).

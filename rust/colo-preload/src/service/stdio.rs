@@ -24,7 +24,8 @@
 //! The relay is a holder of the connection like the others: it takes turns writing, and when
 //! the program has closed its end (not only shut down writing) while another process holds the
 //! connection, it leaves without ending the connection and without reading more of the peer's
-//! bytes, which are the other holder's to read. A peer's reset is passed on as a reset.
+//! bytes, which are the other holder's to read, nor those it handed to the program that the
+//! program never read (`service::downward`). A peer's reset is passed on as a reset.
 //!
 //! The relay is a grandchild of the program, orphaned at once (the program never sees a child
 //! it did not make, nor its exit status), in a session of its own (a terminal's signals for the
@@ -36,6 +37,7 @@ use crate::conn::holders::{self, Page, TURN, TURN_WAITERS};
 use crate::conn::holders_file;
 use crate::conn::turns;
 use crate::record::relayed::{Names, Raw};
+use crate::service::downward::{downward, Hold, Relayed};
 use colo::internal::carrier::Established;
 use colo_sys::{AsRawFd, BorrowedFd, OwnedFd};
 use rustix::net::{self, AddressFamily, SocketAddrAny, SocketType};
@@ -82,6 +84,7 @@ pub fn relay(est: Established, socks: &[i32], page: Option<Page>) -> Result<Opti
     let release = |page: &Option<Page>| {
         if let (Some(p), Some(slot)) = (page, slot) {
             p.relay_done(slot, program);
+            p.relay_read_done(slot, program);
         }
     };
     let _ = rustix::fs::fcntl_setfl(&app, status & rustix::fs::OFlags::NONBLOCK);
@@ -92,7 +95,7 @@ pub fn relay(est: Established, socks: &[i32], page: Option<Page>) -> Result<Opti
             // SAFETY: ends the relay process before it ran.
             unsafe { libc::_exit(1) }
         };
-        run(est, relay_end, carrier, Relay { page, slot, program, app_ino }, say)
+        run(est, relay_end, carrier, Relay { page, slot, program, app_ino }, &app, say)
     });
     let (Some(est), Some(page)) = (est_moved, page_moved) else { unreachable!("taken only in the relay process") };
     let started = match started {
@@ -211,13 +214,22 @@ pub(crate) fn program_closed(program: u32, app_ino: u64) -> bool {
     if !holders::running(program) {
         return true;
     }
+    // The standard streams first (a stat each), the numbers the relayed end has but for a
+    // program that moved it: the whole list only if none of them is it.
+    let on = |fd: &str| {
+        rustix::fs::stat(format!("/proc/{program}/fd/{fd}"))
+            .is_ok_and(|st| st.st_ino == app_ino && rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket)
+    };
+    if ["0", "1", "2"].into_iter().any(on) {
+        return false;
+    }
     let link = format!("socket:[{app_ino}]");
     let Ok(dir) = std::fs::read_dir(format!("/proc/{program}/fd")) else { return true };
     !dir.flatten().any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == link.as_str()))
 }
 
-/// The relay process: never returns.
-fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, say: OwnedFd) -> ! {
+/// The relay process (`app`: its copy of the program's end): never returns.
+fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, app: &OwnedFd, say: OwnedFd) -> ! {
     let _ = rustix::process::setsid();
     let me = colo_sys::host::pid();
     let control = est.fds.control.as_raw_fd();
@@ -227,6 +239,8 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, say: Owne
             p.relay_started(slot, me);
         }
     }
+    // Before the program goes on (it waits for `say`): its pid is its own.
+    let hold = Hold::new(app, relay.program);
     let _ = rustix::io::write(&say, &[1]);
     drop(say);
     // Nothing of the program's but the connection: its other descriptors (pipes, sockets,
@@ -239,6 +253,8 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, say: Owne
         est.fds.self_bell.as_raw_fd(),
         est.memfd,
         holders_file::fd().unwrap_or(-1),
+        hold.as_ref().map_or(-1, |h| h.fds()[0]),
+        hold.as_ref().map_or(-1, |h| h.fds()[1]),
     ];
     close_all_but(&keep);
     // 0, 1 and 2 taken by /dev/null, so that nothing the relay opens later (an eventfd of the
@@ -251,10 +267,10 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, say: Owne
         // SAFETY: ends this process; the kernel closes the connection's descriptors.
         Err(_) => unsafe { libc::_exit(1) },
     };
-    let mut reset = false;
     // The program closed its end while another process holds the connection: the relay leaves
     // it to that process (no FIN, and the peer's bytes stay in the ring for it).
     let leave = std::sync::atomic::AtomicBool::new(false);
+    let mut kept = None;
     std::thread::scope(|s| {
         // The program's bytes toward the peer, its FIN as the connection's.
         s.spawn(|| {
@@ -280,7 +296,7 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, say: Owne
                 p.relay_done(slot, relay.program);
             }
             if others {
-                // SYNC POINT: Release, with the Acquire load in the reading loop below.
+                // SYNC POINT: Release, with the Acquire load in `downward`.
                 leave.store(true, std::sync::atomic::Ordering::Release);
                 // A read shutdown of the relay's own (no other holder's), which wakes its
                 // reading loop, asleep for the peer's next bytes.
@@ -289,34 +305,21 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, say: Owne
                 shm.shutdown(false, true);
             }
         });
-        // The peer's bytes toward the program, from the first one this side has not read. Each
-        // is taken from the ring only once sent on (peeked first): a relay that leaves leaves
-        // the rest in the ring.
-        let mut buf = vec![0u8; 64 * 1024];
-        'down: loop {
-            let peeked = shm.peek(&mut buf);
-            // SYNC POINT with the Release store above.
-            if leave.load(std::sync::atomic::Ordering::Acquire) {
-                break;
-            }
-            match peeked.and_then(|n| if n == 0 { Ok(0) } else { shm.read(&mut buf[..n]) }) {
-                Ok(0) => break,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    // A reset (or a broken connection) is passed on as a reset: the last close
-                    // of this end, below, sends RST; the program's reader ends first.
-                    reset = e.kind() != std::io::ErrorKind::BrokenPipe;
-                    break;
-                }
-                Ok(n) => {
-                    if !send_all(&tcp, &buf[..n]) {
-                        break 'down;
-                    }
-                }
-            }
-        }
-        end_toward_program(&tcp, reset);
+        // The peer's bytes toward the program, from the first one this side has not read, each
+        // taken off the ring only once the program read it (`downward`): a relay that leaves
+        // leaves the rest in the ring.
+        let r = Relayed {
+            page: relay.page.as_ref(),
+            me,
+            slot: relay.slot,
+            control,
+            program: relay.program,
+            app_ino: relay.app_ino,
+            leave: &leave,
+        };
+        kept = downward(&shm, &tcp, hold, &r);
     });
+    drop(kept);
     if leave.load(std::sync::atomic::Ordering::Relaxed) {
         // Another holder has the connection: exiting closes the relay's descriptors, and the
         // rings are left as they are (no FIN; the peer sees no hang-up while that holder lives).
@@ -333,19 +336,6 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, say: Owne
     drop((tcp, carrier));
     // SAFETY: ends the relay without running the program's exit handlers.
     unsafe { libc::_exit(0) }
-}
-
-/// Sends all of `bytes` to the program's end of a relay's loopback connection; false once it
-/// cannot (the program closed its end).
-pub(crate) fn send_all(tcp: &OwnedFd, mut bytes: &[u8]) -> bool {
-    while !bytes.is_empty() {
-        match net::send(tcp, bytes, net::SendFlags::NOSIGNAL) {
-            Ok(k) => bytes = &bytes[k..],
-            Err(rustix::io::Errno::INTR) => {}
-            Err(_) => return false,
-        }
-    }
-    true
 }
 
 /// The peer's stream ended: the program's end of a relay's loopback connection gets a reset

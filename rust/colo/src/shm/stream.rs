@@ -45,13 +45,14 @@ impl Shm {
         }
     }
 
-    fn try_read(&self, rx: &mut RxHalf, buf: &mut [u8], peek: bool) -> io::Result<Option<usize>> {
+    /// One look: `skip` (with `peek`) is how many unread bytes to look past.
+    fn try_read(&self, rx: &mut RxHalf, buf: &mut [u8], peek: bool, skip: usize) -> io::Result<Option<usize>> {
         if self.has(READ_SHUT) || self.adopt_shared_read_shut() {
-            return self.read_after_shutdown(rx, buf, peek).map(Some);
+            return self.read_after_shutdown(rx, buf, peek, skip).map(Some);
         }
         self.adopt_rx(rx);
         let before = rx.ring.consumed();
-        let got = if peek { rx.ring.peek(buf) } else { rx.ring.read(buf) };
+        let got = if peek { rx.ring.peek_at(skip, buf) } else { rx.ring.read(buf) };
         let n = got.map_err(|c| self.corrupt(c))?;
         if n > 0 {
             if !peek {
@@ -70,7 +71,7 @@ impl Shm {
         }
         // Everything published before FIN, a reset or the hang-up is visible now; deliver it
         // first, as kernel TCP delivers what it queued before a RST.
-        let n = if peek { rx.ring.peek(buf) } else { rx.ring.read(buf) }.map_err(|c| self.corrupt(c))?;
+        let n = if peek { rx.ring.peek_at(skip, buf) } else { rx.ring.read(buf) }.map_err(|c| self.corrupt(c))?;
         if n > 0 {
             if !peek {
                 self.wake_for_space(rx, before);
@@ -106,7 +107,51 @@ impl Shm {
             return Ok(0);
         }
         let mut rx = lock(&self.rx);
-        self.look_then_wait(&mut rx, |h| &mut h.spinner, &self.read_timeout, |rx| self.try_read(rx, buf, peek))
+        self.look_then_wait(&mut rx, |h| &mut h.spinner, &self.read_timeout, |rx| self.try_read(rx, buf, peek, 0))
+    }
+
+    /// One look at the incoming bytes from `skip` past the first unread one, never waiting
+    /// (a relay that hands bytes on before the reader it hands them to has taken them, and
+    /// releases them only then, `release_peeked`): `Some(n)`, `n` bytes copied; `Some(0)`, end of
+    /// stream with no byte past `skip`; `None`, none yet. A reset is reported as `read`
+    /// reports it.
+    pub fn peek_at(&self, skip: usize, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        if buf.is_empty() || self.has(READ_TOLD) {
+            return Ok(Some(0));
+        }
+        let mut rx = lock(&self.rx);
+        self.try_read(&mut rx, buf, true, skip)
+    }
+
+    /// Takes up to `n` of the unread bytes off the incoming ring without copying them (bytes
+    /// peeked with `peek_at` before), waking a writer that waits for space as a read does;
+    /// returns the count, less than `n` only if fewer are unread (another holder read them).
+    pub fn release_peeked(&self, n: usize) -> io::Result<usize> {
+        let mut rx = lock(&self.rx);
+        self.adopt_rx(&mut rx);
+        let before = rx.ring.consumed();
+        let n = rx.ring.release(n).map_err(|c| self.corrupt(c))?;
+        if n > 0 {
+            self.wake_for_space(&rx, before);
+        }
+        Ok(n)
+    }
+
+    /// How many incoming bytes this side has ever taken off the ring (`ring_tail`), by any of
+    /// the processes holding it: a reader that releases later (`release_peeked`) counts from
+    /// it, so that bytes another holder read meanwhile are not taken twice.
+    pub fn incoming_consumed(&self) -> u64 {
+        // Relaxed (`RingState::relaxed`): only this side's holders write it, and the release
+        // that follows loads it afresh under the reading half's lock (`adopt_rx`).
+        RingState::relaxed(&self.in_words()).tail
+    }
+
+    /// Whether the incoming ring is full at its current size: a writer of the peer's at its
+    /// limit waits until we release bytes.
+    pub fn incoming_full(&self) -> bool {
+        let mut rx = lock(&self.rx);
+        self.adopt_rx(&mut rx);
+        rx.ring.full().unwrap_or(false)
     }
 
     /// Bytes ready to read now (`FIONREAD`).

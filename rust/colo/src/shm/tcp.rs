@@ -93,13 +93,13 @@ impl Shm {
     /// A read after our read shutdown: end of stream once the peer was told (it writes no
     /// more); before that (a shutdown of reading alone), as kernel TCP, the bytes that have
     /// arrived, then end of stream, never waiting.
-    pub(super) fn read_after_shutdown(&self, rx: &mut RxHalf, buf: &mut [u8], peek: bool) -> io::Result<usize> {
+    pub(super) fn read_after_shutdown(&self, rx: &mut RxHalf, buf: &mut [u8], peek: bool, skip: usize) -> io::Result<usize> {
         if self.has(READ_TOLD) {
             return Ok(0);
         }
         self.adopt_rx(rx);
         let before = rx.ring.consumed();
-        let got = if peek { rx.ring.peek(buf) } else { rx.ring.read(buf) };
+        let got = if peek { rx.ring.peek_at(skip, buf) } else { rx.ring.read(buf) };
         let n = got.map_err(|c| self.corrupt(c))?;
         if n > 0 && !peek {
             self.wake_for_space(rx, before);

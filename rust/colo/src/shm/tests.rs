@@ -295,3 +295,50 @@ fn a_forked_child_watches_its_copy_of_a_connection_for_itself() {
     assert!(libc::WIFEXITED(status), "child status {status}");
     assert_eq!(libc::WEXITSTATUS(status), 0, "the child was told of the hang-up (1: EAGAIN for 20 s)");
 }
+
+/// A relay's reads: `peek_at` copies the bytes past those it handed on already (none yet: `None`;
+/// end of stream once nothing lies past them after FIN), and `release_peeked` takes bytes off the
+/// ring later, waking a writer that waits for space as a read does.
+#[test]
+fn peeking_ahead_then_releasing_wakes_a_writer_waiting_for_space() {
+    const CAP: usize = 64 * 1024;
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    let opts = Options::new().spin(SpinMode::Never).ring_capacity(CAP as u32);
+    let a = Stream::connect_with(l.local_addr().unwrap(), &opts).unwrap();
+    let (b, _) = l.accept().unwrap();
+    let (sa, sb) = (a.shm().unwrap(), b.shm().unwrap());
+    let data: Vec<u8> = (0..2 * CAP).map(|i| (i * 7 + i / 251) as u8).collect();
+    let mut buf = vec![0u8; 2 * CAP];
+    assert!(sa.peek_at(0, &mut buf).unwrap().is_none());
+    let (done, wrote) = channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            (&b).write_all(&data).unwrap();
+            sb.shutdown(false, true);
+            done.send(()).unwrap();
+        });
+        // The ring fills (the writer then waits): every byte peeked, none released.
+        let mut got = 0;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got < CAP {
+            assert!(Instant::now() < deadline, "the ring never filled");
+            match sa.peek_at(got, &mut buf[got..]).unwrap() {
+                Some(n) => got += n,
+                None => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+        assert_eq!(&buf[..CAP], &data[..CAP]);
+        assert!(sa.peek_at(CAP, &mut buf[CAP..]).unwrap().is_none());
+        assert!(wrote.recv_timeout(Duration::from_millis(100)).is_err(), "the writer waits for space");
+        // Released later: the writer goes on, and the next bytes are past what is left.
+        assert_eq!(sa.release_peeked(CAP).unwrap(), CAP);
+        wrote.recv_timeout(Duration::from_secs(10)).expect("the release woke the writer");
+        let mut got = 0;
+        while got < CAP {
+            got += sa.peek_at(got, &mut buf[got..CAP]).unwrap().expect("bytes before FIN");
+        }
+        assert_eq!(&buf[..CAP], &data[CAP..]);
+        assert_eq!(sa.peek_at(CAP, &mut buf).unwrap(), Some(0), "end of stream past the last byte");
+        assert_eq!(sa.release_peeked(2 * CAP).unwrap(), CAP, "a release takes at most the unread bytes");
+    });
+}
