@@ -89,10 +89,13 @@ unsafe fn connect_fresh(g: Guard, fd: c_int, peer: SocketAddr, addr: *const sock
                 g.err(e) as c_int
             }
         }
-        client::Prepared::Connected { pending, errno } => {
-            if let Some(p) = pending {
-                client::record(fd, p);
-                if regs::has_plain(fd) {
+        client::Prepared::Connected { later, errno } => {
+            // Registered in epoll before `connect`: an offer is decided now (as below). A
+            // proposal's answer is not: it comes on the TCP socket those registrations watch.
+            let decide = matches!(later, Entry::Pending(_));
+            if !matches!(later, Entry::None) {
+                client::record_entry(fd, later);
+                if decide && regs::has_plain(fd) {
                     client::resolve_fd(fd);
                 }
             }

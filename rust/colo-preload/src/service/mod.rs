@@ -3,6 +3,7 @@
 //! their memfd was closed, and the standard-I/O relay.
 
 pub mod client;
+pub mod elsewhere;
 pub mod handover;
 pub mod offer_key;
 pub mod relay;
