@@ -496,7 +496,7 @@ impl Rendezvous {
         }
         // A client sends nothing after its PROPOSAL until answered, unless it stopped waiting
         // and went on over plain TCP (section 11, step 3): its HELLO will not come.
-        if pathsock::recv_tcp(tcp, &mut [0u8; 1], true).is_ok_and(|n| n > 0) {
+        if client_went_on(tcp) {
             return declined(BUSY, "the client went on without waiting for the answer");
         }
         let Ok(server) = nonce::<16>() else { return declined(BUSY, "no random bytes") };
@@ -690,6 +690,14 @@ pub fn claim(hello: Hello, local: SocketAddr, peer: SocketAddr) -> Option<Establ
             None
         }
     }
+}
+
+/// Whether the client of `tcp`, whose PROPOSAL was taken off the stream, has sent more bytes
+/// or ended its stream (one look, without waiting): a client that proposed sends nothing until
+/// answered unless it stopped waiting and went on over plain TCP (spec/WIRE.md section 11,
+/// step 3), and one that ended its stream sends no HELLO either.
+pub fn client_went_on(tcp: BorrowedFd<'_>) -> bool {
+    !matches!(pathsock::recv_tcp(tcp, &mut [0u8; 1], true), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
 }
 
 /// What one look at the first bytes of an accepted connection found.

@@ -233,9 +233,10 @@ impl NetnsAccepts {
                     }
                 }
                 Stage::Hello(server) => {
-                    // Bytes on the stream instead of a HELLO: the client stopped waiting for
-                    // the answer and went on over plain TCP (spec/WIRE.md section 11, step 3).
-                    let went_on = || colo_sys::pathsock::recv_tcp(w.tcp.as_fd(), &mut [0u8; 1], true).is_ok_and(|n| n > 0);
+                    // Bytes on the stream instead of a HELLO (the client stopped waiting for
+                    // the answer and went on over plain TCP: spec/WIRE.md section 11, step 3),
+                    // or its end: no HELLO is coming.
+                    let went_on = || netns::client_went_on(w.tcp.as_fd());
                     if !r.arrived(&server) && now < w.deadline && !went_on() {
                         self.waiting.push(w);
                         continue;

@@ -382,6 +382,8 @@ fn copy_entry(fd: c_int, nfd: c_int) {
             Entry::Conn(c) => Entry::Conn(c.clone()),
             Entry::Listen(l) => Entry::Listen(l.clone()),
             Entry::Guest(g) => Entry::Guest(g.clone()),
+            // Either number's read takes the late answer off the stream first.
+            Entry::Owed(o) => Entry::Owed(Box::new(crate::conn::entry::Owed { peer: o.peer })),
             _ => return,
         },
         None => return,
