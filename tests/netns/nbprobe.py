@@ -11,6 +11,9 @@
         `0`), then polls for POLLOUT (10 s), prints `SO_ERROR`'s name (`0` for none), then
         exchanges the bytes of the mode on the non-blocking socket, polling, and prints
         `INTACT` or what differed. Everything on one line.
+    nbprobe.py aioclient HOST PORT echo|banner
+        The same through asyncio's streams (a non-blocking connect, then epoll): prints
+        `CONNECTED`, then `INTACT` or what differed.
     nbprobe.py client HOST PORT echo|banner
         The same with a blocking socket (`connect` must succeed): prints `CONNECTED`, then
         `INTACT` or what differed.
@@ -127,5 +130,28 @@ def client(host, port, mode):
     print("CONNECTED", exchange(s, mode), flush=True)
 
 
+def aioclient(host, port, mode):
+    import asyncio
+    signal.alarm(60)
+
+    async def run():
+        r, w = await asyncio.open_connection(host, int(port))
+        out = ["CONNECTED"]
+        if mode == "banner":
+            banner = await r.readexactly(PAYLOAD)
+            if banner != pattern(PAYLOAD, 7):
+                out.append("BANNER %d bytes, first %r" % (len(banner), banner[:16]))
+                return out
+        data = pattern(PAYLOAD, 3)
+        w.write(struct.pack("!I", len(data)) + data)
+        await w.drain()
+        back = await r.readexactly(len(data))
+        out.append("INTACT" if back == data else "ECHO %d bytes, first %r" % (len(back), back[:16]))
+        w.close()
+        return out
+
+    print(" ".join(asyncio.run(run())), flush=True)
+
+
 if __name__ == "__main__":
-    {"serve": serve, "nbclient": nbclient, "client": client}[sys.argv[1]](*sys.argv[2:])
+    {"serve": serve, "nbclient": nbclient, "client": client, "aioclient": aioclient}[sys.argv[1]](*sys.argv[2:])

@@ -100,6 +100,12 @@ for spec in 7301:echo 7302:banner; do
     else
         bad "14a non-blocking connect ($mode): '$r'; $(grep -h "connect $IP_B" "$WORK/nba$port.err" | tail -3)"
     fi
+    r=$(nb_a "$WORK/nbaio$port.err" aioclient $IP_B "$port" "$mode")
+    if [ "$r" = "CONNECTED INTACT" ] && grep -q "connect $IP_B:$port: accelerated" "$WORK/nbaio$port.err"; then
+        ok "14a python asyncio across namespaces ($mode): 1 MiB each way intact, accelerated"
+    else
+        bad "14a python asyncio ($mode): '$r'; $(grep -h "connect $IP_B" "$WORK/nbaio$port.err" | tail -3)"
+    fi
 done
 r=$(ip netns exec "$NS_A" env COLO_LOG=info COLO_NETNS_PEERS=$IP_B:7399=$DIR timeout 60 "$COLO" run -- "${NB[@]}" nbclient $IP_B 7399 echo 2>"$WORK/nba7399.err")
 if [ "$r" = "EINPROGRESS ECONNREFUSED" ]; then
@@ -107,7 +113,8 @@ if [ "$r" = "EINPROGRESS ECONNREFUSED" ]; then
 else
     bad "14b refused: '$r' (want 'EINPROGRESS ECONNREFUSED'); $(tail -2 "$WORK/nba7399.err")"
 fi
-for spec in 7303:echo:client:CONNECTED 7303:echo:nbclient:"EINPROGRESS 0" 7304:banner:client:CONNECTED 7304:banner:nbclient:"EINPROGRESS 0"; do
+for spec in 7303:echo:client:CONNECTED 7303:echo:nbclient:"EINPROGRESS 0" 7303:echo:aioclient:CONNECTED \
+    7304:banner:client:CONNECTED 7304:banner:nbclient:"EINPROGRESS 0" 7304:banner:aioclient:CONNECTED; do
     IFS=: read -r port mode how want <<<"$spec"
     log=$WORK/nba$port$how.err
     r=$(nb_a "$log" $how $IP_B "$port" "$mode")

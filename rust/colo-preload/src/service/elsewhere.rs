@@ -18,6 +18,7 @@ use crate::base::log::{log_debug, log_info};
 use crate::conn::entry::{Dialing, Owed, Pending};
 use crate::conn::table::{self, Entry, Slot};
 use crate::real;
+use crate::record::adapt;
 use crate::service::client::{geometry, timeout, Prepared};
 use colo::internal::netns::{self, Dialed, Late};
 use colo_sys::BorrowedFd;
@@ -133,9 +134,13 @@ fn answered(b: BorrowedFd<'_>, d: Dialing) -> Result<Box<Pending>, Entry> {
     match proposed.finish(b, local, peer, geometry(), deadline.saturating_duration_since(waited)) {
         Dialed::Offered(offer) => Ok(Box::new(Pending { offer: *offer, deadline: Instant::now() + timeout(), peer, self_served: None, pid })),
         Dialed::Broken(e) if e.kind() == io::ErrorKind::TimedOut => {
+            // Its next connections would wait the same way (a server busy or stopped): plain TCP
+            // there for a while, as for a same-namespace server whose queue does not move.
+            adapt::not_accepting(peer);
             log_info(format_args!(
-                "connect {peer}: other namespace: no answer within {} ms (its server's program has not accepted the connection); plain TCP, the answer taken off the stream when it comes",
-                timeout().as_millis()
+                "connect {peer}: other namespace: no answer within {} ms (its server's program has not accepted the connection); plain TCP, the answer taken off the stream when it comes, and plain TCP there for {:?}",
+                timeout().as_millis(),
+                adapt::BUSY_FOR
             ));
             Err(Entry::Owed(Box::new(Owed { peer })))
         }
