@@ -461,7 +461,8 @@ impl Rendezvous {
         let server = self.answer(tcp, peer, &p, wait)?;
         let deadline = Instant::now() + wait;
         loop {
-            if self.poll_hello(&server) {
+            // A client that went on over plain TCP instead sends no HELLO (section 11, step 3).
+            if self.poll_hello(&server) || client_went_on(tcp) {
                 break;
             }
             let left = deadline.saturating_duration_since(Instant::now());
