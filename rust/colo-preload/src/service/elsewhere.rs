@@ -2,16 +2,16 @@
 //! section 11): the PROPOSAL goes out as soon as the TCP connection is up, and the answer is
 //! read by whoever needs it first, never by a `connect` the application made non-blocking.
 //!
-//! - A blocking `connect` waits for the answer (at most `COLO_CARRIER_TIMEOUT_MS`), as before.
+//! - A blocking `connect` waits for the answer (at most `COLO_CARRIER_TIMEOUT_MS`).
 //! - A non-blocking one returns `EINPROGRESS` (or what the kernel said) once the PROPOSAL is
 //!   sent; the table holds a [`Dialing`] until the application's first operation on the socket
 //!   (`poll`, `epoll_ctl`, a read or a write: `client::resolve`) reads the answer, with what is
-//!   left of the same wait. Before, it waited for the answer inside `connect`.
+//!   left of the same wait, as the same-namespace path reads its server's answer.
 //! - An answer that has not come by then (the server's program has not accepted the connection)
-//!   no longer fails the connection (`ETIMEDOUT` before): it goes on over plain TCP, and the
-//!   answer, which the server sends first whenever it gets to the connection, is owed
-//!   ([`Owed`]): taken off the stream before the application reads. The server, finding the
-//!   client's bytes behind the PROPOSAL (or instead of the HELLO), declines at once.
+//!   does not fail the connection, as a late accept does not over TCP: it goes on over plain
+//!   TCP, and the answer, which the server sends first whenever it gets to the connection, is
+//!   owed ([`Owed`]): taken off the stream before the application reads. The server, finding
+//!   the client's bytes behind the PROPOSAL (or instead of the HELLO), declines at once.
 
 use crate::base::addr::sockaddr_of;
 use crate::base::log::{log_debug, log_info};
