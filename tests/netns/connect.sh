@@ -10,14 +10,14 @@
 NB=(python3 "$HERE/nbprobe.py")
 SENV=(env COLO_LOG=info COLO_NETNS_DIR="$DIR" COLO_NETNS_CLIENTS=10.231.0.0/16)
 NBS=()
-for spec in 7301:0:echo 7302:0:banner 7303:1.5:echo 7304:1.5:banner; do
+for spec in 7301:0:echo 7302:0:banner 7303:1.5:echo 7304:1.5:banner 7305:0.3:echo; do
     IFS=: read -r port delay mode <<<"$spec"
     ip netns exec "$NS_B" "${SENV[@]}" timeout 200 "$COLO" run -- "${NB[@]}" serve "$port" "$delay" "$mode" >"$WORK/nb$port.log" 2>&1 &
     PIDS+=($!)
     NBS+=($!)
 done
 for i in $(seq 100); do
-    [ "$(ls "$DIR"/colo-*-730[1-4].live 2>/dev/null | wc -l)" = 4 ] && break
+    [ "$(ls "$DIR"/colo-*-730[1-5].live 2>/dev/null | wc -l)" = 5 ] && break
     sleep 0.1
 done
 nb_a() { # LOG ARGS...: nbprobe.py in A under colo run, its log to LOG
@@ -39,6 +39,14 @@ for spec in 7301:echo 7302:banner; do
         bad "14a python asyncio ($mode): '$r'; $(grep -h "connect $IP_B" "$WORK/nbaio$port.err" | tail -3)"
     fi
 done
+# poll without waiting, with a server that accepts 0.3 s late (the client waits up to 3 s for
+# its answer): nothing reported until decided, then on shared memory.
+r=$(ip netns exec "$NS_A" "${CENV[@]}" COLO_CARRIER_TIMEOUT_MS=3000 timeout 60 "$COLO" run -- "${NB[@]}" pollzero $IP_B 7305 echo 2>"$WORK/nba7305.err")
+if [ "$r" = "EINPROGRESS NOTYET 0 INTACT" ] && grep -q "connect $IP_B:7305: accelerated" "$WORK/nba7305.err"; then
+    ok "14a poll without waiting while the answer is on its way: nothing reported, then POLLOUT, 1 MiB each way intact, accelerated"
+else
+    bad "14a poll without waiting: '$r' (want 'EINPROGRESS NOTYET 0 INTACT'); $(grep -h "connect $IP_B" "$WORK/nba7305.err" | tail -3)"
+fi
 r=$(ip netns exec "$NS_A" env COLO_LOG=info COLO_NETNS_PEERS=$IP_B:7399=$DIR timeout 60 "$COLO" run -- "${NB[@]}" nbclient $IP_B 7399 echo 2>"$WORK/nba7399.err")
 if [ "$r" = "EINPROGRESS ECONNREFUSED" ]; then
     ok "14b non-blocking connect to a closed port across namespaces: EINPROGRESS, then SO_ERROR ECONNREFUSED"

@@ -11,6 +11,11 @@
         `0`), then polls for POLLOUT (10 s), prints `SO_ERROR`'s name (`0` for none), then
         exchanges the bytes of the mode on the non-blocking socket, polling, and prints
         `INTACT` or what differed. Everything on one line.
+    nbprobe.py pollzero HOST PORT echo|banner
+        A non-blocking connect, then `poll` for POLLOUT without waiting, again and again (1 ms
+        apart) until reported: prints the connect's errno, `NOTYET` if some poll reported
+        nothing first (`DECIDED` if the first one reported POLLOUT), `SO_ERROR`'s name, then
+        `INTACT` or what differed.
     nbprobe.py aioclient HOST PORT echo|banner
         The same through asyncio's streams (a non-blocking connect, then epoll): prints
         `CONNECTED`, then `INTACT` or what differed.
@@ -130,6 +135,25 @@ def client(host, port, mode):
     print("CONNECTED", exchange(s, mode), flush=True)
 
 
+def pollzero(host, port, mode):
+    signal.alarm(60)
+    s = socket.socket()
+    s.setblocking(False)
+    out = [name(s.connect_ex((host, int(port))))]
+    p = select.poll()
+    p.register(s, select.POLLOUT)
+    empty = 0
+    while not p.poll(0):
+        empty += 1
+        time.sleep(0.001)
+    out.append("NOTYET" if empty else "DECIDED")
+    e = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    out.append(name(e))
+    if e == 0:
+        out.append(exchange(s, mode))
+    print(" ".join(out), flush=True)
+
+
 def aioclient(host, port, mode):
     import asyncio
     signal.alarm(60)
@@ -154,4 +178,4 @@ def aioclient(host, port, mode):
 
 
 if __name__ == "__main__":
-    {"serve": serve, "nbclient": nbclient, "client": client, "aioclient": aioclient}[sys.argv[1]](*sys.argv[2:])
+    {"serve": serve, "nbclient": nbclient, "pollzero": pollzero, "client": client, "aioclient": aioclient}[sys.argv[1]](*sys.argv[2:])

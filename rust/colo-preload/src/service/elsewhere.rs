@@ -86,7 +86,7 @@ fn dial(b: BorrowedFd<'_>, peer: SocketAddr, dir: &Path, blocking: bool) -> Prep
     }
     let proposed = match netns::send_proposal(b, dir) {
         Ok(p) => p,
-        Err(d) => return undecided(b, peer, d, told),
+        Err(d) => return unproposed(b, peer, d, told),
     };
     let d = Box::new(Dialing { proposed, deadline: Instant::now() + timeout(), peer, pid: colo_sys::host::pid() });
     if !blocking {
@@ -110,14 +110,14 @@ fn failed(b: BorrowedFd<'_>) -> bool {
 
 /// A proposal that did not get as far as an offer: plain TCP, or (the stream unusable) a
 /// connection shut down both ways so that nothing of colo's reaches the server's program.
-fn undecided(b: BorrowedFd<'_>, peer: SocketAddr, d: Dialed, errno: i32) -> Prepared {
+fn unproposed(b: BorrowedFd<'_>, peer: SocketAddr, d: Dialed, errno: i32) -> Prepared {
     match d {
         Dialed::Plain(why) => log_info(format_args!("connect {peer}: other namespace: {why}; plain TCP")),
         Dialed::Broken(e) => {
             log_info(format_args!("connect {peer}: other namespace: {e}; connection failed"));
             let _ = rustix::net::shutdown(b, rustix::net::Shutdown::Both);
         }
-        Dialed::Offered(_) => unreachable!("an offer is not undecided"),
+        Dialed::Offered(_) => unreachable!("no offer went out"),
     }
     done(errno)
 }
@@ -145,7 +145,7 @@ fn answered(b: BorrowedFd<'_>, d: Dialing) -> Result<Box<Pending>, Entry> {
             Err(Entry::Owed(Box::new(Owed { peer })))
         }
         d => {
-            let _ = undecided(b, peer, d, 0);
+            let _ = unproposed(b, peer, d, 0);
             Err(Entry::None)
         }
     }
@@ -163,6 +163,30 @@ pub fn resolve_dialing(fd: i32, slot: &mut Slot) {
         Err(e) => e,
     };
     slot.set(now);
+}
+
+/// For `poll`: the deadline of the [`Dialing`] entry of `fd` while its answer has not come (one
+/// look without waiting, nothing taken off the stream), so that the poll waits for the answer
+/// among the application's fds and reports nothing for this one meanwhile. `None` when `fd` is
+/// no such entry, or `client::resolve` can decide it without waiting for the answer (it came,
+/// the stream shows none will, or the wait for it is over).
+pub fn undecided(fd: i32) -> Option<Instant> {
+    if table::kind(fd) != table::PENDING {
+        return None;
+    }
+    let mut slot = table::lock(fd)?;
+    let Entry::Dialing(d) = slot.entry() else { return None };
+    if Instant::now() >= d.deadline {
+        return None;
+    }
+    // SAFETY: the application's socket, open during this call.
+    let b = unsafe { BorrowedFd::borrow_raw(fd) };
+    // Nothing yet. (Part of an answer is left to `resolve`'s bounded read: the kernel would
+    // report the socket readable again at once.)
+    match colo_sys::pathsock::recv_tcp(b, &mut [0u8; 1], true) {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Some(d.deadline),
+        _ => None,
+    }
 }
 
 /// One look at the head of the stream of the [`Owed`] entry of `fd` in `slot`: once the answer
