@@ -5,8 +5,9 @@
 //! - A blocking `connect` waits for the answer (at most `COLO_CARRIER_TIMEOUT_MS`).
 //! - A non-blocking one returns `EINPROGRESS` (or what the kernel said) once the PROPOSAL is
 //!   sent; the table holds a [`Dialing`] until the application's first operation on the socket
-//!   (`poll`, `epoll_ctl`, a read or a write: `client::resolve`) reads the answer, with what is
-//!   left of the same wait, as the same-namespace path reads its server's answer.
+//!   (`epoll_ctl`, a read or a write: `client::resolve`) reads the answer, with what is left of
+//!   the same wait, as the same-namespace path reads its server's answer. A `poll` waits for the
+//!   answer with the application's other fds instead ([`undecided`]).
 //! - An answer that has not come by then (the server's program has not accepted the connection)
 //!   does not fail the connection, as a late accept does not over TCP: it goes on over plain
 //!   TCP, and the answer, which the server sends first whenever it gets to the connection, is
