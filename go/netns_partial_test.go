@@ -69,3 +69,45 @@ func TestNetnsPartialProposal(t *testing.T) {
 		}
 	}
 }
+
+// A client that stopped waiting for the answer and went on over plain TCP (spec/WIRE.md section
+// 11, step 3) has its bytes behind its PROPOSAL: the listener answers DECLINE, not ACCEPT (whose
+// HELLO would never come), and the connection goes on with the client's bytes as sent.
+func TestNetnsClientWentOn(t *testing.T) {
+	watchdog(t, 60*time.Second)
+	boot, err := bootID()
+	if err != nil {
+		t.Skip("no boot id")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	l := &Listener{netns: &netnsServer{name: "colo-1-1", boot: boot, pending: map[[24]byte]chan *offer{}, live: -1}}
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c.Write(append(netnsProposal(boot, make([]byte, 8)), "PING\r\n"...))
+	time.Sleep(20 * time.Millisecond) // the bytes behind it are there when it is read
+	if got := l.netnsClaim(s.(*net.TCPConn)); got != nil {
+		t.Fatal("claimed")
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	a := make([]byte, netnsAnswerLen)
+	if _, err := io.ReadFull(c, a); err != nil || !bytes.Equal(a[:8], netnsMagic) || a[8] != netnsDecline {
+		t.Fatalf("answer %v %x, want DECLINE", err, a[:12])
+	}
+	s.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b := make([]byte, 6)
+	if _, err := io.ReadFull(s, b); err != nil || string(b) != "PING\r\n" {
+		t.Fatalf("the bytes behind the PROPOSAL: %q %v", b, err)
+	}
+}

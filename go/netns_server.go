@@ -185,6 +185,26 @@ func (s *netnsServer) route(c *Conn, fds []int) bool {
 	return true
 }
 
+// clientWentOn reports whether the client of tc, whose PROPOSAL was read, has sent more bytes
+// or ended its stream (one look, without waiting): a client that proposed sends nothing until
+// answered unless it stopped waiting and went on over plain TCP (spec/WIRE.md section 11, step
+// 3), and then sends no HELLO.
+func clientWentOn(tc *net.TCPConn) bool {
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	b := make([]byte, 1)
+	var rerr error
+	if err := rc.Read(func(fd uintptr) bool {
+		_, _, rerr = unix.Recvfrom(int(fd), b, unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		return rerr != unix.EINTR
+	}); err != nil {
+		return false
+	}
+	return rerr != unix.EAGAIN
+}
+
 // netnsClaim runs before Accept returns tc, a connection from another namespace: answers its
 // PROPOSAL, if it opens with one, and claims the offer that proves it. nil: plain TCP.
 func (l *Listener) netnsClaim(tc *net.TCPConn) *Conn {
@@ -265,6 +285,8 @@ func (l *Listener) netnsClaim(tc *net.TCPConn) *Conn {
 		return decline(1, "version")
 	case !bytes.Equal(p[16:32], s.boot):
 		return decline(2, "another boot (another host)")
+	case clientWentOn(tc):
+		return decline(3, "the client went on without waiting for the answer")
 	}
 	var k [24]byte
 	copy(k[:8], p[32:40])

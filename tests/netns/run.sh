@@ -6,6 +6,8 @@
 # on shared memory per the shim's log and `colo stat`), then measures redis -c 50 GET across the
 # namespaces, colo against plain TCP over the same veth path (printed, not asserted).
 # Every command that can hang runs under `timeout`; everything is removed on exit.
+# NETNS_ONLY=14 runs stanza 14 alone (tests/netns/connect.sh); NETNS_KEEP=1 keeps the logs' directory;
+# NETNS_BENCH=0 skips the measurements.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -30,7 +32,7 @@ cleanup() {
     sleep 0.3
     for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
     netns_down
-    rm -rf "$WORK"
+    [ -n "${NETNS_KEEP:-}" ] || rm -rf "$WORK"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -66,6 +68,13 @@ start_redis() {
 accepted() { grep -c "accelerated (shared memory, other namespace)" "$WORK/redis.log"; }
 
 start_redis
+
+# 14. The connect path of `colo run` to another namespace: tests/netns/connect.sh.
+. "$HERE/connect.sh"
+if [ "${NETNS_ONLY:-}" = 14 ]; then
+    [ $FAILED = 0 ] && echo "tests/netns: 14 passed" || echo "tests/netns: FAILED"
+    exit $FAILED
+fi
 
 # 1. Pod to pod: redis-benchmark -c 50 across the namespaces, every connection on shared memory.
 before=$(accepted)

@@ -211,56 +211,116 @@ pub enum Dialed {
 /// it), reads the answer (bounded), and on ACCEPT connects to the rendezvous it names inside
 /// `dir` and offers a segment of `geometry`. Blocking (bounded) whatever the socket's mode.
 pub fn propose(tcp: BorrowedFd<'_>, dir: &Path, local: SocketAddr, target: SocketAddr, geometry: Geometry) -> Dialed {
-    let Some(boot) = boot_id() else { return Dialed::Plain("no boot id".into()) };
+    match send_proposal(tcp, dir) {
+        Ok(p) => p.finish(tcp, local, target, geometry, answer_wait()),
+        Err(d) => d,
+    }
+}
+
+/// A PROPOSAL sent on a connection whose answer has not been read yet.
+#[derive(Debug)]
+pub struct Proposed {
+    dirfd: OwnedFd,
+    dir_uid: u32,
+    boot: [u8; 16],
+    client_nonce: [u8; 8],
+}
+
+/// What one look at the head of a stream whose PROPOSAL is unanswered found
+/// ([`take_answer`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Late {
+    /// The whole answer was there and is now taken off the stream.
+    Taken,
+    /// The stream does not begin with an answer (a server that is not colo) or ended: nothing
+    /// was taken.
+    NotAnswer,
+    /// Nothing, or part of an answer: nothing taken; look again when more comes.
+    NotYet,
+}
+
+/// The first half of [`propose`]: opens `dir` and sends the PROPOSAL (the send bounded by
+/// `COLO_CARRIER_TIMEOUT_MS`). `Err`: nothing was sent ([`Dialed::Plain`]) or the stream is
+/// unusable ([`Dialed::Broken`]).
+pub fn send_proposal(tcp: BorrowedFd<'_>, dir: &Path) -> Result<Proposed, Dialed> {
+    let Some(boot) = boot_id() else { return Err(Dialed::Plain("no boot id".into())) };
     let client_nonce = match nonce::<8>() {
         Ok(n) => n,
-        Err(e) => return Dialed::Plain(format!("random: {e}")),
+        Err(e) => return Err(Dialed::Plain(format!("random: {e}"))),
     };
     // The directory first: a client that cannot use it sends nothing.
     let (dirfd, dir_uid) = match pathsock::open_dir(dir) {
         Ok(d) => d,
-        Err(e) => return Dialed::Plain(format!("{}: {e}", dir.display())),
+        Err(e) => return Err(Dialed::Plain(format!("{}: {e}", dir.display()))),
     };
-    let wait = answer_wait();
-    if let Err(e) = pathsock::send_tcp(tcp, &proposal(&boot, &client_nonce), wait) {
-        return Dialed::Broken(e);
+    if let Err(e) = pathsock::send_tcp(tcp, &proposal(&boot, &client_nonce), answer_wait()) {
+        return Err(Dialed::Broken(e));
     }
+    Ok(Proposed { dirfd, dir_uid, boot, client_nonce })
+}
+
+/// One look, without waiting, at the head of `tcp` whose PROPOSAL went unanswered while its
+/// client waited: a whole answer (ACCEPT or DECLINE alike) is taken off the stream, so that the
+/// application, which went on over plain TCP, never reads it.
+pub fn take_answer(tcp: BorrowedFd<'_>) -> Late {
     let mut a = [0u8; ANSWER_LEN];
-    match read_answer(tcp, &mut a, wait) {
-        Ok(true) => {}
-        Ok(false) => return Dialed::Plain("the server is not colo (its first bytes are not an answer)".into()),
-        Err(e) => return Dialed::Broken(e),
+    match pathsock::recv_tcp(tcp, &mut a, true) {
+        Ok(0) => Late::NotAnswer,
+        Ok(n) if a[..n.min(8)] != MAGIC[..n.min(8)] => Late::NotAnswer,
+        Ok(ANSWER_LEN) => match pathsock::recv_tcp(tcp, &mut a, false) {
+            Ok(ANSWER_LEN) => Late::Taken,
+            _ => Late::NotAnswer,
+        },
+        Ok(_) => Late::NotYet,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Late::NotYet,
+        Err(_) => Late::NotAnswer,
     }
-    if a[8] == DECLINE || a[8] != ACCEPT {
-        return Dialed::Plain(format!("declined (reason {})", a[10]));
-    }
-    if a[16..32] != boot {
-        return Dialed::Plain("the server runs on another boot".into());
-    }
-    let len = usize::from(a[11]);
-    let name = &a[48..48 + len.min(NAME_MAX)];
-    if len > NAME_MAX || !pathsock::valid_name(name) {
-        return Dialed::Plain("the server named a rendezvous outside its directory".into());
-    }
-    let control = match pathsock::connect_at(dirfd.as_fd(), name, wait) {
-        Ok(c) => c,
-        Err(e) => return Dialed::Plain(format!("rendezvous: {e}")),
-    };
-    // The rendezvous is bound by whoever may write in the directory: its owner (or root), or this
-    // user. Nothing is sent to another.
-    let (server_pid, server_uid) = match pathsock::peer_cred_any(&control) {
-        Ok(c) => c,
-        Err(e) => return Dialed::Plain(format!("rendezvous credentials: {e}")),
-    };
-    if ![0, dir_uid, colo_sys::host::uid()].contains(&server_uid) {
-        return Dialed::Plain(format!("rendezvous of uid {server_uid}, directory of uid {dir_uid}"));
-    }
-    let mut proof = [0u8; PROOF_LEN];
-    proof[..8].copy_from_slice(&client_nonce);
-    proof[8..].copy_from_slice(&a[32..48]);
-    match carrier::offer_with(control, server_pid, local, target, geometry, Some(&proof)) {
-        Ok(o) => Dialed::Offered(Box::new(o)),
-        Err(e) => Dialed::Plain(format!("offer: {e}")),
+}
+
+impl Proposed {
+    /// The second half of [`propose`]: reads the answer (waiting at most `wait`), and on ACCEPT
+    /// connects to the rendezvous it names and offers a segment of `geometry`.
+    /// [`Dialed::Broken`] with `TimedOut`: no answer within `wait`, and nothing was taken off
+    /// the stream (the answer may come later: [`take_answer`]).
+    pub fn finish(self, tcp: BorrowedFd<'_>, local: SocketAddr, target: SocketAddr, geometry: Geometry, wait: Duration) -> Dialed {
+        let Proposed { dirfd, dir_uid, boot, client_nonce } = self;
+        let mut a = [0u8; ANSWER_LEN];
+        match read_answer(tcp, &mut a, wait) {
+            Ok(true) => {}
+            Ok(false) => return Dialed::Plain("the server is not colo (its first bytes are not an answer)".into()),
+            Err(e) => return Dialed::Broken(e),
+        }
+        if a[8] == DECLINE || a[8] != ACCEPT {
+            return Dialed::Plain(format!("declined (reason {})", a[10]));
+        }
+        if a[16..32] != boot {
+            return Dialed::Plain("the server runs on another boot".into());
+        }
+        let len = usize::from(a[11]);
+        let name = &a[48..48 + len.min(NAME_MAX)];
+        if len > NAME_MAX || !pathsock::valid_name(name) {
+            return Dialed::Plain("the server named a rendezvous outside its directory".into());
+        }
+        let control = match pathsock::connect_at(dirfd.as_fd(), name, answer_wait()) {
+            Ok(c) => c,
+            Err(e) => return Dialed::Plain(format!("rendezvous: {e}")),
+        };
+        // The rendezvous is bound by whoever may write in the directory: its owner (or root), or
+        // this user. Nothing is sent to another.
+        let (server_pid, server_uid) = match pathsock::peer_cred_any(&control) {
+            Ok(c) => c,
+            Err(e) => return Dialed::Plain(format!("rendezvous credentials: {e}")),
+        };
+        if ![0, dir_uid, colo_sys::host::uid()].contains(&server_uid) {
+            return Dialed::Plain(format!("rendezvous of uid {server_uid}, directory of uid {dir_uid}"));
+        }
+        let mut proof = [0u8; PROOF_LEN];
+        proof[..8].copy_from_slice(&client_nonce);
+        proof[8..].copy_from_slice(&a[32..48]);
+        match carrier::offer_with(control, server_pid, local, target, geometry, Some(&proof)) {
+            Ok(o) => Dialed::Offered(Box::new(o)),
+            Err(e) => Dialed::Plain(format!("offer: {e}")),
+        }
     }
 }
 
@@ -401,7 +461,8 @@ impl Rendezvous {
         let server = self.answer(tcp, peer, &p, wait)?;
         let deadline = Instant::now() + wait;
         loop {
-            if self.poll_hello(&server) {
+            // A client that went on over plain TCP instead sends no HELLO (section 11, step 3).
+            if self.poll_hello(&server) || client_went_on(tcp) {
                 break;
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -433,6 +494,11 @@ impl Rendezvous {
         }
         if p[16..32] != self.boot {
             return declined(OTHER_BOOT, "another boot (another host)");
+        }
+        // A client sends nothing after its PROPOSAL until answered, unless it stopped waiting
+        // and went on over plain TCP (section 11, step 3): its HELLO will not come.
+        if client_went_on(tcp) {
+            return declined(BUSY, "the client went on without waiting for the answer");
         }
         let Ok(server) = nonce::<16>() else { return declined(BUSY, "no random bytes") };
         let client: [u8; 8] = p[32..40].try_into().expect("8 bytes");
@@ -625,6 +691,14 @@ pub fn claim(hello: Hello, local: SocketAddr, peer: SocketAddr) -> Option<Establ
             None
         }
     }
+}
+
+/// Whether the client of `tcp`, whose PROPOSAL was taken off the stream, has sent more bytes
+/// or ended its stream (one look, without waiting): a client that proposed sends nothing until
+/// answered unless it stopped waiting and went on over plain TCP (spec/WIRE.md section 11,
+/// step 3), and one that ended its stream sends no HELLO either.
+pub fn client_went_on(tcp: BorrowedFd<'_>) -> bool {
+    !matches!(pathsock::recv_tcp(tcp, &mut [0u8; 1], true), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
 }
 
 /// What one look at the first bytes of an accepted connection found.

@@ -212,8 +212,12 @@ impl NetnsAccepts {
                             self.waiting.push(w);
                         }
                         Opening::Proposal => {
-                            let _ = poller.delete(&w.tcp);
                             w.lower();
+                            // Watched once more while its HELLO is awaited: bytes there instead
+                            // mean the client went on over plain TCP (below).
+                            if poller.rearm_once(&w.tcp, self.token).is_err() {
+                                let _ = poller.delete(&w.tcp);
+                            }
                             // 112 bytes first on a new connection: room is there, or the
                             // connection is of no use (no wait for it here).
                             match r.answer(w.tcp.as_fd(), w.peer, &p, Duration::ZERO) {
@@ -229,11 +233,15 @@ impl NetnsAccepts {
                     }
                 }
                 Stage::Hello(server) => {
-                    if !r.arrived(&server) && now < w.deadline {
+                    // Bytes on the stream instead of a HELLO (the client stopped waiting for
+                    // the answer and went on over plain TCP: spec/WIRE.md section 11, step 3),
+                    // or its end: no HELLO is coming.
+                    let went_on = || netns::client_went_on(w.tcp.as_fd());
+                    if !r.arrived(&server) && now < w.deadline && !went_on() {
                         self.waiting.push(w);
                         continue;
                     }
-                    self.finish(r, w, &server);
+                    self.finish(r, poller, w, &server);
                 }
             }
         }
@@ -248,7 +256,8 @@ impl NetnsAccepts {
     }
 
     /// Ends the wait of `w` for the HELLO proving `server`: claimed if it came, else plain TCP.
-    fn finish(&mut self, r: &Rendezvous, w: Waiting, server: &[u8; 16]) {
+    fn finish(&mut self, r: &Rendezvous, poller: &Poller, w: Waiting, server: &[u8; 16]) {
+        let _ = poller.delete(&w.tcp);
         let Some(hello) = r.finish(server) else {
             log::info(format_args!("accept {}: no proved offer in time; plain TCP", w.peer));
             return self.deliver_tcp(w);
@@ -274,7 +283,7 @@ impl NetnsAccepts {
         }
         match w.stage {
             Stage::Opening => self.plain(poller, w),
-            Stage::Hello(server) => self.finish(r, w, &server),
+            Stage::Hello(server) => self.finish(r, poller, w, &server),
         }
         self.arm();
         true
@@ -356,6 +365,69 @@ mod tests {
         proposer.read_exact(&mut answer).unwrap();
         assert_eq!((&answer[..8], answer[8]), (&netns::MAGIC[..], 2), "the proposal was answered ACCEPT");
         drop((silent, r));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Clients that stopped waiting for the answer and went on over plain TCP (spec/WIRE.md
+    /// section 11, step 3): one whose bytes already follow its PROPOSAL is answered DECLINE, one
+    /// that sends bytes after its ACCEPT instead of the HELLO ends its wait. Both reach the
+    /// application before a proposer admitted first that sends nothing after its PROPOSAL (whose
+    /// wait ends only with the HELLO wait), each with its bytes intact. Watchdog: 20 s.
+    #[test]
+    fn a_client_that_went_on_is_handed_over_at_once() {
+        let dir = std::env::temp_dir().join(format!("colo-netns-went-on-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let r = Rendezvous::for_test(&dir, "colo-8-8");
+        let poller = Poller::new().unwrap();
+        let mut a = NetnsAccepts::new(&poller, 7).unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let proposal = netns::proposal(&netns::boot_id().unwrap(), &[3; 8]);
+        let mut waiter = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let mut late = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let mut behind = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        waiter.write_all(&proposal).unwrap();
+        late.write_all(&proposal).unwrap();
+        behind.write_all(&[&proposal[..], b"PING\r\n"].concat()).unwrap();
+        for _ in 0..3 {
+            let (s, peer) = l.accept().unwrap();
+            s.set_nonblocking(true).unwrap();
+            a.admit(s, peer, &poller).unwrap();
+        }
+        let port = |s: &TcpStream| s.local_addr().unwrap().port();
+        let (waiter_port, late_port, behind_port) = (port(&waiter), port(&late), port(&behind));
+        let watchdog = Instant::now() + Duration::from_secs(20);
+        let mut order = Vec::new();
+        let mut answered = false;
+        while order.len() < 3 {
+            assert!(Instant::now() < watchdog, "resolved only {order:?}");
+            let _ = poller.wait(Some(Duration::from_secs(5))).unwrap();
+            a.step(&r, &poller);
+            if !answered && a.waiting.iter().all(|w| matches!(w.stage, Stage::Hello(_))) && a.waiting.len() == 2 {
+                // Both proposers have their ACCEPT: `late` goes on without its HELLO.
+                late.write_all(b"QUIT\r\n").unwrap();
+                answered = true;
+            }
+            while let Some((s, peer)) = a.pop() {
+                let Resolved::Tcp(mut s) = s else { panic!("{peer}: on shared memory") };
+                s.set_nonblocking(false).unwrap();
+                let want: &[u8] = if peer.port() == late_port { b"QUIT\r\n" } else { b"PING\r\n" };
+                if peer.port() != waiter_port {
+                    let mut b = [0u8; 6];
+                    s.read_exact(&mut b).unwrap();
+                    assert_eq!(&b, want, "the stream after the PROPOSAL as the client sent it");
+                }
+                order.push(peer.port());
+            }
+        }
+        assert_eq!(order, vec![behind_port, late_port, waiter_port]);
+        let mut answer = [0u8; netns::ANSWER_LEN];
+        behind.read_exact(&mut answer).unwrap();
+        assert_eq!((&answer[..8], answer[8]), (&netns::MAGIC[..], 3), "a PROPOSAL with bytes behind it is declined");
+        for s in [&mut waiter, &mut late] {
+            s.read_exact(&mut answer).unwrap();
+            assert_eq!(answer[8], 2, "a PROPOSAL alone is accepted");
+        }
+        drop(r);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -2,7 +2,7 @@
 //! `with_conn!`; the accelerated path reads or writes the rings (`conn::io`) and answers with
 //! errno as kernel TCP would.
 
-use crate::api::route::{epipe_signal, plain, plain_first, result, with_conn};
+use crate::api::route::{epipe_signal, owed_first, plain, plain_first, result, with_conn};
 use crate::base::mem::{slice, slice_mut};
 use crate::conn::io::{conn_readv, conn_recv, conn_send, conn_writev, recv_discard};
 use crate::conn::table::{self, CONN};
@@ -22,6 +22,9 @@ plain_first! {
 
 #[inline(never)]
 unsafe fn read_slow(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    if let Some(r) = owed_first(fd, 0) {
+        return r;
+    }
     with_conn!(
         fd,
         // SAFETY: the application's arguments, as read(2) takes them.
@@ -48,6 +51,9 @@ unsafe fn recvfrom_slow(
     addr: *mut sockaddr,
     len: *mut socklen_t,
 ) -> ssize_t {
+    if let Some(r) = owed_first(fd, flags) {
+        return r;
+    }
     with_conn!(
         fd,
         // SAFETY: the application's arguments, as recvfrom(2) takes them.
@@ -75,6 +81,9 @@ unsafe fn recvfrom_slow(
 
 #[inline(never)]
 unsafe fn readv_slow(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    if let Some(r) = owed_first(fd, 0) {
+        return r;
+    }
     with_conn!(
         fd,
         // SAFETY: the application's arguments, as readv(2) takes them.
@@ -92,6 +101,9 @@ unsafe fn readv_slow(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
 }
 
 pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    if let Some(r) = owed_first(fd, flags) {
+        return r;
+    }
     let r = with_conn!(
         fd,
         // SAFETY: the application's arguments, as recvmsg(2) takes them.

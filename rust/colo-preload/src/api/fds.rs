@@ -89,10 +89,13 @@ unsafe fn connect_fresh(g: Guard, fd: c_int, peer: SocketAddr, addr: *const sock
                 g.err(e) as c_int
             }
         }
-        client::Prepared::Connected { pending, errno } => {
-            if let Some(p) = pending {
-                client::record(fd, p);
-                if regs::has_plain(fd) {
+        client::Prepared::Connected { later, errno } => {
+            // Registered in epoll before `connect`: an offer is decided now (as below). A
+            // proposal's answer is not: it comes on the TCP socket those registrations watch.
+            let decide = matches!(later, Entry::Pending(_));
+            if !matches!(later, Entry::None) {
+                client::record_entry(fd, later);
+                if decide && regs::has_plain(fd) {
                     client::resolve_fd(fd);
                 }
             }
@@ -379,6 +382,8 @@ fn copy_entry(fd: c_int, nfd: c_int) {
             Entry::Conn(c) => Entry::Conn(c.clone()),
             Entry::Listen(l) => Entry::Listen(l.clone()),
             Entry::Guest(g) => Entry::Guest(g.clone()),
+            // Either number's read takes the late answer off the stream first.
+            Entry::Owed(o) => Entry::Owed(Box::new(crate::conn::entry::Owed { peer: o.peer })),
             _ => return,
         },
         None => return,

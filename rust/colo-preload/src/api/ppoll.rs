@@ -8,7 +8,7 @@ use crate::conn::regs::waker;
 use crate::conn::state::{Conn, Waking, ERR, HUP};
 use crate::conn::table;
 use crate::real;
-use crate::service::client;
+use crate::service::{client, elsewhere};
 use crate::service::server::held::{self, Held};
 use libc::{c_int, nfds_t, pollfd, sigset_t, timespec};
 use std::sync::Arc;
@@ -16,11 +16,32 @@ use std::time::{Duration, Instant};
 
 /// poll/ppoll over a mix of kernel and accelerated fds. `timeout`: None waits forever.
 pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, mask: *const sigset_t) -> c_int {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    loop {
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        // SAFETY: the caller's contract, passed on.
+        if let Some(r) = unsafe { ppoll_round(fds, n, left, mask) } {
+            return r;
+        }
+    }
+}
+
+/// One round of [`ppoll_impl`]: `None` when a connect to another namespace whose answer was
+/// awaited in it (`elsewhere::undecided`) can be decided now and nothing else was reported (the
+/// next round decides it, and polls it as what it became).
+unsafe fn ppoll_round(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, mask: *const sigset_t) -> Option<c_int> {
     // SAFETY: `n` pollfds at `fds`, as the application promised.
     let arr = unsafe { slice_mut(fds, n as usize) };
     let g = Guard::enter();
-    for p in arr.iter() {
-        client::resolve_fd(p.fd);
+    // Connects whose answer has not come: the kernel watches each for the answer (input), and
+    // nothing is reported for it until it is decided, as for a connect still under way. The
+    // others are decided first (a same-namespace offer's answer is awaited here, bounded).
+    let dialing: Vec<(usize, Instant)> = arr.iter().enumerate().filter_map(|(i, p)| elsewhere::undecided(p.fd).map(|d| (i, d))).collect();
+    let is_dialing = |i: usize| dialing.iter().any(|d| d.0 == i);
+    for (i, p) in arr.iter().enumerate() {
+        if !is_dialing(i) {
+            client::resolve_fd(p.fd);
+        }
     }
     let conns: Vec<(usize, Arc<Conn>)> =
         arr.iter().enumerate().filter_map(|(i, p)| table::conn(p.fd).map(|c| (i, c))).collect();
@@ -67,6 +88,9 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
                 *p = arr[i];
                 p.revents = 0;
             }
+            for &(i, _) in &dialing {
+                copy[i].events = libc::POLLIN;
+            }
             let extra = place(&mut copy, &conns, |_| false);
             // SAFETY: our copy of the array (the connections' further fds after the application's).
             let r = unsafe { real::ppoll(copy.as_mut_ptr(), copy.len() as nfds_t, &zero, mask) };
@@ -84,8 +108,8 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
                 if conns.iter().any(|(j, _)| *j == i) {
                     continue;
                 }
-                // A negative fd's revents the kernel zeroes.
-                p.revents = if r > 0 && p.fd >= 0 { copy[i].revents } else { 0 };
+                // A negative fd's revents the kernel zeroes; an undecided connect has none yet.
+                p.revents = if r > 0 && p.fd >= 0 && !is_dialing(i) { copy[i].revents } else { 0 };
                 if ready_listens.contains(&i) {
                     p.revents |= libc::POLLIN;
                 }
@@ -93,7 +117,7 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
                     total += 1;
                 }
             }
-            return g.ok(total as libc::ssize_t) as c_int;
+            return Some(g.ok(total as libc::ssize_t) as c_int);
         }
         if !armed {
             wake = if conns.is_empty() { None } else { colo::internal::wake::own_fd() };
@@ -119,6 +143,9 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             *p = arr[i];
             p.revents = 0;
         }
+        for &(i, _) in &dialing {
+            copy[i].events = libc::POLLIN;
+        }
         // A connection whose peer is gone and that reported nothing wanted above never will (its
         // readiness fd stays readable: the control socket hung up): left out, or this sleep would
         // return at once, again and again.
@@ -128,6 +155,11 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
         let mut left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         if unpassed {
             left = Some(left.map_or(colo::internal::shm::UNPASSED_SLEEP, |l| l.min(colo::internal::shm::UNPASSED_SLEEP)));
+        }
+        // Until the first undecided connect's wait for its answer is over, at most.
+        if let Some(first) = dialing.iter().map(|d| d.1).min() {
+            let l = first.saturating_duration_since(Instant::now());
+            left = Some(left.map_or(l, |x| x.min(l)));
         }
         let ts = left.map(|l| timespec { tv_sec: l.as_secs() as i64, tv_nsec: l.subsec_nanos() as i64 });
         let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const timespec);
@@ -159,7 +191,7 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
         }
         if r < 0 {
             let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINTR);
-            return g.err(e) as c_int;
+            return Some(g.err(e) as c_int);
         }
         // The held sets' fds, after the application's and the connections' further ones: one
         // reported moves its set on.
@@ -172,8 +204,15 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             .collect();
         fold(&mut copy, arr.len(), &extra);
         let mut total = 0;
+        // An undecided connect whose answer came (or whose stream ended) meanwhile.
+        let mut moved_on = false;
         for (i, p) in arr.iter_mut().enumerate() {
             if conns.iter().any(|(j, _)| *j == i) {
+                continue;
+            }
+            if is_dialing(i) {
+                moved_on |= copy[i].revents != 0;
+                p.revents = 0;
                 continue;
             }
             p.revents = copy[i].revents;
@@ -199,10 +238,13 @@ pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>,
             }
         }
         if total > 0 {
-            return g.ok(total as libc::ssize_t) as c_int;
+            return Some(g.ok(total as libc::ssize_t) as c_int);
+        }
+        if moved_on || dialing.iter().any(|d| Instant::now() >= d.1) {
+            return None;
         }
         if r == 0 && !unpassed || deadline.is_some_and(|d| Instant::now() >= d) {
-            return g.ok(0) as c_int;
+            return Some(g.ok(0) as c_int);
         }
     }
 }

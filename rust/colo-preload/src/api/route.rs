@@ -26,6 +26,19 @@ pub fn conn_for_io(fd: c_int) -> Option<Arc<Conn>> {
     }
 }
 
+/// Before a read of `fd` with `flags`: a connection to another namespace whose PROPOSAL's
+/// answer is owed has the answer taken off the stream first (`service::elsewhere`). `Some`: the
+/// read's return value (-1, errno set: the answer has not come and the read would not wait).
+#[inline]
+pub fn owed_first(fd: c_int, flags: c_int) -> Option<ssize_t> {
+    if table::kind(fd) != PENDING || Guard::busy() {
+        return None;
+    }
+    let g = Guard::enter();
+    let e = crate::service::elsewhere::owed_before_read(fd, flags)?;
+    Some(g.err(e))
+}
+
 #[inline]
 pub fn plain(fd: c_int) -> bool {
     table::kind(fd) == NONE || Guard::busy()

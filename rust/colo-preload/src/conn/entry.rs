@@ -21,6 +21,27 @@ pub struct Pending {
     pub pid: u32,
 }
 
+/// A non-blocking connect to a listener in another network namespace (spec/WIRE.md section 11)
+/// whose PROPOSAL is out and whose answer has not been read (`service::elsewhere`): the
+/// application's `connect` returned `EINPROGRESS`, and the first operation that needs to know
+/// reads the answer.
+pub struct Dialing {
+    pub proposed: colo::internal::netns::Proposed,
+    /// When the wait for the answer ends: the connection then goes on over plain TCP with the
+    /// answer owed ([`Owed`]).
+    pub deadline: Instant,
+    pub peer: SocketAddr,
+    /// The process that dialed (a fork child inherits the value with the descriptor).
+    pub pid: u32,
+}
+
+/// A connection to another namespace that went on over plain TCP before its PROPOSAL was
+/// answered: the answer is still to come at the head of the stream, and is taken off it before
+/// the application reads (`service::elsewhere`).
+pub struct Owed {
+    pub peer: SocketAddr,
+}
+
 /// A kernel listening socket that also has a rendezvous (`service::server`).
 #[derive(Debug)]
 pub struct Listen {

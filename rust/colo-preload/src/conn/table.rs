@@ -2,7 +2,7 @@
 //! few fds that are colo's, an entry behind a per-fd mutex. Fds at or above [`MAX_FD`] are never
 //! accelerated (they stay plain TCP).
 
-use crate::conn::entry::{Guest, Listen, Pending};
+use crate::conn::entry::{Dialing, Guest, Listen, Owed, Pending};
 use crate::conn::state::Conn;
 use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,6 +19,9 @@ pub enum Entry {
     None,
     Conn(Arc<Conn>),
     Pending(Box<Pending>),
+    /// Kind `PENDING` too: each is decided (or its answer taken) by `client::resolve`.
+    Dialing(Box<Dialing>),
+    Owed(Box<Owed>),
     Listen(Arc<Listen>),
     Guest(Arc<Guest>),
 }
@@ -28,7 +31,7 @@ impl Entry {
         match self {
             Entry::None => NONE,
             Entry::Conn(_) => CONN,
-            Entry::Pending(_) => PENDING,
+            Entry::Pending(_) | Entry::Dialing(_) | Entry::Owed(_) => PENDING,
             Entry::Listen(_) => LISTEN,
             Entry::Guest(_) => GUEST,
         }

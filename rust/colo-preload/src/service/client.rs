@@ -31,7 +31,7 @@ fn self_plain(target: SocketAddr) -> bool {
     try_lock(&SELF_PLAIN).is_some_and(|s| s.contains(&target))
 }
 
-fn timeout() -> Duration {
+pub(crate) fn timeout() -> Duration {
     static T: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
     *T.get_or_init(|| {
         let ms = std::env::var("COLO_CARRIER_TIMEOUT_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(500u64);
@@ -39,7 +39,7 @@ fn timeout() -> Duration {
     })
 }
 
-fn geometry() -> Geometry {
+pub(crate) fn geometry() -> Geometry {
     // At most 64 MiB: a larger segment is refused by every listener (`colo_sys::segment::MAX_SEGMENT`).
     let kb = std::env::var("COLO_RING_KB").ok().and_then(|v| v.parse::<u32>().ok()).filter(|kb| (4..=1 << 16).contains(kb));
     let cap = kb.map_or_else(colo::default_ring, |kb| (kb * 1024).next_power_of_two());
@@ -62,9 +62,10 @@ pub enum Prepared {
     NoListener(SocketAddr),
     /// An offer is out: connect, then record it.
     Offered(Box<Pending>),
-    /// Connected already (a listener in another network namespace, spec/WIRE.md section 11):
-    /// record the offer if there is one; `connect` returns `errno` (0: success).
-    Connected { pending: Option<Box<Pending>>, errno: i32 },
+    /// Connected, or connecting with the PROPOSAL out (a listener in another network namespace,
+    /// spec/WIRE.md section 11: `service::elsewhere`): record `later` unless it is
+    /// `Entry::None`; `connect` returns `errno` (0: success).
+    Connected { later: Entry, errno: i32 },
 }
 
 /// After the plain connect of [`Prepared::NoListener`] (`r`, `errno` its result): remembers that
@@ -122,7 +123,7 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
         return Prepared::Plain;
     }
     if let Some(dir) = colo::internal::netns::peer_dir(target) {
-        return connect_elsewhere(b, peer, dir);
+        return crate::service::elsewhere::connect(b, peer, dir);
     }
     if verdict == adapt::Verdict::FirstOffer
         && colo_sys::host::is_local(target.ip())
@@ -195,63 +196,15 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
     }
 }
 
-/// Connects `b` to `peer`, a listener in another network namespace whose rendezvous is in `dir`,
-/// and proposes shared memory on the connection (bounded waits, whatever the socket's mode; a
-/// non-blocking socket whose connect takes longer than the offer timeout is left connecting,
-/// plain).
-fn connect_elsewhere(b: BorrowedFd<'_>, peer: SocketAddr, dir: &std::path::Path) -> Prepared {
-    use colo::internal::netns::{self, Dialed};
-    use rustix::fs::OFlags;
-    let Ok(flags) = rustix::fs::fcntl_getfl(b) else { return Prepared::Plain };
-    let blocking = !flags.contains(OFlags::NONBLOCK);
-    if blocking && rustix::fs::fcntl_setfl(b, flags | OFlags::NONBLOCK).is_err() {
-        return Prepared::Plain;
-    }
-    let outcome = (|| {
-        let done = |errno| Prepared::Connected { pending: None, errno };
-        match rustix::net::connect(b, &peer) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::INPROGRESS) => {
-                let limit = if blocking { None } else { Some(timeout()) };
-                match colo_sys::tcp::wait_writable(b, limit) {
-                    Ok(true) => {}
-                    _ => return done(libc::EINPROGRESS),
-                }
-                match rustix::net::sockopt::socket_error(b) {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => return done(e.raw_os_error()),
-                    Err(e) => return done(e.raw_os_error()),
-                }
-            }
-            Err(e) => return done(e.raw_os_error()),
-        }
-        let Some(local) = rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a)) else { return done(0) };
-        match netns::propose(b, dir, local, peer, geometry()) {
-            Dialed::Offered(offer) => Prepared::Connected {
-                pending: Some(Box::new(Pending { offer: *offer, deadline: Instant::now() + timeout(), peer, self_served: None, pid: colo_sys::host::pid() })),
-                errno: 0,
-            },
-            Dialed::Plain(why) => {
-                log_info(format_args!("connect {peer}: other namespace: {why}; plain TCP"));
-                done(0)
-            }
-            Dialed::Broken(e) => {
-                log_info(format_args!("connect {peer}: other namespace: {e}; connection failed"));
-                let _ = rustix::net::shutdown(b, rustix::net::Shutdown::Both);
-                done(libc::ETIMEDOUT)
-            }
-        }
-    })();
-    if blocking {
-        let _ = rustix::fs::fcntl_setfl(b, flags);
-    }
-    outcome
-}
-
 /// After the real connect succeeded or is in progress.
 pub fn record(fd: i32, p: Box<Pending>) {
+    record_entry(fd, Entry::Pending(p));
+}
+
+/// Records what a connect left to decide later (`Prepared::Connected`).
+pub fn record_entry(fd: i32, e: Entry) {
     if let Some(mut slot) = table::lock(fd) {
-        slot.set(Entry::Pending(p));
+        slot.set(e);
     }
 }
 
@@ -263,7 +216,23 @@ pub fn withdraw(p: Box<Pending>) {
 /// Decides a pending connection (waiting for the server's answer, bounded): afterwards the slot
 /// holds a `Conn` or nothing (plain TCP).
 pub fn resolve(fd: i32, slot: &mut Slot) {
-    let Entry::Pending(_) = slot.entry() else { return };
+    use crate::service::elsewhere;
+    match slot.entry() {
+        Entry::Pending(_) => {}
+        // A connect to another namespace: its answer first (an offer to decide here, or plain).
+        Entry::Dialing(_) => {
+            elsewhere::resolve_dialing(fd, slot);
+            if !matches!(slot.entry(), Entry::Pending(_)) {
+                return;
+            }
+        }
+        // An answer owed: taken off the stream if it is there, without waiting.
+        Entry::Owed(_) => {
+            elsewhere::settle(fd, slot);
+            return;
+        }
+        _ => return,
+    }
     // Keep the fd marked PENDING while we wait for the answer: a second thread's send must wait
     // for the outcome here, not go to the kernel socket (its bytes would bypass the ring).
     let Entry::Pending(p) = slot.take_keeping_kind() else { unreachable!() };
