@@ -259,6 +259,20 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
                     // A reset (or a broken connection) is passed on as a reset: the last close
                     // of this end sends RST; the program's reader ends first.
                     reset = e.kind() != std::io::ErrorKind::BrokenPipe;
+                    if hold.is_some() {
+                        // The program may not have read all it was handed: it gets the reset
+                        // now (a disconnect sends RST and keeps the descriptor; the program
+                        // reads what it was handed, then the reset, as from the peer's kernel),
+                        // and the relay goes on counting until the program ends, as after a
+                        // FIN: what it read leaves the ring, the rest stays for the other
+                        // holders (and their reset after it).
+                        end_toward_program(tcp, reset);
+                        if reset {
+                            let _ = net::connect_unspec(tcp);
+                        }
+                        fin = true;
+                        continue;
+                    }
                     break;
                 }
             }
