@@ -605,6 +605,33 @@ impl<B: Bytes> Consumer<B> {
         Ok(n)
     }
 
+    /// Releases the `n` bytes peeked from ring position `from` (`peek_at` with no skip) only
+    /// if no other consumer of the ring (another process sharing this end) moved the tail
+    /// since: the tail moves from `from` with a compare-and-swap, so that of two consumers that
+    /// peeked the same bytes, one takes them and the other learns that it must not hand them
+    /// on. `Ok(false)`: the tail moved (or fewer than `n` bytes are unread); nothing released.
+    pub fn release_from(&mut self, from: u64, n: usize) -> Result<bool, Corrupt> {
+        if self.tail != from {
+            return Ok(false);
+        }
+        let mut avail = self.cached_head.wrapping_sub(self.tail);
+        if avail < n as u64 {
+            avail = self.refresh()?;
+        }
+        if avail < n as u64 {
+            return Ok(false);
+        }
+        // SYNC POINT: Release, as in `release`: the copies the peek made of these bytes come
+        // before the producer overwrites them.
+        match self.words.tail().compare_exchange(from, from.wrapping_add(n as u64), Ordering::Release, Ordering::Relaxed) {
+            Ok(_) => {
+                self.tail = from.wrapping_add(n as u64);
+                Ok(true)
+            }
+            Err(_) => Ok(false),
+        }
+    }
+
     /// Whether every byte of the ring at its current size is unread (a producer at its limit
     /// waits for space).
     pub fn full(&mut self) -> Result<bool, Corrupt> {

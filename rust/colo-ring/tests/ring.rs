@@ -484,3 +484,24 @@ fn snapshots_taken_during_concurrent_reads_are_never_corrupt() {
     assert!(looks > 0);
     assert_eq!(bad, 0, "{bad} of {looks} snapshots looked corrupt");
 }
+
+#[test]
+fn release_from_takes_peeked_bytes_only_from_where_they_were_peeked() {
+    let (mut p, mut c, _w) = common::growing_pair(heap_bytes(65536), 4096);
+    assert_eq!(p.write(b"abcdef").unwrap(), 6);
+    let mut dst = [0u8; 4];
+    assert_eq!(c.peek_at(0, &mut dst).unwrap(), 4);
+    let from = c.consumed();
+    // Another position (a consumer beside that took bytes meanwhile), or more than is unread:
+    // nothing released.
+    assert!(!c.release_from(from + 1, 4).unwrap());
+    assert!(!c.release_from(from, 7).unwrap());
+    assert_eq!(c.consumed(), from);
+    assert!(c.release_from(from, 4).unwrap());
+    assert_eq!(c.consumed(), from + 4);
+    // The peek's position is gone: a second release from it takes nothing.
+    assert!(!c.release_from(from, 2).unwrap());
+    let mut rest = [0u8; 8];
+    assert_eq!(c.peek_at(0, &mut rest).unwrap(), 2);
+    assert_eq!(&rest[..2], b"ef");
+}

@@ -90,8 +90,32 @@ impl Hold {
 }
 
 /// What the program has read of its end: bytes received less bytes unread, and less the FIN
-/// once received (counted as a byte); `None` if the kernel does not tell.
+/// once received (counted as a byte); `None` if the kernel does not tell. The kernel loads
+/// `tcpi_state` before it locks the socket for `tcpi_bytes_received`, so a FIN that arrives in
+/// between is counted in the bytes while the state does not say so yet (one byte more than the
+/// program read, taken off the ring for good): the count is taken between two looks that agree.
 fn taken(app: &OwnedFd) -> Option<u64> {
+    let mut last = None;
+    for _ in 0..4 {
+        let (received, state) = tcp_info(app)?;
+        let unread = rustix::io::ioctl_fionread(app).ok()?;
+        let again = tcp_info(app)?;
+        let fin = u64::from(FIN_RECEIVED.contains(&state));
+        let count = received.saturating_sub(unread).saturating_sub(fin);
+        if again == (received, state) {
+            return Some(count);
+        }
+        // Still moving (bytes or a FIN arriving): the lower of the counts is safe (a release
+        // never takes back, and bytes the program read are released at the next look).
+        let fin_after = u64::from(FIN_RECEIVED.contains(&again.1));
+        let low = count.min(received.saturating_sub(unread).saturating_sub(fin_after));
+        last = Some(last.map_or(low, |l: u64| l.min(low)));
+    }
+    last
+}
+
+/// `TCP_INFO`'s `tcpi_bytes_received` and `tcpi_state` of `app`.
+fn tcp_info(app: &OwnedFd) -> Option<(u64, u8)> {
     let mut info = [0u8; 256];
     let mut len = info.len() as libc::socklen_t;
     // SAFETY: `info` is writable for `len` bytes; the kernel writes at most that and sets `len`.
@@ -102,9 +126,7 @@ fn taken(app: &OwnedFd) -> Option<u64> {
         return None;
     }
     let received = u64::from_ne_bytes(info[TCPI_BYTES_RECEIVED..TCPI_BYTES_RECEIVED + 8].try_into().ok()?);
-    let fin = u64::from(FIN_RECEIVED.contains(&info[0]));
-    let unread = rustix::io::ioctl_fionread(app).ok()?;
-    Some(received.saturating_sub(unread).saturating_sub(fin))
+    Some((received, info[0]))
 }
 
 /// Whether a process other than this one has socket `ino` open: a child the program left
@@ -154,6 +176,11 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
     let base = shm.incoming_consumed();
     let (mut sent, mut released) = (0u64, 0u64);
     let skip = |sent: u64| base.wrapping_add(sent).saturating_sub(shm.incoming_consumed()) as usize;
+    // Where the next peek starts: past what the relay handed on while it keeps unread bytes;
+    // otherwise at the first unread byte, each peek's bytes taken off the ring at once
+    // (`take_now`), so that a relay beside this one, reading too, never peeks the same bytes
+    // (taken only after the send, both relays handed them on: each program got them).
+    let at = |hold: &Option<Hold>, sent: u64| if hold.is_some() { skip(sent) } else { 0 };
     // Peeked bytes not yet sent: `buf[pending.0..pending.1]`.
     let mut pending = (0usize, 0usize);
     let mut fin = false;
@@ -193,8 +220,9 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
     }
     'relay: loop {
         if hold.is_some() && r.page.is_some_and(|p| p.lazy_yield_asked()) {
-            // A relay beside this one reads too: the bytes handed on are the program's.
-            release(shm, base, &mut released, sent);
+            // A relay beside this one reads too: the bytes handed on are the program's, and
+            // so are those peeked to hand on next (from now on bytes leave the ring as peeked).
+            release(shm, base, &mut released, sent + (pending.1 - pending.0) as u64);
             let_go(&mut hold);
         }
         // The program's end is looked at (its exit, its reads) before every sleep and every
@@ -212,8 +240,9 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
             if closed {
                 if others_have(r.app_ino) {
                     // A process the program left behind holds its end: the bytes handed on are
-                    // that process's; from now on, as they come.
-                    release(shm, base, &mut released, sent);
+                    // that process's, and so are those peeked to hand on next; from now on,
+                    // as they come.
+                    release(shm, base, &mut released, sent + (pending.1 - pending.0) as u64);
                     let_go(&mut hold);
                     continue;
                 }
@@ -245,20 +274,40 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
             break;
         }
         if pending.0 == pending.1 && !fin {
-            match shm.peek_at(skip(sent), &mut buf) {
+            let from = shm.incoming_consumed();
+            match shm.peek_at(at(&hold, sent), &mut buf) {
                 Ok(Some(0)) => {
                     // The peer's end of stream, after every byte handed on.
                     end_toward_program(tcp, false);
                     fin = true;
                     continue;
                 }
-                Ok(Some(n)) => pending = (0, n),
+                Ok(Some(n)) => {
+                    if !take_now(shm, &hold, from, n, &mut released, sent) {
+                        continue;
+                    }
+                    pending = (0, n);
+                }
                 Ok(None) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     // A reset (or a broken connection) is passed on as a reset: the last close
                     // of this end sends RST; the program's reader ends first.
                     reset = e.kind() != std::io::ErrorKind::BrokenPipe;
+                    if hold.is_some() {
+                        // The program may not have read all it was handed: it gets the reset
+                        // now (a disconnect sends RST and keeps the descriptor; the program
+                        // reads what it was handed, then the reset, as from the peer's kernel),
+                        // and the relay goes on counting until the program ends, as after a
+                        // FIN: what it read leaves the ring, the rest stays for the other
+                        // holders (and their reset after it).
+                        end_toward_program(tcp, reset);
+                        if reset {
+                            let _ = net::connect_unspec(tcp);
+                        }
+                        fin = true;
+                        continue;
+                    }
                     break;
                 }
             }
@@ -292,8 +341,12 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
                 shm.read_control();
             }
             shm.announce_doorbell_sleep();
-            match shm.peek_at(skip(sent), &mut buf) {
+            let from = shm.incoming_consumed();
+            match shm.peek_at(at(&hold, sent), &mut buf) {
                 Ok(Some(n)) if n > 0 => {
+                    if !take_now(shm, &hold, from, n, &mut released, sent) {
+                        continue;
+                    }
                     pending = (0, n);
                     continue;
                 }
@@ -336,6 +389,21 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
         end_toward_program(tcp, reset);
     }
     kept
+}
+
+/// Without a hold, the `n` bytes just peeked at ring position `from` leave the ring at once,
+/// before they are handed on, unless another holder took bytes off it meanwhile
+/// (`Shm::take_peeked_at`): false, they are not this relay's (peek again); `released` counts
+/// what it took. With a hold, nothing leaves now (true).
+fn take_now(shm: &Shm, hold: &Option<Hold>, from: u64, n: usize, released: &mut u64, sent: u64) -> bool {
+    if hold.is_some() {
+        return true;
+    }
+    if !shm.take_peeked_at(from, n).unwrap_or(false) {
+        return false;
+    }
+    *released = sent + n as u64;
+    true
 }
 
 /// Takes the bytes up to `upto` (counted from the relay's first, at ring position `base`) off

@@ -150,7 +150,10 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relay
                 match rustix::io::read(&tcp, &mut buf) {
                     Err(rustix::io::Errno::INTR) => {}
                     Err(rustix::io::Errno::CONNRESET) => {
-                        conn.shm().abort();
+                        // The program's reset, not the one `downward` passed on for the peer's.
+                        if !conn.peer_reset() {
+                            conn.shm().abort();
+                        }
                         slot_done();
                         return;
                     }

@@ -137,6 +137,20 @@ impl Shm {
         Ok(n)
     }
 
+    /// Takes the `n` bytes peeked (`peek_at` with no skip) at ring position `from` (counted as
+    /// `incoming_consumed` counts) off the incoming ring, waking a writer that waits for space,
+    /// only if no other holder took bytes off it since (`Consumer::release_from`): `Ok(false)`,
+    /// nothing taken, and the peeked bytes are not this reader's to hand on.
+    pub fn take_peeked_at(&self, from: u64, n: usize) -> io::Result<bool> {
+        let mut rx = lock(&self.rx);
+        self.adopt_rx(&mut rx);
+        let taken = rx.ring.release_from(from, n).map_err(|c| self.corrupt(c))?;
+        if taken {
+            self.wake_for_space(&rx, from);
+        }
+        Ok(taken)
+    }
+
     /// How many incoming bytes this side has ever taken off the ring (`ring_tail`), by any of
     /// the processes holding it: a reader that releases later (`release_peeked`) counts from
     /// it, so that bytes another holder read meanwhile are not taken twice.
