@@ -6,18 +6,20 @@
 # listens returns EINPROGRESS, then SO_ERROR is ECONNREFUSED; (c) a server that accepts 1.5 s
 # late: the client's connect succeeds, blocking or not, and the bytes are intact over plain TCP
 # (the client stopped waiting for the answer after COLO_CARRIER_TIMEOUT_MS; the server declines
-# the PROPOSAL it finds the client's bytes behind); (d) the same with a server that speaks first.
+# the PROPOSAL it finds the client's bytes behind); (d) the same with a server that speaks first;
+# (e) a late server's banner read through two copies of the socket (a dup) arrives whole: the
+# copy that did not take the answer off the stream knows it was taken.
 NB=(python3 "$HERE/nbprobe.py")
 SENV=(env COLO_LOG=info COLO_NETNS_DIR="$DIR" COLO_NETNS_CLIENTS=10.231.0.0/16)
 NBS=()
-for spec in 7301:0:echo 7302:0:banner 7303:1.5:echo 7304:1.5:banner 7305:0.3:echo; do
+for spec in 7301:0:echo 7302:0:banner 7303:1.5:echo 7304:1.5:banner 7305:0.3:echo 7306:1.5:magic; do
     IFS=: read -r port delay mode <<<"$spec"
     ip netns exec "$NS_B" "${SENV[@]}" timeout 200 "$COLO" run -- "${NB[@]}" serve "$port" "$delay" "$mode" >"$WORK/nb$port.log" 2>&1 &
     PIDS+=($!)
     NBS+=($!)
 done
 for i in $(seq 100); do
-    [ "$(ls "$DIR"/colo-*-730[1-5].live 2>/dev/null | wc -l)" = 5 ] && break
+    [ "$(ls "$DIR"/colo-*-730[1-6].live 2>/dev/null | wc -l)" = 6 ] && break
     sleep 0.1
 done
 nb_a() { # LOG ARGS...: nbprobe.py in A under colo run, its log to LOG
@@ -65,6 +67,12 @@ for spec in 7303:echo:client:CONNECTED 7303:echo:nbclient:"EINPROGRESS 0" 7303:e
         bad "14c late accept ($mode, $how): '$r' (want '$want INTACT'); $(grep -h "connect $IP_B" "$log" | tail -3)"
     fi
 done
+r=$(nb_a "$WORK/nba7306.err" dupclient $IP_B 7306)
+if [ "$r" = "CONNECTED INTACT" ]; then
+    ok "14e a late server's banner read through a dup and the socket: intact (the answer taken once)"
+else
+    bad "14e late banner through a dup: '$r' (want 'CONNECTED INTACT'); $(grep -h "connect $IP_B" "$WORK/nba7306.err" | tail -3)"
+fi
 if grep -q "declined: the client went on without waiting" "$WORK/nb7303.log"; then
     ok "14c the late server declined the PROPOSAL the client's bytes followed"
 else

@@ -1,10 +1,12 @@
 """Clients and a server for the connect path across namespaces, for tests/netns/run.sh (stanza 14).
 
-    nbprobe.py serve PORT DELAY echo|banner
+    nbprobe.py serve PORT DELAY echo|banner|magic
         A server on PORT that accepts each connection DELAY seconds after it arrived (its
         program busy), then
         per connection: `echo` reads a 4-byte length and that many bytes and sends them back;
-        `banner` first sends `PAYLOAD` bytes (the server speaks first), then echoes as `echo`.
+        `banner` first sends `PAYLOAD` bytes (the server speaks first), then echoes as `echo`;
+        `magic` first sends `MAGIC_BANNER` (bytes that, 4 bytes in, look like the head of an
+        answer to a PROPOSAL), then echoes.
         Prints `READY` once listening. Watchdog: 300 s.
     nbprobe.py nbclient HOST PORT echo|banner
         A non-blocking connect to HOST:PORT: prints the errno it returned (`EINPROGRESS`, or
@@ -19,6 +21,11 @@
     nbprobe.py aioclient HOST PORT echo|banner
         The same through asyncio's streams (a non-blocking connect, then epoll): prints
         `CONNECTED`, then `INTACT` or what differed.
+    nbprobe.py dupclient HOST PORT
+        Against a `magic` server: a blocking connect, then 4 bytes read through a dup of the
+        socket and the rest of `MAGIC_BANNER` through the socket itself: prints `CONNECTED`,
+        then `INTACT` or what differed (a copy of the socket that took the stream's head for
+        an answer still owed would eat 112 bytes of it).
     nbprobe.py client HOST PORT echo|banner
         The same with a blocking socket (`connect` must succeed): prints `CONNECTED`, then
         `INTACT` or what differed.
@@ -32,6 +39,8 @@ import sys
 import time
 
 PAYLOAD = 1 << 20
+# The head of an answer to a PROPOSAL (spec/WIRE.md section 11) 4 bytes into the banner.
+MAGIC_BANNER = b"ABCD" + b"\0COLO-NS" + bytes(range(200)) * 2
 
 
 def pattern(n, start=0):
@@ -84,6 +93,8 @@ def serve(port, delay, mode):
         try:
             if mode == "banner":
                 c.sendall(pattern(PAYLOAD, 7))
+            elif mode == "magic":
+                c.sendall(MAGIC_BANNER)
             n = struct.unpack("!I", recv_exactly(c, 4))[0]
             c.sendall(recv_exactly(c, n))
         except (OSError, struct.error) as e:
@@ -135,6 +146,29 @@ def client(host, port, mode):
     print("CONNECTED", exchange(s, mode), flush=True)
 
 
+def dupclient(host, port):
+    import os
+    signal.alarm(60)
+    s = socket.socket()
+    try:
+        s.connect((host, int(port)))
+    except OSError as e:
+        print("CONNECT", name(e.errno), flush=True)
+        return
+    s.settimeout(20)
+    d = os.dup(s.fileno())  # non-blocking, as the socket with a timeout
+    head = b""
+    while not head:
+        select.select([d], [], [], 10)
+        try:
+            head = os.read(d, 4)
+        except BlockingIOError:
+            pass
+    rest = recv_exactly(s, len(MAGIC_BANNER) - 4)
+    got = head + rest
+    print("CONNECTED", "INTACT" if got == MAGIC_BANNER else "GOT %d bytes, first %r" % (len(got), got[:16]), flush=True)
+
+
 def pollzero(host, port, mode):
     signal.alarm(60)
     s = socket.socket()
@@ -178,4 +212,4 @@ def aioclient(host, port, mode):
 
 
 if __name__ == "__main__":
-    {"serve": serve, "nbclient": nbclient, "pollzero": pollzero, "client": client, "aioclient": aioclient}[sys.argv[1]](*sys.argv[2:])
+    {"serve": serve, "nbclient": nbclient, "pollzero": pollzero, "client": client, "aioclient": aioclient, "dupclient": dupclient}[sys.argv[1]](*sys.argv[2:])

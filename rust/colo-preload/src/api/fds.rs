@@ -383,7 +383,7 @@ fn copy_entry(fd: c_int, nfd: c_int) {
             Entry::Listen(l) => Entry::Listen(l.clone()),
             Entry::Guest(g) => Entry::Guest(g.clone()),
             // Either number's read takes the late answer off the stream first.
-            Entry::Owed(o) => Entry::Owed(Box::new(crate::conn::entry::Owed { peer: o.peer })),
+            Entry::Owed(o) => Entry::Owed(Box::new(crate::conn::entry::Owed { peer: o.peer, partial_since: o.partial_since })),
             _ => return,
         },
         None => return,

@@ -40,6 +40,9 @@ pub struct Dialing {
 /// the application reads (`service::elsewhere`).
 pub struct Owed {
     pub peer: SocketAddr,
+    /// When the stream was first seen holding part of an answer and no more (an answer comes
+    /// whole, one write of the server's: a part that stays is not one).
+    pub partial_since: Option<std::time::Instant>,
 }
 
 /// A kernel listening socket that also has a rendezvous (`service::server`).

@@ -115,7 +115,7 @@ fn taken(app: &OwnedFd) -> Option<u64> {
 }
 
 /// `TCP_INFO`'s `tcpi_bytes_received` and `tcpi_state` of `app`.
-fn tcp_info(app: &OwnedFd) -> Option<(u64, u8)> {
+pub(crate) fn tcp_info(app: &impl AsRawFd) -> Option<(u64, u8)> {
     let mut info = [0u8; 256];
     let mut len = info.len() as libc::socklen_t;
     // SAFETY: `info` is writable for `len` bytes; the kernel writes at most that and sets `len`.

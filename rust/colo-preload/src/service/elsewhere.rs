@@ -129,7 +129,7 @@ fn unproposed(b: BorrowedFd<'_>, peer: SocketAddr, d: Dialed, errno: i32) -> Pre
 fn answered(b: BorrowedFd<'_>, d: Dialing) -> Result<Box<Pending>, Entry> {
     let Dialing { proposed, deadline, peer, pid } = d;
     let Some(local) = rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a)) else {
-        return Err(Entry::Owed(Box::new(Owed { peer })));
+        return Err(Entry::Owed(Box::new(Owed { peer, partial_since: None })));
     };
     let waited = Instant::now();
     match proposed.finish(b, local, peer, geometry(), deadline.saturating_duration_since(waited)) {
@@ -143,7 +143,7 @@ fn answered(b: BorrowedFd<'_>, d: Dialing) -> Result<Box<Pending>, Entry> {
                 timeout().as_millis(),
                 adapt::BUSY_FOR
             ));
-            Err(Entry::Owed(Box::new(Owed { peer })))
+            Err(Entry::Owed(Box::new(Owed { peer, partial_since: None })))
         }
         d => {
             let _ = unproposed(b, peer, d, 0);
@@ -198,8 +198,27 @@ pub fn settle(fd: i32, slot: &mut Slot) -> bool {
     let peer = o.peer;
     // SAFETY: the application's socket, open during this call.
     let b = unsafe { BorrowedFd::borrow_raw(fd) };
+    // Another copy of the socket (a dup, a fork child) took the answer already: nothing is read
+    // before it, so a stream read from at all has had its answer taken. The kernel's socket is
+    // what the copies share: bytes received less bytes unread (a FIN counts one at most).
+    let read_from = crate::service::downward::tcp_info(&b).zip(rustix::io::ioctl_fionread(b).ok());
+    if read_from.is_some_and(|((received, _), unread)| received.saturating_sub(unread) >= netns::ANSWER_LEN as u64) {
+        slot.set(Entry::None);
+        return false;
+    }
     match netns::take_answer(b) {
-        Late::NotYet => true,
+        Late::NotYet => {
+            if rustix::io::ioctl_fionread(b).is_ok_and(|n| n > 0) {
+                let Entry::Owed(o) = slot.entry() else { return false };
+                let since = *o.partial_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= timeout() {
+                    log_debug(format_args!("connect {peer}: other namespace: the stream begins with part of an answer that never grew; plain TCP"));
+                    slot.set(Entry::None);
+                    return false;
+                }
+            }
+            true
+        }
         late => {
             log_debug(format_args!("connect {peer}: other namespace: the late answer {}; plain TCP", if late == Late::Taken { "taken off the stream" } else { "never came" }));
             slot.set(Entry::None);
@@ -215,17 +234,23 @@ pub fn settle(fd: i32, slot: &mut Slot) -> bool {
 /// not come). The slot is not held while waiting, so other threads' writes go on.
 pub fn owed_before_read(fd: i32, flags: i32) -> Option<i32> {
     loop {
-        {
+        // SAFETY: the application's socket, open during this call.
+        let b = unsafe { BorrowedFd::borrow_raw(fd) };
+        let partial = {
             let mut slot = table::lock(fd)?;
             if !matches!(slot.entry(), Entry::Owed(_)) || !settle(fd, &mut slot) {
                 return None;
             }
-        }
-        // SAFETY: the application's socket, open during this call.
-        let b = unsafe { BorrowedFd::borrow_raw(fd) };
+            matches!(slot.entry(), Entry::Owed(o) if o.partial_since.is_some())
+        };
         let nonblocking = rustix::fs::fcntl_getfl(b).map(|f| f.contains(rustix::fs::OFlags::NONBLOCK)).unwrap_or(true);
         if nonblocking || flags & libc::MSG_DONTWAIT != 0 {
             return Some(libc::EAGAIN);
+        }
+        if partial {
+            // Readable already (the part): a wait for more bytes would return at once.
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
         }
         let limit = rustix::net::sockopt::socket_timeout(b, rustix::net::sockopt::Timeout::Recv).ok().flatten();
         let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
