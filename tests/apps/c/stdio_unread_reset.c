@@ -3,7 +3,8 @@
  * (RST). Over TCP the program's reads took the first 5, and the parent reads exactly the other
  * 95, then the reset. Under colo the relay handed all 100 to the program's end; when the reset
  * came it let go of its count, and the parent read all 100 again (5 of them twice). Then a
- * program that reads everything: the parent reads nothing more. The connection as standard
+ * program that reads everything, the reset too: the parent reads nothing more, and end of
+ * stream, not the reset again. The connection as standard
  * input (the standard-I/O relay) and as descriptor 7 (the relay of a connection made
  * inheritable). alarm() is the watchdog. */
 #define _GNU_SOURCE
@@ -68,17 +69,24 @@ static void round_of(int l, struct sockaddr_in *a, long want, long rest, int fd)
     waitpid(cl, NULL, 0);
     unsigned char b[256];
     long total = 0;
-    int in_order = 1;
+    int in_order = 1, last = 0;
     for (;;) {
         ssize_t n = read(s, b, sizeof b);
         if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
+        if (n <= 0) {
+            last = n < 0 ? errno : 0;
+            break;
+        }
         for (ssize_t i = 0; i < n; i++)
             if (b[i] != pat(100 - rest + total + i)) in_order = 0;
         total += n;
     }
     if (total != rest || !in_order) fprintf(stderr, "the parent read %ld bytes (%s), %ld expected\n", total, in_order ? "in order" : "out of order", rest);
     CHECK(total == rest && in_order, "the parent reads exactly what the program left unread");
+    /* The reset is the socket's, reported once: to the parent if the program never read that
+     * far, else the parent reads end of stream. */
+    if (last != (rest ? ECONNRESET : 0)) fprintf(stderr, "the parent's last read: %s\n", last ? strerror(last) : "end of stream");
+    CHECK(last == (rest ? ECONNRESET : 0), "the reset reported once, to whoever read that far first");
     close(s);
 }
 

@@ -49,7 +49,7 @@ use crate::conn::holders::{SOCKET_FLAGS, TURN, TURN_WAITERS};
 /// with `SO_LINGER {1, 0}` (the last close resets, `conn::options::closing`).
 const READ_SHUT: u32 = 1;
 const WROTE_AFTER_CLOSE: u32 = 2;
-const RESET_REPORTED: u32 = 4;
+pub(crate) const RESET_REPORTED: u32 = 4;
 const ABORT: u32 = 8;
 
 /// Records that a connection accepted on a local address, from a program tagged so, ended

@@ -250,6 +250,14 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
                 if let Some(t) = taken(&h.app) {
                     release(shm, base, &mut released, t.min(sent));
                 }
+                // A reset the program read (its end's error taken) is reported, as a kernel
+                // socket's error is reported once to whichever holder reads that far first.
+                if reset && net::sockopt::socket_error(&h.app).is_ok_and(|e| e.is_ok()) {
+                    if let Some(p) = r.page {
+                        // Relaxed: the bit is the whole message (`Conn::socket_flag`).
+                        p.word(crate::conn::holders::SOCKET_FLAGS).fetch_or(crate::conn::state::RESET_REPORTED, Ordering::Relaxed);
+                    }
+                }
                 let Some(h) = hold.take() else { unreachable!("held above") };
                 if r.page.is_some_and(|p| p.others_hold(r.me, r.control)) {
                     // The upward reader reads the program's last bytes, then end of stream.
