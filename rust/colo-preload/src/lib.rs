@@ -63,8 +63,8 @@ extern "C" fn atfork_parent() {
 }
 
 extern "C" fn atfork_child() {
-    // Registered before the pid cache's own handler, so it runs first.
-    colo_sys::host::forget_pid();
+    // Registered before the pid cache's own handler, so it runs first: the child's own pid.
+    colo_sys::host::renew_pid();
     repeat::forking();
     handover_file::atfork_child();
     server::atfork_child();

@@ -194,12 +194,18 @@ pub fn cmdline(pid: Option<u32>) -> std::io::Result<Vec<u8>> {
     }
 }
 
+/// Whether the fork child handler that renews the cache is registered (`pid`): a pid is cached
+/// only then, so that no child inherits one it would not renew.
+static HANDLER_IN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Our own pid. Cached, as connection set-up asks for it several times: `fork` makes the child
-/// forget it (a `pthread_atfork` child handler, registered by the first call). A child made
-/// without running those handlers (a raw `clone`, `vfork`, `_Fork`) sees its parent's pid until it
-/// calls [`forget_pid`]; colo, like glibc before 2.25, expects such a child to `exec` or `_exit`.
-/// (A `vfork` child that asks first, before its parent ever did, would leave its own pid in the
-/// shared cache: the LD_PRELOAD shim asks in its constructor.)
+/// cache its own at once (a `pthread_atfork` child handler, registered by the first call). A
+/// child made without running those handlers (a raw `clone`, `vfork`, `_Fork`) sees its parent's
+/// pid until it calls [`renew_pid`]; colo, like glibc before 2.25, expects such a child to
+/// `exec` or `_exit`. The cache is never left empty in a process that has asked once (a `vfork`
+/// child that asked first would leave its own pid in the memory it shares with its parent: the
+/// LD_PRELOAD shim asks in its constructor, and a fork child's cache is filled in its handler,
+/// before the child runs anything else).
 pub fn pid() -> u32 {
     let cached = PID.load(Ordering::Relaxed);
     if cached != 0 {
@@ -210,9 +216,8 @@ pub fn pid() -> u32 {
     // while another thread held one would wait for it forever); the others do not cache.
     // Relaxed: the flag orders nothing but this registration, which `pthread_atfork` serialises.
     static REGISTERED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    static HANDLER_IN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if !REGISTERED.swap(true, Ordering::Relaxed) {
-        at_fork(nothing, nothing, forget_pid);
+        at_fork(nothing, nothing, renew_pid);
         // SYNC POINT with the Acquire load below.
         HANDLER_IN.store(true, Ordering::Release);
     }
@@ -225,9 +230,12 @@ pub fn pid() -> u32 {
 
 extern "C" fn nothing() {}
 
-/// Makes the next [`pid`] ask the kernel: for fork child handlers that run before `pid`'s own.
-pub extern "C" fn forget_pid() {
-    PID.store(0, Ordering::Relaxed);
+/// Caches this process's own pid afresh (`getpid` is async-signal-safe): for fork child
+/// handlers, and a child made without them. Empty if no handler would renew it in a child.
+pub extern "C" fn renew_pid() {
+    // SYNC POINT with the Release store in `pid`: cache only once the child handler is in place.
+    let pid = if HANDLER_IN.load(Ordering::Acquire) { rustix::process::getpid().as_raw_nonzero().get() as u32 } else { 0 };
+    PID.store(pid, Ordering::Relaxed);
 }
 
 /// Whether this process and process `peer` can only run on one CPU between them (their affinity

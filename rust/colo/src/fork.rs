@@ -90,8 +90,8 @@ extern "C" fn release() {
 }
 
 extern "C" fn child() {
-    // This handler may run before the one that makes the pid cache forget.
-    colo_sys::host::forget_pid();
+    // This handler may run before the one that renews the pid cache.
+    colo_sys::host::renew_pid();
     release();
     registered().filter_map(|locks| locks.in_child).for_each(|f| f());
 }

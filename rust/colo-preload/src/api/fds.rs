@@ -336,7 +336,10 @@ pub unsafe fn close(fd: c_int) -> c_int {
 
 #[inline(never)]
 unsafe fn close_slow(fd: c_int) -> c_int {
-    if plain(fd) && !table::is_epoll(fd) {
+    // A child sharing this process's memory (`vfork`: CPython's subprocess closes what it does
+    // not pass on before its exec) closes its own copy of the descriptor; the table is its
+    // parent's, which keeps the connection.
+    if (plain(fd) && !table::is_epoll(fd)) || crate::api::forget::shares_memory() {
         // SAFETY: `real::close` is libc's `close`, given the application's arguments unchanged: the
         // contract the caller met.
         return unsafe { real::close(fd) };

@@ -141,7 +141,7 @@ pub(crate) fn start_relay(relay: impl FnOnce(OwnedFd)) -> Result<bool, String> {
         drop(said);
         // SAFETY: as above.
         if unsafe { crate::real::fork() } == 0 {
-            colo_sys::host::forget_pid();
+            colo_sys::host::renew_pid();
             relay(say);
         }
         // SAFETY: ends the intermediate child at once (or a relay that returned), without
