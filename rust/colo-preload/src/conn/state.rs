@@ -430,6 +430,9 @@ impl Conn {
     }
 
     fn ready_with(&self, ask: Ask) -> u32 {
+        // The bytes a relayed program that exited read are off the ring first, as for a read:
+        // else they would make the connection readable for a read that finds nothing.
+        self.wait_read();
         let (inc, out) = (self.incoming(), self.outgoing());
         let (in_flags, out_flags) = (inc.flags, out.flags);
         // The peer stopped reading (spec section 8).
