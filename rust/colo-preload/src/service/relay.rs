@@ -164,7 +164,13 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relay
                             match conn_send(conn, rest, 0) {
                                 Ok(k) => rest = &rest[k..],
                                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                                Err(_) => break 'up,
+                                Err(_) => {
+                                    // The peer is gone or reads no more: the program's next
+                                    // write fails, as after the peer's kernel's RST, rather
+                                    // than blocking once nobody reads the loopback.
+                                    let _ = rustix::net::connect_unspec(&tcp);
+                                    break 'up;
+                                }
                             }
                         }
                     }

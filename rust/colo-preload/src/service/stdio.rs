@@ -283,6 +283,11 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, app: &Own
                         // A turn per write, as the other holders take (`turns`).
                         let _turn = relay.page.as_ref().map(|p| turns::take(p.word(TURN), p.word(TURN_WAITERS)));
                         if shm.write_all(&buf[..n]).is_err() {
+                            // The peer is gone or reads no more: the program's next write fails,
+                            // as after the RST the peer's kernel would answer (a disconnect
+                            // resets and keeps the descriptor), rather than blocking once the
+                            // loopback is full with nobody reading it.
+                            let _ = rustix::net::connect_unspec(&tcp);
                             break;
                         }
                     }
