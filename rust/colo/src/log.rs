@@ -13,7 +13,7 @@ fn level() -> u8 {
 
 /// Logs a line at `info`: why a connection is or is not on shared memory.
 pub fn info(args: std::fmt::Arguments<'_>) {
-    if level() >= 1 {
+    if level() >= 1 && !colo_sys::host::stderr_is_network() {
         eprintln!("colo[{}]: {args}", colo_sys::host::pid());
     }
 }
