@@ -377,6 +377,20 @@ pub fn at_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern 
     unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
 }
 
+/// Whether descriptor 2 is an internet socket (a connection), where no diagnostic may go: an
+/// inetd-style server gives its program the connection as descriptor 2 as well. A Unix socket
+/// (journald's) is fine.
+pub fn stderr_is_network() -> bool {
+    let mut domain: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt(2) of an int into `domain`, whose size `len` says; descriptor 2 may be
+    // anything (a non-socket fails with ENOTSOCK).
+    let r = unsafe {
+        libc::syscall(libc::SYS_getsockopt, 2, libc::SOL_SOCKET, libc::SO_DOMAIN, &mut domain as *mut libc::c_int, &mut len as *mut libc::socklen_t)
+    };
+    r == 0 && (domain == libc::AF_INET || domain == libc::AF_INET6)
+}
+
 #[cfg(test)]
 mod tests {
     use super::{kernel_listener, parse_tcp_table, tcp_owner, Listening};
@@ -487,18 +501,4 @@ mod tests {
         let running = super::sample_running().expect("/proc/loadavg of this host");
         assert!(running >= 1, "the test itself is running");
     }
-}
-
-/// Whether descriptor 2 is an internet socket (a connection), where no diagnostic may go: an
-/// inetd-style server gives its program the connection as descriptor 2 as well. A Unix socket
-/// (journald's) is fine.
-pub fn stderr_is_network() -> bool {
-    let mut domain: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: getsockopt(2) of an int into `domain`, whose size `len` says; descriptor 2 may be
-    // anything (a non-socket fails with ENOTSOCK).
-    let r = unsafe {
-        libc::syscall(libc::SYS_getsockopt, 2, libc::SOL_SOCKET, libc::SO_DOMAIN, &mut domain as *mut libc::c_int, &mut len as *mut libc::socklen_t)
-    };
-    r == 0 && (domain == libc::AF_INET || domain == libc::AF_INET6)
 }
