@@ -391,6 +391,21 @@ pub fn stderr_is_network() -> bool {
     r == 0 && (domain == libc::AF_INET || domain == libc::AF_INET6)
 }
 
+/// Whether process `pid` exists (a zombie too).
+pub fn alive(pid: u32) -> bool {
+    rustix::process::Pid::from_raw(pid as i32)
+        .is_some_and(|p| matches!(rustix::process::test_kill_process(p), Ok(()) | Err(rustix::io::Errno::PERM)))
+}
+
+/// Whether process `pid` exists and has not exited (not a zombie).
+pub fn running(pid: u32) -> bool {
+    match std::fs::read(format!("/proc/{pid}/stat")) {
+        // "PID (COMM) STATE ...": COMM may hold any byte, so the state follows the last ')'.
+        Ok(stat) => stat.iter().rposition(|&b| b == b')').and_then(|i| stat.get(i + 2)).is_some_and(|&st| st != b'Z'),
+        Err(_) => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{kernel_listener, parse_tcp_table, tcp_owner, Listening};

@@ -18,7 +18,8 @@
 //! recognised by its process id, which differs from the one the shim cached in the parent.
 
 use crate::api::fds;
-use crate::api::forget::{borrowed_memory, known};
+use crate::api::forget::known;
+use crate::base::vm::borrowed_memory;
 use libc::{c_int, c_long};
 
 /// `syscall(n, a, b, c, ...)` for the calls this module takes over; `None` for the others.

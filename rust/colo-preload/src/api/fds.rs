@@ -10,7 +10,7 @@ use crate::base::guard::{errno_loc, Guard};
 use crate::conn::regs;
 use crate::conn::table::{self, Entry, GUEST, LISTEN, NONE};
 use crate::real;
-use crate::service::{client, handover, server};
+use crate::service::{client, handover, prepared, server};
 use colo::errno_of;
 use libc::{c_int, c_ulong, sockaddr, socklen_t, ssize_t};
 use std::io;
@@ -71,13 +71,13 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
 /// it.
 unsafe fn connect_fresh(g: Guard, fd: c_int, peer: SocketAddr, addr: *const sockaddr, len: socklen_t) -> c_int {
     match client::prepare(fd, peer) {
-        client::Prepared::Plain => {
+        prepared::Prepared::Plain => {
             drop(g);
             // SAFETY: `real::connect` is libc's `connect`, given the application's arguments
             // unchanged: the contract the caller met.
             unsafe { real::connect(fd, addr, len) }
         }
-        client::Prepared::NoListener(target) => {
+        prepared::Prepared::NoListener(target) => {
             // SAFETY: `real::connect` is libc's `connect`, given the application's arguments
             // unchanged: the contract the caller met.
             let r = unsafe { real::connect(fd, addr, len) };
@@ -89,7 +89,7 @@ unsafe fn connect_fresh(g: Guard, fd: c_int, peer: SocketAddr, addr: *const sock
                 g.err(e) as c_int
             }
         }
-        client::Prepared::Connected { later, errno } => {
+        prepared::Prepared::Connected { later, errno } => {
             // Registered in epoll before `connect`: an offer is decided now (as below). A
             // proposal's answer is not: it comes on the TCP socket those registrations watch.
             let decide = matches!(later, Entry::Pending(_));
@@ -105,7 +105,7 @@ unsafe fn connect_fresh(g: Guard, fd: c_int, peer: SocketAddr, addr: *const sock
                 g.err(errno) as c_int
             }
         }
-        client::Prepared::Offered(p) => {
+        prepared::Prepared::Offered(p) => {
             // SAFETY: `real::connect` is libc's `connect`, given the application's arguments
             // unchanged: the contract the caller met.
             let r = unsafe { real::connect(fd, addr, len) };
@@ -339,7 +339,7 @@ unsafe fn close_slow(fd: c_int) -> c_int {
     // A child sharing this process's memory (`vfork`: CPython's subprocess closes what it does
     // not pass on before its exec) closes its own copy of the descriptor; the table is its
     // parent's, which keeps the connection.
-    if (plain(fd) && !table::is_epoll(fd)) || crate::api::forget::shares_memory() {
+    if (plain(fd) && !table::is_epoll(fd)) || crate::base::vm::shares_memory() {
         // SAFETY: `real::close` is libc's `close`, given the application's arguments unchanged: the
         // contract the caller met.
         return unsafe { real::close(fd) };
@@ -397,7 +397,7 @@ fn copy_entry(fd: c_int, nfd: c_int) {
     };
     // Not in a child that shares this process's memory (`vfork`): the table is the parent's,
     // whose `nfd` is another file; the duplicate lives only until the child's `exec`.
-    if !crate::api::forget::shares_memory() {
+    if !crate::base::vm::shares_memory() {
         if let Some(mut s) = table::lock(nfd) {
             s.set(e);
         }

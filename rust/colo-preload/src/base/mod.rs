@@ -7,3 +7,4 @@ pub mod guard;
 pub mod log;
 pub mod mem;
 pub mod uring;
+pub mod vm;

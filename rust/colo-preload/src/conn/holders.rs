@@ -9,20 +9,17 @@
 //! every page in use) has an anonymous page of its own: fork copies share it, images exec'd
 //! from it start pages of their own.
 
-use crate::conn::holders_file;
+use crate::conn::holders_file::{self, HOLDERS, SLOT};
+use colo_sys::host::{alive, running};
 use colo_sys::RawFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-/// The size in bytes of a connection's holders page: a slot of the holders file, an eighth of a
-/// memory page (the words below fit in it).
-pub const SLOT: usize = 512;
 /// A memory page: the size of the anonymous mapping a page outside the holders file takes.
 const MAPPED: usize = 4096;
 
-// The page's layout, in 32-bit words.
-/// Words 0 to `HOLDERS - 1`: the pids of the processes holding the connection (0: free); a copy
-/// closed while another process still holds it is released quietly (`Conn`'s `Drop`).
-pub const HOLDERS: usize = 64;
+// The page's layout, in 32-bit words, within `SLOT` bytes. Words 0 to `HOLDERS - 1`: the pids
+// of the processes holding the connection (0: free); a copy closed while another process still
+// holds it is released quietly (`Conn`'s `Drop`).
 /// The writers' turn (`turns`) and how many wait for it.
 pub const TURN: usize = HOLDERS;
 pub const TURN_WAITERS: usize = HOLDERS + 1;
@@ -349,21 +346,6 @@ impl Page {
         if self.index != 0 {
             holders_file::inheritable(on);
         }
-    }
-}
-
-/// Whether process `pid` exists (a zombie too).
-pub fn alive(pid: u32) -> bool {
-    rustix::process::Pid::from_raw(pid as i32)
-        .is_some_and(|p| matches!(rustix::process::test_kill_process(p), Ok(()) | Err(rustix::io::Errno::PERM)))
-}
-
-/// Whether process `pid` exists and has not exited (not a zombie).
-pub fn running(pid: u32) -> bool {
-    match std::fs::read(format!("/proc/{pid}/stat")) {
-        // "PID (COMM) STATE ...": COMM may hold any byte, so the state follows the last ')'.
-        Ok(stat) => stat.iter().rposition(|&b| b == b')').and_then(|i| stat.get(i + 2)).is_some_and(|&st| st != b'Z'),
-        Err(_) => false,
     }
 }
 

@@ -23,9 +23,16 @@
 //! the file again for writing. The next image of this process opens it again for writing
 //! through `/proc/self/fd`, which the kernel allows the file's owner only.
 
-use crate::conn::holders::{alive, HOLDERS, SLOT};
+use colo_sys::host::alive;
 use colo_sys::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU8, AtomicUsize, Ordering};
+
+/// The size in bytes of a slot, a connection's holders page (`holders::Page`): an eighth of a
+/// memory page.
+pub const SLOT: usize = 512;
+/// The first `HOLDERS` words of a slot list the pids of the processes holding its connection
+/// (0: none), which `reclaim` looks at.
+pub const HOLDERS: usize = 64;
 
 /// The memfd's name (`/proc/PID/fd` shows it; the next image looks for it).
 pub const NAME: &str = "colo-holders";

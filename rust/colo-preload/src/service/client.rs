@@ -12,9 +12,9 @@ use crate::conn::{options, regs};
 use crate::conn::state::Conn;
 use crate::conn::table::{self, Entry, Slot};
 use crate::record::adapt;
+use crate::service::prepared::{geometry, timeout, Prepared};
 use crate::service::{handover, server};
 use colo::internal::carrier::{self, Abandon, Answer};
-use colo_ring::layout::Geometry;
 use colo_sys::BorrowedFd;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -31,42 +31,12 @@ fn self_plain(target: SocketAddr) -> bool {
     try_lock(&SELF_PLAIN).is_some_and(|s| s.contains(&target))
 }
 
-pub(crate) fn timeout() -> Duration {
-    static T: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *T.get_or_init(|| {
-        let ms = std::env::var("COLO_CARRIER_TIMEOUT_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(500u64);
-        Duration::from_millis(ms)
-    })
-}
-
-pub(crate) fn geometry() -> Geometry {
-    // At most 64 MiB: a larger segment is refused by every listener (`colo_sys::segment::MAX_SEGMENT`).
-    let kb = std::env::var("COLO_RING_KB").ok().and_then(|v| v.parse::<u32>().ok()).filter(|kb| (4..=1 << 16).contains(kb));
-    let cap = kb.map_or_else(colo::default_ring, |kb| (kb * 1024).next_power_of_two());
-    Geometry { ring_capacity: cap, slot_size: 0, slot_count: 0 }
-}
-
 /// This program's tag (spec/WIRE.md section 2), read once per process image.
 fn own_tag() -> Option<u64> {
     static TAG: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
     *TAG.get_or_init(|| colo_sys::host::cmdline(None).ok().map(|c| colo::wire::program_tag(&c)))
 }
 
-/// What `connect` should do after the offer step.
-pub enum Prepared {
-    /// Not a colo destination: do a plain connect.
-    Plain,
-    /// A local destination where no colo listener answered: do a plain connect, and if a TCP
-    /// listener took it, let `adapt` remember that there is no colo listener there
-    /// ([`note_no_listener`]).
-    NoListener(SocketAddr),
-    /// An offer is out: connect, then record it.
-    Offered(Box<Pending>),
-    /// Connected, or connecting with the PROPOSAL out (a listener in another network namespace,
-    /// spec/WIRE.md section 11: `service::elsewhere`): record `later` unless it is
-    /// `Entry::None`; `connect` returns `errno` (0: success).
-    Connected { later: Entry, errno: i32 },
-}
 
 /// After the plain connect of [`Prepared::NoListener`] (`r`, `errno` its result): remembers that
 /// `target` has no colo listener only if a TCP listener is there (connected, or a non-blocking
@@ -446,7 +416,7 @@ pub fn resolve_fd(fd: i32) {
 /// while the process that dialed lives, is only let go of: that process still holds the
 /// connection and decides it (over TCP a copy's close does nothing to the connection).
 pub fn close_pending(p: Box<Pending>) {
-    if p.pid != colo_sys::host::pid() && crate::conn::holders::alive(p.pid) {
+    if p.pid != colo_sys::host::pid() && colo_sys::host::alive(p.pid) {
         return;
     }
     if p.offer.abandon() == Abandon::Claimed {

@@ -34,7 +34,6 @@
 //! after a back-off (`STUCK_FIRST` doubling to `STUCK_LAST`) in that state only.
 
 use crate::conn::holders::Page;
-use crate::service::stdio::end_toward_program;
 use colo::internal::shm::Shm;
 use colo_sys::{AsRawFd, OwnedFd, RawFd};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
@@ -149,7 +148,7 @@ pub(crate) struct Relayed<'a> {
     pub me: u32,
     pub slot: Option<usize>,
     pub control: RawFd,
-    /// The program's pid and the inode of its end (`stdio::program_closed`).
+    /// The program's pid and the inode of its end (`program_closed`).
     pub program: u32,
     pub app_ino: u64,
     /// Set by the upward reader when the relay leaves the connection to another holder.
@@ -233,7 +232,7 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
             looked_at = sent;
             let now = Instant::now();
             let exited = poll_one(&h.pidfd, PollFlags::IN, Some(Duration::ZERO));
-            let closed = exited || now >= next_check && crate::service::stdio::program_closed(r.program, r.app_ino);
+            let closed = exited || now >= next_check && program_closed(r.program, r.app_ino);
             if now >= next_check {
                 next_check = now + CLOSE_CHECK;
             }
@@ -434,4 +433,35 @@ fn timespec(d: Duration) -> Timespec {
 fn poll_one(fd: &OwnedFd, events: PollFlags, timeout: Option<Duration>) -> bool {
     let mut fds = [PollFd::new(fd, events)];
     poll(&mut fds, timeout.map(timespec).as_ref()).is_ok_and(|n| n > 0)
+}
+
+/// Whether `program` (a pid) closed its end of a relay's loopback connection (socket inode
+/// `app_ino`): exited, or closed every descriptor of it, rather than only shut down writing.
+pub(crate) fn program_closed(program: u32, app_ino: u64) -> bool {
+    if !colo_sys::host::running(program) {
+        return true;
+    }
+    // The standard streams first (a stat each), the numbers the relayed end has but for a
+    // program that moved it: the whole list only if none of them is it.
+    let on = |fd: &str| {
+        rustix::fs::stat(format!("/proc/{program}/fd/{fd}"))
+            .is_ok_and(|st| st.st_ino == app_ino && rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket)
+    };
+    if ["0", "1", "2"].into_iter().any(on) {
+        return false;
+    }
+    let link = format!("socket:[{app_ino}]");
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{program}/fd")) else { return true };
+    !dir.flatten().any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == link.as_str()))
+}
+
+/// The peer's stream ended: the program's end of a relay's loopback connection gets a reset
+/// (a close with lingering off sends RST; its reader ends first) or a FIN.
+pub(crate) fn end_toward_program(tcp: &OwnedFd, reset: bool) {
+    if reset {
+        let _ = net::sockopt::set_socket_linger(tcp, Some(std::time::Duration::ZERO));
+        let _ = net::shutdown(tcp, net::Shutdown::Read);
+    } else {
+        let _ = net::shutdown(tcp, net::Shutdown::Write);
+    }
 }

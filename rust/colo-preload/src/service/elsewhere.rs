@@ -20,7 +20,7 @@ use crate::conn::entry::{Dialing, Owed, Pending};
 use crate::conn::table::{self, Entry, Slot};
 use crate::real;
 use crate::record::adapt;
-use crate::service::client::{geometry, timeout, Prepared};
+use crate::service::prepared::{geometry, timeout, Prepared};
 use colo::internal::netns::{self, Dialed, Late};
 use colo_sys::BorrowedFd;
 use std::io;

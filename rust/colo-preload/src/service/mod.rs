@@ -8,6 +8,7 @@ pub mod downward;
 pub mod elsewhere;
 pub mod handover;
 pub mod offer_key;
+pub mod prepared;
 pub mod relay;
 pub mod server;
 pub mod stdio;

@@ -22,13 +22,13 @@
 //! process's memory (`vfork`, `posix_spawn`'s child) the descriptors are replaced in the child's
 //! own table, and the table of the shim, which is the parent's, is left alone.
 
-use crate::api::forget::shares_memory;
+use crate::base::vm::shares_memory;
 use crate::conn::io::conn_send;
 use crate::conn::regs;
 use crate::conn::state::Conn;
 use crate::conn::table::{self, Entry};
-use crate::service::downward::{self, downward, Hold};
-use crate::service::stdio::{close_all_but, loopback_pair, program_closed, start_relay};
+use crate::service::downward::{self, downward, program_closed, Hold};
+use crate::service::stdio::{close_all_but, loopback_pair, start_relay};
 use colo_sys::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -33,11 +33,11 @@
 //! both directions have ended, then closes them, which ends the connection for the peer.
 
 use crate::base::env::spin;
-use crate::conn::holders::{self, Page, TURN, TURN_WAITERS};
+use crate::conn::holders::{Page, TURN, TURN_WAITERS};
 use crate::conn::holders_file;
 use crate::conn::turns;
 use crate::record::relayed::{Names, Raw};
-use crate::service::downward::{downward, Hold, Relayed};
+use crate::service::downward::{downward, program_closed, Hold, Relayed};
 use colo::internal::carrier::Established;
 use colo_sys::{AsRawFd, BorrowedFd, OwnedFd};
 use rustix::net::{self, AddressFamily, SocketAddrAny, SocketType};
@@ -208,25 +208,6 @@ impl Relay {
     }
 }
 
-/// Whether `program` (a pid) closed its end of a relay's loopback connection (socket inode
-/// `app_ino`): exited, or closed every descriptor of it, rather than only shut down writing.
-pub(crate) fn program_closed(program: u32, app_ino: u64) -> bool {
-    if !holders::running(program) {
-        return true;
-    }
-    // The standard streams first (a stat each), the numbers the relayed end has but for a
-    // program that moved it: the whole list only if none of them is it.
-    let on = |fd: &str| {
-        rustix::fs::stat(format!("/proc/{program}/fd/{fd}"))
-            .is_ok_and(|st| st.st_ino == app_ino && rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket)
-    };
-    if ["0", "1", "2"].into_iter().any(on) {
-        return false;
-    }
-    let link = format!("socket:[{app_ino}]");
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{program}/fd")) else { return true };
-    !dir.flatten().any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == link.as_str()))
-}
 
 /// The relay process (`app`: its copy of the program's end): never returns.
 fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, app: &OwnedFd, say: OwnedFd) -> ! {
@@ -343,16 +324,6 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, app: &Own
     unsafe { libc::_exit(0) }
 }
 
-/// The peer's stream ended: the program's end of a relay's loopback connection gets a reset
-/// (a close with lingering off sends RST; its reader ends first) or a FIN.
-pub(crate) fn end_toward_program(tcp: &OwnedFd, reset: bool) {
-    if reset {
-        let _ = net::sockopt::set_socket_linger(tcp, Some(std::time::Duration::ZERO));
-        let _ = net::shutdown(tcp, net::Shutdown::Read);
-    } else {
-        let _ = net::shutdown(tcp, net::Shutdown::Write);
-    }
-}
 
 pub(crate) fn close_all_but(keep: &[i32]) {
     let mut keep: Vec<u32> = keep.iter().filter(|&&fd| fd >= 0).map(|&fd| fd as u32).collect();

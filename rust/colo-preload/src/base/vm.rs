@@ -1,0 +1,22 @@
+//! Whether this is a child that runs in its parent's memory (`vfork`, `posix_spawn`'s child,
+//! `clone(CLONE_VM)`): what such a child does to the shim's state, it does to its parent's.
+
+/// True in a child that shares this process's memory without being this process (a `vfork` or
+/// `clone(CLONE_VM)` child): the cached pid is the parent's.
+pub fn borrowed_memory() -> bool {
+    rustix::process::getpid().as_raw_nonzero().get() as u32 != colo_sys::host::pid()
+}
+
+/// True in a child that shares this process's memory (`vfork`, `posix_spawn`'s child,
+/// `clone(CLONE_VM)`), as the kernel says (`kcmp(KCMP_VM)`): unlike `borrowed_memory`, false in a
+/// child with a copy of its own made by a raw `clone` past the fork handlers (vsftpd's), whose
+/// cached pid is stale too. False where the kernel will not say (`EPERM`, no `kcmp`).
+pub fn shares_memory() -> bool {
+    if !borrowed_memory() {
+        return false;
+    }
+    let me = rustix::process::getpid().as_raw_nonzero().get();
+    // SAFETY: kcmp(2) takes two pids, a type and two numbers; it touches no memory of ours.
+    let r = unsafe { libc::syscall(libc::SYS_kcmp, me, colo_sys::host::pid() as libc::pid_t, 1 /* KCMP_VM */, 0, 0) };
+    r == 0
+}
