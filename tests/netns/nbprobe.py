@@ -116,6 +116,26 @@ def exchange(s, mode):
     return "INTACT"
 
 
+def decided(s, mode, out):
+    """A connect reported done: `SO_ERROR`'s name, then, if none, the exchange's outcome."""
+    e = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    out.append(name(e))
+    if e == 0:
+        out.append(exchange(s, mode))
+
+
+def connected(host, port):
+    """A blocking connect with a 20 s timeout; None (and `CONNECT errno` printed) if it failed."""
+    s = socket.socket()
+    try:
+        s.connect((host, int(port)))
+    except OSError as e:
+        print("CONNECT", name(e.errno), flush=True)
+        return None
+    s.settimeout(20)
+    return s
+
+
 def nbclient(host, port, mode):
     signal.alarm(60)
     s = socket.socket()
@@ -127,35 +147,24 @@ def nbclient(host, port, mode):
     if not p.poll(10000):
         out.append("NOPOLLOUT")
     else:
-        e = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-        out.append(name(e))
-        if e == 0:
-            out.append(exchange(s, mode))
+        decided(s, mode, out)
     print(" ".join(out), flush=True)
 
 
 def client(host, port, mode):
     signal.alarm(60)
-    s = socket.socket()
-    try:
-        s.connect((host, int(port)))
-    except OSError as e:
-        print("CONNECT", name(e.errno), flush=True)
+    s = connected(host, port)
+    if s is None:
         return
-    s.settimeout(20)
     print("CONNECTED", exchange(s, mode), flush=True)
 
 
 def dupclient(host, port):
     import os
     signal.alarm(60)
-    s = socket.socket()
-    try:
-        s.connect((host, int(port)))
-    except OSError as e:
-        print("CONNECT", name(e.errno), flush=True)
+    s = connected(host, port)
+    if s is None:
         return
-    s.settimeout(20)
     d = os.dup(s.fileno())  # non-blocking, as the socket with a timeout
     head = b""
     while not head:
@@ -181,10 +190,7 @@ def pollzero(host, port, mode):
         empty += 1
         time.sleep(0.001)
     out.append("NOTYET" if empty else "DECIDED")
-    e = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-    out.append(name(e))
-    if e == 0:
-        out.append(exchange(s, mode))
+    decided(s, mode, out)
     print(" ".join(out), flush=True)
 
 

@@ -26,7 +26,8 @@
 //! does what the program's own close would have done (a reset for bytes left unread or a
 //! zero linger, else a FIN). A process the program left behind holding its end (a child) keeps
 //! it: the relay then lets go of its copy and hands bytes on as they come, releasing them as it
-//! sends (bytes that process never reads are lost with its end, as before).
+//! sends (bytes that process never reads are lost with its end: the relay cannot count what it
+//! read).
 //!
 //! The loopback buffers are made smaller than the rings grow to (`LOOPBACK_BUFFER`), so that a
 //! writer waiting for space in a full ring finds the relay blocked in its send, which the
