@@ -295,6 +295,15 @@ pub fn not_accepting(dest: SocketAddr) {
     dest_entry(g.get_or_insert_with(HashMap::default), dest).busy_until = Some(Instant::now() + BUSY_FOR);
 }
 
+/// Whether a connection to `dest` found its server's program not accepting within the last
+/// `BUSY_FOR` ([`not_accepting`]): the connections offered before that finding, still waiting
+/// for their answers, stop waiting as well.
+pub fn busy(dest: SocketAddr) -> bool {
+    let dest = key(dest);
+    let g = DESTS.lock().unwrap_or_else(|e| e.into_inner());
+    g.as_ref().and_then(|m| m.get(&dest)).and_then(|d| d.busy_until).is_some_and(|t| Instant::now() < t)
+}
+
 /// After a set-up found no descriptor number free for the shim (see the shim's `init`), no
 /// connection is offered shared memory for this long: each attempt costs system calls and a log
 /// line, and a client that opens hundreds of connections at once would make one per connection.

@@ -276,8 +276,35 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
 /// Whether this process holds an established accelerated connection: one a server's program may
 /// be waiting on (a worker reading the request of a connection the client has not written on
 /// yet, an FTP server's control connection) while the client waits for another's accept.
-fn holds_a_connection() -> bool {
-    table::fds_of_kind(table::CONN).next().is_some()
+/// Whether this process holds a connection a server's program may be waiting on while a
+/// connection `fd` to `peer` waits in its queue: an accelerated one to anywhere, or another
+/// plain TCP one to `peer` (a synchronous worker holds it, waiting for its request).
+fn holds_a_connection(fd: i32, peer: SocketAddr) -> bool {
+    table::fds_of_kind(table::CONN).next().is_some() || holds_another_to(fd, peer)
+}
+
+/// Whether a descriptor of this process other than `fd` is a socket connected to `peer`
+/// (through rustix: the shim must not reach its own wrappers of libc's calls).
+fn holds_another_to(fd: i32, peer: SocketAddr) -> bool {
+    use rustix::fs::{open, Dir, Mode, OFlags};
+    let Ok(dir) = open("/proc/self/fd", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()) else {
+        return false;
+    };
+    let Ok(entries) = Dir::read_from(&dir) else { return false };
+    let peer = SocketAddr::new(colo_sys::host::canonical(peer.ip()), peer.port());
+    entries.filter_map(Result::ok).filter_map(|e| e.file_name().to_str().ok()?.parse::<i32>().ok()).any(|n| {
+        if n == fd {
+            return false;
+        }
+        // SAFETY: listed in this process's descriptor table just now; a descriptor closed since
+        // (or reused) only answers for whatever it is then, and is not kept.
+        let b = unsafe { BorrowedFd::borrow_raw(n) };
+        rustix::net::getpeername(b)
+            .ok()
+            .flatten()
+            .and_then(|a| sockaddr_of(&a))
+            .is_some_and(|a| SocketAddr::new(colo_sys::host::canonical(a.ip()), a.port()) == peer)
+    })
 }
 
 /// How often a waiting client looks at its server's accept queue (`wait_while_accepting`), and
@@ -311,8 +338,9 @@ const ANSWER_AFTER_ACCEPT: Duration = Duration::from_millis(50);
 /// cannot tell accepts matched by arrivals: one look would take a server in a burst of
 /// connections for one that stopped): the connection goes on over plain TCP, as it would
 /// at the end of `left`, and so do the next ones there for a while (`adapt::not_accepting`).
-/// Only where this process holds another connection (one such a server may be waiting on): a
-/// lone client, which no server can be waiting on, waits the whole `left` for a late accept.
+/// Only where this process holds another connection (one such a server may be waiting on: any
+/// accelerated one, or a plain one to the same server): a lone client, which no server can be
+/// waiting on, waits the whole `left` for a late accept.
 /// A connection already accepted gets `ANSWER_AFTER_ACCEPT` for its answer. Where this network
 /// namespace does not list the connection (a server in another one), the wait is the whole `left`.
 fn wait_while_accepting(fd: i32, p: &Pending, left: Duration) -> Answer {
@@ -329,7 +357,9 @@ fn wait_while_accepting(fd: i32, p: &Pending, left: Duration) -> Answer {
     let mut flat = 0;
     loop {
         let rest = end.saturating_duration_since(Instant::now());
-        if rest.is_zero() {
+        // Another connection there, of this process, found its program not accepting: this one,
+        // queued behind it, waits for the same accepts.
+        if rest.is_zero() || (queue.is_some() && adapt::busy(p.peer)) {
             return Answer::Timeout;
         }
         use colo_sys::diag::ServerEnd;
@@ -365,7 +395,7 @@ fn wait_while_accepting(fd: i32, p: &Pending, left: Duration) -> Answer {
         match (now_queued, queue) {
             // Not to be told: the rest of the wait.
             (None, _) => return p.offer.wait_answer(rest),
-            (Some(n), Some(before)) if n >= before && flat + 1 >= STALL_LOOKS && holds_a_connection() => {
+            (Some(n), Some(before)) if n >= before && flat + 1 >= STALL_LOOKS && holds_a_connection(fd, p.peer) => {
                 adapt::not_accepting(p.peer);
                 log_info(format_args!(
                     "connect {}: its server's program is not accepting ({n} connections in its queue); plain TCP there for {:?}",
