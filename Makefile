@@ -45,6 +45,7 @@ test-clippy:
 test-rust:
 	cd $(RUST) && $(CARGO) test --workspace --exclude colo-py -- --test-threads=2
 	cd $(RUST) && $(CARGO) test -p colo --features tokio --test tokio
+	cd $(RUST) && $(CARGO) test -p colo --features tokio --lib tokio::tests
 
 test-loom:
 	cd $(RUST) && RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom $(CARGO) test -p colo-ring --test loom --release

@@ -151,6 +151,20 @@ if [ -x "$PEER" ]; then
     else
         bad "7 Rust API: configured '$r', unconfigured '$r2'"
     fi
+    # A server whose program accepts 1.5 s late (past the client's answer wait): the dial goes on
+    # over plain TCP on its one connection, and the answer that comes first on the stream then
+    # is taken off it before the application reads (the echo is intact).
+    ip netns exec "$NS_B" env COLO_NETNS_DIR="$DIR" COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_LOG=info PEER_ACCEPT_DELAY_MS=1500 \
+        "$PEER" server 0.0.0.0:7102 stream >"$WORK/peer-late.out" 2>&1 &
+    PIDS+=($!)
+    for i in $(seq 50); do grep -qs READY "$WORK/peer-late.out" && break; sleep 0.1; done
+    r=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 30 "$PEER" client $IP_B:7102 stream 100000 2>"$WORK/peer-late.err")
+    if [ "$r" = "OK 100000 tcp" ] && grep -q "dial $IP_B:7102: cross-namespace: no answer within" "$WORK/peer-late.err" &&
+        [ "$(grep -c "declined: the client went on without waiting" "$WORK/peer-late.out")" = 1 ]; then
+        ok "7 Rust API client of a server accepting 1.5 s late: one connection, plain TCP, the echo intact"
+    else
+        bad "7 Rust API client of a late server: '$r'; $(tail -2 "$WORK/peer-late.err") / $(grep -c accept "$WORK/peer-late.out") accepts"
+    fi
     # The Go client (the Go listener does not serve other namespaces).
     if command -v go >/dev/null && (cd "$ROOT/go" && timeout 300 go build -o "$WORK/colo-peer-go" ./cmd/colo-peer); then
         r=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 30 "$WORK/colo-peer-go" client $IP_B:7100 stream 1000000 2>&1)

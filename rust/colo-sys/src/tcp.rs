@@ -195,3 +195,13 @@ pub fn peer_ended(fd: rustix::fd::BorrowedFd<'_>) -> bool {
     let mut p = [PollFd::new(&fd, PollFlags::RDHUP)];
     matches!(poll(&mut p, Some(&Timespec::default())), Ok(1)) && p[0].revents().intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR)
 }
+
+/// Bytes waiting to be read on a socket (`FIONREAD`; 0 if it cannot be told).
+pub fn unread(fd: rustix::fd::BorrowedFd<'_>) -> usize {
+    rustix::io::ioctl_fionread(fd).map_or(0, |n| n as usize)
+}
+
+/// Whether a descriptor's file description is in non-blocking mode (true if it cannot be told).
+pub fn nonblocking(fd: rustix::fd::BorrowedFd<'_>) -> bool {
+    rustix::fs::fcntl_getfl(fd).map_or(true, |f| f.contains(rustix::fs::OFlags::NONBLOCK))
+}

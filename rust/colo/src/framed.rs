@@ -3,6 +3,7 @@
 //! timeout, non-blocking mode or a signal keeps what it has read and goes on from there at the
 //! next call; a send is all or nothing.
 
+use crate::owed::Owed;
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::sync::Mutex;
@@ -15,6 +16,8 @@ pub(crate) struct Tcp {
     rx: Mutex<FrameRx>,
     /// Held while a frame is written, so that frames of two threads do not interleave.
     tx: Mutex<()>,
+    /// The answer to a cross-namespace PROPOSAL, owed on a connection dialed past its wait.
+    pub(crate) owed: Owed,
 }
 
 /// The message being received: its length header, then its bytes.
@@ -39,13 +42,19 @@ fn cut_short() -> io::Error {
 
 impl Tcp {
     pub(crate) fn new(sock: TcpStream) -> Tcp {
-        Tcp { sock, rx: Mutex::default(), tx: Mutex::default() }
+        Tcp { sock, rx: Mutex::default(), tx: Mutex::default(), owed: Owed::default() }
+    }
+
+    /// A connection whose cross-namespace answer is owed ([`Owed`]).
+    pub(crate) fn owing(sock: TcpStream) -> Tcp {
+        Tcp { owed: Owed::owing(), ..Tcp::new(sock) }
     }
 
     /// The next message, `None` at end of stream (between messages). An error (a timeout, would
     /// block, a signal) leaves the part already read for the next call.
     pub(crate) fn recv(&self) -> io::Result<Option<Vec<u8>>> {
         let mut f = lock(&self.rx);
+        self.owed.settle(&self.sock)?;
         let mut sock = &self.sock;
         while f.head_len < 4 {
             let at = f.head_len;

@@ -142,6 +142,9 @@ pub(crate) enum Dialed {
     Carrier(Shm, std::net::TcpStream),
     /// Plain TCP, already connected (a CARRIER offer that was not claimed).
     Tcp(std::net::TcpStream),
+    /// Plain TCP, already connected, whose cross-namespace answer is still owed
+    /// ([`crate::owed::Owed`]): the server's program had not accepted it within the wait.
+    Owed(std::net::TcpStream),
     /// Not a colo listener here: dial plain TCP.
     No,
 }
@@ -183,6 +186,13 @@ fn dial_netns(addr: SocketAddr, dir: &std::path::Path, opts: &Options) -> io::Re
         Proposed::Plain(why) => {
             log::info(format_args!("dial {addr}: cross-namespace: {why}; plain TCP"));
             return Ok(Dialed::Tcp(tcp));
+        }
+        Proposed::Broken(e) if e.kind() == io::ErrorKind::TimedOut => {
+            log::info(format_args!(
+                "dial {addr}: cross-namespace: no answer within {} ms (its server's program has not accepted the connection); plain TCP, the answer taken off the stream when it comes",
+                netns::answer_wait().as_millis()
+            ));
+            return Ok(Dialed::Owed(tcp));
         }
         Proposed::Broken(e) => return Err(e),
     };

@@ -78,6 +78,10 @@ impl Stream {
                 Ok(handshake::Dialed::Direct(shm)) => return Ok(Stream::from_shm(shm)),
                 Ok(handshake::Dialed::Carrier(shm, tcp)) => return Ok(Stream::from_carrier(shm, tcp)),
                 Ok(handshake::Dialed::Tcp(tcp)) => return Ok(Stream::from_tcp(tcp)),
+                Ok(handshake::Dialed::Owed(tcp)) => {
+                    let _ = tcp.set_nodelay(true);
+                    return Ok(Stream { inner: Inner::Tcp(Arc::new(Tcp::owing(tcp))) });
+                }
                 Ok(handshake::Dialed::No) => {}
                 Err(e) => crate::log::info(format_args!("dial {a}: {e}; using TCP")),
             }
@@ -106,11 +110,15 @@ impl Stream {
         Stream { inner: Inner::Tcp(Arc::new(Tcp::new(s))) }
     }
 
-    /// The TCP socket of a fallback connection (for the tokio wrapper).
+    /// The TCP socket of a fallback connection, and whether its cross-namespace answer is still
+    /// owed (for the tokio wrapper).
     #[cfg(feature = "tokio")]
-    pub(crate) fn into_tcp(self) -> Option<TcpStream> {
+    pub(crate) fn into_tcp(self) -> Option<(TcpStream, bool)> {
         match self.inner {
-            Inner::Tcp(t) => Arc::try_unwrap(t).ok().map(|t| t.sock),
+            Inner::Tcp(t) => Arc::try_unwrap(t).ok().map(|t| {
+                let owed = t.owed.pending();
+                (t.sock, owed)
+            }),
             Inner::Shm(_) | Inner::Carrier(_) => None,
         }
     }
@@ -237,6 +245,7 @@ impl Stream {
 
     /// Reads without consuming (`MSG_PEEK`).
     pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.settle_owed()?;
         match self.io() {
             Io::Shm(s) => s.peek(buf),
             Io::Tcp(t) => t.peek(buf),
@@ -323,6 +332,15 @@ impl Stream {
         self.tcp().send(bytes)
     }
 
+    /// Before a read over TCP: the cross-namespace answer taken off the stream if it is owed
+    /// (waiting as the read would).
+    fn settle_owed(&self) -> io::Result<()> {
+        match &self.inner {
+            Inner::Tcp(t) => t.owed.settle(&t.sock),
+            Inner::Shm(_) | Inner::Carrier(_) => Ok(()),
+        }
+    }
+
     fn tcp(&self) -> &Tcp {
         match &self.inner {
             Inner::Tcp(t) => t,
@@ -354,6 +372,7 @@ impl Stream {
 
 impl Read for &Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.settle_owed()?;
         match self.io() {
             Io::Shm(s) => s.read(buf),
             Io::Tcp(t) => (&*t).read(buf),

@@ -87,7 +87,48 @@ impl Shm {
 
 enum Inner {
     Shm(Shm),
-    Tcp(tokio::net::TcpStream),
+    /// With the cross-namespace answer still owed (`crate::owed`): since when the stream has
+    /// begun with part of one, if it has.
+    Tcp(tokio::net::TcpStream, Option<Owed>),
+}
+
+/// A cross-namespace answer owed on a TCP stream (`crate::owed`, for the async reads).
+#[derive(Default)]
+struct Owed {
+    partial_since: Option<std::time::Instant>,
+}
+
+/// Takes the owed answer off `t`'s stream, as [`crate::owed::Owed::settle`] does for a
+/// blocking read: ready (`owed` cleared) once it is off, or the stream shows none will come.
+fn poll_owed(t: &tokio::net::TcpStream, owed: &mut Option<Owed>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    use crate::netns::{take_answer, Late};
+    use std::os::fd::AsFd;
+    while let Some(o) = owed {
+        if take_answer(t.as_fd()) != Late::NotYet {
+            *owed = None;
+            break;
+        }
+        if colo_sys::tcp::unread(t.as_fd()) > 0 {
+            // Part of an answer: looked at again at once, for at most the answer wait.
+            if o.partial_since.get_or_insert_with(std::time::Instant::now).elapsed() >= crate::netns::answer_wait() {
+                *owed = None;
+                break;
+            }
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        // Nothing yet: a look that would block clears tokio's readiness, then wait for more.
+        let mut one = [0u8; 1];
+        match t.try_io(tokio::io::Interest::READABLE, || colo_sys::pathsock::recv_tcp(t.as_fd(), &mut one, true)) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => match t.poll_read_ready(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            },
+            _ => {}
+        }
+    }
+    Poll::Ready(Ok(()))
 }
 
 /// An async colo connection: shared memory to a local colo listener, TCP otherwise.
@@ -120,7 +161,10 @@ impl Stream {
                     .map_err(io::Error::from)?;
                 Inner::Shm(Shm { fd, fan: Arc::default(), stream: s })
             }
-            Transport::Tcp => Inner::Tcp(tokio::net::TcpStream::from_std(s.into_tcp().expect("tcp transport"))?),
+            Transport::Tcp => {
+                let (tcp, owed) = s.into_tcp().expect("tcp transport");
+                Inner::Tcp(tokio::net::TcpStream::from_std(tcp)?, owed.then(Owed::default))
+            }
         };
         Ok(Stream { inner })
     }
@@ -129,7 +173,7 @@ impl Stream {
     pub fn transport(&self) -> Transport {
         match self.inner {
             Inner::Shm(_) => Transport::SharedMemory,
-            Inner::Tcp(_) => Transport::Tcp,
+            Inner::Tcp(..) => Transport::Tcp,
         }
     }
 
@@ -137,7 +181,7 @@ impl Stream {
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
         match &self.inner {
             Inner::Shm(s) => s.stream.peer_addr(),
-            Inner::Tcp(t) => t.peer_addr(),
+            Inner::Tcp(t, _) => t.peer_addr(),
         }
     }
 }
@@ -145,7 +189,12 @@ impl Stream {
 impl AsyncRead for Stream {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match &mut self.get_mut().inner {
-            Inner::Tcp(t) => Pin::new(t).poll_read(cx, buf),
+            Inner::Tcp(t, owed) => {
+                if owed.is_some() {
+                    std::task::ready!(poll_owed(t, owed, cx))?;
+                }
+                Pin::new(t).poll_read(cx, buf)
+            }
             Inner::Shm(s) => {
                 let dst = buf.initialize_unfilled();
                 match s.poll_io(cx, false, || io::Read::read(&mut &s.stream, dst)) {
@@ -164,19 +213,19 @@ impl AsyncRead for Stream {
 impl AsyncWrite for Stream {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         match &mut self.get_mut().inner {
-            Inner::Tcp(t) => Pin::new(t).poll_write(cx, buf),
+            Inner::Tcp(t, _) => Pin::new(t).poll_write(cx, buf),
             Inner::Shm(s) => s.poll_io(cx, true, || io::Write::write(&mut &s.stream, buf)),
         }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match &mut self.get_mut().inner {
-            Inner::Tcp(t) => Pin::new(t).poll_flush(cx),
+            Inner::Tcp(t, _) => Pin::new(t).poll_flush(cx),
             Inner::Shm(_) => Poll::Ready(Ok(())),
         }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match &mut self.get_mut().inner {
-            Inner::Tcp(t) => Pin::new(t).poll_shutdown(cx),
+            Inner::Tcp(t, _) => Pin::new(t).poll_shutdown(cx),
             Inner::Shm(s) => Poll::Ready(s.stream.shutdown(std::net::Shutdown::Write)),
         }
     }
@@ -219,5 +268,37 @@ impl Listener {
             }
             self.fd.readable().await?.clear_ready();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Inner, Owed, Stream};
+    use crate::netns::{ANSWER_LEN, MAGIC};
+    use std::io::Write;
+    use tokio::io::AsyncReadExt;
+
+    #[tokio::test]
+    async fn a_late_answer_is_taken_off_before_the_first_async_read() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        c.set_nonblocking(true).unwrap();
+        let mut s = l.accept().unwrap().0;
+        let mut stream = Stream { inner: Inner::Tcp(tokio::net::TcpStream::from_std(c).unwrap(), Some(Owed::default())) };
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            let mut a = [0u8; ANSWER_LEN];
+            a[..8].copy_from_slice(&MAGIC);
+            s.write_all(&a[..30]).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            s.write_all(&a[30..]).unwrap();
+            s.write_all(b"banner").unwrap();
+            s
+        });
+        let mut got = [0u8; 6];
+        tokio::time::timeout(std::time::Duration::from_secs(10), stream.read_exact(&mut got)).await.expect("watchdog").unwrap();
+        assert_eq!(&got, b"banner");
+        assert!(matches!(stream.inner, Inner::Tcp(_, None)));
+        drop(late.join().unwrap());
     }
 }
