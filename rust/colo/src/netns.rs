@@ -557,7 +557,7 @@ impl Rendezvous {
     }
 
     /// From now on `k` (this process's keeper) reads the rendezvous while no nonce is live.
-    pub(crate) fn kept_by(&self, k: crate::netns_keeper::Watch) {
+    fn keep_with(&self, k: crate::netns_keeper::Watch) {
         let mut st = self.state();
         k.reported(self.wait_fd(), st.pending.is_empty());
         st.keeper = Some(k);
@@ -566,7 +566,7 @@ impl Rendezvous {
     /// The keeper's look: reads what arrived (refusing what proves nothing), unless a nonce is
     /// live, whose accept reads it: then the keeper is told again to stop reporting this
     /// rendezvous meanwhile (it was reported just before `answer` said so, or saying so failed).
-    pub(crate) fn keep_look(&self) {
+    fn look_as_keeper(&self) {
         let mut st = self.state();
         if st.pending.is_empty() {
             self.drain(&mut st);
@@ -885,6 +885,18 @@ impl Drop for Rendezvous {
 impl AsRawFd for Rendezvous {
     fn as_raw_fd(&self) -> colo_sys::RawFd {
         self.listen.as_raw_fd()
+    }
+}
+
+impl crate::netns_keeper::Keepable for Rendezvous {
+    fn wait_fd(&self) -> BorrowedFd<'_> {
+        Rendezvous::wait_fd(self)
+    }
+    fn kept_by(&self, w: crate::netns_keeper::Watch) {
+        self.keep_with(w);
+    }
+    fn keep_look(&self) {
+        self.look_as_keeper();
     }
 }
 

@@ -12,7 +12,6 @@
 //! The Rust API's listener waits on its rendezvous in its own accept and has no keeper.
 
 use crate::log;
-use crate::netns::Rendezvous;
 use colo_sys::doorbell::Poller;
 use colo_sys::BorrowedFd;
 use std::sync::{Arc, Mutex};
@@ -34,8 +33,18 @@ impl Watch {
     }
 }
 
+/// What a keeper watches: a rendezvous of this process's (`netns::Rendezvous`).
+pub trait Keepable: Sync {
+    /// The fd that is readable when something arrived at the rendezvous.
+    fn wait_fd(&self) -> BorrowedFd<'_>;
+    /// From now on the keeper `w` reads the rendezvous while no nonce is live.
+    fn kept_by(&self, w: Watch);
+    /// The keeper's look at what arrived.
+    fn keep_look(&self);
+}
+
 /// The rendezvous a keeper watches, by token (their index).
-type Kept = Arc<Mutex<Vec<&'static Rendezvous>>>;
+type Kept = Arc<Mutex<Vec<&'static dyn Keepable>>>;
 
 /// This process's keeper: its set, and the rendezvous it watches.
 struct Keeper {
@@ -50,7 +59,7 @@ static KEEPER: Mutex<Option<Keeper>> = Mutex::new(None);
 
 /// Has this process's keeper watch `r` (just bound by `netns::serving`), starting the keeper if
 /// this process has none. Logged and left unwatched if no thread can be started.
-pub fn keep(r: &'static Rendezvous) {
+pub fn keep(r: &'static dyn Keepable) {
     let mut k = KEEPER.lock().unwrap_or_else(|e| e.into_inner());
     let pid = colo_sys::host::pid();
     if k.as_ref().is_none_or(|k| k.pid != pid) {
@@ -82,7 +91,7 @@ fn start() -> std::io::Result<(Arc<Poller>, Kept)> {
 
 /// The keeper thread: reads each rendezvous reported (it is reported only while no nonce of it
 /// is live; `Rendezvous::keep_look` checks again under its lock).
-fn run(set: &Poller, kept: &Mutex<Vec<&'static Rendezvous>>) {
+fn run(set: &Poller, kept: &Mutex<Vec<&'static dyn Keepable>>) {
     loop {
         let Ok(tokens) = set.wait(None) else { return };
         for t in tokens {

@@ -19,7 +19,7 @@ use crate::conn::entry::Listen;
 use colo::internal::netns::{self, Rendezvous};
 use colo::internal::netns_accept::{NetnsAccepts, Resolved};
 use colo_sys::doorbell::Poller;
-use super::sleepers::Sleepers;
+use super::sleepers::{self, Sleepers, Watched};
 use colo_sys::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex};
@@ -169,7 +169,7 @@ impl Held {
     }
 
     /// How many connections wait, and whether a resolved one is ready.
-    pub(super) fn counts(&self) -> (usize, bool) {
+    pub fn counts(&self) -> (usize, bool) {
         let i = self.lock();
         (i.accepts.waiting(), i.accepts.has_ready())
     }
@@ -189,6 +189,42 @@ impl Held {
     /// A thread waits on the listener and the set together (`false`: no longer).
     pub fn watching(&self, on: bool) {
         self.sleep.watching(on);
+    }
+
+    /// See [`sleepers::asleep`].
+    pub fn asleep(self: &Arc<Held>, on: bool, sock: u16) {
+        sleepers::asleep(self, on, sock);
+    }
+
+    /// See [`sleepers::others_asleep`].
+    pub fn others_asleep(&self, sock: u16) -> bool {
+        sleepers::others_asleep(&self.sleep, sock)
+    }
+
+    /// See [`sleepers::watch_if_needed`].
+    pub fn watch_if_needed(self: &Arc<Held>) {
+        sleepers::watch_if_needed(self);
+    }
+}
+
+impl Watched for Held {
+    fn sleepers(&self) -> &Sleepers {
+        &self.sleep
+    }
+    fn holds_any(&self) -> bool {
+        Held::holds_any(self)
+    }
+    fn counts(&self) -> (usize, bool) {
+        Held::counts(self)
+    }
+    fn fd(&self) -> RawFd {
+        Held::fd(self)
+    }
+    fn service(&self) -> bool {
+        Held::service(self)
+    }
+    fn own(&self) -> bool {
+        Held::own(self)
     }
 }
 

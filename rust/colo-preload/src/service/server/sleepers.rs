@@ -33,7 +33,6 @@
 //! count goes with it if it dies there): had it taken a queued connection, its held ones would
 //! wait until its application came back to accept.
 
-use super::held::Held;
 use colo_sys::{AsFd, OwnedFd};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
@@ -339,59 +338,73 @@ fn claim_slot(wakes: &[AtomicU64; 8], value: u64, free: impl Fn(u64) -> bool) ->
     })
 }
 
-impl Held {
-    /// A thread of this process goes to sleep in the kernel's accept on the listening socket
-    /// tagged `sock` (`socket_tag`; `false`: it is back): while the set holds anything, the
-    /// watcher looks after it.
-    pub fn asleep(self: &Arc<Held>, on: bool, sock: u16) {
-        let s = &self.sleep;
-        count_asleep(s.everyone, colo_sys::host::pid(), sock, on);
-        // Relaxed: see `watching`.
-        if !on {
-            s.asleep.fetch_sub(1, Ordering::Relaxed);
+/// What the watcher looks after: a process's set of held connections (`super::held::Held`).
+pub trait Watched: Send + Sync + 'static {
+    /// The set's sleepers.
+    fn sleepers(&self) -> &Sleepers;
+    /// Whether the set holds any connection.
+    fn holds_any(&self) -> bool;
+    /// Connections waiting for their first bytes, and whether one is decided and ready.
+    fn counts(&self) -> (usize, bool);
+    /// The set's epoll fd, readable when a held connection moved.
+    fn fd(&self) -> colo_sys::RawFd;
+    /// Serves the held connections that moved.
+    fn service(&self) -> bool;
+    /// Whether the set is this process's (not a forked parent's copy).
+    fn own(&self) -> bool;
+}
+
+/// A thread of this process goes to sleep in the kernel's accept on the listening socket
+/// tagged `sock` (`socket_tag`; `false`: it is back): while the set `w` holds anything, the
+/// watcher looks after it.
+pub fn asleep<W: Watched>(w: &Arc<W>, on: bool, sock: u16) {
+    let s = w.sleepers();
+    count_asleep(s.everyone, colo_sys::host::pid(), sock, on);
+    // Relaxed: see `watching`.
+    if !on {
+        s.asleep.fetch_sub(1, Ordering::Relaxed);
+        return;
+    }
+    s.asleep.fetch_add(1, Ordering::Relaxed);
+    watch_if_needed(w);
+}
+
+/// Whether a thread of another process of the lineage is asleep in the kernel's accept on
+/// the listening socket tagged `sock`: a connection queued there is its, and a thread of
+/// this process that holds connections had better wait for those than take it (the held
+/// ones can go to no other process, and this one would be away with the other). Another
+/// socket on the same port (`SO_REUSEPORT`) has a queue of its own, and does not count.
+pub fn others_asleep(s: &Sleepers, sock: u16) -> bool {
+    others_asleep_on(s.everyone, colo_sys::host::pid(), sock)
+}
+
+/// If a thread sleeps in the kernel's accept while the set `w` holds anything: the watcher
+/// (started now if it is not yet) looks at the set again. Called where that may have
+/// become so (a thread goes to sleep, or leaves the set unwatched).
+pub fn watch_if_needed<W: Watched>(w: &Arc<W>) {
+    let s = w.sleepers();
+    if s.asleep.load(Ordering::Relaxed) == 0 || !w.holds_any() {
+        return;
+    }
+    if !s.started.swap(true, Ordering::Relaxed) {
+        let weak = Arc::downgrade(w);
+        if std::thread::Builder::new().name("colo-held".into()).spawn(move || watch(weak)).is_err() {
+            s.started.store(false, Ordering::Relaxed);
             return;
         }
-        s.asleep.fetch_add(1, Ordering::Relaxed);
-        self.watch_if_needed();
     }
-
-    /// Whether a thread of another process of the lineage is asleep in the kernel's accept on
-    /// the listening socket tagged `sock`: a connection queued there is its, and a thread of
-    /// this process that holds connections had better wait for those than take it (the held
-    /// ones can go to no other process, and this one would be away with the other). Another
-    /// socket on the same port (`SO_REUSEPORT`) has a queue of its own, and does not count.
-    pub fn others_asleep(&self, sock: u16) -> bool {
-        others_asleep_on(self.sleep.everyone, colo_sys::host::pid(), sock)
-    }
-
-    /// If a thread sleeps in the kernel's accept while the set holds anything: the watcher
-    /// (started now if it is not yet) looks at the set again. Called where that may have
-    /// become so (a thread goes to sleep, or leaves the set unwatched).
-    pub fn watch_if_needed(self: &Arc<Held>) {
-        let s = &self.sleep;
-        if s.asleep.load(Ordering::Relaxed) == 0 || !self.holds_any() {
-            return;
-        }
-        if !s.started.swap(true, Ordering::Relaxed) {
-            let w = Arc::downgrade(self);
-            if std::thread::Builder::new().name("colo-held".into()).spawn(move || watch(w)).is_err() {
-                s.started.store(false, Ordering::Relaxed);
-                return;
-            }
-        }
-        s.ring();
-    }
+    s.ring();
 }
 
 /// The watcher of the set `w`: see the module's comment. Holds the set only across one wait,
 /// and ends when it is let go.
-fn watch(w: Weak<Held>) {
+fn watch<W: Watched>(w: Weak<W>) {
     let mut tries = 0;
     // A wake-up connection of this episode went outside the lineage: tries a second apart.
     let mut lost = false;
     loop {
         let Some(h) = w.upgrade() else { return };
-        let s = &h.sleep;
+        let s = h.sleepers();
         if s.closed.load(Ordering::Relaxed) || !h.own() {
             return;
         }
