@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -30,7 +31,14 @@ const (
 // side's sleep in wait.go and bellwait.go, spinning in spin.go, deadlines in deadline.go, the
 // control socket in ctl.go, closing in close.go, messages in msg.go.
 type Conn struct {
-	tcp *net.TCPConn // non-nil: plain TCP (fallback); nothing below is used
+	tcp *net.TCPConn // non-nil: plain TCP (fallback); of the fields below only owed's are used
+
+	// Plain TCP across network namespaces whose server has not answered the PROPOSAL yet
+	// (netns_owed.go): Read takes the answer off the stream first. Set before the Conn is
+	// returned by netnsDial, cleared once under owedMu; Read's one check when plain.
+	owed        atomic.Bool
+	owedMu      sync.Mutex // serializes takeOwed
+	owedPartial time.Time  // when the head was first seen to hold part of an answer (owedMu)
 
 	// Identity, fixed once the connection is set up.
 	laddr, raddr *net.TCPAddr
@@ -107,7 +115,10 @@ func (c *Conn) Transport() Transport {
 	return TransportColo
 }
 
-// TCPConn returns the underlying *net.TCPConn of a fallback connection, or nil.
+// TCPConn returns the underlying *net.TCPConn of a fallback connection, or nil. A connection to
+// another network namespace whose server had not answered colo's proposal when Dial returned
+// takes that answer off the stream in its first Read: read it through the Conn, not the
+// *net.TCPConn, at least until that Read has returned bytes.
 func (c *Conn) TCPConn() *net.TCPConn { return c.tcp }
 
 // Geometry returns the segment geometry of a colo connection (zero for TCP).

@@ -275,12 +275,23 @@ func netnsProposal(boot, clientNonce []byte) []byte {
 	return prop
 }
 
-// errNetnsBroken: no answer came in time; a late one would land in the application's stream.
-var errNetnsBroken = errors.New("colo: no answer to the cross-namespace proposal")
+// netnsAnswerWait bounds a client's wait for the answer to its PROPOSAL, and how long the head
+// of an owed answer's stream may hold part of one (COLO_CARRIER_TIMEOUT_MS, 500 ms, as the Rust
+// core and the shim read it): the server answers only once its program gets to the connection.
+var netnsAnswerWait = sync.OnceValue(func() time.Duration {
+	if ms, err := strconv.Atoi(os.Getenv("COLO_CARRIER_TIMEOUT_MS")); err == nil && ms > 0 {
+		return time.Duration(ms) * time.Millisecond
+	}
+	return 500 * time.Millisecond
+})
 
 // netnsDial connects to ap, a listener in another namespace with its rendezvous in dir, and
 // proposes shared memory. A nil *Conn with a nil error does not happen: the connection is
-// plain TCP (on the same TCP connection) whenever shared memory is not had.
+// plain TCP (on the same TCP connection) whenever shared memory is not had. An answer that does
+// not come within netnsAnswerWait is not a failure (a server whose program accepts late, as over
+// TCP): the connection goes on over plain TCP and owes the answer, which its server sends first
+// on the stream whenever its program gets to the connection and which Read takes off before any
+// byte of the application (spec/WIRE.md section 11, step 3; netns_owed.go).
 func netnsDial(ctx context.Context, network string, ap netip.AddrPort, dir string, g Geometry) (*Conn, error) {
 	var nd net.Dialer
 	c, err := nd.DialContext(ctx, network, ap.String())
@@ -313,7 +324,8 @@ func netnsDial(ctx context.Context, network string, ap netip.AddrPort, dir strin
 		return plain("random: %v", err)
 	}
 	prop := netnsProposal(boot, clientNonce)
-	dl := time.Now().Add(carrierAnswerTimeout)
+	start := time.Now()
+	dl := start.Add(netnsAnswerWait())
 	if cdl, ok := ctx.Deadline(); ok && cdl.Before(dl) {
 		dl = cdl
 	}
@@ -328,8 +340,17 @@ func netnsDial(ctx context.Context, network string, ap netip.AddrPort, dir strin
 	a := make([]byte, netnsAnswerLen)
 	for {
 		n, err := peekTCP(tc, a)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// Nothing was taken off the stream and nothing more was sent: the answer, when it
+			// comes, is the first thing on it.
+			tc.SetDeadline(time.Time{})
+			logf("dial %v: cross-namespace: no answer within %v (its server's program has not accepted the connection); plain TCP, the answer taken off the stream when it comes", ap, dl.Sub(start).Round(time.Millisecond))
+			c := &Conn{tcp: tc}
+			c.owed.Store(true) // before c is shared: no reader yet
+			return c, nil
+		}
 		if err != nil {
-			return broken(errNetnsBroken)
+			return broken(&net.OpError{Op: "dial", Net: network, Source: tc.LocalAddr(), Addr: tc.RemoteAddr(), Err: err})
 		}
 		if n == 0 {
 			tc.SetDeadline(time.Time{})
@@ -344,10 +365,10 @@ func netnsDial(ctx context.Context, network string, ap netip.AddrPort, dir strin
 		}
 		time.Sleep(200 * time.Microsecond)
 	}
+	tc.SetDeadline(time.Time{}) // the whole answer is queued: taking it cannot wait
 	if _, err := io.ReadFull(tc, a); err != nil {
 		return broken(err)
 	}
-	tc.SetDeadline(time.Time{})
 	if a[8] != netnsAccept {
 		return plain("declined (reason %d)", a[10])
 	}

@@ -75,29 +75,11 @@ func TestNetnsPartialProposal(t *testing.T) {
 // HELLO would never come), and the connection goes on with the client's bytes as sent.
 func TestNetnsClientWentOn(t *testing.T) {
 	watchdog(t, 60*time.Second)
-	boot, err := bootID()
-	if err != nil {
-		t.Skip("no boot id")
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	l := &Listener{netns: &netnsServer{name: "colo-1-1", boot: boot, pending: map[[24]byte]chan *offer{}, live: -1}}
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	s, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	l, boot := netnsTestListener(t)
+	c, s := tcpPair(t)
 	c.Write(append(netnsProposal(boot, make([]byte, 8)), "PING\r\n"...))
 	time.Sleep(20 * time.Millisecond) // the bytes behind it are there when it is read
-	if got := l.netnsClaim(s.(*net.TCPConn)); got != nil {
+	if got := l.netnsClaim(s); got != nil {
 		t.Fatal("claimed")
 	}
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))

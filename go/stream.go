@@ -16,6 +16,11 @@ import (
 // Read reads up to len(p) bytes. It implements net.Conn.
 func (c *Conn) Read(p []byte) (int, error) {
 	if c.tcp != nil {
+		if c.owed.Load() && len(p) > 0 {
+			if err := c.takeOwed(); err != nil {
+				return 0, err
+			}
+		}
 		return c.tcp.Read(p)
 	}
 	c.rmu.Lock()
