@@ -299,6 +299,10 @@ func netnsDial(ctx context.Context, network string, ap netip.AddrPort, dir strin
 		return nil, err
 	}
 	tc := c.(*net.TCPConn)
+	if lateServers.recently(ap) {
+		logf("dial %v: cross-namespace: its server did not answer in time a moment ago; plain TCP", ap)
+		return &Conn{tcp: tc}, nil
+	}
 	plain := func(why string, args ...any) (*Conn, error) {
 		logf("dial %v: cross-namespace: "+why+"; plain TCP", append([]any{ap}, args...)...)
 		return &Conn{tcp: tc}, nil
@@ -344,7 +348,8 @@ func netnsDial(ctx context.Context, network string, ap netip.AddrPort, dir strin
 			// Nothing was taken off the stream and nothing more was sent: the answer, when it
 			// comes, is the first thing on it.
 			tc.SetDeadline(time.Time{})
-			logf("dial %v: cross-namespace: no answer within %v (its server's program has not accepted the connection); plain TCP, the answer taken off the stream when it comes", ap, dl.Sub(start).Round(time.Millisecond))
+			logf("dial %v: cross-namespace: no answer within %v (its server's program has not accepted the connection); plain TCP, the answer taken off the stream when it comes, and plain TCP there for a second", ap, dl.Sub(start).Round(time.Millisecond))
+			lateServers.mark(ap)
 			c := &Conn{tcp: tc}
 			c.owed.Store(true) // before c is shared: no reader yet
 			return c, nil

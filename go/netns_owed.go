@@ -12,6 +12,8 @@ import (
 	"bytes"
 	"errors"
 	"net"
+	"net/netip"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -78,4 +80,42 @@ func (c *Conn) takeOwed() error {
 		}
 	}
 	return nil
+}
+
+// lateFor is how long dials to a server whose program left a PROPOSAL unanswered go plain TCP
+// without one: its next connections would only wait the same way (a server busy or stopped).
+const lateFor = time.Second
+
+// lateServers are the servers found late, and until when; a few at a time.
+var lateServers lateTable
+
+type lateTable struct {
+	mu    sync.Mutex
+	until map[netip.AddrPort]time.Time
+}
+
+// mark records that the server at ap left a PROPOSAL unanswered past the wait.
+func (t *lateTable) mark(ap netip.AddrPort) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := time.Now()
+	for a, u := range t.until {
+		if !u.After(now) {
+			delete(t.until, a)
+		}
+	}
+	if t.until == nil {
+		t.until = make(map[netip.AddrPort]time.Time)
+	}
+	if len(t.until) < 64 {
+		t.until[ap] = now.Add(lateFor)
+	}
+}
+
+// recently reports whether the server at ap was found late within the last lateFor.
+func (t *lateTable) recently(ap netip.AddrPort) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	u, ok := t.until[ap]
+	return ok && time.Now().Before(u)
 }

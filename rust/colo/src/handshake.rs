@@ -175,6 +175,10 @@ fn dial_carrier(addr: SocketAddr, opts: &Options) -> io::Result<Dialed> {
 /// unless the offer is claimed.
 fn dial_netns(addr: SocketAddr, dir: &std::path::Path, opts: &Options) -> io::Result<Dialed> {
     use crate::netns::{self, Dialed as Proposed};
+    if crate::owed::recently_late(addr) {
+        log::info(format_args!("dial {addr}: cross-namespace: its server did not answer in time a moment ago; plain TCP"));
+        return Ok(Dialed::No);
+    }
     let tcp = match opts.tcp_connect_limit() {
         Some(t) => std::net::TcpStream::connect_timeout(&addr, t),
         None => std::net::TcpStream::connect(addr),
@@ -189,9 +193,10 @@ fn dial_netns(addr: SocketAddr, dir: &std::path::Path, opts: &Options) -> io::Re
         }
         Proposed::Broken(e) if e.kind() == io::ErrorKind::TimedOut => {
             log::info(format_args!(
-                "dial {addr}: cross-namespace: no answer within {} ms (its server's program has not accepted the connection); plain TCP, the answer taken off the stream when it comes",
+                "dial {addr}: cross-namespace: no answer within {} ms (its server's program has not accepted the connection); plain TCP, the answer taken off the stream when it comes, and plain TCP there for a second",
                 netns::answer_wait().as_millis()
             ));
+            crate::owed::late_server(addr);
             return Ok(Dialed::Owed(tcp));
         }
         Proposed::Broken(e) => return Err(e),

@@ -76,6 +76,29 @@ impl Owed {
     }
 }
 
+/// How long dials to a server whose program left a PROPOSAL unanswered go plain TCP without
+/// one: its next connections would only wait the same way (a server busy or stopped).
+const LATE_FOR: Duration = Duration::from_secs(1);
+
+/// Servers found late ([`late_server`]), and until when; a few at a time.
+static LATE: Mutex<Vec<(std::net::SocketAddr, Instant)>> = Mutex::new(Vec::new());
+
+/// The server at `addr` left a PROPOSAL unanswered past the wait.
+pub(crate) fn late_server(addr: std::net::SocketAddr) {
+    let mut late = LATE.lock().unwrap_or_else(|e| e.into_inner());
+    let now = Instant::now();
+    late.retain(|&(a, until)| a != addr && until > now);
+    if late.len() < 64 {
+        late.push((addr, now + LATE_FOR));
+    }
+}
+
+/// Whether the server at `addr` was found late within the last `LATE_FOR`.
+pub(crate) fn recently_late(addr: std::net::SocketAddr) -> bool {
+    let late = LATE.lock().unwrap_or_else(|e| e.into_inner());
+    late.iter().any(|&(a, until)| a == addr && until > Instant::now())
+}
+
 #[cfg(test)]
 mod tests {
     use super::Owed;
@@ -96,6 +119,14 @@ mod tests {
         a[..8].copy_from_slice(&MAGIC);
         a[8] = 3;
         a
+    }
+
+    #[test]
+    fn a_late_server_is_remembered_alone() {
+        let (a, b) = ("10.9.8.7:1".parse().unwrap(), "10.9.8.7:2".parse().unwrap());
+        super::late_server(a);
+        assert!(super::recently_late(a));
+        assert!(!super::recently_late(b));
     }
 
     #[test]
