@@ -9,7 +9,8 @@
 //!
 //! The shim is found, in order, at `$COLO_PRELOAD`, next to the running executable, in `../lib`
 //! and `../lib/colo` relative to it, and in the cargo target directories (`$CARGO_TARGET_DIR`,
-//! `target/{release,debug}` above the executable). The `colo` binary carries its own copy as a
+//! `target/{release,debug}` above the executable), each taken only if it and every directory
+//! above it are writable by this user or root alone ([`untrusted`]). The `colo` binary carries its own copy as a
 //! last resort ([`embedded`]), written to a per-user cache directory, so an installed or copied
 //! `colo` needs nothing else on disk.
 
@@ -71,7 +72,45 @@ pub fn find_shim() -> Option<PathBuf> {
         dirs.push(PathBuf::from(&t).join("release"));
         dirs.push(PathBuf::from(&t).join("debug"));
     }
-    dirs.into_iter().map(|d| d.join(SHIM)).find(|p| p.is_file())
+    dirs.into_iter().map(|d| d.join(SHIM)).filter(|p| p.is_file()).find(|p| match untrusted(p) {
+        None => true,
+        Some(why) => {
+            eprintln!("colo run: warning: ignoring {}: {why}", p.display());
+            false
+        }
+    })
+}
+
+/// Why a shim found by searching must not be loaded, if it must not: it would run inside every
+/// program started under `colo run`, so it and every directory above it must be writable by
+/// this user or root alone (a directory others may write, such as `/tmp`, only with its sticky
+/// bit, which keeps them from replacing what is not theirs). Otherwise anyone who can create
+/// `libcolo_preload.so` (or a directory holding one) where it is looked for runs code as this user.
+pub fn untrusted(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let euid = rustix::process::geteuid().as_raw();
+    let path = match path.canonicalize() {
+        Ok(p) => p,
+        Err(e) => return Some(e.to_string()),
+    };
+    let ours = |m: &std::fs::Metadata| m.uid() == 0 || m.uid() == euid;
+    match std::fs::metadata(&path) {
+        Ok(m) if !ours(&m) => return Some(format!("owned by uid {}", m.uid())),
+        Ok(m) if m.mode() & 0o022 != 0 => return Some(format!("writable by others (mode {:o})", m.mode() & 0o7777)),
+        Ok(_) => {}
+        Err(e) => return Some(e.to_string()),
+    }
+    for dir in path.ancestors().skip(1) {
+        match std::fs::metadata(dir) {
+            Ok(m) if !ours(&m) => return Some(format!("{} is owned by uid {}", dir.display(), m.uid())),
+            Ok(m) if m.mode() & 0o022 != 0 && m.mode() & 0o1000 == 0 => {
+                return Some(format!("{} is writable by others (mode {:o})", dir.display(), m.mode() & 0o7777))
+            }
+            Ok(_) => {}
+            Err(e) => return Some(format!("{}: {e}", dir.display())),
+        }
+    }
+    None
 }
 
 /// Finds `cmd` on PATH (or as given when it contains a slash).
@@ -230,5 +269,43 @@ mod tests {
         assert!(bad[0].starts_with("COLO_LOG=\"verbose\""), "{bad:?}");
         let good = env_warnings(env(&[("COLO_SPIN_US", "inf"), ("COLO_RING_KB", "64"), ("COLO_LOG", "INFO"), ("COLO_DISABLE", "1"), ("COLO_MAX_MAPPED_MB", "1024")]));
         assert!(good.is_empty(), "{good:?}");
+    }
+
+    #[test]
+    fn a_shim_others_could_have_planted_is_not_trusted() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("colo-run-trust-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let open = base.join("open");
+        let sticky = base.join("sticky");
+        for (d, mode) in [(&base, 0o755), (&open, 0o777), (&sticky, 0o1777)] {
+            std::fs::create_dir_all(d).unwrap();
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        let plant = |dir: &Path, mode: u32| {
+            let p = dir.join(SHIM);
+            std::fs::write(&p, b"x").unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+            p
+        };
+        // A directory anyone may write: anyone could have put it there.
+        assert!(untrusted(&plant(&open, 0o644)).is_some_and(|w| w.contains("writable by others")));
+        // Ours, in a sticky directory (as /tmp): no one else can replace it.
+        let mine = plant(&sticky, 0o644);
+        assert_eq!(untrusted(&mine), None);
+        // Writable by others itself.
+        std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(untrusted(&mine).is_some_and(|w| w.contains("writable by others")));
+        // Another user's (as root only: chown).
+        if rustix::process::geteuid().is_root() {
+            std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o644)).unwrap();
+            std::os::unix::fs::chown(&mine, Some(65534), Some(65534)).unwrap();
+            assert!(untrusted(&mine).is_some_and(|w| w.contains("owned by uid 65534")));
+            let theirs = sticky.join("theirs");
+            std::fs::create_dir(&theirs).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            assert!(untrusted(&plant(&theirs, 0o644)).is_some_and(|w| w.contains("owned by uid 65534")));
+        }
+        std::fs::remove_dir_all(&base).unwrap();
     }
 }
