@@ -122,9 +122,11 @@ fn conn_send_inner(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
     if buf.is_empty() {
         return Ok(0);
     }
-    // Each call's bytes stay contiguous when processes share the connection (`turns`).
-    let _turn = c.write_turn();
+    // Each call's bytes stay contiguous when processes share the connection (`turns`). A
+    // non-blocking call does not wait for the turn while its holder waits for room (a peer that
+    // does not read would hold it there): it would block, so `EAGAIN`.
     let nb = c.nonblocking() || flags & libc::MSG_DONTWAIT != 0;
+    let _turn = if nb { c.try_write_turn()? } else { c.write_turn() };
     if nb {
         if !c.nonblocking() && c.ready(false) & OUT == 0 && c.arm(Drainer::Awake, true) & OUT == 0 {
             return Err(would_block());

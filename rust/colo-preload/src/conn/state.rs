@@ -47,6 +47,9 @@ use crate::conn::holders::{SOCKET_FLAGS, TURN, TURN_WAITERS};
 /// after the peer closed was taken (`takes_write_after_close`); the peer's reset was reported
 /// (by a read, a write or `SO_ERROR`: as the kernel's socket error, once, `report_reset`); closed
 /// with `SO_LINGER {1, 0}` (the last close resets, `conn::options::closing`).
+/// How long a non-blocking write waits for the turn while the ring has room (`try_write_turn`).
+const NB_TURN_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+
 const READ_SHUT: u32 = 1;
 const WROTE_AFTER_CLOSE: u32 = 2;
 pub(crate) const RESET_REPORTED: u32 = 4;
@@ -314,6 +317,29 @@ impl Conn {
         // Bytes a relayed program wrote before it exited go first (`holders::wait_forwarded`).
         self.holders.wait_forwarded();
         Some(turns::take(self.holders.word(TURN), self.holders.word(TURN_WAITERS)))
+    }
+
+    /// [`Conn::write_turn`] for a write that must not wait while the turn's holder waits for
+    /// room in the ring, as it would: `Err` (`WouldBlock`) then. It waits for the turn only
+    /// while the ring has room (its holder is writing, and done soon), at most `NB_TURN_WAIT`,
+    /// and leaves a wake-up armed when it gives up, so that readiness reports the room.
+    pub fn try_write_turn(&self) -> std::io::Result<Option<turns::Turn<'_>>> {
+        if !self.holders.ever_shared() {
+            return Ok(None);
+        }
+        self.holders.wait_forwarded();
+        let (word, waiters) = (self.holders.word(TURN), self.holders.word(TURN_WAITERS));
+        let until = std::time::Instant::now() + NB_TURN_WAIT;
+        loop {
+            let owner = match turns::try_take(word, waiters) {
+                Ok(t) => return Ok(Some(t)),
+                Err(owner) => owner,
+            };
+            if self.arm(Drainer::Awake, true) & OUT == 0 || std::time::Instant::now() >= until {
+                return Err(std::io::Error::from_raw_os_error(libc::EAGAIN));
+            }
+            turns::wait_for(word, waiters, owner, std::time::Duration::from_millis(1));
+        }
     }
 
     /// The holders page every process holding the connection shares (`holders`).

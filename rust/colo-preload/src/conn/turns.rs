@@ -48,6 +48,31 @@ pub fn take<'a>(word: &'a AtomicU32, waiters: &'a AtomicU32) -> Turn<'a> {
     }
 }
 
+/// Takes the turn in `word` if it is free (or its holder died): `Err` with the pid of the live
+/// holder otherwise, for a write that must not wait for it ([`wait_for`]).
+pub fn try_take<'a>(word: &'a AtomicU32, waiters: &'a AtomicU32) -> Result<Turn<'a>, u32> {
+    let me = colo_sys::host::pid();
+    loop {
+        // SYNC POINT: Acquire, as in `take`.
+        match word.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) => return Ok(Turn { word, waiters, me }),
+            Err(owner) if owner != me && !alive(owner) => {
+                // SYNC POINT: as in `take`.
+                let _ = word.compare_exchange(owner, 0, Ordering::Acquire, Ordering::Relaxed);
+            }
+            Err(owner) => return Err(owner),
+        }
+    }
+}
+
+/// Waits at most `d` for the turn in `word`, held by `owner`, to change hands.
+pub fn wait_for(word: &AtomicU32, waiters: &AtomicU32, owner: u32, d: Duration) {
+    // SYNC POINT: SeqCst, as in `take`.
+    waiters.fetch_add(1, Ordering::SeqCst);
+    colo_sys::futex::wait(word, owner, Some(d));
+    waiters.fetch_sub(1, Ordering::Relaxed);
+}
+
 fn alive(pid: u32) -> bool {
     rustix::process::Pid::from_raw(pid as i32)
         .is_some_and(|p| matches!(rustix::process::test_kill_process(p), Ok(()) | Err(rustix::io::Errno::PERM)))
