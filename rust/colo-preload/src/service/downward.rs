@@ -129,16 +129,33 @@ pub(crate) fn tcp_info(app: &impl AsRawFd) -> Option<(u64, u8)> {
     Some((received, info[0]))
 }
 
+/// At most this many descriptors are looked at by [`others_have`]; beyond, it answers yes.
+const OTHERS_LOOK_MAX: usize = 1 << 16;
+
 /// Whether a process other than this one has socket `ino` open: a child the program left
-/// behind. Processes whose descriptors we may not list (another user's) are not counted.
+/// behind. Only processes of this relay's user are looked at (the program's children are its
+/// user's, as the relay is), so that another user's descriptors cost it nothing; at most
+/// `OTHERS_LOOK_MAX` descriptors in all, beyond which the answer is yes (the bytes are then
+/// handed on as they come, as to a program that left a process behind).
 fn others_have(ino: u64) -> bool {
+    use std::os::unix::fs::MetadataExt;
     let me = colo_sys::host::pid().to_string();
+    let uid = rustix::process::geteuid().as_raw();
     let link = format!("socket:[{ino}]");
     let Ok(procs) = std::fs::read_dir("/proc") else { return false };
-    procs.flatten().filter(|p| p.file_name().to_str().is_some_and(|n| n != me && n.bytes().all(|b| b.is_ascii_digit()))).any(|p| {
-        std::fs::read_dir(p.path().join("fd"))
-            .is_ok_and(|fds| fds.flatten().any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == link.as_str())))
-    })
+    let mut looked = 0;
+    procs
+        .flatten()
+        .filter(|p| p.file_name().to_str().is_some_and(|n| n != me && n.bytes().all(|b| b.is_ascii_digit())))
+        .filter(|p| p.metadata().is_ok_and(|m| m.uid() == uid))
+        .any(|p| {
+            std::fs::read_dir(p.path().join("fd")).is_ok_and(|fds| {
+                fds.flatten().any(|e| {
+                    looked += 1;
+                    looked > OTHERS_LOOK_MAX || std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == link.as_str())
+                })
+            })
+        })
 }
 
 /// What the loop needs of its relay.
