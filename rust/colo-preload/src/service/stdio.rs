@@ -177,12 +177,21 @@ pub(crate) fn loopback_pair(v6: bool) -> std::io::Result<(OwnedFd, OwnedFd)> {
     let name = net::getsockname(&listener)?;
     let app = net::socket_with(family, ty, net::SocketFlags::CLOEXEC, None)?;
     net::connect(&app, &name)?;
-    let relay_end = net::accept_with(&listener, net::SocketFlags::CLOEXEC)?;
     let mine: SocketAddrAny = net::getsockname(&app)?;
-    // Only the connection just made, never another process's that raced to the listener.
-    if net::getpeername(&relay_end)?.as_ref() != Some(&mine) {
-        return Err(std::io::Error::other("a stranger connected to the loopback listener"));
-    }
+    // Only the connection just made, never another process's that raced to the listener: it
+    // is queued (the connect returned), behind at most the few the backlog let in before it,
+    // which are closed.
+    let mut strangers = 0;
+    let relay_end = loop {
+        let c = net::accept_with(&listener, net::SocketFlags::CLOEXEC)?;
+        if net::getpeername(&c)?.as_ref() == Some(&mine) {
+            break c;
+        }
+        strangers += 1;
+        if strangers > 64 {
+            return Err(std::io::Error::other("strangers keep connecting to the loopback listener"));
+        }
+    };
     let _ = net::sockopt::set_tcp_nodelay(&app, true);
     let _ = net::sockopt::set_tcp_nodelay(&relay_end, true);
     Ok((app, relay_end))
