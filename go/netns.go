@@ -10,8 +10,10 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -91,6 +93,38 @@ func parseNetnsRules(spec, def string) []netnsRule {
 func lockLive(fd int) error {
 	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0} // Start 0, Len 0: the whole file
 	return unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &lk)
+}
+
+// holdLive creates path (a .live file) write-locked (lockLive) and returns its descriptor. The
+// file is a fresh one, locked under a name of its own and renamed over path: a reader of the
+// directory may hold a read lock on the file a dead server of the same name left (a
+// container's server is pid 1 at every start), which would keep the lock from being had.
+func holdLive(path string) (int, error) {
+	var err error
+	for range 8 {
+		var r [8]byte
+		if _, err = rand.Read(r[:]); err != nil {
+			return -1, err
+		}
+		tmp := fmt.Sprintf("%s.%d", path, binary.LittleEndian.Uint64(r[:]))
+		fd, oerr := unix.Open(tmp, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o644)
+		if oerr != nil {
+			return -1, oerr
+		}
+		if err = lockLive(fd); err != nil {
+			// A reader opened the fresh file and read-locked it first: another name.
+			unix.Close(fd)
+			unix.Unlink(tmp)
+			continue
+		}
+		if err = unix.Rename(tmp, path); err != nil {
+			unix.Close(fd)
+			unix.Unlink(tmp)
+			return -1, err
+		}
+		return fd, nil
+	}
+	return -1, err
 }
 
 // writeLocked reports whether another open file description holds a write lock on fd's file
@@ -361,7 +395,7 @@ func netnsDial(ctx context.Context, network string, ap netip.AddrPort, dir strin
 			tc.SetDeadline(time.Time{})
 			return plain("the server closed the connection")
 		}
-		if m := min(n, 8); !bytes.Equal(a[:m], netnsMagic[:m]) {
+		if m := min(n, 8); !bytes.Equal(a[:m], netnsMagic[:m]) || !netnsIsAnswer(a[:n]) {
 			tc.SetDeadline(time.Time{})
 			return plain("the server is not colo")
 		}

@@ -56,7 +56,7 @@ func (c *Conn) takeOwed() error {
 		}
 		m := min(n, 8)
 		switch {
-		case rerr != nil || n == 0 || !bytes.Equal(a[:m], netnsMagic[:m]):
+		case rerr != nil || n == 0 || !bytes.Equal(a[:m], netnsMagic[:m]) || !netnsIsAnswer(a[:n]):
 			// Failed, ended, or not an answer: none will come.
 			c.owed.Store(false)
 			logf("dial %v: cross-namespace: the late answer never came; plain TCP", c.tcp.RemoteAddr())
@@ -118,4 +118,11 @@ func (t *lateTable) recently(ap netip.AddrPort) bool {
 	defer t.mu.Unlock()
 	u, ok := t.until[ap]
 	return ok && time.Now().Before(u)
+}
+
+// netnsIsAnswer reports whether head, the first bytes of a stream that begin with the magic, can
+// begin an answer: its type, once there, is ACCEPT or DECLINE (a server that is not colo may
+// echo the PROPOSAL, which begins with the magic too).
+func netnsIsAnswer(head []byte) bool {
+	return len(head) <= 8 || head[8] == netnsAccept || head[8] == netnsDecline
 }

@@ -118,13 +118,8 @@ func bindNetns(port uint16) *netnsServer {
 		}
 		s.rv = os.NewFile(uintptr(fd), "colo-netns-rendezvous")
 		// Last: clients propose once this lock is seen.
-		if s.live, err = unix.Open(s.path+netnsLiveSuffix, unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o644); err != nil {
+		if s.live, err = holdLive(s.path + netnsLiveSuffix); err != nil {
 			s.rv.Close()
-			return err
-		}
-		if err = lockLive(s.live); err != nil {
-			s.rv.Close()
-			unix.Close(s.live)
 			return err
 		}
 		return nil

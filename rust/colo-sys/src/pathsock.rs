@@ -81,17 +81,38 @@ pub const LIVE_SUFFIX: &str = ".live";
 /// any process: the kernel drops the lock when the server dies, so a client tells a served
 /// rendezvous from a stale socket file without connecting to it. A write lock needs a descriptor
 /// open for writing, which only a writer of the directory's file gets: a reader of a read-only
-/// mount can take `flock` locks and read locks on a dead server's file, never this one.
+/// mount can take `flock` locks and read locks on a dead server's file, never this one. And
+/// since such a read lock on the file a dead server of the same name left (a container's server
+/// is pid 1 at every start) would keep this lock from being had, the file is a fresh one, locked
+/// under a name of its own and then renamed over `name.live`.
 pub fn hold_live(dir: &Path, name: &str) -> io::Result<OwnedFd> {
     use rustix::fs::{self, Mode, OFlags};
     let path = dir.join(format!("{name}{LIVE_SUFFIX}"));
-    let fd = fs::open(&path, OFlags::CREATE | OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW, Mode::from_raw_mode(0o644))?;
-    let mut lock = whole_file(libc::F_WRLCK);
-    // SAFETY: F_OFD_SETLK reads the `flock` we own; `fd` is open for the call.
-    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, &mut lock) } < 0 {
-        return Err(io::Error::last_os_error());
+    let mut tries = 0;
+    loop {
+        let mut r = [0u8; 8];
+        random(&mut r)?;
+        let tmp = dir.join(format!("{name}{LIVE_SUFFIX}.{}", u64::from_ne_bytes(r)));
+        let fd = fs::open(&tmp, OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW, Mode::from_raw_mode(0o644))?;
+        let mut lock = whole_file(libc::F_WRLCK);
+        // SAFETY: F_OFD_SETLK reads the `flock` we own; `fd` is open for the call.
+        let locked = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, &mut lock) } == 0;
+        if !locked {
+            // A reader opened the fresh file and read-locked it first: another name.
+            let e = io::Error::last_os_error();
+            let _ = fs::unlink(&tmp);
+            tries += 1;
+            if tries < 8 {
+                continue;
+            }
+            return Err(e);
+        }
+        if let Err(e) = fs::rename(&tmp, &path) {
+            let _ = fs::unlink(&tmp);
+            return Err(e.into());
+        }
+        return Ok(fd);
     }
-    Ok(fd)
 }
 
 /// A lock record of `kind` covering a whole file (`l_len` 0: to its end, however it grows).

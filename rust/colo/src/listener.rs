@@ -409,7 +409,8 @@ impl Listener {
     fn claim_or_tcp(&self, tcp: TcpStream, peer: SocketAddr) -> (Stream, SocketAddr) {
         if crate::netns::server_configured() && crate::netns::from_elsewhere(peer) {
             let Some(r) = self.netns.as_ref() else {
-                crate::netns::decline(tcp.as_fd(), peer);
+                // Without a wait in accept: silent connections would hold every accept up.
+                crate::netns::decline_now(tcp.as_fd(), peer, "no rendezvous of this process (COLO_NETNS_DIR not writable?)");
                 return (Stream::from_tcp(tcp), peer);
             };
             let Ok(local) = tcp.local_addr() else { return (Stream::from_tcp(tcp), peer) };

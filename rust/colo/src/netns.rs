@@ -267,6 +267,8 @@ pub fn take_answer(tcp: BorrowedFd<'_>) -> Late {
     match pathsock::recv_tcp(tcp, &mut a, true) {
         Ok(0) => Late::NotAnswer,
         Ok(n) if a[..n.min(8)] != MAGIC[..n.min(8)] => Late::NotAnswer,
+        // The magic, but not an answer (a server that is not colo echoing the PROPOSAL).
+        Ok(n) if n > 8 && !matches!(a[8], ACCEPT | DECLINE) => Late::NotAnswer,
         Ok(ANSWER_LEN) => match pathsock::recv_tcp(tcp, &mut a, false) {
             Ok(ANSWER_LEN) => Late::Taken,
             _ => Late::NotAnswer,
@@ -332,6 +334,7 @@ fn read_answer(tcp: BorrowedFd<'_>, a: &mut [u8; ANSWER_LEN], wait: Duration) ->
         match pathsock::recv_tcp(tcp, a, true) {
             Ok(0) => return Ok(false),
             Ok(n) if a[..n.min(8)] != MAGIC[..n.min(8)] => return Ok(false),
+            Ok(n) if n > 8 && !matches!(a[8], ACCEPT | DECLINE) => return Ok(false),
             Ok(ANSWER_LEN) => {
                 // Peeked whole: now taken off the stream.
                 let mut taken = [0u8; ANSWER_LEN];
@@ -761,22 +764,11 @@ fn read_proposal(tcp: BorrowedFd<'_>, p: &mut [u8; PROPOSAL_LEN]) -> bool {
     }
 }
 
-/// For a process that serves other namespaces (`COLO_NETNS_DIR`) but has no rendezvous for this
-/// listener (its directory refused the bind: a worker that dropped privileges, say): takes a
-/// PROPOSAL at the head of the accepted connection `tcp` off the stream and answers DECLINE, so
-/// that its application never sees it. Nothing happens to a stream that does not open with one.
-pub fn decline(tcp: BorrowedFd<'_>, peer: SocketAddr) {
-    let mut p = [0u8; PROPOSAL_LEN];
-    if read_proposal(tcp, &mut p) {
-        let boot = boot_id().unwrap_or([0; 16]);
-        let _ = pathsock::send_tcp(tcp, &answer(DECLINE, BUSY, &boot, &[0; 16], b""), answer_wait());
-        log::info(format_args!("accept {peer}: cross-namespace proposal declined: no rendezvous of this process (COLO_NETNS_DIR not writable?); plain TCP"));
-    }
-}
-
-/// [`decline`] without a wait, for an accept that must not wait on a peer's bytes: one look at
-/// the first bytes of `tcp`; a whole PROPOSAL there is taken off the stream and answered
-/// DECLINE(BUSY) (the client goes on over plain TCP). Anything else is left as it is.
+/// For an accept that must not wait on a peer's bytes (a listener without a rendezvous of this
+/// process, its directory having refused the bind; a connection pushed out of a full set):
+/// one look at the first bytes of `tcp`; a whole PROPOSAL there is taken off the stream and
+/// answered DECLINE(BUSY) (the client goes on over plain TCP), so that the application never
+/// sees it. Anything else is left as it is.
 pub fn decline_now(tcp: BorrowedFd<'_>, peer: SocketAddr, why: &str) {
     let mut p = [0u8; PROPOSAL_LEN];
     if peek_proposal(tcp, &mut p) == Opening::Proposal {

@@ -269,7 +269,9 @@ impl NetnsAccepts {
     }
 
     /// Makes room for one more: the oldest connection still waiting for its first bytes ends
-    /// its wait now as plain TCP, the stream untouched; if none does, the oldest waiting for its
+    /// its wait now as plain TCP (a whole PROPOSAL already there, not yet looked at, taken off
+    /// the stream and answered DECLINE, so that it never reaches the application; anything
+    /// else left as it is); if none does, the oldest waiting for its
     /// HELLO (claimed if it came, else plain TCP: its PROPOSAL and the answer consumed on both
     /// sides). So whoever fills the set pushes out the longest waiting, never the newcomer, and
     /// each goes on byte-exact. Returns whether one was pushed out.
@@ -282,7 +284,10 @@ impl NetnsAccepts {
             log::info(format_args!("{MAX_WAITING} connections from other namespaces wait: the oldest go on as they stand (plain TCP unless proved)"));
         }
         match w.stage {
-            Stage::Opening => self.plain(poller, w),
+            Stage::Opening => {
+                netns::decline_now(w.tcp.as_fd(), w.peer, "too many connections from other namespaces wait");
+                self.plain(poller, w)
+            }
             Stage::Hello(server) => self.finish(r, poller, w, &server),
         }
         self.arm();

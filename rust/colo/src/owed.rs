@@ -170,6 +170,22 @@ mod tests {
     }
 
     #[test]
+    fn an_echoed_proposal_is_not_taken_for_the_answer() {
+        let (c, mut s) = pair();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let owed = Owed::owing();
+        // A server that is not colo echoes the PROPOSAL (type 1) and the bytes behind it.
+        let mut echo = answer();
+        echo[8] = 1;
+        s.write_all(&echo).unwrap();
+        owed.settle(&c).unwrap();
+        assert!(!owed.pending());
+        let mut got = [0u8; ANSWER_LEN];
+        (&c).read_exact(&mut got).unwrap();
+        assert_eq!(got, echo);
+    }
+
+    #[test]
     fn a_stream_that_is_not_an_answer_is_left_whole() {
         let (c, mut s) = pair();
         c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
