@@ -123,6 +123,10 @@ thread_local! {
 /// now (non-blocking socket) or wait for room (blocking); from the socket we peek, write to the
 /// pipe, then consume what the pipe took.
 pub unsafe fn splice(inp: c_int, off_in: *mut i64, out: c_int, off_out: *mut i64, len: size_t, flags: libc::c_uint) -> ssize_t {
+    // A socket whose cross-namespace answer is owed has it taken off first, as a read does.
+    if let Some(r) = crate::api::route::owed_first(inp, 0) {
+        return r;
+    }
     if (plain(inp) && plain(out)) || Guard::busy() {
         // SAFETY: `real::splice` is libc's `splice`, given the application's arguments unchanged:
         // the contract the caller met.

@@ -136,6 +136,9 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
 /// would block or fails (returning the messages filled so far, or the first one's error). Only
 /// an established connection is served; a pending connect goes to the kernel.
 pub unsafe fn recvmmsg(fd: c_int, v: *mut libc::mmsghdr, n: libc::c_uint, flags: c_int, t: *mut libc::timespec) -> c_int {
+    if let Some(r) = owed_first(fd, flags) {
+        return r as c_int;
+    }
     if plain(fd) || table::kind(fd) != CONN {
         // SAFETY: the application's arguments, as recvmmsg(2) takes them.
         return unsafe { real::recvmmsg(fd, v, n, flags, t) };

@@ -78,6 +78,13 @@ pub unsafe fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
         // SAFETY: the application's arguments, as fdopen(3) takes them.
         return unsafe { real::fdopen(fd, mode) };
     }
+    // A socket whose cross-namespace answer is owed: its stream reads through the shim's `read`,
+    // which takes the answer off first.
+    if !Guard::busy() && crate::service::elsewhere::owed(fd) {
+        let g = Guard::enter();
+        // SAFETY: fdopen(3)'s contract: `mode` is a NUL-terminated string.
+        return unsafe { cookie_stream(&g, fd, mode) };
+    }
     with_conn!(
         fd,
         // SAFETY: the application's arguments, as fdopen(3) takes them.

@@ -227,6 +227,11 @@ pub fn settle(fd: i32, slot: &mut Slot) -> bool {
     }
 }
 
+/// Whether `fd`'s answer is owed ([`Owed`]): its reads go through [`owed_before_read`].
+pub fn owed(fd: i32) -> bool {
+    table::kind(fd) == table::PENDING && table::lock(fd).is_some_and(|mut s| matches!(s.entry(), Entry::Owed(_)))
+}
+
 /// Before a read of `fd` with `flags`: if its answer is owed, takes it off the stream first,
 /// waiting for it as the read would wait for bytes (a blocking socket without `MSG_DONTWAIT`,
 /// up to its `SO_RCVTIMEO`). Nothing can come before it: the server sends the answer before its
