@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -91,6 +92,7 @@ func bindNetns(port uint16) *netnsServer {
 		if err != nil {
 			return err
 		}
+		sweepStale(dir)
 		sa := &unix.SockaddrUnix{Name: s.path}
 		if err = unix.Bind(fd, sa); err == unix.EADDRINUSE {
 			// Ours from an earlier image of this pid, or a dead server's: replaced unless served.
@@ -349,4 +351,32 @@ func openToAll(path string) error {
 		return errors.New("the rendezvous socket was replaced after bind")
 	}
 	return unix.Chmod(fmt.Sprintf("/proc/self/fd/%d", fd), 0o666)
+}
+
+// sweepStale removes from dir the rendezvous of servers that are gone: each colo-*.live that no
+// live process holds write-locked (holdLive locks its file before the file takes its name), and
+// the socket of the same stem. A killed server leaves both, and every client's connect looks
+// through the directory; a server that binds sweeps them up.
+func sweepStale(dir string) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		stem, ok := strings.CutSuffix(e.Name(), netnsLiveSuffix)
+		if !ok || !strings.HasPrefix(stem, netnsPrefix) || !e.Type().IsRegular() {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue
+		}
+		stale := !writeLocked(fd)
+		unix.Close(fd)
+		if stale {
+			os.Remove(filepath.Join(dir, stem))
+			os.Remove(path)
+		}
+	}
 }

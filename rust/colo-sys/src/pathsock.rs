@@ -115,6 +115,25 @@ pub fn hold_live(dir: &Path, name: &str) -> io::Result<OwnedFd> {
     }
 }
 
+/// Removes from `dir` the rendezvous of servers that are gone: each `<prefix>*.live` that no
+/// live process holds write-locked ([`hold_live`], whose file is locked before it takes its
+/// name), and the socket of the same stem. A killed server leaves both, and every client's
+/// connect looks through the directory; a server that binds sweeps them up.
+pub fn sweep_stale(dir: &Path, prefix: &str) {
+    use rustix::fs::{self, FileType, Mode, OFlags};
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(LIVE_SUFFIX)).filter(|s| s.starts_with(prefix)) else { continue };
+        let Ok(f) = fs::open(e.path(), OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC, Mode::empty()) else { continue };
+        let regular = fs::fstat(&f).is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile);
+        if regular && !write_locked(&f) {
+            let _ = std::fs::remove_file(dir.join(stem));
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// A lock record of `kind` covering a whole file (`l_len` 0: to its end, however it grows).
 fn whole_file(kind: libc::c_int) -> libc::flock {
     // SAFETY: `flock` is plain integers, for which all zeroes is a valid value.
@@ -415,13 +434,28 @@ mod tests {
         assert_eq!(io::Error::last_os_error().raw_os_error(), Some(libc::EBADF), "a write lock needs a writable descriptor");
         assert!(!live_listener(&dir, "colo-", Some(6379)), "a reader's lock counted as a live server");
         assert!(!live_listener(&dir, "colo-", None));
-        // A successor of the same pid and port (a reused pid) is seen again once it locks. (A
-        // reader's record lock still held would make its lock, so its rendezvous, fail: it would
-        // serve its own namespace only, a loss of acceleration, never a wrong proposal.)
-        drop((b, c));
+        // A successor of the same pid and port (a container's server is pid 1 at every start)
+        // is seen again once it locks, the readers' locks still held: its file is a fresh one.
         let live = hold_live(&dir, "colo-7-6379").unwrap();
         assert!(live_listener(&dir, "colo-", Some(6379)));
-        drop((a, live));
+        drop((a, b, c, live));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_binding_server_sweeps_up_the_files_of_servers_that_are_gone() {
+        let dir = std::env::temp_dir().join(format!("colo-pathsock-sweep-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let dead = listen_at(&dir, "colo-8-80").unwrap();
+        drop((dead, hold_live(&dir, "colo-8-80").unwrap())); // killed: both files stay
+        let _served = listen_at(&dir, "colo-9-80").unwrap();
+        let live = hold_live(&dir, "colo-9-80").unwrap();
+        std::fs::write(dir.join("other.live"), b"").unwrap();
+        sweep_stale(&dir, "colo-");
+        let mut left: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        left.sort();
+        assert_eq!(left, ["colo-9-80", "colo-9-80.live", "other.live"]);
+        drop(live);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -401,6 +401,7 @@ impl Rendezvous {
         let name = format!("{NAME_PREFIX}{pid}-{port}");
         let made = (|| -> io::Result<(OwnedFd, Poller, [u8; 16], OwnedFd)> {
             let boot = pathsock::boot_id()?;
+            pathsock::sweep_stale(dir, NAME_PREFIX);
             let listen = pathsock::listen_at(dir, &name)?;
             let poller = Poller::new()?;
             poller.add(&listen, 0)?;
