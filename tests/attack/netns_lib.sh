@@ -4,8 +4,9 @@
 # attacker (IP_X .4), ${NSP}u a fourth tenant (IP_U .5). NSP is PREFIX and this shell's pid, so a
 # run never meets the names of another run (or a killed one's leftovers); each script has a PREFIX
 # (atke, atkl, atkn...) and an N of its own, and tests/netns uses 10.231-10.232. No route, no
-# forwarding and no firewall rule changes: the bridge has no address. The EXIT trap ends the
-# script's processes (lib.sh's `cleanup`), then deletes the namespaces and the bridge, on failure too.
+# forwarding and no firewall rule changes: the bridge has no address. The EXIT trap (ns_exit) ends
+# the script's processes (lib.sh's `cleanup`), then deletes the namespaces and the bridge, on
+# failure and on SIGTERM or SIGINT too.
 NSP=
 ns_up() {
   NSP=$1$$ N=$2
@@ -37,4 +38,11 @@ ns_down() {
 # and lib.sh's `cleanup` ends CMD itself. "${NOBODY[@]}" CMD runs CMD as nobody (as_nobody for
 # a command that is not a shell function).
 NOBODY=(setpriv --reuid=nobody --regid=nogroup --clear-groups)
-trap 'cleanup; ns_down' EXIT
+# ns_exit: the EXIT trap's work, signals ignored while it runs (timeout(1) signals the script and
+# then its whole process group: a second SIGTERM would end the trap half-way and leave the
+# namespaces). A script with more to undo sets its own EXIT trap ending in ns_exit. SIGTERM and
+# SIGINT end the script through its EXIT trap.
+ns_exit() { trap '' INT TERM; cleanup; ns_down; }
+trap ns_exit EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT

@@ -37,7 +37,7 @@ stop() {
   wait "$SRV" 2>/dev/null
   SRV=
 }
-trap 'stop; cleanup; ns_down' EXIT
+trap 'trap "" INT TERM; stop; ns_exit' EXIT
 PORT=7021
 for impl in rust go; do
   if [ $impl = rust ]; then BIN=$PEER; else BIN=$GOPEER; fi
