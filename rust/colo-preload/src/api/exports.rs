@@ -62,13 +62,16 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
 
 // ---- fork -----------------------------------------------------------------------------------
 
-/// `fork(2)`: the parent records the child as a holder of every connection at once, before it
-/// can close its own copy (the child's own record, in `atfork_child`, may come too late for
-/// that, and would let the parent's close end the connection for both).
+/// `fork(2)`: connections still waiting for their server's answer are decided first
+/// (`client::decide_before_fork`), and the parent records the child as a holder of every
+/// connection at once, before it can close its own copy (the child's own record, in
+/// `atfork_child`, may come too late for that, and would let the parent's close end the
+/// connection for both).
 #[no_mangle]
 pub unsafe extern "C" fn fork() -> libc::pid_t {
     if !Guard::busy() {
         let _g = Guard::enter();
+        crate::service::client::decide_before_fork();
         server::before_fork();
     }
     // SAFETY: libc's fork.

@@ -431,6 +431,24 @@ fn answered_within(p: &Pending, d: Duration) -> Option<Answer> {
     }
 }
 
+/// Before `fork`: decides every connection still waiting for its server's answer, without
+/// waiting for it: the answer if it came (shared memory), else plain TCP (or, if the server
+/// claimed it meanwhile, the answer it then owes). A pending connection has no holders page
+/// yet, so each process's copy would be decided on its own: two processes writing into one
+/// ring without turns, or the parent's close ending the connection under its child.
+pub fn decide_before_fork() {
+    let pending: Vec<usize> = table::fds_of_kind(table::PENDING).collect();
+    for fd in pending {
+        let Some(mut slot) = table::lock(fd as i32) else { continue };
+        match slot.entry() {
+            Entry::Pending(p) => p.deadline = Instant::now(),
+            Entry::Dialing(d) => d.deadline = Instant::now(),
+            _ => continue,
+        }
+        resolve(fd as i32, &mut slot);
+    }
+}
+
 /// Resolves `fd` if it is pending.
 pub fn resolve_fd(fd: i32) {
     if table::kind(fd) != table::PENDING {
