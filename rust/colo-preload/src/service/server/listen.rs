@@ -55,6 +55,17 @@ pub fn on_listen(fd: i32) {
         return;
     }
     let Some(addr) = rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a)) else { return };
+    // A client trusts a rendezvous only if its owner is the kernel's owner of the listening
+    // socket, the user that made it (`colo::trust`): a socket made before the program changed
+    // user (squid, a server that drops root between socket and listen) could never be served.
+    let made_by = rustix::fs::fstat(b).map(|st| st.st_uid).ok();
+    let euid = rustix::process::geteuid().as_raw();
+    if let Some(uid) = made_by.filter(|&u| u != euid) {
+        log_info(format_args!(
+            "listen {addr}: its socket was made by uid {uid}, before this process became uid {euid}: clients trust only a rendezvous of the socket's user; plain TCP"
+        ));
+        return;
+    }
     let name = wire::rendezvous_name(addr);
     let bind = || seqpacket::listen(name.as_bytes()).and_then(out_of_the_way);
     let rendezvous = match bind() {
