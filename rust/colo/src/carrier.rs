@@ -150,6 +150,17 @@ pub enum Answer {
     Timeout,
 }
 
+impl std::fmt::Display for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Answer::Welcome => f.write_str("welcomed"),
+            Answer::Reject(r) => write!(f, "the server refused: {r}"),
+            Answer::Closed => f.write_str("the server's rendezvous closed or sent no answer"),
+            Answer::Timeout => f.write_str("no answer in time"),
+        }
+    }
+}
+
 /// Who won the `claim` compare-and-swap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Abandon {

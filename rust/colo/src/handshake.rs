@@ -344,8 +344,12 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
                     remember(name, server_pid, Known::Carrier);
                     return Ok(Direct::NeedCarrier);
                 }
+                Ok(Message::Reject { reason, .. }) => {
+                    log::info(format_args!("dial {addr}: refused: {reason}; using TCP"));
+                    return Ok(Direct::No);
+                }
                 other => {
-                    log::info(format_args!("dial {addr}: refused ({other:?}); using TCP"));
+                    log::info(format_args!("dial {addr}: not an answer ({other:?}); using TCP"));
                     return Ok(Direct::No);
                 }
             },

@@ -40,6 +40,20 @@ pub enum Reason {
     NotServed = 7,
 }
 
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Reason::BadMessage => "a malformed message",
+            Reason::BadVersion => "a wire version it does not speak",
+            Reason::BadSegment => "an invalid segment",
+            Reason::NeedCarrier => "it takes CARRIER offers only",
+            Reason::NotClaimed => "the connection was accepted without the offer (another process took it, or its program passed it on)",
+            Reason::NoResources => "out of descriptors or memory",
+            Reason::NotServed => "its TCP socket does not take connections to that address",
+        })
+    }
+}
+
 impl Reason {
     fn from_u8(v: u8) -> Option<Reason> {
         Some(match v {

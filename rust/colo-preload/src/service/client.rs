@@ -228,7 +228,7 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
                         setup.as_millis()
                     ));
                 } else {
-                    log_info(format_args!("connect {}: not accelerated ({other:?}); plain TCP", p.peer));
+                    log_info(format_args!("connect {}: not accelerated ({other}); plain TCP", p.peer));
                 }
                 if let (Some(target), Answer::Timeout) = (p.self_served, other) {
                     log_info(format_args!("connect {}: this process accepts there itself; plain TCP there from now on", p.peer));
