@@ -118,6 +118,14 @@ real_fns! {
     fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int;
     fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int;
     fn fork() -> libc::pid_t;
+    fn execve(path: *const libc::c_char, argv: *const *const libc::c_char, envp: *const *const libc::c_char) -> c_int;
+    fn execv(path: *const libc::c_char, argv: *const *const libc::c_char) -> c_int;
+    fn execvp(file: *const libc::c_char, argv: *const *const libc::c_char) -> c_int;
+    fn execvpe(file: *const libc::c_char, argv: *const *const libc::c_char, envp: *const *const libc::c_char) -> c_int;
+    fn fexecve(fd: c_int, argv: *const *const libc::c_char, envp: *const *const libc::c_char) -> c_int;
+    fn posix_spawn(pid: *mut libc::pid_t, path: *const libc::c_char, acts: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut libc::c_char, envp: *const *mut libc::c_char) -> c_int;
+    fn posix_spawnp(pid: *mut libc::pid_t, file: *const libc::c_char, acts: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut libc::c_char, envp: *const *mut libc::c_char) -> c_int;
+    fn system(command: *const libc::c_char) -> c_int;
     fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_long, c: libc::c_long, d: libc::c_long, e: libc::c_long, f: libc::c_long) -> libc::c_long;
     fn dup(fd: c_int) -> c_int;
     fn dup2(fd: c_int, new: c_int) -> c_int;

@@ -86,6 +86,100 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
     pid
 }
 
+/// Before `exec`: connections still waiting for their server's answer are decided first, as at
+/// `fork` (`client::decide_before_fork`), so that an accelerated one reaches the new image
+/// through the handover file; the new image would otherwise get the bare socket, which carries
+/// nothing once the server took the offer (ucspi's `tcpclient` connects and execs its program).
+/// Not in a child that shares its parent's memory (`vfork`): the decision's descriptors would
+/// be the child's, its table the parent's. `posix_spawn` and `system` decide in the parent,
+/// before their child (which shares the parent's memory) execs. (`execl` and its variadic kin,
+/// and a `vfork` child's exec, are out of sight.)
+fn before_exec() {
+    if Guard::busy() || table::fds_of_kind(table::PENDING).next().is_none() || crate::base::vm::shares_memory() {
+        return;
+    }
+    let _g = Guard::enter();
+    crate::service::client::decide_before_fork();
+}
+
+/// `execve(2)`: see [`before_exec`].
+#[no_mangle]
+pub unsafe extern "C" fn execve(path: *const libc::c_char, argv: *const *const libc::c_char, envp: *const *const libc::c_char) -> c_int {
+    before_exec();
+    // SAFETY: libc's execve with the application's arguments.
+    unsafe { real::execve(path, argv, envp) }
+}
+
+/// `execv(3)`: see [`before_exec`].
+#[no_mangle]
+pub unsafe extern "C" fn execv(path: *const libc::c_char, argv: *const *const libc::c_char) -> c_int {
+    before_exec();
+    // SAFETY: libc's execv with the application's arguments.
+    unsafe { real::execv(path, argv) }
+}
+
+/// `execvp(3)`: see [`before_exec`].
+#[no_mangle]
+pub unsafe extern "C" fn execvp(file: *const libc::c_char, argv: *const *const libc::c_char) -> c_int {
+    before_exec();
+    // SAFETY: libc's execvp with the application's arguments.
+    unsafe { real::execvp(file, argv) }
+}
+
+/// `execvpe(3)`: see [`before_exec`].
+#[no_mangle]
+pub unsafe extern "C" fn execvpe(file: *const libc::c_char, argv: *const *const libc::c_char, envp: *const *const libc::c_char) -> c_int {
+    before_exec();
+    // SAFETY: libc's execvpe with the application's arguments.
+    unsafe { real::execvpe(file, argv, envp) }
+}
+
+/// `fexecve(3)`: see [`before_exec`].
+#[no_mangle]
+pub unsafe extern "C" fn fexecve(fd: c_int, argv: *const *const libc::c_char, envp: *const *const libc::c_char) -> c_int {
+    before_exec();
+    // SAFETY: libc's fexecve with the application's arguments.
+    unsafe { real::fexecve(fd, argv, envp) }
+}
+
+/// `posix_spawn(3)`: see [`before_exec`].
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut libc::pid_t,
+    path: *const libc::c_char,
+    acts: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut libc::c_char,
+    envp: *const *mut libc::c_char,
+) -> c_int {
+    before_exec();
+    // SAFETY: libc's posix_spawn with the application's arguments.
+    unsafe { real::posix_spawn(pid, path, acts, attr, argv, envp) }
+}
+
+/// `posix_spawnp(3)`: see [`before_exec`].
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut libc::pid_t,
+    file: *const libc::c_char,
+    acts: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut libc::c_char,
+    envp: *const *mut libc::c_char,
+) -> c_int {
+    before_exec();
+    // SAFETY: libc's posix_spawnp with the application's arguments.
+    unsafe { real::posix_spawnp(pid, file, acts, attr, argv, envp) }
+}
+
+/// `system(3)`: see [`before_exec`].
+#[no_mangle]
+pub unsafe extern "C" fn system(command: *const libc::c_char) -> c_int {
+    before_exec();
+    // SAFETY: libc's system with the application's argument.
+    unsafe { real::system(command) }
+}
+
 fn timeout_of(ts: *const timespec) -> Option<Duration> {
     if ts.is_null() {
         return None;
