@@ -289,6 +289,7 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(100));
             let mut a = [0u8; ANSWER_LEN];
             a[..8].copy_from_slice(&MAGIC);
+            a[8] = 3; // DECLINE
             s.write_all(&a[..30]).unwrap();
             std::thread::sleep(std::time::Duration::from_millis(30));
             s.write_all(&a[30..]).unwrap();
