@@ -29,7 +29,7 @@ check "the Rust API server is up on [::]:$P" grep -q READY "$WORK/server.out"
 check "plain TCP to 127.0.0.1:$P is refused by the kernel" refused "127.0.0.1:$P"
 in_ns env COLO_LOG=info $PEER client "127.0.0.1:$P" halfclose >"$WORK/v4.out" 2>"$WORK/v4.err"
 check "the Rust API client to 127.0.0.1:$P is refused too" grep -q "Connection refused" "$WORK/v4.err"
-check "... having been told NOT_SERVED" grep -q "NotServed" "$WORK/v4.err"
+check "... having been told NOT_SERVED" grep -q "refused: its TCP socket does not take connections to that address" "$WORK/v4.err"
 check "... which the listener logged" grep -q "which this TCP socket does not serve" "$WORK/server.out"
 out=$(in_ns $PEER client "[::1]:$P" stream 100000 2>&1)
 check "its IPv6 clients keep shared memory" test "$out" = "OK 100000 colo"
