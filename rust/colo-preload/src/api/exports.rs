@@ -60,6 +60,18 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
     r as c_int
 }
 
+/// `closefrom(3)`: glibc closes through its own `close_range` system call, out of sight, which
+/// left the table naming connections on numbers the application's next files then took (their
+/// writes went to the peer). The same as `close_range(lowfd, ~0U, 0)`.
+#[no_mangle]
+pub unsafe extern "C" fn closefrom(lowfd: c_int) {
+    if lowfd < 0 {
+        return;
+    }
+    // SAFETY: the arguments closefrom(3) stands for.
+    unsafe { close_range(lowfd as c_uint, c_uint::MAX, 0) };
+}
+
 // ---- fork -----------------------------------------------------------------------------------
 
 /// `fork(2)`: connections still waiting for their server's answer are decided first
