@@ -29,6 +29,22 @@ check "c/spawn with descriptor 3 inherited" timeout 30 env LD_PRELOAD="$SHIM" "$
 calls=$(timeout 30 strace -f -c -e trace=epoll_ctl -E LD_PRELOAD="$SHIM" "$WORK/epoll_repeat" count 1000 2>&1 >/dev/null | awk '$NF == "epoll_ctl" {print $4}')
 check "c/epoll_repeat: an ADD and 1000 MODs to the same made ${calls:-?} epoll_ctl system calls" test "${calls:-1001}" -lt 10
 
+# A used connection lent to a child program with pass_fds (relayed), then used and closed
+# again, 5 times: the client exits at once, the server sees each end, no relay outlives it.
+P=$(free_port)
+timeout 120 $COLORUN python3 "$HERE/py/pass_fds_child.py" server "$P" >"$WORK/pfc.out" 2>&1 & PIDS+=($!)
+for _ in $(seq 100); do grep -qs READY "$WORK/pfc.out" && break; sleep 0.05; done
+pfc_ok=0
+for i in 1 2 3 4 5; do
+  out=$(timeout 30 env COLO_LOG=info $COLORUN python3 "$HERE/py/pass_fds_child.py" client "$P" 200000 2>>"$WORK/pfc.err")
+  [ "$out" = OK ] && pfc_ok=$((pfc_ok + 1))
+done
+sleep 1
+check "pass_fds child of a used connection: 5 of 5 clients OK ($pfc_ok)" test "$pfc_ok" = 5
+check "... accelerated" grep -q "connect 127.0.0.1:$P: accelerated (shared memory)" "$WORK/pfc.err"
+check "... the server saw each connection end ($(grep -c '^EOF 200008$' "$WORK/pfc.out") of 5)" test "$(grep -c '^EOF 200008$' "$WORK/pfc.out")" = 5
+check "... no relay outlived its client" sh -c "! pgrep -f '[p]ass_fds_child.py client $P' >/dev/null"
+
 # redis: both sides, one side, BGSAVE with clients connected.
 P=$(free_port); start_redis "$P" colo
 check "redis-cli set (both under colo)" test "$(timeout 10 $COLORUN redis-cli -p $P set k v)" = OK

@@ -189,6 +189,24 @@ pub fn conn(fd: i32) -> Option<Arc<Conn>> {
 }
 
 
+/// In a relay process that has just closed every descriptor but `keep` (by system call, out of
+/// the table's sight): every other entry is let go of, without running its close (the relay
+/// is the program's fork and exits with `_exit`; what the entries hold is the program's), so
+/// that a file the relay opens later on such a number (its look at `/proc`) is not taken for
+/// a connection.
+pub fn abandon_all_but(keep: &[i32]) {
+    for fd in 0..TOP.load(Ordering::Relaxed) {
+        if KIND[fd].load(Ordering::Relaxed) == NONE || keep.contains(&(fd as i32)) {
+            continue;
+        }
+        if let Some(mut s) = try_lock(fd) {
+            std::mem::forget(std::mem::replace(&mut *s, Entry::None));
+        }
+        // SYNC POINT with the Acquire load in `kind`.
+        KIND[fd].store(NONE, Ordering::Release);
+    }
+}
+
 /// Every fd whose kind is `k` (a scan of the kind bytes, up to the highest ever set).
 pub fn fds_of_kind(k: u8) -> impl Iterator<Item = usize> {
     (0..TOP.load(Ordering::Relaxed)).filter(move |&i| KIND[i].load(Ordering::Relaxed) == k)

@@ -125,7 +125,9 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relay
     let held = hold.as_ref().map_or([-1, -1], |h| h.fds());
     // Nothing of the program's but the connection: its other descriptors must close when the
     // program closes them.
-    close_all_but(&[tcp.as_raw_fd(), carrier.as_raw_fd(), control, own_bell, self_bell, conn.readiness_made().unwrap_or(-1), held[0], held[1]]);
+    let keep = [tcp.as_raw_fd(), carrier.as_raw_fd(), control, own_bell, self_bell, conn.readiness_made().unwrap_or(-1), held[0], held[1]];
+    close_all_but(&keep);
+    table::abandon_all_but(&keep);
     // 0, 1 and 2 taken by /dev/null (see `stdio::run`).
     for _ in 0..3 {
         let _ = rustix::fs::open("/dev/null", rustix::fs::OFlags::RDWR, rustix::fs::Mode::empty()).map(std::mem::forget);

@@ -247,6 +247,7 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, app: &Own
         hold.as_ref().map_or(-1, |h| h.fds()[1]),
     ];
     close_all_but(&keep);
+    crate::conn::table::abandon_all_but(&keep);
     // 0, 1 and 2 taken by /dev/null, so that nothing the relay opens later (an eventfd of the
     // rings) sits where a panic message or a log line would be written.
     for _ in 0..3 {
