@@ -195,15 +195,15 @@ pub fn conn(fd: i32) -> Option<Arc<Conn>> {
 /// that a file the relay opens later on such a number (its look at `/proc`) is not taken for
 /// a connection.
 pub fn abandon_all_but(keep: &[i32]) {
-    for fd in 0..TOP.load(Ordering::Relaxed) {
-        if KIND[fd].load(Ordering::Relaxed) == NONE || keep.contains(&(fd as i32)) {
+    for (fd, kind) in KIND.iter().enumerate().take(TOP.load(Ordering::Relaxed)) {
+        if kind.load(Ordering::Relaxed) == NONE || keep.contains(&(fd as i32)) {
             continue;
         }
         if let Some(mut s) = try_lock(fd) {
             std::mem::forget(std::mem::replace(&mut *s, Entry::None));
         }
         // SYNC POINT with the Acquire load in `kind`.
-        KIND[fd].store(NONE, Ordering::Release);
+        kind.store(NONE, Ordering::Release);
     }
 }
 
