@@ -204,6 +204,9 @@ pub unsafe fn splice(inp: c_int, off_in: *mut i64, out: c_int, off_out: *mut i64
             SPLICE_BUF.with(|b| {
                 let mut b = b.borrow_mut();
                 b.resize(SPLICE_CHUNK, 0);
+                // The readers' turn across the look and the take: another process reading
+                // between them would make the bytes taken not those handed to the pipe.
+                let _turn = c.read_turn(c.nonblocking())?;
                 let n = conn_recv(&c, &mut b[..want], libc::MSG_PEEK)?;
                 if n == 0 {
                     return Ok(0);

@@ -32,6 +32,10 @@ const SHARED: usize = HOLDERS + 3;
 /// (`Page::leave`): of two holders leaving at once, one sees the other gone.
 const LEAVING: usize = HOLDERS + 4;
 const LEAVING_WAITERS: usize = HOLDERS + 5;
+/// The readers' turn (`turns`) and how many wait for it: the incoming ring has one tail, and
+/// two processes consuming at once would each take the same bytes.
+pub const READ_TURN: usize = HOLDERS + 6;
+pub const READ_TURN_WAITERS: usize = HOLDERS + 7;
 /// `RELAY_SLOTS` pairs of words from here: a relayed program's pid and its relay's
 /// (`Page::claim_relay`).
 const RELAYS: usize = HOLDERS + 8;

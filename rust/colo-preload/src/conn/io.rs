@@ -40,6 +40,7 @@ fn conn_recv_inner(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> 
     if flags & libc::MSG_PEEK != 0 {
         return c.shm().peek(buf);
     }
+    let _turn = c.read_turn(c.nonblocking() || flags & libc::MSG_DONTWAIT != 0)?;
     let mut n = c.shm().read(buf)?;
     // MSG_WAITALL waits for all; a blocking read otherwise for SO_RCVLOWAT bytes (1 by default).
     let all = flags & libc::MSG_WAITALL != 0;
@@ -86,7 +87,15 @@ pub fn conn_readv(c: &Conn, iov: &[iovec], flags: c_int) -> io::Result<usize> {
         if i > 0 && total > 0 && c.shm().readable().unwrap_or(0) == 0 {
             break;
         }
-        let r = if total == 0 { conn_recv(c, buf, flags) } else { c.shm().read(buf) };
+        // The later buffers take what is there now, each with the readers' turn of its own.
+        let r = if total == 0 {
+            conn_recv(c, buf, flags)
+        } else {
+            match c.read_turn(true) {
+                Ok(_turn) => c.shm().read(buf),
+                Err(e) => Err(e),
+            }
+        };
         match r {
             Ok(0) => break,
             Ok(n) => {
@@ -241,6 +250,7 @@ pub fn recv_discard(c: &Conn, n: usize, flags: c_int) -> io::Result<usize> {
         return Ok(total);
     }
     // More only while bytes are there now (a stream read returns what has arrived).
+    let Ok(_turn) = c.read_turn(true) else { return Ok(total) };
     while total < n && c.available().unwrap_or(0) > 0 {
         let k = (n - total).min(scratch.len());
         match c.shm().read(&mut scratch[..k]) {

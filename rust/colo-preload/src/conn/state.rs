@@ -40,7 +40,7 @@ const TCP_FIN_WAIT2: u8 = 5;
 pub const TCP_CLOSE: u8 = 7;
 const TCP_CLOSE_WAIT: u8 = 8;
 
-use crate::conn::holders::{SOCKET_FLAGS, TURN, TURN_WAITERS};
+use crate::conn::holders::{READ_TURN, READ_TURN_WAITERS, SOCKET_FLAGS, TURN, TURN_WAITERS};
 
 /// Bits of the socket's own state (`Conn::socket_flags`), shared with every fork copy as a kernel
 /// socket's are: this side shut down reading (readable, end of stream, with RDHUP); a write
@@ -317,6 +317,32 @@ impl Conn {
         // Bytes a relayed program wrote before it exited go first (`holders::wait_forwarded`).
         self.holders.wait_forwarded();
         Some(turns::take(self.holders.word(TURN), self.holders.word(TURN_WAITERS)))
+    }
+
+    /// The readers' turn, for a read that consumes (`turns`): taken only once a second process
+    /// held the connection, for the whole call, so that two processes reading at once take
+    /// disjoint bytes, as from a kernel socket. A read that must not wait (`nonblocking`) waits
+    /// for it only while the ring holds bytes (its holder is reading them, and done soon), at
+    /// most `NB_TURN_WAIT`; while the holder waits for bytes, as this read would, `EAGAIN`.
+    pub fn read_turn(&self, nonblocking: bool) -> std::io::Result<Option<turns::Turn<'_>>> {
+        if !self.holders.ever_shared() {
+            return Ok(None);
+        }
+        let (word, waiters) = (self.holders.word(READ_TURN), self.holders.word(READ_TURN_WAITERS));
+        if !nonblocking {
+            return Ok(Some(turns::take(word, waiters)));
+        }
+        let until = std::time::Instant::now() + NB_TURN_WAIT;
+        loop {
+            let owner = match turns::try_take(word, waiters) {
+                Ok(t) => return Ok(Some(t)),
+                Err(owner) => owner,
+            };
+            if self.arm(Drainer::Awake, true) & IN == 0 || std::time::Instant::now() >= until {
+                return Err(std::io::Error::from_raw_os_error(libc::EAGAIN));
+            }
+            turns::wait_for(word, waiters, owner, std::time::Duration::from_millis(1));
+        }
     }
 
     /// [`Conn::write_turn`] for a write that must not wait while the turn's holder waits for
