@@ -60,9 +60,9 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
     r as c_int
 }
 
-/// `closefrom(3)`: glibc closes through its own `close_range` system call, out of sight, which
-/// left the table naming connections on numbers the application's next files then took (their
-/// writes went to the peer). The same as `close_range(lowfd, ~0U, 0)`.
+/// `closefrom(3)`, as `close_range(lowfd, ~0U, 0)`: glibc's own closes through its internal
+/// `close_range` system call, out of the shim's sight, and the table must not go on naming
+/// connections on numbers the application's next files take.
 #[no_mangle]
 pub unsafe extern "C" fn closefrom(lowfd: c_int) {
     if lowfd < 0 {
