@@ -332,17 +332,7 @@ impl Conn {
         if !nonblocking {
             return Ok(Some(turns::take(word, waiters)));
         }
-        let until = std::time::Instant::now() + NB_TURN_WAIT;
-        loop {
-            let owner = match turns::try_take(word, waiters) {
-                Ok(t) => return Ok(Some(t)),
-                Err(owner) => owner,
-            };
-            if self.arm(Drainer::Awake, true) & IN == 0 || std::time::Instant::now() >= until {
-                return Err(std::io::Error::from_raw_os_error(libc::EAGAIN));
-            }
-            turns::wait_for(word, waiters, owner, std::time::Duration::from_millis(1));
-        }
+        self.nonblocking_turn(word, waiters, IN)
     }
 
     /// [`Conn::write_turn`] for a write that must not wait while the turn's holder waits for
@@ -355,17 +345,17 @@ impl Conn {
         }
         self.holders.wait_forwarded();
         let (word, waiters) = (self.holders.word(TURN), self.holders.word(TURN_WAITERS));
-        let until = std::time::Instant::now() + NB_TURN_WAIT;
-        loop {
-            let owner = match turns::try_take(word, waiters) {
-                Ok(t) => return Ok(Some(t)),
-                Err(owner) => owner,
-            };
-            if self.arm(Drainer::Awake, true) & OUT == 0 || std::time::Instant::now() >= until {
-                return Err(std::io::Error::from_raw_os_error(libc::EAGAIN));
-            }
-            turns::wait_for(word, waiters, owner, std::time::Duration::from_millis(1));
-        }
+        self.nonblocking_turn(word, waiters, OUT)
+    }
+
+    /// The turn in `word` for a call that must not wait while its holder waits as the call
+    /// would: taken if free; waited for only while the ring is `ready` for the call (its holder
+    /// is moving bytes, and done soon), at most `NB_TURN_WAIT`; else `EAGAIN`, with a wake-up
+    /// armed (`arm`) so that readiness reports the change.
+    fn nonblocking_turn<'a>(&'a self, word: &'a AtomicU32, waiters: &'a AtomicU32, ready: u32) -> std::io::Result<Option<turns::Turn<'a>>> {
+        turns::take_while(word, waiters, NB_TURN_WAIT, || self.arm(Drainer::Awake, true) & ready != 0)
+            .map(Some)
+            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EAGAIN))
     }
 
     /// The holders page every process holding the connection shares (`holders`).

@@ -48,29 +48,31 @@ pub fn take<'a>(word: &'a AtomicU32, waiters: &'a AtomicU32) -> Turn<'a> {
     }
 }
 
-/// Takes the turn in `word` if it is free (or its holder died): `Err` with the pid of the live
-/// holder otherwise, for a write that must not wait for it ([`wait_for`]).
-pub fn try_take<'a>(word: &'a AtomicU32, waiters: &'a AtomicU32) -> Result<Turn<'a>, u32> {
+/// Takes the turn in `word` without waiting for a holder that cannot be done soon: waits for
+/// it only while `moving` says its holder is getting on (checked before each wait of 1 ms), and
+/// at most `within`. `None`: not had.
+pub fn take_while<'a>(word: &'a AtomicU32, waiters: &'a AtomicU32, within: Duration, moving: impl Fn() -> bool) -> Option<Turn<'a>> {
     let me = colo_sys::host::pid();
+    let until = std::time::Instant::now() + within;
     loop {
         // SYNC POINT: Acquire, as in `take`.
-        match word.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
-            Ok(_) => return Ok(Turn { word, waiters, me }),
+        let owner = match word.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) => return Some(Turn { word, waiters, me }),
             Err(owner) if owner != me && !alive(owner) => {
                 // SYNC POINT: as in `take`.
                 let _ = word.compare_exchange(owner, 0, Ordering::Acquire, Ordering::Relaxed);
+                continue;
             }
-            Err(owner) => return Err(owner),
+            Err(owner) => owner,
+        };
+        if !moving() || std::time::Instant::now() >= until {
+            return None;
         }
+        // SYNC POINT: SeqCst, as in `take`.
+        waiters.fetch_add(1, Ordering::SeqCst);
+        colo_sys::futex::wait(word, owner, Some(Duration::from_millis(1)));
+        waiters.fetch_sub(1, Ordering::Relaxed);
     }
-}
-
-/// Waits at most `d` for the turn in `word`, held by `owner`, to change hands.
-pub fn wait_for(word: &AtomicU32, waiters: &AtomicU32, owner: u32, d: Duration) {
-    // SYNC POINT: SeqCst, as in `take`.
-    waiters.fetch_add(1, Ordering::SeqCst);
-    colo_sys::futex::wait(word, owner, Some(d));
-    waiters.fetch_sub(1, Ordering::Relaxed);
 }
 
 fn alive(pid: u32) -> bool {
