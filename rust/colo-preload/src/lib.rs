@@ -74,6 +74,8 @@ extern "C" fn atfork_child() {
         if let Some(g) = table::try_lock(fd) {
             if let table::Entry::Conn(c) = &*g {
                 c.add_holder(me);
+                // SAFETY: the child has one thread yet, and no reference into the halves.
+                unsafe { c.shm().forked_child() };
             }
         }
     }

@@ -116,3 +116,52 @@ pub fn protect(rank: Rank, locks: &'static Locks) {
         colo_sys::host::at_fork(prepare, release, child);
     }
 }
+
+/// A mutex held across waits (a connection's reading and writing halves, its waiters), which
+/// [`Locks`] cannot take around a fork: a fork child can let go of it instead
+/// ([`ForkableMutex::let_go_in_child`]) when a thread of the parent held it at the fork, as no
+/// thread of the child ever will. Used as the `Mutex` it derefs to.
+pub(crate) struct ForkableMutex<T>(std::cell::UnsafeCell<std::sync::Mutex<T>>);
+
+// SAFETY: shared as the `Mutex` inside is (`Mutex<T>` is `Sync` for `T: Send`); the cell is
+// written only by `let_go_in_child`, whose caller promises no other reference exists.
+unsafe impl<T: Send> Sync for ForkableMutex<T> {}
+
+impl<T> ForkableMutex<T> {
+    pub(crate) fn new(value: T) -> Self {
+        ForkableMutex(std::cell::UnsafeCell::new(std::sync::Mutex::new(value)))
+    }
+
+    /// In a fork child, before it has a second thread (a `pthread_atfork` child handler): lets
+    /// go of the mutex if a thread of the parent held it at the fork. The value stays as that
+    /// thread left it, perhaps halfway through a change: the caller makes it good. Whether it
+    /// was held.
+    ///
+    /// # Safety
+    /// The calling process has one thread, and no reference into the mutex or its value is
+    /// alive.
+    pub(crate) unsafe fn let_go_in_child(&self) -> bool {
+        if !matches!(self.try_lock(), Err(std::sync::TryLockError::WouldBlock)) {
+            return false;
+        }
+        // SAFETY: with one thread and no reference into the cell (the caller's promise), nothing
+        // reads or writes it meanwhile. The value is moved out of a bitwise copy of the locked
+        // mutex (`into_inner` takes the value whatever the lock word says: Linux's futex-based
+        // `Mutex` has nothing to release), and a new, unlocked mutex holding it is written over
+        // the old one without dropping that (which would drop the value twice).
+        unsafe {
+            let value = std::ptr::read(self.0.get()).into_inner().unwrap_or_else(|e| e.into_inner());
+            std::ptr::write(self.0.get(), std::sync::Mutex::new(value));
+        }
+        true
+    }
+}
+
+impl<T> std::ops::Deref for ForkableMutex<T> {
+    type Target = std::sync::Mutex<T>;
+
+    fn deref(&self) -> &std::sync::Mutex<T> {
+        // SAFETY: the cell is written only by `let_go_in_child`, while no reference is alive.
+        unsafe { &*self.0.get() }
+    }
+}

@@ -40,6 +40,7 @@ use colo_sys::{seqpacket, OwnedFd};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64};
+use crate::fork::ForkableMutex;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -131,13 +132,13 @@ pub(crate) enum Recycle {
 
 /// One side of an established shared-memory connection.
 pub struct Shm {
-    rx: Mutex<RxHalf>,
+    rx: ForkableMutex<RxHalf>,
     /// Shared with the shrinker (`crate::shrink`) once the ring grows.
-    tx: std::sync::Arc<Mutex<TxHalf>>,
+    tx: std::sync::Arc<ForkableMutex<TxHalf>>,
     /// Message halves; `None` without a pool.
-    msg_rx: Option<Mutex<MsgRx>>,
-    msg_tx: Option<Mutex<MsgTx>>,
-    releases: Mutex<Option<QueueSender<1>>>,
+    msg_rx: Option<ForkableMutex<MsgRx>>,
+    msg_tx: Option<ForkableMutex<MsgTx>>,
+    releases: ForkableMutex<Option<QueueSender<1>>>,
     /// Slots of the incoming pool the application holds (received, not yet released); outside the
     /// reading half's lock, so a release never waits for a blocked reader.
     held: Vec<std::sync::atomic::AtomicBool>,
@@ -158,7 +159,7 @@ pub struct Shm {
     wakers: [AtomicU64; WAKERS],
     read_timeout: AtomicU64,
     write_timeout: AtomicU64,
-    waiters: Mutex<Waiters>,
+    waiters: ForkableMutex<Waiters>,
     woken: Condvar,
     /// Wakes a futex sleep when the control socket becomes readable (see `hangup`).
     hangup: crate::hangup::Watch,
@@ -288,7 +289,7 @@ impl Shm {
         let n = if pool { g.slot_count as usize } else { 0 };
         let spin = if spin != SpinMode::Always && colo_sys::host::share_one_cpu(peer_pid) { SpinMode::Never } else { spin };
         let msg_tx = out_q.map(|(msgs, frees)| {
-            Mutex::new(MsgTx {
+            ForkableMutex::new(MsgTx {
                 msgs,
                 frees,
                 free_slots: (0..n as u32).rev().collect(),
@@ -298,13 +299,13 @@ impl Shm {
             })
         });
         let (msg_rx, releases) = match in_q {
-            Some((msgs, releases)) => (Some(Mutex::new(MsgRx { msgs, spinner: spinner(spin) })), Some(releases)),
+            Some((msgs, releases)) => (Some(ForkableMutex::new(MsgRx { msgs, spinner: spinner(spin) })), Some(releases)),
             None => (None, None),
         };
         Ok(Shm {
-            rx: Mutex::new(RxHalf { ring: ring_in, spinner: spinner(spin) }),
+            rx: ForkableMutex::new(RxHalf { ring: ring_in, spinner: spinner(spin) }),
             held: (0..n).map(|_| std::sync::atomic::AtomicBool::new(false)).collect(),
-            tx: std::sync::Arc::new(Mutex::new(TxHalf {
+            tx: std::sync::Arc::new(ForkableMutex::new(TxHalf {
                 pages: quiet::TxPages::new(&seg, role),
                 ring: ring_out,
                 spinner: spinner(spin),
@@ -320,7 +321,7 @@ impl Shm {
             })),
             msg_rx,
             msg_tx,
-            releases: Mutex::new(releases),
+            releases: ForkableMutex::new(releases),
             role,
             state: AtomicU32::new(0),
             shared_read_shut: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
@@ -330,7 +331,7 @@ impl Shm {
             wakers: [const { AtomicU64::new(0) }; WAKERS],
             read_timeout: AtomicU64::new(0),
             write_timeout: AtomicU64::new(0),
-            waiters: Mutex::new(Waiters::default()),
+            waiters: ForkableMutex::new(Waiters::default()),
             woken: Condvar::new(),
             hangup: crate::hangup::Watch::new(),
             readiness: std::sync::OnceLock::new(),

@@ -7,7 +7,7 @@ use crate::segment::{Role, Segment};
 use crate::shrink::{Look, Shrink};
 use colo_ring::layout::MIN_RING_SIZE;
 use colo_ring::sync::{AtomicU64, Ordering};
-use std::sync::{Mutex, TryLockError};
+use std::sync::TryLockError;
 
 /// Where the shrinker works beside the producer: the ring's data (to give pages back) and this
 /// end's `written` copy (to send the other holders of this end back to the shared size).
@@ -29,7 +29,7 @@ impl TxPages {
     }
 }
 
-impl Shrink for Mutex<TxHalf> {
+impl Shrink for crate::fork::ForkableMutex<TxHalf> {
     fn look(&self) -> Look {
         let mut tx = match self.try_lock() {
             Ok(tx) => tx,

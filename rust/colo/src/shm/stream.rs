@@ -45,6 +45,45 @@ impl Shm {
         }
     }
 
+    /// In a fork child, before it has a second thread (the LD_PRELOAD shim's `pthread_atfork`
+    /// child handler): a thread of the parent may have been inside a read or a write of this
+    /// side (waiting for bytes or room, its half locked) or asleep as the side's leader, and
+    /// would never let go here. Each half it held is let go and its view taken over afresh
+    /// from the segment's words (as a resumed end does), and the waiters forget the parent's
+    /// threads, so this process's own reads and writes work as its copy of a TCP socket would.
+    ///
+    /// # Safety
+    /// The calling process has one thread and no reference into this side's halves.
+    pub unsafe fn forked_child(&self) {
+        // SAFETY: the caller's promise is `let_go_in_child`'s.
+        unsafe {
+            if self.rx.let_go_in_child() {
+                // SAFETY: as in `adopt_tx`.
+                lock(&self.rx).ring = self.seg.resumed_consumer(self.role);
+            }
+            if self.tx.let_go_in_child() {
+                let mut tx = lock(&self.tx);
+                // SAFETY: as in `adopt_tx`.
+                tx.ring = self.seg.resumed_producer(self.role);
+                if let Some(limit) = tx.limit {
+                    tx.ring.set_limit(limit);
+                }
+            }
+            self.waiters.let_go_in_child();
+            if let Some(m) = &self.msg_rx {
+                m.let_go_in_child();
+            }
+            if let Some(m) = &self.msg_tx {
+                m.let_go_in_child();
+            }
+            self.releases.let_go_in_child();
+        }
+        let mut w = lock(&self.waiters);
+        w.leader = false;
+        w.followers = 0;
+        w.epoch = w.epoch.wrapping_add(1);
+    }
+
     /// One look: `skip` (with `peek`) is how many unread bytes to look past.
     fn try_read(&self, rx: &mut RxHalf, buf: &mut [u8], peek: bool, skip: usize) -> io::Result<Option<usize>> {
         if self.has(READ_SHUT) || self.adopt_shared_read_shut() {
