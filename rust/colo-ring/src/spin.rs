@@ -136,6 +136,19 @@ impl Spinner {
         }
     }
 
+    /// Reports that the sleep after a failed spin was ended by something the spin does not look
+    /// at (another file of the same wait): a failure, as a long sleep is, and no reason to
+    /// spin longer. A thread whose waits end that way (an event loop woken by its mailbox)
+    /// stops spinning, so it does not hold off the thread that would wake it.
+    pub fn woken_elsewhere(&mut self) {
+        if let SpinMode::For(base) = self.mode {
+            if std::mem::take(&mut self.skipped) {
+                return;
+            }
+            self.budget = (self.budget / 2).max(base);
+        }
+    }
+
     /// Reports how long the sleep after a failed spin lasted.
     pub fn slept(&mut self, d: Duration) {
         if let SpinMode::For(base) = self.mode {
@@ -179,5 +192,38 @@ mod tests {
         let mut never = Spinner::new(SpinMode::Never);
         never.slept(Duration::from_micros(1));
         assert!(!never.spin(|| true), "never spins, whatever it slept");
+    }
+
+    #[test]
+    fn waits_that_other_files_end_stop_the_spin() {
+        let base = Duration::from_micros(5);
+        let mut s = Spinner::new(SpinMode::For(base));
+        // A near miss by the rings grows the budget; a wake-up from elsewhere, however soon,
+        // takes it back and never resets the failures.
+        s.slept(Duration::from_micros(12));
+        assert_eq!(s.budget, base * 2);
+        for _ in 0..GIVE_UP_AFTER {
+            assert!(!s.spin(|| false));
+            s.woken_elsewhere();
+        }
+        assert_eq!(s.budget, base);
+        let mut looked = 0;
+        for _ in 1..PROBE_EVERY {
+            if s.waits.wrapping_add(1).is_multiple_of(PROBE_EVERY) {
+                continue;
+            }
+            assert!(!s.spin(|| {
+                looked += 1;
+                false
+            }));
+            s.woken_elsewhere();
+        }
+        assert_eq!(looked, 0, "given up: no spin but the probes");
+        // A ring that answers soon again brings the spin back.
+        while !s.waits.wrapping_add(1).is_multiple_of(PROBE_EVERY) {
+            s.spin(|| false);
+        }
+        assert!(s.spin(|| true), "the probe spins");
+        assert!(s.spin(|| true), "and spinning is back");
     }
 }

@@ -592,13 +592,22 @@ pub unsafe fn epoll_wait_with(
         if k <= 0 {
             return k;
         }
+        // SAFETY: the kernel filled `k` events at `evs`.
+        let got = unsafe { std::slice::from_raw_parts_mut(evs, k as usize) };
+        // Only a connection's doorbell (or the set's wake-up, rung for one) tells the spinner
+        // how soon a ring had news; a wait the application's own fds ended (an event loop's
+        // mailbox, a timer) is one the spin on the rings could never have caught.
+        let by_rings = got.iter().any(|e| e.u64 & TAG_MASK == TAG);
         SPINNER.with(|s| {
             if let Some(sp) = s.borrow_mut().as_mut() {
-                sp.slept(slept.elapsed());
+                if by_rings {
+                    sp.slept(slept.elapsed());
+                } else {
+                    sp.woken_elsewhere();
+                }
             }
         });
-        // SAFETY: the kernel filled `k` events at `evs`.
-        if let Some(n) = translated(epfd, unsafe { std::slice::from_raw_parts_mut(evs, k as usize) }) {
+        if let Some(n) = translated(epfd, got) {
             return n;
         }
         t = remaining_ms(deadline);
