@@ -62,6 +62,16 @@ pub fn resolve_all_once() {
     }
 }
 
+/// The address of libc's `vfork`, for a wrapper that must jump to it rather than call it
+/// (`api::exports::vfork`).
+pub fn vfork_address() -> usize {
+    static ADDR: AtomicUsize = AtomicUsize::new(0);
+    match ADDR.load(Ordering::Relaxed) {
+        0 => resolve_into(&ADDR, "vfork\0"),
+        a => a,
+    }
+}
+
 /// The first call of a symbol: resolves it into `addr` (out of line, so that the calls after it
 /// are a load and a jump).
 #[cold]

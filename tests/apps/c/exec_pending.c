@@ -3,7 +3,8 @@
  * and execs its program with the socket. Over TCP the new image simply uses the socket.
  *   1. a process connects, then execv()s this program, which writes and reads on the socket;
  *   2. a process connects, then posix_spawn()s this program with the socket, and closes its
- *      own copy.
+ *      own copy;
+ *   3. the same with vfork() and execv() in the child (CPython's subprocess).
  * The server is this program's first process (forked before the connects), which checks the
  * bytes both ways. alarm() is the watchdog. */
 #define _GNU_SOURCE
@@ -38,7 +39,16 @@ static void client(const char *self, struct sockaddr_in *a, const char *how) {
         _exit(9);
     }
     pid_t pid;
-    if (posix_spawn(&pid, self, NULL, NULL, av, environ) != 0) _exit(10);
+    if (strcmp(how, "vfork") == 0) {
+        pid = vfork();
+        if (pid == 0) {
+            execv(self, av);
+            _exit(12);
+        }
+        if (pid < 0) _exit(13);
+    } else if (posix_spawn(&pid, self, NULL, NULL, av, environ) != 0) {
+        _exit(10);
+    }
     close(k);
     int st;
     _exit(waitpid(pid, &st, 0) == pid && WIFEXITED(st) ? WEXITSTATUS(st) : 11);
@@ -47,8 +57,8 @@ static void client(const char *self, struct sockaddr_in *a, const char *how) {
 int main(int argc, char **argv) {
     alarm(20);
     if (argc > 2 && strcmp(argv[1], "image") == 0) return image(atoi(argv[2]));
-    const char *hows[] = {"exec", "posix_spawn"};
-    for (int i = 0; i < 2; i++) {
+    const char *hows[] = {"exec", "posix_spawn", "vfork"};
+    for (int i = 0; i < 3; i++) {
         struct sockaddr_in a;
         int l = loopback_listener(&a, 4);
         pid_t pid = fork();

@@ -98,14 +98,40 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
     pid
 }
 
+/// `vfork(2)`: connections still waiting for their server's answer are decided first, in the
+/// parent, as at `fork` (a `vfork` child that execs, as CPython's `subprocess` does, would pass
+/// the new image the bare socket of one, which carries nothing once the server took the offer;
+/// the child shares the parent's memory, so nothing can be decided in it). `vfork` cannot be
+/// called from a wrapper that returns (the child would return through the wrapper's frame,
+/// which the parent then returns through too): this one calls `before_vfork` and jumps to
+/// libc's `vfork`, which returns to the application.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn vfork() -> libc::pid_t {
+    // At entry the stack is 8 bytes off 16-byte alignment (the return address): the push
+    // aligns it for the call and the pop undoes it, leaving the stack as the caller made it.
+    std::arch::naked_asm!("push rax", "call {before}", "pop rcx", "jmp rax", before = sym before_vfork)
+}
+
+/// What [`vfork`] does before libc's: decides pending connections; returns libc's `vfork`.
+#[cfg(target_arch = "x86_64")]
+extern "C" fn before_vfork() -> usize {
+    if !Guard::busy() && table::fds_of_kind(table::PENDING).next().is_some() && !crate::base::vm::shares_memory() {
+        let _g = Guard::enter();
+        crate::service::client::decide_before_fork();
+    }
+    real::vfork_address()
+}
+
 /// Before `exec`: connections still waiting for their server's answer are decided first, as at
 /// `fork` (`client::decide_before_fork`), so that an accelerated one reaches the new image
 /// through the handover file; the new image would otherwise get the bare socket, which carries
 /// nothing once the server took the offer (ucspi's `tcpclient` connects and execs its program).
 /// Not in a child that shares its parent's memory (`vfork`): the decision's descriptors would
 /// be the child's, its table the parent's. `posix_spawn` and `system` decide in the parent,
-/// before their child (which shares the parent's memory) execs. (`execl` and its variadic kin,
-/// and a `vfork` child's exec, are out of sight.)
+/// before their child (which shares the parent's memory) execs, and `vfork` before the child
+/// exists. (`execl` and its variadic kin are out of sight.)
 fn before_exec() {
     if Guard::busy() || table::fds_of_kind(table::PENDING).next().is_none() || crate::base::vm::shares_memory() {
         return;
