@@ -40,14 +40,16 @@ fn conn_recv_inner(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> 
     if flags & libc::MSG_PEEK != 0 {
         return c.shm().peek(buf);
     }
-    let _turn = c.read_turn(c.nonblocking() || flags & libc::MSG_DONTWAIT != 0)?;
-    let mut n = c.shm().read(buf)?;
+    let turn = c.read_turn(c.nonblocking() || flags & libc::MSG_DONTWAIT != 0)?;
+    // A wait for the turn counts against the timeout of the waits for bytes (one per call).
+    let since = turn.as_ref().and_then(|t| t.since());
+    let mut n = c.shm().read_since(buf, since)?;
     // MSG_WAITALL waits for all; a blocking read otherwise for SO_RCVLOWAT bytes (1 by default).
     let all = flags & libc::MSG_WAITALL != 0;
     let target = if all { buf.len() } else { c.lowat().min(buf.len()) };
     if n < target && !c.nonblocking() && (all || flags & libc::MSG_DONTWAIT == 0) {
         while n < target {
-            match c.shm().read(&mut buf[n..]) {
+            match c.shm().read_since(&mut buf[n..], since) {
                 Ok(0) => break,
                 Ok(k) => n += k,
                 Err(_) if n > 0 => break,
@@ -135,7 +137,7 @@ fn conn_send_inner(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
     // non-blocking call does not wait for the turn while its holder waits for room (a peer that
     // does not read would hold it there): it would block, so `EAGAIN`.
     let nb = c.nonblocking() || flags & libc::MSG_DONTWAIT != 0;
-    let _turn = if nb { c.try_write_turn()? } else { c.write_turn() };
+    let turn = if nb { c.try_write_turn()? } else { c.write_turn()? };
     if nb {
         if !c.nonblocking() && c.ready(false) & OUT == 0 && c.arm(Drainer::Awake, true) & OUT == 0 {
             return Err(would_block());
@@ -146,10 +148,12 @@ fn conn_send_inner(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
         let n = c.shm().write(buf)?;
         return Ok(n);
     }
-    // Blocking sockets write everything (or fail).
+    // Blocking sockets write everything (or fail); a wait for the turn counts against the
+    // timeout of the waits for room.
+    let since = turn.as_ref().and_then(|t| t.since());
     let mut done = 0;
     while done < buf.len() {
-        match c.shm().write(&buf[done..]) {
+        match c.shm().write_since(&buf[done..], since) {
             Ok(n) => done += n,
             Err(_) if done > 0 => break,
             Err(e) => return Err(e),

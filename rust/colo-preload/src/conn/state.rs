@@ -309,28 +309,32 @@ impl Conn {
     }
 
     /// A turn to write (`turns`), for a connection another process has held (a fork copy);
-    /// `None` (no cost) for one only this process ever held.
-    pub fn write_turn(&self) -> Option<turns::Turn<'_>> {
+    /// `None` (no cost) for one only this process ever held. Waited for as a blocking write
+    /// waits for room: at most the socket's `SO_SNDTIMEO` (`EAGAIN`), ended by a signal as the
+    /// shim's policy says (`EINTR`: `turns::take_for_call`).
+    pub fn write_turn(&self) -> std::io::Result<Option<turns::Turn<'_>>> {
         if !self.holders.ever_shared() {
-            return None;
+            return Ok(None);
         }
         // Bytes a relayed program wrote before it exited go first (`holders::wait_forwarded`).
         self.holders.wait_forwarded();
-        Some(turns::take(self.holders.word(TURN), self.holders.word(TURN_WAITERS)))
+        turns::take_for_call(self.holders.word(TURN), self.holders.word(TURN_WAITERS), self.shm().write_timeout()).map(Some)
     }
 
     /// The readers' turn, for a read that consumes (`turns`): taken only once a second process
     /// held the connection, for the whole call, so that two processes reading at once take
-    /// disjoint bytes, as from a kernel socket. A read that must not wait (`nonblocking`) waits
-    /// for it only while the ring holds bytes (its holder is reading them, and done soon), at
-    /// most `NB_TURN_WAIT`; while the holder waits for bytes, as this read would, `EAGAIN`.
+    /// disjoint bytes, as from a kernel socket. A blocking read waits for it as for bytes: at
+    /// most the socket's `SO_RCVTIMEO`, ended by a signal as the shim's policy says
+    /// (`turns::take_for_call`). A read that must not wait (`nonblocking`) waits for it only
+    /// while the ring holds bytes (its holder is reading them, and done soon), at most
+    /// `NB_TURN_WAIT`; while the holder waits for bytes, as this read would, `EAGAIN`.
     pub fn read_turn(&self, nonblocking: bool) -> std::io::Result<Option<turns::Turn<'_>>> {
         if !self.holders.ever_shared() {
             return Ok(None);
         }
         let (word, waiters) = (self.holders.word(READ_TURN), self.holders.word(READ_TURN_WAITERS));
         if !nonblocking {
-            return Ok(Some(turns::take(word, waiters)));
+            return turns::take_for_call(word, waiters, self.shm().read_timeout()).map(Some);
         }
         self.nonblocking_turn(word, waiters, IN)
     }

@@ -5,10 +5,14 @@
 //! bytes stay contiguous, as one TCP send below the socket's buffer does. The word holds the
 //! turn-taker's pid (0: free); a taker that died holding it is found by `kill(pid, 0)` and its
 //! turn taken over. (The writing half re-reads the ring's head when another holder wrote:
-//! `Shm::adopt_tx`.)
+//! `Shm::adopt_tx`.) Reads take a turn of their own (`Conn::read_turn`). An application's
+//! blocking call waits for its turn as the kernel's waits for the socket: within the socket's
+//! timeout, which the wait for bytes or room after it shares, and until a signal that ends the
+//! call (`take_for_call`).
 
+use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long a waiter sleeps before it checks that the turn's holder still lives.
 const CHECK_EVERY: Duration = Duration::from_millis(5);
@@ -18,32 +22,73 @@ pub struct Turn<'a> {
     word: &'a AtomicU32,
     waiters: &'a AtomicU32,
     me: u32,
+    since: Option<Instant>,
+}
+
+impl Turn<'_> {
+    /// When the call that took this turn under a timeout began to wait for it (`None`: it took
+    /// it at once, or waits without bound): the call's wait for bytes or room counts its
+    /// timeout from here (`Shm::read_since`), as the kernel's one timeout covers a whole call.
+    pub fn since(&self) -> Option<Instant> {
+        self.since
+    }
 }
 
 /// Takes the turn in `word` (`waiters`: how many wait for it, so a release without waiters
-/// makes no system call).
+/// makes no system call), for the shim's own ends (a close's decision, a relay): waits however
+/// long it takes, through signals.
 pub fn take<'a>(word: &'a AtomicU32, waiters: &'a AtomicU32) -> Turn<'a> {
+    loop {
+        if let Ok(turn) = take_within(word, waiters, None, false) {
+            return turn;
+        }
+    }
+}
+
+/// Takes the turn in `word` for a blocking read or write of the application's, which waits for
+/// it as the kernel's call waits for the socket: at most `timeout` (the socket's `SO_RCVTIMEO`
+/// or `SO_SNDTIMEO`; `None`: without bound), then `EAGAIN`; and a signal handler that
+/// interrupts the wait ends it with `EINTR` when the shim's policy says the call ends
+/// (`interrupted_ends_wait`: no `SA_RESTART`, or a timeout set), as its blocking waits for
+/// bytes do. A turn taken after a wait carries its start (`Turn::since`).
+pub fn take_for_call<'a>(word: &'a AtomicU32, waiters: &'a AtomicU32, timeout: Option<Duration>) -> io::Result<Turn<'a>> {
+    take_within(word, waiters, timeout, true)
+}
+
+fn take_within<'a>(word: &'a AtomicU32, waiters: &'a AtomicU32, timeout: Option<Duration>, interruptible: bool) -> io::Result<Turn<'a>> {
     let me = colo_sys::host::pid();
+    // Set at the first wait (a turn had at once costs no clock read).
+    let mut since = None;
     loop {
         // SYNC POINT: Acquire pairs with the Release store of `Turn::drop` in the previous
         // holder: its writes to the ring and its writing state are visible to us.
-        match word.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
-            Ok(_) => return Turn { word, waiters, me },
-            Err(owner) => {
-                // (Our own pid: another thread of ours holds it; it lives.)
-                if owner != me && !alive(owner) {
-                    // SYNC POINT: as above (the dead holder's last writes are what they are; the
-                    // writing half re-reads the head from the ring).
-                    let _ = word.compare_exchange(owner, 0, Ordering::Acquire, Ordering::Relaxed);
-                    continue;
-                }
-                // SYNC POINT: SeqCst, with the SeqCst release and load of `Turn::drop`: either
-                // the releaser sees us counted and wakes us, or our futex wait sees the word
-                // changed and returns at once. (The wait is bounded as well.)
-                waiters.fetch_add(1, Ordering::SeqCst);
-                colo_sys::futex::wait(word, owner, Some(CHECK_EVERY));
-                waiters.fetch_sub(1, Ordering::Relaxed);
+        let owner = match word.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) => return Ok(Turn { word, waiters, me, since: since.filter(|_| timeout.is_some()) }),
+            // (Our own pid: another thread of ours holds it; it lives.)
+            Err(owner) if owner != me && !alive(owner) => {
+                // SYNC POINT: as above (the dead holder's last writes are what they are; the
+                // writing half re-reads the head from the ring).
+                let _ = word.compare_exchange(owner, 0, Ordering::Acquire, Ordering::Relaxed);
+                continue;
             }
+            Err(owner) => owner,
+        };
+        let start = *since.get_or_insert_with(Instant::now);
+        let mut sleep = CHECK_EVERY;
+        if let Some(t) = timeout {
+            match t.checked_sub(start.elapsed()).filter(|left| !left.is_zero()) {
+                Some(left) => sleep = sleep.min(left),
+                None => return Err(io::Error::from_raw_os_error(libc::EAGAIN)),
+            }
+        }
+        // SYNC POINT: SeqCst, with the SeqCst release and load of `Turn::drop`: either
+        // the releaser sees us counted and wakes us, or our futex wait sees the word
+        // changed and returns at once. (The wait is bounded as well.)
+        waiters.fetch_add(1, Ordering::SeqCst);
+        let interrupted = colo_sys::futex::wait(word, owner, Some(sleep));
+        waiters.fetch_sub(1, Ordering::Relaxed);
+        if interrupted && interruptible && colo::internal::shm::interrupted_ends_wait(timeout.is_some()) {
+            return Err(io::Error::from_raw_os_error(libc::EINTR));
         }
     }
 }
@@ -57,7 +102,7 @@ pub fn take_while<'a>(word: &'a AtomicU32, waiters: &'a AtomicU32, within: Durat
     loop {
         // SYNC POINT: Acquire, as in `take`.
         let owner = match word.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
-            Ok(_) => return Some(Turn { word, waiters, me }),
+            Ok(_) => return Some(Turn { word, waiters, me, since: None }),
             Err(owner) if owner != me && !alive(owner) => {
                 // SYNC POINT: as in `take`.
                 let _ = word.compare_exchange(owner, 0, Ordering::Acquire, Ordering::Relaxed);

@@ -50,7 +50,7 @@ impl Shm {
             return Err(io::Error::from_raw_os_error(libc_errno::EMSGSIZE));
         }
         let mut tx = lock(msg_tx);
-        let slot = self.look_then_wait(&mut tx, |h| &mut h.spinner, &self.write_timeout, |tx| self.take_slot(tx))?;
+        let slot = self.look_then_wait(&mut tx, |h| &mut h.spinner, &self.write_timeout, None, |tx| self.take_slot(tx))?;
         Ok((slot, self.seg.slot(self.role == Role::Client, slot)))
     }
 
@@ -131,7 +131,7 @@ impl Shm {
             return Err(io::Error::from_raw_os_error(libc_errno::ENOBUFS));
         };
         let mut rx = lock(msg_rx);
-        let r = self.look_then_wait(&mut rx, |h| &mut h.spinner, &self.read_timeout, |rx| self.take_message(rx))?;
+        let r = self.look_then_wait(&mut rx, |h| &mut h.spinner, &self.read_timeout, None, |rx| self.take_message(rx))?;
         Ok(r.map(|(slot, len)| (slot, self.seg.slot(self.role == Role::Server, slot) as *const u8, len)))
     }
 

@@ -187,7 +187,7 @@ impl std::fmt::Debug for Shm {
     }
 }
 
-pub use tcp::set_interrupt_policy;
+pub use tcp::{interrupted_ends_wait, set_interrupt_policy};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())

@@ -5,6 +5,7 @@ use colo_ring::layout::{FLAG_FIN, FLAG_NOT_READING, FLAG_READ_CLOSED, FLAG_RESET
 use colo_ring::snapshot::RingState;
 use colo_ring::sync::Ordering;
 use std::io;
+use std::time::Instant;
 
 /// Writes are published in pieces of at most this many bytes (spec/WIRE.md section 5).
 const PUBLISH_CHUNK: usize = 16 * 1024;
@@ -130,15 +131,22 @@ impl Shm {
 
     /// Reads into `buf`; 0 is end of stream. Blocks (spin, then sleep) unless non-blocking.
     pub fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.recv(buf, false)
+        self.recv(buf, false, None)
+    }
+
+    /// [`Shm::read`] for a call that began to wait before it (the LD_PRELOAD shim's turn between
+    /// processes sharing the connection): the read timeout counts from `since` (`None`: from
+    /// the start of this wait), so that the whole call waits at most the timeout.
+    pub fn read_since(&self, buf: &mut [u8], since: Option<Instant>) -> io::Result<usize> {
+        self.recv(buf, false, since)
     }
 
     /// Like [`Shm::read`] but leaves the bytes in the ring (`MSG_PEEK`).
     pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.recv(buf, true)
+        self.recv(buf, true, None)
     }
 
-    fn recv(&self, buf: &mut [u8], peek: bool) -> io::Result<usize> {
+    fn recv(&self, buf: &mut [u8], peek: bool, since: Option<Instant>) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
@@ -146,7 +154,7 @@ impl Shm {
             return Ok(0);
         }
         let mut rx = lock(&self.rx);
-        self.look_then_wait(&mut rx, |h| &mut h.spinner, &self.read_timeout, |rx| self.try_read(rx, buf, peek, 0))
+        self.look_then_wait(&mut rx, |h| &mut h.spinner, &self.read_timeout, since, |rx| self.try_read(rx, buf, peek, 0))
     }
 
     /// One look at the incoming bytes from `skip` past the first unread one, never waiting
@@ -280,13 +288,18 @@ impl Shm {
     /// Writes as much of `buf` as the ring takes, waiting only while nothing could be written;
     /// publishes in pieces so the reader starts early.
     pub fn write(&self, buf: &[u8]) -> io::Result<usize> {
+        self.write_since(buf, None)
+    }
+
+    /// [`Shm::write`] with the write timeout counted from `since`, as [`Shm::read_since`].
+    pub fn write_since(&self, buf: &[u8], since: Option<Instant>) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
         let mut guard = lock(&self.tx);
         let tx = &mut *guard;
         let mut waited = false;
-        self.look_then_wait(tx, |h| &mut h.spinner, &self.write_timeout, |tx| self.write_blocked(tx, &mut waited))?;
+        self.look_then_wait(tx, |h| &mut h.spinner, &self.write_timeout, since, |tx| self.write_blocked(tx, &mut waited))?;
         // For the other holders of this end (`adopt_tx`): stale while we publish, so that one
         // that takes over after we died mid-write resumes from `ring_head`; our head once done.
         // They take turns with us, so once per call is enough.

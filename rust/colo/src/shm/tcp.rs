@@ -13,8 +13,8 @@ static INTERRUPT_POLICY: std::sync::OnceLock<fn() -> bool> = std::sync::OnceLock
 
 /// `timed`: the wait has a deadline (`SO_RCVTIMEO`/`SO_SNDTIMEO`). Under a policy, such a wait
 /// always ends with `EINTR`: signal(7), socket calls with a timeout are never restarted, whatever
-/// `SA_RESTART` says.
-pub(super) fn interrupted_ends_wait(timed: bool) -> bool {
+/// `SA_RESTART` says. (Also asked by the shim's waits for a turn between processes.)
+pub fn interrupted_ends_wait(timed: bool) -> bool {
     INTERRUPT_POLICY.get().is_some_and(|policy| timed || policy())
 }
 

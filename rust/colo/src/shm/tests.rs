@@ -342,3 +342,38 @@ fn peeking_ahead_then_releasing_wakes_a_writer_waiting_for_space() {
         assert_eq!(sa.release_peeked(2 * CAP).unwrap(), CAP, "a release takes at most the unread bytes");
     });
 }
+
+/// A read or write that already waited for something else (the LD_PRELOAD shim's turn between
+/// processes sharing a connection) counts its timeout from when the call began:
+/// `read_since`/`write_since` whose timeout was spent before they start give up at their first
+/// wait (`WouldBlock`), where `read`/`write` would wait the whole timeout again.
+#[test]
+fn a_timeout_spent_before_the_wait_ends_it_at_once() {
+    const TIMEOUT: Duration = Duration::from_secs(10);
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    let opts = Options::new().spin(SpinMode::Never).ring_capacity(64 * 1024);
+    let a = Stream::connect_with(l.local_addr().unwrap(), &opts).unwrap();
+    let (_b, _) = l.accept().unwrap();
+    let sa = a.shm().unwrap();
+    sa.set_read_timeout(Some(TIMEOUT));
+    sa.set_write_timeout(Some(TIMEOUT));
+    // The ring full (nobody reads it).
+    sa.set_nonblocking(true);
+    let chunk = [7u8; 4096];
+    while sa.write(&chunk).is_ok() {}
+    sa.set_nonblocking(false);
+    let spent = Instant::now().checked_sub(TIMEOUT).expect("the host has been up longer than the timeout");
+    let (done, ended) = channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut buf = [0u8; 16];
+            let read = sa.read_since(&mut buf, Some(spent)).map_err(|e| e.kind());
+            let wrote = sa.write_since(&chunk, Some(spent)).map_err(|e| e.kind());
+            let _ = done.send((read, wrote));
+        });
+        // The watchdog: a third of the timeout.
+        let (read, wrote) = ended.recv_timeout(TIMEOUT / 3).expect("the read and the write gave up before the timeout ran again");
+        assert_eq!(read, Err(std::io::ErrorKind::WouldBlock));
+        assert_eq!(wrote, Err(std::io::ErrorKind::WouldBlock));
+    });
+}

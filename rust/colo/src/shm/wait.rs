@@ -218,25 +218,29 @@ impl Shm {
         }
     }
 
-    fn deadline(&self, timeout: &AtomicU64) -> Option<Instant> {
-        from_nanos(timeout.load(Ordering::Relaxed)).map(|t| Instant::now() + t)
+    /// When a wait under `timeout` gives up: the timeout counted from `since` (the start of the
+    /// call, which may have waited for something else first), or from now.
+    fn deadline(&self, timeout: &AtomicU64, since: Option<Instant>) -> Option<Instant> {
+        from_nanos(timeout.load(Ordering::Relaxed)).map(|t| since.unwrap_or_else(Instant::now) + t)
     }
 
     /// One look (`check`) and, only if that finds nothing, [`Shm::wait_for`] with the spinner
-    /// of `half` (a locked reading or writing half). Under load the look is all a call needs,
-    /// and it then pays for no spinner copy, deadline or wait set-up.
+    /// of `half` (a locked reading or writing half), its `timeout` counted from `since` (`None`:
+    /// from the start of the wait). Under load the look is all a call needs, and it then pays
+    /// for no spinner copy, deadline or wait set-up.
     pub(super) fn look_then_wait<H, T>(
         &self,
         half: &mut H,
         spinner_of: fn(&mut H) -> &mut Spinner,
         timeout: &AtomicU64,
+        since: Option<Instant>,
         mut check: impl FnMut(&mut H) -> io::Result<Option<T>>,
     ) -> io::Result<T> {
         if let Some(v) = check(half)? {
             return Ok(v);
         }
         let mut spinner = spinner_of(half).clone();
-        let r = self.wait_for(&mut spinner, timeout, || check(half));
+        let r = self.wait_for(&mut spinner, timeout, since, || check(half));
         *spinner_of(half) = spinner;
         r
     }
@@ -247,6 +251,7 @@ impl Shm {
         &self,
         spinner: &mut Spinner,
         timeout: &AtomicU64,
+        since: Option<Instant>,
         mut check: impl FnMut() -> io::Result<Option<T>>,
     ) -> io::Result<T> {
         if self.nonblocking.load(Ordering::Relaxed) {
@@ -279,7 +284,7 @@ impl Shm {
             self.notice_hangup_nonblocking();
             return check()?.ok_or_else(|| io::ErrorKind::WouldBlock.into());
         }
-        let deadline = self.deadline(timeout);
+        let deadline = self.deadline(timeout, since);
         if spinner.mode() == SpinMode::Always {
             // Busy polling never sleeps, so look at the control socket now and then.
             let mut polls = 0u32;
