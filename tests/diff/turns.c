@@ -2,7 +2,9 @@
  * (under colo the child holds the readers' or the writers' turn): SO_RCVTIMEO / SO_SNDTIMEO end
  * them with EAGAIN, a handler without SA_RESTART with EINTR, and one with SA_RESTART too when a
  * timeout is set (signal(7)). A write may instead end with a partial count (kernel TCP lets it in
- * while the child waits for room): the transcript says only that it ended early. */
+ * while the child waits for room): the transcript says only that it ended early. And one
+ * timeout covers a whole call, as in the kernel: a MSG_WAITALL read under SO_RCVTIMEO while bytes
+ * trickle in more often than the timeout returns what came within it. */
 #include "diff.h"
 #include <pthread.h>
 
@@ -133,8 +135,34 @@ static void write_beside_a_blocked_writer(void) {
     waitpid(pid, NULL, 0);
 }
 
+static int trickle_fd;
+
+/* One byte every 200 ms, five in all. */
+static void *trickle(void *arg) {
+    (void)arg;
+    for (int i = 0; i < 5; i++) {
+        settle(200);
+        if (write(trickle_fd, "t", 1) != 1) break;
+    }
+    return NULL;
+}
+
+static void waitall_under_one_timeout(void) {
+    int s, c;
+    char b[16];
+    pair(&s, &c);
+    trickle_fd = s;
+    pthread_t t;
+    if (pthread_create(&t, NULL, trickle, NULL) != 0) die("pthread_create");
+    timeout(c, SO_RCVTIMEO, 500);
+    long r = recv(c, b, 5, MSG_WAITALL);
+    say("  recv(5, MSG_WAITALL) with SO_RCVTIMEO 0.5 s, a byte every 0.2 s: %s", r > 0 && r < 5 ? "the bytes of the first 0.5 s" : r == 5 ? "all 5" : "none");
+    pthread_join(t, NULL);
+}
+
 int main(void) {
     diff_begin();
+    RUN(waitall_under_one_timeout);
     RUN(read_beside_a_blocked_reader);
     RUN(write_beside_a_blocked_writer);
     diff_end();

@@ -7,6 +7,7 @@ use colo::errno_of;
 use colo::internal::shm::Drainer;
 use libc::{c_int, iovec};
 use std::io;
+use std::time::Instant;
 
 // ---- reading --------------------------------------------------------------------------------
 
@@ -41,8 +42,9 @@ fn conn_recv_inner(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> 
         return c.shm().peek(buf);
     }
     let turn = c.read_turn(c.nonblocking() || flags & libc::MSG_DONTWAIT != 0)?;
-    // A wait for the turn counts against the timeout of the waits for bytes (one per call).
-    let since = turn.as_ref().and_then(|t| t.since());
+    // One timeout covers the call, as the kernel's: from the wait for the turn, else from now
+    // (a clock read only on a socket with a timeout).
+    let since = turn.as_ref().and_then(|t| t.since()).or_else(|| c.shm().read_timeout().map(|_| Instant::now()));
     let mut n = c.shm().read_since(buf, since)?;
     // MSG_WAITALL waits for all; a blocking read otherwise for SO_RCVLOWAT bytes (1 by default).
     let all = flags & libc::MSG_WAITALL != 0;
@@ -148,9 +150,9 @@ fn conn_send_inner(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
         let n = c.shm().write(buf)?;
         return Ok(n);
     }
-    // Blocking sockets write everything (or fail); a wait for the turn counts against the
-    // timeout of the waits for room.
-    let since = turn.as_ref().and_then(|t| t.since());
+    // Blocking sockets write everything (or fail), within one timeout for the call, counted as
+    // a read's is.
+    let since = turn.as_ref().and_then(|t| t.since()).or_else(|| c.shm().write_timeout().map(|_| Instant::now()));
     let mut done = 0;
     while done < buf.len() {
         match c.shm().write_since(&buf[done..], since) {
