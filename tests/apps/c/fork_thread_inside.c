@@ -47,8 +47,9 @@ static void child_timed_out(int sig) {
     _exit(9);
 }
 
-/* Runs `child` in a fork child with a watchdog; whether it exited 0. */
-static int in_child(int (*child)(void)) {
+/* Runs `child` in a fork child with a watchdog; whether it exited 0. `meanwhile` (if any) runs
+ * in the parent first. */
+static int in_child(int (*child)(void), void (*meanwhile)(void)) {
     pid_t pid = fork();
     if (pid < 0) die("fork");
     if (pid == 0) {
@@ -56,6 +57,7 @@ static int in_child(int (*child)(void)) {
         alarm(10);
         _exit(child());
     }
+    if (meanwhile) meanwhile();
     int st;
     if (waitpid(pid, &st, 0) != pid) return 0;
     if (WIFSIGNALED(st)) fprintf(stderr, "child killed by signal %d\n", WTERMSIG(st));
@@ -63,17 +65,26 @@ static int in_child(int (*child)(void)) {
     return WIFEXITED(st) && WEXITSTATUS(st) == 0;
 }
 
-/* Parent's thread blocked in read(k): with the parent stopped (its thread cannot take the
- * bytes first), the child sends on c and reads them off k itself; it writes on k and reads that
- * back from c, shuts k down for writing and closes both. */
+/* Parent's thread blocked in read(k): the child writes on k and reads it back from c; sends on c
+ * the bytes the parent's read waits for; once the parent says its read returned (`go`), sends
+ * more and reads them off k itself; shuts k down for writing and closes both. */
+static int go[2];
+static pthread_t t;
+
+/* In the parent: once its thread's read returned, the child goes on. */
+static void reader_returned(void) {
+    pthread_join(t, NULL);
+    if (write(go[1], "g", 1) != 1) die("write");
+}
+
 static int child_of_reader(void) {
     char b[8];
-    kill(getppid(), SIGSTOP);
-    int ok = write(c, "AAAA", 4) == 4 && read(k, b, sizeof b) == 4 && memcmp(b, "AAAA", 4) == 0;
-    kill(getppid(), SIGCONT);
-    if (!ok) return 6;
     if (write(k, "to-c", 4) != 4) return 2;
     if (read(c, b, sizeof b) != 4 || memcmp(b, "to-c", 4) != 0) return 3;
+    if (write(c, "to-k", 4) != 4) return 6;
+    if (read(go[0], b, 1) != 1) return 7;
+    if (write(c, "again", 5) != 5) return 8;
+    if (read(k, b, sizeof b) != 5 || memcmp(b, "again", 5) != 0) return 9;
     if (shutdown(k, SHUT_WR) < 0) return 4;
     if (read(c, b, sizeof b) != 0) return 5;
     close(k);
@@ -123,18 +134,16 @@ int main(void) {
     char x;
     CHECK(read_full(k, &x, 1) == 0, "the connection carries a byte");
 
-    pthread_t t;
     pthread_create(&t, NULL, reader, NULL);
     usleep(200000);
-    CHECK(in_child(child_of_reader), "a child forked while a thread reads writes, reads and closes its copy");
-    write_all(c, "to-k", 4);
-    pthread_join(t, NULL);
-    CHECK(got_n == 4 && memcmp(got, "to-k", 4) == 0, "the parent's blocked read gets the bytes sent after the fork");
+    if (pipe(go) < 0) die("pipe");
+    CHECK(in_child(child_of_reader, reader_returned), "a child forked while a thread reads writes, reads and closes its copy");
+    CHECK(got_n == 4 && memcmp(got, "to-k", 4) == 0, "the parent's blocked read gets the bytes the child sent for it");
 
     pthread_create(&t, NULL, writer, NULL);
     usleep(300000);
     CHECK(wrote < BLOCKED_WRITE, "the writer is blocked (the ring is full)");
-    CHECK(in_child(child_of_writer), "a child forked while a thread writes polls, writes, reads and closes its copy");
+    CHECK(in_child(child_of_writer, NULL), "a child forked while a thread writes polls, writes, reads and closes its copy");
     /* Drain k until the writer is done; every byte is one of the writes' ('w', or the child's). */
     static unsigned char b[1 << 16];
     long total = 0, bad = 0;

@@ -5,11 +5,13 @@
 use crate::api::{behind, copy, data, epoll, fdopen, fds, forget, names, nofile, ppoll, repeat, route, sockopt, std_streams};
 use crate::base::guard::Guard;
 use crate::base::uring::refused;
+use crate::conn::state::Conn;
 use crate::conn::table;
 use crate::real;
 use crate::service::server;
 use libc::{c_int, c_uint, c_ulong, c_void, iovec, msghdr, nfds_t, off_t, size_t, sockaddr, socklen_t, ssize_t};
 use libc::{epoll_event, fd_set, pollfd, sigset_t, timespec, timeval};
+use std::sync::Arc;
 use std::time::Duration;
 
 // ---- syscall --------------------------------------------------------------------------------
@@ -81,10 +83,12 @@ pub unsafe extern "C" fn closefrom(lowfd: c_int) {
 /// connection for both).
 #[no_mangle]
 pub unsafe extern "C" fn fork() -> libc::pid_t {
+    let mut lent = Vec::new();
     if !Guard::busy() {
         let _g = Guard::enter();
         crate::service::client::decide_before_fork();
         server::before_fork();
+        lent = lend_turns();
     }
     // SAFETY: libc's fork.
     let pid = unsafe { real::fork() };
@@ -95,7 +99,41 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
             }
         }
     }
+    if pid != 0 && !lent.is_empty() {
+        give_back_when_done(lent);
+    }
     pid
+}
+
+/// Before `fork`: every connection marked shared, and the turns of the halves a thread is inside
+/// taken on its call's behalf (`Conn::lend_turns`), so that the child waits for that call.
+fn lend_turns() -> Vec<(Arc<Conn>, [bool; 2])> {
+    table::fds_of_kind(table::CONN)
+        .filter_map(|fd| table::conn(fd as i32))
+        .map(|c| {
+            let lent = c.lend_turns();
+            (c, lent)
+        })
+        .filter(|(_, lent)| lent.iter().any(|&l| l))
+        .collect()
+}
+
+/// In the parent after `fork`: a thread gives the lent turns back as the calls end (one that
+/// waits for bytes or room may take long; the fork returns now). If no thread can be made, at
+/// once.
+fn give_back_when_done(lent: Vec<(Arc<Conn>, [bool; 2])>) {
+    let shared = Arc::new(lent);
+    let theirs = shared.clone();
+    let spawned = std::thread::Builder::new().name("colo-turns".into()).spawn(move || {
+        for (c, l) in theirs.iter() {
+            c.give_back_turns(*l, true);
+        }
+    });
+    if spawned.is_err() {
+        for (c, l) in shared.iter() {
+            c.give_back_turns(*l, false);
+        }
+    }
 }
 
 /// `vfork(2)`: connections still waiting for their server's answer are decided first, in the

@@ -121,6 +121,18 @@ impl Page {
         self.word(SHARED).load(Ordering::Relaxed) != 0
     }
 
+    /// Marks the connection shared before another process holds it (before a `fork`): calls
+    /// that begin from now on take turns.
+    pub fn mark_shared(&self) {
+        // SYNC POINT: SeqCst, with the SeqCst count and load of `turns::alone` (see there).
+        self.word(SHARED).store(1, Ordering::SeqCst);
+    }
+
+    /// The word that says whether the connection was ever shared (see `turns::alone`).
+    pub fn shared_word(&self) -> &AtomicU32 {
+        self.word(SHARED)
+    }
+
     /// Records that process `pid` holds a copy.
     pub fn add_holder(&self, pid: u32) {
         // Relaxed (all the holder words' accesses): a holder word is the whole message, a pid;

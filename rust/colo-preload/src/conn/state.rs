@@ -42,6 +42,10 @@ const TCP_CLOSE_WAIT: u8 = 8;
 
 use crate::conn::holders::{READ_TURN, READ_TURN_WAITERS, SOCKET_FLAGS, TURN, TURN_WAITERS};
 
+/// The directions of a connection's calls (`Conn::alone`, `Conn::lend_turns`).
+const READING: usize = 0;
+const WRITING: usize = 1;
+
 /// Bits of the socket's own state (`Conn::socket_flags`), shared with every fork copy as a kernel
 /// socket's are: this side shut down reading (readable, end of stream, with RDHUP); a write
 /// after the peer closed was taken (`takes_write_after_close`); the peer's reset was reported
@@ -76,6 +80,8 @@ pub struct Conn {
     readiness: AtomicI32,
     /// Shared with every process holding the connection (`holders`).
     holders: Page,
+    /// This process's calls under way without a turn, [reading, writing] (`turns::alone`).
+    alone: [AtomicU32; 2],
     /// When the connection was set up (to tell short-lived ones: `adapt` on the client side,
     /// the listener's marker on the server side).
     born: std::time::Instant,
@@ -168,6 +174,7 @@ impl Conn {
             raw: raw0,
             readiness: AtomicI32::new(-1),
             holders,
+            alone: [AtomicU32::new(0), AtomicU32::new(0)],
             born: std::time::Instant::now(),
             setup,
             sent_before_reply: AtomicU64::new(u64::MAX),
@@ -313,8 +320,8 @@ impl Conn {
     /// waits for room: at most the socket's `SO_SNDTIMEO` (`EAGAIN`), ended by a signal as the
     /// shim's policy says (`EINTR`: `turns::take_for_call`).
     pub fn write_turn(&self) -> std::io::Result<Option<turns::Turn<'_>>> {
-        if !self.holders.ever_shared() {
-            return Ok(None);
+        if let Some(alone) = self.alone(WRITING) {
+            return Ok(Some(alone));
         }
         // Bytes a relayed program wrote before it exited go first (`holders::wait_forwarded`).
         self.holders.wait_forwarded();
@@ -329,8 +336,8 @@ impl Conn {
     /// while the ring holds bytes (its holder is reading them, and done soon), at most
     /// `NB_TURN_WAIT`; while the holder waits for bytes, as this read would, `EAGAIN`.
     pub fn read_turn(&self, nonblocking: bool) -> std::io::Result<Option<turns::Turn<'_>>> {
-        if !self.holders.ever_shared() {
-            return Ok(None);
+        if let Some(alone) = self.alone(READING) {
+            return Ok(Some(alone));
         }
         let (word, waiters) = (self.holders.word(READ_TURN), self.holders.word(READ_TURN_WAITERS));
         if !nonblocking {
@@ -344,8 +351,8 @@ impl Conn {
     /// while the ring has room (its holder is writing, and done soon), at most `NB_TURN_WAIT`,
     /// and leaves a wake-up armed when it gives up, so that readiness reports the room.
     pub fn try_write_turn(&self) -> std::io::Result<Option<turns::Turn<'_>>> {
-        if !self.holders.ever_shared() {
-            return Ok(None);
+        if let Some(alone) = self.alone(WRITING) {
+            return Ok(Some(alone));
         }
         self.holders.wait_forwarded();
         let (word, waiters) = (self.holders.word(TURN), self.holders.word(TURN_WAITERS));
@@ -356,6 +363,44 @@ impl Conn {
     /// would: taken if free; waited for only while the ring is `ready` for the call (its holder
     /// is moving bytes, and done soon), at most `NB_TURN_WAIT`; else `EAGAIN`, with a wake-up
     /// armed (`arm`) so that readiness reports the change.
+    /// Before `fork`: the child must not take a ring over while a call of this process that
+    /// began without a turn (the connection was not shared then) is still inside it, or both
+    /// would consume (or produce) one ring at once. Marks the connection shared, so that calls
+    /// that begin from now on take turns, and takes the turn of each direction such a call is
+    /// under way in, on its behalf: [reading, writing], as taken. `give_back_turns` releases
+    /// them once those calls have ended.
+    pub fn lend_turns(&self) -> [bool; 2] {
+        self.holders.mark_shared();
+        // SYNC POINT: SeqCst, with `turns::alone` (see there).
+        let under_way = |d: usize| self.alone[d].load(Ordering::SeqCst) > 0;
+        [under_way(READING) && turns::lend(self.holders.word(READ_TURN)), under_way(WRITING) && turns::lend(self.holders.word(TURN))]
+    }
+
+    /// Releases the turns `lend_turns` took, once the calls they were taken for have ended
+    /// (`wait`; else at once). Marked shared, the connection starts no call without a turn.
+    pub fn give_back_turns(&self, lent: [bool; 2], wait: bool) {
+        let me = colo_sys::host::pid();
+        for (d, turn, waiters) in [(READING, READ_TURN, READ_TURN_WAITERS), (WRITING, TURN, TURN_WAITERS)] {
+            if !lent[d] {
+                continue;
+            }
+            // Acquire: pairs with the Release of each call's end (`turns::Turn`'s drop).
+            while wait && self.alone[d].load(Ordering::Acquire) > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            turns::give_back(self.holders.word(turn), self.holders.word(waiters), me);
+        }
+    }
+
+    /// A call in direction `d` of a connection no other process has held: counted, with no turn
+    /// (`turns::alone`); `None` once it is shared.
+    fn alone(&self, d: usize) -> Option<turns::Turn<'_>> {
+        if self.holders.ever_shared() {
+            return None;
+        }
+        turns::alone(&self.alone[d], self.holders.shared_word())
+    }
+
     fn nonblocking_turn<'a>(&'a self, word: &'a AtomicU32, waiters: &'a AtomicU32, ready: u32) -> std::io::Result<Option<turns::Turn<'a>>> {
         turns::take_while(word, waiters, NB_TURN_WAIT, || self.arm(Drainer::Awake, true) & ready != 0)
             .map(Some)

@@ -17,12 +17,18 @@ use std::time::{Duration, Instant};
 /// How long a waiter sleeps before it checks that the turn's holder still lives.
 const CHECK_EVERY: Duration = Duration::from_millis(5);
 
-/// A turn held; released when dropped.
+/// A turn held, or a call alone on its connection; released when dropped.
 pub struct Turn<'a> {
-    word: &'a AtomicU32,
-    waiters: &'a AtomicU32,
-    me: u32,
+    kind: Kind<'a>,
     since: Option<Instant>,
+}
+
+enum Kind<'a> {
+    /// The turn word (holding our pid) and its waiters' count.
+    Held { word: &'a AtomicU32, waiters: &'a AtomicU32, me: u32 },
+    /// A call of a connection no other process has held, counted in this process's calls of it
+    /// under way without a turn (see [`alone`]).
+    Alone(&'a AtomicU32),
 }
 
 impl Turn<'_> {
@@ -63,7 +69,7 @@ fn take_within<'a>(word: &'a AtomicU32, waiters: &'a AtomicU32, timeout: Option<
         // SYNC POINT: Acquire pairs with the Release store of `Turn::drop` in the previous
         // holder: its writes to the ring and its writing state are visible to us.
         let owner = match word.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
-            Ok(_) => return Ok(Turn { word, waiters, me, since: since.filter(|_| timeout.is_some()) }),
+            Ok(_) => return Ok(Turn { kind: Kind::Held { word, waiters, me }, since: since.filter(|_| timeout.is_some()) }),
             // (Our own pid: another thread of ours holds it; it lives.)
             Err(owner) if owner != me && !alive(owner) => {
                 // SYNC POINT: as above (the dead holder's last writes are what they are; the
@@ -102,7 +108,7 @@ pub fn take_while<'a>(word: &'a AtomicU32, waiters: &'a AtomicU32, within: Durat
     loop {
         // SYNC POINT: Acquire, as in `take`.
         let owner = match word.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
-            Ok(_) => return Some(Turn { word, waiters, me, since: None }),
+            Ok(_) => return Some(Turn { kind: Kind::Held { word, waiters, me }, since: None }),
             Err(owner) if owner != me && !alive(owner) => {
                 // SYNC POINT: as in `take`.
                 let _ = word.compare_exchange(owner, 0, Ordering::Acquire, Ordering::Relaxed);
@@ -127,11 +133,47 @@ fn alive(pid: u32) -> bool {
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        // SYNC POINT: Release (SeqCst) pairs with the Acquire of the next `take`; SeqCst with
-        // the waiters' count in `take`.
-        let _ = self.word.compare_exchange(self.me, 0, Ordering::SeqCst, Ordering::Relaxed);
-        if self.waiters.load(Ordering::SeqCst) > 0 {
-            colo_sys::futex::wake_all(self.word);
+        match self.kind {
+            Kind::Held { word, waiters, me } => give_back(word, waiters, me),
+            // Relaxed: `lend`'s giver only waits for the count to reach zero, and the turn it
+            // then gives back orders what this call did for the next taker (it is this process's
+            // own turn: the call's writes precede the giver's look in this process).
+            Kind::Alone(calls) => {
+                calls.fetch_sub(1, Ordering::Release);
+            }
         }
+    }
+}
+
+/// A call of a connection no other process has held takes no turn: it counts itself in `calls`
+/// (this process's calls of that direction under way without a turn), so that a `fork` takes
+/// the turn on its behalf before the child can (`Conn::lend_turns`). `None`: the connection was
+/// marked shared meanwhile (`shared`, its word): take the turn.
+pub fn alone<'a>(calls: &'a AtomicU32, shared: &AtomicU32) -> Option<Turn<'a>> {
+    // SYNC POINT: SeqCst, with the SeqCst store of `Page::mark_shared` and the SeqCst load of
+    // `calls` after it in `Conn::lend_turns`: either this call sees the connection shared, or
+    // the lender sees the call counted.
+    calls.fetch_add(1, Ordering::SeqCst);
+    if shared.load(Ordering::SeqCst) != 0 {
+        calls.fetch_sub(1, Ordering::Relaxed);
+        return None;
+    }
+    Some(Turn { kind: Kind::Alone(calls), since: None })
+}
+
+/// Takes the turn in `word` if it is free, for a call of this process already under way without
+/// one (see `Conn::lend_turns`); `give_back` releases it. Whether it was taken.
+pub fn lend(word: &AtomicU32) -> bool {
+    // SYNC POINT: Acquire, as in `take`.
+    word.compare_exchange(0, colo_sys::host::pid(), Ordering::Acquire, Ordering::Relaxed).is_ok()
+}
+
+/// Releases the turn in `word` if `me` holds it, waking its waiters.
+pub fn give_back(word: &AtomicU32, waiters: &AtomicU32, me: u32) {
+    // SYNC POINT: Release (SeqCst) pairs with the Acquire of the next `take`; SeqCst with the
+    // waiters' count in `take`.
+    let _ = word.compare_exchange(me, 0, Ordering::SeqCst, Ordering::Relaxed);
+    if waiters.load(Ordering::SeqCst) > 0 {
+        colo_sys::futex::wake_all(word);
     }
 }
