@@ -26,9 +26,24 @@ pub fn listen(name: &[u8]) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// Connects to the abstract name `name`. Blocking; `ECONNREFUSED` when nobody listens.
-pub fn connect(name: &[u8]) -> io::Result<OwnedFd> {
+/// How long a connect waits for room in a listener's backlog. A colo listener's backlog is 4096
+/// deep and its service thread drains it; one full for longer is a listener that does not
+/// accept (another user may bind a name first and fill its backlog itself): the connect then
+/// fails with `WouldBlock`, which callers take as no listener there.
+const CONNECT_WAIT: Duration = Duration::from_millis(10);
+
+/// A blocking socket whose connects wait at most [`CONNECT_WAIT`] for a backlog's room (the
+/// timeout is `SO_SNDTIMEO`'s; this module's sends never wait anyway).
+fn connecting_socket() -> io::Result<OwnedFd> {
     let fd = socket(false)?;
+    net::sockopt::set_socket_timeout(&fd, net::sockopt::Timeout::Send, Some(CONNECT_WAIT))?;
+    Ok(fd)
+}
+
+/// Connects to the abstract name `name`. Blocking, for at most [`CONNECT_WAIT`] while its
+/// listener's backlog is full (`WouldBlock` then); `ECONNREFUSED` when nobody listens.
+pub fn connect(name: &[u8]) -> io::Result<OwnedFd> {
+    let fd = connecting_socket()?;
     net::connect(&fd, &SocketAddrUnix::new_abstract_name(name)?)?;
     Ok(fd)
 }

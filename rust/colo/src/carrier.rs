@@ -97,7 +97,9 @@ pub fn connect_rendezvous(addr: SocketAddr) -> io::Result<Option<Rendezvous>> {
                 control = Some((fd, name));
                 break;
             }
-            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
+            // Nobody there, or a listener that does not accept (its backlog stays full): the
+            // next name may be the server's.
+            Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionRefused | io::ErrorKind::WouldBlock) => continue,
             // Out of descriptors: the caller's error, not a missing listener.
             Err(e) if matches!(e.raw_os_error(), Some(crate::error::libc_errno::EMFILE | crate::error::libc_errno::ENFILE)) => return Err(e),
             Err(e) => {

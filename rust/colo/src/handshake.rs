@@ -269,7 +269,9 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
                 control = Some((fd, name));
                 break;
             }
-            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
+            // Nobody there, or a listener that does not accept (its backlog stays full): the
+            // next name may be the server's.
+            Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionRefused | io::ErrorKind::WouldBlock) => continue,
             Err(e) => {
                 log::info(format_args!("dial {addr}: rendezvous {name}: {e}; using TCP"));
                 return Ok(Direct::No);
