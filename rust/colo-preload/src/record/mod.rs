@@ -31,6 +31,17 @@ pub fn inheritable_memfd(name: &str) -> Option<(colo_sys::OwnedFd, colo_sys::Own
     Some((w, r))
 }
 
+/// Whether an inherited descriptor named as one of these records is one an earlier image of
+/// ours made (`inheritable_memfd`): a regular file of this uid's or root's (an image exec'd
+/// after dropping root reads its parent's), mode 0600. A name proves nothing: a peer names its
+/// segment's memfd as it likes, and a server keeps a peer's memfd across `exec` for a
+/// connection accepted inheritable, so another user's file can arrive under a record's name.
+pub fn inherited_is_ours(fd: colo_sys::BorrowedFd<'_>) -> bool {
+    rustix::fs::fstat(fd).is_ok_and(|st| {
+        st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_mode & 0o077 == 0 && (st.st_uid == rustix::process::geteuid().as_raw() || st.st_uid == 0)
+    })
+}
+
 /// Makes `r` (from [`inheritable_memfd`]) inheritable, once the file holds what the next image
 /// is to read.
 pub fn let_inherit(r: &colo_sys::OwnedFd) -> bool {

@@ -113,6 +113,13 @@ pub fn take_back() {
         let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
         let Ok(link) = std::fs::read_link(e.path()) else { continue };
         let link = link.to_string_lossy();
+        // SAFETY: listed in /proc/self/fd just now; borrowed for the look only.
+        let ours = || crate::record::inherited_is_ours(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) });
+        let named_as_ours = [FILE_NAME, relayed::FILE_NAME, holders_file::NAME, app_nofile::FILE_NAME].iter().any(|n| link.starts_with(&format!("/memfd:{n}")));
+        if named_as_ours && !ours() {
+            log_info(format_args!("exec: fd {fd} is named as colo's ({link}) but is not a file of this user's: left alone"));
+            continue;
+        }
         if link.starts_with(&format!("/memfd:{FILE_NAME}")) {
             files.push(fd);
         } else if link.starts_with(&format!("/memfd:{}", relayed::FILE_NAME)) {
