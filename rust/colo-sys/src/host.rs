@@ -186,12 +186,18 @@ pub fn monotonic_ns(coarse: bool) -> u64 {
     (t.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(t.tv_nsec as u64)
 }
 
-/// The command line of process `pid` (`None`: this one), as `/proc/<pid>/cmdline` has it.
-pub fn cmdline(pid: Option<u32>) -> std::io::Result<Vec<u8>> {
-    match pid {
-        None => std::fs::read("/proc/self/cmdline"),
-        Some(pid) => std::fs::read(format!("/proc/{pid}/cmdline")),
-    }
+/// The first `max` bytes (or fewer) of the command line of process `pid` (`None`: this one), as
+/// `/proc/<pid>/cmdline` has it. Bounded: another user's process may have a command line of
+/// megabytes, which the kernel copies out of its memory for a whole read.
+pub fn cmdline_head(pid: Option<u32>, max: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let f = match pid {
+        None => std::fs::File::open("/proc/self/cmdline")?,
+        Some(pid) => std::fs::File::open(format!("/proc/{pid}/cmdline"))?,
+    };
+    let mut head = Vec::with_capacity(max.min(4096));
+    f.take(max as u64).read_to_end(&mut head)?;
+    Ok(head)
 }
 
 /// Whether the fork child handler that renews the cache is registered (`pid`): a pid is cached

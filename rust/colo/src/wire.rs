@@ -189,15 +189,20 @@ pub fn rendezvous_name(addr: SocketAddr) -> String {
     }
 }
 
+/// How many bytes of a command line its program tag hashes (spec/WIRE.md section 2).
+pub const TAG_BYTES: usize = 4096;
+
 /// The tag of a program run a certain way (spec/WIRE.md section 2): the top 48 bits of the
-/// FNV-1a 64-bit hash of its `/proc/<pid>/cmdline` bytes.
+/// FNV-1a 64-bit hash of the first [`TAG_BYTES`] (or fewer) of its `/proc/<pid>/cmdline` bytes.
 ///
 /// ```
 /// assert_eq!(colo::wire::program_tag(b""), 0xcbf2_9ce4_8422_2325 >> 16);
 /// assert_ne!(colo::wire::program_tag(b"wrk\0-c50\0"), colo::wire::program_tag(b"wrk\0-c51\0"));
+/// let long = vec![b'a'; 2 * colo::wire::TAG_BYTES];
+/// assert_eq!(colo::wire::program_tag(&long), colo::wire::program_tag(&long[..colo::wire::TAG_BYTES]));
 /// ```
 pub fn program_tag(cmdline: &[u8]) -> u64 {
-    let h = cmdline.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
+    let h = cmdline[..cmdline.len().min(TAG_BYTES)].iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
     h >> 16
 }
 

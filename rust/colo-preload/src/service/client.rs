@@ -34,7 +34,7 @@ fn self_plain(target: SocketAddr) -> bool {
 /// This program's tag (spec/WIRE.md section 2), read once per process image.
 fn own_tag() -> Option<u64> {
     static TAG: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    *TAG.get_or_init(|| colo_sys::host::cmdline(None).ok().map(|c| colo::wire::program_tag(&c)))
+    *TAG.get_or_init(|| colo_sys::host::cmdline_head(None, colo::wire::TAG_BYTES).ok().map(|c| colo::wire::program_tag(&c)))
 }
 
 

@@ -44,7 +44,7 @@ pub(super) fn client_tag(control: &OwnedFd) -> Option<u64> {
     if let Some(&(_, t)) = try_lock(&TAGS)?.iter().find(|(p, _)| *p == pid) {
         return Some(t);
     }
-    let tag = wire::program_tag(&colo_sys::host::cmdline(Some(pid)).ok()?);
+    let tag = wire::program_tag(&colo_sys::host::cmdline_head(Some(pid), wire::TAG_BYTES).ok()?);
     let mut tags = try_lock(&TAGS)?;
     if tags.len() >= 64 {
         tags.remove(0);
