@@ -105,8 +105,8 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
     pid
 }
 
-/// Before `fork`: every connection marked shared, and the turns of the halves a thread is inside
-/// taken on its call's behalf (`Conn::lend_turns`), so that the child waits for that call.
+/// Before `fork`: every connection marked shared, and the turn of each direction a call is under
+/// way in without one taken on its behalf (`Conn::lend_turns`), so that the child waits for it.
 fn lend_turns() -> Vec<(Arc<Conn>, [bool; 2])> {
     table::fds_of_kind(table::CONN)
         .filter_map(|fd| table::conn(fd as i32))
@@ -122,15 +122,16 @@ fn lend_turns() -> Vec<(Arc<Conn>, [bool; 2])> {
 /// waits for bytes or room may take long; the fork returns now). If no thread can be made, at
 /// once.
 fn give_back_when_done(lent: Vec<(Arc<Conn>, [bool; 2])>) {
-    let shared = Arc::new(lent);
-    let theirs = shared.clone();
+    // Shared with the thread, so that a thread not made (its closure dropped) leaves them here.
+    let lent = Arc::new(lent);
+    let theirs = Arc::clone(&lent);
     let spawned = std::thread::Builder::new().name("colo-turns".into()).spawn(move || {
         for (c, l) in theirs.iter() {
             c.give_back_turns(*l, true);
         }
     });
     if spawned.is_err() {
-        for (c, l) in shared.iter() {
+        for (c, l) in lent.iter() {
             c.give_back_turns(*l, false);
         }
     }

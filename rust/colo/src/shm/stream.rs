@@ -51,7 +51,9 @@ impl Shm {
     /// side (waiting for bytes or room, its half locked) or asleep as the side's leader, and
     /// would never let go here. Each half it held is let go and its view taken over afresh
     /// from the segment's words (as a resumed end does), and the waiters forget the parent's
-    /// threads, so this process's own reads and writes work as its copy of a TCP socket would.
+    /// threads, so this process's own reads and writes work as its copy of a TCP socket would
+    /// (once the parent's call is done with the ring: the shim's turns see to that). The
+    /// message halves, which the shim's connections do not have, are only let go.
     ///
     /// # Safety
     /// The calling process has one thread and no reference into this side's halves.
