@@ -373,6 +373,7 @@ pub fn raise_fd_limit() {
     if lim.current < lim.maximum {
         lim.current = lim.maximum;
         let _ = setrlimit(Resource::Nofile, lim);
+        crate::preload::nofile_changed();
     }
 }
 

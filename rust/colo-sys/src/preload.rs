@@ -40,8 +40,9 @@ pub fn move_above(fd: rustix::fd::OwnedFd, floor: i32) -> io::Result<rustix::fd:
 /// most of its limit (redis-benchmark `-c 900` under 1024) must still get every socket it would
 /// get without colo. A set-up that finds no number free there is a resource failure
 /// ([`shortage`] says which). Never above 32768: the kernel's table grows to the highest number
-/// in use. Worked out at each move, so it follows limits the application sets itself (redis and
-/// nginx do at start), however it sets them.
+/// in use. Worked out at each move from the limit as last read, which follows limits the
+/// application sets itself (redis and nginx do at start): read again after a change through the
+/// shim, a second after the last read, and when a move under the old one fails.
 pub const OUT_OF_THE_WAY: i32 = i32::MAX;
 
 /// Clone of the helper task was refused (a sandbox that allows only threads, or a process
@@ -109,11 +110,57 @@ pub fn shortage() -> String {
 /// Fails (the caller falls back, as for any resource failure) when no number at or above
 /// `floor` can be had; `fds` is then unchanged.
 pub fn move_all_above(fds: &mut [rustix::fd::OwnedFd], floor: i32) -> io::Result<()> {
-    use rustix::fd::{AsRawFd, FromRawFd};
     if floor <= 0 {
         return Ok(());
     }
+    match move_with(fds, floor, nofile(false)) {
+        // A limit changed where the shim does not see it (another process's `prlimit`, a raw
+        // system call) fails the move, or is a second old: look again.
+        Err(_) => move_with(fds, floor, nofile(true)),
+        done => done,
+    }
+}
+
+/// The process's `RLIMIT_NOFILE` as last read, with the [`nofile_changed`] count at the time
+/// and when it was read.
+static NOFILE: std::sync::Mutex<Option<(u64, std::time::Instant, rustix::process::Rlimit)>> = std::sync::Mutex::new(None);
+
+/// Counts the changes of `RLIMIT_NOFILE` made through the shim (see [`nofile_changed`]).
+static NOFILE_CHANGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How long a read of the limit stands for a change the shim does not see.
+const NOFILE_FOR: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// This process's `RLIMIT_NOFILE` changed (a wrapper of `setrlimit` or `prlimit` changed it):
+/// the next move reads it again.
+pub fn nofile_changed() {
+    // SeqCst, with the load in `nofile`: a read of the limit that began before this change
+    // is tagged with an older count, so never used after it.
+    NOFILE_CHANGES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// The process's `RLIMIT_NOFILE`: read once for every move cost a system call each; read again
+/// after a change through the shim ([`nofile_changed`]), after a second, and when `fresh`.
+/// Another thread holding the record (or one that held it at a fork) means a fresh read.
+fn nofile(fresh: bool) -> rustix::process::Rlimit {
+    use std::sync::atomic::Ordering::SeqCst;
+    let changes = NOFILE_CHANGES.load(SeqCst);
+    let Ok(mut rec) = NOFILE.try_lock() else {
+        return rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    };
+    if let Some((at, when, lim)) = rec.as_ref() {
+        if !fresh && *at == changes && when.elapsed() < NOFILE_FOR {
+            return *lim;
+        }
+    }
     let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    *rec = Some((changes, std::time::Instant::now(), lim));
+    lim
+}
+
+/// [`move_all_above`] under the limit `lim`.
+fn move_with(fds: &mut [rustix::fd::OwnedFd], floor: i32, lim: rustix::process::Rlimit) -> io::Result<()> {
+    use rustix::fd::{AsRawFd, FromRawFd};
     let soft = lim.current.unwrap_or(1 << 20);
     let room = room_above(&lim);
     let floor = if floor == OUT_OF_THE_WAY { out_of_the_way(soft, room) } else { floor };
@@ -236,4 +283,46 @@ fn in_helper(job: &mut Job) -> io::Result<()> {
         return Err(err);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::fd::AsRawFd;
+    use rustix::process::{setrlimit, Resource, Rlimit};
+
+    /// In a fork child (the limit is the process's): a change through the shim is seen at once,
+    /// one it does not see fails the move with the old limit, and the move reads the limit again.
+    #[test]
+    fn moves_follow_the_limit_however_it_changed() {
+        // SAFETY: the child makes system calls only, then `_exit`s.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: no alarm handler: the default action ends a child that hangs.
+            unsafe { libc::alarm(10) };
+            let ok = (|| {
+                let lim = |n| Rlimit { current: Some(n), maximum: Some(n) };
+                setrlimit(Resource::Nofile, lim(4096)).ok()?;
+                nofile_changed();
+                let _ = nofile(false);
+                let seen = nofile(false).current == Some(4096);
+                let mut a = [crate::doorbell::create().ok()?];
+                move_all_above(&mut a, OUT_OF_THE_WAY).ok()?;
+                let first = a[0].as_raw_fd() >= top_band(4096) as i32;
+                // Unseen by the record: its floor (3840) is now above the soft limit.
+                setrlimit(Resource::Nofile, lim(1024)).ok()?;
+                let mut b = [crate::doorbell::create().ok()?];
+                move_all_above(&mut b, OUT_OF_THE_WAY).ok()?;
+                let second = (top_band(1024) as i32..1024).contains(&b[0].as_raw_fd());
+                Some(seen && first && second)
+            })();
+            // SAFETY: ends the child without running the parent's destructors.
+            unsafe { libc::_exit(if ok == Some(true) { 0 } else { 1 }) };
+        }
+        assert!(pid > 0, "fork");
+        let mut status = 0;
+        // SAFETY: reaping our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "status {status:#x}");
+    }
 }

@@ -65,7 +65,9 @@ fn set(new: &rlimit) -> Result<Rlimit, rustix::io::Errno> {
         (Some(app), had) if app < inf(had) => Some(kept_for(app, inf(had))),
         _ => wanted.maximum,
     };
-    rustix::process::setrlimit(Resource::Nofile, Rlimit { current: wanted.current, maximum: keep })?;
+    let changed = rustix::process::setrlimit(Resource::Nofile, Rlimit { current: wanted.current, maximum: keep });
+    colo_sys::preload::nofile_changed();
+    changed?;
     app_nofile::set(match (wanted.maximum, keep) {
         (Some(app), Some(kept)) if app < kept => Some(app),
         _ => None,
