@@ -318,13 +318,18 @@ fn reclaim(base: *mut u8) {
 /// descriptor is inheritable while there is any.
 pub fn inheritable(on: bool) {
     let Some(fd) = fd() else { return };
-    if on {
-        INHERITABLE.fetch_add(1, Ordering::Relaxed);
+    let crossed = if on {
+        INHERITABLE.fetch_add(1, Ordering::Relaxed) == 0
     } else {
-        let _ = INHERITABLE.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        INHERITABLE.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)) == Ok(1)
+    };
+    // The flag follows whether the count is zero (close-on-exec as the file is made or adopted,
+    // at zero), so only a change that crossed zero sets it: from the count, until the count
+    // stays the same across the setting (of two threads that cross at once, the last to look
+    // sets what it saw last).
+    if !crossed {
+        return;
     }
-    // Set from the count, until the count stays the same across the setting: of two threads
-    // that change it at once, the last to look sets what it saw last.
     loop {
         let n = INHERITABLE.load(Ordering::Relaxed);
         let flags = if n > 0 { rustix::io::FdFlags::empty() } else { rustix::io::FdFlags::CLOEXEC };
