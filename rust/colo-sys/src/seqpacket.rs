@@ -48,6 +48,24 @@ pub fn connect(name: &[u8]) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// Connects to the first of the abstract names `names` that has a listener taking connections,
+/// on one socket (a refused or timed-out connect leaves a Unix socket unconnected, ready for the
+/// next name): the socket and the name's index, `None` when every name refused or kept its
+/// backlog full for [`CONNECT_WAIT`]. Any other error ends the tries, with the index of the
+/// name that met it.
+pub fn connect_first<S: AsRef<[u8]>>(names: &[S]) -> Result<Option<(OwnedFd, usize)>, (io::Error, usize)> {
+    let fd = connecting_socket().map_err(|e| (e, 0))?;
+    for (i, name) in names.iter().enumerate() {
+        let addr = SocketAddrUnix::new_abstract_name(name.as_ref()).map_err(|e| (e.into(), i))?;
+        match net::connect(&fd, &addr) {
+            Ok(()) => return Ok(Some((fd, i))),
+            Err(rustix::io::Errno::CONNREFUSED | rustix::io::Errno::AGAIN) => {}
+            Err(e) => return Err((e.into(), i)),
+        }
+    }
+    Ok(None)
+}
+
 /// Connects to the abstract name `name` without blocking: `WouldBlock` when its listener's
 /// backlog is full, `ECONNREFUSED` when nobody listens. The socket stays non-blocking.
 pub fn connect_nonblocking(name: &[u8]) -> io::Result<OwnedFd> {
@@ -215,5 +233,25 @@ pub fn with_data(fds: &[BorrowedFd<'_>]) -> Vec<bool> {
     match poll(&mut p, Some(&Timespec { tv_sec: 0, tv_nsec: 0 })) {
         Ok(_) => p.iter().map(|x| !x.revents().is_empty()).collect(),
         Err(_) => vec![true; fds.len()],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_first_takes_the_first_name_listened_on_through_one_socket() {
+        let base = format!("colo-test/connect-first/{}", std::process::id());
+        let (none, second, third) = (format!("{base}/a"), format!("{base}/b"), format!("{base}/c"));
+        assert!(matches!(connect_first(&[&none, &second]), Ok(None)), "nobody listens");
+        let b = listen(second.as_bytes()).unwrap();
+        let _c = listen(third.as_bytes()).unwrap();
+        let (fd, i) = connect_first(&[&none, &second, &third]).unwrap().expect("a listener");
+        assert_eq!(i, 1, "the first name listened on, after a refused one");
+        let peer = accept(&b).expect("connected to the second name's listener");
+        send(&fd, b"hi", &[]).unwrap();
+        let mut buf = [0u8; 4];
+        assert_eq!(net::recv(&peer, &mut buf, net::RecvFlags::empty()).unwrap().0, 2);
     }
 }

@@ -90,25 +90,17 @@ pub fn connect_rendezvous(addr: SocketAddr) -> io::Result<Option<Rendezvous>> {
     if !host::is_local(addr.ip()) {
         return Ok(None);
     }
-    let mut control = None;
-    for name in wire::lookup_names(addr) {
-        match seqpacket::connect(name.as_bytes()) {
-            Ok(fd) => {
-                control = Some((fd, name));
-                break;
-            }
-            // Nobody there, or a listener that does not accept (its backlog stays full): the
-            // next name may be the server's.
-            Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionRefused | io::ErrorKind::WouldBlock) => continue,
-            // Out of descriptors: the caller's error, not a missing listener.
-            Err(e) if matches!(e.raw_os_error(), Some(crate::error::libc_errno::EMFILE | crate::error::libc_errno::ENFILE)) => return Err(e),
-            Err(e) => {
-                log::info(format_args!("connect {addr}: rendezvous {name}: {e}; using TCP"));
-                return Ok(None);
-            }
+    let mut names = wire::lookup_names(addr);
+    let (control, name) = match seqpacket::connect_first(&names) {
+        Ok(Some((fd, i))) => (fd, names.swap_remove(i)),
+        Ok(None) => return Ok(None),
+        // Out of descriptors: the caller's error, not a missing listener.
+        Err((e, _)) if matches!(e.raw_os_error(), Some(crate::error::libc_errno::EMFILE | crate::error::libc_errno::ENFILE)) => return Err(e),
+        Err((e, i)) => {
+            log::info(format_args!("connect {addr}: rendezvous {}: {e}; using TCP", names[i]));
+            return Ok(None);
         }
-    }
-    let Some((control, name)) = control else { return Ok(None) };
+    };
     // A listener in a pid namespace we cannot see is no usable one (the shim then remembers the
     // miss for a moment, as for no listener at all).
     let (server_pid, server_uid) = match seqpacket::peer_cred(&control) {

@@ -262,23 +262,14 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
         }),
         None => None,
     };
-    let mut control = None;
-    for name in names {
-        match seqpacket::connect(name.as_bytes()) {
-            Ok(fd) => {
-                control = Some((fd, name));
-                break;
-            }
-            // Nobody there, or a listener that does not accept (its backlog stays full): the
-            // next name may be the server's.
-            Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionRefused | io::ErrorKind::WouldBlock) => continue,
-            Err(e) => {
-                log::info(format_args!("dial {addr}: rendezvous {name}: {e}; using TCP"));
-                return Ok(Direct::No);
-            }
+    let (control, name) = match seqpacket::connect_first(&names) {
+        Ok(Some((fd, i))) => (fd, names[i].clone()),
+        Ok(None) => return Ok(Direct::No),
+        Err((e, i)) => {
+            log::info(format_args!("dial {addr}: rendezvous {}: {e}; using TCP", names[i]));
+            return Ok(Direct::No);
         }
-    }
-    let Some((control, name)) = control else { return Ok(Direct::No) };
+    };
     let (server_pid, server_uid) = match seqpacket::peer_cred(&control) {
         Ok(c) => c,
         Err(e) => {
