@@ -255,12 +255,13 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
     let b = unsafe { BorrowedFd::borrow_raw(fd) };
     let nonblocking = rustix::fs::fcntl_getfl(b).map(|f| f.contains(rustix::fs::OFlags::NONBLOCK)).unwrap_or(false);
     let peer = p.peer;
-    match Conn::dialed(p.offer.established(), nonblocking, setup, !handover::is_cloexec(fd)) {
+    let inheritable = !handover::is_cloexec(fd);
+    match Conn::dialed(p.offer.established(), nonblocking, setup, inheritable) {
         Ok(c) => {
             let c = Arc::new(c);
             slot.set(Entry::Conn(c.clone()));
             options::adopt_options(fd, &c);
-            handover::on_new(fd, &c);
+            handover::on_new(fd, &c, inheritable);
             // Registered in an epoll set before `connect` (as nginx does its upstreams): those
             // registrations watch the TCP socket, which will carry nothing now.
             regs::adopt_plain(fd, &c);

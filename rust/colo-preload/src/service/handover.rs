@@ -53,14 +53,16 @@ pub fn update(fd: i32, conn: &Arc<Conn>) {
     set(conn, inheritable, b);
 }
 
-/// After an accept or connect that created `conn` for `fd`: no scan needed (one descriptor).
-pub fn on_new(fd: i32, conn: &Arc<Conn>) {
+/// After an accept or connect that created `conn` for `fd`, made `inheritable` (`fd` was not
+/// close-on-exec when the caller looked, [`is_cloexec`]): no scan needed (one descriptor).
+pub fn on_new(fd: i32, conn: &Arc<Conn>, inheritable: bool) {
     // SAFETY: the application's descriptor, open during this call.
     let b = unsafe { BorrowedFd::borrow_raw(fd) };
     // (Born inheritable, the connection kept its memfd; should another thread have cleared
     // `FD_CLOEXEC` since the connection was made, the relay's fork must wait for the table slot
-    // the caller may hold: the descriptor is left as it is.)
-    if !cloexec(b) && conn.fds()[3] >= 0 {
+    // the caller may hold: the descriptor is left as it is. A thread that changes the flag
+    // meanwhile brings the state up to date after us, `update`, as it waits for that slot too.)
+    if inheritable && conn.fds()[3] >= 0 {
         set(conn, true, b);
     }
 }

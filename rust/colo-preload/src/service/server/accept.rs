@@ -189,14 +189,15 @@ pub unsafe fn hand_out(res: Resolved, peer: std::net::SocketAddr, addr: *mut lib
         log_info(format_args!("accept {peer}: from another namespace: plain TCP"));
         return fd;
     };
-    match Conn::accepted(None, connection_ended, est, nonblocking, flags & libc::SOCK_CLOEXEC == 0) {
+    let inheritable = flags & libc::SOCK_CLOEXEC == 0;
+    match Conn::accepted(None, connection_ended, est, nonblocking, inheritable) {
         Ok(c) if (fd as usize) < table::MAX_FD => {
             let c = Arc::new(c);
             if let Some(mut slot) = table::lock(fd) {
                 slot.set(Entry::Conn(c.clone()));
             }
             options::adopt_options(fd, &c);
-            handover::on_new(fd, &c);
+            handover::on_new(fd, &c, inheritable);
             log_info(format_args!("accept {peer}: accelerated (shared memory, other namespace)"));
         }
         Ok(_) => log_info(format_args!("accept {peer}: fd {fd} too high; connection lost")),
@@ -226,22 +227,25 @@ pub(super) fn claim(fd: i32, nonblocking: bool, peer: std::net::SocketAddr, loca
     match hello.claim() {
         // The tag after the claim: its look at the client's command line must not delay the
         // WELCOME the client waits for.
-        Ok(est) => match Conn::accepted(client_tag(&est.fds.control), connection_ended, est, nonblocking, !handover::is_cloexec(fd)) {
-            Ok(c) => {
-                let c = Arc::new(c);
-                if let Some(mut slot) = table::lock(fd) {
-                    slot.set(Entry::Conn(c.clone()));
+        Ok(est) => {
+            let inheritable = !handover::is_cloexec(fd);
+            match Conn::accepted(client_tag(&est.fds.control), connection_ended, est, nonblocking, inheritable) {
+                Ok(c) => {
+                    let c = Arc::new(c);
+                    if let Some(mut slot) = table::lock(fd) {
+                        slot.set(Entry::Conn(c.clone()));
+                    }
+                    options::adopt_options(fd, &c);
+                    handover::on_new(fd, &c, inheritable);
+                    log_info(format_args!("accept {peer} -> {local}: accelerated (shared memory)"));
+                    false
                 }
-                options::adopt_options(fd, &c);
-                handover::on_new(fd, &c);
-                log_info(format_args!("accept {peer} -> {local}: accelerated (shared memory)"));
-                false
+                Err(e) => {
+                    log_info(format_args!("accept {peer} -> {local}: {e}; connection reset"));
+                    false
+                }
             }
-            Err(e) => {
-                log_info(format_args!("accept {peer} -> {local}: {e}; connection reset"));
-                false
-            }
-        },
+        }
         Err(why) => {
             log_info(format_args!("accept {peer} -> {local}: {why}; plain TCP"));
             true
