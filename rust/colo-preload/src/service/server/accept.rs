@@ -229,7 +229,7 @@ pub(super) fn claim(fd: i32, nonblocking: bool, peer: std::net::SocketAddr, loca
         // WELCOME the client waits for.
         Ok(est) => {
             let inheritable = !handover::is_cloexec(fd);
-            match Conn::accepted(client_tag(&est.fds.control), connection_ended, est, nonblocking, inheritable) {
+            match Conn::accepted(client_tag(est.peer_pid), connection_ended, est, nonblocking, inheritable) {
                 Ok(c) => {
                     let c = Arc::new(c);
                     if let Some(mut slot) = table::lock(fd) {

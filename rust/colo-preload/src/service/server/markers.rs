@@ -9,7 +9,6 @@ use crate::record::adapt;
 use crate::record::lineage::Shared;
 use crate::record::marker;
 use colo::wire;
-use colo_sys::{seqpacket, OwnedFd};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -33,14 +32,13 @@ struct Raised {
 /// service thread raises and lowers them.
 static RAISED: [Raised; 64] = [const { Raised { listen: AtomicU64::new(0), tag: AtomicU64::new(0), fd: AtomicI32::new(-1) } }; 64];
 
-/// The tag of the program that dialed the control connection `control` (spec/WIRE.md section
-/// 2), its command line read once per client process.
-pub(super) fn client_tag(control: &OwnedFd) -> Option<u64> {
+/// The tag (spec/WIRE.md section 2) of the program of the client process `pid` (its control
+/// connection's `SO_PEERCRED`, as the claim read it), its command line read once per process.
+pub(super) fn client_tag(pid: u32) -> Option<u64> {
     static TAGS: Mutex<Vec<(u32, u64)>> = Mutex::new(Vec::new());
     if !adapt::enabled() {
         return None;
     }
-    let pid = seqpacket::peer_cred(control).ok()?.0;
     if let Some(&(_, t)) = try_lock(&TAGS)?.iter().find(|(p, _)| *p == pid) {
         return Some(t);
     }
