@@ -198,11 +198,12 @@ pub(crate) fn offer_with(
     };
     let layout = geometry.layout().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let (memfd, map) = segment::create(layout.segment_size)?;
-    // Moved above the floor together (one helper task when the floor is above the limit).
+    // Moved above the floor together (one helper task when the floor is above the limit). Not
+    // the server's end of the doorbell pair: it is sent below and closed at once.
     let (client_end, server_end) = doorbell::pair()?;
-    let mut fds = [memfd, client_end, server_end, doorbell::create()?, control];
+    let mut fds = [memfd, client_end, doorbell::create()?, control];
     high_all(&mut fds)?;
-    let [memfd, own_bell, server_end, self_bell, control] = fds;
+    let [memfd, own_bell, self_bell, control] = fds;
     // SAFETY: the mapping is private to us until HELLO is sent; nobody else accesses it yet.
     let head = unsafe { std::slice::from_raw_parts_mut(map.as_ptr(), HEADER_FIELDS) };
     header.encode(head).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
