@@ -165,9 +165,11 @@ impl Page {
     /// same number, as both shims move descriptors to the same floor, so a client forked by its
     /// server would take the server for a holder and close without telling it.)
     pub fn others_hold(&self, me: u32, control: RawFd) -> bool {
+        // Looked at once another process is listed (most connections have none).
+        let own = std::cell::OnceCell::new();
         // SAFETY: the caller's control socket, open during this call.
-        let own = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(control) }).ok();
-        let holds = |pid: u32| match (rustix::fs::stat(format!("/proc/{pid}/fd/{control}")), &own) {
+        let own = || own.get_or_init(|| rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(control) }).ok());
+        let holds = |pid: u32| match (rustix::fs::stat(format!("/proc/{pid}/fd/{control}")), own()) {
             (Ok(st), Some(own)) => st.st_ino == own.st_ino && st.st_dev == own.st_dev,
             (Err(rustix::io::Errno::NOENT), _) => false,
             // Not allowed to look (another user): fall back to whether it lives.

@@ -445,12 +445,12 @@ impl Conn {
     fn others_hold(&self) -> bool {
         let me = colo_sys::host::pid();
         let control = self.raw[0];
-        // SAFETY: our control socket, open while `self` lives.
-        let own = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(control) }).ok();
         let others = self.holders.leave(me, control);
         if others || !self.inheritable() {
             return others;
         }
+        // SAFETY: our control socket, open while `self` lives.
+        let own = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(control) }).ok();
         // Processes that never registered as holders (an exec'd child that is not preloaded)
         // count only if we can see the descriptor in them: a parent of another user (nginx's
         // root master above its `nobody` workers) is alive but holds nothing of ours, and taking
