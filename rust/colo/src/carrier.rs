@@ -118,6 +118,16 @@ pub fn connect_rendezvous(addr: SocketAddr) -> io::Result<Option<Rendezvous>> {
     Ok(Some(Rendezvous { control, server_pid }))
 }
 
+/// What [`Offer::read_answer`] read: a message that is no answer, a hang-up or an error is
+/// `Closed`; nothing yet (or the receive timeout) is `Timeout`.
+fn answer_of(r: io::Result<Option<Answer>>) -> Answer {
+    match r {
+        Ok(a) => a.unwrap_or(Answer::Closed),
+        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => Answer::Timeout,
+        Err(_) => Answer::Closed,
+    }
+}
+
 /// A client's outstanding CARRIER offer.
 #[derive(Debug)]
 pub struct Offer {
@@ -239,24 +249,32 @@ impl Offer {
             if seqpacket::set_recv_timeout(&self.control, Some(left)).is_err() {
                 return Answer::Closed;
             }
-            let mut buf = [0u8; 64];
-            match seqpacket::recv(&self.control, &mut buf, false) {
-                Ok(r) if r.len == 0 && r.fds.is_empty() => return Answer::Closed,
-                Ok(r) if r.truncated || !r.fds.is_empty() || r.len != MESSAGE_LEN => return Answer::Closed,
-                Ok(r) => {
-                    return match Message::decode(&buf[..r.len]) {
-                        Ok(Message::Welcome { version: wire::VERSION }) => Answer::Welcome,
-                        Ok(Message::Reject { reason, .. }) => Answer::Reject(reason),
-                        _ => Answer::Closed,
-                    }
-                }
+            match self.read_answer(false) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-                    return Answer::Timeout
-                }
-                Err(_) => return Answer::Closed,
+                r => return answer_of(r),
             }
         }
+    }
+
+    /// The answer if it is there, without waiting (`Timeout` if not yet): for a caller that saw
+    /// the control socket readable (the answer, or the server gone), one system call where
+    /// [`Offer::wait_answer`] makes two.
+    pub fn answer_now(&self) -> Answer {
+        answer_of(self.read_answer(true))
+    }
+
+    /// Reads one message from the control socket: what it says, or the error.
+    fn read_answer(&self, dontwait: bool) -> io::Result<Option<Answer>> {
+        let mut buf = [0u8; 64];
+        let r = seqpacket::recv(&self.control, &mut buf, dontwait)?;
+        if r.truncated || !r.fds.is_empty() || r.len != MESSAGE_LEN {
+            return Ok(None);
+        }
+        Ok(match Message::decode(&buf[..r.len]) {
+            Ok(Message::Welcome { version: wire::VERSION }) => Some(Answer::Welcome),
+            Ok(Message::Reject { reason, .. }) => Some(Answer::Reject(reason)),
+            _ => None,
+        })
     }
 
     /// Tries to abandon the offer: CAS `claim` from OFFERED to ABANDONED. Exactly one of this and

@@ -424,8 +424,12 @@ fn answered_within(p: &Pending, d: Duration) -> Option<Answer> {
     let mut fds = [PollFd::new(p.offer.control_fd(), PollFlags::IN)];
     let t = Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) };
     match poll(&mut fds, Some(&t)) {
-        // Readable: the answer, or the server gone (`wait_answer` tells which at once).
-        Ok(n) if n > 0 => Some(p.offer.wait_answer(STALL)),
+        // Readable: the answer, or the server gone (`answer_now` tells which; `wait_answer`
+        // waits for one should the socket have been readable for nothing).
+        Ok(n) if n > 0 => Some(match p.offer.answer_now() {
+            Answer::Timeout => p.offer.wait_answer(STALL),
+            a => a,
+        }),
         Ok(_) => None,
         // Interrupted, or poll failed: the rest of the wait as before.
         Err(_) => Some(p.offer.wait_answer(d)).filter(|a| *a != Answer::Timeout),
