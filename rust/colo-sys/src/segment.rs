@@ -122,6 +122,13 @@ pub fn attach_admitted<T>(fd: &OwnedFd, min: usize, admit: impl FnOnce(u64) -> R
     if !seals.contains(REQUIRED_SEALS) {
         return Err(AttachError::BadSegment("segment not sealed against resizing"));
     }
+    attach_sealed(fd, min, admit)
+}
+
+/// As [`attach_admitted`], for a descriptor already found sealed against resizing ([`read_at`]
+/// or [`read_prefix`] read it, or [`is_sealed`] said so): seals never come off a file, so its
+/// seals are not asked again.
+pub fn attach_sealed<T>(fd: &OwnedFd, min: usize, admit: impl FnOnce(u64) -> Result<T, String>) -> Result<(Mapping, T), AttachError> {
     let st = fstat(fd).map_err(|e| AttachError::Os(e.into()))?;
     if st.st_size < min as i64 || st.st_size as u64 > MAX_SEGMENT {
         return Err(AttachError::BadSegment("segment size out of range"));

@@ -460,8 +460,9 @@ pub struct Words {
 pub struct Hello {
     /// The control connection.
     pub control: OwnedFd,
-    /// The segment memfd.
-    pub memfd: OwnedFd,
+    /// The segment memfd, found sealed against resizing as the header was read (not public:
+    /// a claim maps it without asking its seals again).
+    memfd: OwnedFd,
     /// The client's doorbell slot: another descriptor of `server_bell` (checked by a claim).
     pub client_bell: OwnedFd,
     /// The server's doorbell: its end of the connection's doorbell pair (made by the client,
@@ -623,6 +624,11 @@ pub fn hello_from_fds(
 }
 
 impl Hello {
+    /// The segment memfd.
+    pub fn memfd(&self) -> BorrowedFd<'_> {
+        self.memfd.as_fd()
+    }
+
     /// The 4-tuple `(client, server)` this offer is for (CARRIER mode).
     pub fn key(&self) -> Option<Key> {
         Some(key(self.header.client_addr?, self.header.server_addr?))
@@ -679,7 +685,8 @@ impl Hello {
         };
         // Counted against this process's budgets of peer segments (not mapped if it does not fit).
         let admit = |size| crate::budget::Lease::take(client_uid, size);
-        let (map, lease) = match segment::attach_admitted(&self.memfd, self.layout.segment_size, admit) {
+        // `hello_from_fds` read the header through `read_prefix`: the memfd is sealed.
+        let (map, lease) = match segment::attach_sealed(&self.memfd, self.layout.segment_size, admit) {
             Ok(m) => m,
             Err(segment::AttachError::BadSegment(e)) => return fail(&self.control, Reason::BadSegment, e.into()),
             Err(segment::AttachError::Os(e)) => return fail(&self.control, Reason::NoResources, e.to_string()),

@@ -677,7 +677,7 @@ fn read_proved_hello(control: OwnedFd) -> Option<(Box<Hello>, [u8; PROOF_LEN])> 
     }
     let hello = carrier::hello_from_fds(control, memfd, cb, sb, Mode::Carrier).ok()?;
     let mut head = [0u8; HEADER_FIELDS];
-    if !matches!(colo_sys::segment::read_prefix(&hello.memfd, &mut head), Ok(HEADER_FIELDS)) {
+    if !matches!(colo_sys::segment::read_prefix(hello.memfd(), &mut head), Ok(HEADER_FIELDS)) {
         carrier::reject(&hello.control, Reason::BadSegment);
         return None;
     }

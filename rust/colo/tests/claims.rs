@@ -340,7 +340,7 @@ fn exactly_one_of_claim_and_abandon_wins_and_no_byte_is_lost_or_doubled() {
         let payload: Vec<u8> = (0..100u64).map(|i| common::pattern(i + round)).collect();
         // SAFETY: a shared mapping of the offered memfd, its whole size, unmapped below.
         let base = unsafe {
-            libc::mmap(std::ptr::null_mut(), layout.segment_size, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, hello.memfd.as_raw_fd(), 0)
+            libc::mmap(std::ptr::null_mut(), layout.segment_size, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, hello.memfd().as_raw_fd(), 0)
         };
         assert_ne!(base, libc::MAP_FAILED);
         let b = layout.block_offset(true);

@@ -347,7 +347,7 @@ fn answer_asks(st: &mut State) {
         let hello = k.and_then(|k| take(st, &k));
         match hello {
             Some(h) => {
-                let fds = [h.control.as_fd(), h.memfd.as_fd(), h.client_bell.as_fd(), h.server_bell.as_fd()];
+                let fds = [h.control.as_fd(), h.memfd(), h.client_bell.as_fd(), h.server_bell.as_fd()];
                 let _ = seqpacket::send(&c, &[1, h.mode as u8], &fds);
                 log_debug(format_args!("rendezvous: an offer handed to another listener of uid {uid} on its address"));
                 // Handed on to the asker, who claims it: closed here as it is.
