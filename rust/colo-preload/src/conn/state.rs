@@ -928,7 +928,7 @@ impl Drop for Conn {
         if self.inheritable() {
             // A holder that exec'd may not have read the handover file yet: leave it unchanged.
             handover_file::forget(self.raw[3], others);
-            handover_file::closing(&self.raw);
+            handover_file::closing(self.raw[3]);
             self.holders.set_inheritable(false);
         }
         if others {

@@ -101,15 +101,14 @@ pub fn forget(memfd: RawFd, shared: bool) {
     }
 }
 
-/// An inheritable connection is closing: its descriptors become close-on-exec at once, since the
-/// segment's is closed later, by the reaper thread, and an `exec` in between (a forked child's)
-/// would carry them into an image that has no record of them and never closes them.
-pub fn closing(raw: &[RawFd]) {
-    for &fd in raw {
-        // SAFETY: the connection's own descriptors, open until its drop closes or retires them;
-        // the flag is this process's, per descriptor.
-        let _ = rustix::io::fcntl_setfd(unsafe { BorrowedFd::borrow_raw(fd) }, rustix::io::FdFlags::CLOEXEC);
-    }
+/// An inheritable connection is closing: the segment's descriptor `memfd` becomes close-on-exec
+/// at once, since it is closed later, by the reaper thread, and an `exec` in between (a forked
+/// child's) would carry it into an image that has no record of it and never closes it. (The
+/// connection's other descriptors are closed by the same drop, as its record was forgotten.)
+pub fn closing(memfd: RawFd) {
+    // SAFETY: the connection's own descriptor, open until its drop retires it; the flag is this
+    // process's, per descriptor.
+    let _ = rustix::io::fcntl_setfd(unsafe { BorrowedFd::borrow_raw(memfd) }, rustix::io::FdFlags::CLOEXEC);
 }
 
 #[cfg(test)]
