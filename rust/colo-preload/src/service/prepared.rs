@@ -16,12 +16,15 @@ pub(crate) fn timeout() -> Duration {
     })
 }
 
-/// The rings a client offers (`COLO_RING_KB`, else the default).
+/// The rings a client offers (`COLO_RING_KB`, else the default), read once per process image.
 pub(crate) fn geometry() -> Geometry {
-    // At most 64 MiB: a larger segment is refused by every listener (`colo_sys::segment::MAX_SEGMENT`).
-    let kb = std::env::var("COLO_RING_KB").ok().and_then(|v| v.parse::<u32>().ok()).filter(|kb| (4..=1 << 16).contains(kb));
-    let cap = kb.map_or_else(colo::default_ring, |kb| (kb * 1024).next_power_of_two());
-    Geometry { ring_capacity: cap, slot_size: 0, slot_count: 0 }
+    static G: std::sync::OnceLock<Geometry> = std::sync::OnceLock::new();
+    *G.get_or_init(|| {
+        // At most 64 MiB: a larger segment is refused by every listener (`colo_sys::segment::MAX_SEGMENT`).
+        let kb = std::env::var("COLO_RING_KB").ok().and_then(|v| v.parse::<u32>().ok()).filter(|kb| (4..=1 << 16).contains(kb));
+        let cap = kb.map_or_else(colo::default_ring, |kb| (kb * 1024).next_power_of_two());
+        Geometry { ring_capacity: cap, slot_size: 0, slot_count: 0 }
+    })
 }
 
 /// What `connect` should do after the offer step.
