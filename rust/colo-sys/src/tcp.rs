@@ -65,11 +65,12 @@ const BIND_TRIES: u32 = 16;
 /// port left in TIME_WAIT by a plain connection cannot be bound again (only `connect` may reuse
 /// it), and on a host that churns loopback connections the kernel's search through a range
 /// full of them takes milliseconds before it fails. `AddrInUse` after `BIND_TRIES` ports.
+/// Returns the port bound (the local address is `ip` and it).
 ///
 /// `SO_REUSEADDR`/`SO_REUSEPORT` of the application's socket are off during the bind: with them,
 /// an explicit port may be shared with another connected socket (which `bind(ip, 0)` never does),
 /// and a `connect` to the same destination would then fail.
-pub fn bind_ephemeral_to(fd: rustix::fd::BorrowedFd<'_>, ip: IpAddr) -> io::Result<()> {
+pub fn bind_ephemeral_to(fd: rustix::fd::BorrowedFd<'_>, ip: IpAddr) -> io::Result<u16> {
     use net::sockopt::{set_socket_reuseaddr, set_socket_reuseport, socket_reuseaddr, socket_reuseport};
     let (addr, port) = (socket_reuseaddr(fd).unwrap_or(false), socket_reuseport(fd).unwrap_or(false));
     if addr {
@@ -88,7 +89,7 @@ pub fn bind_ephemeral_to(fd: rustix::fd::BorrowedFd<'_>, ip: IpAddr) -> io::Resu
     r
 }
 
-fn bind_random_port(fd: rustix::fd::BorrowedFd<'_>, ip: IpAddr) -> io::Result<()> {
+fn bind_random_port(fd: rustix::fd::BorrowedFd<'_>, ip: IpAddr) -> io::Result<u16> {
     use std::sync::atomic::{AtomicU64, Ordering};
     static SEED: AtomicU64 = AtomicU64::new(0);
     let (lo, hi) = port_range();
@@ -109,7 +110,7 @@ fn bind_random_port(fd: rustix::fd::BorrowedFd<'_>, ip: IpAddr) -> io::Result<()
             continue;
         }
         match net::bind(fd, &SocketAddr::new(ip, port)) {
-            Ok(()) => return Ok(()),
+            Ok(()) => return Ok(port),
             Err(rustix::io::Errno::ADDRINUSE) => continue,
             Err(e) => return Err(e.into()),
         }
@@ -123,10 +124,8 @@ pub fn bind_ephemeral(dst: IpAddr) -> io::Result<(OwnedFd, SocketAddr)> {
     let ip = source_for(dst);
     let family = if ip.is_ipv4() { AddressFamily::INET } else { AddressFamily::INET6 };
     let fd = net::socket_with(family, SocketType::STREAM, SocketFlags::CLOEXEC, None)?;
-    bind_ephemeral_to(rustix::fd::AsFd::as_fd(&fd), ip)?;
-    let local = net::getsockname(&fd)?;
-    let local = SocketAddr::try_from(local).map_err(|_| io::Error::other("bound address is not IP"))?;
-    Ok((fd, local))
+    let port = bind_ephemeral_to(rustix::fd::AsFd::as_fd(&fd), ip)?;
+    Ok((fd, SocketAddr::new(ip, port)))
 }
 
 /// Connects a socket from [`bind_ephemeral`] (blocking).

@@ -131,7 +131,7 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
             _ => source,
         };
         match colo_sys::tcp::bind_ephemeral_to(b, bind_to) {
-            Ok(()) => local = rustix::net::getsockname(b).ok().and_then(|a| sockaddr_of(&a)),
+            Ok(port) => local = Some(SocketAddr::new(bind_to, port)),
             // Bound by the application to a port on the wildcard address: the kernel keeps the
             // port and picks the source address.
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) && local.is_some_and(|l| l.port() != 0) => {
