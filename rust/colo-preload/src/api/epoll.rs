@@ -565,7 +565,12 @@ pub unsafe fn epoll_wait_with(
             for (c, watched) in rung(epfd) {
                 c.drain(if watched { waker(wake) } else { Drainer::Awake });
             }
-            for c in &conns {
+            // Announced on the registrations as they are now that this thread counts as asleep:
+            // a one-shot one re-armed by another thread since `watched` was asked (its `MOD`
+            // found no sleeper to poke) is among them, so either the `MOD` saw this sleeper or
+            // this sees the registration (the regs lock orders the two), and a ring that fills
+            // after the last look below rings its doorbell.
+            for c in &watched(epfd).0 {
                 c.will_sleep();
             }
             // Progress made before the announcements rang nothing: look once more.
