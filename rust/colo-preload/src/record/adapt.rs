@@ -59,11 +59,25 @@ struct Dest {
     no_listener_until: Option<Instant>,
     /// When a connection last found no colo listener there (see [`no_listener`]).
     missed_at: Option<Instant>,
-    /// Until when its server's program counts as not accepting ([`not_accepting`]).
+    /// Until when its server's program counts as not accepting ([`not_accepting`]), and for how
+    /// long that last was (the next such period, if it comes soon, lasts twice as long).
     busy_until: Option<Instant>,
+    busy_for: Duration,
 }
 
 impl Dest {
+    /// Its server's program was found not accepting at `now`: no offers there for `BUSY_FOR`, or,
+    /// found so again within a period's length of the last one's end, for twice that period (up
+    /// to `BUSY_MAX`). A server whose accepting processes cannot answer an offer (they run
+    /// without the shim: postfix and dovecot clear their children's environment) is found so
+    /// at every offer, each costing the client its wait; a pool of busy workers is found so
+    /// now and then.
+    fn not_accepting(&mut self, now: Instant) {
+        let again = self.busy_until.is_some_and(|t| now < t + self.busy_for);
+        self.busy_for = if again { (self.busy_for * 2).min(BUSY_MAX) } else { BUSY_FOR };
+        self.busy_until = Some(now + self.busy_for);
+    }
+
     /// Whether a connection dialed `now` should be offered shared memory.
     fn accelerate(&mut self, now: Instant) -> bool {
         if let Some(since) = self.probe_since {
@@ -281,6 +295,8 @@ pub fn no_listener(dest: SocketAddr) {
 /// How long connections to a destination go plain TCP after one found its server's program not
 /// accepting ([`not_accepting`]).
 pub const BUSY_FOR: Duration = Duration::from_secs(1);
+/// The longest such period, for a server found not accepting time after time.
+const BUSY_MAX: Duration = Duration::from_secs(64);
 
 /// A connection to `dest` was given up on because its server's program was not accepting
 /// connections (the shim's `wait_while_accepting`: its queue did not move), or because a program
@@ -292,7 +308,7 @@ pub const BUSY_FOR: Duration = Duration::from_secs(1);
 pub fn not_accepting(dest: SocketAddr) {
     let dest = key(dest);
     let mut g = DESTS.lock().unwrap_or_else(|e| e.into_inner());
-    dest_entry(g.get_or_insert_with(HashMap::default), dest).busy_until = Some(Instant::now() + BUSY_FOR);
+    dest_entry(g.get_or_insert_with(HashMap::default), dest).not_accepting(Instant::now());
 }
 
 /// Whether a connection to `dest` found its server's program not accepting within the last
@@ -415,6 +431,27 @@ mod tests {
     }
 
     #[test]
+    fn a_server_found_not_accepting_time_after_time_is_left_alone_longer() {
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        let mut d = Dest::default();
+        d.not_accepting(s(0));
+        assert_eq!(d.busy_until, Some(s(1)), "a first finding: BUSY_FOR");
+        d.not_accepting(s(1));
+        assert_eq!(d.busy_until, Some(s(3)), "again right after: twice as long");
+        d.not_accepting(s(4));
+        assert_eq!(d.busy_until, Some(s(8)), "and again");
+        for _ in 0..10 {
+            let t = d.busy_until.unwrap();
+            d.not_accepting(t);
+        }
+        assert_eq!(d.busy_for, BUSY_MAX, "up to BUSY_MAX");
+        let later = d.busy_until.unwrap() + BUSY_MAX + Duration::from_secs(1);
+        d.not_accepting(later);
+        assert_eq!(d.busy_until, Some(later + BUSY_FOR), "found so only long after: BUSY_FOR again");
+    }
+
+    #[test]
     fn only_the_first_connection_asks_the_listener_and_its_answer_starts_a_plain_period() {
         let d: SocketAddr = "127.0.0.9:4322".parse().unwrap();
         assert_eq!(accelerate(d), Verdict::FirstOffer);
@@ -463,7 +500,7 @@ mod tests {
     fn a_probe_still_open_after_the_short_life_ends_the_plain_periods() {
         let t0 = Instant::now();
         let ms = |n: u64| t0 + Duration::from_millis(n);
-        let mut d = Dest { recent: u16::MAX, seen: WINDOW, plain_until: Some(ms(10)), probe_since: None, no_listener_until: None, missed_at: None, busy_until: None };
+        let mut d = Dest { recent: u16::MAX, seen: WINDOW, plain_until: Some(ms(10)), probe_since: None, no_listener_until: None, missed_at: None, busy_until: None, busy_for: Duration::ZERO };
         assert!(d.accelerate(ms(11)), "the probe");
         assert!(!d.accelerate(ms(20)));
         assert!(d.accelerate(ms(11) + SHORT_LIFE), "the probe lives on: accelerate again");
