@@ -560,7 +560,7 @@ fn plans(quick: bool) -> Vec<Plan> {
 const ROUNDS: usize = 3;
 
 pub fn run(a: Args) -> io::Result<()> {
-    colo_sys::host::raise_fd_limit();
+    colo_sys::preload::raise_fd_limit();
     let mut plans = plans(a.quick);
     if let Some(f) = &a.only {
         // Comma-separated words: a measurement runs if every word is in its group, case or transport.

@@ -366,17 +366,6 @@ pub fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
     r
 }
 
-/// Raises the soft limit of open files to the hard limit (thousands of connections need it).
-pub fn raise_fd_limit() {
-    use rustix::process::{getrlimit, setrlimit, Resource};
-    let mut lim = getrlimit(Resource::Nofile);
-    if lim.current < lim.maximum {
-        lim.current = lim.maximum;
-        let _ = setrlimit(Resource::Nofile, lim);
-        crate::preload::nofile_changed();
-    }
-}
-
 /// Registers fork handlers: `prepare` runs in the forking thread before the fork, `parent` and
 /// `child` after it on each side (`pthread_atfork`).
 pub fn at_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) {

@@ -131,6 +131,17 @@ static NOFILE_CHANGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU
 /// How long a read of the limit stands for a change the shim does not see.
 const NOFILE_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Raises the soft limit of open files to the hard limit (thousands of connections need it).
+pub fn raise_fd_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut lim = getrlimit(Resource::Nofile);
+    if lim.current < lim.maximum {
+        lim.current = lim.maximum;
+        let _ = setrlimit(Resource::Nofile, lim);
+        nofile_changed();
+    }
+}
+
 /// This process's `RLIMIT_NOFILE` changed (a wrapper of `setrlimit` or `prlimit` changed it):
 /// the next move reads it again.
 pub fn nofile_changed() {

@@ -80,7 +80,7 @@ impl Listener {
 
     /// Listens with the given options (spin policy of accepted connections).
     pub fn bind_with(addr: impl ToSocketAddrs, opts: Options) -> io::Result<Listener> {
-        colo_sys::host::raise_fd_limit();
+        colo_sys::preload::raise_fd_limit();
         let tcp = TcpListener::bind(addr)?;
         tcp.set_nonblocking(true)?;
         let addr = tcp.local_addr()?;

@@ -507,7 +507,7 @@ fn unsealed_memfd() -> std::os::fd::OwnedFd {
 #[test]
 fn a_thousand_concurrent_connections_move_checksummed_data() {
     let _w = common::watchdog(240);
-    colo_sys::host::raise_fd_limit();
+    colo_sys::preload::raise_fd_limit();
     let l = Listener::bind_with("127.0.0.1:0", Options::new().ring_capacity(16 * 1024).pool(0, 0)).unwrap();
     let addr = l.local_addr().unwrap().to_string();
     let mut child = common::child("child_entry", "many", &addr);
