@@ -11,6 +11,7 @@ use colo_ring::layout::{FLAG_FIN, FLAG_NOT_READING, FLAG_RESET};
 use colo_ring::snapshot::RingState;
 use colo_ring::sync::Ordering;
 use colo_sys::{AsRawFd, RawFd};
+use crossbeam_utils::CachePadded;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64};
 
@@ -80,8 +81,9 @@ pub struct Conn {
     readiness: AtomicI32,
     /// Shared with every process holding the connection (`holders`).
     holders: Page,
-    /// This process's calls under way without a turn, [reading, writing] (`turns::alone`).
-    alone: [AtomicU32; 2],
+    /// This process's calls under way without a turn, [reading, writing] (`turns::alone`): a
+    /// line each, as a reading thread and a writing thread count at once.
+    alone: [CachePadded<AtomicU32>; 2],
     /// When the connection was set up (to tell short-lived ones: `adapt` on the client side,
     /// the listener's marker on the server side).
     born: std::time::Instant,
@@ -174,7 +176,7 @@ impl Conn {
             raw: raw0,
             readiness: AtomicI32::new(-1),
             holders,
-            alone: [AtomicU32::new(0), AtomicU32::new(0)],
+            alone: [CachePadded::new(AtomicU32::new(0)), CachePadded::new(AtomicU32::new(0))],
             born: std::time::Instant::now(),
             setup,
             sent_before_reply: AtomicU64::new(u64::MAX),
