@@ -244,9 +244,9 @@ fi
 
 # Erlang distribution, both nodes under colo run: 10 client nodes one after another, each 200
 # rpc calls to the server node. Erlang's poll thread sleeps in epoll_wait while scheduler threads
-# re-arm its one-shot registrations (EPOLL_CTL_MOD); a re-arm that came between the poll thread's
-# look at its registrations and its sleep was never announced to the peer, whose next bytes then
-# rang nothing: the client hung in 3 to 19 of 10 to 30 runs before.
+# re-arm its one-shot registrations (EPOLL_CTL_MOD): a re-arm that comes between the poll thread's
+# look at its registrations and its sleep must still wake it when the peer's next bytes come
+# (docs/ARCHITECTURE.md, "A sleeping epoll_wait announces...").
 if need erl; then
   EH=$(mktemp -d "$WORK/erl.XXXXXX"); ES=$(hostname -s)
   HOME=$EH COLO_LOG=info timeout 120 $COLORUN erl -sname "srv$$" +IOs false -setcookie colo -noshell -noinput >"$EH/srv.log" 2>&1 & PIDS+=($!)
