@@ -415,6 +415,17 @@ fn watched(epfd: c_int) -> (Vec<Arc<Conn>>, SpinMode, Option<colo_sys::RawFd>) {
     })
 }
 
+/// Announces a sleep on every registration of `epfd` that may report (not fired, not deleted),
+/// as they are now, under the lock a `MOD` takes (see the caller): no list is made.
+fn announce_sleep(epfd: c_int) {
+    with_regs(|r| {
+        let Some(list) = r.by_epfd.get(&epfd) else { return };
+        for g in list.iter().filter_map(|&i| r.slab[i].as_ref()).filter(|g| !g.fired && !g.deleted) {
+            g.conn.will_sleep();
+        }
+    });
+}
+
 /// The connections of `epfd` whose doorbells the kernel reported since they were last drained,
 /// each with whether it is among the `watched` ones.
 fn rung(epfd: c_int) -> Vec<(Arc<Conn>, bool)> {
@@ -570,9 +581,7 @@ pub unsafe fn epoll_wait_with(
             // found no sleeper to poke) is among them, so either the `MOD` saw this sleeper or
             // this sees the registration (the regs lock orders the two), and a ring that fills
             // after the last look below rings its doorbell.
-            for c in &watched(epfd).0 {
-                c.will_sleep();
-            }
+            announce_sleep(epfd);
             // Progress made before the announcements rang nothing: look once more.
             let (n, round) = from_rings(epfd, all);
             if n > 0 {
