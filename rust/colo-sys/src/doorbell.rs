@@ -111,53 +111,73 @@ fn classify(buf: &[u8; MESSAGE_LEN + 1], len: usize, odd: bool) -> Datagram {
     }
 }
 
-/// How many datagrams one drain receives at most, in one `recvmmsg`: an honest peer rings at
-/// most once per announcement, so one is the rule; a peer that floods our queue with rings is
-/// emptied this many at a time, no faster than it fills it.
-const DRAIN_BATCH: usize = 8;
+/// How many datagrams one receive takes when a control socket is emptied before its close, in
+/// one `recvmmsg`.
+const EMPTY_BATCH: usize = 8;
 
-/// The control message space of one datagram of [`take_batch`]: room for every descriptor one
-/// message can carry (the kernel would otherwise drop the rest here, undisarmed).
-const RIGHTS_SPACE: usize = rustix::cmsg_space!(ScmRights(crate::gift::MAX_RIGHTS));
+/// The control message space of one datagram of a batch, in `u64`s (aligned for `cmsghdr`):
+/// room for every descriptor one message can carry (the kernel would otherwise drop the rest
+/// here, undisarmed).
+const RIGHTS_WORDS: usize = rustix::cmsg_space!(ScmRights(crate::gift::MAX_RIGHTS)).div_ceil(8);
 
-/// Receives up to [`DRAIN_BATCH`] datagrams from our end of a control socket without blocking, in
-/// one system call, into `out` (in order); returns how many. Descriptors that came along are
-/// closed disarmed, as in [`take_one`].
-fn take_batch(control: BorrowedFd<'_>, out: &mut [Datagram; DRAIN_BATCH]) -> usize {
-    use rustix::fd::{AsRawFd, FromRawFd};
-    let mut bufs = [[0u8; MESSAGE_LEN + 1]; DRAIN_BATCH];
-    // u64s: the control buffers must be aligned for `cmsghdr`. Not initialised: the kernel writes
-    // what it returns, and only that (msg_controllen) is read.
-    let mut spaces = [std::mem::MaybeUninit::<u64>::uninit(); DRAIN_BATCH * RIGHTS_SPACE.div_ceil(8)];
-    let mut iovs: [libc::iovec; DRAIN_BATCH] =
-        std::array::from_fn(|i| libc::iovec { iov_base: bufs[i].as_mut_ptr().cast(), iov_len: MESSAGE_LEN + 1 });
-    // SAFETY: an all-zero mmsghdr is a valid value (null pointers, zero lengths).
-    let mut hdrs: [libc::mmsghdr; DRAIN_BATCH] = unsafe { std::mem::zeroed() };
-    for (i, h) in hdrs.iter_mut().enumerate() {
-        h.msg_hdr.msg_iov = &mut iovs[i];
-        h.msg_hdr.msg_iovlen = 1;
-        h.msg_hdr.msg_control = spaces[i * RIGHTS_SPACE.div_ceil(8)..].as_mut_ptr().cast();
-        h.msg_hdr.msg_controllen = RIGHTS_SPACE as _;
+/// The buffers of one `recvmmsg` of up to `N` datagrams.
+struct Batch<const N: usize> {
+    bufs: [[u8; MESSAGE_LEN + 1]; N],
+    /// Not initialised: the kernel writes what it returns, and only that (`msg_controllen`) is read.
+    spaces: [[std::mem::MaybeUninit<u64>; RIGHTS_WORDS]; N],
+    iovs: [libc::iovec; N],
+    hdrs: [libc::mmsghdr; N],
+}
+
+impl<const N: usize> Batch<N> {
+    fn new() -> Self {
+        Batch {
+            bufs: [[0; MESSAGE_LEN + 1]; N],
+            spaces: [[std::mem::MaybeUninit::uninit(); RIGHTS_WORDS]; N],
+            // SAFETY: all-zero iovecs and mmsghdrs are valid values (null pointers, zero lengths).
+            iovs: unsafe { std::mem::zeroed() },
+            // SAFETY: as above.
+            hdrs: unsafe { std::mem::zeroed() },
+        }
     }
-    // SAFETY: `hdrs` holds DRAIN_BATCH headers, each naming one iovec of its own buffer and a
-    // control buffer of RIGHTS_SPACE bytes, all alive for the call; no timeout.
+}
+
+/// Receives, without blocking and in one `recvmmsg` into `b`, up to `N` datagrams queued on our
+/// end of a control socket; hands each to `on`, in order; returns how many there were (an error
+/// other than `EAGAIN`/`EINTR` is handed on as a hang-up and counts as one). Descriptors that
+/// came along are closed disarmed, as in [`take_one`].
+fn receive<const N: usize>(control: BorrowedFd<'_>, b: &mut Batch<N>, on: &mut dyn FnMut(Datagram)) -> usize {
+    use rustix::fd::{AsRawFd, FromRawFd};
+    // Pointed at the batch's own buffers at its first use, while it stays where it is; the
+    // kernel changes only `msg_controllen` and `msg_flags` of the headers it fills, and those
+    // are put back after each use, below.
+    if !std::ptr::eq(b.hdrs[0].msg_hdr.msg_iov, &b.iovs[0]) {
+        for i in 0..N {
+            b.iovs[i] = libc::iovec { iov_base: b.bufs[i].as_mut_ptr().cast(), iov_len: MESSAGE_LEN + 1 };
+            let h = &mut b.hdrs[i].msg_hdr;
+            h.msg_iov = &mut b.iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = b.spaces[i].as_mut_ptr().cast();
+            h.msg_controllen = (RIGHTS_WORDS * 8) as _;
+            h.msg_flags = 0;
+        }
+    }
+    // SAFETY: `b.hdrs` holds N headers, each naming one iovec of its own buffer and a control
+    // buffer of RIGHTS_WORDS u64s, all alive for the call; no timeout.
     let n = unsafe {
-        libc::recvmmsg(
-            control.as_raw_fd(),
-            hdrs.as_mut_ptr(),
-            DRAIN_BATCH as libc::c_uint,
-            libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
-            std::ptr::null_mut(),
-        )
+        libc::recvmmsg(control.as_raw_fd(), b.hdrs.as_mut_ptr(), N as libc::c_uint, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC, std::ptr::null_mut())
     };
     if n < 0 {
         let e = std::io::Error::last_os_error().raw_os_error();
-        out[0] = if matches!(e, Some(libc::EAGAIN | libc::EINTR)) { Datagram::Nothing } else { Datagram::HungUp };
+        if matches!(e, Some(libc::EAGAIN | libc::EINTR)) {
+            return 0;
+        }
+        on(Datagram::HungUp);
         return 1;
     }
-    let n = (n as usize).min(DRAIN_BATCH);
+    let n = (n as usize).min(N);
     for i in 0..n {
-        let h = &hdrs[i].msg_hdr;
+        let h = &b.hdrs[i].msg_hdr;
         let mut gifts = false;
         // SAFETY: the kernel filled `h`'s control buffer (msg_controllen bytes) with well-formed
         // control messages; CMSG_FIRSTHDR/NXTHDR stay inside it.
@@ -178,7 +198,10 @@ fn take_batch(control: BorrowedFd<'_>, out: &mut [Datagram; DRAIN_BATCH]) -> usi
             }
         }
         let odd = h.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 || gifts;
-        out[i] = classify(&bufs[i], hdrs[i].msg_len as usize, odd);
+        on(classify(&b.bufs[i], b.hdrs[i].msg_len as usize, odd));
+        let h = &mut b.hdrs[i].msg_hdr;
+        h.msg_controllen = (RIGHTS_WORDS * 8) as _;
+        h.msg_flags = 0;
     }
     n
 }
@@ -194,9 +217,10 @@ pub struct Rings {
     pub other: Option<Datagram>,
 }
 
-/// Empties a side's bells: up to [`DRAIN_BATCH`] datagrams of `control`, its end of the control
-/// socket, in one system call (a ring is almost always all there is; what is left keeps the
-/// socket readable for the next drain), and, if the peer had not rung, `self_bell`, its eventfd.
+/// Empties a side's bells: one datagram of `control`, its end of the control socket (a ring is
+/// almost always all there is: one `recvmsg`, where a batch's `recvmmsg` costs a second, empty
+/// receive in the kernel every time; another ring, or a hang-up behind it, keeps the socket
+/// readable for the next drain), and, if the peer had not rung, `self_bell`, its eventfd.
 /// A self ring left behind by a drain that found the peer's keeps the bells readable, so a
 /// level-triggered poller wakes once more and the next drain takes it. (No in-memory flag says
 /// whether the self bell rang: a forked child shares the eventfd and not our memory, and a flag
@@ -206,16 +230,11 @@ pub struct Rings {
 pub fn drain_side(control: impl AsFd, self_bell: impl AsFd) -> Rings {
     let control = control.as_fd();
     let mut found = Rings::default();
-    let mut batch = [Datagram::Nothing; DRAIN_BATCH];
-    let n = take_batch(control, &mut batch);
-    for d in &batch[..n] {
-        match *d {
-            Datagram::Nothing => {}
-            Datagram::Ring => found.rung = true,
-            Datagram::HungUp => found.hung_up = true,
-            // Two datagrams that are not rings: the second is a protocol error whatever the first.
-            other => found.other = Some(if found.other.is_some() { Datagram::Garbage } else { other }),
-        }
+    match take_one(control) {
+        Datagram::Nothing => {}
+        Datagram::Ring => found.rung = true,
+        Datagram::HungUp => found.hung_up = true,
+        other => found.other = Some(other),
     }
     if found.hung_up {
         let _ = rustix::net::shutdown(control, rustix::net::Shutdown::Both);
@@ -251,10 +270,11 @@ pub fn empty_before_close(control: impl AsFd) {
     if crate::gift::rights_on(control) {
         let _ = rustix::net::shutdown(control, rustix::net::Shutdown::Both);
     }
-    let mut batch = [Datagram::Nothing; DRAIN_BATCH];
-    for _ in 0..MAX_EMPTY / DRAIN_BATCH {
-        let n = take_batch(control, &mut batch);
-        if batch[..n].iter().any(|d| matches!(d, Datagram::Nothing | Datagram::HungUp)) || n < DRAIN_BATCH {
+    let mut batch = Batch::<EMPTY_BATCH>::new();
+    for _ in 0..MAX_EMPTY / EMPTY_BATCH {
+        let mut ended = false;
+        let n = receive(control, &mut batch, &mut |d| ended |= d == Datagram::HungUp);
+        if ended || n < EMPTY_BATCH {
             break;
         }
     }
@@ -559,7 +579,7 @@ mod tests {
         let (a, b) = b;
         within_10s("draining", move || {
             let own = create().unwrap();
-            // A full queue: each drain takes a batch of rings and never waits for more.
+            // A full queue: each drain takes one ring and never waits for more.
             let mut drains = 0;
             while drain_side(&b, &own).rung {
                 drains += 1;
@@ -580,9 +600,8 @@ mod tests {
         rustix::net::shutdown(&a, rustix::net::Shutdown::Write).unwrap();
         assert!(hung_up(&b), "the hang-up is seen behind a queued ring, without a read");
         let found = within_10s("draining", move || [drain_side(&b, &own), drain_side(&b, &own)]);
-        // The ring and the end behind it in one drain; the end again at the next (our end is
-        // shut down: readable for good).
-        assert_eq!(found, [Rings { rung: true, hung_up: true, ..Rings::default() }, Rings { hung_up: true, ..Rings::default() }]);
+        // The ring first; the end at the next drain (the socket is still readable).
+        assert_eq!(found, [Rings { rung: true, ..Rings::default() }, Rings { hung_up: true, ..Rings::default() }]);
         // Closed with our rings unread.
         let (a, b) = control_pair();
         ring_peer(&b);
