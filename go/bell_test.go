@@ -120,6 +120,72 @@ func TestCtlRingAndReceiveNeverBlock(t *testing.T) {
 	ringBell(a)
 }
 
+// A control socket that refuses descriptors is drained in one system call (recvmmsg), each
+// datagram sorted as one received alone would be, a full queue of rings never blocking it.
+func TestCtlBatchReceive(t *testing.T) {
+	watchdog(t, 30*time.Second)
+	a, b := seqpacketPair(t)
+	defer unix.Close(a)
+	defer unix.Close(b)
+	if !refuseRights(b) {
+		t.Skip("a kernel before 6.16: no SO_PASSRIGHTS, no batch receive")
+	}
+	blockingFd(t, b)
+	for i := 0; i < 200000; i++ {
+		ringBell(a)
+	}
+	var batch ctlBatch
+	rings := 0
+	for {
+		n, e := recvCtlBatch(b, &batch)
+		if e == unix.EAGAIN {
+			break
+		}
+		if e != 0 || n < 1 || n > ctlDrainCalls {
+			t.Fatalf("a batch of rings: %d, %v", n, e)
+		}
+		for i := 0; i < n; i++ {
+			if k := ctlKind(int(batch.hdrs[i].n), batch.hdrs[i].hdr.Flags, false); k != gotRing {
+				t.Fatalf("a ring read as %d", k)
+			}
+		}
+		if rings += n; rings > 200000 {
+			t.Fatal("the receives never emptied the queue")
+		}
+	}
+	welcome := hsMsg{Type: MsgWelcome, Version: Version}.encode()
+	for _, d := range [][]byte{{1}, []byte("abcde"), welcome, append(welcome, 0), nil} {
+		if err := unix.Sendmsg(a, d, nil, nil, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, e := recvCtlBatch(b, &batch)
+	if e != 0 || n != 5 {
+		t.Fatalf("a batch of five: %d, %v", n, e)
+	}
+	want := []int{gotRing, gotGarbage, gotMsg, gotGarbage, gotHangUp}
+	for i, w := range want {
+		if k := ctlKind(int(batch.hdrs[i].n), batch.hdrs[i].hdr.Flags, false); k != w {
+			t.Errorf("datagram %d: %d, want %d", i, k, w)
+		}
+	}
+	if string(batch.bufs[2][:msgSize]) != string(welcome) {
+		t.Errorf("the message read as %x", batch.bufs[2])
+	}
+	// A ring, then the peer's end shut down.
+	ringBell(a)
+	unix.Shutdown(a, unix.SHUT_WR)
+	n, e = recvCtlBatch(b, &batch)
+	if e != 0 || n < 2 {
+		t.Fatalf("a ring and the hang-up: %d, %v", n, e)
+	}
+	for i, w := range []int{gotRing, gotHangUp} {
+		if k := ctlKind(int(batch.hdrs[i].n), batch.hdrs[i].hdr.Flags, false); k != w {
+			t.Errorf("after the shutdown, datagram %d: %d, want %d", i, k, w)
+		}
+	}
+}
+
 // A peer that floods our control socket with rings cannot block or hang us: rings into its full
 // queue return at once, a connection whose peer floods it goes on, and a blocked read still
 // ends at the flooder's hang-up.

@@ -204,80 +204,91 @@ func sendRights(fd int, oob []byte) error {
 
 // After the handshake the control socket carries rings alone (spec section 6): a datagram of
 // another length, or one carrying descriptors, resets the connection (spec section 8). The
-// server's socket refuses descriptors once the HELLO is read (SO_PASSRIGHTS, Linux 6.16); for
-// the descriptor cases it takes them again here, as a kernel without the option would.
+// server's socket refuses descriptors once the HELLO is read (SO_PASSRIGHTS, Linux 6.16), and
+// is then drained without room for them; a kernel without the option is played by taking them
+// again (drained one datagram at a time, with room).
 func TestClaimControlSocketGarbageResets(t *testing.T) {
-	watchdog(t, 30*time.Second)
+	watchdog(t, 60*time.Second)
 	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer unix.Close(efd)
-	for _, tc := range []struct {
-		name   string
-		rights bool
-		send   func(r *rawClient) error
-	}{
-		{"five bytes", false, func(r *rawClient) error { return unix.Sendmsg(r.ctl, []byte("xxxxx"), nil, nil, 0) }},
-		{"a message", false, func(r *rawClient) error {
-			return unix.Sendmsg(r.ctl, hsMsg{Type: MsgWelcome, Version: Version}.encode(), nil, nil, 0)
-		}},
-		{"a ring and a descriptor", true, func(r *rawClient) error {
-			return unix.Sendmsg(r.ctl, []byte{1}, unix.UnixRights(efd), nil, 0)
-		}},
-		{"a descriptor alone", true, func(r *rawClient) error { return sendRights(r.ctl, unix.UnixRights(efd)) }},
-	} {
-		r, s := rawConnection(t)
-		if tc.rights {
-			if err := tc.send(r); err != unix.EPERM && refuseRights(s.ctlFd) {
-				t.Errorf("%s: a server's control socket took a descriptor: %v", tc.name, err)
+	for _, oldKernel := range []bool{false, true} {
+		for _, tc := range []struct {
+			name   string
+			rights bool
+			send   func(r *rawClient) error
+		}{
+			{"five bytes", false, func(r *rawClient) error { return unix.Sendmsg(r.ctl, []byte("xxxxx"), nil, nil, 0) }},
+			{"a message", false, func(r *rawClient) error {
+				return unix.Sendmsg(r.ctl, hsMsg{Type: MsgWelcome, Version: Version}.encode(), nil, nil, 0)
+			}},
+			{"a ring and a descriptor", true, func(r *rawClient) error {
+				return unix.Sendmsg(r.ctl, []byte{1}, unix.UnixRights(efd), nil, 0)
+			}},
+			{"a descriptor alone", true, func(r *rawClient) error { return sendRights(r.ctl, unix.UnixRights(efd)) }},
+		} {
+			r, s := rawConnection(t)
+			if oldKernel {
+				unix.SetsockoptInt(s.ctlFd, unix.SOL_SOCKET, soPassRights, 1)
+				s.rightsOff = false // nobody else uses s yet
 			}
-			unix.SetsockoptInt(s.ctlFd, unix.SOL_SOCKET, soPassRights, 1)
-		}
-		before := fdCount(t)
-		if err := tc.send(r); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.Read(make([]byte, 8)); !errors.Is(err, syscall.ECONNRESET) {
-			t.Errorf("%s on the control socket: read %v, want ECONNRESET", tc.name, err)
-		}
-		if r.serverFlags()&flagRESET == 0 {
-			t.Errorf("%s on the control socket: no RESET sent through the segment", tc.name)
-		}
-		if _, err := s.Write([]byte("y")); !errors.Is(err, syscall.ECONNRESET) {
-			t.Errorf("%s on the control socket: write %v, want ECONNRESET", tc.name, err)
-		}
-		if n := fdCount(t); n != before {
-			t.Errorf("%s: %d descriptors kept", tc.name, n-before)
+			before := fdCount(t)
+			err := tc.send(r)
+			if tc.rights && s.rightsOff {
+				if err != unix.EPERM {
+					t.Errorf("%s: a control socket that refuses descriptors: %v", tc.name, err)
+				}
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Read(make([]byte, 8)); !errors.Is(err, syscall.ECONNRESET) {
+				t.Errorf("%s on the control socket (old kernel %v): read %v, want ECONNRESET", tc.name, oldKernel, err)
+			}
+			if r.serverFlags()&flagRESET == 0 {
+				t.Errorf("%s on the control socket (old kernel %v): no RESET sent through the segment", tc.name, oldKernel)
+			}
+			if _, err := s.Write([]byte("y")); !errors.Is(err, syscall.ECONNRESET) {
+				t.Errorf("%s on the control socket (old kernel %v): write %v, want ECONNRESET", tc.name, oldKernel, err)
+			}
+			if n := fdCount(t); n != before {
+				t.Errorf("%s (old kernel %v): %d descriptors kept", tc.name, oldKernel, n-before)
+			}
 		}
 	}
 }
 
 // Rings (one-byte datagrams) are what the control socket carries after the handshake: however
 // many a peer sends, the connection goes on, and a read ends at the peer's hang-up queued behind
-// more rings than one drain takes.
+// more rings than one drain takes (drained in one system call or one datagram at a time).
 func TestClaimControlSocketRingsAreNotGarbage(t *testing.T) {
-	watchdog(t, 30*time.Second)
-	r, s := rawConnection(t)
-	for i := 0; i < 4*ctlDrainCalls; i++ {
-		unix.Sendmsg(r.ctl, []byte{byte(i)}, nil, nil, unix.MSG_DONTWAIT)
-	}
-	r.produce([]byte("abc"))
-	b := make([]byte, 8)
-	if n, err := s.Read(b); err != nil || string(b[:n]) != "abc" {
-		t.Fatalf("read %q, %v", b[:n], err)
-	}
-	if _, err := s.Write([]byte("y")); err != nil {
-		t.Fatalf("write after rings: %v", err)
-	}
-	// The peer rings on, then dies (no FIN) while nothing polls: its hang-up is queued behind
-	// more rings than one drain takes, and no edge will come for it.
-	for i := 0; i < 4*ctlDrainCalls; i++ {
-		unix.Sendmsg(r.ctl, []byte{byte(i)}, nil, nil, unix.MSG_DONTWAIT)
-	}
-	unix.Shutdown(r.ctl, unix.SHUT_RDWR)
-	if _, err := s.Read(b); !errors.Is(err, syscall.ECONNRESET) {
-		t.Fatalf("read after a hang-up behind rings: %v, want ECONNRESET", err)
+	watchdog(t, 60*time.Second)
+	for _, batch := range []bool{true, false} {
+		r, s := rawConnection(t)
+		s.rightsOff = s.rightsOff && batch // nobody else uses s yet
+		for i := 0; i < 4*ctlDrainCalls; i++ {
+			unix.Sendmsg(r.ctl, []byte{byte(i)}, nil, nil, unix.MSG_DONTWAIT)
+		}
+		r.produce([]byte("abc"))
+		b := make([]byte, 8)
+		if n, err := s.Read(b); err != nil || string(b[:n]) != "abc" {
+			t.Fatalf("batch %v: read %q, %v", batch, b[:n], err)
+		}
+		if _, err := s.Write([]byte("y")); err != nil {
+			t.Fatalf("batch %v: write after rings: %v", batch, err)
+		}
+		// The peer rings on, then dies (no FIN) while nothing polls: its hang-up is queued
+		// behind more rings than one drain takes, and no edge will come for it.
+		for i := 0; i < 4*ctlDrainCalls; i++ {
+			unix.Sendmsg(r.ctl, []byte{byte(i)}, nil, nil, unix.MSG_DONTWAIT)
+		}
+		unix.Shutdown(r.ctl, unix.SHUT_RDWR)
+		if _, err := s.Read(b); !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("batch %v: read after a hang-up behind rings: %v, want ECONNRESET", batch, err)
+		}
 	}
 }
 

@@ -61,6 +61,10 @@ type Conn struct {
 	ctl    *os.File
 	ctlFd  int // ctl's descriptor (os.File.Fd would make it blocking)
 	ctlRaw syscall.RawConn
+	// The control socket refuses descriptors (SO_PASSRIGHTS 0, Linux 6.16: the client's from its
+	// socket(2), the server's once the HELLO was read), so none can be queued on it: a drain
+	// needs no room for them (drainCtl).
+	rightsOff bool
 
 	// State shared by this side's goroutines. Each atomic's writers and readers are named at
 	// its uses; what a flag set before a kick guarantees is said at kick.
@@ -190,6 +194,8 @@ func (c *Conn) setup() {
 	// section 6, without a nested epoll instance. It is non-blocking since its socket(2) or
 	// accept4(2), so os.NewFile registered it.
 	c.ctlRaw, _ = c.ctl.SyscallConn()
+	v, err := unix.GetsockoptInt(c.ctlFd, unix.SOL_SOCKET, soPassRights)
+	c.rightsOff = err == nil && v == 0
 }
 
 // enter marks the start of an operation; it fails once Close has begun.

@@ -44,35 +44,95 @@ func recvCtl(fd int, m *[msgSize]byte) int {
 		return gotNothing
 	case e != 0:
 		return gotHangUp
-	case msg.Controllen > 0 || msg.Flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0:
-		if msg.Controllen > 0 {
-			closeRights(oob[:msg.Controllen])
-		}
+	case msg.Controllen > 0:
+		closeRights(oob[:msg.Controllen])
+	}
+	k := ctlKind(int(n), msg.Flags, msg.Controllen > 0)
+	if k == gotMsg {
+		copy(m[:], b[:msgSize])
+	}
+	return k
+}
+
+// mmsghdr is struct mmsghdr (recvmmsg(2)): Go pads it to the C layout on every architecture.
+type mmsghdr struct {
+	hdr unix.Msghdr
+	n   uint32
+}
+
+// ctlBatch is what one recvmmsg of a drain receives into.
+type ctlBatch struct {
+	hdrs [ctlDrainCalls]mmsghdr
+	iovs [ctlDrainCalls]unix.Iovec
+	bufs [ctlDrainCalls][msgSize + 1]byte // a byte more than a message: a longer one is truncated
+}
+
+// recvCtlBatch receives up to ctlDrainCalls datagrams from the control socket fd in one system
+// call (recvmmsg with MSG_DONTWAIT: never blocking), without room for descriptors: only for a
+// socket that refuses them (SO_PASSRIGHTS 0), where none can be queued. It returns how many it
+// received, or the error of the first receive.
+func recvCtlBatch(fd int, b *ctlBatch) (int, unix.Errno) {
+	for i := range b.hdrs {
+		b.iovs[i] = unix.Iovec{Base: &b.bufs[i][0]}
+		b.iovs[i].SetLen(len(b.bufs[i]))
+		b.hdrs[i].hdr = unix.Msghdr{Iov: &b.iovs[i], Iovlen: 1}
+	}
+	n, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, uintptr(fd), uintptr(unsafe.Pointer(&b.hdrs[0])),
+		ctlDrainCalls, unix.MSG_DONTWAIT, 0, 0)
+	return int(n), e
+}
+
+// ctlKind says what a received datagram of n bytes with the given msg_flags is (spec section 6).
+func ctlKind(n int, flags int32, rights bool) int {
+	switch {
+	case rights || flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0:
 		return gotGarbage
 	case n == 0:
 		return gotHangUp
 	case n == 1:
 		return gotRing
 	case n == msgSize:
-		copy(m[:], b[:msgSize])
 		return gotMsg
 	}
 	return gotGarbage
 }
 
 // drainCtl drains our doorbell, the control socket: at most ctlDrainCalls datagrams, until it
-// would block. Rings mean nothing; the server's answer to a pending client is handled as
-// section 3 says (a late WELCOME changes nothing, a late REJECT fails the connection with
-// ECONNREFUSED); the hang-up sets ctlGone; anything else is a protocol error, which resets the
-// connection. It reports whether it stopped at its bound with more queued: no edge may come
+// would block. A socket that refuses descriptors (rightsOff) is drained with one system call,
+// others one datagram at a time, each with room for descriptors. Rings mean nothing; the
+// server's answer to a pending client is handled as section 3 says (a late WELCOME changes
+// nothing, a late REJECT fails the connection with ECONNREFUSED); the hang-up sets ctlGone;
+// anything else is a protocol error, which resets the connection. It reports whether it stopped at its bound with more queued: no edge may come
 // for what is queued, so the caller re-checks instead of sleeping.
 //
 // Only the poller (one at a time) and Close (alone) call it, with the life lock held, so the
 // socket is open and pending is ours alone.
 func (c *Conn) drainCtl() (more bool) {
 	var m [msgSize]byte
+	var b ctlBatch
+	got := 0
+	if c.rightsOff {
+		var e unix.Errno
+		if got, e = recvCtlBatch(c.ctlFd, &b); e == unix.EAGAIN || e == unix.EINTR {
+			return false
+		} else if e != 0 {
+			got = -1 // the hang-up
+		}
+	}
 	for i := 0; i < ctlDrainCalls; i++ {
-		switch recvCtl(c.ctlFd, &m) {
+		var k int
+		switch {
+		case !c.rightsOff:
+			k = recvCtl(c.ctlFd, &m)
+		case got < 0:
+			k = gotHangUp
+		case i >= got:
+			return false
+		default:
+			k = ctlKind(int(b.hdrs[i].n), b.hdrs[i].hdr.Flags, false)
+			copy(m[:], b.bufs[i][:msgSize])
+		}
+		switch k {
 		case gotNothing:
 			return false
 		case gotRing:
