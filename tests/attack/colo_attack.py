@@ -86,7 +86,9 @@ def doorbells():
 
 
 def hello(sock, mode, memfd, bells):
-    socket.send_fds(sock, [message(HELLO, mode)], [memfd, bells[1], bells[1]])
+    # The segment alone: the control socket is the doorbell (spec/WIRE.md section 3). `bells`
+    # stands for the descriptors a client holds beside it (kept as long as its connection).
+    socket.send_fds(sock, [message(HELLO, mode)], [memfd])
 
 
 def answer(sock, timeout=5.0):

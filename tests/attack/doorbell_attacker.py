@@ -1,16 +1,14 @@
 #!/usr/bin/python3
-"""A colo client that abuses its doorbells (issue 21, finding 4), run as nobody by t_doorbell.sh.
+"""A colo client that abuses its doorbell (issue 21, finding 4), run as nobody by t_doorbell.sh.
 
 It speaks the handshake (spec/WIRE.md sections 3-4) to the colo listener at 127.0.0.1:PORT,
-DIRECT (falling back to CARRIER when told NEED_CARRIER) or CARRIER, keeps a descriptor of every
-doorbell it hands over, and then does everything it can to them while it makes the server ring
-it (it announces a doorbell sleep and sends a request the server answers):
-
-- doorbells that are one Unix stream socket pair (the current wire): both ends made blocking,
-  both buffers filled, descriptors sent along, the server's rings read, its end shut down;
-- eventfd doorbells (the wire before the fix; used when the server refuses socket doorbells):
-  both made blocking, the counter the server rings set to 0xfffffffffffffffe, so that the
-  server's next ring blocks in write(2) for good.
+DIRECT (falling back to CARRIER when told NEED_CARRIER) or CARRIER. The doorbell is the control
+socket itself (section 6): it first offers the doorbells of the older wires, which the server
+must refuse (a HELLO with three descriptors: one Unix stream socket pair's end twice, or two
+eventfds), then the current HELLO, and does everything it can to the control socket while it
+makes the server ring it (it announces a doorbell sleep and sends a request the server
+answers): its end made blocking, the server's queue filled with rings, descriptors sent along,
+the server's rings read, and at the end a datagram that is no ring and its end shut down.
 
 Usage: doorbell_attacker.py PORT direct|carrier REQUEST EXPECTED_PREFIX SECONDS
 Prints one line per step; exits 0 once it is done with the connection (whatever the server did).
@@ -109,6 +107,7 @@ class Conn:
     """One attempt: control socket, segment, doorbells (kept), carrier TCP socket."""
 
     def __init__(self, port, mode, kind):
+        """kind: "control" (the current wire), "socket" or "eventfd" (older doorbells)."""
         self.port, self.mode, self.kind = port, mode, kind
         # The rendezvous lookup of spec section 2: the address, then the wildcards.
         for host in ("127.0.0.1", "0.0.0.0", "[::]"):
@@ -132,7 +131,10 @@ class Conn:
             client = self.tcp.getsockname()
         self.memfd, self.m = segment(OFFERED if mode == CARRIER else CLAIM_DIRECT,
                                      client or ("127.0.0.1", 0), ("127.0.0.1", port))
-        if kind == "socket":
+        if kind == "control":
+            self.ours = self.theirs = self.ctl
+            bells = []
+        elif kind == "socket":
             self.ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             bells = [self.theirs.fileno(), self.theirs.fileno()]
         else:
@@ -147,33 +149,32 @@ class Conn:
         return x if isinstance(x, int) else x.fileno()
 
     def attack_bells(self):
-        ours, theirs = self.fd(self.ours), self.fd(self.theirs)
-        blocking(ours)
-        blocking(theirs)
-        if self.kind == "eventfd":
-            # The server rings `ours` (adds 1): at 0xfffffffffffffffe a blocking write waits.
-            os.write(ours, struct.pack("<Q", 0xFFFFFFFFFFFFFFFE))
-            say("eventfd doorbells made blocking, the server's ring target filled")
-            return
-        # Fill both directions: the server's rings to us and our rings to it both find a full
-        # buffer (each side's send buffer is spent on bytes its peer never reads).
+        # Python's own timeout off (it would poll before each MSG_DONTWAIT call), then the
+        # description made blocking: the server's end must not care.
+        self.ctl.settimeout(None)
+        blocking(self.ctl.fileno())
+        # The server's queue filled with rings: its drains take one at a time, and its rings to
+        # us still go out (our own queue is the server's send buffer, which we never read here).
         n = 0
-        for s in (self.ours, self.theirs):
-            try:
-                while n < 10_000_000:
-                    n += s.send(b"x" * 4096, socket.MSG_DONTWAIT)
-            except (BlockingIOError, OSError):
-                pass
-        # Descriptors along with rings (the server must never install them).
+        try:
+            while n < 100_000:
+                self.ctl.send(b"r", socket.MSG_DONTWAIT)
+                n += 1
+        except (BlockingIOError, OSError):
+            pass
+        # Descriptors along with rings (the server refuses them, SO_PASSRIGHTS; it must never
+        # install them either way).
         gift = os.eventfd(0)
+        sent = 0
         for _ in range(4):
             try:
-                self.ours.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", gift))],
-                                  socket.MSG_DONTWAIT)
+                self.ctl.sendmsg([b"r"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", gift))],
+                                 socket.MSG_DONTWAIT)
+                sent += 1
             except OSError:
                 break
         os.close(gift)
-        say(f"socket doorbells made blocking, {n} bytes stuffed into their buffers, descriptors sent")
+        say(f"control doorbell made blocking, {n} rings stuffed into the server's queue, {sent} descriptors sent")
 
     def ring_server(self):
         # Wake the server the way its waiting word asks (spec section 6): bit 1 futex, bit 0 doorbell.
@@ -182,31 +183,23 @@ class Conn:
         if w & 2:
             addr = ctypes.addressof(ctypes.c_char.from_buffer(self.m, SERVER_WAITING))
             LIBC.syscall(202, ctypes.c_void_p(addr), 1, 0x7FFFFFFF, None, None, 0)  # FUTEX_WAKE
-        if self.kind == "eventfd":
-            try:
-                os.write(self.fd(self.theirs), struct.pack("<Q", 1))
-            except OSError:
-                pass
-        else:
-            try:
-                self.ours.send(b"r", socket.MSG_DONTWAIT)
-            except OSError:
-                pass
+        try:
+            self.ctl.send(b"r", socket.MSG_DONTWAIT)
+        except OSError:
+            pass
 
     def read_rings(self):
         """Reads what the server rang us with (its rings are ours to read)."""
-        if self.kind == "socket":
-            got = 0
-            try:
-                while True:
-                    b = self.ours.recv(65536, socket.MSG_DONTWAIT)
-                    if not b:
-                        break
-                    got += len(b)
-            except OSError:
-                pass
-            return got
-        return 0
+        got = 0
+        try:
+            while True:
+                b = self.ctl.recv(64, socket.MSG_DONTWAIT)
+                if not b:
+                    break
+                got += len(b)
+        except OSError:
+            pass
+        return got
 
     def request(self, req, seconds):
         """Announces a doorbell sleep, writes req into C2S, rings; waits for the reply."""
@@ -236,7 +229,7 @@ def main():
     req = req.decode("unicode_escape").encode("latin-1")
     mode = CARRIER if how == "carrier" else DIRECT
     conn = None
-    for kind in ("socket", "eventfd"):
+    for kind in ("socket", "eventfd", "control"):
         c = Conn(port, mode, kind)
         a = answer(c.ctl)
         if a == ("reject", NEED_CARRIER) and mode == DIRECT:
@@ -245,6 +238,9 @@ def main():
             c = Conn(port, mode, kind)
             a = answer(c.ctl)
         say(f"{kind} doorbells: {a}")
+        if a and a[0] == "welcome" and kind != "control":
+            say(f"the server took {kind} doorbells of an older wire")
+            return
         if a and a[0] == "welcome":
             conn = c
             break
@@ -260,18 +256,22 @@ def main():
         say(f"reply {i}: {out!r} (expected {expect!r}), server rang {conn.read_rings()} bytes")
         if out is None:
             break
-        # Refill what the server's rings emptied.
-        if conn.kind == "socket":
-            try:
-                while True:
-                    conn.theirs.send(b"x" * 4096, socket.MSG_DONTWAIT)
-            except OSError:
-                pass
-    if conn.kind == "socket":
-        # Our end shut down: to the server, a doorbell at end of stream (a hang-up).
-        conn.ours.shutdown(socket.SHUT_RDWR)
-        say("doorbell shut down")
-        time.sleep(0.5)
+        # Refill what the server's drains emptied (bounded: a server that drains as fast as we
+        # ring keeps the queue from ever filling).
+        try:
+            for _ in range(10_000):
+                conn.ctl.send(b"r", socket.MSG_DONTWAIT)
+        except OSError:
+            pass
+    # A datagram that is no ring (the server resets the connection), then our end shut down:
+    # to the server, a hang-up.
+    try:
+        conn.ctl.send(b"garbage", socket.MSG_DONTWAIT)
+    except OSError:
+        pass
+    conn.ctl.shutdown(socket.SHUT_RDWR)
+    say("doorbell shut down")
+    time.sleep(0.5)
     say("leaving")
 
 

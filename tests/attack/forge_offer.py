@@ -36,13 +36,10 @@ def forge(name, cport, sport):
     for base in (4096, 4096 + 8192):  # both rings start at 2048 bytes (spec/WIRE.md section 5)
         os.pwrite(fd, struct.pack("<I", 2048), base + 12)
     fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-    # The doorbell pair (spec/WIRE.md section 1): the server's end goes in both doorbell slots.
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    bells = [theirs.fileno(), theirs.fileno()]
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.connect("\0" + name)
     hello = struct.pack("<IBBBBII", 0x4F4C4F43, 1, 1, 2, 0, 0, 0)
-    s.sendmsg([hello], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd] + bells))])
+    s.sendmsg([hello], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
     print("SENT", flush=True)
     s.settimeout(8)
     try:

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Issue 21, finding 4: a peer must not hang a server through a doorbell. nobody connects to
-# root's servers with a hand-made colo client (doorbell_attacker.py), keeps a descriptor of every
-# doorbell it hands over, and does everything it can to them (makes them blocking, fills their
-# buffers, sends descriptors along, reads the server's rings, shuts its end down; with the
-# eventfd doorbells of the old wire, fills the counter the server rings) while it makes the
-# server ring it. Root's other clients must keep getting answers, and once the attacker has
+# root's servers with a hand-made colo client (doorbell_attacker.py): the doorbells of older
+# wires (a socket pair's end, eventfds) must be refused; through the control socket, which is
+# the doorbell, it does everything it can (makes its end blocking, fills the server's queue with
+# rings, sends descriptors along, reads the server's rings, sends a datagram that is no ring,
+# shuts its end down) while it makes the server ring it. Root's other clients must keep getting answers, and once the attacker has
 # left the server's threads and descriptors must be back to where they were.
 #   1. CARRIER, as the shim's client path does it, against `colo run -- redis-server`;
 #   2. DIRECT (CARRIER if the listener asks for it) against the Rust API example server.
@@ -31,7 +31,7 @@ attack() {
   as_nobody timeout 60 "$PY" "$ATTACKER" "$1" "$2" "$3" "$4" 6 >"$WORK/attack-$1.log" 2>&1 &
   ATTACK=$!
   # Until the attacker's connection is up and its doorbells are spoiled.
-  for _ in $(seq 100); do grep -q "doorbells made blocking\|no connection" "$WORK/attack-$1.log" && break; sleep 0.05; done
+  for _ in $(seq 100); do grep -q "doorbell made blocking\|no connection" "$WORK/attack-$1.log" && break; sleep 0.05; done
   sleep 0.5
 }
 attacked() { # PORT: the attacker's connection was accepted (so the attack really ran)

@@ -1,24 +1,24 @@
 //! Doorbells, wake-up eventfds and the readiness fd (spec/WIRE.md section 6).
 //!
-//! A connection's doorbells are the two ends of one `AF_UNIX`, `SOCK_STREAM` socket pair, one
-//! end held by each side and by nobody else: a side waits until its end is readable and rings
-//! the peer by sending one byte on it. The peer shares no open file description with us, and
-//! every call here passes `MSG_DONTWAIT`, so whatever the peer does to its own end (clear
-//! `O_NONBLOCK`, fill the buffer, stop reading, shut it down, send descriptors) no call here
-//! blocks: ringing a full buffer fails with `EAGAIN`, and a full buffer is readable already.
+//! A side's doorbell is its end of the connection's control socket (`SOCK_SEQPACKET`): a side
+//! waits until its end is readable and rings the peer by sending a one-byte datagram on it. Each
+//! end is its own process's (the client's from `socket`, the server's from `accept`), so the peer
+//! shares no open file description with us, and every call here passes `MSG_DONTWAIT`: whatever
+//! the peer does to its own end (fill our queue, stop reading, shut it down, send descriptors) no
+//! call here blocks; ringing a full queue fails with `EAGAIN`, and a full queue is readable
+//! already.
 //!
 //! A side's own threads wake each other through a *self bell*, an eventfd of this process that
-//! is never passed to a peer (a side cannot make its own end of the pair readable), and a
-//! thread's wake-up eventfds are eventfds of this process too: [`create`], [`ring`] and
+//! is never passed to a peer (a side cannot make its own end of the control socket readable), and
+//! a thread's wake-up eventfds are eventfds of this process too: [`create`], [`ring`] and
 //! [`drain`] are for those only.
 //!
-//! The readiness fd is one epoll instance holding a side's doorbell, its self bell and its
-//! control socket, so one fd tells "the peer made progress" and "the peer hung up", and can sit
-//! in any poll loop.
+//! The readiness fd is one epoll instance holding a side's control socket and its self bell, so
+//! one fd tells "the peer made progress" and "the peer hung up", and can sit in any poll loop.
 
 use rustix::event::{epoll, eventfd, EventfdFlags, Timespec};
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
-use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
+use rustix::net::{RecvFlags, SendFlags};
 use std::io;
 use std::time::Duration;
 
@@ -41,127 +41,181 @@ pub fn drain(fd: impl AsFd) -> bool {
     matches!(rustix::io::read(fd, &mut buf), Ok(8)) && u64::from_ne_bytes(buf) > 0
 }
 
-/// A connection's doorbell pair: `(client's end, server's end)`, close-on-exec.
-/// Both ends refuse descriptors (`gift::refuse_rights`, where the kernel knows it): nothing but
-/// one-byte rings travels on a doorbell, and a peer's descriptor could make a drain wait.
-pub fn pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let (a, b) = rustix::net::socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK, None)?;
-    crate::gift::refuse_rights(&a);
-    crate::gift::refuse_rights(&b);
-    Ok((a, b))
+/// Rings the peer: sends a one-byte datagram on our end of the control socket. Never blocks,
+/// whatever the flags of the description (`MSG_DONTWAIT`), and never raises `SIGPIPE`
+/// (`MSG_NOSIGNAL`). Errors are ignored: `EAGAIN` means the peer's end holds unread rings (it is
+/// readable already), `EPIPE` or `ECONNRESET` that the peer is gone (its hang-up tells the rest).
+pub fn ring_peer(control: impl AsFd) {
+    let _ = rustix::net::send(control, &[1u8], SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
 }
 
-/// Rings the peer: sends one byte on our end of the pair. Never blocks, whatever the flags of
-/// the description (`MSG_DONTWAIT`), and never raises `SIGPIPE` (`MSG_NOSIGNAL`). Errors are
-/// ignored: `EAGAIN` means the peer's end holds unread rings (it is readable already), `EPIPE`
-/// or `ECONNRESET` that the peer's end is gone (its control socket tells the rest).
-pub fn ring_peer(own: impl AsFd) {
-    let _ = rustix::net::send(own, &[1u8], SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
+/// One datagram of a control socket after the handshake, as [`take_one`] classifies it
+/// (spec section 6, "Ringing and draining").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Datagram {
+    /// Nothing queued.
+    Nothing,
+    /// A ring: one byte, no descriptor.
+    Ring,
+    /// The peer's hang-up: end of stream (or a zero-length datagram, which `recv` cannot tell
+    /// apart), or an error other than `EAGAIN`/`EINTR`.
+    HungUp,
+    /// A datagram of exactly [`MESSAGE_LEN`] bytes without descriptors: the answer to a HELLO,
+    /// if the side awaits one; a protocol error otherwise.
+    Message([u8; MESSAGE_LEN]),
+    /// Anything else (another length, descriptors): a protocol error.
+    Garbage,
 }
 
-/// What [`drain_rings`] found.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Rings {
-    /// The peer had rung (at least one byte was read).
-    pub rung: bool,
-    /// The peer's end is shut down or closed (end of stream or an error): the doorbell would
-    /// stay readable for good, so this counts as the peer's hang-up.
-    pub hung_up: bool,
-}
+/// The length of a handshake message (spec section 3).
+pub const MESSAGE_LEN: usize = 16;
 
-/// How many bytes one `recv` of [`drain_rings`] takes.
-const DRAIN_CHUNK: usize = 256;
-/// How many `recv` calls one [`drain_rings`] makes at most (a peer that keeps ringing cannot
-/// keep us here; what is left keeps the doorbell readable for the next drain).
-const DRAIN_CALLS: usize = 4;
-
-/// Empties our end of the pair without blocking (`MSG_DONTWAIT`, whatever the description's
-/// flags): at most [`DRAIN_CALLS`] reads of [`DRAIN_CHUNK`] bytes, stopping at the first that
-/// does not fill its buffer (so an end of stream behind rings is found by the next drain: the
-/// doorbell stays readable until then). Descriptors a peer sends along are received (room for
-/// all one message carries: the kernel would otherwise drop them here, and a dropped lingering
+/// Receives one datagram from our end of a control socket without blocking (`MSG_DONTWAIT`,
+/// whatever the description's flags). Descriptors a peer sends along are received (room for all
+/// one message carries: the kernel would otherwise drop them here, and a dropped lingering
 /// socket's close waits in this thread) and closed disarmed (`gift`), never kept.
-pub fn drain_rings(own: impl AsFd) -> Rings {
-    let own = own.as_fd();
-    let mut buf = [0u8; DRAIN_CHUNK];
-    let mut found = Rings::default();
-    for _ in 0..DRAIN_CALLS {
-        match recv_ring(own, &mut buf) {
-            Ok(0) => {
-                found.hung_up = true;
-                break;
-            }
-            Ok(n) => {
-                found.rung = true;
-                if n < DRAIN_CHUNK {
-                    break;
-                }
-            }
-            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => break,
-            Err(_) => {
-                // ECONNRESET (the peer closed with our rings unread) and the like: its end is
-                // gone.
-                found.hung_up = true;
-                break;
-            }
-        }
-    }
-    found
-}
-
-/// One `recv(MSG_DONTWAIT)` of rings into `buf`; descriptors that came with them are closed
-/// disarmed ([`crate::gift::discard`]).
-fn recv_ring(own: BorrowedFd<'_>, buf: &mut [u8]) -> rustix::io::Result<usize> {
-    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage};
+pub fn take_one(control: impl AsFd) -> Datagram {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, ReturnFlags};
+    let mut buf = [0u8; MESSAGE_LEN + 1];
     let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(crate::gift::MAX_RIGHTS))];
-    let mut control = RecvAncillaryBuffer::new(&mut space);
-    let r = rustix::net::recvmsg(own, &mut [std::io::IoSliceMut::new(buf)], &mut control, RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC)?;
-    for m in control.drain() {
+    let mut anc = RecvAncillaryBuffer::new(&mut space);
+    let r = rustix::net::recvmsg(
+        control,
+        &mut [std::io::IoSliceMut::new(&mut buf)],
+        &mut anc,
+        RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC,
+    );
+    let mut gifts = false;
+    for m in anc.drain() {
         if let RecvAncillaryMessage::ScmRights(rights) = m {
+            gifts = true;
             rights.for_each(crate::gift::discard);
         }
     }
-    Ok(r.bytes)
-}
-
-/// Takes every ring and descriptor queued on our end before it is closed (at most `MAX_EMPTY`
-/// receives): a socket closed with a passed descriptor still queued releases it in the closing
-/// thread, undisarmed. Without `SO_PASSRIGHTS` (`gift::refuse_rights`) a peer can queue more
-/// after this; with it, only what was queued before the handshake remains, which this takes,
-/// unless the peer turned it back on through a copy of our end (then it is shut down and taken
-/// again).
-pub fn empty_before_close(own: impl AsFd) {
-    const MAX_EMPTY: usize = 1024;
-    let own = own.as_fd();
-    let mut buf = [0u8; DRAIN_CHUNK];
-    let empty = |buf: &mut [u8]| {
-        for _ in 0..MAX_EMPTY {
-            if !matches!(recv_ring(own, buf), Ok(n) if n > 0) {
-                break;
-            }
-        }
-    };
-    empty(&mut buf);
-    // A server's end is a socket its client made: a client that kept a copy of it can turn
-    // descriptors back on (`gift`) and queue one after this look. Found on, the end is shut down
-    // (nothing more can be queued, whoever holds it: the peer broke the protocol, and the
-    // connection ends for every process sharing it) and taken again, for good.
-    if crate::gift::rights_on(own) {
-        let _ = rustix::net::shutdown(own, rustix::net::Shutdown::Both);
-        empty(&mut buf);
+    match r {
+        Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => Datagram::Nothing,
+        Err(_) => Datagram::HungUp,
+        Ok(m) => classify(&buf, m.bytes, m.flags.intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC) || gifts),
     }
 }
 
-/// Empties a side's bells: `own`, its end of the pair, and, if the peer had not rung,
-/// `self_bell`, its eventfd. A report of the readiness fd is almost always the peer's ring (one
-/// system call then); a self ring left behind by a drain that found the peer's keeps the bells
-/// readable, so a level-triggered poller wakes once more and the next drain takes it. (No
-/// in-memory flag says whether the self bell rang: a forked child shares the eventfd and not our
-/// memory, and a flag it cannot set would leave its ring unread for good.) If the peer's end is
-/// gone, `control` (the side's control socket) is shut down, so that everything watching it sees
-/// the hang-up (spec section 8).
-pub fn drain_side(own: impl AsFd, self_bell: impl AsFd, control: impl AsFd) -> Rings {
-    let mut found = drain_rings(own);
+/// What a received datagram of `len` bytes in `buf` is; `odd`: it was truncated or carried
+/// descriptors.
+fn classify(buf: &[u8; MESSAGE_LEN + 1], len: usize, odd: bool) -> Datagram {
+    match len {
+        _ if odd => Datagram::Garbage,
+        0 => Datagram::HungUp,
+        1 => Datagram::Ring,
+        MESSAGE_LEN => Datagram::Message(buf[..MESSAGE_LEN].try_into().expect("16 bytes")),
+        _ => Datagram::Garbage,
+    }
+}
+
+/// How many datagrams one drain receives at most, in one `recvmmsg`: an honest peer rings at
+/// most once per announcement, so one is the rule; a peer that floods our queue with rings is
+/// emptied this many at a time, no faster than it fills it.
+const DRAIN_BATCH: usize = 8;
+
+/// The control message space of one datagram of [`take_batch`]: room for every descriptor one
+/// message can carry (the kernel would otherwise drop the rest here, undisarmed).
+const RIGHTS_SPACE: usize = rustix::cmsg_space!(ScmRights(crate::gift::MAX_RIGHTS));
+
+/// Receives up to [`DRAIN_BATCH`] datagrams from our end of a control socket without blocking, in
+/// one system call, into `out` (in order); returns how many. Descriptors that came along are
+/// closed disarmed, as in [`take_one`].
+fn take_batch(control: BorrowedFd<'_>, out: &mut [Datagram; DRAIN_BATCH]) -> usize {
+    use rustix::fd::{AsRawFd, FromRawFd};
+    let mut bufs = [[0u8; MESSAGE_LEN + 1]; DRAIN_BATCH];
+    // u64s: the control buffers must be aligned for `cmsghdr`.
+    let mut spaces = vec![0u64; DRAIN_BATCH * RIGHTS_SPACE.div_ceil(8)];
+    let mut iovs: [libc::iovec; DRAIN_BATCH] =
+        std::array::from_fn(|i| libc::iovec { iov_base: bufs[i].as_mut_ptr().cast(), iov_len: MESSAGE_LEN + 1 });
+    // SAFETY: an all-zero mmsghdr is a valid value (null pointers, zero lengths).
+    let mut hdrs: [libc::mmsghdr; DRAIN_BATCH] = unsafe { std::mem::zeroed() };
+    for (i, h) in hdrs.iter_mut().enumerate() {
+        h.msg_hdr.msg_iov = &mut iovs[i];
+        h.msg_hdr.msg_iovlen = 1;
+        h.msg_hdr.msg_control = spaces[i * RIGHTS_SPACE.div_ceil(8)..].as_mut_ptr().cast();
+        h.msg_hdr.msg_controllen = RIGHTS_SPACE as _;
+    }
+    // SAFETY: `hdrs` holds DRAIN_BATCH headers, each naming one iovec of its own buffer and a
+    // control buffer of RIGHTS_SPACE bytes, all alive for the call; no timeout.
+    let n = unsafe {
+        libc::recvmmsg(
+            control.as_raw_fd(),
+            hdrs.as_mut_ptr(),
+            DRAIN_BATCH as libc::c_uint,
+            libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
+            std::ptr::null_mut(),
+        )
+    };
+    if n < 0 {
+        let e = std::io::Error::last_os_error().raw_os_error();
+        out[0] = if matches!(e, Some(libc::EAGAIN | libc::EINTR)) { Datagram::Nothing } else { Datagram::HungUp };
+        return 1;
+    }
+    let n = (n as usize).min(DRAIN_BATCH);
+    for i in 0..n {
+        let h = &hdrs[i].msg_hdr;
+        let mut gifts = false;
+        // SAFETY: the kernel filled `h`'s control buffer (msg_controllen bytes) with well-formed
+        // control messages; CMSG_FIRSTHDR/NXTHDR stay inside it.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(h);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                    gifts = true;
+                    let data = libc::CMSG_DATA(c).cast::<libc::c_int>();
+                    let count = ((*c).cmsg_len as usize - (data as usize - c as usize)) / std::mem::size_of::<libc::c_int>();
+                    for k in 0..count {
+                        // SAFETY: each int of an SCM_RIGHTS message is a descriptor the kernel
+                        // just installed for us, owned by nobody else.
+                        crate::gift::discard(rustix::fd::OwnedFd::from_raw_fd(data.add(k).read_unaligned()));
+                    }
+                }
+                c = libc::CMSG_NXTHDR(h, c);
+            }
+        }
+        let odd = h.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 || gifts;
+        out[i] = classify(&bufs[i], hdrs[i].msg_len as usize, odd);
+    }
+    n
+}
+
+/// What [`drain_side`] found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Rings {
+    /// The peer had rung, or the self bell had.
+    pub rung: bool,
+    /// The peer hung up (the control socket is then shut down: see [`drain_side`]).
+    pub hung_up: bool,
+    /// A datagram that is neither a ring nor a hang-up, for the caller to judge.
+    pub other: Option<Datagram>,
+}
+
+/// Empties a side's bells: up to [`DRAIN_BATCH`] datagrams of `control`, its end of the control
+/// socket, in one system call (a ring is almost always all there is; what is left keeps the
+/// socket readable for the next drain), and, if the peer had not rung, `self_bell`, its eventfd.
+/// A self ring left behind by a drain that found the peer's keeps the bells readable, so a
+/// level-triggered poller wakes once more and the next drain takes it. (No in-memory flag says
+/// whether the self bell rang: a forked child shares the eventfd and not our memory, and a flag
+/// it cannot set would leave its ring unread for good.) If the peer hung up, `control` is shut
+/// down both ways, so that everything watching it sees the hang-up for good (a zero-length
+/// datagram, taken, would otherwise leave nothing to see; spec section 8).
+pub fn drain_side(control: impl AsFd, self_bell: impl AsFd) -> Rings {
+    let control = control.as_fd();
+    let mut found = Rings::default();
+    let mut batch = [Datagram::Nothing; DRAIN_BATCH];
+    let n = take_batch(control, &mut batch);
+    for d in &batch[..n] {
+        match *d {
+            Datagram::Nothing => {}
+            Datagram::Ring => found.rung = true,
+            Datagram::HungUp => found.hung_up = true,
+            // Two datagrams that are not rings: the second is a protocol error whatever the first.
+            other => found.other = Some(if found.other.is_some() { Datagram::Garbage } else { other }),
+        }
+    }
     if found.hung_up {
         let _ = rustix::net::shutdown(control, rustix::net::Shutdown::Both);
     }
@@ -171,32 +225,46 @@ pub fn drain_side(own: impl AsFd, self_bell: impl AsFd, control: impl AsFd) -> R
     found
 }
 
-/// Whether `fd` can be a doorbell: an `AF_UNIX`, `SOCK_STREAM` socket (the server's check of
-/// the descriptors a HELLO carries; [`ring_peer`] and [`drain_rings`] then never block).
-pub fn is_doorbell(fd: impl AsFd) -> bool {
-    let fd = fd.as_fd();
-    matches!(rustix::net::sockopt::socket_domain(fd), Ok(AddressFamily::UNIX))
-        && matches!(rustix::net::sockopt::socket_type(fd), Ok(SocketType::STREAM))
-}
-
-/// Whether `a` and `b` are descriptors of the same open file (same device and inode: for
-/// sockets, the same socket).
-pub fn same_file(a: impl AsFd, b: impl AsFd) -> bool {
-    match (rustix::fs::fstat(a), rustix::fs::fstat(b)) {
-        (Ok(x), Ok(y)) => x.st_dev == y.st_dev && x.st_ino == y.st_ino,
-        _ => false,
+/// Whether the peer of our end of a control socket has hung up (shut its end down or closed
+/// it), without reading: rings queued before the hang-up stay for the drains. One `poll` that
+/// never waits.
+pub fn hung_up(control: impl AsFd) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let mut fds = [PollFd::new(&control, PollFlags::RDHUP)];
+    let zero = Timespec { tv_sec: 0, tv_nsec: 0 };
+    match poll(&mut fds, Some(&zero)) {
+        Ok(_) => fds[0].revents().intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL),
+        Err(_) => false,
     }
 }
 
-const DOORBELL: u64 = 0;
-const CONTROL: u64 = 1;
+/// Takes every ring and descriptor queued on our end of a control socket before its close (at
+/// most `MAX_EMPTY` receives): a socket closed with a passed descriptor still queued releases it
+/// in the closing thread, undisarmed. With `SO_PASSRIGHTS` off (`gift::refuse_rights`: the
+/// client's from the start, the server's once the HELLO is read) nothing the peer sends later
+/// carries one; a socket found taking them again (a copy another process of ours holds turned
+/// them back on) is shut down first, so nothing more can be queued, and then emptied.
+pub fn empty_before_close(control: impl AsFd) {
+    const MAX_EMPTY: usize = 1024;
+    let control = control.as_fd();
+    if crate::gift::rights_on(control) {
+        let _ = rustix::net::shutdown(control, rustix::net::Shutdown::Both);
+    }
+    let mut batch = [Datagram::Nothing; DRAIN_BATCH];
+    for _ in 0..MAX_EMPTY / DRAIN_BATCH {
+        let n = take_batch(control, &mut batch);
+        if batch[..n].iter().any(|d| matches!(d, Datagram::Nothing | Datagram::HungUp)) || n < DRAIN_BATCH {
+            break;
+        }
+    }
+}
 
 /// What woke a [`Readiness::wait`].
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Woken {
-    /// The doorbell rang.
+    /// The control socket or the self bell is readable: drain them.
     pub doorbell: bool,
-    /// The control socket is readable or hung up.
+    /// The control socket hung up.
     pub control: bool,
     /// The sleeper's own wake-up eventfd rang: another thread emptied the doorbell (see
     /// `colo::shm::Shm::drain_doorbell`).
@@ -207,28 +275,18 @@ pub struct Woken {
     pub interrupted: bool,
 }
 
-/// Blocks until `doorbell` (a side's end of the pair), `self_bell` (its eventfd) or `control`
-/// is readable (or `control` hangs up), `wake` (the sleeping thread's own wake-up eventfd, if it
+/// Blocks until `control` (a side's end of the control socket) or `self_bell` (its eventfd) is
+/// readable (or `control` hangs up), `wake` (the sleeping thread's own wake-up eventfd, if it
 /// has one) is readable, or `timeout` passes: one `poll(2)`, no set-up. An interrupted wait
 /// returns only `interrupted`.
-pub fn wait(
-    doorbell: impl AsFd,
-    self_bell: impl AsFd,
-    control: impl AsFd,
-    wake: Option<BorrowedFd<'_>>,
-    timeout: Option<Duration>,
-) -> io::Result<Woken> {
+pub fn wait(control: impl AsFd, self_bell: impl AsFd, wake: Option<BorrowedFd<'_>>, timeout: Option<Duration>) -> io::Result<Woken> {
     use rustix::event::{poll, PollFd, PollFlags};
-    let mut fds = [
-        PollFd::new(&doorbell, PollFlags::IN),
-        PollFd::new(&self_bell, PollFlags::IN),
-        PollFd::new(&control, PollFlags::IN | PollFlags::RDHUP),
-    ];
+    let mut fds = [PollFd::new(&control, PollFlags::IN | PollFlags::RDHUP), PollFd::new(&self_bell, PollFlags::IN)];
     let mut with_wake;
     let fds: &mut [PollFd<'_>] = match &wake {
         Some(w) => {
-            let [d, s, c] = fds;
-            with_wake = [d, s, c, PollFd::new(w, PollFlags::IN)];
+            let [c, s] = fds;
+            with_wake = [c, s, PollFd::new(w, PollFlags::IN)];
             &mut with_wake
         }
         None => &mut fds,
@@ -236,10 +294,10 @@ pub fn wait(
     let ts = timeout.map(|d| Timespec { tv_sec: d.as_secs() as i64, tv_nsec: d.subsec_nanos() as i64 });
     match poll(fds, ts.as_ref()) {
         Ok(_) => Ok(Woken {
-            doorbell: !fds[0].revents().is_empty() || !fds[1].revents().is_empty(),
-            control: !fds[2].revents().is_empty(),
-            passed: fds.get(3).is_some_and(|w| w.revents().contains(PollFlags::IN)),
-            wake_invalid: fds.get(3).is_some_and(|w| w.revents().contains(PollFlags::NVAL)),
+            doorbell: fds[0].revents().contains(PollFlags::IN) || !fds[1].revents().is_empty(),
+            control: fds[0].revents().intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL),
+            passed: fds.get(2).is_some_and(|w| w.revents().contains(PollFlags::IN)),
+            wake_invalid: fds.get(2).is_some_and(|w| w.revents().contains(PollFlags::NVAL)),
             interrupted: false,
         }),
         Err(rustix::io::Errno::INTR) => Ok(Woken { interrupted: true, ..Woken::default() }),
@@ -275,6 +333,9 @@ fn over_the_limit(fds: &mut [rustix::event::PollFd<'_>], timeout: Option<Duratio
     }
 }
 
+const CONTROL: u64 = 0;
+const SELF_BELL: u64 = 1;
+
 /// The readiness fd of one side of a connection.
 #[derive(Debug)]
 pub struct Readiness {
@@ -282,22 +343,16 @@ pub struct Readiness {
 }
 
 impl Readiness {
-    /// An epoll instance watching `doorbell` and `self_bell` for input and `control` for input
-    /// and hang-up, at a descriptor number at or above `floor` if one is free there (see
-    /// `preload::move_above`; 0: anywhere), else where it was made (a readiness fd that cannot
-    /// show a hang-up would be worse than one descriptor of the application's).
-    pub fn new(doorbell: impl AsFd, self_bell: impl AsFd, control: impl AsFd, floor: i32) -> io::Result<Readiness> {
+    /// An epoll instance watching `control` for input and hang-up and `self_bell` for input, at
+    /// a descriptor number at or above `floor` if one is free there (see `preload::move_above`;
+    /// 0: anywhere), else where it was made (a readiness fd that cannot show a hang-up would be
+    /// worse than one descriptor of the application's).
+    pub fn new(control: impl AsFd, self_bell: impl AsFd, floor: i32) -> io::Result<Readiness> {
         let mut ep = [epoll::create(epoll::CreateFlags::CLOEXEC)?];
         let _ = crate::preload::move_all_above(&mut ep, floor);
         let [ep] = ep;
-        epoll::add(&ep, doorbell, epoll::EventData::new_u64(DOORBELL), epoll::EventFlags::IN)?;
-        epoll::add(&ep, self_bell, epoll::EventData::new_u64(DOORBELL), epoll::EventFlags::IN)?;
-        epoll::add(
-            &ep,
-            control,
-            epoll::EventData::new_u64(CONTROL),
-            epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
-        )?;
+        epoll::add(&ep, control, epoll::EventData::new_u64(CONTROL), epoll::EventFlags::IN | epoll::EventFlags::RDHUP)?;
+        epoll::add(&ep, self_bell, epoll::EventData::new_u64(SELF_BELL), epoll::EventFlags::IN)?;
         Ok(Readiness { epoll: ep })
     }
 
@@ -305,17 +360,22 @@ impl Readiness {
     /// returns only `interrupted`, so callers re-check their condition and deadline.
     pub fn wait(&self, timeout: Option<Duration>) -> io::Result<Woken> {
         let ts = timeout.map(|d| Timespec { tv_sec: d.as_secs() as i64, tv_nsec: d.subsec_nanos() as i64 });
-        let mut events = Vec::with_capacity(3);
+        let mut events = Vec::with_capacity(2);
         match epoll::wait(&self.epoll, rustix::buffer::spare_capacity(&mut events), ts.as_ref()) {
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => return Ok(Woken { interrupted: true, ..Woken::default() }),
             Err(e) => return Err(e.into()),
         }
         let mut w = Woken::default();
+        let hang_up = epoll::EventFlags::RDHUP | epoll::EventFlags::HUP | epoll::EventFlags::ERR;
         for ev in &events {
             match ev.data.u64() {
-                DOORBELL => w.doorbell = true,
-                _ => w.control = true,
+                CONTROL => {
+                    let flags = ev.flags;
+                    w.doorbell |= flags.contains(epoll::EventFlags::IN);
+                    w.control |= flags.intersects(hang_up);
+                }
+                _ => w.doorbell = true,
             }
         }
         Ok(w)
@@ -329,6 +389,7 @@ impl Readiness {
 
 const ONCE: epoll::EventFlags =
     epoll::EventFlags::IN.union(epoll::EventFlags::RDHUP).union(epoll::EventFlags::ONESHOT);
+const HANG_UP_ONCE: epoll::EventFlags = epoll::EventFlags::RDHUP.union(epoll::EventFlags::ONESHOT);
 
 /// A small epoll set (listeners, hang-up watching): tokens in, ready tokens out.
 #[derive(Debug)]
@@ -367,6 +428,17 @@ impl Poller {
         Ok(epoll::modify(&self.epoll, fd, epoll::EventData::new_u64(token), ONCE)?)
     }
 
+    /// Watches the socket `fd` for its peer's hang-up only (not input: a control socket's rings
+    /// are its drains' business) under `token`, once, until [`Poller::rearm_hang_up_once`].
+    pub fn add_hang_up_once(&self, fd: impl AsFd, token: u64) -> io::Result<()> {
+        Ok(epoll::add(&self.epoll, fd, epoll::EventData::new_u64(token), HANG_UP_ONCE)?)
+    }
+
+    /// Watches a reported [`Poller::add_hang_up_once`] registration again.
+    pub fn rearm_hang_up_once(&self, fd: impl AsFd, token: u64) -> io::Result<()> {
+        Ok(epoll::modify(&self.epoll, fd, epoll::EventData::new_u64(token), HANG_UP_ONCE)?)
+    }
+
     /// Whether an [`Poller::add`] registration of `fd` under `token` is reported (`on`) or
     /// stays in the set unreported (`!on`), level-triggered as added.
     pub fn set_reported(&self, fd: impl AsFd, token: u64, on: bool) -> io::Result<()> {
@@ -402,13 +474,19 @@ impl Poller {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
 
-    /// A peer's lingering socket queued on a doorbell (before the handshake, or on a kernel
-    /// without SO_PASSRIGHTS) never holds a drain, or the close of the doorbell, in our thread.
+    /// Two connected ends of a control socket, non-blocking, as a connection holds them.
+    fn control_pair() -> (OwnedFd, OwnedFd) {
+        rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK, None).unwrap()
+    }
+
+    /// A peer's lingering socket queued on a control socket (before the handshake, or on a
+    /// kernel without SO_PASSRIGHTS) never holds a drain, or the close, in our thread.
     #[test]
     fn a_lingering_gift_never_holds_a_drain_or_a_close() {
         use crate::gift::tests::{closes, lingering};
-        let (a, b) = rustix::net::socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK, None).unwrap();
+        let (a, b) = control_pair();
         let gift = |a: &OwnedFd| {
             let (t, peer, l) = lingering(600);
             crate::seqpacket::send(a, &[1], &[t.as_fd()]).unwrap();
@@ -419,23 +497,23 @@ mod tests {
         let _kept = (gift(&a), gift(&a), gift(&a));
         let b = std::sync::Arc::new(b);
         let drained = b.clone();
-        assert!(closes(move || assert!(drain_rings(&*drained).rung)), "a drain waited for a gift's close");
+        assert!(closes(move || assert_eq!(take_one(&*drained), Datagram::Garbage)), "a drain waited for a gift's close");
         assert!(
             closes(move || {
                 let b = std::sync::Arc::try_unwrap(b).unwrap();
                 empty_before_close(&b);
                 drop(b);
             }),
-            "closing the doorbell waited for a gift's close"
+            "closing the control socket waited for a gift's close"
         );
     }
 
-    /// A peer that kept a copy of our end turns descriptors back on after we turned them off:
-    /// our last look before the close finds them on and shuts the end down, so nothing the peer
-    /// sends after that look is queued.
+    /// A control socket found taking descriptors again at its close (another copy turned them
+    /// back on) is shut down before it is emptied, so nothing the peer sends after that look is
+    /// queued.
     #[test]
     fn an_end_taking_descriptors_again_is_shut_down_before_its_close() {
-        let (a, b) = rustix::net::socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK, None).unwrap();
+        let (a, b) = control_pair();
         if !crate::gift::refuse_rights(&b) {
             return; // a kernel before 6.16
         }
@@ -459,19 +537,19 @@ mod tests {
         returned.recv_timeout(Duration::from_secs(10)).unwrap_or_else(|_| panic!("{what} blocked"))
     }
 
-    /// The peer's worst to a description it shares with us, had it one: O_NONBLOCK cleared.
+    /// O_NONBLOCK cleared: what the application could do to a description it shares with us.
     fn blocking(fd: &OwnedFd) {
         let fl = rustix::fs::fcntl_getfl(fd).unwrap();
         rustix::fs::fcntl_setfl(fd, fl - rustix::fs::OFlags::NONBLOCK).unwrap();
     }
 
     #[test]
-    fn ringing_a_full_blocking_pair_never_blocks() {
-        let (a, b) = pair().unwrap();
+    fn ringing_a_full_blocking_control_socket_never_blocks() {
+        let (a, b) = control_pair();
         blocking(&a);
         blocking(&b);
         let b = within_10s("ringing", move || {
-            // Far more rings than the socket buffers hold: the sends past them fail (EAGAIN).
+            // Far more rings than the queue holds: the sends past it fail (EAGAIN).
             for _ in 0..200_000 {
                 ring_peer(&a);
             }
@@ -479,35 +557,63 @@ mod tests {
         });
         let (a, b) = b;
         within_10s("draining", move || {
-            // A full buffer: each drain takes a bounded part and never waits for more.
+            let own = create().unwrap();
+            // A full queue: each drain takes a batch of rings and never waits for more.
             let mut drains = 0;
-            while drain_rings(&b).rung {
+            while drain_side(&b, &own).rung {
                 drains += 1;
-                assert!(drains < 100_000, "the drain never emptied the buffer");
+                assert!(drains < 100_000, "the drains never emptied the queue");
             }
-            assert_eq!(drain_rings(&b), Rings::default(), "an empty blocking doorbell: nothing, at once");
+            assert_eq!(drain_side(&b, &own), Rings::default(), "an empty blocking doorbell: nothing, at once");
             ring_peer(&a);
-            assert_eq!(drain_rings(&b), Rings { rung: true, hung_up: false });
+            assert_eq!(drain_side(&b, &own), Rings { rung: true, ..Rings::default() });
         });
     }
 
     #[test]
     fn a_peer_that_shuts_down_or_closes_its_end_hangs_up() {
-        let (a, b) = pair().unwrap();
+        let (a, b) = control_pair();
         blocking(&b);
+        let own = create().unwrap();
         ring_peer(&a);
         rustix::net::shutdown(&a, rustix::net::Shutdown::Write).unwrap();
-        let found = within_10s("draining", move || [drain_rings(&b), drain_rings(&b)]);
-        // The ring first; the end at the next drain (the doorbell is still readable).
-        assert_eq!(found, [Rings { rung: true, hung_up: false }, Rings { rung: false, hung_up: true }]);
-        // Closed with our rings unread (the kernel then reports ECONNRESET once).
-        let (a, b) = pair().unwrap();
+        assert!(hung_up(&b), "the hang-up is seen behind a queued ring, without a read");
+        let found = within_10s("draining", move || [drain_side(&b, &own), drain_side(&b, &own)]);
+        // The ring and the end behind it in one drain; the end again at the next (our end is
+        // shut down: readable for good).
+        assert_eq!(found, [Rings { rung: true, hung_up: true, ..Rings::default() }, Rings { hung_up: true, ..Rings::default() }]);
+        // Closed with our rings unread.
+        let (a, b) = control_pair();
         ring_peer(&b);
         drop(a);
-        assert!(drain_rings(&b).hung_up);
-        assert!(drain_rings(&b).hung_up);
+        assert!(hung_up(&b));
+        assert_eq!(take_one(&b), Datagram::HungUp);
         // Ringing a peer that is gone raises no SIGPIPE (the test process would die of it).
         ring_peer(&b);
+        // A zero-length datagram reads as a hang-up; the drain then shuts our end down, so the
+        // hang-up stays visible to everything that watches it.
+        let (a, b) = control_pair();
+        rustix::net::send(&a, &[], SendFlags::DONTWAIT).unwrap();
+        assert!(!hung_up(&b));
+        assert!(drain_side(&b, create().unwrap()).hung_up);
+        assert!(hung_up(&b));
+    }
+
+    #[test]
+    fn a_datagram_other_than_a_ring_is_handed_to_the_caller() {
+        let (a, b) = control_pair();
+        let own = create().unwrap();
+        let answer = [7u8; MESSAGE_LEN];
+        rustix::net::send(&a, &answer, SendFlags::DONTWAIT).unwrap();
+        assert_eq!(drain_side(&b, &own).other, Some(Datagram::Message(answer)));
+        for bad in [&[1u8, 2][..], &[0u8; MESSAGE_LEN + 1][..], &[0u8; 300][..]] {
+            rustix::net::send(&a, bad, SendFlags::DONTWAIT).unwrap();
+            assert_eq!(drain_side(&b, &own).other, Some(Datagram::Garbage), "{} bytes", bad.len());
+        }
+        let memfd = rustix::fs::memfd_create("colo-doorbell-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        crate::seqpacket::send(&a, &[1], &[memfd.as_fd()]).unwrap();
+        assert_eq!(take_one(&b), Datagram::Garbage, "a ring with a descriptor is not a ring");
+        assert_eq!(take_one(&b), Datagram::Nothing);
     }
 
     #[test]
@@ -524,20 +630,20 @@ mod tests {
         };
         let gifts: Vec<OwnedFd> =
             (0..8).map(|_| rustix::fs::memfd_create(GIFT, rustix::fs::MemfdFlags::CLOEXEC).unwrap()).collect();
-        // A pair refuses them where the kernel can (SO_PASSRIGHTS); queued anyway (before a
-        // server could refuse them, or on an older kernel), a drain closes them.
-        let (a, b) = pair().unwrap();
+        // A control socket refuses them where the kernel can (SO_PASSRIGHTS); queued anyway
+        // (before a server could refuse them, or on an older kernel), a drain closes them.
+        let (a, b) = control_pair();
         if crate::gift::refuse_rights(&b) {
             assert!(crate::seqpacket::send(&a, &[1], &[gifts[0].as_fd()]).is_err());
         }
-        let (a, b) = rustix::net::socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK, None).unwrap();
+        let (a, b) = control_pair();
         for g in &gifts {
             crate::seqpacket::send(&a, &[1], &[g.as_fd()]).unwrap();
         }
         drop(gifts);
         assert_eq!(gifts_open(), 0);
         let mut rounds = 0;
-        while drain_rings(&b).rung {
+        while take_one(&b) != Datagram::Nothing {
             rounds += 1;
             assert!(rounds < 100);
         }
@@ -545,33 +651,36 @@ mod tests {
     }
 
     #[test]
-    fn only_a_unix_stream_socket_is_a_doorbell() {
-        let (a, b) = pair().unwrap();
-        assert!(is_doorbell(&a) && is_doorbell(&b));
-        assert!(!is_doorbell(create().unwrap()));
-        let (d, _) = std::os::unix::net::UnixDatagram::pair().unwrap();
-        assert!(!is_doorbell(&d));
-        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        assert!(!is_doorbell(&tcp));
-        let dup = rustix::io::dup(&b).unwrap();
-        assert!(same_file(&b, &dup));
-        assert!(!same_file(&a, &b));
-    }
-
-    #[test]
     fn a_side_drains_its_self_bell_when_the_peer_had_not_rung() {
-        let (a, b) = pair().unwrap();
+        let (a, b) = control_pair();
         let own = create().unwrap();
         ring(&own);
         ring_peer(&a);
-        let (ctl, peer_ctl) = pair().unwrap();
-        assert!(drain_side(&b, &own, &ctl).rung);
+        assert!(drain_side(&b, &own).rung);
         // The self ring is left for the next drain (the bells stay readable until then).
-        assert!(drain_side(&b, &own, &ctl).rung);
-        assert!(!drain_side(&b, &own, &ctl).rung);
-        // The peer's end gone: the control socket is shut down, both ways.
+        assert!(drain_side(&b, &own).rung);
+        assert!(!drain_side(&b, &own).rung);
+        // The peer's end gone: our end is shut down, both ways.
         drop(a);
-        assert!(drain_side(&b, &own, &ctl).hung_up);
-        assert_eq!(drain_rings(&peer_ctl), Rings { rung: false, hung_up: true });
+        assert!(drain_side(&b, &own).hung_up);
+        assert!(hung_up(&b));
+    }
+
+    #[test]
+    fn the_readiness_fd_tells_rings_from_a_hang_up() {
+        let (a, b) = control_pair();
+        let own = create().unwrap();
+        let r = Readiness::new(&b, &own, 0).unwrap();
+        ring_peer(&a);
+        let w = r.wait(Some(Duration::from_secs(10))).unwrap();
+        assert!(w.doorbell && !w.control);
+        assert!(drain_side(&b, &own).rung);
+        ring(&own);
+        let w = r.wait(Some(Duration::from_secs(10))).unwrap();
+        assert!(w.doorbell && !w.control);
+        assert!(drain_side(&b, &own).rung);
+        drop(a);
+        let w = r.wait(Some(Duration::from_secs(10))).unwrap();
+        assert!(w.control);
     }
 }

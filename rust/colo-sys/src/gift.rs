@@ -12,17 +12,13 @@
 //! anything closes it; a Unix socket we do not keep is shut down and emptied before its close
 //! ([`discard`]: its queue may hold such a socket, at any depth); and the sockets a peer reaches
 //! us through refuse descriptors ([`refuse_rights`]) once nothing is expected on them (the kernel
-//! then refuses the sender's `sendmsg`). That refusal is the receiving socket's option, which
-//! any holder of the socket may turn back on: a server's doorbell end is a socket its client made
-//! and may have kept a copy of, so descriptors can still arrive on it, and each drain takes them
-//! as above. Not covered: a file whose close waits for something else (a FUSE file's flush:
-//! mounting one needs `fusermount`); a socket we keep (a doorbell) whose queue gains such a
-//! socket between our last look at it and our close of it, from a peer that turned descriptors
-//! on through its copy, sent, turned them off again and closed that copy, all in between (a
-//! doorbell found taking descriptors at its close is shut down first: `doorbell`); and, on
-//! kernels without
-//! `SO_PASSRIGHTS` (before Linux 6.16), descriptors that arrive on a doorbell or control socket
-//! after our last drain of it and before its close.
+//! then refuses the sender's `sendmsg`): a client's control socket from the start, a server's
+//! once the HELLO is read. Each end of a control socket is its own process's, so only our own
+//! processes could turn that back on; a control socket found taking descriptors at its close is
+//! shut down first (`doorbell::empty_before_close`). Not covered: a file whose close waits for
+//! something else (a FUSE file's flush: mounting one needs `fusermount`); and, on kernels without
+//! `SO_PASSRIGHTS` (before Linux 6.16), descriptors that arrive on a control socket after our
+//! last drain of it and before its close.
 
 use rustix::fd::{AsFd, AsRawFd, OwnedFd};
 
@@ -50,39 +46,6 @@ pub fn rights_on(fd: impl AsFd) -> bool {
         libc::getsockopt(fd.as_fd().as_raw_fd(), libc::SOL_SOCKET, SO_PASSRIGHTS, &mut on as *mut libc::c_int as *mut libc::c_void, &mut len)
     };
     r == 0 && on != 0
-}
-
-/// A Unix socket a peer made and passed us that we may use (the server's end of a client's
-/// doorbell pair, as its HELLO brings it). The peer may hold a copy, and through it turn
-/// descriptors back on and queue some at any time ([`refuse_rights`]), so dropped unused (an
-/// offer refused, expired, abandoned or not claimed) it is [`discard`]ed: shut down and emptied
-/// before its close. Taken for use, [`PeerSocket::into_fd`]: its user empties it before its close.
-#[derive(Debug)]
-pub struct PeerSocket(Option<OwnedFd>);
-
-impl PeerSocket {
-    pub fn new(fd: OwnedFd) -> PeerSocket {
-        PeerSocket(Some(fd))
-    }
-
-    /// The socket, for use (or handed on to a process that uses it): no longer discarded here.
-    pub fn into_fd(mut self) -> OwnedFd {
-        self.0.take().expect("a PeerSocket holds its socket until into_fd or drop")
-    }
-}
-
-impl AsFd for PeerSocket {
-    fn as_fd(&self) -> rustix::fd::BorrowedFd<'_> {
-        self.0.as_ref().expect("a PeerSocket holds its socket until into_fd or drop").as_fd()
-    }
-}
-
-impl Drop for PeerSocket {
-    fn drop(&mut self) {
-        if let Some(fd) = self.0.take() {
-            discard(fd);
-        }
-    }
 }
 
 /// How many Unix sockets one [`discard`] empties in the calling thread, and how many descriptors
@@ -114,10 +77,10 @@ pub fn discard(fd: OwnedFd) {
     });
 }
 
-/// Takes what a Unix socket a peer passed us, and that we may keep (a doorbell end), has queued,
-/// without shutting it down: it refuses descriptors from now on ([`refuse_rights`]), and every
-/// descriptor queued before is [`discard`]ed (bytes are dropped: a doorbell's rings, which a side
-/// looks past anyway once it holds the connection). At most `MAX_TAKES` receives.
+/// Takes what a Unix socket a peer passed us has queued, without shutting it down, as it is
+/// received (whatever becomes of it later, a plain close then releases nothing): it refuses
+/// descriptors from now on ([`refuse_rights`]), and every descriptor queued before is
+/// [`discard`]ed (bytes are dropped). At most `MAX_TAKES` receives.
 pub fn take_queued(u: impl AsFd) {
     use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
     const MAX_TAKES: usize = 1024;
@@ -304,16 +267,6 @@ pub(crate) mod tests {
     fn unix_pair() -> (OwnedFd, OwnedFd) {
         rustix::net::socketpair(rustix::net::AddressFamily::UNIX, rustix::net::SocketType::STREAM, rustix::net::SocketFlags::CLOEXEC, None)
             .unwrap()
-    }
-
-    #[test]
-    fn a_peer_socket_dropped_unused_is_shut_down_and_emptied() {
-        let (a, b) = unix_pair();
-        let (t, _peer, _l) = lingering(600);
-        crate::seqpacket::send(&a, &[1], &[holding(t).as_fd()]).unwrap();
-        let kept = PeerSocket::new(b);
-        assert!(closes(move || drop(kept)), "the close waited for the linger in its queue");
-        assert_eq!(rustix::net::send(&a, &[1], rustix::net::SendFlags::NOSIGNAL), Err(rustix::io::Errno::PIPE), "not shut down");
     }
 
     #[test]

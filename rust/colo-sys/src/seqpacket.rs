@@ -74,6 +74,13 @@ pub fn connect_nonblocking(name: &[u8]) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// Whether `fd` is an `AF_UNIX`, `SOCK_SEQPACKET` socket (a control socket handed over across
+/// `exec` must be one: it is rung and drained as a datagram socket).
+pub fn is_seqpacket(fd: impl AsFd) -> bool {
+    let fd = fd.as_fd();
+    matches!(net::sockopt::socket_domain(fd), Ok(AddressFamily::UNIX)) && matches!(net::sockopt::socket_type(fd), Ok(SocketType::SEQPACKET))
+}
+
 /// Accepts one connection, non-blocking and close-on-exec; `WouldBlock` when none is pending.
 pub fn accept(listener: impl AsFd) -> io::Result<OwnedFd> {
     Ok(net::accept_with(listener, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK)?)

@@ -101,6 +101,8 @@ pub fn connect_rendezvous(addr: SocketAddr) -> io::Result<Option<Rendezvous>> {
             return Ok(None);
         }
     };
+    // A client's control socket receives no descriptor, ever (answers and rings carry none).
+    colo_sys::gift::refuse_rights(&control);
     // A listener in a pid namespace we cannot see is no usable one (the shim then remembers the
     // miss for a moment, as for no listener at all).
     let (server_pid, server_uid) = match seqpacket::peer_cred(&control) {
@@ -133,7 +135,6 @@ fn answer_of(r: io::Result<Option<Answer>>) -> Answer {
 pub struct Offer {
     control: OwnedFd,
     seg: Segment,
-    own_bell: OwnedFd,
     self_bell: OwnedFd,
     local: SocketAddr,
     peer: SocketAddr,
@@ -208,12 +209,10 @@ pub(crate) fn offer_with(
     };
     let layout = geometry.layout().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let (memfd, map) = segment::create(layout.segment_size)?;
-    // Moved above the floor together (one helper task when the floor is above the limit). Not
-    // the server's end of the doorbell pair: it is sent below and closed at once.
-    let (client_end, server_end) = doorbell::pair()?;
-    let mut fds = [memfd, client_end, doorbell::create()?, control];
+    // Moved above the floor together (one helper task when the floor is above the limit).
+    let mut fds = [memfd, doorbell::create()?, control];
     high_all(&mut fds)?;
-    let [memfd, own_bell, self_bell, control] = fds;
+    let [memfd, self_bell, control] = fds;
     // SAFETY: the mapping is private to us until HELLO is sent; nobody else accesses it yet.
     let head = unsafe { std::slice::from_raw_parts_mut(map.as_ptr(), HEADER_FIELDS) };
     header.encode(head).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
@@ -223,13 +222,11 @@ pub(crate) fn offer_with(
         hello[8..12].copy_from_slice(&wire::FLAG_NETNS.to_le_bytes());
     }
     Segment::start_rings(&map, &layout);
-    // The server's end goes in both doorbell slots (spec/WIRE.md section 3); we keep only ours.
-    seqpacket::send(&control, &hello, &[memfd.as_fd(), server_end.as_fd(), server_end.as_fd()])?;
-    drop(server_end);
+    seqpacket::send(&control, &hello, &[memfd.as_fd()])?;
     let memfd_raw = memfd.as_raw_fd();
     // SAFETY: the mapping is exactly `layout.segment_size` bytes, laid out by `layout`.
     let seg = unsafe { Segment::new(map, layout, memfd) };
-    Ok(Offer { control, seg, own_bell, self_bell, local, peer, server_pid, memfd_raw })
+    Ok(Offer { control, seg, self_bell, local, peer, server_pid, memfd_raw })
 }
 
 impl Offer {
@@ -328,7 +325,7 @@ impl Offer {
         Established {
             memfd,
             seg: self.seg,
-            fds: Fds { control: self.control, own_bell: self.own_bell, self_bell: self.self_bell },
+            fds: Fds { control: self.control, self_bell: self.self_bell },
             role: Role::Client,
             local: self.local,
             peer: self.peer,
@@ -343,7 +340,7 @@ impl Offer {
 pub struct Established {
     /// The mapped segment.
     pub seg: Segment,
-    /// Control socket and doorbells.
+    /// Control socket and self bell.
     pub fds: Fds,
     /// Which end we are.
     pub role: Role,
@@ -402,10 +399,10 @@ impl Established {
 }
 
 /// Takes back one side of an established CARRIER connection whose descriptors this process
-/// inherited across `exec` (the LD_PRELOAD shim's handover): validates the segment and doorbells
-/// as a claim does, and maps the segment again. `role` is our side; addresses and the peer's pid
+/// inherited across `exec` (the LD_PRELOAD shim's handover): validates the segment and bells as
+/// a claim does, and maps the segment again. `role` is our side; addresses and the peer's pid
 /// come from the header.
-pub fn reattach(memfd: OwnedFd, control: OwnedFd, own_bell: OwnedFd, self_bell: OwnedFd, role: Role) -> Result<Established, String> {
+pub fn reattach(memfd: OwnedFd, control: OwnedFd, self_bell: OwnedFd, role: Role) -> Result<Established, String> {
     let mut head = [0u8; HEADER_FIELDS];
     if !matches!(segment::read_prefix(&memfd, &mut head), Ok(HEADER_FIELDS)) {
         return Err("segment header unreadable".into());
@@ -417,8 +414,8 @@ pub fn reattach(memfd: OwnedFd, control: OwnedFd, own_bell: OwnedFd, self_bell: 
     if header.claim != claim::CLAIMED {
         return Err("segment was never claimed".into());
     }
-    if !doorbell::is_doorbell(&own_bell) || !is_eventfd(&self_bell) {
-        return Err("doorbell or self bell of the wrong kind".into());
+    if !seqpacket::is_seqpacket(&control) || !is_eventfd(&self_bell) {
+        return Err("control socket or self bell of the wrong kind".into());
     }
     let map = segment::attach(&memfd, layout.segment_size).map_err(|e| match e {
         segment::AttachError::BadSegment(e) => e.to_string(),
@@ -435,7 +432,7 @@ pub fn reattach(memfd: OwnedFd, control: OwnedFd, own_bell: OwnedFd, self_bell: 
         Role::Client => (client, server, header.server_pid),
         Role::Server => (server, client, header.client_pid),
     };
-    Ok(Established { seg, fds: Fds { control, own_bell, self_bell }, role, local, peer, peer_pid, memfd: raw })
+    Ok(Established { seg, fds: Fds { control, self_bell }, role, local, peer, peer_pid, memfd: raw })
 }
 
 /// Pointers into a mapped segment, for readiness checks (all values untrusted: a readiness check
@@ -463,11 +460,6 @@ pub struct Hello {
     /// The segment memfd, found sealed against resizing as the header was read (not public:
     /// a claim maps it without asking its seals again).
     memfd: OwnedFd,
-    /// The client's doorbell slot: another descriptor of `server_bell` (checked by a claim).
-    pub client_bell: OwnedFd,
-    /// The server's doorbell: its end of the connection's doorbell pair (made by the client,
-    /// which may hold a copy: shut down and emptied if dropped unused).
-    pub server_bell: colo_sys::gift::PeerSocket,
     /// The mode asked for.
     pub mode: Mode,
     header: Header,
@@ -500,25 +492,6 @@ fn is_eventfd(fd: &OwnedFd) -> bool {
     link.is_ok_and(|l| l.as_os_str() == "anon_inode:[eventfd]")
 }
 
-/// The server's check of a HELLO's doorbell slots (spec/WIRE.md section 3): both carry its end
-/// of the doorbell pair, an `AF_UNIX`, `SOCK_STREAM` socket, which is then rung and drained
-/// only with `MSG_DONTWAIT`, never blocking whatever the client does to its own end.
-/// The HELLO's doorbell slots: one Unix stream socket twice. It refuses descriptors from now on
-/// (`gift::refuse_rights`: an honest client's `doorbell::pair` already does; a peer's descriptor
-/// could make a drain wait).
-pub(crate) fn check_bells(client_bell: impl AsFd, server_bell: impl AsFd) -> Result<(), &'static str> {
-    let server_bell = server_bell.as_fd();
-    if !doorbell::is_doorbell(server_bell) {
-        return Err("doorbell is not a Unix stream socket");
-    }
-    if !doorbell::same_file(client_bell, server_bell) {
-        return Err("the two doorbell slots differ");
-    }
-    colo_sys::gift::refuse_rights(server_bell);
-    // Rings queued before it refused descriptors may carry some: taken now, closed disarmed.
-    doorbell::empty_before_close(server_bell);
-    Ok(())
-}
 
 /// A fresh self bell (an eventfd of this process), moved to the floor (see [`set_fd_floor`]).
 pub(crate) fn new_self_bell() -> io::Result<OwnedFd> {
@@ -571,11 +544,10 @@ pub fn read_hello(control: OwnedFd) -> HelloRead {
         return bad("a message behind the HELLO");
     }
     let mut fds = r.take_fds().into_iter();
-    let (Some(memfd), Some(client_bell), Some(server_bell), None) = (fds.next(), fds.next(), fds.next(), fds.next())
-    else {
-        return bad("HELLO without exactly three descriptors");
+    let (Some(memfd), None) = (fds.next(), fds.next()) else {
+        return bad("HELLO without exactly one descriptor");
     };
-    match hello_from_fds(control, memfd, client_bell, server_bell, mode) {
+    match hello_from_fds(control, memfd, mode) {
         Ok(h) => HelloRead::Hello(Box::new(h)),
         Err(e) => HelloRead::Refused(e),
     }
@@ -587,20 +559,13 @@ pub const NO_DESCRIPTORS: &str = "descriptors";
 
 /// Rebuilds a [`Hello`] from its descriptors (e.g. after passing them to another process of
 /// the same server with `SCM_RIGHTS`). Sends REJECT(BAD_SEGMENT) if the header is invalid.
-pub fn hello_from_fds(
-    control: OwnedFd,
-    memfd: OwnedFd,
-    client_bell: OwnedFd,
-    server_bell: OwnedFd,
-    mode: Mode,
-) -> Result<Hello, String> {
-    let mut fds = [control, memfd, client_bell, server_bell];
+pub fn hello_from_fds(control: OwnedFd, memfd: OwnedFd, mode: Mode) -> Result<Hello, String> {
+    let mut fds = [control, memfd];
     if let Err(e) = high_all(&mut fds) {
         reject(&fds[0], Reason::NoResources);
         return Err(format!("{NO_DESCRIPTORS}: {e}"));
     }
-    let [control, memfd, client_bell, server_bell] = fds;
-    let server_bell = colo_sys::gift::PeerSocket::new(server_bell);
+    let [control, memfd] = fds;
     let mut head = [0u8; HEADER_FIELDS];
     match segment::read_prefix(&memfd, &mut head) {
         Ok(HEADER_FIELDS) => {}
@@ -620,7 +585,7 @@ pub fn hello_from_fds(
         reject(&control, Reason::BadSegment);
         return Err("CARRIER offer without a 4-tuple".into());
     }
-    Ok(Hello { control, memfd, client_bell, server_bell, mode, header, layout })
+    Ok(Hello { control, memfd, mode, header, layout })
 }
 
 impl Hello {
@@ -663,9 +628,6 @@ impl Hello {
             return fail(&self.control, Reason::NeedCarrier, "DIRECT HELLO to a CARRIER-only listener".into());
         }
         let (client, server) = self.key().ok_or_else(|| "CARRIER offer without a 4-tuple".to_string())?;
-        if let Err(why) = check_bells(&self.client_bell, &self.server_bell) {
-            return fail(&self.control, Reason::BadMessage, why.into());
-        }
         // A proved offer may come from another pid namespace (pid 0).
         let cred = if proved.is_some() { colo_sys::pathsock::peer_cred_any(&self.control) } else { seqpacket::peer_cred(&self.control) };
         let (client_pid, client_uid) = match cred {
@@ -714,7 +676,7 @@ impl Hello {
         }
         Ok(Established {
             seg,
-            fds: Fds { control: self.control, own_bell: self.server_bell.into_fd(), self_bell },
+            fds: Fds { control: self.control, self_bell },
             role: Role::Server,
             local: server,
             peer: client,

@@ -19,13 +19,11 @@ struct Prepared {
     memfd: OwnedFd,
     map: colo_sys::segment::Mapping,
     layout: colo_ring::layout::Layout,
-    /// Our end of the doorbell pair, the server's, and our self bell.
-    own_bell: OwnedFd,
-    server_end: OwnedFd,
+    /// Our self bell.
     self_bell: OwnedFd,
 }
 
-/// Builds a fresh segment and doorbells for `geometry` (header addresses filled in later).
+/// Builds a fresh segment and self bell for `geometry` (header addresses filled in later).
 fn build(geometry: colo_ring::layout::Geometry) -> io::Result<(u32, Prepared)> {
     let layout = geometry.layout().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let (memfd, map) = segment::create(layout.segment_size)?;
@@ -35,8 +33,7 @@ fn build(geometry: colo_ring::layout::Geometry) -> io::Result<(u32, Prepared)> {
         // SAFETY: page-aligned offsets inside the fresh, private mapping.
         unsafe { std::ptr::write_volatile(map.as_ptr().add(off + 1024), 0u8) };
     }
-    let (own_bell, server_end) = doorbell::pair()?;
-    let prepared = Prepared { memfd, map, layout, own_bell, server_end, self_bell: doorbell::create()? };
+    let prepared = Prepared { memfd, map, layout, self_bell: doorbell::create()? };
     Ok((host::pid(), prepared))
 }
 
@@ -293,19 +290,17 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
         // dropped by its own timer.
         _ => Ready::Fresh(prepare(addr, opts)?),
     };
-    let (seg, own_bell, self_bell) = match ready {
+    let (seg, self_bell) = match ready {
         Ready::Recycled { parked, ticket, .. } => {
             write_addresses(&parked.seg, addr, server_pid)?;
             seqpacket::send(&control, &Message::Recycle { version: wire::VERSION, ticket }.encode(), &[])?;
-            (parked.seg, parked.own_bell, parked.self_bell)
+            (parked.seg, parked.self_bell)
         }
         Ready::Fresh(p) => {
             let hello = Message::Hello { version: wire::VERSION, mode: Mode::Direct }.encode();
-            // The server's end goes in both doorbell slots (spec/WIRE.md section 3); we keep
-            // only ours (`p.server_end` is closed here).
-            seqpacket::send(&control, &hello, &[p.memfd.as_fd(), p.server_end.as_fd(), p.server_end.as_fd()])?;
+            seqpacket::send(&control, &hello, &[p.memfd.as_fd()])?;
             // SAFETY: the mapping is exactly `layout.segment_size` bytes, laid out by `layout`.
-            (unsafe { Segment::new(p.map, p.layout, p.memfd) }, p.own_bell, p.self_bell)
+            (unsafe { Segment::new(p.map, p.layout, p.memfd) }, p.self_bell)
         }
     };
 
@@ -363,7 +358,7 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
     if !pending && !known {
         remember(name.clone(), server_pid, Known::Direct);
     }
-    let fds = Fds { control, own_bell, self_bell };
+    let fds = Fds { control, self_bell };
     let local = SocketAddr::new(addr.ip(), 0);
     let mut shm = Shm::new(seg, Role::Client, fds, local, addr, server_pid, opts.spin_mode())?;
     shm.recycle_into(Recycle::Client(name.clone()));
@@ -459,13 +454,12 @@ pub(crate) fn answer(control: OwnedFd, served: Served, opts: &Options, parked: &
         Err(e) => return reject(&control, Reason::BadMessage, e),
     };
     let mut fds = r.take_fds().into_iter();
-    let (Some(memfd), Some(client_bell), Some(server_bell), None) = (fds.next(), fds.next(), fds.next(), fds.next())
-    else {
-        return reject(&control, Reason::BadMessage, "HELLO without exactly three descriptors");
+    let (Some(memfd), None) = (fds.next(), fds.next()) else {
+        return reject(&control, Reason::BadMessage, "HELLO without exactly one descriptor");
     };
     if mode == Mode::Carrier {
         // An unmodified client under `colo run`: its TCP connection will claim the offer.
-        return match crate::carrier::hello_from_fds(control, memfd, client_bell, server_bell, mode) {
+        return match crate::carrier::hello_from_fds(control, memfd, mode) {
             Ok(h) => Answer::Offer(Box::new(h)),
             Err(e) => Answer::Refused(e),
         };
@@ -478,10 +472,6 @@ pub(crate) fn answer(control: OwnedFd, served: Served, opts: &Options, parked: &
         // No TCP handshake, so no firewall rule, would see this connection: a real one must.
         return reject(&control, Reason::NeedCarrier, format!("DIRECT HELLO from uid {client_uid}: a carrier is required"));
     }
-    if let Err(why) = crate::carrier::check_bells(&client_bell, &server_bell) {
-        return reject(&control, Reason::BadMessage, why);
-    }
-    drop(client_bell);
     // Counted against this process's budgets of peer segments (not mapped if it does not fit).
     let (map, lease) = match segment::attach_admitted(&memfd, HEADER_FIELDS, |size| crate::budget::Lease::take(client_uid, size)) {
         Ok(m) => m,
@@ -506,7 +496,7 @@ pub(crate) fn answer(control: OwnedFd, served: Served, opts: &Options, parked: &
         Ok(fd) => fd,
         Err(e) => return reject(&control, Reason::NoResources, format!("self bell: {e}")),
     };
-    let fds = Fds { control, own_bell: server_bell, self_bell };
+    let fds = Fds { control, self_bell };
     welcome(seg, fds, &header, client_pid, served, opts, parked)
 }
 
@@ -540,7 +530,7 @@ fn answer_recycled(control: OwnedFd, ticket: u32, served: Served, opts: &Options
         Ok(_) => return reject(&control, Reason::BadSegment, "recycled segment changed its geometry or mode"),
         Err(e) => return reject(&control, Reason::BadSegment, e),
     };
-    let fds = Fds { control, own_bell: p.own_bell, self_bell: p.self_bell };
+    let fds = Fds { control, self_bell: p.self_bell };
     welcome(p.seg, fds, &header, client_pid, served, opts, parked)
 }
 

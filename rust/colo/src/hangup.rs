@@ -245,7 +245,7 @@ impl Watch {
         let key = match watcher(&mut guard) {
             Some(w) => {
                 let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
-                match w.poller.add_once(control, key) {
+                match w.poller.add_hang_up_once(control, key) {
                     Ok(()) => {
                         let entry = Watched {
                             fired: self.fired.clone(),
@@ -275,7 +275,7 @@ impl Watch {
             && self.key.load(Ordering::Relaxed) != UNWATCHABLE
     }
 
-    /// Whether the control socket became readable since the last call (consumes the mark).
+    /// Whether the control socket hung up since the last call (consumes the mark).
     pub(crate) fn take_fired(&self) -> bool {
         // Acquire: partner of the watcher's Release store.
         self.fired.load(Ordering::Acquire) && self.fired.swap(false, Ordering::Acquire)
@@ -287,7 +287,7 @@ impl Watch {
         let Some(w) = guard.as_mut() else { return };
         let key = self.key.load(Ordering::Relaxed);
         if w.generation == self.generation.load(Ordering::Relaxed) && w.watched.contains_key(&key) {
-            let _ = w.poller.rearm_once(control, key);
+            let _ = w.poller.rearm_hang_up_once(control, key);
         }
     }
 

@@ -307,6 +307,8 @@ impl Proposed {
             Ok(c) => c,
             Err(e) => return Dialed::Plain(format!("rendezvous: {e}")),
         };
+        // A client's control socket receives no descriptor, ever (answers and rings carry none).
+        colo_sys::gift::refuse_rights(&control);
         // The rendezvous is bound by whoever may write in the directory: its owner (or root), or
         // this user. Nothing is sent to another.
         let (server_pid, server_uid) = match pathsock::peer_cred_any(&control) {
@@ -661,13 +663,15 @@ fn route(st: &mut State, (h, proof): (Box<Hello>, [u8; PROOF_LEN])) {
 fn read_proved_hello(control: OwnedFd) -> Option<(Box<Hello>, [u8; PROOF_LEN])> {
     let mut buf = [0u8; 64];
     let mut r = seqpacket::recv(&control, &mut buf, true).ok()?;
+    // Nothing after the HELLO may carry descriptors: only rings follow (spec section 6).
+    colo_sys::gift::refuse_rights(&control);
     if r.len == 0 && r.fds.is_empty() {
         return None;
     }
     let netns = r.len == MESSAGE_LEN && u32::from_le_bytes(buf[8..12].try_into().expect("4 bytes")) & FLAG_NETNS != 0;
     let carrier_hello = matches!(Message::decode(&buf[..r.len.min(MESSAGE_LEN)]), Ok(Message::Hello { version: wire::VERSION, mode: Mode::Carrier }));
     let mut fds = r.take_fds().into_iter();
-    let (Some(memfd), Some(cb), Some(sb), None) = (fds.next(), fds.next(), fds.next(), fds.next()) else {
+    let (Some(memfd), None) = (fds.next(), fds.next()) else {
         carrier::reject(&control, Reason::BadMessage);
         return None;
     };
@@ -675,7 +679,7 @@ fn read_proved_hello(control: OwnedFd) -> Option<(Box<Hello>, [u8; PROOF_LEN])> 
         carrier::reject(&control, Reason::BadMessage);
         return None;
     }
-    let hello = carrier::hello_from_fds(control, memfd, cb, sb, Mode::Carrier).ok()?;
+    let hello = carrier::hello_from_fds(control, memfd, Mode::Carrier).ok()?;
     let mut head = [0u8; HEADER_FIELDS];
     if !matches!(colo_sys::segment::read_prefix(hello.memfd(), &mut head), Ok(HEADER_FIELDS)) {
         carrier::reject(&hello.control, Reason::BadSegment);

@@ -1,8 +1,8 @@
 //! Recycling segments between the same two processes (spec/WIRE.md section 3, "Recycling").
 //!
 //! Creating, passing, mapping and unmapping a segment is most of what a short-lived connection
-//! costs (memfd, doorbell pair and self bell creation, page faults, TLB shoot-downs on unmap). So a side that closes
-//! a clean DIRECT connection *parks* the segment and its doorbells instead of dropping them, and sets
+//! costs (memfd and self bell creation, page faults, TLB shoot-downs on unmap). So a side that closes
+//! a clean DIRECT connection *parks* the segment and its self bell instead of dropping them, and sets
 //! its bit in the header's `parked` word. The next dial from the same client process to the same
 //! listener takes a segment both sides parked (a compare-and-swap of `parked` from both bits to 0),
 //! resets it and sends a descriptor-less HELLO naming the server's ticket.
@@ -30,14 +30,13 @@ const RESERVED_MAX: Duration = Duration::from_secs(10);
 /// What one side keeps of a closed connection.
 pub(crate) struct Parked {
     pub seg: Segment,
-    pub own_bell: OwnedFd,
     pub self_bell: OwnedFd,
     since: Instant,
 }
 
 impl Parked {
-    pub(crate) fn new(seg: Segment, own_bell: OwnedFd, self_bell: OwnedFd) -> Parked {
-        Parked { seg, own_bell, self_bell, since: Instant::now() }
+    pub(crate) fn new(seg: Segment, self_bell: OwnedFd) -> Parked {
+        Parked { seg, self_bell, since: Instant::now() }
     }
 
     fn idle(&self, now: Instant) -> Duration {

@@ -12,7 +12,7 @@
 //! - an out-of-range message entry (`slot`, `len`) and the release of a slot that is not in
 //!   flight are corruption (EPROTO).
 //!
-//! Raw clients here build HELLOs by hand: `doorbells()` makes the descriptors a HELLO carries.
+//! Raw clients here build HELLOs by hand: a HELLO carries the segment memfd alone.
 mod common;
 
 use colo_ring::layout::{Geometry, Layout};
@@ -60,12 +60,6 @@ fn child_entry() {
 
 // ---- raw clients -------------------------------------------------------------------------------
 
-/// A connection's doorbell pair (spec/WIRE.md section 1): (the client's end, the server's end,
-/// which a HELLO carries in both doorbell slots).
-fn doorbells() -> (OwnedFd, OwnedFd) {
-    colo_sys::doorbell::pair().unwrap()
-}
-
 fn raw_connect(addr: SocketAddr) -> OwnedFd {
     seqpacket::connect(wire::rendezvous_name(addr).as_bytes()).unwrap()
 }
@@ -83,7 +77,6 @@ struct RawClient {
     map: Mapping,
     layout: Layout,
     _memfd: OwnedFd,
-    _bells: (OwnedFd, OwnedFd),
 }
 
 impl RawClient {
@@ -105,12 +98,11 @@ impl RawClient {
         if file_size >= layout.segment_size {
             colo::internal::segment::Segment::start_rings(&map, &layout);
         }
-        let (client_bell, server_bell) = doorbells();
         let control = raw_connect(addr);
         let hello = Message::Hello { version: wire::VERSION, mode: Mode::Direct }.encode();
-        seqpacket::send(&control, &hello, &[memfd.as_fd(), server_bell.as_fd(), server_bell.as_fd()]).unwrap();
+        seqpacket::send(&control, &hello, &[memfd.as_fd()]).unwrap();
         let a = answer(&control);
-        (RawClient { control, map, layout, _memfd: memfd, _bells: (client_bell, server_bell) }, a)
+        (RawClient { control, map, layout, _memfd: memfd }, a)
     }
 
     fn u64_at(&self, off: usize) -> &AtomicU64 {
@@ -187,10 +179,24 @@ fn raw_connection() -> (RawClient, Stream) {
 }
 
 #[test]
-fn a_byte_on_the_control_socket_resets_the_connection() {
+fn a_ring_on_the_control_socket_is_only_a_ring() {
     let _w = common::watchdog(60);
     let (c, mut s) = raw_connection();
-    seqpacket::send(&c.control, b"x", &[]).unwrap();
+    for _ in 0..100 {
+        seqpacket::send(&c.control, b"x", &[]).unwrap();
+    }
+    s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let e = s.read(&mut [0u8; 8]).unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut), "{e}");
+    assert_eq!(c.server_flags() & FLAG_RESET, 0, "a ring reset the connection");
+    s.write_all(b"y").unwrap();
+}
+
+#[test]
+fn a_datagram_other_than_a_ring_on_the_control_socket_resets_the_connection() {
+    let _w = common::watchdog(60);
+    let (c, mut s) = raw_connection();
+    seqpacket::send(&c.control, b"xy", &[]).unwrap();
     let e = s.read(&mut [0u8; 8]).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}");
     assert_ne!(c.server_flags() & FLAG_RESET, 0, "the server sent a reset through the segment");
@@ -203,7 +209,7 @@ fn a_descriptor_on_the_control_socket_resets_the_connection() {
     let _w = common::watchdog(60);
     let (c, mut s) = raw_connection();
     // A descriptor with no bytes: not to be taken for a hang-up.
-    let (extra, _) = doorbells();
+    let extra = colo_sys::doorbell::create().unwrap();
     match seqpacket::send(&c.control, &[], &[extra.as_fd()]) {
         // Where the kernel has SO_PASSRIGHTS the server's control socket refuses descriptors
         // once the HELLO is read (colo_sys::gift): none can arrive at all.

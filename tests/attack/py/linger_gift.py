@@ -4,11 +4,11 @@ process keeps, never reads), passed with SCM_RIGHTS and then closed here, so tha
 the passed reference last (the kernel does, in the receiving thread, when a receive without a
 control buffer discards it, or when a socket whose queue holds it is closed) waits in close for
 up to LINGER seconds.
-Where: "bell" sends it on the doorbell of an accepted CARRIER connection (the server drains its
-doorbell with recv and no control buffer) and rings; "control" sends it on the control socket
-after the handshake (a protocol error the server reads); "hello" puts it in the HELLO's segment
-slot (refused); "bell_early" queues 20 on the doorbell before the HELLO and "control_early" one right
-behind the HELLO, and then hangs up (the server closes the connection with them queued). Prints "GIVEN <where>" once done, then holds everything for HOLD seconds.
+Where: "bell" sends it with a ring on the control socket of an accepted CARRIER connection (the
+doorbell: spec/WIRE.md section 6) and rings; "control" sends it with a datagram that is no ring
+(a protocol error the server reads); "hello" puts it in the HELLO's segment slot (refused);
+"bell_early" queues 20 with rings on the control socket before the HELLO and "control_early" one
+right behind the HELLO, and then hangs up (the server closes the connection with them queued). Prints "GIVEN <where>" once done, then holds everything for HOLD seconds.
 Usage: linger_gift.py PORT WHERE LINGER HOLD"""
 import os
 import socket
@@ -36,9 +36,9 @@ def rights(fd):
 
 
 def carrier_conn(bell_gifts=0, control_gift=False):
-    """A CARRIER connection made by hand: `bell_gifts` gifts queued on the server's doorbell end
-    before the HELLO (a server that set SO_PASSRIGHTS after it is still handed those), and a gift
-    datagram right behind the HELLO on the control socket if `control_gift`."""
+    """A CARRIER connection made by hand: `bell_gifts` gifts queued with rings on the control
+    socket before the HELLO (a server that set SO_PASSRIGHTS after it is still handed those), and
+    a gift datagram right behind the HELLO if `control_gift`."""
     ctl = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     for host in ("127.0.0.1", "0.0.0.0", "[::]"):
         try:
@@ -53,12 +53,19 @@ def carrier_conn(bell_gifts=0, control_gift=False):
             break
         tcp.close()
     memfd, m = da.segment(da.OFFERED, tcp.getsockname(), ("127.0.0.1", port))
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ours = ctl
     for _ in range(bell_gifts):
         t = lingering()
-        ours.sendmsg([b"r"], rights(t.fileno()))
+        try:
+            ours.sendmsg([b"r"], rights(t.fileno()))
+        except OSError as e:
+            print("refused", e, flush=True)  # the server refused the first and closed
+            unlinger(t)
         t.close()
-    socket.send_fds(ctl, [da.hello(da.CARRIER)], [memfd, theirs.fileno(), theirs.fileno()])
+    try:
+        socket.send_fds(ctl, [da.hello(da.CARRIER)], [memfd])
+    except OSError as e:
+        print("HELLO not sent:", e, flush=True)
     if control_gift:
         t = lingering()
         try:
@@ -68,8 +75,7 @@ def carrier_conn(bell_gifts=0, control_gift=False):
             unlinger(t)
         t.close()
     tcp.connect(("127.0.0.1", port))
-    theirs.close()
-    keep.extend([memfd, m, ours, tcp])
+    keep.extend([memfd, m, tcp])
     return ctl, ours, m
 
 
@@ -86,7 +92,7 @@ if where in ("bell_early", "control_early"):
     time.sleep(0.5)
     ctl.close()
 elif where in ("bell", "control"):
-    c = da.Conn(port, da.CARRIER, "socket")
+    c = da.Conn(port, da.CARRIER, "control")
     a = da.answer(c.ctl)
     print("answer", a, flush=True)
     keep.append(c)
@@ -112,9 +118,7 @@ elif where == "hello":
             continue
     keep.append(ctl)
     t = lingering()
-    b1, b2 = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    keep.extend([b1, b2])
-    socket.send_fds(ctl, [da.hello(da.CARRIER)], [t.fileno(), b2.fileno(), b2.fileno()])
+    socket.send_fds(ctl, [da.hello(da.CARRIER)], [t.fileno()])
     t.close()
     print("answer", da.answer(ctl), flush=True)
 print("GIVEN", where, flush=True)

@@ -15,7 +15,7 @@ def segment(*a):
     try: return orig(*a)
     finally: os.memfd_create = real
 da.segment = segment
-c = da.Conn(port, da.CARRIER, "socket")
+c = da.Conn(port, da.CARRIER, "control")
 a = da.answer(c.ctl)
 c.m[0:8] = struct.pack("<Q", value)   # the header's magic, read by the server only at attach
 c.tcp.settimeout(3)

@@ -72,7 +72,7 @@ def probe():
     return next_inodes()
 PROBE = probe() if MODE != "poll" else []
 time.sleep(0.05)
-c = da.Conn(port, da.CARRIER, "socket")
+c = da.Conn(port, da.CARRIER, "control")
 a = da.answer(c.ctl)
 mine = c.tcp.getsockname()[1]
 ino = None

@@ -1,24 +1,22 @@
 """Run as nobody by t_rt_nested_gift.sh: gets a lingering TCP socket's last close into a thread of
 root's colo server, past SO_PASSRIGHTS and past the disarming of what the server receives.
 
-The server's doorbell end is a socket this client made and handed over in its HELLO. The client
-keeps a copy of it, so after the server turned SO_PASSRIGHTS off on it, the client turns it back
-on (any holder of a socket may set its options). It then sends, on its own end, a Unix socket U
-whose receive queue holds T: a TCP socket with SO_LINGER {1, LINGER} and bytes its peer (kept
-here, never reading) cannot take. T's own copy and U's are closed here, so the server's
-reference to U is the last one, and U's only reference to T too. The server's drain receives U
-and disarms it (lingering off: U is a Unix socket, that changes nothing for T) and closes it;
-U's release empties its queue, and T's last close then waits out its linger in that thread.
+It sends a Unix socket U whose receive queue holds T: a TCP socket with SO_LINGER {1, LINGER}
+and bytes its peer (kept here, never reading) cannot take. T's own copy and U's are closed here,
+so the server's reference to U would be the last one, and U's only reference to T too: a server
+that closed U undisarmed would wait out T's linger in that thread. The doorbell is the control
+socket (spec/WIRE.md section 6), whose server end this client never holds, so once the server
+read the HELLO (and turned SO_PASSRIGHTS off) nothing can be passed at all; before, the server
+must empty U before its close.
 WHERE:
-  nested  U on the doorbell of a welcomed connection, then a ring (the server drains it);
+  nested  U with a ring on the control socket of a welcomed connection (refused), then a ring;
   deep    the same, U the top of a chain of 40 Unix sockets, each in the queue of the one above,
-          with T at the bottom (more than the drain empties in its own thread);
-  early   U queued on the doorbell before the HELLO (descriptors are still on then), the TCP
-          connection made (the server takes the doorbell's queue when it claims the offer);
+          with T at the bottom;
+  early   U queued with a ring on the control socket before the HELLO (descriptors are still on
+          then), the TCP connection made (the server refuses the HELLO behind it);
   slot    U in the HELLO's segment slot (refused);
-  expire  a HELLO whose TCP connection never comes; once the server read it, descriptors turned
-          back on through the kept copy, U queued, the copy closed: the offer expires (5 s) and
-          is dropped.
+  expire  a HELLO whose TCP connection never comes, then U sent behind it (refused); the offer
+          expires (5 s) and is dropped.
 Prints "GIVEN <where>" when done, then holds everything for HOLD seconds.
 Usage: nested_gift.py PORT WHERE LINGER HOLD"""
 import os
@@ -64,10 +62,19 @@ def chain(fd, depth):
 
 
 def gift():
+    """U, holding T in its queue (through a chain for "deep"), and T itself, still open here."""
     t = lingering()
     u = chain(os.dup(t.fileno()), 40 if where == "deep" else 1)
+    return u, t
+
+
+def drop(u, t, given):
+    """Closes our references: if the gift was not given, T's lingering is turned off first (our
+    own close of U would otherwise be the last one, and wait here)."""
+    if not given:
+        t.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 0, 0))
     t.close()
-    return u
+    u.close()
 
 
 def rendezvous():
@@ -90,51 +97,46 @@ def odd_port_socket():
         tcp.close()
 
 
+def give(sock, u, t):
+    try:
+        sock.sendmsg([b"r"], rights(u.fileno()))
+        given = True
+    except OSError as e:
+        print("refused", e, flush=True)  # SO_PASSRIGHTS, or a closed connection: never reaches the server
+        given = False
+    drop(u, t, given)
+
+
 if where in ("nested", "deep"):
-    c = da.Conn(port, da.CARRIER, "socket")
+    c = da.Conn(port, da.CARRIER, "control")
     print("answer", da.answer(c.ctl), flush=True)
     keep.append(c)
-    print("passrights as the server left it:", c.theirs.getsockopt(socket.SOL_SOCKET, SO_PASSRIGHTS), flush=True)
-    c.theirs.setsockopt(socket.SOL_SOCKET, SO_PASSRIGHTS, 1)
-    u = gift()
-    c.ours.sendmsg([b"r"], rights(u.fileno()))
-    u.close()
-    c.theirs.close()  # the server's reference is the last one
+    print("passrights as the server left it: not ours to see (its own end)", flush=True)
+    give(c.ctl, *gift())
     c.ring_server()
 elif where in ("early", "slot", "expire"):
     ctl = rendezvous()
     tcp = odd_port_socket()
     memfd, m = da.segment(da.OFFERED, tcp.getsockname(), ("127.0.0.1", port))
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    keep.extend([ctl, tcp, memfd, m, ours])
+    keep.extend([ctl, tcp, memfd, m])
     if where == "early":
-        u = gift()
-        ours.sendmsg([b"r"], rights(u.fileno()))
-        u.close()
+        give(ctl, *gift())
     if where == "slot":
-        u = gift()
-        socket.send_fds(ctl, [da.hello(da.CARRIER)], [u.fileno(), theirs.fileno(), theirs.fileno()])
-        u.close()
-        theirs.close()
+        u, t = gift()
+        socket.send_fds(ctl, [da.hello(da.CARRIER)], [u.fileno()])
+        drop(u, t, True)
         print("answer", da.answer(ctl), flush=True)
     else:
-        socket.send_fds(ctl, [da.hello(da.CARRIER)], [memfd, theirs.fileno(), theirs.fileno()])
+        try:
+            socket.send_fds(ctl, [da.hello(da.CARRIER)], [memfd])
+        except OSError as e:
+            print("HELLO not sent:", e, flush=True)  # the server refused what came first and closed
     if where == "early":
-        theirs.close()
         tcp.connect(("127.0.0.1", port))
         print("answer", da.answer(ctl), flush=True)
     if where == "expire":
-        # The server reads the HELLO at once and turns descriptors off on its doorbell end.
-        for _ in range(200):
-            if theirs.getsockopt(socket.SOL_SOCKET, SO_PASSRIGHTS) == 0:
-                break
-            time.sleep(0.01)
-        print("passrights as the server left it:", theirs.getsockopt(socket.SOL_SOCKET, SO_PASSRIGHTS), flush=True)
-        theirs.setsockopt(socket.SOL_SOCKET, SO_PASSRIGHTS, 1)
-        u = gift()
-        ours.sendmsg([b"r"], rights(u.fileno()))
-        u.close()
-        theirs.close()
+        time.sleep(0.5)  # the server reads the HELLO at once
+        give(ctl, *gift())
         time.sleep(6)  # the offer's 5 s
 print("GIVEN", where, flush=True)
 time.sleep(hold)

@@ -1,5 +1,5 @@
 """Run as nobody by t_rt_odd_fds.sh: one HELLO per kind of odd descriptor, in the segment slot or
-the doorbell slots, to the colo server at 127.0.0.1:PORT (CARRIER, as another user must; every
+beside it (the doorbell slots of older wires: a HELLO carries the segment alone now), to the colo server at 127.0.0.1:PORT (CARRIER, as another user must; every
 segment otherwise valid). Prints "CASE <name> <answer>" per case and "RESULT cases=N".
 Usage: odd_fds.py PORT"""
 import fcntl
@@ -104,24 +104,21 @@ def case(f):
 
 @case
 def honest(tcp, keep):
-    b = bells(keep)
-    return [seg(tcp, keep), b, b]
+    return [seg(tcp, keep)]
 
 
 @case
 def pipe_as_segment(tcp, keep):
     r, w = os.pipe()
     keep += [r, w]
-    b = bells(keep)
-    return [r, b, b]
+    return [r]
 
 
 @case
 def fifo_write_end_as_segment(tcp, keep):
     r, w = os.pipe()
     keep += [r, w]
-    b = bells(keep)
-    return [w, b, b]
+    return [w]
 
 
 @case
@@ -129,8 +126,7 @@ def o_path_memfd(tcp, keep):
     fd = seg(tcp, keep)
     p = os.open("/proc/self/fd/%d" % fd, os.O_PATH)
     keep.append(p)
-    b = bells(keep)
-    return [p, b, b]
+    return [p]
 
 
 @case
@@ -138,48 +134,42 @@ def read_only_memfd(tcp, keep):
     fd = seg(tcp, keep)
     p = os.open("/proc/self/fd/%d" % fd, os.O_RDONLY)
     keep.append(p)
-    b = bells(keep)
-    return [p, b, b]
+    return [p]
 
 
 @case
 def write_sealed_memfd(tcp, keep):
     fd = sealed_with(tcp, SEALS | F_SEAL_WRITE)
     keep.append(fd)
-    b = bells(keep)
-    return [fd, b, b]
+    return [fd]
 
 
 @case
 def future_write_sealed_memfd(tcp, keep):
     fd = sealed_with(tcp, SEALS | F_SEAL_FUTURE_WRITE)
     keep.append(fd)
-    b = bells(keep)
-    return [fd, b, b]
+    return [fd]
 
 
 @case
 def seals_open_to_more(tcp, keep):
     fd = sealed_with(tcp, da.F_SEAL_SHRINK | da.F_SEAL_GROW)
     keep.append(fd)
-    b = bells(keep)
-    return [fd, b, b]
+    return [fd]
 
 
 @case
 def dev_zero_as_segment(tcp, keep):
     fd = os.open("/dev/zero", os.O_RDWR)
     keep.append(fd)
-    b = bells(keep)
-    return [fd, b, b]
+    return [fd]
 
 
 @case
 def directory_as_segment(tcp, keep):
     fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
     keep.append(fd)
-    b = bells(keep)
-    return [fd, b, b]
+    return [fd]
 
 
 @case

@@ -97,7 +97,7 @@ conns, states = [], {"read": 0, "write": 0}
 for state in os.environ.get("SCRIBBLE_STATES", "read,write").split(","):
     for label, words in SCRIBBLES:
         try:
-            c = da.Conn(port, da.CARRIER, "socket")
+            c = da.Conn(port, da.CARRIER, "control")
         except OSError as e:
             print("connect failed:", e, flush=True)
             continue

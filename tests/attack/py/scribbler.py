@@ -19,7 +19,7 @@ import doorbell_attacker as da  # noqa: E402
 port, n, secs = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 conns = []
 for _ in range(n):
-    c = da.Conn(port, da.CARRIER, "socket")
+    c = da.Conn(port, da.CARRIER, "control")
     a = da.answer(c.ctl)
     if a and a[0] == "welcome":
         conns.append(c)

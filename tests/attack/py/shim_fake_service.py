@@ -69,7 +69,7 @@ def genuine_offer():
         msg, fds, _, _ = socket.recv_fds(control, 64, 8)
     except OSError:
         return None
-    if len(fds) != 3:
+    if len(fds) != 1:
         return None
     return control, fds, msg
 
@@ -95,7 +95,7 @@ while time.time() < deadline:
             log.write("no offer of our own to answer with\n")
             continue
         control, fds, _ = got
-        # The old answer: [1, mode] and control, memfd, client bell, server bell.
+        # The old answer: [1, mode] and the offer's control socket and memfd.
         try:
             socket.send_fds(c, [bytes([1, 2])], [control.fileno()] + fds)
             log.write("ANSWERED with our own segment\n")

@@ -38,9 +38,6 @@ def header(client_port):
 
 
 hello = struct.pack("<IBBBBII", 0x4F4C4F43, 1, 1, 2, 0, 0, 0)
-# The doorbell pair (spec/WIRE.md section 1): the server's end goes in both doorbell slots.
-bell_ours, bell_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-bell_c = bell_s = bell_theirs.fileno()
 socks = []
 t0 = time.time()
 for i in range(count):
@@ -60,7 +57,7 @@ for i in range(count):
         # Sealed as an honest client's (a server reads no segment whose size can change).
         fcntl.fcntl(m, 1033, 1 | 2 | 4)  # F_ADD_SEALS: F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW
         try:
-            socket.send_fds(s, [hello], [m, bell_c, bell_s])
+            socket.send_fds(s, [hello], [m])
         except OSError:
             pass  # refused (and closed) before the HELLO went: the answer is still to be read
         os.close(m)

@@ -3,7 +3,7 @@
 //! libuv (Node.js, uvloop) closes every descriptor with `syscall(SYS_close, fd)`, never through
 //! `close`. The shim must see those closes as it sees `close`: otherwise the connection's entry
 //! stays in the table after the kernel has closed the socket, its segment, control socket and
-//! doorbells stay open and its peer never sees the end, and the next descriptor the kernel gives
+//! self bell stay open and its peer never sees the end, and the next descriptor the kernel gives
 //! that number (a plain TCP connection accepted later) is served from the dead connection's
 //! rings (an end of file at once, which the program answers by closing, resetting its client).
 //!

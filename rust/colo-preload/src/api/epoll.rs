@@ -1,6 +1,6 @@
 //! Readiness through epoll: `epoll_ctl` and the `epoll_wait` family report accelerated fds from
 //! the rings (poll and select: `ppoll`). The kernel still does the multiplexing: an accelerated
-//! fd is represented by its connection's readiness fd (doorbell + control socket), registered in
+//! fd is represented by its connection's readiness fd (control socket + self bell), registered in
 //! the application's epoll set with the application's ET/ONESHOT flags and a tagged `data`
 //! (`conn::regs`); `epoll_wait` maps those events back to the application's fd and data, with
 //! IN/OUT computed from ring state.

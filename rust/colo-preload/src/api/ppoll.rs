@@ -1,6 +1,6 @@
 //! Readiness through poll, ppoll, select and pselect: a set with accelerated fds is answered from
-//! the rings, each connection's readiness fd (or, where none was made, its doorbell, self bell
-//! and control socket: `Conn::poll_fds`) standing in for its socket in the kernel's wait.
+//! the rings, each connection's readiness fd (or, where none was made, its control socket and
+//! self bell: `Conn::poll_fds`) standing in for its socket in the kernel's wait.
 
 use crate::base::guard::Guard;
 use crate::base::mem::{slice, slice_mut};

@@ -74,9 +74,8 @@ pub struct Conn {
     inheritable: AtomicBool,
     /// The two processes share one CPU: waits on this connection never spin.
     never_spin: bool,
-    /// Control socket, our end of the doorbell pair, self bell, segment memfd (-1 once closed:
-    /// see `build`).
-    raw: [RawFd; 4],
+    /// Control socket (our doorbell), self bell, segment memfd (-1 once closed: see `build`).
+    raw: [RawFd; 3],
     /// The readiness fd's number once asked for (-1 before): see `readiness_raw`.
     readiness: AtomicI32,
     /// Shared with every process holding the connection (`holders`).
@@ -154,7 +153,7 @@ impl Conn {
         // SAFETY: the words are kept only in the `Conn` built here (`w`), beside the `Shm` that
         // keeps the segment mapped; `Drop` unmaps it only after its last use of them.
         let w = unsafe { est.words() };
-        let raw0 = [est.fds.control.as_raw_fd(), est.fds.own_bell.as_raw_fd(), est.fds.self_bell.as_raw_fd(), est.memfd];
+        let raw0 = [est.fds.control.as_raw_fd(), est.fds.self_bell.as_raw_fd(), est.memfd];
         let resumed_shm = resumed.is_some();
         let holders = match resumed.flatten() {
             Some(page) => page,
@@ -221,9 +220,9 @@ impl Conn {
         self.nb.load(Ordering::Relaxed)
     }
 
-    /// Control socket, bells (our end of the doorbell pair, our self bell) and segment memfd,
+    /// Control socket (our doorbell), self bell and segment memfd (-1 once closed: `Conn::build`),
     /// as raw numbers.
-    pub fn fds(&self) -> [RawFd; 4] {
+    pub fn fds(&self) -> [RawFd; 3] {
         self.raw
     }
 
@@ -264,14 +263,14 @@ impl Conn {
 
     fn self_bell(&self) -> colo_sys::BorrowedFd<'_> {
         // SAFETY: our self bell, owned by `shm`, which lives as long as `self`.
-        unsafe { colo_sys::BorrowedFd::borrow_raw(self.raw[2]) }
+        unsafe { colo_sys::BorrowedFd::borrow_raw(self.raw[1]) }
     }
 
-    /// The readiness fd (an epoll set of both bells and the control socket, `Shm::readiness_fd`)
+    /// The readiness fd (an epoll set of the control socket and the self bell, `Shm::readiness_fd`)
     /// that stands for this connection in the application's epoll sets. Made at the first
     /// registration, not with the connection: a connection only read, written or polled never
     /// needs it (`readiness_made`), one descriptor less. Made once; if it cannot be (out of
-    /// descriptors), the doorbell stands in, and is not asked for again.
+    /// descriptors), the control socket stands in, and is not asked for again.
     pub fn readiness_raw(&self) -> RawFd {
         // Relaxed: the number is the whole message; the descriptor behind it is the Shm's, made
         // once (its `OnceLock` orders its making).
@@ -290,12 +289,12 @@ impl Conn {
     }
 
     /// What a `poll` watches in the kernel for this connection: the readiness fd if it was made;
-    /// else our end of the doorbell pair, the self bell and the control socket themselves (each
-    /// readable when the readiness fd would be), so that no epoll set is made for a poll.
-    pub fn poll_fds(&self) -> ([RawFd; 3], usize) {
+    /// else the control socket and the self bell themselves (each readable when the readiness fd
+    /// would be), so that no epoll set is made for a poll.
+    pub fn poll_fds(&self) -> ([RawFd; 2], usize) {
         match self.readiness_made() {
-            Some(r) => ([r, -1, -1], 1),
-            None => ([self.raw[1], self.raw[2], self.raw[0]], 3),
+            Some(r) => ([r, -1], 1),
+            None => ([self.raw[0], self.raw[1]], 2),
         }
     }
 
@@ -477,21 +476,14 @@ impl Conn {
         self.shm.drain_doorbell(by);
     }
 
-    /// The peer's processes are all gone (the control socket hung up): one `recv` with
-    /// `MSG_PEEK`, then remembered.
+    /// The peer's processes are all gone (the control socket hung up): one `poll` that never
+    /// waits and reads nothing (rings queued before the hang-up are the drains'), then
+    /// remembered.
     pub fn peer_gone(&self) -> bool {
         if self.gone.load(Ordering::Relaxed) {
             return true;
         }
-        let mut b = [0u8; 1];
-        let gone = matches!(
-            rustix::net::recv(
-                self.shm.control_fd(),
-                &mut b[..],
-                rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT
-            ),
-            Ok((0, _))
-        );
+        let gone = colo_sys::doorbell::hung_up(self.shm.control_fd());
         if gone {
             // The core's reads and writes report it from now on too, not only once the hang-up
             // watcher has seen it (a non-blocking miss does not ask the control socket itself).
@@ -929,8 +921,8 @@ impl Drop for Conn {
         let others = self.others_hold();
         if self.inheritable() {
             // A holder that exec'd may not have read the handover file yet: leave it unchanged.
-            handover_file::forget(self.raw[3], others);
-            handover_file::closing(self.raw[3]);
+            handover_file::forget(self.raw[2], others);
+            handover_file::closing(self.raw[2]);
             self.holders.set_inheritable(false);
         }
         if others {

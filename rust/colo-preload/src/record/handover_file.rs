@@ -118,7 +118,7 @@ mod tests {
 
     #[test]
     fn records_round_trip() {
-        let r = Record { sock_ino: 0x1234_5678_9abc, memfd: 900, control: 901, own_bell: 902, self_bell: 903, role: Role::Server, holders: None };
+        let r = Record { sock_ino: 0x1234_5678_9abc, memfd: 900, control: 901, self_bell: 902, role: Role::Server, holders: None };
         assert_eq!(Record::decode(&r.encode()), Some(r));
         let with_page = Record { holders: Some(904), ..r };
         assert_eq!(Record::decode(&with_page.encode()), Some(with_page));

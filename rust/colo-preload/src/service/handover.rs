@@ -3,7 +3,7 @@
 //! A program that execs keeps its inheritable descriptors (those without `FD_CLOEXEC`); an
 //! accelerated socket among them is only half of a connection: its payload moves through the
 //! segment. So a connection whose application socket is inheritable keeps its own descriptors
-//! (segment memfd, control socket, doorbell and self bell) inheritable too, and is listed in this process's
+//! (segment memfd, control socket and self bell) inheritable too, and is listed in this process's
 //! *handover file*: an inheritable memfd named `colo-handover` with one record per such
 //! connection. The shim's constructor in the new program image finds the file among its
 //! descriptors, takes each connection back (the record names the socket by inode; the rings
@@ -62,7 +62,7 @@ pub fn on_new(fd: i32, conn: &Arc<Conn>, inheritable: bool) {
     // `FD_CLOEXEC` since the connection was made, the relay's fork must wait for the table slot
     // the caller may hold: the descriptor is left as it is. A thread that changes the flag
     // meanwhile brings the state up to date after us, `update`, as it waits for that slot too.)
-    if inheritable && conn.fds()[3] >= 0 {
+    if inheritable && conn.fds()[2] >= 0 {
         set(conn, true, b);
     }
 }
@@ -71,7 +71,7 @@ fn set(conn: &Arc<Conn>, inheritable: bool, sock: BorrowedFd<'_>) {
     if conn.inheritable() == inheritable {
         return;
     }
-    let [control, own_bell, self_bell, memfd] = conn.fds();
+    let [control, self_bell, memfd] = conn.fds();
     if inheritable && memfd < 0 {
         if conn.relayed_here() {
             // A `vfork` child's copy of a descriptor it relayed already: the relay's socket.
@@ -99,7 +99,7 @@ fn set(conn: &Arc<Conn>, inheritable: bool, sock: BorrowedFd<'_>) {
         return;
     }
     let Ok(st) = rustix::fs::fstat(sock) else { return };
-    let r = Record { sock_ino: st.st_ino, memfd, control, own_bell, self_bell, role: conn.shm().role(), holders: conn.holders_index() };
+    let r = Record { sock_ino: st.st_ino, memfd, control, self_bell, role: conn.shm().role(), holders: conn.holders_index() };
     handover_file::add(r);
 }
 
@@ -175,7 +175,7 @@ pub fn take_back() {
     // connection that kept it.
     let mut taken: Vec<RawFd> = Vec::new();
     for r in records {
-        let fds = [r.memfd, r.control, r.own_bell, r.self_bell];
+        let fds = [r.memfd, r.control, r.self_bell];
         if fds.iter().any(|fd| taken.contains(fd)) {
             log_info(format_args!("exec: a handed-over connection names descriptors another took; left alone"));
             continue;
@@ -194,19 +194,19 @@ pub fn take_back() {
 
 /// Takes back one connection; the addresses of one relayed as standard I/O are returned.
 fn take_back_one(r: Record, socks: &[i32]) -> Option<Names> {
-    let fds = [r.memfd, r.control, r.own_bell, r.self_bell];
-    // Each must be open, distinct and of its kind (a segment, two sockets, an eventfd); then
+    let fds = [r.memfd, r.control, r.self_bell];
+    // Each must be open, distinct and of its kind (a segment, a socket, an eventfd); then
     // they are ours. Anything else is left as it is, never closed: the numbers may be the
     // application's own (its standard I/O, a socket it inherited).
-    let kinds = ["/memfd:colo-seg", "socket:", "socket:", "anon_inode:[eventfd]"];
+    let kinds = ["/memfd:colo-seg", "socket:", "anon_inode:[eventfd]"];
     let of_kind = |fd: RawFd, kind: &str| fd >= 0 && std::fs::read_link(format!("/proc/self/fd/{fd}")).is_ok_and(|l| l.to_string_lossy().starts_with(kind));
-    if !fds.iter().zip(kinds).all(|(&fd, kind)| of_kind(fd, kind)) || (1..4).any(|i| fds[..i].contains(&fds[i])) {
+    if !fds.iter().zip(kinds).all(|(&fd, kind)| of_kind(fd, kind)) || (1..3).any(|i| fds[..i].contains(&fds[i])) {
         log_info(format_args!("exec: a handed-over connection lost its descriptors; dropped"));
         return None;
     }
     // SAFETY: inherited descriptors recorded for this connection, open (checked above), owned
     // by no one else in this image.
-    let [memfd, control, own_bell, self_bell] = fds.map(|fd| unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+    let [memfd, control, self_bell] = fds.map(|fd| unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
     // The holders page the earlier image shared (`conn::holders`), in the holders file it
     // handed over (adopted by `take_back`), if that is a page in use there.
     let page = r.holders.and_then(Page::inherited);
@@ -215,7 +215,7 @@ fn take_back_one(r: Record, socks: &[i32]) -> Option<Names> {
         // ends here (closing the control socket tells the peer).
         return None;
     };
-    let est = match colo::internal::carrier::reattach(memfd, control, own_bell, self_bell, r.role) {
+    let est = match colo::internal::carrier::reattach(memfd, control, self_bell, r.role) {
         Ok(est) => est,
         Err(why) => {
             log_info(format_args!("exec: connection on fd {first} not taken back: {why}"));

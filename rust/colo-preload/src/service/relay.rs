@@ -121,11 +121,11 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relay
     // This process's fork handler has made it a holder: the parent may let go of its copy now.
     let _ = rustix::io::write(&say, &[1]);
     drop(say);
-    let [control, own_bell, self_bell, _] = conn.fds();
+    let [control, self_bell, _] = conn.fds();
     let held = hold.as_ref().map_or([-1, -1], |h| h.fds());
     // Nothing of the program's but the connection: its other descriptors must close when the
     // program closes them.
-    let keep = [tcp.as_raw_fd(), carrier.as_raw_fd(), control, own_bell, self_bell, conn.readiness_made().unwrap_or(-1), held[0], held[1]];
+    let keep = [tcp.as_raw_fd(), carrier.as_raw_fd(), control, self_bell, conn.readiness_made().unwrap_or(-1), held[0], held[1]];
     close_all_but(&keep);
     table::abandon_all_but(&keep);
     // 0, 1 and 2 taken by /dev/null (see `stdio::run`).

@@ -239,7 +239,6 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, app: &Own
         tcp.as_raw_fd(),
         carrier.as_raw_fd(),
         est.fds.control.as_raw_fd(),
-        est.fds.own_bell.as_raw_fd(),
         est.fds.self_bell.as_raw_fd(),
         est.memfd,
         holders_file::fd().unwrap_or(-1),

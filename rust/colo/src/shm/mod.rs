@@ -36,7 +36,7 @@ use colo_ring::spin::{SpinMode, Spinner};
 use colo_ring::sync::{AtomicU32, Ordering};
 use colo_ring::Corrupt;
 use colo_sys::doorbell::{self, Readiness};
-use colo_sys::{seqpacket, OwnedFd};
+use colo_sys::OwnedFd;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -113,10 +113,9 @@ struct Waiters {
 /// The descriptors of one side of a connection.
 #[derive(Debug)]
 pub struct Fds {
-    /// The control socket (liveness; silent after the handshake).
+    /// The control socket: our doorbell (we wait on it; a one-byte datagram sent on it rings
+    /// the peer) and the peer's liveness (its hang-up).
     pub control: OwnedFd,
-    /// Our end of the doorbell pair: we wait on it; a byte sent on it rings the peer.
-    pub own_bell: OwnedFd,
     /// Our self bell, an eventfd never passed to the peer: it wakes our own sleepers.
     pub self_bell: OwnedFd,
 }
@@ -416,7 +415,7 @@ impl Shm {
             colo_sys::futex::wake_all(peer);
         }
         if bits & notify::SLEEP_DOORBELL != 0 {
-            doorbell::ring_peer(&self.fds.own_bell);
+            doorbell::ring_peer(&self.fds.control);
         }
     }
 
@@ -563,19 +562,31 @@ impl Shm {
         self.poll_control();
     }
 
-    /// Reads the control socket without blocking: after the handshake it must stay silent, so a
-    /// hang-up is the peer's end and anything else is a protocol error.
+    /// Looks at the control socket without blocking: for the answer to the HELLO while it is
+    /// due (the first datagram), else for the peer's hang-up, without reading (rings queued
+    /// before it are the drains'; `doorbell::hung_up`). One system call.
     fn poll_control(&self) {
         if self.has(PEER_GONE) {
             return;
         }
-        let mut buf = [0u8; 16];
-        match seqpacket::recv(&self.fds.control, &mut buf, true) {
-            Ok(r) if r.len == 0 && r.fds.is_empty() => self.set(PEER_GONE),
-            Ok(r) if self.has(AWAITING_WELCOME) && r.fds.is_empty() && !r.truncated => {
+        if self.has(AWAITING_WELCOME) {
+            self.on_datagram(doorbell::take_one(&self.fds.control));
+        } else if doorbell::hung_up(&self.fds.control) {
+            self.set(PEER_GONE);
+        }
+    }
+
+    /// Acts on a datagram of the control socket that is not a ring (spec section 6): the answer
+    /// to the HELLO while it is due, the peer's hang-up, or a protocol error (a reset).
+    pub(super) fn on_datagram(&self, d: doorbell::Datagram) {
+        use doorbell::Datagram;
+        match d {
+            Datagram::Nothing => {}
+            Datagram::HungUp => self.set(PEER_GONE),
+            Datagram::Message(m) if self.has(AWAITING_WELCOME) => {
                 // SYNC POINT with the Acquire load in `has`, as in `set`.
                 self.state.fetch_and(!AWAITING_WELCOME, Ordering::AcqRel);
-                match crate::wire::Message::decode(&buf[..r.len]) {
+                match crate::wire::Message::decode(&m) {
                     Ok(crate::wire::Message::Welcome { version: crate::wire::VERSION }) => {
                         if let Some(name) = &self.rendezvous {
                             crate::known::remember_direct(name.clone(), self.peer_pid);
@@ -590,8 +601,9 @@ impl Shm {
                     }
                 }
             }
-            Ok(_) => {
-                // Spec section 8: a reset (ECONNRESET), not a corruption of the segment.
+            Datagram::Ring | Datagram::Message(_) | Datagram::Garbage => {
+                // A ring before the answer, a second answer, anything else: spec section 8, a
+                // reset (ECONNRESET), not a corruption of the segment.
                 self.set(PEER_GONE);
                 if !self.has(RESET) {
                     self.set(RESET);
@@ -599,8 +611,6 @@ impl Shm {
                     self.wake_self();
                 }
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(_) => self.set(PEER_GONE),
         }
     }
 }
@@ -618,15 +628,14 @@ impl Drop for Shm {
         let seg = std::mem::replace(&mut self.seg, Segment::placeholder());
         // SAFETY: `fds` is not used after this point (this is the last use of `self` that reads
         // it; the remaining fields never refer to it).
-        let Fds { control, own_bell, self_bell } = unsafe { std::mem::ManuallyDrop::take(&mut self.fds) };
+        let Fds { control, self_bell } = unsafe { std::mem::ManuallyDrop::take(&mut self.fds) };
         // Before the segment can be unmapped: the watcher holds the address of our word.
         self.hangup.release();
-        // Descriptors the peer queued on either socket are closed disarmed now, not released by
-        // the closes (a lingering socket's release would wait here: `colo_sys::gift`).
-        let _ = seqpacket::empty_before_close(&control);
-        doorbell::empty_before_close(&own_bell);
+        // Descriptors the peer queued are closed disarmed now, not released by the close (a
+        // lingering socket's release would wait here: `colo_sys::gift`).
+        doorbell::empty_before_close(&control);
         drop(control);
-        let parked = |seg| crate::recycle::Parked::new(seg, own_bell, self_bell);
+        let parked = |seg| crate::recycle::Parked::new(seg, self_bell);
         match self.recycle.take() {
             Some(Recycle::Client(name)) if clean => crate::recycle::park_client(name, self.peer_pid, parked(seg)),
             Some(Recycle::Server(table)) if clean => match table.upgrade() {

@@ -79,22 +79,22 @@ impl Shm {
         self.peer_pid
     }
     /// The readiness fd: readable when the peer made progress or hung up, or another thread of
-    /// ours rang the self bell (an epoll fd holding both bells and the control socket, created on
-    /// first use). If it cannot be created (out of descriptors), our end of the doorbell pair
-    /// stands in: the peer's progress is still reported, the rest when the next operation looks.
+    /// ours rang the self bell (an epoll fd holding the control socket and the self bell, created
+    /// on first use). If it cannot be created (out of descriptors), the control socket stands in:
+    /// the peer's progress and hang-up are still reported, the rest when the next operation looks.
     pub fn readiness_fd(&self) -> &OwnedFd {
         if self.readiness.get().is_none() {
-            match Readiness::new(&self.fds.own_bell, &self.fds.self_bell, &self.fds.control, crate::floor::fd_floor()) {
+            match Readiness::new(&self.fds.control, &self.fds.self_bell, crate::floor::fd_floor()) {
                 Ok(r) => {
                     let _ = self.readiness.set(r);
                 }
                 Err(e) => {
-                    crate::log::info(format_args!("readiness fd: {e}; using the doorbell"));
-                    return &self.fds.own_bell;
+                    crate::log::info(format_args!("readiness fd: {e}; using the control socket"));
+                    return &self.fds.control;
                 }
             }
         }
-        self.readiness.get().map_or(&self.fds.own_bell, |r| r.fd())
+        self.readiness.get().map_or(&self.fds.control, |r| r.fd())
     }
     /// The readiness fd if [`Shm::readiness_fd`] made one (not the doorbell standing in).
     pub fn readiness_made(&self) -> Option<&OwnedFd> {

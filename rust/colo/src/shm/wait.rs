@@ -174,7 +174,7 @@ impl Shm {
                     Some(_) => timeout,
                     None => Some(timeout.map_or(UNPASSED_SLEEP, |t| t.min(UNPASSED_SLEEP))),
                 };
-                let r = doorbell::wait(&self.fds.own_bell, &self.fds.self_bell, &self.fds.control, wake_fd, timeout);
+                let r = doorbell::wait(&self.fds.control, &self.fds.self_bell, wake_fd, timeout);
                 if let (Ok(w), Some(own)) = (&r, wake_fd) {
                     if w.wake_invalid {
                         wake.invalid();

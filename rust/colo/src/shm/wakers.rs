@@ -75,8 +75,9 @@ impl Shm {
         }
     }
 
-    /// Empties this side's bells; returns whether one had rung. (A doorbell at end of stream
-    /// is the peer's hang-up: `drain_side` shuts the control socket down.)
+    /// Empties this side's bells; returns whether one had rung. (The control socket at end of
+    /// stream is the peer's hang-up, anything but a ring or the answer to the HELLO a protocol
+    /// error: `on_datagram`.)
     ///
     /// Several threads may sleep on one doorbell (two threads polling one socket, one to read
     /// and one to write; an event loop, and a thread writing from outside it whose non-blocking
@@ -87,9 +88,12 @@ impl Shm {
     /// (re-ringing the doorbell would not do: the passer, or another sleeper, could empty the
     /// pass before the one it was meant for looks; docs/ARCHITECTURE.md has the history).
     pub fn drain_doorbell(&self, by: Drainer) -> bool {
-        let found = doorbell::drain_side(&self.fds.own_bell, &self.fds.self_bell, &self.fds.control);
+        let found = doorbell::drain_side(&self.fds.control, &self.fds.self_bell);
         if found.hung_up {
-            self.poll_control();
+            self.on_datagram(doorbell::Datagram::HungUp);
+        }
+        if let Some(d) = found.other {
+            self.on_datagram(d);
         }
         if !found.rung {
             return false;

@@ -1,5 +1,5 @@
 //! The handover file's record format (see `super`): one inheritable connection in 32
-//! little-endian bytes (byte 24 the role; byte 25 says whether bytes 28 to 31 name the page of
+//! little-endian bytes (bytes 20 to 23 zero; byte 24 the role; byte 25 says whether bytes 28 to 31 name the page of
 //! the holders file that holds the connection's holders page). Its bytes come from an earlier
 //! program image (which hands on a read-only descriptor of a file only its uid may open for
 //! writing); still, `decode` accepts any 32 bytes without panicking and returns `None` for a
@@ -15,7 +15,6 @@ pub(crate) struct Record {
     pub(crate) sock_ino: u64,
     pub(crate) memfd: RawFd,
     pub(crate) control: RawFd,
-    pub(crate) own_bell: RawFd,
     pub(crate) self_bell: RawFd,
     pub(crate) role: Role,
     /// The index of the connection's holders page in the holders file handed over beside the
@@ -29,7 +28,7 @@ impl Record {
     pub(crate) fn encode(&self) -> [u8; RECORD_LEN] {
         let mut b = [0u8; RECORD_LEN];
         b[0..8].copy_from_slice(&self.sock_ino.to_le_bytes());
-        for (i, fd) in [self.memfd, self.control, self.own_bell, self.self_bell].into_iter().enumerate() {
+        for (i, fd) in [self.memfd, self.control, self.self_bell].into_iter().enumerate() {
             b[8 + 4 * i..12 + 4 * i].copy_from_slice(&fd.to_le_bytes());
         }
         b[24] = if self.role == Role::Client { 1 } else { 2 };
@@ -52,8 +51,7 @@ impl Record {
             sock_ino: u64::from_le_bytes(b[0..8].try_into().expect("8 bytes")),
             memfd: fd(0),
             control: fd(1),
-            own_bell: fd(2),
-            self_bell: fd(3),
+            self_bell: fd(2),
             role,
             holders: (b[25] == 1).then(|| fd(5) as u32),
         })

@@ -105,13 +105,13 @@ pub(super) fn fetch(lineage: &'static Lineage, k: &Key) -> Option<Box<Hello>> {
             return None;
         }
     };
-    if answer.len() != 2 || answer[0] != 1 || fds.len() != 4 {
+    if answer.len() != 2 || answer[0] != 1 || fds.len() != 2 {
         return None;
     }
     let mode = if answer[1] == Mode::Direct as u8 { Mode::Direct } else { Mode::Carrier };
     let mut it = fds.into_iter();
-    let (control, memfd, cb, sb) = (it.next()?, it.next()?, it.next()?, it.next()?);
-    let h = carrier::hello_from_fds(control, memfd, cb, sb, mode).ok().map(Box::new)?;
+    let (control, memfd) = (it.next()?, it.next()?);
+    let h = carrier::hello_from_fds(control, memfd, mode).ok().map(Box::new)?;
     if h.key() != Some(*k) {
         carrier::reject(&h.control, Reason::BadMessage);
         log_info(format_args!("offer service answered for another connection than {} -> {}; plain TCP", k.0, k.1));

@@ -118,13 +118,13 @@ fn ask(g: &Guest, k: &Key) -> Asked {
             Err(_) => return Asked::Nothing,
         };
         return match (r.len, buf[0], r.fds.len()) {
-            (2, 1, 4) => {
+            (2, 1, 2) => {
                 let mode = if buf[1] == Mode::Direct as u8 { Mode::Direct } else { Mode::Carrier };
                 let mut it = r.take_fds().into_iter();
-                let (Some(control), Some(memfd), Some(cb), Some(sb)) = (it.next(), it.next(), it.next(), it.next()) else {
+                let (Some(control), Some(memfd)) = (it.next(), it.next()) else {
                     return Asked::Nothing;
                 };
-                match carrier::hello_from_fds(control, memfd, cb, sb, mode) {
+                match carrier::hello_from_fds(control, memfd, mode) {
                     Ok(h) if h.key() == Some(*k) => Asked::Offer(Box::new(h)),
                     Ok(h) => {
                         carrier::reject(&h.control, Reason::BadMessage);

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 /// At most this many offers (and rendezvous connections whose HELLO has not arrived) are held
 /// by one service; beyond, a new one is answered REJECT(NO_RESOURCES) and its client dials
-/// plain TCP. Each holds four descriptors.
+/// plain TCP. Each holds two descriptors (the control socket and the segment memfd).
 pub const MAX_PENDING: usize = 1024;
 
 /// At most this many of them from one client uid (`SO_PEERCRED` of the rendezvous connection):
@@ -347,11 +347,8 @@ fn answer_asks(st: &mut State) {
         let hello = k.and_then(|k| take(st, &k));
         match hello {
             Some(h) => {
-                let fds = [h.control.as_fd(), h.memfd(), h.client_bell.as_fd(), h.server_bell.as_fd()];
-                let _ = seqpacket::send(&c, &[1, h.mode as u8], &fds);
+                let _ = seqpacket::send(&c, &[1, h.mode as u8], &[h.control.as_fd(), h.memfd()]);
                 log_debug(format_args!("rendezvous: an offer handed to another listener of uid {uid} on its address"));
-                // Handed on to the asker, who claims it: closed here as it is.
-                drop(h.server_bell.into_fd());
             }
             None => {
                 let _ = seqpacket::send(&c, &[0, 0], &[]);

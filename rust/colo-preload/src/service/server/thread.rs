@@ -169,10 +169,7 @@ fn answer_request(svc: &Service, req: Request) {
     };
     match hello {
         Some(h) => {
-            let fds = [h.control.as_fd(), h.memfd(), h.client_bell.as_fd(), h.server_bell.as_fd()];
-            req.answer(&[1, h.mode as u8], &fds);
-            // Handed on to the claimer, who uses it: closed here as it is.
-            drop(h.server_bell.into_fd());
+            req.answer(&[1, h.mode as u8], &[h.control.as_fd(), h.memfd()]);
         }
         None => req.answer(&[0, 0], &[]),
     }
