@@ -35,9 +35,12 @@ func (c *Conn) Close() error {
 	atomic.OrUint32(c.in.rflags, flagReadClosed)
 	atomic.OrUint32(c.out.flags, flagFIN|flagNotReading)
 	c.alertPeer()
-	c.drainCtl()            // a hang-up or a protocol error not seen yet (cleanClose)
+	c.drainCtl()            // a hang-up, a protocol error or a late answer not seen yet
 	clean := c.cleanClose() // our last use of the segment
-	emptyCtlBeforeClose(c.ctlFd)
+	if !c.rightsOff {
+		// A descriptor queued on it would be released by its close, in this thread.
+		emptyCtlBeforeClose(c.ctlFd)
+	}
 	c.ctl.Close()
 	if clean && c.carrier == nil {
 		switch {

@@ -61,9 +61,10 @@ type Conn struct {
 	ctl    *os.File
 	ctlFd  int // ctl's descriptor (os.File.Fd would make it blocking)
 	ctlRaw syscall.RawConn
-	// The control socket refuses descriptors (SO_PASSRIGHTS 0, Linux 6.16: the client's from its
-	// socket(2), the server's once the HELLO was read), so none can be queued on it: a drain
-	// needs no room for them (drainCtl).
+	// The control socket refuses descriptors, so none can be queued on it: a drain needs no
+	// room for them (drainCtl), nor its close an emptying (Close). Every control socket is made
+	// to (SO_PASSRIGHTS 0: the client's by connectRendezvous or connectRendezvousPath, the
+	// server's by handleHello once the HELLO is read); the kernel does so from Linux 6.16.
 	rightsOff bool
 
 	// State shared by this side's goroutines. Each atomic's writers and readers are named at
@@ -194,8 +195,7 @@ func (c *Conn) setup() {
 	// section 6, without a nested epoll instance. It is non-blocking since its socket(2) or
 	// accept4(2), so os.NewFile registered it.
 	c.ctlRaw, _ = c.ctl.SyscallConn()
-	v, err := unix.GetsockoptInt(c.ctlFd, unix.SOL_SOCKET, soPassRights)
-	c.rightsOff = err == nil && v == 0
+	c.rightsOff = passRightsKnown()
 }
 
 // enter marks the start of an operation; it fails once Close has begun.

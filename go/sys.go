@@ -110,6 +110,18 @@ func refuseRights(fd int) bool {
 	return unix.SetsockoptInt(fd, unix.SOL_SOCKET, soPassRights, 0) == nil
 }
 
+// passRightsKnown reports whether the kernel knows SO_PASSRIGHTS, so that refuseRights works on
+// every Unix socket (asked once, of a socket pair made for it).
+var passRightsKnown = sync.OnceValue(func() bool {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	return refuseRights(fds[0])
+})
+
 // closeRights closes every descriptor carried in a control-message buffer (discardFd).
 func closeRights(oob []byte) {
 	for _, fd := range rightsIn(oob) {
