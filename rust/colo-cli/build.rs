@@ -28,7 +28,7 @@ fn main() {
     let dest = out.join("libcolo_preload.so");
     std::fs::write(&dest, &bytes).expect("writing the embedded shim");
     // The file name carries a hash of the contents, so two different shims never share a name in
-    // the run-time cache directory (the contents are compared there as well).
+    // the run-time cache directory, where a copy is trusted by its name, owner, mode and length.
     println!("cargo:rustc-env=COLO_EMBEDDED_SHIM_HASH={:016x}", fnv1a(&bytes));
 }
 
@@ -63,8 +63,8 @@ fn build_shim(manifest: &Path, out: &Path) -> PathBuf {
     target_dir.join(&target).join("release").join("libcolo_preload.so")
 }
 
-/// FNV-1a, 64 bits: names the cached file (not a security measure: the cache directory's owner
-/// and mode are checked, and the contents compared, before the file is used).
+/// FNV-1a, 64 bits: names the cached file. It tells builds apart and need not resist forgery:
+/// only the user's own `colo` writes names in the user's cache directory (colo_run::embedded).
 fn fnv1a(b: &[u8]) -> u64 {
     b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| (h ^ x as u64).wrapping_mul(0x0000_0100_0000_01b3))
 }

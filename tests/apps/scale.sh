@@ -47,11 +47,11 @@ scale() {
   check "-c $n: client and server agree" test "$acc_c" -eq "$acc_s"
   [ "$n" -le 500 ] && check "-c $n: every connection accelerated" test "$acc_s" -ge $((n + 1))
   # Per accelerated connection, beyond the TCP socket (docs/ARCHITECTURE.md, "Descriptors per
-  # connection"): the shim's control socket, doorbell, self bell and readiness fd (both programs
-  # register their connections with epoll); and the segment memfd where the socket is
-  # inheritable: redis-server accepts with SOCK_CLOEXEC (4), redis-benchmark's socket() is
-  # inheritable (5).
-  local per_s=5 per_c=6
+  # connection"): the shim's control socket (the doorbell), self bell and readiness fd (both
+  # programs register their connections with epoll); and the segment memfd where the socket is
+  # inheritable: redis-server accepts with SOCK_CLOEXEC (3), redis-benchmark's socket() is
+  # inheritable (4).
+  local per_s=4 per_c=5
   check "-c $n: server descriptors $peak_s <= $base_s + 16 + $per_s x $n" test "$peak_s" -le $((base_s + 16 + per_s * n))
   check "-c $n: client descriptors $peak_c <= 16 + $per_c x $n" test "$peak_c" -le $((16 + per_c * n))
   kill $SRV 2>/dev/null; wait $SRV 2>/dev/null

@@ -82,9 +82,8 @@ def offer(path, proof):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.connect(path)
     memfd = segment(proof, ("10.0.0.1", 40001), ("10.0.0.2", 6379))
-    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     hello = struct.pack("<IBBBxII", 0x4F4C4F43, 1, 1, 2, FLAG_NETNS, 0)
-    socket.send_fds(s, [hello], [memfd, b.fileno(), b.fileno()])
+    socket.send_fds(s, [hello], [memfd])
     s.settimeout(3)
     try:
         r = s.recv(64)
@@ -275,9 +274,8 @@ def fuseoffer(d, seconds):
         except OSError:
             s.close()
             continue
-        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         hello = struct.pack("<IBBBxII", 0x4F4C4F43, 1, 1, 2, FLAG_NETNS, 0)
-        socket.send_fds(s, [hello], [f, b.fileno(), b.fileno()])
+        socket.send_fds(s, [hello], [f])
         sent.append(s)
     print("FUSEOFFER", len(sent), flush=True)
     answers = []

@@ -8,18 +8,24 @@
 //! - the directory is a real directory (not a symlink) owned by the effective user, writable by
 //!   nobody else; its parent is writable by nobody else or sticky (so no other user can rename
 //!   it away and put another in its place); its file system allows executable mappings;
-//! - the file, `libcolo_preload-<hash>.so`, is a regular file owned by the effective user,
-//!   writable by nobody (mode 0444), whose contents equal the embedded bytes.
+//! - the file, `libcolo_preload-<hash>.so` (the hash of the embedded bytes, so each build has a
+//!   name of its own), is a regular file (not a symlink) owned by the effective user, writable
+//!   by no one else, and of the embedded length.
 //!
-//! Otherwise a new copy is written to a temporary name (O_EXCL) and renamed over the final one,
-//! so a reader (the loader, another `colo run`) never sees a partial file. The directory is 0755
+//! Otherwise a new copy is written to a temporary name (O_EXCL, mode 0444 from its creation),
+//! flushed, and renamed over the final one. The file is trusted by those checks alone, without
+//! reading it: only this user (or root) can create or rename a name in the directory or write to
+//! a file of this user's that no one else may write, and this user's `colo` only ever puts a
+//! complete, flushed copy of the build the name stands for under that name, so another user
+//! cannot substitute a library and a reader (the loader, another `colo run`) never sees a
+//! partial one. A truncated copy fails the length check and is replaced. The directory is 0755
 //! and the file 0444: other users' processes may read and load it (a child that changes uid
 //! keeps its acceleration) but cannot change it.
 
-use rustix::fd::{AsFd, OwnedFd};
+use rustix::fd::AsFd;
 use rustix::fs::{self, FileType, Mode, OFlags, StatVfsMountFlags};
 use rustix::io::Errno;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// A shim carried in the running binary.
@@ -97,7 +103,7 @@ pub fn materialise_in(dir: &Path, shim: Embedded) -> Result<PathBuf, String> {
     }
     let name = format!("libcolo_preload-{}.so", shim.hash);
     let path = dir.join(&name);
-    if is_intact(&d, &name, shim.bytes, euid) {
+    if is_intact(&d, &name, shim.bytes.len(), euid) {
         return Ok(path);
     }
     let tmp = format!(".{name}.{}.tmp", std::process::id());
@@ -125,22 +131,15 @@ pub fn materialise_in(dir: &Path, shim: Embedded) -> Result<PathBuf, String> {
     Ok(path)
 }
 
-/// Whether `dir/name` is a regular file owned by `euid`, writable by nobody else, with exactly
-/// the contents `bytes`.
-fn is_intact(dir: &impl AsFd, name: &str, bytes: &[u8], euid: u32) -> bool {
-    let Ok(fd): Result<OwnedFd, _> = fs::openat(dir, name, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty()) else {
-        return false;
-    };
-    let Ok(st) = fs::fstat(&fd) else { return false };
-    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
-        || st.st_uid != euid
-        || st.st_mode & 0o022 != 0
-        || st.st_size as u64 != bytes.len() as u64
-    {
-        return false;
-    }
-    let mut have = Vec::with_capacity(bytes.len());
-    std::fs::File::from(fd).read_to_end(&mut have).is_ok() && have == bytes
+/// Whether `dir/name` is a regular file (not a symlink) owned by `euid`, writable by no one
+/// else, `len` bytes long: a copy this user's `colo` wrote (see the module documentation).
+fn is_intact(dir: &impl AsFd, name: &str, len: usize, euid: u32) -> bool {
+    fs::statat(dir, name, fs::AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|st| {
+        FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+            && st.st_uid == euid
+            && st.st_mode & 0o022 == 0
+            && st.st_size as u64 == len as u64
+    })
 }
 
 #[cfg(test)]
@@ -171,7 +170,7 @@ mod tests {
         // Found intact: the same file, not rewritten.
         assert_eq!(materialise_in(&dir, FAKE).unwrap(), p);
         assert_eq!(std::fs::metadata(&p).unwrap().ino(), ino);
-        // Changed contents are replaced by a fresh copy.
+        // A copy of another length (truncated, or changed) is replaced by a fresh copy.
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
         std::fs::write(&p, b"tampered").unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o444)).unwrap();
@@ -179,6 +178,72 @@ mod tests {
         assert_eq!(std::fs::read(&p).unwrap(), FAKE.bytes);
         // No temporary files are left behind.
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    /// Plays the other user and the torn write: each copy below stands where the shim is looked
+    /// for with the right name, and each must be replaced by a fresh copy of the embedded bytes,
+    /// this user's and writable by no one else, before its path is handed to the loader.
+    #[test]
+    fn a_copy_others_could_write_or_a_torn_one_is_replaced() {
+        let base = scratch("planted");
+        let dir = base.join("cache");
+        let p = materialise_in(&dir, FAKE).unwrap();
+        let evil = vec![b'!'; FAKE.bytes.len()];
+        let plant = |bytes: &[u8], mode: u32| {
+            let _ = std::fs::remove_file(&p);
+            std::fs::write(&p, bytes).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        let replaced = |what: &str| {
+            assert_eq!(materialise_in(&dir, FAKE).unwrap(), p, "{what}");
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            assert!(m.file_type().is_file(), "{what}: not a regular file");
+            assert_eq!((m.uid(), m.mode() & 0o777), (rustix::process::geteuid().as_raw(), 0o444), "{what}");
+            assert_eq!(std::fs::read(&p).unwrap(), FAKE.bytes, "{what}: contents");
+            assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "{what}: files left behind");
+        };
+        // Writable by others (its group, or everyone): anyone could have changed it in place.
+        for mode in [0o666, 0o664, 0o646] {
+            plant(&evil, mode);
+            replaced(&format!("mode {mode:o}"));
+        }
+        // A torn write: the right name, owner and mode, part of the contents.
+        plant(&FAKE.bytes[..FAKE.bytes.len() / 2], 0o444);
+        replaced("truncated");
+        plant(b"", 0o444);
+        replaced("empty");
+        // A symlink, even to an intact copy: what it points to may change under the loader.
+        let elsewhere = base.join("elsewhere.so");
+        std::fs::write(&elsewhere, FAKE.bytes).unwrap();
+        std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o444)).unwrap();
+        std::fs::remove_file(&p).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &p).unwrap();
+        replaced("symlink");
+        // Another user's file, read-only, of the right length (chown needs root; CI runs as root).
+        if rustix::process::geteuid().is_root() {
+            plant(&evil, 0o444);
+            std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
+            replaced("owned by uid 65534");
+        }
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    /// A copy this user's `colo` wrote is trusted by its owner, mode and length, without being
+    /// read: the start-up of `colo run` costs the same whatever the size of the shim.
+    #[test]
+    fn this_users_copy_of_the_right_length_is_used_without_being_read() {
+        let base = scratch("unread");
+        let dir = base.join("cache");
+        let p = materialise_in(&dir, FAKE).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let other = vec![b'?'; FAKE.bytes.len()];
+        std::fs::write(&p, &other).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o444)).unwrap();
+        let ino = std::fs::metadata(&p).unwrap().ino();
+        assert_eq!(materialise_in(&dir, FAKE).unwrap(), p);
+        assert_eq!(std::fs::metadata(&p).unwrap().ino(), ino);
+        assert_eq!(std::fs::read(&p).unwrap(), other);
         std::fs::remove_dir_all(&base).unwrap();
     }
 

@@ -135,9 +135,10 @@ fn u64_at(b: &[u8], o: usize) -> Option<u64> {
 }
 
 /// Inspects an ELF file (64-bit little-endian). `None`: fine (or not an ELF file: a script,
-/// whose interpreter is dynamically linked in practice).
+/// whose interpreter is dynamically linked in practice). Reads the headers and the section
+/// names only, so its cost does not grow with the program's size.
 pub fn inspect(path: &Path) -> Option<Unsupported> {
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{FileExt, MetadataExt};
     let meta = std::fs::metadata(path).ok()?;
     // The loader ignores LD_PRELOAD in secure-execution mode: when the set-id bit changes the
     // effective user or group (root running a setuid-root program is not).
@@ -146,22 +147,33 @@ pub fn inspect(path: &Path) -> Option<Unsupported> {
     if (mode & 0o4000 != 0 && meta.uid() != euid) || (mode & 0o2000 != 0 && meta.gid() != egid) {
         return Some(Unsupported::Setuid);
     }
-    let b = std::fs::read(path).ok()?;
-    if b.len() < 64 || &b[0..4] != b"\x7fELF" || b[4] != 2 || b[5] != 1 {
+    let f = std::fs::File::open(path).ok()?;
+    // `len` bytes at `off`, when the file has them (a header's sizes are not trusted for an
+    // allocation before that).
+    let at = |off: u64, len: usize| -> Option<Vec<u8>> {
+        if off.checked_add(len as u64)? > meta.len() {
+            return None;
+        }
+        let mut v = vec![0; len];
+        f.read_exact_at(&mut v, off).ok()?;
+        Some(v)
+    };
+    let h = at(0, 64)?;
+    if &h[0..4] != b"\x7fELF" || h[4] != 2 || h[5] != 1 {
         return None;
     }
     // Go: a `.go.buildinfo` section, or the "Go" build-ID note.
-    let shoff = u64_at(&b, 0x28)? as usize;
-    let shentsize = u16_at(&b, 0x3A)? as usize;
-    let shnum = u16_at(&b, 0x3C)? as usize;
-    let shstrndx = u16_at(&b, 0x3E)? as usize;
+    let shoff = u64_at(&h, 0x28)?;
+    let shentsize = u16_at(&h, 0x3A)? as usize;
+    let shnum = u16_at(&h, 0x3C)? as usize;
+    let shstrndx = u16_at(&h, 0x3E)? as usize;
     if shoff != 0 && shstrndx < shnum {
-        let strtab = shoff + shstrndx * shentsize;
-        let stroff = u64_at(&b, strtab + 0x18)? as usize;
+        let sh = at(shoff, shnum * shentsize)?;
+        let strtab = shstrndx * shentsize;
+        let names = at(u64_at(&sh, strtab + 0x18)?, usize::try_from(u64_at(&sh, strtab + 0x20)?).ok()?)?;
         for i in 0..shnum {
-            let sh = shoff + i * shentsize;
-            let name = u32_at(&b, sh)? as usize;
-            let s = b.get(stroff + name..)?;
+            let name = u32_at(&sh, i * shentsize)? as usize;
+            let s = names.get(name..)?;
             let end = s.iter().position(|&c| c == 0).unwrap_or(0);
             let n = &s[..end];
             if n == b".go.buildinfo" || n == b".note.go.buildid" {
@@ -170,10 +182,11 @@ pub fn inspect(path: &Path) -> Option<Unsupported> {
         }
     }
     // Static: no PT_INTERP (type 3) program header.
-    let phoff = u64_at(&b, 0x20)? as usize;
-    let phentsize = u16_at(&b, 0x36)? as usize;
-    let phnum = u16_at(&b, 0x38)? as usize;
-    let interp = (0..phnum).any(|i| u32_at(&b, phoff + i * phentsize) == Some(3));
+    let phoff = u64_at(&h, 0x20)?;
+    let phentsize = u16_at(&h, 0x36)? as usize;
+    let phnum = u16_at(&h, 0x38)? as usize;
+    let ph = at(phoff, phnum * phentsize)?;
+    let interp = (0..phnum).any(|i| u32_at(&ph, i * phentsize) == Some(3));
     if !interp {
         return Some(Unsupported::Static);
     }
@@ -269,6 +282,37 @@ mod tests {
         assert!(bad[0].starts_with("COLO_LOG=\"verbose\""), "{bad:?}");
         let good = env_warnings(env(&[("COLO_SPIN_US", "inf"), ("COLO_RING_KB", "64"), ("COLO_LOG", "INFO"), ("COLO_DISABLE", "1"), ("COLO_MAX_MAPPED_MB", "1024")]));
         assert!(good.is_empty(), "{good:?}");
+    }
+
+    /// The bytes this thread has read so far (`rchar`), files and /proc alike.
+    fn bytes_read() -> u64 {
+        let io = std::fs::read_to_string("/proc/thread-self/io").unwrap();
+        io.lines().find_map(|l| l.strip_prefix("rchar: ")).unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn inspect_reads_the_headers_not_the_program() {
+        let me = std::env::current_exe().unwrap();
+        let size = std::fs::metadata(&me).unwrap().len();
+        assert!(size > 1 << 20, "the test binary is {size} bytes");
+        let before = bytes_read();
+        assert_eq!(inspect(&me), None, "a dynamically linked program");
+        let read = bytes_read() - before;
+        assert!(read < 64 << 10, "read {read} bytes of a {size}-byte program");
+        // glibc's ldconfig is static; a Go toolchain's own binaries are Go.
+        for (p, want) in [("/sbin/ldconfig", Unsupported::Static), ("/usr/local/go/bin/gofmt", Unsupported::Go)] {
+            if Path::new(p).exists() {
+                assert_eq!(inspect(Path::new(p)), Some(want), "{p}");
+            }
+        }
+        // A script, and a file too short for an ELF header.
+        let dir = std::env::temp_dir().join(format!("colo-run-inspect-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, body) in [("script", &b"#!/bin/sh\nexit 0\n"[..]), ("short", &b"\x7fELF\x02\x01"[..])] {
+            std::fs::write(dir.join(name), body).unwrap();
+            assert_eq!(inspect(&dir.join(name)), None, "{name}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -126,8 +126,9 @@ const RIGHTS_SPACE: usize = rustix::cmsg_space!(ScmRights(crate::gift::MAX_RIGHT
 fn take_batch(control: BorrowedFd<'_>, out: &mut [Datagram; DRAIN_BATCH]) -> usize {
     use rustix::fd::{AsRawFd, FromRawFd};
     let mut bufs = [[0u8; MESSAGE_LEN + 1]; DRAIN_BATCH];
-    // u64s: the control buffers must be aligned for `cmsghdr`.
-    let mut spaces = vec![0u64; DRAIN_BATCH * RIGHTS_SPACE.div_ceil(8)];
+    // u64s: the control buffers must be aligned for `cmsghdr`. Not initialised: the kernel writes
+    // what it returns, and only that (msg_controllen) is read.
+    let mut spaces = [std::mem::MaybeUninit::<u64>::uninit(); DRAIN_BATCH * RIGHTS_SPACE.div_ceil(8)];
     let mut iovs: [libc::iovec; DRAIN_BATCH] =
         std::array::from_fn(|i| libc::iovec { iov_base: bufs[i].as_mut_ptr().cast(), iov_len: MESSAGE_LEN + 1 });
     // SAFETY: an all-zero mmsghdr is a valid value (null pointers, zero lengths).

@@ -125,11 +125,11 @@ fn all_on_shared_memory_few_descriptors(n: usize) {
     eprintln!("{n} concurrent: server {shm_s} on shared memory, {fds_s} descriptors; client {shm_c}, {fds_c}");
     assert_eq!(shm_s, n, "server: every connection on shared memory");
     assert_eq!(shm_c, n, "client: every connection on shared memory");
-    // At most 3 per connection (control socket, doorbell, self bell: the segment's memfd is
-    // closed once mapped), plus a few process-wide ones (the hang-up watcher's, and on the
-    // client the segments its preparer keeps ready for the next dials).
-    assert!(fds_s <= 3 * n + 16, "server: {fds_s} descriptors for {n} connections");
-    assert!(fds_c <= 3 * n + 16, "client: {fds_c} descriptors for {n} connections");
+    // At most 2 per connection (the control socket, which is the doorbell, and the self bell:
+    // the segment's memfd is closed once mapped), plus a few process-wide ones (the hang-up
+    // watcher's, and on the client the segments its preparer keeps ready for the next dials).
+    assert!(fds_s <= 2 * n + 16, "server: {fds_s} descriptors for {n} connections");
+    assert!(fds_c <= 2 * n + 16, "client: {fds_c} descriptors for {n} connections");
 }
 
 #[test]

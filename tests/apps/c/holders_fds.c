@@ -72,7 +72,7 @@ int main(int argc, char **argv) {
         }
         int more = descriptors(NULL) - before;
         fprintf(stderr, "%s connections: %d descriptors more for %d ends\n", k == 0 ? "close-on-exec" : "inheritable", more, 2 * N);
-        CHECK(more <= 2 * N * (shimmed() ? 6 : 1), "descriptors per connection end: the socket and the shim's five at most");
+        CHECK(more <= 2 * N * (shimmed() ? 4 : 1), "descriptors per connection end: the socket and the shim's three at most");
         CHECK(descriptors("colo-holders") <= 1, "one colo-holders descriptor per process at most");
         if (k == 0) {
             cloexec_more = more;

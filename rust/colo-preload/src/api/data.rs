@@ -100,11 +100,25 @@ unsafe fn readv_slow(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     )
 }
 
+/// `recvmsg`, then each listening socket the message carried becomes a colo listener of this
+/// process's (`passed::after_recv`): such a socket comes over a Unix socket, a plain descriptor,
+/// which `with_conn!` hands to libc and returns from at once, so the look is made here, after
+/// whichever path served the call.
 pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: the caller's contract, passed on.
+    let r = unsafe { recvmsg_served(fd, msg, flags) };
+    if r >= 0 {
+        // SAFETY: the application's msghdr, which the call just filled.
+        unsafe { crate::api::passed::after_recv(msg) };
+    }
+    r
+}
+
+unsafe fn recvmsg_served(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
     if let Some(r) = owed_first(fd, flags) {
         return r;
     }
-    let r = with_conn!(
+    with_conn!(
         fd,
         // SAFETY: the application's arguments, as recvmsg(2) takes them.
         unsafe { real::recvmsg(fd, msg, flags) },
@@ -123,12 +137,7 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
             }
             result(&g, r)
         }
-    );
-    if r >= 0 {
-        // SAFETY: the application's msghdr, which the kernel just filled.
-        unsafe { crate::api::passed::after_recv(msg) };
-    }
-    r
+    )
 }
 
 /// `recvmmsg` on an accelerated stream: as the kernel, each message is one `recvmsg`; after the

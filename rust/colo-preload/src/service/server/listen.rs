@@ -234,6 +234,23 @@ pub fn on_close_guest(g: &Arc<Guest>, fd: i32) {
     }
 }
 
+/// In a process forked from the serving one, which closes its last copy of the listener `l`:
+/// it can never serve `l`'s rendezvous (`forked::orphaned` serves only the listeners a process
+/// still holds), so its copy of the parent's service state lets go of `l`, and the caller's drop
+/// of the last reference closes the inherited rendezvous descriptor. Kept, it would hold the
+/// address's name after the serving process is gone (a fork-per-connection server restarted
+/// while a child still serves): the new server's listen would find the name taken and ask a
+/// holder that never answers, and its clients would wait, then go on over TCP, for as long as
+/// the child lives. A state lock the parent's service thread held at the fork stays locked in
+/// the child: the descriptor is then kept, as before.
+fn forget_inherited(l: &Arc<Listen>) {
+    let Some(svc) = super::thread::service() else { return };
+    if let Some(mut st) = try_lock(&svc.state) {
+        st.listens.retain(|x| !Arc::ptr_eq(x, l));
+        st.closed_here.retain(|c| !Arc::ptr_eq(&c.listen, l));
+    }
+}
+
 /// When listening fd `fd` is about to be closed in the process that listens: stop serving its
 /// rendezvous, unless the listener is still open here under another number (a duplicate, or a
 /// `SO_REUSEPORT` sibling, `share_sibling`), or may be open in a child forked since the listen
@@ -255,7 +272,10 @@ pub fn on_close_listen(l: &Arc<Listen>, fd: i32) {
             listening.swap_remove(i);
         }
     }
-    let Some(svc) = own() else { return };
+    let Some(svc) = own() else {
+        forget_inherited(l);
+        return;
+    };
     // SAFETY: `fd` is the application's listening socket, still open (the close comes after).
     let inode = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) }).map(|st| st.st_ino);
     let since = match inode {
