@@ -3,8 +3,8 @@ package colo
 import (
 	"errors"
 	"io"
-	"net"
 	"os"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// blockingFd clears O_NONBLOCK: the worst a peer sharing the description could do to it.
+// blockingFd clears O_NONBLOCK: ringing and draining must not depend on it.
 func blockingFd(t *testing.T, fd int) {
 	t.Helper()
 	if err := unix.SetNonblock(fd, false); err != nil {
@@ -29,173 +29,241 @@ func openFds(t *testing.T) int {
 	return len(es)
 }
 
-// Ringing and draining a doorbell pair never block, whatever the description's flags and however
-// full its buffer; an end shut down or closed is a hang-up; descriptors sent along are never
-// kept.
-func TestBellNeverBlocks(t *testing.T) {
-	watchdog(t, 30*time.Second)
-	a, b, err := newBellPair()
+// seqpacketPair is a connected pair of control sockets.
+func seqpacketPair(t *testing.T) (int, int) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return fds[0], fds[1]
+}
+
+// Ringing and draining a control socket never block, however full its queue (and whatever its
+// O_NONBLOCK); what a receive gets is sorted as spec section 6 says: a one-byte datagram is a
+// ring, a 16-byte one a message, an empty one or the peer's end the hang-up, anything else
+// (another length, descriptors) garbage; descriptors sent along are never kept.
+func TestCtlRingAndReceiveNeverBlock(t *testing.T) {
+	watchdog(t, 30*time.Second)
+	a, b := seqpacketPair(t)
 	defer unix.Close(a)
-	blockingFd(t, a)
-	blockingFd(t, b)
-	for i := 0; i < 200000; i++ { // far more than the buffers hold: the rest fail with EAGAIN
+	for i := 0; i < 200000; i++ { // far more than the queue holds: the rest fail with EAGAIN
 		ringBell(a)
 	}
-	drains := 0
+	var m [msgSize]byte
+	rings := 0
 	for {
-		rung, hungUp := drainBell(b)
-		if hungUp {
-			t.Fatal("a full doorbell taken for a hang-up")
-		}
-		if !rung {
+		got := recvCtl(b, &m)
+		if got == gotNothing {
 			break
 		}
-		if drains++; drains > 100000 {
-			t.Fatal("the drain never emptied the buffer")
+		if got != gotRing {
+			t.Fatalf("a full queue of rings gave %d", got)
+		}
+		if rings++; rings > 200000 {
+			t.Fatal("the receives never emptied the queue")
 		}
 	}
-	if rung, hungUp := drainBell(b); rung || hungUp {
-		t.Fatalf("an empty blocking doorbell: rung %v, hung up %v", rung, hungUp)
+	if rings == 0 {
+		t.Fatal("no ring received")
 	}
-	// Descriptors a peer sends along with its rings: a pair refuses them where the kernel can
-	// (SO_PASSRIGHTS); queued anyway (before a server could refuse them, or on an older kernel),
-	// a drain closes them.
+	if got := recvCtl(b, &m); got != gotNothing {
+		t.Fatalf("an empty queue gave %d", got)
+	}
 	efd, _ := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	defer unix.Close(efd)
 	if refuseRights(b) {
 		if err := unix.Sendmsg(a, []byte{1}, unix.UnixRights(efd), nil, 0); err != unix.EPERM {
-			t.Fatalf("a descriptor sent to a doorbell that refuses them: %v", err)
+			t.Fatalf("a descriptor sent to a control socket that refuses them: %v", err)
 		}
-		unix.SetsockoptInt(b, unix.SOL_SOCKET, soPassRights, 1)
+		unix.SetsockoptInt(b, unix.SOL_SOCKET, soPassRights, 1) // as a kernel before 6.16
 	}
-	for i := 0; i < 8; i++ {
-		if err := unix.Sendmsg(a, []byte{1}, unix.UnixRights(efd), nil, 0); err != nil {
-			t.Fatal(err)
-		}
-	}
-	unix.Close(efd)
 	before := openFds(t)
-	for i := 0; i < 100; i++ {
-		if rung, _ := drainBell(b); !rung {
-			break
+	welcome := hsMsg{Type: MsgWelcome, Version: Version}.encode()
+	for _, tc := range []struct {
+		name string
+		send func() error
+		want int
+	}{
+		{"a ring", func() error { return unix.Sendmsg(a, []byte{7}, nil, nil, 0) }, gotRing},
+		{"a message", func() error { return unix.Sendmsg(a, welcome, nil, nil, 0) }, gotMsg},
+		{"five bytes", func() error { return unix.Sendmsg(a, []byte("abcde"), nil, nil, 0) }, gotGarbage},
+		{"seventeen bytes", func() error { return unix.Sendmsg(a, append(welcome, 0), nil, nil, 0) }, gotGarbage},
+		{"a ring with a descriptor", func() error { return unix.Sendmsg(a, []byte{1}, unix.UnixRights(efd), nil, 0) }, gotGarbage},
+		{"a descriptor alone", func() error { return sendRights(a, unix.UnixRights(efd)) }, gotGarbage},
+		{"an empty datagram", func() error { return unix.Sendmsg(a, nil, nil, nil, 0) }, gotHangUp},
+	} {
+		if err := tc.send(); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if got := recvCtl(b, &m); got != tc.want {
+			t.Errorf("%s: got %d, want %d", tc.name, got, tc.want)
+		}
+		if tc.want == gotMsg && string(m[:]) != string(welcome) {
+			t.Errorf("the message read as %x", m)
 		}
 	}
 	if n := openFds(t); n != before {
-		t.Fatalf("draining installed %d descriptors", n-before)
+		t.Fatalf("receiving installed %d descriptors", n-before)
 	}
 	// The peer shuts its end down: a ring, then the hang-up.
 	ringBell(a)
 	unix.Shutdown(a, unix.SHUT_WR)
-	if rung, hungUp := drainBell(b); !rung || !hungUp {
-		t.Fatalf("after the peer's shutdown: rung %v, hung up %v", rung, hungUp)
+	if got := recvCtl(b, &m); got != gotRing {
+		t.Fatalf("the ring before the hang-up: %d", got)
+	}
+	if got := recvCtl(b, &m); got != gotHangUp {
+		t.Fatalf("after the peer's shutdown: %d", got)
 	}
 	// Ringing a peer that is gone raises no SIGPIPE.
 	unix.Close(b)
 	ringBell(a)
-	if !isDoorbell(a) {
-		t.Fatal("a socket pair end is a doorbell")
+}
+
+// A control socket that refuses descriptors is drained in one system call (recvmmsg), each
+// datagram sorted as one received alone would be, a full queue of rings never blocking it.
+func TestCtlBatchReceive(t *testing.T) {
+	watchdog(t, 30*time.Second)
+	a, b := seqpacketPair(t)
+	defer unix.Close(a)
+	defer unix.Close(b)
+	if !refuseRights(b) {
+		t.Skip("a kernel before 6.16: no SO_PASSRIGHTS, no batch receive")
+	}
+	blockingFd(t, b)
+	for i := 0; i < 200000; i++ {
+		ringBell(a)
+	}
+	var batch ctlBatch
+	rings := 0
+	for {
+		n, e := recvCtlBatch(b, &batch)
+		if e == unix.EAGAIN {
+			break
+		}
+		if e != 0 || n < 1 || n > ctlDrainCalls {
+			t.Fatalf("a batch of rings: %d, %v", n, e)
+		}
+		for i := 0; i < n; i++ {
+			if k := ctlKind(int(batch.hdrs[i].n), batch.hdrs[i].hdr.Flags, false); k != gotRing {
+				t.Fatalf("a ring read as %d", k)
+			}
+		}
+		if rings += n; rings > 200000 {
+			t.Fatal("the receives never emptied the queue")
+		}
+	}
+	welcome := hsMsg{Type: MsgWelcome, Version: Version}.encode()
+	for _, d := range [][]byte{{1}, []byte("abcde"), welcome, append(welcome, 0), nil} {
+		if err := unix.Sendmsg(a, d, nil, nil, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, e := recvCtlBatch(b, &batch)
+	if e != 0 || n != 5 {
+		t.Fatalf("a batch of five: %d, %v", n, e)
+	}
+	want := []int{gotRing, gotGarbage, gotMsg, gotGarbage, gotHangUp}
+	for i, w := range want {
+		if k := ctlKind(int(batch.hdrs[i].n), batch.hdrs[i].hdr.Flags, false); k != w {
+			t.Errorf("datagram %d: %d, want %d", i, k, w)
+		}
+	}
+	if string(batch.bufs[2][:msgSize]) != string(welcome) {
+		t.Errorf("the message read as %x", batch.bufs[2])
+	}
+	// A ring, then the peer's end shut down.
+	ringBell(a)
+	unix.Shutdown(a, unix.SHUT_WR)
+	n, e = recvCtlBatch(b, &batch)
+	if e != 0 || n < 2 {
+		t.Fatalf("a ring and the hang-up: %d, %v", n, e)
+	}
+	for i, w := range []int{gotRing, gotHangUp} {
+		if k := ctlKind(int(batch.hdrs[i].n), batch.hdrs[i].hdr.Flags, false); k != w {
+			t.Errorf("after the shutdown, datagram %d: %d, want %d", i, k, w)
+		}
 	}
 }
 
-// A peer that fills our doorbell and makes it blocking, or shuts its end down, cannot hang our
-// operations: rings into a full blocking doorbell return at once, and a doorbell whose other end
-// was shut down is a hang-up that ends a blocked read. (A peer that stuffs our doorbell can make
-// its own rings fail, and so stall its own connection, as a peer that never rings does.)
-func TestPeerAbusingItsDoorbell(t *testing.T) {
+// A peer that floods our control socket with rings cannot block or hang us: rings into its full
+// queue return at once, a connection whose peer floods it goes on, and a blocked read still
+// ends at the flooder's hang-up.
+func TestPeerFloodingRings(t *testing.T) {
 	watchdog(t, 60*time.Second)
 	l := listen(t)
 	c, s := pair(t, l, &Dialer{})
 	defer c.Close()
-	defer s.Close()
-	blockingFd(t, s.ownBell)
-	blockingFd(t, c.ownBell)
-	for i := 0; i < 200000; i++ {
-		ringBell(s.ownBell)
-		ringBell(c.ownBell)
-	}
-	buf := make([]byte, 4)
-	for i := 0; i < 100; i++ {
-		// The client announces a sleep each time, so each write rings its full doorbell.
-		atomic.OrUint32(c.myWaiting, waitDoorbell)
-		if _, err := s.Write([]byte("ping")); err != nil {
-			t.Fatal(err)
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // the server's process floods the client
+		defer wg.Done()
+		for !stop.Load() {
+			ringBell(s.ctlFd)
 		}
+	}()
+	buf := make([]byte, 4)
+	for i := 0; i < 200; i++ {
+		go func() { s.Write([]byte("ping")) }()
 		if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ping" {
 			t.Fatalf("round %d: %q %v", i, buf, err)
 		}
+		if _, err := c.Write([]byte("pong")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(s, buf); err != nil || string(buf) != "pong" {
+			t.Fatalf("round %d: %q %v", i, buf, err)
+		}
 	}
-	// The server's end shut down (by a peer holding it): the client's blocked read ends.
+	// A blocked read ends when the flooder closes, its FIN behind a full queue of rings.
 	done := make(chan error, 1)
 	go func() {
 		_, err := c.Read(buf)
 		done <- err
 	}()
-	time.Sleep(50 * time.Millisecond)
-	unix.Shutdown(s.ownBell, unix.SHUT_RDWR)
-	select {
-	case err := <-done:
-		if err == nil || !(errors.Is(err, unix.ECONNRESET) || err == io.EOF) {
-			t.Fatalf("read after the doorbell hung up: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a read stayed blocked after the peer shut its doorbell down")
+	time.Sleep(50 * time.Millisecond) // let the read block (it ends either way)
+	stop.Store(true)
+	wg.Wait()
+	for i := 0; i < 100000; i++ { // fill the client's queue
+		ringBell(s.ctlFd)
+	}
+	s.Close()
+	if err := <-done; err != io.EOF {
+		t.Fatalf("read after the flooder closed: %v, want EOF", err)
 	}
 }
 
-// A peer's lingering TCP socket queued on a doorbell (before the handshake, or on a kernel
-// without SO_PASSRIGHTS) never holds a drain: its last close would wait up to its linger time
-// in the thread that drops it, and a drain without room for it had the kernel drop it there.
-func TestLingeringGiftNeverHoldsADrain(t *testing.T) {
-	watchdog(t, 90*time.Second)
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fds[0])
-	defer unix.Close(fds[1])
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	g, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	unix.SetsockoptInt(g, unix.SOL_SOCKET, unix.SO_SNDBUF, 4096)
-	if err := unix.Connect(g, &unix.SockaddrInet4{Port: l.Addr().(*net.TCPAddr).Port, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	peer, err := l.Accept() // kept open, never read
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer peer.Close()
-	peer.(*net.TCPConn).SetReadBuffer(4096)
-	unix.SetNonblock(g, true)
-	for {
-		if _, err := unix.Write(g, make([]byte, 65536)); err != nil {
-			break
-		}
-	}
-	unix.SetsockoptLinger(g, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 600})
-	if err := unix.Sendmsg(fds[0], []byte{1}, unix.UnixRights(g), nil, 0); err != nil {
+// A peer's lingering TCP socket queued on our control socket (on a kernel without SO_PASSRIGHTS)
+// never holds a receive, nor the close of the socket: its last close would wait up to its
+// linger time in the thread that drops it, and a receive without room for it had the kernel
+// drop it there.
+func TestLingeringGiftNeverHoldsAReceive(t *testing.T) {
+	watchdog(t, 150*time.Second)
+	a, b := seqpacketPair(t)
+	defer unix.Close(a)
+	unix.SetsockoptInt(b, unix.SOL_SOCKET, soPassRights, 1)
+	g := lingeringSocket(t)
+	if err := unix.Sendmsg(a, []byte{1}, unix.UnixRights(g), nil, 0); err != nil {
 		t.Fatal(err)
 	}
 	unix.Close(g) // not the last reference: the queued message holds one
-	done := make(chan bool)
-	go func() {
-		rung, _ := drainBell(fds[1])
-		done <- rung
-	}()
-	select {
-	case rung := <-done:
-		if !rung {
-			t.Fatal("the ring was not seen")
+	returnsWithin(t, "the receive waited for the gift's close", func() {
+		var m [msgSize]byte
+		if got := recvCtl(b, &m); got != gotGarbage {
+			t.Errorf("a ring with a descriptor: %d", got)
 		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("the drain waited for the gift's close")
+	})
+	u := holdingSocket(t, lingeringSocket(t))
+	if err := unix.Sendmsg(a, []byte{1}, unix.UnixRights(u), nil, 0); err != nil {
+		t.Fatal(err)
 	}
+	unix.Close(u)
+	returnsWithin(t, "the close waited for the gift queued on the control socket", func() {
+		emptyCtlBeforeClose(b)
+		if err := unix.Sendmsg(a, []byte{1}, unix.UnixRights(a), nil, unix.MSG_NOSIGNAL); !errors.Is(err, unix.EPIPE) {
+			t.Errorf("the socket still took descriptors after it was emptied: %v", err)
+		}
+		unix.Close(b)
+	})
 }

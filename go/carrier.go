@@ -74,7 +74,7 @@ func (o *offer) drop() {
 	reject(o.c.ctlFd, RejectNotClaimed)
 	unmap(o.c)
 	for _, fd := range o.fds {
-		discardFd(fd) // unused: its doorbell end shut down and emptied (gift.go)
+		discardFd(fd) // unused: the memfd (gift.go)
 	}
 	o.c.ctl.Close()
 }

@@ -31,24 +31,22 @@ import (
 
 // rawClient is a client's side of a DIRECT connection made by hand.
 type rawClient struct {
-	ctl   int
-	seg   []byte
-	lay   layout
-	bells [2]int
+	ctl int
+	seg []byte
+	lay layout
 }
 
 func (r *rawClient) close() {
 	unix.Close(r.ctl)
-	unix.Close(r.bells[0])
-	unix.Close(r.bells[1])
 	if r.seg != nil {
 		unix.Munmap(r.seg)
 	}
 }
 
 // rawDirect sends HELLO(DIRECT) to l with a sealed segment of fileSize bytes whose header
-// describes g; it returns the client and the answer (nil if none).
-func rawDirect(t *testing.T, l *Listener, g Geometry, fileSize uint64) (*rawClient, []byte) {
+// describes g (and the descriptors more after its memfd); it returns the client and the answer
+// (nil if none).
+func rawDirect(t *testing.T, l *Listener, g Geometry, fileSize uint64, more ...int) (*rawClient, []byte) {
 	t.Helper()
 	lay := g.layout()
 	mfd, err := newSegmentFd(fileSize)
@@ -71,9 +69,6 @@ func rawDirect(t *testing.T, l *Listener, g Geometry, fileSize uint64) (*rawClie
 		t.Fatal(err)
 	}
 	r := &rawClient{seg: seg, lay: lay}
-	if r.bells[0], r.bells[1], err = newBellPair(); err != nil {
-		t.Fatal(err)
-	}
 	if r.ctl, err = unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +76,7 @@ func rawDirect(t *testing.T, l *Listener, g Geometry, fileSize uint64) (*rawClie
 		t.Fatal(err)
 	}
 	hello := hsMsg{Type: MsgHello, Version: Version, Arg: ModeDirect}.encode()
-	if err := unix.Sendmsg(r.ctl, hello, unix.UnixRights(mfd, r.bells[1], r.bells[1]), nil, 0); err != nil {
+	if err := unix.Sendmsg(r.ctl, hello, unix.UnixRights(append([]int{mfd}, more...)...), nil, 0); err != nil {
 		t.Fatal(err)
 	}
 	unix.SetsockoptTimeval(r.ctl, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 10})
@@ -121,6 +116,39 @@ func TestClaimSegmentSizeDiffersFromHeader(t *testing.T) {
 	defer r.close()
 	if !isMsg(a, MsgWelcome, 0) {
 		t.Fatalf("a memfd of its header's size: answer %x, want WELCOME", a)
+	}
+	if s := <-accepted; s != nil {
+		s.Close()
+	}
+}
+
+// A HELLO carries the segment's memfd alone (spec section 3): one with the two doorbell slots
+// of the earlier layout (a Unix stream socket twice after the memfd) is refused
+// REJECT(BAD_MESSAGE), and its client uses TCP; the same segment alone is welcomed.
+func TestClaimHelloWithThreeDescriptorsRefused(t *testing.T) {
+	watchdog(t, 30*time.Second)
+	l := listen(t)
+	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(sp[0])
+	defer unix.Close(sp[1])
+	size := smallGeometry.layout().segmentSize
+	r, a := rawDirect(t, l, smallGeometry, size, sp[1], sp[1])
+	r.close()
+	if !isMsg(a, MsgReject, RejectBadMessage) {
+		t.Fatalf("a HELLO with three descriptors: answer %x, want REJECT(BAD_MESSAGE)", a)
+	}
+	accepted := make(chan *Conn, 1)
+	go func() {
+		s, _ := l.AcceptColo()
+		accepted <- s
+	}()
+	r, a = rawDirect(t, l, smallGeometry, size)
+	defer r.close()
+	if !isMsg(a, MsgWelcome, 0) {
+		t.Fatalf("the same HELLO with the memfd alone: answer %x, want WELCOME", a)
 	}
 	if s := <-accepted; s != nil {
 		s.Close()
@@ -174,38 +202,92 @@ func sendRights(fd int, oob []byte) error {
 	return nil
 }
 
-func TestClaimControlSocketByteResets(t *testing.T) {
-	watchdog(t, 30*time.Second)
-	for _, tc := range []struct {
-		name string
-		send func(r *rawClient) error
-	}{
-		{"a byte", func(r *rawClient) error { return unix.Sendmsg(r.ctl, []byte("x"), nil, nil, 0) }},
-		{"a descriptor", func(r *rawClient) error {
-			efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
-			if err != nil {
-				return err
+// After the handshake the control socket carries rings alone (spec section 6): a datagram of
+// another length, or one carrying descriptors, resets the connection (spec section 8). The
+// server's socket refuses descriptors once the HELLO is read (SO_PASSRIGHTS, Linux 6.16), and
+// is then drained without room for them; a kernel without the option is played by taking them
+// again (drained one datagram at a time, with room).
+func TestClaimControlSocketGarbageResets(t *testing.T) {
+	watchdog(t, 60*time.Second)
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(efd)
+	for _, oldKernel := range []bool{false, true} {
+		for _, tc := range []struct {
+			name   string
+			rights bool
+			send   func(r *rawClient) error
+		}{
+			{"five bytes", false, func(r *rawClient) error { return unix.Sendmsg(r.ctl, []byte("xxxxx"), nil, nil, 0) }},
+			{"a message", false, func(r *rawClient) error {
+				return unix.Sendmsg(r.ctl, hsMsg{Type: MsgWelcome, Version: Version}.encode(), nil, nil, 0)
+			}},
+			{"a ring and a descriptor", true, func(r *rawClient) error {
+				return unix.Sendmsg(r.ctl, []byte{1}, unix.UnixRights(efd), nil, 0)
+			}},
+			{"a descriptor alone", true, func(r *rawClient) error { return sendRights(r.ctl, unix.UnixRights(efd)) }},
+		} {
+			r, s := rawConnection(t)
+			if oldKernel {
+				unix.SetsockoptInt(s.ctlFd, unix.SOL_SOCKET, soPassRights, 1)
+				s.rightsOff = false // nobody else uses s yet
 			}
-			defer unix.Close(efd)
-			return sendRights(r.ctl, unix.UnixRights(efd))
-		}},
-	} {
+			before := fdCount(t)
+			err := tc.send(r)
+			if tc.rights && s.rightsOff {
+				if err != unix.EPERM {
+					t.Errorf("%s: a control socket that refuses descriptors: %v", tc.name, err)
+				}
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Read(make([]byte, 8)); !errors.Is(err, syscall.ECONNRESET) {
+				t.Errorf("%s on the control socket (old kernel %v): read %v, want ECONNRESET", tc.name, oldKernel, err)
+			}
+			if r.serverFlags()&flagRESET == 0 {
+				t.Errorf("%s on the control socket (old kernel %v): no RESET sent through the segment", tc.name, oldKernel)
+			}
+			if _, err := s.Write([]byte("y")); !errors.Is(err, syscall.ECONNRESET) {
+				t.Errorf("%s on the control socket (old kernel %v): write %v, want ECONNRESET", tc.name, oldKernel, err)
+			}
+			if n := fdCount(t); n != before {
+				t.Errorf("%s (old kernel %v): %d descriptors kept", tc.name, oldKernel, n-before)
+			}
+		}
+	}
+}
+
+// Rings (one-byte datagrams) are what the control socket carries after the handshake: however
+// many a peer sends, the connection goes on, and a read ends at the peer's hang-up queued behind
+// more rings than one drain takes (drained in one system call or one datagram at a time).
+func TestClaimControlSocketRingsAreNotGarbage(t *testing.T) {
+	watchdog(t, 60*time.Second)
+	for _, batch := range []bool{true, false} {
 		r, s := rawConnection(t)
-		if err := tc.send(r); err == unix.EPERM && tc.name == "a descriptor" {
-			// The server's control socket refuses descriptors once the HELLO is read
-			// (SO_PASSRIGHTS, Linux 6.16): none can arrive at all.
-			continue
-		} else if err != nil {
-			t.Fatal(err)
+		s.rightsOff = s.rightsOff && batch // nobody else uses s yet
+		for i := 0; i < 4*ctlDrainCalls; i++ {
+			unix.Sendmsg(r.ctl, []byte{byte(i)}, nil, nil, unix.MSG_DONTWAIT)
 		}
-		if _, err := s.Read(make([]byte, 8)); !errors.Is(err, syscall.ECONNRESET) {
-			t.Errorf("%s on the control socket: read %v, want ECONNRESET", tc.name, err)
+		r.produce([]byte("abc"))
+		b := make([]byte, 8)
+		if n, err := s.Read(b); err != nil || string(b[:n]) != "abc" {
+			t.Fatalf("batch %v: read %q, %v", batch, b[:n], err)
 		}
-		if r.serverFlags()&flagRESET == 0 {
-			t.Errorf("%s on the control socket: no RESET sent through the segment", tc.name)
+		if _, err := s.Write([]byte("y")); err != nil {
+			t.Fatalf("batch %v: write after rings: %v", batch, err)
 		}
-		if _, err := s.Write([]byte("y")); !errors.Is(err, syscall.ECONNRESET) {
-			t.Errorf("%s on the control socket: write %v, want ECONNRESET", tc.name, err)
+		// The peer rings on, then dies (no FIN) while nothing polls: its hang-up is queued
+		// behind more rings than one drain takes, and no edge will come for it.
+		for i := 0; i < 4*ctlDrainCalls; i++ {
+			unix.Sendmsg(r.ctl, []byte{byte(i)}, nil, nil, unix.MSG_DONTWAIT)
+		}
+		unix.Shutdown(r.ctl, unix.SHUT_RDWR)
+		if _, err := s.Read(b); !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("batch %v: read after a hang-up behind rings: %v, want ECONNRESET", batch, err)
 		}
 	}
 }
@@ -223,9 +305,6 @@ func hangUpOutcome(t *testing.T, fin bool, hangUp func(r *rawClient) error) (str
 		t.Fatal(err)
 	}
 	got, rerr := io.ReadAll(s)
-	// A read that ends at FIN need not have looked at the control socket: give the watcher
-	// time to see the hang-up before the write.
-	time.Sleep(100 * time.Millisecond)
 	_, werr := s.Write([]byte("y"))
 	return string(got), rerr, werr, r.serverFlags()&flagRESET != 0
 }

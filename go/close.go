@@ -12,10 +12,10 @@ import (
 )
 
 // Close closes the connection: FIN and NOT_READING on our direction, READ_CLOSED on the peer's, a
-// ring of the peer's doorbell, then every descriptor and the mapping are released (a DIRECT
-// connection that closes cleanly keeps its segment and doorbells for a while, for the next
-// connection between the same two processes: spec section 3, "Recycling"). Blocked operations
-// return. Message views obtained from Recv and buffers from Loan must not be used after Close.
+// ring of the peer (if it sleeps), then the control socket and the mapping are released (a
+// DIRECT connection that closes cleanly keeps its segment for a while, for the next connection
+// between the same two processes: spec section 3, "Recycling"). Blocked operations return.
+// Message views obtained from Recv and buffers from Loan must not be used after Close.
 func (c *Conn) Close() error {
 	if c.tcp != nil {
 		return c.tcp.Close()
@@ -35,8 +35,13 @@ func (c *Conn) Close() error {
 	atomic.OrUint32(c.in.rflags, flagReadClosed)
 	atomic.OrUint32(c.out.flags, flagFIN|flagNotReading)
 	c.alertPeer()
+	c.drainCtl()            // a hang-up, a protocol error or a late answer not seen yet
 	clean := c.cleanClose() // our last use of the segment
-	c.ctl.Close()           // the control-socket watcher returns
+	if !c.rightsOff {
+		// A descriptor queued on it would be released by its close, in this thread.
+		emptyCtlBeforeClose(c.ctlFd)
+	}
+	c.ctl.Close()
 	if clean && c.carrier == nil {
 		switch {
 		case c.parkName != "":
@@ -49,9 +54,6 @@ func (c *Conn) Close() error {
 			return nil
 		}
 	}
-	emptyBellBeforeClose(c.ownBell)
-	c.bell.Close() // closes ownBell
-	unix.Close(c.spareBell)
 	if c.carrier != nil {
 		if debug {
 			if rc, err := c.carrier.(*net.TCPConn).SyscallConn(); err == nil {
@@ -78,7 +80,7 @@ func (c *Conn) cleanClose() bool {
 		return false
 	}
 	// The hang-up first: a peer's FIN precedes its hang-up. SYNC POINT with the Store in
-	// watchCtl, made after the control socket reported the hang-up.
+	// drainCtl, made after the control socket reported the hang-up.
 	gone := c.ctlGone.Load()
 	// SYNC POINT with the peer's ORs of its flags (FIN, RESET, READ_CLOSED: its Close,
 	// CloseWrite, CloseRead, fail) and with ours (fail's RESET, made by any of our goroutines).
@@ -118,9 +120,7 @@ var (
 // unlike Close it leaves the segment untouched (no FIN), so that the client sees the REJECT.
 func (c *Conn) discard() {
 	c.closed.Store(true) // nobody else holds the connection yet: orders nothing
-	c.bell.Close()
 	c.ctl.Close()
-	unix.Close(c.spareBell)
 	unmapLater(c.seg)
 	c.seg = nil
 }

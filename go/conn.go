@@ -56,21 +56,24 @@ type Conn struct {
 	myWaiting   *uint32
 	peerWaiting *uint32
 
-	// Descriptors.
-	ownBell   int // our end of the doorbell pair: we wait on it, and a byte sent on it rings the peer
-	spareBell int // server: the HELLO's second descriptor of ownBell, closed with it; client: -1
-	ctl       *os.File
-	ctlFd     int
-	bell      *os.File // our doorbell (ownBell), in the netpoller
-	bellRaw   syscall.RawConn
+	// The control socket, the connection's only descriptor: our doorbell (we wait on it, in the
+	// netpoller, and a one-byte datagram sent on it rings the peer) and the peer's liveness.
+	ctl    *os.File
+	ctlFd  int // ctl's descriptor (os.File.Fd would make it blocking)
+	ctlRaw syscall.RawConn
+	// The control socket refuses descriptors, so none can be queued on it: a drain needs no
+	// room for them (drainCtl), nor its close an emptying (Close). Every control socket is made
+	// to (SO_PASSRIGHTS 0: the client's by connectRendezvous or connectRendezvousPath, the
+	// server's by handleHello once the HELLO is read); the kernel does so from Linux 6.16.
+	rightsOff bool
 
 	// State shared by this side's goroutines. Each atomic's writers and readers are named at
 	// its uses; what a flag set before a kick guarantees is said at kick.
-	pending  atomic.Bool           // client: established before the server's answer (spec section 3); watchCtl's own
+	pending  atomic.Bool           // client: established before the server's answer (spec section 3); drainCtl's own
 	life     sync.RWMutex          // read-held by every operation; write-held by Close to unmap
 	closed   atomic.Bool           // set once by Close (before its kick); read by enter and every ready condition
 	fatal    atomic.Pointer[error] // the first fatal error (fail); read by every operation
-	ctlGone  atomic.Bool           // the control socket hung up (watchCtl, before its kick)
+	ctlGone  atomic.Bool           // the control socket hung up (drainCtl)
 	rdClosed atomic.Bool           // CloseRead (before its kick)
 	wrClosed atomic.Bool           // CloseWrite; read by writeCheck
 	rdl, wdl deadline
@@ -83,8 +86,7 @@ type Conn struct {
 	wakeCh     chan struct{} // closed when the poller wakes (waitMu)
 	wakeChUsed atomic.Bool   // a non-polling waiter holds wakeCh (set and cleared under waitMu)
 	lostWakes  atomic.Uint32 // bumped by a follower whose announcement found the word woken
-	kicked     atomic.Bool   // kick expired the doorbell's deadline; the next poll clears it
-	bellDirty  atomic.Bool   // the doorbell may hold rings no netpoller event will report (see pollOnce)
+	kicked     atomic.Bool   // kick expired the control socket's deadline; the next poll clears it
 	// The poller's state (only the goroutine that set polling uses it) and callbacks made once,
 	// so that waiting allocates nothing.
 	pollFirst, pollOK                         bool
@@ -160,12 +162,12 @@ func errnoErr(op string, e unix.Errno) error { return os.NewSyscallError(op, e) 
 var ErrProtocol = unix.EPROTO
 
 // setup finishes a colo connection once the segment is mapped and the handshake done.
-func (c *Conn) setup() error {
+func (c *Conn) setup() {
 	c.wakeCh = make(chan struct{})
 	c.readReadyFn, c.writeReadyFn, c.loanFn, c.recvFn = c.readReady, c.writeReady, c.loanReady, c.recvReady
 	c.pollFn = c.pollCallback
 	c.kickFn = c.kick
-	// A recycled doorbell may still carry the deadline of its previous connection's last kick.
+	// The handshake may have left a read deadline on the control socket: the first poll clears it.
 	c.kicked.Store(true)
 	c.spin.ns.Store(defaultSpinNs)
 	if defaultSpinNs > 0 && c.peerPid > 0 && affinityUnionIsOne(c.peerPid) {
@@ -188,18 +190,12 @@ func (c *Conn) setup() error {
 	c.tx.start(&c.out, uint64(l.RingCapacity))
 	c.rx.size = min(minRingSize, uint64(l.RingCapacity))
 	c.pool.init(l.SlotCount)
-	// Our doorbell sits directly in the netpoller (edge-triggered: every write is an event) and
-	// a parked goroutine watches the control socket; together they are the readiness fd of
-	// spec section 6, without a nested epoll instance or any system call in the wait path. A
-	// recycled segment comes with its doorbell already there.
-	if c.bell == nil {
-		if err := unix.SetNonblock(c.ownBell, true); err != nil {
-			return err
-		}
-		c.bell = os.NewFile(uintptr(c.ownBell), "colo-doorbell")
-	}
-	c.bellRaw, _ = c.bell.SyscallConn()
-	return nil
+	// The control socket, our doorbell, sits directly in the netpoller (edge-triggered: every
+	// datagram that arrives, and the hang-up, is an event): it is the readiness fd of spec
+	// section 6, without a nested epoll instance. It is non-blocking since its socket(2) or
+	// accept4(2), so os.NewFile registered it.
+	c.ctlRaw, _ = c.ctl.SyscallConn()
+	c.rightsOff = passRightsKnown()
 }
 
 // enter marks the start of an operation; it fails once Close has begun.

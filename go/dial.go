@@ -272,6 +272,7 @@ func connectRendezvous(ctx context.Context, name string) (int, error) {
 	if err != nil {
 		return -1, err
 	}
+	refuseRights(fd) // our control socket takes no descriptor, ever (spec section 6)
 	sa := &unix.SockaddrUnix{Name: "@" + name}
 	for delay := 50 * time.Microsecond; ; delay *= 2 {
 		err = unix.Connect(fd, sa)
@@ -316,7 +317,7 @@ func (e *RejectError) Error() string {
 	return fmt.Sprintf("colo: server rejected the handshake: %s (reason %d, version %d)", names[e.Reason], e.Reason, e.Version)
 }
 
-// clientSide is what a client prepares before a HELLO: the segment and both doorbells, fresh
+// clientSide is what a client prepares before a HELLO: the control socket and the segment, fresh
 // (segRes) or taken back after an earlier connection (rec, with the server's ticket).
 type clientSide struct {
 	ctl  *os.File
@@ -344,8 +345,8 @@ func (cs *clientSide) close() {
 	}
 }
 
-// prepareClient checks the server's credentials (spec section 2) and takes a ready segment with
-// its doorbells: rec, a segment taken back from the listener name, if that is whom fd reaches
+// prepareClient checks the server's credentials (spec section 2) and takes a ready segment:
+// rec, a segment taken back from the listener name, if that is whom fd reaches
 // (same pid), else res or a new one. It owns fd, res and rec: on error everything is closed.
 func prepareClient(fd int, ap netip.AddrPort, g Geometry, res *segRes, rec *clientEntry, ticket uint32, name string) (*clientSide, error) {
 	cs := &clientSide{ctl: os.NewFile(uintptr(fd), "colo-ctl"), fd: fd, segRes: res}
@@ -376,7 +377,7 @@ func prepareClient(fd int, ap netip.AddrPort, g Geometry, res *segRes, rec *clie
 	return cs, nil
 }
 
-// hello writes the header and sends HELLO with the three descriptors, or for a segment taken
+// hello writes the header and sends HELLO with the segment's memfd, or for a segment taken
 // back, rewrites the header's bytes 0..96 (pids and address records; the rest is as both sides
 // left it) and sends HELLO with RECYCLE, the server's ticket and no descriptors.
 func (cs *clientSide) hello(h header, mode uint8) error {
@@ -403,13 +404,12 @@ func (cs *clientSide) hello(h header, mode uint8) error {
 	startRings(cs.seg, cs.lay)
 	msg := hsMsg{Type: MsgHello, Version: Version, Arg: mode, Flags: flags}.encode()
 	cs.sent = true
-	// The server's end of the doorbell pair goes in both doorbell slots (spec section 3).
-	if err := unix.Sendmsg(cs.fd, msg, unix.UnixRights(cs.memfd, cs.sb, cs.sb), nil, 0); err != nil {
+	// The segment's memfd, alone (spec section 3).
+	if err := unix.Sendmsg(cs.fd, msg, unix.UnixRights(cs.memfd), nil, 0); err != nil {
 		return os.NewSyscallError("sendmsg", err)
 	}
 	unix.Close(cs.memfd) // the mapping keeps the segment
-	unix.Close(cs.sb)    // the server's end is the server's alone
-	cs.memfd, cs.sb = -1, -1
+	cs.memfd = -1
 	return nil
 }
 
@@ -433,18 +433,16 @@ func (cs *clientSide) answer(ctx context.Context, dl time.Time) error {
 }
 
 // conn turns an answered handshake into the client side of the connection.
-func (cs *clientSide) conn(laddr, raddr *net.TCPAddr) (*Conn, error) {
+func (cs *clientSide) conn(laddr, raddr *net.TCPAddr) *Conn {
 	c := &Conn{ctl: cs.ctl, ctlFd: cs.fd, peerPid: int(cs.cred.Pid), laddr: laddr, raddr: raddr}
 	if p := cs.rec; p != nil {
-		c.seg, c.lay, c.bell, c.ownBell, c.spareBell = p.seg, p.lay, p.bell, p.ownBell, p.spareBell
+		c.seg, c.lay = p.seg, p.lay
 	} else {
-		c.seg, c.lay, c.ownBell, c.spareBell = cs.seg, cs.lay, cs.cb, -1
+		c.seg, c.lay = cs.seg, cs.lay
 	}
-	if err := c.setup(); err != nil {
-		return nil, err
-	}
+	c.setup()
 	cs.segRes, cs.rec = nil, nil // the connection owns it now
-	return c, nil
+	return c
 }
 
 func handshakeDeadline(ctx context.Context) time.Time {
@@ -468,8 +466,8 @@ func handshakeClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry,
 	}
 	// The backlog (spec section 3): wait a little for the first answer of a listener, not at all
 	// for one (same name, same pid) that has welcomed us before; without an answer the
-	// connection is established pending, and the answer is read later by the control-socket
-	// watcher.
+	// connection is established pending, and the answer is read later by a drain of the
+	// control socket (drainCtl).
 	//
 	// Not for an IPv4 dial that reached the IPv6 wildcard: that listener may be IPV6_V6ONLY, and
 	// its REJECT(NOT_SERVED) must come before the dial returns, as TCP's refusal would. Nor for a
@@ -503,17 +501,12 @@ func handshakeClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry,
 			return nil, err
 		}
 	}
-	c, err := cs.conn(tcpAddr(h.ClientAddr), tcpAddr(ap))
-	if err != nil {
-		cs.close()
-		return nil, err
-	}
+	c := cs.conn(tcpAddr(h.ClientAddr), tcpAddr(ap))
 	if pending {
-		c.pending.Store(true) // before watchCtl starts (startWatch): the go statement orders it
+		c.pending.Store(true) // before the Conn is returned: drainCtl's own from then on
 		c.welcomeName = name
 	}
 	c.parkName = name
-	c.startWatch()
 	return c, nil
 }
 
@@ -613,14 +606,8 @@ func carrierClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry, n
 			return nil, aerr
 		}
 	}
-	c, err := cs.conn(tc.LocalAddr().(*net.TCPAddr), tc.RemoteAddr().(*net.TCPAddr))
-	if err != nil {
-		cs.close()
-		tc.Close()
-		return nil, err
-	}
+	c := cs.conn(tc.LocalAddr().(*net.TCPAddr), tc.RemoteAddr().(*net.TCPAddr))
 	c.carrier = tc
-	c.startWatch()
 	return c, nil
 }
 

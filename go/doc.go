@@ -10,8 +10,9 @@
 // Release). HTTPTransport, H2CTransport, H2CHandler and ListenAndServe put net/http on it.
 //
 // Each connection is a memfd segment with two byte rings (one per direction) and optional
-// message pools, a socket-pair doorbell per side and a Unix control socket whose hang-up signals the peer's
-// death. A goroutine that must wait parks in the Go netpoller on its doorbell, so blocked
-// connections do not hold OS threads. Everything read from shared memory is validated; a peer
+// message pools, and a Unix control socket, each side's one descriptor, which is the doorbell (a
+// one-byte datagram wakes the peer) and whose hang-up signals the peer's death. A goroutine that
+// must wait parks in the Go netpoller on the control socket, so blocked connections do not hold
+// OS threads. Everything read from shared memory is validated; a peer
 // that corrupts its segment gets that connection reset (EPROTO), nothing else.
 package colo

@@ -9,13 +9,12 @@ import (
 // Descriptors a peer passes us (as rust/colo-sys/src/gift.rs). disarm turns a socket's lingering
 // off, but a Unix socket's last close releases what its queue holds, in the closing thread,
 // undisarmed: one may be a lingering TCP socket whose close waits as long as its maker likes
-// (here: an OS thread the runtime replaces, up to its limit of threads). And SO_PASSRIGHTS is
-// the receiving socket's own option: a server's doorbell end is a socket the client made, and a
-// client that kept a copy of it turns descriptors back on. So a Unix socket we do not keep is
-// shut down (nothing can be queued on it, or connect to it, from then on, whoever holds it) and
-// emptied before its close, each descriptor in its queue discarded the same way (discardFd);
-// one we keep has what it holds taken at once (takeQueued), and a doorbell end is emptied
-// before its close, and shut down first if found taking descriptors (emptyBellBeforeClose).
+// (here: an OS thread the runtime replaces, up to its limit of threads). So a Unix socket a peer
+// passed us is shut down (nothing can be queued on it, or connect to it, from then on, whoever
+// holds it) and emptied before its close, each descriptor in its queue discarded the same way
+// (discardFd). We keep no socket a peer passed (a HELLO's one descriptor is a memfd), and our own
+// control socket, which refuses descriptors where the kernel can (SO_PASSRIGHTS), is shut down
+// and emptied before its close (emptyCtlBeforeClose).
 
 // inlineSockets and inlineRights bound what one discardFd empties on its caller's goroutine; a
 // goroutine of its own empties the rest.
@@ -27,13 +26,6 @@ const (
 func isUnixSocket(fd int) bool {
 	d, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
 	return err == nil && d == unix.AF_UNIX
-}
-
-// rightsOn reports whether the Unix socket fd takes descriptors (false where the kernel does
-// not know SO_PASSRIGHTS).
-func rightsOn(fd int) bool {
-	v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, soPassRights)
-	return err == nil && v != 0
 }
 
 // discardFd closes a descriptor a peer passed us and we do not keep, so that its close never
@@ -88,7 +80,7 @@ func emptySocket(u int, work *[]int, max int) (int, bool) {
 		return taken, false
 	}
 	var b [256]byte
-	oob := make([]byte, bellOOB)
+	oob := make([]byte, rightsOOB)
 	for taken < max {
 		n, oobn, _, _, err := unix.Recvmsg(u, b[:], oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
 		if err != nil {
@@ -111,18 +103,10 @@ func emptySocket(u int, work *[]int, max int) (int, bool) {
 	return taken, false
 }
 
-// takeQueued makes a Unix socket a peer passed us, and that we may keep (a doorbell end), refuse
-// descriptors, and discards every descriptor queued on it before (its bytes, a doorbell's
-// rings, are dropped: a side looks past them once it holds the connection).
-func takeQueued(fd int) {
-	refuseRights(fd)
-	drainAll(fd)
-}
-
 // drainAll receives what fd holds (at most 1024 receives), discarding the descriptors.
 func drainAll(fd int) {
 	var b [256]byte
-	oob := make([]byte, bellOOB)
+	oob := make([]byte, rightsOOB)
 	for i := 0; i < 1024; i++ {
 		n, oobn, _, _, err := unix.Recvmsg(fd, b[:], oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
 		if err != nil {
@@ -135,17 +119,6 @@ func drainAll(fd int) {
 		if n == 0 && len(got) == 0 {
 			return
 		}
-	}
-}
-
-// emptyBellBeforeClose takes what our doorbell end holds before its close (a socket closed with
-// a descriptor queued releases it in the closing thread); an end found taking descriptors (a
-// client that kept a copy turned them back on) is shut down first and emptied again.
-func emptyBellBeforeClose(fd int) {
-	drainAll(fd)
-	if rightsOn(fd) {
-		unix.Shutdown(fd, unix.SHUT_RDWR)
-		drainAll(fd)
 	}
 }
 
@@ -172,7 +145,7 @@ func rightsIn(oob []byte) []int {
 // hang-up is not one).
 func takeBehind(fd int) int {
 	var b [64]byte
-	oob := make([]byte, bellOOB)
+	oob := make([]byte, rightsOOB)
 	taken := 0
 	for ; taken < 64; taken++ {
 		n, oobn, _, _, err := unix.Recvmsg(fd, b[:], oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)

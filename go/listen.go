@@ -555,7 +555,8 @@ func (l *Listener) handleHello(cfd int, cf *os.File, h *hello) *Conn {
 			return c
 		}
 		reject(cfd, reason)
-	case len(fds) != 3:
+	case len(fds) != 1:
+		// The segment's memfd alone (spec section 3): three is an older client's doorbells.
 		reject(cfd, RejectBadMessage)
 	case m.Arg == ModeDirect && l.carrierOnly.Load():
 		reject(cfd, RejectNeedCarrier)
@@ -585,16 +586,6 @@ func (l *Listener) adopt(cfd int, cf *os.File, mode uint8, fds []int, heard func
 		logf("hello: %v", err)
 		return nil, RejectBadSegment
 	}
-	// Both doorbell slots carry our end of the doorbell pair (spec section 3). It refuses
-	// descriptors from now on (a peer's could make a drain wait: disarm).
-	if !isDoorbell(fds[2]) || !sameFile(fds[1], fds[2]) {
-		return nil, RejectBadMessage
-	}
-	refuseRights(fds[2])
-	// One descriptor of the one socket is kept (spec section 3); -1 leaves nothing for the
-	// paths below that close fds to close twice.
-	unix.Close(fds[1])
-	fds[1] = -1
 	cred, err := peerCred(cfd)
 	if err != nil {
 		logf("hello: peer credentials: %v", err)
@@ -628,7 +619,7 @@ func (l *Listener) adopt(cfd int, cf *os.File, mode uint8, fds []int, heard func
 		return nil, RejectNotServed
 	}
 	putLE32(seg, hServerPid, uint32(os.Getpid()))
-	c := &Conn{isServer: true, seg: seg, lay: lay, ownBell: fds[2], spareBell: -1, ctl: cf, ctlFd: cfd}
+	c := &Conn{isServer: true, seg: seg, lay: lay, ctl: cf, ctlFd: cfd}
 	l.setAddrs(c, h)
 	c.peerPid = int(cred.Pid)
 	if mode == ModeCarrier {
@@ -690,8 +681,7 @@ func (l *Listener) adoptRecycled(cfd int, cf *os.File, ticket uint32) (*Conn, ui
 		p.release()
 		return nil, RejectNotServed
 	}
-	c := &Conn{isServer: true, seg: p.seg, lay: p.lay, bell: p.bell, ownBell: p.ownBell, spareBell: p.spareBell,
-		ctl: cf, ctlFd: cfd, peerPid: int(cred.Pid), parkTable: l.parked}
+	c := &Conn{isServer: true, seg: p.seg, lay: p.lay, ctl: cf, ctlFd: cfd, peerPid: int(cred.Pid), parkTable: l.parked}
 	l.setAddrs(c, h)
 	if !l.finish(c, nil) {
 		return nil, 0
@@ -699,20 +689,12 @@ func (l *Listener) adoptRecycled(cfd int, cf *os.File, ticket uint32) (*Conn, ui
 	return c, 0
 }
 
-// finish completes an adopted connection: readiness fd, then WELCOME. On failure it closes
-// everything (including the control socket) and reports false. fds are a new segment's
-// descriptors (memfd, client's and server's doorbells); none for a recycled one.
+// finish completes an adopted connection, then sends WELCOME (before any ring of ours: spec
+// section 3). On failure it closes everything (including the control socket) and reports false.
+// fds are a new segment's descriptors (its memfd); none for a recycled one.
 func (l *Listener) finish(c *Conn, fds []int) bool {
 	c.ctl.SetReadDeadline(time.Time{})
-	if err := c.setup(); err != nil { // only a new segment's doorbell can fail here
-		reject(c.ctlFd, RejectNoResources)
-		munmapSegment(c.seg)
-		for _, fd := range fds {
-			discardFd(fd)
-		}
-		c.ctl.Close()
-		return false
-	}
+	c.setup()
 	if len(fds) > 0 {
 		unix.Close(fds[0]) // the mapping keeps the segment
 	}
@@ -724,6 +706,5 @@ func (l *Listener) finish(c *Conn, fds []int) bool {
 		return false
 	}
 	sendMsg(c.ctlFd, hsMsg{Type: MsgWelcome, Version: Version})
-	c.startWatch()
 	return true
 }

@@ -462,13 +462,8 @@ func netnsDial(ctx context.Context, network string, ap netip.AddrPort, dir strin
 			return broken(aerr)
 		}
 	}
-	conn, err := cs.conn(tc.LocalAddr().(*net.TCPAddr), tc.RemoteAddr().(*net.TCPAddr))
-	if err != nil {
-		cs.close()
-		return broken(err)
-	}
+	conn := cs.conn(tc.LocalAddr().(*net.TCPAddr), tc.RemoteAddr().(*net.TCPAddr))
 	conn.carrier = tc
-	conn.startWatch()
 	logf("dial %v: shared memory (other namespace)", ap)
 	return conn, nil
 }
@@ -476,16 +471,18 @@ func netnsDial(ctx context.Context, network string, ap netip.AddrPort, dir strin
 // errRendezvousFull: the rendezvous's backlog stayed full for all of the connect's wait.
 var errRendezvousFull = errors.New("rendezvous backlog full")
 
-// connectRendezvousPath connects a blocking, close-on-exec SOCK_SEQPACKET socket to path, waiting
+// connectRendezvousPath connects a close-on-exec SOCK_SEQPACKET socket to path, waiting
 // at most wait for room in the listener's backlog, which anyone who reaches the socket can fill
 // with connections the server has not accepted yet. A Unix socket's connect waits for that room
 // bounded by SO_SNDTIMEO alone (a non-blocking one fails at once with EAGAIN, with nothing to
-// poll for); the timeout is cleared again once connected.
+// poll for); the timeout is cleared again once connected, and the socket made non-blocking (it
+// becomes the connection's doorbell, which waits in the netpoller).
 func connectRendezvousPath(path string, wait time.Duration) (int, error) {
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return -1, err
 	}
+	refuseRights(fd) // our control socket takes no descriptor, ever (spec section 6)
 	tv := unix.NsecToTimeval(max(wait, time.Millisecond).Nanoseconds())
 	if err = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv); err == nil {
 		for {
@@ -499,6 +496,9 @@ func connectRendezvousPath(path string, wait time.Duration) (int, error) {
 	}
 	if err == nil {
 		err = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &unix.Timeval{})
+	}
+	if err == nil {
+		err = unix.SetNonblock(fd, true)
 	}
 	if err != nil {
 		unix.Close(fd)

@@ -78,7 +78,7 @@ func (c *Conn) wakePeer(w uint32) {
 	}
 	// Bits 8 and up are the sleeper's announcement sequence (spec section 6): not a way to sleep.
 	if w&waitDoorbell != 0 {
-		ringBell(c.ownBell)
+		ringBell(c.ctlFd)
 	}
 }
 

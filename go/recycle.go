@@ -3,8 +3,9 @@ package colo
 // Recycling segments between the same two processes (spec/WIRE.md section 3, "Recycling").
 //
 // Creating, passing, mapping and unmapping a segment is most of what a short-lived connection
-// costs. So a side that closes a clean DIRECT connection parks the mapping and both doorbells
-// instead of releasing them, and sets its bit in the header's parked word. The next dial from
+// costs. So a side that closes a clean DIRECT connection parks the mapping (not the control
+// socket, which is the connection's doorbell: the next connection has its own) instead of
+// releasing it, and sets its bit in the header's parked word. The next dial from
 // this process to the same listener takes back a segment both sides parked (a compare-and-swap
 // of parked from both bits to 0), resets it and sends a descriptor-less HELLO naming the server's
 // ticket. Parked segments are bounded (parkClientMax per process, parkServerMax per listener)
@@ -13,13 +14,10 @@ package colo
 
 import (
 	"errors"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 const (
@@ -34,24 +32,18 @@ const (
 	parkReservedMax = 10 * time.Second
 )
 
-// parked is what one side keeps of a DIRECT connection that closed cleanly: the mapping, the
-// private copy of its geometry (validated when the segment was first accepted) and our end of
-// the doorbell pair, still registered in the netpoller.
+// parked is what one side keeps of a DIRECT connection that closed cleanly: the mapping and the
+// private copy of its geometry (validated when the segment was first accepted).
 type parked struct {
-	seg       []byte
-	lay       layout
-	bell      *os.File // our doorbell
-	ownBell   int      // bell's descriptor (os.File.Fd would make it blocking)
-	spareBell int      // see Conn.spareBell
-	since     time.Time
+	seg   []byte
+	lay   layout
+	since time.Time
 }
 
 func (p *parked) word() *uint32 { return u32at(p.seg, hParked) }
 
-// release closes the doorbells and unmaps the segment (off the caller's path).
+// release unmaps the segment (off the caller's path).
 func (p *parked) release() {
-	p.bell.Close()
-	unix.Close(p.spareBell)
 	unmapLater(p.seg)
 	p.seg = nil
 }
@@ -70,9 +62,9 @@ func (p *parked) withdraw() bool {
 	return atomic.AndUint32(p.word(), ^uint32(serverParked))&serverParked != 0
 }
 
-// parkOf takes the segment and doorbells out of a closed connection.
+// parkOf takes the segment out of a closed connection.
 func parkOf(c *Conn) *parked {
-	return &parked{seg: c.seg, lay: c.lay, bell: c.bell, ownBell: c.ownBell, spareBell: c.spareBell, since: time.Now()}
+	return &parked{seg: c.seg, lay: c.lay, since: time.Now()}
 }
 
 // ---- the client's side ----

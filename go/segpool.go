@@ -6,18 +6,16 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// segRes is a fresh segment ready to be offered: a sealed memfd of the geometry's size, its
-// mapping and the doorbell pair (cb ours, sb the server's, sent with the HELLO and closed). It is
-// shared with nobody until a HELLO carries it.
+// segRes is a fresh segment ready to be offered: a sealed memfd of the geometry's size (sent with
+// the HELLO and closed) and its mapping. It is shared with nobody until a HELLO carries it.
 type segRes struct {
-	lay    layout
-	memfd  int
-	seg    []byte
-	cb, sb int
+	lay   layout
+	memfd int
+	seg   []byte
 }
 
 func newSegRes(g Geometry) (*segRes, error) {
-	r := &segRes{lay: g.layout(), memfd: -1, cb: -1, sb: -1}
+	r := &segRes{lay: g.layout(), memfd: -1}
 	var err error
 	if r.memfd, err = newSegmentFd(r.lay.segmentSize); err != nil {
 		return nil, err
@@ -30,10 +28,6 @@ func newSegRes(g Geometry) (*segRes, error) {
 		r.close()
 		return nil, err
 	}
-	if r.cb, r.sb, err = newBellPair(); err != nil {
-		r.close()
-		return nil, err
-	}
 	return r, nil
 }
 
@@ -42,16 +36,14 @@ func (r *segRes) close() {
 		unix.Munmap(r.seg)
 		r.seg = nil
 	}
-	for _, fd := range []int{r.memfd, r.cb, r.sb} {
-		if fd >= 0 {
-			unix.Close(fd)
-		}
+	if r.memfd >= 0 {
+		unix.Close(r.memfd)
 	}
-	r.memfd, r.cb, r.sb = -1, -1, -1
+	r.memfd = -1
 }
 
 // A few segments per geometry are created ahead of time by a background goroutine, so that a
-// dial does not wait for memfd_create, ftruncate, mmap and socketpair (and the HELLO follows
+// dial does not wait for memfd_create, ftruncate, and mmap (and the HELLO follows
 // the rendezvous connect at once). A segment is used at most once: one that was offered to a
 // server is never pooled again.
 const segPoolSize = 2

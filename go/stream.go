@@ -94,7 +94,7 @@ func (c *Conn) readSome(p []byte) (n int, err error, done bool) {
 			if c.ctlGone.Load() {
 				// Re-read after seeing the hang-up: FIN and data precede it.
 				// SYNC POINT with the peer's OR of ring_flags and store of ring_head, both
-				// before its control socket hung up (ctlGone, set by watchCtl after that).
+				// before its control socket hung up (ctlGone, set by drainCtl after that).
 				fl = atomic.LoadUint32(c.in.flags)
 				if atomic.LoadUint64(c.in.head) != c.rx.tail {
 					return 0, nil, false

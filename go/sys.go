@@ -1,9 +1,9 @@
 package colo
 
-// Every OS call of the colo transport goes through this file: memfd, seals, mmap, doorbells,
-// epoll, SCM_RIGHTS (and gift.go: what a peer passes), SO_PEERCRED. Descriptors that goroutines
-// wait on are wrapped with os.NewFile after being made non-blocking, so waits park in the Go
-// netpoller.
+// Every OS call of the colo transport goes through this file: memfd, seals, mmap, rings,
+// epoll, SCM_RIGHTS (and gift.go: what a peer passes; ctl.go: the control socket's drain),
+// SO_PEERCRED. Descriptors that goroutines wait on are wrapped with os.NewFile after being made
+// non-blocking, so waits park in the Go netpoller.
 
 import (
 	"encoding/binary"
@@ -61,23 +61,6 @@ func checkSegmentFd(fd int) (uint64, error) {
 	return uint64(st.Size), nil
 }
 
-// isDoorbell reports whether fd can be a doorbell: an AF_UNIX, SOCK_STREAM socket (spec
-// section 3), which ringBell and drainBell never block on, whatever its description's flags.
-func isDoorbell(fd int) bool {
-	d, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
-	if err != nil || d != unix.AF_UNIX {
-		return false
-	}
-	t, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
-	return err == nil && t == unix.SOCK_STREAM
-}
-
-// sameFile reports whether a and b are descriptors of one open file (for sockets, one socket).
-func sameFile(a, b int) bool {
-	var x, y unix.Stat_t
-	return unix.Fstat(a, &x) == nil && unix.Fstat(b, &y) == nil && x.Dev == y.Dev && x.Ino == y.Ino
-}
-
 func mapSegment(fd int, size uint64) ([]byte, error) {
 	if size > maxSegment {
 		return nil, errBadSegment
@@ -89,25 +72,12 @@ func mapSegment(fd int, size uint64) ([]byte, error) {
 	return b, nil
 }
 
-// newBellPair creates a connection's doorbell pair (spec section 1): the client's end and the
-// server's, close-on-exec and non-blocking, refusing descriptors.
-func newBellPair() (client, server int, err error) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
-	if err != nil {
-		return -1, -1, os.NewSyscallError("socketpair", err)
-	}
-	// Nothing but rings travels on a doorbell: both ends refuse descriptors where they can.
-	refuseRights(fds[0])
-	refuseRights(fds[1])
-	return fds[0], fds[1], nil
-}
-
 var one = [1]byte{1}
 
-// ringBell rings the peer: one byte sent on our end of the doorbell pair, with MSG_DONTWAIT
-// (never blocking, whatever the flags of the description: a client may hold the server's end
-// too) and MSG_NOSIGNAL. Errors are ignored: EAGAIN means the peer's end holds unread rings (it
-// is readable already), EPIPE and ECONNRESET that it is gone (the control socket tells).
+// ringBell rings the peer: a one-byte datagram sent on our end of the control socket, with
+// MSG_DONTWAIT (never blocking) and MSG_NOSIGNAL (spec section 6). Errors are ignored: EAGAIN
+// means the peer's end holds unread rings (it is readable already), EPIPE and ECONNRESET that it
+// is gone (its hang-up tells).
 //
 // A raw system call: it never blocks, so the scheduler need not hand our P away for it, which
 // saves entersyscall and exitsyscall on every wake-up.
@@ -116,46 +86,12 @@ func ringBell(fd int) {
 		unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, 0, 0)
 }
 
-// bellDrainCalls bounds one drainBell: a peer that keeps ringing cannot keep us there.
-const bellDrainCalls = 4
-
-// drainBell empties our end of the doorbell pair until it would block (at most bellDrainCalls
-// reads of 256 bytes, each with MSG_DONTWAIT: never blocking). It reports whether the peer had
-// rung and whether its end is shut down or gone (end of stream, or an error such as
-// ECONNRESET), which is its hang-up: the doorbell would stay readable for good. Descriptors a
-// peer sends along are received (room for all one message carries: the kernel would otherwise
-// drop them in this thread, and a lingering socket's last close waits there) and closed
-// disarmed, never kept.
-func drainBell(fd int) (rung, hungUp bool) {
-	var b [256]byte
-	var oob [bellOOB]byte
-	for i := 0; i < bellDrainCalls; i++ {
-		iov := unix.Iovec{Base: &b[0]}
-		iov.SetLen(len(b))
-		msg := unix.Msghdr{Iov: &iov, Iovlen: 1, Control: &oob[0]}
-		msg.SetControllen(len(oob))
-		n, _, e := unix.RawSyscall(unix.SYS_RECVMSG, uintptr(fd), uintptr(unsafe.Pointer(&msg)),
-			unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
-		if e == 0 && msg.Controllen > 0 {
-			closeRights(oob[:msg.Controllen])
-		}
-		switch {
-		case e == unix.EAGAIN || e == unix.EINTR:
-			return rung, false
-		case e != 0 || n == 0:
-			return rung, true
-		}
-		rung = true
-	}
-	return rung, false
-}
-
 // maxRights is the most descriptors one message carries (the kernel's SCM_MAX_FD).
 const maxRights = 253
 
-// bellOOB holds a control message of maxRights descriptors (CmsgSpace(4*maxRights) on 64-bit
+// rightsOOB holds a control message of maxRights descriptors (CmsgSpace(4*maxRights) on 64-bit
 // Linux, 1032 bytes; less elsewhere).
-const bellOOB = 1040
+const rightsOOB = 1040
 
 // soPassRights is SO_PASSRIGHTS (Linux 6.16).
 const soPassRights = 83
@@ -174,6 +110,18 @@ func refuseRights(fd int) bool {
 	return unix.SetsockoptInt(fd, unix.SOL_SOCKET, soPassRights, 0) == nil
 }
 
+// passRightsKnown reports whether the kernel knows SO_PASSRIGHTS, so that refuseRights works on
+// every Unix socket (asked once, of a socket pair made for it).
+var passRightsKnown = sync.OnceValue(func() bool {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	return refuseRights(fds[0])
+})
+
 // closeRights closes every descriptor carried in a control-message buffer (discardFd).
 func closeRights(oob []byte) {
 	for _, fd := range rightsIn(oob) {
@@ -181,16 +129,12 @@ func closeRights(oob []byte) {
 	}
 }
 
-// parseRights lists the descriptors carried in a control-message buffer, each disarmed and a
-// Unix socket's queue taken (takeQueued): whoever closes one never waits in that close (but
-// see gift.go for a peer that kept a copy).
+// parseRights lists the descriptors carried in a control-message buffer, each disarmed; one not
+// kept is released by discardFd.
 func parseRights(oob []byte) []int {
 	fds := rightsIn(oob)
 	for _, fd := range fds {
 		disarm(fd)
-		if isUnixSocket(fd) {
-			takeQueued(fd)
-		}
 	}
 	return fds
 }

@@ -11,7 +11,7 @@ import (
 )
 
 // kick wakes the operation sleeping in the netpoller (if any) so that every blocked operation
-// re-checks its state. It expires the doorbell file's own deadline, which the runtime handles
+// re-checks its state. It expires the control socket file's own read deadline, which the runtime handles
 // without a system call; the poller clears it before each sleep, after which its re-check sees
 // whatever state change the kick announces.
 //
@@ -26,7 +26,7 @@ func (c *Conn) kick() {
 	if n == 0 {
 		return
 	}
-	c.bell.SetReadDeadline(aLongTimeAgo)
+	c.ctl.SetReadDeadline(aLongTimeAgo)
 	c.kicked.Store(true) // after the deadline; SYNC POINT with the Swap in pollOnce
 }
 
@@ -80,8 +80,6 @@ func (c *Conn) block(ready func() bool) bool {
 		// exchange in its notify: our re-check below sees its progress, or it rings.
 		old := atomic.OrUint32(c.myWaiting, waitDoorbell)
 		c.releaseSpaceWaiter()
-		// The peer may ring while nobody polls; SYNC POINT with the Swap in pollCallback.
-		c.bellDirty.Store(true)
 		if old&(waitDoorbell|waitFutex) == 0 {
 			// Whatever our re-check finds: another follower may have lost its wake-up.
 			c.lostWakes.Add(1) // before the kick; SYNC POINT with the Load in pollCallback
