@@ -291,12 +291,14 @@ pub fn forks() -> u64 {
 
 /// When this process last forked (monotonic ms, as the parent's handler saw it; 0:
 /// never since [`pid`] was first asked).
+#[inline]
 pub fn last_fork_ms() -> u64 {
     FORK_PAGE.last_fork_ms.load(Ordering::Relaxed)
 }
 
 /// The pid of the process this image was forked from, as its pid cache held it at the fork
 /// (0: not forked since [`pid`] was first asked, or by a child made without the fork handlers).
+#[inline]
 pub fn forked_from() -> u32 {
     FORK_PAGE.parent.load(Ordering::Relaxed)
 }

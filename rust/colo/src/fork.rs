@@ -80,6 +80,7 @@ impl Held {
         ///
         /// # Safety
         /// `p` holds a `G` written by `hold`, dropped only this once.
+        #[link_section = "colo_fork_text"]
         unsafe fn drop_as<G>(p: *mut Words) {
             // SAFETY: the caller's promise.
             unsafe { std::ptr::drop_in_place(p.cast::<G>()) }
