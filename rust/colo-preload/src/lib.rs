@@ -43,29 +43,31 @@ mod real;
 mod record;
 mod service;
 
-use crate::api::repeat;
 use crate::base::log::log_level;
 use crate::conn::table;
 use crate::record::handover_file;
 use crate::service::{handover, server};
 use libc::sigset_t;
 
+// The handlers write as little as they can: each page a process writes after a fork costs it a
+// copy-on-write fault, in the parent as in the child, and a server that forks per connection
+// pays those per connection. The fork count the modules compare against (`repeat`, the
+// listeners, the markers) is `colo_sys::host::forks()`, which shares its line with the pid
+// cache; nothing is written where the value would not change.
+
 extern "C" fn atfork_prepare() {
     real::resolve_all_once();
-    repeat::forking();
     server::marker_prepare();
 }
 
 extern "C" fn atfork_parent() {
-    repeat::forking();
-    server::note_fork();
     server::marker_parent();
 }
 
+#[link_section = "colo_fork_text"]
 extern "C" fn atfork_child() {
-    // Registered before the pid cache's own handler, so it runs first: the child's own pid.
-    colo_sys::host::renew_pid();
-    repeat::forking();
+    // The pid cache's own handler (`colo_sys::host`), registered before these, has run: the
+    // child's own pid is cached, and the fork count moved on.
     handover_file::atfork_child();
     server::atfork_child();
     server::marker_child();
@@ -88,16 +90,16 @@ extern "C" fn atfork_child() {
 /// before it in this order.
 static FORK_LOCKS: colo::internal::fork::Locks = colo::internal::fork::Locks { take: fork_guards, in_child: Some(forked) };
 
-fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
-    let mut g = table::listen_fork_guards();
-    g.extend(server::held::fork_guards());
-    g.extend(api::lregs::fork_guards());
-    g.extend(conn::regs::fork_guards());
-    g.extend(record::adapt::fork_guards());
-    g
+fn fork_guards(held: &mut colo::internal::fork::Held) {
+    table::listen_fork_guards(held);
+    server::held::fork_guards(held);
+    api::lregs::fork_guards(held);
+    conn::regs::fork_guards(held);
+    record::adapt::fork_guards(held);
 }
 
 /// In a fork child, after colo's fork handlers released every lock.
+#[link_section = "colo_fork_text"]
 fn forked() {
     api::lregs::forked();
     server::held::forked();
@@ -112,14 +114,16 @@ extern "C" fn init() {
     colo::internal::set_fd_floor(colo_sys::preload::OUT_OF_THE_WAY);
     // A connection handed over across `exec` is mapped again from its memfd.
     colo::internal::segment::keep_memfds(true);
+    // Cache the pid now, in the parent of any `vfork` child the program will make; and so the
+    // pid cache's fork handlers before the shim's: in the parent and the child they run first,
+    // and the fork count has moved on when `atfork_parent` releases the marker lock.
+    colo_sys::host::pid();
     // SAFETY: registering handlers: the child's only takes uncontended locks with try_lock; the
     // marker lock is held by the service thread only while it makes or closes one socket.
     unsafe { libc::pthread_atfork(Some(atfork_prepare), Some(atfork_parent), Some(atfork_child)) };
     // Registered before any thread can take these locks, and so colo's handlers with them:
     // registered after the shim's, colo's take their locks first and release them last.
     colo::internal::fork::protect(colo::internal::fork::Rank::Shim, &FORK_LOCKS);
-    // Cache the pid now, in the parent of any `vfork` child the program will make.
-    colo_sys::host::pid();
     // Read COLO_LOG now (it allocates), not first in a connect made from a signal handler or in
     // a fork child.
     log_level();
@@ -165,4 +169,29 @@ pub(crate) fn eintr_wanted() -> bool {
         }
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    extern "C" {
+        static __start_colo_fork: u8;
+        static __stop_colo_fork: u8;
+        static __start_colo_fork_text: u8;
+        static __stop_colo_fork_text: u8;
+    }
+
+    /// What the fork handlers write, and the code a fork child runs in them, each fit a page:
+    /// the shim's build script starts each section on a page of its own (see `colo_sys::host`).
+    #[test]
+    fn fork_state_and_code_fit_a_page_each() {
+        // Symbols the linker defines at the bounds of each section: only their addresses are
+        // taken.
+        let bounds = [
+            (std::ptr::addr_of!(__start_colo_fork) as usize, std::ptr::addr_of!(__stop_colo_fork) as usize),
+            (std::ptr::addr_of!(__start_colo_fork_text) as usize, std::ptr::addr_of!(__stop_colo_fork_text) as usize),
+        ];
+        for (start, stop) in bounds {
+            assert!(stop > start && stop - start <= 4096, "a section of {} bytes", stop - start);
+        }
+    }
 }

@@ -57,7 +57,8 @@ macro_rules! real_fns {
 /// can wait on the loader's lock another thread of the parent held at the fork.
 pub fn resolve_all_once() {
     static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !DONE.swap(true, Ordering::Relaxed) {
+    // Looked at before it is written: the fork handlers call this at every fork.
+    if !DONE.load(Ordering::Relaxed) && !DONE.swap(true, Ordering::Relaxed) {
         resolve_rest();
     }
 }

@@ -1,7 +1,7 @@
 //! Facts about this host that the rendezvous needs (spec/WIRE.md sections 2 and 9).
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -172,8 +172,28 @@ pub fn uid() -> u32 {
     rustix::process::getuid().as_raw()
 }
 
-/// This process's pid, once asked (0: not yet, or forgotten by a fork).
-static PID: AtomicU32 = AtomicU32::new(0);
+/// What the fork handlers here write at every fork. Each page a process writes after a `fork`
+/// costs it a copy-on-write fault (in the parent as in the child), and a server that forks per
+/// connection pays those per connection: so every static written at every fork, here and in
+/// the crates above (this, the locks taken around a fork and the holder of their guards in
+/// `colo::fork`, the shim's), is placed in the linker section `colo_fork`, which the linker keeps
+/// whole: they share a page instead of taking one each (the shim's build script starts the
+/// section on a page of its own). Aligned to its size, so that it never spans two pages.
+#[repr(C, align(32))]
+struct ForkPage {
+    /// This process's pid, once asked (0: not yet, or forgotten by a fork).
+    pid: AtomicU32,
+    /// The pid this process image was forked from, as its cache held it at the fork (0: none
+    /// seen, see [`forked_from`]).
+    parent: AtomicU32,
+    /// See [`forks`].
+    forks: AtomicU64,
+    /// See [`last_fork_ms`].
+    last_fork_ms: AtomicU64,
+}
+
+#[link_section = "colo_fork"]
+static FORK_PAGE: ForkPage = ForkPage { pid: AtomicU32::new(0), parent: AtomicU32::new(0), forks: AtomicU64::new(0), last_fork_ms: AtomicU64::new(0) };
 
 /// Nanoseconds on the monotonic clock (the same in every process of the host); `coarse`: the
 /// clock of the last tick (a few ms), cheaper to read. Through libc's vDSO call: rustix's own
@@ -212,36 +232,93 @@ static HANDLER_IN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool
 /// child that asked first would leave its own pid in the memory it shares with its parent: the
 /// LD_PRELOAD shim asks in its constructor, and a fork child's cache is filled in its handler,
 /// before the child runs anything else).
+#[inline]
 pub fn pid() -> u32 {
-    let cached = PID.load(Ordering::Relaxed);
+    let cached = FORK_PAGE.pid.load(Ordering::Relaxed);
     if cached != 0 {
         return cached;
     }
+    pid_slow()
+}
+
+/// [`pid`] when nothing is cached: asks the kernel, and registers the fork handlers first.
+#[cold]
+fn pid_slow() -> u32 {
     let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
     // Registered by whichever thread gets here first, without a lock or a `Once` (a child forked
     // while another thread held one would wait for it forever); the others do not cache.
     // Relaxed: the flag orders nothing but this registration, which `pthread_atfork` serialises.
     static REGISTERED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if !REGISTERED.swap(true, Ordering::Relaxed) {
-        at_fork(nothing, nothing, renew_pid);
+        at_fork(before_fork, after_fork, in_child);
         // SYNC POINT with the Acquire load below.
         HANDLER_IN.store(true, Ordering::Release);
     }
     // SYNC POINT with the Release store above: cache only once the child handler is in place.
     if HANDLER_IN.load(Ordering::Acquire) {
-        PID.store(pid, Ordering::Relaxed);
+        FORK_PAGE.pid.store(pid, Ordering::Relaxed);
     }
     pid
 }
 
-extern "C" fn nothing() {}
+// Relaxed, the counter and the time: read by this process's threads after the fork returns,
+// which orders them; a thread racing a fork compares the counter before and after its work.
+extern "C" fn before_fork() {
+    FORK_PAGE.forks.fetch_add(1, Ordering::Relaxed);
+}
+
+extern "C" fn after_fork() {
+    FORK_PAGE.forks.fetch_add(1, Ordering::Relaxed);
+    FORK_PAGE.last_fork_ms.store(monotonic_ns(false) / 1_000_000, Ordering::Relaxed);
+}
+
+#[link_section = "colo_fork_text"]
+extern "C" fn in_child() {
+    FORK_PAGE.forks.fetch_add(1, Ordering::Relaxed);
+    renew_pid();
+}
+
+/// A number that changes around every fork of this process once [`pid`] was first asked: it
+/// grows before the fork, and after it in the parent and in the child (a value taken before a
+/// fork differs from every value after it, on both sides). Something made while it held one
+/// value, and found with another, may have been made before a fork: another process may hold
+/// a copy of it.
+#[inline]
+pub fn forks() -> u64 {
+    pid();
+    FORK_PAGE.forks.load(Ordering::Relaxed)
+}
+
+/// When this process last forked (monotonic ms, as the parent's handler saw it; 0:
+/// never since [`pid`] was first asked).
+#[inline]
+pub fn last_fork_ms() -> u64 {
+    FORK_PAGE.last_fork_ms.load(Ordering::Relaxed)
+}
+
+/// The pid of the process this image was forked from, as its pid cache held it at the fork
+/// (0: not forked since [`pid`] was first asked, or by a child made without the fork handlers).
+#[inline]
+pub fn forked_from() -> u32 {
+    FORK_PAGE.parent.load(Ordering::Relaxed)
+}
 
 /// Caches this process's own pid afresh (`getpid` is async-signal-safe): for fork child
 /// handlers, and a child made without them. Empty if no handler would renew it in a child.
+/// The value cached before, if it was another process's (in a fork child: the parent's), is
+/// kept as [`forked_from`]. Writes only what changed (the pid cache shares its page with the
+/// other state the fork handlers write: see `ForkPage`).
+#[link_section = "colo_fork_text"]
 pub extern "C" fn renew_pid() {
     // SYNC POINT with the Release store in `pid`: cache only once the child handler is in place.
     let pid = if HANDLER_IN.load(Ordering::Acquire) { rustix::process::getpid().as_raw_nonzero().get() as u32 } else { 0 };
-    PID.store(pid, Ordering::Relaxed);
+    let old = FORK_PAGE.pid.load(Ordering::Relaxed);
+    if old != pid {
+        if old != 0 && pid != 0 {
+            FORK_PAGE.parent.store(old, Ordering::Relaxed);
+        }
+        FORK_PAGE.pid.store(pid, Ordering::Relaxed);
+    }
 }
 
 /// Whether this process and process `peer` can only run on one CPU between them (their affinity

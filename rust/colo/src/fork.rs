@@ -9,13 +9,14 @@
 //! order, whichever module registered first.
 
 use std::any::Any;
-use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::cell::UnsafeCell;
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 /// A module's process-wide locks, as the fork handlers take them.
 pub struct Locks {
-    /// Takes every lock of the module, in the module's own order.
-    pub take: fn() -> Vec<Box<dyn Any>>,
+    /// Takes every lock of the module, in the module's own order, into the holder.
+    pub take: fn(&mut Held),
     /// Runs in the child once every lock is released again.
     pub in_child: Option<fn()>,
 }
@@ -49,10 +50,81 @@ const RANKS: usize = Rank::Shrink as usize + 1;
 /// The registered modules, by rank (null: none yet). Only `&'static Locks` are stored.
 static REGISTERED: [AtomicPtr<Locks>; RANKS] = [const { AtomicPtr::new(std::ptr::null_mut()) }; RANKS];
 
-thread_local! {
-    /// The guards the forking thread holds between `prepare` and `parent`/`child`.
-    static HELD: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
+/// Guards kept in place, without the allocator: one of up to three words each.
+const IN_PLACE: usize = 24;
+type Words = [usize; 3];
+
+/// The guards the forking thread holds between `prepare` and `parent`/`child`. Kept without
+/// allocating, and beside the other state the fork handlers write (section `colo_fork`, see
+/// `colo_sys::host`): every page a process writes after a fork costs it a copy-on-write fault,
+/// in the parent as in the child, and the allocator's pages are several. A guard too large to
+/// keep in place, or one past [`IN_PLACE`], is boxed.
+pub struct Held {
+    /// Guards kept in place: `words[i]` holds a guard while `drops[i]` is its drop.
+    words: [MaybeUninit<Words>; IN_PLACE],
+    drops: [Option<unsafe fn(*mut Words)>; IN_PLACE],
+    kept: usize,
+    /// Guards taken after the places ran out, or too large for one.
+    boxed: Vec<Box<dyn Any>>,
 }
+
+impl Held {
+    /// Holds `guard` until the fork is over (released in reverse order of holding).
+    pub fn hold<G: 'static>(&mut self, guard: G) {
+        let fits = size_of::<G>() <= size_of::<Words>() && align_of::<G>() <= align_of::<Words>();
+        if !fits || self.kept == IN_PLACE || !self.boxed.is_empty() {
+            self.boxed.push(Box::new(guard));
+            return;
+        }
+        /// Drops the `G` kept at `p`.
+        ///
+        /// # Safety
+        /// `p` holds a `G` written by `hold`, dropped only this once.
+        #[link_section = "colo_fork_text"]
+        unsafe fn drop_as<G>(p: *mut Words) {
+            // SAFETY: the caller's promise.
+            unsafe { std::ptr::drop_in_place(p.cast::<G>()) }
+        }
+        let i = self.kept;
+        // SAFETY: the place is free (past `kept`), large and aligned enough for a `G` (`fits`).
+        unsafe { self.words[i].as_mut_ptr().cast::<G>().write(guard) };
+        self.drops[i] = Some(drop_as::<G>);
+        self.kept += 1;
+    }
+
+    /// Releases every guard, in reverse order of holding.
+    #[link_section = "colo_fork_text"]
+    fn release(&mut self) {
+        while let Some(g) = self.boxed.pop() {
+            drop(g);
+        }
+        while self.kept > 0 {
+            self.kept -= 1;
+            let i = self.kept;
+            if let Some(d) = self.drops[i].take() {
+                // SAFETY: place `i` holds the guard `hold` wrote with this drop, taken once.
+                unsafe { d(self.words[i].as_mut_ptr()) };
+            }
+        }
+    }
+}
+
+/// The holder and the lock that gives it to one forking thread at a time (from `prepare` to
+/// `parent` or `child`): taken before any module's lock, released after them all.
+struct Forking {
+    lock: UnsafeCell<libc::pthread_mutex_t>,
+    held: UnsafeCell<Held>,
+}
+
+// SAFETY: `held` is used only by the thread that holds `lock` (`prepare` to `release`); the
+// pthread mutex is made to be shared between threads.
+unsafe impl Sync for Forking {}
+
+#[link_section = "colo_fork"]
+static FORKING: Forking = Forking {
+    lock: UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER),
+    held: UnsafeCell::new(Held { words: [const { MaybeUninit::uninit() }; IN_PLACE], drops: [None; IN_PLACE], kept: 0, boxed: Vec::new() }),
+};
 
 /// The modules registered so far, in rank order.
 fn registered() -> impl Iterator<Item = &'static Locks> {
@@ -62,33 +134,31 @@ fn registered() -> impl Iterator<Item = &'static Locks> {
     REGISTERED.iter().filter_map(|slot| unsafe { slot.load(Ordering::Relaxed).as_ref() })
 }
 
-/// Forks since this process image began, counted in both parent and child (the count is taken
-/// before the fork): a value that changed means a connection made before may now be shared with
-/// another process.
-static FORKS: AtomicU64 = AtomicU64::new(0);
-
-/// See [`FORKS`].
+/// A count that moves on around every fork, in both parent and child (`colo_sys::host::forks`,
+/// counting from the first [`protect`] at the latest): a value that changed means a connection
+/// made before may now be shared with another process.
 pub(crate) fn forks() -> u64 {
-    FORKS.load(Ordering::Relaxed)
+    colo_sys::host::forks()
 }
 
 extern "C" fn prepare() {
-    // Relaxed: read only by this process's threads after the fork returns, which orders it.
-    FORKS.fetch_add(1, Ordering::Relaxed);
-    let guards = registered().flat_map(|locks| (locks.take)()).collect();
-    HELD.with(|h| *h.borrow_mut() = guards);
+    // SAFETY: a statically initialized mutex, never moved or destroyed; released by `release`
+    // in the parent and in the child (a normal mutex: the child's copy of this thread may).
+    unsafe { libc::pthread_mutex_lock(FORKING.lock.get()) };
+    // SAFETY: this thread holds `FORKING.lock`, and with it the only reference to the holder.
+    let held = unsafe { &mut *FORKING.held.get() };
+    registered().for_each(|locks| (locks.take)(held));
 }
 
+#[link_section = "colo_fork_text"]
 extern "C" fn release() {
-    // Dropped in reverse order of taking.
-    HELD.with(|h| {
-        let mut h = h.borrow_mut();
-        while let Some(g) = h.pop() {
-            drop(g);
-        }
-    });
+    // SAFETY: as in `prepare`: this thread (or, in the child, its copy) holds the lock.
+    unsafe { (*FORKING.held.get()).release() };
+    // SAFETY: held since `prepare`.
+    unsafe { libc::pthread_mutex_unlock(FORKING.lock.get()) };
 }
 
+#[link_section = "colo_fork_text"]
 extern "C" fn child() {
     // This handler may run before the one that renews the pid cache.
     colo_sys::host::renew_pid();
@@ -110,6 +180,8 @@ pub fn protect(rank: Rank, locks: &'static Locks) {
         return;
     }
     slot.store(std::ptr::from_ref(locks).cast_mut(), Ordering::Relaxed);
+    // The fork count's handlers (with the pid cache's) before these.
+    colo_sys::host::pid();
     // Relaxed: it orders nothing but this registration, which `pthread_atfork` serialises.
     static HANDLERS: AtomicBool = AtomicBool::new(false);
     if !HANDLERS.swap(true, Ordering::Relaxed) {

@@ -53,8 +53,8 @@ const POOL_TARGET: usize = 4;
 static POOL_LOCKS: fork::Locks = fork::Locks { take: fork_guards, in_child: None };
 
 /// The lock of the segments built ahead, taken around a fork (see `fork`).
-fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
-    vec![Box::new(POOL.lock().unwrap_or_else(|e| e.into_inner()))]
+fn fork_guards(held: &mut fork::Held) {
+    held.hold(POOL.lock().unwrap_or_else(|e| e.into_inner()));
 }
 
 /// The segments built ahead, locked (registered with `fork` before its first use).

@@ -100,6 +100,8 @@ const WAKE: u64 = UNWATCHABLE - 1;
 /// watcher after one ended idle.
 static NEXT_KEY: AtomicU64 = AtomicU64::new(0);
 
+// Locked at every fork: kept with what the fork handlers write (see `colo_sys::host`).
+#[link_section = "colo_fork"]
 static WATCHER: Mutex<Option<Watcher>> = Mutex::new(None);
 
 static LOCKS: fork::Locks = fork::Locks { take: fork_guard, in_child: Some(forked) };
@@ -111,8 +113,8 @@ fn lock() -> MutexGuard<'static, Option<Watcher>> {
 }
 
 /// The watcher's lock, taken around a fork (see `fork`).
-fn fork_guard() -> Vec<Box<dyn std::any::Any>> {
-    vec![Box::new(WATCHER.lock().unwrap_or_else(|e| e.into_inner()))]
+fn fork_guard(held: &mut fork::Held) {
+    held.hold(WATCHER.lock().unwrap_or_else(|e| e.into_inner()));
 }
 
 /// Called in a forked child, after the fork's locks are released. The parent's watcher thread

@@ -11,7 +11,7 @@ pub use crate::floor::{fd_floor, set_fd_floor};
 
 /// Taking process-wide locks around `fork` (the shim registers its own at [`fork::Rank::Shim`]).
 pub mod fork {
-    pub use crate::fork::{protect, Locks, Rank};
+    pub use crate::fork::{protect, Held, Locks, Rank};
 }
 
 /// CARRIER mode (spec/WIRE.md section 3): a loopback TCP connection whose payload moves into a

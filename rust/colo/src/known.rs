@@ -15,6 +15,8 @@ pub(crate) enum Known {
     Carrier,
 }
 
+// Locked at every fork: kept with what the fork handlers write (see `colo_sys::host`).
+#[link_section = "colo_fork"]
 static KNOWN: Mutex<Vec<(String, u32, Known)>> = Mutex::new(Vec::new());
 
 /// The pid of the listener `name` if it answered a DIRECT HELLO before.
@@ -43,8 +45,8 @@ pub(crate) fn remember(name: String, pid: u32, kind: Known) {
 static LOCKS: fork::Locks = fork::Locks { take: fork_guards, in_child: None };
 
 /// The lock of this module, taken around a fork (see `fork`).
-fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
-    vec![Box::new(KNOWN.lock().unwrap_or_else(|e| e.into_inner()))]
+fn fork_guards(held: &mut fork::Held) {
+    held.hold(KNOWN.lock().unwrap_or_else(|e| e.into_inner()));
 }
 
 /// The answers, locked (registered with `fork` before its first use).

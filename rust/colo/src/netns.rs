@@ -808,14 +808,16 @@ fn clients() -> &'static [Rule] {
 /// The rendezvous of this process's listeners by port (the LD_PRELOAD shim's, which has no
 /// listener object of its own to keep them in). Never freed: at most one per listening port and
 /// process, and a closed listener's rendezvous answers nobody (no TCP connection names it).
+// Locked at every fork: kept with what the fork handlers write (see `colo_sys::host`).
+#[link_section = "colo_fork"]
 static SERVING: Mutex<Vec<(u16, &'static Rendezvous)>> = Mutex::new(Vec::new());
 
 static SERVING_LOCKS: crate::fork::Locks = crate::fork::Locks { take: serving_guard, in_child: None };
 
 /// The lock of [`SERVING`], taken around a fork (see `fork`): a child forked while another thread
 /// bound a rendezvous would otherwise find it locked at its own first listen or accept.
-fn serving_guard() -> Vec<Box<dyn std::any::Any>> {
-    vec![Box::new(SERVING.lock().unwrap_or_else(|e| e.into_inner()))]
+fn serving_guard(held: &mut crate::fork::Held) {
+    held.hold(SERVING.lock().unwrap_or_else(|e| e.into_inner()));
 }
 
 /// [`SERVING`], locked (registered with `fork` before its first use).

@@ -30,6 +30,8 @@ struct Queue {
     running: bool,
 }
 
+// Locked at every fork: kept with what the fork handlers write (see `colo_sys::host`).
+#[link_section = "colo_fork"]
 static REAPER: Mutex<Queue> = Mutex::new(Queue { pid: 0, segs: Vec::new(), running: false });
 /// Wakes the reaper before its `BATCH` is up (`WAKE_AT`).
 static FULL: Condvar = Condvar::new();
@@ -37,8 +39,8 @@ static FULL: Condvar = Condvar::new();
 static LOCKS: fork::Locks = fork::Locks { take: fork_guard, in_child: None };
 
 /// The reaper's lock, taken around a fork (see `fork`).
-fn fork_guard() -> Vec<Box<dyn std::any::Any>> {
-    vec![Box::new(REAPER.lock().unwrap_or_else(|e| e.into_inner()))]
+fn fork_guard(held: &mut fork::Held) {
+    held.hold(REAPER.lock().unwrap_or_else(|e| e.into_inner()));
 }
 
 /// The reaper's queue, locked (registered with `fork` before its first use).

@@ -64,6 +64,8 @@ struct ClientEntry {
     parked: Parked,
 }
 
+// Locked at every fork: kept with what the fork handlers write (see `colo_sys::host`).
+#[link_section = "colo_fork"]
 static CLIENT: Mutex<Vec<ClientEntry>> = Mutex::new(Vec::new());
 
 /// Parks the client's side of a connection that closed cleanly.
@@ -107,10 +109,9 @@ pub(crate) fn take_client(name: &str, server_pid: u32, geometry: Geometry) -> Op
 static LOCKS: fork::Locks = fork::Locks { take: fork_guards, in_child: None };
 
 /// The process-wide locks of this module, taken around a fork (see `fork`).
-fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
-    let state = lock(&sweeper::STATE);
-    let client = lock(&CLIENT);
-    vec![Box::new(state), Box::new(client)]
+fn fork_guards(held: &mut fork::Held) {
+    held.hold(lock(&sweeper::STATE));
+    held.hold(lock(&CLIENT));
 }
 
 /// This module's process-wide `m`, locked (registered with `fork` before the first use).
@@ -227,6 +228,8 @@ mod sweeper {
         kicks: u64,
     }
 
+    // Locked at every fork: kept with what the fork handlers write (see `colo_sys::host`).
+    #[link_section = "colo_fork"]
     pub(super) static STATE: Mutex<State> = Mutex::new(State { running: 0, tables: Vec::new(), kicks: 0 });
 
     pub(super) fn register(t: Weak<Table>) {

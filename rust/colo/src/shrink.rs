@@ -32,6 +32,8 @@ struct Watched {
     looker: Option<u32>,
 }
 
+// Locked at every fork: kept with what the fork handlers write (see `colo_sys::host`).
+#[link_section = "colo_fork"]
 static WATCHED: Mutex<Watched> = Mutex::new(Watched { rings: Vec::new(), looker: None });
 
 fn lock() -> MutexGuard<'static, Watched> {
@@ -81,8 +83,8 @@ fn run() {
 
 /// Held around a fork (see `crate::fork`), so that a child never inherits the registry locked,
 /// nor a ring's writing lock held by a look (looks happen under it).
-fn fork_guard() -> Vec<Box<dyn std::any::Any>> {
-    vec![Box::new(lock())]
+fn fork_guard(held: &mut crate::fork::Held) {
+    held.hold(lock());
 }
 
 /// In a forked child: the parent's rings are the parent's to shrink (the child's copies of their

@@ -36,6 +36,8 @@ struct LReg {
     _dup: Option<colo_sys::OwnedFd>,
 }
 
+// Locked at every fork: kept with what the fork handlers write (see `colo_sys::host`).
+#[link_section = "colo_fork"]
 static LREGS: Mutex<Vec<Option<LReg>>> = Mutex::new(Vec::new());
 
 /// How many registrations are one-shot (their kernel registration and the listener's own are
@@ -225,13 +227,20 @@ pub fn forget(fd: c_int) {
 
 /// Taken around a fork (registered with the held sets' locks, after them: see
 /// `held::fork_guards`), so that the child's copy is whole and unlocked.
-pub fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
-    vec![Box::new(lregs())]
+pub fn fork_guards(held: &mut colo::internal::fork::Held) {
+    held.hold(lregs());
 }
 
 /// In a fork child, once the locks are released: the registrations are its parent's (in sets it
 /// shares with the parent: not removed from the kernel's sets), forgotten here.
+#[link_section = "colo_fork_text"]
 pub fn forked() {
-    let gone: Vec<_> = std::mem::take(&mut *lregs());
+    let gone: Vec<_> = {
+        let mut l = lregs();
+        if l.is_empty() {
+            return;
+        }
+        std::mem::take(&mut *l)
+    };
     drop(gone);
 }

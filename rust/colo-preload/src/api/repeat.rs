@@ -39,8 +39,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Per fd: its last remembered registration (`remembered`), 0 if none.
 static LAST: [AtomicU64; MAX_FD] = [const { AtomicU64::new(0) }; MAX_FD];
-/// Per epoll set: the `FORKS` value when this image created it (0: not created here, or no longer
-/// trusted).
+/// Per epoll set: the `generation()` when this image created it (0: not created here, or no
+/// longer trusted).
 static BORN: [AtomicU64; MAX_FD] = [const { AtomicU64::new(0) }; MAX_FD];
 /// Per epoll set: its incarnation, a number no other set of this image had (31 bits of it are
 /// remembered: a stale memory could pass for a set made 2^31 sets later).
@@ -53,9 +53,11 @@ const SHARED: u64 = u64::MAX;
 /// A `pthread_t` is the address of an aligned thread descriptor: its low bit is free.
 const IN_FLIGHT: u64 = 1;
 
-/// Bumped before and after each fork (in the parent and in the child): a set born before it may
-/// be changed by another process from then on.
-static FORKS: AtomicU64 = AtomicU64::new(1);
+/// Moves on before and after each fork (in the parent and in the child): a set born before it
+/// may be changed by another process from then on. Never 0.
+fn generation() -> u64 {
+    colo_sys::host::forks() + 1
+}
 
 /// Flags under which a repeated registration does something (re-arms an edge or a one-shot),
 /// that the kernel refuses to modify (`EPOLLEXCLUSIVE`), or that it may drop (`EPOLLWAKEUP`,
@@ -82,13 +84,13 @@ fn remembered(set: usize, fd: c_int, ev: &epoll_event) -> Option<u64> {
 // application ordered before this call (the only kind a repeat could be told apart from)
 // happens-before it, and with it that change's `SHARED` mark, made before its system call.
 fn owned(set: usize) -> bool {
-    BORN[set].load(Ordering::Relaxed) == FORKS.load(Ordering::Relaxed) && OWNER[set].load(Ordering::Relaxed) == me()
+    BORN[set].load(Ordering::Relaxed) == generation() && OWNER[set].load(Ordering::Relaxed) == me()
 }
 
 /// Before this thread changes `set`: whether the set is trusted and this thread alone has changed
 /// it (claiming it if nobody has), now marked as changing. Anything else makes it shared.
 fn enter(set: usize) -> bool {
-    if BORN[set].load(Ordering::Relaxed) != FORKS.load(Ordering::Relaxed) {
+    if BORN[set].load(Ordering::Relaxed) != generation() {
         return false;
     }
     let me = me();
@@ -175,7 +177,7 @@ pub fn created(fd: c_int, forks: u64) {
 /// Read before the set is created: a fork between this and the creation leaves the set
 /// untrusted (the child may have it), never the other way round.
 pub fn before_create() -> u64 {
-    FORKS.load(Ordering::Relaxed)
+    generation()
 }
 
 /// `fd` was closed, replaced or newly made: nothing of it is remembered, and as a set it is not
@@ -209,10 +211,4 @@ fn untrust(i: usize) {
     if BORN[i].load(Ordering::Relaxed) != 0 {
         BORN[i].store(0, Ordering::Relaxed);
     }
-}
-
-/// Around each fork, in the parent before and after it and in the child: every set existing now
-/// is shared with the child.
-pub fn forking() {
-    FORKS.fetch_add(1, Ordering::Relaxed);
 }

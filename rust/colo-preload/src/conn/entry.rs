@@ -56,8 +56,9 @@ pub struct Listen {
     pub id: u64,
     /// The lineage whose service collects this listener's offers.
     pub lineage: &'static Lineage,
-    /// This process's forks before the listen (`server::forks`): a process that forked since
-    /// may have children that hold the listening socket after this process closes it.
+    /// `colo_sys::host::forks()` at the listen: a process that has another value since (it
+    /// forked, or is a fork child) may have children that hold the listening socket after this
+    /// process closes it.
     pub forks: u64,
     /// The process that listened (a process it forks inherits the value with the listener).
     pub pid: u32,

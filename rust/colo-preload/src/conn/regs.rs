@@ -107,12 +107,14 @@ pub struct Regs {
     pub wakes: HashMap<c_int, (u32, colo_sys::RawFd)>,
 }
 
+// Locked at every fork: kept with what the fork handlers write (see `colo_sys::host`).
+#[link_section = "colo_fork"]
 static REGS: Mutex<Option<Regs>> = Mutex::new(None);
 
 /// Taken around a fork, after the listeners' registrations (see `crate::fork_guards`), so that
 /// the child's copy is whole and unlocked.
-pub fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
-    vec![Box::new(REGS.lock().unwrap_or_else(|e| e.into_inner()))]
+pub fn fork_guards(held: &mut colo::internal::fork::Held) {
+    held.hold(REGS.lock().unwrap_or_else(|e| e.into_inner()));
 }
 
 pub fn with_regs<T>(f: impl FnOnce(&mut Regs) -> T) -> T {

@@ -177,8 +177,10 @@ pub fn try_lock(fd: usize) -> Option<MutexGuard<'static, Entry>> {
 /// them (an accept, an `epoll_ctl`, a `poll`). A listener's slot is held only for a look at its
 /// entry or a change of it, never while another lock is taken. Connections' slots are not
 /// taken (a process may have many): the child looks at those with `try_lock`.
-pub fn listen_fork_guards() -> Vec<Box<dyn std::any::Any>> {
-    fds_of_kind(LISTEN).map(|fd| Box::new(SLOTS[fd].lock().unwrap_or_else(|e| e.into_inner())) as Box<dyn std::any::Any>).collect()
+pub fn listen_fork_guards(held: &mut colo::internal::fork::Held) {
+    for fd in fds_of_kind(LISTEN) {
+        held.hold(SLOTS[fd].lock().unwrap_or_else(|e| e.into_inner()));
+    }
 }
 
 pub fn conn(fd: i32) -> Option<Arc<Conn>> {

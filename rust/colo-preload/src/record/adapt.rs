@@ -122,13 +122,15 @@ impl Dest {
     }
 }
 
+// Locked at every fork: kept with what the fork handlers write (see `colo_sys::host`).
+#[link_section = "colo_fork"]
 static DESTS: Mutex<Option<HashMap<SocketAddr, Dest>>> = Mutex::new(None);
 
 /// Taken around a fork, last of the shim's locks (see `crate::fork_guards`), so that a child
 /// forked while another thread dialed or ended a connection finds the table unlocked at its own
 /// first `connect`. A thread holding it takes no other of the shim's locks.
-pub fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
-    vec![Box::new(DESTS.lock().unwrap_or_else(|e| e.into_inner()))]
+pub fn fork_guards(held: &mut colo::internal::fork::Held) {
+    held.hold(DESTS.lock().unwrap_or_else(|e| e.into_inner()));
 }
 
 pub fn enabled() -> bool {

@@ -3,6 +3,7 @@
 //! Kept up to date as connections become inheritable and close; read by the next program image.
 
 use colo_sys::{BorrowedFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 // The record format alone, in a file of its own: the fuzz target `handover_record` (rust/fuzz)
@@ -24,7 +25,13 @@ struct File {
     slots: Vec<Option<Record>>,
 }
 
+// Tried by every fork child that had records: kept with what the fork handlers write (see
+// `colo_sys::host`).
+#[link_section = "colo_fork"]
 static FILE: Mutex<Option<File>> = Mutex::new(None);
+/// Whether a record was ever added here: until then a fork child leaves `FILE` unwritten (a
+/// page written in the child costs it a copy).
+static EVER: AtomicBool = AtomicBool::new(false);
 
 fn lock() -> std::sync::MutexGuard<'static, Option<File>> {
     FILE.lock().unwrap_or_else(|e| e.into_inner())
@@ -57,7 +64,11 @@ fn own(file: &mut Option<File>) -> Option<&mut File> {
 
 /// In a fork child: write our own handover file now, so that the parent's later changes to
 /// its file (closing its copies of the connections) do not reach an `exec` of ours.
+#[link_section = "colo_fork_text"]
 pub fn atfork_child() {
+    if !EVER.load(Ordering::Relaxed) {
+        return;
+    }
     // A lock held by a thread that no longer exists: leave it (the next change retries).
     let Ok(mut file) = FILE.try_lock() else { return };
     if file.as_ref().is_some_and(|f| f.slots.iter().any(Option::is_some)) {
@@ -67,6 +78,8 @@ pub fn atfork_child() {
 
 /// Lists the inheritable connection `r` in this process's own file.
 pub fn add(r: Record) {
+    // Relaxed: read in a fork child, whose copy of memory has every store made before the fork.
+    EVER.store(true, Ordering::Relaxed);
     let mut file = lock();
     let Some(f) = own(&mut file) else { return };
     let i = match f.slots.iter().position(Option::is_none) {

@@ -67,18 +67,19 @@ fn orphaned(lineage: &'static Lineage, seen: u32) {
 
 /// In a fork child: let go of the parent's service wake-up descriptor (only the parent's
 /// service thread reads it). The lineage's socket pair is kept: this process may ask on it, and
-/// may have to serve it once the parent is gone.
+/// may have to serve it once the parent is gone. Only a child of the serving process closes it:
+/// in a grandchild the service is still its grandparent's, whose descriptor the child closed
+/// already (the number may have been reused by the program meanwhile). Nothing is written here
+/// but the descriptor table: a page written in the child costs it a copy.
+#[link_section = "colo_fork_text"]
 pub fn atfork_child() {
-    /// The pid whose service descriptors this process image has let go of already (a
-    /// grandchild inherits the value, and must not close the numbers again: they may have been
-    /// reused by the program meanwhile).
-    static LET_GO: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     if let Some(svc) = service() {
-        if svc.pid != colo_sys::host::pid() && LET_GO.swap(svc.pid, Ordering::Relaxed) != svc.pid {
+        if svc.pid != colo_sys::host::pid() && svc.pid == colo_sys::host::forked_from() {
             // SAFETY: closing our inherited copy of a descriptor only the parent's service
-            // thread uses; nothing in this process refers to it (`svc.pid` is not ours), and
-            // `LET_GO` says it was not closed before in this line of processes.
-            unsafe { libc::syscall(libc::SYS_close, svc.wake.as_raw_fd()) };
+            // thread uses; nothing in this process refers to it (`svc.pid` is not ours), and the
+            // service is our parent's: no process of this line closed it before. By system
+            // call: the shim's own `close` would look the number up as the program's.
+            unsafe { rustix::io::close(svc.wake.as_raw_fd()) };
         }
     }
 }

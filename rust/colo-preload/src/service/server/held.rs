@@ -242,6 +242,8 @@ pub fn socket_tag(fd: RawFd) -> u16 {
 /// The held sets of this process, by listener (`Listen::id`). A fork child's copy of its
 /// parent's sets is not its own (`Held::pid`): replaced at its first look, so that the sockets
 /// its parent holds are closed here and end when the parent closes them.
+// Locked at every fork: kept with what the fork handlers write (see `colo_sys::host`).
+#[link_section = "colo_fork"]
 static SETS: Mutex<Vec<(u64, Arc<Held>)>> = Mutex::new(Vec::new());
 
 fn sets() -> std::sync::MutexGuard<'static, Vec<(u64, Arc<Held>)>> {
@@ -303,18 +305,16 @@ struct KeptInner {
 /// whole and unlocked, whatever other threads of the parent were doing. No thread takes the
 /// list's lock while it holds a set's (`siblings_step` collects the sets first), nor either of
 /// them while it holds the registrations' (`lregs`), which come after.
-pub fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
+pub fn fork_guards(held: &mut colo::internal::fork::Held) {
     let all = sets();
-    let mut kept: Vec<Box<dyn std::any::Any>> = Vec::with_capacity(all.len() + 1);
     for (_, h) in all.iter() {
         // SAFETY: the mutex lives in the `Held` that `_set` (an `Arc` of it) keeps alive for as
-        // long as the guard, which is dropped first; 'static only names that for the box.
+        // long as the guard, which is dropped first; 'static only names that for the holder.
         let m: &'static Mutex<Inner> = unsafe { &*std::ptr::from_ref(&h.inner) };
-        kept.push(Box::new(KeptInner { _guard: m.lock().unwrap_or_else(|e| e.into_inner()), _set: h.clone() }));
+        held.hold(KeptInner { _guard: m.lock().unwrap_or_else(|e| e.into_inner()), _set: h.clone() });
     }
     // The list's guard last, so released first: nothing can reach a set once it is.
-    kept.push(Box::new(all));
-    kept
+    held.hold(all);
 }
 
 /// In a fork child, once the locks are released (`fork_guards`): the parent's sets go (their
@@ -322,8 +322,15 @@ pub fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
 /// parent's application closes it). Their connections are let go explicitly: a set may outlive
 /// the list here, as the parent's watcher thread (`sleepers`), which does not exist here, held a
 /// reference to it at the fork.
+#[link_section = "colo_fork_text"]
 pub fn forked() {
-    let gone: Vec<_> = std::mem::take(&mut *sets());
+    let gone: Vec<_> = {
+        let mut s = sets();
+        if s.is_empty() {
+            return;
+        }
+        std::mem::take(&mut *s)
+    };
     for (_, h) in &gone {
         h.lock().accepts.let_go();
     }

@@ -115,7 +115,7 @@ fn serve_rendezvous(fd: i32, addr: std::net::SocketAddr, name: String, rendezvou
     };
     static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let id = IDS.fetch_add(1, Ordering::Relaxed);
-    let l = Arc::new(Listen { rendezvous, addr, id, lineage: svc.lineage, forks: FORKS.load(Ordering::Relaxed), pid: colo_sys::host::pid() });
+    let l = Arc::new(Listen { rendezvous, addr, id, lineage: svc.lineage, forks: colo_sys::host::forks(), pid: colo_sys::host::pid() });
     if let Some(mut l) = try_lock(&LISTENING) {
         l.push(addr);
     }
@@ -170,15 +170,6 @@ fn take_back_closed(fd: i32, addr: std::net::SocketAddr) -> bool {
     }
     colo::internal::netns::listening(addr.port());
     true
-}
-
-/// Forks this process made (counted in the parent's `pthread_atfork` handler).
-static FORKS: AtomicU64 = AtomicU64::new(0);
-
-/// In the parent, after a fork.
-pub fn note_fork() {
-    FORKS.fetch_add(1, Ordering::Relaxed);
-    super::thread::forked_now();
 }
 
 /// `fd`, listening on `addr`, whose rendezvous `name` another process holds: a guest listener
@@ -279,7 +270,7 @@ pub fn on_close_listen(l: &Arc<Listen>, fd: i32) {
     // SAFETY: `fd` is the application's listening socket, still open (the close comes after).
     let inode = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) }).map(|st| st.st_ino);
     let since = match inode {
-        Ok(inode) if FORKS.load(Ordering::Relaxed) > l.forks => {
+        Ok(inode) if colo_sys::host::forks() != l.forks => {
             lock(svc).closed_here.push(ClosedHere { listen: l.clone(), fd, inode, next: Instant::now() });
             None
         }

@@ -15,11 +15,9 @@ use std::sync::{Arc, Mutex};
 /// Held while a marker socket is made or closed, and across `fork` (the atfork handlers): a
 /// child must know every marker descriptor it inherits, to close it. One it kept open would
 /// hold the name up after the service lowered it, for as long as the child lives.
+// Locked at every fork: kept with what the fork handlers write (see `colo_sys::host`).
+#[link_section = "colo_fork"]
 static MARKER_LOCK: marker::ForkLock = marker::ForkLock::new();
-
-/// Forks this process has made (counted by the parent's atfork handler, under `MARKER_LOCK`): a
-/// marker socket made before a fork that the lock did not cover may have a copy in the child.
-static FORKS: AtomicU64 = AtomicU64::new(0);
 
 /// A raised marker: the listener it speaks for (`Listen::id`), the program tag, the socket.
 struct Raised {
@@ -96,7 +94,10 @@ fn raise_marker(l: &Listen, tag: u64) {
         return;
     }
     let name = wire::short_lived_marker(l.addr, tag);
-    let forks = FORKS.load(Ordering::Relaxed);
+    // A marker socket made before a fork that the lock did not cover may have a copy in the
+    // child: `forks()` changes before the fork, and again (`colo_sys::host`'s parent handler,
+    // which runs before `marker_parent`) before the lock is released.
+    let forks = colo_sys::host::forks();
     let fd = match colo_sys::marker::unraised(colo::internal::fd_floor()) {
         Ok(fd) => fd,
         Err(e) => return log_debug(format_args!("listen {}: marker {name}: {e}", l.addr)),
@@ -104,7 +105,7 @@ fn raise_marker(l: &Listen, tag: u64) {
     let raised = {
         let _g = MARKER_LOCK.hold();
         let Some(entry) = RAISED.iter().find(|r| r.fd.load(Ordering::Relaxed) < 0) else { return };
-        if FORKS.load(Ordering::Relaxed) != forks {
+        if colo_sys::host::forks() != forks {
             // Dropped unraised (a copy in a child names nothing): the next pass tries again.
             return;
         }
@@ -126,7 +127,7 @@ fn lower_marker(r: &Raised) {
         let fd = r.fd.swap(-1, Ordering::Relaxed);
         if fd >= 0 {
             // SAFETY: a marker socket this process raised; nothing else refers to the number.
-            unsafe { libc::syscall(libc::SYS_close, fd) };
+            unsafe { rustix::io::close(fd) };
         }
         fd
     };
@@ -142,19 +143,23 @@ pub fn marker_prepare() {
 }
 
 pub fn marker_parent() {
-    FORKS.fetch_add(1, Ordering::Relaxed);
     MARKER_LOCK.release();
 }
 
 /// In the child (from its atfork handler): close the inherited marker sockets (their listeners'
 /// service is the parent's).
+#[link_section = "colo_fork_text"]
 pub fn marker_child() {
     for r in &RAISED {
+        // Looked at before it is written: a page written in the child costs it a copy.
+        if r.fd.load(Ordering::Relaxed) < 0 {
+            continue;
+        }
         let fd = r.fd.swap(-1, Ordering::Relaxed);
         if fd >= 0 {
             // SAFETY: a marker socket the parent raised; the child's copy, which nothing in the
             // child refers to (the lock kept the parent from closing it during the fork).
-            unsafe { libc::syscall(libc::SYS_close, fd) };
+            unsafe { rustix::io::close(fd) };
         }
     }
     MARKER_LOCK.release();

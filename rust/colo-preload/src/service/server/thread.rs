@@ -32,24 +32,19 @@ const ACCEPTS_COLLECT_EVERY_MS: u64 = 20;
 
 /// When (`marker::now_ms`) an accept of this process last collected offers itself.
 static ACCEPT_COLLECTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-/// When this process last forked (`marker::now_ms`; see `note_fork`).
-static FORKED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// An accept of this process has just collected the offers of its listener.
 pub(super) fn accept_collected() {
     ACCEPT_COLLECTED.store(crate::record::marker::now_ms(), Ordering::Relaxed);
 }
 
-/// This process has just forked (in the parent).
-pub(super) fn forked_now() {
-    FORKED.store(crate::record::marker::now_ms(), Ordering::Relaxed);
-}
-
 /// Whether the service thread leaves the rendezvous to the accepts now (see `ACCEPTS_QUIET_MS`).
 fn accepts_collect() -> bool {
     let now = crate::record::marker::now_ms();
-    let since = |t: &std::sync::atomic::AtomicU64| now.saturating_sub(t.load(Ordering::Relaxed));
-    since(&ACCEPT_COLLECTED) < ACCEPTS_QUIET_MS && since(&FORKED) >= ACCEPTS_QUIET_MS && !super::offers::asked_lately()
+    let since_collected = now.saturating_sub(ACCEPT_COLLECTED.load(Ordering::Relaxed));
+    // The last fork, on `marker::now_ms`'s clock.
+    let since_fork = now.saturating_sub(colo_sys::host::last_fork_ms());
+    since_collected < ACCEPTS_QUIET_MS && since_fork >= ACCEPTS_QUIET_MS && !super::offers::asked_lately()
 }
 
 /// One offer service: the process it runs in, its lineage, what it holds, and the eventfd that
