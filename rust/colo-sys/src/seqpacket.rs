@@ -36,6 +36,9 @@ const CONNECT_WAIT: Duration = Duration::from_millis(10);
 /// timeout is `SO_SNDTIMEO`'s; this module's sends never wait anyway).
 fn connecting_socket() -> io::Result<OwnedFd> {
     let fd = socket(false)?;
+    // A client's control socket receives no descriptor, ever (answers and rings carry none):
+    // refused before the connect, so that not even a listener that sends at once can queue one.
+    crate::gift::refuse_rights(&fd);
     net::sockopt::set_socket_timeout(&fd, net::sockopt::Timeout::Send, Some(CONNECT_WAIT))?;
     Ok(fd)
 }

@@ -601,9 +601,13 @@ impl Shm {
                     }
                 }
             }
-            Datagram::Ring | Datagram::Message(_) | Datagram::Garbage => {
-                // A ring before the answer, a second answer, anything else: spec section 8, a
-                // reset (ECONNRESET), not a corruption of the segment.
+            // Taken by a look at the control socket while the answer seemed due (another thread
+            // had just taken the answer): passed on to our sleepers, whose drain of the self
+            // bell hands it to every registered one (`drain_doorbell`).
+            Datagram::Ring => doorbell::ring(&self.fds.self_bell),
+            Datagram::Message(_) | Datagram::Garbage => {
+                // A second answer, anything else: spec section 8, a reset (ECONNRESET), not a
+                // corruption of the segment.
                 self.set(PEER_GONE);
                 if !self.has(RESET) {
                     self.set(RESET);

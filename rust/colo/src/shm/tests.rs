@@ -377,3 +377,39 @@ fn a_timeout_spent_before_the_wait_ends_it_at_once() {
         assert_eq!(wrote, Err(std::io::ErrorKind::WouldBlock));
     });
 }
+
+/// Both ends of a DIRECT connection refuse descriptors (spec/WIRE.md section 6: the client's
+/// control socket from the start, the server's once the HELLO is read).
+#[test]
+fn both_ends_of_a_direct_connection_refuse_descriptors() {
+    let (x, _y) = std::os::unix::net::UnixStream::pair().unwrap();
+    if !colo_sys::gift::refuse_rights(&x) {
+        return; // a kernel before 6.16
+    }
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    let a = Stream::connect_with(l.local_addr().unwrap(), &Options::new().spin(SpinMode::Never)).unwrap();
+    let (b, _) = l.accept().unwrap();
+    assert!(!colo_sys::gift::rights_on(b.shm().unwrap().control_fd()), "the server's end takes descriptors");
+    assert!(!colo_sys::gift::rights_on(a.shm().unwrap().control_fd()), "the client's end takes descriptors");
+}
+
+/// A pending client (the answer still due) with two threads: one takes the late WELCOME off
+/// the control socket, and before it has recorded it, the server rings (it may, once its
+/// WELCOME is sent) and the other thread looks at the control socket (`poll_control`, as a
+/// non-blocking miss does). The ring is a ring, not a reset.
+#[test]
+fn a_ring_right_behind_the_late_welcome_is_no_reset() {
+    use colo_sys::doorbell::{self, Datagram};
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    let a = Stream::connect_with(l.local_addr().unwrap(), &Options::new().spin(SpinMode::Never)).unwrap();
+    let sa = a.shm().unwrap();
+    assert!(sa.has(super::AWAITING_WELCOME), "the dial waited for its answer");
+    let (b, _) = l.accept().unwrap();
+    let sb = b.shm().unwrap();
+    // The first thread's receive (`drain_doorbell`'s), not yet acted on.
+    assert!(matches!(doorbell::take_one(sa.control_fd()), Datagram::Message(_)));
+    doorbell::ring_peer(sb.control_fd());
+    // The second thread's look.
+    sa.poll_control();
+    assert!(!sa.has(super::RESET | super::PEER_GONE), "a ring behind the WELCOME reset the connection");
+}
