@@ -4,7 +4,7 @@ package colo
 // Rust listener's are in rust/colo/tests/claims.rs. Each fails if the code behind it is removed:
 //
 //   - a memfd whose size differs from its header's segment_size is refused (REJECT(BAD_SEGMENT));
-//   - the control socket stays silent after the handshake: a byte or a descriptor on it resets
+//   - the control socket carries only rings after the handshake: another datagram or a descriptor on it resets
 //     the connection (ECONNRESET, RESET set in the segment); a zero-length datagram is a hang-up;
 //   - a rendezvous client that sends no HELLO is dropped after helloTimeout, and at most
 //     maxUnaccepted such clients are held (the rest wait in the kernel's backlog);

@@ -112,8 +112,9 @@ fn classify(buf: &[u8; MESSAGE_LEN + 1], len: usize, odd: bool) -> Datagram {
 }
 
 /// How many datagrams one receive takes when a control socket is emptied before its close, in
-/// one `recvmmsg`.
-const EMPTY_BATCH: usize = 8;
+/// one `recvmmsg` (its buffers, a little over 1 KiB a datagram, live on the stack of whichever
+/// thread closes: an application's, in its `close`).
+const EMPTY_BATCH: usize = 4;
 
 /// The control message space of one datagram of a batch, in `u64`s (aligned for `cmsghdr`):
 /// room for every descriptor one message can carry (the kernel would otherwise drop the rest
@@ -187,7 +188,7 @@ fn receive<const N: usize>(control: BorrowedFd<'_>, b: &mut Batch<N>, on: &mut d
                 if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
                     gifts = true;
                     let data = libc::CMSG_DATA(c).cast::<libc::c_int>();
-                    let count = ((*c).cmsg_len as usize - (data as usize - c as usize)) / std::mem::size_of::<libc::c_int>();
+                    let count = ((*c).cmsg_len as usize).saturating_sub(data as usize - c as usize) / std::mem::size_of::<libc::c_int>();
                     for k in 0..count {
                         // SAFETY: each int of an SCM_RIGHTS message is a descriptor the kernel
                         // just installed for us, owned by nobody else.

@@ -1,4 +1,4 @@
-//! The only code in colo that makes OS calls: memfd segments, socket-pair doorbells, the readiness
+//! The only code in colo that makes OS calls: memfd segments, control-socket doorbells, the readiness
 //! epoll, abstract `SOCK_SEQPACKET` sockets with `SCM_RIGHTS`, abstract names raised as flags,
 //! and facts about the host (local addresses, CPU affinity, who owns a TCP port). Everything else
 //! in colo is platform-free logic over these calls. Linux only. Every function returns `std::io::Result` with the kernel's errno.

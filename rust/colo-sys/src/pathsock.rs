@@ -195,6 +195,9 @@ pub fn connect_at(dir: BorrowedFd<'_>, name: &[u8], timeout: Duration) -> io::Re
     }
     let path = format!("/proc/self/fd/{}/{name}", dir.as_raw_fd());
     let fd = net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
+    // A client's control socket receives no descriptor, ever (answers and rings carry none):
+    // refused before the connect, so that not even a listener that sends at once can queue one.
+    crate::gift::refuse_rights(&fd);
     // A Unix socket's connect to a full backlog waits for room, and that wait is bounded by
     // SO_SNDTIMEO alone (a non-blocking connect fails at once with EAGAIN, and there is nothing
     // to poll for); the timeout is cleared again once connected.

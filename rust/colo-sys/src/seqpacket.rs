@@ -157,7 +157,7 @@ fn recv_from(fd: impl AsFd, buf: &mut [u8], dontwait: bool, from_peer: bool) -> 
     let mut fds = Vec::new();
     for m in control.drain() {
         if let RecvAncillaryMessage::ScmRights(rights) = m {
-            // A Unix socket (a doorbell end, or a gift in a slot of another kind) may hold
+            // A Unix socket (a gift in a HELLO's segment slot, or anywhere) may hold
             // descriptors in its queue that its close would release here: taken now.
             fds.extend(rights.inspect(|f| {
                 crate::gift::disarm(f);
@@ -190,12 +190,6 @@ pub fn empty_before_close(fd: impl AsFd) -> usize {
         }
     }
     taken
-}
-
-/// Shuts a connected socket down both ways: the peer's and our own reads see its end (used to
-/// turn a broken doorbell into a hang-up every watcher of the control socket sees).
-pub fn shutdown(fd: impl AsFd) -> io::Result<()> {
-    Ok(net::shutdown(fd, net::Shutdown::Both)?)
 }
 
 /// Sets a receive timeout on a blocking socket.

@@ -101,8 +101,6 @@ pub fn connect_rendezvous(addr: SocketAddr) -> io::Result<Option<Rendezvous>> {
             return Ok(None);
         }
     };
-    // A client's control socket receives no descriptor, ever (answers and rings carry none).
-    colo_sys::gift::refuse_rights(&control);
     // A listener in a pid namespace we cannot see is no usable one (the shim then remembers the
     // miss for a moment, as for no listener at all).
     let (server_pid, server_uid) = match seqpacket::peer_cred(&control) {

@@ -307,8 +307,6 @@ impl Proposed {
             Ok(c) => c,
             Err(e) => return Dialed::Plain(format!("rendezvous: {e}")),
         };
-        // A client's control socket receives no descriptor, ever (answers and rings carry none).
-        colo_sys::gift::refuse_rights(&control);
         // The rendezvous is bound by whoever may write in the directory: its owner (or root), or
         // this user. Nothing is sent to another.
         let (server_pid, server_uid) = match pathsock::peer_cred_any(&control) {
@@ -663,9 +661,16 @@ fn route(st: &mut State, (h, proof): (Box<Hello>, [u8; PROOF_LEN])) {
 fn read_proved_hello(control: OwnedFd) -> Option<(Box<Hello>, [u8; PROOF_LEN])> {
     let mut buf = [0u8; 64];
     let mut r = seqpacket::recv(&control, &mut buf, true).ok()?;
-    // Nothing after the HELLO may carry descriptors: only rings follow (spec section 6).
+    // Nothing after the HELLO may carry descriptors, and nothing may follow it before our
+    // answer: what did (queued before the socket refused descriptors) is taken now, its
+    // descriptors closed disarmed, and the HELLO refused (spec sections 3 and 6).
     colo_sys::gift::refuse_rights(&control);
+    let behind = seqpacket::empty_before_close(&control);
     if r.len == 0 && r.fds.is_empty() {
+        return None;
+    }
+    if behind > 0 {
+        carrier::reject(&control, Reason::BadMessage);
         return None;
     }
     let netns = r.len == MESSAGE_LEN && u32::from_le_bytes(buf[8..12].try_into().expect("4 bytes")) & FLAG_NETNS != 0;

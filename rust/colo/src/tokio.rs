@@ -1,7 +1,7 @@
 //! Async colo for tokio (feature `tokio`): [`Listener`] and [`Stream`] with `AsyncRead`/`AsyncWrite`.
 //!
-//! A shared-memory stream waits on its readiness fd (an epoll fd holding the doorbell and the
-//! control socket) registered in tokio's reactor. Both halves of a stream wait on that one fd, so
+//! A shared-memory stream waits on its readiness fd (an epoll fd holding the control socket, which
+//! is the doorbell, and the self bell) registered in tokio's reactor. Both halves of a stream wait on that one fd, so
 //! the waker handed to tokio wakes whichever halves are waiting; each re-checks its own condition.
 //!
 //! ```no_run

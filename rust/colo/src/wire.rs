@@ -117,7 +117,7 @@ pub fn decode_ask(b: &[u8]) -> Option<(u8, &[u8])> {
 /// A decoded handshake message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Message {
-    /// Client → server, with the segment and doorbells attached.
+    /// Client → server, with the segment memfd attached.
     Hello { version: u8, mode: Mode },
     /// Client → server, without descriptors: a DIRECT HELLO that reuses the segment the server
     /// parked under `ticket` (flag [`FLAG_RECYCLE`]; spec/WIRE.md section 3, "Recycling").

@@ -2,7 +2,7 @@
 //! here fails if the code behind its claim is removed:
 //!
 //! - a memfd whose size differs from its header's `segment_size` is refused (REJECT(BAD_SEGMENT));
-//! - the control socket stays silent after the handshake: a byte or a descriptor on it resets the
+//! - the control socket carries only rings after the handshake: another datagram or a descriptor on it resets the
 //!   connection (ECONNRESET, RESET set in the segment); a zero-length datagram is a hang-up;
 //! - a rendezvous client that sends no HELLO is dropped after `HELLO_TIMEOUT`, and at most
 //!   `MAX_PENDING_PER_UID` such clients of one uid are kept;
@@ -164,7 +164,7 @@ fn a_segment_whose_size_differs_from_its_header_is_refused() {
     server.join().unwrap().unwrap();
 }
 
-// ---- the control socket stays silent ----------------------------------------------------------
+// ---- the control socket carries only rings ----------------------------------------------------
 
 /// A DIRECT connection from a raw client, and the server's stream.
 fn raw_connection() -> (RawClient, Stream) {

@@ -360,8 +360,8 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
         // again), room in the loopback, the program's exit, or a timer.
         let want_ring = pending.0 == pending.1 && !fin;
         if want_ring {
-            // A wake-up no bell explains is the control socket, silent after the handshake
-            // unless the peer is gone or reset: read it, so that the look below reports that.
+            // A wake-up no ring explains is the control socket's hang-up or a reset: look at it,
+            // so that the look below reports that.
             if !shm.drain_doorbell(colo::internal::shm::Drainer::Awake) && ring_woke {
                 shm.read_control();
             }

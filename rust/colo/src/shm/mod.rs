@@ -164,7 +164,7 @@ pub struct Shm {
     hangup: crate::hangup::Watch,
     /// Created on first use: blocking waits poll the two fds directly.
     readiness: std::sync::OnceLock<Readiness>,
-    /// Dropped by hand in `drop`, where the doorbells may be parked for reuse.
+    /// Dropped by hand in `drop`, where the self bell may be parked for reuse.
     fds: std::mem::ManuallyDrop<Fds>,
     /// Where this side parks the segment after a clean close (DIRECT connections only).
     recycle: Option<Recycle>,
@@ -508,8 +508,8 @@ impl Shm {
         self.hangup.armed(&self.fds.control, &self.fds.self_bell, self.own_waiting())
     }
 
-    /// Whether the control socket is known to have stayed silent since it was last read,
-    /// without a system call: the hang-up watcher watches it and has not seen it readable. False
+    /// Whether the control socket is known not to have hung up since it was last looked at,
+    /// without a system call: the hang-up watcher watches it and has not seen it hang up. False
     /// when that cannot be vouched for: no watcher here, the first call (which registers the
     /// connection: the watcher has not looked yet), an answer to the HELLO still due, the peer
     /// known gone, or the watcher's mark set. A set mark is taken and the control socket read
@@ -555,8 +555,8 @@ impl Shm {
         self.hangup.release();
     }
 
-    /// Reads the control socket now, for a caller that learned of a hang-up by other means (the
-    /// shim's `MSG_PEEK`): the next read or write reports it, without waiting for the hang-up
+    /// Looks at the control socket now, for a caller that learned of a hang-up by other means (the
+    /// shim's `poll`): the next read or write reports it, without waiting for the hang-up
     /// watcher's mark (`control_silent`).
     pub fn read_control(&self) {
         self.poll_control();

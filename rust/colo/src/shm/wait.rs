@@ -208,10 +208,10 @@ impl Shm {
 
     /// A non-blocking miss learns of the peer's hang-up: a hang-up leaves the readiness fd
     /// readable, so a caller told `EAGAIN` for it would be woken again and again and never told.
-    /// While the hang-up watcher watches the control socket and has not seen it readable, that
-    /// costs no system call (`control_silent`); once it has, this read (or the next, after the
-    /// self bell the watcher rings) reads the control socket and reports the hang-up. Without a
-    /// watcher, the control socket is read at every miss.
+    /// While the hang-up watcher watches the control socket and has not seen it hang up, that
+    /// costs no system call (`control_silent`); once it has, this look (or the next, after the
+    /// self bell the watcher rings) finds the hang-up and reports it. Without a watcher, the
+    /// control socket is looked at at every miss.
     fn notice_hangup_nonblocking(&self) {
         if !self.control_silent() {
             self.poll_control();
@@ -306,7 +306,7 @@ impl Shm {
         }
         // With no deadline and the hang-up watcher running, sleep on the futex until woken (one
         // syscall each way, no timer). Otherwise on the futex for up to FUTEX_BUDGET, then on the
-        // doorbell and the control socket (no CPU while idle; a hang-up wakes it).
+        // control socket, which is the doorbell (no CPU while idle; a hang-up wakes it).
         // Whether futex sleeps are untimed; asked at the first sleep itself (in `block`'s closure,
         // after the re-check), as the answer registers the connection with the watcher.
         let untimed = std::cell::Cell::new(None::<bool>);

@@ -1,5 +1,5 @@
 //! The handover file's record format (see `super`): one inheritable connection in 32
-//! little-endian bytes (bytes 20 to 23 zero; byte 24 the role; byte 25 says whether bytes 28 to 31 name the page of
+//! little-endian bytes (bytes 20 to 23 unused: written zero, not read; byte 24 the role; byte 25 says whether bytes 28 to 31 name the page of
 //! the holders file that holds the connection's holders page). Its bytes come from an earlier
 //! program image (which hands on a read-only descriptor of a file only its uid may open for
 //! writing); still, `decode` accepts any 32 bytes without panicking and returns `None` for a
