@@ -6,8 +6,10 @@
 # rest queued: the kernel released them in the server's thread, and the last close of a
 # lingering TCP socket waits up to its linger time there (the shim's service thread, which holds
 # the lock redis's accepts need; the Rust listener's accepting thread). nobody
-# (py/gift_behind.py) queues such sockets behind a zero-length datagram, or behind 80 rings;
-# root's other clients, colo and plain, must be served within 5 s while it holds them.
+# (py/gift_behind.py) queues such sockets behind a zero-length datagram, or behind 80 rings, or
+# sends as its HELLO's descriptor a Unix socket holding one behind a zero-length datagram (taken
+# as it was received, with the same stop); root's other clients, colo and plain, must be served
+# within 5 s while it holds them.
 source "$(dirname "$0")/lib.sh"
 cp "$HERE/py/gift_behind.py" "$HERE/doorbell_attacker.py" "$WORK/" && chmod 644 "$WORK"/*.py
 pong() { [ "$(timeout 5 "$@" 2>/dev/null)" = PONG ]; }
@@ -28,7 +30,7 @@ give() {
 stop() { kill "$ATTACK" 2>/dev/null; wait "$ATTACK" 2>/dev/null; }
 
 # Each case against servers of its own (a server that failed one stays stuck for a while).
-for how in zero many; do
+for how in zero many nested; do
   P=$(free_port)
   start_redis "$P" colo --bind 127.0.0.1 || exit 1
   pong $COLORUN redis-cli -p "$P" ping

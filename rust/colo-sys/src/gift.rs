@@ -82,24 +82,16 @@ pub fn discard(fd: OwnedFd) {
 /// descriptors from now on ([`refuse_rights`]), and every descriptor queued before is
 /// [`discard`]ed (bytes are dropped). At most `MAX_TAKES` receives.
 pub fn take_queued(u: impl AsFd) {
-    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
     const MAX_TAKES: usize = 1024;
     let u = u.as_fd();
     refuse_rights(u);
+    // A zero-length datagram is not the end (see `empty`).
+    let stream = rustix::net::sockopt::socket_type(u).map_or(true, |t| t == rustix::net::SocketType::STREAM);
+    let marked = !stream && mark_messages(u, true);
     let mut buf = [0u8; 256];
     for _ in 0..MAX_TAKES {
-        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_RIGHTS))];
-        let mut control = RecvAncillaryBuffer::new(&mut space);
-        let flags = RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC;
-        let Ok(r) = rustix::net::recvmsg(u, &mut [std::io::IoSliceMut::new(&mut buf)], &mut control, flags) else { break };
-        let mut any = false;
-        for m in control.drain() {
-            if let RecvAncillaryMessage::ScmRights(rights) = m {
-                any = true;
-                rights.for_each(discard);
-            }
-        }
-        if r.bytes == 0 && !any {
+        let Some(t) = take_one(u, &mut buf, &mut discard) else { break };
+        if t.is_end() || (!marked && t.bytes == 0 && t.rights == 0) {
             break;
         }
     }
@@ -350,6 +342,25 @@ pub(crate) mod tests {
         crate::seqpacket::send(&w, &[1], &[t.as_fd()]).unwrap();
         drop(t);
         assert!(closes(move || discard(u)), "the close waited for the linger behind a zero-length datagram");
+        // Taken as it is received, then closed plainly (a HELLO's descriptor that is no memfd).
+        let (t, _peer, _l) = lingering(600);
+        let (u, w) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        crate::seqpacket::send(&w, &[], &[]).unwrap();
+        crate::seqpacket::send(&w, &[1], &[t.as_fd()]).unwrap();
+        drop(t);
+        assert!(
+            closes(move || {
+                take_queued(&u);
+                drop(u);
+            }),
+            "a plain close after take_queued waited for the linger behind a zero-length datagram"
+        );
     }
 
     /// A connected pair of Unix stream sockets.

@@ -9,10 +9,13 @@ datagrams each carrying its own lingering socket, and closes its copies at once:
   zero  a ring, then a zero-length datagram, which the server's emptying took for the end;
   many  80 rings, more than the server emptied (64) before its close; 80 other rendezvous
         connections, each with a datagram of 253 descriptors to close, go first, so that the
-        server reads this one only once everything is queued.
+        server reads this one only once everything is queued;
+  nested a HELLO whose one descriptor is no memfd but a Unix socket (SOCK_SEQPACKET) holding
+        a zero-length datagram and then one lingering socket (the server takes what it
+        holds as it receives it, and stopped at the zero-length datagram).
 Prints "GIVEN <n> gifts" (0: the server read too early and refused them; try again), then holds
 everything for HOLD seconds.
-Usage: gift_behind.py PORT zero|many LINGER HOLD"""
+Usage: gift_behind.py PORT zero|many|nested LINGER HOLD"""
 import ctypes
 import os
 import resource
@@ -55,6 +58,19 @@ def rendezvous(port):
 
 port, how, linger, hold = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 keep = []
+if how == "nested":
+    t = da.lingering(keep, linger)
+    x, y = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    y.send(b"")
+    socket.send_fds(y, [b"r"], [t.fileno()])
+    os.close(t.detach())
+    ctl = rendezvous(port)
+    socket.send_fds(ctl, [da.hello(da.CARRIER)], [x.fileno()])
+    os.close(x.detach())  # the server's copy is now the last one
+    y.close()
+    print("GIVEN 1 gifts", flush=True)
+    time.sleep(hold)
+    sys.exit(0)
 gifts = [da.lingering(keep, linger) for _ in range(4)]
 plain = 2 if how == "zero" else 80
 byte = ctypes.create_string_buffer(b"r", 1)
