@@ -29,6 +29,8 @@ give() {
 }
 stop() { kill "$ATTACK" 2>/dev/null; wait "$ATTACK" 2>/dev/null; }
 
+GOPEER=$WORK/colo-peer
+(cd "${GOSRC:-$ROOT/go}" && go build -o "$GOPEER" ./cmd/colo-peer) || bad "go build colo-peer"
 # Each case against servers of its own (a server that failed one stays stuck for a while).
 for how in zero many nested; do
   P=$(free_port)
@@ -46,6 +48,19 @@ for how in zero many nested; do
   check "peer ($how): the attacker queued its gifts" give "$P" "$how"
   check "peer ($how): another client is served while the attacker holds them" \
     eval "timeout 5 $PEER client 127.0.0.1:$P stream 1000 | grep -q '^OK 1000 '"
+  stop
+
+  # The Go server serves other clients from other threads: none of its threads may wait in a
+  # socket's close (sk_stream_wait_close sleeps in wait_woken) for the attacker.
+  P=$(free_port)
+  $GOPEER server "127.0.0.1:$P" stream >"$WORK/go-$how.log" 2>&1 &
+  PIDS+=($!); GO=$!
+  wait_port "$P" || exit 1
+  check "go ($how): the attacker queued its gifts" give "$P" "$how"
+  check "go ($how): no thread of the server waits in a close for the attacker" \
+    eval "! grep -qs wait_woken /proc/$GO/task/*/wchan"
+  check "go ($how): another client is served while the attacker holds them" \
+    eval "timeout 5 $GOPEER client 127.0.0.1:$P stream 1000 | grep -q '^OK 1000 '"
   stop
 done
 finish
