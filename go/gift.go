@@ -67,6 +67,7 @@ func emptyAll(work []int, sockets, rights int) []int {
 // pending connections added to work. It reports how many it took, and false if it stopped at
 // max with more queued.
 func emptySocket(u int, work *[]int, max int) (int, bool) {
+	marked := markMessages(u)
 	unix.Shutdown(u, unix.SHUT_RDWR)
 	taken := 0
 	if v, err := unix.GetsockoptInt(u, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err == nil && v != 0 {
@@ -80,7 +81,7 @@ func emptySocket(u int, work *[]int, max int) (int, bool) {
 		return taken, false
 	}
 	var b [256]byte
-	oob := make([]byte, rightsOOB)
+	oob := make([]byte, markedOOB)
 	for taken < max {
 		n, oobn, _, _, err := unix.Recvmsg(u, b[:], oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
 		if err != nil {
@@ -96,7 +97,9 @@ func emptySocket(u int, work *[]int, max int) (int, bool) {
 			}
 		}
 		taken += len(got)
-		if n == 0 && len(got) == 0 { // shut down, an empty queue reads as its end
+		// Shut down, an empty queue reads as its end; a zero-length datagram does too, but
+		// brings credentials (markMessages).
+		if n == 0 && len(got) == 0 && !(marked && credsIn(oob[:oobn])) {
 			return taken, true
 		}
 	}
@@ -105,8 +108,9 @@ func emptySocket(u int, work *[]int, max int) (int, bool) {
 
 // drainAll receives what fd holds (at most 1024 receives), discarding the descriptors.
 func drainAll(fd int) {
+	marked := markMessages(fd)
 	var b [256]byte
-	oob := make([]byte, rightsOOB)
+	oob := make([]byte, markedOOB)
 	for i := 0; i < 1024; i++ {
 		n, oobn, _, _, err := unix.Recvmsg(fd, b[:], oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
 		if err != nil {
@@ -116,10 +120,40 @@ func drainAll(fd int) {
 		for _, g := range got {
 			discardFd(g)
 		}
-		if n == 0 && len(got) == 0 {
+		if n == 0 && len(got) == 0 && !(marked && credsIn(oob[:oobn])) {
 			return
 		}
 	}
+}
+
+// markedOOB is room for every descriptor one message carries and for credentials.
+var markedOOB = rightsOOB + unix.CmsgSpace(unix.SizeofUcred)
+
+// markMessages turns SO_PASSCRED on for the datagram (or seqpacket) socket fd, so that every
+// datagram received from it, a zero-length one too, carries credentials and its end (0 bytes
+// from a socket shut down or hung up) carries none: recv alone cannot tell them apart. False for
+// a stream (which queues nothing for a zero-length send, and whose end carries credentials too)
+// or where it failed. Meant for sockets about to be closed: a later receive expecting no
+// credentials would find them truncated.
+func markMessages(fd int) bool {
+	if t, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE); err != nil || t == unix.SOCK_STREAM {
+		return false
+	}
+	return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PASSCRED, 1) == nil
+}
+
+// credsIn reports whether a control-message buffer carries credentials.
+func credsIn(oob []byte) bool {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return false
+	}
+	for i := range msgs {
+		if msgs[i].Header.Level == unix.SOL_SOCKET && msgs[i].Header.Type == unix.SCM_CREDENTIALS {
+			return true
+		}
+	}
+	return false
 }
 
 // rightsIn lists the descriptors carried in a control-message buffer.
@@ -140,19 +174,33 @@ func rightsIn(oob []byte) []int {
 	return fds
 }
 
-// takeBehind takes what a client queued on its rendezvous connection behind its HELLO (at most
-// 64 messages, without waiting), discarding their descriptors; it returns how many it took (a
-// hang-up is not one).
+// takeBehind takes what a client queued on its rendezvous connection behind its HELLO, without
+// waiting, discarding their descriptors; it returns how many it took (a hang-up is not one; a
+// zero-length datagram is: markMessages tells them apart while this runs). After 64 the socket
+// is shut down both ways: what is queued then is all it will ever hold, so a client that keeps
+// sending cannot keep us here, and descriptors behind any number of datagrams are still taken
+// here, never left for the close (which would release them in this thread).
 func takeBehind(fd int) int {
+	marked := markMessages(fd)
 	var b [64]byte
-	oob := make([]byte, rightsOOB)
+	oob := make([]byte, markedOOB)
 	taken := 0
-	for ; taken < 64; taken++ {
+	for ; ; taken++ {
+		if taken == 64 {
+			unix.Shutdown(fd, unix.SHUT_RDWR)
+		}
 		n, oobn, _, _, err := unix.Recvmsg(fd, b[:], oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
 		if err != nil || (n == 0 && oobn == 0) {
 			break
 		}
+		if n == 0 && len(rightsIn(oob[:oobn])) == 0 && !(marked && credsIn(oob[:oobn])) {
+			break
+		}
 		closeRights(oob[:oobn])
+	}
+	if marked {
+		// Later receives (the doorbell's drains) expect no credentials.
+		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PASSCRED, 0)
 	}
 	return taken
 }

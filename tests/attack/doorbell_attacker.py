@@ -28,8 +28,10 @@ DIRECT, CARRIER = 1, 2
 BAD_MESSAGE, NEED_CARRIER = 1, 4
 OFFERED, CLAIM_DIRECT = 1, 0
 RING = 65536
-DATA_OFF = 4096
-BLOCK = DATA_OFF + RING
+# A direction block without a pool (spec/WIRE.md section 4): the ring data at round_up(768, 1024),
+# the block rounded up to pages.
+DATA_OFF = 1024
+BLOCK = 4096 + RING
 SIZE = 4096 + 2 * BLOCK
 C2S, S2C = 4096, 4096 + BLOCK
 CLIENT_WAITING, SERVER_WAITING = 128, 256

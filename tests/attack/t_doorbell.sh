@@ -37,6 +37,9 @@ attack() {
 attacked() { # PORT: the attacker's connection was accepted (so the attack really ran)
   grep -q "doorbells: ('welcome'" "$WORK/attack-$1.log" || { sed 's/^/    /' "$WORK/attack-$1.log"; return 1; }
 }
+answered() { # PORT EXPECTED: the server answered the attacker's first request (and so rang it)
+  grep -q "reply 0: b'$2" "$WORK/attack-$1.log" || { sed 's/^/    /' "$WORK/attack-$1.log"; return 1; }
+}
 left() { # waits for the attacker to finish
   for _ in $(seq 300); do kill -0 "$ATTACK" 2>/dev/null || break; sleep 0.1; done
   ! kill -0 "$ATTACK" 2>/dev/null && sed 's/^/    /' "$WORK/attack-$1.log"
@@ -55,6 +58,7 @@ check "redis: the attacker's CARRIER connection was accepted" attacked "$PORT"
 check "redis: a plain TCP client gets answers during the attack" pong redis-cli -p "$PORT" ping
 check "redis: a colo client gets answers during the attack" pong $COLORUN redis-cli -p "$PORT" ping
 check "redis: the attacker is done within 30 s" left "$PORT"
+check "redis: the attacker's request was answered" answered "$PORT" '+PONG'
 check "redis: a plain TCP client gets answers after the attack" pong redis-cli -p "$PORT" ping
 check "redis: a colo client gets answers after the attack" pong $COLORUN redis-cli -p "$PORT" ping
 check "redis: threads and descriptors back to baseline" back_to "$REDIS" "$T0" "$F0"
@@ -72,6 +76,7 @@ attack "$PORT" direct 'hello' 'hello'
 check "peer: the attacker's connection was accepted" attacked "$PORT"
 check "peer: another client is served during the attack" served
 check "peer: the attacker is done within 30 s" left "$PORT"
+check "peer: the attacker's request was answered" answered "$PORT" hello
 check "peer: another client is served after the attack" served
 sleep 1.5 # that client's parked segment dropped
 check "peer: threads and descriptors back to baseline" back_to "$PEERPID" "$T0" "$F0"

@@ -271,11 +271,13 @@ pub fn empty_before_close(control: impl AsFd) {
     if crate::gift::rights_on(control) {
         let _ = rustix::net::shutdown(control, rustix::net::Shutdown::Both);
     }
+    // A zero-length datagram reads as the end of the socket, but datagrams may follow it: the
+    // end is a batch of nothing else (past it, every receive reads it again).
     let mut batch = Batch::<EMPTY_BATCH>::new();
     for _ in 0..MAX_EMPTY / EMPTY_BATCH {
-        let mut ended = false;
-        let n = receive(control, &mut batch, &mut |d| ended |= d == Datagram::HungUp);
-        if ended || n < EMPTY_BATCH {
+        let mut ends = 0;
+        let n = receive(control, &mut batch, &mut |d| ends += usize::from(d == Datagram::HungUp));
+        if n < EMPTY_BATCH || ends == n {
             break;
         }
     }

@@ -82,24 +82,16 @@ pub fn discard(fd: OwnedFd) {
 /// descriptors from now on ([`refuse_rights`]), and every descriptor queued before is
 /// [`discard`]ed (bytes are dropped). At most `MAX_TAKES` receives.
 pub fn take_queued(u: impl AsFd) {
-    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
     const MAX_TAKES: usize = 1024;
     let u = u.as_fd();
     refuse_rights(u);
+    // A zero-length datagram is not the end (see `empty`).
+    let stream = rustix::net::sockopt::socket_type(u).map_or(true, |t| t == rustix::net::SocketType::STREAM);
+    let marked = !stream && mark_messages(u, true);
     let mut buf = [0u8; 256];
     for _ in 0..MAX_TAKES {
-        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_RIGHTS))];
-        let mut control = RecvAncillaryBuffer::new(&mut space);
-        let flags = RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC;
-        let Ok(r) = rustix::net::recvmsg(u, &mut [std::io::IoSliceMut::new(&mut buf)], &mut control, flags) else { break };
-        let mut any = false;
-        for m in control.drain() {
-            if let RecvAncillaryMessage::ScmRights(rights) = m {
-                any = true;
-                rights.for_each(discard);
-            }
-        }
-        if r.bytes == 0 && !any {
+        let Some(t) = take_one(u, &mut buf, &mut discard) else { break };
+        if t.is_end() || (!marked && t.bytes == 0 && t.rights == 0) {
             break;
         }
     }
@@ -142,7 +134,12 @@ fn empty_all(mut work: Vec<OwnedFd>, sockets: usize, rights: usize) -> Vec<Owned
 /// `work`. Returns how many descriptors it took, or `None` if it stopped at `max` with more
 /// queued (the rest are taken by a later call).
 fn empty(u: &OwnedFd, work: &mut Vec<OwnedFd>, max: usize) -> Option<usize> {
-    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SocketFlags};
+    use rustix::net::SocketFlags;
+    // Before the shutdown: every datagram taken from now on carries credentials, so a
+    // zero-length one (with descriptors queued behind it) is not taken for the end. (A stream
+    // queues nothing for a zero-length send, and its end carries credentials too.)
+    let stream = rustix::net::sockopt::socket_type(u).map_or(true, |t| t == rustix::net::SocketType::STREAM);
+    let marked = !stream && mark_messages(u, true);
     let _ = rustix::net::shutdown(u, rustix::net::Shutdown::Both);
     let mut taken = 0;
     if rustix::net::sockopt::socket_acceptconn(u).unwrap_or(false) {
@@ -160,28 +157,94 @@ fn empty(u: &OwnedFd, work: &mut Vec<OwnedFd>, max: usize) -> Option<usize> {
         if taken >= max {
             return None;
         }
-        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_RIGHTS))];
-        let mut control = RecvAncillaryBuffer::new(&mut space);
-        let flags = RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC;
-        let Ok(r) = rustix::net::recvmsg(u, &mut [std::io::IoSliceMut::new(&mut buf)], &mut control, flags) else { break };
-        let before = taken;
-        for m in control.drain() {
-            if let RecvAncillaryMessage::ScmRights(rights) = m {
-                for f in rights {
-                    taken += 1;
-                    disarm(&f);
-                    if is_unix(&f) {
-                        work.push(f);
-                    }
-                }
+        let Some(t) = take_one(u.as_fd(), &mut buf, &mut |f| {
+            if is_unix(&f) {
+                work.push(f);
             }
-        }
-        // Shut down, an empty queue reads as its end (0 bytes, nothing with them).
-        if r.bytes == 0 && taken == before {
+        }) else {
+            break;
+        };
+        taken += t.rights;
+        if t.is_end() || (!marked && t.bytes == 0 && t.rights == 0) {
             break;
         }
     }
     Some(taken)
+}
+
+/// Turns `SO_PASSCRED` on or off on the Unix socket `u`; false if the kernel refused. While it
+/// is on, every message received carries its sender's credentials, a zero-length datagram too,
+/// and the end of a shut-down socket carries none: [`Took::is_end`] tells them apart (`recv`
+/// returns 0 for both). Not for a stream socket, whose end carries credentials too (and which
+/// queues nothing for a zero-length send).
+pub fn mark_messages(u: impl AsFd, on: bool) -> bool {
+    rustix::net::sockopt::set_socket_passcred(u, on).is_ok()
+}
+
+/// What one [`take_one`] received.
+#[derive(Debug, Clone, Copy)]
+pub struct Took {
+    /// Bytes received.
+    pub bytes: usize,
+    /// Descriptors that came along.
+    pub rights: usize,
+    /// Credentials came along ([`mark_messages`]).
+    pub marked: bool,
+}
+
+impl Took {
+    /// Nothing came: the end of a socket shut down or hung up (a datagram, a zero-length one
+    /// too, brings credentials where [`mark_messages`] is on).
+    pub fn is_end(&self) -> bool {
+        self.bytes == 0 && self.rights == 0 && !self.marked
+    }
+}
+
+/// Receives one message from the Unix socket `u` without blocking, its bytes into `buf` (the
+/// rest of a longer datagram is dropped), with room for every descriptor one message carries and
+/// for credentials; each descriptor that came along is [`disarm`]ed and handed to `each`.
+/// `None`: nothing was received (`EAGAIN`, an error).
+pub fn take_one(u: rustix::fd::BorrowedFd<'_>, buf: &mut [u8], each: &mut dyn FnMut(OwnedFd)) -> Option<Took> {
+    use rustix::fd::FromRawFd;
+    const WORDS: usize =
+        (rustix::cmsg_space!(ScmRights(MAX_RIGHTS)) + rustix::cmsg_space!(ScmCredentials(1))).div_ceil(8);
+    let mut space = [0u64; WORDS];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: an all-zero msghdr is a valid value (null pointers, zero lengths).
+    let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+    h.msg_iov = &mut iov;
+    h.msg_iovlen = 1;
+    h.msg_control = space.as_mut_ptr().cast();
+    h.msg_controllen = (WORDS * 8) as _;
+    // SAFETY: `h` names one iovec of `buf` and the control buffer `space`, both alive for the call.
+    let n = unsafe { libc::recvmsg(u.as_raw_fd(), &mut h, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return None;
+    }
+    let mut took = Took { bytes: n as usize, rights: 0, marked: false };
+    // SAFETY: the kernel filled `h`'s control buffer (msg_controllen bytes) with well-formed
+    // control messages; CMSG_FIRSTHDR/NXTHDR stay inside it.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&h);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c).cast::<libc::c_int>();
+                let count = ((*c).cmsg_len as usize - (data as usize - c as usize)) / std::mem::size_of::<libc::c_int>();
+                for k in 0..count {
+                    // SAFETY: each int of an SCM_RIGHTS message is a descriptor the kernel just
+                    // installed for us, owned by nobody else.
+                    let f = OwnedFd::from_raw_fd(data.add(k).read_unaligned());
+                    disarm(&f);
+                    took.rights += 1;
+                    each(f);
+                }
+            } else if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_CREDENTIALS {
+                took.marked = true;
+            }
+            c = libc::CMSG_NXTHDR(&h, c);
+        }
+    }
+    Some(took)
 }
 
 /// Makes the Unix socket `fd` refuse descriptors from now on (`SO_PASSRIGHTS` 0: a sender's
@@ -261,6 +324,43 @@ pub(crate) mod tests {
             u = holding(u);
         }
         assert!(closes(move || discard(u)), "the close waited for the linger at the chain's bottom");
+    }
+
+    /// A zero-length datagram reads as the end of a shut-down socket to `recv`; the descriptors
+    /// queued behind it are taken all the same.
+    #[test]
+    fn a_zero_length_datagram_does_not_hide_what_follows() {
+        let (t, _peer, _l) = lingering(600);
+        let (u, w) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        crate::seqpacket::send(&w, &[], &[]).unwrap();
+        crate::seqpacket::send(&w, &[1], &[t.as_fd()]).unwrap();
+        drop(t);
+        assert!(closes(move || discard(u)), "the close waited for the linger behind a zero-length datagram");
+        // Taken as it is received, then closed plainly (a HELLO's descriptor that is no memfd).
+        let (t, _peer, _l) = lingering(600);
+        let (u, w) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        crate::seqpacket::send(&w, &[], &[]).unwrap();
+        crate::seqpacket::send(&w, &[1], &[t.as_fd()]).unwrap();
+        drop(t);
+        assert!(
+            closes(move || {
+                take_queued(&u);
+                drop(u);
+            }),
+            "a plain close after take_queued waited for the linger behind a zero-length datagram"
+        );
     }
 
     /// A connected pair of Unix stream sockets.

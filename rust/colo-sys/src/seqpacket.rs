@@ -175,21 +175,41 @@ fn recv_from(fd: impl AsFd, buf: &mut [u8], dontwait: bool, from_peer: bool) -> 
     })
 }
 
-/// Takes every datagram queued on a control socket (at most 64), without blocking, so that
-/// descriptors a peer queued (after its HELLO, before the socket refused them) are closed
-/// disarmed here rather than released by its close (see `gift`); returns how many it took (a
-/// hang-up, a zero-length read, is not one).
+/// Takes every datagram queued on a control socket, without blocking, so that descriptors a
+/// peer queued (after its HELLO, before the socket refused them) are closed disarmed here
+/// rather than released by its close (see `gift`); returns how many it took (a hang-up is not
+/// one; a zero-length datagram is: `gift::mark_messages` tells them apart while this runs).
+/// After 64 the socket is shut down both ways: what is queued then is all it will ever hold, so
+/// a peer that keeps sending cannot keep the caller here, and a datagram with descriptors
+/// behind any number of others is still taken here, never left for the close.
 pub fn empty_before_close(fd: impl AsFd) -> usize {
+    const BEFORE_SHUTDOWN: usize = 64;
+    let fd = fd.as_fd();
+    let marked = crate::gift::mark_messages(fd, true);
     let mut buf = [0u8; 16];
     let mut taken = 0;
-    while taken < 64 {
-        match recv(&fd, &mut buf, true) {
-            // Never kept: shut down and emptied before their close (`gift::discard`).
-            Ok(r) if r.len > 0 || !r.fds.is_empty() => taken += 1,
+    loop {
+        if taken == BEFORE_SHUTDOWN {
+            let _ = net::shutdown(fd, net::Shutdown::Both);
+        }
+        match crate::gift::take_one(fd, &mut buf, &mut crate::gift::discard) {
+            Some(t) if !t.is_end() && (marked || t.bytes > 0 || t.rights > 0) => taken += 1,
             _ => break,
         }
     }
+    if marked {
+        // Later receives (the doorbell's drains) expect no credentials.
+        crate::gift::mark_messages(fd, false);
+    }
     taken
+}
+
+/// Closes a rendezvous connection that may still take descriptors (its HELLO never read):
+/// it refuses them first, and what it holds is taken ([`empty_before_close`]), so that nothing a
+/// peer queued is released by the close in this thread.
+pub fn let_go(fd: OwnedFd) {
+    crate::gift::refuse_rights(&fd);
+    empty_before_close(&fd);
 }
 
 /// Sets a receive timeout on a blocking socket.
@@ -243,6 +263,31 @@ pub fn with_data(fds: &[BorrowedFd<'_>]) -> Vec<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whatever is queued on a control socket, descriptors behind a zero-length datagram or
+    /// behind more datagrams than are taken before the shutdown, is taken before its close.
+    #[test]
+    fn a_control_socket_is_emptied_of_everything_before_its_close() {
+        use crate::gift::tests::{closes, lingering};
+        for (rings, zero) in [(1, true), (100, false)] {
+            let (t, _peer, _l) = lingering(600);
+            let (a, b) = net::socketpair(net::AddressFamily::UNIX, net::SocketType::SEQPACKET, net::SocketFlags::CLOEXEC, None).unwrap();
+            for i in 0..rings {
+                send(&a, if zero && i == 0 { &[] } else { &[1] }, &[]).unwrap();
+            }
+            send(&a, &[1], &[t.as_fd()]).unwrap();
+            drop(t);
+            let emptied = closes(move || {
+                assert_eq!(empty_before_close(&b), rings + 1);
+                drop(b);
+            });
+            assert!(emptied, "the close waited for a gift behind {rings} datagrams");
+            if !zero {
+                // Shut down once past its bound: nothing more is queued.
+                assert!(send(&a, &[1], &[]).is_err());
+            }
+        }
+    }
 
     #[test]
     fn connect_first_takes_the_first_name_listened_on_through_one_socket() {

@@ -146,7 +146,10 @@ impl HalfOpen {
     pub(crate) fn expire(&mut self) {
         let now = Instant::now();
         let alive = |since: Instant| now.saturating_duration_since(since) < HELLO_TIMEOUT;
-        self.pending.retain(|p| alive(p.since));
+        // Their HELLO never read, they still take descriptors: emptied before their close.
+        let (kept, gone): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending).into_iter().partition(|p| alive(p.since));
+        self.pending = kept;
+        gone.into_iter().for_each(|p| colo_sys::seqpacket::let_go(p.fd));
         self.offers.retain(|_, o| alive(o.since));
         self.rivals.retain(|(_, o)| alive(o.since));
         if self.armed_for.is_some_and(|at| at <= now) {

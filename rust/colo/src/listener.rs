@@ -232,6 +232,7 @@ impl Listener {
                     Err((p, why)) => {
                         drop(half_open);
                         carrier::reject(&p.fd, wire::Reason::NoResources);
+                        seqpacket::let_go(p.fd);
                         log::info(format_args!("accept {}: refused a rendezvous client of uid {uid}: {why}", self.addr));
                     }
                 }

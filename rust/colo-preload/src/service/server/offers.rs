@@ -216,15 +216,17 @@ pub(super) fn drain(st: &mut State) {
     drain_waiting(st);
 }
 
-/// Answers a rendezvous connection REJECT(NO_RESOURCES) and lets it go. A HELLO already queued
-/// is read first, and once more after the answer: a connection closed with unread data would
-/// reach its client as a reset before the reason (one whose HELLO lands between the last look and
-/// the close still does; that client dials plain TCP all the same).
+/// Answers a rendezvous connection REJECT(NO_RESOURCES) and lets it go. What is queued (a HELLO,
+/// and anything a peer queued behind it, descriptors too) is taken first, once the socket
+/// refuses descriptors, and once more after the answer: a connection closed with unread data
+/// would reach its client as a reset before the reason (one whose HELLO lands between the last
+/// look and the close still does; that client dials plain TCP all the same), and a descriptor
+/// left queued would be released by the close in this thread (`colo_sys::gift`).
 fn refuse(c: &OwnedFd) {
-    let mut b = [0u8; 64];
-    let _ = seqpacket::recv(c, &mut b, true);
+    colo_sys::gift::refuse_rights(c);
+    seqpacket::empty_before_close(c);
     carrier::reject(c, Reason::NoResources);
-    let _ = seqpacket::recv(c, &mut b, true);
+    seqpacket::empty_before_close(c);
 }
 
 /// Collects the HELLOs that have arrived at one listener's rendezvous (none of the waiting ones).
@@ -298,6 +300,7 @@ pub(super) fn drain_waiting(st: &mut State) {
     let waiting = std::mem::take(&mut st.waiting);
     for ((c, at, uid), ready) in waiting.into_iter().zip(ready) {
         if at.elapsed() >= PENDING_TTL {
+            seqpacket::let_go(c);
             continue;
         }
         if !ready {
@@ -362,7 +365,9 @@ fn answer_asks(st: &mut State) {
 pub(super) fn expire(st: &mut State) -> Option<Instant> {
     let now = Instant::now();
     let before = held(st);
-    st.waiting.retain(|w| now.duration_since(w.1) < PENDING_TTL);
+    let (kept, gone): (Vec<_>, Vec<_>) = std::mem::take(&mut st.waiting).into_iter().partition(|w| now.duration_since(w.1) < PENDING_TTL);
+    st.waiting = kept;
+    gone.into_iter().for_each(|w| seqpacket::let_go(w.0));
     st.offers.retain(|_, o| now.duration_since(o.1) < PENDING_TTL);
     st.rivals.retain(|r| now.duration_since(r.2) < PENDING_TTL);
     if now.duration_since(st.swept) >= HANGUP_SWEEP {
