@@ -328,32 +328,28 @@ pub(crate) mod tests {
 
     /// A zero-length datagram reads as the end of a shut-down socket to `recv`; the descriptors
     /// queued behind it are taken all the same.
+    /// A seqpacket socket whose queue holds a zero-length datagram, then a lingering socket (its
+    /// peer and listener kept in the second and third values).
+    fn empty_then_gift() -> (OwnedFd, impl Sized) {
+        let (t, peer, l) = lingering(600);
+        let (u, w) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        crate::seqpacket::send(&w, &[], &[]).unwrap();
+        crate::seqpacket::send(&w, &[1], &[t.as_fd()]).unwrap();
+        (u, (peer, l, w))
+    }
+
     #[test]
     fn a_zero_length_datagram_does_not_hide_what_follows() {
-        let (t, _peer, _l) = lingering(600);
-        let (u, w) = rustix::net::socketpair(
-            rustix::net::AddressFamily::UNIX,
-            rustix::net::SocketType::SEQPACKET,
-            rustix::net::SocketFlags::CLOEXEC,
-            None,
-        )
-        .unwrap();
-        crate::seqpacket::send(&w, &[], &[]).unwrap();
-        crate::seqpacket::send(&w, &[1], &[t.as_fd()]).unwrap();
-        drop(t);
+        let (u, _kept) = empty_then_gift();
         assert!(closes(move || discard(u)), "the close waited for the linger behind a zero-length datagram");
         // Taken as it is received, then closed plainly (a HELLO's descriptor that is no memfd).
-        let (t, _peer, _l) = lingering(600);
-        let (u, w) = rustix::net::socketpair(
-            rustix::net::AddressFamily::UNIX,
-            rustix::net::SocketType::SEQPACKET,
-            rustix::net::SocketFlags::CLOEXEC,
-            None,
-        )
-        .unwrap();
-        crate::seqpacket::send(&w, &[], &[]).unwrap();
-        crate::seqpacket::send(&w, &[1], &[t.as_fd()]).unwrap();
-        drop(t);
+        let (u, _kept) = empty_then_gift();
         assert!(
             closes(move || {
                 take_queued(&u);
