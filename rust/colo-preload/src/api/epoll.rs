@@ -1,14 +1,14 @@
 //! Readiness through epoll: `epoll_ctl` and the `epoll_wait` family report accelerated fds from
 //! the rings (poll and select: `ppoll`). The kernel still does the multiplexing: an accelerated
-//! fd is represented by its connection's readiness fd (control socket + self bell), registered in
-//! the application's epoll set with the application's ET/ONESHOT flags and a tagged `data`
-//! (`conn::regs`); `epoll_wait` maps those events back to the application's fd and data, with
-//! IN/OUT computed from ring state.
+//! fd is represented by its connection's control socket and self bell, both registered in the
+//! application's epoll set with the application's ET/ONESHOT flags and one tagged `data`
+//! (`conn::regs`); `epoll_wait` maps those events back to the application's fd and data (one
+//! event however many of the two the kernel reported), with IN/OUT computed from ring state.
 
 use crate::api::{lregs, repeat};
 use crate::base::env::spin;
 use crate::base::guard::Guard;
-use crate::conn::regs::{kernel_events, note_plain, register, set_wake, waker, with_regs, Reg, Regs, DUP_CHECK, PASS_FLAGS, TAG, TAG_MASK, WAKE};
+use crate::conn::regs::{kernel_ctl, kernel_del, kernel_events, note_plain, register, set_wake, waker, with_regs, Reg, Regs, DUP_CHECK, PASS_FLAGS, TAG, TAG_MASK, WAKE};
 use crate::conn::state::{Conn, Waking, IN, OUT};
 use crate::conn::table::{self, CONN, PENDING};
 use crate::real;
@@ -70,7 +70,6 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
         let e = unsafe { *ev };
         (e.events, e.u64)
     };
-    let rfd = conn.readiness_raw();
     match op {
         libc::EPOLL_CTL_ADD => {
             let kernel = kernel_events(events);
@@ -96,8 +95,7 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
                     // New flags: register anew (EPOLLEXCLUSIVE cannot be modified). The same
                     // one-shot flags: re-arm.
                     let op = if old_kernel != kernel {
-                        // SAFETY: removing our registration, added again below.
-                        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, rfd, std::ptr::null_mut()) };
+                        kernel_del(epfd, &conn);
                         Some(libc::EPOLL_CTL_ADD)
                     } else if kernel & libc::EPOLLONESHOT as u32 != 0 {
                         Some(libc::EPOLL_CTL_MOD)
@@ -105,13 +103,10 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
                         None
                     };
                     if let Some(op) = op {
-                        let mut kev = epoll_event { events: kernel, u64: TAG | idx as u64 };
-                        // SAFETY: (re-)registering our readiness fd in the application's set.
-                        if unsafe { real::epoll_ctl(epfd, op, rfd, &mut kev) } != 0 {
-                            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+                        if let Err(e) = kernel_ctl(epfd, op, &conn, kernel, TAG | idx as u64) {
                             with_regs(|r| r.remove(idx));
-                            // SAFETY: our registration is broken; take it out of the kernel's set.
-                            unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, rfd, std::ptr::null_mut()) };
+                            // Our registration is broken; take it out of the kernel's set.
+                            kernel_del(epfd, &conn);
                             return g.err(e) as c_int;
                         }
                     }
@@ -120,10 +115,8 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
                     }
                     return g.ok(0) as c_int;
                 }
-                Some(Ok(Err(stale))) => {
-                    // SAFETY: removing a registration of a connection that is gone from this fd.
-                    unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, stale.conn.readiness_raw(), std::ptr::null_mut()) };
-                }
+                // A registration of a connection that is gone from this fd.
+                Some(Ok(Err(stale))) => kernel_del(epfd, &stale.conn),
                 None => {}
             }
             match register(epfd, fd, events, data, &conn) {
@@ -145,16 +138,13 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
             }) else {
                 return g.err(libc::ENOENT) as c_int;
             };
-            // The kernel only watches our readiness fd for IN with the application's flags: an
+            // The kernel only watches our descriptors for IN with the application's flags: an
             // interest change (event loops flip OUT on and off around every reply) needs no system
             // call, as `epoll_wait` reads the rings first. A one-shot re-arm or a flag change does.
             if (old ^ events) & PASS_FLAGS != 0 || events & libc::EPOLLONESHOT as u32 != 0 {
                 let kernel = kernel_events(events);
                 with_regs(|r| r.slab[idx].as_mut().map(|reg| reg.kernel = kernel));
-                let mut kev = epoll_event { events: kernel, u64: TAG | idx as u64 };
-                // SAFETY: modifying our registration.
-                if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, rfd, &mut kev) } != 0 {
-                    let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+                if let Err(e) = kernel_ctl(epfd, libc::EPOLL_CTL_MOD, &conn, kernel, TAG | idx as u64) {
                     return g.err(e) as c_int;
                 }
             }
@@ -190,8 +180,7 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
 /// Without that, connections always ready (level-triggered `EPOLLOUT`) filled every batch: the
 /// set's other fds were never reported, nor, with `maxevents` 1, any connection but the first.
 fn from_rings(epfd: c_int, out: &mut [epoll_event]) -> (usize, u64) {
-    static ROUNDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    let round = ROUNDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let round = next_round();
     with_regs(|r| {
         let Regs { slab, by_epfd, turns, .. } = r;
         let Some(list) = by_epfd.get(&epfd) else { return (0, round) };
@@ -217,6 +206,12 @@ fn from_rings(epfd: c_int, out: &mut [epoll_event]) -> (usize, u64) {
     })
 }
 
+/// A fresh mark for the registrations one look reports (`Reg::round`).
+fn next_round() -> u64 {
+    static ROUNDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    ROUNDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Whether a wait with room for one event should ask the kernel before the rings (every other
 /// look at the set: see `from_rings`); taking the turn passes it back to the rings.
 fn kernel_turn(epfd: c_int) -> bool {
@@ -237,10 +232,13 @@ fn with_kernel_events(epfd: c_int, all: &mut [epoll_event], n: usize, round: u64
     n + if k > 0 { translate(epfd, &mut rest[..k as usize], Some(round)) } else { 0 }
 }
 
-/// Rewrites the kernel's events of one `epoll_wait` batch in place (our readiness fds become
-/// the application's fds and events; registrations reported from the rings in `round` are
-/// skipped); returns how many remain.
+/// Rewrites the kernel's events of one `epoll_wait` batch in place (our descriptors' events become
+/// the application's fds and events, one per registration however many of its descriptors the
+/// kernel reported; registrations reported from the rings in `round` are skipped); returns how
+/// many remain.
 fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize {
+    // Marks each registration this batch looked at: its other descriptor's event is the same news.
+    let this = next_round();
     let mut out = 0;
     let mut rearm = Vec::new();
     let mut hung_up = Vec::new();
@@ -273,6 +271,11 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
             }
             let idx = (d & 0xFFFF_FFFF) as usize;
             let Some(Some(reg)) = r.slab.get_mut(idx) else { continue };
+            if reg.round == this {
+                continue;
+            }
+            let from_rings = Some(reg.round) == round;
+            reg.round = this;
             if reg.deleted {
                 // A doorbell or a hang-up left readable would end every sleep: drain it, and if
                 // the peer hung up, the kernel registration must go now.
@@ -282,9 +285,10 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
                 }
                 continue;
             }
-            // The kernel reported the readiness fd: the doorbell rang or the peer hung up.
+            // The kernel reported the connection: its doorbell or self bell rang, or the peer
+            // hung up.
             reg.rung = true;
-            if Some(reg.round) == round {
+            if from_rings {
                 // Reported from the rings this round already; but the kernel's event may be the
                 // peer's hang-up, which the rings cannot show (an interest with OUT, reported
                 // writable every round, never asked): learn it, so that a report carries it as
@@ -325,15 +329,15 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
             }
             if m == 0 {
                 if reg.events & libc::EPOLLONESHOT as u32 != 0 && !reg.fired {
-                    rearm.push((reg.conn.readiness_raw(), reg.kernel, d));
+                    rearm.push((reg.conn.clone(), reg.kernel, d));
                 } else if level && reg.conn.known_gone() {
                     // The peer is gone (`arm` asked, unless a ring explained this report)
-                    // and nothing the application wants was reported: the readiness fd stays
-                    // readable (the control socket hung up), so a level registration would end
+                    // and nothing the application wants was reported: the control socket stays
+                    // readable (it hung up), so a level registration would end
                     // every sleep at once. Edge-triggered from now on; `from_rings` still reports
                     // the state whenever the interest asks for it.
                     reg.kernel |= libc::EPOLLET as u32;
-                    rearm.push((reg.conn.readiness_raw(), reg.kernel, d));
+                    rearm.push((reg.conn.clone(), reg.kernel, d));
                 }
                 continue;
             }
@@ -362,15 +366,14 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
         // SAFETY: the set's wake-up eventfd, never closed.
         colo_sys::doorbell::ring(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) });
     }
-    for (rfd, kernel, d) in rearm {
-        let mut kev = epoll_event { events: kernel, u64: d };
-        // SAFETY: re-enabling our one-shot registration after a spurious wake-up.
-        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, rfd, &mut kev) };
+    // Re-enabling a one-shot registration after a spurious wake-up, or one made edge-triggered.
+    for (conn, kernel, d) in rearm {
+        let _ = kernel_ctl(epfd, libc::EPOLL_CTL_MOD, &conn, kernel, d);
     }
+    // Deleted, hung-up connections.
     for idx in hung_up {
         if let Some(reg) = with_regs(|r| r.remove(idx)) {
-            // SAFETY: removing our registration of a deleted, hung-up connection.
-            unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, reg.conn.readiness_raw(), std::ptr::null_mut()) };
+            kernel_del(epfd, &reg.conn);
         }
     }
     out

@@ -5,7 +5,7 @@
 //! listener's own registration stays the kernel's, untouched), with the application's
 //! edge-triggered and one-shot flags and a tagged `data` (`regs::TAG | LISTENER | index`).
 //! `api::epoll::translate` turns its report into the listener's (`report`), after moving the
-//! held connections on, as it turns a connection's readiness fd into the connection's.
+//! held connections on, as it turns a connection's kernel fds' events into the connection's.
 
 use crate::base::guard::Guard;
 use crate::conn::regs::TAG;

@@ -1,6 +1,6 @@
 //! Readiness through poll, ppoll, select and pselect: a set with accelerated fds is answered from
-//! the rings, each connection's readiness fd (or, where none was made, its control socket and
-//! self bell: `Conn::poll_fds`) standing in for its socket in the kernel's wait.
+//! the rings, each connection's control socket and self bell (`Conn::kernel_fds`) standing in
+//! for its socket in the kernel's wait.
 
 use crate::base::guard::Guard;
 use crate::base::mem::{slice, slice_mut};
@@ -79,11 +79,12 @@ unsafe fn ppoll_round(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, ma
         ready += ready_listens.len();
         let zero = timespec { tv_sec: 0, tv_nsec: 0 };
         if ready > 0 {
-            // Report the kernel fds' state now too, and whether each connection's readiness fd
-            // is readable: the quick look did not ask the control socket, so a hang-up the
-            // hang-up watcher has not seen yet shows only there; a connection whose readiness fd
-            // reports is asked now (`ready(true)`), so what is returned is what asking every
-            // time would return, without a system call more than the kernel fds' look.
+            // Report the application's kernel fds' state now too, and whether each connection's
+            // control socket or self bell is readable: the quick look did not ask the control
+            // socket, so a hang-up the hang-up watcher has not seen yet shows only there; a
+            // connection whose control socket or self bell reports is asked now (`ready(true)`),
+            // so what is returned is what asking every time would return, without a system call
+            // more than the look at the application's fds.
             for (i, p) in copy.iter_mut().enumerate() {
                 *p = arr[i];
                 p.revents = 0;
@@ -147,7 +148,7 @@ unsafe fn ppoll_round(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, ma
             copy[i].events = libc::POLLIN;
         }
         // A connection whose peer is gone and that reported nothing wanted above never will (its
-        // readiness fd stays readable: the control socket hung up): left out, or this sleep would
+        // control socket stays readable: it hung up): left out, or this sleep would
         // return at once, again and again.
         let extra = place(&mut copy, &conns, |(i, c)| {
             c.known_gone() || (arr[*i].events & (libc::POLLIN | libc::POLLRDHUP)) == 0 && c.peer_gone_quick()
@@ -224,9 +225,10 @@ unsafe fn ppoll_round(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, ma
             }
         }
         for (i, c) in &conns {
-            // A connection whose readiness fd the kernel reported is asked (a ring, or a hang-up
-            // the hang-up watcher may not have seen yet); one whose readiness fd stayed quiet had
-            // no hang-up on its control socket, and is asked only if the watcher cannot vouch.
+            // A connection whose control socket or self bell the kernel reported is asked (a
+            // ring, or a hang-up the hang-up watcher may not have seen yet); one whose two stayed
+            // quiet had no hang-up on its control socket, and is asked only if the watcher
+            // cannot vouch.
             let m = if copy[*i].revents != 0 { c.ready(true) } else { c.ready_quick() };
             let m = m & (arr[*i].events as u32 | ERR | HUP);
             arr[*i].revents = m as i16;
@@ -250,19 +252,19 @@ unsafe fn ppoll_round(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, ma
 }
 
 /// Puts in `copy` (the application's array) what the kernel watches for each connection of
-/// `conns` (`Conn::poll_fds`): its first fd in the connection's place, its further ones after
+/// `conns` (`Conn::kernel_fds`): its first fd in the connection's place, its further ones after
 /// the application's, whose places in `copy` and connections' in the application's array are
 /// returned, for `fold`. A connection for which `skip` holds is left out (fd -1).
 fn place(copy: &mut Vec<pollfd>, conns: &[(usize, Arc<Conn>)], skip: impl Fn(&(usize, Arc<Conn>)) -> bool) -> Vec<(usize, usize)> {
     let mut extra = Vec::new();
     for ic in conns {
-        let (fds, n) = ic.1.poll_fds();
+        let fds = ic.1.kernel_fds();
         let i = ic.0;
         let skipped = skip(ic);
         copy[i].fd = if skipped { -1 } else { fds[0] };
         copy[i].events = libc::POLLIN;
         if !skipped {
-            for &fd in &fds[1..n] {
+            for &fd in &fds[1..] {
                 extra.push((copy.len(), i));
                 copy.push(pollfd { fd, events: libc::POLLIN, revents: 0 });
             }

@@ -63,7 +63,7 @@ fn conn_recv_inner(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> 
     Ok(n)
 }
 
-/// Keeps the readiness fd honest for level-triggered pollers: if the buffer was filled, more
+/// Keeps the kernel fds honest for level-triggered pollers: if the buffer was filled, more
 /// may be waiting, so make sure the doorbell stays rung. (A short read needs nothing: every
 /// drain of the doorbell announces a wait, so either the doorbell holds a count or the peer's
 /// next progress rings it; and `epoll_wait`/`poll` read the rings before sleeping.)

@@ -1,7 +1,8 @@
 //! The epoll registrations of accelerated connections: which application epoll sets watch
-//! which connection (each through the connection's readiness fd, tagged), what each last
-//! reported, each set's wake-up eventfd, and the registrations of fresh sockets that move to the
-//! readiness fd when `connect` accelerates them. `api::epoll` reports from them.
+//! which connection (each through the connection's control socket and self bell, `Conn::kernel_fds`,
+//! both with the same tagged `data`), what each last reported, each set's wake-up eventfd, and the
+//! registrations of fresh sockets that move to the connection when `connect` accelerates them.
+//! `api::epoll` reports from them.
 
 use crate::base::guard::Guard;
 use crate::base::log::log_info;
@@ -37,9 +38,9 @@ pub struct Reg {
     /// closes or the peer hangs up, so that the next `EPOLL_CTL_ADD` costs no system call (event
     /// loops such as redis-benchmark's delete and add a connection around every request).
     pub deleted: bool,
-    /// The events our kernel registration of the readiness fd has.
+    /// The events our kernel registrations (`kernel_ctl`) have.
     pub kernel: u32,
-    /// The kernel reported the readiness fd and its doorbell was left rung (so that a poller
+    /// The kernel reported the connection and its doorbell was left rung (so that a poller
     /// above the application's set still sees it readable): drained before the next sleep here.
     pub rung: bool,
     /// The `from_rings` call that last reported it (its kernel event is then a duplicate).
@@ -164,8 +165,7 @@ pub fn forget_fd(fd: c_int) {
         idx.into_iter().filter_map(|i| r.remove(i)).collect()
     });
     for reg in gone {
-        // SAFETY: removing our registration of the readiness fd from the application's set.
-        unsafe { real::epoll_ctl(reg.epfd, libc::EPOLL_CTL_DEL, reg.conn.readiness_raw(), std::ptr::null_mut()) };
+        kernel_del(reg.epfd, &reg.conn);
     }
 }
 
@@ -180,8 +180,7 @@ pub fn release_fd(fd: c_int) -> Vec<(c_int, u32, u64)> {
     });
     let mut keep = Vec::new();
     for reg in gone {
-        // SAFETY: removing our registration of the readiness fd from the application's set.
-        unsafe { real::epoll_ctl(reg.epfd, libc::EPOLL_CTL_DEL, reg.conn.readiness_raw(), std::ptr::null_mut()) };
+        kernel_del(reg.epfd, &reg.conn);
         if !reg.deleted {
             let events = if reg.fired { reg.events & (libc::EPOLLONESHOT | libc::EPOLLET) as u32 } else { reg.events };
             keep.push((reg.epfd, events, reg.data));
@@ -233,14 +232,44 @@ pub fn set_wake(epfd: c_int) -> Option<colo_sys::RawFd> {
 
 pub const PASS_FLAGS: u32 = (libc::EPOLLET | libc::EPOLLONESHOT | libc::EPOLLWAKEUP | libc::EPOLLEXCLUSIVE) as u32;
 
-/// The events of our kernel registration of a readiness fd for the application's `events`.
+/// The events of our kernel registrations of a connection for the application's `events`.
 pub fn kernel_events(events: u32) -> u32 {
     libc::EPOLLIN as u32 | (events & PASS_FLAGS)
 }
 
+/// Applies `op` (`EPOLL_CTL_ADD` or `EPOLL_CTL_MOD`) to our kernel registrations of `conn` in the
+/// application's set `epfd`: its control socket (input and the peer's hang-up) and its self bell
+/// (input), both with `events` and the tagged `data`. An `ADD` is all or nothing. Returns the
+/// kernel's errno.
+pub fn kernel_ctl(epfd: c_int, op: c_int, conn: &Conn, events: u32, data: u64) -> Result<(), c_int> {
+    let [control, self_bell] = conn.kernel_fds();
+    for (fd, extra) in [(control, libc::EPOLLRDHUP as u32), (self_bell, 0)] {
+        let mut kev = epoll_event { events: events | extra, u64: data };
+        // SAFETY: registering (or modifying our registration of) our own descriptor in the
+        // application's set.
+        if unsafe { real::epoll_ctl(epfd, op, fd, &mut kev) } != 0 {
+            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+            if op == libc::EPOLL_CTL_ADD && fd == self_bell {
+                // SAFETY: taking back the control socket's registration made just above.
+                unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, control, std::ptr::null_mut()) };
+            }
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Removes our kernel registrations of `conn` from the application's set `epfd` (if there).
+pub fn kernel_del(epfd: c_int, conn: &Conn) {
+    for fd in conn.kernel_fds() {
+        // SAFETY: removing our own descriptor's registration from the application's set.
+        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
+    }
+}
+
 /// The application's kernel registrations of fresh sockets (`table::is_fresh`: TCP, not yet
 /// connected): a socket registered before its `connect` (nginx's upstreams) may become a colo
-/// connection, and its registrations must then move to the connection's readiness fd
+/// connection, and its registrations must then move to the connection's descriptors
 /// ([`adopt_plain`]). Per fd: `(epfd, events, data)`. Any other fd's registrations are not
 /// recorded, so the `epoll_ctl`s of a plain connection take no lock of the shim's
 /// (docs/ARCHITECTURE.md, "Only fresh sockets are the shim's business").
@@ -288,7 +317,7 @@ pub fn has_plain(fd: c_int) -> bool {
 }
 
 /// `fd` just became a colo connection: its kernel registrations (made while it was a plain
-/// socket) move to the connection's readiness fd, with the same events and data.
+/// socket) move to the connection's descriptors, with the same events and data.
 pub fn adopt_plain(fd: c_int, conn: &Arc<Conn>) {
     if fd < 0 || fd as usize >= table::MAX_FD {
         return;
@@ -311,17 +340,14 @@ pub fn adopt_plain(fd: c_int, conn: &Arc<Conn>) {
 }
 
 /// Registers `conn` (the connection on `fd`) in the application's epoll set `epfd` as the
-/// application asked for `fd`: our readiness fd, tagged, in the kernel's set. A new registration
+/// application asked for `fd`: its descriptors, tagged, in the kernel's set. A new registration
 /// reports the current state as an edge (after an adoption possibly a second OUT edge for the
 /// connect: harmless, where a missed one would hang).
 pub fn register(epfd: c_int, fd: c_int, events: u32, data: u64, conn: &Arc<Conn>) -> Result<(), c_int> {
     let idx = with_regs(|r| r.insert(Reg::new(epfd, fd, events, data, conn.clone())));
     // Counted (in `insert`) and marked before the kernel can report it.
     table::set_epoll(epfd, true);
-    let mut kev = epoll_event { events: kernel_events(events), u64: TAG | idx as u64 };
-    // SAFETY: registering the readiness fd in the application's set.
-    if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, conn.readiness_raw(), &mut kev) } != 0 {
-        let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+    if let Err(e) = kernel_ctl(epfd, libc::EPOLL_CTL_ADD, conn, kernel_events(events), TAG | idx as u64) {
         with_regs(|r| r.remove(idx));
         return Err(e);
     }

@@ -76,8 +76,6 @@ pub struct Conn {
     never_spin: bool,
     /// Control socket (our doorbell), self bell, segment memfd (-1 once closed: see `build`).
     raw: [RawFd; 3],
-    /// The readiness fd's number once asked for (-1 before): see `readiness_raw`.
-    readiness: AtomicI32,
     /// Shared with every process holding the connection (`holders`).
     holders: Page,
     /// This process's calls under way without a turn, [reading, writing] (`turns::alone`): a
@@ -173,7 +171,6 @@ impl Conn {
             inheritable: AtomicBool::new(false),
             never_spin,
             raw: raw0,
-            readiness: AtomicI32::new(-1),
             holders,
             alone: [CachePadded::new(AtomicU32::new(0)), CachePadded::new(AtomicU32::new(0))],
             born: std::time::Instant::now(),
@@ -266,36 +263,12 @@ impl Conn {
         unsafe { colo_sys::BorrowedFd::borrow_raw(self.raw[1]) }
     }
 
-    /// The readiness fd (an epoll set of the control socket and the self bell, `Shm::readiness_fd`)
-    /// that stands for this connection in the application's epoll sets. Made at the first
-    /// registration, not with the connection: a connection only read, written or polled never
-    /// needs it (`readiness_made`), one descriptor less. Made once; if it cannot be (out of
-    /// descriptors), the control socket stands in, and is not asked for again.
-    pub fn readiness_raw(&self) -> RawFd {
-        // Relaxed: the number is the whole message; the descriptor behind it is the Shm's, made
-        // once (its `OnceLock` orders its making).
-        let r = self.readiness.load(Ordering::Relaxed);
-        if r >= 0 {
-            return r;
-        }
-        let r = self.shm.readiness_fd().as_raw_fd();
-        self.readiness.store(r, Ordering::Relaxed);
-        r
-    }
-
-    /// The readiness fd if one was made (see `readiness_raw`).
-    pub fn readiness_made(&self) -> Option<RawFd> {
-        self.shm.readiness_made().map(|f| f.as_raw_fd())
-    }
-
-    /// What a `poll` watches in the kernel for this connection: the readiness fd if it was made;
-    /// else the control socket and the self bell themselves (each readable when the readiness fd
-    /// would be), so that no epoll set is made for a poll.
-    pub fn poll_fds(&self) -> ([RawFd; 2], usize) {
-        match self.readiness_made() {
-            Some(r) => ([r, -1], 1),
-            None => ([self.raw[0], self.raw[1]], 2),
-        }
+    /// What stands for this connection in the kernel's waits (`poll`, and each application epoll
+    /// set it is registered in): its control socket (our doorbell, and the peer's hang-up) and its
+    /// self bell, each readable when the connection may have news. No epoll set of our own is
+    /// made for it: that would cost every connection in an event loop a third descriptor.
+    pub fn kernel_fds(&self) -> [RawFd; 2] {
+        [self.raw[0], self.raw[1]]
     }
 
     /// The socket's own state beside the rings (`READ_SHUT` and the rest), one word of the
@@ -464,12 +437,12 @@ impl Conn {
         children().into_iter().chain([parent]).any(|p| p != 0 && p != me && seen_holding(p))
     }
 
-    /// Rings our self bell, so that the readiness fd reports and the state is looked at again.
+    /// Rings our self bell, so that the connection's kernel fds report and the state is looked at again.
     pub fn poke(&self) {
         colo_sys::doorbell::ring(self.self_bell());
     }
 
-    /// Empties our doorbell (after the kernel reported our readiness fd): a level-triggered
+    /// Empties our doorbell (after the kernel reported our kernel fds): a level-triggered
     /// registration would otherwise report it again at the next sleep, for nothing. A ring
     /// another thread asleep on it may have waited for is passed on (`Shm::drain_doorbell`).
     pub fn drain(&self, by: Drainer) {
@@ -495,7 +468,7 @@ impl Conn {
 
     /// `peer_gone`, without a system call while the hang-up watcher vouches that the control
     /// socket stayed silent (`Shm::control_silent`). For a look before a sleep on the readiness
-    /// fd, or a miss: a hang-up the watcher has not seen yet keeps the readiness fd readable, so
+    /// fd, or a miss: a hang-up the watcher has not seen yet keeps the control socket readable, so
     /// the sleep ends at once and the look after it asks (`peer_gone`); and the watcher rings
     /// the self bell when it sees it, a new edge for an edge-triggered waiter.
     pub fn peer_gone_quick(&self) -> bool {
@@ -508,7 +481,7 @@ impl Conn {
         self.ready_with(if check_gone { Ask::Always } else { Ask::Never })
     }
 
-    /// `ready(true)` for a look before a sleep on the readiness fd or after a miss: the control
+    /// `ready(true)` for a look before a sleep on the kernel fds or after a miss: the control
     /// socket is asked only if the hang-up watcher cannot vouch for it (`peer_gone_quick`).
     pub fn ready_quick(&self) -> u32 {
         self.ready_with(Ask::Quick)
@@ -819,12 +792,12 @@ impl Conn {
         self.shm.announce_doorbell_sleep();
     }
 
-    /// Prepares to sleep on the readiness fd: drain our doorbell, announce that we wait, and
+    /// Prepares to sleep on the kernel fds: drain our doorbell, announce that we wait, and
     /// return the readiness after that (a peer's progress from now on rings the doorbell).
     /// `by`: whether the caller sleeps, and how (`Waking`, `Asleep`). `always_ask`: ask the
     /// control socket whether the peer is gone even if the doorbell had rung. (A level-triggered
-    /// registration of the readiness fd need not: a ring explains the kernel's report, and a
-    /// hung-up control socket keeps the readiness fd readable, so the next wait is reported
+    /// registration of the kernel fds need not: a ring explains the kernel's report, and a
+    /// hung-up control socket keeps it readable, so the next wait is reported
     /// again, finds no ring, as a peer that is gone rings nothing, and asks then.)
     pub fn arm(&self, by: Drainer, always_ask: bool) -> u32 {
         let rang = self.shm.drain_doorbell(by);
@@ -832,7 +805,7 @@ impl Conn {
         self.ready(always_ask || !rang)
     }
 
-    /// `arm` before a sleep on the readiness fd (`poll`), or at a miss: the control socket is
+    /// `arm` before a sleep on the kernel fds (`poll`), or at a miss: the control socket is
     /// asked only if the hang-up watcher cannot vouch for it (`ready_quick`), and the bells are
     /// drained only if our doorbell announcement was taken: while it stands, the peer has not
     /// rung since it was made (a ring takes it, spec/WIRE.md section 6), and the drain that came
@@ -930,7 +903,7 @@ impl Drop for Conn {
             // peer sees neither FIN nor a hang-up. The hang-up watcher lets go of it first: it
             // would otherwise write to the unmapped segment and ring a closed descriptor.
             self.shm.stop_watching();
-            for fd in self.raw.into_iter().chain(self.readiness_made()) {
+            for fd in self.raw {
                 // SAFETY: these descriptors belong to the Shm we deliberately do not drop.
                 unsafe { libc::syscall(libc::SYS_close, fd) };
             }

@@ -125,7 +125,7 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relay
     let held = hold.as_ref().map_or([-1, -1], |h| h.fds());
     // Nothing of the program's but the connection: its other descriptors must close when the
     // program closes them.
-    let keep = [tcp.as_raw_fd(), carrier.as_raw_fd(), control, self_bell, conn.readiness_made().unwrap_or(-1), held[0], held[1]];
+    let keep = [tcp.as_raw_fd(), carrier.as_raw_fd(), control, self_bell, held[0], held[1]];
     close_all_but(&keep);
     table::abandon_all_but(&keep);
     // 0, 1 and 2 taken by /dev/null (see `stdio::run`).
