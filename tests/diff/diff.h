@@ -36,7 +36,7 @@ static int *diff_conns;
 static const char *ename(int e) {
     switch (e) {
 #define E(x) case x: return #x;
-        E(EAGAIN) E(EPIPE) E(ECONNRESET) E(EINTR) E(EINVAL) E(ENOTCONN) E(EBADF) E(EFAULT)
+        E(EAGAIN) E(EPIPE) E(ECONNRESET) E(EINTR) E(EINVAL) E(ENOTCONN) E(EBADF) E(EFAULT) E(EEXIST) E(ENOENT)
         E(ECONNREFUSED) E(ETIMEDOUT) E(EPROTO) E(EOPNOTSUPP) E(EINPROGRESS) E(EISCONN) E(ENOBUFS)
 #undef E
     default: return "E?";

@@ -118,6 +118,61 @@ static void dups(void) {
     mask("peer after the last close", pmask(c));
 }
 
+/* Two numbers of one socket in one set (the kernel keys a registration by file and number):
+ * both register, both report, each is modified and deleted on its own. */
+static void dups_in_one_set(void) {
+    int s, c;
+    char b[8];
+    pair(&s, &c);
+    int d = dup(s), ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = s}, out[4];
+    T("add the socket", epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev));
+    ev.data.fd = d;
+    T("add its dup", epoll_ctl(ep, EPOLL_CTL_ADD, d, &ev));
+    T("add its dup again", epoll_ctl(ep, EPOLL_CTL_ADD, d, &ev));
+    send(c, "abcd", 4, 0);
+    settle(50);
+    int n = epoll_wait(ep, out, 4, 0), seen_s = 0, seen_d = 0;
+    for (int i = 0; i < n; i++) {
+        seen_s += out[i].data.fd == s && (out[i].events & EPOLLIN);
+        seen_d += out[i].data.fd == d && (out[i].events & EPOLLIN);
+    }
+    say("  4 bytes: %d events, the socket's %d, the dup's %d", n, seen_s, seen_d);
+    ev.events = EPOLLIN | EPOLLET;
+    T("the dup made edge-triggered", epoll_ctl(ep, EPOLL_CTL_MOD, d, &ev));
+    T("delete the socket", epoll_ctl(ep, EPOLL_CTL_DEL, s, NULL));
+    n = epoll_wait(ep, out, 4, 0);
+    say("  after: %d events (%s)", n, n == 1 && out[0].data.fd == d ? "the dup's" : "?");
+    T("wait again (edge)", epoll_wait(ep, out, 4, 0));
+    T("recv 4 through the dup", recv(d, b, 4, 0));
+    send(c, "ef", 2, 0);
+    settle(50);
+    n = epoll_wait(ep, out, 4, 0);
+    say("  2 more bytes: %d events (%s)", n, n == 1 && out[0].data.fd == d ? "the dup's" : "?");
+    T("delete the dup", epoll_ctl(ep, EPOLL_CTL_DEL, d, NULL));
+    send(c, "g", 1, 0);
+    settle(50);
+    T("neither registered", epoll_wait(ep, out, 4, 0));
+    close(d);
+    close(ep);
+}
+
+/* A closed number whose socket stays open under a dup: the kernel keeps its registration (it
+ * goes with the file's last descriptor, epoll(7)), and reports it with the closed number's data. */
+static void closed_dup_in_set(void) {
+    int s, c;
+    pair(&s, &c);
+    int d = dup(s), ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = d}, out[4];
+    T("add the dup", epoll_ctl(ep, EPOLL_CTL_ADD, d, &ev));
+    T("close the dup", close(d));
+    send(c, "abcd", 4, 0);
+    settle(50);
+    T("events for the closed number", epoll_wait(ep, out, 4, 0));
+    close(s);
+    close(ep);
+}
+
 static void *close_later(void *fd) {
     settle(200);
     shutdown(*(int *)fd, SHUT_RDWR);
@@ -144,6 +199,8 @@ int main(void) {
     RUN(two_sets);
     RUN(forked_set);
     RUN(dups);
+    RUN(dups_in_one_set);
+    RUN(closed_dup_in_set);
     RUN(shutdown_from_thread);
     diff_end();
     return 0;

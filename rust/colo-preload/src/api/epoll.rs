@@ -86,16 +86,18 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
                     return Some(Ok(Err(old)));
                 }
                 let old_kernel = reg.kernel;
-                *reg = Reg::new(epfd, fd, events, data, conn.clone());
-                Some(Ok(Ok((idx, old_kernel))))
+                let mut fresh = Reg::new(epfd, fd, events, data, conn.clone());
+                std::mem::swap(&mut fresh.stand, &mut reg.stand);
+                *reg = fresh;
+                Some(Ok(Ok((idx, old_kernel, reg.stand.fds))))
             });
             match revived {
                 Some(Err(e)) => return g.err(e) as c_int,
-                Some(Ok(Ok((idx, old_kernel)))) => {
+                Some(Ok(Ok((idx, old_kernel, stand)))) => {
                     // New flags: register anew (EPOLLEXCLUSIVE cannot be modified). The same
                     // one-shot flags: re-arm.
                     let op = if old_kernel != kernel {
-                        kernel_del(epfd, &conn);
+                        kernel_del(epfd, stand);
                         Some(libc::EPOLL_CTL_ADD)
                     } else if kernel & libc::EPOLLONESHOT as u32 != 0 {
                         Some(libc::EPOLL_CTL_MOD)
@@ -103,10 +105,10 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
                         None
                     };
                     if let Some(op) = op {
-                        if let Err(e) = kernel_ctl(epfd, op, &conn, kernel, TAG | idx as u64) {
-                            with_regs(|r| r.remove(idx));
+                        if let Err(e) = kernel_ctl(epfd, op, stand, kernel, TAG | idx as u64) {
                             // Our registration is broken; take it out of the kernel's set.
-                            kernel_del(epfd, &conn);
+                            kernel_del(epfd, stand);
+                            with_regs(|r| r.remove(idx));
                             return g.err(e) as c_int;
                         }
                     }
@@ -116,7 +118,7 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
                     return g.ok(0) as c_int;
                 }
                 // A registration of a connection that is gone from this fd.
-                Some(Ok(Err(stale))) => kernel_del(epfd, &stale.conn),
+                Some(Ok(Err(stale))) => kernel_del(epfd, stale.stand.fds),
                 None => {}
             }
             match register(epfd, fd, events, data, &conn) {
@@ -125,7 +127,7 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
             }
         }
         libc::EPOLL_CTL_MOD => {
-            let Some((idx, old)) = with_regs(|r| {
+            let Some((idx, old, stand)) = with_regs(|r| {
                 let idx = *r.index.get(&(epfd, fd))?;
                 let reg = r.slab[idx].as_mut().filter(|reg| !reg.deleted)?;
                 let old = reg.events;
@@ -134,7 +136,7 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
                 reg.seen = None;
                 reg.quiet = None;
                 reg.fired = false;
-                Some((idx, old))
+                Some((idx, old, reg.stand.fds))
             }) else {
                 return g.err(libc::ENOENT) as c_int;
             };
@@ -144,7 +146,7 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
             if (old ^ events) & PASS_FLAGS != 0 || events & libc::EPOLLONESHOT as u32 != 0 {
                 let kernel = kernel_events(events);
                 with_regs(|r| r.slab[idx].as_mut().map(|reg| reg.kernel = kernel));
-                if let Err(e) = kernel_ctl(epfd, libc::EPOLL_CTL_MOD, &conn, kernel, TAG | idx as u64) {
+                if let Err(e) = kernel_ctl(epfd, libc::EPOLL_CTL_MOD, stand, kernel, TAG | idx as u64) {
                     return g.err(e) as c_int;
                 }
             }
@@ -240,7 +242,6 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
     // Marks each registration this batch looked at: its other descriptor's event is the same news.
     let this = next_round();
     let mut out = 0;
-    let mut rearm = Vec::new();
     let mut hung_up = Vec::new();
     // The set's wake-up eventfd, if this batch had its event.
     let mut passed = None;
@@ -329,7 +330,9 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
             }
             if m == 0 {
                 if reg.events & libc::EPOLLONESHOT as u32 != 0 && !reg.fired {
-                    rearm.push((reg.conn.clone(), reg.kernel, d));
+                    // A spurious wake-up: re-armed, under the lock (the registration's
+                    // descriptors stay open while it is listed).
+                    let _ = kernel_ctl(epfd, libc::EPOLL_CTL_MOD, reg.stand.fds, reg.kernel, d);
                 } else if level && reg.conn.known_gone() {
                     // The peer is gone (`arm` asked, unless a ring explained this report)
                     // and nothing the application wants was reported: the control socket stays
@@ -337,7 +340,7 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
                     // every sleep at once. Edge-triggered from now on; `from_rings` still reports
                     // the state whenever the interest asks for it.
                     reg.kernel |= libc::EPOLLET as u32;
-                    rearm.push((reg.conn.clone(), reg.kernel, d));
+                    let _ = kernel_ctl(epfd, libc::EPOLL_CTL_MOD, reg.stand.fds, reg.kernel, d);
                 }
                 continue;
             }
@@ -366,14 +369,10 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
         // SAFETY: the set's wake-up eventfd, never closed.
         colo_sys::doorbell::ring(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) });
     }
-    // Re-enabling a one-shot registration after a spurious wake-up, or one made edge-triggered.
-    for (conn, kernel, d) in rearm {
-        let _ = kernel_ctl(epfd, libc::EPOLL_CTL_MOD, &conn, kernel, d);
-    }
     // Deleted, hung-up connections.
     for idx in hung_up {
         if let Some(reg) = with_regs(|r| r.remove(idx)) {
-            kernel_del(epfd, &reg.conn);
+            kernel_del(epfd, reg.stand.fds);
         }
     }
     out

@@ -13,6 +13,7 @@ use crate::real;
 use colo::internal::shm::Drainer;
 use libc::{c_int, epoll_event};
 use rustc_hash::FxHashMap as HashMap;
+use std::os::fd::IntoRawFd;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -47,6 +48,49 @@ pub struct Reg {
     pub round: u64,
     /// Duplicate kernel events seen with nothing to read (see `translate`).
     pub dups: u32,
+    /// The descriptors registered in the kernel's set for it.
+    pub stand: Stand,
+}
+
+/// The descriptors that stand for a registration's connection in the kernel's set: the
+/// connection's own control socket and self bell (`Conn::kernel_fds`), or copies of them where
+/// the set has the connection already under another of the application's numbers (a `dup` of its
+/// socket registered too). The kernel keys a registration by file and descriptor number, so the
+/// application may register two numbers of one socket, and we may not register one number twice.
+pub struct Stand {
+    pub fds: [c_int; 2],
+    /// The copies are ours: closed with the registration (after the caller removed them from the
+    /// kernel's set: a closed number stays registered while its file is open under another).
+    owned: bool,
+}
+
+impl Stand {
+    fn of(conn: &Conn) -> Stand {
+        Stand { fds: conn.kernel_fds(), owned: false }
+    }
+
+    /// Copies of `conn`'s descriptors, out of the application's way.
+    fn copies(conn: &Conn) -> Option<Stand> {
+        let mut fds = Vec::with_capacity(2);
+        for fd in conn.kernel_fds() {
+            // SAFETY: the connection's descriptor, open while `conn` lives.
+            fds.push(rustix::io::fcntl_dupfd_cloexec(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) }, 0).ok()?);
+        }
+        colo_sys::preload::move_all_above(&mut fds, colo::internal::fd_floor()).ok()?;
+        let [a, b]: [colo_sys::OwnedFd; 2] = fds.try_into().ok()?;
+        Some(Stand { fds: [a.into_raw_fd(), b.into_raw_fd()], owned: true })
+    }
+}
+
+impl Drop for Stand {
+    fn drop(&mut self) {
+        if self.owned {
+            for fd in self.fds {
+                // SAFETY: our copies, closed once.
+                unsafe { libc::close(fd) };
+            }
+        }
+    }
 }
 
 /// A level-triggered registration looks for a hang-up on one duplicate event in this many.
@@ -57,7 +101,8 @@ pub type Edges = (u64, u32, u64, u32);
 impl Reg {
     pub fn new(epfd: c_int, fd: c_int, events: u32, data: u64, conn: Arc<Conn>) -> Reg {
         let kernel = kernel_events(events);
-        Reg { epfd, fd, events, data, conn, seen: None, quiet: None, fired: false, deleted: false, kernel, rung: false, round: 0, dups: 0 }
+        let stand = Stand::of(&conn);
+        Reg { epfd, fd, events, data, conn, seen: None, quiet: None, fired: false, deleted: false, kernel, rung: false, round: 0, dups: 0, stand }
     }
 
     /// The events to report for this registration now, from the rings (no system call unless
@@ -165,7 +210,7 @@ pub fn forget_fd(fd: c_int) {
         idx.into_iter().filter_map(|i| r.remove(i)).collect()
     });
     for reg in gone {
-        kernel_del(reg.epfd, &reg.conn);
+        kernel_del(reg.epfd, reg.stand.fds);
     }
 }
 
@@ -180,7 +225,7 @@ pub fn release_fd(fd: c_int) -> Vec<(c_int, u32, u64)> {
     });
     let mut keep = Vec::new();
     for reg in gone {
-        kernel_del(reg.epfd, &reg.conn);
+        kernel_del(reg.epfd, reg.stand.fds);
         if !reg.deleted {
             let events = if reg.fired { reg.events & (libc::EPOLLONESHOT | libc::EPOLLET) as u32 } else { reg.events };
             keep.push((reg.epfd, events, reg.data));
@@ -237,12 +282,12 @@ pub fn kernel_events(events: u32) -> u32 {
     libc::EPOLLIN as u32 | (events & PASS_FLAGS)
 }
 
-/// Applies `op` (`EPOLL_CTL_ADD` or `EPOLL_CTL_MOD`) to our kernel registrations of `conn` in the
-/// application's set `epfd`: its control socket (input and the peer's hang-up) and its self bell
-/// (input), both with `events` and the tagged `data`. An `ADD` is all or nothing. Returns the
-/// kernel's errno.
-pub fn kernel_ctl(epfd: c_int, op: c_int, conn: &Conn, events: u32, data: u64) -> Result<(), c_int> {
-    let [control, self_bell] = conn.kernel_fds();
+/// Applies `op` (`EPOLL_CTL_ADD` or `EPOLL_CTL_MOD`) to our kernel registrations of a connection
+/// in the application's set `epfd`, `stand` (`Stand::fds`): its control socket (input and the
+/// peer's hang-up) and its self bell (input), both with `events` and the tagged `data`. An `ADD`
+/// is all or nothing. Returns the kernel's errno.
+pub fn kernel_ctl(epfd: c_int, op: c_int, stand: [c_int; 2], events: u32, data: u64) -> Result<(), c_int> {
+    let [control, self_bell] = stand;
     for (fd, extra) in [(control, libc::EPOLLRDHUP as u32), (self_bell, 0)] {
         let mut kev = epoll_event { events: events | extra, u64: data };
         // SAFETY: registering (or modifying our registration of) our own descriptor in the
@@ -259,9 +304,10 @@ pub fn kernel_ctl(epfd: c_int, op: c_int, conn: &Conn, events: u32, data: u64) -
     Ok(())
 }
 
-/// Removes our kernel registrations of `conn` from the application's set `epfd` (if there).
-pub fn kernel_del(epfd: c_int, conn: &Conn) {
-    for fd in conn.kernel_fds() {
+/// Removes our kernel registrations `stand` (`Stand::fds`) from the application's set `epfd` (if
+/// there).
+pub fn kernel_del(epfd: c_int, stand: [c_int; 2]) {
+    for fd in stand {
         // SAFETY: removing our own descriptor's registration from the application's set.
         unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
     }
@@ -347,7 +393,20 @@ pub fn register(epfd: c_int, fd: c_int, events: u32, data: u64, conn: &Arc<Conn>
     let idx = with_regs(|r| r.insert(Reg::new(epfd, fd, events, data, conn.clone())));
     // Counted (in `insert`) and marked before the kernel can report it.
     table::set_epoll(epfd, true);
-    if let Err(e) = kernel_ctl(epfd, libc::EPOLL_CTL_ADD, conn, kernel_events(events), TAG | idx as u64) {
+    let mut added = kernel_ctl(epfd, libc::EPOLL_CTL_ADD, conn.kernel_fds(), kernel_events(events), TAG | idx as u64);
+    if added == Err(libc::EEXIST) {
+        // The set has this connection under another number of the application's: copies stand
+        // for this one.
+        added = match Stand::copies(conn) {
+            Some(copies) => {
+                let added = kernel_ctl(epfd, libc::EPOLL_CTL_ADD, copies.fds, kernel_events(events), TAG | idx as u64);
+                with_regs(|r| r.slab[idx].as_mut().map(|reg| reg.stand = copies));
+                added
+            }
+            None => Err(libc::ENOMEM),
+        };
+    }
+    if let Err(e) = added {
         with_regs(|r| r.remove(idx));
         return Err(e);
     }
