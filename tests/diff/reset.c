@@ -152,6 +152,30 @@ static void killed_with_unread(void) {
     T("recv again", recv(s, b, sizeof b, MSG_DONTWAIT));
 }
 
+static void killed_while_writing(void) {
+    /* The peer's process is killed, with bytes it never read, while a blocking send waits for
+     * room: its kernel resets, and that send fails with ECONNRESET, the next with EPIPE. */
+    static char buf[65536];
+    int s, c;
+    pair(&s, &c);
+    pid_t p = fork();
+    if (p == 0) {
+        close(s);
+        settle(300);
+        kill(getpid(), SIGKILL);
+        _exit(0);
+    }
+    close(c);
+    ssize_t n;
+    while ((n = send(s, buf, sizeof buf, MSG_NOSIGNAL)) > 0) {
+    }
+    say("  send until it fails: %s", n < 0 ? ename(errno) : "end");
+    T("send again", send(s, buf, 10, MSG_NOSIGNAL));
+    waitpid(p, NULL, 0);
+    int e = so_error(s);
+    say("  SO_ERROR = %s", e ? ename(e) : "0");
+}
+
 static void killed_after_reading(void) {
     /* The peer's process is killed having read everything: its kernel closes with FIN. */
     int s, c;
@@ -247,6 +271,7 @@ int main(void) {
     RUN(fin_then_unread_close_send);
     RUN(blocking_recv_reset);
     RUN(killed_with_unread);
+    RUN(killed_while_writing);
     RUN(killed_after_reading);
     RUN(clean_close);
     diff_end();

@@ -139,6 +139,16 @@ real_fns! {
     fn system(command: *const libc::c_char) -> c_int;
     fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_long, c: libc::c_long, d: libc::c_long, e: libc::c_long, f: libc::c_long) -> libc::c_long;
     fn dup(fd: c_int) -> c_int;
+    fn setuid(uid: libc::uid_t) -> c_int;
+    fn setgid(gid: libc::gid_t) -> c_int;
+    fn seteuid(uid: libc::uid_t) -> c_int;
+    fn setegid(gid: libc::gid_t) -> c_int;
+    fn setreuid(r: libc::uid_t, e: libc::uid_t) -> c_int;
+    fn setregid(r: libc::gid_t, e: libc::gid_t) -> c_int;
+    fn setresuid(r: libc::uid_t, e: libc::uid_t, s: libc::uid_t) -> c_int;
+    fn setresgid(r: libc::gid_t, e: libc::gid_t, s: libc::gid_t) -> c_int;
+    fn setgroups(n: size_t, list: *const libc::gid_t) -> c_int;
+    fn initgroups(user: *const libc::c_char, group: libc::gid_t) -> c_int;
     fn dup2(fd: c_int, new: c_int) -> c_int;
     fn getrlimit(resource: c_int, out: *mut libc::rlimit) -> c_int;
     fn setrlimit(resource: c_int, new: *const libc::rlimit) -> c_int;

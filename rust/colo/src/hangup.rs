@@ -29,6 +29,7 @@ use colo_sys::{AsRawFd, FromRawFd, OwnedFd};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How long the watcher waits with nothing to watch before it ends.
@@ -90,6 +91,8 @@ struct Watcher {
     watched: HashMap<u64, Watched>,
     /// Rung when the last watched connection goes, so that the thread starts its idle wait.
     wake: OwnedFd,
+    /// The watcher's thread, joined by [`retire`] (detached when the thread ends by itself).
+    thread: Option<JoinHandle<()>>,
 }
 
 /// The key of the watcher's own `wake` eventfd in its poller (registrations' keys count up from
@@ -104,6 +107,11 @@ static NEXT_KEY: AtomicU64 = AtomicU64::new(0);
 #[link_section = "colo_fork"]
 static WATCHER: Mutex<Option<Watcher>> = Mutex::new(None);
 
+/// The thread of a watcher that ended by itself (idle, or its wait failed), which may not have
+/// exited yet: [`retire`] joins it. Locked after `WATCHER` where both are taken.
+#[link_section = "colo_fork"]
+static ENDED: Mutex<Option<JoinHandle<()>>> = Mutex::new(None);
+
 static LOCKS: fork::Locks = fork::Locks { take: fork_guard, in_child: Some(forked) };
 
 /// The watcher, locked (registered with `fork` before its first use).
@@ -115,6 +123,7 @@ fn lock() -> MutexGuard<'static, Option<Watcher>> {
 /// The watcher's lock, taken around a fork (see `fork`).
 fn fork_guard(held: &mut fork::Held) {
     held.hold(WATCHER.lock().unwrap_or_else(|e| e.into_inner()));
+    held.hold(ENDED.lock().unwrap_or_else(|e| e.into_inner()));
 }
 
 /// Called in a forked child, after the fork's locks are released. The parent's watcher thread
@@ -122,7 +131,11 @@ fn fork_guard(held: &mut fork::Held) {
 /// neither watches nor execs would keep them for life.
 fn forked() {
     GENERATION.fetch_add(1, Ordering::Relaxed);
-    let Some(Watcher { poller, wake, .. }) = lock().take() else { return };
+    // A parent's thread is joined by nobody here (a join would wait for a thread this process
+    // does not have): its handle is forgotten.
+    std::mem::forget(ENDED.lock().unwrap_or_else(|e| e.into_inner()).take());
+    let Some(Watcher { poller, wake, thread, .. }) = lock().take() else { return };
+    std::mem::forget(thread);
     drop(wake);
     // The parent's thread held a second reference to the poller, copied here with nobody to drop
     // it: the set is closed by number and the small allocation is left behind.
@@ -148,8 +161,8 @@ fn watcher(w: &mut Option<Watcher>) -> Option<&mut Watcher> {
         let wake = colo_sys::preload::move_above(colo_sys::doorbell::create().ok()?, crate::floor::fd_floor()).ok()?;
         poller.add(&wake, WAKE).ok()?;
         let p = poller.clone();
-        colo_sys::host::with_signals_blocked(|| std::thread::Builder::new().name("colo-hangup".into()).spawn(move || run(&p))).ok()?;
-        *w = Some(Watcher { generation, poller, watched: HashMap::new(), wake });
+        let thread = colo_sys::host::with_signals_blocked(|| std::thread::Builder::new().name("colo-hangup".into()).spawn(move || run(&p))).ok()?;
+        *w = Some(Watcher { generation, poller, watched: HashMap::new(), wake, thread: Some(thread) });
     }
     w.as_mut()
 }
@@ -182,13 +195,13 @@ fn run(poller: &Arc<Poller>) {
                 w.watched.values().filter(|c| c.rewake.is_some()).for_each(|c| c.fire(false));
             }
             GENERATION.fetch_add(1, Ordering::Relaxed);
-            *guard = None;
+            end(&mut guard);
             return;
         };
         if idle && keys.is_empty() && guard.as_ref().is_some_and(|w| w.watched.is_empty()) {
             // Registrations are made under this lock: none is lost, and the next one starts
             // another watcher.
-            *guard = None;
+            end(&mut guard);
             return;
         }
         let Some(w) = guard.as_mut() else { return };
@@ -214,6 +227,44 @@ fn run(poller: &Arc<Poller>) {
             }
         }
     }
+}
+
+/// The watcher's thread ends by itself: the watcher goes, and its thread's handle is kept for
+/// [`retire`] (the handle of one that ended before is let go: it has returned long since, or
+/// is about to).
+fn end(guard: &mut MutexGuard<'static, Option<Watcher>>) {
+    let thread = guard.take().and_then(|mut w| w.thread.take());
+    *ENDED.lock().unwrap_or_else(|e| e.into_inner()) = thread;
+}
+
+/// Ends this process's watcher thread and waits until it has exited, before the application
+/// changes its credentials (`setuid` and the like). glibc applies such a change to every thread
+/// of the process and aborts it when they do not all succeed alike, and capabilities and
+/// `PR_SET_KEEPCAPS` are per thread: a watcher started before the application adjusted its own
+/// thread's (with `capset`, out of our sight) can fail where the application succeeds. Its
+/// connections register again at their next sleep, with a watcher started then, by a thread
+/// with the credentials of that time; every registered connection is woken first, so that a
+/// thread asleep on one now goes through that too and no hang-up goes unwatched.
+pub fn retire() {
+    let ended = ENDED.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(t) = ended {
+        let _ = t.join();
+    }
+    let retired = {
+        let mut guard = lock();
+        let Some(w) = guard.take() else { return };
+        GENERATION.fetch_add(1, Ordering::Relaxed);
+        w.watched.values().for_each(|c| c.fire(true));
+        colo_sys::doorbell::ring(&w.wake);
+        w
+    };
+    // The thread finds the watcher gone once its wait returns (its wake-up was rung above, and
+    // the eventfd stays open until it has exited, so that the report is not lost with it).
+    let Watcher { thread, wake, .. } = retired;
+    if let Some(t) = thread {
+        let _ = t.join();
+    }
+    drop(wake);
 }
 
 /// One side of a connection, as the watcher knows it.

@@ -20,6 +20,11 @@ pub mod carrier {
     pub use crate::carrier::*;
 }
 
+/// The hang-up watcher's thread, ended before the application changes its credentials.
+pub mod hangup {
+    pub use crate::hangup::retire;
+}
+
 /// One side of an established shared-memory connection, and how its blocking waits sleep.
 pub mod shm {
     pub use crate::shm::{interrupted_ends_wait, set_interrupt_policy, spinner, Drainer, Fds, Shm, UNPASSED_SLEEP};

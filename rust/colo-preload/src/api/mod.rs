@@ -4,6 +4,7 @@
 
 pub mod behind;
 pub mod copy;
+pub mod creds;
 pub mod data;
 pub mod exports;
 pub mod fdopen;

@@ -122,6 +122,12 @@ pub fn conn_send(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
     match conn_send_inner(c, buf, flags) {
         // Kernel TCP takes the first write after the peer closed (see `takes_write_after_close`).
         Err(e) if errno_of(&e) == libc::EPIPE && c.takes_write_after_close() => Ok(buf.len()),
+        // The rings end a write to a peer that went without reading all of ours (killed, or
+        // closed with bytes unread) as a closed stream: its kernel would have reset, which the
+        // first write to fail reports (and `SO_ERROR` no longer does), as kernel TCP's.
+        Err(e) if errno_of(&e) == libc::EPIPE && c.peer_reset() && !c.peer_reset_after_fin() && c.report_reset() => {
+            Err(io::Error::from_raw_os_error(libc::ECONNRESET))
+        }
         // A reset is reported once (the kernel's socket error); later writes fail as after it.
         // A reset after the peer's FIN is the kernel's EPIPE, the first time too.
         Err(e) if errno_of(&e) == libc::ECONNRESET && (!c.report_reset() || c.peer_reset_after_fin()) => {
