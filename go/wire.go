@@ -17,7 +17,7 @@ const (
 
 	msgMagic   = 0x4F4C4F43 // "COLO" little-endian
 	msgSize    = 16
-	headerSize = 4096
+	headerSize = 1024
 	lineSize   = 128
 
 	MsgHello   = 1

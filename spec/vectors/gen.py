@@ -17,7 +17,7 @@ def layout(cap, slot_size, slot_count):
     pool_off = round_up(data_off + cap, 4096)
     block = round_up(pool_off + slot_count * slot_size, 4096)
     return dict(ring_capacity=cap, slot_size=slot_size, slot_count=slot_count, data_off=data_off,
-                pool_off=pool_off, block_size=block, segment_size=4096 + 2 * block)
+                pool_off=pool_off, block_size=block, segment_size=1024 + 2 * block)
 
 def addr(family, ip, port):
     raw = ipaddress.ip_address(ip).packed if family else b''
@@ -52,8 +52,8 @@ layouts = [layout(4096, 0, 0), layout(262144, 65536, 16), layout(1 << 20, 1 << 2
 write('layout.json', layouts)
 
 lay = layouts[1]
-hdr = bytearray(4096)
-struct.pack_into('<8sIIQIIIIII', hdr, 0, b'COLOSEG\0', 1, 4096, lay['segment_size'],
+hdr = bytearray(1024)
+struct.pack_into('<8sIIQIIIIII', hdr, 0, b'COLOSEG\0', 1, 1024, lay['segment_size'],
                  lay['ring_capacity'], lay['slot_size'], lay['slot_count'], 0, 4242, 4343)
 hdr[48:72] = addr(4, '127.0.0.1', 0)
 hdr[72:96] = addr(4, '127.0.0.1', 7000)

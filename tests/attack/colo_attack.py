@@ -32,6 +32,10 @@ def raise_nofile():
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+# The segment header's size (spec/WIRE.md section 4): the client->server block follows it.
+HEADER = 1024
+
+
 def round_up(v, a):
     return (v + a - 1) // a * a
 
@@ -40,7 +44,7 @@ def segment_size(ring, slot_size, slots):
     data_off = round_up(768 + 12 * slots, 1024)
     pool_off = round_up(data_off + ring, 4096)
     block = round_up(pool_off + slots * slot_size, 4096)
-    return 4096 + 2 * block
+    return HEADER + 2 * block
 
 
 def addr_record(ip, port):
@@ -48,7 +52,7 @@ def addr_record(ip, port):
 
 
 def header(ring, slot_size, slots, claim, client, server):
-    h = b"COLOSEG\0" + struct.pack("<IIQIIIIII", 1, 4096, segment_size(ring, slot_size, slots), ring, slot_size, slots,
+    h = b"COLOSEG\0" + struct.pack("<IIQIIIIII", 1, HEADER, segment_size(ring, slot_size, slots), ring, slot_size, slots,
                                     claim, os.getpid(), 0)
     return h + addr_record(*client) + addr_record(*server)
 
@@ -59,8 +63,8 @@ def make_segment(ring, slot_size, slots, claim, client, server, seal=True):
     os.ftruncate(fd, segment_size(ring, slot_size, slots))
     os.pwrite(fd, header(ring, slot_size, slots, claim, client, server), 0)
     # Both rings start at 2048 bytes (spec/WIRE.md section 5), as an honest client's do.
-    block = (segment_size(ring, slot_size, slots) - 4096) // 2
-    for base in (4096, 4096 + block):
+    block = (segment_size(ring, slot_size, slots) - HEADER) // 2
+    for base in (HEADER, HEADER + block):
         os.pwrite(fd, struct.pack("<I", 2048), base + 12)
     if seal:
         fcntl.fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW)

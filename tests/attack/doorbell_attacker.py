@@ -31,9 +31,10 @@ RING = 65536
 # A direction block without a pool (spec/WIRE.md section 4): the ring data at round_up(768, 1024),
 # the block rounded up to pages.
 DATA_OFF = 1024
+HEADER = 1024
 BLOCK = 4096 + RING
-SIZE = 4096 + 2 * BLOCK
-C2S, S2C = 4096, 4096 + BLOCK
+SIZE = HEADER + 2 * BLOCK
+C2S, S2C = HEADER, HEADER + BLOCK
 CLIENT_WAITING, SERVER_WAITING = 128, 256
 LIBC = ctypes.CDLL(None, use_errno=True)
 F_ADD_SEALS, F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_GROW = 1033, 1, 2, 4
@@ -51,12 +52,12 @@ def segment(claim, client, server):
     fd = os.memfd_create("colo-seg", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, SIZE)
     m = mmap.mmap(fd, SIZE)
-    head = struct.pack("<8sIIQIIIIII", b"COLOSEG\0", 1, 4096, SIZE, RING, 0, 0, claim, os.getpid(), 0)
+    head = struct.pack("<8sIIQIIIIII", b"COLOSEG\0", 1, HEADER, SIZE, RING, 0, 0, claim, os.getpid(), 0)
     m[0:len(head)] = head
     m[48:72] = addr_record(*client) if client else bytes(24)
     m[72:96] = addr_record(*server)
     # Both rings start at 2048 bytes (spec/WIRE.md section 5), as an honest client's do.
-    for base in (4096, 4096 + (SIZE - 4096) // 2):
+    for base in (C2S, S2C):
         m[base + 12:base + 16] = struct.pack("<I", 2048)
     fcntl.fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
     return fd, m

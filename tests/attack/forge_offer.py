@@ -28,12 +28,13 @@ def addr(port):
 
 
 def forge(name, cport, sport):
-    cap, size = 4096, 4096 + 2 * 8192  # no pool: each block is 4096 (queues) + the ring
+    header = 1024  # the segment header (spec/WIRE.md section 4)
+    cap, size = 4096, header + 2 * 8192  # no pool: each block is 4096 (queues) + the ring
     fd = os.memfd_create("colo-seg", os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, size)
-    head = b"COLOSEG\0" + struct.pack("<IIQIIIIII", 1, 4096, size, cap, 0, 0, 1, os.getpid(), 0)
+    head = b"COLOSEG\0" + struct.pack("<IIQIIIIII", 1, header, size, cap, 0, 0, 1, os.getpid(), 0)
     os.pwrite(fd, head + addr(cport) + addr(sport), 0)
-    for base in (4096, 4096 + 8192):  # both rings start at 2048 bytes (spec/WIRE.md section 5)
+    for base in (header, header + 8192):  # both rings start at 2048 bytes (spec/WIRE.md section 5)
         os.pwrite(fd, struct.pack("<I", 2048), base + 12)
     fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)

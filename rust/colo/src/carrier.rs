@@ -60,7 +60,7 @@ pub fn key(client: SocketAddr, server: SocketAddr) -> Key {
 }
 
 fn claim_word(seg_base: *mut u8) -> &'static AtomicU32 {
-    // SAFETY: offset 36 is an aligned u32 inside the 4096-byte header of a live mapping; callers
+    // SAFETY: offset 36 is an aligned u32 inside the header of a live mapping; callers
     // only use the reference while they hold the mapping (the 'static is local to this module).
     unsafe { &*(seg_base.add(CLAIM_OFFSET) as *const AtomicU32) }
 }

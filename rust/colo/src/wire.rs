@@ -270,7 +270,7 @@ pub struct Header {
     pub server_addr: Option<SocketAddr>,
 }
 
-/// Bytes of the header that `Header` covers (the rest of the 4096 are flags and padding).
+/// Bytes of the header that `Header` covers (the rest of its 1024 are flags and padding).
 pub const HEADER_FIELDS: usize = 128;
 
 fn put_addr(b: &mut [u8], addr: Option<SocketAddr>) {

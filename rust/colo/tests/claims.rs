@@ -150,7 +150,7 @@ fn a_segment_whose_size_differs_from_its_header_is_refused() {
     let (l, addr) = listener();
     let server = thread::spawn(move || l.accept().map(|_| ()));
     let size = SMALL.layout().unwrap().segment_size;
-    for (what, file) in [("one page larger", size + 4096), ("one page smaller", size - 4096), ("header only", 4096)] {
+    for (what, file) in [("one page larger", size + 4096), ("one page smaller", size - 4096), ("header only", colo_ring::layout::HEADER_SIZE)] {
         let (_c, a) = RawClient::hello(addr, SMALL, file);
         assert_eq!(
             a,

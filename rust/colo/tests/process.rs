@@ -139,8 +139,9 @@ fn corrupter(addr: &str) -> i32 {
     let opts = Options::new().pool(4096, 4);
     let bad = Stream::connect_with(addr, &opts).unwrap();
     let base = map_own_segment();
-    // SAFETY: offset 4096 is ring_head of the client→server block: an aligned u64 we scribble on.
-    unsafe { std::ptr::write_volatile(base.add(4096) as *mut u64, 0xdead_beef_0000_0000) };
+    // SAFETY: offset HEADER_SIZE is ring_head of the client→server block: an aligned u64 we
+    // scribble on.
+    unsafe { std::ptr::write_volatile(base.add(colo_ring::layout::HEADER_SIZE) as *mut u64, 0xdead_beef_0000_0000) };
     bad.shutdown(Shutdown::Write).unwrap(); // rings the server's doorbell
     let good = Stream::connect_with(addr, &opts).unwrap();
     (&good).write_all(b"still served").unwrap();

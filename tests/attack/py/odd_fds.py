@@ -46,11 +46,11 @@ def sealed_with(tcp, seals):
     os.ftruncate(fd, da.SIZE)
     import mmap
     m = mmap.mmap(fd, da.SIZE)
-    head = struct.pack("<8sIIQIIIIII", b"COLOSEG\0", 1, 4096, da.SIZE, da.RING, 0, 0, da.OFFERED, os.getpid(), 0)
+    head = struct.pack("<8sIIQIIIIII", b"COLOSEG\0", 1, da.HEADER, da.SIZE, da.RING, 0, 0, da.OFFERED, os.getpid(), 0)
     m[0:len(head)] = head
     m[48:72] = da.addr_record(*tcp.getsockname())
     m[72:96] = da.addr_record("127.0.0.1", port)
-    for base in (4096, 4096 + (da.SIZE - 4096) // 2):
+    for base in (da.C2S, da.S2C):
         m[base + 12:base + 16] = struct.pack("<I", 2048)
     m.close()
     fcntl.fcntl(fd, F_ADD_SEALS, seals & ~da.F_SEAL_SEAL)

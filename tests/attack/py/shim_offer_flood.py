@@ -25,7 +25,8 @@ port, count, mode, seconds, outfile = int(sys.argv[1]), int(sys.argv[2]), sys.ar
 first_port = int(sys.argv[6]) if len(sys.argv) > 6 else 20001
 name = b"\0colo/1/127.0.0.1:%d" % port
 RING = 4096
-SEGMENT = 4096 + 2 * 8192  # header + two blocks (ring 4096, no pool)
+HEADER = 1024  # spec/WIRE.md section 4
+SEGMENT = HEADER + 2 * 8192  # header + two blocks (ring 4096, no pool)
 
 
 def addr(port_):
@@ -33,7 +34,7 @@ def addr(port_):
 
 
 def header(client_port):
-    h = b"COLOSEG\0" + struct.pack("<IIQIIIIII", 1, 4096, SEGMENT, RING, 0, 0, 1, os.getpid(), 0)
+    h = b"COLOSEG\0" + struct.pack("<IIQIIIIII", 1, HEADER, SEGMENT, RING, 0, 0, 1, os.getpid(), 0)
     return h + addr(client_port) + addr(port)
 
 
@@ -52,7 +53,7 @@ for i in range(count):
         m = os.memfd_create("colo-seg", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(m, SEGMENT)
         os.pwrite(m, header(first_port + (0 if mode == "dup" else 2 * i)), 0)
-        for base in (4096, 4096 + 8192):  # both rings start at 2048 bytes (spec/WIRE.md section 5)
+        for base in (HEADER, HEADER + 8192):  # both rings start at 2048 bytes (spec/WIRE.md section 5)
             os.pwrite(m, struct.pack("<I", 2048), base + 12)
         # Sealed as an honest client's (a server reads no segment whose size can change).
         fcntl.fcntl(m, 1033, 1 | 2 | 4)  # F_ADD_SEALS: F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW
