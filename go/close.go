@@ -67,6 +67,13 @@ func (c *Conn) Close() error {
 		}
 		c.carrier.Close()
 	}
+	if c.isServer {
+		// The pages of the direction we read, from its ring data on: reading a page the client
+		// never wrote (a hole: bytes it claimed and never wrote) made the kernel allocate it,
+		// charged to us, for as long as the client keeps its memfd. The connection is over for
+		// good here (not parked); the direction's words, in the block's first page, stay.
+		releasePages(c.seg[headerSize+c.lay.dataOff : headerSize+c.lay.blockSize])
+	}
 	unmapLater(c.seg)
 	c.seg = nil
 	return nil

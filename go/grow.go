@@ -14,9 +14,18 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// serverRingBound is how far a server's outgoing ring grows by default: what its own TCP socket
+// would buffer (defaultRingCapacity), whatever RingCapacity the client chose (up to 64 MiB a
+// direction), so that a client that never reads holds no more of the server's memory than over
+// TCP (the pages a ring grows into are the server's, which writes them first).
+var serverRingBound = uint64(defaultRingCapacity())
+
 // writeLimit is the largest size a write may grow the outgoing ring to (a power of two).
 func (c *Conn) writeLimit() uint64 {
 	capacity := uint64(c.lay.RingCapacity)
+	if c.isServer {
+		capacity = min(capacity, serverRingBound)
+	}
 	if l := c.sndLimit.Load(); l != 0 {
 		return min(l, capacity)
 	}

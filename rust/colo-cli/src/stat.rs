@@ -18,8 +18,20 @@ struct Listening {
     inode: u64,
 }
 
+/// The text of a file another user's choices can put any bytes in (a socket's name, a program
+/// name, a mapped file's path): invalid UTF-8 is replaced, never a reason to read nothing.
+fn read_lossy(path: &str) -> Option<String> {
+    std::fs::read(path).ok().map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
+/// `s` for the terminal: control characters (escape sequences another user put in a socket's or
+/// a program's name) are shown escaped, never sent as they are.
+fn shown(s: &str) -> String {
+    s.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
+}
+
 fn listeners() -> Vec<Listening> {
-    let text = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
+    let text = read_lossy("/proc/net/unix").unwrap_or_default();
     let mut out = Vec::new();
     for line in text.lines().skip(1) {
         let f: Vec<&str> = line.split_whitespace().collect();
@@ -32,7 +44,7 @@ fn listeners() -> Vec<Listening> {
 }
 
 fn comm(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|s| s.trim().to_string()).unwrap_or_else(|_| "?".into())
+    read_lossy(&format!("/proc/{pid}/comm")).map_or_else(|| "?".into(), |s| s.trim_end_matches('\n').to_string())
 }
 
 /// (pid, fd) of every socket inode and every colo segment we can see.
@@ -65,7 +77,7 @@ fn scan() -> (HashMap<u64, u32>, Vec<(u32, std::path::PathBuf)>) {
 /// (`CAP_SYS_ADMIN` or `CAP_CHECKPOINT_RESTORE`); without it they are left out.
 fn mapped_only(pid: u32, listed: &[(u32, std::path::PathBuf)]) -> Vec<(u32, std::path::PathBuf)> {
     use std::os::unix::fs::MetadataExt;
-    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return Vec::new() };
+    let Some(maps) = read_lossy(&format!("/proc/{pid}/maps")) else { return Vec::new() };
     let mut by_fd: HashMap<u64, usize> = HashMap::new();
     for (_, p) in listed.iter().filter(|(p, _)| *p == pid) {
         if let Ok(m) = std::fs::metadata(p) {
@@ -261,7 +273,7 @@ pub fn run(a: Args) -> io::Result<()> {
     println!("{:<8} {:<26} {:>8}  Program", "State", "Local", "Pid");
     for l in &ls {
         let pid = sockets.get(&l.inode).copied();
-        println!("{:<8} {:<26} {:>8}  {}", "LISTEN", l.name, pid.map_or("-".into(), |p| p.to_string()), pid.map_or("-".into(), comm));
+        println!("{:<8} {:<26} {:>8}  {}", "LISTEN", shown(&l.name), pid.map_or("-".into(), |p| p.to_string()), pid.map_or("-".into(), |p| shown(&comm(p))));
     }
     println!();
     println!(
@@ -272,7 +284,7 @@ pub fn run(a: Args) -> io::Result<()> {
         let (l, r) = if c.role == "client" { (c.header.client_addr, c.header.server_addr) } else { (c.header.server_addr, c.header.client_addr) };
         println!(
             "{:<15} {:<22} {:<22} {:>8} {:<14} {:>12} {:>12} {:>8} {:>8} {:>8.1}%",
-            if c.other_netns { format!("{}+netns", c.state) } else { c.state.clone() }, fmt(l), fmt(r), c.pid, comm(c.pid), c.sent, c.received, c.msgs_out, c.msgs_in,
+            if c.other_netns { format!("{}+netns", c.state) } else { c.state.clone() }, fmt(l), fmt(r), c.pid, shown(&comm(c.pid)), c.sent, c.received, c.msgs_out, c.msgs_in,
             100.0 * c.fill_out as f64 / f64::from(c.header.geometry.ring_capacity)
         );
     }
@@ -280,7 +292,7 @@ pub fn run(a: Args) -> io::Result<()> {
         println!();
         println!("Files named colo-seg that are not valid segments (not read further):");
         for (pid, path, why) in &bad {
-            println!("  {path} (pid {pid}, {}): {why}", comm(*pid));
+            println!("  {path} (pid {pid}, {}): {why}", shown(&comm(*pid)));
         }
     }
     Ok(())

@@ -41,6 +41,23 @@ pub struct Segment {
     /// For a peer's segment: its bytes in this process's budgets, given back when the mapping
     /// goes (with this value).
     _lease: Option<crate::budget::Lease>,
+    /// Give back the pages of the incoming direction when unmapped ([`Segment::give_back_incoming`]).
+    give_back: bool,
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        if !self.give_back {
+            return;
+        }
+        if let Some(map) = &self.map {
+            // The client-to-server block from its ring data on (data, padding, pool), in whole
+            // pages: the direction's words, in the block's first page, stay (the client may
+            // still look at them). Best effort: pages left in place cost memory, not correctness.
+            let off = self.layout.block_offset(true) + self.layout.data_off;
+            let _ = map.release(off, self.layout.block_size - self.layout.data_off);
+        }
+    }
 }
 
 impl Segment {
@@ -49,7 +66,7 @@ impl Segment {
     pub unsafe fn new(map: Mapping, layout: Layout, memfd: OwnedFd) -> Segment {
         assert!(map.len() >= layout.segment_size);
         let memfd = KEEP_MEMFDS.load(std::sync::atomic::Ordering::Relaxed).then_some(memfd);
-        Segment { map: Some(map), layout, _memfd: memfd, _lease: None }
+        Segment { map: Some(map), layout, _memfd: memfd, _lease: None, give_back: false }
     }
 
     /// An empty stand-in left behind when a closed connection hands its segment to the reaper.
@@ -57,13 +74,24 @@ impl Segment {
         let layout = Geometry { ring_capacity: colo_ring::layout::MIN_RING, slot_size: 0, slot_count: 0 }
             .layout()
             .expect("valid");
-        Segment { map: None, layout, _memfd: None, _lease: None }
+        Segment { map: None, layout, _memfd: None, _lease: None, give_back: false }
     }
 
     /// Closes the memfd kept by [`keep_memfds`] (the mapping holds the memory): for a
     /// connection that will never be mapped again from it.
     pub fn close_memfd(&mut self) {
         self._memfd = None;
+    }
+
+    /// A server that closed its connection for good: when unmapped (by the reaper), the pages of
+    /// the direction it read are given back. Reading a page the client never wrote (a hole: the
+    /// client claimed bytes it never wrote) makes the kernel allocate it, charged to the reader,
+    /// and the page lives as long as the client keeps its memfd: a client of another user could
+    /// leave any amount of memory charged to the server's memory cgroup, at no cost of its own.
+    /// Only at the connection's last close: unread bytes of a connection someone still holds, or
+    /// of an offer never claimed (its client copies them into TCP), must stay.
+    pub(crate) fn give_back_incoming(&mut self) {
+        self.give_back = true;
     }
 
     /// This segment, counted in the budgets by `lease` until it is unmapped.

@@ -164,6 +164,14 @@ pub(crate) fn start_relay(relay: impl FnOnce(OwnedFd)) -> Result<bool, String> {
 }
 
 /// A connected loopback TCP pair: (the program's end, the relay's end), both close-on-exec.
+///
+/// The listener lets in only the program's end: its address is bound first, and a socket filter
+/// on the listener drops every packet from elsewhere before the kernel queues a connection for
+/// it. Another local user can see the listener (`/proc/net/tcp`) and connect to it between its
+/// `listen` and our `connect`; with its backlog of 1, two such connections fill the queue, the
+/// kernel then drops our SYN, and our blocking `connect` would wait out its SYN retries (about two
+/// minutes) in the application's thread: an `exec`'d program's start, a `sendmsg` passing a
+/// connection. The `getpeername` check below stays as a second line.
 pub(crate) fn loopback_pair(v6: bool) -> std::io::Result<(OwnedFd, OwnedFd)> {
     let (family, addr) = if v6 {
         (AddressFamily::INET6, SocketAddr::from((Ipv6Addr::LOCALHOST, 0)))
@@ -171,16 +179,18 @@ pub(crate) fn loopback_pair(v6: bool) -> std::io::Result<(OwnedFd, OwnedFd)> {
         (AddressFamily::INET, SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
     };
     let ty = SocketType::STREAM;
+    let app = net::socket_with(family, ty, net::SocketFlags::CLOEXEC, None)?;
+    net::bind(&app, &addr)?;
+    let mine: SocketAddrAny = net::getsockname(&app)?;
+    let port = crate::base::addr::sockaddr_of(&mine).ok_or_else(|| std::io::Error::other("the program's end has no address"))?.port();
     let listener = net::socket_with(family, ty, net::SocketFlags::CLOEXEC, None)?;
     net::bind(&listener, &addr)?;
+    only_from(&listener, port, v6)?;
     net::listen(&listener, 1)?;
     let name = net::getsockname(&listener)?;
-    let app = net::socket_with(family, ty, net::SocketFlags::CLOEXEC, None)?;
     net::connect(&app, &name)?;
-    let mine: SocketAddrAny = net::getsockname(&app)?;
-    // Only the connection just made, never another process's that raced to the listener: it
-    // is queued (the connect returned), behind at most the few the backlog let in before it,
-    // which are closed.
+    // Only the connection just made, never another process's that raced to the listener (the
+    // filter keeps those out; any that got in are closed): it is queued (the connect returned).
     let mut strangers = 0;
     let relay_end = loop {
         let c = net::accept_with(&listener, net::SocketFlags::CLOEXEC)?;
@@ -195,6 +205,55 @@ pub(crate) fn loopback_pair(v6: bool) -> std::io::Result<(OwnedFd, OwnedFd)> {
     let _ = net::sockopt::set_tcp_nodelay(&app, true);
     let _ = net::sockopt::set_tcp_nodelay(&relay_end, true);
     Ok((app, relay_end))
+}
+
+/// Attaches to `listener` a classic BPF socket filter that accepts only packets from the
+/// loopback address (`127.0.0.1`, or `::1` if `v6`) and TCP port `port`, and drops the others
+/// (a SYN dropped so never becomes a queued connection). A socket filter on a TCP socket sees the
+/// TCP header at offset 0 (its first 16 bits are the source port) and the IP header at
+/// `SKF_NET_OFF` (the source address at 12 in IPv4, at 8 in IPv6). Another user cannot send from
+/// that address and port: the program's end is bound there, without `SO_REUSEADDR`.
+fn only_from(listener: &OwnedFd, port: u16, v6: bool) -> std::io::Result<()> {
+    const LD_H_ABS: u16 = (libc::BPF_LD | libc::BPF_H | libc::BPF_ABS) as u16;
+    const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+    const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+    const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+    let net_off = |at: i32| (libc::SKF_NET_OFF + at) as u32;
+    // (where, value) pairs that must all match; the source address in 32-bit big-endian words.
+    let mut tests: Vec<(u16, u32, u32)> = vec![(LD_H_ABS, 0, u32::from(port))];
+    if v6 {
+        for (i, w) in [0u32, 0, 0, 1].into_iter().enumerate() {
+            tests.push((LD_W_ABS, net_off(8 + 4 * i as i32), w));
+        }
+    } else {
+        tests.push((LD_W_ABS, net_off(12), u32::from(Ipv4Addr::LOCALHOST)));
+    }
+    let n = tests.len();
+    let mut prog: Vec<libc::sock_filter> = Vec::with_capacity(2 * n + 2);
+    for (i, (load, at, want)) in tests.into_iter().enumerate() {
+        prog.push(libc::sock_filter { code: load, jt: 0, jf: 0, k: at });
+        // A mismatch jumps over the remaining tests and the accept, to the drop.
+        let to_drop = (2 * (n - 1 - i) + 1) as u8;
+        prog.push(libc::sock_filter { code: JEQ_K, jt: 0, jf: to_drop, k: want });
+    }
+    prog.push(libc::sock_filter { code: RET_K, jt: 0, jf: 0, k: u32::MAX });
+    prog.push(libc::sock_filter { code: RET_K, jt: 0, jf: 0, k: 0 });
+    let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_mut_ptr() };
+    // SAFETY: `listener` is our own open socket; `fprog` points at `prog`, alive for the call
+    // (the kernel copies the program).
+    let r = unsafe {
+        crate::real::setsockopt(
+            listener.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            (&fprog as *const libc::sock_fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// What the relay process knows of the connection's other holders.

@@ -278,9 +278,19 @@ impl Shm {
         peer_pid: u32,
         spin: SpinMode,
     ) -> io::Result<Shm> {
-        let (ring_in, ring_out, queues) = views;
+        let (ring_in, mut ring_out, queues) = views;
         let pool = queues.is_some();
         let g = seg.layout().geometry;
+        // The client chose the geometry, `ring_capacity` included (up to 64 MiB a direction):
+        // a server's outgoing ring grows no further than what its own TCP socket would buffer
+        // (`default_ring`), so that a client that never reads holds no more of the server's
+        // memory than over TCP (the pages a ring grows into are the server's, which writes them
+        // first). A program's `SO_SNDBUF` (`set_send_buffer`) still sets the bound.
+        let limit = (role == Role::Server && g.ring_capacity > crate::options::default_ring()).then(|| {
+            let bound = crate::options::default_ring() as usize;
+            ring_out.set_limit(bound);
+            bound
+        });
         let (out_q, in_q) = match queues {
             Some((o, i)) => (Some(o), Some(i)),
             None => (None, None),
@@ -309,7 +319,7 @@ impl Shm {
                 ring: ring_out,
                 spinner: spinner(spin),
                 writes: 0,
-                limit: None,
+                limit,
                 watched: false,
                 looked_at: 0,
                 closed: false,
@@ -629,7 +639,10 @@ impl Drop for Shm {
         }
         // The shrinker looks no more (it holds this lock while it looks).
         lock(&self.tx).closed = true;
-        let seg = std::mem::replace(&mut self.seg, Segment::placeholder());
+        let mut seg = std::mem::replace(&mut self.seg, Segment::placeholder());
+        if self.role == Role::Server {
+            seg.give_back_incoming();
+        }
         // SAFETY: `fds` is not used after this point (this is the last use of `self` that reads
         // it; the remaining fields never refer to it).
         let Fds { control, self_bell } = unsafe { std::mem::ManuallyDrop::take(&mut self.fds) };

@@ -1,0 +1,92 @@
+"""Run as nobody by t_rt_big_ring.sh: N CARRIER connections to root's server at 127.0.0.1:PORT
+whose segments offer 64 MiB rings (the largest a segment of 256 MiB holds), each of which asks
+the server for more than that and never reads what comes back: `echo` writes 96 MiB into its
+ring toward the server (the server echoes it), `http` sends `GET /big` (a file larger than the
+ring). Once the server's writing stalls, prints "S2C <ring_size> <unread bytes>" per connection
+and holds them for SECONDS. Usage: big_ring.py PORT N echo|http SECONDS"""
+import ctypes
+import mmap
+import os
+import socket
+import struct
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import colo_attack as ca  # noqa: E402
+
+port, n, mode, hold = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+RING = 64 << 20
+SIZE = ca.segment_size(RING, 0, 0)
+C2S, S2C, DATA = 4096, 4096 + (SIZE - 4096) // 2, 1024
+LIBC = ctypes.CDLL(None, use_errno=True)
+rd = lambda m, o, k: struct.unpack_from("<Q" if k == 8 else "<I", m, o)[0]  # noqa: E731
+
+
+def ring(c):
+    ctl, m = c
+    try:
+        ctl.send(b"r", socket.MSG_DONTWAIT)
+    except OSError:
+        pass
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(m, ca.SERVER_WAITING))
+    LIBC.syscall(202, ctypes.c_void_p(addr), 1, 0x7FFFFFFF, None, None, 0)  # FUTEX_WAKE
+
+
+conns, keep = [], []
+for _ in range(n):
+    while True:  # an odd port: the only kind a server looks up offers for
+        t = socket.socket()
+        t.bind(("127.0.0.1", 0))
+        if t.getsockname()[1] % 2:
+            break
+        t.close()
+    fd = ca.make_segment(RING, 0, 0, ca.CLAIM_OFFERED, t.getsockname(), ("127.0.0.1", port))
+    ctl = ca.rendezvous(port)
+    socket.send_fds(ctl, [ca.message(ca.HELLO, ca.CARRIER)], [fd])
+    t.connect(("127.0.0.1", port))
+    a = ca.answer(ctl)
+    print("answer", a, flush=True)
+    if a != "WELCOME":
+        continue
+    m = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    struct.pack_into("<I", m, C2S + 12, RING)  # our ring toward the server, at its largest
+    keep.append((t, fd))
+    conns.append((ctl, m))
+    if mode == "http":
+        req = b"GET /big HTTP/1.0\r\n\r\n"
+        m[C2S + DATA:C2S + DATA + len(req)] = req
+        struct.pack_into("<Q", m, C2S, len(req))
+        ring(conns[-1])
+# echo: keep the server's input ring topped up (96 MiB in all) until the server stops taking it.
+chunk = b"x" * (1 << 20)
+sent = [0] * len(conns)
+last, still = [-1] * len(conns), 0
+while mode == "echo" and still < 20:
+    moved = False
+    for i, c in enumerate(conns):
+        m = c[1]
+        head, tail = rd(m, C2S, 8), rd(m, C2S + 128, 8)
+        k = min(len(chunk), RING - (head - tail), (96 << 20) - sent[i])
+        if k > 0:
+            at = head % RING
+            first = min(k, RING - at)
+            m[C2S + DATA + at:C2S + DATA + at + first] = chunk[:first]
+            m[C2S + DATA:C2S + DATA + k - first] = chunk[:k - first]
+            struct.pack_into("<Q", m, C2S, head + k)
+            sent[i] += k
+            moved = True
+        ring(c)
+    still = 0 if moved else still + 1
+    time.sleep(0.05)
+# The server's side: wait until its writing stalls (its unread bytes stop growing).
+prev, steady = None, 0
+while steady < 10:
+    now = [rd(m, S2C, 8) for _, m in conns]
+    steady = steady + 1 if now == prev else 0
+    prev = now
+    time.sleep(0.1)
+for _, m in conns:
+    print("S2C %d %d" % (rd(m, S2C + 12, 4), rd(m, S2C, 8) - rd(m, S2C + 128, 8)), flush=True)
+print("READY", len(conns), flush=True)
+time.sleep(hold)

@@ -1,0 +1,71 @@
+"""Run as nobody by t_rt_hole_reads.sh: one CARRIER connection to root's server at
+127.0.0.1:PORT with a 64 MiB ring toward it, in which it claims CLAIM bytes it never writes
+(holes), after PREFIX (a request that makes the server read them all). Once the server has read
+them (its ring_tail), closes everything but the memfd and prints "ALLOCATED <while> <after>":
+the memfd's allocated MiB while connected and 3 s after the close (pages the server's reads
+made: they are charged to the server), counted in the ring toward the server only (SEEK_DATA).
+Usage: hole_reads.py PORT CLAIM PREFIX"""
+import ctypes
+import mmap
+import os
+import socket
+import struct
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import colo_attack as ca  # noqa: E402
+
+port, claim, prefix = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].encode().decode("unicode_escape").encode("latin-1")
+RING = 64 << 20
+SIZE = ca.segment_size(RING, 0, 0)
+C2S, DATA = 4096, 1024
+LIBC = ctypes.CDLL(None, use_errno=True)
+while True:  # an odd port: the only kind a server looks up offers for
+    t = socket.socket()
+    t.bind(("127.0.0.1", 0))
+    if t.getsockname()[1] % 2:
+        break
+    t.close()
+fd = ca.make_segment(RING, 0, 0, ca.CLAIM_OFFERED, t.getsockname(), ("127.0.0.1", port))
+ctl = ca.rendezvous(port)
+socket.send_fds(ctl, [ca.message(ca.HELLO, ca.CARRIER)], [fd])
+t.connect(("127.0.0.1", port))
+print("answer", ca.answer(ctl), flush=True)
+m = mmap.mmap(fd, SIZE)
+S2C = 4096 + (SIZE - 4096) // 2
+
+
+def mib():
+    """MiB of pages allocated in the client-to-server block (SEEK_DATA/SEEK_HOLE)."""
+    at, total = C2S, 0
+    while at < S2C:
+        try:
+            data = os.lseek(fd, at, os.SEEK_DATA)
+        except OSError:
+            break
+        if data >= S2C:
+            break
+        hole = min(os.lseek(fd, data, os.SEEK_HOLE), S2C)
+        total += hole - data
+        at = hole
+    return total >> 20
+
+
+m[C2S + DATA:C2S + DATA + len(prefix)] = prefix
+struct.pack_into("<I", m, C2S + 12, RING)
+struct.pack_into("<Q", m, C2S, len(prefix) + claim)  # the claimed bytes are never written
+ctl.send(b"r", socket.MSG_DONTWAIT)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(m, ca.SERVER_WAITING))
+LIBC.syscall(202, ctypes.c_void_p(addr), 1, 0x7FFFFFFF, None, None, 0)  # FUTEX_WAKE
+end = time.time() + 20
+while time.time() < end and struct.unpack_from("<Q", m, C2S + 128)[0] < len(prefix) + claim:
+    time.sleep(0.05)
+tail = struct.unpack_from("<Q", m, C2S + 128)[0]
+during = mib()
+m.close()
+ctl.close()
+t.close()
+time.sleep(3)
+print("READ %d" % tail, flush=True)
+print("ALLOCATED %d %d" % (during, mib()), flush=True)
