@@ -18,7 +18,7 @@ import colo_attack as ca  # noqa: E402
 port, n, mode, hold = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
 RING = 64 << 20
 SIZE = ca.segment_size(RING, 0, 0)
-C2S, S2C, DATA = 4096, 4096 + (SIZE - 4096) // 2, 1024
+C2S, S2C, DATA = ca.HEADER, ca.HEADER + (SIZE - ca.HEADER) // 2, 1024
 LIBC = ctypes.CDLL(None, use_errno=True)
 rd = lambda m, o, k: struct.unpack_from("<Q" if k == 8 else "<I", m, o)[0]  # noqa: E731
 

@@ -19,7 +19,7 @@ import colo_attack as ca  # noqa: E402
 port, claim, prefix = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].encode().decode("unicode_escape").encode("latin-1")
 RING = 64 << 20
 SIZE = ca.segment_size(RING, 0, 0)
-C2S, DATA = 4096, 1024
+C2S, DATA = ca.HEADER, 1024
 LIBC = ctypes.CDLL(None, use_errno=True)
 while True:  # an odd port: the only kind a server looks up offers for
     t = socket.socket()
@@ -33,7 +33,7 @@ socket.send_fds(ctl, [ca.message(ca.HELLO, ca.CARRIER)], [fd])
 t.connect(("127.0.0.1", port))
 print("answer", ca.answer(ctl), flush=True)
 m = mmap.mmap(fd, SIZE)
-S2C = 4096 + (SIZE - 4096) // 2
+S2C = ca.HEADER + (SIZE - ca.HEADER) // 2
 
 
 def mib():
