@@ -5,9 +5,8 @@
 # nobody, or root behind a read-only bind mount. Asserts outcomes (bytes, which connections are
 # on shared memory per the shim's log and `colo stat`), then measures redis -c 50 GET across the
 # namespaces, colo against plain TCP over the same veth path (printed, not asserted).
-# Every command that can hang runs under `timeout`; everything is removed on exit.
-# NETNS_ONLY=14 runs stanza 14 alone (tests/netns/connect.sh); NETNS_KEEP=1 keeps the logs' directory;
-# NETNS_BENCH=0 skips the measurements.
+# Every command that can hang runs under `timeout`; everything is removed on exit. NETNS_ONLY=14
+# runs stanza 14 alone (connect.sh); NETNS_KEEP=1 keeps the logs; NETNS_BENCH=0 skips the bench.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -20,10 +19,8 @@ done
 [ -x "$COLO" ] || { echo "tests/netns: $COLO is missing (make build)"; exit 1; }
 
 . "$HERE/setup.sh"
-WORK=$(mktemp -d /tmp/colo-netns.XXXXXX)
-chmod 755 "$WORK"
-DIR=$WORK/b
-mkdir -m 755 "$DIR"
+WORK=$(mktemp -d /tmp/colo-netns.XXXXXX) && chmod 755 "$WORK"
+DIR=$WORK/b && mkdir -m 755 "$DIR"
 PIDS=()
 cleanup() {
     local p
@@ -153,11 +150,13 @@ if [ -x "$PEER" ]; then
     fi
     # A server whose program accepts 1.5 s late (past the client's answer wait): the dial goes on
     # over plain TCP on its one connection, and the answer that comes first on the stream then
-    # is taken off it before the application reads (the echo is intact).
-    ip netns exec "$NS_B" env COLO_NETNS_DIR="$DIR" COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_LOG=info PEER_ACCEPT_DELAY_MS=1500 \
-        "$PEER" server 0.0.0.0:7102 stream >"$WORK/peer-late.out" 2>&1 &
-    PIDS+=($!)
-    for i in $(seq 50); do grep -qs READY "$WORK/peer-late.out" && break; sleep 0.1; done
+    # is taken off it before the application reads (the echo is intact). late_server PORT OUT.
+    late_server() {
+        ip netns exec "$NS_B" env COLO_NETNS_DIR="$DIR" COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_LOG=info PEER_ACCEPT_DELAY_MS=1500 \
+            "$PEER" server 0.0.0.0:$1 stream >"$2" 2>&1 & PIDS+=($!)
+        for i in $(seq 50); do grep -qs READY "$2" && break; sleep 0.1; done
+    }
+    late_server 7102 "$WORK/peer-late.out"
     r=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 30 "$PEER" client $IP_B:7102 stream 100000 2>"$WORK/peer-late.err")
     if [ "$r" = "OK 100000 tcp" ] && grep -q "dial $IP_B:7102: cross-namespace: no answer within" "$WORK/peer-late.err" &&
         [ "$(grep -c "declined: the client went on without waiting" "$WORK/peer-late.out")" = 1 ]; then
@@ -174,12 +173,8 @@ if [ -x "$PEER" ]; then
         else
             bad "7 Go client: '$r' '$r2'"
         fi
-        # A late server of its own: the first one's delay before its next accept began with the
-        # Rust client's connection, and may be over by now on a loaded host.
-        ip netns exec "$NS_B" env COLO_NETNS_DIR="$DIR" COLO_NETNS_CLIENTS=10.231.0.0/16 COLO_LOG=info PEER_ACCEPT_DELAY_MS=1500 \
-            "$PEER" server 0.0.0.0:7103 stream >"$WORK/peer-late2.out" 2>&1 &
-        PIDS+=($!)
-        for i in $(seq 50); do grep -qs READY "$WORK/peer-late2.out" && break; sleep 0.1; done
+        # A late server of its own (the first one's delay may be over by now on a loaded host).
+        late_server 7103 "$WORK/peer-late2.out"
         r=$(ip netns exec "$NS_A" "${CENV[@]}" timeout 30 "$WORK/colo-peer-go" client $IP_B:7103 stream 100000 2>"$WORK/gopeer-late.err")
         if [ "$r" = "OK 100000 tcp" ] && [ "$(grep -c "declined: the client went on without waiting" "$WORK/peer-late2.out")" = 1 ]; then
             ok "7 Go client of a server accepting 1.5 s late: one connection, plain TCP, the echo intact"
