@@ -173,6 +173,24 @@ static void closed_dup_in_set(void) {
     close(ep);
 }
 
+/* EPOLLEXCLUSIVE (allowed with EPOLLIN and a few others only): registers, reports, ends. */
+static void exclusive(void) {
+    int s, c;
+    char b[8];
+    pair(&s, &c);
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = s};
+    T("add exclusive", epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev));
+    send(c, "abcd", 4, 0);
+    settle(50);
+    ewait("4 bytes", ep);
+    T("recv 4", recv(s, b, 4, 0));
+    close(c);
+    settle(50);
+    ewait("peer closed", ep);
+    close(ep);
+}
+
 static void *close_later(void *fd) {
     settle(200);
     shutdown(*(int *)fd, SHUT_RDWR);
@@ -201,6 +219,7 @@ int main(void) {
     RUN(dups);
     RUN(dups_in_one_set);
     RUN(closed_dup_in_set);
+    RUN(exclusive);
     RUN(shutdown_from_thread);
     diff_end();
     return 0;

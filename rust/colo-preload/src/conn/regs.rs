@@ -283,13 +283,14 @@ pub fn kernel_events(events: u32) -> u32 {
 }
 
 /// Applies `op` (`EPOLL_CTL_ADD` or `EPOLL_CTL_MOD`) to our kernel registrations of a connection
-/// in the application's set `epfd`, `stand` (`Stand::fds`): its control socket (input and the
-/// peer's hang-up) and its self bell (input), both with `events` and the tagged `data`. An `ADD`
-/// is all or nothing. Returns the kernel's errno.
+/// in the application's set `epfd`, `stand` (`Stand::fds`): its control socket and its self
+/// bell, both for input (a hung-up control socket reads as its end: input too; no
+/// `EPOLLRDHUP`, which the kernel refuses beside `EPOLLEXCLUSIVE`), with `events` and the tagged
+/// `data`. An `ADD` is all or nothing. Returns the kernel's errno.
 pub fn kernel_ctl(epfd: c_int, op: c_int, stand: [c_int; 2], events: u32, data: u64) -> Result<(), c_int> {
     let [control, self_bell] = stand;
-    for (fd, extra) in [(control, libc::EPOLLRDHUP as u32), (self_bell, 0)] {
-        let mut kev = epoll_event { events: events | extra, u64: data };
+    for fd in [control, self_bell] {
+        let mut kev = epoll_event { events, u64: data };
         // SAFETY: registering (or modifying our registration of) our own descriptor in the
         // application's set.
         if unsafe { real::epoll_ctl(epfd, op, fd, &mut kev) } != 0 {
