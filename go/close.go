@@ -67,14 +67,15 @@ func (c *Conn) Close() error {
 		}
 		c.carrier.Close()
 	}
+	var giveBack []byte
 	if c.isServer {
 		// The pages of the direction we read, from its ring data on: reading a page the client
 		// never wrote (a hole: bytes it claimed and never wrote) made the kernel allocate it,
 		// charged to us, for as long as the client keeps its memfd. The connection is over for
 		// good here (not parked); the direction's words, in the block's first page, stay.
-		releasePages(c.seg[headerSize+c.lay.dataOff : headerSize+c.lay.blockSize])
+		giveBack = c.seg[headerSize+c.lay.dataOff : headerSize+c.lay.blockSize]
 	}
-	unmapLater(c.seg)
+	unmapAfter(c.seg, giveBack)
 	c.seg = nil
 	return nil
 }
@@ -103,24 +104,38 @@ func (c *Conn) cleanClose() bool {
 // caller's path keeps Close (and so short-lived connections) cheap. Nothing touches the mapping
 // after Close: every operation has left (Close holds the life lock exclusively).
 func unmapLater(seg []byte) {
+	unmapAfter(seg, nil)
+}
+
+// unmapAfter is unmapLater that first gives back the pages of giveBack, a part of seg (none if
+// empty). Always in the one background goroutine: when it is behind, the caller waits for room
+// in its queue (parked, holding no thread) rather than doing the work itself, since the Go
+// runtime starts another thread for every goroutine blocked in a system call, each with a
+// stack's address space (thousands of connections closing at once ran a server under `ulimit
+// -v` out of it: tests/attack/t_segment_flood.sh).
+func unmapAfter(seg, giveBack []byte) {
 	unmapOnce.Do(func() {
-		unmapQueue = make(chan []byte, 1024)
+		unmapQueue = make(chan unmapJob, 1024)
 		go func() {
-			for seg := range unmapQueue {
-				munmapSegment(seg)
+			for j := range unmapQueue {
+				j.run()
 			}
 		}()
 	})
-	select {
-	case unmapQueue <- seg:
-	default:
-		munmapSegment(seg) // the reaper is behind: do it here
-	}
+	unmapQueue <- unmapJob{seg, giveBack}
+}
+
+type unmapJob struct{ seg, giveBack []byte }
+
+func (j unmapJob) run() {
+	// Where MADV_REMOVE fails the pages stay, which is only memory.
+	releasePages(j.giveBack)
+	munmapSegment(j.seg)
 }
 
 var (
 	unmapOnce  sync.Once
-	unmapQueue chan []byte
+	unmapQueue chan unmapJob
 )
 
 // discard releases a server-side connection that was refused after its segment was mapped:
