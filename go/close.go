@@ -111,8 +111,7 @@ func unmapLater(seg []byte) {
 // empty). Always in the one background goroutine: when it is behind, the caller waits for room
 // in its queue (parked, holding no thread) rather than doing the work itself, since the Go
 // runtime starts another thread for every goroutine blocked in a system call, each with a
-// stack's address space (thousands of connections closing at once ran a server under `ulimit
-// -v` out of it: tests/attack/t_segment_flood.sh).
+// stack's address space: a flood of closes must not cost one each.
 func unmapAfter(seg, giveBack []byte) {
 	unmapOnce.Do(func() {
 		unmapQueue = make(chan unmapJob, 1024)

@@ -71,6 +71,23 @@ def make_segment(ring, slot_size, slots, claim, client, server, seal=True):
     return fd
 
 
+def carrier_offer(ring, port):
+    """A CARRIER offer of a segment with rings of `ring` bytes to the server at 127.0.0.1:PORT,
+    from a TCP socket on an odd port (the only kind a server looks up offers for): returns
+    (the TCP socket, connected; the rendezvous connection, its HELLO sent; the memfd)."""
+    while True:
+        t = socket.socket()
+        t.bind(("127.0.0.1", 0))
+        if t.getsockname()[1] % 2:
+            break
+        t.close()
+    fd = make_segment(ring, 0, 0, CLAIM_OFFERED, t.getsockname(), ("127.0.0.1", port))
+    ctl = rendezvous(port)
+    socket.send_fds(ctl, [message(HELLO, CARRIER)], [fd])
+    t.connect(("127.0.0.1", port))
+    return t, ctl, fd
+
+
 def message(kind, mode=0):
     return struct.pack("<IBBBxII", MSG_MAGIC, kind, 1, mode, 0, 0)
 

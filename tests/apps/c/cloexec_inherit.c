@@ -30,13 +30,6 @@
 #define DOWN_MIDDLE 150000
 #define TARGET 100       /* the number dup2 makes inheritable */
 
-static int fds(void) {
-    DIR *d = opendir("/proc/self/fd");
-    int n = 0;
-    while (d && readdir(d)) n++;
-    if (d) closedir(d);
-    return n - 3; /* ".", ".." and the directory's own descriptor */
-}
 
 static void read_pattern(int fd, long from, long to, long shift, const char *who) {
     static unsigned char buf[65536];
@@ -86,13 +79,13 @@ static int warm_up(int fd, int write_first) {
 static void client(int port) {
     int first = dial(port);
     warm_up(first, 1);
-    int before = fds();
+    int before = descriptors_open();
     int c = dial(port);
     /* Counted once the connection is in use (the shim completes a connect at its first use). */
     write_pattern(c, 0, UP, 0);
     struct pollfd p = {.fd = c, .events = POLLIN | POLLOUT};
     if (poll(&p, 1, 0) < 0) die("poll");
-    int held = fds() - before;
+    int held = descriptors_open() - before;
     if (segments() != 2 || held > 4) {
         fprintf(stderr, "client: %d segments, %d descriptors for the connection (at most 1 + 3)\n", segments(), held);
         exit(1);
@@ -134,12 +127,12 @@ int main(int argc, char **argv) {
     int first = accept4(l, NULL, NULL, SOCK_CLOEXEC);
     if (first < 0) die("accept4");
     warm_up(first, 0);
-    int before = fds();
+    int before = descriptors_open();
     int s = accept4(l, NULL, NULL, SOCK_CLOEXEC);
     if (s < 0) die("accept4");
     struct pollfd p = {.fd = s, .events = POLLIN};
     if (poll(&p, 1, 5000) != 1) die("poll");
-    int held = fds() - before;
+    int held = descriptors_open() - before;
     if (segments() != 2) {
         fprintf(stderr, "the connection was not accelerated (is the shim preloaded?)\n");
         return 1;
@@ -157,8 +150,8 @@ int main(int argc, char **argv) {
     if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) < 0) die("epoll");
     struct epoll_event got;
     if (epoll_wait(ep, &got, 1, 5000) != 1 || got.data.fd != s || !(got.events & EPOLLIN)) die("epoll_wait");
-    if (fds() - before - held > 2) {
-        fprintf(stderr, "server: %d descriptors more for an epoll set (at most 2)\n", fds() - before - held);
+    if (descriptors_open() - before - held > 2) {
+        fprintf(stderr, "server: %d descriptors more for an epoll set (at most 2)\n", descriptors_open() - before - held);
         return 1;
     }
     read_pattern(s, 0, UP_BEFORE, 0, "server");

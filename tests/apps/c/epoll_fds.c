@@ -1,8 +1,7 @@
 /* Connections in an epoll set (issue 23: at most two descriptors of the shim's a connection).
  * Each end of a close-on-exec connection registered in an epoll set costs its socket and two
  * descriptors of the shim's: its control socket (the doorbell) and its self bell, both
- * registered in the application's set in the socket's place (a third, an epoll set of the two
- * per connection, stood there before). And one event per registration in a batch, whichever of
+ * registered in the application's set in the socket's place. And one event per registration in a batch, whichever of
  * the two the kernel reported: a thread asleep in a level-triggered epoll_wait (8 events) on N
  * connections, while their peers write and the main thread re-registers each written one with
  * EPOLL_CTL_MOD (which rings the self bell of a set with a sleeper), never sees a connection
@@ -21,15 +20,6 @@
 static int cli[N], srv[N], ep;
 static long got[N], bad, twice, total;
 static volatile int stop;
-
-/* Descriptors of this process. */
-static int descriptors(void) {
-    DIR *d = opendir("/proc/self/fd");
-    int found = 0;
-    while (d && readdir(d)) found++;
-    if (d) closedir(d);
-    return found - 3; /* ".", ".." and the directory's own descriptor */
-}
 
 static void *sleeper(void *arg) {
     struct epoll_event evs[8];
@@ -55,7 +45,7 @@ static void *sleeper(void *arg) {
 
 int main(void) {
     alarm(60);
-    int before = descriptors();
+    int before = descriptors_open();
     for (int i = 0; i < N; i++) {
         struct sockaddr_in a;
         int l = loopback_listener(&a, 4);
@@ -73,7 +63,7 @@ int main(void) {
     }
     /* Each connection: its two sockets and, under the shim, two of the shim's at each end; a
      * few of the shim's own (the holders file, a set's wake-up eventfd) and the two sets. */
-    int used = descriptors() - before;
+    int used = descriptors_open() - before;
     printf("descriptors for %d connections in epoll sets: %d\n", N, used);
     CHECK(used <= N * (2 + 2 * 2) + 16, "at most two of the shim's descriptors a connection's end");
 

@@ -89,6 +89,15 @@ static inline int abstract_bound(const char *name) {
     return found;
 }
 
+/* How many descriptors this process holds. */
+static inline int descriptors_open(void) {
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+    while (d && readdir(d)) n++;
+    if (d) closedir(d);
+    return n - 3; /* ".", ".." and the directory's own descriptor */
+}
+
 /* Waits (up to 3 s) until this process has no segment open, and returns the count then. Those
  * of connections closed just before stay open for a moment (parked for reuse up to a second,
  * then unmapped by a background thread), and a count would include them. */

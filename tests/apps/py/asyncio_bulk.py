@@ -7,16 +7,20 @@ import sys
 import time
 
 
+async def count_to_end(r):
+    """Reads `r` to its end; returns how many bytes came."""
+    got = 0
+    while True:
+        b = await r.read(262144)
+        if not b:
+            return got
+        got += len(b)
+
+
 async def serve(r, w):
     mode = (await r.readline()).split()
     if mode[0] == b"up":
-        got = 0
-        while True:
-            b = await r.read(262144)
-            if not b:
-                break
-            got += len(b)
-        w.write(b"%d\n" % got)
+        w.write(b"%d\n" % await count_to_end(r))
     else:
         chunk, total = int(mode[1]), int(mode[2])
         buf = b"x" * chunk
@@ -46,12 +50,7 @@ async def client(port, mode, chunk, total):
         got = int(await r.readline())
     else:
         w.write(b"down %d %d\n" % (chunk, total))
-        got = 0
-        while True:
-            b = await r.read(262144)
-            if not b:
-                break
-            got += len(b)
+        got = await count_to_end(r)
     took = time.perf_counter() - start
     w.close()
     if got != total // chunk * chunk:

@@ -35,16 +35,7 @@ def ring(c):
 
 conns, keep = [], []
 for _ in range(n):
-    while True:  # an odd port: the only kind a server looks up offers for
-        t = socket.socket()
-        t.bind(("127.0.0.1", 0))
-        if t.getsockname()[1] % 2:
-            break
-        t.close()
-    fd = ca.make_segment(RING, 0, 0, ca.CLAIM_OFFERED, t.getsockname(), ("127.0.0.1", port))
-    ctl = ca.rendezvous(port)
-    socket.send_fds(ctl, [ca.message(ca.HELLO, ca.CARRIER)], [fd])
-    t.connect(("127.0.0.1", port))
+    t, ctl, fd = ca.carrier_offer(RING, port)
     a = ca.answer(ctl)
     print("answer", a, flush=True)
     if a != "WELCOME":

@@ -21,16 +21,7 @@ RING = 64 << 20
 SIZE = ca.segment_size(RING, 0, 0)
 C2S, DATA = ca.HEADER, 1024
 LIBC = ctypes.CDLL(None, use_errno=True)
-while True:  # an odd port: the only kind a server looks up offers for
-    t = socket.socket()
-    t.bind(("127.0.0.1", 0))
-    if t.getsockname()[1] % 2:
-        break
-    t.close()
-fd = ca.make_segment(RING, 0, 0, ca.CLAIM_OFFERED, t.getsockname(), ("127.0.0.1", port))
-ctl = ca.rendezvous(port)
-socket.send_fds(ctl, [ca.message(ca.HELLO, ca.CARRIER)], [fd])
-t.connect(("127.0.0.1", port))
+t, ctl, fd = ca.carrier_offer(RING, port)
 print("answer", ca.answer(ctl), flush=True)
 m = mmap.mmap(fd, SIZE)
 S2C = ca.HEADER + (SIZE - ca.HEADER) // 2
