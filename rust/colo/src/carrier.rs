@@ -29,7 +29,6 @@ use crate::segment::{Role, Segment};
 use crate::shm::{Fds, Shm};
 use crate::wire::{self, claim, Header, Message, Mode, Reason, HEADER_FIELDS, MESSAGE_LEN};
 use colo_ring::layout::{Geometry, Layout};
-use colo_ring::ring::RingWords;
 use colo_ring::snapshot::RingState;
 use colo_ring::spin::SpinMode;
 use colo_ring::sync::{AtomicU32, Ordering};
@@ -373,27 +372,6 @@ impl Established {
     pub fn into_resumed_shm(self, spin: SpinMode) -> io::Result<Shm> {
         Shm::resume(self.seg, self.role, self.fds, self.local, self.peer, self.peer_pid, spin)
     }
-
-    /// The shared words of our two rings, for readiness checks that do not lock the connection
-    /// (`colo_ring::snapshot::RingState`): see [`Words`]. Valid while the segment stays mapped
-    /// (inside the `Shm`).
-    ///
-    /// # Safety
-    /// The words, and every copy of them, are used only while the segment stays mapped: while
-    /// `self`, or the `Shm` it becomes, lives.
-    pub unsafe fn words(&self) -> Words {
-        let out_c2s = self.role == Role::Client;
-        let l = self.seg.layout();
-        Words {
-            // SAFETY: used only while the segment is mapped, by the caller's contract.
-            incoming: unsafe { self.seg.ring_words(!out_c2s) },
-            // SAFETY: as above.
-            outgoing: unsafe { self.seg.ring_words(out_c2s) },
-            capacity: l.geometry.ring_capacity as u64,
-            base: self.seg.base(),
-            len: l.segment_size,
-        }
-    }
 }
 
 /// Takes back one side of an established CARRIER connection whose descriptors this process
@@ -431,22 +409,6 @@ pub fn reattach(memfd: OwnedFd, control: OwnedFd, self_bell: OwnedFd, role: Role
         Role::Server => (server, client, header.client_pid),
     };
     Ok(Established { seg, fds: Fds { control, self_bell }, role, local, peer, peer_pid, memfd: raw })
-}
-
-/// Pointers into a mapped segment, for readiness checks (all values untrusted: a readiness check
-/// may be wrong for a corrupt peer but never unsafe, as only atomics are loaded).
-#[derive(Debug, Clone, Copy)]
-pub struct Words {
-    /// The incoming ring's words (the peer produces: its head and flags; we consume: our tail).
-    pub incoming: RingWords,
-    /// The outgoing ring's words (we produce: our head and flags; the peer consumes: its tail).
-    pub outgoing: RingWords,
-    /// Size of each ring's data region: the most a ring grows to (spec/WIRE.md section 5).
-    pub capacity: u64,
-    /// Base of the mapping.
-    pub base: *mut u8,
-    /// Length of the mapping.
-    pub len: usize,
 }
 
 /// A HELLO read from a rendezvous control connection (server side), not yet validated beyond

@@ -5,13 +5,12 @@ use crate::base::env::spin;
 use crate::conn::holders::Page;
 use crate::conn::turns;
 use crate::record::{adapt, handover_file};
-use colo::internal::carrier::{Established, Words};
+use colo::internal::carrier::Established;
 use colo::internal::shm::{Drainer, Shm};
 use colo_ring::layout::{FLAG_FIN, FLAG_NOT_READING, FLAG_RESET};
 use colo_ring::snapshot::RingState;
 use colo_ring::sync::Ordering;
 use colo_sys::{AsRawFd, RawFd};
-use crossbeam_utils::CachePadded;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64};
 
@@ -64,9 +63,13 @@ const ABORT: u32 = 8;
 /// (`short`: it did not pay for its set-up, see `adapt::Lived`).
 pub type EndRecorder = fn(local: std::net::SocketAddr, tag: u64, short: bool);
 
+/// A counter on a cache line of its own: two threads that each count on one of two lines never
+/// take the line from each other, nor from readers of the connection's other fields.
+#[repr(align(64))]
+struct Line(AtomicU32);
+
 pub struct Conn {
     shm: ManuallyDrop<Shm>,
-    w: Words,
     gone: AtomicBool,
     nb: AtomicBool,
     /// Our descriptors survive `exec` (an application socket of this connection does): see
@@ -80,7 +83,7 @@ pub struct Conn {
     holders: Page,
     /// This process's calls under way without a turn, [reading, writing] (`turns::alone`): a
     /// line each, as a reading thread and a writing thread count at once.
-    alone: [CachePadded<AtomicU32>; 2],
+    alone: [Line; 2],
     /// When the connection was set up (to tell short-lived ones: `adapt` on the client side,
     /// the listener's marker on the server side).
     born: std::time::Instant,
@@ -109,12 +112,6 @@ pub struct Conn {
     on_end: Option<EndRecorder>,
 }
 
-// SAFETY: the raw pointers (in `w`) point into the segment, mapped by `shm`; all accesses
-// through them are atomic.
-unsafe impl Send for Conn {}
-// SAFETY: as for `Send`: what the raw pointers reach is only ever accessed atomically, so shared
-// references on several threads race on nothing.
-unsafe impl Sync for Conn {}
 
 impl Conn {
     /// The server side of a connection dialed by a program tagged `client_tag` (see
@@ -148,9 +145,6 @@ impl Conn {
         if !keep_memfd {
             est.close_memfd();
         }
-        // SAFETY: the words are kept only in the `Conn` built here (`w`), beside the `Shm` that
-        // keeps the segment mapped; `Drop` unmaps it only after its last use of them.
-        let w = unsafe { est.words() };
         let raw0 = [est.fds.control.as_raw_fd(), est.fds.self_bell.as_raw_fd(), est.memfd];
         let resumed_shm = resumed.is_some();
         let holders = match resumed.flatten() {
@@ -165,14 +159,13 @@ impl Conn {
         let never_spin = shm.spin_mode() == colo::SpinMode::Never;
         let c = Conn {
             shm: ManuallyDrop::new(shm),
-            w,
             gone: AtomicBool::new(false),
             nb: AtomicBool::new(nonblocking),
             inheritable: AtomicBool::new(false),
             never_spin,
             raw: raw0,
             holders,
-            alone: [CachePadded::new(AtomicU32::new(0)), CachePadded::new(AtomicU32::new(0))],
+            alone: [Line(AtomicU32::new(0)), Line(AtomicU32::new(0))],
             born: std::time::Instant::now(),
             setup,
             sent_before_reply: AtomicU64::new(u64::MAX),
@@ -346,7 +339,7 @@ impl Conn {
     pub fn lend_turns(&self) -> [bool; 2] {
         self.holders.mark_shared();
         // SYNC POINT: SeqCst, with `turns::alone` (see there).
-        let under_way = |d: usize| self.alone[d].load(Ordering::SeqCst) > 0;
+        let under_way = |d: usize| self.alone[d].0.load(Ordering::SeqCst) > 0;
         [under_way(READING) && turns::lend(self.holders.word(READ_TURN)), under_way(WRITING) && turns::lend(self.holders.word(TURN))]
     }
 
@@ -359,7 +352,7 @@ impl Conn {
                 continue;
             }
             // Acquire: pairs with the Release of each call's end (`turns::Turn`'s drop).
-            while wait && self.alone[d].load(Ordering::Acquire) > 0 {
+            while wait && self.alone[d].0.load(Ordering::Acquire) > 0 {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
             turns::give_back(self.holders.word(turn), self.holders.word(waiters), me);
@@ -372,7 +365,7 @@ impl Conn {
         if self.holders.ever_shared() {
             return None;
         }
-        turns::alone(&self.alone[d], self.holders.shared_word())
+        turns::alone(&self.alone[d].0, self.holders.shared_word())
     }
 
     fn nonblocking_turn<'a>(&'a self, word: &'a AtomicU32, waiters: &'a AtomicU32, ready: u32) -> std::io::Result<Option<turns::Turn<'a>>> {
@@ -495,7 +488,7 @@ impl Conn {
         let (in_flags, out_flags) = (inc.flags, out.flags);
         // The peer stopped reading (spec section 8).
         let read_closed = in_flags & FLAG_NOT_READING != 0;
-        let (avail, used) = (inc.used(self.w.capacity), out.used(self.w.capacity));
+        let (avail, used) = (inc.used(self.shm.ring_capacity()), out.used(self.shm.ring_capacity()));
         let corrupt = avail.is_err() || used.is_err();
         // Corrupt counters count as more than any bound: readable, no room, bytes unread.
         let (avail, used) = (avail.unwrap_or(u64::MAX), used.unwrap_or(u64::MAX));
@@ -657,7 +650,7 @@ impl Conn {
     /// Bytes in the incoming ring now (`FIONREAD`), from the counters alone: no lock, so it does
     /// not wait for a thread blocked in read. Corrupt counters: asks the ring, which reports it.
     pub fn available(&self) -> std::io::Result<usize> {
-        match self.incoming().used(self.w.capacity) {
+        match self.incoming().used(self.shm.ring_capacity()) {
             Ok(avail) => Ok(avail as usize),
             Err(_) => self.shm.readable(),
         }
@@ -667,15 +660,15 @@ impl Conn {
     /// a small `SO_SNDBUF`'s bound.
     pub fn space(&self) -> usize {
         // Corrupt counters: no room (the write that follows reports the corruption).
-        self.outgoing().used(self.w.capacity).map_or(0, |used| self.send_room().saturating_sub(used)) as usize
+        self.outgoing().used(self.shm.ring_capacity()).map_or(0, |used| self.send_room().saturating_sub(used)) as usize
     }
 
     /// How many bytes may wait in the outgoing ring: its capacity, or less after a small
     /// `SO_SNDBUF` (`set_send_limit`).
     fn send_room(&self) -> u64 {
         match self.send_limit.load(Ordering::Relaxed) {
-            0 => self.w.capacity,
-            l => l.min(self.w.capacity),
+            0 => self.shm.ring_capacity(),
+            l => l.min(self.shm.ring_capacity()),
         }
     }
 
@@ -715,13 +708,13 @@ impl Conn {
     /// head and flags loaded with Acquire, so the bytes counted are in the ring and a FIN comes
     /// with the head of the stream's last byte).
     fn incoming(&self) -> RingState {
-        RingState::consumer_view(&self.w.incoming)
+        RingState::consumer_view(self.shm.ring_words().0)
     }
 
     /// The outgoing ring as its producer sees it ([`RingState::producer_view`]: the peer's
     /// tail loaded with Acquire, so the room counted is free).
     fn outgoing(&self) -> RingState {
-        RingState::producer_view(&self.w.outgoing)
+        RingState::producer_view(self.shm.ring_words().1)
     }
 
     /// A write failed with EPIPE: whether kernel TCP would have taken it. It takes one write
@@ -769,7 +762,7 @@ impl Conn {
     /// that no wait reports, and with them the peer's hang-up.
     pub fn own_counters(&self) -> (u64, u64) {
         // Relaxed, as in `edges`: a change is only a hint to look again.
-        (RingState::relaxed(&self.w.incoming).tail, RingState::relaxed(&self.w.outgoing).head)
+        (RingState::relaxed(self.shm.ring_words().0).tail, RingState::relaxed(self.shm.ring_words().1).head)
     }
 
     pub fn edges(&self) -> (u64, u32, u64, u32) {
@@ -782,7 +775,7 @@ impl Conn {
         }
         // Relaxed (`RingState::relaxed`): a change is only a hint to look; `ready` loads the
         // views that order the data.
-        let (inc, out) = (RingState::relaxed(&self.w.incoming), RingState::relaxed(&self.w.outgoing));
+        let (inc, out) = (RingState::relaxed(self.shm.ring_words().0), RingState::relaxed(self.shm.ring_words().1));
         (inc.head, inc.flags, out.tail, out.flags | gone)
     }
 
@@ -908,7 +901,10 @@ impl Drop for Conn {
                 unsafe { libc::syscall(libc::SYS_close, fd) };
             }
             // SAFETY: the segment mapping; nothing refers to it once this Conn is gone.
-            unsafe { libc::syscall(libc::SYS_munmap, self.w.base, self.w.len) };
+            unsafe {
+                let (base, len) = self.shm.mapping();
+                libc::syscall(libc::SYS_munmap, base, len)
+            };
         } else {
             // The segment is still mapped here (`shm` is dropped below).
             let (sent, got) = (self.outgoing().head, self.incoming().tail);
@@ -962,4 +958,13 @@ impl Drop for Conn {
             }
         }
     }
+}
+
+#[cfg(test)]
+#[test]
+fn a_connection_is_one_kilobyte_of_heap() {
+    // `Arc<Conn>`: the counts, then the value, aligned to a cache line. Within a kilobyte (one of
+    // jemalloc's size classes): memory per connection is what colo costs at scale.
+    let arc_inner = std::mem::align_of::<Conn>().max(16) + std::mem::size_of::<Conn>();
+    assert!(arc_inner <= 1024, "Arc<Conn> takes {arc_inner} bytes");
 }

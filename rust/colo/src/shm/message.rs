@@ -1,7 +1,7 @@
 //! Zero-copy messages (spec/WIRE.md section 7): loaning and sending slots of the outgoing pool,
 //! receiving and releasing slots of the incoming one.
 
-use super::{libc_errno, lock, MsgRx, MsgTx, Shm, PEER_GONE, READ_SHUT, RESET};
+use super::{libc_errno, lock, Messages, MsgRx, MsgTx, Shm, PEER_GONE, READ_SHUT, RESET};
 use crate::segment::Role;
 use colo_ring::layout::{FLAG_FIN, FLAG_RESET};
 use colo_ring::sync::Ordering;
@@ -35,6 +35,11 @@ impl Shm {
         Ok(tx.free_slots.pop().inspect(|&s| tx.in_flight[s as usize] = true))
     }
 
+    /// The message halves of a side that loaned or received a slot (so has a pool).
+    fn messages(&self) -> &Messages {
+        self.msgs.as_deref().expect("a slot implies a pool")
+    }
+
     pub(super) fn geometry(&self) -> colo_ring::layout::Geometry {
         self.seg.layout().geometry
     }
@@ -42,26 +47,26 @@ impl Shm {
     /// Loans a slot of the outgoing pool; waits while all are in flight.
     pub(crate) fn loan(&self, len: usize) -> io::Result<(u32, *mut u8)> {
         let g = self.geometry();
-        let Some(msg_tx) = &self.msg_tx else {
+        let Some(m) = &self.msgs else {
             // No pool (or one not carried over by `resume`).
             return Err(io::Error::from_raw_os_error(libc_errno::ENOBUFS));
         };
         if len > g.slot_size as usize {
             return Err(io::Error::from_raw_os_error(libc_errno::EMSGSIZE));
         }
-        let mut tx = lock(msg_tx);
+        let mut tx = lock(&m.tx);
         let slot = self.look_then_wait(&mut tx, |h| &mut h.spinner, &self.write_timeout, None, |tx| self.take_slot(tx))?;
         Ok((slot, self.seg.slot(self.role == Role::Client, slot)))
     }
 
     /// Gives back a loaned slot that was not sent.
     pub(crate) fn unloan(&self, slot: u32) {
-        lock(self.msg_tx.as_ref().expect("a loan implies a pool")).give_back(slot);
+        lock(&self.messages().tx).give_back(slot);
     }
 
     /// Sends a loaned slot holding `len` bytes.
     pub(crate) fn send_slot(&self, slot: u32, len: usize) -> io::Result<()> {
-        let mut tx = lock(self.msg_tx.as_ref().expect("a loan implies a pool"));
+        let mut tx = lock(&self.messages().tx);
         // As a write: not after our shutdown or close, nor to a peer that stopped reading, reset
         // or died (the loan may be older than any of those).
         if let Err(e) = self.may_send(&mut tx.writes) {
@@ -91,7 +96,7 @@ impl Shm {
                 // the receiving lock, so no other take runs, and `release` only clears slots that
                 // are held. SYNC POINT with the Release store in `release`: a slot it cleared
                 // before handing it back to the peer reads as free here.
-                let held = &self.held[slot as usize];
+                let held = &self.messages().held[slot as usize];
                 if held.load(Ordering::Acquire) {
                     return Err(self.corrupt(Corrupt("message in a slot we still hold")));
                 }
@@ -127,10 +132,10 @@ impl Shm {
 
     /// Receives the next message: `(slot, len)`, or `None` at end of stream.
     pub(crate) fn recv_message(&self) -> io::Result<Option<(u32, *const u8, usize)>> {
-        let Some(msg_rx) = &self.msg_rx else {
+        let Some(m) = &self.msgs else {
             return Err(io::Error::from_raw_os_error(libc_errno::ENOBUFS));
         };
-        let mut rx = lock(msg_rx);
+        let mut rx = lock(&m.rx);
         let r = self.look_then_wait(&mut rx, |h| &mut h.spinner, &self.read_timeout, None, |rx| self.take_message(rx))?;
         Ok(r.map(|(slot, len)| (slot, self.seg.slot(self.role == Role::Server, slot) as *const u8, len)))
     }
@@ -139,14 +144,13 @@ impl Shm {
     pub(crate) fn release(&self, slot: u32) {
         // SYNC POINT with the Acquire load in `take_message`: the slot reads as free there once
         // the peer, which this release hands it to, can send it again.
-        self.held[slot as usize].store(false, Ordering::Release);
-        let mut releases = lock(&self.releases);
-        if let Some(q) = releases.as_mut() {
-            if let Err(c) = q.push([slot]) {
-                drop(releases);
-                let _ = self.corrupt(c);
-                return;
-            }
+        let m = self.messages();
+        m.held[slot as usize].store(false, Ordering::Release);
+        let mut releases = lock(&m.releases);
+        if let Err(c) = releases.push([slot]) {
+            drop(releases);
+            let _ = self.corrupt(c);
+            return;
         }
         drop(releases);
         self.wake_peer();

@@ -103,6 +103,17 @@ struct MsgTx {
     writes: u32,
 }
 
+/// Zero-copy messages, both ways: boxed, as a byte stream (every connection of the LD_PRELOAD
+/// shim) has no pool and pays a pointer for them.
+struct Messages {
+    rx: ForkableMutex<MsgRx>,
+    tx: ForkableMutex<MsgTx>,
+    releases: ForkableMutex<QueueSender<1>>,
+    /// Slots of the incoming pool the application holds (received, not yet released); outside the
+    /// reading half's lock, so a release never waits for a blocked reader.
+    held: Vec<std::sync::atomic::AtomicBool>,
+}
+
 #[derive(Default)]
 struct Waiters {
     leader: bool,
@@ -134,13 +145,8 @@ pub struct Shm {
     rx: ForkableMutex<RxHalf>,
     /// Shared with the shrinker (`crate::shrink`) once the ring grows.
     tx: std::sync::Arc<ForkableMutex<TxHalf>>,
-    /// Message halves; `None` without a pool.
-    msg_rx: Option<ForkableMutex<MsgRx>>,
-    msg_tx: Option<ForkableMutex<MsgTx>>,
-    releases: ForkableMutex<Option<QueueSender<1>>>,
-    /// Slots of the incoming pool the application holds (received, not yet released); outside the
-    /// reading half's lock, so a release never waits for a blocked reader.
-    held: Vec<std::sync::atomic::AtomicBool>,
+    /// The message halves; `None` without a pool.
+    msgs: Option<Box<Messages>>,
     role: Role,
     state: AtomicU32,
     /// A word outside the segment that every process holding this side shares (the LD_PRELOAD
@@ -279,7 +285,6 @@ impl Shm {
         spin: SpinMode,
     ) -> io::Result<Shm> {
         let (ring_in, mut ring_out, queues) = views;
-        let pool = queues.is_some();
         let g = seg.layout().geometry;
         // The client chose the geometry, `ring_capacity` included (up to 64 MiB a direction):
         // a server's outgoing ring grows no further than what its own TCP socket would buffer
@@ -291,29 +296,25 @@ impl Shm {
             ring_out.set_limit(bound);
             bound
         });
-        let (out_q, in_q) = match queues {
-            Some((o, i)) => (Some(o), Some(i)),
-            None => (None, None),
-        };
-        let n = if pool { g.slot_count as usize } else { 0 };
         let spin = if spin != SpinMode::Always && colo_sys::host::share_one_cpu(peer_pid) { SpinMode::Never } else { spin };
-        let msg_tx = out_q.map(|(msgs, frees)| {
-            ForkableMutex::new(MsgTx {
-                msgs,
-                frees,
-                free_slots: (0..n as u32).rev().collect(),
-                in_flight: vec![false; n],
-                spinner: spinner(spin),
-                writes: 0,
+        let msgs = queues.map(|((msgs, frees), (incoming, releases))| {
+            let n = g.slot_count as usize;
+            Box::new(Messages {
+                rx: ForkableMutex::new(MsgRx { msgs: incoming, spinner: spinner(spin) }),
+                tx: ForkableMutex::new(MsgTx {
+                    msgs,
+                    frees,
+                    free_slots: (0..n as u32).rev().collect(),
+                    in_flight: vec![false; n],
+                    spinner: spinner(spin),
+                    writes: 0,
+                }),
+                releases: ForkableMutex::new(releases),
+                held: (0..n).map(|_| std::sync::atomic::AtomicBool::new(false)).collect(),
             })
         });
-        let (msg_rx, releases) = match in_q {
-            Some((msgs, releases)) => (Some(ForkableMutex::new(MsgRx { msgs, spinner: spinner(spin) })), Some(releases)),
-            None => (None, None),
-        };
         Ok(Shm {
             rx: ForkableMutex::new(RxHalf { ring: ring_in, spinner: spinner(spin) }),
-            held: (0..n).map(|_| std::sync::atomic::AtomicBool::new(false)).collect(),
             tx: std::sync::Arc::new(ForkableMutex::new(TxHalf {
                 pages: quiet::TxPages::new(&seg, role),
                 ring: ring_out,
@@ -328,9 +329,7 @@ impl Shm {
                     crate::fork::forks()
                 },
             })),
-            msg_rx,
-            msg_tx,
-            releases: ForkableMutex::new(releases),
+            msgs,
             role,
             state: AtomicU32::new(0),
             shared_read_shut: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),

@@ -3,6 +3,7 @@
 
 use super::{from_nanos, lock, nanos, spinner, Shm};
 use crate::segment::Role;
+use colo_ring::ring::RingWords;
 use colo_ring::spin::SpinMode;
 use colo_sys::doorbell::Readiness;
 use colo_sys::OwnedFd;
@@ -55,11 +56,9 @@ impl Shm {
     pub fn set_spin(&self, mode: SpinMode) {
         lock(&self.rx).spinner = spinner(mode);
         lock(&self.tx).spinner = spinner(mode);
-        if let Some(m) = &self.msg_rx {
-            lock(m).spinner = spinner(mode);
-        }
-        if let Some(m) = &self.msg_tx {
-            lock(m).spinner = spinner(mode);
+        if let Some(m) = &self.msgs {
+            lock(&m.rx).spinner = spinner(mode);
+            lock(&m.tx).spinner = spinner(mode);
         }
     }
     /// Which end of the connection we are.
@@ -104,8 +103,25 @@ impl Shm {
     pub fn control_fd(&self) -> &OwnedFd {
         &self.fds.control
     }
+    /// The shared words of our incoming and outgoing rings, for looks that take no lock
+    /// (`colo_ring::snapshot::RingState`): valid while this side lives.
+    pub fn ring_words(&self) -> (&RingWords, &RingWords) {
+        (&self.in_words, &self.out_words)
+    }
+
+    /// Size of each ring's data region: the most a ring grows to (spec/WIRE.md section 5).
+    pub fn ring_capacity(&self) -> u64 {
+        u64::from(self.geometry().ring_capacity)
+    }
+
+    /// The segment's mapping, its address and length: for a copy that lets go of it without
+    /// dropping this value (the LD_PRELOAD shim's fork copies).
+    pub fn mapping(&self) -> (*mut u8, usize) {
+        (self.seg.base(), self.seg.layout().segment_size)
+    }
+
     /// Bytes a zero-copy message may hold (0: no pool).
     pub fn pool_slot_size(&self) -> usize {
-        if self.msg_tx.is_none() { 0 } else { self.geometry().slot_size as usize }
+        if self.msgs.is_none() { 0 } else { self.geometry().slot_size as usize }
     }
 }

@@ -73,13 +73,11 @@ impl Shm {
                 }
             }
             self.waiters.let_go_in_child();
-            if let Some(m) = &self.msg_rx {
-                m.let_go_in_child();
+            if let Some(m) = &self.msgs {
+                m.rx.let_go_in_child();
+                m.tx.let_go_in_child();
+                m.releases.let_go_in_child();
             }
-            if let Some(m) = &self.msg_tx {
-                m.let_go_in_child();
-            }
-            self.releases.let_go_in_child();
         }
         let mut w = lock(&self.waiters);
         w.leader = false;

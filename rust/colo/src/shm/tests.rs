@@ -132,7 +132,7 @@ fn a_slot_sent_again_while_held_is_corruption_and_once_released_is_not() {
     let (sa, sb) = (a.shm().unwrap(), b.shm().unwrap());
     // Sends `slot` as the peer's queue would carry it, whatever the sender's own books say.
     let send_raw_entry = |slot: u32| {
-        let mut tx = super::lock(sa.msg_tx.as_ref().unwrap());
+        let mut tx = super::lock(&sa.msgs.as_ref().unwrap().tx);
         tx.msgs.push([slot, 8]).unwrap();
     };
     let (slot, _) = sa.loan(8).unwrap();
