@@ -67,17 +67,22 @@ func (c *Conn) Close() error {
 		}
 		c.carrier.Close()
 	}
-	var giveBack []byte
-	if c.isServer {
-		// The pages of the direction we read, from its ring data on: reading a page the client
-		// never wrote (a hole: bytes it claimed and never wrote) made the kernel allocate it,
-		// charged to us, for as long as the client keeps its memfd. The connection is over for
-		// good here (not parked); the direction's words, in the block's first page, stay.
-		giveBack = c.seg[headerSize+c.lay.dataOff : headerSize+c.lay.blockSize]
-	}
-	unmapAfter(c.seg, giveBack)
+	unmapAfter(c.seg, c.incomingPages())
 	c.seg = nil
 	return nil
+}
+
+// incomingPages is the part of the segment given back when it is unmapped for good: the
+// direction we read, from its ring data on. Reading a page the peer never wrote (a hole: bytes
+// it claimed and never wrote) made the kernel allocate it, charged to us, for as long as the
+// peer keeps the memfd (a server its client's; a client its own, which the server holds). The
+// direction's words, in the block's first page, stay.
+func (c *Conn) incomingPages() []byte {
+	in := uint64(headerSize)
+	if !c.isServer {
+		in += c.lay.blockSize
+	}
+	return c.seg[in+c.lay.dataOff : in+c.lay.blockSize]
 }
 
 // cleanClose reports whether this side may park the segment on Close (spec section 3,

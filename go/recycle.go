@@ -35,16 +35,18 @@ const (
 // parked is what one side keeps of a DIRECT connection that closed cleanly: the mapping and the
 // private copy of its geometry (validated when the segment was first accepted).
 type parked struct {
-	seg   []byte
-	lay   layout
-	since time.Time
+	seg []byte
+	lay layout
+	// giveBack is the part of seg given back when it is released (Conn.incomingPages).
+	giveBack []byte
+	since    time.Time
 }
 
 func (p *parked) word() *uint32 { return u32at(p.seg, hParked) }
 
 // release unmaps the segment (off the caller's path).
 func (p *parked) release() {
-	unmapLater(p.seg)
+	unmapAfter(p.seg, p.giveBack)
 	p.seg = nil
 }
 
@@ -64,7 +66,7 @@ func (p *parked) withdraw() bool {
 
 // parkOf takes the segment out of a closed connection.
 func parkOf(c *Conn) *parked {
-	return &parked{seg: c.seg, lay: c.lay, since: time.Now()}
+	return &parked{seg: c.seg, lay: c.lay, giveBack: c.incomingPages(), since: time.Now()}
 }
 
 // ---- the client's side ----

@@ -91,8 +91,13 @@ struct Watcher {
     watched: HashMap<u64, Watched>,
     /// Rung when the last watched connection goes, so that the thread starts its idle wait.
     wake: OwnedFd,
-    /// The watcher's thread, joined by [`retire`] (detached when the thread ends by itself).
+    /// The watcher's thread, joined by [`retire`] (detached when the thread ends by itself);
+    /// `None` between a [`retire`] and its [`resume`].
     thread: Option<JoinHandle<()>>,
+    /// Which thread is the watcher's: a thread runs while this is the count it started with
+    /// (`retire` moves it on, so that its thread ends and the next one, `resume`'s, takes over
+    /// the same poller and registrations).
+    epoch: u64,
 }
 
 /// The key of the watcher's own `wake` eventfd in its poller (registrations' keys count up from
@@ -160,15 +165,20 @@ fn watcher(w: &mut Option<Watcher>) -> Option<&mut Watcher> {
         let poller = Arc::new(Poller::new_above(crate::floor::fd_floor()).ok()?);
         let wake = colo_sys::preload::move_above(colo_sys::doorbell::create().ok()?, crate::floor::fd_floor()).ok()?;
         poller.add(&wake, WAKE).ok()?;
-        let p = poller.clone();
-        let thread = colo_sys::host::with_signals_blocked(|| std::thread::Builder::new().name("colo-hangup".into()).spawn(move || run(&p))).ok()?;
-        *w = Some(Watcher { generation, poller, watched: HashMap::new(), wake, thread: Some(thread) });
+        let thread = spawn(&poller, 0)?;
+        *w = Some(Watcher { generation, poller, watched: HashMap::new(), wake, thread: Some(thread), epoch: 0 });
     }
     w.as_mut()
 }
 
-fn run(poller: &Arc<Poller>) {
-    let mine = |w: &Option<Watcher>| w.as_ref().is_some_and(|w| Arc::ptr_eq(&w.poller, poller));
+/// Starts the watcher's thread on `poller`, as the watcher's `epoch` one.
+fn spawn(poller: &Arc<Poller>, epoch: u64) -> Option<JoinHandle<()>> {
+    let p = poller.clone();
+    colo_sys::host::with_signals_blocked(|| std::thread::Builder::new().name("colo-hangup".into()).spawn(move || run(&p, epoch))).ok()
+}
+
+fn run(poller: &Arc<Poller>, epoch: u64) {
+    let mine = |w: &Option<Watcher>| w.as_ref().is_some_and(|w| Arc::ptr_eq(&w.poller, poller) && w.epoch == epoch);
     loop {
         let (idle, rewake) = {
             let w = lock();
@@ -238,33 +248,55 @@ fn end(guard: &mut MutexGuard<'static, Option<Watcher>>) {
 }
 
 /// Ends this process's watcher thread and waits until it has exited, before the application
-/// changes its credentials (`setuid` and the like). glibc applies such a change to every thread
-/// of the process and aborts it when they do not all succeed alike, and capabilities and
-/// `PR_SET_KEEPCAPS` are per thread: a watcher started before the application adjusted its own
-/// thread's (with `capset`, out of our sight) can fail where the application succeeds. Its
-/// connections register again at their next sleep, with a watcher started then, by a thread
-/// with the credentials of that time; every registered connection is woken first, so that a
-/// thread asleep on one now goes through that too and no hang-up goes unwatched.
+/// changes its credentials (`setuid` and the like); [`resume`] starts another after the call.
+/// glibc applies such a change to every thread of the process and aborts it when they do not
+/// all succeed alike, and capabilities and `PR_SET_KEEPCAPS` are per thread: a watcher started
+/// before the application adjusted its own thread's (with `capset`, out of our sight) can fail
+/// where the application succeeds. Only the thread goes: the poller keeps its registrations (a
+/// hang-up meanwhile waits in its ready list) and the watched connections their marks and
+/// repeated wake-ups, which `resume`'s thread carries on. (Waking every sleeper once instead
+/// and letting the registrations go left a sleeper whose peer wrote back the value it was
+/// about to wait for asleep with nothing watching its control socket.)
 pub fn retire() {
     let ended = ENDED.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(t) = ended {
         let _ = t.join();
     }
-    let retired = {
+    let thread = {
         let mut guard = lock();
-        let Some(w) = guard.take() else { return };
-        GENERATION.fetch_add(1, Ordering::Relaxed);
-        w.watched.values().for_each(|c| c.fire(true));
+        let Some(w) = guard.as_mut() else { return };
+        w.epoch += 1;
         colo_sys::doorbell::ring(&w.wake);
-        w
+        w.thread.take()
     };
-    // The thread finds the watcher gone once its wait returns (its wake-up was rung above, and
-    // the eventfd stays open until it has exited, so that the report is not lost with it).
-    let Watcher { thread, wake, .. } = retired;
+    // The thread finds itself retired once its wait returns (its wake-up was rung above).
     if let Some(t) = thread {
         let _ = t.join();
     }
-    drop(wake);
+}
+
+/// After the credentials change [`retire`] came before: the watcher's thread again, started by
+/// the caller's thread (with the credentials of now), for the registrations the retired one
+/// left. If none can be started, the connections are woken and register anew at their next
+/// sleep (with another watcher, or a timed sleep where none can run).
+pub fn resume() {
+    let mut guard = lock();
+    let Some(w) = guard.as_mut() else { return };
+    if w.thread.is_some() || w.generation != GENERATION.load(Ordering::Relaxed) {
+        return;
+    }
+    if w.watched.is_empty() {
+        // Nothing to watch: the next registration starts a watcher, as after an idle end.
+        *guard = None;
+        return;
+    }
+    if let Some(t) = spawn(&w.poller, w.epoch) {
+        w.thread = Some(t);
+        return;
+    }
+    w.watched.values().for_each(|c| c.fire(true));
+    GENERATION.fetch_add(1, Ordering::Relaxed);
+    *guard = None;
 }
 
 /// One side of a connection, as the watcher knows it.
@@ -418,6 +450,49 @@ mod tests {
             assert!(woken, "the sleeper was woken again");
         });
         assert!(watch.take_fired());
+        watch.release();
+    }
+
+    /// The application changes its credentials (`retire`, the call, `resume`) while a thread
+    /// is about to sleep on its futex, and the peer writes back the value the sleeper waits
+    /// for: the peer's later hang-up still ends that sleep. (A retire that woke the sleeper once
+    /// and let its watch go left it asleep for good: the peer's write-back swallowed that one
+    /// wake-up, and nothing watched the control socket any more.)
+    #[test]
+    fn a_hang_up_after_a_credentials_change_ends_the_sleep() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let control = OwnedFd::from(ours);
+        // Leaked: if an assertion fails before `release`, the watcher still holds its address.
+        let word: &'static AtomicU32 = Box::leak(Box::new(AtomicU32::new(SLEEP_FUTEX | 0x200)));
+        let announced = word.load(Ordering::Relaxed);
+        let bell = colo_sys::doorbell::create().unwrap();
+        let watch = Watch::new();
+        assert!(watch.armed(&control, &bell, word), "a watcher runs in a test process");
+        // The sleeper looked at its mark (none): the credentials change comes now.
+        assert!(!watch.take_fired());
+        retire();
+        resume();
+        // The peer writes back the announced value, whatever the change did to the word, and
+        // the sleeper enters FUTEX_WAIT expecting it; then the peer hangs up.
+        word.store(announced, Ordering::Relaxed);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while word.load(Ordering::Relaxed) == announced {
+                    colo_sys::futex::wait(word, announced, None);
+                }
+                tx.send(()).unwrap();
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            drop(theirs);
+            let woken = rx.recv_timeout(Duration::from_secs(5)).is_ok();
+            if !woken {
+                // Let the sleeper go, so that the failure is reported rather than hung.
+                word.fetch_add(1, Ordering::Relaxed);
+                colo_sys::futex::wake_all(word);
+            }
+            assert!(woken, "the peer's hang-up woke the sleeper");
+        });
         watch.release();
     }
 }

@@ -22,7 +22,7 @@ pub mod carrier {
 
 /// The hang-up watcher's thread, ended before the application changes its credentials.
 pub mod hangup {
-    pub use crate::hangup::retire;
+    pub use crate::hangup::{resume, retire};
 }
 
 /// One side of an established shared-memory connection, and how its blocking waits sleep.

@@ -74,6 +74,7 @@ pub(crate) fn park_client(name: String, server_pid: u32, parked: Parked) {
     // ours, possibly on another thread): our last uses of the segment happen before its reset.
     parked.seg.parked().fetch_or(CLIENT_PARKED, Ordering::AcqRel);
     let me = colo_sys::host::pid();
+    crate::reaper::drop_at_exit();
     let mut cache = lock_global(&CLIENT);
     cache.retain(|e| e.pid == me);
     cache.push(ClientEntry { pid: me, name, server_pid, parked });
@@ -104,6 +105,19 @@ pub(crate) fn take_client(name: &str, server_pid: u32, geometry: Geometry) -> Op
     let ticket = entry.parked.seg.ticket().load(Ordering::Relaxed);
     entry.parked.seg.reset_for_reuse();
     Some((entry.parked, ticket))
+}
+
+/// At the process's `exit` (`reaper::drop_at_exit`): the client's parked segments are dropped
+/// now, not left to the sweeper, which would not get to them (see `reaper::at_exit`). Not if
+/// another thread holds the cache.
+pub(crate) fn drop_client_parked() {
+    let me = colo_sys::host::pid();
+    let Ok(mut cache) = CLIENT.try_lock() else { return };
+    let (mine, parents): (Vec<ClientEntry>, Vec<ClientEntry>) = std::mem::take(&mut *cache).into_iter().partition(|e| e.pid == me);
+    drop(cache);
+    // A fork child's copies of its parent's entries: the parent's to drop, not ours.
+    std::mem::forget(parents);
+    drop(mine);
 }
 
 static LOCKS: fork::Locks = fork::Locks { take: fork_guards, in_child: None };

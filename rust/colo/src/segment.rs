@@ -41,20 +41,19 @@ pub struct Segment {
     /// For a peer's segment: its bytes in this process's budgets, given back when the mapping
     /// goes (with this value).
     _lease: Option<crate::budget::Lease>,
-    /// Give back the pages of the incoming direction when unmapped ([`Segment::give_back_incoming`]).
-    give_back: bool,
+    /// Give back the pages of the direction this role reads when unmapped
+    /// ([`Segment::give_back_incoming`]).
+    give_back: Option<Role>,
 }
 
 impl Drop for Segment {
     fn drop(&mut self) {
-        if !self.give_back {
-            return;
-        }
+        let Some(role) = self.give_back else { return };
         if let Some(map) = &self.map {
-            // The client-to-server block from its ring data on (data, padding, pool), in whole
-            // pages: the direction's words, in the block's first page, stay (the client may
+            // The block this role read from its ring data on (data, padding, pool), in whole
+            // pages: the direction's words, in the block's first page, stay (the peer may
             // still look at them). Best effort: pages left in place cost memory, not correctness.
-            let off = self.layout.block_offset(true) + self.layout.data_off;
+            let off = self.layout.block_offset(role == Role::Server) + self.layout.data_off;
             let _ = map.release(off, self.layout.block_size - self.layout.data_off);
         }
     }
@@ -66,7 +65,7 @@ impl Segment {
     pub unsafe fn new(map: Mapping, layout: Layout, memfd: OwnedFd) -> Segment {
         assert!(map.len() >= layout.segment_size);
         let memfd = KEEP_MEMFDS.load(std::sync::atomic::Ordering::Relaxed).then_some(memfd);
-        Segment { map: Some(map), layout, _memfd: memfd, _lease: None, give_back: false }
+        Segment { map: Some(map), layout, _memfd: memfd, _lease: None, give_back: None }
     }
 
     /// An empty stand-in left behind when a closed connection hands its segment to the reaper.
@@ -74,7 +73,7 @@ impl Segment {
         let layout = Geometry { ring_capacity: colo_ring::layout::MIN_RING, slot_size: 0, slot_count: 0 }
             .layout()
             .expect("valid");
-        Segment { map: None, layout, _memfd: None, _lease: None, give_back: false }
+        Segment { map: None, layout, _memfd: None, _lease: None, give_back: None }
     }
 
     /// Closes the memfd kept by [`keep_memfds`] (the mapping holds the memory): for a
@@ -83,15 +82,16 @@ impl Segment {
         self._memfd = None;
     }
 
-    /// A server that closed its connection for good: when unmapped (by the reaper), the pages of
-    /// the direction it read are given back. Reading a page the client never wrote (a hole: the
-    /// client claimed bytes it never wrote) makes the kernel allocate it, charged to the reader,
-    /// and the page lives as long as the client keeps its memfd: a client of another user could
-    /// leave any amount of memory charged to the server's memory cgroup, at no cost of its own.
-    /// Only at the connection's last close: unread bytes of a connection someone still holds, or
-    /// of an offer never claimed (its client copies them into TCP), must stay.
-    pub(crate) fn give_back_incoming(&mut self) {
-        self.give_back = true;
+    /// A side (`role`) that closed its connection for good: when unmapped (by the reaper), the
+    /// pages of the direction it read are given back. Reading a page the peer never wrote (a
+    /// hole: the peer claimed bytes it never wrote) makes the kernel allocate it, charged to the
+    /// reader, and the page lives as long as the peer keeps the memfd (a server holds its
+    /// client's, a client created it): a peer of another user could leave any amount of memory
+    /// charged to our memory cgroup, at no cost of its own. Only at the connection's last close:
+    /// unread bytes of a connection someone still holds, or of an offer never claimed (its
+    /// client copies them into TCP), must stay.
+    pub(crate) fn give_back_incoming(&mut self, role: Role) {
+        self.give_back = Some(role);
     }
 
     /// This segment, counted in the budgets by `lease` until it is unmapped.

@@ -4,16 +4,19 @@
 //! its own thread's with `capset` (libcap goes around libc for it: proftpd after a login, which
 //! then switches its effective user back and forth) leaves the shim's hang-up watcher, started
 //! earlier, unable to follow. So the watcher's thread ends before each such call
-//! (`colo::internal::hangup::retire`), and starts again at a connection's next sleep, from a
-//! thread with the credentials of that time (`tests/apps/c/creds_threads.c`).
+//! (`colo::internal::hangup::retire`) and starts again right after it, from the caller's thread
+//! with the credentials of that time (`resume`), watching what the ended one watched
+//! (`tests/apps/c/creds_threads.c`, `creds_sleeper.c`).
 
 use crate::real;
 use libc::{c_char, c_int, gid_t, size_t, uid_t};
 
-/// Ends the hang-up watcher's thread, then makes the call.
+/// Ends the hang-up watcher's thread, makes the call, and starts the thread again.
 fn retired<T>(call: impl FnOnce() -> T) -> T {
     colo::internal::hangup::retire();
-    call()
+    let r = call();
+    colo::internal::hangup::resume();
+    r
 }
 
 #[no_mangle]

@@ -639,9 +639,7 @@ impl Drop for Shm {
         // The shrinker looks no more (it holds this lock while it looks).
         lock(&self.tx).closed = true;
         let mut seg = std::mem::replace(&mut self.seg, Segment::placeholder());
-        if self.role == Role::Server {
-            seg.give_back_incoming();
-        }
+        seg.give_back_incoming(self.role);
         // SAFETY: `fds` is not used after this point (this is the last use of `self` that reads
         // it; the remaining fields never refer to it).
         let Fds { control, self_bell } = unsafe { std::mem::ManuallyDrop::take(&mut self.fds) };
