@@ -8,7 +8,7 @@
 use crate::api::{lregs, repeat};
 use crate::base::env::spin;
 use crate::base::guard::Guard;
-use crate::conn::regs::{kernel_ctl, kernel_del, kernel_events, note_plain, register, set_wake, waker, with_regs, Reg, Regs, DUP_CHECK, PASS_FLAGS, TAG, TAG_MASK, WAKE};
+use crate::conn::regs::{self, kernel_ctl, kernel_del, kernel_events, note_plain, register, set_wake, waker, with_regs, Reg, Regs, DUP_CHECK, PASS_FLAGS, TAG, TAG_MASK, WAKE};
 use crate::conn::state::{Conn, Waking, IN, OUT};
 use crate::conn::table::{self, CONN, PENDING};
 use crate::real;
@@ -88,12 +88,13 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
                 let old_kernel = reg.kernel;
                 let mut fresh = Reg::new(epfd, fd, events, data, conn.clone());
                 std::mem::swap(&mut fresh.stand, &mut reg.stand);
+                fresh.key = reg.key;
                 *reg = fresh;
-                Some(Ok(Ok((idx, old_kernel, reg.stand.fds))))
+                Some(Ok(Ok((idx, old_kernel, reg.stand.fds, reg.key))))
             });
             match revived {
                 Some(Err(e)) => return g.err(e) as c_int,
-                Some(Ok(Ok((idx, old_kernel, stand)))) => {
+                Some(Ok(Ok((idx, old_kernel, stand, key)))) => {
                     // New flags: register anew (EPOLLEXCLUSIVE cannot be modified). The same
                     // one-shot flags: re-arm.
                     let op = if old_kernel != kernel {
@@ -105,7 +106,7 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
                         None
                     };
                     if let Some(op) = op {
-                        if let Err(e) = kernel_ctl(epfd, op, stand, kernel, TAG | idx as u64) {
+                        if let Err(e) = kernel_ctl(epfd, op, stand, kernel, key) {
                             // Our registration is broken; take it out of the kernel's set.
                             kernel_del(epfd, stand);
                             with_regs(|r| r.remove(idx));
@@ -127,7 +128,7 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
             }
         }
         libc::EPOLL_CTL_MOD => {
-            let Some((idx, old, stand)) = with_regs(|r| {
+            let Some((idx, old, stand, key)) = with_regs(|r| {
                 let idx = *r.index.get(&(epfd, fd))?;
                 let reg = r.slab[idx].as_mut().filter(|reg| !reg.deleted)?;
                 let old = reg.events;
@@ -136,7 +137,7 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
                 reg.seen = None;
                 reg.quiet = None;
                 reg.fired = false;
-                Some((idx, old, reg.stand.fds))
+                Some((idx, old, reg.stand.fds, reg.key))
             }) else {
                 return g.err(libc::ENOENT) as c_int;
             };
@@ -146,7 +147,7 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
             if (old ^ events) & PASS_FLAGS != 0 || events & libc::EPOLLONESHOT as u32 != 0 {
                 let kernel = kernel_events(events);
                 with_regs(|r| r.slab[idx].as_mut().map(|reg| reg.kernel = kernel));
-                if let Err(e) = kernel_ctl(epfd, libc::EPOLL_CTL_MOD, stand, kernel, TAG | idx as u64) {
+                if let Err(e) = kernel_ctl(epfd, libc::EPOLL_CTL_MOD, stand, kernel, key) {
                     return g.err(e) as c_int;
                 }
             }
@@ -270,8 +271,8 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
                 listeners.push(d);
                 continue;
             }
-            let idx = (d & 0xFFFF_FFFF) as usize;
-            let Some(Some(reg)) = r.slab.get_mut(idx) else { continue };
+            let idx = regs::slot_of(d);
+            let Some(reg) = r.slab.get_mut(idx).and_then(Option::as_mut).filter(|reg| reg.key == d) else { continue };
             if reg.round == this {
                 continue;
             }

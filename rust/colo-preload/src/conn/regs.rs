@@ -22,6 +22,19 @@ pub const TAG_MASK: u64 = 0xFFFF_0000_0000_0000;
 /// The `data` of a set's wake-up eventfd in it (see `set_wake`); no registration has this index.
 pub const WAKE: u64 = TAG | 0xFFFF_FFFF;
 
+/// The `data` of a registration's descriptors in the kernel's set: its slot (the low 32 bits)
+/// and a stamp of the slot's use (15 bits; bit 47 is `lregs::LISTENER`). An event the kernel
+/// reported before a registration went, and read after its slot was given to another (a thread
+/// that deleted and added while another's `epoll_wait` returned), is not taken for the other's.
+fn key(slot: usize, stamp: u64) -> u64 {
+    TAG | (stamp & 0x7FFF) << 32 | slot as u64
+}
+
+/// The slot a registration's key names (see `key`).
+pub fn slot_of(key: u64) -> usize {
+    (key & 0xFFFF_FFFF) as usize
+}
+
 pub struct Reg {
     pub epfd: c_int,
     pub fd: c_int,
@@ -50,6 +63,8 @@ pub struct Reg {
     pub dups: u32,
     /// The descriptors registered in the kernel's set for it.
     pub stand: Stand,
+    /// Its kernel registrations' `data` (see `key`), set by `Regs::insert`.
+    pub key: u64,
 }
 
 /// The descriptors that stand for a registration's connection in the kernel's set: the
@@ -102,7 +117,7 @@ impl Reg {
     pub fn new(epfd: c_int, fd: c_int, events: u32, data: u64, conn: Arc<Conn>) -> Reg {
         let kernel = kernel_events(events);
         let stand = Stand::of(&conn);
-        Reg { epfd, fd, events, data, conn, seen: None, quiet: None, fired: false, deleted: false, kernel, rung: false, round: 0, dups: 0, stand }
+        Reg { epfd, fd, events, data, conn, seen: None, quiet: None, fired: false, deleted: false, kernel, rung: false, round: 0, dups: 0, stand, key: 0 }
     }
 
     /// The events to report for this registration now, from the rings (no system call unless
@@ -151,6 +166,8 @@ pub struct Regs {
     pub turns: HashMap<c_int, (usize, u64)>,
     /// Per epoll fd: the wake-up eventfd in it (`set_wake`), `(pid that made it, fd)`.
     pub wakes: HashMap<c_int, (u32, colo_sys::RawFd)>,
+    /// Registrations made so far: the next one's stamp (see `key`).
+    made: u64,
 }
 
 // Locked at every fork: kept with what the fork handlers write (see `colo_sys::host`).
@@ -169,8 +186,12 @@ pub fn with_regs<T>(f: impl FnOnce(&mut Regs) -> T) -> T {
 }
 
 impl Regs {
-    pub fn insert(&mut self, reg: Reg) -> usize {
+    /// Adds a registration: its slot (its `key` names it).
+    pub fn insert(&mut self, mut reg: Reg) -> usize {
         let key = (reg.epfd, reg.fd);
+        let slot = self.free.last().copied().unwrap_or(self.slab.len());
+        reg.key = self::key(slot, self.made);
+        self.made += 1;
         let idx = match self.free.pop() {
             Some(i) => {
                 self.slab[i] = Some(reg);
@@ -181,6 +202,7 @@ impl Regs {
                 self.slab.len() - 1
             }
         };
+        debug_assert_eq!(idx, slot);
         self.index.insert(key, idx);
         self.by_epfd.entry(key.0).or_default().push(idx);
         table::count_regs(key.0, true);
@@ -391,16 +413,19 @@ pub fn adopt_plain(fd: c_int, conn: &Arc<Conn>) {
 /// reports the current state as an edge (after an adoption possibly a second OUT edge for the
 /// connect: harmless, where a missed one would hang).
 pub fn register(epfd: c_int, fd: c_int, events: u32, data: u64, conn: &Arc<Conn>) -> Result<(), c_int> {
-    let idx = with_regs(|r| r.insert(Reg::new(epfd, fd, events, data, conn.clone())));
+    let (idx, key) = with_regs(|r| {
+        let idx = r.insert(Reg::new(epfd, fd, events, data, conn.clone()));
+        (idx, r.slab[idx].as_ref().map_or(0, |reg| reg.key))
+    });
     // Counted (in `insert`) and marked before the kernel can report it.
     table::set_epoll(epfd, true);
-    let mut added = kernel_ctl(epfd, libc::EPOLL_CTL_ADD, conn.kernel_fds(), kernel_events(events), TAG | idx as u64);
+    let mut added = kernel_ctl(epfd, libc::EPOLL_CTL_ADD, conn.kernel_fds(), kernel_events(events), key);
     if added == Err(libc::EEXIST) {
         // The set has this connection under another number of the application's: copies stand
         // for this one.
         added = match Stand::copies(conn) {
             Some(copies) => {
-                let added = kernel_ctl(epfd, libc::EPOLL_CTL_ADD, copies.fds, kernel_events(events), TAG | idx as u64);
+                let added = kernel_ctl(epfd, libc::EPOLL_CTL_ADD, copies.fds, kernel_events(events), key);
                 with_regs(|r| r.slab[idx].as_mut().map(|reg| reg.stand = copies));
                 added
             }
@@ -425,4 +450,27 @@ pub fn register(epfd: c_int, fd: c_int, events: u32, data: u64, conn: &Arc<Conn>
 /// asleep (without one it is registered nowhere).
 pub fn waker(wake: Option<colo_sys::RawFd>) -> Drainer {
     wake.map_or(Drainer::Awake, Drainer::Waker)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_used_again_has_another_key() {
+        for slot in [0usize, 1, 4096, 0xFFFF_FFFE] {
+            let keys: Vec<u64> = (0..0x8000u64).map(|made| key(slot, made)).collect();
+            let mut distinct = keys.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            // Every one of 32,768 uses of a slot in a row has a key of its own.
+            assert_eq!(distinct.len(), keys.len());
+            for &k in &keys {
+                assert_eq!(slot_of(k), slot);
+                assert_eq!(k & TAG_MASK, TAG, "tagged as a registration");
+                assert_eq!(k & crate::api::lregs::LISTENER, 0, "not a listener's");
+                assert_ne!(k, WAKE);
+            }
+        }
+    }
 }
