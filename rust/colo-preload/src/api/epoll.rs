@@ -429,6 +429,32 @@ fn announce_sleep(epfd: c_int) {
     });
 }
 
+/// For a `poll` or `select` on the epoll set `epfd` itself (EventMachine sleeps so, then asks the
+/// set with a zero timeout): whether a registration of a connection in it would report now.
+/// When `arm` and none would, the set is readied for a sleep in the kernel: doorbells the kernel
+/// reported are drained, and the sleep is announced on every registration, so that the peers'
+/// next progress rings a doorbell in the set and the kernel reports the set readable; then the
+/// rings are looked at once more (progress made before the announcements rang nothing).
+pub fn set_polled(epfd: c_int, arm: bool) -> bool {
+    let ready = || with_regs(|r| r.by_epfd.get(&epfd).is_some_and(|l| l.iter().filter_map(|&i| r.slab[i].as_ref()).any(|g| g.would_report())));
+    if ready() {
+        return true;
+    }
+    if !arm {
+        return false;
+    }
+    for (c, _) in rung(epfd) {
+        c.drain(Drainer::Awake);
+    }
+    announce_sleep(epfd);
+    ready()
+}
+
+/// Whether `fd` is an epoll set with connections registered in it (see [`set_polled`]).
+pub fn is_colo_set(fd: c_int) -> bool {
+    table::is_epoll(fd) && table::regs_in(fd) > 0
+}
+
 /// The connections of `epfd` whose doorbells the kernel reported since they were last drained,
 /// each with whether it is among the `watched` ones.
 fn rung(epfd: c_int) -> Vec<(Arc<Conn>, bool)> {

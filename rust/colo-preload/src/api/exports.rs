@@ -25,6 +25,10 @@ pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_lo
     if refused(n) {
         return -1;
     }
+    if n == libc::SYS_close_range {
+        // SAFETY: the application's arguments, as the system call takes them.
+        return unsafe { close_range(a as c_uint, b as c_uint, c as c_int) } as libc::c_long;
+    }
     // Closes and duplicates of the shim's descriptors take the shim's paths (libuv closes so).
     // SAFETY: `behind::syscall` requires what libc's `syscall` does of these arguments, which the
     // application's call met.
@@ -55,7 +59,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
         forget::closing_range(first, last);
     }
     // SAFETY: the application's arguments, as the system call takes them.
-    let r = unsafe { real::syscall(libc::SYS_close_range, first as libc::c_long, last as libc::c_long, flags as libc::c_long, 0, 0, 0) };
+    let r = unsafe { forget::close_range_around_own(first, last, flags) };
     if r == 0 && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
         repeat::forget_range(first, last);
     }

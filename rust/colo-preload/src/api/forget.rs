@@ -70,6 +70,43 @@ pub fn closing_range(first: u32, last: u32) {
     }
 }
 
+/// The `close_range(first, last, flags)` system call, made around the shim's own descriptors in
+/// the range (those `colo_sys::preload` placed: a connection's control socket and self bell, the
+/// holders page, a listener's rendezvous): a forked child that closes all but its connection
+/// keeps the connection working, as over TCP. Those of connections in the range are closed with
+/// them as the table lets go of them (`closing_range`). Not in a child that shares this
+/// process's memory (`vfork`): its exec closes the shim's close-on-exec descriptors anyway.
+///
+/// # Safety
+/// The application's arguments, as the system call takes them.
+pub unsafe fn close_range_around_own(first: u32, last: u32, flags: c_int) -> libc::c_long {
+    let raw = |a: u32, b: u32| {
+        // SAFETY: the application's arguments, narrowed to a part of its range.
+        unsafe { crate::real::syscall(libc::SYS_close_range, a as libc::c_long, b as libc::c_long, flags as libc::c_long, 0, 0, 0) }
+    };
+    if first > last || borrowed_memory() {
+        return raw(first, last);
+    }
+    let mut from = first;
+    for fd in colo_sys::preload::placed_in(first, last) {
+        let fd = fd as u32;
+        if fd > from {
+            let r = raw(from, fd - 1);
+            if r != 0 {
+                return r;
+            }
+        }
+        match fd.checked_add(1) {
+            Some(next) => from = next,
+            None => return 0,
+        }
+    }
+    if from > last {
+        return 0;
+    }
+    raw(from, last)
+}
+
 /// The kernel has just returned `fd` as a new descriptor (`accept`, `socket`; `tcp`: a TCP socket
 /// `connect` may accelerate): whatever the table held for that number belongs to a descriptor
 /// closed where the shim did not see it; it is released now, before the new socket is looked at.

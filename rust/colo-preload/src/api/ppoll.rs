@@ -1,7 +1,9 @@
 //! Readiness through poll, ppoll, select and pselect: a set with accelerated fds is answered from
 //! the rings, each connection's control socket and self bell (`Conn::kernel_fds`) standing in
-//! for its socket in the kernel's wait.
+//! for its socket in the kernel's wait. An epoll set with connections in it, polled itself, is
+//! answered from its registrations' rings too (`epoll::set_polled`).
 
+use crate::api::epoll;
 use crate::base::guard::Guard;
 use crate::base::mem::{slice, slice_mut};
 use crate::conn::regs::waker;
@@ -53,6 +55,8 @@ unsafe fn ppoll_round(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, ma
         .filter(|(_, p)| p.events & libc::POLLIN != 0)
         .filter_map(|(i, p)| held_of(p.fd).map(|h| (i, h)))
         .collect();
+    // Epoll sets with connections in them, watched for input (`epoll::set_polled`).
+    let sets: Vec<usize> = arr.iter().enumerate().filter(|(_, p)| p.events & libc::POLLIN != 0 && epoll::is_colo_set(p.fd)).map(|(i, _)| i).collect();
     let deadline = timeout.map(|t| Instant::now() + t);
     let mut copy: Vec<pollfd> = Vec::with_capacity(arr.len() + 1);
     copy.extend_from_slice(arr);
@@ -77,6 +81,8 @@ unsafe fn ppoll_round(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, ma
         }
         let ready_listens: Vec<usize> = listens.iter().filter(|(_, h)| h.service()).map(|(i, _)| *i).collect();
         ready += ready_listens.len();
+        let ready_sets: Vec<usize> = sets.iter().copied().filter(|&i| epoll::set_polled(arr[i].fd, false)).collect();
+        ready += ready_sets.len();
         let zero = timespec { tv_sec: 0, tv_nsec: 0 };
         if ready > 0 {
             // Report the application's kernel fds' state now too, and whether each connection's
@@ -111,7 +117,7 @@ unsafe fn ppoll_round(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, ma
                 }
                 // A negative fd's revents the kernel zeroes; an undecided connect has none yet.
                 p.revents = if r > 0 && p.fd >= 0 && !is_dialing(i) { copy[i].revents } else { 0 };
-                if ready_listens.contains(&i) {
+                if ready_listens.contains(&i) || ready_sets.contains(&i) {
                     p.revents |= libc::POLLIN;
                 }
                 if p.revents != 0 {
@@ -139,6 +145,10 @@ unsafe fn ppoll_round(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, ma
                     continue;
                 }
             }
+        }
+        // Each polled set readied for the sleep; one that has news now is reported above.
+        if sets.iter().any(|&i| epoll::set_polled(arr[i].fd, true)) {
+            continue;
         }
         for (i, p) in copy.iter_mut().enumerate() {
             *p = arr[i];
@@ -288,7 +298,7 @@ pub fn has_colo(fds: *const pollfd, n: nfds_t) -> bool {
     }
     // SAFETY: `n` pollfds at `fds`.
     let arr = unsafe { slice(fds, n as usize) };
-    arr.iter().any(|p| crate::api::route::is_colo_or_pending(p.fd) || holds(p.fd))
+    arr.iter().any(|p| crate::api::route::is_colo_or_pending(p.fd) || holds(p.fd) || epoll::is_colo_set(p.fd))
 }
 
 /// Whether `fd` is a listener with a set of connections held aside in this process.
@@ -323,7 +333,8 @@ pub unsafe fn select_impl(
     let n = nfds.min(libc::FD_SETSIZE as c_int);
     // SAFETY: fd_sets given by the application (FD_ISSET reads within FD_SETSIZE).
     let isset = |s: *mut libc::fd_set, fd: c_int| !s.is_null() && unsafe { libc::FD_ISSET(fd, s) };
-    if !(0..n).any(|fd| (crate::api::route::is_colo_or_pending(fd) || holds(fd)) && (isset(r, fd) || isset(w, fd) || isset(e, fd))) {
+    let colo = |fd| crate::api::route::is_colo_or_pending(fd) || holds(fd) || epoll::is_colo_set(fd);
+    if !(0..n).any(|fd| colo(fd) && (isset(r, fd) || isset(w, fd) || isset(e, fd))) {
         return None;
     }
     let mut pfds = Vec::new();

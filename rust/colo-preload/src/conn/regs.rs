@@ -154,6 +154,22 @@ impl Reg {
     }
 }
 
+impl Reg {
+    /// Whether [`Reg::report`] would report something now, recording nothing (a `poll` of the
+    /// set itself: the application's `epoll_wait` that follows takes the report).
+    pub fn would_report(&self) -> bool {
+        if self.fired || self.deleted {
+            return false;
+        }
+        let now = self.conn.edges();
+        if self.quiet == Some((now, self.conn.own_counters())) {
+            return false;
+        }
+        let interest = (self.events & (IN | OUT | RDNORM | WRNORM | libc::EPOLLRDHUP as u32)) | ERR | HUP;
+        self.conn.ready_quick() & interest != 0 && (self.events & libc::EPOLLET as u32 == 0 || self.seen != Some(now))
+    }
+}
+
 #[derive(Default)]
 pub struct Regs {
     pub slab: Vec<Option<Reg>>,
