@@ -26,7 +26,11 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
     if table::kind(fd) == table::NONE && !table::is_fresh(fd) {
         // SAFETY: `repeat::epoll_ctl` requires what libc's `epoll_ctl` does of these
         // arguments, which the application's call met.
-        return unsafe { repeat::epoll_ctl(epfd, op, fd, ev) };
+        let r = unsafe { repeat::epoll_ctl(epfd, op, fd, ev) };
+        if r == 0 && table::is_epoll(fd) {
+            regs::nest(epfd, op, fd);
+        }
+        return r;
     }
     // SAFETY: `epoll_ctl_slow` requires what libc's `epoll_ctl` does of these arguments, which the
     // application's call met.
@@ -49,6 +53,9 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
         let r = unsafe { real::epoll_ctl(epfd, op, fd, ev) };
         if r == 0 && k == table::NONE && fresh {
             note_plain(epfd, op, fd, ev);
+        }
+        if r == 0 && table::is_epoll(fd) {
+            regs::nest(epfd, op, fd);
         }
         if r == 0 && k == table::LISTEN && colo::internal::netns::server_configured() && !Guard::busy() {
             lregs::follow(epfd, op, fd, ev);
@@ -450,6 +457,30 @@ pub fn set_polled(epfd: c_int, arm: bool) -> bool {
     ready()
 }
 
+/// Readies the epoll sets registered in `epfd` for a wait on it (`ready_nested`).
+fn ready_nested_in(epfd: c_int) {
+    for inner in regs::nested_in(epfd) {
+        ready_nested(inner);
+    }
+}
+
+/// For an epoll set registered in another set (`regs::nest`), before a wait on the outer one:
+/// readies it as [`set_polled`] does for a poll of it, and when a registration would report
+/// now, rings that connection's self bell, so that the kernel reports the set readable in the
+/// outer one (with the application's data and flags there).
+fn ready_nested(inner: c_int) {
+    if !is_colo_set(inner) || !set_polled(inner, true) {
+        return;
+    }
+    let ready = with_regs(|r| {
+        let list = r.by_epfd.get(&inner)?;
+        list.iter().filter_map(|&i| r.slab[i].as_ref()).find(|g| g.would_report()).map(|g| g.conn.clone())
+    });
+    if let Some(c) = ready {
+        c.poke();
+    }
+}
+
 /// Whether `fd` is an epoll set with connections registered in it (see [`set_polled`]).
 pub fn is_colo_set(fd: c_int) -> bool {
     table::is_epoll(fd) && table::regs_in(fd) > 0
@@ -497,6 +528,10 @@ pub unsafe fn epoll_wait_with(
     }
     let deadline = deadline_of(timeout_ms);
     let mut t = timeout_ms;
+    if regs::nesting() && !Guard::busy() {
+        let _g = Guard::enter();
+        ready_nested_in(epfd);
+    }
     // Before the guard's test, which looks up a thread-local: a wait made from inside the shim
     // (guard up) gets what the kernel reports, untranslated, on either path.
     if table::regs_in(epfd) == 0 {
@@ -546,6 +581,7 @@ pub unsafe fn epoll_wait_with(
     let mut spun = false;
     loop {
         let g = Guard::enter();
+        ready_nested_in(epfd);
         if max == 1 && kernel_turn(epfd) {
             // The kernel's turn (see `from_rings`): its fds first, without waiting.
             let k = wait(evs, 1, 0);

@@ -649,6 +649,8 @@ pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
     // unchanged: the contract the caller met.
     let fd = unsafe { real::epoll_create(size) };
     repeat::created(fd, forks);
+    // Known as an epoll set, should it be registered in another (`regs::nest`).
+    table::set_epoll(fd, true);
     fd
 }
 #[no_mangle]
@@ -658,6 +660,8 @@ pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
     // unchanged: the contract the caller met.
     let fd = unsafe { real::epoll_create1(flags) };
     repeat::created(fd, forks);
+    // Known as an epoll set, should it be registered in another (`regs::nest`).
+    table::set_epoll(fd, true);
     fd
 }
 #[no_mangle]

@@ -20,6 +20,7 @@ pub fn forget(fd: c_int) {
 fn release(fd: c_int, open: bool) {
     if table::is_epoll(fd) {
         regs::forget_epoll(fd);
+        regs::forget_nested(fd);
         crate::api::lregs::forget(fd);
         table::set_epoll(fd, false);
     }

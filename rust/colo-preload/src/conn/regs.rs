@@ -65,6 +65,8 @@ pub struct Reg {
     pub stand: Stand,
     /// Its kernel registrations' `data` (see `key`), set by `Regs::insert`.
     pub key: u64,
+    /// The process that made it (a fork child inherits its parent's: see `forget_fd`).
+    pub pid: u32,
 }
 
 /// The descriptors that stand for a registration's connection in the kernel's set: the
@@ -117,7 +119,7 @@ impl Reg {
     pub fn new(epfd: c_int, fd: c_int, events: u32, data: u64, conn: Arc<Conn>) -> Reg {
         let kernel = kernel_events(events);
         let stand = Stand::of(&conn);
-        Reg { epfd, fd, events, data, conn, seen: None, quiet: None, fired: false, deleted: false, kernel, rung: false, round: 0, dups: 0, stand, key: 0 }
+        Reg { epfd, fd, events, data, conn, seen: None, quiet: None, fired: false, deleted: false, kernel, rung: false, round: 0, dups: 0, stand, key: 0, pid: colo_sys::host::pid() }
     }
 
     /// The events to report for this registration now, from the rings (no system call unless
@@ -184,6 +186,59 @@ pub struct Regs {
     pub wakes: HashMap<c_int, (u32, colo_sys::RawFd)>,
     /// Registrations made so far: the next one's stamp (see `key`).
     made: u64,
+    /// Epoll sets registered in other sets, `(outer, inner)` (see `nest`).
+    pub nested: Vec<(c_int, c_int)>,
+}
+
+/// How many epoll sets are registered in other sets (`Regs::nested`): while none is, an
+/// `epoll_wait` takes no lock for them.
+static NESTINGS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The application's `epoll_ctl(outer, op, inner)` of an epoll set `inner` in another, `outer`,
+/// succeeded: an `epoll_wait` on `outer` readies `inner`'s connections for it
+/// (`epoll::ready_nested`), as the kernel reports `inner` readable only once a doorbell in it rang.
+pub fn nest(outer: c_int, op: c_int, inner: c_int) {
+    with_regs(|r| {
+        let at = r.nested.iter().position(|&n| n == (outer, inner));
+        match (op, at) {
+            (libc::EPOLL_CTL_ADD, None) => {
+                r.nested.push((outer, inner));
+                NESTINGS.fetch_add(1, Ordering::Relaxed);
+                // Its close is seen (`forget::release`), as an epoll set's with connections.
+                table::set_epoll(outer, true);
+            }
+            (libc::EPOLL_CTL_DEL, Some(i)) => {
+                r.nested.swap_remove(i);
+                NESTINGS.fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    });
+}
+
+/// Whether an epoll set is registered in another (one relaxed load).
+pub fn nesting() -> bool {
+    NESTINGS.load(Ordering::Relaxed) != 0
+}
+
+/// The epoll sets registered in `outer` (none while no set is registered in another).
+pub fn nested_in(outer: c_int) -> Vec<c_int> {
+    if !nesting() {
+        return Vec::new();
+    }
+    with_regs(|r| r.nested.iter().filter(|n| n.0 == outer).map(|n| n.1).collect())
+}
+
+/// `fd`, an epoll set, is being closed: it is nested no more, nor is anything in it.
+pub fn forget_nested(fd: c_int) {
+    if NESTINGS.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    with_regs(|r| {
+        let before = r.nested.len();
+        r.nested.retain(|&(outer, inner)| outer != fd && inner != fd);
+        NESTINGS.fetch_sub(before - r.nested.len(), Ordering::Relaxed);
+    });
 }
 
 // Locked at every fork: kept with what the fork handlers write (see `colo_sys::host`).
@@ -241,13 +296,17 @@ impl Regs {
     }
 }
 
-/// `fd` is being closed: its registrations go (the kernel would drop them with the last ref).
+/// `fd` is being closed: its registrations go, and their kernel registrations with them, but
+/// for one another process made: a fork shares the kernel's set, and the kernel keeps a
+/// registration while any process holds the file registered (the parent's connection), so a
+/// child that closes what it inherited leaves its parent's set as it was.
 pub fn forget_fd(fd: c_int) {
     let gone: Vec<Reg> = with_regs(|r| {
         let idx: Vec<usize> = r.index.iter().filter(|((_, f), _)| *f == fd).map(|(_, &i)| i).collect();
         idx.into_iter().filter_map(|i| r.remove(i)).collect()
     });
-    for reg in gone {
+    let me = colo_sys::host::pid();
+    for reg in gone.iter().filter(|reg| reg.pid == me) {
         kernel_del(reg.epfd, reg.stand.fds);
     }
 }
