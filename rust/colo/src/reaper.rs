@@ -77,9 +77,9 @@ pub(crate) fn retire(seg: Segment) {
     }
 }
 
-/// Makes the process's `exit` drop the segments still waiting here and the client's parked ones
-/// (`at_exit`); called before the first of either.
-pub(crate) fn drop_at_exit() {
+/// Makes the process's `exit` drop the segments still waiting here (`at_exit`); called before
+/// the first is queued.
+fn drop_at_exit() {
     static AT_EXIT: std::sync::Once = std::sync::Once::new();
     // SAFETY: `at_exit` is an `extern "C" fn()` of this library, which glibc runs before it
     // unloads the library (`__cxa_atexit` with the library's handle) or at exit.
@@ -88,14 +88,13 @@ pub(crate) fn drop_at_exit() {
     });
 }
 
-/// At the process's `exit`: what still waits is dropped in the exiting thread, and so are the
-/// client's parked segments, so that what a segment does when dropped (a last close's give-back
+/// At the process's `exit`: what still waits is dropped in the exiting thread (as the client's
+/// parked segments are by `recycle`'s), so that what a segment does when dropped (a last close's give-back
 /// of the pages it read, `Segment::give_back_incoming`) is not lost with the process: a client
 /// that closes and exits at once would otherwise leave the pages a hostile server made it
 /// allocate charged to it. Not if another thread holds the queue (the reaper has what it took,
 /// and the process may end under it), nor in a fork child whose queue is its parent's.
 extern "C" fn at_exit() {
-    crate::recycle::drop_client_parked();
     let Ok(mut q) = REAPER.try_lock() else { return };
     if q.pid != colo_sys::host::pid() {
         return;

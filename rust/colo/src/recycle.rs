@@ -74,7 +74,7 @@ pub(crate) fn park_client(name: String, server_pid: u32, parked: Parked) {
     // ours, possibly on another thread): our last uses of the segment happen before its reset.
     parked.seg.parked().fetch_or(CLIENT_PARKED, Ordering::AcqRel);
     let me = colo_sys::host::pid();
-    crate::reaper::drop_at_exit();
+    drop_parked_at_exit();
     let mut cache = lock_global(&CLIENT);
     cache.retain(|e| e.pid == me);
     cache.push(ClientEntry { pid: me, name, server_pid, parked });
@@ -107,10 +107,22 @@ pub(crate) fn take_client(name: &str, server_pid: u32, geometry: Geometry) -> Op
     Some((entry.parked, ticket))
 }
 
-/// At the process's `exit` (`reaper::drop_at_exit`): the client's parked segments are dropped
-/// now, not left to the sweeper, which would not get to them (see `reaper::at_exit`). Not if
-/// another thread holds the cache.
-pub(crate) fn drop_client_parked() {
+/// Makes the process's `exit` drop the client's parked segments (`at_exit`); called before the
+/// first is parked.
+fn drop_parked_at_exit() {
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    // SAFETY: `at_exit` is an `extern "C" fn()` of this library, which glibc runs before it
+    // unloads the library (`__cxa_atexit` with the library's handle) or at exit.
+    AT_EXIT.call_once(|| unsafe {
+        libc::atexit(at_exit);
+    });
+}
+
+/// At the process's `exit`: the client's parked segments are dropped now, not left to the
+/// sweeper, which would not get to them, so that a segment's give-back of the pages it read
+/// (`Segment::give_back_incoming`) is not lost with the process (see `reaper::at_exit`). Not
+/// if another thread holds the cache.
+extern "C" fn at_exit() {
     let me = colo_sys::host::pid();
     let Ok(mut cache) = CLIENT.try_lock() else { return };
     let (mine, parents): (Vec<ClientEntry>, Vec<ClientEntry>) = std::mem::take(&mut *cache).into_iter().partition(|e| e.pid == me);
