@@ -506,12 +506,22 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
 }
 #[no_mangle]
 pub unsafe extern "C" fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
+    if level == libc::IPPROTO_TCP && name == libc::TCP_DEFER_ACCEPT && crate::base::env::defer_accept_ignored() {
+        // SAFETY: the application's arguments, as `setsockopt` takes them.
+        return unsafe { sockopt::set_defer_accept(fd, val, len) };
+    }
     // SAFETY: `sockopt::setsockopt` requires what libc's `setsockopt` does of these arguments,
     // which the application's call met.
     unsafe { sockopt::setsockopt(fd, level, name, val, len) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
+    if level == libc::IPPROTO_TCP && name == libc::TCP_DEFER_ACCEPT {
+        // SAFETY: the application's arguments, as `getsockopt` takes them.
+        if let Some(r) = unsafe { sockopt::get_defer_accept(fd, val, len) } {
+            return r;
+        }
+    }
     // SAFETY: `sockopt::getsockopt` requires what libc's `getsockopt` does of these arguments,
     // which the application's call met.
     unsafe { sockopt::getsockopt(fd, level, name, val, len) }

@@ -8,6 +8,7 @@ use crate::conn::state::{TCP_CLOSE, TCP_ESTABLISHED};
 use crate::conn::table::{self, NONE};
 use crate::real;
 use libc::{c_int, c_void, socklen_t};
+use std::sync::atomic::{AtomicI32, Ordering};
 
 plain_first! {
     setsockopt => setsockopt_slow(fd, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
@@ -146,4 +147,66 @@ unsafe fn set_int_option(fd: c_int, name: c_int, val: *const c_void, len: sockle
         }
     }
     drop(g);
+}
+
+/// The `TCP_DEFER_ACCEPT` each socket asked for while `COLO_DEFER_ACCEPT=ignore`
+/// (`base::env::defer_accept_ignored`), plus one (0: none asked), by descriptor number.
+static DEFER_ASKED: [AtomicI32; table::MAX_FD] = [const { AtomicI32::new(0) }; table::MAX_FD];
+
+/// `setsockopt(fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, val, len)` under `COLO_DEFER_ACCEPT=ignore`: the
+/// kernel is asked for the option (so that a descriptor that is no TCP socket, or a bad length,
+/// fails as it would), and the value is kept for `getsockopt` instead of set.
+///
+/// # Safety
+/// The application's arguments, as `setsockopt` takes them.
+pub unsafe fn set_defer_accept(fd: c_int, val: *const c_void, len: socklen_t) -> c_int {
+    let mut now: c_int = 0;
+    let mut now_len = std::mem::size_of::<c_int>() as socklen_t;
+    // SAFETY: our own int and its length.
+    let r = unsafe { real::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, (&mut now as *mut c_int).cast(), &mut now_len) };
+    if r != 0 || fd as usize >= table::MAX_FD {
+        // SAFETY: `real::setsockopt` is libc's `setsockopt`, given the application's arguments
+        // unchanged: the contract the caller met.
+        return unsafe { real::setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, val, len) };
+    }
+    if val.is_null() || (len as usize) < std::mem::size_of::<c_int>() {
+        // SAFETY: errno is this thread's.
+        unsafe { *libc::__errno_location() = if val.is_null() { libc::EFAULT } else { libc::EINVAL } };
+        return -1;
+    }
+    // SAFETY: an int of the application's, `len` bytes checked above.
+    let asked = unsafe { (val as *const c_int).read_unaligned() }.max(0);
+    DEFER_ASKED[fd as usize].store(asked.saturating_add(1), Ordering::Relaxed);
+    0
+}
+
+/// `getsockopt(fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, val, len)` of a socket whose option was kept
+/// (`set_defer_accept`): the value asked; `None` for any other (the kernel answers).
+///
+/// # Safety
+/// The application's arguments, as `getsockopt` takes them.
+pub unsafe fn get_defer_accept(fd: c_int, val: *mut c_void, len: *mut socklen_t) -> Option<c_int> {
+    let asked = DEFER_ASKED.get(usize::try_from(fd).ok()?)?.load(Ordering::Relaxed);
+    if asked == 0 || val.is_null() || len.is_null() {
+        return None;
+    }
+    // SAFETY: the application's length.
+    let n = (unsafe { *len } as usize).min(std::mem::size_of::<c_int>());
+    let bytes = (asked - 1).to_ne_bytes();
+    // SAFETY: at most `*len` bytes into the application's buffer, and the length written back.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), val.cast::<u8>(), n);
+        *len = n as socklen_t;
+    }
+    Some(0)
+}
+
+/// A new descriptor took number `fd`: what an earlier socket of that number asked is forgotten.
+#[inline]
+pub fn forget_defer_accept(fd: c_int) {
+    if let Some(a) = usize::try_from(fd).ok().and_then(|i| DEFER_ASKED.get(i)) {
+        if a.load(Ordering::Relaxed) != 0 {
+            a.store(0, Ordering::Relaxed);
+        }
+    }
 }

@@ -1,5 +1,5 @@
-//! The environment flags the shim reads once (`COLO_DISABLE`, and the spin mode that
-//! `colo::Options` reads from `COLO_SPIN_US`).
+//! The environment flags the shim reads once (`COLO_DISABLE`, `COLO_DEFER_ACCEPT`, and the spin
+//! mode that `colo::Options` reads from `COLO_SPIN_US`).
 
 use std::sync::OnceLock;
 
@@ -11,4 +11,13 @@ pub fn disabled() -> bool {
 pub fn spin() -> colo::SpinMode {
     static S: OnceLock<colo::SpinMode> = OnceLock::new();
     *S.get_or_init(|| colo::Options::new().spin_mode())
+}
+
+/// `COLO_DEFER_ACCEPT=ignore`: a socket's `TCP_DEFER_ACCEPT` is kept for `getsockopt` and not
+/// given to the kernel (`sockopt::set_defer_accept`), so that its listener accepts a colo client,
+/// which sends only once accepted, as it accepts any other: the operator trades the option's
+/// protection against plain clients that connect and send nothing for acceleration.
+pub fn defer_accept_ignored() -> bool {
+    static D: OnceLock<bool> = OnceLock::new();
+    *D.get_or_init(|| std::env::var("COLO_DEFER_ACCEPT").is_ok_and(|v| v.eq_ignore_ascii_case("ignore")))
 }
