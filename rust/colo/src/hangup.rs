@@ -254,9 +254,8 @@ fn end(guard: &mut MutexGuard<'static, Option<Watcher>>) {
 /// before the application adjusted its own thread's (with `capset`, out of our sight) can fail
 /// where the application succeeds. Only the thread goes: the poller keeps its registrations (a
 /// hang-up meanwhile waits in its ready list) and the watched connections their marks and
-/// repeated wake-ups, which `resume`'s thread carries on. (Waking every sleeper once instead
-/// and letting the registrations go left a sleeper whose peer wrote back the value it was
-/// about to wait for asleep with nothing watching its control socket.)
+/// repeated wake-ups, which `resume`'s thread carries on: a sleeper's hang-up stays watched
+/// across the change, whatever its peer writes to the word it waits on.
 pub fn retire() {
     let ended = ENDED.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(t) = ended {
@@ -407,22 +406,65 @@ mod tests {
     use super::*;
     use std::os::unix::net::UnixStream;
 
+    /// A connection side the watcher watches: the peer's end of its control socket, the word
+    /// its sleeper announces on (leaked: if an assertion fails before `release`, the watcher
+    /// still holds its address), its self bell and its watch.
+    struct Armed {
+        theirs: std::cell::Cell<Option<UnixStream>>,
+        _control: OwnedFd,
+        word: &'static AtomicU32,
+        bell: OwnedFd,
+        watch: Watch,
+    }
+
+    impl Armed {
+        /// Watched, its sleeper announced with `SLEEP_FUTEX | mark`.
+        fn new(mark: u32) -> Armed {
+            let (ours, theirs) = UnixStream::pair().unwrap();
+            let control = OwnedFd::from(ours);
+            let word: &'static AtomicU32 = Box::leak(Box::new(AtomicU32::new(SLEEP_FUTEX | mark)));
+            let bell = colo_sys::doorbell::create().unwrap();
+            let watch = Watch::new();
+            assert!(watch.armed(&control, &bell, word), "a watcher runs in a test process");
+            Armed { theirs: std::cell::Cell::new(Some(theirs)), _control: control, word, bell, watch }
+        }
+    }
+
+    /// Puts a thread to sleep in `FUTEX_WAIT` on `word` for `announced` (`again`: again after
+    /// each wake-up while the word still holds it), runs `then` 50 ms later, and tells whether
+    /// the sleeper was woken within 5 s (else it is let go, so that a failure is reported
+    /// rather than hung).
+    fn sleeper_woken(word: &'static AtomicU32, announced: u32, again: bool, then: impl FnOnce()) -> bool {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                colo_sys::futex::wait(word, announced, None);
+                while again && word.load(Ordering::Relaxed) == announced {
+                    colo_sys::futex::wait(word, announced, None);
+                }
+                tx.send(()).unwrap();
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            then();
+            let woken = rx.recv_timeout(Duration::from_secs(5)).is_ok();
+            if !woken {
+                word.fetch_add(1, Ordering::Relaxed);
+                colo_sys::futex::wake_all(word);
+            }
+            woken
+        })
+    }
+
     /// The peer clears the FUTEX bit, the watcher's first wake-up comes before the sleeper is in
     /// `FUTEX_WAIT`, and the peer writes back the value the sleeper then waits for: the watcher's
     /// repeated wake-ups still end that sleep, as the mark was not taken.
     #[test]
     fn a_hang_up_ends_the_sleep_whatever_the_peer_writes() {
-        let (ours, theirs) = UnixStream::pair().unwrap();
-        let control = OwnedFd::from(ours);
-        // Leaked: if an assertion fails before `release`, the watcher still holds its address.
-        let word: &'static AtomicU32 = Box::leak(Box::new(AtomicU32::new(SLEEP_FUTEX | 0x100)));
-        let announced = word.load(Ordering::Relaxed);
-        let bell = colo_sys::doorbell::create().unwrap();
-        let watch = Watch::new();
-        assert!(watch.armed(&control, &bell, word), "a watcher runs in a test process");
+        let Armed { theirs, word, bell, watch, .. } = &Armed::new(0x100);
+        let (word, announced) = (*word, word.load(Ordering::Relaxed));
         // The peer clears the bit and hangs up.
         word.store(0, Ordering::Relaxed);
-        drop(theirs);
+        drop(theirs.take());
         // The watcher marks the connection and wakes the futex at once (nobody sleeps yet).
         let deadline = Instant::now() + Duration::from_secs(5);
         // SYNC POINT with the Release store in `Watched::fire`.
@@ -431,43 +473,22 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         // The self bell rang with the mark: an edge for a waiter on the readiness set.
-        assert!(colo_sys::doorbell::drain(&bell), "the watcher rang the self bell when it marked the connection");
+        assert!(colo_sys::doorbell::drain(bell), "the watcher rang the self bell when it marked the connection");
         // The peer writes back the announced value: a sleep that looked at the mark before it
         // was set now enters FUTEX_WAIT expecting that value.
         word.store(announced, Ordering::Relaxed);
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                colo_sys::futex::wait(word, announced, None);
-                tx.send(()).unwrap();
-            });
-            let woken = rx.recv_timeout(Duration::from_secs(5)).is_ok();
-            if !woken {
-                // Let the sleeper go, so that the failure is reported rather than hung.
-                word.fetch_add(1, Ordering::Relaxed);
-                colo_sys::futex::wake_all(word);
-            }
-            assert!(woken, "the sleeper was woken again");
-        });
+        assert!(sleeper_woken(word, announced, false, || ()), "the sleeper was woken again");
         assert!(watch.take_fired());
         watch.release();
     }
 
     /// The application changes its credentials (`retire`, the call, `resume`) while a thread
     /// is about to sleep on its futex, and the peer writes back the value the sleeper waits
-    /// for: the peer's later hang-up still ends that sleep. (A retire that woke the sleeper once
-    /// and let its watch go left it asleep for good: the peer's write-back swallowed that one
-    /// wake-up, and nothing watched the control socket any more.)
+    /// for: the peer's later hang-up still ends that sleep (the watch outlives the change).
     #[test]
     fn a_hang_up_after_a_credentials_change_ends_the_sleep() {
-        let (ours, theirs) = UnixStream::pair().unwrap();
-        let control = OwnedFd::from(ours);
-        // Leaked: if an assertion fails before `release`, the watcher still holds its address.
-        let word: &'static AtomicU32 = Box::leak(Box::new(AtomicU32::new(SLEEP_FUTEX | 0x200)));
-        let announced = word.load(Ordering::Relaxed);
-        let bell = colo_sys::doorbell::create().unwrap();
-        let watch = Watch::new();
-        assert!(watch.armed(&control, &bell, word), "a watcher runs in a test process");
+        let Armed { theirs, word, watch, .. } = &Armed::new(0x200);
+        let (word, announced) = (*word, word.load(Ordering::Relaxed));
         // The sleeper looked at its mark (none): the credentials change comes now.
         assert!(!watch.take_fired());
         retire();
@@ -475,24 +496,7 @@ mod tests {
         // The peer writes back the announced value, whatever the change did to the word, and
         // the sleeper enters FUTEX_WAIT expecting it; then the peer hangs up.
         word.store(announced, Ordering::Relaxed);
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                while word.load(Ordering::Relaxed) == announced {
-                    colo_sys::futex::wait(word, announced, None);
-                }
-                tx.send(()).unwrap();
-            });
-            std::thread::sleep(Duration::from_millis(50));
-            drop(theirs);
-            let woken = rx.recv_timeout(Duration::from_secs(5)).is_ok();
-            if !woken {
-                // Let the sleeper go, so that the failure is reported rather than hung.
-                word.fetch_add(1, Ordering::Relaxed);
-                colo_sys::futex::wake_all(word);
-            }
-            assert!(woken, "the peer's hang-up woke the sleeper");
-        });
+        assert!(sleeper_woken(word, announced, true, || drop(theirs.take())), "the peer's hang-up woke the sleeper");
         watch.release();
     }
 }

@@ -33,14 +33,9 @@ static void one_way(unsigned et) {
     int k, c;
     char what[128], b[16];
     const char *how = et ? "edge-triggered" : "level-triggered";
-    connected_pair(&k, &c, SOCK_NONBLOCK);
-    write_all(k, "hello", 5);
-    usleep(50000);
-    int inner = epoll_create1(EPOLL_CLOEXEC), outer = epoll_create1(EPOLL_CLOEXEC);
-    struct epoll_event ev = {.events = EPOLLIN | et, .data.fd = c};
+    int inner = registered_pair(&k, &c, et), outer = epoll_create1(EPOLL_CLOEXEC);
     struct epoll_event nest = {.events = EPOLLIN, .data.u64 = INNER_TAG};
-    if (inner < 0 || outer < 0 || epoll_ctl(inner, EPOLL_CTL_ADD, c, &ev) < 0 || epoll_ctl(outer, EPOLL_CTL_ADD, inner, &nest) < 0)
-        die("epoll");
+    if (outer < 0 || epoll_ctl(outer, EPOLL_CTL_ADD, inner, &nest) < 0) die("epoll");
     snprintf(what, sizeof what, "%s: the outer set reports the inner one for bytes there before", how);
     CHECK(nested_ready(outer, inner, c, 5000), what);
     CHECK(read(c, b, sizeof b) == 5, "the bytes are read");
@@ -48,13 +43,7 @@ static void one_way(unsigned et) {
         struct epoll_event out[4];
         CHECK(epoll_wait(outer, out, 4, 200) == 0, "edge-triggered: the outer set is quiet once the event was taken");
     }
-    pid_t pid = fork();
-    if (pid < 0) die("fork");
-    if (pid == 0) {
-        usleep(200000);
-        write_all(k, "again", 5);
-        _exit(0);
-    }
+    pid_t pid = write_later(k);
     snprintf(what, sizeof what, "%s: the outer set reports the inner one for bytes that came during its sleep", how);
     CHECK(nested_ready(outer, inner, c, 5000), what);
     CHECK(read(c, b, sizeof b) == 5, "the bytes are read");

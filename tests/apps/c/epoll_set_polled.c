@@ -30,12 +30,8 @@ static void one_way(int use_select, unsigned et) {
     int k, c;
     char what[128], b[16];
     const char *via = use_select ? "select" : "poll";
-    connected_pair(&k, &c, SOCK_NONBLOCK);
-    write_all(k, "hello", 5);
-    usleep(50000);
-    int ep = epoll_create1(EPOLL_CLOEXEC);
-    struct epoll_event ev = {.events = EPOLLIN | et, .data.fd = c}, out[4];
-    if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, c, &ev) < 0) die("epoll");
+    int ep = registered_pair(&k, &c, et);
+    struct epoll_event out[4];
     snprintf(what, sizeof what, "%s%s: the set is readable for bytes there before the registration", via, et ? " (ET)" : "");
     CHECK(set_readable(ep, use_select, 5000), what);
     snprintf(what, sizeof what, "%s%s: ... and the set reports the connection", via, et ? " (ET)" : "");
@@ -45,13 +41,7 @@ static void one_way(int use_select, unsigned et) {
         snprintf(what, sizeof what, "%s (ET): the set is quiet once its event was taken", via);
         CHECK(!set_readable(ep, use_select, 200), what);
     }
-    pid_t pid = fork();
-    if (pid < 0) die("fork");
-    if (pid == 0) {
-        usleep(200000);
-        write_all(k, "again", 5);
-        _exit(0);
-    }
+    pid_t pid = write_later(k);
     snprintf(what, sizeof what, "%s%s: the set is readable for bytes that came during the sleep", via, et ? " (ET)" : "");
     CHECK(set_readable(ep, use_select, 5000), what);
     snprintf(what, sizeof what, "%s%s: ... and the set reports the connection", via, et ? " (ET)" : "");

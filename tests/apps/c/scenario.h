@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <errno.h>
 #include <time.h>
@@ -167,5 +168,29 @@ static inline __attribute__((unused)) void pong_worker(int l) {
         }
         close(c);
     }
+}
+/* For the epoll scenarios: a connected pair (`connected_pair`, the accepted end *c non-blocking)
+ * with "hello" waiting for *c, which is registered for EPOLLIN | `et` (0 or EPOLLET) in a new
+ * epoll set; returns the set. Dies on failure. */
+static inline __attribute__((unused)) int registered_pair(int *k, int *c, unsigned et) {
+    connected_pair(k, c, SOCK_NONBLOCK);
+    write_all(*k, "hello", 5);
+    usleep(50000);
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN | et, .data.fd = *c};
+    if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, *c, &ev) < 0) die("epoll");
+    return ep;
+}
+
+/* A child that writes "again" on `k` 200 ms from now, while the caller sleeps: its pid. */
+static inline __attribute__((unused)) pid_t write_later(int k) {
+    pid_t pid = fork();
+    if (pid < 0) die("fork");
+    if (pid == 0) {
+        usleep(200000);
+        write_all(k, "again", 5);
+        _exit(0);
+    }
+    return pid;
 }
 #endif

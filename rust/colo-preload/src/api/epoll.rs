@@ -23,18 +23,19 @@ use std::time::{Duration, Instant};
 
 #[inline(always)]
 pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
-    if table::kind(fd) == table::NONE && !table::is_fresh(fd) {
+    let r = if table::kind(fd) == table::NONE && !table::is_fresh(fd) {
         // SAFETY: `repeat::epoll_ctl` requires what libc's `epoll_ctl` does of these
         // arguments, which the application's call met.
-        let r = unsafe { repeat::epoll_ctl(epfd, op, fd, ev) };
-        if r == 0 && table::is_epoll(fd) {
-            regs::nest(epfd, op, fd);
-        }
-        return r;
+        unsafe { repeat::epoll_ctl(epfd, op, fd, ev) }
+    } else {
+        // SAFETY: `epoll_ctl_slow` requires what libc's `epoll_ctl` does of these arguments,
+        // which the application's call met.
+        unsafe { epoll_ctl_slow(epfd, op, fd, ev) }
+    };
+    if r == 0 && table::is_epoll(fd) {
+        regs::nest(epfd, op, fd);
     }
-    // SAFETY: `epoll_ctl_slow` requires what libc's `epoll_ctl` does of these arguments, which the
-    // application's call met.
-    unsafe { epoll_ctl_slow(epfd, op, fd, ev) }
+    r
 }
 
 #[inline(never)]
@@ -53,9 +54,6 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
         let r = unsafe { real::epoll_ctl(epfd, op, fd, ev) };
         if r == 0 && k == table::NONE && fresh {
             note_plain(epfd, op, fd, ev);
-        }
-        if r == 0 && table::is_epoll(fd) {
-            regs::nest(epfd, op, fd);
         }
         if r == 0 && k == table::LISTEN && colo::internal::netns::server_configured() && !Guard::busy() {
             lregs::follow(epfd, op, fd, ev);
@@ -443,18 +441,25 @@ fn announce_sleep(epfd: c_int) {
 /// next progress rings a doorbell in the set and the kernel reports the set readable; then the
 /// rings are looked at once more (progress made before the announcements rang nothing).
 pub fn set_polled(epfd: c_int, arm: bool) -> bool {
-    let ready = || with_regs(|r| r.by_epfd.get(&epfd).is_some_and(|l| l.iter().filter_map(|&i| r.slab[i].as_ref()).any(|g| g.would_report())));
-    if ready() {
-        return true;
+    readied(epfd, arm).is_some()
+}
+
+/// [`set_polled`], with a connection of a registration that would report.
+fn readied(epfd: c_int, arm: bool) -> Option<Arc<Conn>> {
+    let reporting = || {
+        with_regs(|r| r.by_epfd.get(&epfd)?.iter().filter_map(|&i| r.slab[i].as_ref()).find(|g| g.would_report()).map(|g| g.conn.clone()))
+    };
+    if let Some(c) = reporting() {
+        return Some(c);
     }
     if !arm {
-        return false;
+        return None;
     }
     for (c, _) in rung(epfd) {
         c.drain(Drainer::Awake);
     }
     announce_sleep(epfd);
-    ready()
+    reporting()
 }
 
 /// Readies the epoll sets registered in `epfd` for a wait on it (`ready_nested`).
@@ -469,16 +474,17 @@ fn ready_nested_in(epfd: c_int) {
 /// now, rings that connection's self bell, so that the kernel reports the set readable in the
 /// outer one (with the application's data and flags there).
 fn ready_nested(inner: c_int) {
-    if !is_colo_set(inner) || !set_polled(inner, true) {
-        return;
-    }
-    let ready = with_regs(|r| {
-        let list = r.by_epfd.get(&inner)?;
-        list.iter().filter_map(|&i| r.slab[i].as_ref()).find(|g| g.would_report()).map(|g| g.conn.clone())
-    });
-    if let Some(c) = ready {
+    if let Some(c) = is_colo_set(inner).then(|| readied(inner, true)).flatten() {
         c.poke();
     }
+}
+
+/// `epoll_create`/`epoll_create1` returned `fd` (`forks`: `repeat::before_create`'s count): it is
+/// known as an epoll set from now on, should it be registered in another (`regs::nest`).
+pub fn created(fd: c_int, forks: u64) -> c_int {
+    repeat::created(fd, forks);
+    table::set_epoll(fd, true);
+    fd
 }
 
 /// Whether `fd` is an epoll set with connections registered in it (see [`set_polled`]).

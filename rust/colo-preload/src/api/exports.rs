@@ -658,10 +658,7 @@ pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
     // SAFETY: `real::epoll_create` is libc's `epoll_create`, given the application's arguments
     // unchanged: the contract the caller met.
     let fd = unsafe { real::epoll_create(size) };
-    repeat::created(fd, forks);
-    // Known as an epoll set, should it be registered in another (`regs::nest`).
-    table::set_epoll(fd, true);
-    fd
+    epoll::created(fd, forks)
 }
 #[no_mangle]
 pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
@@ -669,10 +666,7 @@ pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
     // SAFETY: `real::epoll_create1` is libc's `epoll_create1`, given the application's arguments
     // unchanged: the contract the caller met.
     let fd = unsafe { real::epoll_create1(flags) };
-    repeat::created(fd, forks);
-    // Known as an epoll set, should it be registered in another (`regs::nest`).
-    table::set_epoll(fd, true);
-    fd
+    epoll::created(fd, forks)
 }
 #[no_mangle]
 pub unsafe extern "C" fn epoll_wait(ep: c_int, evs: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {

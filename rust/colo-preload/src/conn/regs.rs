@@ -133,8 +133,7 @@ impl Reg {
         if !check_gone && self.quiet == Some((now, own)) {
             return 0;
         }
-        let interest = (self.events & (IN | OUT | RDNORM | WRNORM | libc::EPOLLRDHUP as u32)) | ERR | HUP;
-        let m = self.conn.ready(check_gone) & interest;
+        let m = self.conn.ready(check_gone) & self.interest();
         // `ready` may just have learned that the peer is gone: an edge of its own. (Only that
         // bit: edges loaded after `ready` could include progress it did not see.)
         let now = if self.conn.known_gone() { (now.0, now.1, now.2, now.3 | GONE_EDGE) } else { now };
@@ -154,9 +153,7 @@ impl Reg {
         }
         m
     }
-}
 
-impl Reg {
     /// Whether [`Reg::report`] would report something now, recording nothing (a `poll` of the
     /// set itself: the application's `epoll_wait` that follows takes the report).
     pub fn would_report(&self) -> bool {
@@ -167,8 +164,12 @@ impl Reg {
         if self.quiet == Some((now, self.conn.own_counters())) {
             return false;
         }
-        let interest = (self.events & (IN | OUT | RDNORM | WRNORM | libc::EPOLLRDHUP as u32)) | ERR | HUP;
-        self.conn.ready_quick() & interest != 0 && (self.events & libc::EPOLLET as u32 == 0 || self.seen != Some(now))
+        self.conn.ready_quick() & self.interest() != 0 && (self.events & libc::EPOLLET as u32 == 0 || self.seen != Some(now))
+    }
+
+    /// The events the application's interest lets through (errors and hang-ups always).
+    fn interest(&self) -> u32 {
+        (self.events & (IN | OUT | RDNORM | WRNORM | libc::EPOLLRDHUP as u32)) | ERR | HUP
     }
 }
 
@@ -231,7 +232,7 @@ pub fn nested_in(outer: c_int) -> Vec<c_int> {
 
 /// `fd`, an epoll set, is being closed: it is nested no more, nor is anything in it.
 pub fn forget_nested(fd: c_int) {
-    if NESTINGS.load(Ordering::Relaxed) == 0 {
+    if !nesting() {
         return;
     }
     with_regs(|r| {
@@ -257,27 +258,21 @@ pub fn with_regs<T>(f: impl FnOnce(&mut Regs) -> T) -> T {
 }
 
 impl Regs {
-    /// Adds a registration: its slot (its `key` names it).
-    pub fn insert(&mut self, mut reg: Reg) -> usize {
-        let key = (reg.epfd, reg.fd);
-        let slot = self.free.last().copied().unwrap_or(self.slab.len());
-        reg.key = self::key(slot, self.made);
+    /// Adds a registration: its slot, and the key that names it in the kernel's set (`key`).
+    pub fn insert(&mut self, mut reg: Reg) -> (usize, u64) {
+        let at = (reg.epfd, reg.fd);
+        let idx = self.free.pop().unwrap_or_else(|| {
+            self.slab.push(None);
+            self.slab.len() - 1
+        });
+        reg.key = key(idx, self.made);
         self.made += 1;
-        let idx = match self.free.pop() {
-            Some(i) => {
-                self.slab[i] = Some(reg);
-                i
-            }
-            None => {
-                self.slab.push(Some(reg));
-                self.slab.len() - 1
-            }
-        };
-        debug_assert_eq!(idx, slot);
-        self.index.insert(key, idx);
-        self.by_epfd.entry(key.0).or_default().push(idx);
-        table::count_regs(key.0, true);
-        idx
+        let k = reg.key;
+        self.slab[idx] = Some(reg);
+        self.index.insert(at, idx);
+        self.by_epfd.entry(at.0).or_default().push(idx);
+        table::count_regs(at.0, true);
+        (idx, k)
     }
 
     pub fn remove(&mut self, idx: usize) -> Option<Reg> {
@@ -488,10 +483,7 @@ pub fn adopt_plain(fd: c_int, conn: &Arc<Conn>) {
 /// reports the current state as an edge (after an adoption possibly a second OUT edge for the
 /// connect: harmless, where a missed one would hang).
 pub fn register(epfd: c_int, fd: c_int, events: u32, data: u64, conn: &Arc<Conn>) -> Result<(), c_int> {
-    let (idx, key) = with_regs(|r| {
-        let idx = r.insert(Reg::new(epfd, fd, events, data, conn.clone()));
-        (idx, r.slab[idx].as_ref().map_or(0, |reg| reg.key))
-    });
+    let (idx, key) = with_regs(|r| r.insert(Reg::new(epfd, fd, events, data, conn.clone())));
     // Counted (in `insert`) and marked before the kernel can report it.
     table::set_epoll(epfd, true);
     let mut added = kernel_ctl(epfd, libc::EPOLL_CTL_ADD, conn.kernel_fds(), kernel_events(events), key);
