@@ -110,6 +110,8 @@ fn forked() {
 static INIT: extern "C" fn() = init;
 
 extern "C" fn init() {
+    // The shim's own code told from the application's by the callers of `close`.
+    base::own_code::init();
     // The shim's own descriptors stay out of the application's way (see the constant).
     colo::internal::set_fd_floor(colo_sys::preload::OUT_OF_THE_WAY);
     // A connection handed over across `exec` is mapped again from its memfd.

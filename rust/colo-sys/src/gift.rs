@@ -70,10 +70,8 @@ pub fn discard(fd: OwnedFd) {
     }
     // Signals blocked: the application's handlers never run on this thread. Should no thread
     // start, the closure, and with it the rest, is dropped here (the one case that may wait).
-    let _ = crate::host::with_signals_blocked(|| {
-        std::thread::Builder::new().name("colo-gifts".into()).spawn(move || {
-            let _ = empty_all(rest, usize::MAX, usize::MAX);
-        })
+    let _ = crate::host::spawn("colo-gifts", move || {
+        let _ = empty_all(rest, usize::MAX, usize::MAX);
     });
 }
 

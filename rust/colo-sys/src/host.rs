@@ -443,6 +443,11 @@ pub fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
     r
 }
 
+/// Starts a thread of the library's own, named `name`, with [`quiet_signals`] blocked.
+pub fn spawn<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> std::io::Result<std::thread::JoinHandle<T>> {
+    with_signals_blocked(|| std::thread::Builder::new().name(name.into()).spawn(f))
+}
+
 /// Registers fork handlers: `prepare` runs in the forking thread before the fork, `parent` and
 /// `child` after it on each side (`pthread_atfork`).
 pub fn at_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) {

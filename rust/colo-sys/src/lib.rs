@@ -10,6 +10,7 @@ pub mod futex;
 pub mod host;
 pub mod marker;
 pub mod pathsock;
+pub mod placed;
 pub mod preload;
 pub mod segment;
 pub mod seqpacket;

@@ -176,7 +176,7 @@ fn move_with(fds: &mut [rustix::fd::OwnedFd], floor: i32, lim: rustix::process::
     let room = room_above(&lim);
     let floor = if floor == OUT_OF_THE_WAY { out_of_the_way(soft, room) } else { floor };
     if fds.iter().all(|fd| fd.as_raw_fd() >= floor) {
-        note_placed(fds);
+        crate::placed::note(fds);
         return Ok(());
     }
     let below_limit = (floor as u64) < soft;
@@ -215,72 +215,8 @@ fn move_with(fds: &mut [rustix::fd::OwnedFd], floor: i32, lim: rustix::process::
         // SAFETY: a duplicate made above; the original closes as it is replaced.
         *fd = unsafe { rustix::fd::OwnedFd::from_raw_fd(high) };
     }
-    note_placed(fds);
+    crate::placed::note(fds);
     Ok(())
-}
-
-/// The library's descriptors placed by [`move_all_above`]: each number with the device and inode
-/// of what was placed there. An application's `close_range` or `closefrom` that spans them
-/// (a forked child closing all but its connection) leaves them open ([`placed_in`]): they are
-/// the library's, which the application never opened.
-static PLACED: std::sync::Mutex<std::collections::BTreeMap<i32, (u64, u64)>> = std::sync::Mutex::new(std::collections::BTreeMap::new());
-
-/// [`PLACED`], or `None` if it cannot be had soon: a thread that held it when this process
-/// was forked never lets go of it in the child.
-fn placed() -> Option<std::sync::MutexGuard<'static, std::collections::BTreeMap<i32, (u64, u64)>>> {
-    for _ in 0..100 {
-        match PLACED.try_lock() {
-            Ok(g) => return Some(g),
-            Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => std::thread::yield_now(),
-        }
-    }
-    None
-}
-
-/// The device and inode of what `fd` refers to, if it is open.
-fn identity(fd: i32) -> Option<(u64, u64)> {
-    // SAFETY: only looked at; a number not open fails the `fstat`.
-    let st = rustix::fs::fstat(unsafe { BorrowedFd::borrow_raw(fd) }).ok()?;
-    Some((st.st_dev as u64, st.st_ino as u64))
-}
-
-/// Records `fds` as the library's (see [`PLACED`]).
-fn note_placed(fds: &[rustix::fd::OwnedFd]) {
-    use rustix::fd::AsRawFd;
-    let Some(mut map) = placed() else { return };
-    for fd in fds {
-        if let Some(id) = identity(fd.as_raw_fd()) {
-            map.insert(fd.as_raw_fd(), id);
-        }
-    }
-}
-
-/// The library's descriptors (placed by [`move_all_above`]) from `first` to `last`, in order:
-/// those still open on what was placed there. A number whose file changed (the library closed
-/// it, and something else took it) is forgotten. An anonymous inode is one for all eventfds,
-/// so an eventfd of the application's that took the number of one of the library's closed
-/// eventfds counts as the library's.
-pub fn placed_in(first: u32, last: u32) -> Vec<i32> {
-    let Some(mut map) = placed() else { return Vec::new() };
-    let lo = i32::try_from(first).unwrap_or(i32::MAX);
-    let hi = i32::try_from(last).unwrap_or(i32::MAX);
-    if lo > hi {
-        return Vec::new();
-    }
-    let mut keep = Vec::new();
-    let mut gone = Vec::new();
-    for (&fd, &id) in map.range(lo..=hi) {
-        if identity(fd) == Some(id) {
-            keep.push(fd);
-        } else {
-            gone.push(fd);
-        }
-    }
-    for fd in gone {
-        map.remove(&fd);
-    }
-    keep
 }
 
 /// Most descriptors one [`move_all_above`] takes.

@@ -94,7 +94,7 @@ fn prepare(addr: SocketAddr, opts: &Options) -> io::Result<Prepared> {
             // First dial in this process, or in a forked child: the parent's prepared segments
             // are the parent's (dropping our copies leaves its own intact).
             pool.ready.retain(|(pid, _)| *pid == me);
-            if colo_sys::host::with_signals_blocked(|| std::thread::Builder::new().name("colo-prepare".into()).spawn(preparer)).is_ok() {
+            if colo_sys::host::spawn("colo-prepare", preparer).is_ok() {
                 pool.preparer = me;
             }
         }

@@ -174,7 +174,7 @@ fn watcher(w: &mut Option<Watcher>) -> Option<&mut Watcher> {
 /// Starts the watcher's thread on `poller`, as the watcher's `epoch` one.
 fn spawn(poller: &Arc<Poller>, epoch: u64) -> Option<JoinHandle<()>> {
     let p = poller.clone();
-    colo_sys::host::with_signals_blocked(|| std::thread::Builder::new().name("colo-hangup".into()).spawn(move || run(&p, epoch))).ok()
+    colo_sys::host::spawn("colo-hangup", move || run(&p, epoch)).ok()
 }
 
 fn run(poller: &Arc<Poller>, epoch: u64) {

@@ -85,7 +85,7 @@ fn start() -> std::io::Result<(Arc<Poller>, Kept)> {
     let set = Arc::new(Poller::new_above(crate::floor::fd_floor())?);
     let kept: Kept = Arc::new(Mutex::new(Vec::new()));
     let (s, l) = (set.clone(), kept.clone());
-    colo_sys::host::with_signals_blocked(|| std::thread::Builder::new().name("colo-netns".into()).spawn(move || run(&s, &l)))?;
+    colo_sys::host::spawn("colo-netns", move || run(&s, &l))?;
     Ok((set, kept))
 }
 

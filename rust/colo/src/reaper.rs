@@ -63,8 +63,7 @@ pub(crate) fn retire(seg: Segment) {
     }
     if !q.running {
         drop_at_exit();
-        let spawn = || std::thread::Builder::new().name("colo-reaper".into()).spawn(move || run(me));
-        if colo_sys::host::with_signals_blocked(spawn).is_err() {
+        if colo_sys::host::spawn("colo-reaper", move || run(me)).is_err() {
             drop(q);
             drop(seg);
             return;

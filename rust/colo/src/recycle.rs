@@ -269,7 +269,7 @@ mod sweeper {
         let me = colo_sys::host::pid();
         let mut s = lock_global(&STATE);
         if s.running != me
-            && colo_sys::host::with_signals_blocked(|| std::thread::Builder::new().name("colo-sweeper".into()).spawn(run)).is_ok()
+            && colo_sys::host::spawn("colo-sweeper", run).is_ok()
         {
             s.running = me;
         }

@@ -55,7 +55,7 @@ pub(crate) fn watch(ring: Weak<dyn Shrink>) {
     w.rings.push(ring);
     let me = colo_sys::host::pid();
     if w.looker != Some(me) {
-        let spawned = std::thread::Builder::new().name("colo-shrink".into()).spawn(run);
+        let spawned = colo_sys::host::spawn("colo-shrink", run);
         // Without the thread the rings keep their memory, which costs nothing else.
         if spawned.is_ok() {
             w.looker = Some(me);

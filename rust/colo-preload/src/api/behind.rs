@@ -42,7 +42,7 @@ pub unsafe fn syscall(n: c_long, a: c_long, b: c_long, c: c_long) -> Option<c_lo
     // errno on failure, as `syscall` does).
     let r = unsafe {
         match n {
-            libc::SYS_close => fds::close(fd),
+            libc::SYS_close => fds::close(fd, true),
             libc::SYS_dup => fds::dup(fd),
             #[cfg(target_arch = "x86_64")]
             libc::SYS_dup2 => fds::dup3(fd, new, 0, true),

@@ -129,7 +129,7 @@ fn give_back_when_done(lent: Vec<(Arc<Conn>, [bool; 2])>) {
     // Shared with the thread, so that a thread not made (its closure dropped) leaves them here.
     let lent = Arc::new(lent);
     let theirs = Arc::clone(&lent);
-    let spawned = std::thread::Builder::new().name("colo-turns".into()).spawn(move || {
+    let spawned = colo_sys::host::spawn("colo-turns", move || {
         for (c, l) in theirs.iter() {
             c.give_back_turns(*l, true);
         }
@@ -312,11 +312,23 @@ pub unsafe extern "C" fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut sockl
     std_streams::adopt(r);
     r
 }
+/// `close(2)`. The shim's own closes come here too (its descriptors dropped anywhere in its
+/// code go through libc's symbol, which is this one): the caller's return address, passed on
+/// as a second argument, tells them from the application's (`close_from`).
 #[no_mangle]
+#[unsafe(naked)]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    #[cfg(target_arch = "x86_64")]
+    core::arch::naked_asm!("mov rsi, [rsp]", "jmp {}", sym close_from);
+    #[cfg(target_arch = "aarch64")]
+    core::arch::naked_asm!("mov x1, x30", "b {}", sym close_from);
+}
+
+/// [`close`], called from `caller`.
+unsafe extern "C" fn close_from(fd: c_int, caller: usize) -> c_int {
     // SAFETY: `fds::close` requires what libc's `close` does of these arguments, which the
-    // application's call met.
-    unsafe { fds::close(fd) }
+    // caller's call met.
+    unsafe { fds::close(fd, !crate::base::own_code::contains(caller)) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {

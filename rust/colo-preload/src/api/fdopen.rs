@@ -66,8 +66,8 @@ pub(crate) unsafe extern "C" fn cookie_seek(_cookie: *mut c_void, _pos: *mut i64
 }
 
 pub(crate) unsafe extern "C" fn cookie_close(cookie: *mut c_void) -> c_int {
-    // SAFETY: closing the descriptor the stream owns.
-    unsafe { close(cookie_fd(cookie)) }
+    // SAFETY: closing the descriptor the stream owns (the application's: its `fclose`).
+    unsafe { close(cookie_fd(cookie), true) }
 }
 
 /// `fdopen(3)`: stdio reads and writes through glibc-internal calls that no interposer sees, so

@@ -7,6 +7,7 @@ use crate::api::repeat;
 use crate::api::route::{plain, with_conn};
 use crate::base::addr::parse_sockaddr;
 use crate::base::guard::{errno_loc, Guard};
+use crate::base::log::log_info;
 use crate::conn::regs;
 use crate::conn::table::{self, Entry, GUEST, LISTEN, NONE};
 use crate::real;
@@ -318,16 +319,18 @@ fn blocks(fd: c_int) -> bool {
     fl >= 0 && fl & libc::O_NONBLOCK == 0
 }
 
+/// `close(fd)`; `app`: the application's call, not the shim's own close of a descriptor of its
+/// own (see `colo_sys::placed`).
 #[inline(always)]
-pub unsafe fn close(fd: c_int) -> c_int {
-    let r = if table::kind(fd) == NONE && !table::is_epoll(fd) {
+pub unsafe fn close(fd: c_int, app: bool) -> c_int {
+    let r = if table::kind(fd) == NONE && !table::is_epoll(fd) && !colo_sys::placed::maybe(fd) {
         // SAFETY: `real::close` is libc's `close`, given the application's arguments unchanged: the
         // contract the caller met.
         unsafe { real::close(fd) }
     } else {
         // SAFETY: `close_slow` requires what libc's `close` does of these arguments, which the
         // application's call met.
-        unsafe { close_slow(fd) }
+        unsafe { close_slow(fd, app) }
     };
     // After the call: a change racing with the close cannot leave a memory of the closed number.
     repeat::forget(fd);
@@ -335,7 +338,14 @@ pub unsafe fn close(fd: c_int) -> c_int {
 }
 
 #[inline(never)]
-unsafe fn close_slow(fd: c_int) -> c_int {
+unsafe fn close_slow(fd: c_int, app: bool) -> c_int {
+    if colo_sys::placed::maybe(fd) && !crate::base::vm::shares_memory() {
+        if !app {
+            colo_sys::placed::closing(fd);
+        } else if colo_sys::placed::refused(fd) {
+            return refuse_close(fd);
+        }
+    }
     // A child sharing this process's memory (`vfork`: CPython's subprocess closes what it does
     // not pass on before its exec) closes its own copy of the descriptor; the table is its
     // parent's, which keeps the connection.
@@ -350,6 +360,19 @@ unsafe fn close_slow(fd: c_int) -> c_int {
     // SAFETY: `real::close` is libc's `close`, given the application's arguments unchanged: the
     // contract the caller met.
     unsafe { real::close(fd) }
+}
+
+/// The application's `close` of one of the shim's own descriptors (`colo_sys::placed`): over
+/// TCP that number is not open, so the call fails with `EBADF` and the descriptor stays.
+#[cold]
+fn refuse_close(fd: c_int) -> c_int {
+    static TOLD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !TOLD.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        let _g = Guard::enter();
+        log_info(format_args!("close of fd {fd}: one of colo's own descriptors, which the program never opened; left open (EBADF, as without colo)"));
+    }
+    crate::base::guard::set_errno(libc::EBADF);
+    -1
 }
 
 pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {

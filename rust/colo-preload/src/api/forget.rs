@@ -89,7 +89,7 @@ pub unsafe fn close_range_around_own(first: u32, last: u32, flags: c_int) -> lib
         return raw(first, last);
     }
     let mut from = first;
-    for fd in colo_sys::preload::placed_in(first, last) {
+    for fd in colo_sys::placed::in_range(first, last) {
         let fd = fd as u32;
         if fd > from {
             let r = raw(from, fd - 1);

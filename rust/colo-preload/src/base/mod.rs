@@ -6,5 +6,6 @@ pub mod env;
 pub mod guard;
 pub mod log;
 pub mod mem;
+pub mod own_code;
 pub mod uring;
 pub mod vm;

@@ -897,6 +897,7 @@ impl Drop for Conn {
             // would otherwise write to the unmapped segment and ring a closed descriptor.
             self.shm.stop_watching();
             for fd in self.raw {
+                colo_sys::placed::closing(fd);
                 // SAFETY: these descriptors belong to the Shm we deliberately do not drop.
                 unsafe { libc::syscall(libc::SYS_close, fd) };
             }

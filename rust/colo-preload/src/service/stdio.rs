@@ -171,7 +171,9 @@ pub(crate) fn start_relay(relay: impl FnOnce(OwnedFd)) -> Result<bool, String> {
 /// `listen` and our `connect`; with its backlog of 1, two such connections fill the queue, the
 /// kernel then drops our SYN, and our blocking `connect` would wait out its SYN retries (about two
 /// minutes) in the application's thread: an `exec`'d program's start, a `sendmsg` passing a
-/// connection. The `getpeername` check below stays as a second line.
+/// connection. The `getpeername` check below stays as a second line. Where the kernel refuses
+/// the filter (socket filters for unprivileged processes are off on some hosts), such a queue
+/// can only make the pair fail: the connect waits [`PAIR_CONNECT_WAIT`] at most.
 pub(crate) fn loopback_pair(v6: bool) -> std::io::Result<(OwnedFd, OwnedFd)> {
     let (family, addr) = if v6 {
         (AddressFamily::INET6, SocketAddr::from((Ipv6Addr::LOCALHOST, 0)))
@@ -185,10 +187,10 @@ pub(crate) fn loopback_pair(v6: bool) -> std::io::Result<(OwnedFd, OwnedFd)> {
     let port = crate::base::addr::sockaddr_of(&mine).ok_or_else(|| std::io::Error::other("the program's end has no address"))?.port();
     let listener = net::socket_with(family, ty, net::SocketFlags::CLOEXEC, None)?;
     net::bind(&listener, &addr)?;
-    only_from(&listener, port, v6)?;
+    let _ = only_from(&listener, port, v6);
     net::listen(&listener, 1)?;
     let name = net::getsockname(&listener)?;
-    net::connect(&app, &name)?;
+    connect_within(&app, &name, PAIR_CONNECT_WAIT)?;
     // Only the connection just made, never another process's that raced to the listener (the
     // filter keeps those out; any that got in are closed): it is queued (the connect returned).
     let mut strangers = 0;
@@ -205,6 +207,35 @@ pub(crate) fn loopback_pair(v6: bool) -> std::io::Result<(OwnedFd, OwnedFd)> {
     let _ = net::sockopt::set_tcp_nodelay(&app, true);
     let _ = net::sockopt::set_tcp_nodelay(&relay_end, true);
     Ok((app, relay_end))
+}
+
+/// How long [`loopback_pair`]'s connect may wait for room in its listener's queue (a loopback
+/// connect with room completes at once).
+const PAIR_CONNECT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Connects the blocking socket `s` to `to`, waiting at most `wait`.
+fn connect_within(s: &OwnedFd, to: &SocketAddrAny, wait: std::time::Duration) -> std::io::Result<()> {
+    rustix::io::ioctl_fionbio(s, true)?;
+    let r = match net::connect(s, to) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::INPROGRESS) => {
+            let until = std::time::Instant::now() + wait;
+            loop {
+                let left = until.saturating_duration_since(std::time::Instant::now());
+                let t = rustix::event::Timespec { tv_sec: left.as_secs() as i64, tv_nsec: i64::from(left.subsec_nanos()) };
+                let mut p = [rustix::event::PollFd::new(s, rustix::event::PollFlags::OUT)];
+                match rustix::event::poll(&mut p, Some(&t)) {
+                    Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => break Err(e.into()),
+                    Ok(0) => break Err(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+                    Ok(_) => break net::sockopt::socket_error(s)?.map_err(std::io::Error::from),
+                }
+            }
+        }
+        Err(e) => Err(e.into()),
+    };
+    rustix::io::ioctl_fionbio(s, false)?;
+    r
 }
 
 /// Attaches to `listener` a classic BPF socket filter that accepts only packets from the
@@ -399,12 +430,13 @@ pub(crate) fn close_all_but(keep: &[i32]) {
     let mut from = 0u32;
     for k in keep {
         if k > from {
-            // SAFETY: closes descriptors of this process that the relay does not use.
-            unsafe { libc::syscall(libc::SYS_close_range, from, k - 1, 0) };
+            // SAFETY: closes descriptors of this process that the relay does not use. libc's
+            // `syscall`, not the shim's, which would keep the shim's descriptors open.
+            unsafe { crate::real::syscall(libc::SYS_close_range, from as libc::c_long, (k - 1) as libc::c_long, 0, 0, 0, 0) };
         }
         from = k + 1;
     }
     // SAFETY: closes the descriptors of this process above the last one kept, none of which the
-    // relay uses.
-    unsafe { libc::syscall(libc::SYS_close_range, from, u32::MAX, 0) };
+    // relay uses (by libc's `syscall`, as above).
+    unsafe { crate::real::syscall(libc::SYS_close_range, from as libc::c_long, libc::c_long::from(u32::MAX), 0, 0, 0, 0) };
 }

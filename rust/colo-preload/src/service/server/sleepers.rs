@@ -388,7 +388,7 @@ pub fn watch_if_needed<W: Watched>(w: &Arc<W>) {
     }
     if !s.started.swap(true, Ordering::Relaxed) {
         let weak = Arc::downgrade(w);
-        if std::thread::Builder::new().name("colo-held".into()).spawn(move || watch(weak)).is_err() {
+        if colo_sys::host::spawn("colo-held", move || watch(weak)).is_err() {
             s.started.store(false, Ordering::Relaxed);
             return;
         }

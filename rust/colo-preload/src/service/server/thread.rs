@@ -106,8 +106,7 @@ pub(super) fn start(lineage: &'static Lineage, seen: u32, listens: Vec<Arc<Liste
     let state = State { listens, waiting: Vec::new(), offers: HashMap::new(), rivals: Vec::new(), shared: lineage.shared, swept: Instant::now(), full: false, full_uids: Vec::new(), starved: None, closed_here: Vec::new(), collected: 0, asks: Vec::new() };
     let svc = Box::new(Service { pid: colo_sys::host::pid(), lineage, state: Mutex::new(state), wake, collected: Condvar::new() });
     let (tx, rx) = std::sync::mpsc::sync_channel::<Option<usize>>(1);
-    let spawned = colo_sys::host::with_signals_blocked(|| {
-        std::thread::Builder::new().name("colo-offers".into()).spawn(move || {
+    let spawned = colo_sys::host::spawn("colo-offers", move || {
             if !svc.lineage.take_over(seen) {
                 // Another process (or thread) serves: this one's `wake` is closed with it.
                 let _ = tx.send(None);
@@ -126,8 +125,7 @@ pub(super) fn start(lineage: &'static Lineage, seen: u32, listens: Vec<Arc<Liste
             // the Service built above.
             SERVICE.store(svc as *const Service as *mut Service, Ordering::Release);
             let _ = tx.send(Some(svc as *const Service as usize));
-            serve(svc)
-        })
+        serve(svc)
     });
     if let Err(e) = spawned {
         log_info(format_args!("offer service: {e}"));
