@@ -138,6 +138,7 @@ real_fns! {
     fn posix_spawnp(pid: *mut libc::pid_t, file: *const libc::c_char, acts: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut libc::c_char, envp: *const *mut libc::c_char) -> c_int;
     fn system(command: *const libc::c_char) -> c_int;
     fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_long, c: libc::c_long, d: libc::c_long, e: libc::c_long, f: libc::c_long) -> libc::c_long;
+    fn prctl(option: c_int, a2: c_ulong, a3: c_ulong, a4: c_ulong, a5: c_ulong) -> c_int;
     fn dup(fd: c_int) -> c_int;
     fn setuid(uid: libc::uid_t) -> c_int;
     fn setgid(gid: libc::gid_t) -> c_int;

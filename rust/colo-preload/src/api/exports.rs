@@ -2,7 +2,7 @@
 //! (`data`, `fds`, `copy`, `fdopen`, `epoll`, `ppoll`, `sockopt`), or over libc (`real`) when the
 //! arguments show the call is not the shim's. A non-colo fd costs one atomic load before libc.
 
-use crate::api::{behind, copy, data, epoll, fdopen, fds, forget, names, nofile, ppoll, repeat, route, sockopt, std_streams};
+use crate::api::{behind, confine, copy, data, epoll, fdopen, fds, forget, names, nofile, ppoll, repeat, route, sockopt, std_streams};
 use crate::base::guard::Guard;
 use crate::base::uring::refused;
 use crate::conn::state::Conn;
@@ -24,6 +24,9 @@ use std::time::Duration;
 pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_long, c: libc::c_long, d: libc::c_long, e: libc::c_long, f: libc::c_long) -> libc::c_long {
     if refused(n) {
         return -1;
+    }
+    if n == libc::SYS_seccomp && confine::seccomp_confines(a) {
+        confine::leave_process();
     }
     if n == libc::SYS_close_range {
         // SAFETY: the application's arguments, as the system call takes them.
@@ -48,6 +51,17 @@ pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_lo
         }
     }
     r
+}
+
+/// `prctl(2)`: the shim leaves a process that installs a seccomp filter first (`confine`).
+/// Variadic in C; the kernel takes four arguments after the option, passed in registers.
+#[no_mangle]
+pub unsafe extern "C" fn prctl(option: c_int, a2: c_ulong, a3: c_ulong, a4: c_ulong, a5: c_ulong) -> c_int {
+    if confine::prctl_confines(option, a2) {
+        confine::leave_process();
+    }
+    // SAFETY: libc's `prctl`, given the application's arguments unchanged.
+    unsafe { real::prctl(option, a2, a3, a4, a5) }
 }
 
 /// `close_range(2)` (glibc 2.34), made as the system call itself: a child between `vfork` and

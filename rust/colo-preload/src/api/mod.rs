@@ -3,6 +3,7 @@
 //! `fds` below `behind` (the raw `syscall` path); `exports` is above all of them.
 
 pub mod behind;
+pub mod confine;
 pub mod copy;
 pub mod creds;
 pub mod data;
