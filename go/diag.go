@@ -18,6 +18,8 @@ const (
 	diagSockID       = 48                  // struct inet_diag_sockid
 	diagReq          = 8 + diagSockID      // struct inet_diag_req_v2
 	diagMsgUIDEnd    = 4 + diagSockID + 16 // struct inet_diag_msg up to idiag_uid
+	diagMsg          = diagMsgUIDEnd + 4   // struct inet_diag_msg, its attributes after it
+	diagSkV6Only     = 11                  // INET_DIAG_SKV6ONLY: IPV6_V6ONLY, one byte
 	tcpListenState   = 10
 )
 
@@ -96,9 +98,31 @@ func diagSocket(m []byte) tcpSocket {
 		}
 		return netip.AddrPortFrom(a, binary.BigEndian.Uint16(port))
 	}
+	// dualStack: IPv4, or IPv6 whose IPV6_V6ONLY attribute the kernel says is 0.
+	dualStack := m[0] == unix.AF_INET
+	if v := diagAttribute(m, diagSkV6Only); m[0] == unix.AF_INET6 && len(v) > 0 {
+		dualStack = v[0] == 0
+	}
 	return tcpSocket{local: addr(id[4:20], id[0:2]), remote: addr(id[20:36], id[2:4]),
 		listening: m[1] == tcpListenState, uid: binary.NativeEndian.Uint32(m[diagMsgUIDEnd-4:]),
-		unbound: binary.NativeEndian.Uint32(id[36:40]) == 0} // idiag_if: the bound device, 0 for none
+		unbound: binary.NativeEndian.Uint32(id[36:40]) == 0, // idiag_if: the bound device, 0 for none
+		takesV4: dualStack}
+}
+
+// diagAttribute returns the payload of the attribute of type kind after an inet_diag_msg, or
+// nil if the kernel did not send it.
+func diagAttribute(m []byte, kind uint16) []byte {
+	for at := diagMsg; at+4 <= len(m); {
+		l := int(binary.NativeEndian.Uint16(m[at:]))
+		if l < 4 || at+l > len(m) {
+			return nil
+		}
+		if binary.NativeEndian.Uint16(m[at+2:])&0x3fff == kind {
+			return m[at+4 : at+l]
+		}
+		at += (l + 3) &^ 3
+	}
+	return nil
 }
 
 func noCookie() (id [diagSockID]byte) {

@@ -25,6 +25,9 @@ type tcpSocket struct {
 	// unbound: the kernel says the socket is bound to no network device (SO_BINDTODEVICE);
 	// false where it is bound, or where the table read does not say (/proc/net/tcp{,6}).
 	unbound bool
+	// takesV4: an IPv4 socket, or an IPv6 one the kernel says is not IPV6_V6ONLY; false where
+	// it is, or where the table read does not say (/proc/net/tcp6).
+	takesV4 bool
 }
 
 // parseTCPTable reads the sockets of a /proc/net/tcp{,6} text; lines that do not parse are
@@ -44,7 +47,7 @@ func parseTCPTable(r io.Reader) []tcpSocket {
 		if !okL || !okR || err != nil {
 			continue
 		}
-		out = append(out, tcpSocket{local: local, remote: remote, listening: f[3] == "0A", uid: uint32(uid)})
+		out = append(out, tcpSocket{local: local, remote: remote, listening: f[3] == "0A", uid: uint32(uid), takesV4: len(f[1]) == 13})
 	}
 	return out
 }
@@ -93,8 +96,8 @@ func tcpSockets() []tcpSocket {
 
 // kernelListener finds the listening socket the kernel hands a connection to dialed to: one
 // bound to exactly that address (IPv4-mapped counted as IPv4), else the wildcard of the same
-// family, else, for IPv4, the IPv6 wildcard (dual-stack unless IPV6_V6ONLY, which the table does
-// not show: such a listener refuses the connection itself). A dial to the unspecified address
+// family, else, for IPv4, the IPv6 wildcard (dual-stack unless IPV6_V6ONLY: such a listener
+// refuses the connection itself, see tcpSocket.takesV4). A dial to the unspecified address
 // reaches loopback. It returns the listener's address, its uid, and whether one uid owns every
 // socket listening there (uidOK); ok is false when nothing listens for dialed.
 func kernelListener(dialed netip.AddrPort, socks []tcpSocket) (addr netip.AddrPort, uid uint32, uidOK, ok bool) {
@@ -166,11 +169,11 @@ func checkRendezvous(dialed netip.AddrPort, reached string, serverUID uint32, so
 	switch {
 	case !ok:
 		return fmt.Errorf("colo: rendezvous %s owned by uid %d, but no TCP socket listens for %v", reached, serverUID, dialed)
-	case dialed.Addr().Unmap().Is4() && addr.Addr().Is6():
-		// The table does not say whether an IPv6 wildcard is IPV6_V6ONLY (then it takes no IPv4
-		// connection and TCP to dialed is refused): a server of another uid could answer WELCOME
-		// where TCP says no one listens.
-		return fmt.Errorf("colo: rendezvous %s owned by uid %d: %v would go to the IPv6 wildcard %v, which may be IPV6_V6ONLY (then TCP is refused)", reached, serverUID, dialed, addr)
+	case dialed.Addr().Unmap().Is4() && addr.Addr().Is6() && !allTakeV4(addr, socks):
+		// An IPv6 wildcard that is IPV6_V6ONLY takes no IPv4 connection (TCP to dialed is
+		// refused): a server of another uid could answer WELCOME where TCP says no one listens.
+		// Trusted only where the kernel says none there is (sock_diag; /proc/net/tcp6 does not).
+		return fmt.Errorf("colo: rendezvous %s owned by uid %d: %v would go to the IPv6 wildcard %v, which is IPV6_V6ONLY or not known not to be (then TCP is refused)", reached, serverUID, dialed, addr)
 	case !allUnbound(addr, socks):
 		// A listener bound to a device (SO_BINDTODEVICE, open to any user) takes no connection
 		// that comes in on another one, loopback's among them: TCP to dialed may be refused
@@ -185,6 +188,16 @@ func checkRendezvous(dialed netip.AddrPort, reached string, serverUID uint32, so
 		return fmt.Errorf("colo: rendezvous owned by uid %d, its TCP listener %v by uid %d", serverUID, addr, uid)
 	}
 	return nil
+}
+
+// allTakeV4 reports whether every listening socket at addr is known to take IPv4 connections.
+func allTakeV4(addr netip.AddrPort, socks []tcpSocket) bool {
+	for _, s := range socks {
+		if s.listening && s.local == addr && !s.takesV4 {
+			return false
+		}
+	}
+	return true
 }
 
 // allUnbound reports whether every listening socket at addr is known to be bound to no device.

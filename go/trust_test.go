@@ -125,6 +125,62 @@ func TestRendezvousCheck(t *testing.T) {
 			t.Errorf("%s via %s: %v, want ok=%v", c.dialed, c.reached, err, c.ok)
 		}
 	}
+	// Where the kernel says that wildcard is not IPV6_V6ONLY (sock_diag), it takes the IPv4 dial.
+	for i := range tb {
+		if tb[i].local.Addr().Is6() {
+			tb[i].takesV4 = true
+		}
+	}
+	if err := checkRendezvous(ap("127.0.0.9:6391"), "colo/1/[::]:6391", 65534, tb); err != nil {
+		t.Errorf("a dual-stack wildcard: %v", err)
+	}
+}
+
+// The kernel's sock_diag says which IPv6 listeners are IPV6_V6ONLY.
+func TestDiagSaysWhichListenersAreV6Only(t *testing.T) {
+	listen := func(v6only int) (int, uint16) {
+		fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, v6only); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Bind(fd, &unix.SockaddrInet6{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Listen(fd, 1); err != nil {
+			t.Fatal(err)
+		}
+		sa, _ := unix.Getsockname(fd)
+		return fd, uint16(sa.(*unix.SockaddrInet6).Port)
+	}
+	only, onlyPort := listen(1)
+	defer unix.Close(only)
+	dual, dualPort := listen(0)
+	defer unix.Close(dual)
+	socks, err := diagListeners()
+	if err != nil {
+		t.Skip("sock_diag refused:", err)
+	}
+	seen := 0
+	for _, s := range socks {
+		switch s.local.Port() {
+		case onlyPort:
+			seen++
+			if s.takesV4 {
+				t.Error("an IPV6_V6ONLY listener said to take IPv4")
+			}
+		case dualPort:
+			seen++
+			if !s.takesV4 {
+				t.Error("a dual-stack listener said not to take IPv4")
+			}
+		}
+	}
+	if seen != 2 {
+		t.Errorf("sock_diag listed %d of the 2 listeners", seen)
+	}
 }
 
 // A listener bound to a device, or one the table does not say is unbound (/proc/net/tcp),

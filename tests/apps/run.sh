@@ -267,6 +267,15 @@ while True:
   out=$(timeout 10 env COLO_LOG=info $COLORUN redis-cli -p $NB ping 2>"$WORK/nobody-client.err")
   check "a server run as another user: root's client gets its answer" test "$out" = PONG
   check "... over shared memory" grep -q ": accelerated (shared memory)" "$WORK/nobody-client.err"
+  # A dual-stack server of another user on the IPv6 wildcard (python's http.server clears
+  # IPV6_V6ONLY): the kernel's sock_diag says the listener takes IPv4, so root's IPv4 client
+  # trusts its rendezvous (it went plain TCP while the kernel's tables could not say).
+  D6=$(free_port)
+  (cd "$WORK" && exec $AS_NOBODY env COLO_LOG=info $COLORUN /usr/bin/python3 -m http.server --bind :: "$D6") >"$WORK/nobody-http6.log" 2>&1 &
+  PIDS+=($!); wait_port "$D6"
+  out=$(timeout 10 env COLO_LOG=info $COLORUN curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$D6/" 2>"$WORK/nobody-client6.err")
+  check "a dual-stack server of another user on [::]: root's IPv4 client gets its answer" test "$out" = 200
+  check "... over shared memory" grep -q ": accelerated (shared memory)" "$WORK/nobody-client6.err"
 elif [ -n "${COLO_TEST_UNPRIVILEGED:-}" ]; then
   echo "skip users: no user nobody, or it cannot read $SHIM (COLO_TEST_UNPRIVILEGED is set)"
 else

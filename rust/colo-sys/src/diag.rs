@@ -22,6 +22,10 @@ const SOCKID: usize = 48;
 const REQ: usize = 8 + SOCKID;
 /// `struct inet_diag_msg` up to and including `idiag_uid`.
 const MSG_UID_END: usize = 4 + SOCKID + 16;
+/// `struct inet_diag_msg`, whose attributes (`struct nlattr`s) follow it.
+const MSG: usize = MSG_UID_END + 4;
+/// The attribute the kernel adds to every IPv6 socket's message: `IPV6_V6ONLY`, one byte.
+const INET_DIAG_SKV6ONLY: u16 = 11;
 
 /// A netlink `sock_diag` socket, closed on drop.
 struct Diag(rustix::fd::OwnedFd);
@@ -131,7 +135,25 @@ fn socket_of(msg: &[u8]) -> TcpSocket {
         uid: u32::from_ne_bytes(msg[MSG_UID_END - 4..MSG_UID_END].try_into().expect("4 bytes")),
         // `idiag_if`: the interface the socket is bound to, 0 for none.
         device: Some(u32::from_ne_bytes(id[36..40].try_into().expect("4 bytes")) != 0),
+        v6only: if family == libc::AF_INET as u8 { Some(false) } else { attribute(msg, INET_DIAG_SKV6ONLY).and_then(|v| v.first()).map(|&b| b != 0) },
     }
+}
+
+/// The payload of the attribute of type `kind` after an `inet_diag_msg`, if the kernel sent it.
+fn attribute(msg: &[u8], kind: u16) -> Option<&[u8]> {
+    let mut at = MSG;
+    while at + 4 <= msg.len() {
+        let len = usize::from(u16::from_ne_bytes([msg[at], msg[at + 1]]));
+        let ty = u16::from_ne_bytes([msg[at + 2], msg[at + 3]]) & 0x3fff;
+        if len < 4 || at + len > msg.len() {
+            return None;
+        }
+        if ty == kind {
+            return Some(&msg[at + 4..at + len]);
+        }
+        at += (len + 3) & !3;
+    }
+    None
 }
 
 /// Every listening TCP socket of this network namespace, IPv4 and IPv6.
@@ -261,6 +283,26 @@ mod tests {
         let c6 = std::net::TcpStream::connect(a6).unwrap();
         assert!(super::listeners().unwrap().iter().any(|s| s.local == a6));
         assert_eq!(super::connection(c6.local_addr().unwrap(), a6).unwrap().map(|s| s.uid), Some(uid));
+    }
+
+    #[test]
+    fn the_kernel_says_which_ipv6_listeners_are_v6only() {
+        let listen = |v6only: bool| {
+            let s = rustix::net::socket(rustix::net::AddressFamily::INET6, rustix::net::SocketType::STREAM, None).unwrap();
+            rustix::net::sockopt::set_ipv6_v6only(&s, v6only).unwrap();
+            rustix::net::bind(&s, &std::net::SocketAddr::from(([0u16; 8], 0))).unwrap();
+            rustix::net::listen(&s, 1).unwrap();
+            let l = std::net::TcpListener::from(s);
+            (l.local_addr().unwrap().port(), l)
+        };
+        let ((only, _l1), (dual, _l2)) = (listen(true), listen(false));
+        let all = super::listeners().unwrap();
+        let of = |port: u16| all.iter().find(|s| s.local.port() == port).map(|s| s.v6only);
+        assert_eq!(of(only), Some(Some(true)), "{all:?}");
+        assert_eq!(of(dual), Some(Some(false)));
+        let v4 = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let all = super::listeners().unwrap();
+        assert_eq!(all.iter().find(|s| s.local == v4.local_addr().unwrap()).map(|s| s.v6only), Some(Some(false)));
     }
 
     #[test]

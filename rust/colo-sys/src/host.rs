@@ -67,7 +67,7 @@ pub fn parse_tcp_table(text: &str) -> Vec<TcpSocket> {
             continue;
         }
         let (Some(local), Some(remote), Ok(uid)) = (proc_addr(f[1]), proc_addr(f[2]), f[7].parse()) else { continue };
-        out.push(TcpSocket { local, remote, listening: f[3] == "0A", uid, device: None });
+        out.push(TcpSocket { local, remote, listening: f[3] == "0A", uid, device: None, v6only: local.is_ipv4().then_some(false) });
     }
     out
 }
@@ -132,8 +132,8 @@ pub struct Listening {
 
 /// The listening socket the kernel hands a connection to `dialed` to, among `sockets`: one
 /// bound to exactly that address (IPv4-mapped counted as IPv4), else the wildcard of the same
-/// family, else, for an IPv4 address, the IPv6 wildcard (a dual-stack listener, unless it is
-/// `IPV6_V6ONLY`, which the table does not show: that listener refuses the connection itself).
+/// family, else, for an IPv4 address, the IPv6 wildcard (a dual-stack listener; one that is
+/// `IPV6_V6ONLY` refuses the connection itself: see `TcpSocket::v6only`).
 /// A dial to the unspecified address reaches the loopback address, as `connect(2)` does.
 pub fn kernel_listener(dialed: SocketAddr, sockets: &[TcpSocket]) -> Option<Listening> {
     use std::net::{Ipv4Addr, Ipv6Addr};

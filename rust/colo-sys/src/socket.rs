@@ -28,4 +28,7 @@ pub struct TcpSocket {
     /// then takes only connections that come in on that device, and none over loopback unless
     /// the device is `lo`. `None`: the table does not say (`/proc/net/tcp` does not).
     pub device: Option<bool>,
+    /// Whether an IPv6 socket is `IPV6_V6ONLY` (it then takes no IPv4 connection); false for an
+    /// IPv4 one. `None`: the table does not say (`/proc/net/tcp6` does not).
+    pub v6only: Option<bool>,
 }

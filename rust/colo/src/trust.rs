@@ -32,20 +32,20 @@ fn check_rendezvous(dialed: SocketAddr, reached: &str, server_uid: u32, sockets:
     let Some(listener) = host::kernel_listener(dialed, sockets) else {
         return Err(format!("rendezvous {reached} owned by uid {server_uid}, but no TCP socket listens for {dialed}"));
     };
-    // The kernel's tables do not say whether an IPv6 wildcard listener is IPV6_V6ONLY (it then
-    // takes no IPv4 connection, and TCP to `dialed` is refused): a server of another uid could
-    // answer WELCOME where TCP says no one listens. So an IPv4 dial trusts such a listener only
-    // if it is our uid or root's (above).
-    if host::canonical(dialed.ip()).is_ipv4() && listener.addr.is_ipv6() {
+    let at_addr = || sockets.iter().filter(|s| s.listening && s.local == listener.addr);
+    // An IPv6 wildcard listener that is IPV6_V6ONLY takes no IPv4 connection (TCP to `dialed`
+    // is refused): a server of another uid could answer WELCOME where TCP says no one listens.
+    // So an IPv4 dial trusts such a listener only where the kernel says none there is
+    // (`sock_diag`; `/proc/net/tcp6` does not say), or if it is our uid or root's (above).
+    if host::canonical(dialed.ip()).is_ipv4() && listener.addr.is_ipv6() && !at_addr().all(|s| s.v6only == Some(false)) {
         return Err(format!(
-            "rendezvous {reached} owned by uid {server_uid}: {dialed} would go to the IPv6 wildcard {}, which may be IPV6_V6ONLY (then TCP is refused)",
+            "rendezvous {reached} owned by uid {server_uid}: {dialed} would go to the IPv6 wildcard {}, which is IPV6_V6ONLY or not known not to be (then TCP is refused)",
             listener.addr
         ));
     }
     // A listener bound to a device (SO_BINDTODEVICE, open to any user) takes no connection
     // that comes in on another one, loopback's among them: TCP to `dialed` may be refused while
     // the table lists it. Trusted only where the kernel says no socket there is so bound.
-    let at_addr = || sockets.iter().filter(|s| s.listening && s.local == listener.addr);
     if !at_addr().all(|s| s.device == Some(false)) {
         return Err(format!(
             "rendezvous {reached} owned by uid {server_uid}: the TCP listener on {} is bound to a network device, or the kernel's table does not say",
@@ -155,9 +155,12 @@ mod tests {
     fn the_owner_of_the_kernels_listener_is_trusted() {
         let t = table();
         assert!(check_rendezvous(at("127.0.0.2:6391"), "colo/1/127.0.0.2:6391", 65534, &t).is_ok());
-        // An IPv4 dial that only an IPv6 wildcard of another uid would take: that listener may
-        // be IPV6_V6ONLY (TCP refused), which the table does not show.
-        assert!(check_rendezvous(at("127.0.0.1:7001"), "colo/1/[::]:7001", 65534, &t).is_err());
+        // An IPv4 dial that only an IPv6 wildcard of another uid would take: trusted only
+        // where the kernel says that listener is not IPV6_V6ONLY (TCP refused).
+        assert!(check_rendezvous(at("127.0.0.1:7001"), "colo/1/[::]:7001", 65534, &t).is_err(), "the table does not say");
+        let with = |v6only| t.iter().map(|s| colo_sys::host::TcpSocket { v6only: if s.local.is_ipv6() { v6only } else { s.v6only }, ..*s }).collect::<Vec<_>>();
+        assert!(check_rendezvous(at("127.0.0.1:7001"), "colo/1/[::]:7001", 65534, &with(Some(true))).is_err(), "IPV6_V6ONLY");
+        assert!(check_rendezvous(at("127.0.0.1:7001"), "colo/1/[::]:7001", 65534, &with(Some(false))).is_ok(), "dual-stack");
         assert!(check_rendezvous(at("[::1]:7001"), "colo/1/[::]:7001", 65534, &t).is_ok());
         assert!(check_rendezvous(at("127.0.0.1:7001"), "colo/1/127.0.0.1:7001", 65534, &t).is_err());
     }
