@@ -117,6 +117,33 @@ static void options_before_connect(void) {
     mask("poll client below its mark", pmask(c));
 }
 
+/* SO_SNDBUF 4096 set before connect on the client, and on the listener (inherited by the
+ * accepted socket): each end queues under 64 KiB before EAGAIN once connected, as with the
+ * option set on the connected socket (`sndbuf`). */
+static void sndbuf_before_connect(void) {
+    struct sockaddr_in a;
+    int l = listener(&a), size = 4096;
+    T("listener SO_SNDBUF 4096", setsockopt(l, SOL_SOCKET, SO_SNDBUF, &size, sizeof size));
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    T("client SO_SNDBUF 4096", setsockopt(c, SOL_SOCKET, SO_SNDBUF, &size, sizeof size));
+    if (connect(c, (struct sockaddr *)&a, sizeof a) < 0) die("connect");
+    int s = accept(l, NULL, NULL);
+    if (s < 0) die("accept");
+    char x = 'x';
+    if (write(c, &x, 1) != 1 || read(s, &x, 1) != 1 || write(s, &x, 1) != 1 || read(c, &x, 1) != 1) die("settle");
+    __atomic_add_fetch(diff_conns, 1, __ATOMIC_SEQ_CST);
+    static char big[1 << 16];
+    int ends[2] = {c, s};
+    for (int i = 0; i < 2; i++) {
+        long total = 0;
+        ssize_t n;
+        while ((n = send(ends[i], big, sizeof big, MSG_DONTWAIT)) > 0) total += n;
+        say("  %s queued before EAGAIN under 64 KiB: %s", i ? "server" : "client", total < 65536 ? "yes" : "no");
+        long got = 0;
+        while (got < total && (n = recv(ends[1 - i], big, sizeof big, 0)) > 0) got += n;
+    }
+}
+
 int main(void) {
     diff_begin();
     RUN(rcvlowat);
@@ -125,6 +152,7 @@ int main(void) {
     RUN(sndtimeo);
     RUN(tcp_info);
     RUN(options_before_connect);
+    RUN(sndbuf_before_connect);
     diff_end();
     return 0;
 }

@@ -536,6 +536,10 @@ pub unsafe extern "C" fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *
         // SAFETY: the application's arguments, as `setsockopt` takes them.
         return unsafe { sockopt::set_defer_accept(fd, val, len) };
     }
+    if level == libc::SOL_SOCKET && name == libc::SO_SNDBUF {
+        // SAFETY: the application's arguments, as `setsockopt` takes them.
+        return unsafe { sockopt::set_sndbuf(fd, val, len) };
+    }
     // SAFETY: `sockopt::setsockopt` requires what libc's `setsockopt` does of these arguments,
     // which the application's call met.
     unsafe { sockopt::setsockopt(fd, level, name, val, len) }

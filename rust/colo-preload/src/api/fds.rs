@@ -157,6 +157,9 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
     // contract the caller met.
     let nfd = unsafe { real::accept4(fd, addr, len, flags) };
     new_number(nfd, false);
+    if nfd >= 0 {
+        crate::conn::options::inherit_sndbuf(fd, nfd);
+    }
     repeat::forget(nfd);
     let kind = table::kind(fd);
     if nfd < 0 || (kind != LISTEN && kind != GUEST) {

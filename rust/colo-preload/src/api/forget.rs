@@ -116,7 +116,7 @@ pub fn new_number(fd: c_int, tcp: bool) {
     if fd >= 0 && known(fd) {
         stale(fd);
     }
-    crate::api::sockopt::forget_defer_accept(fd);
+    crate::api::sockopt::forget_asked(fd);
     table::set_fresh(fd, tcp);
 }
 

@@ -5,6 +5,7 @@
 use crate::api::route::{conn_for_io, plain, plain_first};
 use crate::base::guard::Guard;
 use crate::conn::state::{TCP_CLOSE, TCP_ESTABLISHED};
+use crate::conn::options;
 use crate::conn::table::{self, NONE};
 use crate::real;
 use libc::{c_int, c_void, socklen_t};
@@ -203,10 +204,26 @@ pub unsafe fn get_defer_accept(fd: c_int, val: *mut c_void, len: *mut socklen_t)
 
 /// A new descriptor took number `fd`: what an earlier socket of that number asked is forgotten.
 #[inline]
-pub fn forget_defer_accept(fd: c_int) {
+pub fn forget_asked(fd: c_int) {
     if let Some(a) = usize::try_from(fd).ok().and_then(|i| DEFER_ASKED.get(i)) {
         if a.load(Ordering::Relaxed) != 0 {
             a.store(0, Ordering::Relaxed);
         }
     }
+    options::forget_sndbuf(fd);
+}
+
+/// `setsockopt(fd, SOL_SOCKET, SO_SNDBUF, val, len)`: the kernel's, and the value kept for the
+/// connection `fd` is or becomes (`conn::options::note_sndbuf`).
+///
+/// # Safety
+/// The application's arguments, as `setsockopt` takes them.
+pub unsafe fn set_sndbuf(fd: c_int, val: *const c_void, len: socklen_t) -> c_int {
+    // SAFETY: the caller's contract.
+    let r = unsafe { setsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, val, len) };
+    if r == 0 && !val.is_null() && len as usize >= std::mem::size_of::<c_int>() {
+        // SAFETY: an int, as the kernel just accepted.
+        options::note_sndbuf(fd, unsafe { (val as *const c_int).read_unaligned() });
+    }
+    r
 }

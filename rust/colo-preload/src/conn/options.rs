@@ -3,11 +3,14 @@
 
 use crate::conn::state::Conn;
 use crate::real;
+use crate::conn::table;
 use libc::{c_int, c_void, socklen_t};
+use std::sync::atomic::{AtomicI32, Ordering};
 
 /// A connection the shim just accelerated on `fd` (connected, accepted, or taken back after
 /// `exec`) takes the options its socket already has: set before `connect`, inherited from the
-/// listener, or set by an earlier image. Three `getsockopt`s per set-up.
+/// listener, or set by an earlier image. Three `getsockopt`s per set-up; `SO_SNDBUF`, which the
+/// kernel does not tell from its default, as the program set it ([`note_sndbuf`]).
 pub fn adopt_options(fd: c_int, c: &Conn) {
     let get = |name: c_int, val: *mut c_void, size: usize| {
         let mut len = size as socklen_t;
@@ -31,6 +34,9 @@ pub fn adopt_options(fd: c_int, c: &Conn) {
     if get(libc::SO_RCVLOWAT, (&mut low as *mut c_int).cast(), std::mem::size_of::<c_int>()) && low > 1 {
         c.set_lowat(low as u32);
     }
+    if let Some(n) = sndbuf_asked(fd) {
+        c.set_send_limit(n);
+    }
 }
 
 /// The application closes `fd`, a descriptor of `c`: with `SO_LINGER {1, 0}` kernel TCP would
@@ -44,4 +50,46 @@ pub fn closing(fd: c_int, c: &Conn) {
     if r == 0 && l.l_onoff != 0 && l.l_linger == 0 {
         c.abort_on_close();
     }
+}
+
+/// The `SO_SNDBUF` each socket was given, plus one (0: none), by descriptor number: the kernel
+/// does not tell a value set from its default, and one set before `connect` (or on a listener,
+/// which its accepted sockets inherit) must bound the connection's ring once accelerated.
+static SNDBUF_ASKED: [AtomicI32; table::MAX_FD] = [const { AtomicI32::new(0) }; table::MAX_FD];
+
+fn sndbuf_slot(fd: c_int) -> Option<&'static AtomicI32> {
+    SNDBUF_ASKED.get(usize::try_from(fd).ok()?)
+}
+
+/// The program gave `fd` an `SO_SNDBUF` of `n` bytes, which the kernel accepted.
+pub fn note_sndbuf(fd: c_int, n: c_int) {
+    if let Some(a) = sndbuf_slot(fd) {
+        a.store(n.max(1).saturating_add(1), Ordering::Relaxed);
+    }
+}
+
+/// `accepted`, just accepted from `listener`, inherits the `SO_SNDBUF` the program gave it.
+#[inline]
+pub fn inherit_sndbuf(listener: c_int, accepted: c_int) {
+    let (Some(from), Some(to)) = (sndbuf_slot(listener), sndbuf_slot(accepted)) else { return };
+    let v = from.load(Ordering::Relaxed);
+    if v != 0 {
+        to.store(v, Ordering::Relaxed);
+    }
+}
+
+/// A new descriptor took number `fd`: the `SO_SNDBUF` an earlier socket of it had is forgotten.
+#[inline]
+pub fn forget_sndbuf(fd: c_int) {
+    if let Some(a) = sndbuf_slot(fd) {
+        if a.load(Ordering::Relaxed) != 0 {
+            a.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The `SO_SNDBUF` the program gave `fd` (or the listener it was accepted from), if any.
+fn sndbuf_asked(fd: c_int) -> Option<usize> {
+    let v = sndbuf_slot(fd)?.load(Ordering::Relaxed);
+    (v > 0).then(|| (v - 1) as usize)
 }
