@@ -338,6 +338,9 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     core::arch::naked_asm!("mov x1, x30", "b {}", sym close_from);
 }
 
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+compile_error!("the `close` trampoline is written for x86_64 and aarch64");
+
 /// [`close`], called from `caller`.
 unsafe extern "C" fn close_from(fd: c_int, caller: usize) -> c_int {
     // SAFETY: `fds::close` requires what libc's `close` does of these arguments, which the
