@@ -12,9 +12,12 @@
 # and keeps the connections idle: about 228 MiB stays allocated, charged to root's redis (its
 # RssShmem), where over TCP an idle connection whose bytes were read holds nothing; more
 # connections hold more, up to the per-uid mapped budget (COLO_MAX_MAPPED_PER_UID_MB, a
-# quarter of 256 GiB by default). Fix directions: a consumer that reads holes without
-# allocating (pread of the memfd gives the zero page), or a shrink the consumer can ask for
-# and a producer cannot refuse.
+# quarter of 256 GiB by default). Fix directions: a consumer that punches the pages of a read
+# it found absent before the read (mincore, once per page it starts), after its copy and
+# before it publishes its tail (until then the producer may not write there; a grow that
+# copies them copies bytes already read); or a consumer that reads holes without allocating
+# (pread of the memfd gives the zero page); or a shrink the consumer can ask for and a
+# producer cannot refuse.
 # Run: bash tests/attack/pending/t_rt_idle_holes.sh (as root, after tests/attack/run.sh).
 source "$(dirname "$0")/../lib.sh"
 # common.sh placed the tree one level too high from here.
