@@ -524,7 +524,7 @@ impl Conn {
         if (fin || read_shut) && out_flags & FLAG_FIN != 0 {
             m |= HUP;
         }
-        let gone = self.gone.load(Ordering::Relaxed)
+        let gone = self.known_gone()
             || m & IN == 0
                 && match ask {
                     Ask::Never => false,
@@ -745,9 +745,20 @@ impl Conn {
         self.socket_flag(WROTE_AFTER_CLOSE)
     }
 
-    /// Whether the peer is known to be gone (no system call; see [`Conn::peer_gone`]).
+    /// Whether the peer is known to be gone (no system call; see [`Conn::peer_gone`]), also when
+    /// only a drain of the doorbell learned it (`Shm::known_hung_up`): a look that finds bytes
+    /// to read does not ask the control socket, and a peer that moved our tail back shows bytes
+    /// for good, so its hang-up must come from what the drains saw, or an edge-triggered waiter
+    /// never learns it (`GONE_EDGE`).
     pub fn known_gone(&self) -> bool {
-        self.gone.load(Ordering::Relaxed)
+        if self.gone.load(Ordering::Relaxed) {
+            return true;
+        }
+        let gone = self.shm.known_hung_up();
+        if gone {
+            self.gone.store(true, Ordering::Relaxed);
+        }
+        gone
     }
 
     /// The counters and flags whose change is an edge for an edge-triggered waiter: incoming

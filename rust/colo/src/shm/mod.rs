@@ -564,6 +564,13 @@ impl Shm {
         self.hangup.release();
     }
 
+    /// Whether the peer's hang-up (or a reset of the handshake) is known here, however it was
+    /// learned (a drain of the doorbell, the hang-up watcher's mark, a look at the control
+    /// socket): no system call.
+    pub fn known_hung_up(&self) -> bool {
+        self.has(PEER_GONE)
+    }
+
     /// Looks at the control socket now, for a caller that learned of a hang-up by other means (the
     /// shim's `poll`): the next read or write reports it, without waiting for the hang-up
     /// watcher's mark (`control_silent`).

@@ -310,10 +310,13 @@ impl Shm {
         // Whether futex sleeps are untimed; asked at the first sleep itself (in `block`'s closure,
         // after the re-check), as the answer registers the connection with the watcher.
         let untimed = std::cell::Cell::new(None::<bool>);
+        // Asked again at every sleep: a watcher that ends (a set*id call after which no thread
+        // could be started, `hangup::resume`) wakes its sleepers once, and one that slept
+        // untimed again would wait for a hang-up nothing watches.
         let sleep_untimed = || {
             let u = untimed.get().unwrap_or_else(|| {
                 deadline.is_none() && self.watched()
-            });
+            }) && self.hangup.watching();
             untimed.set(Some(u));
             u
         };

