@@ -133,7 +133,12 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
             }
         }
         libc::EPOLL_CTL_MOD => {
-            let Some((idx, old, stand, key)) = with_regs(|r| {
+            // The kernel's registration changes under the registrations' lock, with ours: a
+            // re-armed one-shot registration may be reported at once by another thread's
+            // `epoll_wait` (the peer hung up meanwhile), and that thread's `close` of it, which
+            // takes our descriptors out of the kernel's set, must not come before this `MOD`
+            // reaches the kernel (the application's `MOD` would fail: MariaDB's thread pool).
+            let changed = with_regs(|r| {
                 let idx = *r.index.get(&(epfd, fd))?;
                 let reg = r.slab[idx].as_mut().filter(|reg| !reg.deleted)?;
                 let old = reg.events;
@@ -142,19 +147,20 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
                 reg.seen = None;
                 reg.quiet = None;
                 reg.fired = false;
-                Some((idx, old, reg.stand.fds, reg.key))
-            }) else {
-                return g.err(libc::ENOENT) as c_int;
-            };
-            // The kernel only watches our descriptors for IN with the application's flags: an
-            // interest change (event loops flip OUT on and off around every reply) needs no system
-            // call, as `epoll_wait` reads the rings first. A one-shot re-arm or a flag change does.
-            if (old ^ events) & PASS_FLAGS != 0 || events & libc::EPOLLONESHOT as u32 != 0 {
-                let kernel = kernel_events(events);
-                with_regs(|r| r.slab[idx].as_mut().map(|reg| reg.kernel = kernel));
-                if let Err(e) = kernel_ctl(epfd, libc::EPOLL_CTL_MOD, stand, kernel, key) {
-                    return g.err(e) as c_int;
+                // The kernel only watches our descriptors for IN with the application's flags:
+                // an interest change (event loops flip OUT on and off around every reply) needs no
+                // system call, as `epoll_wait` reads the rings first. A one-shot re-arm or a flag
+                // change does.
+                if (old ^ events) & PASS_FLAGS != 0 || events & libc::EPOLLONESHOT as u32 != 0 {
+                    reg.kernel = kernel_events(events);
+                    return Some(kernel_ctl(epfd, libc::EPOLL_CTL_MOD, reg.stand.fds, reg.kernel, reg.key));
                 }
+                Some(Ok(()))
+            });
+            match changed {
+                None => return g.err(libc::ENOENT) as c_int,
+                Some(Err(e)) => return g.err(e) as c_int,
+                Some(Ok(())) => {}
             }
             // A thread asleep on this set must look at the new interest (the kernel would wake it).
             if table::has_sleepers(epfd) {
