@@ -508,11 +508,11 @@ pub fn register(epfd: c_int, fd: c_int, events: u32, data: u64, conn: &Arc<Conn>
                 None => Err(libc::ENOMEM),
             };
         }
-        if added.is_err() {
-            r.remove(idx);
-        }
-        added
-    })?;
+        // Dropped after the lock is let go, as every registration taken out.
+        let failed = added.is_err().then(|| r.remove(idx));
+        (added, failed)
+    })
+    .0?;
     // A thread asleep on this set must look at it (the kernel would wake it); one about to sleep
     // marks itself sleeping before its last look at the registrations (or, in a set without
     // connections, at their count).
