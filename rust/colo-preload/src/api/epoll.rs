@@ -80,51 +80,52 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
             let kernel = kernel_events(events);
             // A registration the application deleted comes back without a system call, unless
             // its kernel flags change; one left by an earlier connection on this fd number goes.
+            // The kernel's registration changes under the registrations' lock with ours, as in
+            // `EPOLL_CTL_MOD` (below): another thread may report and close it at once.
             let revived = with_regs(|r| {
                 let idx = *r.index.get(&(epfd, fd))?;
                 let reg = r.slab[idx].as_mut()?;
                 if !reg.deleted {
-                    return Some(Err(libc::EEXIST));
+                    return Some(Err((libc::EEXIST, None)));
                 }
                 if !Arc::ptr_eq(&reg.conn, &conn) {
                     let old = r.remove(idx)?;
-                    return Some(Ok(Err(old)));
+                    return Some(Ok(Some(old)));
                 }
                 let old_kernel = reg.kernel;
                 let mut fresh = Reg::new(epfd, fd, events, data, conn.clone());
                 std::mem::swap(&mut fresh.stand, &mut reg.stand);
                 fresh.key = reg.key;
                 *reg = fresh;
-                Some(Ok(Ok((idx, old_kernel, reg.stand.fds, reg.key))))
+                // New flags: register anew (EPOLLEXCLUSIVE cannot be modified). The same
+                // one-shot flags: re-arm.
+                let op = if old_kernel != kernel {
+                    kernel_del(epfd, reg.stand.fds);
+                    Some(libc::EPOLL_CTL_ADD)
+                } else if kernel & libc::EPOLLONESHOT as u32 != 0 {
+                    Some(libc::EPOLL_CTL_MOD)
+                } else {
+                    None
+                };
+                if let Some(op) = op {
+                    if let Err(e) = kernel_ctl(epfd, op, reg.stand.fds, kernel, reg.key) {
+                        // Our registration is broken; take it out of the kernel's set.
+                        kernel_del(epfd, reg.stand.fds);
+                        return Some(Err((e, r.remove(idx))));
+                    }
+                }
+                Some(Ok(None))
             });
             match revived {
-                Some(Err(e)) => return g.err(e) as c_int,
-                Some(Ok(Ok((idx, old_kernel, stand, key)))) => {
-                    // New flags: register anew (EPOLLEXCLUSIVE cannot be modified). The same
-                    // one-shot flags: re-arm.
-                    let op = if old_kernel != kernel {
-                        kernel_del(epfd, stand);
-                        Some(libc::EPOLL_CTL_ADD)
-                    } else if kernel & libc::EPOLLONESHOT as u32 != 0 {
-                        Some(libc::EPOLL_CTL_MOD)
-                    } else {
-                        None
-                    };
-                    if let Some(op) = op {
-                        if let Err(e) = kernel_ctl(epfd, op, stand, kernel, key) {
-                            // Our registration is broken; take it out of the kernel's set.
-                            kernel_del(epfd, stand);
-                            with_regs(|r| r.remove(idx));
-                            return g.err(e) as c_int;
-                        }
-                    }
+                Some(Err((e, _broken))) => return g.err(e) as c_int,
+                Some(Ok(None)) => {
                     if table::has_sleepers(epfd) {
                         conn.poke();
                     }
                     return g.ok(0) as c_int;
                 }
                 // A registration of a connection that is gone from this fd.
-                Some(Ok(Err(stale))) => kernel_del(epfd, stale.stand.fds),
+                Some(Ok(Some(stale))) => kernel_del(epfd, stale.stand.fds),
                 None => {}
             }
             match register(epfd, fd, events, data, &conn) {
@@ -133,7 +134,12 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
             }
         }
         libc::EPOLL_CTL_MOD => {
-            let Some((idx, old, stand, key)) = with_regs(|r| {
+            // The kernel's registration changes under the registrations' lock, with ours: a
+            // re-armed one-shot registration may be reported at once by another thread's
+            // `epoll_wait` (the peer hung up meanwhile), and that thread's `close` of it, which
+            // takes our descriptors out of the kernel's set, must not come before this `MOD`
+            // reaches the kernel (the application's `MOD` would fail: MariaDB's thread pool).
+            let changed = with_regs(|r| {
                 let idx = *r.index.get(&(epfd, fd))?;
                 let reg = r.slab[idx].as_mut().filter(|reg| !reg.deleted)?;
                 let old = reg.events;
@@ -142,19 +148,20 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
                 reg.seen = None;
                 reg.quiet = None;
                 reg.fired = false;
-                Some((idx, old, reg.stand.fds, reg.key))
-            }) else {
-                return g.err(libc::ENOENT) as c_int;
-            };
-            // The kernel only watches our descriptors for IN with the application's flags: an
-            // interest change (event loops flip OUT on and off around every reply) needs no system
-            // call, as `epoll_wait` reads the rings first. A one-shot re-arm or a flag change does.
-            if (old ^ events) & PASS_FLAGS != 0 || events & libc::EPOLLONESHOT as u32 != 0 {
-                let kernel = kernel_events(events);
-                with_regs(|r| r.slab[idx].as_mut().map(|reg| reg.kernel = kernel));
-                if let Err(e) = kernel_ctl(epfd, libc::EPOLL_CTL_MOD, stand, kernel, key) {
-                    return g.err(e) as c_int;
+                // The kernel only watches our descriptors for IN with the application's flags:
+                // an interest change (event loops flip OUT on and off around every reply) needs no
+                // system call, as `epoll_wait` reads the rings first. A one-shot re-arm or a flag
+                // change does.
+                if (old ^ events) & PASS_FLAGS != 0 || events & libc::EPOLLONESHOT as u32 != 0 {
+                    reg.kernel = kernel_events(events);
+                    return Some(kernel_ctl(epfd, libc::EPOLL_CTL_MOD, reg.stand.fds, reg.kernel, reg.key));
                 }
+                Some(Ok(()))
+            });
+            match changed {
+                None => return g.err(libc::ENOENT) as c_int,
+                Some(Err(e)) => return g.err(e) as c_int,
+                Some(Ok(())) => {}
             }
             // A thread asleep on this set must look at the new interest (the kernel would wake it).
             if table::has_sleepers(epfd) {

@@ -482,27 +482,37 @@ pub fn adopt_plain(fd: c_int, conn: &Arc<Conn>) {
 /// application asked for `fd`: its descriptors, tagged, in the kernel's set. A new registration
 /// reports the current state as an edge (after an adoption possibly a second OUT edge for the
 /// connect: harmless, where a missed one would hang).
+///
+/// The registration is listed and given to the kernel under the registrations' lock, so that no
+/// thread sees it before the kernel has it: another thread's `epoll_wait` on the set may report
+/// it from the rings at once (its request is there already), and a one-shot one's re-arm, an
+/// `EPOLL_CTL_MOD` of the thread it woke, would otherwise reach the kernel before the `ADD` and
+/// fail (`ENOENT`: MariaDB's thread pool then drops the connection).
 pub fn register(epfd: c_int, fd: c_int, events: u32, data: u64, conn: &Arc<Conn>) -> Result<(), c_int> {
-    let (idx, key) = with_regs(|r| r.insert(Reg::new(epfd, fd, events, data, conn.clone())));
-    // Counted (in `insert`) and marked before the kernel can report it.
-    table::set_epoll(epfd, true);
-    let mut added = kernel_ctl(epfd, libc::EPOLL_CTL_ADD, conn.kernel_fds(), kernel_events(events), key);
-    if added == Err(libc::EEXIST) {
-        // The set has this connection under another number of the application's: copies stand
-        // for this one.
-        added = match Stand::copies(conn) {
-            Some(copies) => {
-                let added = kernel_ctl(epfd, libc::EPOLL_CTL_ADD, copies.fds, kernel_events(events), key);
-                with_regs(|r| r.slab[idx].as_mut().map(|reg| reg.stand = copies));
-                added
-            }
-            None => Err(libc::ENOMEM),
-        };
-    }
-    if let Err(e) = added {
-        with_regs(|r| r.remove(idx));
-        return Err(e);
-    }
+    with_regs(|r| {
+        let (idx, key) = r.insert(Reg::new(epfd, fd, events, data, conn.clone()));
+        // Counted (in `insert`) and marked before the kernel can report it.
+        table::set_epoll(epfd, true);
+        let mut added = kernel_ctl(epfd, libc::EPOLL_CTL_ADD, conn.kernel_fds(), kernel_events(events), key);
+        if added == Err(libc::EEXIST) {
+            // The set has this connection under another number of the application's: copies
+            // stand for this one.
+            added = match Stand::copies(conn) {
+                Some(copies) => {
+                    let added = kernel_ctl(epfd, libc::EPOLL_CTL_ADD, copies.fds, kernel_events(events), key);
+                    if let Some(reg) = r.slab[idx].as_mut() {
+                        reg.stand = copies;
+                    }
+                    added
+                }
+                None => Err(libc::ENOMEM),
+            };
+        }
+        // Dropped after the lock is let go, as every registration taken out.
+        let failed = added.is_err().then(|| r.remove(idx));
+        (added, failed)
+    })
+    .0?;
     // A thread asleep on this set must look at it (the kernel would wake it); one about to sleep
     // marks itself sleeping before its last look at the registrations (or, in a set without
     // connections, at their count).

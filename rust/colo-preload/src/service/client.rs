@@ -436,17 +436,24 @@ fn answered_within(p: &Pending, d: Duration) -> Option<Answer> {
     }
 }
 
-/// Before `fork`: decides every connection still waiting for its server's answer, without
-/// waiting for it: the answer if it came (shared memory), else plain TCP (or, if the server
-/// claimed it meanwhile, the answer it then owes). A pending connection has no holders page
-/// yet, so each process's copy would be decided on its own: two processes writing into one
-/// ring without turns, or the parent's close ending the connection under its child.
+/// Before `fork`: decides every connection still waiting for its server's answer. A pending
+/// connection has no holders page yet, so each process's copy would be decided on its own: two
+/// processes writing into one ring without turns, or the parent's close ending the connection
+/// under its child. A connection to another process's listener waits for the answer as its
+/// first read or write would (`wait_while_accepting`: while that program is accepting, within
+/// the connect's deadline): a client that forks right after `connect` (a child writes, the
+/// parent reads) would otherwise find its server's answer, a matter of microseconds, not yet
+/// come, and go on over plain TCP. One this process may accept itself, and one to another
+/// namespace, is decided at once: the answer if it came (shared memory), else plain TCP (or,
+/// if the server claimed it meanwhile, the answer it then owes); this process cannot accept
+/// while it waits here.
 pub fn decide_before_fork() {
     let pending: Vec<usize> = table::fds_of_kind(table::PENDING).collect();
     for fd in pending {
         let Some(mut slot) = table::lock(fd as i32) else { continue };
         match slot.entry() {
-            Entry::Pending(p) => p.deadline = Instant::now(),
+            Entry::Pending(p) if p.self_served.is_some() => p.deadline = Instant::now(),
+            Entry::Pending(_) => {}
             Entry::Dialing(d) => d.deadline = Instant::now(),
             _ => continue,
         }
