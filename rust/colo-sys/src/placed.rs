@@ -6,9 +6,10 @@
 //! a `close` of one of them (a daemon's loop over every number up to its limit) fails with
 //! `EBADF`, as over TCP ([`refused`]).
 //!
-//! The library's own closes of them go through the same `close` symbol: the shim calls
-//! [`closing`] for those (made inside the shim, or on a thread of the library's own,
-//! [`crate::host::on_own_thread`]), which forgets the number first.
+//! The library's own closes of them go through the same `close` symbol: the shim tells them
+//! by their caller (code inside the shim) and calls [`closing`] for those, which forgets the
+//! number first. A number closed past the record (a raw system call, a fork child's handler,
+//! which writes nothing it need not) is forgotten when next looked at, as its file changed.
 
 use rustix::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::collections::BTreeMap;
