@@ -904,9 +904,9 @@ impl Drop for Conn {
         }
         if others {
             // Another process (fork) still uses this connection: release our copy only, so the
-            // peer sees neither FIN nor a hang-up. The hang-up watcher lets go of it first: it
-            // would otherwise write to the unmapped segment and ring a closed descriptor.
-            self.shm.stop_watching();
+            // peer sees neither FIN nor a hang-up. The hang-up watcher and the shrinker let go
+            // of it first: they would otherwise touch the unmapped segment.
+            self.shm.let_go_unmapped();
             for fd in self.raw {
                 colo_sys::placed::closing(fd);
                 // SAFETY: these descriptors belong to the Shm we deliberately do not drop.

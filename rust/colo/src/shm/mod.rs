@@ -556,11 +556,14 @@ impl Shm {
         true
     }
 
-    /// Stops the hang-up watcher's watch of this connection, for a caller that closes its
+    /// Stops the background threads' looks at this connection, for a caller that closes its
     /// descriptors and unmaps its segment without dropping it (the shim, when a forked process
-    /// still holds the connection): the watcher holds the address of our `waiting` word and
-    /// the number of our self bell until then.
-    pub fn stop_watching(&self) {
+    /// still holds the connection): the hang-up watcher holds the address of our `waiting` word
+    /// and the number of our self bell until then, and the shrinker, which holds the writing
+    /// half, would read the unmapped ring at its next look (a `SIGSEGV` in its thread).
+    pub fn let_go_unmapped(&self) {
+        // The shrinker looks no more (it holds this lock while it looks), as in `drop`.
+        lock(&self.tx).closed = true;
         self.hangup.release();
     }
 
