@@ -138,7 +138,7 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
             // re-armed one-shot registration may be reported at once by another thread's
             // `epoll_wait` (the peer hung up meanwhile), and that thread's `close` of it, which
             // takes our descriptors out of the kernel's set, must not come before this `MOD`
-            // reaches the kernel (the application's `MOD` would fail: MariaDB's thread pool).
+            // reaches the kernel (the application's `MOD` would fail with `ENOENT`).
             let changed = with_regs(|r| {
                 let idx = *r.index.get(&(epfd, fd))?;
                 let reg = r.slab[idx].as_mut().filter(|reg| !reg.deleted)?;

@@ -487,7 +487,7 @@ pub fn adopt_plain(fd: c_int, conn: &Arc<Conn>) {
 /// thread sees it before the kernel has it: another thread's `epoll_wait` on the set may report
 /// it from the rings at once (its request is there already), and a one-shot one's re-arm, an
 /// `EPOLL_CTL_MOD` of the thread it woke, would otherwise reach the kernel before the `ADD` and
-/// fail (`ENOENT`: MariaDB's thread pool then drops the connection).
+/// fail with `ENOENT`, which a thread pool takes for a lost connection.
 pub fn register(epfd: c_int, fd: c_int, events: u32, data: u64, conn: &Arc<Conn>) -> Result<(), c_int> {
     with_regs(|r| {
         let (idx, key) = r.insert(Reg::new(epfd, fd, events, data, conn.clone()));
