@@ -169,6 +169,12 @@ pub fn read_at(fd: impl AsFd, buf: &mut [u8], offset: u64) -> io::Result<usize> 
     Ok(rustix::io::pread(fd, buf, offset)?)
 }
 
+/// As [`read_at`], for a descriptor already found to be a sealed memfd (a mapped segment's): no
+/// check per read.
+pub fn read_at_checked(fd: impl AsFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    Ok(rustix::io::pread(fd, buf, offset)?)
+}
+
 /// Reads the first `buf.len()` bytes of a segment descriptor without mapping it (refused
 /// unread, as by [`read_at`], unless it is a memfd sealed against resizing).
 pub fn read_prefix(fd: impl AsFd, buf: &mut [u8]) -> io::Result<usize> {

@@ -349,19 +349,12 @@ pub struct Established {
     pub peer_pid: u32,
     /// The raw number of the segment memfd (owned by `seg`), for callers that must release the
     /// connection's descriptors without a clean close (a forked process letting go of its copy).
-    /// Open only if `segment::keep_memfds` was asked for (the shim does), and until
-    /// [`Established::close_memfd`]; -1 after it.
+    /// Kept open by the [`Shm`] built from this only if `segment::keep_memfds` was asked for (the
+    /// shim does), or where the incoming ring is read through it (`Shm::close_memfd`).
     pub memfd: colo_sys::RawFd,
 }
 
 impl Established {
-    /// Closes the segment memfd kept by `segment::keep_memfds`: the connection will not be
-    /// mapped again from it (the mapping holds the memory). `memfd` becomes -1.
-    pub fn close_memfd(&mut self) {
-        self.seg.close_memfd();
-        self.memfd = -1;
-    }
-
     /// Builds the [`Shm`].
     pub fn into_shm(self, spin: SpinMode) -> io::Result<Shm> {
         Shm::new(self.seg, self.role, self.fds, self.local, self.peer, self.peer_pid, spin)

@@ -8,7 +8,7 @@ use colo_ring::queue::{QueueReceiver, QueueSender, QueueWords};
 use colo_ring::ring::{Consumer, Producer, RawBytes, RingWords};
 use colo_ring::sync::{AtomicU32, AtomicU64, Ordering};
 use colo_sys::segment::Mapping;
-use colo_sys::OwnedFd;
+use colo_sys::{AsRawFd, OwnedFd, RawFd};
 
 /// Which end of the connection we are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,9 +24,10 @@ static KEEP_MEMFDS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBoo
 
 /// Segments made from now on keep their memfd open for as long as they are mapped. The
 /// LD_PRELOAD shim asks for it: a connection it hands over across `exec` is mapped again from
-/// its memfd (the mapping does not survive the `exec`). Otherwise the memfd is closed as soon as
-/// the segment is mapped (the mapping holds the memory): one descriptor less per connection.
-/// `colo stat` finds such a segment through `/proc/PID/maps`.
+/// its memfd (the mapping does not survive the `exec`). Otherwise the memfd is closed once the
+/// connection is set up (the mapping holds the memory), one descriptor less per connection,
+/// unless its peer is another user ([`Segment::read_through_memfd`]). `colo stat` finds such a
+/// segment through `/proc/PID/maps`.
 pub fn keep_memfds(on: bool) {
     KEEP_MEMFDS.store(on, std::sync::atomic::Ordering::Relaxed);
 }
@@ -36,8 +37,10 @@ pub fn keep_memfds(on: bool) {
 pub struct Segment {
     map: Option<Mapping>,
     layout: Layout,
-    /// Open only where [`keep_memfds`] asked for it.
-    _memfd: Option<OwnedFd>,
+    /// Open until [`Segment::close_memfd`].
+    memfd: Option<OwnedFd>,
+    /// The incoming ring is read through `memfd` ([`Segment::read_through_memfd`]).
+    through_memfd: bool,
     /// For a peer's segment: its bytes in this process's budgets, given back when the mapping
     /// goes (with this value).
     _lease: Option<crate::budget::Lease>,
@@ -64,8 +67,7 @@ impl Segment {
     /// `map` is at least `layout.segment_size` bytes and was validated against `layout`.
     pub unsafe fn new(map: Mapping, layout: Layout, memfd: OwnedFd) -> Segment {
         assert!(map.len() >= layout.segment_size);
-        let memfd = KEEP_MEMFDS.load(std::sync::atomic::Ordering::Relaxed).then_some(memfd);
-        Segment { map: Some(map), layout, _memfd: memfd, _lease: None, give_back: None }
+        Segment { map: Some(map), layout, memfd: Some(memfd), through_memfd: false, _lease: None, give_back: None }
     }
 
     /// An empty stand-in left behind when a closed connection hands its segment to the reaper.
@@ -73,13 +75,37 @@ impl Segment {
         let layout = Geometry { ring_capacity: colo_ring::layout::MIN_RING, slot_size: 0, slot_count: 0 }
             .layout()
             .expect("valid");
-        Segment { map: None, layout, _memfd: None, _lease: None, give_back: None }
+        Segment { map: None, layout, memfd: None, through_memfd: false, _lease: None, give_back: None }
     }
 
-    /// Closes the memfd kept by [`keep_memfds`] (the mapping holds the memory): for a
-    /// connection that will never be mapped again from it.
-    pub fn close_memfd(&mut self) {
-        self._memfd = None;
+    /// Closes the memfd (the mapping holds the memory): for a connection that will never be
+    /// mapped again from it. Kept where the incoming ring is read through it. Returns whether it
+    /// is closed now.
+    pub fn close_memfd(&mut self) -> bool {
+        if !self.through_memfd {
+            self.memfd = None;
+        }
+        self.memfd.is_none()
+    }
+
+    /// Closes the memfd unless [`keep_memfds`] asked to keep it (see [`Segment::close_memfd`]).
+    pub(crate) fn close_memfd_unless_kept(&mut self) {
+        if !KEEP_MEMFDS.load(std::sync::atomic::Ordering::Relaxed) {
+            self.close_memfd();
+        }
+    }
+
+    /// Makes the consumers taken from now on read the incoming ring with `pread` of the memfd
+    /// instead of through the mapping, for a peer of another user. A page of the ring the
+    /// producer never wrote (a hole: it claimed bytes it never wrote) is allocated by whoever
+    /// first touches it through a mapping, and charged to that process's memory cgroup for as
+    /// long as the memfd lives; a read of the file gives zeros for a hole and allocates nothing.
+    /// So a peer that claims bytes it never wrote makes us read zeros and holds nothing of ours,
+    /// where reading through the mapping would leave every page read charged to us while the
+    /// connection stays open. The cost is a system call per read. Without a memfd (closed
+    /// already) nothing changes.
+    pub fn read_through_memfd(&mut self) {
+        self.through_memfd = self.memfd.is_some();
     }
 
     /// A side (`role`) that closed its connection for good: when unmapped (by the reaper), the
@@ -288,20 +314,31 @@ impl Segment {
     ///
     /// # Safety
     /// As for [`Segment::resumed_producer`].
-    pub unsafe fn resumed_consumer(&self, role: Role) -> Consumer<RawBytes> {
+    pub unsafe fn resumed_consumer(&self, role: Role) -> Consumer<InBytes> {
         let c2s = role == Role::Server;
         // SAFETY: as in `resumed_producer`.
-        unsafe { Consumer::resume(self.ring_words(c2s), self.ring_data(c2s)) }
+        unsafe { Consumer::resume(self.ring_words(c2s), self.incoming_data(c2s)) }
     }
 
     /// The consumer of the direction `role` receives on.
     ///
     /// # Safety
     /// As for [`Segment::producer`].
-    pub unsafe fn consumer(&self, role: Role) -> Consumer<RawBytes> {
+    pub unsafe fn consumer(&self, role: Role) -> Consumer<InBytes> {
         let c2s = role == Role::Server;
         // SAFETY: as in `producer`.
-        unsafe { Consumer::new(self.ring_words(c2s), self.ring_data(c2s)) }
+        unsafe { Consumer::new(self.ring_words(c2s), self.incoming_data(c2s)) }
+    }
+
+    /// The data of the ring of direction `c2s`, as its consumer reads it: through the memfd
+    /// once [`Segment::read_through_memfd`] asked for it.
+    fn incoming_data(&self, c2s: bool) -> InBytes {
+        let mapped = self.ring_data(c2s);
+        let file = match (&self.memfd, self.through_memfd) {
+            (Some(fd), true) => Some((fd.as_raw_fd(), (self.block(c2s) + self.layout.data_off) as u64)),
+            _ => None,
+        };
+        InBytes { mapped, file }
     }
 
     fn msg_words(&self, c2s: bool) -> QueueWords {
@@ -355,5 +392,48 @@ impl Segment {
         assert!(slot < g.slot_count);
         let off = self.block(c2s) + self.layout.pool_off + slot as usize * g.slot_size as usize;
         self.at(off, g.slot_size as usize)
+    }
+}
+
+/// The data of an incoming ring: read through the mapping, or with `pread` of the segment's
+/// memfd at `file.1` (see [`Segment::read_through_memfd`]).
+#[derive(Debug, Clone, Copy)]
+pub struct InBytes {
+    mapped: RawBytes,
+    /// The memfd (owned by the segment, open while the segment lives) and the data's offset in it.
+    file: Option<(RawFd, u64)>,
+}
+
+// SAFETY: `store` and `load` stay inside `mapped` (its own contract) or read the same range of the
+// file that is mapped there.
+unsafe impl colo_ring::ring::Bytes for InBytes {
+    fn capacity(&self) -> usize {
+        self.mapped.capacity()
+    }
+    unsafe fn store(&self, at: usize, src: &[u8]) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.mapped.store(at, src) }
+    }
+    unsafe fn load(&self, at: usize, dst: &mut [u8]) {
+        let Some((fd, off)) = self.file else {
+            // SAFETY: the caller's contract, passed on.
+            return unsafe { self.mapped.load(at, dst) };
+        };
+        let mut done = 0;
+        while done < dst.len() {
+            // SAFETY: the segment's memfd, open while the segment (which outlives this value's
+            // users) lives.
+            let file = unsafe { colo_sys::BorrowedFd::borrow_raw(fd) };
+            match colo_sys::segment::read_at_checked(file, &mut dst[done..], off + (at + done) as u64) {
+                Ok(n) if n > 0 => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                // The file is sealed at the segment's size, so neither happens; should one, the
+                // mapping gives the same bytes (at the cost the file read avoids).
+                Ok(_) | Err(_) => {
+                    // SAFETY: the caller's contract: `at + dst.len()` is inside the region.
+                    return unsafe { self.mapped.load(at + done, &mut dst[done..]) };
+                }
+            }
+        }
     }
 }

@@ -139,19 +139,20 @@ impl Conn {
     /// `resumed`: a connection handed over across `exec` (with the page that came with it).
     /// `keep_memfd`: whether the segment memfd stays open, as it must for a connection whose
     /// application socket is inheritable (`service::handover` maps it again after `exec` from
-    /// the memfd). A connection born close-on-exec closes it here, one descriptor less; should
-    /// it become inheritable later, `handover` relays it instead (`service::relay`).
-    fn build(mut est: Established, nonblocking: bool, resumed: Option<Option<Page>>, keep_memfd: bool, setup: std::time::Duration) -> std::io::Result<Conn> {
-        if !keep_memfd {
-            est.close_memfd();
-        }
-        let raw0 = [est.fds.control.as_raw_fd(), est.fds.self_bell.as_raw_fd(), est.memfd];
+    /// the memfd). A connection born close-on-exec closes it here, one descriptor less, unless
+    /// its incoming ring is read through it (a peer of another user); should one without it
+    /// become inheritable later, `handover` relays it instead (`service::relay`).
+    fn build(est: Established, nonblocking: bool, resumed: Option<Option<Page>>, keep_memfd: bool, setup: std::time::Duration) -> std::io::Result<Conn> {
+        let mut raw0 = [est.fds.control.as_raw_fd(), est.fds.self_bell.as_raw_fd(), est.memfd];
         let resumed_shm = resumed.is_some();
         let holders = match resumed.flatten() {
             Some(page) => page,
             None => Page::new()?,
         };
-        let shm = if resumed_shm { est.into_resumed_shm(spin())? } else { est.into_shm(spin())? };
+        let mut shm = if resumed_shm { est.into_resumed_shm(spin())? } else { est.into_shm(spin())? };
+        if !keep_memfd && shm.close_memfd() {
+            raw0[2] = -1;
+        }
         // SAFETY: the socket flags' word of the holders page, a field of the `Conn` built here:
         // dropped after `Drop` dropped `shm` (or, for a copy others hold, left it unused).
         unsafe { shm.share_read_shut(holders.word(SOCKET_FLAGS), READ_SHUT) };

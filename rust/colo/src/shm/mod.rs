@@ -26,7 +26,7 @@ mod wakers;
 #[cfg(test)]
 mod tests;
 
-use crate::segment::{Role, Segment};
+use crate::segment::{InBytes, Role, Segment};
 use colo_ring::layout::{FLAG_FIN, FLAG_NOT_READING, FLAG_READ_CLOSED, FLAG_RESET};
 use colo_ring::notify;
 use colo_ring::queue::{QueueReceiver, QueueSender};
@@ -60,7 +60,7 @@ const REFUSED: u32 = 64;
 const READ_TOLD: u32 = 128;
 
 struct RxHalf {
-    ring: Consumer<RawBytes>,
+    ring: Consumer<InBytes>,
     spinner: Spinner,
 }
 
@@ -194,6 +194,17 @@ impl std::fmt::Debug for Shm {
 
 pub use tcp::{interrupted_ends_wait, set_interrupt_policy};
 
+/// Has the incoming ring read through the segment's memfd when the peer is another user, or
+/// cannot be told (`Segment::read_through_memfd`: what a peer of another user could make us
+/// hold otherwise). A peer of our own user could make us hold memory as well by allocating it
+/// itself.
+fn read_through_if_foreign(seg: &mut Segment, fds: &Fds) {
+    let foreign = colo_sys::pathsock::peer_cred_any(&fds.control).map_or(true, |(_, uid)| uid != colo_sys::host::uid());
+    if foreign {
+        seg.read_through_memfd();
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -225,6 +236,8 @@ impl Shm {
         peer_pid: u32,
         spin: SpinMode,
     ) -> io::Result<Shm> {
+        let mut seg = seg;
+        read_through_if_foreign(&mut seg, &fds);
         // SAFETY: each view is taken once per role and lives inside `Shm`, which also owns `seg`
         // (declared last, so dropped after the views).
         let views = unsafe { (seg.consumer(role), seg.producer(role), seg.queues(role)) };
@@ -244,6 +257,8 @@ impl Shm {
         peer_pid: u32,
         spin: SpinMode,
     ) -> io::Result<Shm> {
+        let mut seg = seg;
+        read_through_if_foreign(&mut seg, &fds);
         // SAFETY: as in `new`; the earlier image that used these ends is gone (exec replaced it).
         let views = unsafe { (seg.resumed_consumer(role), seg.resumed_producer(role), None) };
         let shm = Shm::build(seg, views, role, fds, local, peer, peer_pid, spin)?;
@@ -271,9 +286,9 @@ impl Shm {
 
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn build(
-        seg: Segment,
+        mut seg: Segment,
         views: (
-            Consumer<RawBytes>,
+            Consumer<InBytes>,
             Producer<RawBytes>,
             Option<((QueueSender<2>, QueueReceiver<1>), (QueueReceiver<2>, QueueSender<1>))>,
         ),
@@ -285,6 +300,7 @@ impl Shm {
         spin: SpinMode,
     ) -> io::Result<Shm> {
         let (ring_in, mut ring_out, queues) = views;
+        seg.close_memfd_unless_kept();
         let g = seg.layout().geometry;
         // The client chose the geometry, `ring_capacity` included (up to 64 MiB a direction):
         // a server's outgoing ring grows no further than what its own TCP socket would buffer

@@ -120,6 +120,12 @@ impl Shm {
         (self.seg.base(), self.seg.layout().segment_size)
     }
 
+    /// Closes the segment's memfd unless the incoming ring is read through it (a peer of another
+    /// user: `Segment::read_through_memfd`); returns whether it is closed.
+    pub fn close_memfd(&mut self) -> bool {
+        self.seg.close_memfd()
+    }
+
     /// Bytes a zero-copy message may hold (0: no pool).
     pub fn pool_slot_size(&self) -> usize {
         if self.msgs.is_none() { 0 } else { self.geometry().slot_size as usize }
