@@ -9,9 +9,10 @@ usage: shim_offer_flood.py PORT COUNT MODE SECONDS OUTFILE [FIRST_CLIENT_PORT]
 Keeps every control socket open for SECONDS (so nothing is freed by a hang-up), then writes to
 OUTFILE: "SENT n", "REJECTED_NO_RESOURCES n" (answers REJECT(NO_RESOURCES) read),
 "REJECTED_NOT_CLAIMED n", "CLOSED_BY_SERVER n" (connections the server closed), "CLOSED_AT_ONCE n"
-(of those, closed within 2 s of the flood's start: refusals whose HELLO reached the service between
-its look for one and its close, which the client sees as a reset before the REJECT) and the
-times they were first seen ("FIRST_CLOSE_AFTER": the first close after those 2 s).
+(of those, closed within 4 s of the flood's start, before any offer's 5 s timer can end:
+refusals whose HELLO reached the service between its look for one and its close, which the
+client sees as a reset before the REJECT; a loaded host delays them by seconds) and the times
+they were first seen ("FIRST_CLOSE_AFTER": the first close after those 4 s).
 """
 import fcntl
 import os
@@ -90,7 +91,7 @@ while time.time() < end and len(done) < len(socks):
         elif not b:
             closed += 1
             age = time.time() - t0
-            if age < 2.0:
+            if age < 4.0:
                 at_once += 1
             else:
                 first_close = first_close or age
