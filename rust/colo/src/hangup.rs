@@ -472,8 +472,12 @@ mod tests {
             assert!(Instant::now() < deadline, "the watcher saw the hang-up");
             std::thread::sleep(Duration::from_millis(1));
         }
-        // The self bell rang with the mark: an edge for a waiter on the readiness set.
-        assert!(colo_sys::doorbell::drain(bell), "the watcher rang the self bell when it marked the connection");
+        // The self bell rings with the mark (just after it: `Watched::fire`): an edge for a
+        // waiter on the readiness set.
+        while !colo_sys::doorbell::drain(bell) {
+            assert!(Instant::now() < deadline, "the watcher rang the self bell when it marked the connection");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         // The peer writes back the announced value: a sleep that looked at the mark before it
         // was set now enters FUTEX_WAIT expecting that value.
         word.store(announced, Ordering::Relaxed);
