@@ -42,6 +42,23 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1; then
       "COLO_LOG=info timeout 10 $COLORUN python3 -c \"import socket,sys; s=socket.create_connection(('127.0.0.1',$P)); s.sendall(open('$WORK/body','rb').read()); print(s.recv(100).decode().strip())\" 2>>'$WORK/pync.err' | grep -qx 'worker got $N'"
   done
   check "python hand-off as nobody: the first connection was accelerated, then relayed" grep -q "passed to another process: relayed over loopback TCP" "$WORK/pyn.log"
+
+  # A connection from another user (nobody's client, root's server), handed to a program the
+  # server executes with python's subprocess and pass_fds: the connection, born close-on-exec,
+  # is made inheritable in the child. Its segment's memfd stays open for reads through it (a
+  # peer of another user), yet the next image is not set to map it: it is relayed as any
+  # connection born close-on-exec (before, the executed program's first read was reset).
+  P=$(free_port)
+  cp "$HERE/py/echo_check_client.py" "$WORK/" && chmod 644 "$WORK/echo_check_client.py"
+  COLO_LOG=info $COLORUN python3 "$HERE/py/exec_pass_fds.py" "$P" >"$WORK/xp.out" 2>"$WORK/xp.log" & PIDS+=($!)
+  wait_port "$P" || exit 1
+  for i in 1 2; do
+    check "a connection from another user handed to an executed program ($i): 4 MiB echoed intact" sh -c \
+      "cd '$WORK' && $AS_NOBODY env COLO_LOG=info timeout 20 $COLORUN /usr/bin/python3 '$WORK/echo_check_client.py' $P 4 2>>'$WORK/xpc.err' | grep -qx OK"
+  done
+  # (wait_port's own connection, plain, is handed on as well.)
+  check "... both accelerated, then relayed when made inheritable ($(grep -c 'made inheritable: relayed' "$WORK/xp.log") of 2)" \
+    test "$(grep -c 'accept .*: accelerated (shared memory)' "$WORK/xp.log")" = 2 -a "$(grep -c 'made inheritable: relayed over loopback TCP' "$WORK/xp.log")" = 2
 fi
 
 # node's cluster module, round-robin (the default on Linux).

@@ -79,6 +79,10 @@ pub struct Conn {
     never_spin: bool,
     /// Control socket (our doorbell), self bell, segment memfd (-1 once closed: see `build`).
     raw: [RawFd; 3],
+    /// The memfd is kept to map the connection again after `exec` (`build`'s `keep_memfd`);
+    /// otherwise one still open only serves reads through it (a peer of another user), and a
+    /// connection made inheritable later is relayed (`handover`).
+    exec_maps: bool,
     /// Shared with every process holding the connection (`holders`).
     holders: Page,
     /// This process's calls under way without a turn, [reading, writing] (`turns::alone`): a
@@ -165,6 +169,7 @@ impl Conn {
             inheritable: AtomicBool::new(false),
             never_spin,
             raw: raw0,
+            exec_maps: keep_memfd,
             holders,
             alone: [Line(AtomicU32::new(0)), Line(AtomicU32::new(0))],
             born: std::time::Instant::now(),
@@ -215,6 +220,12 @@ impl Conn {
     /// as raw numbers.
     pub fn fds(&self) -> [RawFd; 3] {
         self.raw
+    }
+
+    /// Whether a new image after `exec` can map this connection again from its memfd (see
+    /// `exec_maps`); otherwise it is relayed when it becomes inheritable.
+    pub fn exec_maps(&self) -> bool {
+        self.exec_maps
     }
 
     /// Whether this process (a child sharing the memory of the one that made the connection)

@@ -62,7 +62,7 @@ pub fn on_new(fd: i32, conn: &Arc<Conn>, inheritable: bool) {
     // `FD_CLOEXEC` since the connection was made, the relay's fork must wait for the table slot
     // the caller may hold: the descriptor is left as it is. A thread that changes the flag
     // meanwhile brings the state up to date after us, `update`, as it waits for that slot too.)
-    if inheritable && conn.fds()[2] >= 0 {
+    if inheritable && conn.exec_maps() {
         set(conn, true, b);
     }
 }
@@ -72,12 +72,13 @@ fn set(conn: &Arc<Conn>, inheritable: bool, sock: BorrowedFd<'_>) {
         return;
     }
     let [control, self_bell, memfd] = conn.fds();
-    if inheritable && memfd < 0 {
+    if inheritable && !conn.exec_maps() {
         if conn.relayed_here() {
             // A `vfork` child's copy of a descriptor it relayed already: the relay's socket.
             return;
         }
-        // Born close-on-exec, its memfd closed: the next image could not map it (`relay`).
+        // Born close-on-exec (its memfd closed, or open only for reads through it:
+        // `Conn::exec_maps`): relayed, as the next image will not map it (`relay`).
         let mut socks: Vec<i32> = table::fds_of_kind(table::CONN)
             .map(|fd| fd as i32)
             .filter(|&fd| table::conn(fd).is_some_and(|c| Arc::ptr_eq(&c, conn)))
