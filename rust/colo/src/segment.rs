@@ -437,3 +437,85 @@ unsafe impl colo_ring::ring::Bytes for InBytes {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A segment of our own with 256 KiB rings, its memfd kept, and the offset and length of the
+    /// client-to-server ring's data in the file.
+    fn segment() -> (Segment, usize, usize) {
+        let layout = Geometry { ring_capacity: 256 << 10, slot_size: 0, slot_count: 0 }.layout().unwrap();
+        let (memfd, map) = colo_sys::segment::create(layout.segment_size).unwrap();
+        Segment::start_rings(&map, &layout);
+        // SAFETY: `create` mapped exactly `layout.segment_size` bytes, laid out by `layout`.
+        let seg = unsafe { Segment::new(map, layout, memfd) };
+        let (off, cap) = (seg.block(true) + seg.layout.data_off, seg.layout.geometry.ring_capacity as usize);
+        (seg, off, cap)
+    }
+
+    /// Bytes of the file in `off..off + len` that hold pages (`SEEK_DATA`/`SEEK_HOLE`).
+    fn allocated(seg: &Segment, off: usize, len: usize) -> usize {
+        let fd = seg.memfd.as_ref().unwrap().as_raw_fd();
+        let (mut at, end, mut total) = (off as i64, (off + len) as i64, 0);
+        while at < end {
+            // SAFETY: lseek on our own memfd.
+            let data = unsafe { libc::lseek(fd, at, libc::SEEK_DATA) };
+            if data < 0 || data >= end {
+                break;
+            }
+            // SAFETY: as above.
+            let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) }.min(end);
+            total += (hole - data) as usize;
+            at = hole;
+        }
+        total
+    }
+
+    /// Through the memfd, a consumer reads what the producer wrote, across the ring's wrap and
+    /// its growth, and a region the producer claimed without writing (its pages punched after
+    /// the write) reads as zeros and stays unallocated; through the mapping the same read
+    /// allocates it.
+    #[test]
+    fn a_consumer_reading_through_the_memfd_allocates_no_hole() {
+        for through in [true, false] {
+            let (mut seg, off, cap) = segment();
+            if through {
+                seg.read_through_memfd();
+            }
+            // SAFETY: one producer and one consumer of this direction, dropped before `seg`.
+            let (mut tx, mut rx) = unsafe { (seg.producer(Role::Client), seg.consumer(Role::Server)) };
+            let pattern: Vec<u8> = (0..cap as u32 * 3).map(|i| (i * 7 % 251) as u8).collect();
+            let (mut sent, mut got) = (0, Vec::new());
+            while got.len() < pattern.len() {
+                let wrote = tx.write(&pattern[sent..(sent + 5000).min(pattern.len())]).unwrap();
+                sent += wrote;
+                let mut buf = [0u8; 3000];
+                let n = rx.read(&mut buf).unwrap();
+                assert!(wrote + n > 0, "no progress: {sent} bytes sent, {} read", got.len());
+                got.extend_from_slice(&buf[..n]);
+            }
+            assert_eq!(got, pattern, "every byte in order (through the memfd: {through})");
+            // The producer fills the ring, then its pages go: bytes claimed, never written.
+            let mut claimed = 0;
+            while claimed < cap {
+                let n = tx.write(&pattern[..cap - claimed]).unwrap();
+                assert!(n > 0, "the ring grows to its capacity ({claimed} bytes in it)");
+                claimed += n;
+            }
+            // The whole pages of the data (its first page holds the ring's words too).
+            let (from, to) = (off.next_multiple_of(4096), (off + cap) / 4096 * 4096);
+            seg.mapping().release(from, to - from).unwrap();
+            assert_eq!(allocated(&seg, from, to - from), 0);
+            let mut buf = vec![0xAAu8; cap];
+            assert_eq!(rx.read(&mut buf).unwrap(), cap);
+            assert!(buf[from - off..to - off].iter().all(|&b| b == 0), "a hole reads as zeros");
+            let kept = allocated(&seg, from, to - from);
+            if through {
+                assert_eq!(kept, 0, "reading holes through the memfd allocated {kept} bytes");
+            } else {
+                assert_eq!(kept, to - from, "reading holes through the mapping allocates them");
+            }
+        }
+    }
+}
