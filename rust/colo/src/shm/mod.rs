@@ -511,6 +511,14 @@ impl Shm {
         }
     }
 
+    /// The server claimed a CARRIER offer and its answer has not come yet: it is taken off the
+    /// control socket, as the first datagram, whenever it comes (as a pending connection's,
+    /// `expect_welcome`), so that nothing waits for it: the claim word, which the server can
+    /// write at any time, is its word that it took the connection.
+    pub fn answer_due(&self) {
+        self.set(AWAITING_WELCOME);
+    }
+
     /// Parks the segment in `r` when the connection closes cleanly.
     pub(crate) fn recycle_into(&mut self, r: Recycle) {
         self.recycle = Some(r);
