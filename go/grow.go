@@ -20,12 +20,20 @@ import (
 // TCP (the pages a ring grows into are the server's, which writes them first).
 var serverRingBound = uint64(defaultRingCapacity())
 
-// writeLimit is the largest size a write may grow the outgoing ring to (a power of two).
-func (c *Conn) writeLimit() uint64 {
+// ringBound is the most bytes the outgoing ring ever holds unread (a power of two): the
+// segment's RingCapacity, within serverRingBound on a server. A ring found larger (the client
+// wrote its size word) is filled only that far and shrinks once empty (producer.fit).
+func (c *Conn) ringBound() uint64 {
 	capacity := uint64(c.lay.RingCapacity)
 	if c.isServer {
 		capacity = min(capacity, serverRingBound)
 	}
+	return capacity
+}
+
+// writeLimit is the largest size a write may grow the outgoing ring to (a power of two).
+func (c *Conn) writeLimit() uint64 {
+	capacity := c.ringBound()
 	if l := c.sndLimit.Load(); l != 0 {
 		return min(l, capacity)
 	}

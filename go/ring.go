@@ -135,14 +135,41 @@ func (p *producer) refresh(d *direction) (free uint64, bad string) {
 
 // space returns the bytes that can be written now, counting what growing the ring up to limit
 // would make room for: a writer waits only when the ring is full at its limit. It re-reads
-// ring_tail only when the cache says the ring is full at that size.
-func (p *producer) space(d *direction, limit uint64) (free uint64, bad string) {
-	room := max(p.size, limit)
+// ring_tail only when the cache says the ring is full at that size. Never more than bound
+// bytes are unread (see fit).
+func (p *producer) space(d *direction, limit, bound uint64) (free uint64, bad string) {
+	if p.size > bound {
+		if bad = p.fit(d, limit); bad != "" {
+			return 0, bad
+		}
+	}
+	room := min(max(p.size, limit), bound)
 	if used := p.head - p.cachedTail; used < room {
 		return room - used, ""
 	}
 	free, bad = p.refresh(d)
-	return free + room - p.size, bad
+	if used := p.size - free; used < room {
+		return room - used, bad
+	}
+	return 0, bad
+}
+
+// fit takes a ring larger than its bound down to limit once it is empty (a producer may shrink
+// an empty ring, spec section 5); until then space fills it only to the bound. Its size was not
+// ours to choose: start adopts ring_size as the segment's creator, the peer, left it, and a
+// peer that wrote a larger size and never reads must hold no more of our memory than the bound.
+func (p *producer) fit(d *direction, limit uint64) (bad string) {
+	free, bad := p.refresh(d)
+	if bad != "" || free != p.size {
+		return bad
+	}
+	// SYNC POINT with the loads of ring_size in the peer's consumer, as in shrinkIfEmpty:
+	// nothing is readable.
+	atomic.SwapUint32(d.size, uint32(limit))
+	atomic.LoadUint32(d.size) // as in grow
+	p.size = limit
+	p.markSpaceWake(d, limit)
+	return ""
 }
 
 // grow makes the ring large enough for want more bytes beside the unread ones: the smallest power

@@ -46,7 +46,7 @@ func produce(t *testing.T, d *direction, p *producer, limit uint64, src []byte) 
 	t.Helper()
 	sent := 0
 	for sent < len(src) {
-		free, bad := p.space(d, limit)
+		free, bad := p.space(d, limit, uint64(len(d.data)))
 		if bad != "" {
 			t.Fatalf("space: %s", bad)
 		}
@@ -119,7 +119,7 @@ func TestRingGrowsUpToTheLimitAndNoFurther(t *testing.T) {
 	if n := produce(t, d, p, 1<<18, data); n != 1<<18 || p.size != 1<<18 {
 		t.Fatalf("at a 256 KiB limit wrote %d at size %d", n, p.size)
 	}
-	if free, _ := p.space(d, 1<<18); free != 0 {
+	if free, _ := p.space(d, 1<<18, capy); free != 0 {
 		t.Fatalf("%d bytes free in a full ring at its limit", free)
 	}
 	if n := produce(t, d, p, capy, data[1<<18:]); n != capy-1<<18 || p.size != capy {
@@ -262,5 +262,22 @@ func TestRingGrowsUnderAConcurrentReader(t *testing.T) {
 	}
 	if bad := <-done; bad != "" {
 		t.Fatal(bad)
+	}
+}
+
+// A peer that made the segment with our ring at its largest size holds no more than our
+// bound unread: an empty ring found too large goes down to the limit at the first write.
+func TestRingSizeThePeerWroteHoldsNoMoreThanTheBound(t *testing.T) {
+	const capy = 1 << 16
+	d, p, q := growingRing(t, capy)
+	atomic.StoreUint32(d.size, capy)
+	p.start(d, capy)
+	if n := produce(t, d, p, 4096, pattern(0, capy)); n != capy {
+		t.Fatalf("without a bound wrote %d, want %d", n, capy)
+	}
+	consume(t, d, q, capy, make([]byte, capy))
+	atomic.StoreUint32(d.size, capy)
+	if free, bad := p.space(d, 4096, 4096); free != 4096 || bad != "" || atomic.LoadUint32(d.size) != 4096 {
+		t.Fatalf("bound 4 KiB: %d free (%q), ring_size %d", free, bad, atomic.LoadUint32(d.size))
 	}
 }

@@ -144,7 +144,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 			return 0, nil
 		}
 		limit := c.writeLimit()
-		free, bad := c.tx.space(&c.out, limit)
+		free, bad := c.tx.space(&c.out, limit, c.ringBound())
 		if bad != "" {
 			return written, c.opErr("write", c.corrupt(bad))
 		}

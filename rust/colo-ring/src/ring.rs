@@ -243,6 +243,10 @@ pub struct Producer<B> {
     size: u64,
     /// The size a write may grow the ring to (a power of two, at most `capacity`).
     limit: u64,
+    /// The most bytes the ring ever holds unread (a power of two, at least `limit`): a ring
+    /// found larger (its size word is shared, and the peer can write it) is filled only this
+    /// far and goes down once empty ([`Producer::fit`]).
+    bound: u64,
     /// The bytes asked of `set_limit`, before rounding (the capacity without one): the mark
     /// stays below what a program's `SO_SNDBUF` lets it queue.
     asked: u64,
@@ -261,7 +265,7 @@ impl<B: Bytes> Producer<B> {
         let capacity = data.capacity() as u64;
         debug_assert!(capacity.is_power_of_two());
         let size = valid_size(words.size().load(Ordering::Relaxed), capacity).unwrap_or(0);
-        Producer { words, data, capacity, size, limit: capacity, asked: capacity, head: 0, cached_tail: 0, space_wake: 0 }
+        Producer { words, data, capacity, size, limit: capacity, bound: capacity, asked: capacity, head: 0, cached_tail: 0, space_wake: 0 }
     }
 
     /// Takes over the producing end of a ring already in use (a program that inherited the
@@ -278,7 +282,7 @@ impl<B: Bytes> Producer<B> {
         let size = valid_size(words.size().load(Ordering::Relaxed), capacity).unwrap_or(0);
         let space_wake = u64::from(words.space_wake().load(Ordering::Relaxed)).min(size.saturating_sub(1));
         let cached_tail = head.wrapping_sub(size);
-        Producer { words, data, capacity, size, limit: capacity, asked: capacity, head, cached_tail, space_wake }
+        Producer { words, data, capacity, size, limit: capacity, bound: capacity, asked: capacity, head, cached_tail, space_wake }
     }
 
     /// Bounds how far writes grow the ring (a program's `SO_SNDBUF`): `bytes` rounded up to a
@@ -287,6 +291,9 @@ impl<B: Bytes> Producer<B> {
         self.asked = (bytes as u64).min(self.capacity);
         let bytes = (bytes as u64).max(u64::from(MIN_RING_SIZE)).next_power_of_two();
         self.limit = bytes.min(self.capacity);
+        // A limit the program raised raises the bound; one it lowered leaves it (the ring
+        // keeps a larger size it grew to).
+        self.bound = self.bound.max(self.limit);
         if self.space_wake != 0 {
             self.mark_space_wake();
         }
@@ -311,18 +318,32 @@ impl<B: Bytes> Producer<B> {
         }
     }
 
+    /// Bounds how many bytes the ring ever holds unread, whatever size its shared word says
+    /// (a server's own bound, `colo::default_ring`: the peer made the segment and can write
+    /// that word): `bytes` rounded up as for [`Producer::set_limit`], which it also sets.
+    /// Only [`Producer::set_limit`] raises it again.
+    pub fn set_bound(&mut self, bytes: usize) {
+        self.set_limit(bytes);
+        self.bound = self.limit;
+    }
+
+    /// The most bytes a write may leave unread now: the size, or the limit it may grow to,
+    /// within the bound.
+    fn room(&self) -> u64 {
+        self.size.max(self.limit).min(self.bound)
+    }
+
     /// The free space, if a producer that waits for space may stop waiting: at most
     /// `space_wake` bytes unread (any free byte before a first growth, when it is 0), else 0.
     /// The consumer wakes a sleeping producer exactly when its read takes the unread bytes to
     /// that mark ([`Consumer::space_wake_crossed`]).
     pub fn space_past_mark(&mut self) -> Result<usize, Corrupt> {
         let free = self.refresh()?;
-        let room = self.size.max(self.limit);
         let used = self.size - free;
         // The shared word, if higher: another process holding this end (a fork) may have stored
         // its own mark, which the consumer wakes us at. A peer's scribble can only raise it.
         let mark = self.space_wake.max(u64::from(self.words.space_wake().load(Ordering::Relaxed)));
-        Ok(if self.space_wake == 0 || used <= mark { (room - used) as usize } else { 0 })
+        Ok(if self.space_wake == 0 || used <= mark { self.room().saturating_sub(used) as usize } else { 0 })
     }
 
     fn refresh(&mut self) -> Result<u64, Corrupt> {
@@ -344,9 +365,29 @@ impl<B: Bytes> Producer<B> {
 
     /// Bytes that can be written now, counting what growing the ring would make room for.
     pub fn space(&mut self) -> Result<usize, Corrupt> {
-        let room = self.size.max(self.limit);
-        let cached = room - self.head.wrapping_sub(self.cached_tail);
-        Ok(if cached > 0 { cached } else { self.refresh()? + room - self.size } as usize)
+        let room = self.room();
+        let cached = room.saturating_sub(self.head.wrapping_sub(self.cached_tail));
+        Ok(if cached > 0 { cached } else { room.saturating_sub(self.size - self.refresh()?) } as usize)
+    }
+
+    /// A ring larger than the bound: its size was not this producer's to choose (the shared
+    /// `ring_size` word, which the peer can write, in a fresh segment the peer made, or read
+    /// back by [`Producer::resume`]). It holds no more than the bound unread (`write`,
+    /// `space`), and goes down to the limit once it is empty (a producer may shrink an empty
+    /// ring, spec/WIRE.md section 5): a peer that wrote a larger size and never reads holds
+    /// no more of the producer's memory than the bound. Returns the free bytes within it.
+    fn fit(&mut self) -> Result<u64, Corrupt> {
+        let free = self.refresh()?;
+        if free == self.size {
+            // SYNC POINT with the Acquire load of `ring_size` in `Consumer::refresh`, as in
+            // `shrink_if_empty`: nothing is readable.
+            self.words.size().store(self.limit as u32, Ordering::Release);
+            fence(Ordering::Release);
+            self.size = self.limit;
+            self.mark_space_wake();
+            return Ok(self.size);
+        }
+        Ok(self.bound.saturating_sub(self.size - free))
     }
 
     /// Grows the ring so that `want` bytes fit beside the unread ones (within the limit); returns
@@ -412,6 +453,10 @@ impl<B: Bytes> Producer<B> {
     /// Copies as much of `src` as fits and publishes it, growing the ring first if `src` does
     /// not fit and the limit allows; returns the count (0 when full at the limit).
     pub fn write(&mut self, src: &[u8]) -> Result<usize, Corrupt> {
+        if self.size > self.bound {
+            let free = self.fit()?;
+            return self.write_within(free, src);
+        }
         let mut free = self.size - self.head.wrapping_sub(self.cached_tail);
         if free < src.len() as u64 {
             free = self.refresh()?;
@@ -419,6 +464,12 @@ impl<B: Bytes> Producer<B> {
                 free = self.grow(src.len() as u64)?;
             }
         }
+        self.write_within(free, src)
+    }
+
+    /// Copies as much of `src` as `free` bytes (free at the current size) allow and publishes
+    /// it; returns the count.
+    fn write_within(&mut self, free: u64, src: &[u8]) -> Result<usize, Corrupt> {
         let n = (free as usize).min(src.len());
         if n == 0 {
             return Ok(0);
@@ -455,6 +506,11 @@ impl<B: Bytes> Producer<B> {
     /// The ring's current size.
     pub fn size(&self) -> usize {
         self.size as usize
+    }
+
+    /// The most bytes the ring ever holds unread (see [`Producer::set_bound`]).
+    pub fn bound(&self) -> usize {
+        self.bound as usize
     }
 }
 

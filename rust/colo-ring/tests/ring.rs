@@ -505,3 +505,30 @@ fn release_from_takes_peeked_bytes_only_from_where_they_were_peeked() {
     assert_eq!(c.peek_at(0, &mut rest).unwrap(), 2);
     assert_eq!(&rest[..2], b"ef");
 }
+
+/// A peer that made the segment with the producer's ring at its largest size, or wrote that
+/// size over it later (read back by a resume), holds no more than the producer's bound unread:
+/// a fresh (empty) ring goes down to the limit at the first write, and one with bytes unread
+/// is filled only to the bound and goes down once the consumer took them.
+#[test]
+fn a_size_the_peer_wrote_above_the_bound_holds_no_more_than_the_bound() {
+    let data = heap_bytes(1 << 16);
+    let (mut p, mut c, w) = common::growing_pair(data, 1 << 16);
+    p.set_bound(4096);
+    assert_eq!(p.space().unwrap(), 4096);
+    assert_eq!(p.write(&[1u8; 1 << 16]).unwrap(), 4096, "filled only to the bound");
+    assert_eq!(w.size.load(Ordering::Relaxed), 4096, "an empty ring found too large went down to the limit");
+    let mut sink = vec![0u8; 1 << 16];
+    assert_eq!(c.read(&mut sink).unwrap(), 4096);
+    // The peer writes the largest size again with one byte unread; a resume reads it back.
+    assert_eq!(p.write(&[2u8; 1]).unwrap(), 1);
+    w.size.store(1 << 16, Ordering::Relaxed);
+    // SAFETY: the same leaked words and data; the old producer is not used again.
+    let mut p = unsafe { Producer::resume(w.raw(), data) };
+    p.set_bound(4096);
+    assert_eq!(p.write(&[3u8; 1 << 16]).unwrap(), 4095, "bytes unread: filled to the bound, no further");
+    assert_eq!(p.space().unwrap(), 0);
+    assert_eq!(c.read(&mut sink).unwrap(), 4096);
+    assert_eq!(p.write(&[4u8; 1 << 16]).unwrap(), 4096);
+    assert_eq!(w.size.load(Ordering::Relaxed), 4096, "went down once empty");
+}

@@ -3,8 +3,12 @@ whose segments offer 64 MiB rings (the largest a segment of 256 MiB holds), each
 the server for more than that and never reads what comes back: `echo` writes 96 MiB into its
 ring toward the server (the server echoes it), `http` sends `GET /big` (a file larger than the
 ring). Once the server's writing stalls, prints "S2C <ring_size> <unread bytes>" per connection
-and holds them for SECONDS. Usage: big_ring.py PORT N echo|http SECONDS"""
+and holds them for SECONDS. With a fifth argument, the server's own ring words are set too:
+`preset` makes the segment with the server's ring (S2C) at its largest size, `scribble` sets
+that size and the server's `s2c_written` copy (header offset 512, which sends a producer back
+to the shared words) once answered. Usage: big_ring.py PORT N echo|http SECONDS [preset|scribble]"""
 import ctypes
+import fcntl
 import mmap
 import os
 import socket
@@ -16,9 +20,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import colo_attack as ca  # noqa: E402
 
 port, n, mode, hold = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+words = sys.argv[5] if len(sys.argv) > 5 else ""
 RING = 64 << 20
 SIZE = ca.segment_size(RING, 0, 0)
 C2S, S2C, DATA = ca.HEADER, ca.HEADER + (SIZE - ca.HEADER) // 2, 1024
+S2C_WRITTEN = 512
+if words == "preset":
+    honest = ca.make_segment
+
+    def make_segment(*a, **k):
+        fd = honest(*a, seal=False)
+        os.pwrite(fd, struct.pack("<I", RING), S2C + 12)
+        fcntl.fcntl(fd, ca.F_ADD_SEALS, ca.F_SEAL_SEAL | ca.F_SEAL_SHRINK | ca.F_SEAL_GROW)
+        return fd
+    ca.make_segment = make_segment
 LIBC = ctypes.CDLL(None, use_errno=True)
 rd = lambda m, o, k: struct.unpack_from("<Q" if k == 8 else "<I", m, o)[0]  # noqa: E731
 
@@ -42,6 +57,9 @@ for _ in range(n):
         continue
     m = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     struct.pack_into("<I", m, C2S + 12, RING)  # our ring toward the server, at its largest
+    if words == "scribble":
+        struct.pack_into("<I", m, S2C + 12, RING)
+        struct.pack_into("<Q", m, S2C_WRITTEN, 0x5A5A5A5A)
     keep.append((t, fd))
     conns.append((ctl, m))
     if mode == "http":

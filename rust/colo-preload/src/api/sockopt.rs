@@ -144,7 +144,7 @@ unsafe fn set_int_option(fd: c_int, name: c_int, val: *const c_void, len: sockle
         if name == libc::SO_RCVLOWAT {
             c.set_lowat(v as u32);
         } else {
-            c.set_send_limit(v as usize);
+            c.set_send_limit(sndbuf_granted(fd, v) as usize);
         }
     }
     drop(g);
@@ -223,7 +223,19 @@ pub unsafe fn set_sndbuf(fd: c_int, val: *const c_void, len: socklen_t) -> c_int
     let r = unsafe { setsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, val, len) };
     if r == 0 && !val.is_null() && len as usize >= std::mem::size_of::<c_int>() {
         // SAFETY: an int, as the kernel just accepted.
-        options::note_sndbuf(fd, unsafe { (val as *const c_int).read_unaligned() });
+        options::note_sndbuf(fd, sndbuf_granted(fd, unsafe { (val as *const c_int).read_unaligned() }));
     }
     r
+}
+
+/// The `SO_SNDBUF` an accelerated connection honours for `asked` bytes, which the kernel just
+/// accepted on `fd`: at most what the kernel grants (it clamps the value to `net.core.wmem_max`
+/// and doubles it, which `getsockopt` reports), so that a program asking for more than the
+/// system allows lets a peer that never reads hold no more of its memory than over TCP.
+fn sndbuf_granted(fd: c_int, asked: c_int) -> c_int {
+    let mut got: c_int = 0;
+    let mut len = std::mem::size_of::<c_int>() as socklen_t;
+    // SAFETY: an int and its length, ours.
+    let r = unsafe { real::getsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, (&mut got as *mut c_int).cast(), &mut len) };
+    if r == 0 && got > 0 { asked.clamp(1, (got / 2).max(1)) } else { asked }
 }

@@ -675,12 +675,14 @@ impl Conn {
         self.outgoing().used(self.shm.ring_capacity()).map_or(0, |used| self.send_room().saturating_sub(used)) as usize
     }
 
-    /// How many bytes may wait in the outgoing ring: its capacity, or less after a small
-    /// `SO_SNDBUF` (`set_send_limit`).
+    /// How many bytes may wait in the outgoing ring: its limit (a server's ring grows no
+    /// further than its own bound, whatever capacity the client chose: a poller told the
+    /// connection is writable beyond it would find its write taking nothing, and poll again at
+    /// once, a full core), or less after a small `SO_SNDBUF` (`set_send_limit`).
     fn send_room(&self) -> u64 {
         match self.send_limit.load(Ordering::Relaxed) {
-            0 => self.shm.ring_capacity(),
-            l => l.min(self.shm.ring_capacity()),
+            0 => self.shm.send_room(),
+            l => l.min(self.shm.send_room()),
         }
     }
 

@@ -215,6 +215,7 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
     let waiting = Instant::now();
     let answer = if p.self_served.is_some() { p.offer.wait_answer(left) } else { wait_while_accepting(fd, &p, left) };
     let setup = waiting.elapsed();
+    let mut due = false;
     let welcomed = match answer {
         Answer::Welcome => true,
         other => match p.offer.abandon() {
@@ -240,9 +241,12 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
                 }
                 false
             }
-            // The server claimed just before we gave up: its WELCOME is on the way.
+            // The server claimed just before we gave up: its WELCOME is on the way, taken off
+            // the control socket whenever it comes (`answer_due`), not waited for here: a
+            // server that claims and never answers would hold this call (a fork's decision,
+            // connection after connection) for as long as the wait.
             Abandon::Claimed => {
-                let _ = p.offer.wait_answer(Duration::from_secs(2));
+                due = p.offer.answer_now() == Answer::Timeout;
                 true
             }
         },
@@ -258,6 +262,9 @@ pub fn resolve(fd: i32, slot: &mut Slot) {
     let inheritable = !handover::is_cloexec(fd);
     match Conn::dialed(p.offer.established(), nonblocking, setup, inheritable) {
         Ok(c) => {
+            if due {
+                c.shm().answer_due();
+            }
             let c = Arc::new(c);
             slot.set(Entry::Conn(c.clone()));
             options::adopt_options(fd, &c);

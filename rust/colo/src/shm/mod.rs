@@ -71,6 +71,9 @@ struct TxHalf {
     writes: u32,
     /// The program's bound on the ring's growth (`Shm::set_send_buffer`), kept across resumes.
     limit: Option<usize>,
+    /// A server's bound on the bytes its ring holds unread (`Producer::set_bound`), kept
+    /// across resumes, which read the ring's size back from the segment.
+    bound: Option<usize>,
     /// Whether the shrinker looks at this ring (it grew); `writes` at its last look.
     watched: bool,
     looked_at: u32,
@@ -81,6 +84,18 @@ struct TxHalf {
     /// at the old size while the ring shrinks).
     born: u64,
     pages: quiet::TxPages,
+}
+
+impl TxHalf {
+    /// After the ring was resumed from the segment's words: the bound and the limit again.
+    fn bounds_again(&mut self) {
+        if let Some(bound) = self.bound {
+            self.ring.set_bound(bound);
+        }
+        if let Some(limit) = self.limit {
+            self.ring.set_limit(limit);
+        }
+    }
 }
 
 /// Receiving messages: a lock of its own, so a thread waiting for a message never holds up a
@@ -142,6 +157,10 @@ pub(crate) enum Recycle {
 
 /// One side of an established shared-memory connection.
 pub struct Shm {
+    /// The most bytes the outgoing ring holds unread (its producer's limit: a server's bound,
+    /// a program's `SO_SNDBUF`), for readiness without the writing half's lock
+    /// ([`Shm::send_room`]).
+    out_room: AtomicU64,
     rx: ForkableMutex<RxHalf>,
     /// Shared with the shrinker (`crate::shrink`) once the ring grows.
     tx: std::sync::Arc<ForkableMutex<TxHalf>>,
@@ -306,10 +325,11 @@ impl Shm {
         // a server's outgoing ring grows no further than what its own TCP socket would buffer
         // (`default_ring`), so that a client that never reads holds no more of the server's
         // memory than over TCP (the pages a ring grows into are the server's, which writes them
-        // first). A program's `SO_SNDBUF` (`set_send_buffer`) still sets the bound.
+        // first), nor holds more unread whatever size the client wrote in the ring's shared
+        // word. A program's `SO_SNDBUF` (`set_send_buffer`) still sets the bound.
         let limit = (role == Role::Server && g.ring_capacity > crate::options::default_ring()).then(|| {
             let bound = crate::options::default_ring() as usize;
-            ring_out.set_limit(bound);
+            ring_out.set_bound(bound);
             bound
         });
         let spin = if spin != SpinMode::Always && colo_sys::host::share_one_cpu(peer_pid) { SpinMode::Never } else { spin };
@@ -329,7 +349,9 @@ impl Shm {
                 held: (0..n).map(|_| std::sync::atomic::AtomicBool::new(false)).collect(),
             })
         });
+        let out_room = AtomicU64::new(ring_out.bound() as u64);
         Ok(Shm {
+            out_room,
             rx: ForkableMutex::new(RxHalf { ring: ring_in, spinner: spinner(spin) }),
             tx: std::sync::Arc::new(ForkableMutex::new(TxHalf {
                 pages: quiet::TxPages::new(&seg, role),
@@ -337,6 +359,7 @@ impl Shm {
                 spinner: spinner(spin),
                 writes: 0,
                 limit,
+                bound: limit,
                 watched: false,
                 looked_at: 0,
                 closed: false,
@@ -502,6 +525,14 @@ impl Shm {
             self.set(RESET);
             self.wake_self();
         }
+    }
+
+    /// The server claimed a CARRIER offer and its answer has not come yet: it is taken off the
+    /// control socket, as the first datagram, whenever it comes (as a pending connection's,
+    /// `expect_welcome`), so that nothing waits for it: the claim word, which the server can
+    /// write at any time, is its word that it took the connection.
+    pub fn answer_due(&self) {
+        self.set(AWAITING_WELCOME);
     }
 
     /// Parks the segment in `r` when the connection closes cleanly.

@@ -26,6 +26,17 @@ impl Shm {
         let mut tx = lock(&self.tx);
         tx.limit = Some(bytes);
         tx.ring.set_limit(bytes);
+        if tx.bound.is_some() {
+            tx.bound = Some(tx.ring.bound());
+        }
+        self.out_room.store(tx.ring.bound() as u64, Ordering::Relaxed);
+    }
+
+    /// The most bytes the outgoing ring holds unread (its producer's bound): a poller is told
+    /// the connection is writable only below it (a write there would take nothing). Relaxed:
+    /// changes only with the program's own `SO_SNDBUF`, which orders nothing else.
+    pub fn send_room(&self) -> u64 {
+        self.out_room.load(Ordering::Relaxed)
     }
 
     /// Non-blocking mode: operations that would wait return `WouldBlock`.

@@ -29,9 +29,7 @@ impl Shm {
         if written != tx.ring.written() {
             // SAFETY: the view lives in `self` next to `seg`; the stale one it replaces is dropped.
             tx.ring = unsafe { self.seg.resumed_producer(self.role) };
-            if let Some(limit) = tx.limit {
-                tx.ring.set_limit(limit);
-            }
+            tx.bounds_again();
         }
     }
 
@@ -68,9 +66,7 @@ impl Shm {
                 let mut tx = lock(&self.tx);
                 // SAFETY: as in `adopt_tx`.
                 tx.ring = self.seg.resumed_producer(self.role);
-                if let Some(limit) = tx.limit {
-                    tx.ring.set_limit(limit);
-                }
+                tx.bounds_again();
             }
             self.waiters.let_go_in_child();
             if let Some(m) = &self.msgs {
