@@ -42,7 +42,11 @@ func (c *Conn) Close() error {
 		emptyCtlBeforeClose(c.ctlFd)
 	}
 	c.ctl.Close()
-	if clean && c.carrier == nil {
+	// A segment read through its memfd is not parked: a recycled one comes without it
+	// (readThrough).
+	park := clean && c.carrier == nil && c.in.file < 0
+	c.closeMemfd()
+	if park {
 		switch {
 		case c.parkName != "":
 			parkClient(c.parkName, c.peerPid, parkOf(c))
@@ -147,6 +151,7 @@ var (
 func (c *Conn) discard() {
 	c.closed.Store(true) // nobody else holds the connection yet: orders nothing
 	c.ctl.Close()
+	c.closeMemfd()
 	unmapLater(c.seg)
 	c.seg = nil
 }

@@ -45,6 +45,7 @@ type Conn struct {
 	isServer     bool
 	carrier      net.Conn // CARRIER mode: the loopback TCP connection, kept open
 	peerPid      int
+	peerUID      uint32     // SO_PEERCRED of the control socket (readThrough)
 	welcomeName  string     // client: rendezvous name, remembered when the late WELCOME comes
 	parkName     string     // DIRECT client: the listener's rendezvous name, to park under on a clean close
 	parkTable    *parkTable // DIRECT server: the listener's parked segments, for a clean close
@@ -161,8 +162,9 @@ func errnoErr(op string, e unix.Errno) error { return os.NewSyscallError(op, e) 
 // ErrProtocol is wrapped by the error of a connection whose peer corrupted the shared segment.
 var ErrProtocol = unix.EPROTO
 
-// setup finishes a colo connection once the segment is mapped and the handshake done.
-func (c *Conn) setup() {
+// setup finishes a colo connection once the segment is mapped and the handshake done. It takes
+// memfd, the segment's memfd (-1: none, a recycled segment's): see readThrough.
+func (c *Conn) setup(memfd int) {
 	c.wakeCh = make(chan struct{})
 	c.readReadyFn, c.writeReadyFn, c.loanFn, c.recvFn = c.readReady, c.writeReady, c.loanReady, c.recvReady
 	c.pollFn = c.pollCallback
@@ -187,6 +189,7 @@ func (c *Conn) setup() {
 	} else {
 		c.in, c.out, c.myWaiting, c.peerWaiting = s2c, c2s, cw, sw
 	}
+	c.readThrough(memfd)
 	c.tx.start(&c.out, uint64(l.RingCapacity))
 	c.rx.size = min(minRingSize, uint64(l.RingCapacity))
 	c.pool.init(l.SlotCount)
@@ -196,6 +199,39 @@ func (c *Conn) setup() {
 	// accept4(2), so os.NewFile registered it.
 	c.ctlRaw, _ = c.ctl.SyscallConn()
 	c.rightsOff = passRightsKnown()
+}
+
+// foreignUID reports whether a peer of uid uid is another user. A peer in another user namespace
+// whose uid has no mapping in ours is reported as the overflow uid, another user too (unless we
+// run as it).
+func foreignUID(uid uint32) bool { return uid != uint32(os.Getuid()) }
+
+// readThrough has the incoming ring read with pread of the segment's memfd (direction.loadFile)
+// when the peer is another user (peerUID), and keeps memfd open for it until Close; otherwise
+// it closes memfd (the mapping keeps the segment). A page of the ring the peer never wrote (a
+// hole: bytes it claimed and never wrote) is allocated by whoever first touches it through a
+// mapping, charged to that process's memory cgroup for as long as the memfd lives, and the peer
+// keeps it; a read of the file gives zeros and allocates nothing. A peer of our own user could
+// make us hold memory by allocating it itself, so its reads stay a copy from the mapping,
+// without a system call. A recycled segment comes without its memfd: it is recycled only
+// between peers of one user (Close, prepareClient, adoptRecycled).
+func (c *Conn) readThrough(memfd int) {
+	if memfd < 0 {
+		return
+	}
+	if !foreignUID(c.peerUID) {
+		unix.Close(memfd)
+		return
+	}
+	c.in.file, c.in.fileOff = memfd, c.in.base+c.lay.dataOff
+}
+
+// closeMemfd closes the memfd readThrough kept (once no operation can read the ring).
+func (c *Conn) closeMemfd() {
+	if c.in.file >= 0 {
+		unix.Close(c.in.file)
+		c.in.file = -1
+	}
 }
 
 // enter marks the start of an operation; it fails once Close has begun.

@@ -363,8 +363,10 @@ func prepareClient(fd int, ap netip.AddrPort, g Geometry, res *segRes, rec *clie
 		cs.close()
 		return nil, err
 	}
-	if cs.rec != nil && (rec.name != name || rec.serverPid != int(cs.cred.Pid)) {
-		// Parked with a listener that has been replaced: its server lets go of its side later.
+	if cs.rec != nil && (rec.name != name || rec.serverPid != int(cs.cred.Pid) || foreignUID(cs.cred.Uid)) {
+		// Parked with a listener that has been replaced, or (a listener of another user, whose
+		// ring we read through the memfd, which a parked segment no longer has: Conn.readThrough)
+		// not to be recycled: its server lets go of its side later.
 		cs.rec.release()
 		cs.rec = nil
 	}
@@ -404,12 +406,11 @@ func (cs *clientSide) hello(h header, mode uint8) error {
 	startRings(cs.seg, cs.lay)
 	msg := hsMsg{Type: MsgHello, Version: Version, Arg: mode, Flags: flags}.encode()
 	cs.sent = true
-	// The segment's memfd, alone (spec section 3).
+	// The segment's memfd, alone (spec section 3). Ours stays open until the connection is set
+	// up (Conn.readThrough).
 	if err := unix.Sendmsg(cs.fd, msg, unix.UnixRights(cs.memfd), nil, 0); err != nil {
 		return os.NewSyscallError("sendmsg", err)
 	}
-	unix.Close(cs.memfd) // the mapping keeps the segment
-	cs.memfd = -1
 	return nil
 }
 
@@ -434,13 +435,15 @@ func (cs *clientSide) answer(ctx context.Context, dl time.Time) error {
 
 // conn turns an answered handshake into the client side of the connection.
 func (cs *clientSide) conn(laddr, raddr *net.TCPAddr) *Conn {
-	c := &Conn{ctl: cs.ctl, ctlFd: cs.fd, peerPid: int(cs.cred.Pid), laddr: laddr, raddr: raddr}
+	c := &Conn{ctl: cs.ctl, ctlFd: cs.fd, peerPid: int(cs.cred.Pid), peerUID: cs.cred.Uid, laddr: laddr, raddr: raddr}
+	memfd := -1
 	if p := cs.rec; p != nil {
 		c.seg, c.lay = p.seg, p.lay
 	} else {
 		c.seg, c.lay = cs.seg, cs.lay
+		memfd, cs.memfd = cs.memfd, -1
 	}
-	c.setup()
+	c.setup(memfd)
 	cs.segRes, cs.rec = nil, nil // the connection owns it now
 	return c
 }

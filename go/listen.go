@@ -621,7 +621,7 @@ func (l *Listener) adopt(cfd int, cf *os.File, mode uint8, fds []int, heard func
 	putLE32(seg, hServerPid, uint32(os.Getpid()))
 	c := &Conn{isServer: true, seg: seg, lay: lay, ctl: cf, ctlFd: cfd}
 	l.setAddrs(c, h)
-	c.peerPid = int(cred.Pid)
+	c.peerPid, c.peerUID = int(cred.Pid), cred.Uid
 	if mode == ModeCarrier {
 		if !h.ClientAddr.IsValid() || !h.ServerAddr.IsValid() {
 			munmapSegment(seg)
@@ -663,6 +663,14 @@ func (l *Listener) adoptRecycled(cfd int, cf *os.File, ticket uint32) (*Conn, ui
 		logf("recycling hello from pid %d: %v", cred.Pid, err)
 		return nil, RejectBadSegment
 	}
+	if foreignUID(cred.Uid) {
+		// Parked with a client of our user (a connection read through the memfd is not parked):
+		// a parked segment has no memfd to read a peer of another user through
+		// (Conn.readThrough).
+		logf("recycling hello from pid %d of another uid: refused", cred.Pid)
+		p.release()
+		return nil, RejectBadSegment
+	}
 	// The geometry stays the one validated when the segment was first accepted; only the
 	// address records are read again (from a private copy of the header's first bytes).
 	var b [lineSize]byte
@@ -681,7 +689,7 @@ func (l *Listener) adoptRecycled(cfd int, cf *os.File, ticket uint32) (*Conn, ui
 		p.release()
 		return nil, RejectNotServed
 	}
-	c := &Conn{isServer: true, seg: p.seg, lay: p.lay, ctl: cf, ctlFd: cfd, peerPid: int(cred.Pid), parkTable: l.parked}
+	c := &Conn{isServer: true, seg: p.seg, lay: p.lay, ctl: cf, ctlFd: cfd, peerPid: int(cred.Pid), peerUID: cred.Uid, parkTable: l.parked}
 	l.setAddrs(c, h)
 	if !l.finish(c, nil) {
 		return nil, 0
@@ -694,10 +702,11 @@ func (l *Listener) adoptRecycled(cfd int, cf *os.File, ticket uint32) (*Conn, ui
 // fds are a new segment's descriptors (its memfd); none for a recycled one.
 func (l *Listener) finish(c *Conn, fds []int) bool {
 	c.ctl.SetReadDeadline(time.Time{})
-	c.setup()
+	memfd := -1
 	if len(fds) > 0 {
-		unix.Close(fds[0]) // the mapping keeps the segment
+		memfd = fds[0]
 	}
+	c.setup(memfd)
 	// A client that gave up waiting (its connection was pending, spec section 3) may have closed
 	// already: WELCOME then fails, but the bytes in its ring are still delivered, then EOF.
 	if f := l.testAnswer.Load(); f != nil && !(*f)(c) {

@@ -32,10 +32,15 @@ type direction struct {
 	spare           []byte
 	msgEnt, freeEnt []byte
 	pool            []byte
+	// file is the segment's memfd where the consumer reads data with pread instead of through
+	// the mapping (Conn.readThrough: a peer of another user), else -1; fileOff is where data
+	// starts in it.
+	file    int
+	fileOff uint64
 }
 
 func newDirection(seg []byte, l layout, base uint64) direction {
-	d := direction{base: base}
+	d := direction{base: base, file: -1}
 	d.head = u64at(seg, base+dRingHead)
 	d.flags = u32at(seg, base+dRingFlags)
 	d.size = u32at(seg, base+dRingSize)
@@ -307,8 +312,13 @@ func (q *consumer) read(d *direction, capacity uint64, dst []byte) (n, before ui
 		n = min(avail, uint64(len(dst)))
 		off := q.tail & (q.size - 1)
 		first := min(n, q.size-off)
-		copy(dst, d.data[off:off+first])
-		copy(dst[first:n], d.data[:n-first])
+		if d.file >= 0 {
+			d.loadFile(dst[:first], off)
+			d.loadFile(dst[first:n], 0)
+		} else {
+			copy(dst, d.data[off:off+first])
+			copy(dst[first:n], d.data[:n-first])
+		}
 		readFence(&q.fence)
 		// SYNC POINT with the swap of ring_size in the peer's producer.grow: if the copy saw a
 		// byte the producer wrote after growing, this load sees the grown size.
@@ -324,6 +334,16 @@ func (q *consumer) read(d *direction, capacity uint64, dst []byte) (n, before ui
 		return n, before, ""
 	}
 	return 0, q.tail, badRereads
+}
+
+// loadFile copies data[at:at+len(dst)] into dst with pread of the memfd (d.file), which gives
+// zeros for a page the producer never wrote (a hole) and allocates nothing, where a read
+// through the mapping makes the kernel allocate that page, charged to us for as long as the
+// peer keeps the memfd. A short read of the file (the memfd is sealed at the segment's size, so
+// none is expected) or an error leaves the rest to the mapping, which holds the same bytes.
+func (d *direction) loadFile(dst []byte, at uint64) {
+	k := preadFull(d.file, dst, d.fileOff+at)
+	copy(dst[k:], d.data[at+uint64(k):at+uint64(len(dst))])
 }
 
 // spaceWakeCrossed reports whether a read that moved ring_tail from before to where it is now

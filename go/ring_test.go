@@ -281,3 +281,49 @@ func TestRingSizeThePeerWroteHoldsNoMoreThanTheBound(t *testing.T) {
 		t.Fatalf("bound 4 KiB: %d free (%q), ring_size %d", free, bad, atomic.LoadUint32(d.size))
 	}
 }
+
+// A consumer that reads through the memfd (a peer of another user: Conn.readThrough) reads the
+// bytes the producer wrote and zeros for those it only claimed (holes), and its reads allocate
+// none of the holes' pages (SEEK_DATA finds none), where a read through the mapping would.
+func TestRingReadThroughMemfdAllocatesNoHole(t *testing.T) {
+	const capy = 1 << 20
+	for _, through := range []bool{true, false} {
+		r, err := newSegRes(Geometry{RingCapacity: capy})
+		if err != nil {
+			t.Fatal(err)
+		}
+		startRings(r.seg, r.lay)
+		d := newDirection(r.seg, r.lay, headerSize)
+		data := uint64(headerSize) + r.lay.dataOff // where the ring's data starts in the memfd
+		if through {
+			d.file, d.fileOff = r.memfd, data
+		}
+		p := &producer{}
+		p.start(&d, capy)
+		const wrote = 100
+		produce(t, &d, p, capy, pattern(0, wrote))
+		// A producer that claims a whole ring of bytes it never wrote after them.
+		atomic.StoreUint32(d.size, capy)
+		atomic.StoreUint64(d.head, capy)
+		got := make([]byte, capy)
+		q := &consumer{size: minRingSize}
+		if n := consume(t, &d, q, capy, got); n != capy {
+			t.Fatalf("read %d of %d bytes", n, capy)
+		}
+		if !bytes.Equal(got[:wrote], pattern(0, wrote)) || !bytes.Equal(got[wrote:], make([]byte, capy-wrote)) {
+			t.Fatalf("through=%v: not the bytes written, then zeros", through)
+		}
+		// The pages of the data region past the one the producer wrote in.
+		page := uint64(unix.Getpagesize())
+		from, to := (data+wrote+page-1)/page*page, (data+capy)/page*page
+		at, err := unix.Seek(r.memfd, int64(from), unix.SEEK_DATA)
+		allocated := err == nil && uint64(at) < to
+		r.close()
+		if through && allocated {
+			t.Fatalf("reading through the memfd allocated the hole's page at %d", at)
+		}
+		if !through && !allocated {
+			t.Fatalf("reading through the mapping allocated no page (seek: %d, %v): the check sees nothing", at, err)
+		}
+	}
+}

@@ -7,7 +7,7 @@ import (
 )
 
 // segRes is a fresh segment ready to be offered: a sealed memfd of the geometry's size (sent with
-// the HELLO and closed) and its mapping. It is shared with nobody until a HELLO carries it.
+// the HELLO, then handed to the connection: Conn.readThrough) and its mapping. It is shared with nobody until a HELLO carries it.
 type segRes struct {
 	lay   layout
 	memfd int

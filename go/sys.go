@@ -139,6 +139,23 @@ func parseRights(oob []byte) []int {
 	return fds
 }
 
+// preadFull reads len(dst) bytes of the file fd from off (again after EINTR and short reads)
+// and returns how many it read before end of file or an error.
+func preadFull(fd int, dst []byte, off uint64) int {
+	done := 0
+	for done < len(dst) {
+		k, err := unix.Pread(fd, dst[done:], int64(off)+int64(done))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || k <= 0 {
+			break
+		}
+		done += k
+	}
+	return done
+}
+
 func peerCred(fd int) (*unix.Ucred, error) {
 	return unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
 }

@@ -14,7 +14,10 @@
 # direction back too (colo::Segment::give_back_incoming; Go's Conn.incomingPages, parked or
 # not), and the Rust core does at `exit` what its background unmapper and parking had not done
 # yet (reaper::at_exit). (A process that exits without closing still leaves them, and so does
-# a Go client that exits right after its close: README, known limits.)
+# a Go client that exits right after its close: README, known limits.) And while connected: a
+# client whose server is another user reads its ring with pread of the memfd, which allocates
+# nothing for a hole (colo::Segment::read_through_memfd; Go's Conn.readThrough: the Go client
+# held 8 MiB while connected before).
 source "$(dirname "$0")/lib.sh"
 DRAIN=$WORK/drain_client
 (cd "$ROOT/go" && go build -o "$DRAIN" ../tests/attack/go/drain_client.go) || bad "go build drain_client"
@@ -32,6 +35,9 @@ attack() { # LABEL CLIENT... (@P: the port)
   # Reading a hole allocates it: the client's reads (its ring_tail) are what allocated them (a
   # client that exits at once may have given them back before the server looked).
   check "$label: the client read nobody's holes ($(grep -o 'READ [0-9]* of [0-9]*' "$out"), ${during:-?} MiB seen allocated)" awk '/^READ/ && $2 == $4 && $4 >= 1048576 {ok = 1} END {exit !ok}' "$out"
+  # A client reading a ring of another user's reads it with pread of the memfd, which gives
+  # zeros for a hole and allocates nothing: nothing is charged to it even while connected.
+  check "$label: its reads allocated none of them while connected (${during:-?} MiB)" test "${during:-99}" -le 1
   check "$label: nothing of them stays allocated once the client closed (${after:-?} MiB)" test "${after:-99}" -le 1
 }
 attack "python under colo run" $COLORUN /usr/bin/python3 -c "
