@@ -8,9 +8,9 @@
 # hold), and keeps its memfd after the connection ended: the server's reads had left up to
 # 57 MiB allocated in it (counted in that direction's block), charged to root's server, at no
 # cost to nobody, for as long as it liked. Now a server's last close gives the pages of the
-# direction it read back (colo::Segment, give_back_incoming; Go's Conn.Close), and a Rust or
-# shimmed server reads a peer of another user with pread of the memfd, which allocates nothing
-# for a hole (Segment::read_through_memfd; t_rt_idle_holes.sh). (The pages a
+# direction it read back (colo::Segment, give_back_incoming; Go's Conn.Close), and a server
+# reads a peer of another user with pread of the memfd, which allocates nothing for a hole
+# (Segment::read_through_memfd, Go's Conn.readThrough; t_rt_idle_holes.sh). (The pages a
 # server writes toward its client stay: the client may still read them;
 # tests/attack/pending/t_rt_memcg_charge.sh.)
 source "$(dirname "$0")/lib.sh"
@@ -35,6 +35,5 @@ P=$(free_port)
 wait_port "$P" && attack "Rust API echo server" "$P" '' 1
 P=$(free_port)
 "$GOPEER" server "127.0.0.1:$P" stream >"$WORK/gopeer.log" 2>&1 & PIDS+=($!)
-# (Go reads through its mapping: the pages stay until its close.)
-wait_port "$P" && attack "Go echo server" "$P" '' 99
+wait_port "$P" && attack "Go echo server" "$P" '' 1
 finish
