@@ -190,10 +190,13 @@ struct ForkPage {
     forks: AtomicU64,
     /// See [`last_fork_ms`].
     last_fork_ms: AtomicU64,
+    /// The fork count at which a fork child's handler last renewed `pid` (see
+    /// [`renew_pid_after_fork`]).
+    renewed_at: AtomicU64,
 }
 
 #[link_section = "colo_fork"]
-static FORK_PAGE: ForkPage = ForkPage { pid: AtomicU32::new(0), parent: AtomicU32::new(0), forks: AtomicU64::new(0), last_fork_ms: AtomicU64::new(0) };
+static FORK_PAGE: ForkPage = ForkPage { pid: AtomicU32::new(0), parent: AtomicU32::new(0), forks: AtomicU64::new(0), last_fork_ms: AtomicU64::new(0), renewed_at: AtomicU64::new(0) };
 
 /// Nanoseconds on the monotonic clock (the same in every process of the host); `coarse`: the
 /// clock of the last tick (a few ms), cheaper to read. Through libc's vDSO call: rustix's own
@@ -274,8 +277,20 @@ extern "C" fn after_fork() {
 
 #[link_section = "colo_fork_text"]
 extern "C" fn in_child() {
-    FORK_PAGE.forks.fetch_add(1, Ordering::Relaxed);
+    let forks = FORK_PAGE.forks.fetch_add(1, Ordering::Relaxed) + 1;
     renew_pid();
+    FORK_PAGE.renewed_at.store(forks, Ordering::Relaxed);
+}
+
+/// [`renew_pid`] for other fork child handlers, which may run before or after this module's:
+/// asks the kernel only if this module's handler has not renewed the cache in this fork yet
+/// (it stamps the count it moved on to, which no earlier renewal can have: the count only
+/// grows, and moved on in `prepare` too).
+#[link_section = "colo_fork_text"]
+pub extern "C" fn renew_pid_after_fork() {
+    if FORK_PAGE.renewed_at.load(Ordering::Relaxed) != FORK_PAGE.forks.load(Ordering::Relaxed) {
+        renew_pid();
+    }
 }
 
 /// A number that changes around every fork of this process once [`pid`] was first asked: it

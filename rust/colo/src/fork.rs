@@ -161,7 +161,7 @@ extern "C" fn release() {
 #[link_section = "colo_fork_text"]
 extern "C" fn child() {
     // This handler may run before the one that renews the pid cache.
-    colo_sys::host::renew_pid();
+    colo_sys::host::renew_pid_after_fork();
     release();
     registered().filter_map(|locks| locks.in_child).for_each(|f| f());
 }

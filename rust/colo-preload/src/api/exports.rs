@@ -11,6 +11,7 @@ use crate::real;
 use crate::service::server;
 use libc::{c_int, c_uint, c_ulong, c_void, iovec, msghdr, nfds_t, off_t, size_t, sockaddr, socklen_t, ssize_t};
 use libc::{epoll_event, fd_set, pollfd, sigset_t, timespec, timeval};
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -98,29 +99,56 @@ pub unsafe extern "C" fn closefrom(lowfd: c_int) {
 /// (`client::decide_before_fork`), and the parent records the child as a holder of every
 /// connection at once, before it can close its own copy (the child's own record, in
 /// `atfork_child`, may come too late for that, and would let the parent's close end the
-/// connection for both).
+/// connection for both). The child returns through this function only: kept with the code the
+/// child runs in its fork handlers (`colo_fork_text`), and the work on either side of the fork
+/// in functions of their own (each page of code a fork child runs costs it a page fault).
 #[no_mangle]
+#[link_section = "colo_fork_text"]
 pub unsafe extern "C" fn fork() -> libc::pid_t {
-    let mut lent = Vec::new();
-    if !Guard::busy() {
-        let _g = Guard::enter();
-        crate::service::client::decide_before_fork();
-        server::before_fork();
-        lent = lend_turns();
-    }
+    let lent = before_fork();
     // SAFETY: libc's fork.
     let pid = unsafe { real::fork() };
+    if pid != 0 || !lent.is_empty() {
+        after_fork(pid, lent);
+    }
+    pid
+}
+
+/// What [`fork`] does before libc's, if there is anything to do: nothing is written (the
+/// guard's thread-local flag is on a page the next fork shares) in a process with neither
+/// connections nor pending ones, nor a service of another process's to look after.
+#[inline(never)]
+fn before_fork() -> ManuallyDrop<Vec<(Arc<Conn>, [bool; 2])>> {
+    let wanted = table::fds_of_kind(table::PENDING).next().is_some() || table::fds_of_kind(table::CONN).next().is_some() || server::serving_elsewhere();
+    if !wanted || Guard::busy() {
+        return ManuallyDrop::new(Vec::new());
+    }
+    let _g = Guard::enter();
+    crate::service::client::decide_before_fork();
+    server::before_fork();
+    ManuallyDrop::new(lend_turns())
+}
+
+/// What [`fork`] does after libc's: in the parent (`pid` > 0) records the child as a holder and
+/// gives the lent turns back as the calls end; in the child, or if the fork failed, lets go of
+/// them.
+#[inline(never)]
+fn after_fork(pid: libc::pid_t, lent: ManuallyDrop<Vec<(Arc<Conn>, [bool; 2])>>) {
+    let lent = ManuallyDrop::into_inner(lent);
     if pid > 0 {
         for fd in table::fds_of_kind(table::CONN) {
-            if let Some(c) = table::conn(fd as i32) {
-                c.add_holder(pid as u32);
+            // Looked at in its slot, not cloned: a count written on the connection's page would
+            // cost this process a copy of it.
+            if let Some(mut slot) = table::lock(fd as i32) {
+                if let table::Entry::Conn(c) = slot.entry() {
+                    c.add_holder(pid as u32);
+                }
             }
         }
     }
     if pid != 0 && !lent.is_empty() {
         give_back_when_done(lent);
     }
-    pid
 }
 
 /// Before `fork`: every connection marked shared, and the turn of each direction a call is under

@@ -184,8 +184,17 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
     let plain = |p: SocketAddr| {
         p.port().is_multiple_of(2) && !(colo::internal::netns::server_configured() && colo::internal::netns::from_elsewhere(p))
     };
-    // SAFETY: the kernel wrote the peer's address at `addr`, `*len` bytes of it within `room`.
-    if room > 0 && unsafe { parse_sockaddr(addr, room.min(*len)) }.is_some_and(plain) {
+    // The peer's address as the kernel wrote it for the application, or else asked for (a
+    // system call, cheaper than the look at the rendezvous: a server that passes no buffer and
+    // forks per connection would otherwise write pages its last child shares).
+    let peer = if room > 0 {
+        // SAFETY: the kernel wrote the peer's address at `addr`, `*len` bytes of it within `room`.
+        unsafe { parse_sockaddr(addr, room.min(*len)) }
+    } else {
+        // SAFETY: the descriptor the kernel just gave the application, open during this call.
+        rustix::net::getpeername(unsafe { colo_sys::BorrowedFd::borrow_raw(nfd) }).ok().flatten().as_ref().and_then(crate::base::addr::sockaddr_of)
+    };
+    if peer.is_some_and(plain) {
         return nfd;
     }
     let Some(g) = Guard::try_enter() else { return nfd };
@@ -342,7 +351,10 @@ pub unsafe fn close(fd: c_int, app: bool) -> c_int {
 
 #[inline(never)]
 unsafe fn close_slow(fd: c_int, app: bool) -> c_int {
-    if colo_sys::placed::maybe(fd) && !crate::base::vm::shares_memory() {
+    // Asked once (a system call), and only where it matters.
+    let shared = std::cell::OnceCell::new();
+    let shares_memory = || *shared.get_or_init(crate::base::vm::shares_memory);
+    if colo_sys::placed::maybe(fd) && !shares_memory() {
         if !app {
             colo_sys::placed::closing(fd);
         } else if colo_sys::placed::refused(fd) {
@@ -352,7 +364,7 @@ unsafe fn close_slow(fd: c_int, app: bool) -> c_int {
     // A child sharing this process's memory (`vfork`: CPython's subprocess closes what it does
     // not pass on before its exec) closes its own copy of the descriptor; the table is its
     // parent's, which keeps the connection.
-    if (plain(fd) && !table::is_epoll(fd)) || crate::base::vm::shares_memory() {
+    if (plain(fd) && !table::is_epoll(fd)) || shares_memory() {
         // SAFETY: `real::close` is libc's `close`, given the application's arguments unchanged: the
         // contract the caller met.
         return unsafe { real::close(fd) };

@@ -12,11 +12,12 @@ pub fn borrowed_memory() -> bool {
 /// child with a copy of its own made by a raw `clone` past the fork handlers (vsftpd's), whose
 /// cached pid is stale too. False where the kernel will not say (`EPERM`, no `kcmp`).
 pub fn shares_memory() -> bool {
-    if !borrowed_memory() {
+    let me = rustix::process::getpid().as_raw_nonzero().get();
+    let cached = colo_sys::host::pid() as libc::pid_t;
+    if me == cached {
         return false;
     }
-    let me = rustix::process::getpid().as_raw_nonzero().get();
     // SAFETY: kcmp(2) takes two pids, a type and two numbers; it touches no memory of ours.
-    let r = unsafe { libc::syscall(libc::SYS_kcmp, me, colo_sys::host::pid() as libc::pid_t, 1 /* KCMP_VM */, 0, 0) };
+    let r = unsafe { libc::syscall(libc::SYS_kcmp, me, cached, 1 /* KCMP_VM */, 0, 0) };
     r == 0
 }

@@ -74,7 +74,9 @@ pub fn is_fresh(fd: i32) -> bool {
 
 #[inline]
 pub fn set_fresh(fd: i32, on: bool) {
-    if fd >= 0 && (fd as usize) < MAX_FD {
+    // Looked at before it is written: a page written after a fork costs the process a copy (a
+    // server that forks per connection accepts after each fork).
+    if fd >= 0 && (fd as usize) < MAX_FD && FRESH[fd as usize].load(Ordering::Relaxed) != on as u8 {
         FRESH[fd as usize].store(on as u8, Ordering::Relaxed);
     }
 }

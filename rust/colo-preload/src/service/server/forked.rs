@@ -84,6 +84,12 @@ pub fn atfork_child() {
     }
 }
 
+/// Whether this process holds a service it did not start (inherited with listeners from the
+/// process that did): [`before_fork`] has work only then.
+pub fn serving_elsewhere() -> bool {
+    service().is_some_and(|svc| svc.pid != colo_sys::host::pid())
+}
+
 /// Called in the parent before `fork`: a child forked from a process whose offer service is gone
 /// should find a live one (ours) without each child starting its own first. Costs one load
 /// unless this process holds listeners it did not open itself.

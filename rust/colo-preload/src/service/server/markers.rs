@@ -9,7 +9,7 @@ use crate::record::adapt;
 use crate::record::lineage::Shared;
 use crate::record::marker;
 use colo::wire;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Held while a marker socket is made or closed, and across `fork` (the atfork handlers): a
@@ -18,6 +18,12 @@ use std::sync::{Arc, Mutex};
 // Locked at every fork: kept with what the fork handlers write (see `colo_sys::host`).
 #[link_section = "colo_fork"]
 static MARKER_LOCK: marker::ForkLock = marker::ForkLock::new();
+
+/// Whether this process ever raised a marker (under `MARKER_LOCK`): until then a fork child
+/// has none to close and leaves `RAISED` unread (each page a fork child touches costs it a
+/// fault). Read at every fork: kept with what the fork handlers write.
+#[link_section = "colo_fork"]
+static EVER_RAISED: AtomicBool = AtomicBool::new(false);
 
 /// A raised marker: the listener it speaks for (`Listen::id`), the program tag, the socket.
 struct Raised {
@@ -110,6 +116,8 @@ fn raise_marker(l: &Listen, tag: u64) {
             return;
         }
         colo_sys::marker::raise(&fd, name.as_bytes()).map(|()| {
+            // Relaxed: read by a fork child's handler, under the same lock.
+            EVER_RAISED.store(true, Ordering::Relaxed);
             entry.listen.store(l.id, Ordering::Relaxed);
             entry.tag.store(tag, Ordering::Relaxed);
             entry.fd.store(colo_sys::IntoRawFd::into_raw_fd(fd), Ordering::Relaxed);
@@ -151,7 +159,9 @@ pub fn marker_parent() {
 /// service is the parent's).
 #[link_section = "colo_fork_text"]
 pub fn marker_child() {
-    for r in &RAISED {
+    // Relaxed: stored under `MARKER_LOCK`, which the fork held.
+    let raised = if EVER_RAISED.load(Ordering::Relaxed) { &RAISED[..] } else { &[] };
+    for r in raised {
         // Looked at before it is written: a page written in the child costs it a copy.
         if r.fd.load(Ordering::Relaxed) < 0 {
             continue;

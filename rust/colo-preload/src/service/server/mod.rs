@@ -30,7 +30,7 @@ mod sleepers;
 mod thread;
 
 pub use accept::{hand_out, netns_accepted, on_accept, Accepted};
-pub use forked::{atfork_child, before_fork};
+pub use forked::{atfork_child, before_fork, serving_elsewhere};
 pub use guest::{look_for_vacancy, on_accept as on_guest_accept};
 pub use listen::{adopt_inherited, may_accept, note_passed_on, on_close_guest, on_close_listen, on_listen};
 pub use markers::{marker_child, marker_parent, marker_prepare};
