@@ -28,6 +28,19 @@ all_accelerated() {
   [ "$n" -ge "$2" ] && ! grep -q "connect 127.0.0.1:$P: .*plain TCP" "$WORK/$1.err" ||
     { echo "$1: $n accelerated connections (at least $2 expected)"; grep "connect 127.0.0.1:$P" "$WORK/$1.err" | sort | uniq -c; return 1; }
 }
+# mostly_accelerated NAME MIN: at least MIN connections of NAME's run accelerated, at least 9 in
+# 10 of its transactions' connections (pgbench -C: one each), and a plain one only for the
+# documented reason of a server that accepts late (postmaster forks a backend per connection; a
+# loaded host delays its accept past the bounded wait of a client that holds other connections,
+# which then goes plain, as do its next connections there for a second).
+mostly_accelerated() {
+  local n tx plain late; n=$(accelerated "$1")
+  tx=$(awk '/^number of transactions actually processed:/ {print $NF}' "$WORK/$1.out")
+  plain=$(grep -c "connect 127.0.0.1:$P: .*plain TCP" "$WORK/$1.err")
+  late=$(grep -Ec "connect 127.0.0.1:$P: (its server's program is not accepting|not accelerated: no answer within)" "$WORK/$1.err")
+  [ "$n" -ge "$2" ] && [ "$plain" = "$late" ] && [ $((n * 10)) -ge $((${tx:-0} * 9)) ] ||
+    { echo "$1: $n accelerated connections of ${tx:-?} (at least $2 and 9 in 10 expected), $plain lines of plain TCP ($late for a late accept)"; grep "connect 127.0.0.1:$P" "$WORK/$1.err" | sort | uniq -c; return 1; }
+}
 # pgbench_ok NAME: it exited 0 having processed transactions, none failed.
 pgbench_ok() {
   grep -q '^number of failed transactions: 0 ' "$WORK/$1.out" &&
@@ -50,7 +63,7 @@ check "pgbench -S -C -T2 -c4 (a connection per transaction)" client conn "$PGBIN
 check "... no failed transaction" pgbench_ok conn
 check "pgbench -S -C -T2 -c4 with COLO_SHORT_LIVED=accelerate" client conn_acc env COLO_SHORT_LIVED=accelerate "$PGBIN/pgbench" -S -C -T2 -c4 -j2 "${PGH[@]}" postgres
 check "... no failed transaction" pgbench_ok conn_acc
-check "... every connection over shared memory" all_accelerated conn_acc 5
+check "... its connections over shared memory (9 in 10 at least; the rest accepted late)" mostly_accelerated conn_acc 5
 
 # 50 MB through COPY FROM STDIN and back out with COPY TO STDOUT (rows in insertion order:
 # one writer, a fresh heap, synchronize_seqscans off).
