@@ -67,8 +67,15 @@ pub fn resolve_all_once() {
 /// (`api::exports::vfork`).
 pub fn vfork_address() -> usize {
     static ADDR: AtomicUsize = AtomicUsize::new(0);
-    match ADDR.load(Ordering::Relaxed) {
-        0 => resolve_into(&ADDR, "vfork\0"),
+    jump_address(&ADDR, "vfork\0")
+}
+
+/// The address of libc's function `name` (NUL-terminated), cached in `addr`, for a wrapper that
+/// must jump to it rather than call it: `vfork`, and the variadic `execl` family, whose
+/// arguments a Rust function cannot take (`api::exports`).
+pub fn jump_address(addr: &AtomicUsize, name: &'static str) -> usize {
+    match addr.load(Ordering::Relaxed) {
+        0 => resolve_into(addr, name),
         a => a,
     }
 }
@@ -137,6 +144,7 @@ real_fns! {
     fn posix_spawn(pid: *mut libc::pid_t, path: *const libc::c_char, acts: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut libc::c_char, envp: *const *mut libc::c_char) -> c_int;
     fn posix_spawnp(pid: *mut libc::pid_t, file: *const libc::c_char, acts: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut libc::c_char, envp: *const *mut libc::c_char) -> c_int;
     fn system(command: *const libc::c_char) -> c_int;
+    fn popen(command: *const libc::c_char, mode: *const libc::c_char) -> *mut libc::FILE;
     fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_long, c: libc::c_long, d: libc::c_long, e: libc::c_long, f: libc::c_long) -> libc::c_long;
     fn prctl(option: c_int, a2: c_ulong, a3: c_ulong, a4: c_ulong, a5: c_ulong) -> c_int;
     fn dup(fd: c_int) -> c_int;

@@ -667,6 +667,9 @@ pub unsafe fn epoll_wait_with(
                 return g.ok(with_kernel_events(epfd, all, n, round, &wait) as libc::ssize_t) as c_int;
             }
         }
+        // Not held through the sleep: a connection another thread closes meanwhile ends at
+        // its close, as in the kernel (see `Waking`).
+        drop(conns);
         drop(g);
         let slept = Instant::now();
         let k = wait(evs, max, if unpassed { unpassed_ms(t) } else { t });

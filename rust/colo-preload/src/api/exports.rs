@@ -199,13 +199,11 @@ pub unsafe extern "C" fn vfork() -> libc::pid_t {
     std::arch::naked_asm!("push rax", "call {before}", "pop rcx", "jmp rax", before = sym before_vfork)
 }
 
-/// What [`vfork`] does before libc's: decides pending connections; returns libc's `vfork`.
+/// What [`vfork`] does before libc's: what [`before_exec`] does, as the child may exec; returns
+/// libc's `vfork`.
 #[cfg(target_arch = "x86_64")]
 extern "C" fn before_vfork() -> usize {
-    if !Guard::busy() && table::fds_of_kind(table::PENDING).next().is_some() && !crate::base::vm::shares_memory() {
-        let _g = Guard::enter();
-        crate::service::client::decide_before_fork();
-    }
+    before_exec();
     real::vfork_address()
 }
 
@@ -213,16 +211,66 @@ extern "C" fn before_vfork() -> usize {
 /// `fork` (`client::decide_before_fork`), so that an accelerated one reaches the new image
 /// through the handover file; the new image would otherwise get the bare socket, which carries
 /// nothing once the server took the offer (ucspi's `tcpclient` connects and execs its program).
-/// Not in a child that shares its parent's memory (`vfork`): the decision's descriptors would
-/// be the child's, its table the parent's. `posix_spawn` and `system` decide in the parent,
-/// before their child (which shares the parent's memory) execs, and `vfork` before the child
-/// exists. (`execl` and its variadic kin are out of sight.)
+/// Then connections born close-on-exec that the program made inheritable since are relayed
+/// (`handover::relay_inheritable`): the new image could not map their segment. Not in a child
+/// that shares its parent's memory (`vfork`): the decision's descriptors would be the child's,
+/// its table the parent's (such a child relays a connection when it makes it inheritable).
+/// `posix_spawn`, `system` and `popen` act in the parent, before their child (which shares the
+/// parent's memory) execs, and `vfork` before the child exists. On x86-64 the variadic `execl`,
+/// `execle` and `execlp` come here too (`exec_variadic`); elsewhere they are out of sight, and
+/// so is an `exec` made by a raw system call.
 fn before_exec() {
-    if Guard::busy() || table::fds_of_kind(table::PENDING).next().is_none() || crate::base::vm::shares_memory() {
+    if Guard::busy() || crate::base::vm::shares_memory() {
         return;
     }
     let _g = Guard::enter();
-    crate::service::client::decide_before_fork();
+    if table::fds_of_kind(table::PENDING).next().is_some() {
+        crate::service::client::decide_before_fork();
+    }
+    crate::service::handover::relay_inheritable();
+}
+
+/// An exported variadic member of the `execl` family: its arguments stay in the registers and
+/// on the stack where the caller put them while [`before_exec`] runs, then it jumps to libc's.
+macro_rules! exec_variadic {
+    ($name:ident, $before:ident, $sym:literal) => {
+        /// See [`before_exec`]; then libc's function of this name, with the caller's arguments.
+        #[cfg(target_arch = "x86_64")]
+        #[unsafe(naked)]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name() -> c_int {
+            // At entry the stack is 8 bytes off 16-byte alignment (the return address): seven
+            // pushes (the six argument registers and rax, a variadic call's count of vector
+            // registers) align it for the call; the pops restore every one of them.
+            std::arch::naked_asm!(
+                "push rdi", "push rsi", "push rdx", "push rcx", "push r8", "push r9", "push rax",
+                "call {before}",
+                "mov r11, rax",
+                "pop rax", "pop r9", "pop r8", "pop rcx", "pop rdx", "pop rsi", "pop rdi",
+                "jmp r11",
+                before = sym $before
+            )
+        }
+
+        /// What the wrapper does before libc's function; returns its address.
+        #[cfg(target_arch = "x86_64")]
+        extern "C" fn $before() -> usize {
+            static ADDR: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+            before_exec();
+            real::jump_address(&ADDR, $sym)
+        }
+    };
+}
+exec_variadic!(execl, before_execl, "execl\0");
+exec_variadic!(execle, before_execle, "execle\0");
+exec_variadic!(execlp, before_execlp, "execlp\0");
+
+/// `popen(3)` (glibc's spawns its shell through an internal `posix_spawn`): see [`before_exec`].
+#[no_mangle]
+pub unsafe extern "C" fn popen(command: *const libc::c_char, mode: *const libc::c_char) -> *mut libc::FILE {
+    before_exec();
+    // SAFETY: libc's popen with the application's arguments.
+    unsafe { real::popen(command, mode) }
 }
 
 /// `execve(2)`: see [`before_exec`].

@@ -73,24 +73,15 @@ fn set(conn: &Arc<Conn>, inheritable: bool, sock: BorrowedFd<'_>) {
     }
     let [control, self_bell, memfd] = conn.fds();
     if inheritable && !conn.exec_maps() {
-        if conn.relayed_here() {
-            // A `vfork` child's copy of a descriptor it relayed already: the relay's socket.
-            return;
-        }
         // Born close-on-exec (its memfd closed, or open only for reads through it:
-        // `Conn::exec_maps`): relayed, as the next image will not map it (`relay`).
-        let mut socks: Vec<i32> = table::fds_of_kind(table::CONN)
-            .map(|fd| fd as i32)
-            .filter(|&fd| table::conn(fd).is_some_and(|c| Arc::ptr_eq(&c, conn)))
-            .collect();
-        // (Not in the table in a `vfork` child: see `api::fds::copy_entry`.)
-        if !socks.contains(&sock.as_raw_fd()) {
-            socks.push(sock.as_raw_fd());
-        }
-        let peer = conn.shm().peer_addr();
-        match relay::hand_on(conn, &socks, true) {
-            Ok(()) => log_info(format_args!("connection to {peer} on fd {} made inheritable: relayed over loopback TCP", sock.as_raw_fd())),
-            Err(why) => log_info(format_args!("connection to {peer} on fd {} made inheritable, not relayed: {why}", sock.as_raw_fd())),
+        // `Conn::exec_maps`): the next image will not map it, so it is relayed (`relay`)
+        // before an `exec` (`relay_inheritable`); until then it serves this image, and the fork
+        // children that share its mapping, as it is (proftpd `dup`s its data connections, and
+        // execs nothing). A child that shares this process's memory
+        // (`vfork`, which the program makes its descriptors inheritable in before it execs)
+        // relays it at once: its `exec` comes with no look of the shim's first.
+        if crate::base::vm::shares_memory() {
+            relay(conn, sock.as_raw_fd());
         }
         return;
     }
@@ -102,6 +93,42 @@ fn set(conn: &Arc<Conn>, inheritable: bool, sock: BorrowedFd<'_>) {
     let Ok(st) = rustix::fs::fstat(sock) else { return };
     let r = Record { sock_ino: st.st_ino, memfd, control, self_bell, role: conn.shm().role(), holders: conn.holders_index() };
     handover_file::add(r);
+}
+
+/// Relays `conn`, born close-on-exec, over loopback TCP (`service::relay`): one of its application
+/// descriptors, `sock`, is inheritable.
+fn relay(conn: &Arc<Conn>, sock: i32) {
+    if conn.relayed_here() {
+        // A `vfork` child's copy of a descriptor it relayed already: the relay's socket.
+        return;
+    }
+    let mut socks: Vec<i32> = table::fds_of_kind(table::CONN)
+        .map(|fd| fd as i32)
+        .filter(|&fd| table::conn(fd).is_some_and(|c| Arc::ptr_eq(&c, conn)))
+        .collect();
+    // (Not in the table in a `vfork` child: see `api::fds::copy_entry`.)
+    if !socks.contains(&sock) {
+        socks.push(sock);
+    }
+    let peer = conn.shm().peer_addr();
+    match relay::hand_on(conn, &socks, true) {
+        Ok(()) => log_info(format_args!("connection to {peer} on fd {sock} made inheritable: relayed over loopback TCP")),
+        Err(why) => log_info(format_args!("connection to {peer} on fd {sock} made inheritable, not relayed: {why}")),
+    }
+}
+
+/// Before an `exec` of this process, or of a child that shares its memory (`api::exports`):
+/// relays each connection born close-on-exec that has an inheritable application descriptor
+/// now (see `set`), so that the new image gets a socket that carries its bytes.
+pub fn relay_inheritable() {
+    let fds: Vec<i32> = table::fds_of_kind(table::CONN).map(|fd| fd as i32).collect();
+    for fd in fds {
+        // (A connection relayed at an earlier descriptor of it left the table at every one.)
+        let Some(c) = table::conn(fd) else { continue };
+        if !c.exec_maps() && !is_cloexec(fd) {
+            relay(&c, fd);
+        }
+    }
 }
 
 /// In the shim's constructor: takes back the connections an earlier image of this process

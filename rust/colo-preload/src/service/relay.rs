@@ -2,10 +2,11 @@
 //!
 //! Such a connection closed its segment memfd once mapped (`Conn::build`: one descriptor less),
 //! so the handover across `exec` (`service::handover`), which maps the segment again in the new
-//! image from the memfd, cannot take it. And `exec` itself is out of the shim's sight (glibc's
-//! `execvp`, `posix_spawn` and `system` reach `execve` internally), so the moment to act is the
-//! one the descriptor becomes inheritable (`dup`, `dup2`, `dup3` without `O_CLOEXEC`,
-//! `F_DUPFD`, `F_SETFD`): every descriptor of the connection in this process gets a loopback TCP
+//! image from the memfd, cannot take it. The moment to act is just before an `exec` that would
+//! hand it on (`handover::relay_inheritable`, called by the shim's `exec` family, `posix_spawn`,
+//! `system`, `popen` and `vfork`), or, in a child that shares its parent's memory, the one the
+//! descriptor becomes inheritable (`dup`, `dup2`, `dup3` without `O_CLOEXEC`, `F_DUPFD`,
+//! `F_SETFD`): every descriptor of the connection in this process gets a loopback TCP
 //! connection of its own instead, on the same number with the same descriptor flags, and a relay
 //! process, forked from this one (it keeps the mapping), carries the bytes between it and the
 //! rings, both ways, in order, as the standard-I/O relay does after an `exec`
