@@ -9,3 +9,4 @@ pub mod regs;
 pub mod state;
 pub mod table;
 pub mod turns;
+pub mod waking;
