@@ -25,6 +25,7 @@ use crate::record::app_nofile;
 use crate::record::relayed::{self, Names};
 use crate::service::{relay, stdio};
 use colo_sys::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 fn cloexec(fd: BorrowedFd<'_>) -> bool {
@@ -117,15 +118,41 @@ fn relay(conn: &Arc<Conn>, sock: i32) {
     }
 }
 
+/// The real and effective uids this image started with (`take_back` records them, in the
+/// constructor), one in each half.
+static START_UIDS: AtomicU64 = AtomicU64::new(u64::MAX);
+
+fn uids() -> u64 {
+    (u64::from(rustix::process::getuid().as_raw()) << 32) | u64::from(rustix::process::geteuid().as_raw())
+}
+
 /// Before an `exec` of this process, or of a child that shares its memory (`api::exports`):
 /// relays each connection born close-on-exec that has an inheritable application descriptor
-/// now (see `set`), so that the new image gets a socket that carries its bytes.
+/// now (see `set`), so that the new image gets a socket that carries its bytes. After a change
+/// of uid since this image started (a server that runs a service as another user: `setuid`,
+/// then `exec`), every connection with an inheritable descriptor is relayed, none handed over:
+/// its peer judged who we are by the credentials of our `connect` or `listen`
+/// (`SO_PEERCRED`), taken before the change, and trusts a peer of its own uid with its rings
+/// (it reads them through its mapping: `colo::Segment::read_through_memfd`); the new image,
+/// which the new uid may `ptrace` or is that user's own program, would hold the segment and
+/// the control socket. The relay, forked before the `exec`, is not such an image (the change of
+/// uid made this process undumpable, and it execs nothing).
 pub fn relay_inheritable() {
+    let uid_changed = START_UIDS.load(Ordering::Relaxed) != uids();
     let fds: Vec<i32> = table::fds_of_kind(table::CONN).map(|fd| fd as i32).collect();
     for fd in fds {
         // (A connection relayed at an earlier descriptor of it left the table at every one.)
         let Some(c) = table::conn(fd) else { continue };
-        if !c.exec_maps() && !is_cloexec(fd) {
+        if is_cloexec(fd) {
+            continue;
+        }
+        if c.exec_maps() && uid_changed {
+            // Not handed over, relayed or not: its descriptors become close-on-exec and its
+            // record leaves the handover file.
+            // SAFETY: the application's descriptor, open (the table lists it).
+            set(&c, false, unsafe { BorrowedFd::borrow_raw(fd) });
+            relay(&c, fd);
+        } else if !c.exec_maps() {
             relay(&c, fd);
         }
     }
@@ -134,6 +161,7 @@ pub fn relay_inheritable() {
 /// In the shim's constructor: takes back the connections an earlier image of this process
 /// handed over.
 pub fn take_back() {
+    START_UIDS.store(uids(), Ordering::Relaxed);
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return };
     let mut files = Vec::new();
     let mut relayed_files = Vec::new();

@@ -1,0 +1,32 @@
+"""Run by root under colo run for t_rt_exec_setuid.sh: an inetd-like server on 127.0.0.1:PORT
+that runs its service as another user. It accepts one connection with libc's accept (no
+SOCK_CLOEXEC: the descriptor is born inheritable, as a C server's), forks; the child drops to
+nobody:nogroup (setgroups, setgid, setuid: what inetd does for a service whose user is nobody)
+and execs PROGRAM with the connection's descriptor number as its last argument; the parent
+closes its copy and waits for the child.
+Usage: exec_nobody_server.py PORT PROGRAM ARG..."""
+import ctypes
+import os
+import socket
+import sys
+
+port, program, args = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+libc = ctypes.CDLL(None, use_errno=True)
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", port))
+s.listen(8)
+print("LISTENING", flush=True)
+fd = libc.accept(s.fileno(), None, None)
+if fd < 0:
+    print("accept failed: errno %d" % ctypes.get_errno(), flush=True)
+    sys.exit(1)
+pid = os.fork()
+if pid == 0:
+    os.setgroups([])
+    os.setgid(65534)
+    os.setuid(65534)
+    os.execv(program, [program] + args + [str(fd)])
+os.close(fd)
+_, status = os.waitpid(pid, 0)
+print("SERVICE EXITED %d" % os.waitstatus_to_exitcode(status), flush=True)

@@ -1,0 +1,95 @@
+"""Exec'd as nobody by py/exec_nobody_server.py (t_rt_exec_setuid.sh): the service of root's
+inetd-like server, run as another user, with the client's connection on descriptor FD. A
+service of another user must get a connection like a TCP socket's, nothing of the shared
+memory behind it. It lists what it inherited: a segment memfd (/memfd:colo-seg) would give it
+the rings of root's client, whose check of its peer's uid (SO_PEERCRED of the control socket:
+root, who listened and accepted) says "same user", so the client reads its ring through the
+mapping. With one, it claims a whole ring of bytes toward the client it never writes (holes)
+and FIN, rings the client (its control socket, the inherited SEQPACKET socket), and prints
+"ALLOCATED <MiB>": what the client's reads allocated of its memfd, charged to root's client.
+Then, or without one (after it read the client's byte), it writes GREETING to its connection and closes it (what an honest
+service does).
+Usage: exec_nobody_service.py FD"""
+import ctypes
+import mmap
+import os
+import socket
+import struct
+import sys
+import time
+
+GREETING = b"hello from nobody's service\n"
+HEADER = 1024  # colo_attack.HEADER
+
+fd = int(sys.argv[-1])
+seg = ctl = None
+for name in os.listdir("/proc/self/fd"):
+    n = int(name)
+    try:
+        link = os.readlink("/proc/self/fd/%d" % n)
+    except OSError:
+        continue
+    if link.startswith("/memfd:colo-seg"):
+        seg = n
+    elif link.startswith("socket:") and n != fd:
+        try:
+            t = socket.socket(fileno=n)
+            kind = t.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE)
+            t.detach()
+        except OSError:
+            continue
+        if kind == socket.SOCK_SEQPACKET:
+            ctl = n
+print("INHERITED segment=%s control=%s uid=%d" % (seg, ctl, os.getuid()), flush=True)
+
+
+def round_up(v, a):
+    return (v + a - 1) // a * a
+
+
+if seg is not None:
+    size = os.fstat(seg).st_size
+    m = mmap.mmap(seg, size)
+    capacity, slot_size, slots = struct.unpack_from("<III", m, 24)
+    block = (size - HEADER) // 2
+    S2C = HEADER + block
+    DATA = round_up(768 + 12 * slots, 1024)
+
+    def mib():
+        at, total = S2C + DATA, 0
+        while at < size:
+            try:
+                data = os.lseek(seg, at, os.SEEK_DATA)
+            except OSError:
+                break
+            hole = os.lseek(seg, data, os.SEEK_HOLE)
+            total += hole - data
+            at = hole
+        return total >> 20
+
+    head = struct.unpack_from("<Q", m, S2C)[0]
+    struct.pack_into("<I", m, S2C + 12, capacity)
+    struct.pack_into("<Q", m, S2C, head + capacity)
+    struct.pack_into("<I", m, S2C + 8, 1)  # FIN
+    if ctl is not None:
+        try:
+            os.write(ctl, b"r")
+        except OSError:
+            pass
+    libc = ctypes.CDLL(None, use_errno=True)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(m, 128))  # client_waiting
+    libc.syscall(202, ctypes.c_void_p(addr), 1, 0x7FFFFFFF, None, None, 0)  # FUTEX_WAKE
+    end = time.time() + 20
+    while time.time() < end and struct.unpack_from("<Q", m, S2C + 128)[0] < head + capacity:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    print("READ %d of %d" % (struct.unpack_from("<Q", m, S2C + 128)[0] - head, capacity), flush=True)
+    print("ALLOCATED %d" % mib(), flush=True)
+try:
+    if seg is None:
+        os.read(fd, 1)  # the client's byte (left unread, the close would reset the connection)
+    os.write(fd, GREETING)
+except OSError as e:
+    print("write: %s" % e, flush=True)
+os.close(fd)
+time.sleep(1)

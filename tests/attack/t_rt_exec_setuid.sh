@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Red team: a connection handed to a program of another user must reach it as a TCP socket
+# would, with nothing of the shared memory behind it. Root's inetd-like server under colo run
+# (py/exec_nobody_server.py) accepts a connection from root's client (python under colo run),
+# born inheritable (libc's accept), forks, drops to nobody and execs its service
+# (py/exec_nobody_service.py), which nobody may then ptrace, or which is nobody's own program.
+# Before, the shim handed the connection over across that exec as across any: the segment
+# memfd and control socket stayed inheritable, and nobody's image got them (its shim left them
+# alone, the handover file being root's). nobody then held root's client's rings, while the
+# client's check of its peer (SO_PEERCRED of the control socket: root, who listened and
+# accepted) said "same user": it claimed a whole ring of holes, and the client's reads of them
+# through its mapping allocated them, charged to root's client (8 MiB, as long as nobody kept
+# the memfd); and the service's writes to its socket (the TCP carrier) never reached the
+# client. Now an exec under another uid than the connection was made by relays it over
+# loopback TCP first (colo-preload service::handover::relay_inheritable), as for a connection
+# the image cannot map: the service gets a socket and no segment, and its bytes arrive.
+source "$(dirname "$0")/lib.sh"
+cp "$HERE/py/exec_nobody_server.py" "$HERE/py/exec_nobody_service.py" "$WORK/" && chmod 644 "$WORK"/*.py
+P=$(free_port)
+COLO_LOG=info timeout 60 $COLORUN /usr/bin/python3 "$WORK/exec_nobody_server.py" "$P" /usr/bin/python3 "$WORK/exec_nobody_service.py" >"$WORK/server.out" 2>&1 & srv=$!
+for _ in $(seq 100); do grep -qs LISTENING "$WORK/server.out" && break; sleep 0.05; done
+COLO_LOG=info timeout 40 $COLORUN /usr/bin/python3 -c "
+import socket, time
+s = socket.create_connection(('127.0.0.1', $P)); s.sendall(b'x'); got = b''
+s.settimeout(30)
+while True:
+    b = s.recv(1 << 20)
+    if not b: break
+    got += b
+print('CLIENT READ', len(got), 'GREETING' if got.endswith(b\"hello from nobody's service\n\") else 'NO GREETING', flush=True)
+time.sleep(2); s.close()" >"$WORK/client.out" 2>&1
+wait "$srv"
+cat "$WORK/server.out" "$WORK/client.out" | grep -v '^colo' | sed 's/^/    /'
+grep -h 'colo.*\(exec\|relay\|inheritable\)' "$WORK/server.out" | head -5 | sed 's/^/    log: /'
+check "nobody's service ran (as nobody)" grep -q '^INHERITED .* uid=65534' "$WORK/server.out"
+check "nobody's service got no segment memfd of root's client's connection" grep -q '^INHERITED segment=None control=None' "$WORK/server.out"
+alloc=$(awk '/^ALLOCATED/ {print $2}' "$WORK/server.out")
+check "root's client allocated none of nobody's holes (${alloc:-0} MiB)" test "${alloc:-0}" -le 1
+check "root's client got the service's bytes and its end of stream" grep -q '^CLIENT READ [0-9]* GREETING$' "$WORK/client.out"
+finish
