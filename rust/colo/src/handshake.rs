@@ -523,6 +523,14 @@ fn answer_recycled(control: OwnedFd, ticket: u32, served: Served, opts: &Options
         Ok(p) => p,
         Err(e) => return reject(&control, Reason::BadSegment, e),
     };
+    if client_uid != host::uid() && !p.seg.has_memfd() {
+        // Parked by a connection of our own user, which closed the memfd at set-up: a process
+        // that changed uid since would have its ring read through our mapping, where a peer of
+        // another user's is read through the memfd (`Segment::read_through_memfd`: holes it
+        // claims allocate nothing of ours). Refused as any other (the client dials TCP).
+        crate::shm::retire(p.seg);
+        return reject(&control, Reason::BadSegment, format!("recycling HELLO from uid {client_uid}, parked by a connection of ours"));
+    }
     // The geometry stays the one validated when the segment was first accepted; only the
     // addresses are read again.
     let header = match read_header(p.seg.base()) {

@@ -95,6 +95,11 @@ impl Segment {
         }
     }
 
+    /// Whether the memfd is still open (so that [`Segment::read_through_memfd`] can take effect).
+    pub fn has_memfd(&self) -> bool {
+        self.memfd.is_some()
+    }
+
     /// Makes the consumers taken from now on read the incoming ring with `pread` of the memfd
     /// instead of through the mapping, for a peer of another user. A page of the ring the
     /// producer never wrote (a hole: it claimed bytes it never wrote) is allocated by whoever
