@@ -13,13 +13,18 @@
 # the memfd); and the service's writes to its socket (the TCP carrier) never reached the
 # client. Now an exec under another uid than the connection was made by relays it over
 # loopback TCP first (colo-preload service::handover::relay_inheritable), as for a connection
-# the image cannot map: the service gets a socket and no segment, and its bytes arrive.
+# the image cannot map: the service gets a socket and no segment, and its bytes arrive. The
+# relay, which holds the segment, is not dumpable (a program that made itself dumpable again
+# after its setuid, as nginx's workers, would have let nobody take its descriptors).
 source "$(dirname "$0")/lib.sh"
 cp "$HERE/py/exec_nobody_server.py" "$HERE/py/exec_nobody_service.py" "$WORK/" && chmod 644 "$WORK"/*.py
-P=$(free_port)
-COLO_LOG=info timeout 60 $COLORUN /usr/bin/python3 "$WORK/exec_nobody_server.py" "$P" /usr/bin/python3 "$WORK/exec_nobody_service.py" >"$WORK/server.out" 2>&1 & srv=$!
-for _ in $(seq 100); do grep -qs LISTENING "$WORK/server.out" && break; sleep 0.05; done
-COLO_LOG=info timeout 40 $COLORUN /usr/bin/python3 -c "
+# run LABEL [DUMPABLE]: one connection served by nobody's service.
+run() {
+  local label=$1 out=$WORK/$1.server cout=$WORK/$1.client P alloc
+  P=$(free_port)
+  DUMPABLE=${2:-0} COLO_LOG=info timeout 60 $COLORUN /usr/bin/python3 "$WORK/exec_nobody_server.py" "$P" /usr/bin/python3 "$WORK/exec_nobody_service.py" "$P" >"$out" 2>&1 & local srv=$!
+  for _ in $(seq 100); do grep -qs LISTENING "$out" && break; sleep 0.05; done
+  COLO_LOG=info timeout 40 $COLORUN /usr/bin/python3 -c "
 import socket, time
 s = socket.create_connection(('127.0.0.1', $P)); s.sendall(b'x'); got = b''
 s.settimeout(30)
@@ -28,13 +33,19 @@ while True:
     if not b: break
     got += b
 print('CLIENT READ', len(got), 'GREETING' if got.endswith(b\"hello from nobody's service\n\") else 'NO GREETING', flush=True)
-time.sleep(2); s.close()" >"$WORK/client.out" 2>&1
-wait "$srv"
-cat "$WORK/server.out" "$WORK/client.out" | grep -v '^colo' | sed 's/^/    /'
-grep -h 'colo.*\(exec\|relay\|inheritable\)' "$WORK/server.out" | head -5 | sed 's/^/    log: /'
-check "nobody's service ran (as nobody)" grep -q '^INHERITED .* uid=65534' "$WORK/server.out"
-check "nobody's service got no segment memfd of root's client's connection" grep -q '^INHERITED segment=None control=None' "$WORK/server.out"
-alloc=$(awk '/^ALLOCATED/ {print $2}' "$WORK/server.out")
-check "root's client allocated none of nobody's holes (${alloc:-0} MiB)" test "${alloc:-0}" -le 1
-check "root's client got the service's bytes and its end of stream" grep -q '^CLIENT READ [0-9]* GREETING$' "$WORK/client.out"
+time.sleep(2); s.close()" >"$cout" 2>&1
+  wait "$srv"
+  cat "$out" "$cout" | grep -v '^colo' | sed 's/^/    /'
+  grep -h 'colo.*\(exec\|relay\|inheritable\)' "$out" | head -5 | sed 's/^/    log: /'
+  check "$label: nobody's service ran (as nobody)" grep -q '^INHERITED .* uid=65534' "$out"
+  check "$label: nobody's service got no segment memfd of root's client's connection" grep -q '^INHERITED segment=None control=None' "$out"
+  check "$label: nor could it write the memory or take the descriptors of a process that maps it" sh -c "! grep -q '^PROCESS .*\(opened\|taken\)' '$out'"
+  alloc=$(awk '/^ALLOCATED/ {print $2}' "$out")
+  check "$label: root's client allocated none of nobody's holes (${alloc:-0} MiB)" test "${alloc:-0}" -le 1
+  check "$label: root's client got the service's bytes and its end of stream" grep -q '^CLIENT READ [0-9]* GREETING$' "$cout"
+}
+run "setuid then exec"
+# nginx makes its workers dumpable again after their setuid: the relay forked before the exec
+# (which holds the segment) must not be, or nobody takes its memfd with pidfd_getfd.
+run "setuid, dumpable again, then exec" 1
 finish

@@ -4,6 +4,8 @@ SOCK_CLOEXEC: the descriptor is born inheritable, as a C server's), forks; the c
 nobody:nogroup (setgroups, setgid, setuid: what inetd does for a service whose user is nobody)
 and execs PROGRAM with the connection's descriptor number as its last argument; the parent
 closes its copy and waits for the child.
+With DUMPABLE=1 in its environment, the child makes itself dumpable again after the setuid, as
+nginx does with its workers (for core dumps): the relay it forks before the exec must not be.
 Usage: exec_nobody_server.py PORT PROGRAM ARG..."""
 import ctypes
 import os
@@ -26,6 +28,8 @@ if pid == 0:
     os.setgroups([])
     os.setgid(65534)
     os.setuid(65534)
+    if os.environ.get("DUMPABLE") == "1":
+        libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
     os.execv(program, [program] + args + [str(fd)])
 os.close(fd)
 _, status = os.waitpid(pid, 0)

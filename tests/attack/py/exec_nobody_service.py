@@ -9,7 +9,7 @@ and FIN, rings the client (its control socket, the inherited SEQPACKET socket), 
 "ALLOCATED <MiB>": what the client's reads allocated of its memfd, charged to root's client.
 Then, or without one (after it read the client's byte), it writes GREETING to its connection and closes it (what an honest
 service does).
-Usage: exec_nobody_service.py FD"""
+Usage: exec_nobody_service.py PORT FD (PORT: the server's)"""
 import ctypes
 import mmap
 import os
@@ -21,7 +21,7 @@ import time
 GREETING = b"hello from nobody's service\n"
 HEADER = 1024  # colo_attack.HEADER
 
-fd = int(sys.argv[-1])
+fd, port = int(sys.argv[-1]), int(sys.argv[-2])
 seg = ctl = None
 for name in os.listdir("/proc/self/fd"):
     n = int(name)
@@ -41,6 +41,36 @@ for name in os.listdir("/proc/self/fd"):
         if kind == socket.SOCK_SEQPACKET:
             ctl = n
 print("INHERITED segment=%s control=%s uid=%d" % (seg, ctl, os.getuid()), flush=True)
+if seg is None:
+    # Or in a process of this uid that holds its mapping (the relay, forked by root's server
+    # before the exec: its command line is the server's): its memory through /proc/PID/mem, its
+    # descriptors through pidfd_getfd, both of which the kernel allows this uid if that process
+    # is dumpable. Only a process of this test's server (its port) is looked at, and nothing is
+    # written there: what could be opened or taken is printed ("PROCESS ...").
+    libc0 = ctypes.CDLL(None, use_errno=True)
+    for p in os.listdir("/proc"):
+        if not p.isdigit() or int(p) == os.getpid():
+            continue
+        try:
+            cmd = open("/proc/%s/cmdline" % p, "rb").read().split(b"\0")
+            if not any(a.endswith(b"exec_nobody_server.py") for a in cmd) or str(port).encode() not in cmd:
+                continue
+            if "colo-seg" not in open("/proc/%s/maps" % p).read():
+                continue
+        except OSError:
+            continue
+        try:
+            os.close(os.open("/proc/%s/mem" % p, os.O_RDWR))
+            mem = "opened"
+        except OSError as e:
+            mem = "refused (%s)" % e.strerror
+        try:
+            first = min(int(n) for n in os.listdir("/proc/%s/fd" % p))
+            got = libc0.syscall(438, os.pidfd_open(int(p)), first, 0)  # pidfd_getfd
+            took = "taken" if got >= 0 else "refused"
+        except OSError as e:
+            took = "refused (%s)" % e.strerror
+        print("PROCESS %s maps a segment: its memory %s, its descriptors %s" % (p, mem, took), flush=True)
 
 
 def round_up(v, a):

@@ -126,6 +126,11 @@ fn uids() -> u64 {
     (u64::from(rustix::process::getuid().as_raw()) << 32) | u64::from(rustix::process::geteuid().as_raw())
 }
 
+/// Whether the real or effective uid changed since this image started.
+pub fn uid_changed() -> bool {
+    START_UIDS.load(Ordering::Relaxed) != uids()
+}
+
 /// Before an `exec` of this process, or of a child that shares its memory (`api::exports`):
 /// relays each connection born close-on-exec that has an inheritable application descriptor
 /// now (see `set`), so that the new image gets a socket that carries its bytes. After a change
@@ -135,10 +140,10 @@ fn uids() -> u64 {
 /// (`SO_PEERCRED`), taken before the change, and trusts a peer of its own uid with its rings
 /// (it reads them through its mapping: `colo::Segment::read_through_memfd`); the new image,
 /// which the new uid may `ptrace` or is that user's own program, would hold the segment and
-/// the control socket. The relay, forked before the `exec`, is not such an image (the change of
-/// uid made this process undumpable, and it execs nothing).
+/// the control socket. The relay, forked before the `exec`, is not such an image: it execs
+/// nothing and makes itself undumpable (`stdio::start_relay`).
 pub fn relay_inheritable() {
-    let uid_changed = START_UIDS.load(Ordering::Relaxed) != uids();
+    let uid_changed = uid_changed();
     let fds: Vec<i32> = table::fds_of_kind(table::CONN).map(|fd| fd as i32).collect();
     for fd in fds {
         // (A connection relayed at an earlier descriptor of it left the table at every one.)

@@ -142,6 +142,14 @@ pub(crate) fn start_relay(relay: impl FnOnce(OwnedFd)) -> Result<bool, String> {
         // SAFETY: as above.
         if unsafe { crate::real::fork() } == 0 {
             colo_sys::host::renew_pid();
+            if crate::service::handover::uid_changed() {
+                // The relay holds the segment of a connection whose peer judged us by the uid
+                // before the change (`handover::relay_inheritable`): the new uid may not take
+                // its descriptors or write its memory, as it could were it dumpable (a program
+                // may have made itself dumpable again after its set*id call, as nginx's workers).
+                // SAFETY: prctl with integer arguments only.
+                unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+            }
             relay(say);
         }
         // SAFETY: ends the intermediate child at once (or a relay that returned), without
