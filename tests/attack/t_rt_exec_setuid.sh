@@ -18,11 +18,11 @@
 # after its setuid, as nginx's workers, would have let nobody take its descriptors).
 source "$(dirname "$0")/lib.sh"
 cp "$HERE/py/exec_nobody_server.py" "$HERE/py/exec_nobody_service.py" "$WORK/" && chmod 644 "$WORK"/*.py
-# run LABEL [DUMPABLE]: one connection served by nobody's service.
+# run LABEL [DUMPABLE [EXEC]]: one connection served by nobody's service.
 run() {
   local label=$1 out=$WORK/$1.server cout=$WORK/$1.client P alloc
   P=$(free_port)
-  DUMPABLE=${2:-0} COLO_LOG=info timeout 60 $COLORUN /usr/bin/python3 "$WORK/exec_nobody_server.py" "$P" /usr/bin/python3 "$WORK/exec_nobody_service.py" "$P" >"$out" 2>&1 & local srv=$!
+  EXEC=${3:-execv} DUMPABLE=${2:-0} COLO_LOG=info timeout 60 $COLORUN /usr/bin/python3 "$WORK/exec_nobody_server.py" "$P" /usr/bin/python3 "$WORK/exec_nobody_service.py" "$P" >"$out" 2>&1 & local srv=$!
   for _ in $(seq 100); do grep -qs LISTENING "$out" && break; sleep 0.05; done
   COLO_LOG=info timeout 40 $COLORUN /usr/bin/python3 -c "
 import socket, time
@@ -48,4 +48,7 @@ run "setuid then exec"
 # nginx makes its workers dumpable again after their setuid: the relay forked before the exec
 # (which holds the segment) must not be, or nobody takes its memfd with pidfd_getfd.
 run "setuid, dumpable again, then exec" 1
+# The exec the shim sees only as its system call (libc's execveat, syscall(SYS_execve)).
+run "setuid then execveat" 0 execveat
+run "setuid then syscall(SYS_execve)" 0 syscall
 finish

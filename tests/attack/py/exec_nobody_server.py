@@ -6,6 +6,8 @@ and execs PROGRAM with the connection's descriptor number as its last argument; 
 closes its copy and waits for the child.
 With DUMPABLE=1 in its environment, the child makes itself dumpable again after the setuid, as
 nginx does with its workers (for core dumps): the relay it forks before the exec must not be.
+With EXEC=execveat or EXEC=syscall, the child execs through libc's execveat or a raw
+syscall(SYS_execve) instead of execv.
 Usage: exec_nobody_server.py PORT PROGRAM ARG..."""
 import ctypes
 import os
@@ -30,7 +32,18 @@ if pid == 0:
     os.setuid(65534)
     if os.environ.get("DUMPABLE") == "1":
         libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
-    os.execv(program, [program] + args + [str(fd)])
+    argv = [program] + args + [str(fd)]
+    how = os.environ.get("EXEC", "execv")
+    if how != "execv":
+        c_argv = (ctypes.c_char_p * (len(argv) + 1))(*[a.encode() for a in argv], None)
+        env = [("%s=%s" % kv).encode() for kv in os.environ.items()]
+        c_env = (ctypes.c_char_p * (len(env) + 1))(*env, None)
+        if how == "execveat":
+            libc.execveat(-100, program.encode(), c_argv, c_env, 0)  # AT_FDCWD
+        else:
+            libc.syscall(59, program.encode(), c_argv, c_env)  # SYS_execve
+        os._exit(127)
+    os.execv(program, argv)
 os.close(fd)
 _, status = os.waitpid(pid, 0)
 print("SERVICE EXITED %d" % os.waitstatus_to_exitcode(status), flush=True)

@@ -18,7 +18,8 @@ use std::time::Duration;
 // ---- syscall --------------------------------------------------------------------------------
 
 /// `syscall(2)`: `io_uring_setup` is refused (`base::uring`); closes and duplicates of the
-/// shim's descriptors take the shim's paths (`behind`); every other call goes to libc unchanged.
+/// shim's descriptors take the shim's paths (`behind`); `execve` and `execveat` are prepared for
+/// as libc's (`before_exec`); every other call goes to libc unchanged.
 /// (`syscall` is variadic; on x86-64 and arm64 its integer arguments arrive where these
 /// parameters are read.)
 #[no_mangle]
@@ -28,6 +29,9 @@ pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_lo
     }
     if n == libc::SYS_seccomp && confine::seccomp_confines(a) {
         confine::leave_process();
+    }
+    if n == libc::SYS_execve || n == libc::SYS_execveat {
+        before_exec();
     }
     if n == libc::SYS_close_range {
         // SAFETY: the application's arguments, as the system call takes them.
@@ -218,7 +222,8 @@ extern "C" fn before_vfork() -> usize {
 /// `posix_spawn`, `system` and `popen` act in the parent, before their child (which shares the
 /// parent's memory) execs, and `vfork` before the child exists. On x86-64 the variadic `execl`,
 /// `execle` and `execlp` come here too (`exec_variadic`); elsewhere they are out of sight, and
-/// so is an `exec` made by a raw system call.
+/// so is an `exec` made by a system call instruction of the program's own (`execveat` and
+/// `syscall(2)`'s `execve` and `execveat` come here).
 fn before_exec() {
     if Guard::busy() || crate::base::vm::shares_memory() {
         return;
@@ -311,6 +316,14 @@ pub unsafe extern "C" fn fexecve(fd: c_int, argv: *const *const libc::c_char, en
     before_exec();
     // SAFETY: libc's fexecve with the application's arguments.
     unsafe { real::fexecve(fd, argv, envp) }
+}
+
+/// `execveat(2)` (glibc's wrapper): see [`before_exec`].
+#[no_mangle]
+pub unsafe extern "C" fn execveat(dirfd: c_int, path: *const libc::c_char, argv: *const *const libc::c_char, envp: *const *const libc::c_char, flags: c_int) -> c_int {
+    before_exec();
+    // SAFETY: libc's execveat with the application's arguments.
+    unsafe { real::execveat(dirfd, path, argv, envp, flags) }
 }
 
 /// `posix_spawn(3)`: see [`before_exec`].
