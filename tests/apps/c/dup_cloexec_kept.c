@@ -4,8 +4,10 @@
  * (a) after `dup` and `F_SETFD 0` the program's descriptors are still the socket it accepted
  *     (the same inode, the same peer address) and carry every byte both ways, in order;
  * (b) then a fork child execs this program, which inherits the copy, writes a trailer and exits;
- *     the parent, which kept the connection as it was, writes its own trailer after that and
- *     closes: the client reads the echo, the child's trailer, the parent's, then end of stream.
+ *     then another, by syscall(SYS_execve) (an exec the shim sees only as that call); the
+ *     parent, which kept the connection as it was, writes its own trailer after that and
+ *     closes: the client reads the echo, both children's trailers, the parent's, then end of
+ *     stream.
  * alarm() is the watchdog. */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -14,6 +16,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -50,8 +53,8 @@ static void client(int port) {
             fprintf(stderr, "client: echoed byte %ld differs\n", i);
             exit(1);
         }
-    const char *want = CHILD_SAYS PARENT_SAYS;
-    char got[64] = {0};
+    const char *want = CHILD_SAYS CHILD_SAYS PARENT_SAYS;
+    char got[80] = {0};
     size_t n = strlen(want);
     if (read_full(c, got, n) != 0 || memcmp(got, want, n) != 0) {
         fprintf(stderr, "client: trailers '%s', expected '%s'\n", got, want);
@@ -94,19 +97,27 @@ int main(int argc, char **argv) {
         at += n;
     }
     close(s);
-    pid_t ch = fork();
-    if (ch < 0) die("fork");
-    if (ch == 0) {
-        char num[16];
-        snprintf(num, sizeof num, "%d", d);
-        execl("/proc/self/exe", argv[0], "child", num, (char *)NULL);
-        die("exec");
+    for (int raw = 0; raw < 2; raw++) {
+        pid_t ch = fork();
+        if (ch < 0) die("fork");
+        if (ch == 0) {
+            char num[16];
+            snprintf(num, sizeof num, "%d", d);
+            if (raw) {
+                char *args[] = {argv[0], "child", num, NULL};
+                syscall(SYS_execve, "/proc/self/exe", args, environ);
+            } else {
+                execl("/proc/self/exe", argv[0], "child", num, (char *)NULL);
+            }
+            die("exec");
+        }
+        int st;
+        if (waitpid(ch, &st, 0) != ch || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            fprintf(stderr, "the child exec'd by %s failed\n", raw ? "syscall(SYS_execve)" : "execl");
+            return 1;
+        }
     }
     int st;
-    if (waitpid(ch, &st, 0) != ch || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        fprintf(stderr, "the exec'd child failed\n");
-        return 1;
-    }
     write_all(d, PARENT_SAYS, strlen(PARENT_SAYS));
     close(d);
     if (waitpid(cl, &st, 0) != cl || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
@@ -114,6 +125,6 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (failures) return 1;
-    printf("ok: copies made inheritable keep the accepted socket; a child's exec relays its copy, every byte in order\n");
+    printf("ok: copies made inheritable keep the accepted socket; a child's exec (execl, syscall) relays its copy, every byte in order\n");
     return 0;
 }
