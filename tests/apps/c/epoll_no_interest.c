@@ -6,7 +6,9 @@
  * /proc/self/task/TID/status) must not grow with the round trips (a wake-up per message is a
  * context switch and kernel calls for nothing). Then the registration is re-armed for input and
  * the client's last byte must end the sleep with it; and, disarmed again, the client's close
- * must end no sleep (TCP reports a peer's close to no interest). alarm() is the watchdog. */
+ * must end no sleep (TCP reports a peer's close to no interest). A second client's reset, though,
+ * must end a sleep on no events with EPOLLERR and EPOLLHUP, as the kernel reports them always.
+ * alarm() is the watchdog. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sys/syscall.h>
@@ -68,6 +70,18 @@ static void client(struct sockaddr_in *a) {
     _exit(0);
 }
 
+/* Connects, waits for the server's byte, then resets the connection (SO_LINGER 0). */
+static void resetter(struct sockaddr_in *a) {
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    char go;
+    if (s < 0 || connect(s, (struct sockaddr *)a, sizeof *a) < 0) die("connect");
+    read_all(s, &go, 1);
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    setsockopt(s, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    close(s);
+    _exit(0);
+}
+
 int main(void) {
     alarm(30);
     struct sockaddr_in a;
@@ -118,5 +132,22 @@ int main(void) {
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the client ran through");
     ssize_t r = read(conn, b, sizeof b);
     CHECK(r == 0, "then a read finds the end of stream");
+
+    pid_t kid2 = fork();
+    if (kid2 < 0) die("fork");
+    if (kid2 == 0) resetter(&a);
+    int c2 = accept(l, NULL, NULL);
+    if (c2 < 0) die("accept");
+    struct epoll_event e2 = {.events = EPOLLONESHOT, .data.u64 = DATA + 1};
+    CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, c2, &e2) == 0, "ADD the second connection with no events");
+    sleep_timeout = 10000;
+    pthread_create(&t, NULL, sleeper, NULL);
+    usleep(100000);
+    if (write(c2, "x", 1) != 1) die("write");
+    waitpid(kid2, &st, 0);
+    pthread_join(t, NULL);
+    CHECK(nev == 1 && got[0].data.u64 == DATA + 1 && (got[0].events & (EPOLLERR | EPOLLHUP)) == (EPOLLERR | EPOLLHUP),
+          "the second client's reset is reported to no events: EPOLLERR|EPOLLHUP");
+    if (nev == 1) fprintf(stderr, "reset reported as events 0x%x\n", got[0].events);
     return failures ? 1 : 0;
 }

@@ -419,9 +419,9 @@ fn remaining_ms(deadline: Option<Instant>) -> c_int {
     }
 }
 
-/// The connections of `epfd` that may wake a sleeper (`Reg::may_wake`), the spin policy for waiting on them (the strictest of theirs:
-/// "never" when any pair shares one CPU), and the set's wake-up eventfd if this process made
-/// one (see `set_wake`).
+/// The connections of `epfd` that may wake a sleeper (`Reg::may_wake`), the spin policy for
+/// waiting on them (the strictest of theirs: "never" when any pair shares one CPU), and the set's
+/// wake-up eventfd if this process made one (see `set_wake`).
 fn watched(epfd: c_int) -> (Vec<Arc<Conn>>, SpinMode, Option<colo_sys::RawFd>) {
     with_regs(|r| {
         let conns: Vec<Arc<Conn>> = r

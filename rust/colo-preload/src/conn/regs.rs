@@ -176,7 +176,7 @@ impl Reg {
 
     /// The events the application's interest lets through (errors and hang-ups always).
     fn interest(&self) -> u32 {
-        (self.events & (IN | OUT | RDNORM | WRNORM | libc::EPOLLRDHUP as u32)) | ERR | HUP
+        (self.events & RING_EVENTS) | ERR | HUP
     }
 }
 
