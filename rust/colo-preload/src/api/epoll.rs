@@ -149,23 +149,26 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
                 reg.seen = None;
                 reg.quiet = None;
                 reg.fired = false;
+                // A thread asleep on this set must look at the new interest, as the kernel would
+                // wake it; but one with no interest (`rings_report`) can only report an error or
+                // hang-up there now, and the kernel wakes no one for it otherwise.
+                let look = regs::rings_report(events) || reg.would_report();
                 // The kernel only watches our descriptors for IN with the application's flags:
                 // an interest change (event loops flip OUT on and off around every reply) needs no
-                // system call, as `epoll_wait` reads the rings first. A one-shot re-arm or a flag
-                // change does.
-                if (old ^ events) & PASS_FLAGS != 0 || events & libc::EPOLLONESHOT as u32 != 0 {
+                // system call, as `epoll_wait` reads the rings first. A one-shot re-arm, a flag
+                // change, or a change to or from no interest at all (`kernel_events`) does.
+                if (old ^ events) & PASS_FLAGS != 0 || events & libc::EPOLLONESHOT as u32 != 0 || regs::rings_report(old) != regs::rings_report(events) {
                     reg.kernel = kernel_events(events);
-                    return Some(kernel_ctl(epfd, libc::EPOLL_CTL_MOD, reg.stand.fds, reg.kernel, reg.key));
+                    return Some(kernel_ctl(epfd, libc::EPOLL_CTL_MOD, reg.stand.fds, reg.kernel, reg.key).map(|()| look));
                 }
-                Some(Ok(()))
+                Some(Ok(look))
             });
-            match changed {
+            let look = match changed {
                 None => return g.err(libc::ENOENT) as c_int,
                 Some(Err(e)) => return g.err(e) as c_int,
-                Some(Ok(())) => {}
-            }
-            // A thread asleep on this set must look at the new interest (the kernel would wake it).
-            if table::has_sleepers(epfd) {
+                Some(Ok(look)) => look,
+            };
+            if look && table::has_sleepers(epfd) {
                 conn.poke();
             }
             g.ok(0) as c_int
@@ -345,8 +348,12 @@ fn translate(epfd: c_int, evs: &mut [epoll_event], round: Option<u64>) -> usize 
             if m == 0 {
                 if reg.events & libc::EPOLLONESHOT as u32 != 0 && !reg.fired {
                     // A spurious wake-up: re-armed, under the lock (the registration's
-                    // descriptors stay open while it is listed).
-                    let _ = kernel_ctl(epfd, libc::EPOLL_CTL_MOD, reg.stand.fds, reg.kernel, d);
+                    // descriptors stay open while it is listed). But not one that watches only
+                    // for the peer's hang-up (no interest: `kernel_events`) once that came: the
+                    // hung-up control socket would report it again at once, every wait.
+                    if reg.kernel & libc::EPOLLIN as u32 != 0 || !reg.conn.known_gone() {
+                        let _ = kernel_ctl(epfd, libc::EPOLL_CTL_MOD, reg.stand.fds, reg.kernel, d);
+                    }
                 } else if level && reg.conn.known_gone() {
                     // The peer is gone (`arm` asked, unless a ring explained this report)
                     // and nothing the application wants was reported: the control socket stays
@@ -412,15 +419,15 @@ fn remaining_ms(deadline: Option<Instant>) -> c_int {
     }
 }
 
-/// The connections of `epfd`, the spin policy for waiting on them (the strictest of theirs:
-/// "never" when any pair shares one CPU), and the set's wake-up eventfd if this process made
-/// one (see `set_wake`).
+/// The connections of `epfd` that may wake a sleeper (`Reg::may_wake`), the spin policy for
+/// waiting on them (the strictest of theirs: "never" when any pair shares one CPU), and the set's
+/// wake-up eventfd if this process made one (see `set_wake`).
 fn watched(epfd: c_int) -> (Vec<Arc<Conn>>, SpinMode, Option<colo_sys::RawFd>) {
     with_regs(|r| {
         let conns: Vec<Arc<Conn>> = r
             .by_epfd
             .get(&epfd)
-            .map(|l| l.iter().filter_map(|&i| r.slab[i].as_ref()).filter(|g| !g.fired && !g.deleted).map(|g| g.conn.clone()).collect())
+            .map(|l| l.iter().filter_map(|&i| r.slab[i].as_ref()).filter(|g| g.may_wake()).map(|g| g.conn.clone()).collect())
             .unwrap_or_default();
         let mut mode = spin();
         if mode != SpinMode::Always && conns.iter().any(|c| c.never_spin()) {
@@ -431,12 +438,12 @@ fn watched(epfd: c_int) -> (Vec<Arc<Conn>>, SpinMode, Option<colo_sys::RawFd>) {
     })
 }
 
-/// Announces a sleep on every registration of `epfd` that may report (not fired, not deleted),
+/// Announces a sleep on every registration of `epfd` that may report (`Reg::may_wake`),
 /// as they are now, under the lock a `MOD` takes (see the caller): no list is made.
 fn announce_sleep(epfd: c_int) {
     with_regs(|r| {
         let Some(list) = r.by_epfd.get(&epfd) else { return };
-        for g in list.iter().filter_map(|&i| r.slab[i].as_ref()).filter(|g| !g.fired && !g.deleted) {
+        for g in list.iter().filter_map(|&i| r.slab[i].as_ref()).filter(|g| g.may_wake()) {
             g.conn.will_sleep();
         }
     });

@@ -167,9 +167,16 @@ impl Reg {
         self.conn.ready_quick() & self.interest() != 0 && (self.events & libc::EPOLLET as u32 == 0 || self.seen != Some(now))
     }
 
+    /// Whether the peer's progress in the rings may make it report: one that fired, was deleted,
+    /// or asks for no events (`rings_report`) is not announced to the peer as asleep, so that
+    /// the peer rings no doorbell for it.
+    pub fn may_wake(&self) -> bool {
+        !self.fired && !self.deleted && rings_report(self.events)
+    }
+
     /// The events the application's interest lets through (errors and hang-ups always).
     fn interest(&self) -> u32 {
-        (self.events & (IN | OUT | RDNORM | WRNORM | libc::EPOLLRDHUP as u32)) | ERR | HUP
+        (self.events & RING_EVENTS) | ERR | HUP
     }
 }
 
@@ -369,9 +376,24 @@ pub fn set_wake(epfd: c_int) -> Option<colo_sys::RawFd> {
 
 pub const PASS_FLAGS: u32 = (libc::EPOLLET | libc::EPOLLONESHOT | libc::EPOLLWAKEUP | libc::EPOLLEXCLUSIVE) as u32;
 
-/// The events of our kernel registrations of a connection for the application's `events`.
+/// The events a connection's rings can make a registration report, besides the error and
+/// hang-up that every registration reports.
+const RING_EVENTS: u32 = IN | OUT | RDNORM | WRNORM | libc::EPOLLRDHUP as u32;
+
+/// Whether a registration for the application's `events` may be made ready by the rings' progress
+/// (the peer's doorbell): one with no interest but the flags (BEAM's "deselect" is a one-shot
+/// `EPOLL_CTL_MOD` to no events) reports only an error or a hang-up, as the kernel does.
+pub fn rings_report(events: u32) -> bool {
+    events & RING_EVENTS != 0
+}
+
+/// The events of our kernel registrations of a connection for the application's `events`: input
+/// (the doorbell, the self bell, the control socket's end) while the rings can make it report;
+/// else none, and the kernel reports only our descriptors' errors and hang-ups (the peer's
+/// processes gone), so that the peer's traffic, which the application does not ask about, wakes
+/// no sleeper.
 pub fn kernel_events(events: u32) -> u32 {
-    libc::EPOLLIN as u32 | (events & PASS_FLAGS)
+    (if rings_report(events) { libc::EPOLLIN as u32 } else { 0 }) | (events & PASS_FLAGS)
 }
 
 /// Applies `op` (`EPOLL_CTL_ADD` or `EPOLL_CTL_MOD`) to our kernel registrations of a connection
