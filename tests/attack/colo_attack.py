@@ -27,6 +27,46 @@ SLEEP_FUTEX = 2
 F_ADD_SEALS, F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_GROW = 1033, 1, 2, 4
 
 
+def claim_ring_toward_client(seg, ctl):
+    """As the server of the segment `seg` (a memfd) whose control socket is `ctl` (or None):
+    claims a whole ring of bytes toward the client without writing them (holes) and FIN, rings
+    the client, waits up to 20 s for it to read them, and prints "READ <n> of <ring>" and
+    "ALLOCATED <MiB>": the pages allocated in the server-to-client block (SEEK_DATA), which the
+    client's reads of the holes made (charged to the client)."""
+    import ctypes
+    size = os.fstat(seg).st_size
+    m = mmap.mmap(seg, size)
+    capacity, _slot_size, slots = struct.unpack_from("<III", m, 24)
+    s2c = HEADER + (size - HEADER) // 2
+    data = round_up(768 + 12 * slots, 1024)
+    head = struct.unpack_from("<Q", m, s2c)[0]
+    struct.pack_into("<I", m, s2c + 12, capacity)
+    struct.pack_into("<Q", m, s2c, head + capacity)
+    struct.pack_into("<I", m, s2c + 8, 1)  # FIN
+    if ctl is not None:
+        try:
+            os.write(ctl, b"r")
+        except OSError:
+            pass
+    libc = ctypes.CDLL(None, use_errno=True)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(m, 128))  # client_waiting
+    libc.syscall(202, ctypes.c_void_p(addr), 1, 0x7FFFFFFF, None, None, 0)  # FUTEX_WAKE
+    end = time.time() + 20
+    while time.time() < end and struct.unpack_from("<Q", m, s2c + 128)[0] < head + capacity:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    at, total = s2c + data, 0
+    while at < size:
+        try:
+            start = os.lseek(seg, at, os.SEEK_DATA)
+        except OSError:
+            break
+        at = os.lseek(seg, start, os.SEEK_HOLE)
+        total += at - start
+    print("READ %d of %d" % (struct.unpack_from("<Q", m, s2c + 128)[0] - head, capacity), flush=True)
+    print("ALLOCATED %d" % (total >> 20), flush=True)
+
+
 def raise_nofile():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

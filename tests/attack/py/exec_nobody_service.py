@@ -11,15 +11,15 @@ Then, or without one (after it read the client's byte), it writes GREETING to it
 service does).
 Usage: exec_nobody_service.py PORT FD (PORT: the server's)"""
 import ctypes
-import mmap
 import os
 import socket
-import struct
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import colo_attack as ca  # noqa: E402
+
 GREETING = b"hello from nobody's service\n"
-HEADER = 1024  # colo_attack.HEADER
 
 fd, port = int(sys.argv[-1]), int(sys.argv[-2])
 seg = ctl = None
@@ -73,48 +73,8 @@ if seg is None:
         print("PROCESS %s maps a segment: its memory %s, its descriptors %s" % (p, mem, took), flush=True)
 
 
-def round_up(v, a):
-    return (v + a - 1) // a * a
-
-
 if seg is not None:
-    size = os.fstat(seg).st_size
-    m = mmap.mmap(seg, size)
-    capacity, slot_size, slots = struct.unpack_from("<III", m, 24)
-    block = (size - HEADER) // 2
-    S2C = HEADER + block
-    DATA = round_up(768 + 12 * slots, 1024)
-
-    def mib():
-        at, total = S2C + DATA, 0
-        while at < size:
-            try:
-                data = os.lseek(seg, at, os.SEEK_DATA)
-            except OSError:
-                break
-            hole = os.lseek(seg, data, os.SEEK_HOLE)
-            total += hole - data
-            at = hole
-        return total >> 20
-
-    head = struct.unpack_from("<Q", m, S2C)[0]
-    struct.pack_into("<I", m, S2C + 12, capacity)
-    struct.pack_into("<Q", m, S2C, head + capacity)
-    struct.pack_into("<I", m, S2C + 8, 1)  # FIN
-    if ctl is not None:
-        try:
-            os.write(ctl, b"r")
-        except OSError:
-            pass
-    libc = ctypes.CDLL(None, use_errno=True)
-    addr = ctypes.addressof(ctypes.c_char.from_buffer(m, 128))  # client_waiting
-    libc.syscall(202, ctypes.c_void_p(addr), 1, 0x7FFFFFFF, None, None, 0)  # FUTEX_WAKE
-    end = time.time() + 20
-    while time.time() < end and struct.unpack_from("<Q", m, S2C + 128)[0] < head + capacity:
-        time.sleep(0.05)
-    time.sleep(0.5)
-    print("READ %d of %d" % (struct.unpack_from("<Q", m, S2C + 128)[0] - head, capacity), flush=True)
-    print("ALLOCATED %d" % mib(), flush=True)
+    ca.claim_ring_toward_client(seg, ctl)
 try:
     if seg is None:
         os.read(fd, 1)  # the client's byte (left unread, the close would reset the connection)
