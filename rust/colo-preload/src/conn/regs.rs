@@ -381,8 +381,9 @@ pub const PASS_FLAGS: u32 = (libc::EPOLLET | libc::EPOLLONESHOT | libc::EPOLLWAK
 const RING_EVENTS: u32 = IN | OUT | RDNORM | WRNORM | libc::EPOLLRDHUP as u32;
 
 /// Whether a registration for the application's `events` may be made ready by the rings' progress
-/// (the peer's doorbell): one with no interest but the flags (BEAM's "deselect" is a one-shot
-/// `EPOLL_CTL_MOD` to no events) reports only an error or a hang-up, as the kernel does.
+/// (the peer's doorbell): one with no interest but the flags (an event loop that turns a socket
+/// off with a one-shot `EPOLL_CTL_MOD` to no events) reports only an error or a hang-up, as the
+/// kernel does.
 pub fn rings_report(events: u32) -> bool {
     events & RING_EVENTS != 0
 }

@@ -77,9 +77,9 @@ fn set(conn: &Arc<Conn>, inheritable: bool, sock: BorrowedFd<'_>) {
         // Born close-on-exec (its memfd closed, or open only for reads through it:
         // `Conn::exec_maps`): the next image will not map it, so it is relayed (`relay`)
         // before an `exec` (`relay_inheritable`); until then it serves this image, and the fork
-        // children that share its mapping, as it is (proftpd `dup`s its data connections, and
-        // execs nothing). A child that shares this process's memory
-        // (`vfork`, which the program makes its descriptors inheritable in before it execs)
+        // children that share its mapping, as it is (a `dup` that no `exec` follows costs
+        // nothing). A child that shares this process's memory (`vfork`, which the program
+        // makes its descriptors inheritable in before it execs)
         // relays it at once: its `exec` comes with no look of the shim's first.
         if crate::base::vm::shares_memory() {
             relay(conn, sock.as_raw_fd());

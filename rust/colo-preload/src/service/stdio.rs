@@ -146,7 +146,7 @@ pub(crate) fn start_relay(relay: impl FnOnce(OwnedFd)) -> Result<bool, String> {
                 // The relay holds the segment of a connection whose peer judged us by the uid
                 // before the change (`handover::relay_inheritable`): the new uid may not take
                 // its descriptors or write its memory, as it could were it dumpable (a program
-                // may have made itself dumpable again after its set*id call, as nginx's workers).
+                // may have made itself dumpable again after its set*id call).
                 // SAFETY: prctl with integer arguments only.
                 unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
             }
