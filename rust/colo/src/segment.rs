@@ -47,6 +47,8 @@ pub struct Segment {
     /// Give back the pages of the direction this role reads when unmapped
     /// ([`Segment::give_back_incoming`]).
     give_back: Option<Role>,
+    /// At the give-back, the whole outgoing ring goes (the peer is gone: nobody reads it).
+    peer_gone: bool,
 }
 
 impl Drop for Segment {
@@ -58,6 +60,16 @@ impl Drop for Segment {
             // still look at them). Best effort: pages left in place cost memory, not correctness.
             let off = self.layout.block_offset(role == Role::Server) + self.layout.data_off;
             let _ = map.release(off, self.layout.block_size - self.layout.data_off);
+            // The ring this role wrote: its pages hold no unread byte but where the bytes
+            // between the peer's `ring_tail` and our `ring_head` lie (all of them, once the
+            // peer is gone), so the rest goes, as a closed TCP socket holds only its unsent
+            // bytes. The pages this role first touched there are charged to its memory cgroup
+            // for as long as the peer keeps its memfd, after the connection is gone.
+            let out = self.layout.block_offset(role == Role::Client) + self.layout.data_off;
+            let cap = self.layout.geometry.ring_capacity as u64;
+            for (from, to) in self.outgoing_free(role == Role::Client, cap) {
+                let _ = map.release(out + from as usize, (to - from) as usize);
+            }
         }
     }
 }
@@ -67,7 +79,7 @@ impl Segment {
     /// `map` is at least `layout.segment_size` bytes and was validated against `layout`.
     pub unsafe fn new(map: Mapping, layout: Layout, memfd: OwnedFd) -> Segment {
         assert!(map.len() >= layout.segment_size);
-        Segment { map: Some(map), layout, memfd: Some(memfd), through_memfd: false, _lease: None, give_back: None }
+        Segment { map: Some(map), layout, memfd: Some(memfd), through_memfd: false, _lease: None, give_back: None, peer_gone: false }
     }
 
     /// An empty stand-in left behind when a closed connection hands its segment to the reaper.
@@ -75,7 +87,7 @@ impl Segment {
         let layout = Geometry { ring_capacity: colo_ring::layout::MIN_RING, slot_size: 0, slot_count: 0 }
             .layout()
             .expect("valid");
-        Segment { map: None, layout, memfd: None, through_memfd: false, _lease: None, give_back: None }
+        Segment { map: None, layout, memfd: None, through_memfd: false, _lease: None, give_back: None, peer_gone: false }
     }
 
     /// Closes the memfd (the mapping holds the memory): for a connection that will never be
@@ -121,8 +133,42 @@ impl Segment {
     /// charged to our memory cgroup, at no cost of its own. Only at the connection's last close:
     /// unread bytes of a connection someone still holds, or of an offer never claimed (its
     /// client copies them into TCP), must stay.
-    pub(crate) fn give_back_incoming(&mut self, role: Role) {
+    /// The ring this side wrote is given back as well, but for the pages of its unread bytes
+    /// (`peer_gone`: all of it).
+    pub(crate) fn give_back_incoming(&mut self, role: Role, peer_gone: bool) {
         self.give_back = Some(role);
+        self.peer_gone = peer_gone;
+    }
+
+    /// The ranges of the ring data of direction `c2s` (offsets from its start, below `cap`)
+    /// that hold no byte its consumer has yet to read: outside `ring_tail..ring_head` at
+    /// `ring_size`, as the consumer finds them. Words that break the ring's rules (a peer's
+    /// scribble) leave nothing to read, as a reset would.
+    fn outgoing_free(&self, c2s: bool, cap: u64) -> Vec<(u64, u64)> {
+        let b = self.block(c2s);
+        // SAFETY: aligned words inside our mapping, which lives as long as `self`; atomics only.
+        let (head, tail, size) = unsafe {
+            (&*self.u64_at(b + block::RING_HEAD), &*self.u64_at(b + block::RING_TAIL), &*self.u32_at(b + block::RING_SIZE))
+        };
+        // Acquire partners the consumer's Release store of `ring_tail`: it read every byte
+        // below it, so their pages are no longer its to read. Our own words (head, size) were
+        // last stored by this process's producer, before the close that retired this segment.
+        let tail = tail.load(Ordering::Acquire);
+        let head = head.load(Ordering::Relaxed);
+        let size = u64::from(size.load(Ordering::Relaxed));
+        let unread = head.wrapping_sub(tail);
+        let valid = size.is_power_of_two() && size <= cap && unread <= size;
+        if self.peer_gone || unread == 0 || !valid {
+            return vec![(0, cap)];
+        }
+        let (a, b) = (tail % size, head % size);
+        if a < b {
+            vec![(0, a), (b, cap)]
+        } else {
+            // Wrapped (or a full ring, `a == b`): the bytes run from `a` to the end of the
+            // ring and from its start to `b`.
+            vec![(b, a), (size, cap)]
+        }
     }
 
     /// This segment, counted in the budgets by `lease` until it is unmapped.
