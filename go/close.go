@@ -83,8 +83,10 @@ func (c *Conn) Close() error {
 // after the connection is gone; given back, only the bytes still in flight stay, as a closed TCP
 // socket holds only its unsent bytes.
 func (c *Conn) outgoingFree(gone bool) [][]byte {
+	// data runs on to the pool (whose slots may hold messages in flight), which starts on a
+	// page of its own: the padding after the ring goes with its end.
 	capa := uint64(c.lay.RingCapacity)
-	all := [][]byte{c.out.data[:capa]}
+	all := [][]byte{c.out.data}
 	// SYNC POINT with the peer's atomic store of ring_tail after its copies out: the bytes below
 	// it are read. Head and size are our own, last stored before Close.
 	tail := atomic.LoadUint64(c.out.tail)
@@ -96,10 +98,10 @@ func (c *Conn) outgoingFree(gone bool) [][]byte {
 	}
 	a, b := tail%size, head%size
 	if a < b {
-		return [][]byte{c.out.data[:a], c.out.data[b:capa]}
+		return [][]byte{c.out.data[:a], c.out.data[b:]}
 	}
 	// Wrapped (or full): the bytes run from a to the ring's end and from its start to b.
-	return [][]byte{c.out.data[b:a], c.out.data[size:capa]}
+	return [][]byte{c.out.data[b:a], c.out.data[size:]}
 }
 
 // incomingPages is the part of the segment given back when it is unmapped for good: the

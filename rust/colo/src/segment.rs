@@ -67,7 +67,11 @@ impl Drop for Segment {
             // for as long as the peer keeps its memfd, after the connection is gone.
             let out = self.layout.block_offset(role == Role::Client) + self.layout.data_off;
             let cap = self.layout.geometry.ring_capacity as u64;
+            // With the padding after the data, up to the pool (whose slots may hold messages
+            // in flight), which starts on a page of its own.
+            let spare = (self.layout.pool_off - self.layout.data_off) as u64;
             for (from, to) in self.outgoing_free(role == Role::Client, cap) {
+                let to = if to == cap { spare } else { to };
                 let _ = map.release(out + from as usize, (to - from) as usize);
             }
         }
@@ -123,6 +127,11 @@ impl Segment {
     /// already) nothing changes.
     pub fn read_through_memfd(&mut self) {
         self.through_memfd = self.memfd.is_some();
+    }
+
+    /// Whether the incoming ring is read through the memfd ([`Segment::read_through_memfd`]).
+    pub fn reads_through_memfd(&self) -> bool {
+        self.through_memfd
     }
 
     /// A side (`role`) that closed its connection for good: when unmapped (by the reaper), the
@@ -521,6 +530,48 @@ mod tests {
             at = hole;
         }
         total
+    }
+
+    /// A side that lets go of its connection gives back the pages of the ring it wrote but those
+    /// of the bytes its peer has yet to read (all of them once the peer is gone): the peer keeps
+    /// the memfd, and every page left there stays charged to the writer.
+    #[test]
+    fn letting_go_gives_back_the_written_ring_but_its_unread_bytes() {
+        for gone in [false, true] {
+            let (seg, off, cap) = segment();
+            let memfd = seg.memfd.as_ref().unwrap().try_clone().unwrap();
+            // SAFETY: one producer and one consumer of this direction, not used once `seg` is dropped.
+            let (mut tx, mut rx) = unsafe { (seg.producer(Role::Client), seg.consumer(Role::Server)) };
+            let mut buf = vec![0xabu8; cap - 50];
+            let mut wrote = 0;
+            while wrote < buf.len() {
+                wrote += tx.write(&buf[wrote..]).unwrap();
+            }
+            let mut read = 0;
+            while read < buf.len() {
+                read += rx.read(&mut buf[read..]).unwrap();
+            }
+            assert_eq!(tx.write(&[0xcd; 100]).unwrap(), 100, "unread bytes across the wrap");
+            assert!(allocated(&seg, off, cap) >= cap - 4096, "the writer touched the whole ring");
+            let mut seg = seg;
+            seg.give_back_incoming(Role::Client, gone);
+            drop(seg);
+            let mut left = seg_with(memfd);
+            // The data's first page holds the direction's words too and stays; so do the pages of
+            // the unread bytes while the peer may read them.
+            let most = 4096 - off % 4096 + if gone { 0 } else { 4096 };
+            let held = allocated(&left, off, cap);
+            assert!(held <= most, "peer gone: {gone}: {held} bytes of the ring left allocated, at most {most}");
+            left.memfd.take();
+        }
+    }
+
+    /// A mapping of `memfd` (a segment of [`segment`]'s geometry) to look at its file.
+    fn seg_with(memfd: OwnedFd) -> Segment {
+        let layout = Geometry { ring_capacity: 256 << 10, slot_size: 0, slot_count: 0 }.layout().unwrap();
+        let map = colo_sys::segment::attach(&memfd, layout.segment_size).unwrap();
+        // SAFETY: `attach` mapped the segment's `layout.segment_size` bytes.
+        unsafe { Segment::new(map, layout, memfd) }
     }
 
     /// Through the memfd, a consumer reads what the producer wrote, across the ring's wrap and
