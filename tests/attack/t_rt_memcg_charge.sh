@@ -10,9 +10,9 @@
 # pages of the ring it wrote but those of bytes the peer has yet to read (all of them once the
 # peer hung up): colo::Segment's drop, Go's Conn.outgoingFree.
 # Run: bash tests/attack/t_rt_memcg_charge.sh (as root, cgroup v1 memory or v2).
-source "$(dirname "$0")/../lib.sh"
-ROOT=$(cd "$HERE/../../.." && pwd); TARGET=${CARGO_TARGET_DIR:-$ROOT/rust/target}; PEER=$TARGET/release/examples/peer
-mkdir -p "$WORK/py" && cp "$HERE/../py/memcharge.py" "$WORK/py/" && cp "$HERE/../colo_attack.py" "$WORK/"
+source "$(dirname "$0")/lib.sh"
+ROOT=$(cd "$HERE/../.." && pwd); TARGET=${CARGO_TARGET_DIR:-$ROOT/rust/target}; PEER=$TARGET/release/examples/peer
+mkdir -p "$WORK/py" && cp "$HERE/py/memcharge.py" "$WORK/py/" && cp "$HERE/colo_attack.py" "$WORK/"
 if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
   CG=/sys/fs/cgroup$(awk -F: '$1 == "0" {print $3}' /proc/self/cgroup)/rt-memcg-$$; USAGE=memory.current
 else
