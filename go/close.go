@@ -83,25 +83,35 @@ func (c *Conn) Close() error {
 // after the connection is gone; given back, only the bytes still in flight stay, as a closed TCP
 // socket holds only its unsent bytes.
 func (c *Conn) outgoingFree(gone bool) [][]byte {
-	// data runs on to the pool (whose slots may hold messages in flight), which starts on a
-	// page of its own: the padding after the ring goes with its end.
+	// Our writes went below the larger of ring_size and the size our producer knew (a shrink
+	// gave back the pages above it): a ring that never grew past its first page has nothing to
+	// give back (no system call). data runs on to the pool (whose slots may hold messages in
+	// flight), which starts on a page of its own: the padding after a whole ring goes with it.
 	capa := uint64(c.lay.RingCapacity)
-	all := [][]byte{c.out.data}
 	// SYNC POINT with the peer's atomic store of ring_tail after its copies out: the bytes below
 	// it are read. Head and size are our own, last stored before Close.
 	tail := atomic.LoadUint64(c.out.tail)
 	head := atomic.LoadUint64(c.out.head)
 	size := uint64(atomic.LoadUint32(c.out.size))
 	unread := head - tail
-	if gone || unread == 0 || size == 0 || size&(size-1) != 0 || size > capa || unread > size {
-		return all
+	valid := size != 0 && size&(size-1) == 0 && size <= capa && unread <= size
+	end := c.tx.size
+	if valid {
+		end = max(end, size)
+	}
+	top := c.out.data[:min(end, capa)]
+	if end >= capa {
+		top = c.out.data
+	}
+	if gone || unread == 0 || !valid {
+		return [][]byte{top}
 	}
 	a, b := tail%size, head%size
 	if a < b {
-		return [][]byte{c.out.data[:a], c.out.data[b:]}
+		return [][]byte{top[:a], top[min(b, uint64(len(top))):]}
 	}
 	// Wrapped (or full): the bytes run from a to the ring's end and from its start to b.
-	return [][]byte{c.out.data[b:a], c.out.data[size:]}
+	return [][]byte{top[b:a], top[min(size, uint64(len(top))):]}
 }
 
 // incomingPages is the part of the segment given back when it is unmapped for good: the

@@ -49,6 +49,9 @@ pub struct Segment {
     give_back: Option<Role>,
     /// At the give-back, the whole outgoing ring goes (the peer is gone: nobody reads it).
     peer_gone: bool,
+    /// The size our producer last knew its ring at: no page above it was ours to touch (a
+    /// shrink gave back those above the new size).
+    out_size: u64,
 }
 
 impl Drop for Segment {
@@ -83,7 +86,7 @@ impl Segment {
     /// `map` is at least `layout.segment_size` bytes and was validated against `layout`.
     pub unsafe fn new(map: Mapping, layout: Layout, memfd: OwnedFd) -> Segment {
         assert!(map.len() >= layout.segment_size);
-        Segment { map: Some(map), layout, memfd: Some(memfd), through_memfd: false, _lease: None, give_back: None, peer_gone: false }
+        Segment { map: Some(map), layout, memfd: Some(memfd), through_memfd: false, _lease: None, give_back: None, peer_gone: false, out_size: 0 }
     }
 
     /// An empty stand-in left behind when a closed connection hands its segment to the reaper.
@@ -91,7 +94,7 @@ impl Segment {
         let layout = Geometry { ring_capacity: colo_ring::layout::MIN_RING, slot_size: 0, slot_count: 0 }
             .layout()
             .expect("valid");
-        Segment { map: None, layout, memfd: None, through_memfd: false, _lease: None, give_back: None, peer_gone: false }
+        Segment { map: None, layout, memfd: None, through_memfd: false, _lease: None, give_back: None, peer_gone: false, out_size: 0 }
     }
 
     /// Closes the memfd (the mapping holds the memory): for a connection that will never be
@@ -142,17 +145,20 @@ impl Segment {
     /// charged to our memory cgroup, at no cost of its own. Only at the connection's last close:
     /// unread bytes of a connection someone still holds, or of an offer never claimed (its
     /// client copies them into TCP), must stay.
-    /// The ring this side wrote is given back as well, but for the pages of its unread bytes
-    /// (`peer_gone`: all of it).
-    pub(crate) fn give_back_incoming(&mut self, role: Role, peer_gone: bool) {
+    /// The ring this side wrote (at `out_size`, as its producer knew it) is given back as well,
+    /// but for the pages of its unread bytes (`peer_gone`: all of it).
+    pub(crate) fn give_back_incoming(&mut self, role: Role, peer_gone: bool, out_size: usize) {
         self.give_back = Some(role);
         self.peer_gone = peer_gone;
+        self.out_size = out_size as u64;
     }
 
-    /// The ranges of the ring data of direction `c2s` (offsets from its start, below `cap`)
-    /// that hold no byte its consumer has yet to read: outside `ring_tail..ring_head` at
-    /// `ring_size`, as the consumer finds them. Words that break the ring's rules (a peer's
-    /// scribble) leave nothing to read, as a reset would.
+    /// The ranges of the ring data of direction `c2s` (offsets from its start, below the larger
+    /// of `ring_size` and `out_size`, at most `cap`: where our writes went) that hold no byte
+    /// its consumer has yet to read: outside `ring_tail..ring_head` at `ring_size`, as the
+    /// consumer finds them. Words that break the ring's rules (a peer's scribble) leave nothing
+    /// to read, as a reset would. A connection that never grew its ring past the first page
+    /// has nothing to give back there (no system call).
     fn outgoing_free(&self, c2s: bool, cap: u64) -> Vec<(u64, u64)> {
         let b = self.block(c2s);
         // SAFETY: aligned words inside our mapping, which lives as long as `self`; atomics only.
@@ -167,16 +173,17 @@ impl Segment {
         let size = u64::from(size.load(Ordering::Relaxed));
         let unread = head.wrapping_sub(tail);
         let valid = size.is_power_of_two() && size <= cap && unread <= size;
+        let end = self.out_size.max(if valid { size } else { 0 }).min(cap);
         if self.peer_gone || unread == 0 || !valid {
-            return vec![(0, cap)];
+            return vec![(0, end)];
         }
         let (a, b) = (tail % size, head % size);
         if a < b {
-            vec![(0, a), (b, cap)]
+            vec![(0, a), (b, end)]
         } else {
             // Wrapped (or a full ring, `a == b`): the bytes run from `a` to the end of the
             // ring and from its start to `b`.
-            vec![(b, a), (size, cap)]
+            vec![(b, a), (size, end.max(size))]
         }
     }
 
@@ -554,7 +561,7 @@ mod tests {
             assert_eq!(tx.write(&[0xcd; 100]).unwrap(), 100, "unread bytes across the wrap");
             assert!(allocated(&seg, off, cap) >= cap - 4096, "the writer touched the whole ring");
             let mut seg = seg;
-            seg.give_back_incoming(Role::Client, gone);
+            seg.give_back_incoming(Role::Client, gone, cap);
             drop(seg);
             let mut left = seg_with(memfd);
             // The data's first page holds the direction's words too and stays; so do the pages of
