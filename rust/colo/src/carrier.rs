@@ -139,11 +139,12 @@ pub struct Offer {
     memfd_raw: colo_sys::RawFd,
     /// The uid that sent the answer, as the kernel vouched for it (`NO_UID`: none yet, or it
     /// came without credentials). Relaxed: written and read by whichever thread holds the offer.
-    answered_by: std::sync::atomic::AtomicU64,
+    answered_by: AtomicU32,
 }
 
-/// [`Offer::answered_by`] before an answer with credentials.
-const NO_UID: u64 = u64::MAX;
+/// [`Offer::answered_by`] before an answer with credentials: `(uid_t) -1`, which no process
+/// runs as (`setuid(-1)` means "unchanged").
+const NO_UID: u32 = u32::MAX;
 
 /// The server's answer to an offer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,7 +233,7 @@ pub(crate) fn offer_with(
     let memfd_raw = memfd.as_raw_fd();
     // SAFETY: the mapping is exactly `layout.segment_size` bytes, laid out by `layout`.
     let seg = unsafe { Segment::new(map, layout, memfd) };
-    let answered_by = std::sync::atomic::AtomicU64::new(NO_UID);
+    let answered_by = AtomicU32::new(NO_UID);
     Ok(Offer { control, seg, self_bell, local, peer, server_pid, memfd_raw, answered_by })
 }
 
@@ -277,7 +278,7 @@ impl Offer {
             return Ok(None);
         }
         if let Some(uid) = r.sender_uid {
-            self.answered_by.store(u64::from(uid), std::sync::atomic::Ordering::Relaxed);
+            self.answered_by.store(uid, Ordering::Relaxed);
         }
         Ok(match Message::decode(&buf[..r.len]) {
             Ok(Message::Welcome { version: wire::VERSION }) => Some(Answer::Welcome),
@@ -337,13 +338,13 @@ impl Offer {
     /// listened as us and serves as another user (a master that starts its workers as `nobody`)
     /// is that user's to take over, memfd and control socket included.
     pub fn established(mut self) -> Established {
-        let by = self.answered_by.load(std::sync::atomic::Ordering::Relaxed);
+        let by = self.answered_by.load(Ordering::Relaxed);
         if by == NO_UID {
             // The answer is still due (the claim won our abandon): it is taken later, as a
             // ring is, with no credentials (and without giving this socket an address).
             let _ = seqpacket::pass_creds(&self.control, false);
         }
-        if by != u64::from(host::uid()) {
+        if by != host::uid() {
             self.seg.read_through_memfd();
         }
         let memfd = self.memfd_raw;

@@ -32,6 +32,9 @@ pub fn keep_memfds(on: bool) {
     KEEP_MEMFDS.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// [`Segment`]'s `out_size` bit: the peer is gone.
+const PEER_GONE: u8 = 1 << 7;
+
 /// A segment mapped by this process.
 #[derive(Debug)]
 pub struct Segment {
@@ -47,11 +50,11 @@ pub struct Segment {
     /// Give back the pages of the direction this role reads when unmapped
     /// ([`Segment::give_back_incoming`]).
     give_back: Option<Role>,
-    /// At the give-back, the whole outgoing ring goes (the peer is gone: nobody reads it).
-    peer_gone: bool,
-    /// The size our producer last knew its ring at: no page above it was ours to touch (a
-    /// shrink gave back those above the new size).
-    out_size: u64,
+    /// The size our producer last knew its ring at, a power of two, as its log2 (no page above
+    /// it was ours to touch: a shrink gave back those above the new size), and `PEER_GONE` (the
+    /// whole outgoing ring goes at the give-back: nobody reads it). One byte: a shimmed
+    /// connection's heap is counted (`a_connection_is_one_kilobyte_of_heap`).
+    out_size: u8,
 }
 
 impl Drop for Segment {
@@ -86,7 +89,7 @@ impl Segment {
     /// `map` is at least `layout.segment_size` bytes and was validated against `layout`.
     pub unsafe fn new(map: Mapping, layout: Layout, memfd: OwnedFd) -> Segment {
         assert!(map.len() >= layout.segment_size);
-        Segment { map: Some(map), layout, memfd: Some(memfd), through_memfd: false, _lease: None, give_back: None, peer_gone: false, out_size: 0 }
+        Segment { map: Some(map), layout, memfd: Some(memfd), through_memfd: false, _lease: None, give_back: None, out_size: 0 }
     }
 
     /// An empty stand-in left behind when a closed connection hands its segment to the reaper.
@@ -94,7 +97,7 @@ impl Segment {
         let layout = Geometry { ring_capacity: colo_ring::layout::MIN_RING, slot_size: 0, slot_count: 0 }
             .layout()
             .expect("valid");
-        Segment { map: None, layout, memfd: None, through_memfd: false, _lease: None, give_back: None, peer_gone: false, out_size: 0 }
+        Segment { map: None, layout, memfd: None, through_memfd: false, _lease: None, give_back: None, out_size: 0 }
     }
 
     /// Closes the memfd (the mapping holds the memory): for a connection that will never be
@@ -149,8 +152,9 @@ impl Segment {
     /// but for the pages of its unread bytes (`peer_gone`: all of it).
     pub(crate) fn give_back_incoming(&mut self, role: Role, peer_gone: bool, out_size: usize) {
         self.give_back = Some(role);
-        self.peer_gone = peer_gone;
-        self.out_size = out_size as u64;
+        // A ring is at most 2^30 bytes (spec/WIRE.md section 4): its log2 is below `PEER_GONE`.
+        let log2 = out_size.min(1 << 30).next_power_of_two().trailing_zeros() as u8;
+        self.out_size = log2 | if peer_gone { PEER_GONE } else { 0 };
     }
 
     /// The ranges of the ring data of direction `c2s` (offsets from its start, below the larger
@@ -173,8 +177,8 @@ impl Segment {
         let size = u64::from(size.load(Ordering::Relaxed));
         let unread = head.wrapping_sub(tail);
         let valid = size.is_power_of_two() && size <= cap && unread <= size;
-        let end = self.out_size.max(if valid { size } else { 0 }).min(cap);
-        if self.peer_gone || unread == 0 || !valid {
+        let end = (1u64 << (self.out_size & !PEER_GONE)).max(if valid { size } else { 0 }).min(cap);
+        if self.out_size & PEER_GONE != 0 || unread == 0 || !valid {
             return vec![(0, end)];
         }
         let (a, b) = (tail % size, head % size);
