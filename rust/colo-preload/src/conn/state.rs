@@ -433,15 +433,19 @@ impl Conn {
         if others || !self.inheritable() {
             return others;
         }
+        // Looked at only if the kernel cannot compare the files itself (`holds_same`).
+        let own = std::cell::OnceCell::new();
         // SAFETY: our control socket, open while `self` lives.
-        let own = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(control) }).ok();
+        let own = || own.get_or_init(|| rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(control) }).ok());
         // Processes that never registered as holders (an exec'd child that is not preloaded)
         // count only if we can see the descriptor in them: a parent of another user (nginx's
         // root master above its `nobody` workers) is alive but holds nothing of ours, and taking
         // it for a holder would keep every connection from ever closing.
-        let seen_holding = |pid: u32| match (rustix::fs::stat(format!("/proc/{pid}/fd/{control}")), &own) {
-            (Ok(st), Some(own)) => st.st_ino == own.st_ino && st.st_dev == own.st_dev,
-            _ => false,
+        let seen_holding = |pid: u32| {
+            colo_sys::host::holds_same(pid, control).unwrap_or_else(|| match (rustix::fs::stat(format!("/proc/{pid}/fd/{control}")), own()) {
+                (Ok(st), Some(own)) => st.st_ino == own.st_ino && st.st_dev == own.st_dev,
+                _ => false,
+            })
         };
         // Our parent can hold it only if the connection came from it: we are a fork child
         // (raw `clone` ones included: the kernel's pid, not the cached one, is compared) or an
