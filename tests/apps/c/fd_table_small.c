@@ -31,10 +31,6 @@ int main(void) {
     rlim_t n = lim.rlim_max == RLIM_INFINITY || lim.rlim_max > 65536 ? 65536 : lim.rlim_max;
     lim.rlim_cur = lim.rlim_max = n;
     if (setrlimit(RLIMIT_NOFILE, &lim) < 0) die("setrlimit");
-    if (n < 4096) {
-        printf("skipped: the hard limit of open files (%lu) is too low to tell\n", (unsigned long)n);
-        return 0;
-    }
 
     struct sockaddr_in a;
     int l = loopback_listener(&a, 4);
@@ -46,6 +42,11 @@ int main(void) {
     write_all(k, &b, 1);
     CHECK(read(c, &r, 1) == 1 && r == b, "the connection carries a byte");
 
+    if (n < 4096) {
+        /* Under a low limit the shim's numbers are within the table's first 2048 slots anyway. */
+        printf("skipped: the hard limit of open files (%lu) is too low to tell\n", (unsigned long)n);
+        return failures != 0;
+    }
     long here = fd_slots();
     fprintf(stderr, "limit %lu: %ld descriptor slots with a listener and a connection open\n", (unsigned long)n, here);
     CHECK(here > 0 && here <= 2048, "the descriptor table has at most 2048 slots");
