@@ -67,8 +67,8 @@ scale() {
 }
 
 scale 64 20000 20000
-# One fixed limit: the client's descriptors of the shim keep to their band at the top (from
-# 16384): room for about 1,200 connections at 3 descriptors each.
+# One fixed limit: the client's descriptors of the shim keep to their allowance (the numbers above
+# 16384, placed from 1024 up): room for about 1,200 connections at 3 descriptors each.
 scale 1000 20000 20000
 # redis sets its soft and hard limits both to maxclients + 32 (10032): the shim keeps the
 # process's hard limit higher (api/nofile.rs), and its descriptors go above redis's soft limit.

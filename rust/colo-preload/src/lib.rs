@@ -45,7 +45,6 @@ mod service;
 
 use crate::base::log::log_level;
 use crate::conn::table;
-use crate::record::handover_file;
 use crate::service::{handover, server};
 use libc::sigset_t;
 
@@ -68,7 +67,6 @@ extern "C" fn atfork_parent() {
 extern "C" fn atfork_child() {
     // The pid cache's own handler (`colo_sys::host`), registered before these, has run: the
     // child's own pid is cached, and the fork count moved on.
-    handover_file::atfork_child();
     server::atfork_child();
     server::marker_child();
     let me = colo_sys::host::pid();

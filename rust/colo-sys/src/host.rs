@@ -490,6 +490,29 @@ pub fn alive(pid: u32) -> bool {
         .is_some_and(|p| matches!(rustix::process::test_kill_process(p), Ok(()) | Err(rustix::io::Errno::PERM)))
 }
 
+/// Whether process `pid` has, under number `fd`, the very file this process has under `fd`
+/// (`kcmp(KCMP_FILE)`: one system call, where a `stat` of `/proc/PID/fd/N` walks procfs and makes
+/// its entries). `None` when the kernel cannot tell: `kcmp` missing or refused (another user, a
+/// sandbox), or our own `fd` not open; the caller then looks at `/proc`. A process gone, or
+/// without `fd` open, does not have it.
+pub fn holds_same(pid: u32, fd: i32) -> Option<bool> {
+    const KCMP_FILE: libc::c_long = 0;
+    let me = rustix::process::getpid().as_raw_nonzero().get();
+    // SAFETY: kcmp only compares; it reads and writes no memory of ours.
+    let r = unsafe { libc::syscall(libc::SYS_kcmp, me as libc::c_long, pid as libc::c_long, KCMP_FILE, fd as libc::c_long, fd as libc::c_long) };
+    if r >= 0 {
+        return Some(r == 0);
+    }
+    // EBADF: one of the two numbers is not open; ours is checked here, so that only theirs
+    // counts as an answer.
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(libc::ESRCH) => Some(false),
+        // SAFETY: only looked at.
+        Some(libc::EBADF) if rustix::io::fcntl_getfd(unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) }).is_ok() => Some(false),
+        _ => None,
+    }
+}
+
 /// Whether process `pid` exists and has not exited (not a zombie).
 pub fn running(pid: u32) -> bool {
     match std::fs::read(format!("/proc/{pid}/stat")) {
@@ -501,7 +524,53 @@ pub fn running(pid: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{kernel_listener, parse_tcp_table, tcp_owner, Listening};
+    use super::{holds_same, kernel_listener, parse_tcp_table, tcp_owner, Listening};
+    use rustix::fd::AsRawFd;
+
+    /// A fork child has the parent's file under the same number until it closes it or puts
+    /// another file there; a process gone has nothing.
+    #[test]
+    fn holds_same_tells_the_very_file_under_a_number() {
+        let (a, _b) = rustix::pipe::pipe().unwrap();
+        let n = a.as_raw_fd();
+        let (to_child, tell_child) = rustix::pipe::pipe().unwrap();
+        let (to_parent, tell_parent) = rustix::pipe::pipe().unwrap();
+        let mut byte = [0u8];
+        // SAFETY: the child makes system calls only, then `_exit`s.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: ends a child that hangs (no handler: the default action).
+            unsafe { libc::alarm(10) };
+            // First holding the parent's file; then another file under the number.
+            let _ = rustix::io::read(&to_child, &mut byte);
+            let (other, _o) = rustix::pipe::pipe().unwrap();
+            // SAFETY: replaces this child's copy of `n` with another pipe.
+            unsafe { libc::dup2(other.as_raw_fd(), n) };
+            let _ = rustix::io::write(&tell_parent, b"x");
+            let _ = rustix::io::read(&to_child, &mut byte);
+            // SAFETY: ends the child without running the parent's destructors.
+            unsafe { libc::_exit(0) };
+        }
+        assert!(pid > 0, "fork");
+        let p = pid as u32;
+        let kcmp = holds_same(p, n);
+        if kcmp.is_some() {
+            assert_eq!(kcmp, Some(true), "the child holds the file");
+        }
+        rustix::io::write(&tell_child, b"x").unwrap();
+        rustix::io::read(&to_parent, &mut byte).unwrap();
+        if kcmp.is_some() {
+            assert_eq!(holds_same(p, n), Some(false), "another file under the number");
+        }
+        rustix::io::write(&tell_child, b"x").unwrap();
+        let mut status = 0;
+        // SAFETY: reaping our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        if kcmp.is_some() {
+            assert_eq!(holds_same(p, n), Some(false), "a process gone holds nothing");
+        }
+        assert_eq!(holds_same(std::process::id(), 100_000), None, "our own number not open: not told");
+    }
     use std::net::SocketAddr;
 
     /// A `/proc/net/tcp` text: root (0) on 127.0.0.1:6391 and 0.0.0.0:7000, nobody (65534) on

@@ -99,6 +99,17 @@ fn forget(map: &mut BTreeMap<i32, (u64, u64)>, fd: i32) {
     }
 }
 
+/// How many numbers the record holds (some may have been closed past it: see [`live`]).
+pub fn held() -> usize {
+    record().map_or(0, |map| map.len())
+}
+
+/// How many of the record's numbers are still open on what was placed there; the others are
+/// forgotten.
+pub fn live() -> usize {
+    in_range(0, i32::MAX as u32).len()
+}
+
 /// The library is about to close `fd` itself: it is no longer one of its placed descriptors.
 pub fn closing(fd: i32) {
     if maybe(fd) {

@@ -34,15 +34,19 @@ pub fn move_above(fd: rustix::fd::OwnedFd, floor: i32) -> io::Result<rustix::fd:
 /// A floor (for [`move_all_above`]) meaning: out of the application's way, as its limit of open
 /// files stands at the time of the move. Above its soft limit when the hard limit leaves room
 /// (and a helper task can run: see below), so that the library's descriptors never use up any the
-/// application would have had; else in the top sixteenth of the limit, or above its first 16384
-/// if that leaves more, never in its lower half. That band is a bound: under a fixed limit every
-/// descriptor of the library is one the application cannot have, and an application that uses
-/// most of its limit (redis-benchmark `-c 900` under 1024) must still get every socket it would
-/// get without colo. A set-up that finds no number free there is a resource failure
-/// ([`shortage`] says which). Never above 32768: the kernel's table grows to the highest number
-/// in use. Worked out at each move from the limit as last read, which follows limits the
-/// application sets itself (redis and nginx do at start): read again after a change through the
-/// shim, a second after the last read, and when a move under the old one fails.
+/// application would have had. Else (a fixed limit) the library may hold as many numbers below
+/// the limit as the top sixteenth of it has, or as lie above its first 16384 if that leaves more,
+/// never more than half of it ([`allowance`]): under a fixed limit every descriptor of the
+/// library is one the application cannot have, and an application that uses most of its limit
+/// (redis-benchmark `-c 900` under 1024) must still get every socket it would get without colo.
+/// Those numbers are the lowest free from 1024 up ([`LOW`]; from the start of the top band if that
+/// is lower), not the top band itself: every `fork` copies the kernel's descriptor table up to
+/// the highest number open and every exit walks it, so a descriptor at 16384 makes each fork of
+/// the application copy 32768 slots. A set-up that finds no number free, or the allowance used
+/// up, is a resource failure ([`shortage`] says which). Never above 32768. Worked out at each
+/// move from the limit as last read, which follows limits the application sets itself (redis and
+/// nginx do at start): read again after a change through the shim, a second after the last read,
+/// and when a move under the old one fails.
 pub const OUT_OF_THE_WAY: i32 = i32::MAX;
 
 /// Clone of the helper task was refused (a sandbox that allows only threads, or a process
@@ -51,8 +55,42 @@ static HELPER_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::Atomic
 
 /// The floor [`OUT_OF_THE_WAY`] stands for under a soft limit `soft`.
 fn out_of_the_way(soft: u64, room_above: bool) -> i32 {
-    let floor = if room_above { soft.clamp(64, 1 << 15) } else { top_band(soft) };
+    let floor = if room_above { soft.clamp(64, 1 << 15) } else { top_band(soft).min(LOW) };
     floor as i32
+}
+
+/// The lowest number the library places its descriptors at under a fixed limit: `FD_SETSIZE`,
+/// so that none of them takes a number a program could hand to `select`, or one it `dup2`s onto
+/// believing it free (a shell redirection, `dup2(s, 100)`), while the kernel's descriptor table
+/// stays at 2048 slots.
+const LOW: u64 = 1024;
+
+/// When the record was last looked over for numbers closed past it (monotonic ms; see
+/// [`used_up`]).
+static LOOKED_OVER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Whether `n` more numbers would take the library past `allowed`. The record may still count
+/// numbers closed past it (`crate::placed`): a full record is looked over (an `fstat` a number)
+/// at most once a second, so that a process at its allowance, whose connections all stay plain
+/// TCP, does not pay for it at every connection.
+fn used_up(allowed: usize, n: usize) -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    if crate::placed::held() + n <= allowed {
+        return false;
+    }
+    let now = crate::host::monotonic_ns(true) / 1_000_000;
+    let last = LOOKED_OVER.load(Relaxed);
+    // Relaxed: the stamp orders nothing; of two threads one looks over the record.
+    if now.saturating_sub(last) < 1000 || LOOKED_OVER.compare_exchange(last, now.max(1), Relaxed, Relaxed).is_err() {
+        return true;
+    }
+    crate::placed::live() + n > allowed
+}
+
+/// How many numbers below a fixed soft limit `soft` the library may hold: as many as the top
+/// band has.
+fn allowance(soft: u64) -> usize {
+    usize::try_from(soft.saturating_sub(top_band(soft))).unwrap_or(usize::MAX)
 }
 
 /// Whether the helper may go above the soft limit: the hard limit leaves room, and the helper
@@ -90,7 +128,7 @@ pub fn shortage() -> String {
     let band = if room {
         format!("the numbers from {} up to the hard limit", soft.clamp(64, 1 << 15))
     } else {
-        format!("the numbers from {} up (the top of the limit, which the application's own use leaves free)", top_band(soft))
+        format!("at most {} numbers, the lowest free from {} up; it holds {}", allowance(soft), out_of_the_way(soft, false), crate::placed::held())
     };
     format!("no descriptor number free for it (RLIMIT_NOFILE soft {} hard {}; colo keeps to {band}; {open} open)", fmt(lim.current), fmt(lim.maximum))
 }
@@ -174,7 +212,11 @@ fn move_with(fds: &mut [rustix::fd::OwnedFd], floor: i32, lim: rustix::process::
     use rustix::fd::{AsRawFd, FromRawFd};
     let soft = lim.current.unwrap_or(1 << 20);
     let room = room_above(&lim);
+    let bounded = floor == OUT_OF_THE_WAY && !room;
     let floor = if floor == OUT_OF_THE_WAY { out_of_the_way(soft, room) } else { floor };
+    if bounded && used_up(allowance(soft), fds.len()) {
+        return Err(io::Error::from_raw_os_error(libc::EMFILE));
+    }
     if fds.iter().all(|fd| fd.as_raw_fd() >= floor) {
         crate::placed::note(fds);
         return Ok(());
@@ -321,8 +363,8 @@ mod tests {
                 let seen = nofile(false).current == Some(4096);
                 let mut a = [crate::doorbell::create().ok()?];
                 move_all_above(&mut a, OUT_OF_THE_WAY).ok()?;
-                let first = a[0].as_raw_fd() >= top_band(4096) as i32;
-                // Unseen by the record: its floor (3840) is now above the soft limit.
+                let first = (LOW as i32..2048).contains(&a[0].as_raw_fd());
+                // Unseen by the record: its band's start (3840) is now above the soft limit.
                 setrlimit(Resource::Nofile, lim(1024)).ok()?;
                 let mut b = [crate::doorbell::create().ok()?];
                 move_all_above(&mut b, OUT_OF_THE_WAY).ok()?;
@@ -331,6 +373,53 @@ mod tests {
             })();
             // SAFETY: ends the child without running the parent's destructors.
             unsafe { libc::_exit(if ok == Some(true) { 0 } else { 1 }) };
+        }
+        assert!(pid > 0, "fork");
+        let mut status = 0;
+        // SAFETY: reaping our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "status {status:#x}");
+    }
+
+    /// In a fork child: under a fixed limit the library's descriptors take the lowest numbers
+    /// free from `LOW` up (a fork copies the kernel's table no further than the highest open),
+    /// as many as the allowance, and a number closed past the record counts no more.
+    #[test]
+    fn under_a_fixed_limit_descriptors_stay_low_and_within_the_allowance() {
+        // SAFETY: the child makes system calls only, then `_exit`s.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: no alarm handler: the default action ends a child that hangs.
+            unsafe { libc::alarm(10) };
+            let code = (|| {
+                let lim = Rlimit { current: Some(4096), maximum: Some(4096) };
+                setrlimit(Resource::Nofile, lim).ok()?;
+                nofile_changed();
+                let null = || rustix::fs::open("/dev/null", rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty()).ok();
+                let room = allowance(4096) - crate::placed::live();
+                let mut kept = Vec::new();
+                for _ in 0..room {
+                    let fd = move_above(null()?, OUT_OF_THE_WAY).ok()?;
+                    if !(LOW as i32..2048).contains(&fd.as_raw_fd()) {
+                        return Some(2);
+                    }
+                    kept.push(fd);
+                }
+                if move_above(null()?, OUT_OF_THE_WAY).map_err(|e| e.raw_os_error()).err() != Some(Some(libc::EMFILE)) {
+                    return Some(3);
+                }
+                // Closed without telling the record: the record is looked over again (at most
+                // once a second: the last look is forgotten here), and the move goes through.
+                drop(kept.pop());
+                if move_above(null()?, OUT_OF_THE_WAY).is_ok() {
+                    return Some(4);
+                }
+                LOOKED_OVER.store(0, std::sync::atomic::Ordering::Relaxed);
+                move_above(null()?, OUT_OF_THE_WAY).ok()?;
+                Some(0)
+            })();
+            // SAFETY: ends the child without running the parent's destructors.
+            unsafe { libc::_exit(code.unwrap_or(1)) };
         }
         assert!(pid > 0, "fork");
         let mut status = 0;

@@ -22,17 +22,18 @@ const BATCH: Duration = Duration::from_millis(10);
 /// Beyond this many waiting, a retirement wakes the reaper at once.
 const WAKE_AT: usize = 64;
 
-/// What waits to be dropped, the pid whose reaper takes it (a forked child starts its own), and
-/// whether that reaper runs.
+/// What waits to be dropped, the pid whose reaper takes it (a forked child starts its own),
+/// whether that reaper runs, and whether this pid retired a segment yet.
 struct Queue {
     pid: u32,
     segs: Vec<Segment>,
     running: bool,
+    retired: bool,
 }
 
 // Locked at every fork: kept with what the fork handlers write (see `colo_sys::host`).
 #[link_section = "colo_fork"]
-static REAPER: Mutex<Queue> = Mutex::new(Queue { pid: 0, segs: Vec::new(), running: false });
+static REAPER: Mutex<Queue> = Mutex::new(Queue { pid: 0, segs: Vec::new(), running: false, retired: false });
 /// Wakes the reaper before its `BATCH` is up (`WAKE_AT`).
 static FULL: Condvar = Condvar::new();
 
@@ -50,6 +51,9 @@ fn lock() -> std::sync::MutexGuard<'static, Queue> {
 }
 
 /// Drops `seg` on the reaper thread within `BATCH` (inline if that thread cannot be started).
+/// A process's first segment (since its start, or its fork) is dropped inline: a thread costs
+/// more to start than one unmapping, and a fork child that served one connection exits next.
+/// The reaper starts at the second.
 pub(crate) fn retire(seg: Segment) {
     let me = colo_sys::host::pid();
     let mut q = lock();
@@ -60,6 +64,12 @@ pub(crate) fn retire(seg: Segment) {
         std::mem::forget(std::mem::take(&mut q.segs));
         q.pid = me;
         q.running = false;
+        q.retired = false;
+    }
+    if !std::mem::replace(&mut q.retired, true) {
+        drop(q);
+        drop(seg);
+        return;
     }
     if !q.running {
         drop_at_exit();

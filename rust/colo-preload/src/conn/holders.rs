@@ -169,11 +169,16 @@ impl Page {
         let own = std::cell::OnceCell::new();
         // SAFETY: the caller's control socket, open during this call.
         let own = || own.get_or_init(|| rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(control) }).ok());
-        let holds = |pid: u32| match (rustix::fs::stat(format!("/proc/{pid}/fd/{control}")), own()) {
-            (Ok(st), Some(own)) => st.st_ino == own.st_ino && st.st_dev == own.st_dev,
-            (Err(rustix::io::Errno::NOENT), _) => false,
-            // Not allowed to look (another user): fall back to whether it lives.
-            _ => alive(pid),
+        let holds = |pid: u32| {
+            if let Some(same) = colo_sys::host::holds_same(pid, control) {
+                return same;
+            }
+            match (rustix::fs::stat(format!("/proc/{pid}/fd/{control}")), own()) {
+                (Ok(st), Some(own)) => st.st_ino == own.st_ino && st.st_dev == own.st_dev,
+                (Err(rustix::io::Errno::NOENT), _) => false,
+                // Not allowed to look (another user): fall back to whether it lives.
+                _ => alive(pid),
+            }
         };
         let mut others = false;
         for i in 0..HOLDERS {

@@ -91,8 +91,9 @@ pub struct Conn {
     /// When the connection was set up (to tell short-lived ones: `adapt` on the client side,
     /// the listener's marker on the server side).
     born: std::time::Instant,
-    /// How long the client waited from its offer to the server's answer (zero on the server).
-    setup: std::time::Duration,
+    /// How long the client waited from its offer to the server's answer, in nanoseconds (zero
+    /// on the server; eight bytes, not a `Duration`'s sixteen: see the size test below).
+    setup_ns: u64,
     /// Bytes we had written when the first reply arrived (`u64::MAX` until then): at close, an
     /// unchanged count means the connection carried a single exchange (see `adapt`).
     sent_before_reply: AtomicU64,
@@ -114,6 +115,9 @@ pub struct Conn {
     /// Records the ending of a connection that has a `client_tag` (the server's service passes
     /// its own: this module knows no service).
     on_end: Option<EndRecorder>,
+    /// The process that set the connection up (0: one handed over across `exec`): while it is
+    /// the one closing, no parent can hold the connection (see `others_hold`).
+    made_by: u32,
 }
 
 
@@ -173,7 +177,7 @@ impl Conn {
             holders,
             alone: [Line(AtomicU32::new(0)), Line(AtomicU32::new(0))],
             born: std::time::Instant::now(),
-            setup,
+            setup_ns: u64::try_from(setup.as_nanos()).unwrap_or(u64::MAX),
             sent_before_reply: AtomicU64::new(u64::MAX),
             first_reply_ns: AtomicU64::new(0),
             closing_fd: AtomicI32::new(-1),
@@ -182,6 +186,7 @@ impl Conn {
             send_limit: AtomicU64::new(0),
             client_tag: None,
             on_end: None,
+            made_by: if resumed_shm { 0 } else { colo_sys::host::pid() },
         };
         // The first holder of a fresh page; one more of a page an earlier image handed over
         // (a no-op if this process held it before its `exec`).
@@ -428,17 +433,28 @@ impl Conn {
         if others || !self.inheritable() {
             return others;
         }
+        // Looked at only if the kernel cannot compare the files itself (`holds_same`).
+        let own = std::cell::OnceCell::new();
         // SAFETY: our control socket, open while `self` lives.
-        let own = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(control) }).ok();
+        let own = || own.get_or_init(|| rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(control) }).ok());
         // Processes that never registered as holders (an exec'd child that is not preloaded)
         // count only if we can see the descriptor in them: a parent of another user (nginx's
         // root master above its `nobody` workers) is alive but holds nothing of ours, and taking
         // it for a holder would keep every connection from ever closing.
-        let seen_holding = |pid: u32| match (rustix::fs::stat(format!("/proc/{pid}/fd/{control}")), &own) {
-            (Ok(st), Some(own)) => st.st_ino == own.st_ino && st.st_dev == own.st_dev,
-            _ => false,
+        let seen_holding = |pid: u32| {
+            colo_sys::host::holds_same(pid, control).unwrap_or_else(|| match (rustix::fs::stat(format!("/proc/{pid}/fd/{control}")), own()) {
+                (Ok(st), Some(own)) => st.st_ino == own.st_ino && st.st_dev == own.st_dev,
+                _ => false,
+            })
         };
-        let parent = rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get() as u32);
+        // Our parent can hold it only if the connection came from it: we are a fork child
+        // (raw `clone` ones included: the kernel's pid, not the cached one, is compared) or an
+        // image it handed over to across `exec`.
+        let parent = if parent_may_hold(self.made_by, rustix::process::getpid().as_raw_nonzero().get() as u32) {
+            rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get() as u32)
+        } else {
+            0
+        };
         children().into_iter().chain([parent]).any(|p| p != 0 && p != me && seen_holding(p))
     }
 
@@ -848,6 +864,12 @@ enum Ask {
     Always,
 }
 
+/// Whether the parent of process `pid` may hold a connection set up by `made_by` (0: handed
+/// over across `exec`): unless `pid` set it up itself, which its parent never saw.
+fn parent_may_hold(made_by: u32, pid: u32) -> bool {
+    made_by == 0 || made_by != pid
+}
+
 /// This process's children (any thread's), from `/proc/self/task/*/children`.
 fn children() -> Vec<u32> {
     // No child at all (the common case) costs one system call.
@@ -900,12 +922,12 @@ impl Drop for Conn {
             if client {
                 let reply_at = std::time::Duration::from_nanos(self.first_reply_ns.load(Ordering::Relaxed));
                 let after_only_reply = (self.sent_before_reply.load(Ordering::Relaxed) == sent).then(|| age.saturating_sub(reply_at));
-                let lived = adapt::Lived { lived: age, setup: self.setup, bytes: sent + got, after_only_reply };
+                let lived = adapt::Lived { lived: age, setup: std::time::Duration::from_nanos(self.setup_ns), bytes: sent + got, after_only_reply };
                 adapt::ended(self.shm.peer_addr(), lived);
             } else if let (Some(tag), Some(on_end)) = (self.client_tag, self.on_end) {
                 // The server's side lives from its accept, after any wait in the backlog: its
                 // age alone tells a connection per request.
-                let lived = adapt::Lived { lived: age, setup: self.setup, bytes: sent + got, after_only_reply: None };
+                let lived = adapt::Lived { lived: age, setup: std::time::Duration::from_nanos(self.setup_ns), bytes: sent + got, after_only_reply: None };
                 on_end(self.shm.local_addr(), tag, lived.short());
             }
             // As kernel TCP, which answers a close with RST instead of FIN when the socket
@@ -954,4 +976,12 @@ fn a_connection_is_one_kilobyte_of_heap() {
     // jemalloc's size classes): memory per connection is what colo costs at scale.
     let arc_inner = std::mem::align_of::<Conn>().max(16) + std::mem::size_of::<Conn>();
     assert!(arc_inner <= 1024, "Arc<Conn> takes {arc_inner} bytes");
+}
+
+#[cfg(test)]
+#[test]
+fn only_a_connection_from_elsewhere_may_be_held_by_the_parent() {
+    assert!(!parent_may_hold(100, 100), "set up here: the parent never saw it");
+    assert!(parent_may_hold(100, 101), "a fork child's copy: the parent holds it");
+    assert!(parent_may_hold(0, 100), "handed over across exec: the parent may hold it");
 }

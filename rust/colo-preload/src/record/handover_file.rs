@@ -3,7 +3,6 @@
 //! Kept up to date as connections become inheritable and close; read by the next program image.
 
 use colo_sys::{BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 // The record format alone, in a file of its own: the fuzz target `handover_record` (rust/fuzz)
@@ -14,9 +13,18 @@ use record::{Record, RECORD_LEN};
 pub const FILE_NAME: &str = "colo-handover";
 
 /// This process's handover file: record `i` at offset `32 * i`; a free slot is all zeros.
+///
+/// A file is changed in place only by the process that made it, and only while no fork came
+/// since (`forks`): a fork child inherits the file as it stood at the fork, which is what an
+/// `exec` of the child (a raw system call too) must read until the child changes a record
+/// itself. So the first change after a fork, on either side, goes to a fresh copy; a child
+/// whose last record goes away lets go of the inherited file instead (no file: nothing to take
+/// back after an `exec`).
 struct File {
     /// The process that created it (a forked child writes a file of its own).
     pid: u32,
+    /// `colo_sys::host::forks()` when it was made.
+    forks: u64,
     /// Written through (close-on-exec).
     fd: OwnedFd,
     /// What the next image inherits: read-only, in a file only this uid may open for writing
@@ -25,13 +33,7 @@ struct File {
     slots: Vec<Option<Record>>,
 }
 
-// Tried by every fork child that had records: kept with what the fork handlers write (see
-// `colo_sys::host`).
-#[link_section = "colo_fork"]
 static FILE: Mutex<Option<File>> = Mutex::new(None);
-/// Whether a record was ever added here: until then a fork child leaves `FILE` unwritten (a
-/// page written in the child costs it a copy).
-static EVER: AtomicBool = AtomicBool::new(false);
 
 fn lock() -> std::sync::MutexGuard<'static, Option<File>> {
     FILE.lock().unwrap_or_else(|e| e.into_inner())
@@ -42,10 +44,15 @@ fn write_slot(f: &File, i: usize) {
     let _ = rustix::io::pwrite(&f.fd, &bytes, (i * RECORD_LEN) as u64);
 }
 
-/// This process's own file (a forked child copies its parent's records into a new one).
+/// Whether `f` is this process's to change in place (see `File`).
+fn is_own(f: &File) -> bool {
+    f.pid == colo_sys::host::pid() && f.forks == colo_sys::host::forks()
+}
+
+/// This process's own file (after a fork, a fresh one with the same records).
 fn own(file: &mut Option<File>) -> Option<&mut File> {
     let me = colo_sys::host::pid();
-    if file.as_ref().is_none_or(|f| f.pid != me) {
+    if file.as_ref().is_none_or(|f| !is_own(f)) {
         let (fd, inherited) = super::inheritable_memfd(FILE_NAME)?;
         // Inheritable: the point of the file is to survive exec.
         if !super::let_inherit(&inherited) {
@@ -53,7 +60,7 @@ fn own(file: &mut Option<File>) -> Option<&mut File> {
         }
         // Only now, so that a failure above keeps the records.
         let slots: Vec<Option<Record>> = file.take().map(|f| f.slots).unwrap_or_default();
-        let f = File { pid: me, fd, _inherited: inherited, slots };
+        let f = File { pid: me, forks: colo_sys::host::forks(), fd, _inherited: inherited, slots };
         for i in 0..f.slots.len() {
             write_slot(&f, i);
         }
@@ -62,24 +69,8 @@ fn own(file: &mut Option<File>) -> Option<&mut File> {
     file.as_mut()
 }
 
-/// In a fork child: write our own handover file now, so that the parent's later changes to
-/// its file (closing its copies of the connections) do not reach an `exec` of ours.
-#[link_section = "colo_fork_text"]
-pub fn atfork_child() {
-    if !EVER.load(Ordering::Relaxed) {
-        return;
-    }
-    // A lock held by a thread that no longer exists: leave it (the next change retries).
-    let Ok(mut file) = FILE.try_lock() else { return };
-    if file.as_ref().is_some_and(|f| f.slots.iter().any(Option::is_some)) {
-        own(&mut file);
-    }
-}
-
 /// Lists the inheritable connection `r` in this process's own file.
 pub fn add(r: Record) {
-    // Relaxed: read in a fork child, whose copy of memory has every store made before the fork.
-    EVER.store(true, Ordering::Relaxed);
     let mut file = lock();
     let Some(f) = own(&mut file) else { return };
     let i = match f.slots.iter().position(Option::is_none) {
@@ -100,6 +91,13 @@ pub fn add(r: Record) {
 pub fn forget(memfd: RawFd, shared: bool) {
     let mut file = lock();
     if !file.as_ref().is_some_and(|f| f.slots.iter().flatten().any(|r| r.memfd == memfd)) {
+        return;
+    }
+    // The last record of a file not to be changed (not ours since a fork: a fork child closing
+    // the one connection it served, or its parent closing its copy; or another process holds
+    // the connection): let go of the file; an `exec` then finds none, as it should.
+    if file.as_ref().is_some_and(|f| (shared || !is_own(f)) && f.slots.iter().flatten().all(|r| r.memfd == memfd)) {
+        *file = None;
         return;
     }
     if shared {
