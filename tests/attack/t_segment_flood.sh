@@ -24,7 +24,7 @@ V0=$(vm_kb)
 setpriv --reuid=nobody --regid=nogroup --clear-groups /usr/bin/python3 "$HERE/colo_attack.py" segment_flood "$port" "$N" 15 \
   >"$WORK/attacker.out" 2>&1 &
 ATT=$!; PIDS+=($ATT)
-for _ in $(seq 600); do grep -q RESULT "$WORK/attacker.out" && break; sleep 0.1; done
+for _ in $(seq 1800); do grep -q RESULT "$WORK/attacker.out" && break; sleep 0.1; done # a watchdog, generous for a loaded host
 out=$(grep RESULT "$WORK/attacker.out")
 echo "$L attacker: $out   server VmSize ${V0} kB -> $(vm_kb) kB"
 V1=$(vm_kb)
