@@ -33,6 +33,11 @@ type poolState struct {
 	freeHead  uint64
 	held      []bool
 	slotCount uint64
+	// Copies of msgTail and freeTail for the conditions blocked Recv and Loan wait for, which
+	// run without cmu and pmu. The shared msg_tail and free_tail words are ours to write but
+	// the peer's to scribble: a wait on them as the peer left them would never sleep again.
+	msgTailSeen  atomic.Uint64
+	freeTailSeen atomic.Uint64
 }
 
 func (p *poolState) init(n uint32) {
@@ -139,6 +144,7 @@ func (c *Conn) reclaim() (bool, error) {
 	if got {
 		// Our own counter (the peer reads it only to validate); it publishes nothing.
 		atomic.StoreUint64(c.out.freeTail, p.freeTail)
+		p.freeTailSeen.Store(p.freeTail)
 	}
 	return got, nil
 }
@@ -147,7 +153,7 @@ func (c *Conn) reclaim() (bool, error) {
 // the Loan.
 func (c *Conn) loanReady() bool {
 	// SYNC POINT with the peer's store of free_head in its Release.
-	return c.writeReadyCommon() || atomic.LoadUint64(c.out.freeHead) != atomic.LoadUint64(c.out.freeTail)
+	return c.writeReadyCommon() || atomic.LoadUint64(c.out.freeHead) != c.pool.freeTailSeen.Load()
 }
 
 // writeReadyCommon is what ends any wait of a producer: close, deadline, hang-up, a fatal error,
@@ -272,6 +278,7 @@ func (c *Conn) Recv() (*Message, error) {
 		// Our own counter (the peer reads it only to validate); the slot is given back by
 		// Release, not by this store.
 		atomic.StoreUint64(c.in.msgTail, p.msgTail)
+		p.msgTailSeen.Store(p.msgTail)
 		off := uint64(slot) * uint64(c.lay.SlotSize)
 		return &Message{Data: c.in.pool[off : off+uint64(ln) : off+uint64(ln)], c: c, slot: slot, received: true}, nil
 	}
@@ -281,7 +288,7 @@ func (c *Conn) Recv() (*Message, error) {
 func (c *Conn) recvReady() bool {
 	// SYNC POINT with the store of msg_head in the peer's Send, and its ORs of ring_flags.
 	return c.closed.Load() || c.rdl.expired() || c.ctlGone.Load() || c.rdClosed.Load() ||
-		c.fatal.Load() != nil || atomic.LoadUint64(c.in.msgHead) != atomic.LoadUint64(c.in.msgTail) || readFlagsSet(c.in.flags)
+		c.fatal.Load() != nil || atomic.LoadUint64(c.in.msgHead) != c.pool.msgTailSeen.Load() || readFlagsSet(c.in.flags)
 }
 
 // Release gives a message's slot back: a received message's slot returns to the sender; an
