@@ -40,14 +40,24 @@ type poolState struct {
 	freeTailSeen atomic.Uint64
 }
 
+// init records the pool's slot count. The per-slot bookkeeping, sized by the peer's choice of
+// slot_count (up to 65536: 384 KiB a connection), is made by a side's first Loan (producer) or
+// Recv (consumer), so that a connection whose program never uses messages costs none of it.
 func (p *poolState) init(n uint32) {
 	p.slotCount = uint64(n)
+}
+
+// producerSlots makes the producer's bookkeeping at the first Loan (pmu held).
+func (p *poolState) producerSlots() {
+	if p.state != nil {
+		return
+	}
+	n := p.slotCount
 	p.free = make([]uint32, 0, n)
 	for i := int(n) - 1; i >= 0; i-- {
 		p.free = append(p.free, uint32(i))
 	}
 	p.state = make([]uint8, n)
-	p.held = make([]bool, n)
 }
 
 // Message is a zero-copy message. For a loaned message, Data is the slot in shared memory that
@@ -96,6 +106,7 @@ func (c *Conn) Loan(size int) (*Message, error) {
 	defer c.exit()
 	p.pmu.Lock()
 	defer p.pmu.Unlock()
+	p.producerSlots()
 	for {
 		if err := c.writeCheck(); err != nil {
 			return nil, c.opErr("loan", err)
@@ -214,6 +225,9 @@ func (c *Conn) Recv() (*Message, error) {
 	defer c.exit()
 	p.cmu.Lock()
 	defer p.cmu.Unlock()
+	if p.held == nil {
+		p.held = make([]bool, p.slotCount) // the consumer's bookkeeping, at the first Recv (see init)
+	}
 	n := p.slotCount
 	for {
 		if c.closed.Load() {
