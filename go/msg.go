@@ -36,6 +36,8 @@ type poolState struct {
 	// Copies of msgTail and freeTail for the conditions blocked Recv and Loan wait for, which
 	// run without cmu and pmu. The shared msg_tail and free_tail words are ours to write but
 	// the peer's to scribble: a wait on them as the peer left them would never sleep again.
+	// They order nothing (atomic only for the unlocked loads): a stale copy costs one more
+	// look, made under the lock, which reads the counter itself.
 	msgTailSeen  atomic.Uint64
 	freeTailSeen atomic.Uint64
 }
