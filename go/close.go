@@ -71,9 +71,47 @@ func (c *Conn) Close() error {
 		}
 		c.carrier.Close()
 	}
-	unmapAfter(c.seg, c.incomingPages())
+	unmapAfter(c.seg, append(c.outgoingFree(c.ctlGone.Load()), c.incomingPages())...)
 	c.seg = nil
 	return nil
+}
+
+// outgoingFree is the parts of the ring we wrote that hold no byte the peer has yet to read:
+// outside ring_tail..ring_head at ring_size, as the peer finds them; all of it once the peer is
+// gone (nobody reads it), or where those words break the ring's rules (a scribble). The pages we
+// first touched there are charged to our memory cgroup for as long as the peer keeps its memfd,
+// after the connection is gone; given back, only the bytes still in flight stay, as a closed TCP
+// socket holds only its unsent bytes.
+func (c *Conn) outgoingFree(gone bool) [][]byte {
+	// Our writes went below the larger of ring_size and the size our producer knew (a shrink
+	// gave back the pages above it): a ring that never grew past its first page has nothing to
+	// give back (no system call). data runs on to the pool (whose slots may hold messages in
+	// flight), which starts on a page of its own: the padding after a whole ring goes with it.
+	capa := uint64(c.lay.RingCapacity)
+	// SYNC POINT with the peer's atomic store of ring_tail after its copies out: the bytes below
+	// it are read. Head and size are our own, last stored before Close.
+	tail := atomic.LoadUint64(c.out.tail)
+	head := atomic.LoadUint64(c.out.head)
+	size := uint64(atomic.LoadUint32(c.out.size))
+	unread := head - tail
+	valid := size != 0 && size&(size-1) == 0 && size <= capa && unread <= size
+	end := c.tx.size
+	if valid {
+		end = max(end, size)
+	}
+	top := c.out.data[:min(end, capa)]
+	if end >= capa {
+		top = c.out.data
+	}
+	if gone || unread == 0 || !valid {
+		return [][]byte{top}
+	}
+	a, b := tail%size, head%size
+	if a < b {
+		return [][]byte{top[:a], top[min(b, uint64(len(top))):]}
+	}
+	// Wrapped (or full): the bytes run from a to the ring's end and from its start to b.
+	return [][]byte{top[b:a], top[min(size, uint64(len(top))):]}
 }
 
 // incomingPages is the part of the segment given back when it is unmapped for good: the
@@ -113,15 +151,14 @@ func (c *Conn) cleanClose() bool {
 // caller's path keeps Close (and so short-lived connections) cheap. Nothing touches the mapping
 // after Close: every operation has left (Close holds the life lock exclusively).
 func unmapLater(seg []byte) {
-	unmapAfter(seg, nil)
+	unmapAfter(seg)
 }
 
-// unmapAfter is unmapLater that first gives back the pages of giveBack, a part of seg (none if
-// empty). Always in the one background goroutine: when it is behind, the caller waits for room
+// unmapAfter is unmapLater that first gives back the pages of giveBack, parts of seg. Always in the one background goroutine: when it is behind, the caller waits for room
 // in its queue (parked, holding no thread) rather than doing the work itself, since the Go
 // runtime starts another thread for every goroutine blocked in a system call, each with a
 // stack's address space: a flood of closes must not cost one each.
-func unmapAfter(seg, giveBack []byte) {
+func unmapAfter(seg []byte, giveBack ...[]byte) {
 	unmapOnce.Do(func() {
 		unmapQueue = make(chan unmapJob, 1024)
 		go func() {
@@ -133,11 +170,16 @@ func unmapAfter(seg, giveBack []byte) {
 	unmapQueue <- unmapJob{seg, giveBack}
 }
 
-type unmapJob struct{ seg, giveBack []byte }
+type unmapJob struct {
+	seg      []byte
+	giveBack [][]byte
+}
 
 func (j unmapJob) run() {
 	// Where MADV_REMOVE fails the pages stay, which is only memory.
-	releasePages(j.giveBack)
+	for _, b := range j.giveBack {
+		releasePages(b)
+	}
 	munmapSegment(j.seg)
 }
 

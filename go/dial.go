@@ -328,7 +328,15 @@ type clientSide struct {
 	rec    *parked
 	ticket uint32
 	proof  []byte // a cross-namespace offer's nonces (spec section 11), written at hProof
+	// answerUID is the uid that sent the WELCOME, as the kernel vouched for it (foreignSender
+	// where it came without credentials); answered says one came.
+	answerUID uint32
+	answered  bool
 }
+
+// foreignSender stands for the sender of an answer that came without credentials: judged
+// another user (no process runs as uid 2^32-1).
+const foreignSender = ^uint32(0)
 
 func (cs *clientSide) close() {
 	cs.ctl.Close()
@@ -414,12 +422,20 @@ func (cs *clientSide) hello(h header, mode uint8) error {
 	return nil
 }
 
-// answer waits for WELCOME (nil) or REJECT (*RejectError) until dl.
+// answer waits for WELCOME (nil) or REJECT (*RejectError) until dl. It records who sent it
+// (answerUID): the rendezvous's SO_PEERCRED is the listener's at its listen, and a server that
+// listened as us may serve as another user now (a master that starts its workers as nobody),
+// whose user can take over its memfd and control socket; its ring is then read through the memfd
+// (Conn.readThrough). SO_PASSCRED is on only while the answer is awaited: a socket without an
+// address that sends while it is on is given one.
 func (cs *clientSide) answer(ctx context.Context, dl time.Time) error {
-	reply, err := recvHandshake(ctx, cs.ctl, dl)
+	unix.SetsockoptInt(cs.fd, unix.SOL_SOCKET, unix.SO_PASSCRED, 1)
+	reply, uid, err := recvHandshake(ctx, cs.ctl, dl)
+	unix.SetsockoptInt(cs.fd, unix.SOL_SOCKET, unix.SO_PASSCRED, 0)
 	if err != nil {
 		return err
 	}
+	cs.answerUID, cs.answered = uid, true
 	m, err := decodeMsg(reply)
 	if err != nil {
 		return err
@@ -436,6 +452,9 @@ func (cs *clientSide) answer(ctx context.Context, dl time.Time) error {
 // conn turns an answered handshake into the client side of the connection.
 func (cs *clientSide) conn(laddr, raddr *net.TCPAddr) *Conn {
 	c := &Conn{ctl: cs.ctl, ctlFd: cs.fd, peerPid: int(cs.cred.Pid), peerUID: cs.cred.Uid, laddr: laddr, raddr: raddr}
+	if cs.answered && foreignUID(cs.answerUID) {
+		c.peerUID = cs.answerUID
+	}
 	memfd := -1
 	if p := cs.rec; p != nil {
 		c.seg, c.lay = p.seg, p.lay
@@ -488,9 +507,17 @@ func handshakeClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry,
 		err := cs.answer(ctx, dl)
 		var rej *RejectError
 		switch {
+		case err == nil && foreignUID(cs.answerUID) && cs.rec != nil:
+			// Served by another user now, and a recycled segment has no memfd to read its
+			// ring through (Conn.readThrough): refused, as a segment the server cannot take.
+			welcomed.Delete(name)
+			cs.close()
+			return nil, &RejectError{Reason: RejectBadSegment, Version: Version}
 		case err == nil:
 			pending = false
-			welcomed.Store(name, cs.cred.Pid)
+			if !foreignUID(cs.answerUID) {
+				welcomed.Store(name, cs.cred.Pid)
+			}
 		case errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil && mustAnswer:
 			cs.close()
 			return nil, &RejectError{Reason: RejectNeedCarrier, Version: Version}
@@ -614,8 +641,9 @@ func carrierClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry, n
 	return c, nil
 }
 
-// recvHandshake reads one handshake datagram (no descriptors expected) before dl.
-func recvHandshake(ctx context.Context, ctl *os.File, dl time.Time) ([]byte, error) {
+// recvHandshake reads one handshake datagram (no descriptors expected) before dl, and the uid
+// of its sender where it carries credentials (foreignSender otherwise).
+func recvHandshake(ctx context.Context, ctl *os.File, dl time.Time) ([]byte, uint32, error) {
 	ctl.SetReadDeadline(dl)
 	defer ctl.SetReadDeadline(time.Time{})
 	if ctx.Done() != nil {
@@ -624,10 +652,10 @@ func recvHandshake(ctx context.Context, ctl *os.File, dl time.Time) ([]byte, err
 	}
 	rc, err := ctl.SyscallConn()
 	if err != nil {
-		return nil, err
+		return nil, foreignSender, err
 	}
 	buf := make([]byte, 64)
-	oob := make([]byte, unix.CmsgSpace(4*maxRights))
+	oob := make([]byte, unix.CmsgSpace(4*maxRights)+unix.CmsgSpace(unix.SizeofUcred))
 	var n, oobn, flags int
 	var rerr error
 	err = rc.Read(func(fd uintptr) bool {
@@ -636,22 +664,32 @@ func recvHandshake(ctx context.Context, ctl *os.File, dl time.Time) ([]byte, err
 	})
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return nil, foreignSender, ctx.Err()
 		}
-		return nil, err
+		return nil, foreignSender, err
 	}
+	uid := foreignSender
 	if oobn > 0 {
-		closeRights(oob[:oobn])
-		return nil, errBadMessage
+		if len(rightsIn(oob[:oobn])) > 0 {
+			closeRights(oob[:oobn])
+			return nil, foreignSender, errBadMessage
+		}
+		msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+		for i := range msgs {
+			// Pid 0: the kernel attached none (SO_PASSCRED was off at the send).
+			if cred, err := unix.ParseUnixCredentials(&msgs[i]); err == nil && cred.Pid > 0 {
+				uid = cred.Uid
+			}
+		}
 	}
 	if rerr != nil {
-		return nil, os.NewSyscallError("recvmsg", rerr)
+		return nil, foreignSender, os.NewSyscallError("recvmsg", rerr)
 	}
 	if n == 0 {
-		return nil, errors.New("colo: control socket closed during handshake")
+		return nil, foreignSender, errors.New("colo: control socket closed during handshake")
 	}
-	if flags&unix.MSG_TRUNC != 0 {
-		return nil, errBadMessage
+	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
+		return nil, foreignSender, errBadMessage
 	}
-	return buf[:n], nil
+	return buf[:n], uid, nil
 }

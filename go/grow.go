@@ -176,11 +176,12 @@ func releasePages(b []byte) {
 		return
 	}
 	start := uintptr(unsafe.Pointer(&b[0]))
-	from := (start+pageSize-1)&^(pageSize-1) - start
-	to := (start+uintptr(len(b)))&^(pageSize-1) - start
-	if from >= to {
+	first := (start + pageSize - 1) &^ (pageSize - 1)
+	end := (start + uintptr(len(b))) &^ (pageSize - 1)
+	if first >= end { // within one page: no whole page to give back
 		return
 	}
+	from, to := first-start, end-start
 	// Where MADV_REMOVE fails the pages stay, which is only memory.
 	unix.Madvise(b[from:to], unix.MADV_REMOVE)
 }

@@ -11,8 +11,7 @@
 # direction it read back (colo::Segment, give_back_incoming; Go's Conn.Close), and a server
 # reads a peer of another user with pread of the memfd, which allocates nothing for a hole
 # (Segment::read_through_memfd, Go's Conn.readThrough; t_rt_idle_holes.sh). (The pages a
-# server writes toward its client stay: the client may still read them;
-# tests/attack/pending/t_rt_memcg_charge.sh.)
+# server writes toward its client: t_rt_memcg_charge.sh.)
 source "$(dirname "$0")/lib.sh"
 GOPEER=$WORK/colo-peer
 (cd "$ROOT/go" && go build -o "$GOPEER" ./cmd/colo-peer) || bad "go build colo-peer"

@@ -137,7 +137,14 @@ pub struct Offer {
     peer: SocketAddr,
     server_pid: u32,
     memfd_raw: colo_sys::RawFd,
+    /// The uid that sent the answer, as the kernel vouched for it (`NO_UID`: none yet, or it
+    /// came without credentials). Relaxed: written and read by whichever thread holds the offer.
+    answered_by: AtomicU32,
 }
+
+/// [`Offer::answered_by`] before an answer with credentials: `(uid_t) -1`, which no process
+/// runs as (`setuid(-1)` means "unchanged").
+const NO_UID: u32 = u32::MAX;
 
 /// The server's answer to an offer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -220,10 +227,14 @@ pub(crate) fn offer_with(
     }
     Segment::start_rings(&map, &layout);
     seqpacket::send(&control, &hello, &[memfd.as_fd()])?;
+    // The answer says who serves us now (`Offer::established`); the server can claim only once
+    // our TCP connect, after this, reaches it. Refused, the connection is judged foreign.
+    let _ = seqpacket::pass_creds(&control, true);
     let memfd_raw = memfd.as_raw_fd();
     // SAFETY: the mapping is exactly `layout.segment_size` bytes, laid out by `layout`.
     let seg = unsafe { Segment::new(map, layout, memfd) };
-    Ok(Offer { control, seg, self_bell, local, peer, server_pid, memfd_raw })
+    let answered_by = AtomicU32::new(NO_UID);
+    Ok(Offer { control, seg, self_bell, local, peer, server_pid, memfd_raw, answered_by })
 }
 
 impl Offer {
@@ -260,9 +271,14 @@ impl Offer {
     /// Reads one message from the control socket: what it says, or the error.
     fn read_answer(&self, dontwait: bool) -> io::Result<Option<Answer>> {
         let mut buf = [0u8; 64];
-        let r = seqpacket::recv(&self.control, &mut buf, dontwait)?;
-        if r.truncated || !r.fds.is_empty() || r.len != MESSAGE_LEN {
+        let r = seqpacket::recv_answer(&self.control, &mut buf, dontwait)?;
+        // Before this side rings: a socket without an address that sends with it on gets one.
+        let _ = seqpacket::pass_creds(&self.control, false);
+        if r.odd || r.len != MESSAGE_LEN {
             return Ok(None);
+        }
+        if let Some(uid) = r.sender_uid {
+            self.answered_by.store(uid, Ordering::Relaxed);
         }
         Ok(match Message::decode(&buf[..r.len]) {
             Ok(Message::Welcome { version: wire::VERSION }) => Some(Answer::Welcome),
@@ -316,8 +332,21 @@ impl Offer {
         Ok(done as usize)
     }
 
-    /// After WELCOME: the established client side.
-    pub fn established(self) -> Established {
+    /// After WELCOME: the established client side. Its incoming ring is read through the memfd
+    /// (`Segment::read_through_memfd`) unless the WELCOME came from a process of our own uid:
+    /// the rendezvous's `SO_PEERCRED` is the listener's at its `listen`, and a server that
+    /// listened as us and serves as another user (a master that starts its workers as `nobody`)
+    /// is that user's to take over, memfd and control socket included.
+    pub fn established(mut self) -> Established {
+        let by = self.answered_by.load(Ordering::Relaxed);
+        if by == NO_UID {
+            // The answer is still due (the claim won our abandon): it is taken later, as a
+            // ring is, with no credentials (and without giving this socket an address).
+            let _ = seqpacket::pass_creds(&self.control, false);
+        }
+        if by != host::uid() {
+            self.seg.read_through_memfd();
+        }
         let memfd = self.memfd_raw;
         Established {
             memfd,

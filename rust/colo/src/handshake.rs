@@ -2,7 +2,7 @@
 //! the server's answer to one HELLO.
 
 use crate::fork;
-use crate::known::{known, known_direct, remember, Known};
+use crate::known::{forget, known, known_direct, remember, Known};
 use crate::log;
 use crate::options::Options;
 use crate::segment::{Role, Segment};
@@ -314,10 +314,17 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
     // A server of another uid takes DIRECT only if it opted in (spec/WIRE.md section 3): its
     // answer, likely NEED_CARRIER, must be read now, not after bytes went into the ring.
     let must_answer = server_uid != host::uid() || cross_family;
+    let mut seg = seg;
     let pending = known || {
         let mut buf = [0u8; 64];
         seqpacket::set_recv_timeout(&control, Some(opts.handshake_timeout()))?;
-        match seqpacket::recv(&control, &mut buf, false) {
+        // Who answers: the rendezvous's `SO_PEERCRED` is the listener's at its `listen`, and a
+        // server that listened as us may serve as another user now (see `Offer::established`).
+        // An answer sent before this takes effect comes without credentials: judged foreign.
+        let _ = seqpacket::pass_creds(&control, true);
+        let got = seqpacket::recv_answer(&control, &mut buf, false);
+        let _ = seqpacket::pass_creds(&control, false);
+        match got {
             Err(e) if (e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut) && must_answer => {
                 // Abandoned (a listener that reads the HELLO later finds its client gone, as
                 // for a TCP client that closed before accept): CARRIER, whose claim waits for
@@ -326,8 +333,20 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
                 return Ok(Direct::NeedCarrier);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut => true,
-            Ok(r) if r.len == MESSAGE_LEN && r.fds.is_empty() && !r.truncated => match Message::decode(&buf[..r.len]) {
-                Ok(Message::Welcome { version: wire::VERSION }) => false,
+            Ok(r) if r.len == MESSAGE_LEN && !r.odd => match Message::decode(&buf[..r.len]) {
+                Ok(Message::Welcome { version: wire::VERSION }) if r.sender_uid == Some(host::uid()) => false,
+                Ok(Message::Welcome { version: wire::VERSION }) if seg.has_memfd() => {
+                    // Read through the memfd (`Segment::read_through_memfd`), and never
+                    // pending: each answer is looked at.
+                    seg.read_through_memfd();
+                    false
+                }
+                Ok(Message::Welcome { .. }) => {
+                    // A recycled segment, without its memfd: nothing to read it through.
+                    log::info(format_args!("dial {addr}: {name} answers as another user now; using TCP"));
+                    forget(&name);
+                    return Ok(Direct::No);
+                }
                 Ok(Message::Reject { reason: Reason::NeedCarrier, .. }) => {
                     remember(name, server_pid, Known::Carrier);
                     return Ok(Direct::NeedCarrier);
@@ -355,13 +374,18 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
             }
         }
     };
-    if !pending && !known {
+    // Served by another user now: neither waited for less nor recycled (a recycled segment
+    // comes without the memfd its ring is read through).
+    let foreign = seg.reads_through_memfd();
+    if !pending && !known && !foreign {
         remember(name.clone(), server_pid, Known::Direct);
     }
     let fds = Fds { control, self_bell };
     let local = SocketAddr::new(addr.ip(), 0);
     let mut shm = Shm::new(seg, Role::Client, fds, local, addr, server_pid, opts.spin_mode())?;
-    shm.recycle_into(Recycle::Client(name.clone()));
+    if !foreign {
+        shm.recycle_into(Recycle::Client(name.clone()));
+    }
     if pending {
         shm.expect_welcome(name);
     }

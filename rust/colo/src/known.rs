@@ -42,6 +42,11 @@ pub(crate) fn remember(name: String, pid: u32, kind: Known) {
     known.push((name, pid, kind));
 }
 
+/// Forgets what the listener `name` answered.
+pub(crate) fn forget(name: &str) {
+    lock().retain(|(n, _, _)| n != name);
+}
+
 static LOCKS: fork::Locks = fork::Locks { take: fork_guards, in_child: None };
 
 /// The lock of this module, taken around a fork (see `fork`).

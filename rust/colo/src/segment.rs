@@ -32,6 +32,9 @@ pub fn keep_memfds(on: bool) {
     KEEP_MEMFDS.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// [`Segment`]'s `out_size` bit: the peer is gone.
+const PEER_GONE: u8 = 1 << 7;
+
 /// A segment mapped by this process.
 #[derive(Debug)]
 pub struct Segment {
@@ -47,6 +50,11 @@ pub struct Segment {
     /// Give back the pages of the direction this role reads when unmapped
     /// ([`Segment::give_back_incoming`]).
     give_back: Option<Role>,
+    /// The size our producer last knew its ring at, a power of two, as its log2 (no page above
+    /// it was ours to touch: a shrink gave back those above the new size), and `PEER_GONE` (the
+    /// whole outgoing ring goes at the give-back: nobody reads it). One byte: a shimmed
+    /// connection's heap is counted (`a_connection_is_one_kilobyte_of_heap`).
+    out_size: u8,
 }
 
 impl Drop for Segment {
@@ -58,6 +66,20 @@ impl Drop for Segment {
             // still look at them). Best effort: pages left in place cost memory, not correctness.
             let off = self.layout.block_offset(role == Role::Server) + self.layout.data_off;
             let _ = map.release(off, self.layout.block_size - self.layout.data_off);
+            // The ring this role wrote: its pages hold no unread byte but where the bytes
+            // between the peer's `ring_tail` and our `ring_head` lie (all of them, once the
+            // peer is gone), so the rest goes, as a closed TCP socket holds only its unsent
+            // bytes. The pages this role first touched there are charged to its memory cgroup
+            // for as long as the peer keeps its memfd, after the connection is gone.
+            let out = self.layout.block_offset(role == Role::Client) + self.layout.data_off;
+            let cap = self.layout.geometry.ring_capacity as u64;
+            // With the padding after the data, up to the pool (whose slots may hold messages
+            // in flight), which starts on a page of its own.
+            let spare = (self.layout.pool_off - self.layout.data_off) as u64;
+            for (from, to) in self.outgoing_free(role == Role::Client, cap) {
+                let to = if to == cap { spare } else { to };
+                let _ = map.release(out + from as usize, (to - from) as usize);
+            }
         }
     }
 }
@@ -67,7 +89,7 @@ impl Segment {
     /// `map` is at least `layout.segment_size` bytes and was validated against `layout`.
     pub unsafe fn new(map: Mapping, layout: Layout, memfd: OwnedFd) -> Segment {
         assert!(map.len() >= layout.segment_size);
-        Segment { map: Some(map), layout, memfd: Some(memfd), through_memfd: false, _lease: None, give_back: None }
+        Segment { map: Some(map), layout, memfd: Some(memfd), through_memfd: false, _lease: None, give_back: None, out_size: 0 }
     }
 
     /// An empty stand-in left behind when a closed connection hands its segment to the reaper.
@@ -75,7 +97,7 @@ impl Segment {
         let layout = Geometry { ring_capacity: colo_ring::layout::MIN_RING, slot_size: 0, slot_count: 0 }
             .layout()
             .expect("valid");
-        Segment { map: None, layout, memfd: None, through_memfd: false, _lease: None, give_back: None }
+        Segment { map: None, layout, memfd: None, through_memfd: false, _lease: None, give_back: None, out_size: 0 }
     }
 
     /// Closes the memfd (the mapping holds the memory): for a connection that will never be
@@ -113,6 +135,11 @@ impl Segment {
         self.through_memfd = self.memfd.is_some();
     }
 
+    /// Whether the incoming ring is read through the memfd ([`Segment::read_through_memfd`]).
+    pub fn reads_through_memfd(&self) -> bool {
+        self.through_memfd
+    }
+
     /// A side (`role`) that closed its connection for good: when unmapped (by the reaper), the
     /// pages of the direction it read are given back. Reading a page the peer never wrote (a
     /// hole: the peer claimed bytes it never wrote) makes the kernel allocate it, charged to the
@@ -121,8 +148,47 @@ impl Segment {
     /// charged to our memory cgroup, at no cost of its own. Only at the connection's last close:
     /// unread bytes of a connection someone still holds, or of an offer never claimed (its
     /// client copies them into TCP), must stay.
-    pub(crate) fn give_back_incoming(&mut self, role: Role) {
+    /// The ring this side wrote (at `out_size`, as its producer knew it) is given back as well,
+    /// but for the pages of its unread bytes (`peer_gone`: all of it).
+    pub(crate) fn give_back_incoming(&mut self, role: Role, peer_gone: bool, out_size: usize) {
         self.give_back = Some(role);
+        // A ring is at most 2^30 bytes (spec/WIRE.md section 4): its log2 is below `PEER_GONE`.
+        let log2 = out_size.min(1 << 30).next_power_of_two().trailing_zeros() as u8;
+        self.out_size = log2 | if peer_gone { PEER_GONE } else { 0 };
+    }
+
+    /// The ranges of the ring data of direction `c2s` (offsets from its start, below the larger
+    /// of `ring_size` and `out_size`, at most `cap`: where our writes went) that hold no byte
+    /// its consumer has yet to read: outside `ring_tail..ring_head` at `ring_size`, as the
+    /// consumer finds them. Words that break the ring's rules (a peer's scribble) leave nothing
+    /// to read, as a reset would. A connection that never grew its ring past the first page
+    /// has nothing to give back there (no system call).
+    fn outgoing_free(&self, c2s: bool, cap: u64) -> Vec<(u64, u64)> {
+        let b = self.block(c2s);
+        // SAFETY: aligned words inside our mapping, which lives as long as `self`; atomics only.
+        let (head, tail, size) = unsafe {
+            (&*self.u64_at(b + block::RING_HEAD), &*self.u64_at(b + block::RING_TAIL), &*self.u32_at(b + block::RING_SIZE))
+        };
+        // Acquire partners the consumer's Release store of `ring_tail`: it read every byte
+        // below it, so their pages are no longer its to read. Our own words (head, size) were
+        // last stored by this process's producer, before the close that retired this segment.
+        let tail = tail.load(Ordering::Acquire);
+        let head = head.load(Ordering::Relaxed);
+        let size = u64::from(size.load(Ordering::Relaxed));
+        let unread = head.wrapping_sub(tail);
+        let valid = size.is_power_of_two() && size <= cap && unread <= size;
+        let end = (1u64 << (self.out_size & !PEER_GONE)).max(if valid { size } else { 0 }).min(cap);
+        if self.out_size & PEER_GONE != 0 || unread == 0 || !valid {
+            return vec![(0, end)];
+        }
+        let (a, b) = (tail % size, head % size);
+        if a < b {
+            vec![(0, a), (b, end)]
+        } else {
+            // Wrapped (or a full ring, `a == b`): the bytes run from `a` to the end of the
+            // ring and from its start to `b`.
+            vec![(b, a), (size, end.max(size))]
+        }
     }
 
     /// This segment, counted in the budgets by `lease` until it is unmapped.
@@ -475,6 +541,48 @@ mod tests {
             at = hole;
         }
         total
+    }
+
+    /// A side that lets go of its connection gives back the pages of the ring it wrote but those
+    /// of the bytes its peer has yet to read (all of them once the peer is gone): the peer keeps
+    /// the memfd, and every page left there stays charged to the writer.
+    #[test]
+    fn letting_go_gives_back_the_written_ring_but_its_unread_bytes() {
+        for gone in [false, true] {
+            let (seg, off, cap) = segment();
+            let memfd = seg.memfd.as_ref().unwrap().try_clone().unwrap();
+            // SAFETY: one producer and one consumer of this direction, not used once `seg` is dropped.
+            let (mut tx, mut rx) = unsafe { (seg.producer(Role::Client), seg.consumer(Role::Server)) };
+            let mut buf = vec![0xabu8; cap - 50];
+            let mut wrote = 0;
+            while wrote < buf.len() {
+                wrote += tx.write(&buf[wrote..]).unwrap();
+            }
+            let mut read = 0;
+            while read < buf.len() {
+                read += rx.read(&mut buf[read..]).unwrap();
+            }
+            assert_eq!(tx.write(&[0xcd; 100]).unwrap(), 100, "unread bytes across the wrap");
+            assert!(allocated(&seg, off, cap) >= cap - 4096, "the writer touched the whole ring");
+            let mut seg = seg;
+            seg.give_back_incoming(Role::Client, gone, cap);
+            drop(seg);
+            let mut left = seg_with(memfd);
+            // The data's first page holds the direction's words too and stays; so do the pages of
+            // the unread bytes while the peer may read them.
+            let most = 4096 - off % 4096 + if gone { 0 } else { 4096 };
+            let held = allocated(&left, off, cap);
+            assert!(held <= most, "peer gone: {gone}: {held} bytes of the ring left allocated, at most {most}");
+            left.memfd.take();
+        }
+    }
+
+    /// A mapping of `memfd` (a segment of [`segment`]'s geometry) to look at its file.
+    fn seg_with(memfd: OwnedFd) -> Segment {
+        let layout = Geometry { ring_capacity: 256 << 10, slot_size: 0, slot_count: 0 }.layout().unwrap();
+        let map = colo_sys::segment::attach(&memfd, layout.segment_size).unwrap();
+        // SAFETY: `attach` mapped the segment's `layout.segment_size` bytes.
+        unsafe { Segment::new(map, layout, memfd) }
     }
 
     /// Through the memfd, a consumer reads what the producer wrote, across the ring's wrap and

@@ -27,6 +27,7 @@ fn child_entry() {
         "corrupter" => corrupter(&arg),
         "many" => many(&arg),
         "sleeping_server" => sleeping_server(),
+        "dropping_server" => dropping_server(),
         "draining_server" => draining_server(),
         "out_of_fds" => out_of_fds(),
         _ => 2,
@@ -72,6 +73,35 @@ fn sleeping_server() -> i32 {
     let l = Listener::bind("127.0.0.1:0").unwrap();
     say(&format!("READY {}", l.local_addr().unwrap()));
     let (_s, _) = l.accept().unwrap();
+    thread::sleep(Duration::from_secs(60));
+    0
+}
+
+/// Listens as root, then serves as nobody (a master that runs its workers as another user):
+/// accepts one connection, reads a byte, claims a whole ring of bytes toward its client that it
+/// never wrote (holes) with FIN, and holds the connection.
+fn dropping_server() -> i32 {
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    // SAFETY: plain system calls on integers; PDEATHSIG again, as a change of uid clears it.
+    unsafe {
+        assert!(libc::setgroups(0, std::ptr::null()) == 0 && libc::setgid(65534) == 0 && libc::setuid(65534) == 0);
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+    }
+    say(&format!("READY {}", l.local_addr().unwrap()));
+    let (s, _) = l.accept().unwrap();
+    (&s).read_exact(&mut [0u8; 1]).unwrap();
+    let base = map_own_segment();
+    // SAFETY: the header's u64 segment_size and u32 ring_capacity, read once.
+    let (size, cap) = unsafe { (*(base.add(16) as *const u64) as usize, *(base.add(24) as *const u32)) };
+    let s2c = colo_ring::layout::HEADER_SIZE + (size - colo_ring::layout::HEADER_SIZE) / 2;
+    // SAFETY: ring_head (u64 at 0) and ring_size (u32 at 12) of the server→client block, aligned
+    // words of our own mapping of the segment.
+    unsafe {
+        std::ptr::write_volatile(base.add(s2c + 12) as *mut u32, cap);
+        let head = base.add(s2c) as *mut u64;
+        std::ptr::write_volatile(head, std::ptr::read_volatile(head) + u64::from(cap));
+    }
+    s.shutdown(Shutdown::Write).unwrap(); // FIN, and rings the client
     thread::sleep(Duration::from_secs(60));
     0
 }
@@ -285,6 +315,57 @@ fn dial_shm(addr: &str, opts: &Options) -> Stream {
 fn kill(mut child: Child) {
     child.kill().unwrap();
     child.wait().unwrap();
+}
+
+/// A server that listened as root and serves as nobody is nobody's (it may take the server's
+/// descriptors): root's client must read its ring through the memfd, where a ring of holes
+/// allocates nothing, not through its mapping, where reading them allocates them, charged to
+/// the client for as long as the server keeps the memfd. The rendezvous's SO_PEERCRED says
+/// root (taken at the listen); the WELCOME's credentials say nobody (spec/WIRE.md section 3,
+/// "Who answers").
+#[test]
+fn a_server_that_dropped_to_another_user_is_read_through_the_memfd() {
+    let _w = common::watchdog(60);
+    // SAFETY: getuid has no arguments.
+    if unsafe { libc::getuid() } != 0 {
+        eprintln!("needs root (a server that changes its uid): not run");
+        return;
+    }
+    let (child, addr) = start_server("dropping_server");
+    let s = dial_shm(&addr, &Options::new().ring_capacity(1 << 20));
+    (&s).write_all(b"x").unwrap();
+    let mut got = 0;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = (&s).read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    assert_eq!(got, 1 << 20, "the client read the claimed ring");
+    // What the client's reads allocated of the server→client ring, seen through the server's
+    // descriptor of the segment (root may open it).
+    let dir = format!("/proc/{}/fd", child.id());
+    let seg = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .find(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().contains("colo-seg")))
+        .expect("the server holds the segment's memfd");
+    let f = std::fs::File::open(seg.path()).unwrap();
+    let size = f.metadata().unwrap().len() as i64;
+    let s2c = colo_ring::layout::HEADER_SIZE as i64 + (size - colo_ring::layout::HEADER_SIZE as i64) / 2;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    let (mut at, mut allocated) = (s2c + 4096, 0);
+    // SAFETY: lseek on a file we opened.
+    while let Ok(data) = usize::try_from(unsafe { libc::lseek(fd, at, libc::SEEK_DATA) }) {
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(fd, data as i64, libc::SEEK_HOLE) };
+        allocated += hole - data as i64;
+        at = hole;
+    }
+    kill(child);
+    assert!(allocated <= 8192, "root's client allocated {allocated} bytes of nobody's holes");
 }
 
 #[test]

@@ -1,4 +1,4 @@
-"""Run by root under colo run for pending/t_rt_dropped_server.sh: a server that listens as
+"""Run by root under colo run for t_rt_dropped_server.sh: a server that listens as
 root, then drops to nobody:nogroup and serves (nginx with `user nobody;`: its master listens,
 its workers setuid and accept), dumpable again as nginx makes its workers
 (prctl(PR_SET_DUMPABLE, 1), for core dumps). It accepts one connection, reads its first byte,

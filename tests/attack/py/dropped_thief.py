@@ -1,4 +1,4 @@
-"""Run as nobody by pending/t_rt_dropped_server.sh: takes the descriptors of root's server that
+"""Run as nobody by t_rt_dropped_server.sh: takes the descriptors of root's server that
 dropped to nobody (py/dropped_server.py, process PID; pidfd_getfd, which the kernel allows the
 process's own user once it is dumpable), its connection's segment memfd and control socket
 (the connected SEQPACKET socket whose peer is another process), claims a whole ring of bytes
@@ -33,7 +33,7 @@ for name in os.listdir("/proc/%d/fd" % pid):
         link = os.readlink("/proc/%d/fd/%s" % (pid, name))
     except OSError:
         continue
-    if link.startswith("/memfd:colo-seg"):
+    if link.startswith("/memfd:colo-seg") or link.startswith("/memfd:colo "):  # Rust, Go
         seg = getfd(int(name))
     elif link.startswith("socket:"):
         fd = getfd(int(name))

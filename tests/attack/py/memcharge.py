@@ -1,6 +1,7 @@
-"""Run as nobody by pending/t_rt_memcg_charge.sh: K CARRIER connections to an echo server at PORT, each with a RING-byte ring; pushes
+"""Run as nobody by t_rt_memcg_charge.sh: K CARRIER connections to an echo server at PORT, each with a RING-byte ring; pushes
 RING bytes through each (the server writes RING bytes into the S2C ring of nobody's memfd),
-then closes everything but the memfds, and sleeps HOLD seconds.
+then closes everything but the memfds, prints "HOLDING K", 2 s later "SERVER_PAGES <MiB>" (what
+is still allocated of the server's rings in those memfds), and sleeps HOLD seconds.
 Usage: memcharge.py PORT K RING HOLD"""
 import ctypes, mmap, os, socket, struct, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -8,8 +9,8 @@ import colo_attack as ca
 port, k, ring, hold = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 LIBC = ctypes.CDLL(None, use_errno=True)
 size = ca.segment_size(ring, 0, 0)
-blk = (size - 4096) // 2
-C2S, S2C, DATA = 4096, 4096 + blk, 4096
+blk = (size - ca.HEADER) // 2
+C2S, S2C, DATA = ca.HEADER, ca.HEADER + blk, 1024
 keep = []
 chunk = b"z" * (1 << 20)
 for i in range(k):
@@ -26,6 +27,7 @@ for i in range(k):
     if a != "WELCOME":
         print("answer", a); sys.exit(1)
     m = mmap.mmap(fd, size)
+    struct.pack_into("<I", m, C2S + 12, ring)  # our ring_size: the whole capacity
     bell = socket.socket(fileno=bells[0])
     sent = got = 0
     t_end = time.time() + 30
@@ -51,4 +53,22 @@ for i in range(k):
     keep.append(fd)
     print("conn", i, "echoed", got, flush=True)
 print("HOLDING", k, flush=True)
+# What the server wrote into our memfds (its S2C rings), still allocated once it let go of them:
+# those pages are charged to the server's memory cgroup for as long as we keep the memfds.
+time.sleep(2)
+SEEK_DATA, SEEK_HOLE = 3, 4
+held = 0
+for fd in keep:
+    at, end = S2C + DATA, S2C + DATA + ring
+    while at < end:
+        try:
+            data = os.lseek(fd, at, SEEK_DATA)
+        except OSError:
+            break
+        if data >= end:
+            break
+        hole = min(os.lseek(fd, data, SEEK_HOLE), end)
+        held += hole - data
+        at = hole
+print("SERVER_PAGES", held >> 20, flush=True)
 time.sleep(hold)

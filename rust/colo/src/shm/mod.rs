@@ -695,13 +695,22 @@ impl Drop for Shm {
         if clean {
             self.shutdown(true, true);
         }
-        // The shrinker looks no more (it holds this lock while it looks).
-        lock(&self.tx).closed = true;
+        // The shrinker looks no more (it holds this lock while it looks); the size our writes
+        // reached is what the give-back below looks at.
+        let out_size = {
+            let mut tx = lock(&self.tx);
+            tx.closed = true;
+            tx.ring.size()
+        };
         let mut seg = std::mem::replace(&mut self.seg, Segment::placeholder());
-        seg.give_back_incoming(self.role);
         // SAFETY: `fds` is not used after this point (this is the last use of `self` that reads
         // it; the remaining fields never refer to it).
         let Fds { control, self_bell } = unsafe { std::mem::ManuallyDrop::take(&mut self.fds) };
+        // Bytes we wrote that the peer has not read are nobody's once it hung up (one look at
+        // the control socket, only then).
+        let out = RingState::producer_view(&self.out_words);
+        let unread = out.head != out.tail;
+        seg.give_back_incoming(self.role, unread && (self.has(PEER_GONE) || doorbell::hung_up(&control)), out_size);
         // Before the segment can be unmapped: the watcher holds the address of our word.
         self.hangup.release();
         // Descriptors the peer queued are closed disarmed now, not released by the close (a
