@@ -33,16 +33,33 @@ type poolState struct {
 	freeHead  uint64
 	held      []bool
 	slotCount uint64
+	// Copies of msgTail and freeTail for the conditions blocked Recv and Loan wait for, which
+	// run without cmu and pmu. The shared msg_tail and free_tail words are ours to write but
+	// the peer's to scribble: a wait on them as the peer left them would never sleep again.
+	// They order nothing (atomic only for the unlocked loads): a stale copy costs one more
+	// look, made under the lock, which reads the counter itself.
+	msgTailSeen  atomic.Uint64
+	freeTailSeen atomic.Uint64
 }
 
+// init records the pool's slot count. The per-slot bookkeeping, sized by the peer's choice of
+// slot_count (up to 65536: 384 KiB a connection), is made by a side's first Loan (producer) or
+// Recv (consumer), so that a connection whose program never uses messages costs none of it.
 func (p *poolState) init(n uint32) {
 	p.slotCount = uint64(n)
+}
+
+// producerSlots makes the producer's bookkeeping at the first Loan (pmu held).
+func (p *poolState) producerSlots() {
+	if p.state != nil {
+		return
+	}
+	n := p.slotCount
 	p.free = make([]uint32, 0, n)
 	for i := int(n) - 1; i >= 0; i-- {
 		p.free = append(p.free, uint32(i))
 	}
 	p.state = make([]uint8, n)
-	p.held = make([]bool, n)
 }
 
 // Message is a zero-copy message. For a loaned message, Data is the slot in shared memory that
@@ -91,6 +108,7 @@ func (c *Conn) Loan(size int) (*Message, error) {
 	defer c.exit()
 	p.pmu.Lock()
 	defer p.pmu.Unlock()
+	p.producerSlots()
 	for {
 		if err := c.writeCheck(); err != nil {
 			return nil, c.opErr("loan", err)
@@ -139,6 +157,7 @@ func (c *Conn) reclaim() (bool, error) {
 	if got {
 		// Our own counter (the peer reads it only to validate); it publishes nothing.
 		atomic.StoreUint64(c.out.freeTail, p.freeTail)
+		p.freeTailSeen.Store(p.freeTail)
 	}
 	return got, nil
 }
@@ -147,7 +166,7 @@ func (c *Conn) reclaim() (bool, error) {
 // the Loan.
 func (c *Conn) loanReady() bool {
 	// SYNC POINT with the peer's store of free_head in its Release.
-	return c.writeReadyCommon() || atomic.LoadUint64(c.out.freeHead) != atomic.LoadUint64(c.out.freeTail)
+	return c.writeReadyCommon() || atomic.LoadUint64(c.out.freeHead) != c.pool.freeTailSeen.Load()
 }
 
 // writeReadyCommon is what ends any wait of a producer: close, deadline, hang-up, a fatal error,
@@ -208,6 +227,9 @@ func (c *Conn) Recv() (*Message, error) {
 	defer c.exit()
 	p.cmu.Lock()
 	defer p.cmu.Unlock()
+	if p.held == nil {
+		p.held = make([]bool, p.slotCount) // the consumer's bookkeeping, at the first Recv (see init)
+	}
 	n := p.slotCount
 	for {
 		if c.closed.Load() {
@@ -272,6 +294,7 @@ func (c *Conn) Recv() (*Message, error) {
 		// Our own counter (the peer reads it only to validate); the slot is given back by
 		// Release, not by this store.
 		atomic.StoreUint64(c.in.msgTail, p.msgTail)
+		p.msgTailSeen.Store(p.msgTail)
 		off := uint64(slot) * uint64(c.lay.SlotSize)
 		return &Message{Data: c.in.pool[off : off+uint64(ln) : off+uint64(ln)], c: c, slot: slot, received: true}, nil
 	}
@@ -281,7 +304,7 @@ func (c *Conn) Recv() (*Message, error) {
 func (c *Conn) recvReady() bool {
 	// SYNC POINT with the store of msg_head in the peer's Send, and its ORs of ring_flags.
 	return c.closed.Load() || c.rdl.expired() || c.ctlGone.Load() || c.rdClosed.Load() ||
-		c.fatal.Load() != nil || atomic.LoadUint64(c.in.msgHead) != atomic.LoadUint64(c.in.msgTail) || readFlagsSet(c.in.flags)
+		c.fatal.Load() != nil || atomic.LoadUint64(c.in.msgHead) != c.pool.msgTailSeen.Load() || readFlagsSet(c.in.flags)
 }
 
 // Release gives a message's slot back: a received message's slot returns to the sender; an

@@ -34,6 +34,7 @@
 //! program's reads end; when they are not (a small ring: `COLO_RING_KB`), the relay looks again
 //! after a back-off (`STUCK_FIRST` doubling to `STUCK_LAST`) in that state only.
 
+use crate::base::addr::sockaddr_of;
 use crate::conn::holders::Page;
 use colo::internal::shm::Shm;
 use colo_sys::{AsRawFd, OwnedFd, RawFd};
@@ -45,6 +46,11 @@ use std::time::{Duration, Instant};
 /// How often the relay looks whether a living program still holds its end (one that closed it
 /// without exiting, `exec >&-`, ends its stream there, as over TCP).
 const CLOSE_CHECK: Duration = Duration::from_millis(250);
+
+/// The longest wait between two looks whether the program's end is still held, once the program
+/// sent its end of stream (without a hold: `downward`).
+const GONE_LAST: Duration = Duration::from_secs(8);
+
 /// The first and the longest wait for the program's reads when the ring is full and all of it
 /// was handed on (no event tells the relay of a read then).
 const STUCK_FIRST: Duration = Duration::from_millis(1);
@@ -171,6 +177,8 @@ pub(crate) struct Relayed<'a> {
     pub app_ino: u64,
     /// Set by the upward reader when the relay leaves the connection to another holder.
     pub leave: &'a AtomicBool,
+    /// Set by the upward reader once it passed the program's end of stream on to the peer.
+    pub upward_ended: &'a AtomicBool,
 }
 
 /// Hands the peer's bytes on to the program's end `tcp` (the relay's end) until the stream
@@ -209,6 +217,9 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
     // Whether to look at the program's end now, and `sent` when it was last looked at.
     let (mut look, mut looked_at) = (true, 0u64);
     let mut kept = None;
+    // Without a hold, when to look next whether a process still holds the program's end, once
+    // the program sent its end of stream (`program_end_held`), and the wait after that look.
+    let (mut gone_check, mut gone_wait) = (Instant::now(), CLOSE_CHECK);
     // What the relay took off the ring is all it will take for what the program read: another
     // relay may keep unread bytes now, and the connection's other holders read on.
     let settle = || {
@@ -380,6 +391,24 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
             }
         }
         let mut timeout = None;
+        // SYNC POINT (Acquire) with the upward reader's Release store: its FIN went out first.
+        if hold.is_none() && want_ring && r.upward_ended.load(Ordering::Acquire) {
+            // The program sent its end of stream. Once no process holds its end any more (it
+            // closed it; one in flight over a Unix socket is held), nothing will read what the
+            // peer sends (kernel TCP would answer it with a reset) and the relay ends: a silent
+            // peer must not keep it for good, where the kernel keeps a closed socket
+            // (`FIN_WAIT2`) for `tcp_fin_timeout`. A program that only shut down writing keeps
+            // its end, looked at again after a doubling wait.
+            let now = Instant::now();
+            if now >= gone_check {
+                if !program_end_held(tcp) {
+                    break;
+                }
+                gone_check = now + gone_wait;
+                gone_wait = (gone_wait * 2).min(GONE_LAST);
+            }
+            timeout = Some(gone_check.saturating_duration_since(now));
+        }
         if hold.is_some() {
             let mut t = next_check.saturating_duration_since(Instant::now());
             if want_ring && sent > released && shm.incoming_full() {
@@ -414,6 +443,16 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
         end_toward_program(tcp, reset);
     }
     kept
+}
+
+/// Whether a process holds the program's end of the loopback connection whose relay end is
+/// `tcp`: its socket has an inode (a file: a descriptor in some process, or in flight). A socket
+/// every process closed is an orphan without one (`FIN_WAIT2`), then none at all. Assumed held
+/// when the kernel cannot say (no `sock_diag`).
+fn program_end_held(tcp: &OwnedFd) -> bool {
+    let (Ok(mine), Ok(Some(theirs))) = (net::getsockname(tcp), net::getpeername(tcp)) else { return true };
+    let (Some(mine), Some(theirs)) = (sockaddr_of(&mine), sockaddr_of(&theirs)) else { return true };
+    !matches!(colo_sys::diag::server_end(theirs, mine), Ok(None | Some(colo_sys::diag::ServerEnd::Queued)))
 }
 
 /// Without a hold, the `n` bytes just peeked at ring position `from` leave the ring at once,

@@ -143,6 +143,7 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relay
     // forked it, which writes next): the relay leaves the connection to it, with no FIN, and
     // the peer's bytes not yet taken stay in the ring for it.
     let leave = AtomicBool::new(false);
+    let upward_ended = AtomicBool::new(false);
     let mut kept = None;
     std::thread::scope(|s| {
         // The program's bytes toward the peer, its FIN as the connection's, its reset (a close
@@ -188,6 +189,8 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relay
                 conn.shm().shutdown_as_tcp(true, false);
                 return;
             }
+            // SYNC POINT: Release, with the Acquire load in `downward`; the shutdown wakes it.
+            upward_ended.store(true, Ordering::Release);
             conn.shm().shutdown_as_tcp(false, true);
         });
         // The peer's bytes toward the program, from the first one this side has not read, each
@@ -200,6 +203,7 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relay
             program: relayed.program,
             app_ino: relayed.app_ino,
             leave: &leave,
+            upward_ended: &upward_ended,
         };
         kept = downward(conn.shm(), &tcp, hold, &r);
     });

@@ -358,6 +358,7 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, app: &Own
     // The program closed its end while another process holds the connection: the relay leaves
     // it to that process (no FIN, and the peer's bytes stay in the ring for it).
     let leave = std::sync::atomic::AtomicBool::new(false);
+    let upward_ended = std::sync::atomic::AtomicBool::new(false);
     let mut kept = None;
     std::thread::scope(|s| {
         // The program's bytes toward the peer, its FIN as the connection's.
@@ -395,6 +396,8 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, app: &Own
                 // reading loop, asleep for the peer's next bytes.
                 shm.shutdown_as_tcp(true, false);
             } else {
+                // SYNC POINT: Release, with the Acquire load in `downward`; the shutdown wakes it.
+                upward_ended.store(true, std::sync::atomic::Ordering::Release);
                 shm.shutdown(false, true);
             }
         });
@@ -409,6 +412,7 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, app: &Own
             program: relay.program,
             app_ino: relay.app_ino,
             leave: &leave,
+            upward_ended: &upward_ended,
         };
         kept = downward(&shm, &tcp, hold, &r);
     });

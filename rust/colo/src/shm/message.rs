@@ -7,6 +7,7 @@ use colo_ring::layout::{FLAG_FIN, FLAG_RESET};
 use colo_ring::sync::Ordering;
 use colo_ring::Corrupt;
 use std::io;
+use std::sync::atomic::AtomicBool;
 
 
 impl MsgTx {
@@ -20,6 +21,12 @@ impl MsgTx {
 impl Shm {
     fn take_slot(&self, tx: &mut MsgTx) -> io::Result<Option<u32>> {
         self.may_send(&mut tx.writes)?;
+        if tx.in_flight.is_empty() {
+            // The first loan: every slot is free (`MsgTx::free_slots`).
+            let n = self.geometry().slot_count;
+            tx.free_slots = (0..n).rev().collect();
+            tx.in_flight = vec![false; n as usize];
+        }
         // Slots the peer released are taken back, all at once, only when none is left here: the
         // free queue's `free_head` line is the peer's, and loading it on every loan would cost a
         // cache-line transfer per message.
@@ -96,7 +103,8 @@ impl Shm {
                 // the receiving lock, so no other take runs, and `release` only clears slots that
                 // are held. SYNC POINT with the Release store in `release`: a slot it cleared
                 // before handing it back to the peer reads as free here.
-                let held = &self.messages().held[slot as usize];
+                let n = g.slot_count as usize;
+                let held = &self.messages().held.get_or_init(|| (0..n).map(|_| AtomicBool::new(false)).collect())[slot as usize];
                 if held.load(Ordering::Acquire) {
                     return Err(self.corrupt(Corrupt("message in a slot we still hold")));
                 }
@@ -145,7 +153,10 @@ impl Shm {
         // SYNC POINT with the Acquire load in `take_message`: the slot reads as free there once
         // the peer, which this release hands it to, can send it again.
         let m = self.messages();
-        m.held[slot as usize].store(false, Ordering::Release);
+        // Made by the receive that handed out `slot`.
+        if let Some(held) = m.held.get() {
+            held[slot as usize].store(false, Ordering::Release);
+        }
         let mut releases = lock(&m.releases);
         if let Err(c) = releases.push([slot]) {
             drop(releases);

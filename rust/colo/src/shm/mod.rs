@@ -109,9 +109,11 @@ struct MsgRx {
 struct MsgTx {
     msgs: QueueSender<2>,
     frees: QueueReceiver<1>,
-    /// Slots of the outgoing pool we may loan.
+    /// Slots of the outgoing pool we may loan. This and `in_flight`, sized by the peer's choice
+    /// of `slot_count` (up to 65536), are made at the first loan (`Shm::take_slot`), so that a
+    /// connection whose program never loans (every one of the shim's) costs none of it.
     free_slots: Vec<u32>,
-    /// Slots loaned or sent and not yet released by the peer.
+    /// Slots loaned or sent and not yet released by the peer (empty until the first loan).
     in_flight: Vec<bool>,
     spinner: Spinner,
     /// Loans and sends so far, wrapping (see `Shm::notice_hangup`).
@@ -125,8 +127,9 @@ struct Messages {
     tx: ForkableMutex<MsgTx>,
     releases: ForkableMutex<QueueSender<1>>,
     /// Slots of the incoming pool the application holds (received, not yet released); outside the
-    /// reading half's lock, so a release never waits for a blocked reader.
-    held: Vec<std::sync::atomic::AtomicBool>,
+    /// reading half's lock, so a release never waits for a blocked reader. Made at the first
+    /// receive, as `MsgTx::free_slots` at the first loan.
+    held: std::sync::OnceLock<Box<[std::sync::atomic::AtomicBool]>>,
 }
 
 #[derive(Default)]
@@ -334,19 +337,18 @@ impl Shm {
         });
         let spin = if spin != SpinMode::Always && colo_sys::host::share_one_cpu(peer_pid) { SpinMode::Never } else { spin };
         let msgs = queues.map(|((msgs, frees), (incoming, releases))| {
-            let n = g.slot_count as usize;
             Box::new(Messages {
                 rx: ForkableMutex::new(MsgRx { msgs: incoming, spinner: spinner(spin) }),
                 tx: ForkableMutex::new(MsgTx {
                     msgs,
                     frees,
-                    free_slots: (0..n as u32).rev().collect(),
-                    in_flight: vec![false; n],
+                    free_slots: Vec::new(),
+                    in_flight: Vec::new(),
                     spinner: spinner(spin),
                     writes: 0,
                 }),
                 releases: ForkableMutex::new(releases),
-                held: (0..n).map(|_| std::sync::atomic::AtomicBool::new(false)).collect(),
+                held: std::sync::OnceLock::new(),
             })
         });
         let out_room = AtomicU64::new(ring_out.bound() as u64);
