@@ -3,8 +3,8 @@
  * without forking again (so no process takes its offer service over before a fork). The first
  * worker to need an offer takes the service over (the lineage's owner word decides which), the
  * other asks it. Then the worker that serves is killed, and the one left must take the service
- * over in turn. Every connection must be quick (no carrier timeout spent) and, under the shim,
- * accelerated. alarm() is the watchdog. */
+ * over in turn. Every connection must be answered and, under the shim, accelerated (a client
+ * that spent its carrier timeout would have gone on over TCP). alarm() is the watchdog. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <signal.h>
@@ -96,7 +96,6 @@ int main(void) {
     int left = 3 - victim;
     if (shimmed()) CHECK(serves(info[left]), "the worker left took the service over");
     kill(info[left], SIGKILL);
-    CHECK(slowest < 0.3, "every connection answered quickly (no carrier timeout)");
     if (shimmed()) CHECK(accelerated == 20, "every connection accelerated");
     if (failures == 0)
         printf("ok: master gone before its workers accept: 20 connections, slowest %.1f ms%s\n", slowest * 1000,
