@@ -46,7 +46,7 @@ type Conn struct {
 	carrier      net.Conn // CARRIER mode: the loopback TCP connection, kept open
 	peerPid      int
 	peerUID      uint32     // SO_PEERCRED of the control socket (readThrough)
-	welcomeName  string     // client: rendezvous name, remembered when the late WELCOME comes
+	welcomeName  string     // client: rendezvous name, remembered when the late WELCOME comes ("": not)
 	parkName     string     // DIRECT client: the listener's rendezvous name, to park under on a clean close
 	parkTable    *parkTable // DIRECT server: the listener's parked segments, for a clean close
 
