@@ -321,9 +321,9 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
         // Who answers: the rendezvous's `SO_PEERCRED` is the listener's at its `listen`, and a
         // server that listened as us may serve as another user now (see `Offer::established`).
         // An answer sent before this takes effect comes without credentials: judged foreign.
-        let _ = seqpacket::pass_creds(&control, true);
+        let _ = colo_sys::gift::mark_messages(&control, true);
         let got = seqpacket::recv_answer(&control, &mut buf, false);
-        let _ = seqpacket::pass_creds(&control, false);
+        let _ = colo_sys::gift::mark_messages(&control, false);
         match got {
             Err(e) if (e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut) && must_answer => {
                 // Abandoned (a listener that reads the HELLO later finds its client gone, as
