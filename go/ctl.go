@@ -166,7 +166,9 @@ func (c *Conn) lateAnswer(b []byte) bool {
 	m, err := decodeMsg(b)
 	switch {
 	case err == nil && m.Type == MsgWelcome && m.Version == Version:
-		welcomed.Store(c.welcomeName, int32(c.peerPid))
+		if c.welcomeName != "" {
+			welcomed.Store(c.welcomeName, int32(c.peerPid))
+		}
 		return true
 	case err == nil && m.Type == MsgReject:
 		logf("late %v", &RejectError{Reason: m.Arg, Version: m.Version})

@@ -521,7 +521,17 @@ func handshakeClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry,
 		case errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil && mustAnswer:
 			cs.close()
 			return nil, &RejectError{Reason: RejectNeedCarrier, Version: Version}
+		case errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil && cs.rec != nil:
+			// Pending, its answer to come without credentials, on a recycled segment that
+			// has no memfd to read its ring through: refused, as a foreign answer's.
+			welcomed.Delete(name)
+			cs.close()
+			return nil, &RejectError{Reason: RejectBadSegment, Version: Version}
 		case errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil:
+			// Pending, its answer to come without credentials: nobody vouched for who serves
+			// it (the listener may have handed its descriptors to another user since), so it
+			// is read through the memfd, and its late WELCOME does not make the listener known.
+			cs.answerUID, cs.answered = foreignSender, true
 		case errors.As(err, &rej) && rej.Reason == RejectNeedCarrier:
 			needCarrier.Store(name, cs.cred.Pid)
 			cs.close()
@@ -534,7 +544,9 @@ func handshakeClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry,
 	c := cs.conn(tcpAddr(h.ClientAddr), tcpAddr(ap))
 	if pending {
 		c.pending.Store(true) // before the Conn is returned: drainCtl's own from then on
-		c.welcomeName = name
+		if !cs.answered {
+			c.welcomeName = name
+		}
 	}
 	c.parkName = name
 	return c, nil

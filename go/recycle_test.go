@@ -140,6 +140,7 @@ func TestRecycleSequentialConnections(t *testing.T) {
 func TestRecycledPoolStartsFull(t *testing.T) {
 	watchdog(t, 60*time.Second)
 	l := listen(t)
+	answeredBefore(l)
 	d := &Dialer{Geometry: Geometry{RingCapacity: 4096, SlotSize: 4096, SlotCount: 4}}
 	serverDone := make(chan error, 1)
 	closed := make(chan struct{})
@@ -227,6 +228,14 @@ func TestRecycledPoolStartsFull(t *testing.T) {
 }
 
 // dialColoOnly dials l (another goroutine accepts) and fails unless the connection is colo.
+// answeredBefore has l taken for a listener that answered this process in time, as its uid:
+// a dial to it goes pending without waiting, reads its ring through its mapping and parks its
+// segment at a clean close, however late the accepting goroutine runs (a first answer that comes
+// after firstAnswerWait leaves its connection read through the memfd, never parked).
+func answeredBefore(l *Listener) {
+	welcomed.Store(rendezvousName(netip.MustParseAddrPort(l.Addr().String())), int32(os.Getpid()))
+}
+
 func dialColoOnly(t *testing.T, l *Listener, d *Dialer) *Conn {
 	t.Helper()
 	c, err := d.Dial("tcp", l.Addr().String())
@@ -244,6 +253,7 @@ func TestRecycleParkedReleasedAfterASecond(t *testing.T) {
 	dropParkedClient()
 	drainSegPool()
 	l := listen(t)
+	answeredBefore(l)
 	before := fdCount(t)
 	closed := echoUntilEOF(l, 2)
 	c, err := Dial("tcp", l.Addr().String())
@@ -354,6 +364,7 @@ func serverTickets(l *Listener) []uint32 {
 func TestRecycleHelloRefused(t *testing.T) {
 	watchdog(t, 60*time.Second)
 	l := listen(t)
+	answeredBefore(l)
 	name := rendezvousName(netip.MustParseAddrPort(l.Addr().String()))
 	rejectOf := func(b []byte) int {
 		m, err := decodeMsg(b)

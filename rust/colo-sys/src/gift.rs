@@ -175,6 +175,10 @@ fn empty(u: &OwnedFd, work: &mut Vec<OwnedFd>, max: usize) -> Option<usize> {
 /// and the end of a shut-down socket carries none: [`Took::is_end`] tells them apart (`recv`
 /// returns 0 for both). Not for a stream socket, whose end carries credentials too (and which
 /// queues nothing for a zero-length send).
+///
+/// Each message then also says who sent it ([`Took::uid`]), as the kernel vouches for it (a
+/// process may name only one of its own uids, or any with `CAP_SETUID`). A socket without an
+/// address that sends while it is on is given one (autobind).
 pub fn mark_messages(u: impl AsFd, on: bool) -> bool {
     rustix::net::sockopt::set_socket_passcred(u, on).is_ok()
 }
@@ -188,6 +192,11 @@ pub struct Took {
     pub rights: usize,
     /// Credentials came along ([`mark_messages`]).
     pub marked: bool,
+    /// The sender's uid at its send, where the kernel attached credentials (a message sent
+    /// while [`mark_messages`] was off comes with pid 0: none).
+    pub uid: Option<u32>,
+    /// The datagram or its control messages did not fit (`MSG_TRUNC`, `MSG_CTRUNC`).
+    pub truncated: bool,
 }
 
 impl Took {
@@ -203,6 +212,13 @@ impl Took {
 /// for credentials; each descriptor that came along is [`disarm`]ed and handed to `each`.
 /// `None`: nothing was received (`EAGAIN`, an error).
 pub fn take_one(u: rustix::fd::BorrowedFd<'_>, buf: &mut [u8], each: &mut dyn FnMut(OwnedFd)) -> Option<Took> {
+    take(u, buf, true, each).ok()
+}
+
+/// [`take_one`], waiting as the socket's mode says unless `dontwait`, with the error. (Not
+/// rustix's ancillary parser: the kernel reports credentials it did not attach with pid 0,
+/// which rustix's `Pid` cannot hold.)
+pub fn take(u: rustix::fd::BorrowedFd<'_>, buf: &mut [u8], dontwait: bool, each: &mut dyn FnMut(OwnedFd)) -> std::io::Result<Took> {
     use rustix::fd::FromRawFd;
     const WORDS: usize =
         (rustix::cmsg_space!(ScmRights(MAX_RIGHTS)) + rustix::cmsg_space!(ScmCredentials(1))).div_ceil(8);
@@ -215,11 +231,12 @@ pub fn take_one(u: rustix::fd::BorrowedFd<'_>, buf: &mut [u8], each: &mut dyn Fn
     h.msg_control = space.as_mut_ptr().cast();
     h.msg_controllen = (WORDS * 8) as _;
     // SAFETY: `h` names one iovec of `buf` and the control buffer `space`, both alive for the call.
-    let n = unsafe { libc::recvmsg(u.as_raw_fd(), &mut h, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
+    let n = unsafe { libc::recvmsg(u.as_raw_fd(), &mut h, libc::MSG_CMSG_CLOEXEC | if dontwait { libc::MSG_DONTWAIT } else { 0 }) };
     if n < 0 {
-        return None;
+        return Err(std::io::Error::last_os_error());
     }
-    let mut took = Took { bytes: n as usize, rights: 0, marked: false };
+    let truncated = h.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0;
+    let mut took = Took { bytes: n as usize, rights: 0, marked: false, uid: None, truncated };
     // SAFETY: the kernel filled `h`'s control buffer (msg_controllen bytes) with well-formed
     // control messages; CMSG_FIRSTHDR/NXTHDR stay inside it.
     unsafe {
@@ -238,11 +255,15 @@ pub fn take_one(u: rustix::fd::BorrowedFd<'_>, buf: &mut [u8], each: &mut dyn Fn
                 }
             } else if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_CREDENTIALS {
                 took.marked = true;
+                if (*c).cmsg_len as usize >= libc::CMSG_LEN(std::mem::size_of::<libc::ucred>() as u32) as usize {
+                    let cred = libc::CMSG_DATA(c).cast::<libc::ucred>().read_unaligned();
+                    took.uid = (cred.pid > 0).then_some(cred.uid);
+                }
             }
             c = libc::CMSG_NXTHDR(&h, c);
         }
     }
-    Some(took)
+    Ok(took)
 }
 
 /// Makes the Unix socket `fd` refuse descriptors from now on (`SO_PASSRIGHTS` 0: a sender's

@@ -212,15 +212,6 @@ pub fn let_go(fd: OwnedFd) {
     empty_before_close(&fd);
 }
 
-/// Turns `SO_PASSCRED` on or off on a connected control socket: while it is on, each datagram
-/// sent to it carries its sender's uid at the send ([`recv_answer`]), which the kernel vouches
-/// for (a process may name only one of its own uids, or any with `CAP_SETUID`). A socket without
-/// an address that sends while it is on is given one (autobind): a client turns it off again
-/// once it has its answer, before it rings.
-pub fn pass_creds(fd: impl AsFd, on: bool) -> io::Result<()> {
-    Ok(net::sockopt::set_socket_passcred(fd, on)?)
-}
-
 /// One datagram read by [`recv_answer`].
 #[derive(Debug, Clone, Copy)]
 pub struct Answer {
@@ -228,58 +219,17 @@ pub struct Answer {
     pub len: usize,
     /// Truncated, or descriptors came along (closed disarmed here): not an answer.
     pub odd: bool,
-    /// The sender's uid at its send, where the kernel attached it ([`pass_creds`] was on then).
+    /// The sender's uid at its send, where the kernel attached it (`gift::mark_messages` was on
+    /// then).
     pub sender_uid: Option<u32>,
 }
 
 /// Receives the answer to a HELLO (a datagram without descriptors) into `buf`, with its
 /// sender's credentials if it carries them. `dontwait` makes it non-blocking whatever the
-/// socket's mode. (Not rustix's ancillary parser: the kernel reports credentials it did not
-/// attach with pid 0, which rustix's `Pid` cannot hold.)
+/// socket's mode.
 pub fn recv_answer(fd: impl AsFd, buf: &mut [u8], dontwait: bool) -> io::Result<Answer> {
-    use rustix::fd::{AsRawFd, FromRawFd};
-    const WORDS: usize =
-        (rustix::cmsg_space!(ScmRights(crate::gift::MAX_RIGHTS)) + rustix::cmsg_space!(ScmCredentials(1))).div_ceil(8);
-    let mut space = [0u64; WORDS];
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    // SAFETY: an all-zero msghdr is a valid value (null pointers, zero lengths).
-    let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
-    h.msg_iov = &mut iov;
-    h.msg_iovlen = 1;
-    h.msg_control = space.as_mut_ptr().cast();
-    h.msg_controllen = (WORDS * 8) as _;
-    let flags = libc::MSG_CMSG_CLOEXEC | if dontwait { libc::MSG_DONTWAIT } else { 0 };
-    // SAFETY: `h` names one iovec of `buf` and the control buffer `space`, both alive for the call.
-    let n = unsafe { libc::recvmsg(fd.as_fd().as_raw_fd(), &mut h, flags) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut a = Answer { len: n as usize, odd: h.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0, sender_uid: None };
-    // SAFETY: the kernel filled `h`'s control buffer (msg_controllen bytes) with well-formed
-    // control messages; CMSG_FIRSTHDR/NXTHDR stay inside it.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&h);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c).cast::<libc::c_int>();
-                let count = ((*c).cmsg_len as usize - (data as usize - c as usize)) / std::mem::size_of::<libc::c_int>();
-                for k in 0..count {
-                    // SAFETY: each int of an SCM_RIGHTS message is a descriptor the kernel just
-                    // installed for us, owned by nobody else.
-                    crate::gift::discard(OwnedFd::from_raw_fd(data.add(k).read_unaligned()));
-                    a.odd = true;
-                }
-            } else if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_CREDENTIALS {
-                let cred = libc::CMSG_DATA(c).cast::<libc::ucred>().read_unaligned();
-                // Pid 0: the kernel attached none (`SO_PASSCRED` was off at the send).
-                if cred.pid > 0 {
-                    a.sender_uid = Some(cred.uid);
-                }
-            }
-            c = libc::CMSG_NXTHDR(&h, c);
-        }
-    }
-    Ok(a)
+    let t = crate::gift::take(fd.as_fd(), buf, dontwait, &mut crate::gift::discard)?;
+    Ok(Answer { len: t.bytes, odd: t.truncated || t.rights > 0, sender_uid: t.uid })
 }
 
 /// Sets a receive timeout on a blocking socket.
@@ -333,6 +283,30 @@ pub fn with_data(fds: &[BorrowedFd<'_>]) -> Vec<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An answer says who sent it only while credentials are asked for at its send; one with
+    /// descriptors, or truncated, is no answer, and the descriptors are closed, not kept.
+    #[test]
+    fn an_answer_says_its_sender_and_keeps_no_descriptor() {
+        let pair = || net::socketpair(net::AddressFamily::UNIX, net::SocketType::SEQPACKET, net::SocketFlags::CLOEXEC, None).unwrap();
+        let (a, b) = pair();
+        let mut buf = [0u8; 64];
+        send(&b, b"before", &[]).unwrap();
+        assert!(crate::gift::mark_messages(&a, true));
+        send(&b, b"after", &[]).unwrap();
+        let r = recv_answer(&a, &mut buf, true).unwrap();
+        assert_eq!((r.len, r.odd, r.sender_uid), (6, false, None), "sent before the option: no sender");
+        let r = recv_answer(&a, &mut buf, true).unwrap();
+        assert_eq!((r.len, r.odd, r.sender_uid), (5, false, Some(rustix::process::getuid().as_raw())));
+        let (rd, wr) = rustix::pipe::pipe().unwrap();
+        send(&b, b"with", &[wr.as_fd()]).unwrap();
+        drop(wr);
+        let r = recv_answer(&a, &mut buf, true).unwrap();
+        assert!(r.odd, "an answer with a descriptor");
+        assert_eq!(rustix::io::read(&rd, &mut buf).unwrap(), 0, "the descriptor that came along is closed");
+        send(&b, b"too long", &[]).unwrap();
+        assert!(recv_answer(&a, &mut [0u8; 2], true).unwrap().odd, "truncated");
+    }
 
     /// Whatever is queued on a control socket, descriptors behind a zero-length datagram or
     /// behind more datagrams than are taken before the shutdown, is taken before its close.

@@ -229,7 +229,7 @@ pub(crate) fn offer_with(
     seqpacket::send(&control, &hello, &[memfd.as_fd()])?;
     // The answer says who serves us now (`Offer::established`); the server can claim only once
     // our TCP connect, after this, reaches it. Refused, the connection is judged foreign.
-    let _ = seqpacket::pass_creds(&control, true);
+    let _ = colo_sys::gift::mark_messages(&control, true);
     let memfd_raw = memfd.as_raw_fd();
     // SAFETY: the mapping is exactly `layout.segment_size` bytes, laid out by `layout`.
     let seg = unsafe { Segment::new(map, layout, memfd) };
@@ -273,7 +273,7 @@ impl Offer {
         let mut buf = [0u8; 64];
         let r = seqpacket::recv_answer(&self.control, &mut buf, dontwait)?;
         // Before this side rings: a socket without an address that sends with it on gets one.
-        let _ = seqpacket::pass_creds(&self.control, false);
+        let _ = colo_sys::gift::mark_messages(&self.control, false);
         if r.odd || r.len != MESSAGE_LEN {
             return Ok(None);
         }
@@ -342,7 +342,7 @@ impl Offer {
         if by == NO_UID {
             // The answer is still due (the claim won our abandon): it is taken later, as a
             // ring is, with no credentials (and without giving this socket an address).
-            let _ = seqpacket::pass_creds(&self.control, false);
+            let _ = colo_sys::gift::mark_messages(&self.control, false);
         }
         if by != host::uid() {
             self.seg.read_through_memfd();

@@ -321,9 +321,9 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
         // Who answers: the rendezvous's `SO_PEERCRED` is the listener's at its `listen`, and a
         // server that listened as us may serve as another user now (see `Offer::established`).
         // An answer sent before this takes effect comes without credentials: judged foreign.
-        let _ = seqpacket::pass_creds(&control, true);
+        let _ = colo_sys::gift::mark_messages(&control, true);
         let got = seqpacket::recv_answer(&control, &mut buf, false);
-        let _ = seqpacket::pass_creds(&control, false);
+        let _ = colo_sys::gift::mark_messages(&control, false);
         match got {
             Err(e) if (e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut) && must_answer => {
                 // Abandoned (a listener that reads the HELLO later finds its client gone, as
@@ -332,7 +332,18 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
                 log::info(format_args!("dial {addr}: no answer from {name} yet; offering a carrier"));
                 return Ok(Direct::NeedCarrier);
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut => true,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut => {
+                // Pending, its answer to come without credentials: nobody vouched for who
+                // serves it (the rendezvous's listener may have handed its descriptors to
+                // another user since), so it is read through the memfd, as a foreign one.
+                if !seg.has_memfd() {
+                    log::info(format_args!("dial {addr}: no answer from {name} yet to a recycled segment; using TCP"));
+                    forget(&name);
+                    return Ok(Direct::No);
+                }
+                seg.read_through_memfd();
+                true
+            }
             Ok(r) if r.len == MESSAGE_LEN && !r.odd => match Message::decode(&buf[..r.len]) {
                 Ok(Message::Welcome { version: wire::VERSION }) if r.sender_uid == Some(host::uid()) => false,
                 Ok(Message::Welcome { version: wire::VERSION }) if seg.has_memfd() => {
@@ -387,7 +398,8 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
         shm.recycle_into(Recycle::Client(name.clone()));
     }
     if pending {
-        shm.expect_welcome(name);
+        // A listener whose answer came without credentials is not taken for known.
+        shm.expect_welcome((!foreign).then_some(name));
     }
     Ok(Direct::Done(shm))
 }

@@ -542,10 +542,10 @@ impl Shm {
         self.recycle = Some(r);
     }
 
-    /// The listener (rendezvous `name`) has not answered the HELLO yet: its answer will come on
-    /// the control socket.
-    pub(crate) fn expect_welcome(&mut self, name: String) {
-        self.rendezvous = Some(name);
+    /// The listener (rendezvous `name`, remembered as answering DIRECT once its WELCOME comes)
+    /// has not answered the HELLO yet: its answer will come on the control socket.
+    pub(crate) fn expect_welcome(&mut self, name: Option<String>) {
+        self.rendezvous = name;
         self.set(AWAITING_WELCOME);
     }
 
