@@ -6,7 +6,8 @@
 # nobody sends 200 DIRECT HELLOs to root's Rust echo server (then the Go one) and keeps the
 # welcomed connections open: the server maps at most 50 segments (memfd mappings), its mapping
 # count grows by the welcomed connections' share only, the HELLOs beyond the bound get
-# REJECT(NO_RESOURCES) with a log line naming the limit, and root's client is served.
+# REJECT(NO_RESOURCES) with a log line naming the limit, and root's client is served. Then the
+# same through the shim (redis-server under `colo run`, its attacker a program under `colo run`).
 source "$(dirname "$0")/lib.sh"
 CAP=50 N=200
 # against PEER_BIN LABEL: the checks, prefixed LABEL
@@ -51,6 +52,50 @@ legit_colo() { local o; o=$(COLO_LOG=info timeout 20 "$PEER" client "127.0.0.1:$
 check "$L: legit client accelerated after ($(maps) mappings)" legit_colo
 kill "$SRV" 2>/dev/null; wait "$SRV" 2>/dev/null
 }
+# The shim: nobody's program under `colo run` opens 200 connections to root's redis under the
+# shim and keeps them; its CARRIER offers beyond the bound are refused and those connections are
+# plain TCP (each served all the same).
+against_shim() {
+local L=redis
+port=$(free_port)
+export COLO_MAX_SEGMENTS=$CAP; start_redis "$port" colo || { bad "$L: redis did not start"; return; }; unset COLO_MAX_SEGMENTS
+SRV=${PIDS[-1]}
+maps() { wc -l <"/proc/$SRV/maps"; }
+segs() { grep -c "/memfd:colo-seg" "/proc/$SRV/maps"; }
+pong() { [ "$("$@" 2>&1 | tail -1)" = PONG ]; }
+check "$L: legit client before" pong $COLORUN redis-cli -p "$port" ping
+check "$L: legit client before (2)" pong $COLORUN redis-cli -p "$port" ping
+M0=$(maps)
+COLO_LOG=debug setpriv --reuid=nobody --regid=nogroup --clear-groups $COLORUN /usr/bin/python3 -c '
+import resource, socket, sys, time
+resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
+held = []
+for i in range(int(sys.argv[2])):
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    s.sendall(b"PING\r\n")
+    if s.recv(100) == b"+PONG\r\n":
+        held.append(s)
+print("RESULT answered=%d" % len(held), flush=True)
+time.sleep(15)
+' "$port" "$N" >"$WORK/attacker-$L.out" 2>&1 &
+ATT=$!; PIDS+=($ATT)
+for _ in $(seq 1800); do grep -q RESULT "$WORK/attacker-$L.out" && break; sleep 0.1; done # a watchdog, generous for a loaded host
+M1=$(maps) S1=$(segs)
+A=$(grep -c "accelerated (shared memory)" "$WORK/attacker-$L.out") R=$(grep -c "server refused: out of descriptors or memory" "$WORK/attacker-$L.out")
+echo "$L attacker: $(grep RESULT "$WORK/attacker-$L.out"), $A accelerated, $R refused   server mappings $M0 -> $M1, of them segments $S1"
+check "$L: every connection answered" grep -q "RESULT answered=$N$" "$WORK/attacker-$L.out"
+check "$L: server maps at most $CAP peer segments ($S1)" test "$S1" -le "$CAP"
+check "$L: server mappings grew by at most $CAP + 30 ($((M1 - M0)))" test $((M1 - M0)) -le $((CAP + 30))
+check "$L: at most $CAP connections accelerated ($A)" test "$A" -le "$CAP"
+check "$L: the others refused with NO_RESOURCES, plain TCP ($R)" test "$R" -ge $((N - CAP))
+check "$L: the refusal's log line names the limit" grep -q "COLO_MAX_SEGMENTS=$CAP reached" "$WORK/redis-$port.log"
+check "$L: legit client during the attack" pong $COLORUN redis-cli -p "$port" ping
+kill "$ATT" 2>/dev/null; wait "$ATT" 2>/dev/null
+for _ in $(seq 100); do [ "$(segs)" -eq 0 ] && break; sleep 0.1; done
+colo_pong() { local o; o=$(COLO_LOG=info $COLORUN redis-cli -p "$port" ping 2>&1); grep -q "accelerated (shared memory)" <<<"$o" && grep -q "^PONG$" <<<"$o" || { echo "client: $o"; return 1; }; }
+check "$L: legit client accelerated after" colo_pong
+check "$L: server alive" kill -0 "$SRV"
+}
 if [ -n "${ATTACK_PEER:-}" ]; then
   against "$ATTACK_PEER" "$(basename "$ATTACK_PEER")"
 else
@@ -58,5 +103,6 @@ else
   GOPEER=$WORK/colo-peer-go
   if (cd "$ROOT/go" && go build -o "$GOPEER" ./cmd/colo-peer); then against "$GOPEER" go
   else bad "go: cannot build go/cmd/colo-peer"; fi
+  if need redis-server; then against_shim; fi
 fi
 finish
