@@ -14,11 +14,13 @@ import (
 
 // Bounds on the peers' segments this process maps (docs/SAFETY.md item 14), as in the Rust
 // core's colo::budget: a peer chooses its segment's size (up to maxSegment) and may hand the
-// same sparse memfd over again and again, each time costing address space and page tables. So
-// every segment received from a peer is mapped under a lease on two budgets: the bytes of peer
-// segments mapped in total (COLO_MAX_MAPPED_MB, default 256 GiB or half of RLIMIT_AS if that is
-// less) and the share one peer uid may
-// hold (COLO_MAX_MAPPED_PER_UID_MB, default a quarter of the total). A segment that does not
+// same sparse memfd over again and again, each time costing address space, a mapping and page
+// tables. So every segment received from a peer is mapped under a lease on three budgets: the
+// bytes of peer segments mapped in total (COLO_MAX_MAPPED_MB, default 256 GiB or half of
+// RLIMIT_AS if that is less), the share one peer uid may hold (COLO_MAX_MAPPED_PER_UID_MB,
+// default a quarter of the total), and the number of peer segments mapped (COLO_MAX_SEGMENTS,
+// default a quarter of vm.max_map_count: each is one of the mappings the kernel allows a
+// process, beyond which the runtime's own mmap fails and Go aborts). A segment that does not
 // fit is not kept: the listener answers REJECT(NO_RESOURCES) (the client uses TCP) and keeps
 // serving. The lease is given back when the mapping is unmapped (munmapSegment).
 
@@ -28,13 +30,22 @@ const maxSegment = 1 << 28
 
 const defaultMappedMB = 256 * 1024
 
+// defaultMaxMapCount is the kernel's default vm.max_map_count, assumed when it cannot be read.
+const defaultMaxMapCount = 65530
+
 type budget struct {
-	total, perUID, used uint64
-	byUID               map[uint32]uint64
+	total, perUID, used   uint64
+	maxSegments, segments uint64
+	byUID                 map[uint32]uint64
 }
 
-// take takes n bytes for uid, or returns an error naming the limit it would exceed.
+// take takes one segment of n bytes for uid, or returns an error naming the limit it would
+// exceed.
 func (b *budget) take(uid uint32, n uint64) error {
+	if b.segments >= b.maxSegments {
+		return fmt.Errorf("segment of %d KiB: COLO_MAX_SEGMENTS=%d reached (%d peer segments mapped)",
+			n>>10, b.maxSegments, b.segments)
+	}
 	mine := b.byUID[uid]
 	if mine+n < mine || mine+n > b.perUID {
 		return fmt.Errorf("segment of %d KiB: COLO_MAX_MAPPED_PER_UID_MB=%d reached for uid %d (%d MiB mapped)",
@@ -45,12 +56,15 @@ func (b *budget) take(uid uint32, n uint64) error {
 			n>>10, b.total>>20, b.used>>20)
 	}
 	b.used += n
+	b.segments++
 	b.byUID[uid] = mine + n
 	return nil
 }
 
+// giveBack gives back the segment of n bytes that take gave uid.
 func (b *budget) giveBack(uid uint32, n uint64) {
 	b.used -= min(n, b.used)
+	b.segments -= min(1, b.segments)
 	if m := b.byUID[uid]; m > n {
 		b.byUID[uid] = m - n
 	} else {
@@ -58,8 +72,31 @@ func (b *budget) giveBack(uid uint32, n uint64) {
 	}
 }
 
-func newBudget(total, perUID uint64) *budget {
-	return &budget{total: total, perUID: min(perUID, total), byUID: map[uint32]uint64{}}
+func newBudget(total, perUID, maxSegments uint64) *budget {
+	return &budget{total: total, perUID: min(perUID, total), maxSegments: maxSegments, byUID: map[uint32]uint64{}}
+}
+
+// maxSegmentsOf is the number of peer segments mapped at once: env (COLO_MAX_SEGMENTS) if not
+// 0, else a quarter of the mappings the kernel allows a process (maxMapCount, or its default if
+// 0: unknown), leaving the rest to the program itself.
+func maxSegmentsOf(env, maxMapCount uint64) uint64 {
+	if env != 0 {
+		return env
+	}
+	if maxMapCount == 0 {
+		maxMapCount = defaultMaxMapCount
+	}
+	return max(maxMapCount/4, 1)
+}
+
+// maxMapCount is /proc/sys/vm/max_map_count, or 0 if it cannot be read.
+func maxMapCount() uint64 {
+	b, err := os.ReadFile("/proc/sys/vm/max_map_count")
+	if err != nil {
+		return 0
+	}
+	v, _ := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	return v
 }
 
 func envMB(name string) uint64 {
@@ -97,7 +134,7 @@ func mappedBudget() *budget {
 		if per == 0 {
 			per = total / 4
 		}
-		mapped.b = newBudget(total<<20, per<<20)
+		mapped.b = newBudget(total<<20, per<<20, maxSegmentsOf(envMB("COLO_MAX_SEGMENTS"), maxMapCount()))
 		mapped.leases = map[uintptr]lease{}
 	}
 	return mapped.b

@@ -13,7 +13,7 @@ import (
 
 func TestBudgetPerUIDThenTotal(t *testing.T) {
 	const mib = 1 << 20
-	b := newBudget(10*mib, 4*mib)
+	b := newBudget(10*mib, 4*mib, 100)
 	if err := b.take(1, 3*mib); err != nil {
 		t.Fatal(err)
 	}
@@ -41,6 +41,39 @@ func TestBudgetPerUIDThenTotal(t *testing.T) {
 	}
 	if err := b.take(4, ^uint64(0)); err == nil {
 		t.Fatal("an overflowing request was taken")
+	}
+}
+
+func TestBudgetSegmentsCountedWhateverTheirSize(t *testing.T) {
+	b := newBudget(^uint64(0), ^uint64(0), 3)
+	for uid := uint32(1); uid <= 3; uid++ {
+		if err := b.take(uid, 4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.take(4, 4096); err == nil || !strings.Contains(err.Error(), "COLO_MAX_SEGMENTS=3 reached (3 peer segments mapped)") {
+		t.Fatalf("a fourth segment, of any uid: %v", err)
+	}
+	b.giveBack(2, 4096)
+	if err := b.take(4, 4096); err != nil {
+		t.Fatalf("one given back makes room for one: %v", err)
+	}
+	if err := b.take(1, 1); err == nil {
+		t.Fatal("a fourth segment was taken")
+	}
+}
+
+func TestMaxSegmentsIsAQuarterOfMaxMapCountUnlessSet(t *testing.T) {
+	for _, c := range []struct{ env, count, want uint64 }{
+		{0, 65530, 16382},
+		{0, 1 << 20, 1 << 18},
+		{0, 0, 16382}, // unreadable: the kernel's default
+		{0, 2, 1},     // never zero
+		{50, 65530, 50},
+	} {
+		if got := maxSegmentsOf(c.env, c.count); got != c.want {
+			t.Errorf("maxSegmentsOf(%d, %d) = %d, want %d", c.env, c.count, got, c.want)
+		}
 	}
 }
 

@@ -29,7 +29,8 @@ enum Command {
 inf always); COLO_RING_KB (ring size, default 256); COLO_CARRIER_TIMEOUT_MS (how long a client waits for the \
 server to take its connection, default 500); COLO_SHORT_LIVED=accelerate (keep shared memory for short-lived \
 connections); COLO_MAX_MAPPED_MB and COLO_MAX_MAPPED_PER_UID_MB (peers' segments a server maps at once, in all \
-and per client uid; default 65536, or half of ulimit -v, and a quarter of that); COLO_DISABLE=1; COLO_PRELOAD (a shim to use instead of the one found beside colo or carried in it). Values the shim would not understand are named \
+and per client uid; default 65536, or half of ulimit -v, and a quarter of that); COLO_MAX_SEGMENTS (how many \
+peers' segments a server maps at once; default a quarter of vm.max_map_count); COLO_DISABLE=1; COLO_PRELOAD (a shim to use instead of the one found beside colo or carried in it). Values the shim would not understand are named \
 before CMD starts.")]
     Run {
         /// The command and its arguments (after `--`).

@@ -213,6 +213,7 @@ pub fn env_warnings(get: impl Fn(&str) -> Option<String>) -> Vec<String> {
     for key in ["COLO_MAX_MAPPED_MB", "COLO_MAX_MAPPED_PER_UID_MB"] {
         check(key, &|v| v.trim().parse::<u64>().is_ok_and(|mb| mb > 0), "MiB, more than 0");
     }
+    check("COLO_MAX_SEGMENTS", &|v| v.trim().parse::<u64>().is_ok_and(|n| n > 0), "a count, more than 0");
     out
 }
 
@@ -277,10 +278,10 @@ mod tests {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
             move |k: &str| pairs.iter().find(|(key, _)| *key == k).map(|(_, v)| v.to_string())
         };
-        let bad = env_warnings(env(&[("COLO_SPIN_US", "abc"), ("COLO_RING_KB", "5000000"), ("COLO_LOG", "verbose"), ("COLO_CARRIER_TIMEOUT_MS", "-5"), ("COLO_MAX_MAPPED_MB", "0")]));
-        assert_eq!(bad.len(), 5, "{bad:?}");
+        let bad = env_warnings(env(&[("COLO_SPIN_US", "abc"), ("COLO_RING_KB", "5000000"), ("COLO_LOG", "verbose"), ("COLO_CARRIER_TIMEOUT_MS", "-5"), ("COLO_MAX_MAPPED_MB", "0"), ("COLO_MAX_SEGMENTS", "x")]));
+        assert_eq!(bad.len(), 6, "{bad:?}");
         assert!(bad[0].starts_with("COLO_LOG=\"verbose\""), "{bad:?}");
-        let good = env_warnings(env(&[("COLO_SPIN_US", "inf"), ("COLO_RING_KB", "64"), ("COLO_LOG", "INFO"), ("COLO_DISABLE", "1"), ("COLO_MAX_MAPPED_MB", "1024")]));
+        let good = env_warnings(env(&[("COLO_SPIN_US", "inf"), ("COLO_RING_KB", "64"), ("COLO_LOG", "INFO"), ("COLO_DISABLE", "1"), ("COLO_MAX_MAPPED_MB", "1024"), ("COLO_MAX_SEGMENTS", "50")]));
         assert!(good.is_empty(), "{good:?}");
     }
 

@@ -3,14 +3,17 @@
 //! A segment is the peer's memfd: the peer chooses its size (up to
 //! `colo_sys::segment::MAX_SEGMENT`) and may hand the same sparse file over again and again, each
 //! time costing us address space, a mapping and page tables. So every segment received from a
-//! peer is mapped under a [`Lease`] on two budgets: the bytes of peer segments this process maps
-//! in total, and the share of them one peer uid may hold. A segment that does not fit is not
-//! mapped: the listener answers `REJECT(NO_RESOURCES)` (the client falls back to TCP) and keeps
-//! serving. The lease goes back when the mapping is unmapped (it lives in the `Segment`).
+//! peer is mapped under a [`Lease`] on three budgets: the bytes of peer segments this process
+//! maps in total, the share of them one peer uid may hold, and the number of peer segments mapped
+//! (each is one of the `vm.max_map_count` mappings the kernel allows a process: beyond those the
+//! program's own mmap and malloc fail, so peers may use only a fraction of them). A segment that
+//! does not fit is not mapped: the listener answers `REJECT(NO_RESOURCES)` (the client falls back
+//! to TCP) and keeps serving. The lease goes back when the mapping is unmapped (it lives in the `Segment`).
 //!
 //! Limits, read once per process from the environment: `COLO_MAX_MAPPED_MB` (total, default
-//! [`DEFAULT_TOTAL_MB`], or half the address-space limit `RLIMIT_AS` if that is less) and
-//! `COLO_MAX_MAPPED_PER_UID_MB` (per uid, default a quarter of the total), both in MiB.
+//! [`DEFAULT_TOTAL_MB`], or half the address-space limit `RLIMIT_AS` if that is less),
+//! `COLO_MAX_MAPPED_PER_UID_MB` (per uid, default a quarter of the total), both in MiB, and
+//! `COLO_MAX_SEGMENTS` (default a quarter of `/proc/sys/vm/max_map_count`, see [`max_segments`]).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -22,6 +25,9 @@ pub const DEFAULT_TOTAL_MB: u64 = 256 * 1024;
 
 const MIB: u64 = 1 << 20;
 
+/// The kernel's default `vm.max_map_count`, assumed when it cannot be read.
+const DEFAULT_MAX_MAP_COUNT: u64 = 65530;
+
 /// Which limit refused a segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Limit {
@@ -29,6 +35,8 @@ pub enum Limit {
     Total,
     /// `COLO_MAX_MAPPED_PER_UID_MB`: one uid's segments.
     PerUid,
+    /// `COLO_MAX_SEGMENTS`: the number of peer segments mapped (one mapping each).
+    Segments,
 }
 
 /// The accounting itself, without the process-wide state (unit-tested below).
@@ -36,18 +44,25 @@ pub enum Limit {
 pub struct Budget {
     total: u64,
     per_uid: u64,
+    max_segments: u64,
     used: u64,
+    segments: u64,
     by_uid: HashMap<u32, u64>,
 }
 
 impl Budget {
-    /// A budget of `total` bytes in all, `per_uid` bytes for any one uid.
-    pub fn new(total: u64, per_uid: u64) -> Budget {
-        Budget { total, per_uid: per_uid.min(total), used: 0, by_uid: HashMap::new() }
+    /// A budget of `total` bytes in all, `per_uid` bytes for any one uid, and `max_segments`
+    /// segments (one `take` each).
+    pub fn new(total: u64, per_uid: u64, max_segments: u64) -> Budget {
+        Budget { total, per_uid: per_uid.min(total), max_segments, used: 0, segments: 0, by_uid: HashMap::new() }
     }
 
-    /// Takes `bytes` for `uid`, or says which limit it would exceed (nothing taken then).
+    /// Takes one segment of `bytes` for `uid`, or says which limit it would exceed (nothing taken
+    /// then).
     pub fn take(&mut self, uid: u32, bytes: u64) -> Result<(), Limit> {
+        if self.segments >= self.max_segments {
+            return Err(Limit::Segments);
+        }
         let mine = self.by_uid.get(&uid).copied().unwrap_or(0);
         if mine.checked_add(bytes).is_none_or(|m| m > self.per_uid) {
             return Err(Limit::PerUid);
@@ -56,13 +71,15 @@ impl Budget {
             return Err(Limit::Total);
         }
         self.used += bytes;
+        self.segments += 1;
         *self.by_uid.entry(uid).or_insert(0) += bytes;
         Ok(())
     }
 
-    /// Gives back `bytes` that `take` gave `uid`.
+    /// Gives back the segment of `bytes` that `take` gave `uid`.
     pub fn give_back(&mut self, uid: u32, bytes: u64) {
         self.used = self.used.saturating_sub(bytes);
+        self.segments = self.segments.saturating_sub(1);
         if let Some(m) = self.by_uid.get_mut(&uid) {
             *m = m.saturating_sub(bytes);
             if *m == 0 {
@@ -91,20 +108,34 @@ impl Budget {
                 self.per_uid / MIB,
                 self.used_by(uid) / MIB
             ),
+            Limit::Segments => format!("COLO_MAX_SEGMENTS={} reached ({} peer segments mapped)", self.max_segments, self.segments),
         }
     }
 }
 
-fn env_mb(name: &str) -> Option<u64> {
+/// A positive whole number from the environment variable `name`.
+fn env_positive(name: &str) -> Option<u64> {
     std::env::var(name).ok()?.trim().parse::<u64>().ok().filter(|&mb| mb > 0)
+}
+
+/// The number of peer segments mapped at once: `env` (`COLO_MAX_SEGMENTS`) if given, else a
+/// quarter of the mappings the kernel allows a process (`max_map_count`, its default if
+/// unknown), leaving the rest to the program itself.
+pub fn max_segments(env: Option<u64>, max_map_count: Option<u64>) -> u64 {
+    env.unwrap_or_else(|| (max_map_count.unwrap_or(DEFAULT_MAX_MAP_COUNT) / 4).max(1))
+}
+
+fn max_map_count() -> Option<u64> {
+    std::fs::read_to_string("/proc/sys/vm/max_map_count").ok()?.trim().parse().ok()
 }
 
 /// The limits from the environment (see the module doc).
 fn from_env() -> Budget {
     let by_rlimit = colo_sys::segment::address_space_limit().map_or(u64::MAX, |bytes| bytes / 2 / MIB);
-    let total = env_mb("COLO_MAX_MAPPED_MB").unwrap_or(DEFAULT_TOTAL_MB.min(by_rlimit).max(1));
-    let per_uid = env_mb("COLO_MAX_MAPPED_PER_UID_MB").unwrap_or(total / 4);
-    Budget::new(total.saturating_mul(MIB), per_uid.saturating_mul(MIB))
+    let total = env_positive("COLO_MAX_MAPPED_MB").unwrap_or(DEFAULT_TOTAL_MB.min(by_rlimit).max(1));
+    let per_uid = env_positive("COLO_MAX_MAPPED_PER_UID_MB").unwrap_or(total / 4);
+    let segments = max_segments(env_positive("COLO_MAX_SEGMENTS"), max_map_count());
+    Budget::new(total.saturating_mul(MIB), per_uid.saturating_mul(MIB), segments)
 }
 
 static BUDGET: Mutex<Option<Budget>> = Mutex::new(None);
@@ -142,7 +173,7 @@ mod tests {
 
     #[test]
     fn per_uid_share_then_total() {
-        let mut b = Budget::new(10 * MIB, 4 * MIB);
+        let mut b = Budget::new(10 * MIB, 4 * MIB, 100);
         assert_eq!(b.take(1, 3 * MIB), Ok(()));
         assert_eq!(b.take(1, 2 * MIB), Err(Limit::PerUid), "uid 1 would hold 5 MiB of its 4");
         assert_eq!(b.take(1, MIB), Ok(()), "exactly the share fits");
@@ -154,7 +185,7 @@ mod tests {
 
     #[test]
     fn refused_takes_nothing_and_give_back_frees() {
-        let mut b = Budget::new(8 * MIB, 8 * MIB);
+        let mut b = Budget::new(8 * MIB, 8 * MIB, 100);
         assert_eq!(b.take(7, 9 * MIB), Err(Limit::PerUid));
         assert_eq!((b.used(), b.used_by(7)), (0, 0));
         b.take(7, 8 * MIB).unwrap();
@@ -166,7 +197,7 @@ mod tests {
 
     #[test]
     fn no_overflow_on_huge_requests() {
-        let mut b = Budget::new(u64::MAX, u64::MAX);
+        let mut b = Budget::new(u64::MAX, u64::MAX, 100);
         b.take(1, u64::MAX - 1).unwrap();
         assert_eq!(b.take(1, 2), Err(Limit::PerUid));
         assert_eq!(b.take(2, 2), Err(Limit::Total));
@@ -174,9 +205,31 @@ mod tests {
 
     #[test]
     fn per_uid_share_is_at_most_the_total() {
-        let mut b = Budget::new(2 * MIB, 100 * MIB);
+        let mut b = Budget::new(2 * MIB, 100 * MIB, 100);
         assert_eq!(b.take(1, 3 * MIB), Err(Limit::PerUid));
         assert_eq!(b.take(1, 2 * MIB), Ok(()));
+    }
+
+    #[test]
+    fn segments_are_counted_whatever_their_size() {
+        let mut b = Budget::new(u64::MAX, u64::MAX, 3);
+        for uid in 1..=3 {
+            assert_eq!(b.take(uid, 4096), Ok(()));
+        }
+        assert_eq!(b.take(4, 4096), Err(Limit::Segments), "a fourth segment, of any uid");
+        assert!(b.describe(Limit::Segments, 4).contains("COLO_MAX_SEGMENTS=3 reached (3 peer segments mapped)"));
+        b.give_back(2, 4096);
+        assert_eq!(b.take(4, 4096), Ok(()), "one given back makes room for one");
+        assert_eq!(b.take(1, 1), Err(Limit::Segments));
+    }
+
+    #[test]
+    fn max_segments_is_a_quarter_of_max_map_count_unless_set() {
+        assert_eq!(max_segments(None, Some(65530)), 16382);
+        assert_eq!(max_segments(None, Some(1_048_576)), 262_144);
+        assert_eq!(max_segments(None, None), 16382, "the kernel's default when unreadable");
+        assert_eq!(max_segments(None, Some(2)), 1, "never zero");
+        assert_eq!(max_segments(Some(50), Some(65530)), 50, "COLO_MAX_SEGMENTS wins");
     }
 
     #[test]
