@@ -7,5 +7,6 @@ pub mod guard;
 pub mod log;
 pub mod mem;
 pub mod own_code;
+pub mod uids;
 pub mod uring;
 pub mod vm;

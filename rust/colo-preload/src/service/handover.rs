@@ -25,7 +25,6 @@ use crate::record::app_nofile;
 use crate::record::relayed::{self, Names};
 use crate::service::{relay, stdio};
 use colo_sys::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 fn cloexec(fd: BorrowedFd<'_>) -> bool {
@@ -118,19 +117,6 @@ fn relay(conn: &Arc<Conn>, sock: i32) {
     }
 }
 
-/// The real and effective uids this image started with (`take_back` records them, in the
-/// constructor), one in each half.
-static START_UIDS: AtomicU64 = AtomicU64::new(u64::MAX);
-
-fn uids() -> u64 {
-    (u64::from(rustix::process::getuid().as_raw()) << 32) | u64::from(rustix::process::geteuid().as_raw())
-}
-
-/// Whether the real or effective uid changed since this image started.
-pub fn uid_changed() -> bool {
-    START_UIDS.load(Ordering::Relaxed) != uids()
-}
-
 /// Before an `exec` of this process, or of a child that shares its memory (`api::exports`):
 /// relays each connection born close-on-exec that has an inheritable application descriptor
 /// now (see `set`), so that the new image gets a socket that carries its bytes. After a change
@@ -143,7 +129,7 @@ pub fn uid_changed() -> bool {
 /// the control socket. The relay, forked before the `exec`, is not such an image: it execs
 /// nothing and makes itself undumpable (`stdio::start_relay`).
 pub fn relay_inheritable() {
-    let uid_changed = uid_changed();
+    let uid_changed = crate::base::uids::changed();
     let fds: Vec<i32> = table::fds_of_kind(table::CONN).map(|fd| fd as i32).collect();
     for fd in fds {
         // (A connection relayed at an earlier descriptor of it left the table at every one.)
@@ -166,7 +152,7 @@ pub fn relay_inheritable() {
 /// In the shim's constructor: takes back the connections an earlier image of this process
 /// handed over.
 pub fn take_back() {
-    START_UIDS.store(uids(), Ordering::Relaxed);
+    crate::base::uids::record_start();
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return };
     let mut files = Vec::new();
     let mut relayed_files = Vec::new();

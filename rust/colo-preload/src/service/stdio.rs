@@ -142,7 +142,7 @@ pub(crate) fn start_relay(relay: impl FnOnce(OwnedFd)) -> Result<bool, String> {
         // SAFETY: as above.
         if unsafe { crate::real::fork() } == 0 {
             colo_sys::host::renew_pid();
-            if crate::service::handover::uid_changed() {
+            if crate::base::uids::changed() {
                 // The relay holds the segment of a connection whose peer judged us by the uid
                 // before the change (`handover::relay_inheritable`): the new uid may not take
                 // its descriptors or write its memory, as it could were it dumpable (a program
