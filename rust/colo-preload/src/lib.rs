@@ -57,9 +57,11 @@ use libc::sigset_t;
 extern "C" fn atfork_prepare() {
     real::resolve_all_once();
     server::marker_prepare();
+    record::handover_file::fork_prepare();
 }
 
 extern "C" fn atfork_parent() {
+    record::handover_file::fork_parent();
     server::marker_parent();
 }
 
@@ -67,6 +69,7 @@ extern "C" fn atfork_parent() {
 extern "C" fn atfork_child() {
     // The pid cache's own handler (`colo_sys::host`), registered before these, has run: the
     // child's own pid is cached, and the fork count moved on.
+    record::handover_file::fork_child();
     server::atfork_child();
     server::marker_child();
     let me = colo_sys::host::pid();

@@ -2,8 +2,9 @@
 //! `colo-handover` with one record per accelerated connection whose descriptors survive `exec`.
 //! Kept up to date as connections become inheritable and close; read by the next program image.
 
+use super::marker::{ForkLock, ForkLockGuard};
 use colo_sys::{BorrowedFd, OwnedFd, RawFd};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 // The record format alone, in a file of its own: the fuzz target `handover_record` (rust/fuzz)
 // compiles this very file, since a cdylib cannot be linked into it.
@@ -35,8 +36,38 @@ struct File {
 
 static FILE: Mutex<Option<File>> = Mutex::new(None);
 
-fn lock() -> std::sync::MutexGuard<'static, Option<File>> {
-    FILE.lock().unwrap_or_else(|e| e.into_inner())
+/// Taken before `FILE` and held by the shim's `pthread_atfork` handlers across every `fork`
+/// (`fork_prepare`, `fork_parent`, `fork_child`): `FILE` is then never locked at a fork, and a
+/// fork child's first change of the file cannot wait forever for a lock that another thread of
+/// its parent held at the fork (`tests/apps/c/fork_handover_lock.c`).
+static FORK_LOCK: ForkLock = ForkLock::new();
+
+/// `FILE`, locked (field order: `FILE` is let go of before `FORK_LOCK`).
+struct Locked {
+    file: MutexGuard<'static, Option<File>>,
+    _fork: ForkLockGuard<'static>,
+}
+
+fn lock() -> Locked {
+    let fork = FORK_LOCK.hold();
+    Locked { file: FILE.lock().unwrap_or_else(|e| e.into_inner()), _fork: fork }
+}
+
+/// From the shim's `pthread_atfork` prepare handler: no thread is inside a change of the file
+/// during the fork.
+pub fn fork_prepare() {
+    FORK_LOCK.acquire();
+}
+
+/// From the parent's `pthread_atfork` handler.
+pub fn fork_parent() {
+    FORK_LOCK.release();
+}
+
+/// From the child's `pthread_atfork` handler.
+#[link_section = "colo_fork_text"]
+pub fn fork_child() {
+    FORK_LOCK.release();
 }
 
 fn write_slot(f: &File, i: usize) {
@@ -71,8 +102,8 @@ fn own(file: &mut Option<File>) -> Option<&mut File> {
 
 /// Lists the inheritable connection `r` in this process's own file.
 pub fn add(r: Record) {
-    let mut file = lock();
-    let Some(f) = own(&mut file) else { return };
+    let mut locked = lock();
+    let Some(f) = own(&mut locked.file) else { return };
     let i = match f.slots.iter().position(Option::is_none) {
         Some(i) => i,
         None => {
@@ -89,7 +120,8 @@ pub fn add(r: Record) {
 /// process (a child that exec'd and may not have read the file yet) still holds it: this process
 /// moves to a fresh copy of its file first, and the inherited one stays as it is.
 pub fn forget(memfd: RawFd, shared: bool) {
-    let mut file = lock();
+    let mut locked = lock();
+    let file = &mut *locked.file;
     if !file.as_ref().is_some_and(|f| f.slots.iter().flatten().any(|r| r.memfd == memfd)) {
         return;
     }
@@ -105,7 +137,7 @@ pub fn forget(memfd: RawFd, shared: bool) {
             f.pid = 0; // `own` makes a new file
         }
     }
-    let Some(f) = own(&mut file) else { return };
+    let Some(f) = own(file) else { return };
     if let Some(i) = f.slots.iter().position(|r| r.is_some_and(|r| r.memfd == memfd)) {
         f.slots[i] = None;
         write_slot(f, i);
