@@ -29,6 +29,17 @@ check "python hand-off, a plain client: answered" sh -c "timeout 10 python3 -c \
 sleep 0.5
 check "python hand-off: no relay process left (server and worker only)" test "$(relays "py/pass_fds.py $P")" -eq 2
 
+# The worker answers and closes the relayed connection: the client's writes after that fare as
+# over TCP (the first taken, then EPIPE). Before, the relay ended the connection with only its
+# FIN, and every write was taken.
+P=$(free_port)
+COLO_LOG=info $COLORUN python3 "$HERE/py/pass_fds.py" "$P" >"$WORK/pc.out" 2>"$WORK/pc.log" & PIDS+=($!)
+wait_port "$P" || exit 1
+COLO_LOG=info timeout 20 $COLORUN python3 "$HERE/py/sends_after_close.py" "$P" >"$WORK/pcc.out" 2>"$WORK/pcc.err"
+check "writes after the worker closed a relayed connection: taken once, then EPIPE ($(tr '\n' '/' <"$WORK/pcc.out"))" \
+  test "$(cat "$WORK/pcc.out")" = "$(printf 'worker got 6\nend of stream\nsent BrokenPipeError BrokenPipeError')"
+check "... the connection was relayed" grep -q "passed to another process: relayed over loopback TCP" "$WORK/pc.log"
+
 # The same server run as another user than root (nobody, as a daemon that drops its privileges
 # runs; dante's danted hands connections to its children so): the kernel may refuse socket
 # filters to an unprivileged process, and the relay's loopback pair is made without one. The

@@ -36,6 +36,7 @@
 
 use crate::base::addr::sockaddr_of;
 use crate::conn::holders::Page;
+use crate::conn::state::TCP_CLOSE;
 use colo::internal::shm::Shm;
 use colo_sys::{AsRawFd, OwnedFd, RawFd};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
@@ -179,6 +180,10 @@ pub(crate) struct Relayed<'a> {
     pub leave: &'a AtomicBool,
     /// Set by the upward reader once it passed the program's end of stream on to the peer.
     pub upward_ended: &'a AtomicBool,
+    /// Set, if given, when bytes of the peer's went to the program's end after every process
+    /// closed it (its kernel answered them with a reset) or could not be handed on: no program
+    /// read them.
+    pub lost: Option<&'a AtomicBool>,
 }
 
 /// Hands the peer's bytes on to the program's end `tcp` (the relay's end) until the stream
@@ -356,11 +361,23 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
                     if hold.is_none() {
                         release(shm, base, &mut released, sent);
                     }
+                    // SYNC POINT (Acquire) with the upward reader's Release store. After the
+                    // program's end of stream, bytes its closed end answered with a reset (over
+                    // loopback, within the send) end the relay now: the peer's next write fails.
+                    if let Some(l) = r.lost.filter(|_| r.upward_ended.load(Ordering::Acquire)) {
+                        if tcp_info(tcp).is_some_and(|(_, state)| state == TCP_CLOSE) {
+                            l.store(true, Ordering::Relaxed);
+                            break;
+                        }
+                    }
                     continue;
                 }
                 Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
                 // The program's end is closed (only once the relay let go of its copy).
-                Err(_) => break,
+                Err(_) => {
+                    r.lost.inspect(|l| l.store(true, Ordering::Relaxed));
+                    break;
+                }
             }
         }
         if hold.is_some() && !looked {
@@ -402,6 +419,11 @@ pub(crate) fn downward(shm: &Shm, tcp: &OwnedFd, mut hold: Option<Hold>, r: &Rel
             let now = Instant::now();
             if now >= gone_check {
                 if !program_end_held(tcp) {
+                    // Reset: the closed end got bytes (the relay's end, not shut down yet, is
+                    // otherwise in CLOSE_WAIT).
+                    if tcp_info(tcp).is_some_and(|(_, state)| state == TCP_CLOSE) {
+                        r.lost.inspect(|l| l.store(true, Ordering::Relaxed));
+                    }
                     break;
                 }
                 gone_check = now + gone_wait;

@@ -144,6 +144,7 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relay
     // the peer's bytes not yet taken stay in the ring for it.
     let leave = AtomicBool::new(false);
     let upward_ended = AtomicBool::new(false);
+    let lost = AtomicBool::new(false);
     let mut kept = None;
     std::thread::scope(|s| {
         // The program's bytes toward the peer, its FIN as the connection's, its reset (a close
@@ -204,6 +205,7 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relay
             app_ino: relayed.app_ino,
             leave: &leave,
             upward_ended: &upward_ended,
+            lost: Some(&lost),
         };
         kept = downward(conn.shm(), &tcp, hold, &r);
     });
@@ -212,6 +214,18 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relay
         // SAFETY: ends the relay without running the program's exit handlers; the connection's
         // descriptors close here, while another process holds it (no FIN).
         unsafe { libc::_exit(0) };
+    }
+    if upward_ended.load(Ordering::Relaxed) {
+        // The program closed its end and the relay, the last holder, ends the connection as the
+        // shim's last close does (`Conn`'s drop): with a reset if the peer sent bytes no program
+        // read (kernel TCP answers them with RST), else reading no more, so that the peer's
+        // next write fails as over TCP (taken once, then EPIPE: `takes_write_after_close`).
+        let unread = lost.load(Ordering::Relaxed) || conn.available().map_or(true, |n| n > 0);
+        if unread {
+            conn.shm().abort();
+        } else {
+            conn.shm().shutdown_as_tcp(true, true);
+        }
     }
     drop((tcp, carrier));
     // SAFETY: ends the relay without running the program's exit handlers; the kernel closes the

@@ -413,6 +413,7 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, app: &Own
             app_ino: relay.app_ino,
             leave: &leave,
             upward_ended: &upward_ended,
+            lost: None,
         };
         kept = downward(&shm, &tcp, hold, &r);
     });
