@@ -13,8 +13,8 @@
 # the shared `ring_size` word, set in the segment the client offers (`preset`: the server's ring
 # starts at 64 MiB) or once answered along with the server's `s2c_written` copy, which sends the
 # producer back to the shared words (`scribble`, the path of another holder of the end: a fork,
-# an exec); the bound only stopped growth, and each server filled 64 MiB again. Now a producer
-# keeps its bound (Producer::set_bound; Go's Conn.ringBound) whatever the words say.
+# an exec). A producer keeps its bound (Producer::set_bound; Go's Conn.ringBound) whatever the
+# words say.
 source "$(dirname "$0")/lib.sh"
 GOPEER=$WORK/colo-peer
 (cd "$ROOT/go" && go build -o "$GOPEER" ./cmd/colo-peer) || bad "go build colo-peer"

@@ -4,11 +4,11 @@
 # touches first is charged to the server's cgroup (shmem charges the faulting process) and stays
 # charged as long as the page exists, i.e. as long as the peer keeps its memfd. nobody pushes
 # 64 MiB through each of 4 CARRIER connections to root's echo server (in a cgroup of its own),
-# reads every byte, closes them and keeps the memfds. Before the fix the server's rings stayed
-# allocated there (its cgroup held them until nobody exited; repeated, any limit the cgroup has
-# is reached: OOM in root's service). Now a side that lets go of a connection gives back the
-# pages of the ring it wrote but those of bytes the peer has yet to read (all of them once the
-# peer hung up): colo::Segment's drop, Go's Conn.outgoingFree.
+# reads every byte, closes them and keeps the memfds. Pages left allocated there would stay
+# charged to the server's cgroup until nobody exits (repeated: any limit the cgroup has, OOM in
+# root's service), so a side that lets go of a connection gives back the pages of the ring it
+# wrote but those of bytes the peer has yet to read (all of them once the peer hung up):
+# colo::Segment's drop, Go's Conn.outgoingFree.
 # Run: bash tests/attack/t_rt_memcg_charge.sh (as root, cgroup v1 memory or v2).
 source "$(dirname "$0")/lib.sh"
 ROOT=$(cd "$HERE/../.." && pwd); TARGET=${CARGO_TARGET_DIR:-$ROOT/rust/target}; PEER=$TARGET/release/examples/peer

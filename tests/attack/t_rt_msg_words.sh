@@ -1,15 +1,12 @@
 #!/usr/bin/env bash
 # Red team: a peer must not make a blocked zero-copy Recv or Loan (spec/WIRE.md section 7) spin
-# by scribbling on the message queues' counters. The Go implementation's wait conditions
-# compared the peer's counter with our own counter as stored in the segment, not as we hold it:
-# Recv woke while C2S `msg_tail` differed from `msg_head`, Loan while S2C `free_tail` differed
-# from `free_head`. Both words are ours to write but in the peer's segment: nobody
-# (py/msg_words.py) opens 4 CARRIER connections with a pool to root's Go message echo server
-# (cmd/colo-peer ... msg), sets one of them one past the other, rings once and goes silent; the
-# condition then held at every look and found nothing to do, and each connection's goroutine
-# spun a whole core (recv 386, loan 495 cs of CPU in 300 cs with 2 connections), for as long as
-# nobody liked. Now the conditions compare with private copies (poolState.msgTailSeen,
-# freeTailSeen). The Rust API example server (peer ... msg) keeps its counters private already:
+# by scribbling on the message queues' counters. A blocked Recv waits for C2S `msg_head` to
+# differ from our `msg_tail`, a Loan for S2C `free_head` to differ from our `free_tail`: both
+# tails are ours to write but lie in the peer's segment, so the wait must compare with the
+# copies we hold (Go: poolState.msgTailSeen, freeTailSeen), or a condition that holds at every
+# look and finds nothing to do spins a core. nobody (py/msg_words.py) opens 4 CARRIER
+# connections with a pool to root's Go message echo server (cmd/colo-peer ... msg), sets one
+# of them one past the other, rings once and goes silent; the server must stay idle. The Rust API example server (peer ... msg) keeps its counters private already:
 # a regression test. Root's client is served throughout; descriptors are back once nobody left.
 source "$(dirname "$0")/lib.sh"
 GOPEER=$WORK/colo-peer

@@ -1,7 +1,7 @@
 /* A fork child that serves one accelerated connection and closes it, after its parent closed
  * its copy, stays single-threaded: the shim drops a process's first closed segment itself
- * instead of starting its reaper thread for it (a fork-per-connection server's child used to
- * start one for the one segment it closed, then exit). The parent sends its request before the
+ * instead of starting its reaper thread for it (a fork-per-connection server's child would
+ * start a thread for the one segment it closes, then exit). The parent sends its request before the
  * child reads (the read does not sleep), and the child echoes it; its thread count
  * (/proc/self/status) right after its close goes back to the parent. Passes without the shim.
  * alarm() is the watchdog. */

@@ -1,10 +1,9 @@
 /* A fork child's handover file (the record of inheritable connections an exec takes back) is
  * made only when the child changes a record and keeps others. A fork-per-connection server's
- * child inherits its one connection without SOCK_CLOEXEC (postgres, inetd-style servers): the
- * shim used to copy the parent's handover file into a new one in every child at the fork (a
- * memfd, a reopening through /proc, two moves), where the child at its close has no record
- * left. Now the file stands as at the fork until someone changes it, and the first change after
- * a fork, on either side, goes to a fresh copy:
+ * child inherits its one connection without SOCK_CLOEXEC (postgres, inetd-style servers) and
+ * at its close has no record left, so it needs no copy of its own (a memfd, a reopening through
+ * /proc, two moves). The file stands as at the fork until someone changes it, and the first
+ * change after a fork, on either side, goes to a fresh copy:
  * (a) a fork child that closes its one inheritable connection holds no handover file;
  * (b) a fork child that execs itself after its parent made a new inheritable connection and
  *     closed its copy of the shared one still takes that one back: a byte goes through it both
