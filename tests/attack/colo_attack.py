@@ -27,6 +27,22 @@ SLEEP_FUTEX = 2
 F_ADD_SEALS, F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_GROW = 1033, 1, 2, 4
 
 
+def allocated(fd, start, end):
+    """Bytes of pages allocated in the file `fd` between offsets `start` and `end`
+    (SEEK_DATA/SEEK_HOLE: a hole costs nothing)."""
+    at, total = start, 0
+    while at < end:
+        try:
+            data = os.lseek(fd, at, os.SEEK_DATA)
+        except OSError:
+            break
+        if data >= end:
+            break
+        at = min(os.lseek(fd, data, os.SEEK_HOLE), end)
+        total += at - data
+    return total
+
+
 def claim_ring_toward_client(seg, ctl):
     """As the server of the segment `seg` (a memfd) whose control socket is `ctl` (or None):
     claims a whole ring of bytes toward the client without writing them (holes) and FIN, rings
@@ -55,14 +71,7 @@ def claim_ring_toward_client(seg, ctl):
     while time.time() < end and struct.unpack_from("<Q", m, s2c + 128)[0] < head + capacity:
         time.sleep(0.05)
     time.sleep(0.5)
-    at, total = s2c + data, 0
-    while at < size:
-        try:
-            start = os.lseek(seg, at, os.SEEK_DATA)
-        except OSError:
-            break
-        at = os.lseek(seg, start, os.SEEK_HOLE)
-        total += at - start
+    total = allocated(seg, s2c + data, size)
     print("READ %d of %d" % (struct.unpack_from("<Q", m, s2c + 128)[0] - head, capacity), flush=True)
     print("ALLOCATED %d" % (total >> 20), flush=True)
 

@@ -29,18 +29,7 @@ S2C = ca.HEADER + (SIZE - ca.HEADER) // 2
 
 def mib():
     """MiB of pages allocated in the client-to-server block (SEEK_DATA/SEEK_HOLE)."""
-    at, total = C2S, 0
-    while at < S2C:
-        try:
-            data = os.lseek(fd, at, os.SEEK_DATA)
-        except OSError:
-            break
-        if data >= S2C:
-            break
-        hole = min(os.lseek(fd, data, os.SEEK_HOLE), S2C)
-        total += hole - data
-        at = hole
-    return total >> 20
+    return ca.allocated(fd, C2S, S2C) >> 20
 
 
 m[C2S + DATA:C2S + DATA + len(prefix)] = prefix

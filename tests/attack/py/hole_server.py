@@ -53,16 +53,7 @@ ctl.send(ca.message(ca.WELCOME))
 
 def mib():
     """MiB of pages allocated in the server-to-client block from its ring data on."""
-    at, total = S2C + DATA, 0
-    while at < size:
-        try:
-            data = os.lseek(fd, at, os.SEEK_DATA)
-        except OSError:
-            break
-        hole = os.lseek(fd, data, os.SEEK_HOLE)
-        total += hole - data
-        at = hole
-    return total >> 20
+    return ca.allocated(fd, S2C + DATA, size) >> 20
 
 
 # A whole ring of holes, then FIN: the client reads them all, then end of stream.

@@ -15,15 +15,6 @@ SIZE = ca.segment_size(RING, 0, 0)
 C2S, DATA = ca.HEADER, 1024
 S2C = ca.HEADER + (SIZE - ca.HEADER) // 2
 LIBC = ctypes.CDLL(None, use_errno=True)
-def mib(fd):
-    at, total = C2S, 0
-    while at < S2C:
-        try: data = os.lseek(fd, at, os.SEEK_DATA)
-        except OSError: break
-        if data >= S2C: break
-        hole = min(os.lseek(fd, data, os.SEEK_HOLE), S2C)
-        total += hole - data; at = hole
-    return total
 conns = []
 for i in range(n):
     t, ctl, fd = ca.carrier_offer(RING, port)
@@ -43,4 +34,4 @@ for i in range(n):
     conns.append((t, ctl, fd, m))
 print("READ", sum(struct.unpack_from("<Q", c[3], C2S + 128)[0] for c in conns), "by", len(conns), flush=True)
 time.sleep(hold)
-print("ALLOCATED %d" % (sum(mib(c[2]) for c in conns) >> 20), flush=True)
+print("ALLOCATED %d" % (sum(ca.allocated(c[2], C2S, S2C) for c in conns) >> 20), flush=True)

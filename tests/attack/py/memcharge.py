@@ -56,19 +56,6 @@ print("HOLDING", k, flush=True)
 # What the server wrote into our memfds (its S2C rings), still allocated once it let go of them:
 # those pages are charged to the server's memory cgroup for as long as we keep the memfds.
 time.sleep(2)
-SEEK_DATA, SEEK_HOLE = 3, 4
-held = 0
-for fd in keep:
-    at, end = S2C + DATA, S2C + DATA + ring
-    while at < end:
-        try:
-            data = os.lseek(fd, at, SEEK_DATA)
-        except OSError:
-            break
-        if data >= end:
-            break
-        hole = min(os.lseek(fd, data, SEEK_HOLE), end)
-        held += hole - data
-        at = hole
+held = sum(ca.allocated(fd, S2C + DATA, S2C + DATA + ring) for fd in keep)
 print("SERVER_PAGES", held >> 20, flush=True)
 time.sleep(hold)

@@ -75,18 +75,7 @@ if a != "WELCOME":
 
 
 def mib():
-    at, total = C2S + DATA, 0
-    while at < C2S + DATA + RING:
-        try:
-            data = os.lseek(fd, at, os.SEEK_DATA)
-        except OSError:
-            break
-        if data >= C2S + DATA + RING:
-            break
-        hole = os.lseek(fd, data, os.SEEK_HOLE)
-        total += min(hole, C2S + DATA + RING) - data
-        at = hole
-    return total >> 20
+    return ca.allocated(fd, C2S + DATA, C2S + DATA + RING) >> 20
 
 
 before = mib()
