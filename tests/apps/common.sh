@@ -31,7 +31,12 @@ trap cleanup EXIT
 # Reporting: each script sets FAIL=0 and ends with its count of `bad`s.
 ok() { echo "ok   $*"; }
 bad() { echo "FAIL $*"; FAIL=1; }
-check() { local name=$1; shift; if "$@"; then ok "$name"; else bad "$name"; fi; }
+# check NAME CMD...: ok or FAIL for NAME by CMD's status; a check of 5 s or more says how long it took.
+check() {
+  local name=$1 started=$SECONDS; shift
+  if ! "$@"; then bad "$name"; return 0; fi
+  if [ $((SECONDS - started)) -ge 5 ]; then ok "$name ($((SECONDS - started)) s)"; else ok "$name"; fi
+}
 need() { command -v "$1" >/dev/null || { bad "$1 is not installed (tests/apps/packages.txt)"; return 1; }; }
 fds() { ls "/proc/$1/fd" 2>/dev/null | wc -l; }
 # fds_back PID MAX: the count falls to MAX or below within 10 s.

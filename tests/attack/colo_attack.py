@@ -7,6 +7,7 @@ connect, scribble on the shared words. Run as nobody by the t_*.sh scripts:
 Prints one result line ("RESULT key=value ...") that the scripts parse.
 """
 
+import ctypes
 import mmap
 import os
 import resource
@@ -22,9 +23,29 @@ DIRECT, CARRIER = 1, 2
 REASONS = {1: "BAD_MESSAGE", 2: "BAD_VERSION", 3: "BAD_SEGMENT", 4: "NEED_CARRIER", 5: "NOT_CLAIMED", 6: "NO_RESOURCES"}
 CLAIM_DIRECT, CLAIM_OFFERED = 0, 1
 SERVER_WAITING = 256
+CLIENT_WAITING = 128
 SLEEP_FUTEX = 2
 
 F_ADD_SEALS, F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_GROW = 1033, 1, 2, 4
+
+
+def ring(m, waiting, ctl=None):
+    """Wakes the side whose waiting word is at offset `waiting` of the mapping `m` as a producer
+    does (spec/WIRE.md section 6): rings its doorbell (the control socket `ctl`, a socket or a
+    descriptor, if given), takes the sleep bits from its waiting word, then wakes its futex. A
+    futex wake without taking the bits is lost on a side that announced its sleep and has not
+    reached its futex wait yet: it then sleeps on an unchanged word."""
+    if ctl is not None:
+        try:
+            if isinstance(ctl, int):
+                os.write(ctl, b"r")
+            else:
+                ctl.send(b"r", socket.MSG_DONTWAIT)
+        except OSError:
+            pass
+    struct.pack_into("<I", m, waiting, 0)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(m, waiting))
+    ctypes.CDLL(None, use_errno=True).syscall(202, ctypes.c_void_p(addr), 1, 0x7FFFFFFF, None, None, 0)  # FUTEX_WAKE
 
 
 def allocated(fd, start, end):
@@ -49,7 +70,6 @@ def claim_ring_toward_client(seg, ctl):
     the client, waits up to 20 s for it to read them, and prints "READ <n> of <ring>" and
     "ALLOCATED <MiB>": the pages allocated in the server-to-client block (SEEK_DATA), which the
     client's reads of the holes made (charged to the client)."""
-    import ctypes
     size = os.fstat(seg).st_size
     m = mmap.mmap(seg, size)
     capacity, _slot_size, slots = struct.unpack_from("<III", m, 24)
@@ -59,14 +79,7 @@ def claim_ring_toward_client(seg, ctl):
     struct.pack_into("<I", m, s2c + 12, capacity)
     struct.pack_into("<Q", m, s2c, head + capacity)
     struct.pack_into("<I", m, s2c + 8, 1)  # FIN
-    if ctl is not None:
-        try:
-            os.write(ctl, b"r")
-        except OSError:
-            pass
-    libc = ctypes.CDLL(None, use_errno=True)
-    addr = ctypes.addressof(ctypes.c_char.from_buffer(m, 128))  # client_waiting
-    libc.syscall(202, ctypes.c_void_p(addr), 1, 0x7FFFFFFF, None, None, 0)  # FUTEX_WAKE
+    ring(m, CLIENT_WAITING, ctl)
     end = time.time() + 20
     while time.time() < end and struct.unpack_from("<Q", m, s2c + 128)[0] < head + capacity:
         time.sleep(0.05)

@@ -14,7 +14,9 @@ FAIL=0
 for t in "$HERE"/t_*.sh; do
   [ -e "$t" ] || continue
   echo "=== $(basename "$t")"
+  started=$SECONDS
   timeout 300 bash "$t" || { echo "FAIL $(basename "$t")"; FAIL=1; }
+  echo "=== $(basename "$t"): $((SECONDS - started)) s"
 done
 [ "$FAIL" = 0 ] && echo "attack suite: all passed"
 exit "$FAIL"

@@ -7,11 +7,9 @@ and holds them for SECONDS. With a fifth argument, the server's own ring words a
 `preset` makes the segment with the server's ring (S2C) at its largest size, `scribble` sets
 that size and the server's `s2c_written` copy (header offset 512, which sends a producer back
 to the shared words) once answered. Usage: big_ring.py PORT N echo|http SECONDS [preset|scribble]"""
-import ctypes
 import fcntl
 import mmap
 import os
-import socket
 import struct
 import sys
 import time
@@ -34,18 +32,12 @@ if words == "preset":
         fcntl.fcntl(fd, ca.F_ADD_SEALS, ca.F_SEAL_SEAL | ca.F_SEAL_SHRINK | ca.F_SEAL_GROW)
         return fd
     ca.make_segment = make_segment
-LIBC = ctypes.CDLL(None, use_errno=True)
 rd = lambda m, o, k: struct.unpack_from("<Q" if k == 8 else "<I", m, o)[0]  # noqa: E731
 
 
 def ring(c):
     ctl, m = c
-    try:
-        ctl.send(b"r", socket.MSG_DONTWAIT)
-    except OSError:
-        pass
-    addr = ctypes.addressof(ctypes.c_char.from_buffer(m, ca.SERVER_WAITING))
-    LIBC.syscall(202, ctypes.c_void_p(addr), 1, 0x7FFFFFFF, None, None, 0)  # FUTEX_WAKE
+    ca.ring(m, ca.SERVER_WAITING, ctl)
 
 
 conns, keep = [], []

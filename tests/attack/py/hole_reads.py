@@ -5,10 +5,8 @@ them (its ring_tail), closes everything but the memfd and prints "ALLOCATED <whi
 the memfd's allocated MiB while connected and 3 s after the close (pages the server's reads
 made: they are charged to the server), counted in the ring toward the server only (SEEK_DATA).
 Usage: hole_reads.py PORT CLAIM PREFIX"""
-import ctypes
 import mmap
 import os
-import socket
 import struct
 import sys
 import time
@@ -20,7 +18,6 @@ port, claim, prefix = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].encode().d
 RING = 64 << 20
 SIZE = ca.segment_size(RING, 0, 0)
 C2S, DATA = ca.HEADER, 1024
-LIBC = ctypes.CDLL(None, use_errno=True)
 t, ctl, fd = ca.carrier_offer(RING, port)
 print("answer", ca.answer(ctl), flush=True)
 m = mmap.mmap(fd, SIZE)
@@ -35,9 +32,7 @@ def mib():
 m[C2S + DATA:C2S + DATA + len(prefix)] = prefix
 struct.pack_into("<I", m, C2S + 12, RING)
 struct.pack_into("<Q", m, C2S, len(prefix) + claim)  # the claimed bytes are never written
-ctl.send(b"r", socket.MSG_DONTWAIT)
-addr = ctypes.addressof(ctypes.c_char.from_buffer(m, ca.SERVER_WAITING))
-LIBC.syscall(202, ctypes.c_void_p(addr), 1, 0x7FFFFFFF, None, None, 0)  # FUTEX_WAKE
+ca.ring(m, ca.SERVER_WAITING, ctl)
 end = time.time() + 20
 while time.time() < end and struct.unpack_from("<Q", m, C2S + 128)[0] < len(prefix) + claim:
     time.sleep(0.05)

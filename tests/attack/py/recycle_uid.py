@@ -9,7 +9,6 @@ a whole ring of bytes toward the server it never writes (holes) and FIN, lets th
 through, and prints "ALLOCATED <MiB>": what the server's reads allocated of the client-to-server
 block (charged to root's server while connected). Prints "RECYCLE <answer>" first.
 Usage: recycle_uid.py PORT"""
-import ctypes
 import mmap
 import os
 import socket
@@ -22,7 +21,6 @@ import colo_attack as ca  # noqa: E402
 
 port = int(sys.argv[1])
 RING = 4 << 20
-libc = ctypes.CDLL(None, use_errno=True)
 fd = ca.make_segment(RING, 0, 0, ca.CLAIM_DIRECT, ("127.0.0.1", 0), ("127.0.0.1", port))
 size = os.fstat(fd).st_size
 m = mmap.mmap(fd, size)
@@ -35,11 +33,6 @@ def u64(off):
     return struct.unpack_from("<Q", m, off)[0]
 
 
-def wake(off):
-    addr = ctypes.addressof(ctypes.c_char.from_buffer(m, off))
-    libc.syscall(202, ctypes.c_void_p(addr), 1, 0x7FFFFFFF, None, None, 0)  # FUTEX_WAKE
-
-
 ctl = ca.rendezvous(port)
 socket.send_fds(ctl, [ca.message(ca.HELLO, ca.DIRECT)], [fd])
 print("FIRST", ca.answer(ctl), flush=True)
@@ -47,8 +40,7 @@ print("FIRST", ca.answer(ctl), flush=True)
 m[C2S + DATA:C2S + DATA + 2] = b"hi"
 struct.pack_into("<Q", m, C2S, 2)
 struct.pack_into("<I", m, C2S + 8, 1)
-ctl.send(b"r")
-wake(256)
+ca.ring(m, ca.SERVER_WAITING, ctl)
 end = time.time() + 10
 while time.time() < end and not struct.unpack_from("<I", m, 96)[0] & 2:
     time.sleep(0.02)
@@ -82,16 +74,11 @@ before = mib()
 struct.pack_into("<I", m, C2S + 12, RING)
 struct.pack_into("<Q", m, C2S, RING)
 struct.pack_into("<I", m, C2S + 8, 1)
-ctl.send(b"r", socket.MSG_DONTWAIT)
-wake(256)
+ca.ring(m, ca.SERVER_WAITING, ctl)
 end = time.time() + 20
 while time.time() < end and u64(C2S + 128) < RING:
     struct.pack_into("<Q", m, S2C + 128, u64(S2C))  # take the echo (unread: the server stops)
-    try:
-        ctl.send(b"r", socket.MSG_DONTWAIT)
-    except OSError:
-        pass
-    wake(256)
+    ca.ring(m, ca.SERVER_WAITING, ctl)
     time.sleep(0.05)
 print("READ %d of %d" % (u64(C2S + 128), RING), flush=True)
 print("ALLOCATED %d (before %d)" % (mib(), before), flush=True)
