@@ -34,7 +34,7 @@ for w in bell control hello bell_early control_early; do
   sleep 1
   check "$w: redis answers a plain client while nobody holds the gifts' peers" pong redis-cli -p "$P" ping
   check "$w: ... and a colo client" pong $COLORUN redis-cli -p "$P" ping
-  wait "$ATT"
+  kill "$ATT" 2>/dev/null; wait "$ATT"
 done
 for _ in $(seq 100); do [ "$(nfds "$REDIS")" -le "$F0" ] && break; sleep 0.1; done
 check "redis's descriptors back to baseline ($(nfds "$REDIS"), baseline $F0)" test "$(nfds "$REDIS")" -le "$F0"

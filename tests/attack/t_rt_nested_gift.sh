@@ -39,7 +39,7 @@ for w in nested deep early slot expire; do
   sleep 1
   check "$w: redis answers a plain client while nobody holds the gift's peer" pong redis-cli -p "$P" ping
   check "$w: ... and a colo client" pong $COLORUN redis-cli -p "$P" ping
-  wait "$ATT"
+  kill "$ATT" 2>/dev/null; wait "$ATT"
 done
 for _ in $(seq 100); do [ "$(nfds "$REDIS")" -le "$F0" ] && break; sleep 0.1; done
 check "redis's descriptors back to baseline ($(nfds "$REDIS"), baseline $F0)" test "$(nfds "$REDIS")" -le "$F0"
@@ -49,7 +49,7 @@ wait_port "$P" || exit 1
 for w in slot expire; do
   attack "$P" "$w" 8 "$WORK/peer-$w.out"
   check "peer $w: another client is served, on shared memory" sh -c "timeout 10 '$PEER' client 127.0.0.1:$P stream 1000 | grep -q '^OK 1000 colo'"
-  wait "$ATT"
+  kill "$ATT" 2>/dev/null; wait "$ATT"
 done
 # The Go server: a gift's close held one of its threads for the linger (the runtime starts
 # another, up to its limit of 10,000 threads, at which it ends the program).
@@ -65,6 +65,6 @@ for w in nested early slot expire; do
   sleep 1
   check "go $w: no thread of the Go server waits in a lingering close ($(lingering))" test "$(lingering)" = 0
   check "go $w: another client is served, on shared memory" sh -c "timeout 10 '$GOPEER' client 127.0.0.1:$P stream 1000 | grep -q '^OK 1000 colo'"
-  wait "$ATT"
+  kill "$ATT" 2>/dev/null; wait "$ATT"
 done
 finish
