@@ -36,54 +36,66 @@ demo: build
 	$(RUST)/target/release/colo bench --plot build/bench.png
 
 test: test-clippy test-rust test-loom test-go test-c-py test-xlang test-apps test-attack test-fuzz test-install test-diff test-netns
-	@echo "all tests passed"
+	@echo "all tests passed ($$(date -u +%T))"
 
 # Lints, with docs/SAFETY.md's undocumented_unsafe_blocks among them (workspace [lints]); any warning fails.
 test-clippy:
+	@echo "=== make $@: $$(date -u +%T)"
 	cd $(RUST) && $(CARGO) clippy --workspace --all-targets -- -D warnings
 
 test-rust:
+	@echo "=== make $@: $$(date -u +%T)"
 	cd $(RUST) && $(CARGO) test --workspace --exclude colo-py -- --test-threads=2
 	cd $(RUST) && $(CARGO) test -p colo --features tokio --test tokio
 	cd $(RUST) && $(CARGO) test -p colo --features tokio --lib tokio::tests
 
 test-loom:
+	@echo "=== make $@: $$(date -u +%T)"
 	cd $(RUST) && RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom $(CARGO) test -p colo-ring --test loom --release
 
 # The Rust peer first: TestRecycleWithRustPeer (Go client, Rust server) needs it.
 test-go: build
+	@echo "=== make $@: $$(date -u +%T)"
 	COLO_REQUIRE_RUST_PEER=1 go/test.sh
 
 test-c-py:
+	@echo "=== make $@: $$(date -u +%T)"
 	SKIP_XLANG=1 scripts/test-c-py.sh
 
 # Every client x server pairing of Rust, Go, C and Python peers (needs test-c-py's venv and C peer).
 test-xlang: build test-c-py
+	@echo "=== make $@: $$(date -u +%T)"
 	COLO_PEERS="python=$(CURDIR)/tests/xlang/python-peer.sh" tests/xlang/run.sh
 
 test-apps:
+	@echo "=== make $@: $$(date -u +%T)"
 	tests/apps/run.sh
 
 # colo across network namespaces (containers, pods): namespaces, veths, iptables (needs root).
 test-netns: build
+	@echo "=== make $@: $$(date -u +%T)"
 	tests/netns/run.sh
 
 # An unprivileged user (nobody) against root's servers, one script per attack class (needs root).
 test-attack:
+	@echo "=== make $@: $$(date -u +%T)"
 	tests/attack/run.sh
 
 # Every fuzz target (Rust cargo-fuzz, Go native) for a bounded time each; fails on a crash.
 test-fuzz:
+	@echo "=== make $@: $$(date -u +%T)"
 	scripts/test-fuzz.sh
 
 # Each scenario of tests/diff on plain TCP and under `colo run` (accelerated, asserted); fails on
 # any difference tests/diff/allowlist.txt does not name.
 test-diff:
+	@echo "=== make $@: $$(date -u +%T)"
 	tests/diff/run.sh
 
 # cargo install, make install, make dist, make wheel and the Go module (through a module proxy),
 # each used from its result alone in a fresh directory.
 test-install: build
+	@echo "=== make $@: $$(date -u +%T)"
 	tests/install/run.sh
 
 # The shim goes in LIBDIR/colo, where `colo run` looks (../lib/colo from the binary); colo also
