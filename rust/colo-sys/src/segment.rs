@@ -81,6 +81,17 @@ pub unsafe fn release_pages(ptr: *mut u8, len: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// The offset of the first byte at or after `from` that the file `fd` holds a page for
+/// (`SEEK_DATA`: a swapped-out page counts), or `None` where only holes follow. Moves the file
+/// offset, which no user of a segment's memfd reads (they map it or `pread` it).
+pub fn first_data(fd: &OwnedFd, from: u64) -> io::Result<Option<u64>> {
+    match rustix::fs::seek(fd, rustix::fs::SeekFrom::Data(from)) {
+        Ok(at) => Ok(Some(at)),
+        Err(rustix::io::Errno::NXIO) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Creates a zeroed, sealed memfd of `size` bytes named `colo-seg` and maps it read-write.
 pub fn create(size: usize) -> io::Result<(OwnedFd, Mapping)> {
     let fd = memfd_create("colo-seg", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;

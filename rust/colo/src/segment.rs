@@ -65,7 +65,24 @@ impl Drop for Segment {
             // pages: the direction's words, in the block's first page, stay (the peer may
             // still look at them). Best effort: pages left in place cost memory, not correctness.
             let off = self.layout.block_offset(role == Role::Server) + self.layout.data_off;
-            let _ = map.release(off, self.layout.block_size - self.layout.data_off);
+            let end = self.layout.block_offset(role == Role::Server) + self.layout.block_size;
+            // From the first page the file holds there on, where the memfd is at hand (the
+            // shim keeps it): a hole punch through the whole block reaches into every mapping
+            // of the file, and a connection of small messages never left the block's first
+            // page. Pages no one allocated cost nothing to leave alone.
+            let from = match &self.memfd {
+                Some(fd) => colo_sys::segment::first_data(fd, off.next_multiple_of(4096) as u64).map(|d| d.map(|d| (d as usize).max(off))),
+                None => Ok(Some(off)),
+            };
+            match from {
+                Ok(Some(from)) if from < end => {
+                    let _ = map.release(from, end - from);
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    let _ = map.release(off, end - off);
+                }
+            }
             // The ring this role wrote: its pages hold no unread byte but where the bytes
             // between the peer's `ring_tail` and our `ring_head` lie (all of them, once the
             // peer is gone), so the rest goes, as a closed TCP socket holds only its unsent
