@@ -538,6 +538,9 @@ unsafe fn fcntl_slow(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
     if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
         client::resolve_fd(fd);
     }
+    if cmd == libc::F_SETFL && arg as c_int & libc::O_ASYNC != 0 {
+        crate::api::confine::signal_driven(fd);
+    }
     let r = call();
     if r < 0 {
         return g.err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EBADF)) as c_int;
@@ -572,6 +575,15 @@ pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
             handover::update(fd, &c);
         }
         return g.ok(r as ssize_t) as c_int;
+    }
+    if req == libc::FIOASYNC && arg != 0 && table::kind(fd) != NONE && !Guard::busy() {
+        // SAFETY: FIOASYNC's `arg` is the application's non-null `int *`.
+        if unsafe { *(arg as *const c_int) } != 0 {
+            let _g = Guard::enter();
+            crate::api::confine::signal_driven(fd);
+        }
+        // SAFETY: the application's arguments, as ioctl(2) takes them.
+        return unsafe { real::ioctl(fd, req, arg) };
     }
     if req != libc::FIONBIO && req != libc::FIONREAD {
         // SAFETY: the application's arguments, as ioctl(2) takes them.
