@@ -32,6 +32,10 @@ pub unsafe fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
 }
 
 pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    // SAFETY: the first field of any socket address the caller passed, `len` bytes long.
+    if !addr.is_null() && len as usize >= std::mem::size_of::<libc::sa_family_t>() && unsafe { (*addr).sa_family } == libc::AF_UNSPEC as libc::sa_family_t {
+        disconnect(fd);
+    }
     if !table::is_fresh(fd) || addr.is_null() {
         // SAFETY: `real::connect` is libc's `connect`, given the application's arguments unchanged:
         // the contract the caller met.
@@ -516,6 +520,25 @@ pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
     // SAFETY: `fcntl_slow` requires what libc's `fcntl` does of these arguments, which the
     // application's call met.
     unsafe { fcntl_slow(fd, cmd, arg, is64) }
+}
+
+/// `connect(fd, AF_UNSPEC)` is about to disconnect `fd` (Linux: an abortive end of an
+/// established connection, a reset for the peer, and the socket unconnected): an accelerated
+/// connection ends as a close with `SO_LINGER {1, 0}` does, on every number it has here, and the
+/// kernel's disconnect of its TCP socket follows, which answers the program's next calls.
+fn disconnect(fd: c_int) {
+    if table::kind(fd) != table::CONN || Guard::busy() {
+        return;
+    }
+    let _g = Guard::enter();
+    let Some(c) = table::conn(fd) else { return };
+    c.abort_on_close();
+    let numbers: Vec<c_int> =
+        table::fds_of_kind(table::CONN).map(|n| n as c_int).filter(|&n| table::conn(n).is_some_and(|x| std::sync::Arc::ptr_eq(&x, &c))).collect();
+    drop(c);
+    for n in numbers {
+        forget(n);
+    }
 }
 
 /// libc's `fcntl64` or `fcntl`, as the application called.
