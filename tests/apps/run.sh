@@ -292,6 +292,7 @@ check "postgres.sh: pgbench and a 50 MB COPY, no failure, bytes intact" env COLO
 check "write_before_read.sh: 4 MiB and what plain TCP passes, written before reading, every byte back" env COLO_APPS_BUILT=1 timeout 600 "$HERE/write_before_read.sh"
 check "scale.sh: redis-benchmark -c 1000: every connection accelerated or the resource named" env COLO_APPS_BUILT=1 timeout 900 "$HERE/scale.sh"
 check "daemons.sh: varnish, haproxy, lighttpd, memcached, mosquitto, rsync, nghttpd: the same bytes, accelerated" env COLO_APPS_BUILT=1 timeout 300 "$HERE/daemons.sh"
+check "uring.sh: a program linked to liburing falls back to recv under colo run and gets its bytes" env COLO_APPS_BUILT=1 timeout 120 "$HERE/uring.sh"
 check "daemons2.sh: iperf3, redis replication, http.server, beanstalkd, git daemon, dnsmasq, tinyproxy, ncat, stunnel, vsftpd, gunicorn, nginx + php-fpm: the same bytes, accelerated" env COLO_APPS_BUILT=1 timeout 300 "$HERE/daemons2.sh"
 
 [ $FAIL = 0 ] && echo "tests/apps: all passed" || echo "tests/apps: FAILURES"

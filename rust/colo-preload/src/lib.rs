@@ -121,9 +121,10 @@ extern "C" fn init() {
     // pid cache's fork handlers before the shim's: in the parent and the child they run first,
     // and the fork count has moved on when `atfork_parent` releases the marker lock.
     colo_sys::host::pid();
-    // SAFETY: registering handlers: the child's only takes uncontended locks with try_lock; the
-    // marker lock is held by the service thread only while it makes or closes one socket.
-    unsafe { libc::pthread_atfork(Some(atfork_prepare), Some(atfork_parent), Some(atfork_child)) };
+    // Registering handlers: the child's only takes uncontended locks with try_lock; the marker
+    // lock is held by the service thread only while it makes or closes one socket. Kept too for
+    // a raw `clone` made as a fork (`api::exports::syscall`).
+    colo_sys::host::at_fork(atfork_prepare, atfork_parent, atfork_child);
     // Registered before any thread can take these locks, and so colo's handlers with them:
     // registered after the shim's, colo's take their locks first and release them last.
     colo::internal::fork::protect(colo::internal::fork::Rank::Shim, &FORK_LOCKS);

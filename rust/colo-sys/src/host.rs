@@ -1,7 +1,7 @@
 //! Facts about this host that the rendezvous needs (spec/WIRE.md sections 2 and 9).
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -231,7 +231,8 @@ static HANDLER_IN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool
 /// cache its own at once (a `pthread_atfork` child handler, registered by the first call). A
 /// child made without running those handlers (a raw `clone`, `vfork`, `_Fork`) sees its parent's
 /// pid until it calls [`renew_pid`]; colo, like glibc before 2.25, expects such a child to
-/// `exec` or `_exit`. The cache is never left empty in a process that has asked once (a `vfork`
+/// `exec` or `_exit`, but for a raw `clone` through libc's `syscall` that copies the process as
+/// `fork` does, around which the LD_PRELOAD shim runs the handlers ([`run_fork_handlers`]). The cache is never left empty in a process that has asked once (a `vfork`
 /// child that asked first would leave its own pid in the memory it shares with its parent: the
 /// LD_PRELOAD shim asks in its constructor, and a fork child's cache is filled in its handler,
 /// before the child runs anything else).
@@ -464,10 +465,57 @@ pub fn spawn<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'stat
 }
 
 /// Registers fork handlers: `prepare` runs in the forking thread before the fork, `parent` and
-/// `child` after it on each side (`pthread_atfork`).
+/// `child` after it on each side (`pthread_atfork`). They are also kept, in the order given, for
+/// [`run_fork_handlers`].
 pub fn at_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) {
     // SAFETY: registering plain functions; pthread_atfork copies the pointers.
     unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+    // Registrations are few and made once each (colo's modules register at most one set each),
+    // serialised by the callers' flags; a set beyond the room is run by libc's fork only.
+    let i = KEPT_COUNT.load(Ordering::Relaxed);
+    if i < KEPT.len() {
+        for (slot, f) in KEPT[i].iter().zip([prepare, parent, child]) {
+            slot.store(f as usize, Ordering::Relaxed);
+        }
+        // SYNC POINT with the Acquire load in `run_fork_handlers`: the set is written before it
+        // is counted.
+        KEPT_COUNT.store(i + 1, Ordering::Release);
+    }
+}
+
+/// The handler sets [`at_fork`] registered: prepare, parent, child.
+static KEPT: [[AtomicUsize; 3]; 8] = [const { [const { AtomicUsize::new(0) }; 3] }; 8];
+static KEPT_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// Which handlers [`run_fork_handlers`] runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum ForkStage {
+    Prepare = 0,
+    Parent = 1,
+    Child = 2,
+}
+
+/// Runs the handlers [`at_fork`] registered for `stage` as libc's `fork` does (prepare
+/// handlers in the reverse order of registration, the others in order), for a process made by
+/// a raw `clone` system call that copies this one's memory as `fork` does (vsftpd's), which
+/// libc's handlers never see: its child is then a fork child to colo, with its own pid cached
+/// and colo's locks let go of. Call it with `Prepare` just before the `clone`, and with
+/// `Parent` or `Child` after it on each side.
+pub fn run_fork_handlers(stage: ForkStage) {
+    // SYNC POINT with the Release store in `at_fork`.
+    let n = KEPT_COUNT.load(Ordering::Acquire);
+    let run = |i: usize| {
+        let f = KEPT[i][stage as usize].load(Ordering::Relaxed);
+        // SAFETY: `f` was stored from an `extern "C" fn()` by `at_fork` (counted after it was
+        // written), and functions are never unloaded.
+        let f: extern "C" fn() = unsafe { std::mem::transmute::<usize, extern "C" fn()>(f) };
+        f();
+    };
+    if stage == ForkStage::Prepare {
+        (0..n).rev().for_each(run);
+    } else {
+        (0..n).for_each(run);
+    }
 }
 
 /// Whether descriptor 2 is an internet socket (a connection), where no diagnostic may go: an

@@ -51,6 +51,10 @@ unsafe fn recvfrom_slow(
     addr: *mut sockaddr,
     len: *mut socklen_t,
 ) -> ssize_t {
+    if flags & libc::MSG_ERRQUEUE != 0 {
+        // SAFETY: the application's arguments, as recvfrom(2) takes them.
+        return unsafe { real::recvfrom(fd, buf, n, flags, addr, len) };
+    }
     if let Some(r) = owed_first(fd, flags) {
         return r;
     }
@@ -114,7 +118,15 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
     r
 }
 
+/// A read of the error queue (`MSG_ERRQUEUE`) goes to the kernel's socket, whatever the
+/// connection: the queue holds the notifications of the socket's own sends (`MSG_ZEROCOPY`,
+/// `SO_TIMESTAMPING`), never the stream's bytes, and such a read never waits (an empty queue:
+/// EAGAIN). The rings have neither urgent data nor an error queue.
 unsafe fn recvmsg_served(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    if flags & libc::MSG_ERRQUEUE != 0 {
+        // SAFETY: the application's arguments, as recvmsg(2) takes them.
+        return unsafe { real::recvmsg(fd, msg, flags) };
+    }
     if let Some(r) = owed_first(fd, flags) {
         return r;
     }
@@ -123,6 +135,10 @@ unsafe fn recvmsg_served(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
         // SAFETY: the application's arguments, as recvmsg(2) takes them.
         unsafe { real::recvmsg(fd, msg, flags) },
         |g, c| {
+            if flags & libc::MSG_OOB != 0 {
+                // No urgent data is ever pending on the rings (as `recvfrom`).
+                return g.err(libc::EINVAL);
+            }
             // SAFETY: recvmsg(2)'s contract: `msg` is the application's writable msghdr.
             let m = unsafe { &mut *msg };
             // SAFETY: the `msg_iovlen` iovecs it points to, the application's.

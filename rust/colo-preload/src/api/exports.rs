@@ -33,6 +33,10 @@ pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_lo
     if n == libc::SYS_execve || n == libc::SYS_execveat {
         before_exec();
     }
+    if n == libc::SYS_clone && clone_is_fork(a, b) {
+        // SAFETY: the application's arguments, as the system call takes them.
+        return unsafe { clone_as_fork(a, b, c, d, e, f) };
+    }
     if n == libc::SYS_close_range {
         // SAFETY: the application's arguments, as the system call takes them.
         return unsafe { close_range(a as c_uint, b as c_uint, c as c_int) } as libc::c_long;
@@ -116,6 +120,44 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
         after_fork(pid, lent);
     }
     pid
+}
+
+/// Whether `syscall(SYS_clone, flags, stack, ...)` makes a child as `fork` does: a copy of this
+/// process's memory and descriptor table, on a copy of the caller's stack (vsftpd's
+/// `clone(CLONE_NEWIPC | SIGCHLD)` and the like), in this pid and user namespace (the pids and
+/// uids colo records mean the same in the child).
+fn clone_is_fork(flags: libc::c_long, stack: libc::c_long) -> bool {
+    let shared = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_THREAD | libc::CLONE_SIGHAND | libc::CLONE_FILES | libc::CLONE_SETTLS;
+    let elsewhere = libc::CLONE_NEWPID | libc::CLONE_NEWUSER | libc::CLONE_PARENT;
+    stack == 0 && (flags as libc::c_int) & (shared | elsewhere) == 0
+}
+
+/// A raw `clone` that makes a fork child ([`clone_is_fork`]), made as [`fork`] is: with the
+/// shim's work around it and colo's fork handlers (`colo_sys::host::run_fork_handlers`), which
+/// libc runs only around its own `fork`. Without them the child kept its parent's pid cache and
+/// state: it took the parent's offer service for its own (that service's thread does not run
+/// in the child), so nobody answered a client of a listener the child made, and its close of an
+/// inherited listener waited for that thread. libc's own fork handlers are still not run, as
+/// without the shim.
+///
+/// # Safety
+/// The application's arguments, as the system call takes them.
+unsafe fn clone_as_fork(a: libc::c_long, b: libc::c_long, c: libc::c_long, d: libc::c_long, e: libc::c_long, f: libc::c_long) -> libc::c_long {
+    use colo_sys::host::{run_fork_handlers, ForkStage};
+    let lent = before_fork();
+    run_fork_handlers(ForkStage::Prepare);
+    // SAFETY: libc's `syscall`, given the application's arguments unchanged.
+    let r = unsafe { real::syscall(libc::SYS_clone, a, b, c, d, e, f) };
+    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    run_fork_handlers(if r == 0 { ForkStage::Child } else { ForkStage::Parent });
+    if r != 0 || !lent.is_empty() {
+        after_fork(r as libc::pid_t, lent);
+    }
+    if r < 0 {
+        // SAFETY: errno is this thread's; the failed clone's value goes back to the caller.
+        unsafe { *libc::__errno_location() = errno };
+    }
+    r
 }
 
 /// What [`fork`] does before libc's, if there is anything to do: nothing is written (the

@@ -32,6 +32,10 @@ pub unsafe fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
 }
 
 pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    // SAFETY: the first field of any socket address the caller passed, `len` bytes long.
+    if !addr.is_null() && len as usize >= std::mem::size_of::<libc::sa_family_t>() && unsafe { (*addr).sa_family } == libc::AF_UNSPEC as libc::sa_family_t {
+        disconnect(fd);
+    }
     if !table::is_fresh(fd) || addr.is_null() {
         // SAFETY: `real::connect` is libc's `connect`, given the application's arguments unchanged:
         // the contract the caller met.
@@ -518,6 +522,25 @@ pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
     unsafe { fcntl_slow(fd, cmd, arg, is64) }
 }
 
+/// `connect(fd, AF_UNSPEC)` is about to disconnect `fd` (Linux: an abortive end of an
+/// established connection, a reset for the peer, and the socket unconnected): an accelerated
+/// connection ends as a close with `SO_LINGER {1, 0}` does, on every number it has here, and the
+/// kernel's disconnect of its TCP socket follows, which answers the program's next calls.
+fn disconnect(fd: c_int) {
+    if table::kind(fd) != table::CONN || Guard::busy() {
+        return;
+    }
+    let _g = Guard::enter();
+    let Some(c) = table::conn(fd) else { return };
+    c.abort_on_close();
+    let numbers: Vec<c_int> =
+        table::fds_of_kind(table::CONN).map(|n| n as c_int).filter(|&n| table::conn(n).is_some_and(|x| std::sync::Arc::ptr_eq(&x, &c))).collect();
+    drop(c);
+    for n in numbers {
+        forget(n);
+    }
+}
+
 /// libc's `fcntl64` or `fcntl`, as the application called.
 #[inline(always)]
 unsafe fn real_fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
@@ -537,6 +560,9 @@ unsafe fn fcntl_slow(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
     let g = Guard::enter();
     if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
         client::resolve_fd(fd);
+    }
+    if cmd == libc::F_SETFL && arg as c_int & libc::O_ASYNC != 0 {
+        crate::api::confine::signal_driven(fd);
     }
     let r = call();
     if r < 0 {
@@ -572,6 +598,15 @@ pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
             handover::update(fd, &c);
         }
         return g.ok(r as ssize_t) as c_int;
+    }
+    if req == libc::FIOASYNC && arg != 0 && table::kind(fd) != NONE && !Guard::busy() {
+        // SAFETY: FIOASYNC's `arg` is the application's non-null `int *`.
+        if unsafe { *(arg as *const c_int) } != 0 {
+            let _g = Guard::enter();
+            crate::api::confine::signal_driven(fd);
+        }
+        // SAFETY: the application's arguments, as ioctl(2) takes them.
+        return unsafe { real::ioctl(fd, req, arg) };
     }
     if req != libc::FIONBIO && req != libc::FIONREAD {
         // SAFETY: the application's arguments, as ioctl(2) takes them.
