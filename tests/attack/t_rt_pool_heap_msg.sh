@@ -1,23 +1,18 @@
 #!/usr/bin/env bash
-# Red team (pending: fails today): a client's choice of message pool must not cost a server that
-# uses messages memory in proportion to the slot count rather than to its use. t_rt_pool_heap.sh
-# made the per-slot bookkeeping wait for a side's first loan or receive, so a server that never
-# uses a message pays none; a message server still pays all of it at its first one: the Rust
-# core's `MsgTx::free_slots` (a u32 a slot), `in_flight` and `Messages::held` (a byte a slot),
-# Go's poolState `free`, `state` and `held` likewise, about 384 KiB for 65536 slots. nobody
-# (py/pool_heap.py ... send) opens 200 CARRIER connections with 65536-slot pools to root's
-# message echo servers (the Rust API example and Go colo-peer, `msg`) and sends one 8-byte
-# message on each: their anonymous memory grew by 36 MB (Rust) and 58 MB (Go), where TCP
-# connections that carried the same bytes cost a few KiB each.
-# Fix directions: bitsets for in_flight and held (65536 slots: 8 KiB each), and the free slots
-# as a count of slots never loaned (`fresh`: slots fresh.. are free) plus a stack of the slots
-# taken back, which grows only with slots actually in use; or a per-uid budget of bookkeeping.
-# Run: bash tests/attack/pending/t_rt_pool_heap_msg.sh (as root).
-source "$(dirname "$0")/../lib.sh"
-ROOT=$(cd "$HERE/../../.." && pwd); TARGET=${CARGO_TARGET_DIR:-$ROOT/rust/target}; PEER=$TARGET/release/examples/peer
+# Red team: a client's choice of message pool must not cost a server that uses messages memory
+# in proportion to the slot count rather than to its use. The client chooses the pool's slot
+# count (up to 65536 a direction); a side's first loan or receive makes its per-slot bookkeeping:
+# bitsets of the slots in flight and held (Rust colo::shm `MsgTx::in_flight`, `Messages::held`;
+# Go's poolState `loaned`, `inFlight`, `held`: 8 KiB each for 65536 slots), and the free slots
+# as the count of slots never loaned plus a stack of the slots taken back, which grows only with
+# the slots loaned. nobody (py/pool_heap.py ... send) opens 200 CARRIER connections with
+# 65536-slot pools to root's message echo servers (the Rust API example and Go colo-peer, `msg`)
+# and sends one 8-byte message on each, which each server receives and echoes: the servers'
+# anonymous memory must grow by at most 8 MB (40 KiB a connection).
+source "$(dirname "$0")/lib.sh"
 GOPEER=$WORK/colo-peer
 (cd "$ROOT/go" && go build -o "$GOPEER" ./cmd/colo-peer) || bad "go build colo-peer"
-cp "$HERE/../py/pool_heap.py" "$HERE/../colo_attack.py" "$WORK/" && chmod 644 "$WORK"/*.py
+cp "$HERE/py/pool_heap.py" "$HERE/colo_attack.py" "$WORK/" && chmod 644 "$WORK"/*.py
 rss() { awk '/^RssAnon/ {print $2}' "/proc/$1/status"; }
 attack() { # LABEL PID
   local out=$WORK/ph.out r0 r1
