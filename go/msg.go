@@ -15,23 +15,31 @@ import (
 // and sends it; the consumer receives a view of the slot, reads it in place and releases it.
 // Messages and stream bytes are independent: there is no ordering between them.
 
-const (
-	slotFree = iota
-	slotLoaned
-	slotInFlight
-)
+// bitset is a bit a slot: 8 KiB for the largest pool (65536 slots).
+type bitset []uint64
+
+func (b bitset) has(slot uint32) bool { return b[slot/64]&(1<<(slot%64)) != 0 }
+func (b bitset) set(slot uint32)      { b[slot/64] |= 1 << (slot % 64) }
+func (b bitset) clear(slot uint32)    { b[slot/64] &^= 1 << (slot % 64) }
+
+func newBitset(n uint64) bitset { return make(bitset, (n+63)/64) }
 
 type poolState struct {
-	pmu       sync.Mutex // producer side: Loan, Send, Release of an unsent loan
+	pmu sync.Mutex // producer side: Loan, Send, Release of an unsent loan
+	// Slots fresh.. were never loaned: free.
+	fresh uint32
+	// Slots taken back (released by the peer, or loaned and not sent), free to loan again: no
+	// more than the slots loaned so far, so its size follows the pool's use, not its size.
 	free      []uint32
-	state     []uint8
+	loaned    bitset // loaned, not sent
+	inFlight  bitset // sent, not yet released by the peer
 	msgHead   uint64
 	freeTail  uint64
 	cmu       sync.Mutex // consumer side: Recv, Release of a received message
 	msgTail   uint64
 	cMsgHead  uint64
 	freeHead  uint64
-	held      []bool
+	held      bitset // received, not yet released
 	slotCount uint64
 	// Copies of msgTail and freeTail for the conditions blocked Recv and Loan wait for, which
 	// run without cmu and pmu. The shared msg_tail and free_tail words are ours to write but
@@ -42,8 +50,8 @@ type poolState struct {
 	freeTailSeen atomic.Uint64
 }
 
-// init records the pool's slot count. The per-slot bookkeeping, sized by the peer's choice of
-// slot_count (up to 65536: 384 KiB a connection), is made by a side's first Loan (producer) or
+// init records the pool's slot count. The per-slot bookkeeping, bitsets sized by the peer's
+// choice of slot_count (up to 65536: 8 KiB each), is made by a side's first Loan (producer) or
 // Recv (consumer), so that a connection whose program never uses messages costs none of it.
 func (p *poolState) init(n uint32) {
 	p.slotCount = uint64(n)
@@ -51,15 +59,25 @@ func (p *poolState) init(n uint32) {
 
 // producerSlots makes the producer's bookkeeping at the first Loan (pmu held).
 func (p *poolState) producerSlots() {
-	if p.state != nil {
+	if p.loaned != nil {
 		return
 	}
-	n := p.slotCount
-	p.free = make([]uint32, 0, n)
-	for i := int(n) - 1; i >= 0; i-- {
-		p.free = append(p.free, uint32(i))
+	p.loaned, p.inFlight = newBitset(p.slotCount), newBitset(p.slotCount)
+}
+
+// takeFree takes a free slot, a taken-back one first, without looking at the free queue (pmu
+// held).
+func (p *poolState) takeFree() (uint32, bool) {
+	if k := len(p.free); k > 0 {
+		slot := p.free[k-1]
+		p.free = p.free[:k-1]
+		return slot, true
 	}
-	p.state = make([]uint8, n)
+	if uint64(p.fresh) < p.slotCount {
+		p.fresh++
+		return p.fresh - 1, true
+	}
+	return 0, false
 }
 
 // Message is a zero-copy message. For a loaned message, Data is the slot in shared memory that
@@ -113,10 +131,8 @@ func (c *Conn) Loan(size int) (*Message, error) {
 		if err := c.writeCheck(); err != nil {
 			return nil, c.opErr("loan", err)
 		}
-		if k := len(p.free); k > 0 {
-			slot := p.free[k-1]
-			p.free = p.free[:k-1]
-			p.state[slot] = slotLoaned
+		if slot, ok := p.takeFree(); ok {
+			p.loaned.set(slot)
 			off := uint64(slot) * uint64(c.lay.SlotSize)
 			return &Message{Data: c.out.pool[off : off+uint64(size) : off+uint64(c.lay.SlotSize)], c: c, slot: slot}, nil
 		}
@@ -146,10 +162,10 @@ func (c *Conn) reclaim() (bool, error) {
 	got := false
 	for p.freeTail != fh {
 		slot := getLE32(c.out.freeEnt, 4*(p.freeTail%n))
-		if uint64(slot) >= n || p.state[slot] != slotInFlight {
+		if uint64(slot) >= n || !p.inFlight.has(slot) {
 			return false, c.corrupt("released slot not in flight")
 		}
-		p.state[slot] = slotFree
+		p.inFlight.clear(slot)
 		p.free = append(p.free, slot)
 		p.freeTail++
 		got = true
@@ -189,7 +205,7 @@ func (c *Conn) Send(m *Message) error {
 	defer c.exit()
 	p.pmu.Lock()
 	defer p.pmu.Unlock()
-	if m == nil || m.c != c || m.received || m.done || p.state[m.slot] != slotLoaned {
+	if m == nil || m.c != c || m.received || m.done || !p.loaned.has(m.slot) {
 		return errBadMessageUse
 	}
 	if len(m.Data) > int(c.lay.SlotSize) {
@@ -202,7 +218,8 @@ func (c *Conn) Send(m *Message) error {
 	e := 8 * (p.msgHead % n)
 	putLE32(c.out.msgEnt, e, m.slot)
 	putLE32(c.out.msgEnt, e+4, uint32(len(m.Data)))
-	p.state[m.slot] = slotInFlight
+	p.loaned.clear(m.slot)
+	p.inFlight.set(m.slot)
 	m.done = true
 	m.Data = nil
 	p.msgHead++
@@ -228,7 +245,7 @@ func (c *Conn) Recv() (*Message, error) {
 	p.cmu.Lock()
 	defer p.cmu.Unlock()
 	if p.held == nil {
-		p.held = make([]bool, p.slotCount) // the consumer's bookkeeping, at the first Recv (see init)
+		p.held = newBitset(p.slotCount) // the consumer's bookkeeping, at the first Recv (see init)
 	}
 	n := p.slotCount
 	for {
@@ -286,10 +303,10 @@ func (c *Conn) Recv() (*Message, error) {
 		e := 8 * (p.msgTail % n)
 		slot := getLE32(c.in.msgEnt, e)
 		ln := getLE32(c.in.msgEnt, e+4)
-		if uint64(slot) >= n || ln > c.lay.SlotSize || p.held[slot] {
+		if uint64(slot) >= n || ln > c.lay.SlotSize || p.held.has(slot) {
 			return nil, c.opErr("recv", c.corrupt("bad message entry"))
 		}
-		p.held[slot] = true
+		p.held.set(slot)
 		p.msgTail++
 		// Our own counter (the peer reads it only to validate); the slot is given back by
 		// Release, not by this store.
@@ -317,10 +334,10 @@ func (c *Conn) Release(m *Message) error {
 	if !m.received {
 		p.pmu.Lock()
 		defer p.pmu.Unlock()
-		if p.state[m.slot] != slotLoaned {
+		if !p.loaned.has(m.slot) {
 			return errBadMessageUse
 		}
-		p.state[m.slot] = slotFree
+		p.loaned.clear(m.slot)
 		p.free = append(p.free, m.slot)
 		m.done, m.Data = true, nil
 		return nil
@@ -331,10 +348,10 @@ func (c *Conn) Release(m *Message) error {
 	defer c.exit()
 	p.cmu.Lock()
 	defer p.cmu.Unlock()
-	if !p.held[m.slot] {
+	if !p.held.has(m.slot) {
 		return errBadMessageUse
 	}
-	p.held[m.slot] = false
+	p.held.clear(m.slot)
 	m.done, m.Data = true, nil
 	n := p.slotCount
 	putLE32(c.in.freeEnt, 4*(p.freeHead%n), m.slot)

@@ -83,3 +83,45 @@ func benchConnect(b *testing.B, d *Dialer) {
 
 func BenchmarkConnectColo(b *testing.B) { benchConnect(b, &Dialer{}) }
 func BenchmarkConnectTCP(b *testing.B)  { benchConnect(b, &Dialer{TCPOnly: true}) }
+
+// A 64-byte message round trip: loan, send, receive the echo, release (the echo side receives,
+// loans, copies, sends and releases).
+func BenchmarkMessagePingPongColo(b *testing.B) {
+	l, _ := ListenColo("tcp", "127.0.0.1:0")
+	defer l.Close()
+	c, s := pair(b, l, &Dialer{Geometry: Geometry{RingCapacity: 1 << 16, SlotSize: 64, SlotCount: 256}})
+	go func() {
+		for {
+			m, err := s.Recv()
+			if err != nil {
+				return
+			}
+			out, err := s.Loan(len(m.Data))
+			if err != nil {
+				return
+			}
+			copy(out.Data, m.Data)
+			m.Release()
+			if s.Send(out) != nil {
+				return
+			}
+		}
+	}()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		m, err := c.Loan(64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := c.Send(m); err != nil {
+			b.Fatal(err)
+		}
+		if m, err = c.Recv(); err != nil {
+			b.Fatal(err)
+		}
+		m.Release()
+	}
+	b.StopTimer()
+	c.Close()
+	s.Close()
+}

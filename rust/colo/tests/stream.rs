@@ -179,6 +179,33 @@ fn zero_copy_messages() {
     assert!(s.recv_message().unwrap().is_none());
 }
 
+/// Every slot of a pool of several bitset words (130 slots) loaned, sent and held at once, then
+/// the pool used again from the slots taken back: each message arrives in its own slot, intact,
+/// and a slot comes back only once released.
+#[test]
+fn every_slot_of_a_pool_in_use_at_once() {
+    let _w = common::watchdog(30);
+    let (c, s) = pair_with(Options::new().pool(64, 130));
+    c.set_write_timeout(Some(Duration::from_millis(30))).unwrap();
+    for round in 0..3u8 {
+        for i in 0..130u8 {
+            let mut loan = c.loan(1).unwrap();
+            loan.fill(i ^ round);
+            loan.send().unwrap();
+        }
+        assert_eq!(c.loan(1).err().unwrap().kind(), ErrorKind::WouldBlock, "round {round}: all 130 slots in flight");
+        let held: Vec<_> = (0..130u8).map(|i| (i, s.recv_message().unwrap().unwrap())).collect();
+        let mut at: Vec<_> = held.iter().map(|(_, m)| m.as_ptr() as usize).collect();
+        for (i, m) in &held {
+            assert_eq!(m[..], [i ^ round], "round {round}: message {i}");
+        }
+        at.sort_unstable();
+        at.dedup();
+        assert_eq!(at.len(), 130, "round {round}: a slot carried two held messages");
+        drop(held);
+    }
+}
+
 /// The raw calls bindings build on (`loan_raw` .. `release_raw`): a loan filled in full and sent
 /// short, a cancelled loan whose slot comes back, a message read in place and released. Over
 /// shared memory (pool slots) and over a TCP fallback (heap buffers).

@@ -7,39 +7,57 @@ use colo_ring::layout::{FLAG_FIN, FLAG_RESET};
 use colo_ring::sync::Ordering;
 use colo_ring::Corrupt;
 use std::io;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicU64;
 
+/// A slot's word in a bitset (`MsgTx::in_flight`, `Messages::held`) and its bit there.
+fn bit(slot: u32) -> (usize, u64) {
+    ((slot / 64) as usize, 1 << (slot % 64))
+}
 
 impl MsgTx {
-    /// A loaned slot that was not sent returns to the pool.
+    /// A loaned slot that was not sent, or one the peer released, returns to the pool.
     fn give_back(&mut self, slot: u32) {
-        self.in_flight[slot as usize] = false;
+        let (w, b) = bit(slot);
+        self.in_flight[w] &= !b;
         self.free_slots.push(slot);
+    }
+
+    fn is_in_flight(&self, slot: u32) -> bool {
+        let (w, b) = bit(slot);
+        self.in_flight.get(w).is_some_and(|&x| x & b != 0)
     }
 }
 
 impl Shm {
     fn take_slot(&self, tx: &mut MsgTx) -> io::Result<Option<u32>> {
         self.may_send(&mut tx.writes)?;
+        let n = self.geometry().slot_count;
         if tx.in_flight.is_empty() {
-            // The first loan: every slot is free (`MsgTx::free_slots`).
-            let n = self.geometry().slot_count;
-            tx.free_slots = (0..n).rev().collect();
-            tx.in_flight = vec![false; n as usize];
+            // The first loan: every slot is fresh (`MsgTx::fresh`), none in flight.
+            tx.in_flight = vec![0; n.div_ceil(64) as usize];
         }
         // Slots the peer released are taken back, all at once, only when none is left here: the
         // free queue's `free_head` line is the peer's, and loading it on every loan would cost a
         // cache-line transfer per message.
-        if tx.free_slots.is_empty() {
+        if tx.free_slots.is_empty() && tx.fresh == n {
             while let Some([slot]) = tx.frees.pop().map_err(|c| self.corrupt(c))? {
-                if slot as usize >= tx.in_flight.len() || !tx.in_flight[slot as usize] {
+                if slot >= n || !tx.is_in_flight(slot) {
                     return Err(self.corrupt(Corrupt("released a slot that was not in flight")));
                 }
-                tx.in_flight[slot as usize] = false;
-                tx.free_slots.push(slot);
+                tx.give_back(slot);
             }
         }
-        Ok(tx.free_slots.pop().inspect(|&s| tx.in_flight[s as usize] = true))
+        let slot = match tx.free_slots.pop() {
+            Some(slot) => slot,
+            None if tx.fresh < n => {
+                tx.fresh += 1;
+                tx.fresh - 1
+            }
+            None => return Ok(None),
+        };
+        let (w, b) = bit(slot);
+        tx.in_flight[w] |= b;
+        Ok(Some(slot))
     }
 
     /// The message halves of a side that loaned or received a slot (so has a pool).
@@ -99,16 +117,15 @@ impl Shm {
                 if slot >= g.slot_count || len > g.slot_size {
                     return Err(self.corrupt(Corrupt("message entry out of range")));
                 }
-                // A load and a store, not a swap (a locked instruction on every message): we hold
-                // the receiving lock, so no other take runs, and `release` only clears slots that
-                // are held. SYNC POINT with the Release store in `release`: a slot it cleared
-                // before handing it back to the peer reads as free here.
-                let n = g.slot_count as usize;
-                let held = &self.messages().held.get_or_init(|| (0..n).map(|_| AtomicBool::new(false)).collect())[slot as usize];
-                if held.load(Ordering::Acquire) {
+                // An OR, not a load and a store: `release` clears other slots' bits of the same
+                // word without our lock. SYNC POINT with the Release AND in `release`: a slot it
+                // cleared before handing it back to the peer reads as free here.
+                let words = g.slot_count.div_ceil(64) as usize;
+                let held = self.messages().held.get_or_init(|| (0..words).map(|_| AtomicU64::new(0)).collect());
+                let (w, b) = bit(slot);
+                if held[w].fetch_or(b, Ordering::Acquire) & b != 0 {
                     return Err(self.corrupt(Corrupt("message in a slot we still hold")));
                 }
-                held.store(true, Ordering::Relaxed);
                 Ok(Some(Some((slot, len as usize))))
             }
             None => {
@@ -150,12 +167,14 @@ impl Shm {
 
     /// Returns a received slot to the peer.
     pub(crate) fn release(&self, slot: u32) {
-        // SYNC POINT with the Acquire load in `take_message`: the slot reads as free there once
-        // the peer, which this release hands it to, can send it again.
+        // SYNC POINT with the Acquire OR in `take_message`: the slot reads as free there once
+        // the peer, which this release hands it to, can send it again. An AND, as other slots'
+        // bits of the word may be set or cleared meanwhile.
         let m = self.messages();
         // Made by the receive that handed out `slot`.
         if let Some(held) = m.held.get() {
-            held[slot as usize].store(false, Ordering::Release);
+            let (w, b) = bit(slot);
+            held[w].fetch_and(!b, Ordering::Release);
         }
         let mut releases = lock(&m.releases);
         if let Err(c) = releases.push([slot]) {

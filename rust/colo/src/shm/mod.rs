@@ -109,12 +109,16 @@ struct MsgRx {
 struct MsgTx {
     msgs: QueueSender<2>,
     frees: QueueReceiver<1>,
-    /// Slots of the outgoing pool we may loan. This and `in_flight`, sized by the peer's choice
-    /// of `slot_count` (up to 65536), are made at the first loan (`Shm::take_slot`), so that a
-    /// connection whose program never loans (every one of the shim's) costs none of it.
+    /// Slots of the outgoing pool never loaned: `fresh..slot_count` are free.
+    fresh: u32,
+    /// Slots taken back (released by the peer, or loaned and not sent), free to loan again: no
+    /// more than the slots loaned so far, so its size follows the pool's use, not its size.
     free_slots: Vec<u32>,
-    /// Slots loaned or sent and not yet released by the peer (empty until the first loan).
-    in_flight: Vec<bool>,
+    /// Slots loaned or sent and not yet released by the peer, a bit a slot. Sized by the peer's
+    /// choice of `slot_count` (up to 65536: 8 KiB), it is made at the first loan
+    /// (`Shm::take_slot`), so that a connection whose program never loans (every one of the
+    /// shim's) costs none of it.
+    in_flight: Vec<u64>,
     spinner: Spinner,
     /// Loans and sends so far, wrapping (see `Shm::notice_hangup`).
     writes: u32,
@@ -126,10 +130,10 @@ struct Messages {
     rx: ForkableMutex<MsgRx>,
     tx: ForkableMutex<MsgTx>,
     releases: ForkableMutex<QueueSender<1>>,
-    /// Slots of the incoming pool the application holds (received, not yet released); outside the
-    /// reading half's lock, so a release never waits for a blocked reader. Made at the first
-    /// receive, as `MsgTx::free_slots` at the first loan.
-    held: std::sync::OnceLock<Box<[std::sync::atomic::AtomicBool]>>,
+    /// Slots of the incoming pool the application holds (received, not yet released), a bit a
+    /// slot; outside the reading half's lock, so a release never waits for a blocked reader.
+    /// Made at the first receive, as `MsgTx::in_flight` at the first loan.
+    held: std::sync::OnceLock<Box<[std::sync::atomic::AtomicU64]>>,
 }
 
 #[derive(Default)]
@@ -342,6 +346,7 @@ impl Shm {
                 tx: ForkableMutex::new(MsgTx {
                     msgs,
                     frees,
+                    fresh: 0,
                     free_slots: Vec::new(),
                     in_flight: Vec::new(),
                     spinner: spinner(spin),
