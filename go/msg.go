@@ -15,14 +15,34 @@ import (
 // and sends it; the consumer receives a view of the slot, reads it in place and releases it.
 // Messages and stream bytes are independent: there is no ordering between them.
 
-// bitset is a bit a slot: 8 KiB for the largest pool (65536 slots).
-type bitset []uint64
+// bitset is a bit a slot, in chunks of bitsetChunk slots, each made at the first slot of its
+// range that is set: a pool the peer made large costs a pointer a chunk (16 for 65536 slots)
+// until its slots are used, and 512 bytes a chunk in use.
+type bitset [][]uint64
 
-func (b bitset) has(slot uint32) bool { return b[slot/64]&(1<<(slot%64)) != 0 }
-func (b bitset) set(slot uint32)      { b[slot/64] |= 1 << (slot % 64) }
-func (b bitset) clear(slot uint32)    { b[slot/64] &^= 1 << (slot % 64) }
+const bitsetChunk = 4096
 
-func newBitset(n uint64) bitset { return make(bitset, (n+63)/64) }
+func (b bitset) has(slot uint32) bool {
+	c := b[slot/bitsetChunk]
+	return c != nil && c[slot%bitsetChunk/64]&(1<<(slot%64)) != 0
+}
+
+func (b bitset) set(slot uint32) {
+	c := b[slot/bitsetChunk]
+	if c == nil {
+		c = make([]uint64, bitsetChunk/64)
+		b[slot/bitsetChunk] = c
+	}
+	c[slot%bitsetChunk/64] |= 1 << (slot % 64)
+}
+
+func (b bitset) clear(slot uint32) {
+	if c := b[slot/bitsetChunk]; c != nil {
+		c[slot%bitsetChunk/64] &^= 1 << (slot % 64)
+	}
+}
+
+func newBitset(n uint64) bitset { return make(bitset, (n+bitsetChunk-1)/bitsetChunk) }
 
 type poolState struct {
 	pmu sync.Mutex // producer side: Loan, Send, Release of an unsent loan

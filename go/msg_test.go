@@ -159,3 +159,38 @@ func TestMessagesConcurrent(t *testing.T) {
 	}
 	<-released
 }
+
+// A pool's bitset keeps each slot's bit apart across words and chunks, and makes only the
+// chunks of the slots set.
+func TestBitsetChunks(t *testing.T) {
+	b := newBitset(65536)
+	slots := []uint32{0, 63, 64, 4095, 4096, 65535}
+	for _, s := range slots {
+		b.set(s)
+	}
+	made := 0
+	for _, c := range b {
+		if c != nil {
+			made++
+		}
+	}
+	if made != 3 {
+		t.Fatalf("%d chunks made for slots %v, want 3", made, slots)
+	}
+	for s := uint32(0); s < 65536; s++ {
+		want := false
+		for _, x := range slots {
+			want = want || x == s
+		}
+		if b.has(s) != want {
+			t.Fatalf("slot %d: has %v, want %v", s, b.has(s), want)
+		}
+	}
+	for _, s := range slots {
+		b.clear(s)
+		if b.has(s) {
+			t.Fatalf("slot %d still set after clear", s)
+		}
+	}
+	b.clear(20000) // in a chunk never made: nothing to do
+}
