@@ -330,6 +330,12 @@ pub fn forget_fd(fd: c_int) {
     }
 }
 
+/// The connection whose registration stands in a set on `fd`, one of our copies of its
+/// descriptors (`Stand::copies`).
+pub fn conn_standing_on(fd: c_int) -> Option<Arc<Conn>> {
+    with_regs(|r| r.slab.iter().flatten().find(|reg| reg.stand.owned && reg.stand.fds.contains(&fd)).map(|reg| reg.conn.clone()))
+}
+
 /// `fd` stops being an accelerated connection but stays open (`service::relay` puts a plain
 /// socket in its place): its registrations go, as `forget_fd`, and each one the application
 /// still has is returned as `(epoll fd, events, data)`, for the plain socket to be registered
@@ -388,6 +394,18 @@ pub fn set_wake(epfd: c_int) -> Option<colo_sys::RawFd> {
         }
         r.wakes.insert(epfd, w);
         Some(w.1)
+    })
+}
+
+/// The application takes the number `fd` (its `dup2` onto it): if it is the wake-up eventfd of
+/// epoll sets of this process's (`set_wake`), they have none from now on (their next sleep takes
+/// another). Returns whether it was.
+pub fn forget_wake(fd: colo_sys::RawFd) -> bool {
+    let me = colo_sys::host::pid();
+    with_regs(|r| {
+        let before = r.wakes.len();
+        r.wakes.retain(|_, w| *w != (me, fd));
+        r.wakes.len() != before
     })
 }
 
