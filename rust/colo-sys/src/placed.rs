@@ -10,6 +10,8 @@
 //! by their caller (code inside the shim) and calls [`closing`] for those, which forgets the
 //! number first. A number closed past the record (a raw system call, a fork child's handler,
 //! which writes nothing it need not) is forgotten when next looked at, as its file changed.
+//! A number the application takes with `dup2` while something of the library's still holds it
+//! is its from then on: the library's own close of it closes nothing ([`give_away`]).
 
 use rustix::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::collections::BTreeMap;
@@ -18,6 +20,11 @@ use std::sync::{Mutex, MutexGuard, TryLockError};
 
 /// Each placed number with the device and inode of what was placed there.
 static PLACED: Mutex<BTreeMap<i32, (u64, u64)>> = Mutex::new(BTreeMap::new());
+
+/// Numbers the application took with `dup2` while something of the library's still held them
+/// ([`give_away`]): the library's own close of such a number closes nothing ([`closing`]).
+/// Locked inside [`PLACED`]'s lock where both are taken.
+static GIVEN: Mutex<Vec<i32>> = Mutex::new(Vec::new());
 
 /// Numbers below this have a bit in [`HINT`]; those above count in [`HIGH`].
 const HINTED: usize = 1 << 20;
@@ -63,8 +70,13 @@ fn hint(fd: i32, on: bool) {
 /// [`PLACED`], or `None` if it cannot be had soon: a thread that held it when this process
 /// was forked never lets go of it in the child.
 fn record() -> Option<MutexGuard<'static, BTreeMap<i32, (u64, u64)>>> {
+    soon(&PLACED)
+}
+
+/// `m` locked, or `None` if it cannot be had soon (see [`record`]).
+fn soon<T>(m: &'static Mutex<T>) -> Option<MutexGuard<'static, T>> {
     for _ in 0..100 {
-        match PLACED.try_lock() {
+        match m.try_lock() {
             Ok(g) => return Some(g),
             Err(TryLockError::Poisoned(p)) => return Some(p.into_inner()),
             Err(TryLockError::WouldBlock) => std::thread::yield_now(),
@@ -83,10 +95,12 @@ fn identity(fd: i32) -> Option<(u64, u64)> {
 /// Records `fds` as the library's.
 pub(crate) fn note(fds: &[OwnedFd]) {
     let Some(mut map) = record() else { return };
+    let given = soon(&GIVEN);
     for fd in fds {
         let n = fd.as_raw_fd();
         if let Some(id) = identity(n) {
-            if map.insert(n, id).is_none() {
+            // A number given away keeps its hint until the library's close of it.
+            if map.insert(n, id).is_none() && !given.as_ref().is_some_and(|g| g.contains(&n)) {
                 hint(n, true);
             }
         }
@@ -94,7 +108,26 @@ pub(crate) fn note(fds: &[OwnedFd]) {
 }
 
 fn forget(map: &mut BTreeMap<i32, (u64, u64)>, fd: i32) {
-    if map.remove(&fd).is_some() {
+    if map.remove(&fd).is_some() && !soon(&GIVEN).is_some_and(|g| g.contains(&fd)) {
+        hint(fd, false);
+    }
+}
+
+/// The application's `dup2` is about to put a file of its own on `fd`, a number the library
+/// placed something at and cannot let go of first (another thread still uses it): the number is
+/// the application's from now on, and the library's own later close of it closes nothing
+/// (see [`closing`]).
+pub fn give_away(fd: i32) {
+    let Some(mut map) = record() else { return };
+    if map.remove(&fd).is_none() {
+        return;
+    }
+    // The hint stays (the library's close must come to `closing`).
+    if let Some(mut g) = soon(&GIVEN) {
+        if !g.contains(&fd) {
+            g.push(fd);
+        }
+    } else {
         hint(fd, false);
     }
 }
@@ -111,12 +144,25 @@ pub fn live() -> usize {
 }
 
 /// The library is about to close `fd` itself: it is no longer one of its placed descriptors.
-pub fn closing(fd: i32) {
-    if maybe(fd) {
-        if let Some(mut map) = record() {
-            forget(&mut map, fd);
-        }
+/// Returns whether to close it: not if the application took the number ([`give_away`]), whose
+/// file it is now.
+pub fn closing(fd: i32) -> bool {
+    if !maybe(fd) {
+        return true;
     }
+    let Some(mut map) = record() else { return true };
+    let taken = soon(&GIVEN).is_some_and(|mut g| {
+        let at = g.iter().position(|&f| f == fd);
+        at.map(|i| g.swap_remove(i)).is_some()
+    });
+    if !taken {
+        forget(&mut map, fd);
+        return true;
+    }
+    if !map.contains_key(&fd) {
+        hint(fd, false);
+    }
+    false
 }
 
 /// Whether the application's `close(fd)` must fail with `EBADF` and leave `fd` open: it is one
@@ -165,6 +211,18 @@ mod tests {
         closing(n);
         drop(fd);
         assert!(!maybe(n) && !refused(n), "closed by the library: forgotten");
+    }
+
+    #[test]
+    fn a_number_given_away_is_the_applications_and_the_library_closes_nothing_there() {
+        let fd = crate::preload::move_above(rustix::pipe::pipe().unwrap().0, 7000).unwrap();
+        let n = fd.as_raw_fd();
+        give_away(n);
+        assert!(!refused(n), "the application's number: its close is not refused");
+        assert!(maybe(n), "still hinted: the library's own close comes to `closing`");
+        assert!(!closing(n), "the library's own close of it closes nothing");
+        assert!(!maybe(n) && closing(n), "once: forgotten after that");
+        drop(fd);
     }
 
     #[test]

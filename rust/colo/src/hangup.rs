@@ -171,6 +171,25 @@ fn watcher(w: &mut Option<Watcher>) -> Option<&mut Watcher> {
     w.as_mut()
 }
 
+/// The application is about to put a file of its own on the number `fd` (its `dup2` onto it): if
+/// that is the watcher's wake-up eventfd, the watcher takes another first, so that it never
+/// rings or closes the number again. Returns whether it was.
+pub fn give_up(fd: colo_sys::RawFd) -> bool {
+    let mut g = lock();
+    let Some(w) = g.as_mut().filter(|w| w.wake.as_raw_fd() == fd) else { return false };
+    let Some(new) = colo_sys::doorbell::create().ok().and_then(|e| colo_sys::preload::move_above(e, crate::floor::fd_floor()).ok()) else {
+        return true;
+    };
+    // The new one in the poller before the old one leaves it: a ring meant for the thread asleep
+    // there now goes to the new one from here on.
+    if w.poller.add(&new, WAKE).is_ok() {
+        let _ = w.poller.delete(&w.wake);
+        // The old one closes here, before the application's `dup2` takes its number.
+        w.wake = new;
+    }
+    true
+}
+
 /// Starts the watcher's thread on `poller`, as the watcher's `epoch` one.
 fn spawn(poller: &Arc<Poller>, epoch: u64) -> Option<JoinHandle<()>> {
     let p = poller.clone();

@@ -22,7 +22,7 @@ pub mod carrier {
 
 /// The hang-up watcher's thread, ended before the application changes its credentials.
 pub mod hangup {
-    pub use crate::hangup::{resume, retire};
+    pub use crate::hangup::{give_up, resume, retire};
 }
 
 /// One side of an established shared-memory connection, and how its blocking waits sleep.
@@ -37,7 +37,7 @@ pub mod segment {
 
 /// The wake-up eventfds of threads asleep on a side's doorbell.
 pub mod wake {
-    pub use crate::wake::{forget_own, give_back, own_fd, take};
+    pub use crate::wake::{forget_own, give_back, give_up, own_fd, take};
 }
 
 pub mod netns {

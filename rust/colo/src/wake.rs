@@ -11,20 +11,63 @@
 
 use colo_sys::RawFd;
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Wake-up eventfds nobody uses now, `(pid that made it, fd)`.
 static POOL: Mutex<Vec<(u32, RawFd)>> = Mutex::new(Vec::new());
 
-/// A thread's wake-up eventfd, given back to `POOL` when the thread exits.
-struct Own(Cell<Option<(u32, RawFd)>>);
+/// Numbers of wake-up eventfds the application took (`give_up`), each with the count of
+/// `give_up`s made before it: a thread that took its eventfd before then holds a number that is
+/// the application's now.
+static GIVEN_UP: Mutex<Vec<(RawFd, u64)>> = Mutex::new(Vec::new());
+
+/// How many `give_up`s there have been: while none, a sleep's look at its own costs one load.
+static GIVE_UPS: AtomicU64 = AtomicU64::new(0);
+
+/// A thread's wake-up eventfd with the count of `give_up`s when it was taken, given back to
+/// `POOL` when the thread exits (unless given up since).
+struct Own(Cell<Option<((u32, RawFd), u64)>>);
 
 impl Drop for Own {
     fn drop(&mut self) {
-        if let Some(w) = self.0.get() {
-            give_back(w);
+        if let Some((w, since)) = self.0.get() {
+            if !given_up(w.1, since) {
+                give_back(w);
+            }
         }
     }
+}
+
+/// Whether the number `fd`, a wake-up eventfd taken when `since` give-ups had been made, was
+/// given up to the application since.
+fn given_up(fd: RawFd, since: u64) -> bool {
+    // Relaxed: `GIVEN_UP`'s lock orders what it holds; a give-up this load misses is one made
+    // while the caller's thread was already past its look (see `give_up`).
+    GIVE_UPS.load(Ordering::Relaxed) > since && GIVEN_UP.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|&(f, at)| f == fd && at >= since)
+}
+
+/// The application is about to put a file of its own on `fd`, a number of the library's (its
+/// `dup2` onto the number): if that is a wake-up eventfd of this process's, no sleep takes it
+/// from now on (a thread that holds it takes another at its next sleep; one asleep on it now
+/// may still have it rung once). Returns whether it was this thread's or a spare one (another
+/// thread's is given up all the same).
+pub fn give_up(fd: RawFd) -> bool {
+    let pid = colo_sys::host::pid();
+    let pooled = {
+        let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+        let before = pool.len();
+        pool.retain(|&w| w != (pid, fd));
+        pool.len() != before
+    };
+    let mine = OWN.try_with(|own| own.0.get().is_some_and(|((p, f), _)| p == pid && f == fd)).unwrap_or(false);
+    let mut list = GIVEN_UP.lock().unwrap_or_else(|e| e.into_inner());
+    let at = GIVE_UPS.load(Ordering::Relaxed);
+    list.retain(|&(f, _)| f != fd);
+    list.push((fd, at));
+    GIVE_UPS.store(at + 1, Ordering::Relaxed);
+    drop(list);
+    pooled || mine
 }
 
 thread_local! {
@@ -63,13 +106,14 @@ pub fn give_back(w: (u32, RawFd)) {
 pub fn own_fd() -> Option<RawFd> {
     let pid = colo_sys::host::pid();
     OWN.try_with(|own| {
-        if let Some((made_by, fd)) = own.0.get() {
-            if made_by == pid {
+        if let Some(((made_by, fd), since)) = own.0.get() {
+            if made_by == pid && !given_up(fd, since) {
                 return Some(fd);
             }
         }
+        let since = GIVE_UPS.load(Ordering::Relaxed);
         let w = take()?;
-        own.0.set(Some(w));
+        own.0.set(Some((w, since)));
         Some(w.1)
     })
     .ok()

@@ -11,8 +11,15 @@
 use crate::real;
 use libc::{c_char, c_int, gid_t, size_t, uid_t};
 
-/// Ends the hang-up watcher's thread, makes the call, and starts the thread again.
+/// Ends the hang-up watcher's thread, makes the call, and starts the thread again. Not in a
+/// child that shares its parent's memory (`vfork`): the watcher's thread is the parent's, which
+/// the child's change does not reach (and a thread started in the child would die at its
+/// `exec`); asked before the call, which may make the child another user, whom the kernel no
+/// longer tells whether it shares its parent's memory (`base::vm::shares_memory` remembers).
 fn retired<T>(call: impl FnOnce() -> T) -> T {
+    if crate::base::vm::borrowed_memory() && crate::base::vm::shares_memory() {
+        return call();
+    }
     colo::internal::hangup::retire();
     let r = call();
     colo::internal::hangup::resume();

@@ -260,14 +260,21 @@ extern "C" fn before_vfork() -> usize {
 /// Then connections born close-on-exec that the program made inheritable since are relayed
 /// (`handover::relay_inheritable`): the new image could not map their segment. Not in a child
 /// that shares its parent's memory (`vfork`): the decision's descriptors would be the child's,
-/// its table the parent's (such a child relays a connection when it makes it inheritable).
+/// its table the parent's (such a child relays a connection when it makes it inheritable, and
+/// every inheritable one if it changed its uid: `handover::relay_inheritable_in_child`).
 /// `posix_spawn`, `system` and `popen` act in the parent, before their child (which shares the
 /// parent's memory) execs, and `vfork` before the child exists. On x86-64 the variadic `execl`,
 /// `execle` and `execlp` come here too (`exec_variadic`); elsewhere they are out of sight, and
 /// so is an `exec` made by a system call instruction of the program's own (`execveat` and
 /// `syscall(2)`'s `execve` and `execveat` come here).
 fn before_exec() {
-    if Guard::busy() || crate::base::vm::shares_memory() {
+    if Guard::busy() {
+        return;
+    }
+    if crate::base::vm::shares_memory() {
+        // Only a child that became another user since needs anything done here.
+        let _g = Guard::enter();
+        crate::service::handover::relay_inheritable_in_child();
         return;
     }
     let _g = Guard::enter();

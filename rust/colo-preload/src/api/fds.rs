@@ -360,7 +360,10 @@ unsafe fn close_slow(fd: c_int, app: bool) -> c_int {
     let shares_memory = || *shared.get_or_init(crate::base::vm::shares_memory);
     if colo_sys::placed::maybe(fd) && !shares_memory() {
         if !app {
-            colo_sys::placed::closing(fd);
+            if !colo_sys::placed::closing(fd) {
+                // The application took the number with `dup2` (`placed::give_away`): its file.
+                return 0;
+            }
         } else if colo_sys::placed::refused(fd) {
             return refuse_close(fd);
         }
@@ -484,7 +487,7 @@ pub unsafe fn dup3(fd: c_int, nfd: c_int, flags: c_int, two: bool) -> c_int {
             unsafe { real::dup3(fd, nfd, flags) }
         }
     };
-    if Guard::busy() || (table::kind(fd) == NONE && table::kind(nfd) == NONE && !table::is_epoll(nfd)) {
+    if Guard::busy() || (table::kind(fd) == NONE && table::kind(nfd) == NONE && !table::is_epoll(nfd) && !colo_sys::placed::maybe(nfd)) {
         let n = call(fd, nfd, flags);
         if n >= 0 && fd != nfd {
             repeat::duplicated(fd, nfd);
@@ -497,6 +500,7 @@ pub unsafe fn dup3(fd: c_int, nfd: c_int, flags: c_int, two: bool) -> c_int {
         drop(g);
         return call(fd, nfd, flags);
     }
+    crate::api::forget::vacate_own(nfd);
     forget(nfd);
     let n = call(fd, nfd, flags);
     if n < 0 {

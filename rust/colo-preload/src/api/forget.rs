@@ -129,3 +129,61 @@ fn stale(fd: c_int) {
     let _g = Guard::enter();
     release(fd, false);
 }
+
+/// The application's `dup2` or `dup3` is about to put a file of its own on `nfd`, where the shim
+/// keeps a descriptor of its own (`colo_sys::placed`: below a fixed limit of open files, from
+/// 1024 up). The kernel would give the program the number, so it gets it; the connection whose
+/// control socket, self bell or segment memfd is there (or a copy of one, registered in an
+/// epoll set for another of its numbers) is relayed first (`relay::hand_on`: a
+/// loopback TCP socket on each of its numbers, a relay process carrying its bytes, in order),
+/// which lets go of those descriptors in this process: the number is free when the `dup2`
+/// takes it, and the shim never rings, reads or closes it again. Not in a child that shares
+/// this process's memory (`vfork`): the table is its parent's.
+pub fn vacate_own(nfd: c_int) {
+    if !colo_sys::placed::maybe(nfd) || borrowed_memory() || !colo_sys::placed::refused(nfd) {
+        return;
+    }
+    let _g = Guard::enter();
+    // A connection still waiting for its server's answer holds its descriptors too: decided
+    // first, as before an `exec`.
+    for fd in table::fds_of_kind(table::PENDING).collect::<Vec<_>>() {
+        client::resolve_fd(fd as c_int);
+    }
+    let owner = table::fds_of_kind(table::CONN)
+        .find_map(|fd| table::conn(fd as c_int).filter(|c| c.fds().contains(&nfd)))
+        .or_else(|| regs::conn_standing_on(nfd));
+    let Some(conn) = owner else {
+        // The hang-up watcher's wake-up eventfd: moved. A thread's or an epoll set's: given up
+        // (no later sleep takes it, and it is never rung again but by a drain racing with a
+        // sleep on it now).
+        if colo::internal::hangup::give_up(nfd) {
+            log_info(format_args!("fd {nfd}: the hang-up watcher's wake-up eventfd, moved for the program's dup2"));
+            return;
+        }
+        let set = regs::forget_wake(nfd);
+        if colo::internal::wake::give_up(nfd) || set {
+            log_info(format_args!("fd {nfd}: a wake-up eventfd of the shim's, given up to the program's dup2"));
+        } else {
+            // What it is is not known here: at least its close by the shim is kept off the
+            // program's file.
+            colo_sys::placed::give_away(nfd);
+            log_info(format_args!("fd {nfd}: one of the shim's own descriptors, not a connection's, is replaced by the program's dup2"));
+        }
+        return;
+    };
+    let socks: Vec<c_int> = table::fds_of_kind(table::CONN)
+        .map(|fd| fd as c_int)
+        .filter(|&fd| table::conn(fd).is_some_and(|c| std::sync::Arc::ptr_eq(&c, &conn)))
+        .collect();
+    let peer = conn.shm().peer_addr();
+    match crate::service::relay::hand_on(&conn, &socks, true) {
+        Ok(()) => log_info(format_args!("connection to {peer} on fd {socks:?}: relayed over loopback TCP (the program takes fd {nfd}, one of its descriptors, with dup2)")),
+        Err(why) => log_info(format_args!("connection to {peer} on fd {socks:?}: the program takes fd {nfd}, one of its descriptors, with dup2; not relayed: {why}")),
+    }
+    drop(conn);
+    if colo_sys::placed::refused(nfd) {
+        // Another thread still holds the connection (asleep in a call on it): the shim's close
+        // of the number when that call returns must not reach the program's file.
+        colo_sys::placed::give_away(nfd);
+    }
+}

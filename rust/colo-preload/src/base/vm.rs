@@ -10,7 +10,9 @@ pub fn borrowed_memory() -> bool {
 /// True in a child that shares this process's memory (`vfork`, `posix_spawn`'s child,
 /// `clone(CLONE_VM)`), as the kernel says (`kcmp(KCMP_VM)`): unlike `borrowed_memory`, false in a
 /// child with a copy of its own made by a raw `clone` past the fork handlers (vsftpd's), whose
-/// cached pid is stale too. False where the kernel will not say (`EPERM`, no `kcmp`).
+/// cached pid is stale too. Once the kernel said so, the child remembers it (`SHARING`): after it
+/// becomes another user (a `vfork` child's `setuid` before its `exec`) `kcmp` refuses to compare
+/// it with its parent. False where the kernel will not say and never said (`EPERM`, no `kcmp`).
 pub fn shares_memory() -> bool {
     let me = rustix::process::getpid().as_raw_nonzero().get();
     let cached = colo_sys::host::pid() as libc::pid_t;
@@ -19,5 +21,14 @@ pub fn shares_memory() -> bool {
     }
     // SAFETY: kcmp(2) takes two pids, a type and two numbers; it touches no memory of ours.
     let r = unsafe { libc::syscall(libc::SYS_kcmp, me, cached, 1 /* KCMP_VM */, 0, 0) };
-    r == 0
+    if r == 0 {
+        // Relaxed: written and read by this child's one thread. In the parent's memory (it is
+        // shared), where no process but this child has its pid.
+        SHARING.store(me, std::sync::atomic::Ordering::Relaxed);
+        return true;
+    }
+    SHARING.load(std::sync::atomic::Ordering::Relaxed) == me
 }
+
+/// The pid of the last child found sharing this memory (`shares_memory`).
+static SHARING: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);

@@ -115,6 +115,9 @@ pub const DUP_CHECK: u32 = 64;
 
 pub type Edges = (u64, u32, u64, u32);
 
+/// How many looks `Reg::report` takes at most for a `ready` the edges around it agree with.
+const READY_TRIES: usize = 3;
+
 impl Reg {
     pub fn new(epfd: c_int, fd: c_int, events: u32, data: u64, conn: Arc<Conn>) -> Reg {
         let kernel = kernel_events(events);
@@ -128,12 +131,26 @@ impl Reg {
         if self.fired || self.deleted {
             return 0;
         }
-        let now = self.conn.edges();
+        let mut now = self.conn.edges();
         let own = self.conn.own_counters();
         if !check_gone && self.quiet == Some((now, own)) {
             return 0;
         }
-        let m = self.conn.ready(check_gone) & self.interest();
+        // The report is of the edges `now`, so `ready` must have seen no progress past them: a
+        // peer that wrote between the two loads would otherwise be reported now and, as an edge
+        // not yet seen, once more at the next wait, where kernel TCP reports one arrival once.
+        // Each edge only grows, so edges equal before and after `ready` are the ones it saw.
+        // Tried a few times; a peer that moves every time leaves the earlier edges recorded
+        // (a second report at worst, never a missed one).
+        let mut m = self.conn.ready(check_gone) & self.interest();
+        for _ in 1..READY_TRIES {
+            let after = self.conn.edges();
+            if after == now {
+                break;
+            }
+            now = after;
+            m = self.conn.ready(check_gone) & self.interest();
+        }
         // `ready` may just have learned that the peer is gone: an edge of its own. (Only that
         // bit: edges loaded after `ready` could include progress it did not see.)
         let now = if self.conn.known_gone() { (now.0, now.1, now.2, now.3 | GONE_EDGE) } else { now };
@@ -313,6 +330,12 @@ pub fn forget_fd(fd: c_int) {
     }
 }
 
+/// The connection whose registration stands in a set on `fd`, one of our copies of its
+/// descriptors (`Stand::copies`).
+pub fn conn_standing_on(fd: c_int) -> Option<Arc<Conn>> {
+    with_regs(|r| r.slab.iter().flatten().find(|reg| reg.stand.owned && reg.stand.fds.contains(&fd)).map(|reg| reg.conn.clone()))
+}
+
 /// `fd` stops being an accelerated connection but stays open (`service::relay` puts a plain
 /// socket in its place): its registrations go, as `forget_fd`, and each one the application
 /// still has is returned as `(epoll fd, events, data)`, for the plain socket to be registered
@@ -371,6 +394,18 @@ pub fn set_wake(epfd: c_int) -> Option<colo_sys::RawFd> {
         }
         r.wakes.insert(epfd, w);
         Some(w.1)
+    })
+}
+
+/// The application takes the number `fd` (its `dup2` onto it): if it is the wake-up eventfd of
+/// epoll sets of this process's (`set_wake`), they have none from now on (their next sleep takes
+/// another). Returns whether it was.
+pub fn forget_wake(fd: colo_sys::RawFd) -> bool {
+    let me = colo_sys::host::pid();
+    with_regs(|r| {
+        let before = r.wakes.len();
+        r.wakes.retain(|_, w| *w != (me, fd));
+        r.wakes.len() != before
     })
 }
 

@@ -905,9 +905,11 @@ impl Drop for Conn {
             // of it first: they would otherwise touch the unmapped segment.
             self.shm.let_go_unmapped();
             for fd in self.raw {
-                colo_sys::placed::closing(fd);
-                // SAFETY: these descriptors belong to the Shm we deliberately do not drop.
-                unsafe { libc::syscall(libc::SYS_close, fd) };
+                // (Not a number the application took with `dup2`: `placed::give_away`.)
+                if colo_sys::placed::closing(fd) {
+                    // SAFETY: these descriptors belong to the Shm we deliberately do not drop.
+                    unsafe { libc::syscall(libc::SYS_close, fd) };
+                }
             }
             // SAFETY: the segment mapping; nothing refers to it once this Conn is gone.
             unsafe {

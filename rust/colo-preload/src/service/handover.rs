@@ -149,6 +149,32 @@ pub fn relay_inheritable() {
     }
 }
 
+/// Before the `exec` of a child that shares its parent's memory (`vfork`) and has changed its
+/// uid since the image started (`setuid` between `vfork` and `exec`): as `relay_inheritable`
+/// after a change of uid, each connection with an inheritable descriptor in the child is
+/// relayed, none handed over, and its own descriptors (segment memfd, control socket, self bell)
+/// become close-on-exec in the child's table, so that the new image, which the new uid may
+/// `ptrace` or is that user's own program, holds none of them. The parent's state (the
+/// handover file, the connection's flags, its descriptors) is left as it is: the parent keeps
+/// the connection and may hand it on to an `exec` of its own.
+pub fn relay_inheritable_in_child() {
+    if !crate::base::uids::changed() {
+        return;
+    }
+    let fds: Vec<i32> = table::fds_of_kind(table::CONN).map(|fd| fd as i32).collect();
+    for fd in fds {
+        let Some(c) = table::conn(fd) else { continue };
+        if !c.exec_maps() || c.relayed_here() || is_cloexec(fd) {
+            continue;
+        }
+        for own in c.fds().into_iter().filter(|&own| own >= 0) {
+            // SAFETY: the connection's own descriptor; the child's table is its own.
+            let _ = rustix::io::fcntl_setfd(unsafe { BorrowedFd::borrow_raw(own) }, rustix::io::FdFlags::CLOEXEC);
+        }
+        relay(&c, fd);
+    }
+}
+
 /// In the shim's constructor: takes back the connections an earlier image of this process
 /// handed over.
 pub fn take_back() {

@@ -133,8 +133,8 @@ fn lower_marker(r: &Raised) {
     let fd = {
         let _g = MARKER_LOCK.hold();
         let fd = r.fd.swap(-1, Ordering::Relaxed);
-        if fd >= 0 {
-            colo_sys::placed::closing(fd);
+        // (Not a number the application took with `dup2`: `placed::give_away`.)
+        if fd >= 0 && colo_sys::placed::closing(fd) {
             // SAFETY: a marker socket this process raised; nothing else refers to the number.
             unsafe { rustix::io::close(fd) };
         }
