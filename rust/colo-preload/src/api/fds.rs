@@ -525,12 +525,16 @@ pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
 /// `connect(fd, AF_UNSPEC)` is about to disconnect `fd` (Linux: an abortive end of an
 /// established connection, a reset for the peer, and the socket unconnected): an accelerated
 /// connection ends as a close with `SO_LINGER {1, 0}` does, on every number it has here, and the
-/// kernel's disconnect of its TCP socket follows, which answers the program's next calls.
+/// kernel's disconnect of its TCP socket follows, which answers the program's next calls. A
+/// connection still waiting for its server's answer is decided first: its server may have
+/// claimed it, and a socket connected again afterwards must not be decided onto those rings.
 fn disconnect(fd: c_int) {
-    if table::kind(fd) != table::CONN || Guard::busy() {
+    let kind = table::kind(fd);
+    if (kind != table::CONN && kind != table::PENDING) || Guard::busy() {
         return;
     }
     let _g = Guard::enter();
+    client::resolve_fd(fd);
     let Some(c) = table::conn(fd) else { return };
     c.abort_on_close();
     let numbers: Vec<c_int> =
