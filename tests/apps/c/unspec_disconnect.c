@@ -6,6 +6,8 @@
  * so before the program looked at it again (its server has accepted), and connected to a second
  * server: the bytes written then reach the second server, none the first (under the shim the
  * first connect was decided onto shared memory afterwards, and the bytes went to the first).
+ * And a connection a forked child holds too: the peer is told at once, as the kernel resets
+ * the socket whoever holds it (under the shim, not until the child closed its copy).
  * Run with the shim preloaded (tests/apps/run.sh); also passes without it. alarm() is the
  * watchdog. */
 #define _GNU_SOURCE
@@ -58,6 +60,35 @@ static void reconnected(void) {
     close(l2);
 }
 
+/* A connection that a forked child holds too is disconnected by its parent. */
+static void shared(void) {
+    int k, c, go[2];
+    connected_pair(&k, &c, 0);
+    if (pipe(go) < 0) die("pipe");
+    pid_t child = fork();
+    if (child < 0) die("fork");
+    if (child == 0) {
+        /* Holds its copy of the connection until told to end. */
+        char x;
+        close(k);
+        close(go[1]);
+        _exit(read(go[0], &x, 1) < 0);
+    }
+    close(go[0]);
+    struct sockaddr sa = {.sa_family = AF_UNSPEC};
+    CHECK(connect(c, &sa, sizeof sa) == 0, "connect(AF_UNSPEC) of a connection a child holds too");
+    struct pollfd p = {.fd = k, .events = POLLIN};
+    CHECK(poll(&p, 1, 5000) == 1, "the peer is told while the child holds its copy");
+    char b[8];
+    errno = 0;
+    CHECK(recv(k, b, sizeof b, MSG_DONTWAIT) == -1 && errno == ECONNRESET, "the peer's read: ECONNRESET");
+    close(go[1]);
+    int st;
+    CHECK(waitpid(child, &st, 0) == child && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child ended");
+    close(k);
+    close(c);
+}
+
 int main(void) {
     alarm(10);
     signal(SIGPIPE, SIG_IGN);
@@ -82,5 +113,6 @@ int main(void) {
     close(k);
     close(c);
     reconnected();
+    shared();
     return failures != 0;
 }

@@ -524,10 +524,11 @@ pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
 
 /// `connect(fd, AF_UNSPEC)` is about to disconnect `fd` (Linux: an abortive end of an
 /// established connection, a reset for the peer, and the socket unconnected): an accelerated
-/// connection ends as a close with `SO_LINGER {1, 0}` does, on every number it has here, and the
-/// kernel's disconnect of its TCP socket follows, which answers the program's next calls. A
-/// connection still waiting for its server's answer is decided first: its server may have
-/// claimed it, and a socket connected again afterwards must not be decided onto those rings.
+/// connection is reset at once and ends as a close with `SO_LINGER {1, 0}` does, on every number
+/// it has here, and the kernel's disconnect of its TCP socket follows, which answers the
+/// program's next calls. A connection still waiting for its server's answer is decided first:
+/// its server may have claimed it, and a socket connected again afterwards must not be decided
+/// onto those rings.
 fn disconnect(fd: c_int) {
     let kind = table::kind(fd);
     if (kind != table::CONN && kind != table::PENDING) || Guard::busy() {
@@ -536,6 +537,9 @@ fn disconnect(fd: c_int) {
     let _g = Guard::enter();
     client::resolve_fd(fd);
     let Some(c) = table::conn(fd) else { return };
+    // The peer is reset now, as the kernel's disconnect resets it whoever else holds the socket
+    // (a fork child's copy would otherwise keep the rings connected until it closed).
+    c.shm().abort();
     c.abort_on_close();
     let numbers: Vec<c_int> =
         table::fds_of_kind(table::CONN).map(|n| n as c_int).filter(|&n| table::conn(n).is_some_and(|x| std::sync::Arc::ptr_eq(&x, &c))).collect();
