@@ -607,9 +607,10 @@ pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
         }
         return g.ok(r as ssize_t) as c_int;
     }
-    if req == libc::FIOASYNC && arg != 0 && table::kind(fd) != NONE && !Guard::busy() {
-        // SAFETY: FIOASYNC's `arg` is the application's non-null `int *`.
-        if unsafe { *(arg as *const c_int) } != 0 {
+    if req == libc::FIOASYNC && table::kind(fd) != NONE && !Guard::busy() {
+        // FIOASYNC's `arg` is the application's `int *`: one it cannot read is the kernel's
+        // EFAULT to answer.
+        if crate::base::mem::app_int(arg).is_some_and(|on| on != 0) {
             let _g = Guard::enter();
             crate::api::confine::signal_driven(fd);
         }
