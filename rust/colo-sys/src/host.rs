@@ -231,8 +231,9 @@ static HANDLER_IN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool
 /// cache its own at once (a `pthread_atfork` child handler, registered by the first call). A
 /// child made without running those handlers (a raw `clone`, `vfork`, `_Fork`) sees its parent's
 /// pid until it calls [`renew_pid`]; colo, like glibc before 2.25, expects such a child to
-/// `exec` or `_exit`, but for a raw `clone` through libc's `syscall` that copies the process as
-/// `fork` does, around which the LD_PRELOAD shim runs the handlers ([`run_fork_handlers`]). The cache is never left empty in a process that has asked once (a `vfork`
+/// `exec` or `_exit`, but for a raw `fork`, or a raw `clone` that copies the process as `fork`
+/// does, through libc's `syscall`, around which the LD_PRELOAD shim runs the handlers
+/// ([`run_fork_handlers`]). The cache is never left empty in a process that has asked once (a `vfork`
 /// child that asked first would leave its own pid in the memory it shares with its parent: the
 /// LD_PRELOAD shim asks in its constructor, and a fork child's cache is filled in its handler,
 /// before the child runs anything else).

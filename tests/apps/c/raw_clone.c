@@ -1,6 +1,7 @@
 /* A server whose worker is made by a raw `clone` system call that copies the process as `fork`
  * does, past libc's fork handlers (vsftpd makes its session processes with
- * `syscall(__NR_clone, CLONE_NEWIPC | SIGCHLD)`), and accepts on the listener it inherited,
+ * `syscall(__NR_clone, CLONE_NEWIPC | SIGCHLD)`), then by a raw `fork` system call
+ * (`syscall(SYS_fork)`, where the architecture has one), and accepts on the listener it inherited,
  * while the master that listens lives on. The worker's connections must be accelerated, as a
  * forked worker's are: it asks the master's offer service for each offer (it took the master's
  * service, copied into its memory, for its own, whose thread does not run in it: its clients
@@ -58,13 +59,13 @@ static void reaped(pid_t pid, const char *who) {
     failures += WEXITSTATUS(st) != 0;
 }
 
-int main(void) {
-    alarm(30);
-    signal(SIGPIPE, SIG_IGN);
+/* One master with its worker made by `raw_fork` (a raw system call that copies the process as
+ * fork does) and a forked client, all reaped. */
+static void scenario(long (*raw_fork)(void)) {
     struct sockaddr_in a;
     int l = loopback_listener(&a, 16);
-    long w = syscall(SYS_clone, (long)SIGCHLD, 0L, 0L, 0L, 0L);
-    if (w < 0) die("clone");
+    long w = raw_fork();
+    if (w < 0) die("raw fork");
     if (w == 0) _exit(worker(l));
     pid_t k = fork();
     if (k < 0) die("fork");
@@ -73,7 +74,21 @@ int main(void) {
         _exit(client(&a));
     }
     reaped(k, "the client's connections echoed (on shared memory under the shim)");
-    reaped((pid_t)w, "the raw clone worker's connections echoed (on shared memory under the shim)");
+    reaped((pid_t)w, "the raw fork worker's connections echoed (on shared memory under the shim)");
     close(l);
+}
+
+static long by_clone(void) { return syscall(SYS_clone, (long)SIGCHLD, 0L, 0L, 0L, 0L); }
+#ifdef SYS_fork
+static long by_fork(void) { return syscall(SYS_fork); }
+#endif
+
+int main(void) {
+    alarm(30);
+    signal(SIGPIPE, SIG_IGN);
+    scenario(by_clone);
+#ifdef SYS_fork
+    scenario(by_fork);
+#endif
     return failures != 0;
 }

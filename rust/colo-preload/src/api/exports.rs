@@ -19,7 +19,8 @@ use std::time::Duration;
 
 /// `syscall(2)`: `io_uring_setup` is refused (`base::uring`); closes and duplicates of the
 /// shim's descriptors take the shim's paths (`behind`); `execve` and `execveat` are prepared for
-/// as libc's (`before_exec`); every other call goes to libc unchanged.
+/// as libc's (`before_exec`); a raw `fork`, or a `clone` made as one, runs the fork work and
+/// handlers (`clone_as_fork`); every other call goes to libc unchanged.
 /// (`syscall` is variadic; on x86-64 and arm64 its integer arguments arrive where these
 /// parameters are read.)
 #[no_mangle]
@@ -33,9 +34,9 @@ pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_lo
     if n == libc::SYS_execve || n == libc::SYS_execveat {
         before_exec();
     }
-    if n == libc::SYS_clone && clone_is_fork(a, b) {
+    if (n == libc::SYS_clone && clone_is_fork(a, b)) || is_sys_fork(n) {
         // SAFETY: the application's arguments, as the system call takes them.
-        return unsafe { clone_as_fork(a, b, c, d, e, f) };
+        return unsafe { clone_as_fork(n, a, b, c, d, e, f) };
     }
     if n == libc::SYS_close_range {
         // SAFETY: the application's arguments, as the system call takes them.
@@ -132,9 +133,18 @@ fn clone_is_fork(flags: libc::c_long, stack: libc::c_long) -> bool {
     stack == 0 && (flags as libc::c_int) & (shared | elsewhere) == 0
 }
 
-/// A raw `clone` that makes a fork child ([`clone_is_fork`]), made as [`fork`] is: with the
-/// shim's work around it and colo's fork handlers (`colo_sys::host::run_fork_handlers`), which
-/// libc runs only around its own `fork`. Without them the child kept its parent's pid cache and
+/// Whether system call `n` is `fork` itself (x86-64 has one; arm64 only `clone`), which copies
+/// the process as `clone(SIGCHLD)` does.
+fn is_sys_fork(n: libc::c_long) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return n == libc::SYS_fork;
+    #[cfg(not(target_arch = "x86_64"))]
+    return false;
+}
+
+/// System call `n`, a raw `clone` that makes a fork child ([`clone_is_fork`]) or a raw `fork`
+/// ([`is_sys_fork`]), made as [`fork`] is: with the shim's work around it and colo's fork
+/// handlers (`colo_sys::host::run_fork_handlers`), which libc runs only around its own `fork`. Without them the child kept its parent's pid cache and
 /// state: it took the parent's offer service for its own (that service's thread does not run
 /// in the child), so nobody answered a client of a listener the child made, and its close of an
 /// inherited listener waited for that thread. libc's own fork handlers are still not run, as
@@ -142,12 +152,12 @@ fn clone_is_fork(flags: libc::c_long, stack: libc::c_long) -> bool {
 ///
 /// # Safety
 /// The application's arguments, as the system call takes them.
-unsafe fn clone_as_fork(a: libc::c_long, b: libc::c_long, c: libc::c_long, d: libc::c_long, e: libc::c_long, f: libc::c_long) -> libc::c_long {
+unsafe fn clone_as_fork(n: libc::c_long, a: libc::c_long, b: libc::c_long, c: libc::c_long, d: libc::c_long, e: libc::c_long, f: libc::c_long) -> libc::c_long {
     use colo_sys::host::{run_fork_handlers, ForkStage};
     let lent = before_fork();
     run_fork_handlers(ForkStage::Prepare);
     // SAFETY: libc's `syscall`, given the application's arguments unchanged.
-    let r = unsafe { real::syscall(libc::SYS_clone, a, b, c, d, e, f) };
+    let r = unsafe { real::syscall(n, a, b, c, d, e, f) };
     let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
     run_fork_handlers(if r == 0 { ForkStage::Child } else { ForkStage::Parent });
     if r != 0 || !lent.is_empty() {

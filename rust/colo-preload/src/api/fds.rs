@@ -528,14 +528,22 @@ pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
 
 /// `connect(fd, AF_UNSPEC)` is about to disconnect `fd` (Linux: an abortive end of an
 /// established connection, a reset for the peer, and the socket unconnected): an accelerated
-/// connection ends as a close with `SO_LINGER {1, 0}` does, on every number it has here, and the
-/// kernel's disconnect of its TCP socket follows, which answers the program's next calls.
+/// connection is reset at once and ends as a close with `SO_LINGER {1, 0}` does, on every number
+/// it has here, and the kernel's disconnect of its TCP socket follows, which answers the
+/// program's next calls. A connection still waiting for its server's answer is decided first:
+/// its server may have claimed it, and a socket connected again afterwards must not be decided
+/// onto those rings.
 fn disconnect(fd: c_int) {
-    if table::kind(fd) != table::CONN || Guard::busy() {
+    let kind = table::kind(fd);
+    if (kind != table::CONN && kind != table::PENDING) || Guard::busy() {
         return;
     }
     let _g = Guard::enter();
+    client::resolve_fd(fd);
     let Some(c) = table::conn(fd) else { return };
+    // The peer is reset now, as the kernel's disconnect resets it whoever else holds the socket
+    // (a fork child's copy would otherwise keep the rings connected until it closed).
+    c.shm().abort();
     c.abort_on_close();
     let numbers: Vec<c_int> =
         table::fds_of_kind(table::CONN).map(|n| n as c_int).filter(|&n| table::conn(n).is_some_and(|x| std::sync::Arc::ptr_eq(&x, &c))).collect();
@@ -603,9 +611,10 @@ pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
         }
         return g.ok(r as ssize_t) as c_int;
     }
-    if req == libc::FIOASYNC && arg != 0 && table::kind(fd) != NONE && !Guard::busy() {
-        // SAFETY: FIOASYNC's `arg` is the application's non-null `int *`.
-        if unsafe { *(arg as *const c_int) } != 0 {
+    if req == libc::FIOASYNC && table::kind(fd) != NONE && !Guard::busy() {
+        // FIOASYNC's `arg` is the application's `int *`: one it cannot read is the kernel's
+        // EFAULT to answer.
+        if crate::base::mem::app_int(arg).is_some_and(|on| on != 0) {
             let _g = Guard::enter();
             crate::api::confine::signal_driven(fd);
         }

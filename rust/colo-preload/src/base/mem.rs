@@ -34,3 +34,17 @@ pub unsafe fn slice_mut<'a, T>(p: *mut T, n: usize) -> &'a mut [T] {
     // SAFETY: the caller's contract: `n` writable, unaliased elements at the non-null `p`.
     unsafe { std::slice::from_raw_parts_mut(p.cast(), n) }
 }
+
+/// The `int` at the application's address `p`, or `None` where this process cannot read one
+/// there (the kernel's `EFAULT` for the call that passed it). Read by `process_vm_readv` of this
+/// process, which fails where a load would fault.
+pub fn app_int(p: libc::c_ulong) -> Option<libc::c_int> {
+    let mut v: libc::c_int = 0;
+    let size = std::mem::size_of::<libc::c_int>();
+    let local = libc::iovec { iov_base: std::ptr::from_mut(&mut v).cast(), iov_len: size };
+    let remote = libc::iovec { iov_base: p as *mut libc::c_void, iov_len: size };
+    // SAFETY: writes at most `size` bytes into `v`, which we own; the remote range is only read,
+    // by the kernel, which fails the call instead of faulting where it is not mapped.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    (n == size as isize).then_some(v)
+}
