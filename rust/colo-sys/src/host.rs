@@ -471,8 +471,10 @@ pub fn spawn<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'stat
 pub fn at_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) {
     // SAFETY: registering plain functions; pthread_atfork copies the pointers.
     unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
-    // Registrations are few and made once each (colo's modules register at most one set each),
-    // serialised by the callers' flags; a set beyond the room is run by libc's fork only.
+    // Registrations are few (colo's modules register at most one set each) and serialised here,
+    // so two made at once take two slots; a set beyond the room is run by libc's fork only.
+    // `run_fork_handlers` takes no lock: it reads only sets already counted.
+    let _one_at_a_time = KEEPING.lock().unwrap_or_else(|e| e.into_inner());
     let i = KEPT_COUNT.load(Ordering::Relaxed);
     if i < KEPT.len() {
         for (slot, f) in KEPT[i].iter().zip([prepare, parent, child]) {
@@ -487,6 +489,8 @@ pub fn at_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern 
 /// The handler sets [`at_fork`] registered: prepare, parent, child.
 static KEPT: [[AtomicUsize; 3]; 8] = [const { [const { AtomicUsize::new(0) }; 3] }; 8];
 static KEPT_COUNT: AtomicUsize = AtomicUsize::new(0);
+/// Serialises [`at_fork`]'s registrations.
+static KEEPING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Which handlers [`run_fork_handlers`] runs.
 #[derive(Clone, Copy, PartialEq, Eq)]

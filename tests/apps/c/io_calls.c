@@ -1,6 +1,6 @@
 /* The I/O calls on an accelerated connection (run with the shim preloaded, as tests/apps/run.sh
  * does; also passes without it, with plain kernel semantics), built with _FORTIFY_SOURCE=2:
- * FIONREAD and FIONBIO, O_NONBLOCK via fcntl, MSG_PEEK, MSG_WAITALL, MSG_DONTWAIT, readv/writev
+ * FIONREAD (EFAULT for a pointer it cannot write) and FIONBIO, O_NONBLOCK via fcntl, MSG_PEEK, MSG_WAITALL, MSG_DONTWAIT, readv/writev
  * with many iovecs (64, 1024, and more bytes than one gather buffer), sendmsg/recvmsg, recv/send,
  * recvfrom's address, FIONREAD while another thread is blocked reading, and a few MB in both
  * directions at once with a poll loop. A forked peer serves commands. alarm() is the watchdog. */
@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/uio.h>
@@ -164,6 +165,14 @@ int main(void) {
     CHECK(fionread_reaches(s, 1000) == 1000, "FIONREAD counts what arrived");
     CHECK(read_full(s, buf, 1000) == 0 && check_pb(buf, 1000, 0), "the bytes FIONREAD counted");
     CHECK(ioctl(s, FIONREAD, &n) == 0 && n == 0, "FIONREAD 0 after reading");
+    /* A pointer the program cannot write: the kernel answers EFAULT, the program lives on. */
+    void *ro = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(ro != MAP_FAILED, "a read-only page");
+    errno = 0;
+    CHECK(ioctl(s, FIONREAD, (int *)ro) < 0 && errno == EFAULT, "FIONREAD into a read-only page: EFAULT");
+    errno = 0;
+    CHECK(ioctl(s, FIONREAD, (int *)8) < 0 && errno == EFAULT, "FIONREAD into an unmapped address: EFAULT");
+    munmap(ro, 4096);
 
     /* FIONBIO. */
     int on = 1, off = 0;

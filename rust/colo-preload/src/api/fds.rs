@@ -645,11 +645,10 @@ pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
             // From the ring counters, without the reading half's lock: a thread blocked in read
             // holds it.
             match c.available() {
-                Ok(n) => {
-                    // SAFETY: FIONREAD's `arg` is the application's non-null, writable `int *`.
-                    unsafe { *(arg as *mut c_int) = n.min(c_int::MAX as usize) as c_int };
-                    g.ok(0) as c_int
-                }
+                // FIONREAD's `arg` is the application's `int *`: one it cannot write is the
+                // kernel's EFAULT to answer.
+                Ok(n) if crate::base::mem::put_app_int(arg, n.min(c_int::MAX as usize) as c_int) => g.ok(0) as c_int,
+                Ok(_) => g.err(libc::EFAULT) as c_int,
                 Err(e) => g.err(errno_of(&e)) as c_int,
             }
         }

@@ -48,3 +48,16 @@ pub fn app_int(p: libc::c_ulong) -> Option<libc::c_int> {
     let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
     (n == size as isize).then_some(v)
 }
+
+/// Writes `v` as the `int` at the application's address `p`; false where this process cannot
+/// write one there (the kernel's `EFAULT` for the call that passed it). Written by
+/// `process_vm_writev` of this process, which fails where a store would fault.
+pub fn put_app_int(p: libc::c_ulong, v: libc::c_int) -> bool {
+    let size = std::mem::size_of::<libc::c_int>();
+    let local = libc::iovec { iov_base: std::ptr::from_ref(&v).cast_mut().cast(), iov_len: size };
+    let remote = libc::iovec { iov_base: p as *mut libc::c_void, iov_len: size };
+    // SAFETY: reads `size` bytes of `v`, which we own; the remote range is only written, by the
+    // kernel, which fails the call instead of faulting where it is not mapped or not writable.
+    let n = unsafe { libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0) };
+    n == size as isize
+}
