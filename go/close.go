@@ -45,6 +45,7 @@ func (c *Conn) Close() error {
 	// A segment read through its memfd is not parked: a recycled one comes without it
 	// (readThrough).
 	park := clean && c.carrier == nil && c.in.file < 0
+	foreign := c.in.file >= 0
 	c.closeMemfd()
 	if park {
 		switch {
@@ -71,7 +72,14 @@ func (c *Conn) Close() error {
 		}
 		c.carrier.Close()
 	}
-	unmapAfter(c.seg, append(c.outgoingFree(c.ctlGone.Load()), c.incomingPages())...)
+	free := append(c.outgoingFree(c.ctlGone.Load()), c.incomingPages())
+	if foreign && len(free) > 2 {
+		// Bytes a peer of another user has yet to read (more than one free part of our ring):
+		// kept for a bounded time (orphan.go).
+		c.keepOrphan(free)
+	} else {
+		unmapAfter(c.seg, free...)
+	}
 	c.seg = nil
 	return nil
 }

@@ -117,6 +117,10 @@ func (c *Conn) readSome(p []byte) (n int, err error, done bool) {
 	if bad != "" {
 		return 0, c.corrupt(bad), true
 	}
+	if got == 0 {
+		// Bytes were readable (avail above): only the peer's DROPPED makes a read take none.
+		return 0, c.fail(errnoErr("read", unix.ECONNRESET), false), true
+	}
 	c.notifySpace(before)
 	return int(got), nil, true
 }

@@ -52,8 +52,12 @@ const (
 	// The producer of this ring no longer reads the opposite one (CloseRead or Close): the
 	// opposite producer's writes fail with EPIPE. In ring_flags, which every write reads anyway,
 	// so that a write never pulls the consumer's ring_tail line (spec section 8).
-	flagNotReading  = 4
-	ringFlags       = flagFIN | flagRESET | flagNotReading
+	flagNotReading = 4
+	// Set with RESET: the producer gave back the pages of its unread bytes (a side that closed
+	// with bytes its peer of another user left unread too long, spec section 8, "Orphaned
+	// bytes"). A consumer that sees it after a copy drops what it copied (zeros, maybe).
+	flagDropped     = 8
+	ringFlags       = flagFIN | flagRESET | flagNotReading | flagDropped
 	flagReadClosed  = 1
 	maxPublishChunk = 16 << 10
 

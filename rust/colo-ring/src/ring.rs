@@ -4,7 +4,7 @@
 //! shared counter only when the cache says full (producer) or empty (consumer), as rtrb does. Both
 //! counters count bytes ever moved and wrap at 2^64; byte `i` lives at `data[i % capacity]`.
 
-use crate::layout::{MIN_RING_SIZE, RING_FLAGS};
+use crate::layout::{FLAG_DROPPED, MIN_RING_SIZE, RING_FLAGS};
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
 use crate::Corrupt;
 
@@ -613,6 +613,12 @@ impl<B: Bytes> Consumer<B> {
             // SYNC POINT with the Release fence in `Producer::grow`: if the copy saw a byte the
             // producer wrote after growing, this load sees the grown size.
             fence(Ordering::Acquire);
+            // After the same fence: a producer sets DROPPED before it gives back the pages of its
+            // unread bytes, so a copy that saw a page given back (zeros) sees the flag here, and
+            // hands on nothing; the reset follows (spec/WIRE.md section 8, "Orphaned bytes").
+            if self.words.flags().load(Ordering::Relaxed) & FLAG_DROPPED != 0 {
+                return Ok(0);
+            }
             if u64::from(self.words.size().load(Ordering::Relaxed)) == self.size {
                 return Ok(n);
             }

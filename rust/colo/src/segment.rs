@@ -3,7 +3,7 @@
 //! private copy of the geometry; none is derived from a value the peer can change later.
 
 pub use colo_ring::layout::{Geometry, Layout};
-use colo_ring::layout::{block, CLIENT_WAITING, CLIENT_WRITTEN, PARKED, SERVER_WAITING, SERVER_WRITTEN, TICKET};
+use colo_ring::layout::{block, CLIENT_WAITING, FLAG_DROPPED, FLAG_RESET, CLIENT_WRITTEN, PARKED, SERVER_WAITING, SERVER_WRITTEN, TICKET};
 use colo_ring::queue::{QueueReceiver, QueueSender, QueueWords};
 use colo_ring::ring::{Consumer, Producer, RawBytes, RingWords};
 use colo_ring::sync::{AtomicU32, AtomicU64, Ordering};
@@ -59,6 +59,33 @@ pub struct Segment {
 
 impl Drop for Segment {
     fn drop(&mut self) {
+        if self.give_back.is_none() {
+            return;
+        }
+        self.give_back_pages();
+        // Unread bytes a peer of another user holds (we read its ring through the memfd for
+        // that reason) stay charged to us while it keeps the memfd: kept mapped until it reads
+        // them or lets them lie too long (`orphan`), as TCP drops an orphaned socket's unsent
+        // bytes on a timer.
+        if self.through_memfd && self.outgoing_tail().is_some() {
+            let orphan = Segment {
+                map: self.map.take(),
+                layout: self.layout,
+                memfd: None,
+                through_memfd: true,
+                _lease: self._lease.take(),
+                give_back: self.give_back,
+                out_size: self.out_size,
+            };
+            crate::orphan::keep(orphan);
+        }
+    }
+}
+
+impl Segment {
+    /// For a segment let go of (`give_back_incoming`): gives back the pages of the ring it read
+    /// and those of the ring it wrote but for the unread bytes.
+    pub(crate) fn give_back_pages(&self) {
         let Some(role) = self.give_back else { return };
         if let Some(map) = &self.map {
             // The block this role read from its ring data on (data, padding, pool), in whole
@@ -189,6 +216,37 @@ impl Segment {
             // ring and from its start to `b`.
             vec![(b, a), (size, end.max(size))]
         }
+    }
+
+    /// For a segment let go of (`give_back_incoming`), whose ring we wrote still holds bytes
+    /// the peer has yet to read: its `ring_tail` (which moves as the peer reads them).
+    pub(crate) fn outgoing_tail(&self) -> Option<u64> {
+        let role = self.give_back?;
+        let cap = self.layout.geometry.ring_capacity as u64;
+        let c2s = role == Role::Client;
+        self.map.as_ref()?;
+        // Every byte of the written ring is free but the unread ones: more than one range.
+        let partial = self.outgoing_free(c2s, cap).len() > 1;
+        // SAFETY: an aligned word inside our mapping (present: checked above); atomics only.
+        partial.then(|| unsafe { &*self.u64_at(self.block(c2s) + block::RING_TAIL) }.load(Ordering::Relaxed))
+    }
+
+    /// Drops the unread bytes of the ring we wrote (a segment let go of, whose peer left them
+    /// unread too long: `orphan`): RESET and DROPPED in its `ring_flags`, so that the peer reads
+    /// no zero where their pages were, and every page of that ring goes when it is dropped.
+    pub(crate) fn drop_unread(&mut self) {
+        let Some(role) = self.give_back else { return };
+        if self.map.is_none() {
+            return;
+        }
+        let flags = self.block(role == Role::Client) + block::RING_FLAGS;
+        // SAFETY: an aligned word inside our mapping (present: checked above); atomics only.
+        // SYNC POINT with the peer consumer's load of `ring_flags` after the fence that follows
+        // its copy (`Consumer::copy_out_at`): stored before the pages go (the `MADV_REMOVE` of
+        // the drop that follows, which takes them out of the peer's page tables and the file),
+        // so a copy that saw a page gone sees the flag.
+        unsafe { &*self.u32_at(flags) }.fetch_or(FLAG_RESET | FLAG_DROPPED, Ordering::SeqCst);
+        self.out_size |= PEER_GONE;
     }
 
     /// This segment, counted in the budgets by `lease` until it is unmapped.
