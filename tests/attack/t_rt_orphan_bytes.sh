@@ -9,11 +9,13 @@
 # such a segment while the peer reads, and drops the unread bytes of one whose peer read none
 # for a minute (colo::orphan, Go's keepOrphan): ring_flags RESET and DROPPED, so the peer reads
 # a reset, never zeros, and the pages go. Against root's python server under colo run (the
-# shim, Rust core) and a Go API server. The first connection's bytes are read 40 s after the
+# shim, Rust core), a program it execs with the connection as its standard output (the shim's
+# relay process writes for it, and lingers until the bytes are read or lost: its exit would
+# leave them) and a Go API server. The first connection's bytes are read 40 s after the
 # close: all of them, and FIN.
-# Run: bash tests/attack/t_rt_orphan_bytes.sh (as root). About 3 minutes.
+# Run: bash tests/attack/t_rt_orphan_bytes.sh (as root). About 4 minutes.
 source "$(dirname "$0")/lib.sh"
-cp "$HERE/py/orphan.py" "$HERE/py/write_close_server.py" "$HERE/colo_attack.py" "$WORK/" && chmod 644 "$WORK"/*.py
+cp "$HERE/py/orphan.py" "$HERE/py/write_close_server.py" "$HERE/py/exec_write_server.py" "$HERE/colo_attack.py" "$WORK/" && chmod 644 "$WORK"/*.py
 GOSRV=$WORK/write_close_server
 (cd "$ROOT/go" && go build -o "$GOSRV" ../tests/attack/go/write_close_server.go) || bad "go build write_close_server"
 K=16; N=$((768 << 10)); RING=$((1 << 20))
@@ -43,6 +45,10 @@ P=$(free_port)
 $COLORUN /usr/bin/python3 "$WORK/write_close_server.py" "$P" "$N" >"$WORK/py.out" 2>&1 & PIDS+=($!)
 wait_port "$P"
 attack "root's python server (colo run)" "$P"
+P=$(free_port)
+$COLORUN /usr/bin/python3 "$WORK/exec_write_server.py" "$P" "$N" >"$WORK/exec.out" 2>&1 & PIDS+=($!)
+wait_port "$P"
+attack "root's relayed program (colo run, an exec'd image)" "$P"
 P=$(free_port)
 "$GOSRV" "127.0.0.1:$P" "$N" >"$WORK/go.out" 2>&1 & PIDS+=($!)
 for _ in $(seq 100); do grep -qs READY "$WORK/go.out" && break; sleep 0.05; done

@@ -19,14 +19,55 @@ const IDLE: Duration = Duration::from_secs(60);
 /// However it reads them (a byte a minute), a peer loses the bytes left after this long.
 const MOST: Duration = Duration::from_secs(600);
 /// How often the kept segments are looked at.
-const LOOK: Duration = Duration::from_secs(5);
+pub(crate) const LOOK: Duration = Duration::from_secs(5);
 
-struct Orphan {
-    seg: Segment,
-    /// The peer's `ring_tail` at the last look, and when it last moved.
+/// What a look at the peer's progress decided.
+pub(crate) enum Look {
+    /// Nothing moved, and there is time left.
+    Keep,
+    /// The peer read some: give back the pages of what it read.
+    Moved,
+    /// The peer read them all (or the words no longer say bytes are unread).
+    Done,
+    /// The peer loses the bytes left (`IDLE` without a byte read, or `MOST` in all).
+    Expired,
+}
+
+/// The peer's `ring_tail` at the last look, when it last moved, and when the bytes were left.
+pub(crate) struct Watch {
     tail: u64,
     moved: Instant,
     kept: Instant,
+}
+
+impl Watch {
+    pub(crate) fn new(tail: u64) -> Watch {
+        let now = Instant::now();
+        Watch { tail, moved: now, kept: now }
+    }
+
+    /// A look at the peer's tail now (`None`: nothing left unread).
+    pub(crate) fn look(&mut self, tail: Option<u64>) -> Look {
+        let Some(tail) = tail else { return Look::Done };
+        let now = Instant::now();
+        let moved = tail != self.tail;
+        if moved {
+            self.tail = tail;
+            self.moved = now;
+        }
+        if now.duration_since(self.moved) >= IDLE || now.duration_since(self.kept) >= MOST {
+            Look::Expired
+        } else if moved {
+            Look::Moved
+        } else {
+            Look::Keep
+        }
+    }
+}
+
+struct Orphan {
+    seg: Segment,
+    watch: Watch,
 }
 
 /// The kept segments, the pid whose thread looks at them (a forked child's copy is its
@@ -73,8 +114,7 @@ pub(crate) fn keep(mut seg: Segment) {
         }
         k.running = true;
     }
-    let now = Instant::now();
-    k.list.push(Orphan { seg, tail, moved: now, kept: now });
+    k.list.push(Orphan { seg, watch: Watch::new(tail) });
 }
 
 fn run(me: u32) {
@@ -85,26 +125,21 @@ fn run(me: u32) {
         if k.pid != me {
             return;
         }
-        let now = Instant::now();
         let mut i = 0;
         while i < k.list.len() {
             let o = &mut k.list[i];
-            match o.seg.outgoing_tail() {
-                None => {
+            match o.watch.look(o.seg.outgoing_tail()) {
+                Look::Keep => {}
+                Look::Moved => o.seg.give_back_read(),
+                Look::Done => {
                     done.push(k.list.swap_remove(i));
                     continue;
                 }
-                Some(t) if t != o.tail => {
-                    o.tail = t;
-                    o.moved = now;
-                    o.seg.give_back_pages();
+                Look::Expired => {
+                    o.seg.drop_unread();
+                    done.push(k.list.swap_remove(i));
+                    continue;
                 }
-                Some(_) => {}
-            }
-            if now.duration_since(o.moved) >= IDLE || now.duration_since(o.kept) >= MOST {
-                o.seg.drop_unread();
-                done.push(k.list.swap_remove(i));
-                continue;
             }
             i += 1;
         }
