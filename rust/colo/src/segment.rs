@@ -196,7 +196,8 @@ impl Segment {
     /// process that is about to exit as the connection's last holder (the shim's relay): the
     /// pages go back, and bytes a peer of another user has yet to read are waited for, as
     /// `orphan` keeps them, until it read them or lost them. Blocks meanwhile.
-    pub(crate) fn let_go_before_exit(&self, role: Role, peer_gone: bool, out_size: usize) {
+    /// `hung_up` says whether the peer has gone since (then nobody reads the bytes: all go).
+    pub(crate) fn let_go_before_exit(&self, role: Role, peer_gone: bool, out_size: usize, hung_up: impl Fn() -> bool) {
         let mut lg = LetGo::new(role, peer_gone, out_size);
         self.give_back_pages(lg);
         if !self.through_memfd {
@@ -206,6 +207,10 @@ impl Segment {
         let mut watch = crate::orphan::Watch::new(tail);
         loop {
             std::thread::sleep(crate::orphan::LOOK);
+            if hung_up() {
+                lg.out_size |= PEER_GONE;
+                break;
+            }
             match watch.look(self.unread_tail(lg)) {
                 crate::orphan::Look::Keep => {}
                 crate::orphan::Look::Moved => self.give_back_pages(lg),

@@ -630,7 +630,7 @@ impl Shm {
         let out = RingState::producer_view(&self.out_words);
         let gone = out.head != out.tail && (self.has(PEER_GONE) || doorbell::hung_up(&self.fds.control));
         self.hangup.release();
-        self.seg.let_go_before_exit(self.role, gone, out_size);
+        self.seg.let_go_before_exit(self.role, gone, out_size, || doorbell::hung_up(&self.fds.control));
     }
 
     /// Whether the peer's hang-up (or a reset of the handshake) is known here, however it was
