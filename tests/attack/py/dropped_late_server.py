@@ -1,4 +1,4 @@
-"""Run by root under colo run for pending/t_rt_uid_change_after_answer.sh: a server that
+"""Run by root under colo run for t_rt_uid_change_after_answer.sh: a server that
 listens and accepts as root (its answer to the client's HELLO comes from root), reads the
 connection's first byte, then drops to nobody:nogroup and goes on serving it, dumpable again
 (prctl(PR_SET_DUMPABLE, 1), as nginx makes its workers, for core dumps): a privilege-separated

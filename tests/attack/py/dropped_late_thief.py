@@ -1,4 +1,4 @@
-"""Run as nobody by pending/t_rt_uid_change_after_answer.sh: root's server PID answered its
+"""Run as nobody by t_rt_uid_change_after_answer.sh: root's server PID answered its
 client as root and is nobody's now, dumpable (py/dropped_late_server.py). Its memfd is closed
 (a same-user peer's is), so this writes the connection's words through /proc/PID/mem (which
 the kernel allows the process's own user once it is dumpable): claims a whole ring of bytes

@@ -1,23 +1,22 @@
 #!/usr/bin/env bash
-# Red team (pending: not fixed, not run by CI): a server that answered a client as root and
-# changes uid afterwards is still judged by the uid of its answer. Root's server (python under
-# colo run, py/dropped_late_server.py) accepts root's client's connection as root, then drops
-# to nobody and makes itself dumpable again (a privilege-separated server that drops per
-# connection, dumpable as nginx makes its workers). nobody writes the connection's words
-# through /proc/PID/mem (py/dropped_late_thief.py; the server closed the memfd of a same-user
-# connection), claims a whole ring of holes toward root's client and FIN, and kills the server;
-# the client's reads allocate the holes through its mapping, charged to root's client while
-# it holds the connection (and for as long as anyone keeps the memfd): the client judged the server by its answer's
-# SCM_CREDENTIALS (root), so it reads through the mapping, not with pread (shown for the shim's
-# client, which holds the connection 3 s after reading; a Go API client judges the same way). What would fix it: the side that changes uid tells its peers (a flag the peer
-# looks at before it reads through the mapping, and a memfd kept to pread), or every side reads
-# with pread; neither is done. The mirror case (a client that connects as root and then serves
-# another user its end) is the same.
-# Run: bash tests/attack/pending/t_rt_uid_change_after_answer.sh (as root).
-source "$(dirname "$0")/../lib.sh"
-# common.sh placed the tree one level too high from here.
-ROOT=$(cd "$HERE/../../.." && pwd); TARGET=${CARGO_TARGET_DIR:-$ROOT/rust/target}; COLORUN="$TARGET/release/examples/colo-run --"
-cp "$HERE/../py/dropped_late_server.py" "$HERE/../py/dropped_late_thief.py" "$HERE/../colo_attack.py" "$WORK/" && chmod 644 "$WORK"/*.py
+# Red team: a server that answered a client as root and changes uid afterwards must not hand
+# the connection to its new user. Root's server (python under colo run,
+# py/dropped_late_server.py) accepts root's client's connection as root, then drops to nobody
+# and asks to be dumpable again (a privilege-separated server that drops per connection, and
+# wants core dumps as nginx's workers do). Dumpable, it would be nobody's to write through
+# /proc/PID/mem: py/dropped_late_thief.py writes the connection's words there, claims a whole
+# ring of holes toward root's client and FIN, and kills the server, and the client, which judged
+# the server by its answer's SCM_CREDENTIALS (root) and reads through its mapping, allocated
+# the 8 MiB of holes, charged to it while it held the connection (RssShmem 0 -> 8 MiB). The
+# shim now refuses `prctl(PR_SET_DUMPABLE, 1)` (EPERM) to a process whose uid changed since its
+# image started while it holds a connection: the kernel made it undumpable at the change, and
+# it stays so; nobody cannot read its maps. Not covered: a Go or Rust API program (no shim), a
+# program dumpable through the suid_dumpable sysctl, and the mirror case (a client that
+# connects as root and then serves another user its end) outside the shim.
+# Run: bash tests/attack/t_rt_uid_change_after_answer.sh (as root).
+source "$(dirname "$0")/lib.sh"
+ROOT=$(cd "$HERE/../.." && pwd); TARGET=${CARGO_TARGET_DIR:-$ROOT/rust/target}; COLORUN="$TARGET/release/examples/colo-run --"
+cp "$HERE/py/dropped_late_server.py" "$HERE/py/dropped_late_thief.py" "$HERE/colo_attack.py" "$WORK/" && chmod 644 "$WORK"/*.py
 attack() { # LABEL CLIENT... (@P: the port)
   local label=$1 out=$WORK/$1 P; shift
   P=$(free_port)
