@@ -14,6 +14,8 @@ package colo
 import (
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -27,17 +29,19 @@ type orphan struct {
 	seg         []byte // the mapping, unmapped when the orphan goes
 	tail        uint64 // the peer's ring_tail at the last look
 	moved, kept time.Time
+	ctl         bool // Close kept the control socket (c.ctl) for ctlHungUp
 }
 
 // keepOrphan gives back the pages of free (what Close would give back) and keeps the segment
-// until its peer read the bytes left in our ring or lost them.
-func (c *Conn) keepOrphan(free [][]byte) {
+// until its peer read the bytes left in our ring or lost them; ctl: Close kept the control
+// socket, shut down for writing, to see the peer's hang-up on.
+func (c *Conn) keepOrphan(free [][]byte, ctl bool) {
 	for _, b := range free {
 		releasePages(b)
 	}
 	now := time.Now()
 	// SYNC POINT with the peer's store of ring_tail after its copies out (as in outgoingFree).
-	o := &orphan{c: c, seg: c.seg, tail: atomic.LoadUint64(c.out.tail), moved: now, kept: now}
+	o := &orphan{c: c, seg: c.seg, tail: atomic.LoadUint64(c.out.tail), moved: now, kept: now, ctl: ctl}
 	time.AfterFunc(orphanLook, o.look)
 }
 
@@ -45,7 +49,7 @@ func (o *orphan) look() {
 	c := o.c
 	free := c.outgoingFree(false)
 	if len(free) < 2 { // every byte read (or the words broke the ring's rules)
-		unmapAfter(o.seg, free...)
+		o.done(free)
 		return
 	}
 	// SYNC POINT with the peer's store of ring_tail after its copies out.
@@ -56,13 +60,33 @@ func (o *orphan) look() {
 			releasePages(b)
 		}
 	}
-	if now.Sub(o.moved) >= orphanIdle || now.Sub(o.kept) >= orphanMost {
+	if o.ctlHungUp() || now.Sub(o.moved) >= orphanIdle || now.Sub(o.kept) >= orphanMost {
 		// SYNC POINT with the peer consumer's load of ring_flags after the fence that follows
 		// its copy (consumer.read): stored before the pages go (MADV_REMOVE takes them out of
 		// the peer's page tables and the file), so a copy that saw a page gone sees the flag.
 		atomic.OrUint32(c.out.flags, flagRESET|flagDropped)
-		unmapAfter(o.seg, c.outgoingFree(true)...)
+		o.done(c.outgoingFree(true))
 		return
 	}
 	time.AfterFunc(orphanLook, o.look)
+}
+
+// done lets the segment go (giving back free) and closes the control socket Close kept.
+func (o *orphan) done(free [][]byte) {
+	if o.ctl {
+		o.c.ctl.Close()
+	}
+	unmapAfter(o.seg, free...)
+}
+
+// ctlHungUp reports whether the peer hung up the control socket Close kept (shut down for
+// writing: only the peer's own close or shutdown shows). Then nobody reads the bytes; they go
+// with DROPPED set, for any holder of the peer's end that is left.
+func (o *orphan) ctlHungUp() bool {
+	if !o.ctl {
+		return false
+	}
+	fds := []unix.PollFd{{Fd: int32(o.c.ctlFd), Events: unix.POLLRDHUP}}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n > 0 && fds[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0
 }

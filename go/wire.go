@@ -335,3 +335,9 @@ func ringState(capacity, head, tail uint64) (readable, writable uint64, ok bool)
 	}
 	return used, capacity - used, true
 }
+
+// badRingFlags reports a ring_flags word that breaks section 8: a bit not named there, or
+// DROPPED without RESET (a reader would wait on a ring whose bytes are gone).
+func badRingFlags(fl uint32) bool {
+	return fl&^ringFlags != 0 || fl&(flagDropped|flagRESET) == flagDropped
+}

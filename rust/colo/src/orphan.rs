@@ -4,7 +4,8 @@
 //! memory cgroup for as long as they exist, and the peer decides how long that is by reading
 //! them or not: a side that let go of a connection (its last close) keeps such a segment mapped
 //! here, one thread per process looks at each every [`LOOK`], gives back the pages of the bytes
-//! read since, and lets the segment go once they are all read. A peer that read none of them
+//! read since, and lets the segment go once they are all read or the peer hung up (it keeps
+//! the control socket for that, shut down for writing: `Segment::keep_control`). A peer that read none of them
 //! for [`IDLE`], or that has held them for [`MOST`], loses them: the ring is marked RESET and
 //! DROPPED (it reads a reset, never the zeros of a page given back) and every page of it goes.
 //! What is kept is still counted in the budgets (its lease), which bound how much may be.
@@ -128,6 +129,11 @@ fn run(me: u32) {
         let mut i = 0;
         while i < k.list.len() {
             let o = &mut k.list[i];
+            if o.seg.peer_hung_up() {
+                o.seg.drop_unread();
+                done.push(k.list.swap_remove(i));
+                continue;
+            }
             match o.watch.look(o.seg.outgoing_tail()) {
                 Look::Keep => {}
                 Look::Moved => o.seg.give_back_read(),

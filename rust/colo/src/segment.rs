@@ -34,6 +34,9 @@ pub fn keep_memfds(on: bool) {
 
 /// [`Segment`]'s `out_size` bit: the peer is gone.
 const PEER_GONE: u8 = 1 << 7;
+/// [`Segment`]'s `out_size` bit: `memfd` holds the connection's control socket instead
+/// (`Segment::keep_control`), which a segment let go of needs no more than its memfd.
+const CONTROL_KEPT: u8 = 1 << 6;
 
 /// A segment mapped by this process.
 #[derive(Debug)]
@@ -83,12 +86,16 @@ impl Drop for Segment {
             let orphan = Segment {
                 map: self.map.take(),
                 layout: self.layout,
-                memfd: None,
+                memfd: self.memfd.take(),
                 through_memfd: true,
                 _lease: self._lease.take(),
                 let_go: self.let_go,
             };
             crate::orphan::keep(orphan);
+        }
+        if let Some(control) = self.control() {
+            // Descriptors the peer queued are closed disarmed (`doorbell::empty_before_close`).
+            colo_sys::doorbell::empty_before_close(control);
         }
     }
 }
@@ -192,6 +199,38 @@ impl Segment {
         self.let_go = Some(LetGo::new(role, peer_gone, out_size));
     }
 
+    /// Takes the connection's control socket at its last close, if `orphan` may keep this
+    /// segment (its peer is another user and has bytes of ours to read), to watch for the
+    /// peer's hang-up; it is shut down for writing, which the peer sees as our hang-up. Else
+    /// gives it back.
+    pub(crate) fn keep_control(&mut self, control: OwnedFd) -> Option<OwnedFd> {
+        let Some(lg) = &mut self.let_go else { return Some(control) };
+        // A socket that takes descriptors was shut down both ways to be emptied
+        // (`doorbell::empty_before_close`): it shows a hang-up of its own.
+        if !self.through_memfd || lg.out_size & PEER_GONE != 0 || self.outgoing_tail().is_none() || colo_sys::gift::rights_on(&control) {
+            return Some(control);
+        }
+        // SAFETY: shutdown(2) of a socket we own; no memory is passed.
+        unsafe { libc::shutdown(control.as_raw_fd(), libc::SHUT_WR) };
+        if let Some(lg) = &mut self.let_go {
+            lg.out_size |= CONTROL_KEPT;
+        }
+        self.memfd = Some(control);
+        None
+    }
+
+    /// The control socket `keep_control` kept.
+    fn control(&self) -> Option<&OwnedFd> {
+        let kept = self.let_go.is_some_and(|lg| lg.out_size & CONTROL_KEPT != 0);
+        self.memfd.as_ref().filter(|_| kept)
+    }
+
+    /// For a segment `orphan` keeps: whether its peer hung up (then nobody reads its bytes: they
+    /// go, with DROPPED set for any holder of the peer's end that is left: `drop_unread`).
+    pub(crate) fn peer_hung_up(&self) -> bool {
+        self.control().is_some_and(colo_sys::doorbell::hung_up)
+    }
+
     /// As a segment let go of (`give_back_incoming`) is dropped, without unmapping it, for a
     /// process that is about to exit as the connection's last holder (the shim's relay): the
     /// pages go back, and bytes a peer of another user has yet to read are waited for, as
@@ -247,7 +286,7 @@ impl Segment {
         let dropped = unsafe { &*self.u32_at(b + block::RING_FLAGS) }.load(Ordering::Relaxed) & FLAG_DROPPED != 0;
         let unread = head.wrapping_sub(tail);
         let valid = size.is_power_of_two() && size <= cap && unread <= size;
-        let end = (1u64 << (out_size & !PEER_GONE)).max(if valid { size } else { 0 }).min(cap);
+        let end = (1u64 << (out_size & !(PEER_GONE | CONTROL_KEPT))).max(if valid { size } else { 0 }).min(cap);
         if out_size & PEER_GONE != 0 || dropped || unread == 0 || !valid {
             return vec![(0, end)];
         }

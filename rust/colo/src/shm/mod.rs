@@ -733,7 +733,7 @@ impl Drop for Shm {
         // Descriptors the peer queued are closed disarmed now, not released by the close (a
         // lingering socket's release would wait here: `colo_sys::gift`).
         doorbell::empty_before_close(&control);
-        drop(control);
+        drop(seg.keep_control(control));
         let parked = |seg| crate::recycle::Parked::new(seg, self_bell);
         match self.recycle.take() {
             Some(Recycle::Client(name)) if clean => crate::recycle::park_client(name, self.peer_pid, parked(seg)),
