@@ -20,7 +20,9 @@ import (
 // RLIMIT_AS if that is less), the share one peer uid may hold (COLO_MAX_MAPPED_PER_UID_MB,
 // default a quarter of the total), and the number of peer segments mapped (COLO_MAX_SEGMENTS,
 // default a quarter of vm.max_map_count: each is one of the mappings the kernel allows a
-// process, beyond which the runtime's own mmap fails and Go aborts). A segment that does not
+// process, beyond which the runtime's own mmap fails and Go aborts), of which one peer uid may
+// hold a quarter (else one user's smallest segments would take them all, and every other
+// user's connections would go plain TCP). A segment that does not
 // fit is not kept: the listener answers REJECT(NO_RESOURCES) (the client uses TCP) and keeps
 // serving. The lease is given back when the mapping is unmapped (munmapSegment).
 
@@ -36,8 +38,10 @@ const defaultMaxMapCount = 65530
 type budget struct {
 	total, perUID, used   uint64
 	maxSegments, segments uint64
-	byUID                 map[uint32]uint64
+	byUID                 map[uint32]uidLease // bytes and segments by uid
 }
+
+type uidLease struct{ n, segments uint64 }
 
 // take takes one segment of n bytes for uid, or returns an error naming the limit it would
 // exceed.
@@ -46,7 +50,12 @@ func (b *budget) take(uid uint32, n uint64) error {
 		return fmt.Errorf("segment of %d KiB: COLO_MAX_SEGMENTS=%d reached (%d peer segments mapped)",
 			n>>10, b.maxSegments, b.segments)
 	}
-	mine := b.byUID[uid]
+	my := b.byUID[uid]
+	if per := max(b.maxSegments/4, 1); my.segments >= per {
+		return fmt.Errorf("segment of %d KiB: COLO_MAX_SEGMENTS=%d reached for uid %d (its quarter, %d peer segments)",
+			n>>10, b.maxSegments, uid, per)
+	}
+	mine := my.n
 	if mine+n < mine || mine+n > b.perUID {
 		return fmt.Errorf("segment of %d KiB: COLO_MAX_MAPPED_PER_UID_MB=%d reached for uid %d (%d MiB mapped)",
 			n>>10, b.perUID>>20, uid, mine>>20)
@@ -57,7 +66,7 @@ func (b *budget) take(uid uint32, n uint64) error {
 	}
 	b.used += n
 	b.segments++
-	b.byUID[uid] = mine + n
+	b.byUID[uid] = uidLease{mine + n, my.segments + 1}
 	return nil
 }
 
@@ -65,15 +74,15 @@ func (b *budget) take(uid uint32, n uint64) error {
 func (b *budget) giveBack(uid uint32, n uint64) {
 	b.used -= min(n, b.used)
 	b.segments -= min(1, b.segments)
-	if m := b.byUID[uid]; m > n {
-		b.byUID[uid] = m - n
+	if m := b.byUID[uid]; m.segments > 1 {
+		b.byUID[uid] = uidLease{m.n - min(n, m.n), m.segments - 1}
 	} else {
 		delete(b.byUID, uid)
 	}
 }
 
 func newBudget(total, perUID, maxSegments uint64) *budget {
-	return &budget{total: total, perUID: min(perUID, total), maxSegments: maxSegments, byUID: map[uint32]uint64{}}
+	return &budget{total: total, perUID: min(perUID, total), maxSegments: maxSegments, byUID: map[uint32]uidLease{}}
 }
 
 // maxSegmentsOf is the number of peer segments mapped at once: env (COLO_MAX_SEGMENTS) if not

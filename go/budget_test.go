@@ -32,10 +32,11 @@ func TestBudgetPerUIDThenTotal(t *testing.T) {
 	if err := b.take(3, 2*mib); err != nil {
 		t.Fatal(err)
 	}
-	if b.used != 10*mib || b.byUID[1] != 4*mib || b.byUID[3] != 2*mib {
+	if b.used != 10*mib || b.byUID[1].n != 4*mib || b.byUID[3].n != 2*mib {
 		t.Fatalf("used %d, by uid %v", b.used, b.byUID)
 	}
-	b.giveBack(1, 4*mib)
+	b.giveBack(1, 3*mib)
+	b.giveBack(1, mib)
 	if _, ok := b.byUID[1]; ok || b.used != 6*mib {
 		t.Fatalf("after give back: used %d, by uid %v", b.used, b.byUID)
 	}
@@ -63,6 +64,25 @@ func TestBudgetSegmentsCountedWhateverTheirSize(t *testing.T) {
 	}
 }
 
+func TestBudgetOneUIDHoldsAQuarterOfTheSegments(t *testing.T) {
+	b := newBudget(^uint64(0), ^uint64(0), 8)
+	for range 2 {
+		if err := b.take(1, 4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.take(1, 4096); err == nil || !strings.Contains(err.Error(), "reached for uid 1 (its quarter, 2 peer segments)") {
+		t.Fatalf("a third of uid 1's, of 8: %v", err)
+	}
+	if err := b.take(2, 4096); err != nil {
+		t.Fatalf("another uid's: %v", err)
+	}
+	b.giveBack(1, 4096)
+	if err := b.take(1, 4096); err != nil {
+		t.Fatalf("one given back makes room for one: %v", err)
+	}
+}
+
 func TestMaxSegmentsIsAQuarterOfMaxMapCountUnlessSet(t *testing.T) {
 	for _, c := range []struct{ env, count, want uint64 }{
 		{0, 65530, 16382},
@@ -85,7 +105,7 @@ func TestBudgetLeaseReleasedOnUnmap(t *testing.T) {
 	defer unix.Close(fd)
 	const uid = ^uint32(0) - 5 // no real peer has it
 	mapped.Lock()
-	before := mappedBudget().byUID[uid]
+	before := mappedBudget().byUID[uid].n
 	mapped.Unlock()
 	seg, err := mapPeerSegment(fd, 1<<20, uid)
 	if err != nil {
@@ -95,11 +115,11 @@ func TestBudgetLeaseReleasedOnUnmap(t *testing.T) {
 		t.Fatalf("a segment beyond the budgets: %v", err)
 	}
 	mapped.Lock()
-	during := mappedBudget().byUID[uid]
+	during := mappedBudget().byUID[uid].n
 	mapped.Unlock()
 	munmapSegment(seg)
 	mapped.Lock()
-	after := mappedBudget().byUID[uid]
+	after := mappedBudget().byUID[uid].n
 	mapped.Unlock()
 	if during != before+1<<20 || after != before {
 		t.Fatalf("uid's bytes: %d before, %d leased, %d after unmap", before, during, after)

@@ -37,11 +37,22 @@ func (c *Conn) Close() error {
 	c.alertPeer()
 	c.drainCtl()            // a hang-up, a protocol error or a late answer not seen yet
 	clean := c.cleanClose() // our last use of the segment
+	// Bytes a peer of another user (we read through the memfd) has yet to read, more than one
+	// free part of our ring: kept for a bounded time (orphan.go), with the control socket
+	// shut down for writing (the peer sees our hang-up) to watch for the peer's own, where it
+	// refuses descriptors (else it is shut down both ways to be emptied, below).
+	free := append(c.outgoingFree(c.ctlGone.Load()), c.incomingPages())
+	orphan := c.in.file >= 0 && len(free) > 2
 	if !c.rightsOff {
 		// A descriptor queued on it would be released by its close, in this thread.
 		emptyCtlBeforeClose(c.ctlFd)
 	}
-	c.ctl.Close()
+	keepCtl := orphan && c.rightsOff
+	if keepCtl {
+		unix.Shutdown(c.ctlFd, unix.SHUT_WR)
+	} else {
+		c.ctl.Close()
+	}
 	// A segment read through its memfd is not parked: a recycled one comes without it
 	// (readThrough).
 	park := clean && c.carrier == nil && c.in.file < 0
@@ -71,7 +82,11 @@ func (c *Conn) Close() error {
 		}
 		c.carrier.Close()
 	}
-	unmapAfter(c.seg, append(c.outgoingFree(c.ctlGone.Load()), c.incomingPages())...)
+	if orphan {
+		c.keepOrphan(free, keepCtl)
+	} else {
+		unmapAfter(c.seg, free...)
+	}
 	c.seg = nil
 	return nil
 }

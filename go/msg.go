@@ -285,7 +285,7 @@ func (c *Conn) Recv() (*Message, error) {
 			// The flags before msg_head, as in readSome. SYNC POINT with the peer's OR of
 			// ring_flags (FIN after its last msg_head store).
 			fl := atomic.LoadUint32(c.in.flags)
-			if fl&^ringFlags != 0 {
+			if badRingFlags(fl) {
 				return nil, c.opErr("recv", c.corrupt("unknown ring flags"))
 			}
 			if fl&flagRESET != 0 {

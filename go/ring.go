@@ -320,6 +320,13 @@ func (q *consumer) read(d *direction, capacity uint64, dst []byte) (n, before ui
 			copy(dst[first:n], d.data[:n-first])
 		}
 		readFence(&q.fence)
+		// After the same fence: the producer sets DROPPED before it gives back the pages of its
+		// unread bytes (orphan.go), so a copy that saw a page gone (zeros) sees the flag here
+		// and hands on nothing; the caller reports the reset.
+		if atomic.LoadUint32(d.flags)&flagDropped != 0 {
+			q.cachedHead = q.tail
+			return 0, q.tail, ""
+		}
 		// SYNC POINT with the swap of ring_size in the peer's producer.grow: if the copy saw a
 		// byte the producer wrote after growing, this load sees the grown size.
 		if uint64(atomic.LoadUint32(d.size)) != q.size {

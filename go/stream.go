@@ -77,7 +77,7 @@ func (c *Conn) readSome(p []byte) (n int, err error, done bool) {
 		// The flags before ring_head: every byte published before FIN is then seen with it.
 		// SYNC POINT with the peer's OR of ring_flags (FIN after its last ring_head store).
 		fl := atomic.LoadUint32(c.in.flags)
-		if fl&^ringFlags != 0 {
+		if badRingFlags(fl) {
 			return 0, c.corrupt("unknown ring flags"), true
 		}
 		if fl&flagRESET != 0 {
@@ -116,6 +116,10 @@ func (c *Conn) readSome(p []byte) (n int, err error, done bool) {
 	got, before, bad := c.rx.read(&c.in, capy, p)
 	if bad != "" {
 		return 0, c.corrupt(bad), true
+	}
+	if got == 0 {
+		// Bytes were readable (avail above): only the peer's DROPPED makes a read take none.
+		return 0, c.fail(errnoErr("read", unix.ECONNRESET), false), true
 	}
 	c.notifySpace(before)
 	return int(got), nil, true
@@ -182,7 +186,7 @@ func (c *Conn) writeCheck() error {
 	}
 	// SYNC POINT with the peer's OR of its ring_flags (RESET, NOT_READING).
 	fl := atomic.LoadUint32(c.in.flags)
-	if fl&^ringFlags != 0 {
+	if badRingFlags(fl) {
 		return c.corrupt("unknown ring flags")
 	}
 	if fl&flagRESET != 0 {

@@ -52,8 +52,12 @@ const (
 	// The producer of this ring no longer reads the opposite one (CloseRead or Close): the
 	// opposite producer's writes fail with EPIPE. In ring_flags, which every write reads anyway,
 	// so that a write never pulls the consumer's ring_tail line (spec section 8).
-	flagNotReading  = 4
-	ringFlags       = flagFIN | flagRESET | flagNotReading
+	flagNotReading = 4
+	// Set with RESET: the producer gave back the pages of its unread bytes (a side that closed
+	// with bytes its peer of another user left unread too long, spec section 8, "Orphaned
+	// bytes"). A consumer that sees it after a copy drops what it copied (zeros, maybe).
+	flagDropped     = 8
+	ringFlags       = flagFIN | flagRESET | flagNotReading | flagDropped
 	flagReadClosed  = 1
 	maxPublishChunk = 16 << 10
 
@@ -330,4 +334,10 @@ func ringState(capacity, head, tail uint64) (readable, writable uint64, ok bool)
 		return 0, 0, false
 	}
 	return used, capacity - used, true
+}
+
+// badRingFlags reports a ring_flags word that breaks section 8: a bit not named there, or
+// DROPPED without RESET (a reader would wait on a ring whose bytes are gone).
+func badRingFlags(fl uint32) bool {
+	return fl&^ringFlags != 0 || fl&(flagDropped|flagRESET) == flagDropped
 }

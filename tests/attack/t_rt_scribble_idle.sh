@@ -15,7 +15,10 @@ source "$(dirname "$0")/lib.sh"
 GOPEER=$WORK/colo-peer
 (cd "$ROOT/go" && go build -o "$GOPEER" ./cmd/colo-peer) || bad "go build colo-peer"
 cp "$HERE/py/scribble_idle.py" "$HERE/doorbell_attacker.py" "$WORK/" && chmod 644 "$WORK"/*.py
-threads() { awk '/^Threads:/ {print $2}' "/proc/$1/status"; }
+# Threads but jemalloc's background threads (redis): jemalloc starts one for an arena a new
+# thread takes, and keeps it, so a colo thread that came and went (the orphan keeper, while
+# nobody held bytes unread) leaves one of jemalloc's behind.
+threads() { local n=0 t; for t in /proc/"$1"/task/*; do [ "$(cat "$t/comm" 2>/dev/null)" = jemalloc_bg_thd ] || n=$((n + 1)); done; echo "$n"; }
 nfds() { ls "/proc/$1/fd" | wc -l; }
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; } # utime + stime, in clock ticks
 HZ=$(getconf CLK_TCK)

@@ -64,8 +64,13 @@ pub const FLAG_RESET: u32 = 2;
 /// reading `read_flags` instead would pull the consumer's `ring_tail` line across CPUs on every
 /// write (spec/WIRE.md section 8).
 pub const FLAG_NOT_READING: u32 = 4;
+/// `ring_flags`, set with `RESET`: the producer gave back the pages of its unread bytes (a side
+/// that closed with bytes its peer of another user left unread for too long, spec/WIRE.md
+/// section 8, "Orphaned bytes"). A consumer that sees it after a copy drops what it copied: the
+/// copy may hold zeros where those pages were.
+pub const FLAG_DROPPED: u32 = 8;
 /// Every bit a `ring_flags` word may hold.
-pub const RING_FLAGS: u32 = FLAG_FIN | FLAG_RESET | FLAG_NOT_READING;
+pub const RING_FLAGS: u32 = FLAG_FIN | FLAG_RESET | FLAG_NOT_READING | FLAG_DROPPED;
 /// `read_flags`: the consumer shut down its read side.
 pub const FLAG_READ_CLOSED: u32 = 1;
 

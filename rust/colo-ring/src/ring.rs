@@ -4,7 +4,7 @@
 //! shared counter only when the cache says full (producer) or empty (consumer), as rtrb does. Both
 //! counters count bytes ever moved and wrap at 2^64; byte `i` lives at `data[i % capacity]`.
 
-use crate::layout::{MIN_RING_SIZE, RING_FLAGS};
+use crate::layout::{FLAG_DROPPED, FLAG_RESET, MIN_RING_SIZE, RING_FLAGS};
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
 use crate::Corrupt;
 
@@ -117,7 +117,7 @@ impl RingWords {
     /// such as the message half of the same direction).
     pub fn producer_flags(&self) -> Result<u32, Corrupt> {
         // SYNC POINT with the Release fetch_or in `Producer::set_flags` and `raise_flags`.
-        check_flags(self.flags().load(Ordering::Acquire), RING_FLAGS)
+        check_ring_flags(self.flags().load(Ordering::Acquire))
     }
 
     /// Sets bits of `ring_flags` (`FIN`, `RESET`, `NOT_READING`) without the producer half, for
@@ -217,6 +217,15 @@ pub fn occupancy(head: u64, tail: u64, capacity: u64) -> Result<u64, Corrupt> {
     } else {
         Ok(used)
     }
+}
+
+/// A `ring_flags` word: a bit not named in spec/WIRE.md section 8, or DROPPED without RESET (a
+/// reader would wait on a ring whose bytes are gone), is corruption.
+fn check_ring_flags(value: u32) -> Result<u32, Corrupt> {
+    if value & (FLAG_DROPPED | FLAG_RESET) == FLAG_DROPPED {
+        return Err(Corrupt("DROPPED without RESET"));
+    }
+    check_flags(value, RING_FLAGS)
 }
 
 fn check_flags(value: u32, known: u32) -> Result<u32, Corrupt> {
@@ -613,6 +622,12 @@ impl<B: Bytes> Consumer<B> {
             // SYNC POINT with the Release fence in `Producer::grow`: if the copy saw a byte the
             // producer wrote after growing, this load sees the grown size.
             fence(Ordering::Acquire);
+            // After the same fence: a producer sets DROPPED before it gives back the pages of its
+            // unread bytes, so a copy that saw a page given back (zeros) sees the flag here, and
+            // hands on nothing; the reset follows (spec/WIRE.md section 8, "Orphaned bytes").
+            if self.words.flags().load(Ordering::Relaxed) & FLAG_DROPPED != 0 {
+                return Ok(0);
+            }
             if u64::from(self.words.size().load(Ordering::Relaxed)) == self.size {
                 return Ok(n);
             }
@@ -698,7 +713,7 @@ impl<B: Bytes> Consumer<B> {
     /// The producer's `ring_flags`.
     pub fn flags(&self) -> Result<u32, Corrupt> {
         // SYNC POINT with the Release fetch_or in `Producer::set_flags`.
-        check_flags(self.words.flags().load(Ordering::Acquire), RING_FLAGS)
+        check_ring_flags(self.words.flags().load(Ordering::Acquire))
     }
 
     /// Whether a read that moved `ring_tail` from `tail_before` to where it is now should wake a

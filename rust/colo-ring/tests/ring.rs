@@ -2,7 +2,7 @@
 #![cfg(not(loom))]
 mod common;
 
-use colo_ring::layout::{Geometry, FLAG_FIN};
+use colo_ring::layout::{Geometry, FLAG_DROPPED, FLAG_FIN, FLAG_RESET};
 use colo_ring::ring::{occupancy, Consumer, Producer, RawBytes};
 use colo_ring::snapshot::RingState;
 use colo_ring::sync::Ordering;
@@ -95,6 +95,21 @@ fn consumer_refuses_unknown_flags() {
     let (_p, c, w) = common::ring_pair(heap_bytes(4096));
     w.flags.store(0x40, Ordering::Relaxed);
     assert!(c.flags().is_err());
+}
+
+/// A producer that gave back the pages of its unread bytes (DROPPED, with RESET) may have left
+/// zeros where they were: a read or a peek hands on none of them, and the tail stays.
+#[test]
+fn dropped_bytes_are_never_read() {
+    let (mut p, mut c, w) = common::ring_pair(heap_bytes(4096));
+    p.write(b"abc").unwrap();
+    let mut b = [0u8; 8];
+    assert_eq!(c.peek(&mut b).unwrap(), 3);
+    p.set_flags(FLAG_RESET | FLAG_DROPPED);
+    assert_eq!(c.peek(&mut b).unwrap(), 0);
+    assert_eq!(c.read(&mut b).unwrap(), 0);
+    assert_eq!(w.tail.load(Ordering::Relaxed), 0);
+    assert_eq!(c.flags().unwrap(), FLAG_RESET | FLAG_DROPPED);
 }
 
 #[test]

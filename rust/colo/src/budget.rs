@@ -6,7 +6,9 @@
 //! peer is mapped under a [`Lease`] on three budgets: the bytes of peer segments this process
 //! maps in total, the share of them one peer uid may hold, and the number of peer segments mapped
 //! (each is one of the `vm.max_map_count` mappings the kernel allows a process: beyond those the
-//! program's own mmap and malloc fail, so peers may use only a fraction of them). A segment that
+//! program's own mmap and malloc fail, so peers may use only a fraction of them), of which one
+//! peer uid may hold a quarter (else one user's smallest segments would take them all, and every
+//! other user's connections would go plain TCP). A segment that
 //! does not fit is not mapped: the listener answers `REJECT(NO_RESOURCES)` (the client falls back
 //! to TCP) and keeps serving. The lease goes back when the mapping is unmapped (it lives in the `Segment`).
 //!
@@ -37,6 +39,8 @@ pub enum Limit {
     PerUid,
     /// `COLO_MAX_SEGMENTS`: the number of peer segments mapped (one mapping each).
     Segments,
+    /// A quarter of `COLO_MAX_SEGMENTS`: one uid's segments.
+    SegmentsPerUid,
 }
 
 /// The accounting itself, without the process-wide state (unit-tested below).
@@ -47,7 +51,8 @@ pub struct Budget {
     max_segments: u64,
     used: u64,
     segments: u64,
-    by_uid: HashMap<u32, u64>,
+    /// Bytes and segments by uid.
+    by_uid: HashMap<u32, (u64, u64)>,
 }
 
 impl Budget {
@@ -63,7 +68,10 @@ impl Budget {
         if self.segments >= self.max_segments {
             return Err(Limit::Segments);
         }
-        let mine = self.by_uid.get(&uid).copied().unwrap_or(0);
+        let (mine, my_segments) = self.by_uid.get(&uid).copied().unwrap_or((0, 0));
+        if my_segments >= self.segments_per_uid() {
+            return Err(Limit::SegmentsPerUid);
+        }
         if mine.checked_add(bytes).is_none_or(|m| m > self.per_uid) {
             return Err(Limit::PerUid);
         }
@@ -72,8 +80,14 @@ impl Budget {
         }
         self.used += bytes;
         self.segments += 1;
-        *self.by_uid.entry(uid).or_insert(0) += bytes;
+        let m = self.by_uid.entry(uid).or_insert((0, 0));
+        *m = (m.0 + bytes, m.1 + 1);
         Ok(())
+    }
+
+    /// The segments one uid may hold: a quarter of them all (at least one).
+    fn segments_per_uid(&self) -> u64 {
+        (self.max_segments / 4).max(1)
     }
 
     /// Gives back the segment of `bytes` that `take` gave `uid`.
@@ -81,8 +95,8 @@ impl Budget {
         self.used = self.used.saturating_sub(bytes);
         self.segments = self.segments.saturating_sub(1);
         if let Some(m) = self.by_uid.get_mut(&uid) {
-            *m = m.saturating_sub(bytes);
-            if *m == 0 {
+            *m = (m.0.saturating_sub(bytes), m.1.saturating_sub(1));
+            if m.1 == 0 {
                 self.by_uid.remove(&uid);
             }
         }
@@ -96,7 +110,7 @@ impl Budget {
 
     /// Bytes held by `uid`.
     pub fn used_by(&self, uid: u32) -> u64 {
-        self.by_uid.get(&uid).copied().unwrap_or(0)
+        self.by_uid.get(&uid).map_or(0, |m| m.0)
     }
 
     /// A log line's description of `limit`.
@@ -109,6 +123,11 @@ impl Budget {
                 self.used_by(uid) / MIB
             ),
             Limit::Segments => format!("COLO_MAX_SEGMENTS={} reached ({} peer segments mapped)", self.max_segments, self.segments),
+            Limit::SegmentsPerUid => format!(
+                "COLO_MAX_SEGMENTS={} reached for uid {uid} (its quarter, {} peer segments)",
+                self.max_segments,
+                self.segments_per_uid()
+            ),
         }
     }
 }
@@ -208,6 +227,17 @@ mod tests {
         let mut b = Budget::new(2 * MIB, 100 * MIB, 100);
         assert_eq!(b.take(1, 3 * MIB), Err(Limit::PerUid));
         assert_eq!(b.take(1, 2 * MIB), Ok(()));
+    }
+
+    #[test]
+    fn one_uid_holds_a_quarter_of_the_segments() {
+        let mut b = Budget::new(u64::MAX, u64::MAX, 8);
+        assert_eq!((b.take(1, 4096), b.take(1, 4096)), (Ok(()), Ok(())));
+        assert_eq!(b.take(1, 4096), Err(Limit::SegmentsPerUid), "a third of uid 1's, of 8");
+        assert!(b.describe(Limit::SegmentsPerUid, 1).contains("reached for uid 1 (its quarter, 2 peer segments)"));
+        assert_eq!(b.take(2, 4096), Ok(()), "another uid's");
+        b.give_back(1, 4096);
+        assert_eq!(b.take(1, 4096), Ok(()), "one given back makes room for one");
     }
 
     #[test]

@@ -43,9 +43,11 @@ pub enum Rank {
     Hangup,
     /// The rings the shrinker looks at (`shrink`).
     Shrink,
+    /// The segments closed with bytes a peer of another user has yet to read (`orphan`).
+    Orphan,
 }
 
-const RANKS: usize = Rank::Shrink as usize + 1;
+const RANKS: usize = Rank::Orphan as usize + 1;
 
 /// The registered modules, by rank (null: none yet). Only `&'static Locks` are stored.
 static REGISTERED: [AtomicPtr<Locks>; RANKS] = [const { AtomicPtr::new(std::ptr::null_mut()) }; RANKS];

@@ -47,6 +47,7 @@ mod netns_keeper;
 mod log;
 mod message;
 mod options;
+mod orphan;
 mod owed;
 mod raw;
 mod reaper;

@@ -3,7 +3,7 @@
 //! private copy of the geometry; none is derived from a value the peer can change later.
 
 pub use colo_ring::layout::{Geometry, Layout};
-use colo_ring::layout::{block, CLIENT_WAITING, CLIENT_WRITTEN, PARKED, SERVER_WAITING, SERVER_WRITTEN, TICKET};
+use colo_ring::layout::{block, CLIENT_WAITING, FLAG_DROPPED, FLAG_RESET, CLIENT_WRITTEN, PARKED, SERVER_WAITING, SERVER_WRITTEN, TICKET};
 use colo_ring::queue::{QueueReceiver, QueueSender, QueueWords};
 use colo_ring::ring::{Consumer, Producer, RawBytes, RingWords};
 use colo_ring::sync::{AtomicU32, AtomicU64, Ordering};
@@ -34,6 +34,9 @@ pub fn keep_memfds(on: bool) {
 
 /// [`Segment`]'s `out_size` bit: the peer is gone.
 const PEER_GONE: u8 = 1 << 7;
+/// [`Segment`]'s `out_size` bit: `memfd` holds the connection's control socket instead
+/// (`Segment::keep_control`), which a segment let go of needs no more than its memfd.
+const CONTROL_KEPT: u8 = 1 << 6;
 
 /// A segment mapped by this process.
 #[derive(Debug)]
@@ -49,17 +52,59 @@ pub struct Segment {
     _lease: Option<crate::budget::Lease>,
     /// Give back the pages of the direction this role reads when unmapped
     /// ([`Segment::give_back_incoming`]).
-    give_back: Option<Role>,
+    let_go: Option<LetGo>,
+}
+
+/// How a side that let go of its connection for good gives back the pages of its segment.
+/// Two bytes: a shimmed connection's heap is counted (`a_connection_is_one_kilobyte_of_heap`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LetGo {
+    role: Role,
     /// The size our producer last knew its ring at, a power of two, as its log2 (no page above
     /// it was ours to touch: a shrink gave back those above the new size), and `PEER_GONE` (the
-    /// whole outgoing ring goes at the give-back: nobody reads it). One byte: a shimmed
-    /// connection's heap is counted (`a_connection_is_one_kilobyte_of_heap`).
+    /// whole outgoing ring goes at the give-back: nobody reads it).
     out_size: u8,
+}
+
+impl LetGo {
+    fn new(role: Role, peer_gone: bool, out_size: usize) -> LetGo {
+        // A ring is at most 2^30 bytes (spec/WIRE.md section 4): its log2 is below `PEER_GONE`.
+        let log2 = out_size.min(1 << 30).next_power_of_two().trailing_zeros() as u8;
+        LetGo { role, out_size: log2 | if peer_gone { PEER_GONE } else { 0 } }
+    }
 }
 
 impl Drop for Segment {
     fn drop(&mut self) {
-        let Some(role) = self.give_back else { return };
+        let Some(lg) = self.let_go else { return };
+        self.give_back_pages(lg);
+        // Unread bytes a peer of another user holds (we read its ring through the memfd for
+        // that reason) stay charged to us while it keeps the memfd: kept mapped until it reads
+        // them or lets them lie too long (`orphan`), as TCP drops an orphaned socket's unsent
+        // bytes on a timer.
+        if self.through_memfd && self.outgoing_tail().is_some() {
+            let orphan = Segment {
+                map: self.map.take(),
+                layout: self.layout,
+                memfd: self.memfd.take(),
+                through_memfd: true,
+                _lease: self._lease.take(),
+                let_go: self.let_go,
+            };
+            crate::orphan::keep(orphan);
+        }
+        if let Some(control) = self.control() {
+            // Descriptors the peer queued are closed disarmed (`doorbell::empty_before_close`).
+            colo_sys::doorbell::empty_before_close(control);
+        }
+    }
+}
+
+impl Segment {
+    /// For a segment let go of (`give_back_incoming`): gives back the pages of the ring it read
+    /// and those of the ring it wrote but for the unread bytes.
+    fn give_back_pages(&self, lg: LetGo) {
+        let role = lg.role;
         if let Some(map) = &self.map {
             // The block this role read from its ring data on (data, padding, pool), in whole
             // pages: the direction's words, in the block's first page, stay (the peer may
@@ -93,7 +138,7 @@ impl Drop for Segment {
             // With the padding after the data, up to the pool (whose slots may hold messages
             // in flight), which starts on a page of its own.
             let spare = (self.layout.pool_off - self.layout.data_off) as u64;
-            for (from, to) in self.outgoing_free(role == Role::Client, cap) {
+            for (from, to) in self.outgoing_free(role == Role::Client, cap, lg.out_size) {
                 let to = if to == cap { spare } else { to };
                 let _ = map.release(out + from as usize, (to - from) as usize);
             }
@@ -106,7 +151,7 @@ impl Segment {
     /// `map` is at least `layout.segment_size` bytes and was validated against `layout`.
     pub unsafe fn new(map: Mapping, layout: Layout, memfd: OwnedFd) -> Segment {
         assert!(map.len() >= layout.segment_size);
-        Segment { map: Some(map), layout, memfd: Some(memfd), through_memfd: false, _lease: None, give_back: None, out_size: 0 }
+        Segment { map: Some(map), layout, memfd: Some(memfd), through_memfd: false, _lease: None, let_go: None }
     }
 
     /// An empty stand-in left behind when a closed connection hands its segment to the reaper.
@@ -114,7 +159,7 @@ impl Segment {
         let layout = Geometry { ring_capacity: colo_ring::layout::MIN_RING, slot_size: 0, slot_count: 0 }
             .layout()
             .expect("valid");
-        Segment { map: None, layout, memfd: None, through_memfd: false, _lease: None, give_back: None, out_size: 0 }
+        Segment { map: None, layout, memfd: None, through_memfd: false, _lease: None, let_go: None }
     }
 
     /// Closes the memfd (the mapping holds the memory): for a connection that will never be
@@ -168,10 +213,72 @@ impl Segment {
     /// The ring this side wrote (at `out_size`, as its producer knew it) is given back as well,
     /// but for the pages of its unread bytes (`peer_gone`: all of it).
     pub(crate) fn give_back_incoming(&mut self, role: Role, peer_gone: bool, out_size: usize) {
-        self.give_back = Some(role);
-        // A ring is at most 2^30 bytes (spec/WIRE.md section 4): its log2 is below `PEER_GONE`.
-        let log2 = out_size.min(1 << 30).next_power_of_two().trailing_zeros() as u8;
-        self.out_size = log2 | if peer_gone { PEER_GONE } else { 0 };
+        self.let_go = Some(LetGo::new(role, peer_gone, out_size));
+    }
+
+    /// Takes the connection's control socket at its last close, if `orphan` may keep this
+    /// segment (its peer is another user and has bytes of ours to read), to watch for the
+    /// peer's hang-up; it is shut down for writing, which the peer sees as our hang-up. Else
+    /// gives it back.
+    pub(crate) fn keep_control(&mut self, control: OwnedFd) -> Option<OwnedFd> {
+        let Some(lg) = &mut self.let_go else { return Some(control) };
+        // A socket that takes descriptors was shut down both ways to be emptied
+        // (`doorbell::empty_before_close`): it shows a hang-up of its own.
+        if !self.through_memfd || lg.out_size & PEER_GONE != 0 || self.outgoing_tail().is_none() || colo_sys::gift::rights_on(&control) {
+            return Some(control);
+        }
+        // SAFETY: shutdown(2) of a socket we own; no memory is passed.
+        unsafe { libc::shutdown(control.as_raw_fd(), libc::SHUT_WR) };
+        if let Some(lg) = &mut self.let_go {
+            lg.out_size |= CONTROL_KEPT;
+        }
+        self.memfd = Some(control);
+        None
+    }
+
+    /// The control socket `keep_control` kept.
+    fn control(&self) -> Option<&OwnedFd> {
+        let kept = self.let_go.is_some_and(|lg| lg.out_size & CONTROL_KEPT != 0);
+        self.memfd.as_ref().filter(|_| kept)
+    }
+
+    /// For a segment `orphan` keeps: whether its peer hung up (then nobody reads its bytes: they
+    /// go, with DROPPED set for any holder of the peer's end that is left: `drop_unread`).
+    pub(crate) fn peer_hung_up(&self) -> bool {
+        self.control().is_some_and(colo_sys::doorbell::hung_up)
+    }
+
+    /// As a segment let go of (`give_back_incoming`) is dropped, without unmapping it, for a
+    /// process that is about to exit as the connection's last holder (the shim's relay): the
+    /// pages go back, and bytes a peer of another user has yet to read are waited for, as
+    /// `orphan` keeps them, until it read them or lost them. Blocks meanwhile.
+    /// `hung_up` says whether the peer has gone since (then nobody reads the bytes: all go).
+    pub(crate) fn let_go_before_exit(&self, role: Role, peer_gone: bool, out_size: usize, hung_up: impl Fn() -> bool) {
+        let mut lg = LetGo::new(role, peer_gone, out_size);
+        self.give_back_pages(lg);
+        if !self.through_memfd {
+            return;
+        }
+        let Some(tail) = self.unread_tail(lg) else { return };
+        let mut watch = crate::orphan::Watch::new(tail);
+        loop {
+            std::thread::sleep(crate::orphan::LOOK);
+            if hung_up() {
+                lg.out_size |= PEER_GONE;
+                break;
+            }
+            match watch.look(self.unread_tail(lg)) {
+                crate::orphan::Look::Keep => {}
+                crate::orphan::Look::Moved => self.give_back_pages(lg),
+                crate::orphan::Look::Done => break,
+                crate::orphan::Look::Expired => {
+                    self.mark_dropped(role);
+                    lg.out_size |= PEER_GONE;
+                    break;
+                }
+            }
+        }
+        self.give_back_pages(lg);
     }
 
     /// The ranges of the ring data of direction `c2s` (offsets from its start, below the larger
@@ -180,7 +287,7 @@ impl Segment {
     /// consumer finds them. Words that break the ring's rules (a peer's scribble) leave nothing
     /// to read, as a reset would. A connection that never grew its ring past the first page
     /// has nothing to give back there (no system call).
-    fn outgoing_free(&self, c2s: bool, cap: u64) -> Vec<(u64, u64)> {
+    fn outgoing_free(&self, c2s: bool, cap: u64, out_size: u8) -> Vec<(u64, u64)> {
         let b = self.block(c2s);
         // SAFETY: aligned words inside our mapping, which lives as long as `self`; atomics only.
         let (head, tail, size) = unsafe {
@@ -192,10 +299,12 @@ impl Segment {
         let tail = tail.load(Ordering::Acquire);
         let head = head.load(Ordering::Relaxed);
         let size = u64::from(size.load(Ordering::Relaxed));
+        // SAFETY: as above; our own word (`mark_dropped` set DROPPED: the unread bytes are gone).
+        let dropped = unsafe { &*self.u32_at(b + block::RING_FLAGS) }.load(Ordering::Relaxed) & FLAG_DROPPED != 0;
         let unread = head.wrapping_sub(tail);
         let valid = size.is_power_of_two() && size <= cap && unread <= size;
-        let end = (1u64 << (self.out_size & !PEER_GONE)).max(if valid { size } else { 0 }).min(cap);
-        if self.out_size & PEER_GONE != 0 || unread == 0 || !valid {
+        let end = (1u64 << (out_size & !(PEER_GONE | CONTROL_KEPT))).max(if valid { size } else { 0 }).min(cap);
+        if out_size & PEER_GONE != 0 || dropped || unread == 0 || !valid {
             return vec![(0, end)];
         }
         let (a, b) = (tail % size, head % size);
@@ -206,6 +315,54 @@ impl Segment {
             // ring and from its start to `b`.
             vec![(b, a), (size, end.max(size))]
         }
+    }
+
+    /// For a segment let go of (`give_back_incoming`), whose ring we wrote still holds bytes
+    /// the peer has yet to read: its `ring_tail` (which moves as the peer reads them).
+    /// For a segment let go of (`give_back_incoming`): gives back its pages as its drop would,
+    /// without unmapping it (those of bytes the peer read since, for one `orphan` keeps).
+    pub(crate) fn give_back_read(&self) {
+        if let Some(lg) = self.let_go {
+            self.give_back_pages(lg);
+        }
+    }
+
+    pub(crate) fn outgoing_tail(&self) -> Option<u64> {
+        self.unread_tail(self.let_go?)
+    }
+
+    fn unread_tail(&self, lg: LetGo) -> Option<u64> {
+        let cap = self.layout.geometry.ring_capacity as u64;
+        let c2s = lg.role == Role::Client;
+        self.map.as_ref()?;
+        // Every byte of the written ring is free but the unread ones: more than one range.
+        let partial = self.outgoing_free(c2s, cap, lg.out_size).len() > 1;
+        // SAFETY: an aligned word inside our mapping (present: checked above); atomics only.
+        partial.then(|| unsafe { &*self.u64_at(self.block(c2s) + block::RING_TAIL) }.load(Ordering::Relaxed))
+    }
+
+    /// Drops the unread bytes of the ring we wrote (a segment let go of, whose peer left them
+    /// unread too long: `orphan`): RESET and DROPPED in its `ring_flags`, so that the peer reads
+    /// no zero where their pages were, and every page of that ring goes when it is dropped.
+    pub(crate) fn drop_unread(&mut self) {
+        let Some(mut lg) = self.let_go else { return };
+        self.mark_dropped(lg.role);
+        lg.out_size |= PEER_GONE;
+        self.let_go = Some(lg);
+    }
+
+    /// RESET and DROPPED in the `ring_flags` of the ring `role` wrote (`drop_unread`).
+    fn mark_dropped(&self, role: Role) {
+        if self.map.is_none() {
+            return;
+        }
+        let flags = self.block(role == Role::Client) + block::RING_FLAGS;
+        // SAFETY: an aligned word inside our mapping (present: checked above); atomics only.
+        // SYNC POINT with the peer consumer's load of `ring_flags` after the fence that follows
+        // its copy (`Consumer::copy_out_at`): stored before the pages go (the `MADV_REMOVE` of
+        // the drop that follows, which takes them out of the peer's page tables and the file),
+        // so a copy that saw a page gone sees the flag.
+        unsafe { &*self.u32_at(flags) }.fetch_or(FLAG_RESET | FLAG_DROPPED, Ordering::SeqCst);
     }
 
     /// This segment, counted in the budgets by `lease` until it is unmapped.

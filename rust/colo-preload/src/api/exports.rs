@@ -63,12 +63,27 @@ pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_lo
     r
 }
 
-/// `prctl(2)`: the shim leaves a process that installs a seccomp filter first (`confine`).
+/// `prctl(2)`: the shim leaves a process that installs a seccomp filter first (`confine`), and
+/// refuses to make a process dumpable again (`EPERM`) while its uid differs from the one its
+/// image started with and it holds a connection: that connection's peer judged it by its uid
+/// at the handshake (as the same user, maybe) and reads its rings through the mapping, and a
+/// dumpable process is its new user's to take descriptors from and write into (a server that
+/// accepts as root, then drops to nobody and asks to be dumpable for core dumps would hand
+/// nobody the rings of root's client; the kernel made it undumpable at the change). A process
+/// that changes uid before its first connection (nginx's workers) is not concerned.
 /// Variadic in C; the kernel takes four arguments after the option, passed in registers.
 #[no_mangle]
 pub unsafe extern "C" fn prctl(option: c_int, a2: c_ulong, a3: c_ulong, a4: c_ulong, a5: c_ulong) -> c_int {
     if confine::prctl_confines(option, a2) {
         confine::leave_process();
+    }
+    if option == libc::PR_SET_DUMPABLE
+        && a2 != 0
+        && crate::base::uids::changed()
+        && (table::fds_of_kind(table::CONN).next().is_some() || table::fds_of_kind(table::PENDING).next().is_some())
+    {
+        crate::base::guard::set_errno(libc::EPERM);
+        return -1;
     }
     // SAFETY: libc's `prctl`, given the application's arguments unchanged.
     unsafe { real::prctl(option, a2, a3, a4, a5) }

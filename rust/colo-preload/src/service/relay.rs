@@ -226,6 +226,10 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relay
         } else {
             conn.shm().shutdown_as_tcp(true, true);
         }
+        // The pages go back as at the shim's last close, and bytes a peer of another user has
+        // yet to read are kept (this process lingers) until it read them or lost them: the
+        // exit below would leave them charged to us for as long as the peer keeps its memfd.
+        conn.shm().let_go_before_exit();
     }
     drop((tcp, carrier));
     // SAFETY: ends the relay without running the program's exit handlers; the kernel closes the

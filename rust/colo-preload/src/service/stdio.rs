@@ -427,6 +427,11 @@ fn run(est: Established, tcp: OwnedFd, carrier: OwnedFd, relay: Relay, app: &Own
     // Whether another process still holds the connection: if none, the page goes back once
     // the rings are done with it.
     let last = relay.page.as_ref().is_some_and(|p| !p.leave(me, control));
+    if last {
+        // As in `relay::run`: the exit below would leave the bytes a peer of another user has
+        // yet to read charged to us for as long as it keeps its memfd.
+        shm.let_go_before_exit();
+    }
     drop(shm);
     if let (true, Some(p)) = (last, &relay.page) {
         p.release();

@@ -621,6 +621,23 @@ impl Shm {
         self.hangup.release();
     }
 
+    /// For the connection's last holder that ends it and then exits without dropping it (the
+    /// shim's relay): gives back the segment's pages as the drop would, and waits (blocking)
+    /// while bytes we wrote that a peer of another user has yet to read would be kept after the
+    /// drop, until it read them or lost them (`Segment::let_go_before_exit`). Call it after the
+    /// close's flags are set and before the exit; the connection is not used afterwards.
+    pub fn let_go_before_exit(&self) {
+        let out_size = {
+            let mut tx = lock(&self.tx);
+            tx.closed = true;
+            tx.ring.size()
+        };
+        let out = RingState::producer_view(&self.out_words);
+        let gone = out.head != out.tail && (self.has(PEER_GONE) || doorbell::hung_up(&self.fds.control));
+        self.hangup.release();
+        self.seg.let_go_before_exit(self.role, gone, out_size, || doorbell::hung_up(&self.fds.control));
+    }
+
     /// Whether the peer's hang-up (or a reset of the handshake) is known here, however it was
     /// learned (a drain of the doorbell, the hang-up watcher's mark, a look at the control
     /// socket): no system call.
@@ -721,7 +738,7 @@ impl Drop for Shm {
         // Descriptors the peer queued are closed disarmed now, not released by the close (a
         // lingering socket's release would wait here: `colo_sys::gift`).
         doorbell::empty_before_close(&control);
-        drop(control);
+        drop(seg.keep_control(control));
         let parked = |seg| crate::recycle::Parked::new(seg, self_bell);
         match self.recycle.take() {
             Some(Recycle::Client(name)) if clean => crate::recycle::park_client(name, self.peer_pid, parked(seg)),

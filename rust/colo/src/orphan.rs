@@ -1,0 +1,165 @@
+//! Bytes a closed connection leaves unread by a peer of another user are kept for a bounded
+//! time, as TCP drops an orphaned socket's unsent bytes on a timer (spec/WIRE.md section 8,
+//! "Orphaned bytes"). Their pages, in a memfd the peer holds, are charged to this process's
+//! memory cgroup for as long as they exist, and the peer decides how long that is by reading
+//! them or not: a side that let go of a connection (its last close) keeps such a segment mapped
+//! here, one thread per process looks at each every [`LOOK`], gives back the pages of the bytes
+//! read since, and lets the segment go once they are all read or the peer hung up (it keeps
+//! the control socket for that, shut down for writing: `Segment::keep_control`). A peer that read none of them
+//! for [`IDLE`], or that has held them for [`MOST`], loses them: the ring is marked RESET and
+//! DROPPED (it reads a reset, never the zeros of a page given back) and every page of it goes.
+//! What is kept is still counted in the budgets (its lease), which bound how much may be.
+
+use crate::fork;
+use crate::segment::Segment;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// A peer that reads none of the bytes for this long loses them.
+const IDLE: Duration = Duration::from_secs(60);
+/// However it reads them (a byte a minute), a peer loses the bytes left after this long.
+const MOST: Duration = Duration::from_secs(600);
+/// How often the kept segments are looked at.
+pub(crate) const LOOK: Duration = Duration::from_secs(5);
+
+/// What a look at the peer's progress decided.
+pub(crate) enum Look {
+    /// Nothing moved, and there is time left.
+    Keep,
+    /// The peer read some: give back the pages of what it read.
+    Moved,
+    /// The peer read them all (or the words no longer say bytes are unread).
+    Done,
+    /// The peer loses the bytes left (`IDLE` without a byte read, or `MOST` in all).
+    Expired,
+}
+
+/// The peer's `ring_tail` at the last look, when it last moved, and when the bytes were left.
+pub(crate) struct Watch {
+    tail: u64,
+    moved: Instant,
+    kept: Instant,
+}
+
+impl Watch {
+    pub(crate) fn new(tail: u64) -> Watch {
+        let now = Instant::now();
+        Watch { tail, moved: now, kept: now }
+    }
+
+    /// A look at the peer's tail now (`None`: nothing left unread).
+    pub(crate) fn look(&mut self, tail: Option<u64>) -> Look {
+        let Some(tail) = tail else { return Look::Done };
+        let now = Instant::now();
+        let moved = tail != self.tail;
+        if moved {
+            self.tail = tail;
+            self.moved = now;
+        }
+        if now.duration_since(self.moved) >= IDLE || now.duration_since(self.kept) >= MOST {
+            Look::Expired
+        } else if moved {
+            Look::Moved
+        } else {
+            Look::Keep
+        }
+    }
+}
+
+struct Orphan {
+    seg: Segment,
+    watch: Watch,
+}
+
+/// The kept segments, the pid whose thread looks at them (a forked child's copy is its
+/// parent's), and whether that thread runs.
+struct Kept {
+    pid: u32,
+    list: Vec<Orphan>,
+    running: bool,
+}
+
+// Locked at every fork: kept with what the fork handlers write (see `colo_sys::host`).
+#[link_section = "colo_fork"]
+static KEPT: Mutex<Kept> = Mutex::new(Kept { pid: 0, list: Vec::new(), running: false });
+
+static LOCKS: fork::Locks = fork::Locks { take: fork_guard, in_child: None };
+
+fn fork_guard(held: &mut fork::Held) {
+    held.hold(KEPT.lock().unwrap_or_else(|e| e.into_inner()));
+}
+
+fn lock() -> std::sync::MutexGuard<'static, Kept> {
+    fork::protect(fork::Rank::Orphan, &LOCKS);
+    KEPT.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Keeps `seg` (let go of, its written ring holding unread bytes: `Segment::outgoing_tail`)
+/// until its peer read them or lost them. Without the thread (it cannot start), the bytes are
+/// dropped at once.
+pub(crate) fn keep(mut seg: Segment) {
+    let Some(tail) = seg.outgoing_tail() else { return };
+    let me = colo_sys::host::pid();
+    let mut k = lock();
+    if k.pid != me {
+        // A fork child's copy of its parent's list: those segments are the parent's to look at.
+        std::mem::forget(std::mem::take(&mut k.list));
+        k.pid = me;
+        k.running = false;
+    }
+    if !k.running {
+        if colo_sys::host::spawn("colo-orphans", move || run(me)).is_err() {
+            drop(k);
+            seg.drop_unread();
+            return;
+        }
+        k.running = true;
+    }
+    k.list.push(Orphan { seg, watch: Watch::new(tail) });
+}
+
+fn run(me: u32) {
+    loop {
+        std::thread::sleep(LOOK);
+        let mut done = Vec::new();
+        let mut k = lock();
+        if k.pid != me {
+            return;
+        }
+        let mut i = 0;
+        while i < k.list.len() {
+            let o = &mut k.list[i];
+            if o.seg.peer_hung_up() {
+                o.seg.drop_unread();
+                done.push(k.list.swap_remove(i));
+                continue;
+            }
+            match o.watch.look(o.seg.outgoing_tail()) {
+                Look::Keep => {}
+                Look::Moved => o.seg.give_back_read(),
+                Look::Done => {
+                    done.push(k.list.swap_remove(i));
+                    continue;
+                }
+                Look::Expired => {
+                    o.seg.drop_unread();
+                    done.push(k.list.swap_remove(i));
+                    continue;
+                }
+            }
+            i += 1;
+        }
+        if k.list.is_empty() {
+            // Kept under this lock: with none kept, none is coming to this thread once it is
+            // marked stopped.
+            k.running = false;
+        }
+        let stop = !k.running;
+        drop(k);
+        // Unmapped (and their leases given back) outside the lock.
+        drop(done);
+        if stop {
+            return;
+        }
+    }
+}
