@@ -13,16 +13,21 @@
 # relay process writes for it, and lingers until the bytes are read or lost: its exit would
 # leave them) and a Go API server. The first connection's bytes are read 40 s after the
 # close: all of them, and FIN.
-# Run: bash tests/attack/t_rt_orphan_bytes.sh (as root). About 4 minutes.
+# Run: bash tests/attack/t_rt_orphan_bytes.sh (as root). About 2 minutes.
 source "$(dirname "$0")/lib.sh"
 cp "$HERE/py/orphan.py" "$HERE/py/write_close_server.py" "$HERE/py/exec_write_server.py" "$HERE/colo_attack.py" "$WORK/" && chmod 644 "$WORK"/*.py
 GOSRV=$WORK/write_close_server
 (cd "$ROOT/go" && go build -o "$GOSRV" ../tests/attack/go/write_close_server.go) || bad "go build write_close_server"
 K=16; N=$((768 << 10)); RING=$((1 << 20))
-# attack LABEL PORT: nobody's K connections to the server on PORT, held unread for up to 150 s.
+# attack LABEL PORT: nobody's K connections to the server on PORT, held unread for up to 150 s,
+# in the background (the three servers are attacked at once); judge LABEL reads its outcome.
+ATTACKERS=()
 attack() {
-  local label=$1 P=$2 out=$WORK/$1.out
-  as_nobody timeout 240 /usr/bin/python3 "$WORK/orphan.py" "$P" "$K" "$N" "$RING" 150 >"$out" 2>&1
+  as_nobody timeout 240 /usr/bin/python3 "$WORK/orphan.py" "$2" "$K" "$N" "$RING" 150 >"$WORK/$1.out" 2>&1 &
+  ATTACKERS+=($!); PIDS+=($!)
+}
+judge() {
+  local label=$1 out=$WORK/$1.out
   local closed
   closed=$(grep '^CLOSED' "$out")
   check "$label wrote $N bytes to each of $K connections and closed them ($closed)" \
@@ -53,4 +58,8 @@ P=$(free_port)
 "$GOSRV" "127.0.0.1:$P" "$N" >"$WORK/go.out" 2>&1 & PIDS+=($!)
 for _ in $(seq 100); do grep -qs READY "$WORK/go.out" && break; sleep 0.05; done
 attack "root's Go server" "$P"
+wait "${ATTACKERS[@]}"
+judge "root's python server (colo run)"
+judge "root's relayed program (colo run, an exec'd image)"
+judge "root's Go server"
 finish
