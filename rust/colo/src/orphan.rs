@@ -11,7 +11,6 @@
 //! What is kept is still counted in the budgets (its lease), which bound how much may be.
 
 use crate::fork;
-use crate::segment::Segment;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -66,8 +65,21 @@ impl Watch {
     }
 }
 
+/// What this module keeps: a segment let go of with bytes its peer has yet to read
+/// (`crate::segment::Segment`, which keeps itself here from its drop).
+pub(crate) trait Unread: Send {
+    /// The peer's `ring_tail` of the ring we wrote, while bytes in it are unread (`None`: none).
+    fn outgoing_tail(&self) -> Option<u64>;
+    /// Whether the peer hung up (nobody reads the bytes any more).
+    fn peer_hung_up(&self) -> bool;
+    /// Gives back the pages of the bytes the peer read since.
+    fn give_back_read(&self);
+    /// Marks the ring RESET and DROPPED and gives back every page of the unread bytes.
+    fn drop_unread(&mut self);
+}
+
 struct Orphan {
-    seg: Segment,
+    seg: Box<dyn Unread>,
     watch: Watch,
 }
 
@@ -97,7 +109,7 @@ fn lock() -> std::sync::MutexGuard<'static, Kept> {
 /// Keeps `seg` (let go of, its written ring holding unread bytes: `Segment::outgoing_tail`)
 /// until its peer read them or lost them. Without the thread (it cannot start), the bytes are
 /// dropped at once.
-pub(crate) fn keep(mut seg: Segment) {
+pub(crate) fn keep(mut seg: Box<dyn Unread>) {
     let Some(tail) = seg.outgoing_tail() else { return };
     let me = colo_sys::host::pid();
     let mut k = lock();

@@ -9,6 +9,7 @@ use colo_ring::ring::{Consumer, Producer, RawBytes, RingWords};
 use colo_ring::sync::{AtomicU32, AtomicU64, Ordering};
 use colo_sys::segment::Mapping;
 use colo_sys::{AsRawFd, OwnedFd, RawFd};
+use crate::orphan::Unread;
 
 /// Which end of the connection we are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,12 +92,44 @@ impl Drop for Segment {
                 _lease: self._lease.take(),
                 let_go: self.let_go,
             };
-            crate::orphan::keep(orphan);
+            crate::orphan::keep(Box::new(orphan));
         }
         if let Some(control) = self.control() {
             // Descriptors the peer queued are closed disarmed (`doorbell::empty_before_close`).
             colo_sys::doorbell::empty_before_close(control);
         }
+    }
+}
+
+/// A segment let go of (`give_back_incoming`) whose ring we wrote still holds bytes a peer of
+/// another user has yet to read, as `orphan` keeps it.
+impl Unread for Segment {
+    /// The peer's `ring_tail` (which moves as the peer reads them).
+    fn outgoing_tail(&self) -> Option<u64> {
+        self.unread_tail(self.let_go?)
+    }
+
+    /// Whether its peer hung up (then nobody reads its bytes: they go, with DROPPED set for any
+    /// holder of the peer's end that is left: `drop_unread`).
+    fn peer_hung_up(&self) -> bool {
+        self.control().is_some_and(colo_sys::doorbell::hung_up)
+    }
+
+    /// Gives back its pages as its drop would, without unmapping it (those of bytes the peer
+    /// read since).
+    fn give_back_read(&self) {
+        if let Some(lg) = self.let_go {
+            self.give_back_pages(lg);
+        }
+    }
+
+    /// RESET and DROPPED in its `ring_flags`, so that the peer reads no zero where their pages
+    /// were, and every page of that ring goes when it is dropped.
+    fn drop_unread(&mut self) {
+        let Some(mut lg) = self.let_go else { return };
+        self.mark_dropped(lg.role);
+        lg.out_size |= PEER_GONE;
+        self.let_go = Some(lg);
     }
 }
 
@@ -242,12 +275,6 @@ impl Segment {
         self.memfd.as_ref().filter(|_| kept)
     }
 
-    /// For a segment `orphan` keeps: whether its peer hung up (then nobody reads its bytes: they
-    /// go, with DROPPED set for any holder of the peer's end that is left: `drop_unread`).
-    pub(crate) fn peer_hung_up(&self) -> bool {
-        self.control().is_some_and(colo_sys::doorbell::hung_up)
-    }
-
     /// As a segment let go of (`give_back_incoming`) is dropped, without unmapping it, for a
     /// process that is about to exit as the connection's last holder (the shim's relay): the
     /// pages go back, and bytes a peer of another user has yet to read are waited for, as
@@ -317,20 +344,6 @@ impl Segment {
         }
     }
 
-    /// For a segment let go of (`give_back_incoming`), whose ring we wrote still holds bytes
-    /// the peer has yet to read: its `ring_tail` (which moves as the peer reads them).
-    /// For a segment let go of (`give_back_incoming`): gives back its pages as its drop would,
-    /// without unmapping it (those of bytes the peer read since, for one `orphan` keeps).
-    pub(crate) fn give_back_read(&self) {
-        if let Some(lg) = self.let_go {
-            self.give_back_pages(lg);
-        }
-    }
-
-    pub(crate) fn outgoing_tail(&self) -> Option<u64> {
-        self.unread_tail(self.let_go?)
-    }
-
     fn unread_tail(&self, lg: LetGo) -> Option<u64> {
         let cap = self.layout.geometry.ring_capacity as u64;
         let c2s = lg.role == Role::Client;
@@ -339,16 +352,6 @@ impl Segment {
         let partial = self.outgoing_free(c2s, cap, lg.out_size).len() > 1;
         // SAFETY: an aligned word inside our mapping (present: checked above); atomics only.
         partial.then(|| unsafe { &*self.u64_at(self.block(c2s) + block::RING_TAIL) }.load(Ordering::Relaxed))
-    }
-
-    /// Drops the unread bytes of the ring we wrote (a segment let go of, whose peer left them
-    /// unread too long: `orphan`): RESET and DROPPED in its `ring_flags`, so that the peer reads
-    /// no zero where their pages were, and every page of that ring goes when it is dropped.
-    pub(crate) fn drop_unread(&mut self) {
-        let Some(mut lg) = self.let_go else { return };
-        self.mark_dropped(lg.role);
-        lg.out_size |= PEER_GONE;
-        self.let_go = Some(lg);
     }
 
     /// RESET and DROPPED in the `ring_flags` of the ring `role` wrote (`drop_unread`).
