@@ -499,7 +499,9 @@ func handshakeClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry,
 	crossFamily := ap.Addr().Unmap().Is4() && strings.HasPrefix(name, "colo/1/[")
 	mustAnswer := crossFamily || cs.cred.Uid != uint32(os.Getuid())
 	pending := true
-	if pid, ok := welcomed.Load(name); !ok || pid.(int32) != cs.cred.Pid || crossFamily {
+	// A listener is known by name and pid, and a pid is reused: one of another uid now (the
+	// listener that welcomed us exited, another user's took its port and its pid) is waited for.
+	if pid, ok := welcomed.Load(name); !ok || pid.(int32) != cs.cred.Pid || mustAnswer {
 		dl := time.Now().Add(firstAnswerWait)
 		if cdl, ok := ctx.Deadline(); ok && cdl.Before(dl) {
 			dl = cdl

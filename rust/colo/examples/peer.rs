@@ -197,10 +197,37 @@ fn client_halfclose(mut s: Stream) -> io::Result<()> {
     Ok(())
 }
 
+/// A first connection echoed and closed; once the file `gate` exists, a second one to the same
+/// address read to its end (tests/attack/t_rt_known_pid_reuse.sh).
+fn client_redial(s: Stream, addr: &str, gate: &str) -> io::Result<()> {
+    client_halfclose(s)?;
+    println!("FIRST");
+    io::stdout().flush()?;
+    while !std::path::Path::new(gate).exists() {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mut s = Stream::connect_with(addr, &options())?;
+    s.write_all(b"x")?;
+    let mut n = 0;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => n += k,
+        }
+    }
+    println!("client read {n}");
+    io::stdout().flush()?;
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    drop(s);
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    Ok(())
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let usage = || -> ! {
-        eprintln!("usage: peer server ADDR stream|msg | peer client ADDR stream BYTES | peer client ADDR writefirst BYTES | peer client ADDR msg COUNT SIZE | peer client ADDR halfclose | peer client ADDR rtt COUNT (prints RTT <p50 us> <p99 us> <transport>)");
+        eprintln!("usage: peer server ADDR stream|msg | peer client ADDR stream BYTES | peer client ADDR writefirst BYTES | peer client ADDR msg COUNT SIZE | peer client ADDR halfclose | peer client ADDR redial GATE | peer client ADDR rtt COUNT (prints RTT <p50 us> <p99 us> <transport>)");
         exit(2)
     };
     if args.len() < 4 {
@@ -231,6 +258,10 @@ fn main() {
                 "halfclose" => {
                     client_halfclose(s)?;
                     5
+                }
+                "redial" => {
+                    let gate = args.get(4).unwrap_or_else(|| usage());
+                    return client_redial(s, &args[2], gate);
                 }
                 "rtt" => {
                     let count: usize = args.get(4).and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or_else(|| usage());

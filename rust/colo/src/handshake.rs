@@ -310,10 +310,12 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
     // Not for an IPv4 dial that reached the IPv6 wildcard: that listener may be IPV6_V6ONLY,
     // and its REJECT(NOT_SERVED) must come before connect returns, as TCP's refusal would.
     let cross_family = host::canonical(addr.ip()).is_ipv4() && name.starts_with("colo/1/[");
-    let known = seen == Some(Known::Direct) && !cross_family;
     // A server of another uid takes DIRECT only if it opted in (spec/WIRE.md section 3): its
     // answer, likely NEED_CARRIER, must be read now, not after bytes went into the ring.
     let must_answer = server_uid != host::uid() || cross_family;
+    // A listener is known by name and pid, and a pid is reused: one of another uid now (the
+    // listener that welcomed us exited, another user's took its port and its pid) is waited for.
+    let known = seen == Some(Known::Direct) && !must_answer;
     let mut seg = seg;
     let pending = known || {
         let mut buf = [0u8; 64];
