@@ -89,10 +89,15 @@ fn ask(g: &Guest, k: &Key) -> Asked {
         Err(_) => return Asked::Nothing,
     };
     // The holder gets the connection's addresses and hands over descriptors the claim trusts
-    // as a HELLO's: only a process of this process's own user may.
+    // as a HELLO's: only a process of this process's own user may. Another user's holder is
+    // asked nothing, this time only: any user may bind a free name for a moment (while our
+    // holder restarts), and our holder may take it back after.
     match seqpacket::peer_cred(&c) {
         Ok((_, uid)) if uid == rustix::process::geteuid().as_raw() => {}
-        Ok((_, uid)) => return Asked::Never(format!("the rendezvous {} is held by uid {uid}, not this process's", g.name)),
+        Ok((_, uid)) => {
+            log_debug(format_args!("the rendezvous {} is held by uid {uid}, not this process's: not asked", g.name));
+            return Asked::Nothing;
+        }
         Err(_) => return Asked::Nothing,
     }
     let Some(msg) = wire::encode_ask(&offer_key::encode(k)) else { return Asked::Nothing };
