@@ -40,7 +40,12 @@ const ALL_SOURCES: u8 = 1 << TCP | 1 << RENDEZVOUS | 1 << PENDING | 1 << TIMER |
 #[derive(Debug)]
 pub struct Listener {
     tcp: TcpListener,
-    rendezvous: Option<OwnedFd>,
+    /// The rendezvous, once bound: at `bind`, or at a TCP accept after the name was found
+    /// taken (`take_over_vacant`).
+    rendezvous: std::sync::OnceLock<OwnedFd>,
+    /// When (`Instant` since `bind`, in ms) an accept last tried to bind a name found taken.
+    looked_ms: std::sync::atomic::AtomicU64,
+    born: std::time::Instant,
     poller: Poller,
     /// Silent rendezvous connections, and CARRIER offers from clients under `colo run` (by
     /// 4-tuple, until their TCP connection arrives): bounded, expired on a timer.
@@ -91,16 +96,16 @@ impl Listener {
         // Half-open handshakes expire on this timer even if no connection ever comes (without
         // one, a blocking accept's poll timeout does it).
         let timer = colo_sys::timer::create().ok().filter(|t| poller.add(t, TIMER).is_ok());
-        let rendezvous = match seqpacket::listen(name.as_bytes()) {
+        let rendezvous = std::sync::OnceLock::new();
+        match seqpacket::listen(name.as_bytes()) {
             Ok(fd) => {
                 poller.add(&fd, RENDEZVOUS)?;
-                Some(fd)
+                let _ = rendezvous.set(fd);
             }
             Err(e) => {
-                log::info(format_args!("listen {addr}: rendezvous {name}: {e}; serving TCP only"));
-                None
+                log::info(format_args!("listen {addr}: rendezvous {name}: {e}; serving TCP only until it is free"));
             }
-        };
+        }
         let netns = crate::netns::Rendezvous::bind(addr.port());
         let netns_accepts = match &netns {
             Some(r) => match crate::netns_accept::NetnsAccepts::new(&poller, NETNS) {
@@ -121,6 +126,8 @@ impl Listener {
         Ok(Listener {
             tcp,
             rendezvous,
+            looked_ms: std::sync::atomic::AtomicU64::new(0),
+            born: std::time::Instant::now(),
             poller,
             timed: timer.is_some(),
             half_open: Mutex::new(HalfOpen::new(timer)),
@@ -143,7 +150,30 @@ impl Listener {
 
     /// Whether local clients can reach this listener over shared memory.
     pub fn is_colo(&self) -> bool {
-        self.rendezvous.is_some()
+        self.rendezvous.get().is_some()
+    }
+
+    /// A listener whose rendezvous name was taken at `bind` (another process listening with
+    /// `SO_REUSEPORT`, or any user's process: an abstract name is anyone's to bind while it is
+    /// free) binds it once it is free, looking at most once a second, at a TCP accept: a name
+    /// held for a moment around a restart would otherwise cost this listener shared memory for
+    /// its whole life.
+    fn take_over_vacant(&self) {
+        use std::sync::atomic::Ordering;
+        if self.rendezvous.get().is_some() {
+            return;
+        }
+        let now = self.born.elapsed().as_millis() as u64 + 1;
+        let last = self.looked_ms.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < 1000 || self.looked_ms.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_err() {
+            return;
+        }
+        let name = wire::rendezvous_name(self.addr);
+        if let Ok(fd) = seqpacket::listen(name.as_bytes()) {
+            if self.poller.add(&fd, RENDEZVOUS).is_ok() && self.rendezvous.set(fd).is_ok() {
+                log::info(format_args!("listen {}: rendezvous {name} was free: serving shared memory", self.addr));
+            }
+        }
     }
 
     /// Non-blocking mode: `accept` returns `WouldBlock` instead of waiting.
@@ -408,6 +438,7 @@ impl Listener {
     /// client, under `colo run`, sent its HELLO before connecting, so it is already queued);
     /// anything else stays plain TCP.
     fn claim_or_tcp(&self, tcp: TcpStream, peer: SocketAddr) -> (Stream, SocketAddr) {
+        self.take_over_vacant();
         if crate::netns::server_configured() && crate::netns::from_elsewhere(peer) {
             let Some(r) = self.netns.as_ref() else {
                 // Without a wait in accept: silent connections would hold every accept up.
@@ -436,7 +467,7 @@ impl Listener {
         let key = carrier::key(peer, local);
         let lookup = || self.half_open().take_offer(&key);
         let mut offer = lookup();
-        if offer.is_none() && self.rendezvous.is_some() {
+        if offer.is_none() && self.rendezvous.get().is_some() {
             // The client sent its HELLO before connecting: read the HELLOs that have arrived
             // (on new and on already accepted rendezvous connections), then look again.
             // Each call stops at a completed DIRECT connection: keep going until both are empty.
@@ -484,7 +515,7 @@ impl Listener {
     /// until none is queued, or (`all` false) just one, as the poller reports the listener again
     /// while more are queued (a connection then costs no accept that fails with EAGAIN).
     fn drain_rendezvous_new(&self, all: bool) -> io::Result<Option<(Stream, SocketAddr)>> {
-        if let Some(rdv) = &self.rendezvous {
+        if let Some(rdv) = self.rendezvous.get() {
             loop {
                 match seqpacket::accept(rdv) {
                     Ok(fd) => {
