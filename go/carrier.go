@@ -151,7 +151,7 @@ func (l *Listener) offerEvent() {
 
 // drainRendezvous accepts every connection waiting in the rendezvous backlog, without blocking.
 func (l *Listener) drainRendezvous() {
-	if l.rv == nil {
+	if l.rv.Load() == nil {
 		return
 	}
 	for {
@@ -172,7 +172,7 @@ func (l *Listener) claimCarrier(tc *net.TCPConn) *Conn {
 	// Only odd ports are offered (spec section 3): a connection from an even port is plain TCP,
 	// and is never held up waiting for HELLOs (silent rendezvous clients would otherwise delay
 	// every local TCP accept by up to claimWait).
-	if ra == nil || la == nil || l.rv == nil || ra.Port%2 == 0 || !isLocal(ra.AddrPort().Addr()) {
+	if ra == nil || la == nil || l.rv.Load() == nil || ra.Port%2 == 0 || !isLocal(ra.AddrPort().Addr()) {
 		return nil
 	}
 	key := offerKey{canonical(ra.AddrPort()), canonical(la.AddrPort())}

@@ -39,8 +39,12 @@ type Listener struct {
 	tcp  *net.TCPListener
 	addr netip.AddrPort
 	name string
-	rv   *os.File // rendezvous socket; nil when the name was taken (TCP only)
+	rv   atomic.Pointer[os.File] // rendezvous socket; nil while the name is taken (TCP only); rvFd is written before its Store
 	rvFd int
+	// closeMu orders a late bind of the rendezvous (takeOverVacant) with Close: either the bind
+	// comes first and Close closes it, or Close does and no bind follows.
+	closeMu  sync.Mutex
+	rvLooked time.Time // the last look for a vacant name (tcpLoop's goroutine only)
 
 	conns     chan *Conn
 	errs      chan error
@@ -105,14 +109,15 @@ func ListenColo(network, address string) (*Listener, error) {
 	l.directAny.Store(os.Getenv("COLO_DIRECT_ANY_UID") == "1")
 	l.name = rendezvousName(l.addr)
 	if err := l.bindRendezvous(); err != nil {
-		logf("listen %v: rendezvous %q unavailable (%v): serving plain TCP only", l.addr, l.name, err)
+		logf("listen %v: rendezvous %q unavailable (%v): serving plain TCP until it is free", l.addr, l.name, err)
+		l.rvLooked = time.Now()
 	}
 	l.netns = bindNetns(l.addr.Port())
 	l.wg.Add(1)
 	go l.tcpLoop()
-	if l.rv != nil {
+	if rv := l.rv.Load(); rv != nil {
 		l.wg.Add(1)
-		go l.rvLoop(l.rv)
+		go l.rvLoop(rv)
 	}
 	if l.netns != nil {
 		l.wg.Add(1)
@@ -135,8 +140,32 @@ func (l *Listener) bindRendezvous() error {
 		return err
 	}
 	l.rvFd = fd
-	l.rv = os.NewFile(uintptr(fd), "colo-rendezvous")
+	l.rv.Store(os.NewFile(uintptr(fd), "colo-rendezvous"))
 	return nil
+}
+
+// takeOverVacant binds the rendezvous name of a listener that serves plain TCP only because the
+// name was bound when it started (any user may hold a free abstract name for a moment, spec
+// section 2): at a TCP accept, at most once a second (tcpLoop's goroutine only).
+func (l *Listener) takeOverVacant() {
+	if l.rv.Load() != nil || time.Since(l.rvLooked) < time.Second {
+		return
+	}
+	l.rvLooked = time.Now()
+	l.closeMu.Lock()
+	defer l.closeMu.Unlock()
+	select {
+	case <-l.done:
+		return
+	default:
+	}
+	if l.bindRendezvous() != nil {
+		return
+	}
+	logf("listen %v: rendezvous %q bound: serving colo offers", l.addr, l.name)
+	// tcpLoop holds a count of wg: this Add cannot race with Close's Wait at zero.
+	l.wg.Add(1)
+	go l.rvLoop(l.rv.Load())
 }
 
 // tcpV6only reports whether the listening socket has IPV6_V6ONLY (Go sets it for network
@@ -176,7 +205,7 @@ func (l *Listener) admitsDirect(cfd int) bool {
 func (l *Listener) Addr() net.Addr { return l.tcp.Addr() }
 
 // Colo reports whether the listener holds its rendezvous name (false: plain TCP only).
-func (l *Listener) Colo() bool { return l.rv != nil }
+func (l *Listener) Colo() bool { return l.rv.Load() != nil }
 
 // Accept waits for and returns the next connection (a *Conn).
 func (l *Listener) Accept() (net.Conn, error) {
@@ -204,10 +233,13 @@ func (l *Listener) AcceptColo() (*Conn, error) {
 func (l *Listener) Close() error {
 	var err error
 	l.closeOnce.Do(func() {
+		l.closeMu.Lock()
 		close(l.done)
+		rv := l.rv.Load()
+		l.closeMu.Unlock()
 		err = l.tcp.Close()
-		if l.rv != nil {
-			l.rv.Close()
+		if rv != nil {
+			rv.Close()
 		}
 		if l.netns != nil {
 			l.netns.close()
@@ -263,6 +295,7 @@ func (l *Listener) tcpLoop() {
 			return
 		}
 		delay = 0
+		l.takeOverVacant()
 		if ra, ok := tc.RemoteAddr().(*net.TCPAddr); ok && (l.netns != nil || netnsConfigured()) && !isLocal(ra.AddrPort().Addr()) && netnsClientAllowed(ra.AddrPort().Addr()) {
 			// From another network namespace: its proposal is answered on the connection's own
 			// goroutine (the wait for its first bytes holds up no other accept).

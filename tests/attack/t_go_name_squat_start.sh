@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# Red team (pending: not fixed, not run by CI): t_rt_api_name_squat_start.sh against Go's
-# ListenColo. nobody binds root's Go API server's rendezvous name for a second around its start
-# (a restart); the listener found the name taken and serves plain TCP for good (Listener.rv
-# stays nil): root's clients dialing after nobody left stay on TCP ("OK 5 tcp"). The Rust API
-# listener and the shim's take a vacant name over at an accept.
-source "$(dirname "$0")/../lib.sh"
-ROOT=$(cd "$HERE/../../.." && pwd); TARGET=${CARGO_TARGET_DIR:-$ROOT/rust/target}; PEER=$TARGET/release/examples/peer
+# Red team: a name squatted for a moment must not keep a Go API server off shared memory. nobody
+# binds root's Go server's rendezvous name for a second around its start (a restart): the
+# listener finds the name taken and serves plain TCP until it is free, then binds it at a TCP
+# accept (at most once a second; spec/WIRE.md section 2), as t_rt_api_name_squat_start.sh
+# checks of the Rust API listener: root's client dialing after nobody left is on shared memory.
+source "$(dirname "$0")/lib.sh"
 GOPEER=$WORK/colo-peer
 (cd "$ROOT/go" && go build -o "$GOPEER" ./cmd/colo-peer) || bad "go build colo-peer"
 attack() { # LABEL SERVER...
