@@ -12,7 +12,7 @@
 //! Until the first scribble the ring must also behave honestly: bytes come out in order.
 #![no_main]
 
-use colo_ring::layout::{block, Geometry, RING_FLAGS};
+use colo_ring::layout::{block, Geometry, FLAG_DROPPED, RING_FLAGS};
 use colo_ring::queue::{QueueReceiver, QueueSender, QueueWords};
 use colo_ring::ring::{Bytes, Consumer, Producer, RawBytes, RingWords};
 use colo_ring::sync::{AtomicU32, AtomicU64, Ordering};
@@ -161,7 +161,15 @@ fuzz_target!(|data: &[u8]| {
                     assert!(freed.end <= cap);
                 }
             }
-            4 => prod.set_flags(u32::from(input.byte().unwrap_or(0)) & RING_FLAGS),
+            4 => {
+                let flags = u32::from(input.byte().unwrap_or(0)) & RING_FLAGS;
+                prod.set_flags(flags);
+                // DROPPED gives the bytes up (a read hands on none; without RESET it is
+                // corruption): what the ring gives is no longer what was sent.
+                if flags & FLAG_DROPPED != 0 {
+                    honest = false;
+                }
+            }
             5 => {
                 // A program that inherited this end continues from the shared counters.
                 // SAFETY: as for `new`; the old half is replaced, so one producer remains.
