@@ -157,9 +157,20 @@ fn from_env() -> Budget {
     Budget::new(total.saturating_mul(MIB), per_uid.saturating_mul(MIB), segments)
 }
 
+// Locked at every fork (a child forked while another thread held it would wait for it at its
+// first lease taken or given back, forever): kept with what the fork handlers write (see
+// `colo_sys::host`).
+#[link_section = "colo_fork"]
 static BUDGET: Mutex<Option<Budget>> = Mutex::new(None);
 
+static LOCKS: crate::fork::Locks = crate::fork::Locks { take: fork_guard, in_child: None };
+
+fn fork_guard(held: &mut crate::fork::Held) {
+    held.hold(BUDGET.lock().unwrap_or_else(|e| e.into_inner()));
+}
+
 fn with<T>(f: impl FnOnce(&mut Budget) -> T) -> T {
+    crate::fork::protect(crate::fork::Rank::Budget, &LOCKS);
     let mut b = BUDGET.lock().unwrap_or_else(|e| e.into_inner());
     f(b.get_or_insert_with(from_env))
 }
@@ -274,5 +285,53 @@ mod tests {
         assert!(err.contains("COLO_MAX_MAPPED"), "{err}");
         drop(l);
         assert_eq!(with(|b| b.used_by(uid)), before);
+    }
+
+    #[test]
+    fn a_fork_child_takes_a_lease_while_another_thread_takes_them() {
+        // A thread of the parent takes and gives back leases without a pause (as the listener's
+        // threads map peer segments and the orphan thread lets them go) while the main thread
+        // forks: each child takes a lease of its own under a watchdog. A child forked while the
+        // thread held the budget's lock would wait for it forever.
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let uid = u32::MAX - 6;
+        let stop = Arc::new(AtomicBool::new(false));
+        let churn = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    drop(Lease::take(uid, 4096));
+                }
+            })
+        };
+        let mut hung = 0;
+        for _ in 0..300 {
+            if hung > 0 {
+                break;
+            }
+            // SAFETY: the child takes a lease (this crate's budget, whose lock the fork handlers
+            // make safe to take) and leaves with _exit.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                // SAFETY: alarm and _exit take no memory.
+                unsafe { libc::alarm(2) };
+                let ok = Lease::take(uid - 1, 4096).is_ok();
+                // SAFETY: ends the child without running the parent's destructors.
+                unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+            }
+            assert!(pid > 0, "fork");
+            let mut status = 0;
+            // SAFETY: waits for the child just forked.
+            assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+            if libc::WIFSIGNALED(status) {
+                hung += 1;
+            } else {
+                assert_eq!(libc::WEXITSTATUS(status), 0, "the child's lease");
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        churn.join().unwrap();
+        assert_eq!(hung, 0, "a child waited for the budget's lock (SIGALRM)");
     }
 }

@@ -45,9 +45,13 @@ pub enum Rank {
     Shrink,
     /// The segments closed with bytes a peer of another user has yet to read (`orphan`).
     Orphan,
+    /// The budgets of peer segments mapped (`budget`): last, as a lease is taken or given back
+    /// under other modules' locks (a segment dropped by the reaper or the orphan thread), and
+    /// its holder takes no other lock.
+    Budget,
 }
 
-const RANKS: usize = Rank::Orphan as usize + 1;
+const RANKS: usize = Rank::Budget as usize + 1;
 
 /// The registered modules, by rank (null: none yet). Only `&'static Locks` are stored.
 static REGISTERED: [AtomicPtr<Locks>; RANKS] = [const { AtomicPtr::new(std::ptr::null_mut()) }; RANKS];
