@@ -151,12 +151,19 @@ func (l *Listener) offerEvent() {
 
 // drainRendezvous accepts every connection waiting in the rendezvous backlog, without blocking.
 func (l *Listener) drainRendezvous() {
-	if l.rv.Load() == nil {
+	rv := l.rv.Load()
+	if rv == nil {
+		return
+	}
+	rc, err := rv.SyscallConn()
+	if err != nil {
 		return
 	}
 	for {
-		cfd, err := l.acceptControl(l.rvFd)
-		if err != nil {
+		// Inside Control, a Close meanwhile waits for the accept: the number is still the
+		// rendezvous's (a closed one may already be another socket's).
+		cfd, aerr := -1, error(net.ErrClosed)
+		if rc.Control(func(fd uintptr) { cfd, aerr = l.acceptControl(int(fd)) }) != nil || aerr != nil {
 			return
 		}
 		if uid, ok := l.admitHalfOpen(cfd); ok {

@@ -39,8 +39,7 @@ type Listener struct {
 	tcp  *net.TCPListener
 	addr netip.AddrPort
 	name string
-	rv   atomic.Pointer[os.File] // rendezvous socket; nil while the name is taken (TCP only); rvFd is written before its Store
-	rvFd int
+	rv   atomic.Pointer[os.File] // rendezvous socket; nil while the name is taken (TCP only)
 	// closeMu orders a late bind of the rendezvous (takeOverVacant) with Close: either the bind
 	// comes first and Close closes it, or Close does and no bind follows.
 	closeMu  sync.Mutex
@@ -139,7 +138,6 @@ func (l *Listener) bindRendezvous() error {
 		unix.Close(fd)
 		return err
 	}
-	l.rvFd = fd
 	l.rv.Store(os.NewFile(uintptr(fd), "colo-rendezvous"))
 	return nil
 }

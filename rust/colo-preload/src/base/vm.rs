@@ -27,7 +27,9 @@ pub fn shares_memory() -> bool {
         SHARING.store(me, std::sync::atomic::Ordering::Relaxed);
         return true;
     }
-    SHARING.load(std::sync::atomic::Ordering::Relaxed) == me
+    // Only a refusal falls back on what the kernel said before: "different" is the answer
+    // (a raw-clone child whose pid an earlier vfork child of this memory had is not sharing).
+    r < 0 && SHARING.load(std::sync::atomic::Ordering::Relaxed) == me
 }
 
 /// The pid of the last child found sharing this memory (`shares_memory`).
