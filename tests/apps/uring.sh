@@ -3,8 +3,8 @@
 # when it can set a ring up, and through recv when it cannot, as programs written for kernels
 # without io_uring do. liburing makes the io_uring_setup system call itself, not through libc's
 # `syscall`, so the shim refuses liburing's set-up functions: under `colo run` the program
-# falls back and gets its bytes (a ring's read of an accelerated socket waits on its TCP socket,
-# which carries none: it hung). Without the shim it reads through io_uring. Needs the Debian
+# falls back and gets its bytes (a ring's read of an accelerated socket would wait on its TCP
+# socket, which carries none). Without the shim it reads through io_uring. Needs the Debian
 # package liburing-dev; every run has a timeout.
 source "$(dirname "$0")/common.sh"
 [ -n "${COLO_APPS_BUILT:-}" ] || build

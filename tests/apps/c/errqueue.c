@@ -2,9 +2,8 @@
  * sends and `SO_TIMESTAMPING`, which a program drains when it likes) and of urgent data
  * (`MSG_OOB`, none sent) never take the stream's bytes: recvmsg, recv and recvfrom with either
  * flag fail (EAGAIN for an empty error queue, at once even on a blocking socket; EINVAL for no
- * urgent data) and the bytes written before are read afterwards, in order. Under the shim the
- * error-queue reads took the stream's bytes (and a blocking one waited for more). Run with the
- * shim preloaded (tests/apps/run.sh); also passes without it. alarm() is the watchdog. */
+ * urgent data) and the bytes written before are read afterwards, in order. Run with the shim
+ * preloaded (tests/apps/run.sh); also passes without it. alarm() is the watchdog. */
 #define _GNU_SOURCE
 #include <poll.h>
 

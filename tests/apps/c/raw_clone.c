@@ -3,9 +3,8 @@
  * `syscall(__NR_clone, CLONE_NEWIPC | SIGCHLD)`), then by a raw `fork` system call
  * (`syscall(SYS_fork)`, where the architecture has one), and accepts on the listener it inherited,
  * while the master that listens lives on. The worker's connections must be accelerated, as a
- * forked worker's are: it asks the master's offer service for each offer (it took the master's
- * service, copied into its memory, for its own, whose thread does not run in it: its clients
- * went on over TCP, "accepted by a program that does not serve its rendezvous", after a wait).
+ * forked worker's are: it asks the master's offer service for each offer, never taking the
+ * copy of the master's service in its memory (whose thread does not run in it) for its own.
  * Run with the shim preloaded (tests/apps/run.sh); also passes without it. alarm() is the
  * watchdog. */
 #define _GNU_SOURCE

@@ -3,9 +3,8 @@
  * relays such a connection over loopback TCP from then on (as one passed to another process),
  * whose socket signals: a reader that found nothing and sleeps until its signal is woken by the
  * peer's bytes, and gets every byte in order; then again with FIOASYNC, whose `int *` the shim
- * reads as the kernel does (one it cannot read: EFAULT). Under the shim no signal came (it slept
- * until the watchdog). Run with the shim preloaded (tests/apps/run.sh); also passes without it.
- * alarm() is the watchdog. */
+ * reads as the kernel does (one it cannot read: EFAULT). Run with the shim preloaded
+ * (tests/apps/run.sh); also passes without it. alarm() is the watchdog. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <signal.h>

@@ -1,13 +1,10 @@
 /* connect(AF_UNSPEC) on a connected TCP socket disconnects it (Linux: an abortive end, a reset
  * for the peer): the peer's read fails with ECONNRESET, its write after that with EPIPE, and the
- * disconnected socket reads none of the bytes the peer wrote before. Under the shim only the
- * kernel socket was disconnected: the rings stayed connected, the peer never saw the end and
- * the "disconnected" socket went on reading its bytes. Then a non-blocking connect disconnected
- * so before the program looked at it again (its server has accepted), and connected to a second
- * server: the bytes written then reach the second server, none the first (under the shim the
- * first connect was decided onto shared memory afterwards, and the bytes went to the first).
- * And a connection a forked child holds too: the peer is told at once, as the kernel resets
- * the socket whoever holds it (under the shim, not until the child closed its copy).
+ * disconnected socket reads none of the bytes the peer wrote before, the rings' included. A
+ * non-blocking connect disconnected so before the program looked at it again (its server has
+ * accepted), then connected to a second server: the bytes written then reach the second server,
+ * none the first. And a connection a forked child holds too: the peer is told at once, as the
+ * kernel resets the socket whoever holds it.
  * Run with the shim preloaded (tests/apps/run.sh); also passes without it. alarm() is the
  * watchdog. */
 #define _GNU_SOURCE
