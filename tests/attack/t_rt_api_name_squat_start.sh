@@ -7,8 +7,10 @@
 # clients dialing after nobody left stayed on TCP ("OK 5 tcp"). Now a listener whose name was
 # taken binds it at a TCP accept once it is free (looking at most once a second,
 # colo::Listener::take_over_vacant, as the shim's guests do): the first connection after is
-# plain, the next on shared memory. (Go's ListenColo: tests/attack/pending/t_go_name_squat_start.sh.)
+# plain, the next on shared memory. The same for Go's ListenColo (Listener.takeOverVacant).
 source "$(dirname "$0")/lib.sh"
+GOPEER=$WORK/colo-peer
+(cd "$ROOT/go" && go build -o "$GOPEER" ./cmd/colo-peer) || bad "go build colo-peer"
 attack() { # LABEL SERVER...
   local label=$1 P; shift
   P=$(free_port)
@@ -26,4 +28,5 @@ s.bind(b'\0colo/1/127.0.0.1:$P'); s.listen(8); print('SQUAT', flush=True); time.
   check "$label: root's client is on shared memory once nobody let go of the name ($r)" sh -c "echo '$r' | grep -q '^OK' && ! echo '$r' | grep -qi tcp"
 }
 attack "Rust API server" "$PEER"
+attack "Go API server" "$GOPEER"
 finish
