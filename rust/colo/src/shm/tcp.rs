@@ -3,6 +3,7 @@
 //! blocking calls that a signal handler interrupts.
 
 use super::{RxHalf, Shm, READ_SHUT, READ_TOLD, RESET, WRITE_SHUT};
+use colo_ring::layout::FLAG_DROPPED;
 use colo_ring::sync::{AtomicU32, Ordering};
 use std::io;
 
@@ -103,6 +104,12 @@ impl Shm {
         let n = got.map_err(|c| self.corrupt(c))?;
         if n > 0 && !peek {
             self.wake_for_space(rx, before);
+        }
+        if n == 0 && rx.ring.flags().map_err(|c| self.corrupt(c))? & FLAG_DROPPED != 0 {
+            // The peer's closer let its unread bytes go (spec/WIRE.md section 8, "Orphaned
+            // bytes"): they are lost, which a reader must learn as a reset, not an end of stream.
+            self.set(RESET);
+            return Err(io::ErrorKind::ConnectionReset.into());
         }
         Ok(n)
     }

@@ -413,3 +413,21 @@ fn a_ring_right_behind_the_late_welcome_is_no_reset() {
     sa.poll_control();
     assert!(!sa.has(super::RESET | super::PEER_GONE), "a ring behind the WELCOME reset the connection");
 }
+
+/// Bytes the peer's closer let go unread (DROPPED, spec/WIRE.md section 8, "Orphaned bytes")
+/// are lost: a read after this side's own read shutdown reports the loss as a reset, as the
+/// read before it would, never as an end of stream.
+#[test]
+fn a_read_after_a_read_shutdown_reports_dropped_bytes_as_a_reset() {
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    let opts = Options::new().spin(SpinMode::Never);
+    let a = Stream::connect_with(l.local_addr().unwrap(), &opts).unwrap();
+    let (b, _) = l.accept().unwrap();
+    let (sa, sb) = (a.shm().unwrap(), b.shm().unwrap());
+    (&b).write_all(&[5; 100]).unwrap();
+    sa.shutdown_as_tcp(true, false);
+    sb.out_words.raise_flags(colo_ring::layout::FLAG_RESET | colo_ring::layout::FLAG_DROPPED);
+    let mut buf = [0u8; 100];
+    let err = (&a).read(&mut buf).expect_err("the dropped bytes read as an end of stream");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset);
+}
