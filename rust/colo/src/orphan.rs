@@ -76,6 +76,9 @@ pub(crate) trait Unread: Send {
     fn give_back_read(&self);
     /// Marks the ring RESET and DROPPED and gives back every page of the unread bytes.
     fn drop_unread(&mut self);
+    /// In a fork child: lets go of this process's copy (its mapping and descriptors) without
+    /// touching what the parent, which keeps the segment, still watches.
+    fn let_go_in_child(self: Box<Self>);
 }
 
 struct Orphan {
@@ -95,7 +98,7 @@ struct Kept {
 #[link_section = "colo_fork"]
 static KEPT: Mutex<Kept> = Mutex::new(Kept { pid: 0, list: Vec::new(), running: false });
 
-static LOCKS: fork::Locks = fork::Locks { take: fork_guard, in_child: None };
+static LOCKS: fork::Locks = fork::Locks { take: fork_guard, in_child: Some(forked) };
 
 fn fork_guard(held: &mut fork::Held) {
     held.hold(KEPT.lock().unwrap_or_else(|e| e.into_inner()));
@@ -106,6 +109,26 @@ fn lock() -> std::sync::MutexGuard<'static, Kept> {
     KEPT.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// In a forked child: the kept segments are the parent's to look at, and the child's copies of
+/// their mappings and descriptors go now (a child that neither execs nor exits soon, a prefork
+/// worker, would hold them for life, and with them the peer's memory).
+fn forked() {
+    let mut k = lock();
+    let_go_of_parents(&mut k, colo_sys::host::pid());
+}
+
+/// Lets go of a parent's list copied into this child (`me`) by a fork.
+fn let_go_of_parents(k: &mut Kept, me: u32) {
+    if k.pid == me {
+        return;
+    }
+    k.pid = me;
+    k.running = false;
+    for o in std::mem::take(&mut k.list) {
+        o.seg.let_go_in_child();
+    }
+}
+
 /// Keeps `seg` (let go of, its written ring holding unread bytes: `Segment::outgoing_tail`)
 /// until its peer read them or lost them. Without the thread (it cannot start), the bytes are
 /// dropped at once.
@@ -113,12 +136,8 @@ pub(crate) fn keep(mut seg: Box<dyn Unread>) {
     let Some(tail) = seg.outgoing_tail() else { return };
     let me = colo_sys::host::pid();
     let mut k = lock();
-    if k.pid != me {
-        // A fork child's copy of its parent's list: those segments are the parent's to look at.
-        std::mem::forget(std::mem::take(&mut k.list));
-        k.pid = me;
-        k.running = false;
-    }
+    // A fork that ran no handlers (the handler is `forked`).
+    let_go_of_parents(&mut k, me);
     if !k.running {
         if colo_sys::host::spawn("colo-orphans", move || run(me)).is_err() {
             drop(k);
@@ -173,5 +192,55 @@ fn run(me: u32) {
         if stop {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{keep, Unread};
+    use colo_sys::{AsRawFd, OwnedFd};
+
+    /// Bytes never read: kept until they expire, holding a descriptor as a segment holds its own.
+    struct Unreadable {
+        _fd: OwnedFd,
+    }
+
+    impl Unread for Unreadable {
+        fn outgoing_tail(&self) -> Option<u64> {
+            Some(0)
+        }
+        fn peer_hung_up(&self) -> bool {
+            false
+        }
+        fn give_back_read(&self) {}
+        fn drop_unread(&mut self) {}
+        fn let_go_in_child(self: Box<Self>) {}
+    }
+
+    /// A fork child lets go of its copies of what its parent keeps (a prefork worker would
+    /// otherwise hold them, and the peer's memory with them, for life); the parent keeps them.
+    #[test]
+    fn a_fork_child_lets_go_of_its_parents_kept_segments() {
+        // SAFETY: eventfd(2) with no memory passed; the descriptor is owned once, here.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: a fresh descriptor nothing else owns.
+        let owned = unsafe { <OwnedFd as colo_sys::FromRawFd>::from_raw_fd(fd) };
+        let raw = owned.as_raw_fd();
+        keep(Box::new(Unreadable { _fd: owned }));
+        // SAFETY: the child only makes system calls and exits without unwinding.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: fcntl(2) on a number; _exit(2) ends the child without running the parent's code.
+            unsafe { libc::_exit(i32::from(libc::fcntl(raw, libc::F_GETFD) != -1)) };
+        }
+        assert!(pid > 0);
+        let mut status = 0;
+        // SAFETY: waits for our own child; `status` is a valid place to write.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status));
+        assert_eq!(libc::WEXITSTATUS(status), 0, "the child still held its parent's kept segment");
+        // SAFETY: fcntl(2) on a number.
+        assert_ne!(unsafe { libc::fcntl(raw, libc::F_GETFD) }, -1, "the parent let go of what it keeps");
     }
 }

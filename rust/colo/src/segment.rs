@@ -131,6 +131,13 @@ impl Unread for Segment {
         lg.out_size |= PEER_GONE;
         self.let_go = Some(lg);
     }
+
+    /// Unmapped and its descriptors closed, with nothing given back and no flag set: a fork
+    /// child's copy of a segment its parent keeps (the child's drop would give back pages the
+    /// parent still watches).
+    fn let_go_in_child(mut self: Box<Self>) {
+        self.let_go = None;
+    }
 }
 
 impl Segment {
