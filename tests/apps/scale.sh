@@ -37,7 +37,7 @@ scale() {
   acc_c=$(grep -c ': accelerated (shared memory)' "$WORK/scale-$n.cli")
   acc_s=$(grep -c ': accelerated (shared memory)' "$WORK/scale-$n.srv")
   # A loaded host can keep redis from accepting for the 30 ms after which a client that holds
-  # other connections goes on over TCP (README, known limits): that is no resource, and the run
+  # other connections goes on over TCP (docs/LIMITS.md): that is no resource, and the run
   # is made once more.
   if [ "$acc_s" -le "$n" ] && [ -z "${AGAIN:-}" ] && grep -q "its server's program is not accepting" "$WORK/scale-$n.cli"; then
     echo "     -c $n: $acc_s accelerated, redis was not accepting for a moment (a loaded host): once more"

@@ -14,7 +14,7 @@
 # direction back too (colo::Segment::give_back_incoming; Go's Conn.incomingPages, parked or
 # not), and the Rust core does at `exit` what its background unmapper and parking had not done
 # yet (reaper::at_exit). (A process that exits without closing still leaves them, and so does
-# a Go client that exits right after its close: README, known limits.) And while connected: a
+# a Go client that exits right after its close: docs/LIMITS.md.) And while connected: a
 # client whose server is another user reads its ring with pread of the memfd, which allocates
 # nothing for a hole (colo::Segment::read_through_memfd; Go's Conn.readThrough: the Go client
 # held 8 MiB while connected before).

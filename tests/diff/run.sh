@@ -2,7 +2,7 @@
 # The differential suite: every scenario program here (*.c) runs on plain TCP and with both ends
 # under `colo run`, and the two transcripts are compared scenario by scenario. A scenario whose
 # transcripts differ fails the suite unless allowlist.txt names it (each entry with its reason,
-# mirrored in the README's "Known limits"). The colo run must be accelerated: the shim's log
+# mirrored in docs/LIMITS.md). The colo run must be accelerated: the shim's log
 # (COLO_LOG=info) must name, for each connection the program says it made, an accelerated connect
 # and an accelerated accept. `tests/diff/run.sh [NAME.c ...]` runs some programs only.
 # solo/*.c check what colo keeps and kernel TCP does not always (two processes writing to one

@@ -185,7 +185,7 @@ int main(int argc, char **argv) {
     close(l);
     usleep(100000); /* the relay's end of the connection goes too */
     /* (The sleeping thread's wake-up eventfd, if the program took its number, may be rung once
-     * more: README, "Known limits".) */
+     * more: docs/LIMITS.md, "Descriptors per connection".) */
     still_taken(before, nb, after, na, pp, 0);
     printf("%s\n", failures ? "FAILED" : "ok");
     return failures != 0;

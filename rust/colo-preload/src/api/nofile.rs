@@ -11,7 +11,7 @@
 //! kernel would fail it. The soft limit, the one the kernel enforces on the application's own
 //! descriptors, is always exactly the application's. A program image this one `exec`s sees the
 //! application's limits too (`record::app_nofile`); a raw `prlimit64` system call, and a program
-//! exec'd without the shim, see the process's hard limit (README, known limits).
+//! exec'd without the shim, see the process's hard limit (docs/LIMITS.md).
 
 use libc::{c_int, rlimit};
 use rustix::process::{Resource, Rlimit};
