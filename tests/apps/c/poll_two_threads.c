@@ -1,8 +1,10 @@
 /* Two threads waiting on one socket, a reader and a writer, on one non-blocking connection to an
- * echo server (blocking reads and writes; the client is a forked child), in three pairings:
+ * echo server (blocking reads and writes; the client is a forked child), in four pairings:
  *  - a reader that polls for POLLIN before every read, a writer that polls for POLLOUT;
  *  - a reader in epoll_wait (level-triggered) before every read, the poll writer;
- *  - the epoll reader, and a writer that retries a full socket's EAGAIN after a 50 us sleep.
+ *  - the epoll reader, and a writer that retries a full socket's EAGAIN after a 50 us sleep;
+ *  - a reader that polls the epoll set's own descriptor, then asks the set with a zero timeout
+ *    (EventMachine's way), and the retrying writer.
  * With the shim, the threads slept on (or drained) the connection's one doorbell, and the first
  * to wake, or the writer's non-blocking write finding the ring full, emptied it before the other
  * had looked: the other slept on with its condition true, and the echo stalled for good (the
@@ -26,9 +28,10 @@
 #define ROUND (32L << 20)
 
 static int fd;
-/* The pairing: whether the reader waits in epoll_wait (else poll), the writer in poll (else it
- * sleeps 50 us after EAGAIN). */
-static int reader_epoll, writer_polls;
+/* The pairing: how the reader waits, and whether the writer waits in poll (else it sleeps 50 us
+ * after EAGAIN). */
+enum { READER_POLLS, READER_EPOLL, READER_POLLS_SET };
+static int reader_waits, writer_polls;
 
 static void *writer(void *arg) {
     static unsigned char b[65536];
@@ -81,9 +84,10 @@ static int client(struct sockaddr_in a) {
         static unsigned char b[65536];
         long at = 0, bad = 0;
         while (at < ROUND) {
-            struct pollfd p = {.fd = fd, .events = POLLIN};
+            struct pollfd p = {.fd = reader_waits == READER_POLLS_SET ? ep : fd, .events = POLLIN};
             struct epoll_event got;
-            if (reader_epoll ? epoll_wait(ep, &got, 1, -1) != 1 : poll(&p, 1, -1) != 1) die("wait for reading");
+            if (reader_waits == READER_EPOLL ? epoll_wait(ep, &got, 1, -1) != 1 : poll(&p, 1, -1) != 1) die("wait for reading");
+            if (reader_waits == READER_POLLS_SET && epoll_wait(ep, &got, 1, 0) < 0) die("epoll_wait");
             ssize_t n = read(fd, b, sizeof b);
             if (n < 0 && errno == EAGAIN) continue;
             if (n <= 0) die("read");
@@ -100,15 +104,16 @@ static int client(struct sockaddr_in a) {
 }
 
 int main(void) {
-    static const struct { int reader_epoll, writer_polls; const char *name; } pairings[] = {
-        {0, 1, "a reader and a writer polling"},
-        {1, 1, "a reader in epoll_wait, a writer polling"},
-        {1, 0, "a reader in epoll_wait, a writer retrying after EAGAIN"},
+    static const struct { int reader_waits, writer_polls; const char *name; } pairings[] = {
+        {READER_POLLS, 1, "a reader and a writer polling"},
+        {READER_EPOLL, 1, "a reader in epoll_wait, a writer polling"},
+        {READER_EPOLL, 0, "a reader in epoll_wait, a writer retrying after EAGAIN"},
+        {READER_POLLS_SET, 0, "a reader polling its epoll set, a writer retrying after EAGAIN"},
     };
     signal(SIGPIPE, SIG_IGN);
     for (unsigned i = 0; i < sizeof pairings / sizeof pairings[0]; i++) {
         alarm(20);
-        reader_epoll = pairings[i].reader_epoll;
+        reader_waits = pairings[i].reader_waits;
         writer_polls = pairings[i].writer_polls;
         struct sockaddr_in a;
         int l = loopback_listener(&a, 4);
@@ -124,6 +129,6 @@ int main(void) {
         printf("%s: done\n", pairings[i].name);
         fflush(stdout);
     }
-    printf("%d rounds of %ld bytes each way through two waiting threads, in three pairings\n", ROUNDS, ROUND);
+    printf("%d rounds of %ld bytes each way through two waiting threads, in four pairings\n", ROUNDS, ROUND);
     return failures != 0;
 }
