@@ -54,3 +54,15 @@ fn bench_refuses_a_plot_it_cannot_write_before_measuring() {
     assert!(stderr(&o).contains("--plot /nonexistent/dir/bench.png: No such file or directory"), "{}", stderr(&o));
     assert!(o.stdout.is_empty(), "it measured first: {}", String::from_utf8_lossy(&o.stdout));
 }
+
+#[test]
+fn bench_says_what_each_transport_it_shows_is() {
+    let o = colo(&["bench", "--only", "short", "--seconds", "0.1"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(out.contains("connect + 64 B + close"), "{out}");
+    for line in ["tcp                TCP loopback", "unix               a Unix stream socket", "colo               colo's byte stream"] {
+        assert!(out.contains(line), "no {line:?} in {out}");
+    }
+    assert!(!out.contains("bare ring"), "a transport the table does not show: {out}");
+}
