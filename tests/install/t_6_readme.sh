@@ -52,3 +52,17 @@ check "cargo new; $RSLINE" sh -c "cd '$RM' && cargo new -q --vcs none rs && cd r
 block rust >"$RM/rs/src/main.rs"
 out=$(cd "$RM/rs" && CARGO_TARGET_DIR=$TARGET timeout 900 cargo run -q 2>&1)
 check "the Rust example: 'colo' ($out)" test "$out" = colo
+
+# C's server, examples/c/echo.c (README: "A server and zero-copy messages in C"), built as its
+# header says: the README's C client and then its own client, bytes and a message, each served.
+cp "$ROOT/examples/c/echo.c" "$RM/"
+check "cc echo.c \$(pkg-config --cflags --libs colo) -lpthread" sh -c "cd '$RM' &&
+  cc echo.c \$(PKG_CONFIG_PATH='$RM/prefix/lib/pkgconfig' pkg-config --cflags --libs colo) -lpthread -o echo"
+(cd "$RM" && LD_LIBRARY_PATH=$RM/prefix/lib exec timeout 60 ./echo server "127.0.0.1:$P7000" >"$RM/echo.out" 2>&1) &
+PIDS+=($!)
+for _ in $(seq 200); do [ -n "$(ss -Hltn "sport = :$P7000")" ] && break; sleep 0.05; done
+out=$(cd "$RM" && LD_LIBRARY_PATH=$RM/prefix/lib timeout 30 ./client 2>&1)
+check "the C example against echo.c's server: 'ping over colo' ($out)" test "$out" = "ping over colo"
+out=$(cd "$RM" && LD_LIBRARY_PATH=$RM/prefix/lib timeout 30 ./echo client "127.0.0.1:$P7000" hi 2>&1 | tr '\n' '|')
+check "then echo.c's client: bytes and a message echoed ($out)" \
+  test "$out" = "stream echo: hi (over shared memory)|message echo: hi|"
