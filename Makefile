@@ -93,7 +93,7 @@ test-diff:
 	tests/diff/run.sh
 
 # cargo install, make install, make dist, make wheel and the Go module (through a module proxy),
-# each used from its result alone in a fresh directory.
+# each used from its result alone in a fresh directory; README.md's examples as written there.
 test-install: build
 	@echo "=== make $@: $$(date -u +%T)"
 	tests/install/run.sh
@@ -137,6 +137,7 @@ dist: build
 # A Python wheel (build/wheels) with the module and the colo command (the binary, which carries
 # its shim, inside the package; the `colo` script executes it).
 wheel: build
+	@command -v $(MATURIN) >/dev/null || { echo "make wheel needs maturin: pip install 'maturin>=1.5,<2' (or make wheel MATURIN=/path/to/maturin)" >&2; exit 1; }
 	mkdir -p $(RUST)/colo-py/python/colo/_bin build/wheels
 	install -s -m 755 $(OUT)/colo $(RUST)/colo-py/python/colo/_bin/colo
 	cd $(RUST)/colo-py && $(MATURIN) build --release --strip --compatibility $(MANYLINUX) --out $(CURDIR)/build/wheels

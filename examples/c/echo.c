@@ -1,8 +1,8 @@
 /* A colo echo server and client in C.
  *
  *   cc echo.c $(pkg-config --cflags --libs colo) -lpthread -o echo
- *   ./echo server 127.0.0.1:7000      # echoes bytes, and zero-copy messages on a second connection
- *   ./echo client 127.0.0.1:7000 hi   # prints the echo and the transport
+ *   ./echo server 127.0.0.1:7000      # echoes each connection's bytes and zero-copy messages
+ *   ./echo client 127.0.0.1:7000 hi   # prints the echo of bytes, then of a message, and the transport
  *   ./echo                            # both, in one process (server on a thread)
  */
 #include <colo.h>
@@ -14,17 +14,6 @@
 static void die(const char *what, long long rc) {
     fprintf(stderr, "echo: %s: %s\n", what, colo_strerror((int)rc));
     exit(1);
-}
-
-/* Echo one connection: the byte stream until end of stream. */
-static void *echo_stream(void *arg) {
-    colo_conn *c = arg;
-    char buf[4096];
-    ssize_t n;
-    while ((n = colo_read(c, buf, sizeof buf)) > 0)
-        if (colo_write_all(c, buf, (size_t)n) < 0) break;
-    colo_close(c);
-    return NULL;
 }
 
 /* Echo one connection's zero-copy messages: read in place, answer from a loaned buffer. */
@@ -41,17 +30,32 @@ static void *echo_messages(void *arg) {
         colo_msg_release(m); /* the sender gets its slot back */
         if (colo_send(b, len) < 0) break;
     }
+    return NULL;
+}
+
+/* Echo one connection: its byte stream until end of stream and, over shared memory, its
+ * messages beside it on a second thread (messages travel apart from the bytes there). Over a TCP
+ * fallback, messages are framed on the byte stream, so echoing the bytes echoes them too. */
+static void *echo_conn(void *arg) {
+    colo_conn *c = arg;
+    pthread_t msgs;
+    int both = colo_transport(c) == COLO_TRANSPORT_SHM && pthread_create(&msgs, NULL, echo_messages, c) == 0;
+    char buf[4096];
+    ssize_t n;
+    while ((n = colo_read(c, buf, sizeof buf)) > 0)
+        if (colo_write_all(c, buf, (size_t)n) < 0) break;
+    if (both) pthread_join(msgs, NULL); /* its receive ends at the same end of stream */
     colo_close(c);
     return NULL;
 }
 
 static void *serve(void *arg) {
     colo_listener *l = arg;
-    for (int i = 0;; i++) {
+    for (;;) {
         colo_conn *c;
         if (colo_accept(l, 0, &c, NULL, 0) < 0) break;
-        pthread_t th; /* even connections echo bytes, odd ones messages */
-        pthread_create(&th, NULL, i % 2 ? echo_messages : echo_stream, c);
+        pthread_t th;
+        pthread_create(&th, NULL, echo_conn, c);
         pthread_detach(th);
     }
     return NULL;

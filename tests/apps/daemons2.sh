@@ -192,7 +192,7 @@ if need vsftpd && need curl; then
   # Active mode: vsftpd's session (processes made by a raw clone, past libc's fork handlers)
   # connects to curl's listener, as nobody: curl accepts only once vsftpd's reply to RETR came,
   # which vsftpd sends once connected, so the connection goes on over TCP after the bounded wait
-  # for a late accept (README, the first known limit; accelerated with connect_from_port_20,
+  # for a late accept (docs/LIMITS.md, "When a connection is accelerated"; accelerated with connect_from_port_20,
   # where root connects and need not wait).
   check "vsftpd (active): 10 MB, the same bytes, 3 times" sh -c "for i in 1 2 3; do timeout 20 env COLO_LOG=info $COLORUN curl -sS -P 127.0.0.1 ftp://127.0.0.1:$V/10m.bin -o '$WORK/ftpa.got' 2>>'$WORK/ftpa.err' && cmp -s '$WORK/ftpa.got' '$WORK/10m.bin' || { grep -v '^colo' '$WORK/ftpa.err' '$WORK/vsftpd.log'; exit 1; }; done"
 fi

@@ -114,6 +114,9 @@ static void null_pointers_and_lengths(void) {
     CHECK_EQ(colo_connect(NULL, NULL, &c), -EINVAL);
     CHECK_EQ(colo_connect(addr, NULL, NULL), -EINVAL);
     CHECK_EQ(colo_connect("nonsense", NULL, &c), -EINVAL);
+    /* A host name that does not resolve is no address either (not -EIO, an I/O error). */
+    CHECK_EQ(colo_connect("colo-no-such-host.invalid:80", NULL, &c), -EINVAL);
+    CHECK_EQ(colo_listen("colo-no-such-host.invalid:0", NULL, &l2), -EINVAL);
     CHECK_EQ(colo_accept(l, 0, NULL, NULL, 0), -EINVAL);
     CHECK_EQ(colo_accept(l, 0x100, &s, NULL, 0), -EINVAL);
     CHECK_EQ(colo_options_init(NULL), -EINVAL);

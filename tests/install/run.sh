@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The ways a user installs colo, each from its result alone in a fresh directory: `cargo install`
 # (the colo binary carries its shim), `make install` (C through pkg-config only), `make dist` (the
-# tarball), `make wheel` (pip into a fresh venv), the Go module (go get through a module proxy).
+# tarball), `make wheel` (pip into a fresh venv), the Go module (go get through a module proxy), and
+# README.md's examples as written there, with its Go and Rust lines (t_6_readme.sh).
 # Each check has a timeout; any failure exits 1. As root, clients also run as `nobody`.
 # Usage: tests/install/run.sh [t_N_name.sh ...]   (all by default)
 source "$(dirname "$0")/../apps/common.sh"

@@ -564,7 +564,26 @@ pub fn run(a: Args) -> io::Result<()> {
     let mut plans = plans(a.quick);
     if let Some(f) = &a.only {
         // Comma-separated words: a measurement runs if every word is in its group, case or transport.
+        let names = |field: fn(&Plan) -> &str| {
+            let mut v: Vec<&str> = Vec::new();
+            for p in &plans {
+                if !v.contains(&field(p)) {
+                    v.push(field(p));
+                }
+            }
+            v.join("; ")
+        };
+        let known = format!("groups: {}\ncases: {}\ntransports: {}", names(|p| p.group), names(|p| &p.case), names(|p| &p.transport));
         plans.retain(|p| f.split(',').all(|w| p.group.contains(w) || p.case.contains(w) || p.transport.contains(w)));
+        if plans.is_empty() {
+            let msg = format!("--only {f:?} matches no measurement; it takes words of these:\n{known}");
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
+        }
+    }
+    // The plot's file is created before the minute of measuring, so that a path that cannot be
+    // written fails at once.
+    if let Some(path) = &a.plot {
+        std::fs::File::create(path).map_err(|e| io::Error::new(e.kind(), format!("--plot {}: {e}", path.display())))?;
     }
     let bar = ProgressBar::new((plans.len() * ROUNDS) as u64);
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").expect("template"));
@@ -606,7 +625,7 @@ pub fn run(a: Args) -> io::Result<()> {
         print_table(&rows);
     }
     if let Some(path) = a.plot {
-        crate::plot::draw(&rows, &path).map_err(|e| io::Error::other(e.to_string()))?;
+        crate::plot::draw(&rows, &path).map_err(|e| io::Error::other(format!("--plot {}: {e}", path.display())))?;
         eprintln!("plot written to {}", path.display());
     }
     Ok(())

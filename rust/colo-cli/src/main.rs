@@ -23,10 +23,10 @@ enum Command {
     /// List colo listeners and connections on this host that you may see (like `ss`).
     Stat(stat::Args),
     /// Run an unmodified program with its loopback TCP moved into shared memory (LD_PRELOAD).
-    #[command(trailing_var_arg = true)]
+    #[command(trailing_var_arg = true, override_usage = "colo run -- CMD [ARGS]...")]
     #[command(after_help = "Environment: COLO_LOG=info (accelerated connections and one-time decisions) or debug \
 (also every connection left on plain TCP, and why); COLO_SPIN_US (microseconds to spin before sleeping, 0 never, \
-inf always); COLO_RING_KB (ring size, default 256); COLO_CARRIER_TIMEOUT_MS (how long a client waits for the \
+inf always); COLO_RING_KB (the most a ring grows to, in KiB; default twice net.ipv4.tcp_wmem's maximum, 8192 on most hosts); COLO_CARRIER_TIMEOUT_MS (how long a client waits for the \
 server to take its connection, default 500); COLO_SHORT_LIVED=accelerate (keep shared memory for short-lived \
 connections); COLO_MAX_MAPPED_MB and COLO_MAX_MAPPED_PER_UID_MB (peers' segments a server maps at once, in all \
 and per client uid; default 65536, or half of ulimit -v, and a quarter of that); COLO_MAX_SEGMENTS (how many \

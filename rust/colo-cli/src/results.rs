@@ -63,4 +63,23 @@ pub fn print_table(rows: &[Row]) {
         }
     }
     println!("\nratios: how many times better than TCP loopback / Unix sockets in this run (latency: p50).");
+    for (shown, name, what) in LEGEND {
+        if rows.iter().any(|r| shown(&r.transport)) {
+            println!("  {name:<18} {what}");
+        }
+    }
 }
+
+/// Whether a row's transport is the one a legend line explains.
+type Shown = fn(&str) -> bool;
+
+/// What each transport of the table is, printed under the table for the transports it shows
+/// (the first field tells a row's transport it explains).
+const LEGEND: [(Shown, &str, &str); 6] = [
+    (|t| t == "tcp", "tcp", "TCP loopback, client and server in two processes (so are unix and colo)"),
+    (|t| t == "unix", "unix", "a Unix stream socket"),
+    (|t| t == "colo", "colo", "colo's byte stream as programs get it by default (spins up to 5 us, adaptive)"),
+    (|t| t.starts_with("colo (spin"), "colo (spin ...)", "colo spinning never / always before it sleeps (COLO_SPIN_US=0 / inf)"),
+    (|t| t.starts_with("colo msg"), "colo msg", "colo's zero-copy messages: a loaned slot sent as a descriptor, read in place"),
+    (|t| t.starts_with("bare ring"), "bare ring (floor)", "two threads of one process on a colo ring alone, no connection: the floor"),
+];

@@ -106,8 +106,9 @@ const char *colo_strerror(int code);
 // `opts` (may be NULL) sets the geometry of accepted connections. On success stores a new handle
 // in `*out`, which the caller owns and frees with `colo_listener_close`.
 //
-// Returns 0, or -EINVAL (NULL `addr`/`out`, text that is not an address, bad `opts`),
-// -EADDRINUSE, -EADDRNOTAVAIL, -EACCES, -EMFILE or another errno from socket calls.
+// Returns 0, or -EINVAL (NULL `addr`/`out`, text that is not an address, a host name that does
+// not resolve, bad `opts`), -EADDRINUSE, -EADDRNOTAVAIL, -EACCES, -EMFILE or another errno from
+// socket calls.
 int colo_listen(const char *addr, const struct colo_options *opts, struct colo_listener **out);
 
 // Writes the listening address ("ip:port", the actual port) into `buf` (`len` bytes, NUL
@@ -148,12 +149,14 @@ int colo_accept(const struct colo_listener *l, int flags, struct colo_conn **out
 // Returns 0, or -EBADF (NULL, already closed, or not a listener).
 int colo_listener_close(struct colo_listener *l);
 
-// Connects to `addr` ("ip:port"): over shared memory when a colo listener serves it on this
-// host, else over plain TCP (remote hosts, non-colo servers). `opts` (may be NULL) sets ring and
-// pool sizes. On success stores a new handle in `*out`; the caller owns it (`colo_close`).
+// Connects to `addr` ("ip:port", or "host:port"): over shared memory when a colo listener
+// serves it on this host, else over plain TCP (remote hosts, non-colo servers). `opts` (may be
+// NULL) sets ring and pool sizes. On success stores a new handle in `*out`; the caller owns it
+// (`colo_close`).
 //
-// Returns 0, or -EINVAL (NULL `addr`/`out`, bad text or `opts`), -ECONNREFUSED (nobody listens),
-// -ETIMEDOUT, -ENETUNREACH or another errno from `connect(2)`.
+// Returns 0, or -EINVAL (NULL `addr`/`out`, bad text, a host name that does not resolve, bad
+// `opts`), -ECONNREFUSED (nobody listens), -ETIMEDOUT, -ENETUNREACH or another errno from
+// `connect(2)`.
 int colo_connect(const char *addr, const struct colo_options *opts, struct colo_conn **out);
 
 // Reads up to `len` bytes into `buf`, waiting until at least one byte is there (unless

@@ -3,12 +3,14 @@
 
 use crate::*;
 
-/// Connects to `addr` ("ip:port"): over shared memory when a colo listener serves it on this
-/// host, else over plain TCP (remote hosts, non-colo servers). `opts` (may be NULL) sets ring and
-/// pool sizes. On success stores a new handle in `*out`; the caller owns it (`colo_close`).
+/// Connects to `addr` ("ip:port", or "host:port"): over shared memory when a colo listener
+/// serves it on this host, else over plain TCP (remote hosts, non-colo servers). `opts` (may be
+/// NULL) sets ring and pool sizes. On success stores a new handle in `*out`; the caller owns it
+/// (`colo_close`).
 ///
-/// Returns 0, or -EINVAL (NULL `addr`/`out`, bad text or `opts`), -ECONNREFUSED (nobody listens),
-/// -ETIMEDOUT, -ENETUNREACH or another errno from `connect(2)`.
+/// Returns 0, or -EINVAL (NULL `addr`/`out`, bad text, a host name that does not resolve, bad
+/// `opts`), -ECONNREFUSED (nobody listens), -ETIMEDOUT, -ENETUNREACH or another errno from
+/// `connect(2)`.
 #[no_mangle]
 pub extern "C" fn colo_connect(addr: *const c_char, opts: *const colo_options, out: *mut *mut colo_conn) -> c_int {
     guard_int(|| {
@@ -17,7 +19,7 @@ pub extern "C" fn colo_connect(addr: *const c_char, opts: *const colo_options, o
         }
         let a = parse_addr(addr)?;
         let o = options(opts)?;
-        let s = Stream::connect_with(a.as_str(), &o).map_err(|e| err(&e))?;
+        let s = Stream::connect_with(&a[..], &o).map_err(|e| err(&e))?;
         let h = with_cx(|cx| insert(cx, CONN, || Obj::Conn(s)))?;
         // SAFETY: `out` is not NULL and points to writable storage for one pointer.
         unsafe { *out = h as *mut colo_conn };

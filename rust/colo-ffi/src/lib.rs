@@ -314,13 +314,21 @@ fn guard_int(f: impl FnOnce() -> Result<isize, isize>) -> c_int {
 const EINVAL: isize = -(errno::EINVAL as isize);
 const EBADF: isize = -(errno::EBADF as isize);
 
-fn parse_addr(addr: *const c_char) -> Result<String, isize> {
+/// The socket addresses `addr` names ("ip:port", or "host:port" resolved here): -EINVAL for
+/// NULL, text that is not an address, or a host name that does not resolve (the resolver's
+/// answer carries no errno; an errno it does carry is returned as it is).
+fn parse_addr(addr: *const c_char) -> Result<Vec<SocketAddr>, isize> {
+    use std::net::ToSocketAddrs;
     if addr.is_null() {
         return Err(EINVAL);
     }
     // SAFETY: the caller passes a NUL-terminated string (documented); we checked it is not NULL.
     let s = unsafe { CStr::from_ptr(addr) };
-    s.to_str().map(str::to_owned).map_err(|_| EINVAL)
+    let text = s.to_str().map_err(|_| EINVAL)?;
+    match text.to_socket_addrs() {
+        Ok(addrs) => Ok(addrs.collect()),
+        Err(e) => Err(e.raw_os_error().map_or(EINVAL, |code| -(code as isize))),
+    }
 }
 
 fn options(opts: *const colo_options) -> Result<Options, isize> {

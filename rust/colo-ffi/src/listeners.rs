@@ -7,8 +7,9 @@ use crate::*;
 /// `opts` (may be NULL) sets the geometry of accepted connections. On success stores a new handle
 /// in `*out`, which the caller owns and frees with `colo_listener_close`.
 ///
-/// Returns 0, or -EINVAL (NULL `addr`/`out`, text that is not an address, bad `opts`),
-/// -EADDRINUSE, -EADDRNOTAVAIL, -EACCES, -EMFILE or another errno from socket calls.
+/// Returns 0, or -EINVAL (NULL `addr`/`out`, text that is not an address, a host name that does
+/// not resolve, bad `opts`), -EADDRINUSE, -EADDRNOTAVAIL, -EACCES, -EMFILE or another errno from
+/// socket calls.
 #[no_mangle]
 pub extern "C" fn colo_listen(addr: *const c_char, opts: *const colo_options, out: *mut *mut colo_listener) -> c_int {
     guard_int(|| {
@@ -17,7 +18,7 @@ pub extern "C" fn colo_listen(addr: *const c_char, opts: *const colo_options, ou
         }
         let a = parse_addr(addr)?;
         let o = options(opts)?;
-        let l = Listener::bind_with(a.as_str(), o).map_err(|e| err(&e))?;
+        let l = Listener::bind_with(&a[..], o).map_err(|e| err(&e))?;
         let h = with_cx(|cx| insert(cx, LISTENER, || Obj::Listener(Box::new(l))))?;
         // SAFETY: `out` is not NULL and points to writable storage for one pointer.
         unsafe { *out = h as *mut colo_listener };

@@ -219,8 +219,8 @@ pub fn env_warnings(get: impl Fn(&str) -> Option<String>) -> Vec<String> {
 
 /// Replaces this process with `cmd[0]` (arguments `cmd[1..]`) under the shim, so CMD keeps our
 /// pid: signals, job control and supervisors reach it directly, and its exit status is ours.
-/// Returns only on failure: 127 if CMD could not be started. With the shim missing, CMD runs
-/// without it (with a warning).
+/// Returns only on failure: 127 if CMD was not found, 126 if it could not be executed (as a
+/// shell does). With the shim missing, CMD runs without it (with a warning).
 pub fn run(cmd: &[String]) -> i32 {
     run_with(cmd, None)
 }
@@ -265,8 +265,22 @@ pub fn run_with(cmd: &[String], embedded: Option<embedded::Embedded>) -> i32 {
     }
     use std::os::unix::process::CommandExt;
     let e = c.exec();
-    eprintln!("colo run: {prog}: {e}");
-    127
+    exec_failed(prog, &e)
+}
+
+/// Reports a CMD that could not be started and returns the shell's status for it: 127 when it
+/// was not found, 126 when it was found but could not be executed.
+fn exec_failed(prog: &str, e: &std::io::Error) -> i32 {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        if prog.contains('/') {
+            eprintln!("colo run: {prog}: no such file");
+        } else {
+            eprintln!("colo run: {prog}: command not found (PATH has no such program)");
+        }
+        return 127;
+    }
+    eprintln!("colo run: {prog}: cannot run it: {e}");
+    126
 }
 
 #[cfg(test)]

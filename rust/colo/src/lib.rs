@@ -30,6 +30,12 @@
 //! too. Zero-copy messages: [`Stream::loan`] and [`Stream::recv_message`]. Spinning before sleeping
 //! is set by [`Options::spin`] or `COLO_SPIN_US`; diagnostics by `COLO_LOG=info`.
 
+/// README.md's Rust example, compiled and run as a doctest so that the front door cannot go stale
+/// (its other languages' examples: tests/readme/run.sh).
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeExamples;
+
 mod budget;
 mod carrier;
 mod error;
