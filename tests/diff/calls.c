@@ -86,6 +86,26 @@ static void shut_rdwr(void) {
     mask("poll server after its sends", pmask(s));
 }
 
+static void write_after_close(void) {
+    /* The peer closed having read everything: the kernel takes one write, the peer's reset
+     * answers it (EPIPE in CLOSE_WAIT), which SO_ERROR reports once, then poll no more. */
+    int s, c;
+    char b[4];
+    pair(&s, &c);
+    close(c);
+    settle(50);
+    T("send (taken)", send(s, "ab", 2, MSG_NOSIGNAL));
+    settle(50);
+    mask("poll", pmask(s));
+    int e = so_error(s);
+    say("  SO_ERROR = %s", e ? ename(e) : "0");
+    mask("poll after SO_ERROR", pmask(s));
+    T("recv", recv(s, b, sizeof b, MSG_DONTWAIT));
+    T("send again", send(s, "ab", 2, MSG_NOSIGNAL));
+    e = so_error(s);
+    say("  SO_ERROR = %s", e ? ename(e) : "0");
+}
+
 static void connected_calls(void) {
     /* connect, listen and bind on a connected socket; sendto and sendmsg naming an address. */
     int s, c;
@@ -263,7 +283,6 @@ static void option_round_trips(void) {
     opt("TCP_NODELAY", c, IPPROTO_TCP, TCP_NODELAY);
     setopt("set TCP_QUICKACK 0", c, IPPROTO_TCP, TCP_QUICKACK, 0);
     opt("TCP_QUICKACK", c, IPPROTO_TCP, TCP_QUICKACK);
-    opt("TCP_MAXSEG", c, IPPROTO_TCP, TCP_MAXSEG);
     setopt("set SO_RCVBUF 8192", c, SOL_SOCKET, SO_RCVBUF, 8192);
     opt("SO_RCVBUF", c, SOL_SOCKET, SO_RCVBUF);
     setopt("set SO_SNDBUF 8192", c, SOL_SOCKET, SO_SNDBUF, 8192);
@@ -294,6 +313,17 @@ static void option_round_trips(void) {
     say("  len %u", len);
     T("setsockopt SO_RCVLOWAT short", setsockopt(c, SOL_SOCKET, SO_RCVLOWAT, &v, 2));
     T("getsockopt bad level", getsockopt(c, 12345, 1, &v, &len));
+}
+
+static void maxseg(void) {
+    /* Linux bounds the MSS by half the largest window the peer advertised, which grows as
+     * bytes flow. */
+    int s, c;
+    pair(&s, &c);
+    opt("TCP_MAXSEG", c, IPPROTO_TCP, TCP_MAXSEG);
+    opt("TCP_MAXSEG server", s, IPPROTO_TCP, TCP_MAXSEG);
+    setopt("set TCP_MAXSEG 1000", c, IPPROTO_TCP, TCP_MAXSEG, 1000);
+    setopt("set TCP_MAXSEG 10", c, IPPROTO_TCP, TCP_MAXSEG, 10);
 }
 
 static void bad_buffers(void) {
@@ -343,7 +373,7 @@ static void linger_unread(void) {
 
 static void linger_unsent(void) {
     /* SO_LINGER {1, 5}, closed with bytes the peer has yet to read: every byte arrives, then
-     * the end of the stream. */
+     * the end of the stream (no reset, as with SO_LINGER {1, 0}). */
     int s, c;
     pair(&s, &c);
     struct linger l = {1, 5};
@@ -362,12 +392,9 @@ static void linger_unsent(void) {
         _exit(got == total && n == 0 ? 0 : 1);
     }
     close(s);
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    /* Whether the kernel's close waits depends on how much of it the peer's receive buffer took
+     * (autotuned), so the transcript says nothing of the wait. */
     T("close client", close(c));
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double took = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
-    say("  close waited for the peer to read: %s", took > 0.2 ? "yes" : "no");
     int st;
     waitpid(p, &st, 0);
     say("  peer read every byte, then the end: %s", WIFEXITED(st) && WEXITSTATUS(st) == 0 ? "yes" : "no");
@@ -408,12 +435,14 @@ int main(void) {
     RUN(names_after_shutdown);
     RUN(names_after_reset);
     RUN(shut_rdwr);
+    RUN(write_after_close);
     RUN(connected_calls);
     RUN(zero_vectors);
     RUN(peek_waitall);
     RUN(peek_off);
     RUN(queue_ioctls);
     RUN(option_round_trips);
+    RUN(maxseg);
     RUN(bad_buffers);
     RUN(bad_vectors);
     RUN(linger_unread);
