@@ -5,13 +5,6 @@
 #include <linux/sockios.h>
 #include <pthread.h>
 
-static int so_error(int fd) {
-    int e = -1;
-    socklen_t len = sizeof e;
-    getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len);
-    return e;
-}
-
 /* Whether getpeername(a) names what getsockname(b) does (no address in the transcript). */
 static void names(const char *what, int a, int b) {
     struct sockaddr_storage x, y;
@@ -75,14 +68,12 @@ static void shut_rdwr(void) {
     T("recv client", recv(c, b, sizeof b, MSG_DONTWAIT));
     T("recv client again", recv(c, b, sizeof b, MSG_DONTWAIT));
     T("send client", send(c, "x", 1, MSG_NOSIGNAL));
-    int e = so_error(c);
-    say("  SO_ERROR client = %s", e ? ename(e) : "0");
+    say_error("SO_ERROR client", c);
     T("recv server", recv(s, b, sizeof b, MSG_DONTWAIT));
     T("send server", send(s, "cd", 2, MSG_NOSIGNAL));
     settle(50);
     T("send server again", send(s, "cd", 2, MSG_NOSIGNAL));
-    e = so_error(s);
-    say("  SO_ERROR server = %s", e ? ename(e) : "0");
+    say_error("SO_ERROR server", s);
     mask("poll server after its sends", pmask(s));
 }
 
@@ -97,13 +88,11 @@ static void write_after_close(void) {
     T("send (taken)", send(s, "ab", 2, MSG_NOSIGNAL));
     settle(50);
     mask("poll", pmask(s));
-    int e = so_error(s);
-    say("  SO_ERROR = %s", e ? ename(e) : "0");
+    say_error("SO_ERROR", s);
     mask("poll after SO_ERROR", pmask(s));
     T("recv", recv(s, b, sizeof b, MSG_DONTWAIT));
     T("send again", send(s, "ab", 2, MSG_NOSIGNAL));
-    e = so_error(s);
-    say("  SO_ERROR = %s", e ? ename(e) : "0");
+    say_error("SO_ERROR", s);
 }
 
 static void connected_calls(void) {
@@ -219,31 +208,26 @@ static void peek_off(void) {
     drain("recv the rest", s, 8);
 }
 
+/* ioctl(fd, req, &n) and n. */
+static void ioc(const char *what, int fd, unsigned long req) {
+    int n = -1;
+    T(what, ioctl(fd, req, &n));
+    say("  n = %d", n);
+}
+
 static void queue_ioctls(void) {
-    int s, c, n;
+    int s, c;
     char b[8];
     pair(&s, &c);
     T("send 5", send(c, "hello", 5, 0));
     settle(50);
-    n = -1;
-    T("SIOCINQ server", ioctl(s, SIOCINQ, &n));
-    say("  n = %d", n);
-    n = -1;
-    T("SIOCOUTQ client", ioctl(c, SIOCOUTQ, &n));
-    say("  n = %d", n);
-    n = -1;
-    T("SIOCOUTQNSD client", ioctl(c, SIOCOUTQNSD, &n));
-    say("  n = %d", n);
-    n = -1;
-    T("SIOCATMARK server", ioctl(s, SIOCATMARK, &n));
-    say("  n = %d", n);
+    ioc("SIOCINQ server", s, SIOCINQ);
+    ioc("SIOCOUTQ client", c, SIOCOUTQ);
+    ioc("SIOCOUTQNSD client", c, SIOCOUTQNSD);
+    ioc("SIOCATMARK server", s, SIOCATMARK);
     T("recv", recv(s, b, sizeof b, 0));
-    n = -1;
-    T("SIOCINQ drained", ioctl(s, SIOCINQ, &n));
-    say("  n = %d", n);
-    n = -1;
-    T("SIOCATMARK drained", ioctl(s, SIOCATMARK, &n));
-    say("  n = %d", n);
+    ioc("SIOCINQ drained", s, SIOCINQ);
+    ioc("SIOCATMARK drained", s, SIOCATMARK);
     T("FIONBIO 1", ioctl(s, FIONBIO, &(int){1}));
     T("recv (FIONBIO)", recv(s, b, sizeof b, 0));
     say("  O_NONBLOCK = %s", fcntl(s, F_GETFL) & O_NONBLOCK ? "yes" : "no");

@@ -5,22 +5,6 @@
 #include <pthread.h>
 #include <sys/select.h>
 
-/* The event mask by names, with the bits pmask leaves out. */
-static void allmask(const char *what, unsigned m) {
-    static const struct { unsigned bit; const char *name; } names[] = {
-        {POLLIN, "IN"}, {POLLPRI, "PRI"}, {POLLOUT, "OUT"}, {POLLERR, "ERR"}, {POLLHUP, "HUP"},
-        {POLLNVAL, "NVAL"}, {POLLRDNORM, "RDNORM"}, {POLLRDBAND, "RDBAND"}, {POLLWRNORM, "WRNORM"},
-        {POLLWRBAND, "WRBAND"}, {POLLRDHUP, "RDHUP"},
-    };
-    char b[160] = "";
-    for (unsigned i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (m & names[i].bit) {
-            if (b[0]) strcat(b, "|");
-            strcat(b, names[i].name);
-        }
-    say("  %s = %s", what, b[0] ? b : "0");
-}
-
 static unsigned pmask_of(int fd, short events) {
     struct pollfd p = {.fd = fd, .events = events};
     return poll(&p, 1, 0) == 1 ? (unsigned short)p.revents : 0;
@@ -31,32 +15,32 @@ static void poll_bits(void) {
     char b[8];
     pair(&s, &c);
     short every = POLLIN | POLLPRI | POLLOUT | POLLRDNORM | POLLRDBAND | POLLWRNORM | POLLWRBAND | POLLRDHUP;
-    allmask("idle, every bit", pmask_of(s, every));
-    allmask("idle, RDNORM only", pmask_of(s, POLLRDNORM));
-    allmask("idle, WRNORM only", pmask_of(s, POLLWRNORM));
-    allmask("idle, no events", pmask_of(s, 0));
+    mask("idle, every bit", pmask_of(s, every));
+    mask("idle, RDNORM only", pmask_of(s, POLLRDNORM));
+    mask("idle, WRNORM only", pmask_of(s, POLLWRNORM));
+    mask("idle, no events", pmask_of(s, 0));
     send(c, "ab", 2, 0);
     settle(50);
-    allmask("bytes, every bit", pmask_of(s, every));
-    allmask("bytes, RDNORM only", pmask_of(s, POLLRDNORM));
-    allmask("bytes, RDBAND only", pmask_of(s, POLLRDBAND));
-    allmask("bytes, PRI only", pmask_of(s, POLLPRI));
+    mask("bytes, every bit", pmask_of(s, every));
+    mask("bytes, RDNORM only", pmask_of(s, POLLRDNORM));
+    mask("bytes, RDBAND only", pmask_of(s, POLLRDBAND));
+    mask("bytes, PRI only", pmask_of(s, POLLPRI));
     recv(s, b, sizeof b, 0);
     shutdown(c, SHUT_WR);
     settle(50);
-    allmask("peer's FIN, every bit", pmask_of(s, every));
-    allmask("peer's FIN, no events", pmask_of(s, 0));
-    allmask("peer's FIN, RDHUP only", pmask_of(s, POLLRDHUP));
+    mask("peer's FIN, every bit", pmask_of(s, every));
+    mask("peer's FIN, no events", pmask_of(s, 0));
+    mask("peer's FIN, RDHUP only", pmask_of(s, POLLRDHUP));
     shutdown(s, SHUT_WR);
     settle(50);
-    allmask("both shut, every bit", pmask_of(s, every));
-    allmask("both shut, no events", pmask_of(s, 0));
-    allmask("both shut, client, OUT only", pmask_of(c, POLLOUT));
+    mask("both shut, every bit", pmask_of(s, every));
+    mask("both shut, no events", pmask_of(s, 0));
+    mask("both shut, client, OUT only", pmask_of(c, POLLOUT));
     int ep = epoll_create1(0);
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDNORM | EPOLLWRNORM | EPOLLRDBAND}, out;
     epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
     int n = epoll_wait(ep, &out, 1, 0);
-    allmask("epoll both shut, IN|RDNORM|WRNORM|RDBAND", n == 1 ? out.events : 0);
+    mask("epoll both shut, IN|RDNORM|WRNORM|RDBAND", n == 1 ? out.events : 0);
 }
 
 static void poll_closed_fd(void) {
@@ -68,18 +52,18 @@ static void poll_closed_fd(void) {
     settle(50);
     struct pollfd p[3] = {{.fd = s, .events = POLLIN}, {.fd = d, .events = POLLIN}, {.fd = c, .events = POLLOUT}};
     T("poll with a closed fd", poll(p, 3, 1000));
-    allmask("revents[0]", (unsigned short)p[0].revents);
-    allmask("revents[1] (closed)", (unsigned short)p[1].revents);
-    allmask("revents[2]", (unsigned short)p[2].revents);
+    mask("revents[0]", (unsigned short)p[0].revents);
+    mask("revents[1] (closed)", (unsigned short)p[1].revents);
+    mask("revents[2]", (unsigned short)p[2].revents);
     struct pollfd q = {.fd = d, .events = 0};
     T("poll of the closed fd alone, no events", poll(&q, 1, 1000));
-    allmask("revents", (unsigned short)q.revents);
+    mask("revents", (unsigned short)q.revents);
     close(s);
     struct pollfd r[2] = {{.fd = s, .events = POLLIN}, {.fd = c, .events = POLLIN}};
     settle(50);
     T("poll after closing the server", poll(r, 2, 1000));
-    allmask("revents[0] (closed)", (unsigned short)r[0].revents);
-    allmask("revents[1]", (unsigned short)r[1].revents);
+    mask("revents[0] (closed)", (unsigned short)r[0].revents);
+    mask("revents[1]", (unsigned short)r[1].revents);
     fd_set rd;
     FD_ZERO(&rd);
     FD_SET(s, &rd);
@@ -277,7 +261,7 @@ static void *poll_thread(void *fd) {
     struct pollfd p = {.fd = *(int *)fd, .events = POLLIN};
     int n = poll(&p, 1, 3000);
     say("  thread's poll = %d", n);
-    allmask("  thread's revents", (unsigned short)p.revents);
+    mask("  thread's revents", (unsigned short)p.revents);
     return NULL;
 }
 
