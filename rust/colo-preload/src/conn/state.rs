@@ -570,8 +570,8 @@ impl Conn {
             m |= IN | RDHUP | OUT | ERR | HUP;
         }
         if self.socket_flag(WROTE_AFTER_CLOSE) {
-            // As a kernel socket whose write to a closed peer was answered with a reset: in
-            // error until a write or `SO_ERROR` reported it.
+            // As a kernel socket whose write to a closed peer was answered with a reset (in
+            // error until a write or `SO_ERROR` reported it).
             m |= IN | RDHUP | OUT | HUP;
             if !self.socket_flag(RESET_REPORTED) {
                 m |= ERR;
@@ -769,8 +769,7 @@ impl Conn {
         if (in_flags | out_flags) & FLAG_RESET != 0 || out_flags & FLAG_FIN != 0 {
             return false;
         }
-        // Closed: FIN and NOT_READING together (a peer still there that left bytes unread shut
-        // down both ways: its close would have reset), or all its processes gone.
+        // Closed: FIN and NOT_READING (a live peer with ours unread shut down), or all gone.
         let shut_both = in_flags & (FLAG_FIN | FLAG_NOT_READING) == FLAG_FIN | FLAG_NOT_READING;
         let closed = if all_read { shut_both || self.peer_gone() } else { shut_both && !self.peer_gone() };
         let taken = closed && !self.raise_socket_flag(WROTE_AFTER_CLOSE);
