@@ -38,6 +38,7 @@ static const char *ename(int e) {
 #define E(x) case x: return #x;
         E(EAGAIN) E(EPIPE) E(ECONNRESET) E(EINTR) E(EINVAL) E(ENOTCONN) E(EBADF) E(EFAULT) E(EEXIST) E(ENOENT)
         E(ECONNREFUSED) E(ETIMEDOUT) E(EPROTO) E(EOPNOTSUPP) E(EINPROGRESS) E(EISCONN) E(ENOBUFS)
+        E(ENOPROTOOPT) E(EALREADY) E(EDESTADDRREQ) E(EMSGSIZE) E(ENOTSOCK) E(EADDRINUSE) E(ENOTTY) E(EPERM)
 #undef E
     default: return "E?";
     }
@@ -65,10 +66,11 @@ static void say(const char *fmt, ...) {
 /* The event mask `m` by names, in a fixed order. */
 __attribute__((unused)) static void mask(const char *what, unsigned m) {
     static const struct { unsigned bit; const char *name; } names[] = {
-        {POLLIN, "IN"}, {POLLPRI, "PRI"}, {POLLOUT, "OUT"}, {POLLERR, "ERR"},
-        {POLLHUP, "HUP"}, {POLLNVAL, "NVAL"}, {POLLRDHUP, "RDHUP"},
+        {POLLIN, "IN"}, {POLLPRI, "PRI"}, {POLLOUT, "OUT"}, {POLLERR, "ERR"}, {POLLHUP, "HUP"},
+        {POLLNVAL, "NVAL"}, {POLLRDNORM, "RDNORM"}, {POLLRDBAND, "RDBAND"}, {POLLWRNORM, "WRNORM"},
+        {POLLWRBAND, "WRBAND"}, {POLLRDHUP, "RDHUP"},
     };
-    char b[128] = "";
+    char b[160] = "";
     for (unsigned i = 0; i < sizeof names / sizeof names[0]; i++)
         if (m & names[i].bit) {
             if (b[0]) strcat(b, "|");
@@ -91,6 +93,20 @@ __attribute__((unused)) static unsigned emask(int fd) {
     int n = epoll_wait(ep, &out, 1, 0);
     close(ep);
     return n == 1 ? out.events : 0;
+}
+
+/* getsockopt(SO_ERROR) of `fd` (which reports and clears it). */
+__attribute__((unused)) static int so_error(int fd) {
+    int e = -1;
+    socklen_t len = sizeof e;
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len);
+    return e;
+}
+
+/* Says `what = ENAME` (or 0): the SO_ERROR of `fd`, which reading reports and clears. */
+__attribute__((unused)) static void say_error(const char *what, int fd) {
+    int e = so_error(fd);
+    say("  %s = %s", what, e ? ename(e) : "0");
 }
 
 static void die(const char *what) {

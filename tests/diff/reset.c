@@ -8,13 +8,6 @@ static void abort_close(int fd) {
     close(fd);
 }
 
-static int so_error(int fd) {
-    int e = -1;
-    socklen_t len = sizeof e;
-    getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len);
-    return e;
-}
-
 /* getpeername of `fd`: the kernel answers ENOTCONN once a reset closed the socket, not after a
  * FIN (colo's client resets its carrier at a clean close: the server answers from the rings). */
 static void peer_name(int fd) {
@@ -66,8 +59,7 @@ static void linger0_so_error(void) {
     pair(&s, &c);
     abort_close(c);
     settle(50);
-    int e = so_error(s);
-    say("  SO_ERROR = %s", e ? ename(e) : "0");
+    say_error("SO_ERROR", s);
 }
 
 static void linger0_pending_bytes(void) {
@@ -92,8 +84,7 @@ static void unread_close(void) {
     settle(50);
     close(c);
     settle(50);
-    int e = so_error(s);
-    say("  SO_ERROR = %s", e ? ename(e) : "0");
+    say_error("SO_ERROR", s);
     mask("poll", pmask(s));
     T("recv", recv(s, b, sizeof b, MSG_DONTWAIT));
     T("send", send(s, "abcd", 4, MSG_NOSIGNAL));
@@ -145,8 +136,7 @@ static void killed_with_unread(void) {
     waitpid(p, NULL, 0);
     settle(50);
     mask("poll", pmask(s));
-    int e = so_error(s);
-    say("  SO_ERROR = %s", e ? ename(e) : "0");
+    say_error("SO_ERROR", s);
     mask("poll after SO_ERROR", pmask(s));
     T("recv", recv(s, b, sizeof b, MSG_DONTWAIT));
     T("recv again", recv(s, b, sizeof b, MSG_DONTWAIT));
@@ -172,8 +162,7 @@ static void killed_while_writing(void) {
     say("  send until it fails: %s", n < 0 ? ename(errno) : "end");
     T("send again", send(s, buf, 10, MSG_NOSIGNAL));
     waitpid(p, NULL, 0);
-    int e = so_error(s);
-    say("  SO_ERROR = %s", e ? ename(e) : "0");
+    say_error("SO_ERROR", s);
 }
 
 static void killed_after_reading(void) {
@@ -212,8 +201,7 @@ static void fin_then_unread_close(void) {
     mask("poll", pmask(s));
     T("recv", recv(s, b, sizeof b, MSG_DONTWAIT));
     T("recv again", recv(s, b, sizeof b, MSG_DONTWAIT));
-    int e = so_error(s);
-    say("  SO_ERROR = %s", e ? ename(e) : "0");
+    say_error("SO_ERROR", s);
     T("send", send(s, "abcd", 4, MSG_NOSIGNAL));
 }
 
@@ -230,8 +218,7 @@ static void fin_then_unread_close_send(void) {
     close(c);
     settle(50);
     T("send", send(s, "abcd", 4, MSG_NOSIGNAL));
-    int e = so_error(s);
-    say("  SO_ERROR = %s", e ? ename(e) : "0");
+    say_error("SO_ERROR", s);
     T("recv", recv(s, b, sizeof b, MSG_DONTWAIT));
     T("recv again", recv(s, b, sizeof b, MSG_DONTWAIT));
     T("send again", send(s, "abcd", 4, MSG_NOSIGNAL));
@@ -245,8 +232,7 @@ static void clean_close(void) {
     close(c);
     settle(50);
     mask("poll", pmask(s));
-    int e = so_error(s);
-    say("  SO_ERROR = %s", e ? ename(e) : "0");
+    say_error("SO_ERROR", s);
     peer_name(s);
     tcp_state("TCP_INFO", s);
     T("recv", recv(s, b, sizeof b, 0));

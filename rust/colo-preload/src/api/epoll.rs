@@ -140,9 +140,16 @@ unsafe fn epoll_ctl_slow(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event
             // `epoll_wait` (the peer hung up meanwhile), and that thread's `close` of it, which
             // takes our descriptors out of the kernel's set, must not come before this `MOD`
             // reaches the kernel (the application's `MOD` would fail with `ENOENT`).
+            // As the kernel: an exclusive registration is never modified, nor one made so.
+            if events & libc::EPOLLEXCLUSIVE as u32 != 0 {
+                return g.err(libc::EINVAL) as c_int;
+            }
             let changed = with_regs(|r| {
                 let idx = *r.index.get(&(epfd, fd))?;
                 let reg = r.slab[idx].as_mut().filter(|reg| !reg.deleted)?;
+                if reg.events & libc::EPOLLEXCLUSIVE as u32 != 0 {
+                    return Some(Err(libc::EINVAL));
+                }
                 let old = reg.events;
                 reg.events = events;
                 reg.data = data;

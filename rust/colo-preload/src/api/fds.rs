@@ -409,6 +409,9 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
                 libc::SHUT_RDWR => (true, true),
                 _ => return g.err(libc::EINVAL) as c_int,
             };
+            // As kernel TCP: a closed socket (both FINs, a reset) takes the shutdown and fails
+            // `ENOTCONN`.
+            let closed = c.closed_as_tcp();
             if rd {
                 c.shut_read();
             }
@@ -416,6 +419,9 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
                 c.wait_forwarded();
             }
             c.shm().shutdown_as_tcp(rd, wr);
+            if closed {
+                return g.err(libc::ENOTCONN) as c_int;
+            }
             g.ok(0) as c_int
         }
     )

@@ -1,7 +1,8 @@
 //! `getsockname` and `getpeername`: a socket that stands in for a connection relayed as standard
 //! I/O answers the connection's addresses (`record::relayed`); every other call goes to libc,
-//! but for `getpeername` of an accelerated connection whose carrier its client reset at close
-//! (`Conn`'s drop), answered from the connection as kernel TCP answers after a FIN.
+//! but for `getpeername` of an accelerated connection, which answers as kernel TCP would from
+//! the rings: whose carrier its client reset at close (`Conn`'s drop), as after a FIN; `ENOTCONN`
+//! once the connection is closed (`Conn::closed_as_tcp`) though its carrier is not.
 
 use crate::base::addr::write_sockaddr;
 use crate::base::guard::{set_errno, Guard};
@@ -25,6 +26,10 @@ pub unsafe fn name(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, peer: bo
     if peer {
         // SAFETY: the application's arguments, unchanged.
         let r = unsafe { real::getpeername(fd, addr, len) };
+        if r == 0 && !Guard::busy() && table::kind(fd) == table::CONN && closed(fd) {
+            set_errno(libc::ENOTCONN);
+            return -1;
+        }
         if r != 0 && !Guard::busy() && table::kind(fd) == table::CONN && errno() == libc::ENOTCONN {
             // SAFETY: the application's arguments, unchanged.
             return unsafe { peer_of_conn(fd, addr, len) }.unwrap_or_else(|| {
@@ -37,6 +42,13 @@ pub unsafe fn name(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, peer: bo
         // SAFETY: the application's arguments, unchanged.
         unsafe { real::getsockname(fd, addr, len) }
     }
+}
+
+/// Whether the accelerated connection `fd` is closed as kernel TCP's socket would be
+/// (`Conn::closed_as_tcp`), which its carrier, still connected, does not say.
+fn closed(fd: c_int) -> bool {
+    let _g = Guard::enter();
+    table::conn(fd).is_some_and(|c| c.closed_as_tcp())
 }
 
 fn errno() -> c_int {
@@ -55,9 +67,9 @@ unsafe fn peer_of_conn(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> O
     }
     let g = Guard::enter();
     let c = table::conn(fd)?;
-    if c.peer_reset() || c.wrote_after_close() {
-        // As kernel TCP after a reset (the peer's, or its answer to a write after it closed):
-        // not connected.
+    if c.closed_as_tcp() {
+        // As kernel TCP after a reset (the peer's, or its answer to a write after it closed),
+        // or both FINs: not connected.
         return None;
     }
     let mut peer = c.shm().peer_addr();

@@ -236,6 +236,13 @@ unsafe fn ppoll_round(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, ma
             }
         }
         for (i, c) in &conns {
+            // A number another thread closed while this one slept: the kernel's poll, looking
+            // again on a wake-up, finds no file there.
+            if !table::conn(arr[*i].fd).is_some_and(|now| Arc::ptr_eq(&now, c)) && closed_number(arr[*i].fd) {
+                arr[*i].revents = libc::POLLNVAL;
+                total += 1;
+                continue;
+            }
             // A connection whose control socket or self bell the kernel reported is asked (a
             // ring, or a hang-up the hang-up watcher may not have seen yet); one whose two stayed
             // quiet had no hang-up on its control socket, and is asked only if the watcher
@@ -260,6 +267,12 @@ unsafe fn ppoll_round(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, ma
             return Some(g.ok(0) as c_int);
         }
     }
+}
+
+/// Whether `fd` is no open descriptor.
+fn closed_number(fd: c_int) -> bool {
+    // SAFETY: `real::fcntl` is libc's; F_GETFD reads the number's flags and changes nothing.
+    unsafe { real::fcntl(fd, libc::F_GETFD, 0) < 0 }
 }
 
 /// Puts in `copy` (the application's array) what the kernel watches for each connection of
@@ -358,6 +371,11 @@ pub unsafe fn select_impl(
     let rc = unsafe { ppoll_impl(pfds.as_mut_ptr(), pfds.len() as nfds_t, timeout, mask) };
     if rc < 0 {
         return Some(rc);
+    }
+    // A number in a set that is no open descriptor fails the whole select, sets untouched.
+    if pfds.iter().any(|p| p.revents & libc::POLLNVAL != 0) {
+        crate::base::guard::set_errno(libc::EBADF);
+        return Some(-1);
     }
     for s in [r, w, e] {
         if !s.is_null() {

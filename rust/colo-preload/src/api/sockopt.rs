@@ -1,6 +1,6 @@
 //! `getsockopt` and `setsockopt` on an accelerated connection: the kernel socket answers, and
 //! what only the rings know is added (`SO_ERROR` after a reset, `TCP_INFO`'s state and byte
-//! counts); options the rings must honour are passed on to the connection.
+//! counts, `SO_PEEK_OFF`); options the rings must honour are passed on to the connection.
 
 use crate::api::route::{conn_for_io, plain, plain_first};
 use crate::base::guard::Guard;
@@ -16,7 +16,8 @@ plain_first! {
 }
 
 /// `getsockopt`: `SO_ERROR` of an accelerated connection reports (and clears) the reset its peer
-/// sent, as the kernel reports the error a RST left; everything else is the kernel socket's.
+/// sent, as the kernel reports the error a RST left, and `SO_PEEK_OFF` its peeks' offset;
+/// everything else is the kernel socket's.
 pub unsafe fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
     if table::kind(fd) == NONE || Guard::busy() {
         // SAFETY: `real::getsockopt` is libc's `getsockopt`, given the application's arguments
@@ -27,6 +28,10 @@ pub unsafe fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void,
         // SAFETY: `tcp_info` requires what libc's `getsockopt` does of these arguments, which the
         // application's call met.
         return unsafe { tcp_info(fd, val, len) };
+    }
+    if level == libc::SOL_SOCKET && name == libc::SO_PEEK_OFF {
+        // SAFETY: as for `tcp_info`, the application's arguments to `getsockopt`.
+        return unsafe { peek_off(fd, val, len) };
     }
     if level != libc::SOL_SOCKET || name != libc::SO_ERROR {
         // SAFETY: `real::getsockopt` is libc's `getsockopt`, given the application's arguments
@@ -50,11 +55,31 @@ pub unsafe fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void,
         // SAFETY: the application's buffer the kernel just wrote an int to.
         unsafe { *(val as *mut c_int) = 0 };
         if c.take_reset_error() {
-            let err = if c.peer_reset_after_fin() { libc::EPIPE } else { libc::ECONNRESET };
+            let err = if c.peer_reset_after_fin() || c.wrote_after_close() { libc::EPIPE } else { libc::ECONNRESET };
             // SAFETY: the same int, the application's writable buffer of at least its size
             // (checked above).
             unsafe { *(val as *mut c_int) = err };
         }
+    }
+    g.ok(0) as c_int
+}
+
+/// `getsockopt(SO_PEEK_OFF)`: the kernel's answer (its checks), with an accelerated
+/// connection's offset, which its peeks move (`Shm::set_peek_off`).
+///
+/// # Safety
+/// As libc's `getsockopt`: `val` has `*len` writable bytes (or either is null).
+unsafe fn peek_off(fd: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
+    // SAFETY: the application's arguments, unchanged.
+    let r = unsafe { real::getsockopt(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, val, len) };
+    // SAFETY: the application's length, which the kernel just accepted.
+    if r != 0 || val.is_null() || len.is_null() || (unsafe { *len } as usize) < std::mem::size_of::<c_int>() {
+        return r;
+    }
+    let g = Guard::enter();
+    if let Some(c) = table::conn(fd) {
+        // SAFETY: the application's buffer, holding at least an int (checked above).
+        unsafe { *(val as *mut c_int) = c.shm().peek_off() };
     }
     g.ok(0) as c_int
 }
@@ -107,7 +132,7 @@ unsafe fn setsockopt_slow(fd: c_int, level: c_int, name: c_int, val: *const c_vo
     // SAFETY: `real::setsockopt` is libc's `setsockopt`, given the application's arguments
     // unchanged: the contract the caller met.
     let r = unsafe { real::setsockopt(fd, level, name, val, len) };
-    if r == 0 && level == libc::SOL_SOCKET && (name == libc::SO_RCVLOWAT || name == libc::SO_SNDBUF) && !plain(fd) {
+    if r == 0 && level == libc::SOL_SOCKET && (name == libc::SO_RCVLOWAT || name == libc::SO_SNDBUF || name == libc::SO_PEEK_OFF) && !plain(fd) {
         // SAFETY: the application's arguments, which the kernel just accepted.
         unsafe { set_int_option(fd, name, val, len) };
         return r;
@@ -132,7 +157,8 @@ unsafe fn setsockopt_slow(fd: c_int, level: c_int, name: c_int, val: *const c_vo
     g.ok(0) as c_int
 }
 
-/// `setsockopt(SO_RCVLOWAT or SO_SNDBUF)` on an accelerated connection, which the kernel accepted.
+/// `setsockopt(SO_RCVLOWAT, SO_SNDBUF or SO_PEEK_OFF)` on an accelerated connection, which the
+/// kernel accepted.
 unsafe fn set_int_option(fd: c_int, name: c_int, val: *const c_void, len: socklen_t) {
     if val.is_null() || (len as usize) < std::mem::size_of::<c_int>() {
         return;
@@ -140,8 +166,11 @@ unsafe fn set_int_option(fd: c_int, name: c_int, val: *const c_void, len: sockle
     let g = Guard::enter();
     if let Some(c) = table::conn(fd) {
         // SAFETY: an int, as the kernel just accepted.
-        let v = unsafe { *(val as *const c_int) }.max(1);
-        if name == libc::SO_RCVLOWAT {
+        let raw = unsafe { *(val as *const c_int) };
+        let v = raw.max(1);
+        if name == libc::SO_PEEK_OFF {
+            c.shm().set_peek_off(raw);
+        } else if name == libc::SO_RCVLOWAT {
             c.set_lowat(v as u32);
         } else {
             c.set_send_limit(sndbuf_granted(fd, v) as usize);

@@ -39,6 +39,17 @@ fn conn_recv_inner(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> 
         return Err(would_block());
     }
     if flags & libc::MSG_PEEK != 0 {
+        // A blocking peek waits for its target as a read does (MSG_WAITALL: all of it).
+        let target = if flags & libc::MSG_WAITALL != 0 { buf.len() } else { c.lowat() };
+        if c.nonblocking() {
+            return c.shm().peek(buf);
+        }
+        if flags & libc::MSG_DONTWAIT != 0 {
+            return c.shm().try_peek(buf);
+        }
+        if target > 1 {
+            return c.shm().peek_least(buf, target);
+        }
         return c.shm().peek(buf);
     }
     let turn = c.read_turn(c.nonblocking() || flags & libc::MSG_DONTWAIT != 0)?;
@@ -132,6 +143,12 @@ pub fn conn_send(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
         // A reset after the peer's FIN is the kernel's EPIPE, the first time too.
         Err(e) if errno_of(&e) == libc::ECONNRESET && (!c.report_reset() || c.peer_reset_after_fin()) => {
             Err(io::Error::from_raw_os_error(libc::EPIPE))
+        }
+        // The write that fails after a taken one reports the reset that answered it (the
+        // kernel's EPIPE in CLOSE_WAIT), which then leaves the socket's error.
+        Err(e) if errno_of(&e) == libc::EPIPE && c.wrote_after_close() => {
+            c.report_reset();
+            Err(e)
         }
         r => r,
     }
@@ -247,8 +264,7 @@ pub fn recv_nothing(c: &Conn, flags: c_int) -> io::Result<usize> {
         }
         return Ok(0);
     }
-    let mut b = [0u8; 1];
-    c.shm().peek(&mut b).map(|_| 0)
+    c.shm().wait_readable().map(|()| 0)
 }
 
 /// `recv(fd, _, n, MSG_TRUNC)` on TCP: reads up to `n` bytes as `recv` would and discards them

@@ -570,8 +570,12 @@ impl Conn {
             m |= IN | RDHUP | OUT | ERR | HUP;
         }
         if self.socket_flag(WROTE_AFTER_CLOSE) {
-            // As a kernel socket whose write to a closed peer was answered with a reset.
-            m |= IN | RDHUP | OUT | ERR | HUP;
+            // As a kernel socket whose write to a closed peer was answered with a reset (in
+            // error until a write or `SO_ERROR` reported it).
+            m |= IN | RDHUP | OUT | HUP;
+            if !self.socket_flag(RESET_REPORTED) {
+                m |= ERR;
+            }
         }
         if peer_reset && self.socket_flag(RESET_REPORTED) {
             // The peer's reset, already reported as the socket's error: as the kernel's socket
@@ -598,7 +602,7 @@ impl Conn {
     /// no read, write or earlier
     /// `SO_ERROR` has reported it yet (then it is reported now).
     pub fn take_reset_error(&self) -> bool {
-        self.peer_reset() && self.report_reset()
+        (self.peer_reset() || self.wrote_after_close()) && self.report_reset()
     }
 
     /// Whether the peer reset the connection after its FIN (shut down writing, then closed with
@@ -660,6 +664,12 @@ impl Conn {
             TCP_ESTABLISHED
         };
         (state, sent, got)
+    }
+
+    /// Whether kernel TCP's socket would be closed (`TCP_CLOSE`: both FINs, a reset either way,
+    /// or a write taken after the peer closed): `getpeername` and `shutdown` fail `ENOTCONN`.
+    pub fn closed_as_tcp(&self) -> bool {
+        self.tcp_info().0 == TCP_CLOSE || self.peer_reset()
     }
 
     /// The application closed this connection with `SO_LINGER {1, 0}`: the last close resets.
@@ -748,19 +758,20 @@ impl Conn {
     }
 
     /// A write failed with EPIPE: whether kernel TCP would have taken it. It takes one write
-    /// after the peer closed having read everything (the peer's kernel answers it with a reset,
-    /// which fails the next write): a keep-alive client that reuses a connection its server
-    /// just closed finds out by reading end of stream, not by a SIGPIPE. Not after our own
-    /// shutdown, a reset, a peer that left bytes unread (closing so, its kernel resets at once;
-    /// after `shutdown(SHUT_RDWR)` kernel TCP would still take one write, which we refuse), or
-    /// a peer that only shut down reading (kernel TCP takes those writes; we refuse them too).
+    /// after the peer closed having read everything, or shut down both ways (`SHUT_RDWR`) read
+    /// or not (the peer's kernel answers it with a reset, which fails the next write): a
+    /// keep-alive client that reuses a connection its server just closed finds out by reading
+    /// end of stream, not by a SIGPIPE. Not after our own shutdown, a reset, a peer gone leaving
+    /// bytes unread (closing so, its kernel resets at once), or a peer that only shut down
+    /// reading (kernel TCP takes those writes; we refuse them).
     pub fn takes_write_after_close(&self) -> bool {
         let (in_flags, out_flags, all_read) = self.flags_and_all_read();
-        if (in_flags | out_flags) & FLAG_RESET != 0 || out_flags & FLAG_FIN != 0 || !all_read {
+        if (in_flags | out_flags) & FLAG_RESET != 0 || out_flags & FLAG_FIN != 0 {
             return false;
         }
-        // Closed: FIN and NOT_READING together, or all its processes gone.
-        let closed = in_flags & (FLAG_FIN | FLAG_NOT_READING) == FLAG_FIN | FLAG_NOT_READING || self.peer_gone();
+        // Closed: FIN and NOT_READING (a live peer with ours unread shut down), or all gone.
+        let shut_both = in_flags & (FLAG_FIN | FLAG_NOT_READING) == FLAG_FIN | FLAG_NOT_READING;
+        let closed = if all_read { shut_both || self.peer_gone() } else { shut_both && !self.peer_gone() };
         let taken = closed && !self.raise_socket_flag(WROTE_AFTER_CLOSE);
         if taken {
             // The reset that answers it is news for pollers (`ready`, `RESET_EDGE`): wake them.
@@ -770,7 +781,7 @@ impl Conn {
     }
 
     /// Whether a write after the peer closed was taken (`takes_write_after_close`): kernel TCP's
-    /// socket would have been reset by the peer's answer to it.
+    /// socket would have been reset by the peer's answer to it, in CLOSE_WAIT (`EPIPE`).
     pub fn wrote_after_close(&self) -> bool {
         self.socket_flag(WROTE_AFTER_CLOSE)
     }

@@ -39,7 +39,7 @@ use colo_sys::doorbell::{self, Readiness};
 use colo_sys::OwnedFd;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64};
 use crate::fork::ForkableMutex;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -181,6 +181,10 @@ pub struct Shm {
     shared_read_shut: std::sync::atomic::AtomicPtr<AtomicU32>,
     shared_read_shut_bit: AtomicU32,
     nonblocking: AtomicBool,
+    /// `SO_PEEK_OFF`: where the next peek starts, past the first unread byte (-1: at it, and
+    /// peeks move nothing). Peeks move it on, reads back (`Shm::recv`); changed only under the
+    /// reading half's lock, which orders it (Relaxed).
+    peek_off: AtomicI32,
     /// A non-blocking operation drained a ring that may have been meant for the other half.
     swallowed: AtomicBool,
     /// Wake-up eventfds (`crate::wake`) of the threads asleep on this side's doorbell (this
@@ -381,6 +385,7 @@ impl Shm {
             shared_read_shut: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
             shared_read_shut_bit: AtomicU32::new(0),
             nonblocking: AtomicBool::new(false),
+            peek_off: AtomicI32::new(-1),
             swallowed: AtomicBool::new(false),
             wakers: [const { AtomicU64::new(0) }; WAKERS],
             read_timeout: AtomicU64::new(0),

@@ -146,11 +146,87 @@ impl Shm {
         if buf.is_empty() {
             return Ok(0);
         }
-        if self.has(READ_TOLD) {
+        let mut rx = lock(&self.rx);
+        let off = self.peek_off.load(Ordering::Relaxed);
+        if off < 0 {
+            return self.look_then_wait(&mut rx, |h| &mut h.spinner, &self.read_timeout, since, |rx| self.try_read(rx, buf, peek, 0));
+        }
+        let skip = if peek { off as usize } else { 0 };
+        let n = self.look_then_wait(&mut rx, |h| &mut h.spinner, &self.read_timeout, since, |rx| self.try_read(rx, buf, peek, skip))?;
+        self.peek_off.store(if peek { off.saturating_add(n as i32) } else { off.saturating_sub(n as i32).max(0) }, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    /// [`Shm::peek`] that waits until `want` bytes (at most `buf.len()`) are unread, or fewer
+    /// with the stream ended, reset or shut down for reading, as kernel TCP's peek waits for its
+    /// target (`MSG_WAITALL`, `SO_RCVLOWAT`). A timeout with bytes unread returns them.
+    pub fn peek_least(&self, buf: &mut [u8], want: usize) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let want = want.clamp(1, buf.len());
+        let mut rx = lock(&self.rx);
+        let off = self.peek_off.load(Ordering::Relaxed);
+        let skip = off.max(0) as usize;
+        let r = self.look_then_wait(&mut rx, |h| &mut h.spinner, &self.read_timeout, None, |rx| match self.try_read(rx, buf, true, skip)? {
+            Some(n) if n > 0 && n < want && !self.read_ended(rx)? => Ok(None),
+            got => Ok(got),
+        });
+        let r = match r {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => match self.try_read(&mut rx, buf, true, skip)? {
+                Some(n) if n > 0 => Ok(n),
+                _ => Err(e),
+            },
+            r => r,
+        };
+        if let (Ok(n), true) = (&r, off >= 0) {
+            self.peek_off.store(off.saturating_add(*n as i32), Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// [`Shm::peek`] that never waits (`MSG_DONTWAIT`): `WouldBlock` when nothing is there past
+    /// the peek offset.
+    pub fn try_peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
             return Ok(0);
         }
         let mut rx = lock(&self.rx);
-        self.look_then_wait(&mut rx, |h| &mut h.spinner, &self.read_timeout, since, |rx| self.try_read(rx, buf, peek, 0))
+        let off = self.peek_off.load(Ordering::Relaxed);
+        let n = self.try_read(&mut rx, buf, true, off.max(0) as usize)?.ok_or(io::ErrorKind::WouldBlock)?;
+        if off >= 0 {
+            self.peek_off.store(off.saturating_add(n as i32), Ordering::Relaxed);
+        }
+        Ok(n)
+    }
+
+    /// Waits until something is readable (bytes, end of stream, or an error, which is returned),
+    /// taking nothing and moving no peek offset: a blocking read of zero bytes.
+    pub fn wait_readable(&self) -> io::Result<()> {
+        let mut b = [0u8; 1];
+        let mut rx = lock(&self.rx);
+        self.look_then_wait(&mut rx, |h| &mut h.spinner, &self.read_timeout, None, |rx| self.try_read(rx, &mut b, true, 0)).map(|_| ())
+    }
+
+    /// `SO_PEEK_OFF`: `off` (negative: none) is where the next peek starts.
+    pub fn set_peek_off(&self, off: i32) {
+        let _rx = lock(&self.rx);
+        self.peek_off.store(off.max(-1), Ordering::Relaxed);
+    }
+
+    /// The `SO_PEEK_OFF` in force (-1: none).
+    pub fn peek_off(&self) -> i32 {
+        self.peek_off.load(Ordering::Relaxed)
+    }
+
+    /// Whether no byte will come after those unread: the peer's FIN or reset, its hang-up, or
+    /// our read shutdown.
+    fn read_ended(&self, rx: &mut RxHalf) -> io::Result<bool> {
+        if self.has(READ_SHUT | PEER_GONE | RESET) {
+            return Ok(true);
+        }
+        let flags = rx.ring.flags().map_err(|c| self.corrupt(c))?;
+        Ok(flags & (FLAG_FIN | FLAG_RESET) != 0)
     }
 
     /// One look at the incoming bytes from `skip` past the first unread one, never waiting
@@ -159,7 +235,7 @@ impl Shm {
     /// stream with no byte past `skip`; `None`, none yet. A reset is reported as `read`
     /// reports it.
     pub fn peek_at(&self, skip: usize, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        if buf.is_empty() || self.has(READ_TOLD) {
+        if buf.is_empty() {
             return Ok(Some(0));
         }
         let mut rx = lock(&self.rx);

@@ -2,7 +2,7 @@
 //! for `SO_LINGER {1, 0}` or bytes left unread), a read shutdown the peer never hears of, and
 //! blocking calls that a signal handler interrupts.
 
-use super::{RxHalf, Shm, READ_SHUT, READ_TOLD, RESET, WRITE_SHUT};
+use super::{RxHalf, Shm, READ_SHUT, RESET, WRITE_SHUT};
 use colo_ring::layout::FLAG_DROPPED;
 use colo_ring::sync::{AtomicU32, Ordering};
 use std::io;
@@ -91,13 +91,10 @@ impl Shm {
         shut
     }
 
-    /// A read after our read shutdown: end of stream once the peer was told (it writes no
-    /// more); before that (a shutdown of reading alone), as kernel TCP, the bytes that have
-    /// arrived, then end of stream, never waiting.
+    /// A read after our read shutdown: as kernel TCP, the bytes that had arrived, then end of
+    /// stream, never waiting. Once the peer was told (both directions shut, NOT_READING) it
+    /// writes no more, so the bytes left are those that came before.
     pub(super) fn read_after_shutdown(&self, rx: &mut RxHalf, buf: &mut [u8], peek: bool, skip: usize) -> io::Result<usize> {
-        if self.has(READ_TOLD) {
-            return Ok(0);
-        }
         self.adopt_rx(rx);
         let before = rx.ring.consumed();
         let got = if peek { rx.ring.peek_at(skip, buf) } else { rx.ring.read(buf) };

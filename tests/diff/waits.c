@@ -1,0 +1,295 @@
+/* Waiting: every poll bit (RDNORM, WRNORM, RDBAND, NVAL), select's three sets, the signal-mask
+ * waits (ppoll, pselect, epoll_pwait) with a signal pending, epoll registrations changed and
+ * removed, and a descriptor changed under a thread blocked on it (O_NONBLOCK set, closed). */
+#include "diff.h"
+#include <pthread.h>
+#include <sys/select.h>
+
+static unsigned pmask_of(int fd, short events) {
+    struct pollfd p = {.fd = fd, .events = events};
+    return poll(&p, 1, 0) == 1 ? (unsigned short)p.revents : 0;
+}
+
+static void poll_bits(void) {
+    int s, c;
+    char b[8];
+    pair(&s, &c);
+    short every = POLLIN | POLLPRI | POLLOUT | POLLRDNORM | POLLRDBAND | POLLWRNORM | POLLWRBAND | POLLRDHUP;
+    mask("idle, every bit", pmask_of(s, every));
+    mask("idle, RDNORM only", pmask_of(s, POLLRDNORM));
+    mask("idle, WRNORM only", pmask_of(s, POLLWRNORM));
+    mask("idle, no events", pmask_of(s, 0));
+    send(c, "ab", 2, 0);
+    settle(50);
+    mask("bytes, every bit", pmask_of(s, every));
+    mask("bytes, RDNORM only", pmask_of(s, POLLRDNORM));
+    mask("bytes, RDBAND only", pmask_of(s, POLLRDBAND));
+    mask("bytes, PRI only", pmask_of(s, POLLPRI));
+    recv(s, b, sizeof b, 0);
+    shutdown(c, SHUT_WR);
+    settle(50);
+    mask("peer's FIN, every bit", pmask_of(s, every));
+    mask("peer's FIN, no events", pmask_of(s, 0));
+    mask("peer's FIN, RDHUP only", pmask_of(s, POLLRDHUP));
+    shutdown(s, SHUT_WR);
+    settle(50);
+    mask("both shut, every bit", pmask_of(s, every));
+    mask("both shut, no events", pmask_of(s, 0));
+    mask("both shut, client, OUT only", pmask_of(c, POLLOUT));
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDNORM | EPOLLWRNORM | EPOLLRDBAND}, out;
+    epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
+    int n = epoll_wait(ep, &out, 1, 0);
+    mask("epoll both shut, IN|RDNORM|WRNORM|RDBAND", n == 1 ? out.events : 0);
+}
+
+static void poll_closed_fd(void) {
+    int s, c, d;
+    pair(&s, &c);
+    d = dup(c);
+    close(d);
+    send(c, "a", 1, 0);
+    settle(50);
+    struct pollfd p[3] = {{.fd = s, .events = POLLIN}, {.fd = d, .events = POLLIN}, {.fd = c, .events = POLLOUT}};
+    T("poll with a closed fd", poll(p, 3, 1000));
+    mask("revents[0]", (unsigned short)p[0].revents);
+    mask("revents[1] (closed)", (unsigned short)p[1].revents);
+    mask("revents[2]", (unsigned short)p[2].revents);
+    struct pollfd q = {.fd = d, .events = 0};
+    T("poll of the closed fd alone, no events", poll(&q, 1, 1000));
+    mask("revents", (unsigned short)q.revents);
+    close(s);
+    struct pollfd r[2] = {{.fd = s, .events = POLLIN}, {.fd = c, .events = POLLIN}};
+    settle(50);
+    T("poll after closing the server", poll(r, 2, 1000));
+    mask("revents[0] (closed)", (unsigned short)r[0].revents);
+    mask("revents[1]", (unsigned short)r[1].revents);
+    fd_set rd;
+    FD_ZERO(&rd);
+    FD_SET(s, &rd);
+    FD_SET(c, &rd);
+    struct timeval tv = {0, 0};
+    T("select with a closed fd", select((s > c ? s : c) + 1, &rd, NULL, NULL, &tv));
+}
+
+static void select_sets(void) {
+    int s, c;
+    pair(&s, &c);
+    fd_set rd, wr, ex;
+    struct timeval tv = {0, 0};
+    int top = (s > c ? s : c) + 1;
+#define SETS() do { FD_ZERO(&rd); FD_ZERO(&wr); FD_ZERO(&ex); FD_SET(s, &rd); FD_SET(s, &wr); FD_SET(s, &ex); \
+                     FD_SET(c, &rd); FD_SET(c, &ex); tv = (struct timeval){0, 0}; } while (0)
+#define SHOW(what) say("  %s: server r%d w%d x%d, client r%d x%d", what, FD_ISSET(s, &rd) != 0, FD_ISSET(s, &wr) != 0, \
+                       FD_ISSET(s, &ex) != 0, FD_ISSET(c, &rd) != 0, FD_ISSET(c, &ex) != 0)
+    SETS();
+    T("select idle", select(top, &rd, &wr, &ex, &tv));
+    SHOW("idle");
+    send(c, "ab", 2, 0);
+    settle(50);
+    SETS();
+    T("select with bytes", select(top, &rd, &wr, &ex, &tv));
+    SHOW("bytes");
+    shutdown(c, SHUT_WR);
+    settle(50);
+    SETS();
+    T("select after the peer's FIN", select(top, &rd, &wr, &ex, &tv));
+    SHOW("FIN");
+    struct linger l = {1, 0};
+    setsockopt(c, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+    close(c);
+    settle(50);
+    FD_ZERO(&rd);
+    FD_ZERO(&wr);
+    FD_ZERO(&ex);
+    FD_SET(s, &rd);
+    FD_SET(s, &wr);
+    FD_SET(s, &ex);
+    tv = (struct timeval){0, 0};
+    T("select after the reset", select(s + 1, &rd, &wr, &ex, &tv));
+    say("  reset: server r%d w%d x%d", FD_ISSET(s, &rd) != 0, FD_ISSET(s, &wr) != 0, FD_ISSET(s, &ex) != 0);
+}
+
+static volatile sig_atomic_t caught;
+static void on_signal(int sig) { (void)sig; caught++; }
+
+/* SIGUSR1 blocked and pending; each wait unblocks it through its mask: EINTR at once, handled. */
+static void masked_waits(void) {
+    int s, c;
+    pair(&s, &c);
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGUSR1, &sa, NULL);
+    sigset_t block, open_;
+    sigemptyset(&block);
+    sigaddset(&block, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &block, &open_);
+    sigdelset(&open_, SIGUSR1);
+    struct timespec ten = {10, 0};
+
+    raise(SIGUSR1);
+    struct pollfd p = {.fd = s, .events = POLLIN};
+    T("ppoll, signal pending", ppoll(&p, 1, &ten, &open_));
+    say("  handled %d", caught);
+
+    raise(SIGUSR1);
+    fd_set rd;
+    FD_ZERO(&rd);
+    FD_SET(s, &rd);
+    T("pselect, signal pending", pselect(s + 1, &rd, NULL, NULL, &ten, &open_));
+    say("  handled %d", caught);
+
+    raise(SIGUSR1);
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = s}, out;
+    epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
+    T("epoll_pwait, signal pending", epoll_pwait(ep, &out, 1, 10000, &open_));
+    say("  handled %d", caught);
+
+    /* Ready and a signal pending: the kernel reports the events, the handler still runs. */
+    send(c, "ab", 2, 0);
+    settle(50);
+    raise(SIGUSR1);
+    T("ppoll, ready and a signal pending", ppoll(&p, 1, &ten, &open_));
+    say("  handled %d", caught);
+    raise(SIGUSR1);
+    T("epoll_pwait, ready and a signal pending", epoll_pwait(ep, &out, 1, 10000, &open_));
+    say("  handled %d", caught);
+    raise(SIGUSR1);
+    T("pselect, ready and a signal pending", pselect(s + 1, &rd, NULL, NULL, &ten, &open_));
+    say("  handled %d", caught);
+    /* A mask that keeps it blocked: the wait just waits. */
+    T("ppoll, ready, still blocked", ppoll(&p, 1, &ten, &block));
+    say("  handled %d", caught);
+    sigset_t now;
+    sigprocmask(SIG_SETMASK, NULL, &now);
+    say("  SIGUSR1 blocked after: %s", sigismember(&now, SIGUSR1) ? "yes" : "no");
+}
+
+static void epoll_changes(void) {
+    int s, c;
+    char b[8];
+    pair(&s, &c);
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = s}, out[2];
+    T("ADD IN", epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev));
+    T("ADD again", epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev));
+    T("wait idle", epoll_wait(ep, out, 2, 0));
+    ev.events = EPOLLOUT;
+    T("MOD to OUT", epoll_ctl(ep, EPOLL_CTL_MOD, s, &ev));
+    int n = epoll_wait(ep, out, 2, 0);
+    mask("wait after MOD", n == 1 ? out[0].events : 0);
+    send(c, "ab", 2, 0);
+    settle(50);
+    n = epoll_wait(ep, out, 2, 0);
+    mask("bytes, OUT only", n == 1 ? out[0].events : 0);
+    ev.events = EPOLLIN | EPOLLET;
+    T("MOD to IN|ET", epoll_ctl(ep, EPOLL_CTL_MOD, s, &ev));
+    n = epoll_wait(ep, out, 2, 0);
+    mask("after MOD to IN|ET", n == 1 ? out[0].events : 0);
+    T("again (edge)", epoll_wait(ep, out, 2, 0));
+    T("MOD again, same", epoll_ctl(ep, EPOLL_CTL_MOD, s, &ev));
+    n = epoll_wait(ep, out, 2, 0);
+    mask("after a MOD re-arms", n == 1 ? out[0].events : 0);
+    T("DEL", epoll_ctl(ep, EPOLL_CTL_DEL, s, NULL));
+    T("DEL again", epoll_ctl(ep, EPOLL_CTL_DEL, s, NULL));
+    T("MOD unregistered", epoll_ctl(ep, EPOLL_CTL_MOD, s, &ev));
+    send(c, "cd", 2, 0);
+    settle(50);
+    T("wait after DEL", epoll_wait(ep, out, 2, 0));
+    T("recv", recv(s, b, sizeof b, 0));
+    ev.events = EPOLLIN | EPOLLEXCLUSIVE;
+    T("ADD EXCLUSIVE", epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev));
+    T("MOD an EXCLUSIVE one", epoll_ctl(ep, EPOLL_CTL_MOD, s, &ev));
+    T("DEL EXCLUSIVE", epoll_ctl(ep, EPOLL_CTL_DEL, s, NULL));
+    ev.events = EPOLLIN | EPOLLEXCLUSIVE | EPOLLONESHOT;
+    T("ADD EXCLUSIVE|ONESHOT", epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev));
+    T("ADD the epoll set to itself", epoll_ctl(ep, EPOLL_CTL_ADD, ep, &ev));
+    T("ADD a bad fd", epoll_ctl(ep, EPOLL_CTL_ADD, 999, &ev));
+    ev.events = EPOLLIN;
+    T("ADD with a bad op", epoll_ctl(ep, 99, s, &ev));
+    T("wait with maxevents 0", epoll_wait(ep, out, 0, 0));
+    T("wait on the socket itself", epoll_wait(s, out, 1, 0));
+}
+
+static void *recv_thread(void *fd) {
+    char b[8];
+    errno = 0;
+    ssize_t n = recv(*(int *)fd, b, sizeof b, 0);
+    say("  thread's blocking recv = %zd %s", n, n < 0 ? ename(errno) : "");
+    return NULL;
+}
+
+static void nonblock_while_waiting(void) {
+    /* O_NONBLOCK set while another thread waits in a blocking recv: that recv keeps waiting. */
+    int s, c;
+    pthread_t t;
+    pair(&s, &c);
+    pthread_create(&t, NULL, recv_thread, &s);
+    settle(200);
+    T("F_SETFL O_NONBLOCK", fcntl(s, F_SETFL, O_NONBLOCK));
+    settle(200);
+    say("  sending");
+    send(c, "ab", 2, 0);
+    pthread_join(t, NULL);
+    char b[4];
+    T("recv now (non-blocking)", recv(s, b, sizeof b, 0));
+}
+
+static void close_while_waiting(void) {
+    /* close() while another thread waits in recv on the number: the kernel's recv keeps the
+     * socket and waits on; the peer sees no end until it returns. */
+    int s, c;
+    char b[4];
+    pthread_t t;
+    pair(&s, &c);
+    pthread_create(&t, NULL, recv_thread, &s);
+    settle(200);
+    int fd = s;
+    T("close", close(fd));
+    settle(100);
+    mask("peer while the recv waits", pmask(c));
+    say("  sending");
+    ssize_t n = send(c, "ab", 2, 0); /* said after the join: the thread's line may come first */
+    pthread_join(t, NULL);
+    say("  send = %zd", n);
+    settle(50);
+    mask("peer after the recv returned", pmask(c));
+    T("peer's recv", recv(c, b, sizeof b, MSG_DONTWAIT));
+}
+
+static void *poll_thread(void *fd) {
+    struct pollfd p = {.fd = *(int *)fd, .events = POLLIN};
+    int n = poll(&p, 1, 3000);
+    say("  thread's poll = %d", n);
+    mask("  thread's revents", (unsigned short)p.revents);
+    return NULL;
+}
+
+static void close_while_polling(void) {
+    /* close() while another thread is in poll on it: the poll goes on watching the socket. */
+    int s, c;
+    pthread_t t;
+    pair(&s, &c);
+    pthread_create(&t, NULL, poll_thread, &s);
+    settle(200);
+    T("close", close(s));
+    settle(100);
+    say("  sending");
+    ssize_t n = send(c, "ab", 2, 0); /* said after the join: the thread's line may come first */
+    pthread_join(t, NULL);
+    say("  send = %zd", n);
+}
+
+int main(void) {
+    diff_begin();
+    RUN(poll_bits);
+    RUN(poll_closed_fd);
+    RUN(select_sets);
+    RUN(masked_waits);
+    RUN(epoll_changes);
+    RUN(nonblock_while_waiting);
+    RUN(close_while_waiting);
+    RUN(close_while_polling);
+    diff_end();
+    return 0;
+}
