@@ -458,16 +458,19 @@ fn announce_sleep(epfd: c_int) {
 
 /// For a `poll` or `select` on the epoll set `epfd` itself (EventMachine sleeps so, then asks the
 /// set with a zero timeout): whether a registration of a connection in it would report now.
-/// When `arm` and none would, the set is readied for a sleep in the kernel: doorbells the kernel
-/// reported are drained, and the sleep is announced on every registration, so that the peers'
-/// next progress rings a doorbell in the set and the kernel reports the set readable; then the
-/// rings are looked at once more (progress made before the announcements rang nothing).
-pub fn set_polled(epfd: c_int, arm: bool) -> bool {
-    readied(epfd, arm).is_some()
+/// Before such a poll sleeps, [`sleep_on_polled_set`] readies the set.
+pub fn set_polled(epfd: c_int) -> bool {
+    readied(epfd, false, None).is_some()
 }
 
-/// [`set_polled`], with a connection of a registration that would report.
-fn readied(epfd: c_int, arm: bool) -> Option<Arc<Conn>> {
+/// Whether a registration of a connection in `epfd` would report now, with that connection.
+/// When `arm` and none would, the set is readied for a sleep in the kernel: doorbells the kernel
+/// reported are drained (by the sleeper whose wake-up eventfd is `wake`: the drain rings the
+/// other sleepers' eventfds, not its own), and the sleep is announced on every registration, so
+/// that the peers' next progress rings a doorbell in the set and the kernel reports the set
+/// readable; then the rings are looked at once more (progress made before the announcements
+/// rang nothing).
+fn readied(epfd: c_int, arm: bool, wake: Option<colo_sys::RawFd>) -> Option<Arc<Conn>> {
     let reporting = || {
         with_regs(|r| r.by_epfd.get(&epfd)?.iter().filter_map(|&i| r.slab[i].as_ref()).find(|g| g.would_report()).map(|g| g.conn.clone()))
     };
@@ -478,10 +481,47 @@ fn readied(epfd: c_int, arm: bool) -> Option<Arc<Conn>> {
         return None;
     }
     for (c, _) in rung(epfd) {
-        c.drain(Drainer::Awake);
+        c.drain(waker(wake));
     }
     announce_sleep(epfd);
     reporting()
+}
+
+/// A `poll` or `select` asleep in the kernel on an epoll set itself (see [`set_polled`]): for as
+/// long as it lives, the set's wake-up eventfd, which is in the set, is registered with the
+/// set's connections, so that another thread's drain of one of their doorbells (which takes the
+/// ring meant for this sleep) rings it and the kernel reports the set readable, as `epoll_wait`'s
+/// sleep is woken; and the set counts as slept on, so that a one-shot re-arm pokes it.
+pub struct PolledSet {
+    epfd: c_int,
+    waking: Option<Waking>,
+}
+
+impl PolledSet {
+    /// Whether every connection of the set can ring the sleeper: if not, the sleep must be no
+    /// longer than `colo::internal::shm::UNPASSED_SLEEP`.
+    pub fn complete(&self) -> bool {
+        self.waking.as_ref().is_some_and(Waking::complete)
+    }
+}
+
+impl Drop for PolledSet {
+    fn drop(&mut self) {
+        self.waking = None;
+        table::set_sleeping(self.epfd, false);
+    }
+}
+
+/// Readies the epoll set `epfd` for a `poll` of it that is about to sleep (see [`PolledSet`]);
+/// `None` when a registration of a connection in it would report now (nothing to sleep for).
+pub fn sleep_on_polled_set(epfd: c_int) -> Option<PolledSet> {
+    let (conns, _, wake) = watched(epfd);
+    let wake = if conns.is_empty() { None } else { wake.or_else(|| set_wake(epfd)) };
+    let waking = wake.map(|fd| Waking::new(&conns, |c| c, fd));
+    drop(conns);
+    table::set_sleeping(epfd, true);
+    let sleep = PolledSet { epfd, waking };
+    readied(epfd, true, wake).is_none().then_some(sleep)
 }
 
 /// Readies the epoll sets registered in `epfd` for a wait on it (`ready_nested`).
@@ -496,7 +536,7 @@ fn ready_nested_in(epfd: c_int) {
 /// now, rings that connection's self bell, so that the kernel reports the set readable in the
 /// outer one (with the application's data and flags there).
 fn ready_nested(inner: c_int) {
-    if let Some(c) = is_colo_set(inner).then(|| readied(inner, true)).flatten() {
+    if let Some(c) = is_colo_set(inner).then(|| readied(inner, true, None)).flatten() {
         c.poke();
     }
 }

@@ -82,7 +82,7 @@ unsafe fn ppoll_round(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, ma
         }
         let ready_listens: Vec<usize> = listens.iter().filter(|(_, h)| h.service()).map(|(i, _)| *i).collect();
         ready += ready_listens.len();
-        let ready_sets: Vec<usize> = sets.iter().copied().filter(|&i| epoll::set_polled(arr[i].fd, false)).collect();
+        let ready_sets: Vec<usize> = sets.iter().copied().filter(|&i| epoll::set_polled(arr[i].fd)).collect();
         ready += ready_sets.len();
         let zero = timespec { tv_sec: 0, tv_nsec: 0 };
         if ready > 0 {
@@ -148,9 +148,10 @@ unsafe fn ppoll_round(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, ma
             }
         }
         // Each polled set readied for the sleep; one that has news now is reported above.
-        if sets.iter().any(|&i| epoll::set_polled(arr[i].fd, true)) {
+        let Some(polled_sets) = sets.iter().map(|&i| epoll::sleep_on_polled_set(arr[i].fd)).collect::<Option<Vec<_>>>() else {
             continue;
-        }
+        };
+        let short = unpassed || polled_sets.iter().any(|s| !s.complete());
         for (i, p) in copy.iter_mut().enumerate() {
             *p = arr[i];
             p.revents = 0;
@@ -165,7 +166,7 @@ unsafe fn ppoll_round(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, ma
             c.known_gone() || (arr[*i].events & (libc::POLLIN | libc::POLLRDHUP)) == 0 && c.peer_gone_quick()
         });
         let mut left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-        if unpassed {
+        if short {
             left = Some(left.map_or(colo::internal::shm::UNPASSED_SLEEP, |l| l.min(colo::internal::shm::UNPASSED_SLEEP)));
         }
         // Until the first undecided connect's wait for its answer is over, at most.
@@ -183,6 +184,7 @@ unsafe fn ppoll_round(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, ma
         }
         // SAFETY: our copy of the array (with the wake-up eventfd after the application's fds).
         let r = unsafe { real::ppoll(copy.as_mut_ptr(), copy.len() as nfds_t, tsp, mask) };
+        drop(polled_sets);
         // Woken through our own eventfd: another thread emptied a doorbell, taking with it the
         // announcements made on it, ours too; so re-arm, as after a spurious ring.
         let mut passed = false;
@@ -263,7 +265,7 @@ unsafe fn ppoll_round(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, ma
         if moved_on || dialing.iter().any(|d| Instant::now() >= d.1) {
             return None;
         }
-        if r == 0 && !unpassed || deadline.is_some_and(|d| Instant::now() >= d) {
+        if r == 0 && !short || deadline.is_some_and(|d| Instant::now() >= d) {
             return Some(g.ok(0) as c_int);
         }
     }
