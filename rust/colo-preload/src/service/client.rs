@@ -151,18 +151,43 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
         return Prepared::Plain;
     }
     match carrier::offer(rendezvous.control, rendezvous.server_pid, local, target, geometry()) {
-        Ok(offer) => Prepared::Offered(Box::new(Pending {
+        Ok(offer) => {
+            handshake_now(fd);
+            Prepared::Offered(Box::new(Pending {
             offer,
             deadline: Instant::now() + timeout(),
             peer,
             self_served: self_served.then_some(target),
             pid: colo_sys::host::pid(),
-        })),
+            }))
+        }
         Err(e) => {
             let why = if adapt::set_up_failed(&e) { colo_sys::preload::shortage() } else { String::new() };
             log_info(format_args!("connect {peer}: offer: {e}; plain TCP {why}"));
             Prepared::Plain
         }
+    }
+}
+
+/// Makes the real connect of an offered connection send its SYN now. With `TCP_FASTOPEN_CONNECT`
+/// set, and a Fast Open cookie for the server cached (or `TCP_FASTOPEN_NO_COOKIE`), the kernel's
+/// connect returns at once and sends nothing until the first write, which carries the first
+/// bytes in the SYN; but an offered connection's first write waits for the server's accept, and
+/// the server's kernel has no connection to hand it before a SYN: every such connection would
+/// wait out the carrier timeout, then go on over TCP. A connect without Fast Open is a plain
+/// handshake, which a Fast Open client must handle anyway (the kernel makes one whenever it
+/// has no cookie): a non-blocking connect may then say `EINPROGRESS`, and
+/// `getsockopt(TCP_FASTOPEN_CONNECT)` reads 0 from then on.
+fn handshake_now(fd: i32) {
+    let mut on: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: reads one int of the application's socket option into `on`, ours.
+    let r = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_FASTOPEN_CONNECT, (&mut on as *mut libc::c_int).cast(), &mut len) };
+    if r == 0 && on != 0 {
+        let off: libc::c_int = 0;
+        // SAFETY: sets one int option of the application's socket, before its connect.
+        let r = unsafe { libc::setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_FASTOPEN_CONNECT, (&off as *const libc::c_int).cast(), len) };
+        log_debug(format_args!("connect: TCP_FASTOPEN_CONNECT turned off for the handshake the offer needs ({})", if r == 0 { "done" } else { "refused" }));
     }
 }
 
