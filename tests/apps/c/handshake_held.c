@@ -26,12 +26,13 @@
 #define ROUNDS 12
 #define BYTES (64 * 1024)
 
+static unsigned char out[BYTES], in[BYTES];
+
 int main(void) {
-    alarm(25);
-    struct sockaddr_in a;
-    pid_t server = fork_echo_server(loopback_listener(&a, 16));
     int accelerated = 0;
-    static unsigned char out[BYTES], in[BYTES];
+    struct sockaddr_in a;
+    alarm(25);
+    pid_t server = fork_echo_server(loopback_listener(&a, 16));
     for (int r = 0; r < ROUNDS; r++) {
         int held = r % 3, nonblocking = r / 3 % 2;
         int k = socket(AF_INET, SOCK_STREAM, 0), on = 1, off = 0;
