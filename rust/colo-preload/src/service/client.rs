@@ -191,12 +191,12 @@ fn handshake_now(fd: i32) {
         let mut v: libc::c_int = 0;
         let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
         // SAFETY: reads one int of the application's socket option into `v`, ours.
-        let r = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, name, (&mut v as *mut libc::c_int).cast(), &mut len) };
+        let r = unsafe { crate::real::getsockopt(fd, libc::IPPROTO_TCP, name, (&mut v as *mut libc::c_int).cast(), &mut len) };
         if r != 0 || held.map_or(v == through, |h| v != h) {
             continue;
         }
         // SAFETY: sets one int option of the application's socket, before its connect.
-        let r = unsafe { libc::setsockopt(fd, libc::IPPROTO_TCP, name, (&through as *const libc::c_int).cast(), len) };
+        let r = unsafe { crate::real::setsockopt(fd, libc::IPPROTO_TCP, name, (&through as *const libc::c_int).cast(), len) };
         log_debug(format_args!("connect: TCP option {name} set to {through} for the handshake the offer needs ({})", if r == 0 { "done" } else { "refused" }));
     }
 }
