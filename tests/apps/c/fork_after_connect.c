@@ -16,18 +16,7 @@
 int main(void) {
     alarm(25);
     struct sockaddr_in a;
-    int l = loopback_listener(&a, 16);
-    pid_t server = fork();
-    if (server < 0) die("fork");
-    if (server == 0) {
-        for (;;) {
-            int c = accept(l, NULL, NULL);
-            if (c < 0) _exit(1);
-            echo_until_eof(c);
-            close(c);
-        }
-    }
-    close(l);
+    pid_t server = fork_echo_server(loopback_listener(&a, 16));
     int accelerated = 0;
     for (int r = 0; r < ROUNDS; r++) {
         int k = socket(AF_INET, SOCK_STREAM, 0);

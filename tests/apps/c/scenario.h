@@ -121,6 +121,23 @@ static inline int echo_until_eof(int c) {
     return 0;
 }
 
+/* A child process that accepts on `l`, one connection at a time, and echoes each until its end
+ * of stream, until killed; `l` is closed in the caller. Dies on failure. */
+static inline __attribute__((unused)) pid_t fork_echo_server(int l) {
+    pid_t server = fork();
+    if (server < 0) die("fork");
+    if (server == 0) {
+        for (;;) {
+            int c = accept(l, NULL, NULL);
+            if (c < 0) _exit(1);
+            echo_until_eof(c);
+            close(c);
+        }
+    }
+    close(l);
+    return server;
+}
+
 /* Byte `i` of the test pattern. */
 static inline unsigned char pattern(long i) { return (unsigned char)((i * 2654435761u) >> 13); }
 

@@ -151,18 +151,53 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
         return Prepared::Plain;
     }
     match carrier::offer(rendezvous.control, rendezvous.server_pid, local, target, geometry()) {
-        Ok(offer) => Prepared::Offered(Box::new(Pending {
+        Ok(offer) => {
+            handshake_now(fd);
+            Prepared::Offered(Box::new(Pending {
             offer,
             deadline: Instant::now() + timeout(),
             peer,
             self_served: self_served.then_some(target),
             pid: colo_sys::host::pid(),
-        })),
+            }))
+        }
         Err(e) => {
             let why = if adapt::set_up_failed(&e) { colo_sys::preload::shortage() } else { String::new() };
             log_info(format_args!("connect {peer}: offer: {e}; plain TCP {why}"));
             Prepared::Plain
         }
+    }
+}
+
+/// Makes the real connect of an offered connection complete its handshake at once, so that the
+/// server's kernel queues the connection for the accept that answers the offer; the offered
+/// connection's first write waits for that answer, so whatever the kernel holds back until the
+/// first write would hold up both:
+/// - `TCP_FASTOPEN_CONNECT` (curl's `--tcp-fastopen`): with a Fast Open cookie cached (or
+///   `TCP_FASTOPEN_NO_COOKIE`) the kernel's connect sends no SYN before the first write; every
+///   such connection waited out the carrier timeout, then went on over TCP. Without it the
+///   connect is a plain handshake, which a Fast Open client must handle anyway (the kernel makes
+///   one whenever it has no cookie): a non-blocking connect may then say `EINPROGRESS`, and
+///   `getsockopt(TCP_FASTOPEN_CONNECT)` reads 0 from then on.
+/// - `TCP_QUICKACK` turned off (haproxy's health checks, and its `option smart-connect`): the
+///   kernel holds the handshake's last ACK back to ride with the first bytes, up to 200 ms, and
+///   the server end waits unaccepted meanwhile, as behind `TCP_DEFER_ACCEPT`: such a connection
+///   went on over TCP, and so did the process's next ones there for a second. Quick ACKs are
+///   turned back on; the option is a hint the kernel itself drops, and only the timing of ACKs
+///   depends on it.
+fn handshake_now(fd: i32) {
+    // (option, the value that holds the handshake back, the value that lets it through)
+    for (name, held, through) in [(libc::TCP_FASTOPEN_CONNECT, None, 0), (libc::TCP_QUICKACK, Some(0), 1)] {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: reads one int of the application's socket option into `v`, ours.
+        let r = unsafe { crate::real::getsockopt(fd, libc::IPPROTO_TCP, name, (&mut v as *mut libc::c_int).cast(), &mut len) };
+        if r != 0 || held.map_or(v == through, |h| v != h) {
+            continue;
+        }
+        // SAFETY: sets one int option of the application's socket, before its connect.
+        let r = unsafe { crate::real::setsockopt(fd, libc::IPPROTO_TCP, name, (&through as *const libc::c_int).cast(), len) };
+        log_debug(format_args!("connect: TCP option {name} set to {through} for the handshake the offer needs ({})", if r == 0 { "done" } else { "refused" }));
     }
 }
 
