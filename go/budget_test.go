@@ -196,3 +196,16 @@ func TestHalfOpenBounded(t *testing.T) {
 		t.Fatalf("a TCP accept from an even port took %v behind silent rendezvous clients", d)
 	}
 }
+
+// Under a low limit of open files a listener holds an eighth of it in unanswered rendezvous
+// connections (each holds one or two descriptors), at least 16.
+func TestHalfOpenBoundIsAnEighthOfALowLimit(t *testing.T) {
+	for _, c := range []struct {
+		soft uint64
+		want int
+	}{{1024, 128}, {20000, maxHalfOpen}, {0, maxHalfOpen}, {20, 16}} {
+		if got := halfOpenBound(c.soft); got != c.want {
+			t.Errorf("halfOpenBound(%d) = %d, want %d", c.soft, got, c.want)
+		}
+	}
+}

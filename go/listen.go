@@ -2,6 +2,7 @@ package colo
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -26,11 +27,33 @@ const helloTimeout = 5 * time.Second
 // (enqueue): its client may already use it. maxHalfOpenPerUID is one
 // client uid's share of them. Beyond either, a new rendezvous connection gets
 // REJECT(NO_RESOURCES) (its client uses TCP). They have their own bound, apart from
-// maxUnaccepted, so that silent rendezvous clients never hold up plain TCP accepts.
+// maxUnaccepted, so that silent rendezvous clients never hold up plain TCP accepts. Each holds
+// descriptors (its control socket; an offer also its memfd), where over TCP a client that has
+// not finished its handshake holds none of the program's: under a low limit of open files a
+// listener keeps an eighth of its soft limit instead, at least 16 (halfOpenBound).
 const (
 	maxHalfOpen       = 1024
 	maxHalfOpenPerUID = maxHalfOpen / 4
 )
+
+// halfOpenBound is how many rendezvous connections a listener holds unanswered under a soft
+// limit of soft open files (0: none known): maxHalfOpen, or an eighth of soft if less, at
+// least 16; a client uid a quarter of them.
+func halfOpenBound(soft uint64) int {
+	if soft == 0 || soft/8 >= maxHalfOpen {
+		return maxHalfOpen
+	}
+	return max(int(soft/8), 16)
+}
+
+// softOpenFiles is the process's soft RLIMIT_NOFILE (0 if unknown).
+func softOpenFiles() uint64 {
+	var lim unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) != nil || lim.Cur == unix.RLIM_INFINITY {
+		return 0
+	}
+	return lim.Cur
+}
 
 // Listener accepts colo connections on its rendezvous name and plain TCP connections on its
 // TCP address. It implements net.Listener; Accept returns *Conn values (AcceptColo avoids the
@@ -59,6 +82,7 @@ type Listener struct {
 	halfMu       sync.Mutex
 	halfOpen     int                                // rendezvous connections held (see maxHalfOpen)
 	halfByUID    map[uint32]int                     // ... by client uid
+	halfMost     int                                // how many are held at most (halfOpenBound)
 	carrierOnly  atomic.Bool                        // a setting: read per HELLO, orders nothing
 	v6only       bool                               // the TCP socket is IPv6 with IPV6_V6ONLY: it takes no IPv4 connection
 	directAny    atomic.Bool                        // SetDirectFromAnyUID; a setting: orders nothing
@@ -99,7 +123,8 @@ func ListenColo(network, address string) (*Listener, error) {
 	}
 	l := &Listener{tcp: tl.(*net.TCPListener), conns: make(chan *Conn), errs: make(chan error, 1),
 		sem:  make(chan struct{}, maxUnaccepted),
-		done: make(chan struct{}), offers: map[offerKey][]*offer{}, offerEvt: make(chan struct{}), parked: newParkTable(), halfByUID: map[uint32]int{}}
+		done: make(chan struct{}), offers: map[offerKey][]*offer{}, offerEvt: make(chan struct{}), parked: newParkTable(), halfByUID: map[uint32]int{},
+		halfMost: halfOpenBound(softOpenFiles())}
 	ta := l.tcp.Addr().(*net.TCPAddr).AddrPort()
 	l.addr = netip.AddrPortFrom(ta.Addr().Unmap(), ta.Port())
 	if l.addr.Addr().Is6() {
@@ -370,10 +395,10 @@ func (l *Listener) admitHalfOpen(cfd int) (uint32, bool) {
 	} else {
 		l.halfMu.Lock()
 		switch {
-		case l.halfOpen >= maxHalfOpen:
-			why = "rendezvous connections held reached maxHalfOpen"
-		case l.halfByUID[cred.Uid] >= maxHalfOpenPerUID:
-			why = "rendezvous connections of this uid reached maxHalfOpenPerUID"
+		case l.halfOpen >= l.halfMost:
+			why = fmt.Sprintf("rendezvous connections held reached %d", l.halfMost)
+		case l.halfByUID[cred.Uid] >= l.halfMost/4:
+			why = fmt.Sprintf("rendezvous connections of this uid reached %d", l.halfMost/4)
 		default:
 			l.halfOpen++
 			l.halfByUID[cred.Uid]++

@@ -9,7 +9,9 @@ package colo
 // read none of them for orphanIdle, or that has held them for orphanMost, loses them: the ring
 // is marked RESET and DROPPED (it reads a reset, never the zeros of a page given back) and
 // every page of it goes. What is kept is still counted in the mapped budget (its lease goes with
-// the mapping).
+// the mapping). At most orphanWatched kept segments keep their control socket: the rest hold no
+// descriptor and go by the timers alone, so that a peer's closed connections cannot use up our
+// limit of open files (an orphaned TCP socket holds no descriptor of its program's).
 
 import (
 	"sync/atomic"
@@ -22,7 +24,14 @@ const (
 	orphanIdle = 60 * time.Second  // a peer that reads none of the bytes for this long loses them
 	orphanMost = 600 * time.Second // however it reads them, it loses what is left after this long
 	orphanLook = 5 * time.Second   // how often a kept segment is looked at
+	// orphanWatched is how many kept segments may keep their control socket: a sixteenth of
+	// a limit of 1024 open files.
+	orphanWatched = 64
 )
+
+// orphansWatching counts the kept segments that keep their control socket (a count: it orders
+// nothing).
+var orphansWatching atomic.Int32
 
 type orphan struct {
 	c           *Conn  // closed: only its segment's views (out, lay, tx.size) are used
@@ -38,6 +47,11 @@ type orphan struct {
 func (c *Conn) keepOrphan(free [][]byte, ctl bool) {
 	for _, b := range free {
 		releasePages(b)
+	}
+	if ctl && orphansWatching.Add(1) > orphanWatched {
+		orphansWatching.Add(-1)
+		c.ctl.Close()
+		ctl = false
 	}
 	now := time.Now()
 	// SYNC POINT with the peer's store of ring_tail after its copies out (as in outgoingFree).
@@ -75,6 +89,7 @@ func (o *orphan) look() {
 func (o *orphan) done(free [][]byte) {
 	if o.ctl {
 		o.c.ctl.Close()
+		orphansWatching.Add(-1)
 	}
 	unmapAfter(o.seg, free...)
 }

@@ -167,6 +167,11 @@ pub fn tcp_owner(local: SocketAddr, remote: SocketAddr, sockets: &[TcpSocket]) -
     owners.all(|u| u == first).then_some(first)
 }
 
+/// The process's soft limit of open files (`RLIMIT_NOFILE`), if it has one.
+pub fn open_files_soft() -> Option<u64> {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile).current
+}
+
 /// Our own uid.
 pub fn uid() -> u32 {
     rustix::process::getuid().as_raw()

@@ -105,6 +105,23 @@ fn top_band(soft: u64) -> u64 {
     (soft / 2).max((soft - soft / 16).min(1 << 14)).clamp(64, 1 << 15)
 }
 
+/// How many descriptor numbers the library may hold out of the application's way
+/// ([`OUT_OF_THE_WAY`]) under the limit as it stands: under a fixed limit its allowance, else the
+/// numbers from its floor above the soft limit up to the hard limit (at most 65536, as a move
+/// goes no further). A connection of another user may hold no more than its share of them
+/// (`colo::budget`), as no more than its share of the segments.
+pub fn band() -> usize {
+    let lim = nofile(false);
+    let soft = lim.current.unwrap_or(1 << 20);
+    if !room_above(&lim) {
+        return allowance(soft);
+    }
+    let floor = out_of_the_way(soft, true) as u64;
+    let top = floor.saturating_add(1 << 16);
+    let top = lim.maximum.map_or(top, |max| max.min(top));
+    usize::try_from(top.saturating_sub(floor)).unwrap_or(usize::MAX)
+}
+
 /// How many descriptors this process holds (through rustix: the shim must not reach its own
 /// wrappers of libc's calls).
 fn open_count() -> usize {

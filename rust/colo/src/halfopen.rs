@@ -2,8 +2,9 @@
 //! handshake (spec/WIRE.md sections 2 and 3, "Half-open handshakes"): rendezvous connections
 //! whose HELLO has not arrived, and CARRIER offers waiting for their TCP connection.
 //!
-//! Each kind is bounded in count, in all ([`MAX_HALF_OPEN`]) and per client uid
-//! ([`MAX_HALF_OPEN_PER_UID`]), so that one user cannot take every place: a client beyond them
+//! Each kind is bounded in count, in all ([`MAX_HALF_OPEN`], or less under a low limit of open
+//! files: [`bound`]) and per client uid (a quarter of that), so that one user cannot take every
+//! place: a client beyond them
 //! gets `REJECT(NO_RESOURCES)` (and uses TCP). Each expires [`HELLO_TIMEOUT`] after it arrived,
 //! on a timer (a `timerfd` in the listener's poll set) that fires whether or not another
 //! connection comes, and wakes whoever polls the listener.
@@ -18,8 +19,19 @@ use std::time::{Duration, Instant};
 pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// At most this many silent rendezvous connections, and as many offers, are kept.
 pub(crate) const MAX_HALF_OPEN: usize = 1024;
-/// At most this many of each kind from one client uid.
-pub(crate) const MAX_HALF_OPEN_PER_UID: usize = MAX_HALF_OPEN / 4;
+/// At most this many of each kind from one client uid (under `MAX_HALF_OPEN`).
+#[cfg(test)]
+const MAX_HALF_OPEN_PER_UID: usize = MAX_HALF_OPEN / 4;
+
+/// How many of each kind a listener keeps: [`MAX_HALF_OPEN`], or an eighth of the soft limit of
+/// open files if that is less (at least 16). Each holds descriptors (its control socket; an offer
+/// also its memfd), where over TCP a client that has not finished its handshake holds none of
+/// the program's: the two kinds together leave most of a limit of 1024 to the program (before,
+/// one user's 768 took three quarters of it, and four users all of it).
+pub(crate) fn bound(soft_open_files: Option<u64>) -> usize {
+    let eighth = soft_open_files.map_or(usize::MAX, |n| usize::try_from(n / 8).unwrap_or(usize::MAX));
+    MAX_HALF_OPEN.min(eighth).max(16)
+}
 /// At most this many offers for one 4-tuple, each from another uid (see `HalfOpen::rivals`).
 const MAX_OFFERS_PER_KEY: usize = 8;
 
@@ -37,22 +49,23 @@ struct Offered {
     uid: u32,
 }
 
-/// Why a half-open handshake was not kept.
-pub(crate) fn full_reason(kind: &str, total: bool) -> String {
+/// Why a half-open handshake was not kept, `most` of each kind being kept.
+fn full_reason(kind: &str, total: bool, most: usize) -> String {
     if total {
-        format!("{MAX_HALF_OPEN} {kind} already held; REJECT(NO_RESOURCES)")
+        format!("{most} {kind} already held; REJECT(NO_RESOURCES)")
     } else {
-        format!("{MAX_HALF_OPEN_PER_UID} {kind} of this uid already held; REJECT(NO_RESOURCES)")
+        format!("{} {kind} of this uid already held; REJECT(NO_RESOURCES)", most / 4)
     }
 }
 
-/// Whether one more entry of `uid` fits among `uids`; `Err(true)`: the total is reached,
-/// `Err(false)`: the uid's share.
-fn room(mut uids: impl Iterator<Item = u32>, len: usize, uid: u32) -> Result<(), bool> {
-    if len >= MAX_HALF_OPEN {
+/// Whether one more entry of `uid` fits among `uids`, `most` of them in all (a quarter of them
+/// one uid's); `Err(true)`: the total is reached, `Err(false)`: the uid's share.
+fn room(mut uids: impl Iterator<Item = u32>, len: usize, uid: u32, most: usize) -> Result<(), bool> {
+    if len >= most {
         return Err(true);
     }
-    if uids.by_ref().filter(|u| *u == uid).take(MAX_HALF_OPEN_PER_UID).count() >= MAX_HALF_OPEN_PER_UID {
+    let share = most / 4;
+    if uids.by_ref().filter(|u| *u == uid).take(share).count() >= share {
         return Err(false);
     }
     Ok(())
@@ -72,6 +85,8 @@ pub(crate) struct HalfOpen {
     timer: Option<OwnedFd>,
     /// The deadline the timer is armed for, if any.
     armed_for: Option<Instant>,
+    /// How many of each kind are kept ([`bound`]).
+    most: usize,
 }
 
 impl std::fmt::Debug for HalfOpen {
@@ -82,16 +97,16 @@ impl std::fmt::Debug for HalfOpen {
 
 impl HalfOpen {
     /// `timer`: a `colo_sys::timer` descriptor the caller polls (None: the caller polls with a
-    /// timeout of [`HalfOpen::next_deadline`] instead).
-    pub(crate) fn new(timer: Option<OwnedFd>) -> HalfOpen {
-        HalfOpen { pending: Vec::new(), offers: HashMap::new(), rivals: Vec::new(), timer, armed_for: None }
+    /// timeout of [`HalfOpen::next_deadline`] instead). `most` of each kind are kept ([`bound`]).
+    pub(crate) fn new(timer: Option<OwnedFd>, most: usize) -> HalfOpen {
+        HalfOpen { pending: Vec::new(), offers: HashMap::new(), rivals: Vec::new(), timer, armed_for: None, most }
     }
 
     /// Keeps a silent rendezvous connection, or gives it back (with the reason) if its place
     /// would exceed a bound.
     pub(crate) fn admit_pending(&mut self, p: Pending) -> Result<(), (Pending, String)> {
-        if let Err(total) = room(self.pending.iter().map(|p| p.uid), self.pending.len(), p.uid) {
-            return Err((p, full_reason("silent rendezvous connections", total)));
+        if let Err(total) = room(self.pending.iter().map(|p| p.uid), self.pending.len(), p.uid, self.most) {
+            return Err((p, full_reason("silent rendezvous connections", total, self.most)));
         }
         self.pending.push(p);
         self.schedule();
@@ -110,8 +125,8 @@ impl HalfOpen {
         let uids = self.offers.iter().filter(|(k, o)| !skip(k, o.uid)).map(|(_, o)| o.uid);
         let uids = uids.chain(self.rivals.iter().filter(|(k, o)| !skip(k, o.uid)).map(|(_, o)| o.uid));
         let len = self.offers.len() + self.rivals.len() - usize::from(replaced);
-        if let Err(total) = room(uids, len, uid) {
-            return Err((hello, full_reason("CARRIER offers", total)));
+        if let Err(total) = room(uids, len, uid, self.most) {
+            return Err((hello, full_reason("CARRIER offers", total, self.most)));
         }
         let offered = Offered { hello, since: Instant::now(), uid };
         if let Some(i) = rival_of_mine {
@@ -207,7 +222,7 @@ mod tests {
 
     #[test]
     fn pending_bounded_per_uid_and_in_all() {
-        let mut h = HalfOpen::new(None);
+        let mut h = HalfOpen::new(None, MAX_HALF_OPEN);
         for _ in 0..MAX_HALF_OPEN_PER_UID {
             assert!(h.admit_pending(pending(7)).is_ok());
         }
@@ -225,10 +240,24 @@ mod tests {
     }
 
     #[test]
+    fn an_eighth_of_a_low_limit_of_open_files() {
+        assert_eq!(bound(Some(1024)), 128);
+        assert_eq!(bound(Some(20000)), MAX_HALF_OPEN);
+        assert_eq!(bound(None), MAX_HALF_OPEN, "no limit");
+        assert_eq!(bound(Some(20)), 16, "at least 16");
+        let mut h = HalfOpen::new(None, bound(Some(1024)));
+        for _ in 0..32 {
+            assert!(h.admit_pending(pending(7)).is_ok());
+        }
+        let (_, why) = h.admit_pending(pending(7)).expect_err("uid 7's quarter of 128");
+        assert!(why.starts_with("32 silent rendezvous connections of this uid"), "{why}");
+    }
+
+    #[test]
     fn expiry_frees_places_and_the_timer_fires_without_a_connection() {
         let timer = colo_sys::timer::create().unwrap();
         let raw = colo_sys::AsRawFd::as_raw_fd(&timer);
-        let mut h = HalfOpen::new(Some(timer));
+        let mut h = HalfOpen::new(Some(timer), MAX_HALF_OPEN);
         let old = Instant::now() - HELLO_TIMEOUT + Duration::from_millis(20);
         for _ in 0..MAX_HALF_OPEN_PER_UID {
             h.admit_pending(Pending { since: old, ..pending(7) }).map_err(|_| ()).unwrap();

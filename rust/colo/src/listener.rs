@@ -130,7 +130,7 @@ impl Listener {
             born: std::time::Instant::now(),
             poller,
             timed: timer.is_some(),
-            half_open: Mutex::new(HalfOpen::new(timer)),
+            half_open: Mutex::new(HalfOpen::new(timer, crate::halfopen::bound(colo_sys::host::open_files_soft()))),
             early: Mutex::new(Vec::new()),
             addr,
             served,

@@ -8,7 +8,10 @@
 //! the control socket for that, shut down for writing: `Segment::keep_control`). A peer that read none of them
 //! for [`IDLE`], or that has held them for [`MOST`], loses them: the ring is marked RESET and
 //! DROPPED (it reads a reset, never the zeros of a page given back) and every page of it goes.
-//! What is kept is still counted in the budgets (its lease), which bound how much may be.
+//! What is kept is still counted in the budgets (its lease), which bound how much may be. At
+//! most [`WATCHED`] kept segments hold a descriptor (the control socket, or the memfd): the rest
+//! hold none and go by the timers alone, so that a peer's closed connections cannot use up our
+//! limit of open files (an orphaned TCP socket holds no descriptor of its program's).
 
 use crate::fork;
 use std::sync::Mutex;
@@ -20,6 +23,9 @@ const IDLE: Duration = Duration::from_secs(60);
 const MOST: Duration = Duration::from_secs(600);
 /// How often the kept segments are looked at.
 pub(crate) const LOOK: Duration = Duration::from_secs(5);
+/// At most this many kept segments keep a descriptor (to see their peer's hang-up by, or to
+/// read through): a sixteenth of a limit of 1024 open files.
+const WATCHED: usize = 64;
 
 /// What a look at the peer's progress decided.
 pub(crate) enum Look {
@@ -76,6 +82,11 @@ pub(crate) trait Unread: Send {
     fn give_back_read(&self);
     /// Marks the ring RESET and DROPPED and gives back every page of the unread bytes.
     fn drop_unread(&mut self);
+    /// Whether it holds a descriptor (its control socket or its memfd).
+    fn holds_descriptor(&self) -> bool;
+    /// Closes the descriptor it holds: from then on only the timers end it, never the peer's
+    /// hang-up.
+    fn close_descriptor(&mut self);
     /// In a fork child: lets go of this process's copy (its mapping and descriptors) without
     /// touching what the parent, which keeps the segment, still watches.
     fn let_go_in_child(self: Box<Self>);
@@ -92,11 +103,13 @@ struct Kept {
     pid: u32,
     list: Vec<Orphan>,
     running: bool,
+    /// How many of `list` hold a descriptor (at most `WATCHED`).
+    watched: usize,
 }
 
 // Locked at every fork: kept with what the fork handlers write (see `colo_sys::host`).
 #[link_section = "colo_fork"]
-static KEPT: Mutex<Kept> = Mutex::new(Kept { pid: 0, list: Vec::new(), running: false });
+static KEPT: Mutex<Kept> = Mutex::new(Kept { pid: 0, list: Vec::new(), running: false, watched: 0 });
 
 static LOCKS: fork::Locks = fork::Locks { take: fork_guard, in_child: Some(forked) };
 
@@ -124,6 +137,7 @@ fn let_go_of_parents(k: &mut Kept, me: u32) {
     }
     k.pid = me;
     k.running = false;
+    k.watched = 0;
     for o in std::mem::take(&mut k.list) {
         o.seg.let_go_in_child();
     }
@@ -146,7 +160,23 @@ pub(crate) fn keep(mut seg: Box<dyn Unread>) {
         }
         k.running = true;
     }
+    if seg.holds_descriptor() {
+        if k.watched < WATCHED {
+            k.watched += 1;
+        } else {
+            seg.close_descriptor();
+        }
+    }
     k.list.push(Orphan { seg, watch: Watch::new(tail) });
+}
+
+/// Takes kept segment `i` out of the list.
+fn remove(k: &mut Kept, i: usize) -> Orphan {
+    let o = k.list.swap_remove(i);
+    if o.seg.holds_descriptor() {
+        k.watched -= 1;
+    }
+    o
 }
 
 fn run(me: u32) {
@@ -162,19 +192,19 @@ fn run(me: u32) {
             let o = &mut k.list[i];
             if o.seg.peer_hung_up() {
                 o.seg.drop_unread();
-                done.push(k.list.swap_remove(i));
+                done.push(remove(&mut k, i));
                 continue;
             }
             match o.watch.look(o.seg.outgoing_tail()) {
                 Look::Keep => {}
                 Look::Moved => o.seg.give_back_read(),
                 Look::Done => {
-                    done.push(k.list.swap_remove(i));
+                    done.push(remove(&mut k, i));
                     continue;
                 }
                 Look::Expired => {
                     o.seg.drop_unread();
-                    done.push(k.list.swap_remove(i));
+                    done.push(remove(&mut k, i));
                     continue;
                 }
             }
@@ -214,6 +244,10 @@ mod tests {
         }
         fn give_back_read(&self) {}
         fn drop_unread(&mut self) {}
+        fn holds_descriptor(&self) -> bool {
+            true
+        }
+        fn close_descriptor(&mut self) {}
         fn let_go_in_child(self: Box<Self>) {}
     }
 

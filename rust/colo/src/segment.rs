@@ -132,6 +132,21 @@ impl Unread for Segment {
         self.let_go = Some(lg);
     }
 
+    fn holds_descriptor(&self) -> bool {
+        self.memfd.is_some()
+    }
+
+    /// Its pages go back through the mapping from then on (`give_back_pages` without a memfd).
+    fn close_descriptor(&mut self) {
+        if let Some(fd) = self.memfd.take() {
+            if let Some(lg) = &mut self.let_go {
+                lg.out_size &= !CONTROL_KEPT;
+            }
+            // A kept control socket refuses descriptors (`keep_control`): none is queued on it.
+            drop(fd);
+        }
+    }
+
     /// Unmapped and its descriptors closed, with nothing given back and no flag set: a fork
     /// child's copy of a segment its parent keeps (the child's drop would give back pages the
     /// parent still watches).

@@ -25,6 +25,17 @@ pub const MAX_PENDING: usize = 1024;
 /// one user cannot take the room of the others.
 pub const MAX_PENDING_PER_UID: usize = 256;
 
+/// How many of them `uid` may have held: [`MAX_PENDING_PER_UID`], and for a uid other than ours
+/// no more than hold a quarter of the descriptor numbers the shim keeps to
+/// (`colo_sys::preload::band`: 64 under a fixed limit of 1024), two each: else another user's
+/// offers and silent connections would leave our own user's connections none, and plain TCP.
+fn most_from(uid: u32) -> usize {
+    if uid == colo_sys::host::uid() {
+        return MAX_PENDING_PER_UID;
+    }
+    MAX_PENDING_PER_UID.min((colo_sys::preload::band() / 4 / 2).max(1))
+}
+
 /// How long an offer (or a rendezvous connection without its HELLO) is kept: longer than a
 /// client waits for its answer (`COLO_CARRIER_TIMEOUT_MS`, 500 ms by default; the Rust API's
 /// client 500 ms), after which nobody can claim it any more.
@@ -92,9 +103,9 @@ pub(super) fn held(st: &State) -> usize {
     st.offers.len() + st.rivals.len() + st.waiting.len()
 }
 
-/// How many of those held come from `uid` (counted only when the total could reach the bound).
-fn held_from(st: &State, uid: u32) -> usize {
-    if held(st) < MAX_PENDING_PER_UID {
+/// How many of those held come from `uid` (counted only when the total could reach `most`).
+fn held_from(st: &State, uid: u32, most: usize) -> usize {
+    if held(st) < most {
         return 0;
     }
     st.waiting.iter().filter(|w| w.2 == uid).count()
@@ -266,12 +277,13 @@ pub(super) fn drain_one(st: &mut State, l: &Listen) {
             continue;
         }
         let uid = peer_uid(&c);
-        if held_from(st, uid) >= MAX_PENDING_PER_UID {
+        let most = most_from(uid);
+        if held_from(st, uid, most) >= most {
             refuse(&c);
             if !st.full_uids.contains(&uid) {
                 st.full_uids.push(uid);
                 log_info(format_args!(
-                    "listen {}: {MAX_PENDING_PER_UID} offers pending from uid {uid} (the limit per uid): its new ones are refused with NO_RESOURCES until some are claimed or expire",
+                    "listen {}: {most} offers pending from uid {uid} (the limit per uid): its new ones are refused with NO_RESOURCES until some are claimed or expire",
                     l.addr
                 ));
             }
@@ -382,8 +394,13 @@ pub(super) fn expire(st: &mut State) -> Option<Instant> {
     if st.full && held(st) < MAX_PENDING {
         st.full = false;
     }
-    if !st.full_uids.is_empty() && held(st) < MAX_PENDING_PER_UID {
-        st.full_uids.clear();
+    if !st.full_uids.is_empty() {
+        let mut full = std::mem::take(&mut st.full_uids);
+        full.retain(|&uid| {
+            let most = most_from(uid);
+            held_from(st, uid, most) >= most
+        });
+        st.full_uids = full;
     }
     publish(st);
     let oldest = st.waiting.iter().map(|w| w.1).chain(st.offers.values().map(|o| o.1)).chain(st.rivals.iter().map(|r| r.2)).min();
