@@ -24,9 +24,9 @@ BOUND=$(awk '{m = $3; if (m < 131072) m = 131072; if (m > 33554432) m = 33554432
 attack() { # LABEL MODE PORT
   local words
   for words in plain preset scribble; do
-    local out=$WORK/$1.$words.out hold=1 arg=$words
-    [ "$words" = plain ] && hold=3 arg=
-    as_nobody timeout 120 /usr/bin/python3 "$WORK/big_ring.py" "$3" 2 "$2" "$hold" $arg >"$out" 2>&1
+    local out=$WORK/$1.$words.out arg=$words
+    [ "$words" = plain ] && arg=
+    as_nobody timeout 120 /usr/bin/python3 "$WORK/big_ring.py" "$3" 2 "$2" $arg >"$out" 2>&1
     check "$1, $words: nobody's connections were accelerated ($(grep -c WELCOME "$out") of 2)" test "$(grep -c WELCOME "$out")" = 2
     local worst
     worst=$(awk '/^S2C/ {if ($3 > w) w = $3} END {print w + 0}' "$out")

@@ -3,10 +3,10 @@ whose segments offer 64 MiB rings (the largest a segment of 256 MiB holds), each
 the server for more than that and never reads what comes back: `echo` writes 96 MiB into its
 ring toward the server (the server echoes it), `http` sends `GET /big` (a file larger than the
 ring). Once the server's writing stalls, prints "S2C <ring_size> <unread bytes>" per connection
-and holds them for SECONDS. With a fifth argument, the server's own ring words are set too:
-`preset` makes the segment with the server's ring (S2C) at its largest size, `scribble` sets
-that size and the server's `s2c_written` copy (header offset 512, which sends a producer back
-to the shared words) once answered. Usage: big_ring.py PORT N echo|http SECONDS [preset|scribble]"""
+and "READY", and exits (the checks are on those lines). With a fourth argument, the server's own
+ring words are set too: `preset` makes the segment with the server's ring (S2C) at its largest
+size, `scribble` sets that size and the server's `s2c_written` copy (header offset 512, which
+sends a producer back to the shared words) once answered. Usage: big_ring.py PORT N echo|http [preset|scribble]"""
 import fcntl
 import mmap
 import os
@@ -17,8 +17,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import colo_attack as ca  # noqa: E402
 
-port, n, mode, hold = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
-words = sys.argv[5] if len(sys.argv) > 5 else ""
+port, n, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+words = sys.argv[4] if len(sys.argv) > 4 else ""
 RING = 64 << 20
 SIZE = ca.segment_size(RING, 0, 0)
 C2S, S2C, DATA = ca.HEADER, ca.HEADER + (SIZE - ca.HEADER) // 2, 1024
@@ -90,4 +90,3 @@ while steady < 10:
 for _, m in conns:
     print("S2C %d %d" % (rd(m, S2C + 12, 4), rd(m, S2C, 8) - rd(m, S2C + 128, 8)), flush=True)
 print("READY", len(conns), flush=True)
-time.sleep(hold)
