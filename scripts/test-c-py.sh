@@ -43,7 +43,7 @@ c_tests() {
     command -v cbindgen >/dev/null 2>&1 || { echo "the colo.h check needs cbindgen: cargo install cbindgen --locked"; return 1; }
     (cd rust/colo-ffi && cbindgen --quiet --config cbindgen.toml --crate colo-ffi --output "$ROOT/build/colo.h.check") &&
         diff -u rust/colo-ffi/include/colo.h "$ROOT/build/colo.h.check" || { echo "colo.h is stale: make -C tests/c header"; return 1; }
-    make -C tests/c all && timeout 300 make -C tests/c test
+    make -C tests/c -j"$(nproc)" all && timeout 300 make -C tests/c test
 }
 
 python_env() {

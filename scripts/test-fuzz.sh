@@ -3,7 +3,8 @@
 # crash, panic, sanitizer report or timeout (the input that did it is left in
 # rust/fuzz/artifacts/TARGET or go/testdata/fuzz/FuzzX, and printed).
 #   Rust: cargo-fuzz (libFuzzer, AddressSanitizer, debug assertions) on the nightly toolchain,
-#         rust/fuzz/fuzz_targets/*.rs, FUZZ_SECONDS each (default 12).
+#         rust/fuzz/fuzz_targets/*.rs, FUZZ_SECONDS each (default 12), FUZZ_JOBS of them at once
+#         (default: one a core).
 #   Go:   every `func FuzzX(f *testing.F)` in go/*_test.go, GO_FUZZTIME each (default 10s).
 # New inputs found during a run go to a temporary directory: the committed corpora stay as they
 # are (rust/fuzz/gen_corpus.py writes them from spec/vectors).
@@ -17,15 +18,27 @@ trap 'rm -rf "$scratch"' EXIT
 command -v cargo-fuzz >/dev/null || { echo "test-fuzz: cargo-fuzz missing (cargo install cargo-fuzz --locked)" >&2; exit 1; }
 cd rust
 cargo +nightly fuzz build --fuzz-dir fuzz -a
-for t in $(cargo +nightly fuzz list --fuzz-dir fuzz); do
-    echo "== fuzz (Rust) $t: ${FUZZ_SECONDS}s"
-    mkdir -p "$scratch/$t"
+# libFuzzer runs a target in one process, on one core: FUZZ_JOBS targets (default one a core) run
+# at once, each for its full FUZZ_SECONDS, and each one's log is printed when its batch ends.
+FUZZ_JOBS=${FUZZ_JOBS:-$(nproc)}
+fuzz_rust() { # TARGET: runs it, its output in $scratch/TARGET.log
+    mkdir -p "$scratch/$1"
     # -timeout: one input running 10 s is a hang, which the run reports as a failure.
-    timeout $((FUZZ_SECONDS + 120)) cargo +nightly fuzz run --fuzz-dir fuzz -a "$t" "$scratch/$t" "fuzz/corpus/$t" -- \
-        -max_total_time="$FUZZ_SECONDS" -timeout=10 -print_final_stats=1 2>&1 | { grep -Ev '^#[0-9]+|^"|^###|^INFO: (Loaded|seed|-max_len)' || true; } || {
-        echo "test-fuzz: $t failed (input in rust/fuzz/artifacts/$t)" >&2
-        exit 1
-    }
+    timeout $((FUZZ_SECONDS + 120)) cargo +nightly fuzz run --fuzz-dir fuzz -a "$1" "$scratch/$1" "fuzz/corpus/$1" -- \
+        -max_total_time="$FUZZ_SECONDS" -timeout=10 -print_final_stats=1 >"$scratch/$1.log" 2>&1
+}
+targets=($(cargo +nightly fuzz list --fuzz-dir fuzz))
+for ((i = 0; i < ${#targets[@]}; i += FUZZ_JOBS)); do
+    batch=("${targets[@]:i:FUZZ_JOBS}") pids=() failed=""
+    for t in "${batch[@]}"; do fuzz_rust "$t" & pids+=($!); done
+    for j in "${!batch[@]}"; do
+        t=${batch[j]}
+        wait "${pids[j]}" || failed="$failed $t"
+        echo "== fuzz (Rust) $t: ${FUZZ_SECONDS}s"
+        grep -Ev '^#[0-9]+|^"|^###|^INFO: (Loaded|seed|-max_len)' "$scratch/$t.log" || true
+    done
+    for t in $failed; do echo "test-fuzz: $t failed (input in rust/fuzz/artifacts/$t)" >&2; done
+    [ -z "$failed" ] || exit 1
 done
 cd ../go
 for f in $(grep -ho '^func Fuzz[A-Za-z0-9_]*' ./*_test.go | cut -d' ' -f2); do

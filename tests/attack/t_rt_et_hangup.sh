@@ -12,7 +12,7 @@
 # (`Conn::known_gone`), and a drain after it leaves the control socket alone.
 source "$(dirname "$0")/lib.sh"
 gcc -O2 -o "$WORK/et_echo" "$HERE/c/et_echo.c" || { bad "gcc"; finish; }
-cp "$HERE/py/scribble_idle.py" "$HERE/doorbell_attacker.py" "$WORK/" && chmod 644 "$WORK"/*.py
+cp "$HERE/py/scribble_idle.py" "$HERE/doorbell_attacker.py" "$HERE/colo_attack.py" "$WORK/" && chmod 644 "$WORK"/*.py
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; } # utime + stime, in clock ticks
 # The TCP connections process $1 holds on port $2 (its listener aside): those it never closed.
 # (Not its descriptor count: the shim keeps some it makes on first need, a wake-up eventfd of a

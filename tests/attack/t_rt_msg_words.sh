@@ -22,7 +22,7 @@ attack() {
   "$@" || bad "$label $mode: root's client before"
   sleep 1.5
   f0=$(nfds "$pid")
-  as_nobody timeout 60 /usr/bin/python3 "$WORK/msg_words.py" "$P" "$mode" 4 6 >"$out" 2>&1 &
+  as_nobody env LEAVE="$out.leave" timeout 60 /usr/bin/python3 "$WORK/msg_words.py" "$P" "$mode" 4 30 >"$out" 2>&1 &
   local att=$!; PIDS+=($!)
   for _ in $(seq 400); do grep -qs "SET\|Traceback" "$out" && break; sleep 0.05; done
   check "$label $mode: nobody's connections were set ($(grep SET "$out"))" grep -q "SET $mode 4" "$out"
@@ -31,6 +31,7 @@ attack() {
   used=$(( (c1 - c0) * 100 / HZ ))
   check "$label $mode: the server idles while nobody holds them (${used} cs of CPU in 300 cs)" test "$used" -lt 75
   check "$label $mode: root's client is served meanwhile" "$@"
+  touch "$out.leave"
   for _ in $(seq 150); do kill -0 "$att" 2>/dev/null || break; sleep 0.1; done
   check "$label $mode: the attacker finished ($(tail -1 "$out"))" grep -q "RESULT held=4" "$out"
   check "$label $mode: the server is alive" kill -0 "$pid"

@@ -20,12 +20,14 @@ rss() { awk '/^RssAnon/ {print $2}' "/proc/$1/status"; }
 grow() {
   local out=$WORK/ph.out r0 r1
   r0=$(rss "$1")
-  as_nobody timeout 100 /usr/bin/python3 "$WORK/pool_heap.py" "$P" 200 "$2" 4 >"$out" 2>&1 &
+  rm -f "$out.leave"
+  as_nobody env LEAVE="$out.leave" timeout 100 /usr/bin/python3 "$WORK/pool_heap.py" "$P" 200 "$2" 30 >"$out" 2>&1 &
   local att=$!; PIDS+=($!)
   for _ in $(seq 600); do grep -qs "SET\|Traceback" "$out" && break; sleep 0.1; done
   grep -q "SET {'WELCOME': 200}" "$out" || { echo "    attacker: $(head -c 300 "$out")" >&2; echo 999999; return; }
   sleep 1
   r1=$(rss "$1")
+  touch "$out.leave"
   wait "$att"
   sleep 2
   echo $((r1 - r0))

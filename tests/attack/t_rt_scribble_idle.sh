@@ -5,7 +5,7 @@
 # connections of nobody gets one value left in one word (every word of both direction blocks,
 # ring_size and the space_wake mark included, the waiting words, claim, parked, the *_written
 # copies, with the server's end waiting to read or blocked writing into a full ring), one ring,
-# then silence for 6 s. Meanwhile root's server must use less than a quarter of a core (a thread
+# then silence until the checks below are done (30 s at most). Meanwhile root's server must use less than a quarter of a core (a thread
 # spinning on one of them uses a whole one), serve root's client, and after nobody left be back
 # to its threads and descriptors.
 #   1. the Rust API example server (a thread per connection);  2. the Go one (cmd/colo-peer);
@@ -14,7 +14,7 @@
 source "$(dirname "$0")/lib.sh"
 GOPEER=$WORK/colo-peer
 (cd "$ROOT/go" && go build -o "$GOPEER" ./cmd/colo-peer) || bad "go build colo-peer"
-cp "$HERE/py/scribble_idle.py" "$HERE/doorbell_attacker.py" "$WORK/" && chmod 644 "$WORK"/*.py
+cp "$HERE/py/scribble_idle.py" "$HERE/doorbell_attacker.py" "$HERE/colo_attack.py" "$WORK/" && chmod 644 "$WORK"/*.py
 # Threads but jemalloc's background threads (redis): jemalloc starts one for an arena a new
 # thread takes, and keeps it, so a colo thread that came and went (the orphan keeper, while
 # nobody held bytes unread) leaves one of jemalloc's behind.
@@ -45,7 +45,7 @@ attack() {
   [ -z "${WARM:-}" ] || $WARM || { bad "$label: root's warm-up client"; return; }
   sleep 1.5 # parked segments of that connection dropped
   t0=$(threads "$pid"); f0=$(nfds "$pid"); ls -l "/proc/$pid/fd" >"$WORK/$label.fd0"
-  as_nobody timeout 120 /usr/bin/python3 "$WORK/scribble_idle.py" "$P" 8 >"$out" 2>&1 &
+  as_nobody env LEAVE="$out.leave" timeout 120 /usr/bin/python3 "$WORK/scribble_idle.py" "$P" 30 >"$out" 2>&1 &
   local att=$!; PIDS+=($!)
   for _ in $(seq 1200); do grep -qs "SCRIBBLED\|Traceback" "$out" && break; sleep 0.05; done
   check "$label: nobody's connections were set up ($(grep SCRIBBLED "$out"))" grep -q "SCRIBBLED [1-9][0-9]" "$out"
@@ -54,6 +54,7 @@ attack() {
   used=$(( (c1 - c0) * 100 / HZ ))
   check "$label: the server idles while nobody holds its scribbled connections (${used} cs of CPU in 300 cs)" test "$used" -lt 75
   check "$label: root's client is served meanwhile" "$@"
+  touch "$out.leave"
   for _ in $(seq 150); do kill -0 "$att" 2>/dev/null || break; sleep 0.1; done
   check "$label: the attacker finished ($(tail -1 "$out"))" grep -q "RESULT held=" "$out"
   check "$label: the server is alive" kill -0 "$pid"

@@ -8,7 +8,7 @@ section 7) that only the server writes set to a value it does not hold, then sil
         for a free slot; S2C `free_tail` (the server's count of releases taken back) is set one
         past `free_head`.
 Each connection is rung once after its scribble (as a peer's progress would), then held for
-SECONDS. A server that waits on its own counter as the peer left it never sleeps again.
+SECONDS (less if the test says LEAVE: colo_attack.hold). A server that waits on its own counter as the peer left it never sleeps again.
 Prints "SET <mode> <n>" once every connection is set, then "RESULT held=<n>" at the end.
 Usage: msg_words.py PORT recv|loan N SECONDS"""
 import ctypes
@@ -93,5 +93,5 @@ for _ in range(n):
         ring(ctl, m)
     conns.append((t, ctl, fd, m))
 print("SET %s %d" % (mode, len(conns)), flush=True)
-time.sleep(hold)
+ca.hold(hold)
 print("RESULT held=%d" % len(conns), flush=True)

@@ -3,8 +3,8 @@ whose segments have a message pool of SLOTS slots of 64 bytes (spec/WIRE.md sect
 65536; 0 for none) and 4 KiB rings: about 10 MB of sparse memfd a connection, which costs nobody
 nothing (the memfd is closed once sent). With `send`, each connection then sends one message
 (slot 0, 8 bytes) and rings, so that a server that receives messages takes it. Prints
-"SET <answers> <segment size>" once every connection is answered, holds them SECONDS, then
-"RESULT held=<n>".
+"SET <answers> <segment size>" once every connection is answered, holds them SECONDS (less if
+the test says LEAVE: colo_attack.hold), then "RESULT held=<n>".
 Usage: pool_heap.py PORT N SLOTS SECONDS [send]"""
 import mmap
 import os
@@ -45,5 +45,5 @@ for _ in range(n):
     answers[a] = answers.get(a, 0) + 1
     held.append((t, ctl))
 print("SET", answers, ca.segment_size(RING, SLOT, slots), flush=True)
-time.sleep(hold)
+ca.hold(hold)
 print("RESULT held=%d" % len(held), flush=True)

@@ -3,8 +3,9 @@
 server end into one of two states, leaves one adversarial value set in shared words of each
 segment (every word of both direction blocks the server reads or writes, ring_size and the
 space_wake mark included, the waiting words, the claim and parked words, the *_written copies),
-rings the server once, and then does nothing for HOLD seconds, every connection held open. The
-server must not spin on any of them meanwhile (the test measures its CPU time), nor hang.
+rings the server once, and then does nothing for HOLD seconds (less if the test says LEAVE:
+colo_attack.hold), every connection held open. The server must not spin on any of them
+meanwhile (the test measures its CPU time), nor hang.
 States: "read" (the server waits for a request), "write" (the attacker wrote more than both
 rings hold and reads nothing back: the server's echo waits for space).
 Prints "SCRIBBLED <n> <states>" once every connection is set, then "RESULT ..." at the end.
@@ -18,6 +19,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import colo_attack as ca  # noqa: E402
 import doorbell_attacker as da  # noqa: E402
 
 port, hold = int(sys.argv[1]), float(sys.argv[2])
@@ -134,5 +136,5 @@ for label, state, c, _, words in conns:
     da.LIBC.syscall(202, ctypes.c_void_p(addr), 1, 0x7FFFFFFF, None, None, 0)  # FUTEX_WAKE
     states[state] += 1
 print("SCRIBBLED", len(conns), states, sum(e[3] for e in conns), flush=True)
-time.sleep(hold)
+ca.hold(hold)
 print("RESULT held=%d" % len(conns), flush=True)
