@@ -69,6 +69,7 @@ extern "C" fn atfork_parent() {
 extern "C" fn atfork_child() {
     // The pid cache's own handler (`colo_sys::host`), registered before these, has run: the
     // child's own pid is cached, and the fork count moved on.
+    table::forked();
     record::handover_file::fork_child();
     server::atfork_child();
     server::marker_child();

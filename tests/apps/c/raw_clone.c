@@ -1,13 +1,15 @@
 /* A server whose worker is made by a raw `clone` system call that copies the process as `fork`
  * does, past libc's fork handlers (vsftpd makes its session processes with
- * `syscall(__NR_clone, CLONE_NEWIPC | SIGCHLD)`), then by a raw `fork` system call
- * (`syscall(SYS_fork)`, where the architecture has one), and accepts on the listener it inherited,
+ * `syscall(__NR_clone, CLONE_NEWIPC | SIGCHLD)`), then by such a clone with
+ * `CLONE_PARENT_SETTID`, then by a raw `fork` system call (`syscall(SYS_fork)`, where the
+ * architecture has one), and accepts on the listener it inherited,
  * while the master that listens lives on. The worker's connections must be accelerated, as a
  * forked worker's are: it asks the master's offer service for each offer, never taking the
  * copy of the master's service in its memory (whose thread does not run in it) for its own.
  * Run with the shim preloaded (tests/apps/run.sh); also passes without it. alarm() is the
  * watchdog. */
 #define _GNU_SOURCE
+#include <sched.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -78,6 +80,10 @@ static void scenario(long (*raw_fork)(void)) {
 }
 
 static long by_clone(void) { return syscall(SYS_clone, (long)SIGCHLD, 0L, 0L, 0L, 0L); }
+/* A clone made as a fork with a flag fork cannot give: the shim runs its work and colo's fork
+ * handlers around the system call itself. */
+static pid_t clone_tid;
+static long by_clone_settid(void) { return syscall(SYS_clone, (long)(CLONE_PARENT_SETTID | SIGCHLD), 0L, &clone_tid, 0L, 0L); }
 #ifdef SYS_fork
 static long by_fork(void) { return syscall(SYS_fork); }
 #endif
@@ -86,6 +92,7 @@ int main(void) {
     alarm(30);
     signal(SIGPIPE, SIG_IGN);
     scenario(by_clone);
+    scenario(by_clone_settid);
 #ifdef SYS_fork
     scenario(by_fork);
 #endif

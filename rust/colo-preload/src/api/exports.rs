@@ -19,8 +19,9 @@ use std::time::Duration;
 
 /// `syscall(2)`: `io_uring_setup` is refused (`base::uring`); closes and duplicates of the
 /// shim's descriptors take the shim's paths (`behind`); `execve` and `execveat` are prepared for
-/// as libc's (`before_exec`); a raw `fork`, or a `clone` made as one, runs the fork work and
-/// handlers (`clone_as_fork`); every other call goes to libc unchanged.
+/// as libc's (`before_exec`); a raw `fork`, or a `clone` that asks for nothing more than one, is
+/// made by `fork`, and a `clone` made as a fork with more flags runs the fork work and handlers
+/// (`clone_as_fork`); every other call goes to libc unchanged.
 /// (`syscall` is variadic; on x86-64 and arm64 its integer arguments arrive where these
 /// parameters are read.)
 #[no_mangle]
@@ -34,7 +35,14 @@ pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_lo
     if n == libc::SYS_execve || n == libc::SYS_execveat {
         before_exec();
     }
-    if (n == libc::SYS_clone && clone_is_fork(a, b)) || is_sys_fork(n) {
+    if is_sys_fork(n) || n == libc::SYS_clone && a == libc::c_long::from(libc::SIGCHLD) && b == 0 {
+        // Exactly what `fork` makes: made by it, so that libc's own fork handlers run too (its
+        // allocator's among them: a child made while a thread was inside `malloc`, as the shim's
+        // work on that thread's calls may be, would wait forever at its first allocation).
+        // SAFETY: `fork` takes no arguments; the child returns through it as from the system call.
+        return libc::c_long::from(unsafe { fork() });
+    }
+    if n == libc::SYS_clone && clone_is_fork(a, b) {
         // SAFETY: the application's arguments, as the system call takes them.
         return unsafe { clone_as_fork(n, a, b, c, d, e, f) };
     }
@@ -157,13 +165,15 @@ fn is_sys_fork(n: libc::c_long) -> bool {
     return false;
 }
 
-/// System call `n`, a raw `clone` that makes a fork child ([`clone_is_fork`]) or a raw `fork`
-/// ([`is_sys_fork`]), made as [`fork`] is: with the shim's work around it and colo's fork
-/// handlers (`colo_sys::host::run_fork_handlers`), which libc runs only around its own `fork`. Without them the child kept its parent's pid cache and
+/// System call `n`, a raw `clone` that makes a fork child ([`clone_is_fork`]) with flags `fork`
+/// cannot give (`CLONE_NEWIPC`, `CLONE_PARENT_SETTID`, ...), made as [`fork`] is: with the
+/// shim's work around it and colo's fork handlers (`colo_sys::host::run_fork_handlers`), which
+/// libc runs only around its own `fork`. Without them the child kept its parent's pid cache and
 /// state: it took the parent's offer service for its own (that service's thread does not run
 /// in the child), so nobody answered a client of a listener the child made, and its close of an
 /// inherited listener waited for that thread. libc's own fork handlers are still not run, as
-/// without the shim.
+/// without the shim: such a child of a process whose other thread was inside `malloc` at that
+/// moment can wait forever at its first allocation, with the shim or without.
 ///
 /// # Safety
 /// The application's arguments, as the system call takes them.

@@ -4,6 +4,7 @@
 
 use crate::conn::entry::{Dialing, Guest, Listen, Owed, Pending};
 use crate::conn::state::Conn;
+use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -55,7 +56,30 @@ static EPOLL: [AtomicU8; MAX_FD] = [const { AtomicU8::new(0) }; MAX_FD];
 static REGS_IN: [AtomicU32; MAX_FD] = [const { AtomicU32::new(0) }; MAX_FD];
 /// Threads now asleep in the kernel on each epoll fd (an interest change must wake them).
 static SLEEPERS: [AtomicU32; MAX_FD] = [const { AtomicU32::new(0) }; MAX_FD];
-static SLOTS: [Mutex<Entry>; MAX_FD] = [const { Mutex::new(Entry::None) }; MAX_FD];
+static SLOTS: [SlotCell; MAX_FD] = [const { SlotCell { lock: UnsafeCell::new(Mutex::new(Entry::None)), owner: AtomicU32::new(0) } }; MAX_FD];
+/// One past the highest fd whose slot was ever locked through [`lock`]: `forked` looks no higher.
+static LOCKED_TOP: AtomicUsize = AtomicUsize::new(0);
+
+/// A slot's entry and the process whose thread holds it through a [`Slot`].
+struct SlotCell {
+    /// Written over only by `forked`, in a fork child that has one thread.
+    lock: UnsafeCell<Mutex<Entry>>,
+    /// The pid of the process whose thread holds `lock` through a [`Slot`] (stored after the
+    /// lock is taken, cleared before it is let go of); 0 otherwise (a brief `try_lock`, the fork
+    /// guards).
+    owner: AtomicU32,
+}
+
+// SAFETY: shared as the `Mutex` inside is; the cell is written only by `forked`, in a process
+// with one thread and no reference into it.
+unsafe impl Sync for SlotCell {}
+
+impl SlotCell {
+    fn mutex(&self) -> &Mutex<Entry> {
+        // SAFETY: the cell is written only by `forked`, while no reference into it is alive.
+        unsafe { &*self.lock.get() }
+    }
+}
 
 #[inline]
 pub fn kind(fd: i32) -> u8 {
@@ -165,13 +189,54 @@ pub fn lock(fd: i32) -> Option<Slot> {
     if fd < 0 || fd as usize >= MAX_FD {
         return None;
     }
-    let guard = SLOTS[fd as usize].lock().unwrap_or_else(|e| e.into_inner());
-    Some(Slot { fd: fd as usize, guard })
+    let fd = fd as usize;
+    // Relaxed: read by `forked` in a fork child, of what its parent's thread stored before the
+    // fork; the load first, so that the shared word is written only when it moves.
+    if LOCKED_TOP.load(Ordering::Relaxed) <= fd {
+        LOCKED_TOP.fetch_max(fd + 1, Ordering::Relaxed);
+    }
+    let cell = &SLOTS[fd];
+    let guard = cell.mutex().lock().unwrap_or_else(|e| e.into_inner());
+    // Relaxed: as above (a fork copies the word as it stands; no other thread reads it).
+    cell.owner.store(colo_sys::host::pid(), Ordering::Relaxed);
+    Some(Slot { fd, guard })
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // Before the guard lets go of the lock (fields drop after this).
+        SLOTS[self.fd].owner.store(0, Ordering::Relaxed);
+    }
 }
 
 /// Non-blocking lock, for the fork child (a lock held by a thread that no longer exists).
 pub fn try_lock(fd: usize) -> Option<MutexGuard<'static, Entry>> {
-    SLOTS[fd].try_lock().ok()
+    SLOTS[fd].mutex().try_lock().ok()
+}
+
+/// In a fork child, while it has one thread (the first of its fork handlers): a slot a thread
+/// of the parent held at the fork (its owner set) would stay locked for ever, and the child's
+/// own close of that connection wait for ever; its lock is let go of, its entry as that thread
+/// left it. Slots nobody held are only read (no page of the table is written for them).
+#[link_section = "colo_fork_text"]
+pub fn forked() {
+    for cell in SLOTS.iter().take(LOCKED_TOP.load(Ordering::Relaxed)) {
+        if cell.owner.load(Ordering::Relaxed) == 0 {
+            continue;
+        }
+        if cell.mutex().try_lock().is_err() {
+            // SAFETY: this process has one thread, and the only reference into the cell was the
+            // guard of a thread of the parent's, which is not in this process. The value is
+            // moved out of a bitwise copy of the locked mutex (`into_inner` takes it whatever the
+            // lock word says: Linux's futex-based `Mutex` has nothing to release), and a new,
+            // unlocked mutex holding it is written over the old one without dropping that.
+            unsafe {
+                let value = std::ptr::read(cell.lock.get()).into_inner().unwrap_or_else(|e| e.into_inner());
+                std::ptr::write(cell.lock.get(), Mutex::new(value));
+            }
+        }
+        cell.owner.store(0, Ordering::Relaxed);
+    }
 }
 
 /// Taken around a fork (see `crate::fork_guards`): the locks of the listeners' slots, so that a
@@ -181,7 +246,7 @@ pub fn try_lock(fd: usize) -> Option<MutexGuard<'static, Entry>> {
 /// taken (a process may have many): the child looks at those with `try_lock`.
 pub fn listen_fork_guards(held: &mut colo::internal::fork::Held) {
     for fd in fds_of_kind(LISTEN) {
-        held.hold(SLOTS[fd].lock().unwrap_or_else(|e| e.into_inner()));
+        held.hold(SLOTS[fd].mutex().lock().unwrap_or_else(|e| e.into_inner()));
     }
 }
 
