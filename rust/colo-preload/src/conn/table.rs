@@ -224,19 +224,27 @@ pub fn forked() {
         if cell.owner.load(Ordering::Relaxed) == 0 {
             continue;
         }
-        if cell.mutex().try_lock().is_err() {
-            // SAFETY: this process has one thread, and the only reference into the cell was the
-            // guard of a thread of the parent's, which is not in this process. The value is
-            // moved out of a bitwise copy of the locked mutex (`into_inner` takes it whatever the
-            // lock word says: Linux's futex-based `Mutex` has nothing to release), and a new,
-            // unlocked mutex holding it is written over the old one without dropping that.
-            unsafe {
-                let value = std::ptr::read(cell.lock.get()).into_inner().unwrap_or_else(|e| e.into_inner());
-                std::ptr::write(cell.lock.get(), Mutex::new(value));
-            }
-        }
-        cell.owner.store(0, Ordering::Relaxed);
+        let_go_in_child(cell);
     }
+}
+
+/// [`forked`]'s work on a slot that was held at the fork (apart: the fork child's code page
+/// keeps what every child runs).
+#[cold]
+#[inline(never)]
+fn let_go_in_child(cell: &SlotCell) {
+    if cell.mutex().try_lock().is_err() {
+        // SAFETY: this process has one thread, and the only reference into the cell was the
+        // guard of a thread of the parent's, which is not in this process. The value is moved
+        // out of a bitwise copy of the locked mutex (`into_inner` takes it whatever the lock
+        // word says: Linux's futex-based `Mutex` has nothing to release), and a new, unlocked
+        // mutex holding it is written over the old one without dropping that.
+        unsafe {
+            let value = std::ptr::read(cell.lock.get()).into_inner().unwrap_or_else(|e| e.into_inner());
+            std::ptr::write(cell.lock.get(), Mutex::new(value));
+        }
+    }
+    cell.owner.store(0, Ordering::Relaxed);
 }
 
 /// Taken around a fork (see `crate::fork_guards`): the locks of the listeners' slots, so that a
