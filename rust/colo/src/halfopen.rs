@@ -26,8 +26,7 @@ const MAX_HALF_OPEN_PER_UID: usize = MAX_HALF_OPEN / 4;
 /// How many of each kind a listener keeps: [`MAX_HALF_OPEN`], or an eighth of the soft limit of
 /// open files if that is less (at least 16). Each holds descriptors (its control socket; an offer
 /// also its memfd), where over TCP a client that has not finished its handshake holds none of
-/// the program's: the two kinds together leave most of a limit of 1024 to the program (before,
-/// one user's 768 took three quarters of it, and four users all of it).
+/// the program's: the two kinds together leave most of a limit of 1024 to the program.
 pub(crate) fn bound(soft_open_files: Option<u64>) -> usize {
     let eighth = soft_open_files.map_or(usize::MAX, |n| usize::try_from(n / 8).unwrap_or(usize::MAX));
     MAX_HALF_OPEN.min(eighth).max(16)

@@ -88,8 +88,9 @@ pub(crate) trait Unread: Send {
     /// hang-up.
     fn close_descriptor(&mut self);
     /// In a fork child: lets go of this process's copy (its mapping and descriptors) without
-    /// touching what the parent, which keeps the segment, still watches.
-    fn let_go_in_child(self: Box<Self>);
+    /// touching what the parent, which keeps the segment, still watches, and without freeing
+    /// memory (a fork that ran past libc's handlers may have left the allocator locked).
+    fn let_go_in_child(&mut self);
 }
 
 struct Orphan {
@@ -138,9 +139,12 @@ fn let_go_of_parents(k: &mut Kept, me: u32) {
     k.pid = me;
     k.running = false;
     k.watched = 0;
-    for o in std::mem::take(&mut k.list) {
+    for o in &mut k.list {
         o.seg.let_go_in_child();
     }
+    // Their memory is left as it is: freeing it could wait on an allocator lock a thread of the
+    // parent held at the fork.
+    std::mem::forget(std::mem::take(&mut k.list));
 }
 
 /// Keeps `seg` (let go of, its written ring holding unread bytes: `Segment::outgoing_tail`)
@@ -232,7 +236,7 @@ mod tests {
 
     /// Bytes never read: kept until they expire, holding a descriptor as a segment holds its own.
     struct Unreadable {
-        _fd: OwnedFd,
+        fd: Option<OwnedFd>,
     }
 
     impl Unread for Unreadable {
@@ -248,7 +252,9 @@ mod tests {
             true
         }
         fn close_descriptor(&mut self) {}
-        fn let_go_in_child(self: Box<Self>) {}
+        fn let_go_in_child(&mut self) {
+            self.fd = None;
+        }
     }
 
     /// A fork child lets go of its copies of what its parent keeps (a prefork worker would
@@ -261,7 +267,7 @@ mod tests {
         // SAFETY: a fresh descriptor nothing else owns.
         let owned = unsafe { <OwnedFd as colo_sys::FromRawFd>::from_raw_fd(fd) };
         let raw = owned.as_raw_fd();
-        keep(Box::new(Unreadable { _fd: owned }));
+        keep(Box::new(Unreadable { fd: Some(owned) }));
         // SAFETY: the child only makes system calls and exits without unwinding.
         let pid = unsafe { libc::fork() };
         if pid == 0 {

@@ -147,11 +147,14 @@ impl Unread for Segment {
         }
     }
 
-    /// Unmapped and its descriptors closed, with nothing given back and no flag set: a fork
-    /// child's copy of a segment its parent keeps (the child's drop would give back pages the
-    /// parent still watches).
-    fn let_go_in_child(mut self: Box<Self>) {
+    /// Unmapped, its descriptor closed and its lease given back, with nothing given back to
+    /// the system and no flag set: a fork child's copy of a segment its parent keeps (the
+    /// child's drop would give back pages the parent still watches).
+    fn let_go_in_child(&mut self) {
         self.let_go = None;
+        self.map = None;
+        self.memfd = None;
+        self._lease = None;
     }
 }
 

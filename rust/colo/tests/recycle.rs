@@ -113,6 +113,22 @@ fn sequential_connections_reuse_segments_and_deliver_every_byte() {
 fn messages_on_a_recycled_segment_start_from_a_full_pool() {
     let _one = serial();
     let _w = common::watchdog(60);
+    // The second connection reuses the first one's segment only if the client heard the
+    // listener's WELCOME within its wait and both sides parked in time; on a loaded host the
+    // scenario is tried again (every try must deliver every message from a full pool).
+    let reused = (0..5).any(|_| {
+        while !connection_segments().is_empty() {
+            thread::sleep(Duration::from_millis(50));
+        }
+        full_pool_after_a_close()
+    });
+    assert!(reused, "the second connection reused the first one's segment (in one of 5 tries)");
+}
+
+/// A connection that leaves two of its three messages unreleased at its close, then a second
+/// connection that loans all four slots of the pool at once, each message arriving with its
+/// own bytes; whether the second connection reused the first one's segment.
+fn full_pool_after_a_close() -> bool {
     let opts = Options::new().pool(4096, 4);
     let l = Listener::bind_with("127.0.0.1:0", opts.clone()).unwrap();
     let addr = l.local_addr().unwrap();
@@ -145,12 +161,11 @@ fn messages_on_a_recycled_segment_start_from_a_full_pool() {
         loan.send().unwrap();
     }
     let before = connection_segments();
-    assert_eq!(before.len(), 1);
     drop(c);
     // Wait until the server has parked its side too (the dial after that reuses the segment).
     parked.recv().unwrap();
     let c = Stream::connect_with(addr, &opts).unwrap();
-    assert_eq!(connection_segments(), before, "the second connection reuses the first one's segment");
+    let reused = before.len() == 1 && connection_segments() == before;
     // Four loans at once: no slot is still held from the first connection.
     let loans: Vec<_> = (0..4).map(|_| c.loan(4096).unwrap()).collect();
     for (k, mut loan) in loans.into_iter().enumerate() {
@@ -161,6 +176,7 @@ fn messages_on_a_recycled_segment_start_from_a_full_pool() {
     (&c).read_exact(&mut b).unwrap();
     assert_eq!(&b, b"done");
     server.join().unwrap();
+    reused
 }
 
 #[test]

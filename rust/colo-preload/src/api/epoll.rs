@@ -494,14 +494,16 @@ fn readied(epfd: c_int, arm: bool, wake: Option<colo_sys::RawFd>) -> Option<Arc<
 /// sleep is woken; and the set counts as slept on, so that a one-shot re-arm pokes it.
 pub struct PolledSet {
     epfd: c_int,
+    /// Whether a registration of the set may wake it (`watched` found a connection).
+    watched: bool,
     waking: Option<Waking>,
 }
 
 impl PolledSet {
-    /// Whether every connection of the set can ring the sleeper: if not, the sleep must be no
-    /// longer than `colo::internal::shm::UNPASSED_SLEEP`.
+    /// Whether every connection of the set that may report can ring the sleeper: if not, the
+    /// sleep must be no longer than `colo::internal::shm::UNPASSED_SLEEP`.
     pub fn complete(&self) -> bool {
-        self.waking.as_ref().is_some_and(Waking::complete)
+        !self.watched || self.waking.as_ref().is_some_and(Waking::complete)
     }
 }
 
@@ -516,11 +518,12 @@ impl Drop for PolledSet {
 /// `None` when a registration of a connection in it would report now (nothing to sleep for).
 pub fn sleep_on_polled_set(epfd: c_int) -> Option<PolledSet> {
     let (conns, _, wake) = watched(epfd);
-    let wake = if conns.is_empty() { None } else { wake.or_else(|| set_wake(epfd)) };
+    let watched = !conns.is_empty();
+    let wake = if watched { wake.or_else(|| set_wake(epfd)) } else { None };
     let waking = wake.map(|fd| Waking::new(&conns, |c| c, fd));
     drop(conns);
     table::set_sleeping(epfd, true);
-    let sleep = PolledSet { epfd, waking };
+    let sleep = PolledSet { epfd, watched, waking };
     readied(epfd, true, wake).is_none().then_some(sleep)
 }
 

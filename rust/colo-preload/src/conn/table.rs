@@ -56,9 +56,15 @@ static EPOLL: [AtomicU8; MAX_FD] = [const { AtomicU8::new(0) }; MAX_FD];
 static REGS_IN: [AtomicU32; MAX_FD] = [const { AtomicU32::new(0) }; MAX_FD];
 /// Threads now asleep in the kernel on each epoll fd (an interest change must wake them).
 static SLEEPERS: [AtomicU32; MAX_FD] = [const { AtomicU32::new(0) }; MAX_FD];
-static SLOTS: [SlotCell; MAX_FD] = [const { SlotCell { lock: UnsafeCell::new(Mutex::new(Entry::None)), owner: AtomicU32::new(0) } }; MAX_FD];
-/// One past the highest fd whose slot was ever locked through [`lock`]: `forked` looks no higher.
-static LOCKED_TOP: AtomicUsize = AtomicUsize::new(0);
+static SLOTS: Slots = Slots([const { SlotCell { lock: UnsafeCell::new(Mutex::new(Entry::None)), owner: AtomicU32::new(0) } }; MAX_FD]);
+/// The slots, a page's worth of them at a time (`SLOTS_PER_PAGE`) on a page of their own.
+#[repr(C, align(4096))]
+struct Slots([SlotCell; MAX_FD]);
+const SLOTS_PER_PAGE: usize = 4096 / std::mem::size_of::<SlotCell>();
+const _: () = assert!(4096 % std::mem::size_of::<SlotCell>() == 0);
+/// Per page of slots: whether one of them was ever locked through [`lock`] (`forked` reads only
+/// those pages: reading a page never touched would cost a fork child a fault).
+static LOCKED_PAGES: [AtomicU8; MAX_FD / SLOTS_PER_PAGE] = [const { AtomicU8::new(0) }; MAX_FD / SLOTS_PER_PAGE];
 
 /// A slot's entry and the process whose thread holds it through a [`Slot`].
 struct SlotCell {
@@ -192,10 +198,11 @@ pub fn lock(fd: i32) -> Option<Slot> {
     let fd = fd as usize;
     // Relaxed: read by `forked` in a fork child, of what its parent's thread stored before the
     // fork; the load first, so that the shared word is written only when it moves.
-    if LOCKED_TOP.load(Ordering::Relaxed) <= fd {
-        LOCKED_TOP.fetch_max(fd + 1, Ordering::Relaxed);
+    let page = &LOCKED_PAGES[fd / SLOTS_PER_PAGE];
+    if page.load(Ordering::Relaxed) == 0 {
+        page.store(1, Ordering::Relaxed);
     }
-    let cell = &SLOTS[fd];
+    let cell = &SLOTS.0[fd];
     let guard = cell.mutex().lock().unwrap_or_else(|e| e.into_inner());
     // Relaxed: as above (a fork copies the word as it stands; no other thread reads it).
     cell.owner.store(colo_sys::host::pid(), Ordering::Relaxed);
@@ -205,13 +212,13 @@ pub fn lock(fd: i32) -> Option<Slot> {
 impl Drop for Slot {
     fn drop(&mut self) {
         // Before the guard lets go of the lock (fields drop after this).
-        SLOTS[self.fd].owner.store(0, Ordering::Relaxed);
+        SLOTS.0[self.fd].owner.store(0, Ordering::Relaxed);
     }
 }
 
 /// Non-blocking lock, for the fork child (a lock held by a thread that no longer exists).
 pub fn try_lock(fd: usize) -> Option<MutexGuard<'static, Entry>> {
-    SLOTS[fd].mutex().try_lock().ok()
+    SLOTS.0[fd].mutex().try_lock().ok()
 }
 
 /// In a fork child, while it has one thread (the first of its fork handlers): a slot a thread
@@ -220,11 +227,16 @@ pub fn try_lock(fd: usize) -> Option<MutexGuard<'static, Entry>> {
 /// left it. Slots nobody held are only read (no page of the table is written for them).
 #[link_section = "colo_fork_text"]
 pub fn forked() {
-    for cell in SLOTS.iter().take(LOCKED_TOP.load(Ordering::Relaxed)) {
-        if cell.owner.load(Ordering::Relaxed) == 0 {
-            continue;
+    let mut fd = 0;
+    while fd < MAX_FD {
+        if LOCKED_PAGES[fd / SLOTS_PER_PAGE].load(Ordering::Relaxed) == 0 {
+            fd += SLOTS_PER_PAGE;
+        } else {
+            if SLOTS.0[fd].owner.load(Ordering::Relaxed) != 0 {
+                let_go_in_child(fd);
+            }
+            fd += 1;
         }
-        let_go_in_child(cell);
     }
 }
 
@@ -232,17 +244,26 @@ pub fn forked() {
 /// keeps what every child runs).
 #[cold]
 #[inline(never)]
-fn let_go_in_child(cell: &SlotCell) {
+fn let_go_in_child(fd: usize) {
+    let cell = &SLOTS.0[fd];
     if cell.mutex().try_lock().is_err() {
         // SAFETY: this process has one thread, and the only reference into the cell was the
-        // guard of a thread of the parent's, which is not in this process. The value is moved
-        // out of a bitwise copy of the locked mutex (`into_inner` takes it whatever the lock
-        // word says: Linux's futex-based `Mutex` has nothing to release), and a new, unlocked
-        // mutex holding it is written over the old one without dropping that.
-        unsafe {
+        // guard of another thread of the parent's, which is not in this process (the thread
+        // that forks holds no slot across the fork: the shim's fork paths lock none across
+        // it). The value is moved out of a bitwise copy of the locked mutex (`into_inner` takes
+        // it whatever the lock word says: Linux's futex-based `Mutex` has nothing to release),
+        // and a new, unlocked mutex holding it is written over the old one without dropping
+        // that.
+        let kind = unsafe {
             let value = std::ptr::read(cell.lock.get()).into_inner().unwrap_or_else(|e| e.into_inner());
+            let kind = value.kind();
             std::ptr::write(cell.lock.get(), Mutex::new(value));
-        }
+            kind
+        };
+        // The kind byte follows the entry as that thread left it (taken out while kept
+        // PENDING, say): no caller waits at this slot for an outcome nobody will set.
+        // SYNC POINT with the Acquire load in `kind` (no other thread here yet).
+        KIND[fd].store(kind, Ordering::Release);
     }
     cell.owner.store(0, Ordering::Relaxed);
 }
@@ -254,7 +275,7 @@ fn let_go_in_child(cell: &SlotCell) {
 /// taken (a process may have many): the child looks at those with `try_lock`.
 pub fn listen_fork_guards(held: &mut colo::internal::fork::Held) {
     for fd in fds_of_kind(LISTEN) {
-        held.hold(SLOTS[fd].mutex().lock().unwrap_or_else(|e| e.into_inner()));
+        held.hold(SLOTS.0[fd].mutex().lock().unwrap_or_else(|e| e.into_inner()));
     }
 }
 

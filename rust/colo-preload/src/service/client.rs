@@ -174,15 +174,15 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
 /// connection's first write waits for that answer, so whatever the kernel holds back until the
 /// first write would hold up both:
 /// - `TCP_FASTOPEN_CONNECT` (curl's `--tcp-fastopen`): with a Fast Open cookie cached (or
-///   `TCP_FASTOPEN_NO_COOKIE`) the kernel's connect sends no SYN before the first write; every
-///   such connection waited out the carrier timeout, then went on over TCP. Without it the
+///   `TCP_FASTOPEN_NO_COOKIE`) the kernel's connect sends no SYN before the first write, which
+///   would wait out the carrier timeout for an accept that cannot come. Without it the
 ///   connect is a plain handshake, which a Fast Open client must handle anyway (the kernel makes
 ///   one whenever it has no cookie): a non-blocking connect may then say `EINPROGRESS`, and
 ///   `getsockopt(TCP_FASTOPEN_CONNECT)` reads 0 from then on.
 /// - `TCP_QUICKACK` turned off (haproxy's health checks, and its `option smart-connect`): the
 ///   kernel holds the handshake's last ACK back to ride with the first bytes, up to 200 ms, and
-///   the server end waits unaccepted meanwhile, as behind `TCP_DEFER_ACCEPT`: such a connection
-///   went on over TCP, and so did the process's next ones there for a second. Quick ACKs are
+///   the server end waits unaccepted meanwhile, as behind `TCP_DEFER_ACCEPT`, for which it would
+///   be taken (its connections there sent over TCP for a second). Quick ACKs are
 ///   turned back on; the option is a hint the kernel itself drops, and only the timing of ACKs
 ///   depends on it.
 fn handshake_now(fd: i32) {

@@ -210,7 +210,9 @@ impl Shm {
 
     /// `SO_PEEK_OFF`: `off` (negative: none) is where the next peek starts.
     pub fn set_peek_off(&self, off: i32) {
-        let _rx = lock(&self.rx);
+        // Not under the reading half's lock, which a blocking read holds through its sleep (the
+        // kernel lets the socket go while a reader waits): a read under way uses the offset it
+        // found.
         self.peek_off.store(off.max(-1), Ordering::Relaxed);
     }
 
