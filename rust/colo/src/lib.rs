@@ -31,7 +31,7 @@
 //! is set by [`Options::spin`] or `COLO_SPIN_US`; diagnostics by `COLO_LOG=info`.
 
 /// README.md's Rust example, compiled and run as a doctest so that the front door cannot go stale
-/// (its other languages' examples: tests/readme/run.sh).
+/// (its other languages' examples: tests/install/t_6_readme.sh).
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeExamples;

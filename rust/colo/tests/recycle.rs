@@ -129,7 +129,8 @@ fn messages_on_a_recycled_segment_start_from_a_full_pool() {
 /// connection that loans all four slots of the pool at once, each message arriving with its
 /// own bytes; whether the second connection reused the first one's segment.
 fn full_pool_after_a_close() -> bool {
-    let opts = Options::new().pool(4096, 4);
+    // A WELCOME that came after the dial's wait leaves the connection unrecycled: a long wait.
+    let opts = Options::new().pool(4096, 4).connect_timeout(Duration::from_secs(10));
     let l = Listener::bind_with("127.0.0.1:0", opts.clone()).unwrap();
     let addr = l.local_addr().unwrap();
     let (parked_tx, parked) = mpsc::channel();

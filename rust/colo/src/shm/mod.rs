@@ -182,8 +182,9 @@ pub struct Shm {
     shared_read_shut_bit: AtomicU32,
     nonblocking: AtomicBool,
     /// `SO_PEEK_OFF`: where the next peek starts, past the first unread byte (-1: at it, and
-    /// peeks move nothing). Peeks move it on, reads back (`Shm::recv`); changed only under the
-    /// reading half's lock, which orders it (Relaxed).
+    /// peeks move nothing). Peeks move it on, reads back (`Shm::recv`), under the reading half's
+    /// lock; `SO_PEEK_OFF` sets it without (`Shm::set_peek_off`): a read under way goes on from
+    /// the offset it found (Relaxed).
     peek_off: AtomicI32,
     /// A non-blocking operation drained a ring that may have been meant for the other half.
     swallowed: AtomicBool,
