@@ -8,11 +8,7 @@
 //! (each is one of the `vm.max_map_count` mappings the kernel allows a process: beyond those the
 //! program's own mmap and malloc fail, so peers may use only a fraction of them), of which one
 //! peer uid may hold a quarter (else one user's smallest segments would take them all, and every
-//! other user's connections would go plain TCP). In the LD_PRELOAD shim every connection also
-//! holds descriptors in the few numbers the shim keeps to out of the application's way
-//! (`colo_sys::preload::band`: 64 under a fixed limit of 1024): a peer uid other than ours may
-//! hold the segments of as many connections as a quarter of those numbers holds
-//! ([`descriptor_share`]), else a few connections of one user would take them all. A segment that
+//! other user's connections would go plain TCP). A segment that
 //! does not fit is not mapped: the listener answers `REJECT(NO_RESOURCES)` (the client falls back
 //! to TCP) and keeps serving. The lease goes back when the mapping is unmapped (it lives in the `Segment`).
 //!
@@ -106,11 +102,6 @@ impl Budget {
         }
     }
 
-    /// Segments held by `uid`.
-    pub fn segments_of(&self, uid: u32) -> u64 {
-        self.by_uid.get(&uid).map_or(0, |m| m.1)
-    }
-
     /// Bytes held in all.
     #[cfg(test)]
     pub fn used(&self) -> u64 {
@@ -184,17 +175,6 @@ fn with<T>(f: impl FnOnce(&mut Budget) -> T) -> T {
     f(b.get_or_insert_with(from_env))
 }
 
-/// Descriptors one accelerated connection holds in the LD_PRELOAD shim (docs/ARCHITECTURE.md).
-const DESCRIPTORS_PER_CONNECTION: u64 = 5;
-
-/// The segments a peer of uid `uid` may hold for the descriptors their connections hold, in the
-/// LD_PRELOAD shim (`None`: no such bound): a quarter of the numbers the shim keeps to
-/// (`colo_sys::preload::band`), at least one connection's. Our own uid's are not bounded so:
-/// they are the application's own user's connections.
-fn descriptor_share(uid: u32, floor: i32, band: usize) -> Option<u64> {
-    (floor == colo_sys::preload::OUT_OF_THE_WAY && uid != colo_sys::host::uid()).then(|| (band as u64 / 4 / DESCRIPTORS_PER_CONNECTION).max(1))
-}
-
 /// Bytes of a peer's segment counted against this process's budgets until dropped.
 #[derive(Debug)]
 pub struct Lease {
@@ -206,15 +186,7 @@ impl Lease {
     /// Takes `bytes` for a segment from a peer of uid `uid`; the error, for the log, names the
     /// limit that refused it.
     pub fn take(uid: u32, bytes: u64) -> Result<Lease, String> {
-        let floor = crate::floor::fd_floor();
-        let band = if floor == colo_sys::preload::OUT_OF_THE_WAY { colo_sys::preload::band() } else { 0 };
-        let share = descriptor_share(uid, floor, band);
-        with(|b| {
-            if let Some(most) = share.filter(|&most| b.segments_of(uid) >= most) {
-                return Err(format!("descriptors: uid {uid} holds {most} connections, its quarter of the {band} numbers colo keeps to (RLIMIT_NOFILE)"));
-            }
-            b.take(uid, bytes).map_err(|limit| format!("segment of {} KiB: {}", bytes >> 10, b.describe(limit, uid)))
-        })?;
+        with(|b| b.take(uid, bytes).map_err(|limit| format!("segment of {} KiB: {}", bytes >> 10, b.describe(limit, uid))))?;
         Ok(Lease { uid, bytes })
     }
 }
@@ -290,17 +262,6 @@ mod tests {
         b.give_back(2, 4096);
         assert_eq!(b.take(4, 4096), Ok(()), "one given back makes room for one");
         assert_eq!(b.take(1, 1), Err(Limit::Segments));
-    }
-
-    #[test]
-    fn another_uid_holds_a_quarter_of_the_shims_descriptors() {
-        let shim = colo_sys::preload::OUT_OF_THE_WAY;
-        let other = colo_sys::host::uid().wrapping_add(1);
-        assert_eq!(descriptor_share(other, shim, 64), Some(3), "a quarter of 64 numbers, 5 a connection");
-        assert_eq!(descriptor_share(other, shim, 3616), Some(180));
-        assert_eq!(descriptor_share(other, shim, 4), Some(1), "at least one connection");
-        assert_eq!(descriptor_share(colo_sys::host::uid(), shim, 64), None, "our own uid's");
-        assert_eq!(descriptor_share(other, 0, 64), None, "not in the shim");
     }
 
     #[test]

@@ -56,7 +56,7 @@ static EPOLL: [AtomicU8; MAX_FD] = [const { AtomicU8::new(0) }; MAX_FD];
 static REGS_IN: [AtomicU32; MAX_FD] = [const { AtomicU32::new(0) }; MAX_FD];
 /// Threads now asleep in the kernel on each epoll fd (an interest change must wake them).
 static SLEEPERS: [AtomicU32; MAX_FD] = [const { AtomicU32::new(0) }; MAX_FD];
-static SLOTS: Slots = Slots([const { SlotCell { lock: UnsafeCell::new(Mutex::new(Entry::None)), owner: AtomicU32::new(0) } }; MAX_FD]);
+static SLOTS: Slots = Slots([const { SlotCell { lock: UnsafeCell::new(Mutex::new(Entry::None)), taken: AtomicU8::new(0) } }; MAX_FD]);
 /// The slots, a page's worth of them at a time (`SLOTS_PER_PAGE`) on a page of their own.
 #[repr(C, align(4096))]
 struct Slots([SlotCell; MAX_FD]);
@@ -66,14 +66,14 @@ const _: () = assert!(4096 % std::mem::size_of::<SlotCell>() == 0);
 /// those pages: reading a page never touched would cost a fork child a fault).
 static LOCKED_PAGES: [AtomicU8; MAX_FD / SLOTS_PER_PAGE] = [const { AtomicU8::new(0) }; MAX_FD / SLOTS_PER_PAGE];
 
-/// A slot's entry and the process whose thread holds it through a [`Slot`].
+/// A slot's entry, and whether a thread of this process image may hold it.
 struct SlotCell {
     /// Written over only by `forked`, in a fork child that has one thread.
     lock: UnsafeCell<Mutex<Entry>>,
-    /// The pid of the process whose thread holds `lock` through a [`Slot`] (stored after the
-    /// lock is taken, cleared before it is let go of); 0 otherwise (a brief `try_lock`, the fork
-    /// guards).
-    owner: AtomicU32,
+    /// Set before a thread takes `lock` through [`lock`] and left set (cleared only by `forked`
+    /// in a fork child): a fork at any moment of a hold finds it set. 0: no thread has taken the
+    /// lock so since the last fork (a brief `try_lock`, the fork guards do not count).
+    taken: AtomicU8,
 }
 
 // SAFETY: shared as the `Mutex` inside is; the cell is written only by `forked`, in a process
@@ -203,17 +203,13 @@ pub fn lock(fd: i32) -> Option<Slot> {
         page.store(1, Ordering::Relaxed);
     }
     let cell = &SLOTS.0[fd];
-    let guard = cell.mutex().lock().unwrap_or_else(|e| e.into_inner());
-    // Relaxed: as above (a fork copies the word as it stands; no other thread reads it).
-    cell.owner.store(colo_sys::host::pid(), Ordering::Relaxed);
-    Some(Slot { fd, guard })
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        // Before the guard lets go of the lock (fields drop after this).
-        SLOTS.0[self.fd].owner.store(0, Ordering::Relaxed);
+    // Relaxed: as above (a fork copies the word as it stands; no other thread reads it); set
+    // before the lock is taken, so that no moment of the hold goes unmarked.
+    if cell.taken.load(Ordering::Relaxed) == 0 {
+        cell.taken.store(1, Ordering::Relaxed);
     }
+    let guard = cell.mutex().lock().unwrap_or_else(|e| e.into_inner());
+    Some(Slot { fd, guard })
 }
 
 /// Non-blocking lock, for the fork child (a lock held by a thread that no longer exists).
@@ -222,9 +218,9 @@ pub fn try_lock(fd: usize) -> Option<MutexGuard<'static, Entry>> {
 }
 
 /// In a fork child, while it has one thread (the first of its fork handlers): a slot a thread
-/// of the parent held at the fork (its owner set) would stay locked for ever, and the child's
-/// own close of that connection wait for ever; its lock is let go of, its entry as that thread
-/// left it. Slots nobody held are only read (no page of the table is written for them).
+/// of the parent held at the fork would stay locked for ever, and the child's own close of that
+/// connection wait for ever; its lock is let go of, its entry as that thread left it. Only slots
+/// taken since the last fork are tried (the others are only read).
 #[link_section = "colo_fork_text"]
 pub fn forked() {
     let mut fd = 0;
@@ -232,7 +228,7 @@ pub fn forked() {
         if LOCKED_PAGES[fd / SLOTS_PER_PAGE].load(Ordering::Relaxed) == 0 {
             fd += SLOTS_PER_PAGE;
         } else {
-            if SLOTS.0[fd].owner.load(Ordering::Relaxed) != 0 {
+            if SLOTS.0[fd].taken.load(Ordering::Relaxed) != 0 {
                 let_go_in_child(fd);
             }
             fd += 1;
@@ -265,7 +261,7 @@ fn let_go_in_child(fd: usize) {
         // SYNC POINT with the Acquire load in `kind` (no other thread here yet).
         KIND[fd].store(kind, Ordering::Release);
     }
-    cell.owner.store(0, Ordering::Relaxed);
+    cell.taken.store(0, Ordering::Relaxed);
 }
 
 /// Taken around a fork (see `crate::fork_guards`): the locks of the listeners' slots, so that a
