@@ -296,6 +296,9 @@ mod tests {
         use std::sync::atomic::{AtomicBool, Ordering};
         use std::sync::Arc;
         let uid = u32::MAX - 6;
+        // The fork handlers are registered at the budget's first use, by this thread: a fork at
+        // the instant another thread registers them may come before them (documented in `fork`).
+        drop(Lease::take(uid, 4096));
         let stop = Arc::new(AtomicBool::new(false));
         let churn = {
             let stop = stop.clone();
