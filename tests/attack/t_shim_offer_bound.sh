@@ -71,8 +71,14 @@ flood www-data 50 hello 1 "$A/hello-www-data.out" 30001
 # service between its look for one and its close (the client then reads a reset first; it dials
 # plain TCP either way): none held until the timer.
 W=$A/hello-www-data.out
-check "a fifth user's 50 offers: all refused ($(get REJECTED_NO_RESOURCES "$W") NO_RESOURCES, $(get CLOSED_AT_ONCE "$W") closed at once)" \
-  test $(($(get REJECTED_NO_RESOURCES "$W") + $(get CLOSED_AT_ONCE "$W"))) = 50 -a "$(get CLOSED_BY_SERVER "$W")" = "$(get CLOSED_AT_ONCE "$W")"
+if [ "$peak" -ge $((base + 4 * 1024 - 8)) ]; then
+  check "a fifth user's 50 offers: all refused ($(get REJECTED_NO_RESOURCES "$W") NO_RESOURCES, $(get CLOSED_AT_ONCE "$W") closed at once)" \
+    test $(($(get REJECTED_NO_RESOURCES "$W") + $(get CLOSED_AT_ONCE "$W"))) = 50 -a "$(get CLOSED_BY_SERVER "$W")" = "$(get CLOSED_AT_ONCE "$W")"
+else
+  # A host too slow to fill the service before the first offers' 5 s ran out leaves room the
+  # fifth user's offers may take: the bound in all is what the peak above checks.
+  echo "    the four floods held $(( (peak - base) / 4 )) offers at their peak, not 1024: the fifth user's refusal is not measured on this run"
+fi
 check "a client during the flood: answered" test "$(client "$WORK/c1.err")" = ping
 # The attackers keep their connections open for 15 s: anything gone before is the timer's doing
 # (each offer's 5 s run from its arrival, which a loaded host delays by seconds).
