@@ -203,8 +203,8 @@ pub fn lock(fd: i32) -> Option<Slot> {
         page.store(1, Ordering::Relaxed);
     }
     let cell = &SLOTS.0[fd];
-    // Relaxed: as above (a fork copies the word as it stands; no other thread reads it); set
-    // before the lock is taken, so that no moment of the hold goes unmarked.
+    // Relaxed: as above (only a fork child acts on it, on the copy the fork made); set before
+    // the lock is taken, so that no moment of the hold goes unmarked.
     if cell.taken.load(Ordering::Relaxed) == 0 {
         cell.taken.store(1, Ordering::Relaxed);
     }
