@@ -502,7 +502,11 @@ func handshakeClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry,
 	// A listener is known by name and pid, and a pid is reused: one of another uid now (the
 	// listener that welcomed us exited, another user's took its port and its pid) is waited for.
 	if pid, ok := welcomed.Load(name); !ok || pid.(int32) != cs.cred.Pid || mustAnswer {
-		dl := time.Now().Add(firstAnswerWait)
+		wait := firstAnswerWait
+		if mustAnswer {
+			wait = mustAnswerWait
+		}
+		dl := time.Now().Add(wait)
 		if cdl, ok := ctx.Deadline(); ok && cdl.Before(dl) {
 			dl = cdl
 		}
@@ -557,6 +561,13 @@ func handshakeClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry,
 // firstAnswerWait bounds how long a DIRECT client waits for a new listener's answer before the
 // connection is established pending (spec section 3 uses 20 ms).
 const firstAnswerWait = 20 * time.Millisecond
+
+// mustAnswerWait bounds the wait for an answer that must come before the client writes (a
+// server of another uid, an IPv4 dial that reached the IPv6 wildcard). It is longer than
+// firstAnswerWait because the client does not go pending without it: it falls back to a
+// carrier, whose claim waits for the same slow server's accept anyway, so the wait costs
+// nothing a timely answer would not; it is Rust's (Options::connect_timeout's default).
+const mustAnswerWait = 200 * time.Millisecond
 
 // welcomed remembers, by rendezvous name, the pid of the listener that last answered WELCOME.
 var welcomed sync.Map
