@@ -1,6 +1,7 @@
 package colo
 
 import (
+	"net/netip"
 	"os"
 	"sync"
 	"testing"
@@ -17,14 +18,24 @@ func concurrentDials(t *testing.T, n int) (int, int, int) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	// One connection first: what the process sets up once is not per connection.
-	warm, err := Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	wa, err := l.AcceptColo()
-	if err != nil {
-		t.Fatal(err)
+	// One connection first: what the process sets up once is not per connection. It is
+	// dialed again until its WELCOME came in time and made the listener known: a dial whose
+	// answer came late goes on pending, read through its memfd (a descriptor more), and so
+	// would every concurrent dial below whose answer a loaded host delays past firstAnswerWait.
+	name := rendezvousName(netip.MustParseAddrPort(l.Addr().String()))
+	var warm, wa *Conn
+	for try := 0; ; try++ {
+		if warm, err = Dial("tcp", l.Addr().String()); err != nil {
+			t.Fatal(err)
+		}
+		if wa, err = l.AcceptColo(); err != nil {
+			t.Fatal(err)
+		}
+		if _, known := welcomed.Load(name); known || try == 50 {
+			break
+		}
+		warm.Close()
+		wa.Close()
 	}
 	defer warm.Close()
 	defer wa.Close()
