@@ -73,11 +73,17 @@ check "redis still answers after BGSAVE" test "$(timeout 10 $COLORUN redis-cli -
 # room, so 300 connections under a soft limit of 1024 are all accelerated (each costs the shim
 # two or three descriptors); under a fixed limit of 1024 the shim keeps to the top sixteenth, so a
 # client with 900 connections still gets all of them (most plain TCP).
-# (a subshell: the limit stays in it; what else the shim said is shown on failure)
+# (a subshell: the limit stays in it; what else the shim said is shown on failure). A loaded
+# host can keep redis from accepting for the moment after which a client that holds other
+# connections goes on over TCP (docs/LIMITS.md, as in scale.sh): no resource; run once more.
 soft_limit_300() (
-  ulimit -Sn 1024 &&
+  ulimit -Sn 1024 || return 1
+  for try in 1 2; do
     timeout 60 env COLO_LOG=info $COLORUN redis-benchmark -p $P -t get -n 20000 -c 300 -q 2>"$WORK/sn.err" | grep -q 'per second' &&
-    test "$(grep -c ': accelerated (shared memory)' "$WORK/sn.err")" -ge 300 && ! grep -q 'plain TCP' "$WORK/sn.err" && return 0
+      test "$(grep -c ': accelerated (shared memory)' "$WORK/sn.err")" -ge 300 && ! grep -q 'plain TCP' "$WORK/sn.err" && return 0
+    grep -q "its server's program is not accepting" "$WORK/sn.err" || break
+    echo "    redis was not accepting for a moment (a loaded host): once more"
+  done
   echo "    $(grep -c ': accelerated (shared memory)' "$WORK/sn.err") accelerated; the shim's other lines, most frequent first:"
   grep -v ': accelerated (shared memory)' "$WORK/sn.err" | sed 's/[0-9]\+/N/g' | sort | uniq -c | sort -rn | head -5
   return 1
