@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # More unmodified servers and their own clients, every one under `colo run`: varnish and
-# haproxy in front of lighttpd, memcached, mosquitto (MQTT), an rsync daemon, nghttpd with
-# h2load (HTTP/2). Each gives the bytes it gives over plain TCP (compared with the file it
-# served), its connections are accelerated (the shim's log lines), and the load runs end with
-# no error and the server's descriptors back where they were. Every step has a timeout.
+# haproxy in front of lighttpd, memcached, mosquitto (MQTT), an rsync daemon (a tree pulled and
+# one pushed), nghttpd with h2load (HTTP/2). Each gives the bytes it gives over plain TCP
+# (compared with the file it served), its connections are accelerated (the shim's log lines),
+# and the load runs end with no error and the server's descriptors back where they were. Every
+# step has a timeout.
 source "$(dirname "$0")/common.sh"
 [ -n "${COLO_APPS_BUILT:-}" ] || build
 FAIL=0
@@ -114,13 +115,22 @@ fi
 if need rsync; then
   R=$(free_port); mkdir -p "$WORK/tree/sub" "$WORK/pulled"
   cp "$WORK/1m.bin" "$WORK/tree/"; for i in $(seq 20); do head -c $((i * 3001)) /dev/urandom >"$WORK/tree/sub/f$i"; done
-  printf 'use chroot = no\nuid = root\ngid = root\n[m]\npath = %s\nread only = yes\n' "$WORK/tree" >"$WORK/rsyncd.conf"
+  mkdir -p "$WORK/pushed"
+  printf 'use chroot = no\nuid = root\ngid = root\n[m]\npath = %s\nread only = yes\n[up]\npath = %s\nread only = no\n' \
+    "$WORK/tree" "$WORK/pushed" >"$WORK/rsyncd.conf"
   COLO_LOG=info timeout 120 $COLORUN rsync --daemon --no-detach --address=127.0.0.1 --port="$R" --config="$WORK/rsyncd.conf" \
-    >"$WORK/rsyncd.log" 2>&1 & PIDS+=($!)
-  wait_port "$R"
+    >"$WORK/rsyncd.log" 2>&1 & RP=$!; PIDS+=($RP)
+  wait_port "$R"; RP=$(pgrep -P "$RP" -x rsync)
   check "rsync daemon: a tree pulled, the same files" sh -c "timeout 30 env COLO_LOG=info $COLORUN rsync -a rsync://127.0.0.1:$R/m/ '$WORK/pulled/' 2>'$WORK/rsync.err' &&
     diff -r '$WORK/tree' '$WORK/pulled'"
   check "... over shared memory" grep -q "connect 127.0.0.1:$R: accelerated (shared memory)" "$WORK/rsync.err"
+  # The other way: a tree pushed into a writable module (the daemon's forked child receives it).
+  # (The baseline after the pull: the daemon's first fork opened what its forks share.)
+  rb=$(fds "$RP")
+  check "rsync daemon: a tree pushed, the same files" sh -c "timeout 30 env COLO_LOG=info $COLORUN rsync -a '$WORK/tree/' rsync://127.0.0.1:$R/up/ 2>'$WORK/rsyncp.err' &&
+    diff -r '$WORK/tree' '$WORK/pushed'"
+  check "... over shared memory" grep -q "connect 127.0.0.1:$R: accelerated (shared memory)" "$WORK/rsyncp.err"
+  check "... the daemon's descriptors come back to $rb" fds_back "$RP" "$rb"
 fi
 
 if need nghttpd && need h2load; then

@@ -166,6 +166,8 @@ real_fns! {
     fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int;
     fn sendfile(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t;
     fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE;
+    fn vdprintf(fd: c_int, fmt: *const libc::c_char, ap: *mut c_void) -> c_int;
+    fn __vdprintf_chk(fd: c_int, flag: c_int, fmt: *const libc::c_char, ap: *mut c_void) -> c_int;
     fn splice(inp: c_int, off_in: *mut i64, out: c_int, off_out: *mut i64, n: size_t, flags: c_uint) -> ssize_t;
     fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t;
     fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int) -> ssize_t;

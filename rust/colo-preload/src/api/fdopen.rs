@@ -71,12 +71,25 @@ pub(crate) unsafe extern "C" fn cookie_close(cookie: *mut c_void) -> c_int {
 }
 
 /// `fdopen(3)`: stdio reads and writes through glibc-internal calls that no interposer sees, so
-/// a stream over an accelerated socket is a `fopencookie` stream whose functions are the shim's
-/// read/write/close; its `_fileno` is set to `fd` so that `fileno(3)` still answers.
+/// a stream over an accelerated socket, or over a TCP socket not connected yet (a `connect`
+/// after the stream is made may accelerate it), is a `fopencookie` stream whose functions are
+/// the shim's read/write/close; its `_fileno` is set to `fd` so that `fileno(3)` still answers.
 pub unsafe fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
     if mode.is_null() {
         // SAFETY: the application's arguments, as fdopen(3) takes them.
         return unsafe { real::fdopen(fd, mode) };
+    }
+    // A TCP socket not connected yet: a `connect` after this may put it on shared memory, where
+    // a stream of libc's would write to the carrier socket and read nothing. Its stream goes
+    // through the shim's calls, which serve it plainly until then.
+    if crate::conn::table::kind(fd) == crate::conn::table::NONE && !Guard::busy() {
+        let g = Guard::enter();
+        let later = unconnected_tcp(fd);
+        g.ok(0);
+        if later {
+            // SAFETY: fdopen(3)'s contract: `mode` is a NUL-terminated string.
+            return unsafe { cookie_stream(&g, fd, mode) };
+        }
     }
     // A socket whose cross-namespace answer is owed: its stream reads through the shim's `read`,
     // which takes the answer off first.
@@ -94,7 +107,28 @@ pub unsafe fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
     )
 }
 
-/// A `fopencookie` stream over the accelerated socket `fd`.
+/// Whether `fd` is an IPv4 or IPv6 stream socket neither listening nor connected (connecting at
+/// most): one the application may still connect.
+fn unconnected_tcp(fd: c_int) -> bool {
+    let opt = |name: c_int| {
+        let mut v: c_int = 0;
+        let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
+        // SAFETY: an int-sized option into `v`, its size in `len`.
+        let r = unsafe { real::getsockopt(fd, libc::SOL_SOCKET, name, (&mut v as *mut c_int).cast(), &mut len) };
+        (r == 0).then_some(v)
+    };
+    if !matches!(opt(libc::SO_DOMAIN), Some(libc::AF_INET | libc::AF_INET6)) || opt(libc::SO_TYPE) != Some(libc::SOCK_STREAM) || opt(libc::SO_ACCEPTCONN) != Some(0) {
+        return false;
+    }
+    // SAFETY: an all-zero sockaddr_storage is a valid value.
+    let mut peer: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: a buffer of `len` bytes for the peer's address.
+    let r = unsafe { real::getpeername(fd, (&mut peer as *mut libc::sockaddr_storage).cast(), &mut len) };
+    r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
+}
+
+/// A `fopencookie` stream over the accelerated socket `fd` (or one that may become so).
 ///
 /// # Safety
 /// `mode` is a non-null, NUL-terminated string.

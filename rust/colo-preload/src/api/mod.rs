@@ -8,6 +8,7 @@ pub mod copy;
 pub mod creds;
 pub mod data;
 pub mod exports;
+pub mod dprintf;
 pub mod fdopen;
 pub mod std_streams;
 pub mod fds;
