@@ -2,7 +2,7 @@
 //! without locking it, and to let go of a copy inherited over fork without closing the peer.
 
 use crate::base::env::spin;
-use crate::conn::holders::Page;
+use crate::conn::holders::{children, Page};
 use crate::conn::turns;
 use crate::record::{adapt, handover_file};
 use colo::internal::carrier::Established;
@@ -50,7 +50,8 @@ const WRITING: usize = 1;
 /// socket's are: this side shut down reading (readable, end of stream, with RDHUP); a write
 /// after the peer closed was taken (`takes_write_after_close`); the peer's reset was reported
 /// (by a read, a write or `SO_ERROR`: as the kernel's socket error, once, `report_reset`); closed
-/// with `SO_LINGER {1, 0}` (the last close resets, `conn::options::closing`).
+/// with `SO_LINGER {1, 0}` (the last close resets, `conn::options::closing`); non-blocking
+/// (`O_NONBLOCK`, the open socket's flag: `Conn::nonblocking`).
 /// How long a non-blocking write waits for the turn while the ring has room (`try_write_turn`).
 const NB_TURN_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 
@@ -58,6 +59,7 @@ const READ_SHUT: u32 = 1;
 const WROTE_AFTER_CLOSE: u32 = 2;
 pub(crate) const RESET_REPORTED: u32 = 4;
 const ABORT: u32 = 8;
+const NONBLOCK: u32 = 16;
 
 /// Records that a connection accepted on a local address, from a program tagged so, ended
 /// (`short`: it did not pay for its set-up, see `adapt::Lived`).
@@ -191,6 +193,7 @@ impl Conn {
         // The first holder of a fresh page; one more of a page an earlier image handed over
         // (a no-op if this process held it before its `exec`).
         c.add_holder(colo_sys::host::pid());
+        c.set_nonblocking(nonblocking);
         Ok(c)
     }
 
@@ -213,12 +216,26 @@ impl Conn {
     }
 
     pub fn set_nonblocking(&self, on: bool) {
+        // Relaxed: the bit is the whole message (as `raise_socket_flag`).
+        if on { self.socket_flags().fetch_or(NONBLOCK, Ordering::Relaxed) } else { self.socket_flags().fetch_and(!NONBLOCK, Ordering::Relaxed) };
         self.nb.store(on, Ordering::Relaxed);
         self.shm.set_nonblocking(on);
     }
 
+    /// Whether calls must not wait, as a call begins: this copy's own word, or once another
+    /// process held the connection, the open socket's flag they share, which another process may
+    /// have changed (as a kernel file's `O_NONBLOCK`): taken on here.
     pub fn nonblocking(&self) -> bool {
-        self.nb.load(Ordering::Relaxed)
+        let nb = self.nb.load(Ordering::Relaxed);
+        if !self.holders.ever_shared() {
+            return nb;
+        }
+        let shared = self.socket_flag(NONBLOCK);
+        if shared != nb {
+            self.nb.store(shared, Ordering::Relaxed);
+            self.shm.set_nonblocking(shared);
+        }
+        shared
     }
 
     /// Control socket (our doorbell), self bell and segment memfd (-1 once closed: `Conn::build`),
@@ -879,26 +896,6 @@ enum Ask {
 /// over across `exec`): unless `pid` set it up itself, which its parent never saw.
 fn parent_may_hold(made_by: u32, pid: u32) -> bool {
     made_by == 0 || made_by != pid
-}
-
-/// This process's children (any thread's), from `/proc/self/task/*/children`.
-fn children() -> Vec<u32> {
-    // No child at all (the common case) costs one system call.
-    // SAFETY: a zeroed siginfo_t is valid; WNOWAIT leaves any exited child to the application.
-    let none = unsafe {
-        let mut info: libc::siginfo_t = std::mem::zeroed();
-        libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) != 0
-    };
-    if none {
-        return Vec::new();
-    }
-    let mut out = Vec::new();
-    for t in std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten() {
-        if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
-            out.extend(s.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
-        }
-    }
-    out
 }
 
 impl Drop for Conn {
