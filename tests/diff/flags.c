@@ -204,6 +204,49 @@ static void half_closed_over_time(void) {
     say_error("client SO_ERROR", c);
 }
 
+
+static void options_set_by_a_fork_child(void) {
+    /* Socket options are the socket's, one for every process holding it: set by a fork child,
+     * the parent's calls follow them. */
+    int s, c, low = 4;
+    char b[8];
+    pair(&s, &c);
+    pid_t p = fork();
+    if (p == 0) {
+        struct timeval tv = {0, 200000};
+        setsockopt(s, SOL_SOCKET, SO_RCVLOWAT, &low, sizeof low);
+        setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        _exit(0);
+    }
+    waitpid(p, NULL, 0);
+    int v = 0;
+    socklen_t len = sizeof v;
+    getsockopt(s, SOL_SOCKET, SO_RCVLOWAT, &v, &len);
+    say("  SO_RCVLOWAT %d", v);
+    T("recv, nothing comes (the child's timeout)", recv(s, b, sizeof b, 0));
+    send(c, "ab", 2, 0);
+    settle(50);
+    mask("poll below the child's mark", pmask(s) & POLLIN);
+    T("recv below the mark, until the timeout", recv(s, b, sizeof b, 0));
+}
+
+static void shutdown_by_a_fork_child(void) {
+    /* shutdown is the socket's: a child's SHUT_WR ends the parent's writing too. */
+    int s, c;
+    char b[8];
+    pair(&s, &c);
+    pid_t p = fork();
+    if (p == 0) {
+        shutdown(s, SHUT_WR);
+        _exit(0);
+    }
+    waitpid(p, NULL, 0);
+    settle(50);
+    T("peer reads the end", recv(c, b, sizeof b, MSG_DONTWAIT));
+    T("parent's send after the child's SHUT_WR", send(s, "a", 1, MSG_NOSIGNAL));
+    mask("parent's poll", pmask(s));
+}
+
 int main(void) {
     diff_begin();
     RUN(nonblock_shared_by_dup);
@@ -213,6 +256,8 @@ int main(void) {
     RUN(notsent_lowat);
     RUN(refused_nonblocking);
     RUN(half_closed_over_time);
+    RUN(options_set_by_a_fork_child);
+    RUN(shutdown_by_a_fork_child);
     diff_end();
     return 0;
 }

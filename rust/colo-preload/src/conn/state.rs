@@ -2,7 +2,8 @@
 //! without locking it, and to let go of a copy inherited over fork without closing the peer.
 
 use crate::base::env::spin;
-use crate::conn::holders::{children, Page};
+use crate::conn::holders::{children, parent_may_hold, Page};
+use crate::conn::options;
 use crate::conn::turns;
 use crate::record::{adapt, handover_file};
 use colo::internal::carrier::Established;
@@ -40,7 +41,7 @@ const TCP_FIN_WAIT2: u8 = 5;
 pub const TCP_CLOSE: u8 = 7;
 const TCP_CLOSE_WAIT: u8 = 8;
 
-use crate::conn::holders::{READ_TURN, READ_TURN_WAITERS, SOCKET_FLAGS, TURN, TURN_WAITERS};
+use crate::conn::holders::{LOWAT, READ_TURN, READ_TURN_WAITERS, SOCKET_FLAGS, TURN, TURN_WAITERS};
 
 /// The directions of a connection's calls (`Conn::alone`, `Conn::lend_turns`).
 const READING: usize = 0;
@@ -107,8 +108,6 @@ pub struct Conn {
     /// The pid of a child sharing this process's memory (`vfork`) that put a relay's socket in
     /// place of this connection's descriptors in its own table (`service::relay`); 0: none.
     relayed_by: AtomicU32,
-    /// `SO_RCVLOWAT` (at least 1): readable from this many bytes on.
-    lowat: AtomicU32,
     /// What a small `SO_SNDBUF` lets a non-blocking writer queue in the ring (0: the ring).
     send_limit: AtomicU64,
     /// On the server side: the client's program tag, under which its ending is recorded for the
@@ -184,7 +183,6 @@ impl Conn {
             first_reply_ns: AtomicU64::new(0),
             closing_fd: AtomicI32::new(-1),
             relayed_by: AtomicU32::new(0),
-            lowat: AtomicU32::new(1),
             send_limit: AtomicU64::new(0),
             client_tag: None,
             on_end: None,
@@ -324,6 +322,7 @@ impl Conn {
         if let Some(alone) = self.alone(WRITING) {
             return Ok(Some(alone));
         }
+        self.adopt_shared();
         // Bytes a relayed program wrote before it exited go first (`holders::wait_forwarded`).
         self.holders.wait_forwarded();
         turns::take_for_call(self.holders.word(TURN), self.holders.word(TURN_WAITERS), self.shm().write_timeout()).map(Some)
@@ -340,6 +339,7 @@ impl Conn {
         if let Some(alone) = self.alone(READING) {
             return Ok(Some(alone));
         }
+        self.adopt_shared();
         let (word, waiters) = (self.holders.word(READ_TURN), self.holders.word(READ_TURN_WAITERS));
         if !nonblocking {
             return turns::take_for_call(word, waiters, self.shm().read_timeout()).map(Some);
@@ -355,6 +355,7 @@ impl Conn {
         if let Some(alone) = self.alone(WRITING) {
             return Ok(Some(alone));
         }
+        self.adopt_shared();
         self.holders.wait_forwarded();
         let (word, waiters) = (self.holders.word(TURN), self.holders.word(TURN_WAITERS));
         self.nonblocking_turn(word, waiters, OUT)
@@ -400,6 +401,14 @@ impl Conn {
             return None;
         }
         turns::alone(&self.alone[d].0, self.holders.shared_word())
+    }
+
+    /// A call begins on a connection another process has held: what another holder changed
+    /// of the socket (a write shutdown, its timeouts) is taken on, as a kernel socket's state
+    /// is one for every process holding it.
+    fn adopt_shared(&self) {
+        self.shm.adopt_write_shut();
+        options::adopt_timeouts(self);
     }
 
     fn nonblocking_turn<'a>(&'a self, word: &'a AtomicU32, waiters: &'a AtomicU32, ready: u32) -> std::io::Result<Option<turns::Turn<'a>>> {
@@ -545,7 +554,7 @@ impl Conn {
         }
         let fin = in_flags & FLAG_FIN != 0;
         let mut m = 0;
-        if avail >= self.lowat.load(Ordering::Relaxed) as u64 || fin || reset {
+        if avail >= self.lowat() as u64 || fin || reset {
             m |= IN;
         }
         if fin || reset {
@@ -652,14 +661,15 @@ impl Conn {
         self.shm.adopt_shared_read_shut()
     }
 
-    /// `SO_RCVLOWAT` (`n` >= 1).
+    /// `SO_RCVLOWAT` (`n` >= 1): readable from this many bytes on. The socket's, in the holders page: one for every process holding it, as the kernel's.
     pub fn set_lowat(&self, n: u32) {
-        self.lowat.store(n.max(1), Ordering::Relaxed);
+        // Relaxed (and the load): the word is the whole message.
+        self.holders.word(LOWAT).store(n.max(1), Ordering::Relaxed);
     }
 
-    /// `SO_RCVLOWAT`.
+    /// `SO_RCVLOWAT` (a fresh page's 0 is the default, 1).
     pub fn lowat(&self) -> usize {
-        self.lowat.load(Ordering::Relaxed) as usize
+        self.holders.word(LOWAT).load(Ordering::Relaxed).max(1) as usize
     }
 
     /// What `TCP_INFO` reports that only the rings know: the state (kernel `TCP_*` numbers, for
@@ -892,12 +902,6 @@ enum Ask {
     Always,
 }
 
-/// Whether the parent of process `pid` may hold a connection set up by `made_by` (0: handed
-/// over across `exec`): unless `pid` set it up itself, which its parent never saw.
-fn parent_may_hold(made_by: u32, pid: u32) -> bool {
-    made_by == 0 || made_by != pid
-}
-
 impl Drop for Conn {
     fn drop(&mut self) {
         let others = self.others_hold();
@@ -986,12 +990,4 @@ fn a_connection_is_one_kilobyte_of_heap() {
     // jemalloc's size classes): memory per connection is what colo costs at scale.
     let arc_inner = std::mem::align_of::<Conn>().max(16) + std::mem::size_of::<Conn>();
     assert!(arc_inner <= 1024, "Arc<Conn> takes {arc_inner} bytes");
-}
-
-#[cfg(test)]
-#[test]
-fn only_a_connection_from_elsewhere_may_be_held_by_the_parent() {
-    assert!(!parent_may_hold(100, 100), "set up here: the parent never saw it");
-    assert!(parent_may_hold(100, 101), "a fork child's copy: the parent holds it");
-    assert!(parent_may_hold(0, 100), "handed over across exec: the parent may hold it");
 }
