@@ -1,8 +1,8 @@
 /* Edges of everyday calls: control messages and msg_flags through sendmsg/recvmsg, MSG_MORE,
  * SIGPIPE delivered, connect after a shutdown, names after the peer's clean close, dup2 and
  * close_range over a connection, sendfile past the end of a file, splice through a pipe without
- * blocking, many small writes read at once, MSG_WAITALL cut short by the peer's close, and the
- * waits with nothing to watch or a signal that comes during the wait. */
+ * blocking, many small writes read at once, MSG_WAITALL cut short by the peer's close, the waits
+ * with nothing to watch, and epoll_pwait2 (its timeouts; through syscall(2)). */
 #include "diff.h"
 #include <linux/close_range.h>
 #include <pthread.h>
@@ -319,46 +319,33 @@ static void small_writes_one_read(void) {
     T("next read", recv(s, b, sizeof b, MSG_DONTWAIT));
 }
 
-static void *close_later(void *fd) {
+struct ending { int fd, abort; };
+
+static void *end_later(void *arg) {
+    struct ending *e = arg;
     settle(200);
-    close(*(int *)fd);
+    if (e->abort) setsockopt(e->fd, SOL_SOCKET, SO_LINGER, &(struct linger){1, 0}, sizeof(struct linger));
+    close(e->fd);
     return NULL;
 }
 
-static void waitall_cut_by_close(void) {
-    /* MSG_WAITALL for 8 with 3 there, then the peer closes: the 3 bytes, then the end. */
+/* MSG_WAITALL for 8 with 3 there, then the peer closes (or resets): the 3 bytes, then the end
+ * (or the reset). */
+static void waitall_cut(int abort) {
     int s, c;
     char b[8] = {0};
     pthread_t t;
     pair(&s, &c);
     send(c, "abc", 3, 0);
-    pthread_create(&t, NULL, close_later, &c);
+    struct ending e = {c, abort};
+    pthread_create(&t, NULL, end_later, &e);
     T("recv WAITALL 8", recv(s, b, 8, MSG_WAITALL));
     say("  bytes '%.3s'", b);
     pthread_join(t, NULL);
     T("recv again", recv(s, b, 8, MSG_WAITALL));
 }
-
-static void *reset_later(void *fd) {
-    settle(200);
-    struct linger l = {1, 0};
-    setsockopt(*(int *)fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
-    close(*(int *)fd);
-    return NULL;
-}
-
-static void waitall_cut_by_reset(void) {
-    int s, c;
-    char b[8] = {0};
-    pthread_t t;
-    pair(&s, &c);
-    send(c, "abc", 3, 0);
-    pthread_create(&t, NULL, reset_later, &c);
-    T("recv WAITALL 8", recv(s, b, 8, MSG_WAITALL));
-    say("  bytes '%.3s'", b);
-    pthread_join(t, NULL);
-    T("recv again", recv(s, b, 8, MSG_WAITALL));
-}
+static void waitall_cut_by_close(void) { waitall_cut(0); }
+static void waitall_cut_by_reset(void) { waitall_cut(1); }
 
 static void mixed_vectors(void) {
     int s, c;
@@ -395,55 +382,6 @@ static void poll_nothing(void) {
     int ep = epoll_create1(0);
     struct epoll_event ev;
     T("epoll_wait on an empty set, 50 ms", epoll_wait(ep, &ev, 1, 50));
-}
-
-static volatile sig_atomic_t caught;
-static void on_usr1(int sig) { (void)sig; caught++; }
-
-static void *signal_later(void *arg) {
-    settle(200);
-    kill(getpid(), SIGUSR1);
-    (void)arg;
-    return NULL;
-}
-
-static void signal_during_masked_waits(void) {
-    /* SIGUSR1 blocked in the thread, unblocked by each wait's mask, sent 200 ms into the wait:
-     * EINTR, the handler ran once. The signal thread blocks it too, so the waiter takes it. */
-    int s, c;
-    pthread_t t;
-    pair(&s, &c);
-    struct sigaction sa = {.sa_handler = on_usr1};
-    sigaction(SIGUSR1, &sa, NULL);
-    sigset_t block, open_;
-    sigemptyset(&block);
-    sigaddset(&block, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &block, &open_);
-    sigdelset(&open_, SIGUSR1);
-    struct timespec ten = {10, 0};
-    struct pollfd p = {.fd = s, .events = POLLIN};
-    pthread_create(&t, NULL, signal_later, NULL);
-    T("ppoll", ppoll(&p, 1, &ten, &open_));
-    say("  handled %d", caught);
-    pthread_join(t, NULL);
-    int ep = epoll_create1(0);
-    struct epoll_event ev = {.events = EPOLLIN, .data.fd = s}, out;
-    epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
-    pthread_create(&t, NULL, signal_later, NULL);
-    T("epoll_pwait", epoll_pwait(ep, &out, 1, 10000, &open_));
-    say("  handled %d", caught);
-    pthread_join(t, NULL);
-    pthread_create(&t, NULL, signal_later, NULL);
-    T("epoll_pwait2", epoll_pwait2(ep, &out, 1, &ten, &open_));
-    say("  handled %d", caught);
-    pthread_join(t, NULL);
-    fd_set rd;
-    FD_ZERO(&rd);
-    FD_SET(s, &rd);
-    pthread_create(&t, NULL, signal_later, NULL);
-    T("pselect", pselect(s + 1, &rd, NULL, NULL, &ten, &open_));
-    say("  handled %d", caught);
-    pthread_join(t, NULL);
 }
 
 static void epoll_pwait2_timeouts(void) {
@@ -501,7 +439,6 @@ int main(void) {
     RUN(waitall_cut_by_reset);
     RUN(mixed_vectors);
     RUN(poll_nothing);
-    RUN(signal_during_masked_waits);
     RUN(epoll_pwait2_timeouts);
     RUN(raw_epoll_pwait2);
     diff_end();

@@ -1,6 +1,8 @@
 /* Waiting: every poll bit (RDNORM, WRNORM, RDBAND, NVAL), select's three sets, the signal-mask
- * waits (ppoll, pselect, epoll_pwait) with a signal pending, epoll registrations changed and
- * removed, and a descriptor changed under a thread blocked on it (O_NONBLOCK set, closed). */
+ * waits (ppoll, pselect, epoll_pwait, epoll_pwait2) with a signal pending or coming, epoll
+ * registrations changed and removed, a descriptor changed under a thread blocked on it
+ * (O_NONBLOCK set, closed; closed under select and pselect), the time select did not sleep,
+ * and timeouts the kernel refuses. */
 #include "diff.h"
 #include <pthread.h>
 #include <sys/select.h>
@@ -113,17 +115,22 @@ static void select_sets(void) {
 static volatile sig_atomic_t caught;
 static void on_signal(int sig) { (void)sig; caught++; }
 
+/* SIGUSR1 handled and blocked; `open_` the mask that unblocks it, `block` one of it alone. */
+static void usr1_blocked(sigset_t *block, sigset_t *open_) {
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGUSR1, &sa, NULL);
+    sigemptyset(block);
+    sigaddset(block, SIGUSR1);
+    sigprocmask(SIG_BLOCK, block, open_);
+    sigdelset(open_, SIGUSR1);
+}
+
 /* SIGUSR1 blocked and pending; each wait unblocks it through its mask: EINTR at once, handled. */
 static void masked_waits(void) {
     int s, c;
     pair(&s, &c);
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigaction(SIGUSR1, &sa, NULL);
     sigset_t block, open_;
-    sigemptyset(&block);
-    sigaddset(&block, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &block, &open_);
-    sigdelset(&open_, SIGUSR1);
+    usr1_blocked(&block, &open_);
     struct timespec ten = {10, 0};
 
     raise(SIGUSR1);
@@ -163,6 +170,48 @@ static void masked_waits(void) {
     sigset_t now;
     sigprocmask(SIG_SETMASK, NULL, &now);
     say("  SIGUSR1 blocked after: %s", sigismember(&now, SIGUSR1) ? "yes" : "no");
+}
+
+static void *signal_later(void *arg) {
+    settle(200);
+    kill(getpid(), SIGUSR1);
+    (void)arg;
+    return NULL;
+}
+
+/* SIGUSR1 blocked, unblocked by each wait's mask, sent 200 ms into the wait: EINTR, the
+ * handler ran once. The sending thread blocks it too (it inherits the mask), so the waiter
+ * takes it. */
+static void signal_during_masked_waits(void) {
+    int s, c;
+    pthread_t t;
+    pair(&s, &c);
+    sigset_t block, open_;
+    usr1_blocked(&block, &open_);
+    struct timespec ten = {10, 0};
+    struct pollfd p = {.fd = s, .events = POLLIN};
+    pthread_create(&t, NULL, signal_later, NULL);
+    T("ppoll", ppoll(&p, 1, &ten, &open_));
+    say("  handled %d", caught);
+    pthread_join(t, NULL);
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = s}, out;
+    epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
+    pthread_create(&t, NULL, signal_later, NULL);
+    T("epoll_pwait", epoll_pwait(ep, &out, 1, 10000, &open_));
+    say("  handled %d", caught);
+    pthread_join(t, NULL);
+    pthread_create(&t, NULL, signal_later, NULL);
+    T("epoll_pwait2", epoll_pwait2(ep, &out, 1, &ten, &open_));
+    say("  handled %d", caught);
+    pthread_join(t, NULL);
+    fd_set rd;
+    FD_ZERO(&rd);
+    FD_SET(s, &rd);
+    pthread_create(&t, NULL, signal_later, NULL);
+    T("pselect", pselect(s + 1, &rd, NULL, NULL, &ten, &open_));
+    say("  handled %d", caught);
+    pthread_join(t, NULL);
 }
 
 static void epoll_changes(void) {
@@ -395,6 +444,7 @@ int main(void) {
     RUN(poll_closed_fd);
     RUN(select_sets);
     RUN(masked_waits);
+    RUN(signal_during_masked_waits);
     RUN(epoll_changes);
     RUN(nonblock_while_waiting);
     RUN(close_while_waiting);
