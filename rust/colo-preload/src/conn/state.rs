@@ -108,6 +108,8 @@ pub struct Conn {
     /// The pid of a child sharing this process's memory (`vfork`) that put a relay's socket in
     /// place of this connection's descriptors in its own table (`service::relay`); 0: none.
     relayed_by: AtomicU32,
+    /// `SO_RCVLOWAT` as this copy last saw it (0: the default, 1; see `Conn::lowat`).
+    lowat: AtomicU32,
     /// What a small `SO_SNDBUF` lets a non-blocking writer queue in the ring (0: the ring).
     send_limit: AtomicU64,
     /// On the server side: the client's program tag, under which its ending is recorded for the
@@ -183,6 +185,7 @@ impl Conn {
             first_reply_ns: AtomicU64::new(0),
             closing_fd: AtomicI32::new(-1),
             relayed_by: AtomicU32::new(0),
+            lowat: AtomicU32::new(0),
             send_limit: AtomicU64::new(0),
             client_tag: None,
             on_end: None,
@@ -663,13 +666,16 @@ impl Conn {
 
     /// `SO_RCVLOWAT` (`n` >= 1): readable from this many bytes on. The socket's, in the holders page: one for every process holding it, as the kernel's.
     pub fn set_lowat(&self, n: u32) {
-        // Relaxed (and the load): the word is the whole message.
+        // Relaxed (and the loads): each word is the whole message.
         self.holders.word(LOWAT).store(n.max(1), Ordering::Relaxed);
+        self.lowat.store(n.max(1), Ordering::Relaxed);
     }
 
-    /// `SO_RCVLOWAT` (a fresh page's 0 is the default, 1).
+    /// `SO_RCVLOWAT` (0 in a fresh page and a fresh copy: the default, 1): this copy's, or once
+    /// another process held the connection, the socket's in the holders page (as `nonblocking`).
     pub fn lowat(&self) -> usize {
-        self.holders.word(LOWAT).load(Ordering::Relaxed).max(1) as usize
+        let word = if self.holders.ever_shared() { self.holders.word(LOWAT) } else { &self.lowat };
+        word.load(Ordering::Relaxed).max(1) as usize
     }
 
     /// What `TCP_INFO` reports that only the rings know: the state (kernel `TCP_*` numbers, for
