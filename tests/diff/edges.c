@@ -420,6 +420,30 @@ static void raw_epoll_pwait2(void) {
     mask("events", out.events);
 }
 
+
+static void recv_flag_mixes(void) {
+    /* MSG_TRUNC with MSG_PEEK (counted, nothing copied or consumed), with MSG_WAITALL, on an
+     * empty connection; flags TCP ignores. */
+    int s, c;
+    char b[8] = {0};
+    pair(&s, &c);
+    send(c, "abcdef", 6, 0);
+    settle(50);
+    T("recv(NULL, 3, PEEK|TRUNC)", recv(s, NULL, 3, MSG_PEEK | MSG_TRUNC));
+    T("recv(b, 2, PEEK|TRUNC)", recv(s, b, 2, MSG_PEEK | MSG_TRUNC));
+    say("  b '%.2s'", b);
+    T("recv(NULL, 2, TRUNC|WAITALL)", recv(s, NULL, 2, MSG_TRUNC | MSG_WAITALL));
+    T("recv 8", recv(s, b, 8, MSG_DONTWAIT));
+    say("  bytes '%.4s'", b);
+    T("recv(NULL, 3, TRUNC|DONTWAIT), empty", recv(s, NULL, 3, MSG_TRUNC | MSG_DONTWAIT));
+    T("recv(b, 0, PEEK|DONTWAIT), empty", recv(s, b, 0, MSG_PEEK | MSG_DONTWAIT));
+    T("send with MSG_CONFIRM", send(c, "gh", 2, MSG_CONFIRM));
+    T("send with MSG_EOR", send(c, "ij", 2, MSG_EOR));
+    settle(50);
+    T("recv with MSG_CMSG_CLOEXEC", recv(s, b, 8, MSG_CMSG_CLOEXEC | MSG_DONTWAIT));
+    say("  bytes '%.4s'", b);
+}
+
 int main(void) {
     diff_begin();
     RUN(scm_rights);
@@ -441,6 +465,7 @@ int main(void) {
     RUN(poll_nothing);
     RUN(epoll_pwait2_timeouts);
     RUN(raw_epoll_pwait2);
+    RUN(recv_flag_mixes);
     diff_end();
     return 0;
 }

@@ -247,6 +247,35 @@ static void shutdown_by_a_fork_child(void) {
     mask("parent's poll", pmask(s));
 }
 
+
+static void *send_later(void *fd) {
+    settle(300);
+    send(*(int *)fd, "ab", 2, 0);
+    return NULL;
+}
+
+static void timeout_cleared_by_a_fork_child(void) {
+    /* The parent's SO_RCVTIMEO of 0.1 s, cleared by a child: the parent's recv waits for the
+     * bytes that come 0.3 s later. */
+    int s, c;
+    char b[8];
+    pthread_t t;
+    pair(&s, &c);
+    struct timeval tv = {0, 100000};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    T("recv (the parent's timeout)", recv(s, b, sizeof b, 0));
+    pid_t p = fork();
+    if (p == 0) {
+        struct timeval none = {0, 0};
+        setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
+        _exit(0);
+    }
+    waitpid(p, NULL, 0);
+    pthread_create(&t, NULL, send_later, &c);
+    T("recv (no timeout now)", recv(s, b, sizeof b, 0));
+    pthread_join(t, NULL);
+}
+
 int main(void) {
     diff_begin();
     RUN(nonblock_shared_by_dup);
@@ -258,6 +287,7 @@ int main(void) {
     RUN(half_closed_over_time);
     RUN(options_set_by_a_fork_child);
     RUN(shutdown_by_a_fork_child);
+    RUN(timeout_cleared_by_a_fork_child);
     diff_end();
     return 0;
 }
