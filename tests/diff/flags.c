@@ -276,6 +276,32 @@ static void timeout_cleared_by_a_fork_child(void) {
     pthread_join(t, NULL);
 }
 
+
+static void listener_nonblock_by_a_fork_child(void) {
+    /* O_NONBLOCK set on a listener by a fork child: the parent's accept no longer waits; then a
+     * connection, accepted. */
+    struct sockaddr_in a;
+    int l = listener(&a);
+    pid_t p = fork();
+    if (p == 0) {
+        fcntl(l, F_SETFL, O_NONBLOCK);
+        _exit(0);
+    }
+    waitpid(p, NULL, 0);
+    T("accept, nothing waiting", accept(l, NULL, NULL));
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(c, (struct sockaddr *)&a, sizeof a) < 0) die("connect");
+    struct pollfd q = {.fd = l, .events = POLLIN};
+    T("poll the listener", poll(&q, 1, 5000));
+    int s = accept(l, NULL, NULL);
+    say("  accept: %s", s >= 0 ? "a socket" : ename(errno));
+    if (s < 0) return;
+    __atomic_add_fetch(diff_conns, 1, __ATOMIC_SEQ_CST);
+    char b[4];
+    T("send", send(c, "ab", 2, 0));
+    T("recv", recv(s, b, sizeof b, MSG_WAITALL));
+}
+
 int main(void) {
     diff_begin();
     RUN(nonblock_shared_by_dup);
@@ -288,6 +314,7 @@ int main(void) {
     RUN(options_set_by_a_fork_child);
     RUN(shutdown_by_a_fork_child);
     RUN(timeout_cleared_by_a_fork_child);
+    RUN(listener_nonblock_by_a_fork_child);
     diff_end();
     return 0;
 }
