@@ -39,8 +39,13 @@ static const char *ename(int e) {
         E(EAGAIN) E(EPIPE) E(ECONNRESET) E(EINTR) E(EINVAL) E(ENOTCONN) E(EBADF) E(EFAULT) E(EEXIST) E(ENOENT)
         E(ECONNREFUSED) E(ETIMEDOUT) E(EPROTO) E(EOPNOTSUPP) E(EINPROGRESS) E(EISCONN) E(ENOBUFS)
         E(ENOPROTOOPT) E(EALREADY) E(EDESTADDRREQ) E(EMSGSIZE) E(ENOTSOCK) E(EADDRINUSE) E(ENOTTY) E(EPERM)
+        E(ESPIPE) E(ENOSYS) E(EMFILE) E(EISDIR) E(EOVERFLOW) E(ECONNABORTED)
 #undef E
-    default: return "E?";
+    default: {
+        static char other[16];
+        snprintf(other, sizeof other, "errno %d", e);
+        return other;
+    }
     }
 }
 

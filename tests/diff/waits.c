@@ -1,6 +1,8 @@
 /* Waiting: every poll bit (RDNORM, WRNORM, RDBAND, NVAL), select's three sets, the signal-mask
- * waits (ppoll, pselect, epoll_pwait) with a signal pending, epoll registrations changed and
- * removed, and a descriptor changed under a thread blocked on it (O_NONBLOCK set, closed). */
+ * waits (ppoll, pselect, epoll_pwait, epoll_pwait2) with a signal pending or coming, epoll
+ * registrations changed and removed, a descriptor changed under a thread blocked on it
+ * (O_NONBLOCK set, closed; closed under select and pselect), the time select did not sleep,
+ * and timeouts the kernel refuses. */
 #include "diff.h"
 #include <pthread.h>
 #include <sys/select.h>
@@ -113,17 +115,22 @@ static void select_sets(void) {
 static volatile sig_atomic_t caught;
 static void on_signal(int sig) { (void)sig; caught++; }
 
+/* SIGUSR1 handled and blocked; `open_` the mask that unblocks it, `block` one of it alone. */
+static void usr1_blocked(sigset_t *block, sigset_t *open_) {
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGUSR1, &sa, NULL);
+    sigemptyset(block);
+    sigaddset(block, SIGUSR1);
+    sigprocmask(SIG_BLOCK, block, open_);
+    sigdelset(open_, SIGUSR1);
+}
+
 /* SIGUSR1 blocked and pending; each wait unblocks it through its mask: EINTR at once, handled. */
 static void masked_waits(void) {
     int s, c;
     pair(&s, &c);
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigaction(SIGUSR1, &sa, NULL);
     sigset_t block, open_;
-    sigemptyset(&block);
-    sigaddset(&block, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &block, &open_);
-    sigdelset(&open_, SIGUSR1);
+    usr1_blocked(&block, &open_);
     struct timespec ten = {10, 0};
 
     raise(SIGUSR1);
@@ -163,6 +170,48 @@ static void masked_waits(void) {
     sigset_t now;
     sigprocmask(SIG_SETMASK, NULL, &now);
     say("  SIGUSR1 blocked after: %s", sigismember(&now, SIGUSR1) ? "yes" : "no");
+}
+
+static void *signal_later(void *arg) {
+    settle(200);
+    kill(getpid(), SIGUSR1);
+    (void)arg;
+    return NULL;
+}
+
+/* SIGUSR1 blocked, unblocked by each wait's mask, sent 200 ms into the wait: EINTR, the
+ * handler ran once. The sending thread blocks it too (it inherits the mask), so the waiter
+ * takes it. */
+static void signal_during_masked_waits(void) {
+    int s, c;
+    pthread_t t;
+    pair(&s, &c);
+    sigset_t block, open_;
+    usr1_blocked(&block, &open_);
+    struct timespec ten = {10, 0};
+    struct pollfd p = {.fd = s, .events = POLLIN};
+    pthread_create(&t, NULL, signal_later, NULL);
+    T("ppoll", ppoll(&p, 1, &ten, &open_));
+    say("  handled %d", caught);
+    pthread_join(t, NULL);
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = s}, out;
+    epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
+    pthread_create(&t, NULL, signal_later, NULL);
+    T("epoll_pwait", epoll_pwait(ep, &out, 1, 10000, &open_));
+    say("  handled %d", caught);
+    pthread_join(t, NULL);
+    pthread_create(&t, NULL, signal_later, NULL);
+    T("epoll_pwait2", epoll_pwait2(ep, &out, 1, &ten, &open_));
+    say("  handled %d", caught);
+    pthread_join(t, NULL);
+    fd_set rd;
+    FD_ZERO(&rd);
+    FD_SET(s, &rd);
+    pthread_create(&t, NULL, signal_later, NULL);
+    T("pselect", pselect(s + 1, &rd, NULL, NULL, &ten, &open_));
+    say("  handled %d", caught);
+    pthread_join(t, NULL);
 }
 
 static void epoll_changes(void) {
@@ -280,16 +329,131 @@ static void close_while_polling(void) {
     say("  send = %zd", n);
 }
 
+
+static int select_one(int fd, int top, int timed_ms, int use_pselect, fd_set *rd) {
+    if (use_pselect) {
+        struct timespec ts = {timed_ms / 1000, (timed_ms % 1000) * 1000000L};
+        return pselect(top, rd, NULL, NULL, &ts, NULL);
+    }
+    struct timeval tv = {timed_ms / 1000, (timed_ms % 1000) * 1000L};
+    (void)fd;
+    return select(top, rd, NULL, NULL, &tv);
+}
+
+struct sel { int fd, other, use_pselect; };
+
+static void *select_thread(void *arg) {
+    struct sel *a = arg;
+    fd_set rd;
+    FD_ZERO(&rd);
+    FD_SET(a->fd, &rd);
+    if (a->other >= 0) FD_SET(a->other, &rd);
+    int top = (a->fd > a->other ? a->fd : a->other) + 1;
+    errno = 0;
+    int n = select_one(a->fd, top, 1500, a->use_pselect, &rd);
+    say("  thread's %s = %d %s, closed one set: %d, other set: %d", a->use_pselect ? "pselect" : "select", n,
+        n < 0 ? ename(errno) : "", FD_ISSET(a->fd, &rd) != 0, a->other >= 0 && FD_ISSET(a->other, &rd) != 0);
+    return NULL;
+}
+
+/* close() of a number another thread waits on in select: the kernel checked the sets when the
+ * select began, and looking again on a wake-up it finds no file at the number and leaves it out;
+ * the select sleeps on (to its timeout, or until another number in it is ready). */
+static void select_close(int use_pselect, int with_other) {
+    int s, c, s2 = -1, c2 = -1;
+    pthread_t t;
+    pair(&s, &c);
+    if (with_other) pair(&s2, &c2);
+    struct sel a = {s, s2, use_pselect};
+    pthread_create(&t, NULL, select_thread, &a);
+    settle(200);
+    T("close", close(s));
+    settle(100);
+    /* Bytes toward the closed number: the socket is still open (the select holds it) and wakes
+     * the select, which finds no file there. */
+    ssize_t n = send(c, "ab", 2, 0);
+    if (with_other) {
+        settle(100);
+        send(c2, "cd", 2, 0);
+    }
+    pthread_join(t, NULL);
+    say("  send = %zd", n);
+}
+static void select_closed_while_sleeping(void) { select_close(0, 0); }
+static void pselect_closed_while_sleeping(void) { select_close(1, 0); }
+static void select_closed_beside_a_ready_one(void) { select_close(0, 1); }
+
+static void select_timeout_left(void) {
+    /* Linux's select writes the time it did not sleep back into the timeval (pselect and
+     * ppoll, through glibc, leave theirs). */
+    int s, c;
+    pair(&s, &c);
+    fd_set rd;
+    FD_ZERO(&rd);
+    FD_SET(s, &rd);
+    struct timeval tv = {0, 100000};
+    T("select, nothing comes", select(s + 1, &rd, NULL, NULL, &tv));
+    say("  left %ld.%06ld", (long)tv.tv_sec, (long)tv.tv_usec);
+    send(c, "ab", 2, 0);
+    settle(50);
+    FD_SET(s, &rd);
+    tv = (struct timeval){5, 0};
+    T("select, ready", select(s + 1, &rd, NULL, NULL, &tv));
+    say("  left more than 4 s: %s, less than 5 s: %s", tv.tv_sec >= 4 ? "yes" : "no",
+        tv.tv_sec < 5 ? "yes" : "no");
+    tv = (struct timeval){0, 2000000};
+    FD_SET(s, &rd);
+    T("select, 2,000,000 us, ready", select(s + 1, &rd, NULL, NULL, &tv));
+    say("  left more than 1 s: %s", tv.tv_sec >= 1 ? "yes" : "no");
+    struct timespec ts = {5, 0};
+    FD_SET(s, &rd);
+    T("pselect, ready", pselect(s + 1, &rd, NULL, NULL, &ts, NULL));
+    say("  timespec %ld.%09ld", (long)ts.tv_sec, ts.tv_nsec);
+    struct pollfd p = {.fd = s, .events = POLLIN};
+    T("ppoll, ready", ppoll(&p, 1, &ts, NULL));
+    say("  timespec %ld.%09ld", (long)ts.tv_sec, ts.tv_nsec);
+}
+
+static void bad_timeouts(void) {
+    int s, c;
+    pair(&s, &c);
+    fd_set rd;
+    struct pollfd p = {.fd = s, .events = POLLIN};
+    struct timespec bad_ns = {0, 1000000000}, neg = {-1, 0};
+    T("ppoll tv_nsec 1e9", ppoll(&p, 1, &bad_ns, NULL));
+    T("ppoll tv_sec -1", ppoll(&p, 1, &neg, NULL));
+    FD_ZERO(&rd);
+    FD_SET(s, &rd);
+    T("pselect tv_nsec 1e9", pselect(s + 1, &rd, NULL, NULL, &bad_ns, NULL));
+    FD_SET(s, &rd);
+    T("pselect tv_sec -1", pselect(s + 1, &rd, NULL, NULL, &neg, NULL));
+    struct timeval tneg = {-1, 0}, uneg = {0, -1};
+    FD_SET(s, &rd);
+    T("select tv_sec -1", select(s + 1, &rd, NULL, NULL, &tneg));
+    FD_SET(s, &rd);
+    T("select tv_usec -1", select(s + 1, &rd, NULL, NULL, &uneg));
+    FD_SET(s, &rd);
+    T("select nfds -1", select(-1, &rd, NULL, NULL, &(struct timeval){0, 0}));
+    volatile nfds_t many = 1 << 30;
+    T("poll nfds past the limit", poll(&p, many, 0));
+}
+
 int main(void) {
     diff_begin();
     RUN(poll_bits);
     RUN(poll_closed_fd);
     RUN(select_sets);
     RUN(masked_waits);
+    RUN(signal_during_masked_waits);
     RUN(epoll_changes);
     RUN(nonblock_while_waiting);
     RUN(close_while_waiting);
     RUN(close_while_polling);
+    RUN(select_closed_while_sleeping);
+    RUN(pselect_closed_while_sleeping);
+    RUN(select_closed_beside_a_ready_one);
+    RUN(select_timeout_left);
+    RUN(bad_timeouts);
     diff_end();
     return 0;
 }

@@ -27,16 +27,30 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut off_t, count: size_t) -
 /// # Safety
 /// `off` is null or points to the application's writable offset.
 unsafe fn send_file(g: &Guard, c: &Conn, inp: c_int, off: *mut i64, count: size_t) -> ssize_t {
+    // SAFETY: lseek on the application's file, which changes nothing.
+    let here = unsafe { libc::lseek64(inp, 0, libc::SEEK_CUR) };
+    let seek_err = || io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
     let mut pos: i64 = if off.is_null() {
-        // SAFETY: lseek on the application's file.
-        unsafe { libc::lseek64(inp, 0, libc::SEEK_CUR) }
+        if here < 0 {
+            // The kernel's sendfile from its position refuses an input that is no file (a pipe
+            // or a socket) with EINVAL.
+            let e = seek_err();
+            return g.err(if e == libc::ESPIPE { libc::EINVAL } else { e });
+        }
+        here
     } else {
         // SAFETY: the application's offset.
-        unsafe { *off }
+        let at = unsafe { *off };
+        if here < 0 {
+            // At an offset, an input that cannot be read at one: ESPIPE, before the offset is
+            // looked at.
+            return g.err(seek_err());
+        }
+        if at < 0 {
+            return g.err(libc::EINVAL);
+        }
+        at
     };
-    if pos < 0 {
-        return g.err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL));
-    }
     let mut buf = vec![0u8; count.min(64 * 1024)];
     let mut total = 0usize;
     let mut err = None;
@@ -46,10 +60,7 @@ unsafe fn send_file(g: &Guard, c: &Conn, inp: c_int, off: *mut i64, count: size_
         let r = unsafe { libc::pread64(inp, buf.as_mut_ptr().cast(), want, pos) };
         if r <= 0 {
             if r < 0 {
-                let e = io::Error::last_os_error();
-                // The kernel's sendfile refuses an input it cannot read at an offset (a pipe or
-                // a socket) with EINVAL.
-                err = Some(if e.raw_os_error() == Some(libc::ESPIPE) { io::Error::from_raw_os_error(libc::EINVAL) } else { e });
+                err = Some(io::Error::last_os_error());
             }
             break;
         }

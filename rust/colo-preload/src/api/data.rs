@@ -146,10 +146,11 @@ unsafe fn recvmsg_served(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
             let r = conn_readv(&c, v, flags);
             if r.is_ok() {
                 // A connected stream socket reports no source address (the kernel sets the
-                // length to 0).
+                // length to 0) and no control message; of the flags asked, the kernel hands
+                // `MSG_CMSG_CLOEXEC` back in `msg_flags`.
                 m.msg_namelen = 0;
                 m.msg_controllen = 0;
-                m.msg_flags = 0;
+                m.msg_flags = flags & libc::MSG_CMSG_CLOEXEC;
             }
             result(&g, r)
         }

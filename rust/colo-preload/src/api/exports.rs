@@ -13,7 +13,7 @@ use libc::{c_int, c_uint, c_ulong, c_void, iovec, msghdr, nfds_t, off_t, size_t,
 use libc::{epoll_event, fd_set, pollfd, sigset_t, timespec, timeval};
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 // ---- syscall --------------------------------------------------------------------------------
 
@@ -45,6 +45,13 @@ pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_lo
     if n == libc::SYS_clone && clone_is_fork(a, b) {
         // SAFETY: the application's arguments, as the system call takes them.
         return unsafe { clone_as_fork(n, a, b, c, d, e, f) };
+    }
+    if n == libc::SYS_epoll_pwait2 && (e == 0 || f == 8) {
+        // Made through `syscall` by programs built before libc had a wrapper; the sigset size is
+        // the kernel's (8 bytes), looked at only with a mask, as the kernel does (else EINVAL,
+        // from the kernel).
+        // SAFETY: the application's arguments, as the system call (and libc's wrapper) takes them.
+        return libc::c_long::from(unsafe { epoll_pwait2(a as c_int, b as *mut epoll_event, c as c_int, d as *const timespec, e as *const sigset_t) });
     }
     if n == libc::SYS_close_range {
         // SAFETY: the application's arguments, as the system call takes them.
@@ -448,13 +455,24 @@ pub unsafe extern "C" fn system(command: *const libc::c_char) -> c_int {
     unsafe { real::system(command) }
 }
 
-fn timeout_of(ts: *const timespec) -> Option<Duration> {
+/// The wait a `timespec` timeout names (`None`: no timeout); `Err(EINVAL)` for one the kernel
+/// refuses (a negative second, nanoseconds outside a second).
+fn timeout_of(ts: *const timespec) -> Result<Option<Duration>, c_int> {
     if ts.is_null() {
-        return None;
+        return Ok(None);
     }
     // SAFETY: the application's timespec.
     let t = unsafe { *ts };
-    Some(Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32))
+    if t.tv_sec < 0 || !(0..1_000_000_000).contains(&t.tv_nsec) {
+        return Err(libc::EINVAL);
+    }
+    Ok(Some(Duration::new(t.tv_sec as u64, t.tv_nsec as u32)))
+}
+
+/// `-1` with errno `e`, as libc's wrappers fail.
+fn fail(e: c_int) -> c_int {
+    crate::base::guard::set_errno(e);
+    -1
 }
 
 fn timeout_ms(ms: c_int) -> Option<Duration> {
@@ -797,9 +815,13 @@ pub unsafe extern "C" fn ppoll(fds: *mut pollfd, n: nfds_t, t: *const timespec, 
         // contract the caller met.
         return unsafe { real::ppoll(fds, n, t, mask) };
     }
+    let to = match timeout_of(t) {
+        Ok(to) => to,
+        Err(e) => return fail(e),
+    };
     // SAFETY: `ppoll::ppoll_impl` requires what libc's `ppoll` does of these arguments, which the
     // application's call met.
-    unsafe { ppoll::ppoll_impl(fds, n, timeout_of(t), mask) }
+    unsafe { ppoll::ppoll_impl(fds, n, to, mask) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn __ppoll_chk(
@@ -814,21 +836,40 @@ pub unsafe extern "C" fn __ppoll_chk(
         // then makes the call, under the contract the application's call met.
         return unsafe { real::__ppoll_chk(fds, n, t, mask, fdslen) };
     }
+    let to = match timeout_of(t) {
+        Ok(to) => to,
+        Err(e) => return fail(e),
+    };
     // SAFETY: `ppoll::ppoll_impl` requires what libc's `__ppoll_chk` does of these arguments, which
     // the application's call met.
-    unsafe { ppoll::ppoll_impl(fds, n, timeout_of(t), mask) }
+    unsafe { ppoll::ppoll_impl(fds, n, to, mask) }
 }
 #[no_mangle]
+/// As Linux's: a negative timeval fails (`EINVAL`), microseconds past a second carry into the
+/// seconds, and the time not slept is written back into the timeval.
 pub unsafe extern "C" fn select(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, t: *mut timeval) -> c_int {
-    let to = (!t.is_null()).then(|| {
+    let start = Instant::now();
+    let to = if t.is_null() {
+        None
+    } else {
         // SAFETY: the application's timeval.
         let tv = unsafe { *t };
-        Duration::new(tv.tv_sec.max(0) as u64, (tv.tv_usec.clamp(0, 999_999) as u32) * 1000)
-    });
+        if tv.tv_sec < 0 || tv.tv_usec < 0 {
+            return fail(libc::EINVAL);
+        }
+        Some(Duration::from_secs(tv.tv_sec as u64) + Duration::from_micros(tv.tv_usec as u64))
+    };
     // SAFETY: `ppoll::select_impl` requires what libc's `select` does of these arguments, which the
     // application's call met.
     match unsafe { ppoll::select_impl(n, r, w, e, to, std::ptr::null()) } {
-        Some(rc) => rc,
+        Some(rc) => {
+            if let Some(to) = to {
+                let left = to.saturating_sub(start.elapsed());
+                // SAFETY: the application's timeval, which select(2) writes.
+                unsafe { *t = timeval { tv_sec: left.as_secs() as libc::time_t, tv_usec: left.subsec_micros() as libc::suseconds_t } };
+            }
+            rc
+        }
         // SAFETY: `real::select` is libc's `select`, given the application's arguments unchanged:
         // the contract the caller met.
         None => unsafe { real::select(n, r, w, e, t) },
@@ -843,9 +884,13 @@ pub unsafe extern "C" fn pselect(
     t: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
+    let to = match timeout_of(t) {
+        Ok(to) => to,
+        Err(err) => return fail(err),
+    };
     // SAFETY: `ppoll::select_impl` requires what libc's `pselect` does of these arguments, which the
     // application's call met.
-    match unsafe { ppoll::select_impl(n, r, w, e, timeout_of(t), mask) } {
+    match unsafe { ppoll::select_impl(n, r, w, e, to, mask) } {
         Some(rc) => rc,
         // SAFETY: `real::pselect` is libc's `pselect`, given the application's arguments unchanged:
         // the contract the caller met.
@@ -900,7 +945,10 @@ pub unsafe extern "C" fn epoll_pwait2(
     t: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
-    let ms = timeout_of(t).map_or(-1, |d| d.as_millis().min(c_int::MAX as u128) as c_int);
+    let ms = match timeout_of(t) {
+        Ok(to) => to.map_or(-1, |d| d.as_millis().min(c_int::MAX as u128) as c_int),
+        Err(e) => return fail(e),
+    };
     // SAFETY: `epoll::epoll_wait_with` requires what libc's `epoll_pwait2` does of `ep`, `evs` and
     // `max`, which the application's call met; the kernel's wait is given `t` itself, or a
     // timespec of ours that outlives the call, and the application's `mask`.

@@ -312,9 +312,14 @@ pub fn has_colo(fds: *const pollfd, n: nfds_t) -> bool {
     if Guard::busy() || fds.is_null() {
         return false;
     }
+    // More entries than the process may open descriptors the kernel refuses (EINVAL) without
+    // reading them; nor are they read here, where they may run past the application's memory.
+    if n > 256 && rustix::process::getrlimit(rustix::process::Resource::Nofile).current.is_some_and(|cur| n > cur) {
+        return false;
+    }
     // SAFETY: `n` pollfds at `fds`.
     let arr = unsafe { slice(fds, n as usize) };
-    arr.iter().any(|p| crate::api::route::is_colo_or_pending(p.fd) || holds(p.fd) || epoll::is_colo_set(p.fd))
+    arr.iter().any(|p| is_colo(p.fd))
 }
 
 /// Whether `fd` is a listener with a set of connections held aside in this process.
@@ -334,7 +339,27 @@ fn held_of(fd: c_int) -> Option<Arc<Held>> {
     held::of(&l, false)
 }
 
+/// Whether a number the shim answers for (an accelerated connection, a listener with connections
+/// held aside, an epoll set with connections in it) is in one of the sets of a `select`.
+fn select_is_colo(nfds: c_int, r: *mut libc::fd_set, w: *mut libc::fd_set, e: *mut libc::fd_set) -> bool {
+    if Guard::busy() || nfds <= 0 {
+        return false;
+    }
+    let n = nfds.min(libc::FD_SETSIZE as c_int);
+    // SAFETY: fd_sets given by the application (FD_ISSET reads within FD_SETSIZE).
+    let isset = |s: *mut libc::fd_set, fd: c_int| !s.is_null() && unsafe { libc::FD_ISSET(fd, s) };
+    (0..n).any(|fd| is_colo(fd) && (isset(r, fd) || isset(w, fd) || isset(e, fd)))
+}
+
+fn is_colo(fd: c_int) -> bool {
+    crate::api::route::is_colo_or_pending(fd) || holds(fd) || epoll::is_colo_set(fd)
+}
+
 /// select/pselect: through `ppoll_impl` when an accelerated fd is in a set.
+///
+/// As the kernel's: every number in a set must be open when the call begins (else `EBADF`, the
+/// sets untouched); one another thread closes during the wait is reported in every set it is in
+/// when the wait next looks (a wake-up or the timeout), the close itself waking nothing.
 pub unsafe fn select_impl(
     nfds: c_int,
     r: *mut libc::fd_set,
@@ -343,16 +368,12 @@ pub unsafe fn select_impl(
     timeout: Option<Duration>,
     mask: *const sigset_t,
 ) -> Option<c_int> {
-    if Guard::busy() || nfds <= 0 {
+    if !select_is_colo(nfds, r, w, e) {
         return None;
     }
     let n = nfds.min(libc::FD_SETSIZE as c_int);
     // SAFETY: fd_sets given by the application (FD_ISSET reads within FD_SETSIZE).
     let isset = |s: *mut libc::fd_set, fd: c_int| !s.is_null() && unsafe { libc::FD_ISSET(fd, s) };
-    let colo = |fd| crate::api::route::is_colo_or_pending(fd) || holds(fd) || epoll::is_colo_set(fd);
-    if !(0..n).any(|fd| colo(fd) && (isset(r, fd) || isset(w, fd) || isset(e, fd))) {
-        return None;
-    }
     let mut pfds = Vec::new();
     for fd in 0..n {
         let mut ev = 0;
@@ -369,15 +390,22 @@ pub unsafe fn select_impl(
             pfds.push(pollfd { fd, events: ev, revents: 0 });
         }
     }
+    // The kernel's look at the sets as the call begins: a number that is no open descriptor
+    // fails it. The shim's own connections are open (a close goes through the shim); the other
+    // numbers are asked in one system call, with no events, which reports only `POLLNVAL`.
+    let mut others: Vec<pollfd> = pfds.iter().filter(|p| !is_colo(p.fd)).map(|p| pollfd { fd: p.fd, events: 0, revents: 0 }).collect();
+    if !others.is_empty() {
+        // SAFETY: our own array; a zero timeout.
+        let k = unsafe { real::poll(others.as_mut_ptr(), others.len() as nfds_t, 0) };
+        if k > 0 && others.iter().any(|p| p.revents & libc::POLLNVAL != 0) {
+            crate::base::guard::set_errno(libc::EBADF);
+            return Some(-1);
+        }
+    }
     // SAFETY: our own array.
     let rc = unsafe { ppoll_impl(pfds.as_mut_ptr(), pfds.len() as nfds_t, timeout, mask) };
     if rc < 0 {
         return Some(rc);
-    }
-    // A number in a set that is no open descriptor fails the whole select, sets untouched.
-    if pfds.iter().any(|p| p.revents & libc::POLLNVAL != 0) {
-        crate::base::guard::set_errno(libc::EBADF);
-        return Some(-1);
     }
     for s in [r, w, e] {
         if !s.is_null() {
@@ -387,18 +415,20 @@ pub unsafe fn select_impl(
     }
     let mut count = 0;
     for p in &pfds {
+        // A number closed during the wait: in every set it is in.
         let rv = p.revents;
-        if !r.is_null() && p.events & libc::POLLIN != 0 && rv & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+        let nval = rv & libc::POLLNVAL != 0;
+        if !r.is_null() && p.events & libc::POLLIN != 0 && (nval || rv & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0) {
             // SAFETY: fd < n <= FD_SETSIZE, in the application's non-null set `r`.
             unsafe { libc::FD_SET(p.fd, r) };
             count += 1;
         }
-        if !w.is_null() && p.events & libc::POLLOUT != 0 && rv & (libc::POLLOUT | libc::POLLERR) != 0 {
+        if !w.is_null() && p.events & libc::POLLOUT != 0 && (nval || rv & (libc::POLLOUT | libc::POLLERR) != 0) {
             // SAFETY: fd < n <= FD_SETSIZE, in the application's non-null set `w`.
             unsafe { libc::FD_SET(p.fd, w) };
             count += 1;
         }
-        if !e.is_null() && p.events & libc::POLLPRI != 0 && rv & libc::POLLPRI != 0 {
+        if !e.is_null() && p.events & libc::POLLPRI != 0 && (nval || rv & libc::POLLPRI != 0) {
             // SAFETY: fd < n <= FD_SETSIZE, in the application's non-null set `e`.
             unsafe { libc::FD_SET(p.fd, e) };
             count += 1;
@@ -406,4 +436,3 @@ pub unsafe fn select_impl(
     }
     Some(count)
 }
-

@@ -147,11 +147,7 @@ unsafe fn setsockopt_slow(fd: c_int, level: c_int, name: c_int, val: *const c_vo
             let tv = unsafe { *(val as *const libc::timeval) };
             let d = std::time::Duration::new(tv.tv_sec.max(0) as u64, (tv.tv_usec.max(0) as u32) * 1000);
             let t = (!d.is_zero()).then_some(d);
-            if name == libc::SO_RCVTIMEO {
-                c.shm().set_read_timeout(t);
-            } else {
-                c.shm().set_write_timeout(t);
-            }
+            crate::conn::options::set_timeout(&c, name == libc::SO_SNDTIMEO, t);
         }
     }
     g.ok(0) as c_int

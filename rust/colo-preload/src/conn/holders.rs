@@ -53,7 +53,12 @@ const LAZY_YIELD: usize = LAZY + 1;
 /// off the incoming ring exactly what the program read (`Page::relay_read_done`), which a
 /// holder's read waits for (`Page::wait_read`).
 const RELAY_READS: usize = LAZY_YIELD + 1;
-const _: () = assert!(RELAY_READS + RELAY_SLOTS <= SLOT / 4);
+/// The socket's `SO_RCVLOWAT` (`Conn::lowat`; 0 in a fresh page: the default, 1).
+pub const LOWAT: usize = RELAY_READS + RELAY_SLOTS;
+/// The socket's `SO_RCVTIMEO` and `SO_SNDTIMEO` (`options::set_timeout`).
+pub const RCVTIMEO: usize = LOWAT + 1;
+pub const SNDTIMEO: usize = LOWAT + 2;
+const _: () = assert!(SNDTIMEO < SLOT / 4);
 
 /// How long a write waits at most for a relay to forward what its exited program wrote
 /// (`Page::wait_forwarded`): a relay that holds on (a process the program left behind keeps its
@@ -380,4 +385,38 @@ impl Drop for Page {
             unsafe { libc::syscall(libc::SYS_munmap, self.words, MAPPED) };
         }
     }
+}
+
+/// This process's children (any thread's), from `/proc/self/task/*/children`.
+pub fn children() -> Vec<u32> {
+    // No child at all (the common case) costs one system call.
+    // SAFETY: a zeroed siginfo_t is valid; WNOWAIT leaves any exited child to the application.
+    let none = unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) != 0
+    };
+    if none {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for t in std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten() {
+        if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
+            out.extend(s.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+        }
+    }
+    out
+}
+
+/// Whether the parent of process `pid` may hold a connection set up by `made_by` (0: handed
+/// over across `exec`): unless `pid` set it up itself, which its parent never saw.
+pub fn parent_may_hold(made_by: u32, pid: u32) -> bool {
+    made_by == 0 || made_by != pid
+}
+
+#[cfg(test)]
+#[test]
+fn only_a_connection_from_elsewhere_may_be_held_by_the_parent() {
+    assert!(!parent_may_hold(100, 100), "set up here: the parent never saw it");
+    assert!(parent_may_hold(100, 101), "a fork child's copy: the parent holds it");
+    assert!(parent_may_hold(0, 100), "handed over across exec: the parent may hold it");
 }

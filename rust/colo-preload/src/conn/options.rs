@@ -1,11 +1,13 @@
 //! Socket options an accelerated connection honours from its kernel socket: those set before it
 //! was accelerated, and `SO_LINGER {1, 0}` at close.
 
+use crate::conn::holders::{RCVTIMEO, SNDTIMEO};
 use crate::conn::state::Conn;
 use crate::real;
 use crate::conn::table;
 use libc::{c_int, c_void, socklen_t};
 use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
 
 /// A connection the shim just accelerated on `fd` (connected, accepted, or taken back after
 /// `exec`) takes the options its socket already has: set before `connect`, inherited from the
@@ -20,13 +22,9 @@ pub fn adopt_options(fd: c_int, c: &Conn) {
     for name in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
         let mut tv = libc::timeval { tv_sec: 0, tv_usec: 0 };
         if get(name, (&mut tv as *mut libc::timeval).cast(), std::mem::size_of::<libc::timeval>()) {
-            let d = std::time::Duration::new(tv.tv_sec.max(0) as u64, (tv.tv_usec.max(0) as u32) * 1000);
+            let d = Duration::new(tv.tv_sec.max(0) as u64, (tv.tv_usec.max(0) as u32) * 1000);
             if !d.is_zero() {
-                if name == libc::SO_RCVTIMEO {
-                    c.shm().set_read_timeout(Some(d));
-                } else {
-                    c.shm().set_write_timeout(Some(d));
-                }
+                set_timeout(c, name == libc::SO_SNDTIMEO, Some(d));
             }
         }
     }
@@ -36,6 +34,37 @@ pub fn adopt_options(fd: c_int, c: &Conn) {
     }
     if let Some(n) = sndbuf_asked(fd) {
         c.set_send_limit(n);
+    }
+}
+
+/// `SO_RCVTIMEO` (or, `write`, `SO_SNDTIMEO`) set on `c`: this copy's, and the socket's in the
+/// holders page, for the other processes holding it ([`adopt_timeouts`]).
+pub fn set_timeout(c: &Conn, write: bool, t: Option<Duration>) {
+    // Relaxed (and the loads in `adopt_timeouts`): the word is the whole message.
+    c.holders().word(if write { SNDTIMEO } else { RCVTIMEO }).store(millis(t), Ordering::Relaxed);
+    if write {
+        c.shm().set_write_timeout(t);
+    } else {
+        c.shm().set_read_timeout(t);
+    }
+}
+
+/// A timeout as the holders page keeps it: milliseconds, rounded up (the kernel keeps it in
+/// jiffies, a millisecond or more), 0 for none.
+fn millis(t: Option<Duration>) -> u32 {
+    t.map_or(0, |d| u32::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u32::MAX))
+}
+
+/// As a call begins on a connection another process has held: the timeouts another holder set
+/// ([`set_timeout`]) take over this copy's.
+pub fn adopt_timeouts(c: &Conn) {
+    let shm = c.shm();
+    for (word, own) in [(RCVTIMEO, shm.read_timeout()), (SNDTIMEO, shm.write_timeout())] {
+        let ms = c.holders().word(word).load(Ordering::Relaxed);
+        if ms != millis(own) {
+            let t = (ms != 0).then(|| Duration::from_millis(ms.into()));
+            set_timeout(c, word == SNDTIMEO, t);
+        }
     }
 }
 

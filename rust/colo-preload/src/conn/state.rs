@@ -2,7 +2,8 @@
 //! without locking it, and to let go of a copy inherited over fork without closing the peer.
 
 use crate::base::env::spin;
-use crate::conn::holders::Page;
+use crate::conn::holders::{children, parent_may_hold, Page};
+use crate::conn::options;
 use crate::conn::turns;
 use crate::record::{adapt, handover_file};
 use colo::internal::carrier::Established;
@@ -40,7 +41,7 @@ const TCP_FIN_WAIT2: u8 = 5;
 pub const TCP_CLOSE: u8 = 7;
 const TCP_CLOSE_WAIT: u8 = 8;
 
-use crate::conn::holders::{READ_TURN, READ_TURN_WAITERS, SOCKET_FLAGS, TURN, TURN_WAITERS};
+use crate::conn::holders::{LOWAT, READ_TURN, READ_TURN_WAITERS, SOCKET_FLAGS, TURN, TURN_WAITERS};
 
 /// The directions of a connection's calls (`Conn::alone`, `Conn::lend_turns`).
 const READING: usize = 0;
@@ -50,7 +51,8 @@ const WRITING: usize = 1;
 /// socket's are: this side shut down reading (readable, end of stream, with RDHUP); a write
 /// after the peer closed was taken (`takes_write_after_close`); the peer's reset was reported
 /// (by a read, a write or `SO_ERROR`: as the kernel's socket error, once, `report_reset`); closed
-/// with `SO_LINGER {1, 0}` (the last close resets, `conn::options::closing`).
+/// with `SO_LINGER {1, 0}` (the last close resets, `conn::options::closing`); non-blocking
+/// (`O_NONBLOCK`, the open socket's flag: `Conn::nonblocking`).
 /// How long a non-blocking write waits for the turn while the ring has room (`try_write_turn`).
 const NB_TURN_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 
@@ -58,6 +60,7 @@ const READ_SHUT: u32 = 1;
 const WROTE_AFTER_CLOSE: u32 = 2;
 pub(crate) const RESET_REPORTED: u32 = 4;
 const ABORT: u32 = 8;
+const NONBLOCK: u32 = 16;
 
 /// Records that a connection accepted on a local address, from a program tagged so, ended
 /// (`short`: it did not pay for its set-up, see `adapt::Lived`).
@@ -105,7 +108,7 @@ pub struct Conn {
     /// The pid of a child sharing this process's memory (`vfork`) that put a relay's socket in
     /// place of this connection's descriptors in its own table (`service::relay`); 0: none.
     relayed_by: AtomicU32,
-    /// `SO_RCVLOWAT` (at least 1): readable from this many bytes on.
+    /// `SO_RCVLOWAT` as this copy last saw it (0: the default, 1; see `Conn::lowat`).
     lowat: AtomicU32,
     /// What a small `SO_SNDBUF` lets a non-blocking writer queue in the ring (0: the ring).
     send_limit: AtomicU64,
@@ -182,7 +185,7 @@ impl Conn {
             first_reply_ns: AtomicU64::new(0),
             closing_fd: AtomicI32::new(-1),
             relayed_by: AtomicU32::new(0),
-            lowat: AtomicU32::new(1),
+            lowat: AtomicU32::new(0),
             send_limit: AtomicU64::new(0),
             client_tag: None,
             on_end: None,
@@ -191,6 +194,7 @@ impl Conn {
         // The first holder of a fresh page; one more of a page an earlier image handed over
         // (a no-op if this process held it before its `exec`).
         c.add_holder(colo_sys::host::pid());
+        c.set_nonblocking(nonblocking);
         Ok(c)
     }
 
@@ -213,12 +217,26 @@ impl Conn {
     }
 
     pub fn set_nonblocking(&self, on: bool) {
+        // Relaxed: the bit is the whole message (as `raise_socket_flag`).
+        if on { self.socket_flags().fetch_or(NONBLOCK, Ordering::Relaxed) } else { self.socket_flags().fetch_and(!NONBLOCK, Ordering::Relaxed) };
         self.nb.store(on, Ordering::Relaxed);
         self.shm.set_nonblocking(on);
     }
 
+    /// Whether calls must not wait, as a call begins: this copy's own word, or once another
+    /// process held the connection, the open socket's flag they share, which another process may
+    /// have changed (as a kernel file's `O_NONBLOCK`): taken on here.
     pub fn nonblocking(&self) -> bool {
-        self.nb.load(Ordering::Relaxed)
+        let nb = self.nb.load(Ordering::Relaxed);
+        if !self.holders.ever_shared() {
+            return nb;
+        }
+        let shared = self.socket_flag(NONBLOCK);
+        if shared != nb {
+            self.nb.store(shared, Ordering::Relaxed);
+            self.shm.set_nonblocking(shared);
+        }
+        shared
     }
 
     /// Control socket (our doorbell), self bell and segment memfd (-1 once closed: `Conn::build`),
@@ -307,6 +325,7 @@ impl Conn {
         if let Some(alone) = self.alone(WRITING) {
             return Ok(Some(alone));
         }
+        self.adopt_shared();
         // Bytes a relayed program wrote before it exited go first (`holders::wait_forwarded`).
         self.holders.wait_forwarded();
         turns::take_for_call(self.holders.word(TURN), self.holders.word(TURN_WAITERS), self.shm().write_timeout()).map(Some)
@@ -323,6 +342,7 @@ impl Conn {
         if let Some(alone) = self.alone(READING) {
             return Ok(Some(alone));
         }
+        self.adopt_shared();
         let (word, waiters) = (self.holders.word(READ_TURN), self.holders.word(READ_TURN_WAITERS));
         if !nonblocking {
             return turns::take_for_call(word, waiters, self.shm().read_timeout()).map(Some);
@@ -338,6 +358,7 @@ impl Conn {
         if let Some(alone) = self.alone(WRITING) {
             return Ok(Some(alone));
         }
+        self.adopt_shared();
         self.holders.wait_forwarded();
         let (word, waiters) = (self.holders.word(TURN), self.holders.word(TURN_WAITERS));
         self.nonblocking_turn(word, waiters, OUT)
@@ -383,6 +404,14 @@ impl Conn {
             return None;
         }
         turns::alone(&self.alone[d].0, self.holders.shared_word())
+    }
+
+    /// A call begins on a connection another process has held: what another holder changed
+    /// of the socket (a write shutdown, its timeouts) is taken on, as a kernel socket's state
+    /// is one for every process holding it.
+    fn adopt_shared(&self) {
+        self.shm.adopt_write_shut();
+        options::adopt_timeouts(self);
     }
 
     fn nonblocking_turn<'a>(&'a self, word: &'a AtomicU32, waiters: &'a AtomicU32, ready: u32) -> std::io::Result<Option<turns::Turn<'a>>> {
@@ -528,7 +557,7 @@ impl Conn {
         }
         let fin = in_flags & FLAG_FIN != 0;
         let mut m = 0;
-        if avail >= self.lowat.load(Ordering::Relaxed) as u64 || fin || reset {
+        if avail >= self.lowat() as u64 || fin || reset {
             m |= IN;
         }
         if fin || reset {
@@ -635,14 +664,18 @@ impl Conn {
         self.shm.adopt_shared_read_shut()
     }
 
-    /// `SO_RCVLOWAT` (`n` >= 1).
+    /// `SO_RCVLOWAT` (`n` >= 1): readable from this many bytes on. The socket's, in the holders page: one for every process holding it, as the kernel's.
     pub fn set_lowat(&self, n: u32) {
+        // Relaxed (and the loads): each word is the whole message.
+        self.holders.word(LOWAT).store(n.max(1), Ordering::Relaxed);
         self.lowat.store(n.max(1), Ordering::Relaxed);
     }
 
-    /// `SO_RCVLOWAT`.
+    /// `SO_RCVLOWAT` (0 in a fresh page and a fresh copy: the default, 1): this copy's, or once
+    /// another process held the connection, the socket's in the holders page (as `nonblocking`).
     pub fn lowat(&self) -> usize {
-        self.lowat.load(Ordering::Relaxed) as usize
+        let word = if self.holders.ever_shared() { self.holders.word(LOWAT) } else { &self.lowat };
+        word.load(Ordering::Relaxed).max(1) as usize
     }
 
     /// What `TCP_INFO` reports that only the rings know: the state (kernel `TCP_*` numbers, for
@@ -875,32 +908,6 @@ enum Ask {
     Always,
 }
 
-/// Whether the parent of process `pid` may hold a connection set up by `made_by` (0: handed
-/// over across `exec`): unless `pid` set it up itself, which its parent never saw.
-fn parent_may_hold(made_by: u32, pid: u32) -> bool {
-    made_by == 0 || made_by != pid
-}
-
-/// This process's children (any thread's), from `/proc/self/task/*/children`.
-fn children() -> Vec<u32> {
-    // No child at all (the common case) costs one system call.
-    // SAFETY: a zeroed siginfo_t is valid; WNOWAIT leaves any exited child to the application.
-    let none = unsafe {
-        let mut info: libc::siginfo_t = std::mem::zeroed();
-        libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) != 0
-    };
-    if none {
-        return Vec::new();
-    }
-    let mut out = Vec::new();
-    for t in std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten() {
-        if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
-            out.extend(s.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
-        }
-    }
-    out
-}
-
 impl Drop for Conn {
     fn drop(&mut self) {
         let others = self.others_hold();
@@ -989,12 +996,4 @@ fn a_connection_is_one_kilobyte_of_heap() {
     // jemalloc's size classes): memory per connection is what colo costs at scale.
     let arc_inner = std::mem::align_of::<Conn>().max(16) + std::mem::size_of::<Conn>();
     assert!(arc_inner <= 1024, "Arc<Conn> takes {arc_inner} bytes");
-}
-
-#[cfg(test)]
-#[test]
-fn only_a_connection_from_elsewhere_may_be_held_by_the_parent() {
-    assert!(!parent_may_hold(100, 100), "set up here: the parent never saw it");
-    assert!(parent_may_hold(100, 101), "a fork child's copy: the parent holds it");
-    assert!(parent_may_hold(0, 100), "handed over across exec: the parent may hold it");
 }

@@ -3,7 +3,8 @@
 //! blocking calls that a signal handler interrupts.
 
 use super::{RxHalf, Shm, READ_SHUT, RESET, WRITE_SHUT};
-use colo_ring::layout::FLAG_DROPPED;
+use colo_ring::layout::{FLAG_DROPPED, FLAG_FIN};
+use colo_ring::snapshot::RingState;
 use colo_ring::sync::{AtomicU32, Ordering};
 use std::io;
 
@@ -89,6 +90,15 @@ impl Shm {
             self.shutdown_as_tcp(true, false);
         }
         shut
+    }
+
+    /// Takes on a write shutdown another process holding this side made (a FIN in our ring's
+    /// flags that this copy did not send): its writes fail from now on, as a kernel socket's
+    /// shutdown holds for every process holding it. The peer had the FIN already.
+    pub fn adopt_write_shut(&self) {
+        if !self.has(WRITE_SHUT) && RingState::producer_view(&self.out_words).flags & FLAG_FIN != 0 {
+            self.set(WRITE_SHUT);
+        }
     }
 
     /// A read after our read shutdown: as kernel TCP, the bytes that had arrived, then end of
