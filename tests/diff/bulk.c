@@ -33,15 +33,18 @@ static void sendfile_big(void) {
         off_t off = 0;
         long sent = 0;
         ssize_t n;
-        while (sent < SIZE && (n = sendfile(c, f, &off, SIZE - sent)) > 0) sent += n;
-        _exit(sent == SIZE ? 0 : 1);
+        int calls = 0;
+        while (sent < SIZE && (n = sendfile(c, f, &off, SIZE - sent)) > 0) sent += n, calls++;
+        /* A blocking socket takes the whole count in one call, however slow its reader. */
+        _exit(sent != SIZE ? 1 : calls == 1 ? 0 : 2);
     }
     close(c);
     long total;
     unsigned h = sum_until_eof(s, &total);
     int st;
     waitpid(p, &st, 0);
-    say("  sendfile: %ld bytes, hash %08x, sender ok: %s", total, h, WEXITSTATUS(st) == 0 ? "yes" : "no");
+    say("  sendfile: %ld bytes, hash %08x, sender: %s", total, h,
+        WEXITSTATUS(st) == 0 ? "all in one call" : WEXITSTATUS(st) == 2 ? "all, in more than one call" : "short");
 }
 
 static void splice_big(void) {
