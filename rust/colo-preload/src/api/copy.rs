@@ -89,18 +89,22 @@ unsafe fn send_file(g: &Guard, c: &Conn, inp: c_int, off: *mut i64, count: size_
         // SAFETY: the application's offset.
         unsafe { *off }
     };
+    // The input's errors come before the socket's (a full ring's EAGAIN), as the kernel checks
+    // its descriptors first: an input that cannot be read at an offset (a pipe, a socket) is
+    // ESPIPE given an offset and EINVAL without one, as the kernel answers; one that cannot be
+    // read at all EBADF. A read of nothing asks.
+    let unreadable = |e: i32| g.err(if e == libc::ESPIPE && off.is_null() { libc::EINVAL } else { e });
     if pos < 0 {
-        return g.err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL));
+        return unreadable(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL));
+    }
+    // SAFETY: a read of 0 bytes stores nothing.
+    if unsafe { libc::pread64(inp, std::ptr::null_mut(), 0, pos) } < 0 {
+        return unreadable(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL));
     }
     let src = FileBytes { fd: inp, pos, len: count, stored: Cell::new(0), ended: Cell::new(false), err: Cell::new(None) };
     let r = match conn_send_from(c, &src, 0) {
-        // The kernel's sendfile refuses an input it cannot read at an offset (a pipe or a
-        // socket) with EINVAL; any other failure to read is reported when nothing was sent.
-        Ok(0) => match src.err.take() {
-            Some(e) if e.raw_os_error() == Some(libc::ESPIPE) => Err(io::Error::from_raw_os_error(libc::EINVAL)),
-            Some(e) => Err(e),
-            None => Ok(0),
-        },
+        // A failure to read is reported when nothing was sent.
+        Ok(0) => src.err.take().map_or(Ok(0), Err),
         // A write the connection takes unsent (the first after the peer closed, as kernel TCP
         // takes it) counts the file's bytes, not more than it has.
         Ok(n) if n > src.stored.get() => Ok(n.min(file_left(inp, pos).max(src.stored.get()))),
