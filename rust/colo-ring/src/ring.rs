@@ -462,42 +462,54 @@ impl<B: Bytes> Producer<B> {
     /// Copies as much of `src` as fits and publishes it, growing the ring first if `src` does
     /// not fit and the limit allows; returns the count (0 when full at the limit).
     pub fn write(&mut self, src: &[u8]) -> Result<usize, Corrupt> {
-        if self.size > self.bound {
-            let free = self.fit()?;
-            return self.write_within(free, src);
-        }
-        let mut free = self.size - self.head.wrapping_sub(self.cached_tail);
-        if free < src.len() as u64 {
-            free = self.refresh()?;
-            if free < src.len() as u64 && self.size < self.limit {
-                free = self.grow(src.len() as u64)?;
-            }
-        }
-        self.write_within(free, src)
-    }
-
-    /// Copies as much of `src` as `free` bytes (free at the current size) allow and publishes
-    /// it; returns the count.
-    fn write_within(&mut self, free: u64, src: &[u8]) -> Result<usize, Corrupt> {
-        let n = (free as usize).min(src.len());
-        if n == 0 {
-            return Ok(0);
-        }
-        let at = (self.head & (self.size - 1)) as usize; // a power of two: `%` without a division
-        let first = n.min(self.size as usize - at);
-        // SAFETY: `at + first <= size <= capacity` and `n - first <= size - first`; the consumer
-        // does not read these bytes until the Release store below publishes them.
+        let free = self.free_for(src.len())?;
+        let (at, first, n) = self.place(free, src.len());
+        // SAFETY: `place` keeps `at + first <= size <= capacity` and `n - first <= at`; the
+        // consumer does not read these bytes until `publish` does.
         unsafe {
             self.data.store(at, &src[..first]);
             if first < n {
                 self.data.store(0, &src[first..n]);
             }
         }
+        self.publish(n);
+        Ok(n)
+    }
+
+    /// The free bytes for a write of `want`: within the bound (`fit`), else at the current size,
+    /// grown first if `want` does not fit and the limit allows.
+    fn free_for(&mut self, want: usize) -> Result<u64, Corrupt> {
+        if self.size > self.bound {
+            return self.fit();
+        }
+        let mut free = self.size - self.head.wrapping_sub(self.cached_tail);
+        if free < want as u64 {
+            free = self.refresh()?;
+            if free < want as u64 && self.size < self.limit {
+                free = self.grow(want as u64)?;
+            }
+        }
+        Ok(free)
+    }
+
+    /// Where a write of `want` bytes goes, `free` bytes being free at the current size: its
+    /// offset `at`, the bytes `first` up to the ring's end, and the count `n` in all (those past
+    /// `first` go to offset 0).
+    fn place(&self, free: u64, want: usize) -> (usize, usize, usize) {
+        let n = (free as usize).min(want);
+        let at = (self.head & (self.size - 1)) as usize; // a power of two: `%` without a division
+        (at, n.min(self.size as usize - at), n)
+    }
+
+    /// Publishes the `n` bytes stored after the head.
+    fn publish(&mut self, n: usize) {
+        if n == 0 {
+            return;
+        }
         self.head = self.head.wrapping_add(n as u64);
         // SYNC POINT with the Acquire load of `ring_head` in `Consumer::refresh`: the bytes stored
-        // above are visible to the consumer before it sees the new head.
+        // before are visible to the consumer before it sees the new head.
         self.words.head().store(self.head, Ordering::Release);
-        Ok(n)
     }
 
     /// Sets bits of `ring_flags` (`FIN`, `RESET`, `NOT_READING`).
@@ -520,6 +532,33 @@ impl<B: Bytes> Producer<B> {
     /// The most bytes the ring ever holds unread (see [`Producer::set_bound`]).
     pub fn bound(&self) -> usize {
         self.bound as usize
+    }
+}
+
+impl Producer<RawBytes> {
+    /// [`Producer::write`] of up to `want` bytes that `fill` stores in the ring itself, for a
+    /// source that can write to memory (a file's `pread`): no copy of our own in between.
+    /// `fill(dst, len)` stores at most `len` bytes at `dst` and returns how many; it is called
+    /// for the free bytes up to the ring's end and, if it stored all of those, once more for
+    /// the rest after the wrap. What it stored is published; returns the count (0: full at the
+    /// limit, or `fill` stored nothing).
+    ///
+    /// # Safety
+    /// `fill` stores only inside the range it is given, and only before it returns.
+    pub unsafe fn write_with(&mut self, want: usize, mut fill: impl FnMut(*mut u8, usize) -> usize) -> Result<usize, Corrupt> {
+        let free = self.free_for(want)?;
+        let (at, first, n) = self.place(free, want);
+        if n == 0 {
+            return Ok(0);
+        }
+        // `at + first <= size <= capacity` and `n - first <= at` (`place`): both ranges lie in
+        // the data region, in bytes the consumer does not read until `publish`.
+        let mut stored = fill(self.data.as_ptr().wrapping_add(at), first).min(first);
+        if stored == first && first < n {
+            stored += fill(self.data.as_ptr(), n - first).min(n - first);
+        }
+        self.publish(stored);
+        Ok(stored)
     }
 }
 

@@ -271,6 +271,50 @@ fn a_full_ring_grows_to_its_limit_and_keeps_its_bytes() {
     assert!(out[..] == data[..sent]);
 }
 
+/// `write_with` hands `fill` the free bytes where they lie, the part after the wrap only once
+/// the part before it is filled, grows the ring as `write` does, and publishes only what `fill`
+/// stored: a short fill (its source ended) publishes that much and no more.
+#[test]
+fn write_with_fills_the_ring_in_place_across_the_wrap_and_publishes_what_was_stored() {
+    let (mut p, mut c, w) = common::growing_pair(heap_bytes(1 << 16), 4096);
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i * 13 + i / 253) as u8).collect();
+    let (mut sent, mut got, mut calls) = (0, Vec::new(), 0);
+    let mut buf = vec![0u8; 7000];
+    while got.len() < data.len() {
+        let want = (data.len() - sent).min(5000);
+        // SAFETY: the closure stores only inside the range it is given.
+        let n = unsafe {
+            p.write_with(want, |dst, len| {
+                calls += 1;
+                let take = len.min(data.len() - sent);
+                std::ptr::copy_nonoverlapping(data[sent..].as_ptr(), dst, take);
+                sent += take;
+                take
+            })
+        }
+        .unwrap();
+        assert!(n <= want);
+        let r = c.read(&mut buf).unwrap();
+        got.extend_from_slice(&buf[..r]);
+    }
+    assert!(got == data, "the bytes read are the bytes filled, in order");
+    assert_eq!(w.size.load(Ordering::Relaxed), 8192, "the first fill of 5000 bytes grew the ring");
+    assert!(calls > data.len() / 5000, "some writes wrapped: {calls} fills");
+    // A fill that stores less than it was given publishes what it stored.
+    // SAFETY: as above.
+    let n = unsafe {
+        p.write_with(1000, |dst, len| {
+            assert!(len >= 10);
+            std::ptr::write_bytes(dst, 7, 10);
+            10
+        })
+    }
+    .unwrap();
+    assert_eq!(n, 10);
+    assert_eq!(c.read(&mut buf).unwrap(), 10);
+    assert_eq!(&buf[..10], &[7u8; 10]);
+}
+
 /// A producer full at its limit waits until an eighth of the ring is free (`space_wake`), and only
 /// the read that takes the unread bytes down to that mark asks for its wake-up; before the ring
 /// first grew, any free byte ends the wait and the read that frees the first byte wakes it.

@@ -1,17 +1,20 @@
 //! Calls that move bytes between a descriptor and an accelerated socket: `sendfile` from a file,
-//! `splice` to or from a pipe. The kernel would move them past the ring, so they go through a
-//! buffer of ours.
+//! `splice` to or from a pipe. The kernel would move them past the ring: a file's bytes are read
+//! straight into the ring, a pipe's go through a buffer of ours.
 
 use crate::api::route::{conn_for_io, epipe_signal, plain, result, with_conn};
 use crate::base::guard::Guard;
-use crate::conn::io::{after_read, conn_recv, conn_send};
-use crate::conn::state::{Conn, OUT};
+use crate::conn::io::{after_read, conn_recv, conn_send, conn_send_from, Source};
+use crate::conn::state::Conn;
 use crate::real;
+use colo::internal::shm::Shm;
 use libc::{c_int, off_t, size_t, ssize_t};
+use std::cell::Cell;
 use std::io;
+use std::time::Instant;
 
 /// `sendfile(2)` (and `sendfile64`: `off_t` is 64 bits on the 64-bit targets this shim
-/// supports) to an accelerated socket: the file's bytes go through a buffer of ours into the ring.
+/// supports) to an accelerated socket: the file's bytes are read into the ring (`FileBytes`).
 pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut off_t, count: size_t) -> ssize_t {
     with_conn!(
         out,
@@ -22,83 +25,116 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut off_t, count: size_t) -
     )
 }
 
+/// `len` bytes of the file `fd` from offset `pos`, which the kernel reads straight into the
+/// ring (a `pread` to the ring's mapping): the one copy a write of a buffer makes, and no
+/// buffer of ours to fill first.
+struct FileBytes {
+    fd: c_int,
+    pos: i64,
+    len: usize,
+    /// The bytes stored in the ring so far.
+    stored: Cell<usize>,
+    /// The file ended before `len`, or a read of it failed (`err`).
+    ended: Cell<bool>,
+    err: Cell<Option<io::Error>>,
+}
+
+impl Source for FileBytes {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn put(&self, shm: &Shm, from: usize, max: usize, since: Option<Instant>) -> io::Result<usize> {
+        let mut at = self.pos + from as i64;
+        let fill = |dst: *mut u8, n: usize| {
+            let mut got = 0;
+            while got < n {
+                // SAFETY: `dst..dst + n` is the ring's, given to us to store into
+                // (`Shm::write_with_since`); the read stores nothing past `n - got` bytes on.
+                let r = unsafe { libc::pread64(self.fd, dst.add(got).cast(), n - got, at) };
+                if r > 0 {
+                    got += r as usize;
+                    at += r as i64;
+                    continue;
+                }
+                let e = io::Error::last_os_error();
+                if r < 0 && e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                if r < 0 {
+                    self.err.set(Some(e));
+                }
+                self.ended.set(true);
+                break;
+            }
+            self.stored.set(self.stored.get() + got);
+            got
+        };
+        // SAFETY: `fill` stores only through `pread` into the range it is given.
+        unsafe { shm.write_with_since(max.min(self.len - from), since, fill) }
+    }
+    fn ended(&self) -> bool {
+        self.ended.get()
+    }
+}
+
 /// `sendfile` from `inp` at `*off` (or its file position, for a null `off`) into `c`.
 ///
 /// # Safety
 /// `off` is null or points to the application's writable offset.
 unsafe fn send_file(g: &Guard, c: &Conn, inp: c_int, off: *mut i64, count: size_t) -> ssize_t {
-    // SAFETY: lseek on the application's file, which changes nothing.
-    let here = unsafe { libc::lseek64(inp, 0, libc::SEEK_CUR) };
-    let seek_err = || io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
-    let mut pos: i64 = if off.is_null() {
-        if here < 0 {
-            // The kernel's sendfile from its position refuses an input that is no file (a pipe
-            // or a socket) with EINVAL.
-            let e = seek_err();
-            return g.err(if e == libc::ESPIPE { libc::EINVAL } else { e });
-        }
-        here
+    let pos: i64 = if off.is_null() {
+        // SAFETY: lseek on the application's file.
+        unsafe { libc::lseek64(inp, 0, libc::SEEK_CUR) }
     } else {
         // SAFETY: the application's offset.
-        let at = unsafe { *off };
-        if here < 0 {
-            // At an offset, an input that cannot be read at one: ESPIPE, before the offset is
-            // looked at.
-            return g.err(seek_err());
-        }
-        if at < 0 {
-            return g.err(libc::EINVAL);
-        }
-        at
+        unsafe { *off }
     };
-    let mut buf = vec![0u8; count.min(64 * 1024)];
-    let mut total = 0usize;
-    let mut err = None;
-    while total < count {
-        let want = (count - total).min(buf.len());
-        // SAFETY: reading into our buffer.
-        let r = unsafe { libc::pread64(inp, buf.as_mut_ptr().cast(), want, pos) };
-        if r <= 0 {
-            if r < 0 {
-                err = Some(io::Error::last_os_error());
-            }
-            break;
-        }
-        let r = r as usize;
-        if total > 0 && c.ready(false) & OUT == 0 {
-            break;
-        }
-        match conn_send(c, &buf[..r], if total > 0 { libc::MSG_DONTWAIT } else { 0 }) {
-            Ok(w) => {
-                total += w;
-                pos += w as i64;
-                if w < r {
-                    break;
-                }
-            }
-            Err(e) => {
-                if total == 0 {
-                    err = Some(e);
-                }
-                break;
-            }
-        }
+    // The input's errors come before the socket's (a full ring's EAGAIN), as the kernel checks
+    // its descriptors first: an input that cannot be read at an offset (a pipe, a socket) is
+    // ESPIPE given an offset and EINVAL without one, as the kernel answers; one that cannot be
+    // read at all EBADF. A read of nothing asks.
+    let unreadable = |e: i32| g.err(if e == libc::ESPIPE && off.is_null() { libc::EINVAL } else { e });
+    let last = || io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+    if pos < 0 && off.is_null() {
+        return unreadable(last());
     }
+    if pos < 0 {
+        // A negative offset is EINVAL, after an input that cannot be read at an offset (ESPIPE)
+        // or at all (EBADF), as the kernel checks them.
+        // SAFETY: lseek on the application's file, which changes nothing.
+        let seekable = unsafe { libc::lseek64(inp, 0, libc::SEEK_CUR) } >= 0;
+        return g.err(if seekable { libc::EINVAL } else { last() });
+    }
+    // SAFETY: a read of 0 bytes stores nothing.
+    if unsafe { libc::pread64(inp, std::ptr::null_mut(), 0, pos) } < 0 {
+        return unreadable(last());
+    }
+    let src = FileBytes { fd: inp, pos, len: count, stored: Cell::new(0), ended: Cell::new(false), err: Cell::new(None) };
+    let r = match conn_send_from(c, &src, 0) {
+        // A failure to read is reported when nothing was sent.
+        Ok(0) => src.err.take().map_or(Ok(0), Err),
+        // A write the connection takes unsent (the first after the peer closed, as kernel TCP
+        // takes it) counts the file's bytes, not more than it has.
+        Ok(n) if n > src.stored.get() => Ok(n.min(file_left(inp, pos).max(src.stored.get()))),
+        r => r,
+    };
+    let sent = *r.as_ref().unwrap_or(&0);
     if off.is_null() {
         // SAFETY: moving the application's file position past what was sent.
-        unsafe { libc::lseek64(inp, pos, libc::SEEK_SET) };
+        unsafe { libc::lseek64(inp, pos + sent as i64, libc::SEEK_SET) };
     } else {
         // SAFETY: the application's offset.
-        unsafe { *off = pos };
+        unsafe { *off = pos + sent as i64 };
     }
-    match err {
-        Some(e) if total == 0 => {
-            let r = Err(e);
-            epipe_signal(&r, 0);
-            result(g, r)
-        }
-        _ => g.ok(total as ssize_t),
-    }
+    epipe_signal(&r, 0);
+    result(g, r)
+}
+
+/// The bytes of the file `fd` from `pos` to its end (0 for what is not a regular file).
+fn file_left(fd: c_int, pos: i64) -> usize {
+    // SAFETY: only asks the kernel about the number.
+    let b = unsafe { colo_sys::BorrowedFd::borrow_raw(fd) };
+    rustix::fs::fstat(b).map_or(0, |st| (st.st_size - pos).max(0) as usize)
 }
 
 fn is_pipe(fd: c_int) -> bool {

@@ -4,7 +4,7 @@
 
 use crate::conn::state::{Conn, ERR, IN, OUT};
 use colo::errno_of;
-use colo::internal::shm::Drainer;
+use colo::internal::shm::{Drainer, Shm};
 use libc::{c_int, iovec};
 use std::io;
 use std::time::Instant;
@@ -128,11 +128,38 @@ pub fn conn_readv(c: &Conn, iov: &[iovec], flags: c_int) -> io::Result<usize> {
 
 // ---- writing --------------------------------------------------------------------------------
 
+/// Where a send's bytes come from: the application's buffer, or a file (`sendfile`).
+pub trait Source {
+    /// The bytes asked for.
+    fn len(&self) -> usize;
+    /// Writes up to `max` of the bytes from `from` on into the connection's ring, as
+    /// [`Shm::write_since`] does; returns how many.
+    fn put(&self, shm: &Shm, from: usize, max: usize, since: Option<Instant>) -> io::Result<usize>;
+    /// Whether the bytes ran out before `len` (a file shorter than asked for, or unreadable).
+    fn ended(&self) -> bool {
+        false
+    }
+}
+
+impl Source for [u8] {
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+    fn put(&self, shm: &Shm, from: usize, max: usize, since: Option<Instant>) -> io::Result<usize> {
+        shm.write_since(&self[from..self.len().min(from + max)], since)
+    }
+}
+
 #[inline]
 pub fn conn_send(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
-    match conn_send_inner(c, buf, flags) {
+    conn_send_from(c, buf, flags)
+}
+
+/// [`conn_send`] of the bytes of `src`.
+pub fn conn_send_from<S: Source + ?Sized>(c: &Conn, src: &S, flags: c_int) -> io::Result<usize> {
+    match conn_send_inner(c, src, flags) {
         // Kernel TCP takes the first write after the peer closed (see `takes_write_after_close`).
-        Err(e) if errno_of(&e) == libc::EPIPE && c.takes_write_after_close() => Ok(buf.len()),
+        Err(e) if errno_of(&e) == libc::EPIPE && c.takes_write_after_close() => Ok(src.len()),
         // The rings end a write to a peer that went without reading all of ours (killed, or
         // closed with bytes unread) as a closed stream: its kernel would have reset, which the
         // first write to fail reports (and `SO_ERROR` no longer does), as kernel TCP's.
@@ -154,8 +181,8 @@ pub fn conn_send(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
     }
 }
 
-fn conn_send_inner(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
-    if buf.is_empty() {
+fn conn_send_inner<S: Source + ?Sized>(c: &Conn, src: &S, flags: c_int) -> io::Result<usize> {
+    if src.len() == 0 {
         return Ok(0);
     }
     // Each call's bytes stay contiguous when processes share the connection (`turns`). A
@@ -168,17 +195,16 @@ fn conn_send_inner(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
             return Err(would_block());
         }
         if c.send_limited() {
-            return send_bounded(c, buf);
+            return send_bounded(c, src);
         }
-        let n = c.shm().write(buf)?;
-        return Ok(n);
+        return src.put(c.shm(), 0, src.len(), None);
     }
     // Blocking sockets write everything (or fail), within one timeout for the call, counted as
     // a read's is.
     let since = turn.as_ref().and_then(|t| t.since()).or_else(|| c.shm().write_timeout().map(|_| Instant::now()));
     let mut done = 0;
-    while done < buf.len() {
-        match c.shm().write_since(&buf[done..], since) {
+    while done < src.len() && !src.ended() {
+        match src.put(c.shm(), done, src.len() - done, since) {
             Ok(n) => done += n,
             Err(_) if done > 0 => break,
             Err(e) => return Err(e),
@@ -241,16 +267,16 @@ pub fn conn_writev(c: &Conn, iov: &[iovec], flags: c_int) -> io::Result<usize> {
 /// A non-blocking write on a connection a small `SO_SNDBUF` bounds (`Conn::set_send_limit`):
 /// what fits below the bound, or `EAGAIN`.
 #[inline]
-pub fn send_bounded(c: &Conn, buf: &[u8]) -> io::Result<usize> {
+pub fn send_bounded<S: Source + ?Sized>(c: &Conn, src: &S) -> io::Result<usize> {
     let room = c.space();
     if room == 0 {
         // Errors (a reset, a closed peer) first, as the kernel reports them before EAGAIN.
         if c.ready(true) & ERR != 0 {
-            return c.shm().write(buf);
+            return src.put(c.shm(), 0, src.len(), None);
         }
         return Err(io::Error::from_raw_os_error(libc::EAGAIN));
     }
-    c.shm().write(&buf[..buf.len().min(room)])
+    src.put(c.shm(), 0, room, None)
 }
 
 /// A read of zero bytes (`recv(fd, buf, 0, flags)`): as kernel TCP, `EAGAIN` when nothing is

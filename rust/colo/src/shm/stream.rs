@@ -2,7 +2,9 @@
 
 use super::{lock, RxHalf, Shm, TxHalf, PEER_GONE, READ_SHUT, READ_TOLD, RESET, WRITE_SHUT};
 use colo_ring::layout::{FLAG_FIN, FLAG_NOT_READING, FLAG_READ_CLOSED, FLAG_RESET};
+use colo_ring::ring::{Producer, RawBytes};
 use colo_ring::snapshot::RingState;
+use colo_ring::Corrupt;
 use colo_ring::sync::Ordering;
 use std::io;
 use std::time::Instant;
@@ -367,7 +369,40 @@ impl Shm {
 
     /// [`Shm::write`] with the write timeout counted from `since`, as [`Shm::read_since`].
     pub fn write_since(&self, buf: &[u8], since: Option<Instant>) -> io::Result<usize> {
-        if buf.is_empty() {
+        self.write_pieces(buf.len(), since, |ring, done, end| Ok((ring.write(&buf[done..end])?, false)))
+    }
+
+    /// [`Shm::write_since`] of up to `len` bytes that `fill` stores in the ring itself
+    /// (`Producer::write_with`: `fill(dst, n)` stores at most `n` bytes at `dst` and returns how
+    /// many). A `fill` that stores fewer than it was given (its source ended, or failed: it
+    /// keeps the reason) ends the call with what it stored.
+    ///
+    /// # Safety
+    /// As for `Producer::write_with`: `fill` stores only inside the range it is given.
+    pub unsafe fn write_with_since(&self, len: usize, since: Option<Instant>, mut fill: impl FnMut(*mut u8, usize) -> usize) -> io::Result<usize> {
+        self.write_pieces(len, since, |ring, done, end| {
+            let mut given = 0;
+            // SAFETY: the caller's contract for `fill`, passed on.
+            let n = unsafe {
+                ring.write_with(end - done, |dst, n| {
+                    given += n;
+                    fill(dst, n)
+                })
+            }?;
+            Ok((n, n < given))
+        })
+    }
+
+    /// Writes up to `len` bytes, `put(ring, done, end)` storing and publishing those from `done`
+    /// to `end` (a piece of at most `PUBLISH_CHUNK`) and saying how many, and whether its source
+    /// ended; waits for space first, as a write does.
+    fn write_pieces(
+        &self,
+        len: usize,
+        since: Option<Instant>,
+        mut put: impl FnMut(&mut Producer<RawBytes>, usize, usize) -> Result<(usize, bool), Corrupt>,
+    ) -> io::Result<usize> {
+        if len == 0 {
             return Ok(0);
         }
         let mut guard = lock(&self.tx);
@@ -380,14 +415,16 @@ impl Shm {
         let written = self.seg.written(self.role);
         written.store(!tx.ring.written(), Ordering::Relaxed);
         let mut done = 0;
-        while done < buf.len() {
-            let end = buf.len().min(done + PUBLISH_CHUNK);
-            let n = tx.ring.write(&buf[done..end]).map_err(|c| self.corrupt(c))?;
-            if n == 0 {
+        while done < len {
+            let end = len.min(done + PUBLISH_CHUNK);
+            let (n, ended) = put(&mut tx.ring, done, end).map_err(|c| self.corrupt(c))?;
+            if n > 0 {
+                done += n;
+                self.wake_peer();
+            }
+            if n == 0 || ended {
                 break;
             }
-            done += n;
-            self.wake_peer();
         }
         written.store(tx.ring.written(), Ordering::Relaxed);
         if !tx.watched && tx.ring.size() > colo_ring::layout::MIN_RING_SIZE as usize {
