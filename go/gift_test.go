@@ -76,3 +76,29 @@ func TestNestedGiftClosesAtOnce(t *testing.T) {
 	}
 	returnsWithin(t, "the close waited for the linger at a chain's bottom", func() { discardFd(u) })
 }
+
+// The sender of a lingering socket keeps its own reference, turns lingering back on after our
+// disarm and closes its reference: ours is then the last, and its close must not wait.
+func TestGiftArmedAgainClosesAtOnce(t *testing.T) {
+	watchdog(t, 90*time.Second)
+	g := lingeringSocket(t)
+	p, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(p[0])
+	defer unix.Close(p[1])
+	if err := unix.Sendmsg(p[1], []byte{1}, unix.UnixRights(g), nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	oob := make([]byte, rightsOOB)
+	_, oobn, _, _, err := unix.Recvmsg(p[0], make([]byte, 8), oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fds := parseRights(oob[:oobn])
+	unix.SetsockoptLinger(g, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 600})
+	unix.Close(g)
+	// A plain close, as the last of any path that holds it would be.
+	returnsWithin(t, "our close waited for the linger its sender set again", func() { unix.Close(fds[0]) })
+}
