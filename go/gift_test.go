@@ -2,6 +2,8 @@ package colo
 
 import (
 	"net"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -101,4 +103,16 @@ func TestGiftArmedAgainClosesAtOnce(t *testing.T) {
 	unix.Close(g)
 	// A plain close, as the last of any path that holds it would be.
 	returnsWithin(t, "our close waited for the linger its sender set again", func() { unix.Close(fds[0]) })
+	// No thread kept a table of its own: /proc/self (the main thread's) sees a new descriptor.
+	for i := 0; i < 20; i++ {
+		disarm(lingeringSocket(t))
+	}
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if _, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd)); err != nil {
+		t.Fatalf("/proc/self does not see our new descriptor: %v", err)
+	}
 }

@@ -123,10 +123,10 @@ func disarm(fds ...int) {
 
 // handToEndingThread replaces each of fds by an eventfd once an OS thread of its own, with a
 // copy of the descriptor table of its own (unshare(CLONE_FILES)), holds a reference to their
-// files; that thread then ends (its goroutine returns locked to it), its table with it: a last
-// close made by an exiting thread never lingers (the kernel gives a socket's close no linger
-// time in a task that is exiting). Where no stand-in or table can be had, they stay as they are
-// (disarmed).
+// files; that thread, never the main one, then ends (its goroutine returns locked to it), its
+// table with it: a last close made by an exiting thread never lingers (the kernel gives a
+// socket's close no linger time in a task that is exiting). Where no stand-in or table can be
+// had, they stay as they are (disarmed).
 func handToEndingThread(fds []int) {
 	standIn, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
@@ -134,8 +134,22 @@ func handToEndingThread(fds []int) {
 	}
 	defer unix.Close(standIn)
 	ready, done := make(chan bool), make(chan struct{})
-	go func() {
+	var ending func(previous chan struct{})
+	ending = func(previous chan struct{}) {
 		runtime.LockOSThread() // never unlocked once unshared: the thread ends with this goroutine
+		if previous != nil {
+			close(previous)
+		}
+		if unix.Gettid() == unix.Getpid() {
+			// The main thread: the runtime parks it for good, not ends it, when its locked
+			// goroutine returns, and /proc/self reads its table. Held while another goroutine,
+			// which cannot run on it meanwhile, locks another thread.
+			next := make(chan struct{})
+			go ending(next)
+			<-next
+			runtime.UnlockOSThread()
+			return
+		}
 		own := unix.Unshare(unix.CLONE_FILES) == nil
 		if !own {
 			runtime.UnlockOSThread()
@@ -144,7 +158,8 @@ func handToEndingThread(fds []int) {
 		if own {
 			<-done // the numbers name the stand-in: this thread's references may be the last
 		}
-	}()
+	}
+	go ending(nil)
 	if <-ready {
 		for _, fd := range fds {
 			unix.Dup3(standIn, fd, unix.O_CLOEXEC)
