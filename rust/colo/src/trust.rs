@@ -167,10 +167,12 @@ mod tests {
         assert!(check_rendezvous(at("127.0.0.1:6391"), "colo/1/127.0.0.1:6391", 65534, &t).is_err());
         // The wildcard name for a port whose kernel listener is exact.
         assert!(check_rendezvous(at("127.0.0.1:6391"), "colo/1/0.0.0.0:6391", 65534, &t).is_err());
-        // The exact name of an address served by root's wildcard.
-        assert!(check_rendezvous(at("127.0.0.1:7000"), "colo/1/127.0.0.1:7000", 65534, &t).is_err());
-        // The right name, the wrong uid.
-        assert!(check_rendezvous(at("127.0.0.1:7000"), "colo/1/0.0.0.0:7000", 65534, &t).is_err());
+        // The exact name of an address served by root's wildcard: the wildcard's own name is
+        // given, for the client to try next.
+        let e = check_rendezvous(at("127.0.0.1:7000"), "colo/1/127.0.0.1:7000", 65534, &t).unwrap_err();
+        assert_eq!(e.own.as_deref(), Some("colo/1/0.0.0.0:7000"));
+        // The right name, the wrong uid: no other name to try.
+        assert!(check_rendezvous(at("127.0.0.1:7000"), "colo/1/0.0.0.0:7000", 65534, &t).unwrap_err().own.is_none());
         // Nobody listens there at all.
         assert!(check_rendezvous(at("127.0.0.1:9"), "colo/1/127.0.0.1:9", 65534, &t).is_err());
     }
