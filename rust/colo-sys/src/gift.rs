@@ -90,7 +90,7 @@ fn hand_to_ending_thread(fds: &mut [OwnedFd], which: &[usize]) {
         return;
     }
     for &i in which {
-        let _ = rustix::io::dup2(&stand_in, &mut fds[i]);
+        let _ = rustix::io::dup3(&stand_in, &mut fds[i], rustix::io::DupFlags::CLOEXEC);
     }
     drop(done_tx);
 }
