@@ -238,7 +238,16 @@ func (d *Dialer) dialColo(ctx context.Context, ap netip.AddrPort) (*Conn, error)
 			rec.p.release() // taken back and not used: its server lets go of its side later
 		}
 	}()
+	// A name that the TCP listener does not use (another user bound it: an exact address's,
+	// while the listener is a wildcard) is passed over for the listener's own, if the lookup
+	// comes to it later, checked the same way: anyone may bind a free name, and that must not
+	// keep a client off the listener's rendezvous.
+	skipTo := ""
 	for _, name := range names {
+		if skipTo != "" && name != skipTo {
+			continue
+		}
+		skipTo = ""
 		fd, err := connectRendezvous(ctx, name)
 		if err == unix.ECONNREFUSED || err == unix.ENOENT {
 			continue
@@ -247,11 +256,21 @@ func (d *Dialer) dialColo(ctx context.Context, ap netip.AddrPort) (*Conn, error)
 			return nil, err
 		}
 		if d.forceCarrier || knownCarrier(fd, name) {
-			return carrierClient(ctx, fd, ap, g, name)
+			c, err := carrierClient(ctx, fd, ap, g, name)
+			if skipTo = laterOwnName(err, names, name); skipTo != "" {
+				logf("dial %v: %v; trying %s", ap, err, skipTo)
+				continue
+			}
+			return c, err
 		}
 		r, rc := res, rec
 		res, rec = nil, nil
 		c, err := handshakeClient(ctx, fd, ap, g, r, rc, ticket, name)
+		if skipTo = laterOwnName(err, names, name); skipTo != "" {
+			// handshakeClient let go of the segment it was given: the next name's is new.
+			logf("dial %v: %v; trying %s", ap, err, skipTo)
+			continue
+		}
 		var rej *RejectError
 		if errors.As(err, &rej) && rej.Reason == RejectNeedCarrier {
 			// The server is an unmodified program under the shim, or takes DIRECT only from
@@ -264,6 +283,25 @@ func (d *Dialer) dialColo(ctx context.Context, ap netip.AddrPort) (*Conn, error)
 		return c, err
 	}
 	return nil, errNoRendezvous
+}
+
+// laterOwnName is the TCP listener's own rendezvous name when err says the name reached was
+// not it (otherNameError) and it comes after reached in names; else "".
+func laterOwnName(err error, names []string, reached string) string {
+	var other *otherNameError
+	if !errors.As(err, &other) {
+		return ""
+	}
+	for i, n := range names {
+		if n == reached {
+			for _, later := range names[i+1:] {
+				if later == other.own {
+					return later
+				}
+			}
+		}
+	}
+	return ""
 }
 
 // connectRendezvous connects a SOCK_SEQPACKET socket to the abstract name.

@@ -12,7 +12,8 @@ import (
 // (here: an OS thread the runtime replaces, up to its limit of threads). So a Unix socket a peer
 // passed us is shut down (nothing can be queued on it, or connect to it, from then on, whoever
 // holds it) and emptied before its close, each descriptor in its queue discarded the same way
-// (discardFd). We keep no socket a peer passed (a HELLO's one descriptor is a memfd), and our own
+// (discardFd). A socket other than a Unix one is left to a thread that ends at once (disarm):
+// its sender may turn lingering back on after our disarm. We keep no socket a peer passed (a HELLO's one descriptor is a memfd), and our own
 // control socket, which refuses descriptors where the kernel can (SO_PASSRIGHTS), is shut down
 // and emptied before its close (emptyCtlBeforeClose).
 
@@ -88,8 +89,8 @@ func emptySocket(u int, work *[]int, max int) (int, bool) {
 			return taken, true
 		}
 		got := rightsIn(oob[:oobn])
+		disarm(got...)
 		for _, fd := range got {
-			disarm(fd)
 			if isUnixSocket(fd) {
 				*work = append(*work, fd)
 			} else {

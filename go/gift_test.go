@@ -2,6 +2,8 @@ package colo
 
 import (
 	"net"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -75,4 +77,42 @@ func TestNestedGiftClosesAtOnce(t *testing.T) {
 		u = holdingSocket(t, u)
 	}
 	returnsWithin(t, "the close waited for the linger at a chain's bottom", func() { discardFd(u) })
+}
+
+// The sender of a lingering socket keeps its own reference, turns lingering back on after our
+// disarm and closes its reference: ours is then the last, and its close must not wait.
+func TestGiftArmedAgainClosesAtOnce(t *testing.T) {
+	watchdog(t, 90*time.Second)
+	g := lingeringSocket(t)
+	p, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(p[0])
+	defer unix.Close(p[1])
+	if err := unix.Sendmsg(p[1], []byte{1}, unix.UnixRights(g), nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	oob := make([]byte, rightsOOB)
+	_, oobn, _, _, err := unix.Recvmsg(p[0], make([]byte, 8), oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fds := parseRights(oob[:oobn])
+	unix.SetsockoptLinger(g, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 600})
+	unix.Close(g)
+	// A plain close, as the last of any path that holds it would be.
+	returnsWithin(t, "our close waited for the linger its sender set again", func() { unix.Close(fds[0]) })
+	// No thread kept a table of its own: /proc/self (the main thread's) sees a new descriptor.
+	for i := 0; i < 20; i++ {
+		disarm(lingeringSocket(t))
+	}
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if _, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd)); err != nil {
+		t.Fatalf("/proc/self does not see our new descriptor: %v", err)
+	}
 }

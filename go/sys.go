@@ -96,12 +96,76 @@ const rightsOOB = 1040
 // soPassRights is SO_PASSRIGHTS (Linux 6.16).
 const soPassRights = 83
 
-// disarm makes the last close of fd, a descriptor a peer passed us, return at once: a socket's
-// lingering is turned off (SO_LINGER with l_onoff 0). The last close of a TCP socket with
-// lingering on and bytes its peer never takes would otherwise wait, for as long as the peer
-// likes, in the thread that closes it (spec section 6, "Ringing and draining").
-func disarm(fd int) {
-	unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{})
+// disarm makes the last close of each of fds, descriptors a peer passed us in one message,
+// return at once: a socket's lingering is turned off (SO_LINGER with l_onoff 0). The last close
+// of a TCP socket with lingering on and bytes its peer never takes would otherwise wait, for as
+// long as the peer likes, in the thread that closes it (spec section 6, "Ringing and
+// draining"). The peer may keep a reference of its own, turn lingering back on through it after
+// ours is off and close it, leaving ours the last: so the references of sockets other than Unix
+// ones (those do not linger) are handed to a thread that ends at once (handToEndingThread), as
+// Rust's disarm_peer.
+func disarm(fds ...int) {
+	var sockets []int
+	for _, fd := range fds {
+		domain, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
+		if err != nil {
+			continue // not a socket: no linger
+		}
+		unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{})
+		if domain != unix.AF_UNIX {
+			sockets = append(sockets, fd)
+		}
+	}
+	if len(sockets) > 0 {
+		handToEndingThread(sockets)
+	}
+}
+
+// handToEndingThread replaces each of fds by an eventfd once an OS thread of its own, with a
+// copy of the descriptor table of its own (unshare(CLONE_FILES)), holds a reference to their
+// files; that thread, never the main one, then ends (its goroutine returns locked to it), its
+// table with it: a last close made by an exiting thread never lingers (the kernel gives a
+// socket's close no linger time in a task that is exiting). Where no stand-in or table can be
+// had, they stay as they are (disarmed).
+func handToEndingThread(fds []int) {
+	standIn, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return
+	}
+	defer unix.Close(standIn)
+	ready, done := make(chan bool), make(chan struct{})
+	var ending func(previous chan struct{})
+	ending = func(previous chan struct{}) {
+		runtime.LockOSThread() // never unlocked once unshared: the thread ends with this goroutine
+		if previous != nil {
+			close(previous)
+		}
+		if unix.Gettid() == unix.Getpid() {
+			// The main thread: the runtime parks it for good, not ends it, when its locked
+			// goroutine returns, and /proc/self reads its table. Held while another goroutine,
+			// which cannot run on it meanwhile, locks another thread.
+			next := make(chan struct{})
+			go ending(next)
+			<-next
+			runtime.UnlockOSThread()
+			return
+		}
+		own := unix.Unshare(unix.CLONE_FILES) == nil
+		if !own {
+			runtime.UnlockOSThread()
+		}
+		ready <- own
+		if own {
+			<-done // the numbers name the stand-in: this thread's references may be the last
+		}
+	}
+	go ending(nil)
+	if <-ready {
+		for _, fd := range fds {
+			unix.Dup3(standIn, fd, unix.O_CLOEXEC)
+		}
+		close(done)
+	}
 }
 
 // refuseRights makes the Unix socket fd refuse descriptors from now on (SO_PASSRIGHTS 0); false
@@ -133,9 +197,7 @@ func closeRights(oob []byte) {
 // kept is released by discardFd.
 func parseRights(oob []byte) []int {
 	fds := rightsIn(oob)
-	for _, fd := range fds {
-		disarm(fd)
-	}
+	disarm(fds...)
 	return fds
 }
 

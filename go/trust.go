@@ -152,6 +152,14 @@ func tcpOwner(local, remote netip.AddrPort, socks []tcpSocket) (uid uint32, ok b
 	return uid, found
 }
 
+// otherNameError is a peer check that failed only for the name reached: the TCP listener the
+// kernel would give the connection to uses another, own (someone else bound this one).
+type otherNameError struct {
+	own, msg string
+}
+
+func (e *otherNameError) Error() string { return e.msg }
+
 // rendezvousTrusted is the client's peer check (spec section 2): the rendezvous reached (a name
 // of the lookup for dialed), whose server has uid serverUID, is trusted if that uid is ours or
 // root's, or if it is the rendezvous of the TCP listener the kernel would give a connection to
@@ -181,7 +189,7 @@ func checkRendezvous(dialed netip.AddrPort, reached string, serverUID uint32, so
 		// bound (sock_diag does; /proc/net/tcp does not).
 		return fmt.Errorf("colo: rendezvous %s owned by uid %d: the TCP listener on %v is bound to a network device, or the kernel's table does not say", reached, serverUID, addr)
 	case rendezvousName(addr) != reached:
-		return fmt.Errorf("colo: rendezvous %s owned by uid %d, but %v is served by the TCP listener on %v", reached, serverUID, dialed, addr)
+		return &otherNameError{own: rendezvousName(addr), msg: fmt.Sprintf("colo: rendezvous %s owned by uid %d, but %v is served by the TCP listener on %v", reached, serverUID, dialed, addr)}
 	case !uidOK:
 		return fmt.Errorf("colo: rendezvous owned by uid %d, its TCP listener %v by several uids", serverUID, addr)
 	case uid != serverUID:

@@ -125,6 +125,17 @@ func TestRendezvousCheck(t *testing.T) {
 			t.Errorf("%s via %s: %v, want ok=%v", c.dialed, c.reached, err, c.ok)
 		}
 	}
+	// The exact name of an address a wildcard serves: the wildcard's own name comes next in
+	// the lookup, to be tried instead; none for the right name of the wrong uid.
+	names := []string{"colo/1/127.0.0.1:7000", "colo/1/0.0.0.0:7000", "colo/1/[::]:7000"}
+	err := checkRendezvous(ap("127.0.0.1:7000"), names[0], 65534, tb)
+	if got := laterOwnName(err, names, names[0]); got != names[1] {
+		t.Errorf("exact name before a wildcard: next %q (%v), want %q", got, err, names[1])
+	}
+	err = checkRendezvous(ap("127.0.0.1:7000"), names[1], 65534, tb)
+	if got := laterOwnName(err, names, names[1]); got != "" {
+		t.Errorf("the wildcard's name of the wrong uid: next %q, want none", got)
+	}
 	// Where the kernel says that wildcard is not IPV6_V6ONLY (sock_diag), it takes the IPv4 dial.
 	for i := range tb {
 		if tb[i].local.Addr().Is6() {

@@ -15,8 +15,12 @@
 //! then refuses the sender's `sendmsg`): a client's control socket from the start, a server's
 //! once the HELLO is read. Each end of a control socket is its own process's, so only our own
 //! processes could turn that back on; a control socket found taking descriptors at its close is
-//! shut down first (`doorbell::empty_before_close`). Not covered: a file whose close waits for
-//! something else (a FUSE file's flush: mounting one needs `fusermount`); and, on kernels without
+//! shut down first (`doorbell::empty_before_close`). The sender may keep a reference of its own
+//! and turn lingering back on after our disarm (then close its reference, leaving ours the
+//! last): so the last reference of a peer's socket other than a Unix one is left to a thread of
+//! our own that ends at once ([`disarm_peer`]; an exiting thread's close never lingers). Not
+//! covered: a file whose close waits for something else (a FUSE file's flush: mounting one
+//! needs `fusermount`); and, on kernels without
 //! `SO_PASSRIGHTS` (before Linux 6.16), descriptors that arrive on a control socket after our
 //! last drain of it and before its close.
 
@@ -34,6 +38,61 @@ const SO_PASSRIGHTS: libc::c_int = 83;
 /// it is: what a Unix socket's queue holds is [`take_queued`]'s and [`discard`]'s.
 pub fn disarm(fd: impl AsFd) {
     let _ = rustix::net::sockopt::set_socket_linger(fd, None);
+}
+
+/// [`disarm`]s the descriptors a peer passed us in one message (and may still hold), and makes
+/// sure their last close by this process never waits: lingering is a socket's own setting,
+/// which the peer can turn back on through its reference at any moment after the disarm, then
+/// close that reference, leaving ours the last. So the references of sockets other than Unix
+/// ones (those do not linger) are moved to a thread of our own that ends at once
+/// ([`hand_to_ending_thread`]), and their numbers then name a stand-in: an eventfd, which is no
+/// segment and closes at once.
+pub fn disarm_peer(fds: &mut [OwnedFd]) {
+    let mut sockets = Vec::new();
+    for (i, fd) in fds.iter().enumerate() {
+        match rustix::net::sockopt::socket_domain(fd) {
+            Ok(rustix::net::AddressFamily::UNIX) => disarm(fd),
+            Ok(_) => {
+                disarm(fd);
+                sockets.push(i);
+            }
+            Err(_) => {} // not a socket: no linger
+        }
+    }
+    if !sockets.is_empty() {
+        hand_to_ending_thread(fds, &sockets);
+    }
+}
+
+/// Replaces `fds[i]` for each `i` of `which` by an eventfd after a thread of our own, with a
+/// copy of the descriptor table of its own (`unshare(CLONE_FILES)`), has taken a reference to
+/// their files; that thread then ends, its table with it: a last close made by an exiting
+/// thread never lingers (the kernel gives a socket's close no linger time in a task that is
+/// exiting). Where no thread or stand-in can be had, they stay as they are (disarmed).
+fn hand_to_ending_thread(fds: &mut [OwnedFd], which: &[usize]) {
+    use rustix::event::{eventfd, EventfdFlags};
+    let Ok(stand_in) = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK) else { return };
+    let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<bool>(1);
+    let (done_tx, done_rx) = std::sync::mpsc::sync_channel::<()>(1);
+    let spawned = crate::host::spawn("colo-gift-end", move || {
+        // SAFETY: unshare(CLONE_FILES) gives this thread its own copy of the descriptor table
+        // (every descriptor's file gains a reference, dropped when the thread ends); it reads
+        // and writes no memory of ours.
+        let own = unsafe { libc::unshare(libc::CLONE_FILES) } == 0;
+        let _ = ready_tx.send(own);
+        if own {
+            // Until the numbers name the stand-in (the sender dropped): then this thread's
+            // references may be the last, and go with its table as it ends.
+            let _ = done_rx.recv();
+        }
+    });
+    if spawned.is_err() || ready_rx.recv() != Ok(true) {
+        return;
+    }
+    for &i in which {
+        let _ = rustix::io::dup3(&stand_in, &mut fds[i], rustix::io::DupFlags::CLOEXEC);
+    }
+    drop(done_tx);
 }
 
 /// Whether the Unix socket `fd` takes descriptors (`SO_PASSRIGHTS` reads 1). False where the
@@ -209,7 +268,7 @@ impl Took {
 
 /// Receives one message from the Unix socket `u` without blocking, its bytes into `buf` (the
 /// rest of a longer datagram is dropped), with room for every descriptor one message carries and
-/// for credentials; each descriptor that came along is [`disarm`]ed and handed to `each`.
+/// for credentials; each descriptor that came along is [`disarm_peer`]ed and handed to `each`.
 /// `None`: nothing was received (`EAGAIN`, an error).
 pub fn take_one(u: rustix::fd::BorrowedFd<'_>, buf: &mut [u8], each: &mut dyn FnMut(OwnedFd)) -> Option<Took> {
     take(u, buf, true, each).ok()
@@ -237,6 +296,7 @@ pub fn take(u: rustix::fd::BorrowedFd<'_>, buf: &mut [u8], dontwait: bool, each:
     }
     let truncated = h.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0;
     let mut took = Took { bytes: n as usize, rights: 0, marked: false, uid: None, truncated };
+    let mut got = Vec::new();
     // SAFETY: the kernel filled `h`'s control buffer (msg_controllen bytes) with well-formed
     // control messages; CMSG_FIRSTHDR/NXTHDR stay inside it.
     unsafe {
@@ -248,10 +308,7 @@ pub fn take(u: rustix::fd::BorrowedFd<'_>, buf: &mut [u8], dontwait: bool, each:
                 for k in 0..count {
                     // SAFETY: each int of an SCM_RIGHTS message is a descriptor the kernel just
                     // installed for us, owned by nobody else.
-                    let f = OwnedFd::from_raw_fd(data.add(k).read_unaligned());
-                    disarm(&f);
-                    took.rights += 1;
-                    each(f);
+                    got.push(OwnedFd::from_raw_fd(data.add(k).read_unaligned()));
                 }
             } else if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_CREDENTIALS {
                 took.marked = true;
@@ -263,6 +320,9 @@ pub fn take(u: rustix::fd::BorrowedFd<'_>, buf: &mut [u8], dontwait: bool, each:
             c = libc::CMSG_NXTHDR(&h, c);
         }
     }
+    disarm_peer(&mut got);
+    took.rights = got.len();
+    got.into_iter().for_each(each);
     Ok(took)
 }
 
@@ -382,6 +442,30 @@ pub(crate) mod tests {
     fn unix_pair() -> (OwnedFd, OwnedFd) {
         rustix::net::socketpair(rustix::net::AddressFamily::UNIX, rustix::net::SocketType::STREAM, rustix::net::SocketFlags::CLOEXEC, None)
             .unwrap()
+    }
+
+    /// The sender of a lingering socket keeps its own reference, turns lingering back on after
+    /// our disarm and closes its reference: ours is then the last, and its close (a plain drop,
+    /// as of a refused HELLO's descriptor) must not wait. Received by [`take_one`] and by
+    /// `seqpacket::recv`.
+    #[test]
+    fn a_socket_its_sender_arms_again_closes_at_once() {
+        for by_recv in [false, true] {
+            let (t, _peer, _l) = lingering(600);
+            let (a, b) = unix_pair();
+            crate::seqpacket::send(&a, &[1], &[t.as_fd()]).unwrap();
+            let got = if by_recv {
+                crate::seqpacket::recv(&b, &mut [0u8; 8], true).unwrap().take_fds()
+            } else {
+                let mut got = Vec::new();
+                take_one(b.as_fd(), &mut [0u8; 8], &mut |f| got.push(f)).unwrap();
+                got
+            };
+            assert_eq!(got.len(), 1);
+            rustix::net::sockopt::set_socket_linger(&t, Some(Duration::from_secs(600))).unwrap();
+            drop(t);
+            assert!(closes(move || drop(got)), "our close waited for the linger its sender set again (by_recv {by_recv})");
+        }
     }
 
     #[test]

@@ -109,8 +109,9 @@ pub struct Received {
     pub len: usize,
     /// The datagram was longer than the buffer.
     pub truncated: bool,
-    /// Descriptors that came with it, each [`crate::gift::disarm`]ed, and a Unix socket's queue
-    /// taken ([`crate::gift::take_queued`]). Those still here when the datagram is dropped (a
+    /// Descriptors that came with it, each [`crate::gift::disarm`]ed (a peer's:
+    /// [`crate::gift::disarm_peer`]ed), and a Unix socket's queue taken
+    /// ([`crate::gift::take_queued`]). Those still here when the datagram is dropped (a
     /// protocol error's, a refused HELLO's) are [`crate::gift::discard`]ed, if a peer sent them
     /// ([`recv`]); [`Received::take_fds`] takes them for use.
     pub fds: Vec<OwnedFd>,
@@ -159,13 +160,14 @@ fn recv_from(fd: impl AsFd, buf: &mut [u8], dontwait: bool, from_peer: bool) -> 
         if let RecvAncillaryMessage::ScmRights(rights) = m {
             // A Unix socket (a gift in a HELLO's segment slot, or anywhere) may hold
             // descriptors in its queue that its close would release here: taken now.
-            fds.extend(rights.inspect(|f| {
-                crate::gift::disarm(f);
-                if from_peer && crate::gift::is_unix(f) {
-                    crate::gift::take_queued(f);
-                }
-            }));
+            fds.extend(rights);
         }
+    }
+    if from_peer {
+        crate::gift::disarm_peer(&mut fds);
+        fds.iter().filter(|f| crate::gift::is_unix(f)).for_each(crate::gift::take_queued);
+    } else {
+        fds.iter().for_each(crate::gift::disarm);
     }
     Ok(Received {
         len: msg.bytes,

@@ -89,32 +89,61 @@ pub fn connect_rendezvous(addr: SocketAddr) -> io::Result<Option<Rendezvous>> {
     if !host::is_local(addr.ip()) {
         return Ok(None);
     }
-    let mut names = wire::lookup_names(addr);
-    let (control, name) = match seqpacket::connect_first(&names) {
-        Ok(Some((fd, i))) => (fd, names.swap_remove(i)),
-        Ok(None) => return Ok(None),
-        // Out of descriptors: the caller's error, not a missing listener.
-        Err((e, _)) if matches!(e.raw_os_error(), Some(crate::error::libc_errno::EMFILE | crate::error::libc_errno::ENFILE)) => return Err(e),
-        Err((e, i)) => {
-            log::info(format_args!("connect {addr}: rendezvous {}: {e}; using TCP", names[i]));
-            return Ok(None);
+    Ok(reach_trusted(addr, &wire::lookup_names(addr), "connect")?.map(|r| Rendezvous { control: r.control, server_pid: r.server_pid }))
+}
+
+/// A rendezvous [`reach_trusted`] connected to and trusts.
+pub(crate) struct Reached {
+    pub(crate) control: OwnedFd,
+    pub(crate) name: String,
+    pub(crate) server_pid: u32,
+    pub(crate) server_uid: u32,
+}
+
+/// Connects to the first of `names` (the lookup for `addr`, spec/WIRE.md section 2) listened
+/// on, with the peer check. A name that the TCP listener the kernel would give the connection to
+/// does not use (another user bound it: an exact address's, while the listener is a wildcard)
+/// is passed over for the listener's own, if the lookup comes to it later, checked the same way:
+/// anyone may bind a free name, and that must not keep a client off the listener's rendezvous.
+/// `Ok(None)` (logged, `verb` first): nobody there, or not trusted (use plain TCP). `Err`: out of
+/// descriptors. Blocking (a Unix connect).
+pub(crate) fn reach_trusted(addr: SocketAddr, names: &[String], verb: &str) -> io::Result<Option<Reached>> {
+    let mut from = 0;
+    loop {
+        let (control, i) = match seqpacket::connect_first(&names[from..]) {
+            Ok(Some((fd, i))) => (fd, from + i),
+            Ok(None) => return Ok(None),
+            // Out of descriptors: the caller's error, not a missing listener.
+            Err((e, _)) if matches!(e.raw_os_error(), Some(crate::error::libc_errno::EMFILE | crate::error::libc_errno::ENFILE)) => return Err(e),
+            Err((e, i)) => {
+                log::info(format_args!("{verb} {addr}: rendezvous {}: {e}; using TCP", names[from + i]));
+                return Ok(None);
+            }
+        };
+        // A listener in a pid namespace we cannot see is no usable one (the shim then remembers
+        // the miss for a moment, as for no listener at all).
+        let (server_pid, server_uid) = match seqpacket::peer_cred(&control) {
+            Ok(c) => c,
+            Err(e) => {
+                log::info(format_args!("{verb} {addr}: rendezvous {}: {e}; using TCP", names[i]));
+                return Ok(None);
+            }
+        };
+        // Nothing is sent before this proof (spec/WIRE.md section 2, "Peer check").
+        match crate::trust::rendezvous_trusted(addr, &names[i], server_uid) {
+            Ok(()) => return Ok(Some(Reached { control, name: names[i].clone(), server_pid, server_uid })),
+            Err(u) => match u.own.as_ref().and_then(|own| names[i + 1..].iter().position(|n| n == own)) {
+                Some(k) => {
+                    log::info(format_args!("{verb} {addr}: {u}; trying {}", names[i + 1 + k]));
+                    from = i + 1 + k;
+                }
+                None => {
+                    log::info(format_args!("{verb} {addr}: {u}; using TCP"));
+                    return Ok(None);
+                }
+            },
         }
-    };
-    // A listener in a pid namespace we cannot see is no usable one (the shim then remembers the
-    // miss for a moment, as for no listener at all).
-    let (server_pid, server_uid) = match seqpacket::peer_cred(&control) {
-        Ok(c) => c,
-        Err(e) => {
-            log::info(format_args!("connect {addr}: rendezvous: {e}; using TCP"));
-            return Ok(None);
-        }
-    };
-    // Nothing is sent before this proof (spec/WIRE.md section 2, "Peer check").
-    if let Err(why) = crate::trust::rendezvous_trusted(addr, &name, server_uid) {
-        log::info(format_args!("connect {addr}: {why}; using TCP"));
-        return Ok(None);
     }
-    Ok(Some(Rendezvous { control, server_pid }))
 }
 
 /// What [`Offer::read_answer`] read: a message that is no answer, a hang-up or an error is

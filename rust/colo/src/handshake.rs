@@ -259,26 +259,14 @@ fn dial_direct(addr: SocketAddr, opts: &Options) -> io::Result<Direct> {
         }),
         None => None,
     };
-    let (control, name) = match seqpacket::connect_first(&names) {
-        Ok(Some((fd, i))) => (fd, names[i].clone()),
+    let crate::carrier::Reached { control, name, server_pid, server_uid } = match crate::carrier::reach_trusted(addr, &names, "dial") {
+        Ok(Some(r)) => r,
         Ok(None) => return Ok(Direct::No),
-        Err((e, i)) => {
-            log::info(format_args!("dial {addr}: rendezvous {}: {e}; using TCP", names[i]));
-            return Ok(Direct::No);
-        }
-    };
-    let (server_pid, server_uid) = match seqpacket::peer_cred(&control) {
-        Ok(c) => c,
         Err(e) => {
-            log::info(format_args!("dial {addr}: rendezvous {name}: {e}; using TCP"));
+            log::info(format_args!("dial {addr}: rendezvous: {e}; using TCP"));
             return Ok(Direct::No);
         }
     };
-    // Nothing is sent before this proof (spec/WIRE.md section 2, "Peer check").
-    if let Err(why) = crate::trust::rendezvous_trusted(addr, &name, server_uid) {
-        log::info(format_args!("dial {addr}: {why}; using TCP"));
-        return Ok(Direct::No);
-    }
     let seen = known(&name, server_pid);
     if seen == Some(Known::Carrier) {
         return Ok(Direct::NeedCarrier);

@@ -21,16 +21,37 @@ use std::net::{IpAddr, SocketAddr};
 /// the kernel would give a connection to `dialed` and that listener is owned by `server_uid`.
 /// `Err` says why not, for the log. Asks the kernel for its listeners only for a server of
 /// another uid.
-pub(crate) fn rendezvous_trusted(dialed: SocketAddr, reached: &str, server_uid: u32) -> Result<(), String> {
+pub(crate) fn rendezvous_trusted(dialed: SocketAddr, reached: &str, server_uid: u32) -> Result<(), Untrusted> {
     if server_uid == host::uid() || server_uid == 0 {
         return Ok(());
     }
     check_rendezvous(dialed, reached, server_uid, &host::tcp_listeners())
 }
 
-fn check_rendezvous(dialed: SocketAddr, reached: &str, server_uid: u32, sockets: &[host::TcpSocket]) -> Result<(), String> {
+/// Why a rendezvous is not trusted (for the log), and, when all that is wrong is its name (the
+/// TCP listener the kernel would give the connection to uses another: someone else bound this
+/// one), that listener's own name.
+#[derive(Debug)]
+pub(crate) struct Untrusted {
+    pub(crate) why: String,
+    pub(crate) own: Option<String>,
+}
+
+impl From<String> for Untrusted {
+    fn from(why: String) -> Self {
+        Untrusted { why, own: None }
+    }
+}
+
+impl std::fmt::Display for Untrusted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.why)
+    }
+}
+
+fn check_rendezvous(dialed: SocketAddr, reached: &str, server_uid: u32, sockets: &[host::TcpSocket]) -> Result<(), Untrusted> {
     let Some(listener) = host::kernel_listener(dialed, sockets) else {
-        return Err(format!("rendezvous {reached} owned by uid {server_uid}, but no TCP socket listens for {dialed}"));
+        return Err(format!("rendezvous {reached} owned by uid {server_uid}, but no TCP socket listens for {dialed}").into());
     };
     let at_addr = || sockets.iter().filter(|s| s.listening && s.local == listener.addr);
     // An IPv6 wildcard listener that is IPV6_V6ONLY takes no IPv4 connection (TCP to `dialed`
@@ -41,7 +62,8 @@ fn check_rendezvous(dialed: SocketAddr, reached: &str, server_uid: u32, sockets:
         return Err(format!(
             "rendezvous {reached} owned by uid {server_uid}: {dialed} would go to the IPv6 wildcard {}, which is IPV6_V6ONLY or not known not to be (then TCP is refused)",
             listener.addr
-        ));
+        )
+        .into());
     }
     // A listener bound to a device (SO_BINDTODEVICE, open to any user) takes no connection
     // that comes in on another one, loopback's among them: TCP to `dialed` may be refused while
@@ -50,16 +72,18 @@ fn check_rendezvous(dialed: SocketAddr, reached: &str, server_uid: u32, sockets:
         return Err(format!(
             "rendezvous {reached} owned by uid {server_uid}: the TCP listener on {} is bound to a network device, or the kernel's table does not say",
             listener.addr
-        ));
+        )
+        .into());
     }
     let own = wire::rendezvous_name(listener.addr);
     if own != reached {
-        return Err(format!("rendezvous {reached} owned by uid {server_uid}, but {dialed} is served by the TCP listener on {} ({own})", listener.addr));
+        let why = format!("rendezvous {reached} owned by uid {server_uid}, but {dialed} is served by the TCP listener on {} ({own})", listener.addr);
+        return Err(Untrusted { why, own: Some(own) });
     }
     match listener.uid {
         Some(uid) if uid == server_uid => Ok(()),
-        Some(uid) => Err(format!("rendezvous owned by uid {server_uid}, its TCP listener {} by uid {uid}", listener.addr)),
-        None => Err(format!("rendezvous owned by uid {server_uid}, its TCP listener {} by several uids", listener.addr)),
+        Some(uid) => Err(format!("rendezvous owned by uid {server_uid}, its TCP listener {} by uid {uid}", listener.addr).into()),
+        None => Err(format!("rendezvous owned by uid {server_uid}, its TCP listener {} by several uids", listener.addr).into()),
     }
 }
 
@@ -143,10 +167,12 @@ mod tests {
         assert!(check_rendezvous(at("127.0.0.1:6391"), "colo/1/127.0.0.1:6391", 65534, &t).is_err());
         // The wildcard name for a port whose kernel listener is exact.
         assert!(check_rendezvous(at("127.0.0.1:6391"), "colo/1/0.0.0.0:6391", 65534, &t).is_err());
-        // The exact name of an address served by root's wildcard.
-        assert!(check_rendezvous(at("127.0.0.1:7000"), "colo/1/127.0.0.1:7000", 65534, &t).is_err());
-        // The right name, the wrong uid.
-        assert!(check_rendezvous(at("127.0.0.1:7000"), "colo/1/0.0.0.0:7000", 65534, &t).is_err());
+        // The exact name of an address served by root's wildcard: the wildcard's own name is
+        // given, for the client to try next.
+        let e = check_rendezvous(at("127.0.0.1:7000"), "colo/1/127.0.0.1:7000", 65534, &t).unwrap_err();
+        assert_eq!(e.own.as_deref(), Some("colo/1/0.0.0.0:7000"));
+        // The right name, the wrong uid: no other name to try.
+        assert!(check_rendezvous(at("127.0.0.1:7000"), "colo/1/0.0.0.0:7000", 65534, &t).unwrap_err().own.is_none());
         // Nobody listens there at all.
         assert!(check_rendezvous(at("127.0.0.1:9"), "colo/1/127.0.0.1:9", 65534, &t).is_err());
     }
