@@ -100,7 +100,15 @@ func TestGiftArmedAgainClosesAtOnce(t *testing.T) {
 	}
 	fds := parseRights(oob[:oobn])
 	unix.SetsockoptLinger(g, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 600})
-	unix.Close(g)
+	// The sender's close, on a goroutine: once our hand-off's thread has ended it is the last
+	// and waits out the linger (the sender's cost, as it should be). Ours comes after its
+	// descriptor is gone (a number the runtime may reuse: then after a bounded wait).
+	go unix.Close(g)
+	for until := time.Now().Add(5 * time.Second); time.Now().Before(until); time.Sleep(time.Millisecond) {
+		if _, err := unix.FcntlInt(uintptr(g), unix.F_GETFD, 0); err != nil {
+			break
+		}
+	}
 	// A plain close, as the last of any path that holds it would be.
 	returnsWithin(t, "our close waited for the linger its sender set again", func() { unix.Close(fds[0]) })
 	// No thread kept a table of its own: /proc/self (the main thread's) sees a new descriptor.

@@ -188,7 +188,10 @@ var passRightsKnown = sync.OnceValue(func() bool {
 
 // closeRights closes every descriptor carried in a control-message buffer (discardFd).
 func closeRights(oob []byte) {
-	for _, fd := range rightsIn(oob) {
+	// Disarmed together: one ending thread for all of a message's sockets, not one each.
+	fds := rightsIn(oob)
+	disarm(fds...)
+	for _, fd := range fds {
 		discardFd(fd)
 	}
 }

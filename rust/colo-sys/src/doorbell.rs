@@ -85,13 +85,18 @@ pub fn take_one(control: impl AsFd) -> Datagram {
         &mut anc,
         RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC,
     );
-    let mut gifts = false;
+    let mut gifts = Vec::new();
     for m in anc.drain() {
         if let RecvAncillaryMessage::ScmRights(rights) = m {
-            gifts = true;
-            rights.for_each(crate::gift::discard);
+            gifts.extend(rights);
         }
     }
+    // A peer's gifts: their last close here never waits (`gift::disarm_peer`).
+    let gifts = !gifts.is_empty() && {
+        crate::gift::disarm_peer(&mut gifts);
+        gifts.into_iter().for_each(crate::gift::discard);
+        true
+    };
     match r {
         Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => Datagram::Nothing,
         Err(_) => Datagram::HungUp,
@@ -189,11 +194,12 @@ fn receive<const N: usize>(control: BorrowedFd<'_>, b: &mut Batch<N>, on: &mut d
                     gifts = true;
                     let data = libc::CMSG_DATA(c).cast::<libc::c_int>();
                     let count = ((*c).cmsg_len as usize).saturating_sub(data as usize - c as usize) / std::mem::size_of::<libc::c_int>();
-                    for k in 0..count {
-                        // SAFETY: each int of an SCM_RIGHTS message is a descriptor the kernel
-                        // just installed for us, owned by nobody else.
-                        crate::gift::discard(rustix::fd::OwnedFd::from_raw_fd(data.add(k).read_unaligned()));
-                    }
+                    // SAFETY: each int of an SCM_RIGHTS message is a descriptor the kernel just
+                    // installed for us, owned by nobody else.
+                    let mut got: Vec<_> = (0..count).map(|k| rustix::fd::OwnedFd::from_raw_fd(data.add(k).read_unaligned())).collect();
+                    // A peer's gifts: their last close here never waits (`gift::disarm_peer`).
+                    crate::gift::disarm_peer(&mut got);
+                    got.into_iter().for_each(crate::gift::discard);
                 }
                 c = libc::CMSG_NXTHDR(h, c);
             }

@@ -463,7 +463,17 @@ pub(crate) mod tests {
             };
             assert_eq!(got.len(), 1);
             rustix::net::sockopt::set_socket_linger(&t, Some(Duration::from_secs(600))).unwrap();
-            drop(t);
+            // The sender's close, on a thread of its own: once our hand-off's thread has ended,
+            // it is the last and waits out the linger (the sender's cost, as it should be).
+            // Ours comes after its descriptor is gone (a number another test may reuse: then
+            // after a bounded wait).
+            let n = t.as_raw_fd();
+            std::thread::spawn(move || drop(t));
+            let until = std::time::Instant::now() + Duration::from_secs(5);
+            // SAFETY: F_GETFD on a number only asks whether it is open.
+            while unsafe { libc::fcntl(n, libc::F_GETFD) } >= 0 && std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             assert!(closes(move || drop(got)), "our close waited for the linger its sender set again (by_recv {by_recv})");
         }
     }

@@ -82,6 +82,8 @@ impl Source for FileBytes {
 /// # Safety
 /// `off` is null or points to the application's writable offset.
 unsafe fn send_file(g: &Guard, c: &Conn, inp: c_int, off: *mut i64, count: size_t) -> ssize_t {
+    // At most what the kernel's sendfile moves in one call (`MAX_RW_COUNT`).
+    let count = count.min(0x7fff_f000);
     let pos: i64 = if off.is_null() {
         // SAFETY: lseek on the application's file.
         unsafe { libc::lseek64(inp, 0, libc::SEEK_CUR) }

@@ -946,7 +946,7 @@ pub unsafe extern "C" fn epoll_pwait2(
     mask: *const sigset_t,
 ) -> c_int {
     let ms = match timeout_of(t) {
-        Ok(to) => to.map_or(-1, |d| d.as_millis().min(c_int::MAX as u128) as c_int),
+        Ok(to) => to.map_or(-1, |d| d.as_nanos().div_ceil(1_000_000).min(c_int::MAX as u128) as c_int),
         Err(e) => return fail(e),
     };
     // SAFETY: `epoll::epoll_wait_with` requires what libc's `epoll_pwait2` does of `ep`, `evs` and

@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 
 /// poll/ppoll over a mix of kernel and accelerated fds. `timeout`: None waits forever.
 pub unsafe fn ppoll_impl(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, mask: *const sigset_t) -> c_int {
-    let deadline = timeout.map(|t| Instant::now() + t);
+    // A timeout past what the clock can say (`tv_sec` near its maximum) waits for ever, as the kernel's.
+    let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
     loop {
         let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         // SAFETY: the caller's contract, passed on.
@@ -58,7 +59,8 @@ unsafe fn ppoll_round(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, ma
         .collect();
     // Epoll sets with connections in them, watched for input (`epoll::set_polled`).
     let sets: Vec<usize> = arr.iter().enumerate().filter(|(_, p)| p.events & libc::POLLIN != 0 && epoll::is_colo_set(p.fd)).map(|(i, _)| i).collect();
-    let deadline = timeout.map(|t| Instant::now() + t);
+    // A timeout past what the clock can say (`tv_sec` near its maximum) waits for ever, as the kernel's.
+    let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
     let mut copy: Vec<pollfd> = Vec::with_capacity(arr.len() + 1);
     copy.extend_from_slice(arr);
     let mut armed = false;

@@ -12,7 +12,8 @@
 use crate::conn::holders_file::{self, HOLDERS, SLOT};
 use colo_sys::host::{alive, running};
 use colo_sys::RawFd;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
 
 /// A memory page: the size of the anonymous mapping a page outside the holders file takes.
 const MAPPED: usize = 4096;
@@ -419,4 +420,37 @@ fn only_a_connection_from_elsewhere_may_be_held_by_the_parent() {
     assert!(!parent_may_hold(100, 100), "set up here: the parent never saw it");
     assert!(parent_may_hold(100, 101), "a fork child's copy: the parent holds it");
     assert!(parent_may_hold(0, 100), "handed over across exec: the parent may hold it");
+}
+
+/// A timeout as the holders page keeps it: milliseconds, rounded up (the kernel keeps it in
+/// jiffies, a millisecond or more), 0 for none.
+pub fn millis(t: Option<Duration>) -> u32 {
+    t.map_or(0, |d| u32::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u32::MAX))
+}
+
+impl Page {
+    /// The socket's `SO_RCVTIMEO` (`write`: `SO_SNDTIMEO`) as a holder last set it, in `millis`.
+    pub fn timeout_ms(&self, write: bool) -> u32 {
+        // Relaxed (and the store in `set_timeout`): the word is the whole message.
+        self.word(if write { SNDTIMEO } else { RCVTIMEO }).load(Ordering::Relaxed)
+    }
+
+    /// Sets the socket's `SO_RCVTIMEO` (`write`: `SO_SNDTIMEO`) for every process holding it.
+    pub fn set_timeout(&self, write: bool, t: Option<Duration>) {
+        self.word(if write { SNDTIMEO } else { RCVTIMEO }).store(millis(t), Ordering::Relaxed);
+    }
+}
+
+/// Set in a relay process (`own_blocking`): its copies block or not as it sets them, and leave
+/// the socket's `O_NONBLOCK`, which the program's processes share, as the program set it.
+static OWN_BLOCKING: AtomicBool = AtomicBool::new(false);
+
+/// Makes this process a relay's: see `OWN_BLOCKING`.
+pub fn own_blocking() {
+    OWN_BLOCKING.store(true, Ordering::Relaxed);
+}
+
+/// Whether this process's copies keep their blocking to themselves (`own_blocking`).
+pub fn blocking_is_own() -> bool {
+    OWN_BLOCKING.load(Ordering::Relaxed)
 }

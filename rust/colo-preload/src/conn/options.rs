@@ -1,7 +1,6 @@
 //! Socket options an accelerated connection honours from its kernel socket: those set before it
 //! was accelerated, and `SO_LINGER {1, 0}` at close.
 
-use crate::conn::holders::{RCVTIMEO, SNDTIMEO};
 use crate::conn::state::Conn;
 use crate::real;
 use crate::conn::table;
@@ -38,33 +37,13 @@ pub fn adopt_options(fd: c_int, c: &Conn) {
 }
 
 /// `SO_RCVTIMEO` (or, `write`, `SO_SNDTIMEO`) set on `c`: this copy's, and the socket's in the
-/// holders page, for the other processes holding it ([`adopt_timeouts`]).
+/// holders page, for the other processes holding it (`Conn::adopt_shared`).
 pub fn set_timeout(c: &Conn, write: bool, t: Option<Duration>) {
-    // Relaxed (and the loads in `adopt_timeouts`): the word is the whole message.
-    c.holders().word(if write { SNDTIMEO } else { RCVTIMEO }).store(millis(t), Ordering::Relaxed);
+    c.holders().set_timeout(write, t);
     if write {
         c.shm().set_write_timeout(t);
     } else {
         c.shm().set_read_timeout(t);
-    }
-}
-
-/// A timeout as the holders page keeps it: milliseconds, rounded up (the kernel keeps it in
-/// jiffies, a millisecond or more), 0 for none.
-fn millis(t: Option<Duration>) -> u32 {
-    t.map_or(0, |d| u32::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u32::MAX))
-}
-
-/// As a call begins on a connection another process has held: the timeouts another holder set
-/// ([`set_timeout`]) take over this copy's.
-pub fn adopt_timeouts(c: &Conn) {
-    let shm = c.shm();
-    for (word, own) in [(RCVTIMEO, shm.read_timeout()), (SNDTIMEO, shm.write_timeout())] {
-        let ms = c.holders().word(word).load(Ordering::Relaxed);
-        if ms != millis(own) {
-            let t = (ms != 0).then(|| Duration::from_millis(ms.into()));
-            set_timeout(c, word == SNDTIMEO, t);
-        }
     }
 }
 

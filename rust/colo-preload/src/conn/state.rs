@@ -2,8 +2,7 @@
 //! without locking it, and to let go of a copy inherited over fork without closing the peer.
 
 use crate::base::env::spin;
-use crate::conn::holders::{children, parent_may_hold, Page};
-use crate::conn::options;
+use crate::conn::holders::{blocking_is_own, children, millis, parent_may_hold, Page};
 use crate::conn::turns;
 use crate::record::{adapt, handover_file};
 use colo::internal::carrier::Established;
@@ -108,7 +107,7 @@ pub struct Conn {
     /// The pid of a child sharing this process's memory (`vfork`) that put a relay's socket in
     /// place of this connection's descriptors in its own table (`service::relay`); 0: none.
     relayed_by: AtomicU32,
-    /// `SO_RCVLOWAT` as this copy last saw it (0: the default, 1; see `Conn::lowat`).
+    /// `SO_RCVLOWAT` as this copy last set it (0: the default, 1; see `Conn::lowat`).
     lowat: AtomicU32,
     /// What a small `SO_SNDBUF` lets a non-blocking writer queue in the ring (0: the ring).
     send_limit: AtomicU64,
@@ -122,7 +121,6 @@ pub struct Conn {
     /// the one closing, no parent can hold the connection (see `others_hold`).
     made_by: u32,
 }
-
 
 impl Conn {
     /// The server side of a connection dialed by a program tagged `client_tag` (see
@@ -216,9 +214,12 @@ impl Conn {
         &self.shm
     }
 
+    /// `O_NONBLOCK`, the open socket's, for all its holders (a relay's: `holders::own_blocking`).
     pub fn set_nonblocking(&self, on: bool) {
-        // Relaxed: the bit is the whole message (as `raise_socket_flag`).
-        if on { self.socket_flags().fetch_or(NONBLOCK, Ordering::Relaxed) } else { self.socket_flags().fetch_and(!NONBLOCK, Ordering::Relaxed) };
+        if !blocking_is_own() {
+            // Relaxed: the bit is the whole message (as `raise_socket_flag`).
+            if on { self.socket_flags().fetch_or(NONBLOCK, Ordering::Relaxed) } else { self.socket_flags().fetch_and(!NONBLOCK, Ordering::Relaxed) };
+        }
         self.nb.store(on, Ordering::Relaxed);
         self.shm.set_nonblocking(on);
     }
@@ -228,7 +229,7 @@ impl Conn {
     /// have changed (as a kernel file's `O_NONBLOCK`): taken on here.
     pub fn nonblocking(&self) -> bool {
         let nb = self.nb.load(Ordering::Relaxed);
-        if !self.holders.ever_shared() {
+        if !self.holders.ever_shared() || blocking_is_own() {
             return nb;
         }
         let shared = self.socket_flag(NONBLOCK);
@@ -411,7 +412,14 @@ impl Conn {
     /// is one for every process holding it.
     fn adopt_shared(&self) {
         self.shm.adopt_write_shut();
-        options::adopt_timeouts(self);
+        // Timeouts another holder set (`options::set_timeout`), for this copy only.
+        for write in [false, true] {
+            let (ms, own) = (self.holders.timeout_ms(write), if write { self.shm.write_timeout() } else { self.shm.read_timeout() });
+            if ms != millis(own) {
+                let t = (ms != 0).then(|| std::time::Duration::from_millis(ms.into()));
+                if write { self.shm.set_write_timeout(t) } else { self.shm.set_read_timeout(t) }
+            }
+        }
     }
 
     fn nonblocking_turn<'a>(&'a self, word: &'a AtomicU32, waiters: &'a AtomicU32, ready: u32) -> std::io::Result<Option<turns::Turn<'a>>> {
@@ -973,17 +981,10 @@ impl Drop for Conn {
             let fd = self.closing_fd.load(Ordering::Relaxed);
             if fd >= 0 && client {
                 let l = libc::linger { l_onoff: 1, l_linger: 0 };
+                let len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
                 // SAFETY: `fd` is the application's descriptor being closed, still open: the
                 // caller of `last_close` drops us before the kernel's close of it.
-                unsafe {
-                    crate::real::setsockopt(
-                        fd,
-                        libc::SOL_SOCKET,
-                        libc::SO_LINGER,
-                        (&l as *const libc::linger).cast(),
-                        std::mem::size_of::<libc::linger>() as libc::socklen_t,
-                    )
-                };
+                unsafe { crate::real::setsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, (&l as *const libc::linger).cast(), len) };
             }
         }
     }

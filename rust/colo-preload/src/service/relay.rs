@@ -133,6 +133,7 @@ fn run(conn: &Conn, tcp: OwnedFd, carrier: OwnedFd, say: OwnedFd, relayed: Relay
     for _ in 0..3 {
         let _ = rustix::fs::open("/dev/null", rustix::fs::OFlags::RDWR, rustix::fs::Mode::empty()).map(std::mem::forget);
     }
+    crate::conn::holders::own_blocking();
     conn.set_nonblocking(false);
     let slot_done = || {
         if let Some(slot) = relayed.slot {
