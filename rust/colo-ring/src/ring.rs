@@ -497,6 +497,10 @@ impl<B: Bytes> Producer<B> {
     /// `first` go to offset 0).
     fn place(&self, free: u64, want: usize) -> (usize, usize, usize) {
         let n = (free as usize).min(want);
+        if n == 0 {
+            // Nothing to place (a ring whose size word was never valid has size 0).
+            return (0, 0, 0);
+        }
         let at = (self.head & (self.size - 1)) as usize; // a power of two: `%` without a division
         (at, n.min(self.size as usize - at), n)
     }
