@@ -93,7 +93,10 @@ unsafe fn ppoll_round(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, ma
             // socket, so a hang-up the hang-up watcher has not seen yet shows only there; a
             // connection whose control socket or self bell reports is asked now (`ready(true)`),
             // so what is returned is what asking every time would return, without a system call
-            // more than the look at the application's fds.
+            // more than the look at the application's fds. What the quick look found stays
+            // reported: it was the connection's state then, as the kernel's poll reports the state
+            // it found, and another holder (a thread, a fork copy) may have read the bytes since;
+            // an answer of nothing would end a wait without a timeout with 0.
             for (i, p) in copy.iter_mut().enumerate() {
                 *p = arr[i];
                 p.revents = 0;
@@ -108,7 +111,7 @@ unsafe fn ppoll_round(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, ma
             let mut total = 0;
             for (i, c) in &conns {
                 if r > 0 && copy[*i].revents != 0 && !c.known_gone() {
-                    arr[*i].revents = (c.ready(true) & (arr[*i].events as u32 | ERR | HUP)) as i16;
+                    arr[*i].revents |= (c.ready(true) & (arr[*i].events as u32 | ERR | HUP)) as i16;
                 }
                 if arr[*i].revents != 0 {
                     total += 1;
