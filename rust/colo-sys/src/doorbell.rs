@@ -235,6 +235,17 @@ pub struct Rings {
 /// down both ways, so that everything watching it sees the hang-up for good (a zero-length
 /// datagram, taken, would otherwise leave nothing to see; spec section 8).
 pub fn drain_side(control: impl AsFd, self_bell: impl AsFd) -> Rings {
+    drain_bells(control, self_bell, false)
+}
+
+/// [`drain_side`], and the self bell whether or not the peer had rung: for a side that knows a
+/// self ring of its own waits there, which would otherwise end the next sleep at once for
+/// nothing (one read now against a wake-up, a drain and a sleep again).
+pub fn drain_both(control: impl AsFd, self_bell: impl AsFd) -> Rings {
+    drain_bells(control, self_bell, true)
+}
+
+fn drain_bells(control: impl AsFd, self_bell: impl AsFd, self_too: bool) -> Rings {
     let control = control.as_fd();
     let mut found = Rings::default();
     match take_one(control) {
@@ -246,8 +257,8 @@ pub fn drain_side(control: impl AsFd, self_bell: impl AsFd) -> Rings {
     if found.hung_up {
         let _ = rustix::net::shutdown(control, rustix::net::Shutdown::Both);
     }
-    if !found.rung {
-        found.rung = drain(self_bell);
+    if !found.rung || self_too {
+        found.rung |= drain(self_bell);
     }
     found
 }
@@ -689,6 +700,11 @@ mod tests {
         // The self ring is left for the next drain (the bells stay readable until then).
         assert!(drain_side(&b, &own).rung);
         assert!(!drain_side(&b, &own).rung);
+        // Both at once, when asked.
+        ring(&own);
+        ring_peer(&a);
+        assert!(drain_both(&b, &own).rung);
+        assert!(!drain_side(&b, &own).rung, "drain_both left a ring");
         // The peer's end gone: our end is shut down, both ways.
         drop(a);
         assert!(drain_side(&b, &own).hung_up);

@@ -75,7 +75,9 @@ fn conn_recv_inner(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> 
 }
 
 /// Keeps the kernel fds honest for level-triggered pollers: if the buffer was filled, more
-/// may be waiting, so make sure the doorbell stays rung. (A short read needs nothing: every
+/// may be waiting, so make sure the doorbell stays rung; a ring of ours still undrained does
+/// that already (`Shm::keep_self_rung`), and a program that reads a message in pieces (a
+/// header byte at a time) rings once, not once a piece. (A short read needs nothing: every
 /// drain of the doorbell announces a wait, so either the doorbell holds a count or the peer's
 /// next progress rings it; and `epoll_wait`/`poll` read the rings before sleeping.)
 #[inline]
@@ -84,7 +86,7 @@ pub fn after_read(c: &Conn, n: usize, len: usize) {
         c.got_reply();
     }
     if n == len && n > 0 && c.shm().readable().unwrap_or(0) > 0 {
-        c.poke();
+        c.shm().keep_self_rung();
     }
 }
 

@@ -188,6 +188,9 @@ pub struct Shm {
     peek_off: AtomicI32,
     /// A non-blocking operation drained a ring that may have been meant for the other half.
     swallowed: AtomicBool,
+    /// This process rang the self bell to keep it readable and no drain of this process has
+    /// emptied it since (`Shm::keep_self_rung`, `Shm::drain_doorbell`).
+    kept_rung: AtomicBool,
     /// Wake-up eventfds (`crate::wake`) of the threads asleep on this side's doorbell (this
     /// crate's blocking calls; the shim's `poll`, `select` and `epoll_wait`), with their pids
     /// and counts (`WAKER_COUNT`): a drain of the doorbell rings them (see `drain_doorbell`).
@@ -388,6 +391,7 @@ impl Shm {
             nonblocking: AtomicBool::new(false),
             peek_off: AtomicI32::new(-1),
             swallowed: AtomicBool::new(false),
+            kept_rung: AtomicBool::new(false),
             wakers: [const { AtomicU64::new(0) }; WAKERS],
             read_timeout: AtomicU64::new(0),
             write_timeout: AtomicU64::new(0),

@@ -431,3 +431,48 @@ fn a_read_after_a_read_shutdown_reports_dropped_bytes_as_a_reset() {
     let err = (&a).read(&mut buf).expect_err("the dropped bytes read as an end of stream");
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset);
 }
+
+/// The self bell kept rung for level-triggered pollers (`keep_self_rung`) is rung once until a
+/// drain empties it, whatever the reads in between; a drain empties it with the peer's ring,
+/// and the next keep rings again (an edge for the pollers after that drain).
+#[test]
+fn a_kept_self_ring_is_rung_once_until_drained() {
+    let l = Listener::bind("127.0.0.1:0").unwrap();
+    let opts = Options::new().spin(SpinMode::Never);
+    let a = Stream::connect_with(l.local_addr().unwrap(), &opts).unwrap();
+    let (b, _) = l.accept().unwrap();
+    let (sa, sb) = (a.shm().unwrap(), b.shm().unwrap());
+    sa.poll_control();
+    // What the self bell holds, emptied (its count).
+    let bell = std::fs::File::from(sa.fds.self_bell.try_clone().unwrap());
+    let count = || {
+        let mut buf = [0u8; 8];
+        match (&bell).read(&mut buf) {
+            Ok(8) => u64::from_ne_bytes(buf),
+            _ => 0,
+        }
+    };
+    for _ in 0..100 {
+        sa.keep_self_rung();
+    }
+    assert_eq!(count(), 1, "a hundred keeps, one ring");
+    // Emptied behind its back (another process's drain): the flag still stands, and the next
+    // drain of this side clears it.
+    sa.keep_self_rung();
+    assert_eq!(count(), 0, "still kept: no ring");
+    assert!(!sa.drain_doorbell(super::Drainer::Awake));
+    sa.keep_self_rung();
+    assert_eq!(count(), 1, "rung again after a drain");
+    // The peer rang too: one drain takes both, and the next keep rings again.
+    assert!(!sa.drain_doorbell(super::Drainer::Awake));
+    sa.keep_self_rung();
+    sa.announce(notify::SLEEP_DOORBELL, None);
+    sb.wake_peer();
+    sa.keep_self_rung();
+    assert!(sa.drain_doorbell(super::Drainer::Awake), "the peer's ring");
+    assert_eq!(count(), 0, "the kept ring went with the peer's");
+    assert!(!sa.drain_doorbell(super::Drainer::Awake), "nothing left in either bell");
+    sa.keep_self_rung();
+    assert_eq!(count(), 1);
+    drop((a, b));
+}

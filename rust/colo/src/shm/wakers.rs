@@ -75,6 +75,33 @@ impl Shm {
         }
     }
 
+    /// Keeps this side's kernel fds readable for level-triggered pollers of them (a read that
+    /// left bytes in the ring): rings the self bell, unless a ring of this process kept there
+    /// has not been drained since (the kernel's pollers see the eventfd readable until a drain
+    /// empties it, however many rings it holds).
+    ///
+    /// The invariant, in one process: `kept_rung` set means that after the last drain of this
+    /// process ended, a call here set it and rang the self bell (or is about to), so the bell
+    /// holds that ring or a drain has taken it since; every drain clears it after its reads.
+    /// A skipped ring therefore loses nothing: either the ring kept is still there, or the
+    /// drain that took it is one before a sleep, which announces the sleep and looks at the
+    /// rings afterwards (`arm`, `epoll_wait`'s drains of reported doorbells), and that look sees
+    /// the bytes left, or the peer's next progress rings the control socket.
+    /// Only a drain of another process (fork copies share the eventfd, not this memory) leaves
+    /// the flag set over an empty bell; that drain looks at the rings as any other, and this
+    /// process's next drain clears the flag. Relaxed throughout: the flag publishes nothing,
+    /// and a drain that took the ring of a call that set it saw that ring's `write` in the
+    /// kernel's eventfd, under its lock, so the drain's store comes after the set in the flag's
+    /// order and clears it.
+    ///
+    /// Only for keeping the fds readable: a wake-up (a new edge for an edge-triggered waiter,
+    /// a poller that must look again) rings the bell every time (`doorbell::ring`).
+    pub fn keep_self_rung(&self) {
+        if !self.kept_rung.load(Ordering::Relaxed) && !self.kept_rung.swap(true, Ordering::Relaxed) {
+            doorbell::ring(&self.fds.self_bell);
+        }
+    }
+
     /// Empties this side's bells; returns whether one had rung. (The control socket at end of
     /// stream is the peer's hang-up, anything but a ring or the answer to the HELLO a protocol
     /// error: `on_datagram`.)
@@ -92,12 +119,23 @@ impl Shm {
     /// drained): nothing can come after its hang-up, and each shutdown of it wakes its pollers
     /// again, a new event for an edge-triggered registration, which would end every wait at
     /// once.
+    ///
+    /// A ring of `keep_self_rung` waiting in the self bell is emptied with the peer's (one read
+    /// more now, not a sleep that ends at once for nothing), and the self bell counts as not
+    /// kept rung from the end of this drain on.
     pub fn drain_doorbell(&self, by: Drainer) -> bool {
+        let kept = self.kept_rung.load(Ordering::Relaxed);
         let found = if self.has(PEER_GONE) {
             doorbell::Rings { rung: doorbell::drain(&self.fds.self_bell), ..Default::default() }
+        } else if kept {
+            doorbell::drain_both(&self.fds.control, &self.fds.self_bell)
         } else {
             doorbell::drain_side(&self.fds.control, &self.fds.self_bell)
         };
+        // After the reads, never before: cleared before them, a ring kept between the two would
+        // be taken by these reads and leave the flag set over an empty bell. Cleared after, a
+        // ring kept meanwhile is at worst rung once more by the next keep (see `keep_self_rung`).
+        self.kept_rung.store(false, Ordering::Relaxed);
         if found.hung_up {
             self.on_datagram(doorbell::Datagram::HungUp);
         }
