@@ -6,7 +6,9 @@
  *     edge for every later arrival, and no report for the bytes its partial read left;
  *  3. two processes sharing the connection through fork, each polling it (level-triggered) and
  *     reading one byte a wake-up, take every byte between them: neither sleeps while bytes
- *     wait (the self bell one process kept rung is drained by the other).
+ *     wait (the self bell one process kept rung is drained by the other), and no poll without
+ *     a timeout returns 0 (one whose first look found the byte, taken by the other process
+ *     before the look was confirmed, did).
  * A lost edge or wake-up hangs: alarm() is the watchdog. */
 #include <poll.h>
 #include <pthread.h>
@@ -150,21 +152,16 @@ static void forked_pollers(void) {
     connected_pair(&k, &c, SOCK_NONBLOCK);
     struct shared *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (s == MAP_FAILED) die("mmap");
-    pid_t child = fork();
-    if (child < 0) die("fork");
-    if (child == 0) {
-        alarm(25);
-        close(k);
-        take_bytes(c, s);
-        _exit(0);
-    }
-    pid_t reader = fork();
-    if (reader < 0) die("fork");
-    if (reader == 0) {
-        alarm(25);
-        close(k);
-        take_bytes(c, s);
-        _exit(0);
+    pid_t pollers[2];
+    for (int i = 0; i < 2; i++) {
+        pollers[i] = fork();
+        if (pollers[i] < 0) die("fork");
+        if (pollers[i] == 0) {
+            alarm(25);
+            close(k);
+            take_bytes(c, s);
+            _exit(0);
+        }
     }
     close(c);
     long sum = 0;
@@ -180,8 +177,8 @@ static void forked_pollers(void) {
     }
     shutdown(k, SHUT_WR);
     int st1, st2;
-    waitpid(child, &st1, 0);
-    waitpid(reader, &st2, 0);
+    waitpid(pollers[0], &st1, 0);
+    waitpid(pollers[1], &st2, 0);
     printf("forked pollers: %ld of %d bytes taken\n", atomic_load(&s->taken), FORK_ROUNDS * BURST);
     CHECK(atomic_load(&s->taken) == FORK_ROUNDS * BURST && atomic_load(&s->sum) == sum, "fork: every byte taken once");
     CHECK(WIFEXITED(st1) && WEXITSTATUS(st1) == 0 && WIFEXITED(st2) && WEXITSTATUS(st2) == 0, "fork: both pollers saw the end");
