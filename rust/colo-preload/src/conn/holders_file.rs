@@ -181,6 +181,16 @@ pub fn fd() -> Option<RawFd> {
     (STATE.load(Ordering::Acquire) == READY).then(|| FD.load(Ordering::Relaxed))
 }
 
+/// Whether this process maps a holders file made by another uid than its effective one: the
+/// file of a parent it was forked from before it changed uid, which holds that parent's pages
+/// (those of its connections then and since) and is writable through this process's mapping.
+pub fn of_another_uid() -> bool {
+    let Some(fd) = fd() else { return false };
+    // SAFETY: the file's descriptor, open for the life of the process.
+    let fd = unsafe { colo_sys::BorrowedFd::borrow_raw(fd) };
+    !rustix::fs::fstat(fd).is_ok_and(|st| st.st_uid == rustix::process::geteuid().as_raw())
+}
+
 /// A fresh slot: its index and its words, zeroed. `None` when there is no file or no free slot.
 pub fn alloc() -> Option<(u32, *const AtomicU32)> {
     let base = base()?;
