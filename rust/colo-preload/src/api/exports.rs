@@ -6,7 +6,7 @@ use crate::api::{behind, confine, copy, data, epoll, fdopen, fds, forget, names,
 use crate::base::guard::Guard;
 use crate::base::uring::refused;
 use crate::conn::state::Conn;
-use crate::conn::table;
+use crate::conn::{holders_file, table};
 use crate::real;
 use crate::service::server;
 use libc::{c_int, c_uint, c_ulong, c_void, iovec, msghdr, nfds_t, off_t, size_t, sockaddr, socklen_t, ssize_t};
@@ -84,8 +84,10 @@ pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_lo
 /// at the handshake (as the same user, maybe) and reads its rings through the mapping, and a
 /// dumpable process is its new user's to take descriptors from and write into (a server that
 /// accepts as root, then drops to nobody and asks to be dumpable for core dumps would hand
-/// nobody the rings of root's client; the kernel made it undumpable at the change). A process
-/// that changes uid before its first connection (nginx's workers) is not concerned.
+/// nobody the rings of root's client; the kernel made it undumpable at the change), or maps a
+/// holders file of another uid (a fork child's, its parent's pages, whose turns nobody would
+/// hold to hang the parent's calls). nginx's workers (no connection, nor one in the master
+/// before their fork) are not concerned.
 /// Variadic in C; the kernel takes four arguments after the option, passed in registers.
 #[no_mangle]
 pub unsafe extern "C" fn prctl(option: c_int, a2: c_ulong, a3: c_ulong, a4: c_ulong, a5: c_ulong) -> c_int {
@@ -95,7 +97,7 @@ pub unsafe extern "C" fn prctl(option: c_int, a2: c_ulong, a3: c_ulong, a4: c_ul
     if option == libc::PR_SET_DUMPABLE
         && a2 != 0
         && crate::base::uids::changed()
-        && (table::fds_of_kind(table::CONN).next().is_some() || table::fds_of_kind(table::PENDING).next().is_some())
+        && (table::fds_of_kind(table::CONN).next().is_some() || table::fds_of_kind(table::PENDING).next().is_some() || holders_file::of_another_uid())
     {
         crate::base::guard::set_errno(libc::EPERM);
         return -1;

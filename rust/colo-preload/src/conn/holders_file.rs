@@ -68,6 +68,9 @@ static FD: AtomicI32 = AtomicI32::new(-1);
 /// This process's inheritable connections with a page here: the descriptor is inheritable
 /// while there is one.
 static INHERITABLE: AtomicUsize = AtomicUsize::new(0);
+/// The effective uid this process had when it made or adopted the file (set before `STATE`
+/// becomes `READY`): its owner's.
+static OWNER: AtomicU32 = AtomicU32::new(0);
 /// Where the next allocation starts looking (a bitmap word).
 static HINT: AtomicUsize = AtomicUsize::new(0);
 /// Pages this process allocated: every `RECLAIM_EVERY`th allocation reclaims first.
@@ -119,8 +122,9 @@ fn map(w: &OwnedFd) -> Option<*mut u8> {
 
 fn publish(base: *mut u8, fd: OwnedFd) {
     BASE.store(base, Ordering::Relaxed);
+    OWNER.store(rustix::process::geteuid().as_raw(), Ordering::Relaxed);
     FD.store(std::mem::ManuallyDrop::new(fd).as_raw_fd(), Ordering::Relaxed);
-    // SYNC POINT: Release, with the Acquire load in `base`.
+    // SYNC POINT: Release, with the Acquire loads in `base` and `of_another_uid`.
     STATE.store(READY, Ordering::Release);
 }
 
@@ -179,6 +183,14 @@ pub fn adopt(fd: OwnedFd) -> bool {
 pub fn fd() -> Option<RawFd> {
     // SYNC POINT: as in `base`.
     (STATE.load(Ordering::Acquire) == READY).then(|| FD.load(Ordering::Relaxed))
+}
+
+/// Whether this process maps a holders file it made or adopted under another effective uid: the
+/// file of a parent it was forked from before it changed uid, which holds that parent's pages
+/// (those of its connections then and since) and is writable through this process's mapping.
+pub fn of_another_uid() -> bool {
+    // SYNC POINT: Acquire, with the Release store of `READY` in `publish`: `OWNER` is set before.
+    STATE.load(Ordering::Acquire) == READY && OWNER.load(Ordering::Relaxed) != rustix::process::geteuid().as_raw()
 }
 
 /// A fresh slot: its index and its words, zeroed. `None` when there is no file or no free slot.
