@@ -610,8 +610,8 @@ const mustAnswerWait = 200 * time.Millisecond
 // welcomed remembers, by rendezvous name, the pid of the listener that last answered WELCOME.
 var welcomed sync.Map
 
-// carrierAnswerTimeout bounds the wait for the answer to a CARRIER offer once the TCP connection
-// is established (the server answers when its application accepts).
+// carrierAnswerTimeout bounds the wait for a WELCOME the server owes once it has claimed an
+// offer (its claim is done; only the datagram is on the way).
 const carrierAnswerTimeout = 2 * time.Second
 
 // carrierClient offers a CARRIER segment for a loopback TCP connection (spec section 3): bind,
@@ -679,7 +679,9 @@ func carrierClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry, n
 		cs.close()
 		return &Conn{tcp: tc.(*net.TCPConn)}, nil
 	}
-	dl := time.Now().Add(carrierAnswerTimeout)
+	// The server answers when its application accepts: a late one is met as over TCP after
+	// COLO_CARRIER_TIMEOUT_MS (500 ms, as the Rust core and the shim wait), on plain TCP.
+	dl := time.Now().Add(netnsAnswerWait())
 	if cdl, ok := ctx.Deadline(); ok && cdl.Before(dl) {
 		dl = cdl
 	}

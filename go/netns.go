@@ -309,9 +309,10 @@ func netnsProposal(boot, clientNonce []byte) []byte {
 	return prop
 }
 
-// netnsAnswerWait bounds a client's wait for the answer to its PROPOSAL, and how long the head
-// of an owed answer's stream may hold part of one (COLO_CARRIER_TIMEOUT_MS, 500 ms, as the Rust
-// core and the shim read it): the server answers only once its program gets to the connection.
+// netnsAnswerWait bounds a client's wait for the answer to its PROPOSAL or to its CARRIER offer,
+// and how long the head of an owed answer's stream may hold part of one (COLO_CARRIER_TIMEOUT_MS,
+// 500 ms, as the Rust core and the shim read it): the server answers only once its program gets
+// to the connection.
 var netnsAnswerWait = sync.OnceValue(func() time.Duration {
 	if ms, err := strconv.Atoi(os.Getenv("COLO_CARRIER_TIMEOUT_MS")); err == nil && ms > 0 {
 		return time.Duration(ms) * time.Millisecond
