@@ -272,6 +272,11 @@ impl Offer {
         &self.control
     }
 
+    /// The pid of the process serving the rendezvous the offer went to (`SO_PEERCRED`).
+    pub fn server_pid(&self) -> u32 {
+        self.server_pid
+    }
+
     /// Waits up to `timeout` for WELCOME or REJECT. Blocking.
     pub fn wait_answer(&self, timeout: Duration) -> Answer {
         let deadline = Instant::now() + timeout;

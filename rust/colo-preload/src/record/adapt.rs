@@ -322,6 +322,33 @@ pub fn busy(dest: SocketAddr) -> bool {
     g.as_ref().and_then(|m| m.get(&dest)).and_then(|d| d.busy_until).is_some_and(|t| Instant::now() < t)
 }
 
+/// Server processes found not accepting ([`process_not_accepting`]), each with the `coarse_ms`
+/// deadline of its period: the destination's period covers one listener, and a program that
+/// accepts a connection only after the client's next request on another connection opens a new
+/// listener for each (an FTP session's passive data connections, a new port each), so each of
+/// its listeners would cost the client the wait once. Direct-mapped by pid, as `PLAIN_UNTIL`: a
+/// torn or overwritten entry only offers one connection shared memory (and its wait), or keeps
+/// one plain a tick longer; a pid reused within the period only dials plain TCP until its end.
+static BUSY_PROCESSES: [PlainUntil; 16] = [const { PlainUntil { key: AtomicU64::new(0), until: AtomicU64::new(0) } }; 16];
+
+/// The program of process `pid` (0: not known) did not accept a connection offered to one of its
+/// listeners while its queue stood still ([`not_accepting`] for the destination): connections to
+/// any listener whose rendezvous `pid` serves go plain TCP without an offer for `BUSY_FOR`.
+pub fn process_not_accepting(pid: u32) {
+    if pid == 0 {
+        return;
+    }
+    let e = &BUSY_PROCESSES[pid as usize % BUSY_PROCESSES.len()];
+    e.until.store(coarse_ms() + BUSY_FOR.as_millis() as u64, Ordering::Relaxed);
+    e.key.store(u64::from(pid), Ordering::Relaxed);
+}
+
+/// Whether process `pid` was found not accepting within the last `BUSY_FOR`
+/// ([`process_not_accepting`]).
+pub fn process_busy(pid: u32) -> bool {
+    pid != 0 && BUSY_PROCESSES[pid as usize % BUSY_PROCESSES.len()].holds(u64::from(pid))
+}
+
 /// After a set-up found no descriptor number free for the shim (see the shim's `init`), no
 /// connection is offered shared memory for this long: each attempt costs system calls and a log
 /// line, and a client that opens hundreds of connections at once would make one per connection.
@@ -419,6 +446,17 @@ mod tests {
         assert_eq!(accelerate(d), Verdict::Offer, "one miss: look again (its server may be starting)");
         no_listener(d);
         assert_eq!(accelerate(d), Verdict::Plain, "a second miss soon after: not for a while");
+    }
+
+    #[test]
+    fn a_process_found_not_accepting_is_remembered_for_its_other_listeners() {
+        // Pids no test process has: the table is the process's.
+        let (p, q) = (4_000_001, 4_000_002);
+        assert!(!process_busy(p) && !process_busy(0));
+        process_not_accepting(p);
+        process_not_accepting(0);
+        assert!(process_busy(p), "found so: for BUSY_FOR");
+        assert!(!process_busy(q) && !process_busy(0), "not another process, nor an unknown one");
     }
 
     #[test]

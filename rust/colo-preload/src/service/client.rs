@@ -117,6 +117,12 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
             return Prepared::Plain;
         }
     };
+    if adapt::process_busy(rendezvous.server_pid) {
+        log_debug(format_args!(
+            "connect {peer}: its server's program was found not accepting on another of its listeners a moment ago; plain TCP"
+        ));
+        return Prepared::Plain;
+    }
     // Bind first, so the 4-tuple is known before the SYN. A socket whose connect was refused
     // still reports the port it had, on the wildcard address, but is bound to nothing: its
     // next connect would pick another port (the offer waited out its timeout for nothing).
@@ -380,7 +386,9 @@ const ANSWER_AFTER_ACCEPT: Duration = Duration::from_millis(50);
 /// `STALL_LOOKS` steps in a row means its program is not accepting now (a queue's length alone
 /// cannot tell accepts matched by arrivals: one look would take a server in a burst of
 /// connections for one that stopped): the connection goes on over plain TCP, as it would
-/// at the end of `left`, and so do the next ones there for a while (`adapt::not_accepting`).
+/// at the end of `left`, and so do the next ones there, and to the other listeners of the
+/// process serving its rendezvous, for a while (`adapt::not_accepting`,
+/// `adapt::process_not_accepting`: an FTP session listens on a new port for each transfer).
 /// Only where this process holds another connection (one such a server may be waiting on: any
 /// accelerated one, or a plain one to the same server): a lone client, which no server can be
 /// waiting on, waits the whole `left` for a late accept.
@@ -440,8 +448,9 @@ fn wait_while_accepting(fd: i32, p: &Pending, left: Duration) -> Answer {
             (None, _) => return p.offer.wait_answer(rest),
             (Some(n), Some(before)) if n >= before && flat + 1 >= STALL_LOOKS && holds_a_connection(fd, p.peer) => {
                 adapt::not_accepting(p.peer);
+                adapt::process_not_accepting(p.offer.server_pid());
                 log_info(format_args!(
-                    "connect {}: its server's program is not accepting ({n} connections in its queue); plain TCP there for {:?}",
+                    "connect {}: its server's program is not accepting ({n} connections in its queue); plain TCP there, and to its other listeners, for {:?}",
                     p.peer,
                     adapt::BUSY_FOR
                 ));
