@@ -162,6 +162,21 @@ def message(kind, mode=0):
     return struct.pack("<IBBBxII", MSG_MAGIC, kind, 1, mode, 0, 0)
 
 
+def welcomed_carriers(ring, port, n):
+    """Up to `n` CARRIER offers of `carrier_offer` that the server welcomed, each as (the TCP
+    socket, the rendezvous connection, the memfd, its mapping); stops at the first other answer,
+    which it prints."""
+    conns = []
+    for _ in range(n):
+        t, ctl, fd = carrier_offer(ring, port)
+        a = answer(ctl)
+        if a != "WELCOME":
+            print("answer", a, flush=True)
+            break
+        conns.append((t, ctl, fd, mmap.mmap(fd, segment_size(ring, 0, 0))))
+    return conns
+
+
 def rendezvous(port):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.connect(b"\0colo/1/127.0.0.1:%d" % port)

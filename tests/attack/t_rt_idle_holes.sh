@@ -11,8 +11,10 @@
 # 228 MiB stayed allocated, charged to root's redis (its RssShmem), up to the per-uid mapped
 # budget with more connections. Now a consumer whose peer is another user reads the ring with
 # pread of the segment's memfd (colo::Segment::read_through_memfd), which gives zeros for a
-# hole and allocates nothing. The same against a Go API server (go/sink_server.go, which reads
-# every connection to its end), which held 228 MiB before it read through the memfd too
+# hole and allocates nothing, but for the ring's first 128 KiB, read through the mapping
+# (colo::segment::MAPPED_WINDOW: at most those pages a connection, t_rt_punch_reads.sh). The
+# same against a Go API server (go/sink_server.go, which reads every connection to its end),
+# which held 228 MiB before it read through the memfd too
 # (Conn.readThrough).
 source "$(dirname "$0")/lib.sh"
 cp "$HERE/py/idle_holes.py" "$HERE/colo_attack.py" "$WORK/" && chmod 644 "$WORK"/*.py

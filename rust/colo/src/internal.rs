@@ -32,7 +32,7 @@ pub mod shm {
 
 /// A mapped segment and the role a side plays in it.
 pub mod segment {
-    pub use crate::segment::{keep_memfds, Geometry, Layout, Role, Segment};
+    pub use crate::segment::{keep_memfds, Geometry, Layout, Role, Segment, MAPPED_WINDOW};
 }
 
 /// The wake-up eventfds of threads asleep on a side's doorbell.

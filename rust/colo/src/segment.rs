@@ -249,8 +249,9 @@ impl Segment {
     /// long as the memfd lives; a read of the file gives zeros for a hole and allocates nothing.
     /// So a peer that claims bytes it never wrote makes us read zeros and holds nothing of ours,
     /// where reading through the mapping would leave every page read charged to us while the
-    /// connection stays open. The cost is a system call per read. Without a memfd (closed
-    /// already) nothing changes.
+    /// connection stays open. The cost is a system call per read, but for the bytes in the
+    /// ring's first [`MAPPED_WINDOW`], read through the mapping (at most the window's pages
+    /// allocated by us). Without a memfd (closed already) nothing changes.
     pub fn read_through_memfd(&mut self) {
         self.through_memfd = self.memfd.is_some();
     }
@@ -668,8 +669,24 @@ impl Segment {
     }
 }
 
+/// How much of an incoming ring read through the memfd ([`Segment::read_through_memfd`]) is read
+/// through the mapping all the same: the bytes at `0..MAPPED_WINDOW` of its data. A `pread` of
+/// shared memory costs a system call and a page-cache lookup a page (about four times a copy
+/// from the mapping); a residency check (`mincore`) before a copy costs a system call as well,
+/// and proves nothing once made (the producer can punch the page before the copy touches it).
+/// So the reads below the window are not checked at all: whatever the peer does, the pages our
+/// reads can allocate, charged to us, are those under the window's bytes (33 pages), at most one
+/// each at a time (a page exists once in the file; one the peer punches again is uncharged),
+/// given back at our last close with the rest of the ring we read
+/// ([`Segment::give_back_incoming`]). TCP lets a peer make us hold as much (its default receive
+/// buffer, `tcp_rmem`'s middle value, 128 KiB) for as long as we do not read, and up to
+/// `tcp_rmem`'s maximum once autotuning grew the buffer. An answer that fits the window is read
+/// at the mapping's cost: a ring grows to the smallest power of two that holds its unread bytes,
+/// 128 KiB for one answer of up to 128 KiB.
+pub const MAPPED_WINDOW: usize = 128 << 10;
+
 /// The data of an incoming ring: read through the mapping, or with `pread` of the segment's
-/// memfd at `file.1` (see [`Segment::read_through_memfd`]).
+/// memfd at `file.1` (see [`Segment::read_through_memfd`]) beyond [`MAPPED_WINDOW`].
 #[derive(Debug, Clone, Copy)]
 pub struct InBytes {
     mapped: RawBytes,
@@ -692,7 +709,11 @@ unsafe impl colo_ring::ring::Bytes for InBytes {
             // SAFETY: the caller's contract, passed on.
             return unsafe { self.mapped.load(at, dst) };
         };
-        let mut done = 0;
+        // The bytes below `MAPPED_WINDOW` through the mapping: the most a peer can make us
+        // allocate there is the pages under that window (see `MAPPED_WINDOW`).
+        let mut done = MAPPED_WINDOW.saturating_sub(at).min(dst.len());
+        // SAFETY: the caller's contract: `at + done <= at + dst.len()` is inside the region.
+        unsafe { self.mapped.load(at, &mut dst[..done]) };
         while done < dst.len() {
             // SAFETY: the segment's memfd, open while the segment (which outlives this value's
             // users) lives.
@@ -789,8 +810,8 @@ mod tests {
 
     /// Through the memfd, a consumer reads what the producer wrote, across the ring's wrap and
     /// its growth, and a region the producer claimed without writing (its pages punched after
-    /// the write) reads as zeros and stays unallocated; through the mapping the same read
-    /// allocates it.
+    /// the write) reads as zeros and stays unallocated above [`MAPPED_WINDOW`]; through the
+    /// mapping the same read allocates all of it.
     #[test]
     fn a_consumer_reading_through_the_memfd_allocates_no_hole() {
         for through in [true, false] {
@@ -827,7 +848,10 @@ mod tests {
             assert!(buf[from - off..to - off].iter().all(|&b| b == 0), "a hole reads as zeros");
             let kept = allocated(&seg, from, to - from);
             if through {
-                assert_eq!(kept, 0, "reading holes through the memfd allocated {kept} bytes");
+                // The window is read through the mapping: its pages, and none above them.
+                let cut = (off + MAPPED_WINDOW).next_multiple_of(4096);
+                assert_eq!(allocated(&seg, cut, to - cut), 0, "reading holes through the memfd allocated pages above the window");
+                assert!(kept <= cut - from, "reading holes allocated {kept} bytes, the window's pages are {}", cut - from);
             } else {
                 assert_eq!(kept, to - from, "reading holes through the mapping allocates them");
             }

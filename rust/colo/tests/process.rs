@@ -327,7 +327,9 @@ fn kill(mut child: Child) {
 /// A server that listened as root and serves as nobody is nobody's (it may take the server's
 /// descriptors): root's client must read its ring through the memfd, where a ring of holes
 /// allocates nothing, not through its mapping, where reading them allocates them, charged to
-/// the client for as long as the server keeps the memfd. The rendezvous's SO_PEERCRED says
+/// the client for as long as the server keeps the memfd: but for the ring's first
+/// `MAPPED_WINDOW` bytes, read through the mapping (their pages at most, none above). The
+/// rendezvous's SO_PEERCRED says
 /// root (taken at the listen); the WELCOME's credentials say nobody (spec/WIRE.md section 3,
 /// "Who answers"). An answer that comes after the client stopped waiting for it (the connection
 /// went on pending) carries no credentials: judged the same.
@@ -339,14 +341,18 @@ fn a_server_that_dropped_to_another_user_is_read_through_the_memfd() {
         eprintln!("needs root (a server that changes its uid): not run");
         return;
     }
+    let window = colo::internal::segment::MAPPED_WINDOW as i64;
     for when in ["", "late"] {
-        let allocated = dropped_server_holes_read(when);
-        assert!(allocated <= 8192, "answer {when:?}: root's client allocated {allocated} bytes of nobody's holes");
+        let (below, above) = dropped_server_holes_read(when, window);
+        assert!(above <= 8192, "answer {when:?}: root's client allocated {above} bytes of nobody's holes above the window");
+        assert!(below <= window, "answer {when:?}: root's client allocated {below} bytes of nobody's holes below the window");
     }
 }
 
-/// Bytes of a `dropping_server`'s (`when`) ring of holes that its client's reads allocated.
-fn dropped_server_holes_read(when: &str) -> i64 {
+/// Bytes of a `dropping_server`'s (`when`) ring of holes that its client's reads allocated,
+/// in the pages below the data's first `window` bytes (and its first page, which holds the
+/// ring's words) and above them.
+fn dropped_server_holes_read(when: &str, window: i64) -> (i64, i64) {
     let mut child = common::child("child_entry", "dropping_server", when);
     let addr = wait_line(&mut child).strip_prefix("READY ").unwrap().to_string();
     let s = dial_shm(&addr, &Options::new().ring_capacity(1 << 20));
@@ -373,16 +379,20 @@ fn dropped_server_holes_read(when: &str) -> i64 {
     let size = f.metadata().unwrap().len() as i64;
     let s2c = colo_ring::layout::HEADER_SIZE as i64 + (size - colo_ring::layout::HEADER_SIZE as i64) / 2;
     let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
-    let (mut at, mut allocated) = (s2c + 4096, 0);
+    // The data starts within the block's first page: bytes from `window` on lie past `cut`.
+    let cut = s2c + 4096 + window;
+    let (mut at, mut below, mut above) = (s2c + 4096, 0, 0);
     // SAFETY: lseek on a file we opened.
     while let Ok(data) = usize::try_from(unsafe { libc::lseek(fd, at, libc::SEEK_DATA) }) {
         // SAFETY: as above.
         let hole = unsafe { libc::lseek(fd, data as i64, libc::SEEK_HOLE) };
-        allocated += hole - data as i64;
+        let data = data as i64;
+        below += hole.min(cut) - data.min(cut);
+        above += hole.max(cut) - data.max(cut);
         at = hole;
     }
     kill(child);
-    allocated
+    (below, above)
 }
 
 #[test]
