@@ -21,7 +21,7 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut off_t, count: size_t) -
         // SAFETY: the application's arguments, as sendfile(2) takes them.
         unsafe { real::sendfile(out, inp, off, count) },
         // SAFETY: sendfile(2)'s contract: a null `off`, or the application's writable offset.
-        |g, c| unsafe { send_file(&g, &c, inp, off.cast(), count) }
+        |g, c| unsafe { send_file(&g, &c, out, inp, off.cast(), count) }
     )
 }
 
@@ -77,11 +77,18 @@ impl Source for FileBytes {
     }
 }
 
-/// `sendfile` from `inp` at `*off` (or its file position, for a null `off`) into `c`.
+/// `sendfile` from `inp` at `*off` (or its file position, for a null `off`) into `c`, whose
+/// descriptor is `out`.
 ///
 /// # Safety
 /// `off` is null or points to the application's writable offset.
-unsafe fn send_file(g: &Guard, c: &Conn, inp: c_int, off: *mut i64, count: size_t) -> ssize_t {
+unsafe fn send_file(g: &Guard, c: &Conn, out: c_int, inp: c_int, off: *mut i64, count: size_t) -> ssize_t {
+    if count == 0 {
+        // The kernel checks its descriptors and the offset, then moves nothing: the same call to
+        // the connection's socket gives its answers, and sends nothing.
+        // SAFETY: the application's arguments, as sendfile(2) takes them; a count of 0.
+        return unsafe { real::sendfile(out, inp, off, 0) };
+    }
     // At most what the kernel's sendfile moves in one call (`MAX_RW_COUNT`).
     let count = count.min(0x7fff_f000);
     let pos: i64 = if off.is_null() {
@@ -91,11 +98,18 @@ unsafe fn send_file(g: &Guard, c: &Conn, inp: c_int, off: *mut i64, count: size_
         // SAFETY: the application's offset.
         unsafe { *off }
     };
-    // The input's errors come before the socket's (a full ring's EAGAIN), as the kernel checks
-    // its descriptors first: an input that cannot be read at an offset (a pipe, a socket) is
-    // ESPIPE given an offset and EINVAL without one, as the kernel answers; one that cannot be
-    // read at all EBADF. A read of nothing asks.
-    let unreadable = |e: i32| g.err(if e == libc::ESPIPE && off.is_null() { libc::EINVAL } else { e });
+    // The input's answers come before the socket's (a full ring's EAGAIN, or a wait for room),
+    // as the kernel reads the file before it writes to the socket: an input that cannot be read
+    // at an offset (a pipe, a socket) is ESPIPE given an offset and EINVAL without one; one that
+    // cannot be read at all EBADF; one the kernel cannot splice from (a directory, /dev/null,
+    // some files of /proc) EINVAL; and one at its end 0, however full the socket.
+    let unreadable = |e: i32| {
+        g.err(match e {
+            libc::ESPIPE if off.is_null() => libc::EINVAL,
+            libc::EISDIR => libc::EINVAL,
+            e => e,
+        })
+    };
     let last = || io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
     if pos < 0 && off.is_null() {
         return unreadable(last());
@@ -107,9 +121,28 @@ unsafe fn send_file(g: &Guard, c: &Conn, inp: c_int, off: *mut i64, count: size_
         let seekable = unsafe { libc::lseek64(inp, 0, libc::SEEK_CUR) } >= 0;
         return g.err(if seekable { libc::EINVAL } else { last() });
     }
-    // SAFETY: a read of 0 bytes stores nothing.
-    if unsafe { libc::pread64(inp, std::ptr::null_mut(), 0, pos) } < 0 {
-        return unreadable(last());
+    // SAFETY: only asks the kernel about the number.
+    let st = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(inp) });
+    let Ok(st) = st else { return unreadable(libc::EBADF) };
+    // A regular file with bytes is one the kernel splices from (its page cache), whose end is
+    // its size: the common case asks no more. Anything else, a file at its end, or a connection
+    // with no room now is asked what the kernel's read of it would answer.
+    let regular = rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile && st.st_size > 0;
+    if !regular || pos >= st.st_size || c.space() == 0 {
+        let mut one = 0u8;
+        // SAFETY: a read of at most one byte into `one`.
+        let r = unsafe { libc::pread64(inp, (&raw mut one).cast(), 1, pos) };
+        if r < 0 {
+            return unreadable(last());
+        }
+        if !regular {
+            if let Err(e) = splices(inp, pos) {
+                return g.err(e);
+            }
+        }
+        if r == 0 {
+            return g.ok(0);
+        }
     }
     let src = FileBytes { fd: inp, pos, len: count, stored: Cell::new(0), ended: Cell::new(false), err: Cell::new(None) };
     let r = match conn_send_from(c, &src, 0) {
@@ -130,6 +163,22 @@ unsafe fn send_file(g: &Guard, c: &Conn, inp: c_int, off: *mut i64, count: size_
     }
     epipe_signal(&r, 0);
     result(g, r)
+}
+
+/// Whether the kernel's sendfile reads `fd` (a file it can read at `pos`): the kernel's own
+/// sendfile of one byte from `pos` to /dev/null answers it, and moves nothing of `fd` (the offset
+/// is ours). `Err` is that sendfile's errno (EINVAL for what the kernel cannot splice from);
+/// without /dev/null to ask, the file is taken as one it reads.
+fn splices(fd: c_int, pos: i64) -> Result<(), c_int> {
+    use rustix::fs::{open, Mode, OFlags};
+    let Ok(null) = open("/dev/null", OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty()) else { return Ok(()) };
+    let mut at = pos;
+    // SAFETY: our /dev/null; the application's readable `fd`; `at` is ours.
+    let r = unsafe { real::sendfile(std::os::fd::AsRawFd::as_raw_fd(&null), fd, &mut at, 1) };
+    if r < 0 {
+        return Err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL));
+    }
+    Ok(())
 }
 
 /// The bytes of the file `fd` from `pos` to its end (0 for what is not a regular file).
