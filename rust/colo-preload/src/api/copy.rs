@@ -1,6 +1,7 @@
-//! Calls that move bytes between a descriptor and an accelerated socket: `sendfile` from a file,
-//! `splice` to or from a pipe. The kernel would move them past the ring: a file's bytes are read
-//! straight into the ring, a pipe's go through a buffer of ours.
+//! Calls that move bytes between a descriptor and an accelerated socket: `sendfile` from a file
+//! (or from the socket to a pipe), `splice` to or from a pipe. The kernel would move them past
+//! the ring: a file's bytes are read straight into the ring, a pipe's go through a buffer of
+//! ours.
 
 use crate::api::route::{conn_for_io, epipe_signal, plain, result, with_conn};
 use crate::base::guard::Guard;
@@ -16,6 +17,17 @@ use std::time::Instant;
 /// `sendfile(2)` (and `sendfile64`: `off_t` is 64 bits on the 64-bit targets this shim
 /// supports) to an accelerated socket: the file's bytes are read into the ring (`FileBytes`).
 pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut off_t, count: size_t) -> ssize_t {
+    if !plain(inp) && plain(out) && is_pipe(out) && conn_for_io(inp).is_some() {
+        // A connection read into a pipe: the kernel's sendfile reads the socket as splice does
+        // (the pipe's O_NONBLOCK as SPLICE_F_NONBLOCK); it has no offset to read at (ESPIPE).
+        // Into anything else the kernel wants a seekable input: EINVAL, as the carrier answers.
+        if !off.is_null() {
+            return Guard::enter().err(libc::ESPIPE);
+        }
+        let flags = if nonblocking_fd(out) { libc::SPLICE_F_NONBLOCK } else { 0 };
+        // SAFETY: the application's descriptors; no offsets.
+        return unsafe { splice(inp, std::ptr::null_mut(), out, std::ptr::null_mut(), count, flags) };
+    }
     with_conn!(
         out,
         // SAFETY: the application's arguments, as sendfile(2) takes them.
