@@ -200,6 +200,41 @@ static void waitall_signal(void) {
     waitpid(p, NULL, 0);
 }
 
+static void send_cut_by_signal(void) {
+    /* A blocking send that fills the peer's buffers, then a signal: the bytes it moved, not a
+     * restart, SA_RESTART or not (and a writev as well). */
+    int s, c;
+    pair(&s, &c);
+    static char big[32 << 20];
+    pid_t me = getpid();
+    for (int restart = 0; restart < 2; restart++) {
+        struct sigaction sa = {.sa_handler = on_signal, .sa_flags = restart ? SA_RESTART : 0};
+        sigaction(SIGUSR1, &sa, NULL);
+        for (int vec = 0; vec < 2; vec++) {
+            pid_t p = fork();
+            if (p == 0) {
+                settle(300);
+                kill(me, SIGUSR1);
+                _exit(0);
+            }
+            struct iovec io[2] = {{big, sizeof big / 2}, {big + sizeof big / 2, sizeof big / 2}};
+            errno = 0;
+            ssize_t n = vec ? writev(c, io, 2) : send(c, big, sizeof big, 0);
+            say("  %s%s: %s", vec ? "writev" : "send", restart ? " (SA_RESTART)" : "",
+                n > 0 && n < (ssize_t)sizeof big ? "partial" : n < 0 ? ename(errno) : "all");
+            waitpid(p, NULL, 0);
+            /* Drain what was sent, so that the next send starts on empty buffers. */
+            fcntl(s, F_SETFL, O_NONBLOCK);
+            long got = 0;
+            while (got < n) {
+                ssize_t k = recv(s, big, sizeof big, 0);
+                if (k > 0) got += k; else settle(1);
+            }
+            fcntl(s, F_SETFL, 0);
+        }
+    }
+}
+
 static void zerocopy(void) {
     /* SO_ZEROCOPY and MSG_ZEROCOPY: the send's notification on the error queue. */
     int s, c, one = 1;
@@ -232,6 +267,7 @@ int main(void) {
     RUN(listener_shutdown);
     RUN(fd_looks);
     RUN(waitall_signal);
+    RUN(send_cut_by_signal);
     RUN(zerocopy);
     diff_end();
     return 0;
