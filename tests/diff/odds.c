@@ -63,29 +63,55 @@ static void splice_pipe_full(void) {
     T("splice of 0", splice(s, NULL, p[1], NULL, 0, 0));
 }
 
+/* recvmsg of 4 bytes with `room` bytes of control buffer: the count, and the TCP_CM_INQ it
+ * carried, the control length and the flags the kernel set. */
+static void recv_inq(int s, size_t room) {
+    char b[4];
+    union { char buf[64]; struct cmsghdr align; } ctl;
+    memset(&ctl, 0, sizeof ctl);
+    struct iovec io = {b, sizeof b};
+    struct msghdr m = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = room ? ctl.buf : NULL, .msg_controllen = room};
+    errno = 0;
+    ssize_t r = recvmsg(s, &m, MSG_DONTWAIT);
+    if (r < 0) {
+        say("  recvmsg 4 (control %zu) = -1 %s", room, ename(errno));
+        return;
+    }
+    int inq = -1, n = 0;
+    if (m.msg_controllen >= sizeof(struct cmsghdr)) {
+        for (struct cmsghdr *h = CMSG_FIRSTHDR(&m); h; h = CMSG_NXTHDR(&m, h)) {
+            n++;
+            if (h->cmsg_level == IPPROTO_TCP && h->cmsg_type == TCP_CM_INQ && h->cmsg_len >= CMSG_LEN(sizeof inq))
+                memcpy(&inq, CMSG_DATA(h), sizeof inq);
+        }
+    }
+    say("  recvmsg 4 (control %zu) = %zd: cmsgs %d, inq %d, controllen %zu, cmsg_len %zu, flags %x", room, r, n, inq,
+        (size_t)m.msg_controllen, (size_t)ctl.align.cmsg_len, m.msg_flags);
+}
+
 static void tcp_inq(void) {
-    /* TCP_INQ: recvmsg carries the bytes left to read in a TCP_CM_INQ message. */
+    /* TCP_INQ: recvmsg carries the bytes left to read in a TCP_CM_INQ message (1 at the end of
+     * the stream), truncated to the control buffer given. */
     int s, c, one = 1;
     pair(&s, &c);
+    send(c, "0123456789abcdefghij", 20, 0);
+    settle(50);
+    recv_inq(s, 64);
     T("setsockopt TCP_INQ", setsockopt(s, IPPROTO_TCP, TCP_INQ, &one, sizeof one));
     int v = -1;
     socklen_t len = sizeof v;
     T("getsockopt TCP_INQ", getsockopt(s, IPPROTO_TCP, TCP_INQ, &v, &len));
     say("  TCP_INQ = %d", v);
-    send(c, "0123456789", 10, 0);
+    recv_inq(s, 64);
+    recv_inq(s, 0);
+    recv_inq(s, 8);
+    recv_inq(s, 18);
+    recv_inq(s, 64);
+    recv_inq(s, 64);
+    shutdown(c, SHUT_WR);
     settle(50);
-    for (int i = 0; i < 3; i++) {
-        char b[4], ctl[64];
-        struct iovec io = {b, sizeof b};
-        struct msghdr m = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
-        T("recvmsg 4", recvmsg(s, &m, MSG_DONTWAIT));
-        int inq = -1, n = 0;
-        for (struct cmsghdr *h = CMSG_FIRSTHDR(&m); h; h = CMSG_NXTHDR(&m, h)) {
-            n++;
-            if (h->cmsg_level == IPPROTO_TCP && h->cmsg_type == TCP_CM_INQ) memcpy(&inq, CMSG_DATA(h), sizeof inq);
-        }
-        say("  cmsgs %d, inq %d, flags %x", n, inq, m.msg_flags);
-    }
+    recv_inq(s, 64);
+    recv_inq(s, 64);
 }
 
 static void *accept_blocked(void *l) {

@@ -610,6 +610,17 @@ impl Conn {
         }
     }
 
+    /// What `TCP_INQ` reports after a read (the kernel's `tcp_inq_hint`): the bytes left to read,
+    /// or 1 once the peer's FIN came with none left, so that a reader goes on to read the end.
+    pub fn inq_hint(&self) -> usize {
+        let inc = self.incoming();
+        match inc.used(self.shm.ring_capacity()) {
+            Ok(0) if inc.flags & FLAG_FIN != 0 => 1,
+            Ok(n) => n as usize,
+            Err(_) => 0,
+        }
+    }
+
     /// The peer's processes are all gone (the control socket hung up), with no RESET either
     /// way, after reading everything we sent. An exit (or a kill) closes a process's TCP sockets
     /// gracefully, so the kernel would report end of stream here, not a reset.
