@@ -261,6 +261,30 @@ static void send_cut_by_signal(void) {
     }
 }
 
+static void recvfrom_lengths(void) {
+    /* recvfrom's address out-parameters on a stream: the length set to 0; a length it cannot
+     * read (NULL) or a negative one fails the call after the read (the byte is gone). */
+    int s, c;
+    char b[2] = {0};
+    pair(&s, &c);
+    send(c, "abcde", 5, 0);
+    settle(50);
+    struct sockaddr_in a;
+    socklen_t len = 3;
+    memset(&a, 0x55, sizeof a);
+    T("recvfrom, length 3", recvfrom(s, b, 1, 0, (struct sockaddr *)&a, &len));
+    say("  '%s', length %u, family untouched: %s", b, len, a.sin_family == 0x5555 ? "yes" : "no");
+    T("recvfrom, NULL length", recvfrom(s, b, 1, 0, (struct sockaddr *)&a, NULL));
+    len = (socklen_t)-1;
+    T("recvfrom, length -1", recvfrom(s, b, 1, 0, (struct sockaddr *)&a, &len));
+    len = 16;
+    T("recvfrom, NULL address", recvfrom(s, b, 1, 0, NULL, &len));
+    say("  '%s', length %u", b, len);
+    T("recvfrom, NULL length, nothing there", recvfrom(s, b, 1, MSG_DONTWAIT, (struct sockaddr *)&a, NULL));
+    T("recv the rest", recv(s, b, 1, 0));
+    say("  '%s'", b);
+}
+
 static void zerocopy(void) {
     /* SO_ZEROCOPY and MSG_ZEROCOPY: the send's notification on the error queue. */
     int s, c, one = 1;
@@ -294,6 +318,7 @@ int main(void) {
     RUN(fd_looks);
     RUN(waitall_signal);
     RUN(send_cut_by_signal);
+    RUN(recvfrom_lengths);
     RUN(zerocopy);
     diff_end();
     return 0;

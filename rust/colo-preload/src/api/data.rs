@@ -73,11 +73,20 @@ unsafe fn recvfrom_slow(
                 // SAFETY: recvfrom(2)'s contract: `n` writable bytes at `buf`.
                 conn_recv(&c, unsafe { slice_mut(buf as *mut u8, n) }, flags)
             };
-            if r.is_ok() && !addr.is_null() && !len.is_null() {
-                // A connected stream socket reports no source address (the kernel sets the
-                // length to 0).
+            if r.is_ok() && !addr.is_null() {
+                // A connected stream socket reports no source address: the kernel sets the
+                // length to 0, after the read; a length it cannot read or that is negative fails
+                // the call then (EFAULT, EINVAL), the bytes read gone.
+                if len.is_null() {
+                    return g.err(libc::EFAULT);
+                }
                 // SAFETY: a non-null `len` is the application's writable address length.
-                unsafe { *len = 0 };
+                if unsafe { *len } as i32 >= 0 {
+                    // SAFETY: as above.
+                    unsafe { *len = 0 };
+                } else {
+                    return g.err(libc::EINVAL);
+                }
             }
             result(&g, r)
         }
