@@ -1,11 +1,12 @@
 /* Calls the other programs leave out: a connection as sendfile's or splice's input, tee, TCP_INQ,
- * a listener shut down, /proc/self/fdinfo and fstat of a connection, MSG_WAITALL cut by a
- * signal, SO_ZEROCOPY. */
+ * a listener shut down, /proc/self/fdinfo and fstat of a connection, MSG_WAITALL and send cut by
+ * a signal, recvfrom's address lengths, connect(AF_UNSPEC), O_ASYNC, SO_TIMESTAMP, SO_ZEROCOPY. */
 #include "diff.h"
 #include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <pthread.h>
 #include <linux/errqueue.h>
+#include <sys/time.h>
 
 static void on_signal(int sig) { (void)sig; }
 
@@ -285,6 +286,67 @@ static void recvfrom_lengths(void) {
     say("  '%s'", b);
 }
 
+static volatile sig_atomic_t got_io;
+static void on_io(int sig) { (void)sig; got_io++; }
+
+static void connect_unspec(void) {
+    /* connect(AF_UNSPEC) on a connected socket disconnects it. */
+    int s, c;
+    char b[8];
+    pair(&s, &c);
+    send(s, "ab", 2, 0);
+    settle(50);
+    struct sockaddr sa = {.sa_family = AF_UNSPEC};
+    T("connect AF_UNSPEC", connect(c, &sa, sizeof sa));
+    T("recv after", recv(c, b, sizeof b, MSG_DONTWAIT));
+    T("send after", send(c, "x", 1, MSG_NOSIGNAL));
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    T("getpeername after", getpeername(c, (struct sockaddr *)&a, &len));
+    mask("poll after", pmask(c));
+    settle(50);
+    mask("peer poll", pmask(s));
+    T("peer recv", recv(s, b, sizeof b, MSG_DONTWAIT));
+    T("peer send", send(s, "x", 1, MSG_NOSIGNAL));
+}
+
+static void sigio(void) {
+    /* O_ASYNC with F_SETOWN: SIGIO when bytes arrive. */
+    int s, c;
+    pair(&s, &c);
+    signal(SIGIO, on_io);
+    T("F_SETOWN", fcntl(s, F_SETOWN, getpid()));
+    T("F_SETFL O_ASYNC", fcntl(s, F_SETFL, O_ASYNC | O_NONBLOCK));
+    say("  O_ASYNC kept: %s", fcntl(s, F_GETFL) & O_ASYNC ? "yes" : "no");
+    got_io = 0;
+    send(c, "ab", 2, 0);
+    settle(100);
+    say("  SIGIO on data: %s", got_io ? "yes" : "no");
+}
+
+static void timestamps(void) {
+    /* SO_TIMESTAMP: recvmsg carries the time the bytes arrived. */
+    int s, c, one = 1;
+    pair(&s, &c);
+    T("SO_TIMESTAMP", setsockopt(s, SOL_SOCKET, SO_TIMESTAMP, &one, sizeof one));
+    /* The kernel turns its receive stamps on a moment later (a deferred static key). */
+    settle(200);
+    send(c, "ab", 2, 0);
+    settle(50);
+    char b[4], ctl[64];
+    struct iovec io = {b, sizeof b};
+    struct msghdr m = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+    T("recvmsg", recvmsg(s, &m, 0));
+    struct cmsghdr *h = m.msg_controllen ? CMSG_FIRSTHDR(&m) : NULL;
+    struct timeval now;
+    gettimeofday(&now, NULL);
+    if (h) {
+        struct timeval tv;
+        memcpy(&tv, CMSG_DATA(h), sizeof tv);
+        say("  cmsg %d/%d, recent: %s", h->cmsg_level, h->cmsg_type, now.tv_sec - tv.tv_sec < 10 ? "yes" : "no");
+    } else say("  no cmsg");
+}
+
 static void zerocopy(void) {
     /* SO_ZEROCOPY and MSG_ZEROCOPY: the send's notification on the error queue. */
     int s, c, one = 1;
@@ -319,6 +381,9 @@ int main(void) {
     RUN(waitall_signal);
     RUN(send_cut_by_signal);
     RUN(recvfrom_lengths);
+    RUN(connect_unspec);
+    RUN(sigio);
+    RUN(timestamps);
     RUN(zerocopy);
     diff_end();
     return 0;
