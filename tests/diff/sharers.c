@@ -10,22 +10,27 @@ static void fill_and_drain(const char *who, int c, int s) {
     ssize_t n;
     while ((n = send(c, big, sizeof big, MSG_DONTWAIT)) > 0) total += n;
     say("  %s queued before EAGAIN under 64 KiB: %s (last -1 %s)", who, total < 65536 ? "yes" : "no", ename(errno));
-    mask("  poll writer full", pmask(c) & POLLOUT);
+    mask("poll writer full", pmask(c) & POLLOUT);
     long got = 0;
     while (got < total && (n = recv(s, big, sizeof big, 0)) > 0) got += n;
     settle(50);
-    mask("  poll writer drained", pmask(c) & POLLOUT);
+    mask("poll writer drained", pmask(c) & POLLOUT);
 }
 
-static void sndbuf_set_by_a_fork_child(void) {
-    int s, c, size = 4096;
-    pair(&s, &c);
+/* A fork child sets SO_SNDBUF `size` on `c`, and exits. */
+static void sndbuf_in_a_child(int c, int size) {
     pid_t p = fork();
     if (p == 0) {
         setsockopt(c, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
         _exit(0);
     }
     waitpid(p, NULL, 0);
+}
+
+static void sndbuf_set_by_a_fork_child(void) {
+    int s, c;
+    pair(&s, &c);
+    sndbuf_in_a_child(c, 4096);
     fill_and_drain("parent, after the child's SO_SNDBUF", c, s);
 }
 
@@ -48,15 +53,10 @@ static void sndbuf_set_by_the_parent(void) {
 
 static void sndbuf_raised_by_a_fork_child(void) {
     /* The parent's small buffer, made large again by a child: the parent queues more. */
-    int s, c, small = 4096, large = 1 << 20;
+    int s, c, small = 4096;
     pair(&s, &c);
     setsockopt(c, SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
-    pid_t p = fork();
-    if (p == 0) {
-        setsockopt(c, SOL_SOCKET, SO_SNDBUF, &large, sizeof large);
-        _exit(0);
-    }
-    waitpid(p, NULL, 0);
+    sndbuf_in_a_child(c, 1 << 20);
     fill_and_drain("parent, after the child's larger SO_SNDBUF", c, s);
 }
 
