@@ -347,6 +347,43 @@ static void timestamps(void) {
     } else say("  no cmsg");
 }
 
+static volatile sig_atomic_t pipes;
+static void on_pipe(int sig) { (void)sig; pipes++; }
+static void pipe_signals(void) {
+    /* SIGPIPE and EPIPE from splice, sendfile, writev and sendmsg after SHUT_WR and after the
+     * peer closed. */
+    int s, c, p[2];
+    pair(&s, &c);
+    signal(SIGPIPE, on_pipe);
+    if (pipe(p) < 0) die("pipe");
+    char path[] = "/tmp/colo-diff-ps.XXXXXX";
+    int f = mkstemp(path);
+    unlink(path);
+    if (write(f, "0123456789", 10) != 10) die("write");
+    shutdown(c, SHUT_WR);
+    if (write(p[1], "abc", 3) != 3) die("write");
+    T("splice pipe -> socket after SHUT_WR", splice(p[0], NULL, c, NULL, 3, 0));
+    say("  SIGPIPE %d", pipes);
+    off_t off = 0;
+    T("sendfile after SHUT_WR", sendfile(c, f, &off, 4));
+    say("  SIGPIPE %d", pipes);
+    T("writev after SHUT_WR", writev(c, &(struct iovec){"x", 1}, 1));
+    say("  SIGPIPE %d", pipes);
+    T("sendmsg NOSIGNAL after SHUT_WR", sendmsg(c, &(struct msghdr){.msg_iov = &(struct iovec){"x", 1}, .msg_iovlen = 1}, MSG_NOSIGNAL));
+    say("  SIGPIPE %d", pipes);
+    int s2, c2;
+    pair(&s2, &c2);
+    close(s2);
+    settle(50);
+    off = 0;
+    T("sendfile after the peer closed", sendfile(c2, f, &off, 4));
+    settle(50);
+    T("sendfile again", sendfile(c2, f, &off, 4));
+    say("  SIGPIPE %d, offset %ld", pipes, (long)off);
+    if (write(p[1], "abc", 3) != 3) die("write");
+    T("splice to it", splice(p[0], NULL, c2, NULL, 3, 0));
+    say("  SIGPIPE %d", pipes);
+}
 static void zerocopy(void) {
     /* SO_ZEROCOPY and MSG_ZEROCOPY: the send's notification on the error queue. */
     int s, c, one = 1;
@@ -384,6 +421,7 @@ int main(void) {
     RUN(connect_unspec);
     RUN(sigio);
     RUN(timestamps);
+    RUN(pipe_signals);
     RUN(zerocopy);
     diff_end();
     return 0;
