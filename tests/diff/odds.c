@@ -115,10 +115,13 @@ static void tcp_inq(void) {
     recv_inq(s, 64);
 }
 
+/* The blocked accept's errno (0: it returned a connection), said after the join. */
+static int accept_errno;
+
 static void *accept_blocked(void *l) {
     errno = 0;
     int r = accept(*(int *)l, NULL, NULL);
-    say("  blocked accept = %d %s", r < 0 ? -1 : 0, r < 0 ? ename(errno) : "");
+    accept_errno = r < 0 ? errno : 0;
     return NULL;
 }
 
@@ -133,6 +136,7 @@ static void listener_shutdown(void) {
     settle(200);
     T("shutdown listener SHUT_RD", shutdown(l, SHUT_RD));
     pthread_join(t, NULL);
+    say("  blocked accept = %s", accept_errno ? ename(accept_errno) : "a connection");
     T("accept after", accept(l, NULL, NULL));
     int nc = socket(AF_INET, SOCK_STREAM, 0);
     T("connect to it", connect(nc, (struct sockaddr *)&a, sizeof a));
