@@ -110,18 +110,12 @@ unsafe fn send_file(g: &Guard, c: &Conn, out: c_int, inp: c_int, off: *mut i64, 
         // SAFETY: the application's offset.
         unsafe { *off }
     };
-    // The input's answers come before the socket's (a full ring's EAGAIN, or a wait for room),
-    // as the kernel reads the file before it writes to the socket: an input that cannot be read
-    // at an offset (a pipe, a socket) is ESPIPE given an offset and EINVAL without one; one that
-    // cannot be read at all EBADF; one the kernel cannot splice from (a directory, /dev/null,
-    // some files of /proc) EINVAL; and one at its end 0, however full the socket.
-    let unreadable = |e: i32| {
-        g.err(match e {
-            libc::ESPIPE if off.is_null() => libc::EINVAL,
-            libc::EISDIR => libc::EINVAL,
-            e => e,
-        })
-    };
+    // The input's answers come before the socket's (a full ring's EAGAIN, a wait for room, a
+    // closed peer's EPIPE), as the kernel reads the file before it writes to the socket: an
+    // input that cannot be read at an offset (a pipe, a socket) is ESPIPE given an offset and
+    // EINVAL without one; one that cannot be read at all EBADF; one the kernel cannot splice
+    // from (a directory, /dev/null) EINVAL; and one at its end 0, however full the socket.
+    let unreadable = |e: i32| g.err(unreadable_errno(e, off.is_null()));
     let last = || io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
     if pos < 0 && off.is_null() {
         return unreadable(last());
@@ -133,31 +127,23 @@ unsafe fn send_file(g: &Guard, c: &Conn, out: c_int, inp: c_int, off: *mut i64, 
         let seekable = unsafe { libc::lseek64(inp, 0, libc::SEEK_CUR) } >= 0;
         return g.err(if seekable { libc::EINVAL } else { last() });
     }
-    // SAFETY: only asks the kernel about the number.
-    let st = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(inp) });
-    let Ok(st) = st else { return unreadable(libc::EBADF) };
-    // A regular file with bytes is one the kernel splices from (its page cache), whose end is
-    // its size: the common case asks no more. Anything else, a file at its end, or a connection
-    // with no room now is asked what the kernel's read of it would answer.
-    let regular = rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile && st.st_size > 0;
-    if !regular || pos >= st.st_size || c.space() == 0 {
-        let mut one = 0u8;
-        // SAFETY: a read of at most one byte into `one`.
-        let r = unsafe { libc::pread64(inp, (&raw mut one).cast(), 1, pos) };
-        if r < 0 {
-            return unreadable(last());
-        }
-        if !regular {
-            if let Err(e) = splices(inp, pos) {
-                return g.err(e);
-            }
-        }
-        if r == 0 {
-            return g.ok(0);
+    // The common case asks nothing first: the file is read into the ring, and a read that fails
+    // or finds the end (nothing stored) asks then. A connection with no room now asks first, as
+    // its write would fail (EAGAIN) or wait before the file is read.
+    let first = c.space() == 0;
+    if first {
+        if let Some(r) = input_answer(inp, pos, off.is_null()) {
+            return r.map_or_else(|e| g.err(e), |n| g.ok(n));
         }
     }
     let src = FileBytes { fd: inp, pos, len: count, stored: Cell::new(0), ended: Cell::new(false), err: Cell::new(None) };
-    let r = match conn_send_from(c, &src, 0) {
+    let r = conn_send_from(c, &src, 0);
+    if src.stored.get() == 0 && !first {
+        if let Some(r) = input_answer(inp, pos, off.is_null()) {
+            return r.map_or_else(|e| g.err(e), |n| g.ok(n));
+        }
+    }
+    let r = match r {
         // A failure to read is reported when nothing was sent.
         Ok(0) => src.err.take().map_or(Ok(0), Err),
         // A write the connection takes unsent (the first after the peer closed, as kernel TCP
@@ -175,6 +161,41 @@ unsafe fn send_file(g: &Guard, c: &Conn, out: c_int, inp: c_int, off: *mut i64, 
     }
     epipe_signal(&r, 0);
     result(g, r)
+}
+
+/// The kernel's sendfile answer for an input whose read failed with `e`: one that cannot be
+/// read at an offset (a pipe, a socket) is ESPIPE given an offset and EINVAL without one
+/// (`no_offset`); a directory EINVAL (the kernel cannot splice from it).
+fn unreadable_errno(e: c_int, no_offset: bool) -> c_int {
+    match e {
+        libc::ESPIPE if no_offset => libc::EINVAL,
+        libc::EISDIR => libc::EINVAL,
+        e => e,
+    }
+}
+
+/// What the kernel's sendfile answers of the input `fd` at `pos` (`no_offset`: the file
+/// position's) before it writes to the socket, if that is the call's answer: a read error's
+/// errno (`unreadable_errno`), EINVAL for an input the kernel cannot splice from, 0 at the end
+/// of the file. `None`: there are bytes to send. A read of one byte, and for what is not a
+/// regular file with bytes, `splices`.
+fn input_answer(fd: c_int, pos: i64, no_offset: bool) -> Option<Result<ssize_t, c_int>> {
+    let mut one = 0u8;
+    // SAFETY: a read of at most one byte into `one`.
+    let r = unsafe { libc::pread64(fd, (&raw mut one).cast(), 1, pos) };
+    if r < 0 {
+        let e = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+        return Some(Err(unreadable_errno(e, no_offset)));
+    }
+    // SAFETY: only asks the kernel about the number.
+    let st = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) }).ok()?;
+    let regular = rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile && st.st_size > 0;
+    if !regular {
+        if let Err(e) = splices(fd, pos) {
+            return Some(Err(e));
+        }
+    }
+    (r == 0).then_some(Ok(0))
 }
 
 /// Whether the kernel's sendfile reads `fd` (a file it can read at `pos`): the kernel's own
