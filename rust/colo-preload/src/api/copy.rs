@@ -1,6 +1,7 @@
-//! Calls that move bytes between a descriptor and an accelerated socket: `sendfile` from a file,
-//! `splice` to or from a pipe. The kernel would move them past the ring: a file's bytes are read
-//! straight into the ring, a pipe's go through a buffer of ours.
+//! Calls that move bytes between a descriptor and an accelerated socket: `sendfile` from a file
+//! (or from the socket to a pipe), `splice` to or from a pipe. The kernel would move them past
+//! the ring: a file's bytes are read straight into the ring, a pipe's go through a buffer of
+//! ours.
 
 use crate::api::route::{conn_for_io, epipe_signal, plain, result, with_conn};
 use crate::base::guard::Guard;
@@ -16,12 +17,23 @@ use std::time::Instant;
 /// `sendfile(2)` (and `sendfile64`: `off_t` is 64 bits on the 64-bit targets this shim
 /// supports) to an accelerated socket: the file's bytes are read into the ring (`FileBytes`).
 pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut off_t, count: size_t) -> ssize_t {
+    if !plain(inp) && plain(out) && is_pipe(out) && conn_for_io(inp).is_some() {
+        // A connection read into a pipe: the kernel's sendfile reads the socket as splice does
+        // (the pipe's O_NONBLOCK as SPLICE_F_NONBLOCK); it has no offset to read at (ESPIPE).
+        // Into anything else the kernel wants a seekable input: EINVAL, as the carrier answers.
+        if !off.is_null() {
+            return Guard::enter().err(libc::ESPIPE);
+        }
+        let flags = if nonblocking_fd(out) { libc::SPLICE_F_NONBLOCK } else { 0 };
+        // SAFETY: the application's descriptors; no offsets.
+        return unsafe { splice(inp, std::ptr::null_mut(), out, std::ptr::null_mut(), count, flags) };
+    }
     with_conn!(
         out,
         // SAFETY: the application's arguments, as sendfile(2) takes them.
         unsafe { real::sendfile(out, inp, off, count) },
         // SAFETY: sendfile(2)'s contract: a null `off`, or the application's writable offset.
-        |g, c| unsafe { send_file(&g, &c, inp, off.cast(), count) }
+        |g, c| unsafe { send_file(&g, &c, out, inp, off.cast(), count) }
     )
 }
 
@@ -77,11 +89,18 @@ impl Source for FileBytes {
     }
 }
 
-/// `sendfile` from `inp` at `*off` (or its file position, for a null `off`) into `c`.
+/// `sendfile` from `inp` at `*off` (or its file position, for a null `off`) into `c`, whose
+/// descriptor is `out`.
 ///
 /// # Safety
 /// `off` is null or points to the application's writable offset.
-unsafe fn send_file(g: &Guard, c: &Conn, inp: c_int, off: *mut i64, count: size_t) -> ssize_t {
+unsafe fn send_file(g: &Guard, c: &Conn, out: c_int, inp: c_int, off: *mut i64, count: size_t) -> ssize_t {
+    if count == 0 {
+        // The kernel checks its descriptors and the offset, then moves nothing: the same call to
+        // the connection's socket gives its answers, and sends nothing.
+        // SAFETY: the application's arguments, as sendfile(2) takes them; a count of 0.
+        return unsafe { real::sendfile(out, inp, off, 0) };
+    }
     // At most what the kernel's sendfile moves in one call (`MAX_RW_COUNT`).
     let count = count.min(0x7fff_f000);
     let pos: i64 = if off.is_null() {
@@ -91,11 +110,12 @@ unsafe fn send_file(g: &Guard, c: &Conn, inp: c_int, off: *mut i64, count: size_
         // SAFETY: the application's offset.
         unsafe { *off }
     };
-    // The input's errors come before the socket's (a full ring's EAGAIN), as the kernel checks
-    // its descriptors first: an input that cannot be read at an offset (a pipe, a socket) is
-    // ESPIPE given an offset and EINVAL without one, as the kernel answers; one that cannot be
-    // read at all EBADF. A read of nothing asks.
-    let unreadable = |e: i32| g.err(if e == libc::ESPIPE && off.is_null() { libc::EINVAL } else { e });
+    // The input's answers come before the socket's (a full ring's EAGAIN, a wait for room, a
+    // closed peer's EPIPE), as the kernel reads the file before it writes to the socket: an
+    // input that cannot be read at an offset (a pipe, a socket) is ESPIPE given an offset and
+    // EINVAL without one; one that cannot be read at all EBADF; one the kernel cannot splice
+    // from (a directory, /dev/null) EINVAL; and one at its end 0, however full the socket.
+    let unreadable = |e: i32| g.err(unreadable_errno(e, off.is_null()));
     let last = || io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
     if pos < 0 && off.is_null() {
         return unreadable(last());
@@ -107,12 +127,23 @@ unsafe fn send_file(g: &Guard, c: &Conn, inp: c_int, off: *mut i64, count: size_
         let seekable = unsafe { libc::lseek64(inp, 0, libc::SEEK_CUR) } >= 0;
         return g.err(if seekable { libc::EINVAL } else { last() });
     }
-    // SAFETY: a read of 0 bytes stores nothing.
-    if unsafe { libc::pread64(inp, std::ptr::null_mut(), 0, pos) } < 0 {
-        return unreadable(last());
+    // The common case asks nothing first: the file is read into the ring, and a read that fails
+    // or finds the end (nothing stored) asks then. A connection with no room now asks first, as
+    // its write would fail (EAGAIN) or wait before the file is read.
+    let first = c.space() == 0;
+    if first {
+        if let Some(r) = input_answer(inp, pos, off.is_null()) {
+            return r.map_or_else(|e| g.err(e), |n| g.ok(n));
+        }
     }
     let src = FileBytes { fd: inp, pos, len: count, stored: Cell::new(0), ended: Cell::new(false), err: Cell::new(None) };
-    let r = match conn_send_from(c, &src, 0) {
+    let r = conn_send_from(c, &src, 0);
+    if src.stored.get() == 0 && !first {
+        if let Some(r) = input_answer(inp, pos, off.is_null()) {
+            return r.map_or_else(|e| g.err(e), |n| g.ok(n));
+        }
+    }
+    let r = match r {
         // A failure to read is reported when nothing was sent.
         Ok(0) => src.err.take().map_or(Ok(0), Err),
         // A write the connection takes unsent (the first after the peer closed, as kernel TCP
@@ -130,6 +161,57 @@ unsafe fn send_file(g: &Guard, c: &Conn, inp: c_int, off: *mut i64, count: size_
     }
     epipe_signal(&r, 0);
     result(g, r)
+}
+
+/// The kernel's sendfile answer for an input whose read failed with `e`: one that cannot be
+/// read at an offset (a pipe, a socket) is ESPIPE given an offset and EINVAL without one
+/// (`no_offset`); a directory EINVAL (the kernel cannot splice from it).
+fn unreadable_errno(e: c_int, no_offset: bool) -> c_int {
+    match e {
+        libc::ESPIPE if no_offset => libc::EINVAL,
+        libc::EISDIR => libc::EINVAL,
+        e => e,
+    }
+}
+
+/// What the kernel's sendfile answers of the input `fd` at `pos` (`no_offset`: the file
+/// position's) before it writes to the socket, if that is the call's answer: a read error's
+/// errno (`unreadable_errno`), EINVAL for an input the kernel cannot splice from, 0 at the end
+/// of the file. `None`: there are bytes to send. A read of one byte, and for what is not a
+/// regular file with bytes, `splices`.
+fn input_answer(fd: c_int, pos: i64, no_offset: bool) -> Option<Result<ssize_t, c_int>> {
+    let mut one = 0u8;
+    // SAFETY: a read of at most one byte into `one`.
+    let r = unsafe { libc::pread64(fd, (&raw mut one).cast(), 1, pos) };
+    if r < 0 {
+        let e = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+        return Some(Err(unreadable_errno(e, no_offset)));
+    }
+    // SAFETY: only asks the kernel about the number.
+    let st = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) }).ok()?;
+    let regular = rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile && st.st_size > 0;
+    if !regular {
+        if let Err(e) = splices(fd, pos) {
+            return Some(Err(e));
+        }
+    }
+    (r == 0).then_some(Ok(0))
+}
+
+/// Whether the kernel's sendfile reads `fd` (a file it can read at `pos`): the kernel's own
+/// sendfile of one byte from `pos` to /dev/null answers it, and moves nothing of `fd` (the offset
+/// is ours). `Err` is that sendfile's errno (EINVAL for what the kernel cannot splice from);
+/// without /dev/null to ask, the file is taken as one it reads.
+fn splices(fd: c_int, pos: i64) -> Result<(), c_int> {
+    use rustix::fs::{open, Mode, OFlags};
+    let Ok(null) = open("/dev/null", OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty()) else { return Ok(()) };
+    let mut at = pos;
+    // SAFETY: our /dev/null; the application's readable `fd`; `at` is ours.
+    let r = unsafe { real::sendfile(std::os::fd::AsRawFd::as_raw_fd(&null), fd, &mut at, 1) };
+    if r < 0 {
+        return Err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL));
+    }
+    Ok(())
 }
 
 /// The bytes of the file `fd` from `pos` to its end (0 for what is not a regular file).

@@ -3,6 +3,7 @@
 //! errno as kernel TCP would.
 
 use crate::api::route::{epipe_signal, owed_first, plain, plain_first, result, with_conn};
+use crate::api::sockopt::inq_wanted;
 use crate::base::mem::{slice, slice_mut};
 use crate::conn::io::{conn_readv, conn_recv, conn_send, conn_writev, recv_discard};
 use crate::conn::table::{self, CONN};
@@ -72,11 +73,20 @@ unsafe fn recvfrom_slow(
                 // SAFETY: recvfrom(2)'s contract: `n` writable bytes at `buf`.
                 conn_recv(&c, unsafe { slice_mut(buf as *mut u8, n) }, flags)
             };
-            if r.is_ok() && !addr.is_null() && !len.is_null() {
-                // A connected stream socket reports no source address (the kernel sets the
-                // length to 0).
+            if r.is_ok() && !addr.is_null() {
+                // A connected stream socket reports no source address: the kernel sets the
+                // length to 0, after the read; a length it cannot read or that is negative fails
+                // the call then (EFAULT, EINVAL), the bytes read gone.
+                if len.is_null() {
+                    return g.err(libc::EFAULT);
+                }
                 // SAFETY: a non-null `len` is the application's writable address length.
-                unsafe { *len = 0 };
+                if unsafe { *len } as i32 >= 0 {
+                    // SAFETY: as above.
+                    unsafe { *len = 0 };
+                } else {
+                    return g.err(libc::EINVAL);
+                }
             }
             result(&g, r)
         }
@@ -146,15 +156,53 @@ unsafe fn recvmsg_served(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
             let r = conn_readv(&c, v, flags);
             if r.is_ok() {
                 // A connected stream socket reports no source address (the kernel sets the
-                // length to 0) and no control message; of the flags asked, the kernel hands
-                // `MSG_CMSG_CLOEXEC` back in `msg_flags`.
+                // length to 0) and no control message but `TCP_CM_INQ`; of the flags asked, the
+                // kernel hands `MSG_CMSG_CLOEXEC` back in `msg_flags`.
                 m.msg_namelen = 0;
-                m.msg_controllen = 0;
                 m.msg_flags = flags & libc::MSG_CMSG_CLOEXEC;
+                if inq_wanted(fd) {
+                    // SAFETY: the application's msghdr, its control buffer as recvmsg(2) takes it.
+                    unsafe { put_inq(m, c.inq_hint()) };
+                } else {
+                    m.msg_controllen = 0;
+                }
             }
             result(&g, r)
         }
     )
+}
+
+/// Puts the control message `TCP_CM_INQ` of `inq` in `m`'s control buffer, as the kernel's
+/// `put_cmsg`: cut to the buffer's length (`MSG_CTRUNC`), none in a buffer shorter than a
+/// header; `msg_controllen` becomes the length used.
+///
+/// # Safety
+/// `m.msg_control` is null or the application's writable buffer of `m.msg_controllen` bytes.
+unsafe fn put_inq(m: &mut msghdr, inq: usize) {
+    let v = c_int::try_from(inq).unwrap_or(c_int::MAX);
+    let head = std::mem::size_of::<libc::cmsghdr>();
+    let room = m.msg_controllen;
+    if m.msg_control.is_null() || room < head {
+        m.msg_flags |= libc::MSG_CTRUNC;
+        m.msg_controllen = 0;
+        return;
+    }
+    // SAFETY: CMSG_LEN and CMSG_SPACE only compute.
+    let (full, space) = unsafe { (libc::CMSG_LEN(4) as usize, libc::CMSG_SPACE(4) as usize) };
+    let len = full.min(room);
+    if len < full {
+        m.msg_flags |= libc::MSG_CTRUNC;
+    }
+    let mut cm = [0u8; 32];
+    let hdr = libc::cmsghdr { cmsg_len: len, cmsg_level: libc::IPPROTO_TCP, cmsg_type: libc::TCP_CM_INQ };
+    // SAFETY: `cm` holds a header and an int; plain bytes of ours.
+    unsafe {
+        std::ptr::write_unaligned(cm.as_mut_ptr().cast(), hdr);
+        std::ptr::write_unaligned(cm.as_mut_ptr().add(head).cast(), v);
+        // The application's buffer, `room >= len` bytes (checked).
+        std::ptr::copy_nonoverlapping(cm.as_ptr(), m.msg_control.cast::<u8>(), len);
+    }
+    m.msg_controllen = space.min(room);
 }
 
 /// `recvmmsg` on an accelerated stream: as the kernel, each message is one `recvmsg`; after the

@@ -728,17 +728,9 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
 }
 #[no_mangle]
 pub unsafe extern "C" fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
-    if level == libc::IPPROTO_TCP && name == libc::TCP_DEFER_ACCEPT && crate::base::env::defer_accept_ignored() {
-        // SAFETY: the application's arguments, as `setsockopt` takes them.
-        return unsafe { sockopt::set_defer_accept(fd, val, len) };
-    }
-    if level == libc::SOL_SOCKET && name == libc::SO_SNDBUF {
-        // SAFETY: the application's arguments, as `setsockopt` takes them.
-        return unsafe { sockopt::set_sndbuf(fd, val, len) };
-    }
-    // SAFETY: `sockopt::setsockopt` requires what libc's `setsockopt` does of these arguments,
+    // SAFETY: `sockopt::set_option` requires what libc's `setsockopt` does of these arguments,
     // which the application's call met.
-    unsafe { sockopt::setsockopt(fd, level, name, val, len) }
+    unsafe { sockopt::set_option(fd, level, name, val, len) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {

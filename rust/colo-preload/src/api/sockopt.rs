@@ -9,10 +9,50 @@ use crate::conn::options;
 use crate::conn::table::{self, NONE};
 use crate::real;
 use libc::{c_int, c_void, socklen_t};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 plain_first! {
     setsockopt => setsockopt_slow(fd, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
+}
+
+/// `setsockopt(2)` as the shim exports it: the options kept beside the kernel's
+/// (`TCP_DEFER_ACCEPT` ignored, `SO_SNDBUF`, `TCP_INQ`) first.
+///
+/// # Safety
+/// The application's arguments, as `setsockopt` takes them.
+#[inline(always)]
+pub unsafe fn set_option(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
+    if level == libc::IPPROTO_TCP && name == libc::TCP_DEFER_ACCEPT && crate::base::env::defer_accept_ignored() {
+        // SAFETY: the caller's contract, passed on.
+        return unsafe { set_defer_accept(fd, val, len) };
+    }
+    if level == libc::SOL_SOCKET && name == libc::SO_SNDBUF {
+        // SAFETY: the caller's contract, passed on.
+        return unsafe { set_sndbuf(fd, val, len) };
+    }
+    if level == libc::IPPROTO_TCP && name == libc::TCP_INQ {
+        INQ_ASKED.store(true, Ordering::Relaxed);
+    }
+    // SAFETY: the caller's contract, passed on.
+    unsafe { setsockopt(fd, level, name, val, len) }
+}
+
+/// Set once the program asked any socket for `TCP_INQ`: until then no socket has it, and a
+/// `recvmsg` of a connection need not ask the kernel (`inq_wanted`). Relaxed: the flag is the
+/// whole message, and a socket's option is set by the same thread's later call.
+static INQ_ASKED: AtomicBool = AtomicBool::new(false);
+
+/// Whether `fd`, a connection, has `TCP_INQ` on: asked of the kernel's socket (which keeps the
+/// option, set before `connect`, inherited from a listener, or by a fork copy), once the
+/// program set it on any socket.
+pub fn inq_wanted(fd: c_int) -> bool {
+    if !INQ_ASKED.load(Ordering::Relaxed) {
+        return false;
+    }
+    let (mut v, mut len): (c_int, socklen_t) = (0, std::mem::size_of::<c_int>() as socklen_t);
+    // SAFETY: an int of ours and its length.
+    let r = unsafe { real::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INQ, (&raw mut v).cast(), &mut len) };
+    r == 0 && v != 0
 }
 
 /// `getsockopt`: `SO_ERROR` of an accelerated connection reports (and clears) the reset its peer

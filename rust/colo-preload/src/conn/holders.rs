@@ -59,7 +59,10 @@ pub const LOWAT: usize = RELAY_READS + RELAY_SLOTS;
 /// The socket's `SO_RCVTIMEO` and `SO_SNDTIMEO` (`options::set_timeout`).
 pub const RCVTIMEO: usize = LOWAT + 1;
 pub const SNDTIMEO: usize = LOWAT + 2;
-const _: () = assert!(SNDTIMEO < SLOT / 4);
+/// What the socket's `SO_SNDBUF` lets a non-blocking writer queue (`Conn::set_send_limit`; 0 in
+/// a fresh page: the ring).
+pub const SNDBUF: usize = LOWAT + 3;
+const _: () = assert!(SNDBUF < SLOT / 4);
 
 /// How long a write waits at most for a relay to forward what its exited program wrote
 /// (`Page::wait_forwarded`): a relay that holds on (a process the program left behind keeps its

@@ -4,7 +4,7 @@
 
 use crate::conn::state::{Conn, ERR, IN, OUT};
 use colo::errno_of;
-use colo::internal::shm::{Drainer, Shm};
+use colo::internal::shm::{signals_end_waits, Drainer, Shm};
 use libc::{c_int, iovec};
 use std::io;
 use std::time::Instant;
@@ -62,7 +62,8 @@ fn conn_recv_inner(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> 
     let target = if all { buf.len() } else { c.lowat().min(buf.len()) };
     if n < target && !c.nonblocking() && (all || flags & libc::MSG_DONTWAIT == 0) {
         while n < target {
-            match c.shm().read_since(&mut buf[n..], since) {
+            // A signal now ends the call with the bytes read (`signals_end_waits`).
+            match signals_end_waits(|| c.shm().read_since(&mut buf[n..], since)) {
                 Ok(0) => break,
                 Ok(k) => n += k,
                 Err(_) if n > 0 => break,
@@ -206,7 +207,9 @@ fn conn_send_inner<S: Source + ?Sized>(c: &Conn, src: &S, flags: c_int) -> io::R
     let since = turn.as_ref().and_then(|t| t.since()).or_else(|| c.shm().write_timeout().map(|_| Instant::now()));
     let mut done = 0;
     while done < src.len() && !src.ended() {
-        match src.put(c.shm(), done, src.len() - done, since) {
+        // Once bytes are written, a signal ends the call with them (`signals_end_waits`).
+        let put = || src.put(c.shm(), done, src.len() - done, since);
+        match if done == 0 { put() } else { signals_end_waits(put) } {
             Ok(n) => done += n,
             Err(_) if done > 0 => break,
             Err(e) => return Err(e),
@@ -249,7 +252,8 @@ pub fn conn_writev(c: &Conn, iov: &[iovec], flags: c_int) -> io::Result<usize> {
                     off = 0;
                 }
             }
-            match conn_send(c, &g, flags) {
+            let send = || conn_send(c, &g, flags);
+            match if done == 0 { send() } else { signals_end_waits(send) } {
                 Ok(n) => {
                     done += n;
                     if n < g.len() || !blocking {

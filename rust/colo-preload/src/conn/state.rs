@@ -2,8 +2,7 @@
 //! without locking it, and to let go of a copy inherited over fork without closing the peer.
 
 use crate::base::env::spin;
-use crate::conn::holders::{blocking_is_own, children, millis, parent_may_hold, Page};
-use crate::conn::turns;
+use crate::conn::holders::{blocking_is_own, children, parent_may_hold, Page};
 use crate::record::{adapt, handover_file};
 use colo::internal::carrier::Established;
 use colo::internal::shm::{Drainer, Shm};
@@ -40,7 +39,9 @@ const TCP_FIN_WAIT2: u8 = 5;
 pub const TCP_CLOSE: u8 = 7;
 const TCP_CLOSE_WAIT: u8 = 8;
 
-use crate::conn::holders::{LOWAT, READ_TURN, READ_TURN_WAITERS, SOCKET_FLAGS, TURN, TURN_WAITERS};
+use crate::conn::holders::SOCKET_FLAGS;
+
+mod shared;
 
 /// The directions of a connection's calls (`Conn::alone`, `Conn::lend_turns`).
 const READING: usize = 0;
@@ -52,9 +53,6 @@ const WRITING: usize = 1;
 /// (by a read, a write or `SO_ERROR`: as the kernel's socket error, once, `report_reset`); closed
 /// with `SO_LINGER {1, 0}` (the last close resets, `conn::options::closing`); non-blocking
 /// (`O_NONBLOCK`, the open socket's flag: `Conn::nonblocking`).
-/// How long a non-blocking write waits for the turn while the ring has room (`try_write_turn`).
-const NB_TURN_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
-
 const READ_SHUT: u32 = 1;
 const WROTE_AFTER_CLOSE: u32 = 2;
 pub(crate) const RESET_REPORTED: u32 = 4;
@@ -109,7 +107,8 @@ pub struct Conn {
     relayed_by: AtomicU32,
     /// `SO_RCVLOWAT` as this copy last set it (0: the default, 1; see `Conn::lowat`).
     lowat: AtomicU32,
-    /// What a small `SO_SNDBUF` lets a non-blocking writer queue in the ring (0: the ring).
+    /// What a small `SO_SNDBUF` lets a non-blocking writer queue in the ring (0: the ring), as
+    /// this copy last took it on (the socket's is in the holders page: `send_limit_now`).
     send_limit: AtomicU64,
     /// On the server side: the client's program tag, under which its ending is recorded for the
     /// listener's short-lived marker.
@@ -316,116 +315,6 @@ impl Conn {
     /// Sets `bit`; whether it was set already.
     fn raise_socket_flag(&self, bit: u32) -> bool {
         self.socket_flags().fetch_or(bit, Ordering::Relaxed) & bit != 0
-    }
-
-    /// A turn to write (`turns`), for a connection another process has held (a fork copy);
-    /// `None` (no cost) for one only this process ever held. Waited for as a blocking write
-    /// waits for room: at most the socket's `SO_SNDTIMEO` (`EAGAIN`), ended by a signal as the
-    /// shim's policy says (`EINTR`: `turns::take_for_call`).
-    pub fn write_turn(&self) -> std::io::Result<Option<turns::Turn<'_>>> {
-        if let Some(alone) = self.alone(WRITING) {
-            return Ok(Some(alone));
-        }
-        self.adopt_shared();
-        // Bytes a relayed program wrote before it exited go first (`holders::wait_forwarded`).
-        self.holders.wait_forwarded();
-        turns::take_for_call(self.holders.word(TURN), self.holders.word(TURN_WAITERS), self.shm().write_timeout()).map(Some)
-    }
-
-    /// The readers' turn, for a read that consumes (`turns`): taken only once a second process
-    /// held the connection, for the whole call, so that two processes reading at once take
-    /// disjoint bytes, as from a kernel socket. A blocking read waits for it as for bytes: at
-    /// most the socket's `SO_RCVTIMEO`, ended by a signal as the shim's policy says
-    /// (`turns::take_for_call`). A read that must not wait (`nonblocking`) waits for it only
-    /// while the ring holds bytes (its holder is reading them, and done soon), at most
-    /// `NB_TURN_WAIT`; while the holder waits for bytes, as this read would, `EAGAIN`.
-    pub fn read_turn(&self, nonblocking: bool) -> std::io::Result<Option<turns::Turn<'_>>> {
-        if let Some(alone) = self.alone(READING) {
-            return Ok(Some(alone));
-        }
-        self.adopt_shared();
-        let (word, waiters) = (self.holders.word(READ_TURN), self.holders.word(READ_TURN_WAITERS));
-        if !nonblocking {
-            return turns::take_for_call(word, waiters, self.shm().read_timeout()).map(Some);
-        }
-        self.nonblocking_turn(word, waiters, IN)
-    }
-
-    /// [`Conn::write_turn`] for a write that must not wait while the turn's holder waits for
-    /// room in the ring, as it would: `Err` (`WouldBlock`) then. It waits for the turn only
-    /// while the ring has room (its holder is writing, and done soon), at most `NB_TURN_WAIT`,
-    /// and leaves a wake-up armed when it gives up, so that readiness reports the room.
-    pub fn try_write_turn(&self) -> std::io::Result<Option<turns::Turn<'_>>> {
-        if let Some(alone) = self.alone(WRITING) {
-            return Ok(Some(alone));
-        }
-        self.adopt_shared();
-        self.holders.wait_forwarded();
-        let (word, waiters) = (self.holders.word(TURN), self.holders.word(TURN_WAITERS));
-        self.nonblocking_turn(word, waiters, OUT)
-    }
-
-    /// The turn in `word` for a call that must not wait while its holder waits as the call
-    /// would: taken if free; waited for only while the ring is `ready` for the call (its holder
-    /// is moving bytes, and done soon), at most `NB_TURN_WAIT`; else `EAGAIN`, with a wake-up
-    /// armed (`arm`) so that readiness reports the change.
-    /// Before `fork`: the child must not take a ring over while a call of this process that
-    /// began without a turn (the connection was not shared then) is still inside it, or both
-    /// would consume (or produce) one ring at once. Marks the connection shared, so that calls
-    /// that begin from now on take turns, and takes the turn of each direction such a call is
-    /// under way in, on its behalf: [reading, writing], as taken. `give_back_turns` releases
-    /// them once those calls have ended.
-    pub fn lend_turns(&self) -> [bool; 2] {
-        self.holders.mark_shared();
-        // SYNC POINT: SeqCst, with `turns::alone` (see there).
-        let under_way = |d: usize| self.alone[d].0.load(Ordering::SeqCst) > 0;
-        [under_way(READING) && turns::lend(self.holders.word(READ_TURN)), under_way(WRITING) && turns::lend(self.holders.word(TURN))]
-    }
-
-    /// Releases the turns `lend_turns` took, once the calls they were taken for have ended
-    /// (`wait`; else at once). Marked shared, the connection starts no call without a turn.
-    pub fn give_back_turns(&self, lent: [bool; 2], wait: bool) {
-        let me = colo_sys::host::pid();
-        for (d, turn, waiters) in [(READING, READ_TURN, READ_TURN_WAITERS), (WRITING, TURN, TURN_WAITERS)] {
-            if !lent[d] {
-                continue;
-            }
-            // Acquire: pairs with the Release of each call's end (`turns::Turn`'s drop).
-            while wait && self.alone[d].0.load(Ordering::Acquire) > 0 {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            turns::give_back(self.holders.word(turn), self.holders.word(waiters), me);
-        }
-    }
-
-    /// A call in direction `d` of a connection no other process has held: counted, with no turn
-    /// (`turns::alone`); `None` once it is shared.
-    fn alone(&self, d: usize) -> Option<turns::Turn<'_>> {
-        if self.holders.ever_shared() {
-            return None;
-        }
-        turns::alone(&self.alone[d].0, self.holders.shared_word())
-    }
-
-    /// A call begins on a connection another process has held: what another holder changed
-    /// of the socket (a write shutdown, its timeouts) is taken on, as a kernel socket's state
-    /// is one for every process holding it.
-    fn adopt_shared(&self) {
-        self.shm.adopt_write_shut();
-        // Timeouts another holder set (`options::set_timeout`), for this copy only.
-        for write in [false, true] {
-            let (ms, own) = (self.holders.timeout_ms(write), if write { self.shm.write_timeout() } else { self.shm.read_timeout() });
-            if ms != millis(own) {
-                let t = (ms != 0).then(|| std::time::Duration::from_millis(ms.into()));
-                if write { self.shm.set_write_timeout(t) } else { self.shm.set_read_timeout(t) }
-            }
-        }
-    }
-
-    fn nonblocking_turn<'a>(&'a self, word: &'a AtomicU32, waiters: &'a AtomicU32, ready: u32) -> std::io::Result<Option<turns::Turn<'a>>> {
-        turns::take_while(word, waiters, NB_TURN_WAIT, || self.arm(Drainer::Awake, true) & ready != 0)
-            .map(Some)
-            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EAGAIN))
     }
 
     /// The holders page every process holding the connection shares (`holders`).
@@ -672,20 +561,6 @@ impl Conn {
         self.shm.adopt_shared_read_shut()
     }
 
-    /// `SO_RCVLOWAT` (`n` >= 1): readable from this many bytes on. The socket's, in the holders page: one for every process holding it, as the kernel's.
-    pub fn set_lowat(&self, n: u32) {
-        // Relaxed (and the loads): each word is the whole message.
-        self.holders.word(LOWAT).store(n.max(1), Ordering::Relaxed);
-        self.lowat.store(n.max(1), Ordering::Relaxed);
-    }
-
-    /// `SO_RCVLOWAT` (0 in a fresh page and a fresh copy: the default, 1): this copy's, or once
-    /// another process held the connection, the socket's in the holders page (as `nonblocking`).
-    pub fn lowat(&self) -> usize {
-        let word = if self.holders.ever_shared() { self.holders.word(LOWAT) } else { &self.lowat };
-        word.load(Ordering::Relaxed).max(1) as usize
-    }
-
     /// What `TCP_INFO` reports that only the rings know: the state (kernel `TCP_*` numbers, for
     /// a kernel socket that stays ESTABLISHED under colo) and the bytes sent and received.
     pub fn tcp_info(&self) -> (u8, u64, u64) {
@@ -735,40 +610,15 @@ impl Conn {
         }
     }
 
-    /// Bytes the outgoing ring takes now without waiting (it only grows until we write), within
-    /// a small `SO_SNDBUF`'s bound.
-    pub fn space(&self) -> usize {
-        // Corrupt counters: no room (the write that follows reports the corruption).
-        self.outgoing().used(self.shm.ring_capacity()).map_or(0, |used| self.send_room().saturating_sub(used)) as usize
-    }
-
-    /// How many bytes may wait in the outgoing ring: its limit (a server's ring grows no
-    /// further than its own bound, whatever capacity the client chose: a poller told the
-    /// connection is writable beyond it would find its write taking nothing, and poll again at
-    /// once, a full core), or less after a small `SO_SNDBUF` (`set_send_limit`).
-    fn send_room(&self) -> u64 {
-        match self.send_limit.load(Ordering::Relaxed) {
-            0 => self.shm.send_room(),
-            l => l.min(self.shm.send_room()),
+    /// What `TCP_INQ` reports after a read (the kernel's `tcp_inq_hint`): the bytes left to read,
+    /// or 1 once the peer's FIN came with none left, so that a reader goes on to read the end.
+    pub fn inq_hint(&self) -> usize {
+        let inc = self.incoming();
+        match inc.used(self.shm.ring_capacity()) {
+            Ok(0) if inc.flags & FLAG_FIN != 0 => 1,
+            Ok(n) => n as usize,
+            Err(_) => 0,
         }
-    }
-
-    /// `SO_SNDBUF` of `n` bytes: a non-blocking writer queues about what kernel TCP would before
-    /// `EAGAIN` (the kernel doubles the value, and the peer's receive queue takes about as much
-    /// again), and poll reports writable below that. Blocking writes still fill the ring.
-    pub fn set_send_limit(&self, n: usize) {
-        let room = (n as u64).saturating_mul(4).max(4096);
-        // The ring's `space_wake` mark first (below the new room), then the room; then a poke: a
-        // poller that slept against the old room looks again (as a kernel socket's pollers are
-        // woken when its send buffer changes).
-        self.shm.set_send_buffer(room as usize);
-        self.send_limit.store(room, Ordering::Relaxed);
-        self.poke();
-    }
-
-    /// Whether a small `SO_SNDBUF` bounds the ring (see `set_send_limit`).
-    pub fn send_limited(&self) -> bool {
-        self.send_limit.load(Ordering::Relaxed) != 0
     }
 
     /// The peer's processes are all gone (the control socket hung up), with no RESET either

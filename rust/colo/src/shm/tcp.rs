@@ -17,7 +17,28 @@ static INTERRUPT_POLICY: std::sync::OnceLock<fn() -> bool> = std::sync::OnceLock
 /// always ends with `EINTR`: signal(7), socket calls with a timeout are never restarted, whatever
 /// `SA_RESTART` says. (Also asked by the shim's waits for a turn between processes.)
 pub fn interrupted_ends_wait(timed: bool) -> bool {
-    INTERRUPT_POLICY.get().is_some_and(|policy| timed || policy())
+    INTERRUPT_POLICY.get().is_some_and(|policy| timed || SIGNALS_END_WAITS.get() || policy())
+}
+
+thread_local! {
+    /// Set while [`signals_end_waits`] runs its call on this thread.
+    static SIGNALS_END_WAITS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread runs a call under [`signals_end_waits`].
+pub(super) fn in_signals_end_waits() -> bool {
+    SIGNALS_END_WAITS.get()
+}
+
+/// Runs `f` (a read or write that continues a call which already moved bytes) with its waits
+/// ended by any signal handler under a policy, `SA_RESTART` or not: kernel TCP returns the bytes
+/// a blocking call moved at the first signal after them, and restarts only a call that moved
+/// none.
+pub fn signals_end_waits<T>(f: impl FnOnce() -> T) -> T {
+    let was = SIGNALS_END_WAITS.replace(true);
+    let r = f();
+    SIGNALS_END_WAITS.set(was);
+    r
 }
 
 /// Sets the policy for blocking waits interrupted by a signal handler, once per process:

@@ -3,7 +3,8 @@
 //! for it to wake.
 
 use super::wakers::{Drainer, UNPASSED_SLEEP};
-use super::{from_nanos, libc_errno, lock, tcp::interrupted_ends_wait, Shm, AWAITING_WELCOME, PEER_GONE};
+use super::tcp::{in_signals_end_waits, interrupted_ends_wait};
+use super::{from_nanos, libc_errno, lock, Shm, AWAITING_WELCOME, PEER_GONE};
 use colo_ring::notify;
 use colo_ring::spin::{SpinMode, Spinner};
 use colo_ring::sync::Ordering;
@@ -14,6 +15,9 @@ use std::time::{Duration, Instant};
 
 /// How long a blocking wait sleeps on the futex before it moves to the doorbell.
 const FUTEX_BUDGET: Duration = Duration::from_millis(2);
+/// The sleep of a futex wait that any signal must end (`in_signals_end_waits`): a timed sleep
+/// reports every handler; it only ever ends to look again.
+const SIGNAL_WATCH: Duration = Duration::from_secs(3600);
 
 /// This thread's wake-up eventfd registered with a side for one blocking wait
 /// (`Shm::add_waker`), from its first doorbell announcement until the wait ends.
@@ -154,6 +158,9 @@ impl Shm {
                     (Some(t), Some(b)) => Some(t.min(b)),
                     (t, b) => t.or(b),
                 };
+                // A wait any signal ends (`signals_end_waits`) is timed: the kernel restarts an
+                // untimed futex wait after an `SA_RESTART` handler without telling us.
+                let t = t.or_else(|| in_signals_end_waits().then_some(SIGNAL_WATCH));
                 // The watcher may have marked us before our announcement: no sleep then.
                 let fired = self.hangup.take_fired();
                 let interrupted = !fired && colo_sys::futex::wait(self.own_waiting(), value, t);
