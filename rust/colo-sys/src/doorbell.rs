@@ -522,6 +522,14 @@ mod tests {
         rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK, None).unwrap()
     }
 
+    /// Closes the peer's end as a process that exits would, shut down first: a test that forks
+    /// beside this one gives its child a copy of every descriptor, and a copy would keep the end
+    /// open past our close.
+    fn close_peer(end: OwnedFd) {
+        rustix::net::shutdown(&end, rustix::net::Shutdown::Both).unwrap();
+        drop(end);
+    }
+
     /// A peer's lingering socket queued on a control socket (before the handshake, or on a
     /// kernel without SO_PASSRIGHTS) never holds a drain, or the close, in our thread.
     #[test]
@@ -625,7 +633,7 @@ mod tests {
         // Closed with our rings unread.
         let (a, b) = control_pair();
         ring_peer(&b);
-        drop(a);
+        close_peer(a);
         assert!(hung_up(&b));
         assert_eq!(take_one(&b), Datagram::HungUp);
         // Ringing a peer that is gone raises no SIGPIPE (the test process would die of it).
@@ -706,7 +714,7 @@ mod tests {
         assert!(drain_both(&b, &own).rung);
         assert!(!drain_side(&b, &own).rung, "drain_both left a ring");
         // The peer's end gone: our end is shut down, both ways.
-        drop(a);
+        close_peer(a);
         assert!(drain_side(&b, &own).hung_up);
         assert!(hung_up(&b));
     }
@@ -724,7 +732,7 @@ mod tests {
         let w = r.wait(Some(Duration::from_secs(10))).unwrap();
         assert!(w.doorbell && !w.control);
         assert!(drain_side(&b, &own).rung);
-        drop(a);
+        close_peer(a);
         let w = r.wait(Some(Duration::from_secs(10))).unwrap();
         assert!(w.control);
     }
