@@ -45,11 +45,20 @@ impl Mapping {
         unsafe { release_pages(self.ptr.as_ptr().wrapping_add(offset), len) }
     }
 
+    /// Maps `fd`, a tmpfs memfd ([`create`] made it, or [`attach_sealed`] found it one) sealed
+    /// against shrinking, with transparent huge pages refused (`MADV_NOHUGEPAGE`): a fault of
+    /// ours in a page the peer punched allocates one 4 KiB page, never a 2 MiB folio, whatever
+    /// `shmem_enabled` says but `force`, which a kernel may let override the advice.
     fn map(fd: &OwnedFd, len: usize, prot: ProtFlags) -> io::Result<Mapping> {
         // SAFETY: a fresh mapping at an address the kernel chooses aliases no Rust object; the file
-        // is sealed against shrinking, so every page stays backed while mapped.
+        // is a tmpfs file sealed against shrinking, so every page below its size is backed while
+        // mapped (a fault allocates a page or fails as out of memory, never raises SIGBUS).
         let ptr = unsafe { mmap(core::ptr::null_mut(), len, prot, MapFlags::SHARED, fd, 0)? };
-        Ok(Mapping { ptr: NonNull::new(ptr.cast()).ok_or(io::ErrorKind::Other)?, len })
+        let map = Mapping { ptr: NonNull::new(ptr.cast()).ok_or(io::ErrorKind::Other)?, len };
+        // SAFETY: the whole of the mapping just made; the advice changes no byte of it. Refused
+        // (EINVAL) only by a kernel without transparent huge pages, which allocates none anyway.
+        let _ = unsafe { rustix::mm::madvise(ptr, len, rustix::mm::Advice::LinuxNoHugepage) };
+        Ok(map)
     }
 }
 
@@ -104,13 +113,16 @@ pub fn create(size: usize) -> io::Result<(OwnedFd, Mapping)> {
 /// Why a received descriptor is not an acceptable segment.
 #[derive(Debug)]
 pub enum AttachError {
-    /// Not a sealable memfd, missing seals, or the wrong size.
+    /// Not a sealable memfd, missing seals, not on tmpfs, or the wrong size.
     BadSegment(&'static str),
     /// The kernel refused (e.g. out of address space).
     Os(io::Error),
     /// The caller's admission (`attach_admitted`) refused it: why.
     Refused(String),
 }
+
+/// `statfs`'s `f_type` of tmpfs, where every memfd but a hugetlbfs one lives.
+const TMPFS_MAGIC: i64 = 0x0102_1994;
 
 /// Largest segment a peer may hand us: 256 MiB. Enough for every geometry colo's own clients
 /// create (the default is about 2.6 MiB; the test peer's 8 x 4 MiB pools about 65 MiB) and for
@@ -139,7 +151,13 @@ pub fn attach_admitted<T>(fd: &OwnedFd, min: usize, admit: impl FnOnce(u64) -> R
 /// As [`attach_admitted`], for a descriptor already found sealed against resizing ([`read_at`]
 /// or [`read_prefix`] read it, or [`is_sealed`] said so): seals never come off a file, so its
 /// seals are not asked again.
+/// The file must be on tmpfs (`memfd_create` without `MFD_HUGETLB`): a hugetlbfs memfd takes
+/// seals as well, and a fault in it raises SIGBUS once no huge page is free.
 pub fn attach_sealed<T>(fd: &OwnedFd, min: usize, admit: impl FnOnce(u64) -> Result<T, String>) -> Result<(Mapping, T), AttachError> {
+    let fs = rustix::fs::fstatfs(fd).map_err(|e| AttachError::Os(e.into()))?;
+    if fs.f_type as i64 != TMPFS_MAGIC {
+        return Err(AttachError::BadSegment("segment not a tmpfs memfd"));
+    }
     let st = fstat(fd).map_err(|e| AttachError::Os(e.into()))?;
     if st.st_size < min as i64 || st.st_size as u64 > MAX_SEGMENT {
         return Err(AttachError::BadSegment("segment size out of range"));
@@ -216,5 +234,34 @@ mod tests {
         unsafe { std::ptr::copy_nonoverlapping(MAGIC.as_ptr(), map.as_ptr(), 8) };
         assert_eq!(read_prefix(&seg, &mut head).unwrap(), 8);
         assert_eq!(head, MAGIC);
+    }
+
+    /// A hugetlbfs memfd, sealed and of a good size, is refused before it is mapped (a fault in
+    /// it raises SIGBUS once no huge page is free).
+    #[test]
+    fn a_hugetlbfs_memfd_is_refused() {
+        let Ok(fd) = memfd_create("colo-seg", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING | MemfdFlags::HUGETLB) else {
+            eprintln!("no hugetlbfs memfd on this kernel: nothing to refuse");
+            return;
+        };
+        ftruncate(&fd, 2 << 20).unwrap();
+        fcntl_add_seals(&fd, REQUIRED_SEALS).unwrap();
+        match attach(&fd, 4096) {
+            Err(AttachError::BadSegment(why)) => assert_eq!(why, "segment not a tmpfs memfd"),
+            other => panic!("a hugetlbfs memfd was not refused as such: {other:?}"),
+        }
+    }
+
+    /// Every segment mapping refuses transparent huge pages (`nh` in its `VmFlags`).
+    #[test]
+    fn segment_mappings_refuse_huge_pages() {
+        let (fd, own) = create(1 << 20).unwrap();
+        let peer = attach(&fd, 4096).unwrap();
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        for map in [&own, &peer] {
+            let start = format!("{:x}-", map.as_ptr() as usize);
+            let flags = smaps.lines().skip_while(|l| !l.starts_with(&start)).find(|l| l.starts_with("VmFlags")).unwrap_or("");
+            assert!(flags.split_whitespace().any(|f| f == "nh"), "mapping at {start} lacks MADV_NOHUGEPAGE: {flags}");
+        }
     }
 }
