@@ -48,6 +48,8 @@ pub struct Segment {
     memfd: Option<OwnedFd>,
     /// The incoming ring is read through `memfd` ([`Segment::read_through_memfd`]).
     through_memfd: bool,
+    /// Where it is: its first [`MAPPED_WINDOW`] bytes are read through the mapping all the same.
+    window: Option<WindowSlot>,
     /// For a peer's segment: its bytes in this process's budgets, given back when the mapping
     /// goes (with this value).
     _lease: Option<crate::budget::Lease>,
@@ -89,6 +91,8 @@ impl Drop for Segment {
                 layout: self.layout,
                 memfd: self.memfd.take(),
                 through_memfd: true,
+                // No consumer outlives its segment: nothing reads the incoming ring any more.
+                window: None,
                 _lease: self._lease.take(),
                 let_go: self.let_go,
             };
@@ -155,6 +159,9 @@ impl Unread for Segment {
         self.map = None;
         self.memfd = None;
         self._lease = None;
+        // This process's count (a copy of the parent's at the fork) loses the slot; the
+        // parent's keeps it for its own copy.
+        self.window = None;
     }
 }
 
@@ -209,7 +216,7 @@ impl Segment {
     /// `map` is at least `layout.segment_size` bytes and was validated against `layout`.
     pub unsafe fn new(map: Mapping, layout: Layout, memfd: OwnedFd) -> Segment {
         assert!(map.len() >= layout.segment_size);
-        Segment { map: Some(map), layout, memfd: Some(memfd), through_memfd: false, _lease: None, let_go: None }
+        Segment { map: Some(map), layout, memfd: Some(memfd), through_memfd: false, window: None, _lease: None, let_go: None }
     }
 
     /// An empty stand-in left behind when a closed connection hands its segment to the reaper.
@@ -217,7 +224,7 @@ impl Segment {
         let layout = Geometry { ring_capacity: colo_ring::layout::MIN_RING, slot_size: 0, slot_count: 0 }
             .layout()
             .expect("valid");
-        Segment { map: None, layout, memfd: None, through_memfd: false, _lease: None, let_go: None }
+        Segment { map: None, layout, memfd: None, through_memfd: false, window: None, _lease: None, let_go: None }
     }
 
     /// Closes the memfd (the mapping holds the memory): for a connection that will never be
@@ -251,9 +258,13 @@ impl Segment {
     /// where reading through the mapping would leave every page read charged to us while the
     /// connection stays open. The cost is a system call per read, but for the bytes in the
     /// ring's first [`MAPPED_WINDOW`], read through the mapping (at most the window's pages
-    /// allocated by us). Without a memfd (closed already) nothing changes.
+    /// allocated by us) while one of this process's [`FOREIGN_WINDOWS`] is free; past them, all
+    /// of the ring is read with `pread`. Without a memfd (closed already) nothing changes.
     pub fn read_through_memfd(&mut self) {
         self.through_memfd = self.memfd.is_some();
+        if self.through_memfd && self.window.is_none() {
+            self.window = WindowSlot::take();
+        }
     }
 
     /// Whether the incoming ring is read through the memfd ([`Segment::read_through_memfd`]).
@@ -612,7 +623,8 @@ impl Segment {
             (Some(fd), true) => Some((fd.as_raw_fd(), (self.block(c2s) + self.layout.data_off) as u64)),
             _ => None,
         };
-        InBytes { mapped, file }
+        let window = if self.window.is_some() { MAPPED_WINDOW } else { 0 };
+        InBytes { mapped, file, window }
     }
 
     fn msg_words(&self, c2s: bool) -> QueueWords {
@@ -670,28 +682,66 @@ impl Segment {
 }
 
 /// How much of an incoming ring read through the memfd ([`Segment::read_through_memfd`]) is read
-/// through the mapping all the same: the bytes at `0..MAPPED_WINDOW` of its data. A `pread` of
-/// shared memory costs a system call and a page-cache lookup a page (about four times a copy
-/// from the mapping); a residency check (`mincore`) before a copy costs a system call as well,
-/// and proves nothing once made (the producer can punch the page before the copy touches it).
+/// through the mapping all the same, by a segment holding one of the [`FOREIGN_WINDOWS`]: the
+/// bytes at `0..MAPPED_WINDOW` of its data. A `pread` of shared memory costs a system call and a
+/// page-cache lookup a page, which a copy from the mapping does not; a residency check
+/// (`mincore`) before a copy costs a system call as well, and proves nothing once made (the
+/// producer can punch the page before the copy touches it).
 /// So the reads below the window are not checked at all: whatever the peer does, the pages our
-/// reads can allocate, charged to us, are those under the window's bytes (33 pages), at most one
-/// each at a time (a page exists once in the file; one the peer punches again is uncharged),
-/// given back at our last close with the rest of the ring we read
-/// ([`Segment::give_back_incoming`]). TCP lets a peer make us hold as much (its default receive
+/// reads can allocate, charged to us, are those under the window's bytes (at most 33 pages: 31
+/// whole ones and two partial), at most one each at a time (a page exists once in the file; one
+/// the peer punches again is uncharged; the mapping refuses huge pages), given back at our last
+/// close with the rest of the ring we read ([`Segment::give_back_incoming`]). TCP lets a peer make us hold as much (its default receive
 /// buffer, `tcp_rmem`'s middle value, 128 KiB) for as long as we do not read, and up to
 /// `tcp_rmem`'s maximum once autotuning grew the buffer. An answer that fits the window is read
 /// at the mapping's cost: a ring grows to the smallest power of two that holds its unread bytes,
 /// 128 KiB for one answer of up to 128 KiB.
 pub const MAPPED_WINDOW: usize = 128 << 10;
 
+/// How many segments of this process read a [`MAPPED_WINDOW`] of their incoming ring through
+/// the mapping at once: 64, so that all peers of other users together can make us allocate at
+/// most 64 windows' pages (33 pages each: 8.25 MiB) through mappings, where the budgets
+/// of mapped bytes (`colo::budget`) let one user hold thousands of segments. A segment past
+/// them reads all of its incoming ring with `pread` (window 0).
+pub const FOREIGN_WINDOWS: usize = 64;
+
+/// How many [`WindowSlot`]s this process holds. A fork child starts with its parent's count and
+/// copies of its segments: each copy gives its slot back to the child's count when dropped or let
+/// go of (`let_go_in_child`); a copy never dropped (its thread is not in the child) leaves the
+/// child fewer windows, never more.
+static WINDOWS_HELD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One of the [`FOREIGN_WINDOWS`], given back when dropped (once: it is neither `Clone` nor
+/// `Copy`).
+#[derive(Debug)]
+struct WindowSlot(());
+
+impl WindowSlot {
+    /// A free slot, if there is one.
+    fn take() -> Option<WindowSlot> {
+        // A count alone: it publishes no memory.
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        let took = WINDOWS_HELD.fetch_update(relaxed, relaxed, |n| (n < FOREIGN_WINDOWS).then_some(n + 1));
+        took.ok().map(|_| WindowSlot(()))
+    }
+}
+
+impl Drop for WindowSlot {
+    fn drop(&mut self) {
+        WINDOWS_HELD.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// The data of an incoming ring: read through the mapping, or with `pread` of the segment's
-/// memfd at `file.1` (see [`Segment::read_through_memfd`]) beyond [`MAPPED_WINDOW`].
+/// memfd at `file.1` (see [`Segment::read_through_memfd`]) beyond `window`.
 #[derive(Debug, Clone, Copy)]
 pub struct InBytes {
     mapped: RawBytes,
     /// The memfd (owned by the segment, open while the segment lives) and the data's offset in it.
     file: Option<(RawFd, u64)>,
+    /// With `file`: the bytes at `0..window` are read through the mapping ([`MAPPED_WINDOW`] for
+    /// a segment holding one of the [`FOREIGN_WINDOWS`], else 0).
+    window: usize,
 }
 
 // SAFETY: `store` and `load` stay inside `mapped` (its own contract) or read the same range of the
@@ -709,9 +759,9 @@ unsafe impl colo_ring::ring::Bytes for InBytes {
             // SAFETY: the caller's contract, passed on.
             return unsafe { self.mapped.load(at, dst) };
         };
-        // The bytes below `MAPPED_WINDOW` through the mapping: the most a peer can make us
-        // allocate there is the pages under that window (see `MAPPED_WINDOW`).
-        let mut done = MAPPED_WINDOW.saturating_sub(at).min(dst.len());
+        // The bytes below the window through the mapping: the most a peer can make us allocate
+        // there is the pages under it (see `MAPPED_WINDOW`).
+        let mut done = self.window.saturating_sub(at).min(dst.len());
         // SAFETY: the caller's contract: `at + done <= at + dst.len()` is inside the region.
         unsafe { self.mapped.load(at, &mut dst[..done]) };
         while done < dst.len() {
@@ -832,21 +882,7 @@ mod tests {
                 got.extend_from_slice(&buf[..n]);
             }
             assert_eq!(got, pattern, "every byte in order (through the memfd: {through})");
-            // The producer fills the ring, then its pages go: bytes claimed, never written.
-            let mut claimed = 0;
-            while claimed < cap {
-                let n = tx.write(&pattern[..cap - claimed]).unwrap();
-                assert!(n > 0, "the ring grows to its capacity ({claimed} bytes in it)");
-                claimed += n;
-            }
-            // The whole pages of the data (its first page holds the ring's words too).
-            let (from, to) = (off.next_multiple_of(4096), (off + cap) / 4096 * 4096);
-            seg.mapping().release(from, to - from).unwrap();
-            assert_eq!(allocated(&seg, from, to - from), 0);
-            let mut buf = vec![0xAAu8; cap];
-            assert_eq!(rx.read(&mut buf).unwrap(), cap);
-            assert!(buf[from - off..to - off].iter().all(|&b| b == 0), "a hole reads as zeros");
-            let kept = allocated(&seg, from, to - from);
+            let (from, to, kept) = read_holes(&seg, &mut tx, &mut rx, off, cap);
             if through {
                 // The window is read through the mapping: its pages, and none above them.
                 let cut = (off + MAPPED_WINDOW).next_multiple_of(4096);
@@ -856,5 +892,55 @@ mod tests {
                 assert_eq!(kept, to - from, "reading holes through the mapping allocates them");
             }
         }
+    }
+
+    /// Fills the client-to-server ring of `seg` (data at `off`, `cap` bytes) through `tx`, gives
+    /// back the pages of its data (bytes claimed, never written: holes), reads them all through
+    /// `rx` (as zeros), and returns the whole pages of the data (`from..to` in the file) and how
+    /// many bytes of them the read left allocated.
+    fn read_holes(seg: &Segment, tx: &mut Producer<RawBytes>, rx: &mut Consumer<InBytes>, off: usize, cap: usize) -> (usize, usize, usize) {
+        let fill = vec![0x5au8; cap];
+        let mut claimed = 0;
+        while claimed < cap {
+            let n = tx.write(&fill[..cap - claimed]).unwrap();
+            assert!(n > 0, "the ring grows to its capacity ({claimed} bytes in it)");
+            claimed += n;
+        }
+        // The whole pages of the data (its first page holds the ring's words too).
+        let (from, to) = (off.next_multiple_of(4096), (off + cap) / 4096 * 4096);
+        seg.mapping().release(from, to - from).unwrap();
+        assert_eq!(allocated(seg, from, to - from), 0);
+        let mut buf = vec![0xAAu8; cap];
+        assert_eq!(rx.read(&mut buf).unwrap(), cap);
+        assert!(buf[from - off..to - off].iter().all(|&b| b == 0), "a hole reads as zeros");
+        (from, to, allocated(seg, from, to - from))
+    }
+
+    /// Past this process's [`FOREIGN_WINDOWS`], a segment read through the memfd reads all of its
+    /// ring with `pread`: the holes it reads allocate nothing, not even under the window. Each of
+    /// `FOREIGN_WINDOWS + 1` segments held at once reads a ring of holes: at least one allocates
+    /// nothing, none more than a window's pages; a slot given back serves the next segment.
+    #[test]
+    fn segments_past_the_window_budget_allocate_nothing_through_the_mapping() {
+        let mut held = Vec::new();
+        let mut none = 0;
+        for _ in 0..=FOREIGN_WINDOWS {
+            let (mut seg, off, cap) = segment();
+            seg.read_through_memfd();
+            // SAFETY: one producer and one consumer of this direction, dropped before `seg`.
+            let (mut tx, mut rx) = unsafe { (seg.producer(Role::Client), seg.consumer(Role::Server)) };
+            let (from, _, kept) = read_holes(&seg, &mut tx, &mut rx, off, cap);
+            let window = (off + MAPPED_WINDOW).next_multiple_of(4096) - from;
+            assert!(kept <= window, "reading holes allocated {kept} bytes, a window's pages are {window}");
+            none += usize::from(kept == 0);
+            held.push(seg);
+        }
+        assert!(none >= 1, "all {} segments read holes through the mapping", FOREIGN_WINDOWS + 1);
+        drop(held);
+        let (mut seg, off, cap) = segment();
+        seg.read_through_memfd();
+        // SAFETY: as above.
+        let (mut tx, mut rx) = unsafe { (seg.producer(Role::Client), seg.consumer(Role::Server)) };
+        assert!(read_holes(&seg, &mut tx, &mut rx, off, cap).2 > 0, "the slots given back serve the next segment's window");
     }
 }
