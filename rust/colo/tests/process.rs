@@ -329,8 +329,7 @@ fn kill(mut child: Child) {
 /// allocates nothing, not through its mapping, where reading them allocates them, charged to
 /// the client for as long as the server keeps the memfd: but for the ring's first
 /// `MAPPED_WINDOW` bytes, read through the mapping (their pages at most, none above). The
-/// rendezvous's SO_PEERCRED says
-/// root (taken at the listen); the WELCOME's credentials say nobody (spec/WIRE.md section 3,
+/// rendezvous's SO_PEERCRED says root (taken at the listen); the WELCOME's credentials say nobody (spec/WIRE.md section 3,
 /// "Who answers"). An answer that comes after the client stopped waiting for it (the connection
 /// went on pending) carries no credentials: judged the same.
 #[test]
@@ -341,21 +340,23 @@ fn a_server_that_dropped_to_another_user_is_read_through_the_memfd() {
         eprintln!("needs root (a server that changes its uid): not run");
         return;
     }
-    let window = colo::internal::segment::MAPPED_WINDOW as i64;
     for when in ["", "late"] {
-        let (below, above) = dropped_server_holes_read(when, window);
-        assert!(above <= 8192, "answer {when:?}: root's client allocated {above} bytes of nobody's holes above the window");
-        assert!(below <= window, "answer {when:?}: root's client allocated {below} bytes of nobody's holes below the window");
+        let (below, above, pages) = dropped_server_holes_read(when);
+        assert_eq!(above, 0, "answer {when:?}: root's client allocated {above} bytes of nobody's holes above the window");
+        assert!(below <= pages, "answer {when:?}: root's client allocated {below} bytes of nobody's holes under the window, whose pages are {pages}");
     }
 }
 
-/// Bytes of a `dropping_server`'s (`when`) ring of holes that its client's reads allocated,
-/// in the pages below the data's first `window` bytes (and its first page, which holds the
-/// ring's words) and above them.
-fn dropped_server_holes_read(when: &str, window: i64) -> (i64, i64) {
+/// Bytes of a `dropping_server`'s (`when`) ring of holes that its client's reads allocated: in
+/// the whole pages under the data's first `MAPPED_WINDOW` bytes (from the first page boundary
+/// of the data: its first page holds the ring's words too), in the pages above them, and the
+/// size of the former.
+fn dropped_server_holes_read(when: &str) -> (i64, i64, i64) {
     let mut child = common::child("child_entry", "dropping_server", when);
     let addr = wait_line(&mut child).strip_prefix("READY ").unwrap().to_string();
-    let s = dial_shm(&addr, &Options::new().ring_capacity(1 << 20));
+    let opts = Options::new().ring_capacity(1 << 20);
+    let layout = opts.geometry().layout().unwrap();
+    let s = dial_shm(&addr, &opts);
     (&s).write_all(b"x").unwrap();
     let mut got = 0;
     let mut buf = vec![0u8; 1 << 16];
@@ -376,12 +377,12 @@ fn dropped_server_holes_read(when: &str, window: i64) -> (i64, i64) {
         .find(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().contains("colo-seg")))
         .expect("the server holds the segment's memfd");
     let f = std::fs::File::open(seg.path()).unwrap();
-    let size = f.metadata().unwrap().len() as i64;
-    let s2c = colo_ring::layout::HEADER_SIZE as i64 + (size - colo_ring::layout::HEADER_SIZE as i64) / 2;
+    assert_eq!(f.metadata().unwrap().len(), layout.segment_size as u64, "the segment of the client's geometry");
+    let data = layout.block_offset(false) + layout.data_off;
     let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
-    // The data starts within the block's first page: bytes from `window` on lie past `cut`.
-    let cut = s2c + 4096 + window;
-    let (mut at, mut below, mut above) = (s2c + 4096, 0, 0);
+    let first = data.next_multiple_of(4096) as i64;
+    let cut = (data + colo::internal::segment::MAPPED_WINDOW).next_multiple_of(4096) as i64;
+    let (mut at, mut below, mut above) = (first, 0, 0);
     // SAFETY: lseek on a file we opened.
     while let Ok(data) = usize::try_from(unsafe { libc::lseek(fd, at, libc::SEEK_DATA) }) {
         // SAFETY: as above.
@@ -392,7 +393,7 @@ fn dropped_server_holes_read(when: &str, window: i64) -> (i64, i64) {
         at = hole;
     }
     kill(child);
-    (below, above)
+    (below, above, cut - first)
 }
 
 #[test]
