@@ -9,13 +9,14 @@ use colo_ring::sync::Ordering;
 use std::io;
 use std::time::Instant;
 
-/// Writes are published in pieces of at most this many bytes (spec/WIRE.md section 5).
+/// Writes from memory are published in pieces of at most this many bytes (spec/WIRE.md
+/// section 5).
 const PUBLISH_CHUNK: usize = 16 * 1024;
 
 /// [`Shm::write_with_since`] publishes in pieces of at most this many bytes: each piece is a
-/// `pread` of its own of the file `sendfile` reads into the ring, and the page cache gives
-/// 128 KiB about as fast as 16 KiB, so a larger piece saves system calls; the reader of a
-/// large file still copies out while the rest is read in.
+/// `pread` of its own of the file `sendfile` reads into the ring, so a piece this large takes
+/// an eighth of the system calls [`PUBLISH_CHUNK`] would; the reader of a large file still
+/// copies out each piece while the next is read in.
 const FILL_CHUNK: usize = 128 * 1024;
 
 /// One write in this many on a half looks for the hang-up watcher's mark (`Shm::notice_hangup`).
