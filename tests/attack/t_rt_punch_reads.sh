@@ -4,14 +4,16 @@
 # fallocate(PUNCH_HOLE)) is allocated anew by our read, charged to our memory cgroup for as long
 # as the peer keeps the file; a check before the copy (mincore) races with a punch after it. A
 # side whose peer is another user reads the bytes at 0..128 KiB of its ring through the mapping
-# and the rest with pread of the memfd (colo::segment::MAPPED_WINDOW), so what such a peer can
-# make us allocate is the pages under that window, 128 KiB a connection, given back at our last
-# close (TCP's default receive buffer, tcp_rmem's middle value, lets a peer make us hold as much
-# while we do not read). nobody (py/punch_reads.py) opens 2 CARRIER connections to root's redis
-# (colo run), sends one command whose 16 MiB bulk argument it claims through a 256 KiB ring
-# (64 laps) while a thread of its punches every data page of the ring over and over, then one
-# last lap of holes: no page above the window may be allocated (a build reading the whole ring
-# through the mapping allocated 256 KiB a connection there), and at most the window's below it.
+# and the rest with pread of the memfd (colo::segment::MAPPED_WINDOW, while one of the process's
+# 64 windows, colo::segment::FOREIGN_WINDOWS, is free; past them all with pread), so what such a
+# peer can make us allocate is the pages under that window, 128 KiB a connection, given back at
+# our last close (TCP's default receive buffer, tcp_rmem's middle value, lets a peer make us
+# hold as much while we do not read). nobody (py/punch_reads.py) opens 2 CARRIER connections to
+# root's redis (colo run), sends one command whose 16 MiB bulk argument it claims through a
+# 256 KiB ring (64 laps) while a thread of its punches every data page of the ring over and
+# over, then one last lap of holes. Checked: redis read every claimed byte; its reads allocated
+# no page above the window (a whole 256 KiB ring read through the mapping has up to 128 KiB a
+# connection there) and at most the window's pages below it; redis still serves.
 source "$(dirname "$0")/lib.sh"
 cp "$HERE/py/punch_reads.py" "$HERE/colo_attack.py" "$WORK/" && chmod 644 "$WORK"/*.py
 need redis-server || finish

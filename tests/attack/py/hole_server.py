@@ -4,7 +4,7 @@ one client's HELLO (DIRECT or CARRIER) with WELCOME, then claims, in the ring to
 a whole ring of bytes it never writes (holes) and FIN. The client's reads of them make the
 kernel allocate those pages of the client's memfd, charged to the client. Once the client has
 read them (its ring_tail) and hung up, the server keeps the memfd and prints
-"ALLOCATED <while> <after>": MiB allocated in the server-to-client block while connected and
+"ALLOCATED <while> <after>": KiB allocated in the server-to-client block while connected and
 3 s after the hang-up (SEEK_DATA; what stays is charged to root's client for as long as this
 process keeps the memfd).
 Usage: hole_server.py PORT"""
@@ -51,9 +51,9 @@ struct.pack_into("<I", m, 44, os.getpid())
 ctl.send(ca.message(ca.WELCOME))
 
 
-def mib():
-    """MiB of pages allocated in the server-to-client block from its ring data on."""
-    return ca.allocated(fd, S2C + DATA, size) >> 20
+def kib():
+    """KiB of pages allocated in the server-to-client block from its ring data on."""
+    return ca.allocated(fd, S2C + DATA, size) >> 10
 
 
 # A whole ring of holes, then FIN: the client reads them all, then end of stream.
@@ -65,7 +65,7 @@ end = time.time() + 20
 while time.time() < end and struct.unpack_from("<Q", m, S2C + 128)[0] < capacity:
     time.sleep(0.05)
 tail = struct.unpack_from("<Q", m, S2C + 128)[0]
-during = mib()
+during = kib()
 # Until the client hangs up (its last close).
 ctl.settimeout(20)
 try:
@@ -75,5 +75,5 @@ except OSError:
     pass
 time.sleep(3)
 print("READ %d of %d" % (tail, capacity), flush=True)
-print("ALLOCATED %d %d" % (during, mib()), flush=True)
+print("ALLOCATED %d %d" % (during, kib()), flush=True)
 m.close()
