@@ -69,8 +69,10 @@ fn claim_word(seg_base: *mut u8) -> &'static AtomicU32 {
 pub struct Rendezvous {
     /// The control socket connected to it.
     pub control: OwnedFd,
-    /// The server's pid (`SO_PEERCRED`).
+    /// The server's pid (`SO_PEERCRED`: the pid that called `listen()`, kept after it exits).
     pub server_pid: u32,
+    /// The server's uid (`SO_PEERCRED`).
+    pub server_uid: u32,
 }
 
 /// Whether the listener at `addr` (a local address) has raised its short-lived marker for
@@ -89,7 +91,7 @@ pub fn connect_rendezvous(addr: SocketAddr) -> io::Result<Option<Rendezvous>> {
     if !host::is_local(addr.ip()) {
         return Ok(None);
     }
-    Ok(reach_trusted(addr, &wire::lookup_names(addr), "connect")?.map(|r| Rendezvous { control: r.control, server_pid: r.server_pid }))
+    Ok(reach_trusted(addr, &wire::lookup_names(addr), "connect")?.map(|r| Rendezvous { control: r.control, server_pid: r.server_pid, server_uid: r.server_uid }))
 }
 
 /// A rendezvous [`reach_trusted`] connected to and trusts.
@@ -270,11 +272,6 @@ impl Offer {
     /// The control socket (readable when the answer arrives or the server goes away).
     pub fn control_fd(&self) -> &OwnedFd {
         &self.control
-    }
-
-    /// The pid of the process serving the rendezvous the offer went to (`SO_PEERCRED`).
-    pub fn server_pid(&self) -> u32 {
-        self.server_pid
     }
 
     /// Waits up to `timeout` for WELCOME or REJECT. Blocking.
