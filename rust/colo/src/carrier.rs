@@ -64,6 +64,14 @@ fn claim_word(seg_base: *mut u8) -> &'static AtomicU32 {
     unsafe { &*(seg_base.add(CLAIM_OFFSET) as *const AtomicU32) }
 }
 
+/// How long a client waits for a server's program to claim its offer, or to answer it (a
+/// PROPOSAL from another namespace, spec/WIRE.md section 11), and a server keeps a nonce it
+/// answered for its HELLO (`COLO_CARRIER_TIMEOUT_MS`, 500, as the shim and the Go package read it).
+pub(crate) fn timeout() -> Duration {
+    static T: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *T.get_or_init(|| Duration::from_millis(std::env::var("COLO_CARRIER_TIMEOUT_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(500)))
+}
+
 /// A live colo listener, found by [`connect_rendezvous`].
 #[derive(Debug)]
 pub struct Rendezvous {
