@@ -334,7 +334,8 @@ pub fn busy(dest: SocketAddr) -> bool {
 /// idle, and a pool dialed before keeps its own history. Keyed by [`server_key`]: the
 /// `SO_PEERCRED` pid is the one that called `listen()` and stays after that process exits, so with
 /// the uid a reused pid cannot make another user's stalled listener send this user's connections
-/// plain. Direct-mapped by pid, as `PLAIN_UNTIL`: a torn or overwritten entry only offers one
+/// plain (one the same user reused within the period only dials its first connections plain TCP
+/// until the period's end). Direct-mapped by pid, as `PLAIN_UNTIL`: a torn or overwritten entry only offers one
 /// connection shared memory (and its wait), or keeps one plain a tick longer.
 static BUSY_PROCESSES: [PlainUntil; 16] = [const { PlainUntil { key: AtomicU64::new(0), until: AtomicU64::new(0) } }; 16];
 
