@@ -610,8 +610,13 @@ const mustAnswerWait = 200 * time.Millisecond
 // welcomed remembers, by rendezvous name, the pid of the listener that last answered WELCOME.
 var welcomed sync.Map
 
-// carrierAnswerTimeout bounds the wait for a WELCOME the server owes once it has claimed an
-// offer (its claim is done; only the datagram is on the way).
+// carrierAnswerTimeout bounds the steps of a set-up that wait on the other side's kernel or
+// shim rather than on its program: the wait for a WELCOME the server owes once it has claimed
+// an offer (its claim is done; only the datagram is on the way); on the path to another
+// namespace (spec/WIRE.md section 11), the client's connect to the rendezvous its server named
+// and the first wait for the answer to its offer there (netns.go), and the server's write of
+// its answer onto the TCP stream and its wait for the offer that follows it (netns_server.go).
+// The wait on a server's program (its accept) is carrierWait.
 const carrierAnswerTimeout = 2 * time.Second
 
 // carrierClient offers a CARRIER segment for a loopback TCP connection (spec section 3): bind,
@@ -681,7 +686,7 @@ func carrierClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry, n
 	}
 	// The server answers when its application accepts: a late one is met as over TCP after
 	// COLO_CARRIER_TIMEOUT_MS (500 ms, as the Rust core and the shim wait), on plain TCP.
-	dl := time.Now().Add(netnsAnswerWait())
+	dl := time.Now().Add(carrierWait())
 	if cdl, ok := ctx.Deadline(); ok && cdl.Before(dl) {
 		dl = cdl
 	}

@@ -309,11 +309,11 @@ func netnsProposal(boot, clientNonce []byte) []byte {
 	return prop
 }
 
-// netnsAnswerWait bounds a client's wait for the answer to its PROPOSAL or to its CARRIER offer,
+// carrierWait bounds a client's wait for its server's program to get to the connection: for
+// the answer to its PROPOSAL (another namespace) or the claim of its CARRIER offer (this one),
 // and how long the head of an owed answer's stream may hold part of one (COLO_CARRIER_TIMEOUT_MS,
-// 500 ms, as the Rust core and the shim read it): the server answers only once its program gets
-// to the connection.
-var netnsAnswerWait = sync.OnceValue(func() time.Duration {
+// 500 ms, as the Rust core and the shim read it).
+var carrierWait = sync.OnceValue(func() time.Duration {
 	if ms, err := strconv.Atoi(os.Getenv("COLO_CARRIER_TIMEOUT_MS")); err == nil && ms > 0 {
 		return time.Duration(ms) * time.Millisecond
 	}
@@ -323,7 +323,7 @@ var netnsAnswerWait = sync.OnceValue(func() time.Duration {
 // netnsDial connects to ap, a listener in another namespace with its rendezvous in dir, and
 // proposes shared memory. A nil *Conn with a nil error does not happen: the connection is
 // plain TCP (on the same TCP connection) whenever shared memory is not had. An answer that does
-// not come within netnsAnswerWait is not a failure (a server whose program accepts late, as over
+// not come within carrierWait is not a failure (a server whose program accepts late, as over
 // TCP): the connection goes on over plain TCP and owes the answer, which its server sends first
 // on the stream whenever its program gets to the connection and which Read takes off before any
 // byte of the application (spec/WIRE.md section 11, step 3; netns_owed.go).
@@ -364,7 +364,7 @@ func netnsDial(ctx context.Context, network string, ap netip.AddrPort, dir strin
 	}
 	prop := netnsProposal(boot, clientNonce)
 	start := time.Now()
-	dl := start.Add(netnsAnswerWait())
+	dl := start.Add(carrierWait())
 	if cdl, ok := ctx.Deadline(); ok && cdl.Before(dl) {
 		dl = cdl
 	}

@@ -26,7 +26,7 @@ import (
 // it waits as the Read would wait for bytes: in the netpoller, until the connection's read
 // deadline or Close, whose error (os.ErrDeadlineExceeded, net.ErrClosed) it returns as Read
 // would, the answer still owed. A head holding part of an answer that does not grow for
-// netnsAnswerWait is no answer. owedMu serializes concurrent Reads: the second finds c.owed
+// carrierWait is no answer. owedMu serializes concurrent Reads: the second finds c.owed
 // cleared, or waits its turn.
 func (c *Conn) takeOwed() error {
 	c.owedMu.Lock()
@@ -69,7 +69,7 @@ func (c *Conn) takeOwed() error {
 			if c.owedPartial.IsZero() {
 				c.owedPartial = time.Now()
 			}
-			if peerEnded(c.tcp) || time.Since(c.owedPartial) >= netnsAnswerWait() {
+			if peerEnded(c.tcp) || time.Since(c.owedPartial) >= carrierWait() {
 				c.owed.Store(false)
 				logf("dial %v: cross-namespace: the stream begins with part of an answer that never grew; plain TCP", c.tcp.RemoteAddr())
 				break

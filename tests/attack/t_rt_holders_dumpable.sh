@@ -2,8 +2,9 @@
 # Red team: a fork child that drops to nobody must not hand nobody its parent's holders file.
 # Root's program (colo run, py/holders_victim.py) holds a colo connection to root's echo server
 # and forks a child that closes its copy, drops to nobody and makes itself dumpable again, as a
-# server's worker does for core dumps. The child still maps the holders file it shares with its
-# parent (conn/holders_file.rs), writable, with the page of the parent's connection: nobody
+# server's worker does for core dumps (by the raw system call through syscall(), then by
+# prctl()). The child still maps the holders file it shares with its parent
+# (conn/holders_file.rs), writable, with the page of the parent's connection: nobody
 # (py/holders_scribble.py) writes into it through /proc/CHILD/mem, giving the connection's
 # turns to itself, and the parent's next send waited as long as nobody lived. The parent's
 # round trips must finish while nobody runs. Watchdog: 20 s for the round trips.
@@ -18,6 +19,7 @@ check "root's program is accelerated" grep -q "connect 127.0.0.1:$P: accelerated
 CHILD=$(awk '/^CHILD/ {print $2}' "$WORK/victim.out")
 echo "    child: $(grep CHILD "$WORK/victim.out")"
 if [ -z "$CHILD" ]; then bad "root's program did not fork its child: $(tail -2 "$WORK/victim.out")"; finish; fi
+check "the child's raw syscall(SYS_prctl, PR_SET_DUMPABLE, 1) is refused (EPERM)" grep -q "^CHILD .* raw=-1 1$" "$WORK/victim.out"
 as_nobody timeout 60 /usr/bin/python3 "$WORK/holders_scribble.py" "$CHILD" 3 >"$WORK/att.out" 2>&1 & ATT=$!; PIDS+=($ATT)
 for _ in $(seq 100); do grep -q "WROTE\|NOMAP\|DENIED" "$WORK/att.out" && break; sleep 0.1; done
 echo "    nobody: $(tr '\n' ' ' <"$WORK/att.out")"

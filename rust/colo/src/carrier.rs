@@ -64,13 +64,23 @@ fn claim_word(seg_base: *mut u8) -> &'static AtomicU32 {
     unsafe { &*(seg_base.add(CLAIM_OFFSET) as *const AtomicU32) }
 }
 
+/// How long a client waits for a server's program to claim its offer, or to answer it (a
+/// PROPOSAL from another namespace, spec/WIRE.md section 11), and a server keeps a nonce it
+/// answered for its HELLO (`COLO_CARRIER_TIMEOUT_MS`, 500, as the shim and the Go package read it).
+pub(crate) fn timeout() -> Duration {
+    static T: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *T.get_or_init(|| Duration::from_millis(std::env::var("COLO_CARRIER_TIMEOUT_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(500)))
+}
+
 /// A live colo listener, found by [`connect_rendezvous`].
 #[derive(Debug)]
 pub struct Rendezvous {
     /// The control socket connected to it.
     pub control: OwnedFd,
-    /// The server's pid (`SO_PEERCRED`).
+    /// The server's pid (`SO_PEERCRED`: the pid that called `listen()`, kept after it exits).
     pub server_pid: u32,
+    /// The server's uid (`SO_PEERCRED`).
+    pub server_uid: u32,
 }
 
 /// Whether the listener at `addr` (a local address) has raised its short-lived marker for
@@ -89,7 +99,7 @@ pub fn connect_rendezvous(addr: SocketAddr) -> io::Result<Option<Rendezvous>> {
     if !host::is_local(addr.ip()) {
         return Ok(None);
     }
-    Ok(reach_trusted(addr, &wire::lookup_names(addr), "connect")?.map(|r| Rendezvous { control: r.control, server_pid: r.server_pid }))
+    Ok(reach_trusted(addr, &wire::lookup_names(addr), "connect")?.map(|r| Rendezvous { control: r.control, server_pid: r.server_pid, server_uid: r.server_uid }))
 }
 
 /// A rendezvous [`reach_trusted`] connected to and trusts.
@@ -270,11 +280,6 @@ impl Offer {
     /// The control socket (readable when the answer arrives or the server goes away).
     pub fn control_fd(&self) -> &OwnedFd {
         &self.control
-    }
-
-    /// The pid of the process serving the rendezvous the offer went to (`SO_PEERCRED`).
-    pub fn server_pid(&self) -> u32 {
-        self.server_pid
     }
 
     /// Waits up to `timeout` for WELCOME or REJECT. Blocking.

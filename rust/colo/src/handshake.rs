@@ -146,10 +146,6 @@ pub(crate) enum Dialed {
     No,
 }
 
-/// How long a CARRIER client waits for the server program to accept before it abandons the offer
-/// and stays on plain TCP.
-const CARRIER_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
-
 /// Dials `addr` in CARRIER mode (spec/WIRE.md section 3): bind, offer, connect, wait for the claim.
 fn dial_carrier(addr: SocketAddr, opts: &Options) -> io::Result<Dialed> {
     use crate::carrier;
@@ -159,7 +155,9 @@ fn dial_carrier(addr: SocketAddr, opts: &Options) -> io::Result<Dialed> {
     colo_sys::tcp::connect(&sock, addr)?;
     let tcp = std::net::TcpStream::from(sock);
     let _ = tcp.set_nodelay(true);
-    if !claimed(&offer, CARRIER_WAIT) {
+    // The server's program accepts, and claims the offer, within `carrier::timeout()`, or the
+    // connection stays plain TCP.
+    if !claimed(&offer, carrier::timeout()) {
         log::info(format_args!("dial {addr}: carrier offer not claimed; plain TCP"));
         return Ok(Dialed::Tcp(tcp));
     }
@@ -191,14 +189,14 @@ fn dial_netns(addr: SocketAddr, dir: &std::path::Path, opts: &Options) -> io::Re
         Proposed::Broken(e) if e.kind() == io::ErrorKind::TimedOut => {
             log::info(format_args!(
                 "dial {addr}: cross-namespace: no answer within {} ms (its server's program has not accepted the connection); plain TCP, the answer taken off the stream when it comes, and plain TCP there for a second",
-                netns::answer_wait().as_millis()
+                crate::carrier::timeout().as_millis()
             ));
             crate::owed::late_server(addr);
             return Ok(Dialed::Owed(tcp));
         }
         Proposed::Broken(e) => return Err(e),
     };
-    if !claimed(&offer, netns::answer_wait()) {
+    if !claimed(&offer, crate::carrier::timeout()) {
         log::info(format_args!("dial {addr}: cross-namespace offer not claimed; plain TCP"));
         return Ok(Dialed::Tcp(tcp));
     }

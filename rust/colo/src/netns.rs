@@ -66,13 +66,6 @@ fn proposal_wait() -> Duration {
     *T.get_or_init(|| env_ms("COLO_NETNS_WAIT_MS", 50))
 }
 
-/// How long a server keeps a nonce it answered for its HELLO, and a client waits for the answer
-/// to its PROPOSAL (`COLO_CARRIER_TIMEOUT_MS`, 500).
-pub(crate) fn answer_wait() -> Duration {
-    static T: OnceLock<Duration> = OnceLock::new();
-    *T.get_or_init(|| env_ms("COLO_CARRIER_TIMEOUT_MS", 500))
-}
-
 pub(crate) fn boot_id() -> Option<[u8; 16]> {
     static B: OnceLock<Option<[u8; 16]>> = OnceLock::new();
     *B.get_or_init(|| pathsock::boot_id().ok())
@@ -212,7 +205,7 @@ pub enum Dialed {
 /// `dir` and offers a segment of `geometry`. Blocking (bounded) whatever the socket's mode.
 pub fn propose(tcp: BorrowedFd<'_>, dir: &Path, local: SocketAddr, target: SocketAddr, geometry: Geometry) -> Dialed {
     match send_proposal(tcp, dir) {
-        Ok(p) => p.finish(tcp, local, target, geometry, answer_wait()),
+        Ok(p) => p.finish(tcp, local, target, geometry, carrier::timeout()),
         Err(d) => d,
     }
 }
@@ -253,7 +246,7 @@ pub fn send_proposal(tcp: BorrowedFd<'_>, dir: &Path) -> Result<Proposed, Dialed
         Ok(d) => d,
         Err(e) => return Err(Dialed::Plain(format!("{}: {e}", dir.display()))),
     };
-    if let Err(e) = pathsock::send_tcp(tcp, &proposal(&boot, &client_nonce), answer_wait()) {
+    if let Err(e) = pathsock::send_tcp(tcp, &proposal(&boot, &client_nonce), carrier::timeout()) {
         return Err(Dialed::Broken(e));
     }
     Ok(Proposed { dirfd, dir_uid, boot, client_nonce })
@@ -303,7 +296,7 @@ impl Proposed {
         if len > NAME_MAX || !pathsock::valid_name(name) {
             return Dialed::Plain("the server named a rendezvous outside its directory".into());
         }
-        let control = match pathsock::connect_at(dirfd.as_fd(), name, answer_wait()) {
+        let control = match pathsock::connect_at(dirfd.as_fd(), name, carrier::timeout()) {
             Ok(c) => c,
             Err(e) => return Dialed::Plain(format!("rendezvous: {e}")),
         };
@@ -461,7 +454,7 @@ impl Rendezvous {
         if !read_proposal(tcp, &mut p) {
             return None;
         }
-        let wait = answer_wait();
+        let wait = carrier::timeout();
         let server = self.answer(tcp, peer, &p, wait)?;
         let deadline = Instant::now() + wait;
         loop {
@@ -753,7 +746,7 @@ pub fn first_bytes_wait() -> Duration {
 
 /// How long a server keeps a nonce it answered, waiting for its HELLO.
 pub fn hello_wait() -> Duration {
-    answer_wait()
+    carrier::timeout()
 }
 
 /// Waits (bounded) for the first bytes of an accepted connection and takes a whole PROPOSAL off

@@ -55,7 +55,7 @@ impl Owed {
                 Late::NotYet => {}
             }
             let partial = colo_sys::tcp::unread(sock.as_fd()) > 0;
-            if partial && since.get_or_insert_with(Instant::now).elapsed() >= netns::answer_wait() {
+            if partial && since.get_or_insert_with(Instant::now).elapsed() >= crate::carrier::timeout() {
                 self.owed.store(false, Ordering::Release);
                 return Ok(());
             }

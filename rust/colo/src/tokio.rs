@@ -110,7 +110,7 @@ fn poll_owed(t: &tokio::net::TcpStream, owed: &mut Option<Owed>, cx: &mut Contex
         }
         if colo_sys::tcp::unread(t.as_fd()) > 0 {
             // Part of an answer: looked at again at once, for at most the answer wait.
-            if o.partial_since.get_or_insert_with(std::time::Instant::now).elapsed() >= crate::netns::answer_wait() {
+            if o.partial_since.get_or_insert_with(std::time::Instant::now).elapsed() >= crate::carrier::timeout() {
                 *owed = None;
                 break;
             }

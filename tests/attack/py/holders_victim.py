@@ -1,10 +1,11 @@
 """Root's program for t_rt_holders_dumpable.sh (run under colo run): a colo connection to root's
 echo server, then a fork child that closes its copy, drops to nobody and makes itself dumpable
-again (as a server's worker does for core dumps), holding no connection. The parent keeps its
+again (as a server's worker does for core dumps: by the raw system call through libc's
+syscall(), then by prctl()), holding no connection. The parent keeps its
 connection and, once the file GO exists, makes ROUNDS echo round trips.
 
     holders_victim.py PORT GO ROUNDS
-Prints CHILD pid dumpable=0|-1 errno, READY, then DONE n once the round trips are made.
+Prints CHILD pid dumpable=0|-1 errno raw=0|-1 errno (prctl, then syscall), READY, then DONE n once the round trips are made.
 """
 import ctypes
 import os
@@ -38,8 +39,12 @@ if child == 0:
     os.setgid(65534)
     os.setuid(65534)
     libc = ctypes.CDLL(None, use_errno=True)
-    rc = libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
-    os.write(w, b"%d %d" % (rc, ctypes.get_errno()))
+    # The raw system call through libc's syscall() first (SYS_prctl), then libc's prctl().
+    sys_prctl = {"x86_64": 157, "aarch64": 167}[os.uname().machine]
+    raw = libc.syscall(sys_prctl, 4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
+    raw_errno = ctypes.get_errno()
+    rc = libc.prctl(4, 1, 0, 0, 0)
+    os.write(w, b"%d %d raw=%d %d" % (rc, ctypes.get_errno(), raw, raw_errno))
     os.close(w)
     os.close(life_w)
     os.read(life_r, 1)

@@ -2,11 +2,11 @@
 //! (`data`, `fds`, `copy`, `fdopen`, `epoll`, `ppoll`, `sockopt`), or over libc (`real`) when the
 //! arguments show the call is not the shim's. A non-colo fd costs one atomic load before libc.
 
-use crate::api::{behind, confine, copy, data, epoll, fdopen, fds, forget, names, nofile, ppoll, repeat, route, sockopt, std_streams};
+use crate::api::{behind, confine, copy, data, dumpable, epoll, fdopen, fds, forget, names, nofile, ppoll, repeat, route, sockopt, std_streams};
 use crate::base::guard::Guard;
 use crate::base::uring::refused;
 use crate::conn::state::Conn;
-use crate::conn::{holders_file, table};
+use crate::conn::table;
 use crate::real;
 use crate::service::server;
 use libc::{c_int, c_uint, c_ulong, c_void, iovec, msghdr, nfds_t, off_t, size_t, sockaddr, socklen_t, ssize_t};
@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 // ---- syscall --------------------------------------------------------------------------------
 
-/// `syscall(2)`: `io_uring_setup` is refused (`base::uring`); closes and duplicates of the
+/// `syscall(2)`: `io_uring_setup` is refused (`base::uring`), and a `prctl` as `prctl` is
+/// (`dumpable`); closes and duplicates of the
 /// shim's descriptors take the shim's paths (`behind`); `execve` and `execveat` are prepared for
 /// as libc's (`before_exec`); a raw `fork`, or a `clone` that asks for nothing more than one, is
 /// made by `fork`, and a `clone` made as a fork with more flags runs the fork work and handlers
@@ -31,6 +32,9 @@ pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_lo
     }
     if n == libc::SYS_seccomp && confine::seccomp_confines(a) {
         confine::leave_process();
+    }
+    if n == libc::SYS_prctl && dumpable::refused(a as c_int, b as c_ulong) {
+        return -1;
     }
     if n == libc::SYS_execve || n == libc::SYS_execveat {
         before_exec();
@@ -76,34 +80,6 @@ pub unsafe extern "C" fn syscall(n: libc::c_long, a: libc::c_long, b: libc::c_lo
         }
     }
     r
-}
-
-/// `prctl(2)`: the shim leaves a process that installs a seccomp filter first (`confine`), and
-/// refuses to make a process dumpable again (`EPERM`) while its uid differs from the one its
-/// image started with and it holds a connection: that connection's peer judged it by its uid
-/// at the handshake (as the same user, maybe) and reads its rings through the mapping, and a
-/// dumpable process is its new user's to take descriptors from and write into (a server that
-/// accepts as root, then drops to nobody and asks to be dumpable for core dumps would hand
-/// nobody the rings of root's client; the kernel made it undumpable at the change), or maps a
-/// holders file of another uid (a fork child's, its parent's pages, whose turns nobody would
-/// hold to hang the parent's calls). nginx's workers (no connection, nor one in the master
-/// before their fork) are not concerned.
-/// Variadic in C; the kernel takes four arguments after the option, passed in registers.
-#[no_mangle]
-pub unsafe extern "C" fn prctl(option: c_int, a2: c_ulong, a3: c_ulong, a4: c_ulong, a5: c_ulong) -> c_int {
-    if confine::prctl_confines(option, a2) {
-        confine::leave_process();
-    }
-    if option == libc::PR_SET_DUMPABLE
-        && a2 != 0
-        && crate::base::uids::changed()
-        && (table::fds_of_kind(table::CONN).next().is_some() || table::fds_of_kind(table::PENDING).next().is_some() || holders_file::of_another_uid())
-    {
-        crate::base::guard::set_errno(libc::EPERM);
-        return -1;
-    }
-    // SAFETY: libc's `prctl`, given the application's arguments unchanged.
-    unsafe { real::prctl(option, a2, a3, a4, a5) }
 }
 
 /// `close_range(2)` (glibc 2.34), made as the system call itself: a child between `vfork` and

@@ -7,6 +7,7 @@ pub mod confine;
 pub mod copy;
 pub mod creds;
 pub mod data;
+pub mod dumpable;
 pub mod exports;
 pub mod dprintf;
 pub mod fdopen;

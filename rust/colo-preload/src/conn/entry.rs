@@ -17,6 +17,8 @@ pub struct Pending {
     /// one that has to accept (nginx proxying to itself), so it waits only `SELF_WAIT`, and
     /// if that runs out this process dials `target` over plain TCP from then on.
     pub self_served: Option<SocketAddr>,
+    /// The server process, as `record::adapt::server_key` keys it (its uid and pid).
+    pub server: u64,
     /// The process that dialed (a fork child inherits the value with the descriptor).
     pub pid: u32,
 }

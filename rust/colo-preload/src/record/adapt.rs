@@ -260,9 +260,6 @@ fn coarse_ms() -> u64 {
 /// redis-benchmark `-k 0`, a script running curl in a loop) does not first set up shared memory
 /// for a burst of them before its own rule takes over.
 pub fn first_look(dest: SocketAddr, says_short: impl FnOnce() -> bool) -> bool {
-    if !enabled() {
-        return false;
-    }
     let dest = key(dest);
     let mut g = DESTS.lock().unwrap_or_else(|e| e.into_inner());
     let map = g.get_or_insert_with(HashMap::default);
@@ -270,7 +267,12 @@ pub fn first_look(dest: SocketAddr, says_short: impl FnOnce() -> bool) -> bool {
         // Another thread looked first.
         return false;
     }
+    // Made whatever `COLO_SHORT_LIVED` says: its next connections are no longer the first
+    // ([`process_busy`] applies only to those).
     let d = dest_entry(map, dest);
+    if !enabled() {
+        return false;
+    }
     let short = says_short();
     if short {
         d.plain_until = Some(Instant::now() + PLAIN_FOR);
@@ -326,27 +328,60 @@ pub fn busy(dest: SocketAddr) -> bool {
 /// deadline of its period: the destination's period covers one listener, and a program that
 /// accepts a connection only after the client's next request on another connection opens a new
 /// listener for each (an FTP session's passive data connections, a new port each), so each of
-/// its listeners would cost the client the wait once. Direct-mapped by pid, as `PLAIN_UNTIL`: a
-/// torn or overwritten entry only offers one connection shared memory (and its wait), or keeps
-/// one plain a tick longer; a pid reused within the period only dials plain TCP until its end.
+/// its listeners would cost the client the wait once. Only destinations this client has not
+/// dialed yet ([`Verdict::FirstOffer`]) follow the process's period: one program serving several
+/// pools (php-fpm, uwsgi, gunicorn, apache's `Listen` ports) may have one saturated and the others
+/// idle, and a pool dialed before keeps its own history. Keyed by [`server_key`]: the
+/// `SO_PEERCRED` pid is the one that called `listen()` and stays after that process exits, so with
+/// the uid a reused pid cannot make another user's stalled listener send this user's connections
+/// plain (one the same user reused within the period only dials its first connections plain TCP
+/// until the period's end). Direct-mapped by pid, as `PLAIN_UNTIL`: a torn or overwritten entry only offers one
+/// connection shared memory (and its wait), or keeps one plain a tick longer.
 static BUSY_PROCESSES: [PlainUntil; 16] = [const { PlainUntil { key: AtomicU64::new(0), until: AtomicU64::new(0) } }; 16];
 
-/// The program of process `pid` (0: not known) did not accept a connection offered to one of its
-/// listeners while its queue stood still ([`not_accepting`] for the destination): connections to
-/// any listener whose rendezvous `pid` serves go plain TCP without an offer for `BUSY_FOR`.
-pub fn process_not_accepting(pid: u32) {
+/// The key of a server process in [`BUSY_PROCESSES`]: its uid and pid (`SO_PEERCRED` of its
+/// rendezvous); 0 when the pid is not known.
+pub fn server_key(uid: u32, pid: u32) -> u64 {
     if pid == 0 {
-        return;
+        return 0;
     }
-    let e = &BUSY_PROCESSES[pid as usize % BUSY_PROCESSES.len()];
-    e.until.store(coarse_ms() + BUSY_FOR.as_millis() as u64, Ordering::Relaxed);
-    e.key.store(u64::from(pid), Ordering::Relaxed);
+    u64::from(uid) << 32 | u64::from(pid)
 }
 
-/// Whether process `pid` was found not accepting within the last `BUSY_FOR`
-/// ([`process_not_accepting`]).
-pub fn process_busy(pid: u32) -> bool {
-    pid != 0 && BUSY_PROCESSES[pid as usize % BUSY_PROCESSES.len()].holds(u64::from(pid))
+fn busy_process_entry(server: u64) -> &'static PlainUntil {
+    &BUSY_PROCESSES[(server as u32) as usize % BUSY_PROCESSES.len()]
+}
+
+/// The program of the server process `server` ([`server_key`]; 0: not known) did not accept a
+/// connection offered to one of its listeners while its queue stood still ([`not_accepting`] for
+/// the destination): connections to its listeners this client has not dialed yet go plain TCP
+/// without an offer for `BUSY_FOR` ([`process_busy`]).
+pub fn process_not_accepting(server: u64) {
+    if server == 0 {
+        return;
+    }
+    let e = busy_process_entry(server);
+    e.until.store(coarse_ms() + BUSY_FOR.as_millis() as u64, Ordering::Relaxed);
+    e.key.store(server, Ordering::Relaxed);
+}
+
+/// Whether the server process `server` ([`server_key`]) was found not accepting within the last
+/// `BUSY_FOR` ([`process_not_accepting`]), for a connection to `dest`, one of its listeners this
+/// client has not dialed yet ([`Verdict::FirstOffer`]). If so, `dest` is dialed plain TCP until
+/// the end of the process's period without reaching its rendezvous ([`known_plain`]).
+pub fn process_busy(server: u64, dest: SocketAddr) -> bool {
+    if server == 0 {
+        return false;
+    }
+    let e = busy_process_entry(server);
+    let until = e.until.load(Ordering::Relaxed);
+    if e.key.load(Ordering::Relaxed) != server || coarse_ms() >= until {
+        return false;
+    }
+    let (_, k, known) = cached(dest);
+    known.until.store(until, Ordering::Relaxed);
+    known.key.store(k, Ordering::Relaxed);
+    true
 }
 
 /// After a set-up found no descriptor number free for the shim (see the shim's `init`), no
@@ -451,12 +486,19 @@ mod tests {
     #[test]
     fn a_process_found_not_accepting_is_remembered_for_its_other_listeners() {
         // Pids no test process has: the table is the process's.
-        let (p, q) = (4_000_001, 4_000_002);
-        assert!(!process_busy(p) && !process_busy(0));
+        let (p, q) = (server_key(1000, 4_000_001), server_key(1000, 4_000_002));
+        let same_pid_other_user = server_key(1001, 4_000_001);
+        let (d, e): (SocketAddr, SocketAddr) = ("127.0.0.9:4341".parse().unwrap(), "127.0.0.9:4342".parse().unwrap());
+        assert_eq!(server_key(1000, 0), 0, "an unknown pid is unknown whatever the uid");
+        assert!(!process_busy(p, d) && !process_busy(0, d));
+        assert!(!known_plain(d));
         process_not_accepting(p);
         process_not_accepting(0);
-        assert!(process_busy(p), "found so: for BUSY_FOR");
-        assert!(!process_busy(q) && !process_busy(0), "not another process, nor an unknown one");
+        assert!(process_busy(p, d), "found so: for BUSY_FOR");
+        assert!(known_plain(d), "the destination is then dialed plain without its rendezvous");
+        assert!(!process_busy(q, e) && !process_busy(0, e), "not another process, nor an unknown one");
+        assert!(!process_busy(same_pid_other_user, e), "nor another user's process with that pid");
+        assert!(!known_plain(e));
     }
 
     #[test]

@@ -117,9 +117,10 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
             return Prepared::Plain;
         }
     };
-    if adapt::process_busy(rendezvous.server_pid) {
+    let server = adapt::server_key(rendezvous.server_uid, rendezvous.server_pid);
+    if verdict == adapt::Verdict::FirstOffer && adapt::process_busy(server, target) {
         log_debug(format_args!(
-            "connect {peer}: its server's program was found not accepting on another of its listeners a moment ago; plain TCP"
+            "connect {peer}: its server's program was found not accepting on another of its listeners a moment ago; plain TCP there until then"
         ));
         return Prepared::Plain;
     }
@@ -164,6 +165,7 @@ pub fn prepare(fd: i32, peer: SocketAddr) -> Prepared {
             deadline: Instant::now() + timeout(),
             peer,
             self_served: self_served.then_some(target),
+            server,
             pid: colo_sys::host::pid(),
             }))
         }
@@ -387,8 +389,9 @@ const ANSWER_AFTER_ACCEPT: Duration = Duration::from_millis(50);
 /// cannot tell accepts matched by arrivals: one look would take a server in a burst of
 /// connections for one that stopped): the connection goes on over plain TCP, as it would
 /// at the end of `left`, and so do the next ones there, and to the other listeners of the
-/// process serving its rendezvous, for a while (`adapt::not_accepting`,
-/// `adapt::process_not_accepting`: an FTP session listens on a new port for each transfer).
+/// process serving its rendezvous that this process has not dialed yet, for a while
+/// (`adapt::not_accepting`, `adapt::process_not_accepting`: an FTP session listens on a new
+/// port for each transfer).
 /// Only where this process holds another connection (one such a server may be waiting on: any
 /// accelerated one, or a plain one to the same server): a lone client, which no server can be
 /// waiting on, waits the whole `left` for a late accept.
@@ -448,9 +451,9 @@ fn wait_while_accepting(fd: i32, p: &Pending, left: Duration) -> Answer {
             (None, _) => return p.offer.wait_answer(rest),
             (Some(n), Some(before)) if n >= before && flat + 1 >= STALL_LOOKS && holds_a_connection(fd, p.peer) => {
                 adapt::not_accepting(p.peer);
-                adapt::process_not_accepting(p.offer.server_pid());
+                adapt::process_not_accepting(p.server);
                 log_info(format_args!(
-                    "connect {}: its server's program is not accepting ({n} connections in its queue); plain TCP there, and to its other listeners, for {:?}",
+                    "connect {}: its server's program is not accepting ({n} connections in its queue); plain TCP there, and to its other listeners not dialed yet, for {:?}",
                     p.peer,
                     adapt::BUSY_FOR
                 ));

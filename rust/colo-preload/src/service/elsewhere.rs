@@ -133,7 +133,7 @@ fn answered(b: BorrowedFd<'_>, d: Dialing) -> Result<Box<Pending>, Entry> {
     };
     let waited = Instant::now();
     match proposed.finish(b, local, peer, geometry(), deadline.saturating_duration_since(waited)) {
-        Dialed::Offered(offer) => Ok(Box::new(Pending { offer: *offer, deadline: Instant::now() + timeout(), peer, self_served: None, pid })),
+        Dialed::Offered(offer) => Ok(Box::new(Pending { offer: *offer, deadline: Instant::now() + timeout(), peer, self_served: None, server: 0, pid })),
         Dialed::Broken(e) if e.kind() == io::ErrorKind::TimedOut => {
             // Its next connections would wait the same way (a server busy or stopped): plain TCP
             // there for a while, as for a same-namespace server whose queue does not move.
