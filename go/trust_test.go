@@ -388,6 +388,10 @@ func TestUnknownRejectReasonDialsTCP(t *testing.T) {
 			c.Close()
 		}
 	}()
+	// An earlier test of this process may have had a colo listener on the same port: its
+	// WELCOME, remembered by name and pid (this process's, as this fake's), would let the dial
+	// go on without waiting for the answer.
+	welcomed.Delete(rendezvousName(addr))
 	c, err := Dial("tcp", addr.String())
 	if err != nil {
 		t.Fatal(err)
