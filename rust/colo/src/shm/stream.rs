@@ -414,6 +414,7 @@ impl Shm {
         }
         let mut guard = lock(&self.tx);
         let tx = &mut *guard;
+        self.apply_send_buffer(tx);
         let mut waited = false;
         self.look_then_wait(tx, |h| &mut h.spinner, &self.write_timeout, since, |tx| self.write_blocked(tx, &mut waited))?;
         // For the other holders of this end (`adopt_tx`): stale while we publish, so that one
@@ -439,6 +440,9 @@ impl Shm {
             let ring: std::sync::Weak<dyn crate::shrink::Shrink> = std::sync::Arc::downgrade(&self.tx) as _;
             crate::shrink::watch(ring);
         }
+        drop(guard);
+        // An `SO_SNDBUF` asked while we held the writing half (see `Shm::set_send_buffer`).
+        self.apply_asked_send_buffer_if_free();
         Ok(done)
     }
 
