@@ -113,6 +113,14 @@ static void tcp_inq(void) {
     settle(50);
     recv_inq(s, 64);
     recv_inq(s, 64);
+    /* FIN with bytes pending: the count includes the FIN (the kernel's rcv_nxt - copied_seq). */
+    say("  FIN with bytes pending:");
+    pair(&s, &c);
+    T("setsockopt TCP_INQ", setsockopt(s, IPPROTO_TCP, TCP_INQ, &one, sizeof one));
+    send(c, "0123456789", 10, 0);
+    shutdown(c, SHUT_WR);
+    settle(50);
+    for (int i = 0; i < 5; i++) recv_inq(s, 64);
 }
 
 /* The blocked accept's errno (0: it returned a connection), said after the join. */

@@ -610,13 +610,13 @@ impl Conn {
         }
     }
 
-    /// What `TCP_INQ` reports after a read (the kernel's `tcp_inq_hint`): the bytes left to read,
-    /// or 1 once the peer's FIN came with none left, so that a reader goes on to read the end.
+    /// What `TCP_INQ` reports after a read (the kernel's `tcp_inq_hint`, `rcv_nxt - copied_seq`):
+    /// the bytes left to read, and 1 more once the peer's FIN came (its sequence number counts),
+    /// which stays 1 after the end is read, so that a reader goes on to read the end.
     pub fn inq_hint(&self) -> usize {
         let inc = self.incoming();
         match inc.used(self.shm.ring_capacity()) {
-            Ok(0) if inc.flags & FLAG_FIN != 0 => 1,
-            Ok(n) => n as usize,
+            Ok(n) => n as usize + usize::from(inc.flags & FLAG_FIN != 0),
             Err(_) => 0,
         }
     }
