@@ -54,6 +54,19 @@ static void peek_waitall_dontwait(void) {
     waitpid(p, NULL, 0);
 }
 
+static void waitall_with_dontwait(void) {
+    /* MSG_WAITALL with MSG_DONTWAIT on a blocking socket: DONTWAIT wins, the bytes there come
+     * back at once, then EAGAIN. */
+    int s, c;
+    char b[16] = {0};
+    pair(&s, &c);
+    T("send", send(c, "abc", 3, 0));
+    settle(50);
+    T("recv WAITALL|DONTWAIT 8", recv(s, b, 8, MSG_WAITALL | MSG_DONTWAIT));
+    say("  bytes '%.3s'", b);
+    T("recv WAITALL|DONTWAIT 8 empty", recv(s, b, 8, MSG_WAITALL | MSG_DONTWAIT));
+}
+
 static void vectors(void) {
     int s, c;
     char a[4], b[4], d[8];
@@ -191,6 +204,7 @@ int main(void) {
     RUN(msg_trunc);
     RUN(zero_length);
     RUN(peek_waitall_dontwait);
+    RUN(waitall_with_dontwait);
     RUN(vectors);
     RUN(recvmmsg_fill);
     RUN(poll_negative_fd);
