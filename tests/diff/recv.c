@@ -174,6 +174,30 @@ static void restart_without_timeout(void) {
     waitpid(p, NULL, 0);
 }
 
+static void peek_waitall_signal(void) {
+    /* MSG_PEEK|MSG_WAITALL for 8 with 3 there: an SA_RESTART handler ends it with the 3 (the
+     * kernel restarts only a call that has nothing); the bytes stay. */
+    int s, c;
+    char b[8] = {0};
+    pair(&s, &c);
+    struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART};
+    sigaction(SIGUSR1, &sa, NULL);
+    T("send", send(c, "abc", 3, 0));
+    settle(50);
+    pid_t me = getpid(), p = fork();
+    if (p == 0) {
+        settle(200);
+        kill(me, SIGUSR1);
+        settle(2000);
+        send(c, "defgh", 5, 0);
+        _exit(0);
+    }
+    T("peek WAITALL 8 (3 there, signal at 0.2 s)", recv(s, b, 8, MSG_PEEK | MSG_WAITALL));
+    say("  bytes '%.3s'", b);
+    T("recv 3", recv(s, b, 3, 0));
+    waitpid(p, NULL, 0);
+}
+
 static void eintr_without_restart(void) {
     int s, c;
     char b[4];
@@ -210,6 +234,7 @@ int main(void) {
     RUN(poll_negative_fd);
     RUN(restart_with_timeout);
     RUN(restart_without_timeout);
+    RUN(peek_waitall_signal);
     RUN(eintr_without_restart);
     RUN(rcvtimeo);
     diff_end();
