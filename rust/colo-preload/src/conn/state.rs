@@ -52,12 +52,13 @@ const WRITING: usize = 1;
 /// after the peer closed was taken (`takes_write_after_close`); the peer's reset was reported
 /// (by a read, a write or `SO_ERROR`: as the kernel's socket error, once, `report_reset`); closed
 /// with `SO_LINGER {1, 0}` (the last close resets, `conn::options::closing`); non-blocking
-/// (`O_NONBLOCK`, the open socket's flag: `Conn::nonblocking`).
+/// (`O_NONBLOCK`, the open socket's flag: `Conn::nonblocking`); `TCP_INQ` on (`Conn::inq`).
 const READ_SHUT: u32 = 1;
 const WROTE_AFTER_CLOSE: u32 = 2;
 pub(crate) const RESET_REPORTED: u32 = 4;
 const ABORT: u32 = 8;
 const NONBLOCK: u32 = 16;
+const INQ: u32 = 32;
 
 /// Records that a connection accepted on a local address, from a program tagged so, ended
 /// (`short`: it did not pay for its set-up, see `adapt::Lived`).
@@ -221,6 +222,18 @@ impl Conn {
         }
         self.nb.store(on, Ordering::Relaxed);
         self.shm.set_nonblocking(on);
+    }
+
+    /// `TCP_INQ` set (or cleared) on this connection by a process holding it: the socket's
+    /// option, for all its holders, as the kernel keeps it once for the socket.
+    pub fn set_inq(&self, on: bool) {
+        // Relaxed: the bit is the whole message (as `raise_socket_flag`).
+        if on { self.socket_flags().fetch_or(INQ, Ordering::Relaxed) } else { self.socket_flags().fetch_and(!INQ, Ordering::Relaxed) };
+    }
+
+    /// Whether a holder of the connection set `TCP_INQ` on it (`set_inq`).
+    pub fn inq(&self) -> bool {
+        self.socket_flag(INQ)
     }
 
     /// Whether calls must not wait, as a call begins: this copy's own word, or once another
