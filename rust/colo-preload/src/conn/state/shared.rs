@@ -60,10 +60,6 @@ impl Conn {
         self.nonblocking_turn(word, waiters, OUT)
     }
 
-    /// The turn in `word` for a call that must not wait while its holder waits as the call
-    /// would: taken if free; waited for only while the ring is `ready` for the call (its holder
-    /// is moving bytes, and done soon), at most `NB_TURN_WAIT`; else `EAGAIN`, with a wake-up
-    /// armed (`arm`) so that readiness reports the change.
     /// Before `fork`: the child must not take a ring over while a call of this process that
     /// began without a turn (the connection was not shared then) is still inside it, or both
     /// would consume (or produce) one ring at once. Marks the connection shared, so that calls
@@ -122,6 +118,10 @@ impl Conn {
         }
     }
 
+    /// The turn in `word` for a call that must not wait while its holder waits as the call
+    /// would: taken if free; waited for only while the ring is `ready` for the call (its holder
+    /// is moving bytes, and done soon), at most `NB_TURN_WAIT`; else `EAGAIN`, with a wake-up
+    /// armed (`arm`) so that readiness reports the change.
     fn nonblocking_turn<'a>(&'a self, word: &'a AtomicU32, waiters: &'a AtomicU32, ready: u32) -> std::io::Result<Option<turns::Turn<'a>>> {
         turns::take_while(word, waiters, NB_TURN_WAIT, || self.arm(Drainer::Awake, true) & ready != 0)
             .map(Some)
