@@ -110,7 +110,7 @@ pub struct Conn {
     lowat: AtomicU32,
     /// What a small `SO_SNDBUF` lets a non-blocking writer queue in the ring (0: the ring), as
     /// this copy last took it on (the socket's is in the holders page: `send_limit_now`).
-    send_limit: AtomicU64,
+    send_limit: AtomicU32,
     /// On the server side: the client's program tag, under which its ending is recorded for the
     /// listener's short-lived marker.
     client_tag: Option<u64>,
@@ -184,7 +184,7 @@ impl Conn {
             closing_fd: AtomicI32::new(-1),
             relayed_by: AtomicU32::new(0),
             lowat: AtomicU32::new(0),
-            send_limit: AtomicU64::new(0),
+            send_limit: AtomicU32::new(0),
             client_tag: None,
             on_end: None,
             made_by: if resumed_shm { 0 } else { colo_sys::host::pid() },

@@ -27,7 +27,7 @@ impl Shm {
     pub fn set_send_buffer(&self, bytes: usize) {
         // SeqCst (and the load in `apply_asked_send_buffer_if_free`): with the writing half's
         // lock, a store made while a write held it is seen by that write once it lets go.
-        self.send_buffer_asked.store(bytes.max(1) as u64, Ordering::SeqCst);
+        self.send_buffer_asked.store(u32::try_from(bytes).unwrap_or(u32::MAX).max(1), Ordering::SeqCst);
         self.apply_asked_send_buffer_if_free();
     }
 

@@ -113,7 +113,7 @@ impl Conn {
         }
         // Relaxed: the word is the whole message (see `send_limit_now`).
         let room = self.holders.word(SNDBUF).load(Ordering::Relaxed);
-        if room != 0 && u64::from(room) != self.send_limit.load(Ordering::Relaxed) {
+        if room != 0 && room != self.send_limit.load(Ordering::Relaxed) {
             self.limit_sends(room);
         }
     }
@@ -167,7 +167,7 @@ impl Conn {
             // Relaxed (and the store in `set_send_limit`): the word is the whole message.
             return self.holders.word(SNDBUF).load(Ordering::Relaxed).into();
         }
-        self.send_limit.load(Ordering::Relaxed)
+        self.send_limit.load(Ordering::Relaxed).into()
     }
 
     /// `SO_SNDBUF` of `n` bytes: a non-blocking writer queues about what kernel TCP would before
@@ -181,9 +181,9 @@ impl Conn {
 
     /// This copy's part of `set_send_limit`: its ring, and what it lets a writer queue.
     fn limit_sends(&self, room: u32) {
-        let room = u64::from(room);
-        // The ring's `space_wake` mark first (below the new room), then the room; then a poke: a
-        // poller that slept against the old room looks again (as a kernel socket's pollers are
+        // The ring's bound and `space_wake` mark first (now, or by the write that holds the
+        // writing half: `Shm::set_send_buffer` never waits for it), then the room; then a poke:
+        // a poller that slept against the old room looks again (as a kernel socket's pollers are
         // woken when its send buffer changes).
         self.shm.set_send_buffer(room as usize);
         self.send_limit.store(room, Ordering::Relaxed);
