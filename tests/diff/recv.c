@@ -155,21 +155,28 @@ static void restart_with_timeout(void) {
     waitpid(p, NULL, 0);
 }
 
-static void restart_without_timeout(void) {
-    /* SA_RESTART without a timeout: the recv is restarted and returns the bytes. */
-    int s, c;
-    char b[4];
-    pair(&s, &c);
+/* With an SA_RESTART handler of SIGUSR1 installed: a child sends this process SIGUSR1 at 0.2 s,
+ * then `bytes` on `c` `ms` later. Its pid, for waitpid. */
+static pid_t signal_then_send(int c, int ms, const char *bytes) {
     struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART};
     sigaction(SIGUSR1, &sa, NULL);
     pid_t me = getpid(), p = fork();
     if (p == 0) {
         settle(200);
         kill(me, SIGUSR1);
-        settle(200);
-        send(c, "ab", 2, 0);
+        settle(ms);
+        send(c, bytes, strlen(bytes), 0);
         _exit(0);
     }
+    return p;
+}
+
+static void restart_without_timeout(void) {
+    /* SA_RESTART without a timeout: the recv is restarted and returns the bytes. */
+    int s, c;
+    char b[4];
+    pair(&s, &c);
+    pid_t p = signal_then_send(c, 200, "ab");
     T("recv (restarted)", recv(s, b, sizeof b, 0));
     waitpid(p, NULL, 0);
 }
@@ -180,18 +187,9 @@ static void peek_waitall_signal(void) {
     int s, c;
     char b[8] = {0};
     pair(&s, &c);
-    struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART};
-    sigaction(SIGUSR1, &sa, NULL);
     T("send", send(c, "abc", 3, 0));
     settle(50);
-    pid_t me = getpid(), p = fork();
-    if (p == 0) {
-        settle(200);
-        kill(me, SIGUSR1);
-        settle(2000);
-        send(c, "defgh", 5, 0);
-        _exit(0);
-    }
+    pid_t p = signal_then_send(c, 2000, "defgh");
     T("peek WAITALL 8 (3 there, signal at 0.2 s)", recv(s, b, 8, MSG_PEEK | MSG_WAITALL));
     say("  bytes '%.3s'", b);
     T("recv 3", recv(s, b, 3, 0));
