@@ -1,6 +1,5 @@
-/* Calls that move bytes between a connection and another descriptor without a buffer of the
- * program's: sendfile to a full connection and from inputs that are not regular files, splice
- * and tee with pipes, copy_file_range beside a socket. */
+/* sendfile to a connection where the kernel's answer depends on more than the bytes: to a full
+ * connection, and from inputs that are not regular files (directories, /dev/null, /proc). */
 #include "diff.h"
 #include <sys/sendfile.h>
 #include <sys/stat.h>

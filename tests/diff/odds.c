@@ -113,6 +113,29 @@ static void tcp_inq(void) {
     settle(50);
     recv_inq(s, 64);
     recv_inq(s, 64);
+    /* FIN with bytes pending: the count includes the FIN (the kernel's rcv_nxt - copied_seq). */
+    say("  FIN with bytes pending:");
+    pair(&s, &c);
+    T("setsockopt TCP_INQ", setsockopt(s, IPPROTO_TCP, TCP_INQ, &one, sizeof one));
+    send(c, "0123456789", 10, 0);
+    shutdown(c, SHUT_WR);
+    settle(50);
+    for (int i = 0; i < 5; i++) recv_inq(s, 64);
+}
+
+static void tcp_inq_set_by_a_fork_child(void) {
+    /* TCP_INQ is the socket's: set by a fork child, the parent's recvmsg carries TCP_CM_INQ. */
+    int s, c, one = 1;
+    pair(&s, &c);
+    send(c, "0123456789", 10, 0);
+    settle(50);
+    pid_t p = fork();
+    if (p == 0) {
+        setsockopt(s, IPPROTO_TCP, TCP_INQ, &one, sizeof one);
+        _exit(0);
+    }
+    waitpid(p, NULL, 0);
+    recv_inq(s, 64);
 }
 
 /* The blocked accept's errno (0: it returned a connection), said after the join. */
@@ -417,6 +440,7 @@ int main(void) {
     RUN(socket_as_input);
     RUN(splice_pipe_full);
     RUN(tcp_inq);
+    RUN(tcp_inq_set_by_a_fork_child);
     RUN(listener_shutdown);
     RUN(fd_looks);
     RUN(waitall_signal);

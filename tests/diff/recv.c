@@ -54,6 +54,19 @@ static void peek_waitall_dontwait(void) {
     waitpid(p, NULL, 0);
 }
 
+static void waitall_with_dontwait(void) {
+    /* MSG_WAITALL with MSG_DONTWAIT on a blocking socket: DONTWAIT wins, the bytes there come
+     * back at once, then EAGAIN. */
+    int s, c;
+    char b[16] = {0};
+    pair(&s, &c);
+    T("send", send(c, "abc", 3, 0));
+    settle(50);
+    T("recv WAITALL|DONTWAIT 8", recv(s, b, 8, MSG_WAITALL | MSG_DONTWAIT));
+    say("  bytes '%.3s'", b);
+    T("recv WAITALL|DONTWAIT 8 empty", recv(s, b, 8, MSG_WAITALL | MSG_DONTWAIT));
+}
+
 static void vectors(void) {
     int s, c;
     char a[4], b[4], d[8];
@@ -142,22 +155,44 @@ static void restart_with_timeout(void) {
     waitpid(p, NULL, 0);
 }
 
-static void restart_without_timeout(void) {
-    /* SA_RESTART without a timeout: the recv is restarted and returns the bytes. */
-    int s, c;
-    char b[4];
-    pair(&s, &c);
+/* With an SA_RESTART handler of SIGUSR1 installed: a child sends this process SIGUSR1 at 0.2 s,
+ * then `bytes` on `c` `ms` later. Its pid, for waitpid. */
+static pid_t signal_then_send(int c, int ms, const char *bytes) {
     struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART};
     sigaction(SIGUSR1, &sa, NULL);
     pid_t me = getpid(), p = fork();
     if (p == 0) {
         settle(200);
         kill(me, SIGUSR1);
-        settle(200);
-        send(c, "ab", 2, 0);
+        settle(ms);
+        send(c, bytes, strlen(bytes), 0);
         _exit(0);
     }
+    return p;
+}
+
+static void restart_without_timeout(void) {
+    /* SA_RESTART without a timeout: the recv is restarted and returns the bytes. */
+    int s, c;
+    char b[4];
+    pair(&s, &c);
+    pid_t p = signal_then_send(c, 200, "ab");
     T("recv (restarted)", recv(s, b, sizeof b, 0));
+    waitpid(p, NULL, 0);
+}
+
+static void peek_waitall_signal(void) {
+    /* MSG_PEEK|MSG_WAITALL for 8 with 3 there: an SA_RESTART handler ends it with the 3 (the
+     * kernel restarts only a call that has nothing); the bytes stay. */
+    int s, c;
+    char b[8] = {0};
+    pair(&s, &c);
+    T("send", send(c, "abc", 3, 0));
+    settle(50);
+    pid_t p = signal_then_send(c, 2000, "defgh");
+    T("peek WAITALL 8 (3 there, signal at 0.2 s)", recv(s, b, 8, MSG_PEEK | MSG_WAITALL));
+    say("  bytes '%.3s'", b);
+    T("recv 3", recv(s, b, 3, 0));
     waitpid(p, NULL, 0);
 }
 
@@ -191,11 +226,13 @@ int main(void) {
     RUN(msg_trunc);
     RUN(zero_length);
     RUN(peek_waitall_dontwait);
+    RUN(waitall_with_dontwait);
     RUN(vectors);
     RUN(recvmmsg_fill);
     RUN(poll_negative_fd);
     RUN(restart_with_timeout);
     RUN(restart_without_timeout);
+    RUN(peek_waitall_signal);
     RUN(eintr_without_restart);
     RUN(rcvtimeo);
     diff_end();

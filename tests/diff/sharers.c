@@ -1,6 +1,8 @@
 /* What the processes holding one connection share, as the kernel keeps it once for the socket:
- * SO_SNDBUF set by one bounds every holder's non-blocking writes and readiness. */
+ * SO_SNDBUF set by one bounds every holder's non-blocking writes and readiness, and holds up
+ * none of their calls. */
 #include "diff.h"
+#include <pthread.h>
 
 /* Fills `c` with non-blocking sends; says whether it took less than 64 KiB before EAGAIN, and
  * whether poll reports it writable then. The peer `s` reads it all back. */
@@ -60,11 +62,43 @@ static void sndbuf_raised_by_a_fork_child(void) {
     fill_and_drain("parent, after the child's larger SO_SNDBUF", c, s);
 }
 
+/* Sends 64 MiB on the descriptor `arg` points to: blocks, its peer reading nothing. */
+static void *send_64m(void *arg) {
+    static char big[1 << 20];
+    for (int i = 0; i < 64; i++)
+        if (send(*(int *)arg, big, sizeof big, 0) < 0) break;
+    return NULL;
+}
+
+/* Ends the scenario if the read below still waits after 5 s (the kernel's returns at once). */
+static void *read_watchdog(void *arg) {
+    (void)arg;
+    settle(5000);
+    say("  reader still waiting after 5 s");
+    _exit(0);
+}
+
+static void sndbuf_by_a_child_while_a_thread_writes(void) {
+    /* One thread blocked writing; a fork child sets SO_SNDBUF; the peer sends a byte: another
+     * thread's read returns it while the write still waits. */
+    int s, c;
+    pthread_t w, dog;
+    pair(&s, &c);
+    pthread_create(&w, NULL, send_64m, &c);
+    settle(300);
+    sndbuf_in_a_child(c, 4096);
+    if (send(s, "r", 1, 0) != 1) die("send");
+    pthread_create(&dog, NULL, read_watchdog, NULL);
+    char b[8];
+    T("reader got", recv(c, b, sizeof b, 0));
+}
+
 int main(void) {
     diff_begin();
     RUN(sndbuf_set_by_a_fork_child);
     RUN(sndbuf_set_by_the_parent);
     RUN(sndbuf_raised_by_a_fork_child);
+    RUN(sndbuf_by_a_child_while_a_thread_writes);
     diff_end();
     return 0;
 }

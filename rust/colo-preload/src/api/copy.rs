@@ -181,12 +181,18 @@ fn unreadable_errno(e: c_int, no_offset: bool) -> c_int {
 /// regular file with bytes, `splices`.
 fn input_answer(fd: c_int, pos: i64, no_offset: bool) -> Option<Result<ssize_t, c_int>> {
     let mut one = 0u8;
-    // SAFETY: a read of at most one byte into `one`.
-    let r = unsafe { libc::pread64(fd, (&raw mut one).cast(), 1, pos) };
-    if r < 0 {
+    // A signal's interruption is retried, as `FileBytes::put`'s reads are.
+    let r = loop {
+        // SAFETY: a read of at most one byte into `one`.
+        let r = unsafe { libc::pread64(fd, (&raw mut one).cast(), 1, pos) };
+        if r >= 0 {
+            break r;
+        }
         let e = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
-        return Some(Err(unreadable_errno(e, no_offset)));
-    }
+        if e != libc::EINTR {
+            return Some(Err(unreadable_errno(e, no_offset)));
+        }
+    };
     // SAFETY: only asks the kernel about the number.
     let st = rustix::fs::fstat(unsafe { colo_sys::BorrowedFd::borrow_raw(fd) }).ok()?;
     let regular = rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile && st.st_size > 0;

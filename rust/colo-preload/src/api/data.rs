@@ -160,7 +160,7 @@ unsafe fn recvmsg_served(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
                 // kernel hands `MSG_CMSG_CLOEXEC` back in `msg_flags`.
                 m.msg_namelen = 0;
                 m.msg_flags = flags & libc::MSG_CMSG_CLOEXEC;
-                if inq_wanted(fd) {
+                if inq_wanted(fd, &c) {
                     // SAFETY: the application's msghdr, its control buffer as recvmsg(2) takes it.
                     unsafe { put_inq(m, c.inq_hint()) };
                 } else {

@@ -32,20 +32,35 @@ pub unsafe fn set_option(fd: c_int, level: c_int, name: c_int, val: *const c_voi
     }
     if level == libc::IPPROTO_TCP && name == libc::TCP_INQ {
         INQ_ASKED.store(true, Ordering::Relaxed);
+        // SAFETY: the caller's contract, passed on.
+        let r = unsafe { setsockopt(fd, level, name, val, len) };
+        if r == 0 && !val.is_null() && len as usize >= std::mem::size_of::<c_int>() {
+            let _g = Guard::enter();
+            if let Some(c) = table::conn(fd) {
+                // SAFETY: an int, as the kernel just accepted.
+                c.set_inq(unsafe { (val as *const c_int).read_unaligned() } != 0);
+            }
+        }
+        return r;
     }
     // SAFETY: the caller's contract, passed on.
     unsafe { setsockopt(fd, level, name, val, len) }
 }
 
-/// Set once the program asked any socket for `TCP_INQ`: until then no socket has it, and a
-/// `recvmsg` of a connection need not ask the kernel (`inq_wanted`). Relaxed: the flag is the
-/// whole message, and a socket's option is set by the same thread's later call.
+/// Set once this program image asked any socket for `TCP_INQ`: until then a socket has it only
+/// if a holder of its connection set it (`Conn::inq`), and a `recvmsg` of a connection need not
+/// ask the kernel (`inq_wanted`). Relaxed: the flag is the whole message, and a socket's option
+/// is set by the same thread's later call.
 static INQ_ASKED: AtomicBool = AtomicBool::new(false);
 
-/// Whether `fd`, a connection, has `TCP_INQ` on: asked of the kernel's socket (which keeps the
-/// option, set before `connect`, inherited from a listener, or by a fork copy), once the
-/// program set it on any socket.
-pub fn inq_wanted(fd: c_int) -> bool {
+/// Whether `fd`, connection `c`, has `TCP_INQ` on: set on the connection by a process holding
+/// it (a fork copy, or an image before `exec`: `Conn::inq`), or, once this image set it on any
+/// socket, asked of the kernel's socket (which keeps the option set before `connect` or
+/// inherited from a listener).
+pub fn inq_wanted(fd: c_int, c: &crate::conn::state::Conn) -> bool {
+    if c.inq() {
+        return true;
+    }
     if !INQ_ASKED.load(Ordering::Relaxed) {
         return false;
     }

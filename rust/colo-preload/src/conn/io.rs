@@ -57,10 +57,11 @@ fn conn_recv_inner(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> 
     // (a clock read only on a socket with a timeout).
     let since = turn.as_ref().and_then(|t| t.since()).or_else(|| c.shm().read_timeout().map(|_| Instant::now()));
     let mut n = c.shm().read_since(buf, since)?;
-    // MSG_WAITALL waits for all; a blocking read otherwise for SO_RCVLOWAT bytes (1 by default).
+    // MSG_WAITALL waits for all; a blocking read otherwise for SO_RCVLOWAT bytes (1 by default);
+    // a call that must not wait (MSG_DONTWAIT, even with MSG_WAITALL) returns what it read.
     let all = flags & libc::MSG_WAITALL != 0;
     let target = if all { buf.len() } else { c.lowat().min(buf.len()) };
-    if n < target && !c.nonblocking() && (all || flags & libc::MSG_DONTWAIT == 0) {
+    if n < target && !c.nonblocking() && flags & libc::MSG_DONTWAIT == 0 {
         while n < target {
             // A signal now ends the call with the bytes read (`signals_end_waits`).
             match signals_end_waits(|| c.shm().read_since(&mut buf[n..], since)) {

@@ -52,12 +52,13 @@ const WRITING: usize = 1;
 /// after the peer closed was taken (`takes_write_after_close`); the peer's reset was reported
 /// (by a read, a write or `SO_ERROR`: as the kernel's socket error, once, `report_reset`); closed
 /// with `SO_LINGER {1, 0}` (the last close resets, `conn::options::closing`); non-blocking
-/// (`O_NONBLOCK`, the open socket's flag: `Conn::nonblocking`).
+/// (`O_NONBLOCK`, the open socket's flag: `Conn::nonblocking`); `TCP_INQ` on (`Conn::inq`).
 const READ_SHUT: u32 = 1;
 const WROTE_AFTER_CLOSE: u32 = 2;
 pub(crate) const RESET_REPORTED: u32 = 4;
 const ABORT: u32 = 8;
 const NONBLOCK: u32 = 16;
+const INQ: u32 = 32;
 
 /// Records that a connection accepted on a local address, from a program tagged so, ended
 /// (`short`: it did not pay for its set-up, see `adapt::Lived`).
@@ -109,7 +110,7 @@ pub struct Conn {
     lowat: AtomicU32,
     /// What a small `SO_SNDBUF` lets a non-blocking writer queue in the ring (0: the ring), as
     /// this copy last took it on (the socket's is in the holders page: `send_limit_now`).
-    send_limit: AtomicU64,
+    send_limit: AtomicU32,
     /// On the server side: the client's program tag, under which its ending is recorded for the
     /// listener's short-lived marker.
     client_tag: Option<u64>,
@@ -183,7 +184,7 @@ impl Conn {
             closing_fd: AtomicI32::new(-1),
             relayed_by: AtomicU32::new(0),
             lowat: AtomicU32::new(0),
-            send_limit: AtomicU64::new(0),
+            send_limit: AtomicU32::new(0),
             client_tag: None,
             on_end: None,
             made_by: if resumed_shm { 0 } else { colo_sys::host::pid() },
@@ -221,6 +222,18 @@ impl Conn {
         }
         self.nb.store(on, Ordering::Relaxed);
         self.shm.set_nonblocking(on);
+    }
+
+    /// `TCP_INQ` set (or cleared) on this connection by a process holding it: the socket's
+    /// option, for all its holders, as the kernel keeps it once for the socket.
+    pub fn set_inq(&self, on: bool) {
+        // Relaxed: the bit is the whole message (as `raise_socket_flag`).
+        if on { self.socket_flags().fetch_or(INQ, Ordering::Relaxed) } else { self.socket_flags().fetch_and(!INQ, Ordering::Relaxed) };
+    }
+
+    /// Whether a holder of the connection set `TCP_INQ` on it (`set_inq`).
+    pub fn inq(&self) -> bool {
+        self.socket_flag(INQ)
     }
 
     /// Whether calls must not wait, as a call begins: this copy's own word, or once another
@@ -610,13 +623,13 @@ impl Conn {
         }
     }
 
-    /// What `TCP_INQ` reports after a read (the kernel's `tcp_inq_hint`): the bytes left to read,
-    /// or 1 once the peer's FIN came with none left, so that a reader goes on to read the end.
+    /// What `TCP_INQ` reports after a read (the kernel's `tcp_inq_hint`, `rcv_nxt - copied_seq`):
+    /// the bytes left to read, and 1 more once the peer's FIN came (its sequence number counts),
+    /// which stays 1 after the end is read, so that a reader goes on to read the end.
     pub fn inq_hint(&self) -> usize {
         let inc = self.incoming();
         match inc.used(self.shm.ring_capacity()) {
-            Ok(0) if inc.flags & FLAG_FIN != 0 => 1,
-            Ok(n) => n as usize,
+            Ok(n) => n as usize + usize::from(inc.flags & FLAG_FIN != 0),
             Err(_) => 0,
         }
     }

@@ -329,6 +329,7 @@ fn take_back_one(r: Record, socks: &[i32]) -> Option<Names> {
         }
     }
     options::adopt_options(first, &conn);
+    options::adopt_inq(first, &conn);
     // The record goes into this image's own handover file (and the flag catches up with the
     // descriptors, which came inheritable).
     update(first, &conn);

@@ -168,6 +168,12 @@ pub struct Shm {
     /// a program's `SO_SNDBUF`), for readiness without the writing half's lock
     /// ([`Shm::send_room`]).
     out_room: AtomicU64,
+    /// A program's `SO_SNDBUF` (`Shm::set_send_buffer`) not yet applied to the writing half,
+    /// whose lock a write held (0: none). A call that asks for it never waits for that lock: a
+    /// blocking write holds it while it waits for room, which may come only after the asker's
+    /// read. The write applies it once it holds the lock. (32 bits: the ring's capacity bounds
+    /// it far below.)
+    send_buffer_asked: AtomicU32,
     rx: ForkableMutex<RxHalf>,
     /// Shared with the shrinker (`crate::shrink`) once the ring grows.
     tx: std::sync::Arc<ForkableMutex<TxHalf>>,
@@ -367,6 +373,7 @@ impl Shm {
         let out_room = AtomicU64::new(ring_out.bound() as u64);
         Ok(Shm {
             out_room,
+            send_buffer_asked: AtomicU32::new(0),
             rx: ForkableMutex::new(RxHalf { ring: ring_in, spinner: spinner(spin) }),
             tx: std::sync::Arc::new(ForkableMutex::new(TxHalf {
                 pages: quiet::TxPages::new(&seg, role),

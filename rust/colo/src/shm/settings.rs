@@ -21,9 +21,38 @@ impl Shm {
     }
 
     /// Bounds how far writes grow the outgoing ring (a program's `SO_SNDBUF`): `bytes` rounded
-    /// up to a power of two, from 4 KiB to the segment's `ring_capacity`.
+    /// up to a power of two, from 4 KiB to the segment's `ring_capacity`. Never waits: while a
+    /// write holds the writing half (a blocking one, waiting for room), that write or the next
+    /// applies it (`send_buffer_asked`).
     pub fn set_send_buffer(&self, bytes: usize) {
-        let mut tx = lock(&self.tx);
+        // SeqCst (and the load in `apply_asked_send_buffer_if_free`): with the writing half's
+        // lock, a store made while a write held it is seen by that write once it lets go.
+        self.send_buffer_asked.store(u32::try_from(bytes).unwrap_or(u32::MAX).max(1), Ordering::SeqCst);
+        self.apply_asked_send_buffer_if_free();
+    }
+
+    /// Applies an asked `SO_SNDBUF` (`set_send_buffer`) if the writing half is free; if a
+    /// write holds it, that write applies it (`apply_send_buffer`, when it begins; this, when
+    /// it ends).
+    pub(super) fn apply_asked_send_buffer_if_free(&self) {
+        if self.send_buffer_asked.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        match self.tx.try_lock() {
+            Ok(mut tx) => self.apply_send_buffer(&mut tx),
+            Err(std::sync::TryLockError::Poisoned(e)) => self.apply_send_buffer(&mut e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+    }
+
+    /// Under the writing half's lock: the asked `SO_SNDBUF`, if any, bounds the ring.
+    pub(super) fn apply_send_buffer(&self, tx: &mut super::TxHalf) {
+        // SeqCst: as the store in `set_send_buffer`.
+        let bytes = self.send_buffer_asked.swap(0, Ordering::SeqCst);
+        if bytes == 0 {
+            return;
+        }
+        let bytes = bytes as usize;
         tx.limit = Some(bytes);
         tx.ring.set_limit(bytes);
         if tx.bound.is_some() {
@@ -33,8 +62,9 @@ impl Shm {
     }
 
     /// The most bytes the outgoing ring holds unread (its producer's bound): a poller is told
-    /// the connection is writable only below it (a write there would take nothing). Relaxed:
-    /// changes only with the program's own `SO_SNDBUF`, which orders nothing else.
+    /// the connection is writable only below it (a write there would take nothing). Changes
+    /// with a `SO_SNDBUF` of this process or, in the shim, of another holder of the connection
+    /// (once applied: `set_send_buffer`). Relaxed: it orders nothing else.
     pub fn send_room(&self) -> u64 {
         self.out_room.load(Ordering::Relaxed)
     }

@@ -168,7 +168,9 @@ impl Shm {
 
     /// [`Shm::peek`] that waits until `want` bytes (at most `buf.len()`) are unread, or fewer
     /// with the stream ended, reset or shut down for reading, as kernel TCP's peek waits for its
-    /// target (`MSG_WAITALL`, `SO_RCVLOWAT`). A timeout with bytes unread returns them.
+    /// target (`MSG_WAITALL`, `SO_RCVLOWAT`). A timeout with bytes unread returns them, and so
+    /// does a signal under a policy (`set_interrupt_policy`), whatever its `SA_RESTART`: kernel
+    /// TCP restarts only a call that has no bytes (`signals_end_waits`).
     pub fn peek_least(&self, buf: &mut [u8], want: usize) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
@@ -177,12 +179,18 @@ impl Shm {
         let mut rx = lock(&self.rx);
         let off = self.peek_off.load(Ordering::Relaxed);
         let skip = off.max(0) as usize;
+        let mut ends = None;
         let r = self.look_then_wait(&mut rx, |h| &mut h.spinner, &self.read_timeout, None, |rx| match self.try_read(rx, buf, true, skip)? {
-            Some(n) if n > 0 && n < want && !self.read_ended(rx)? => Ok(None),
+            Some(n) if n > 0 && n < want && !self.read_ended(rx)? => {
+                // Bytes to return: from now on any signal ends the wait with them.
+                ends.get_or_insert_with(super::tcp::EndWaits::begin);
+                Ok(None)
+            }
             got => Ok(got),
         });
+        drop(ends);
         let r = match r {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => match self.try_read(&mut rx, buf, true, skip)? {
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => match self.try_read(&mut rx, buf, true, skip)? {
                 Some(n) if n > 0 => Ok(n),
                 _ => Err(e),
             },
@@ -415,6 +423,7 @@ impl Shm {
         }
         let mut guard = lock(&self.tx);
         let tx = &mut *guard;
+        self.apply_send_buffer(tx);
         let mut waited = false;
         self.look_then_wait(tx, |h| &mut h.spinner, &self.write_timeout, since, |tx| self.write_blocked(tx, &mut waited))?;
         // For the other holders of this end (`adopt_tx`): stale while we publish, so that one
@@ -440,6 +449,9 @@ impl Shm {
             let ring: std::sync::Weak<dyn crate::shrink::Shrink> = std::sync::Arc::downgrade(&self.tx) as _;
             crate::shrink::watch(ring);
         }
+        drop(guard);
+        // An `SO_SNDBUF` asked while we held the writing half (see `Shm::set_send_buffer`).
+        self.apply_asked_send_buffer_if_free();
         Ok(done)
     }
 

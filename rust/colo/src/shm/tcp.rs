@@ -35,10 +35,24 @@ pub(super) fn in_signals_end_waits() -> bool {
 /// a blocking call moved at the first signal after them, and restarts only a call that moved
 /// none.
 pub fn signals_end_waits<T>(f: impl FnOnce() -> T) -> T {
-    let was = SIGNALS_END_WAITS.replace(true);
-    let r = f();
-    SIGNALS_END_WAITS.set(was);
-    r
+    let _ends = EndWaits::begin();
+    f()
+}
+
+/// While it lives, this thread's waits are ended by any signal handler under a policy, as under
+/// [`signals_end_waits`]; its drop puts back what was before, a panic's unwinding included.
+pub(super) struct EndWaits(bool);
+
+impl EndWaits {
+    pub(super) fn begin() -> Self {
+        EndWaits(SIGNALS_END_WAITS.replace(true))
+    }
+}
+
+impl Drop for EndWaits {
+    fn drop(&mut self) {
+        SIGNALS_END_WAITS.set(self.0);
+    }
 }
 
 /// Sets the policy for blocking waits interrupted by a signal handler, once per process:

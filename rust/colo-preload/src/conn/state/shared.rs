@@ -60,10 +60,6 @@ impl Conn {
         self.nonblocking_turn(word, waiters, OUT)
     }
 
-    /// The turn in `word` for a call that must not wait while its holder waits as the call
-    /// would: taken if free; waited for only while the ring is `ready` for the call (its holder
-    /// is moving bytes, and done soon), at most `NB_TURN_WAIT`; else `EAGAIN`, with a wake-up
-    /// armed (`arm`) so that readiness reports the change.
     /// Before `fork`: the child must not take a ring over while a call of this process that
     /// began without a turn (the connection was not shared then) is still inside it, or both
     /// would consume (or produce) one ring at once. Marks the connection shared, so that calls
@@ -117,11 +113,15 @@ impl Conn {
         }
         // Relaxed: the word is the whole message (see `send_limit_now`).
         let room = self.holders.word(SNDBUF).load(Ordering::Relaxed);
-        if room != 0 && u64::from(room) != self.send_limit.load(Ordering::Relaxed) {
+        if room != 0 && room != self.send_limit.load(Ordering::Relaxed) {
             self.limit_sends(room);
         }
     }
 
+    /// The turn in `word` for a call that must not wait while its holder waits as the call
+    /// would: taken if free; waited for only while the ring is `ready` for the call (its holder
+    /// is moving bytes, and done soon), at most `NB_TURN_WAIT`; else `EAGAIN`, with a wake-up
+    /// armed (`arm`) so that readiness reports the change.
     fn nonblocking_turn<'a>(&'a self, word: &'a AtomicU32, waiters: &'a AtomicU32, ready: u32) -> std::io::Result<Option<turns::Turn<'a>>> {
         turns::take_while(word, waiters, NB_TURN_WAIT, || self.arm(Drainer::Awake, true) & ready != 0)
             .map(Some)
@@ -167,7 +167,7 @@ impl Conn {
             // Relaxed (and the store in `set_send_limit`): the word is the whole message.
             return self.holders.word(SNDBUF).load(Ordering::Relaxed).into();
         }
-        self.send_limit.load(Ordering::Relaxed)
+        self.send_limit.load(Ordering::Relaxed).into()
     }
 
     /// `SO_SNDBUF` of `n` bytes: a non-blocking writer queues about what kernel TCP would before
@@ -181,9 +181,9 @@ impl Conn {
 
     /// This copy's part of `set_send_limit`: its ring, and what it lets a writer queue.
     fn limit_sends(&self, room: u32) {
-        let room = u64::from(room);
-        // The ring's `space_wake` mark first (below the new room), then the room; then a poke: a
-        // poller that slept against the old room looks again (as a kernel socket's pollers are
+        // The ring's bound and `space_wake` mark first (now, or by the write that holds the
+        // writing half: `Shm::set_send_buffer` never waits for it), then the room; then a poke:
+        // a poller that slept against the old room looks again (as a kernel socket's pollers are
         // woken when its send buffer changes).
         self.shm.set_send_buffer(room as usize);
         self.send_limit.store(room, Ordering::Relaxed);
