@@ -52,6 +52,7 @@ pub enum Rank {
 }
 
 const RANKS: usize = Rank::Budget as usize + 1;
+const _: () = assert!(RANKS <= u64::BITS as usize, "a bit of `Forking::took` a rank");
 
 /// The registered modules, by rank (null: none yet). Only `&'static Locks` are stored.
 static REGISTERED: [AtomicPtr<Locks>; RANKS] = [const { AtomicPtr::new(std::ptr::null_mut()) }; RANKS];
@@ -120,6 +121,10 @@ impl Held {
 struct Forking {
     lock: UnsafeCell<libc::pthread_mutex_t>,
     held: UnsafeCell<Held>,
+    /// The modules whose locks `prepare` took (bit `rank`). The child lets only those act
+    /// (`in_child`): a module registered after `prepare` looked may have its lock held, at the
+    /// fork, by a thread the child does not have.
+    took: UnsafeCell<u64>,
 }
 
 // SAFETY: `held` is used only by the thread that holds `lock` (`prepare` to `release`); the
@@ -130,14 +135,15 @@ unsafe impl Sync for Forking {}
 static FORKING: Forking = Forking {
     lock: UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER),
     held: UnsafeCell::new(Held { words: [const { MaybeUninit::uninit() }; IN_PLACE], drops: [None; IN_PLACE], kept: 0, boxed: Vec::new() }),
+    took: UnsafeCell::new(0),
 };
 
-/// The modules registered so far, in rank order.
-fn registered() -> impl Iterator<Item = &'static Locks> {
+/// The modules registered so far, in rank order, with their ranks.
+fn registered() -> impl Iterator<Item = (usize, &'static Locks)> {
     // Relaxed: the pointer is to a static, complete before the program started; a registration
     // this load misses is one whose locks were not taken yet when the fork began.
     // SAFETY: only `&'static Locks` are stored in `REGISTERED` (`protect`), never freed.
-    REGISTERED.iter().filter_map(|slot| unsafe { slot.load(Ordering::Relaxed).as_ref() })
+    REGISTERED.iter().enumerate().filter_map(|(rank, slot)| unsafe { slot.load(Ordering::Relaxed).as_ref() }.map(|l| (rank, l)))
 }
 
 /// A count that moves on around every fork, in both parent and child (`colo_sys::host::forks`,
@@ -153,7 +159,13 @@ extern "C" fn prepare() {
     unsafe { libc::pthread_mutex_lock(FORKING.lock.get()) };
     // SAFETY: this thread holds `FORKING.lock`, and with it the only reference to the holder.
     let held = unsafe { &mut *FORKING.held.get() };
-    registered().for_each(|locks| (locks.take)(held));
+    let mut took = 0;
+    registered().for_each(|(rank, locks)| {
+        (locks.take)(held);
+        took |= 1 << rank;
+    });
+    // SAFETY: as `held`: this thread holds `FORKING.lock`.
+    unsafe { *FORKING.took.get() = took };
 }
 
 #[link_section = "colo_fork_text"]
@@ -168,8 +180,11 @@ extern "C" fn release() {
 extern "C" fn child() {
     // This handler may run before the one that renews the pid cache.
     colo_sys::host::renew_pid_after_fork();
+    // SAFETY: written by `prepare` in the thread this child is a copy of, under `FORKING.lock`,
+    // which the child alone now holds (released just below).
+    let took = unsafe { *FORKING.took.get() };
     release();
-    registered().filter_map(|locks| locks.in_child).for_each(|f| f());
+    registered().filter(|(rank, _)| took & 1 << rank != 0).filter_map(|(_, locks)| locks.in_child).for_each(|f| f());
 }
 
 /// Registers `locks` at `rank`, and the fork handlers with the first registration (once per

@@ -620,11 +620,13 @@ impl Segment {
     fn incoming_data(&self, c2s: bool) -> InBytes {
         let mapped = self.ring_data(c2s);
         let file = match (&self.memfd, self.through_memfd) {
-            (Some(fd), true) => Some((fd.as_raw_fd(), (self.block(c2s) + self.layout.data_off) as u64)),
+            (Some(fd), true) => {
+                let window = if self.window.is_some() { MAPPED_WINDOW as u32 } else { 0 };
+                Some((fd.as_raw_fd(), window, (self.block(c2s) + self.layout.data_off) as u64))
+            }
             _ => None,
         };
-        let window = if self.window.is_some() { MAPPED_WINDOW } else { 0 };
-        InBytes { mapped, file, window }
+        InBytes { mapped, file }
     }
 
     fn msg_words(&self, c2s: bool) -> QueueWords {
@@ -733,15 +735,15 @@ impl Drop for WindowSlot {
 }
 
 /// The data of an incoming ring: read through the mapping, or with `pread` of the segment's
-/// memfd at `file.1` (see [`Segment::read_through_memfd`]) beyond `window`.
+/// memfd (see [`Segment::read_through_memfd`]) beyond its window.
 #[derive(Debug, Clone, Copy)]
 pub struct InBytes {
     mapped: RawBytes,
-    /// The memfd (owned by the segment, open while the segment lives) and the data's offset in it.
-    file: Option<(RawFd, u64)>,
-    /// With `file`: the bytes at `0..window` are read through the mapping ([`MAPPED_WINDOW`] for
-    /// a segment holding one of the [`FOREIGN_WINDOWS`], else 0).
-    window: usize,
+    /// The memfd (owned by the segment, open while the segment lives); the window: the bytes at
+    /// `0..window` are read through the mapping ([`MAPPED_WINDOW`] for a segment holding one of
+    /// the [`FOREIGN_WINDOWS`], else 0); and the data's offset in the memfd. The window sits in
+    /// the tuple's padding: a connection's state stays within its kilobyte.
+    file: Option<(RawFd, u32, u64)>,
 }
 
 // SAFETY: `store` and `load` stay inside `mapped` (its own contract) or read the same range of the
@@ -755,13 +757,13 @@ unsafe impl colo_ring::ring::Bytes for InBytes {
         unsafe { self.mapped.store(at, src) }
     }
     unsafe fn load(&self, at: usize, dst: &mut [u8]) {
-        let Some((fd, off)) = self.file else {
+        let Some((fd, window, off)) = self.file else {
             // SAFETY: the caller's contract, passed on.
             return unsafe { self.mapped.load(at, dst) };
         };
         // The bytes below the window through the mapping: the most a peer can make us allocate
         // there is the pages under it (see `MAPPED_WINDOW`).
-        let mut done = self.window.saturating_sub(at).min(dst.len());
+        let mut done = (window as usize).saturating_sub(at).min(dst.len());
         // SAFETY: the caller's contract: `at + done <= at + dst.len()` is inside the region.
         unsafe { self.mapped.load(at, &mut dst[..done]) };
         while done < dst.len() {
