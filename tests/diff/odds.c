@@ -138,6 +138,28 @@ static void tcp_inq_set_by_a_fork_child(void) {
     recv_inq(s, 64);
 }
 
+static void tcp_inq_from_the_listener(void) {
+    /* TCP_INQ set on a listener is its accepted connections' (the kernel copies it at accept);
+     * cleared on the connection later, recvmsg carries no TCP_CM_INQ. */
+    struct sockaddr_in a;
+    int l = listener(&a), one = 1, zero = 0;
+    T("setsockopt listener TCP_INQ", setsockopt(l, IPPROTO_TCP, TCP_INQ, &one, sizeof one));
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(c, (struct sockaddr *)&a, sizeof a) < 0) die("connect");
+    int s = accept(l, NULL, NULL);
+    if (s < 0) die("accept");
+    char x = 'x';
+    if (write(c, &x, 1) != 1 || read(s, &x, 1) != 1 || write(s, &x, 1) != 1 || read(c, &x, 1) != 1) die("settle");
+    __atomic_add_fetch(diff_conns, 1, __ATOMIC_SEQ_CST);
+    send(c, "0123456789", 10, 0);
+    settle(50);
+    recv_inq(s, 64);
+    recv_inq(s, 64);
+    T("setsockopt TCP_INQ 0", setsockopt(s, IPPROTO_TCP, TCP_INQ, &zero, sizeof zero));
+    recv_inq(s, 64);
+    close(l);
+}
+
 /* The blocked accept's errno (0: it returned a connection), said after the join. */
 static int accept_errno;
 
@@ -441,6 +463,7 @@ int main(void) {
     RUN(splice_pipe_full);
     RUN(tcp_inq);
     RUN(tcp_inq_set_by_a_fork_child);
+    RUN(tcp_inq_from_the_listener);
     RUN(listener_shutdown);
     RUN(fd_looks);
     RUN(waitall_signal);

@@ -53,21 +53,20 @@ pub unsafe fn set_option(fd: c_int, level: c_int, name: c_int, val: *const c_voi
 /// is set by the same thread's later call.
 static INQ_ASKED: AtomicBool = AtomicBool::new(false);
 
-/// Whether `fd`, connection `c`, has `TCP_INQ` on: set on the connection by a process holding
-/// it (a fork copy, or an image before `exec`: `Conn::inq`), or, once this image set it on any
-/// socket, asked of the kernel's socket (which keeps the option set before `connect` or
-/// inherited from a listener).
+/// Whether `fd`, connection `c`, has `TCP_INQ` on: as a process holding it set it or found it
+/// (a fork copy, an image before `exec`: `Conn::inq`), or, once this image set it on any socket,
+/// as the kernel's socket has it (set before `connect`, or inherited from a listener), asked
+/// once and kept with the connection.
 pub fn inq_wanted(fd: c_int, c: &crate::conn::state::Conn) -> bool {
-    if c.inq() {
-        return true;
+    if let Some(on) = c.inq() {
+        return on;
     }
     if !INQ_ASKED.load(Ordering::Relaxed) {
         return false;
     }
-    let (mut v, mut len): (c_int, socklen_t) = (0, std::mem::size_of::<c_int>() as socklen_t);
-    // SAFETY: an int of ours and its length.
-    let r = unsafe { real::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INQ, (&raw mut v).cast(), &mut len) };
-    r == 0 && v != 0
+    let on = crate::conn::options::kernel_inq(fd);
+    c.set_inq(on);
+    on
 }
 
 /// `getsockopt`: `SO_ERROR` of an accelerated connection reports (and clears) the reset its peer

@@ -39,12 +39,17 @@ pub fn adopt_options(fd: c_int, c: &Conn) {
 /// A connection taken back after `exec` on `fd` takes its socket's `TCP_INQ`, which an earlier
 /// image may have set (this image's own settings reach `Conn::inq` as they are made).
 pub fn adopt_inq(fd: c_int, c: &Conn) {
+    if kernel_inq(fd) {
+        c.set_inq(true);
+    }
+}
+
+/// Whether the kernel's socket `fd` has `TCP_INQ` on.
+pub fn kernel_inq(fd: c_int) -> bool {
     let (mut v, mut len): (c_int, socklen_t) = (0, std::mem::size_of::<c_int>() as socklen_t);
     // SAFETY: an int of ours and its length.
     let r = unsafe { real::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INQ, (&raw mut v).cast(), &mut len) };
-    if r == 0 && v != 0 {
-        c.set_inq(true);
-    }
+    r == 0 && v != 0
 }
 
 /// `SO_RCVTIMEO` (or, `write`, `SO_SNDTIMEO`) set on `c`: this copy's, and the socket's in the

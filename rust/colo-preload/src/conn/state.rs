@@ -52,13 +52,15 @@ const WRITING: usize = 1;
 /// after the peer closed was taken (`takes_write_after_close`); the peer's reset was reported
 /// (by a read, a write or `SO_ERROR`: as the kernel's socket error, once, `report_reset`); closed
 /// with `SO_LINGER {1, 0}` (the last close resets, `conn::options::closing`); non-blocking
-/// (`O_NONBLOCK`, the open socket's flag: `Conn::nonblocking`); `TCP_INQ` on (`Conn::inq`).
+/// (`O_NONBLOCK`, the open socket's flag: `Conn::nonblocking`); `TCP_INQ` on, and whether that
+/// bit is known (set by a holder, or taken from the kernel's socket once: `Conn::inq`).
 const READ_SHUT: u32 = 1;
 const WROTE_AFTER_CLOSE: u32 = 2;
 pub(crate) const RESET_REPORTED: u32 = 4;
 const ABORT: u32 = 8;
 const NONBLOCK: u32 = 16;
 const INQ: u32 = 32;
+const INQ_KNOWN: u32 = 64;
 
 /// Records that a connection accepted on a local address, from a program tagged so, ended
 /// (`short`: it did not pay for its set-up, see `adapt::Lived`).
@@ -224,16 +226,18 @@ impl Conn {
         self.shm.set_nonblocking(on);
     }
 
-    /// `TCP_INQ` set (or cleared) on this connection by a process holding it: the socket's
-    /// option, for all its holders, as the kernel keeps it once for the socket.
+    /// `TCP_INQ` set (or cleared) on this connection by a process holding it, or read from the
+    /// kernel's socket: the socket's option, for all its holders, as the kernel keeps it once
+    /// for the socket.
     pub fn set_inq(&self, on: bool) {
-        // Relaxed: the bit is the whole message (as `raise_socket_flag`).
+        // Relaxed: the bits are the whole message (as `raise_socket_flag`).
         if on { self.socket_flags().fetch_or(INQ, Ordering::Relaxed) } else { self.socket_flags().fetch_and(!INQ, Ordering::Relaxed) };
+        self.socket_flags().fetch_or(INQ_KNOWN, Ordering::Relaxed);
     }
 
-    /// Whether a holder of the connection set `TCP_INQ` on it (`set_inq`).
-    pub fn inq(&self) -> bool {
-        self.socket_flag(INQ)
+    /// The connection's `TCP_INQ` once known (`set_inq`); `None` before.
+    pub fn inq(&self) -> Option<bool> {
+        self.socket_flag(INQ_KNOWN).then(|| self.socket_flag(INQ))
     }
 
     /// Whether calls must not wait, as a call begins: this copy's own word, or once another
