@@ -47,7 +47,11 @@ impl Shm {
 
     /// Under the writing half's lock: the asked `SO_SNDBUF`, if any, bounds the ring.
     pub(super) fn apply_send_buffer(&self, tx: &mut super::TxHalf) {
-        // SeqCst: as the store in `set_send_buffer`.
+        // SeqCst: as the store in `set_send_buffer`. A load first: every write comes here, and
+        // a plain load, unlike the swap, takes the cache line in no exclusive state.
+        if self.send_buffer_asked.load(Ordering::SeqCst) == 0 {
+            return;
+        }
         let bytes = self.send_buffer_asked.swap(0, Ordering::SeqCst);
         if bytes == 0 {
             return;
