@@ -41,8 +41,10 @@ func (c *Conn) Close() error {
 	// free part of our ring: kept for a bounded time (orphan.go), with the control socket
 	// shut down for writing (the peer sees our hang-up) to watch for the peer's own, where it
 	// refuses descriptors (else it is shut down both ways to be emptied, below).
-	free := append(c.outgoingFree(c.ctlGone.Load()), c.incomingPages())
-	orphan := c.in.file >= 0 && len(free) > 2
+	gone := c.ctlGone.Load()
+	ring := c.outgoingFree(gone)
+	orphan := c.in.file >= 0 && (len(ring) > 1 || !gone && c.messagesHeld())
+	free := append(append(ring, c.poolFree(gone)...), c.incomingPages())
 	if !c.rightsOff {
 		// A descriptor queued on it would be released by its close, in this thread.
 		emptyCtlBeforeClose(c.ctlFd)
@@ -127,6 +129,24 @@ func (c *Conn) outgoingFree(gone bool) [][]byte {
 	}
 	// Wrapped (or full): the bytes run from a to the ring's end and from its start to b.
 	return [][]byte{top[b:a], top[min(size, uint64(len(top))):]}
+}
+
+// messagesHeld reports whether the peer may still read a message of the pool we send from: more
+// sent (our msg_head) than it released (its free_head).
+func (c *Conn) messagesHeld() bool {
+	// SYNC POINT with the peer's store of free_head after its last read of the slots it
+	// released. msg_head is our own, last stored before Close.
+	return len(c.out.pool) > 0 && atomic.LoadUint64(c.out.msgHead) != atomic.LoadUint64(c.out.freeHead)
+}
+
+// poolFree is the pool we send messages from, to give back, once every slot sent came back or
+// the peer is gone (gone: it hung up, or lost them); else nothing (its slots are the peer's to
+// read until it releases them: Close keeps the segment for a peer of another user, orphan.go).
+func (c *Conn) poolFree(gone bool) [][]byte {
+	if len(c.out.pool) == 0 || !gone && c.messagesHeld() {
+		return nil
+	}
+	return [][]byte{c.out.pool}
 }
 
 // incomingPages is the part of the segment given back when it is unmapped for good: the

@@ -36,13 +36,14 @@ var orphansWatching atomic.Int32
 type orphan struct {
 	c           *Conn  // closed: only its segment's views (out, lay, tx.size) are used
 	seg         []byte // the mapping, unmapped when the orphan goes
-	tail        uint64 // the peer's ring_tail at the last look
+	tail        uint64 // peerProgress at the last look
 	moved, kept time.Time
 	ctl         bool // Close kept the control socket (c.ctl) for ctlHungUp
 }
 
 // keepOrphan gives back the pages of free (what Close would give back) and keeps the segment
-// until its peer read the bytes left in our ring or lost them; ctl: Close kept the control
+// until its peer read the bytes left in our ring and released the messages it holds of ours, or
+// lost them; ctl: Close kept the control
 // socket, shut down for writing, to see the peer's hang-up on.
 func (c *Conn) keepOrphan(free [][]byte, ctl bool) {
 	for _, b := range free {
@@ -54,20 +55,26 @@ func (c *Conn) keepOrphan(free [][]byte, ctl bool) {
 		ctl = false
 	}
 	now := time.Now()
-	// SYNC POINT with the peer's store of ring_tail after its copies out (as in outgoingFree).
-	o := &orphan{c: c, seg: c.seg, tail: atomic.LoadUint64(c.out.tail), moved: now, kept: now, ctl: ctl}
+	o := &orphan{c: c, seg: c.seg, tail: c.peerProgress(), moved: now, kept: now, ctl: ctl}
 	time.AfterFunc(orphanLook, o.look)
+}
+
+// peerProgress is the peer's ring_tail plus its free_head: either moves as it reads our bytes or
+// releases our messages.
+func (c *Conn) peerProgress() uint64 {
+	// SYNC POINT with the peer's stores of ring_tail after its copies out (as in outgoingFree)
+	// and of free_head after its reads of the slots it released (as in messagesHeld).
+	return atomic.LoadUint64(c.out.tail) + atomic.LoadUint64(c.out.freeHead)
 }
 
 func (o *orphan) look() {
 	c := o.c
 	free := c.outgoingFree(false)
-	if len(free) < 2 { // every byte read (or the words broke the ring's rules)
-		o.done(free)
+	if len(free) < 2 && !c.messagesHeld() { // every byte read and message released (or broken words)
+		o.done(append(free, c.poolFree(false)...))
 		return
 	}
-	// SYNC POINT with the peer's store of ring_tail after its copies out.
-	now, t := time.Now(), atomic.LoadUint64(c.out.tail)
+	now, t := time.Now(), c.peerProgress()
 	if t != o.tail {
 		o.tail, o.moved = t, now
 		for _, b := range free {
@@ -79,7 +86,7 @@ func (o *orphan) look() {
 		// its copy (consumer.read): stored before the pages go (MADV_REMOVE takes them out of
 		// the peer's page tables and the file), so a copy that saw a page gone sees the flag.
 		atomic.OrUint32(c.out.flags, flagRESET|flagDropped)
-		o.done(c.outgoingFree(true))
+		o.done(append(c.outgoingFree(true), c.poolFree(true)...))
 		return
 	}
 	time.AfterFunc(orphanLook, o.look)

@@ -81,10 +81,10 @@ impl Drop for Segment {
     fn drop(&mut self) {
         let Some(lg) = self.let_go else { return };
         self.give_back_pages(lg);
-        // Unread bytes a peer of another user holds (we read its ring through the memfd for
-        // that reason) stay charged to us while it keeps the memfd: kept mapped until it reads
-        // them or lets them lie too long (`orphan`), as TCP drops an orphaned socket's unsent
-        // bytes on a timer.
+        // Unread bytes, and messages, a peer of another user holds (we read its ring through
+        // the memfd for that reason) stay charged to us while it keeps the memfd: kept mapped
+        // until it reads or releases them or lets them lie too long (`orphan`), as TCP drops
+        // an orphaned socket's unsent bytes on a timer.
         if self.through_memfd && self.outgoing_tail().is_some() {
             let orphan = Segment {
                 map: self.map.take(),
@@ -108,7 +108,7 @@ impl Drop for Segment {
 /// A segment let go of (`give_back_incoming`) whose ring we wrote still holds bytes a peer of
 /// another user has yet to read, as `orphan` keeps it.
 impl Unread for Segment {
-    /// The peer's `ring_tail` (which moves as the peer reads them).
+    /// The peer's progress (`unread_tail`: moves as the peer reads them).
     fn outgoing_tail(&self) -> Option<u64> {
         self.unread_tail(self.let_go?)
     }
@@ -207,7 +207,30 @@ impl Segment {
                 let to = if to == cap { spare } else { to };
                 let _ = map.release(out + from as usize, (to - from) as usize);
             }
+            // The pool we sent messages from: its slots are the peer's to read until it
+            // releases them, so it goes once every slot sent came back, or the peer is gone
+            // (it hung up, or lost them: `drop_unread`). Else `unread_tail` keeps the segment
+            // for `orphan` while a peer of another user holds some.
+            if lg.out_size & PEER_GONE != 0 || !self.messages_held(role == Role::Client) {
+                let pool = self.layout.block_offset(role == Role::Client) + self.layout.pool_off;
+                let _ = map.release(pool, self.layout.block_size - self.layout.pool_off);
+            }
         }
+    }
+
+    /// Whether the peer may still read a message of the pool of direction `c2s`, which we
+    /// send: more sent (our `msg_head`) than it released (its `free_head`). Without a pool,
+    /// never.
+    fn messages_held(&self, c2s: bool) -> bool {
+        if self.layout.geometry.slot_count == 0 || self.map.is_none() {
+            return false;
+        }
+        let b = self.block(c2s);
+        // SAFETY: aligned words inside our mapping (present: checked above); atomics only.
+        let (sent, released) = unsafe { (&*self.u64_at(b + block::MSG_HEAD), &*self.u64_at(b + block::FREE_HEAD)) };
+        // Acquire partners the peer's Release store of `free_head` after its last read of the
+        // slots it released. `msg_head` is our own, last stored before the close.
+        sent.load(Ordering::Relaxed) != released.load(Ordering::Acquire)
     }
 }
 
@@ -381,14 +404,20 @@ impl Segment {
         }
     }
 
+    /// The peer's progress on what it has yet to read of ours (its `ring_tail` plus its
+    /// `free_head`: either moves as it reads bytes or releases messages), or `None` if nothing:
+    /// no unread byte and no message held ([`Segment::messages_held`]), or the peer is gone.
     fn unread_tail(&self, lg: LetGo) -> Option<u64> {
         let cap = self.layout.geometry.ring_capacity as u64;
         let c2s = lg.role == Role::Client;
         self.map.as_ref()?;
         // Every byte of the written ring is free but the unread ones: more than one range.
         let partial = self.outgoing_free(c2s, cap, lg.out_size).len() > 1;
-        // SAFETY: an aligned word inside our mapping (present: checked above); atomics only.
-        partial.then(|| unsafe { &*self.u64_at(self.block(c2s) + block::RING_TAIL) }.load(Ordering::Relaxed))
+        let held = lg.out_size & PEER_GONE == 0 && self.messages_held(c2s);
+        let b = self.block(c2s);
+        // SAFETY: aligned words inside our mapping (present: checked above); atomics only.
+        let word = |at| unsafe { &*self.u64_at(b + at) }.load(Ordering::Relaxed);
+        (partial || held).then(|| word(block::RING_TAIL).wrapping_add(word(block::FREE_HEAD)))
     }
 
     /// RESET and DROPPED in the `ring_flags` of the ring `role` wrote (`drop_unread`).
