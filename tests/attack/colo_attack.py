@@ -141,17 +141,18 @@ def make_segment(ring, slot_size, slots, claim, client, server, seal=True):
     return fd
 
 
-def carrier_offer(ring, port):
-    """A CARRIER offer of a segment with rings of `ring` bytes to the server at 127.0.0.1:PORT,
-    from a TCP socket on an odd port (the only kind a server looks up offers for): returns
-    (the TCP socket, connected; the rendezvous connection, its HELLO sent; the memfd)."""
+def carrier_offer(ring, port, slot_size=0, slots=0):
+    """A CARRIER offer of a segment with rings of `ring` bytes (and a pool of `slots` slots of
+    `slot_size` bytes) to the server at 127.0.0.1:PORT, from a TCP socket on an odd port (the
+    only kind a server looks up offers for): returns (the TCP socket, connected; the rendezvous
+    connection, its HELLO sent; the memfd)."""
     while True:
         t = socket.socket()
         t.bind(("127.0.0.1", 0))
         if t.getsockname()[1] % 2:
             break
         t.close()
-    fd = make_segment(ring, 0, 0, CLAIM_OFFERED, t.getsockname(), ("127.0.0.1", port))
+    fd = make_segment(ring, slot_size, slots, CLAIM_OFFERED, t.getsockname(), ("127.0.0.1", port))
     ctl = rendezvous(port)
     socket.send_fds(ctl, [message(HELLO, CARRIER)], [fd])
     t.connect(("127.0.0.1", port))
@@ -162,18 +163,18 @@ def message(kind, mode=0):
     return struct.pack("<IBBBxII", MSG_MAGIC, kind, 1, mode, 0, 0)
 
 
-def welcomed_carriers(ring, port, n):
+def welcomed_carriers(ring, port, n, slot_size=0, slots=0):
     """Up to `n` CARRIER offers of `carrier_offer` that the server welcomed, each as (the TCP
     socket, the rendezvous connection, the memfd, its mapping); stops at the first other answer,
     which it prints."""
     conns = []
     for _ in range(n):
-        t, ctl, fd = carrier_offer(ring, port)
+        t, ctl, fd = carrier_offer(ring, port, slot_size, slots)
         a = answer(ctl)
         if a != "WELCOME":
             print("answer", a, flush=True)
             break
-        conns.append((t, ctl, fd, mmap.mmap(fd, segment_size(ring, 0, 0))))
+        conns.append((t, ctl, fd, mmap.mmap(fd, segment_size(ring, slot_size, slots))))
     return conns
 
 

@@ -9,9 +9,7 @@ Either way the server closes its end, and nobody keeps the memfds (mapped) and p
 second for SECONDS (less if the test says LEAVE: colo_attack.hold), "S2C_POOL <KiB>": the pages
 of the server's pools still allocated in them.
 Usage: pool_pages.py PORT N SLOTS MODE SECONDS"""
-import mmap
 import os
-import socket
 import struct
 import sys
 import time
@@ -22,30 +20,16 @@ import colo_attack as ca  # noqa: E402
 port, n, slots, mode, seconds = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], float(sys.argv[5])
 RING, SLOT = 4096, 64 << 10
 
-
-def make_segment(*a, **k):
-    # carrier_offer asks for no pool: this geometry instead.
-    return honest(RING, SLOT, slots, *a[3:], **k)
-
-
-honest, ca.make_segment = ca.make_segment, make_segment
 size = ca.segment_size(RING, SLOT, slots)
 block = (size - ca.HEADER) // 2
 c2s, s2c = ca.HEADER, ca.HEADER + block
 pool = ca.round_up(ca.round_up(768 + 12 * slots, 1024) + RING, 4096)
-conns = []
-for _ in range(n):
-    t, ctl, fd = ca.carrier_offer(RING, port)
-    a = ca.answer(ctl)
-    if a != "WELCOME":
-        print("answer", a, flush=True)
-        break
-    m = mmap.mmap(fd, size)
+conns = ca.welcomed_carriers(RING, port, n, SLOT, slots)
+for t, ctl, fd, m in conns:
     for i in range(slots):
         struct.pack_into("<II", m, c2s + 768 + 8 * i, i, SLOT)
     struct.pack_into("<Q", m, c2s + 256, slots)  # msg_head: every slot sent
     ca.ring(m, ca.SERVER_WAITING, ctl)
-    conns.append((t, ctl, fd, m))
 # The server echoes every message into a slot of its own pool.
 end = time.time() + 20
 while time.time() < end and any(struct.unpack_from("<Q", c[3], s2c + 256)[0] < slots for c in conns):
