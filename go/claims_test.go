@@ -4,6 +4,7 @@ package colo
 // Rust listener's are in rust/colo/tests/claims.rs. Each fails if the code behind it is removed:
 //
 //   - a memfd whose size differs from its header's segment_size is refused (REJECT(BAD_SEGMENT));
+//   - a memfd not on tmpfs (a sealed hugetlbfs one) is refused before it is mapped;
 //   - the control socket carries only rings after the handshake: another datagram or a descriptor on it resets
 //     the connection (ECONNRESET, RESET set in the segment); a zero-length datagram is a hang-up;
 //   - a rendezvous client that sends no HELLO is dropped after helloTimeout, and at most
@@ -484,5 +485,24 @@ func TestClaimCarrierRace(t *testing.T) {
 	t.Logf("CARRIER race: %d claimed, %d abandoned", colo, plain)
 	if colo == 0 || plain == 0 {
 		t.Fatalf("the race was not run both ways: %d claimed, %d abandoned", colo, plain)
+	}
+}
+
+// A hugetlbfs memfd, sealed and of a good size, is refused before it is mapped (a fault in a
+// page its owner punched raises SIGBUS once no huge page is free, and ends the program).
+func TestHugetlbfsMemfdIsRefused(t *testing.T) {
+	fd, err := unix.MemfdCreate("colo-seg", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_HUGETLB)
+	if err != nil {
+		t.Skipf("no hugetlbfs memfd on this kernel: nothing to refuse (%v)", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, 2<<20); err != nil {
+		t.Skipf("hugetlbfs memfd of 2 MiB: %v", err)
+	}
+	if err := sealSegment(fd); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := checkSegmentFd(fd); !errors.Is(err, errBadSegment) {
+		t.Fatalf("a sealed hugetlbfs memfd was not refused as a bad segment: %v", err)
 	}
 }

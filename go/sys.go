@@ -42,7 +42,10 @@ func sealSegment(fd int) error {
 	return os.NewSyscallError("fcntl(F_ADD_SEALS)", err)
 }
 
-// checkSegmentFd verifies that fd is a memfd carrying the required seals and returns its size.
+// checkSegmentFd verifies that fd is a tmpfs memfd carrying the required seals and returns its
+// size. A hugetlbfs memfd (MFD_HUGETLB) takes the seals as well, and a fault of ours in a page
+// of it its owner punched raises SIGBUS once no huge page is free, which ends a Go program: it
+// is refused before it is mapped, as the Rust core refuses it (colo-sys attach_sealed).
 func checkSegmentFd(fd int) (uint64, error) {
 	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
 	if err != nil {
@@ -50,6 +53,10 @@ func checkSegmentFd(fd int) (uint64, error) {
 	}
 	if seals&requiredSeals != requiredSeals {
 		return 0, fmt.Errorf("%w: missing seals (have %#x)", errBadSegment, seals)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
+		return 0, fmt.Errorf("%w: not a tmpfs memfd", errBadSegment)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
