@@ -69,6 +69,7 @@ type Dialer struct {
 	TCPOnly bool
 
 	forceCarrier bool // tests: offer CARRIER mode from the start
+	watchShort   bool // tests: with forceCarrier, apply the short-lived rule (shortlived.go)
 }
 
 // Dial connects to address ("host:port") on network "tcp", "tcp4" or "tcp6". A server on this
@@ -111,6 +112,9 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (*Con
 			return netnsDial(ctx, network, ap, dir, g)
 		}
 		for _, ap := range localCandidates(ctx, network, address) {
+			if shortPlain(ap, time.Now()) {
+				break // its CARRIER connections are short-lived (shortlived.go)
+			}
 			c, err := d.dialColo(ctx, ap)
 			if err == nil {
 				return c, nil
@@ -261,7 +265,7 @@ func (d *Dialer) dialColo(ctx context.Context, ap netip.AddrPort) (*Conn, error)
 				logf("dial %v: %v; trying %s", ap, err, skipTo)
 				continue
 			}
-			return c, err
+			return d.watch(c, ap), err
 		}
 		r, rc := res, rec
 		res, rec = nil, nil
@@ -278,11 +282,21 @@ func (d *Dialer) dialColo(ctx context.Context, ap netip.AddrPort) (*Conn, error)
 			if fd, err = connectRendezvous(ctx, name); err != nil {
 				return nil, err
 			}
-			return carrierClient(ctx, fd, ap, g, name)
+			c, err := carrierClient(ctx, fd, ap, g, name)
+			return d.watch(c, ap), err
 		}
 		return c, err
 	}
 	return nil, errNoRendezvous
+}
+
+// watch marks a CARRIER connection to ap for the short-lived rule (shortlived.go): its Close
+// tells how it ended. c may be nil (a failed dial) or plain TCP (an offer not taken).
+func (d *Dialer) watch(c *Conn, ap netip.AddrPort) *Conn {
+	if c != nil && c.tcp == nil && (!d.forceCarrier || d.watchShort) {
+		c.shortAP, c.born = ap, time.Now()
+	}
+	return c
 }
 
 // laterOwnName is the TCP listener's own rendezvous name when err says the name reached was
