@@ -2,9 +2,17 @@ package colo
 
 import (
 	"bytes"
+	"fmt"
 	"io"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // shortRound dials l with d, echoes 64 B through the server side, keeps the connection open for
@@ -104,4 +112,100 @@ func TestShortLivedRuleSparesOthers(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A CARRIER dial that finds every odd port of the range in TIME_WAIT (a run of plain connections
+// left them: only connect may reuse such a port) fails cheaply and goes plain TCP, and a run of
+// them is short-lived: no set-up is tried for a while. Run in a network namespace of its own,
+// whose port range is 32 ports.
+func TestCarrierPortsInTimeWait(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root (a network namespace)")
+	}
+	watchdog(t, 60*time.Second)
+	shortRule(t, true, time.Minute)
+	errc := make(chan error, 1)
+	go func() {
+		// The thread stays in the namespace and ends with the goroutine (never unlocked).
+		runtime.LockOSThread()
+		errc <- func() error {
+			if err := enterNetns(40000, 40031); err != nil {
+				return err
+			}
+			ports.once = sync.Once{} // read this namespace's range
+			defer func() { ports.once = sync.Once{} }()
+			l, err := ListenColo("tcp", "127.0.0.1:50000") // outside the range
+			if err != nil {
+				return err
+			}
+			defer l.Close()
+			ap := netip.MustParseAddrPort(l.Addr().String())
+			for p := 40001; p <= 40031; p += 2 {
+				nd := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: p}}
+				c, err := nd.Dial("tcp", ap.String())
+				if err != nil {
+					return fmt.Errorf("plain dial from port %d: %v", p, err)
+				}
+				s, err := l.AcceptColo()
+				if err != nil {
+					return err
+				}
+				c.Close() // the client closes first: its port stays in TIME_WAIT
+				io.Copy(io.Discard, s)
+				s.Close()
+			}
+			d := &Dialer{forceCarrier: true, watchShort: true}
+			for i := range shortRun + 2 {
+				c, err := d.Dial("tcp", ap.String())
+				if err != nil {
+					return fmt.Errorf("dial %d: %v", i, err)
+				}
+				s, err := l.AcceptColo()
+				if err != nil {
+					return err
+				}
+				if c.Transport() != TransportTCP || s.Transport() != TransportTCP {
+					return fmt.Errorf("dial %d with every odd port in TIME_WAIT: %v/%v", i, c.Transport(), s.Transport())
+				}
+				if _, err := c.Write([]byte("plain")); err != nil {
+					return err
+				}
+				b := make([]byte, 5)
+				if _, err := io.ReadFull(s, b); err != nil || string(b) != "plain" {
+					return fmt.Errorf("dial %d: read %q, %v", i, b, err)
+				}
+				c.Close()
+				s.Close()
+			}
+			if !shortPlain(ap, time.Now()) {
+				return fmt.Errorf("after %d dials that found no port to offer from, the destination is not in a plain period", shortRun+2)
+			}
+			return nil
+		}()
+	}()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// enterNetns moves the calling (locked) thread into a new network namespace with its loopback
+// up and the ephemeral port range lo..hi.
+func enterNetns(lo, hi int) error {
+	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("unshare: %v", err)
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	ifr.SetUint16(unix.IFF_UP | unix.IFF_LOOPBACK | unix.IFF_RUNNING)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("lo up: %v", err)
+	}
+	return os.WriteFile("/proc/sys/net/ipv4/ip_local_port_range", []byte(fmt.Sprintf("%d %d", lo, hi)), 0)
 }
