@@ -45,6 +45,7 @@ func TestNeedCarrierRetry(t *testing.T) {
 	watchdog(t, 30*time.Second)
 	l := listen(t)
 	l.carrierOnly.Store(true)
+	shortRule(t, false, plainFor) // twenty one-request connections: the retry, not the rule, is tested
 	for i := 0; i < 20; i++ {
 		c, s := pair(t, l, nil)
 		if c.Transport() != TransportColo || c.carrier == nil {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -28,6 +29,10 @@ func (c *Conn) Close() error {
 	c.kick() // wake blocked operations; they see closed and leave
 	c.life.Lock()
 	defer c.life.Unlock()
+	if c.shortAP.IsValid() {
+		// The bytes this side ever wrote and read: no operation runs (life is held).
+		shortEnded(c.shortAP, c.born, time.Now(), c.tx.head+c.rx.tail)
+	}
 	c.rdl.stop()
 	c.wdl.stop()
 	// SYNC POINT with the peer's loads of these words (its readSome, writeCheck and

@@ -45,10 +45,12 @@ type Conn struct {
 	isServer     bool
 	carrier      net.Conn // CARRIER mode: the loopback TCP connection, kept open
 	peerPid      int
-	peerUID      uint32     // SO_PEERCRED of the control socket, or who answered where that differs (readThrough)
-	welcomeName  string     // client: rendezvous name, remembered when the late WELCOME comes ("": not)
-	parkName     string     // DIRECT client: the listener's rendezvous name, to park under on a clean close
-	parkTable    *parkTable // DIRECT server: the listener's parked segments, for a clean close
+	peerUID      uint32         // SO_PEERCRED of the control socket, or who answered where that differs (readThrough)
+	welcomeName  string         // client: rendezvous name, remembered when the late WELCOME comes ("": not)
+	parkName     string         // DIRECT client: the listener's rendezvous name, to park under on a clean close
+	parkTable    *parkTable     // DIRECT server: the listener's parked segments, for a clean close
+	shortAP      netip.AddrPort // CARRIER client: the destination whose short-lived rule its Close feeds (invalid: none)
+	born         time.Time      // CARRIER client: when it was set up (with shortAP)
 
 	// The segment.
 	seg         []byte

@@ -69,6 +69,7 @@ type Dialer struct {
 	TCPOnly bool
 
 	forceCarrier bool // tests: offer CARRIER mode from the start
+	watchShort   bool // tests: with forceCarrier, apply the short-lived rule (shortlived.go)
 }
 
 // Dial connects to address ("host:port") on network "tcp", "tcp4" or "tcp6". A server on this
@@ -111,6 +112,9 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (*Con
 			return netnsDial(ctx, network, ap, dir, g)
 		}
 		for _, ap := range localCandidates(ctx, network, address) {
+			if shortPlain(ap, time.Now()) {
+				break // its CARRIER connections are short-lived (shortlived.go)
+			}
 			c, err := d.dialColo(ctx, ap)
 			if err == nil {
 				return c, nil
@@ -261,7 +265,7 @@ func (d *Dialer) dialColo(ctx context.Context, ap netip.AddrPort) (*Conn, error)
 				logf("dial %v: %v; trying %s", ap, err, skipTo)
 				continue
 			}
-			return c, err
+			return d.watch(c, ap, err), err
 		}
 		r, rc := res, rec
 		res, rec = nil, nil
@@ -278,11 +282,30 @@ func (d *Dialer) dialColo(ctx context.Context, ap netip.AddrPort) (*Conn, error)
 			if fd, err = connectRendezvous(ctx, name); err != nil {
 				return nil, err
 			}
-			return carrierClient(ctx, fd, ap, g, name)
+			c, err := carrierClient(ctx, fd, ap, g, name)
+			return d.watch(c, ap, err), err
 		}
 		return c, err
 	}
 	return nil, errNoRendezvous
+}
+
+// watch marks a CARRIER connection to ap for the short-lived rule (shortlived.go): its Close
+// tells how it ended. c may be nil (a failed dial, err) or plain TCP (an offer not taken). A
+// dial that found no free port to offer from (ports left in TIME_WAIT by a run of connections)
+// counts as a short connection: that run goes on over plain TCP.
+func (d *Dialer) watch(c *Conn, ap netip.AddrPort, err error) *Conn {
+	if d.forceCarrier && !d.watchShort {
+		return c
+	}
+	switch {
+	case c != nil && c.tcp == nil:
+		c.shortAP, c.born = ap, time.Now()
+	case errors.Is(err, errNoPort):
+		now := time.Now()
+		shortEnded(ap, now, now, 0)
+	}
+	return c
 }
 
 // laterOwnName is the TCP listener's own rendezvous name when err says the name reached was
@@ -631,33 +654,16 @@ func carrierClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry, n
 		network = "tcp6"
 	}
 	var offered bool
-	nd := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+	// No keep-alive probes (Go's default turns them on, four setsockopts a dial): the carrier
+	// carries no bytes, and a peer's death reaches us through the control socket (both ends are
+	// on this host, and the kernel closes a dead process's sockets). A connection that goes on
+	// as plain TCP gets Go's default (plainCarrier).
+	nd := net.Dialer{KeepAlive: -1, Control: func(_, _ string, rc syscall.RawConn) error {
 		var ierr error
 		cerr := rc.Control(func(s uintptr) {
-			var sa unix.Sockaddr
-			if ap.Addr().Is4() {
-				sa = &unix.SockaddrInet4{Addr: ap.Addr().As4()}
-			} else {
-				sa = &unix.SockaddrInet6{Addr: ap.Addr().As16()}
-			}
-			if ierr = unix.Bind(int(s), sa); ierr != nil {
-				return
-			}
-			got, err := unix.Getsockname(int(s))
+			port, err := bindEphemeral(int(s), ap.Addr())
 			if err != nil {
 				ierr = err
-				return
-			}
-			var port int
-			switch a := got.(type) {
-			case *unix.SockaddrInet4:
-				port = a.Port
-			case *unix.SockaddrInet6:
-				port = a.Port
-			}
-			if port%2 == 0 {
-				// Only odd ports are offered (spec section 3): a server need not look for an
-				// offer from an even one. The kernel's bind prefers odd ports, so this is rare.
 				return
 			}
 			h := header{Claim: ClaimOffered, ClientAddr: netip.AddrPortFrom(ap.Addr(), uint16(port)), ServerAddr: ap}
@@ -679,11 +685,6 @@ func carrierClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry, n
 		cs.close()
 		return nil, err
 	}
-	if !offered {
-		logf("carrier to %v: bound to an even port: plain TCP", ap)
-		cs.close()
-		return &Conn{tcp: tc.(*net.TCPConn)}, nil
-	}
 	// The server answers when its application accepts: a late one is met as over TCP after
 	// COLO_CARRIER_TIMEOUT_MS (500 ms, as the Rust core and the shim wait), on plain TCP.
 	dl := time.Now().Add(carrierWait())
@@ -697,7 +698,7 @@ func carrierClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry, n
 		if atomic.CompareAndSwapUint32(u32at(cs.seg, hClaim), ClaimOffered, ClaimAbandoned) {
 			logf("carrier offer to %v not taken (%v): plain TCP", ap, aerr)
 			cs.close() // nothing was written into the ring: nothing to copy into the TCP socket
-			return &Conn{tcp: tc.(*net.TCPConn)}, nil
+			return plainCarrier(tc), nil
 		}
 		// The server claimed first: its WELCOME is on the way.
 		if aerr = cs.answer(context.Background(), time.Now().Add(carrierAnswerTimeout)); aerr != nil {
@@ -709,6 +710,14 @@ func carrierClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry, n
 	c := cs.conn(tc.LocalAddr().(*net.TCPAddr), tc.RemoteAddr().(*net.TCPAddr))
 	c.carrier = tc
 	return c, nil
+}
+
+// plainCarrier is a carrier whose offer was not taken, as the plain TCP connection it goes on
+// as: with the keep-alive probes Go's net.Dialer turns on by default.
+func plainCarrier(tc net.Conn) *Conn {
+	t := tc.(*net.TCPConn)
+	t.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true})
+	return &Conn{tcp: t}
 }
 
 // recvHandshake reads one handshake datagram (no descriptors expected) before dl, and the uid

@@ -5,6 +5,7 @@
 //	colo-peer client ADDR writefirst BYTES
 //	colo-peer client ADDR msg COUNT SIZE
 //	colo-peer client ADDR halfclose
+//	colo-peer client ADDR short SECONDS colo|tcp
 package main
 
 import (
@@ -25,7 +26,7 @@ func die(format string, args ...any) {
 }
 
 func usage() {
-	die("usage: colo-peer server ADDR stream|msg | client ADDR stream BYTES | client ADDR writefirst BYTES | client ADDR msg COUNT SIZE | client ADDR halfclose")
+	die("usage: colo-peer server ADDR stream|msg | client ADDR stream BYTES | client ADDR writefirst BYTES | client ADDR msg COUNT SIZE | client ADDR halfclose | client ADDR short SECONDS colo|tcp")
 }
 
 func atoi(s string) int {
@@ -56,6 +57,8 @@ func main() {
 			clientMsg(a[1], atoi(a[3]), atoi(a[4]))
 		case a[2] == "halfclose" && len(a) == 3:
 			clientHalfClose(a[1])
+		case a[2] == "short" && len(a) == 5 && (a[4] == "colo" || a[4] == "tcp"):
+			clientShort(a[1], atoi(a[3]), a[4] == "tcp")
 		default:
 			usage()
 		}
@@ -273,4 +276,40 @@ func clientHalfClose(addr string) {
 		die("got %q, want \"hello\"", b)
 	}
 	fmt.Printf("OK 5 %s\n", c.Transport())
+}
+
+// clientShort dials, writes 64 B, reads their echo and closes, again and again for secs seconds
+// (through colo, or plain TCP with tcp), checking every echo, and prints the rate and how many of
+// the connections went over each transport.
+func clientShort(addr string, secs int, tcp bool) {
+	d := colo.Dialer{Timeout: 10 * time.Second, TCPOnly: tcp}
+	req := make([]byte, 64)
+	for i := range req {
+		req[i] = byte(i % 251)
+	}
+	buf := make([]byte, 64)
+	transports := map[string]int{}
+	n := 0
+	start := time.Now()
+	end := start.Add(time.Duration(secs) * time.Second)
+	for time.Now().Before(end) {
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			die("dial %d: %v", n, err)
+		}
+		if _, err := c.Write(req); err != nil {
+			die("write %d: %v", n, err)
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			die("read %d: %v", n, err)
+		}
+		if string(buf) != string(req) {
+			die("connection %d: echo differs", n)
+		}
+		transports[string(c.Transport())]++
+		c.Close()
+		n++
+	}
+	el := time.Since(start)
+	fmt.Printf("OK %d %.0f/s %v\n", n, float64(n)/el.Seconds(), transports)
 }
