@@ -63,6 +63,7 @@ int main(void) {
     pid_t child = fork();
     if (child < 0) die("fork");
     if (child == 0) {
+        alarm(30); /* a fork does not inherit the parent's */
         close(p[0]);
         server(l, p[1], dir);
         _exit(0);
