@@ -310,14 +310,17 @@ fn closed_here(svc: &Service) -> u64 {
 /// number here and inode; it is close-on-exec) among this process and its descendants (the only
 /// processes that can have both from a fork). An image an `exec` replaced holds the socket
 /// without it: it knows nothing of the rendezvous and claims no offer, so serving it would only
-/// leave each client waiting its carrier timeout. `None` where this cannot tell (no `children`
+/// leave each client waiting its carrier timeout. `None` where this cannot tell (no /proc of
+/// its own, as in a chroot without one, where every process would look gone; no `children`
 /// files in /proc, descriptors it may not read, a tree too large): the listener is then kept
 /// served. Looked at each second while the socket is listed: a process's descriptors are read
 /// only if it has the request socket (where it inherited it), and only up to the listener's.
 fn claimer_holds(ino: u64, ask: (i32, u64)) -> Option<bool> {
     use std::io::ErrorKind::NotFound;
     let (want_sock, want_ask) = (format!("socket:[{ino}]"), format!("socket:[{}]", ask.1));
-    let mut todo = vec![colo_sys::host::pid()];
+    let me = colo_sys::host::pid();
+    std::fs::metadata(format!("/proc/{me}/fd")).ok()?;
+    let mut todo = vec![me];
     let mut looked = 0;
     while let Some(pid) = todo.pop() {
         looked += 1;
