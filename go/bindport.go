@@ -86,7 +86,7 @@ func portReserved(port int) bool {
 }
 
 func loadPorts() {
-	ports.lo, ports.hi = 32768, 60999
+	ports.lo, ports.hi, ports.reserved = 32768, 60999, nil
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
 		if f := strings.Fields(string(b)); len(f) == 2 {
 			lo, err1 := strconv.Atoi(f[0])

@@ -30,8 +30,11 @@ func (c *Conn) Close() error {
 	c.life.Lock()
 	defer c.life.Unlock()
 	if c.shortAP.IsValid() {
-		// The bytes this side ever wrote and read: no operation runs (life is held).
-		shortEnded(c.shortAP, c.born, time.Now(), c.tx.head+c.rx.tail)
+		// The bytes this side ever wrote and read, and whether it ever loaned or received a
+		// message (the pool's bookkeeping is made then): no operation runs (life is held).
+		now := time.Now()
+		messages := c.pool.loaned != nil || c.pool.held != nil
+		shortEnded(c.shortAP, now, wasShort(now.Sub(c.born), c.setupTook, c.tx.head+c.rx.tail, messages))
 	}
 	c.rdl.stop()
 	c.wdl.stop()
@@ -86,6 +89,15 @@ func (c *Conn) Close() error {
 					}
 				})
 			}
+		}
+		if !c.isServer {
+			// A client resets its carrier (spec section 3, step 4): a FIN close, the client
+			// closing first as a connection per request does, would leave its bound odd port
+			// in TIME_WAIT for a minute, where no carrier can bind it. The carrier carries no
+			// byte and its server answers from the colo connection, not from the TCP socket
+			// (the Go and Rust servers never read it; the shim answers getpeername and
+			// SO_ERROR from the rings).
+			c.carrier.(*net.TCPConn).SetLinger(0)
 		}
 		c.carrier.Close()
 	}

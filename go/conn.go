@@ -51,6 +51,7 @@ type Conn struct {
 	parkTable    *parkTable     // DIRECT server: the listener's parked segments, for a clean close
 	shortAP      netip.AddrPort // CARRIER client: the destination whose short-lived rule its Close feeds (invalid: none)
 	born         time.Time      // CARRIER client: when it was set up (with shortAP)
+	setupTook    time.Duration  // CARRIER client: its wait for the server's answer (with shortAP)
 
 	// The segment.
 	seg         []byte

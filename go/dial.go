@@ -265,7 +265,7 @@ func (d *Dialer) dialColo(ctx context.Context, ap netip.AddrPort) (*Conn, error)
 				logf("dial %v: %v; trying %s", ap, err, skipTo)
 				continue
 			}
-			return d.watch(c, ap, err), err
+			return d.watch(c, ap), err
 		}
 		r, rc := res, rec
 		res, rec = nil, nil
@@ -283,7 +283,7 @@ func (d *Dialer) dialColo(ctx context.Context, ap netip.AddrPort) (*Conn, error)
 				return nil, err
 			}
 			c, err := carrierClient(ctx, fd, ap, g, name)
-			return d.watch(c, ap, err), err
+			return d.watch(c, ap), err
 		}
 		return c, err
 	}
@@ -291,19 +291,16 @@ func (d *Dialer) dialColo(ctx context.Context, ap netip.AddrPort) (*Conn, error)
 }
 
 // watch marks a CARRIER connection to ap for the short-lived rule (shortlived.go): its Close
-// tells how it ended. c may be nil (a failed dial, err) or plain TCP (an offer not taken). A
-// dial that found no free port to offer from (ports left in TIME_WAIT by a run of connections)
-// counts as a short connection: that run goes on over plain TCP.
-func (d *Dialer) watch(c *Conn, ap netip.AddrPort, err error) *Conn {
+// tells how it ended. c may be nil (a failed dial) or plain TCP (an offer not taken): neither is
+// counted. A dial that found no free port to offer from (a range full of TIME_WAIT) is not a
+// short connection: a plain period would keep the next long-lived connections off shared
+// memory once ports are free.
+func (d *Dialer) watch(c *Conn, ap netip.AddrPort) *Conn {
 	if d.forceCarrier && !d.watchShort {
 		return c
 	}
-	switch {
-	case c != nil && c.tcp == nil:
+	if c != nil && c.tcp == nil {
 		c.shortAP, c.born = ap, time.Now()
-	case errors.Is(err, errNoPort):
-		now := time.Now()
-		shortEnded(ap, now, now, 0)
 	}
 	return c
 }
@@ -691,6 +688,7 @@ func carrierClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry, n
 	if cdl, ok := ctx.Deadline(); ok && cdl.Before(dl) {
 		dl = cdl
 	}
+	asked := time.Now()
 	aerr := cs.answer(ctx, dl)
 	if aerr != nil {
 		// Exactly one of this CAS and the server's OFFERED -> CLAIMED wins. SYNC POINT with
@@ -709,6 +707,7 @@ func carrierClient(ctx context.Context, fd int, ap netip.AddrPort, g Geometry, n
 	}
 	c := cs.conn(tc.LocalAddr().(*net.TCPAddr), tc.RemoteAddr().(*net.TCPAddr))
 	c.carrier = tc
+	c.setupTook = time.Since(asked) // the set-up cost the short-lived rule weighs, as the shim's
 	return c, nil
 }
 

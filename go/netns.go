@@ -212,7 +212,10 @@ func bootID() ([]byte, error) {
 }
 
 // peekTCP reads up to len(b) bytes queued on tc without taking them, waiting (until the
-// connection's read deadline) while nothing is queued.
+// connection's read deadline) while nothing is queued. Once the deadline has passed it reports
+// it, unless all of b is queued: a deadline that passed while the caller waited for a CPU (the
+// netpoller reports it before looking at the socket) does not hide a whole message that came in
+// time, which a caller that gave up would leave at the head of the application's stream.
 func peekTCP(tc *net.TCPConn, b []byte) (int, error) {
 	rc, err := tc.SyscallConn()
 	if err != nil {
@@ -220,10 +223,15 @@ func peekTCP(tc *net.TCPConn, b []byte) (int, error) {
 	}
 	var n int
 	var rerr error
-	err = rc.Read(func(fd uintptr) bool {
+	peek := func(fd uintptr) bool {
 		n, _, rerr = unix.Recvfrom(int(fd), b, unix.MSG_PEEK|unix.MSG_DONTWAIT)
 		return rerr != unix.EAGAIN
-	})
+	}
+	if err = rc.Read(peek); errors.Is(err, os.ErrDeadlineExceeded) {
+		if cerr := rc.Control(func(fd uintptr) { peek(fd) }); cerr == nil && rerr == nil && n == len(b) {
+			return n, nil
+		}
+	}
 	if err != nil {
 		return 0, err
 	}

@@ -93,3 +93,31 @@ func TestNetnsClientWentOn(t *testing.T) {
 		t.Fatalf("the bytes behind the PROPOSAL: %q %v", b, err)
 	}
 }
+
+// A PROPOSAL queued whole before the listener looks is answered even when the wait for it
+// (COLO_NETNS_WAIT_MS) passed before the look (a server program that accepts late on a loaded
+// host, its goroutine waiting for a CPU): the bytes behind it read as sent, not behind the
+// PROPOSAL as if it were the client's data.
+func TestNetnsProposalQueuedPastTheWait(t *testing.T) {
+	watchdog(t, 60*time.Second)
+	saved := netnsWait
+	netnsWait = func() time.Duration { return 0 } // passed before the first look
+	defer func() { netnsWait = saved }()
+	l, boot := netnsTestListener(t)
+	c, s := tcpPair(t)
+	c.Write(append(netnsProposal(boot, make([]byte, 8)), "PING\r\n"...))
+	time.Sleep(20 * time.Millisecond) // queued whole when it is looked at
+	if got := l.netnsClaim(s); got != nil {
+		t.Fatal("claimed")
+	}
+	s.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b := make([]byte, 6)
+	if _, err := io.ReadFull(s, b); err != nil || string(b) != "PING\r\n" {
+		t.Fatalf("the bytes behind the PROPOSAL: %q %v", b, err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	a := make([]byte, netnsAnswerLen)
+	if _, err := io.ReadFull(c, a); err != nil || !bytes.Equal(a[:8], netnsMagic) || a[8] != netnsDecline {
+		t.Fatalf("answer %v %x, want DECLINE", err, a[:12])
+	}
+}

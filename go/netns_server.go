@@ -252,11 +252,11 @@ func (l *Listener) netnsClaim(tc *net.TCPConn) *Conn {
 			return nil
 		}
 	}
+	// The whole PROPOSAL is queued: taking it cannot wait, even past the deadline.
+	tc.SetReadDeadline(time.Time{})
 	if _, err := io.ReadFull(tc, p); err != nil {
-		tc.SetReadDeadline(time.Time{})
 		return nil
 	}
-	tc.SetReadDeadline(time.Time{})
 	ra := tc.RemoteAddr()
 	send := func(kind, reason byte, nonce []byte, name string) error {
 		a := make([]byte, netnsAnswerLen)

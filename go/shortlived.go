@@ -10,7 +10,8 @@ package colo
 // recent ones were short, it dials that destination over plain TCP for a while, then offers a
 // segment to one connection (the probe: the load may have changed) and decides by how that one
 // ends. Long-lived connections dialed outside those plain periods are never affected, and DIRECT
-// connections (no TCP handshake, cheaper than TCP's) are neither watched nor sent to TCP.
+// connections (no TCP handshake, cheaper than TCP's) are not watched: only a destination whose
+// CARRIER connections were short has plain periods.
 // COLO_SHORT_LIVED=accelerate turns this off, as for the shim.
 
 import (
@@ -22,10 +23,12 @@ import (
 )
 
 const (
-	// A connection that lived less than shortLife and moved less than shortBytes of stream
-	// (both directions together) was short: its segment did not pay for itself.
-	shortLife  = 50 * time.Millisecond
-	shortBytes = 64 << 10
+	// A connection that moved less than shortBytes of stream (both directions together), used
+	// no message, and lived less than shortLife or less than shortSetupTimes its own set-up
+	// (the wait for the server's answer) was short: its segment did not pay for itself.
+	shortLife       = 50 * time.Millisecond
+	shortSetupTimes = 10
+	shortBytes      = 64 << 10
 	// Of the last shortWindow (at least shortRun) connections to one destination, three in
 	// four short send the next ones there over plain TCP for plainFor; then one connection (the
 	// probe) is offered a segment: a short probe starts another such period, a long one (or one
@@ -86,20 +89,28 @@ func shortPlain(ap netip.AddrPort, now time.Time) bool {
 	}
 }
 
-// shortEnded records that a CARRIER connection to ap, set up at born, ended now having moved
-// moved bytes of stream.
-func shortEnded(ap netip.AddrPort, born, now time.Time, moved uint64) {
+// wasShort reports whether a CARRIER connection that lived for lived after a set-up of setup,
+// moved moved bytes of stream and used the message pool or not did not pay for its segment. One
+// that used the pool (Loan, Send, Recv: bytes the stream counters do not see) is never short: a
+// plain TCP connection has no pool, and its messages would fail there with ErrNoPool.
+func wasShort(lived, setup time.Duration, moved uint64, messages bool) bool {
+	quick := lived < shortLife || lived < shortSetupTimes*setup
+	return quick && moved < shortBytes && !messages
+}
+
+// shortEnded records that a CARRIER connection to ap ended now, short or not (wasShort).
+func shortEnded(ap netip.AddrPort, now time.Time, short bool) {
 	if !shortLivedOn {
 		return
 	}
-	short := now.Sub(born) < shortLife && moved < shortBytes
 	shortDests.Lock()
 	defer shortDests.Unlock()
-	if shortDests.m == nil || len(shortDests.m) >= shortMaxDests {
-		shortDests.m = map[netip.AddrPort]*shortDest{}
-	}
 	d := shortDests.m[ap]
 	if d == nil {
+		// A new destination: the table starts over when full.
+		if shortDests.m == nil || len(shortDests.m) >= shortMaxDests {
+			shortDests.m = map[netip.AddrPort]*shortDest{}
+		}
 		d = &shortDest{}
 		shortDests.m[ap] = d
 	}
@@ -131,11 +142,4 @@ func b2u16(b bool) uint16 {
 		return 1
 	}
 	return 0
-}
-
-// forgetShortLived clears what was seen (tests).
-func forgetShortLived() {
-	shortDests.Lock()
-	shortDests.m = nil
-	shortDests.Unlock()
 }

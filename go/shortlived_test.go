@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -45,6 +47,10 @@ func shortRound(t *testing.T, l *Listener, d *Dialer, hold time.Duration) Transp
 	return tr
 }
 
+// longHold is how long a connection that must not count as short stays open: past shortLife,
+// and past shortSetupTimes its set-up unless that took over 20 ms (a loaded host).
+const longHold = 200 * time.Millisecond
+
 // shortRule sets the rule up for a test: on, a fresh table, plain periods of period.
 func shortRule(t *testing.T, on bool, period time.Duration) {
 	oldOn, oldFor := shortLivedOn, plainFor
@@ -61,7 +67,9 @@ func shortRule(t *testing.T, on bool, period time.Duration) {
 // segments back.
 func TestShortLivedCarrierGoesPlain(t *testing.T) {
 	watchdog(t, 60*time.Second)
-	shortRule(t, true, 400*time.Millisecond)
+	// A plain period longer than the rounds after the first shortRun take, even on a loaded
+	// host (rounds of 50 ms: a shorter period let a probe through among them).
+	shortRule(t, true, 3*time.Second)
 	l := listen(t)
 	d := &Dialer{forceCarrier: true, watchShort: true}
 	var trs []Transport
@@ -82,7 +90,7 @@ func TestShortLivedCarrierGoesPlain(t *testing.T) {
 	t.Logf("transports: %v", trs)
 	// The plain period ends: the next connection is the probe; a long one ends the rule.
 	time.Sleep(plainFor + 50*time.Millisecond)
-	if tr := shortRound(t, l, d, 2*shortLife); tr != TransportColo {
+	if tr := shortRound(t, l, d, longHold); tr != TransportColo {
 		t.Fatalf("the probe after the plain period: %v", tr)
 	}
 	if tr := shortRound(t, l, d, 0); tr != TransportColo {
@@ -101,7 +109,7 @@ func TestShortLivedRuleSparesOthers(t *testing.T) {
 		d    *Dialer
 		hold time.Duration
 	}{
-		{"long-lived CARRIER", true, &Dialer{forceCarrier: true, watchShort: true}, 2 * shortLife},
+		{"long-lived CARRIER", true, &Dialer{forceCarrier: true, watchShort: true}, longHold},
 		{"one-request DIRECT", true, &Dialer{}, 0},
 		{"one-request CARRIER, rule off", false, &Dialer{forceCarrier: true, watchShort: true}, 0},
 	} {
@@ -115,9 +123,10 @@ func TestShortLivedRuleSparesOthers(t *testing.T) {
 }
 
 // A CARRIER dial that finds every odd port of the range in TIME_WAIT (a run of plain connections
-// left them: only connect may reuse such a port) fails cheaply and goes plain TCP, and a run of
-// them is short-lived: no set-up is tried for a while. Run in a network namespace of its own,
-// whose port range is 32 ports.
+// left them: only connect may reuse such a port) fails cheaply and goes plain TCP. A run of them
+// does not feed the short-lived rule: they were not short connections, and a plain period would
+// keep the next long-lived ones off shared memory once ports are free. Run in a network
+// namespace of its own, whose port range is 32 ports.
 func TestCarrierPortsInTimeWait(t *testing.T) {
 	if os.Getuid() != 0 {
 		t.Skip("needs root (a network namespace)")
@@ -177,8 +186,8 @@ func TestCarrierPortsInTimeWait(t *testing.T) {
 				c.Close()
 				s.Close()
 			}
-			if !shortPlain(ap, time.Now()) {
-				return fmt.Errorf("after %d dials that found no port to offer from, the destination is not in a plain period", shortRun+2)
+			if shortPlain(ap, time.Now()) {
+				return fmt.Errorf("after %d dials that found no port to offer from, the destination is in a plain period (a port problem taken for short connections)", shortRun+2)
 			}
 			return nil
 		}()
@@ -208,4 +217,131 @@ func enterNetns(lo, hi int) error {
 		return fmt.Errorf("lo up: %v", err)
 	}
 	return os.WriteFile("/proc/sys/net/ipv4/ip_local_port_range", []byte(fmt.Sprintf("%d %d", lo, hi)), 0)
+}
+
+// CARRIER connections that move their data as messages (the pool: Loan, Send, Recv; no stream
+// byte) are not short, however quickly they end: a plain TCP connection has no pool, and Loan
+// would fail there with ErrNoPool.
+func TestShortLivedCountsMessages(t *testing.T) {
+	watchdog(t, 60*time.Second)
+	shortRule(t, true, 5*time.Second)
+	l := listen(t)
+	d := &Dialer{forceCarrier: true, watchShort: true}
+	const size = 64 << 10
+	for i := range shortRun + 4 {
+		c, s := pair(t, l, d)
+		if c.Transport() != TransportColo {
+			t.Fatalf("connection %d went %v (message traffic counted as short)", i, c.Transport())
+		}
+		done := make(chan error, 1)
+		go func() {
+			defer s.Close()
+			for range 10 {
+				m, err := s.Recv()
+				if err != nil {
+					done <- err
+					return
+				}
+				if len(m.Data) != size || m.Data[size-1] != byte(i) {
+					done <- fmt.Errorf("message of %d bytes", len(m.Data))
+					return
+				}
+				m.Release()
+			}
+			done <- nil
+		}()
+		for range 10 {
+			m, err := c.Loan(size)
+			if err != nil {
+				t.Fatalf("connection %d: loan: %v", i, err)
+			}
+			m.Data[size-1] = byte(i)
+			if err := c.Send(m); err != nil {
+				t.Fatalf("connection %d: send: %v", i, err)
+			}
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("connection %d: server: %v", i, err)
+		}
+		c.Close()
+	}
+}
+
+// A client closes its carrier with a reset (spec/WIRE.md section 3, step 4): a FIN close left
+// its bound odd port in TIME_WAIT for a minute, where no later carrier can bind it.
+func TestCarrierClosesWithoutTimeWait(t *testing.T) {
+	watchdog(t, 60*time.Second)
+	shortRule(t, false, plainFor)
+	l := listen(t)
+	lport := uint16(netip.MustParseAddrPort(l.Addr().String()).Port())
+	d := &Dialer{forceCarrier: true}
+	ports := map[uint16]bool{}
+	for range 40 {
+		c, s := pair(t, l, d)
+		if c.Transport() == TransportColo {
+			ports[netip.MustParseAddrPort(c.LocalAddr().String()).Port()] = true
+		}
+		c.Close() // the client closes first, as in a connection per request
+		s.Close()
+	}
+	if len(ports) < 20 {
+		t.Fatalf("only %d of 40 connections were set up", len(ports))
+	}
+	time.Sleep(50 * time.Millisecond) // the server's FIN or the reset reaches the client's socket
+	// This thread's namespace: /proc/net is the main thread's, which a test that entered a
+	// namespace of its own on a locked thread may have left there (TestCarrierPortsInTimeWait).
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	tw := 0
+	for _, f := range []string{"/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			// sl local_address rem_address st ...: addresses as HEX_IP:HEX_PORT, st 06 is TIME_WAIT.
+			fl := strings.Fields(line)
+			if len(fl) < 4 || fl[3] != "06" {
+				continue
+			}
+			lp, err1 := strconv.ParseUint(fl[1][strings.LastIndexByte(fl[1], ':')+1:], 16, 16)
+			rp, err2 := strconv.ParseUint(fl[2][strings.LastIndexByte(fl[2], ':')+1:], 16, 16)
+			if err1 == nil && err2 == nil && uint16(rp) == lport && ports[uint16(lp)] {
+				tw++
+			}
+		}
+	}
+	if tw != 0 {
+		t.Fatalf("%d of %d carrier ports left in TIME_WAIT", tw, len(ports))
+	}
+}
+
+// forgetShortLived clears what was seen.
+func forgetShortLived() {
+	shortDests.Lock()
+	shortDests.m = nil
+	shortDests.Unlock()
+}
+
+// A connection counts as short by its life, its bytes, its messages and its set-up, as the
+// shim's (rust/colo-preload/src/record/adapt.rs, Lived::short).
+func TestWasShort(t *testing.T) {
+	ms := time.Millisecond
+	for _, tc := range []struct {
+		lived, setup time.Duration
+		moved        uint64
+		messages     bool
+		short        bool
+	}{
+		{5 * ms, ms, 1100, false, true},
+		{90 * ms, ms, 1100, false, false},
+		{90 * ms, 20 * ms, 1100, false, true}, // under ten times a slow set-up
+		{300 * ms, 20 * ms, 1100, false, false},
+		{5 * ms, ms, shortBytes, false, false},
+		{5 * ms, ms, 0, true, false},
+	} {
+		if got := wasShort(tc.lived, tc.setup, tc.moved, tc.messages); got != tc.short {
+			t.Errorf("wasShort(%v, %v, %d, %v) = %v", tc.lived, tc.setup, tc.moved, tc.messages, got)
+		}
+	}
 }
