@@ -147,6 +147,12 @@ pub fn wait_writable(fd: rustix::fd::BorrowedFd<'_>, timeout: Option<std::time::
     }
 }
 
+/// Makes the last close of `fd` reset the connection (`SO_LINGER {1, 0}`): its port is free at
+/// once, never held in TIME_WAIT.
+pub fn reset_on_close(fd: rustix::fd::BorrowedFd<'_>) -> io::Result<()> {
+    Ok(rustix::net::sockopt::set_socket_linger(fd, Some(std::time::Duration::ZERO))?)
+}
+
 /// Whether `sock`, a TCP socket bound to an IPv6 address, has `IPV6_V6ONLY` set (it then takes
 /// no IPv4 connections); false for an IPv4 socket or when the option cannot be read.
 pub fn v6only(sock: impl rustix::fd::AsFd) -> bool {

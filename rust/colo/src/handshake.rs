@@ -162,6 +162,10 @@ fn dial_carrier(addr: SocketAddr, opts: &Options) -> io::Result<Dialed> {
         return Ok(Dialed::Tcp(tcp));
     }
     let shm = offer.established().into_shm(opts.spin_mode())?;
+    // The carrier carries nothing after the claim: closed with a reset (spec/WIRE.md section 3),
+    // its port is free again at once instead of held a minute in TIME_WAIT, which at a few
+    // hundred connections a second would use up the odd ports a carrier may bind.
+    let _ = colo_sys::tcp::reset_on_close(tcp.as_fd());
     Ok(Dialed::Carrier(shm, tcp))
 }
 

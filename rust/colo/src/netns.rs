@@ -762,7 +762,9 @@ fn read_proposal(tcp: BorrowedFd<'_>, p: &mut [u8; PROPOSAL_LEN]) -> bool {
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() || !pathsock::wait_readable(tcp, left).unwrap_or(false) {
-            return false;
+            // A PROPOSAL whole in the stream by now is taken, however late this thread ran:
+            // left there, the program would read it as its first bytes.
+            return peek_proposal(tcp, p) == Opening::Proposal;
         }
     }
 }

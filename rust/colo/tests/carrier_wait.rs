@@ -1,7 +1,8 @@
 //! A CARRIER dial waits `COLO_CARRIER_TIMEOUT_MS` for its server's program to claim the offer, as
 //! the shim and the Go package do: a server that claims after 900 ms, with the variable at 5000,
-//! serves the connection over shared memory, and the bytes go through it intact. Its own test
-//! binary: the variable is read once per process.
+//! serves the connection over shared memory, and the bytes go through it intact; the client's
+//! close resets the carrier, so its port is not held in TIME_WAIT. Its own test binary: the
+//! variable is read once per process.
 
 mod common;
 
@@ -34,7 +35,7 @@ fn a_carrier_dial_waits_colo_carrier_timeout_ms_for_the_claim() {
         readable(&control);
         let HelloRead::Hello(hello) = carrier::read_hello(control) else { panic!("no CARRIER HELLO") };
         std::thread::sleep(Duration::from_millis(900));
-        let (_tcp_end, _) = tcp.accept().unwrap();
+        let (tcp_end, _) = tcp.accept().unwrap();
         let est = hello.claim().expect("the offer is claimed");
         let shm = est.into_shm(colo::SpinMode::Never).unwrap();
         let mut got = [0u8; 4];
@@ -43,13 +44,30 @@ fn a_carrier_dial_waits_colo_carrier_timeout_ms_for_the_claim() {
             n += shm.read(&mut got[n..]).unwrap();
         }
         assert_eq!(&got, b"ping");
+        tcp_end
     });
     let mut s = Stream::connect(addr).unwrap();
     assert_eq!(s.transport(), Transport::SharedMemory, "claimed after 900 ms, within COLO_CARRIER_TIMEOUT_MS");
     s.write_all(b"ping").unwrap();
-    server.join().unwrap();
-    let mut rest = Vec::new();
-    let _ = s.read_to_end(&mut rest);
+    let tcp_end = server.join().unwrap();
+    let port = s.local_addr().unwrap().port();
+    drop(s);
+    // The server's end closes after ours: a FIN from us would leave our port in TIME_WAIT now.
+    std::thread::sleep(Duration::from_millis(50));
+    drop(tcp_end);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!in_time_wait(port), "the client's carrier port {port} is left in TIME_WAIT: its close sent a FIN, not a reset");
+}
+
+/// Whether a TCP socket of this namespace bound to local `port` is in TIME_WAIT (state 06 of
+/// `/proc/net/tcp`).
+fn in_time_wait(port: u16) -> bool {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let local = format!(":{port:04X} ");
+    table.lines().skip(1).any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 3 && format!("{} ", &f[1][f[1].len() - 5..]) == local && f[3] == "06"
+    })
 }
 
 /// Waits (up to 10 s) until `fd`, a non-blocking socket, has a connection or a datagram.
