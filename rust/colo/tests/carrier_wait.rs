@@ -10,7 +10,7 @@ use colo::internal::carrier::{self, HelloRead};
 use colo::wire::{self, Reason};
 use colo::{Stream, Transport};
 use colo_sys::seqpacket;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::time::Duration;
 
 #[test]
