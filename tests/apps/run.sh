@@ -30,6 +30,10 @@ check "c/spawn with descriptor 3 inherited" timeout 30 env LD_PRELOAD="$SHIM" "$
 # checks that every MOD that would change something still reaches the kernel).
 calls=$(timeout 30 strace -f -c -e trace=epoll_ctl -E LD_PRELOAD="$SHIM" "$WORK/epoll_repeat" count 1000 2>&1 >/dev/null | awk '$NF == "epoll_ctl" {print $4}')
 check "c/epoll_repeat: an ADD and 1000 MODs to the same made ${calls:-?} epoll_ctl system calls" test "${calls:-1001}" -lt 10
+# A poll that finds one connection readable beside one whose control socket holds an undrained
+# ring makes one system call, not two (poll_stale_ring.c: 4,020 for 2,000 polls before, 2,020).
+calls=$(timeout 30 strace -f -c -e trace=ppoll,poll -E LD_PRELOAD="$SHIM" "$WORK/poll_stale_ring" count 2000 2>&1 >/dev/null | awk '$NF == "total" {print $4}')
+check "c/poll_stale_ring: 2000 polls made ${calls:-?} poll system calls" test "${calls:-4000}" -lt 2500
 
 # A used connection lent to a child program with pass_fds (relayed), then used and closed
 # again, 5 times: the client exits at once, the server sees each end, no relay outlives it.

@@ -107,11 +107,12 @@ unsafe fn ppoll_round(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, ma
             let extra = place(&mut copy, &conns, |_| false);
             // SAFETY: our copy of the array (the connections' further fds after the application's).
             let r = unsafe { real::ppoll(copy.as_mut_ptr(), copy.len() as nfds_t, &zero, mask) };
+            let hung = hung_up(&copy, &conns, r);
             fold(&mut copy, arr.len(), &extra);
             let mut total = 0;
-            for (i, c) in &conns {
+            for (k, (i, c)) in conns.iter().enumerate() {
                 if r > 0 && copy[*i].revents != 0 && !c.known_gone() {
-                    arr[*i].revents |= (c.ready(true) & (arr[*i].events as u32 | ERR | HUP)) as i16;
+                    arr[*i].revents |= (c.ready(hung[k]) & (arr[*i].events as u32 | ERR | HUP)) as i16;
                 }
                 if arr[*i].revents != 0 {
                     total += 1;
@@ -221,6 +222,7 @@ unsafe fn ppoll_round(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, ma
             .filter(|(k, (_, h))| copy[at + k].revents != 0 && h.service())
             .map(|(_, (i, _))| *i)
             .collect();
+        let hung = hung_up(&copy, &conns, r);
         fold(&mut copy, arr.len(), &extra);
         let mut total = 0;
         // An undecided connect whose answer came (or whose stream ended) meanwhile.
@@ -242,7 +244,7 @@ unsafe fn ppoll_round(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, ma
                 total += 1;
             }
         }
-        for (i, c) in &conns {
+        for (k, (i, c)) in conns.iter().enumerate() {
             // A number another thread closed while this one slept: the kernel's poll, looking
             // again on a wake-up, finds no file there.
             if !table::conn(arr[*i].fd).is_some_and(|now| Arc::ptr_eq(&now, c)) && closed_number(arr[*i].fd) {
@@ -250,11 +252,11 @@ unsafe fn ppoll_round(fds: *mut pollfd, n: nfds_t, timeout: Option<Duration>, ma
                 total += 1;
                 continue;
             }
-            // A connection whose control socket or self bell the kernel reported is asked (a
-            // ring, or a hang-up the hang-up watcher may not have seen yet); one whose two stayed
-            // quiet had no hang-up on its control socket, and is asked only if the watcher
-            // cannot vouch.
-            let m = if copy[*i].revents != 0 { c.ready(true) } else { c.ready_quick() };
+            // A connection whose control socket or self bell the kernel reported is looked at
+            // afresh (a ring), and told gone if its control socket reported a hang-up (one the
+            // hang-up watcher may not have seen yet); one whose two stayed quiet had no hang-up
+            // on its control socket, and is asked only if the watcher cannot vouch.
+            let m = if copy[*i].revents != 0 { c.ready(hung[k]) } else { c.ready_quick() };
             let m = m & (arr[*i].events as u32 | ERR | HUP);
             arr[*i].revents = m as i16;
             if m != 0 {
@@ -293,7 +295,9 @@ fn place(copy: &mut Vec<pollfd>, conns: &[(usize, Arc<Conn>)], skip: impl Fn(&(u
         let i = ic.0;
         let skipped = skip(ic);
         copy[i].fd = if skipped { -1 } else { fds[0] };
-        copy[i].events = libc::POLLIN;
+        // RDHUP too: the control socket's own answer says whether the peer hung up
+        // (`hung_up`), as `doorbell::hung_up` would be told at the same moment.
+        copy[i].events = libc::POLLIN | libc::POLLRDHUP;
         if !skipped {
             for &fd in &fds[1..] {
                 extra.push((copy.len(), i));
@@ -302,6 +306,17 @@ fn place(copy: &mut Vec<pollfd>, conns: &[(usize, Arc<Conn>)], skip: impl Fn(&(u
         }
     }
     extra
+}
+
+/// After the kernel's wait `r` on `copy` (before `fold`): for each connection of `conns`, whether
+/// its control socket (in the connection's place, `place`) reported a hang-up, as
+/// `colo_sys::doorbell::hung_up` would have found it. A control socket left readable by a ring
+/// nobody drained yet (a poll that returns what it finds drains nothing) is then no reason to ask
+/// the kernel again at every call: `Conn::ready(true)` would (`peer_gone`), a system call a
+/// poll while the connection stays unreadable beside one that is read from.
+fn hung_up(copy: &[pollfd], conns: &[(usize, Arc<Conn>)], r: c_int) -> Vec<bool> {
+    let bits = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL;
+    conns.iter().map(|(i, _)| r > 0 && copy[*i].revents & bits != 0).collect()
 }
 
 /// After the kernel's wait: each connection's further fds' `revents` (`place`) join its own
