@@ -177,6 +177,86 @@ static void stop_while_a_thread_reads(void) {
     drain("recv the rest", s, 8);
 }
 
+static void stop_peek_waitall_with_bytes(void) {
+    /* MSG_PEEK|MSG_WAITALL with 3 of 8 bytes there: the kernel returns the 3 peeked at the stop. */
+    int s, c;
+    char b[9] = {0};
+    pair(&s, &c);
+    send(c, "abc", 3, 0);
+    pid_t p = stop_later(getpid(), 200, c, "defgh", 300);
+    T("recv 8 PEEK|WAITALL", recv(s, b, 8, MSG_PEEK | MSG_WAITALL));
+    say("  bytes '%s'", b);
+    waitpid(p, NULL, 0);
+    drain("recv all", s, 8);
+}
+
+static void stop_send_nothing_moved(void) {
+    /* A blocking send with the path full and no timeout: restarted, it completes once the peer
+     * reads. */
+    int s, c;
+    pair(&s, &c);
+    long filled = fill(c);
+    pid_t p = fork();
+    if (p == 0) {
+        pid_t parent = getppid();
+        settle(200);
+        kill(parent, SIGSTOP);
+        settle(100);
+        kill(parent, SIGCONT);
+        settle(200);
+        _exit(read_all(s, filled + 10) == filled + 10 ? 0 : 1);
+    }
+    errno = 0;
+    ssize_t n = send(c, "0123456789", 10, 0);
+    int e = errno, st;
+    waitpid(p, &st, 0);
+    if (n < 0) say("  send 10 = -1 %s", ename(e));
+    else say("  send 10 = %zd", n);
+    say("  peer reads what was sent: %s", WIFEXITED(st) && WEXITSTATUS(st) == 0 ? "yes" : "no");
+}
+
+static void stop_accept_with_timeout(void) {
+    /* accept with SO_RCVTIMEO on the listener fails with EINTR at the stop; without, it goes on
+     * to take the connection made after. */
+    struct sockaddr_in a;
+    int l = listener(&a);
+    struct timeval tv = {5, 0};
+    setsockopt(l, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    pid_t me = getpid(), p = fork();
+    if (p == 0) {
+        settle(200);
+        kill(me, SIGSTOP);
+        settle(100);
+        kill(me, SIGCONT);
+        _exit(0);
+    }
+    T("accept (SO_RCVTIMEO 5 s)", accept(l, NULL, NULL));
+    waitpid(p, NULL, 0);
+    tv = (struct timeval){0, 0};
+    setsockopt(l, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    p = fork();
+    if (p == 0) {
+        settle(200);
+        kill(me, SIGSTOP);
+        settle(100);
+        kill(me, SIGCONT);
+        settle(200);
+        int c = socket(AF_INET, SOCK_STREAM, 0);
+        if (connect(c, (struct sockaddr *)&a, sizeof a) < 0) _exit(1);
+        send(c, "hi", 2, 0);
+        char x;
+        recv(c, &x, 1, 0);
+        _exit(0);
+    }
+    int s = accept(l, NULL, NULL);
+    say("  accept (no timeout) took a connection: %s", s >= 0 ? "yes" : ename(errno));
+    char b[4] = {0};
+    T("recv 2 WAITALL", recv(s, b, 2, MSG_WAITALL));
+    send(s, "k", 1, 0);
+    waitpid(p, NULL, 0);
+    __atomic_add_fetch(diff_conns, 1, __ATOMIC_SEQ_CST);
+}
+
 int main(void) {
     diff_begin();
     RUN(stop_waitall_with_bytes);
@@ -187,6 +267,9 @@ int main(void) {
     RUN(stop_poll);
     RUN(stop_epoll_wait);
     RUN(stop_while_a_thread_reads);
+    RUN(stop_peek_waitall_with_bytes);
+    RUN(stop_send_nothing_moved);
+    RUN(stop_accept_with_timeout);
     diff_end();
     return 0;
 }
