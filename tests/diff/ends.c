@@ -89,11 +89,9 @@ static void *send_big(void *fd) {
     return NULL;
 }
 
-static void reset_while_a_send_waits(void) {
-    /* A send waiting for room when the peer resets: it returns what it moved; the reset stays
-     * the socket's error, which SO_ERROR reports (and clears) before the next send. */
-    int s, c;
-    char b[8];
+/* A connection whose peer resets while a thread's send waits for room; returns our end. */
+static int reset_under_a_waiting_send(void) {
+    static int s, c;
     pair(&s, &c);
     pthread_t t;
     pthread_create(&t, NULL, send_big, &c);
@@ -101,6 +99,14 @@ static void reset_while_a_send_waits(void) {
     abort_close(s);
     pthread_join(t, NULL);
     settle(50);
+    return c;
+}
+
+static void reset_while_a_send_waits(void) {
+    /* A send waiting for room when the peer resets: it returns what it moved; the reset stays
+     * the socket's error, which SO_ERROR reports (and clears) before the next send. */
+    char b[8];
+    int c = reset_under_a_waiting_send();
     mask("poll", pmask(c));
     say_error("SO_ERROR", c);
     say_error("SO_ERROR again", c);
@@ -110,15 +116,8 @@ static void reset_while_a_send_waits(void) {
 
 static void reset_while_a_send_waits_no_look(void) {
     /* As above, with no SO_ERROR look: the next send reports the reset. */
-    int s, c;
     char b[8];
-    pair(&s, &c);
-    pthread_t t;
-    pthread_create(&t, NULL, send_big, &c);
-    settle(300);
-    abort_close(s);
-    pthread_join(t, NULL);
-    settle(50);
+    int c = reset_under_a_waiting_send();
     T("send", send(c, "ab", 2, MSG_NOSIGNAL));
     T("send again", send(c, "ab", 2, MSG_NOSIGNAL));
     T("recv", recv(c, b, sizeof b, MSG_DONTWAIT));

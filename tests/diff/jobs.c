@@ -222,14 +222,7 @@ static void stop_accept_with_timeout(void) {
     int l = listener(&a);
     struct timeval tv = {5, 0};
     setsockopt(l, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    pid_t me = getpid(), p = fork();
-    if (p == 0) {
-        settle(200);
-        kill(me, SIGSTOP);
-        settle(100);
-        kill(me, SIGCONT);
-        _exit(0);
-    }
+    pid_t me = getpid(), p = stop_later(me, 200, -1, NULL, 0);
     T("accept (SO_RCVTIMEO 5 s)", accept(l, NULL, NULL));
     waitpid(p, NULL, 0);
     tv = (struct timeval){0, 0};
