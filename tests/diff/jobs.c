@@ -250,6 +250,45 @@ static void stop_accept_with_timeout(void) {
     __atomic_add_fetch(diff_conns, 1, __ATOMIC_SEQ_CST);
 }
 
+static void stop_other_epoll_waits(void) {
+    /* epoll_pwait and epoll_pwait2 fail with EINTR at the stop as epoll_wait does; a poll of the
+     * epoll set's own descriptor is restarted as any poll. */
+    int s, c;
+    char b[8];
+    pair(&s, &c);
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = s}, out;
+    epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
+    pid_t p = stop_later(getpid(), 200, c, "ab", 200);
+    T("epoll_pwait 5 s", epoll_pwait(ep, &out, 1, 5000, NULL));
+    waitpid(p, NULL, 0);
+    T("recv", recv(s, b, sizeof b, 0));
+    p = stop_later(getpid(), 200, c, "cd", 200);
+    struct timespec ts = {5, 0};
+    T("epoll_pwait2 5 s", epoll_pwait2(ep, &out, 1, &ts, NULL));
+    waitpid(p, NULL, 0);
+    T("recv", recv(s, b, sizeof b, 0));
+    p = stop_later(getpid(), 200, c, "ef", 200);
+    struct pollfd q = {.fd = ep, .events = POLLIN};
+    T("poll of the epoll set 5 s", poll(&q, 1, 5000));
+    mask("revents", (unsigned short)q.revents);
+    waitpid(p, NULL, 0);
+    T("recv", recv(s, b, sizeof b, 0));
+}
+
+static void stop_splice_waiting(void) {
+    /* splice from the connection into a pipe, nothing there: restarted, it moves the bytes sent
+     * after. */
+    int s, c, pp[2];
+    char b[8];
+    pair(&s, &c);
+    if (pipe(pp) < 0) die("pipe");
+    pid_t p = stop_later(getpid(), 200, c, "abc", 200);
+    T("splice 8 into a pipe", splice(s, NULL, pp[1], NULL, 8, 0));
+    waitpid(p, NULL, 0);
+    T("read the pipe", read(pp[0], b, sizeof b));
+}
+
 int main(void) {
     diff_begin();
     RUN(stop_waitall_with_bytes);
@@ -263,6 +302,8 @@ int main(void) {
     RUN(stop_peek_waitall_with_bytes);
     RUN(stop_send_nothing_moved);
     RUN(stop_accept_with_timeout);
+    RUN(stop_other_epoll_waits);
+    RUN(stop_splice_waiting);
     diff_end();
     return 0;
 }
