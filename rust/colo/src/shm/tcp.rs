@@ -35,10 +35,18 @@ pub(super) fn stops_end_wait(timed: bool) -> bool {
     INTERRUPT_POLICY.get().is_some() && (timed || SIGNALS_END_WAITS.get())
 }
 
-/// Runs `f` (a read or write that continues a call which already moved bytes) with its waits
-/// ended by any signal handler under a policy, `SA_RESTART` or not: kernel TCP returns the bytes
-/// a blocking call moved at the first signal after them, and restarts only a call that moved
-/// none.
+/// Whether this thread continues a blocking call that already moved bytes (under
+/// [`signals_end_waits`]): its waits block whatever `O_NONBLOCK` says now, as kernel TCP decides
+/// once, at a call's start, whether it may wait (a `MSG_WAITALL` read or a long send goes on to
+/// its end when another thread sets `O_NONBLOCK` meanwhile).
+pub(super) fn continues_blocking_call() -> bool {
+    SIGNALS_END_WAITS.get()
+}
+
+/// Runs `f` (a read or write that continues a blocking call which already moved bytes) with its
+/// waits ended by any signal handler under a policy, `SA_RESTART` or not: kernel TCP returns the
+/// bytes a blocking call moved at the first signal after them, and restarts only a call that
+/// moved none. Its waits block even once `O_NONBLOCK` is set (`continues_blocking_call`).
 pub fn signals_end_waits<T>(f: impl FnOnce() -> T) -> T {
     let _ends = EndWaits::begin();
     f()

@@ -3,7 +3,7 @@
 //! for it to wake.
 
 use super::wakers::{Drainer, UNPASSED_SLEEP};
-use super::tcp::{interrupted_ends_wait, stops_end_wait};
+use super::tcp::{continues_blocking_call, interrupted_ends_wait, stops_end_wait};
 use super::{from_nanos, libc_errno, lock, Shm, AWAITING_WELCOME, PEER_GONE};
 use colo_ring::notify;
 use colo_ring::spin::{SpinMode, Spinner};
@@ -259,7 +259,7 @@ impl Shm {
         since: Option<Instant>,
         mut check: impl FnMut() -> io::Result<Option<T>>,
     ) -> io::Result<T> {
-        if self.nonblocking.load(Ordering::Relaxed) {
+        if self.nonblocking.load(Ordering::Relaxed) && !continues_blocking_call() {
             // Our DOORBELL bit still set: nobody rang since it was announced (a ring clears it,
             // section 6), so there is nothing to drain and the announcement stands: a miss costs
             // no system call while the hang-up watcher vouches for the control socket (below).
