@@ -27,17 +27,22 @@ static pid_t stop_later(pid_t who, int after, int fd, const char *bytes, int the
     return p;
 }
 
-static void stop_waitall_with_bytes(void) {
-    /* MSG_WAITALL with 3 of 8 bytes read: the kernel returns the 3 at the stop. */
+/* recv(8, `flags`) with 3 of 8 bytes there, stopped at 200 ms; the rest comes 300 ms after. */
+static void stopped_with_bytes(const char *what, int flags) {
     int s, c;
     char b[9] = {0};
     pair(&s, &c);
     send(c, "abc", 3, 0);
     pid_t p = stop_later(getpid(), 200, c, "defgh", 300);
-    T("recv 8 WAITALL", recv(s, b, 8, MSG_WAITALL));
+    T(what, recv(s, b, 8, flags));
     say("  bytes '%s'", b);
     waitpid(p, NULL, 0);
-    drain("recv the rest", s, 8);
+    drain("recv what is left", s, 8);
+}
+
+static void stop_waitall_with_bytes(void) {
+    /* MSG_WAITALL with 3 of 8 bytes read: the kernel returns the 3 at the stop. */
+    stopped_with_bytes("recv 8 WAITALL", MSG_WAITALL);
 }
 
 static void stop_plain_recv(void) {
@@ -136,7 +141,8 @@ static void stop_poll(void) {
 }
 
 static void stop_epoll_wait(void) {
-    /* epoll_wait fails with EINTR at the stop (signal(7)). */
+    /* epoll_wait, epoll_pwait and epoll_pwait2 fail with EINTR at the stop (signal(7)); a poll
+     * of the epoll set's own descriptor is restarted as any poll. */
     int s, c;
     char b[8];
     pair(&s, &c);
@@ -147,6 +153,21 @@ static void stop_epoll_wait(void) {
     T("epoll_wait 5 s", epoll_wait(ep, &out, 1, 5000));
     waitpid(p, NULL, 0);
     T("epoll_wait after", epoll_wait(ep, &out, 1, 5000));
+    T("recv", recv(s, b, sizeof b, 0));
+    p = stop_later(getpid(), 200, c, "ab", 200);
+    T("epoll_pwait 5 s", epoll_pwait(ep, &out, 1, 5000, NULL));
+    waitpid(p, NULL, 0);
+    T("recv", recv(s, b, sizeof b, 0));
+    p = stop_later(getpid(), 200, c, "cd", 200);
+    struct timespec ts = {5, 0};
+    T("epoll_pwait2 5 s", epoll_pwait2(ep, &out, 1, &ts, NULL));
+    waitpid(p, NULL, 0);
+    T("recv", recv(s, b, sizeof b, 0));
+    p = stop_later(getpid(), 200, c, "ef", 200);
+    struct pollfd q = {.fd = ep, .events = POLLIN};
+    T("poll of the epoll set 5 s", poll(&q, 1, 5000));
+    mask("revents", (unsigned short)q.revents);
+    waitpid(p, NULL, 0);
     T("recv", recv(s, b, sizeof b, 0));
 }
 
@@ -179,15 +200,7 @@ static void stop_while_a_thread_reads(void) {
 
 static void stop_peek_waitall_with_bytes(void) {
     /* MSG_PEEK|MSG_WAITALL with 3 of 8 bytes there: the kernel returns the 3 peeked at the stop. */
-    int s, c;
-    char b[9] = {0};
-    pair(&s, &c);
-    send(c, "abc", 3, 0);
-    pid_t p = stop_later(getpid(), 200, c, "defgh", 300);
-    T("recv 8 PEEK|WAITALL", recv(s, b, 8, MSG_PEEK | MSG_WAITALL));
-    say("  bytes '%s'", b);
-    waitpid(p, NULL, 0);
-    drain("recv all", s, 8);
+    stopped_with_bytes("recv 8 PEEK|WAITALL", MSG_PEEK | MSG_WAITALL);
 }
 
 static void stop_send_nothing_moved(void) {
@@ -250,32 +263,6 @@ static void stop_accept_with_timeout(void) {
     __atomic_add_fetch(diff_conns, 1, __ATOMIC_SEQ_CST);
 }
 
-static void stop_other_epoll_waits(void) {
-    /* epoll_pwait and epoll_pwait2 fail with EINTR at the stop as epoll_wait does; a poll of the
-     * epoll set's own descriptor is restarted as any poll. */
-    int s, c;
-    char b[8];
-    pair(&s, &c);
-    int ep = epoll_create1(0);
-    struct epoll_event ev = {.events = EPOLLIN, .data.fd = s}, out;
-    epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
-    pid_t p = stop_later(getpid(), 200, c, "ab", 200);
-    T("epoll_pwait 5 s", epoll_pwait(ep, &out, 1, 5000, NULL));
-    waitpid(p, NULL, 0);
-    T("recv", recv(s, b, sizeof b, 0));
-    p = stop_later(getpid(), 200, c, "cd", 200);
-    struct timespec ts = {5, 0};
-    T("epoll_pwait2 5 s", epoll_pwait2(ep, &out, 1, &ts, NULL));
-    waitpid(p, NULL, 0);
-    T("recv", recv(s, b, sizeof b, 0));
-    p = stop_later(getpid(), 200, c, "ef", 200);
-    struct pollfd q = {.fd = ep, .events = POLLIN};
-    T("poll of the epoll set 5 s", poll(&q, 1, 5000));
-    mask("revents", (unsigned short)q.revents);
-    waitpid(p, NULL, 0);
-    T("recv", recv(s, b, sizeof b, 0));
-}
-
 static void stop_splice_waiting(void) {
     /* splice from the connection into a pipe, nothing there: restarted, it moves the bytes sent
      * after. */
@@ -302,7 +289,6 @@ int main(void) {
     RUN(stop_peek_waitall_with_bytes);
     RUN(stop_send_nothing_moved);
     RUN(stop_accept_with_timeout);
-    RUN(stop_other_epoll_waits);
     RUN(stop_splice_waiting);
     diff_end();
     return 0;
