@@ -47,6 +47,11 @@ for src in "${progs[@]}"; do
   timeout 300 "$WORK/$name" >"$WORK/$name.plain" 2>"$WORK/$name.plain.err"
   COLO_LOG=info COLO_SHORT_LIVED=accelerate timeout 300 $COLORUN "$WORK/$name" >"$WORK/$name.colo" 2>"$WORK/$name.log"
   accelerated "$name" || fail=1
+  # A scenario that could not set itself up on plain TCP (no port free: `DIED listen`) shows
+  # nothing, and its colo run dies the same way: that is no pass.
+  if grep -q '^  DIED ' "$WORK/$name.plain"; then
+    echo "FAIL $name: a scenario died on plain TCP:"; grep -B1 '^  DIED ' "$WORK/$name.plain" | sed 's/^/    /'; fail=1
+  fi
   python3 - "$name" "$WORK/$name.plain" "$WORK/$name.colo" "$HERE/allowlist.txt" <<'PY' || fail=1
 import sys
 name, plain, colo, allow = sys.argv[1:]

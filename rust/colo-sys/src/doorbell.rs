@@ -350,6 +350,61 @@ pub fn wait(control: impl AsFd, self_bell: impl AsFd, wake: Option<BorrowedFd<'_
     }
 }
 
+/// [`wait`] that a job-control stop ends too (`interrupted`): the process stopped and continued
+/// makes `epoll_wait` fail with `EINTR`, where the kernel restarts a `poll` unseen (signal(7)).
+/// It sleeps in a set made for this one wait, placed at or above `floor` when a number is free
+/// there (0: anywhere); where none can be made (no descriptor free), or `wake` cannot be added
+/// (the application closed it), it is [`wait`]. A set closed under it by another thread of the
+/// application (`close_range`) ends the wait as if everything rang: the caller looks again.
+pub fn wait_stoppable(
+    control: impl AsFd,
+    self_bell: impl AsFd,
+    wake: Option<BorrowedFd<'_>>,
+    timeout: Option<Duration>,
+    floor: i32,
+) -> io::Result<Woken> {
+    let set = epoll::create(epoll::CreateFlags::CLOEXEC).ok().and_then(|ep| {
+        let mut ep = [ep];
+        let _ = crate::preload::move_all_above(&mut ep, floor);
+        let [ep] = ep;
+        epoll::add(&ep, &control, epoll::EventData::new_u64(CONTROL), epoll::EventFlags::IN | epoll::EventFlags::RDHUP).ok()?;
+        epoll::add(&ep, &self_bell, epoll::EventData::new_u64(SELF_BELL), epoll::EventFlags::IN).ok()?;
+        if let Some(w) = wake {
+            epoll::add(&ep, w, epoll::EventData::new_u64(WAKE), epoll::EventFlags::IN).ok()?;
+        }
+        Some(ep)
+    });
+    let Some(ep) = set else {
+        return wait(control, self_bell, wake, timeout);
+    };
+    let ts = timeout.map(|d| Timespec { tv_sec: d.as_secs() as i64, tv_nsec: d.subsec_nanos() as i64 });
+    let mut events = Vec::with_capacity(3);
+    match epoll::wait(&ep, rustix::buffer::spare_capacity(&mut events), ts.as_ref()) {
+        Ok(_) => {}
+        Err(rustix::io::Errno::INTR) => return Ok(Woken { interrupted: true, ..Woken::default() }),
+        Err(_) => return Ok(Woken { doorbell: true, control: true, ..Woken::default() }),
+    }
+    Ok(woken_of(&events))
+}
+
+/// What the events of a set of [`CONTROL`], [`SELF_BELL`] and [`WAKE`] say.
+fn woken_of(events: &[epoll::Event]) -> Woken {
+    let mut w = Woken::default();
+    let hang_up = epoll::EventFlags::RDHUP | epoll::EventFlags::HUP | epoll::EventFlags::ERR;
+    for ev in events {
+        match ev.data.u64() {
+            CONTROL => {
+                let flags = ev.flags;
+                w.doorbell |= flags.contains(epoll::EventFlags::IN);
+                w.control |= flags.intersects(hang_up);
+            }
+            WAKE => w.passed = true,
+            _ => w.doorbell = true,
+        }
+    }
+    w
+}
+
 /// The longest a [`wait`] sleeps at a time where `poll` cannot watch its whole set.
 const OVER_THE_LIMIT_SLICE: Duration = Duration::from_millis(10);
 
@@ -376,6 +431,8 @@ fn over_the_limit(fds: &mut [rustix::event::PollFd<'_>], timeout: Option<Duratio
 
 const CONTROL: u64 = 0;
 const SELF_BELL: u64 = 1;
+/// A sleeper's own wake-up eventfd in [`wait_stoppable`]'s set.
+const WAKE: u64 = 2;
 
 /// The readiness fd of one side of a connection.
 #[derive(Debug)]
@@ -407,19 +464,7 @@ impl Readiness {
             Err(rustix::io::Errno::INTR) => return Ok(Woken { interrupted: true, ..Woken::default() }),
             Err(e) => return Err(e.into()),
         }
-        let mut w = Woken::default();
-        let hang_up = epoll::EventFlags::RDHUP | epoll::EventFlags::HUP | epoll::EventFlags::ERR;
-        for ev in &events {
-            match ev.data.u64() {
-                CONTROL => {
-                    let flags = ev.flags;
-                    w.doorbell |= flags.contains(epoll::EventFlags::IN);
-                    w.control |= flags.intersects(hang_up);
-                }
-                _ => w.doorbell = true,
-            }
-        }
-        Ok(w)
+        Ok(woken_of(&events))
     }
 
     /// The epoll fd, for registration in another poller.

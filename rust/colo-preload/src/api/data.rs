@@ -310,7 +310,9 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
             // SAFETY: sendmsg(2)'s contract: `msg` is the application's msghdr, and its
             // `msg_iovlen` iovecs are readable.
             let v = unsafe { slice((*msg).msg_iov, (*msg).msg_iovlen) };
-            let r = conn_writev(&c, v, flags);
+            // A message of no bytes is a send of nothing, which the socket's state may refuse
+            // (a `writev` of none returns 0 before the kernel asks the socket).
+            let r = if v.iter().all(|i| i.iov_len == 0) { conn_send(&c, &[], flags) } else { conn_writev(&c, v, flags) };
             epipe_signal(&r, flags);
             result(&g, r)
         }

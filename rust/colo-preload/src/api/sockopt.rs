@@ -200,7 +200,10 @@ unsafe fn setsockopt_slow(fd: c_int, level: c_int, name: c_int, val: *const c_vo
             // SAFETY: a timeval, as the kernel just accepted.
             let tv = unsafe { *(val as *const libc::timeval) };
             let d = std::time::Duration::new(tv.tv_sec.max(0) as u64, (tv.tv_usec.max(0) as u32) * 1000);
-            let t = (!d.is_zero()).then_some(d);
+            // A negative `tv_sec` is the kernel's timeout of no wait at all (`sock_set_timeout`
+            // stores 0, which `getsockopt` reads as "none"): a blocking call that would wait
+            // fails with `EAGAIN` at once, as one whose shortest timeout ran out.
+            let t = if tv.tv_sec < 0 { Some(std::time::Duration::from_nanos(1)) } else { (!d.is_zero()).then_some(d) };
             crate::conn::options::set_timeout(&c, name == libc::SO_SNDTIMEO, t);
         }
     }

@@ -161,9 +161,13 @@ pub fn conn_send(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
 
 /// [`conn_send`] of the bytes of `src`.
 pub fn conn_send_from<S: Source + ?Sized>(c: &Conn, src: &S, flags: c_int) -> io::Result<usize> {
+    let nothing = src.len() == 0;
     match conn_send_inner(c, src, flags) {
+        // A send of nothing sends no segment to be answered with a reset: a peer's close or
+        // read shutdown alone leaves it taken (kernel TCP's CLOSE_WAIT).
+        Err(e) if nothing && errno_of(&e) == libc::EPIPE && c.refused_by_peer_close_only() => Ok(0),
         // Kernel TCP takes the first write after the peer closed (see `takes_write_after_close`).
-        Err(e) if errno_of(&e) == libc::EPIPE && c.takes_write_after_close() => Ok(src.len()),
+        Err(e) if !nothing && errno_of(&e) == libc::EPIPE && c.takes_write_after_close() => Ok(src.len()),
         // The rings end a write to a peer that went without reading all of ours (killed, or
         // closed with bytes unread) as a closed stream: its kernel would have reset, which the
         // first write to fail reports (and `SO_ERROR` no longer does), as kernel TCP's.
@@ -187,7 +191,9 @@ pub fn conn_send_from<S: Source + ?Sized>(c: &Conn, src: &S, flags: c_int) -> io
 
 fn conn_send_inner<S: Source + ?Sized>(c: &Conn, src: &S, flags: c_int) -> io::Result<usize> {
     if src.len() == 0 {
-        return Ok(0);
+        // Writes nothing, but fails as a send does once the stream is shut down for writing or
+        // reset: kernel TCP looks at the socket's state before the length.
+        return c.shm().send_refused().map(|()| 0);
     }
     // Each call's bytes stay contiguous when processes share the connection (`turns`). A
     // non-blocking call does not wait for the turn while its holder waits for room (a peer that

@@ -688,6 +688,14 @@ impl Conn {
         taken
     }
 
+    /// Whether only the peer's close or read shutdown refuses our writes: no reset either way,
+    /// no write shutdown of ours, and no write of ours taken after the close (which the peer's
+    /// kernel would have answered with a reset, `takes_write_after_close`).
+    pub fn refused_by_peer_close_only(&self) -> bool {
+        let (in_flags, out_flags, _) = self.flags_and_all_read();
+        (in_flags | out_flags) & FLAG_RESET == 0 && out_flags & FLAG_FIN == 0 && !self.peer_reset() && !self.wrote_after_close()
+    }
+
     /// Whether a write after the peer closed was taken (`takes_write_after_close`): kernel TCP's
     /// socket would have been reset by the peer's answer to it, in CLOSE_WAIT (`EPIPE`).
     pub fn wrote_after_close(&self) -> bool {

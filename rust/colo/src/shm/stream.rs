@@ -318,6 +318,13 @@ impl Shm {
     /// only, a line this side reads anyway (spec section 8).
     pub(super) fn may_send(&self, writes: &mut u32) -> io::Result<()> {
         self.notice_hangup(writes);
+        self.send_refused()
+    }
+
+    /// [`Shm::may_send`] without its look for a hang-up every so many writes (`writes`, under
+    /// the writing half's lock): for a send of nothing, which kernel TCP answers from the
+    /// socket's state alone, also while another thread waits in a send for room.
+    pub fn send_refused(&self) -> io::Result<()> {
         if self.has(RESET) {
             return Err(self.reset_error());
         }

@@ -25,15 +25,28 @@ thread_local! {
     static SIGNALS_END_WAITS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Whether this thread runs a call under [`signals_end_waits`].
-pub(super) fn in_signals_end_waits() -> bool {
+/// Whether a job-control stop (`SIGSTOP`, then `SIGCONT` with no handler) must end a wait: under
+/// a policy, one that any signal ends (`timed`, or under [`signals_end_waits`]), as kernel TCP
+/// ends such a socket wait at any pending signal, a stop included (signal(7)). A stop runs no
+/// handler and the kernel restarts a futex wait or a `poll` after it unseen, so such a wait
+/// sleeps on the futex only for its budget, then in `epoll_wait`, which the stop ends with
+/// `EINTR` (`colo_sys::doorbell::wait_stoppable`).
+pub(super) fn stops_end_wait(timed: bool) -> bool {
+    INTERRUPT_POLICY.get().is_some() && (timed || SIGNALS_END_WAITS.get())
+}
+
+/// Whether this thread continues a blocking call that already moved bytes (under
+/// [`signals_end_waits`]): its waits block whatever `O_NONBLOCK` says now, as kernel TCP decides
+/// once, at a call's start, whether it may wait (a `MSG_WAITALL` read or a long send goes on to
+/// its end when another thread sets `O_NONBLOCK` meanwhile).
+pub(super) fn continues_blocking_call() -> bool {
     SIGNALS_END_WAITS.get()
 }
 
-/// Runs `f` (a read or write that continues a call which already moved bytes) with its waits
-/// ended by any signal handler under a policy, `SA_RESTART` or not: kernel TCP returns the bytes
-/// a blocking call moved at the first signal after them, and restarts only a call that moved
-/// none.
+/// Runs `f` (a read or write that continues a blocking call which already moved bytes) with its
+/// waits ended by any signal handler under a policy, `SA_RESTART` or not: kernel TCP returns the
+/// bytes a blocking call moved at the first signal after them, and restarts only a call that
+/// moved none. Its waits block even once `O_NONBLOCK` is set (`continues_blocking_call`).
 pub fn signals_end_waits<T>(f: impl FnOnce() -> T) -> T {
     let _ends = EndWaits::begin();
     f()

@@ -3,7 +3,7 @@
 //! for it to wake.
 
 use super::wakers::{Drainer, UNPASSED_SLEEP};
-use super::tcp::{in_signals_end_waits, interrupted_ends_wait};
+use super::tcp::{continues_blocking_call, interrupted_ends_wait, stops_end_wait};
 use super::{from_nanos, libc_errno, lock, Shm, AWAITING_WELCOME, PEER_GONE};
 use colo_ring::notify;
 use colo_ring::spin::{SpinMode, Spinner};
@@ -15,9 +15,6 @@ use std::time::{Duration, Instant};
 
 /// How long a blocking wait sleeps on the futex before it moves to the doorbell.
 const FUTEX_BUDGET: Duration = Duration::from_millis(2);
-/// The sleep of a futex wait that any signal must end (`in_signals_end_waits`): a timed sleep
-/// reports every handler; it only ever ends to look again.
-const SIGNAL_WATCH: Duration = Duration::from_secs(3600);
 
 /// This thread's wake-up eventfd registered with a side for one blocking wait
 /// (`Shm::add_waker`), from its first doorbell announcement until the wait ends.
@@ -158,9 +155,6 @@ impl Shm {
                     (Some(t), Some(b)) => Some(t.min(b)),
                     (t, b) => t.or(b),
                 };
-                // A wait any signal ends (`signals_end_waits`) is timed: the kernel restarts an
-                // untimed futex wait after an `SA_RESTART` handler without telling us.
-                let t = t.or_else(|| in_signals_end_waits().then_some(SIGNAL_WATCH));
                 // The watcher may have marked us before our announcement: no sleep then.
                 let fired = self.hangup.take_fired();
                 let interrupted = !fired && colo_sys::futex::wait(self.own_waiting(), value, t);
@@ -181,7 +175,11 @@ impl Shm {
                     Some(_) => timeout,
                     None => Some(timeout.map_or(UNPASSED_SLEEP, |t| t.min(UNPASSED_SLEEP))),
                 };
-                let r = doorbell::wait(&self.fds.control, &self.fds.self_bell, wake_fd, timeout);
+                let r = if stops_end_wait(deadline.is_some()) {
+                    doorbell::wait_stoppable(&self.fds.control, &self.fds.self_bell, wake_fd, timeout, crate::floor::fd_floor())
+                } else {
+                    doorbell::wait(&self.fds.control, &self.fds.self_bell, wake_fd, timeout)
+                };
                 if let (Ok(w), Some(own)) = (&r, wake_fd) {
                     if w.wake_invalid {
                         wake.invalid();
@@ -261,7 +259,7 @@ impl Shm {
         since: Option<Instant>,
         mut check: impl FnMut() -> io::Result<Option<T>>,
     ) -> io::Result<T> {
-        if self.nonblocking.load(Ordering::Relaxed) {
+        if self.nonblocking.load(Ordering::Relaxed) && !continues_blocking_call() {
             // Our DOORBELL bit still set: nobody rang since it was announced (a ring clears it,
             // section 6), so there is nothing to drain and the announcement stands: a miss costs
             // no system call while the hang-up watcher vouches for the control socket (below).
@@ -320,10 +318,13 @@ impl Shm {
         // Asked again at every sleep: a watcher that ends (a set*id call after which no thread
         // could be started, `hangup::resume`) wakes its sleepers once, and one that slept
         // untimed again would wait for a hang-up nothing watches.
+        // A wait that a stop must end (`stops_end_wait`: a `MSG_WAITALL` read may come under it
+        // mid-wait, once it has bytes) is never untimed.
         let sleep_untimed = || {
             let u = untimed.get().unwrap_or_else(|| {
                 deadline.is_none() && self.watched()
-            }) && self.hangup.watching();
+            }) && self.hangup.watching()
+                && !stops_end_wait(false);
             untimed.set(Some(u));
             u
         };
