@@ -49,10 +49,13 @@ func (c *Conn) Close() error {
 	// free part of our ring: kept for a bounded time (orphan.go), with the control socket
 	// shut down for writing (the peer sees our hang-up) to watch for the peer's own, where it
 	// refuses descriptors (else it is shut down both ways to be emptied, below).
+	// Whether the peer holds messages is read once (its free_head may change between two
+	// reads): the pool is kept exactly when the segment may be kept for it.
 	gone := c.ctlGone.Load()
 	ring := c.outgoingFree(gone)
-	orphan := c.in.file >= 0 && (len(ring) > 1 || !gone && c.messagesHeld())
-	free := append(append(ring, c.poolFree(gone)...), c.incomingPages())
+	held := !gone && c.messagesHeld()
+	orphan := c.in.file >= 0 && (len(ring) > 1 || held)
+	free := append(append(ring, c.poolFree(c.seg, held)...), c.incomingPages())
 	if !c.rightsOff {
 		// A descriptor queued on it would be released by its close, in this thread.
 		emptyCtlBeforeClose(c.ctlFd)
@@ -149,21 +152,26 @@ func (c *Conn) outgoingFree(gone bool) [][]byte {
 }
 
 // messagesHeld reports whether the peer may still read a message of the pool we send from: more
-// sent (our msg_head) than it released (its free_head).
+// sent (our msg_head) than it released (its free_head), by at most the slot count (more, or more
+// released than sent, is a peer's scribble: the slots hold nothing it may read, as a reset would).
 func (c *Conn) messagesHeld() bool {
 	// SYNC POINT with the peer's store of free_head after its last read of the slots it
 	// released. msg_head is our own, last stored before Close.
-	return len(c.out.pool) > 0 && atomic.LoadUint64(c.out.msgHead) != atomic.LoadUint64(c.out.freeHead)
+	out := atomic.LoadUint64(c.out.msgHead) - atomic.LoadUint64(c.out.freeHead)
+	return len(c.out.pool) > 0 && out != 0 && out <= uint64(c.lay.SlotCount)
 }
 
-// poolFree is the pool we send messages from, to give back, once every slot sent came back or
-// the peer is gone (gone: it hung up, or lost them); else nothing (its slots are the peer's to
-// read until it releases them: Close keeps the segment for a peer of another user, orphan.go).
-func (c *Conn) poolFree(gone bool) [][]byte {
-	if len(c.out.pool) == 0 || !gone && c.messagesHeld() {
+// poolFree is the pool we send messages from, to give back, unless held (the peer holds some of
+// its messages: messagesHeld, read once by the caller for the decision this is part of; its slots
+// are the peer's to read until it releases them, and Close keeps the segment for a peer of
+// another user, orphan.go). From the pool's start to the end of our block, page-rounded inward
+// by releasePages: the padding after the last slot goes with it, and never a page of the next
+// block's words. seg: the segment's mapping (Close's, or the orphan's once Close let go of it).
+func (c *Conn) poolFree(seg []byte, held bool) [][]byte {
+	if held || len(c.out.pool) == 0 {
 		return nil
 	}
-	return [][]byte{c.out.pool}
+	return [][]byte{seg[c.out.base+c.lay.poolOff : c.out.base+c.lay.blockSize]}
 }
 
 // incomingPages is the part of the segment given back when it is unmapped for good: the

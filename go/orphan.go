@@ -70,8 +70,9 @@ func (c *Conn) peerProgress() uint64 {
 func (o *orphan) look() {
 	c := o.c
 	free := c.outgoingFree(false)
+	// Read once: the decision to let the segment go and what goes with it are the same look.
 	if len(free) < 2 && !c.messagesHeld() { // every byte read and message released (or broken words)
-		o.done(append(free, c.poolFree(false)...))
+		o.done(append(free, c.poolFree(o.seg, false)...))
 		return
 	}
 	now, t := time.Now(), c.peerProgress()
@@ -86,7 +87,7 @@ func (o *orphan) look() {
 		// its copy (consumer.read): stored before the pages go (MADV_REMOVE takes them out of
 		// the peer's page tables and the file), so a copy that saw a page gone sees the flag.
 		atomic.OrUint32(c.out.flags, flagRESET|flagDropped)
-		o.done(append(c.outgoingFree(true), c.poolFree(true)...))
+		o.done(append(c.outgoingFree(true), c.poolFree(o.seg, false)...))
 		return
 	}
 	time.AfterFunc(orphanLook, o.look)

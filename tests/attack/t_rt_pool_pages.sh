@@ -16,10 +16,18 @@
 # 12 s of the hang-up, and within 90 s of the FIN (the orphan's idle time, 60 s, and a look of
 # 5 s), at most 8 KiB a connection left (the pool's first and last partial pages); root's
 # message client still gets its messages over shared memory.
+# `toggle`: whether messages are held is read from a word the peer writes (its free_head), so a
+# side must decide from one read: nobody's c/toggle_word flips it, on 8 connections (4 rounds),
+# between "all released" and "one held" while root's server closes and keeps them, then nobody hangs up;
+# within 14 s of that nothing may be left (a decision from two reads that disagreed kept the
+# pool and unmapped the segment, or kept nothing and left the pool: charged to root for as long
+# as nobody keeps its memfds).
 source "$(dirname "$0")/lib.sh"
 GOPEER=$WORK/colo-peer
 (cd "$ROOT/go" && go build -o "$GOPEER" ./cmd/colo-peer) || bad "go build colo-peer"
 cp "$HERE/py/pool_pages.py" "$HERE/colo_attack.py" "$WORK/" && chmod 644 "$WORK"/*.py
+gcc -O2 -o "$WORK/toggle_word" "$HERE/c/toggle_word.c" || { bad "gcc toggle_word"; finish; }
+chmod 755 "$WORK/toggle_word"
 N=2 SLOTS=64
 declare -A PORT
 for L in rust go; do
@@ -28,35 +36,46 @@ for L in rust go; do
   "$bin" server "127.0.0.1:${PORT[$L]}" msg >"$WORK/srv-$L.log" 2>&1 & PIDS+=($!)
   wait_port "${PORT[$L]}" || bad "$L: server did not start"
 done
-# left OUT SECONDS: the KiB of the servers' pools left in nobody's memfds once SECONDS passed
-# (the last line printed by then), or 999999 if none.
-left() {
-  local i
-  for i in $(seq "$2"); do sleep 1; done
-  awk '/^S2C_POOL/ {k = $2} END {print (k == "" ? 999999 : k)}' "$1"
-}
-# attack L MODE SECONDS: nobody's attack on L's server, run in the background (output $WORK/L-MODE.out).
+# last OUT: the KiB of the servers' pools left in nobody's memfds at the last line printed to
+# OUT, or 999999 if none.
+last() { awk '/^S2C_POOL/ {k = $2} END {print (k == "" ? 999999 : k)}' "$1"; }
+# attack L MODE SECONDS [N SLOTS ROUNDS]: nobody's attack on L's server, run in the background (output
+# $WORK/L-MODE.out, pid in ATT[L-MODE]).
+declare -A ATT
 attack() {
-  as_nobody timeout $(($3 + 60)) /usr/bin/python3 "$WORK/pool_pages.py" "${PORT[$1]}" "$N" "$SLOTS" "$2" "$3" >"$WORK/$1-$2.out" 2>&1 &
+  as_nobody env TOGGLER="$WORK/toggle_word" TOGGLE=6 ROUNDS="${6:-1}" timeout $(($3 + 60)) /usr/bin/python3 "$WORK/pool_pages.py" "${PORT[$1]}" "${4:-$N}" "${5:-$SLOTS}" "$2" "$3" >"$WORK/$1-$2.out" 2>&1 &
+  ATT[$1-$2]=$!
   PIDS+=($!)
 }
 for L in rust go; do attack "$L" fin 95; done
-for L in rust go; do attack "$L" hangup 15; done
-sleep 3
+for L in rust go; do attack "$L" hangup 13; done
 for L in rust go; do
   out=$WORK/$L-hangup.out
+  wait "${ATT[$L-hangup]}"
   check "$L: root's server echoed nobody's $((N * SLOTS)) messages ($(head -1 "$out"))" grep -q "^ECHOED $((N * SLOTS)) of" "$out"
-  k=$(left "$out" 10)
+  k=$(last "$out")
   check "$L: its pool's pages in nobody's memfds given back after nobody hung up (${k} KiB left of $((N * SLOTS * 64)))" test "$k" -le $((N * 8))
+done
+# One language at a time: the toggler spins a core for 6 s a round, R rounds of NT connections.
+NT=8 ST=8 R=4
+for L in rust go; do
+  out=$WORK/$L-toggle.out
+  attack "$L" toggle 14 "$NT" "$ST" "$R"
+  wait "${ATT[$L-toggle]}"
+  check "$L: root's server echoed nobody's $((NT * ST)) messages in each of $R rounds ($(grep -c "^ECHOED $((NT * ST)) of" "$out"))" test "$(grep -c "^ECHOED $((NT * ST)) of" "$out")" -eq "$R"
+  check "$L: nobody toggled free_head while root's server closed, then hung up ($(grep -c "^HUNG UP" "$out") rounds)" test "$(grep -c "^HUNG UP" "$out")" -eq "$R"
+  k=$(last "$out")
+  check "$L: nothing of its pools left in nobody's memfds 14 s after nobody toggled free_head and hung up (${k} KiB left of $((R * NT * ST * 64)))" test "$k" -le $((R * NT * 8))
 done
 for L in rust go; do
   out=$WORK/$L-fin.out
   check "$L: root's server echoed nobody's $((N * SLOTS)) messages ($(head -1 "$out"))" grep -q "^ECHOED $((N * SLOTS)) of" "$out"
   check "$L: the pool stays while nobody may read the messages it holds" grep -q "^S2C_POOL $((N * SLOTS * 64))$" "$out"
 done
-k=$(left "$WORK/go-fin.out" 77)
 for L in rust go; do
-  k=$(awk '/^S2C_POOL/ {k = $2} END {print (k == "" ? 999999 : k)}' "$WORK/$L-fin.out")
+  # nobody holds them for 95 s from its FIN: the orphan's idle time (60 s) and a look (5 s) passed.
+  wait "${ATT[$L-fin]}"
+  k=$(last "$WORK/$L-fin.out")
   check "$L: given back once nobody held them 60 s without releasing one (${k} KiB left)" test "$k" -le $((N * 8))
   o=$(timeout 20 "$PEER" client "127.0.0.1:${PORT[$L]}" msg 200 5000 2>&1)
   check "$L: root's message client gets its messages over shared memory ($(tail -1 <<<"$o"))" grep -q "^OK 200 colo$" <<<"$o"

@@ -87,6 +87,10 @@ pub(crate) trait Unread: Send {
     /// Closes the descriptor it holds: from then on only the timers end it, never the peer's
     /// hang-up.
     fn close_descriptor(&mut self);
+    /// The thread lets go of it, nothing being left to read at its last look: its drop gives
+    /// back every page and keeps it no more, whatever the peer's words say then (else a peer
+    /// that moves them back would have it kept again, on fresh timers, for ever).
+    fn let_go_final(&mut self);
     /// In a fork child: lets go of this process's copy (its mapping and descriptors) without
     /// touching what the parent, which keeps the segment, still watches, and without freeing
     /// memory (a fork that ran past libc's handlers may have left the allocator locked).
@@ -147,11 +151,11 @@ fn let_go_of_parents(k: &mut Kept, me: u32) {
     std::mem::forget(std::mem::take(&mut k.list));
 }
 
-/// Keeps `seg` (let go of, its written ring holding unread bytes: `Segment::outgoing_tail`)
-/// until its peer read them or lost them. Without the thread (it cannot start), the bytes are
-/// dropped at once.
-pub(crate) fn keep(mut seg: Box<dyn Unread>) {
-    let Some(tail) = seg.outgoing_tail() else { return };
+/// Keeps `seg` (let go of, its written ring holding unread bytes or its pool messages the peer
+/// holds; `tail`: the peer's progress then, as `Unread::outgoing_tail` says it) until its peer
+/// read or released them or lost them. Without the thread (it cannot start), they are dropped
+/// at once.
+pub(crate) fn keep(mut seg: Box<dyn Unread>, tail: u64) {
     let me = colo_sys::host::pid();
     let mut k = lock();
     // A fork that ran no handlers (the handler is `forked`).
@@ -203,6 +207,7 @@ fn run(me: u32) {
                 Look::Keep => {}
                 Look::Moved => o.seg.give_back_read(),
                 Look::Done => {
+                    o.seg.let_go_final();
                     done.push(remove(&mut k, i));
                     continue;
                 }
@@ -252,6 +257,7 @@ mod tests {
             true
         }
         fn close_descriptor(&mut self) {}
+        fn let_go_final(&mut self) {}
         fn let_go_in_child(&mut self) {
             self.fd = None;
         }
@@ -267,7 +273,7 @@ mod tests {
         // SAFETY: a fresh descriptor nothing else owns.
         let owned = unsafe { <OwnedFd as colo_sys::FromRawFd>::from_raw_fd(fd) };
         let raw = owned.as_raw_fd();
-        keep(Box::new(Unreadable { fd: Some(owned) }));
+        keep(Box::new(Unreadable { fd: Some(owned) }), 0);
         // SAFETY: the child only makes system calls and exits without unwinding.
         let pid = unsafe { libc::fork() };
         if pid == 0 {

@@ -3,13 +3,15 @@
 //! private copy of the geometry; none is derived from a value the peer can change later.
 
 pub use colo_ring::layout::{Geometry, Layout};
-use colo_ring::layout::{block, CLIENT_WAITING, FLAG_DROPPED, FLAG_RESET, CLIENT_WRITTEN, PARKED, SERVER_WAITING, SERVER_WRITTEN, TICKET};
+use colo_ring::layout::{block, CLIENT_WAITING, CLIENT_WRITTEN, PARKED, SERVER_WAITING, SERVER_WRITTEN, TICKET};
 use colo_ring::queue::{QueueReceiver, QueueSender, QueueWords};
 use colo_ring::ring::{Consumer, Producer, RawBytes, RingWords};
 use colo_ring::sync::{AtomicU32, AtomicU64, Ordering};
 use colo_sys::segment::Mapping;
 use colo_sys::{AsRawFd, OwnedFd, RawFd};
 use crate::orphan::Unread;
+
+mod give_back;
 
 /// Which end of the connection we are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,7 +67,8 @@ pub(crate) struct LetGo {
     role: Role,
     /// The size our producer last knew its ring at, a power of two, as its log2 (no page above
     /// it was ours to touch: a shrink gave back those above the new size), and `PEER_GONE` (the
-    /// whole outgoing ring goes at the give-back: nobody reads it).
+    /// whole outgoing ring and the pool go at the give-back: nobody reads them; also set on a
+    /// segment `orphan` let go of, which nothing keeps again).
     out_size: u8,
 }
 
@@ -80,12 +83,14 @@ impl LetGo {
 impl Drop for Segment {
     fn drop(&mut self) {
         let Some(lg) = self.let_go else { return };
-        self.give_back_pages(lg);
+        let left = self.give_back_pages(lg);
         // Unread bytes, and messages, a peer of another user holds (we read its ring through
         // the memfd for that reason) stay charged to us while it keeps the memfd: kept mapped
         // until it reads or releases them or lets them lie too long (`orphan`), as TCP drops
         // an orphaned socket's unsent bytes on a timer.
-        if self.through_memfd && self.outgoing_tail().is_some() {
+        // Kept exactly when the give-back left something (from the same look at the peer's
+        // words): else the segment is unmapped with nothing of ours in it.
+        if self.through_memfd && left {
             let orphan = Segment {
                 map: self.map.take(),
                 layout: self.layout,
@@ -96,7 +101,8 @@ impl Drop for Segment {
                 _lease: self._lease.take(),
                 let_go: self.let_go,
             };
-            crate::orphan::keep(Box::new(orphan));
+            let progress = orphan.progress(lg);
+            crate::orphan::keep(Box::new(orphan), progress);
         }
         if let Some(control) = self.control() {
             // Descriptors the peer queued are closed disarmed (`doorbell::empty_before_close`).
@@ -124,6 +130,15 @@ impl Unread for Segment {
     fn give_back_read(&self) {
         if let Some(lg) = self.let_go {
             self.give_back_pages(lg);
+        }
+    }
+
+    /// `orphan` let go of it: its last look found nothing left to read, so its drop gives back
+    /// every page and keeps nothing (a peer that moves its words back after that look gains no
+    /// fresh timers).
+    fn let_go_final(&mut self) {
+        if let Some(lg) = &mut self.let_go {
+            lg.out_size |= PEER_GONE;
         }
     }
 
@@ -162,75 +177,6 @@ impl Unread for Segment {
         // This process's count (a copy of the parent's at the fork) loses the slot; the
         // parent's keeps it for its own copy.
         self.window = None;
-    }
-}
-
-impl Segment {
-    /// For a segment let go of (`give_back_incoming`): gives back the pages of the ring it read
-    /// and those of the ring it wrote but for the unread bytes.
-    fn give_back_pages(&self, lg: LetGo) {
-        let role = lg.role;
-        if let Some(map) = &self.map {
-            // The block this role read from its ring data on (data, padding, pool), in whole
-            // pages: the direction's words, in the block's first page, stay (the peer may
-            // still look at them). Best effort: pages left in place cost memory, not correctness.
-            let off = self.layout.block_offset(role == Role::Server) + self.layout.data_off;
-            let end = self.layout.block_offset(role == Role::Server) + self.layout.block_size;
-            // From the first page the file holds there on, where the memfd is at hand (the
-            // shim keeps it): a hole punch through the whole block reaches into every mapping
-            // of the file, and a connection of small messages never left the block's first
-            // page. Pages no one allocated cost nothing to leave alone.
-            let from = match &self.memfd {
-                Some(fd) => colo_sys::segment::first_data(fd, off.next_multiple_of(4096) as u64).map(|d| d.map(|d| (d as usize).max(off))),
-                None => Ok(Some(off)),
-            };
-            match from {
-                Ok(Some(from)) if from < end => {
-                    let _ = map.release(from, end - from);
-                }
-                Ok(_) => {}
-                Err(_) => {
-                    let _ = map.release(off, end - off);
-                }
-            }
-            // The ring this role wrote: its pages hold no unread byte but where the bytes
-            // between the peer's `ring_tail` and our `ring_head` lie (all of them, once the
-            // peer is gone), so the rest goes, as a closed TCP socket holds only its unsent
-            // bytes. The pages this role first touched there are charged to its memory cgroup
-            // for as long as the peer keeps its memfd, after the connection is gone.
-            let out = self.layout.block_offset(role == Role::Client) + self.layout.data_off;
-            let cap = self.layout.geometry.ring_capacity as u64;
-            // With the padding after the data, up to the pool (whose slots may hold messages
-            // in flight), which starts on a page of its own.
-            let spare = (self.layout.pool_off - self.layout.data_off) as u64;
-            for (from, to) in self.outgoing_free(role == Role::Client, cap, lg.out_size) {
-                let to = if to == cap { spare } else { to };
-                let _ = map.release(out + from as usize, (to - from) as usize);
-            }
-            // The pool we sent messages from: its slots are the peer's to read until it
-            // releases them, so it goes once every slot sent came back, or the peer is gone
-            // (it hung up, or lost them: `drop_unread`). Else `unread_tail` keeps the segment
-            // for `orphan` while a peer of another user holds some.
-            if lg.out_size & PEER_GONE != 0 || !self.messages_held(role == Role::Client) {
-                let pool = self.layout.block_offset(role == Role::Client) + self.layout.pool_off;
-                let _ = map.release(pool, self.layout.block_size - self.layout.pool_off);
-            }
-        }
-    }
-
-    /// Whether the peer may still read a message of the pool of direction `c2s`, which we
-    /// send: more sent (our `msg_head`) than it released (its `free_head`). Without a pool,
-    /// never.
-    fn messages_held(&self, c2s: bool) -> bool {
-        if self.layout.geometry.slot_count == 0 || self.map.is_none() {
-            return false;
-        }
-        let b = self.block(c2s);
-        // SAFETY: aligned words inside our mapping (present: checked above); atomics only.
-        let (sent, released) = unsafe { (&*self.u64_at(b + block::MSG_HEAD), &*self.u64_at(b + block::FREE_HEAD)) };
-        // Acquire partners the peer's Release store of `free_head` after its last read of the
-        // slots it released. `msg_head` is our own, last stored before the close.
-        sent.load(Ordering::Relaxed) != released.load(Ordering::Acquire)
     }
 }
 
@@ -309,15 +255,29 @@ impl Segment {
         self.let_go = Some(LetGo::new(role, peer_gone, out_size));
     }
 
+    /// Whether the peer holds messages of the pool `role` sends from ([`Segment::messages_held`]).
+    pub(crate) fn peer_holds_messages(&self, role: Role) -> bool {
+        self.messages_held(role == Role::Client)
+    }
+
     /// Takes the connection's control socket at its last close, if `orphan` may keep this
     /// segment (its peer is another user and has bytes of ours to read), to watch for the
     /// peer's hang-up; it is shut down for writing, which the peer sees as our hang-up. Else
     /// gives it back.
     pub(crate) fn keep_control(&mut self, control: OwnedFd) -> Option<OwnedFd> {
-        let Some(lg) = &mut self.let_go else { return Some(control) };
+        let Some(lg) = self.let_go else { return Some(control) };
+        if !self.through_memfd || lg.out_size & PEER_GONE != 0 {
+            return Some(control);
+        }
+        if self.outgoing_tail().is_none() {
+            // Nothing left for the peer to read at this look: final, so that a later look
+            // that read the peer's words otherwise keeps nothing unwatched (`let_go_final`).
+            self.let_go_final();
+            return Some(control);
+        }
         // A socket that takes descriptors was shut down both ways to be emptied
         // (`doorbell::empty_before_close`): it shows a hang-up of its own.
-        if !self.through_memfd || lg.out_size & PEER_GONE != 0 || self.outgoing_tail().is_none() || colo_sys::gift::rights_on(&control) {
+        if colo_sys::gift::rights_on(&control) {
             return Some(control);
         }
         // SAFETY: shutdown(2) of a socket we own; no memory is passed.
@@ -342,96 +302,33 @@ impl Segment {
     /// `hung_up` says whether the peer has gone since (then nobody reads the bytes: all go).
     pub(crate) fn let_go_before_exit(&self, role: Role, peer_gone: bool, out_size: usize, hung_up: impl Fn() -> bool) {
         let mut lg = LetGo::new(role, peer_gone, out_size);
-        self.give_back_pages(lg);
-        if !self.through_memfd {
+        // Waits exactly when the give-back left something (from the same look at the peer's
+        // words), as the drop keeps the segment.
+        if !self.give_back_pages(lg) || !self.through_memfd {
             return;
         }
-        let Some(tail) = self.unread_tail(lg) else { return };
-        let mut watch = crate::orphan::Watch::new(tail);
+        let mut watch = crate::orphan::Watch::new(self.progress(lg));
         loop {
             std::thread::sleep(crate::orphan::LOOK);
             if hung_up() {
-                lg.out_size |= PEER_GONE;
                 break;
             }
             match watch.look(self.unread_tail(lg)) {
                 crate::orphan::Look::Keep => {}
-                crate::orphan::Look::Moved => self.give_back_pages(lg),
+                crate::orphan::Look::Moved => {
+                    self.give_back_pages(lg);
+                }
                 crate::orphan::Look::Done => break,
                 crate::orphan::Look::Expired => {
                     self.mark_dropped(role);
-                    lg.out_size |= PEER_GONE;
                     break;
                 }
             }
         }
+        // Whatever ended the wait (read, hung up, expired), nothing is left to keep: every
+        // page goes, however the peer's words read now.
+        lg.out_size |= PEER_GONE;
         self.give_back_pages(lg);
-    }
-
-    /// The ranges of the ring data of direction `c2s` (offsets from its start, below the larger
-    /// of `ring_size` and `out_size`, at most `cap`: where our writes went) that hold no byte
-    /// its consumer has yet to read: outside `ring_tail..ring_head` at `ring_size`, as the
-    /// consumer finds them. Words that break the ring's rules (a peer's scribble) leave nothing
-    /// to read, as a reset would. A connection that never grew its ring past the first page
-    /// has nothing to give back there (no system call).
-    fn outgoing_free(&self, c2s: bool, cap: u64, out_size: u8) -> Vec<(u64, u64)> {
-        let b = self.block(c2s);
-        // SAFETY: aligned words inside our mapping, which lives as long as `self`; atomics only.
-        let (head, tail, size) = unsafe {
-            (&*self.u64_at(b + block::RING_HEAD), &*self.u64_at(b + block::RING_TAIL), &*self.u32_at(b + block::RING_SIZE))
-        };
-        // Acquire partners the consumer's Release store of `ring_tail`: it read every byte
-        // below it, so their pages are no longer its to read. Our own words (head, size) were
-        // last stored by this process's producer, before the close that retired this segment.
-        let tail = tail.load(Ordering::Acquire);
-        let head = head.load(Ordering::Relaxed);
-        let size = u64::from(size.load(Ordering::Relaxed));
-        // SAFETY: as above; our own word (`mark_dropped` set DROPPED: the unread bytes are gone).
-        let dropped = unsafe { &*self.u32_at(b + block::RING_FLAGS) }.load(Ordering::Relaxed) & FLAG_DROPPED != 0;
-        let unread = head.wrapping_sub(tail);
-        let valid = size.is_power_of_two() && size <= cap && unread <= size;
-        let end = (1u64 << (out_size & !(PEER_GONE | CONTROL_KEPT))).max(if valid { size } else { 0 }).min(cap);
-        if out_size & PEER_GONE != 0 || dropped || unread == 0 || !valid {
-            return vec![(0, end)];
-        }
-        let (a, b) = (tail % size, head % size);
-        if a < b {
-            vec![(0, a), (b, end)]
-        } else {
-            // Wrapped (or a full ring, `a == b`): the bytes run from `a` to the end of the
-            // ring and from its start to `b`.
-            vec![(b, a), (size, end.max(size))]
-        }
-    }
-
-    /// The peer's progress on what it has yet to read of ours (its `ring_tail` plus its
-    /// `free_head`: either moves as it reads bytes or releases messages), or `None` if nothing:
-    /// no unread byte and no message held ([`Segment::messages_held`]), or the peer is gone.
-    fn unread_tail(&self, lg: LetGo) -> Option<u64> {
-        let cap = self.layout.geometry.ring_capacity as u64;
-        let c2s = lg.role == Role::Client;
-        self.map.as_ref()?;
-        // Every byte of the written ring is free but the unread ones: more than one range.
-        let partial = self.outgoing_free(c2s, cap, lg.out_size).len() > 1;
-        let held = lg.out_size & PEER_GONE == 0 && self.messages_held(c2s);
-        let b = self.block(c2s);
-        // SAFETY: aligned words inside our mapping (present: checked above); atomics only.
-        let word = |at| unsafe { &*self.u64_at(b + at) }.load(Ordering::Relaxed);
-        (partial || held).then(|| word(block::RING_TAIL).wrapping_add(word(block::FREE_HEAD)))
-    }
-
-    /// RESET and DROPPED in the `ring_flags` of the ring `role` wrote (`drop_unread`).
-    fn mark_dropped(&self, role: Role) {
-        if self.map.is_none() {
-            return;
-        }
-        let flags = self.block(role == Role::Client) + block::RING_FLAGS;
-        // SAFETY: an aligned word inside our mapping (present: checked above); atomics only.
-        // SYNC POINT with the peer consumer's load of `ring_flags` after the fence that follows
-        // its copy (`Consumer::copy_out_at`): stored before the pages go (the `MADV_REMOVE` of
-        // the drop that follows, which takes them out of the peer's page tables and the file),
-        // so a copy that saw a page gone sees the flag.
-        unsafe { &*self.u32_at(flags) }.fetch_or(FLAG_RESET | FLAG_DROPPED, Ordering::SeqCst);
     }
 
     /// This segment, counted in the budgets by `lease` until it is unmapped.

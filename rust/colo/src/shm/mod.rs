@@ -650,7 +650,8 @@ impl Shm {
             tx.ring.size()
         };
         let out = RingState::producer_view(&self.out_words);
-        let gone = out.head != out.tail && (self.has(PEER_GONE) || doorbell::hung_up(&self.fds.control));
+        let held = out.head != out.tail || self.seg.peer_holds_messages(self.role);
+        let gone = self.has(PEER_GONE) || (held && doorbell::hung_up(&self.fds.control));
         self.hangup.release();
         self.seg.let_go_before_exit(self.role, gone, out_size, || doorbell::hung_up(&self.fds.control));
     }
@@ -745,11 +746,12 @@ impl Drop for Shm {
         // SAFETY: `fds` is not used after this point (this is the last use of `self` that reads
         // it; the remaining fields never refer to it).
         let Fds { control, self_bell } = unsafe { std::mem::ManuallyDrop::take(&mut self.fds) };
-        // Bytes we wrote that the peer has not read are nobody's once it hung up (one look at
-        // the control socket, only then).
+        // Bytes we wrote that the peer has not read, and messages of ours it holds, are nobody's
+        // once it hung up (one look at the control socket, only then), as they are once its
+        // hang-up is known.
         let out = RingState::producer_view(&self.out_words);
-        let unread = out.head != out.tail;
-        seg.give_back_incoming(self.role, unread && (self.has(PEER_GONE) || doorbell::hung_up(&control)), out_size);
+        let held = out.head != out.tail || seg.peer_holds_messages(self.role);
+        seg.give_back_incoming(self.role, self.has(PEER_GONE) || (held && doorbell::hung_up(&control)), out_size);
         // Before the segment can be unmapped: the watcher holds the address of our word.
         self.hangup.release();
         // Descriptors the peer queued are closed disarmed now, not released by the close (a
