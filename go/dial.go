@@ -253,7 +253,9 @@ func (d *Dialer) dialColo(ctx context.Context, ap netip.AddrPort) (*Conn, error)
 		}
 		skipTo = ""
 		fd, err := connectRendezvous(ctx, name)
-		if err == unix.ECONNREFUSED || err == unix.ENOENT {
+		if err == unix.ECONNREFUSED || err == unix.ENOENT || err == unix.EAGAIN {
+			// EAGAIN: a backlog full for connectWait, a listener that does not accept (another
+			// user may bind a name first and fill its backlog itself): none, as a refusal.
 			continue
 		}
 		if err != nil {
@@ -324,7 +326,14 @@ func laterOwnName(err error, names []string, reached string) string {
 	return ""
 }
 
-// connectRendezvous connects a SOCK_SEQPACKET socket to the abstract name.
+// connectWait bounds how long connectRendezvous waits for room in a full backlog (the Rust
+// core's colo_sys::seqpacket::CONNECT_WAIT). A colo listener's backlog is 4096 deep and its
+// rvLoop drains it; one full for longer is a listener that does not accept, which the lookup
+// passes over as it does a refusal (dialColo).
+const connectWait = 10 * time.Millisecond
+
+// connectRendezvous connects a SOCK_SEQPACKET socket to the abstract name: EAGAIN when its
+// backlog stayed full for connectWait.
 func connectRendezvous(ctx context.Context, name string) (int, error) {
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -332,16 +341,18 @@ func connectRendezvous(ctx context.Context, name string) (int, error) {
 	}
 	refuseRights(fd) // our control socket takes no descriptor, ever (spec section 6)
 	sa := &unix.SockaddrUnix{Name: "@" + name}
+	deadline := time.Now().Add(connectWait)
 	for delay := 50 * time.Microsecond; ; delay *= 2 {
 		err = unix.Connect(fd, sa)
 		if err != unix.EAGAIN {
 			break
 		}
-		// The listener's backlog is full: retry briefly, then give up (TCP fallback).
-		if delay > 100*time.Millisecond || ctx.Err() != nil {
+		// The listener's backlog is full: retry briefly, then give up (the next name, or TCP).
+		left := time.Until(deadline)
+		if left <= 0 || ctx.Err() != nil {
 			break
 		}
-		time.Sleep(delay)
+		time.Sleep(min(delay, left))
 	}
 	if err != nil {
 		unix.Close(fd)

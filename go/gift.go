@@ -2,6 +2,7 @@ package colo
 
 import (
 	"math"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -34,11 +35,65 @@ func isUnixSocket(fd int) bool {
 func discardFd(fd int) {
 	disarm(fd)
 	if !isUnixSocket(fd) {
-		unix.Close(fd)
+		closePassed(fd)
 		return
 	}
 	if rest := emptyAll([]int{fd}, inlineSockets, inlineRights); len(rest) > 0 {
 		go emptyAll(rest, math.MaxInt, math.MaxInt)
+	}
+}
+
+// closePassed closes a descriptor a peer passed us that is not a Unix socket. Every close of a
+// file calls its file system's flush, and a FUSE file's waits for its FUSE server's answer:
+// any user may mount one (in a user namespace of its own) and pass us a file of it, whose
+// close would then hold the goroutine that makes it (the rendezvous loop refusing a HELLO) for
+// as long as that user likes. So only a file of the kernel's own in-memory file systems (a
+// memfd, a pipe, a socket, an eventfd) is closed here; any other is closed by a closer
+// goroutine (slowClosers), at most maxSlowClosers at once, the rest queued for them.
+func closePassed(fd int) {
+	var fs unix.Statfs_t
+	if unix.Fstatfs(fd, &fs) == nil {
+		switch fs.Type {
+		case unix.TMPFS_MAGIC, unix.PIPEFS_MAGIC, unix.SOCKFS_MAGIC, unix.ANON_INODE_FS_MAGIC:
+			unix.Close(fd)
+			return
+		}
+	}
+	slowClosers.Lock()
+	defer slowClosers.Unlock()
+	if slowClosers.running >= maxSlowClosers {
+		slowClosers.queue = append(slowClosers.queue, fd)
+		return
+	}
+	slowClosers.running++
+	go closeQueued(fd)
+}
+
+// maxSlowClosers bounds the goroutines closing descriptors whose close may wait (closePassed):
+// each one waiting holds an OS thread.
+const maxSlowClosers = 64
+
+// slowClosers is the queue of descriptors closePassed left to closer goroutines, and how many
+// of those run.
+var slowClosers struct {
+	sync.Mutex
+	queue   []int
+	running int
+}
+
+// closeQueued closes fd, then the queued descriptors one by one until none is left.
+func closeQueued(fd int) {
+	for {
+		unix.Close(fd)
+		slowClosers.Lock()
+		if len(slowClosers.queue) == 0 {
+			slowClosers.running--
+			slowClosers.Unlock()
+			return
+		}
+		fd = slowClosers.queue[0]
+		slowClosers.queue = slowClosers.queue[1:]
+		slowClosers.Unlock()
 	}
 }
 
@@ -94,7 +149,7 @@ func emptySocket(u int, work *[]int, max int) (int, bool) {
 			if isUnixSocket(fd) {
 				*work = append(*work, fd)
 			} else {
-				unix.Close(fd)
+				closePassed(fd)
 			}
 		}
 		taken += len(got)

@@ -18,9 +18,10 @@
 //! shut down first (`doorbell::empty_before_close`). The sender may keep a reference of its own
 //! and turn lingering back on after our disarm (then close its reference, leaving ours the
 //! last): so the last reference of a peer's socket other than a Unix one is left to a thread of
-//! our own that ends at once ([`disarm_peer`]; an exiting thread's close never lingers). Not
-//! covered: a file whose close waits for something else (a FUSE file's flush: mounting one
-//! needs `fusermount`); and, on kernels without
+//! our own that ends at once ([`disarm_peer`]; an exiting thread's close never lingers). Any other
+//! file whose close may wait on its file system (a FUSE file's flush waits for its server,
+//! and any user may mount one in a user namespace of its own) is closed by a closer thread
+//! (`close_passed`). Not covered: on kernels without
 //! `SO_PASSRIGHTS` (before Linux 6.16), descriptors that arrive on a control socket after our
 //! last drain of it and before its close.
 
@@ -121,7 +122,7 @@ const INLINE_RIGHTS: usize = 512;
 pub fn discard(fd: OwnedFd) {
     disarm(&fd);
     if !is_unix(&fd) {
-        return drop(fd);
+        return close_passed(fd);
     }
     let rest = empty_all(vec![fd], INLINE_SOCKETS, INLINE_RIGHTS);
     if rest.is_empty() {
@@ -132,6 +133,68 @@ pub fn discard(fd: OwnedFd) {
     let _ = crate::host::spawn("colo-gifts", move || {
         let _ = empty_all(rest, usize::MAX, usize::MAX);
     });
+}
+
+/// Closes `fd`, a descriptor a peer passed us that is not a Unix socket. Every close of a file
+/// calls its file system's flush, and a FUSE file's waits for its FUSE server's answer: any user
+/// may mount one (in a user namespace of its own) and pass us a file of it, whose close would
+/// hold the thread that makes it (a listener's service thread refusing a HELLO) for as long as
+/// that user likes. So only a file of the kernel's own in-memory file systems (a memfd, a pipe,
+/// a socket, an eventfd) is closed here; any other by a closer thread, at most
+/// [`MAX_SLOW_CLOSERS`] at once, the rest queued for them.
+fn close_passed(fd: OwnedFd) {
+    if closes_at_once(&fd) {
+        return drop(fd);
+    }
+    let mut slow = SLOW_CLOSES.lock().unwrap_or_else(|e| e.into_inner());
+    if slow.running >= MAX_SLOW_CLOSERS {
+        return slow.queue.push(fd);
+    }
+    slow.running += 1;
+    drop(slow);
+    // Should no thread start, the closure, and `fd` with it, is dropped here (the one case
+    // that may wait), and the count is given back.
+    let started = crate::host::spawn("colo-close", move || close_queued(fd));
+    if started.is_err() {
+        SLOW_CLOSES.lock().unwrap_or_else(|e| e.into_inner()).running -= 1;
+    }
+}
+
+/// Whether `fd`'s file is one of the kernel's in-memory file systems' (tmpfs, a memfd's; pipefs;
+/// sockfs; anon_inodefs, an eventfd's), whose close never waits on another process. A HELLO's
+/// segment that is not is refused with its descriptors still in the datagram, which discards
+/// them ([`crate::seqpacket::Received`]): any other file's plain close may wait (a FUSE file's).
+pub fn closes_at_once(fd: impl AsFd) -> bool {
+    // statfs(2)'s f_type of tmpfs, pipefs, sockfs and anon_inodefs.
+    const IN_MEMORY: [i64; 4] = [0x0102_1994, 0x5049_5045, 0x534F_434B, 0x0904_1934];
+    #[allow(clippy::unnecessary_cast, reason = "f_type is i64 on 64-bit Linux, narrower elsewhere")]
+    rustix::fs::fstatfs(fd).is_ok_and(|fs| IN_MEMORY.contains(&(fs.f_type as i64)))
+}
+
+/// How many closer threads [`close_passed`] runs at once (each one waiting holds a thread).
+const MAX_SLOW_CLOSERS: usize = 64;
+
+/// The descriptors [`close_passed`] left to closer threads, and how many of those run.
+struct SlowCloses {
+    queue: Vec<OwnedFd>,
+    running: usize,
+}
+
+static SLOW_CLOSES: std::sync::Mutex<SlowCloses> = std::sync::Mutex::new(SlowCloses { queue: Vec::new(), running: 0 });
+
+/// A closer thread: closes `fd`, then the queued descriptors one by one until none is left.
+fn close_queued(mut fd: OwnedFd) {
+    loop {
+        drop(fd);
+        let mut slow = SLOW_CLOSES.lock().unwrap_or_else(|e| e.into_inner());
+        match slow.queue.pop() {
+            Some(next) => fd = next,
+            None => {
+                slow.running -= 1;
+                return;
+            }
+        }
+    }
 }
 
 /// Takes what a Unix socket a peer passed us has queued, without shutting it down, as it is
@@ -217,6 +280,8 @@ fn empty(u: &OwnedFd, work: &mut Vec<OwnedFd>, max: usize) -> Option<usize> {
         let Some(t) = take_one(u.as_fd(), &mut buf, &mut |f| {
             if is_unix(&f) {
                 work.push(f);
+            } else {
+                close_passed(f);
             }
         }) else {
             break;

@@ -564,10 +564,15 @@ pub fn read_hello(control: OwnedFd) -> HelloRead {
     if behind > 0 {
         return bad("a message behind the HELLO");
     }
-    let mut fds = r.take_fds().into_iter();
-    let (Some(memfd), None) = (fds.next(), fds.next()) else {
+    if r.fds.len() != 1 {
         return bad("HELLO without exactly one descriptor");
-    };
+    }
+    if !colo_sys::gift::closes_at_once(&r.fds[0]) {
+        // Discarded with the datagram: its plain close could wait (a FUSE file's).
+        reject(&control, Reason::BadSegment);
+        return HelloRead::Refused("the segment is not a memfd".into());
+    }
+    let Some(memfd) = r.take_fds().pop() else { unreachable!("one descriptor") };
     match hello_from_fds(control, memfd, mode) {
         Ok(h) => HelloRead::Hello(Box::new(h)),
         Err(e) => HelloRead::Refused(e),

@@ -481,10 +481,14 @@ pub(crate) fn answer(control: OwnedFd, served: Served, opts: &Options, parked: &
         Ok(_) => return reject(&control, Reason::BadMessage, "not a HELLO"),
         Err(e) => return reject(&control, Reason::BadMessage, e),
     };
-    let mut fds = r.take_fds().into_iter();
-    let (Some(memfd), None) = (fds.next(), fds.next()) else {
+    if r.fds.len() != 1 {
         return reject(&control, Reason::BadMessage, "HELLO without exactly one descriptor");
-    };
+    }
+    if !colo_sys::gift::closes_at_once(&r.fds[0]) {
+        // Discarded with the datagram: its plain close could wait (a FUSE file's).
+        return reject(&control, Reason::BadSegment, "the segment is not a memfd");
+    }
+    let Some(memfd) = r.take_fds().pop() else { unreachable!("one descriptor") };
     if mode == Mode::Carrier {
         // An unmodified client under `colo run`: its TCP connection will claim the offer.
         return match crate::carrier::hello_from_fds(control, memfd, mode) {

@@ -668,11 +668,12 @@ fn read_proved_hello(control: OwnedFd) -> Option<(Box<Hello>, [u8; PROOF_LEN])> 
     }
     let netns = r.len == MESSAGE_LEN && u32::from_le_bytes(buf[8..12].try_into().expect("4 bytes")) & FLAG_NETNS != 0;
     let carrier_hello = matches!(Message::decode(&buf[..r.len.min(MESSAGE_LEN)]), Ok(Message::Hello { version: wire::VERSION, mode: Mode::Carrier }));
-    let mut fds = r.take_fds().into_iter();
-    let (Some(memfd), None) = (fds.next(), fds.next()) else {
+    if r.fds.len() != 1 || !colo_sys::gift::closes_at_once(&r.fds[0]) {
+        // Discarded with the datagram: another file's plain close could wait (a FUSE file's).
         carrier::reject(&control, Reason::BadMessage);
         return None;
-    };
+    }
+    let Some(memfd) = r.take_fds().pop() else { unreachable!("one descriptor") };
     if r.truncated || !netns || !carrier_hello {
         carrier::reject(&control, Reason::BadMessage);
         return None;
