@@ -47,6 +47,13 @@ for i in 1 2 3; do
     timeout 30 $COLORUN python3 "$HERE/py/relayed_names.py" client "$P"
 done
 check "... relayed" grep -q 'is standard I/O: relayed over loopback TCP' "$WORK/inetd-names.log"
+# ... also when the client closed before the exec (its reset carrier answers no getpeername).
+P=$(free_port)
+EXEC_DELAY_MS=300 NAMES_FILE="$WORK/names.gone" COLO_LOG=info timeout 120 $COLORUN "$WORK/inetd" "$P" 1 python3 "$HERE/py/relayed_names.py" filter >"$WORK/inetd-gone.log" 2>&1 & PIDS+=($!)
+for _ in $(seq 100); do grep -qs READY "$WORK/inetd-gone.log" && break; sleep 0.05; done
+check "inetd-style server, the client gone before the exec: getpeername names the client" \
+  timeout 30 $COLORUN python3 "$HERE/py/relayed_names.py" gone "$P" "$WORK/names.gone"
+check "... accelerated, then relayed" sh -c "grep -q ': accelerated (shared memory)' '$WORK/inetd-gone.log' && grep -q 'is standard I/O: relayed over loopback TCP' '$WORK/inetd-gone.log'"
 
 if command -v socat >/dev/null; then
   S=$(free_port)

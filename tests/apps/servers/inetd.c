@@ -31,6 +31,8 @@ int main(int argc, char **argv) {
             close(l);
             if (dup2(c, 0) < 0 || dup2(c, 1) < 0) _exit(126);
             close(c);
+            /* EXEC_DELAY_MS: the client may be gone before the exec (tests/apps/stdio_exec.sh). */
+            if (getenv("EXEC_DELAY_MS")) usleep(1000 * atoi(getenv("EXEC_DELAY_MS")));
             execvp(argv[3], argv + 3);
             _exit(127);
         }

@@ -69,11 +69,16 @@ pub fn relay(est: Established, socks: &[i32], page: Option<Page>) -> Result<Opti
         Ok(c) => c,
         Err(e) => return Err(Box::new((est, format!("no copy of the carrier: {e}"), page))),
     };
-    // The addresses the program saw before the relay, as the kernel gives them.
+    // The addresses the program saw before the relay, as the kernel gives them; the peer's from
+    // the connection once a client's reset of its carrier left the socket unconnected (the
+    // program was told the same by the shim's `getpeername`).
     let names = (|| {
-        let local = Raw::of(&net::getsockname(orig).ok()?)?;
-        let peer = Raw::of(&net::getpeername(orig).ok()??)?;
-        Some((local, peer))
+        let local = net::getsockname(orig).ok()?;
+        let peer = match net::getpeername(orig) {
+            Ok(Some(p)) => p,
+            _ => SocketAddrAny::from(as_family_of(&local, est.peer)),
+        };
+        Some((Raw::of(&local)?, Raw::of(&peer)?))
     })();
     let status = rustix::fs::fcntl_getfl(orig).unwrap_or(rustix::fs::OFlags::empty());
     // The program's end, as the relay finds it in the program's descriptors (`Relay::closed`).
@@ -457,4 +462,12 @@ pub(crate) fn close_all_but(keep: &[i32]) {
     // SAFETY: closes the descriptors of this process above the last one kept, none of which the
     // relay uses (by libc's `syscall`, as above).
     unsafe { crate::real::syscall(libc::SYS_close_range, from as libc::c_long, libc::c_long::from(u32::MAX), 0, 0, 0, 0) };
+}
+
+/// `a` as a socket of `local`'s family names it: an IPv4 address IPv4-mapped for an IPv6 socket.
+fn as_family_of(local: &SocketAddrAny, a: SocketAddr) -> SocketAddr {
+    match (local.address_family(), a) {
+        (AddressFamily::INET6, SocketAddr::V4(v4)) => SocketAddr::new(v4.ip().to_ipv6_mapped().into(), v4.port()),
+        _ => a,
+    }
 }
