@@ -192,7 +192,9 @@ pub fn conn_send_from<S: Source + ?Sized>(c: &Conn, src: &S, flags: c_int) -> io
 fn conn_send_inner<S: Source + ?Sized>(c: &Conn, src: &S, flags: c_int) -> io::Result<usize> {
     if src.len() == 0 {
         // Writes nothing, but fails as a send does once the stream is shut down for writing or
-        // reset: kernel TCP looks at the socket's state before the length.
+        // reset: kernel TCP looks at the socket's state before the length. That state includes
+        // a write shutdown another process holding the socket made (its FIN in our ring).
+        c.shm().adopt_write_shut();
         return c.shm().send_refused().map(|()| 0);
     }
     // Each call's bytes stay contiguous when processes share the connection (`turns`). A
