@@ -4,7 +4,7 @@
 
 use crate::conn::state::{Conn, ERR, IN, OUT};
 use colo::errno_of;
-use colo::internal::shm::{signals_end_waits, Drainer, Shm};
+use colo::internal::shm::{continues_blocking_call, signals_end_waits, Drainer, Shm};
 use libc::{c_int, iovec};
 use std::io;
 use std::time::Instant;
@@ -200,7 +200,9 @@ fn conn_send_inner<S: Source + ?Sized>(c: &Conn, src: &S, flags: c_int) -> io::R
     // Each call's bytes stay contiguous when processes share the connection (`turns`). A
     // non-blocking call does not wait for the turn while its holder waits for room (a peer that
     // does not read would hold it there): it would block, so `EAGAIN`.
-    let nb = c.nonblocking() || flags & libc::MSG_DONTWAIT != 0;
+    // A call that continues a blocking one (a writev's later gathers) blocks whatever
+    // `O_NONBLOCK` says now: the kernel decides that once, at a call's start.
+    let nb = (c.nonblocking() && !continues_blocking_call()) || flags & libc::MSG_DONTWAIT != 0;
     let turn = if nb { c.try_write_turn()? } else { c.write_turn()? };
     if nb {
         if !c.nonblocking() && c.ready(false) & OUT == 0 && c.arm(Drainer::Awake, true) & OUT == 0 {
