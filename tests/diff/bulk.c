@@ -1,5 +1,7 @@
-/* Volume: sendfile and splice of 32 MB (bytes and counts), and 200 short connections. */
+/* Volume: sendfile and splice of 32 MB (bytes and counts), a blocking writev of 32 MB that
+ * another thread makes non-blocking as it waits, and 200 short connections. */
 #include "diff.h"
+#include <pthread.h>
 #include <sys/sendfile.h>
 
 #define SIZE (32 << 20)
@@ -115,6 +117,37 @@ static void splice_big(void) {
     say("  splice: %ld bytes, hash %08x, splicer ok: %s", total, h, WEXITSTATUS(st) == 0 ? "yes" : "no");
 }
 
+static void *set_nonblocking_later(void *fd) {
+    settle(100);
+    fcntl(*(int *)fd, F_SETFL, O_NONBLOCK);
+    return NULL;
+}
+
+/* A blocking writev decides once, at its start, that it may wait: it writes every byte though
+ * another thread sets O_NONBLOCK while it waits for room, as the kernel's. */
+static void writev_made_nonblocking_as_it_waits(void) {
+    int s, c;
+    pair(&s, &c);
+    static char half[SIZE / 2];
+    struct iovec v[2] = {{half, sizeof half}, {half, sizeof half}};
+    pid_t p = fork();
+    if (p == 0) {
+        close(c);
+        settle(300);
+        long total;
+        sum_until_eof(s, &total);
+        say("  peer read %ld", total);
+        _exit(0);
+    }
+    close(s);
+    pthread_t t;
+    pthread_create(&t, NULL, set_nonblocking_later, &c);
+    T("writev", writev(c, v, 2));
+    pthread_join(t, NULL);
+    close(c);
+    waitpid(p, NULL, 0);
+}
+
 static void short_connections(void) {
     int ok = 0;
     for (int i = 0; i < 200; i++) {
@@ -135,6 +168,7 @@ int main(void) {
     RUN(sendfile_big);
     RUN(sendfile_inputs);
     RUN(splice_big);
+    RUN(writev_made_nonblocking_as_it_waits);
     RUN(short_connections);
     diff_end();
     return 0;

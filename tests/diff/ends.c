@@ -81,6 +81,22 @@ static void zero_after_shut_rd(void) {
     zero_calls(c);
 }
 
+/* A child of a fork shuts the shared connection down for writing: the parent's zero-length
+ * calls see it as the child's own would. */
+static void zero_after_child_shut_wr(void) {
+    int s, c;
+    pair(&s, &c);
+    signal(SIGPIPE, on_pipe);
+    pid_t p = fork();
+    if (p == 0) {
+        shutdown(c, SHUT_WR);
+        _exit(0);
+    }
+    waitpid(p, NULL, 0);
+    zero_calls(c);
+    say_error("SO_ERROR", c);
+}
+
 static void *send_big(void *fd) {
     static char buf[32 << 20];
     errno = 0;
@@ -300,6 +316,7 @@ int main(void) {
     RUN(zero_after_peer_fin);
     RUN(zero_after_peer_reset);
     RUN(zero_after_shut_rd);
+    RUN(zero_after_child_shut_wr);
     RUN(reset_while_a_send_waits);
     RUN(reset_while_a_send_waits_no_look);
     RUN(outq_as_the_peer_drains);

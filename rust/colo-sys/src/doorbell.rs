@@ -354,8 +354,10 @@ pub fn wait(control: impl AsFd, self_bell: impl AsFd, wake: Option<BorrowedFd<'_
 /// makes `epoll_wait` fail with `EINTR`, where the kernel restarts a `poll` unseen (signal(7)).
 /// It sleeps in a set made for this one wait, placed at or above `floor` when a number is free
 /// there (0: anywhere); where none can be made (no descriptor free), or `wake` cannot be added
-/// (the application closed it), it is [`wait`]. A set closed under it by another thread of the
-/// application (`close_range`) ends the wait as if everything rang: the caller looks again.
+/// (the application closed it), or `epoll_wait` fails other than by a signal (the set closed
+/// before the call by another thread of the application, `close_range`), it is [`wait`]. A
+/// close of the set during `epoll_wait` does not end it (the sleeping call holds the set).
+/// The sleep lasts at most [`STOPPABLE_SLICE`]; the caller then looks again.
 pub fn wait_stoppable(
     control: impl AsFd,
     self_bell: impl AsFd,
@@ -377,15 +379,27 @@ pub fn wait_stoppable(
     let Some(ep) = set else {
         return wait(control, self_bell, wake, timeout);
     };
-    let ts = timeout.map(|d| Timespec { tv_sec: d.as_secs() as i64, tv_nsec: d.subsec_nanos() as i64 });
+    // At most `STOPPABLE_SLICE`: a longer timeout would need `epoll_pwait2`, which a kernel
+    // before 5.11 or a seccomp filter refuses. Waking with nothing rung, the caller looks again
+    // and sleeps for what is left of its deadline.
+    let slice = timeout.map_or(STOPPABLE_SLICE, |t| t.min(STOPPABLE_SLICE));
+    let ts = Timespec { tv_sec: slice.as_secs() as i64, tv_nsec: slice.subsec_nanos() as i64 };
     let mut events = Vec::with_capacity(3);
-    match epoll::wait(&ep, rustix::buffer::spare_capacity(&mut events), ts.as_ref()) {
-        Ok(_) => {}
-        Err(rustix::io::Errno::INTR) => return Ok(Woken { interrupted: true, ..Woken::default() }),
-        Err(_) => return Ok(Woken { doorbell: true, control: true, ..Woken::default() }),
+    match epoll::wait(&ep, rustix::buffer::spare_capacity(&mut events), Some(&ts)) {
+        Ok(_) => Ok(woken_of(&events)),
+        Err(rustix::io::Errno::INTR) => Ok(Woken { interrupted: true, ..Woken::default() }),
+        // Refused (the set closed by another thread of the application, or the call filtered):
+        // the sleep is a [`wait`], which a stop does not end.
+        Err(_) => {
+            drop(ep);
+            wait(control, self_bell, wake, timeout)
+        }
     }
-    Ok(woken_of(&events))
 }
+
+/// The longest a [`wait_stoppable`] sleeps in one `epoll_wait`: well inside the milliseconds
+/// an `int` holds.
+const STOPPABLE_SLICE: Duration = Duration::from_secs(3600);
 
 /// What the events of a set of [`CONTROL`], [`SELF_BELL`] and [`WAKE`] say.
 fn woken_of(events: &[epoll::Event]) -> Woken {
@@ -762,6 +776,50 @@ mod tests {
         close_peer(a);
         assert!(drain_side(&b, &own).hung_up);
         assert!(hung_up(&b));
+    }
+
+    /// Makes `epoll_pwait2` fail with `ENOSYS` in the calling thread (and threads it starts), as
+    /// a kernel before 5.11 or a seccomp filter refuses it.
+    fn refuse_epoll_pwait2() {
+        const LD_NR: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS: the syscall number (offset 0)
+        const JEQ: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+        const RET: u16 = 0x06; // BPF_RET | BPF_K
+        let code = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+        let mut filter = [
+            code(LD_NR, 0, 0, 0),
+            code(JEQ, 0, 1, libc::SYS_epoll_pwait2 as u32),
+            code(RET, 0, 0, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
+            code(RET, 0, 0, libc::SECCOMP_RET_ALLOW),
+        ];
+        let prog = libc::sock_fprog { len: filter.len() as u16, filter: filter.as_mut_ptr() };
+        // SAFETY: prctl with integer arguments; the filter outlives the call (the kernel copies it).
+        unsafe {
+            assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+            assert_eq!(libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &prog as *const libc::sock_fprog), 0);
+        }
+    }
+
+    /// A stoppable sleep longer than `epoll_wait` takes in milliseconds (about 24.8 days), where
+    /// `epoll_pwait2` is refused, sleeps until something rings: it never reports a ring nobody
+    /// made (its caller would look, find nothing and sleep again at once, over and over).
+    #[test]
+    fn a_stoppable_sleep_of_weeks_sleeps_where_epoll_pwait2_is_refused() {
+        let (a, b) = control_pair();
+        let (ready, is_ready) = channel();
+        let waiter = std::thread::spawn(move || {
+            refuse_epoll_pwait2();
+            let own = create().unwrap();
+            let start = std::time::Instant::now();
+            ready.send(()).unwrap();
+            let w = wait_stoppable(&b, &own, None, Some(Duration::from_secs(30 * 24 * 3600)), 0).unwrap();
+            (w, start.elapsed())
+        });
+        is_ready.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        ring_peer(&a);
+        let (w, slept) = within_10s("the stoppable sleep", move || waiter.join().unwrap());
+        assert!(w.doorbell && !w.control && !w.interrupted, "{w:?}");
+        assert!(slept >= Duration::from_millis(250), "woken after {slept:?}, before the ring");
     }
 
     #[test]

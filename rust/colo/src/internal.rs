@@ -27,7 +27,7 @@ pub mod hangup {
 
 /// One side of an established shared-memory connection, and how its blocking waits sleep.
 pub mod shm {
-    pub use crate::shm::{interrupted_ends_wait, set_interrupt_policy, signals_end_waits, spinner, Drainer, Fds, Shm, UNPASSED_SLEEP};
+    pub use crate::shm::{continues_blocking_call, interrupted_ends_wait, set_interrupt_policy, signals_end_waits, spinner, Drainer, Fds, Shm, UNPASSED_SLEEP};
 }
 
 /// A mapped segment and the role a side plays in it.

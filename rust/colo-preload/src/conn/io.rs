@@ -4,7 +4,7 @@
 
 use crate::conn::state::{Conn, ERR, IN, OUT};
 use colo::errno_of;
-use colo::internal::shm::{signals_end_waits, Drainer, Shm};
+use colo::internal::shm::{continues_blocking_call, signals_end_waits, Drainer, Shm};
 use libc::{c_int, iovec};
 use std::io;
 use std::time::Instant;
@@ -192,13 +192,17 @@ pub fn conn_send_from<S: Source + ?Sized>(c: &Conn, src: &S, flags: c_int) -> io
 fn conn_send_inner<S: Source + ?Sized>(c: &Conn, src: &S, flags: c_int) -> io::Result<usize> {
     if src.len() == 0 {
         // Writes nothing, but fails as a send does once the stream is shut down for writing or
-        // reset: kernel TCP looks at the socket's state before the length.
+        // reset: kernel TCP looks at the socket's state before the length. That state includes
+        // a write shutdown another process holding the socket made (its FIN in our ring).
+        c.shm().adopt_write_shut();
         return c.shm().send_refused().map(|()| 0);
     }
     // Each call's bytes stay contiguous when processes share the connection (`turns`). A
     // non-blocking call does not wait for the turn while its holder waits for room (a peer that
     // does not read would hold it there): it would block, so `EAGAIN`.
-    let nb = c.nonblocking() || flags & libc::MSG_DONTWAIT != 0;
+    // A call that continues a blocking one (a writev's later gathers) blocks whatever
+    // `O_NONBLOCK` says now: the kernel decides that once, at a call's start.
+    let nb = (c.nonblocking() && !continues_blocking_call()) || flags & libc::MSG_DONTWAIT != 0;
     let turn = if nb { c.try_write_turn()? } else { c.write_turn()? };
     if nb {
         if !c.nonblocking() && c.ready(false) & OUT == 0 && c.arm(Drainer::Awake, true) & OUT == 0 {

@@ -232,7 +232,7 @@ impl std::fmt::Debug for Shm {
     }
 }
 
-pub use tcp::{interrupted_ends_wait, set_interrupt_policy, signals_end_waits};
+pub use tcp::{continues_blocking_call, interrupted_ends_wait, set_interrupt_policy, signals_end_waits};
 
 /// Has the incoming ring read through the segment's memfd when the peer is another user, or
 /// cannot be told (`Segment::read_through_memfd`: what a peer of another user could make us

@@ -39,7 +39,7 @@ pub(super) fn stops_end_wait(timed: bool) -> bool {
 /// [`signals_end_waits`]): its waits block whatever `O_NONBLOCK` says now, as kernel TCP decides
 /// once, at a call's start, whether it may wait (a `MSG_WAITALL` read or a long send goes on to
 /// its end when another thread sets `O_NONBLOCK` meanwhile).
-pub(super) fn continues_blocking_call() -> bool {
+pub fn continues_blocking_call() -> bool {
     SIGNALS_END_WAITS.get()
 }
 

@@ -16,6 +16,12 @@ use std::time::{Duration, Instant};
 /// How long a blocking wait sleeps on the futex before it moves to the doorbell.
 const FUTEX_BUDGET: Duration = Duration::from_millis(2);
 
+/// [`FUTEX_BUDGET`] of a wait that a job-control stop must end (`stops_end_wait`): the kernel
+/// restarts a futex wait after a stop unseen, so a stop within it is not seen; after it, each
+/// sleep builds an epoll set (`doorbell::wait_stoppable`, ten system calls or more), which a
+/// longer budget spares the waits that end within it.
+const STOPPABLE_FUTEX_BUDGET: Duration = Duration::from_millis(20);
+
 /// This thread's wake-up eventfd registered with a side for one blocking wait
 /// (`Shm::add_waker`), from its first doorbell announcement until the wait ends.
 pub(super) struct Registered<'a> {
@@ -310,8 +316,9 @@ impl Shm {
             );
         }
         // With no deadline and the hang-up watcher running, sleep on the futex until woken (one
-        // syscall each way, no timer). Otherwise on the futex for up to FUTEX_BUDGET, then on the
-        // control socket, which is the doorbell (no CPU while idle; a hang-up wakes it).
+        // syscall each way, no timer). Otherwise on the futex for up to FUTEX_BUDGET (or
+        // STOPPABLE_FUTEX_BUDGET), then on the control socket, which is the doorbell (no CPU
+        // while idle; a hang-up wakes it).
         // Whether futex sleeps are untimed; asked at the first sleep itself (in `block`'s closure,
         // after the re-check), as the answer registers the connection with the watcher.
         let untimed = std::cell::Cell::new(None::<bool>);
@@ -335,7 +342,8 @@ impl Shm {
         let registered = Registered::new(self);
         let futex_left = || {
             let since = asleep_since.get().unwrap_or_else(Instant::now);
-            FUTEX_BUDGET.checked_sub(since.elapsed()).filter(|d| !d.is_zero())
+            let budget = if stops_end_wait(deadline.is_some()) { STOPPABLE_FUTEX_BUDGET } else { FUTEX_BUDGET };
+            budget.checked_sub(since.elapsed()).filter(|d| !d.is_zero())
         };
         let r = notify::wait_after_miss(
             spinner,
