@@ -34,6 +34,11 @@ check "c/epoll_repeat: an ADD and 1000 MODs to the same made ${calls:-?} epoll_c
 # ring makes one system call, not two (poll_stale_ring.c: 4,020 for 2,000 polls before, 2,020).
 calls=$(timeout 30 strace -f -c -e trace=ppoll,poll -E LD_PRELOAD="$SHIM" "$WORK/poll_stale_ring" count 2000 2>&1 >/dev/null | awk '$NF == "total" {print $4}')
 check "c/poll_stale_ring: 2000 polls made ${calls:-?} poll system calls" test "${calls:-4000}" -lt 2500
+# A select over 64 connections whose doorbells rang (their bytes read since) looks at their control
+# sockets in its one zero-timeout ppoll, not in one more ppoll a connection (select_rung.c: 65,300
+# for 1,000 selects before, 1,200).
+calls=$(timeout 60 strace -f -c -e trace=ppoll -E LD_PRELOAD="$SHIM" "$WORK/select_rung" count 1000 2>&1 >/dev/null | awk '$NF == "ppoll" {print $4}')
+check "c/select_rung: 1000 selects over 64 rung connections made ${calls:-?} ppoll system calls" test "${calls:-64000}" -lt 3000
 
 # A used connection lent to a child program with pass_fds (relayed), then used and closed
 # again, 5 times: the client exits at once, the server sees each end, no relay outlives it.
