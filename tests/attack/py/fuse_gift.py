@@ -7,7 +7,7 @@ FLUSH to its server and waits for the answer, which this one never gives: whiche
 the receiver closes the descriptor waits until this process lets go (here: SECONDS, then it
 answers every FLUSH and exits). Prints "SENT n" and the answers it got ("ANSWERS ...").
 Usage: fuse_gift.py PORT N SECONDS MOUNTPOINT (an empty directory nobody may mount on)"""
-import ctypes, os, socket, struct, sys, threading, time
+import ctypes, os, signal, socket, struct, sys, threading, time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import colo_attack as ca
 
@@ -61,6 +61,20 @@ def serve():
 
 threading.Thread(target=serve, daemon=True).start()
 f = os.open(mp + "/f", os.O_RDONLY)
+
+
+def let_go(*_):
+    """Answers every FLUSH held and closes the file while this process still serves it: a FUSE
+    server that exits holding its own file would wait on its own FLUSH, and so would every
+    closer of the receiver's still waiting on one."""
+    release_flushes.set()
+    for u in list(flushes):
+        reply(u)
+    os.close(f)
+    os._exit(0)
+
+
+signal.signal(signal.SIGTERM, let_go)
 answers, sent = [], 0
 for _ in range(n):
     try:
@@ -74,7 +88,5 @@ for _ in range(n):
 print("SENT", sent, flush=True)
 print("ANSWERS", " ".join(sorted(set(answers))), flush=True)
 time.sleep(secs)
-release_flushes.set()
-for u in flushes:
-    reply(u)
 print("RELEASED", len(flushes), flush=True)
+let_go()
