@@ -2,13 +2,12 @@ package colo
 
 import (
 	"errors"
+	"math/rand/v2"
 	"net/netip"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -30,15 +29,8 @@ var errNoPort = errors.New("colo: no free ephemeral port among those tried")
 func bindEphemeral(fd int, ip netip.Addr) (int, error) {
 	lo, hi := portRange()
 	span := uint64(hi-lo) + 1
-	x := bindSeed.Add(0x9E3779B97F4A7C15) ^ uint64(time.Now().UnixNano()) ^ uint64(os.Getpid())<<32
 	for range bindTries {
-		// splitmix64: a different port each try, and across goroutines and processes.
-		x += 0x9E3779B97F4A7C15
-		z := x
-		z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
-		z = (z ^ (z >> 27)) * 0x94D049BB133111EB
-		z ^= z >> 31
-		port := (lo + int(z%span)) | 1
+		port := (lo + int(rand.Uint64N(span))) | 1
 		if port > hi || portReserved(port) {
 			continue
 		}
@@ -58,8 +50,6 @@ func bindEphemeral(fd int, ip netip.Addr) (int, error) {
 	}
 	return 0, errNoPort
 }
-
-var bindSeed atomic.Uint64
 
 var ports struct {
 	once     sync.Once
