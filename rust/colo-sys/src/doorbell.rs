@@ -352,11 +352,9 @@ pub fn wait(control: impl AsFd, self_bell: impl AsFd, wake: Option<BorrowedFd<'_
 
 /// [`wait`] that a job-control stop ends too (`interrupted`): the process stopped and continued
 /// makes `epoll_wait` fail with `EINTR`, where the kernel restarts a `poll` unseen (signal(7)).
-/// It sleeps in a set made for this one wait, placed at or above `floor` when a number is free
-/// there (0: anywhere); where none can be made (no descriptor free), or `wake` cannot be added
-/// (the application closed it), or `epoll_wait` fails other than by a signal (the set closed
-/// before the call by another thread of the application, `close_range`), it is [`wait`]. A
-/// close of the set during `epoll_wait` does not end it (the sleeping call holds the set).
+/// It sleeps in a set made for this one wait, placed at or above `floor` (0: anywhere); where
+/// none can be made and placed there, or `wake` cannot be added (the application closed it), or
+/// `epoll_wait` fails other than by a signal (a seccomp filter), it is [`wait`].
 /// The sleep lasts at most [`STOPPABLE_SLICE`]; the caller then looks again.
 pub fn wait_stoppable(
     control: impl AsFd,
@@ -367,7 +365,9 @@ pub fn wait_stoppable(
 ) -> io::Result<Woken> {
     let set = epoll::create(epoll::CreateFlags::CLOEXEC).ok().and_then(|ep| {
         let mut ep = [ep];
-        let _ = crate::preload::move_all_above(&mut ep, floor);
+        // Left where it was made, the application could close the set's number and reuse it,
+        // and our close afterwards would close its descriptor: such a set is not used.
+        crate::preload::move_all_above(&mut ep, floor).ok()?;
         let [ep] = ep;
         epoll::add(&ep, &control, epoll::EventData::new_u64(CONTROL), epoll::EventFlags::IN | epoll::EventFlags::RDHUP).ok()?;
         epoll::add(&ep, &self_bell, epoll::EventData::new_u64(SELF_BELL), epoll::EventFlags::IN).ok()?;
@@ -388,7 +388,7 @@ pub fn wait_stoppable(
     match epoll::wait(&ep, rustix::buffer::spare_capacity(&mut events), Some(&ts)) {
         Ok(_) => Ok(woken_of(&events)),
         Err(rustix::io::Errno::INTR) => Ok(Woken { interrupted: true, ..Woken::default() }),
-        // Refused (the set closed by another thread of the application, or the call filtered):
+        // Refused (the call filtered):
         // the sleep is a [`wait`], which a stop does not end.
         Err(_) => {
             drop(ep);
